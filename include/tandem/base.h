@@ -1,0 +1,79 @@
+/* Tandem public API: status codes, element types and reduction operators.
+ *
+ * Every Tandem function that can fail returns a td_status. The detailed
+ * message of the last failure on a communicator is in td_comm_last_error();
+ * failures outside a communicator are described by td_last_error() (a
+ * thread-local buffer). */
+#ifndef TANDEM_BASE_H
+#define TANDEM_BASE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum td_status {
+  TD_OK = 0,
+  TD_ERR_INVALID_ARGUMENT = 1, /* a bad value was passed: null buffer, unknown dtype, root out of range */
+  TD_ERR_INVALID_USAGE = 2,    /* a call in the wrong state: communicator finalized, request reused */
+  TD_ERR_SYSTEM = 3,           /* an OS call failed (errno is in the message) */
+  TD_ERR_REMOTE = 4,           /* another rank died, closed its connection, or aborted */
+  TD_ERR_MISMATCH = 5,         /* ranks disagree on a collective (op, dtype, count, root or order) */
+  TD_ERR_TIMEOUT = 6,          /* an operation did not finish within TANDEM_TIMEOUT seconds */
+  TD_ERR_IN_PROGRESS = 7,      /* td_test: the request has not completed yet */
+  TD_ERR_INTERNAL = 8,         /* a bug in Tandem: please report with the message */
+  TD_ERR_IO = 9,               /* a file could not be read or written, or is corrupt */
+} td_status;
+
+/* A short constant name for a status ("invalid argument", "remote error", ...). */
+const char *td_status_str(td_status status);
+
+/* The message of the last error raised on this thread outside a communicator
+ * (argument parsing, store connection, file I/O). Never NULL. */
+const char *td_last_error(void);
+
+typedef enum td_dtype {
+  TD_F32 = 0,
+  TD_F64 = 1,
+  TD_F16 = 2,  /* IEEE half; reductions accumulate in f32 */
+  TD_BF16 = 3, /* bfloat16; reductions accumulate in f32 */
+  TD_I32 = 4,
+  TD_I64 = 5,
+  TD_U8 = 6,
+  TD_DTYPE_COUNT
+} td_dtype;
+
+typedef enum td_op {
+  TD_SUM = 0,
+  TD_AVG = 1, /* sum divided by the number of ranks (integer division for integer types) */
+  TD_MIN = 2,
+  TD_MAX = 3,
+  TD_PROD = 4,
+  TD_OP_COUNT
+} td_op;
+
+/* Size in bytes of one element, or 0 for an unknown dtype. */
+size_t td_dtype_size(td_dtype dtype);
+/* "f32", "bf16", ...; "?" for an unknown value. */
+const char *td_dtype_name(td_dtype dtype);
+const char *td_op_name(td_op op);
+/* Parse "f32", "float32", "bf16", ... / "sum", "avg", ...; return 0 on success, -1 if unknown. */
+int td_dtype_parse(const char *name, td_dtype *out);
+int td_op_parse(const char *name, td_op *out);
+
+/* Half-precision conversions (round to nearest even), usable by any layer. */
+float td_f16_to_f32(uint16_t h);
+uint16_t td_f32_to_f16(float f);
+float td_bf16_to_f32(uint16_t h);
+uint16_t td_f32_to_bf16(float f);
+
+/* The shard of `count` elements owned by `rank` of `n`: the first (count % n)
+ * ranks own one extra element. Used by reduce-scatter, allgather and ZeRO. */
+void td_shard_range(size_t count, int n, int rank, size_t *offset_out, size_t *len_out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

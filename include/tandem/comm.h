@@ -1,0 +1,131 @@
+/* Tandem public API: communicators and collectives.
+ *
+ * A communicator (td_comm) is a group of ranks, one OS process each, that
+ * issue the same collectives in the same order (as in MPI and NCCL). Ranks on
+ * one host talk through a shared-memory segment, ranks on different hosts (or
+ * every rank when TANDEM_TRANSPORT=tcp) through TCP sockets.
+ *
+ * Threading: a communicator may be used from one application thread at a time
+ * (calls from several threads must be serialized by the caller). Each
+ * communicator owns one progress thread that runs non-blocking operations in
+ * the order they were issued; a blocking call issued while nothing is queued
+ * runs directly on the caller's thread (lowest latency).
+ *
+ * Errors are sticky: once an operation fails (a peer died, ranks disagreed on
+ * a collective, a timeout), every pending and later operation on that
+ * communicator fails with the same status and message until it is destroyed.
+ * td_comm_last_error() gives the message, which names the ranks involved.
+ *
+ * Buffers: "count" is in elements of `dtype`. A buffer may be NULL only when
+ * its count is 0. In-place operation is requested by passing the same pointer
+ * as send and receive buffer (see each collective for the exact layout).
+ * Buffers of a non-blocking operation must stay valid and untouched until
+ * td_wait/td_test reports completion. */
+#ifndef TANDEM_COMM_H
+#define TANDEM_COMM_H
+
+#include <stddef.h>
+#include "base.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct td_comm td_comm;
+typedef struct td_request td_request;
+
+/* Explicit configuration; zero-initialize and set what you need. Fields left
+ * 0/NULL are taken from the environment (DESIGN.md §2). */
+typedef struct td_comm_config {
+  int rank;              /* this process's rank, 0-based (used when world_size > 0) */
+  int world_size;        /* 0: detect from the environment */
+  const char *store;     /* "host:port" of the rendezvous store; NULL: from the environment */
+  const char *job_id;    /* namespace in the store; NULL: from TANDEM_JOB_ID or "default" */
+  const char *transport; /* "auto" (NULL), "shm" or "tcp" */
+  double timeout_s;      /* 0: TANDEM_TIMEOUT or 300 s */
+} td_comm_config;
+
+/* Create the world communicator from the environment (TANDEM_* set by
+ * tandemrun, then Open MPI, PMI, Slurm, torchrun variables); with none of
+ * them it is a world of one. Blocks until every rank has joined or the
+ * timeout passes. *out is NULL on failure; td_last_error() says why. */
+td_status td_comm_init(td_comm **out);
+td_status td_comm_init_config(const td_comm_config *config, td_comm **out);
+
+int td_comm_rank(const td_comm *comm);
+int td_comm_size(const td_comm *comm);
+int td_comm_local_rank(const td_comm *comm); /* rank among the ranks on this host */
+int td_comm_local_size(const td_comm *comm); /* number of ranks of comm on this host */
+const char *td_comm_transport(const td_comm *comm); /* "self", "shm" or "tcp" */
+
+/* Collective over `comm`: ranks with the same `color` form a new
+ * communicator, ordered by (key, old rank). A negative color gives *out = NULL
+ * (the rank joins no group). */
+td_status td_comm_split(td_comm *comm, int color, int key, td_comm **out);
+
+/* Wait for every pending operation, then synchronize with all ranks so that
+ * none leaves while others still need it. Returns the first error seen. */
+td_status td_comm_finalize(td_comm *comm);
+
+/* Release everything (threads, sockets, shared memory). Accepts NULL. Does not
+ * communicate: call td_comm_finalize first for an orderly exit. */
+void td_comm_destroy(td_comm *comm);
+
+/* Break the communicator on purpose: pending and later operations here fail
+ * with TD_ERR_REMOTE, and peers are told so (with `reason`) within seconds. */
+void td_comm_abort(td_comm *comm, const char *reason);
+
+/* The message of the first error on this communicator, "" if none. */
+const char *td_comm_last_error(const td_comm *comm);
+/* TD_OK, or the sticky error status of the communicator. */
+td_status td_comm_status(const td_comm *comm);
+
+/* ---- Blocking collectives ----
+ * allreduce:      recv[i] = op over ranks of send[i], i < count. In place: send == recv.
+ * reduce:         as allreduce, result only at root (recv ignored elsewhere; may be NULL).
+ * broadcast:      buf of root copied to every rank.
+ * reduce_scatter: send holds `count` elements on every rank; rank r receives the
+ *                 reduced shard td_shard_range(count, size, r) into recv. In place:
+ *                 recv == send + offset_r (elements).
+ * allgather:      rank r contributes the shard td_shard_range(count, size, r) from
+ *                 send; recv receives all `count` elements. In place:
+ *                 send == recv + offset_r (elements).
+ * alltoall:       send holds size blocks of `count` elements; block j goes to rank j,
+ *                 which stores it as block r (the sender's rank) of recv. Not in place.
+ * send/recv:      point to point, matched in issue order per pair of ranks; count and
+ *                 dtype must agree on both sides. */
+td_status td_allreduce(const void *send, void *recv, size_t count, td_dtype dtype, td_op op, td_comm *comm);
+td_status td_reduce(const void *send, void *recv, size_t count, td_dtype dtype, td_op op, int root, td_comm *comm);
+td_status td_broadcast(void *buf, size_t count, td_dtype dtype, int root, td_comm *comm);
+td_status td_reduce_scatter(const void *send, void *recv, size_t count, td_dtype dtype, td_op op, td_comm *comm);
+td_status td_allgather(const void *send, void *recv, size_t count, td_dtype dtype, td_comm *comm);
+td_status td_alltoall(const void *send, void *recv, size_t count, td_dtype dtype, td_comm *comm);
+td_status td_barrier(td_comm *comm);
+td_status td_send(const void *buf, size_t count, td_dtype dtype, int peer, td_comm *comm);
+td_status td_recv(void *buf, size_t count, td_dtype dtype, int peer, td_comm *comm);
+
+/* ---- Non-blocking forms ----
+ * Same arguments plus *req_out, which receives a request to pass to td_wait or
+ * td_test exactly once to completion. Operations run in issue order on the
+ * communicator's progress thread. On a returned error *req_out is NULL. */
+td_status td_iallreduce(const void *send, void *recv, size_t count, td_dtype dtype, td_op op, td_comm *comm, td_request **req_out);
+td_status td_ireduce(const void *send, void *recv, size_t count, td_dtype dtype, td_op op, int root, td_comm *comm, td_request **req_out);
+td_status td_ibroadcast(void *buf, size_t count, td_dtype dtype, int root, td_comm *comm, td_request **req_out);
+td_status td_ireduce_scatter(const void *send, void *recv, size_t count, td_dtype dtype, td_op op, td_comm *comm, td_request **req_out);
+td_status td_iallgather(const void *send, void *recv, size_t count, td_dtype dtype, td_comm *comm, td_request **req_out);
+td_status td_ialltoall(const void *send, void *recv, size_t count, td_dtype dtype, td_comm *comm, td_request **req_out);
+td_status td_ibarrier(td_comm *comm, td_request **req_out);
+td_status td_isend(const void *buf, size_t count, td_dtype dtype, int peer, td_comm *comm, td_request **req_out);
+td_status td_irecv(void *buf, size_t count, td_dtype dtype, int peer, td_comm *comm, td_request **req_out);
+
+/* Block until the request completes (spins briefly, then sleeps), free it, and
+ * return its status. A NULL request is TD_OK. */
+td_status td_wait(td_request *req);
+/* Non-blocking check. If complete: *done = 1, the request is freed, its status
+ * returned. Otherwise *done = 0 and TD_ERR_IN_PROGRESS is returned. */
+td_status td_test(td_request *req, int *done);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,9 @@
+/* Tandem: distributed deep-learning training runtime. Include this header
+ * for the whole public API. */
+#ifndef TANDEM_H
+#define TANDEM_H
+
+#include "base.h"
+#include "comm.h"
+
+#endif

@@ -1,0 +1,115 @@
+/* src/base: the layer every other layer stands on. Status helpers and check
+ * macros, logging to stderr, TANDEM_* environment tunables, clocks, aligned
+ * allocation, futex waits, and the reduction kernels used by collectives.
+ * Needs nothing beyond libc and pthreads. */
+#ifndef TD_BASE_INTERNAL_H
+#define TD_BASE_INTERNAL_H
+
+#define _GNU_SOURCE 1
+#include <errno.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tandem/base.h"
+
+/* ---- errors ---- */
+
+/* Format a message into the thread-local buffer read by td_last_error(), and
+ * return `status` so that callers can write `return td_error(...)`. */
+td_status td_error(td_status status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* As td_error, appending ": strerror(errno)" and returning TD_ERR_SYSTEM. */
+td_status td_error_errno(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Copy the thread-local message into buf (always NUL-terminated). */
+void td_error_copy(char *buf, size_t size);
+
+/* Evaluate a td_status expression; return it from the caller on failure. */
+#define TD_CHECK(expr)                 \
+  do {                                 \
+    td_status td_check_s_ = (expr);    \
+    if (td_check_s_ != TD_OK)          \
+      return td_check_s_;              \
+  } while (0)
+
+/* Evaluate a td_status expression into `st`; jump to `label` on failure. */
+#define TD_CHECK_GOTO(expr, st, label) \
+  do {                                 \
+    (st) = (expr);                     \
+    if ((st) != TD_OK)                 \
+      goto label;                      \
+  } while (0)
+
+/* Run a system call that returns -1 on error, retrying on EINTR. */
+#define TD_SYSCALL_RETRY(result, call) \
+  do {                                 \
+    (result) = (call);                 \
+  } while ((result) == -1 && errno == EINTR)
+
+/* ---- logging (stderr; never stdout) ---- */
+typedef enum { TD_LOG_ERROR = 0, TD_LOG_WARN = 1, TD_LOG_INFO = 2, TD_LOG_DEBUG = 3 } td_log_level;
+/* Level from TANDEM_LOG (error|warn|info|debug), default warn. */
+td_log_level td_log_threshold(void);
+void td_log(td_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+#define TD_LOG_ENABLED(level) ((level) <= td_log_threshold())
+#define TD_WARN(...) td_log(TD_LOG_WARN, __VA_ARGS__)
+#define TD_INFO(...) \
+  do { if (TD_LOG_ENABLED(TD_LOG_INFO)) td_log(TD_LOG_INFO, __VA_ARGS__); } while (0)
+#define TD_DEBUG(...) \
+  do { if (TD_LOG_ENABLED(TD_LOG_DEBUG)) td_log(TD_LOG_DEBUG, __VA_ARGS__); } while (0)
+/* Prefix for log lines, e.g. "rank 3"; set once by the communicator. */
+void td_log_set_prefix(const char *prefix);
+
+/* ---- environment tunables ----
+ * Every TANDEM_* variable is read through these, so that the README's list is
+ * complete: grep for TD_ENV_ to find them all. A malformed value is reported
+ * once as a warning and the default is used. */
+long td_env_long(const char *name, long default_value);
+double td_env_double(const char *name, double default_value);
+const char *td_env_str(const char *name, const char *default_value);
+/* Byte sizes accept suffixes: 64K, 25M, 1G (powers of 1024). */
+size_t td_env_size(const char *name, size_t default_value);
+/* Parse a byte size string like "25M"; returns 0 on success. */
+int td_parse_size(const char *text, size_t *out);
+
+/* ---- clocks ---- */
+double td_now(void);       /* monotonic seconds */
+uint64_t td_now_ns(void);  /* monotonic nanoseconds */
+double td_wall_time(void); /* seconds since the epoch */
+
+/* ---- memory ---- */
+#define TD_ALIGN 64
+/* Aligned (64 B) allocation; returns NULL on failure (and sets td_last_error). */
+void *td_alloc(size_t bytes);
+void *td_calloc(size_t bytes);
+void td_free(void *p);
+
+/* ---- blocking waits on shared words (futex) ----
+ * Wait while *word == expected, at most timeout_s seconds (negative: forever).
+ * `shared`: the word lives in memory shared between processes. Returns 0 when
+ * woken or the value changed, ETIMEDOUT on timeout, EINTR on a signal. */
+int td_futex_wait(_Atomic uint32_t *word, uint32_t expected, double timeout_s, bool shared);
+void td_futex_wake(_Atomic uint32_t *word, int n_waiters, bool shared);
+
+/* ---- reduction kernels ----
+ * dst[i] = op(dst[i], src[i]) for i < count. For f16/bf16 the arithmetic is in
+ * f32 and rounded once per call. TD_AVG reduces as TD_SUM: callers divide once
+ * at the end with td_reduce_scale. */
+void td_reduce_inplace(void *dst, const void *src, size_t count, td_dtype dtype, td_op op);
+/* dst[i] = op over k of srcs[k][i], k < n_srcs (n_srcs >= 1). dst may alias
+ * srcs[0]. f16/bf16 accumulate all inputs in f32 and round once. */
+void td_reduce_multi(void *dst, const void *const *srcs, int n_srcs, size_t count, td_dtype dtype, td_op op);
+/* buf[i] /= divisor, the finishing step of TD_AVG. */
+void td_reduce_scale(void *buf, size_t count, td_dtype dtype, int divisor);
+
+/* ---- misc ---- */
+#define TD_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define TD_MAX(a, b) ((a) > (b) ? (a) : (b))
+#define TD_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+/* snprintf that never overflows and always terminates; returns bytes written. */
+size_t td_strlcpy(char *dst, const char *src, size_t size);
+/* A random 64-bit value from the OS (getrandom), for unique names. */
+uint64_t td_random_u64(void);
+
+#endif

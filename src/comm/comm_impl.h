@@ -1,0 +1,234 @@
+/* src/comm internals: the communicator structure, the operation descriptor,
+ * the transport vtable, the point-to-point framing engine, the shared-memory
+ * collective primitives, and the algorithm entry points. Included only by
+ * files of src/comm (the layer's public face is include/tandem/comm.h).
+ *
+ * Data flow of one collective:
+ *   td_allreduce()            collectives.c: validate arguments, build a comm_op
+ *     -> progress_submit()    progress.c: run inline (queue idle) or queue it
+ *       -> comm_execute()     select.c: pick the algorithm from size/world/env
+ *         -> allreduce_ring() one file per algorithm, moving bytes with
+ *            p2p_exchange()   p2p.c: frames (header + payload) over the transport
+ *            or shm_sync()    transport/shm: epoch barrier over the shared segment
+ *
+ * Failure model: any rank that detects an error calls comm_fail(), which
+ * records the sticky error and tells every peer through the transport's
+ * abort(); peers then fail their current and later operations with the same
+ * message. Every wait has a deadline (op->deadline, from TANDEM_TIMEOUT). */
+#ifndef TD_COMM_IMPL_H
+#define TD_COMM_IMPL_H
+
+#include <pthread.h>
+#include <sys/types.h>
+
+#include "base/base.h"
+#include "net/net.h"
+#include "tandem/comm.h"
+
+/* ---- operations ---- */
+
+typedef enum comm_kind {
+  COMM_ALLREDUCE = 1,
+  COMM_REDUCE,
+  COMM_BROADCAST,
+  COMM_REDUCE_SCATTER,
+  COMM_ALLGATHER,
+  COMM_ALLTOALL,
+  COMM_BARRIER,
+  COMM_SEND,
+  COMM_RECV,
+} comm_kind;
+
+const char *comm_kind_name(comm_kind kind);
+
+/* One collective or point-to-point call, as issued by the user. */
+typedef struct comm_op {
+  comm_kind kind;
+  const void *send; /* input (for broadcast: the buffer) */
+  void *recv;       /* output (may equal send: in place) */
+  size_t count;     /* elements, with the meaning documented in tandem/comm.h */
+  td_dtype dtype;
+  td_op redop;      /* reductions only */
+  int root;         /* reduce/broadcast; -1 otherwise */
+  int peer;         /* send/recv; -1 otherwise */
+  uint64_t seq;     /* collectives: per-communicator sequence; p2p: per-pair sequence */
+  double deadline;  /* td_now() seconds after which the op fails with TD_ERR_TIMEOUT */
+} comm_op;
+
+/* What every frame carries so that receivers can check that both sides are
+ * executing the same operation (DESIGN.md §3, "Failure"). 48 bytes. */
+typedef struct comm_hdr {
+  uint32_t magic;  /* COMM_HDR_MAGIC */
+  uint32_t kind;   /* comm_kind; SEND frames are checked against RECV */
+  uint64_t seq;
+  uint64_t count;
+  int32_t dtype, redop, root, src_rank;
+  uint64_t nbytes; /* payload bytes following this header */
+} comm_hdr;
+#define COMM_HDR_MAGIC 0x54444d31u /* "TDM1" */
+
+/* Fill a header describing `op` as sent by `src_rank` with nbytes payload. */
+void comm_hdr_fill(comm_hdr *h, const comm_op *op, int src_rank, uint64_t nbytes);
+/* Describe op for messages: "allreduce(seq 7, count 1000, f32, sum)". */
+void comm_op_describe(const comm_op *op, char *buf, size_t size);
+void comm_hdr_describe(const comm_hdr *h, char *buf, size_t size);
+
+/* ---- transports ----
+ * A transport moves bytes between this rank and every peer of the
+ * communicator as independent ordered byte streams (one per direction per
+ * pair), without blocking. The framing engine (p2p.c) builds everything else
+ * on top. Implementations: transport/shm (same host) and transport/tcp. */
+typedef struct transport transport;
+typedef struct transport_vtbl {
+  const char *name; /* "shm", "tcp" */
+  /* Move up to len bytes to/from peer without blocking; *moved = bytes moved
+   * (0 if it would block). On a broken peer (EOF, reset, dead process) call
+   * comm_fail() with TD_ERR_REMOTE naming the peer and return that status. */
+  td_status (*try_send)(transport *t, int peer, const void *buf, size_t len, size_t *moved);
+  td_status (*try_recv)(transport *t, int peer, void *buf, size_t len, size_t *moved);
+  /* Sleep until a try_send to one of send_peers or a try_recv from one of
+   * recv_peers may make progress, or timeout_s passes, or the communicator
+   * fails. Spurious returns are allowed; never spin. */
+  td_status (*wait)(transport *t, const int *send_peers, int n_send, const int *recv_peers, int n_recv,
+                    double timeout_s);
+  /* Tell every peer that this communicator failed (called once, by
+   * comm_fail, on the first error). Must not block for long. */
+  void (*abort)(transport *t, td_status status, const char *reason);
+  /* Release all resources. Does not communicate. */
+  void (*destroy)(transport *t);
+} transport_vtbl;
+
+struct transport {
+  const transport_vtbl *vtbl;
+  td_comm *comm;
+};
+
+/* Constructors; each does its own wiring through comm->store under
+ * comm->prefix and returns when connected to every peer. */
+td_status tcp_transport_create(td_comm *comm, transport **out);
+td_status shm_transport_create(td_comm *comm, transport **out);
+
+/* ---- the communicator ---- */
+
+typedef struct comm_request_queue comm_request_queue; /* progress.c */
+
+struct td_comm {
+  int rank, size;
+  int local_rank, local_size; /* among ranks with the same host identity */
+  int *local_ranks;           /* the local_size ranks on this host, ascending */
+  pid_t *pids;                /* pid of every rank (valid for local ranks) */
+  char **hosts;               /* host identity of every rank */
+  char **addrs;               /* advertised "host" address of every rank */
+
+  char prefix[160];           /* store namespace of this communicator, "job/c0", "job/c0.s1.c2" */
+  td_store *store;            /* NULL for a world of one */
+  td_store_server *store_server; /* when this rank hosts the store */
+  double timeout_s;
+  char transport_req[8];      /* "auto", "shm" or "tcp" */
+  transport *xport;           /* NULL for a world of one */
+  const char *xport_name;     /* "self", "shm", "tcp" */
+
+  /* sticky error: first failure wins */
+  pthread_mutex_t err_mu;
+  _Atomic int err_status;     /* td_status; TD_OK while healthy */
+  char err_msg[1024];
+
+  /* sequencing (issue order; touched only by the issuing thread) */
+  uint64_t coll_seq;
+  uint64_t *send_seq, *recv_seq; /* per peer */
+  uint64_t split_count;
+
+  /* progress engine (progress.c) */
+  comm_request_queue *queue;
+  bool finalized;
+};
+
+/* Record the sticky error (first call wins; later calls return the first
+ * status), log it at error level, and notify peers via the transport. Returns
+ * the communicator's (first) status so callers can `return comm_fail(...)`. */
+td_status comm_fail(td_comm *comm, td_status status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* TD_OK or the sticky error; cheap (one atomic load). */
+static inline td_status comm_status(const td_comm *comm) {
+  return (td_status)atomic_load_explicit(&((td_comm *)comm)->err_status, memory_order_acquire);
+}
+/* If the deadline has passed: fail with TD_ERR_TIMEOUT describing `op`. */
+td_status comm_check_deadline(td_comm *comm, const comm_op *op);
+
+/* ---- point-to-point framing (p2p.c) ---- */
+
+typedef struct p2p_xfer {
+  int peer;    /* rank; -1 entries are skipped */
+  void *buf;   /* send: data to send (const in spirit); recv: destination */
+  size_t bytes;
+} p2p_xfer;
+
+/* Send one frame (header + payload) to each send peer and receive one frame
+ * from each recv peer, all progressing concurrently, blocking (without
+ * spinning) until done. Received headers are checked against `op`: a
+ * different kind, seq, count, dtype, op, root or payload size is a
+ * TD_ERR_MISMATCH naming both ranks and both operations. */
+td_status p2p_run(td_comm *comm, const comm_op *op, const p2p_xfer *sends, int n_sends, const p2p_xfer *recvs,
+                  int n_recvs);
+/* The common case: send to `to` and receive from `from` (either may be -1). */
+td_status p2p_exchange(td_comm *comm, const comm_op *op, int to, const void *sbuf, size_t sbytes, int from,
+                       void *rbuf, size_t rbytes);
+
+/* ---- shared-memory collective primitives (transport/shm) ----
+ * Available when comm->xport is the shm transport (all ranks on one host).
+ * Each rank owns two slots (parity 0 and 1) of shm_slot_bytes() bytes that
+ * every rank can read. The rule that makes reuse safe without extra
+ * handshakes: a rank writes its slot of parity p only between the end of
+ * sync epoch e-1 and its arrival at epoch e, where e % 2 == p; peers read
+ * that slot only after sync e and before their arrival at e+1. */
+bool shm_available(const td_comm *comm);
+size_t shm_slot_bytes(const td_comm *comm);
+/* The epoch the next shm_sync will complete; its parity selects the slots. */
+uint64_t shm_next_epoch(const td_comm *comm);
+void *shm_slot(const td_comm *comm, int rank, unsigned parity);
+/* Arrive at the next epoch and wait (spin briefly, then futex) for every rank
+ * to arrive. Compares every rank's op header for this epoch: disagreement is
+ * TD_ERR_MISMATCH naming the ranks. Fails on abort, dead peer or deadline. */
+td_status shm_sync(td_comm *comm, const comm_op *op);
+
+/* ---- algorithms (one file each) ----
+ * Each runs one op on the executing thread, blocking until done. All ranks
+ * must call the same algorithm: selection depends only on values equal on
+ * every rank (size, count, dtype, env). */
+typedef td_status (*comm_algo_fn)(td_comm *comm, const comm_op *op);
+
+td_status allreduce_ring(td_comm *comm, const comm_op *op);      /* allreduce_ring.c: bandwidth, p2p */
+td_status allreduce_rd(td_comm *comm, const comm_op *op);        /* allreduce_rd.c: recursive doubling, latency, p2p */
+td_status allreduce_shm(td_comm *comm, const comm_op *op);       /* allreduce_shm.c: parallel reduction in shm */
+td_status reduce_scatter_ring(td_comm *comm, const comm_op *op); /* reduce_scatter_ring.c */
+td_status reduce_scatter_shm(td_comm *comm, const comm_op *op);  /* reduce_scatter_shm.c */
+td_status allgather_ring(td_comm *comm, const comm_op *op);      /* allgather_ring.c */
+td_status allgather_shm(td_comm *comm, const comm_op *op);       /* allgather_shm.c */
+td_status broadcast_tree(td_comm *comm, const comm_op *op);      /* broadcast_tree.c: binomial tree, p2p */
+td_status broadcast_shm(td_comm *comm, const comm_op *op);       /* broadcast_shm.c */
+td_status reduce_tree(td_comm *comm, const comm_op *op);         /* reduce_tree.c: binomial tree, p2p */
+td_status reduce_shm(td_comm *comm, const comm_op *op);          /* reduce_shm.c */
+td_status alltoall_pairwise(td_comm *comm, const comm_op *op);   /* alltoall_pairwise.c */
+td_status alltoall_shm(td_comm *comm, const comm_op *op);        /* alltoall_shm.c */
+td_status barrier_dissemination(td_comm *comm, const comm_op *op); /* barrier.c (p2p) */
+td_status barrier_shm(td_comm *comm, const comm_op *op);         /* barrier.c (shm) */
+td_status p2p_send_recv(td_comm *comm, const comm_op *op);       /* sendrecv.c: td_send / td_recv */
+
+/* select.c: pick and run the algorithm for op (TANDEM_ALLREDUCE_ALGO etc.). */
+td_status comm_execute(td_comm *comm, const comm_op *op);
+
+/* Small shared helpers for algorithms (algo_util.c). */
+static inline size_t comm_op_bytes(const comm_op *op) { return op->count * td_dtype_size(op->dtype); }
+/* Copy send -> recv unless in place (the first step of many algorithms). */
+void comm_copy_if_needed(void *dst, const void *src, size_t bytes);
+
+/* ---- progress engine (progress.c) ---- */
+td_status progress_start(td_comm *comm);
+void progress_stop(td_comm *comm); /* after draining; called by destroy */
+/* Run op now if nothing is queued (blocking form), else queue it and wait. */
+td_status progress_run_blocking(td_comm *comm, const comm_op *op);
+/* Queue op for the progress thread; *req_out completes when it has run. */
+td_status progress_submit(td_comm *comm, const comm_op *op, td_request **req_out);
+/* Wait until every queued op has run. */
+td_status progress_drain(td_comm *comm);
+
+#endif

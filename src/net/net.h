@@ -1,0 +1,104 @@
+/* src/net: sockets, shared-memory segments, host identity and the rendezvous
+ * store (a TCP key-value store like PyTorch's TCPStore). Calls only src/base.
+ *
+ * Every blocking call takes a timeout and fails with a message that names the
+ * address and the reason; nothing here prints or exits. */
+#ifndef TD_NET_H
+#define TD_NET_H
+
+#include "base/base.h"
+
+#include <sys/types.h>
+
+/* ---- addresses and sockets ---- */
+
+/* Parse "host:port" (host may be a name, an IPv4 address, or "[v6]").
+ * Returns TD_ERR_INVALID_ARGUMENT with a message quoting `text` if malformed. */
+td_status net_parse_addr(const char *text, char *host, size_t host_size, int *port_out);
+
+/* Listen on host:port (port 0 picks a free port; host NULL or "" = all
+ * interfaces). Returns the socket and the port actually bound. */
+td_status net_listen(const char *host, int port, int backlog, int *fd_out, int *port_out);
+
+/* Connect to host:port, retrying refused/unreachable attempts with backoff
+ * until timeout_s passes; the error names the address and the last reason. */
+td_status net_connect(const char *host, int port, double timeout_s, int *fd_out);
+
+/* Accept one connection before the deadline (monotonic td_now() seconds). */
+td_status net_accept(int listen_fd, double deadline, int *fd_out);
+
+/* Blocking full transfers on a (blocking or non-blocking) socket, failing at
+ * the deadline with TD_ERR_TIMEOUT, on EOF/reset with TD_ERR_REMOTE. */
+td_status net_send_all(int fd, const void *buf, size_t len, double deadline);
+td_status net_recv_all(int fd, void *buf, size_t len, double deadline);
+
+int net_set_nonblocking(int fd, bool on);
+int net_set_nodelay(int fd);
+/* Set SO_SNDBUF/SO_RCVBUF (best effort). */
+void net_set_bufsizes(int fd, int bytes);
+
+/* The address other hosts should use to reach this one: TANDEM_HOST_ADDR if
+ * set, else the first non-loopback IPv4 address, else 127.0.0.1. */
+td_status net_local_address(char *buf, size_t size);
+
+/* A string equal for exactly the processes that can share memory and see each
+ * other's pids: hostname + boot id + ipc and pid namespaces. */
+td_status net_host_identity(char *buf, size_t size);
+
+/* Is the process alive (not gone, not a zombie)? Only for pids on this host. */
+bool net_pid_alive(pid_t pid);
+
+/* ---- shared-memory segments (POSIX shm) ---- */
+
+/* Create a new segment with a unique name "/tandem-<tag>-<random>" (written to
+ * name_out), size bytes, zero-filled, mapped read-write. */
+td_status net_shm_create(const char *tag, size_t size, char *name_out, size_t name_size, void **addr_out);
+/* Open and map an existing segment of the given size. */
+td_status net_shm_open(const char *name, size_t size, void **addr_out);
+/* Remove the name (the memory lives on while mapped). Ranks unlink right after
+ * everyone has mapped, so that a killed job leaves nothing in /dev/shm. */
+void net_shm_unlink(const char *name);
+void net_shm_unmap(void *addr, size_t size);
+
+/* ---- rendezvous store: client ----
+ * Thread-safe (one mutex per client). Keys are strings (< 512 bytes), values
+ * are bytes (< 64 MiB). */
+typedef struct td_store td_store;
+
+/* Connect to "host:port", retrying until timeout_s; the error names the
+ * address, e.g. "cannot reach the rendezvous store at 10.0.0.1:29500 after
+ * 30 s: connection refused". */
+td_status store_connect(const char *addr, double timeout_s, td_store **out);
+void store_close(td_store *store); /* accepts NULL */
+const char *store_address(const td_store *store);
+
+td_status store_set(td_store *store, const char *key, const void *value, size_t len);
+/* Non-blocking read: *found = 0 if the key does not exist (value NULL). The
+ * value is malloc'd, NUL-terminated for convenience; free() it. */
+td_status store_get(td_store *store, const char *key, void **value_out, size_t *len_out, int *found);
+/* Block until the key exists (or timeout_s: TD_ERR_TIMEOUT naming the key),
+ * then return its value as store_get does. */
+td_status store_wait(td_store *store, const char *key, double timeout_s, void **value_out, size_t *len_out);
+/* Atomically add delta to an integer key (missing = 0); returns the new value. */
+td_status store_add(td_store *store, const char *key, int64_t delta, int64_t *result_out);
+/* Compare-and-set: if the key's value equals expected (expected NULL: key
+ * missing) set it to desired. *current_out (malloc'd) receives the value after
+ * the call; *swapped tells whether the swap happened. */
+td_status store_cas(td_store *store, const char *key, const void *expected, size_t expected_len,
+                    const void *desired, size_t desired_len, void **current_out, size_t *current_len,
+                    int *swapped);
+td_status store_delete(td_store *store, const char *key, int *existed);
+
+/* Convenience: set/wait string values. */
+td_status store_set_str(td_store *store, const char *key, const char *value);
+td_status store_wait_str(td_store *store, const char *key, double timeout_s, char **value_out);
+
+/* ---- rendezvous store: server ----
+ * Runs in its own thread (poll loop) until stopped. Hosted by tandemrun, or by
+ * rank 0 when another launcher started the job. */
+typedef struct td_store_server td_store_server;
+td_status store_server_start(const char *host, int port, td_store_server **out);
+int store_server_port(const td_store_server *server);
+void store_server_stop(td_store_server *server); /* accepts NULL */
+
+#endif

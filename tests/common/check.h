@@ -1,0 +1,54 @@
+/* Test assertions that print both sides and never compile out (libuv's
+ * test/task.h is the model). A failed check prints file:line, the expression
+ * and the values, then exits 1 so that the runner marks the test failed. */
+#ifndef TD_TEST_CHECK_H
+#define TD_TEST_CHECK_H
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tandem/tandem.h"
+
+/* Print a failure with context and exit the test process. */
+void td_test_fail(const char *file, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4), noreturn));
+
+#define CHECK(cond)                                                             \
+  do {                                                                          \
+    if (!(cond)) td_test_fail(__FILE__, __LINE__, "CHECK(%s) failed", #cond);   \
+  } while (0)
+
+#define CHECK_EQ_INT(a, b)                                                      \
+  do {                                                                          \
+    long long a_ = (long long)(a), b_ = (long long)(b);                         \
+    if (a_ != b_)                                                               \
+      td_test_fail(__FILE__, __LINE__, "%s == %s: %lld != %lld", #a, #b, a_, b_); \
+  } while (0)
+
+/* |a - b| <= atol + rtol * |b| */
+#define CHECK_CLOSE(a, b, rtol, atol)                                           \
+  do {                                                                          \
+    double a_ = (double)(a), b_ = (double)(b);                                  \
+    if (!(fabs(a_ - b_) <= (atol) + (rtol) * fabs(b_)))                         \
+      td_test_fail(__FILE__, __LINE__, "%s ~= %s: %.9g vs %.9g (rtol %g, atol %g)", #a, #b, a_, b_, \
+                   (double)(rtol), (double)(atol));                             \
+  } while (0)
+
+/* A td_status call that must succeed; prints the status and last error. */
+#define CHECK_OK(expr)                                                          \
+  do {                                                                          \
+    td_status s_ = (expr);                                                      \
+    if (s_ != TD_OK)                                                            \
+      td_test_fail(__FILE__, __LINE__, "%s returned %s: %s", #expr, td_status_str(s_), td_last_error()); \
+  } while (0)
+
+#define CHECK_STATUS(expr, expected)                                            \
+  do {                                                                          \
+    td_status s_ = (expr);                                                      \
+    if (s_ != (expected))                                                       \
+      td_test_fail(__FILE__, __LINE__, "%s returned %s, expected %s (%s)", #expr, td_status_str(s_), \
+                   td_status_str(expected), td_last_error());                   \
+  } while (0)
+
+#endif

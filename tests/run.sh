@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Runs the test suite: every line of tests/*.suite, first against build/ and
+# then against the ASan+UBSan tree build/asan/, each under a timeout.
+#
+# Suite line format (one test per line, '#' starts a comment):
+#   TIMEOUT_S NAME COMMAND...
+# In COMMAND, $B is the build tree (build or build/asan) and $RUN is
+# "$B/bin/tandemrun". A line whose NAME ends in "!noasan" runs only in the
+# normal tree (for tests whose point is speed or which spawn too much to
+# run under ASan in the time budget).
+#
+# Environment: TESTS=REGEX runs only tests whose name matches;
+#              TREES="build" skips the sanitizer pass.
+# Ends with the summary line "N passed, N failed" and exits non-zero on any failure.
+set -u
+cd "$(dirname "$0")/.."
+trees=${TREES:-"build build/asan"}
+filter=${TESTS:-.}
+logdir=build/test-logs
+mkdir -p "$logdir"
+passed=0
+failed=0
+failed_names=()
+start_all=$(date +%s)
+
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0:halt_on_error=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+
+for B in $trees; do
+  [ -d "$B/tests" ] || { echo "missing $B/tests: build it first (make all BUILD=$B)"; failed=$((failed+1)); continue; }
+  RUN="$B/bin/tandemrun"
+  for suite in tests/*.suite; do
+    while IFS= read -r line || [ -n "$line" ]; do
+      line="${line%%#*}"
+      [ -z "${line// }" ] && continue
+      read -r tmo name cmd <<<"$line"
+      if [[ "$name" == *'!noasan' ]]; then
+        [ "$B" != build ] && continue
+        name="${name%!noasan}"
+      fi
+      echo "$name" | grep -Eq -- "$filter" || continue
+      tag="$(basename "$B")/$name"
+      log="$logdir/$(echo "$tag" | tr '/' '_').log"
+      cmd="${cmd//\$RUN/$RUN}"
+      cmd="${cmd//\$B/$B}"
+      t0=$(date +%s%N)
+      timeout -k 5 "$tmo" bash -c "$cmd" >"$log" 2>&1
+      rc=$?
+      dt_ds=$(( ($(date +%s%N) - t0) / 100000000 ))
+      dt="$((dt_ds / 10)).$((dt_ds % 10))"
+      if [ $rc -eq 0 ]; then
+        passed=$((passed+1))
+        printf 'PASS %-50s %6ss\n' "$tag" "$dt"
+      else
+        failed=$((failed+1))
+        failed_names+=("$tag")
+        why="exit $rc"
+        [ $rc -eq 124 ] && why="timed out after ${tmo}s"
+        printf 'FAIL %-50s %6ss (%s)\n' "$tag" "$dt" "$why"
+        echo "---- last lines of $log:"
+        tail -n 25 "$log" | sed 's/^/    /'
+        echo "----"
+      fi
+    done < "$suite"
+  done
+done
+
+echo
+echo "suite time: $(( $(date +%s) - start_all ))s"
+if [ $failed -gt 0 ]; then
+  echo "failed: ${failed_names[*]}"
+fi
+echo "$passed passed, $failed failed"
+[ $failed -eq 0 ]
