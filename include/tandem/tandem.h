@@ -5,5 +5,6 @@
 
 #include "base.h"
 #include "comm.h"
+#include "nn.h"
 
 #endif
