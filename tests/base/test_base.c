@@ -1,0 +1,211 @@
+/* Unit tests for src/base: half-precision conversions (exhaustive over all
+ * 65536 f16/bf16 bit patterns), reduction kernels for every dtype and op
+ * against scalar reference loops, the shard function, size parsing, futex
+ * wait timeouts. */
+#include <pthread.h>
+#include <stdint.h>
+#include <unistd.h>
+
+#include "../common/check.h"
+#include "base/base.h"
+
+static void test_half_roundtrip(void) {
+  /* Every finite f16 value converts to f32 and back unchanged. */
+  for (uint32_t h = 0; h < 65536; h++) {
+    uint16_t x = (uint16_t)h;
+    float f = td_f16_to_f32(x);
+    if ((x & 0x7c00) == 0x7c00 && (x & 0x3ff)) { CHECK(f != f); continue; } /* nan */
+    uint16_t back = td_f32_to_f16(f);
+    if (back != x) td_test_fail(__FILE__, __LINE__, "f16 %#x -> %g -> %#x", x, f, back);
+    float bf = td_bf16_to_f32(x);
+    if (bf != bf) continue;
+    CHECK_EQ_INT(td_f32_to_bf16(bf), x);
+  }
+  /* Known values and rounding. */
+  CHECK_CLOSE(td_f16_to_f32(0x3c00), 1.0, 0, 0);
+  CHECK_CLOSE(td_f16_to_f32(0xc000), -2.0, 0, 0);
+  CHECK_CLOSE(td_f16_to_f32(0x0001), 5.960464477539063e-08, 0, 0); /* smallest subnormal */
+  CHECK_EQ_INT(td_f32_to_f16(65504.0f), 0x7bff);
+  CHECK_EQ_INT(td_f32_to_f16(70000.0f), 0x7c00);      /* overflow to inf */
+  CHECK_EQ_INT(td_f32_to_f16(1.0f + 1.0f / 2048), 0x3c00); /* tie rounds to even */
+  CHECK_EQ_INT(td_f32_to_f16(1.0f + 3.0f / 2048), 0x3c02); /* tie rounds to even (up) */
+  CHECK_EQ_INT(td_f32_to_f16(2.98023224e-08f), 0x0000);    /* 2^-25 ties to even zero */
+  CHECK_EQ_INT(td_f32_to_f16(4.0e-08f), 0x0001);
+  CHECK_EQ_INT(td_f32_to_bf16(1.0f), 0x3f80);
+  CHECK_EQ_INT(td_f32_to_bf16(1.00390625f), 0x3f80); /* tie to even */
+  CHECK_EQ_INT(td_f32_to_bf16(1.01171875f), 0x3f82); /* tie to even (up) */
+}
+
+/* Reference: reduce element i of n_srcs sources in double (exact for the
+ * small integers used here) and compare with the kernels. */
+static double ref_value(int src, size_t i, td_op op) {
+  if (op == TD_PROD) return ((i + (size_t)src) % 3 == 0) ? 2.0 : 1.0;
+  return (double)((int)((i * 7 + (size_t)src * 13) % 23) - (op == TD_SUM || op == TD_AVG ? 0 : 11));
+}
+
+static void store_elem(void *buf, td_dtype dt, size_t i, double v) {
+  switch (dt) {
+  case TD_F32: ((float *)buf)[i] = (float)v; break;
+  case TD_F64: ((double *)buf)[i] = v; break;
+  case TD_F16: ((uint16_t *)buf)[i] = td_f32_to_f16((float)v); break;
+  case TD_BF16: ((uint16_t *)buf)[i] = td_f32_to_bf16((float)v); break;
+  case TD_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
+  case TD_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
+  case TD_U8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
+  default: break;
+  }
+}
+
+static double load_elem(const void *buf, td_dtype dt, size_t i) {
+  switch (dt) {
+  case TD_F32: return ((const float *)buf)[i];
+  case TD_F64: return ((const double *)buf)[i];
+  case TD_F16: return td_f16_to_f32(((const uint16_t *)buf)[i]);
+  case TD_BF16: return td_bf16_to_f32(((const uint16_t *)buf)[i]);
+  case TD_I32: return ((const int32_t *)buf)[i];
+  case TD_I64: return (double)((const int64_t *)buf)[i];
+  case TD_U8: return ((const uint8_t *)buf)[i];
+  default: return 0;
+  }
+}
+
+static void test_reduce_kernels(void) {
+  const size_t counts[] = {0, 1, 7, 2048, 2049, 10007};
+  for (int dt = 0; dt < TD_DTYPE_COUNT; dt++) {
+    for (int op = 0; op < TD_OP_COUNT; op++) {
+      for (int n_srcs = 1; n_srcs <= 5; n_srcs++) {
+        if (dt == TD_U8 && op != TD_SUM && op != TD_AVG && op != TD_PROD) {
+          /* u8 min/max over non-negative values only */
+        }
+        for (size_t ci = 0; ci < TD_ARRAY_SIZE(counts); ci++) {
+          size_t count = counts[ci], es = td_dtype_size((td_dtype)dt);
+          void *srcs[5];
+          for (int k = 0; k < n_srcs; k++) {
+            srcs[k] = td_alloc(count * es + 1);
+            for (size_t i = 0; i < count; i++) {
+              double v = ref_value(k, i, (td_op)op);
+              if (dt == TD_U8 && v < 0) v = -v;
+              store_elem(srcs[k], (td_dtype)dt, i, v);
+            }
+          }
+          void *dst = td_alloc(count * es + 1);
+          td_reduce_multi(dst, (const void *const *)srcs, n_srcs, count, (td_dtype)dt, (td_op)op);
+          /* Also check the in-place pairwise kernel chained over sources. */
+          void *acc = td_alloc(count * es + 1);
+          if (count) memcpy(acc, srcs[0], count * es);
+          for (int k = 1; k < n_srcs; k++) td_reduce_inplace(acc, srcs[k], count, (td_dtype)dt, (td_op)op);
+          for (size_t i = 0; i < count; i++) {
+            double want = load_elem(srcs[0], (td_dtype)dt, i);
+            for (int k = 1; k < n_srcs; k++) {
+              double v = load_elem(srcs[k], (td_dtype)dt, i);
+              switch (op) {
+              case TD_SUM: case TD_AVG: want += v; break;
+              case TD_PROD: want *= v; break;
+              case TD_MIN: want = v < want ? v : want; break;
+              case TD_MAX: want = v > want ? v : want; break;
+              }
+            }
+            if (dt == TD_U8) want = (double)((uint8_t)(int)want);
+            double got = load_elem(dst, (td_dtype)dt, i), got2 = load_elem(acc, (td_dtype)dt, i);
+            if (got != want || got2 != want)
+              td_test_fail(__FILE__, __LINE__, "%s %s n_srcs=%d count=%zu i=%zu: multi %g inplace %g want %g",
+                           td_dtype_name((td_dtype)dt), td_op_name((td_op)op), n_srcs, count, i, got, got2, want);
+          }
+          for (int k = 0; k < n_srcs; k++) td_free(srcs[k]);
+          td_free(dst);
+          td_free(acc);
+        }
+      }
+    }
+  }
+  /* Aliasing dst == srcs[0] is allowed. */
+  float a[5] = {1, 2, 3, 4, 5}, b[5] = {10, 20, 30, 40, 50};
+  const void *s[2] = {a, b};
+  td_reduce_multi(a, s, 2, 5, TD_F32, TD_SUM);
+  for (int i = 0; i < 5; i++) CHECK_CLOSE(a[i], 11.0 * (i + 1), 0, 0);
+  /* Scaling for TD_AVG. */
+  int32_t iv[3] = {7, -7, 9};
+  td_reduce_scale(iv, 3, TD_I32, 2);
+  CHECK_EQ_INT(iv[0], 3); CHECK_EQ_INT(iv[1], -3); CHECK_EQ_INT(iv[2], 4);
+  uint16_t bv[2] = {td_f32_to_bf16(6.0f), td_f32_to_bf16(-3.0f)};
+  td_reduce_scale(bv, 2, TD_BF16, 3);
+  CHECK_CLOSE(td_bf16_to_f32(bv[0]), 2.0, 0, 0);
+  CHECK_CLOSE(td_bf16_to_f32(bv[1]), -1.0, 0, 0);
+}
+
+static void test_shard(void) {
+  for (size_t count = 0; count < 50; count++) {
+    for (int n = 1; n <= 9; n++) {
+      size_t next = 0;
+      for (int r = 0; r < n; r++) {
+        size_t off, len;
+        td_shard_range(count, n, r, &off, &len);
+        CHECK_EQ_INT(off, next);
+        CHECK(len == count / (size_t)n || len == count / (size_t)n + 1);
+        next = off + len;
+      }
+      CHECK_EQ_INT(next, count);
+    }
+  }
+  size_t off, len;
+  td_shard_range(10, 3, 5, &off, &len); /* out of range rank: empty */
+  CHECK_EQ_INT(len, 0);
+}
+
+static void test_parse(void) {
+  size_t x;
+  CHECK(td_parse_size("25M", &x) == 0 && x == 25u << 20);
+  CHECK(td_parse_size("4K", &x) == 0 && x == 4096);
+  CHECK(td_parse_size("1GiB", &x) == 0 && x == 1u << 30);
+  CHECK(td_parse_size("123", &x) == 0 && x == 123);
+  CHECK(td_parse_size("12Q", &x) != 0);
+  CHECK(td_parse_size("", &x) != 0);
+  td_dtype dt;
+  td_op op;
+  CHECK(td_dtype_parse("bfloat16", &dt) == 0 && dt == TD_BF16);
+  CHECK(td_dtype_parse("F32", &dt) == 0 && dt == TD_F32);
+  CHECK(td_dtype_parse("complex", &dt) != 0);
+  CHECK(td_op_parse("avg", &op) == 0 && op == TD_AVG);
+  CHECK(td_op_parse("xor", &op) != 0);
+  CHECK(strcmp(td_dtype_name((td_dtype)99), "?") == 0);
+  CHECK_EQ_INT(td_dtype_size((td_dtype)99), 0);
+  setenv("TANDEM_TEST_SIZE", "2M", 1);
+  CHECK_EQ_INT(td_env_size("TANDEM_TEST_SIZE", 5), 2u << 20);
+  setenv("TANDEM_TEST_LONG", "notanumber", 1);
+  CHECK_EQ_INT(td_env_long("TANDEM_TEST_LONG", 42), 42);
+  CHECK(strcmp(td_status_str(TD_ERR_MISMATCH), "collective mismatch") == 0);
+  CHECK(td_error(TD_ERR_IO, "file %s", "x") == TD_ERR_IO);
+  CHECK(strcmp(td_last_error(), "file x") == 0);
+}
+
+static _Atomic uint32_t word;
+static void *waker(void *arg) {
+  (void)arg;
+  usleep(20000);
+  atomic_store(&word, 1);
+  td_futex_wake(&word, 1, false);
+  return NULL;
+}
+
+static void test_futex(void) {
+  atomic_store(&word, 0);
+  double t0 = td_now();
+  CHECK_EQ_INT(td_futex_wait(&word, 0, 0.05, false), ETIMEDOUT);
+  CHECK(td_now() - t0 >= 0.04);
+  pthread_t th;
+  pthread_create(&th, NULL, waker, NULL);
+  while (atomic_load(&word) == 0) td_futex_wait(&word, 0, 5.0, false);
+  pthread_join(th, NULL);
+  CHECK(td_now() - t0 < 4.0);
+  CHECK_EQ_INT(td_futex_wait(&word, 0, 1.0, false), 0); /* value differs: returns at once */
+}
+
+int main(void) {
+  test_half_roundtrip();
+  test_reduce_kernels();
+  test_shard();
+  test_parse();
+  test_futex();
+  printf("test_base: ok\n");
+  return 0;
+}
