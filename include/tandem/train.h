@@ -1,0 +1,227 @@
+/* Tandem public API: the training engine (src/train).
+ *
+ * A td_trainer trains one td_model on one td_dataset with data parallelism
+ * over a td_comm, the way PyTorch DDP or Horovod do: every rank holds the
+ * whole model; parameters live in one 64-byte-aligned arena, gradients in a
+ * second arena of the same layout and each optimizer state in one more
+ * (llm.c's layout). Parameters are initialized from the seed and broadcast
+ * from rank 0. One optimizer step runs `grad_accum` micro-steps of
+ * `micro_batch` samples per rank; on the last micro-step, gradients are
+ * averaged across ranks in buckets launched while backward still runs
+ * (reverse arena order, first bucket small); then the engine clips, applies
+ * the learning-rate schedule and the optimizer.
+ *
+ * Determinism: with global batch G = world x micro_batch x grad_accum, step t
+ * uses the same G samples of a seeded, per-epoch shuffle whatever the world
+ * size, each rank a disjoint slice. N ranks therefore compute the same update
+ * as one rank with the whole batch (equal up to float summation order), and a
+ * resumed run repeats an uninterrupted one bit for bit on the same world size.
+ *
+ * Threading: a trainer is used from one thread. Functions marked
+ * "collective" must be called by every rank of the communicator in the same
+ * order (they communicate); the others are local.
+ *
+ * Errors: functions return a td_status; the message is in td_last_error()
+ * (and, for communication failures, td_comm_last_error()). The library never
+ * prints to stdout: progress display is the caller's job (src/obs). */
+#ifndef TANDEM_TRAIN_H
+#define TANDEM_TRAIN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base.h"
+#include "comm.h"
+#include "nn.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- configuration ---- */
+
+typedef enum td_optimizer_kind {
+  TD_OPTIMIZER_SGD = 0,   /* SGD with (optionally Nesterov) momentum, L2 weight decay added to the gradient */
+  TD_OPTIMIZER_ADAMW = 1, /* Adam with bias correction and decoupled weight decay (Loshchilov & Hutter) */
+} td_optimizer_kind;
+
+typedef enum td_schedule_kind {
+  TD_SCHEDULE_CONSTANT = 0,      /* lr throughout */
+  TD_SCHEDULE_WARMUP = 1,        /* linear warmup from lr*warmup_start_ratio to lr, then constant (DeepSpeed WarmupLR) */
+  TD_SCHEDULE_WARMUP_COSINE = 2, /* linear warmup, then cosine decay to lr*min_ratio at total_steps (WarmupCosineLR) */
+  TD_SCHEDULE_WARMUP_LINEAR = 3, /* linear warmup, then linear decay to lr*min_ratio at total_steps (WarmupDecayLR) */
+} td_schedule_kind;
+
+typedef struct td_optimizer_config {
+  td_optimizer_kind kind;
+  float lr;           /* peak learning rate */
+  float beta1, beta2; /* AdamW moment decay rates */
+  float eps;          /* AdamW denominator epsilon */
+  float weight_decay; /* AdamW: decoupled (p -= lr*wd*p); SGD: added to the gradient (g += wd*p) */
+  float momentum;     /* SGD momentum (0: plain SGD) */
+  int nesterov;       /* SGD: 1 for Nesterov momentum */
+} td_optimizer_config;
+
+typedef struct td_schedule_config {
+  td_schedule_kind kind;
+  long warmup_steps;        /* steps of linear warmup (0: none) */
+  long total_steps;         /* where the decay ends (0: the trainer's `steps`) */
+  float warmup_start_ratio; /* lr at step 0 of warmup, as a fraction of the peak lr */
+  float min_ratio;          /* lr at the end of the decay, as a fraction of the peak lr */
+} td_schedule_config;
+
+/* Batch sizes: any of train_batch_size, micro_batch and grad_accum may be left
+ * 0 ("derive it"); td_train_config_resolve fills them in from the world size
+ * (as DeepSpeed does) and refuses inconsistent combinations. Zero-initializing
+ * and calling td_train_config_defaults() is the way to start; new fields are
+ * only ever appended, and get their defaults there. */
+typedef struct td_train_config {
+  long train_batch_size; /* global batch G in samples per optimizer step (0: micro x accum x world) */
+  int micro_batch;       /* samples per rank per micro-step (0: derive; 1 if nothing else is given) */
+  int grad_accum;        /* micro-steps per optimizer step (0: derive; 1 if nothing else is given) */
+  long steps;            /* optimizer steps to train (0: decided by the caller, e.g. from epochs) */
+  uint64_t seed;         /* parameter initialization and data shuffling */
+  td_optimizer_config optimizer;
+  td_schedule_config scheduler;
+  float grad_clip;           /* clip the global L2 norm of the averaged gradient to this (0: no clipping) */
+  size_t bucket_bytes;       /* gradient bucket size (default 25 MiB) */
+  size_t first_bucket_bytes; /* size of the first bucket launched, so communication starts early (default 1 MiB) */
+  int threads;               /* compute threads per rank (0: online cores on this host / ranks on this host) */
+  int steps_per_print;       /* for the caller's progress display (the engine does not print) */
+  char checkpoint_dir[512];  /* where td_trainer_step saves every checkpoint_every steps ("" : never) */
+  long checkpoint_every;     /* steps between automatic checkpoints (0: never) */
+} td_train_config;
+
+/* Defaults: AdamW lr 3e-4, betas (0.9, 0.999), eps 1e-8, weight decay 0;
+ * constant schedule; no clipping; seed 1337; buckets 25 MiB (first 1 MiB);
+ * threads 0 (auto); steps_per_print 10; batch sizes 0 (derived). */
+void td_train_config_defaults(td_train_config *cfg);
+
+/* Read a JSON config file (DeepSpeed ds_config key names where the concept is
+ * the same) into cfg, overwriting only the keys present, so that a caller can
+ * apply defaults first and command-line flags afterwards. Keys:
+ *   train_batch_size, train_micro_batch_size_per_gpu (or the alias
+ *   train_micro_batch_size_per_rank), gradient_accumulation_steps,
+ *   train_steps, seed, gradient_clipping, steps_per_print,
+ *   threads_per_rank, bucket_bytes, first_bucket_bytes (numbers of bytes or
+ *   strings such as "25M"),
+ *   optimizer: {type: "AdamW"|"Adam"|"SGD", params: {lr, betas: [b1, b2], eps,
+ *               weight_decay, momentum, nesterov}},
+ *   scheduler: {type: "WarmupLR"|"WarmupCosineLR"|"WarmupDecayLR"|"Constant",
+ *               params: {warmup_num_steps, total_num_steps, warmup_min_lr,
+ *                        warmup_max_lr, warmup_min_ratio, cos_min_ratio}},
+ *   checkpoint: {save_dir, save_every}.
+ * ("Adam" means AdamW, as DeepSpeed's default adam_w_mode does.) Unknown keys,
+ * wrong types and out-of-range values are TD_ERR_INVALID_ARGUMENT with a
+ * message naming the file, the key path and what to write instead ("unknown
+ * key \"optimiser\"; did you mean \"optimizer\"?"). A missing or unreadable
+ * file is TD_ERR_IO. Without cJSON (libcjson-dev) at build time it returns
+ * TD_ERR_INVALID_USAGE saying so. Local, not collective. */
+td_status td_train_config_load_json(const char *path, td_train_config *cfg);
+/* The same from a string in memory; `source` names it in messages. */
+td_status td_train_config_parse_json(const char *text, const char *source, td_train_config *cfg);
+
+/* Fill in derived batch sizes for `world_size` ranks and check the whole
+ * config: G must equal micro x accum x world ("train_batch_size 64 != 8
+ * (micro) x 2 (accum) x 2 (ranks) = 32: set train_batch_size to 32 or leave
+ * it out"), rates and sizes must be in range. Updates cfg in place; returns
+ * TD_ERR_INVALID_ARGUMENT with such a message. td_trainer_create calls it on
+ * its own copy; callers may call it earlier to report errors before any
+ * model is built. Local. */
+td_status td_train_config_resolve(td_train_config *cfg, int world_size);
+
+/* Learning rate of the schedule at optimizer step `step` (0-based: the lr
+ * used by the first step is td_train_lr_at(cfg, 0)). `total_steps` 0 in the
+ * schedule falls back to cfg->steps. Pure. */
+float td_train_lr_at(const td_train_config *cfg, long step);
+
+/* ---- the trainer ---- */
+
+typedef struct td_trainer td_trainer;
+
+/* Statistics of one optimizer step, identical on every rank unless noted. */
+typedef struct td_step_stats {
+  long step;          /* optimizer steps done, including this one (1 after the first) */
+  double loss;        /* mean loss over the global batch (per token for the GPT, per image for the CNN) */
+  double lr;          /* learning rate used by this step */
+  double grad_norm;   /* global L2 norm of the averaged gradient, before clipping */
+  int clipped;        /* 1 if the gradient was scaled down by gradient clipping */
+  long samples;       /* samples in this step, all ranks together (= train_batch_size) */
+  long tokens;        /* predictions in this step, all ranks (samples x targets per sample) */
+  double epoch;       /* epochs completed after this step (fractional: samples seen / dataset size) */
+  double step_s;      /* wall time of the step on this rank */
+  double compute_s;   /* this rank: time in data loading, forward, backward and optimizer */
+  double comm_wait_s; /* this rank: time blocked waiting for gradient buckets and the loss reduction */
+  double data_s;      /* this rank: time copying samples into the micro-batch (part of compute_s) */
+  int n_buckets;      /* gradient buckets reduced in this step */
+  size_t comm_bytes;  /* bytes of gradient this rank reduced in this step */
+  int saved;          /* 1 if td_trainer_step wrote a checkpoint after this step */
+} td_step_stats;
+
+/* Create a trainer. Collective over comm (broadcasts the parameters from rank
+ * 0); comm may be NULL for a world of one. The trainer borrows model, dataset
+ * and comm (the caller keeps ownership and destroys them after the trainer);
+ * cfg is copied and resolved (td_train_config_resolve). Prepares the model
+ * for micro_batch, allocates the arenas, initializes the parameters from
+ * cfg->seed (td_model_init_params), sets the compute threads, and starts at
+ * step 0 / sample 0. The dataset's input_bytes and targets_per_sample must
+ * equal the model's. *out is NULL on failure. */
+td_status td_trainer_create(const td_train_config *cfg, td_model *model, td_dataset *dataset, td_comm *comm,
+                            td_trainer **out);
+void td_trainer_destroy(td_trainer *trainer); /* accepts NULL; does not communicate */
+
+/* One optimizer step: grad_accum micro-steps of forward + backward, the
+ * bucketed gradient averaging overlapped with the last backward, clipping,
+ * schedule and optimizer update. If cfg.checkpoint_dir and checkpoint_every
+ * are set and the step count is a multiple of checkpoint_every, also saves a
+ * checkpoint (stats->saved = 1). Collective. stats may be NULL. On a
+ * communication error the trainer is unusable (destroy it). */
+td_status td_trainer_step(td_trainer *trainer, td_step_stats *stats);
+
+/* Mean loss and accuracy of the current parameters over `dataset` (or its
+ * first max_samples samples if max_samples > 0), each rank evaluating a
+ * disjoint share, combined with an allreduce. accuracy is the fraction of
+ * predictions equal to their target, or -1 if the model has no predict.
+ * Does not change parameters or training position. Collective. */
+td_status td_trainer_evaluate(td_trainer *trainer, td_dataset *dataset, size_t max_samples, double *loss_out,
+                              double *accuracy_out);
+
+/* Save a checkpoint of the current state into root_dir/step-N (N = steps done)
+ * and point root_dir/latest at it. Every rank writes its shard of the
+ * parameters and optimizer state (td_shard_range over the arenas); rank 0
+ * writes the manifest (format version, world size, step, model kind, size and
+ * tensor table, seed and sampler position, config essentials, each shard's
+ * size and CRC-32). Written into step-N.tmp, fsync'd, renamed after a
+ * barrier, and `latest` replaced atomically: a crash mid-write leaves the
+ * previous checkpoint intact. root_dir must be on a file system every rank
+ * sees. Collective. */
+td_status td_trainer_save(td_trainer *trainer, const char *root_dir);
+
+/* Load a checkpoint: `path` is a root dir (its `latest` is followed) or one
+ * step-N directory. Checks the manifest (format, model kind, parameter count
+ * and tensor table, optimizer kind) and every shard's size and CRC-32; a
+ * truncated or corrupt checkpoint is refused with TD_ERR_IO naming the file
+ * and what is wrong, and the trainer is left unchanged. The world size may
+ * differ from the one that saved (shards are reassembled). Continues exactly:
+ * the next td_trainer_step takes the same samples and gives the same loss as
+ * the uninterrupted run. Collective (every rank reads; a failure on any rank
+ * fails on all). */
+td_status td_trainer_resume(td_trainer *trainer, const char *path);
+
+/* ---- accessors (local) ---- */
+long td_trainer_step_count(const td_trainer *trainer);        /* optimizer steps done */
+long td_trainer_steps_per_epoch(const td_trainer *trainer);   /* dataset size / global batch, at least 1 */
+const td_train_config *td_trainer_config(const td_trainer *trainer); /* the resolved config */
+td_model *td_trainer_model(const td_trainer *trainer);
+/* The parameter arena (model->n_params floats), identical on every rank
+ * between steps; valid until the trainer is destroyed. Rank 0 uses it to
+ * generate text (td_gpt_generate) or to evaluate. */
+const float *td_trainer_params(const td_trainer *trainer);
+float *td_trainer_params_mut(td_trainer *trainer); /* for tests and custom initialization before the first step */
+size_t td_trainer_n_params(const td_trainer *trainer);
+int td_trainer_threads(const td_trainer *trainer); /* compute threads this rank uses */
+
+#ifdef __cplusplus
+}
+#endif
+#endif
