@@ -1,0 +1,122 @@
+/* Tandem public API: observability (src/obs) — the progress display, the
+ * per-step metrics file (JSON lines) and the timeline (Chrome trace events).
+ *
+ * All three are plain writers with no knowledge of training: the programs and
+ * the training engine feed them numbers. None of them ever writes to stdout
+ * unless the caller hands it stdout; a NULL handle is accepted everywhere and
+ * does nothing, so that callers need no "if enabled" around each call. */
+#ifndef TANDEM_OBS_H
+#define TANDEM_OBS_H
+
+#include <stdio.h>
+
+#include "base.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* What one optimizer step measured. Fields a caller does not know are left
+ * negative and are then omitted (metrics) or not shown (progress). */
+typedef struct td_step_metrics {
+  long step;          /* 1-based number of the step just completed (continues after a resume) */
+  double loss;        /* mean loss over the global batch (all ranks, all micro-steps) */
+  double lr;          /* learning rate used by this step */
+  double items_per_s; /* tokens (or samples) per second of this step, all ranks together */
+  double step_s;      /* wall time of the whole step on this rank */
+  double compute_s;   /* time in forward, backward and the optimizer on this rank */
+  double comm_wait_s; /* time this rank was blocked waiting for communication */
+  double grad_norm;   /* global gradient L2 norm before clipping */
+} td_step_metrics;
+
+/* Initialize every field to "unknown" (-1) and step to 0. */
+void td_step_metrics_clear(td_step_metrics *m);
+
+/* ---- progress display ----
+ * LIVE: one line redrawn in place with '\r' (at most ~10 times a second), for a
+ *       terminal; PLAIN: one line every steps_per_print steps plus the first and
+ *       the last, for logs and pipes (tandemrun prefixes whole lines, so a
+ *       rank's output is a pipe there). */
+typedef enum td_progress_mode {
+  TD_PROGRESS_AUTO = 0, /* TANDEM_PROGRESS=live|plain|off if set, else LIVE on a terminal, else PLAIN */
+  TD_PROGRESS_LIVE = 1,
+  TD_PROGRESS_PLAIN = 2,
+  TD_PROGRESS_OFF = 3,
+} td_progress_mode;
+
+typedef struct td_progress_config {
+  long total_steps;      /* last step number of the run (step/total and ETA) */
+  long first_step;       /* number of the first step this run will report (1, or after a resume more) */
+  int steps_per_print;   /* PLAIN mode period; <= 0 means 10 */
+  const char *unit;      /* throughput unit, "tokens" or "samples"; NULL: "items" */
+  const char *label;     /* line prefix such as "train-gpt"; NULL: none */
+  td_progress_mode mode;
+  FILE *stream;          /* NULL: stderr. Progress is diagnostic, so it stays off stdout,
+                            which programs keep for their result lines. */
+} td_progress_config;
+
+typedef struct td_progress td_progress;
+/* Create a display; it prints nothing until the first update. */
+td_status td_progress_create(const td_progress_config *config, td_progress **out);
+/* Report a completed step. Not thread-safe: call from one thread. */
+void td_progress_update(td_progress *progress, const td_step_metrics *m);
+/* Print a message line without garbling the live line (which is redrawn at
+ * the next update). */
+void td_progress_note(td_progress *progress, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* End the display: the live line is completed with a newline. Idempotent. */
+void td_progress_finish(td_progress *progress);
+void td_progress_destroy(td_progress *progress); /* finishes, then frees; accepts NULL */
+/* The mode chosen after resolving AUTO. */
+td_progress_mode td_progress_get_mode(const td_progress *progress);
+/* "1h02m", "3m07s", "12s" into buf; "?" for a negative or non-finite value. */
+void td_format_duration(double seconds, char *buf, size_t size);
+
+/* ---- metrics: one JSON object per line ----
+ * Each step line holds: "step", "loss", "lr", "<unit>_per_s", "step_s",
+ * "compute_s", "comm_wait_s", "grad_norm" (those known), "time" (seconds since
+ * the epoch) and "elapsed_s" (since the writer was opened). Floats are printed
+ * with enough digits to round-trip a float exactly, so that two runs' losses
+ * can be compared for equality. Lines are flushed as written, so that a
+ * crashed run keeps its history and a reader can follow the file. */
+typedef struct td_metrics td_metrics;
+/* Create (truncate) `path`; `unit` is "tokens" or "samples" (the throughput key).
+ * `append` != 0 appends instead (used when resuming into the same file). */
+td_status td_metrics_open(const char *path, const char *unit, int append, td_metrics **out);
+td_status td_metrics_write_step(td_metrics *metrics, const td_step_metrics *m);
+/* Write a non-step record: {"event":EVENT,"step":STEP,KEY:VALUE,...,"time":...}
+ * e.g. an evaluation ("eval", step, {"epoch","test_accuracy"}, {3, 0.912}). */
+td_status td_metrics_write_values(td_metrics *metrics, const char *event, long step, int n_values,
+                                  const char *const *keys, const double *values);
+/* Flush and close; returns the first write error seen. Accepts NULL. */
+td_status td_metrics_close(td_metrics *metrics);
+
+/* ---- timeline: Chrome trace-event format (chrome://tracing, Perfetto) ----
+ * Like Horovod's HOROVOD_TIMELINE: TANDEM_TIMELINE=FILE makes rank r of a
+ * world of N write FILE.r (FILE itself for a world of one), a JSON array of
+ * complete ("X") events, process = rank, one thread row per lane ("compute",
+ * "comm", ...). Timestamps are wall-clock microseconds so that ranks line up.
+ * td_timeline_merge() then joins the per-rank files into FILE. */
+typedef struct td_timeline td_timeline;
+/* Open the timeline for `rank` of `world`. path NULL: TANDEM_TIMELINE; when
+ * that is unset too, *out = NULL and TD_OK (timeline off). */
+td_status td_timeline_open(const char *path, int rank, int world, td_timeline **out);
+/* Record the span [begin_s, end_s) (td_now()-style monotonic seconds, as
+ * returned by td_timeline_now()) named `name` on row `lane`. Thread-safe (the
+ * engine's communication thread may record while compute records). Names
+ * and lanes are copied; at most 16 distinct lanes. */
+void td_timeline_span(td_timeline *timeline, const char *lane, const char *name, double begin_s, double end_s);
+/* A counter sample (e.g. "loss") shown as a graph row. Thread-safe. */
+void td_timeline_counter(td_timeline *timeline, const char *name, double t_s, double value);
+/* Monotonic seconds, the clock td_timeline_span expects. */
+double td_timeline_now(void);
+/* Complete the JSON array and close. Returns the first write error. Accepts NULL. */
+td_status td_timeline_close(td_timeline *timeline);
+/* Join PATH.0 .. PATH.(world-1) (each a closed timeline) into one array in
+ * PATH. Call on one rank after every rank closed its file (e.g. after a
+ * barrier). The per-rank files are kept. */
+td_status td_timeline_merge(const char *path, int world);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
