@@ -23,8 +23,13 @@ td_status net_listen(const char *host, int port, int backlog, int *fd_out, int *
 /* Connect to host:port, retrying refused/unreachable attempts with backoff
  * until timeout_s passes; the error names the address and the last reason. */
 td_status net_connect(const char *host, int port, double timeout_s, int *fd_out);
+/* As net_connect, also copying the last failure's reason alone (e.g.
+ * "Connection refused") into reason, for callers that word their own message. */
+td_status net_connect_reason(const char *host, int port, double timeout_s, int *fd_out, char *reason,
+                             size_t reason_size);
 
-/* Accept one connection before the deadline (monotonic td_now() seconds). */
+/* Accept one connection before the deadline (monotonic td_now() seconds; a
+ * negative deadline waits forever, as in net_send_all/net_recv_all). */
 td_status net_accept(int listen_fd, double deadline, int *fd_out);
 
 /* Blocking full transfers on a (blocking or non-blocking) socket, failing at

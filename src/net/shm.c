@@ -1,0 +1,100 @@
+/* POSIX shared-memory segments for ranks on one host. Names carry 64 random
+ * bits so that concurrent jobs never collide; the memory is reserved up front
+ * (posix_fallocate) so that a full /dev/shm is a clear error at creation
+ * instead of a SIGBUS in the middle of a collective. */
+#include "net/net.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+td_status net_shm_create(const char *tag, size_t size, char *name_out, size_t name_size, void **addr_out) {
+  if (size == 0) return td_error(TD_ERR_INVALID_ARGUMENT, "shared-memory segment size must be > 0");
+  /* Keep the tag to characters that are safe in a file name under /dev/shm. */
+  char clean_tag[48];
+  size_t j = 0;
+  for (const char *p = tag ? tag : "seg"; *p && j + 1 < sizeof clean_tag; p++) {
+    char c = *p;
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_' ||
+              c == '.';
+    clean_tag[j++] = ok ? c : '_';
+  }
+  clean_tag[j] = '\0';
+  char name[128];
+  int fd = -1;
+  for (int attempt = 0; attempt < 8 && fd < 0; attempt++) {
+    snprintf(name, sizeof name, "/tandem-%s-%016llx", clean_tag, (unsigned long long)td_random_u64());
+    fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+    if (fd < 0 && errno != EEXIST) return td_error_errno("shm_open(%s) failed", name);
+  }
+  if (fd < 0) return td_error(TD_ERR_SYSTEM, "could not find a free shared-memory name for tag '%s'", clean_tag);
+  if (strlen(name) >= name_size) {
+    close(fd);
+    shm_unlink(name);
+    return td_error(TD_ERR_INVALID_ARGUMENT, "shared-memory name %s does not fit in %zu bytes", name, name_size);
+  }
+  if (ftruncate(fd, (off_t)size) != 0) {
+    td_status st = td_error_errno("cannot size shared-memory segment %s to %zu bytes", name, size);
+    close(fd);
+    shm_unlink(name);
+    return st;
+  }
+  int err = posix_fallocate(fd, 0, (off_t)size);
+  if (err != 0 && err != EOPNOTSUPP && err != EINVAL) {
+    close(fd);
+    shm_unlink(name);
+    return td_error(TD_ERR_SYSTEM,
+                    "cannot reserve %zu bytes for shared-memory segment %s: %s (is /dev/shm full or too small? "
+                    "check `df -h /dev/shm`; in Docker raise --shm-size)",
+                    size, name, strerror(err));
+  }
+  void *addr = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (addr == MAP_FAILED) {
+    td_status st = td_error_errno("cannot map shared-memory segment %s (%zu bytes)", name, size);
+    close(fd);
+    shm_unlink(name);
+    return st;
+  }
+  close(fd); /* the mapping keeps the memory */
+  td_strlcpy(name_out, name, name_size);
+  *addr_out = addr;
+  return TD_OK;
+}
+
+td_status net_shm_open(const char *name, size_t size, void **addr_out) {
+  int fd = shm_open(name, O_RDWR | O_CLOEXEC, 0);
+  if (fd < 0)
+    return td_error_errno("cannot open shared-memory segment %s (was its creator killed before everyone mapped it?)",
+                          name);
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    td_status s = td_error_errno("fstat on shared-memory segment %s failed", name);
+    close(fd);
+    return s;
+  }
+  if ((size_t)st.st_size < size) {
+    close(fd);
+    return td_error(TD_ERR_INVALID_ARGUMENT, "shared-memory segment %s has %lld bytes, expected at least %zu", name,
+                    (long long)st.st_size, size);
+  }
+  void *addr = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (addr == MAP_FAILED) {
+    td_status s = td_error_errno("cannot map shared-memory segment %s (%zu bytes)", name, size);
+    close(fd);
+    return s;
+  }
+  close(fd);
+  *addr_out = addr;
+  return TD_OK;
+}
+
+void net_shm_unlink(const char *name) {
+  if (name && *name) (void)shm_unlink(name);
+}
+
+void net_shm_unmap(void *addr, size_t size) {
+  if (addr && size) (void)munmap(addr, size);
+}

@@ -1,0 +1,563 @@
+/* The rendezvous store server: one thread, one poll loop, any number of
+ * clients (PyTorch's TCPStore and Redis's ae loop are the models).
+ *
+ * Each client connection is a small state machine: read a fixed header, then
+ * the body it announces, run the request, queue the response. A WAIT on a
+ * missing key parks the client (no further reads from it) until a SET, ADD or
+ * successful CAS of that key answers it, or its deadline passes and it gets a
+ * TIMEOUT response; the poll timeout is the nearest parked deadline. A client
+ * that dies mid-message, sends garbage or exceeds the size limits is dropped
+ * alone; the others never notice. Reads stop while a response is still being
+ * written, which bounds each client's memory to one request and one response.
+ *
+ * Values are copied in and out; the table is a chained hash that doubles when
+ * full. Nothing here prints except debug logging. */
+#include "net/net.h"
+#include "net/store_proto.h"
+
+#include <fcntl.h>
+#include <inttypes.h>
+#include <math.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+typedef struct entry {
+  struct entry *next;
+  uint64_t hash;
+  char *key;
+  unsigned char *value;
+  size_t len;
+} entry;
+
+typedef struct client {
+  int fd;
+  bool dead;
+  /* input: header, then body = key | a | b */
+  unsigned char header[STORE_REQ_HEADER];
+  size_t header_got;
+  bool have_header;
+  store_req_header req;
+  unsigned char *body;
+  size_t body_len, body_got;
+  /* parked WAIT: the key lives in body until answered */
+  bool parked;
+  double wait_deadline;
+  /* output */
+  unsigned char *out;
+  size_t out_len, out_sent, out_cap;
+} client;
+
+struct td_store_server {
+  int listen_fd;
+  int port;
+  int wake_pipe[2];
+  pthread_t thread;
+  bool thread_started;
+  /* table */
+  entry **buckets;
+  size_t n_buckets, n_entries;
+  /* clients */
+  client **clients;
+  size_t n_clients, cap_clients;
+  struct pollfd *pfds;
+  size_t cap_pfds;
+};
+
+/* ---- table ---- */
+
+static uint64_t hash_key(const char *key) {
+  uint64_t h = 1469598103934665603ull; /* FNV-1a */
+  for (const unsigned char *p = (const unsigned char *)key; *p; p++) h = (h ^ *p) * 1099511628211ull;
+  return h;
+}
+
+static entry *table_find(td_store_server *s, const char *key) {
+  uint64_t h = hash_key(key);
+  for (entry *e = s->buckets[h & (s->n_buckets - 1)]; e; e = e->next)
+    if (e->hash == h && strcmp(e->key, key) == 0) return e;
+  return NULL;
+}
+
+static void table_grow(td_store_server *s) {
+  size_t n = s->n_buckets * 2;
+  entry **b = calloc(n, sizeof *b);
+  if (!b) return; /* keep the longer chains; still correct */
+  for (size_t i = 0; i < s->n_buckets; i++) {
+    for (entry *e = s->buckets[i], *next; e; e = next) {
+      next = e->next;
+      e->next = b[e->hash & (n - 1)];
+      b[e->hash & (n - 1)] = e;
+    }
+  }
+  free(s->buckets);
+  s->buckets = b;
+  s->n_buckets = n;
+}
+
+/* Set key to a copy of value. Returns false on allocation failure. */
+static bool table_set(td_store_server *s, const char *key, const void *value, size_t len) {
+  unsigned char *copy = malloc(len ? len : 1);
+  if (!copy) return false;
+  if (len) memcpy(copy, value, len);
+  entry *e = table_find(s, key);
+  if (e) {
+    free(e->value);
+    e->value = copy;
+    e->len = len;
+    return true;
+  }
+  e = calloc(1, sizeof *e);
+  char *key_copy = strdup(key);
+  if (!e || !key_copy) {
+    free(e);
+    free(key_copy);
+    free(copy);
+    return false;
+  }
+  e->hash = hash_key(key);
+  e->key = key_copy;
+  e->value = copy;
+  e->len = len;
+  e->next = s->buckets[e->hash & (s->n_buckets - 1)];
+  s->buckets[e->hash & (s->n_buckets - 1)] = e;
+  if (++s->n_entries > s->n_buckets) table_grow(s);
+  return true;
+}
+
+static bool table_delete(td_store_server *s, const char *key) {
+  uint64_t h = hash_key(key);
+  for (entry **pp = &s->buckets[h & (s->n_buckets - 1)]; *pp; pp = &(*pp)->next) {
+    entry *e = *pp;
+    if (e->hash == h && strcmp(e->key, key) == 0) {
+      *pp = e->next;
+      free(e->key);
+      free(e->value);
+      free(e);
+      s->n_entries--;
+      return true;
+    }
+  }
+  return false;
+}
+
+/* ---- responses ---- */
+
+static bool out_reserve(client *c, size_t extra) {
+  if (c->out_len + extra <= c->out_cap) return true;
+  size_t cap = c->out_cap ? c->out_cap : 256;
+  while (cap < c->out_len + extra) cap *= 2;
+  unsigned char *p = realloc(c->out, cap);
+  if (!p) return false;
+  c->out = p;
+  c->out_cap = cap;
+  return true;
+}
+
+static void flush_client(client *c) {
+  while (c->out_sent < c->out_len) {
+    ssize_t n = send(c->fd, c->out + c->out_sent, c->out_len - c->out_sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) {
+      c->out_sent += (size_t)n;
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return; /* poll for POLLOUT */
+    c->dead = true;
+    return;
+  }
+  /* All sent: keep the buffer if small, so that steady traffic does not
+   * allocate; drop it after a large value. */
+  c->out_len = c->out_sent = 0;
+  if (c->out_cap > (1u << 20)) {
+    free(c->out);
+    c->out = NULL;
+    c->out_cap = 0;
+  }
+}
+
+static void respond(client *c, uint32_t status, uint32_t flags, int64_t num, const void *value, size_t len) {
+  if (c->out_sent == c->out_len) c->out_len = c->out_sent = 0;
+  if (!out_reserve(c, STORE_RESP_HEADER + len)) {
+    c->dead = true; /* cannot answer: drop the client rather than desynchronise it */
+    return;
+  }
+  store_resp_header h = {.status = status, .flags = flags, .len = len, .num = num};
+  store_encode_resp(c->out + c->out_len, &h);
+  c->out_len += STORE_RESP_HEADER;
+  if (len) memcpy(c->out + c->out_len, value, len);
+  c->out_len += len;
+  flush_client(c);
+}
+
+static void respond_error(client *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void respond_error(client *c, const char *fmt, ...) {
+  char msg[700];
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  size_t len = n < 0 ? 0 : TD_MIN((size_t)n, sizeof msg - 1);
+  respond(c, STORE_RESP_ERROR, 0, 0, msg, len);
+}
+
+static void reset_request(client *c) {
+  free(c->body);
+  c->body = NULL;
+  c->body_len = c->body_got = 0;
+  c->header_got = 0;
+  c->have_header = false;
+  c->parked = false;
+}
+
+/* Answer every client parked on key with the key's current value. */
+static void wake_waiters(td_store_server *s, const char *key, const entry *e) {
+  for (size_t i = 0; i < s->n_clients; i++) {
+    client *c = s->clients[i];
+    if (!c->parked || c->dead || strcmp((const char *)c->body, key) != 0) continue;
+    respond(c, STORE_RESP_OK, STORE_FLAG_FOUND, 0, e->value, e->len);
+    reset_request(c);
+  }
+}
+
+/* ---- request handling ---- */
+
+static void handle_request(td_store_server *s, client *c) {
+  const store_req_header *r = &c->req;
+  /* read_client made the key NUL-terminated; key_len counts the terminator. */
+  char *key = (char *)c->body;
+  const unsigned char *a = c->body + r->key_len;
+  const unsigned char *b = a + r->a_len;
+  entry *e;
+  switch (r->op) {
+  case STORE_SET:
+  case STORE_CAS:
+  case STORE_GET:
+  case STORE_WAIT:
+  case STORE_ADD:
+  case STORE_DELETE:
+    break;
+  default:
+    respond_error(c, "unknown store operation %u (client and server versions differ?)", r->op);
+    reset_request(c);
+    return;
+  }
+  if (r->op == STORE_SET) {
+    if (!table_set(s, key, a, r->a_len)) {
+      respond_error(c, "store server out of memory setting key '%s' (%" PRIu64 " bytes)", key, r->a_len);
+    } else {
+      respond(c, STORE_RESP_OK, 0, 0, NULL, 0);
+      wake_waiters(s, key, table_find(s, key));
+    }
+  } else if (r->op == STORE_GET) {
+    e = table_find(s, key);
+    if (e)
+      respond(c, STORE_RESP_OK, STORE_FLAG_FOUND, 0, e->value, e->len);
+    else
+      respond(c, STORE_RESP_OK, 0, 0, NULL, 0);
+  } else if (r->op == STORE_WAIT) {
+    e = table_find(s, key);
+    if (e) {
+      respond(c, STORE_RESP_OK, STORE_FLAG_FOUND, 0, e->value, e->len);
+    } else if (r->arg == 0) {
+      respond(c, STORE_RESP_TIMEOUT, 0, 0, NULL, 0);
+    } else {
+      c->parked = true;
+      c->wait_deadline = r->arg < 0 ? INFINITY : td_now() + (double)r->arg / 1000.0;
+      return; /* body (and key) stay until answered */
+    }
+  } else if (r->op == STORE_ADD) {
+    int64_t old = 0;
+    e = table_find(s, key);
+    if (e) {
+      char text[32];
+      bool ok = e->len > 0 && e->len < sizeof text;
+      if (ok) {
+        memcpy(text, e->value, e->len);
+        text[e->len] = '\0';
+        char *end;
+        errno = 0;
+        long long v = strtoll(text, &end, 10);
+        ok = !errno && *end == '\0';
+        old = v;
+      }
+      if (!ok) {
+        respond_error(c, "store_add on key '%s': its value is not an integer (%zu bytes)", key, e->len);
+        reset_request(c);
+        return;
+      }
+    }
+    /* Wrap like two's complement instead of overflowing (UB in C). */
+    int64_t now = (int64_t)((uint64_t)old + (uint64_t)r->arg);
+    char text[32];
+    int n = snprintf(text, sizeof text, "%" PRId64, now);
+    if (!table_set(s, key, text, (size_t)n)) {
+      respond_error(c, "store server out of memory in store_add on key '%s'", key);
+    } else {
+      respond(c, STORE_RESP_OK, 0, now, NULL, 0);
+      wake_waiters(s, key, table_find(s, key));
+    }
+  } else if (r->op == STORE_CAS) {
+    e = table_find(s, key);
+    bool match = (r->flags & STORE_FLAG_EXPECT_MISSING)
+                     ? e == NULL
+                     : (e && e->len == r->a_len && (r->a_len == 0 || memcmp(e->value, a, r->a_len) == 0));
+    if (match && !table_set(s, key, b, r->b_len)) {
+      respond_error(c, "store server out of memory in store_cas on key '%s'", key);
+    } else {
+      e = table_find(s, key);
+      uint32_t flags = (e ? STORE_FLAG_FOUND : 0) | (match ? STORE_FLAG_SWAPPED : 0);
+      respond(c, STORE_RESP_OK, flags, 0, e ? e->value : NULL, e ? e->len : 0);
+      if (match) wake_waiters(s, key, e);
+    }
+  } else if (r->op == STORE_DELETE) {
+    bool existed = table_delete(s, key);
+    respond(c, STORE_RESP_OK, existed ? STORE_FLAG_SWAPPED : 0, 0, NULL, 0);
+  }
+  reset_request(c);
+}
+
+/* Read as much as is available; run each complete request. */
+static void read_client(td_store_server *s, client *c) {
+  while (!c->dead && !c->parked && c->out_sent == c->out_len) {
+    unsigned char *dst;
+    size_t want;
+    if (!c->have_header) {
+      dst = c->header + c->header_got;
+      want = STORE_REQ_HEADER - c->header_got;
+    } else {
+      dst = c->body + c->body_got;
+      want = c->body_len - c->body_got;
+    }
+    if (want > 0) {
+      ssize_t n = recv(c->fd, dst, want, MSG_DONTWAIT);
+      if (n == 0) {
+        c->dead = true; /* closed, possibly mid-message */
+        return;
+      }
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK) c->dead = true;
+        return;
+      }
+      if (!c->have_header)
+        c->header_got += (size_t)n;
+      else
+        c->body_got += (size_t)n;
+    }
+    if (!c->have_header) {
+      if (c->header_got < STORE_REQ_HEADER) continue;
+      if (store_decode_req(c->header, &c->req) != 0 || c->req.key_len == 0 || c->req.key_len > STORE_MAX_KEY ||
+          c->req.a_len > STORE_MAX_VALUE || c->req.b_len > STORE_MAX_VALUE) {
+        /* Not our protocol, or out of bounds: there is no way to resynchronise. */
+        TD_DEBUG("store server: dropping a client that sent a malformed request header");
+        c->dead = true;
+        return;
+      }
+      c->have_header = true;
+      c->body_len = (size_t)c->req.key_len + (size_t)c->req.a_len + (size_t)c->req.b_len;
+      c->body_got = 0;
+      /* One spare byte so that the key can be NUL-terminated in place. */
+      c->body = malloc(c->body_len + 1);
+      if (!c->body) {
+        c->dead = true;
+        return;
+      }
+      continue;
+    }
+    if (c->body_got < c->body_len) continue;
+    /* Terminate the key without touching value A: shift A and B up by one. */
+    size_t values = c->body_len - c->req.key_len;
+    memmove(c->body + c->req.key_len + 1, c->body + c->req.key_len, values);
+    c->body[c->req.key_len] = '\0';
+    c->req.key_len += 1; /* handle_request sees the terminator as part of the key bytes */
+    handle_request(s, c);
+  }
+}
+
+static void free_client(client *c) {
+  close(c->fd);
+  free(c->body);
+  free(c->out);
+  free(c);
+}
+
+static void accept_clients(td_store_server *s) {
+  for (;;) {
+    int fd = accept4(s->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK)
+        TD_WARN("store server: accept failed: %s (clients will retry)", strerror(errno));
+      return;
+    }
+    (void)net_set_nodelay(fd);
+    if (s->n_clients == s->cap_clients) {
+      size_t cap = s->cap_clients ? s->cap_clients * 2 : 64;
+      client **p = realloc(s->clients, cap * sizeof *p);
+      if (!p) {
+        close(fd);
+        return;
+      }
+      s->clients = p;
+      s->cap_clients = cap;
+    }
+    client *c = calloc(1, sizeof *c);
+    if (!c) {
+      close(fd);
+      return;
+    }
+    c->fd = fd;
+    s->clients[s->n_clients++] = c;
+  }
+}
+
+static void *server_main(void *arg) {
+  td_store_server *s = arg;
+  for (;;) {
+    /* Drop dead clients (swap-remove). */
+    for (size_t i = 0; i < s->n_clients;) {
+      if (s->clients[i]->dead) {
+        free_client(s->clients[i]);
+        s->clients[i] = s->clients[--s->n_clients];
+      } else {
+        i++;
+      }
+    }
+    size_t need = s->n_clients + 2;
+    if (need > s->cap_pfds) {
+      struct pollfd *p = realloc(s->pfds, need * 2 * sizeof *p);
+      if (!p) {
+        TD_WARN("store server: out of memory for %zu connections", s->n_clients);
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+        continue;
+      }
+      s->pfds = p;
+      s->cap_pfds = need * 2;
+    }
+    double next_deadline = INFINITY;
+    s->pfds[0] = (struct pollfd){.fd = s->wake_pipe[0], .events = POLLIN};
+    s->pfds[1] = (struct pollfd){.fd = s->listen_fd, .events = POLLIN};
+    for (size_t i = 0; i < s->n_clients; i++) {
+      client *c = s->clients[i];
+      short ev = POLLRDHUP;
+      if (c->out_sent < c->out_len)
+        ev |= POLLOUT;
+      else if (!c->parked)
+        ev |= POLLIN;
+      if (c->parked && c->wait_deadline < next_deadline) next_deadline = c->wait_deadline;
+      s->pfds[i + 2] = (struct pollfd){.fd = c->fd, .events = ev};
+    }
+    int timeout_ms = -1;
+    if (!isinf(next_deadline)) {
+      double left = next_deadline - td_now();
+      timeout_ms = left <= 0 ? 0 : (int)ceil(left * 1000.0);
+    }
+    int n = poll(s->pfds, s->n_clients + 2, timeout_ms);
+    if (n < 0 && errno != EINTR) {
+      TD_WARN("store server: poll failed: %s", strerror(errno));
+      continue;
+    }
+    if (n > 0) {
+      if (s->pfds[0].revents) break; /* stop requested */
+      size_t n_polled = s->n_clients; /* accept appends; those are polled next round */
+      for (size_t i = 0; i < n_polled; i++) {
+        client *c = s->clients[i];
+        short re = s->pfds[i + 2].revents;
+        if (!re) continue;
+        if (re & POLLOUT) flush_client(c);
+        if (re & (POLLIN | POLLERR | POLLHUP)) read_client(s, c);
+        /* A parked client that hung up will never read its answer. */
+        if (c->parked && (re & (POLLRDHUP | POLLHUP | POLLERR))) c->dead = true;
+        /* After a flush the client may have a request already buffered. */
+        if (!c->dead && !c->parked && c->out_sent == c->out_len && (re & POLLOUT)) read_client(s, c);
+      }
+      if (s->pfds[1].revents) accept_clients(s);
+    }
+    double now = td_now();
+    for (size_t i = 0; i < s->n_clients; i++) {
+      client *c = s->clients[i];
+      if (c->parked && !c->dead && c->wait_deadline <= now) {
+        respond(c, STORE_RESP_TIMEOUT, 0, 0, NULL, 0);
+        reset_request(c);
+        read_client(s, c);
+      }
+    }
+  }
+  return NULL;
+}
+
+td_status store_server_start(const char *host, int port, td_store_server **out) {
+  *out = NULL;
+  td_store_server *s = calloc(1, sizeof *s);
+  if (!s) return td_error(TD_ERR_SYSTEM, "out of memory creating the store server");
+  s->listen_fd = -1;
+  s->wake_pipe[0] = s->wake_pipe[1] = -1;
+  td_status st = TD_OK;
+  s->n_buckets = 256;
+  s->buckets = calloc(s->n_buckets, sizeof *s->buckets);
+  if (!s->buckets) {
+    st = td_error(TD_ERR_SYSTEM, "out of memory creating the store server");
+    goto fail;
+  }
+  TD_CHECK_GOTO(net_listen(host, port, 1024, &s->listen_fd, &s->port), st, fail);
+  if (net_set_nonblocking(s->listen_fd, true) != 0 || pipe2(s->wake_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
+    st = td_error_errno("store server setup failed");
+    goto fail;
+  }
+  /* The server thread takes no signals: they belong to the program's own
+   * threads (tandemrun forwards them to workers). */
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  int err = pthread_create(&s->thread, NULL, server_main, s);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  if (err) {
+    errno = err;
+    st = td_error_errno("cannot start the store server thread");
+    goto fail;
+  }
+  s->thread_started = true;
+  *out = s;
+  return TD_OK;
+fail:
+  store_server_stop(s);
+  return st;
+}
+
+int store_server_port(const td_store_server *server) { return server ? server->port : -1; }
+
+void store_server_stop(td_store_server *s) {
+  if (!s) return;
+  if (s->thread_started) {
+    char byte = 1;
+    ssize_t w;
+    TD_SYSCALL_RETRY(w, write(s->wake_pipe[1], &byte, 1));
+    (void)w;
+    pthread_join(s->thread, NULL);
+  }
+  for (size_t i = 0; i < s->n_clients; i++) free_client(s->clients[i]);
+  free(s->clients);
+  free(s->pfds);
+  if (s->buckets) {
+    for (size_t i = 0; i < s->n_buckets; i++) {
+      for (entry *e = s->buckets[i], *next; e; e = next) {
+        next = e->next;
+        free(e->key);
+        free(e->value);
+        free(e);
+      }
+    }
+    free(s->buckets);
+  }
+  if (s->listen_fd >= 0) close(s->listen_fd);
+  if (s->wake_pipe[0] >= 0) close(s->wake_pipe[0]);
+  if (s->wake_pipe[1] >= 0) close(s->wake_pipe[1]);
+  free(s);
+}
