@@ -112,9 +112,11 @@ double td_timeline_now(void);
 /* Complete the JSON array and close. Returns the first write error. Accepts NULL. */
 td_status td_timeline_close(td_timeline *timeline);
 /* Join PATH.0 .. PATH.(world-1) (each a closed timeline) into one array in
- * PATH. Call on one rank after every rank closed its file (e.g. after a
- * barrier). The per-rank files are kept. */
+ * PATH (path NULL: TANDEM_TIMELINE). Call on one rank after every rank closed
+ * its file (e.g. after a barrier). The per-rank files are kept. */
 td_status td_timeline_merge(const char *path, int world);
+/* The value of TANDEM_TIMELINE, or NULL when unset. */
+const char *td_timeline_default_path(void);
 
 #ifdef __cplusplus
 }

@@ -51,7 +51,7 @@ static void note_error(td_timeline *tl) {
 
 td_status td_timeline_open(const char *path, int rank, int world, td_timeline **out) {
   *out = NULL;
-  if (!path) path = td_env_str("TANDEM_TIMELINE", NULL);
+  if (!path) path = td_timeline_default_path();
   if (!path || !*path) return TD_OK;
   td_timeline *tl = calloc(1, sizeof *tl);
   if (!tl) return td_error(TD_ERR_SYSTEM, "timeline: out of memory");
@@ -175,7 +175,10 @@ static char *read_events(const char *path, size_t *len_out) {
   return buf;
 }
 
+const char *td_timeline_default_path(void) { return td_env_str("TANDEM_TIMELINE", NULL); }
+
 td_status td_timeline_merge(const char *path, int world) {
+  if (!path) path = td_timeline_default_path();
   if (!path || world < 1) return td_error(TD_ERR_INVALID_ARGUMENT, "timeline merge: bad path or world size %d", world);
   char tmp[600];
   snprintf(tmp, sizeof tmp, "%s.tmp", path);

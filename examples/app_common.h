@@ -1,0 +1,294 @@
+/* Shared by the example programs (train-gpt, train-fmnist): flag parsing,
+ * the training loop's bookkeeping (progress, metrics, timeline, throughput),
+ * the summary line and an orderly shutdown. Each program is one .c file (the
+ * Makefile builds examples/X.c into build/bin/X), so this header holds static
+ * functions that each program compiles in; it uses only the public API.
+ *
+ * Conventions of both programs: stdout carries the results (the summary line
+ * and, for train-gpt, the text sample) and is written by rank 0 only; stderr
+ * carries progress and diagnostics. Exit status 0 on success, 1 when training
+ * fails, 2 for a command-line or config error. */
+#ifndef TD_EXAMPLES_APP_COMMON_H
+#define TD_EXAMPLES_APP_COMMON_H
+
+#define _GNU_SOURCE 1
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "tandem/tandem.h"
+#include "tandem/obs.h"
+#include "tandem/train.h"
+
+#define APP_EXIT_FAIL 1
+#define APP_EXIT_USAGE 2
+
+static const char *app_name = "tandem";
+
+static double app_now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* A command-line error: one clear line and a pointer to --help, exit 2. */
+static void app_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+static void app_usage_error(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "%s: ", app_name);
+  vfprintf(stderr, fmt, ap);
+  va_end(ap);
+  fprintf(stderr, "\n%s: run '%s --help' for the list of options\n", app_name, app_name);
+  exit(APP_EXIT_USAGE);
+}
+
+/* The value after a flag; accepts "--flag VALUE" and "--flag=VALUE". Returns
+ * NULL if argv[*i] is not `flag`. */
+static const char *app_flag_value(int argc, char **argv, int *i, const char *flag) {
+  const char *arg = argv[*i];
+  size_t n = strlen(flag);
+  if (strncmp(arg, flag, n) != 0) return NULL;
+  if (arg[n] == '=') return arg + n + 1;
+  if (arg[n] != 0) return NULL;
+  if (*i + 1 >= argc) app_usage_error("option %s needs a value", flag);
+  return argv[++*i];
+}
+
+static long app_parse_long(const char *flag, const char *text, long min, long max) {
+  char *end;
+  errno = 0;
+  long v = strtol(text, &end, 10);
+  if (errno || end == text || *end)
+    app_usage_error("%s expects an integer, got '%s'", flag, text);
+  if (v < min || v > max) app_usage_error("%s must be between %ld and %ld, got %ld", flag, min, max, v);
+  return v;
+}
+
+static double app_parse_double(const char *flag, const char *text, double min, double max) {
+  char *end;
+  errno = 0;
+  double v = strtod(text, &end);
+  if (errno || end == text || *end || !isfinite(v))
+    app_usage_error("%s expects a number, got '%s'", flag, text);
+  if (v < min || v > max) app_usage_error("%s must be between %g and %g, got %g", flag, min, max, v);
+  return v;
+}
+
+/* ---- timeline spans of forward and backward ----
+ * The engine reports per-step totals (compute, communication wait). To show
+ * where forward and backward actually ran, the program hands the engine a
+ * thin model that forwards every call to the real one and records the call as
+ * a span. Used only when a timeline is being written. */
+typedef struct app_traced_model {
+  td_model base; /* first: the engine sees a td_model */
+  td_model *inner;
+  td_timeline *timeline;
+  double last_backward_end;
+} app_traced_model;
+
+static td_status traced_prepare(td_model *m, int batch) {
+  app_traced_model *t = (app_traced_model *)m;
+  return t->inner->ops->prepare(t->inner, batch);
+}
+static float traced_forward(td_model *m, const float *params, const void *inputs, const int32_t *targets, int batch) {
+  app_traced_model *t = (app_traced_model *)m;
+  double t0 = td_timeline_now();
+  float loss = t->inner->ops->forward(t->inner, params, inputs, targets, batch);
+  td_timeline_span(t->timeline, "compute", "forward", t0, td_timeline_now());
+  return loss;
+}
+static void traced_backward(td_model *m, const float *params, float *grads, float loss_scale, td_grad_ready_fn ready,
+                            void *ctx) {
+  app_traced_model *t = (app_traced_model *)m;
+  double t0 = td_timeline_now();
+  t->inner->ops->backward(t->inner, params, grads, loss_scale, ready, ctx);
+  t->last_backward_end = td_timeline_now();
+  td_timeline_span(t->timeline, "compute", "backward", t0, t->last_backward_end);
+}
+static void traced_predict(td_model *m, int32_t *out) {
+  app_traced_model *t = (app_traced_model *)m;
+  t->inner->ops->predict(t->inner, out);
+}
+static void traced_destroy(td_model *m) { (void)m; /* the inner model is destroyed by its owner */ }
+
+static const td_model_ops traced_ops = {traced_prepare, traced_forward, traced_backward, traced_predict,
+                                        traced_destroy};
+static const td_model_ops traced_ops_no_predict = {traced_prepare, traced_forward, traced_backward, NULL,
+                                                   traced_destroy};
+
+static void app_traced_model_init(app_traced_model *t, td_model *inner, td_timeline *timeline) {
+  memset(t, 0, sizeof *t);
+  t->base = *inner;
+  t->base.ops = inner->ops->predict ? &traced_ops : &traced_ops_no_predict;
+  t->inner = inner;
+  t->timeline = timeline;
+}
+
+/* ---- the run: one communicator, one trainer, and what watches them ---- */
+typedef struct app_run {
+  td_comm *comm;
+  int rank, world;
+  td_trainer *trainer;
+  td_progress *progress; /* rank 0 */
+  td_metrics *metrics;   /* rank 0, with --metrics */
+  td_timeline *timeline; /* every rank, with TANDEM_TIMELINE */
+  app_traced_model traced;
+  int use_tokens;        /* throughput in tokens (GPT) or samples (CNN) */
+  /* throughput over the steps after the first two of this run */
+  long steps_this_run;
+  double t_after_warmup;     /* end of this run's second step */
+  double items_after_warmup; /* items of the steps after it */
+  double t_first_begin;      /* start of this run's first step */
+  double t_last_end;         /* end of the latest step */
+  double items_total;        /* items of all of this run's steps */
+  td_step_stats last;
+} app_run;
+
+/* A runtime failure: rank-tagged message on stderr, status 1. The
+ * communicator is aborted so that the other ranks stop within seconds rather
+ * than waiting for this one. */
+static void app_fail(app_run *run, const char *what, td_status st) __attribute__((noreturn));
+static void app_fail(app_run *run, const char *what, td_status st) {
+  const char *msg = td_last_error();
+  if (run && run->comm && td_comm_status(run->comm) != TD_OK && !*msg) msg = td_comm_last_error(run->comm);
+  fprintf(stderr, "%s: error: %s failed (%s): %s\n", app_name, what, td_status_str(st), *msg ? msg : "no details");
+  if (run && run->comm) td_comm_abort(run->comm, what);
+  exit(APP_EXIT_FAIL);
+}
+
+/* Record one step everywhere it should go; returns the stats. */
+static void app_after_step(app_run *run, const td_step_stats *st, double t_begin, double t_end) {
+  run->last = *st;
+  if (run->steps_this_run++ == 0) run->t_first_begin = t_begin;
+  run->t_last_end = t_end;
+  double items = run->use_tokens ? (double)st->tokens : (double)st->samples;
+  run->items_total += items;
+  if (run->steps_this_run == 2) {
+    run->t_after_warmup = t_end;
+    run->items_after_warmup = 0;
+  } else if (run->steps_this_run > 2) {
+    run->items_after_warmup += items;
+  }
+  td_step_metrics m;
+  td_step_metrics_clear(&m);
+  m.step = st->step;
+  m.loss = st->loss;
+  m.lr = st->lr;
+  m.items_per_s = st->step_s > 0 ? items / st->step_s : -1;
+  m.step_s = st->step_s;
+  m.compute_s = st->compute_s;
+  m.comm_wait_s = st->comm_wait_s;
+  m.grad_norm = st->grad_norm;
+  if (run->timeline) {
+    char name[48];
+    snprintf(name, sizeof name, "step %ld", st->step);
+    td_timeline_span(run->timeline, "step", name, t_begin, t_end);
+    /* The engine waits for the gradient buckets right after the last
+     * backward; the wait it measured is drawn there. */
+    double w0 = run->traced.last_backward_end > t_begin ? run->traced.last_backward_end : t_begin;
+    if (st->comm_wait_s > 0) td_timeline_span(run->timeline, "comm", "wait for gradients", w0, w0 + st->comm_wait_s);
+    td_timeline_counter(run->timeline, "loss", t_end, st->loss);
+  }
+  if (run->metrics) {
+    td_status s = td_metrics_write_step(run->metrics, &m);
+    if (s != TD_OK) app_fail(run, "writing the metrics file", s);
+  }
+  td_progress_update(run->progress, &m);
+}
+
+static void app_step(app_run *run) {
+  td_step_stats st;
+  double t0 = td_timeline_now();
+  td_status s = td_trainer_step(run->trainer, &st);
+  if (s != TD_OK) {
+    char what[64];
+    snprintf(what, sizeof what, "training step %ld", td_trainer_step_count(run->trainer) + 1);
+    app_fail(run, what, s);
+  }
+  app_after_step(run, &st, t0, td_timeline_now());
+}
+
+/* Items per second of the whole job (all ranks) over this run's steps after
+ * the first two, which pay for warm-up (or over all of them when there were
+ * no more than two). Measured on this rank's clock: every step ends with a
+ * collective, so all ranks see the same step boundaries. */
+static double app_throughput(const app_run *run) {
+  if (run->steps_this_run > 2) {
+    double dt = run->t_last_end - run->t_after_warmup;
+    if (dt > 0) return run->items_after_warmup / dt;
+  }
+  double dt = run->t_last_end - run->t_first_begin;
+  return dt > 0 && run->steps_this_run > 0 ? run->items_total / dt : 0;
+}
+
+/* Start-up shared by the programs: communicator from the environment (a world
+ * of one without a launcher), timeline, and rank 0's metrics and progress. */
+static void app_begin(app_run *run, const char *metrics_path, int use_tokens) {
+  memset(run, 0, sizeof *run);
+  run->use_tokens = use_tokens;
+  td_status s = td_comm_init(&run->comm);
+  if (s != TD_OK) app_fail(NULL, "joining the job (td_comm_init)", s);
+  run->rank = td_comm_rank(run->comm);
+  run->world = td_comm_size(run->comm);
+  s = td_timeline_open(NULL, run->rank, run->world, &run->timeline);
+  if (s != TD_OK) app_fail(run, "opening the timeline (TANDEM_TIMELINE)", s);
+  if (run->rank == 0 && metrics_path) {
+    s = td_metrics_open(metrics_path, use_tokens ? "tokens" : "samples", 0, &run->metrics);
+    if (s != TD_OK) app_fail(run, "opening the metrics file", s);
+  }
+}
+
+/* The model the engine should drive: the real one, or its traced wrapper
+ * when a timeline is written. */
+static td_model *app_engine_model(app_run *run, td_model *model) {
+  if (!run->timeline) return model;
+  app_traced_model_init(&run->traced, model, run->timeline);
+  return &run->traced.base;
+}
+
+static void app_start_progress(app_run *run, long first_step, long total_steps, int steps_per_print) {
+  if (run->rank != 0) return;
+  td_progress_config pc = {.total_steps = total_steps, .first_step = first_step, .steps_per_print = steps_per_print,
+                           .unit = run->use_tokens ? "tokens" : "samples", .label = app_name,
+                           .mode = TD_PROGRESS_AUTO, .stream = stderr};
+  td_status s = td_progress_create(&pc, &run->progress);
+  if (s != TD_OK) app_fail(run, "starting the progress display", s);
+}
+
+/* Close the writers, join the per-rank timelines on rank 0, and leave the
+ * job in order. The trainer must already be destroyed (or be destroyed by
+ * the caller afterwards; it does not communicate on destroy). */
+static void app_end(app_run *run) {
+  td_progress_destroy(run->progress);
+  run->progress = NULL;
+  td_status s = td_metrics_close(run->metrics);
+  run->metrics = NULL;
+  if (s != TD_OK) app_fail(run, "closing the metrics file", s);
+  int had_timeline = run->timeline != NULL;
+  s = td_timeline_close(run->timeline);
+  run->timeline = NULL;
+  if (s != TD_OK) app_fail(run, "closing the timeline", s);
+  if (run->world > 1) {
+    /* Every rank has closed its file once all passed the barrier. */
+    s = td_barrier(run->comm);
+    if (s != TD_OK) app_fail(run, "the final barrier", s);
+    if (had_timeline && run->rank == 0) {
+      const char *path = td_timeline_default_path();
+      s = td_timeline_merge(path, run->world);
+      if (s != TD_OK) fprintf(stderr, "%s: warning: could not merge the timeline: %s\n", app_name, td_last_error());
+      else fprintf(stderr, "%s: timeline written to %s (per rank: %s.0 .. %s.%d)\n", app_name, path, path, path,
+                   run->world - 1);
+    }
+  }
+  s = td_comm_finalize(run->comm);
+  if (s != TD_OK) app_fail(run, "finalizing the communicator", s);
+  td_comm_destroy(run->comm);
+  run->comm = NULL;
+}
+
+#endif
