@@ -141,6 +141,11 @@ struct td_comm {
   /* progress engine (progress.c) */
   comm_request_queue *queue;
   bool finalized;
+
+  /* algorithm selection (select.c), read once from TANDEM_* at init */
+  int sel_allreduce;          /* forced allreduce algorithm, 0 = auto */
+  size_t sel_rd_max_bytes;    /* auto: recursive doubling up to this size */
+  bool sel_shm_collectives;   /* shm transport: use the *_shm algorithms */
 };
 
 /* Record the sticky error (first call wins; later calls return the first
@@ -215,6 +220,9 @@ td_status p2p_send_recv(td_comm *comm, const comm_op *op);       /* sendrecv.c: 
 
 /* select.c: pick and run the algorithm for op (TANDEM_ALLREDUCE_ALGO etc.). */
 td_status comm_execute(td_comm *comm, const comm_op *op);
+/* select.c: read the selection variables into comm (after the transport
+ * exists); an unusable choice is TD_ERR_INVALID_ARGUMENT. */
+td_status comm_select_init(td_comm *comm);
 
 /* Small shared helpers for algorithms (algo_util.c). */
 static inline size_t comm_op_bytes(const comm_op *op) { return op->count * td_dtype_size(op->dtype); }

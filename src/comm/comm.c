@@ -1,0 +1,375 @@
+/* The communicator: creation from the environment or a config, the
+ * rendezvous through the store, transport selection, split, finalize,
+ * destroy, abort, the accessors, and the sticky-error machinery (comm_fail)
+ * that every other file reports through.
+ *
+ * Rendezvous: each rank publishes "<size>\n<host identity>\n<pid>\n<address>"
+ * under "<prefix>/peer/<rank>" and waits for everybody's entry. Ranks with
+ * the same host identity share memory; the transport is picked from that:
+ * shm when all ranks share one host, tcp otherwise (or when forced). A job
+ * spanning hosts uses tcp between all pairs, including ranks on the same
+ * host: a hierarchical shm-inside/tcp-across transport is out of scope for
+ * now. */
+#include "comm/comm_core.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* Number of world communicators this process created so far: each gets its
+ * own store namespace "<job>/c<n>", so that a program may init, destroy and
+ * init again within one job (all ranks do it in the same order). */
+static _Atomic int world_counter;
+
+static td_comm *comm_alloc(int rank, int size) {
+  td_comm *comm = calloc(1, sizeof *comm);
+  if (!comm) return NULL;
+  comm->rank = rank;
+  comm->size = size;
+  pthread_mutex_init(&comm->err_mu, NULL);
+  atomic_store(&comm->err_status, TD_OK);
+  comm->xport_name = "self";
+  comm->local_ranks = calloc((size_t)size, sizeof *comm->local_ranks);
+  comm->pids = calloc((size_t)size, sizeof *comm->pids);
+  comm->hosts = calloc((size_t)size, sizeof *comm->hosts);
+  comm->addrs = calloc((size_t)size, sizeof *comm->addrs);
+  comm->send_seq = calloc((size_t)size, sizeof *comm->send_seq);
+  comm->recv_seq = calloc((size_t)size, sizeof *comm->recv_seq);
+  if (!comm->local_ranks || !comm->pids || !comm->hosts || !comm->addrs || !comm->send_seq || !comm->recv_seq) {
+    td_comm_destroy(comm);
+    return NULL;
+  }
+  return comm;
+}
+
+/* ---- sticky errors ---- */
+
+static td_status fail_message(td_comm *comm, td_status status, const char *msg) {
+  pthread_mutex_lock(&comm->err_mu);
+  td_status first = comm_status(comm);
+  if (first != TD_OK) {
+    pthread_mutex_unlock(&comm->err_mu);
+    return first;
+  }
+  td_strlcpy(comm->err_msg, msg, sizeof comm->err_msg);
+  /* Publish the message before the status: readers check the status first. */
+  atomic_store_explicit(&comm->err_status, (int)status, memory_order_release);
+  pthread_mutex_unlock(&comm->err_mu);
+
+  td_log(TD_LOG_ERROR, "%s (%s)", comm->err_msg, td_status_str(status));
+  td_error(status, "%s", comm->err_msg);
+  if (comm->xport && comm->xport->vtbl->abort) comm->xport->vtbl->abort(comm->xport, status, comm->err_msg);
+  return status;
+}
+
+td_status comm_fail(td_comm *comm, td_status status, const char *fmt, ...) {
+  if (status == TD_OK) status = TD_ERR_INTERNAL;
+  char body[900], msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(body, sizeof body, fmt, ap);
+  va_end(ap);
+  /* Say which rank saw it, unless the message already starts by naming one
+   * (a mismatch report, an error relayed from a peer). */
+  if (!strncmp(body, "rank ", 5))
+    td_strlcpy(msg, body, sizeof msg);
+  else
+    snprintf(msg, sizeof msg, "rank %d: %s", comm->rank, body);
+  return fail_message(comm, status, msg);
+}
+
+td_status comm_check_deadline(td_comm *comm, const comm_op *op) {
+  td_status st = comm_status(comm);
+  if (st != TD_OK) return st;
+  if (td_now() < op->deadline) return TD_OK;
+  char desc[256];
+  comm_op_describe(op, desc, sizeof desc);
+  return comm_fail(comm, TD_ERR_TIMEOUT, "%s did not finish within %g s (TANDEM_TIMEOUT)", desc, comm->timeout_s);
+}
+
+/* ---- rendezvous ---- */
+
+static td_status rendezvous(td_comm *comm, double connect_timeout_s) {
+  char identity[256], addr[128], value[512], key[256];
+  TD_CHECK(net_host_identity(identity, sizeof identity));
+  TD_CHECK(net_local_address(addr, sizeof addr));
+  snprintf(value, sizeof value, "%d\n%s\n%ld\n%s", comm->size, identity, (long)getpid(), addr);
+  snprintf(key, sizeof key, "%s/peer/%d", comm->prefix, comm->rank);
+  TD_CHECK(store_set_str(comm->store, key, value));
+
+  double deadline = td_now() + connect_timeout_s;
+  for (int r = 0; r < comm->size; r++) {
+    snprintf(key, sizeof key, "%s/peer/%d", comm->prefix, r);
+    char *peer_value = NULL;
+    double left = deadline - td_now();
+    td_status st = store_wait_str(comm->store, key, left > 0.001 ? left : 0.001, &peer_value);
+    if (st != TD_OK) {
+      char why[512];
+      td_error_copy(why, sizeof why);
+      return td_error(st, "rank %d: rank %d of %d did not join the rendezvous at %s within %g s "
+                          "(TANDEM_CONNECT_TIMEOUT): %s",
+                      comm->rank, r, comm->size, store_address(comm->store), connect_timeout_s, why);
+    }
+    /* "<size>\n<identity>\n<pid>\n<address>" */
+    char *save = NULL;
+    char *f_size = strtok_r(peer_value, "\n", &save);
+    char *f_host = strtok_r(NULL, "\n", &save);
+    char *f_pid = strtok_r(NULL, "\n", &save);
+    char *f_addr = strtok_r(NULL, "\n", &save);
+    if (!f_size || !f_host || !f_pid || !f_addr) {
+      free(peer_value);
+      return td_error(TD_ERR_INTERNAL, "rank %d: malformed rendezvous entry %s in the store", comm->rank, key);
+    }
+    if (atoi(f_size) != comm->size) {
+      int other = atoi(f_size);
+      free(peer_value);
+      return td_error(TD_ERR_MISMATCH, "rank %d believes the world has %d ranks but rank %d believes %d: every "
+                                       "rank of a job must be started with the same world size",
+                      comm->rank, comm->size, r, other);
+    }
+    comm->hosts[r] = strdup(f_host);
+    comm->addrs[r] = strdup(f_addr);
+    comm->pids[r] = (pid_t)atol(f_pid);
+    free(peer_value);
+    if (!comm->hosts[r] || !comm->addrs[r]) return td_error(TD_ERR_SYSTEM, "out of memory in the rendezvous");
+  }
+
+  comm->local_size = 0;
+  for (int r = 0; r < comm->size; r++) {
+    if (strcmp(comm->hosts[r], comm->hosts[comm->rank])) continue;
+    if (r == comm->rank) comm->local_rank = comm->local_size;
+    comm->local_ranks[comm->local_size++] = r;
+  }
+  return TD_OK;
+}
+
+static td_status create_transport(td_comm *comm) {
+  int other_host = -1;
+  for (int r = 0; r < comm->size && other_host < 0; r++)
+    if (strcmp(comm->hosts[r], comm->hosts[0])) other_host = r;
+  bool one_host = other_host < 0;
+
+  transport *x = NULL;
+  td_status st;
+  if (!strcmp(comm->transport_req, "tcp")) {
+    st = tcp_transport_create(comm, &x);
+  } else if (!strcmp(comm->transport_req, "shm")) {
+    if (!one_host)
+      return td_error(TD_ERR_INVALID_ARGUMENT, "rank %d: the shm transport was requested, but rank 0 runs on "
+                                               "%s and rank %d on %s: use TANDEM_TRANSPORT=tcp or auto",
+                      comm->rank, comm->addrs[0], other_host, comm->addrs[other_host]);
+    st = shm_transport_create(comm, &x);
+  } else {
+    st = one_host ? shm_transport_create(comm, &x) : tcp_transport_create(comm, &x);
+  }
+  if (st != TD_OK) return st;
+  comm->xport = x;
+  comm->xport_name = x->vtbl->name;
+  return TD_OK;
+}
+
+/* Everything after rank, size, prefix, store and transport request are set:
+ * rendezvous, transport, algorithm selection, progress thread. */
+static td_status comm_setup(td_comm *comm, double connect_timeout_s) {
+  if (comm->size == 1) {
+    comm->local_rank = 0;
+    comm->local_size = 1;
+    comm->local_ranks[0] = 0;
+    comm->pids[0] = getpid();
+    comm->hosts[0] = strdup("self");
+    comm->addrs[0] = strdup("self");
+    if (!comm->hosts[0] || !comm->addrs[0]) return td_error(TD_ERR_SYSTEM, "out of memory creating a communicator");
+  } else {
+    TD_CHECK(rendezvous(comm, connect_timeout_s));
+    TD_CHECK(create_transport(comm));
+  }
+  TD_CHECK(comm_select_init(comm));
+  TD_CHECK(progress_start(comm));
+  TD_DEBUG("communicator %s: rank %d of %d, local %d of %d, transport %s", comm->prefix, comm->rank, comm->size,
+           comm->local_rank, comm->local_size, comm->xport_name);
+  return TD_OK;
+}
+
+/* Destroy a half-built communicator without losing the message of the error
+ * that stopped its construction. */
+static td_status abandon(td_comm *comm, td_status st) {
+  char why[1024];
+  td_error_copy(why, sizeof why);
+  td_comm_destroy(comm);
+  return td_error(st, "%s", why);
+}
+
+td_status td_comm_init_config(const td_comm_config *config, td_comm **out) {
+  if (!out) return td_error(TD_ERR_INVALID_ARGUMENT, "td_comm_init: out is NULL");
+  *out = NULL;
+  comm_env env;
+  TD_CHECK(comm_env_detect(config, &env));
+
+  td_comm *comm = comm_alloc(env.rank, env.size);
+  if (!comm) return td_error(TD_ERR_SYSTEM, "out of memory creating a communicator of %d ranks", env.size);
+  int n = atomic_fetch_add(&world_counter, 1);
+  snprintf(comm->prefix, sizeof comm->prefix, "%s/c%d", env.job_id, n);
+  comm->timeout_s = env.timeout_s;
+  td_strlcpy(comm->transport_req, env.transport, sizeof comm->transport_req);
+
+  td_status st;
+  if (env.size > 1) {
+    char prefix[32];
+    snprintf(prefix, sizeof prefix, "rank %d", env.rank);
+    td_log_set_prefix(prefix);
+    if (env.host_store) {
+      st = store_server_start(env.host_store_bind, env.host_store_port, &comm->store_server);
+      if (st != TD_OK) {
+        char why[512];
+        td_error_copy(why, sizeof why);
+        td_error(st, "rank 0 (started by %s) could not host the rendezvous store on %s:%d: %s. Set TANDEM_STORE "
+                     "to a running store, or TANDEM_STORE_PORT/MASTER_PORT to a free port",
+                 env.launcher, env.host_store_bind, env.host_store_port, why);
+        return abandon(comm, st);
+      }
+    }
+    st = store_connect(env.store, env.connect_timeout_s, &comm->store);
+    if (st != TD_OK) {
+      char why[512];
+      td_error_copy(why, sizeof why);
+      td_error(st, "rank %d of %d (started by %s): %s. %s", env.rank, env.size, env.launcher, why,
+               td_env_str("TANDEM_STORE", NULL) ? "Check that TANDEM_STORE names a running store"
+                                                : "Set TANDEM_STORE=host:port to a store every rank can reach");
+      return abandon(comm, st);
+    }
+  }
+  st = comm_setup(comm, env.connect_timeout_s);
+  if (st != TD_OK) return abandon(comm, st);
+  *out = comm;
+  return TD_OK;
+}
+
+td_status td_comm_init(td_comm **out) { return td_comm_init_config(NULL, out); }
+
+/* ---- split ---- */
+
+typedef struct split_entry {
+  int64_t color, key, rank;
+} split_entry;
+
+static int split_cmp(const void *a, const void *b) {
+  const split_entry *x = a, *y = b;
+  if (x->key != y->key) return x->key < y->key ? -1 : 1;
+  return x->rank < y->rank ? -1 : x->rank > y->rank;
+}
+
+td_status td_comm_split(td_comm *comm, int color, int key, td_comm **out) {
+  if (!out) return td_error(TD_ERR_INVALID_ARGUMENT, "td_comm_split: out is NULL");
+  *out = NULL;
+  if (!comm) return td_error(TD_ERR_INVALID_ARGUMENT, "td_comm_split: communicator is NULL");
+
+  /* Everybody learns everybody's (color, key, rank) with one allgather: rank
+   * r owns the 3 elements at offset 3r, exactly its td_shard_range. */
+  size_t n = (size_t)comm->size;
+  split_entry *all = calloc(n, sizeof *all);
+  if (!all) return td_error(TD_ERR_SYSTEM, "td_comm_split: out of memory");
+  all[comm->rank] = (split_entry){color, key, comm->rank};
+  td_status st = td_allgather(&all[comm->rank], all, 3 * n, TD_I64, comm);
+  if (st != TD_OK) {
+    free(all);
+    return st;
+  }
+  uint64_t split_index = comm->split_count++;
+  if (color < 0) {
+    free(all);
+    return TD_OK;
+  }
+
+  /* Members of my color, ordered by (key, old rank). */
+  size_t n_members = 0;
+  for (size_t i = 0; i < n; i++)
+    if (all[i].color == color) all[n_members++] = all[i];
+  qsort(all, n_members, sizeof *all, split_cmp);
+  int new_rank = -1;
+  for (size_t i = 0; i < n_members; i++)
+    if (all[i].rank == comm->rank) new_rank = (int)i;
+  free(all);
+  if (new_rank < 0) return td_error(TD_ERR_INTERNAL, "td_comm_split: rank %d is missing from its own group", comm->rank);
+
+  td_comm *child = comm_alloc(new_rank, (int)n_members);
+  if (!child) return td_error(TD_ERR_SYSTEM, "td_comm_split: out of memory");
+  int w = snprintf(child->prefix, sizeof child->prefix, "%s.s%llu.c%d", comm->prefix, (unsigned long long)split_index,
+                   color);
+  if (w < 0 || (size_t)w >= sizeof child->prefix) {
+    td_comm_destroy(child);
+    return td_error(TD_ERR_INVALID_USAGE, "td_comm_split: communicators nested too deeply (store prefix \"%s\" too long)",
+                    comm->prefix);
+  }
+  child->timeout_s = comm->timeout_s;
+  memcpy(child->transport_req, comm->transport_req, sizeof child->transport_req);
+  double connect_timeout_s = td_env_double("TANDEM_CONNECT_TIMEOUT", 60.0);
+  if (child->size > 1) {
+    st = store_connect(store_address(comm->store), connect_timeout_s, &child->store);
+    if (st != TD_OK) return abandon(child, st);
+  }
+  st = comm_setup(child, connect_timeout_s);
+  if (st != TD_OK) return abandon(child, st);
+  *out = child;
+  return TD_OK;
+}
+
+/* ---- finalize, destroy, abort ---- */
+
+td_status td_comm_finalize(td_comm *comm) {
+  if (!comm) return td_error(TD_ERR_INVALID_ARGUMENT, "td_comm_finalize: communicator is NULL");
+  if (comm->finalized) return comm_status(comm);
+  td_status st = progress_drain(comm);
+  if (st == TD_OK && comm_status(comm) == TD_OK && comm->size > 1) st = td_barrier(comm);
+  comm->finalized = true;
+  td_status sticky = comm_status(comm);
+  if (sticky != TD_OK) return td_error(sticky, "%s", comm->err_msg);
+  return st;
+}
+
+void td_comm_destroy(td_comm *comm) {
+  if (!comm) return;
+  /* Leaving with work in flight: peers must not wait for us until their
+   * timeout, and our own blocked operation must return so the thread can be
+   * joined. */
+  if (comm->queue && progress_busy(comm) && comm_status(comm) == TD_OK)
+    comm_fail(comm, TD_ERR_INVALID_USAGE, "communicator destroyed while operations were still pending");
+  if (comm->queue) progress_stop(comm);
+  if (comm->xport) {
+    transport *x = comm->xport;
+    comm->xport = NULL;
+    x->vtbl->destroy(x);
+  }
+  store_close(comm->store);
+  store_server_stop(comm->store_server);
+  for (int r = 0; r < comm->size && comm->hosts; r++) free(comm->hosts[r]);
+  for (int r = 0; r < comm->size && comm->addrs; r++) free(comm->addrs[r]);
+  free(comm->hosts);
+  free(comm->addrs);
+  free(comm->pids);
+  free(comm->local_ranks);
+  free(comm->send_seq);
+  free(comm->recv_seq);
+  pthread_mutex_destroy(&comm->err_mu);
+  free(comm);
+}
+
+void td_comm_abort(td_comm *comm, const char *reason) {
+  if (!comm) return;
+  char msg[1024];
+  snprintf(msg, sizeof msg, "aborted by rank %d: %s", comm->rank, reason && *reason ? reason : "no reason given");
+  fail_message(comm, TD_ERR_REMOTE, msg);
+}
+
+/* ---- accessors ---- */
+
+int td_comm_rank(const td_comm *comm) { return comm ? comm->rank : -1; }
+int td_comm_size(const td_comm *comm) { return comm ? comm->size : 0; }
+int td_comm_local_rank(const td_comm *comm) { return comm ? comm->local_rank : -1; }
+int td_comm_local_size(const td_comm *comm) { return comm ? comm->local_size : 0; }
+const char *td_comm_transport(const td_comm *comm) { return comm ? comm->xport_name : ""; }
+const char *td_comm_last_error(const td_comm *comm) {
+  if (!comm || comm_status(comm) == TD_OK) return "";
+  return comm->err_msg;
+}
+td_status td_comm_status(const td_comm *comm) { return comm ? comm_status(comm) : TD_ERR_INVALID_ARGUMENT; }

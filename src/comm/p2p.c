@@ -1,0 +1,225 @@
+/* The point-to-point framing engine. Every message is one frame, a comm_hdr
+ * followed by its payload, on the ordered byte stream between two ranks.
+ * p2p_run drives any number of sends and receives of one operation at once
+ * over the transport's non-blocking try_send/try_recv, so that patterns
+ * where everybody sends first (rings, pairwise exchanges) never deadlock on
+ * full buffers. When nothing moves it sleeps in the transport's wait() in
+ * slices of at most 100 ms, checking between slices for a failure reported
+ * by another thread and for the operation's deadline.
+ *
+ * Every received header is compared with the operation this rank executes:
+ * a difference means the ranks issued different collectives (or the same
+ * one with different arguments), reported as TD_ERR_MISMATCH naming both. */
+#include "comm/comm_impl.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Payloads up to this size travel in one buffer with their header: one
+ * transport call (one syscall, one packet on TCP) instead of two. */
+#define P2P_PACK_MAX 464
+
+typedef struct xfer_state {
+  union {
+    comm_hdr hdr;
+    unsigned char packed[sizeof(comm_hdr) + P2P_PACK_MAX];
+  } u;
+  size_t hdr_done, data_done;
+  size_t frame_bytes; /* packed sends: header + payload in u.packed */
+  bool done;
+} xfer_state;
+
+/* Only the first unfinished transfer per peer and direction may move: the
+ * stream is ordered, so a second frame to the same peer must wait. */
+static bool blocked_by_earlier(const p2p_xfer *x, const xfer_state *s, int i) {
+  for (int j = 0; j < i; j++)
+    if (x[j].peer == x[i].peer && !s[j].done) return true;
+  return false;
+}
+
+static td_status step_send(td_comm *comm, const p2p_xfer *x, xfer_state *s, bool *moved_any) {
+  transport *t = comm->xport;
+  size_t moved;
+  if (s->frame_bytes) {
+    while (s->hdr_done < s->frame_bytes) {
+      TD_CHECK(t->vtbl->try_send(t, x->peer, s->u.packed + s->hdr_done, s->frame_bytes - s->hdr_done, &moved));
+      if (!moved) return TD_OK;
+      s->hdr_done += moved;
+      *moved_any = true;
+    }
+    s->done = true;
+    return TD_OK;
+  }
+  while (s->hdr_done < sizeof(comm_hdr)) {
+    TD_CHECK(t->vtbl->try_send(t, x->peer, (char *)&s->u.hdr + s->hdr_done, sizeof(comm_hdr) - s->hdr_done, &moved));
+    if (!moved) return TD_OK;
+    s->hdr_done += moved;
+    *moved_any = true;
+  }
+  while (s->data_done < x->bytes) {
+    TD_CHECK(t->vtbl->try_send(t, x->peer, (char *)x->buf + s->data_done, x->bytes - s->data_done, &moved));
+    if (!moved) return TD_OK;
+    s->data_done += moved;
+    *moved_any = true;
+  }
+  s->done = true;
+  return TD_OK;
+}
+
+/* The received header h from `peer` must describe `op` with `bytes` of
+ * payload. */
+static td_status check_header(td_comm *comm, const comm_op *op, int peer, size_t bytes, const comm_hdr *h) {
+  comm_kind expected_kind = op->kind == COMM_RECV ? COMM_SEND : op->kind;
+  char mine[256], theirs[256];
+  if (h->magic == COMM_HDR_MAGIC && h->kind == (uint32_t)expected_kind && h->seq == op->seq &&
+      h->count == op->count && h->dtype == (int32_t)op->dtype && h->redop == (int32_t)op->redop &&
+      h->root == op->root && h->src_rank == peer && h->nbytes == bytes)
+    return TD_OK;
+  comm_op_describe(op, mine, sizeof mine);
+  comm_hdr_describe(h, theirs, sizeof theirs);
+  if (h->magic != COMM_HDR_MAGIC)
+    return comm_fail(comm, TD_ERR_MISMATCH, "rank %d received %s from rank %d while executing %s", comm->rank,
+                     theirs, peer, mine);
+  if (h->src_rank != peer)
+    return comm_fail(comm, TD_ERR_INTERNAL, "rank %d received a frame claiming to come from rank %d on the stream "
+                                            "from rank %d (%s, while executing %s)",
+                     comm->rank, h->src_rank, peer, theirs, mine);
+  if (h->kind == (uint32_t)expected_kind && h->seq == op->seq && h->count == op->count &&
+      h->dtype == (int32_t)op->dtype && h->redop == (int32_t)op->redop && h->root == op->root)
+    return comm_fail(comm, TD_ERR_MISMATCH,
+                     "rank %d expected %zu payload bytes from rank %d in %s but got %llu: the ranks chose "
+                     "different algorithms (do all ranks set the same TANDEM_* variables?)",
+                     comm->rank, bytes, peer, mine, (unsigned long long)h->nbytes);
+  return comm_fail(comm, TD_ERR_MISMATCH, "rank %d issued %s but rank %d sent %s", comm->rank, mine, peer, theirs);
+}
+
+static td_status step_recv(td_comm *comm, const comm_op *op, const p2p_xfer *x, xfer_state *s, bool *moved_any) {
+  transport *t = comm->xport;
+  size_t moved;
+  while (s->hdr_done < sizeof(comm_hdr)) {
+    TD_CHECK(t->vtbl->try_recv(t, x->peer, (char *)&s->u.hdr + s->hdr_done, sizeof(comm_hdr) - s->hdr_done, &moved));
+    if (!moved) return TD_OK;
+    s->hdr_done += moved;
+    *moved_any = true;
+    if (s->hdr_done == sizeof(comm_hdr)) TD_CHECK(check_header(comm, op, x->peer, x->bytes, &s->u.hdr));
+  }
+  while (s->data_done < x->bytes) {
+    TD_CHECK(t->vtbl->try_recv(t, x->peer, (char *)x->buf + s->data_done, x->bytes - s->data_done, &moved));
+    if (!moved) return TD_OK;
+    s->data_done += moved;
+    *moved_any = true;
+  }
+  s->done = true;
+  return TD_OK;
+}
+
+static td_status check_peer(td_comm *comm, const comm_op *op, int peer, const char *what) {
+  if (peer < comm->size && peer != comm->rank) return TD_OK;
+  char desc[256];
+  comm_op_describe(op, desc, sizeof desc);
+  return comm_fail(comm, TD_ERR_INTERNAL, "rank %d: %s: invalid %s peer %d (world size %d)", comm->rank, desc, what,
+                   peer, comm->size);
+}
+
+td_status p2p_run(td_comm *comm, const comm_op *op, const p2p_xfer *sends, int n_sends, const p2p_xfer *recvs,
+                  int n_recvs) {
+  td_status st = comm_status(comm);
+  if (st != TD_OK) return st;
+  if (!comm->xport)
+    return comm_fail(comm, TD_ERR_INTERNAL, "rank %d: point-to-point transfer without a transport (world size %d)",
+                     comm->rank, comm->size);
+
+  xfer_state stack_states[16];
+  int n_total = n_sends + n_recvs;
+  xfer_state *states = n_total <= 16 ? stack_states : malloc((size_t)n_total * sizeof *states);
+  if (!states) return comm_fail(comm, TD_ERR_SYSTEM, "out of memory for %d transfers", n_total);
+  xfer_state *ss = states, *rs = states + n_sends;
+
+  int n_left = 0;
+  for (int i = 0; i < n_sends; i++) {
+    xfer_state *s = &ss[i];
+    s->hdr_done = s->data_done = s->frame_bytes = 0;
+    s->done = sends[i].peer < 0;
+    if (s->done) continue;
+    TD_CHECK_GOTO(check_peer(comm, op, sends[i].peer, "send"), st, out);
+    n_left++;
+    comm_hdr_fill(&s->u.hdr, op, comm->rank, sends[i].bytes);
+    if (sends[i].bytes <= P2P_PACK_MAX) {
+      if (sends[i].bytes) memcpy(s->u.packed + sizeof(comm_hdr), sends[i].buf, sends[i].bytes);
+      s->frame_bytes = sizeof(comm_hdr) + sends[i].bytes;
+    }
+  }
+  for (int i = 0; i < n_recvs; i++) {
+    xfer_state *s = &rs[i];
+    s->hdr_done = s->data_done = s->frame_bytes = 0;
+    s->done = recvs[i].peer < 0;
+    if (s->done) continue;
+    TD_CHECK_GOTO(check_peer(comm, op, recvs[i].peer, "receive"), st, out);
+    n_left++;
+  }
+
+  /* An operation built without a deadline still gets the configured one. */
+  double deadline = op->deadline > 0 ? op->deadline : td_now() + comm->timeout_s;
+  int stack_peers[32];
+  int *wait_peers = n_total <= 32 ? stack_peers : malloc((size_t)n_total * sizeof *wait_peers);
+  if (!wait_peers) {
+    st = comm_fail(comm, TD_ERR_SYSTEM, "out of memory for %d transfers", n_total);
+    goto out;
+  }
+
+  while (n_left > 0) {
+    bool moved = false;
+    for (int i = 0; i < n_sends; i++) {
+      if (ss[i].done || blocked_by_earlier(sends, ss, i)) continue;
+      TD_CHECK_GOTO(step_send(comm, &sends[i], &ss[i], &moved), st, out_peers);
+      if (ss[i].done) n_left--;
+    }
+    for (int i = 0; i < n_recvs; i++) {
+      if (rs[i].done || blocked_by_earlier(recvs, rs, i)) continue;
+      TD_CHECK_GOTO(step_recv(comm, op, &recvs[i], &rs[i], &moved), st, out_peers);
+      if (rs[i].done) n_left--;
+    }
+    if (n_left == 0 || moved) continue;
+
+    st = comm_status(comm);
+    if (st != TD_OK) goto out_peers;
+    double left = deadline - td_now();
+    if (left <= 0) {
+      char desc[256];
+      comm_op_describe(op, desc, sizeof desc);
+      int stuck = -1;
+      const char *dir = "receive from";
+      for (int i = 0; i < n_recvs && stuck < 0; i++)
+        if (!rs[i].done) stuck = recvs[i].peer;
+      for (int i = 0; i < n_sends && stuck < 0; i++)
+        if (!ss[i].done) stuck = sends[i].peer, dir = "send to";
+      st = comm_fail(comm, TD_ERR_TIMEOUT, "%s did not finish within %g s (TANDEM_TIMEOUT): still waiting to %s rank %d",
+                     desc, comm->timeout_s, dir, stuck);
+      goto out_peers;
+    }
+    int n_wait_send = 0, n_wait_recv = 0;
+    for (int i = 0; i < n_sends; i++)
+      if (!ss[i].done) wait_peers[n_wait_send++] = sends[i].peer;
+    for (int i = 0; i < n_recvs; i++)
+      if (!rs[i].done) wait_peers[n_wait_send + n_wait_recv++] = recvs[i].peer;
+    st = comm->xport->vtbl->wait(comm->xport, wait_peers, n_wait_send, wait_peers + n_wait_send, n_wait_recv,
+                                 left < 0.1 ? left : 0.1);
+    if (st != TD_OK && st != TD_ERR_TIMEOUT) goto out_peers;
+    st = TD_OK;
+  }
+  st = comm_status(comm);
+
+out_peers:
+  if (wait_peers != stack_peers) free(wait_peers);
+out:
+  if (states != stack_states) free(states);
+  return st;
+}
+
+td_status p2p_exchange(td_comm *comm, const comm_op *op, int to, const void *sbuf, size_t sbytes, int from,
+                       void *rbuf, size_t rbytes) {
+  p2p_xfer send = {to, (void *)sbuf, sbytes};
+  p2p_xfer recv = {from, rbuf, rbytes};
+  return p2p_run(comm, op, &send, to >= 0 ? 1 : 0, &recv, from >= 0 ? 1 : 0);
+}

@@ -1,0 +1,108 @@
+/* Algorithm selection: one table row per kind of operation, picking an
+ * algorithm from values every rank shares (transport, byte size, TANDEM_*
+ * settings read once per communicator), so that all ranks always run the
+ * same algorithm. Also applies the finishing step of TD_AVG: algorithms
+ * compute the sum, and the result is divided by the world size exactly once
+ * here.
+ *
+ *   kind            shm transport (default)   p2p (tcp, or TANDEM_SHM_COLLECTIVES=0)
+ *   allreduce       allreduce_shm             rd if bytes <= TANDEM_RD_MAX_BYTES, else ring
+ *   reduce_scatter  reduce_scatter_shm        reduce_scatter_ring
+ *   allgather       allgather_shm             allgather_ring
+ *   broadcast       broadcast_shm             broadcast_tree
+ *   reduce          reduce_shm                reduce_tree
+ *   alltoall        alltoall_shm              alltoall_pairwise
+ *   barrier         barrier_shm               barrier_dissemination
+ *   send/recv       p2p_send_recv             p2p_send_recv
+ * TANDEM_ALLREDUCE_ALGO=ring|rd|shm forces the allreduce algorithm. */
+#include "comm/comm_impl.h"
+
+#include <string.h>
+
+enum { ALGO_AUTO = 0, ALGO_RING, ALGO_RD, ALGO_SHM };
+
+td_status comm_select_init(td_comm *comm) {
+  bool on_shm = comm->xport_name && !strcmp(comm->xport_name, "shm");
+  comm->sel_shm_collectives = on_shm && td_env_long("TANDEM_SHM_COLLECTIVES", 1) != 0;
+  comm->sel_rd_max_bytes = td_env_size("TANDEM_RD_MAX_BYTES", 64 * 1024);
+  const char *algo = td_env_str("TANDEM_ALLREDUCE_ALGO", "auto");
+  if (!strcmp(algo, "auto")) {
+    comm->sel_allreduce = ALGO_AUTO;
+  } else if (!strcmp(algo, "ring")) {
+    comm->sel_allreduce = ALGO_RING;
+  } else if (!strcmp(algo, "rd")) {
+    comm->sel_allreduce = ALGO_RD;
+  } else if (!strcmp(algo, "shm")) {
+    /* A world of one runs no algorithm at all, so any choice is fine there. */
+    if (!on_shm && comm->size > 1)
+      return td_error(TD_ERR_INVALID_ARGUMENT, "TANDEM_ALLREDUCE_ALGO=shm needs the shm transport, but rank %d uses "
+                                               "%s: use ring, rd or auto",
+                      comm->rank, comm->xport_name);
+    comm->sel_allreduce = ALGO_SHM;
+  } else {
+    return td_error(TD_ERR_INVALID_ARGUMENT, "TANDEM_ALLREDUCE_ALGO=%s is not an algorithm: use auto, ring, rd or shm",
+                    algo);
+  }
+  return TD_OK;
+}
+
+static comm_algo_fn pick_allreduce(const td_comm *comm, const comm_op *op) {
+  switch (comm->sel_allreduce) {
+  case ALGO_RING: return allreduce_ring;
+  case ALGO_RD: return allreduce_rd;
+  case ALGO_SHM: return allreduce_shm;
+  default: break;
+  }
+  if (comm->sel_shm_collectives) return allreduce_shm;
+  return comm_op_bytes(op) <= comm->sel_rd_max_bytes ? allreduce_rd : allreduce_ring;
+}
+
+static comm_algo_fn pick(const td_comm *comm, const comm_op *op) {
+  bool shm = comm->sel_shm_collectives;
+  switch (op->kind) {
+  case COMM_ALLREDUCE: return pick_allreduce(comm, op);
+  case COMM_REDUCE_SCATTER: return shm ? reduce_scatter_shm : reduce_scatter_ring;
+  case COMM_ALLGATHER: return shm ? allgather_shm : allgather_ring;
+  case COMM_BROADCAST: return shm ? broadcast_shm : broadcast_tree;
+  case COMM_REDUCE: return shm ? reduce_shm : reduce_tree;
+  case COMM_ALLTOALL: return shm ? alltoall_shm : alltoall_pairwise;
+  case COMM_BARRIER: return shm ? barrier_shm : barrier_dissemination;
+  case COMM_SEND:
+  case COMM_RECV: return p2p_send_recv;
+  }
+  return NULL;
+}
+
+/* TD_AVG: divide this rank's part of the result by the world size. */
+static void finish_avg(const td_comm *comm, const comm_op *op) {
+  size_t offset, len;
+  switch (op->kind) {
+  case COMM_ALLREDUCE:
+    td_reduce_scale(op->recv, op->count, op->dtype, comm->size);
+    break;
+  case COMM_REDUCE:
+    if (comm->rank == op->root) td_reduce_scale(op->recv, op->count, op->dtype, comm->size);
+    break;
+  case COMM_REDUCE_SCATTER:
+    td_shard_range(op->count, comm->size, comm->rank, &offset, &len);
+    td_reduce_scale(op->recv, len, op->dtype, comm->size);
+    break;
+  default:
+    break;
+  }
+}
+
+td_status comm_execute(td_comm *comm, const comm_op *op) {
+  td_status st = comm_status(comm);
+  if (st != TD_OK) return st;
+  /* Nothing to move: every rank skips the same operation (its sequence
+   * number was consumed at issue on every rank alike). */
+  if (op->count == 0 && op->kind != COMM_BARRIER) return TD_OK;
+  comm_algo_fn algo = pick(comm, op);
+  if (!algo) return comm_fail(comm, TD_ERR_INTERNAL, "no algorithm for operation kind %d", (int)op->kind);
+  TD_CHECK(algo(comm, op));
+  if (op->redop == TD_AVG && (op->kind == COMM_ALLREDUCE || op->kind == COMM_REDUCE ||
+                              op->kind == COMM_REDUCE_SCATTER))
+    finish_avg(comm, op);
+  return comm_status(comm);
+}
