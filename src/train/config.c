@@ -1,0 +1,571 @@
+/* The training config: defaults, the JSON file (DeepSpeed ds_config key names
+ * where the concept is the same), batch-size resolution for a world size, and
+ * the learning-rate schedule. Every error says which key is wrong and what to
+ * write instead: a config error is the first thing a new user meets. */
+#include "train/train_impl.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef TD_HAVE_CJSON
+#include <cjson/cJSON.h>
+#endif
+
+void td_train_config_defaults(td_train_config *cfg) {
+  memset(cfg, 0, sizeof *cfg);
+  cfg->seed = 1337;
+  cfg->optimizer.kind = TD_OPTIMIZER_ADAMW;
+  cfg->optimizer.lr = 3e-4f;
+  cfg->optimizer.beta1 = 0.9f;
+  cfg->optimizer.beta2 = 0.999f;
+  cfg->optimizer.eps = 1e-8f;
+  cfg->scheduler.kind = TD_SCHEDULE_CONSTANT;
+  cfg->bucket_bytes = 25u << 20;
+  cfg->first_bucket_bytes = 1u << 20;
+  cfg->steps_per_print = 10;
+}
+
+/* ---- batch sizes and ranges ---- */
+
+td_status td_train_config_resolve(td_train_config *cfg, int world) {
+  if (world < 1) return td_error(TD_ERR_INVALID_ARGUMENT, "world size %d: must be at least 1", world);
+  long G = cfg->train_batch_size;
+  long m = cfg->micro_batch, a = cfg->grad_accum;
+  if (G < 0) return td_error(TD_ERR_INVALID_ARGUMENT, "train_batch_size %ld: must be positive (or 0 to derive it)", G);
+  if (m < 0)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "train_micro_batch_size_per_gpu %ld: must be positive (or 0 to derive it)", m);
+  if (a < 0)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "gradient_accumulation_steps %ld: must be positive (or 0 to derive it)", a);
+  if (G > 0) {
+    if (m > 0 && a > 0) {
+      if (G != m * a * world)
+        return td_error(TD_ERR_INVALID_ARGUMENT,
+                        "train_batch_size %ld != %ld (micro) x %ld (accum) x %d (ranks) = %ld: set train_batch_size "
+                        "to %ld or leave it out",
+                        G, m, a, world, m * a * world, m * a * world);
+    } else if (m > 0) {
+      if (G % (m * world))
+        return td_error(TD_ERR_INVALID_ARGUMENT,
+                        "train_batch_size %ld is not a multiple of %ld (micro) x %d (ranks) = %ld: set "
+                        "train_batch_size to a multiple of %ld (e.g. %ld) or leave it out",
+                        G, m, world, m * world, m * world, (G / (m * world) + 1) * m * world);
+      a = G / (m * world);
+    } else if (a > 0) {
+      if (G % (a * world))
+        return td_error(TD_ERR_INVALID_ARGUMENT,
+                        "train_batch_size %ld is not a multiple of %ld (accum) x %d (ranks) = %ld: set "
+                        "train_batch_size to a multiple of %ld (e.g. %ld) or leave it out",
+                        G, a, world, a * world, a * world, (G / (a * world) + 1) * a * world);
+      m = G / (a * world);
+    } else {
+      if (G % world)
+        return td_error(TD_ERR_INVALID_ARGUMENT,
+                        "train_batch_size %ld is not a multiple of the %d ranks: set it to a multiple of %d "
+                        "(e.g. %ld) or give train_micro_batch_size_per_gpu instead",
+                        G, world, world, (G / world + 1) * world);
+      a = 1;
+      m = G / world;
+    }
+  } else {
+    if (m == 0) m = 1;
+    if (a == 0) a = 1;
+    G = m * a * world;
+  }
+  if (m > (1L << 30) || a > (1L << 30))
+    return td_error(TD_ERR_INVALID_ARGUMENT, "batch sizes too large: micro %ld, accumulation %ld", m, a);
+  cfg->train_batch_size = G;
+  cfg->micro_batch = (int)m;
+  cfg->grad_accum = (int)a;
+
+  const td_optimizer_config *o = &cfg->optimizer;
+  if (o->kind != TD_OPTIMIZER_SGD && o->kind != TD_OPTIMIZER_ADAMW)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "optimizer kind %d: use TD_OPTIMIZER_SGD or TD_OPTIMIZER_ADAMW", (int)o->kind);
+  if (!(o->lr > 0) || !isfinite(o->lr))
+    return td_error(TD_ERR_INVALID_ARGUMENT, "optimizer lr %g: must be a positive number (e.g. 3e-4)", o->lr);
+  if (o->kind == TD_OPTIMIZER_ADAMW) {
+    if (!(o->beta1 >= 0 && o->beta1 < 1) || !(o->beta2 >= 0 && o->beta2 < 1))
+      return td_error(TD_ERR_INVALID_ARGUMENT, "optimizer betas [%g, %g]: each must be in [0, 1), e.g. [0.9, 0.999]",
+                      o->beta1, o->beta2);
+    if (!(o->eps > 0)) return td_error(TD_ERR_INVALID_ARGUMENT, "optimizer eps %g: must be positive, e.g. 1e-8", o->eps);
+  }
+  if (!(o->weight_decay >= 0) || !isfinite(o->weight_decay))
+    return td_error(TD_ERR_INVALID_ARGUMENT, "optimizer weight_decay %g: must be >= 0", o->weight_decay);
+  if (!(o->momentum >= 0 && o->momentum < 1))
+    return td_error(TD_ERR_INVALID_ARGUMENT, "optimizer momentum %g: must be in [0, 1), e.g. 0.9", o->momentum);
+  if (o->nesterov && o->momentum == 0)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "optimizer nesterov needs a momentum > 0 (e.g. 0.9)");
+
+  const td_schedule_config *s = &cfg->scheduler;
+  if ((int)s->kind < 0 || s->kind > TD_SCHEDULE_WARMUP_LINEAR)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "scheduler kind %d is unknown", (int)s->kind);
+  if (s->warmup_steps < 0 || s->total_steps < 0)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "scheduler warmup_num_steps %ld / total_num_steps %ld: must be >= 0",
+                    s->warmup_steps, s->total_steps);
+  if (!(s->warmup_start_ratio >= 0 && s->warmup_start_ratio <= 1) || !(s->min_ratio >= 0 && s->min_ratio <= 1))
+    return td_error(TD_ERR_INVALID_ARGUMENT,
+                    "scheduler warmup start %g / minimum %g (fractions of lr): each must be in [0, 1]",
+                    s->warmup_start_ratio, s->min_ratio);
+  long total = s->total_steps ? s->total_steps : cfg->steps;
+  if ((s->kind == TD_SCHEDULE_WARMUP_COSINE || s->kind == TD_SCHEDULE_WARMUP_LINEAR) && total > 0 &&
+      total < s->warmup_steps)
+    return td_error(TD_ERR_INVALID_ARGUMENT,
+                    "scheduler total_num_steps %ld < warmup_num_steps %ld: the decay would end before warmup does; "
+                    "set total_num_steps to at least %ld",
+                    total, s->warmup_steps, s->warmup_steps);
+  if (cfg->steps < 0) return td_error(TD_ERR_INVALID_ARGUMENT, "train_steps %ld: must be >= 0", cfg->steps);
+  if (!(cfg->grad_clip >= 0) || !isfinite(cfg->grad_clip))
+    return td_error(TD_ERR_INVALID_ARGUMENT, "gradient_clipping %g: must be >= 0 (0 turns clipping off)", cfg->grad_clip);
+  if (cfg->bucket_bytes < sizeof(float) || cfg->first_bucket_bytes < sizeof(float))
+    return td_error(TD_ERR_INVALID_ARGUMENT, "bucket_bytes %zu / first_bucket_bytes %zu: must be at least 4 (e.g. 25M and 1M)",
+                    cfg->bucket_bytes, cfg->first_bucket_bytes);
+  if (cfg->threads < 0) return td_error(TD_ERR_INVALID_ARGUMENT, "threads_per_rank %d: must be >= 0 (0: automatic)", cfg->threads);
+  if (cfg->checkpoint_every < 0)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "checkpoint save_every %ld: must be >= 0", cfg->checkpoint_every);
+  if (cfg->steps_per_print < 0)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "steps_per_print %d: must be >= 0", cfg->steps_per_print);
+  return TD_OK;
+}
+
+/* ---- schedule ---- */
+
+float td_train_lr_at(const td_train_config *cfg, long step) {
+  const td_schedule_config *s = &cfg->scheduler;
+  double lr = cfg->optimizer.lr;
+  if (s->kind == TD_SCHEDULE_CONSTANT) return (float)lr;
+  if (step < 0) step = 0;
+  /* Warmup reaches the peak on its last step (llm.c's (step+1)/W), so no
+   * step is wasted at a near-zero rate. */
+  if (step < s->warmup_steps) {
+    double frac = (double)(step + 1) / (double)s->warmup_steps;
+    return (float)(lr * (s->warmup_start_ratio + (1.0 - s->warmup_start_ratio) * frac));
+  }
+  if (s->kind == TD_SCHEDULE_WARMUP) return (float)lr;
+  long total = s->total_steps ? s->total_steps : cfg->steps;
+  if (total <= s->warmup_steps) return (float)(lr * s->min_ratio);
+  double progress = (double)(step - s->warmup_steps) / (double)(total - s->warmup_steps);
+  if (progress > 1) progress = 1;
+  double decay = s->kind == TD_SCHEDULE_WARMUP_COSINE ? 0.5 * (1.0 + cos(M_PI * progress)) : 1.0 - progress;
+  return (float)(lr * (s->min_ratio + (1.0 - s->min_ratio) * decay));
+}
+
+/* ---- JSON ---- */
+
+#ifdef TD_HAVE_CJSON
+
+/* Levenshtein distance, for "did you mean" suggestions. */
+static int edit_distance(const char *a, const char *b) {
+  size_t la = strlen(a), lb = strlen(b);
+  if (la > 63 || lb > 63) return 99;
+  int prev[64], cur[64];
+  for (size_t j = 0; j <= lb; j++) prev[j] = (int)j;
+  for (size_t i = 1; i <= la; i++) {
+    cur[0] = (int)i;
+    for (size_t j = 1; j <= lb; j++) {
+      int cost = a[i - 1] == b[j - 1] ? 0 : 1;
+      int best = prev[j - 1] + cost;
+      if (prev[j] + 1 < best) best = prev[j] + 1;
+      if (cur[j - 1] + 1 < best) best = cur[j - 1] + 1;
+      cur[j] = best;
+    }
+    memcpy(prev, cur, sizeof(int) * (lb + 1));
+  }
+  return prev[lb];
+}
+
+typedef struct parse_ctx {
+  const char *source;
+  td_train_config *cfg;
+  /* Absolute WarmupLR bounds resolved against lr once everything is read. */
+  double warmup_min_lr, warmup_max_lr;
+  int has_warmup_min_lr, has_warmup_max_lr;
+} parse_ctx;
+
+/* Check that every key of obj is in `known`; return an error naming the
+ * closest known key, or listing them all. */
+static td_status check_keys(const parse_ctx *pc, const cJSON *obj, const char *where, const char *const *known,
+                            int n_known) {
+  const cJSON *item;
+  cJSON_ArrayForEach(item, obj) {
+    int found = 0;
+    for (int i = 0; i < n_known; i++)
+      if (strcmp(item->string, known[i]) == 0) found = 1;
+    if (found) continue;
+    int best = -1, best_d = 99;
+    for (int i = 0; i < n_known; i++) {
+      int d = edit_distance(item->string, known[i]);
+      if (d < best_d) best_d = d, best = i;
+    }
+    int limit = (int)strlen(item->string) / 3;
+    if (limit < 2) limit = 2;
+    if (best >= 0 && best_d <= limit)
+      return td_error(TD_ERR_INVALID_ARGUMENT, "%s: unknown key \"%s\"%s%s; did you mean \"%s\"?", pc->source,
+                      item->string, *where ? " in " : "", where, known[best]);
+    char list[768];
+    size_t len = 0;
+    list[0] = '\0';
+    for (int i = 0; i < n_known && len + 4 < sizeof list; i++)
+      len += (size_t)snprintf(list + len, sizeof list - len, "%s\"%s\"", i ? ", " : "", known[i]);
+    return td_error(TD_ERR_INVALID_ARGUMENT, "%s: unknown key \"%s\"%s%s; the keys allowed here are %s", pc->source,
+                    item->string, *where ? " in " : "", where, list);
+  }
+  return TD_OK;
+}
+
+static td_status get_number(const parse_ctx *pc, const cJSON *item, const char *key, double lo, double hi,
+                            double *out) {
+  if (!cJSON_IsNumber(item))
+    return td_error(TD_ERR_INVALID_ARGUMENT, "%s: %s must be a number, e.g. \"%s\": %g", pc->source, key,
+                    item->string, lo > 0 ? lo : 1.0);
+  double v = item->valuedouble;
+  if (!(v >= lo && v <= hi) || !isfinite(v))
+    return td_error(TD_ERR_INVALID_ARGUMENT, "%s: %s is %g; it must be between %g and %g", pc->source, key, v, lo, hi);
+  *out = v;
+  return TD_OK;
+}
+
+static td_status get_int(const parse_ctx *pc, const cJSON *item, const char *key, long lo, long hi, long *out) {
+  if (!cJSON_IsNumber(item) || item->valuedouble != floor(item->valuedouble))
+    return td_error(TD_ERR_INVALID_ARGUMENT, "%s: %s must be a whole number, e.g. \"%s\": %ld", pc->source, key,
+                    item->string, lo > 1 ? lo : 1);
+  double v = item->valuedouble;
+  if (v < (double)lo || v > (double)hi)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "%s: %s is %.0f; it must be between %ld and %ld", pc->source, key, v, lo, hi);
+  *out = (long)v;
+  return TD_OK;
+}
+
+static td_status get_bool(const parse_ctx *pc, const cJSON *item, const char *key, int *out) {
+  if (!cJSON_IsBool(item))
+    return td_error(TD_ERR_INVALID_ARGUMENT, "%s: %s must be true or false", pc->source, key);
+  *out = cJSON_IsTrue(item) ? 1 : 0;
+  return TD_OK;
+}
+
+static td_status get_size(const parse_ctx *pc, const cJSON *item, const char *key, size_t *out) {
+  if (cJSON_IsNumber(item)) {
+    if (!(item->valuedouble >= 4) || item->valuedouble != floor(item->valuedouble))
+      return td_error(TD_ERR_INVALID_ARGUMENT, "%s: %s is %g; give a whole number of bytes >= 4 or a string like \"25M\"",
+                      pc->source, key, item->valuedouble);
+    *out = (size_t)item->valuedouble;
+    return TD_OK;
+  }
+  if (cJSON_IsString(item) && td_parse_size(item->valuestring, out) == 0 && *out >= 4) return TD_OK;
+  return td_error(TD_ERR_INVALID_ARGUMENT, "%s: %s must be a byte count such as 26214400 or \"25M\"", pc->source, key);
+}
+
+static td_status get_string(const parse_ctx *pc, const cJSON *item, const char *key, const char **out) {
+  if (!cJSON_IsString(item))
+    return td_error(TD_ERR_INVALID_ARGUMENT, "%s: %s must be a string", pc->source, key);
+  *out = item->valuestring;
+  return TD_OK;
+}
+
+static int name_is(const char *a, const char *b) { return strcasecmp(a, b) == 0; }
+
+static td_status parse_optimizer(parse_ctx *pc, const cJSON *obj) {
+  static const char *const keys[] = {"type", "params"};
+  if (!cJSON_IsObject(obj))
+    return td_error(TD_ERR_INVALID_ARGUMENT,
+                    "%s: optimizer must be an object, e.g. \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 3e-4}}",
+                    pc->source);
+  TD_CHECK(check_keys(pc, obj, "optimizer", keys, 2));
+  td_optimizer_config *o = &pc->cfg->optimizer;
+  const cJSON *type = cJSON_GetObjectItemCaseSensitive(obj, "type");
+  if (!type)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "%s: optimizer needs a \"type\": \"AdamW\" or \"SGD\"", pc->source);
+  const char *name = "";
+  TD_CHECK(get_string(pc, type, "optimizer.type", &name));
+  if (name_is(name, "adamw") || name_is(name, "adam"))
+    o->kind = TD_OPTIMIZER_ADAMW;
+  else if (name_is(name, "sgd"))
+    o->kind = TD_OPTIMIZER_SGD;
+  else
+    return td_error(TD_ERR_INVALID_ARGUMENT, "%s: optimizer type \"%s\" is not supported; use \"AdamW\" or \"SGD\"",
+                    pc->source, name);
+  const cJSON *params = cJSON_GetObjectItemCaseSensitive(obj, "params");
+  if (!params) return TD_OK;
+  if (!cJSON_IsObject(params))
+    return td_error(TD_ERR_INVALID_ARGUMENT, "%s: optimizer.params must be an object, e.g. {\"lr\": 3e-4}", pc->source);
+  static const char *const adam_keys[] = {"lr", "betas", "eps", "weight_decay"};
+  static const char *const sgd_keys[] = {"lr", "momentum", "weight_decay", "nesterov"};
+  if (o->kind == TD_OPTIMIZER_ADAMW)
+    TD_CHECK(check_keys(pc, params, "optimizer.params (AdamW)", adam_keys, 4));
+  else
+    TD_CHECK(check_keys(pc, params, "optimizer.params (SGD)", sgd_keys, 4));
+  const cJSON *item;
+  cJSON_ArrayForEach(item, params) {
+    double v = 0;
+    const char *k = item->string;
+    if (strcmp(k, "lr") == 0) {
+      TD_CHECK(get_number(pc, item, "optimizer.params.lr", 1e-12, 1e3, &v));
+      o->lr = (float)v;
+    } else if (strcmp(k, "eps") == 0) {
+      TD_CHECK(get_number(pc, item, "optimizer.params.eps", 1e-30, 1.0, &v));
+      o->eps = (float)v;
+    } else if (strcmp(k, "weight_decay") == 0) {
+      TD_CHECK(get_number(pc, item, "optimizer.params.weight_decay", 0, 1e3, &v));
+      o->weight_decay = (float)v;
+    } else if (strcmp(k, "momentum") == 0) {
+      TD_CHECK(get_number(pc, item, "optimizer.params.momentum", 0, 0.999999, &v));
+      o->momentum = (float)v;
+    } else if (strcmp(k, "nesterov") == 0) {
+      TD_CHECK(get_bool(pc, item, "optimizer.params.nesterov", &o->nesterov));
+    } else if (strcmp(k, "betas") == 0) {
+      if (!cJSON_IsArray(item) || cJSON_GetArraySize(item) != 2)
+        return td_error(TD_ERR_INVALID_ARGUMENT, "%s: optimizer.params.betas must be a list of two numbers, e.g. [0.9, 0.999]",
+                        pc->source);
+      double b1 = 0, b2 = 0;
+      TD_CHECK(get_number(pc, cJSON_GetArrayItem(item, 0), "optimizer.params.betas[0]", 0, 0.999999, &b1));
+      TD_CHECK(get_number(pc, cJSON_GetArrayItem(item, 1), "optimizer.params.betas[1]", 0, 0.999999999, &b2));
+      o->beta1 = (float)b1;
+      o->beta2 = (float)b2;
+    }
+  }
+  return TD_OK;
+}
+
+static td_status parse_scheduler(parse_ctx *pc, const cJSON *obj) {
+  static const char *const keys[] = {"type", "params"};
+  if (!cJSON_IsObject(obj))
+    return td_error(TD_ERR_INVALID_ARGUMENT,
+                    "%s: scheduler must be an object, e.g. \"scheduler\": {\"type\": \"WarmupCosineLR\", \"params\": "
+                    "{\"warmup_num_steps\": 100, \"total_num_steps\": 1000}}",
+                    pc->source);
+  TD_CHECK(check_keys(pc, obj, "scheduler", keys, 2));
+  td_schedule_config *s = &pc->cfg->scheduler;
+  const cJSON *type = cJSON_GetObjectItemCaseSensitive(obj, "type");
+  if (!type)
+    return td_error(TD_ERR_INVALID_ARGUMENT,
+                    "%s: scheduler needs a \"type\": \"WarmupLR\", \"WarmupCosineLR\", \"WarmupDecayLR\" or \"Constant\"",
+                    pc->source);
+  const char *name = "";
+  TD_CHECK(get_string(pc, type, "scheduler.type", &name));
+  static const char *const warmup_keys[] = {"warmup_num_steps", "warmup_min_lr", "warmup_max_lr", "warmup_type"};
+  static const char *const decay_keys[] = {"warmup_num_steps", "warmup_min_lr", "warmup_max_lr", "warmup_type",
+                                           "total_num_steps"};
+  static const char *const cosine_keys[] = {"warmup_num_steps", "total_num_steps", "warmup_min_ratio",
+                                            "cos_min_ratio", "warmup_type"};
+  const char *const *allowed;
+  int n_allowed;
+  if (strcmp(name, "WarmupLR") == 0) {
+    s->kind = TD_SCHEDULE_WARMUP, allowed = warmup_keys, n_allowed = 4;
+  } else if (strcmp(name, "WarmupDecayLR") == 0) {
+    s->kind = TD_SCHEDULE_WARMUP_LINEAR, allowed = decay_keys, n_allowed = 5;
+    s->min_ratio = 0;
+  } else if (strcmp(name, "WarmupCosineLR") == 0) {
+    s->kind = TD_SCHEDULE_WARMUP_COSINE, allowed = cosine_keys, n_allowed = 5;
+  } else if (name_is(name, "constant") || name_is(name, "none")) {
+    s->kind = TD_SCHEDULE_CONSTANT, allowed = NULL, n_allowed = 0;
+  } else {
+    return td_error(TD_ERR_INVALID_ARGUMENT,
+                    "%s: scheduler type \"%s\" is not supported; use \"WarmupLR\", \"WarmupCosineLR\", "
+                    "\"WarmupDecayLR\" or \"Constant\"",
+                    pc->source, name);
+  }
+  const cJSON *params = cJSON_GetObjectItemCaseSensitive(obj, "params");
+  if (!params) return TD_OK;
+  if (!cJSON_IsObject(params))
+    return td_error(TD_ERR_INVALID_ARGUMENT, "%s: scheduler.params must be an object", pc->source);
+  char where[64];
+  snprintf(where, sizeof where, "scheduler.params (%s)", name);
+  TD_CHECK(check_keys(pc, params, where, allowed, n_allowed));
+  const cJSON *item;
+  cJSON_ArrayForEach(item, params) {
+    const char *k = item->string;
+    long n = 0;
+    double v = 0;
+    if (strcmp(k, "warmup_num_steps") == 0) {
+      TD_CHECK(get_int(pc, item, "scheduler.params.warmup_num_steps", 0, 1L << 40, &n));
+      s->warmup_steps = n;
+    } else if (strcmp(k, "total_num_steps") == 0) {
+      TD_CHECK(get_int(pc, item, "scheduler.params.total_num_steps", 0, 1L << 40, &n));
+      s->total_steps = n;
+    } else if (strcmp(k, "warmup_min_ratio") == 0) {
+      TD_CHECK(get_number(pc, item, "scheduler.params.warmup_min_ratio", 0, 1, &v));
+      s->warmup_start_ratio = (float)v;
+    } else if (strcmp(k, "cos_min_ratio") == 0) {
+      TD_CHECK(get_number(pc, item, "scheduler.params.cos_min_ratio", 0, 1, &v));
+      s->min_ratio = (float)v;
+    } else if (strcmp(k, "warmup_min_lr") == 0) {
+      TD_CHECK(get_number(pc, item, "scheduler.params.warmup_min_lr", 0, 1e3, &pc->warmup_min_lr));
+      pc->has_warmup_min_lr = 1;
+    } else if (strcmp(k, "warmup_max_lr") == 0) {
+      TD_CHECK(get_number(pc, item, "scheduler.params.warmup_max_lr", 1e-12, 1e3, &pc->warmup_max_lr));
+      pc->has_warmup_max_lr = 1;
+    } else if (strcmp(k, "warmup_type") == 0) {
+      const char *wt = "";
+      TD_CHECK(get_string(pc, item, "scheduler.params.warmup_type", &wt));
+      if (strcmp(wt, "linear") != 0)
+        return td_error(TD_ERR_INVALID_ARGUMENT,
+                        "%s: scheduler.params.warmup_type \"%s\" is not supported; only \"linear\" is (or leave it out)",
+                        pc->source, wt);
+    }
+  }
+  return TD_OK;
+}
+
+static td_status parse_checkpoint(parse_ctx *pc, const cJSON *obj) {
+  static const char *const keys[] = {"save_dir", "save_every"};
+  if (!cJSON_IsObject(obj))
+    return td_error(TD_ERR_INVALID_ARGUMENT,
+                    "%s: checkpoint must be an object, e.g. \"checkpoint\": {\"save_dir\": \"ckpt\", \"save_every\": 100}",
+                    pc->source);
+  TD_CHECK(check_keys(pc, obj, "checkpoint", keys, 2));
+  const cJSON *item;
+  cJSON_ArrayForEach(item, obj) {
+    if (strcmp(item->string, "save_dir") == 0) {
+      const char *dir = "";
+      TD_CHECK(get_string(pc, item, "checkpoint.save_dir", &dir));
+      if (strlen(dir) >= sizeof pc->cfg->checkpoint_dir)
+        return td_error(TD_ERR_INVALID_ARGUMENT, "%s: checkpoint.save_dir is longer than %zu characters", pc->source,
+                        sizeof pc->cfg->checkpoint_dir - 1);
+      td_strlcpy(pc->cfg->checkpoint_dir, dir, sizeof pc->cfg->checkpoint_dir);
+    } else {
+      long n = 0;
+      TD_CHECK(get_int(pc, item, "checkpoint.save_every", 0, 1L << 40, &n));
+      pc->cfg->checkpoint_every = n;
+    }
+  }
+  return TD_OK;
+}
+
+static td_status parse_root(parse_ctx *pc, const cJSON *root) {
+  static const char *const keys[] = {
+      "train_batch_size", "train_micro_batch_size_per_gpu", "train_micro_batch_size_per_rank",
+      "gradient_accumulation_steps", "train_steps", "seed", "gradient_clipping", "steps_per_print",
+      "threads_per_rank", "bucket_bytes", "first_bucket_bytes", "optimizer", "scheduler", "checkpoint"};
+  if (!cJSON_IsObject(root))
+    return td_error(TD_ERR_INVALID_ARGUMENT, "%s: the config must be a JSON object ({ ... })", pc->source);
+  TD_CHECK(check_keys(pc, root, "", keys, (int)TD_ARRAY_SIZE(keys)));
+  if (cJSON_GetObjectItemCaseSensitive(root, "train_micro_batch_size_per_gpu") &&
+      cJSON_GetObjectItemCaseSensitive(root, "train_micro_batch_size_per_rank"))
+    return td_error(TD_ERR_INVALID_ARGUMENT,
+                    "%s: give train_micro_batch_size_per_gpu or its alias train_micro_batch_size_per_rank, not both",
+                    pc->source);
+  td_train_config *cfg = pc->cfg;
+  const cJSON *item;
+  cJSON_ArrayForEach(item, root) {
+    const char *k = item->string;
+    long n = 0;
+    double v = 0;
+    if (strcmp(k, "train_batch_size") == 0) {
+      TD_CHECK(get_int(pc, item, k, 1, 1L << 40, &n));
+      cfg->train_batch_size = n;
+    } else if (strncmp(k, "train_micro_batch_size_per_", 27) == 0) {
+      TD_CHECK(get_int(pc, item, k, 1, 1L << 30, &n));
+      cfg->micro_batch = (int)n;
+    } else if (strcmp(k, "gradient_accumulation_steps") == 0) {
+      TD_CHECK(get_int(pc, item, k, 1, 1L << 30, &n));
+      cfg->grad_accum = (int)n;
+    } else if (strcmp(k, "train_steps") == 0) {
+      TD_CHECK(get_int(pc, item, k, 0, 1L << 40, &n));
+      cfg->steps = n;
+    } else if (strcmp(k, "seed") == 0) {
+      TD_CHECK(get_int(pc, item, k, 0, 1L << 53, &n));
+      cfg->seed = (uint64_t)n;
+    } else if (strcmp(k, "gradient_clipping") == 0) {
+      TD_CHECK(get_number(pc, item, k, 0, 1e30, &v));
+      cfg->grad_clip = (float)v;
+    } else if (strcmp(k, "steps_per_print") == 0) {
+      TD_CHECK(get_int(pc, item, k, 0, 1L << 30, &n));
+      cfg->steps_per_print = (int)n;
+    } else if (strcmp(k, "threads_per_rank") == 0) {
+      TD_CHECK(get_int(pc, item, k, 0, 4096, &n));
+      cfg->threads = (int)n;
+    } else if (strcmp(k, "bucket_bytes") == 0) {
+      TD_CHECK(get_size(pc, item, k, &cfg->bucket_bytes));
+    } else if (strcmp(k, "first_bucket_bytes") == 0) {
+      TD_CHECK(get_size(pc, item, k, &cfg->first_bucket_bytes));
+    } else if (strcmp(k, "optimizer") == 0) {
+      TD_CHECK(parse_optimizer(pc, item));
+    } else if (strcmp(k, "scheduler") == 0) {
+      TD_CHECK(parse_scheduler(pc, item));
+    } else if (strcmp(k, "checkpoint") == 0) {
+      TD_CHECK(parse_checkpoint(pc, item));
+    }
+  }
+  /* WarmupLR gives absolute rates; the config keeps fractions of the peak so
+   * that a later --lr flag moves the whole schedule. */
+  if (pc->has_warmup_max_lr) cfg->optimizer.lr = (float)pc->warmup_max_lr;
+  if (pc->has_warmup_min_lr) {
+    if (pc->warmup_min_lr > cfg->optimizer.lr)
+      return td_error(TD_ERR_INVALID_ARGUMENT,
+                      "%s: scheduler.params.warmup_min_lr %g is above the peak lr %g; warmup starts low and rises",
+                      pc->source, pc->warmup_min_lr, (double)cfg->optimizer.lr);
+    cfg->scheduler.warmup_start_ratio = (float)(pc->warmup_min_lr / cfg->optimizer.lr);
+  }
+  return TD_OK;
+}
+
+td_status td_train_config_parse_json(const char *text, const char *source, td_train_config *cfg) {
+  if (!text || !cfg) return td_error(TD_ERR_INVALID_ARGUMENT, "td_train_config_parse_json: null text or config");
+  if (!source) source = "config";
+  cJSON *root = cJSON_Parse(text);
+  if (!root) {
+    const char *at = cJSON_GetErrorPtr();
+    int line = 1, col = 1;
+    if (at && at >= text) {
+      for (const char *p = text; p < at && *p; p++) {
+        if (*p == '\n') line++, col = 1;
+        else col++;
+      }
+    }
+    return td_error(TD_ERR_INVALID_ARGUMENT, "%s:%d:%d: not valid JSON near \"%.20s\" (check commas, quotes and braces)",
+                    source, line, col, at ? at : "");
+  }
+  /* Parse into a copy so that a failure leaves cfg unchanged. */
+  td_train_config work = *cfg;
+  parse_ctx pc = {.source = source, .cfg = &work};
+  td_status st = parse_root(&pc, root);
+  cJSON_Delete(root);
+  if (st == TD_OK) *cfg = work;
+  return st;
+}
+
+#else
+
+td_status td_train_config_parse_json(const char *text, const char *source, td_train_config *cfg) {
+  return td_error(TD_ERR_INVALID_USAGE,
+                  "%s: config files need cJSON, which was not found when Tandem was built; apt-get install "
+                  "libcjson-dev and rebuild",
+                  source ? source : "config");
+}
+
+#endif
+
+td_status td_train_config_load_json(const char *path, td_train_config *cfg) {
+  if (!path || !cfg) return td_error(TD_ERR_INVALID_ARGUMENT, "td_train_config_load_json: null path or config");
+  FILE *f = fopen(path, "rb");
+  if (!f) return td_error(TD_ERR_IO, "cannot open config file %s: %s", path, strerror(errno));
+  size_t cap = 4096, len = 0;
+  char *buf = malloc(cap);
+  for (;;) {
+    if (!buf) {
+      fclose(f);
+      return td_error(TD_ERR_SYSTEM, "out of memory reading %s", path);
+    }
+    len += fread(buf + len, 1, cap - len - 1, f);
+    if (len < cap - 1) break;
+    if (cap > (64u << 20)) {
+      free(buf);
+      fclose(f);
+      return td_error(TD_ERR_IO, "config file %s is larger than 64 MiB; is it the right file?", path);
+    }
+    cap *= 2;
+    char *grown = realloc(buf, cap);
+    if (!grown) free(buf);
+    buf = grown;
+  }
+  int failed = ferror(f);
+  fclose(f);
+  if (failed) {
+    free(buf);
+    return td_error(TD_ERR_IO, "cannot read config file %s", path);
+  }
+  buf[len] = '\0';
+  td_status st = td_train_config_parse_json(buf, path, cfg);
+  free(buf);
+  return st;
+}
