@@ -74,6 +74,8 @@ typedef struct td_gpt_config {
   int channels; /* C, divisible by heads */
   int heads;    /* NH */
   int seq;      /* T: maximum sequence length */
+  int tied;     /* 1: the LM head reuses wte (GPT-2); 0 (default): its own (V, C) weight, no bias,
+                 * as shared/peers/torch_gpt_ddp.py */
 } td_gpt_config;
 td_status td_gpt_create(const td_gpt_config *config, td_model **out);
 /* Generate `n` tokens after the prompt (greedy if temperature <= 0), writing
@@ -123,8 +125,93 @@ void td_dataset_destroy(td_dataset *ds); /* accepts NULL */
 #define TD_DEFAULT_FMNIST_DIR "/usr/share/datasets/fashion-mnist"
 
 /* ---- layers ----
- * (Declared below by src/nn: linear, embedding, layernorm, gelu, relu,
- * attention, conv2d, maxpool2d, softmax cross-entropy.) */
+ * Plain functions over float pointers, in the style of llm.c's train_gpt2.c.
+ * Shapes are in comments; N is a number of rows (B*T for sequences). Every
+ * backward ACCUMULATES (+=) into its gradient outputs, so callers zero them
+ * first (or rely on a residual stream adding into them). A gradient pointer
+ * may be NULL when that gradient is not wanted (e.g. dinp of a first layer).
+ * None of these allocate, lock or fail; they are reentrant. Matrix products
+ * go through OpenBLAS when the build found it (TD_HAVE_OPENBLAS), else through
+ * a portable cache-blocked loop nest. */
+
+/* Threads OpenBLAS may use in this process (the training engine gives each
+ * rank cores/ranks). No effect without OpenBLAS. Call before compute, from one
+ * thread. */
+void td_nn_set_threads(int n_threads);
+/* "openblas" or "portable": which matmul the library was built with. */
+const char *td_nn_matmul_backend(void);
+
+/* Row-major C (M,N) = alpha * op(A) op(B) + beta * C, op = transpose if trans_*;
+ * lda/ldb/ldc are row strides. The one matrix product every layer uses. */
+void td_sgemm(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
+              int ldb, float beta, float *C, int ldc);
+
+/* out = inp @ weight^T + bias. weight (OC, IC) as in PyTorch; bias may be NULL. */
+void td_linear_forward(float *out /* (N, OC) */, const float *inp /* (N, IC) */, const float *weight /* (OC, IC) */,
+                       const float *bias /* (OC) or NULL */, int N, int IC, int OC);
+void td_linear_backward(float *dinp /* (N, IC) or NULL */, float *dweight /* (OC, IC) or NULL */,
+                        float *dbias /* (OC) or NULL */, const float *dout /* (N, OC) */,
+                        const float *inp /* (N, IC) */, const float *weight /* (OC, IC) */, int N, int IC, int OC);
+
+/* out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]. Tokens must be in [0, V). */
+void td_embedding_forward(float *out /* (B, T, C) */, const int32_t *tokens /* (B, T) */, const float *wte /* (V, C) */,
+                          const float *wpe /* (maxT, C) */, int B, int T, int C);
+void td_embedding_backward(float *dwte /* (V, C) or NULL */, float *dwpe /* (maxT, C) or NULL */,
+                           const float *dout /* (B, T, C) */, const int32_t *tokens /* (B, T) */, int B, int T, int C);
+
+/* Layer normalisation over the last dimension (eps 1e-5, as PyTorch). mean and
+ * rstd are caches for backward. */
+void td_layernorm_forward(float *out /* (N, C) */, float *mean /* (N) */, float *rstd /* (N) */,
+                          const float *inp /* (N, C) */, const float *weight /* (C) */, const float *bias /* (C) */,
+                          int N, int C);
+void td_layernorm_backward(float *dinp /* (N, C) */, float *dweight /* (C) */, float *dbias /* (C) */,
+                           const float *dout /* (N, C) */, const float *inp /* (N, C) */, const float *weight /* (C) */,
+                           const float *mean /* (N) */, const float *rstd /* (N) */, int N, int C);
+
+/* GELU, tanh approximation (GPT-2's). */
+void td_gelu_forward(float *out /* (n) */, const float *inp /* (n) */, size_t n);
+void td_gelu_backward(float *dinp /* (n) */, const float *inp /* (n) */, const float *dout /* (n) */, size_t n);
+
+/* ReLU. out may alias inp. Backward reads the forward OUTPUT (or input: same sign). */
+void td_relu_forward(float *out /* (n) */, const float *inp /* (n) */, size_t n);
+void td_relu_backward(float *dinp /* (n) */, const float *out /* (n) */, const float *dout /* (n) */, size_t n);
+
+/* Causal multi-head self-attention core: inp holds q, k, v side by side
+ * (B, T, 3C), heads of size C/NH; out (B, T, C) is the concatenation of the
+ * heads' softmax(q k^T / sqrt(hs)) v. att caches the softmax weights
+ * (zero above the diagonal). Backward needs a scratch of T*T floats. */
+void td_attention_forward(float *out /* (B, T, C) */, float *att /* (B, NH, T, T) */, const float *inp /* (B, T, 3C) */,
+                          int B, int T, int C, int NH);
+void td_attention_backward(float *dinp /* (B, T, 3C) */, float *scratch /* (T, T) */, const float *dout /* (B, T, C) */,
+                           const float *inp /* (B, T, 3C) */, const float *att /* (B, NH, T, T) */, int B, int T, int C,
+                           int NH);
+
+/* 2-D convolution, stride 1, zero padding `pad`, square kernel K:
+ * OH = H + 2 pad - K + 1, OW = W + 2 pad - K + 1. weight (OC, IC, K, K).
+ * Forward needs a scratch of IC*K*K*OH*OW floats (im2col), backward twice that. */
+void td_conv2d_forward(float *out /* (B, OC, OH, OW) */, float *scratch /* (IC*K*K, OH*OW) */,
+                       const float *inp /* (B, IC, H, W) */, const float *weight /* (OC, IC, K, K) */,
+                       const float *bias /* (OC) or NULL */, int B, int IC, int OC, int H, int W, int K, int pad);
+void td_conv2d_backward(float *dinp /* (B, IC, H, W) or NULL */, float *dweight /* (OC, IC, K, K) */,
+                        float *dbias /* (OC) or NULL */, float *scratch /* (2, IC*K*K, OH*OW) */,
+                        const float *dout /* (B, OC, OH, OW) */, const float *inp /* (B, IC, H, W) */,
+                        const float *weight /* (OC, IC, K, K) */, int B, int IC, int OC, int H, int W, int K, int pad);
+
+/* 2x2 max-pool, stride 2 (H, W even). argmax caches the winning input index
+ * (within each (b, c) plane) for backward. */
+void td_maxpool2_forward(float *out /* (B, C, H/2, W/2) */, int32_t *argmax /* (B, C, H/2, W/2) */,
+                         const float *inp /* (B, C, H, W) */, int B, int C, int H, int W);
+void td_maxpool2_backward(float *dinp /* (B, C, H, W) */, const float *dout /* (B, C, H/2, W/2) */,
+                          const int32_t *argmax /* (B, C, H/2, W/2) */, int B, int C, int H, int W);
+
+/* Softmax cross-entropy fused with the final logits: probs = softmax(logits)
+ * (probs may alias logits); returns the mean over the N predictions of
+ * -log probs[target]. Backward: dlogits += dloss * (probs - onehot) / N, with
+ * dloss the gradient of the returned mean. */
+float td_softmax_xent_forward(float *probs /* (N, V) */, const float *logits /* (N, V) */,
+                              const int32_t *targets /* (N) */, int N, int V);
+void td_softmax_xent_backward(float *dlogits /* (N, V) */, const float *probs /* (N, V) */,
+                              const int32_t *targets /* (N) */, float dloss, int N, int V);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,444 @@
+/* The character-level GPT: GPT-2's architecture at small scale (llm.c's
+ * train_gpt2.c is the model), with the layout of shared/peers/
+ * torch_gpt_ddp.py so that benchmarks compare like with like: learned token
+ * and position embeddings; L pre-norm blocks of layernorm -> attention
+ * (qkv Linear(C, 3C), proj Linear(C, C)) -> residual, layernorm -> MLP
+ * (Linear(C, 4C), GELU, Linear(4C, C)) -> residual; a final layernorm; an LM
+ * head Linear(C, V, bias=False) or, when tied, wte itself.
+ *
+ * Parameters are laid out layer by layer in forward order (wte, wpe, h0.*,
+ * h1.*, ..., ln_f, lm_head), so that backward, which walks the layers in
+ * reverse, finishes arena ranges from the end towards the start: the ready
+ * callback then reports a descending sequence of contiguous ranges, which
+ * the training engine packs into buckets without reordering.
+ *
+ * Activation memory is sized by prepare() for a micro-batch; backward uses a
+ * handful of scratch buffers reused across layers (the gradient of the
+ * residual stream, one C-, one 3C- and one 4C-wide buffer) rather than one
+ * gradient per activation, which keeps its memory traffic close to forward's. */
+#include "nn_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { P_LN1W, P_LN1B, P_QKVW, P_QKVB, P_PROJW, P_PROJB, P_LN2W, P_LN2B, P_FCW, P_FCB, P_FC2W, P_FC2B, P_PER_LAYER };
+
+typedef struct gpt_acts {
+  int B, T; /* sized for */
+  float *encoded;  /* (B, T, C) */
+  float *ln1;      /* (L, B, T, C) */
+  float *ln1_mean; /* (L, B, T) */
+  float *ln1_rstd; /* (L, B, T) */
+  float *qkv;      /* (L, B, T, 3C) */
+  float *atty;     /* (L, B, T, C) */
+  float *att;      /* (L, B, NH, T, T) */
+  float *res2;     /* (L, B, T, C): residual after attention */
+  float *ln2;      /* (L, B, T, C) */
+  float *ln2_mean; /* (L, B, T) */
+  float *ln2_rstd; /* (L, B, T) */
+  float *fch;      /* (L, B, T, 4C) */
+  float *fch_gelu; /* (L, B, T, 4C) */
+  float *res3;     /* (L, B, T, C): residual after the MLP = block output */
+  float *lnf;      /* (B, T, C) */
+  float *lnf_mean; /* (B, T) */
+  float *lnf_rstd; /* (B, T) */
+  float *probs;    /* (B, T, V): logits, then softmax in place */
+  /* backward scratch */
+  float *dres;     /* (B, T, C): gradient of the residual stream */
+  float *dbuf_c;   /* (B, T, C) */
+  float *dbuf_3c;  /* (B, T, 3C) */
+  float *dbuf_4c;  /* (B, T, 4C) */
+  float *dlogits;  /* (B, T, V) */
+  float *datt;     /* (T, T) */
+  float *memory;   /* the one allocation all of the above point into */
+} gpt_acts;
+
+typedef struct gpt_model {
+  td_model base; /* first: td_model * casts to gpt_model * */
+  td_gpt_config cfg;
+  td_param_tensor *tensors;
+  char (*names)[48];
+  /* offsets (in floats) of each tensor, by index into tensors */
+  int idx_wte, idx_wpe, idx_layer0, idx_lnfw, idx_lnfb, idx_head; /* idx_head = -1 when tied */
+  gpt_acts acts;
+  /* the last forward */
+  int last_B, last_T;
+  int32_t *tokens_copy;
+  int32_t *targets_copy;
+  int have_targets;
+} gpt_model;
+
+static const td_model_ops gpt_ops;
+
+static size_t tensor_off(const gpt_model *g, int idx) { return g->tensors[idx].offset; }
+static int layer_idx(const gpt_model *g, int l, int which) { return g->idx_layer0 + l * P_PER_LAYER + which; }
+
+static void acts_free(gpt_acts *a) {
+  td_free(a->memory);
+  memset(a, 0, sizeof *a);
+}
+
+static td_status acts_alloc(gpt_acts *a, const td_gpt_config *c, int B, int T) {
+  acts_free(a);
+  size_t L = c->layers, C = c->channels, NH = c->heads, V = c->vocab;
+  size_t BT = (size_t)B * T;
+  struct {
+    float **ptr;
+    size_t n;
+  } plan[] = {
+      {&a->encoded, BT * C},     {&a->ln1, L * BT * C},       {&a->ln1_mean, L * BT},   {&a->ln1_rstd, L * BT},
+      {&a->qkv, L * BT * 3 * C}, {&a->atty, L * BT * C},      {&a->att, L * B * NH * T * T},
+      {&a->res2, L * BT * C},    {&a->ln2, L * BT * C},       {&a->ln2_mean, L * BT},   {&a->ln2_rstd, L * BT},
+      {&a->fch, L * BT * 4 * C}, {&a->fch_gelu, L * BT * 4 * C}, {&a->res3, L * BT * C}, {&a->lnf, BT * C},
+      {&a->lnf_mean, BT},        {&a->lnf_rstd, BT},          {&a->probs, BT * V},      {&a->dres, BT * C},
+      {&a->dbuf_c, BT * C},      {&a->dbuf_3c, BT * 3 * C},   {&a->dbuf_4c, BT * 4 * C}, {&a->dlogits, BT * V},
+      {&a->datt, (size_t)T * T},
+  };
+  size_t total = 0;
+  for (size_t i = 0; i < TD_ARRAY_SIZE(plan); i++) total += (plan[i].n + 15) & ~(size_t)15; /* 64-byte aligned */
+  a->memory = td_alloc(total * sizeof(float));
+  if (!a->memory)
+    return td_error(TD_ERR_SYSTEM, "gpt: out of memory for activations of micro-batch %d x %d (%zu MiB)", B, T,
+                    total * sizeof(float) >> 20);
+  float *p = a->memory;
+  for (size_t i = 0; i < TD_ARRAY_SIZE(plan); i++) {
+    *plan[i].ptr = p;
+    p += (plan[i].n + 15) & ~(size_t)15;
+  }
+  a->B = B;
+  a->T = T;
+  return TD_OK;
+}
+
+static td_status gpt_prepare(td_model *model, int batch) {
+  gpt_model *g = (gpt_model *)model;
+  if (batch <= 0) return td_error(TD_ERR_INVALID_ARGUMENT, "gpt: micro-batch must be positive, got %d", batch);
+  if (g->acts.memory && g->acts.B == batch && g->acts.T == g->cfg.seq) return TD_OK;
+  TD_CHECK(acts_alloc(&g->acts, &g->cfg, batch, g->cfg.seq));
+  free(g->tokens_copy);
+  free(g->targets_copy);
+  size_t n = (size_t)batch * g->cfg.seq;
+  g->tokens_copy = malloc(n * sizeof(int32_t));
+  g->targets_copy = malloc(n * sizeof(int32_t));
+  if (!g->tokens_copy || !g->targets_copy) return td_error(TD_ERR_SYSTEM, "gpt: out of memory for token buffers");
+  return TD_OK;
+}
+
+/* The forward pass on B sequences of T <= seq tokens into `a`. Returns the
+ * mean loss when targets are given, else 0 (probs then hold the softmax). */
+static float gpt_forward_impl(gpt_model *g, gpt_acts *a, const float *params, const int32_t *tokens,
+                              const int32_t *targets, int B, int T) {
+  const int L = g->cfg.layers, C = g->cfg.channels, NH = g->cfg.heads, V = g->cfg.vocab;
+  const int BT = B * T;
+  /* layer-stride of activations: sized for a->T, used at T <= a->T */
+  const size_t sBT = (size_t)a->B * a->T;
+  const float *wte = params + tensor_off(g, g->idx_wte);
+  td_embedding_forward(a->encoded, tokens, wte, params + tensor_off(g, g->idx_wpe), B, T, C);
+  const float *resid = a->encoded; /* (B, T, C) */
+  for (int l = 0; l < L; l++) {
+#define W(which) (params + tensor_off(g, layer_idx(g, l, (which))))
+    float *ln1 = a->ln1 + l * sBT * C, *ln1_mean = a->ln1_mean + l * sBT, *ln1_rstd = a->ln1_rstd + l * sBT;
+    float *qkv = a->qkv + l * sBT * 3 * C, *atty = a->atty + l * sBT * C;
+    float *att = a->att + l * (size_t)a->B * NH * a->T * a->T;
+    float *res2 = a->res2 + l * sBT * C, *ln2 = a->ln2 + l * sBT * C;
+    float *ln2_mean = a->ln2_mean + l * sBT, *ln2_rstd = a->ln2_rstd + l * sBT;
+    float *fch = a->fch + l * sBT * 4 * C, *fch_gelu = a->fch_gelu + l * sBT * 4 * C;
+    float *res3 = a->res3 + l * sBT * C;
+    td_layernorm_forward(ln1, ln1_mean, ln1_rstd, resid, W(P_LN1W), W(P_LN1B), BT, C);
+    td_linear_forward(qkv, ln1, W(P_QKVW), W(P_QKVB), BT, C, 3 * C);
+    td_attention_forward(atty, att, qkv, B, T, C, NH);
+    nn_linear_residual_forward(res2, resid, atty, W(P_PROJW), W(P_PROJB), BT, C, C);
+    td_layernorm_forward(ln2, ln2_mean, ln2_rstd, res2, W(P_LN2W), W(P_LN2B), BT, C);
+    td_linear_forward(fch, ln2, W(P_FCW), W(P_FCB), BT, C, 4 * C);
+    td_gelu_forward(fch_gelu, fch, (size_t)BT * 4 * C);
+    nn_linear_residual_forward(res3, res2, fch_gelu, W(P_FC2W), W(P_FC2B), BT, 4 * C, C);
+    resid = res3;
+#undef W
+  }
+  td_layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, resid, params + tensor_off(g, g->idx_lnfw),
+                       params + tensor_off(g, g->idx_lnfb), BT, C);
+  const float *head = g->idx_head >= 0 ? params + tensor_off(g, g->idx_head) : wte;
+  td_linear_forward(a->probs, a->lnf, head, NULL, BT, C, V);
+  if (targets) return td_softmax_xent_forward(a->probs, a->probs, targets, BT, V);
+  return 0.0f;
+}
+
+static float gpt_forward(td_model *model, const float *params, const void *inputs, const int32_t *targets,
+                         int batch) {
+  gpt_model *g = (gpt_model *)model;
+  if (!g->acts.memory || g->acts.B != batch) {
+    /* prepare() was not called for this batch size: size now (the contract
+     * asks callers to prepare; this keeps a forgotten call from crashing) */
+    if (gpt_prepare(model, batch) != TD_OK) return NAN;
+  }
+  const int T = g->cfg.seq;
+  size_t n = (size_t)batch * T;
+  memcpy(g->tokens_copy, inputs, n * sizeof(int32_t));
+  g->have_targets = targets != NULL;
+  if (targets) memcpy(g->targets_copy, targets, n * sizeof(int32_t));
+  g->last_B = batch;
+  g->last_T = T;
+  /* without targets the logits stay in probs: predict() takes the same argmax */
+  return gpt_forward_impl(g, &g->acts, params, g->tokens_copy, targets ? g->targets_copy : NULL, batch, T);
+}
+
+static void report(td_grad_ready_fn ready, void *ctx, const gpt_model *g, int idx) {
+  if (ready) ready(ctx, g->tensors[idx].offset, g->tensors[idx].count);
+}
+
+static void gpt_backward(td_model *model, const float *params, float *grads, float loss_scale, td_grad_ready_fn ready,
+                         void *ctx) {
+  gpt_model *g = (gpt_model *)model;
+  gpt_acts *a = &g->acts;
+  const int L = g->cfg.layers, C = g->cfg.channels, NH = g->cfg.heads, V = g->cfg.vocab;
+  const int B = g->last_B, T = g->last_T, BT = B * T;
+  const size_t sBT = (size_t)a->B * a->T;
+  const int32_t *targets = g->targets_copy;
+  if (!g->have_targets) return; /* nothing to differentiate */
+
+  /* loss -> logits -> lm head -> final layernorm */
+  nn_softmax_xent_backward_set(a->dlogits, a->probs, targets, loss_scale, BT, V);
+  const float *head = g->idx_head >= 0 ? params + tensor_off(g, g->idx_head) : params + tensor_off(g, g->idx_wte);
+  float *dhead = grads + (g->idx_head >= 0 ? tensor_off(g, g->idx_head) : tensor_off(g, g->idx_wte));
+  nn_linear_backward_set(a->dbuf_c, dhead, NULL, a->dlogits, a->lnf, head, BT, C, V);
+  if (g->idx_head >= 0) report(ready, ctx, g, g->idx_head);
+  const float *last_res = L > 0 ? a->res3 + (L - 1) * sBT * C : a->encoded;
+  memset(a->dres, 0, (size_t)BT * C * sizeof(float));
+  td_layernorm_backward(a->dres, grads + tensor_off(g, g->idx_lnfw), grads + tensor_off(g, g->idx_lnfb), a->dbuf_c,
+                        last_res, params + tensor_off(g, g->idx_lnfw), a->lnf_mean, a->lnf_rstd, BT, C);
+  report(ready, ctx, g, g->idx_lnfb);
+  report(ready, ctx, g, g->idx_lnfw);
+
+  for (int l = L - 1; l >= 0; l--) {
+#define W(which) (params + tensor_off(g, layer_idx(g, l, (which))))
+#define G(which) (grads + tensor_off(g, layer_idx(g, l, (which))))
+#define READY(which) report(ready, ctx, g, layer_idx(g, l, (which)))
+    const float *resid = l > 0 ? a->res3 + (l - 1) * sBT * C : a->encoded; /* block input */
+    const float *ln1 = a->ln1 + l * sBT * C, *ln1_mean = a->ln1_mean + l * sBT, *ln1_rstd = a->ln1_rstd + l * sBT;
+    const float *qkv = a->qkv + l * sBT * 3 * C, *atty = a->atty + l * sBT * C;
+    const float *att = a->att + l * (size_t)a->B * NH * a->T * a->T;
+    const float *res2 = a->res2 + l * sBT * C, *ln2 = a->ln2 + l * sBT * C;
+    const float *ln2_mean = a->ln2_mean + l * sBT, *ln2_rstd = a->ln2_rstd + l * sBT;
+    const float *fch = a->fch + l * sBT * 4 * C, *fch_gelu = a->fch_gelu + l * sBT * 4 * C;
+    /* MLP: res3 = res2 + fc2(gelu(fc(ln2(res2)))); dres holds d res3 */
+    nn_linear_backward_set(a->dbuf_4c, G(P_FC2W), G(P_FC2B), a->dres, fch_gelu, W(P_FC2W), BT, 4 * C, C);
+    READY(P_FC2B);
+    READY(P_FC2W);
+    nn_gelu_backward_set(a->dbuf_4c, fch, a->dbuf_4c, (size_t)BT * 4 * C);
+    nn_linear_backward_set(a->dbuf_c, G(P_FCW), G(P_FCB), a->dbuf_4c, ln2, W(P_FCW), BT, C, 4 * C);
+    READY(P_FCB);
+    READY(P_FCW);
+    /* dres becomes d res2: the skip path plus the layernorm's input gradient */
+    td_layernorm_backward(a->dres, G(P_LN2W), G(P_LN2B), a->dbuf_c, res2, W(P_LN2W), ln2_mean, ln2_rstd, BT, C);
+    READY(P_LN2B);
+    READY(P_LN2W);
+    /* attention: res2 = resid + proj(attn(qkv(ln1(resid)))) */
+    nn_linear_backward_set(a->dbuf_c, G(P_PROJW), G(P_PROJB), a->dres, atty, W(P_PROJW), BT, C, C);
+    READY(P_PROJB);
+    READY(P_PROJW);
+    nn_attention_backward_set(a->dbuf_3c, a->datt, a->dbuf_c, qkv, att, B, T, C, NH);
+    nn_linear_backward_set(a->dbuf_c, G(P_QKVW), G(P_QKVB), a->dbuf_3c, ln1, W(P_QKVW), BT, C, 3 * C);
+    READY(P_QKVB);
+    READY(P_QKVW);
+    td_layernorm_backward(a->dres, G(P_LN1W), G(P_LN1B), a->dbuf_c, resid, W(P_LN1W), ln1_mean, ln1_rstd, BT, C);
+    READY(P_LN1B);
+    READY(P_LN1W);
+#undef W
+#undef G
+#undef READY
+  }
+  td_embedding_backward(grads + tensor_off(g, g->idx_wte), grads + tensor_off(g, g->idx_wpe), a->dres,
+                        g->tokens_copy, B, T, C);
+  report(ready, ctx, g, g->idx_wpe);
+  report(ready, ctx, g, g->idx_wte);
+}
+
+static void gpt_predict(td_model *model, int32_t *out) {
+  gpt_model *g = (gpt_model *)model;
+  const int V = g->cfg.vocab;
+  size_t n = (size_t)g->last_B * g->last_T;
+  for (size_t i = 0; i < n; i++) {
+    const float *row = g->acts.probs + i * V; /* probabilities or logits: same argmax */
+    int best = 0;
+    for (int v = 1; v < V; v++)
+      if (row[v] > row[best]) best = v;
+    out[i] = best;
+  }
+}
+
+static void gpt_destroy(td_model *model) {
+  gpt_model *g = (gpt_model *)model;
+  if (!g) return;
+  acts_free(&g->acts);
+  free(g->tokens_copy);
+  free(g->targets_copy);
+  free(g->tensors);
+  free(g->names);
+  free(g);
+}
+
+static const td_model_ops gpt_ops = {
+    .prepare = gpt_prepare,
+    .forward = gpt_forward,
+    .backward = gpt_backward,
+    .predict = gpt_predict,
+    .destroy = gpt_destroy,
+};
+
+td_status td_gpt_create(const td_gpt_config *config, td_model **out) {
+  if (!config || !out) return td_error(TD_ERR_INVALID_ARGUMENT, "td_gpt_create: config and out must not be NULL");
+  *out = NULL;
+  const td_gpt_config *c = config;
+  if (c->vocab <= 0 || c->layers < 0 || c->channels <= 0 || c->heads <= 0 || c->seq <= 0)
+    return td_error(TD_ERR_INVALID_ARGUMENT,
+                    "gpt: vocab %d, layers %d, channels %d, heads %d, seq %d: all must be positive (layers >= 0)",
+                    c->vocab, c->layers, c->channels, c->heads, c->seq);
+  if (c->channels % c->heads != 0)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "gpt: channels (%d) must be divisible by heads (%d); try --heads %d",
+                    c->channels, c->heads, c->channels % 4 == 0 ? 4 : 1);
+  gpt_model *g = calloc(1, sizeof *g);
+  if (!g) return td_error(TD_ERR_SYSTEM, "gpt: out of memory");
+  g->cfg = *c;
+  int n = 2 + c->layers * P_PER_LAYER + 2 + (c->tied ? 0 : 1);
+  g->tensors = calloc((size_t)n, sizeof *g->tensors);
+  g->names = calloc((size_t)n, sizeof *g->names);
+  if (!g->tensors || !g->names) {
+    gpt_destroy(&g->base);
+    return td_error(TD_ERR_SYSTEM, "gpt: out of memory");
+  }
+  size_t C = c->channels, V = c->vocab;
+  size_t off = 0;
+  int i = 0;
+#define ADD(fmt_name, cnt)                                                  \
+  do {                                                                      \
+    snprintf(g->names[i], sizeof g->names[i], "%s", fmt_name);              \
+    g->tensors[i].name = g->names[i];                                       \
+    g->tensors[i].offset = off;                                             \
+    g->tensors[i].count = (cnt);                                            \
+    off += (cnt);                                                           \
+    i++;                                                                    \
+  } while (0)
+  g->idx_wte = i;
+  ADD("wte", V * C);
+  g->idx_wpe = i;
+  ADD("wpe", (size_t)c->seq * C);
+  g->idx_layer0 = i;
+  static const char *suffix[P_PER_LAYER] = {"ln1.weight",  "ln1.bias",    "attn.qkv.weight", "attn.qkv.bias",
+                                            "attn.proj.weight", "attn.proj.bias", "ln2.weight", "ln2.bias",
+                                            "mlp.fc.weight", "mlp.fc.bias", "mlp.proj.weight", "mlp.proj.bias"};
+  size_t counts[P_PER_LAYER] = {C, C, 3 * C * C, 3 * C, C * C, C, C, C, 4 * C * C, 4 * C, 4 * C * C, C};
+  for (int l = 0; l < c->layers; l++)
+    for (int w = 0; w < P_PER_LAYER; w++) {
+      char name[48];
+      snprintf(name, sizeof name, "h%d.%s", l, suffix[w]);
+      ADD(name, counts[w]);
+    }
+  g->idx_lnfw = i;
+  ADD("ln_f.weight", C);
+  g->idx_lnfb = i;
+  ADD("ln_f.bias", C);
+  g->idx_head = -1;
+  if (!c->tied) {
+    g->idx_head = i;
+    ADD("lm_head.weight", V * C);
+  }
+#undef ADD
+  g->base.ops = &gpt_ops;
+  g->base.kind = "gpt";
+  g->base.n_params = off;
+  g->base.n_tensors = n;
+  g->base.tensors = g->tensors;
+  g->base.input_bytes = (size_t)c->seq * sizeof(int32_t);
+  g->base.targets_per_sample = (size_t)c->seq;
+  *out = &g->base;
+  return TD_OK;
+}
+
+void nn_gpt_init_params(const td_model *model, float *params, uint64_t seed) {
+  const gpt_model *g = (const gpt_model *)model;
+  /* GPT-2: weights normal(0, 0.02), the projections that write into the
+   * residual stream scaled by 1/sqrt(2L) so that its variance does not grow
+   * with depth; biases 0; layernorm gains 1. */
+  float resid_std = 0.02f / sqrtf(2.0f * (float)(g->cfg.layers > 0 ? g->cfg.layers : 1));
+  for (int i = 0; i < g->base.n_tensors; i++) {
+    const td_param_tensor *t = &g->tensors[i];
+    float *p = params + t->offset;
+    nn_rng rng = nn_rng_stream(seed, (uint64_t)i + 1);
+    float std = 0.02f, value = 0.0f;
+    int normal = 1;
+    if (i >= g->idx_layer0 && i < g->idx_layer0 + g->cfg.layers * P_PER_LAYER) {
+      int which = (i - g->idx_layer0) % P_PER_LAYER;
+      if (which == P_LN1W || which == P_LN2W) normal = 0, value = 1.0f;
+      else if (which == P_PROJW || which == P_FC2W) std = resid_std;
+      else if (which != P_QKVW && which != P_FCW) normal = 0, value = 0.0f; /* biases */
+    } else if (i == g->idx_lnfw) {
+      normal = 0, value = 1.0f;
+    } else if (i == g->idx_lnfb) {
+      normal = 0, value = 0.0f;
+    }
+    if (normal)
+      nn_fill_normal(p, t->count, std, &rng);
+    else
+      nn_fill_const(p, t->count, value);
+  }
+}
+
+/* ---- sampling ---- */
+
+td_status td_gpt_generate(td_model *model, const float *params, const int32_t *prompt, int n_prompt, int n,
+                          float temperature, uint64_t seed, int32_t *out) {
+  if (!model || strcmp(model->kind, "gpt") != 0)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "td_gpt_generate: model must be a GPT from td_gpt_create");
+  gpt_model *g = (gpt_model *)model;
+  const int T = g->cfg.seq, V = g->cfg.vocab;
+  if (n < 0 || n_prompt < 0 || (n > 0 && !out) || (n_prompt > 0 && !prompt))
+    return td_error(TD_ERR_INVALID_ARGUMENT, "td_gpt_generate: bad arguments (n_prompt %d, n %d)", n_prompt, n);
+  for (int i = 0; i < n_prompt; i++)
+    if (prompt[i] < 0 || prompt[i] >= V)
+      return td_error(TD_ERR_INVALID_ARGUMENT, "td_gpt_generate: prompt token %d at %d is outside [0, %d)",
+                      prompt[i], i, V);
+  gpt_acts a = {0};
+  TD_CHECK(acts_alloc(&a, &g->cfg, 1, T));
+  int32_t *ctx = malloc((size_t)(n_prompt + n + 1) * sizeof(int32_t));
+  if (!ctx) {
+    acts_free(&a);
+    return td_error(TD_ERR_SYSTEM, "td_gpt_generate: out of memory");
+  }
+  int len = 0;
+  if (n_prompt == 0)
+    ctx[len++] = '\n' < V ? '\n' : 0; /* start from a newline: the corpus's record separator */
+  else
+    for (int i = 0; i < n_prompt; i++) ctx[len++] = prompt[i];
+  nn_rng rng = nn_rng_stream(seed, 0x5A3D);
+  for (int s = 0; s < n; s++) {
+    int w = len < T ? len : T;
+    const int32_t *window = ctx + len - w;
+    gpt_forward_impl(g, &a, params, window, NULL, 1, w);
+    const float *logits = a.probs + (size_t)(w - 1) * V;
+    int next = 0;
+    if (temperature <= 0.0f) {
+      for (int v = 1; v < V; v++)
+        if (logits[v] > logits[next]) next = v;
+    } else {
+      float mx = logits[0];
+      for (int v = 1; v < V; v++) mx = logits[v] > mx ? logits[v] : mx;
+      double sum = 0.0;
+      for (int v = 0; v < V; v++) sum += exp((double)(logits[v] - mx) / temperature);
+      double r = (double)nn_rng_uniform(&rng) * sum, acc = 0.0;
+      next = V - 1;
+      for (int v = 0; v < V; v++) {
+        acc += exp((double)(logits[v] - mx) / temperature);
+        if (acc > r) {
+          next = v;
+          break;
+        }
+      }
+    }
+    ctx[len++] = next;
+    out[s] = next;
+  }
+  free(ctx);
+  acts_free(&a);
+  return TD_OK;
+}
