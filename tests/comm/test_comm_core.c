@@ -1,0 +1,384 @@
+/* Smoke test of the communicator core (src/comm: comm.c, collectives.c,
+ * progress.c, p2p.c, select.c).
+ *
+ *   test_comm_core self      world of one: every collective, dtype and op
+ *                            (counts 0, 1, 7, 1000; in and out of place;
+ *                            blocking and non-blocking), bad arguments,
+ *                            split, abort, finalize. Needs no launcher.
+ *   test_comm_core multi     under tandemrun -np N (N >= 2): one pass of each
+ *                            collective with closed-form results, send/recv
+ *                            in a ring, split, queued non-blocking ops.
+ *   test_comm_core mismatch  under tandemrun -np 2: rank 0 issues allreduce
+ *                            while rank 1 issues broadcast; both must fail
+ *                            with TD_ERR_MISMATCH naming both operations.
+ * The exhaustive multi-rank sweeps live in test_collectives. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../common/check.h"
+
+static const size_t counts[] = {0, 1, 7, 1000};
+
+/* Element access through doubles; every test value is a small integer,
+ * exact in every dtype. */
+static double get(const void *buf, size_t i, td_dtype dtype) {
+  switch (dtype) {
+  case TD_F32: return ((const float *)buf)[i];
+  case TD_F64: return ((const double *)buf)[i];
+  case TD_F16: return td_f16_to_f32(((const uint16_t *)buf)[i]);
+  case TD_BF16: return td_bf16_to_f32(((const uint16_t *)buf)[i]);
+  case TD_I32: return ((const int32_t *)buf)[i];
+  case TD_I64: return (double)((const int64_t *)buf)[i];
+  case TD_U8: return ((const uint8_t *)buf)[i];
+  default: return -1;
+  }
+}
+
+static void set(void *buf, size_t i, td_dtype dtype, double v) {
+  switch (dtype) {
+  case TD_F32: ((float *)buf)[i] = (float)v; break;
+  case TD_F64: ((double *)buf)[i] = v; break;
+  case TD_F16: ((uint16_t *)buf)[i] = td_f32_to_f16((float)v); break;
+  case TD_BF16: ((uint16_t *)buf)[i] = td_f32_to_bf16((float)v); break;
+  case TD_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
+  case TD_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
+  case TD_U8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
+  default: break;
+  }
+}
+
+/* Input of `rank` at element i: 1..8, distinct per rank where possible. */
+static double value(int rank, size_t i) { return (double)((i + (size_t)rank) % 7 + 1); }
+
+static void fill(void *buf, size_t count, td_dtype dtype, int rank) {
+  for (size_t i = 0; i < count; i++) set(buf, i, dtype, value(rank, i));
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* ---- world of one ---- */
+
+/* Run one collective on a world of one, blocking or not, and check that the
+ * result equals the input (every reduction of one value is that value, avg
+ * divides by 1). */
+static void self_collective(td_comm *comm, int kind, td_dtype dtype, td_op op, size_t count, int in_place,
+                            int nonblocking) {
+  size_t es = td_dtype_size(dtype);
+  unsigned char *send = malloc(count * es + 1), *recv = malloc(count * es + 1);
+  CHECK(send && recv);
+  fill(send, count, dtype, 0);
+  memset(recv, 0xAB, count * es);
+  void *out = in_place ? send : recv;
+  const void *in = send;
+  td_request *req = NULL;
+  td_request **rq = nonblocking ? &req : NULL;
+  td_status st = TD_OK;
+#define CALL(blocking, async) st = nonblocking ? (async) : (blocking)
+  switch (kind) {
+  case 0: CALL(td_allreduce(in, out, count, dtype, op, comm), td_iallreduce(in, out, count, dtype, op, comm, rq)); break;
+  case 1: CALL(td_reduce(in, out, count, dtype, op, 0, comm), td_ireduce(in, out, count, dtype, op, 0, comm, rq)); break;
+  case 2: CALL(td_reduce_scatter(in, out, count, dtype, op, comm), td_ireduce_scatter(in, out, count, dtype, op, comm, rq)); break;
+  case 3: CALL(td_allgather(in, out, count, dtype, comm), td_iallgather(in, out, count, dtype, comm, rq)); break;
+  case 4: CALL(td_broadcast(send, count, dtype, 0, comm), td_ibroadcast(send, count, dtype, 0, comm, rq)); out = send; break;
+  case 5:
+    out = recv; /* alltoall is never in place */
+    CALL(td_alltoall(in, out, count, dtype, comm), td_ialltoall(in, out, count, dtype, comm, rq));
+    break;
+  }
+#undef CALL
+  CHECK_OK(st);
+  if (nonblocking) {
+    CHECK(req != NULL);
+    int done = 0;
+    /* A world of one completes at issue. */
+    CHECK_OK(td_test(req, &done));
+    CHECK_EQ_INT(done, 1);
+  }
+  for (size_t i = 0; i < count; i++) {
+    double got = get(out, i, dtype), want = value(0, i);
+    if (got != want)
+      td_test_fail(__FILE__, __LINE__, "kind %d %s %s count %zu in_place %d nb %d: element %zu is %g, expected %g",
+                   kind, td_dtype_name(dtype), td_op_name(op), count, in_place, nonblocking, i, got, want);
+  }
+  free(send);
+  free(recv);
+}
+
+static void test_self_collectives(td_comm *comm) {
+  for (int kind = 0; kind < 6; kind++)
+    for (int d = 0; d < TD_DTYPE_COUNT; d++)
+      for (int o = 0; o < TD_OP_COUNT; o++) {
+        if (kind >= 3 && o > 0) continue; /* no reduction op */
+        for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++)
+          for (int in_place = 0; in_place < 2; in_place++)
+            for (int nb = 0; nb < 2; nb++) self_collective(comm, kind, (td_dtype)d, (td_op)o, counts[c], in_place, nb);
+      }
+  CHECK_OK(td_barrier(comm));
+  td_request *req = NULL;
+  CHECK_OK(td_ibarrier(comm, &req));
+  CHECK_OK(td_wait(req));
+  CHECK_OK(td_wait(NULL));
+  /* Count 0 with NULL buffers is legal. */
+  CHECK_OK(td_allreduce(NULL, NULL, 0, TD_F32, TD_SUM, comm));
+  CHECK_OK(td_allgather(NULL, NULL, 0, TD_F32, comm));
+  CHECK_OK(td_reduce(NULL, NULL, 0, TD_F32, TD_SUM, 0, comm));
+}
+
+static void expect_invalid(td_status st, const char *must_contain, int line) {
+  if (st != TD_ERR_INVALID_ARGUMENT)
+    td_test_fail(__FILE__, line, "expected invalid argument, got %s (%s)", td_status_str(st), td_last_error());
+  if (must_contain && !strstr(td_last_error(), must_contain))
+    td_test_fail(__FILE__, line, "message \"%s\" does not mention \"%s\"", td_last_error(), must_contain);
+}
+#define EXPECT_INVALID(expr, text) expect_invalid((expr), (text), __LINE__)
+
+static void test_self_bad_arguments(td_comm *comm) {
+  float buf[4] = {0};
+  td_request *req = (td_request *)buf; /* must be reset to NULL on error */
+  EXPECT_INVALID(td_allreduce(NULL, buf, 4, TD_F32, TD_SUM, comm), "NULL");
+  EXPECT_INVALID(td_allreduce(buf, NULL, 4, TD_F32, TD_SUM, comm), "NULL");
+  EXPECT_INVALID(td_allreduce(buf, buf, 4, (td_dtype)99, TD_SUM, comm), "dtype");
+  EXPECT_INVALID(td_allreduce(buf, buf, 4, TD_F32, (td_op)42, comm), "op");
+  EXPECT_INVALID(td_iallreduce(buf, buf, 4, (td_dtype)-1, TD_SUM, comm, &req), "dtype");
+  CHECK(req == NULL);
+  EXPECT_INVALID(td_reduce(buf, buf, 4, TD_F32, TD_SUM, 1, comm), "root 1");
+  EXPECT_INVALID(td_broadcast(buf, 4, TD_F32, -1, comm), "root -1");
+  EXPECT_INVALID(td_broadcast(NULL, 4, TD_F32, 0, comm), "NULL");
+  EXPECT_INVALID(td_alltoall(buf, buf, 1, TD_F32, comm), "in place");
+  EXPECT_INVALID(td_send(buf, 4, TD_F32, 0, comm), "itself");
+  EXPECT_INVALID(td_recv(buf, 4, TD_F32, 3, comm), "peer 3");
+  EXPECT_INVALID(td_allreduce(buf, buf, SIZE_MAX / 2, TD_F64, TD_SUM, comm), "overflow");
+  EXPECT_INVALID(td_barrier(NULL), "NULL");
+  EXPECT_INVALID(td_iallreduce(buf, buf, 4, TD_F32, TD_SUM, comm, NULL), "req_out");
+  int done;
+  EXPECT_INVALID(td_test(NULL, NULL), "done");
+  CHECK_OK(td_test(NULL, &done));
+  CHECK_EQ_INT(done, 1);
+  /* The communicator is still healthy after rejected calls. */
+  CHECK_EQ_INT(td_comm_status(comm), TD_OK);
+  CHECK_OK(td_allreduce(buf, buf, 4, TD_F32, TD_SUM, comm));
+
+  /* Configuration errors. */
+  td_comm *c = (td_comm *)buf;
+  td_comm_config cfg = {0};
+  cfg.rank = 0;
+  cfg.world_size = 2;
+  cfg.store = "this-has-no-port";
+  EXPECT_INVALID(td_comm_init_config(&cfg, &c), "this-has-no-port");
+  CHECK(c == NULL);
+  cfg.store = "127.0.0.1:1";
+  cfg.rank = 2;
+  EXPECT_INVALID(td_comm_init_config(&cfg, &c), "rank 2");
+  cfg.rank = 0;
+  cfg.world_size = 1;
+  cfg.transport = "carrier-pigeon";
+  EXPECT_INVALID(td_comm_init_config(&cfg, &c), "carrier-pigeon");
+  cfg.transport = NULL;
+  setenv("TANDEM_ALLREDUCE_ALGO", "bogus", 1);
+  EXPECT_INVALID(td_comm_init_config(&cfg, &c), "TANDEM_ALLREDUCE_ALGO");
+  unsetenv("TANDEM_ALLREDUCE_ALGO");
+  setenv("TANDEM_RANK", "5", 1);
+  setenv("TANDEM_WORLD_SIZE", "2", 1);
+  EXPECT_INVALID(td_comm_init(&c), "rank 5");
+  setenv("TANDEM_RANK", "x1", 1);
+  EXPECT_INVALID(td_comm_init(&c), "TANDEM_RANK");
+  unsetenv("TANDEM_RANK");
+  unsetenv("TANDEM_WORLD_SIZE");
+  EXPECT_INVALID(td_comm_init_config(&cfg, NULL), "out");
+}
+
+static void test_self_lifecycle(void) {
+  td_comm *comm = NULL;
+  CHECK_OK(td_comm_init(&comm));
+  CHECK_EQ_INT(td_comm_rank(comm), 0);
+  CHECK_EQ_INT(td_comm_size(comm), 1);
+  CHECK_EQ_INT(td_comm_local_rank(comm), 0);
+  CHECK_EQ_INT(td_comm_local_size(comm), 1);
+  CHECK(!strcmp(td_comm_transport(comm), "self"));
+  CHECK(!strcmp(td_comm_last_error(comm), ""));
+
+  /* split: color 3 gives a world of one, a negative color gives NULL. */
+  td_comm *child = (td_comm *)comm;
+  CHECK_OK(td_comm_split(comm, 3, 0, &child));
+  CHECK(child != NULL && child != comm);
+  CHECK_EQ_INT(td_comm_size(child), 1);
+  int x = 41, y = 0;
+  CHECK_OK(td_allreduce(&x, &y, 1, TD_I32, TD_MAX, child));
+  CHECK_EQ_INT(y, 41);
+  td_comm *none = comm;
+  CHECK_OK(td_comm_split(comm, -1, 0, &none));
+  CHECK(none == NULL);
+  CHECK_OK(td_comm_finalize(child));
+  td_comm_destroy(child);
+
+  test_self_collectives(comm);
+  test_self_bad_arguments(comm);
+
+  /* Finalize, then calls are invalid usage; destroy works. */
+  CHECK_OK(td_comm_finalize(comm));
+  CHECK_STATUS(td_barrier(comm), TD_ERR_INVALID_USAGE);
+  td_comm_destroy(comm);
+  td_comm_destroy(NULL);
+
+  /* Abort breaks the communicator; the error is sticky and named. */
+  CHECK_OK(td_comm_init(&comm));
+  td_comm_abort(comm, "testing abort");
+  CHECK_EQ_INT(td_comm_status(comm), TD_ERR_REMOTE);
+  CHECK_STATUS(td_allreduce(&x, &y, 1, TD_I32, TD_SUM, comm), TD_ERR_REMOTE);
+  CHECK(strstr(td_comm_last_error(comm), "aborted by rank 0: testing abort"));
+  CHECK(strstr(td_last_error(), "testing abort"));
+  td_comm_abort(comm, "second"); /* first error wins */
+  CHECK(!strstr(td_comm_last_error(comm), "second"));
+  CHECK_STATUS(td_comm_finalize(comm), TD_ERR_REMOTE);
+  td_comm_destroy(comm);
+}
+
+/* ---- several ranks ---- */
+
+static void test_multi(void) {
+  td_comm *comm;
+  CHECK_OK(td_comm_init(&comm));
+  int rank = td_comm_rank(comm), n = td_comm_size(comm);
+  CHECK(n >= 2);
+  fprintf(stderr, "rank %d of %d, local %d of %d, transport %s\n", rank, n, td_comm_local_rank(comm),
+          td_comm_local_size(comm), td_comm_transport(comm));
+
+  enum { COUNT = 1003 };
+  float *a = malloc(COUNT * n * sizeof *a), *b = malloc(COUNT * n * sizeof *b);
+  CHECK(a && b);
+
+  /* allreduce sum, avg (out of place and in place), max */
+  for (int i = 0; i < COUNT; i++) a[i] = (float)value(rank, (size_t)i);
+  CHECK_OK(td_allreduce(a, b, COUNT, TD_F32, TD_SUM, comm));
+  for (int i = 0; i < COUNT; i++) {
+    double want = 0;
+    for (int r = 0; r < n; r++) want += value(r, (size_t)i);
+    CHECK_CLOSE(b[i], want, 0, 0);
+  }
+  CHECK_OK(td_allreduce(a, a, COUNT, TD_F32, TD_AVG, comm));
+  for (int i = 0; i < COUNT; i++) CHECK_CLOSE(a[i], b[i] / n, 1e-6, 0);
+  int32_t imax = rank * 10, iout = -1;
+  CHECK_OK(td_allreduce(&imax, &iout, 1, TD_I32, TD_MAX, comm));
+  CHECK_EQ_INT(iout, (n - 1) * 10);
+
+  /* broadcast from the last rank */
+  for (int i = 0; i < COUNT; i++) a[i] = rank == n - 1 ? (float)i : -1.0f;
+  CHECK_OK(td_broadcast(a, COUNT, TD_F32, n - 1, comm));
+  for (int i = 0; i < COUNT; i++) CHECK_CLOSE(a[i], i, 0, 0);
+
+  /* reduce (prod of small values) at root 1 */
+  double d = rank + 1, dprod = 0;
+  CHECK_OK(td_reduce(&d, &dprod, 1, TD_F64, TD_PROD, 1, comm));
+  if (rank == 1) {
+    double want = 1;
+    for (int r = 0; r < n; r++) want *= r + 1;
+    CHECK_CLOSE(dprod, want, 0, 0);
+  }
+
+  /* reduce_scatter (sum) then allgather in place reassembles the allreduce */
+  for (int i = 0; i < COUNT; i++) a[i] = (float)value(rank, (size_t)i);
+  size_t off, len;
+  td_shard_range(COUNT, n, rank, &off, &len);
+  CHECK_OK(td_reduce_scatter(a, b + off, COUNT, TD_F32, TD_SUM, comm));
+  CHECK_OK(td_allgather(b + off, b, COUNT, TD_F32, comm));
+  for (int i = 0; i < COUNT; i++) {
+    double want = 0;
+    for (int r = 0; r < n; r++) want += value(r, (size_t)i);
+    CHECK_CLOSE(b[i], want, 0, 0);
+  }
+
+  /* alltoall: block j of rank r holds 1000 r + j */
+  int32_t *s32 = malloc((size_t)n * 3 * sizeof *s32), *r32 = malloc((size_t)n * 3 * sizeof *r32);
+  for (int j = 0; j < n; j++)
+    for (int k = 0; k < 3; k++) s32[j * 3 + k] = 1000 * rank + j;
+  CHECK_OK(td_alltoall(s32, r32, 3, TD_I32, comm));
+  for (int j = 0; j < n; j++)
+    for (int k = 0; k < 3; k++) CHECK_EQ_INT(r32[j * 3 + k], 1000 * j + rank);
+
+  /* send/recv around a ring, everybody sending first (non-blocking) */
+  int64_t out_v = 100 + rank, in_v = -1;
+  td_request *sreq, *rreq;
+  CHECK_OK(td_isend(&out_v, 1, TD_I64, (rank + 1) % n, comm, &sreq));
+  CHECK_OK(td_irecv(&in_v, 1, TD_I64, (rank + n - 1) % n, comm, &rreq));
+  CHECK_OK(td_wait(sreq));
+  CHECK_OK(td_wait(rreq));
+  CHECK_EQ_INT(in_v, 100 + (rank + n - 1) % n);
+
+  /* many queued non-blocking ops, then a blocking one behind them */
+  enum { NQ = 8 };
+  td_request *reqs[NQ];
+  int32_t qv[NQ];
+  for (int q = 0; q < NQ; q++) {
+    qv[q] = q + rank;
+    CHECK_OK(td_iallreduce(&qv[q], &qv[q], 1, TD_I32, TD_SUM, comm, &reqs[q]));
+  }
+  int32_t last = 1;
+  CHECK_OK(td_allreduce(&last, &last, 1, TD_I32, TD_SUM, comm));
+  CHECK_EQ_INT(last, n);
+  for (int q = NQ - 1; q >= 0; q--) CHECK_OK(td_wait(reqs[q]));
+  for (int q = 0; q < NQ; q++) CHECK_EQ_INT(qv[q], n * q + n * (n - 1) / 2);
+
+  /* count 0 and barrier */
+  CHECK_OK(td_allreduce(NULL, NULL, 0, TD_F32, TD_SUM, comm));
+  CHECK_OK(td_barrier(comm));
+
+  /* split: even and odd ranks, reversed order by key */
+  td_comm *half;
+  CHECK_OK(td_comm_split(comm, rank % 2, -rank, &half));
+  int hn = td_comm_size(half);
+  CHECK_EQ_INT(hn, (n + 1 - rank % 2) / 2);
+  CHECK_EQ_INT(td_comm_rank(half), hn - 1 - rank / 2);
+  int32_t hsum = rank, hout = 0;
+  CHECK_OK(td_allreduce(&hsum, &hout, 1, TD_I32, TD_SUM, half));
+  int32_t want = 0;
+  for (int r = rank % 2; r < n; r += 2) want += r;
+  CHECK_EQ_INT(hout, want);
+  CHECK_OK(td_comm_finalize(half));
+  td_comm_destroy(half);
+
+  CHECK_OK(td_comm_finalize(comm));
+  td_comm_destroy(comm);
+  free(a);
+  free(b);
+  free(s32);
+  free(r32);
+}
+
+static void test_mismatch(void) {
+  td_comm *comm;
+  CHECK_OK(td_comm_init(&comm));
+  int rank = td_comm_rank(comm);
+  float buf[100] = {0};
+  double t0 = now_s();
+  td_status st = rank == 0 ? td_allreduce(buf, buf, 100, TD_F32, TD_SUM, comm)
+                           : td_broadcast(buf, 100, TD_F32, 0, comm);
+  double dt = now_s() - t0;
+  fprintf(stderr, "rank %d: %s after %.2f s: %s\n", rank, td_status_str(st), dt, td_comm_last_error(comm));
+  CHECK_STATUS(st, TD_ERR_MISMATCH);
+  CHECK(dt < 10);
+  const char *msg = td_comm_last_error(comm);
+  CHECK(strstr(msg, "allreduce(seq 0, count 100, f32, sum)"));
+  CHECK(strstr(msg, "broadcast(seq 0, count 100, f32, root 0)"));
+  /* Sticky. */
+  CHECK_STATUS(td_barrier(comm), TD_ERR_MISMATCH);
+  td_comm_destroy(comm);
+}
+
+int main(int argc, char **argv) {
+  const char *mode = argc > 1 ? argv[1] : "self";
+  if (!strcmp(mode, "self")) test_self_lifecycle();
+  else if (!strcmp(mode, "multi")) test_multi();
+  else if (!strcmp(mode, "mismatch")) test_mismatch();
+  else {
+    fprintf(stderr, "usage: %s self|multi|mismatch\n", argv[0]);
+    return 2;
+  }
+  printf("test_comm_core %s: ok\n", mode);
+  return 0;
+}
