@@ -81,52 +81,42 @@ static double app_parse_double(const char *flag, const char *text, double min, d
 
 /* ---- timeline spans of forward and backward ----
  * The engine reports per-step totals (compute, communication wait). To show
- * where forward and backward actually ran, the program hands the engine a
- * thin model that forwards every call to the real one and records the call as
- * a span. Used only when a timeline is being written. */
-typedef struct app_traced_model {
-  td_model base; /* first: the engine sees a td_model */
-  td_model *inner;
-  td_timeline *timeline;
-  double last_backward_end;
-} app_traced_model;
+ * where forward and backward actually ran, the program swaps the model's
+ * operation table for one that calls the real operations and records each
+ * call as a span. The model object itself stays the same (src/nn and the
+ * checkpoint code look at its concrete type), so the state lives here, one
+ * traced model per program. Used only when a timeline is being written. */
+static const td_model_ops *traced_inner_ops;
+static td_timeline *traced_timeline;
+static double traced_last_backward_end;
 
-static td_status traced_prepare(td_model *m, int batch) {
-  app_traced_model *t = (app_traced_model *)m;
-  return t->inner->ops->prepare(t->inner, batch);
-}
+static td_status traced_prepare(td_model *m, int batch) { return traced_inner_ops->prepare(m, batch); }
 static float traced_forward(td_model *m, const float *params, const void *inputs, const int32_t *targets, int batch) {
-  app_traced_model *t = (app_traced_model *)m;
   double t0 = td_timeline_now();
-  float loss = t->inner->ops->forward(t->inner, params, inputs, targets, batch);
-  td_timeline_span(t->timeline, "compute", "forward", t0, td_timeline_now());
+  float loss = traced_inner_ops->forward(m, params, inputs, targets, batch);
+  td_timeline_span(traced_timeline, "compute", "forward", t0, td_timeline_now());
   return loss;
 }
 static void traced_backward(td_model *m, const float *params, float *grads, float loss_scale, td_grad_ready_fn ready,
                             void *ctx) {
-  app_traced_model *t = (app_traced_model *)m;
   double t0 = td_timeline_now();
-  t->inner->ops->backward(t->inner, params, grads, loss_scale, ready, ctx);
-  t->last_backward_end = td_timeline_now();
-  td_timeline_span(t->timeline, "compute", "backward", t0, t->last_backward_end);
+  traced_inner_ops->backward(m, params, grads, loss_scale, ready, ctx);
+  traced_last_backward_end = td_timeline_now();
+  td_timeline_span(traced_timeline, "compute", "backward", t0, traced_last_backward_end);
 }
-static void traced_predict(td_model *m, int32_t *out) {
-  app_traced_model *t = (app_traced_model *)m;
-  t->inner->ops->predict(t->inner, out);
+static void traced_predict(td_model *m, int32_t *out) { traced_inner_ops->predict(m, out); }
+static void traced_destroy(td_model *m) {
+  m->ops = traced_inner_ops;
+  m->ops->destroy(m);
 }
-static void traced_destroy(td_model *m) { (void)m; /* the inner model is destroyed by its owner */ }
+static td_model_ops traced_ops;
 
-static const td_model_ops traced_ops = {traced_prepare, traced_forward, traced_backward, traced_predict,
-                                        traced_destroy};
-static const td_model_ops traced_ops_no_predict = {traced_prepare, traced_forward, traced_backward, NULL,
-                                                   traced_destroy};
-
-static void app_traced_model_init(app_traced_model *t, td_model *inner, td_timeline *timeline) {
-  memset(t, 0, sizeof *t);
-  t->base = *inner;
-  t->base.ops = inner->ops->predict ? &traced_ops : &traced_ops_no_predict;
-  t->inner = inner;
-  t->timeline = timeline;
+static void app_trace_model(td_model *model, td_timeline *timeline) {
+  traced_inner_ops = model->ops;
+  traced_timeline = timeline;
+  traced_ops = (td_model_ops){traced_prepare, traced_forward, traced_backward,
+                              model->ops->predict ? traced_predict : NULL, traced_destroy};
+  model->ops = &traced_ops;
 }
 
 /* ---- the run: one communicator, one trainer, and what watches them ---- */
@@ -137,7 +127,6 @@ typedef struct app_run {
   td_progress *progress; /* rank 0 */
   td_metrics *metrics;   /* rank 0, with --metrics */
   td_timeline *timeline; /* every rank, with TANDEM_TIMELINE */
-  app_traced_model traced;
   int use_tokens;        /* throughput in tokens (GPT) or samples (CNN) */
   /* throughput over the steps after the first two of this run */
   long steps_this_run;
@@ -190,7 +179,7 @@ static void app_after_step(app_run *run, const td_step_stats *st, double t_begin
     td_timeline_span(run->timeline, "step", name, t_begin, t_end);
     /* The engine waits for the gradient buckets right after the last
      * backward; the wait it measured is drawn there. */
-    double w0 = run->traced.last_backward_end > t_begin ? run->traced.last_backward_end : t_begin;
+    double w0 = traced_last_backward_end > t_begin ? traced_last_backward_end : t_begin;
     if (st->comm_wait_s > 0) td_timeline_span(run->timeline, "comm", "wait for gradients", w0, w0 + st->comm_wait_s);
     td_timeline_counter(run->timeline, "loss", t_end, st->loss);
   }
@@ -243,12 +232,10 @@ static void app_begin(app_run *run, const char *metrics_path, int use_tokens) {
   }
 }
 
-/* The model the engine should drive: the real one, or its traced wrapper
- * when a timeline is written. */
+/* The model the engine should drive, traced when a timeline is written. */
 static td_model *app_engine_model(app_run *run, td_model *model) {
-  if (!run->timeline) return model;
-  app_traced_model_init(&run->traced, model, run->timeline);
-  return &run->traced.base;
+  if (run->timeline) app_trace_model(model, run->timeline);
+  return model;
 }
 
 static void app_start_progress(app_run *run, long first_step, long total_steps, int steps_per_print) {
