@@ -1,0 +1,86 @@
+/* Allreduce over the shared-memory segment: every local rank reduces its own
+ * slice in parallel (DESIGN.md §3), so that the work is split n ways and the
+ * data crosses memory about as few times as it can.
+ *
+ * Small messages (<= SHM_ALLREDUCE_SMALL_MAX and one slot), one sync:
+ *
+ *     rank r: send ──copy──> slot[r]      ─┐
+ *                         shm_sync         │ every rank reads every slot
+ *     rank r: recv <──reduce── slot[0..n-1]┘ (same order on every rank,
+ *                                              so results are bitwise equal)
+ *
+ * Large messages: a pipeline over chunks of shm_chunk_bytes(), sized so that
+ * a chunk's slots stay in cache; two syncs per chunk (parity p = epoch % 2):
+ *
+ *     copy my chunk into slot[me][p]
+ *     sync                                       (all chunks in)
+ *     reduce my 1/n slice of the chunk over slot[0..n-1][p]
+ *            into the same slice of slot[me][p^1]
+ *     sync                                       (all slices reduced)
+ *     copy every rank's reduced slice of slot[*][p^1] into recv, then the
+ *     next chunk's copy-in, both before the next arrival.
+ *
+ * Cost per rank for B bytes: read B from send and write B to recv (the only
+ * DRAM traffic when the slots stay in cache), plus B + B/n of cache-resident
+ * reads and writes, and 2·B/chunk syncs. Large outputs that are not the
+ * input are written with streaming stores (no read-for-ownership).
+ * TD_AVG is reduced as TD_SUM; select.c scales the result. */
+#include "comm/transport/shm/shm.h"
+
+#include <string.h>
+
+/* Above this a single-sync reduction, where every rank reads all n inputs,
+ * loses to the pipeline, where each rank reduces 1/n of them. */
+#define SHM_ALLREDUCE_SMALL_MAX ((size_t)64 << 10)
+/* Outputs at least this large are written with streaming stores. */
+#define SHM_STREAM_MIN ((size_t)4 << 20)
+
+static td_status allreduce_small(td_comm *comm, const comm_op *op, size_t bytes) {
+  int n = comm->size;
+  unsigned p = (unsigned)(shm_next_epoch(comm) & 1);
+  if (bytes) memcpy(shm_slot(comm, comm->rank, p), op->send, bytes);
+  TD_CHECK(shm_sync(comm, op));
+  const void *srcs[n];
+  for (int k = 0; k < n; k++) srcs[k] = shm_slot(comm, k, p);
+  td_reduce_multi(op->recv, srcs, n, op->count, op->dtype, op->redop);
+  return TD_OK;
+}
+
+static td_status allreduce_pipelined(td_comm *comm, const comm_op *op, size_t bytes) {
+  int n = comm->size, me = comm->rank;
+  size_t es = td_dtype_size(op->dtype);
+  size_t chunk = TD_MAX(shm_chunk_bytes(comm) / es, (size_t)1);
+  bool stream = op->send != op->recv && bytes >= SHM_STREAM_MIN;
+  const char *send = op->send;
+  char *recv = op->recv;
+  const void *srcs[n];
+  for (size_t base = 0; base < op->count; base += chunk) {
+    size_t m = TD_MIN(chunk, op->count - base);
+    unsigned p = (unsigned)(shm_next_epoch(comm) & 1);
+    memcpy(shm_slot(comm, me, p), send + base * es, m * es);
+    TD_CHECK(shm_sync(comm, op));
+    size_t off, len;
+    td_shard_range(m, n, me, &off, &len);
+    for (int k = 0; k < n; k++) srcs[k] = (const char *)shm_slot(comm, k, p) + off * es;
+    td_reduce_multi((char *)shm_slot(comm, me, p ^ 1) + off * es, srcs, n, len, op->dtype, op->redop);
+    TD_CHECK(shm_sync(comm, op));
+    for (int k = 0; k < n; k++) {
+      td_shard_range(m, n, k, &off, &len);
+      shm_copy(recv + (base + off) * es, (const char *)shm_slot(comm, k, p ^ 1) + off * es, len * es, stream);
+    }
+  }
+  return TD_OK;
+}
+
+td_status allreduce_shm(td_comm *comm, const comm_op *op) {
+  size_t bytes = comm_op_bytes(op);
+  if (shm_trivial(comm)) {
+    comm_copy_if_needed(op->recv, op->send, bytes);
+    return TD_OK;
+  }
+  if (!shm_available(comm))
+    return comm_fail(comm, TD_ERR_INTERNAL, "allreduce_shm selected but communicator uses the %s transport",
+                     comm->xport_name ? comm->xport_name : "?");
+  if (bytes <= TD_MIN(SHM_ALLREDUCE_SMALL_MAX, shm_slot_bytes(comm))) return allreduce_small(comm, op, bytes);
+  return allreduce_pipelined(comm, op, bytes);
+}

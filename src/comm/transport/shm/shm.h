@@ -1,0 +1,102 @@
+/* Private to the shared-memory transport and the *_shm.c algorithms: the
+ * layout of the host-shared segment and a few helpers the algorithms need
+ * beyond the shm_* primitives of comm_impl.h.
+ *
+ * One segment per communicator, created by rank 0 and unlinked as soon as
+ * every rank has mapped it (a killed job leaves nothing in /dev/shm):
+ *
+ *   [seg_header][abort block][rank block x n][fifo x n(n-1)][slots: n x 2]
+ *
+ * Every field written by one rank and polled by others sits on its own cache
+ * line, so that a poll never steals a line that its owner is writing. */
+#ifndef TD_SHM_TRANSPORT_H
+#define TD_SHM_TRANSPORT_H
+
+#include "comm/comm_impl.h"
+
+#define SHM_LINE 64
+#define SHM_MAGIC 0x54444d5348u /* "TDMSH" */
+
+typedef struct shm_seg_header {
+  uint64_t magic;
+  uint32_t n_ranks, pad;
+  uint64_t total_bytes;
+  uint64_t fifo_bytes;  /* capacity of each pair FIFO */
+  uint64_t slot_bytes;  /* each collective slot */
+  uint64_t chunk_bytes; /* pipeline chunk of the large-message algorithms */
+} shm_seg_header;
+
+/* First failure of the communicator. `claimed` is won by CAS; the winner
+ * fills status/rank/msg and then sets `ready`, which readers check. */
+typedef struct shm_abort_block {
+  _Alignas(SHM_LINE) _Atomic uint32_t claimed;
+  _Atomic uint32_t ready;
+  int32_t status;
+  int32_t rank;
+  char msg[1008];
+} shm_abort_block;
+
+typedef struct shm_rank_block {
+  /* written once at attach */
+  _Alignas(SHM_LINE) int32_t pid;
+  /* doorbell: bumped by peers that made progress possible for this rank
+   * (data or space in a FIFO, an arrival, an abort); `waiting` counts this
+   * rank's threads asleep on it, so that peers skip the futex_wake syscall
+   * when nobody sleeps. */
+  _Alignas(SHM_LINE) _Atomic uint32_t bell;
+  _Atomic uint32_t waiting;
+  /* the last epoch this rank arrived at, and its op header per parity */
+  _Alignas(SHM_LINE) _Atomic uint64_t arrived;
+  comm_hdr hdr[2];
+} shm_rank_block;
+
+/* Single-producer/single-consumer byte ring: head and tail are running byte
+ * totals, each on its own line; data follows the control block. */
+typedef struct shm_fifo {
+  _Alignas(SHM_LINE) _Atomic uint64_t head; /* bytes written by the producer */
+  _Alignas(SHM_LINE) _Atomic uint64_t tail; /* bytes consumed by the consumer */
+} shm_fifo;
+
+typedef struct shm_transport {
+  transport base;
+  char *map;          /* the whole segment */
+  size_t map_bytes;
+  char name[128];     /* segment name, "" once unlinked */
+  int rank, n;
+  size_t fifo_bytes, slot_bytes, slot_stride, chunk_bytes;
+  shm_abort_block *abort_blk;
+  shm_rank_block *ranks; /* n entries */
+  char *fifo_base;       /* n(n-1) rings of (sizeof(shm_fifo) + fifo_bytes) */
+  size_t fifo_stride;
+  char *slot_base;       /* 2n slots of slot_stride */
+  uint64_t epoch;        /* the last epoch this rank completed */
+  bool spin;             /* spinning allowed: a core per local rank */
+  double spin_s;
+  double next_liveness; /* td_now() of the next dead-peer check */
+} shm_transport;
+
+/* The shm transport of comm (NULL if comm does not use it). */
+shm_transport *shm_of(const td_comm *comm);
+
+/* Bytes per pipeline chunk for the large-message algorithms (<= slot). */
+size_t shm_chunk_bytes(const td_comm *comm);
+
+/* Copy bytes; with `stream`, destination lines are written with
+ * non-temporal stores (for large outputs that will not be read again soon,
+ * which saves the read-for-ownership of every destination line). */
+void shm_copy(void *dst, const void *src, size_t bytes, bool stream);
+
+/* Internals shared by shm_transport.c and shm_sync.c. */
+void shm_ring(shm_transport *t, int peer);
+typedef bool (*shm_ready_fn)(shm_transport *t, const void *arg);
+bool shm_spin(shm_transport *t, shm_ready_fn ready, const void *arg);
+bool shm_sleep(shm_transport *t, shm_ready_fn ready, const void *arg, double slice_s);
+td_status shm_check_abort(shm_transport *t);
+int shm_find_dead(shm_transport *t, const int *peers, int n);
+td_status shm_fail_dead(shm_transport *t, int peer, const char *while_doing);
+#define SHM_SLICE_S 0.1 /* longest sleep between failure checks */
+
+/* For algorithms: the world of one and count 0 cases, common to all. */
+static inline bool shm_trivial(const td_comm *comm) { return comm->size <= 1; }
+
+#endif

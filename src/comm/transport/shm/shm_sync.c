@@ -1,0 +1,164 @@
+/* The shared-memory collective primitives of comm_impl.h: per-rank slots
+ * and the epoch barrier (shm_sync) that orders every access to them.
+ *
+ * shm_sync(epoch e): publish this rank's op header in its parity-(e % 2)
+ * entry, store `arrived = e`, ring the peers that sleep, wait until every
+ * rank has arrived at e, then compare every header with rank 0's. The header
+ * of parity e % 2 is rewritten only at epoch e + 2, which no rank can reach
+ * before every rank arrived at e + 1, i.e. finished comparing at e; so no
+ * extra handshake is needed. The same argument makes the slots reusable
+ * (see the rule in comm_impl.h). */
+#include "comm/transport/shm/shm.h"
+
+#include <immintrin.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+bool shm_available(const td_comm *comm) { return shm_of(comm) != NULL; }
+
+size_t shm_slot_bytes(const td_comm *comm) {
+  shm_transport *t = shm_of(comm);
+  return t ? t->slot_bytes : 0;
+}
+
+uint64_t shm_next_epoch(const td_comm *comm) {
+  shm_transport *t = shm_of(comm);
+  return t ? t->epoch + 1 : 0;
+}
+
+void *shm_slot(const td_comm *comm, int rank, unsigned parity) {
+  shm_transport *t = shm_of(comm);
+  if (!t || rank < 0 || rank >= t->n) return NULL;
+  return t->slot_base + ((size_t)rank * 2 + (parity & 1)) * t->slot_stride;
+}
+
+typedef struct arrival_arg {
+  uint64_t epoch;
+} arrival_arg;
+
+static bool all_arrived(shm_transport *t, const void *arg) {
+  uint64_t e = ((const arrival_arg *)arg)->epoch;
+  for (int k = 0; k < t->n; k++)
+    if (atomic_load_explicit(&t->ranks[k].arrived, memory_order_acquire) < e) return false;
+  return true;
+}
+
+/* "1, 3 and 5" into buf: the ranks that have not arrived at epoch e. */
+static void missing_ranks(shm_transport *t, uint64_t e, char *buf, size_t size) {
+  size_t len = 0;
+  buf[0] = '\0';
+  for (int k = 0; k < t->n && len + 16 < size; k++)
+    if (atomic_load_explicit(&t->ranks[k].arrived, memory_order_acquire) < e)
+      len += (size_t)snprintf(buf + len, size - len, "%s%d", len ? ", " : "", k);
+}
+
+static td_status wait_arrivals(shm_transport *t, uint64_t e, const comm_op *op) {
+  td_comm *comm = t->base.comm;
+  arrival_arg arg = {e};
+  if (shm_spin(t, all_arrived, &arg)) return TD_OK;
+  double deadline = op->deadline > 0 ? op->deadline : td_now() + comm->timeout_s;
+  for (;;) {
+    td_status st = shm_check_abort(t);
+    if (st != TD_OK) return st;
+    double now = td_now();
+    if (now >= deadline) {
+      if (all_arrived(t, &arg)) return TD_OK;
+      char what[160], who[256];
+      comm_op_describe(op, what, sizeof what);
+      missing_ranks(t, e, who, sizeof who);
+      return comm_fail(comm, TD_ERR_TIMEOUT,
+                       "rank %d timed out in %s: rank(s) %s did not reach it within the deadline (TANDEM_TIMEOUT=%g "
+                       "s); a rank is stuck, or the ranks issued different collectives",
+                       t->rank, what, who, comm->timeout_s);
+    }
+    if (now >= t->next_liveness) {
+      t->next_liveness = now + SHM_SLICE_S;
+      for (int k = 0; k < t->n; k++) {
+        if (k == t->rank || atomic_load_explicit(&t->ranks[k].arrived, memory_order_acquire) >= e) continue;
+        if (shm_find_dead(t, &k, 1) == k) {
+          if (atomic_load_explicit(&t->ranks[k].arrived, memory_order_acquire) >= e) continue;
+          char what[160], doing[240];
+          comm_op_describe(op, what, sizeof what);
+          snprintf(doing, sizeof doing, "waited for it in %s", what);
+          return shm_fail_dead(t, k, doing);
+        }
+      }
+    }
+    if (shm_sleep(t, all_arrived, &arg, TD_MIN(SHM_SLICE_S, deadline - now))) return TD_OK;
+  }
+}
+
+/* Fields in which two headers differ, e.g. "count, dtype"; "" if none. */
+static void header_diff(const comm_hdr *a, const comm_hdr *b, char *buf, size_t size) {
+  buf[0] = '\0';
+  size_t len = 0;
+#define FIELD(f, name) \
+  if (a->f != b->f) len += (size_t)snprintf(buf + len, size > len ? size - len : 0, "%s%s", len ? ", " : "", name)
+  FIELD(kind, "operation");
+  FIELD(seq, "sequence number (order)");
+  FIELD(count, "count");
+  FIELD(dtype, "dtype");
+  FIELD(redop, "reduction op");
+  FIELD(root, "root");
+#undef FIELD
+}
+
+td_status shm_sync(td_comm *comm, const comm_op *op) {
+  shm_transport *t = shm_of(comm);
+  if (!t) return comm_fail(comm, TD_ERR_INTERNAL, "shm_sync called on a communicator without the shm transport");
+  td_status st = shm_check_abort(t);
+  if (st != TD_OK) return st;
+  uint64_t e = t->epoch + 1;
+  unsigned p = (unsigned)(e & 1);
+  shm_rank_block *mine = &t->ranks[t->rank];
+  comm_hdr_fill(&mine->hdr[p], op, t->rank, 0);
+  atomic_store_explicit(&mine->arrived, e, memory_order_release);
+  for (int k = 0; k < t->n; k++)
+    if (k != t->rank) shm_ring(t, k);
+  TD_CHECK(wait_arrivals(t, e, op));
+  t->epoch = e;
+
+  /* Everyone compares against rank 0, so every rank reports the same pair. */
+  const comm_hdr *ref = &t->ranks[0].hdr[p];
+  for (int k = 1; k < t->n; k++) {
+    const comm_hdr *h = &t->ranks[k].hdr[p];
+    char fields[128];
+    header_diff(ref, h, fields, sizeof fields);
+    if (!fields[0]) continue;
+    char a[160], b[160];
+    comm_hdr_describe(ref, a, sizeof a);
+    comm_hdr_describe(h, b, sizeof b);
+    return comm_fail(comm, TD_ERR_MISMATCH,
+                     "ranks disagree on a collective (they differ in %s): rank 0 issued %s but rank %d issued %s; every rank "
+                     "must issue the same collectives in the same order with the same count, dtype, op and root",
+                     fields, a, k, b);
+  }
+  return TD_OK;
+}
+
+void shm_copy(void *dst, const void *src, size_t bytes, bool stream) {
+#if defined(__AVX2__)
+  if (stream && bytes >= 8192) {
+    char *d = dst;
+    const char *s = src;
+    size_t head = (SHM_LINE - ((uintptr_t)d & (SHM_LINE - 1))) & (SHM_LINE - 1);
+    memcpy(d, s, head);
+    d += head;
+    s += head;
+    bytes -= head;
+    size_t body = bytes & ~(size_t)(SHM_LINE - 1);
+    for (size_t i = 0; i < body; i += SHM_LINE) {
+      __m256i x0 = _mm256_loadu_si256((const __m256i *)(s + i));
+      __m256i x1 = _mm256_loadu_si256((const __m256i *)(s + i + 32));
+      _mm256_stream_si256((__m256i *)(d + i), x0);
+      _mm256_stream_si256((__m256i *)(d + i + 32), x1);
+    }
+    _mm_sfence(); /* streaming stores are weakly ordered: publish before any flag */
+    memcpy(d + body, s + body, bytes - body);
+    return;
+  }
+#endif
+  (void)stream;
+  memcpy(dst, src, bytes);
+}

@@ -1,0 +1,430 @@
+/* The shared-memory transport: every rank of the communicator on one host
+ * maps one segment (layout in shm.h). Point-to-point bytes go through one
+ * single-producer/single-consumer ring per ordered pair; collectives use the
+ * per-rank slots and the epoch barrier of shm_sync.c.
+ *
+ * Waiting: a rank that cannot progress spins briefly (only when every local
+ * rank has a core of its own), then sleeps on its own doorbell futex in
+ * slices of at most 100 ms. Between slices it checks the abort block, its
+ * deadline, and that the peers it waits for are still alive, so that a
+ * killed peer fails the wait within a fraction of a second.
+ *
+ * Failure: abort() records the first failure in the segment (CAS, first
+ * writer wins) and rings every doorbell; every rank that then looks at the
+ * segment fails with the recorded status and message. */
+#define _GNU_SOURCE 1 /* sched_getaffinity, CPU_COUNT */
+#include "comm/transport/shm/shm.h"
+
+#include <immintrin.h>
+#include <limits.h>
+#include <math.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define SHM_DEFAULT_FIFO_BYTES ((size_t)256 << 10)
+#define SHM_DEFAULT_SLOT_BYTES ((size_t)1 << 20)
+#define SHM_DEFAULT_CHUNK_BYTES ((size_t)256 << 10)
+#define SHM_DEFAULT_SPIN_US 50.0
+
+static const transport_vtbl shm_vtbl;
+
+static size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+shm_transport *shm_of(const td_comm *comm) {
+  if (!comm || !comm->xport || comm->xport->vtbl != &shm_vtbl) return NULL;
+  return (shm_transport *)comm->xport;
+}
+
+size_t shm_chunk_bytes(const td_comm *comm) {
+  shm_transport *t = shm_of(comm);
+  return t ? t->chunk_bytes : 0;
+}
+
+/* Place every part of the segment; returns the total size. Depends only on
+ * n and the sizes from the header, so every rank computes the same layout. */
+static size_t shm_layout(shm_transport *t, char *base) {
+  size_t off = round_up(sizeof(shm_seg_header), SHM_LINE);
+  t->abort_blk = (shm_abort_block *)(base + off);
+  off += round_up(sizeof(shm_abort_block), SHM_LINE);
+  t->ranks = (shm_rank_block *)(base + off);
+  off += (size_t)t->n * round_up(sizeof(shm_rank_block), SHM_LINE);
+  off = round_up(off, 4096);
+  t->fifo_stride = sizeof(shm_fifo) + round_up(t->fifo_bytes, SHM_LINE);
+  t->fifo_base = base + off;
+  off += (size_t)t->n * (size_t)(t->n - 1) * t->fifo_stride;
+  off = round_up(off, 4096);
+  /* Stagger the slots by a few lines so that the same offset in different
+   * slots does not map to the same cache set (4 KiB aliasing in the reduce). */
+  t->slot_stride = round_up(t->slot_bytes, 4096) + 4 * SHM_LINE;
+  t->slot_base = base + off;
+  off += 2 * (size_t)t->n * t->slot_stride;
+  return round_up(off, 4096);
+}
+
+static shm_fifo *fifo_of(const shm_transport *t, int src, int dst) {
+  size_t idx = (size_t)src * (size_t)(t->n - 1) + (size_t)(dst < src ? dst : dst - 1);
+  return (shm_fifo *)(t->fifo_base + idx * t->fifo_stride);
+}
+static char *fifo_data(shm_fifo *f) { return (char *)(f + 1); }
+
+/* Wake rank `peer` if one of its threads sleeps on its doorbell. The fence
+ * pairs with the one in shm_sleep: either the sleeper sees our update before
+ * it sleeps, or we see its `waiting` and wake it. */
+void shm_ring(shm_transport *t, int peer) {
+  shm_rank_block *rb = &t->ranks[peer];
+  atomic_thread_fence(memory_order_seq_cst);
+  if (atomic_load_explicit(&rb->waiting, memory_order_relaxed)) {
+    atomic_fetch_add_explicit(&rb->bell, 1, memory_order_seq_cst);
+    td_futex_wake(&rb->bell, INT_MAX, true);
+  }
+}
+
+/* Sleep on our doorbell for at most slice_s unless ready(arg) already
+ * holds. Returns ready(arg) as seen last. */
+bool shm_sleep(shm_transport *t, shm_ready_fn ready, const void *arg, double slice_s) {
+  shm_rank_block *me = &t->ranks[t->rank];
+  uint32_t bell = atomic_load_explicit(&me->bell, memory_order_acquire);
+  atomic_fetch_add_explicit(&me->waiting, 1, memory_order_seq_cst);
+  atomic_thread_fence(memory_order_seq_cst);
+  bool ok = ready(t, arg);
+  if (!ok && !atomic_load_explicit(&t->abort_blk->ready, memory_order_acquire)) {
+    (void)td_futex_wait(&me->bell, bell, slice_s, true);
+    ok = ready(t, arg);
+  }
+  atomic_fetch_sub_explicit(&me->waiting, 1, memory_order_seq_cst);
+  return ok;
+}
+
+/* TD_OK while healthy; otherwise fail the communicator with the status and
+ * message some rank recorded in the abort block (or return the sticky one). */
+td_status shm_check_abort(shm_transport *t) {
+  td_comm *comm = t->base.comm;
+  td_status st = comm_status(comm);
+  if (st != TD_OK) return st;
+  shm_abort_block *a = t->abort_blk;
+  if (!atomic_load_explicit(&a->ready, memory_order_acquire)) return TD_OK;
+  if (a->rank == t->rank) return (td_status)a->status;
+  return comm_fail(comm, (td_status)a->status, "rank %d reported: %s", (int)a->rank, a->msg);
+}
+
+/* Spin briefly for ready(arg), checking the abort block. Only when every
+ * local rank has a core; otherwise one sched_yield, since a spinning rank
+ * would steal the core of the rank it waits for. */
+bool shm_spin(shm_transport *t, shm_ready_fn ready, const void *arg) {
+  if (ready(t, arg)) return true;
+  if (!t->spin) {
+    sched_yield();
+    return ready(t, arg);
+  }
+  uint64_t end = td_now_ns() + (uint64_t)(t->spin_s * 1e9);
+  for (unsigned i = 1;; i++) {
+    for (int k = 0; k < 16; k++) _mm_pause();
+    if (ready(t, arg)) return true;
+    if (atomic_load_explicit(&t->abort_blk->ready, memory_order_relaxed)) return false;
+    if ((i & 15) == 0 && td_now_ns() >= end) return false;
+  }
+}
+
+/* The first of `peers` (n entries, -1 skipped) whose process is gone, or -1. */
+int shm_find_dead(shm_transport *t, const int *peers, int n) {
+  for (int i = 0; i < n; i++) {
+    int p = peers[i];
+    if (p < 0 || p >= t->n || p == t->rank) continue;
+    pid_t pid = t->ranks[p].pid;
+    if (pid > 0 && !net_pid_alive(pid)) return p;
+  }
+  return -1;
+}
+
+td_status shm_fail_dead(shm_transport *t, int peer, const char *while_doing) {
+  return comm_fail(t->base.comm, TD_ERR_REMOTE,
+                   "rank %d (pid %d) died: its process is gone while rank %d %s over shared memory; look at rank "
+                   "%d's output for the cause",
+                   peer, (int)t->ranks[peer].pid, t->rank, while_doing, peer);
+}
+
+/* ---- point-to-point rings ---- */
+
+static td_status shm_try_send(transport *xt, int peer, const void *buf, size_t len, size_t *moved) {
+  shm_transport *t = (shm_transport *)xt;
+  *moved = 0;
+  if (peer < 0 || peer >= t->n || peer == t->rank)
+    return comm_fail(xt->comm, TD_ERR_INTERNAL, "shm transport: send to invalid peer %d from rank %d", peer,
+                     t->rank);
+  td_status st = shm_check_abort(t);
+  if (st != TD_OK) return st;
+  shm_fifo *f = fifo_of(t, t->rank, peer);
+  uint64_t head = atomic_load_explicit(&f->head, memory_order_relaxed);
+  uint64_t tail = atomic_load_explicit(&f->tail, memory_order_acquire);
+  size_t space = t->fifo_bytes - (size_t)(head - tail);
+  size_t nb = TD_MIN(len, space);
+  if (nb == 0) return TD_OK;
+  size_t pos = (size_t)(head % t->fifo_bytes);
+  size_t first = TD_MIN(nb, t->fifo_bytes - pos);
+  memcpy(fifo_data(f) + pos, buf, first);
+  if (nb > first) memcpy(fifo_data(f), (const char *)buf + first, nb - first);
+  atomic_store_explicit(&f->head, head + nb, memory_order_release);
+  shm_ring(t, peer);
+  *moved = nb;
+  return TD_OK;
+}
+
+static td_status shm_try_recv(transport *xt, int peer, void *buf, size_t len, size_t *moved) {
+  shm_transport *t = (shm_transport *)xt;
+  *moved = 0;
+  if (peer < 0 || peer >= t->n || peer == t->rank)
+    return comm_fail(xt->comm, TD_ERR_INTERNAL, "shm transport: receive from invalid peer %d on rank %d", peer,
+                     t->rank);
+  shm_fifo *f = fifo_of(t, peer, t->rank);
+  uint64_t tail = atomic_load_explicit(&f->tail, memory_order_relaxed);
+  uint64_t head = atomic_load_explicit(&f->head, memory_order_acquire);
+  size_t avail = (size_t)(head - tail);
+  size_t nb = TD_MIN(len, avail);
+  if (nb == 0) {
+    /* Data a peer sent before failing is still delivered; only an empty
+     * ring reports the failure. */
+    return shm_check_abort(t);
+  }
+  size_t pos = (size_t)(tail % t->fifo_bytes);
+  size_t first = TD_MIN(nb, t->fifo_bytes - pos);
+  memcpy(buf, fifo_data(f) + pos, first);
+  if (nb > first) memcpy((char *)buf + first, fifo_data(f), nb - first);
+  atomic_store_explicit(&f->tail, tail + nb, memory_order_release);
+  shm_ring(t, peer);
+  *moved = nb;
+  return TD_OK;
+}
+
+typedef struct wait_set {
+  const int *send_peers, *recv_peers;
+  int n_send, n_recv;
+} wait_set;
+
+static bool pairs_ready(shm_transport *t, const void *arg) {
+  const wait_set *w = arg;
+  for (int i = 0; i < w->n_send; i++) {
+    int p = w->send_peers[i];
+    if (p < 0 || p >= t->n || p == t->rank) continue;
+    shm_fifo *f = fifo_of(t, t->rank, p);
+    uint64_t used = atomic_load_explicit(&f->head, memory_order_relaxed) -
+                    atomic_load_explicit(&f->tail, memory_order_acquire);
+    if (used < t->fifo_bytes) return true;
+  }
+  for (int i = 0; i < w->n_recv; i++) {
+    int p = w->recv_peers[i];
+    if (p < 0 || p >= t->n || p == t->rank) continue;
+    shm_fifo *f = fifo_of(t, p, t->rank);
+    if (atomic_load_explicit(&f->head, memory_order_acquire) != atomic_load_explicit(&f->tail, memory_order_relaxed))
+      return true;
+  }
+  return false;
+}
+
+static td_status shm_wait(transport *xt, const int *send_peers, int n_send, const int *recv_peers, int n_recv,
+                          double timeout_s) {
+  shm_transport *t = (shm_transport *)xt;
+  wait_set w = {send_peers, recv_peers, n_send, n_recv};
+  td_status st = shm_check_abort(t);
+  if (st != TD_OK) return st;
+  if (shm_spin(t, pairs_ready, &w)) return TD_OK;
+  double end = timeout_s < 0 ? INFINITY : td_now() + timeout_s;
+  for (;;) {
+    st = shm_check_abort(t);
+    if (st != TD_OK) return st;
+    double now = td_now();
+    if (now >= end) return TD_OK; /* the caller checks its deadline */
+    if (now >= t->next_liveness) {
+      t->next_liveness = now + SHM_SLICE_S;
+      int dead = shm_find_dead(t, send_peers, n_send);
+      if (dead < 0) dead = shm_find_dead(t, recv_peers, n_recv);
+      if (dead >= 0) {
+        if (pairs_ready(t, &w)) return TD_OK; /* drain what it sent first */
+        return shm_fail_dead(t, dead, "exchanged messages with it");
+      }
+    }
+    if (shm_sleep(t, pairs_ready, &w, TD_MIN(SHM_SLICE_S, end - now))) return TD_OK;
+  }
+}
+
+static void shm_abort(transport *xt, td_status status, const char *reason) {
+  shm_transport *t = (shm_transport *)xt;
+  shm_abort_block *a = t->abort_blk;
+  uint32_t expected = 0;
+  if (atomic_compare_exchange_strong(&a->claimed, &expected, 1)) {
+    a->status = (int32_t)status;
+    a->rank = t->rank;
+    td_strlcpy(a->msg, reason ? reason : "aborted", sizeof a->msg);
+    atomic_store_explicit(&a->ready, 1, memory_order_release);
+  }
+  /* Every doorbell, ours included: another thread of this rank may sleep. */
+  for (int k = 0; k < t->n; k++) {
+    atomic_fetch_add_explicit(&t->ranks[k].bell, 1, memory_order_seq_cst);
+    td_futex_wake(&t->ranks[k].bell, INT_MAX, true);
+  }
+}
+
+static void shm_destroy(transport *xt) {
+  shm_transport *t = (shm_transport *)xt;
+  if (!t) return;
+  if (t->name[0] && t->rank == 0) net_shm_unlink(t->name);
+  net_shm_unmap(t->map, t->map_bytes);
+  free(t);
+}
+
+static const transport_vtbl shm_vtbl = {
+    .name = "shm",
+    .try_send = shm_try_send,
+    .try_recv = shm_try_recv,
+    .wait = shm_wait,
+    .abort = shm_abort,
+    .destroy = shm_destroy,
+};
+
+/* ---- creation ---- */
+
+static bool spin_allowed(int local_ranks) {
+  long online = sysconf(_SC_NPROCESSORS_ONLN);
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) < online) online = CPU_COUNT(&set);
+  return online >= local_ranks;
+}
+
+/* Wait for a store key in short slices, failing early if a rank that has
+ * already mapped the segment died (the others would otherwise wait for the
+ * whole timeout). */
+static td_status wait_key(shm_transport *t, const char *key, char **value_out) {
+  td_comm *comm = t->base.comm;
+  double end = td_now() + comm->timeout_s;
+  for (;;) {
+    void *v = NULL;
+    size_t len = 0;
+    double left = end - td_now();
+    if (left <= 0)
+      return td_error(TD_ERR_TIMEOUT,
+                      "rank %d: shared-memory setup did not finish within %g s (waiting for store key %s); did "
+                      "every rank start? (TANDEM_TIMEOUT sets the limit)",
+                      t->rank, comm->timeout_s, key);
+    td_status st = store_wait(comm->store, key, TD_MIN(1.0, left), &v, &len);
+    if (st == TD_OK) {
+      *value_out = v;
+      return TD_OK;
+    }
+    if (st != TD_ERR_TIMEOUT) return st;
+    if (comm->pids) {
+      for (int r = 0; r < t->n; r++)
+        if (r != t->rank && comm->pids[r] > 0 && !net_pid_alive(comm->pids[r]))
+          return td_error(TD_ERR_REMOTE, "rank %d (pid %d) died during shared-memory setup of communicator %s",
+                          r, (int)comm->pids[r], comm->prefix);
+    }
+  }
+}
+
+td_status shm_transport_create(td_comm *comm, transport **out) {
+  *out = NULL;
+  if (!comm->store)
+    return td_error(TD_ERR_INVALID_USAGE, "shm transport needs a rendezvous store (world of %d)", comm->size);
+  if (comm->local_size != comm->size)
+    return td_error(TD_ERR_INVALID_USAGE,
+                    "shm transport needs every rank on one host, but only %d of %d ranks share this host; use "
+                    "TANDEM_TRANSPORT=tcp or auto",
+                    comm->local_size, comm->size);
+  shm_transport *t = calloc(1, sizeof *t);
+  if (!t) return td_error(TD_ERR_SYSTEM, "out of memory for the shm transport");
+  t->base.vtbl = &shm_vtbl;
+  t->base.comm = comm;
+  t->rank = comm->rank;
+  t->n = comm->size;
+  t->spin = spin_allowed(comm->size);
+  t->spin_s = td_env_double("TANDEM_SHM_SPIN_US", SHM_DEFAULT_SPIN_US) * 1e-6;
+  if (t->spin_s <= 0) t->spin = false;
+
+  char key_seg[256], key_mapped[256], key_ready[256];
+  snprintf(key_seg, sizeof key_seg, "%s/shm/segment", comm->prefix);
+  snprintf(key_mapped, sizeof key_mapped, "%s/shm/mapped", comm->prefix);
+  snprintf(key_ready, sizeof key_ready, "%s/shm/ready", comm->prefix);
+  td_status st = TD_OK;
+  char *value = NULL;
+
+  if (t->rank == 0) {
+    t->fifo_bytes = round_up(TD_MAX(td_env_size("TANDEM_SHM_FIFO_BYTES", SHM_DEFAULT_FIFO_BYTES), (size_t)4096),
+                             SHM_LINE);
+    t->slot_bytes = round_up(TD_MAX(td_env_size("TANDEM_SHM_SLOT_BYTES", SHM_DEFAULT_SLOT_BYTES), (size_t)4096),
+                             4096);
+    t->chunk_bytes = round_up(TD_MAX(td_env_size("TANDEM_SHM_CHUNK_BYTES", SHM_DEFAULT_CHUNK_BYTES), (size_t)4096),
+                              SHM_LINE);
+    if (t->chunk_bytes > t->slot_bytes) t->chunk_bytes = t->slot_bytes;
+    size_t total = shm_layout(t, NULL);
+    void *addr = NULL;
+    st = net_shm_create(comm->prefix, total, t->name, sizeof t->name, &addr);
+    if (st != TD_OK) {
+      /* Tell the others why, so that they fail now instead of at timeout. */
+      char msg[600];
+      snprintf(msg, sizeof msg, "!rank 0 could not create the shared-memory segment: %s", td_last_error());
+      (void)store_set_str(comm->store, key_seg, msg);
+      td_error(st, "%s", msg + 1);
+      goto fail;
+    }
+    t->map = addr;
+    t->map_bytes = total;
+    shm_layout(t, t->map);
+    shm_seg_header *h = (shm_seg_header *)t->map;
+    h->n_ranks = (uint32_t)t->n;
+    h->total_bytes = total;
+    h->fifo_bytes = t->fifo_bytes;
+    h->slot_bytes = t->slot_bytes;
+    h->chunk_bytes = t->chunk_bytes;
+    h->magic = SHM_MAGIC;
+    char v[256];
+    snprintf(v, sizeof v, "%s %zu", t->name, total);
+    TD_CHECK_GOTO(store_set_str(comm->store, key_seg, v), st, fail);
+  } else {
+    TD_CHECK_GOTO(wait_key(t, key_seg, &value), st, fail);
+    if (value[0] == '!') {
+      st = td_error(TD_ERR_REMOTE, "%s", value + 1);
+      goto fail;
+    }
+    size_t total = 0;
+    if (sscanf(value, "%127s %zu", t->name, &total) != 2) {
+      st = td_error(TD_ERR_INTERNAL, "malformed shared-memory segment record '%s' in the store", value);
+      goto fail;
+    }
+    void *addr = NULL;
+    TD_CHECK_GOTO(net_shm_open(t->name, total, &addr), st, fail);
+    t->map = addr;
+    t->map_bytes = total;
+    shm_seg_header *h = (shm_seg_header *)t->map;
+    if (h->magic != SHM_MAGIC || h->n_ranks != (uint32_t)t->n || h->total_bytes != total) {
+      st = td_error(TD_ERR_INTERNAL, "shared-memory segment %s is not a %d-rank tandem segment", t->name, t->n);
+      goto fail;
+    }
+    t->fifo_bytes = h->fifo_bytes;
+    t->slot_bytes = h->slot_bytes;
+    t->chunk_bytes = h->chunk_bytes;
+    shm_layout(t, t->map);
+  }
+  t->ranks[t->rank].pid = (int32_t)getpid();
+
+  /* The last rank to map removes the name: from here on a killed job leaves
+   * nothing behind in /dev/shm. */
+  int64_t mapped = 0;
+  TD_CHECK_GOTO(store_add(comm->store, key_mapped, 1, &mapped), st, fail);
+  if (mapped == t->n) {
+    net_shm_unlink(t->name);
+    TD_CHECK_GOTO(store_set_str(comm->store, key_ready, "1"), st, fail);
+  }
+  free(value);
+  value = NULL;
+  TD_CHECK_GOTO(wait_key(t, key_ready, &value), st, fail);
+  free(value);
+  t->name[0] = '\0';
+  *out = &t->base;
+  return TD_OK;
+
+fail:
+  free(value);
+  shm_destroy(&t->base);
+  return st;
+}
