@@ -1,0 +1,945 @@
+/* tandemrun: start N ranks of a program, like mpirun, horovodrun or torchrun.
+ *
+ *   tandemrun -np N [-H host1:slots,host2:slots | --hostfile FILE]
+ *             [--timeout SECONDS] [--grace SECONDS] PROGRAM [ARGS...]
+ *
+ * It hosts the rendezvous store in a thread, gives every worker TANDEM_RANK,
+ * TANDEM_WORLD_SIZE, TANDEM_LOCAL_RANK, TANDEM_LOCAL_SIZE, TANDEM_STORE and
+ * TANDEM_JOB_ID, and then supervises them from one poll loop:
+ *
+ *   - output: each worker's stdout and stderr come through pipes and are
+ *     re-emitted whole line by whole line, prefixed "[RANK] ";
+ *   - signals: SIGINT/SIGTERM/SIGHUP arrive on a signalfd and are forwarded
+ *     to every worker's process group (SIGKILL follows 3 s later);
+ *   - failure: the first worker to exit non-zero or by a signal is the root
+ *     cause. The others get --grace seconds to notice and exit by themselves
+ *     (so that they can print their own errors naming the lost rank), then
+ *     SIGTERM, then SIGKILL 3 s later. tandemrun prints one line naming the
+ *     root cause and exits with its code (128 + signal for a signal);
+ *   - --timeout bounds the whole job; it then stops everything and exits 124.
+ *
+ * Local hosts are started with fork/exec, each worker in its own process group
+ * (so that its children are signalled too) and with a parent-death signal (so
+ * that a killed tandemrun does not leave orphans). Remote hosts are started
+ * with $TANDEM_SSH (default "ssh -o BatchMode=yes") HOST 'cd CWD && exec env
+ * VARS PROGRAM ARGS'. Ranks fill hosts slot by slot, in the order given. */
+#include "net/net.h"
+
+#include <fcntl.h>
+#include <getopt.h>
+#include <limits.h>
+#include <math.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define TANDEMRUN_VERSION "0.1.0"
+#define KILL_AFTER_TERM_S 3.0
+#define DRAIN_AFTER_EXIT_S 1.0
+#define LINE_MAX_BYTES (64 * 1024)
+
+extern char **environ;
+
+typedef struct {
+  char *name;
+  int slots;
+  bool local;
+} host_spec;
+
+typedef struct {
+  char *data;
+  size_t len, cap;
+} line_buf;
+
+typedef struct {
+  int rank, local_rank, local_size;
+  const host_spec *host;
+  pid_t pid;
+  int out_fd, err_fd; /* -1 once closed */
+  line_buf out_buf, err_buf;
+  bool running;   /* started and not yet reaped */
+  bool signalled; /* we sent it a signal */
+  int wait_status;
+} worker;
+
+typedef struct {
+  int n_ranks;
+  host_spec *hosts;
+  int n_hosts;
+  double timeout_s; /* 0 = none */
+  double grace_s;
+  char **argv; /* PROGRAM ARGS..., NULL-terminated */
+  char *program_path; /* resolved for local workers */
+} options;
+
+/* ---- small helpers ---- */
+
+static void die_usage(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+static void die_usage(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fputs("tandemrun: ", stderr);
+  vfprintf(stderr, fmt, ap);
+  fputs(" (see tandemrun --help)\n", stderr);
+  va_end(ap);
+  exit(2);
+}
+
+static void *xmalloc(size_t n) {
+  void *p = malloc(n ? n : 1);
+  if (!p) {
+    fprintf(stderr, "tandemrun: out of memory\n");
+    exit(1);
+  }
+  return p;
+}
+
+static char *xstrdup(const char *s) {
+  char *p = xmalloc(strlen(s) + 1);
+  strcpy(p, s);
+  return p;
+}
+
+static char *xasprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static char *xasprintf(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  char *s = NULL;
+  if (vasprintf(&s, fmt, ap) < 0) {
+    fprintf(stderr, "tandemrun: out of memory\n");
+    exit(1);
+  }
+  va_end(ap);
+  return s;
+}
+
+static void write_all_fd(int fd, const char *p, size_t n) {
+  while (n > 0) {
+    ssize_t w = write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return; /* our own output is gone (closed pipe): drop it */
+    p += w;
+    n -= (size_t)w;
+  }
+}
+
+static const char *signal_name(int sig, char *buf, size_t size) {
+  const char *abbrev = sigabbrev_np(sig);
+  if (abbrev)
+    snprintf(buf, size, "SIG%s", abbrev);
+  else
+    snprintf(buf, size, "signal %d", sig);
+  return buf;
+}
+
+static void usage(FILE *f) {
+  fputs("usage: tandemrun -np N [-H HOST:SLOTS,... | --hostfile FILE] [--timeout SECONDS] [--grace SECONDS]\n"
+        "                 PROGRAM [ARGS...]\n"
+        "\n"
+        "Starts N ranks of PROGRAM and hosts their rendezvous store. Each rank gets TANDEM_RANK,\n"
+        "TANDEM_WORLD_SIZE, TANDEM_LOCAL_RANK, TANDEM_LOCAL_SIZE, TANDEM_STORE and TANDEM_JOB_ID.\n"
+        "\n"
+        "  -np N, -n N          number of ranks (required)\n"
+        "  -H LIST              hosts and slots, e.g. -H node1:4,node2:4 (a host without :SLOTS has 1);\n"
+        "                       ranks fill the hosts slot by slot; default: all N on this host\n"
+        "  --hostfile FILE      one host per line: HOST, HOST:SLOTS or HOST slots=SLOTS; '#' comments\n"
+        "  --timeout SECONDS    stop the whole job after this long and exit 124\n"
+        "  --grace SECONDS      after a rank fails, give the others this long to exit by themselves\n"
+        "                       before stopping them (default 2)\n"
+        "  -h, --help           this text\n"
+        "  --version            print the version\n"
+        "\n"
+        "Output lines are prefixed with \"[RANK] \". SIGINT, SIGTERM and SIGHUP are forwarded to all\n"
+        "ranks. When a rank fails, the others are stopped and tandemrun exits with the failed rank's\n"
+        "exit code (128+N for signal N) after one line naming it.\n"
+        "\n"
+        "Remote hosts (anything but localhost, 127.x, ::1 and this host's name) are started with\n"
+        "$TANDEM_SSH (default \"ssh -o BatchMode=yes\"), passing the working directory and the\n"
+        "TANDEM_*, OMP_*, OPENBLAS_*, PATH, LD_LIBRARY_PATH, PYTHONPATH and sanitizer variables.\n"
+        "The store then listens on all interfaces; TANDEM_HOST_ADDR sets the address ranks dial.\n",
+        f);
+}
+
+/* ---- hosts ---- */
+
+static bool host_is_local(const char *name) {
+  if (strcmp(name, "localhost") == 0 || strncmp(name, "127.", 4) == 0 || strcmp(name, "::1") == 0 ||
+      strcmp(name, "[::1]") == 0)
+    return true;
+  char me[256];
+  if (gethostname(me, sizeof me) != 0) return false;
+  me[sizeof me - 1] = '\0';
+  if (strcmp(name, me) == 0) return true;
+  /* "node7" matches "node7.cluster.example" and the other way round */
+  size_t a = strcspn(name, "."), b = strcspn(me, ".");
+  return a == b && strncmp(name, me, a) == 0 && (!name[a] || !me[b]);
+}
+
+static void add_host(options *o, const char *name, int slots) {
+  o->hosts = realloc(o->hosts, (size_t)(o->n_hosts + 1) * sizeof *o->hosts);
+  if (!o->hosts) {
+    fprintf(stderr, "tandemrun: out of memory\n");
+    exit(1);
+  }
+  o->hosts[o->n_hosts].name = xstrdup(name);
+  o->hosts[o->n_hosts].slots = slots;
+  o->hosts[o->n_hosts].local = host_is_local(name);
+  o->n_hosts++;
+}
+
+/* Parse a positive slot count; -1 if not one. */
+static int parse_slots(const char *text) {
+  if (!*text) return -1;
+  long v = 0;
+  for (const char *p = text; *p; p++) {
+    if (*p < '0' || *p > '9' || v > 100000) return -1;
+    v = v * 10 + (*p - '0');
+  }
+  return v >= 1 && v <= 100000 ? (int)v : -1;
+}
+
+/* "host" or "host:slots" (a bracketed IPv6 address may precede :slots). */
+static bool parse_host_item(options *o, const char *item) {
+  char name[256];
+  const char *colon = NULL;
+  if (item[0] == '[') {
+    const char *close = strchr(item, ']');
+    if (!close) return false;
+    colon = close[1] == ':' ? close + 1 : NULL;
+    if (close[1] && !colon) return false;
+  } else {
+    colon = strrchr(item, ':');
+  }
+  size_t name_len = colon ? (size_t)(colon - item) : strlen(item);
+  if (name_len == 0 || name_len >= sizeof name) return false;
+  memcpy(name, item, name_len);
+  name[name_len] = '\0';
+  if (strpbrk(name, " \t,=")) return false;
+  int slots = 1;
+  if (colon && (slots = parse_slots(colon + 1)) < 0) return false;
+  add_host(o, name, slots);
+  return true;
+}
+
+static void parse_host_list(options *o, const char *list) {
+  char *copy = xstrdup(list);
+  char *save = NULL;
+  int n = 0;
+  for (char *item = strtok_r(copy, ",", &save); item; item = strtok_r(NULL, ",", &save), n++) {
+    if (!parse_host_item(o, item))
+      die_usage("-H: '%s' is not HOST or HOST:SLOTS; write e.g. -H node1:4,node2:4", item);
+  }
+  if (n == 0) die_usage("-H needs a list of hosts, e.g. -H node1:4,node2:4");
+  free(copy);
+}
+
+static void parse_hostfile(options *o, const char *path) {
+  FILE *f = fopen(path, "re");
+  if (!f) die_usage("cannot read hostfile '%s': %s", path, strerror(errno));
+  char line[1024];
+  int line_no = 0, n = 0;
+  while (fgets(line, sizeof line, f)) {
+    line_no++;
+    line[strcspn(line, "#\r\n")] = '\0';
+    char *fields[3];
+    int n_fields = 0;
+    char *save = NULL;
+    for (char *t = strtok_r(line, " \t", &save); t; t = strtok_r(NULL, " \t", &save)) {
+      if (n_fields == 3) break;
+      fields[n_fields++] = t;
+    }
+    if (n_fields == 0) continue;
+    bool ok;
+    if (n_fields == 1) {
+      ok = parse_host_item(o, fields[0]);
+    } else if (n_fields == 2 && strncmp(fields[1], "slots=", 6) == 0 && !strchr(fields[0], ':')) {
+      int slots = parse_slots(fields[1] + 6);
+      ok = slots > 0;
+      if (ok) add_host(o, fields[0], slots);
+    } else {
+      ok = false;
+    }
+    if (!ok) {
+      fclose(f);
+      die_usage("hostfile %s line %d is not 'HOST', 'HOST:SLOTS' or 'HOST slots=SLOTS' (SLOTS a positive integer)",
+                path, line_no);
+    }
+    n++;
+  }
+  fclose(f);
+  if (n == 0) die_usage("hostfile %s lists no hosts; write one per line, e.g. 'node1 slots=4'", path);
+}
+
+/* ---- options ---- */
+
+static double parse_seconds(const char *opt, const char *text, bool allow_zero) {
+  char *end;
+  errno = 0;
+  double v = strtod(text, &end);
+  if (errno || end == text || *end || !isfinite(v) || v < 0 || (!allow_zero && v == 0))
+    die_usage("%s '%s' is not a number of seconds; write e.g. %s 60", opt, text, opt);
+  return v;
+}
+
+/* Find an executable the way execvp would; NULL if there is none. */
+static char *resolve_program(const char *prog, char *why, size_t why_size) {
+  if (strchr(prog, '/')) {
+    struct stat st;
+    if (stat(prog, &st) != 0) {
+      snprintf(why, why_size, "%s", strerror(errno));
+      return NULL;
+    }
+    if (S_ISDIR(st.st_mode) || access(prog, X_OK) != 0) {
+      snprintf(why, why_size, "%s", S_ISDIR(st.st_mode) ? "it is a directory" : "it is not executable (chmod +x?)");
+      return NULL;
+    }
+    return xstrdup(prog);
+  }
+  const char *path = getenv("PATH");
+  if (!path || !*path) path = "/usr/local/bin:/usr/bin:/bin";
+  char *copy = xstrdup(path);
+  char *save = NULL;
+  for (char *dir = strtok_r(copy, ":", &save); dir; dir = strtok_r(NULL, ":", &save)) {
+    char *full = xasprintf("%s/%s", *dir ? dir : ".", prog);
+    struct stat st;
+    if (stat(full, &st) == 0 && !S_ISDIR(st.st_mode) && access(full, X_OK) == 0) {
+      free(copy);
+      return full;
+    }
+    free(full);
+  }
+  free(copy);
+  snprintf(why, why_size, "not found in PATH (give a path such as ./%s)", prog);
+  return NULL;
+}
+
+static void parse_options(int argc, char **argv, options *o) {
+  memset(o, 0, sizeof *o);
+  o->grace_s = 2.0;
+  const char *hosts_arg = NULL, *hostfile = NULL;
+  int i = 1;
+  for (; i < argc; i++) {
+    const char *a = argv[i];
+    if (a[0] != '-') break;
+    if (strcmp(a, "--") == 0) {
+      i++;
+      break;
+    }
+    const char *value = NULL;
+    const char *eq = strncmp(a, "--", 2) == 0 ? strchr(a, '=') : NULL;
+    char name[64];
+    if (eq) {
+      snprintf(name, sizeof name, "%.*s", (int)(eq - a), a);
+      value = eq + 1;
+    } else {
+      snprintf(name, sizeof name, "%s", a);
+    }
+#define NEED_VALUE()                                                              \
+  do {                                                                            \
+    if (!value) {                                                                 \
+      if (i + 1 >= argc) die_usage("%s needs a value", name);                     \
+      value = argv[++i];                                                          \
+    }                                                                             \
+  } while (0)
+    if (strcmp(name, "-h") == 0 || strcmp(name, "--help") == 0) {
+      usage(stdout);
+      exit(0);
+    } else if (strcmp(name, "--version") == 0) {
+      printf("tandemrun (Tandem) %s\n", TANDEMRUN_VERSION);
+      exit(0);
+    } else if (strcmp(name, "-np") == 0 || strcmp(name, "-n") == 0 || strcmp(name, "--np") == 0) {
+      NEED_VALUE();
+      char *end;
+      errno = 0;
+      long n = strtol(value, &end, 10);
+      if (errno || end == value || *end || n < 1 || n > 100000)
+        die_usage("-np '%s' is not a positive number of ranks; write e.g. -np 4", value);
+      o->n_ranks = (int)n;
+    } else if (strcmp(name, "-H") == 0 || strcmp(name, "--hosts") == 0 || strcmp(name, "--host") == 0) {
+      NEED_VALUE();
+      hosts_arg = value;
+    } else if (strcmp(name, "--hostfile") == 0 || strcmp(name, "-hostfile") == 0) {
+      NEED_VALUE();
+      hostfile = value;
+    } else if (strcmp(name, "--timeout") == 0) {
+      NEED_VALUE();
+      o->timeout_s = parse_seconds("--timeout", value, false);
+    } else if (strcmp(name, "--grace") == 0) {
+      NEED_VALUE();
+      o->grace_s = parse_seconds("--grace", value, true);
+    } else {
+      die_usage("unknown option '%s'; the options are -np, -H, --hostfile, --timeout, --grace, --help, --version", a);
+    }
+#undef NEED_VALUE
+  }
+  if (o->n_ranks == 0) die_usage("-np is missing: write tandemrun -np N PROGRAM [ARGS...]");
+  if (i >= argc) die_usage("no program given: write tandemrun -np %d PROGRAM [ARGS...]", o->n_ranks);
+  if (hosts_arg && hostfile) die_usage("give either -H or --hostfile, not both");
+  if (hosts_arg) parse_host_list(o, hosts_arg);
+  if (hostfile) parse_hostfile(o, hostfile);
+  if (o->n_hosts == 0) add_host(o, "localhost", o->n_ranks);
+  long total = 0;
+  for (int h = 0; h < o->n_hosts; h++) total += o->hosts[h].slots;
+  if (total < o->n_ranks)
+    die_usage("-np %d needs %d slots but the hosts give %ld: add slots (HOST:SLOTS) or lower -np", o->n_ranks,
+              o->n_ranks, total);
+  o->argv = argv + i;
+  bool any_local = false;
+  for (int h = 0; h < o->n_hosts; h++) any_local |= o->hosts[h].local;
+  char why[300];
+  o->program_path = resolve_program(o->argv[0], why, sizeof why);
+  if (!o->program_path) {
+    if (any_local) die_usage("cannot run '%s': %s", o->argv[0], why);
+    o->program_path = xstrdup(o->argv[0]); /* remote only: the remote PATH decides */
+  }
+}
+
+/* ---- environment ---- */
+
+static bool env_is_ours(const char *entry) {
+  static const char *ours[] = {"TANDEM_RANK=", "TANDEM_WORLD_SIZE=", "TANDEM_LOCAL_RANK=", "TANDEM_LOCAL_SIZE=",
+                               "TANDEM_STORE=", "TANDEM_JOB_ID="};
+  for (size_t i = 0; i < TD_ARRAY_SIZE(ours); i++)
+    if (strncmp(entry, ours[i], strlen(ours[i])) == 0) return true;
+  return false;
+}
+
+/* Variables worth carrying to a remote host. */
+static bool env_is_forwarded(const char *entry) {
+  static const char *prefixes[] = {"TANDEM_", "OMP_", "OPENBLAS_", "ASAN_OPTIONS=", "UBSAN_OPTIONS=",
+                                   "LSAN_OPTIONS=", "PATH=", "LD_LIBRARY_PATH=", "PYTHONPATH="};
+  if (strncmp(entry, "TANDEM_SSH=", 11) == 0) return false;
+  for (size_t i = 0; i < TD_ARRAY_SIZE(prefixes); i++)
+    if (strncmp(entry, prefixes[i], strlen(prefixes[i])) == 0) return true;
+  return false;
+}
+
+/* Single-quote for a POSIX shell. */
+static char *shell_quote(const char *s) {
+  size_t n = 2;
+  for (const char *p = s; *p; p++) n += *p == '\'' ? 4 : 1;
+  char *q = xmalloc(n + 1), *o = q;
+  *o++ = '\'';
+  for (const char *p = s; *p; p++) {
+    if (*p == '\'') {
+      memcpy(o, "'\\''", 4);
+      o += 4;
+    } else {
+      *o++ = *p;
+    }
+  }
+  *o++ = '\'';
+  *o = '\0';
+  return q;
+}
+
+typedef struct {
+  char **items;
+  size_t n, cap;
+} str_list;
+
+static void list_push(str_list *l, char *s) {
+  if (l->n + 1 >= l->cap) {
+    l->cap = l->cap ? l->cap * 2 : 32;
+    l->items = realloc(l->items, l->cap * sizeof *l->items);
+    if (!l->items) {
+      fprintf(stderr, "tandemrun: out of memory\n");
+      exit(1);
+    }
+  }
+  l->items[l->n++] = s;
+  l->items[l->n] = NULL;
+}
+
+static void list_free(str_list *l) {
+  for (size_t i = 0; i < l->n; i++) free(l->items[i]);
+  free(l->items);
+}
+
+/* ---- the job ---- */
+
+typedef struct {
+  options opt;
+  worker *workers;
+  int n_workers;
+  int n_running;
+  td_store_server *store;
+  char store_addr[300];
+  char job_id[64];
+  int sigfd;
+  /* failure handling */
+  int root_rank;      /* first failed rank, -1 if none */
+  int root_others;    /* ranks still running when it failed */
+  int interrupt_sig;  /* signal that interrupted the job, 0 if none */
+  bool timed_out;
+  bool stopping;      /* SIGTERM (or the forwarded signal) sent */
+  double grace_deadline, kill_deadline, job_deadline;
+  bool killed;
+} job;
+
+/* Build "K=V" entries for one worker. */
+static void worker_vars(const job *j, const worker *w, str_list *vars) {
+  list_push(vars, xasprintf("TANDEM_RANK=%d", w->rank));
+  list_push(vars, xasprintf("TANDEM_WORLD_SIZE=%d", j->opt.n_ranks));
+  list_push(vars, xasprintf("TANDEM_LOCAL_RANK=%d", w->local_rank));
+  list_push(vars, xasprintf("TANDEM_LOCAL_SIZE=%d", w->local_size));
+  list_push(vars, xasprintf("TANDEM_STORE=%s", j->store_addr));
+  list_push(vars, xasprintf("TANDEM_JOB_ID=%s", j->job_id));
+}
+
+/* Start one worker; on failure to start, print why and return false. The
+ * child does only async-signal-safe work between fork and exec: tandemrun has
+ * a store thread, so the child must not touch locks such as malloc's. */
+static bool start_worker(job *j, worker *w) {
+  str_list vars = {0}, env = {0}, args = {0};
+  worker_vars(j, w, &vars);
+  const char *exec_path;
+  if (w->host->local) {
+    for (char **e = environ; *e; e++)
+      if (!env_is_ours(*e)) list_push(&env, xstrdup(*e));
+    for (size_t i = 0; i < vars.n; i++) list_push(&env, xstrdup(vars.items[i]));
+    for (char **a = j->opt.argv; *a; a++) list_push(&args, xstrdup(*a));
+    exec_path = j->opt.program_path;
+  } else {
+    /* ssh HOST 'cd CWD && exec env VARS PROGRAM ARGS' */
+    for (char **e = environ; *e; e++) list_push(&env, xstrdup(*e));
+    char *ssh = xstrdup(td_env_str("TANDEM_SSH", "ssh -o BatchMode=yes"));
+    char *save = NULL;
+    for (char *t = strtok_r(ssh, " \t", &save); t; t = strtok_r(NULL, " \t", &save)) list_push(&args, xstrdup(t));
+    free(ssh);
+    if (args.n == 0) list_push(&args, xstrdup("ssh"));
+    list_push(&args, xstrdup(w->host->name));
+    char cwd[PATH_MAX];
+    if (!getcwd(cwd, sizeof cwd)) strcpy(cwd, ".");
+    char *q = shell_quote(cwd);
+    char *cmd = xasprintf("cd %s && exec env", q);
+    free(q);
+    str_list remote_vars = {0};
+    for (char **e = environ; *e; e++)
+      if (env_is_forwarded(*e) && !env_is_ours(*e)) list_push(&remote_vars, xstrdup(*e));
+    for (size_t i = 0; i < vars.n; i++) list_push(&remote_vars, xstrdup(vars.items[i]));
+    for (size_t i = 0; i < remote_vars.n; i++) {
+      q = shell_quote(remote_vars.items[i]);
+      char *next = xasprintf("%s %s", cmd, q);
+      free(cmd);
+      free(q);
+      cmd = next;
+    }
+    list_free(&remote_vars);
+    for (char **a = j->opt.argv; *a; a++) {
+      q = shell_quote(a == j->opt.argv ? j->opt.argv[0] : *a);
+      char *next = xasprintf("%s %s", cmd, q);
+      free(cmd);
+      free(q);
+      cmd = next;
+    }
+    list_push(&args, cmd);
+    exec_path = NULL; /* execvpe on args[0] */
+  }
+
+  int out_pipe[2], err_pipe[2], exec_pipe[2];
+  if (pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0 || pipe2(exec_pipe, O_CLOEXEC) != 0) {
+    fprintf(stderr, "tandemrun: cannot create pipes for rank %d: %s\n", w->rank, strerror(errno));
+    list_free(&vars);
+    list_free(&env);
+    list_free(&args);
+    return false;
+  }
+  int devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid == 0) {
+    setpgid(0, 0);
+    /* Die with tandemrun, even if it is SIGKILLed. */
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);
+    sigset_t none;
+    sigemptyset(&none);
+    for (int s = 1; s < NSIG; s++) signal(s, SIG_DFL);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    if (devnull >= 0) dup2(devnull, 0);
+    dup2(out_pipe[1], 1);
+    dup2(err_pipe[1], 2);
+    if (exec_path)
+      execve(exec_path, args.items, env.items);
+    else
+      execvpe(args.items[0], args.items, env.items);
+    int e = errno;
+    ssize_t wr = write(exec_pipe[1], &e, sizeof e);
+    (void)wr;
+    _exit(127);
+  }
+  int fork_errno = errno;
+  if (devnull >= 0) close(devnull);
+  close(out_pipe[1]);
+  close(err_pipe[1]);
+  close(exec_pipe[1]);
+  const char *what = exec_path ? exec_path : args.items[0];
+  char *what_copy = xstrdup(what);
+  list_free(&vars);
+  list_free(&env);
+  list_free(&args);
+  if (pid < 0) {
+    fprintf(stderr, "tandemrun: cannot start rank %d: fork failed: %s\n", w->rank, strerror(fork_errno));
+    close(out_pipe[0]);
+    close(err_pipe[0]);
+    close(exec_pipe[0]);
+    free(what_copy);
+    return false;
+  }
+  setpgid(pid, pid); /* also done in the child: whichever runs first wins the race */
+  w->pid = pid;
+  w->running = true;
+  j->n_running++;
+  w->out_fd = out_pipe[0];
+  w->err_fd = err_pipe[0];
+  /* EOF means exec succeeded (close-on-exec); an int means it failed. */
+  int exec_errno = 0;
+  ssize_t n;
+  TD_SYSCALL_RETRY(n, read(exec_pipe[0], &exec_errno, sizeof exec_errno));
+  close(exec_pipe[0]);
+  if (n == (ssize_t)sizeof exec_errno) {
+    fprintf(stderr, "tandemrun: rank %d (host %s) could not execute '%s': %s\n", w->rank, w->host->name, what_copy,
+            strerror(exec_errno));
+  }
+  free(what_copy);
+  return true;
+}
+
+static void kill_all(job *j, int sig) {
+  for (int i = 0; i < j->n_workers; i++) {
+    worker *w = &j->workers[i];
+    if (!w->running) continue;
+    w->signalled = true;
+    if (kill(-w->pid, sig) != 0) kill(w->pid, sig);
+  }
+}
+
+static void begin_stop(job *j, int sig) {
+  kill_all(j, sig);
+  if (!j->stopping) {
+    j->stopping = true;
+    j->kill_deadline = td_now() + KILL_AFTER_TERM_S;
+  }
+}
+
+/* Emit complete lines from buf to fd, each prefixed; keep the rest. */
+static void emit_lines(int rank, line_buf *b, int fd, bool flush_all) {
+  char prefix[24];
+  int plen = snprintf(prefix, sizeof prefix, "[%d] ", rank);
+  size_t start = 0;
+  /* Gather into one write so that lines from other ranks cannot interleave. */
+  size_t out_cap = b->len + 64 * ((b->len / 16) + 2), out_len = 0;
+  char *out = xmalloc(out_cap);
+  for (;;) {
+    char *nl = memchr(b->data + start, '\n', b->len - start);
+    size_t line_len;
+    bool add_newline = false;
+    if (nl) {
+      line_len = (size_t)(nl - (b->data + start)) + 1;
+    } else if (b->len - start > 0 && (flush_all || b->len - start >= LINE_MAX_BYTES)) {
+      line_len = b->len - start;
+      add_newline = true;
+    } else {
+      break;
+    }
+    if (out_len + (size_t)plen + line_len + 1 > out_cap) {
+      out_cap = (out_len + (size_t)plen + line_len + 1) * 2;
+      out = realloc(out, out_cap);
+      if (!out) exit(1);
+    }
+    memcpy(out + out_len, prefix, (size_t)plen);
+    out_len += (size_t)plen;
+    memcpy(out + out_len, b->data + start, line_len);
+    out_len += line_len;
+    if (add_newline) out[out_len++] = '\n';
+    start += line_len;
+  }
+  write_all_fd(fd, out, out_len);
+  free(out);
+  memmove(b->data, b->data + start, b->len - start);
+  b->len -= start;
+}
+
+/* Read what is available from one pipe. Returns false at EOF. */
+static bool pump(int rank, int *fdp, line_buf *b, int out_fd) {
+  if (b->cap - b->len < 65536) {
+    b->cap = b->cap ? b->cap * 2 : 131072;
+    b->data = realloc(b->data, b->cap);
+    if (!b->data) exit(1);
+  }
+  ssize_t n;
+  TD_SYSCALL_RETRY(n, read(*fdp, b->data + b->len, b->cap - b->len));
+  if (n > 0) {
+    b->len += (size_t)n;
+    emit_lines(rank, b, out_fd, false);
+    return true;
+  }
+  if (n < 0 && errno == EAGAIN) return true;
+  emit_lines(rank, b, out_fd, true);
+  close(*fdp);
+  *fdp = -1;
+  return false;
+}
+
+static void describe_status(int status, char *buf, size_t size) {
+  char name[32];
+  if (WIFSIGNALED(status))
+    snprintf(buf, size, "was killed by signal %d (%s)", WTERMSIG(status), signal_name(WTERMSIG(status), name,
+                                                                                         sizeof name));
+  else
+    snprintf(buf, size, "exited with code %d", WEXITSTATUS(status));
+}
+
+static void reap(job *j) {
+  for (;;) {
+    int status;
+    pid_t pid = waitpid(-1, &status, WNOHANG);
+    if (pid <= 0) return;
+    for (int i = 0; i < j->n_workers; i++) {
+      worker *w = &j->workers[i];
+      if (w->pid != pid || !w->running) continue;
+      w->running = false;
+      w->wait_status = status;
+      j->n_running--;
+      bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+      /* The first failure that we did not cause ourselves is the root cause. */
+      if (failed && j->root_rank < 0 && !w->signalled && !j->timed_out && !j->interrupt_sig) {
+        j->root_rank = w->rank;
+        j->root_others = j->n_running;
+        if (j->n_running > 0) j->grace_deadline = td_now() + j->opt.grace_s;
+      }
+      break;
+    }
+  }
+}
+
+static int run_job(job *j) {
+  /* Hosts and ranks: slot by slot, in order. */
+  j->workers = calloc((size_t)j->opt.n_ranks, sizeof *j->workers);
+  if (!j->workers) exit(1);
+  j->n_workers = j->opt.n_ranks;
+  int rank = 0;
+  for (int h = 0; h < j->opt.n_hosts && rank < j->opt.n_ranks; h++) {
+    int on_host = TD_MIN(j->opt.hosts[h].slots, j->opt.n_ranks - rank);
+    for (int l = 0; l < on_host; l++, rank++) {
+      worker *w = &j->workers[rank];
+      w->rank = rank;
+      w->local_rank = l;
+      w->local_size = on_host;
+      w->host = &j->opt.hosts[h];
+      w->out_fd = w->err_fd = -1;
+    }
+  }
+  bool all_local = true;
+  for (int i = 0; i < j->n_workers; i++) all_local &= j->workers[i].host->local;
+
+  /* Signals arrive on a signalfd; block them before the store thread starts
+   * so that no thread takes them asynchronously. */
+  sigset_t mask;
+  sigemptyset(&mask);
+  sigaddset(&mask, SIGINT);
+  sigaddset(&mask, SIGTERM);
+  sigaddset(&mask, SIGHUP);
+  sigaddset(&mask, SIGCHLD);
+  sigprocmask(SIG_BLOCK, &mask, NULL);
+  signal(SIGPIPE, SIG_IGN);
+  j->sigfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
+  if (j->sigfd < 0) {
+    fprintf(stderr, "tandemrun: signalfd failed: %s\n", strerror(errno));
+    return 1;
+  }
+
+  td_status st = store_server_start(all_local ? "127.0.0.1" : "0.0.0.0", 0, &j->store);
+  if (st != TD_OK) {
+    fprintf(stderr, "tandemrun: cannot start the rendezvous store: %s\n", td_last_error());
+    return 1;
+  }
+  char host_addr[256] = "127.0.0.1";
+  if (!all_local) net_local_address(host_addr, sizeof host_addr);
+  if (strchr(host_addr, ':'))
+    snprintf(j->store_addr, sizeof j->store_addr, "[%s]:%d", host_addr, store_server_port(j->store));
+  else
+    snprintf(j->store_addr, sizeof j->store_addr, "%s:%d", host_addr, store_server_port(j->store));
+  snprintf(j->job_id, sizeof j->job_id, "%d-%016llx", (int)getpid(), (unsigned long long)td_random_u64());
+
+  j->root_rank = -1;
+  double start = td_now();
+  j->job_deadline = j->opt.timeout_s > 0 ? start + j->opt.timeout_s : INFINITY;
+  j->grace_deadline = INFINITY;
+  j->kill_deadline = INFINITY;
+  int n_started = 0;
+  for (int i = 0; i < j->n_workers; i++) {
+    if (!start_worker(j, &j->workers[i])) break;
+    n_started++;
+    /* A signal during a long start-up (ssh) should not wait for the rest. */
+    struct signalfd_siginfo si;
+    if (read(j->sigfd, &si, sizeof si) == (ssize_t)sizeof si) {
+      if (si.ssi_signo == SIGCHLD) {
+        reap(j);
+      } else {
+        j->interrupt_sig = (int)si.ssi_signo;
+        break;
+      }
+    }
+  }
+  bool start_failed = n_started < j->n_workers && !j->interrupt_sig;
+  if (start_failed || j->interrupt_sig) begin_stop(j, j->interrupt_sig ? j->interrupt_sig : SIGTERM);
+
+  double drain_deadline = INFINITY;
+  struct pollfd *pfds = xmalloc(sizeof *pfds * (size_t)(2 * j->n_workers + 1));
+  int *owner = xmalloc(sizeof *owner * (size_t)(2 * j->n_workers + 1));
+  for (;;) {
+    double now = td_now();
+    int n_open = 0;
+    for (int i = 0; i < j->n_workers; i++) n_open += (j->workers[i].out_fd >= 0) + (j->workers[i].err_fd >= 0);
+    if (j->n_running == 0) {
+      if (n_open == 0) break;
+      /* All exited; a grandchild may still hold a pipe. Give output a moment. */
+      if (isinf(drain_deadline)) drain_deadline = now + DRAIN_AFTER_EXIT_S;
+      if (now >= drain_deadline) break;
+    }
+    if (now >= j->job_deadline && !j->timed_out && !j->interrupt_sig && j->n_running > 0) {
+      j->timed_out = true;
+      if (j->root_rank < 0 && !j->interrupt_sig) j->root_others = j->n_running;
+      begin_stop(j, SIGTERM);
+    }
+    if (now >= j->grace_deadline && j->n_running > 0) {
+      j->grace_deadline = INFINITY;
+      begin_stop(j, SIGTERM);
+    }
+    if (now >= j->kill_deadline && j->n_running > 0 && !j->killed) {
+      j->killed = true;
+      kill_all(j, SIGKILL);
+    }
+    double next = TD_MIN(TD_MIN(j->job_deadline, j->grace_deadline), TD_MIN(drain_deadline, j->kill_deadline));
+    int timeout_ms = isinf(next) ? -1 : (int)TD_MAX(0, ceil((next - now) * 1000.0));
+    if (timeout_ms > 1000 || timeout_ms < 0) {
+      /* SIGCHLD is coalesced by signalfd; reap at least once a second anyway. */
+      timeout_ms = 1000;
+    }
+    int n_pfds = 0;
+    pfds[n_pfds] = (struct pollfd){.fd = j->sigfd, .events = POLLIN};
+    owner[n_pfds++] = -1;
+    for (int i = 0; i < j->n_workers; i++) {
+      if (j->workers[i].out_fd >= 0) {
+        pfds[n_pfds] = (struct pollfd){.fd = j->workers[i].out_fd, .events = POLLIN};
+        owner[n_pfds++] = 2 * i;
+      }
+      if (j->workers[i].err_fd >= 0) {
+        pfds[n_pfds] = (struct pollfd){.fd = j->workers[i].err_fd, .events = POLLIN};
+        owner[n_pfds++] = 2 * i + 1;
+      }
+    }
+    int n = poll(pfds, (nfds_t)n_pfds, timeout_ms);
+    if (n < 0 && errno != EINTR) {
+      fprintf(stderr, "tandemrun: poll failed: %s\n", strerror(errno));
+      begin_stop(j, SIGKILL);
+    }
+    for (int p = 1; n > 0 && p < n_pfds; p++) {
+      if (!pfds[p].revents) continue;
+      worker *w = &j->workers[owner[p] / 2];
+      if (owner[p] % 2 == 0)
+        pump(w->rank, &w->out_fd, &w->out_buf, 1);
+      else
+        pump(w->rank, &w->err_fd, &w->err_buf, 2);
+    }
+    struct signalfd_siginfo si;
+    while (read(j->sigfd, &si, sizeof si) == (ssize_t)sizeof si) {
+      int sig = (int)si.ssi_signo;
+      if (sig == SIGCHLD) continue;
+      if (j->interrupt_sig && sig == j->interrupt_sig) {
+        /* Asked twice: stop waiting for the workers to be polite. */
+        j->killed = true;
+        kill_all(j, SIGKILL);
+        continue;
+      }
+      if (!j->interrupt_sig) {
+        j->interrupt_sig = sig;
+        if (j->root_rank < 0 && !j->timed_out) j->root_others = j->n_running;
+      }
+      kill_all(j, sig);
+      if (!j->stopping) {
+        j->stopping = true;
+        j->kill_deadline = td_now() + KILL_AFTER_TERM_S;
+      }
+    }
+    reap(j);
+  }
+  free(pfds);
+  free(owner);
+  /* Any grandchild still holding a pipe is part of a finished job: stop it. */
+  for (int i = 0; i < j->n_workers; i++) {
+    worker *w = &j->workers[i];
+    if (w->pid > 0 && (w->out_fd >= 0 || w->err_fd >= 0)) kill(-w->pid, SIGKILL);
+    if (w->out_fd >= 0) emit_lines(w->rank, &w->out_buf, 1, true), close(w->out_fd);
+    if (w->err_fd >= 0) emit_lines(w->rank, &w->err_buf, 2, true), close(w->err_fd);
+    free(w->out_buf.data);
+    free(w->err_buf.data);
+  }
+  store_server_stop(j->store);
+  close(j->sigfd);
+
+  /* One root-cause line, and the exit code. */
+  char how[96], name[32];
+  int code = 0;
+  if (j->root_rank >= 0) {
+    worker *w = &j->workers[j->root_rank];
+    describe_status(w->wait_status, how, sizeof how);
+    char others[96] = "";
+    if (j->root_others > 0)
+      snprintf(others, sizeof others, "; stopped the other %d rank%s", j->root_others, j->root_others == 1 ? "" : "s");
+    const char *hint = "";
+    if (!w->host->local && WIFEXITED(w->wait_status) && WEXITSTATUS(w->wait_status) == 255)
+      hint = " (ssh could not reach the host? check TANDEM_SSH)";
+    else if (WIFEXITED(w->wait_status) && WEXITSTATUS(w->wait_status) == 127)
+      hint = " (the program could not be started)";
+    fprintf(stderr, "tandemrun: rank %d (pid %d, host %s) %s%s%s\n", w->rank, (int)w->pid, w->host->name, how, hint,
+            others);
+    code = WIFSIGNALED(w->wait_status) ? 128 + WTERMSIG(w->wait_status) : WEXITSTATUS(w->wait_status);
+    if (code == 0) code = 1;
+  } else if (j->timed_out) {
+    fprintf(stderr, "tandemrun: the job ran past --timeout %g s; stopped the %d rank%s still running\n",
+            j->opt.timeout_s, j->root_others, j->root_others == 1 ? "" : "s");
+    code = 124;
+  } else if (j->interrupt_sig) {
+    fprintf(stderr, "tandemrun: received %s; forwarded it to the %d running rank%s and stopped the job\n",
+            signal_name(j->interrupt_sig, name, sizeof name), j->root_others, j->root_others == 1 ? "" : "s");
+    code = 128 + j->interrupt_sig;
+  } else if (start_failed) {
+    fprintf(stderr, "tandemrun: could not start rank %d; stopped the %d rank%s already started\n", n_started,
+            n_started, n_started == 1 ? "" : "s");
+    code = 1;
+  } else {
+    /* All exited 0, or failures that we caused only (not possible without a root cause). */
+    for (int i = 0; i < j->n_workers; i++) {
+      worker *w = &j->workers[i];
+      if (!(WIFEXITED(w->wait_status) && WEXITSTATUS(w->wait_status) == 0)) {
+        describe_status(w->wait_status, how, sizeof how);
+        fprintf(stderr, "tandemrun: rank %d (pid %d, host %s) %s\n", w->rank, (int)w->pid, w->host->name, how);
+        code = 1;
+        break;
+      }
+    }
+  }
+  free(j->workers);
+  return code;
+}
+
+int main(int argc, char **argv) {
+  job j;
+  memset(&j, 0, sizeof j);
+  parse_options(argc, argv, &j.opt);
+  int code = run_job(&j);
+  for (int h = 0; h < j.opt.n_hosts; h++) free(j.opt.hosts[h].name);
+  free(j.opt.hosts);
+  free(j.opt.program_path);
+  return code;
+}
