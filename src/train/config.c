@@ -195,6 +195,10 @@ static td_status check_keys(const parse_ctx *pc, const cJSON *obj, const char *w
     int best = -1, best_d = 99;
     for (int i = 0; i < n_known; i++) {
       int d = edit_distance(item->string, known[i]);
+      /* A truncated or extended key ("train_batch", "lr_max") is a likely slip too. */
+      if (strlen(item->string) >= 4 && strlen(known[i]) >= 4 &&
+          (strstr(known[i], item->string) || strstr(item->string, known[i])))
+        d = TD_MIN(d, 1);
       if (d < best_d) best_d = d, best = i;
     }
     int limit = (int)strlen(item->string) / 3;

@@ -113,7 +113,7 @@ td_status td_trainer_create(const td_train_config *cfg_in, td_model *model, td_d
   t->n_params = model->n_params;
   t->n_states = td_optimizer_n_states(t->cfg.optimizer.kind);
   size_t arena_bytes = t->n_params * sizeof(float);
-  t->params = td_alloc(arena_bytes);
+  t->params = td_calloc(arena_bytes); /* zeros for a model kind td_model_init_params does not know */
   t->grads = td_calloc(arena_bytes);
   for (int i = 0; i < t->n_states; i++) t->states[i] = td_calloc(arena_bytes);
   t->inputs = td_alloc((size_t)t->cfg.micro_batch * dataset->input_bytes);
