@@ -11,6 +11,10 @@
  *   test_comm_core mismatch  under tandemrun -np 2: rank 0 issues allreduce
  *                            while rank 1 issues broadcast; both must fail
  *                            with TD_ERR_MISMATCH naming both operations.
+ *   test_comm_core timeout   under tandemrun -np 2 with TANDEM_TIMEOUT=1: rank 1
+ *                            arrives 3 s late at a barrier; rank 0 must fail
+ *                            with TD_ERR_TIMEOUT after about 1 s, rank 1 with
+ *                            the relayed error (at the latest on its next op).
  * The exhaustive multi-rank sweeps live in test_collectives. */
 #include <stdint.h>
 #include <stdlib.h>
@@ -370,13 +374,40 @@ static void test_mismatch(void) {
   td_comm_destroy(comm);
 }
 
+static void test_timeout(void) {
+  td_comm *comm;
+  CHECK_OK(td_comm_init(&comm));
+  int rank = td_comm_rank(comm);
+  if (rank == 1) {
+    struct timespec ts = {3, 0};
+    nanosleep(&ts, NULL);
+  }
+  double t0 = now_s();
+  td_status st = td_barrier(comm);
+  double dt = now_s() - t0;
+  fprintf(stderr, "rank %d: %s after %.2f s: %s\n", rank, td_status_str(st), dt, td_comm_last_error(comm));
+  if (rank == 0) {
+    CHECK_STATUS(st, TD_ERR_TIMEOUT);
+    CHECK(dt > 0.9 && dt < 2.5);
+    CHECK(strstr(td_comm_last_error(comm), "barrier(seq 0) did not finish within 1 s (TANDEM_TIMEOUT)"));
+  } else {
+    /* Rank 0's frame may have arrived before it gave up, completing this
+     * barrier; then the next operation must see the failure. */
+    if (st == TD_OK) st = td_barrier(comm);
+    CHECK(st != TD_OK);
+    CHECK(now_s() - t0 < 3.0);
+  }
+  td_comm_destroy(comm);
+}
+
 int main(int argc, char **argv) {
   const char *mode = argc > 1 ? argv[1] : "self";
   if (!strcmp(mode, "self")) test_self_lifecycle();
   else if (!strcmp(mode, "multi")) test_multi();
   else if (!strcmp(mode, "mismatch")) test_mismatch();
+  else if (!strcmp(mode, "timeout")) test_timeout();
   else {
-    fprintf(stderr, "usage: %s self|multi|mismatch\n", argv[0]);
+    fprintf(stderr, "usage: %s self|multi|mismatch|timeout\n", argv[0]);
     return 2;
   }
   printf("test_comm_core %s: ok\n", mode);
