@@ -28,7 +28,7 @@
 #include "comm/comm_impl.h"
 
 /* Default chunk: measured on loopback TCP with 2 ranks (64 MiB f32). */
-#define RING_DEFAULT_CHUNK_BYTES ((size_t)512 << 10)
+#define RING_DEFAULT_CHUNK_BYTES ((size_t)256 << 10)
 
 static size_t ring_chunk_elems(size_t elem_size) {
   size_t bytes = td_env_size("TANDEM_RING_CHUNK_BYTES", RING_DEFAULT_CHUNK_BYTES);

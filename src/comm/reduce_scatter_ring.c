@@ -21,7 +21,7 @@
  * is read only in the last step, as the rank's own contribution. */
 #include "comm/comm_impl.h"
 
-#define RING_DEFAULT_CHUNK_BYTES ((size_t)512 << 10) /* as allreduce_ring.c */
+#define RING_DEFAULT_CHUNK_BYTES ((size_t)256 << 10) /* as allreduce_ring.c */
 
 static size_t ring_chunk_elems(size_t elem_size) {
   size_t elems = td_env_size("TANDEM_RING_CHUNK_BYTES", RING_DEFAULT_CHUNK_BYTES) / elem_size;
