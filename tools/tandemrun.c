@@ -38,6 +38,7 @@
 #include <sys/signalfd.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #define TANDEMRUN_VERSION "0.1.0"
@@ -757,6 +758,10 @@ static int run_job(job *j) {
     return 1;
   }
 
+  /* Orphaned grandchildren of workers are reparented to us and reaped here,
+   * instead of lingering as zombies under a container's init. */
+  (void)prctl(PR_SET_CHILD_SUBREAPER, 1);
+
   td_status st = store_server_start(all_local ? "127.0.0.1" : "0.0.0.0", 0, &j->store);
   if (st != TD_OK) {
     fprintf(stderr, "tandemrun: cannot start the rendezvous store: %s\n", td_last_error());
@@ -883,6 +888,16 @@ static int run_job(job *j) {
     if (w->err_fd >= 0) emit_lines(w->rank, &w->err_buf, 2, true), close(w->err_fd);
     free(w->out_buf.data);
     free(w->err_buf.data);
+  }
+  /* Reap what we killed (and any orphans handed to us), briefly. */
+  for (double until = td_now() + 0.5; td_now() < until;) {
+    int status;
+    pid_t pid = waitpid(-1, &status, WNOHANG);
+    if (pid < 0) break; /* ECHILD: nothing left */
+    if (pid == 0) {
+      struct timespec ts = {0, 5 * 1000 * 1000};
+      nanosleep(&ts, NULL);
+    }
   }
   store_server_stop(j->store);
   close(j->sigfd);
