@@ -91,7 +91,22 @@ static td_status check_header(td_comm *comm, const comm_op *op, int peer, size_t
                      "rank %d expected %zu payload bytes from rank %d in %s but got %llu: the ranks chose "
                      "different algorithms (do all ranks set the same TANDEM_* variables?)",
                      comm->rank, bytes, peer, mine, (unsigned long long)h->nbytes);
-  return comm_fail(comm, TD_ERR_MISMATCH, "rank %d issued %s but rank %d sent %s", comm->rank, mine, peer, theirs);
+  bool same_kind = h->kind == (uint32_t)expected_kind;
+  char fields[96] = "";
+  size_t used = 0;
+  const struct { bool differs; const char *name; } diffs[] = {
+      {h->kind != (uint32_t)expected_kind, "operation"}, {h->seq != op->seq, "order"},
+      {h->count != op->count, "count"},                 {h->dtype != (int32_t)op->dtype, "dtype"},
+      /* op and root mean something only when the kinds agree */
+      {same_kind && h->redop != (int32_t)op->redop, "op"}, {same_kind && h->root != op->root, "root"},
+  };
+  for (size_t i = 0; i < TD_ARRAY_SIZE(diffs); i++)
+    if (diffs[i].differs && used < sizeof fields)
+      used += (size_t)snprintf(fields + used, sizeof fields - used, "%s%s", used ? ", " : "", diffs[i].name);
+  return comm_fail(comm, TD_ERR_MISMATCH,
+                   "rank %d issued %s but rank %d sent %s (they differ in %s); every rank must issue the same "
+                   "collectives in the same order with the same count, dtype, op and root",
+                   comm->rank, mine, peer, theirs, fields);
 }
 
 static td_status step_recv(td_comm *comm, const comm_op *op, const p2p_xfer *x, xfer_state *s, bool *moved_any) {
