@@ -110,7 +110,9 @@ void td_train_config_defaults(td_train_config *cfg);
  *   scheduler: {type: "WarmupLR"|"WarmupCosineLR"|"WarmupDecayLR"|"Constant",
  *               params: {warmup_num_steps, total_num_steps, warmup_min_lr,
  *                        warmup_max_lr, warmup_min_ratio, cos_min_ratio}},
- *   checkpoint: {save_dir, save_every}.
+ *   checkpoint: {save_dir, save_every};
+ *   fp16, bf16 {enabled: false} and zero_optimization {stage: 0} are accepted
+ *   (so that existing ds_config files load) and refused when switched on.
  * ("Adam" means AdamW, as DeepSpeed's default adam_w_mode does.) Unknown keys,
  * wrong types and out-of-range values are TD_ERR_INVALID_ARGUMENT with a
  * message naming the file, the key path and what to write instead ("unknown

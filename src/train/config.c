@@ -435,11 +435,33 @@ static td_status parse_checkpoint(parse_ctx *pc, const cJSON *obj) {
   return TD_OK;
 }
 
+/* DeepSpeed sections this engine does not implement yet. A config that
+ * switches them off ({"enabled": false}, ZeRO stage 0) is accepted, so that
+ * existing ds_config files load; one that asks for them is refused rather
+ * than silently trained differently. */
+static td_status parse_unsupported(parse_ctx *pc, const cJSON *item) {
+  const char *k = item->string;
+  const cJSON *enabled = cJSON_IsObject(item) ? cJSON_GetObjectItemCaseSensitive(item, "enabled") : NULL;
+  const cJSON *stage = cJSON_IsObject(item) ? cJSON_GetObjectItemCaseSensitive(item, "stage") : NULL;
+  int off = strcmp(k, "zero_optimization") == 0 ? (stage && cJSON_IsNumber(stage) && stage->valuedouble == 0)
+                                                : (enabled && cJSON_IsFalse(enabled));
+  if (off) return TD_OK;
+  if (strcmp(k, "zero_optimization") == 0)
+    return td_error(TD_ERR_INVALID_ARGUMENT,
+                    "%s: zero_optimization is not supported yet (plain data parallelism: every rank holds the whole "
+                    "model); remove it or set \"stage\": 0",
+                    pc->source);
+  return td_error(TD_ERR_INVALID_ARGUMENT,
+                  "%s: %s is not supported yet (training is in fp32); remove it or set \"enabled\": false", pc->source,
+                  k);
+}
+
 static td_status parse_root(parse_ctx *pc, const cJSON *root) {
   static const char *const keys[] = {
       "train_batch_size", "train_micro_batch_size_per_gpu", "train_micro_batch_size_per_rank",
       "gradient_accumulation_steps", "train_steps", "seed", "gradient_clipping", "steps_per_print",
-      "threads_per_rank", "bucket_bytes", "first_bucket_bytes", "optimizer", "scheduler", "checkpoint"};
+      "threads_per_rank", "bucket_bytes", "first_bucket_bytes", "optimizer", "scheduler", "checkpoint",
+      "fp16", "bf16", "zero_optimization"};
   if (!cJSON_IsObject(root))
     return td_error(TD_ERR_INVALID_ARGUMENT, "%s: the config must be a JSON object ({ ... })", pc->source);
   TD_CHECK(check_keys(pc, root, "", keys, (int)TD_ARRAY_SIZE(keys)));
@@ -488,6 +510,8 @@ static td_status parse_root(parse_ctx *pc, const cJSON *root) {
       TD_CHECK(parse_scheduler(pc, item));
     } else if (strcmp(k, "checkpoint") == 0) {
       TD_CHECK(parse_checkpoint(pc, item));
+    } else if (strcmp(k, "fp16") == 0 || strcmp(k, "bf16") == 0 || strcmp(k, "zero_optimization") == 0) {
+      TD_CHECK(parse_unsupported(pc, item));
     }
   }
   /* WarmupLR gives absolute rates; the config keeps fractions of the peak so
