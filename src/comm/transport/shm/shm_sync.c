@@ -96,6 +96,7 @@ static void header_diff(const comm_hdr *a, const comm_hdr *b, char *buf, size_t 
 #define FIELD(f, name) \
   if (a->f != b->f) len += (size_t)snprintf(buf + len, size > len ? size - len : 0, "%s%s", len ? ", " : "", name)
   FIELD(kind, "operation");
+  if (a->kind != b->kind) return; /* the other fields mean different things then */
   FIELD(seq, "sequence number (order)");
   FIELD(count, "count");
   FIELD(dtype, "dtype");
