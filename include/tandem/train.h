@@ -210,6 +210,16 @@ td_status td_trainer_save(td_trainer *trainer, const char *root_dir);
  * fails on all). */
 td_status td_trainer_resume(td_trainer *trainer, const char *path);
 
+/* Optional tracing of the engine's own phases, for a timeline (src/obs):
+ * fn(ctx, name, begin_s, end_s) is called on the training thread after each
+ * phase with monotonic times (the clock of td_now() in src/base). Names:
+ * "data" (filling a micro-batch), "comm_wait" (blocked on gradient buckets
+ * and the loss), "optimizer" (norm, clip and update), "checkpoint". Forward
+ * and backward are the model's and can be traced by wrapping its ops.
+ * fn NULL turns tracing off. Local. */
+typedef void (*td_train_trace_fn)(void *ctx, const char *name, double begin_s, double end_s);
+void td_trainer_set_trace(td_trainer *trainer, td_train_trace_fn fn, void *ctx);
+
 /* ---- accessors (local) ---- */
 long td_trainer_step_count(const td_trainer *trainer);        /* optimizer steps done */
 long td_trainer_steps_per_epoch(const td_trainer *trainer);   /* dataset size / global batch, at least 1 */

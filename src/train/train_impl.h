@@ -93,6 +93,9 @@ struct td_trainer {
   int n_requests, cap_requests;
   size_t comm_bytes;
   td_status bucket_status; /* first failure from a launch inside the ready callback */
+
+  td_train_trace_fn trace; /* optional phase tracing */
+  void *trace_ctx;
 };
 
 /* Agree on success across ranks: every rank passes its local status; returns

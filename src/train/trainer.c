@@ -229,6 +229,15 @@ static void on_grad_ready(void *ctx, size_t offset, size_t count) {
   }
 }
 
+void td_trainer_set_trace(td_trainer *t, td_train_trace_fn fn, void *ctx) {
+  t->trace = fn;
+  t->trace_ctx = ctx;
+}
+
+static void trace(const td_trainer *t, const char *name, double begin) {
+  if (t->trace) t->trace(t->trace_ctx, name, begin, td_now());
+}
+
 static double wait_requests(td_trainer *t, td_status *st_out) {
   double t0 = td_now();
   td_status first = TD_OK;
@@ -237,6 +246,7 @@ static double wait_requests(td_trainer *t, td_status *st_out) {
     if (st != TD_OK && first == TD_OK) first = st;
   }
   t->n_requests = 0;
+  trace(t, "comm_wait", t0);
   if (first != TD_OK)
     td_error(first, "rank %d: averaging gradients failed: %s", t->rank, td_comm_last_error(t->comm));
   *st_out = first;
@@ -274,6 +284,7 @@ td_status td_trainer_step(td_trainer *t, td_step_stats *stats) {
     double d0 = td_now();
     load_micro_batch(t, micro);
     data_s += td_now() - d0;
+    trace(t, "data", d0);
     float loss = m->ops->forward(t->model, t->params, t->inputs, t->targets, t->cfg.micro_batch);
     loss_sum += loss;
     int sync = distributed && micro == accum - 1;
@@ -313,6 +324,7 @@ td_status td_trainer_step(td_trainer *t, td_step_stats *stats) {
 
   /* Every rank holds the same averaged gradient, so the norm, the clip and
    * the update agree without further communication. */
+  double opt0 = td_now();
   double norm = td_l2_norm(t->grads, t->n_params);
   float scale = td_clip_scale(norm, t->cfg.grad_clip);
   float lr = td_train_lr_at(&t->cfg, t->step);
@@ -325,6 +337,7 @@ td_status td_trainer_step(td_trainer *t, td_step_stats *stats) {
                   scale);
   t->step++;
   t->consumed += (uint64_t)t->cfg.train_batch_size;
+  trace(t, "optimizer", opt0);
 
   int saved = 0;
   double step_s = td_now() - t_start;
@@ -354,7 +367,9 @@ td_status td_trainer_checkpoint_if_due(td_trainer *t, int *saved) {
   *saved = 0;
   if (!t->cfg.checkpoint_dir[0] || t->cfg.checkpoint_every <= 0 || t->step % t->cfg.checkpoint_every != 0)
     return TD_OK;
+  double t0 = td_now();
   TD_CHECK(td_trainer_save(t, t->cfg.checkpoint_dir));
+  trace(t, "checkpoint", t0);
   *saved = 1;
   return TD_OK;
 }

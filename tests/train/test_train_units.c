@@ -338,11 +338,21 @@ static td_trainer *make_trainer(td_model *model, td_dataset *ds, int micro, int 
   return t;
 }
 
+static int n_traced[4];
+static void count_trace(void *ctx, const char *name, double begin, double end) {
+  CHECK(end >= begin);
+  CHECK(ctx == (void *)n_traced);
+  const char *names[4] = {"data", "optimizer", "comm_wait", "checkpoint"};
+  for (int i = 0; i < 4; i++)
+    if (strcmp(name, names[i]) == 0) n_traced[i]++;
+}
+
 static void test_training_and_accumulation(void) {
   td_dataset *ds = tiny_dataset_create(200);
   td_model *m1 = tiny_model_create(), *m2 = tiny_model_create();
   td_trainer *a = make_trainer(m1, ds, 8, 1, TD_OPTIMIZER_ADAMW, NULL, 0);
   td_trainer *b = make_trainer(m2, ds, 2, 4, TD_OPTIMIZER_ADAMW, NULL, 0);
+  td_trainer_set_trace(b, count_trace, n_traced);
   CHECK_EQ_INT(td_trainer_steps_per_epoch(a), 25);
   double first = 0, last = 0, eval_before, acc_before, eval_after, acc_after;
   CHECK_OK(td_trainer_evaluate(a, ds, 0, &eval_before, &acc_before));
@@ -359,6 +369,9 @@ static void test_training_and_accumulation(void) {
     if (s == 0) first = sa.loss;
     last = sa.loss;
   }
+  CHECK_EQ_INT(n_traced[0], 30 * 4); /* one "data" per micro-step */
+  CHECK_EQ_INT(n_traced[1], 30);
+  CHECK_EQ_INT(n_traced[2], 0); /* a world of one never communicates */
   const float *pa = td_trainer_params(a), *pb = td_trainer_params(b);
   for (size_t i = 0; i < td_trainer_n_params(a); i++) CHECK_CLOSE(pb[i], pa[i], 1e-4, 1e-5);
   CHECK(last < first);
