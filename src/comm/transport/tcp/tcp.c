@@ -239,7 +239,12 @@ static void tcp_abort(transport *base, td_status status, const char *reason) {
   if (comm->store) {
     char key[256], msg[1400];
     abort_key(comm, key, sizeof key);
-    int len = snprintf(msg, sizeof msg, "rank %d reported: %s", t->rank, reason ? reason : td_status_str(status));
+    /* comm_fail's messages start with "rank <this rank>: "; say it once. */
+    const char *text = reason && *reason ? reason : td_status_str(status);
+    char own[32];
+    int own_len = snprintf(own, sizeof own, "rank %d: ", t->rank);
+    if (own_len > 0 && !strncmp(text, own, (size_t)own_len)) text += own_len;
+    int len = snprintf(msg, sizeof msg, "rank %d reported: %s", t->rank, text);
     if (len < 0) len = 0;
     if ((size_t)len >= sizeof msg) len = (int)sizeof msg - 1;
     void *current = NULL;
@@ -305,7 +310,7 @@ static td_status accept_peers(tcp_transport *t, int listen_fd, uint64_t hash, do
       char missing[512];
       describe_missing(t, missing, sizeof missing);
       return td_error(TD_ERR_TIMEOUT,
-                      "tcp: %s did not connect to rank %d (%s) within %.0f s: the process may have failed to start "
+                      "tcp: %s did not connect to rank %d (%s) within %g s (TANDEM_CONNECT_TIMEOUT): the process may have failed to start "
                       "or crashed, or cannot reach this address (set TANDEM_HOST_ADDR to one it can reach)",
                       missing, t->rank, t->peers[t->rank].addr, timeout_s);
     }
@@ -348,7 +353,11 @@ td_status tcp_transport_create(td_comm *comm, transport **out) {
   }
   for (int p = 0; p < t->size; p++) t->peers[p].fd = -1;
 
-  double timeout_s = comm->timeout_s > 0 ? comm->timeout_s : 300.0;
+  /* The rendezvous already saw every rank alive, so wiring is quick unless a
+   * rank died since or cannot reach this address. The core reads the same
+   * variable with the same default for the rendezvous. */
+  double timeout_s = td_env_double("TANDEM_CONNECT_TIMEOUT", 60.0);
+  if (timeout_s <= 0) timeout_s = 60.0;
   double deadline = td_now() + timeout_s;
   uint64_t hash = prefix_hash(comm->prefix);
 
@@ -369,7 +378,7 @@ td_status tcp_transport_create(td_comm *comm, transport **out) {
     char *value = NULL;
     st = store_wait_str(comm->store, key, TD_MAX(deadline - td_now(), 0.001), &value);
     if (st != TD_OK) {
-      st = td_error(st, "tcp: rank %d never published its address (store key %s) within %.0f s: %s", p, key,
+      st = td_error(st, "tcp: rank %d never published its address (store key %s) within %g s (TANDEM_CONNECT_TIMEOUT): %s", p, key,
                     timeout_s, td_last_error());
       goto fail;
     }
