@@ -11,6 +11,11 @@
  *       0 alone resumes the N-rank checkpoint on a world of one (shards
  *       reassembled) and must reproduce the losses within summation noise.
  *
+ *   test_train_dp reload MODEL DIR
+ *       Loads the step-3 checkpoint that `resume` left in DIR (written by a
+ *       different number of ranks), trains 3 steps and compares the losses
+ *       with an uninterrupted run on this world size (within summation noise).
+ *
  * MODEL: "tiny" (the test MLP), "gpt" (a small src/nn GPT on synthetic
  * text) or "cnn" (the src/nn CNN on synthetic images). OPT: sgd | adamw. */
 #include "train/train_impl.h"
@@ -235,9 +240,35 @@ static void run_resume(td_comm *comm, const model_kit *kit, const char *dir) {
   td_dataset_destroy(ds);
 }
 
+static void run_reload(td_comm *comm, const model_kit *kit, const char *dir) {
+  int world = td_comm_size(comm), rank = td_comm_rank(comm);
+  td_dataset *ds = kit->dataset();
+  td_model *m = kit->create();
+  double losses[6];
+  td_trainer *a = make(kit, m, ds, comm, G / world, 1, TD_OPTIMIZER_ADAMW);
+  for (int s = 0; s < 6; s++) {
+    td_step_stats st;
+    CHECK_OK(td_trainer_step(a, &st));
+    losses[s] = st.loss;
+  }
+  td_trainer_destroy(a);
+  td_trainer *b = make(kit, m, ds, comm, G / world, 1, TD_OPTIMIZER_ADAMW);
+  CHECK_OK(td_trainer_resume(b, dir));
+  CHECK_EQ_INT(td_trainer_step_count(b), 3);
+  for (int s = 3; s < 6; s++) {
+    td_step_stats st;
+    CHECK_OK(td_trainer_step(b, &st));
+    if (rank == 0) printf("reloaded step %d loss %.9f uninterrupted %.9f\n", s + 1, st.loss, losses[s]);
+    CHECK_CLOSE(st.loss, losses[s], 2e-5, 1e-6);
+  }
+  td_trainer_destroy(b);
+  td_model_destroy(m);
+  td_dataset_destroy(ds);
+}
+
 int main(int argc, char **argv) {
   if (argc < 3) {
-    fprintf(stderr, "usage: %s equal MODEL ACCUM OPT | resume MODEL DIR\n", argv[0]);
+    fprintf(stderr, "usage: %s equal MODEL ACCUM OPT | resume MODEL DIR | reload MODEL DIR\n", argv[0]);
     return 2;
   }
   setvbuf(stdout, NULL, _IOLBF, 0);
@@ -248,6 +279,8 @@ int main(int argc, char **argv) {
     run_equal(comm, kit, atoi(argv[3]), parse_opt(argv[4]));
   } else if (strcmp(argv[1], "resume") == 0 && argc >= 4) {
     run_resume(comm, kit, argv[3]);
+  } else if (strcmp(argv[1], "reload") == 0 && argc >= 4) {
+    run_reload(comm, kit, argv[3]);
   } else {
     fprintf(stderr, "bad arguments\n");
     return 2;
