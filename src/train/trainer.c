@@ -317,7 +317,8 @@ td_status td_trainer_step(td_trainer *t, td_step_stats *stats) {
     }
     td_status wst;
     wait_s = wait_requests(t, &wst);
-    if (t->bucket_status != TD_OK) return td_error(t->bucket_status, "%s", td_last_error());
+    /* The message is the launch failure's, or the wait's if that came later. */
+    if (t->bucket_status != TD_OK) return t->bucket_status;
     if (st == TD_OK) st = wst;
     if (st != TD_OK) return st;
   }
