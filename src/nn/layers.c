@@ -144,32 +144,65 @@ void td_layernorm_backward(float *dinp, float *dweight, float *dbias, const floa
 
 #define GELU_SCALE 0.7978845608028654f /* sqrt(2/pi) */
 
-void td_gelu_forward(float *out, const float *inp, size_t n) {
-  float *restrict o = out;
-  const float *restrict x = inp;
-  for (size_t i = 0; i < n; i++) {
-    float xi = x[i];
-    float u = GELU_SCALE * (xi + 0.044715f * xi * xi * xi);
-    o[i] = 0.5f * xi * (1.0f + nn_tanhf(u));
-  }
+static inline nn_v8f gelu_v8(nn_v8f x) {
+  nn_v8f u = GELU_SCALE * (x + 0.044715f * x * x * x);
+  return 0.5f * x * (1.0f + nn_tanhf_v8(u));
 }
 
-static inline float gelu_grad(float x) {
-  float u = GELU_SCALE * (x + 0.044715f * x * x * x);
-  float th = nn_tanhf(u);
-  float sech2 = 1.0f - th * th;
+/* d gelu(x) / dx */
+static inline nn_v8f gelu_grad_v8(nn_v8f x) {
+  nn_v8f u = GELU_SCALE * (x + 0.044715f * x * x * x);
+  nn_v8f th = nn_tanhf_v8(u);
+  nn_v8f sech2 = 1.0f - th * th;
   return 0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
 }
 
+void td_gelu_forward(float *out, const float *inp, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) nn_v8_store(out + i, gelu_v8(nn_v8_load(inp + i)));
+  if (i < n) nn_v8_store_partial(out + i, gelu_v8(nn_v8_load_partial(inp + i, (int)(n - i), 0.0f)), (int)(n - i));
+}
+
+/* dinp (+)= gelu'(inp) * dout; dinp may alias dout (each chunk is read first) */
+static void gelu_backward(float *dinp, int accumulate, const float *inp, const float *dout, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    nn_v8f g = gelu_grad_v8(nn_v8_load(inp + i)) * nn_v8_load(dout + i);
+    if (accumulate) g += nn_v8_load(dinp + i);
+    nn_v8_store(dinp + i, g);
+  }
+  if (i < n) {
+    int rest = (int)(n - i);
+    nn_v8f g = gelu_grad_v8(nn_v8_load_partial(inp + i, rest, 0.0f)) * nn_v8_load_partial(dout + i, rest, 0.0f);
+    if (accumulate) g += nn_v8_load_partial(dinp + i, rest, 0.0f);
+    nn_v8_store_partial(dinp + i, g, rest);
+  }
+}
+
 void td_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
-  float *restrict dx = dinp;
-  const float *restrict x = inp, *restrict d = dout;
-  for (size_t i = 0; i < n; i++) dx[i] += gelu_grad(x[i]) * d[i];
+  gelu_backward(dinp, 1, inp, dout, n);
 }
 
 void nn_gelu_backward_set(float *dinp, const float *inp, const float *dout, size_t n) {
-  /* dinp may alias dout: each element is read before it is written */
-  for (size_t i = 0; i < n; i++) dinp[i] = gelu_grad(inp[i]) * dout[i];
+  gelu_backward(dinp, 0, inp, dout, n);
+}
+
+float nn_exp_shift_sum(float *x, int n, float shift) {
+  nn_v8f acc = NN_V8(0.0f);
+  int i = 0;
+  for (; i + 8 <= n; i += 8) {
+    nn_v8f e = nn_expf_v8(nn_v8_load(x + i) - shift);
+    nn_v8_store(x + i, e);
+    acc += e;
+  }
+  float sum = 0.0f;
+  for (int l = 0; l < 8; l++) sum += acc[l];
+  if (i < n) {
+    nn_v8f e = nn_expf_v8(nn_v8_load_partial(x + i, n - i, 0.0f) - shift);
+    for (int l = 0; l < n - i; l++) sum += e[l];
+    nn_v8_store_partial(x + i, e, n - i);
+  }
+  return sum;
 }
 
 /* ---- ReLU ---- */
@@ -206,12 +239,7 @@ static void causal_softmax_rows(float *restrict att, int T, int i0, int i1) {
     float *restrict row = att + (size_t)i * T;
     float mx = -FLT_MAX;
     for (int j = 0; j <= i; j++) mx = row[j] > mx ? row[j] : mx;
-    float sum = 0.0f;
-    for (int j = 0; j <= i; j++) {
-      float e = nn_expf(row[j] - mx);
-      row[j] = e;
-      sum += e;
-    }
+    float sum = nn_exp_shift_sum(row, i + 1, mx);
     float inv = 1.0f / sum;
     for (int j = 0; j <= i; j++) row[j] *= inv;
     for (int j = i + 1; j < T; j++) row[j] = 0.0f;
@@ -428,12 +456,8 @@ float td_softmax_xent_forward(float *probs, const float *logits, const int32_t *
     float x_target = x[targets[n]];          /* read before p overwrites it */
     float mx = -FLT_MAX;
     for (int v = 0; v < V; v++) mx = x[v] > mx ? x[v] : mx;
-    float sum = 0.0f;
-    for (int v = 0; v < V; v++) {
-      float e = nn_expf(x[v] - mx);
-      p[v] = e;
-      sum += e;
-    }
+    if (p != x) memcpy(p, x, (size_t)V * sizeof(float));
+    float sum = nn_exp_shift_sum(p, V, mx);
     float inv = 1.0f / sum;
     for (int v = 0; v < V; v++) p[v] *= inv;
     /* -log p[target] from the logits: exact even where p underflows */
