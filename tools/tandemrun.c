@@ -48,6 +48,8 @@
 
 extern char **environ;
 
+static struct sigaction original_sigpipe;
+
 typedef struct {
   char *name;
   int slots;
@@ -561,9 +563,12 @@ static bool start_worker(job *j, worker *w) {
     /* Die with tandemrun, even if it is SIGKILLed. */
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) _exit(127);
+    /* Give the program the signal state tandemrun started with: our own
+     * SIGPIPE ignore undone, nothing blocked; what the user ignored (nohup's
+     * SIGHUP) stays ignored. */
     sigset_t none;
     sigemptyset(&none);
-    for (int s = 1; s < NSIG; s++) signal(s, SIG_DFL);
+    sigaction(SIGPIPE, &original_sigpipe, NULL);
     sigprocmask(SIG_SETMASK, &none, NULL);
     if (devnull >= 0) dup2(devnull, 0);
     dup2(out_pipe[1], 1);
@@ -633,6 +638,7 @@ static void begin_stop(job *j, int sig) {
 
 /* Emit complete lines from buf to fd, each prefixed; keep the rest. */
 static void emit_lines(int rank, line_buf *b, int fd, bool flush_all) {
+  if (b->len == 0) return;
   char prefix[24];
   int plen = snprintf(prefix, sizeof prefix, "[%d] ", rank);
   size_t start = 0;
@@ -751,7 +757,8 @@ static int run_job(job *j) {
   sigaddset(&mask, SIGHUP);
   sigaddset(&mask, SIGCHLD);
   sigprocmask(SIG_BLOCK, &mask, NULL);
-  signal(SIGPIPE, SIG_IGN);
+  struct sigaction ignore = {.sa_handler = SIG_IGN};
+  sigaction(SIGPIPE, &ignore, &original_sigpipe);
   j->sigfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
   if (j->sigfd < 0) {
     fprintf(stderr, "tandemrun: signalfd failed: %s\n", strerror(errno));

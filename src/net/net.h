@@ -67,7 +67,10 @@ void net_shm_unmap(void *addr, size_t size);
 
 /* ---- rendezvous store: client ----
  * Thread-safe (one mutex per client). Keys are strings (< 512 bytes), values
- * are bytes (< 64 MiB). */
+ * are bytes (<= 64 MiB). One request is in flight per client: a store_wait
+ * holds the client until it is answered, so threads that wait at the same time
+ * as others use the store should each have their own client. After a transfer
+ * fails half-way the client stays broken (TD_ERR_REMOTE on every call). */
 typedef struct td_store td_store;
 
 /* Connect to "host:port", retrying until timeout_s; the error names the

@@ -67,6 +67,9 @@ struct td_store_server {
   size_t n_clients, cap_clients;
   struct pollfd *pfds;
   size_t cap_pfds;
+  /* Out of file descriptors: stop accepting for a moment instead of spinning
+   * on a listening socket that stays readable. */
+  double accept_paused_until;
 };
 
 /* ---- table ---- */
@@ -392,8 +395,14 @@ static void accept_clients(td_store_server *s) {
     int fd = accept4(s->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO) continue;
-      if (errno != EAGAIN && errno != EWOULDBLOCK)
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        if (td_now() >= s->accept_paused_until + 1.0)
+          TD_WARN("store server: cannot accept more clients (%zu connected): %s; raise `ulimit -n`",
+                  s->n_clients, strerror(errno));
+        s->accept_paused_until = td_now() + 0.1;
+      } else if (errno != EAGAIN && errno != EWOULDBLOCK) {
         TD_WARN("store server: accept failed: %s (clients will retry)", strerror(errno));
+      }
       return;
     }
     (void)net_set_nodelay(fd);
@@ -443,7 +452,9 @@ static void *server_main(void *arg) {
     }
     double next_deadline = INFINITY;
     s->pfds[0] = (struct pollfd){.fd = s->wake_pipe[0], .events = POLLIN};
-    s->pfds[1] = (struct pollfd){.fd = s->listen_fd, .events = POLLIN};
+    bool accept_paused = td_now() < s->accept_paused_until;
+    s->pfds[1] = (struct pollfd){.fd = s->listen_fd, .events = accept_paused ? 0 : POLLIN};
+    if (accept_paused) next_deadline = s->accept_paused_until;
     for (size_t i = 0; i < s->n_clients; i++) {
       client *c = s->clients[i];
       short ev = POLLRDHUP;
