@@ -88,7 +88,6 @@ static double app_parse_double(const char *flag, const char *text, double min, d
  * traced model per program. Used only when a timeline is being written. */
 static const td_model_ops *traced_inner_ops;
 static td_timeline *traced_timeline;
-static double traced_last_backward_end;
 
 static td_status traced_prepare(td_model *m, int batch) { return traced_inner_ops->prepare(m, batch); }
 static float traced_forward(td_model *m, const float *params, const void *inputs, const int32_t *targets, int batch) {
@@ -101,8 +100,7 @@ static void traced_backward(td_model *m, const float *params, float *grads, floa
                             void *ctx) {
   double t0 = td_timeline_now();
   traced_inner_ops->backward(m, params, grads, loss_scale, ready, ctx);
-  traced_last_backward_end = td_timeline_now();
-  td_timeline_span(traced_timeline, "compute", "backward", t0, traced_last_backward_end);
+  td_timeline_span(traced_timeline, "compute", "backward", t0, td_timeline_now());
 }
 static void traced_predict(td_model *m, int32_t *out) { traced_inner_ops->predict(m, out); }
 static void traced_destroy(td_model *m) {
@@ -177,10 +175,6 @@ static void app_after_step(app_run *run, const td_step_stats *st, double t_begin
     char name[48];
     snprintf(name, sizeof name, "step %ld", st->step);
     td_timeline_span(run->timeline, "step", name, t_begin, t_end);
-    /* The engine waits for the gradient buckets right after the last
-     * backward; the wait it measured is drawn there. */
-    double w0 = traced_last_backward_end > t_begin ? traced_last_backward_end : t_begin;
-    if (st->comm_wait_s > 0) td_timeline_span(run->timeline, "comm", "wait for gradients", w0, w0 + st->comm_wait_s);
     td_timeline_counter(run->timeline, "loss", t_end, st->loss);
   }
   if (run->metrics) {
@@ -230,6 +224,20 @@ static void app_begin(app_run *run, const char *metrics_path, int use_tokens) {
     s = td_metrics_open(metrics_path, use_tokens ? "tokens" : "samples", 0, &run->metrics);
     if (s != TD_OK) app_fail(run, "opening the metrics file", s);
   }
+}
+
+/* The engine's own phases (td_trainer_set_trace): waiting for gradient
+ * buckets goes on the "comm" row, checkpoint writing on "io", the rest (data,
+ * optimizer) beside forward and backward on "compute". */
+static void app_trace_phase(void *ctx, const char *name, double begin_s, double end_s) {
+  const char *lane = "compute";
+  if (!strcmp(name, "comm_wait")) lane = "comm";
+  else if (!strcmp(name, "checkpoint")) lane = "io";
+  td_timeline_span((td_timeline *)ctx, lane, name, begin_s, end_s);
+}
+
+static void app_trace_trainer(app_run *run) {
+  if (run->timeline) td_trainer_set_trace(run->trainer, app_trace_phase, run->timeline);
 }
 
 /* The model the engine should drive, traced when a timeline is written. */

@@ -165,6 +165,7 @@ int main(int argc, char **argv) {
   if (s != TD_OK) app_fail(&run, "creating the GPT model", s);
   s = td_trainer_create(&cfg, app_engine_model(&run, model), data, run.comm, &run.trainer);
   if (s != TD_OK) app_fail(&run, "creating the trainer", s);
+  app_trace_trainer(&run);
   if (opt.resume_dir) {
     s = td_trainer_resume(run.trainer, opt.resume_dir);
     if (s != TD_OK) app_fail(&run, "resuming from the checkpoint", s);

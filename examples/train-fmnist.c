@@ -95,6 +95,7 @@ static long build_config(const fmnist_options *o, int world, size_t n_train, td_
   cfg->scheduler.min_ratio = 0.0f;
   cfg->steps_per_print = 100;
   cfg->steps = 0;
+  const td_schedule_config default_schedule = cfg->scheduler;
   if (o->config_path) {
     td_status s = td_train_config_load_json(o->config_path, cfg);
     if (s != TD_OK) app_usage_error("config %s: %s", o->config_path, td_last_error());
@@ -109,6 +110,16 @@ static long build_config(const fmnist_options *o, int world, size_t n_train, td_
   long per_epoch = (long)(n_train / (size_t)cfg->train_batch_size);
   if (per_epoch < 1) per_epoch = 1;
   if (o->epochs > 0 || cfg->steps == 0) cfg->steps = per_epoch * (o->epochs > 0 ? o->epochs : FMNIST_DEFAULT_EPOCHS);
+  /* Our default warmup is for full-size runs; a short run (small --data, one
+   * epoch of a big batch) warms up for at most a fifth of its steps. A
+   * schedule from the config file is left as written. */
+  const td_schedule_config *sc = &cfg->scheduler;
+  int schedule_is_ours = sc->kind == default_schedule.kind && sc->warmup_steps == default_schedule.warmup_steps &&
+                         sc->total_steps == default_schedule.total_steps &&
+                         sc->warmup_start_ratio == default_schedule.warmup_start_ratio &&
+                         sc->min_ratio == default_schedule.min_ratio;
+  if (schedule_is_ours && cfg->scheduler.warmup_steps > cfg->steps / 5)
+    cfg->scheduler.warmup_steps = cfg->steps / 5;
   if (o->save_dir) {
     snprintf(cfg->checkpoint_dir, sizeof cfg->checkpoint_dir, "%s", o->save_dir);
     if (cfg->checkpoint_every == 0) cfg->checkpoint_every = per_epoch;
@@ -159,6 +170,7 @@ int main(int argc, char **argv) {
   if (s != TD_OK) app_fail(&run, "creating the CNN", s);
   s = td_trainer_create(&cfg, app_engine_model(&run, model), train, run.comm, &run.trainer);
   if (s != TD_OK) app_fail(&run, "creating the trainer", s);
+  app_trace_trainer(&run);
   if (opt.resume_dir) {
     s = td_trainer_resume(run.trainer, opt.resume_dir);
     if (s != TD_OK) app_fail(&run, "resuming from the checkpoint", s);
