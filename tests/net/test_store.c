@@ -10,6 +10,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -315,6 +316,39 @@ static void test_abandoned_waiter(void) {
   store_close(s2);
 }
 
+/* Running out of file descriptors: the server stops accepting for a moment
+ * (instead of spinning) and serves again once descriptors are free. */
+static void test_out_of_fds(void) {
+  char host[64];
+  int port;
+  CHECK_OK(net_parse_addr(g_addr, host, sizeof host, &port));
+  struct rlimit old;
+  CHECK(getrlimit(RLIMIT_NOFILE, &old) == 0);
+  int probe = dup(0);
+  CHECK(probe >= 0);
+  close(probe);
+  struct rlimit low = old;
+  low.rlim_cur = (rlim_t)probe + 40;
+  CHECK(setrlimit(RLIMIT_NOFILE, &low) == 0);
+  enum { MAX_FDS = 200 };
+  int fds[MAX_FDS], n_fds = 0;
+  /* Client and server share this process's limit, so the server's accept
+   * hits EMFILE as soon as the clients have taken every descriptor. */
+  while (n_fds < MAX_FDS && net_connect(host, port, 0, &fds[n_fds]) == TD_OK) n_fds++;
+  CHECK(n_fds > 0 && n_fds < MAX_FDS);
+  usleep(300 * 1000); /* the server meets EMFILE and pauses accepting */
+  for (int i = 0; i < n_fds; i++) close(fds[i]);
+  CHECK(setrlimit(RLIMIT_NOFILE, &old) == 0);
+  td_store *s = NULL;
+  double t0 = td_now();
+  CHECK_OK(store_connect(g_addr, 5.0, &s));
+  int64_t r;
+  CHECK_OK(store_add(s, "after-emfile", 1, &r));
+  CHECK_EQ_INT(r, 1);
+  CHECK(td_now() - t0 < 3.0);
+  store_close(s);
+}
+
 static void test_bad_addresses(void) {
   const char *bad[] = {"", "nohost", "host:", "host:99999", "host:12ab", "[::1", "[::1]", "[::1]80", "::1:80",
                        ":80", "a b:1", "[]:80"};
@@ -422,6 +456,7 @@ int main(void) {
   test_large_value();
   test_hostile_clients();
   test_abandoned_waiter();
+  test_out_of_fds();
   test_bad_addresses();
   test_unreachable();
   test_connect_retries();
