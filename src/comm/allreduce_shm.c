@@ -12,17 +12,18 @@
  * Large messages: a pipeline over chunks of shm_chunk_bytes(), sized so that
  * a chunk's slots stay in cache; two syncs per chunk (parity p = epoch % 2):
  *
- *     copy my chunk into slot[me][p]
+ *     copy the other ranks' slices of my chunk into slot[me][p]
  *     sync                                       (all chunks in)
- *     reduce my 1/n slice of the chunk over slot[0..n-1][p]
+ *     reduce my 1/n slice: my send slice and slot[j != me][p]
  *            into the same slice of slot[me][p^1]
  *     sync                                       (all slices reduced)
  *     copy every rank's reduced slice of slot[*][p^1] into recv, then the
  *     next chunk's copy-in, both before the next arrival.
  *
  * Cost per rank for B bytes: read B from send and write B to recv (the only
- * DRAM traffic when the slots stay in cache), plus B + B/n of cache-resident
- * reads and writes, and 2·B/chunk syncs. Large outputs that are not the
+ * DRAM traffic when the slots stay in cache), plus about 2B·(n-1)/n + B/n
+ * of cache-resident copies, and 2·B/chunk syncs. The reduce reads the own
+ * slice from send, so a rank stages only what the others need. Large outputs that are not the
  * input are written with streaming stores (no read-for-ownership).
  * TD_AVG is reduced as TD_SUM; select.c scales the result. */
 #include "comm/transport/shm/shm.h"
@@ -54,20 +55,26 @@ static td_status allreduce_pipelined(td_comm *comm, const comm_op *op, size_t by
   const char *send = op->send;
   char *recv = op->recv;
   const void *srcs[n];
+  size_t off[n], len[n];
   for (size_t base = 0; base < op->count; base += chunk) {
     size_t m = TD_MIN(chunk, op->count - base);
+    for (int k = 0; k < n; k++) td_shard_range(m, n, k, &off[k], &len[k]);
     unsigned p = (unsigned)(shm_next_epoch(comm) & 1);
-    memcpy(shm_slot(comm, me, p), send + base * es, m * es);
+    /* Stage only the slices the other ranks reduce; my own slice is read
+     * straight from send below. */
+    char *mine = shm_slot(comm, me, p);
+    for (int k = 0; k < n; k++)
+      if (k != me && len[k]) memcpy(mine + off[k] * es, send + (base + off[k]) * es, len[k] * es);
     TD_CHECK(shm_sync(comm, op));
-    size_t off, len;
-    td_shard_range(m, n, me, &off, &len);
-    for (int k = 0; k < n; k++) srcs[k] = (const char *)shm_slot(comm, k, p) + off * es;
-    td_reduce_multi((char *)shm_slot(comm, me, p ^ 1) + off * es, srcs, n, len, op->dtype, op->redop);
+    srcs[0] = send + (base + off[me]) * es;
+    for (int k = 0, j = 1; k < n; k++)
+      if (k != me) srcs[j++] = (const char *)shm_slot(comm, k, p) + off[me] * es;
+    td_reduce_multi((char *)shm_slot(comm, me, p ^ 1) + off[me] * es, srcs, n, len[me], op->dtype, op->redop);
     TD_CHECK(shm_sync(comm, op));
-    for (int k = 0; k < n; k++) {
-      td_shard_range(m, n, k, &off, &len);
-      shm_copy(recv + (base + off) * es, (const char *)shm_slot(comm, k, p ^ 1) + off * es, len * es, stream);
-    }
+    for (int k = 0; k < n; k++)
+      if (len[k])
+        shm_copy(recv + (base + off[k]) * es, (const char *)shm_slot(comm, k, p ^ 1) + off[k] * es, len[k] * es,
+                 stream);
   }
   return TD_OK;
 }

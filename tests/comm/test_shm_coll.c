@@ -7,6 +7,8 @@
  *   test_shm_coll kill VICTIM            VICTIM SIGKILLs itself; every survivor's
  *                                        allreduce fails with TD_ERR_REMOTE naming it
  *                                        within seconds; prints "shm kill ok ... job=ID"
+ *   test_shm_coll leave VICTIM           VICTIM destroys its communicator without
+ *                                        finalizing and stays alive: the same failure
  *   test_shm_coll mismatch               the last rank issues a different count, then a
  *                                        different root: TD_ERR_MISMATCH on every rank
  *
@@ -189,7 +191,10 @@ static void check_no_segment(const char *job) {
   closedir(d);
 }
 
-static int run_kill(td_comm *c, int victim) {
+/* kill: the victim dies by SIGKILL; leave: it destroys its communicator
+ * without finalizing and stays alive (its peers must not wait for it). */
+static int run_kill(td_comm **cp, int victim, bool leave) {
+  td_comm *c = *cp;
   CHECK(victim > 0 && victim < g_size);
   float x[4096];
   for (int i = 0; i < 4096; i++) x[i] = 1;
@@ -197,7 +202,11 @@ static int run_kill(td_comm *c, int victim) {
   CHECK_CLOSE(x[17], g_size, 0, 0);
   if (g_rank == victim) {
     usleep(200 * 1000);
-    raise(SIGKILL);
+    if (!leave) raise(SIGKILL);
+    td_comm_destroy(c);
+    *cp = NULL;
+    sleep(2);
+    return 0;
   }
   /* Survivors: a large (pipelined) allreduce the victim never joins. */
   size_t count = 1 << 20;
@@ -214,7 +223,7 @@ static int run_kill(td_comm *c, int victim) {
   if (dt > 5.0) td_test_fail(__FILE__, __LINE__, "failure took %.2f s to detect (want < 5 s)", dt);
   /* Sticky: a later collective fails at once with the same status. */
   CHECK_STATUS(td_allreduce(x, x, 4, TD_F32, TD_SUM, c), TD_ERR_REMOTE);
-  printf("shm kill ok rank %d after %.3f s job=%s\n", g_rank, dt, job_id());
+  printf("shm %s ok rank %d after %.3f s job=%s\n", leave ? "leave" : "kill", g_rank, dt, job_id());
   fflush(stdout);
   free(big);
   return 0;
@@ -238,7 +247,7 @@ static int run_mismatch(td_comm *c) {
 
 int main(int argc, char **argv) {
   if (argc < 2) {
-    fprintf(stderr, "usage: test_shm_coll coll COUNTS | kill VICTIM | mismatch\n");
+    fprintf(stderr, "usage: test_shm_coll coll COUNTS | kill VICTIM | leave VICTIM | mismatch\n");
     return 2;
   }
   td_comm *c = NULL;
@@ -252,8 +261,8 @@ int main(int argc, char **argv) {
   if (!strcmp(argv[1], "coll") && argc > 2) {
     rc = run_coll(c, argv[2]);
     CHECK_OK(td_comm_finalize(c));
-  } else if (!strcmp(argv[1], "kill") && argc > 2) {
-    rc = run_kill(c, atoi(argv[2]));
+  } else if ((!strcmp(argv[1], "kill") || !strcmp(argv[1], "leave")) && argc > 2) {
+    rc = run_kill(&c, atoi(argv[2]), argv[1][0] == 'l');
   } else if (!strcmp(argv[1], "mismatch")) {
     rc = run_mismatch(c);
   }

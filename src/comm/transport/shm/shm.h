@@ -37,8 +37,10 @@ typedef struct shm_abort_block {
 } shm_abort_block;
 
 typedef struct shm_rank_block {
-  /* written once at attach */
+  /* written once at attach; `detached` when the rank destroys its
+   * communicator, so that peers still waiting for it fail at once */
   _Alignas(SHM_LINE) int32_t pid;
+  _Atomic uint32_t detached;
   /* doorbell: bumped by peers that made progress possible for this rank
    * (data or space in a FIFO, an arrival, an abort); `waiting` counts this
    * rank's threads asleep on it, so that peers skip the futex_wake syscall

@@ -128,11 +128,13 @@ bool shm_spin(shm_transport *t, shm_ready_fn ready, const void *arg) {
   }
 }
 
-/* The first of `peers` (n entries, -1 skipped) whose process is gone, or -1. */
+/* The first of `peers` (n entries, -1 skipped) whose process is gone or
+ * that destroyed its communicator, or -1. */
 int shm_find_dead(shm_transport *t, const int *peers, int n) {
   for (int i = 0; i < n; i++) {
     int p = peers[i];
     if (p < 0 || p >= t->n || p == t->rank) continue;
+    if (atomic_load_explicit(&t->ranks[p].detached, memory_order_acquire)) return p;
     pid_t pid = t->ranks[p].pid;
     if (pid > 0 && !net_pid_alive(pid)) return p;
   }
@@ -140,6 +142,11 @@ int shm_find_dead(shm_transport *t, const int *peers, int n) {
 }
 
 td_status shm_fail_dead(shm_transport *t, int peer, const char *while_doing) {
+  if (atomic_load_explicit(&t->ranks[peer].detached, memory_order_acquire))
+    return comm_fail(t->base.comm, TD_ERR_REMOTE,
+                     "rank %d (pid %d) destroyed its communicator while rank %d %s over shared memory (did it skip "
+                     "td_comm_finalize, or fail earlier? look at rank %d's output)",
+                     peer, (int)t->ranks[peer].pid, t->rank, while_doing, peer);
   return comm_fail(t->base.comm, TD_ERR_REMOTE,
                    "rank %d (pid %d) died: its process is gone while rank %d %s over shared memory; look at rank "
                    "%d's output for the cause",
@@ -270,6 +277,11 @@ static void shm_destroy(transport *xt) {
   shm_transport *t = (shm_transport *)xt;
   if (!t) return;
   if (t->name[0] && t->rank == 0) net_shm_unlink(t->name);
+  if (t->map) {
+    atomic_store_explicit(&t->ranks[t->rank].detached, 1, memory_order_release);
+    for (int k = 0; k < t->n; k++)
+      if (k != t->rank) shm_ring(t, k);
+  }
   net_shm_unmap(t->map, t->map_bytes);
   free(t);
 }
