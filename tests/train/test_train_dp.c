@@ -179,6 +179,18 @@ static void run_equal(td_comm *comm, const model_kit *kit, int accum, td_optimiz
   if (rank == 0)
     printf("equal %s world %d accum %d %s: %zu params, max |dp - single| = %.3g\n", kit->name, world, accum,
            td_optimizer_name(opt), n, max_diff);
+  /* A local failure on the last rank becomes a failure on every rank, and
+   * the others' message names it. */
+  if (world > 1) {
+    td_status mine = rank == world - 1 ? td_error(TD_ERR_IO, "disk on fire") : TD_OK;
+    td_status all = td_trainer_agree(dp, mine);
+    CHECK_EQ_INT(all, TD_ERR_IO);
+    char want[64];
+    snprintf(want, sizeof want, "rank %d failed", world - 1);
+    if (rank == world - 1) CHECK(strstr(td_last_error(), "disk on fire") != NULL);
+    else if (!strstr(td_last_error(), want)) td_test_fail(__FILE__, __LINE__, "message: %s", td_last_error());
+    CHECK_OK(td_trainer_agree(dp, TD_OK));
+  }
   td_trainer_destroy(dp);
   td_trainer_destroy(ref);
   td_model_destroy(md);
