@@ -98,7 +98,7 @@ static long build_config(const fmnist_options *o, int world, size_t n_train, td_
   const td_schedule_config default_schedule = cfg->scheduler;
   if (o->config_path) {
     td_status s = td_train_config_load_json(o->config_path, cfg);
-    if (s != TD_OK) app_usage_error("config %s: %s", o->config_path, td_last_error());
+    if (s != TD_OK) app_usage_error("%s", td_last_error()); /* the message names the file */
   }
   if (o->micro_batch > 0) cfg->micro_batch = (int)o->micro_batch;
   if (o->seed >= 0) cfg->seed = (uint64_t)o->seed;

@@ -114,9 +114,10 @@ static void build_config(const gpt_options *o, int world, td_train_config *cfg) 
   cfg->optimizer.lr = 3e-4f;
   cfg->scheduler.kind = TD_SCHEDULE_CONSTANT;
   cfg->steps = GPT_DEFAULT_STEPS;
+  cfg->steps_per_print = 25; /* a line every few seconds at the reference size */
   if (o->config_path) {
     td_status s = td_train_config_load_json(o->config_path, cfg);
-    if (s != TD_OK) app_usage_error("config %s: %s", o->config_path, td_last_error());
+    if (s != TD_OK) app_usage_error("%s", td_last_error()); /* the message names the file */
   }
   if (o->steps > 0) cfg->steps = o->steps;
   if (o->micro_batch > 0) cfg->micro_batch = (int)o->micro_batch;
