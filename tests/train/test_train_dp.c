@@ -179,6 +179,15 @@ static void run_equal(td_comm *comm, const model_kit *kit, int accum, td_optimiz
   if (rank == 0)
     printf("equal %s world %d accum %d %s: %zu params, max |dp - single| = %.3g\n", kit->name, world, accum,
            td_optimizer_name(opt), n, max_diff);
+  /* Evaluation split over the ranks equals evaluation on one (an odd count
+   * leaves the ranks unequal shares). */
+  double loss_dp, acc_dp, loss_ref, acc_ref;
+  CHECK_OK(td_trainer_evaluate(dp, ds, 37, &loss_dp, &acc_dp));
+  CHECK_OK(td_trainer_evaluate(ref, ds, 37, &loss_ref, &acc_ref));
+  CHECK_CLOSE(loss_dp, loss_ref, 1e-4, 1e-6);
+  CHECK_CLOSE(acc_dp, acc_ref, 0, 0.03); /* a near-tie can flip one prediction */
+  CHECK(acc_dp >= 0 && acc_dp <= 1);
+  if (rank == 0) printf("evaluate: loss %.6f accuracy %.4f (single rank %.6f %.4f)\n", loss_dp, acc_dp, loss_ref, acc_ref);
   /* A local failure on the last rank becomes a failure on every rank, and
    * the others' message names it. */
   if (world > 1) {
