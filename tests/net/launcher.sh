@@ -101,7 +101,7 @@ case_exit_codes() {
 
   # The first failure is the root cause, not the ranks that fail after it
   # (here within the grace period, as survivors that notice would).
-  "$RUN" -np 4 --grace 1.5 "$CHILD" --fail 1:exit:5:0.1 --fail 0:exit:7:0.8 --fail 3:signal:15:0.9 --sleep 30 \
+  "$RUN" -np 4 --grace 2 "$CHILD" --fail 1:exit:5:0.1 --fail 0:exit:7:1.0 --fail 3:signal:15:1.1 --sleep 30 \
     >"$TMP/out" 2>"$TMP/err"
   expect_eq $? 5 "exit code of the root cause"
   expect_one_root_line "$TMP/err" '^tandemrun: rank 1 \(pid [0-9]+, host localhost\) exited with code 5; stopped the other 3 ranks$'
@@ -153,7 +153,7 @@ case_signals() {
     "$RUN" -np 3 "$CHILD" --pidfile "$TMP/pids-$sig" --sleep 60 >"$TMP/out" 2>"$TMP/err" &
     tr=$!
     t=0
-    while [ "$(ls "$TMP/pids-$sig" | wc -l)" -lt 6 ] && [ $t -lt 100 ]; do sleep 0.05; t=$((t+1)); done
+    while [ "$(ls "$TMP/pids-$sig" | wc -l)" -lt 6 ] && [ $t -lt 200 ]; do sleep 0.05; t=$((t+1)); done
     expect_eq "$(ls "$TMP/pids-$sig" | wc -l)" 6 "pid files before SIG$sig"
     t0=$(now)
     kill -$sig $tr
