@@ -91,7 +91,7 @@ static td_status read_dir(const char *dir, uint8_t **buf, size_t *len, size_t *c
     }
     n++;
   }
-  qsort(names, n, sizeof *names, cmp_names);
+  if (n > 1) qsort(names, n, sizeof *names, cmp_names);
   for (size_t i = 0; i < n; i++) {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, names[i]);

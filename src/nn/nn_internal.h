@@ -44,6 +44,9 @@ void nn_fill_const(float *dst, size_t n, float value);
  * x = n ln2 + r with n = round(x log2 e) (the 1.5*2^23 trick, no floor),
  * a degree-5 polynomial for e^r, and 2^n built in the exponent bits.
  * Relative error ~2e-7 on [-87, 88]; inputs are clamped to that range. */
+/* Everything below is static inline, so the AVX-vs-SSE argument-passing ABI
+ * that -Wpsabi warns about (on builds without -mavx) never crosses a call. */
+#pragma GCC diagnostic ignored "-Wpsabi"
 typedef float nn_v8f __attribute__((vector_size(32)));
 typedef int32_t nn_v8i __attribute__((vector_size(32)));
 #define NN_V8(v) {v, v, v, v, v, v, v, v}
