@@ -133,8 +133,10 @@ td_status td_train_config_parse_json(const char *text, const char *source, td_tr
 td_status td_train_config_resolve(td_train_config *cfg, int world_size);
 
 /* Learning rate of the schedule at optimizer step `step` (0-based: the lr
- * used by the first step is td_train_lr_at(cfg, 0)). `total_steps` 0 in the
- * schedule falls back to cfg->steps. Pure. */
+ * used by the first step is td_train_lr_at(cfg, 0)). Warmup rises linearly
+ * from lr*(start + (1-start)/W) at step 0 to the peak lr at step W-1 (no step
+ * wasted at a zero rate); the decay then runs from step W to total_steps.
+ * `total_steps` 0 in the schedule falls back to cfg->steps. Pure. */
 float td_train_lr_at(const td_train_config *cfg, long step);
 
 /* ---- the trainer ---- */

@@ -326,7 +326,7 @@ td_status td_trainer_save(td_trainer *t, const char *root) {
 typedef struct manifest {
   int format, world;
   long step;
-  unsigned long long consumed, seed;
+  unsigned long long consumed, seed, dataset_samples;
   char kind[64], optimizer[16];
   size_t n_params;
   int n_states, n_tensors, n_tensor_lines, n_shards;
@@ -368,6 +368,7 @@ static td_status parse_manifest(const char *path, char *text, size_t len, const 
     } else if (strcmp(key, "step") == 0) ok = sscanf(v, "%ld", &m->step) == 1;
     else if (strcmp(key, "samples_consumed") == 0) ok = sscanf(v, "%llu", &m->consumed) == 1;
     else if (strcmp(key, "seed") == 0) ok = sscanf(v, "%llu", &m->seed) == 1;
+    else if (strcmp(key, "dataset_samples") == 0) ok = sscanf(v, "%llu", &m->dataset_samples) == 1;
     else if (strcmp(key, "model_kind") == 0) ok = sscanf(v, "%63s", m->kind) == 1;
     else if (strcmp(key, "n_params") == 0) ok = sscanf(v, "%zu", &m->n_params) == 1;
     else if (strcmp(key, "optimizer") == 0) ok = sscanf(v, "%15s", m->optimizer) == 1;
@@ -521,6 +522,10 @@ td_status td_trainer_resume(td_trainer *t, const char *path) {
       memcpy(t->states[s], stage + (size_t)(s + 1) * t->n_params, t->n_params * sizeof(float));
     t->step = m.step;
     t->consumed = m.consumed;
+    if (t->rank == 0 && m.dataset_samples != (unsigned long long)t->dataset->n_samples)
+      TD_WARN("the checkpoint was trained on a dataset of %llu samples, this one has %zu: training continues, but "
+              "not on the data order the saved run would have seen",
+              m.dataset_samples, t->dataset->n_samples);
     if (m.seed != t->cfg.seed) {
       /* The data order is part of the run being continued: keep its seed. */
       TD_INFO("resuming a run saved with seed %llu (this run's seed %llu is ignored for the data order)", m.seed,
