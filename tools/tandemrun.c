@@ -729,9 +729,25 @@ static void reap(job *j) {
 }
 
 static int run_job(job *j) {
-  /* Hosts and ranks: slot by slot, in order. */
+  /* Hosts and ranks: slot by slot, in order. Entries naming the same machine
+   * (a host listed twice, or localhost and this host's name) form one group,
+   * so that local ranks and sizes count every rank on that machine. */
   j->workers = calloc((size_t)j->opt.n_ranks, sizeof *j->workers);
-  if (!j->workers) exit(1);
+  int *group = calloc((size_t)j->opt.n_hosts, sizeof *group);
+  int *group_size = calloc((size_t)j->opt.n_hosts, sizeof *group_size);
+  int *group_next = calloc((size_t)j->opt.n_hosts, sizeof *group_next);
+  if (!j->workers || !group || !group_size || !group_next) exit(1);
+  for (int h = 0; h < j->opt.n_hosts; h++) {
+    const host_spec *hs = &j->opt.hosts[h];
+    group[h] = h;
+    for (int g = 0; g < h; g++) {
+      const host_spec *other = &j->opt.hosts[g];
+      if ((hs->local && other->local) || (!hs->local && !other->local && strcmp(hs->name, other->name) == 0)) {
+        group[h] = group[g];
+        break;
+      }
+    }
+  }
   j->n_workers = j->opt.n_ranks;
   int rank = 0;
   for (int h = 0; h < j->opt.n_hosts && rank < j->opt.n_ranks; h++) {
@@ -739,12 +755,17 @@ static int run_job(job *j) {
     for (int l = 0; l < on_host; l++, rank++) {
       worker *w = &j->workers[rank];
       w->rank = rank;
-      w->local_rank = l;
-      w->local_size = on_host;
       w->host = &j->opt.hosts[h];
+      w->local_rank = group_next[group[h]]++;
       w->out_fd = w->err_fd = -1;
     }
+    group_size[group[h]] += on_host;
   }
+  for (int r = 0; r < j->n_workers; r++)
+    j->workers[r].local_size = group_size[group[j->workers[r].host - j->opt.hosts]];
+  free(group);
+  free(group_size);
+  free(group_next);
   bool all_local = true;
   for (int i = 0; i < j->n_workers; i++) all_local &= j->workers[i].host->local;
 

@@ -241,6 +241,19 @@ case_remote() {
   expect_grep '^\[2\] rank=2 world=3 local_rank=1 local_size=2 ' "$TMP/out"
   expect_eq "$(grep -c '^fake-c ' "$FAKE_SSH_LOG")" 2 "ssh calls to fake-c"
 
+  # A machine listed twice (and this host under two names) is one group:
+  # local ranks count across the entries.
+  : >"$FAKE_SSH_LOG"
+  "$RUN" -np 6 -H fake-e:1,localhost:1,fake-e:2,127.0.0.1:2 "$CHILD" --print-env --store-barrier >"$TMP/out" 2>"$TMP/err" ||
+    { cat "$TMP/err"; fail "grouped hosts exit $?"; }
+  expect_grep '^\[0\] rank=0 world=6 local_rank=0 local_size=3 ' "$TMP/out"
+  expect_grep '^\[1\] rank=1 world=6 local_rank=0 local_size=3 ' "$TMP/out"
+  expect_grep '^\[2\] rank=2 world=6 local_rank=1 local_size=3 ' "$TMP/out"
+  expect_grep '^\[3\] rank=3 world=6 local_rank=2 local_size=3 ' "$TMP/out"
+  expect_grep '^\[4\] rank=4 world=6 local_rank=1 local_size=3 ' "$TMP/out"
+  expect_grep '^\[5\] rank=5 world=6 local_rank=2 local_size=3 ' "$TMP/out"
+  expect_eq "$(grep -c '^fake-e ' "$FAKE_SSH_LOG")" 3 "ssh calls to fake-e"
+
   # ssh that cannot reach its host (exit 255) is named as such.
   TANDEM_SSH="$HERE/fake_ssh.sh --unreachable" "$RUN" -np 1 -H fake-d "$CHILD" >"$TMP/out" 2>"$TMP/err"
   expect_eq $? 255 "exit code when ssh fails"
