@@ -38,9 +38,9 @@ expect_exit() { # expect_exit CODE OUTFILE CMD...
 
 case "$case_name" in
 gpt-summary)
-  # Two ranks under tandemrun, then a world of one without a launcher.
-  "$RUN" -np 2 "$GPT" $TINY --steps 6 --micro-batch 4 --sample 40 --metrics "$work/m.jsonl" >"$work/out" 2>"$work/err" ||
-    { cat "$work/out" "$work/err"; fail "2-rank run failed"; }
+  # Two ranks under tandemrun (with a timeline), then a world of one without a launcher.
+  TANDEM_TIMELINE="$work/tl.json" "$RUN" -np 2 "$GPT" $TINY --steps 6 --micro-batch 4 --sample 40 \
+    --metrics "$work/m.jsonl" >"$work/out" 2>"$work/err" || { cat "$work/out" "$work/err"; fail "2-rank run failed"; }
   cat "$work/out"
   grep -q 'final_loss=[0-9.]* tokens_per_s=[0-9]* steps=6 world=2 params=[0-9]*' "$work/out" || fail "no summary line"
   grep -q '^\(\[0\] \)\?sample' "$work/out" || fail "no text sample after the summary"
@@ -52,6 +52,13 @@ gpt-summary)
   first=$(metrics_losses "$work/m.jsonl" | head -1 | cut -d' ' -f2)
   close_rel "$first" 5.545 0.1 || fail "first loss $first is far from ln(256)"
   grep -q 'step 6/6' "$work/err" || fail "no progress line for the last step"
+  # The merged timeline holds both ranks' compute and communication spans
+  # (its JSON structure is checked by test_obs).
+  for want in '"name":"rank 0"' '"name":"rank 1"' '"name":"forward"' '"name":"backward"' '"cat":"comm"'; do
+    grep -q "$want" "$work/tl.json" || fail "timeline lacks $want"
+  done
+  [ "$(grep -c '"name":"backward"' "$work/tl.json")" = 12 ] || fail "expected 6 backward spans per rank"
+  [ "$(tail -c 2 "$work/tl.json")" = "]" ] || fail "timeline not closed"
   "$GPT" $TINY --steps 3 --micro-batch 2 --sample 0 >"$work/out1" 2>&1 || { cat "$work/out1"; fail "world of one failed"; }
   grep -q 'world=1' "$work/out1" || fail "world of one: no summary"
   expect_exit 0 "$work/help" "$GPT" --help
