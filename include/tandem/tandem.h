@@ -6,5 +6,7 @@
 #include "base.h"
 #include "comm.h"
 #include "nn.h"
+#include "obs.h"
+#include "train.h"
 
 #endif
