@@ -201,28 +201,31 @@ int main(int argc, char **argv) {
     fprintf(stderr, "%s: checkpoint at step %ld in %s\n", app_name, td_trainer_step_count(run.trainer), opt.save_dir);
 
   if (run.rank == 0) {
+    /* The sample is generated before anything is printed: under tandemrun
+     * stdout and stderr travel through separate pipes, and the time spent
+     * here lets the last progress line (stderr) arrive before the summary. */
+    static const char prompt_text[] = "The ";
+    enum { n_prompt = sizeof prompt_text - 1 };
+    int32_t *text = NULL;
+    if (opt.sample > 0) {
+      text = malloc(sizeof(int32_t) * (size_t)(opt.sample + n_prompt));
+      if (!text) app_fail(&run, "allocating the sample", TD_ERR_SYSTEM);
+      for (int i = 0; i < n_prompt; i++) text[i] = (unsigned char)prompt_text[i];
+      s = td_gpt_generate(model, td_trainer_params(run.trainer), text, n_prompt, (int)opt.sample, 0.8f, cfg.seed,
+                          text + n_prompt);
+      if (s != TD_OK) app_fail(&run, "generating the text sample", s);
+    }
     printf("%s: final_loss=%.6f tokens_per_s=%.0f steps=%ld world=%d params=%zu global_batch=%ld micro_batch=%d "
            "grad_accum=%d seq=%d threads=%d train_s=%.1f\n",
            app_name, run.steps_this_run > 0 ? run.last.loss : NAN, app_throughput(&run),
            td_trainer_step_count(run.trainer), run.world, td_trainer_n_params(run.trainer), rc->train_batch_size,
            rc->micro_batch, rc->grad_accum, opt.model.seq, td_trainer_threads(run.trainer), train_s);
-    fflush(stdout);
-    if (opt.sample > 0) {
-      static const char prompt_text[] = "The ";
-      enum { n_prompt = sizeof prompt_text - 1 };
-      int32_t prompt[n_prompt];
-      for (int i = 0; i < n_prompt; i++) prompt[i] = (unsigned char)prompt_text[i];
-      int32_t *out = malloc(sizeof(int32_t) * (size_t)(opt.sample + n_prompt));
-      if (!out) app_fail(&run, "allocating the sample", TD_ERR_SYSTEM);
-      memcpy(out, prompt, sizeof prompt);
-      s = td_gpt_generate(model, td_trainer_params(run.trainer), prompt, n_prompt, (int)opt.sample, 0.8f, cfg.seed,
-                          out + n_prompt);
-      if (s != TD_OK) app_fail(&run, "generating the text sample", s);
+    if (text) {
       printf("sample (temperature 0.8, %ld bytes after the prompt):\n", opt.sample);
-      print_sample(out, (int)opt.sample + n_prompt);
-      fflush(stdout);
-      free(out);
+      print_sample(text, (int)opt.sample + n_prompt);
+      free(text);
     }
+    fflush(stdout);
   }
 
   td_trainer_destroy(run.trainer);
