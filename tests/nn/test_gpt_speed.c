@@ -82,6 +82,14 @@ static void attention_loops_backward(float *dinp, float *dpreatt, float *datt, c
       }
 }
 
+/* CPU seconds of this process: on a shared machine, throughput per CPU
+ * second is steadier than per wall second. */
+static double cpu_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 static void compare_attention(int B, int T, int C, int NH) {
   size_t n_in = (size_t)B * T * 3 * C, n_out = (size_t)B * T * C, n_att = (size_t)B * NH * T * T;
   float *inp = malloc(n_in * 4), *out = malloc(n_out * 4), *att = malloc(n_att * 4), *pre = malloc(n_att * 4);
@@ -89,26 +97,23 @@ static void compare_attention(int B, int T, int C, int NH) {
   for (size_t i = 0; i < n_in; i++) inp[i] = (float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
   for (size_t i = 0; i < n_out; i++) dout[i] = (float)((i * 40503u) % 1000) / 1000.0f - 0.5f;
   int reps = 5;
-  double t0 = td_now();
+  /* warm up: first-touch page faults and OpenBLAS's buffers */
+  td_attention_forward(out, att, inp, B, T, C, NH);
+  td_attention_backward(dinp, scratch, dout, inp, att, B, T, C, NH);
+  attention_loops_forward(out, pre, att, inp, B, T, C, NH);
+  attention_loops_backward(dinp, pre, datt, dout, inp, att, B, T, C, NH);
+  double t0 = cpu_now();
   for (int r = 0; r < reps; r++) td_attention_forward(out, att, inp, B, T, C, NH);
-  double t1 = td_now();
+  double t1 = cpu_now();
   for (int r = 0; r < reps; r++) td_attention_backward(dinp, scratch, dout, inp, att, B, T, C, NH);
-  double t2 = td_now();
+  double t2 = cpu_now();
   for (int r = 0; r < reps; r++) attention_loops_forward(out, pre, att, inp, B, T, C, NH);
-  double t3 = td_now();
+  double t3 = cpu_now();
   for (int r = 0; r < reps; r++) attention_loops_backward(dinp, pre, datt, dout, inp, att, B, T, C, NH);
-  double t4 = td_now();
-  printf("attention B=%d T=%d C=%d NH=%d: blocked sgemm fwd %.2f ms bwd %.2f ms | loops fwd %.2f ms bwd %.2f ms\n", B,
+  double t4 = cpu_now();
+  printf("attention B=%d T=%d C=%d NH=%d (CPU ms per call): blocked sgemm fwd %.2f ms bwd %.2f ms | loops fwd %.2f ms bwd %.2f ms\n", B,
          T, C, NH, (t1 - t0) / reps * 1e3, (t2 - t1) / reps * 1e3, (t3 - t2) / reps * 1e3, (t4 - t3) / reps * 1e3);
   free(inp), free(out), free(att), free(pre), free(datt), free(dinp), free(dout), free(scratch);
-}
-
-/* CPU seconds of this process: on a shared machine, throughput per CPU
- * second is steadier than per wall second. */
-static double cpu_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 int main(int argc, char **argv) {
