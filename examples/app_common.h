@@ -246,9 +246,9 @@ static td_model *app_engine_model(app_run *run, td_model *model) {
   return model;
 }
 
-static void app_start_progress(app_run *run, long first_step, long total_steps, int steps_per_print) {
+static void app_start_progress(app_run *run, long total_steps, int steps_per_print) {
   if (run->rank != 0) return;
-  td_progress_config pc = {.total_steps = total_steps, .first_step = first_step, .steps_per_print = steps_per_print,
+  td_progress_config pc = {.total_steps = total_steps, .steps_per_print = steps_per_print,
                            .unit = run->use_tokens ? "tokens" : "samples", .label = app_name,
                            .mode = TD_PROGRESS_AUTO, .stream = stderr};
   td_status s = td_progress_create(&pc, &run->progress);

@@ -176,7 +176,6 @@ int main(int argc, char **argv) {
     if (s != TD_OK) app_fail(&run, "resuming from the checkpoint", s);
   }
   const td_train_config *rc = td_trainer_config(run.trainer);
-  long start = td_trainer_step_count(run.trainer);
   double epochs = (double)rc->steps / (double)per_epoch;
   if (run.rank == 0)
     fprintf(stderr,
@@ -185,7 +184,7 @@ int main(int argc, char **argv) {
             app_name, run.world, td_trainer_n_params(run.trainer), rc->train_batch_size, rc->micro_batch,
             rc->grad_accum, run.world, epochs, rc->steps, per_epoch, td_trainer_threads(run.trainer), opt.data_dir,
             opt.resume_dir ? " resumed_from=" : "", opt.resume_dir ? opt.resume_dir : "");
-  app_start_progress(&run, start + 1, rc->steps, rc->steps_per_print);
+  app_start_progress(&run, rc->steps, rc->steps_per_print);
 
   double accuracy = -1;
   double t0 = app_now();

@@ -186,7 +186,7 @@ int main(int argc, char **argv) {
       fprintf(stderr, "%s: the checkpoint is at step %ld, --steps is %ld: nothing to train\n", app_name, start,
               rc->steps);
   }
-  app_start_progress(&run, start + 1, rc->steps, rc->steps_per_print);
+  app_start_progress(&run, rc->steps, rc->steps_per_print);
 
   double t0 = app_now();
   while (td_trainer_step_count(run.trainer) < rc->steps) app_step(&run);

@@ -46,7 +46,6 @@ typedef enum td_progress_mode {
 
 typedef struct td_progress_config {
   long total_steps;      /* last step number of the run (step/total and ETA) */
-  long first_step;       /* number of the first step this run will report (1, or after a resume more) */
   int steps_per_print;   /* PLAIN mode period; <= 0 means 10 */
   const char *unit;      /* throughput unit, "tokens" or "samples"; NULL: "items" */
   const char *label;     /* line prefix such as "train-gpt"; NULL: none */

@@ -158,7 +158,7 @@ static void test_progress(const char *dir) {
   for (int mode = TD_PROGRESS_LIVE; mode <= TD_PROGRESS_OFF; mode++) {
     FILE *f = fopen(path, "w");
     CHECK(f != NULL);
-    td_progress_config cfg = {.total_steps = 25, .first_step = 1, .steps_per_print = 10, .unit = "tokens",
+    td_progress_config cfg = {.total_steps = 25, .steps_per_print = 10, .unit = "tokens",
                               .label = "test", .mode = (td_progress_mode)mode, .stream = f};
     td_progress *p;
     CHECK_OK(td_progress_create(&cfg, &p));
