@@ -41,7 +41,10 @@ typedef struct td_model_ops {
   /* Forward pass on `batch` samples; returns the mean loss per prediction
    * (per token for the GPT, per image for the CNN) and caches activations.
    * inputs: model-specific (int32 tokens (B,T) for the GPT, float images
-   * (B,1,28,28) for the CNN); targets: int32, (B,T) or (B). */
+   * (B,1,28,28) for the CNN); targets: int32, (B,T) or (B). Returns NaN,
+   * with the reason in td_last_error(), for a token or target outside the
+   * vocabulary/classes or when activations cannot be allocated; backward
+   * after such a forward does nothing. */
   float (*forward)(td_model *model, const float *params, const void *inputs, const int32_t *targets, int batch);
   /* Backward of the last forward: grads += d(loss * loss_scale)/d(params).
    * Calls ready(ctx, ...) for each tensor whose gradient is complete (ready

@@ -83,6 +83,14 @@ static float cnn_forward(td_model *model, const float *params, const void *input
   if (!m->memory || m->B != batch)
     if (cnn_prepare(model, batch) != TD_OK) return NAN;
   const int B = batch, c1 = m->cfg.channels1, c2 = m->cfg.channels2, hid = m->cfg.hidden, K = m->cfg.classes;
+  if (targets)
+    for (int b = 0; b < B; b++)
+      if ((uint32_t)targets[b] >= (uint32_t)K) {
+        td_error(TD_ERR_INVALID_ARGUMENT, "cnn: label %d of sample %d is outside [0, %d)", targets[b], b, K);
+        m->have_targets = 0;
+        m->last_B = 0;
+        return NAN;
+      }
   memcpy(m->input, inputs, (size_t)B * 784 * sizeof(float));
   m->have_targets = targets != NULL;
   if (targets) memcpy(m->targets, targets, (size_t)B * sizeof(int32_t));

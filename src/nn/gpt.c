@@ -172,9 +172,19 @@ static float gpt_forward(td_model *model, const float *params, const void *input
      * asks callers to prepare; this keeps a forgotten call from crashing) */
     if (gpt_prepare(model, batch) != TD_OK) return NAN;
   }
-  const int T = g->cfg.seq;
+  const int T = g->cfg.seq, V = g->cfg.vocab;
   size_t n = (size_t)batch * T;
   memcpy(g->tokens_copy, inputs, n * sizeof(int32_t));
+  /* an out-of-range token would index outside wte: refuse it (NaN loss, message in td_last_error) */
+  for (size_t i = 0; i < n; i++)
+    if ((uint32_t)g->tokens_copy[i] >= (uint32_t)V || (targets && (uint32_t)targets[i] >= (uint32_t)V)) {
+      td_error(TD_ERR_INVALID_ARGUMENT, "gpt: %s %d at position %zu is outside the vocabulary [0, %d)",
+               (uint32_t)g->tokens_copy[i] >= (uint32_t)V ? "token" : "target",
+               (uint32_t)g->tokens_copy[i] >= (uint32_t)V ? g->tokens_copy[i] : targets[i], i, V);
+      g->have_targets = 0;
+      g->last_B = 0;
+      return NAN;
+    }
   g->have_targets = targets != NULL;
   if (targets) memcpy(g->targets_copy, targets, n * sizeof(int32_t));
   g->last_B = batch;

@@ -197,6 +197,15 @@ static void gpt_reference_config(void) {
   CHECK_OK(td_gpt_generate(m, p1, prompt, 3, 20, 1.0f, 7, s2));
   CHECK(memcmp(s1, s2, sizeof s1) == 0);
   for (int i = 0; i < 20; i++) CHECK(s1[i] >= 0 && s1[i] < 256);
+  /* out-of-range tokens and targets are refused with NaN and a message */
+  tok[5] = 256;
+  CHECK(isnan(m->ops->forward(m, p1, tok, tgt, B)));
+  CHECK(strstr(td_last_error(), "token 256 at position 5") != NULL);
+  tok[5] = 1;
+  tgt[7] = -1;
+  CHECK(isnan(m->ops->forward(m, p1, tok, tgt, B)));
+  CHECK(strstr(td_last_error(), "target -1 at position 7") != NULL);
+  tgt[7] = 1;
   /* a bad prompt token is refused */
   int32_t bad[1] = {300};
   CHECK_STATUS(td_gpt_generate(m, p1, bad, 1, 2, 0.0f, 1, s1), TD_ERR_INVALID_ARGUMENT);
@@ -239,6 +248,9 @@ static void cnn_checks(void) {
   CHECK(loss > 1.0f && loss < 4.0f);
   m->ops->predict(m, pred);
   for (int i = 0; i < B; i++) CHECK(pred[i] >= 0 && pred[i] < 10);
+  int32_t bad_tgt[4] = {0, 10, 1, 1};
+  CHECK(isnan(m->ops->forward(m, p1, x, bad_tgt, B)));
+  CHECK(strstr(td_last_error(), "label 10 of sample 1") != NULL);
   free(p1), free(p2), free(x);
   td_model_destroy(m);
 
