@@ -47,6 +47,12 @@
  * autotuning. Chosen by measurement of a 64 MiB allreduce on loopback. */
 #define TCP_DEFAULT_BUFFER_BYTES ((size_t)4 << 20)
 
+/* Floor for TANDEM_TCP_BUFFER_BYTES. The buffers are set after the
+ * connection exists, and a receive buffer smaller than the window the
+ * kernel already advertised makes it drop segments, which come back only
+ * after 200 ms retransmission timeouts (measured: 30x slower at 16 KiB). */
+#define TCP_MIN_BUFFER_BYTES ((size_t)128 << 10)
+
 typedef struct tcp_hello {
   uint32_t magic;
   int32_t rank;
@@ -417,7 +423,8 @@ td_status tcp_transport_create(td_comm *comm, transport **out) {
       st = td_error_errno("tcp: rank %d cannot configure its socket to rank %d (%s)", t->rank, p, t->peers[p].addr);
       goto fail;
     }
-    if (buffer_bytes > 0) net_set_bufsizes(fd, (int)TD_MIN(buffer_bytes, (size_t)1 << 30));
+    if (buffer_bytes > 0)
+      net_set_bufsizes(fd, (int)TD_MIN(TD_MAX(buffer_bytes, TCP_MIN_BUFFER_BYTES), (size_t)1 << 30));
   }
   TD_DEBUG("tcp: rank %d connected to %d peers, listening address %s", t->rank, t->size - 1,
            t->peers[t->rank].addr);
