@@ -221,11 +221,21 @@ static td_status tcp_wait(transport *base, const int *send_peers, int n_send, co
       short rev = t->pfds[k].revents;
       if (!rev) continue;
       int p = t->pfd_peer[k];
-      bool participant = contains(send_peers, n_send, p) || contains(recv_peers, n_recv, p);
-      if (participant) {
-        /* Readable, writable, or broken: try_send/try_recv will tell. */
+      bool receiving = contains(recv_peers, n_recv, p), sending = contains(send_peers, n_send, p);
+      bool hang_up = rev & (POLLRDHUP | POLLHUP | POLLERR);
+      if (receiving) {
+        /* Data, or the EOF after the last of it: try_recv will tell. */
         progress = true;
-      } else if (rev & (POLLRDHUP | POLLHUP | POLLERR)) {
+      } else if (sending && hang_up) {
+        /* A peer that will never read what this rank still has to send
+         * (polling on would return at once, again and again). */
+        int err = 0;
+        socklen_t len = sizeof err;
+        if (!(rev & POLLERR) || getsockopt(t->peers[p].fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = 0;
+        return peer_broken(t, p, err);
+      } else if (sending) {
+        progress = true;
+      } else if (hang_up) {
         t->peers[p].hung_up = true;
         t->next_reason_check = 0;
         TD_DEBUG("tcp: rank %d (%s) hung up while rank %d waits on other peers", p, t->peers[p].addr, t->rank);
