@@ -133,9 +133,10 @@ void td_dataset_destroy(td_dataset *ds); /* accepts NULL */
  * backward ACCUMULATES (+=) into its gradient outputs, so callers zero them
  * first (or rely on a residual stream adding into them). A gradient pointer
  * may be NULL when that gradient is not wanted (e.g. dinp of a first layer).
- * None of these allocate, lock or fail; they are reentrant. Matrix products
- * go through OpenBLAS when the build found it (TD_HAVE_OPENBLAS), else through
- * a portable cache-blocked loop nest. */
+ * None of these lock or fail, and they are reentrant. Matrix products go
+ * through OpenBLAS when the build found it (TD_HAVE_OPENBLAS), else through a
+ * portable cache-blocked loop nest, which mallocs a 512 KiB packing panel per
+ * product (and, should that fail, runs unpacked). */
 
 /* Threads OpenBLAS may use in this process (the training engine gives each
  * rank cores/ranks). No effect without OpenBLAS. Call before compute, from one

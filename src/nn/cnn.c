@@ -74,6 +74,11 @@ static td_status cnn_prepare(td_model *model, int batch) {
   return TD_OK;
 }
 
+/* ReLU backward in place: d = out > 0 ? d : 0 */
+static void relu_mask(float *restrict d, const float *restrict out, size_t n) {
+  for (size_t i = 0; i < n; i++) d[i] = out[i] > 0.0f ? d[i] : 0.0f;
+}
+
 #define PW(i) (params + m->tensors[(i)].offset)
 #define GW(i) (grads + m->tensors[(i)].offset)
 
@@ -120,13 +125,13 @@ static void cnn_backward(td_model *model, const float *params, float *grads, flo
   READY(C_FC2B);
   READY(C_FC2W);
   /* ReLU in place: h > 0 where it passed */
-  for (size_t i = 0; i < (size_t)B * hid; i++) m->dh[i] = m->h[i] > 0.0f ? m->dh[i] : 0.0f;
+  relu_mask(m->dh, m->h, (size_t)B * hid);
   nn_linear_backward_set(m->dp2, GW(C_FC1W), GW(C_FC1B), m->dh, m->p2, PW(C_FC1W), B, c2 * 49, hid);
   READY(C_FC1B);
   READY(C_FC1W);
   memset(m->dc2, 0, (size_t)B * c2 * 196 * sizeof(float));
   td_maxpool2_backward(m->dc2, m->dp2, m->p2_am, B, c2, 14, 14);
-  for (size_t i = 0; i < (size_t)B * c2 * 196; i++) m->dc2[i] = m->c2[i] > 0.0f ? m->dc2[i] : 0.0f;
+  relu_mask(m->dc2, m->c2, (size_t)B * c2 * 196);
   memset(m->dp1, 0, (size_t)B * c1 * 196 * sizeof(float));
   td_conv2d_backward(m->dp1, GW(C_CONV2W), GW(C_CONV2B), m->scratch, m->dc2, m->p1, PW(C_CONV2W), B, c1, c2, 14, 14,
                      5, 2);
@@ -134,7 +139,7 @@ static void cnn_backward(td_model *model, const float *params, float *grads, flo
   READY(C_CONV2W);
   memset(m->dc1, 0, (size_t)B * c1 * 784 * sizeof(float));
   td_maxpool2_backward(m->dc1, m->dp1, m->p1_am, B, c1, IMG, IMG);
-  for (size_t i = 0; i < (size_t)B * c1 * 784; i++) m->dc1[i] = m->c1[i] > 0.0f ? m->dc1[i] : 0.0f;
+  relu_mask(m->dc1, m->c1, (size_t)B * c1 * 784);
   td_conv2d_backward(NULL, GW(C_CONV1W), GW(C_CONV1B), m->scratch, m->dc1, m->input, PW(C_CONV1W), B, 1, c1, IMG,
                      IMG, 5, 2);
   READY(C_CONV1B);

@@ -346,10 +346,11 @@ static void im2col(float *restrict col, const float *restrict inp, int IC, int H
             memset(row, 0, (size_t)OW * sizeof(float));
             continue;
           }
-          for (int ow = 0; ow < OW; ow++) {
-            int iw = ow + kj - pad;
-            row[ow] = (iw >= 0 && iw < W) ? src[(size_t)ih * W + iw] : 0.0f;
-          }
+          /* columns ow with 0 <= ow + kj - pad < W read the input; the rest are padding */
+          int ow0 = TD_MIN(OW, TD_MAX(0, pad - kj)), ow1 = TD_MAX(ow0, TD_MIN(OW, W + pad - kj));
+          for (int ow = 0; ow < ow0; ow++) row[ow] = 0.0f;
+          if (ow1 > ow0) memcpy(row + ow0, src + (size_t)ih * W + ow0 + kj - pad, (size_t)(ow1 - ow0) * sizeof(float));
+          for (int ow = ow1; ow < OW; ow++) row[ow] = 0.0f;
         }
       }
 }
@@ -365,7 +366,9 @@ static void col2im_add(float *restrict dinp, const float *restrict col, int IC, 
           int ih = oh + ki - pad;
           if (ih < 0 || ih >= H) continue;
           int ow0 = TD_MAX(0, pad - kj), ow1 = TD_MIN(OW, W + pad - kj);
-          for (int ow = ow0; ow < ow1; ow++) dst[(size_t)ih * W + ow + kj - pad] += src[(size_t)oh * OW + ow];
+          float *restrict d = dst + (size_t)ih * W + kj - pad;
+          const float *restrict s_row = src + (size_t)oh * OW;
+          for (int ow = ow0; ow < ow1; ow++) d[ow] += s_row[ow];
         }
       }
 }

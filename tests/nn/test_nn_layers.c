@@ -442,6 +442,7 @@ int main(void) {
   test_conv2d_case(3, 1);
   test_conv2d_case(5, 2);
   test_conv2d_case(2, 0);
+  test_conv2d_case(4, 3); /* padding wider than the kernel's reach: whole padded rows and columns */
   test_maxpool();
   test_softmax_xent();
   printf("all layer gradients match finite differences (%d elements)\n", n_checked);
