@@ -67,7 +67,8 @@ static void test_allreduce(td_comm *comm, size_t count, td_dtype dtype, td_op op
   char *send = alloc_bytes(count * esz), *recv = in_place ? send : alloc_bytes(count * esz);
   for (size_t i = 0; i < count; i++) ct_set(send, i, dtype, input(g_rank, i, op));
   CHECK_OK(td_allreduce(send, recv, count, dtype, op, comm));
-  for (size_t i = 0; i < count; i++) check_value("allreduce", ct_get(recv, i, dtype), expected(i, op, dtype), dtype, count, i);
+  for (size_t i = 0; i < count; i++)
+    check_value("allreduce", ct_get(recv, i, dtype), expected(i, op, dtype), dtype, count, i);
   if (!in_place) free(recv);
   free(send);
 }
@@ -167,6 +168,18 @@ static int run_coll(td_comm *comm, const char *counts_arg) {
   return 0;
 }
 
+/* A failed operation must be TD_ERR_REMOTE, seen within 10 s, with a message
+ * that contains `culprit` ("rank 2") and `detail` (may be NULL). */
+static void expect_remote(td_status st, const char *msg, const char *culprit, const char *detail, double waited) {
+  if (st != TD_ERR_REMOTE)
+    td_test_fail(__FILE__, __LINE__, "rank %d: expected a remote error, got %s: %s", g_rank, td_status_str(st), msg);
+  if (!strstr(msg, culprit))
+    td_test_fail(__FILE__, __LINE__, "rank %d: the error does not name %s: %s", g_rank, culprit, msg);
+  if (detail && !strstr(msg, detail))
+    td_test_fail(__FILE__, __LINE__, "rank %d: the error does not say \"%s\": %s", g_rank, detail, msg);
+  if (waited > 10.0) td_test_fail(__FILE__, __LINE__, "rank %d: the failure took %.1f s to arrive", g_rank, waited);
+}
+
 /* The victim dies while a large allreduce is in flight; survivors must see
  * TD_ERR_REMOTE naming it within seconds, and stay failed. */
 static int run_kill(td_comm *comm, int victim) {
@@ -187,9 +200,7 @@ static int run_kill(td_comm *comm, int victim) {
     const char *msg = td_comm_last_error(comm);
     char victim_name[32];
     snprintf(victim_name, sizeof victim_name, "rank %d", victim);
-    if (st != TD_ERR_REMOTE) td_test_fail(__FILE__, __LINE__, "rank %d: expected a remote error, got %s: %s", g_rank, td_status_str(st), msg);
-    if (!strstr(msg, victim_name)) td_test_fail(__FILE__, __LINE__, "rank %d: the error does not name %s: %s", g_rank, victim_name, msg);
-    if (waited > 10.0) td_test_fail(__FILE__, __LINE__, "rank %d: the failure took %.1f s to notice", g_rank, waited);
+    expect_remote(st, msg, victim_name, NULL, waited);
     /* Sticky: the next operation fails at once with the same status. */
     CHECK_STATUS(td_allreduce(buf, buf, 16, TD_F32, TD_SUM, comm), TD_ERR_REMOTE);
     printf("tcp-kill survivor ok: rank %d noticed after %.2f s: %s\n", g_rank, waited, msg);
@@ -216,12 +227,9 @@ static int run_abort(td_comm *comm, int aborter) {
     td_status st = td_allreduce(x, x, 64, TD_F32, TD_SUM, comm);
     double waited = ct_now() - t0;
     const char *msg = td_comm_last_error(comm);
-    if (st != TD_ERR_REMOTE) td_test_fail(__FILE__, __LINE__, "rank %d: expected a remote error, got %s: %s", g_rank, td_status_str(st), msg);
-    if (!strstr(msg, "stops the job on purpose")) td_test_fail(__FILE__, __LINE__, "rank %d: the reason was not relayed: %s", g_rank, msg);
     char aborter_name[32];
     snprintf(aborter_name, sizeof aborter_name, "rank %d", aborter);
-    if (!strstr(msg, aborter_name)) td_test_fail(__FILE__, __LINE__, "rank %d: the error does not name %s: %s", g_rank, aborter_name, msg);
-    if (waited > 10.0) td_test_fail(__FILE__, __LINE__, "rank %d: the abort took %.1f s to arrive", g_rank, waited);
+    expect_remote(st, msg, aborter_name, "stops the job on purpose", waited);
     printf("tcp-abort survivor ok: rank %d after %.2f s: %s\n", g_rank, waited, msg);
   }
   fflush(stdout);

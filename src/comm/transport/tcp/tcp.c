@@ -326,8 +326,9 @@ static td_status accept_peers(tcp_transport *t, int listen_fd, uint64_t hash, do
       char missing[512];
       describe_missing(t, missing, sizeof missing);
       return td_error(TD_ERR_TIMEOUT,
-                      "tcp: %s did not connect to rank %d (%s) within %g s (TANDEM_CONNECT_TIMEOUT): the process may have failed to start "
-                      "or crashed, or cannot reach this address (set TANDEM_HOST_ADDR to one it can reach)",
+                      "tcp: %s did not connect to rank %d (%s) within %g s (TANDEM_CONNECT_TIMEOUT): the process "
+                      "may have failed to start or crashed, or cannot reach this address (set TANDEM_HOST_ADDR "
+                      "to one it can reach)",
                       missing, t->rank, t->peers[t->rank].addr, timeout_s);
     }
     if (st != TD_OK) return st;
@@ -394,8 +395,9 @@ td_status tcp_transport_create(td_comm *comm, transport **out) {
     char *value = NULL;
     st = store_wait_str(comm->store, key, TD_MAX(deadline - td_now(), 0.001), &value);
     if (st != TD_OK) {
-      st = td_error(st, "tcp: rank %d never published its address (store key %s) within %g s (TANDEM_CONNECT_TIMEOUT): %s", p, key,
-                    timeout_s, td_last_error());
+      st = td_error(st, "tcp: rank %d never published its address (store key %s) within %g s "
+                        "(TANDEM_CONNECT_TIMEOUT): %s",
+                    p, key, timeout_s, td_last_error());
       goto fail;
     }
     td_strlcpy(t->peers[p].addr, value, sizeof t->peers[p].addr);
