@@ -27,7 +27,11 @@
  * disagree on the count find out from the frame headers. */
 #include "comm/comm_impl.h"
 
-/* Default chunk: measured on loopback TCP with 2 ranks (64 MiB f32). */
+/* Default chunk, measured on loopback TCP with 2 ranks (64 MiB f32, side by
+ * side): CPU per operation and rank 64 KiB 21 ms, 256 KiB 18-19 ms, 1 MiB
+ * 24-28 ms, 4 MiB 28 ms. Past L2 size the staging buffer falls out of
+ * cache and each chunk is read from memory twice; below it, per-frame costs
+ * (headers, syscalls, wake-ups) take over. */
 #define RING_DEFAULT_CHUNK_BYTES ((size_t)256 << 10)
 
 static size_t ring_chunk_elems(size_t elem_size) {
