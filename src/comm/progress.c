@@ -3,8 +3,11 @@
  * its operation directly on the caller's thread instead (no hand-off, which
  * is what makes small shared-memory collectives take microseconds).
  *
- * Requests complete through a futex word, so that waiting on one needs
- * nothing from the communicator (a request may even outlive it):
+ * td_wait also runs queued operations on the waiting thread when the
+ * progress thread is idle (see help_progress).
+ *
+ * Requests complete through a futex word, so that waiting on a completed one
+ * needs nothing from the communicator (a request may even outlive it):
  *   REQ_PENDING -> REQ_WAITED (a waiter is asleep) -> REQ_DONE.
  * td_wait spins a few microseconds first, but only when every local rank can
  * have its own CPU: with 8 ranks on 2 cores spinning steals the time the
@@ -226,8 +229,36 @@ static td_status request_finish(td_request *req) {
   return st;
 }
 
+/* The waiting thread runs queued operations itself, in queue order, up to
+ * and including its own, when the progress thread is not busy with one:
+ * "issue, then wait" then costs no hand-off between threads. The progress
+ * thread keeps whatever is left. */
+static void help_progress(td_request *req) {
+  td_comm *comm = req->comm;
+  comm_request_queue *q = comm ? comm->queue : NULL;
+  if (!q) return;
+  pthread_mutex_lock(&q->mu);
+  while (atomic_load_explicit(&req->state, memory_order_acquire) != REQ_DONE && q->head && !q->executing &&
+         !q->stop) {
+    td_request *next = q->head;
+    q->head = next->next;
+    if (!q->head) q->tail = NULL;
+    q->executing = true;
+    pthread_mutex_unlock(&q->mu);
+    td_status st = run_op(comm, &next->op);
+    pthread_mutex_lock(&q->mu);
+    q->executing = false;
+    request_complete(next, st);
+  }
+  if (q->head && !q->executing) pthread_cond_signal(&q->work_cv);
+  if (!q->head && !q->executing) pthread_cond_broadcast(&q->idle_cv);
+  pthread_mutex_unlock(&q->mu);
+}
+
 td_status td_wait(td_request *req) {
   if (!req) return TD_OK;
+  if (atomic_load_explicit(&req->state, memory_order_acquire) == REQ_DONE) return request_finish(req);
+  help_progress(req);
   if (atomic_load_explicit(&req->state, memory_order_acquire) == REQ_DONE) return request_finish(req);
   if (req->spin) {
     uint64_t until = td_now_ns() + 5000;
