@@ -386,7 +386,8 @@ td_status tcp_transport_create(td_comm *comm, transport **out) {
   TD_CHECK_GOTO(net_listen(NULL, 0, t->size + 16, &listen_fd, &port), st, fail);
   char host[64];
   TD_CHECK_GOTO(net_local_address(host, sizeof host), st, fail);
-  snprintf(t->peers[t->rank].addr, sizeof t->peers[t->rank].addr, "%s:%d", host, port);
+  snprintf(t->peers[t->rank].addr, sizeof t->peers[t->rank].addr, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host,
+           port);
   char key[256];
   snprintf(key, sizeof key, "%s/tcp/%d", comm->prefix, t->rank);
   TD_CHECK_GOTO(store_set_str(comm->store, key, t->peers[t->rank].addr), st, fail);
