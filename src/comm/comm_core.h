@@ -26,6 +26,11 @@ typedef struct comm_env {
  * transport) are TD_ERR_INVALID_ARGUMENT with a message naming the variable. */
 td_status comm_env_detect(const td_comm_config *config, comm_env *env);
 
+/* p2p.c: run consecutive send/recv operations as one transfer set, all
+ * progressing at once (so that a ring of isend+irecv cannot deadlock on
+ * full buffers). Each frame is built from / checked against its own op. */
+td_status p2p_run_ops(td_comm *comm, const comm_op *ops, int n_ops);
+
 /* A request that is already complete with `status` (world-of-one operations
  * and failures detected at issue time). NULL on allocation failure. */
 td_request *progress_request_done(td_status status);

@@ -137,8 +137,14 @@ static td_status check_peer(td_comm *comm, const comm_op *op, int peer, const ch
                    peer, comm->size);
 }
 
-td_status p2p_run(td_comm *comm, const comm_op *op, const p2p_xfer *sends, int n_sends, const p2p_xfer *recvs,
-                  int n_recvs) {
+#define SOP(i) (sops ? sops[i] : op)
+#define ROP(i) (rops ? rops[i] : op)
+
+/* The engine. Transfer i of each direction belongs to operation sops[i] /
+ * rops[i] (its header is built from / checked against it), or to `op` when
+ * the array is NULL. */
+static td_status run_xfers(td_comm *comm, const comm_op *op, const comm_op *const *sops, const p2p_xfer *sends,
+                           int n_sends, const comm_op *const *rops, const p2p_xfer *recvs, int n_recvs) {
   td_status st = comm_status(comm);
   if (st != TD_OK) return st;
   if (!comm->xport)
@@ -157,9 +163,9 @@ td_status p2p_run(td_comm *comm, const comm_op *op, const p2p_xfer *sends, int n
     s->hdr_done = s->data_done = s->frame_bytes = 0;
     s->done = sends[i].peer < 0;
     if (s->done) continue;
-    TD_CHECK_GOTO(check_peer(comm, op, sends[i].peer, "send"), st, out);
+    TD_CHECK_GOTO(check_peer(comm, SOP(i), sends[i].peer, "send"), st, out);
     n_left++;
-    comm_hdr_fill(&s->u.hdr, op, comm->rank, sends[i].bytes);
+    comm_hdr_fill(&s->u.hdr, SOP(i), comm->rank, sends[i].bytes);
     if (sends[i].bytes <= P2P_PACK_MAX) {
       if (sends[i].bytes) memcpy(s->u.packed + sizeof(comm_hdr), sends[i].buf, sends[i].bytes);
       s->frame_bytes = sizeof(comm_hdr) + sends[i].bytes;
@@ -170,7 +176,7 @@ td_status p2p_run(td_comm *comm, const comm_op *op, const p2p_xfer *sends, int n
     s->hdr_done = s->data_done = s->frame_bytes = 0;
     s->done = recvs[i].peer < 0;
     if (s->done) continue;
-    TD_CHECK_GOTO(check_peer(comm, op, recvs[i].peer, "receive"), st, out);
+    TD_CHECK_GOTO(check_peer(comm, ROP(i), recvs[i].peer, "receive"), st, out);
     n_left++;
   }
 
@@ -192,7 +198,7 @@ td_status p2p_run(td_comm *comm, const comm_op *op, const p2p_xfer *sends, int n
     }
     for (int i = 0; i < n_recvs; i++) {
       if (rs[i].done || blocked_by_earlier(recvs, rs, i)) continue;
-      TD_CHECK_GOTO(step_recv(comm, op, &recvs[i], &rs[i], &moved), st, out_peers);
+      TD_CHECK_GOTO(step_recv(comm, ROP(i), &recvs[i], &rs[i], &moved), st, out_peers);
       if (rs[i].done) n_left--;
     }
     if (n_left == 0 || moved) continue;
@@ -202,13 +208,14 @@ td_status p2p_run(td_comm *comm, const comm_op *op, const p2p_xfer *sends, int n
     double left = deadline - td_now();
     if (left <= 0) {
       char desc[256];
-      comm_op_describe(op, desc, sizeof desc);
       int stuck = -1;
+      const comm_op *stuck_op = op;
       const char *dir = "receive from";
       for (int i = 0; i < n_recvs && stuck < 0; i++)
-        if (!rs[i].done) stuck = recvs[i].peer;
+        if (!rs[i].done) stuck = recvs[i].peer, stuck_op = ROP(i);
       for (int i = 0; i < n_sends && stuck < 0; i++)
-        if (!ss[i].done) stuck = sends[i].peer, dir = "send to";
+        if (!ss[i].done) stuck = sends[i].peer, stuck_op = SOP(i), dir = "send to";
+      comm_op_describe(stuck_op, desc, sizeof desc);
       st = comm_fail(comm, TD_ERR_TIMEOUT, "%s did not finish within %g s (TANDEM_TIMEOUT): still waiting to %s rank %d",
                      desc, comm->timeout_s, dir, stuck);
       goto out_peers;
@@ -229,6 +236,44 @@ out_peers:
   if (wait_peers != stack_peers) free(wait_peers);
 out:
   if (states != stack_states) free(states);
+  return st;
+}
+
+#undef SOP
+#undef ROP
+
+td_status p2p_run(td_comm *comm, const comm_op *op, const p2p_xfer *sends, int n_sends, const p2p_xfer *recvs,
+                  int n_recvs) {
+  return run_xfers(comm, op, NULL, sends, n_sends, NULL, recvs, n_recvs);
+}
+
+td_status p2p_run_ops(td_comm *comm, const comm_op *ops, int n_ops) {
+  const comm_op *stack_ops[32] = {0};
+  p2p_xfer stack_xfers[32] = {{0}};
+  const comm_op **xops = n_ops <= 16 ? stack_ops : malloc(2 * (size_t)n_ops * sizeof *xops);
+  p2p_xfer *xfers = n_ops <= 16 ? stack_xfers : malloc(2 * (size_t)n_ops * sizeof *xfers);
+  td_status st;
+  if (!xops || !xfers) {
+    st = comm_fail(comm, TD_ERR_SYSTEM, "out of memory for %d point-to-point operations", n_ops);
+    goto out;
+  }
+  /* Sends fill the front of the arrays, receives the back half. */
+  int n_sends = 0, n_recvs = 0;
+  for (int i = 0; i < n_ops; i++) {
+    const comm_op *o = &ops[i];
+    p2p_xfer x = {o->peer, o->kind == COMM_SEND ? (void *)o->send : o->recv, comm_op_bytes(o)};
+    if (o->kind == COMM_SEND) {
+      xops[n_sends] = o;
+      xfers[n_sends++] = x;
+    } else {
+      xops[n_ops + n_recvs] = o;
+      xfers[n_ops + n_recvs++] = x;
+    }
+  }
+  st = run_xfers(comm, &ops[0], xops, xfers, n_sends, xops + n_ops, xfers + n_ops, n_recvs);
+out:
+  if (xops != stack_ops) free(xops);
+  if (xfers != stack_xfers) free(xfers);
   return st;
 }
 

@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 enum { REQ_PENDING = 0, REQ_WAITED = 1, REQ_DONE = 2 };
+#define P2P_BATCH_MAX 64
 
 struct td_request {
   comm_op op;
@@ -69,6 +70,43 @@ static void request_complete(td_request *req, td_status status) {
   if (prev == REQ_WAITED) td_futex_wake(&req->state, INT_MAX, false);
 }
 
+/* Pop the next operation to run; consecutive send/recv operations come as
+ * one batch (up to max), which p2p_run_ops progresses concurrently, as MPI
+ * does with non-blocking point-to-point: a ring of isend + irecv then works
+ * for any message size. Called with q->mu held; q->head != NULL. */
+static int pop_batch(comm_request_queue *q, td_request **batch, int max) {
+  int n = 0;
+  do {
+    td_request *req = q->head;
+    q->head = req->next;
+    if (!q->head) q->tail = NULL;
+    batch[n++] = req;
+    if (req->op.kind != COMM_SEND && req->op.kind != COMM_RECV) break;
+  } while (n < max && q->head && (q->head->op.kind == COMM_SEND || q->head->op.kind == COMM_RECV));
+  return n;
+}
+
+/* Run a popped batch (without q->mu) and complete its requests. */
+static void run_batch(td_comm *comm, td_request **batch, int n) {
+  td_status st;
+  if (n == 1) {
+    st = run_op(comm, &batch[0]->op);
+  } else if ((st = comm_status(comm)) != TD_OK) {
+    td_error(st, "%s", comm->err_msg);
+  } else {
+    comm_op ops[P2P_BATCH_MAX];
+    double deadline = td_now() + comm->timeout_s;
+    for (int i = 0; i < n; i++) {
+      ops[i] = batch[i]->op;
+      ops[i].deadline = deadline;
+    }
+    st = p2p_run_ops(comm, ops, n);
+    td_status sticky = comm_status(comm);
+    if (sticky != TD_OK) st = td_error(sticky, "%s", comm->err_msg);
+  }
+  for (int i = 0; i < n; i++) request_complete(batch[i], st);
+}
+
 static void *progress_main(void *arg) {
   td_comm *comm = arg;
   comm_request_queue *q = comm->queue;
@@ -77,17 +115,15 @@ static void *progress_main(void *arg) {
   for (;;) {
     while (!q->stop && (!q->head || q->executing)) pthread_cond_wait(&q->work_cv, &q->mu);
     if (q->stop) break;
-    td_request *req = q->head;
-    q->head = req->next;
-    if (!q->head) q->tail = NULL;
+    td_request *batch[P2P_BATCH_MAX];
+    int n = pop_batch(q, batch, P2P_BATCH_MAX);
     q->executing = true;
     pthread_mutex_unlock(&q->mu);
 
-    td_status st = run_op(comm, &req->op);
+    run_batch(comm, batch, n);
 
     pthread_mutex_lock(&q->mu);
     q->executing = false;
-    request_complete(req, st);
     if (!q->head) pthread_cond_broadcast(&q->idle_cv);
   }
   pthread_mutex_unlock(&q->mu);
@@ -240,15 +276,13 @@ static void help_progress(td_request *req) {
   pthread_mutex_lock(&q->mu);
   while (atomic_load_explicit(&req->state, memory_order_acquire) != REQ_DONE && q->head && !q->executing &&
          !q->stop) {
-    td_request *next = q->head;
-    q->head = next->next;
-    if (!q->head) q->tail = NULL;
+    td_request *batch[P2P_BATCH_MAX];
+    int n = pop_batch(q, batch, P2P_BATCH_MAX);
     q->executing = true;
     pthread_mutex_unlock(&q->mu);
-    td_status st = run_op(comm, &next->op);
+    run_batch(comm, batch, n);
     pthread_mutex_lock(&q->mu);
     q->executing = false;
-    request_complete(next, st);
   }
   if (q->head && !q->executing) pthread_cond_signal(&q->work_cv);
   if (!q->head && !q->executing) pthread_cond_broadcast(&q->idle_cv);

@@ -314,6 +314,40 @@ static void test_multi(void) {
   CHECK_OK(td_wait(rreq));
   CHECK_EQ_INT(in_v, 100 + (rank + n - 1) % n);
 
+  /* the same ring with 4 MiB messages, far beyond socket and shm buffers:
+   * queued sends and receives must progress together, whichever request is
+   * waited for first */
+  enum { BIG = 1 << 20 };
+  int32_t *big_out = malloc(BIG * sizeof *big_out), *big_in = malloc(BIG * sizeof *big_in);
+  CHECK(big_out && big_in);
+  for (int i = 0; i < BIG; i++) big_out[i] = rank * 7 + i;
+  CHECK_OK(td_isend(big_out, BIG, TD_I32, (rank + 1) % n, comm, &sreq));
+  CHECK_OK(td_irecv(big_in, BIG, TD_I32, (rank + n - 1) % n, comm, &rreq));
+  CHECK_OK(td_wait(rreq));
+  CHECK_OK(td_wait(sreq));
+  for (int i = 0; i < BIG; i++)
+    if (big_in[i] != ((rank + n - 1) % n) * 7 + i) CHECK_EQ_INT(big_in[i], ((rank + n - 1) % n) * 7 + i);
+  free(big_out);
+  free(big_in);
+
+  /* td_test polling until completion */
+  td_request *treq;
+  int32_t tv = 1, done = 0;
+  CHECK_OK(td_iallreduce(&tv, &tv, 1, TD_I32, TD_SUM, comm, &treq));
+  double t_end = now_s() + 30;
+  while (!done) {
+    td_status st = td_test(treq, &done);
+    if (!done) {
+      CHECK_STATUS(st, TD_ERR_IN_PROGRESS);
+      CHECK(now_s() < t_end);
+      struct timespec ts = {0, 100000};
+      nanosleep(&ts, NULL);
+    } else {
+      CHECK_OK(st);
+    }
+  }
+  CHECK_EQ_INT(tv, n);
+
   /* many queued non-blocking ops, then a blocking one behind them */
   enum { NQ = 8 };
   td_request *reqs[NQ];
