@@ -31,6 +31,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -299,6 +301,18 @@ static const transport_vtbl tcp_vtbl = {
     .destroy = tcp_destroy,
 };
 
+/* A host that crashes or drops off the network sends no FIN: without
+ * keepalive probes a rank blocked on it would notice only at TANDEM_TIMEOUT.
+ * Probes go out only on idle connections, so busy ones pay nothing; a dead
+ * host is found after about idle + count * interval = 60 s. Best effort. */
+static void set_keepalive(int fd) {
+  int on = 1, idle_s = 30, interval_s = 10, count = 3;
+  (void)setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof on);
+  (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle_s, sizeof idle_s);
+  (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval_s, sizeof interval_s);
+  (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof count);
+}
+
 /* Names of the ranks above this one that have not connected, for the error. */
 static void describe_missing(const tcp_transport *t, char *buf, size_t size) {
   size_t used = 0;
@@ -439,6 +453,7 @@ td_status tcp_transport_create(td_comm *comm, transport **out) {
       st = td_error_errno("tcp: rank %d cannot configure its socket to rank %d (%s)", t->rank, p, t->peers[p].addr);
       goto fail;
     }
+    set_keepalive(fd);
     if (buffer_bytes > 0)
       net_set_bufsizes(fd, (int)TD_MIN(TD_MAX(buffer_bytes, TCP_MIN_BUFFER_BYTES), (size_t)1 << 30));
   }
