@@ -7,7 +7,8 @@
  * network of TensorFlow's tutorial (conv5x5 32, pool, conv5x5 64, pool, dense
  * 128, dense 10), which the dataset's README lists at 0.916 test accuracy.
  * The defaults (global batch 64, AdamW 1e-3 with warmup and cosine decay)
- * are chosen to pass 0.91 on 2 ranks of a 2-core machine within minutes.
+ * are chosen to pass 0.91 on 2 ranks of a 2-core machine within minutes
+ * (4 epochs reached 0.916 in 4 minutes there; the fifth is margin).
  * Settings come from the defaults, then --config FILE, then the flags.
  *
  * The test set is evaluated after every epoch (all ranks share the work).
@@ -16,7 +17,7 @@
  * samples_per_s= (all ranks, excluding the first 2 steps), epochs=, ... */
 #include "app_common.h"
 
-#define FMNIST_DEFAULT_EPOCHS 4
+#define FMNIST_DEFAULT_EPOCHS 5
 #define FMNIST_DEFAULT_MICRO 32
 #define FMNIST_DEFAULT_LR 1e-3f
 #define FMNIST_WARMUP_STEPS 100
