@@ -148,7 +148,8 @@ static void app_fail(app_run *run, const char *what, td_status st) {
   exit(APP_EXIT_FAIL);
 }
 
-/* Record one step everywhere it should go; returns the stats. */
+/* Record one finished step: throughput bookkeeping, timeline, metrics file
+ * and progress display. */
 static void app_after_step(app_run *run, const td_step_stats *st, double t_begin, double t_end) {
   run->last = *st;
   if (run->steps_this_run++ == 0) run->t_first_begin = t_begin;
