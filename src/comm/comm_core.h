@@ -26,10 +26,16 @@ typedef struct comm_env {
  * transport) are TD_ERR_INVALID_ARGUMENT with a message naming the variable. */
 td_status comm_env_detect(const td_comm_config *config, comm_env *env);
 
-/* p2p.c: run consecutive send/recv operations as one transfer set, all
- * progressing at once (so that a ring of isend+irecv cannot deadlock on
- * full buffers). Each frame is built from / checked against its own op. */
-td_status p2p_run_ops(td_comm *comm, const comm_op *ops, int n_ops);
+/* p2p.c: run queued send/recv operations as one set that progresses
+ * concurrently and grows while it runs. pull() hands over up to max more
+ * operations (deadlines set) with a tag each, returning how many (0: none
+ * now); done() reports each operation's completion, in any order. Returns
+ * when pull() has nothing more and the set is empty; on a failure every
+ * operation in the set and every one pulled afterwards is completed with
+ * the error. */
+typedef int (*p2p_stream_pull_fn)(void *ctx, comm_op *ops_out, void **tags_out, int max);
+typedef void (*p2p_stream_done_fn)(void *ctx, void *tag, td_status status);
+td_status p2p_stream(td_comm *comm, p2p_stream_pull_fn pull, p2p_stream_done_fn done, void *ctx);
 
 /* A request that is already complete with `status` (world-of-one operations
  * and failures detected at issue time). NULL on allocation failure. */

@@ -10,7 +10,7 @@
  * Every received header is compared with the operation this rank executes:
  * a difference means the ranks issued different collectives (or the same
  * one with different arguments), reported as TD_ERR_MISMATCH naming both. */
-#include "comm/comm_impl.h"
+#include "comm/comm_core.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -247,33 +247,135 @@ td_status p2p_run(td_comm *comm, const comm_op *op, const p2p_xfer *sends, int n
   return run_xfers(comm, op, NULL, sends, n_sends, NULL, recvs, n_recvs);
 }
 
-td_status p2p_run_ops(td_comm *comm, const comm_op *ops, int n_ops) {
-  const comm_op *stack_ops[32] = {0};
-  p2p_xfer stack_xfers[32] = {{0}};
-  const comm_op **xops = n_ops <= 16 ? stack_ops : malloc(2 * (size_t)n_ops * sizeof *xops);
-  p2p_xfer *xfers = n_ops <= 16 ? stack_xfers : malloc(2 * (size_t)n_ops * sizeof *xfers);
-  td_status st;
-  if (!xops || !xfers) {
-    st = comm_fail(comm, TD_ERR_SYSTEM, "out of memory for %d point-to-point operations", n_ops);
+/* ---- the send/recv stream ----
+ * Non-blocking sends and receives must progress together, as in MPI: a
+ * rank may post all its receives before its sends, or a ring of isend +
+ * irecv may carry messages larger than any buffer. The progress engine runs
+ * queued send/recv operations here as one growing set: operations queued
+ * while the set runs join it (pulled between steps, and at least every
+ * P2P_STREAM_SLICE_S while it waits), and each completes on its own as soon
+ * as its frame is through. Frames to (from) one peer still go in issue
+ * order. */
+
+#define P2P_STREAM_MAX 64
+#define P2P_STREAM_SLICE_S 0.002
+
+typedef struct stream_entry {
+  comm_op op;
+  void *tag;
+  p2p_xfer x;
+  xfer_state s;
+} stream_entry;
+
+static bool stream_blocked(const stream_entry *e, int i) {
+  for (int j = 0; j < i; j++)
+    if (e[j].op.kind == e[i].op.kind && e[j].op.peer == e[i].op.peer) return true;
+  return false;
+}
+
+td_status p2p_stream(td_comm *comm, p2p_stream_pull_fn pull, p2p_stream_done_fn done, void *ctx) {
+  stream_entry *e = malloc(P2P_STREAM_MAX * sizeof *e);
+  comm_op *pulled = malloc(P2P_STREAM_MAX * sizeof *pulled);
+  void **tags = malloc(P2P_STREAM_MAX * sizeof *tags);
+  int wait_peers[2 * P2P_STREAM_MAX];
+  int n = 0;
+  td_status st = TD_OK;
+  if (!e || !pulled || !tags) {
+    st = comm_fail(comm, TD_ERR_SYSTEM, "out of memory for the point-to-point stream");
+    /* Still take (and fail) whatever is queued so that nobody waits on it. */
+    comm_op one;
+    void *tag;
+    while (pull(ctx, &one, &tag, 1) == 1) done(ctx, tag, st);
     goto out;
   }
-  /* Sends fill the front of the arrays, receives the back half. */
-  int n_sends = 0, n_recvs = 0;
-  for (int i = 0; i < n_ops; i++) {
-    const comm_op *o = &ops[i];
-    p2p_xfer x = {o->peer, o->kind == COMM_SEND ? (void *)o->send : o->recv, comm_op_bytes(o)};
-    if (o->kind == COMM_SEND) {
-      xops[n_sends] = o;
-      xfers[n_sends++] = x;
-    } else {
-      xops[n_ops + n_recvs] = o;
-      xfers[n_ops + n_recvs++] = x;
-    }
+  if (!comm->xport) {
+    st = comm_fail(comm, TD_ERR_INTERNAL, "rank %d: point-to-point transfer without a transport", comm->rank);
+    goto fail_all;
   }
-  st = run_xfers(comm, &ops[0], xops, xfers, n_sends, xops + n_ops, xfers + n_ops, n_recvs);
+
+  for (;;) {
+    /* Join newly queued operations. */
+    bool joined = false;
+    if (n < P2P_STREAM_MAX) {
+      int k = pull(ctx, pulled, tags, P2P_STREAM_MAX - n);
+      for (int i = 0; i < k; i++) {
+        stream_entry *ne = &e[n++];
+        memset(&ne->s, 0, sizeof ne->s);
+        ne->op = pulled[i];
+        ne->tag = tags[i];
+        ne->x.peer = ne->op.peer;
+        ne->x.bytes = comm_op_bytes(&ne->op);
+        ne->x.buf = ne->op.kind == COMM_SEND ? (void *)ne->op.send : ne->op.recv;
+        if (ne->op.kind == COMM_SEND) {
+          comm_hdr_fill(&ne->s.u.hdr, &ne->op, comm->rank, ne->x.bytes);
+          if (ne->x.bytes <= P2P_PACK_MAX) {
+            if (ne->x.bytes) memcpy(ne->s.u.packed + sizeof(comm_hdr), ne->x.buf, ne->x.bytes);
+            ne->s.frame_bytes = sizeof(comm_hdr) + ne->x.bytes;
+          }
+        }
+        joined = true;
+      }
+    }
+    if (n == 0) break;
+    st = comm_status(comm);
+    if (st != TD_OK) goto fail_all;
+
+    bool moved = false;
+    for (int i = 0; i < n; i++) {
+      if (stream_blocked(e, i)) continue;
+      if (e[i].op.kind == COMM_SEND)
+        st = step_send(comm, &e[i].x, &e[i].s, &moved);
+      else
+        st = step_recv(comm, &e[i].op, &e[i].x, &e[i].s, &moved);
+      if (st != TD_OK) goto fail_all;
+    }
+    /* Complete finished operations, keeping the rest in issue order. */
+    int kept = 0;
+    for (int i = 0; i < n; i++) {
+      if (e[i].s.done)
+        done(ctx, e[i].tag, TD_OK);
+      else
+        e[kept++] = e[i];
+    }
+    n = kept;
+    if (moved || joined || n == 0) continue;
+
+    /* Nothing moved: check deadlines, then sleep briefly on the peers. */
+    double now = td_now();
+    for (int i = 0; i < n; i++) {
+      if (now < e[i].op.deadline) continue;
+      char desc[256];
+      comm_op_describe(&e[i].op, desc, sizeof desc);
+      st = comm_fail(comm, TD_ERR_TIMEOUT, "%s did not finish within %g s (TANDEM_TIMEOUT): rank %d never %s",
+                     desc, comm->timeout_s, e[i].op.peer,
+                     e[i].op.kind == COMM_SEND ? "took the message" : "sent the message");
+      goto fail_all;
+    }
+    int n_send = 0, n_recv = 0;
+    for (int i = 0; i < n; i++)
+      if (e[i].op.kind == COMM_SEND) wait_peers[n_send++] = e[i].op.peer;
+    for (int i = 0; i < n; i++)
+      if (e[i].op.kind == COMM_RECV) wait_peers[n_send + n_recv++] = e[i].op.peer;
+    st = comm->xport->vtbl->wait(comm->xport, wait_peers, n_send, wait_peers + n_send, n_recv, P2P_STREAM_SLICE_S);
+    if (st != TD_OK && st != TD_ERR_TIMEOUT) goto fail_all;
+    st = TD_OK;
+  }
+  goto out;
+
+fail_all:
+  /* The communicator is broken (sticky): every operation in the set, and
+   * every one still queued behind it, fails with its status. */
+  if (comm_status(comm) != TD_OK) st = td_error(comm_status(comm), "%s", comm->err_msg);
+  for (int i = 0; i < n; i++) done(ctx, e[i].tag, st);
+  n = 0;
+  {
+    void *tag;
+    while (pull(ctx, pulled, &tag, 1) == 1) done(ctx, tag, st);
+  }
 out:
-  if (xops != stack_ops) free(xops);
-  if (xfers != stack_xfers) free(xfers);
+  free(e);
+  free(pulled);
+  free(tags);
   return st;
 }
 

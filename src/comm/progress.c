@@ -22,7 +22,6 @@
 #include <unistd.h>
 
 enum { REQ_PENDING = 0, REQ_WAITED = 1, REQ_DONE = 2 };
-#define P2P_BATCH_MAX 64
 
 struct td_request {
   comm_op op;
@@ -70,41 +69,50 @@ static void request_complete(td_request *req, td_status status) {
   if (prev == REQ_WAITED) td_futex_wake(&req->state, INT_MAX, false);
 }
 
-/* Pop the next operation to run; consecutive send/recv operations come as
- * one batch (up to max), which p2p_run_ops progresses concurrently, as MPI
- * does with non-blocking point-to-point: a ring of isend + irecv then works
- * for any message size. Called with q->mu held; q->head != NULL. */
-static int pop_batch(comm_request_queue *q, td_request **batch, int max) {
-  int n = 0;
-  do {
+static bool is_p2p(const td_request *req) { return req->op.kind == COMM_SEND || req->op.kind == COMM_RECV; }
+
+/* p2p_stream callbacks: hand over the send/recv operations at the head of
+ * the queue (each starts its deadline clock now), and complete them. */
+static int stream_pull(void *arg, comm_op *ops_out, void **tags_out, int max) {
+  td_comm *comm = arg;
+  comm_request_queue *q = comm->queue;
+  int k = 0;
+  pthread_mutex_lock(&q->mu);
+  double deadline = td_now() + comm->timeout_s;
+  while (k < max && q->head && is_p2p(q->head)) {
     td_request *req = q->head;
     q->head = req->next;
     if (!q->head) q->tail = NULL;
-    batch[n++] = req;
-    if (req->op.kind != COMM_SEND && req->op.kind != COMM_RECV) break;
-  } while (n < max && q->head && (q->head->op.kind == COMM_SEND || q->head->op.kind == COMM_RECV));
-  return n;
+    ops_out[k] = req->op;
+    ops_out[k].deadline = deadline;
+    tags_out[k++] = req;
+  }
+  pthread_mutex_unlock(&q->mu);
+  return k;
 }
 
-/* Run a popped batch (without q->mu) and complete its requests. */
-static void run_batch(td_comm *comm, td_request **batch, int n) {
-  td_status st;
-  if (n == 1) {
-    st = run_op(comm, &batch[0]->op);
-  } else if ((st = comm_status(comm)) != TD_OK) {
-    td_error(st, "%s", comm->err_msg);
+static void stream_done(void *arg, void *tag, td_status status) {
+  (void)arg;
+  request_complete(tag, status);
+}
+
+/* Run what is at the head of the queue: one collective, or the stream of
+ * send/recv operations starting there. Called with q->mu held and q->head
+ * set; returns with q->mu held. */
+static void run_head(td_comm *comm, comm_request_queue *q) {
+  q->executing = true;
+  if (is_p2p(q->head)) {
+    pthread_mutex_unlock(&q->mu);
+    p2p_stream(comm, stream_pull, stream_done, comm);
   } else {
-    comm_op ops[P2P_BATCH_MAX];
-    double deadline = td_now() + comm->timeout_s;
-    for (int i = 0; i < n; i++) {
-      ops[i] = batch[i]->op;
-      ops[i].deadline = deadline;
-    }
-    st = p2p_run_ops(comm, ops, n);
-    td_status sticky = comm_status(comm);
-    if (sticky != TD_OK) st = td_error(sticky, "%s", comm->err_msg);
+    td_request *req = q->head;
+    q->head = req->next;
+    if (!q->head) q->tail = NULL;
+    pthread_mutex_unlock(&q->mu);
+    request_complete(req, run_op(comm, &req->op));
   }
-  for (int i = 0; i < n; i++) request_complete(batch[i], st);
+  pthread_mutex_lock(&q->mu);
+  q->executing = false;
 }
 
 static void *progress_main(void *arg) {
@@ -115,15 +123,7 @@ static void *progress_main(void *arg) {
   for (;;) {
     while (!q->stop && (!q->head || q->executing)) pthread_cond_wait(&q->work_cv, &q->mu);
     if (q->stop) break;
-    td_request *batch[P2P_BATCH_MAX];
-    int n = pop_batch(q, batch, P2P_BATCH_MAX);
-    q->executing = true;
-    pthread_mutex_unlock(&q->mu);
-
-    run_batch(comm, batch, n);
-
-    pthread_mutex_lock(&q->mu);
-    q->executing = false;
+    run_head(comm, q);
     if (!q->head) pthread_cond_broadcast(&q->idle_cv);
   }
   pthread_mutex_unlock(&q->mu);
@@ -276,13 +276,7 @@ static void help_progress(td_request *req) {
   pthread_mutex_lock(&q->mu);
   while (atomic_load_explicit(&req->state, memory_order_acquire) != REQ_DONE && q->head && !q->executing &&
          !q->stop) {
-    td_request *batch[P2P_BATCH_MAX];
-    int n = pop_batch(q, batch, P2P_BATCH_MAX);
-    q->executing = true;
-    pthread_mutex_unlock(&q->mu);
-    run_batch(comm, batch, n);
-    pthread_mutex_lock(&q->mu);
-    q->executing = false;
+    run_head(comm, q);
   }
   if (q->head && !q->executing) pthread_cond_signal(&q->work_cv);
   if (!q->head && !q->executing) pthread_cond_broadcast(&q->idle_cv);

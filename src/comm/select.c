@@ -95,9 +95,11 @@ static void finish_avg(const td_comm *comm, const comm_op *op) {
 td_status comm_execute(td_comm *comm, const comm_op *op) {
   td_status st = comm_status(comm);
   if (st != TD_OK) return st;
-  /* Nothing to move: every rank skips the same operation (its sequence
-   * number was consumed at issue on every rank alike). */
-  if (op->count == 0 && op->kind != COMM_BARRIER) return TD_OK;
+  /* Nothing to move: every rank skips the same collective (its sequence
+   * number was consumed at issue on every rank alike). A send or receive
+   * of 0 elements still exchanges its header, so that a count disagreement
+   * between the two sides is reported rather than waited out. */
+  if (op->count == 0 && op->kind != COMM_BARRIER && op->kind != COMM_SEND && op->kind != COMM_RECV) return TD_OK;
   comm_algo_fn algo = pick(comm, op);
   if (!algo) return comm_fail(comm, TD_ERR_INTERNAL, "no algorithm for operation kind %d", (int)op->kind);
   TD_CHECK(algo(comm, op));
