@@ -34,7 +34,8 @@ td_status alltoall_shm(td_comm *comm, const comm_op *op) {
     size_t start = k * piece, m = count > start ? TD_MIN(piece, count - start) : 0;
     unsigned p = (unsigned)(shm_next_epoch(comm) & 1);
     char *slot = shm_slot(comm, me, p);
-    for (int j = 0; j < n && m; j++) memcpy(slot + (size_t)j * piece * es, send + ((size_t)j * count + start) * es, m * es);
+    for (int j = 0; j < n && m; j++)
+      memcpy(slot + (size_t)j * piece * es, send + ((size_t)j * count + start) * es, m * es);
     TD_CHECK(shm_sync(comm, op));
     for (int j = 0; j < n && m; j++)
       memcpy(recv + ((size_t)j * count + start) * es, (const char *)shm_slot(comm, j, p) + (size_t)me * piece * es,

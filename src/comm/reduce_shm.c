@@ -1,6 +1,6 @@
 /* Reduce to a root over the shared-memory segment.
  *
- * Small messages (one slot, <= SHM_REDUCE_SMALL_MAX), one sync: every rank
+ * Small messages (one slot, n x bytes <= SHM_REDUCE_SMALL_TOTAL), one sync: every rank
  * stages its input, the root reduces all n slots into recv.
  *
  * Large messages, the allreduce pipeline without its all-to-all copy-out:
@@ -17,7 +17,8 @@
 
 #include <string.h>
 
-#define SHM_REDUCE_SMALL_MAX ((size_t)64 << 10)
+/* As in allreduce_shm.c: bytes read by the root, message x ranks. */
+#define SHM_REDUCE_SMALL_TOTAL ((size_t)512 << 10)
 
 td_status reduce_shm(td_comm *comm, const comm_op *op) {
   int n = comm->size, me = comm->rank;
@@ -33,7 +34,7 @@ td_status reduce_shm(td_comm *comm, const comm_op *op) {
   const char *send = op->send;
   char *recv = op->recv;
   const void *srcs[n];
-  if (bytes <= TD_MIN(SHM_REDUCE_SMALL_MAX, shm_slot_bytes(comm))) {
+  if (bytes * (size_t)n <= SHM_REDUCE_SMALL_TOTAL && bytes <= shm_slot_bytes(comm)) {
     unsigned p = (unsigned)(shm_next_epoch(comm) & 1);
     if (bytes) memcpy(shm_slot(comm, me, p), send, bytes);
     TD_CHECK(shm_sync(comm, op));

@@ -27,7 +27,8 @@ int main(int argc, char **argv) {
   if (argc > 2 && strchr(argv[1], 'x')) reps = atoi(argv[1] + 1), first = 2;
   bool oop = getenv("TEST_SHM_PERF_OOP") && atoi(getenv("TEST_SHM_PERF_OOP"));
   if (rank == 0)
-    printf("# tandem allreduce n=%d transport=%s %s, median of %d\n# size_bytes time_us algbw_GBs busbw_GBs min_us max_us\n",
+    printf("# tandem allreduce n=%d transport=%s %s, median of %d\n"
+           "# size_bytes time_us algbw_GBs busbw_GBs min_us max_us\n",
            n, td_comm_transport(c), oop ? "out of place" : "in place", reps);
   for (int a = first; a < argc; a++) {
     size_t bytes = strtoull(argv[a], NULL, 10), count = bytes / 4;
@@ -51,8 +52,8 @@ int main(int argc, char **argv) {
     qsort(times, (size_t)reps, sizeof *times, cmp_double);
     double med = times[reps / 2];
     if (rank == 0)
-      printf("%zu %.2f %.3f %.3f %.2f %.2f\n", bytes, med * 1e6, bytes / med / 1e9, bytes * 2.0 * (n - 1) / n / med / 1e9,
-             times[0] * 1e6, times[reps - 1] * 1e6);
+      printf("%zu %.2f %.3f %.3f %.2f %.2f\n", bytes, med * 1e6, bytes / med / 1e9,
+             bytes * 2.0 * (n - 1) / n / med / 1e9, times[0] * 1e6, times[reps - 1] * 1e6);
     fflush(stdout);
     free(buf);
     free(out);

@@ -131,8 +131,9 @@ td_status shm_sync(td_comm *comm, const comm_op *op) {
     comm_hdr_describe(ref, a, sizeof a);
     comm_hdr_describe(h, b, sizeof b);
     return comm_fail(comm, TD_ERR_MISMATCH,
-                     "ranks disagree on a collective (they differ in %s): rank 0 issued %s but rank %d issued %s; every rank "
-                     "must issue the same collectives in the same order with the same count, dtype, op and root",
+                     "ranks disagree on a collective (they differ in %s): rank 0 issued %s but rank %d issued %s; "
+                     "every rank must issue the same collectives in the same order with the same count, dtype, op "
+                     "and root",
                      fields, a, k, b);
   }
   return TD_OK;

@@ -26,7 +26,7 @@
 
 #define SHM_DEFAULT_FIFO_BYTES ((size_t)256 << 10)
 #define SHM_DEFAULT_SLOT_BYTES ((size_t)1 << 20)
-#define SHM_DEFAULT_CHUNK_BYTES ((size_t)256 << 10)
+#define SHM_DEFAULT_CHUNK_BYTES ((size_t)1 << 20)
 #define SHM_DEFAULT_SPIN_US 50.0
 
 static const transport_vtbl shm_vtbl;
