@@ -67,6 +67,22 @@ static td_status step_send(td_comm *comm, const p2p_xfer *x, xfer_state *s, bool
   return TD_OK;
 }
 
+/* Which arguments of two operation headers differ, as "operation, count".
+ * The reduction op and the root mean something only when the kinds agree. */
+static void diff_fields(const comm_hdr *a, const comm_hdr *b, char *buf, size_t size) {
+  bool same_kind = a->kind == b->kind;
+  const struct { bool differs; const char *name; } diffs[] = {
+      {!same_kind, "operation"},           {a->seq != b->seq, "order"},
+      {a->count != b->count, "count"},     {a->dtype != b->dtype, "dtype"},
+      {same_kind && a->redop != b->redop, "op"}, {same_kind && a->root != b->root, "root"},
+  };
+  size_t used = 0;
+  buf[0] = '\0';
+  for (size_t i = 0; i < TD_ARRAY_SIZE(diffs); i++)
+    if (diffs[i].differs && used < size)
+      used += (size_t)snprintf(buf + used, size - used, "%s%s", used ? ", " : "", diffs[i].name);
+}
+
 /* The received header h from `peer` must describe `op` with `bytes` of
  * payload. */
 static td_status check_header(td_comm *comm, const comm_op *op, int peer, size_t bytes, const comm_hdr *h) {
@@ -91,18 +107,11 @@ static td_status check_header(td_comm *comm, const comm_op *op, int peer, size_t
                      "rank %d expected %zu payload bytes from rank %d in %s but got %llu: the ranks chose "
                      "different algorithms (do all ranks set the same TANDEM_* variables?)",
                      comm->rank, bytes, peer, mine, (unsigned long long)h->nbytes);
-  bool same_kind = h->kind == (uint32_t)expected_kind;
-  char fields[96] = "";
-  size_t used = 0;
-  const struct { bool differs; const char *name; } diffs[] = {
-      {h->kind != (uint32_t)expected_kind, "operation"}, {h->seq != op->seq, "order"},
-      {h->count != op->count, "count"},                 {h->dtype != (int32_t)op->dtype, "dtype"},
-      /* op and root mean something only when the kinds agree */
-      {same_kind && h->redop != (int32_t)op->redop, "op"}, {same_kind && h->root != op->root, "root"},
-  };
-  for (size_t i = 0; i < TD_ARRAY_SIZE(diffs); i++)
-    if (diffs[i].differs && used < sizeof fields)
-      used += (size_t)snprintf(fields + used, sizeof fields - used, "%s%s", used ? ", " : "", diffs[i].name);
+  comm_hdr expected;
+  comm_hdr_fill(&expected, op, comm->rank, bytes);
+  expected.kind = (uint32_t)expected_kind;
+  char fields[96];
+  diff_fields(&expected, h, fields, sizeof fields);
   return comm_fail(comm, TD_ERR_MISMATCH,
                    "rank %d issued %s but rank %d sent %s (they differ in %s); every rank must issue the same "
                    "collectives in the same order with the same count, dtype, op and root",
@@ -135,6 +144,54 @@ static td_status check_peer(td_comm *comm, const comm_op *op, int peer, const ch
   comm_op_describe(op, desc, sizeof desc);
   return comm_fail(comm, TD_ERR_INTERNAL, "rank %d: %s: invalid %s peer %d (world size %d)", comm->rank, desc, what,
                    peer, comm->size);
+}
+
+/* ---- stuck-collective check ----
+ * Frames carry headers, so most disagreements are caught when the first
+ * frame arrives. But ranks that issued different collectives may all wait
+ * to receive and never exchange a frame (e.g. an allreduce on some ranks
+ * against a broadcast on others). So a collective that has moved nothing
+ * for P2P_STUCK_CHECK_S publishes its header in the store, under
+ * "<prefix>/op/<rank>", and compares it with those published by the peers
+ * it waits for: the same sequence number with different arguments is a
+ * mismatch. Costs nothing while data moves. */
+#define P2P_STUCK_CHECK_S 1.0
+
+static td_status check_stuck(td_comm *comm, const comm_op *op, const int *peers, int n_peers) {
+  if (!comm->store || op->kind == COMM_SEND || op->kind == COMM_RECV) return TD_OK;
+  char key[224];
+  comm_hdr mine;
+  comm_hdr_fill(&mine, op, comm->rank, 0);
+  snprintf(key, sizeof key, "%s/op/%d", comm->prefix, comm->rank);
+  if (store_set(comm->store, key, &mine, sizeof mine) != TD_OK) return TD_OK; /* best effort */
+  for (int i = 0; i < n_peers; i++) {
+    void *value = NULL;
+    size_t len = 0;
+    int found = 0;
+    snprintf(key, sizeof key, "%s/op/%d", comm->prefix, peers[i]);
+    if (store_get(comm->store, key, &value, &len, &found) != TD_OK || !found) continue;
+    comm_hdr theirs;
+    bool usable = len == sizeof theirs;
+    if (usable) memcpy(&theirs, value, sizeof theirs);
+    free(value);
+    if (!usable || theirs.magic != COMM_HDR_MAGIC || theirs.seq != op->seq) continue;
+    if (theirs.kind == mine.kind && theirs.count == mine.count && theirs.dtype == mine.dtype &&
+        theirs.redop == mine.redop && theirs.root == mine.root)
+      continue;
+    char a[256], b[256];
+    comm_op_describe(op, a, sizeof a);
+    comm_hdr_describe(&theirs, b, sizeof b);
+    /* The header describes the peer's own operation, not a frame it sent. */
+    char *from = strstr(b, " from rank");
+    if (from) *from = '\0';
+    char fields[96];
+    diff_fields(&mine, &theirs, fields, sizeof fields);
+    return comm_fail(comm, TD_ERR_MISMATCH,
+                     "rank %d issued %s but rank %d issued %s (they differ in %s); every rank must issue the same "
+                     "collectives in the same order with the same count, dtype, op and root",
+                     comm->rank, a, peers[i], b, fields);
+  }
+  return TD_OK;
 }
 
 #define SOP(i) (sops ? sops[i] : op)
@@ -189,6 +246,7 @@ static td_status run_xfers(td_comm *comm, const comm_op *op, const comm_op *cons
     goto out;
   }
 
+  double next_stuck_check = td_now() + P2P_STUCK_CHECK_S;
   while (n_left > 0) {
     bool moved = false;
     for (int i = 0; i < n_sends; i++) {
@@ -201,6 +259,7 @@ static td_status run_xfers(td_comm *comm, const comm_op *op, const comm_op *cons
       TD_CHECK_GOTO(step_recv(comm, ROP(i), &recvs[i], &rs[i], &moved), st, out_peers);
       if (rs[i].done) n_left--;
     }
+    if (moved) next_stuck_check = td_now() + P2P_STUCK_CHECK_S;
     if (n_left == 0 || moved) continue;
 
     st = comm_status(comm);
@@ -225,6 +284,10 @@ static td_status run_xfers(td_comm *comm, const comm_op *op, const comm_op *cons
       if (!ss[i].done) wait_peers[n_wait_send++] = sends[i].peer;
     for (int i = 0; i < n_recvs; i++)
       if (!rs[i].done) wait_peers[n_wait_send + n_wait_recv++] = recvs[i].peer;
+    if (td_now() >= next_stuck_check) {
+      next_stuck_check = td_now() + P2P_STUCK_CHECK_S;
+      TD_CHECK_GOTO(check_stuck(comm, op, wait_peers, n_wait_send + n_wait_recv), st, out_peers);
+    }
     st = comm->xport->vtbl->wait(comm->xport, wait_peers, n_wait_send, wait_peers + n_wait_send, n_wait_recv,
                                  left < 0.1 ? left : 0.1);
     if (st != TD_OK && st != TD_ERR_TIMEOUT) goto out_peers;
