@@ -41,6 +41,9 @@ static td_status detect_launcher(comm_env *env) {
     int rank = 0, size = 0;
     TD_CHECK(env_int(launchers[i].rank, &rank, &have_rank));
     TD_CHECK(env_int(launchers[i].size, &size, &have_size));
+    if (have_rank != have_size && i == 0)
+      return td_error(TD_ERR_INVALID_ARGUMENT, "%s is set but %s is not: set both (tandemrun does) or neither",
+                      have_rank ? launchers[i].rank : launchers[i].size, have_rank ? launchers[i].size : launchers[i].rank);
     if (!have_rank || !have_size) continue;
     if (size < 1 || rank >= size)
       return td_error(TD_ERR_INVALID_ARGUMENT, "%s says rank %d of world size %d (%s, %s): the rank must be below the size",

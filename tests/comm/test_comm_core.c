@@ -192,8 +192,10 @@ static void test_self_bad_arguments(td_comm *comm) {
   EXPECT_INVALID(td_comm_init(&c), "rank 5");
   setenv("TANDEM_RANK", "x1", 1);
   EXPECT_INVALID(td_comm_init(&c), "TANDEM_RANK");
-  unsetenv("TANDEM_RANK");
+  setenv("TANDEM_RANK", "1", 1);
   unsetenv("TANDEM_WORLD_SIZE");
+  EXPECT_INVALID(td_comm_init(&c), "TANDEM_WORLD_SIZE");
+  unsetenv("TANDEM_RANK");
   EXPECT_INVALID(td_comm_init_config(&cfg, NULL), "out");
 }
 
