@@ -24,6 +24,9 @@ typedef struct shm_seg_header {
   uint64_t fifo_bytes;  /* capacity of each pair FIFO */
   uint64_t slot_bytes;  /* each collective slot */
   uint64_t chunk_bytes; /* pipeline chunk of the large-message algorithms */
+  uint32_t cma;         /* single-copy reads between processes allowed (TANDEM_SHM_CMA) */
+  int32_t leader_pid;   /* rank 0, whose probe_addr the others try to read */
+  uint64_t probe_addr;
 } shm_seg_header;
 
 /* First failure of the communicator. `claimed` is won by CAS; the winner
@@ -41,6 +44,7 @@ typedef struct shm_rank_block {
    * communicator, so that peers still waiting for it fail at once */
   _Alignas(SHM_LINE) int32_t pid;
   _Atomic uint32_t detached;
+  uint32_t cma_ok; /* this rank could read rank 0's memory with process_vm_readv */
   /* doorbell: bumped by peers that made progress possible for this rank
    * (data or space in a FIFO, an arrival, an abort); `waiting` counts this
    * rank's threads asleep on it, so that peers skip the futex_wake syscall
@@ -50,6 +54,7 @@ typedef struct shm_rank_block {
   /* the last epoch this rank arrived at, and its op header per parity */
   _Alignas(SHM_LINE) _Atomic uint64_t arrived;
   comm_hdr hdr[2];
+  uint64_t addr[2][2]; /* per parity: buffer addresses published with the header */
 } shm_rank_block;
 
 /* Single-producer/single-consumer byte ring: head and tail are running byte
@@ -73,6 +78,8 @@ typedef struct shm_transport {
   char *slot_base;       /* 2n slots of slot_stride */
   uint64_t epoch;        /* the last epoch this rank completed */
   bool spin;             /* spinning allowed: a core per local rank */
+  bool cma;              /* every rank can read every other's memory (process_vm_readv) */
+  uint64_t probe_word;   /* rank 0: what the others read to test that */
   double spin_s;
   double next_liveness; /* td_now() of the next dead-peer check */
 } shm_transport;
@@ -82,6 +89,19 @@ shm_transport *shm_of(const td_comm *comm);
 
 /* Bytes per pipeline chunk for the large-message algorithms (<= slot). */
 size_t shm_chunk_bytes(const td_comm *comm);
+
+/* Single-copy transfers (cross-memory attach, process_vm_readv), used by
+ * the large-message allreduce when every rank may read every other's
+ * memory (same user, no seccomp/ptrace restriction) and TANDEM_SHM_CMA is
+ * not 0. Equal on every rank. */
+bool shm_cma(const td_comm *comm);
+/* shm_sync that also publishes two addresses of this rank's buffers for the
+ * epoch; shm_peer_addr reads a peer's after the sync (valid until the peer's
+ * arrival two epochs later). */
+td_status shm_sync_addrs(td_comm *comm, const comm_op *op, const void *addr0, const void *addr1);
+const char *shm_peer_addr(const td_comm *comm, int rank, int which);
+/* Copy bytes from `remote` in rank's address space to `local`. */
+td_status shm_cma_read(td_comm *comm, int rank, const void *remote, void *local, size_t bytes);
 
 /* Copy bytes; with `stream`, destination lines are written with
  * non-temporal stores (for large outputs that will not be read again soon,
