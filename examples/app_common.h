@@ -144,7 +144,7 @@ static void app_fail(app_run *run, const char *what, td_status st) {
   const char *msg = td_last_error();
   if (run && run->comm && td_comm_status(run->comm) != TD_OK && !*msg) msg = td_comm_last_error(run->comm);
   fprintf(stderr, "%s: error: %s failed (%s): %s\n", app_name, what, td_status_str(st), *msg ? msg : "no details");
-  if (run && run->comm) td_comm_abort(run->comm, what);
+  if (run && run->comm && run->world > 1) td_comm_abort(run->comm, what);
   exit(APP_EXIT_FAIL);
 }
 
