@@ -121,10 +121,8 @@ static long build_config(const fmnist_options *o, int world, size_t n_train, td_
                          sc->min_ratio == default_schedule.min_ratio;
   if (schedule_is_ours && cfg->scheduler.warmup_steps > cfg->steps / 5)
     cfg->scheduler.warmup_steps = cfg->steps / 5;
-  if (o->save_dir) {
-    snprintf(cfg->checkpoint_dir, sizeof cfg->checkpoint_dir, "%s", o->save_dir);
-    if (cfg->checkpoint_every == 0) cfg->checkpoint_every = per_epoch;
-  }
+  if (o->save_dir) snprintf(cfg->checkpoint_dir, sizeof cfg->checkpoint_dir, "%s", o->save_dir);
+  if (cfg->checkpoint_dir[0] && cfg->checkpoint_every == 0) cfg->checkpoint_every = per_epoch;
   return per_epoch;
 }
 
@@ -198,8 +196,8 @@ int main(int argc, char **argv) {
   double train_s = app_now() - t0;
   td_progress_finish(run.progress);
 
-  if (opt.save_dir && run.steps_this_run > 0 && !run.last.saved) {
-    s = td_trainer_save(run.trainer, opt.save_dir);
+  if (rc->checkpoint_dir[0] && run.steps_this_run > 0 && !run.last.saved) {
+    s = td_trainer_save(run.trainer, rc->checkpoint_dir);
     if (s != TD_OK) app_fail(&run, "saving the checkpoint", s);
   }
 

@@ -105,7 +105,6 @@ static void parse_args(int argc, char **argv, gpt_options *o) {
   }
   if (o->model.channels % o->model.heads != 0)
     app_usage_error("--channels %d must be divisible by --heads %d", o->model.channels, o->model.heads);
-  if (o->save_every > 0 && !o->save_dir) app_usage_error("--save-every needs --save DIR");
 }
 
 /* Defaults, then the config file, then the flags. A config error is a usage
@@ -129,6 +128,8 @@ static void build_config(const gpt_options *o, int world, td_train_config *cfg) 
   if (o->threads >= 0) cfg->threads = (int)o->threads;
   if (o->save_dir) snprintf(cfg->checkpoint_dir, sizeof cfg->checkpoint_dir, "%s", o->save_dir);
   if (o->save_every > 0) cfg->checkpoint_every = o->save_every;
+  if (cfg->checkpoint_every > 0 && !cfg->checkpoint_dir[0])
+    app_usage_error("--save-every needs a directory: --save DIR (or checkpoint.save_dir in the config)");
   /* The reference micro-batch applies only when nothing fixes the batch. */
   if (cfg->micro_batch == 0 && cfg->train_batch_size == 0) cfg->micro_batch = 8;
   td_status s = td_train_config_resolve(cfg, world);
@@ -195,12 +196,13 @@ int main(int argc, char **argv) {
   double train_s = app_now() - t0;
   td_progress_finish(run.progress);
 
-  if (opt.save_dir && run.steps_this_run > 0 && !run.last.saved) {
-    s = td_trainer_save(run.trainer, opt.save_dir);
+  if (rc->checkpoint_dir[0] && run.steps_this_run > 0 && !run.last.saved) {
+    s = td_trainer_save(run.trainer, rc->checkpoint_dir);
     if (s != TD_OK) app_fail(&run, "saving the checkpoint", s);
   }
-  if (opt.save_dir && run.rank == 0)
-    fprintf(stderr, "%s: checkpoint at step %ld in %s\n", app_name, td_trainer_step_count(run.trainer), opt.save_dir);
+  if (rc->checkpoint_dir[0] && run.rank == 0)
+    fprintf(stderr, "%s: checkpoint at step %ld in %s\n", app_name, td_trainer_step_count(run.trainer),
+            rc->checkpoint_dir);
 
   if (run.rank == 0) {
     /* The sample is generated before anything is printed: under tandemrun
