@@ -96,6 +96,13 @@ typedef struct transport_vtbl {
   void (*abort)(transport *t, td_status status, const char *reason);
   /* Release all resources. Does not communicate. */
   void (*destroy)(transport *t);
+  /* Optional (NULL: nothing to check). Called on the executing thread after
+   * each operation completed without error on this rank, before the caller
+   * sees TD_OK: a transport that can complete an operation from data peers
+   * sent before one of them failed checks here, cheaply (at most a syscall
+   * on the normal path), whether one has failed, and if so fails the
+   * communicator and returns that status. */
+  td_status (*op_done)(transport *t);
 } transport_vtbl;
 
 struct transport {

@@ -392,7 +392,15 @@ td_status p2p_stream(td_comm *comm, p2p_stream_pull_fn pull, p2p_stream_done_fn 
         st = step_recv(comm, &e[i].op, &e[i].x, &e[i].s, &moved);
       if (st != TD_OK) goto fail_all;
     }
-    /* Complete finished operations, keeping the rest in issue order. */
+    /* Complete finished operations, keeping the rest in issue order; first
+     * let the transport say whether they only completed from data sent
+     * before a peer failed. */
+    bool any_done = false;
+    for (int i = 0; i < n && !any_done; i++) any_done = e[i].s.done;
+    if (any_done && comm->xport->vtbl->op_done) {
+      st = comm->xport->vtbl->op_done(comm->xport);
+      if (st != TD_OK) goto fail_all;
+    }
     int kept = 0;
     for (int i = 0; i < n; i++) {
       if (e[i].s.done)

@@ -53,6 +53,8 @@ static td_status run_op(td_comm *comm, const comm_op *issued) {
   comm_op op = *issued;
   op.deadline = td_now() + comm->timeout_s;
   st = comm_execute(comm, &op);
+  /* The transport may have completed it from data sent before a peer failed. */
+  if (st == TD_OK && comm->xport && comm->xport->vtbl->op_done) st = comm->xport->vtbl->op_done(comm->xport);
   /* A broken communicator reports its sticky status and message, whichever
    * thread detected the failure. */
   td_status sticky = comm_status(comm);

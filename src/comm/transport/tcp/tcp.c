@@ -14,16 +14,43 @@
  *                        listen  <-----  connect
  *
  * Afterwards the sockets are non-blocking with TCP_NODELAY and the socket
- * buffers of TANDEM_TCP_BUFFER_BYTES; the framing engine (p2p.c) drives them
- * through try_send/try_recv/wait.
+ * buffers of TANDEM_TCP_BUFFER_BYTES (at least 128 KiB); the framing engine
+ * (p2p.c) drives them through try_send/try_recv/wait.
  *
- * Failure: a peer's EOF, reset or broken pipe fails the communicator with
- * TD_ERR_REMOTE. If the peer failed on purpose it published its reason under
- * "<prefix>/abort" before shutting its sockets (tcp_abort), and that reason
- * is relayed ("rank 1 reported: ..."); otherwise the peer exited or was
- * killed, and the message names it and its address. While blocked in wait(),
- * every other peer's socket is watched for a hang-up too, so that the
- * cascade of aborts reaches every rank within seconds wherever it started. */
+ * Failure: a rank that fails (comm_fail: mismatch, timeout, lost peer,
+ * td_comm_abort) publishes its status and reason under "<prefix>/abort"
+ * (first writer wins, so the root cause survives the cascade) and then shuts
+ * its sockets (tcp_abort). A peer that sees the EOF, reset or broken pipe
+ * relays the published failure as "rank R reported: ..." with the original
+ * status when it is TD_ERR_MISMATCH or TD_ERR_TIMEOUT (a disagreement or a
+ * stuck collective concerns every rank alike) and TD_ERR_REMOTE otherwise,
+ * as the shm transport's abort block does. A connection that breaks with no
+ * published reason means the peer exited or was killed: TD_ERR_REMOTE naming
+ * it and its address. While blocked in wait(), every other peer's socket is
+ * watched for a hang-up too, so that the cascade of aborts reaches every
+ * rank within seconds wherever it started.
+ *
+ * Late completion: a rank can finish an operation from frames its peers
+ * sent before one of them failed (a late rank after the others timed out, a
+ * rank whose part of a broadcast tree only touched peers that agreed). So a
+ * watcher thread sleeps in epoll_wait on the peers' hang-up events only
+ * (arriving data never wakes it) and counts hang-ups; after every operation
+ * op_done() compares that count with the last one it saw (one atomic load:
+ * the normal path makes no system call). Only after a new hang-up does it
+ * read "<prefix>/abort" from the store, and fails the operation with the
+ * published status if there is one. A peer that hung up without publishing
+ * (a clean exit after td_comm_finalize, or a killed process) fails nothing
+ * there: the next exchange with it says whether it is gone.
+ *
+ * What is guaranteed: once a peer has failed and its hang-up has reached
+ * this rank, this rank's current or next operation fails with the
+ * published status, and td_comm_finalize (a barrier) counts as such an
+ * operation. What is not: an operation that completed on this rank before
+ * any peer failed (or before the failing peer's hang-up arrived and the
+ * watcher counted it, normally microseconds on one host) returns TD_OK; the
+ * error then comes from the next call, finalize included. A rank that never
+ * calls again (it destroys the communicator without finalizing) does not
+ * learn of it. */
 #define _GNU_SOURCE 1 /* POLLRDHUP; must precede the first system header */
 #include "comm/comm_impl.h"
 
@@ -33,6 +60,10 @@
 #include <string.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -76,6 +107,13 @@ typedef struct tcp_transport {
   tcp_peer *peers;
   struct pollfd *pfds; /* scratch for wait(): one operation runs at a time */
   int *pfd_peer;       /* pfds[k] watches peers[pfd_peer[k]] */
+  /* The hang-up watcher (see op_done): a thread asleep in epoll_wait on
+   * every peer's hang-up events and on stop_fd, counting hang-ups. */
+  int hup_fd, stop_fd;           /* -1 until created */
+  pthread_t watcher;
+  bool watcher_started;
+  _Atomic unsigned hangups;      /* peers the watcher saw hang up so far */
+  unsigned hangups_checked;      /* the count op_done last acted on (executing thread only) */
   double next_reason_check;
   _Atomic int aborted;
 } tcp_transport;
@@ -88,10 +126,23 @@ static uint64_t prefix_hash(const char *s) {
 
 static void abort_key(const td_comm *comm, char *buf, size_t size) { snprintf(buf, size, "%s/abort", comm->prefix); }
 
-/* The reason a peer published when it failed, waiting up to wait_s for it to
- * appear (0: just look). NULL if there is none; free() the result. */
-static char *published_reason(tcp_transport *t, double wait_s) {
+/* The abort record is text: "status <td_status number>\n<reason>". */
+#define TCP_ABORT_STATUS_TAG "status "
+
+/* The status a peer's failure has on this rank: a mismatch or a timeout is
+ * the same condition on every rank; anything else is, here, a remote error
+ * (a peer's own system error or misuse is not this rank's). */
+static td_status relayed_status(long published) {
+  if (published == TD_ERR_MISMATCH || published == TD_ERR_TIMEOUT) return (td_status)published;
+  return TD_ERR_REMOTE;
+}
+
+/* The failure a peer published, waiting up to wait_s for it to appear (0:
+ * just look). NULL if there is none; otherwise free() the result, whose
+ * text is the reason, and *status_out is the status to relay it with. */
+static char *published_reason(tcp_transport *t, double wait_s, td_status *status_out) {
   td_comm *comm = t->base.comm;
+  *status_out = TD_ERR_REMOTE;
   if (!comm->store) return NULL;
   char key[256];
   abort_key(comm, key, sizeof key);
@@ -103,7 +154,29 @@ static char *published_reason(tcp_transport *t, double wait_s) {
     int found = 0;
     if (store_get(comm->store, key, &value, &len, &found) != TD_OK || !found) return NULL;
   }
-  return value;
+  /* The value is NUL-terminated (store_get). */
+  char *text = value;
+  size_t tag_len = strlen(TCP_ABORT_STATUS_TAG);
+  if (!strncmp(text, TCP_ABORT_STATUS_TAG, tag_len)) {
+    char *end = NULL;
+    long published = strtol(text + tag_len, &end, 10);
+    if (end && *end == '\n') {
+      *status_out = relayed_status(published);
+      memmove(text, end + 1, strlen(end + 1) + 1);
+    }
+  }
+  return text;
+}
+
+/* Fail the communicator with the failure a peer published, if there is one
+ * (waiting up to wait_s for it); TD_OK if there is none. */
+static td_status relay_published(tcp_transport *t, double wait_s) {
+  td_status status;
+  char *reason = published_reason(t, wait_s, &status);
+  if (!reason) return TD_OK;
+  td_status st = comm_fail(t->base.comm, status, "%s", reason);
+  free(reason);
+  return st;
 }
 
 static td_status failed_status(tcp_transport *t) {
@@ -118,12 +191,8 @@ static td_status peer_broken(tcp_transport *t, int peer, int err) {
   td_status st = comm_status(comm);
   if (st != TD_OK) return st;
   if (atomic_load(&t->aborted)) return failed_status(t);
-  char *reason = published_reason(t, TCP_REASON_WAIT_S);
-  if (reason) {
-    st = comm_fail(comm, TD_ERR_REMOTE, "%s", reason);
-    free(reason);
-    return st;
-  }
+  st = relay_published(t, TCP_REASON_WAIT_S);
+  if (st != TD_OK) return st;
   const tcp_peer *p = &t->peers[peer];
   if (err == 0 || err == EPIPE || err == ECONNRESET)
     return comm_fail(comm, TD_ERR_REMOTE, "rank %d (%s) %s its connection to rank %d: it exited or was killed", peer,
@@ -205,12 +274,8 @@ static td_status tcp_wait(transport *base, const int *send_peers, int n_send, co
     double now = td_now();
     if (any_hung_up && now >= t->next_reason_check) {
       t->next_reason_check = now + TCP_REASON_RECHECK_S;
-      char *reason = published_reason(t, 0);
-      if (reason) {
-        st = comm_fail(comm, TD_ERR_REMOTE, "%s", reason);
-        free(reason);
-        return st;
-      }
+      st = relay_published(t, 0);
+      if (st != TD_OK) return st;
     }
     double slice = TD_MIN(deadline - now, TCP_WAIT_SLICE_S);
     if (any_hung_up) slice = TD_MIN(slice, TCP_REASON_RECHECK_S);
@@ -265,7 +330,8 @@ static void tcp_abort(transport *base, td_status status, const char *reason) {
     char own[32];
     int own_len = snprintf(own, sizeof own, "rank %d: ", t->rank);
     if (own_len > 0 && !strncmp(text, own, (size_t)own_len)) text += own_len;
-    int len = snprintf(msg, sizeof msg, "rank %d reported: %s", t->rank, text);
+    int len = snprintf(msg, sizeof msg, TCP_ABORT_STATUS_TAG "%d\nrank %d reported: %s", (int)status, t->rank,
+                       text);
     if (len < 0) len = 0;
     if ((size_t)len >= sizeof msg) len = (int)sizeof msg - 1;
     void *current = NULL;
@@ -280,9 +346,70 @@ static void tcp_abort(transport *base, td_status status, const char *reason) {
     if (t->peers[p].fd >= 0) shutdown(t->peers[p].fd, SHUT_RDWR);
 }
 
+/* The watcher's epoll tag for stop_fd (peers are tagged with their rank). */
+#define TCP_WATCH_STOP UINT32_MAX
+
+/* Sleeps until a peer hangs up (EPOLLRDHUP; EPOLLHUP and EPOLLERR are always
+ * reported) and counts it. Arriving data is not in the event mask, so it
+ * never wakes this thread: the data path pays nothing for the watch. A
+ * peer leaves the set once reported. */
+static void *hangup_watcher(void *arg) {
+  tcp_transport *t = arg;
+  pthread_setname_np(pthread_self(), "td-tcp-watch");
+  sigset_t all;
+  sigfillset(&all);
+  pthread_sigmask(SIG_BLOCK, &all, NULL); /* signals belong to the application's threads */
+  for (;;) {
+    struct epoll_event events[16];
+    int n = epoll_wait(t->hup_fd, events, (int)TD_ARRAY_SIZE(events), -1);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      TD_WARN("tcp: rank %d stops watching its peers for hang-ups (epoll_wait: %s); a failure is then seen at the "
+              "next exchange with the failed rank",
+              t->rank, strerror(errno));
+      return NULL;
+    }
+    unsigned hung_up = 0;
+    for (int k = 0; k < n; k++) {
+      uint32_t tag = events[k].data.u32;
+      if (tag == TCP_WATCH_STOP) return NULL;
+      (void)epoll_ctl(t->hup_fd, EPOLL_CTL_DEL, t->peers[tag].fd, NULL);
+      if (!atomic_load_explicit(&t->aborted, memory_order_relaxed)) /* else it is our own shutdown */
+        TD_DEBUG("tcp: rank %d (%s) hung up on rank %d", (int)tag, t->peers[tag].addr, t->rank);
+      hung_up++;
+    }
+    if (hung_up) atomic_fetch_add_explicit(&t->hangups, hung_up, memory_order_release);
+  }
+}
+
+/* After each operation (see the file header). The normal path is one atomic
+ * load; only after the watcher counted a new hang-up does this rank read the
+ * store, so a peer that exited cleanly costs one look-up in the
+ * communicator's life, not one per operation. A hang-up the watcher has not
+ * counted yet (it arrived while this operation finished) is acted on after
+ * the next operation, or fails it. Called on the executing thread. */
+static td_status tcp_op_done(transport *base) {
+  tcp_transport *t = (tcp_transport *)base;
+  if (atomic_load_explicit(&t->aborted, memory_order_relaxed)) return failed_status(t);
+  unsigned seen = atomic_load_explicit(&t->hangups, memory_order_acquire);
+  if (seen == t->hangups_checked) return TD_OK;
+  t->hangups_checked = seen;
+  return relay_published(t, 0);
+}
+
 static void tcp_destroy(transport *base) {
   tcp_transport *t = (tcp_transport *)base;
   if (!t) return;
+  /* The watcher first: nothing below may run while it still looks at t. */
+  if (t->watcher_started) {
+    uint64_t one = 1;
+    ssize_t w;
+    TD_SYSCALL_RETRY(w, write(t->stop_fd, &one, sizeof one));
+    (void)w;
+    pthread_join(t->watcher, NULL);
+  }
+  if (t->hup_fd >= 0) close(t->hup_fd);
+  if (t->stop_fd >= 0) close(t->stop_fd);
   if (t->peers)
     for (int p = 0; p < t->size; p++)
       if (t->peers[p].fd >= 0) close(t->peers[p].fd);
@@ -299,6 +426,7 @@ static const transport_vtbl tcp_vtbl = {
     .wait = tcp_wait,
     .abort = tcp_abort,
     .destroy = tcp_destroy,
+    .op_done = tcp_op_done,
 };
 
 /* A host that crashes or drops off the network sends no FIN: without
@@ -378,6 +506,7 @@ td_status tcp_transport_create(td_comm *comm, transport **out) {
   t->base.comm = comm;
   t->rank = comm->rank;
   t->size = comm->size;
+  t->hup_fd = t->stop_fd = -1;
   t->peers = calloc((size_t)t->size, sizeof *t->peers);
   t->pfds = calloc((size_t)t->size, sizeof *t->pfds);
   t->pfd_peer = calloc((size_t)t->size, sizeof *t->pfd_peer);
@@ -446,6 +575,15 @@ td_status tcp_transport_create(td_comm *comm, transport **out) {
   listen_fd = -1;
 
   size_t buffer_bytes = td_env_size("TANDEM_TCP_BUFFER_BYTES", TCP_DEFAULT_BUFFER_BYTES);
+  if (buffer_bytes > 0 && buffer_bytes < TCP_MIN_BUFFER_BYTES) {
+    /* Said once per process, not once per communicator and rank. */
+    static _Atomic int warned;
+    if (!atomic_exchange(&warned, 1))
+      TD_WARN("tcp: TANDEM_TCP_BUFFER_BYTES=%zu is below the floor of %zu bytes; using %zu (smaller socket "
+              "buffers stall loopback transfers; 0 keeps the kernel's autotuning)",
+              buffer_bytes, TCP_MIN_BUFFER_BYTES, TCP_MIN_BUFFER_BYTES);
+    buffer_bytes = TCP_MIN_BUFFER_BYTES;
+  }
   for (int p = 0; p < t->size; p++) {
     int fd = t->peers[p].fd;
     if (fd < 0) continue;
@@ -454,9 +592,33 @@ td_status tcp_transport_create(td_comm *comm, transport **out) {
       goto fail;
     }
     set_keepalive(fd);
-    if (buffer_bytes > 0)
-      net_set_bufsizes(fd, (int)TD_MIN(TD_MAX(buffer_bytes, TCP_MIN_BUFFER_BYTES), (size_t)1 << 30));
+    if (buffer_bytes > 0) net_set_bufsizes(fd, (int)TD_MIN(buffer_bytes, (size_t)1 << 30));
   }
+
+  /* The hang-up watcher of op_done. */
+  t->hup_fd = epoll_create1(EPOLL_CLOEXEC);
+  t->stop_fd = eventfd(0, EFD_CLOEXEC);
+  struct epoll_event stop_ev = {.events = EPOLLIN, .data.u32 = TCP_WATCH_STOP};
+  if (t->hup_fd < 0 || t->stop_fd < 0 || epoll_ctl(t->hup_fd, EPOLL_CTL_ADD, t->stop_fd, &stop_ev) != 0) {
+    st = td_error_errno("tcp: rank %d cannot create the epoll set that watches its peers", t->rank);
+    goto fail;
+  }
+  for (int p = 0; p < t->size; p++) {
+    if (t->peers[p].fd < 0) continue;
+    struct epoll_event ev = {.events = EPOLLRDHUP, .data.u32 = (uint32_t)p};
+    if (epoll_ctl(t->hup_fd, EPOLL_CTL_ADD, t->peers[p].fd, &ev) != 0) {
+      st = td_error_errno("tcp: rank %d cannot watch its socket to rank %d (%s) for hang-ups", t->rank, p,
+                          t->peers[p].addr);
+      goto fail;
+    }
+  }
+  int rc = pthread_create(&t->watcher, NULL, hangup_watcher, t);
+  if (rc) {
+    errno = rc;
+    st = td_error_errno("tcp: rank %d cannot start the thread that watches its peers for hang-ups", t->rank);
+    goto fail;
+  }
+  t->watcher_started = true;
   TD_DEBUG("tcp: rank %d connected to %d peers, listening address %s", t->rank, t->size - 1,
            t->peers[t->rank].addr);
   *out = &t->base;
