@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #define SHM_DEFAULT_FIFO_BYTES ((size_t)256 << 10)
+#define SHM_FIFO_BUDGET ((size_t)64 << 20)
 #define SHM_DEFAULT_SLOT_BYTES ((size_t)1 << 20)
 #define SHM_DEFAULT_CHUNK_BYTES ((size_t)1 << 20)
 #define SHM_DEFAULT_SPIN_US 50.0
@@ -381,8 +382,9 @@ td_status shm_transport_create(td_comm *comm, transport **out) {
   char *value = NULL;
 
   if (t->rank == 0) {
-    t->fifo_bytes = round_up(TD_MAX(td_env_size("TANDEM_SHM_FIFO_BYTES", SHM_DEFAULT_FIFO_BYTES), (size_t)4096),
-                             SHM_LINE);
+    /* n(n-1) rings: keep their total within SHM_FIFO_BUDGET unless told. */
+    size_t fifo_default = TD_MIN(SHM_DEFAULT_FIFO_BYTES, SHM_FIFO_BUDGET / ((size_t)t->n * (size_t)(t->n - 1) + 1));
+    t->fifo_bytes = round_up(TD_MAX(td_env_size("TANDEM_SHM_FIFO_BYTES", fifo_default), (size_t)4096), SHM_LINE);
     t->slot_bytes = round_up(TD_MAX(td_env_size("TANDEM_SHM_SLOT_BYTES", SHM_DEFAULT_SLOT_BYTES), (size_t)4096),
                              4096);
     t->chunk_bytes = round_up(TD_MAX(td_env_size("TANDEM_SHM_CHUNK_BYTES", SHM_DEFAULT_CHUNK_BYTES), (size_t)4096),
