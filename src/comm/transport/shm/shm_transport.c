@@ -208,6 +208,23 @@ static td_status shm_try_recv(transport *xt, int peer, void *buf, size_t len, si
   return TD_OK;
 }
 
+/* try_recv without consuming: for the stuck-operation diagnosis in p2p.c. */
+static td_status shm_try_peek(transport *xt, int peer, void *buf, size_t len, size_t *got) {
+  shm_transport *t = (shm_transport *)xt;
+  *got = 0;
+  if (peer < 0 || peer >= t->n || peer == t->rank) return TD_OK;
+  shm_fifo *f = fifo_of(t, peer, t->rank);
+  uint64_t tail = atomic_load_explicit(&f->tail, memory_order_relaxed);
+  uint64_t head = atomic_load_explicit(&f->head, memory_order_acquire);
+  size_t nb = TD_MIN(len, (size_t)(head - tail));
+  size_t pos = (size_t)(tail % t->fifo_bytes);
+  size_t first = TD_MIN(nb, t->fifo_bytes - pos);
+  memcpy(buf, fifo_data(f) + pos, first);
+  if (nb > first) memcpy((char *)buf + first, fifo_data(f), nb - first);
+  *got = nb;
+  return TD_OK;
+}
+
 typedef struct wait_set {
   const int *send_peers, *recv_peers;
   int n_send, n_recv;
@@ -296,6 +313,10 @@ static const transport_vtbl shm_vtbl = {
     .wait = shm_wait,
     .abort = shm_abort,
     .destroy = shm_destroy,
+    /* No op_done: a collective completes only through a sync that every
+     * rank reached, and bytes a peer wrote into a ring before it failed were
+     * sent, so a failure recorded afterwards must not fail what finished. */
+    .try_peek = shm_try_peek,
 };
 
 /* ---- creation ---- */
