@@ -103,6 +103,12 @@ typedef struct transport_vtbl {
    * on the normal path), whether one has failed, and if so fails the
    * communicator and returns that status. */
   td_status (*op_done)(transport *t);
+  /* Optional (NULL: cannot peek). Copy up to len bytes that try_recv from
+   * peer would return next into buf without consuming them, without
+   * blocking; *got = bytes copied (0 if none). Used only by the stuck check
+   * (p2p.c) to read the header of a frame that the algorithm never asked
+   * for. A broken connection is left for try_recv to report. */
+  td_status (*try_peek)(transport *t, int peer, void *buf, size_t len, size_t *got);
 } transport_vtbl;
 
 struct transport {

@@ -154,11 +154,60 @@ static td_status check_peer(td_comm *comm, const comm_op *op, int peer, const ch
  * for P2P_STUCK_CHECK_S publishes its header in the store, under
  * "<prefix>/op/<rank>", and compares it with those published by the peers
  * it waits for: the same sequence number with different arguments is a
- * mismatch. Costs nothing while data moves. */
+ * mismatch. Costs nothing while data moves.
+ *
+ * Peers that disagree on the shape of the exchange (the root of a tree)
+ * may also have finished without waiting for anything, leaving a frame
+ * this rank's algorithm never reads. So the stuck check also looks, where
+ * the transport can peek, at the next frame from every peer it is not in
+ * the middle of receiving from (that stream is at a frame boundary): a
+ * collective frame of this sequence number with other arguments, or of an
+ * earlier one (every frame of a collective is read within it), is a
+ * mismatch. Frames of later collectives (a faster peer) and of send/recv
+ * are left alone. */
 #define P2P_STUCK_CHECK_S 1.0
 
-static td_status check_stuck(td_comm *comm, const comm_op *op, const int *peers, int n_peers) {
-  if (!comm->store || op->kind == COMM_SEND || op->kind == COMM_RECV) return TD_OK;
+/* The mismatch report for a frame header h, seen on the stream from peer,
+ * that disagrees with op. */
+static td_status report_frame_mismatch(td_comm *comm, const comm_op *op, int peer, const comm_hdr *h) {
+  char mine[256], theirs[256], fields[96];
+  comm_op_describe(op, mine, sizeof mine);
+  comm_hdr_describe(h, theirs, sizeof theirs);
+  comm_hdr expected;
+  comm_hdr_fill(&expected, op, comm->rank, h->nbytes);
+  diff_fields(&expected, h, fields, sizeof fields);
+  return comm_fail(comm, TD_ERR_MISMATCH,
+                   "rank %d issued %s but rank %d sent %s (they differ in %s); every rank must issue the same "
+                   "collectives in the same order with the same count, dtype, op and root",
+                   comm->rank, mine, peer, theirs, fields);
+}
+
+/* The peek half of the stuck check; recv_peers are the peers this rank is
+ * receiving from (possibly in the middle of a frame). */
+static td_status peek_bystanders(td_comm *comm, const comm_op *op, const int *recv_peers, int n_recv) {
+  transport *t = comm->xport;
+  if (!t->vtbl->try_peek) return TD_OK;
+  for (int p = 0; p < comm->size; p++) {
+    if (p == comm->rank) continue;
+    bool receiving = false;
+    for (int i = 0; i < n_recv && !receiving; i++) receiving = recv_peers[i] == p;
+    if (receiving) continue;
+    comm_hdr h;
+    size_t got = 0;
+    TD_CHECK(t->vtbl->try_peek(t, p, &h, sizeof h, &got));
+    if (got < sizeof h || h.magic != COMM_HDR_MAGIC || h.kind == COMM_SEND || h.seq > op->seq) continue;
+    if (h.seq == op->seq && h.kind == (uint32_t)op->kind && h.count == op->count &&
+        h.dtype == (int32_t)op->dtype && h.redop == (int32_t)op->redop && h.root == op->root)
+      continue;
+    return report_frame_mismatch(comm, op, p, &h);
+  }
+  return TD_OK;
+}
+
+static td_status check_stuck(td_comm *comm, const comm_op *op, const int *peers, int n_peers, int n_send_peers) {
+  if (op->kind == COMM_SEND || op->kind == COMM_RECV) return TD_OK;
+  TD_CHECK(peek_bystanders(comm, op, peers + n_send_peers, n_peers - n_send_peers));
+  if (!comm->store) return TD_OK;
   char key[224];
   comm_hdr mine;
   comm_hdr_fill(&mine, op, comm->rank, 0);
@@ -286,7 +335,7 @@ static td_status run_xfers(td_comm *comm, const comm_op *op, const comm_op *cons
       if (!rs[i].done) wait_peers[n_wait_send + n_wait_recv++] = recvs[i].peer;
     if (td_now() >= next_stuck_check) {
       next_stuck_check = td_now() + P2P_STUCK_CHECK_S;
-      TD_CHECK_GOTO(check_stuck(comm, op, wait_peers, n_wait_send + n_wait_recv), st, out_peers);
+      TD_CHECK_GOTO(check_stuck(comm, op, wait_peers, n_wait_send + n_wait_recv, n_wait_send), st, out_peers);
     }
     st = comm->xport->vtbl->wait(comm->xport, wait_peers, n_wait_send, wait_peers + n_wait_send, n_wait_recv,
                                  left < 0.1 ? left : 0.1);

@@ -9,11 +9,22 @@
  *   test_tcp_coll abort ABORTER   ABORTER calls td_comm_abort while the others
  *                                 wait in a collective; they must fail with
  *                                 its reason
+ *   test_tcp_coll late            (TANDEM_TIMEOUT=2) the last rank joins an
+ *                                 allreduce 3.5 s late: the others time out,
+ *                                 and the late rank fails with their timeout
+ *                                 too, though the frames it needs may already
+ *                                 sit in its sockets
+ *   test_tcp_coll disagree WHAT   WHAT = count|root: the last rank issues a
+ *                                 different allreduce count or broadcast root;
+ *                                 every rank gets TD_ERR_MISMATCH saying what
+ *                                 differs, from the collective or (a rank whose
+ *                                 part of the tree agreed) from its next call
  *
  * Inputs are small integers, exact in every dtype, so results are compared
  * exactly (after rounding the expectation into the dtype). */
 #define _GNU_SOURCE 1
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -237,9 +248,88 @@ static int run_abort(td_comm *comm, int aborter) {
   return 0;
 }
 
+/* Every later call fails with the same status and the message stays. */
+static void expect_sticky(td_comm *comm, td_status expected) {
+  char first[1024];
+  snprintf(first, sizeof first, "%s", td_comm_last_error(comm));
+  float x = 1;
+  CHECK_STATUS(td_allreduce(&x, &x, 1, TD_F32, TD_SUM, comm), expected);
+  CHECK_STATUS(td_comm_finalize(comm), expected);
+  if (strcmp(first, td_comm_last_error(comm)))
+    td_test_fail(__FILE__, __LINE__, "rank %d: the message changed from '%s' to '%s'", g_rank, first,
+                 td_comm_last_error(comm));
+}
+
+static int run_late(td_comm *comm) {
+  float x[4] = {1, 1, 1, 1};
+  CHECK_OK(td_allreduce(x, x, 4, TD_F32, TD_SUM, comm));
+  bool late = g_rank == g_size - 1;
+  if (late) usleep(3500000);
+  double t0 = ct_now();
+  td_status st = td_allreduce(x, x, 4, TD_F32, TD_SUM, comm);
+  double waited = ct_now() - t0;
+  const char *msg = td_comm_last_error(comm);
+  if (st != TD_ERR_TIMEOUT)
+    td_test_fail(__FILE__, __LINE__, "rank %d%s: expected a timeout, got %s: %s", g_rank, late ? " (late)" : "",
+                 td_status_str(st), msg);
+  if (!strstr(msg, "TANDEM_TIMEOUT"))
+    td_test_fail(__FILE__, __LINE__, "rank %d: the message does not name TANDEM_TIMEOUT: %s", g_rank, msg);
+  if (late && (waited > 2.0 || !strstr(msg, "reported")))
+    td_test_fail(__FILE__, __LINE__, "late rank %d: %.2f s for a relayed timeout: %s", g_rank, waited, msg);
+  if (!late && (waited < 1.5 || waited > 5.0))
+    td_test_fail(__FILE__, __LINE__, "rank %d: failed after %.2f s with TANDEM_TIMEOUT=2: %s", g_rank, waited, msg);
+  expect_sticky(comm, TD_ERR_TIMEOUT);
+  printf("tcp-late ok: rank %d%s after %.2f s: %s\n", g_rank, late ? " (late)" : "", waited, msg);
+  fflush(stdout);
+  td_comm_destroy(comm);
+  return 0;
+}
+
+static int run_disagree(td_comm *comm, const char *what) {
+  bool odd = g_rank == g_size - 1, root_case = !strcmp(what, "root");
+  if (!root_case && strcmp(what, "count")) {
+    fprintf(stderr, "test_tcp_coll disagree: unknown kind '%s' (count|root)\n", what);
+    return 2;
+  }
+  float buf[1001] = {0};
+  CHECK_OK(td_allreduce(buf, buf, 8, TD_F32, TD_SUM, comm));
+  double t0 = ct_now();
+  td_status st = root_case ? td_broadcast(buf, 1000, TD_F32, odd ? 1 : 0, comm)
+                           : td_allreduce(buf, buf, odd ? 1001 : 1000, TD_F32, TD_SUM, comm);
+  double waited = ct_now() - t0;
+  const char *when = "in the collective";
+  if (st == TD_OK && root_case && !odd) {
+    /* This rank's part of the tree agreed: the error comes with the next
+     * call, issued (as after a compute step) once the odd rank has had the
+     * time to find out. */
+    usleep(2000000);
+    t0 = ct_now();
+    st = td_barrier(comm);
+    waited = ct_now() - t0;
+    when = "in the next call";
+  }
+  const char *msg = td_comm_last_error(comm);
+  if (st != TD_ERR_MISMATCH)
+    td_test_fail(__FILE__, __LINE__, "rank %d (disagree %s): expected a mismatch, got %s: %s", g_rank, what,
+                 td_status_str(st), msg);
+  if (!strstr(msg, what))
+    td_test_fail(__FILE__, __LINE__, "rank %d: the mismatch does not say that the %s differs: %s", g_rank, what, msg);
+  char odd_name[32];
+  snprintf(odd_name, sizeof odd_name, "rank %d", g_size - 1);
+  if (!odd && !strstr(msg, odd_name))
+    td_test_fail(__FILE__, __LINE__, "rank %d: the mismatch does not name %s: %s", g_rank, odd_name, msg);
+  if (waited > 5.0) td_test_fail(__FILE__, __LINE__, "rank %d: the mismatch took %.1f s", g_rank, waited);
+  expect_sticky(comm, TD_ERR_MISMATCH);
+  printf("tcp-disagree ok: rank %d %s after %.2f s: %s\n", g_rank, when, waited, msg);
+  fflush(stdout);
+  td_comm_destroy(comm);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
-    fprintf(stderr, "usage: %s coll [COUNTS] | kill VICTIM | abort ABORTER\n", argv[0]);
+    fprintf(stderr, "usage: %s coll [COUNTS] | kill VICTIM | abort ABORTER | late | disagree count|root\n",
+            argv[0]);
     return 2;
   }
   td_comm *comm = NULL;
@@ -255,6 +345,8 @@ int main(int argc, char **argv) {
   }
   if (!strcmp(argv[1], "kill") && argc > 2) return run_kill(comm, atoi(argv[2]));
   if (!strcmp(argv[1], "abort") && argc > 2) return run_abort(comm, atoi(argv[2]));
+  if (!strcmp(argv[1], "late")) return run_late(comm);
+  if (!strcmp(argv[1], "disagree") && argc > 2) return run_disagree(comm, argv[2]);
   fprintf(stderr, "unknown mode %s\n", argv[1]);
   return 2;
 }

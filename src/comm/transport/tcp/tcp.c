@@ -231,6 +231,16 @@ static td_status tcp_try_recv(transport *base, int peer, void *buf, size_t len, 
   return peer_broken(t, peer, n == 0 ? 0 : errno);
 }
 
+static td_status tcp_try_peek(transport *base, int peer, void *buf, size_t len, size_t *got) {
+  tcp_transport *t = (tcp_transport *)base;
+  *got = 0;
+  if (atomic_load_explicit(&t->aborted, memory_order_relaxed)) return failed_status(t);
+  ssize_t n;
+  TD_SYSCALL_RETRY(n, recv(t->peers[peer].fd, buf, len, MSG_PEEK | MSG_DONTWAIT));
+  if (n > 0) *got = (size_t)n;
+  return TD_OK;
+}
+
 static bool contains(const int *list, int n, int value) {
   for (int i = 0; i < n; i++)
     if (list[i] == value) return true;
@@ -427,6 +437,7 @@ static const transport_vtbl tcp_vtbl = {
     .abort = tcp_abort,
     .destroy = tcp_destroy,
     .op_done = tcp_op_done,
+    .try_peek = tcp_try_peek,
 };
 
 /* A host that crashes or drops off the network sends no FIN: without
