@@ -1,0 +1,29 @@
+# Shared helpers for the tests/comm/*.sh drivers (sourced, not run).
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# A TCP port on 127.0.0.1 that nothing listens on right now.
+free_port() {
+  local port tries=0
+  while [ $tries -lt 50 ]; do
+    port=$((30000 + RANDOM % 30000))
+    if ! ss -Htln "sport = :$port" 2>/dev/null | grep -q .; then echo "$port"; return 0; fi
+    tries=$((tries + 1))
+  done
+  return 1
+}
+
+# The tandem-* shared-memory segments present now, one per line, sorted.
+shm_segments() { ls /dev/shm 2>/dev/null | grep '^tandem-' | sort; }
+
+# Environment cleared of every launcher's variables, so that a test controls
+# exactly which launcher the program sees.
+LAUNCHER_VARS=(TANDEM_RANK TANDEM_WORLD_SIZE TANDEM_LOCAL_RANK TANDEM_LOCAL_SIZE TANDEM_STORE TANDEM_JOB_ID
+  TANDEM_STORE_PORT OMPI_COMM_WORLD_RANK OMPI_COMM_WORLD_SIZE OMPI_COMM_WORLD_LOCAL_RANK
+  OMPI_COMM_WORLD_LOCAL_SIZE OMPI_MCA_ess_base_jobid PMI_RANK PMI_SIZE SLURM_PROCID SLURM_NTASKS SLURM_LOCALID
+  SLURM_JOB_ID RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT TORCHELASTIC_RUN_ID)
+clean_env() {
+  local args=() v
+  for v in "${LAUNCHER_VARS[@]}"; do args+=(-u "$v"); done
+  env "${args[@]}" "$@"
+}
