@@ -335,7 +335,8 @@ static td_status run_xfers(td_comm *comm, const comm_op *op, const comm_op *cons
       if (!rs[i].done) wait_peers[n_wait_send + n_wait_recv++] = recvs[i].peer;
     if (td_now() >= next_stuck_check) {
       next_stuck_check = td_now() + P2P_STUCK_CHECK_S;
-      TD_CHECK_GOTO(check_stuck(comm, op, wait_peers, n_wait_send + n_wait_recv, n_wait_send), st, out_peers);
+      TD_CHECK_GOTO(check_stuck(comm, op, wait_peers, n_wait_send + n_wait_recv, n_wait_send), st,
+                    out_peers);
     }
     st = comm->xport->vtbl->wait(comm->xport, wait_peers, n_wait_send, wait_peers + n_wait_send, n_wait_recv,
                                  left < 0.1 ? left : 0.1);
