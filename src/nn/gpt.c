@@ -37,7 +37,7 @@ typedef struct gpt_acts {
   float *ln2;      /* (L, B, T, C) */
   float *ln2_mean; /* (L, B, T) */
   float *ln2_rstd; /* (L, B, T) */
-  float *fch;      /* (L, B, T, 4C) */
+  float *fch;      /* (L, B, T, 4C): gelu'(fc output), all that backward needs of it */
   float *fch_gelu; /* (L, B, T, 4C) */
   float *res3;     /* (L, B, T, C): residual after the MLP = block output */
   float *lnf;      /* (B, T, C) */
@@ -151,7 +151,7 @@ static float gpt_forward_impl(gpt_model *g, gpt_acts *a, const float *params, co
     nn_linear_residual_forward(res2, resid, atty, W(P_PROJW), W(P_PROJB), BT, C, C);
     td_layernorm_forward(ln2, ln2_mean, ln2_rstd, res2, W(P_LN2W), W(P_LN2B), BT, C);
     td_linear_forward(fch, ln2, W(P_FCW), W(P_FCB), BT, C, 4 * C);
-    td_gelu_forward(fch_gelu, fch, (size_t)BT * 4 * C);
+    nn_gelu_forward_cache(fch_gelu, fch, fch, (size_t)BT * 4 * C);
     nn_linear_residual_forward(res3, res2, fch_gelu, W(P_FC2W), W(P_FC2B), BT, 4 * C, C);
     resid = res3;
 #undef W
@@ -235,7 +235,7 @@ static void gpt_backward(td_model *model, const float *params, float *grads, flo
     nn_linear_backward_set(a->dbuf_4c, G(P_FC2W), G(P_FC2B), a->dres, fch_gelu, W(P_FC2W), BT, 4 * C, C);
     READY(P_FC2B);
     READY(P_FC2W);
-    nn_gelu_backward_set(a->dbuf_4c, fch, a->dbuf_4c, (size_t)BT * 4 * C);
+    nn_gelu_backward_cached(a->dbuf_4c, fch, a->dbuf_4c, (size_t)BT * 4 * C);
     nn_linear_backward_set(a->dbuf_c, G(P_FCW), G(P_FCB), a->dbuf_4c, ln2, W(P_FCW), BT, C, 4 * C);
     READY(P_FCB);
     READY(P_FCW);

@@ -8,6 +8,9 @@
 
 #include <math.h>
 #include <stdint.h>
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
 
 #include "base/base.h"
 #include "tandem/nn.h"
@@ -91,6 +94,84 @@ static inline void nn_v8_store_partial(float *p, nn_v8f v, int n) {
   for (int i = 0; i < n; i++) p[i] = v[i];
 }
 
+/* ---- the same, 16 lanes (one AVX-512 register; two or four elsewhere) ----
+ * The hot elementwise passes (GELU, layernorm, softmax) use these: on
+ * AVX-512 machines -march=native makes gcc prefer 256-bit vectors for the
+ * loops it vectorizes itself, which halves their throughput next to the
+ * 512-bit sgemm kernels. Masked loads and stores handle the row tails. */
+typedef float nn_v16f __attribute__((vector_size(64)));
+typedef int32_t nn_v16i __attribute__((vector_size(64)));
+#define NN_V16(v) {v, v, v, v, v, v, v, v, v, v, v, v, v, v, v, v}
+
+static inline nn_v16f nn_v16_select(nn_v16i mask, nn_v16f a, nn_v16f b) { /* mask ? a : b */
+  return (nn_v16f)(((nn_v16i)a & mask) | ((nn_v16i)b & ~mask));
+}
+static inline nn_v16f nn_v16_load(const float *p) {
+  nn_v16f v;
+  __builtin_memcpy(&v, p, sizeof v);
+  return v;
+}
+static inline void nn_v16_store(float *p, nn_v16f v) { __builtin_memcpy(p, &v, sizeof v); }
+/* Load n < 16 floats, the other lanes set to fill. */
+static inline nn_v16f nn_v16_load_partial(const float *p, int n, float fill) {
+#ifdef __AVX512F__
+  return (nn_v16f)_mm512_mask_loadu_ps(_mm512_set1_ps(fill), (__mmask16)((1u << n) - 1), p);
+#else
+  nn_v16f v = NN_V16(fill);
+  for (int i = 0; i < n; i++) v[i] = p[i];
+  return v;
+#endif
+}
+static inline void nn_v16_store_partial(float *p, nn_v16f v, int n) {
+#ifdef __AVX512F__
+  _mm512_mask_storeu_ps(p, (__mmask16)((1u << n) - 1), (__m512)v);
+#else
+  for (int i = 0; i < n; i++) p[i] = v[i];
+#endif
+}
+/* v with the lanes from n on set to 0 */
+static inline nn_v16f nn_v16_first(nn_v16f v, int n) {
+  const nn_v16i lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  return nn_v16_select(lane < n, v, (nn_v16f)NN_V16(0.0f));
+}
+static inline float nn_v16_sum(nn_v16f v) {
+  float s = 0.0f;
+  for (int i = 0; i < 16; i++) s += v[i];
+  return s;
+}
+static inline nn_v16f nn_v16_max(nn_v16f a, nn_v16f b) { return nn_v16_select(a > b, a, b); }
+static inline float nn_v16_hmax(nn_v16f v) {
+  float m = v[0];
+  for (int i = 1; i < 16; i++) m = v[i] > m ? v[i] : m;
+  return m;
+}
+/* 1/d: the 14-bit hardware estimate and one Newton step (~1 ulp) where
+ * AVX-512 has it, a division (~3x slower in these loops) elsewhere. */
+static inline nn_v16f nn_v16_recip(nn_v16f d) {
+#ifdef __AVX512F__
+  nn_v16f r = (nn_v16f)_mm512_rcp14_ps((__m512)d);
+  return r * (2.0f - d * r);
+#else
+  return 1.0f / d;
+#endif
+}
+static inline nn_v16f nn_expf_v16(nn_v16f x) { /* as nn_expf_v8 */
+  const nn_v16f lo = NN_V16(-87.0f), hi = NN_V16(88.0f), magic = NN_V16(12582912.0f);
+  x = nn_v16_select(x < lo, lo, x);
+  x = nn_v16_select(x > hi, hi, x);
+  nn_v16f shifted = x * 1.44269504088896341f + magic;
+  nn_v16f fx = shifted - magic;
+  nn_v16i n = (nn_v16i)shifted - 0x4B400000;
+  nn_v16f r = x - fx * 0.693359375f + fx * 2.12194440e-4f;
+  nn_v16f y = r * 1.9875691500e-4f + 1.3981999507e-3f;
+  y = y * r + 8.3334519073e-3f;
+  y = y * r + 4.1665795894e-2f;
+  y = y * r + 1.6666665459e-1f;
+  y = y * r + 5.0000001201e-1f;
+  y = y * r * r + r + 1.0f;
+  return y * (nn_v16f)((n + 127) << 23);
+}
+
 /* Scalar exp through the vector kernel (same values as the loops). */
 static inline float nn_expf(float x) {
   nn_v8f v = NN_V8(x);
@@ -116,6 +197,12 @@ void nn_linear_residual_forward(float *out /* (N, OC) */, const float *resid /* 
                                 const float *bias /* (OC) */, int N, int IC, int OC);
 /* As td_gelu_backward but dinp = (overwrite); dinp may alias dout. */
 void nn_gelu_backward_set(float *dinp /* (n) */, const float *inp /* (n) */, const float *dout /* (n) */, size_t n);
+/* out = gelu(inp) and dgelu = gelu'(inp) (the derivative, for nn_gelu_backward_cached);
+ * dgelu may alias inp. */
+void nn_gelu_forward_cache(float *out /* (n) */, float *dgelu /* (n) */, const float *inp /* (n) */, size_t n);
+/* dinp = dgelu * dout (overwrite); dinp may alias dout. */
+void nn_gelu_backward_cached(float *dinp /* (n) */, const float *dgelu /* (n) */, const float *dout /* (n) */,
+                             size_t n);
 /* As td_attention_backward but dinp is overwritten. */
 void nn_attention_backward_set(float *dinp /* (B, T, 3C) */, float *scratch /* (T, T) */,
                                const float *dout /* (B, T, C) */, const float *inp /* (B, T, 3C) */,
