@@ -234,7 +234,7 @@ static int scenario_timeout(void) {
   float x = 1;
   COMM_OK(td_allreduce(&x, &x, 1, TD_F32, TD_SUM, comm));
   if (rank_ == 1) {
-    sleep(5); /* past TANDEM_TIMEOUT=2 */
+    usleep(3500000); /* past TANDEM_TIMEOUT=2 */
     double t0 = ct_now();
     td_status st = td_allreduce(&x, &x, 1, TD_F32, TD_SUM, comm);
     double dt = ct_now() - t0;
