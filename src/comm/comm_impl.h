@@ -150,6 +150,10 @@ struct td_comm {
   uint64_t coll_seq;
   uint64_t *send_seq, *recv_seq; /* per peer */
   uint64_t split_count;
+  /* The last collective that completed on this rank (executing thread
+   * only; magic 0 until one did): a frame of it still unread afterwards
+   * tells how the peer ran it differently (p2p.c). */
+  comm_hdr last_coll;
 
   /* progress engine (progress.c) */
   comm_request_queue *queue;

@@ -101,6 +101,24 @@ static td_status check_header(td_comm *comm, const comm_op *op, int peer, size_t
     return comm_fail(comm, TD_ERR_INTERNAL, "rank %d received a frame claiming to come from rank %d on the stream "
                                             "from rank %d (%s, while executing %s)",
                      comm->rank, h->src_rank, peer, theirs, mine);
+  /* A frame of the collective this rank finished last, still unread: the
+   * peer ran that collective differently (as the root of a broadcast that
+   * this rank thought had another root, say), so compare it with that one. */
+  const comm_hdr *last = &comm->last_coll;
+  if (h->kind != COMM_SEND && last->magic == COMM_HDR_MAGIC && h->seq == last->seq &&
+      (h->kind != last->kind || h->count != last->count || h->dtype != last->dtype || h->redop != last->redop ||
+       h->root != last->root)) {
+    char fields[96], before[256];
+    comm_hdr_describe(last, before, sizeof before);
+    char *from = strstr(before, " from rank"); /* it describes this rank's own operation */
+    if (from) *from = '\0';
+    diff_fields(last, h, fields, sizeof fields);
+    return comm_fail(comm, TD_ERR_MISMATCH,
+                     "rank %d issued %s but rank %d sent %s (they differ in %s; the frame was still unread at "
+                     "the next operation); every rank must issue the same collectives in the same order with the "
+                     "same count, dtype, op and root",
+                     comm->rank, before, peer, theirs, fields);
+  }
   if (h->kind == (uint32_t)expected_kind && h->seq == op->seq && h->count == op->count &&
       h->dtype == (int32_t)op->dtype && h->redop == (int32_t)op->redop && h->root == op->root)
     return comm_fail(comm, TD_ERR_MISMATCH,

@@ -298,10 +298,11 @@ static int run_disagree(td_comm *comm, const char *what) {
                            : td_allreduce(buf, buf, odd ? 1001 : 1000, TD_F32, TD_SUM, comm);
   double waited = ct_now() - t0;
   const char *when = "in the collective";
-  if (st == TD_OK && root_case && !odd) {
-    /* This rank's part of the tree agreed: the error comes with the next
-     * call, issued (as after a compute step) once the odd rank has had the
-     * time to find out. */
+  if (st == TD_OK && root_case) {
+    /* This rank's part of the tree agreed, or it was a root itself (with
+     * 2 ranks both are, and neither receives): the error comes with the
+     * next call, issued (as after a compute step) once a rank that waits
+     * has had the time to find out. */
     usleep(2000000);
     t0 = ct_now();
     st = td_barrier(comm);
