@@ -20,7 +20,7 @@
  * to 16 ranks), and only avg on floating types may differ by one rounding.
  *
  * Large sizes run fewer iterations (at most -T bytes moved per rank per size,
- * default 2 GiB, but never fewer than 3) so that every size takes bounded
+ * default 2 GiB, but never fewer than 5) so that every size takes bounded
  * time. Exits non-zero if any element was wrong or any call failed (the
  * failing rank prints td_comm_last_error to stderr). */
 #include "base/base.h"
@@ -474,7 +474,7 @@ int main(int argc, char **argv) {
     int iters = o.iters, warmup = o.warmup;
     if (moved > 0 && (double)moved * iters > (double)o.max_total_bytes) {
       iters = (int)(o.max_total_bytes / moved);
-      if (iters < 3) iters = 3;
+      if (iters < 5) iters = 5;
       if (iters > o.iters) iters = o.iters;
     }
     if (warmup > iters) warmup = iters;

@@ -1,0 +1,176 @@
+#!/usr/bin/python3
+"""Turn the raw outputs of bench/run.sh into bench/results/allreduce-<date>.md.
+
+Each program printed one row per size: tandem-bench rows are
+`size_bytes count dtype redop time_us algbw_GBs busbw_GBs wrong` (lines may
+carry tandemrun's "[0] " prefix), the peers' rows `size_bytes time_us
+algbw_GBs busbw_GBs`. For every program and size the median time over the
+rounds is taken, and busbw is recomputed from it with nccl-tests' allreduce
+factor 2(n-1)/n, so that every column uses one definition."""
+import argparse
+import datetime
+import os
+import re
+import statistics
+import sys
+
+
+def parse_rows(path, is_tandem):
+    rows = {}
+    with open(path) as f:
+        for line in f:
+            line = re.sub(r"^\[\d+\] ", "", line.strip()).strip()
+            if not line or line.startswith("#") or not line[0].isdigit():
+                continue
+            cols = line.split()
+            try:
+                if is_tandem and len(cols) == 8:
+                    size, time_us, wrong = int(cols[0]), float(cols[4]), int(cols[7])
+                    if wrong:
+                        sys.exit(f"summarize: {path}: {wrong} wrong elements at {size} bytes")
+                elif not is_tandem and len(cols) == 4:
+                    size, time_us = int(cols[0]), float(cols[1])
+                else:
+                    continue
+            except ValueError:
+                continue
+            rows[size] = time_us
+    return rows
+
+
+def human(size):
+    for unit, div in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= div and size % div == 0:
+            return f"{size // div} {unit}"
+    return f"{size} B"
+
+
+def fmt_time(us):
+    return f"{us:,.1f}" if us < 1000 else f"{us:,.0f}"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--np", type=int, required=True)
+    ap.add_argument("--rounds", type=int, required=True)
+    ap.add_argument("--logdir", required=True)
+    ap.add_argument("--machine", required=True)
+    ap.add_argument("--versions", required=True)
+    ap.add_argument("--membw", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--program", action="append", required=True, help="NAME=COMMAND")
+    a = ap.parse_args()
+
+    programs = [p.split("=", 1) for p in a.program]
+    factor = 2.0 * (a.np - 1) / a.np
+    med = {}  # name -> size -> median time_us
+    spread = {}  # name -> size -> (min, max) over rounds
+    for name, _ in programs:
+        per_size = {}
+        for r in range(1, a.rounds + 1):
+            rows = parse_rows(os.path.join(a.logdir, f"{name}.{r}.log"), name.startswith("tandem"))
+            for size, t in rows.items():
+                per_size.setdefault(size, []).append(t)
+        med[name] = {s: statistics.median(ts) for s, ts in per_size.items()}
+        spread[name] = {s: (min(ts), max(ts)) for s, ts in per_size.items()}
+    sizes = sorted(set().union(*[set(m) for m in med.values()]))
+
+    def busbw(name, size):
+        t = med[name].get(size)
+        return size * factor / (t * 1e-6) / 1e9 if t else None
+
+    def ratio(a_name, b_name, size):
+        x, y = busbw(a_name, size), busbw(b_name, size)
+        return f"{x / y:.2f}x" if x and y else "-"
+
+    names = [n for n, _ in programs]
+    lines = []
+    lines.append(f"# Allreduce, {a.np} ranks, f32 sum: Tandem vs Open MPI vs PyTorch gloo")
+    lines.append("")
+    lines.append(f"Measured {datetime.date.today().isoformat()} by `bench/run.sh`, all programs in one run, "
+                 f"{a.rounds} interleaved rounds, median time per size. busbw = size x 2(n-1)/n / time "
+                 "(nccl-tests' allreduce definition), in GB/s; time in microseconds per call on the slowest "
+                 "rank. All programs reduce in place; Tandem also checked every size's result "
+                 "(0 wrong elements).")
+    lines.append("")
+    lines.append(f"Machine: {a.machine}.  ")
+    lines.append(f"Versions: {a.versions}.")
+    lines.append("")
+    head = ["size"]
+    for n in names:
+        head += [f"{n} busbw", f"{n} us"]
+    head += ["tandem-shm / mpi-shm", "tandem-tcp / gloo", "tandem-tcp / mpi-tcp"]
+    lines.append("| " + " | ".join(head) + " |")
+    lines.append("|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|")
+    for s in sizes:
+        row = [human(s)]
+        for n in names:
+            b = busbw(n, s)
+            t = med[n].get(s)
+            row += [f"{b:.2f}" if b else "-", fmt_time(t) if t else "-"]
+        row += [ratio("tandem-shm", "mpi-shm", s), ratio("tandem-tcp", "gloo", s), ratio("tandem-tcp", "mpi-tcp", s)]
+        lines.append("| " + " | ".join(row) + " |")
+    lines.append("")
+    lines.append("Ratios are of busbw (higher is better for Tandem).")
+    lines.append("")
+
+    small = sizes[0] if sizes else None
+    big = 64 << 20
+    lines.append("## Against the targets (issue 2)")
+    lines.append("")
+    lines.append("| target | measured | met |")
+    lines.append("|---|---|---|")
+
+    def target(desc, value, goal, fmt, higher_is_better=True):
+        if value is None:
+            lines.append(f"| {desc} | - | - |")
+            return
+        ok = value >= goal if higher_is_better else value <= goal
+        lines.append(f"| {desc} | {fmt.format(value)} | {'yes' if ok else 'no'} |")
+
+    def bw_ratio(a_name, b_name, s):
+        x, y = busbw(a_name, s), busbw(b_name, s)
+        return x / y if x and y else None
+
+    target("64 MiB over shared memory: busbw >= 3x Open MPI", bw_ratio("tandem-shm", "mpi-shm", big), 3.0,
+           "{:.2f}x")
+    target("64 MiB over TCP: busbw >= 1.5x gloo", bw_ratio("tandem-tcp", "gloo", big), 1.5, "{:.2f}x")
+    if small is not None and med["tandem-shm"].get(small) and med["mpi-shm"].get(small):
+        lat = med["tandem-shm"][small] / med["mpi-shm"][small]
+        target(f"{human(small)} over shared memory: latency <= 1.5x Open MPI's "
+               f"({fmt_time(med['tandem-shm'][small])} us vs {fmt_time(med['mpi-shm'][small])} us)",
+               lat, 1.5, "{:.2f}x", higher_is_better=False)
+    lines.append("")
+
+    lines.append("## Spread over the rounds (min .. max time in us)")
+    lines.append("")
+    lines.append("| size | " + " | ".join(names) + " |")
+    lines.append("|---|" + "|".join(["---:"] * len(names)) + "|")
+    for s in sizes:
+        cells = []
+        for n in names:
+            mm = spread[n].get(s)
+            cells.append(f"{fmt_time(mm[0])} .. {fmt_time(mm[1])}" if mm else "-")
+        lines.append(f"| {human(s)} | " + " | ".join(cells) + " |")
+    lines.append("")
+
+    lines.append("## Memory bandwidth on this machine (shared/peers/membw.c, for context)")
+    lines.append("")
+    lines.append("```")
+    with open(a.membw) as f:
+        lines.append(f.read().rstrip())
+    lines.append("```")
+    lines.append("")
+    lines.append("## Commands")
+    lines.append("")
+    lines.append("```")
+    for n, c in programs:
+        lines.append(f"{n}: {c}")
+    lines.append("```")
+    lines.append("")
+    with open(a.out, "w") as f:
+        f.write("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
