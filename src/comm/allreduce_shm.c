@@ -83,7 +83,8 @@ static td_status allreduce_pipelined(td_comm *comm, const comm_op *op, size_t by
   return TD_OK;
 }
 
-/* Large messages when ranks may read each other's memory (shm_cma): the
+/* Large messages when ranks may read each other's memory (shm_cma, with
+ * TANDEM_SHM_CMA=1): the
  * same slice ownership, but data moves with one kernel copy straight
  * between user buffers instead of through the slots, which takes a third of
  * the memory traffic off each core:

@@ -92,8 +92,8 @@ size_t shm_chunk_bytes(const td_comm *comm);
 
 /* Single-copy transfers (cross-memory attach, process_vm_readv), used by
  * the large-message allreduce when every rank may read every other's
- * memory (same user, no seccomp/ptrace restriction) and TANDEM_SHM_CMA is
- * not 0. Equal on every rank. */
+ * memory (same user, no seccomp/ptrace restriction) and TANDEM_SHM_CMA=1
+ * (off by default). Equal on every rank. */
 bool shm_cma(const td_comm *comm);
 /* shm_sync that also publishes two addresses of this rank's buffers for the
  * epoch; shm_peer_addr reads a peer's after the sync (valid until the peer's
