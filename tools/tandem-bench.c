@@ -217,7 +217,8 @@ static double red_expected(int n, size_t i, td_op op, td_dtype dtype) {
   }
   if (dtype == TD_U8) acc = (double)((uint64_t)acc & 0xff); /* u8 arithmetic wraps */
   if (op == TD_AVG) {
-    if (dtype_is_float(dtype)) acc = (double)((float)acc / (float)n);
+    if (dtype == TD_F64) acc = acc / n;
+    else if (dtype_is_float(dtype)) acc = (double)((float)acc / (float)n); /* f16/bf16 divide in f32 */
     else acc = (double)((int64_t)acc / n);
   }
   /* Round to the dtype as storing would. */
