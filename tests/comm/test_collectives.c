@@ -350,6 +350,26 @@ static void t_split(void) {
   int highest = (nranks - 1) % 2 == color ? nranks - 1 : nranks - 2;
   CHECK_EQ_INT(b, 1000 + highest);
 
+  /* Two communicators busy at once (data- and tensor-parallel groups): a
+   * non-blocking allreduce on the parent stays in flight while blocking
+   * collectives run on the child, each on its own progress path. */
+  size_t big = 100003;
+  int32_t *wv = xalloc(big * 4);
+  for (size_t i = 0; i < big; i++) wv[i] = (int32_t)(i % 5) + rank_;
+  td_request *wreq = NULL;
+  COMM_OK(td_iallreduce(wv, wv, big, TD_I32, TD_SUM, comm, &wreq));
+  for (int k = 0; k < 3; k++) {
+    int64_t c = 1;
+    st = td_allreduce(&c, &c, 1, TD_I64, TD_SUM, sub);
+    if (st != TD_OK) td_test_fail(__FILE__, __LINE__, "allreduce on split while parent busy: %s: %s", td_status_str(st), td_comm_last_error(sub));
+    CHECK_EQ_INT(c, sub_size);
+  }
+  COMM_OK(td_wait(wreq));
+  for (size_t i = 0; i < big; i++)
+    if (wv[i] != (int32_t)((i % 5) * (size_t)nranks) + nranks * (nranks - 1) / 2)
+      td_test_fail(__FILE__, __LINE__, "iallreduce on the parent while the child worked: element %zu = %d", i, wv[i]);
+  free(wv);
+
   /* a second level: split the sub-communicator again (a world of one each) */
   td_comm *single = NULL;
   st = td_comm_split(sub, td_comm_rank(sub), 0, &single);

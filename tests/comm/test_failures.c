@@ -370,6 +370,8 @@ static int scenario_badargs(void) {
   COMM_OK(td_allreduce(buf, buf, 5, TD_F32, TD_SUM, comm));
   for (int i = 0; i < 5; i++) CHECK(buf[i] == (float)(nranks * (nranks - 1) / 2 + nranks * i));
   COMM_OK(td_comm_finalize(comm));
+  /* A finalized communicator refuses work as a usage error. */
+  CHECK_STATUS(td_allreduce(buf, buf, 5, TD_F32, TD_SUM, comm), TD_ERR_INVALID_USAGE);
   printf("badargs ok rank %d: %d invalid calls refused\n", rank_, n_bad);
   fflush(stdout);
   td_comm_destroy(comm);
