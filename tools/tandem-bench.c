@@ -154,6 +154,10 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
       return -1;
     }
   }
+  if (o->min_bytes == 0) {
+    fprintf(stderr, "tandem-bench: -b 0: sizes start at 1 byte or more (the smallest row holds one element)\n");
+    return -1;
+  }
   if (o->min_bytes > o->max_bytes) {
     fprintf(stderr, "tandem-bench: -b %zu is larger than -e %zu\n", o->min_bytes, o->max_bytes);
     return -1;

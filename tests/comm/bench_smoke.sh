@@ -43,7 +43,7 @@ check_rows allreduce 2 f16 "$out"
 echo "$out"
 # bad usage: non-zero exit and a message, never a hang or a crash
 for bad in "nosuch" "allreduce -d f99" "allreduce -o nope" "allreduce -b 1M -e 1K" "allreduce -f 1" "alltoall -i 1" \
-  "allreduce -b 12Q"; do
+  "allreduce -b 12Q" "allreduce -b 0"; do
   msg=$("$B/bin/tandem-bench" $bad 2>&1)
   rc=$?
   [ $rc -ne 0 ] && [ $rc -lt 128 ] || fail "tandem-bench $bad: exit $rc"
