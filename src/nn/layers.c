@@ -348,7 +348,7 @@ static void causal_softmax_rows(float *restrict att, int T, int i0, int i1) {
   }
 }
 
-void td_attention_forward(float *out, float *att, const float *inp, int B, int T, int C, int NH) {
+void nn_attention_forward_blas(float *out, float *att, const float *inp, int B, int T, int C, int NH) {
   int hs = C / NH;
   float scale = 1.0f / sqrtf((float)hs);
   int C3 = 3 * C;
@@ -370,8 +370,8 @@ void td_attention_forward(float *out, float *att, const float *inp, int B, int T
     }
 }
 
-static void attention_backward(float *dinp, float beta, float *scratch, const float *dout, const float *inp,
-                               const float *att, int B, int T, int C, int NH) {
+void nn_attention_backward_blas(float *dinp, float beta, float *scratch, const float *dout, const float *inp,
+                                const float *att, int B, int T, int C, int NH) {
   int hs = C / NH;
   float scale = 1.0f / sqrtf((float)hs);
   int C3 = 3 * C;
@@ -415,6 +415,196 @@ static void attention_backward(float *dinp, float beta, float *scratch, const fl
                  dv + (size_t)j0 * C3, C3);
       }
     }
+}
+
+/* ---- attention with register tiles ----
+ * The same products as above, but each is a loop of 8-row tiles held in
+ * 16-lane registers (8 rows x 32 columns of the result: 16 accumulators, per
+ * step 2 loads, 8 broadcasts, 16 FMAs), working on the operands in place.
+ * Per (b, h) only k^T (forward) or v^T (backward) is copied, into a
+ * column-padded (hs, Tp) panel. The causal structure is followed tile by
+ * tile: query rows [i0, i0+8) need keys [0, i0+8), key rows [j0, j0+8) get
+ * contributions from queries [j0, T). At B=8 T=128 C=256 NH=4 this takes
+ * forward 1.12 -> 0.55 ms and backward 1.60 -> 0.95 ms of CPU per layer
+ * (minimum of 30 calls); OpenBLAS's per-call overhead and its small-matrix
+ * kernels dominated at these sizes. Needs hs % 16 == 0; other head sizes
+ * use the sgemm version. */
+
+#define AT_R 8 /* rows per tile */
+
+/* c[r][0:16 NV] = alpha sum_{k<K} A(r, k) b[k][0:16 NV] + beta c[r][...] for r < rows,
+ * where A(r, k) = a[r*ars + k*acs] and b rows are ldb apart. Rows past `rows`
+ * repeat the last valid one (never read out of bounds) and are not stored. */
+static inline __attribute__((always_inline)) void att_tile(int NV, int rows, int K, const float *a, size_t ars,
+                                                           size_t acs, const float *b, size_t ldb, float *c,
+                                                           size_t ldc, float alpha, float beta) {
+  nn_v16f acc[AT_R][2];
+  const float *ar[AT_R];
+  for (int r = 0; r < AT_R; r++) {
+    ar[r] = a + (size_t)(r < rows ? r : rows - 1) * ars;
+    acc[r][0] = acc[r][1] = (nn_v16f)NN_V16(0.0f);
+  }
+  for (int k = 0; k < K; k++) {
+    const float *bk = b + (size_t)k * ldb;
+    nn_v16f b0 = nn_v16_load(bk), b1 = NV > 1 ? nn_v16_load(bk + 16) : b0;
+    size_t ak = (size_t)k * acs;
+#pragma GCC unroll 8
+    for (int r = 0; r < AT_R; r++) {
+      nn_v16f av = nn_v16_splat(ar[r][ak]);
+      acc[r][0] += av * b0;
+      if (NV > 1) acc[r][1] += av * b1;
+    }
+  }
+  for (int r = 0; r < rows; r++)
+    for (int v = 0; v < NV; v++) {
+      float *cp = c + (size_t)r * ldc + 16 * v;
+      nn_v16f x = alpha * acc[r][v];
+      if (beta != 0.0f) x += beta * nn_v16_load(cp);
+      nn_v16_store(cp, x);
+    }
+}
+
+/* The 32-column tiles, and the columns of an hs-wide result in 32s and a 16. */
+static void att_tile32(int rows, int K, const float *a, size_t ars, size_t acs, const float *b, size_t ldb, float *c,
+                       size_t ldc, float alpha, float beta) {
+  att_tile(2, rows, K, a, ars, acs, b, ldb, c, ldc, alpha, beta);
+}
+static void att_tile16(int rows, int K, const float *a, size_t ars, size_t acs, const float *b, size_t ldb, float *c,
+                       size_t ldc, float alpha, float beta) {
+  att_tile(1, rows, K, a, ars, acs, b, ldb, c, ldc, alpha, beta);
+}
+static void att_rows(int rows, int K, int width, const float *a, size_t ars, size_t acs, const float *b, size_t ldb,
+                     float *c, size_t ldc, float alpha, float beta) {
+  int c0 = 0;
+  for (; c0 + 32 <= width; c0 += 32) att_tile32(rows, K, a, ars, acs, b + c0, ldb, c + c0, ldc, alpha, beta);
+  if (c0 < width) att_tile16(rows, K, a, ars, acs, b + c0, ldb, c + c0, ldc, alpha, beta);
+}
+
+/* Per-thread scratch: the transposed panel (hs, Tp) and a tile of scores (AT_R, Tp). */
+static __thread float *att_scratch;
+static __thread size_t att_scratch_n;
+
+static float *att_scratch_get(size_t n) {
+  if (att_scratch_n < n) {
+    td_free(att_scratch);
+    att_scratch = td_alloc(n * sizeof(float));
+    att_scratch_n = att_scratch ? n : 0;
+  }
+  return att_scratch;
+}
+
+/* panel[d][j] = x[j][d] (rows of x ld apart) for j < T, 0 for T <= j < Tp */
+static void transpose_panel(float *restrict panel, const float *restrict x, size_t ld, int T, int Tp, int hs) {
+  for (int j = 0; j < T; j++)
+    for (int d = 0; d < hs; d++) panel[(size_t)d * Tp + j] = x[(size_t)j * ld + d];
+  for (int d = 0; d < hs; d++)
+    for (int j = T; j < Tp; j++) panel[(size_t)d * Tp + j] = 0.0f;
+}
+
+/* dst (T, hs) contiguous = x (T, hs) at row stride ld. The tiles read their
+ * row operand as T rows 3C apart otherwise, which maps onto few cache sets
+ * and made the timings vary by 2x from run to run. */
+static void copy_rows(float *restrict dst, const float *restrict x, size_t ld, int T, int hs) {
+  for (int j = 0; j < T; j++) memcpy(dst + (size_t)j * hs, x + (size_t)j * ld, (size_t)hs * sizeof(float));
+}
+
+static int attention_tiled_ok(int T, int C, int NH) { return (C / NH) % 16 == 0 && T > 0; }
+
+static int attention_forward_tiled(float *out, float *att, const float *inp, int B, int T, int C, int NH) {
+  int hs = C / NH, C3 = 3 * C, Tp = (T + 31) / 32 * 32;
+  float scale = 1.0f / sqrtf((float)hs);
+  float *kt = att_scratch_get((size_t)(hs + AT_R) * Tp + (size_t)T * hs);
+  if (!kt) return 0;
+  float *sc = kt + (size_t)hs * Tp; /* (AT_R, Tp) scores */
+  float *vh = sc + (size_t)AT_R * Tp; /* (T, hs) */
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < NH; h++) {
+      const float *q = inp + (size_t)b * T * C3 + h * hs; /* (T, hs) at stride 3C */
+      const float *v = q + 2 * C;
+      float *a = att + ((size_t)b * NH + h) * T * T; /* (T, T) */
+      float *o = out + (size_t)b * T * C + h * hs;    /* (T, hs) at stride C */
+      transpose_panel(kt, q + C, C3, T, Tp, hs);
+      copy_rows(vh, v, C3, T, hs);
+      for (int i0 = 0; i0 < T; i0 += AT_R) {
+        int rows = TD_MIN(AT_R, T - i0), n_keys = i0 + rows;
+        /* scores of rows [i0, i0+rows) against keys [0, n_keys), 32 at a time */
+        for (int j0 = 0; j0 < n_keys; j0 += 32)
+          att_tile32(rows, hs, q + (size_t)i0 * C3, C3, 1, kt + j0, Tp, sc + j0, Tp, scale, 0.0f);
+        for (int r = 0; r < rows; r++) {
+          int i = i0 + r;
+          float *restrict row = a + (size_t)i * T, *restrict s_row = sc + (size_t)r * Tp;
+          float sum = nn_exp_shift_sum(s_row, i + 1, max_of(s_row, i + 1)), inv = 1.0f / sum;
+          for (int j = 0; j <= i; j++) row[j] = s_row[j] * inv;
+          for (int j = i + 1; j < T; j++) row[j] = 0.0f;
+        }
+        /* out rows = P[rows, 0:n_keys] v[0:n_keys] */
+        att_rows(rows, n_keys, hs, a + (size_t)i0 * T, T, 1, vh, hs, o + (size_t)i0 * C, C, 1.0f, 0.0f);
+      }
+    }
+  return 1;
+}
+
+static int attention_backward_tiled(float *dinp, float beta, float *ds, const float *dout, const float *inp,
+                                    const float *att, int B, int T, int C, int NH) {
+  int hs = C / NH, C3 = 3 * C, Tp = (T + 31) / 32 * 32;
+  float scale = 1.0f / sqrtf((float)hs);
+  float *vt = att_scratch_get((size_t)(hs + AT_R) * Tp + (size_t)3 * T * hs);
+  if (!vt) return 0;
+  float *dp = vt + (size_t)hs * Tp; /* (AT_R, Tp) */
+  float *qh = dp + (size_t)AT_R * Tp, *kh = qh + (size_t)T * hs, *dh = kh + (size_t)T * hs; /* (T, hs) each */
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < NH; h++) {
+      const float *q = inp + (size_t)b * T * C3 + h * hs;
+      const float *k = q + C;
+      float *dq = dinp + (size_t)b * T * C3 + h * hs;
+      float *dk = dq + C;
+      float *dv = dq + 2 * C;
+      const float *a = att + ((size_t)b * NH + h) * T * T;
+      const float *d = dout + (size_t)b * T * C + h * hs;
+      transpose_panel(vt, q + 2 * C, C3, T, Tp, hs);
+      copy_rows(qh, q, C3, T, hs);
+      copy_rows(kh, k, C3, T, hs);
+      copy_rows(dh, d, C, T, hs);
+      for (int i0 = 0; i0 < T; i0 += AT_R) {
+        int rows = TD_MIN(AT_R, T - i0), n_keys = i0 + rows;
+        /* dP = dout_h v^T on the causal columns */
+        for (int j0 = 0; j0 < n_keys; j0 += 32)
+          att_tile32(rows, hs, dh + (size_t)i0 * hs, hs, 1, vt + j0, Tp, dp + j0, Tp, 1.0f, 0.0f);
+        /* dS = P (dP - rowsum(P dP)), zero above the diagonal up to the tile's last key */
+        for (int r = 0; r < rows; r++) {
+          int i = i0 + r;
+          const float *restrict p = a + (size_t)i * T;
+          const float *restrict g = dp + (size_t)r * Tp;
+          float *restrict out_row = ds + (size_t)i * T;
+          float dot = dot_of(p, g, i + 1);
+          for (int j = 0; j <= i; j++) out_row[j] = p[j] * (g[j] - dot);
+          for (int j = i + 1; j < n_keys; j++) out_row[j] = 0.0f;
+        }
+        /* dq rows = scale dS[rows, 0:n_keys] k[0:n_keys] */
+        att_rows(rows, n_keys, hs, ds + (size_t)i0 * T, T, 1, kh, hs, dq + (size_t)i0 * C3, C3, scale, beta);
+      }
+      for (int j0 = 0; j0 < T; j0 += AT_R) {
+        int rows = TD_MIN(AT_R, T - j0), n_q = T - j0;
+        /* key rows [j0, j0+rows) from queries [j0, T): dk = scale dS^T q, dv = P^T dout_h */
+        att_rows(rows, n_q, hs, ds + (size_t)j0 * T + j0, 1, T, qh + (size_t)j0 * hs, hs, dk + (size_t)j0 * C3, C3,
+                 scale, beta);
+        att_rows(rows, n_q, hs, a + (size_t)j0 * T + j0, 1, T, dh + (size_t)j0 * hs, hs, dv + (size_t)j0 * C3, C3,
+                 1.0f, beta);
+      }
+    }
+  return 1;
+}
+
+void td_attention_forward(float *out, float *att, const float *inp, int B, int T, int C, int NH) {
+  if (attention_tiled_ok(T, C, NH) && attention_forward_tiled(out, att, inp, B, T, C, NH)) return;
+  nn_attention_forward_blas(out, att, inp, B, T, C, NH);
+}
+
+static void attention_backward(float *dinp, float beta, float *scratch, const float *dout, const float *inp,
+                               const float *att, int B, int T, int C, int NH) {
+  if (attention_tiled_ok(T, C, NH) && attention_backward_tiled(dinp, beta, scratch, dout, inp, att, B, T, C, NH))
+    return;
+  nn_attention_backward_blas(dinp, beta, scratch, dout, inp, att, B, T, C, NH);
 }
 
 void td_attention_backward(float *dinp, float *scratch, const float *dout, const float *inp, const float *att, int B,

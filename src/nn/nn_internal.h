@@ -129,6 +129,10 @@ static inline void nn_v16_store_partial(float *p, nn_v16f v, int n) {
   for (int i = 0; i < n; i++) p[i] = v[i];
 #endif
 }
+static inline nn_v16f nn_v16_splat(float x) {
+  nn_v16f v = {x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x};
+  return v;
+}
 /* v with the lanes from n on set to 0 */
 static inline nn_v16f nn_v16_first(nn_v16f v, int n) {
   const nn_v16i lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
@@ -210,6 +214,15 @@ void nn_attention_backward_set(float *dinp /* (B, T, 3C) */, float *scratch /* (
 /* As td_softmax_xent_backward but dlogits is overwritten. */
 void nn_softmax_xent_backward_set(float *dlogits /* (N, V) */, const float *probs /* (N, V) */,
                                   const int32_t *targets /* (N) */, float dloss, int N, int V);
+
+/* The attention's sgemm formulation (any head size): td_attention_* use it
+ * where the head size is not a multiple of 16, and the tests compare the
+ * register-tiled version against it. beta = 0 overwrites dinp, 1 accumulates. */
+void nn_attention_forward_blas(float *out /* (B, T, C) */, float *att /* (B, NH, T, T) */,
+                               const float *inp /* (B, T, 3C) */, int B, int T, int C, int NH);
+void nn_attention_backward_blas(float *dinp /* (B, T, 3C) */, float beta, float *scratch /* (T, T) */,
+                                const float *dout /* (B, T, C) */, const float *inp /* (B, T, 3C) */,
+                                const float *att /* (B, NH, T, T) */, int B, int T, int C, int NH);
 
 /* ---- models ---- */
 void nn_gpt_init_params(const td_model *model, float *params, uint64_t seed);
