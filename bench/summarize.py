@@ -142,6 +142,17 @@ def main():
                lat, 1.5, "{:.2f}x", higher_is_better=False)
     lines.append("")
 
+    if small is not None:
+        lines.append(f"## Latency at {human(small)} (time ratio, lower is better for Tandem)")
+        lines.append("")
+        lines.append("| pair | Tandem us | peer us | ratio |")
+        lines.append("|---|---:|---:|---:|")
+        for a_name, b_name in (("tandem-shm", "mpi-shm"), ("tandem-tcp", "mpi-tcp"), ("tandem-tcp", "gloo")):
+            x, y = med[a_name].get(small), med[b_name].get(small)
+            if x and y:
+                lines.append(f"| {a_name} / {b_name} | {fmt_time(x)} | {fmt_time(y)} | {x / y:.2f}x |")
+        lines.append("")
+
     lines.append("## Spread over the rounds (min .. max time in us)")
     lines.append("")
     lines.append("| size | " + " | ".join(names) + " |")
