@@ -235,8 +235,8 @@ static void gpt_backward(td_model *model, const float *params, float *grads, flo
     nn_linear_backward_set(a->dbuf_4c, G(P_FC2W), G(P_FC2B), a->dres, fch_gelu, W(P_FC2W), BT, 4 * C, C);
     READY(P_FC2B);
     READY(P_FC2W);
-    nn_gelu_backward_cached(a->dbuf_4c, fch, a->dbuf_4c, (size_t)BT * 4 * C);
-    nn_linear_backward_set(a->dbuf_c, G(P_FCW), G(P_FCB), a->dbuf_4c, ln2, W(P_FCW), BT, C, 4 * C);
+    nn_gelu_backward_cached_bias(a->dbuf_4c, G(P_FCB), fch, a->dbuf_4c, BT, 4 * C);
+    nn_linear_backward_set(a->dbuf_c, G(P_FCW), NULL, a->dbuf_4c, ln2, W(P_FCW), BT, C, 4 * C);
     READY(P_FCB);
     READY(P_FCW);
     /* dres becomes d res2: the skip path plus the layernorm's input gradient */

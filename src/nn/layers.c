@@ -231,6 +231,20 @@ void nn_gelu_forward_cache(float *out, float *dgelu, const float *inp, size_t n)
   }
 }
 
+void nn_gelu_backward_cached_bias(float *dinp, float *dbias, const float *dgelu, const float *dout, int N, int OC) {
+  for (int n = 0; n < N; n++) {
+    float *dx = dinp + (size_t)n * OC; /* may be d itself: each element is read before it is written */
+    const float *d = dout + (size_t)n * OC;
+    const float *restrict g = dgelu + (size_t)n * OC;
+    float *restrict db = dbias;
+    for (int j = 0; j < OC; j++) {
+      float v = g[j] * d[j];
+      dx[j] = v;
+      db[j] += v;
+    }
+  }
+}
+
 void nn_gelu_backward_cached(float *dinp, const float *dgelu, const float *dout, size_t n) {
   float *restrict dx = dinp;
   const float *restrict g = dgelu;
