@@ -28,6 +28,7 @@
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 td_status td_trainer_checkpoint_if_due(td_trainer *t, int *saved);
@@ -78,6 +79,22 @@ td_status td_trainer_agree(td_trainer *t, td_status local) {
   return result;
 }
 
+/* A zeroed arena on transparent huge pages where the system offers them
+ * (THP "madvise": the hint must come before the first touch). The optimizer
+ * streams all arenas every step; with 4 KiB pages that is a TLB miss per
+ * 1024 floats of each of the 4 streams. Freed with td_free. */
+static void *arena_alloc(size_t bytes) {
+  void *p = td_alloc(bytes);
+  if (!p) return NULL;
+#ifdef MADV_HUGEPAGE
+  const uintptr_t huge = (uintptr_t)2 << 20;
+  uintptr_t lo = ((uintptr_t)p + huge - 1) & ~(huge - 1), hi = ((uintptr_t)p + bytes) & ~(huge - 1);
+  if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_HUGEPAGE);
+#endif
+  memset(p, 0, bytes);
+  return p;
+}
+
 td_status td_trainer_create(const td_train_config *cfg_in, td_model *model, td_dataset *dataset, td_comm *comm,
                             td_trainer **out) {
   if (out) *out = NULL;
@@ -113,9 +130,9 @@ td_status td_trainer_create(const td_train_config *cfg_in, td_model *model, td_d
   t->n_params = model->n_params;
   t->n_states = td_optimizer_n_states(t->cfg.optimizer.kind);
   size_t arena_bytes = t->n_params * sizeof(float);
-  t->params = td_calloc(arena_bytes); /* zeros for a model kind td_model_init_params does not know */
-  t->grads = td_calloc(arena_bytes);
-  for (int i = 0; i < t->n_states; i++) t->states[i] = td_calloc(arena_bytes);
+  t->params = arena_alloc(arena_bytes); /* zeros for a model kind td_model_init_params does not know */
+  t->grads = arena_alloc(arena_bytes);
+  for (int i = 0; i < t->n_states; i++) t->states[i] = arena_alloc(arena_bytes);
   t->inputs = td_alloc((size_t)t->cfg.micro_batch * dataset->input_bytes);
   t->targets = td_alloc((size_t)t->cfg.micro_batch * dataset->targets_per_sample * sizeof(int32_t));
   t->tensor_ready = calloc((size_t)TD_MAX(model->n_tensors, 1), sizeof(size_t));
