@@ -114,32 +114,65 @@ def main():
     lines.append("Ratios are of busbw (higher is better for Tandem).")
     lines.append("")
 
+    # The machine is shared: other jobs steal a core now and then, which
+    # hurts whichever program runs at that moment. The best round of each
+    # program shows what it does undisturbed.
+    def best_busbw(name, size):
+        mm = spread[name].get(size)
+        return size * factor / (mm[0] * 1e-6) / 1e9 if mm else None
+
+    def best_ratio(a_name, b_name, size):
+        x, y = best_busbw(a_name, size), best_busbw(b_name, size)
+        return f"{x / y:.2f}x" if x and y else "-"
+
+    lines.append("### Best round of each program (busbw from the fastest of the rounds)")
+    lines.append("")
+    head2 = ["size"] + [f"{n} busbw" for n in names] + ["tandem-shm / mpi-shm", "tandem-tcp / gloo",
+                                                         "tandem-tcp / mpi-tcp"]
+    lines.append("| " + " | ".join(head2) + " |")
+    lines.append("|" + "|".join(["---"] + ["---:"] * (len(head2) - 1)) + "|")
+    for s_ in sizes:
+        row = [human(s_)]
+        for n in names:
+            b = best_busbw(n, s_)
+            row.append(f"{b:.2f}" if b else "-")
+        row += [best_ratio("tandem-shm", "mpi-shm", s_), best_ratio("tandem-tcp", "gloo", s_),
+                best_ratio("tandem-tcp", "mpi-tcp", s_)]
+        lines.append("| " + " | ".join(row) + " |")
+    lines.append("")
+
     small = sizes[0] if sizes else None
     big = 64 << 20
     lines.append("## Against the targets (issue 2)")
     lines.append("")
-    lines.append("| target | measured | met |")
-    lines.append("|---|---|---|")
+    lines.append("| target | median rounds | met | best rounds | met |")
+    lines.append("|---|---|---|---|---|")
 
-    def target(desc, value, goal, fmt, higher_is_better=True):
-        if value is None:
-            lines.append(f"| {desc} | - | - |")
-            return
-        ok = value >= goal if higher_is_better else value <= goal
-        lines.append(f"| {desc} | {fmt.format(value)} | {'yes' if ok else 'no'} |")
+    def target(desc, value, best, goal, fmt, higher_is_better=True):
+        cells = []
+        for v in (value, best):
+            if v is None:
+                cells += ["-", "-"]
+            else:
+                ok = v >= goal if higher_is_better else v <= goal
+                cells += [fmt.format(v), "yes" if ok else "no"]
+        lines.append(f"| {desc} | " + " | ".join(cells) + " |")
 
-    def bw_ratio(a_name, b_name, s):
-        x, y = busbw(a_name, s), busbw(b_name, s)
+    def bw_ratio(a_name, b_name, s, fn):
+        x, y = fn(a_name, s), fn(b_name, s)
         return x / y if x and y else None
 
-    target("64 MiB over shared memory: busbw >= 3x Open MPI", bw_ratio("tandem-shm", "mpi-shm", big), 3.0,
-           "{:.2f}x")
-    target("64 MiB over TCP: busbw >= 1.5x gloo", bw_ratio("tandem-tcp", "gloo", big), 1.5, "{:.2f}x")
+    target("64 MiB over shared memory: busbw >= 3x Open MPI", bw_ratio("tandem-shm", "mpi-shm", big, busbw),
+           bw_ratio("tandem-shm", "mpi-shm", big, best_busbw), 3.0, "{:.2f}x")
+    target("64 MiB over TCP: busbw >= 1.5x gloo", bw_ratio("tandem-tcp", "gloo", big, busbw),
+           bw_ratio("tandem-tcp", "gloo", big, best_busbw), 1.5, "{:.2f}x")
     if small is not None and med["tandem-shm"].get(small) and med["mpi-shm"].get(small):
         lat = med["tandem-shm"][small] / med["mpi-shm"][small]
-        target(f"{human(small)} over shared memory: latency <= 1.5x Open MPI's "
-               f"({fmt_time(med['tandem-shm'][small])} us vs {fmt_time(med['mpi-shm'][small])} us)",
-               lat, 1.5, "{:.2f}x", higher_is_better=False)
+        lat_best = spread["tandem-shm"][small][0] / spread["mpi-shm"][small][0]
+        target(f"{human(small)} over shared memory: latency <= 1.5x Open MPI's (median "
+               f"{fmt_time(med['tandem-shm'][small])} us vs {fmt_time(med['mpi-shm'][small])} us; best "
+               f"{fmt_time(spread['tandem-shm'][small][0])} us vs {fmt_time(spread['mpi-shm'][small][0])} us)",
+               lat, lat_best, 1.5, "{:.2f}x", higher_is_better=False)
     lines.append("")
 
     if small is not None:
