@@ -51,6 +51,7 @@ cmd[gloo]="/usr/bin/python3 $peers/torch_allreduce.py $np ${sizes[*]}"
 order=(tandem-shm tandem-tcp mpi-shm mpi-tcp gloo)
 
 stamp=$(date +%F)
+load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 for ((r = 1; r <= rounds; r++)); do
   for p in "${order[@]}"; do
     echo "bench: round $r/$rounds: $p"
@@ -61,6 +62,7 @@ for ((r = 1; r <= rounds; r++)); do
     fi
   done
 done
+load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 echo "bench: memory bandwidth (membw)"
 "$B/peers/membw" >"$logdir/membw.log" 2>&1
 
@@ -72,7 +74,7 @@ versions="tandem $(git -C "$repo" rev-parse --short HEAD); $(mpirun --version 2>
 
 out=bench/results/allreduce-$stamp.md
 args=(--np "$np" --rounds "$rounds" --logdir "$logdir" --machine "$machine" --versions "$versions"
-  --membw "$logdir/membw.log" --out "$out")
+  --membw "$logdir/membw.log" --out "$out" --load "before $load_before, after $load_after")
 for p in "${order[@]}"; do args+=(--program "$p=${cmd[$p]}"); done
 /usr/bin/python3 bench/summarize.py "${args[@]}"
 echo "bench: wrote $out"

@@ -58,6 +58,7 @@ def main():
     ap.add_argument("--versions", required=True)
     ap.add_argument("--membw", required=True)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--load", default="", help="load averages (1, 5, 15 min) around the run")
     ap.add_argument("--program", action="append", required=True, help="NAME=COMMAND")
     a = ap.parse_args()
 
@@ -94,7 +95,9 @@ def main():
                  "(0 wrong elements).")
     lines.append("")
     lines.append(f"Machine: {a.machine}.  ")
-    lines.append(f"Versions: {a.versions}.")
+    lines.append(f"Versions: {a.versions}.  ")
+    lines.append(f"Load average (1/5/15 min) {a.load}: the machine is shared with other work, which "
+                 "shows as spread between rounds (below).")
     lines.append("")
     head = ["size"]
     for n in names:
