@@ -9,7 +9,7 @@
 # to $BUILD/bench-logs/.
 #
 #   bench/run.sh                 (as root: installs missing peers with apt-get)
-#   BUILD=build/x bench/run.sh   use another build tree (built if missing)
+#   BUILD=build/x bench/run.sh   use another build tree (built or brought up to date first)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
@@ -33,9 +33,8 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 
 # ---- builds
-if [ ! -x "$B/bin/tandem-bench" ] || [ ! -x "$B/bin/tandemrun" ]; then
-  make -j2 --no-print-directory BUILD="$B" all >/dev/null
-fi
+# Always (incremental): the figures must come from the tree they are labelled with.
+make -j2 --no-print-directory BUILD="$B" all >/dev/null
 mkdir -p "$B/peers"
 mpicc -O2 -o "$B/peers/mpi_allreduce" "$peers/mpi_allreduce.c"
 gcc -O3 -march=native -fopenmp -o "$B/peers/membw" "$peers/membw.c"
@@ -70,7 +69,7 @@ echo "bench: memory bandwidth (membw)"
 machine="$(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores online \
 ($(lscpu | sed -n 's/^Thread(s) per core: *//p') thread(s) per core), \
 $(awk '/MemTotal/ {printf "%.1f GiB", $2/1048576}' /proc/meminfo) memory, kernel $(uname -r), $(. /etc/os-release && echo "$PRETTY_NAME")"
-versions="tandem $(git -C "$repo" rev-parse --short HEAD); $(mpirun --version 2>&1 | head -1); torch $(/usr/bin/python3 -c 'import torch; print(torch.__version__)' 2>/dev/null)"
+versions="tandem $(git -C "$repo" rev-parse --short HEAD) (working tree); $(mpirun --version 2>&1 | head -1); torch $(/usr/bin/python3 -c 'import torch; print(torch.__version__)' 2>/dev/null)"
 
 out=bench/results/allreduce-$stamp.md
 args=(--np "$np" --rounds "$rounds" --logdir "$logdir" --machine "$machine" --versions "$versions"
