@@ -25,8 +25,9 @@
  * of cache-resident copies, and 2·B/chunk syncs. The reduce reads the own
  * slice from send and writes it to recv and the slot in one pass, so a rank
  * stages only what the others need and never copies its own result back
- * (measured at 64 MiB, 2 ranks, in place: 11.3 -> 10.0 ms). Large outputs that are not the
- * input are written with streaming stores (no read-for-ownership).
+ * (64 MiB, 2 ranks, in place: 11.3 -> 10.0 ms here). Large outputs that are
+ * not the input are written with streaming stores (no read-for-ownership).
+ * With TANDEM_SHM_CMA=1, large messages take allreduce_cma below instead.
  * TD_AVG is reduced as TD_SUM; select.c scales the result. */
 #include "comm/transport/shm/shm.h"
 
