@@ -133,6 +133,51 @@ static void test_reduce_kernels(void) {
   CHECK_CLOSE(td_bf16_to_f32(bv[1]), -1.0, 0, 0);
 }
 
+/* The reduce kernels use their own inlined (vectorizable) half conversions:
+ * they must agree bit for bit with td_f16_to_f32/td_f32_to_f16 and the bf16
+ * pair, for every input pattern and for sums that need rounding. */
+static void test_half_kernels_match_reference(void) {
+  enum { N = 65536 };
+  uint16_t *all = td_alloc(N * 2), *out = td_alloc(N * 2), *other = td_alloc(N * 2);
+  for (uint32_t h = 0; h < N; h++) all[h] = (uint16_t)h;
+  for (int bf = 0; bf <= 1; bf++) {
+    td_dtype dt = bf ? TD_BF16 : TD_F16;
+    const void *one[1] = {all};
+    td_reduce_multi(out, one, 1, N, dt, TD_SUM); /* load + store round trip */
+    for (uint32_t h = 0; h < N; h++) {
+      float f = bf ? td_bf16_to_f32(all[h]) : td_f16_to_f32(all[h]);
+      if (f != f) continue; /* nan payloads may differ; nan-ness is checked below */
+      if (out[h] != all[h]) td_test_fail(__FILE__, __LINE__, "%s round trip %#x -> %#x", td_dtype_name(dt), all[h], out[h]);
+    }
+    /* Pairwise sums and products with rounding: a pseudo-random partner each. */
+    uint64_t x = 88172645463325252ull;
+    for (uint32_t h = 0; h < N; h++) {
+      x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+      other[h] = (uint16_t)x;
+    }
+    for (int op = TD_SUM; op <= TD_PROD; op++) {
+      if (op == TD_AVG) continue;
+      const void *two[2] = {all, other};
+      td_reduce_multi(out, two, 2, N, dt, (td_op)op);
+      for (uint32_t h = 0; h < N; h++) {
+        float a = bf ? td_bf16_to_f32(all[h]) : td_f16_to_f32(all[h]);
+        float b = bf ? td_bf16_to_f32(other[h]) : td_f16_to_f32(other[h]);
+        float r = op == TD_SUM ? a + b : op == TD_PROD ? a * b : op == TD_MIN ? (b < a ? b : a) : (b > a ? b : a);
+        uint16_t want = bf ? td_f32_to_bf16(r) : td_f32_to_f16(r);
+        float got_f = bf ? td_bf16_to_f32(out[h]) : td_f16_to_f32(out[h]);
+        float want_f = bf ? td_bf16_to_f32(want) : td_f16_to_f32(want);
+        if (want_f != want_f) { CHECK(got_f != got_f); continue; }
+        if (out[h] != want)
+          td_test_fail(__FILE__, __LINE__, "%s %s(%#x, %#x) = %#x, want %#x", td_dtype_name(dt),
+                       td_op_name((td_op)op), all[h], other[h], out[h], want);
+      }
+    }
+  }
+  td_free(all);
+  td_free(out);
+  td_free(other);
+}
+
 static void test_shard(void) {
   for (size_t count = 0; count < 50; count++) {
     for (int n = 1; n <= 9; n++) {
@@ -203,6 +248,7 @@ static void test_futex(void) {
 int main(void) {
   test_half_roundtrip();
   test_reduce_kernels();
+  test_half_kernels_match_reference();
   test_shard();
   test_parse();
   test_futex();
