@@ -169,33 +169,8 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
   return 0;
 }
 
-/* ---- element access: every value used here is a small integer ---- */
-
-static double elem_get(const void *buf, size_t i, td_dtype dtype) {
-  switch (dtype) {
-  case TD_F32: return ((const float *)buf)[i];
-  case TD_F64: return ((const double *)buf)[i];
-  case TD_F16: return td_f16_to_f32(((const uint16_t *)buf)[i]);
-  case TD_BF16: return td_bf16_to_f32(((const uint16_t *)buf)[i]);
-  case TD_I32: return ((const int32_t *)buf)[i];
-  case TD_I64: return (double)((const int64_t *)buf)[i];
-  case TD_U8: return ((const uint8_t *)buf)[i];
-  default: return NAN;
-  }
-}
-
-static void elem_set(void *buf, size_t i, td_dtype dtype, double v) {
-  switch (dtype) {
-  case TD_F32: ((float *)buf)[i] = (float)v; break;
-  case TD_F64: ((double *)buf)[i] = v; break;
-  case TD_F16: ((uint16_t *)buf)[i] = td_f32_to_f16((float)v); break;
-  case TD_BF16: ((uint16_t *)buf)[i] = td_f32_to_bf16((float)v); break;
-  case TD_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
-  case TD_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
-  case TD_U8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
-  default: break;
-  }
-}
+/* ---- element values: every value used here is a small integer, exact in
+ * every dtype (buffers are read and written with td_dtype_get/set) ---- */
 
 static bool dtype_is_float(td_dtype d) { return d == TD_F32 || d == TD_F64 || d == TD_F16 || d == TD_BF16; }
 
@@ -227,8 +202,8 @@ static double red_expected(int n, size_t i, td_op op, td_dtype dtype) {
   }
   /* Round to the dtype as storing would. */
   uint8_t tmp[8];
-  elem_set(tmp, 0, dtype, acc);
-  return elem_get(tmp, 0, dtype);
+  td_dtype_set(tmp, 0, dtype, acc);
+  return td_dtype_get(tmp, 0, dtype);
 }
 
 /* Non-reduction payloads: values 0..250, exact in every dtype. */
@@ -258,12 +233,12 @@ static void fill_inputs(const bench_opts *o, bench_bufs *b, int rank, int n) {
   size_t off = 0, len = 0;
   switch (o->kind) {
   case B_ALLREDUCE:
-    for (size_t i = 0; i < b->count; i++) elem_set(o->in_place ? b->recv : b->send, i, o->dtype, red_input(rank, i, o->op));
+    for (size_t i = 0; i < b->count; i++) td_dtype_set(o->in_place ? b->recv : b->send, i, o->dtype, red_input(rank, i, o->op));
     if (!o->in_place) memset(b->recv, 0xff, b->recv_elems * td_dtype_size(o->dtype));
     break;
   case B_REDUCE_SCATTER: {
     void *in = o->in_place ? b->recv : b->send; /* in place: the full buffer is recv */
-    for (size_t i = 0; i < b->count; i++) elem_set(in, i, o->dtype, red_input(rank, i, o->op));
+    for (size_t i = 0; i < b->count; i++) td_dtype_set(in, i, o->dtype, red_input(rank, i, o->op));
     if (!o->in_place) memset(b->recv, 0xff, b->recv_elems * td_dtype_size(o->dtype));
     break;
   }
@@ -271,14 +246,14 @@ static void fill_inputs(const bench_opts *o, bench_bufs *b, int rank, int n) {
     memset(b->recv, 0xff, b->recv_elems * td_dtype_size(o->dtype));
     td_shard_range(b->count, n, rank, &off, &len);
     if (o->in_place) {
-      for (size_t i = 0; i < len; i++) elem_set(b->recv, off + i, o->dtype, gather_value(off + i));
+      for (size_t i = 0; i < len; i++) td_dtype_set(b->recv, off + i, o->dtype, gather_value(off + i));
     } else {
-      for (size_t i = 0; i < len; i++) elem_set(b->send, i, o->dtype, gather_value(off + i));
+      for (size_t i = 0; i < len; i++) td_dtype_set(b->send, i, o->dtype, gather_value(off + i));
     }
     break;
   case B_BROADCAST:
     if (rank == o->root) {
-      for (size_t i = 0; i < b->count; i++) elem_set(b->recv, i, o->dtype, gather_value(i));
+      for (size_t i = 0; i < b->count; i++) td_dtype_set(b->recv, i, o->dtype, gather_value(i));
     } else {
       memset(b->recv, 0xff, b->count * td_dtype_size(o->dtype));
     }
@@ -286,7 +261,7 @@ static void fill_inputs(const bench_opts *o, bench_bufs *b, int rank, int n) {
   case B_ALLTOALL:
     for (int dst = 0; dst < n; dst++)
       for (size_t i = 0; i < b->count; i++)
-        elem_set(b->send, (size_t)dst * b->count + i, o->dtype, a2a_value(rank, dst, i));
+        td_dtype_set(b->send, (size_t)dst * b->count + i, o->dtype, a2a_value(rank, dst, i));
     memset(b->recv, 0xff, b->recv_elems * td_dtype_size(o->dtype));
     break;
   }
@@ -298,26 +273,26 @@ static int64_t count_wrong(const bench_opts *o, const bench_bufs *b, int rank, i
   switch (o->kind) {
   case B_ALLREDUCE:
     for (size_t i = 0; i < b->count; i++)
-      if (!elem_ok(elem_get(b->recv, i, o->dtype), red_expected(n, i, o->op, o->dtype), o->dtype, o->op, true))
+      if (!elem_ok(td_dtype_get(b->recv, i, o->dtype), red_expected(n, i, o->op, o->dtype), o->dtype, o->op, true))
         wrong++;
     break;
   case B_REDUCE_SCATTER:
     td_shard_range(b->count, n, rank, &off, &len);
     for (size_t i = 0; i < len; i++) {
       size_t at = o->in_place ? off + i : i; /* in place: the shard stays at its offset in the full buffer */
-      if (!elem_ok(elem_get(b->recv, at, o->dtype), red_expected(n, off + i, o->op, o->dtype), o->dtype, o->op, true))
+      if (!elem_ok(td_dtype_get(b->recv, at, o->dtype), red_expected(n, off + i, o->op, o->dtype), o->dtype, o->op, true))
         wrong++;
     }
     break;
   case B_ALLGATHER:
   case B_BROADCAST:
     for (size_t i = 0; i < b->count; i++)
-      if (elem_get(b->recv, i, o->dtype) != gather_value(i)) wrong++;
+      if (td_dtype_get(b->recv, i, o->dtype) != gather_value(i)) wrong++;
     break;
   case B_ALLTOALL:
     for (int src = 0; src < n; src++)
       for (size_t i = 0; i < b->count; i++)
-        if (elem_get(b->recv, (size_t)src * b->count + i, o->dtype) != a2a_value(src, rank, i)) wrong++;
+        if (td_dtype_get(b->recv, (size_t)src * b->count + i, o->dtype) != a2a_value(src, rank, i)) wrong++;
     break;
   }
   return wrong;

@@ -69,6 +69,12 @@ uint16_t td_f32_to_f16(float f);
 float td_bf16_to_f32(uint16_t h);
 uint16_t td_f32_to_bf16(float f);
 
+/* Element i of a buffer of `dtype`, widened to double (NaN for an unknown
+ * dtype), and the reverse, rounding or wrapping as a store of that type does.
+ * For checks and tools, not hot loops. */
+double td_dtype_get(const void *buf, size_t i, td_dtype dtype);
+void td_dtype_set(void *buf, size_t i, td_dtype dtype, double value);
+
 /* The shard of `count` elements owned by `rank` of `n`: the first (count % n)
  * ranks own one extra element. Used by reduce-scatter, allgather and ZeRO. */
 void td_shard_range(size_t count, int n, int rank, size_t *offset_out, size_t *len_out);

@@ -123,3 +123,29 @@ void td_shard_range(size_t count, int n, int rank, size_t *offset_out, size_t *l
   *len_out = base + (r < extra ? 1 : 0);
   *offset_out = r * base + (r < extra ? r : extra);
 }
+
+double td_dtype_get(const void *buf, size_t i, td_dtype dtype) {
+  switch (dtype) {
+  case TD_F32: return ((const float *)buf)[i];
+  case TD_F64: return ((const double *)buf)[i];
+  case TD_F16: return td_f16_to_f32(((const uint16_t *)buf)[i]);
+  case TD_BF16: return td_bf16_to_f32(((const uint16_t *)buf)[i]);
+  case TD_I32: return ((const int32_t *)buf)[i];
+  case TD_I64: return (double)((const int64_t *)buf)[i];
+  case TD_U8: return ((const uint8_t *)buf)[i];
+  default: return __builtin_nan("");
+  }
+}
+
+void td_dtype_set(void *buf, size_t i, td_dtype dtype, double value) {
+  switch (dtype) {
+  case TD_F32: ((float *)buf)[i] = (float)value; break;
+  case TD_F64: ((double *)buf)[i] = value; break;
+  case TD_F16: ((uint16_t *)buf)[i] = td_f32_to_f16((float)value); break;
+  case TD_BF16: ((uint16_t *)buf)[i] = td_f32_to_bf16((float)value); break;
+  case TD_I32: ((int32_t *)buf)[i] = (int32_t)value; break;
+  case TD_I64: ((int64_t *)buf)[i] = (int64_t)value; break;
+  case TD_U8: ((uint8_t *)buf)[i] = (uint8_t)value; break;
+  default: break;
+  }
+}

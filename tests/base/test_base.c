@@ -43,32 +43,6 @@ static double ref_value(int src, size_t i, td_op op) {
   return (double)((int)((i * 7 + (size_t)src * 13) % 23) - (op == TD_SUM || op == TD_AVG ? 0 : 11));
 }
 
-static void store_elem(void *buf, td_dtype dt, size_t i, double v) {
-  switch (dt) {
-  case TD_F32: ((float *)buf)[i] = (float)v; break;
-  case TD_F64: ((double *)buf)[i] = v; break;
-  case TD_F16: ((uint16_t *)buf)[i] = td_f32_to_f16((float)v); break;
-  case TD_BF16: ((uint16_t *)buf)[i] = td_f32_to_bf16((float)v); break;
-  case TD_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
-  case TD_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
-  case TD_U8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
-  default: break;
-  }
-}
-
-static double load_elem(const void *buf, td_dtype dt, size_t i) {
-  switch (dt) {
-  case TD_F32: return ((const float *)buf)[i];
-  case TD_F64: return ((const double *)buf)[i];
-  case TD_F16: return td_f16_to_f32(((const uint16_t *)buf)[i]);
-  case TD_BF16: return td_bf16_to_f32(((const uint16_t *)buf)[i]);
-  case TD_I32: return ((const int32_t *)buf)[i];
-  case TD_I64: return (double)((const int64_t *)buf)[i];
-  case TD_U8: return ((const uint8_t *)buf)[i];
-  default: return 0;
-  }
-}
-
 static void test_reduce_kernels(void) {
   const size_t counts[] = {0, 1, 7, 2048, 2049, 10007};
   for (int dt = 0; dt < TD_DTYPE_COUNT; dt++) {
@@ -85,7 +59,7 @@ static void test_reduce_kernels(void) {
             for (size_t i = 0; i < count; i++) {
               double v = ref_value(k, i, (td_op)op);
               if (dt == TD_U8 && v < 0) v = -v;
-              store_elem(srcs[k], (td_dtype)dt, i, v);
+              td_dtype_set(srcs[k], i, (td_dtype)dt, v);
             }
           }
           void *dst = td_alloc(count * es + 1);
@@ -95,9 +69,9 @@ static void test_reduce_kernels(void) {
           if (count) memcpy(acc, srcs[0], count * es);
           for (int k = 1; k < n_srcs; k++) td_reduce_inplace(acc, srcs[k], count, (td_dtype)dt, (td_op)op);
           for (size_t i = 0; i < count; i++) {
-            double want = load_elem(srcs[0], (td_dtype)dt, i);
+            double want = td_dtype_get(srcs[0], i, (td_dtype)dt);
             for (int k = 1; k < n_srcs; k++) {
-              double v = load_elem(srcs[k], (td_dtype)dt, i);
+              double v = td_dtype_get(srcs[k], i, (td_dtype)dt);
               switch (op) {
               case TD_SUM: case TD_AVG: want += v; break;
               case TD_PROD: want *= v; break;
@@ -106,7 +80,7 @@ static void test_reduce_kernels(void) {
               }
             }
             if (dt == TD_U8) want = (double)((uint8_t)(int)want);
-            double got = load_elem(dst, (td_dtype)dt, i), got2 = load_elem(acc, (td_dtype)dt, i);
+            double got = td_dtype_get(dst, i, (td_dtype)dt), got2 = td_dtype_get(acc, i, (td_dtype)dt);
             if (got != want || got2 != want)
               td_test_fail(__FILE__, __LINE__, "%s %s n_srcs=%d count=%zu i=%zu: multi %g inplace %g want %g",
                            td_dtype_name((td_dtype)dt), td_op_name((td_op)op), n_srcs, count, i, got, got2, want);
@@ -176,6 +150,19 @@ static void test_half_kernels_match_reference(void) {
   td_free(all);
   td_free(out);
   td_free(other);
+}
+
+static void test_dtype_get_set(void) {
+  uint8_t buf[16];
+  td_dtype_set(buf, 1, TD_U8, 300.0); /* stores wrap like a C conversion */
+  CHECK_EQ_INT(buf[1], 300 % 256);
+  td_dtype_set(buf, 1, TD_BF16, 1.00390625); /* rounds to nearest even */
+  CHECK_CLOSE(td_dtype_get(buf, 1, TD_BF16), 1.0, 0, 0);
+  td_dtype_set(buf, 0, TD_I64, -5.0);
+  CHECK_CLOSE(td_dtype_get(buf, 0, TD_I64), -5.0, 0, 0);
+  CHECK(isnan(td_dtype_get(buf, 0, (td_dtype)99)));
+  td_dtype_set(buf, 0, (td_dtype)99, 1.0); /* unknown dtype: no write */
+  CHECK_CLOSE(td_dtype_get(buf, 0, TD_I64), -5.0, 0, 0);
 }
 
 static void test_shard(void) {
@@ -249,6 +236,7 @@ int main(void) {
   test_half_roundtrip();
   test_reduce_kernels();
   test_half_kernels_match_reference();
+  test_dtype_get_set();
   test_shard();
   test_parse();
   test_futex();

@@ -23,39 +23,13 @@ static inline double ct_now(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static inline double ct_get(const void *buf, size_t i, td_dtype dtype) {
-  switch (dtype) {
-  case TD_F32: return ((const float *)buf)[i];
-  case TD_F64: return ((const double *)buf)[i];
-  case TD_F16: return td_f16_to_f32(((const uint16_t *)buf)[i]);
-  case TD_BF16: return td_bf16_to_f32(((const uint16_t *)buf)[i]);
-  case TD_I32: return ((const int32_t *)buf)[i];
-  case TD_I64: return (double)((const int64_t *)buf)[i];
-  case TD_U8: return ((const uint8_t *)buf)[i];
-  default: return NAN;
-  }
-}
-
-static inline void ct_set(void *buf, size_t i, td_dtype dtype, double v) {
-  switch (dtype) {
-  case TD_F32: ((float *)buf)[i] = (float)v; break;
-  case TD_F64: ((double *)buf)[i] = v; break;
-  case TD_F16: ((uint16_t *)buf)[i] = td_f32_to_f16((float)v); break;
-  case TD_BF16: ((uint16_t *)buf)[i] = td_f32_to_bf16((float)v); break;
-  case TD_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
-  case TD_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
-  case TD_U8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
-  default: break;
-  }
-}
-
 static inline int ct_is_float(td_dtype d) { return d == TD_F32 || d == TD_F64 || d == TD_F16 || d == TD_BF16; }
 
 /* The value v as stored in dtype and read back (rounding/wrapping applied). */
 static inline double ct_round(double v, td_dtype dtype) {
   uint8_t tmp[8];
-  ct_set(tmp, 0, dtype, v);
-  return ct_get(tmp, 0, dtype);
+  td_dtype_set(tmp, 0, dtype, v);
+  return td_dtype_get(tmp, 0, dtype);
 }
 
 /* Split "a,b,c" into at most max tokens in place; returns the count. */

@@ -87,7 +87,7 @@ static void *xalloc(size_t bytes) {
 #define SENTINEL 253.0
 
 static void fill_sentinel(void *buf, size_t n, td_dtype dtype) {
-  for (size_t i = 0; i < n; i++) ct_set(buf, i, dtype, SENTINEL);
+  for (size_t i = 0; i < n; i++) td_dtype_set(buf, i, dtype, SENTINEL);
 }
 
 static double red_input(int rank, size_t i, td_op op, td_dtype dtype) {
@@ -125,7 +125,7 @@ static double red_expected(int n, size_t i, td_op op, td_dtype dtype) {
 
 static void check_red(const char *what, const void *buf, size_t at, size_t i, td_op op, td_dtype dtype, size_t count,
                       int in_place, int root) {
-  double got = ct_get(buf, at, dtype), want = red_expected(nranks, i, op, dtype);
+  double got = td_dtype_get(buf, at, dtype), want = red_expected(nranks, i, op, dtype);
   int ok = got == want;
   if (!ok && op == TD_AVG && ct_is_float(dtype)) {
     double eps = dtype == TD_F64 ? 0x1p-52 : dtype == TD_F32 ? 0x1p-23 : dtype == TD_F16 ? 0x1p-10 : 0x1p-7;
@@ -156,14 +156,14 @@ static void t_allreduce(size_t count, td_dtype dt, td_op op, int in_place) {
   size_t es = td_dtype_size(dt);
   void *send = xalloc(count * es), *recv = xalloc(count * es);
   void *in = in_place ? recv : send;
-  for (size_t i = 0; i < count; i++) ct_set(in, i, dt, red_input(rank_, i, op, dt));
+  for (size_t i = 0; i < count; i++) td_dtype_set(in, i, dt, red_input(rank_, i, op, dt));
   if (!in_place) fill_sentinel(recv, count, dt);
   COMM_OK(td_allreduce(count ? in : NULL, count ? recv : NULL, count, dt, op, comm));
   for (size_t i = 0; i < count; i++) check_red("allreduce", recv, i, i, op, dt, count, in_place, -1);
   /* out of place must leave the input untouched */
   if (!in_place)
     for (size_t i = 0; i < count; i++)
-      check_value("allreduce input", ct_get(send, i, dt), ct_round(red_input(rank_, i, op, dt), dt), i, dt, count, 0, -1);
+      check_value("allreduce input", td_dtype_get(send, i, dt), ct_round(red_input(rank_, i, op, dt), dt), i, dt, count, 0, -1);
   n_checks++;
   free(send);
   free(recv);
@@ -173,7 +173,7 @@ static void t_reduce(size_t count, td_dtype dt, td_op op, int in_place, int root
   size_t es = td_dtype_size(dt);
   void *send = xalloc(count * es), *recv = xalloc(count * es);
   void *in = in_place ? recv : send;
-  for (size_t i = 0; i < count; i++) ct_set(in, i, dt, red_input(rank_, i, op, dt));
+  for (size_t i = 0; i < count; i++) td_dtype_set(in, i, dt, red_input(rank_, i, op, dt));
   if (!in_place) fill_sentinel(recv, count, dt);
   /* Non-roots may pass NULL as recv (it is ignored there) when not in place. */
   void *out = (!in_place && rank_ != root && (count % 2)) ? NULL : recv;
@@ -187,9 +187,9 @@ static void t_reduce(size_t count, td_dtype dt, td_op op, int in_place, int root
 
 static void t_broadcast(size_t count, td_dtype dt, int root) {
   void *buf = xalloc(count * td_dtype_size(dt));
-  for (size_t i = 0; i < count; i++) ct_set(buf, i, dt, rank_ == root ? bcast_value(i, root) : SENTINEL);
+  for (size_t i = 0; i < count; i++) td_dtype_set(buf, i, dt, rank_ == root ? bcast_value(i, root) : SENTINEL);
   COMM_OK(td_broadcast(count ? buf : NULL, count, dt, root, comm));
-  for (size_t i = 0; i < count; i++) check_value("broadcast", ct_get(buf, i, dt), bcast_value(i, root), i, dt, count, 1, root);
+  for (size_t i = 0; i < count; i++) check_value("broadcast", td_dtype_get(buf, i, dt), bcast_value(i, root), i, dt, count, 1, root);
   n_checks++;
   free(buf);
 }
@@ -198,7 +198,7 @@ static void t_reduce_scatter(size_t count, td_dtype dt, td_op op, int in_place) 
   size_t es = td_dtype_size(dt), off, len;
   td_shard_range(count, nranks, rank_, &off, &len);
   void *full = xalloc(count * es), *recv = xalloc(len * es);
-  for (size_t i = 0; i < count; i++) ct_set(full, i, dt, red_input(rank_, i, op, dt));
+  for (size_t i = 0; i < count; i++) td_dtype_set(full, i, dt, red_input(rank_, i, op, dt));
   fill_sentinel(recv, len, dt);
   void *out = in_place ? (char *)full + off * es : recv;
   COMM_OK(td_reduce_scatter(count ? full : NULL, count ? out : NULL, count, dt, op, comm));
@@ -213,10 +213,10 @@ static void t_allgather(size_t count, td_dtype dt, int in_place) {
   td_shard_range(count, nranks, rank_, &off, &len);
   void *recv = xalloc(count * es), *send = xalloc(len * es);
   fill_sentinel(recv, count, dt);
-  for (size_t i = 0; i < len; i++) ct_set(in_place ? recv : send, in_place ? off + i : i, dt, gather_value(off + i));
+  for (size_t i = 0; i < len; i++) td_dtype_set(in_place ? recv : send, in_place ? off + i : i, dt, gather_value(off + i));
   const void *in = in_place ? (char *)recv + off * es : send;
   COMM_OK(td_allgather(count ? in : NULL, count ? recv : NULL, count, dt, comm));
-  for (size_t i = 0; i < count; i++) check_value("allgather", ct_get(recv, i, dt), gather_value(i), i, dt, count, in_place, -1);
+  for (size_t i = 0; i < count; i++) check_value("allgather", td_dtype_get(recv, i, dt), gather_value(i), i, dt, count, in_place, -1);
   n_checks++;
   free(recv);
   free(send);
@@ -226,12 +226,12 @@ static void t_alltoall(size_t count, td_dtype dt) {
   size_t es = td_dtype_size(dt), total = count * (size_t)nranks;
   void *send = xalloc(total * es), *recv = xalloc(total * es);
   for (int dst = 0; dst < nranks; dst++)
-    for (size_t i = 0; i < count; i++) ct_set(send, (size_t)dst * count + i, dt, a2a_value(rank_, dst, i));
+    for (size_t i = 0; i < count; i++) td_dtype_set(send, (size_t)dst * count + i, dt, a2a_value(rank_, dst, i));
   fill_sentinel(recv, total, dt);
   COMM_OK(td_alltoall(count ? send : NULL, count ? recv : NULL, count, dt, comm));
   for (int src = 0; src < nranks; src++)
     for (size_t i = 0; i < count; i++)
-      check_value("alltoall", ct_get(recv, (size_t)src * count + i, dt), a2a_value(src, rank_, i), (size_t)src * count + i,
+      check_value("alltoall", td_dtype_get(recv, (size_t)src * count + i, dt), a2a_value(src, rank_, i), (size_t)src * count + i,
                   dt, count, 0, -1);
   n_checks++;
   free(send);
@@ -271,7 +271,7 @@ static void t_sendrecv(td_dtype dt, int any_order) {
   for (int m = 0; m < NM; m++) {
     size_t count = counts[m];
     void *out = xalloc(count * es), *in = xalloc(count * es);
-    for (size_t i = 0; i < count; i++) ct_set(out, i, dt, a2a_value(rank_, next, i + (size_t)m));
+    for (size_t i = 0; i < count; i++) td_dtype_set(out, i, dt, a2a_value(rank_, next, i + (size_t)m));
     fill_sentinel(in, count, dt);
     if (rank_ % 2 == 0) {
       COMM_OK(td_send(count ? out : NULL, count, dt, next, comm));
@@ -281,7 +281,7 @@ static void t_sendrecv(td_dtype dt, int any_order) {
       COMM_OK(td_send(count ? out : NULL, count, dt, next, comm));
     }
     for (size_t i = 0; i < count; i++)
-      check_value("recv (blocking ring)", ct_get(in, i, dt), a2a_value(prev, rank_, i + (size_t)m), i, dt, count, 0, -1);
+      check_value("recv (blocking ring)", td_dtype_get(in, i, dt), a2a_value(prev, rank_, i + (size_t)m), i, dt, count, 0, -1);
     free(out);
     free(in);
     n_checks++;
@@ -293,7 +293,7 @@ static void t_sendrecv(td_dtype dt, int any_order) {
     size_t count = counts[m];
     outs[m] = xalloc(count * es);
     ins[m] = xalloc(count * es);
-    for (size_t i = 0; i < count; i++) ct_set(outs[m], i, dt, a2a_value(rank_, next, i * 2 + (size_t)m));
+    for (size_t i = 0; i < count; i++) td_dtype_set(outs[m], i, dt, a2a_value(rank_, next, i * 2 + (size_t)m));
     fill_sentinel(ins[m], count, dt);
   }
   /* Even ranks post their send first and odd ranks their receive; with
@@ -313,7 +313,7 @@ static void t_sendrecv(td_dtype dt, int any_order) {
   }
   for (int m = 0; m < NM; m++) {
     for (size_t i = 0; i < counts[m]; i++)
-      check_value("irecv (ring)", ct_get(ins[m], i, dt), a2a_value(prev, rank_, i * 2 + (size_t)m), i, dt, counts[m], 0, -1);
+      check_value("irecv (ring)", td_dtype_get(ins[m], i, dt), a2a_value(prev, rank_, i * 2 + (size_t)m), i, dt, counts[m], 0, -1);
     free(outs[m]);
     free(ins[m]);
     n_checks++;
@@ -428,15 +428,15 @@ static void t_nonblocking(size_t count) {
   uint16_t *rd_in = xalloc(count * 2), *rd = xalloc(count * 2); /* ireduce f16 prod to root 0 */
 
   for (size_t i = 0; i < count; i++) {
-    ct_set(ar, i, TD_F32, red_input(rank_, i, TD_SUM, TD_F32));
-    ct_set(ar2_in, i, TD_I64, red_input(rank_, i, TD_MAX, TD_I64));
-    ct_set(bc, i, TD_BF16, rank_ == root ? bcast_value(i, root) : SENTINEL);
-    ct_set(rs_in, i, TD_I32, red_input(rank_, i, TD_MIN, TD_I32));
-    ct_set(rd_in, i, TD_F16, red_input(rank_, i, TD_PROD, TD_F16));
+    td_dtype_set(ar, i, TD_F32, red_input(rank_, i, TD_SUM, TD_F32));
+    td_dtype_set(ar2_in, i, TD_I64, red_input(rank_, i, TD_MAX, TD_I64));
+    td_dtype_set(bc, i, TD_BF16, rank_ == root ? bcast_value(i, root) : SENTINEL);
+    td_dtype_set(rs_in, i, TD_I32, red_input(rank_, i, TD_MIN, TD_I32));
+    td_dtype_set(rd_in, i, TD_F16, red_input(rank_, i, TD_PROD, TD_F16));
   }
-  for (size_t i = 0; i < len; i++) ct_set(ag_in, i, TD_F64, gather_value(off + i));
+  for (size_t i = 0; i < len; i++) td_dtype_set(ag_in, i, TD_F64, gather_value(off + i));
   for (int dst = 0; dst < nranks; dst++)
-    for (size_t i = 0; i < count; i++) ct_set(a2a_in, (size_t)dst * count + i, TD_U8, a2a_value(rank_, dst, i));
+    for (size_t i = 0; i < count; i++) td_dtype_set(a2a_in, (size_t)dst * count + i, TD_U8, a2a_value(rank_, dst, i));
 
   COMM_OK(td_iallreduce(ar, ar, count, TD_F32, TD_SUM, comm, &req[0]));
   COMM_OK(td_iallreduce(ar2_in, ar2, count, TD_I64, TD_MAX, comm, &req[1]));
@@ -478,7 +478,7 @@ static void t_nonblocking(size_t count) {
   for (size_t i = 0; i < count; i++) {
     check_red("iallreduce", ar, i, i, TD_SUM, TD_F32, count, 1, -1);
     check_red("iallreduce", ar2, i, i, TD_MAX, TD_I64, count, 0, -1);
-    check_value("ibroadcast", ct_get(bc, i, TD_BF16), bcast_value(i, root), i, TD_BF16, count, 1, root);
+    check_value("ibroadcast", td_dtype_get(bc, i, TD_BF16), bcast_value(i, root), i, TD_BF16, count, 1, root);
     check_value("iallgather", ag[i], gather_value(i), i, TD_F64, count, 0, -1);
     if (rank_ == 0) check_red("ireduce", rd, i, i, TD_PROD, TD_F16, count, 0, 0);
   }

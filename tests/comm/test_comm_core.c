@@ -25,39 +25,12 @@
 
 static const size_t counts[] = {0, 1, 7, 1000};
 
-/* Element access through doubles; every test value is a small integer,
- * exact in every dtype. */
-static double get(const void *buf, size_t i, td_dtype dtype) {
-  switch (dtype) {
-  case TD_F32: return ((const float *)buf)[i];
-  case TD_F64: return ((const double *)buf)[i];
-  case TD_F16: return td_f16_to_f32(((const uint16_t *)buf)[i]);
-  case TD_BF16: return td_bf16_to_f32(((const uint16_t *)buf)[i]);
-  case TD_I32: return ((const int32_t *)buf)[i];
-  case TD_I64: return (double)((const int64_t *)buf)[i];
-  case TD_U8: return ((const uint8_t *)buf)[i];
-  default: return -1;
-  }
-}
-
-static void set(void *buf, size_t i, td_dtype dtype, double v) {
-  switch (dtype) {
-  case TD_F32: ((float *)buf)[i] = (float)v; break;
-  case TD_F64: ((double *)buf)[i] = v; break;
-  case TD_F16: ((uint16_t *)buf)[i] = td_f32_to_f16((float)v); break;
-  case TD_BF16: ((uint16_t *)buf)[i] = td_f32_to_bf16((float)v); break;
-  case TD_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
-  case TD_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
-  case TD_U8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
-  default: break;
-  }
-}
-
-/* Input of `rank` at element i: 1..8, distinct per rank where possible. */
+/* Input of `rank` at element i: 1..8, distinct per rank where possible; small
+ * integers are exact in every dtype (read and written with td_dtype_get/set). */
 static double value(int rank, size_t i) { return (double)((i + (size_t)rank) % 7 + 1); }
 
 static void fill(void *buf, size_t count, td_dtype dtype, int rank) {
-  for (size_t i = 0; i < count; i++) set(buf, i, dtype, value(rank, i));
+  for (size_t i = 0; i < count; i++) td_dtype_set(buf, i, dtype, value(rank, i));
 }
 
 static double now_s(void) {
@@ -105,7 +78,7 @@ static void self_collective(td_comm *comm, int kind, td_dtype dtype, td_op op, s
     CHECK_EQ_INT(done, 1);
   }
   for (size_t i = 0; i < count; i++) {
-    double got = get(out, i, dtype), want = value(0, i);
+    double got = td_dtype_get(out, i, dtype), want = value(0, i);
     if (got != want)
       td_test_fail(__FILE__, __LINE__, "kind %d %s %s count %zu in_place %d nb %d: element %zu is %g, expected %g",
                    kind, td_dtype_name(dtype), td_op_name(op), count, in_place, nonblocking, i, got, want);

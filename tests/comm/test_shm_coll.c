@@ -62,7 +62,7 @@ static double expect_reduced(size_t i, td_dtype dt, td_op op) {
 }
 
 static void check_elem(const char *what, const void *buf, size_t i, td_dtype dt, td_op op, double want) {
-  double got = ct_get(buf, i, dt);
+  double got = td_dtype_get(buf, i, dt);
   bool exact = op != TD_AVG || !ct_is_float(dt);
   double tol = exact ? 0 : (dt == TD_F16 || dt == TD_BF16) ? 1e-2 * fabs(want) + 1e-2 : 1e-5 * fabs(want);
   if (fabs(got - want) > tol)
@@ -79,7 +79,7 @@ static void *xmalloc(size_t bytes) {
 static void test_allreduce(td_comm *c, size_t count, td_dtype dt, td_op op, bool in_place) {
   size_t es = td_dtype_size(dt);
   char *send = xmalloc(count * es), *recv = in_place ? send : xmalloc(count * es);
-  for (size_t i = 0; i < count; i++) ct_set(send, i, dt, in_val(g_rank, i, op));
+  for (size_t i = 0; i < count; i++) td_dtype_set(send, i, dt, in_val(g_rank, i, op));
   CHECK_OK(td_allreduce(send, recv, count, dt, op, c));
   for (size_t i = 0; i < count; i++) check_elem("allreduce", recv, i, dt, op, expect_reduced(i, dt, op));
   if (!in_place) free(recv);
@@ -89,7 +89,7 @@ static void test_allreduce(td_comm *c, size_t count, td_dtype dt, td_op op, bool
 static void test_reduce(td_comm *c, size_t count, td_dtype dt, td_op op, int root) {
   size_t es = td_dtype_size(dt);
   char *send = xmalloc(count * es), *recv = xmalloc(count * es);
-  for (size_t i = 0; i < count; i++) ct_set(send, i, dt, in_val(g_rank, i, op));
+  for (size_t i = 0; i < count; i++) td_dtype_set(send, i, dt, in_val(g_rank, i, op));
   memset(recv, 0x5a, count * es);
   CHECK_OK(td_reduce(send, recv, count, dt, op, root, c));
   if (g_rank == root)
@@ -102,7 +102,7 @@ static void test_reduce_scatter(td_comm *c, size_t count, td_dtype dt, td_op op,
   size_t es = td_dtype_size(dt), off, len;
   td_shard_range(count, g_size, g_rank, &off, &len);
   char *send = xmalloc(count * es), *recv = in_place ? send + off * es : xmalloc(len * es);
-  for (size_t i = 0; i < count; i++) ct_set(send, i, dt, in_val(g_rank, i, op));
+  for (size_t i = 0; i < count; i++) td_dtype_set(send, i, dt, in_val(g_rank, i, op));
   CHECK_OK(td_reduce_scatter(send, recv, count, dt, op, c));
   for (size_t j = 0; j < len; j++) check_elem("reduce_scatter", recv, j, dt, op, expect_reduced(off + j, dt, op));
   if (!in_place) free(recv);
@@ -116,7 +116,7 @@ static void test_allgather(td_comm *c, size_t count, td_dtype dt, bool in_place)
   td_shard_range(count, g_size, g_rank, &off, &len);
   char *recv = xmalloc(count * es), *send = in_place ? recv + off * es : xmalloc(len * es);
   memset(recv, 0x5a, count * es);
-  for (size_t j = 0; j < len; j++) ct_set(send, j, dt, gather_val(off + j));
+  for (size_t j = 0; j < len; j++) td_dtype_set(send, j, dt, gather_val(off + j));
   CHECK_OK(td_allgather(send, recv, count, dt, c));
   for (size_t i = 0; i < count; i++) check_elem("allgather", recv, i, dt, TD_SUM, ct_round(gather_val(i), dt));
   if (!in_place) free(send);
@@ -126,7 +126,7 @@ static void test_allgather(td_comm *c, size_t count, td_dtype dt, bool in_place)
 static void test_broadcast(td_comm *c, size_t count, td_dtype dt, int root) {
   size_t es = td_dtype_size(dt);
   char *buf = xmalloc(count * es);
-  for (size_t i = 0; i < count; i++) ct_set(buf, i, dt, g_rank == root ? gather_val(i + (size_t)root) : 0);
+  for (size_t i = 0; i < count; i++) td_dtype_set(buf, i, dt, g_rank == root ? gather_val(i + (size_t)root) : 0);
   CHECK_OK(td_broadcast(buf, count, dt, root, c));
   for (size_t i = 0; i < count; i++)
     check_elem("broadcast", buf, i, dt, TD_SUM, ct_round(gather_val(i + (size_t)root), dt));
@@ -140,7 +140,7 @@ static void test_alltoall(td_comm *c, size_t count, td_dtype dt) {
   size_t es = td_dtype_size(dt), total = count * (size_t)g_size;
   char *send = xmalloc(total * es), *recv = xmalloc(total * es);
   for (int j = 0; j < g_size; j++)
-    for (size_t t = 0; t < count; t++) ct_set(send, (size_t)j * count + t, dt, a2a_val(g_rank, j, t));
+    for (size_t t = 0; t < count; t++) td_dtype_set(send, (size_t)j * count + t, dt, a2a_val(g_rank, j, t));
   CHECK_OK(td_alltoall(send, recv, count, dt, c));
   for (int r = 0; r < g_size; r++)
     for (size_t t = 0; t < count; t++)

@@ -76,10 +76,10 @@ static void *alloc_bytes(size_t bytes) {
 static void test_allreduce(td_comm *comm, size_t count, td_dtype dtype, td_op op, int in_place) {
   size_t esz = td_dtype_size(dtype);
   char *send = alloc_bytes(count * esz), *recv = in_place ? send : alloc_bytes(count * esz);
-  for (size_t i = 0; i < count; i++) ct_set(send, i, dtype, input(g_rank, i, op));
+  for (size_t i = 0; i < count; i++) td_dtype_set(send, i, dtype, input(g_rank, i, op));
   CHECK_OK(td_allreduce(send, recv, count, dtype, op, comm));
   for (size_t i = 0; i < count; i++)
-    check_value("allreduce", ct_get(recv, i, dtype), expected(i, op, dtype), dtype, count, i);
+    check_value("allreduce", td_dtype_get(recv, i, dtype), expected(i, op, dtype), dtype, count, i);
   if (!in_place) free(recv);
   free(send);
 }
@@ -88,10 +88,10 @@ static void test_reduce_scatter(td_comm *comm, size_t count, td_dtype dtype, int
   size_t esz = td_dtype_size(dtype), off, len;
   td_shard_range(count, g_size, g_rank, &off, &len);
   char *send = alloc_bytes(count * esz), *recv = in_place ? send + off * esz : alloc_bytes(len * esz);
-  for (size_t i = 0; i < count; i++) ct_set(send, i, dtype, input(g_rank, i, TD_SUM));
+  for (size_t i = 0; i < count; i++) td_dtype_set(send, i, dtype, input(g_rank, i, TD_SUM));
   CHECK_OK(td_reduce_scatter(send, recv, count, dtype, TD_SUM, comm));
   for (size_t i = 0; i < len; i++)
-    check_value("reduce_scatter", ct_get(recv, i, dtype), expected(off + i, TD_SUM, dtype), dtype, count, off + i);
+    check_value("reduce_scatter", td_dtype_get(recv, i, dtype), expected(off + i, TD_SUM, dtype), dtype, count, off + i);
   if (!in_place) free(recv);
   free(send);
 }
@@ -101,10 +101,10 @@ static void test_allgather(td_comm *comm, size_t count, td_dtype dtype, int in_p
   td_shard_range(count, g_size, g_rank, &off, &len);
   char *recv = alloc_bytes(count * esz), *send = in_place ? recv + off * esz : alloc_bytes(len * esz);
   memset(recv, 0x5a, count * esz);
-  for (size_t i = 0; i < len; i++) ct_set(send, i, dtype, input(0, off + i, TD_SUM));
+  for (size_t i = 0; i < len; i++) td_dtype_set(send, i, dtype, input(0, off + i, TD_SUM));
   CHECK_OK(td_allgather(send, recv, count, dtype, comm));
   for (size_t i = 0; i < count; i++)
-    check_value("allgather", ct_get(recv, i, dtype), ct_round(input(0, i, TD_SUM), dtype), dtype, count, i);
+    check_value("allgather", td_dtype_get(recv, i, dtype), ct_round(input(0, i, TD_SUM), dtype), dtype, count, i);
   if (!in_place) free(send);
   free(recv);
 }
@@ -120,10 +120,10 @@ static void test_broadcast(td_comm *comm, size_t count, int root) {
 static void test_reduce(td_comm *comm, size_t count, td_dtype dtype, int root) {
   size_t esz = td_dtype_size(dtype);
   char *send = alloc_bytes(count * esz), *recv = g_rank == root ? alloc_bytes(count * esz) : NULL;
-  for (size_t i = 0; i < count; i++) ct_set(send, i, dtype, input(g_rank, i, TD_SUM));
+  for (size_t i = 0; i < count; i++) td_dtype_set(send, i, dtype, input(g_rank, i, TD_SUM));
   CHECK_OK(td_reduce(send, recv, count, dtype, TD_SUM, root, comm));
   for (size_t i = 0; recv && i < count; i++)
-    check_value("reduce", ct_get(recv, i, dtype), expected(i, TD_SUM, dtype), dtype, count, i);
+    check_value("reduce", td_dtype_get(recv, i, dtype), expected(i, TD_SUM, dtype), dtype, count, i);
   free(recv);
   free(send);
 }
