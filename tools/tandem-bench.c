@@ -186,13 +186,7 @@ static double red_expected(int n, size_t i, td_op op, td_dtype dtype) {
   double acc = red_input(0, i, op);
   for (int r = 1; r < n; r++) {
     double v = red_input(r, i, op);
-    switch (op) {
-    case TD_SUM: case TD_AVG: acc += v; break;
-    case TD_PROD: acc *= v; break;
-    case TD_MIN: acc = v < acc ? v : acc; break;
-    case TD_MAX: acc = v > acc ? v : acc; break;
-    default: break;
-    }
+    acc = td_op_apply((td_op)op, acc, v);
   }
   if (dtype == TD_U8) acc = (double)((uint64_t)acc & 0xff); /* u8 arithmetic wraps */
   if (op == TD_AVG) {

@@ -75,6 +75,11 @@ uint16_t td_f32_to_bf16(float f);
 double td_dtype_get(const void *buf, size_t i, td_dtype dtype);
 void td_dtype_set(void *buf, size_t i, td_dtype dtype, double value);
 
+/* a op b for one pair of values, as the reduction combines them (TD_AVG
+ * combines as TD_SUM; the division comes once at the end). For reference
+ * results in checks and tools. */
+double td_op_apply(td_op op, double a, double b);
+
 /* The shard of `count` elements owned by `rank` of `n`: the first (count % n)
  * ranks own one extra element. Used by reduce-scatter, allgather and ZeRO. */
 void td_shard_range(size_t count, int n, int rank, size_t *offset_out, size_t *len_out);

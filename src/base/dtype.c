@@ -149,3 +149,12 @@ void td_dtype_set(void *buf, size_t i, td_dtype dtype, double value) {
   default: break;
   }
 }
+
+double td_op_apply(td_op op, double a, double b) {
+  switch (op) {
+  case TD_PROD: return a * b;
+  case TD_MIN: return b < a ? b : a;
+  case TD_MAX: return b > a ? b : a;
+  default: return a + b;
+  }
+}

@@ -29,9 +29,7 @@ td_status allgather_shm(td_comm *comm, const comm_op *op) {
   const char *send = op->send;
   if (len[me]) comm_copy_if_needed(recv + off[me] * es, send, len[me] * es);
   if (shm_trivial(comm)) return TD_OK;
-  if (!shm_available(comm))
-    return comm_fail(comm, TD_ERR_INTERNAL, "allgather_shm selected but communicator uses the %s transport",
-                     comm->xport_name ? comm->xport_name : "?");
+  TD_CHECK(shm_require(comm, "allgather_shm"));
   size_t piece = len[0] * es <= shm_slot_bytes(comm) ? len[0] : shm_chunk_bytes(comm) / es;
   piece = TD_MAX(piece, (size_t)1);
   size_t rounds = TD_MAX((len[0] + piece - 1) / piece, (size_t)1); /* one sync even for count 0 */

@@ -170,9 +170,7 @@ td_status allreduce_shm(td_comm *comm, const comm_op *op) {
     comm_copy_if_needed(op->recv, op->send, bytes);
     return TD_OK;
   }
-  if (!shm_available(comm))
-    return comm_fail(comm, TD_ERR_INTERNAL, "allreduce_shm selected but communicator uses the %s transport",
-                     comm->xport_name ? comm->xport_name : "?");
+  TD_CHECK(shm_require(comm, "allreduce_shm"));
   if (bytes * (size_t)comm->size <= SHM_ALLREDUCE_SMALL_TOTAL && bytes <= shm_slot_bytes(comm))
     return allreduce_small(comm, op, bytes);
   if (bytes >= SHM_CMA_MIN_BYTES && shm_cma(comm)) return allreduce_cma(comm, op);

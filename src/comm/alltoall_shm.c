@@ -22,9 +22,7 @@ td_status alltoall_shm(td_comm *comm, const comm_op *op) {
     comm_copy_if_needed(op->recv, op->send, count * es);
     return TD_OK;
   }
-  if (!shm_available(comm))
-    return comm_fail(comm, TD_ERR_INTERNAL, "alltoall_shm selected but communicator uses the %s transport",
-                     comm->xport_name ? comm->xport_name : "?");
+  TD_CHECK(shm_require(comm, "alltoall_shm"));
   size_t piece = count * es * (size_t)n <= shm_slot_bytes(comm) ? count : shm_chunk_bytes(comm) / es / (size_t)n;
   piece = TD_MAX(piece, (size_t)1);
   size_t rounds = TD_MAX((count + piece - 1) / piece, (size_t)1); /* one sync even for count 0 */

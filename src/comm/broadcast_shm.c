@@ -26,9 +26,7 @@ td_status broadcast_shm(td_comm *comm, const comm_op *op) {
     comm_copy_if_needed(buf, src, bytes);
     return TD_OK;
   }
-  if (!shm_available(comm))
-    return comm_fail(comm, TD_ERR_INTERNAL, "broadcast_shm selected but communicator uses the %s transport",
-                     comm->xport_name ? comm->xport_name : "?");
+  TD_CHECK(shm_require(comm, "broadcast_shm"));
   if (me == op->root) comm_copy_if_needed(buf, src, bytes);
   size_t chunk = bytes <= shm_slot_bytes(comm) ? bytes : shm_chunk_bytes(comm);
   chunk = TD_MAX(chunk, (size_t)1);

@@ -28,9 +28,7 @@ td_status reduce_scatter_shm(td_comm *comm, const comm_op *op) {
     comm_copy_if_needed(op->recv, op->send, count * es);
     return TD_OK;
   }
-  if (!shm_available(comm))
-    return comm_fail(comm, TD_ERR_INTERNAL, "reduce_scatter_shm selected but communicator uses the %s transport",
-                     comm->xport_name ? comm->xport_name : "?");
+  TD_CHECK(shm_require(comm, "reduce_scatter_shm"));
   size_t off[n], len[n];
   for (int r = 0; r < n; r++) td_shard_range(count, n, r, &off[r], &len[r]);
   size_t piece = (size_t)n * len[0] * es <= shm_slot_bytes(comm) ? len[0] : shm_chunk_bytes(comm) / es / (size_t)n;

@@ -28,9 +28,7 @@ td_status reduce_shm(td_comm *comm, const comm_op *op) {
     comm_copy_if_needed(op->recv, op->send, bytes);
     return TD_OK;
   }
-  if (!shm_available(comm))
-    return comm_fail(comm, TD_ERR_INTERNAL, "reduce_shm selected but communicator uses the %s transport",
-                     comm->xport_name ? comm->xport_name : "?");
+  TD_CHECK(shm_require(comm, "reduce_shm"));
   const char *send = op->send;
   char *recv = op->recv;
   const void *srcs[n];

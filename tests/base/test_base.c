@@ -72,12 +72,7 @@ static void test_reduce_kernels(void) {
             double want = td_dtype_get(srcs[0], i, (td_dtype)dt);
             for (int k = 1; k < n_srcs; k++) {
               double v = td_dtype_get(srcs[k], i, (td_dtype)dt);
-              switch (op) {
-              case TD_SUM: case TD_AVG: want += v; break;
-              case TD_PROD: want *= v; break;
-              case TD_MIN: want = v < want ? v : want; break;
-              case TD_MAX: want = v > want ? v : want; break;
-              }
+              want = td_op_apply((td_op)op, want, v);
             }
             if (dt == TD_U8) want = (double)((uint8_t)(int)want);
             double got = td_dtype_get(dst, i, (td_dtype)dt), got2 = td_dtype_get(acc, i, (td_dtype)dt);

@@ -107,13 +107,7 @@ static double red_expected(int n, size_t i, td_op op, td_dtype dtype) {
   double acc = red_input(0, i, op, dtype);
   for (int r = 1; r < n; r++) {
     double v = red_input(r, i, op, dtype);
-    switch (op) {
-    case TD_SUM: case TD_AVG: acc += v; break;
-    case TD_PROD: acc *= v; break;
-    case TD_MIN: acc = v < acc ? v : acc; break;
-    case TD_MAX: acc = v > acc ? v : acc; break;
-    default: break;
-    }
+    acc = td_op_apply((td_op)op, acc, v);
   }
   if (op == TD_AVG) {
     if (dtype == TD_F64) acc = acc / n;

@@ -40,19 +40,10 @@ static double in_val(int r, size_t i, td_op op) {
   return (double)((i * 7 + (size_t)r * 3) % 11 + 1);
 }
 
-static double fold(double a, double b, td_op op) {
-  switch (op) {
-  case TD_PROD: return a * b;
-  case TD_MIN: return b < a ? b : a;
-  case TD_MAX: return b > a ? b : a;
-  default: return a + b;
-  }
-}
-
 /* The closed-form reduced value at element i, as the dtype stores it. */
 static double expect_reduced(size_t i, td_dtype dt, td_op op) {
   double acc = in_val(0, i, op);
-  for (int r = 1; r < g_size; r++) acc = fold(acc, in_val(r, i, op), op);
+  for (int r = 1; r < g_size; r++) acc = td_op_apply(op, acc, in_val(r, i, op));
   if (dt == TD_U8) acc = (double)((uint64_t)acc & 0xff);
   if (op == TD_AVG) {
     if (!ct_is_float(dt)) return ct_round(floor(acc / g_size), dt);

@@ -46,13 +46,7 @@ static double expected(size_t i, td_op op, td_dtype dtype) {
   double acc = input(0, i, op);
   for (int r = 1; r < g_size; r++) {
     double v = input(r, i, op);
-    switch (op) {
-    case TD_SUM: case TD_AVG: acc += v; break;
-    case TD_PROD: acc *= v; break;
-    case TD_MIN: acc = v < acc ? v : acc; break;
-    case TD_MAX: acc = v > acc ? v : acc; break;
-    default: break;
-    }
+    acc = td_op_apply((td_op)op, acc, v);
   }
   if (op == TD_AVG) acc = ct_is_float(dtype) ? acc / g_size : (double)((long long)acc / g_size);
   return ct_round(acc, dtype);

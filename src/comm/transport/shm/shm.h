@@ -120,5 +120,9 @@ td_status shm_fail_dead(shm_transport *t, int peer, const char *while_doing);
 
 /* For algorithms: the world of one and count 0 cases, common to all. */
 static inline bool shm_trivial(const td_comm *comm) { return comm->size <= 1; }
+/* TD_OK when comm runs on the shm transport; otherwise an internal error
+ * naming the algorithm (select.c only picks *_shm there: a caller that
+ * bypasses it gets an error instead of a crash). */
+td_status shm_require(td_comm *comm, const char *algorithm);
 
 #endif

@@ -19,6 +19,12 @@
 
 bool shm_available(const td_comm *comm) { return shm_of(comm) != NULL; }
 
+td_status shm_require(td_comm *comm, const char *algorithm) {
+  if (shm_available(comm)) return TD_OK;
+  return comm_fail(comm, TD_ERR_INTERNAL, "%s selected but communicator uses the %s transport", algorithm,
+                   comm->xport_name ? comm->xport_name : "?");
+}
+
 size_t shm_slot_bytes(const td_comm *comm) {
   shm_transport *t = shm_of(comm);
   return t ? t->slot_bytes : 0;
