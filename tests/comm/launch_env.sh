@@ -16,11 +16,14 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 pids=()
 for ((r = 0; r < n; r++)); do
+  # A connect timeout below the suite's limit: if rank 0 cannot host the
+  # store, its peers report that themselves instead of being cut off.
   case $mode in
   self) vars=() ;;
   ompi) vars=(OMPI_COMM_WORLD_RANK=$r OMPI_COMM_WORLD_SIZE=$n OMPI_COMM_WORLD_LOCAL_RANK=$r
-    OMPI_COMM_WORLD_LOCAL_SIZE=$n TANDEM_STORE_PORT=$port) ;;
-  torchrun) vars=(RANK=$r WORLD_SIZE=$n LOCAL_RANK=$r LOCAL_WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 MASTER_PORT=$port) ;;
+    OMPI_COMM_WORLD_LOCAL_SIZE=$n TANDEM_STORE_PORT=$port TANDEM_CONNECT_TIMEOUT=15) ;;
+  torchrun) vars=(RANK=$r WORLD_SIZE=$n LOCAL_RANK=$r LOCAL_WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 MASTER_PORT=$port
+    TANDEM_CONNECT_TIMEOUT=15) ;;
   *) fail "unknown mode $mode" ;;
   esac
   (clean_env "${vars[@]}" "$@" >"$tmp/out.$r" 2>&1; echo $? >"$tmp/rc.$r") &

@@ -2,12 +2,17 @@
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
-# A TCP port on 127.0.0.1 that nothing listens on right now.
+# A TCP port that no socket uses right now, listening or connected. Drawn
+# below the kernel's ephemeral range (ip_local_port_range), because a port in
+# that range can be the local end of any live connection at any moment, and
+# then rank 0 cannot bind it (seen: "Address already in use" in the suite).
 free_port() {
-  local port tries=0
+  local lo=10000 hi tries=0 port
+  hi=$(awk '{print $1 - 1}' /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null)
+  [ -n "$hi" ] && [ "$hi" -gt $((lo + 1000)) ] || hi=32767
   while [ $tries -lt 50 ]; do
-    port=$((30000 + RANDOM % 30000))
-    if ! ss -Htln "sport = :$port" 2>/dev/null | grep -q .; then echo "$port"; return 0; fi
+    port=$((lo + RANDOM % (hi - lo)))
+    if ! ss -Htan "( sport = :$port or dport = :$port )" 2>/dev/null | grep -q .; then echo "$port"; return 0; fi
     tries=$((tries + 1))
   done
   return 1
