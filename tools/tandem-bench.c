@@ -49,7 +49,7 @@ typedef struct bench_opts {
   const char *kind_name;
   size_t min_bytes, max_bytes, max_total_bytes;
   double factor;
-  int iters, warmup, check, in_place, root;
+  int iters, warmup, check, in_place, root, shared;
   td_dtype dtype;
   td_op op;
 } bench_opts;
@@ -58,10 +58,12 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage: tandem-bench {allreduce|reduce_scatter|allgather|broadcast|alltoall}\n"
           "         [-b MINBYTES] [-e MAXBYTES] [-f FACTOR] [-n ITERS] [-w WARMUP] [-c 0|1]\n"
-          "         [-d DTYPE] [-o OP] [-i 0|1] [-r ROOT] [-T MAXBYTES_PER_SIZE]\n"
+          "         [-d DTYPE] [-o OP] [-i 0|1] [-r ROOT] [-T MAXBYTES_PER_SIZE] [-R 0|1]\n"
           "  sizes take K/M/G suffixes (powers of 1024); defaults: -b 8 -e 64M -f 2 -n 20 -w 5 -c 1\n"
           "  -d f32|f64|f16|bf16|i32|i64|u8 (f32), -o sum|avg|min|max|prod (sum), -i 1: in place,\n"
           "  -r broadcast root (0), -T cap on bytes per rank per size, which lowers -n for large sizes (2G)\n"
+          "  -R 1: buffers from td_mem_alloc (host-shared, as a training job's gradients; default),\n"
+          "     -R 0: from malloc (what a caller with its own buffers gets)\n"
           "  run it under tandemrun, e.g. tandemrun -np 2 tandem-bench allreduce -b 4K -e 256M -f 4\n");
 }
 
@@ -85,6 +87,7 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
   o->iters = 20;
   o->warmup = 5;
   o->check = 1;
+  o->shared = 1;
   o->dtype = TD_F32;
   o->op = TD_SUM;
   if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
@@ -135,6 +138,7 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
     case 'w': if (parse_int_arg(flag, val, 0, &o->warmup)) return -1; break;
     case 'c': if (parse_int_arg(flag, val, 0, &o->check)) return -1; break;
     case 'i': if (parse_int_arg(flag, val, 0, &o->in_place)) return -1; break;
+    case 'R': if (parse_int_arg(flag, val, 0, &o->shared)) return -1; break;
     case 'r': if (parse_int_arg(flag, val, 0, &o->root)) return -1; break;
     case 'd':
       if (td_dtype_parse(val, &o->dtype)) {
@@ -358,6 +362,19 @@ static void plan_size(const bench_opts *o, size_t bytes, int n, bench_bufs *b) {
   if (o->in_place) b->send_elems = 0;
 }
 
+static void *bench_alloc(const bench_opts *o, size_t bytes) {
+  if (!o->shared) return td_alloc(bytes);
+  void *p = NULL;
+  return td_mem_alloc(bytes ? bytes : 1, &p) == TD_OK ? p : NULL;
+}
+
+static void bench_free(const bench_opts *o, void *p) {
+  if (o->shared)
+    td_mem_free(p);
+  else
+    td_free(p);
+}
+
 static int fail_call(td_comm *comm, int rank, const char *what, td_status st) {
   fprintf(stderr, "tandem-bench: rank %d: %s failed: %s: %s\n", rank, what, td_status_str(st),
           comm ? td_comm_last_error(comm) : td_last_error());
@@ -371,6 +388,7 @@ static void print_preamble(const bench_opts *o, td_comm *comm, int argc, char **
   printf("# dtype %s, op %s, %s, check %s, iters %d (at most %zu bytes per rank per size), warmup %d\n",
          td_dtype_name(o->dtype), td_op_name(o->op), o->in_place ? "in place" : "out of place",
          o->check ? "on" : "off", o->iters, o->max_total_bytes, o->warmup);
+  printf("# buffers: %s\n", o->shared ? "host-shared (td_mem_alloc, -R 1)" : "malloc (-R 0)");
   /* Settings that choose transports and algorithms, so that a row can be
    * reproduced; per-rank identity variables are left out. */
   printf("# env:");
@@ -422,14 +440,14 @@ int main(int argc, char **argv) {
     size_t bytes = (size_t)want;
     bench_bufs b;
     plan_size(&o, bytes, n, &b);
-    b.send = b.send_elems ? td_alloc(b.send_elems * es) : NULL;
-    b.recv = td_alloc(b.recv_elems * es);
+    b.send = b.send_elems ? bench_alloc(&o, b.send_elems * es) : NULL;
+    b.recv = bench_alloc(&o, b.recv_elems * es);
     if ((b.send_elems && !b.send) || !b.recv) {
       fprintf(stderr, "tandem-bench: rank %d: cannot allocate %zu bytes: %s\n", rank, (b.send_elems + b.recv_elems) * es,
               td_last_error());
       rc = 1;
-      td_free(b.send);
-      td_free(b.recv);
+      bench_free(&o, b.send);
+      bench_free(&o, b.recv);
       break;
     }
     fill_inputs(&o, &b, rank, n);
@@ -472,8 +490,8 @@ int main(int argc, char **argv) {
       fflush(stdout);
     }
   size_done:
-    td_free(b.send);
-    td_free(b.recv);
+    bench_free(&o, b.send);
+    bench_free(&o, b.recv);
     if (rc) break;
   }
 

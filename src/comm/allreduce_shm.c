@@ -27,7 +27,9 @@
  * stages only what the others need and never copies its own result back
  * (64 MiB, 2 ranks, in place: 11.3 -> 10.0 ms here). Large outputs that are
  * not the input are written with streaming stores (no read-for-ownership).
- * With TANDEM_SHM_CMA=1, large messages take allreduce_cma below instead.
+ * With TANDEM_SHM_CMA=1, large messages take allreduce_cma below instead;
+ * when every rank's buffers are host-shared (td_mem_alloc), they take
+ * allreduce_shm_direct.c, which needs none of the staging.
  * TD_AVG is reduced as TD_SUM; select.c scales the result. */
 #include "comm/transport/shm/shm.h"
 
@@ -173,6 +175,14 @@ td_status allreduce_shm(td_comm *comm, const comm_op *op) {
   TD_CHECK(shm_require(comm, "allreduce_shm"));
   if (bytes * (size_t)comm->size <= SHM_ALLREDUCE_SMALL_TOTAL && bytes <= shm_slot_bytes(comm))
     return allreduce_small(comm, op, bytes);
+  if (shm_xmap(comm)) {
+    /* One extra sync (a microsecond) decides, the same on every rank,
+     * whether every buffer is host-shared; most of the time in a training
+     * job they are (the gradient arena). */
+    bool all_shared = false;
+    TD_CHECK(shm_sync_shared(comm, op, op->send, op->recv, bytes, &all_shared));
+    if (all_shared) return allreduce_shm_direct(comm, op);
+  }
   if (bytes >= SHM_CMA_MIN_BYTES && shm_cma(comm)) return allreduce_cma(comm, op);
   return allreduce_pipelined(comm, op, bytes);
 }

@@ -65,6 +65,32 @@ td_status net_shm_open(const char *name, size_t size, void **addr_out);
 void net_shm_unlink(const char *name);
 void net_shm_unmap(void *addr, size_t size);
 
+/* ---- host-shared memory (memfd regions other processes can map) ----
+ * What td_mem_alloc hands out: anonymous memory backed by a memfd that stays
+ * open, so that another process of the same user on this host can map the
+ * same pages through /proc/<pid>/fd/<fd> (no name in /dev/shm, nothing left
+ * behind when a process is killed). Collectives whose buffers all lie in such
+ * regions read and write each other's buffers directly (allreduce_shm_direct.c).
+ * The region table is process-wide and thread-safe. */
+typedef struct net_hostmem_ref {
+  uint64_t serial; /* unique per region in its process (never reused) */
+  uint64_t offset; /* of the buffer from the region's start */
+  uint64_t bytes;  /* the region's size */
+  int32_t fd;      /* the region's memfd in its process */
+} net_hostmem_ref;
+
+/* bytes (> 0) of zeroed, page-aligned, host-shared memory. */
+td_status net_hostmem_alloc(size_t bytes, void **out);
+/* Free a region from net_hostmem_alloc (its start address); false if p is
+ * not one (nothing is freed then). Peers that mapped it keep their mapping
+ * (and the pages) until they unmap it. */
+bool net_hostmem_free(void *p);
+/* Does [p, p + len) lie inside one host-shared region of this process? */
+bool net_hostmem_find(const void *p, size_t len, net_hostmem_ref *ref);
+/* Map the region `ref` of process `pid` into this process (read-write). The
+ * error says why (another user, /proc hidden, out of memory). */
+td_status net_hostmem_map_peer(pid_t pid, const net_hostmem_ref *ref, void **base_out);
+
 /* ---- rendezvous store: client ----
  * Thread-safe (one mutex per client). Keys are strings (< 512 bytes), values
  * are bytes (<= 64 MiB). One request is in flight per client: a store_wait

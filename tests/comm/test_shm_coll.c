@@ -61,10 +61,29 @@ static void check_elem(const char *what, const void *buf, size_t i, td_dtype dt,
                  td_dtype_name(dt), td_op_name(op), i, got, want);
 }
 
+/* SHM_TEST_ALLOC=shared: every buffer comes from td_mem_alloc (so that large
+ * allreduces take the direct path); =mixed: all ranks but the last do (so
+ * that every rank must fall back to staging, the same way). Shared buffers
+ * start 64 bytes into their region, as a bucket inside a gradient arena. */
+static bool g_shared;
+
 static void *xmalloc(size_t bytes) {
+  if (g_shared) {
+    char *base = NULL;
+    CHECK_OK(td_mem_alloc(bytes + 64, (void **)&base));
+    ((char **)(base + 64))[-1] = base;
+    return base + 64;
+  }
   void *p = malloc(bytes ? bytes : 1);
   CHECK(p != NULL);
   return p;
+}
+
+static void xfree(void *p) {
+  if (g_shared && p)
+    td_mem_free(((char **)p)[-1]);
+  else
+    free(p);
 }
 
 static void test_allreduce(td_comm *c, size_t count, td_dtype dt, td_op op, bool in_place) {
@@ -73,8 +92,8 @@ static void test_allreduce(td_comm *c, size_t count, td_dtype dt, td_op op, bool
   for (size_t i = 0; i < count; i++) td_dtype_set(send, i, dt, in_val(g_rank, i, op));
   CHECK_OK(td_allreduce(send, recv, count, dt, op, c));
   for (size_t i = 0; i < count; i++) check_elem("allreduce", recv, i, dt, op, expect_reduced(i, dt, op));
-  if (!in_place) free(recv);
-  free(send);
+  if (!in_place) xfree(recv);
+  xfree(send);
 }
 
 static void test_reduce(td_comm *c, size_t count, td_dtype dt, td_op op, int root) {
@@ -85,8 +104,8 @@ static void test_reduce(td_comm *c, size_t count, td_dtype dt, td_op op, int roo
   CHECK_OK(td_reduce(send, recv, count, dt, op, root, c));
   if (g_rank == root)
     for (size_t i = 0; i < count; i++) check_elem("reduce", recv, i, dt, op, expect_reduced(i, dt, op));
-  free(recv);
-  free(send);
+  xfree(recv);
+  xfree(send);
 }
 
 static void test_reduce_scatter(td_comm *c, size_t count, td_dtype dt, td_op op, bool in_place) {
@@ -96,8 +115,8 @@ static void test_reduce_scatter(td_comm *c, size_t count, td_dtype dt, td_op op,
   for (size_t i = 0; i < count; i++) td_dtype_set(send, i, dt, in_val(g_rank, i, op));
   CHECK_OK(td_reduce_scatter(send, recv, count, dt, op, c));
   for (size_t j = 0; j < len; j++) check_elem("reduce_scatter", recv, j, dt, op, expect_reduced(off + j, dt, op));
-  if (!in_place) free(recv);
-  free(send);
+  if (!in_place) xfree(recv);
+  xfree(send);
 }
 
 static double gather_val(size_t i) { return (double)((i * 13) % 97); }
@@ -110,8 +129,8 @@ static void test_allgather(td_comm *c, size_t count, td_dtype dt, bool in_place)
   for (size_t j = 0; j < len; j++) td_dtype_set(send, j, dt, gather_val(off + j));
   CHECK_OK(td_allgather(send, recv, count, dt, c));
   for (size_t i = 0; i < count; i++) check_elem("allgather", recv, i, dt, TD_SUM, ct_round(gather_val(i), dt));
-  if (!in_place) free(send);
-  free(recv);
+  if (!in_place) xfree(send);
+  xfree(recv);
 }
 
 static void test_broadcast(td_comm *c, size_t count, td_dtype dt, int root) {
@@ -121,7 +140,7 @@ static void test_broadcast(td_comm *c, size_t count, td_dtype dt, int root) {
   CHECK_OK(td_broadcast(buf, count, dt, root, c));
   for (size_t i = 0; i < count; i++)
     check_elem("broadcast", buf, i, dt, TD_SUM, ct_round(gather_val(i + (size_t)root), dt));
-  free(buf);
+  xfree(buf);
 }
 
 /* Block j of rank r's send, element t. */
@@ -136,8 +155,8 @@ static void test_alltoall(td_comm *c, size_t count, td_dtype dt) {
   for (int r = 0; r < g_size; r++)
     for (size_t t = 0; t < count; t++)
       check_elem("alltoall", recv, (size_t)r * count + t, dt, TD_SUM, ct_round(a2a_val(r, g_rank, t), dt));
-  free(send);
-  free(recv);
+  xfree(send);
+  xfree(recv);
 }
 
 static int run_coll(td_comm *c, char *count_list) {
@@ -216,7 +235,7 @@ static int run_kill(td_comm **cp, int victim, bool leave) {
   CHECK_STATUS(td_allreduce(x, x, 4, TD_F32, TD_SUM, c), TD_ERR_REMOTE);
   printf("shm %s ok rank %d after %.3f s job=%s\n", leave ? "leave" : "kill", g_rank, dt, job_id());
   fflush(stdout);
-  free(big);
+  xfree(big);
   return 0;
 }
 
@@ -236,6 +255,21 @@ static int run_mismatch(td_comm *c) {
   return 0;
 }
 
+/* td_mem_alloc's argument checks. */
+static void check_mem_api(void) {
+  void *p = (void *)1;
+  CHECK(td_mem_alloc(0, &p) == TD_ERR_INVALID_ARGUMENT);
+  CHECK(p == NULL);
+  CHECK(td_mem_alloc(16, NULL) == TD_ERR_INVALID_ARGUMENT);
+  CHECK_OK(td_mem_alloc(100000, &p));
+  for (size_t i = 0; i < 100000; i++) CHECK(((unsigned char *)p)[i] == 0); /* zeroed */
+  CHECK(((uintptr_t)p & 4095) == 0);                                         /* page-aligned */
+  td_mem_free(p);
+  td_mem_free(NULL);
+  int not_ours = 0;
+  td_mem_free(&not_ours); /* a warning, nothing freed, no crash */
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: test_shm_coll coll COUNTS | kill VICTIM | leave VICTIM | mismatch\n");
@@ -248,6 +282,10 @@ int main(int argc, char **argv) {
   if (g_size > 1 && strcmp(td_comm_transport(c), "shm") != 0)
     td_test_fail(__FILE__, __LINE__, "expected the shm transport, got %s", td_comm_transport(c));
   if (g_size > 1) check_no_segment(job_id());
+  const char *alloc = getenv("SHM_TEST_ALLOC");
+  if (alloc && !strcmp(alloc, "shared")) g_shared = true;
+  if (alloc && !strcmp(alloc, "mixed")) g_shared = g_rank != g_size - 1;
+  if (g_shared) check_mem_api();
   int rc = 2;
   if (!strcmp(argv[1], "coll") && argc > 2) {
     rc = run_coll(c, argv[2]);

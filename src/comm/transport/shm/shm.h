@@ -27,6 +27,8 @@ typedef struct shm_seg_header {
   uint32_t cma;         /* single-copy reads between processes allowed (TANDEM_SHM_CMA) */
   int32_t leader_pid;   /* rank 0, whose probe_addr the others try to read */
   uint64_t probe_addr;
+  uint32_t xmap;             /* mapping each other's host-shared buffers allowed (TANDEM_SHM_XMAP) */
+  net_hostmem_ref xprobe;    /* rank 0's probe region, which the others try to map */
 } shm_seg_header;
 
 /* First failure of the communicator. `claimed` is won by CAS; the winner
@@ -45,6 +47,7 @@ typedef struct shm_rank_block {
   _Alignas(SHM_LINE) int32_t pid;
   _Atomic uint32_t detached;
   uint32_t cma_ok; /* this rank could read rank 0's memory with process_vm_readv */
+  uint32_t xmap_ok; /* this rank could map rank 0's host-shared probe region */
   /* doorbell: bumped by peers that made progress possible for this rank
    * (data or space in a FIFO, an arrival, an abort); `waiting` counts this
    * rank's threads asleep on it, so that peers skip the futex_wake syscall
@@ -55,6 +58,7 @@ typedef struct shm_rank_block {
   _Alignas(SHM_LINE) _Atomic uint64_t arrived;
   comm_hdr hdr[2];
   uint64_t addr[2][2]; /* per parity: buffer addresses published with the header */
+  net_hostmem_ref xref[2][2]; /* per parity: where they lie in host-shared memory (fd -1: not) */
 } shm_rank_block;
 
 /* Single-producer/single-consumer byte ring: head and tail are running byte
@@ -63,6 +67,14 @@ typedef struct shm_fifo {
   _Alignas(SHM_LINE) _Atomic uint64_t head; /* bytes written by the producer */
   _Alignas(SHM_LINE) _Atomic uint64_t tail; /* bytes consumed by the consumer */
 } shm_fifo;
+
+/* A peer's host-shared region mapped here (cached across collectives). */
+typedef struct shm_peer_map {
+  uint64_t serial; /* 0: empty */
+  uint64_t bytes;
+  char *base;
+} shm_peer_map;
+#define SHM_PEER_MAPS 8 /* cached regions per peer (a training job uses one or two) */
 
 typedef struct shm_transport {
   transport base;
@@ -80,6 +92,10 @@ typedef struct shm_transport {
   bool spin;             /* spinning allowed: a core per local rank */
   bool cma;              /* every rank can read every other's memory (process_vm_readv) */
   uint64_t probe_word;   /* rank 0: what the others read to test that */
+  bool xmap;             /* every rank can map every other's host-shared buffers */
+  void *xprobe;          /* rank 0: the probe region, freed once setup completes */
+  shm_peer_map *pmaps;   /* n x SHM_PEER_MAPS */
+  unsigned *pmap_next;   /* n: round-robin victim */
   double spin_s;
   double next_liveness; /* td_now() of the next dead-peer check */
 } shm_transport;
@@ -102,6 +118,29 @@ td_status shm_sync_addrs(td_comm *comm, const comm_op *op, const void *addr0, co
 const char *shm_peer_addr(const td_comm *comm, int rank, int which);
 /* Copy bytes from `remote` in rank's address space to `local`. */
 td_status shm_cma_read(td_comm *comm, int rank, const void *remote, void *local, size_t bytes);
+
+/* Direct collectives on host-shared buffers (td_mem_alloc): every rank can
+ * map every other's (probed at setup, TANDEM_SHM_XMAP=0 turns it off); equal
+ * on every rank. */
+bool shm_xmap(const td_comm *comm);
+/* shm_sync that also publishes where this rank's send and recv buffers
+ * (`bytes` each) lie in host-shared memory. *all_shared: both buffers of
+ * every rank do (the same answer on every rank). */
+td_status shm_sync_shared(td_comm *comm, const comm_op *op, const void *send, const void *recv, size_t bytes,
+                          bool *all_shared);
+/* After shm_sync_shared found all_shared (and until the next sync): rank's
+ * buffer `which` (0 send, 1 recv) in this process's address space. */
+td_status shm_peer_buffer(td_comm *comm, int rank, int which, char **out);
+/* Unmap every cached peer region (transport teardown). */
+void shm_unmap_peers(shm_transport *t);
+/* Setup: rank 0 publishes a probe region; the others try to map it. */
+void shm_xmap_publish(shm_transport *t);
+uint32_t shm_xmap_probe(shm_transport *t);
+void shm_xmap_setup_done(shm_transport *t);
+
+/* The large-message allreduce when every buffer is host-shared: called right
+ * after shm_sync_shared reported so (allreduce_shm_direct.c). */
+td_status allreduce_shm_direct(td_comm *comm, const comm_op *op);
 
 /* Copy bytes; with `stream`, destination lines are written with
  * non-temporal stores (for large outputs that will not be read again soon,

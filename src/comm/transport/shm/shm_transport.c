@@ -315,6 +315,8 @@ static void shm_destroy(transport *xt) {
     for (int k = 0; k < t->n; k++)
       if (k != t->rank) shm_ring(t, k);
   }
+  shm_unmap_peers(t);
+  if (t->xprobe) net_hostmem_free(t->xprobe);
   net_shm_unmap(t->map, t->map_bytes);
   free(t);
 }
@@ -450,6 +452,7 @@ td_status shm_transport_create(td_comm *comm, transport **out) {
     h->leader_pid = (int32_t)getpid();
     t->probe_word = SHM_PROBE_MAGIC;
     h->probe_addr = (uint64_t)(uintptr_t)&t->probe_word;
+    shm_xmap_publish(t);
     h->magic = SHM_MAGIC;
     char v[256];
     snprintf(v, sizeof v, "%s %zu", t->name, total);
@@ -481,6 +484,7 @@ td_status shm_transport_create(td_comm *comm, transport **out) {
   }
   t->ranks[t->rank].pid = (int32_t)getpid();
   t->ranks[t->rank].cma_ok = probe_cma(t);
+  t->ranks[t->rank].xmap_ok = shm_xmap_probe(t);
 
   /* The last rank to map removes the name: from here on a killed job leaves
    * nothing behind in /dev/shm. */
@@ -497,8 +501,11 @@ td_status shm_transport_create(td_comm *comm, transport **out) {
   t->name[0] = '\0';
   t->cma = t->n > 1;
   for (int r = 0; r < t->n; r++) t->cma = t->cma && t->ranks[r].cma_ok;
-  TD_DEBUG("shm transport: %d ranks, fifo %zu, slot %zu, chunk %zu bytes, spin %s, single-copy reads %s", t->n,
-           t->fifo_bytes, t->slot_bytes, t->chunk_bytes, t->spin ? "on" : "off", t->cma ? "on" : "off");
+  shm_xmap_setup_done(t);
+  TD_DEBUG("shm transport: %d ranks, fifo %zu, slot %zu, chunk %zu bytes, spin %s, single-copy reads %s, "
+           "direct access to host-shared buffers %s",
+           t->n, t->fifo_bytes, t->slot_bytes, t->chunk_bytes, t->spin ? "on" : "off", t->cma ? "on" : "off",
+           t->xmap ? "on" : "off");
   *out = &t->base;
   return TD_OK;
 

@@ -1,0 +1,13 @@
+/* td_mem_alloc / td_mem_free: host-shared buffers (net/hostmem.c), which the
+ * shm transport maps across ranks for the direct collectives. */
+#include "comm/comm_impl.h"
+
+td_status td_mem_alloc(size_t bytes, void **out) {
+  if (!out) return td_error(TD_ERR_INVALID_ARGUMENT, "td_mem_alloc: out must not be NULL");
+  return net_hostmem_alloc(bytes, out);
+}
+
+void td_mem_free(void *p) {
+  if (p && !net_hostmem_free(p))
+    td_log(TD_LOG_WARN, "td_mem_free(%p): not a block from td_mem_alloc (or freed twice); nothing freed", p);
+}
