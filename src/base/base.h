@@ -100,6 +100,11 @@ void td_reduce_inplace(void *dst, const void *src, size_t count, td_dtype dtype,
 /* dst[i] = op over k of srcs[k][i], k < n_srcs (n_srcs >= 1). dst may alias
  * srcs[0]. f16/bf16 accumulate all inputs in f32 and round once. */
 void td_reduce_multi(void *dst, const void *const *srcs, int n_srcs, size_t count, td_dtype dtype, td_op op);
+/* The same reduction written to every dsts[j] (j < n_dsts) in one pass, as
+ * the direct shm allreduce writes every rank's buffer. A dst may be the same
+ * memory as a src (in place); partial overlaps are not allowed. */
+void td_reduce_fanout(void *const *dsts, int n_dsts, const void *const *srcs, int n_srcs, size_t count,
+                      td_dtype dtype, td_op op);
 /* buf[i] /= divisor, the finishing step of TD_AVG. */
 void td_reduce_scale(void *buf, size_t count, td_dtype dtype, int divisor);
 

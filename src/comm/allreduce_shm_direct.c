@@ -3,9 +3,8 @@
  * send buffer and writes the result into every rank's recv buffer.
  *
  *     shm_sync_shared      (caller: every rank's buffers are published)
- *     for my slice, block by block (L1-sized):
- *         tmp = op(send_0, ..., send_{n-1})      (rank order)
- *         recv_k = tmp for every rank k
+ *     for my slice, in one pass (td_reduce_fanout):
+ *         recv_k = op(send_0, ..., send_{n-1}) for every rank k   (rank order)
  *     shm_sync             (no rank returns while others still write to it)
  *
  * Nothing goes through the segment's slots, and no data crosses between
@@ -23,9 +22,6 @@
 
 #include <string.h>
 
-/* Reduce block: fits in L1 with the n source blocks streaming through. */
-#define DIRECT_BLOCK_BYTES ((size_t)16 << 10)
-
 td_status allreduce_shm_direct(td_comm *comm, const comm_op *op) {
   int n = comm->size, me = comm->rank;
   size_t es = td_dtype_size(op->dtype);
@@ -36,14 +32,12 @@ td_status allreduce_shm_direct(td_comm *comm, const comm_op *op) {
   }
   size_t off, len;
   td_shard_range(op->count, n, me, &off, &len);
-  _Alignas(64) char tmp[DIRECT_BLOCK_BYTES];
-  size_t block = DIRECT_BLOCK_BYTES / es;
   const void *srcs[n];
-  for (size_t at = off; at < off + len; at += block) {
-    size_t m = TD_MIN(block, off + len - at), pos = at * es;
-    for (int k = 0; k < n; k++) srcs[k] = send[k] + pos;
-    td_reduce_multi(tmp, srcs, n, m, op->dtype, op->redop);
-    for (int k = 0; k < n; k++) memcpy(recv[k] + pos, tmp, m * es);
+  void *dsts[n];
+  for (int k = 0; k < n; k++) {
+    srcs[k] = send[k] + off * es;
+    dsts[k] = recv[k] + off * es;
   }
+  td_reduce_fanout(dsts, n, srcs, n, len, op->dtype, op->redop);
   return shm_sync(comm, op);
 }

@@ -80,6 +80,24 @@ static void test_reduce_kernels(void) {
               td_test_fail(__FILE__, __LINE__, "%s %s n_srcs=%d count=%zu i=%zu: multi %g inplace %g want %g",
                            td_dtype_name((td_dtype)dt), td_op_name((td_op)op), n_srcs, count, i, got, got2, want);
           }
+          /* td_reduce_fanout: the same bits into several outputs, also when
+           * every output is one of the inputs (the in-place allreduce). */
+          void *fan[3], *alias[5];
+          for (int j = 0; j < 3; j++) fan[j] = td_alloc(count * es + 1);
+          td_reduce_fanout(fan, 3, (const void *const *)srcs, n_srcs, count, (td_dtype)dt, (td_op)op);
+          for (int k = 0; k < n_srcs; k++) {
+            alias[k] = td_alloc(count * es + 1);
+            if (count) memcpy(alias[k], srcs[k], count * es);
+          }
+          td_reduce_fanout(alias, n_srcs, (const void *const *)alias, n_srcs, count, (td_dtype)dt, (td_op)op);
+          for (int j = 0; j < 3 + n_srcs; j++) {
+            void *out = j < 3 ? fan[j] : alias[j - 3];
+            if (count && memcmp(out, dst, count * es) != 0)
+              td_test_fail(__FILE__, __LINE__, "%s %s n_srcs=%d count=%zu: fanout output %d differs from multi",
+                           td_dtype_name((td_dtype)dt), td_op_name((td_op)op), n_srcs, count, j);
+          }
+          for (int j = 0; j < 3; j++) td_free(fan[j]);
+          for (int k = 0; k < n_srcs; k++) td_free(alias[k]);
           for (int k = 0; k < n_srcs; k++) td_free(srcs[k]);
           td_free(dst);
           td_free(acc);
