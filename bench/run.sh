@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Allreduce side by side with the peers (DESIGN.md §6, issue 2 §9): Tandem over
-# shared memory and over TCP, Open MPI over shared memory and over TCP, and
+# shared memory (buffers from td_mem_alloc, and from malloc) and over TCP, Open MPI over shared memory and over TCP, and
 # PyTorch's gloo, 2 ranks, f32 sum, sizes 4 KiB .. 256 MiB (x4 steps), in one
 # run. Rounds are interleaved (every program once per round, BENCH_ROUNDS
 # rounds, default 3) and the median time per size is reported, because the
@@ -43,11 +43,12 @@ gcc -O3 -march=native -fopenmp -o "$B/peers/membw" "$peers/membw.c"
 tb_args=(allreduce -b 4K -e 256M -f 4 -n 1000 -w 3 -T 256M -c 1 -i 1)
 declare -A cmd
 cmd[tandem-shm]="$B/bin/tandemrun -np $np $B/bin/tandem-bench ${tb_args[*]}"
+cmd[tandem-shm-malloc]="$B/bin/tandemrun -np $np $B/bin/tandem-bench ${tb_args[*]} -R 0"
 cmd[tandem-tcp]="env TANDEM_TRANSPORT=tcp $B/bin/tandemrun -np $np $B/bin/tandem-bench ${tb_args[*]}"
 cmd[mpi-shm]="mpirun --allow-run-as-root --oversubscribe -np $np $B/peers/mpi_allreduce ${sizes[*]}"
 cmd[mpi-tcp]="mpirun --allow-run-as-root --oversubscribe --mca btl tcp,self -np $np $B/peers/mpi_allreduce ${sizes[*]}"
 cmd[gloo]="/usr/bin/python3 $peers/torch_allreduce.py $np ${sizes[*]}"
-order=(tandem-shm tandem-tcp mpi-shm mpi-tcp gloo)
+order=(tandem-shm tandem-shm-malloc tandem-tcp mpi-shm mpi-tcp gloo)
 
 stamp=$(date +%F)
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
