@@ -15,6 +15,7 @@
 
 void td_linear_forward(float *out, const float *inp, const float *weight, const float *bias, int N, int IC, int OC) {
   /* out (N, OC) = inp (N, IC) @ weight^T (IC, OC) */
+  if (nn_gemm(1, N, OC, IC, inp, IC, weight, IC, NULL, 0, bias, out, OC)) return;
   float beta = 0.0f;
   if (bias) {
     for (int n = 0; n < N; n++) memcpy(out + (size_t)n * OC, bias, (size_t)OC * sizeof(float));
@@ -25,6 +26,7 @@ void td_linear_forward(float *out, const float *inp, const float *weight, const 
 
 void nn_linear_residual_forward(float *out, const float *resid, const float *inp, const float *weight,
                                 const float *bias, int N, int IC, int OC) {
+  if (nn_gemm(1, N, OC, IC, inp, IC, weight, IC, resid, OC, bias, out, OC)) return;
   for (int n = 0; n < N; n++) {
     float *restrict o = out + (size_t)n * OC;
     const float *restrict r = resid + (size_t)n * OC;
@@ -39,7 +41,8 @@ void nn_linear_residual_forward(float *out, const float *resid, const float *inp
 static void linear_backward(float *dinp, float beta_dinp, float *dweight, float *dbias, const float *dout,
                             const float *inp, const float *weight, int N, int IC, int OC) {
   /* dinp (N, IC) = dout (N, OC) @ weight (OC, IC) */
-  if (dinp) td_sgemm(0, 0, N, IC, OC, 1.0f, dout, OC, weight, IC, beta_dinp, dinp, IC);
+  if (dinp && !nn_gemm(0, N, IC, OC, dout, OC, weight, IC, beta_dinp != 0.0f ? dinp : NULL, IC, NULL, dinp, IC))
+    td_sgemm(0, 0, N, IC, OC, 1.0f, dout, OC, weight, IC, beta_dinp, dinp, IC);
   /* dweight (OC, IC) += dout^T (OC, N) @ inp (N, IC) */
   if (dweight) td_sgemm(1, 0, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f, dweight, IC);
   if (dbias) {

@@ -190,6 +190,15 @@ float nn_exp_shift_sum(float *x, int n, float shift);
 void nn_sgemm_portable(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A, int lda,
                        const float *B, int ldb, float beta, float *C, int ldc);
 
+/* C (M, N) = A (M, K) @ op(B) + [c_in (M, N, rows ld_in apart) + bias (N)],
+ * op(B) = B (K, N) or, with trans_b, B^T for B (N, K); c_in may be C itself
+ * (accumulate) or NULL, bias may be NULL. The linear layers' product
+ * (matmul.c explains why it is not cblas_sgemm). Returns 0, computing
+ * nothing, where it does not apply (N % 32 != 0, no AVX-512, no memory):
+ * the caller then uses td_sgemm. */
+int nn_gemm(int trans_b, int M, int N, int K, const float *A, int lda, const float *B, int ldb, const float *c_in,
+            int ld_in, const float *bias, float *C, int ldc);
+
 /* ---- overwrite variants (beta = 0 for the first write of a gradient) ---- */
 /* As td_linear_backward; dinp is overwritten (=) instead of accumulated. */
 void nn_linear_backward_set(float *dinp /* (N, IC) */, float *dweight /* (OC, IC) */, float *dbias /* (OC) */,

@@ -450,9 +450,85 @@ static void test_sgemm(void) {
   printf("  %-28s td_sgemm and the portable nest match a double reference\n", "sgemm");
 }
 
+/* The linear layers' own product (nn_gemm) against a double reference: shapes
+ * across its blocks (12-row tiles, 120-row L2 blocks, depth 256, 256-column
+ * panels), both B layouts, with and without bias and initial C (none, C
+ * itself, another matrix). Without AVX-512 it declines (returns 0). */
+static void test_nn_gemm(void) {
+  printf("nn_gemm\n");
+  int shapes[][3] = {{1, 32, 1}, {13, 64, 5}, {250, 288, 600}, {120, 32, 256}};
+  int ran = 0;
+  for (size_t s = 0; s < TD_ARRAY_SIZE(shapes); s++)
+    for (int tb = 0; tb < 2; tb++)
+      for (int mode = 0; mode < 3; mode++) { /* c_in: 0 none, 1 = C (accumulate), 2 separate */
+        int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+        int lda = K + 3, ldb = (tb ? K : N) + 5, ldc = N + 7, ld_in = N + 2;
+        float *A = rand_buf((size_t)M * lda, 1.0f), *B = rand_buf((size_t)(tb ? N : K) * ldb, 1.0f);
+        float *C0 = rand_buf((size_t)M * ldc, 1.0f), *C = malloc((size_t)M * ldc * sizeof(float));
+        float *in = rand_buf((size_t)M * ld_in, 1.0f), *bias = (mode + (int)s) % 2 ? rand_buf((size_t)N, 1.0f) : NULL;
+        memcpy(C, C0, (size_t)M * ldc * sizeof(float));
+        const float *c_in = mode == 1 ? C : mode == 2 ? in : NULL;
+        int ld_c_in = mode == 1 ? ldc : ld_in;
+        if (!nn_gemm(tb, M, N, K, A, lda, B, ldb, c_in, ld_c_in, bias, C, ldc)) {
+          for (size_t i = 0; i < (size_t)M * ldc; i++) CHECK(C[i] == C0[i]);
+        } else {
+          ran++;
+          for (int i = 0; i < M; i++) {
+            for (int j = 0; j < N; j++) {
+              double ref = (bias ? bias[j] : 0.0) + (mode == 1   ? C0[(size_t)i * ldc + j]
+                                                     : mode == 2 ? in[(size_t)i * ld_in + j]
+                                                                 : 0.0);
+              for (int k = 0; k < K; k++)
+                ref += (double)A[(size_t)i * lda + k] * (tb ? B[(size_t)j * ldb + k] : B[(size_t)k * ldb + j]);
+              CHECK_CLOSE(C[(size_t)i * ldc + j], ref, 0, 4e-6 * (K + 2));
+            }
+            for (int j = N; j < ldc; j++) CHECK(C[(size_t)i * ldc + j] == C0[(size_t)i * ldc + j]);
+          }
+        }
+        free(A), free(B), free(C0), free(C), free(in), free(bias);
+      }
+  /* the linear layers that route through it, at widths it takes (IC, OC % 32 == 0) */
+  {
+    enum { N = 37, IC = 64, OC = 96 };
+    float *x = rand_buf(N * IC, 1.0f), *w = rand_buf(OC * IC, 1.0f), *bias = rand_buf(OC, 1.0f);
+    float *resid = rand_buf(N * OC, 1.0f), *dout = rand_buf(N * OC, 1.0f);
+    float *out = malloc(N * OC * sizeof(float)), *fused = malloc(N * OC * sizeof(float));
+    float *dx = rand_buf(N * IC, 1.0f), *dx_set = malloc(N * IC * sizeof(float));
+    float *dx0 = malloc(N * IC * sizeof(float));
+    memcpy(dx0, dx, N * IC * sizeof(float));
+    td_linear_forward(out, x, w, bias, N, IC, OC);
+    nn_linear_residual_forward(fused, resid, x, w, bias, N, IC, OC);
+    td_linear_backward(dx, NULL, NULL, dout, x, w, N, IC, OC);
+    nn_linear_backward_set(dx_set, NULL, NULL, dout, x, w, N, IC, OC);
+    for (int n = 0; n < N; n++) {
+      for (int o = 0; o < OC; o++) {
+        double ref = bias[o];
+        for (int i = 0; i < IC; i++) ref += (double)x[n * IC + i] * w[o * IC + i];
+        CHECK_CLOSE(out[n * OC + o], ref, 0, 4e-6 * IC);
+        CHECK_CLOSE(fused[n * OC + o], ref + resid[n * OC + o], 0, 4e-6 * IC);
+      }
+      for (int i = 0; i < IC; i++) {
+        double ref = 0;
+        for (int o = 0; o < OC; o++) ref += (double)dout[n * OC + o] * w[o * IC + i];
+        CHECK_CLOSE(dx_set[n * IC + i], ref, 0, 4e-6 * OC);
+        CHECK_CLOSE(dx[n * IC + i], ref + dx0[n * IC + i], 0, 4e-6 * OC);
+      }
+    }
+    free(x), free(w), free(bias), free(resid), free(dout), free(out), free(fused), free(dx), free(dx_set), free(dx0);
+  }
+  /* a width that is not a multiple of 32 is declined untouched */
+  float a = 1.0f, b[20] = {0}, c[20] = {0};
+  CHECK(nn_gemm(0, 1, 20, 1, &a, 1, b, 20, NULL, 0, NULL, c, 20) == 0);
+#ifdef __AVX512F__
+  CHECK(ran == (int)TD_ARRAY_SIZE(shapes) * 6);
+#endif
+  printf("  %-28s %d products match a double reference\n", "nn_gemm", ran);
+}
+
 int main(void) {
   td_nn_set_threads(1);
   test_sgemm();
+  test_nn_gemm();
   test_linear();
   test_embedding();
   test_layernorm();
