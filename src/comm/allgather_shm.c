@@ -13,7 +13,9 @@
  * arrived at the epoch in between. The own shard goes straight from send to
  * recv (nothing to do in place, where send == recv + off_me). Messages that
  * fit in one slot take a single round. Cost per rank: B/n staged, B·(n-1)/n
- * copied out with streaming stores when large, B/(c) syncs per n ranks. */
+ * copied out with streaming stores when large, B/(c) syncs per n ranks.
+ * When every rank's send is host-shared (td_mem_alloc), large messages take
+ * allgather_shm_direct.c instead, which stages nothing. */
 #include "comm/transport/shm/shm.h"
 
 #include <string.h>
@@ -30,6 +32,10 @@ td_status allgather_shm(td_comm *comm, const comm_op *op) {
   if (len[me]) comm_copy_if_needed(recv + off[me] * es, send, len[me] * es);
   if (shm_trivial(comm)) return TD_OK;
   TD_CHECK(shm_require(comm, "allgather_shm"));
+  if (shm_xmap(comm) && count * es >= SHM_DIRECT_MIN_BYTES) {
+    TD_CHECK(shm_sync_shared(comm, op, send, len[me] * es, recv, count * es));
+    if (shm_all_shared(comm, 0)) return allgather_shm_direct(comm, op);
+  }
   size_t piece = len[0] * es <= shm_slot_bytes(comm) ? len[0] : shm_chunk_bytes(comm) / es;
   piece = TD_MAX(piece, (size_t)1);
   size_t rounds = TD_MAX((len[0] + piece - 1) / piece, (size_t)1); /* one sync even for count 0 */

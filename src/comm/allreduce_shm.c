@@ -179,9 +179,8 @@ td_status allreduce_shm(td_comm *comm, const comm_op *op) {
     /* One extra sync (a microsecond) decides, the same on every rank,
      * whether every buffer is host-shared; most of the time in a training
      * job they are (the gradient arena). */
-    bool all_shared = false;
-    TD_CHECK(shm_sync_shared(comm, op, op->send, op->recv, bytes, &all_shared));
-    if (all_shared) return allreduce_shm_direct(comm, op);
+    TD_CHECK(shm_sync_shared(comm, op, op->send, bytes, op->recv, bytes));
+    if (shm_all_shared(comm, 0) && shm_all_shared(comm, 1)) return allreduce_shm_direct(comm, op);
   }
   if (bytes >= SHM_CMA_MIN_BYTES && shm_cma(comm)) return allreduce_cma(comm, op);
   return allreduce_pipelined(comm, op, bytes);

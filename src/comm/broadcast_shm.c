@@ -9,7 +9,9 @@
  * of parity p, the root already stages chunk k+1 in parity p^1; it rewrites
  * parity p only after the next sync, which the readers reach only when done.
  * Messages that fit in one slot take a single sync. Cost: the root copies B
- * once, every other rank copies B once (streaming stores when large). */
+ * once, every other rank copies B once (streaming stores when large).
+ * When the root's buffer is host-shared (td_mem_alloc), large messages take
+ * broadcast_shm_direct.c instead: the others copy straight from it. */
 #include "comm/transport/shm/shm.h"
 
 #include <string.h>
@@ -27,6 +29,10 @@ td_status broadcast_shm(td_comm *comm, const comm_op *op) {
     return TD_OK;
   }
   TD_CHECK(shm_require(comm, "broadcast_shm"));
+  if (shm_xmap(comm) && bytes >= SHM_DIRECT_MIN_BYTES) {
+    TD_CHECK(shm_sync_shared(comm, op, src, bytes, buf, bytes));
+    if (shm_shared(comm, op->root, 0)) return broadcast_shm_direct(comm, op, src, buf);
+  }
   if (me == op->root) comm_copy_if_needed(buf, src, bytes);
   size_t chunk = bytes <= shm_slot_bytes(comm) ? bytes : shm_chunk_bytes(comm);
   chunk = TD_MAX(chunk, (size_t)1);

@@ -16,7 +16,9 @@
  * send + offset_me) is safe: a round reads the inputs of its own pieces
  * before writing the output piece, and the output piece is never read again.
  * Cost per rank: read B, write B/n plus B/n·n cache-resident reads, B/(c·n)
- * syncs. TD_AVG is reduced as TD_SUM; select.c scales the result. */
+ * syncs. TD_AVG is reduced as TD_SUM; select.c scales the result. When
+ * every rank's send is host-shared (td_mem_alloc), large messages take
+ * reduce_scatter_shm_direct.c instead, which stages nothing. */
 #include "comm/transport/shm/shm.h"
 
 #include <string.h>
@@ -31,6 +33,10 @@ td_status reduce_scatter_shm(td_comm *comm, const comm_op *op) {
   TD_CHECK(shm_require(comm, "reduce_scatter_shm"));
   size_t off[n], len[n];
   for (int r = 0; r < n; r++) td_shard_range(count, n, r, &off[r], &len[r]);
+  if (shm_xmap(comm) && count * es >= SHM_DIRECT_MIN_BYTES) {
+    TD_CHECK(shm_sync_shared(comm, op, op->send, count * es, op->recv, len[me] * es));
+    if (shm_all_shared(comm, 0)) return reduce_scatter_shm_direct(comm, op);
+  }
   size_t piece = (size_t)n * len[0] * es <= shm_slot_bytes(comm) ? len[0] : shm_chunk_bytes(comm) / es / (size_t)n;
   piece = TD_MAX(piece, (size_t)1);
   size_t rounds = TD_MAX((len[0] + piece - 1) / piece, (size_t)1); /* one sync even for count 0 */

@@ -123,13 +123,17 @@ td_status shm_cma_read(td_comm *comm, int rank, const void *remote, void *local,
  * map every other's (probed at setup, TANDEM_SHM_XMAP=0 turns it off); equal
  * on every rank. */
 bool shm_xmap(const td_comm *comm);
-/* shm_sync that also publishes where this rank's send and recv buffers
- * (`bytes` each) lie in host-shared memory. *all_shared: both buffers of
- * every rank do (the same answer on every rank). */
-td_status shm_sync_shared(td_comm *comm, const comm_op *op, const void *send, const void *recv, size_t bytes,
-                          bool *all_shared);
-/* After shm_sync_shared found all_shared (and until the next sync): rank's
- * buffer `which` (0 send, 1 recv) in this process's address space. */
+/* shm_sync that also publishes where this rank's send (send_bytes) and recv
+ * (recv_bytes) buffers lie in host-shared memory; shm_shared then tells,
+ * the same on every rank, whether rank's buffer `which` (0 send, 1 recv)
+ * does (until the next sync). A NULL or empty buffer is not shared. */
+td_status shm_sync_shared(td_comm *comm, const comm_op *op, const void *send, size_t send_bytes, const void *recv,
+                          size_t recv_bytes);
+bool shm_shared(const td_comm *comm, int rank, int which);
+/* shm_shared for `which` of every rank. */
+bool shm_all_shared(const td_comm *comm, int which);
+/* After shm_sync_shared found rank's buffer `which` (0 send, 1 recv)
+ * shared, and until the next sync: where it is in this process. */
 td_status shm_peer_buffer(td_comm *comm, int rank, int which, char **out);
 /* Unmap every cached peer region (transport teardown). */
 void shm_unmap_peers(shm_transport *t);
@@ -138,9 +142,17 @@ void shm_xmap_publish(shm_transport *t);
 uint32_t shm_xmap_probe(shm_transport *t);
 void shm_xmap_setup_done(shm_transport *t);
 
-/* The large-message allreduce when every buffer is host-shared: called right
- * after shm_sync_shared reported so (allreduce_shm_direct.c). */
+/* The direct algorithms on host-shared buffers, each called right after
+ * shm_sync_shared found the buffers it reads shared (see each file):
+ * allreduce: every rank's send and recv; reduce_scatter and allgather: every
+ * rank's send; broadcast: the root's send. */
 td_status allreduce_shm_direct(td_comm *comm, const comm_op *op);
+td_status reduce_scatter_shm_direct(td_comm *comm, const comm_op *op);
+td_status allgather_shm_direct(td_comm *comm, const comm_op *op);
+td_status broadcast_shm_direct(td_comm *comm, const comm_op *op, const char *src, char *buf);
+/* Collectives of at least this many bytes (the full vector) try the direct
+ * algorithms: below it the single-sync staged forms are as fast. */
+#define SHM_DIRECT_MIN_BYTES ((size_t)256 << 10)
 
 /* Copy bytes; with `stream`, destination lines are written with
  * non-temporal stores (for large outputs that will not be read again soon,

@@ -85,22 +85,28 @@ void shm_unmap_peers(shm_transport *t) {
   t->pmap_next = NULL;
 }
 
-td_status shm_sync_shared(td_comm *comm, const comm_op *op, const void *send, const void *recv, size_t bytes,
-                          bool *all_shared) {
+td_status shm_sync_shared(td_comm *comm, const comm_op *op, const void *send, size_t send_bytes, const void *recv,
+                          size_t recv_bytes) {
   shm_transport *t = shm_of(comm);
-  *all_shared = false;
   if (!t) return comm_fail(comm, TD_ERR_INTERNAL, "shm_sync_shared called without the shm transport");
   unsigned p = (unsigned)((t->epoch + 1) & 1);
   shm_rank_block *mine = &t->ranks[t->rank];
   const void *bufs[2] = {send, recv};
+  size_t sizes[2] = {send_bytes, recv_bytes};
   for (int w = 0; w < 2; w++)
-    if (!net_hostmem_find(bufs[w], bytes, &mine->xref[p][w])) mine->xref[p][w].fd = -1;
-  TD_CHECK(shm_sync_addrs(comm, op, send, recv));
-  bool all = true;
-  for (int k = 0; k < t->n && all; k++)
-    for (int w = 0; w < 2; w++) all = all && t->ranks[k].xref[p][w].fd >= 0;
-  *all_shared = all;
-  return TD_OK;
+    if (!sizes[w] || !net_hostmem_find(bufs[w], sizes[w], &mine->xref[p][w])) mine->xref[p][w].fd = -1;
+  return shm_sync_addrs(comm, op, send, recv);
+}
+
+bool shm_shared(const td_comm *comm, int rank, int which) {
+  shm_transport *t = shm_of(comm);
+  return t && rank >= 0 && rank < t->n && t->ranks[rank].xref[t->epoch & 1][which & 1].fd >= 0;
+}
+
+bool shm_all_shared(const td_comm *comm, int which) {
+  for (int k = 0; k < comm->size; k++)
+    if (!shm_shared(comm, k, which)) return false;
+  return true;
 }
 
 td_status shm_peer_buffer(td_comm *comm, int rank, int which, char **out) {
