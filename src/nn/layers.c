@@ -510,38 +510,6 @@ static float *att_scratch_get(size_t n) {
   return att_scratch;
 }
 
-#ifdef __AVX512F__
-/* The 16 x 16 block in r (row i in r[i]) transposed in registers: pairs,
- * then quads (as doubles), then 128-bit lanes twice. */
-static inline void transpose16(__m512 r[16]) {
-  __m512 t[16];
-  for (int i = 0; i < 8; i++) {
-    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-  }
-  for (int i = 0; i < 4; i++) {
-    __m512d t0 = _mm512_castps_pd(t[4 * i]), t1 = _mm512_castps_pd(t[4 * i + 1]);
-    __m512d t2 = _mm512_castps_pd(t[4 * i + 2]), t3 = _mm512_castps_pd(t[4 * i + 3]);
-    r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(t0, t2));
-    r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(t0, t2));
-    r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(t1, t3));
-    r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(t1, t3));
-  }
-  for (int i = 0; i < 4; i++) {
-    t[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88);
-    t[i + 4] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0xdd);
-    t[i + 8] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0x88);
-    t[i + 12] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0xdd);
-  }
-  for (int i = 0; i < 4; i++) {
-    r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
-    r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
-    r[i + 4] = _mm512_shuffle_f32x4(t[i + 4], t[i + 12], 0x88);
-    r[i + 12] = _mm512_shuffle_f32x4(t[i + 4], t[i + 12], 0xdd);
-  }
-}
-#endif
-
 /* panel[d][j] = x[j][d] (rows of x ld apart) for j < T, 0 for T <= j < Tp.
  * With AVX-512, 16 x 16 blocks through registers, reading each line of x
  * once: element by element (a store per element 512 bytes apart, or a
@@ -554,7 +522,7 @@ static void transpose_panel(float *restrict panel, const float *restrict x, size
     for (int d0 = 0; d0 < hs; d0 += 16) { /* hs % 16 == 0 on this path */
       __m512 r[16];
       for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps(x + (size_t)(j0 + i) * ld + d0);
-      transpose16(r);
+      nn_transpose16(r);
       for (int i = 0; i < 16; i++) _mm512_storeu_ps(panel + (size_t)(d0 + i) * Tp + j0, r[i]);
     }
 #endif
