@@ -230,6 +230,9 @@ void nn_sgemm_portable(int trans_a, int trans_b, int M, int N, int K, float alph
  * the caller then uses td_sgemm. */
 int nn_gemm(int trans_b, int M, int N, int K, const float *A, int lda, const float *B, int ldb, const float *c_in,
             int ld_in, const float *bias, float *C, int ldc);
+/* C (M, N) += A^T @ B for A (K, M), B (K, N): the weight gradient
+ * (dout^T @ inp). Returns 0, computing nothing, where nn_gemm would. */
+int nn_gemm_tn(int M, int N, int K, const float *A, int lda, const float *B, int ldb, float *C, int ldc);
 
 /* ---- overwrite variants (beta = 0 for the first write of a gradient) ---- */
 /* As td_linear_backward; dinp is overwritten (=) instead of accumulated. */

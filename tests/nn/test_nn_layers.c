@@ -487,6 +487,31 @@ static void test_nn_gemm(void) {
         }
         free(A), free(B), free(C0), free(C), free(in), free(bias);
       }
+  /* the transposed-A form (weight gradients): C += A^T B, across its blocks */
+  {
+    int tn_shapes[][3] = {{1, 32, 1}, {13, 64, 5}, {250, 288, 600}, {120, 32, 256}};
+    for (size_t s = 0; s < TD_ARRAY_SIZE(tn_shapes); s++) {
+      int M = tn_shapes[s][0], N = tn_shapes[s][1], K = tn_shapes[s][2];
+      int lda = M + 3, ldb = N + 5, ldc = N + 7;
+      float *A = rand_buf((size_t)K * lda, 1.0f), *B = rand_buf((size_t)K * ldb, 1.0f);
+      float *C0 = rand_buf((size_t)M * ldc, 1.0f), *C = malloc((size_t)M * ldc * sizeof(float));
+      memcpy(C, C0, (size_t)M * ldc * sizeof(float));
+      if (nn_gemm_tn(M, N, K, A, lda, B, ldb, C, ldc)) {
+        ran++;
+        for (int i = 0; i < M; i++) {
+          for (int j = 0; j < N; j++) {
+            double ref = C0[(size_t)i * ldc + j];
+            for (int k = 0; k < K; k++) ref += (double)A[(size_t)k * lda + i] * B[(size_t)k * ldb + j];
+            CHECK_CLOSE(C[(size_t)i * ldc + j], ref, 0, 4e-6 * (K + 2));
+          }
+          for (int j = N; j < ldc; j++) CHECK(C[(size_t)i * ldc + j] == C0[(size_t)i * ldc + j]);
+        }
+      } else {
+        for (size_t i = 0; i < (size_t)M * ldc; i++) CHECK(C[i] == C0[i]);
+      }
+      free(A), free(B), free(C0), free(C);
+    }
+  }
   /* the linear layers that route through it, at widths it takes (IC, OC % 32 == 0) */
   {
     enum { N = 37, IC = 64, OC = 96 };
@@ -498,7 +523,16 @@ static void test_nn_gemm(void) {
     memcpy(dx0, dx, N * IC * sizeof(float));
     td_linear_forward(out, x, w, bias, N, IC, OC);
     nn_linear_residual_forward(fused, resid, x, w, bias, N, IC, OC);
-    td_linear_backward(dx, NULL, NULL, dout, x, w, N, IC, OC);
+    float *dw = rand_buf(OC * IC, 1.0f), *dw0 = malloc(OC * IC * sizeof(float));
+    memcpy(dw0, dw, OC * IC * sizeof(float));
+    td_linear_backward(dx, dw, NULL, dout, x, w, N, IC, OC);
+    for (int o = 0; o < OC; o++)
+      for (int i = 0; i < IC; i++) {
+        double ref = dw0[o * IC + i];
+        for (int n = 0; n < N; n++) ref += (double)dout[n * OC + o] * x[n * IC + i];
+        CHECK_CLOSE(dw[o * IC + i], ref, 0, 4e-6 * N);
+      }
+    free(dw), free(dw0);
     nn_linear_backward_set(dx_set, NULL, NULL, dout, x, w, N, IC, OC);
     for (int n = 0; n < N; n++) {
       for (int o = 0; o < OC; o++) {
@@ -520,7 +554,7 @@ static void test_nn_gemm(void) {
   float a = 1.0f, b[20] = {0}, c[20] = {0};
   CHECK(nn_gemm(0, 1, 20, 1, &a, 1, b, 20, NULL, 0, NULL, c, 20) == 0);
 #ifdef __AVX512F__
-  CHECK(ran == (int)TD_ARRAY_SIZE(shapes) * 6);
+  CHECK(ran == (int)TD_ARRAY_SIZE(shapes) * 6 + 4);
 #endif
   printf("  %-28s %d products match a double reference\n", "nn_gemm", ran);
 }
