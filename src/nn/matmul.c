@@ -253,26 +253,31 @@ static void gemm_tile_part(int mr, int kc, const float *a, size_t lda, const flo
 
 /* bp[j/32][k][j%32] = op(B)(k0 + k, j0 + j) for k < kc, j < nc (nc % 32 == 0). */
 static void gemm_pack_b(float *restrict bp, int trans_b, const float *B, size_t ldb, int k0, int kc, int j0, int nc) {
+  if (!trans_b) {
+    /* row by row, each row's nc floats read once, in order (panel by panel,
+     * every row was read in 128-byte pieces nc/32 times over) */
+    for (int k = 0; k < kc; k++) {
+      const float *row = B + (size_t)(k0 + k) * ldb + j0;
+      for (int jp = 0; jp < nc; jp += G_NR)
+        memcpy(bp + (size_t)jp * kc + (size_t)k * G_NR, row + jp, G_NR * sizeof(float));
+    }
+    return;
+  }
+  /* op(B)(k, j) = B[j][k]: 16 x 16 blocks transposed in registers (one
+   * element at a time, 128 bytes apart, this pack was ~3% of a GPT step) */
   for (int jp = 0; jp < nc; jp += G_NR) {
     float *restrict dst = bp + (size_t)jp * kc;
-    if (!trans_b) {
-      for (int k = 0; k < kc; k++)
-        memcpy(dst + (size_t)k * G_NR, B + (size_t)(k0 + k) * ldb + j0 + jp, G_NR * sizeof(float));
-    } else {
-      /* op(B)(k, j) = B[j][k]: 16 x 16 blocks transposed in registers (one
-       * element at a time, 128 bytes apart, this pack was ~3% of a GPT step) */
-      const float *src = B + (size_t)(j0 + jp) * ldb + k0;
-      int k = 0;
-      for (; k + 16 <= kc; k += 16)
-        for (int h = 0; h < G_NR; h += 16) {
-          __m512 r[16];
-          for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps(src + (size_t)(h + i) * ldb + k);
-          nn_transpose16(r);
-          for (int i = 0; i < 16; i++) _mm512_storeu_ps(dst + (size_t)(k + i) * G_NR + h, r[i]);
-        }
-      for (; k < kc; k++)
-        for (int j = 0; j < G_NR; j++) dst[(size_t)k * G_NR + j] = src[(size_t)j * ldb + k];
-    }
+    const float *src = B + (size_t)(j0 + jp) * ldb + k0;
+    int k = 0;
+    for (; k + 16 <= kc; k += 16)
+      for (int h = 0; h < G_NR; h += 16) {
+        __m512 r[16];
+        for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps(src + (size_t)(h + i) * ldb + k);
+        nn_transpose16(r);
+        for (int i = 0; i < 16; i++) _mm512_storeu_ps(dst + (size_t)(k + i) * G_NR + h, r[i]);
+      }
+    for (; k < kc; k++)
+      for (int j = 0; j < G_NR; j++) dst[(size_t)k * G_NR + j] = src[(size_t)j * ldb + k];
   }
 }
 
@@ -360,20 +365,16 @@ int nn_gemm_tn(int M, int N, int K, const float *A, int lda, const float *B, int
       gemm_pack_b(gemm_panel, 0, B, (size_t)ldb, k0, kc, j0, nc);
       for (int i0 = 0; i0 < M; i0 += G_MC) {
         int mc = TD_MIN(G_MC, M - i0);
-        /* ap[ir/12][k][r] = op(A)(i0 + ir + r, k0 + k) = A[k0 + k][i0 + ir + r], 0 past mc */
-        for (int ir = 0; ir < mc; ir += G_MR) {
-          int mr = TD_MIN(G_MR, mc - ir);
-          float *restrict dst = gemm_apanel + (size_t)ir * kc;
-          const float *src = A + (size_t)k0 * lda + i0 + ir;
-          for (int k = 0; k < kc; k++) {
-            const float *restrict row = src + (size_t)k * lda;
-            float *restrict d = dst + (size_t)k * G_MR;
-            if (mr == G_MR) {
-              memcpy(d, row, G_MR * sizeof(float));
-            } else {
-              for (int r = 0; r < mr; r++) d[r] = row[r];
-              for (int r = mr; r < G_MR; r++) d[r] = 0.0f;
-            }
+        /* ap[ir/12][k][r] = op(A)(i0 + ir + r, k0 + k) = A[k0 + k][i0 + ir + r], 0 past mc;
+         * row by row, so that each row of A is read once, in order */
+        for (int k = 0; k < kc; k++) {
+          const float *row = A + (size_t)(k0 + k) * lda + i0;
+          int ir = 0;
+          for (; ir + G_MR <= mc; ir += G_MR)
+            memcpy(gemm_apanel + (size_t)ir * kc + (size_t)k * G_MR, row + ir, G_MR * sizeof(float));
+          if (ir < mc) {
+            float *d = gemm_apanel + (size_t)ir * kc + (size_t)k * G_MR;
+            for (int r = 0; r < G_MR; r++) d[r] = ir + r < mc ? row[ir + r] : 0.0f;
           }
         }
         for (int jp = 0; jp < nc; jp += G_NR) {
