@@ -176,6 +176,7 @@ void td_sgemm(int trans_a, int trans_b, int M, int N, int K, float alpha, const 
 #define G_NR 32  /* columns of C per tile (two vectors) */
 #define G_KC 256 /* depth per packed block */
 #define G_MC 120 /* rows of A per L2 block */
+_Static_assert(G_MC % G_MR == 0, "row blocks are whole tiles (nn_gemm_tn indexes its A panels by row)");
 #define G_NC 256 /* columns per packed block */
 
 /* One tile: C[0:mr, 0:32] = A[0:mr, 0:kc] (rows lda apart) @ bp (kc x 32,
@@ -317,7 +318,8 @@ static void gemm_tile_packed_a_part(int mr, int kc, const float *ap, const float
 }
 
 static __thread float *gemm_panel;
-static __thread float *gemm_apanel; /* G_KC x G_MC: the transposed A of nn_gemm_tn, 12-row panels */ /* G_KC x G_NC, per thread (model replicas run on threads) */
+static __thread float *gemm_apanel; /* nn_gemm_tn's op(A), G_KC deep, in 12-row panels */
+static __thread size_t gemm_apanel_n; /* G_KC x G_NC, per thread (model replicas run on threads) */
 
 int nn_gemm(int trans_b, int M, int N, int K, const float *A, int lda, const float *B, int ldb, const float *c_in,
             int ld_in, const float *bias, float *C, int ldc) {
@@ -355,34 +357,40 @@ int nn_gemm(int trans_b, int M, int N, int K, const float *A, int lda, const flo
 
 int nn_gemm_tn(int M, int N, int K, const float *A, int lda, const float *B, int ldb, float *C, int ldc) {
   if (M <= 0 || N <= 0 || K <= 0 || N % G_NR != 0) return 0;
+  size_t tiles = ((size_t)M + G_MR - 1) / G_MR, a_need = tiles * G_MR * G_KC;
   if (!gemm_panel) gemm_panel = td_alloc((size_t)G_KC * G_NC * sizeof(float));
-  if (!gemm_apanel) gemm_apanel = td_alloc((size_t)G_KC * G_MC * sizeof(float));
+  if (gemm_apanel_n < a_need) {
+    td_free(gemm_apanel);
+    gemm_apanel = td_alloc(a_need * sizeof(float));
+    gemm_apanel_n = gemm_apanel ? a_need : 0;
+  }
   if (!gemm_panel || !gemm_apanel) return 0;
-  for (int j0 = 0; j0 < N; j0 += G_NC) {
-    int nc = TD_MIN(G_NC, N - j0);
-    for (int k0 = 0; k0 < K; k0 += G_KC) {
-      int kc = TD_MIN(G_KC, K - k0);
+  for (int k0 = 0; k0 < K; k0 += G_KC) {
+    int kc = TD_MIN(G_KC, K - k0);
+    /* all of op(A)'s rows for this depth block, once (not once per column
+     * block): ap[t][k][r] = A[k0 + k][12 t + r], 0 past M; row by row, so
+     * that each row of A is read once, in order */
+    for (int k = 0; k < kc; k++) {
+      const float *row = A + (size_t)(k0 + k) * lda;
+      int i = 0;
+      for (; i + G_MR <= M; i += G_MR)
+        memcpy(gemm_apanel + (size_t)i * kc + (size_t)k * G_MR, row + i, G_MR * sizeof(float));
+      if (i < M) {
+        float *d = gemm_apanel + (size_t)i * kc + (size_t)k * G_MR;
+        for (int r = 0; r < G_MR; r++) d[r] = i + r < M ? row[i + r] : 0.0f;
+      }
+    }
+    for (int j0 = 0; j0 < N; j0 += G_NC) {
+      int nc = TD_MIN(G_NC, N - j0);
       gemm_pack_b(gemm_panel, 0, B, (size_t)ldb, k0, kc, j0, nc);
       for (int i0 = 0; i0 < M; i0 += G_MC) {
         int mc = TD_MIN(G_MC, M - i0);
-        /* ap[ir/12][k][r] = op(A)(i0 + ir + r, k0 + k) = A[k0 + k][i0 + ir + r], 0 past mc;
-         * row by row, so that each row of A is read once, in order */
-        for (int k = 0; k < kc; k++) {
-          const float *row = A + (size_t)(k0 + k) * lda + i0;
-          int ir = 0;
-          for (; ir + G_MR <= mc; ir += G_MR)
-            memcpy(gemm_apanel + (size_t)ir * kc + (size_t)k * G_MR, row + ir, G_MR * sizeof(float));
-          if (ir < mc) {
-            float *d = gemm_apanel + (size_t)ir * kc + (size_t)k * G_MR;
-            for (int r = 0; r < G_MR; r++) d[r] = ir + r < mc ? row[ir + r] : 0.0f;
-          }
-        }
         for (int jp = 0; jp < nc; jp += G_NR) {
           const float *bp = gemm_panel + (size_t)jp * kc;
           for (int ir = 0; ir < mc; ir += G_MR) {
             int mr = TD_MIN(G_MR, mc - ir);
             float *c = C + (size_t)(i0 + ir) * ldc + j0 + jp;
-            const float *ap = gemm_apanel + (size_t)ir * kc;
+            const float *ap = gemm_apanel + (size_t)(i0 + ir) * kc; /* G_MC is a multiple of G_MR */
             if (mr == G_MR)
               gemm_tile_packed_a_full(kc, ap, bp, c, (size_t)ldc);
             else
