@@ -15,13 +15,28 @@
 #include <cblas.h>
 #endif
 
+/* Threads for matrix products (process-wide, as OpenBLAS's setting is).
+ * nn_gemm and nn_gemm_tn are single-threaded: with more than one thread
+ * they decline and the layers use OpenBLAS's threaded sgemm. */
+static int nn_threads = 1;
+
 void td_nn_set_threads(int n_threads) {
+  __atomic_store_n(&nn_threads, n_threads < 1 ? 1 : n_threads, __ATOMIC_RELAXED);
 #ifdef TD_HAVE_OPENBLAS
   openblas_set_num_threads(n_threads < 1 ? 1 : n_threads);
-#else
-  (void)n_threads;
 #endif
 }
+
+#ifdef __AVX512F__
+/* Whether the single-threaded products should run (see nn_threads). */
+static int gemm_single_thread(void) {
+#ifdef TD_HAVE_OPENBLAS
+  return __atomic_load_n(&nn_threads, __ATOMIC_RELAXED) <= 1;
+#else
+  return 1; /* the portable nest is single-threaded too */
+#endif
+}
+#endif
 
 const char *td_nn_matmul_backend(void) {
 #ifdef TD_HAVE_OPENBLAS
@@ -323,7 +338,7 @@ static __thread size_t gemm_apanel_n; /* G_KC x G_NC, per thread (model replicas
 
 int nn_gemm(int trans_b, int M, int N, int K, const float *A, int lda, const float *B, int ldb, const float *c_in,
             int ld_in, const float *bias, float *C, int ldc) {
-  if (M <= 0 || N <= 0 || K <= 0 || N % G_NR != 0) return 0;
+  if (M <= 0 || N <= 0 || K <= 0 || N % G_NR != 0 || !gemm_single_thread()) return 0;
   if (!gemm_panel) {
     gemm_panel = td_alloc((size_t)G_KC * G_NC * sizeof(float));
     if (!gemm_panel) return 0;
@@ -356,7 +371,7 @@ int nn_gemm(int trans_b, int M, int N, int K, const float *A, int lda, const flo
 }
 
 int nn_gemm_tn(int M, int N, int K, const float *A, int lda, const float *B, int ldb, float *C, int ldc) {
-  if (M <= 0 || N <= 0 || K <= 0 || N % G_NR != 0) return 0;
+  if (M <= 0 || N <= 0 || K <= 0 || N % G_NR != 0 || !gemm_single_thread()) return 0;
   size_t tiles = ((size_t)M + G_MR - 1) / G_MR, a_need = tiles * G_MR * G_KC;
   if (!gemm_panel) gemm_panel = td_alloc((size_t)G_KC * G_NC * sizeof(float));
   if (gemm_apanel_n < a_need) {

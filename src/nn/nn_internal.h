@@ -226,8 +226,9 @@ void nn_sgemm_portable(int trans_a, int trans_b, int M, int N, int K, float alph
  * op(B) = B (K, N) or, with trans_b, B^T for B (N, K); c_in may be C itself
  * (accumulate) or NULL, bias may be NULL. The linear layers' product
  * (matmul.c explains why it is not cblas_sgemm). Returns 0, computing
- * nothing, where it does not apply (N % 32 != 0, no AVX-512, no memory):
- * the caller then uses td_sgemm. */
+ * nothing, where it does not apply (N % 32 != 0, no AVX-512, no memory,
+ * td_nn_set_threads above 1: it is single-threaded): the caller then uses
+ * td_sgemm. */
 int nn_gemm(int trans_b, int M, int N, int K, const float *A, int lda, const float *B, int ldb, const float *c_in,
             int ld_in, const float *bias, float *C, int ldc);
 /* C (M, N) += A^T @ B for A (K, M), B (K, N): the weight gradient
