@@ -1,6 +1,8 @@
-/* The one matrix product every layer uses: row-major sgemm.
+/* Matrix products: td_sgemm, the row-major sgemm every layer can use, and
+ * (at the end of this file) nn_gemm / nn_gemm_tn, the AVX-512 products the
+ * linear layers use where they apply.
  *
- * With OpenBLAS (TD_HAVE_OPENBLAS) this is cblas_sgemm. Without it, a
+ * With OpenBLAS (TD_HAVE_OPENBLAS) td_sgemm is cblas_sgemm. Without it, a
  * portable loop nest: op(B) is packed block by block (KC x NC floats, kept
  * in L2) into a contiguous panel, and each row of C is updated four rows at
  * a time with contiguous, restrict-qualified inner loops over N that the
