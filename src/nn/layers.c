@@ -44,8 +44,8 @@ static void linear_backward(float *dinp, float beta_dinp, float *dweight, float 
   if (dinp && !nn_gemm(0, N, IC, OC, dout, OC, weight, IC, beta_dinp != 0.0f ? dinp : NULL, IC, NULL, dinp, IC))
     td_sgemm(0, 0, N, IC, OC, 1.0f, dout, OC, weight, IC, beta_dinp, dinp, IC);
   /* dweight (OC, IC) += dout^T (OC, N) @ inp (N, IC) */
-  if (dweight && !nn_gemm_tn(OC, IC, N, dout, OC, inp, IC, dweight, IC))
-    td_sgemm(1, 0, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f, dweight, IC);
+  if (dweight && nn_gemm_tn(OC, IC, N, dout, OC, inp, IC, dweight, IC, dbias)) dbias = NULL; /* summed there */
+  else if (dweight) td_sgemm(1, 0, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f, dweight, IC);
   if (dbias) {
     float *restrict db = dbias;
     for (int n = 0; n < N; n++) {

@@ -373,7 +373,8 @@ int nn_gemm(int trans_b, int M, int N, int K, const float *A, int lda, const flo
   return 1;
 }
 
-int nn_gemm_tn(int M, int N, int K, const float *A, int lda, const float *B, int ldb, float *C, int ldc) {
+int nn_gemm_tn(int M, int N, int K, const float *A, int lda, const float *B, int ldb, float *C, int ldc,
+               float *colsum) {
   if (M <= 0 || N <= 0 || K <= 0 || N % G_NR != 0 || !gemm_single_thread()) return 0;
   size_t tiles = ((size_t)M + G_MR - 1) / G_MR, a_need = tiles * G_MR * G_KC;
   if (!gemm_panel) gemm_panel = td_alloc((size_t)G_KC * G_NC * sizeof(float));
@@ -396,6 +397,11 @@ int nn_gemm_tn(int M, int N, int K, const float *A, int lda, const float *B, int
       if (i < M) {
         float *d = gemm_apanel + (size_t)i * kc + (size_t)k * G_MR;
         for (int r = 0; r < G_MR; r++) d[r] = i + r < M ? row[i + r] : 0.0f;
+      }
+      if (colsum) { /* the row is in L1 now: the bias gradient costs no pass of its own */
+        float *restrict cs = colsum;
+        const float *restrict rw = row;
+        for (int j = 0; j < M; j++) cs[j] += rw[j];
       }
     }
     for (int j0 = 0; j0 < N; j0 += G_NC) {
@@ -428,8 +434,9 @@ int nn_gemm(int trans_b, int M, int N, int K, const float *A, int lda, const flo
   return 0;
 }
 
-int nn_gemm_tn(int M, int N, int K, const float *A, int lda, const float *B, int ldb, float *C, int ldc) {
-  (void)M, (void)N, (void)K, (void)A, (void)lda, (void)B, (void)ldb, (void)C, (void)ldc;
+int nn_gemm_tn(int M, int N, int K, const float *A, int lda, const float *B, int ldb, float *C, int ldc,
+               float *colsum) {
+  (void)M, (void)N, (void)K, (void)A, (void)lda, (void)B, (void)ldb, (void)C, (void)ldc, (void)colsum;
   return 0;
 }
 #endif

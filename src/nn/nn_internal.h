@@ -232,8 +232,11 @@ void nn_sgemm_portable(int trans_a, int trans_b, int M, int N, int K, float alph
 int nn_gemm(int trans_b, int M, int N, int K, const float *A, int lda, const float *B, int ldb, const float *c_in,
             int ld_in, const float *bias, float *C, int ldc);
 /* C (M, N) += A^T @ B for A (K, M), B (K, N): the weight gradient
- * (dout^T @ inp). Returns 0, computing nothing, where nn_gemm would. */
-int nn_gemm_tn(int M, int N, int K, const float *A, int lda, const float *B, int ldb, float *C, int ldc);
+ * (dout^T @ inp); and colsum (M) += the sum of A's K rows unless NULL (the
+ * bias gradient, added row by row in order as a separate loop would).
+ * Returns 0, computing nothing, where nn_gemm would. */
+int nn_gemm_tn(int M, int N, int K, const float *A, int lda, const float *B, int ldb, float *C, int ldc,
+               float *colsum);
 
 /* ---- overwrite variants (beta = 0 for the first write of a gradient) ---- */
 /* As td_linear_backward; dinp is overwritten (=) instead of accumulated. */

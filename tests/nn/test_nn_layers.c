@@ -496,7 +496,9 @@ static void test_nn_gemm(void) {
       float *A = rand_buf((size_t)K * lda, 1.0f), *B = rand_buf((size_t)K * ldb, 1.0f);
       float *C0 = rand_buf((size_t)M * ldc, 1.0f), *C = malloc((size_t)M * ldc * sizeof(float));
       memcpy(C, C0, (size_t)M * ldc * sizeof(float));
-      if (nn_gemm_tn(M, N, K, A, lda, B, ldb, C, ldc)) {
+      float *cs = rand_buf((size_t)M, 1.0f), *cs0 = malloc((size_t)M * sizeof(float));
+      memcpy(cs0, cs, (size_t)M * sizeof(float));
+      if (nn_gemm_tn(M, N, K, A, lda, B, ldb, C, ldc, cs)) {
         ran++;
         for (int i = 0; i < M; i++) {
           for (int j = 0; j < N; j++) {
@@ -505,11 +507,14 @@ static void test_nn_gemm(void) {
             CHECK_CLOSE(C[(size_t)i * ldc + j], ref, 0, 4e-6 * (K + 2));
           }
           for (int j = N; j < ldc; j++) CHECK(C[(size_t)i * ldc + j] == C0[(size_t)i * ldc + j]);
+          double col = cs0[i];
+          for (int k = 0; k < K; k++) col += A[(size_t)k * lda + i];
+          CHECK_CLOSE(cs[i], col, 0, 4e-6 * (K + 2));
         }
       } else {
         for (size_t i = 0; i < (size_t)M * ldc; i++) CHECK(C[i] == C0[i]);
       }
-      free(A), free(B), free(C0), free(C);
+      free(A), free(B), free(C0), free(C), free(cs), free(cs0);
     }
   }
   /* the linear layers that route through it, at widths it takes (IC, OC % 32 == 0) */
@@ -525,7 +530,15 @@ static void test_nn_gemm(void) {
     nn_linear_residual_forward(fused, resid, x, w, bias, N, IC, OC);
     float *dw = rand_buf(OC * IC, 1.0f), *dw0 = malloc(OC * IC * sizeof(float));
     memcpy(dw0, dw, OC * IC * sizeof(float));
-    td_linear_backward(dx, dw, NULL, dout, x, w, N, IC, OC);
+    float *db = rand_buf(OC, 1.0f), *db0 = malloc(OC * sizeof(float));
+    memcpy(db0, db, OC * sizeof(float));
+    td_linear_backward(dx, dw, db, dout, x, w, N, IC, OC);
+    for (int o = 0; o < OC; o++) {
+      double ref = db0[o];
+      for (int n = 0; n < N; n++) ref += dout[n * OC + o];
+      CHECK_CLOSE(db[o], ref, 0, 4e-6 * N);
+    }
+    free(db), free(db0);
     for (int o = 0; o < OC; o++)
       for (int i = 0; i < IC; i++) {
         double ref = dw0[o * IC + i];
