@@ -100,7 +100,7 @@ deps:
 # The whole suite: normal build, then the same tests built with ASan+UBSan.
 test: deps
 	@$(MAKE) --no-print-directory all
-	@$(MAKE) --no-print-directory all BUILD=build/asan SAN=1 OPT=-O1
+	@$(MAKE) --no-print-directory all BUILD=build/asan SAN=1 OPT="-O1 -march=native"
 	@tests/run.sh
 
 demo: deps
