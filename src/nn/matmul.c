@@ -196,6 +196,7 @@ void td_sgemm(int trans_a, int trans_b, int M, int N, int K, float alpha, const 
 #define G_MC 120 /* rows of A per L2 block */
 _Static_assert(G_MC % G_MR == 0, "row blocks are whole tiles (nn_gemm_tn indexes its A panels by row)");
 #define G_NC 256 /* columns per packed block */
+#define G_PACK_ROWS 8 /* rows of an operand per pass of a pack (8 rows of 1024 floats: 32 KiB, in L1) */
 
 /* One tile: C[0:mr, 0:32] = A[0:mr, 0:kc] (rows lda apart) @ bp (kc x 32,
  * packed) + (first ? c_in + bias : C). Inlined with mr a constant into the
@@ -273,12 +274,18 @@ static void gemm_tile_part(int mr, int kc, const float *a, size_t lda, const flo
 /* bp[j/32][k][j%32] = op(B)(k0 + k, j0 + j) for k < kc, j < nc (nc % 32 == 0). */
 static void gemm_pack_b(float *restrict bp, int trans_b, const float *B, size_t ldb, int k0, int kc, int j0, int nc) {
   if (!trans_b) {
-    /* row by row, each row's nc floats read once, in order (panel by panel,
-     * every row was read in 128-byte pieces nc/32 times over) */
-    for (int k = 0; k < kc; k++) {
-      const float *row = B + (size_t)(k0 + k) * ldb + j0;
-      for (int jp = 0; jp < nc; jp += G_NR)
-        memcpy(bp + (size_t)jp * kc + (size_t)k * G_NR, row + jp, G_NR * sizeof(float));
+    /* G_PACK_ROWS rows at a time, panel by panel: the rows stay in L1 and
+     * each panel gets one contiguous 1 KiB run of stores. Row by row, the
+     * stores went to nc/32 places kc * 128 bytes apart (32 KiB: one L1 set),
+     * and stalled on them; panel by panel over all kc rows, every row was
+     * read in 128-byte pieces nc/32 times over. */
+    for (int kb = 0; kb < kc; kb += G_PACK_ROWS) {
+      int ke = TD_MIN(kc, kb + G_PACK_ROWS);
+      for (int jp = 0; jp < nc; jp += G_NR) {
+        float *dst = bp + (size_t)jp * kc;
+        const float *src = B + (size_t)k0 * ldb + j0 + jp;
+        for (int k = kb; k < ke; k++) memcpy(dst + (size_t)k * G_NR, src + (size_t)k * ldb, G_NR * sizeof(float));
+      }
     }
     return;
   }
@@ -335,6 +342,25 @@ static void gemm_tile_packed_a_part(int mr, int kc, const float *ap, const float
   gemm_tile_packed_a(mr, kc, ap, bp, c, ldc);
 }
 
+/* cs[j] += rows[r][j] for r < n in order (the same sums as row by row),
+ * eight rows per pass over cs. */
+static void colsum_rows(float *restrict cs, const float *rows, size_t ld, int n, int M) {
+  int r = 0;
+  for (; r + G_PACK_ROWS <= n; r += G_PACK_ROWS) {
+    const float *restrict x = rows + (size_t)r * ld;
+    for (int j = 0; j < M; j++) {
+      float s = cs[j];
+#pragma GCC unroll 8
+      for (int q = 0; q < G_PACK_ROWS; q++) s += x[(size_t)q * ld + j];
+      cs[j] = s;
+    }
+  }
+  for (; r < n; r++) {
+    const float *restrict x = rows + (size_t)r * ld;
+    for (int j = 0; j < M; j++) cs[j] += x[j];
+  }
+}
+
 static __thread float *gemm_panel;
 static __thread float *gemm_apanel; /* nn_gemm_tn's op(A), G_KC deep, in 12-row panels */
 static __thread size_t gemm_apanel_n; /* G_KC x G_NC, per thread (model replicas run on threads) */
@@ -389,20 +415,22 @@ int nn_gemm_tn(int M, int N, int K, const float *A, int lda, const float *B, int
     /* all of op(A)'s rows for this depth block, once (not once per column
      * block): ap[t][k][r] = A[k0 + k][12 t + r], 0 past M; row by row, so
      * that each row of A is read once, in order */
-    for (int k = 0; k < kc; k++) {
-      const float *row = A + (size_t)(k0 + k) * lda;
+    for (int kb = 0; kb < kc; kb += G_PACK_ROWS) {
+      /* G_PACK_ROWS rows at a time, tile by tile (see gemm_pack_b) */
+      int ke = TD_MIN(kc, kb + G_PACK_ROWS);
+      const float *rows = A + (size_t)k0 * lda;
       int i = 0;
-      for (; i + G_MR <= M; i += G_MR)
-        memcpy(gemm_apanel + (size_t)i * kc + (size_t)k * G_MR, row + i, G_MR * sizeof(float));
-      if (i < M) {
-        float *d = gemm_apanel + (size_t)i * kc + (size_t)k * G_MR;
-        for (int r = 0; r < G_MR; r++) d[r] = i + r < M ? row[i + r] : 0.0f;
+      for (; i + G_MR <= M; i += G_MR) {
+        float *d = gemm_apanel + (size_t)i * kc;
+        for (int k = kb; k < ke; k++) memcpy(d + (size_t)k * G_MR, rows + (size_t)k * lda + i, G_MR * sizeof(float));
       }
-      if (colsum) { /* the row is in L1 now: the bias gradient costs no pass of its own */
-        float *restrict cs = colsum;
-        const float *restrict rw = row;
-        for (int j = 0; j < M; j++) cs[j] += rw[j];
-      }
+      if (i < M)
+        for (int k = kb; k < ke; k++) {
+          float *d = gemm_apanel + (size_t)i * kc + (size_t)k * G_MR;
+          for (int r = 0; r < G_MR; r++) d[r] = i + r < M ? rows[(size_t)k * lda + i + r] : 0.0f;
+        }
+      if (colsum) /* the rows are in L1 now: the bias gradient costs no pass of its own */
+        colsum_rows(colsum, rows + (size_t)kb * lda, (size_t)lda, ke - kb, M);
     }
     for (int j0 = 0; j0 < N; j0 += G_NC) {
       int nc = TD_MIN(G_NC, N - j0);
