@@ -167,8 +167,7 @@ static float gpt_forward_impl(gpt_model *g, gpt_acts *a, const float *params, co
     td_attention_forward(atty, att, qkv, B, T, C, NH);
     nn_linear_residual_forward(res2, resid, atty, W(P_PROJW), W(P_PROJB), BT, C, C);
     td_layernorm_forward(ln2, ln2_mean, ln2_rstd, res2, W(P_LN2W), W(P_LN2B), BT, C);
-    td_linear_forward(fch, ln2, W(P_FCW), W(P_FCB), BT, C, 4 * C);
-    nn_gelu_forward_cache(fch_gelu, fch, fch, (size_t)BT * 4 * C);
+    nn_linear_gelu_forward(fch_gelu, fch, ln2, W(P_FCW), W(P_FCB), BT, C, 4 * C);
     nn_linear_residual_forward(res3, res2, fch_gelu, W(P_FC2W), W(P_FC2B), BT, 4 * C, C);
     resid = res3;
 #undef W
@@ -249,11 +248,11 @@ static void gpt_backward(td_model *model, const float *params, float *grads, flo
     const float *ln2_mean = a->ln2_mean + l * sBT, *ln2_rstd = a->ln2_rstd + l * sBT;
     const float *fch = a->fch + l * sBT * 4 * C, *fch_gelu = a->fch_gelu + l * sBT * 4 * C;
     /* MLP: res3 = res2 + fc2(gelu(fc(ln2(res2)))); dres holds d res3 */
-    nn_linear_backward_set(a->dbuf_4c, G(P_FC2W), G(P_FC2B), a->dres, fch_gelu, W(P_FC2W), BT, 4 * C, C);
+    /* dbuf_4c = d fc output: fc2's input gradient times gelu' (fch) */
+    nn_linear_backward_set_gelu(a->dbuf_4c, G(P_FC2W), G(P_FC2B), a->dres, fch_gelu, W(P_FC2W), fch, BT, 4 * C, C);
     READY(P_FC2B);
     READY(P_FC2W);
-    nn_gelu_backward_cached_bias(a->dbuf_4c, G(P_FCB), fch, a->dbuf_4c, BT, 4 * C);
-    nn_linear_backward_set(a->dbuf_c, G(P_FCW), NULL, a->dbuf_4c, ln2, W(P_FCW), BT, C, 4 * C);
+    nn_linear_backward_set(a->dbuf_c, G(P_FCW), G(P_FCB), a->dbuf_4c, ln2, W(P_FCW), BT, C, 4 * C);
     READY(P_FCB);
     READY(P_FCW);
     /* dres becomes d res2: the skip path plus the layernorm's input gradient */

@@ -38,11 +38,22 @@ void nn_linear_residual_forward(float *out, const float *resid, const float *inp
   td_sgemm(0, 1, N, OC, IC, 1.0f, inp, IC, weight, IC, 1.0f, out, OC);
 }
 
+void nn_linear_gelu_forward(float *out, float *dgelu, const float *inp, const float *weight, const float *bias, int N,
+                            int IC, int OC) {
+  if (nn_gemm_ep(1, N, OC, IC, inp, IC, weight, IC, NULL, 0, bias, out, OC, NN_GEMM_GELU, dgelu)) return;
+  td_linear_forward(dgelu, inp, weight, bias, N, IC, OC);
+  nn_gelu_forward_cache(out, dgelu, dgelu, (size_t)N * OC);
+}
+
+/* dgelu: unless NULL, dinp (beta_dinp 0 only) is multiplied by it (a GELU's backward). */
 static void linear_backward(float *dinp, float beta_dinp, float *dweight, float *dbias, const float *dout,
-                            const float *inp, const float *weight, int N, int IC, int OC) {
+                            const float *inp, const float *weight, const float *dgelu, int N, int IC, int OC) {
   /* dinp (N, IC) = dout (N, OC) @ weight (OC, IC) */
-  if (dinp && !nn_gemm(0, N, IC, OC, dout, OC, weight, IC, beta_dinp != 0.0f ? dinp : NULL, IC, NULL, dinp, IC))
+  if (dinp && !nn_gemm_ep(0, N, IC, OC, dout, OC, weight, IC, beta_dinp != 0.0f ? dinp : NULL, IC, NULL, dinp, IC,
+                          dgelu ? NN_GEMM_MUL : NN_GEMM_PLAIN, (float *)dgelu)) {
     td_sgemm(0, 0, N, IC, OC, 1.0f, dout, OC, weight, IC, beta_dinp, dinp, IC);
+    if (dgelu) nn_gelu_backward_cached(dinp, dgelu, dinp, (size_t)N * IC);
+  }
   /* dweight (OC, IC) += dout^T (OC, N) @ inp (N, IC) */
   if (dweight && nn_gemm_tn(OC, IC, N, dout, OC, inp, IC, dweight, IC, dbias)) dbias = NULL; /* summed there */
   else if (dweight) td_sgemm(1, 0, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f, dweight, IC);
@@ -57,12 +68,17 @@ static void linear_backward(float *dinp, float beta_dinp, float *dweight, float 
 
 void td_linear_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                         const float *weight, int N, int IC, int OC) {
-  linear_backward(dinp, 1.0f, dweight, dbias, dout, inp, weight, N, IC, OC);
+  linear_backward(dinp, 1.0f, dweight, dbias, dout, inp, weight, NULL, N, IC, OC);
 }
 
 void nn_linear_backward_set(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                             const float *weight, int N, int IC, int OC) {
-  linear_backward(dinp, 0.0f, dweight, dbias, dout, inp, weight, N, IC, OC);
+  linear_backward(dinp, 0.0f, dweight, dbias, dout, inp, weight, NULL, N, IC, OC);
+}
+
+void nn_linear_backward_set_gelu(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                                 const float *weight, const float *dgelu, int N, int IC, int OC) {
+  linear_backward(dinp, 0.0f, dweight, dbias, dout, inp, weight, dgelu, N, IC, OC);
 }
 
 /* ---- embedding ---- */
@@ -196,16 +212,9 @@ void td_layernorm_backward(float *dinp, float *dweight, float *dbias, const floa
  * stores gelu' (nn_gelu_forward_cache) and its backward is one multiply
  * instead of recomputing tanh (GELU fell from ~7% of a GPT step to ~2.5%). */
 
-#define GELU_SCALE 0.7978845608028654f /* sqrt(2/pi) */
-
-static inline nn_v16f gelu_sigmoid_v16(nn_v16f x) {
-  nn_v16f u = GELU_SCALE * x * (1.0f + 0.044715f * x * x);
-  return nn_v16_recip(1.0f + nn_expf_v16(-2.0f * u));
-}
-
-static inline nn_v16f gelu_grad_from_s(nn_v16f x, nn_v16f s) {
-  return s + 2.0f * GELU_SCALE * x * s * (1.0f - s) * (1.0f + 3.0f * 0.044715f * x * x);
-}
+/* nn_gelu_sigmoid_v16 and nn_gelu_grad_from_s are in nn_internal.h (the GEMM epilogue uses them too). */
+#define gelu_sigmoid_v16 nn_gelu_sigmoid_v16
+#define gelu_grad_from_s nn_gelu_grad_from_s
 
 void td_gelu_forward(float *out, const float *inp, size_t n) {
   size_t i = 0;

@@ -176,6 +176,19 @@ static inline nn_v16f nn_expf_v16(nn_v16f x) { /* as nn_expf_v8 */
   return y * (nn_v16f)((n + 127) << 23);
 }
 
+/* GELU (tanh approximation) on 16 lanes. With u = sqrt(2/pi) (x + 0.044715 x^3)
+ * and s = sigmoid(2u) = (1 + tanh u) / 2: gelu(x) = x s and
+ * gelu'(x) = s + 2 x s (1 - s) du/dx, so one exponential and one reciprocal
+ * give both (layers.c; matmul.c's GEMM epilogue uses the same). */
+#define NN_GELU_SCALE 0.7978845608028654f /* sqrt(2/pi) */
+static inline nn_v16f nn_gelu_sigmoid_v16(nn_v16f x) {
+  nn_v16f u = NN_GELU_SCALE * x * (1.0f + 0.044715f * x * x);
+  return nn_v16_recip(1.0f + nn_expf_v16(-2.0f * u));
+}
+static inline nn_v16f nn_gelu_grad_from_s(nn_v16f x, nn_v16f s) {
+  return s + 2.0f * NN_GELU_SCALE * x * s * (1.0f - s) * (1.0f + 3.0f * 0.044715f * x * x);
+}
+
 #ifdef __AVX512F__
 /* The 16 x 16 block in r (row i in r[i]) transposed in registers: pairs,
  * then quads (as doubles), then 128-bit lanes twice. */
@@ -231,6 +244,16 @@ void nn_sgemm_portable(int trans_a, int trans_b, int M, int N, int K, float alph
  * td_sgemm. */
 int nn_gemm(int trans_b, int M, int N, int K, const float *A, int lda, const float *B, int ldb, const float *c_in,
             int ld_in, const float *bias, float *C, int ldc);
+/* What nn_gemm_ep does to each final value x of C (aux is (M, N), rows ldc
+ * apart): NN_GEMM_GELU stores gelu(x) in C and gelu'(x) in aux (as
+ * nn_gelu_forward_cache), NN_GEMM_MUL stores x * aux (as
+ * nn_gelu_backward_cached). Done on the tile in registers, it saves the
+ * separate pass that read the product back from memory. */
+enum { NN_GEMM_PLAIN = 0, NN_GEMM_GELU = 1, NN_GEMM_MUL = 2 };
+/* nn_gemm with an epilogue (above); c_in must not be C with NN_GEMM_GELU
+ * or NN_GEMM_MUL. Returns 0, computing nothing, where nn_gemm would. */
+int nn_gemm_ep(int trans_b, int M, int N, int K, const float *A, int lda, const float *B, int ldb, const float *c_in,
+               int ld_in, const float *bias, float *C, int ldc, int epilogue, float *aux);
 /* C (M, N) += A^T @ B for A (K, M), B (K, N): the weight gradient
  * (dout^T @ inp); and colsum (M) += the sum of A's K rows unless NULL (the
  * bias gradient, added row by row in order as a separate loop would).
@@ -247,6 +270,17 @@ void nn_linear_backward_set(float *dinp /* (N, IC) */, float *dweight /* (OC, IC
 void nn_linear_residual_forward(float *out /* (N, OC) */, const float *resid /* (N, OC) */,
                                 const float *inp /* (N, IC) */, const float *weight /* (OC, IC) */,
                                 const float *bias /* (OC) */, int N, int IC, int OC);
+/* out = gelu(inp @ weight^T + bias) and dgelu = gelu' of the same (the linear
+ * layer and nn_gelu_forward_cache, fused where nn_gemm applies). */
+void nn_linear_gelu_forward(float *out /* (N, OC) */, float *dgelu /* (N, OC) */, const float *inp /* (N, IC) */,
+                            const float *weight /* (OC, IC) */, const float *bias /* (OC) */, int N, int IC, int OC);
+/* nn_linear_backward_set followed by dinp *= dgelu (nn_gelu_backward_cached):
+ * the input gradient of a linear layer fed by a GELU, carried back through
+ * the GELU (fused where nn_gemm applies). */
+void nn_linear_backward_set_gelu(float *dinp /* (N, IC) */, float *dweight /* (OC, IC) */, float *dbias /* (OC) */,
+                                 const float *dout /* (N, OC) */, const float *inp /* (N, IC) */,
+                                 const float *weight /* (OC, IC) */, const float *dgelu /* (N, IC) */, int N, int IC,
+                                 int OC);
 /* As td_gelu_backward but dinp = (overwrite); dinp may alias dout. */
 void nn_gelu_backward_set(float *dinp /* (n) */, const float *inp /* (n) */, const float *dout /* (n) */, size_t n);
 /* out = gelu(inp) and dgelu = gelu'(inp) (the derivative, for nn_gelu_backward_cached);

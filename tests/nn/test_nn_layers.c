@@ -194,6 +194,37 @@ static void test_activations(void) {
   free(act_x), free(g_out), free(g_w), free(dx), free(dx2);
 }
 
+/* ---- linear + GELU, fused (nn_gemm_ep's epilogues) against the separate calls ----
+ * N = 37 leaves a partial 12-row tile; IC = 300 is two depth blocks, so the
+ * epilogue must wait for the last one. */
+static void test_linear_gelu_fused(void) {
+  enum { N = 37, IC = 300, OC = 64 };
+  float *x = rand_buf((size_t)N * IC, 1.0f), *w = rand_buf((size_t)OC * IC, 0.1f), *b = rand_buf(OC, 0.1f);
+  float *y = malloc((size_t)N * OC * 4), *g = malloc((size_t)N * OC * 4);
+  float *y2 = malloc((size_t)N * OC * 4), *g2 = malloc((size_t)N * OC * 4);
+  nn_linear_gelu_forward(y, g, x, w, b, N, IC, OC);
+  td_linear_forward(g2, x, w, b, N, IC, OC);
+  nn_gelu_forward_cache(y2, g2, g2, (size_t)N * OC);
+  for (int i = 0; i < N * OC; i++) {
+    CHECK_CLOSE(y[i], y2[i], 1e-5, 1e-6);
+    CHECK_CLOSE(g[i], g2[i], 1e-5, 1e-6);
+  }
+  /* backward of a linear (OC2 x OC) fed by that GELU: its dinp times gelu' */
+  enum { OC2 = 96 };
+  float *w2 = rand_buf((size_t)OC2 * OC, 0.1f), *dout = rand_buf((size_t)N * OC2, 1.0f);
+  float *dx = malloc((size_t)N * OC * 4), *dx2 = malloc((size_t)N * OC * 4);
+  float *dw = const_buf((size_t)OC2 * OC, 0.0f), *dw2 = const_buf((size_t)OC2 * OC, 0.0f);
+  float *db = const_buf(OC2, 0.0f), *db2 = const_buf(OC2, 0.0f);
+  nn_linear_backward_set_gelu(dx, dw, db, dout, y, w2, g, N, OC, OC2);
+  nn_linear_backward_set(dx2, dw2, db2, dout, y, w2, N, OC, OC2);
+  nn_gelu_backward_cached(dx2, g, dx2, (size_t)N * OC);
+  for (int i = 0; i < N * OC; i++) CHECK_CLOSE(dx[i], dx2[i], 1e-5, 1e-6);
+  for (int i = 0; i < OC2 * OC; i++) CHECK_CLOSE(dw[i], dw2[i], 1e-5, 1e-6);
+  for (int i = 0; i < OC2; i++) CHECK_CLOSE(db[i], db2[i], 1e-5, 1e-6);
+  free(x), free(w), free(b), free(y), free(g), free(y2), free(g2), free(w2), free(dout), free(dx), free(dx2);
+  free(dw), free(dw2), free(db), free(db2);
+}
+
 /* ---- attention ---- */
 static int at_B = 2, at_T = 5, at_C = 8, at_NH = 2;
 static float *at_x, *at_att;
@@ -580,6 +611,7 @@ int main(void) {
   test_embedding();
   test_layernorm();
   test_activations();
+  test_linear_gelu_fused();
   test_attention();
   test_conv2d_case(3, 1);
   test_conv2d_case(5, 2);
