@@ -244,20 +244,6 @@ void nn_gelu_forward_cache(float *out, float *dgelu, const float *inp, size_t n)
   }
 }
 
-void nn_gelu_backward_cached_bias(float *dinp, float *dbias, const float *dgelu, const float *dout, int N, int OC) {
-  for (int n = 0; n < N; n++) {
-    float *dx = dinp + (size_t)n * OC; /* may be d itself: each element is read before it is written */
-    const float *d = dout + (size_t)n * OC;
-    const float *restrict g = dgelu + (size_t)n * OC;
-    float *restrict db = dbias;
-    for (int j = 0; j < OC; j++) {
-      float v = g[j] * d[j];
-      dx[j] = v;
-      db[j] += v;
-    }
-  }
-}
-
 void nn_gelu_backward_cached(float *dinp, const float *dgelu, const float *dout, size_t n) {
   float *restrict dx = dinp;
   const float *restrict g = dgelu;
@@ -500,10 +486,12 @@ static void att_tile16(int rows, int K, const float *a, size_t ars, size_t acs, 
                        size_t ldc, float alpha, float beta) {
   att_tile(1, rows, K, a, ars, acs, b, ldb, c, ldc, alpha, beta);
 }
+/* Columns [0, width) of the result, width rounded up to 16: in 32s, and a 16
+ * where 16 or fewer remain (b and c must have the rounded-up columns). */
 static void att_rows(int rows, int K, int width, const float *a, size_t ars, size_t acs, const float *b, size_t ldb,
                      float *c, size_t ldc, float alpha, float beta) {
   int c0 = 0;
-  for (; c0 + 32 <= width; c0 += 32) att_tile32(rows, K, a, ars, acs, b + c0, ldb, c + c0, ldc, alpha, beta);
+  for (; c0 + 16 < width; c0 += 32) att_tile32(rows, K, a, ars, acs, b + c0, ldb, c + c0, ldc, alpha, beta);
   if (c0 < width) att_tile16(rows, K, a, ars, acs, b + c0, ldb, c + c0, ldc, alpha, beta);
 }
 
@@ -570,8 +558,7 @@ static int attention_forward_tiled(float *out, float *att, const float *inp, int
       for (int i0 = 0; i0 < T; i0 += AT_R) {
         int rows = TD_MIN(AT_R, T - i0), n_keys = i0 + rows;
         /* scores of rows [i0, i0+rows) against keys [0, n_keys), 32 at a time */
-        for (int j0 = 0; j0 < n_keys; j0 += 32)
-          att_tile32(rows, hs, q + (size_t)i0 * C3, C3, 1, kt + j0, Tp, sc + j0, Tp, scale, 0.0f);
+        att_rows(rows, hs, n_keys, q + (size_t)i0 * C3, C3, 1, kt, Tp, sc, Tp, scale, 0.0f);
         for (int r = 0; r < rows; r++) {
           int i = i0 + r;
           float *restrict row = a + (size_t)i * T, *restrict s_row = sc + (size_t)r * Tp;
@@ -610,8 +597,7 @@ static int attention_backward_tiled(float *dinp, float beta, float *ds, const fl
       for (int i0 = 0; i0 < T; i0 += AT_R) {
         int rows = TD_MIN(AT_R, T - i0), n_keys = i0 + rows;
         /* dP = dout_h v^T on the causal columns */
-        for (int j0 = 0; j0 < n_keys; j0 += 32)
-          att_tile32(rows, hs, dh + (size_t)i0 * hs, hs, 1, vt + j0, Tp, dp + j0, Tp, 1.0f, 0.0f);
+        att_rows(rows, hs, n_keys, dh + (size_t)i0 * hs, hs, 1, vt, Tp, dp, Tp, 1.0f, 0.0f);
         /* dS = P (dP - rowsum(P dP)), zero above the diagonal up to the tile's last key */
         for (int r = 0; r < rows; r++) {
           int i = i0 + r;

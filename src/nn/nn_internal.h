@@ -289,12 +289,6 @@ void nn_gelu_forward_cache(float *out /* (n) */, float *dgelu /* (n) */, const f
 /* dinp = dgelu * dout (overwrite); dinp may alias dout. */
 void nn_gelu_backward_cached(float *dinp /* (n) */, const float *dgelu /* (n) */, const float *dout /* (n) */,
                              size_t n);
-/* The same on rows of OC (N rows), also adding each row into dbias (OC): the
- * bias gradient of the linear layer that produced the GELU's input, summed
- * while the values are in registers instead of in a pass of its own.
- * dinp may alias dout. */
-void nn_gelu_backward_cached_bias(float *dinp /* (N, OC) */, float *dbias /* (OC) */, const float *dgelu /* (N, OC) */,
-                                  const float *dout /* (N, OC) */, int N, int OC);
 /* As td_attention_backward but dinp is overwritten. */
 void nn_attention_backward_set(float *dinp /* (B, T, 3C) */, float *scratch /* (T, T) */,
                                const float *dout /* (B, T, C) */, const float *inp /* (B, T, 3C) */,
