@@ -161,8 +161,15 @@ static inline nn_v16f nn_v16_recip(nn_v16f d) {
 }
 static inline nn_v16f nn_expf_v16(nn_v16f x) { /* as nn_expf_v8 */
   const nn_v16f lo = NN_V16(-87.0f), hi = NN_V16(88.0f), magic = NN_V16(12582912.0f);
+#ifdef __AVX512F__
+  /* vmaxps/vminps return their second operand where either is NaN, so these
+   * are the selects below exactly (NaN stays NaN) in 2 instructions, not 6 */
+  x = (nn_v16f)_mm512_max_ps((__m512)lo, (__m512)x);
+  x = (nn_v16f)_mm512_min_ps((__m512)hi, (__m512)x);
+#else
   x = nn_v16_select(x < lo, lo, x);
   x = nn_v16_select(x > hi, hi, x);
+#endif
   nn_v16f shifted = x * 1.44269504088896341f + magic;
   nn_v16f fx = shifted - magic;
   nn_v16i n = (nn_v16i)shifted - 0x4B400000;
