@@ -331,7 +331,7 @@ static void gemm_pack_b(float *restrict bp, int trans_b, const float *B, size_t 
 /* The weight-gradient tile: C[0:mr, 0:32] += Ap^T-panel (kc x 12, packed,
  * zero past mr) @ bp (kc x 32). The packed A makes the 12 broadcasts of a
  * step one contiguous 48-byte read. */
-static inline __attribute__((always_inline)) void gemm_tile_packed_a(int mr, int kc, const float *ap,
+static inline __attribute__((always_inline)) void gemm_tile_packed_a(int mr, int rows, int kc, const float *ap,
                                                                       const float *bp, float *c, size_t ldc) {
   for (int r = 0; r < mr; r++) {
     __builtin_prefetch(c + (size_t)r * ldc, 1, 3);
@@ -343,12 +343,14 @@ static inline __attribute__((always_inline)) void gemm_tile_packed_a(int mr, int
     nn_v16f b0 = nn_v16_load(bp + (size_t)k * G_NR), b1 = nn_v16_load(bp + (size_t)k * G_NR + 16);
     const float *a = ap + (size_t)k * G_MR;
 #pragma GCC unroll 12
-    for (int r = 0; r < G_MR; r++) {
+    for (int r = 0; r < rows; r++) { /* rows (a constant) >= mr of the panel's 12 */
       nn_v16f av = nn_v16_splat(a[r]);
       acc[r][0] += av * b0, acc[r][1] += av * b1;
     }
   }
-  for (int r = 0; r < mr; r++) {
+#pragma GCC unroll 12
+  for (int r = 0; r < rows; r++) { /* a constant bound, so that acc stays in registers */
+    if (r >= mr) break;
     float *cp = c + (size_t)r * ldc;
     nn_v16_store(cp, nn_v16_load(cp) + acc[r][0]);
     nn_v16_store(cp + 16, nn_v16_load(cp + 16) + acc[r][1]);
@@ -356,11 +358,27 @@ static inline __attribute__((always_inline)) void gemm_tile_packed_a(int mr, int
 }
 
 static void gemm_tile_packed_a_full(int kc, const float *ap, const float *bp, float *c, size_t ldc) {
-  gemm_tile_packed_a(G_MR, kc, ap, bp, c, ldc);
+  gemm_tile_packed_a(G_MR, G_MR, kc, ap, bp, c, ldc);
+}
+
+/* The last rows (M % 12: 4 at M = 256 or 1024) computed in 4 or 8 rows of
+ * the panel, not all 12 (the products of the zero rows were 2/3 of the
+ * 4-row tile's time). */
+static void gemm_tile_packed_a_part4(int mr, int kc, const float *ap, const float *bp, float *c, size_t ldc) {
+  gemm_tile_packed_a(mr, 4, kc, ap, bp, c, ldc);
+}
+
+static void gemm_tile_packed_a_part8(int mr, int kc, const float *ap, const float *bp, float *c, size_t ldc) {
+  gemm_tile_packed_a(mr, 8, kc, ap, bp, c, ldc);
 }
 
 static void gemm_tile_packed_a_part(int mr, int kc, const float *ap, const float *bp, float *c, size_t ldc) {
-  gemm_tile_packed_a(mr, kc, ap, bp, c, ldc);
+  if (mr <= 4)
+    gemm_tile_packed_a_part4(mr, kc, ap, bp, c, ldc);
+  else if (mr <= 8)
+    gemm_tile_packed_a_part8(mr, kc, ap, bp, c, ldc);
+  else
+    gemm_tile_packed_a(mr, G_MR, kc, ap, bp, c, ldc);
 }
 
 /* cs[j] += rows[r][j] for r < n in order (the same sums as row by row),

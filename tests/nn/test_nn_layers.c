@@ -195,34 +195,60 @@ static void test_activations(void) {
 }
 
 /* ---- linear + GELU, fused (nn_gemm_ep's epilogues) against the separate calls ----
- * N = 37 leaves a partial 12-row tile; IC = 300 is two depth blocks, so the
- * epilogue must wait for the last one. */
-static void test_linear_gelu_fused(void) {
-  enum { N = 37, IC = 300, OC = 64 };
+ * and the products against double-precision loops. IC = 300 is two depth
+ * blocks, so the epilogue must wait for the last one; N and OC2 leave 4 or
+ * 8 rows past the last full 12-row tile (the constant-row partial tiles of
+ * nn_gemm and nn_gemm_tn). */
+static void check_linear_gelu_fused(int N, int OC2) {
+  enum { IC = 300, OC = 64 };
+  size_t nO = (size_t)N * OC;
   float *x = rand_buf((size_t)N * IC, 1.0f), *w = rand_buf((size_t)OC * IC, 0.1f), *b = rand_buf(OC, 0.1f);
-  float *y = malloc((size_t)N * OC * 4), *g = malloc((size_t)N * OC * 4);
-  float *y2 = malloc((size_t)N * OC * 4), *g2 = malloc((size_t)N * OC * 4);
+  float *y = malloc(nO * 4), *g = malloc(nO * 4), *y2 = malloc(nO * 4), *g2 = malloc(nO * 4);
   nn_linear_gelu_forward(y, g, x, w, b, N, IC, OC);
   td_linear_forward(g2, x, w, b, N, IC, OC);
-  nn_gelu_forward_cache(y2, g2, g2, (size_t)N * OC);
-  for (int i = 0; i < N * OC; i++) {
+  for (int n = 0; n < N; n++)
+    for (int o = 0; o < OC; o++) {
+      double ref = b[o];
+      for (int k = 0; k < IC; k++) ref += (double)x[(size_t)n * IC + k] * w[(size_t)o * IC + k];
+      CHECK_CLOSE(g2[(size_t)n * OC + o], ref, 1e-5, 1e-5);
+    }
+  nn_gelu_forward_cache(y2, g2, g2, nO);
+  for (size_t i = 0; i < nO; i++) {
     CHECK_CLOSE(y[i], y2[i], 1e-5, 1e-6);
     CHECK_CLOSE(g[i], g2[i], 1e-5, 1e-6);
   }
   /* backward of a linear (OC2 x OC) fed by that GELU: its dinp times gelu' */
-  enum { OC2 = 96 };
   float *w2 = rand_buf((size_t)OC2 * OC, 0.1f), *dout = rand_buf((size_t)N * OC2, 1.0f);
-  float *dx = malloc((size_t)N * OC * 4), *dx2 = malloc((size_t)N * OC * 4);
+  float *dx = malloc(nO * 4), *dx2 = malloc(nO * 4);
   float *dw = const_buf((size_t)OC2 * OC, 0.0f), *dw2 = const_buf((size_t)OC2 * OC, 0.0f);
   float *db = const_buf(OC2, 0.0f), *db2 = const_buf(OC2, 0.0f);
   nn_linear_backward_set_gelu(dx, dw, db, dout, y, w2, g, N, OC, OC2);
   nn_linear_backward_set(dx2, dw2, db2, dout, y, w2, N, OC, OC2);
-  nn_gelu_backward_cached(dx2, g, dx2, (size_t)N * OC);
-  for (int i = 0; i < N * OC; i++) CHECK_CLOSE(dx[i], dx2[i], 1e-5, 1e-6);
+  nn_gelu_backward_cached(dx2, g, dx2, nO);
+  for (size_t i = 0; i < nO; i++) CHECK_CLOSE(dx[i], dx2[i], 1e-5, 1e-6);
   for (int i = 0; i < OC2 * OC; i++) CHECK_CLOSE(dw[i], dw2[i], 1e-5, 1e-6);
   for (int i = 0; i < OC2; i++) CHECK_CLOSE(db[i], db2[i], 1e-5, 1e-6);
+  for (int n = 0; n < N; n++)
+    for (int o = 0; o < OC; o++) {
+      double ref = 0;
+      for (int j = 0; j < OC2; j++) ref += (double)dout[(size_t)n * OC2 + j] * w2[(size_t)j * OC + o];
+      CHECK_CLOSE(dx[(size_t)n * OC + o], ref * g[(size_t)n * OC + o], 1e-5, 1e-5);
+    }
+  for (int j = 0; j < OC2; j++)
+    for (int o = 0; o < OC; o++) {
+      double ref = 0;
+      for (int n = 0; n < N; n++) ref += (double)dout[(size_t)n * OC2 + j] * y[(size_t)n * OC + o];
+      CHECK_CLOSE(dw[(size_t)j * OC + o], ref, 1e-5, 1e-5);
+    }
   free(x), free(w), free(b), free(y), free(g), free(y2), free(g2), free(w2), free(dout), free(dx), free(dx2);
   free(dw), free(dw2), free(db), free(db2);
+}
+
+static void test_linear_gelu_fused(void) {
+  check_linear_gelu_fused(37, 96); /* 1 row past the tiles; 96 = 8 x 12 */
+  check_linear_gelu_fused(40, 88); /* 4 past, in nn_gemm and nn_gemm_tn */
+  check_linear_gelu_fused(44, 92); /* 8 past */
+  printf("linear + GELU fused: matches the separate calls and double-precision products\n");
 }
 
 /* ---- attention ---- */
