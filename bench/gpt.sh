@@ -37,8 +37,10 @@ GPT="$B/bin/train-gpt"
 FMNIST="$B/bin/train-fmnist"
 PEER=../shared/peers/torch_gpt_ddp.py
 PY=/usr/bin/python3
+# Always (incremental): the figures must come from the tree they are labelled with.
+make -j2 --no-print-directory BUILD="$B" all >/dev/null || { echo "bench/gpt.sh: build of $B failed" >&2; exit 1; }
 for f in "$RUN" "$GPT" "$FMNIST"; do
-  [ -x "$f" ] || { echo "bench/gpt.sh: $f missing; run make first" >&2; exit 1; }
+  [ -x "$f" ] || { echo "bench/gpt.sh: $f missing after the build" >&2; exit 1; }
 done
 have_torch=1
 if [ ! -f "$PEER" ] || ! "$PY" -c 'import torch' 2>/dev/null; then
