@@ -463,11 +463,6 @@ int nn_gemm_ep(int trans_b, int M, int N, int K, const float *A, int lda, const 
   return 1;
 }
 
-int nn_gemm(int trans_b, int M, int N, int K, const float *A, int lda, const float *B, int ldb, const float *c_in,
-            int ld_in, const float *bias, float *C, int ldc) {
-  return nn_gemm_ep(trans_b, M, N, K, A, lda, B, ldb, c_in, ld_in, bias, C, ldc, NN_GEMM_PLAIN, NULL);
-}
-
 int nn_gemm_tn(int M, int N, int K, const float *A, int lda, const float *B, int ldb, float *C, int ldc,
                float *colsum) {
   if (M <= 0 || N <= 0 || K <= 0 || N % G_NR != 0 || !gemm_single_thread()) return 0;
@@ -531,14 +526,14 @@ int nn_gemm_ep(int trans_b, int M, int N, int K, const float *A, int lda, const 
   return 0;
 }
 
-int nn_gemm(int trans_b, int M, int N, int K, const float *A, int lda, const float *B, int ldb, const float *c_in,
-            int ld_in, const float *bias, float *C, int ldc) {
-  return nn_gemm_ep(trans_b, M, N, K, A, lda, B, ldb, c_in, ld_in, bias, C, ldc, NN_GEMM_PLAIN, NULL);
-}
-
 int nn_gemm_tn(int M, int N, int K, const float *A, int lda, const float *B, int ldb, float *C, int ldc,
                float *colsum) {
   (void)M, (void)N, (void)K, (void)A, (void)lda, (void)B, (void)ldb, (void)C, (void)ldc, (void)colsum;
   return 0;
 }
 #endif
+
+int nn_gemm(int trans_b, int M, int N, int K, const float *A, int lda, const float *B, int ldb, const float *c_in,
+            int ld_in, const float *bias, float *C, int ldc) {
+  return nn_gemm_ep(trans_b, M, N, K, A, lda, B, ldb, c_in, ld_in, bias, C, ldc, NN_GEMM_PLAIN, NULL);
+}
