@@ -40,7 +40,7 @@ static inline nn_rng nn_rng_stream(uint64_t seed, uint64_t stream) {
 void nn_fill_normal(float *dst, size_t n, float std, nn_rng *rng);
 void nn_fill_const(float *dst, size_t n, float value);
 
-/* ---- exp and tanh, 8 lanes at a time ----
+/* ---- exp, 16 lanes at a time (nn_expf_v16 below) ----
  * Written with GCC/Clang vector extensions because the scalar form does not
  * vectorize without -ffast-math (the clamps and floor are float compares
  * that gcc will not turn into blends under IEEE semantics). Cephes' expf:
@@ -50,51 +50,8 @@ void nn_fill_const(float *dst, size_t n, float value);
 /* Everything below is static inline, so the AVX-vs-SSE argument-passing ABI
  * that -Wpsabi warns about (on builds without -mavx) never crosses a call. */
 #pragma GCC diagnostic ignored "-Wpsabi"
-typedef float nn_v8f __attribute__((vector_size(32)));
-typedef int32_t nn_v8i __attribute__((vector_size(32)));
-#define NN_V8(v) {v, v, v, v, v, v, v, v}
 
-static inline nn_v8f nn_v8_select(nn_v8i mask, nn_v8f a, nn_v8f b) { /* mask ? a : b */
-  return (nn_v8f)(((nn_v8i)a & mask) | ((nn_v8i)b & ~mask));
-}
-
-static inline nn_v8f nn_expf_v8(nn_v8f x) {
-  const nn_v8f lo = NN_V8(-87.0f), hi = NN_V8(88.0f), magic = NN_V8(12582912.0f);
-  x = nn_v8_select(x < lo, lo, x);
-  x = nn_v8_select(x > hi, hi, x);
-  nn_v8f shifted = x * 1.44269504088896341f + magic;
-  nn_v8f fx = shifted - magic;                    /* round(x log2 e) */
-  nn_v8i n = (nn_v8i)shifted - 0x4B400000;        /* the same, as an integer */
-  nn_v8f r = x - fx * 0.693359375f + fx * 2.12194440e-4f;
-  nn_v8f y = r * 1.9875691500e-4f + 1.3981999507e-3f;
-  y = y * r + 8.3334519073e-3f;
-  y = y * r + 4.1665795894e-2f;
-  y = y * r + 1.6666665459e-1f;
-  y = y * r + 5.0000001201e-1f;
-  y = y * r * r + r + 1.0f;
-  return y * (nn_v8f)((n + 127) << 23);
-}
-
-/* tanh(x) = 1 - 2 / (e^{2x} + 1); absolute error ~1e-7 */
-static inline nn_v8f nn_tanhf_v8(nn_v8f x) { return 1.0f - 2.0f / (nn_expf_v8(2.0f * x) + 1.0f); }
-
-static inline nn_v8f nn_v8_load(const float *p) {
-  nn_v8f v;
-  __builtin_memcpy(&v, p, sizeof v);
-  return v;
-}
-static inline void nn_v8_store(float *p, nn_v8f v) { __builtin_memcpy(p, &v, sizeof v); }
-/* Load n < 8 floats, the other lanes set to fill. */
-static inline nn_v8f nn_v8_load_partial(const float *p, int n, float fill) {
-  nn_v8f v = NN_V8(fill);
-  for (int i = 0; i < n; i++) v[i] = p[i];
-  return v;
-}
-static inline void nn_v8_store_partial(float *p, nn_v8f v, int n) {
-  for (int i = 0; i < n; i++) p[i] = v[i];
-}
-
-/* ---- the same, 16 lanes (one AVX-512 register; two or four elsewhere) ----
+/* ---- 16-lane vectors (one AVX-512 register; two or four elsewhere) ----
  * The hot elementwise passes (GELU, layernorm, softmax) use these: on
  * AVX-512 machines -march=native makes gcc prefer 256-bit vectors for the
  * loops it vectorizes itself, which halves their throughput next to the
@@ -159,7 +116,7 @@ static inline nn_v16f nn_v16_recip(nn_v16f d) {
   return 1.0f / d;
 #endif
 }
-static inline nn_v16f nn_expf_v16(nn_v16f x) { /* as nn_expf_v8 */
+static inline nn_v16f nn_expf_v16(nn_v16f x) { /* see "exp, 16 lanes" above */
   const nn_v16f lo = NN_V16(-87.0f), hi = NN_V16(88.0f), magic = NN_V16(12582912.0f);
 #ifdef __AVX512F__
   /* vmaxps/vminps return their second operand where either is NaN, so these
@@ -230,8 +187,8 @@ static inline void nn_transpose16(__m512 r[16]) {
 
 /* Scalar exp through the vector kernel (same values as the loops). */
 static inline float nn_expf(float x) {
-  nn_v8f v = NN_V8(x);
-  return nn_expf_v8(v)[0];
+  nn_v16f v = NN_V16(x);
+  return nn_expf_v16(v)[0];
 }
 
 /* x[i] = exp(x[i] - shift) for i < n; returns the sum (for softmax). */
