@@ -79,6 +79,59 @@ static double app_parse_double(const char *flag, const char *text, double min, d
   return v;
 }
 
+/* ---- the flags both programs take ----
+ * --config, --metrics, --save, --resume, --micro-batch, --seed, --lr and
+ * --threads mean the same in train-gpt and train-fmnist; each program parses
+ * its own flags around these. */
+typedef struct app_common_options {
+  const char *config_path;
+  const char *metrics_path;
+  const char *save_dir;
+  const char *resume_dir;
+  long micro_batch; /* -1: not given */
+  long threads;     /* -1: not given */
+  long long seed;   /* -1: not given */
+  double lr;        /* < 0: not given */
+} app_common_options;
+
+static void app_common_init(app_common_options *c) {
+  memset(c, 0, sizeof *c);
+  c->micro_batch = c->threads = -1;
+  c->seed = -1;
+  c->lr = -1;
+}
+
+/* If argv[*i] is one of the common flags, store it (consuming its value)
+ * and return 1; otherwise 0. */
+static int app_common_flag(int argc, char **argv, int *i, app_common_options *c) {
+  const char *v;
+  if ((v = app_flag_value(argc, argv, i, "--config"))) c->config_path = v;
+  else if ((v = app_flag_value(argc, argv, i, "--metrics"))) c->metrics_path = v;
+  else if ((v = app_flag_value(argc, argv, i, "--save"))) c->save_dir = v;
+  else if ((v = app_flag_value(argc, argv, i, "--resume"))) c->resume_dir = v;
+  else if ((v = app_flag_value(argc, argv, i, "--micro-batch"))) c->micro_batch = app_parse_long("--micro-batch", v, 1, 1 << 20);
+  else if ((v = app_flag_value(argc, argv, i, "--seed"))) c->seed = app_parse_long("--seed", v, 0, 1L << 62);
+  else if ((v = app_flag_value(argc, argv, i, "--lr"))) c->lr = app_parse_double("--lr", v, 0, 10);
+  else if ((v = app_flag_value(argc, argv, i, "--threads"))) c->threads = app_parse_long("--threads", v, 0, 1024);
+  else return 0;
+  return 1;
+}
+
+/* The config file over the program's defaults already in cfg, then the
+ * common flags over both. A config error is a usage error (exit 2) with the
+ * engine's message, which names the file and the key. */
+static void app_config_apply(const app_common_options *c, td_train_config *cfg) {
+  if (c->config_path) {
+    td_status s = td_train_config_load_json(c->config_path, cfg);
+    if (s != TD_OK) app_usage_error("%s", td_last_error());
+  }
+  if (c->micro_batch > 0) cfg->micro_batch = (int)c->micro_batch;
+  if (c->seed >= 0) cfg->seed = (uint64_t)c->seed;
+  if (c->lr >= 0) cfg->optimizer.lr = (float)c->lr;
+  if (c->threads >= 0) cfg->threads = (int)c->threads;
+  if (c->save_dir) snprintf(cfg->checkpoint_dir, sizeof cfg->checkpoint_dir, "%s", c->save_dir);
+}
+
 /* ---- timeline spans of forward and backward ----
  * The engine reports per-step totals (compute, communication wait). To show
  * where forward and backward actually ran, the program swaps the model's

@@ -45,39 +45,23 @@ static void usage(void) {
 }
 
 typedef struct fmnist_options {
-  const char *config_path;
+  app_common_options common;
   const char *data_dir;
-  const char *metrics_path;
-  const char *save_dir;
-  const char *resume_dir;
-  long epochs;      /* -1: not given */
-  long micro_batch; /* -1: not given */
-  long threads;     /* -1: not given */
-  long long seed;   /* -1: not given */
-  double lr;        /* < 0: not given */
+  long epochs; /* -1: not given */
 } fmnist_options;
 
 static void parse_args(int argc, char **argv, fmnist_options *o) {
-  memset(o, 0, sizeof *o);
+  app_common_init(&o->common);
   o->data_dir = TD_DEFAULT_FMNIST_DIR;
-  o->epochs = o->micro_batch = o->threads = -1;
-  o->seed = -1;
-  o->lr = -1;
+  o->epochs = -1;
   for (int i = 1; i < argc; i++) {
     const char *v;
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
       usage();
       exit(0);
-    } else if ((v = app_flag_value(argc, argv, &i, "--config"))) o->config_path = v;
+    } else if (app_common_flag(argc, argv, &i, &o->common)) continue;
     else if ((v = app_flag_value(argc, argv, &i, "--data"))) o->data_dir = v;
-    else if ((v = app_flag_value(argc, argv, &i, "--metrics"))) o->metrics_path = v;
-    else if ((v = app_flag_value(argc, argv, &i, "--save"))) o->save_dir = v;
-    else if ((v = app_flag_value(argc, argv, &i, "--resume"))) o->resume_dir = v;
     else if ((v = app_flag_value(argc, argv, &i, "--epochs"))) o->epochs = app_parse_long("--epochs", v, 1, 100000);
-    else if ((v = app_flag_value(argc, argv, &i, "--micro-batch"))) o->micro_batch = app_parse_long("--micro-batch", v, 1, 1 << 20);
-    else if ((v = app_flag_value(argc, argv, &i, "--seed"))) o->seed = app_parse_long("--seed", v, 0, 1L << 62);
-    else if ((v = app_flag_value(argc, argv, &i, "--lr"))) o->lr = app_parse_double("--lr", v, 0, 10);
-    else if ((v = app_flag_value(argc, argv, &i, "--threads"))) o->threads = app_parse_long("--threads", v, 0, 1024);
     else if (argv[i][0] == '-') app_usage_error("unknown option '%s'", argv[i]);
     else app_usage_error("unexpected argument '%s' (options start with --)", argv[i]);
   }
@@ -97,14 +81,7 @@ static long build_config(const fmnist_options *o, int world, size_t n_train, td_
   cfg->steps_per_print = 100;
   cfg->steps = 0;
   const td_schedule_config default_schedule = cfg->scheduler;
-  if (o->config_path) {
-    td_status s = td_train_config_load_json(o->config_path, cfg);
-    if (s != TD_OK) app_usage_error("%s", td_last_error()); /* the message names the file */
-  }
-  if (o->micro_batch > 0) cfg->micro_batch = (int)o->micro_batch;
-  if (o->seed >= 0) cfg->seed = (uint64_t)o->seed;
-  if (o->lr >= 0) cfg->optimizer.lr = (float)o->lr;
-  if (o->threads >= 0) cfg->threads = (int)o->threads;
+  app_config_apply(&o->common, cfg);
   if (cfg->micro_batch == 0 && cfg->train_batch_size == 0) cfg->micro_batch = FMNIST_DEFAULT_MICRO;
   td_status s = td_train_config_resolve(cfg, world);
   if (s != TD_OK) app_usage_error("%s", td_last_error());
@@ -121,7 +98,6 @@ static long build_config(const fmnist_options *o, int world, size_t n_train, td_
                          sc->min_ratio == default_schedule.min_ratio;
   if (schedule_is_ours && cfg->scheduler.warmup_steps > cfg->steps / 5)
     cfg->scheduler.warmup_steps = cfg->steps / 5;
-  if (o->save_dir) snprintf(cfg->checkpoint_dir, sizeof cfg->checkpoint_dir, "%s", o->save_dir);
   if (cfg->checkpoint_dir[0] && cfg->checkpoint_every == 0) cfg->checkpoint_every = per_epoch;
   return per_epoch;
 }
@@ -152,7 +128,7 @@ int main(int argc, char **argv) {
   parse_args(argc, argv, &opt);
 
   app_run run;
-  app_begin(&run, opt.metrics_path, 0);
+  app_begin(&run, opt.common.metrics_path, 0);
 
   td_dataset *train = NULL, *test = NULL;
   td_status s = td_idx_dataset_open(opt.data_dir, "train", &train);
@@ -170,8 +146,8 @@ int main(int argc, char **argv) {
   s = td_trainer_create(&cfg, app_engine_model(&run, model), train, run.comm, &run.trainer);
   if (s != TD_OK) app_fail(&run, "creating the trainer", s);
   app_trace_trainer(&run);
-  if (opt.resume_dir) {
-    s = td_trainer_resume(run.trainer, opt.resume_dir);
+  if (opt.common.resume_dir) {
+    s = td_trainer_resume(run.trainer, opt.common.resume_dir);
     if (s != TD_OK) app_fail(&run, "resuming from the checkpoint", s);
   }
   const td_train_config *rc = td_trainer_config(run.trainer);
@@ -182,7 +158,7 @@ int main(int argc, char **argv) {
             "(%ld per epoch) threads=%d data=%s%s%s\n",
             app_name, run.world, td_trainer_n_params(run.trainer), rc->train_batch_size, rc->micro_batch,
             rc->grad_accum, run.world, epochs, rc->steps, per_epoch, td_trainer_threads(run.trainer), opt.data_dir,
-            opt.resume_dir ? " resumed_from=" : "", opt.resume_dir ? opt.resume_dir : "");
+            opt.common.resume_dir ? " resumed_from=" : "", opt.common.resume_dir ? opt.common.resume_dir : "");
   app_start_progress(&run, rc->steps, rc->steps_per_print);
 
   double accuracy = -1;

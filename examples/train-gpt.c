@@ -54,28 +54,19 @@ static void usage(void) {
 }
 
 typedef struct gpt_options {
-  const char *config_path;
+  app_common_options common;
   const char *data_path;
-  const char *metrics_path;
-  const char *save_dir;
-  const char *resume_dir;
-  long steps;         /* -1: not given */
-  long micro_batch;   /* -1: not given */
-  long grad_accum;    /* -1: not given */
-  long save_every;    /* -1: not given */
-  long threads;       /* -1: not given */
-  long long seed;     /* -1: not given */
-  double lr;          /* < 0: not given */
+  long steps;      /* -1: not given */
+  long grad_accum; /* -1: not given */
+  long save_every; /* -1: not given */
   long sample;
   td_gpt_config model;
 } gpt_options;
 
 static void parse_args(int argc, char **argv, gpt_options *o) {
-  memset(o, 0, sizeof *o);
+  app_common_init(&o->common);
   o->data_path = TD_DEFAULT_TEXT_PATH;
-  o->steps = o->micro_batch = o->grad_accum = o->save_every = o->threads = -1;
-  o->seed = -1;
-  o->lr = -1;
+  o->steps = o->grad_accum = o->save_every = -1;
   o->sample = GPT_DEFAULT_SAMPLE;
   o->model = (td_gpt_config){.vocab = 256, .layers = 4, .channels = 256, .heads = 4, .seq = 128};
   for (int i = 1; i < argc; i++) {
@@ -83,22 +74,15 @@ static void parse_args(int argc, char **argv, gpt_options *o) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
       usage();
       exit(0);
-    } else if ((v = app_flag_value(argc, argv, &i, "--config"))) o->config_path = v;
+    } else if (app_common_flag(argc, argv, &i, &o->common)) continue;
     else if ((v = app_flag_value(argc, argv, &i, "--data"))) o->data_path = v;
-    else if ((v = app_flag_value(argc, argv, &i, "--metrics"))) o->metrics_path = v;
     else if ((v = app_flag_value(argc, argv, &i, "--save-every"))) o->save_every = app_parse_long("--save-every", v, 1, 1L << 40);
-    else if ((v = app_flag_value(argc, argv, &i, "--save"))) o->save_dir = v;
-    else if ((v = app_flag_value(argc, argv, &i, "--resume"))) o->resume_dir = v;
     else if ((v = app_flag_value(argc, argv, &i, "--steps"))) o->steps = app_parse_long("--steps", v, 1, 1L << 40);
-    else if ((v = app_flag_value(argc, argv, &i, "--micro-batch"))) o->micro_batch = app_parse_long("--micro-batch", v, 1, 1 << 20);
     else if ((v = app_flag_value(argc, argv, &i, "--grad-accum"))) o->grad_accum = app_parse_long("--grad-accum", v, 1, 1 << 20);
-    else if ((v = app_flag_value(argc, argv, &i, "--seed"))) o->seed = app_parse_long("--seed", v, 0, 1L << 62);
     else if ((v = app_flag_value(argc, argv, &i, "--layers"))) o->model.layers = (int)app_parse_long("--layers", v, 1, 256);
     else if ((v = app_flag_value(argc, argv, &i, "--channels"))) o->model.channels = (int)app_parse_long("--channels", v, 1, 1 << 16);
     else if ((v = app_flag_value(argc, argv, &i, "--heads"))) o->model.heads = (int)app_parse_long("--heads", v, 1, 1024);
     else if ((v = app_flag_value(argc, argv, &i, "--seq"))) o->model.seq = (int)app_parse_long("--seq", v, 1, 1 << 16);
-    else if ((v = app_flag_value(argc, argv, &i, "--lr"))) o->lr = app_parse_double("--lr", v, 0, 10);
-    else if ((v = app_flag_value(argc, argv, &i, "--threads"))) o->threads = app_parse_long("--threads", v, 0, 1024);
     else if ((v = app_flag_value(argc, argv, &i, "--sample"))) o->sample = app_parse_long("--sample", v, 0, 1 << 20);
     else if (argv[i][0] == '-') app_usage_error("unknown option '%s'", argv[i]);
     else app_usage_error("unexpected argument '%s' (options start with --)", argv[i]);
@@ -116,17 +100,9 @@ static void build_config(const gpt_options *o, int world, td_train_config *cfg) 
   cfg->scheduler.kind = TD_SCHEDULE_CONSTANT;
   cfg->steps = GPT_DEFAULT_STEPS;
   cfg->steps_per_print = 25; /* a line every few seconds at the reference size */
-  if (o->config_path) {
-    td_status s = td_train_config_load_json(o->config_path, cfg);
-    if (s != TD_OK) app_usage_error("%s", td_last_error()); /* the message names the file */
-  }
+  app_config_apply(&o->common, cfg);
   if (o->steps > 0) cfg->steps = o->steps;
-  if (o->micro_batch > 0) cfg->micro_batch = (int)o->micro_batch;
   if (o->grad_accum > 0) cfg->grad_accum = (int)o->grad_accum;
-  if (o->seed >= 0) cfg->seed = (uint64_t)o->seed;
-  if (o->lr >= 0) cfg->optimizer.lr = (float)o->lr;
-  if (o->threads >= 0) cfg->threads = (int)o->threads;
-  if (o->save_dir) snprintf(cfg->checkpoint_dir, sizeof cfg->checkpoint_dir, "%s", o->save_dir);
   if (o->save_every > 0) cfg->checkpoint_every = o->save_every;
   if (cfg->checkpoint_every > 0 && !cfg->checkpoint_dir[0])
     app_usage_error("--save-every needs a directory: --save DIR (or checkpoint.save_dir in the config)");
@@ -157,7 +133,7 @@ int main(int argc, char **argv) {
   parse_args(argc, argv, &opt);
 
   app_run run;
-  app_begin(&run, opt.metrics_path, 1);
+  app_begin(&run, opt.common.metrics_path, 1);
   td_train_config cfg;
   build_config(&opt, run.world, &cfg);
 
@@ -170,8 +146,8 @@ int main(int argc, char **argv) {
   s = td_trainer_create(&cfg, app_engine_model(&run, model), data, run.comm, &run.trainer);
   if (s != TD_OK) app_fail(&run, "creating the trainer", s);
   app_trace_trainer(&run);
-  if (opt.resume_dir) {
-    s = td_trainer_resume(run.trainer, opt.resume_dir);
+  if (opt.common.resume_dir) {
+    s = td_trainer_resume(run.trainer, opt.common.resume_dir);
     if (s != TD_OK) app_fail(&run, "resuming from the checkpoint", s);
   }
   const td_train_config *rc = td_trainer_config(run.trainer);
@@ -184,7 +160,7 @@ int main(int argc, char **argv) {
             app_name, run.world, td_trainer_n_params(run.trainer), opt.model.layers, opt.model.channels,
             opt.model.heads, opt.model.seq, rc->train_batch_size, rc->micro_batch, rc->grad_accum, run.world,
             rc->steps, td_trainer_threads(run.trainer), opt.data_path, data->n_samples,
-            opt.resume_dir ? " resumed_from=" : "", opt.resume_dir ? opt.resume_dir : "");
+            opt.common.resume_dir ? " resumed_from=" : "", opt.common.resume_dir ? opt.common.resume_dir : "");
     if (start >= rc->steps)
       fprintf(stderr, "%s: the checkpoint is at step %ld, --steps is %ld: nothing to train\n", app_name, start,
               rc->steps);
