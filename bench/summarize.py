@@ -76,13 +76,31 @@ def main():
         spread[name] = {s: (min(ts), max(ts)) for s, ts in per_size.items()}
     sizes = sorted(set().union(*[set(m) for m in med.values()]))
 
-    def busbw(name, size):
-        t = med[name].get(size)
+    def to_busbw(size, t):
         return size * factor / (t * 1e-6) / 1e9 if t else None
 
-    def ratio(a_name, b_name, size):
-        x, y = busbw(a_name, size), busbw(b_name, size)
-        return f"{x / y:.2f}x" if x and y else "-"
+    def busbw(name, size):
+        return to_busbw(size, med[name].get(size))
+
+    # The machine is shared: other jobs steal a core now and then, which
+    # hurts whichever program runs at that moment. The best round of each
+    # program shows what it does undisturbed.
+    def best_busbw(name, size):
+        mm = spread[name].get(size)
+        return to_busbw(size, mm[0] if mm else None)
+
+    def bw_ratio(a_name, b_name, s, fn):
+        x, y = fn(a_name, s), fn(b_name, s)
+        return x / y if x and y else None
+
+    def ratio_cell(a_name, b_name, s, fn):
+        r = bw_ratio(a_name, b_name, s, fn)
+        return f"{r:.2f}x" if r else "-"
+
+    def table(head, rows):
+        lines.append("| " + " | ".join(head) + " |")
+        lines.append("|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|")
+        lines.extend("| " + " | ".join(row) + " |" for row in rows)
 
     names = [n for n, _ in programs]
     lines = []
@@ -101,49 +119,28 @@ def main():
     lines.append(f"Load average (1/5/15 min) {a.load}: the machine is shared with other work, which "
                  "shows as spread between rounds (below).")
     lines.append("")
-    head = ["size"]
-    for n in names:
-        head += [f"{n} busbw", f"{n} us"]
     pairs = [(a_, b_) for a_, b_ in (("tandem-shm", "mpi-shm"), ("tandem-shm-malloc", "mpi-shm"),
                                        ("tandem-tcp", "gloo"), ("tandem-tcp", "mpi-tcp")) if a_ in med and b_ in med]
-    head += [f"{a_} / {b_}" for a_, b_ in pairs]
-    lines.append("| " + " | ".join(head) + " |")
-    lines.append("|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|")
+    pair_heads = [f"{a_} / {b_}" for a_, b_ in pairs]
+    rows = []
     for s in sizes:
         row = [human(s)]
         for n in names:
-            b = busbw(n, s)
-            t = med[n].get(s)
+            b, t = busbw(n, s), med[n].get(s)
             row += [f"{b:.2f}" if b else "-", fmt_time(t) if t else "-"]
-        row += [ratio(a_, b_, s) for a_, b_ in pairs]
-        lines.append("| " + " | ".join(row) + " |")
+        rows.append(row + [ratio_cell(a_, b_, s, busbw) for a_, b_ in pairs])
+    table(["size"] + [f"{n} {what}" for n in names for what in ("busbw", "us")] + pair_heads, rows)
     lines.append("")
     lines.append("Ratios are of busbw (higher is better for Tandem).")
     lines.append("")
 
-    # The machine is shared: other jobs steal a core now and then, which
-    # hurts whichever program runs at that moment. The best round of each
-    # program shows what it does undisturbed.
-    def best_busbw(name, size):
-        mm = spread[name].get(size)
-        return size * factor / (mm[0] * 1e-6) / 1e9 if mm else None
-
-    def best_ratio(a_name, b_name, size):
-        x, y = best_busbw(a_name, size), best_busbw(b_name, size)
-        return f"{x / y:.2f}x" if x and y else "-"
-
     lines.append("### Best round of each program (busbw from the fastest of the rounds)")
     lines.append("")
-    head2 = ["size"] + [f"{n} busbw" for n in names] + [f"{a_} / {b_}" for a_, b_ in pairs]
-    lines.append("| " + " | ".join(head2) + " |")
-    lines.append("|" + "|".join(["---"] + ["---:"] * (len(head2) - 1)) + "|")
-    for s_ in sizes:
-        row = [human(s_)]
-        for n in names:
-            b = best_busbw(n, s_)
-            row.append(f"{b:.2f}" if b else "-")
-        row += [best_ratio(a_, b_, s_) for a_, b_ in pairs]
-        lines.append("| " + " | ".join(row) + " |")
+    rows = []
+    for s in sizes:
+        row = [human(s)] + [f"{b:.2f}" if (b := best_busbw(n, s)) else "-" for n in names]
+        rows.append(row + [ratio_cell(a_, b_, s, best_busbw) for a_, b_ in pairs])
+    table(["size"] + [f"{n} busbw" for n in names] + pair_heads, rows)
     lines.append("")
 
     small = sizes[0] if sizes else None
@@ -162,10 +159,6 @@ def main():
                 ok = v >= goal if higher_is_better else v <= goal
                 cells += [fmt.format(v), "yes" if ok else "no"]
         lines.append(f"| {desc} | " + " | ".join(cells) + " |")
-
-    def bw_ratio(a_name, b_name, s, fn):
-        x, y = fn(a_name, s), fn(b_name, s)
-        return x / y if x and y else None
 
     target("64 MiB over shared memory: busbw >= 3x Open MPI (buffers from td_mem_alloc)",
            bw_ratio("tandem-shm", "mpi-shm", big, busbw), bw_ratio("tandem-shm", "mpi-shm", big, best_busbw), 3.0,
