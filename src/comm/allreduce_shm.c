@@ -27,9 +27,10 @@
  * stages only what the others need and never copies its own result back
  * (64 MiB, 2 ranks, in place: 11.3 -> 10.0 ms here). Large outputs that are
  * not the input are written with streaming stores (no read-for-ownership).
- * With TANDEM_SHM_CMA=1, large messages take allreduce_cma below instead;
- * when every rank's buffers are host-shared (td_mem_alloc), they take
- * allreduce_shm_direct.c, which needs none of the staging.
+ * When every rank's buffers are host-shared (td_mem_alloc), large messages
+ * take allreduce_shm_direct.c, which needs none of the staging. (A
+ * single-copy variant through process_vm_readv measured no faster than this
+ * pipeline and was removed: the kernel copies page by page.)
  * TD_AVG is reduced as TD_SUM; select.c scales the result. */
 #include "comm/transport/shm/shm.h"
 
@@ -39,9 +40,6 @@
  * reduction, where every rank reads all n inputs, beats the pipeline, where
  * each rank reduces 1/n of them (measured with 2 ranks: 256 KiB, 31 vs 34 us). */
 #define SHM_ALLREDUCE_SMALL_TOTAL ((size_t)512 << 10)
-/* Single-copy path (allreduce_cma) from this size, in chunks of this size. */
-#define SHM_CMA_MIN_BYTES ((size_t)1 << 20)
-#define SHM_CMA_CHUNK_BYTES ((size_t)1 << 20)
 /* Block of the fused reduce-and-copy of the own slice (fits in L1). */
 #define SHM_FUSE_BLOCK_BYTES ((size_t)16 << 10)
 /* Outputs at least this large are written with streaming stores. */
@@ -113,59 +111,6 @@ static td_status allreduce_pipelined(td_comm *comm, const comm_op *op, size_t by
   return TD_OK;
 }
 
-/* Large messages when ranks may read each other's memory (shm_cma, with
- * TANDEM_SHM_CMA=1): the
- * same slice ownership, but data moves with one kernel copy straight
- * between user buffers instead of through the slots, which takes a third of
- * the memory traffic off each core:
- *
- *     sync (publishes every rank's send/recv addresses)
- *     read my slice of the chunk from every peer's send into tmp;
- *     reduce my send slice and tmp into my recv slice
- *     sync
- *     read every peer's reduced slice from its recv into my recv
- *
- * A final sync keeps every rank from returning (and its caller from
- * reusing the buffers) while a peer may still read them. In place is safe:
- * a slice of send is overwritten only after the sync that ends its readers. */
-static td_status allreduce_cma(td_comm *comm, const comm_op *op) {
-  int n = comm->size, me = comm->rank;
-  size_t es = td_dtype_size(op->dtype);
-  size_t chunk = TD_MAX(SHM_CMA_CHUNK_BYTES / es, (size_t)n);
-  const char *send = op->send;
-  char *recv = op->recv;
-  char *tmp = td_alloc((size_t)(n - 1) * (chunk / (size_t)n + 1) * es);
-  if (!tmp) return comm_fail(comm, TD_ERR_SYSTEM, "rank %d: out of memory for allreduce staging", me);
-  td_status st = TD_OK;
-  const void *srcs[n];
-  size_t off[n], len[n];
-  for (size_t base = 0; base < op->count && st == TD_OK; base += chunk) {
-    size_t m = TD_MIN(chunk, op->count - base);
-    for (int k = 0; k < n; k++) td_shard_range(m, n, k, &off[k], &len[k]);
-    TD_CHECK_GOTO(shm_sync_addrs(comm, op, send, recv), st, out);
-    srcs[0] = send + (base + off[me]) * es;
-    for (int k = 0, j = 1; k < n; k++) {
-      if (k == me) continue;
-      char *dst = tmp + (size_t)(j - 1) * len[me] * es;
-      TD_CHECK_GOTO(shm_cma_read(comm, k, shm_peer_addr(comm, k, 0) + (base + off[me]) * es, dst, len[me] * es),
-                    st, out);
-      srcs[j++] = dst;
-    }
-    td_reduce_multi(recv + (base + off[me]) * es, srcs, n, len[me], op->dtype, op->redop);
-    TD_CHECK_GOTO(shm_sync_addrs(comm, op, send, recv), st, out);
-    for (int k = 0; k < n; k++) {
-      if (k == me || !len[k]) continue;
-      TD_CHECK_GOTO(shm_cma_read(comm, k, shm_peer_addr(comm, k, 1) + (base + off[k]) * es,
-                                 recv + (base + off[k]) * es, len[k] * es),
-                    st, out);
-    }
-  }
-  st = shm_sync(comm, op);
-out:
-  td_free(tmp);
-  return st;
-}
-
 td_status allreduce_shm(td_comm *comm, const comm_op *op) {
   size_t bytes = comm_op_bytes(op);
   if (shm_trivial(comm)) {
@@ -182,6 +127,5 @@ td_status allreduce_shm(td_comm *comm, const comm_op *op) {
     TD_CHECK(shm_sync_shared(comm, op, op->send, bytes, op->recv, bytes));
     if (shm_all_shared(comm, 0) && shm_all_shared(comm, 1)) return allreduce_shm_direct(comm, op);
   }
-  if (bytes >= SHM_CMA_MIN_BYTES && shm_cma(comm)) return allreduce_cma(comm, op);
   return allreduce_pipelined(comm, op, bytes);
 }

@@ -24,9 +24,7 @@ typedef struct shm_seg_header {
   uint64_t fifo_bytes;  /* capacity of each pair FIFO */
   uint64_t slot_bytes;  /* each collective slot */
   uint64_t chunk_bytes; /* pipeline chunk of the large-message algorithms */
-  uint32_t cma;         /* single-copy reads between processes allowed (TANDEM_SHM_CMA) */
-  int32_t leader_pid;   /* rank 0, whose probe_addr the others try to read */
-  uint64_t probe_addr;
+  int32_t leader_pid;   /* rank 0, whose probe region the others try to map */
   uint32_t xmap;             /* mapping each other's host-shared buffers allowed (TANDEM_SHM_XMAP) */
   net_hostmem_ref xprobe;    /* rank 0's probe region, which the others try to map */
 } shm_seg_header;
@@ -46,7 +44,6 @@ typedef struct shm_rank_block {
    * communicator, so that peers still waiting for it fail at once */
   _Alignas(SHM_LINE) int32_t pid;
   _Atomic uint32_t detached;
-  uint32_t cma_ok; /* this rank could read rank 0's memory with process_vm_readv */
   uint32_t xmap_ok; /* this rank could map rank 0's host-shared probe region */
   /* doorbell: bumped by peers that made progress possible for this rank
    * (data or space in a FIFO, an arrival, an abort); `waiting` counts this
@@ -90,8 +87,6 @@ typedef struct shm_transport {
   char *slot_base;       /* 2n slots of slot_stride */
   uint64_t epoch;        /* the last epoch this rank completed */
   bool spin;             /* spinning allowed: a core per local rank */
-  bool cma;              /* every rank can read every other's memory (process_vm_readv) */
-  uint64_t probe_word;   /* rank 0: what the others read to test that */
   bool xmap;             /* every rank can map every other's host-shared buffers */
   void *xprobe;          /* rank 0: the probe region, freed once setup completes */
   shm_peer_map *pmaps;   /* n x SHM_PEER_MAPS */
@@ -106,18 +101,11 @@ shm_transport *shm_of(const td_comm *comm);
 /* Bytes per pipeline chunk for the large-message algorithms (<= slot). */
 size_t shm_chunk_bytes(const td_comm *comm);
 
-/* Single-copy transfers (cross-memory attach, process_vm_readv), used by
- * the large-message allreduce when every rank may read every other's
- * memory (same user, no seccomp/ptrace restriction) and TANDEM_SHM_CMA=1
- * (off by default). Equal on every rank. */
-bool shm_cma(const td_comm *comm);
+
 /* shm_sync that also publishes two addresses of this rank's buffers for the
- * epoch; shm_peer_addr reads a peer's after the sync (valid until the peer's
- * arrival two epochs later). */
+ * epoch (shm_sync_shared uses it; valid until the rank's arrival two epochs
+ * later). */
 td_status shm_sync_addrs(td_comm *comm, const comm_op *op, const void *addr0, const void *addr1);
-const char *shm_peer_addr(const td_comm *comm, int rank, int which);
-/* Copy bytes from `remote` in rank's address space to `local`. */
-td_status shm_cma_read(td_comm *comm, int rank, const void *remote, void *local, size_t bytes);
 
 /* Direct collectives on host-shared buffers (td_mem_alloc): every rank can
  * map every other's (probed at setup, TANDEM_SHM_XMAP=0 turns it off); equal

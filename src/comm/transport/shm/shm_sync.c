@@ -8,14 +8,12 @@
  * before every rank arrived at e + 1, i.e. finished comparing at e; so no
  * extra handshake is needed. The same argument makes the slots reusable
  * (see the rule in comm_impl.h). */
-#define _GNU_SOURCE 1 /* process_vm_readv */
 #include "comm/transport/shm/shm.h"
 
 #include <immintrin.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/uio.h>
 
 bool shm_available(const td_comm *comm) { return shm_of(comm) != NULL; }
 
@@ -147,40 +145,6 @@ td_status shm_sync_addrs(td_comm *comm, const comm_op *op, const void *addr0, co
                      "every rank must issue the same collectives in the same order with the same count, dtype, op "
                      "and root",
                      fields, a, k, b);
-  }
-  return TD_OK;
-}
-
-const char *shm_peer_addr(const td_comm *comm, int rank, int which) {
-  shm_transport *t = shm_of(comm);
-  return (const char *)(uintptr_t)t->ranks[rank].addr[t->epoch & 1][which & 1];
-}
-
-bool shm_cma(const td_comm *comm) {
-  shm_transport *t = shm_of(comm);
-  return t && t->cma;
-}
-
-td_status shm_cma_read(td_comm *comm, int rank, const void *remote, void *local, size_t bytes) {
-  shm_transport *t = shm_of(comm);
-  pid_t pid = t->ranks[rank].pid;
-  char *dst = local;
-  const char *src = remote;
-  while (bytes > 0) {
-    struct iovec liov = {dst, bytes}, riov = {(void *)src, bytes};
-    ssize_t got = process_vm_readv(pid, &liov, 1, &riov, 1, 0);
-    if (got <= 0) {
-      if (got < 0 && errno == EINTR) continue;
-      int err = got < 0 ? errno : EIO;
-      if (err == ESRCH) return shm_fail_dead(t, rank, "read its buffer");
-      return comm_fail(comm, TD_ERR_SYSTEM,
-                       "rank %d: process_vm_readv of %zu bytes from rank %d (pid %d) failed: %s; set "
-                       "TANDEM_SHM_CMA=0 to stage everything through shared memory",
-                       t->rank, bytes, rank, (int)pid, strerror(err));
-    }
-    dst += got;
-    src += got;
-    bytes -= (size_t)got;
   }
   return TD_OK;
 }

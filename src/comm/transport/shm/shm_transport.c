@@ -22,7 +22,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/uio.h>
 #include <unistd.h>
 
 #define SHM_DEFAULT_FIFO_BYTES ((size_t)256 << 10)
@@ -30,7 +29,6 @@
 #define SHM_DEFAULT_SLOT_BYTES ((size_t)1 << 20)
 #define SHM_DEFAULT_CHUNK_BYTES ((size_t)1 << 20)
 #define SHM_DEFAULT_SPIN_US 50.0
-#define SHM_PROBE_MAGIC 0x54444d50524f4245ull /* "TDMPROBE" */
 
 static const transport_vtbl shm_vtbl;
 
@@ -373,24 +371,6 @@ static td_status wait_key(shm_transport *t, const char *key, char **value_out) {
   }
 }
 
-/* Can this rank read rank 0's memory with process_vm_readv? Needs the same
- * user and no seccomp or ptrace policy against it (containers often block
- * it); every rank's answer is in the segment before setup completes. */
-static uint32_t probe_cma(shm_transport *t) {
-  shm_seg_header *h = (shm_seg_header *)t->map;
-  if (!h->cma) return 0;
-  if (t->rank == 0) return 1;
-  uint64_t word = 0;
-  struct iovec liov = {&word, sizeof word}, riov = {(void *)(uintptr_t)h->probe_addr, sizeof word};
-  ssize_t got = process_vm_readv(h->leader_pid, &liov, 1, &riov, 1, 0);
-  if (got != (ssize_t)sizeof word || word != SHM_PROBE_MAGIC) {
-    TD_DEBUG("shm transport: no single-copy reads from rank 0 (pid %d): %s", (int)h->leader_pid,
-             got < 0 ? strerror(errno) : "short read");
-    return 0;
-  }
-  return 1;
-}
-
 td_status shm_transport_create(td_comm *comm, transport **out) {
   *out = NULL;
   if (!comm->store)
@@ -446,12 +426,7 @@ td_status shm_transport_create(td_comm *comm, transport **out) {
     h->fifo_bytes = t->fifo_bytes;
     h->slot_bytes = t->slot_bytes;
     h->chunk_bytes = t->chunk_bytes;
-    /* Off unless asked for: measured here it moves less data but did not
-     * beat the slot pipeline at 64 MiB (kernel page pinning per chunk). */
-    h->cma = td_env_long("TANDEM_SHM_CMA", 0) != 0;
     h->leader_pid = (int32_t)getpid();
-    t->probe_word = SHM_PROBE_MAGIC;
-    h->probe_addr = (uint64_t)(uintptr_t)&t->probe_word;
     shm_xmap_publish(t);
     h->magic = SHM_MAGIC;
     char v[256];
@@ -483,7 +458,6 @@ td_status shm_transport_create(td_comm *comm, transport **out) {
     shm_layout(t, t->map);
   }
   t->ranks[t->rank].pid = (int32_t)getpid();
-  t->ranks[t->rank].cma_ok = probe_cma(t);
   t->ranks[t->rank].xmap_ok = shm_xmap_probe(t);
 
   /* The last rank to map removes the name: from here on a killed job leaves
@@ -499,13 +473,10 @@ td_status shm_transport_create(td_comm *comm, transport **out) {
   TD_CHECK_GOTO(wait_key(t, key_ready, &value), st, fail);
   free(value);
   t->name[0] = '\0';
-  t->cma = t->n > 1;
-  for (int r = 0; r < t->n; r++) t->cma = t->cma && t->ranks[r].cma_ok;
   shm_xmap_setup_done(t);
-  TD_DEBUG("shm transport: %d ranks, fifo %zu, slot %zu, chunk %zu bytes, spin %s, single-copy reads %s, "
-           "direct access to host-shared buffers %s",
-           t->n, t->fifo_bytes, t->slot_bytes, t->chunk_bytes, t->spin ? "on" : "off", t->cma ? "on" : "off",
-           t->xmap ? "on" : "off");
+  TD_DEBUG("shm transport: %d ranks, fifo %zu, slot %zu, chunk %zu bytes, spin %s, direct access to host-shared "
+           "buffers %s",
+           t->n, t->fifo_bytes, t->slot_bytes, t->chunk_bytes, t->spin ? "on" : "off", t->xmap ? "on" : "off");
   *out = &t->base;
   return TD_OK;
 
