@@ -15,8 +15,15 @@ CC      ?= cc
 ifeq ($(CC),cc)
 CC := gcc
 endif
-OPT     ?= -O3 -march=native
-CFLAGS_BASE := -std=gnu11 -g $(OPT) -Wall -Wextra -Wno-unused-parameter -Wshadow -Wstrict-prototypes \
+OPT     ?= -O3
+# The instruction set everything is compiled for: baseline x86-64 (SSE2),
+# what Debian's amd64 packages assume, so that the library and programs run
+# on any x86-64 machine. It comes after OPT, so that an OPT carrying
+# -march=native (an old habit) cannot make the library unportable. The hot
+# kernels are compiled once more per CPU level below (KERNEL_SRCS) and the
+# level is chosen at run time (src/base/cpu.c; TANDEM_CPU).
+ARCH    ?= -march=x86-64 -mtune=generic
+CFLAGS_BASE := -std=gnu11 -g $(OPT) $(ARCH) -Wall -Wextra -Wno-unused-parameter -Wshadow -Wstrict-prototypes \
                -fno-strict-aliasing -pthread -Iinclude -Isrc -MMD -MP -fPIC
 ifeq ($(SAN),1)
 CFLAGS_BASE += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
@@ -46,12 +53,25 @@ endif
 CFLAGS  := $(CFLAGS_BASE) $(OPT_CFLAGS) $(EXTRA_CFLAGS)
 LDLIBS  := $(OPT_LIBS) -lm -lpthread $(LDSAN)
 
-LIB_SRCS   := $(sort $(shell find src -name '*.c'))
+# Kernel files: compiled once per CPU level, with that level's flags and
+# -DTD_LEVEL=<level> (their functions get a _<level> suffix: nn_kernels.h),
+# and chosen at run time (kernels.c). Nothing else is compiled with more
+# than ARCH: tests/base/check_levels.sh checks the objects for that.
+KERNEL_SRCS := src/nn/matmul.c src/nn/layers.c src/nn/kernels_level.c
+LEVELS      := generic avx2 avx512
+# (-Wno-psabi: the kernels' 16-lane vectors are wider than a register below
+# AVX-512; gcc warns about their argument ABI when it clones a static helper,
+# but static functions never cross an ABI boundary.)
+LEVEL_FLAGS_generic := -Wno-psabi
+LEVEL_FLAGS_avx2    := -mavx2 -mfma -mf16c -Wno-psabi
+LEVEL_FLAGS_avx512  := -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512dq -mavx512vl
+LIB_SRCS   := $(filter-out $(KERNEL_SRCS),$(sort $(shell find src -name '*.c')))
 TOOL_SRCS  := $(sort $(wildcard tools/*.c examples/*.c))
 TEST_SRCS  := $(sort $(shell find tests -name 'test_*.c'))
 TESTLIB_SRCS := $(sort $(wildcard tests/common/*.c))
 
-LIB_OBJS   := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o)
+LIB_OBJS   := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o) \
+              $(foreach l,$(LEVELS),$(KERNEL_SRCS:%.c=$(BUILD)/obj/%.$(l).o))
 TESTLIB_OBJS := $(TESTLIB_SRCS:%.c=$(BUILD)/obj/%.o)
 TOOLS      := $(patsubst %.c,$(BUILD)/bin/%,$(notdir $(TOOL_SRCS)))
 TESTS      := $(patsubst %.c,$(BUILD)/tests/%,$(notdir $(TEST_SRCS)))
@@ -69,6 +89,13 @@ report-config:
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
+
+define LEVEL_RULE
+$$(BUILD)/obj/%.$(1).o: %.c
+	@mkdir -p $$(dir $$@)
+	$$(CC) $$(CFLAGS) -DTD_LEVEL=$(1) $$(LEVEL_FLAGS_$(1)) -c $$< -o $$@
+endef
+$(foreach l,$(LEVELS),$(eval $(call LEVEL_RULE,$(l))))
 
 $(LIBA): $(LIB_OBJS)
 	@mkdir -p $(dir $@)
@@ -100,7 +127,7 @@ deps:
 # The whole suite: normal build, then the same tests built with ASan+UBSan.
 test: deps
 	@$(MAKE) --no-print-directory all
-	@$(MAKE) --no-print-directory all BUILD=build/asan SAN=1 OPT="-O1 -march=native"
+	@$(MAKE) --no-print-directory all BUILD=build/asan SAN=1 OPT="-O1"
 	@tests/run.sh
 
 demo: deps

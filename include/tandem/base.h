@@ -30,6 +30,12 @@ typedef enum td_status {
 /* A short constant name for a status ("invalid argument", "remote error", ...). */
 const char *td_status_str(td_status status);
 
+/* The CPU level the library's SIMD kernels run at in this process:
+ * "generic" (any x86-64), "avx2" (AVX2, FMA, F16C) or "avx512" (AVX-512
+ * F/BW/DQ/VL). The highest this CPU supports unless TANDEM_CPU says
+ * otherwise; "generic" when TANDEM_CPU was refused (see README). */
+const char *td_cpu_kernel_level(void);
+
 /* The message of the last error raised on this thread outside a communicator
  * (argument parsing, store connection, file I/O). Never NULL. */
 const char *td_last_error(void);

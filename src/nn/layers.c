@@ -6,7 +6,7 @@
  * Hot loops keep their inner dimension contiguous, take restrict pointers
  * and call nothing but inline helpers, so that gcc vectorizes them at -O3;
  * matrix products go through td_sgemm (OpenBLAS or the portable nest). */
-#include "nn_internal.h"
+#include "nn_kernels.h" /* first: names this level's functions (compiled once per CPU level) */
 
 #include <float.h>
 #include <string.h>
@@ -808,21 +808,4 @@ void td_softmax_xent_backward(float *dlogits, const float *probs, const int32_t 
 void nn_softmax_xent_backward_set(float *dlogits, const float *probs, const int32_t *targets, float dloss, int N,
                                   int V) {
   softmax_xent_backward(dlogits, 0, probs, targets, dloss, N, V);
-}
-
-/* ---- init helpers ---- */
-
-void nn_fill_normal(float *dst, size_t n, float std, nn_rng *rng) {
-  for (size_t i = 0; i < n; i += 2) {
-    /* Box-Muller; u1 in (0, 1] so that log is finite */
-    float u1 = 1.0f - nn_rng_uniform(rng);
-    float u2 = nn_rng_uniform(rng);
-    float r = sqrtf(-2.0f * logf(u1));
-    dst[i] = std * r * cosf(6.28318530717958648f * u2);
-    if (i + 1 < n) dst[i + 1] = std * r * sinf(6.28318530717958648f * u2);
-  }
-}
-
-void nn_fill_const(float *dst, size_t n, float value) {
-  for (size_t i = 0; i < n; i++) dst[i] = value;
 }

@@ -1,6 +1,8 @@
 /* Matrix products: td_sgemm, the row-major sgemm every layer can use, and
  * (at the end of this file) nn_gemm / nn_gemm_tn, the AVX-512 products the
- * linear layers use where they apply.
+ * linear layers use where they apply. Compiled once per CPU level
+ * (nn_kernels.h): the AVX-512 products exist only in the avx512 level; at
+ * the other levels nn_gemm declines and the layers use td_sgemm.
  *
  * With OpenBLAS (TD_HAVE_OPENBLAS) td_sgemm is cblas_sgemm. Without it, a
  * portable loop nest: op(B) is packed block by block (KC x NC floats, kept
@@ -8,7 +10,7 @@
  * a time with contiguous, restrict-qualified inner loops over N that the
  * compiler vectorizes. It reaches a fraction of OpenBLAS's speed (no
  * register tiling in assembly) but has no dependency. */
-#include "nn_internal.h"
+#include "nn_kernels.h" /* first: names this level's functions (compiled once per CPU level) */
 
 #include <stdlib.h>
 #include <string.h>
@@ -17,36 +19,16 @@
 #include <cblas.h>
 #endif
 
-/* Threads for matrix products (process-wide, as OpenBLAS's setting is).
- * nn_gemm and nn_gemm_tn are single-threaded: with more than one thread
- * they decline and the layers use OpenBLAS's threaded sgemm. */
-static int nn_threads = 1;
-
-void td_nn_set_threads(int n_threads) {
-  __atomic_store_n(&nn_threads, n_threads < 1 ? 1 : n_threads, __ATOMIC_RELAXED);
-#ifdef TD_HAVE_OPENBLAS
-  openblas_set_num_threads(n_threads < 1 ? 1 : n_threads);
-#endif
-}
-
 #ifdef __AVX512F__
-/* Whether the single-threaded products should run (see nn_threads). */
+/* Whether the single-threaded products should run (kernels.c: td_nn_set_threads). */
 static int gemm_single_thread(void) {
 #ifdef TD_HAVE_OPENBLAS
-  return __atomic_load_n(&nn_threads, __ATOMIC_RELAXED) <= 1;
+  return nn_matmul_threads() <= 1;
 #else
   return 1; /* the portable nest is single-threaded too */
 #endif
 }
 #endif
-
-const char *td_nn_matmul_backend(void) {
-#ifdef TD_HAVE_OPENBLAS
-  return "openblas";
-#else
-  return "portable";
-#endif
-}
 
 #define KC 256 /* rows of op(B) per packed panel */
 #define NC 512 /* columns of op(B) per packed panel: KC*NC*4 = 512 KiB, fits L2 */

@@ -194,6 +194,9 @@ static inline float nn_expf(float x) {
 /* x[i] = exp(x[i] - shift) for i < n; returns the sum (for softmax). */
 float nn_exp_shift_sum(float *x, int n, float shift);
 
+/* td_nn_set_threads's value (kernels.c: one per process, not per level). */
+int nn_matmul_threads(void);
+
 /* The portable matmul, also used when OpenBLAS is present by the tests that
  * check it against OpenBLAS. Same contract as td_sgemm. */
 void nn_sgemm_portable(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A, int lda,
