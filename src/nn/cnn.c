@@ -177,6 +177,7 @@ static const td_model_ops cnn_ops = {
 td_status td_cnn_create(const td_cnn_config *config, td_model **out) {
   if (!config || !out) return td_error(TD_ERR_INVALID_ARGUMENT, "td_cnn_create: config and out must not be NULL");
   *out = NULL;
+  TD_CHECK(td_cpu_check()); /* a TANDEM_CPU the kernels cannot honour is refused here */
   const td_cnn_config *c = config;
   if (c->channels1 <= 0 || c->channels2 <= 0 || c->hidden <= 0 || c->classes <= 0)
     return td_error(TD_ERR_INVALID_ARGUMENT,

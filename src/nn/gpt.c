@@ -315,6 +315,7 @@ static const td_model_ops gpt_ops = {
 td_status td_gpt_create(const td_gpt_config *config, td_model **out) {
   if (!config || !out) return td_error(TD_ERR_INVALID_ARGUMENT, "td_gpt_create: config and out must not be NULL");
   *out = NULL;
+  TD_CHECK(td_cpu_check()); /* a TANDEM_CPU the kernels cannot honour is refused here */
   const td_gpt_config *c = config;
   if (c->vocab <= 0 || c->layers < 0 || c->channels <= 0 || c->heads <= 0 || c->seq <= 0)
     return td_error(TD_ERR_INVALID_ARGUMENT,

@@ -245,6 +245,78 @@ static void test_futex(void) {
   CHECK_EQ_INT(td_futex_wait(&word, 0, 1.0, false), 0); /* value differs: returns at once */
 }
 
+/* src/base/cpu.c: TANDEM_CPU's parser on every case, and the detected level
+ * against the kernel's view of the CPU (/proc/cpuinfo's flags, which Linux
+ * clears for features whose register state it does not save). */
+static int cpuinfo_has(const char *flags, const char *flag) {
+  size_t n = strlen(flag);
+  for (const char *p = flags; (p = strstr(p, flag)) != NULL; p += n)
+    if ((p == flags || p[-1] == ' ') && (p[n] == ' ' || p[n] == '\n' || p[n] == '\0')) return 1;
+  return 0;
+}
+
+static void test_cpu_level(void) {
+  char err[256];
+  td_cpu_level out;
+  for (int sup = 0; sup < TD_CPU_LEVELS; sup++) {
+    const char *autos[] = {NULL, "", "auto", "AUTO"};
+    for (size_t i = 0; i < TD_ARRAY_SIZE(autos); i++) {
+      out = (td_cpu_level)-1;
+      CHECK_OK(td_cpu_parse(autos[i], (td_cpu_level)sup, &out, err, sizeof err));
+      CHECK_EQ_INT(out, sup);
+    }
+    const char *names[] = {"generic", "avx2", "avx512"};
+    for (int l = 0; l < TD_CPU_LEVELS; l++) {
+      err[0] = '\0';
+      td_status st = td_cpu_parse(names[l], (td_cpu_level)sup, &out, err, sizeof err);
+      if (l <= sup) {
+        CHECK_OK(st);
+        CHECK_EQ_INT(out, l);
+      } else { /* a level the CPU lacks: refused, naming it and what is available */
+        CHECK_STATUS(st, TD_ERR_INVALID_ARGUMENT);
+        CHECK(strstr(err, names[l]) != NULL && strstr(err, "does not support") != NULL);
+        CHECK(strstr(err, names[sup]) != NULL);
+      }
+    }
+    CHECK_STATUS(td_cpu_parse("avx1024", (td_cpu_level)sup, &out, err, sizeof err), TD_ERR_INVALID_ARGUMENT);
+    CHECK(strstr(err, "TANDEM_CPU=avx1024") != NULL && strstr(err, "not a CPU level") != NULL);
+    CHECK_STATUS(td_cpu_parse("avx2 ", (td_cpu_level)sup, &out, err, sizeof err), TD_ERR_INVALID_ARGUMENT);
+  }
+  CHECK_EQ_INT(strcmp(td_cpu_level_name(TD_CPU_AVX512), "avx512"), 0);
+  CHECK_EQ_INT(strcmp(td_cpu_level_name((td_cpu_level)7), "unknown"), 0);
+
+  /* the process's level: never above what the CPU supports */
+  CHECK(td_cpu_active() <= td_cpu_supported());
+  const char *env = getenv("TANDEM_CPU");
+  if (!env || !*env) {
+    CHECK_EQ_INT(td_cpu_active(), td_cpu_supported());
+    CHECK_OK(td_cpu_check());
+  }
+  CHECK_EQ_INT(strcmp(td_cpu_kernel_level(), td_cpu_level_name(td_cpu_active())), 0);
+
+  /* detection against /proc/cpuinfo (skipped under an emulator, whose
+   * /proc/cpuinfo is the host's: TD_TEST_NO_CPUINFO=1) */
+  FILE *f = getenv("TD_TEST_NO_CPUINFO") ? NULL : fopen("/proc/cpuinfo", "r");
+  if (f) {
+    char line[8192];
+    int expect = -1;
+    while (fgets(line, sizeof line, f))
+      if (strncmp(line, "flags", 5) == 0) {
+        int v3 = cpuinfo_has(line, "avx2") && cpuinfo_has(line, "fma") && cpuinfo_has(line, "f16c");
+        int v4 = cpuinfo_has(line, "avx512f") && cpuinfo_has(line, "avx512bw") && cpuinfo_has(line, "avx512dq") &&
+                 cpuinfo_has(line, "avx512vl");
+        expect = v3 && v4 ? TD_CPU_AVX512 : v3 ? TD_CPU_AVX2 : TD_CPU_GENERIC;
+        break;
+      }
+    fclose(f);
+    if (expect >= 0) {
+      printf("cpu level: detected %s, /proc/cpuinfo says %s\n", td_cpu_level_name(td_cpu_supported()),
+             td_cpu_level_name((td_cpu_level)expect));
+      CHECK_EQ_INT(td_cpu_supported(), expect);
+    }
+  }
+}
+
 int main(void) {
   test_half_roundtrip();
   test_reduce_kernels();
@@ -253,6 +325,7 @@ int main(void) {
   test_shard();
   test_parse();
   test_futex();
+  test_cpu_level();
   printf("test_base: ok\n");
   return 0;
 }
