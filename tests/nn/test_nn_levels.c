@@ -19,6 +19,7 @@
  * is the same at every level: nn_v16f is 16 lanes whatever the register
  * width. */
 #include <stdint.h>
+#include <time.h>
 
 #include "../common/check.h"
 #include "nn/nn_kernels.h"
@@ -227,6 +228,82 @@ static void gpt_agrees(void) {
   td_model_destroy(m);
 }
 
+/* --bench ROUNDS: each kernel's speed at every supported level, the levels
+ * interleaved within each round (the machine is shared: a slow moment hits
+ * all levels alike), medians over the rounds. Shapes of the reference GPT
+ * (B T = 1024 rows, C = 256, the 768-wide qkv product). Not part of the
+ * suite; bench/cpu_levels.sh runs it. */
+static double median_of(double *x, int n) {
+  for (int i = 1; i < n; i++)
+    for (int j = i; j > 0 && x[j - 1] > x[j]; j--) {
+      double t = x[j];
+      x[j] = x[j - 1], x[j - 1] = t;
+    }
+  return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+}
+
+enum { BN = 1024, BIC = 256, BOC = 768, BT = 128, BC = 256, BNH = 4, BENCH_KERNELS = 5, MAX_ROUNDS = 64 };
+static const char *const bench_names[BENCH_KERNELS] = {
+    "linear forward (1024x256 @ 256x768) GFLOP/s", "linear backward (dinp + dweight + dbias) GFLOP/s",
+    "portable sgemm (no OpenBLAS) 1024x256 @ 256x768 GFLOP/s", "gelu forward+grad (1024x1024) Gelem/s",
+    "attention forward (B=8 T=128 C=256 NH=4) ms"};
+
+/* this thread's CPU seconds: the machine is shared, and wall time would
+ * count the moments another process had the core */
+static double thread_cpu_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static double bench_one(const nn_kernels *k, int which) {
+  static float *x, *w, *b, *o, *d, *dx, *dw, *db, *g, *gg, *qkv, *ao, *att;
+  if (!x) {
+    x = rand_buf((size_t)BN * BIC, 1.0f), w = rand_buf((size_t)BOC * BIC, 0.1f), b = rand_buf(BOC, 0.1f);
+    o = zero_buf((size_t)BN * BOC), d = rand_buf((size_t)BN * BOC, 1.0f), dx = zero_buf((size_t)BN * BIC);
+    dw = zero_buf((size_t)BOC * BIC), db = zero_buf(BOC), g = rand_buf((size_t)BN * 1024, 3.0f);
+    gg = zero_buf((size_t)BN * 1024), qkv = rand_buf((size_t)8 * BT * 3 * BC, 1.0f);
+    ao = zero_buf((size_t)8 * BT * BC), att = zero_buf((size_t)8 * BNH * BT * BT);
+  }
+  double flops = 2.0 * BN * BIC * BOC, t0 = thread_cpu_s(), t;
+  int reps = 0;
+  do { /* at least 0.2 CPU seconds per measurement */
+    switch (which) {
+      case 0: k->k_td_linear_forward(o, x, w, b, BN, BIC, BOC); break;
+      case 1: k->k_td_linear_backward(dx, dw, db, d, x, w, BN, BIC, BOC); break;
+      case 2: k->k_nn_sgemm_portable(0, 1, BN, BOC, BIC, 1.0f, x, BIC, w, BIC, 0.0f, o, BOC); break;
+      case 3: k->k_nn_gelu_forward_cache(gg, o, g, (size_t)BN * 1024); break;
+      default: k->k_td_attention_forward(ao, att, qkv, 8, BT, BC, BNH); break;
+    }
+    reps++;
+    t = thread_cpu_s() - t0;
+  } while (t < 0.2);
+  switch (which) {
+    case 0: case 2: return flops * reps / t * 1e-9;
+    case 1: return 2 * flops * reps / t * 1e-9;
+    case 3: return (double)BN * 1024 * reps / t * 1e-9;
+    default: return t / reps * 1e3;
+  }
+}
+
+static int bench(int rounds) {
+  if (rounds < 1 || rounds > MAX_ROUNDS) rounds = 5;
+  td_cpu_level top = td_cpu_supported();
+  static double r[TD_CPU_LEVELS][BENCH_KERNELS][MAX_ROUNDS];
+  for (int round = 0; round < rounds; round++)
+    for (int kk = 0; kk < BENCH_KERNELS; kk++)
+      for (int l = 0; l <= (int)top; l++) r[l][kk][round] = bench_one(nn_kernels_for((td_cpu_level)l), kk);
+  printf("# kernel speed per CPU level, 1 thread, per CPU second, median of %d interleaved rounds (matmul backend: %s)\n", rounds,
+         td_nn_matmul_backend());
+  for (int kk = 0; kk < BENCH_KERNELS; kk++) {
+    printf("%s", bench_names[kk]);
+    for (int l = 0; l <= (int)top; l++)
+      printf(" %s=%.2f", td_cpu_level_name((td_cpu_level)l), median_of(r[l][kk], rounds));
+    printf("\n");
+  }
+  return 0;
+}
+
 /* Run with a TANDEM_CPU that must be refused (unknown, or above this CPU):
  * model creation fails naming the variable, and the kernels stay generic. */
 static int expect_refused(void) {
@@ -254,6 +331,7 @@ int main(int argc, char **argv) {
     return 2;
   }
   if (argc == 2 && strcmp(argv[1], "--refused") == 0) return expect_refused();
+  if (argc == 3 && strcmp(argv[1], "--bench") == 0) return bench(atoi(argv[2]));
   td_nn_set_threads(1);
   printf("CPU level in use: %s (TANDEM_CPU=%s)\n", td_cpu_kernel_level(), getenv("TANDEM_CPU") ? getenv("TANDEM_CPU") : "");
   kernels_agree();

@@ -150,7 +150,10 @@ td_status shm_sync_addrs(td_comm *comm, const comm_op *op, const void *addr0, co
 }
 
 void shm_copy(void *dst, const void *src, size_t bytes, bool stream) {
-#if defined(__AVX2__)
+#if defined(__SSE2__)
+  /* SSE2 (baseline x86-64), not AVX: a streaming copy is bound by memory,
+   * not by the width of the stores, and the library is built for any x86-64
+   * (src/base/cpu.c). Four 16-byte stores fill one 64-byte line. */
   if (stream && bytes >= 8192) {
     char *d = dst;
     const char *s = src;
@@ -161,10 +164,14 @@ void shm_copy(void *dst, const void *src, size_t bytes, bool stream) {
     bytes -= head;
     size_t body = bytes & ~(size_t)(SHM_LINE - 1);
     for (size_t i = 0; i < body; i += SHM_LINE) {
-      __m256i x0 = _mm256_loadu_si256((const __m256i *)(s + i));
-      __m256i x1 = _mm256_loadu_si256((const __m256i *)(s + i + 32));
-      _mm256_stream_si256((__m256i *)(d + i), x0);
-      _mm256_stream_si256((__m256i *)(d + i + 32), x1);
+      __m128i x0 = _mm_loadu_si128((const __m128i *)(s + i));
+      __m128i x1 = _mm_loadu_si128((const __m128i *)(s + i + 16));
+      __m128i x2 = _mm_loadu_si128((const __m128i *)(s + i + 32));
+      __m128i x3 = _mm_loadu_si128((const __m128i *)(s + i + 48));
+      _mm_stream_si128((__m128i *)(d + i), x0);
+      _mm_stream_si128((__m128i *)(d + i + 16), x1);
+      _mm_stream_si128((__m128i *)(d + i + 32), x2);
+      _mm_stream_si128((__m128i *)(d + i + 48), x3);
     }
     _mm_sfence(); /* streaming stores are weakly ordered: publish before any flag */
     memcpy(d + body, s + body, bytes - body);
