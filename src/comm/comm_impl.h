@@ -47,7 +47,12 @@ typedef struct comm_op {
   const void *send; /* input (for broadcast: the buffer) */
   void *recv;       /* output (may equal send: in place) */
   size_t count;     /* elements, with the meaning documented in tandem/comm.h */
-  td_dtype dtype;
+  td_dtype dtype;   /* the elements the algorithm moves and combines */
+  /* The dtype the caller passed. It differs from dtype only while select.c
+   * runs an f16/bf16 reduction on f32 partial results; frame headers and
+   * messages carry user_dtype, so that a rank calling with f16 still
+   * mismatches one calling with f32 for the same count. */
+  td_dtype user_dtype;
   td_op redop;      /* reductions only */
   int root;         /* reduce/broadcast; -1 otherwise */
   int peer;         /* send/recv; -1 otherwise */
