@@ -19,30 +19,25 @@
 
 #include <string.h>
 
-enum { ALGO_AUTO = 0, ALGO_RING, ALGO_RD, ALGO_SHM };
+#define ALGO_AUTO COMM_ALGO_AUTO
+#define ALGO_RING COMM_ALGO_RING
+#define ALGO_RD COMM_ALGO_RD
+#define ALGO_SHM COMM_ALGO_SHM
+
+/* Below this many bytes, recursive doubling's log2(n) steps beat the ring's
+ * 2(n-1) (TANDEM_RD_MAX_BYTES). */
+#define RD_DEFAULT_MAX_BYTES ((size_t)64 << 10)
 
 td_status comm_select_init(td_comm *comm) {
   bool on_shm = comm->xport_name && !strcmp(comm->xport_name, "shm");
-  comm->sel_shm_collectives = on_shm && td_env_long("TANDEM_SHM_COLLECTIVES", 1) != 0;
-  comm->sel_rd_max_bytes = td_env_size("TANDEM_RD_MAX_BYTES", 64 * 1024);
-  const char *algo = td_env_str("TANDEM_ALLREDUCE_ALGO", "auto");
-  if (!strcmp(algo, "auto")) {
-    comm->sel_allreduce = ALGO_AUTO;
-  } else if (!strcmp(algo, "ring")) {
-    comm->sel_allreduce = ALGO_RING;
-  } else if (!strcmp(algo, "rd")) {
-    comm->sel_allreduce = ALGO_RD;
-  } else if (!strcmp(algo, "shm")) {
-    /* A world of one runs no algorithm at all, so any choice is fine there. */
-    if (!on_shm && comm->size > 1)
-      return td_error(TD_ERR_INVALID_ARGUMENT, "TANDEM_ALLREDUCE_ALGO=shm needs the shm transport, but rank %d uses "
-                                               "%s: use ring, rd or auto",
-                      comm->rank, comm->xport_name);
-    comm->sel_allreduce = ALGO_SHM;
-  } else {
-    return td_error(TD_ERR_INVALID_ARGUMENT, "TANDEM_ALLREDUCE_ALGO=%s is not an algorithm: use auto, ring, rd or shm",
-                    algo);
-  }
+  comm->sel_shm_collectives = on_shm && comm->tun.shm_collectives;
+  comm->sel_rd_max_bytes = comm_tun_bytes(comm->tun.rd_max_bytes, RD_DEFAULT_MAX_BYTES);
+  comm->sel_allreduce = comm->tun.allreduce_algo;
+  /* A world of one runs no algorithm at all, so any choice is fine there. */
+  if (comm->sel_allreduce == ALGO_SHM && !on_shm && comm->size > 1)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "TANDEM_ALLREDUCE_ALGO=shm needs the shm transport, but rank %d uses "
+                                             "%s: use ring, rd or auto",
+                    comm->rank, comm->xport_name);
   return TD_OK;
 }
 

@@ -15,7 +15,12 @@
  *                        cancellation (the +100, 0.02, -100, 0.02 case): the
  *                        result is the exact sum rounded once to the half
  *                        type, within the f32 accumulation error
- *   test_numerics all    all three (the default)
+ *   test_numerics overflow  counts whose byte size overflows, td_mem_alloc
+ *                        of nearly SIZE_MAX, a NaN or huge config timeout:
+ *                        TD_ERR_INVALID_ARGUMENT, and the communicator lives on
+ *   test_numerics all    all of the above (the default)
+ *   test_numerics badenv VAR   (VAR set to a bad value) td_comm_init refuses
+ *                        it with TD_ERR_INVALID_ARGUMENT naming VAR
  *   options: --large (counts 7 and 70001: past the single-sync shm path at 4+ ranks), --shared
  *   (buffers from td_mem_alloc, so that large shm reductions go direct)
  *
@@ -414,8 +419,51 @@ static void test_half(void) {
   }
 }
 
+/* ---- sizes and settings that cannot be honoured ---- */
+
+/* td_comm_init must refuse the environment this process was started with
+ * (one bad TANDEM_* variable, named `var`) with TD_ERR_INVALID_ARGUMENT and a
+ * message naming the variable, before connecting to anything. */
+static int test_bad_env(const char *var) {
+  td_comm *comm = NULL;
+  CHECK_STATUS(td_comm_init(&comm), TD_ERR_INVALID_ARGUMENT);
+  CHECK(comm == NULL);
+  if (!strstr(td_last_error(), var))
+    td_test_fail(__FILE__, __LINE__, "the error does not name %s: %s", var, td_last_error());
+  printf("test_numerics badenv %s=%s: refused: %s\n", var, getenv(var), td_last_error());
+  return 0;
+}
+
+/* Counts whose byte size overflows, and a config timeout that is not a
+ * number: TD_ERR_INVALID_ARGUMENT with a message, never a crash. */
+static void test_overflow(void) {
+  td_comm_config cfg = {0};
+  cfg.timeout_s = NAN;
+  td_comm *bad = NULL;
+  CHECK_STATUS(td_comm_init_config(&cfg, &bad), TD_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(td_last_error(), "timeout") != NULL);
+  cfg.timeout_s = 1e300;
+  CHECK_STATUS(td_comm_init_config(&cfg, &bad), TD_ERR_INVALID_ARGUMENT);
+  void *p = (void *)1;
+  CHECK_STATUS(td_mem_alloc(SIZE_MAX - 10, &p), TD_ERR_INVALID_ARGUMENT);
+  CHECK(p == NULL);
+  char buf[16];
+  CHECK_STATUS(td_allreduce(buf, buf, SIZE_MAX / 2 + 1, TD_F16, TD_SUM, g_comm), TD_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(td_allreduce(buf, buf, SIZE_MAX / 4 + 1, TD_F32, TD_SUM, g_comm), TD_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(td_reduce_scatter(buf, buf, SIZE_MAX / 8 + 1, TD_F64, TD_SUM, g_comm), TD_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(td_broadcast(buf, SIZE_MAX / 8 + 1, TD_I64, 0, g_comm), TD_ERR_INVALID_ARGUMENT);
+  if (g_size > 1)
+    CHECK_STATUS(td_alltoall(buf, buf + 8, SIZE_MAX / (size_t)g_size + 1, TD_U8, g_comm), TD_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(td_last_error(), "overflow") != NULL);
+  /* The communicator is still healthy: a bad argument fails only the call. */
+  int32_t one = 1, sum = 0;
+  CHECK_OK(td_allreduce(&one, &sum, 1, TD_I32, TD_SUM, g_comm));
+  CHECK_EQ_INT(sum, g_size);
+}
+
 int main(int argc, char **argv) {
   const char *mode = argc > 1 && argv[1][0] != '-' ? argv[1] : "all";
+  if (!strcmp(mode, "badenv") && argc > 2) return test_bad_env(argv[2]);
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--large")) { k_counts[0] = 7; k_counts[1] = 70001; n_counts = 2; }
     if (!strcmp(argv[i], "--shared")) g_shared = true;
@@ -427,8 +475,9 @@ int main(int argc, char **argv) {
   if (all || !strcmp(mode, "nan")) test_nan();
   if (all || !strcmp(mode, "wrap")) test_wrap();
   if (all || !strcmp(mode, "half")) test_half();
-  if (!all && strcmp(mode, "nan") && strcmp(mode, "wrap") && strcmp(mode, "half")) {
-    fprintf(stderr, "usage: test_numerics [all|nan|wrap|half] [--large] [--shared]\n");
+  if (all || !strcmp(mode, "overflow")) test_overflow();
+  if (!all && strcmp(mode, "nan") && strcmp(mode, "wrap") && strcmp(mode, "half") && strcmp(mode, "overflow")) {
+    fprintf(stderr, "usage: test_numerics [all|nan|wrap|half|overflow] [--large] [--shared] | badenv VAR\n");
     return 2;
   }
   if (g_rank == 0) printf("test_numerics %s: ok (%d ranks, %s)\n", mode, g_size, td_comm_transport(g_comm));
