@@ -1,6 +1,7 @@
 /* Reduction kernels for every dtype and op. Written as plain loops over
- * restrict pointers so that gcc -O3 vectorizes them (AVX2/AVX-512 with
- * -march=native); measured before reaching for intrinsics. f16 and bf16 are
+ * restrict pointers so that gcc -O3 vectorizes them (SSE2, AVX2 or AVX-512:
+ * this file is compiled once per CPU level, reduce_kernels.h); measured
+ * before reaching for intrinsics. f16 and bf16 are
  * widened to f32, combined, and rounded once.
  *
  * Semantics every path shares (README "Reductions"), chosen so that the
@@ -18,7 +19,7 @@
  *
  * td_reduce_multi works in tiles so that a tile of dst stays in L1 while each
  * source is folded into it: for n sources the traffic is n reads + 1 write. */
-#include "base.h"
+#include "reduce_kernels.h" /* first: this level's names (compiled once per CPU level) */
 
 #include <string.h>
 

@@ -72,6 +72,9 @@ static td_status read_switch(const char *name, bool dflt, bool *out) {
 
 td_status comm_tunables_read(const td_comm_config *config, comm_tunables *t) {
   memset(t, 0, sizeof *t);
+  /* TANDEM_CPU picks the reduction kernels' level (src/base/cpu.c): one the
+   * CPU lacks, or a typo, is refused here like any other bad tunable */
+  TD_CHECK(td_cpu_check());
   /* An explicit config timeout wins over the environment; it gets the same
    * checks (a NaN or a century would break the deadline arithmetic). */
   if (config && config->timeout_s != 0) {

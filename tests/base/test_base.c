@@ -8,6 +8,7 @@
 
 #include "../common/check.h"
 #include "base/base.h"
+#include "base/reduce_kernels.h"
 
 static void test_half_roundtrip(void) {
   /* Every finite f16 value converts to f32 and back unchanged. */
@@ -406,6 +407,96 @@ static void test_cpu_level(void) {
   }
 }
 
+/* The reduction kernels of every CPU level this machine supports give the
+ * same bits as the generic level's (reduce_kernels.h): every dtype and op,
+ * through every entry point, on counts around the vector widths and tile
+ * sizes, with NaNs (payloads), infinities, -0 and subnormals among the
+ * inputs. Exact equality, not a tolerance: the kernels combine elementwise
+ * in a fixed order, and no level may contract or reorder them. */
+static uint64_t lv_rng = 0x1234567;
+static uint64_t lv_next(void) {
+  lv_rng = lv_rng * 6364136223846793005ull + 1442695040888963407ull;
+  return lv_rng >> 16;
+}
+static void lv_fill(void *buf, size_t count, td_dtype dtype) {
+  size_t es = td_dtype_size(dtype);
+  unsigned char *p = buf;
+  for (size_t i = 0; i < count; i++) {
+    uint64_t r = lv_next();
+    if (dtype == TD_F32) {
+      static const uint32_t special[] = {0x7fc00000u, 0x7f800001u, 0xffc12345u, 0x7f800000u, 0xff800000u,
+                                         0x80000000u, 0x00000001u, 0x807fffffu};
+      float f = (float)((int64_t)(r % 2000001) - 1000000) / 997.0f;
+      uint32_t bits;
+      memcpy(&bits, &f, 4);
+      if (r % 53 == 0) bits = special[(r >> 20) % 8];
+      memcpy(p + i * 4, &bits, 4);
+    } else if (dtype == TD_F64) {
+      double d = (double)((int64_t)(r % 2000001) - 1000000) / 997.0;
+      if (r % 53 == 0) d = (r >> 20) % 2 ? NAN : -0.0;
+      memcpy(p + i * 8, &d, 8);
+    } else if (dtype == TD_F16 || dtype == TD_BF16) {
+      uint16_t h = (uint16_t)r; /* any bit pattern: NaNs, infinities, subnormals included */
+      if (dtype == TD_F16 && (h & 0x7c00) == 0x7c00 && r % 7) h &= 0xbfff; /* mostly finite */
+      if (dtype == TD_BF16 && (h & 0x7f80) == 0x7f80 && r % 7) h &= 0xbfff;
+      memcpy(p + i * 2, &h, 2);
+    } else {
+      memcpy(p + i * es, &r, es);
+    }
+  }
+}
+
+static void test_reduce_levels_agree(void) {
+  td_cpu_level top = td_cpu_supported();
+  const td_dtype dtypes[] = {TD_F32, TD_F64, TD_F16, TD_BF16, TD_I32, TD_I64, TD_U8};
+  const td_op ops[] = {TD_SUM, TD_PROD, TD_MIN, TD_MAX, TD_AVG};
+  const size_t counts[] = {0, 1, 7, 15, 16, 17, 33, 2047, 2049, 5003};
+  enum { MAXN = 5003, NS = 5 };
+  int compared = 0;
+  CHECK(td_reduce_kernels_for(TD_CPU_GENERIC)->k_td_reduce_multi != td_reduce_kernels_for(TD_CPU_AVX2)->k_td_reduce_multi);
+  for (size_t di = 0; di < TD_ARRAY_SIZE(dtypes); di++) {
+    td_dtype dt = dtypes[di];
+    size_t es = td_dtype_size(dt), bytes = MAXN * es;
+    unsigned char *src[NS], *out[TD_CPU_LEVELS][4];
+    for (int k = 0; k < NS; k++) src[k] = malloc(bytes), lv_fill(src[k], MAXN, dt);
+    for (int l = 0; l < TD_CPU_LEVELS; l++)
+      for (int j = 0; j < 4; j++) out[l][j] = malloc(bytes * 2);
+    for (size_t oi = 0; oi < TD_ARRAY_SIZE(ops); oi++)
+      for (size_t ci = 0; ci < TD_ARRAY_SIZE(counts); ci++) {
+        size_t n = counts[ci];
+        for (int l = 0; l <= (int)top; l++) {
+          const td_reduce_kernels *k = td_reduce_kernels_for((td_cpu_level)l);
+          for (int j = 0; j < 4; j++) memset(out[l][j], 0xa5, bytes * 2); /* what no kernel writes stays equal */
+          memcpy(out[l][0], src[0], bytes);
+          k->k_td_reduce_inplace(out[l][0], src[1], n, dt, ops[oi]);
+          const void *srcs[NS] = {src[0], src[1], src[2], src[3], src[4]};
+          k->k_td_reduce_multi(out[l][1], srcs, NS, n, dt, ops[oi]);
+          void *dsts[2] = {out[l][2], out[l][3]};
+          memcpy(out[l][2], src[2], bytes), memcpy(out[l][3], src[3], bytes);
+          k->k_td_reduce_fanout(dsts, 2, srcs, 3, n, dt, ops[oi]);
+          k->k_td_reduce_scale(out[l][1], n, dt, 3);
+          if (dt == TD_F16 || dt == TD_BF16) { /* the f32 partials' conversions, into the spare half of out[l][2] */
+            float *wide = (float *)(out[l][2] + bytes); /* n / 2 floats fit in bytes = 2 MAXN */
+            k->k_td_reduce_half_to_f32(wide, src[4], n / 2, dt);
+            k->k_td_reduce_f32_to_half(out[l][3] + bytes, wide, n / 2, dt, 3);
+          }
+        }
+        for (int l = 1; l <= (int)top; l++)
+          for (int j = 0; j < 4; j++) {
+            if (memcmp(out[l][j], out[0][j], bytes * 2) != 0)
+              td_test_fail(__FILE__, __LINE__, "%s %s count %zu: level %s's output %d differs from generic's",
+                           td_dtype_name(dt), td_op_name(ops[oi]), n, td_cpu_level_name((td_cpu_level)l), j);
+            compared++;
+          }
+      }
+    for (int k = 0; k < NS; k++) free(src[k]);
+    for (int l = 0; l < TD_CPU_LEVELS; l++)
+      for (int j = 0; j < 4; j++) free(out[l][j]);
+  }
+  printf("reduce kernels: %d outputs at levels above generic (up to %s) equal generic's bit for bit\n", compared,
+         td_cpu_level_name(top));
+}
+
 int main(void) {
   test_half_roundtrip();
   test_reduce_kernels();
@@ -416,6 +507,7 @@ int main(void) {
   test_parse();
   test_futex();
   test_cpu_level();
+  test_reduce_levels_agree();
   printf("test_base: ok\n");
   return 0;
 }

@@ -323,7 +323,7 @@ static int expect_refused(void) {
 
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IONBF, 0);
-  /* --supports LEVEL: exit 0 if this CPU runs LEVEL, 3 if not (tests/nn/at_level.sh) */
+  /* --supports LEVEL: exit 0 if this CPU runs LEVEL, 3 if not (tests/common/at_level.sh) */
   if (argc == 3 && strcmp(argv[1], "--supports") == 0) {
     for (int l = 0; l < TD_CPU_LEVELS; l++)
       if (strcmp(argv[2], td_cpu_level_name((td_cpu_level)l)) == 0) return l <= (int)td_cpu_supported() ? 0 : 3;
