@@ -460,13 +460,13 @@ static void test_reduce_levels_agree(void) {
     unsigned char *src[NS], *out[TD_CPU_LEVELS][4];
     for (int k = 0; k < NS; k++) src[k] = malloc(bytes), lv_fill(src[k], MAXN, dt);
     for (int l = 0; l < TD_CPU_LEVELS; l++)
-      for (int j = 0; j < 4; j++) out[l][j] = malloc(bytes * 2);
+      for (int j = 0; j < 4; j++) out[l][j] = malloc(bytes * 3);
     for (size_t oi = 0; oi < TD_ARRAY_SIZE(ops); oi++)
       for (size_t ci = 0; ci < TD_ARRAY_SIZE(counts); ci++) {
         size_t n = counts[ci];
         for (int l = 0; l <= (int)top; l++) {
           const td_reduce_kernels *k = td_reduce_kernels_for((td_cpu_level)l);
-          for (int j = 0; j < 4; j++) memset(out[l][j], 0xa5, bytes * 2); /* what no kernel writes stays equal */
+          for (int j = 0; j < 4; j++) memset(out[l][j], 0xa5, bytes * 3); /* what no kernel writes stays equal */
           memcpy(out[l][0], src[0], bytes);
           k->k_td_reduce_inplace(out[l][0], src[1], n, dt, ops[oi]);
           const void *srcs[NS] = {src[0], src[1], src[2], src[3], src[4]};
@@ -476,14 +476,14 @@ static void test_reduce_levels_agree(void) {
           k->k_td_reduce_fanout(dsts, 2, srcs, 3, n, dt, ops[oi]);
           k->k_td_reduce_scale(out[l][1], n, dt, 3);
           if (dt == TD_F16 || dt == TD_BF16) { /* the f32 partials' conversions, into the spare half of out[l][2] */
-            float *wide = (float *)(out[l][2] + bytes); /* n / 2 floats fit in bytes = 2 MAXN */
+            float *wide = (float *)(out[l][2] + ((bytes + 63) & ~(size_t)63)); /* n / 2 floats fit in 2 MAXN bytes */
             k->k_td_reduce_half_to_f32(wide, src[4], n / 2, dt);
             k->k_td_reduce_f32_to_half(out[l][3] + bytes, wide, n / 2, dt, 3);
           }
         }
         for (int l = 1; l <= (int)top; l++)
           for (int j = 0; j < 4; j++) {
-            if (memcmp(out[l][j], out[0][j], bytes * 2) != 0)
+            if (memcmp(out[l][j], out[0][j], bytes * 3) != 0)
               td_test_fail(__FILE__, __LINE__, "%s %s count %zu: level %s's output %d differs from generic's",
                            td_dtype_name(dt), td_op_name(ops[oi]), n, td_cpu_level_name((td_cpu_level)l), j);
             compared++;
