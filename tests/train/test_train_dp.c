@@ -32,7 +32,8 @@
 
 enum { GPT_T = 16 };
 
-static void text_get(const td_dataset *ds, size_t index, void *input, int32_t *targets) {
+static td_status text_get(const td_dataset *ds, size_t index, void *input, int32_t *targets) {
+  (void)ds;
   /* A deterministic byte stream with structure (so the loss falls). */
   int32_t *tok = input;
   for (int j = 0; j <= GPT_T; j++) {
@@ -41,9 +42,11 @@ static void text_get(const td_dataset *ds, size_t index, void *input, int32_t *t
     if (j < GPT_T) tok[j] = v;
     if (j > 0) targets[j - 1] = v;
   }
+  return TD_OK;
 }
 
-static void image_get(const td_dataset *ds, size_t index, void *input, int32_t *targets) {
+static td_status image_get(const td_dataset *ds, size_t index, void *input, int32_t *targets) {
+  (void)ds;
   float *x = input;
   int label = (int)(index % 10);
   for (int i = 0; i < 28 * 28; i++) {
@@ -52,6 +55,7 @@ static void image_get(const td_dataset *ds, size_t index, void *input, int32_t *
     x[i] = (float)((s >> 40) & 0xFF) / 512.0f + (((i / 28) % 10) == label ? 1.0f : 0.0f);
   }
   targets[0] = label;
+  return TD_OK;
 }
 
 static void plain_destroy(td_dataset *ds) { free(ds); }
