@@ -87,7 +87,11 @@ td_status td_trainer_agree(td_trainer *t, td_status local) {
     } else {
       char others[64] = "";
       if (n_failed > 1) snprintf(others, sizeof others, " (and %d other rank%s)", n_failed - 1, n_failed > 2 ? "s" : "");
-      result = td_error(first_status, "rank %d failed%s (%s): %s", first, others, td_status_str(first_status), reason);
+      /* "rank 3: ..." from the failed rank itself reads "rank 3 failed (...): ..." */
+      char prefix[32];
+      int n_prefix = snprintf(prefix, sizeof prefix, "rank %d: ", first);
+      const char *why = strncmp(reason, prefix, (size_t)n_prefix) == 0 ? reason + n_prefix : reason;
+      result = td_error(first_status, "rank %d failed%s (%s): %s", first, others, td_status_str(first_status), why);
     }
   }
   if (flags != stack_flags) free(flags);
