@@ -90,6 +90,8 @@ typedef struct td_train_config {
   int steps_per_print;       /* for the caller's progress display (the engine does not print) */
   char checkpoint_dir[512];  /* where td_trainer_step saves every checkpoint_every steps ("" : never) */
   long checkpoint_every;     /* steps between automatic checkpoints (0: never) */
+  int keep_last;             /* after each successful save, keep only this many newest checkpoints in the
+                              * directory, always including the one `latest` names (0: keep all) */
 } td_train_config;
 
 /* Defaults: AdamW lr 3e-4, betas (0.9, 0.999), eps 1e-8, weight decay 0;
@@ -110,7 +112,7 @@ void td_train_config_defaults(td_train_config *cfg);
  *   scheduler: {type: "WarmupLR"|"WarmupCosineLR"|"WarmupDecayLR"|"Constant",
  *               params: {warmup_num_steps, total_num_steps, warmup_min_lr,
  *                        warmup_max_lr, warmup_min_ratio, cos_min_ratio}},
- *   checkpoint: {save_dir, save_every};
+ *   checkpoint: {save_dir, save_every, keep_last};
  *   fp16, bf16 {enabled: false} and zero_optimization {stage: 0} are accepted
  *   (so that existing ds_config files load) and refused when switched on.
  * ("Adam" means AdamW, as DeepSpeed's default adam_w_mode does.) Unknown keys,
@@ -122,6 +124,9 @@ void td_train_config_defaults(td_train_config *cfg);
 td_status td_train_config_load_json(const char *path, td_train_config *cfg);
 /* The same from a string in memory; `source` names it in messages. */
 td_status td_train_config_parse_json(const char *text, const char *source, td_train_config *cfg);
+/* The same from `len` bytes at `data`, which need not be NUL-terminated (a
+ * NUL byte inside is an error). No file I/O: the fuzzing entry point. */
+td_status td_train_config_parse_json_buffer(const char *data, size_t len, const char *source, td_train_config *cfg);
 
 /* Fill in derived batch sizes for `world_size` ranks and check the whole
  * config: G must equal micro x accum x world ("train_batch_size 64 != 8

@@ -157,6 +157,8 @@ td_status td_trainer_create(const td_train_config *cfg_in, td_model *model, td_d
   t->rank = comm ? td_comm_rank(comm) : 0;
   t->world = comm ? td_comm_size(comm) : 1;
   TD_CHECK_GOTO(td_train_config_resolve(&t->cfg, t->world), st, fail);
+  t->ckpt_fault_at = td_env_long("TANDEM_CKPT_FAULT_AT", 0);
+  t->ckpt_fault_rank = (int)td_env_long("TANDEM_CKPT_FAULT_RANK", 0);
 
   int local_size = comm ? td_comm_local_size(comm) : 1;
   if (local_size < 1) local_size = 1;
