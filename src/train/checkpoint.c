@@ -603,11 +603,14 @@ td_status td_ckpt_manifest_parse(const char *data, size_t len, const char *sourc
     if ((i == 0 || data[i - 1] == '\n') && memcmp(data + i, "manifest_crc ", 13) == 0) crc_at = i;
   if (crc_at == SIZE_MAX)
     return td_error(TD_ERR_IO, "%s is truncated or corrupt: its closing manifest_crc line is missing", source);
+  /* ... ending the file with its newline: a manifest cut anywhere is refused. */
   char crc_text[16];
-  size_t crc_len = 0;
-  for (size_t i = crc_at + 13; i < len && data[i] != '\n' && crc_len < sizeof crc_text - 1; i++)
-    crc_text[crc_len++] = data[i];
+  size_t crc_len = 0, i = crc_at + 13;
+  for (; i < len && data[i] != '\n' && crc_len < sizeof crc_text - 1; i++) crc_text[crc_len++] = data[i];
   crc_text[crc_len] = '\0';
+  if (i != len - 1 || data[i] != '\n')
+    return td_error(TD_ERR_IO, "%s is truncated or corrupt: its manifest_crc line is not the complete last line",
+                    source);
   uint32_t crc_want = 0;
   if (!parse_hex32(crc_text, &crc_want) || td_crc32(0, data, crc_at) != crc_want)
     return td_error(TD_ERR_IO, "%s is corrupt: its checksum does not match its contents", source);
@@ -623,6 +626,8 @@ td_status td_ckpt_manifest_parse(const char *data, size_t len, const char *sourc
                                      "n_tensors"};
   char *save = NULL;
   for (char *line = strtok_r(text, "\n", &save); line && st == TD_OK; line = strtok_r(NULL, "\n", &save)) {
+    char shown[81]; /* the line as it was, for the message (fields get cut in place) */
+    td_strlcpy(shown, line, sizeof shown);
     char *rest = line;
     char *key = next_field(&rest);
     if (!key) continue;
@@ -713,7 +718,7 @@ td_status td_ckpt_manifest_parse(const char *data, size_t len, const char *sourc
       }
     }
     /* Other keys (config essentials) are informational. */
-    if (!ok && st == TD_OK) st = td_error(TD_ERR_IO, "%s is corrupt: cannot parse the line \"%.80s\"", source, line);
+    if (!ok && st == TD_OK) st = td_error(TD_ERR_IO, "%s is corrupt: cannot parse the line \"%s\"", source, shown);
   }
   free(text);
   if (st == TD_OK && m->format != CKPT_FORMAT)
