@@ -25,6 +25,16 @@
  *       step count unchanged; the retried step then equals a run that never
  *       failed, bit for bit.
  *
+ *   test_train_dp shareddir MODEL DIR
+ *       Each rank saves into its own DIR/rank-R (as if every host had a
+ *       local disk): refused on every rank, naming the rank that cannot see
+ *       rank 0's directory. Then one shared directory works.
+ *   test_train_dp ckpt-step MODEL DIR / ckpt-check MODEL DIR
+ *       ckpt-step: with no checkpoint in DIR, train 3 steps and save; else
+ *       resume, train 2 steps and save (run under TANDEM_CKPT_FAULT_AT to die
+ *       part-way). ckpt-check: resume DIR, which must hold step 3 or step 5,
+ *       and the next step's loss must equal an uninterrupted run's, exactly.
+ *
  * MODEL: "tiny" (the test MLP), "gpt" (a small src/nn GPT on synthetic
  * text) or "cnn" (the src/nn CNN on synthetic images). OPT: sgd | adamw. */
 #include "train/train_impl.h"
@@ -302,6 +312,69 @@ static void run_reload(td_comm *comm, const model_kit *kit, const char *dir) {
   td_dataset_destroy(ds);
 }
 
+static void run_shareddir(td_comm *comm, const model_kit *kit, const char *dir) {
+  int world = td_comm_size(comm), rank = td_comm_rank(comm);
+  td_dataset *ds = kit->dataset();
+  td_model *m = kit->create();
+  td_trainer *t = make(kit, m, ds, comm, G / world, 1, TD_OPTIMIZER_ADAMW);
+  CHECK_OK(td_trainer_step(t, NULL));
+  char own[600], shared[600];
+  snprintf(own, sizeof own, "%s/rank-%d", dir, rank);
+  snprintf(shared, sizeof shared, "%s/shared", dir);
+  td_status s = td_trainer_save(t, own);
+  if (rank == 0) printf("per-rank directories: %s: %s\n", td_status_str(s), td_last_error());
+  CHECK_EQ_INT(s, TD_ERR_IO);
+  if (!strstr(td_last_error(), "rank 1 cannot see the checkpoint directory") ||
+      !strstr(td_last_error(), "per-host local directories are not supported"))
+    td_test_fail(__FILE__, __LINE__, "rank %d: message: %s", rank, td_last_error());
+  CHECK_OK(td_trainer_save(t, shared));
+  td_trainer *u = make(kit, m, ds, comm, G / world, 1, TD_OPTIMIZER_ADAMW);
+  CHECK_OK(td_trainer_resume(u, shared));
+  CHECK_EQ_INT(td_trainer_step_count(u), 1);
+  CHECK(memcmp(td_trainer_params(u), td_trainer_params(t), td_trainer_n_params(t) * sizeof(float)) == 0);
+  td_trainer_destroy(t);
+  td_trainer_destroy(u);
+  td_model_destroy(m);
+  td_dataset_destroy(ds);
+}
+
+static void run_ckpt_step(td_comm *comm, const model_kit *kit, const char *dir) {
+  int world = td_comm_size(comm);
+  td_dataset *ds = kit->dataset();
+  td_model *m = kit->create();
+  td_trainer *t = make(kit, m, ds, comm, G / world, 1, TD_OPTIMIZER_ADAMW);
+  char latest[600];
+  snprintf(latest, sizeof latest, "%s/latest", dir);
+  int fresh = access(latest, F_OK) != 0;
+  if (!fresh) CHECK_OK(td_trainer_resume(t, dir));
+  for (int s = 0; s < (fresh ? 3 : 2); s++) CHECK_OK(td_trainer_step(t, NULL));
+  CHECK_OK(td_trainer_save(t, dir));
+  td_trainer_destroy(t);
+  td_model_destroy(m);
+  td_dataset_destroy(ds);
+}
+
+static void run_ckpt_check(td_comm *comm, const model_kit *kit, const char *dir) {
+  int world = td_comm_size(comm), rank = td_comm_rank(comm);
+  td_dataset *ds = kit->dataset();
+  td_model *m = kit->create();
+  td_trainer *t = make(kit, m, ds, comm, G / world, 1, TD_OPTIMIZER_ADAMW);
+  CHECK_OK(td_trainer_resume(t, dir));
+  long step = td_trainer_step_count(t);
+  CHECK(step == 3 || step == 5);
+  td_step_stats a, b;
+  CHECK_OK(td_trainer_step(t, &a));
+  td_trainer *ref = make(kit, m, ds, comm, G / world, 1, TD_OPTIMIZER_ADAMW);
+  for (long s = 0; s <= step; s++) CHECK_OK(td_trainer_step(ref, &b));
+  if (a.loss != b.loss) td_test_fail(__FILE__, __LINE__, "resumed at step %ld: loss %.9g != %.9g", step, a.loss, b.loss);
+  CHECK(memcmp(td_trainer_params(t), td_trainer_params(ref), td_trainer_n_params(t) * sizeof(float)) == 0);
+  if (rank == 0) printf("resumed the complete checkpoint of step %ld exactly\n", step);
+  td_trainer_destroy(t);
+  td_trainer_destroy(ref);
+  td_model_destroy(m);
+  td_dataset_destroy(ds);
+}
+
 /* ---- injected failures ---- */
 
 /* A dataset that wraps another and, on rank fail_rank only, spoils its
@@ -453,6 +526,12 @@ int main(int argc, char **argv) {
     run_equal(comm, kit, atoi(argv[3]), parse_opt(argv[4]));
   } else if (strcmp(argv[1], "resume") == 0 && argc >= 4) {
     run_resume(comm, kit, argv[3]);
+  } else if (strcmp(argv[1], "shareddir") == 0 && argc >= 4) {
+    run_shareddir(comm, kit, argv[3]);
+  } else if (strcmp(argv[1], "ckpt-step") == 0 && argc >= 4) {
+    run_ckpt_step(comm, kit, argv[3]);
+  } else if (strcmp(argv[1], "ckpt-check") == 0 && argc >= 4) {
+    run_ckpt_check(comm, kit, argv[3]);
   } else if (strcmp(argv[1], "fail") == 0) {
     run_fail(comm, kit);
   } else if (strcmp(argv[1], "reload") == 0 && argc >= 4) {
