@@ -515,9 +515,11 @@ td_status td_trainer_save(td_trainer *t, const char *root) {
   uint64_t *info = calloc((size_t)t->world * 2, sizeof *info);
   uint64_t *bytes = calloc((size_t)t->world, sizeof *bytes);
   uint32_t *crcs = calloc((size_t)t->world, sizeof *crcs);
-  if (!info || !bytes || !crcs) {
-    st = td_error(TD_ERR_SYSTEM, "rank %d: out of memory for the checkpoint shard table", t->rank);
-  } else {
+  st = info && bytes && crcs ? TD_OK : td_error(TD_ERR_SYSTEM, "rank %d: out of memory for the checkpoint shard table",
+                                                t->rank);
+  /* Every rank has its table (or all stop) before the allreduce that fills it. */
+  st = td_trainer_agree(t, st);
+  if (st == TD_OK) {
     info[2 * t->rank] = my_bytes;
     info[2 * t->rank + 1] = my_crc;
     if (t->comm && t->world > 1) {

@@ -125,6 +125,7 @@ struct td_trainer {
   int n_requests, cap_requests;
   size_t comm_bytes;
   td_status bucket_status; /* first failure from a launch inside the ready callback */
+  int32_t *agree_flags;     /* (world): td_trainer_agree's status table */
 
   /* Test hook (TANDEM_CKPT_FAULT_AT / TANDEM_CKPT_FAULT_RANK, read at
    * creation): die at this file operation of each save on that rank. */

@@ -51,16 +51,15 @@ td_status td_trainer_agree(td_trainer *t, td_status local) {
    * the first failed rank broadcasts its message, so that every rank's error
    * carries the reason and not only the rank (all ranks see the same table,
    * so they all take that branch together). */
-  int32_t stack_flags[64];
-  int32_t *flags = t->world <= 64 ? stack_flags : calloc((size_t)t->world, sizeof *flags);
-  if (!flags) return td_error(TD_ERR_SYSTEM, "rank %d: out of memory agreeing on a status", t->rank);
+  /* The table was allocated with the trainer: a failed allocation here
+   * would leave this rank out of a collective its peers wait in. */
+  int32_t *flags = t->agree_flags;
   memset(flags, 0, sizeof(int32_t) * (size_t)t->world);
   flags[t->rank] = (int32_t)local;
   char saved[1024];
   td_error_copy(saved, sizeof saved);
   td_status st = td_allreduce(flags, flags, (size_t)t->world, TD_I32, TD_MAX, t->comm);
   if (st != TD_OK) {
-    if (flags != stack_flags) free(flags);
     if (local != TD_OK) return td_error(local, "%s", saved);
     return td_error(st, "rank %d: %s", t->rank, td_comm_last_error(t->comm));
   }
@@ -94,7 +93,6 @@ td_status td_trainer_agree(td_trainer *t, td_status local) {
       result = td_error(first_status, "rank %d failed%s (%s): %s", first, others, td_status_str(first_status), why);
     }
   }
-  if (flags != stack_flags) free(flags);
   return result;
 }
 
@@ -176,7 +174,8 @@ td_status td_trainer_create(const td_train_config *cfg_in, td_model *model, td_d
   t->tensor_ready = calloc((size_t)TD_MAX(model->n_tensors, 1), sizeof(size_t));
   t->cap_requests = model->n_tensors + 2;
   t->requests = calloc((size_t)t->cap_requests, sizeof *t->requests);
-  if (!t->requests || !t->params || !t->grads || !t->states[0] || (t->n_states > 1 && !t->states[1]) || !t->inputs ||
+  t->agree_flags = calloc((size_t)t->world, sizeof *t->agree_flags);
+  if (!t->requests || !t->agree_flags || !t->params || !t->grads || !t->states[0] || (t->n_states > 1 && !t->states[1]) || !t->inputs ||
       !t->targets || !t->tensor_ready) {
     st = td_error(TD_ERR_SYSTEM, "out of memory for the training arenas (%zu parameters, %d optimizer states)",
                   t->n_params, t->n_states);
@@ -211,6 +210,7 @@ void td_trainer_destroy(td_trainer *t) {
    * with an error). */
   for (int i = 0; i < t->n_requests; i++) td_wait(t->requests[i]);
   free(t->requests);
+  free(t->agree_flags);
   td_free(t->params);
   if (t->grads_shared)
     td_mem_free(t->grads);
