@@ -48,6 +48,15 @@ td_status store_connect(const char *addr, double timeout_s, td_store **out) {
   if (st != TD_OK)
     return td_error(TD_ERR_REMOTE, "cannot reach the rendezvous store at %s after %.1f s: %s (is tandemrun running? "
                     "check TANDEM_STORE)", addr, td_now() - start, reason);
+  /* Prove this process holds the job's secret, and check that the store
+   * does, before a single key crosses the connection. */
+  char peer[340];
+  snprintf(peer, sizeof peer, "the rendezvous store at %s", addr);
+  st = net_auth_connect(fd, NET_AUTH_ROLE_STORE, -1, "store", peer, td_now() + TD_MAX(timeout_s, net_auth_timeout_s()));
+  if (st != TD_OK) {
+    close(fd);
+    return st;
+  }
   td_store *s = calloc(1, sizeof *s);
   if (!s) {
     close(fd);
