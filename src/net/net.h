@@ -191,6 +191,9 @@ typedef struct td_store td_store;
 td_status store_connect(const char *addr, double timeout_s, td_store **out);
 void store_close(td_store *store); /* accepts NULL */
 const char *store_address(const td_store *store);
+/* This end's address on the connection to the store: the local interface
+ * that routes to it (listeners of multi-host jobs bind there). */
+td_status store_route_address(td_store *store, char *buf, size_t size);
 
 td_status store_set(td_store *store, const char *key, const void *value, size_t len);
 /* Non-blocking read: *found = 0 if the key does not exist (value NULL). The

@@ -79,6 +79,13 @@ void store_close(td_store *s) {
 
 const char *store_address(const td_store *s) { return s ? s->addr : ""; }
 
+td_status store_route_address(td_store *s, char *buf, size_t size) {
+  pthread_mutex_lock(&s->mutex);
+  td_status st = net_socket_local_address(s->fd, buf, size);
+  pthread_mutex_unlock(&s->mutex);
+  return st;
+}
+
 /* Mark the connection unusable and return the error with the store's address. */
 static td_status mark_broken(td_store *s, td_status st, const char *what) {
   char why[512];

@@ -3,10 +3,18 @@
  *
  * Wiring (tcp_transport_create): every rank listens on an ephemeral port and
  * publishes "<prefix>/tcp/<rank>" = "address:port" in the store; rank i then
- * connects to every j < i and sends a hello (its rank and a hash of the
- * communicator's prefix), and accepts one connection from every j > i,
- * checking the hello. Connecting never waits on the peer's accept (the
- * kernel completes it from the listen backlog), so the order cannot deadlock.
+ * connects to every j < i and authenticates (net_auth_connect: its rank in
+ * the hello, a MAC bound to the communicator and to j), and accepts one
+ * connection from every j > i, checking the MAC (net_auth_accept) before
+ * the socket joins the transport. A connector waits only on lower ranks'
+ * accept loops, and rank 0 accepts at once, so the order cannot deadlock.
+ *
+ * The listener binds 127.0.0.1 when every rank of the communicator is on
+ * this host; otherwise TANDEM_HOST_ADDR, TANDEM_IFACE's address, or the
+ * local address of the connection to the store (the interface that routes
+ * to it). A connection that fails authentication is closed with a warning
+ * and never sees a byte of the job's data; one that stays silent is closed
+ * after TANDEM_AUTH_TIMEOUT.
  *
  *        rank 0          rank 1          rank 2
  *        listen  <-----  connect
@@ -68,7 +76,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#define TCP_HELLO_MAGIC 0x54444843u /* "TDHC" */
 /* Longest single sleep in wait(), so that a failure recorded by another
  * thread is noticed promptly even if no socket becomes ready. */
 #define TCP_WAIT_SLICE_S 0.1
@@ -96,12 +103,6 @@
  * after 200 ms retransmission timeouts (measured: 30x slower at 16 KiB). */
 #define TCP_MIN_BUFFER_BYTES ((size_t)128 << 10)
 
-typedef struct tcp_hello {
-  uint32_t magic;
-  int32_t rank;
-  uint64_t prefix_hash;
-} tcp_hello;
-
 typedef struct tcp_peer {
   int fd;        /* -1 for this rank */
   bool hung_up;  /* poll saw it hang up while it was not part of the transfer */
@@ -126,10 +127,10 @@ typedef struct tcp_transport {
   uint64_t spin_ns; /* busy-poll budget before sleeping in poll (0: never spin) */
 } tcp_transport;
 
-static uint64_t prefix_hash(const char *s) {
-  uint64_t h = 1469598103934665603ull; /* FNV-1a */
-  for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
-  return h;
+/* The authentication context of rank `acceptor`'s listener: a proof made
+ * for one communicator or one listener is worthless for any other. */
+static void auth_context(const td_comm *comm, int acceptor, char *buf, size_t size) {
+  snprintf(buf, size, "tcp %s %d", comm->prefix, acceptor);
 }
 
 static void abort_key(const td_comm *comm, char *buf, size_t size) { snprintf(buf, size, "%s/abort", comm->prefix); }
@@ -488,11 +489,14 @@ static void describe_missing(const tcp_transport *t, char *buf, size_t size) {
   }
 }
 
-/* Accept from every higher rank, checking the hellos. A connection with a
- * wrong hello (another job, a stale peer) is dropped with a warning. */
-static td_status accept_peers(tcp_transport *t, int listen_fd, uint64_t hash, double deadline, double timeout_s) {
+/* Accept from every higher rank, authenticating each. A connection that
+ * fails (a stranger, another job, a stale peer) is dropped with a warning;
+ * a silent one costs at most TANDEM_AUTH_TIMEOUT. */
+static td_status accept_peers(tcp_transport *t, int listen_fd, double deadline, double timeout_s) {
   td_comm *comm = t->base.comm;
   int expected = t->size - 1 - t->rank;
+  char ctx[300];
+  auth_context(comm, t->rank, ctx, sizeof ctx);
   while (expected > 0) {
     int fd = -1;
     td_status st = net_accept(listen_fd, deadline, &fd);
@@ -506,14 +510,13 @@ static td_status accept_peers(tcp_transport *t, int listen_fd, uint64_t hash, do
                       missing, t->rank, t->peers[t->rank].addr, timeout_s);
     }
     if (st != TD_OK) return st;
-    tcp_hello hello;
-    st = net_recv_all(fd, &hello, sizeof hello, TD_MIN(deadline, td_now() + 5.0));
-    if (st != TD_OK || hello.magic != TCP_HELLO_MAGIC || hello.prefix_hash != hash || hello.rank <= t->rank ||
-        hello.rank >= t->size || t->peers[hello.rank].fd >= 0) {
-      TD_WARN("tcp: rank %d (%s, communicator %s) dropped a connection that is not from a new peer of this "
+    net_auth_hello hello;
+    st = net_auth_accept(fd, NET_AUTH_ROLE_TCP, ctx, TD_MIN(deadline, td_now() + net_auth_timeout_s()), &hello);
+    if (st != TD_OK || hello.rank <= t->rank || hello.rank >= t->size || t->peers[hello.rank].fd >= 0) {
+      TD_WARN("tcp: rank %d (%s, communicator %s) closed a connection that is not from a new peer of this "
               "communicator (%s)",
               t->rank, t->peers[t->rank].addr, comm->prefix,
-              st != TD_OK ? td_last_error() : "unexpected hello");
+              st != TD_OK ? td_last_error() : "authenticated, but its rank is not one this rank expects");
       close(fd);
       continue;
     }
@@ -551,13 +554,20 @@ td_status tcp_transport_create(td_comm *comm, transport **out) {
   double timeout_s = td_env_double("TANDEM_CONNECT_TIMEOUT", 60.0);
   if (timeout_s <= 0) timeout_s = 60.0;
   double deadline = td_now() + timeout_s;
-  uint64_t hash = prefix_hash(comm->prefix);
 
-  /* Listen and publish. */
+  /* Listen (see the file header for the address) and publish. */
   int port = 0;
-  TD_CHECK_GOTO(net_listen(NULL, 0, t->size + 16, &listen_fd, &port), st, fail);
-  char host[64];
-  TD_CHECK_GOTO(net_local_address(host, sizeof host), st, fail);
+  char host[64] = "127.0.0.1";
+  if (comm->local_size != comm->size) {
+    if (td_env_str("TANDEM_HOST_ADDR", NULL) || td_env_str("TANDEM_IFACE", NULL)) {
+      TD_CHECK_GOTO(net_local_address(host, sizeof host), st, fail);
+    } else {
+      TD_CHECK_GOTO(store_route_address(comm->store, host, sizeof host), st, fail);
+      /* Rank 0 reaches a store it hosts over loopback; other hosts cannot. */
+      if (net_is_loopback_host(host)) TD_CHECK_GOTO(net_local_address(host, sizeof host), st, fail);
+    }
+  }
+  TD_CHECK_GOTO(net_listen(host, 0, t->size + 16, &listen_fd, &port), st, fail);
   snprintf(t->peers[t->rank].addr, sizeof t->peers[t->rank].addr, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host,
            port);
   char key[256];
@@ -591,15 +601,17 @@ td_status tcp_transport_create(td_comm *comm, transport **out) {
                     td_last_error());
       goto fail;
     }
-    tcp_hello hello = {.magic = TCP_HELLO_MAGIC, .rank = t->rank, .prefix_hash = hash};
-    st = net_send_all(t->peers[p].fd, &hello, sizeof hello, deadline);
+    char ctx[300], who[200];
+    auth_context(comm, p, ctx, sizeof ctx);
+    snprintf(who, sizeof who, "rank %d (%s)", p, t->peers[p].addr);
+    st = net_auth_connect(t->peers[p].fd, NET_AUTH_ROLE_TCP, t->rank, ctx, who, deadline);
     if (st != TD_OK) {
-      st = td_error(st, "tcp: rank %d cannot greet rank %d at %s: %s", t->rank, p, t->peers[p].addr,
+      st = td_error(st, "tcp: rank %d cannot authenticate with rank %d at %s: %s", t->rank, p, t->peers[p].addr,
                     td_last_error());
       goto fail;
     }
   }
-  TD_CHECK_GOTO(accept_peers(t, listen_fd, hash, deadline, timeout_s), st, fail);
+  TD_CHECK_GOTO(accept_peers(t, listen_fd, deadline, timeout_s), st, fail);
   close(listen_fd);
   listen_fd = -1;
 
