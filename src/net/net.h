@@ -144,7 +144,9 @@ bool net_pid_alive(pid_t pid);
 /* Create a new segment with a unique name "/tandem-<tag>-<random>" (written to
  * name_out), size bytes, zero-filled, mapped read-write. */
 td_status net_shm_create(const char *tag, size_t size, char *name_out, size_t name_size, void **addr_out);
-/* Open and map an existing segment of the given size. */
+/* Open and map an existing segment of the given size. Refused (naming it)
+ * unless the name is one net_shm_create makes and the segment is this
+ * user's, mode 0600, and exactly size bytes. */
 td_status net_shm_open(const char *name, size_t size, void **addr_out);
 /* Remove the name (the memory lives on while mapped). Ranks unlink right after
  * everyone has mapped, so that a killed job leaves nothing in /dev/shm. */
