@@ -16,7 +16,8 @@
  * silent past TANDEM_AUTH_TIMEOUT, is closed. The server bounds what clients
  * can make it hold: one request's body (TANDEM_STORE_MAX_REQUEST, default
  * 64 MiB), all keys, values and request bodies together
- * (TANDEM_STORE_MAX_BYTES, default 1 GiB) and connections
+ * (TANDEM_STORE_MAX_BYTES, default 1 GiB; the table and the bodies in
+ * flight are each bounded by it) and connections
  * (TANDEM_STORE_MAX_CLIENTS, default 8192). A request out of bounds closes
  * its connection with a logged reason (rate-limited, so a flood cannot fill
  * the log); a write beyond the total gets an error response.
@@ -437,6 +438,14 @@ static bool read_auth(td_store_server *s, client *c) {
       return false;
     }
     c->auth_got += (size_t)n;
+    /* Not a hello at all (a request sent without authenticating, junk):
+     * closed at once, not after the timeout. */
+    if (c->auth_stage == 0 && c->auth_got >= 4 && store_get_u32(c->auth_in) != NET_AUTH_MAGIC) {
+      server_warn(s, "closed the connection from %s: it did not start with an authentication hello (not a "
+                     "Tandem store client of this version, or a stranger)", c->peer);
+      c->dead = true;
+      return false;
+    }
     if (c->auth_got < need) continue;
     c->auth_got = 0;
     unsigned char msg[NET_AUTH_MSG_BYTES], payload[32];
@@ -515,10 +524,12 @@ static void read_client(td_store_server *s, client *c) {
         return;
       }
       size_t body_len = (size_t)c->req.key_len + (size_t)c->req.a_len + (size_t)c->req.b_len;
-      if (s->table_bytes + s->pending_bytes + body_len + 1 > s->max_bytes) {
-        server_warn(s, "closed the connection from %s: its %zu-byte request would take the store past "
-                       "TANDEM_STORE_MAX_BYTES (%zu held, limit %zu)",
-                    c->peer, body_len, s->table_bytes + s->pending_bytes, s->max_bytes);
+      /* Request bodies in flight are bounded apart from the table (whose
+       * growth gets an error response in handle_request). */
+      if (s->pending_bytes + body_len + 1 > s->max_bytes) {
+        server_warn(s, "closed the connection from %s: its %zu-byte request would take the requests in flight "
+                       "past TANDEM_STORE_MAX_BYTES (%zu bytes pending, limit %zu)",
+                    c->peer, body_len, s->pending_bytes, s->max_bytes);
         c->dead = true;
         return;
       }
@@ -580,7 +591,9 @@ static void accept_clients(td_store_server *s) {
                inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&ss)->sin6_addr, host, sizeof host))
         snprintf(peer, sizeof peer, "[%s]:%d", host, ntohs(((struct sockaddr_in6 *)&ss)->sin6_port));
     }
-    if (s->n_clients >= s->max_clients) {
+    size_t n_live = 0;
+    for (size_t i = 0; i < s->n_clients && s->n_clients >= s->max_clients; i++) n_live += !s->clients[i]->dead;
+    if (s->n_clients >= s->max_clients && n_live >= s->max_clients) {
       server_warn(s, "refused a connection from %s: %zu clients are connected (TANDEM_STORE_MAX_CLIENTS)", peer,
                   s->n_clients);
       close(fd);

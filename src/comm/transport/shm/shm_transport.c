@@ -472,6 +472,7 @@ td_status shm_transport_create(td_comm *comm, transport **out) {
     snprintf(v, sizeof v, "%s %zu", t->name, total);
     TD_CHECK_GOTO(store_set_str(comm->store, key_seg, v), st, fail);
   } else {
+    transport_test_gate();
     TD_CHECK_GOTO(wait_key(t, key_seg, &value), st, fail);
     if (value[0] == '!') {
       st = td_error(TD_ERR_REMOTE, "%s", value + 1);
@@ -486,7 +487,14 @@ td_status shm_transport_create(td_comm *comm, transport **out) {
     TD_CHECK_GOTO(net_shm_open(t->name, total, &addr), st, fail);
     t->map = addr;
     t->map_bytes = total;
-    TD_CHECK_GOTO(check_header(t, comm, total), st, fail);
+    st = check_header(t, comm, total);
+    if (st != TD_OK) {
+      /* Nothing of it was touched: detach without announcing anything in it. */
+      net_shm_unmap(t->map, total);
+      t->map = NULL;
+      t->map_bytes = 0;
+      goto fail;
+    }
     shm_layout(t, t->map);
   }
   t->ranks[t->rank].pid = (int32_t)getpid();
