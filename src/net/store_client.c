@@ -211,6 +211,9 @@ td_status store_wait(td_store *store, const char *key, double timeout_s, void **
   void *v = NULL;
   if (value_out) *value_out = NULL;
   if (len_out) *len_out = 0;
+  /* NaN or beyond a week: wait forever (the server does the same with
+   * what it reads; the conversion below then stays in range). */
+  if (!(timeout_s < 7 * 24 * 3600.0)) timeout_s = -1;
   int64_t ms = timeout_s < 0 ? -1 : (int64_t)(timeout_s * 1000.0 + 0.5);
   TD_CHECK(exchange(store, "store_wait", STORE_WAIT, key, 0, NULL, 0, NULL, 0, ms, timeout_s, &r, &v));
   if (r.status == STORE_RESP_TIMEOUT) {
