@@ -290,6 +290,11 @@ case_secret() {
   expect_eq "$(grep -c 'barrier passed' "$TMP/out")" 3 "ranks through the store"
   if grep -q "$known" "$FAKE_SSH_LOG"; then fail "the secret is in the ssh command line"; fi
   expect_grep 'read -r TANDEM_SECRET' "$FAKE_SSH_LOG"
+  # Programs that log their settings (tandem-bench's "# env:") leave the secret out.
+  TANDEM_SECRET="$known" "$RUN" -np 2 "$(dirname "$RUN")/tandem-bench" allreduce -b 4K -e 4K -n 1 -w 0 >"$TMP/out" 2>&1 ||
+    { cat "$TMP/out"; fail "tandem-bench exit $?"; }
+  expect_grep '# env:' "$TMP/out"
+  if grep -q "$known" "$TMP/out"; then fail "tandem-bench printed the secret"; fi
   # tandemrun's own secret (none given) reaches them the same way.
   : >"$FAKE_SSH_LOG"
   env -u TANDEM_SECRET -u TANDEM_SECRET_FILE "$RUN" -np 2 -H fake-s:2 "$CHILD" --store-barrier >"$TMP/out" 2>"$TMP/err" ||
