@@ -233,6 +233,37 @@ bool net_auth_check(bool acceptor, const char *ctx, const net_auth_hello *hello,
   return ok;
 }
 
+size_t net_auth_acceptor_want(const net_auth_acceptor *a) {
+  if (a->stage >= 2) return 0;
+  return (a->stage == 0 ? NET_AUTH_HELLO_BYTES : NET_AUTH_MSG_BYTES) - a->got;
+}
+
+int net_auth_acceptor_feed(net_auth_acceptor *a, uint32_t role, const char *ctx, const unsigned char *data, size_t n,
+                           unsigned char out[NET_AUTH_MSG_BYTES]) {
+  size_t want = net_auth_acceptor_want(a);
+  if (a->stage >= 2 || n > want) return NET_AUTH_FAIL;
+  memcpy(a->in + a->got, data, n);
+  a->got += n;
+  if (a->stage == 0 && a->got >= 4 && get_u32(a->in) != NET_AUTH_MAGIC) return NET_AUTH_FAIL;
+  if (n < want) return NET_AUTH_MORE;
+  size_t len = a->got;
+  a->got = 0;
+  if (a->stage == 0) {
+    if (net_auth_parse_hello(a->in, len, &a->hello) != 0 || a->hello.role != role) return NET_AUTH_FAIL;
+    net_auth_nonce(a->nonce_s);
+    net_auth_encode_msg(out, a->nonce_s);
+    a->stage = 1;
+    return NET_AUTH_REPLY;
+  }
+  unsigned char payload[32];
+  if (net_auth_parse_msg(a->in, len, payload) != 0 || !net_auth_check(false, ctx, &a->hello, a->nonce_s, payload))
+    return NET_AUTH_FAIL;
+  net_auth_mac(true, ctx, &a->hello, a->nonce_s, payload);
+  net_auth_encode_msg(out, payload);
+  a->stage = 2;
+  return NET_AUTH_DONE;
+}
+
 /* ---- blocking sides ---- */
 
 td_status net_auth_connect(int fd, uint32_t role, int32_t rank, const char *ctx, const char *peer, double deadline) {
@@ -272,21 +303,19 @@ transfer_failed:;
 
 td_status net_auth_accept(int fd, uint32_t role, const char *ctx, double deadline, net_auth_hello *hello_out) {
   TD_CHECK(net_auth_init());
-  unsigned char buf[NET_AUTH_HELLO_BYTES], payload[32];
-  td_status st = net_recv_all(fd, buf, NET_AUTH_HELLO_BYTES, deadline);
-  if (st != TD_OK) return st;
-  if (net_auth_parse_hello(buf, NET_AUTH_HELLO_BYTES, hello_out) != 0 || hello_out->role != role)
-    return td_error(TD_ERR_REMOTE, "the connector sent no valid authentication hello");
-  unsigned char nonce_s[NET_AUTH_NONCE_BYTES];
-  net_auth_nonce(nonce_s);
-  net_auth_encode_msg(buf, nonce_s);
-  TD_CHECK(net_send_all(fd, buf, NET_AUTH_MSG_BYTES, deadline));
-  TD_CHECK(net_recv_all(fd, buf, NET_AUTH_MSG_BYTES, deadline));
-  if (net_auth_parse_msg(buf, NET_AUTH_MSG_BYTES, payload) != 0 ||
-      !net_auth_check(false, ctx, hello_out, nonce_s, payload))
-    return td_error(TD_ERR_REMOTE, "the connector's proof does not match this job's secret");
-  unsigned char mac[NET_AUTH_MAC_BYTES];
-  net_auth_mac(true, ctx, hello_out, nonce_s, mac);
-  net_auth_encode_msg(buf, mac);
-  return net_send_all(fd, buf, NET_AUTH_MSG_BYTES, deadline);
+  net_auth_acceptor a = {0};
+  unsigned char buf[NET_AUTH_HELLO_BYTES], out[NET_AUTH_MSG_BYTES];
+  for (;;) {
+    size_t want = net_auth_acceptor_want(&a);
+    TD_CHECK(net_recv_all(fd, buf, want, deadline));
+    int r = net_auth_acceptor_feed(&a, role, ctx, buf, want, out);
+    if (r == NET_AUTH_FAIL)
+      return td_error(TD_ERR_REMOTE, a.stage == 0 ? "the connector sent no valid authentication hello"
+                                                  : "the connector's proof does not match this job's secret");
+    TD_CHECK(net_send_all(fd, out, NET_AUTH_MSG_BYTES, deadline));
+    if (r == NET_AUTH_DONE) {
+      *hello_out = a.hello;
+      return TD_OK;
+    }
+  }
 }

@@ -76,6 +76,26 @@ void net_auth_mac(bool acceptor, const char *ctx, const net_auth_hello *hello,
 bool net_auth_check(bool acceptor, const char *ctx, const net_auth_hello *hello,
                     const unsigned char nonce_s[NET_AUTH_NONCE_BYTES], const unsigned char mac[NET_AUTH_MAC_BYTES]);
 
+/* The acceptor side as a state machine over bytes (pure, no socket), for
+ * poll loops that run many handshakes at once (the store server, the TCP
+ * transport's accept loop) and for fuzzing. Zero-initialise, then feed it
+ * at most net_auth_acceptor_want() bytes at a time. */
+typedef struct net_auth_acceptor {
+  int stage; /* 0: reading the HELLO, 1: reading the PROOF, 2: authenticated */
+  size_t got;
+  unsigned char in[NET_AUTH_HELLO_BYTES];
+  net_auth_hello hello; /* valid from stage 1 */
+  unsigned char nonce_s[NET_AUTH_NONCE_BYTES];
+} net_auth_acceptor;
+enum { NET_AUTH_FAIL = -1, NET_AUTH_MORE = 0, NET_AUTH_REPLY = 1, NET_AUTH_DONE = 2 };
+size_t net_auth_acceptor_want(const net_auth_acceptor *a);
+/* Returns NET_AUTH_MORE (feed more), NET_AUTH_REPLY (send out, then feed
+ * more), NET_AUTH_DONE (send out: the connector is authenticated) or
+ * NET_AUTH_FAIL (close: not a hello of `role`, or a wrong proof; a stream
+ * that does not start with the magic fails after its first 4 bytes). */
+int net_auth_acceptor_feed(net_auth_acceptor *a, uint32_t role, const char *ctx, const unsigned char *data, size_t n,
+                           unsigned char out[NET_AUTH_MSG_BYTES]);
+
 /* Blocking handshakes on a connected socket, bounded by deadline (td_now()
  * seconds). peer names the other end for messages ("rank 3 (10.0.0.2:4000)",
  * "the rendezvous store at ..."). The connector fails with TD_ERR_REMOTE if

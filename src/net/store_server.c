@@ -57,14 +57,9 @@ typedef struct entry {
 typedef struct client {
   int fd;
   bool dead;
-  /* authentication (before any request): stage 0 reads the HELLO, stage 1
-   * the PROOF; authed once the PROOF verified */
+  /* authentication, before any request (net.h) */
   bool authed;
-  int auth_stage;
-  unsigned char auth_in[NET_AUTH_HELLO_BYTES];
-  size_t auth_got;
-  net_auth_hello hello;
-  unsigned char nonce_s[NET_AUTH_NONCE_BYTES];
+  net_auth_acceptor auth;
   double auth_deadline;
   char peer[64]; /* "address:port", for messages */
   /* input: header, then body = key | a | b */
@@ -425,8 +420,8 @@ int store_parse_req_header(const unsigned char *buf, size_t len, uint64_t max_re
  * Returns true once the client is authenticated. */
 static bool read_auth(td_store_server *s, client *c) {
   while (!c->dead && !c->authed && c->out_sent == c->out_len) {
-    size_t need = c->auth_stage == 0 ? NET_AUTH_HELLO_BYTES : NET_AUTH_MSG_BYTES;
-    ssize_t n = recv(c->fd, c->auth_in + c->auth_got, need - c->auth_got, MSG_DONTWAIT);
+    unsigned char in[NET_AUTH_HELLO_BYTES], msg[NET_AUTH_MSG_BYTES];
+    ssize_t n = recv(c->fd, in, net_auth_acceptor_want(&c->auth), MSG_DONTWAIT);
     if (n == 0) {
       c->dead = true;
       TD_DEBUG("store server: %s closed the connection during authentication", c->peer);
@@ -437,40 +432,17 @@ static bool read_auth(td_store_server *s, client *c) {
       if (errno != EAGAIN && errno != EWOULDBLOCK) c->dead = true;
       return false;
     }
-    c->auth_got += (size_t)n;
-    /* Not a hello at all (a request sent without authenticating, junk):
-     * closed at once, not after the timeout. */
-    if (c->auth_stage == 0 && c->auth_got >= 4 && store_get_u32(c->auth_in) != NET_AUTH_MAGIC) {
-      server_warn(s, "closed the connection from %s: it did not start with an authentication hello (not a "
-                     "Tandem store client of this version, or a stranger)", c->peer);
+    int r = net_auth_acceptor_feed(&c->auth, NET_AUTH_ROLE_STORE, "store", in, (size_t)n, msg);
+    if (r == NET_AUTH_MORE) continue;
+    if (r == NET_AUTH_FAIL) {
+      server_warn(s, "closed the connection from %s: %s", c->peer,
+                  c->auth.stage == 0 ? "it did not start with an authentication hello (not a Tandem store client of "
+                                       "this version, or a stranger)"
+                                     : "it failed authentication (it does not hold this job's secret)");
       c->dead = true;
       return false;
     }
-    if (c->auth_got < need) continue;
-    c->auth_got = 0;
-    unsigned char msg[NET_AUTH_MSG_BYTES], payload[32];
-    if (c->auth_stage == 0) {
-      if (net_auth_parse_hello(c->auth_in, need, &c->hello) != 0 || c->hello.role != NET_AUTH_ROLE_STORE) {
-        server_warn(s, "closed the connection from %s: it did not start with an authentication hello (not a "
-                       "Tandem store client of this version, or a stranger)", c->peer);
-        c->dead = true;
-        return false;
-      }
-      net_auth_nonce(c->nonce_s);
-      net_auth_encode_msg(msg, c->nonce_s);
-      c->auth_stage = 1;
-    } else {
-      if (net_auth_parse_msg(c->auth_in, need, payload) != 0 ||
-          !net_auth_check(false, "store", &c->hello, c->nonce_s, payload)) {
-        server_warn(s, "closed the connection from %s: it failed authentication (it does not hold this job's "
-                       "secret)", c->peer);
-        c->dead = true;
-        return false;
-      }
-      net_auth_mac(true, "store", &c->hello, c->nonce_s, payload);
-      net_auth_encode_msg(msg, payload);
-      c->authed = true;
-    }
+    c->authed = r == NET_AUTH_DONE;
     if (c->out_sent == c->out_len) c->out_len = c->out_sent = 0;
     if (!out_reserve(c, sizeof msg)) {
       c->dead = true;

@@ -489,41 +489,115 @@ static void describe_missing(const tcp_transport *t, char *buf, size_t size) {
   }
 }
 
-/* Accept from every higher rank, authenticating each. A connection that
- * fails (a stranger, another job, a stale peer) is dropped with a warning;
- * a silent one costs at most TANDEM_AUTH_TIMEOUT. */
+/* Handshakes the accept loop runs at once: strangers beyond this many wait
+ * in the listen backlog while the first ones time out. */
+#define TCP_MAX_PENDING_AUTH 64
+
+typedef struct pending_conn {
+  int fd;
+  double deadline;
+  net_auth_acceptor auth;
+} pending_conn;
+
+/* Accept from every higher rank, authenticating each (net.h). Handshakes
+ * run side by side from one poll loop, so a stranger that stays silent
+ * (dropped after TANDEM_AUTH_TIMEOUT) or answers wrongly (dropped at once,
+ * with a warning) holds up no rank. Only an authenticated connection from a
+ * higher rank not yet connected joins the transport. */
 static td_status accept_peers(tcp_transport *t, int listen_fd, double deadline, double timeout_s) {
   td_comm *comm = t->base.comm;
   int expected = t->size - 1 - t->rank;
   char ctx[300];
   auth_context(comm, t->rank, ctx, sizeof ctx);
+  pending_conn pend[TCP_MAX_PENDING_AUTH];
+  struct pollfd pfds[TCP_MAX_PENDING_AUTH + 1];
+  int n_pend = 0;
+  td_status st = TD_OK;
+  if (expected > 0 && net_set_nonblocking(listen_fd, true) != 0)
+    return td_error_errno("tcp: rank %d cannot make its listening socket non-blocking", t->rank);
   while (expected > 0) {
-    int fd = -1;
-    td_status st = net_accept(listen_fd, deadline, &fd);
-    if (st == TD_ERR_TIMEOUT) {
+    double now = td_now();
+    if (now >= deadline) {
       char missing[512];
       describe_missing(t, missing, sizeof missing);
-      return td_error(TD_ERR_TIMEOUT,
-                      "tcp: %s did not connect to rank %d (%s) within %g s (TANDEM_CONNECT_TIMEOUT): the process "
-                      "may have failed to start or crashed, or cannot reach this address (set TANDEM_HOST_ADDR "
-                      "to one it can reach)",
-                      missing, t->rank, t->peers[t->rank].addr, timeout_s);
+      st = td_error(TD_ERR_TIMEOUT,
+                    "tcp: %s did not connect to rank %d (%s) within %g s (TANDEM_CONNECT_TIMEOUT): the process "
+                    "may have failed to start or crashed, or cannot reach this address (set TANDEM_HOST_ADDR or "
+                    "TANDEM_IFACE to one it can reach)",
+                    missing, t->rank, t->peers[t->rank].addr, timeout_s);
+      break;
     }
-    if (st != TD_OK) return st;
-    net_auth_hello hello;
-    st = net_auth_accept(fd, NET_AUTH_ROLE_TCP, ctx, TD_MIN(deadline, td_now() + net_auth_timeout_s()), &hello);
-    if (st != TD_OK || hello.rank <= t->rank || hello.rank >= t->size || t->peers[hello.rank].fd >= 0) {
-      TD_WARN("tcp: rank %d (%s, communicator %s) closed a connection that is not from a new peer of this "
-              "communicator (%s)",
-              t->rank, t->peers[t->rank].addr, comm->prefix,
-              st != TD_OK ? td_last_error() : "authenticated, but its rank is not one this rank expects");
-      close(fd);
-      continue;
+    double wake = deadline;
+    int n_pfds = 0;
+    if (n_pend < TCP_MAX_PENDING_AUTH) pfds[n_pfds++] = (struct pollfd){.fd = listen_fd, .events = POLLIN};
+    int first_pend = n_pfds;
+    for (int i = 0; i < n_pend; i++) {
+      pfds[n_pfds++] = (struct pollfd){.fd = pend[i].fd, .events = POLLIN};
+      wake = TD_MIN(wake, pend[i].deadline);
     }
-    t->peers[hello.rank].fd = fd;
-    expected--;
+    int ms = (int)TD_MIN(TD_MAX((wake - now) * 1000.0 + 1, 0), 1000.0);
+    int ready = poll(pfds, (nfds_t)n_pfds, ms);
+    if (ready < 0 && errno != EINTR) {
+      st = td_error_errno("tcp: rank %d: poll on its listening socket failed", t->rank);
+      break;
+    }
+    /* Existing handshakes first (their slots shift as they finish). */
+    for (int k = n_pfds - 1; ready > 0 && k >= first_pend; k--) {
+      if (!pfds[k].revents) continue;
+      pending_conn *pc = &pend[k - first_pend];
+      unsigned char in[NET_AUTH_HELLO_BYTES], out[NET_AUTH_MSG_BYTES];
+      ssize_t n;
+      TD_SYSCALL_RETRY(n, recv(pc->fd, in, net_auth_acceptor_want(&pc->auth), MSG_DONTWAIT));
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) continue;
+      int r = n > 0 ? net_auth_acceptor_feed(&pc->auth, NET_AUTH_ROLE_TCP, ctx, in, (size_t)n, out) : NET_AUTH_FAIL;
+      if (r == NET_AUTH_MORE) continue;
+      const char *why = NULL;
+      if (r == NET_AUTH_FAIL)
+        why = n <= 0 ? "it hung up during authentication"
+              : pc->auth.stage == 0 ? "it sent no authentication hello"
+                                    : "its proof does not match this job's secret";
+      else if (net_send_all(pc->fd, out, NET_AUTH_MSG_BYTES, td_now() + net_auth_timeout_s()) != TD_OK)
+        why = "it stopped reading during authentication";
+      else if (r == NET_AUTH_REPLY)
+        continue;
+      else if (pc->auth.hello.rank <= t->rank || pc->auth.hello.rank >= t->size ||
+               t->peers[pc->auth.hello.rank].fd >= 0)
+        why = "authenticated, but its rank is not one this rank expects";
+      if (why) {
+        TD_WARN("tcp: rank %d (%s, communicator %s) closed a connection that is not from a new peer of this "
+                "communicator: %s",
+                t->rank, t->peers[t->rank].addr, comm->prefix, why);
+        close(pc->fd);
+      } else {
+        t->peers[pc->auth.hello.rank].fd = pc->fd;
+        expected--;
+      }
+      *pc = pend[--n_pend];
+    }
+    /* Silent ones past their time. */
+    now = td_now();
+    for (int i = n_pend - 1; i >= 0; i--) {
+      if (pend[i].deadline > now) continue;
+      TD_WARN("tcp: rank %d (%s, communicator %s) closed a connection that did not authenticate within %g s "
+              "(TANDEM_AUTH_TIMEOUT)",
+              t->rank, t->peers[t->rank].addr, comm->prefix, net_auth_timeout_s());
+      close(pend[i].fd);
+      pend[i] = pend[--n_pend];
+    }
+    /* New connections. */
+    while (first_pend == 1 && pfds[0].revents && n_pend < TCP_MAX_PENDING_AUTH) {
+      int fd = accept4(listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd < 0) {
+        if (errno == EINTR || errno == ECONNABORTED) continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK)
+          TD_WARN("tcp: rank %d: accept failed: %s", t->rank, strerror(errno));
+        break;
+      }
+      pend[n_pend++] = (pending_conn){.fd = fd, .deadline = td_now() + net_auth_timeout_s()};
+    }
   }
-  return TD_OK;
+  for (int i = 0; i < n_pend; i++) close(pend[i].fd);
+  return st;
 }
 
 td_status tcp_transport_create(td_comm *comm, transport **out) {
