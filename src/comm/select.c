@@ -96,7 +96,8 @@ static void finish_avg(const td_comm *comm, const comm_op *op) {
  * rank's input in one pass (td_reduce_multi accumulates in f32 and rounds
  * once), so only their TD_AVG comes here, to divide before the one rounding.
  * MIN and MAX are exact in the half type and never come here. Cost: the
- * f32 partials are twice the bytes of the half type on the wire (README), so
+ * f32 partials are twice the bytes of the half type on the wire (1.5x for
+ * the ring allreduce, below; README), so
  * TANDEM_HALF_PARTIALS=half opts out: partials then travel in the half type,
  * rounded at every hop (at most n-1 roundings on any element's path; README
  * states the bound), and TD_AVG divides the rounded sum. */
