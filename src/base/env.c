@@ -53,7 +53,12 @@ int td_parse_size(const char *text, size_t *out) {
   if (*end == 'i' || *end == 'B') end++;
   if (*end == 'B') end++;
   if (*end) return -1;
-  *out = (size_t)(x * mult);
+  /* Converting a double beyond size_t (or "nan", which strtod accepts) is
+   * undefined: such a size is refused like any other bad one. 2^64 itself
+   * does not fit. */
+  double bytes = x * mult;
+  if (!(bytes < 18446744073709551616.0)) return -1;
+  *out = (size_t)bytes;
   return 0;
 }
 
