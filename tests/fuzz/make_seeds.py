@@ -84,5 +84,51 @@ def hdr_seeds():
     write("hdr", "stale_frame_of_last_collective", hdr_seed(3, root=0, frames=(16,), last=last))
 
 
+# ---- store: fuzz_store.c's client count + length prefix + request streams ----
+# request: magic u32 | op u32 | key_len u32 | flags u32 | a_len u64 | b_len u64 | arg i64 | key a b
+STORE_MAGIC = 0x31534454
+SET, GET, WAIT, ADD, CAS, DELETE = 1, 2, 3, 4, 5, 6
+
+
+def req(op, key, a=b"", b=b"", arg=0, flags=0):
+    return struct.pack("<IIIIQQq", STORE_MAGIC, op, len(key), flags, len(a), len(b), arg) + key + a + b
+
+
+def store_input(*streams, lockstep=False):
+    out = bytes([len(streams) - 1 | (4 if lockstep else 0)])
+    for st in streams[:-1]:
+        out += struct.pack("<H", len(st))
+    return out + b"".join(streams)
+
+
+def store_seeds():
+    rendezvous = (req(SET, b"job/c0/peer/0", b"2\nhost-a\n4242\n127.0.0.1") +
+                  req(ADD, b"job/c0/count", arg=1) + req(ADD, b"job/c0/count", arg=1) +
+                  req(GET, b"job/c0/peer/0") + req(GET, b"job/c0/peer/1") +
+                  req(WAIT, b"job/c0/peer/0", arg=1000) + req(WAIT, b"job/c0/peer/9", arg=0) +
+                  req(CAS, b"job/c0/abort", b"", b"status 6\nrank 1 died", flags=1) +
+                  req(CAS, b"job/c0/abort", b"status 6\nrank 1 died", b"x") +
+                  req(CAS, b"job/c0/abort", b"wrong", b"y") +
+                  req(DELETE, b"job/c0/peer/0") + req(DELETE, b"job/c0/peer/0") + req(GET, b"job/c0/peer/0"))
+    write("store", "rendezvous_one_client", store_input(rendezvous))
+    write("store", "add_wraps_and_non_integer",
+          store_input(req(ADD, b"n", arg=2**63 - 1) + req(ADD, b"n", arg=1) + req(SET, b"s", b"abc") +
+                      req(ADD, b"s", arg=1) + req(SET, b"e", b"") + req(ADD, b"e", arg=-5) + req(GET, b"n")))
+    write("store", "key_with_nul_and_unknown_op",
+          store_input(req(SET, b"a\0b", b"v1") + req(GET, b"a") + req(77, b"k") + req(GET, b"a\0c")))
+    write("store", "wait_woken_by_other_client",
+          store_input(req(WAIT, b"k", arg=-1), req(SET, b"k", b"value") + req(GET, b"k")))
+    write("store", "three_clients",
+          store_input(req(WAIT, b"x", arg=500), req(ADD, b"x", arg=3), req(CAS, b"x", b"3", b"4") + req(GET, b"x")))
+    write("store", "parked_then_hangup", store_input(req(WAIT, b"never", arg=60000) + req(GET, b"never")))
+    write("store", "bad_magic", store_input(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"))
+    write("store", "oversized_value_header", store_input(struct.pack("<IIIIQQq", STORE_MAGIC, SET, 1, 0, 2**40, 0, 0) + b"k"))
+    write("store", "rendezvous_lockstep", store_input(rendezvous, lockstep=True))
+    write("store", "wait_woken_lockstep",
+          store_input(req(WAIT, b"k", arg=-1) + req(GET, b"k"), req(SET, b"k", b"value") + req(GET, b"k"), lockstep=True))
+    write("store", "truncated_body", store_input(req(SET, b"key", b"0123456789")[:-4]))
+
+
 if __name__ == "__main__":
     hdr_seeds()
+    store_seeds()
