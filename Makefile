@@ -119,8 +119,7 @@ clean:
 # the user: tests/fuzz/fuzz_<target>.c becomes build/fuzz/fuzz_<target>.
 # Everything here is built by clang with ASan + UBSan and coverage
 # instrumentation, into its own tree (build/fuzz/obj), so that clang objects
-# never mix with the gcc trees above. Only the layers the parsers live in are
-# compiled (src/nn's kernels are not needed). `make fuzz` builds the harnesses
+# never mix with the gcc trees above. `make fuzz` builds the harnesses
 # and runs each for FUZZ_SECONDS (tests/fuzz/run.sh: saved crashes first, then
 # fuzzing from the seed corpus tests/fuzz/corpus/<target>/); the suite
 # (tests/fuzz.suite) runs each for 30 s. Needs clang and libclang-rt-14-dev.
@@ -130,8 +129,7 @@ FUZZ_SECONDS  ?= 60
 FUZZ_SRCS     := $(sort $(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_TARGETS  := $(patsubst tests/fuzz/fuzz_%.c,%,$(FUZZ_SRCS))
 FUZZ_BINS     := $(FUZZ_TARGETS:%=$(FUZZ_BUILD)/fuzz_%)
-FUZZ_LIB_SRCS := $(filter src/base/% src/net/% src/comm/% src/train/%,$(LIB_SRCS))
-FUZZ_LIB_OBJS := $(FUZZ_LIB_SRCS:%.c=$(FUZZ_BUILD)/obj/%.o)
+FUZZ_LIB_OBJS := $(LIB_SRCS:%.c=$(FUZZ_BUILD)/obj/%.o)
 FUZZ_LIBA     := $(FUZZ_BUILD)/libtandem-fuzz.a
 FUZZ_CFLAGS   := -std=gnu11 -g -O1 -march=native -Wall -Wextra -Wno-unused-parameter -fno-strict-aliasing \
                  -pthread -Iinclude -Isrc -MMD -MP -fno-omit-frame-pointer \
