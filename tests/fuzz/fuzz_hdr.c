@@ -9,17 +9,18 @@
  * no progress thread: exactly what p2p_run touches.
  *
  * Input: an 80-byte scenario (zero-padded if shorter), then the stream.
- *   [0] kind  [1] dtype  [2] redop  [3] world size  [4] peer  [5] root
+ *   [0] kind  [1] dtype (the caller's)  [2] redop  [3] world size  [4] peer  [5] root
  *   [6] frames expected  [7] bytes per try_recv (0: all at once)
  *   [8..13] payload bytes of each frame (u16 LE, mod 1024)
  *   [14..21] seq (u64 LE)  [22..23] count (u16 LE)
- *   [24] has a last collective  [25..73) its header, raw (comm->last_coll)  [73..80) unused
+ *   [24] has a last collective  [25..73) its header, raw (comm->last_coll)
+ *   [73] the dtype the algorithm moves (headers must ignore it)  [74..80) unused
  *   (byte 80 is the first of the stream)
  *
  * Oracle, from a decoding written here (explicit offsets, independent of
  * comm_hdr's definition): p2p_run returns TD_OK exactly when every expected
  * frame is in the stream, complete, with a header that names this
- * operation (magic "TDM1", kind, seq, count, dtype, op, root, sender, payload
+ * operation (magic "TDM1", kind, seq, count, the caller's dtype, op, root, sender, payload
  * size), and then every payload is where it belongs. Otherwise the first bad
  * frame decides: a complete header that is wrong is TD_ERR_MISMATCH (or
  * TD_ERR_INTERNAL for a wrong sender), a stream that ends first is
@@ -93,7 +94,7 @@ static void require(int ok, const char *what, const td_comm *comm) {
 static int header_matches(const uint8_t *p, const comm_op *op, int peer, size_t bytes) {
   uint32_t kind = op->kind == COMM_RECV ? COMM_SEND : op->kind;
   return le(p, 4) == 0x54444d31u && le(p + 4, 4) == kind && le(p + 8, 8) == op->seq && le(p + 16, 8) == op->count &&
-         le(p + 24, 4) == (uint32_t)op->dtype && le(p + 28, 4) == (uint32_t)op->redop &&
+         le(p + 24, 4) == (uint32_t)op->user_dtype && le(p + 28, 4) == (uint32_t)op->redop &&
          le(p + 32, 4) == (uint32_t)op->root && le(p + 36, 4) == (uint32_t)peer && le(p + 40, 8) == bytes;
 }
 
@@ -107,7 +108,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   int peer = 1 + sc[4] % (world - 1);
   comm_op op = {0};
   op.kind = (comm_kind)(1 + sc[0] % 9);
-  op.dtype = (td_dtype)(sc[1] % TD_DTYPE_COUNT);
+  /* Frames carry the caller's dtype; the one the algorithm moves (f32
+   * partials of an f16 reduction) must not leak into them. */
+  op.user_dtype = (td_dtype)(sc[1] % TD_DTYPE_COUNT);
+  op.dtype = (td_dtype)(sc[73] % TD_DTYPE_COUNT);
   op.redop = (td_op)(sc[2] % TD_OP_COUNT);
   op.root = op.kind == COMM_REDUCE || op.kind == COMM_BROADCAST ? sc[5] % world : -1;
   op.peer = op.kind == COMM_SEND || op.kind == COMM_RECV ? peer : -1;

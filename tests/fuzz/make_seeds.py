@@ -29,8 +29,9 @@ def frame_header(kind, seq, count, dtype, redop, root, src, nbytes):
 
 
 def hdr_seed(kind, dtype=0, redop=0, world=2, peer=1, root=0, frames=(16,), piece=0, seq=1, count=4,
-             last=None, corrupt=None, truncate=0):
+             last=None, corrupt=None, truncate=0, moved_dtype=None):
     sc = bytearray(80)
+    sc[73] = dtype if moved_dtype is None else moved_dtype
     sc[0] = kind - 1
     sc[1] = dtype
     sc[2] = redop
@@ -62,6 +63,7 @@ def hdr_seed(kind, dtype=0, redop=0, world=2, peer=1, root=0, frames=(16,), piec
 
 def hdr_seeds():
     write("hdr", "allreduce_f32_sum", hdr_seed(1, 0, 0, frames=(16,)))
+    write("hdr", "allreduce_f16_on_f32_partials", hdr_seed(1, 2, 0, world=3, peer=2, frames=(24,), count=6, moved_dtype=0))
     write("hdr", "allreduce_ring_3_chunks", hdr_seed(1, 0, 0, world=4, peer=3, frames=(12, 12, 8), count=8))
     write("hdr", "reduce_bf16_max_root2", hdr_seed(2, 3, 3, world=3, peer=2, root=2, frames=(8,)))
     write("hdr", "broadcast_f64_root0_piece5", hdr_seed(3, 1, 0, world=5, peer=1, root=0, frames=(64,), piece=5))
