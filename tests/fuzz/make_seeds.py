@@ -6,6 +6,7 @@ this after a format change:  /usr/bin/python3 tests/fuzz/make_seeds.py
 """
 import os
 import struct
+import zlib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -89,7 +90,7 @@ def hdr_seeds():
 # ---- store: fuzz_store.c's client count + length prefix + request streams ----
 # request: magic u32 | op u32 | key_len u32 | flags u32 | a_len u64 | b_len u64 | arg i64 | key a b
 STORE_MAGIC = 0x31534454
-SET, GET, WAIT, ADD, CAS, DELETE = 1, 2, 3, 4, 5, 6
+SET, GET, WAIT, ADD, CAS, DELETE, GATHER = 1, 2, 3, 4, 5, 6, 7
 
 
 def req(op, key, a=b"", b=b"", arg=0, flags=0):
@@ -128,9 +129,87 @@ def store_seeds():
     write("store", "rendezvous_lockstep", store_input(rendezvous, lockstep=True))
     write("store", "wait_woken_lockstep",
           store_input(req(WAIT, b"k", arg=-1) + req(GET, b"k"), req(SET, b"k", b"value") + req(GET, b"k"), lockstep=True))
+    peers = b"".join(req(SET, b"job/c0/peer/%d" % r, b"rank %d at 127.0.0.1:%d" % (r, 4000 + r)) for r in range(3))
+    write("store", "gather_all_present", store_input(peers + req(GATHER, b"job/c0/peer/", struct.pack("<Q", 3), arg=1000)))
+    write("store", "gather_timeout_0", store_input(peers + req(GATHER, b"job/c0/peer/", struct.pack("<Q", 5), arg=0)))
+    write("store", "gather_bad_count", store_input(req(GATHER, b"p", struct.pack("<Q", 0)) + req(GATHER, b"p", b"\x01")))
+    write("store", "gather_parked_then_filled",
+          store_input(req(GATHER, b"g/", struct.pack("<Q", 2), arg=-1), req(SET, b"g/0", b"a") + req(SET, b"g/1", b"bb"),
+                      lockstep=True))
     write("store", "truncated_body", store_input(req(SET, b"key", b"0123456789")[:-4]))
+
+
+# ---- hello: fuzz_hello.c's mode byte + role/rank byte + the peer's bytes ----
+# HELLO: magic "TDA1" | role u32 | rank i32 | nonce[32]; CHALLENGE/PROOF/ACCEPT: magic | 32 bytes
+AUTH_MAGIC = 0x31414454
+ROLE_STORE, ROLE_TCP = 1, 2
+
+
+def hello_msg(role, rank, nonce=bytes(range(32))):
+    return struct.pack("<IIi", AUTH_MAGIC, role, rank) + nonce
+
+
+def auth_msg(payload=bytes(range(100, 132))):
+    return struct.pack("<I", AUTH_MAGIC) + payload
+
+
+def role_rank(role, rank):
+    return bytes([(1 if role == ROLE_TCP else 0) | ((rank + 1) << 1)])
+
+
+def hello_seeds():
+    write("hello", "acceptor_tcp_rank3_bad_proof", bytes([0]) + role_rank(ROLE_TCP, 3) + hello_msg(ROLE_TCP, 3) + auth_msg())
+    write("hello", "acceptor_store_client", bytes([0]) + role_rank(ROLE_STORE, -1) + hello_msg(ROLE_STORE, -1) + auth_msg())
+    write("hello", "acceptor_wrong_role", bytes([0]) + role_rank(ROLE_TCP, 1) + hello_msg(ROLE_STORE, 1) + auth_msg())
+    write("hello", "acceptor_old_tcp_hello", bytes([0]) + role_rank(ROLE_TCP, 1) + struct.pack("<IiQ", 0x54444843, 1, 12345))
+    write("hello", "acceptor_short_hello", bytes([0]) + role_rank(ROLE_TCP, 2) + hello_msg(ROLE_TCP, 2)[:30])
+    write("hello", "connector_bad_accept", bytes([1]) + role_rank(ROLE_TCP, 5) + auth_msg() + auth_msg(bytes(32)))
+    write("hello", "connector_no_accept", bytes([1]) + role_rank(ROLE_STORE, -1) + auth_msg())
+    write("hello", "connector_garbage", bytes([1]) + role_rank(ROLE_TCP, 0) + b"SSH-2.0-OpenSSH_9.2\r\n")
+    write("hello", "honest_match", bytes([2]) + role_rank(ROLE_TCP, 4))
+    write("hello", "honest_wrong_role", bytes([2]) + role_rank(ROLE_STORE, 4))
+    write("hello", "honest_wrong_context", bytes([2 | 4]) + role_rank(ROLE_TCP, 4))
+    write("hello", "parse_hello", bytes([3, 0]) + hello_msg(ROLE_TCP, 7))
+    write("hello", "parse_msg", bytes([3, 0]) + auth_msg())
+
+
+# ---- manifest: fuzz_manifest.c's mode byte + the manifest ----
+# Odd mode byte: the harness appends "manifest_crc X"; even: passed as is.
+def manifest_body(world=2, n_params=1000, tensors=((0, 600, "wte"), (600, 400, "ln.w")), states=2,
+                  kind="gpt", config="layers=2 heads=4 embd=64 ctx=32 vocab=96", optimizer="adamw", step=40):
+    lines = ["tandem-checkpoint 1", f"world_size {world}", f"step {step}", "samples_consumed 1280", "seed 1337",
+             "dataset_samples 5000", f"model_kind {kind}"]
+    if config is not None:
+        lines.append(f"model_config {config}")
+    lines += [f"n_params {n_params}", f"optimizer {optimizer}", f"n_state_arenas {states}", "train_batch_size 32",
+              "micro_batch 8", "grad_accum 2", "lr 0.000300000014", f"n_tensors {len(tensors)}"]
+    lines += [f"tensor {o} {c} {name}" for o, c, name in tensors]
+    per = n_params * (1 + states) * 4 // world
+    lines += [f"shard {r} {per} {0x1234abcd + r:08x} rank-{r}.bin" for r in range(world)]
+    return ("\n".join(lines) + "\n").encode()
+
+
+def with_crc(body):
+    return body + b"manifest_crc %08x\n" % zlib.crc32(body)
+
+
+def manifest_seeds():
+    gpt = manifest_body()
+    write("manifest", "gpt_np2_body", b"\x01" + gpt)
+    write("manifest", "gpt_np2_complete", b"\x00" + with_crc(gpt))
+    write("manifest", "cnn_np4_sgd_body", b"\x01" + manifest_body(world=4, n_params=4096, states=1, kind="cnn",
+                                                                  config=None, optimizer="sgd",
+                                                                  tensors=((0, 4000, "conv1.w"), (4000, 96, "fc.b"))))
+    write("manifest", "np1_no_tensors_body", b"\x01" + manifest_body(world=1, tensors=()))
+    write("manifest", "bad_crc", b"\x00" + gpt + b"manifest_crc 00000000\n")
+    write("manifest", "truncated", b"\x00" + with_crc(gpt)[:-9])
+    write("manifest", "duplicate_key_body", b"\x01" + gpt + b"world_size 2\n")
+    write("manifest", "tensor_beyond_params_body",
+          b"\x01" + manifest_body(tensors=((0, 600, "wte"), (600, 401, "ln.w"))))
 
 
 if __name__ == "__main__":
     hdr_seeds()
     store_seeds()
+    hello_seeds()
+    manifest_seeds()
