@@ -467,7 +467,7 @@ static void *server_main(void *arg) {
     }
     int timeout_ms = -1;
     if (!isinf(next_deadline)) {
-      double left = next_deadline - td_now();
+      double left = TD_MIN(next_deadline - td_now(), 1e6); /* keeps the int conversion in range */
       timeout_ms = left <= 0 ? 0 : (int)ceil(left * 1000.0);
     }
     int n = poll(s->pfds, s->n_clients + 2, timeout_ms);
