@@ -138,12 +138,7 @@ clean:
 FUZZ_BUILD    := build/fuzz
 FUZZ_CC       ?= clang
 FUZZ_SECONDS  ?= 60
-# A harness whose parser is not in this tree is left out (the parsers came
-# from parallel branches): hello needs src/net/auth.c, manifest needs
-# td_ckpt_manifest_parse.
-FUZZ_ABSENT   := $(if $(wildcard src/net/auth.c),,tests/fuzz/fuzz_hello.c) \
-                 $(if $(shell grep -l td_ckpt_manifest_parse src/train/train_impl.h 2>/dev/null),,tests/fuzz/fuzz_manifest.c)
-FUZZ_SRCS     := $(filter-out $(FUZZ_ABSENT),$(sort $(wildcard tests/fuzz/fuzz_*.c)))
+FUZZ_SRCS     := $(sort $(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_TARGETS  := $(patsubst tests/fuzz/fuzz_%.c,%,$(FUZZ_SRCS))
 FUZZ_BINS     := $(FUZZ_TARGETS:%=$(FUZZ_BUILD)/fuzz_%)
 FUZZ_LIB_OBJS := $(LIB_SRCS:%.c=$(FUZZ_BUILD)/obj/%.o)

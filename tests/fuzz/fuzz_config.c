@@ -1,5 +1,5 @@
 /* libFuzzer harness for the JSON training config reader
- * (td_train_config_parse_json, src/train/config.c), followed by what a
+ * (td_train_config_parse_json_buffer, src/train/config.c), followed by what a
  * trainer does with a config it accepted: td_train_config_resolve for a few
  * world sizes and the learning-rate schedule at a few steps.
  *
@@ -27,16 +27,24 @@ static void require(int ok, const char *what, const char *text) {
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-  /* The reader takes a C string; an embedded NUL simply ends it early. */
-  char *text = malloc(size + 1);
-  if (!text) return 0;
+  /* An exact-size copy, not NUL-terminated (the buffer entry point's
+   * promise): ASan reports any read past it. The C-string copy is only for
+   * messages. */
+  char *exact = malloc(size ? size : 1), *text = malloc(size + 1);
+  if (!exact || !text) {
+    free(exact);
+    free(text);
+    return 0;
+  }
+  memcpy(exact, data, size);
   memcpy(text, data, size);
   text[size] = '\0';
 
   td_train_config cfg, before;
   td_train_config_defaults(&cfg);
   before = cfg;
-  td_status st = td_train_config_parse_json(text, SOURCE, &cfg);
+  td_status st = td_train_config_parse_json_buffer(exact, size, SOURCE, &cfg);
+  free(exact);
   if (st != TD_OK) {
     require(memcmp(&cfg, &before, sizeof cfg) == 0, "a refused config changed the caller's struct", text);
     require(strstr(td_last_error(), SOURCE) != NULL, "the error message does not name the source", text);

@@ -8,8 +8,14 @@
  *      connecting to a lower rank): the input is its CHALLENGE + ACCEPT;
  *   2: both sides honest, over a socket pair, each with a fuzz-chosen role
  *      and context (which listener it thinks it talks to);
- *   3: the pure parsers alone, on the raw bytes.
- * (mode 2: bit 2 of byte 0 gives the connector the other context). Byte 1:
+ *   3: the pure parsers alone, on the raw bytes;
+ *   4: the acceptor's state machine (net_auth_acceptor_feed, what the store
+ *      server's and the TCP transport's poll loops run) fed the input in
+ *      pieces of a fuzz-chosen size;
+ *   5: the same with an honest connector: the hello comes from the input
+ *      (magic and role set right), the proof is computed with the key.
+ * (modes 4-5: bits 3-7 of byte 0 give the piece size, 0 = all it wants)
+ * (mode 2: bit 3 of byte 0 gives the connector the other context). Byte 1:
  * bit 0 = the role (store or tcp), the rest = rank + 1, of the side under
  * test (mode 2: of the connector; the acceptor expects tcp, context A).
  *
@@ -99,6 +105,71 @@ static void pure_parsers(const uint8_t *data, size_t size) {
   }
 }
 
+/* Feed `n` bytes to the acceptor machine in pieces of at most `piece`
+ * (0: what it wants); returns the last verdict and counts the bytes it
+ * took before that verdict. */
+static int feed(net_auth_acceptor *a, const uint8_t *p, size_t n, size_t piece, size_t *taken,
+                unsigned char out[NET_AUTH_MSG_BYTES]) {
+  int r = NET_AUTH_MORE;
+  *taken = 0;
+  while (*taken < n && r == NET_AUTH_MORE) {
+    size_t want = net_auth_acceptor_want(a);
+    if (want == 0) fail("the machine wants nothing while it asks for more");
+    size_t k = n - *taken < want ? n - *taken : want;
+    if (piece && k > piece) k = piece;
+    r = net_auth_acceptor_feed(a, NET_AUTH_ROLE_TCP, CTX_A, p + *taken, k, out);
+    *taken += k;
+  }
+  return r;
+}
+
+static void acceptor_machine(const uint8_t *p, size_t n, size_t piece, bool honest) {
+  net_auth_acceptor a;
+  memset(&a, 0, sizeof a);
+  unsigned char out[NET_AUTH_MSG_BYTES];
+  size_t taken = 0;
+  if (!honest) {
+    int r = feed(&a, p, n, piece, &taken, out);
+    bool magic_ok = n >= 4 && le(p, 4) == NET_AUTH_MAGIC;
+    bool hello_ok = n >= NET_AUTH_HELLO_BYTES && magic_ok && le(p + 4, 4) == NET_AUTH_ROLE_TCP;
+    if (n >= 4 && !magic_ok) {
+      if (r != NET_AUTH_FAIL || taken > 4 + (piece ? piece : NET_AUTH_HELLO_BYTES))
+        fail("a stream without the magic was not refused at its first bytes");
+    } else if (n < NET_AUTH_HELLO_BYTES) {
+      if (r != NET_AUTH_MORE) fail("a short, well-started hello did not ask for more");
+    } else if (!hello_ok) {
+      if (r != NET_AUTH_FAIL || taken != NET_AUTH_HELLO_BYTES) fail("a hello of another role was not refused");
+    } else {
+      if (r != NET_AUTH_REPLY || taken != NET_AUTH_HELLO_BYTES || le(out, 4) != NET_AUTH_MAGIC)
+        fail("a well-formed hello got no challenge");
+      /* The rest is a proof nobody without the key (and this nonce) can make. */
+      r = feed(&a, p + taken, n - taken, piece, &taken, out);
+      if (r == NET_AUTH_DONE || r == NET_AUTH_REPLY) fail("the machine accepted a forged proof");
+      if ((r == NET_AUTH_FAIL) != (n - NET_AUTH_HELLO_BYTES >= NET_AUTH_MSG_BYTES))
+        fail("a complete proof got no verdict, or a partial one got one");
+    }
+    return;
+  }
+  /* Honest: the hello's rank and nonce from the input, magic and role right. */
+  uint8_t hello[NET_AUTH_HELLO_BYTES] = {0};
+  memcpy(hello, p, n < sizeof hello ? n : sizeof hello);
+  for (int i = 0; i < 4; i++) {
+    hello[i] = (uint8_t)(NET_AUTH_MAGIC >> (8 * i));
+    hello[4 + i] = (uint8_t)(NET_AUTH_ROLE_TCP >> (8 * i));
+  }
+  if (feed(&a, hello, sizeof hello, piece, &taken, out) != NET_AUTH_REPLY) fail("an honest hello got no challenge");
+  net_auth_hello h;
+  if (net_auth_parse_hello(hello, sizeof hello, &h) != 0) fail("parse_hello refused an honest hello");
+  unsigned char nonce_s[NET_AUTH_NONCE_BYTES], mac[NET_AUTH_MAC_BYTES], proof[NET_AUTH_MSG_BYTES];
+  memcpy(nonce_s, out + 4, sizeof nonce_s);
+  net_auth_mac(false, CTX_A, &h, nonce_s, mac);
+  net_auth_encode_msg(proof, mac);
+  if (feed(&a, proof, sizeof proof, piece, &taken, out) != NET_AUTH_DONE) fail("an honest proof was refused");
+  if (a.hello.rank != h.rank) fail("the machine lost the connector's rank");
+  if (!net_auth_check(true, CTX_A, &h, nonce_s, out + 4)) fail("the acceptor's answer does not verify");
+  if (net_auth_acceptor_want(&a) != 0) fail("an authenticated machine still wants bytes");
+}
+
 /* A job secret as tandemrun would hand it out (any 32+ bytes). */
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
   setenv("TANDEM_SECRET", "fuzz-hello-0123456789abcdef0123456789abcdef", 1);
@@ -107,7 +178,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size < 2) return 0;
-  int mode = data[0] % 4;
+  int mode = data[0] % 8;
+  if (mode >= 6) mode -= 4; /* 6, 7: the machine again (it has the most to explore) */
   uint32_t role = (data[1] & 1) ? NET_AUTH_ROLE_TCP : NET_AUTH_ROLE_STORE;
   int32_t rank = (int32_t)(data[1] >> 1) - 1;
   const uint8_t *peer_bytes = data + 2;
@@ -117,6 +189,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     pure_parsers(peer_bytes, n_peer);
     return 0;
   }
+  if (mode >= 4) {
+    acceptor_machine(peer_bytes, n_peer, data[0] >> 3, mode == 5);
+    return 0;
+  }
 
   int sv[2];
   if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) fail("socketpair");
@@ -124,7 +200,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 
   if (mode == 2) {
     /* Honest peers: the connector's role and context from the input. */
-    honest h = {.fd = sv[1], .role = role, .rank = rank, .ctx = (data[0] & 4) ? CTX_B : CTX_A};
+    honest h = {.fd = sv[1], .role = role, .rank = rank, .ctx = (data[0] & 8) ? CTX_B : CTX_A};
     pthread_t thread;
     if (pthread_create(&thread, NULL, honest_connector, &h) != 0) fail("pthread_create");
     net_auth_hello got;

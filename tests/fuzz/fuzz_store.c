@@ -338,15 +338,10 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
   return 0;
 }
 
-/* Prove the job secret as store_connect does. A tree without connection
- * authentication (before net_auth) has no handshake to make. */
+/* Prove the job secret as store_connect does. */
 static void authenticate(int fd) {
-#ifdef NET_AUTH_MAGIC
   if (net_auth_connect(fd, NET_AUTH_ROLE_STORE, -1, "store", "the fuzzed store", td_now() + 5.0) != TD_OK)
     fail(td_last_error());
-#else
-  (void)fd;
-#endif
 }
 
 /* Delete every key the complete requests of a stream named (the server ran
@@ -382,11 +377,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size == 0) return 0;
   int n_clients = 1 + (data[0] & 3) % MAX_CLIENTS;
   bool lockstep = data[0] & 4;
-#ifdef NET_AUTH_MAGIC
   bool stranger = data[0] & 8;
-#else
-  bool stranger = false; /* no handshake to fail: every client is a client */
-#endif
   conn c[MAX_CLIENTS];
   memset(c, 0, sizeof c);
   size_t pos = 1 + (size_t)(n_clients - 1) * 2;
@@ -458,7 +449,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (stranger) {
     /* All a stranger may get: the challenge to a well-formed hello (36
      * bytes), never a store response; then the connection closes. */
-    if (c[0].in_len != 0 && !(c[0].in_len == 36 && le(c[0].in, 4) == 0x31414454u /* "TDA1" */))
+    if (c[0].in_len != 0 && !(c[0].in_len == NET_AUTH_MSG_BYTES && le(c[0].in, 4) == NET_AUTH_MAGIC))
       fail("an unauthenticated client got more than a challenge");
     c[0].in_len = 0, c[0].out_len = 0;
   }

@@ -168,7 +168,14 @@ def hello_seeds():
     write("hello", "connector_garbage", bytes([1]) + role_rank(ROLE_TCP, 0) + b"SSH-2.0-OpenSSH_9.2\r\n")
     write("hello", "honest_match", bytes([2]) + role_rank(ROLE_TCP, 4))
     write("hello", "honest_wrong_role", bytes([2]) + role_rank(ROLE_STORE, 4))
-    write("hello", "honest_wrong_context", bytes([2 | 4]) + role_rank(ROLE_TCP, 4))
+    write("hello", "honest_wrong_context", bytes([2 | 8]) + role_rank(ROLE_TCP, 4))
+    # The acceptor's state machine: byte 0 = 4 (fuzzed bytes) or 5 (honest), bits 3-7 = piece size.
+    write("hello", "machine_hello_bad_proof", bytes([4]) + role_rank(ROLE_TCP, 0) + hello_msg(ROLE_TCP, 3) + auth_msg())
+    write("hello", "machine_bytewise", bytes([4 | (1 << 3)]) + role_rank(ROLE_TCP, 0) + hello_msg(ROLE_TCP, 3) + auth_msg())
+    write("hello", "machine_no_magic", bytes([4 | (3 << 3)]) + role_rank(ROLE_TCP, 0) + b"GET / HTTP/1.1\r\n")
+    write("hello", "machine_store_role", bytes([4]) + role_rank(ROLE_TCP, 0) + hello_msg(ROLE_STORE, -1))
+    write("hello", "machine_honest", bytes([5]) + role_rank(ROLE_TCP, 0) + hello_msg(ROLE_TCP, 9))
+    write("hello", "machine_honest_pieces", bytes([5 | (7 << 3)]) + role_rank(ROLE_TCP, 0) + hello_msg(ROLE_TCP, 1))
     write("hello", "parse_hello", bytes([3, 0]) + hello_msg(ROLE_TCP, 7))
     write("hello", "parse_msg", bytes([3, 0]) + auth_msg())
 
