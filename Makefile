@@ -114,3 +114,6 @@ clean:
 	rm -rf build
 
 -include $(LIB_OBJS:.o=.d) $(TESTLIB_OBJS:.o=.d) $(TOOL_SRCS:%.c=$(BUILD)/obj/%.d) $(TEST_SRCS:%.c=$(BUILD)/obj/%.d)
+
+# Python bindings: a separate section, see python/Makefile.inc.
+include python/Makefile.inc
