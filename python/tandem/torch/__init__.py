@@ -1,0 +1,137 @@
+"""tandem.torch: horovod.torch's public API on Tandem.
+
+A Horovod PyTorch script runs after changing its import:
+    import tandem.torch as hvd
+Tensors are CPU tensors (Tandem is a CPU runtime: nccl_built() is False).
+Importing this module also registers the "tandem" torch.distributed backend
+when the c10d extension was built (see README)."""
+import os as _os
+
+import tandem as _tandem_core
+from tandem import (TandemError, RemoteError, MismatchError, TandemTimeoutError, InvalidArgumentError,
+                    InvalidUsageError)
+from .compression import Compression
+from .ops import (Sum, Average, Min, Max, Product, Adasum, allreduce, allreduce_, allreduce_async,
+                  allreduce_async_, grouped_allreduce, grouped_allreduce_, grouped_allreduce_async,
+                  grouped_allreduce_async_, allgather, allgather_async, broadcast, broadcast_, broadcast_async,
+                  broadcast_async_, alltoall, alltoall_async, reducescatter, reducescatter_async, poll,
+                  synchronize, join, barrier, global_process_set)
+from .optimizer import DistributedOptimizer
+from .functions import broadcast_parameters, broadcast_optimizer_state, broadcast_object, allgather_object
+
+HorovodInternalError = TandemError  # what Horovod scripts catch
+
+
+def init(comm=None, process_sets=None):
+    """Join the job (tandemrun's environment, MPI/Slurm/torchrun variables, or a world of one)."""
+    if comm is not None:
+        raise ValueError("tandem.torch.init: comm= (an MPI communicator) is not supported; "
+                         "Tandem builds its world from the environment")
+    if process_sets:
+        raise NotImplementedError("tandem.torch.init: process_sets are not supported")
+    global _cross
+    _tandem_core.init()
+    _cross = _hosts()
+
+
+_cross = None
+
+
+def shutdown():
+    _tandem_core.shutdown()
+
+
+def is_initialized():
+    return _tandem_core.is_initialized()
+
+
+def rank():
+    return _tandem_core.rank()
+
+
+def size():
+    return _tandem_core.size()
+
+
+def local_rank():
+    return _tandem_core.local_rank()
+
+
+def local_size():
+    return _tandem_core.local_size()
+
+
+def _hosts():
+    """(cross_rank, cross_size): this host's index among the hosts and the host count,
+    with hosts ordered by their lowest rank (Horovod's cross communicator)."""
+    import torch
+    w = _tandem_core.world()
+    n = w.size()
+    first = torch.zeros(n, dtype=torch.int64)
+    # the lowest rank on this host is rank - local_rank when ranks fill hosts in blocks;
+    # compute it exactly: every rank reports whether it is its host's local rank 0
+    first[w.rank()] = 1 if w.local_rank() == 0 else 0
+    w.allreduce(first.data_ptr(), first.data_ptr(), n, _tandem_core.I64, _tandem_core.SUM)
+    leaders = [r for r in range(n) if first[r]]
+    me = sum(1 for r in leaders if r <= w.rank()) - 1
+    return me, len(leaders)
+
+
+def cross_rank():
+    """Index of this host among the job's hosts."""
+    _tandem_core.world()
+    return _cross[0]
+
+
+def cross_size():
+    """Number of hosts in the job."""
+    _tandem_core.world()
+    return _cross[1]
+
+
+def mpi_threads_supported():
+    return False
+
+
+def mpi_enabled():
+    return False
+
+
+def mpi_built():
+    return False
+
+
+def gloo_enabled():
+    return False
+
+
+def gloo_built():
+    return False
+
+
+def nccl_built():
+    return False
+
+
+def ddl_built():
+    return False
+
+
+def ccl_built():
+    return False
+
+
+def cuda_built():
+    return False
+
+
+def rocm_built():
+    return False
+
+
+def start_timeline(file_path, mark_cycles=False):
+    raise NotImplementedError("tandem.torch: Horovod's timeline is not available from Python")
+
+
+def stop_timeline():
+    raise NotImplementedError("tandem.torch: Horovod's timeline is not available from Python")
