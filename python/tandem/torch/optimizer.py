@@ -219,7 +219,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return super(self.__class__, self).step(closure)
 
     def zero_grad(self, *args, **kwargs):
-        if any(b.request is not None for b in self._buckets):
+        if any(b.request is not None for b in self._buckets) or any(self._passes.values()):
             raise AssertionError("tandem.torch: optimizer.zero_grad() was called after loss.backward() but "
                                  "before optimizer.step() or optimizer.synchronize(); call one of them first")
         return super(self.__class__, self).zero_grad(*args, **kwargs)
