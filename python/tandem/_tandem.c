@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "tandem/tandem.h"
+#include "_tandem_api.h"
 
 /* ---- exceptions ---- */
 
@@ -756,10 +757,30 @@ static PyObject *new_error(PyObject *m, const char *name, PyObject *bases, const
   return cls;
 }
 
+static td_comm *api_comm_of(void *obj) {
+  PyObject *o = (PyObject *)obj;
+  if (!PyObject_TypeCheck(o, &CommType)) {
+    PyErr_SetString(PyExc_TypeError, "tandem: expected a tandem._tandem.Comm");
+    return NULL;
+  }
+  CommObject *c = (CommObject *)o;
+  return comm_usable(c) ? c->comm : NULL;
+}
+
+static const tandem_py_api py_api = {
+    TANDEM_PY_API_VERSION, td_iallreduce, td_ireduce, td_ibroadcast, td_ireduce_scatter, td_iallgather,
+    td_ialltoall,          td_ibarrier,   td_isend,     td_irecv,     td_wait,            td_test,
+    td_last_error,         td_comm_last_error, td_status_str, api_comm_of};
+
 PyMODINIT_FUNC PyInit__tandem(void) {
   if (PyType_Ready(&CommType) < 0 || PyType_Ready(&RequestType) < 0) return NULL;
   PyObject *m = PyModule_Create(&module_def);
   if (!m) return NULL;
+  PyObject *cap = PyCapsule_New((void *)&py_api, "tandem._tandem._C_API", NULL);
+  if (!cap || PyModule_AddObject(m, "_C_API", cap) < 0) {
+    Py_XDECREF(cap);
+    goto fail;
+  }
   if (PyModule_AddObjectRef(m, "Comm", (PyObject *)&CommType) < 0 ||
       PyModule_AddObjectRef(m, "Request", (PyObject *)&RequestType) < 0)
     goto fail;

@@ -135,3 +135,67 @@ def start_timeline(file_path, mark_cycles=False):
 
 def stop_timeline():
     raise NotImplementedError("tandem.torch: Horovod's timeline is not available from Python")
+
+
+# ---- the torch.distributed backend "tandem" ----
+
+_c10d_error = None
+_c10d_groups = 0
+
+
+def _c10d_env_defaults():
+    """Under tandemrun, give torch.distributed's default env:// rendezvous
+    what it needs (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT)
+    unless the launcher set them: an unmodified DDP script then runs with
+    init_process_group("tandem"). torch's store (which the tandem backend
+    itself does not use) listens next to Tandem's: the port after
+    TANDEM_STORE's; set MASTER_PORT to choose another."""
+    env = _os.environ
+    if "TANDEM_RANK" not in env or "TANDEM_WORLD_SIZE" not in env:
+        return
+    env.setdefault("RANK", env["TANDEM_RANK"])
+    env.setdefault("WORLD_SIZE", env["TANDEM_WORLD_SIZE"])
+    env.setdefault("LOCAL_RANK", env.get("TANDEM_LOCAL_RANK", "0"))
+    env.setdefault("LOCAL_WORLD_SIZE", env.get("TANDEM_LOCAL_SIZE", "1"))
+    store = env.get("TANDEM_STORE", "")
+    host, _, port = store.rpartition(":")
+    if "MASTER_ADDR" not in env:
+        env["MASTER_ADDR"] = host.strip("[]") if host else "127.0.0.1"
+    if "MASTER_PORT" not in env and port.isdigit():
+        env["MASTER_PORT"] = str(int(port) + 1 if int(port) < 65535 else int(port) - 1)
+
+
+def _create_process_group(store, rank, size, timeout):
+    """c10d's creator: a Tandem communicator of its own per process group
+    (rendezvous through Tandem's store, from the environment)."""
+    global _c10d_groups
+    from tandem import _c10d
+    job = _os.environ.get("TANDEM_JOB_ID", "default")
+    _c10d_groups += 1
+    comm = _tandem_core._tandem.init(rank=rank, world_size=size, job_id=f"{job}.c10d{_c10d_groups}",
+                                     timeout=timeout.total_seconds())
+    return _c10d.ProcessGroupTandem(comm, rank, size)
+
+
+def c10d_available():
+    """True when init_process_group("tandem") works in this process."""
+    return _c10d_error is None
+
+
+def _register_c10d():
+    global _c10d_error
+    try:
+        import torch.distributed as dist
+        if not dist.is_available():
+            _c10d_error = "torch.distributed is not available in this torch build"
+            return
+        from tandem import _c10d  # noqa: F401  (built when libtorch-dev and pybind11-dev are present)
+    except ImportError as e:
+        _c10d_error = f"the tandem c10d extension is not available: {e}"
+        return
+    if "TANDEM" not in dist.Backend._plugins:
+        dist.Backend.register_backend("tandem", _create_process_group)
+    _c10d_env_defaults()
+
+
+_register_c10d()
