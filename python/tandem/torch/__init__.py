@@ -148,8 +148,8 @@ def _c10d_env_defaults():
     what it needs (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT)
     unless the launcher set them: an unmodified DDP script then runs with
     init_process_group("tandem"). torch's store (which the tandem backend
-    itself does not use) listens next to Tandem's: the port after
-    TANDEM_STORE's; set MASTER_PORT to choose another."""
+    itself does not use) listens on a port derived from the job id; set
+    MASTER_PORT to choose another."""
     env = _os.environ
     if "TANDEM_RANK" not in env or "TANDEM_WORLD_SIZE" not in env:
         return
@@ -158,11 +158,16 @@ def _c10d_env_defaults():
     env.setdefault("LOCAL_RANK", env.get("TANDEM_LOCAL_RANK", "0"))
     env.setdefault("LOCAL_WORLD_SIZE", env.get("TANDEM_LOCAL_SIZE", "1"))
     store = env.get("TANDEM_STORE", "")
-    host, _, port = store.rpartition(":")
+    host = store.rpartition(":")[0].strip("[]")
     if "MASTER_ADDR" not in env:
-        env["MASTER_ADDR"] = host.strip("[]") if host else "127.0.0.1"
-    if "MASTER_PORT" not in env and port.isdigit():
-        env["MASTER_PORT"] = str(int(port) + 1 if int(port) < 65535 else int(port) - 1)
+        env["MASTER_ADDR"] = host or "127.0.0.1"
+    if "MASTER_PORT" not in env:
+        # Every rank must name the same port without talking first: derive it
+        # from the job id, below Linux's ephemeral range (32768-60999) so
+        # that it never collides with the ports the kernel hands out.
+        import zlib
+        job = env.get("TANDEM_JOB_ID", "") + store
+        env["MASTER_PORT"] = str(20000 + zlib.crc32(job.encode()) % 12000)
 
 
 def _create_process_group(store, rank, size, timeout):
