@@ -174,7 +174,7 @@ def allgather(array):
     rows[w.rank()] = array.shape[0]
     w.allreduce(rows, rows, n, I64, SUM)
     row_elems = int(np.prod(array.shape[1:], dtype=np.int64))
-    shape_check = np.array(array.shape[1:] + (0,) * 0, np.int64)
+    shape_check = np.array(array.shape[1:], np.int64)
     if shape_check.size:
         lo, hi = shape_check.copy(), shape_check.copy()
         w.allreduce(lo, lo, lo.size, I64, MIN)
