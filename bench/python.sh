@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 rounds=${1:-3} steps=${2:-6}
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 PYTHONPATH=build/python
 RUN=build/bin/tandemrun PY=/usr/bin/python3 EX=examples/python
-echo "# machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2), load: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "# machine: $(getconf _NPROCESSORS_ONLN) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2), load: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# single process on the whole batch (16 samples), for the loss reference"
 $RUN -np 1 $PY $EX/train_gpt_hvd.py --batch 16 --steps "$steps" 2>&1 | sed 's/^\[0\] /single /'
 for r in $(seq "$rounds"); do
