@@ -31,13 +31,16 @@ def init(comm=None, process_sets=None):
         raise NotImplementedError("tandem.torch.init: process_sets are not supported")
     global _cross
     _tandem_core.init()
-    _cross = _hosts()
+    if _cross is None:  # once per world (a collective), so init() stays idempotent
+        _cross = _hosts()
 
 
 _cross = None
 
 
 def shutdown():
+    global _cross
+    _cross = None
     _tandem_core.shutdown()
 
 
