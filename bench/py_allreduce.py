@@ -12,7 +12,7 @@ hvd.init()
 n = hvd.size()
 for size in [int(s) for s in sys.argv[1:]] or [4096, 64 << 20]:
     t = torch.ones(size // 4)
-    iters = max(5, min(20000, (1 << 30) // max(size, 1) // 8))
+    iters = max(20, min(20000, (1 << 30) // max(size, 1) // 8))  # 20 at 64 MiB, as tandem-bench -n 20
     for _ in range(max(2, iters // 10)):
         hvd.allreduce_(t, op=hvd.Sum)
     hvd.barrier()
