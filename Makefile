@@ -169,3 +169,6 @@ fuzz: fuzz-build
 
 -include $(LIB_OBJS:.o=.d) $(TESTLIB_OBJS:.o=.d) $(TOOL_SRCS:%.c=$(BUILD)/obj/%.d) $(TEST_SRCS:%.c=$(BUILD)/obj/%.d)
 -include $(FUZZ_LIB_OBJS:.o=.d) $(FUZZ_SRCS:%.c=$(FUZZ_BUILD)/obj/%.d)
+
+# Python bindings: a separate section, see python/Makefile.inc.
+include python/Makefile.inc
