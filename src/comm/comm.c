@@ -229,14 +229,20 @@ static td_status comm_setup(td_comm *comm, double connect_timeout_s) {
     comm->hosts[0] = strdup("self");
     comm->addrs[0] = strdup("self");
     if (!comm->hosts[0] || !comm->addrs[0]) return td_error(TD_ERR_SYSTEM, "out of memory creating a communicator");
-  } else {
+  }
+  double t0 = td_now(), t1 = t0, t2 = t0;
+  if (comm->size > 1) {
     TD_CHECK(rendezvous(comm, connect_timeout_s));
+    t1 = td_now();
     TD_CHECK(create_transport(comm));
+    t2 = td_now();
   }
   TD_CHECK(comm_select_init(comm));
   TD_CHECK(progress_start(comm));
-  TD_DEBUG("communicator %s: rank %d of %d, local %d of %d, transport %s", comm->prefix, comm->rank, comm->size,
-           comm->local_rank, comm->local_size, comm->xport_name);
+  /* The phase times show where start-up goes at scale (bench/init.sh). */
+  TD_DEBUG("communicator %s: rank %d of %d, local %d of %d, transport %s; rendezvous %.3f s, transport setup %.3f s",
+           comm->prefix, comm->rank, comm->size, comm->local_rank, comm->local_size, comm->xport_name, t1 - t0,
+           t2 - t1);
   return TD_OK;
 }
 

@@ -76,6 +76,9 @@ struct td_store_server {
   /* Out of file descriptors: stop accepting for a moment instead of spinning
    * on a listening socket that stays readable. */
   double accept_paused_until;
+  /* For the log at stop: how much start-up traffic a job caused. */
+  uint64_t n_requests;
+  size_t peak_clients;
 };
 
 /* ---- table ---- */
@@ -293,6 +296,7 @@ static void wake_waiters(td_store_server *s, const char *key, const entry *e) {
 
 static void handle_request(td_store_server *s, client *c) {
   const store_req_header *r = &c->req;
+  s->n_requests++;
   /* read_client made the key NUL-terminated; key_len counts the terminator. */
   char *key = (char *)c->body;
   const unsigned char *a = c->body + r->key_len;
@@ -503,6 +507,7 @@ static void accept_clients(td_store_server *s) {
     }
     c->fd = fd;
     s->clients[s->n_clients++] = c;
+    if (s->n_clients > s->peak_clients) s->peak_clients = s->n_clients;
   }
 }
 
@@ -633,6 +638,8 @@ void store_server_stop(td_store_server *s) {
     TD_SYSCALL_RETRY(w, write(s->wake_pipe[1], &byte, 1));
     (void)w;
     pthread_join(s->thread, NULL);
+    TD_DEBUG("store server on port %d: %" PRIu64 " requests served, at most %zu connections at once", s->port,
+             s->n_requests, s->peak_clients);
   }
   for (size_t i = 0; i < s->n_clients; i++) free_client(s->clients[i]);
   free(s->clients);
