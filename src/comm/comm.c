@@ -4,7 +4,9 @@
  * that every other file reports through.
  *
  * Rendezvous: each rank publishes "<size>\n<host identity>\n<pid>\n<address>"
- * under "<prefix>/peer/<rank>" and waits for everybody's entry. Ranks with
+ * under "<prefix>/peer/<rank>" and reads everybody's entry back with one
+ * store_gather (2N store requests for N ranks, where waiting for the keys
+ * one by one cost N^2 through the store's single thread). Ranks with
  * the same host identity share memory; the transport is picked from that:
  * shm when all ranks share one host, tcp otherwise (or when forced). A job
  * spanning hosts uses tcp between all pairs, including ranks on the same
