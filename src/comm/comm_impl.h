@@ -196,6 +196,9 @@ struct td_comm {
   pthread_mutex_t err_mu;
   _Atomic int err_status;     /* td_status; TD_OK while healthy */
   char err_msg[1024];
+  /* The latest failure of a call on this communicator that did not break it
+   * (bad argument, misuse); under err_mu. See comm_note_failure. */
+  char call_msg[1024];
 
   /* sequencing (issue order; touched only by the issuing thread) */
   uint64_t coll_seq;
@@ -228,6 +231,13 @@ struct td_comm {
  * status), log it at error level, and notify peers via the transport. Returns
  * the communicator's (first) status so callers can `return comm_fail(...)`. */
 td_status comm_fail(td_comm *comm, td_status status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Where a failed call's message goes (the rule stated in tandem/base.h):
+ * the failing call has already put it in the calling thread's
+ * td_last_error(); this also records it on comm for td_comm_last_error(),
+ * unless comm is broken (its sticky message stays). Returns st; TD_OK,
+ * TD_ERR_IN_PROGRESS and a NULL comm pass through untouched. Every public
+ * entry point that takes a communicator returns through it. */
+td_status comm_note_failure(td_comm *comm, td_status st);
 /* TD_OK or the sticky error; cheap (one atomic load). */
 static inline td_status comm_status(const td_comm *comm) {
   return (td_status)atomic_load_explicit(&((td_comm *)comm)->err_status, memory_order_acquire);
