@@ -5,7 +5,8 @@
  *       [-d DTYPE] [-o OP] [-i 0|1] [-r ROOT] [-T MAXBYTES_PER_SIZE]
  *
  * Rank 0 prints '#' comment lines (world, transport, TANDEM_* settings, the
- * command), a '#' header naming the columns, then one row per size:
+ * command, the time td_comm_init took on the slowest rank), a '#' header
+ * naming the columns, then one row per size:
  *
  *   size_bytes count dtype redop time_us algbw_GBs busbw_GBs wrong
  *
@@ -381,7 +382,7 @@ static int fail_call(td_comm *comm, int rank, const char *what, td_status st) {
   return 1;
 }
 
-static void print_preamble(const bench_opts *o, td_comm *comm, int argc, char **argv) {
+static void print_preamble(const bench_opts *o, td_comm *comm, int argc, char **argv, double init_s) {
   int n = td_comm_size(comm);
   printf("# tandem-bench %s: world %d ranks (%d on this host), transport %s\n", o->kind_name, n,
          td_comm_local_size(comm), td_comm_transport(comm));
@@ -407,6 +408,7 @@ static void print_preamble(const bench_opts *o, td_comm *comm, int argc, char **
     any = 1;
   }
   printf("%s\n", any ? "" : " (no TANDEM_* settings: defaults)");
+  printf("# init: td_comm_init took %.3f s on the slowest rank\n", init_s);
   printf("# command:");
   for (int a = 0; a < argc; a++) printf(" %s", argv[a]);
   printf("\n# busbw = algbw * %s; time_us: mean per call on the slowest rank\n",
@@ -422,7 +424,9 @@ int main(int argc, char **argv) {
   if (pr) return pr > 0 ? 0 : 2;
 
   td_comm *comm = NULL;
+  double init_start = td_now();
   td_status st = td_comm_init(&comm);
+  double init_s = td_now() - init_start;
   if (st != TD_OK) {
     fprintf(stderr, "tandem-bench: td_comm_init failed: %s: %s\n", td_status_str(st), td_last_error());
     return 1;
@@ -433,7 +437,14 @@ int main(int argc, char **argv) {
     td_comm_destroy(comm);
     return 2;
   }
-  if (rank == 0) print_preamble(&o, comm, argc, argv);
+  /* Start-up cost: td_comm_init on the slowest rank (which includes waiting
+   * for the last rank to be started). */
+  if ((st = td_allreduce(&init_s, &init_s, 1, TD_F64, TD_MAX, comm)) != TD_OK) {
+    int rc = fail_call(comm, rank, "allreduce of the init time", st);
+    td_comm_destroy(comm);
+    return rc;
+  }
+  if (rank == 0) print_preamble(&o, comm, argc, argv, init_s);
 
   int rc = 0;
   int64_t total_wrong = 0;

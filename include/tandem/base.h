@@ -1,9 +1,27 @@
 /* Tandem public API: status codes, element types and reduction operators.
  *
- * Every Tandem function that can fail returns a td_status. The detailed
- * message of the last failure on a communicator is in td_comm_last_error();
- * failures outside a communicator are described by td_last_error() (a
- * thread-local buffer). */
+ * Every Tandem function that can fail returns a td_status. Where its message
+ * goes (the one rule, for every function):
+ *
+ *  1. td_last_error(): every call that fails leaves its message in a buffer
+ *     of the calling thread, whatever the cause (bad argument, misuse,
+ *     system, store, a peer's failure, a file). This is always the place to
+ *     look right after a failed call, as ncclGetLastError() in NCCL. It is
+ *     overwritten only by this thread's next failing call. td_test()'s
+ *     TD_ERR_IN_PROGRESS is not a failure and leaves it alone.
+ *  2. td_comm_last_error(comm): a call that was given a communicator (a
+ *     collective, td_send/td_recv, their td_i* forms and td_wait/td_test on
+ *     their requests, td_comm_split, td_comm_finalize) and failed also leaves
+ *     the same message on the communicator, readable from any thread:
+ *     - once the communicator is broken (td_comm_status() != TD_OK: a peer
+ *       died, ranks disagreed, a timeout, td_comm_abort), the message of that
+ *       first, sticky failure, never replaced afterwards;
+ *     - before that, the latest failure of a call on it that did not break it
+ *       (a bad argument, a call after finalize), like errno: meaningful after
+ *       a failed call, not cleared by later successful ones;
+ *     - "" if no call on it has failed.
+ *     A call that creates a communicator (td_comm_init*) and fails has no
+ *     communicator to record it on: its message is only in td_last_error(). */
 #ifndef TANDEM_BASE_H
 #define TANDEM_BASE_H
 
@@ -36,8 +54,8 @@ const char *td_status_str(td_status status);
  * otherwise; "generic" when TANDEM_CPU was refused (see README). */
 const char *td_cpu_kernel_level(void);
 
-/* The message of the last error raised on this thread outside a communicator
- * (argument parsing, store connection, file I/O). Never NULL. */
+/* The message of the latest failed call made by this thread (rule 1 above).
+ * Never NULL; "" if none. */
 const char *td_last_error(void);
 
 typedef enum td_dtype {
@@ -51,9 +69,22 @@ typedef enum td_dtype {
   TD_DTYPE_COUNT
 } td_dtype;
 
+/* Reduction semantics, the same on every algorithm and transport, and every
+ * rank gets the same bits (README "Reductions"):
+ * - Integer SUM and PROD wrap around modulo 2^bits (two's complement), never
+ *   undefined; TD_AVG on integers is that wrapped sum divided by the number
+ *   of ranks, truncated toward zero (C's integer division).
+ * - Floating MIN and MAX: if any rank's element is a NaN the result is NaN
+ *   (the canonical quiet NaN: f32 0x7fc00000, f64 0x7ff8000000000000, f16
+ *   0x7e00, bf16 0x7fc0; with one rank the input comes back unchanged), and
+ *   -0 counts as smaller than +0.
+ * - Floating SUM and PROD follow IEEE 754 (a NaN input gives a NaN).
+ * - f16 and bf16 are accumulated in f32 and rounded to the half type once
+ *   (TD_AVG divides in f32 first); TANDEM_HALF_PARTIALS=half trades that for
+ *   half the bytes on the wire, rounding at every hop. */
 typedef enum td_op {
   TD_SUM = 0,
-  TD_AVG = 1, /* sum divided by the number of ranks (integer division for integer types) */
+  TD_AVG = 1, /* sum divided by the number of ranks (integers: wrapped sum, truncated division) */
   TD_MIN = 2,
   TD_MAX = 3,
   TD_PROD = 4,

@@ -14,7 +14,9 @@
  * Errors are sticky: once an operation fails (a peer died, ranks disagreed on
  * a collective, a timeout), every pending and later operation on that
  * communicator fails with the same status and message until it is destroyed.
- * td_comm_last_error() gives the message, which names the ranks involved.
+ * The message names the ranks involved. Where a failed call's message goes
+ * (td_last_error() of the calling thread, always; td_comm_last_error() of
+ * the communicator it was given) is stated once, in tandem/base.h.
  *
  * Buffers: "count" is in elements of `dtype`. A buffer may be NULL only when
  * its count is 0. In-place operation is requested by passing the same pointer
@@ -48,7 +50,18 @@ typedef struct td_comm_config {
 /* Create the world communicator from the environment (TANDEM_* set by
  * tandemrun, then Open MPI, PMI, Slurm, torchrun variables); with none of
  * them it is a world of one. Blocks until every rank has joined or the
- * timeout passes. *out is NULL on failure; td_last_error() says why. */
+ * timeout passes. *out is NULL on failure; td_last_error() says why.
+ *
+ * What pairs the communicators of different ranks is the job id
+ * (td_comm_config.job_id, else TANDEM_JOB_ID, else the launcher's) and, for
+ * several communicators with the same job id in one process, their order:
+ * the k-th created with a job id on one rank joins the k-th created with it
+ * on the others. So communicators with distinct job ids may be created from
+ * any threads, concurrently, and in a different order on every rank; those
+ * sharing a job id (td_comm_init again after td_comm_destroy) must be
+ * created in the same order on every rank, as MPI_Comm_dup requires, and
+ * never concurrently by several threads of a rank (give each its own job
+ * id). Thread-safe. */
 td_status td_comm_init(td_comm **out);
 td_status td_comm_init_config(const td_comm_config *config, td_comm **out);
 
@@ -75,7 +88,10 @@ void td_comm_destroy(td_comm *comm);
  * with TD_ERR_REMOTE, and peers are told so (with `reason`) within seconds. */
 void td_comm_abort(td_comm *comm, const char *reason);
 
-/* The message of the first error on this communicator, "" if none. */
+/* The message of the sticky error once comm is broken, before that of the
+ * latest failed call on comm, "" if none (the rule in tandem/base.h). Any
+ * thread may call it; the string stays valid until this thread calls it
+ * again or comm is destroyed. */
 const char *td_comm_last_error(const td_comm *comm);
 /* TD_OK, or the sticky error status of the communicator. */
 td_status td_comm_status(const td_comm *comm);

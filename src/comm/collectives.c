@@ -217,29 +217,29 @@ static td_status do_p2p(comm_kind kind, void *buf, size_t count, td_dtype dtype,
 /* ---- public API ---- */
 
 td_status td_allreduce(const void *send, void *recv, size_t count, td_dtype dtype, td_op op, td_comm *comm) {
-  return do_allreduce(send, recv, count, dtype, op, comm, NULL, "td_allreduce");
+  return comm_note_failure(comm, do_allreduce(send, recv, count, dtype, op, comm, NULL, "td_allreduce"));
 }
 td_status td_reduce(const void *send, void *recv, size_t count, td_dtype dtype, td_op op, int root, td_comm *comm) {
-  return do_reduce(send, recv, count, dtype, op, root, comm, NULL, "td_reduce");
+  return comm_note_failure(comm, do_reduce(send, recv, count, dtype, op, root, comm, NULL, "td_reduce"));
 }
 td_status td_broadcast(void *buf, size_t count, td_dtype dtype, int root, td_comm *comm) {
-  return do_broadcast(buf, count, dtype, root, comm, NULL, "td_broadcast");
+  return comm_note_failure(comm, do_broadcast(buf, count, dtype, root, comm, NULL, "td_broadcast"));
 }
 td_status td_reduce_scatter(const void *send, void *recv, size_t count, td_dtype dtype, td_op op, td_comm *comm) {
-  return do_reduce_scatter(send, recv, count, dtype, op, comm, NULL, "td_reduce_scatter");
+  return comm_note_failure(comm, do_reduce_scatter(send, recv, count, dtype, op, comm, NULL, "td_reduce_scatter"));
 }
 td_status td_allgather(const void *send, void *recv, size_t count, td_dtype dtype, td_comm *comm) {
-  return do_allgather(send, recv, count, dtype, comm, NULL, "td_allgather");
+  return comm_note_failure(comm, do_allgather(send, recv, count, dtype, comm, NULL, "td_allgather"));
 }
 td_status td_alltoall(const void *send, void *recv, size_t count, td_dtype dtype, td_comm *comm) {
-  return do_alltoall(send, recv, count, dtype, comm, NULL, "td_alltoall");
+  return comm_note_failure(comm, do_alltoall(send, recv, count, dtype, comm, NULL, "td_alltoall"));
 }
-td_status td_barrier(td_comm *comm) { return do_barrier(comm, NULL, "td_barrier"); }
+td_status td_barrier(td_comm *comm) { return comm_note_failure(comm, do_barrier(comm, NULL, "td_barrier")); }
 td_status td_send(const void *buf, size_t count, td_dtype dtype, int peer, td_comm *comm) {
-  return do_p2p(COMM_SEND, (void *)buf, count, dtype, peer, comm, NULL, "td_send");
+  return comm_note_failure(comm, do_p2p(COMM_SEND, (void *)buf, count, dtype, peer, comm, NULL, "td_send"));
 }
 td_status td_recv(void *buf, size_t count, td_dtype dtype, int peer, td_comm *comm) {
-  return do_p2p(COMM_RECV, buf, count, dtype, peer, comm, NULL, "td_recv");
+  return comm_note_failure(comm, do_p2p(COMM_RECV, buf, count, dtype, peer, comm, NULL, "td_recv"));
 }
 
 /* Non-blocking forms: the same checks, plus the request pointer. */
@@ -249,41 +249,41 @@ td_status td_recv(void *buf, size_t count, td_dtype dtype, int peer, td_comm *co
 td_status td_iallreduce(const void *send, void *recv, size_t count, td_dtype dtype, td_op op, td_comm *comm,
                         td_request **req_out) {
   NEED_REQ("td_iallreduce");
-  return do_allreduce(send, recv, count, dtype, op, comm, req_out, "td_iallreduce");
+  return comm_note_failure(comm, do_allreduce(send, recv, count, dtype, op, comm, req_out, "td_iallreduce"));
 }
 td_status td_ireduce(const void *send, void *recv, size_t count, td_dtype dtype, td_op op, int root, td_comm *comm,
                      td_request **req_out) {
   NEED_REQ("td_ireduce");
-  return do_reduce(send, recv, count, dtype, op, root, comm, req_out, "td_ireduce");
+  return comm_note_failure(comm, do_reduce(send, recv, count, dtype, op, root, comm, req_out, "td_ireduce"));
 }
 td_status td_ibroadcast(void *buf, size_t count, td_dtype dtype, int root, td_comm *comm, td_request **req_out) {
   NEED_REQ("td_ibroadcast");
-  return do_broadcast(buf, count, dtype, root, comm, req_out, "td_ibroadcast");
+  return comm_note_failure(comm, do_broadcast(buf, count, dtype, root, comm, req_out, "td_ibroadcast"));
 }
 td_status td_ireduce_scatter(const void *send, void *recv, size_t count, td_dtype dtype, td_op op, td_comm *comm,
                              td_request **req_out) {
   NEED_REQ("td_ireduce_scatter");
-  return do_reduce_scatter(send, recv, count, dtype, op, comm, req_out, "td_ireduce_scatter");
+  return comm_note_failure(comm, do_reduce_scatter(send, recv, count, dtype, op, comm, req_out, "td_ireduce_scatter"));
 }
 td_status td_iallgather(const void *send, void *recv, size_t count, td_dtype dtype, td_comm *comm,
                         td_request **req_out) {
   NEED_REQ("td_iallgather");
-  return do_allgather(send, recv, count, dtype, comm, req_out, "td_iallgather");
+  return comm_note_failure(comm, do_allgather(send, recv, count, dtype, comm, req_out, "td_iallgather"));
 }
 td_status td_ialltoall(const void *send, void *recv, size_t count, td_dtype dtype, td_comm *comm,
                        td_request **req_out) {
   NEED_REQ("td_ialltoall");
-  return do_alltoall(send, recv, count, dtype, comm, req_out, "td_ialltoall");
+  return comm_note_failure(comm, do_alltoall(send, recv, count, dtype, comm, req_out, "td_ialltoall"));
 }
 td_status td_ibarrier(td_comm *comm, td_request **req_out) {
   NEED_REQ("td_ibarrier");
-  return do_barrier(comm, req_out, "td_ibarrier");
+  return comm_note_failure(comm, do_barrier(comm, req_out, "td_ibarrier"));
 }
 td_status td_isend(const void *buf, size_t count, td_dtype dtype, int peer, td_comm *comm, td_request **req_out) {
   NEED_REQ("td_isend");
-  return do_p2p(COMM_SEND, (void *)buf, count, dtype, peer, comm, req_out, "td_isend");
+  return comm_note_failure(comm, do_p2p(COMM_SEND, (void *)buf, count, dtype, peer, comm, req_out, "td_isend"));
 }
 td_status td_irecv(void *buf, size_t count, td_dtype dtype, int peer, td_comm *comm, td_request **req_out) {
   NEED_REQ("td_irecv");
-  return do_p2p(COMM_RECV, buf, count, dtype, peer, comm, req_out, "td_irecv");
+  return comm_note_failure(comm, do_p2p(COMM_RECV, buf, count, dtype, peer, comm, req_out, "td_irecv"));
 }

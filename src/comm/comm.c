@@ -4,7 +4,9 @@
  * that every other file reports through.
  *
  * Rendezvous: each rank publishes "<size>\n<host identity>\n<pid>\n<address>"
- * under "<prefix>/peer/<rank>" and waits for everybody's entry. Ranks with
+ * under "<prefix>/peer/<rank>" and reads everybody's entry back with one
+ * store_gather (2N store requests for N ranks, where waiting for the keys
+ * one by one cost N^2 through the store's single thread). Ranks with
  * the same host identity share memory; the transport is picked from that:
  * shm when all ranks share one host, tcp otherwise (or when forced). A job
  * spanning hosts uses tcp between all pairs, including ranks on the same
@@ -17,10 +19,46 @@
 #include <string.h>
 #include <unistd.h>
 
-/* Number of world communicators this process created so far: each gets its
- * own store namespace "<job>/c<n>", so that a program may init, destroy and
- * init again within one job (all ranks do it in the same order). */
-static _Atomic int world_counter;
+/* What names a communicator in the store. Its keys live under
+ * "<job id>/c<k>", where k counts the communicators this process created
+ * before with the same job id. Communicators with distinct job ids are
+ * therefore independent of each other: threads may create them in any
+ * order, at the same time, and each rank in its own order. Creating several
+ * with one job id (td_comm_init twice from the environment: init, destroy,
+ * init again) pairs the k-th of every rank with the k-th of the others, so
+ * every rank must create those in the same order, as MPI_Comm_dup demands;
+ * concurrent creation with one job id from several threads has no such
+ * order and needs distinct job ids (td_comm_config.job_id).
+ *
+ * A short list, not a hash: a process creates a handful of job ids. */
+typedef struct job_count {
+  struct job_count *next;
+  unsigned long created;
+  char job_id[];
+} job_count;
+
+static pthread_mutex_t job_counts_mu = PTHREAD_MUTEX_INITIALIZER;
+static job_count *job_counts;
+
+/* The next index for job_id, or -1 when out of memory. */
+static long next_comm_index(const char *job_id) {
+  pthread_mutex_lock(&job_counts_mu);
+  job_count *j = job_counts;
+  while (j && strcmp(j->job_id, job_id)) j = j->next;
+  if (!j) {
+    size_t len = strlen(job_id);
+    j = malloc(sizeof *j + len + 1);
+    if (j) {
+      j->created = 0;
+      memcpy(j->job_id, job_id, len + 1);
+      j->next = job_counts;
+      job_counts = j;
+    }
+  }
+  long index = j ? (long)j->created++ : -1;
+  pthread_mutex_unlock(&job_counts_mu);
+  return index;
+}
 
 static td_comm *comm_alloc(int rank, int size) {
   td_comm *comm = calloc(1, sizeof *comm);
@@ -79,6 +117,14 @@ td_status comm_fail(td_comm *comm, td_status status, const char *fmt, ...) {
   return fail_message(comm, status, msg);
 }
 
+td_status comm_note_failure(td_comm *comm, td_status st) {
+  if (st == TD_OK || st == TD_ERR_IN_PROGRESS || !comm) return st;
+  pthread_mutex_lock(&comm->err_mu);
+  if (comm_status(comm) == TD_OK) td_strlcpy(comm->call_msg, td_last_error(), sizeof comm->call_msg);
+  pthread_mutex_unlock(&comm->err_mu);
+  return st;
+}
+
 td_status comm_check_deadline(td_comm *comm, const comm_op *op) {
   td_status st = comm_status(comm);
   if (st != TD_OK) return st;
@@ -91,39 +137,41 @@ td_status comm_check_deadline(td_comm *comm, const comm_op *op) {
 /* ---- rendezvous ---- */
 
 static td_status rendezvous(td_comm *comm, double connect_timeout_s) {
-  char identity[256], addr[128], value[512], key[256];
+  char identity[256], addr[128], value[512], prefix[200];
   TD_CHECK(net_host_identity(identity, sizeof identity));
   TD_CHECK(net_local_address(addr, sizeof addr));
   snprintf(value, sizeof value, "%d\n%s\n%ld\n%s", comm->size, identity, (long)getpid(), addr);
-  snprintf(key, sizeof key, "%s/peer/%d", comm->prefix, comm->rank);
-  TD_CHECK(store_set_str(comm->store, key, value));
+  snprintf(prefix, sizeof prefix, "%s/peer/", comm->prefix);
 
-  double deadline = td_now() + connect_timeout_s;
+  /* One SET and one GATHER per rank: O(N) store requests for the job. */
+  char **entries = NULL;
+  int missing = -1;
+  td_status st = store_allgather(comm->store, prefix, comm->rank, comm->size, value, strlen(value), connect_timeout_s,
+                                 &entries, NULL, &missing);
+  if (st != TD_OK) {
+    char why[512];
+    td_error_copy(why, sizeof why);
+    if (missing >= 0)
+      return td_error(st, "rank %d: rank %d of %d (and maybe others) did not join the rendezvous of communicator %s "
+                          "at %s within %g s (TANDEM_CONNECT_TIMEOUT): %s",
+                      comm->rank, missing, comm->size, comm->prefix, store_address(comm->store), connect_timeout_s,
+                      why);
+    return td_error(st, "rank %d: the rendezvous of communicator %s failed: %s", comm->rank, comm->prefix, why);
+  }
   for (int r = 0; r < comm->size; r++) {
-    snprintf(key, sizeof key, "%s/peer/%d", comm->prefix, r);
-    char *peer_value = NULL;
-    double left = deadline - td_now();
-    td_status st = store_wait_str(comm->store, key, left > 0.001 ? left : 0.001, &peer_value);
-    if (st != TD_OK) {
-      char why[512];
-      td_error_copy(why, sizeof why);
-      return td_error(st, "rank %d: rank %d of %d did not join the rendezvous at %s within %g s "
-                          "(TANDEM_CONNECT_TIMEOUT): %s",
-                      comm->rank, r, comm->size, store_address(comm->store), connect_timeout_s, why);
-    }
     /* "<size>\n<identity>\n<pid>\n<address>" */
     char *save = NULL;
-    char *f_size = strtok_r(peer_value, "\n", &save);
+    char *f_size = strtok_r(entries[r], "\n", &save);
     char *f_host = strtok_r(NULL, "\n", &save);
     char *f_pid = strtok_r(NULL, "\n", &save);
     char *f_addr = strtok_r(NULL, "\n", &save);
     if (!f_size || !f_host || !f_pid || !f_addr) {
-      free(peer_value);
-      return td_error(TD_ERR_INTERNAL, "rank %d: malformed rendezvous entry %s in the store", comm->rank, key);
+      free(entries);
+      return td_error(TD_ERR_INTERNAL, "rank %d: malformed rendezvous entry %s%d in the store", comm->rank, prefix, r);
     }
     if (atoi(f_size) != comm->size) {
       int other = atoi(f_size);
-      free(peer_value);
+      free(entries);
       return td_error(TD_ERR_MISMATCH, "rank %d believes the world has %d ranks but rank %d believes %d: every "
                                        "rank of a job must be started with the same world size",
                       comm->rank, comm->size, r, other);
@@ -131,9 +179,12 @@ static td_status rendezvous(td_comm *comm, double connect_timeout_s) {
     comm->hosts[r] = strdup(f_host);
     comm->addrs[r] = strdup(f_addr);
     comm->pids[r] = (pid_t)atol(f_pid);
-    free(peer_value);
-    if (!comm->hosts[r] || !comm->addrs[r]) return td_error(TD_ERR_SYSTEM, "out of memory in the rendezvous");
+    if (!comm->hosts[r] || !comm->addrs[r]) {
+      free(entries);
+      return td_error(TD_ERR_SYSTEM, "out of memory in the rendezvous");
+    }
   }
+  free(entries);
 
   comm->local_size = 0;
   for (int r = 0; r < comm->size; r++) {
@@ -180,14 +231,20 @@ static td_status comm_setup(td_comm *comm, double connect_timeout_s) {
     comm->hosts[0] = strdup("self");
     comm->addrs[0] = strdup("self");
     if (!comm->hosts[0] || !comm->addrs[0]) return td_error(TD_ERR_SYSTEM, "out of memory creating a communicator");
-  } else {
+  }
+  double t0 = td_now(), t1 = t0, t2 = t0;
+  if (comm->size > 1) {
     TD_CHECK(rendezvous(comm, connect_timeout_s));
+    t1 = td_now();
     TD_CHECK(create_transport(comm));
+    t2 = td_now();
   }
   TD_CHECK(comm_select_init(comm));
   TD_CHECK(progress_start(comm));
-  TD_DEBUG("communicator %s: rank %d of %d, local %d of %d, transport %s", comm->prefix, comm->rank, comm->size,
-           comm->local_rank, comm->local_size, comm->xport_name);
+  /* The phase times show where start-up goes at scale (bench/init.sh). */
+  TD_DEBUG("communicator %s: rank %d of %d, local %d of %d, transport %s; rendezvous %.3f s, transport setup %.3f s",
+           comm->prefix, comm->rank, comm->size, comm->local_rank, comm->local_size, comm->xport_name, t1 - t0,
+           t2 - t1);
   return TD_OK;
 }
 
@@ -210,8 +267,12 @@ td_status td_comm_init_config(const td_comm_config *config, td_comm **out) {
 
   td_comm *comm = comm_alloc(env.rank, env.size);
   if (!comm) return td_error(TD_ERR_SYSTEM, "out of memory creating a communicator of %d ranks", env.size);
-  int n = atomic_fetch_add(&world_counter, 1);
-  snprintf(comm->prefix, sizeof comm->prefix, "%s/c%d", env.job_id, n);
+  long index = next_comm_index(env.job_id);
+  if (index < 0) {
+    td_error(TD_ERR_SYSTEM, "out of memory creating a communicator of %d ranks", env.size);
+    return abandon(comm, TD_ERR_SYSTEM);
+  }
+  snprintf(comm->prefix, sizeof comm->prefix, "%s/c%ld", env.job_id, index);
   comm->tun = tun;
   comm->timeout_s = tun.timeout_s;
   td_strlcpy(comm->transport_req, env.transport, sizeof comm->transport_req);
@@ -262,7 +323,7 @@ static int split_cmp(const void *a, const void *b) {
   return x->rank < y->rank ? -1 : x->rank > y->rank;
 }
 
-td_status td_comm_split(td_comm *comm, int color, int key, td_comm **out) {
+static td_status comm_split(td_comm *comm, int color, int key, td_comm **out) {
   if (!out) return td_error(TD_ERR_INVALID_ARGUMENT, "td_comm_split: out is NULL");
   *out = NULL;
   if (!comm) return td_error(TD_ERR_INVALID_ARGUMENT, "td_comm_split: communicator is NULL");
@@ -318,9 +379,13 @@ td_status td_comm_split(td_comm *comm, int color, int key, td_comm **out) {
   return TD_OK;
 }
 
+td_status td_comm_split(td_comm *comm, int color, int key, td_comm **out) {
+  return comm_note_failure(comm, comm_split(comm, color, key, out));
+}
+
 /* ---- finalize, destroy, abort ---- */
 
-td_status td_comm_finalize(td_comm *comm) {
+static td_status comm_finalize(td_comm *comm) {
   if (!comm) return td_error(TD_ERR_INVALID_ARGUMENT, "td_comm_finalize: communicator is NULL");
   if (comm->finalized) return comm_status(comm);
   td_status st = progress_drain(comm);
@@ -330,6 +395,8 @@ td_status td_comm_finalize(td_comm *comm) {
   if (sticky != TD_OK) return td_error(sticky, "%s", comm->err_msg);
   return st;
 }
+
+td_status td_comm_finalize(td_comm *comm) { return comm_note_failure(comm, comm_finalize(comm)); }
 
 void td_comm_destroy(td_comm *comm) {
   if (!comm) return;
@@ -354,6 +421,7 @@ void td_comm_destroy(td_comm *comm) {
   free(comm->local_ranks);
   free(comm->send_seq);
   free(comm->recv_seq);
+  td_free(comm->half_work);
   pthread_mutex_destroy(&comm->err_mu);
   free(comm);
 }
@@ -373,7 +441,19 @@ int td_comm_local_rank(const td_comm *comm) { return comm ? comm->local_rank : -
 int td_comm_local_size(const td_comm *comm) { return comm ? comm->local_size : 0; }
 const char *td_comm_transport(const td_comm *comm) { return comm ? comm->xport_name : ""; }
 const char *td_comm_last_error(const td_comm *comm) {
-  if (!comm || comm_status(comm) == TD_OK) return "";
-  return comm->err_msg;
+  if (!comm) return "";
+  /* The sticky message never changes once set; a call message may be
+   * replaced by another thread's failure at any moment, so the caller gets
+   * a copy of it in a buffer of its own thread. */
+  if (comm_status(comm) != TD_OK) return comm->err_msg;
+  static _Thread_local char copy[sizeof comm->call_msg];
+  td_comm *c = (td_comm *)comm;
+  pthread_mutex_lock(&c->err_mu);
+  if (comm_status(comm) != TD_OK)
+    td_strlcpy(copy, comm->err_msg, sizeof copy);
+  else
+    td_strlcpy(copy, comm->call_msg, sizeof copy);
+  pthread_mutex_unlock(&c->err_mu);
+  return copy;
 }
 td_status td_comm_status(const td_comm *comm) { return comm ? comm_status(comm) : TD_ERR_INVALID_ARGUMENT; }

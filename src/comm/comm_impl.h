@@ -158,6 +158,7 @@ typedef struct comm_tunables {
   int allreduce_algo;        /* TANDEM_ALLREDUCE_ALGO: COMM_ALGO_* */
   bool shm_collectives;      /* TANDEM_SHM_COLLECTIVES (default 1) */
   bool shm_xmap;             /* TANDEM_SHM_XMAP (default 1) */
+  bool half_partials;        /* TANDEM_HALF_PARTIALS=half: f16/bf16 partials travel in the half type */
   size_t rd_max_bytes;       /* TANDEM_RD_MAX_BYTES */
   size_t ring_chunk_bytes;   /* TANDEM_RING_CHUNK_BYTES */
   size_t bcast_chunk_bytes;  /* TANDEM_BCAST_CHUNK_BYTES (broadcast and reduce trees) */
@@ -195,6 +196,9 @@ struct td_comm {
   pthread_mutex_t err_mu;
   _Atomic int err_status;     /* td_status; TD_OK while healthy */
   char err_msg[1024];
+  /* The latest failure of a call on this communicator that did not break it
+   * (bad argument, misuse); under err_mu. See comm_note_failure. */
+  char call_msg[1024];
 
   /* sequencing (issue order; touched only by the issuing thread) */
   uint64_t coll_seq;
@@ -210,6 +214,12 @@ struct td_comm {
   bool finalized;
 
   comm_tunables tun;          /* TANDEM_* settings, read once at creation */
+  /* f32 partial results of half-precision reductions (select.c), kept and
+   * grown between operations: a fresh buffer per call costs a page fault
+   * per 4 KiB, which measured slower than the transfer itself. Touched only
+   * by the executing thread (one operation at a time). */
+  float *half_work;
+  size_t half_work_count;
 
   /* algorithm selection (select.c), from tun and the transport */
   int sel_allreduce;          /* forced allreduce algorithm, 0 = auto */
@@ -221,6 +231,13 @@ struct td_comm {
  * status), log it at error level, and notify peers via the transport. Returns
  * the communicator's (first) status so callers can `return comm_fail(...)`. */
 td_status comm_fail(td_comm *comm, td_status status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Where a failed call's message goes (the rule stated in tandem/base.h):
+ * the failing call has already put it in the calling thread's
+ * td_last_error(); this also records it on comm for td_comm_last_error(),
+ * unless comm is broken (its sticky message stays). Returns st; TD_OK,
+ * TD_ERR_IN_PROGRESS and a NULL comm pass through untouched. Every public
+ * entry point that takes a communicator returns through it. */
+td_status comm_note_failure(td_comm *comm, td_status st);
 /* TD_OK or the sticky error; cheap (one atomic load). */
 static inline td_status comm_status(const td_comm *comm) {
   return (td_status)atomic_load_explicit(&((td_comm *)comm)->err_status, memory_order_acquire);

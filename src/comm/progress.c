@@ -263,9 +263,10 @@ td_status progress_drain(td_comm *comm) {
 
 static td_status request_finish(td_request *req) {
   td_status st = req->status;
+  td_comm *comm = req->comm;
   if (st != TD_OK) td_error(st, "%s", req->err);
   free(req);
-  return st;
+  return comm_note_failure(comm, st);
 }
 
 /* The waiting thread runs queued operations itself, in queue order, up to

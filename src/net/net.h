@@ -234,6 +234,19 @@ td_status store_cas(td_store *store, const char *key, const void *expected, size
                     int *swapped);
 td_status store_delete(td_store *store, const char *key, int *existed);
 
+/* Block until the n keys "<prefix>0" .. "<prefix><n-1>" all exist (or
+ * timeout_s: TD_ERR_TIMEOUT naming the first missing key, whose index goes to
+ * *missing_out), then return their values with one request: *values_out is
+ * one malloc'd block of n pointers to NUL-terminated copies (free() it once);
+ * lens_out, if not NULL, has room for n lengths. */
+td_status store_gather(td_store *store, const char *prefix, int n, double timeout_s, char ***values_out,
+                       size_t *lens_out, int *missing_out);
+/* Every one of n participants publishes one value and learns all n: set
+ * "<prefix><rank>", then store_gather. Two requests per participant, where
+ * waiting for the keys one by one costs n. */
+td_status store_allgather(td_store *store, const char *prefix, int rank, int n, const void *value, size_t len,
+                          double timeout_s, char ***values_out, size_t *lens_out, int *missing_out);
+
 /* Convenience: set/wait string values. */
 td_status store_set_str(td_store *store, const char *key, const char *value);
 td_status store_wait_str(td_store *store, const char *key, double timeout_s, char **value_out);

@@ -275,3 +275,76 @@ td_status store_wait_str(td_store *store, const char *key, double timeout_s, cha
   *value_out = v;
   return TD_OK;
 }
+
+td_status store_gather(td_store *store, const char *prefix, int n, double timeout_s, char ***values_out,
+                       size_t *lens_out, int *missing_out) {
+  *values_out = NULL;
+  if (missing_out) *missing_out = -1;
+  if (n < 1 || (unsigned)n > STORE_GATHER_MAX)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "store_gather on prefix '%s': count %d is outside 1..%u",
+                    prefix ? prefix : "", n, (unsigned)STORE_GATHER_MAX);
+  unsigned char count[STORE_GATHER_COUNT_LEN];
+  store_put_u64(count, (uint64_t)n);
+  int64_t ms = timeout_s < 0 ? -1 : (int64_t)(timeout_s * 1000.0 + 0.5);
+  store_resp_header r;
+  void *blob = NULL;
+  TD_CHECK(exchange(store, "store_gather", STORE_GATHER, prefix, 0, count, sizeof count, NULL, 0, ms, timeout_s, &r,
+                    &blob));
+  if (r.status == STORE_RESP_TIMEOUT) {
+    free(blob);
+    int missing = r.num >= 0 && r.num < n ? (int)r.num : 0;
+    if (missing_out) *missing_out = missing;
+    return td_error(TD_ERR_TIMEOUT,
+                    "timed out after %.1f s waiting for keys '%s0'..'%s%d' in the rendezvous store at %s: '%s%d' "
+                    "(at least) is missing (did every rank start? a rank that failed before publishing its key "
+                    "leaves the others waiting)",
+                    timeout_s, prefix, prefix, n - 1, store->addr, prefix, missing);
+  }
+  /* n records "len u64 | bytes": check every length against the blob before
+   * trusting it, then lay out n pointers and NUL-terminated copies in one
+   * allocation. */
+  size_t total = (size_t)r.len, off = 0, need = (size_t)n * sizeof(char *);
+  for (int i = 0; i < n; i++) {
+    if (off + 8 > total || store_get_u64((unsigned char *)blob + off) > total - off - 8) {
+      free(blob);
+      return td_error(TD_ERR_REMOTE, "rendezvous store at %s: malformed store_gather answer for prefix '%s' "
+                                     "(record %d of %d overruns the %zu-byte reply)",
+                      store->addr, prefix, i, n, total);
+    }
+    size_t len = (size_t)store_get_u64((unsigned char *)blob + off);
+    off += 8 + len;
+    need += len + 1;
+  }
+  char **values = malloc(need);
+  if (!values) {
+    free(blob);
+    return td_error(TD_ERR_SYSTEM, "store_gather on prefix '%s': out of memory for %zu bytes", prefix, need);
+  }
+  char *dst = (char *)(values + n);
+  off = 0;
+  for (int i = 0; i < n; i++) {
+    size_t len = (size_t)store_get_u64((unsigned char *)blob + off);
+    off += 8;
+    values[i] = dst;
+    memcpy(dst, (unsigned char *)blob + off, len);
+    dst[len] = '\0';
+    if (lens_out) lens_out[i] = len;
+    dst += len + 1;
+    off += len;
+  }
+  free(blob);
+  *values_out = values;
+  return TD_OK;
+}
+
+td_status store_allgather(td_store *store, const char *prefix, int rank, int n, const void *value, size_t len,
+                          double timeout_s, char ***values_out, size_t *lens_out, int *missing_out) {
+  *values_out = NULL;
+  if (missing_out) *missing_out = -1;
+  char key[600];
+  int w = snprintf(key, sizeof key, "%s%d", prefix ? prefix : "", rank);
+  if (w < 0 || (size_t)w >= sizeof key)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "store_allgather: prefix '%.60s...' is too long", prefix);
+  TD_CHECK(store_set(store, key, value, len));
+  return store_gather(store, prefix, n, timeout_s, values_out, lens_out, missing_out);
+}

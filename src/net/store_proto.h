@@ -18,6 +18,15 @@
  *   ADD     -         -         delta              -                    OK, num = new value
  *   CAS     expected  desired   -                  EXPECT_MISSING       OK + FOUND? + SWAPPED? + value
  *   DELETE  -         -         -                  -                    OK + EXISTED?
+ *   GATHER  count n   -         timeout ms (<0 ∞)  -                    OK + records, or TIMEOUT
+ *
+ * GATHER's key is a prefix P and value A the count n (u64). The server
+ * answers once the n keys P0, P1, ..., P<n-1> (decimal suffixes) all exist,
+ * with their values as n records "len u64 | bytes" in index order (the
+ * response's num is n); on timeout, num is the first index still missing.
+ * It lets N ranks exchange one value each with 2N requests in all (one SET
+ * and one GATHER per rank) instead of the N^2 WAITs of reading the keys one
+ * by one.
  * An ERROR response carries a message as its value.
  *
  * Before the first request, client and server authenticate each other
@@ -36,7 +45,9 @@
 #define STORE_MAX_KEY 4096
 #define STORE_MAX_VALUE (64u * 1024 * 1024)
 
-enum store_op { STORE_SET = 1, STORE_GET, STORE_WAIT, STORE_ADD, STORE_CAS, STORE_DELETE };
+enum store_op { STORE_SET = 1, STORE_GET, STORE_WAIT, STORE_ADD, STORE_CAS, STORE_DELETE, STORE_GATHER };
+#define STORE_GATHER_COUNT_LEN 8 /* value A of a GATHER: the count, u64 */
+#define STORE_GATHER_MAX (1u << 24) /* most keys one GATHER may wait for */
 enum store_resp_status { STORE_RESP_OK = 0, STORE_RESP_TIMEOUT = 1, STORE_RESP_ERROR = 2 };
 #define STORE_FLAG_EXPECT_MISSING 1u /* request, CAS */
 #define STORE_FLAG_FOUND 1u          /* response */

@@ -5,7 +5,10 @@
  * the body it announces, run the request, queue the response. A WAIT on a
  * missing key parks the client (no further reads from it) until a SET, ADD or
  * successful CAS of that key answers it, or its deadline passes and it gets a
- * TIMEOUT response; the poll timeout is the nearest parked deadline. A client
+ * TIMEOUT response; the poll timeout is the nearest parked deadline. A
+ * GATHER parks the same way until all of its n keys exist; it remembers the
+ * first index still missing, so that answering it costs O(n) lookups in all,
+ * however the keys trickle in. A client
  * that dies mid-message, sends garbage or exceeds the size limits is dropped
  * alone; the others never notice. Reads stop while a response is still being
  * written, which bounds each client's memory to one request and one response.
@@ -69,9 +72,12 @@ typedef struct client {
   store_req_header req;
   unsigned char *body;
   size_t body_len, body_got;
-  /* parked WAIT: the key lives in body until answered */
+  /* parked WAIT or GATHER: the key (GATHER: the prefix) lives in body until
+   * answered */
   bool parked;
   double wait_deadline;
+  uint64_t gather_n;    /* GATHER: number of keys */
+  uint64_t gather_next; /* GATHER: first index not yet seen to exist */
   /* output */
   unsigned char *out;
   size_t out_len, out_sent, out_cap;
@@ -94,6 +100,9 @@ struct td_store_server {
   /* Out of file descriptors: stop accepting for a moment instead of spinning
    * on a listening socket that stays readable. */
   double accept_paused_until;
+  /* For the log at stop: how much start-up traffic a job caused. */
+  uint64_t n_requests;
+  size_t peak_clients;
   /* limits (read once at start) and what is held against them */
   size_t max_request, max_bytes, max_clients;
   size_t table_bytes;   /* keys + values in the table */
@@ -275,11 +284,66 @@ static void reset_request(td_store_server *s, client *c) {
   c->parked = false;
 }
 
-/* Answer every client parked on key with the key's current value. */
+/* ---- GATHER ---- */
+
+static entry *gather_find(td_store_server *s, const char *prefix, uint64_t index) {
+  char key[STORE_MAX_KEY + 24];
+  snprintf(key, sizeof key, "%s%" PRIu64, prefix, index);
+  return table_find(s, key);
+}
+
+/* Advance the client's first missing index; if none is missing, answer it
+ * with all n records and return true. */
+static bool gather_try(td_store_server *s, client *c) {
+  const char *prefix = (const char *)c->body;
+  while (c->gather_next < c->gather_n && gather_find(s, prefix, c->gather_next)) c->gather_next++;
+  if (c->gather_next < c->gather_n) return false;
+  uint64_t total = 0;
+  for (uint64_t i = 0; i < c->gather_n; i++) {
+    entry *e = gather_find(s, prefix, i);
+    if (!e) { /* deleted since it was counted: wait for it again */
+      c->gather_next = i;
+      return false;
+    }
+    total += 8 + e->len;
+  }
+  if (total > STORE_MAX_VALUE) {
+    respond_error(c, "store_gather on prefix '%s': the %" PRIu64 " values total %" PRIu64 " bytes, over the 64 MiB "
+                  "limit of one response", prefix, c->gather_n, total);
+    return true;
+  }
+  if (c->out_sent == c->out_len) c->out_len = c->out_sent = 0;
+  if (!out_reserve(c, STORE_RESP_HEADER + (size_t)total)) {
+    c->dead = true; /* cannot answer: drop the client rather than desynchronise it */
+    return true;
+  }
+  store_resp_header h = {.status = STORE_RESP_OK, .flags = STORE_FLAG_FOUND, .len = total,
+                         .num = (int64_t)c->gather_n};
+  store_encode_resp(c->out + c->out_len, &h);
+  c->out_len += STORE_RESP_HEADER;
+  for (uint64_t i = 0; i < c->gather_n; i++) {
+    entry *e = gather_find(s, prefix, i);
+    store_put_u64(c->out + c->out_len, e->len);
+    c->out_len += 8;
+    if (e->len) memcpy(c->out + c->out_len, e->value, e->len);
+    c->out_len += e->len;
+  }
+  flush_client(c);
+  return true;
+}
+
+/* Answer every client parked on key with the key's current value, and every
+ * GATHER whose prefix the key extends and which now has all its keys. */
 static void wake_waiters(td_store_server *s, const char *key, const entry *e) {
   for (size_t i = 0; i < s->n_clients; i++) {
     client *c = s->clients[i];
-    if (!c->parked || c->dead || strcmp((const char *)c->body, key) != 0) continue;
+    if (!c->parked || c->dead) continue;
+    if (c->req.op == STORE_GATHER) {
+      size_t prefix_len = c->req.key_len - 1; /* key_len counts the terminator */
+      if (strncmp((const char *)c->body, key, prefix_len) == 0 && gather_try(s, c)) reset_request(s, c);
+      continue;
+    }
+    if (strcmp((const char *)c->body, key) != 0) continue;
     respond(c, STORE_RESP_OK, STORE_FLAG_FOUND, 0, e->value, e->len);
     reset_request(s, c);
   }
@@ -289,6 +353,7 @@ static void wake_waiters(td_store_server *s, const char *key, const entry *e) {
 
 static void handle_request(td_store_server *s, client *c) {
   const store_req_header *r = &c->req;
+  s->n_requests++;
   /* read_client made the key NUL-terminated; key_len counts the terminator. */
   char *key = (char *)c->body;
   const unsigned char *a = c->body + r->key_len;
@@ -301,6 +366,7 @@ static void handle_request(td_store_server *s, client *c) {
   case STORE_WAIT:
   case STORE_ADD:
   case STORE_DELETE:
+  case STORE_GATHER:
     break;
   default:
     respond_error(c, "unknown store operation %u (client and server versions differ?)", r->op);
@@ -388,6 +454,24 @@ static void handle_request(td_store_server *s, client *c) {
   } else if (r->op == STORE_DELETE) {
     bool existed = table_delete(s, key);
     respond(c, STORE_RESP_OK, existed ? STORE_FLAG_SWAPPED : 0, 0, NULL, 0);
+  } else if (r->op == STORE_GATHER) {
+    uint64_t n = r->a_len == STORE_GATHER_COUNT_LEN ? store_get_u64(a) : 0;
+    if (r->a_len != STORE_GATHER_COUNT_LEN || n == 0 || n > STORE_GATHER_MAX) {
+      respond_error(c, "store_gather on prefix '%s': the count must be 1..%u (an 8-byte value)", key,
+                    (unsigned)STORE_GATHER_MAX);
+    } else {
+      c->gather_n = n;
+      c->gather_next = 0;
+      if (!gather_try(s, c)) {
+        if (r->arg == 0) {
+          respond(c, STORE_RESP_TIMEOUT, 0, (int64_t)c->gather_next, NULL, 0);
+        } else {
+          c->parked = true;
+          c->wait_deadline = r->arg < 0 ? INFINITY : td_now() + (double)r->arg / 1000.0;
+          return; /* body (and prefix) stay until answered */
+        }
+      }
+    }
   }
   reset_request(s, c);
 }
@@ -591,6 +675,7 @@ static void accept_clients(td_store_server *s) {
     c->auth_deadline = td_now() + net_auth_timeout_s();
     td_strlcpy(c->peer, peer, sizeof c->peer);
     s->clients[s->n_clients++] = c;
+    if (s->n_clients > s->peak_clients) s->peak_clients = s->n_clients;
   }
 }
 
@@ -670,7 +755,8 @@ static void *server_main(void *arg) {
         continue;
       }
       if (c->parked && !c->dead && c->wait_deadline <= now) {
-        respond(c, STORE_RESP_TIMEOUT, 0, 0, NULL, 0);
+        /* num: for a GATHER, the first index still missing */
+        respond(c, STORE_RESP_TIMEOUT, 0, c->req.op == STORE_GATHER ? (int64_t)c->gather_next : 0, NULL, 0);
         reset_request(s, c);
         read_client(s, c);
       }
@@ -734,6 +820,8 @@ void store_server_stop(td_store_server *s) {
     TD_SYSCALL_RETRY(w, write(s->wake_pipe[1], &byte, 1));
     (void)w;
     pthread_join(s->thread, NULL);
+    TD_DEBUG("store server on port %d: %" PRIu64 " requests served, at most %zu connections at once", s->port,
+             s->n_requests, s->peak_clients);
   }
   for (size_t i = 0; i < s->n_clients; i++) free_client(s, s->clients[i]);
   free(s->clients);

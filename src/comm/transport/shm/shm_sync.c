@@ -2,7 +2,8 @@
  * and the epoch barrier (shm_sync) that orders every access to them.
  *
  * shm_sync(epoch e): publish this rank's op header in its parity-(e % 2)
- * entry, store `arrived = e`, ring the peers that sleep, wait until every
+ * entry, store `arrived = e`, ring the peers that sleep if this arrival
+ * completed the epoch, wait until every
  * rank has arrived at e, then compare every header with rank 0's. The header
  * of parity e % 2 is rewritten only at epoch e + 2, which no rank can reach
  * before every rank arrived at e + 1, i.e. finished comparing at e; so no
@@ -125,8 +126,18 @@ td_status shm_sync_addrs(td_comm *comm, const comm_op *op, const void *addr0, co
   mine->addr[p][0] = (uint64_t)(uintptr_t)addr0;
   mine->addr[p][1] = (uint64_t)(uintptr_t)addr1;
   atomic_store_explicit(&mine->arrived, e, memory_order_release);
-  for (int k = 0; k < t->n; k++)
-    if (k != t->rank) shm_ring(t, k);
+  /* Only a rank that completes the epoch wakes the sleepers: ringing on
+   * every arrival woke every sleeping rank N times per epoch (N^2 wake-ups,
+   * most of a 256-rank collective on 2 cores). The fence pairs with those
+   * of the other arrivals: of ranks arriving at once, the one whose fence
+   * comes last sees every arrival, so at least one rank rings; and with
+   * shm_sleep's fence, a sleeper either sees the completing arrival or is
+   * seen waiting by the ringer. */
+  atomic_thread_fence(memory_order_seq_cst);
+  arrival_arg complete = {e};
+  if (all_arrived(t, &complete))
+    for (int k = 0; k < t->n; k++)
+      if (k != t->rank) shm_ring(t, k);
   TD_CHECK(wait_arrivals(t, e, op));
   t->epoch = e;
 

@@ -2,7 +2,8 @@
  * between hosts and, with TANDEM_TRANSPORT=tcp, on one host.
  *
  * Wiring (tcp_transport_create): every rank listens on an ephemeral port and
- * publishes "<prefix>/tcp/<rank>" = "address:port" in the store; rank i then
+ * publishes "<prefix>/tcp/<rank>" = "address:port" in the store, reading all
+ * of them back with one store_gather; rank i then
  * connects to every j < i and authenticates (net_auth_connect: its rank in
  * the hello, a MAC bound to the communicator and to j), and accepts one
  * connection from every j > i, checking the MAC (net_auth_accept) before
@@ -643,25 +644,27 @@ td_status tcp_transport_create(td_comm *comm, transport **out) {
   TD_CHECK_GOTO(net_listen(host, 0, t->size + 16, &listen_fd, &port), st, fail);
   snprintf(t->peers[t->rank].addr, sizeof t->peers[t->rank].addr, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host,
            port);
-  char key[256];
-  snprintf(key, sizeof key, "%s/tcp/%d", comm->prefix, t->rank);
-  TD_CHECK_GOTO(store_set_str(comm->store, key, t->peers[t->rank].addr), st, fail);
-
-  /* Learn every peer's address. */
-  for (int p = 0; p < t->size; p++) {
-    if (p == t->rank) continue;
-    snprintf(key, sizeof key, "%s/tcp/%d", comm->prefix, p);
-    char *value = NULL;
-    st = store_wait_str(comm->store, key, TD_MAX(deadline - td_now(), 0.001), &value);
-    if (st != TD_OK) {
-      st = td_error(st, "tcp: rank %d never published its address (store key %s) within %g s "
+  /* Publish ours and learn every peer's address: one SET and one GATHER. */
+  char prefix[256];
+  snprintf(prefix, sizeof prefix, "%s/tcp/", comm->prefix);
+  char **addrs = NULL;
+  int missing = -1;
+  st = store_allgather(comm->store, prefix, t->rank, t->size, t->peers[t->rank].addr, strlen(t->peers[t->rank].addr),
+                       TD_MAX(deadline - td_now(), 0.001), &addrs, NULL, &missing);
+  if (st != TD_OK) {
+    char why[512];
+    td_error_copy(why, sizeof why);
+    if (missing >= 0)
+      st = td_error(st, "tcp: rank %d (and maybe others) never published its address (store key %s%d) within %g s "
                         "(TANDEM_CONNECT_TIMEOUT): %s",
-                    p, key, timeout_s, td_last_error());
-      goto fail;
-    }
-    td_strlcpy(t->peers[p].addr, value, sizeof t->peers[p].addr);
-    free(value);
+                    missing, prefix, missing, timeout_s, why);
+    else
+      st = td_error(st, "tcp: rank %d could not exchange addresses through the store: %s", t->rank, why);
+    goto fail;
   }
+  for (int p = 0; p < t->size; p++)
+    if (p != t->rank) td_strlcpy(t->peers[p].addr, addrs[p], sizeof t->peers[p].addr);
+  free(addrs);
 
   /* Connect down, then accept from above. */
   transport_test_gate();

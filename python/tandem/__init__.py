@@ -1,0 +1,192 @@
+"""Tandem from Python: the world communicator and collectives on NumPy arrays.
+
+A thin layer over the C extension tandem._tandem (DESIGN.md §9): arrays are
+passed to C by pointer, never copied; non-blocking calls return a Request
+that keeps the arrays alive until it completes; waits release the GIL.
+
+    import numpy as np, tandem
+    tandem.init()                      # from tandemrun's environment, or a world of one
+    x = np.ones(1024, np.float32)
+    tandem.allreduce(x, op=tandem.Sum, inplace=True)
+
+Failures of the C library raise TandemError (subclasses RemoteError,
+MismatchError, TandemTimeoutError, InvalidArgumentError, InvalidUsageError),
+whose message names the ranks involved and whose .status is the td_status.
+"""
+from . import _tandem
+from ._tandem import (TandemError, RemoteError, MismatchError, TandemTimeoutError,
+                      InvalidArgumentError, InvalidUsageError, Request, Comm)
+from ._tandem import F32, F64, F16, BF16, I32, I64, U8, SUM, AVG, MIN, MAX, PROD
+
+__all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
+           "world", "allreduce", "allreduce_async", "broadcast", "broadcast_async", "allgather",
+           "barrier", "TandemError", "RemoteError", "MismatchError", "TandemTimeoutError",
+           "InvalidArgumentError", "InvalidUsageError", "Sum", "Average", "Min", "Max", "Product"]
+
+# Horovod's names for the reduction operators; the values are td_op codes.
+Sum, Average, Min, Max, Product = SUM, AVG, MIN, MAX, PROD
+_OP_NAMES = {"sum": SUM, "avg": AVG, "average": AVG, "mean": AVG, "min": MIN, "max": MAX,
+             "prod": PROD, "product": PROD}
+
+_world = None
+
+
+def init(**config):
+    """Join the job (idempotent). Keyword arguments (rank, world_size, store,
+    job_id, transport, timeout) override the environment."""
+    global _world
+    if _world is None:
+        _world = _tandem.init(**config)
+    return _world
+
+
+def shutdown():
+    """Wait for pending operations, leave together with the other ranks."""
+    global _world
+    w, _world = _world, None
+    if w is not None:
+        w.finalize()
+
+
+def is_initialized():
+    return _world is not None
+
+
+def world():
+    """The world communicator; raises ValueError before init()."""
+    if _world is None:
+        raise ValueError("tandem has not been initialized: call tandem.init() first")
+    return _world
+
+
+def rank():
+    return world().rank()
+
+
+def size():
+    return world().size()
+
+
+def local_rank():
+    return world().local_rank()
+
+
+def local_size():
+    return world().local_size()
+
+
+def barrier():
+    world().barrier()
+
+
+def op_code(op):
+    """A td_op code from a code or a name ('sum', 'average', ...)."""
+    if isinstance(op, str):
+        try:
+            return _OP_NAMES[op.lower()]
+        except KeyError:
+            raise ValueError(f"tandem: unknown reduction op {op!r}; use one of {sorted(_OP_NAMES)}") from None
+    if isinstance(op, bool) or not isinstance(op, int):
+        raise TypeError(f"tandem: op must be tandem.Sum/Average/Min/Max/Product or a name, not {type(op).__name__}")
+    if not 0 <= op <= PROD:
+        raise ValueError(f"tandem: unknown reduction op code {op}")
+    return op
+
+
+# ---- NumPy ----
+
+def _np_dtype_code(a):
+    import numpy as np
+    codes = {np.dtype(np.float32): F32, np.dtype(np.float64): F64, np.dtype(np.float16): F16,
+             np.dtype(np.int32): I32, np.dtype(np.int64): I64, np.dtype(np.uint8): U8}
+    try:
+        return codes[a.dtype.newbyteorder("=")] if a.dtype.isnative else None
+    except KeyError:
+        return None
+
+
+def _np_check(a, what="array"):
+    import numpy as np
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"tandem: {what} must be a numpy.ndarray, not {type(a).__name__}")
+    code = _np_dtype_code(a)
+    if code is None:
+        raise TypeError(f"tandem: {what} has dtype {a.dtype}; supported: float32, float64, float16, "
+                        "int32, int64, uint8 (bfloat16 through tandem.torch)")
+    if not a.flags.c_contiguous:
+        raise ValueError(f"tandem: {what} is not C-contiguous; pass numpy.ascontiguousarray({what})")
+    return code
+
+
+def allreduce_async(array, op=SUM, out=None, inplace=False):
+    """Start an allreduce of `array`; returns a Request whose wait() returns
+    the result (`array` itself when inplace, else `out` or a new array)."""
+    import numpy as np
+    code = _np_check(array)
+    opc = op_code(op)
+    if inplace:
+        out = array
+    elif out is None:
+        out = np.empty_like(array)
+    else:
+        if _np_check(out, "out") != code or out.size != array.size:
+            raise ValueError(f"tandem: out must have the dtype and size of array ({array.dtype}, {array.size})")
+    return world().iallreduce(array, out, array.size, code, opc, result=out)
+
+
+def allreduce(array, op=SUM, out=None, inplace=False):
+    """Elementwise reduction over ranks; returns the result array."""
+    import numpy as np
+    code = _np_check(array)
+    opc = op_code(op)
+    if inplace:
+        out = array
+    elif out is None:
+        out = np.empty_like(array)
+    elif _np_check(out, "out") != code or out.size != array.size:
+        raise ValueError(f"tandem: out must have the dtype and size of array ({array.dtype}, {array.size})")
+    world().allreduce(array, out, array.size, code, opc)
+    return out
+
+
+def broadcast_async(array, root_rank=0):
+    code = _np_check(array)
+    return world().ibroadcast(array, array.size, code, root_rank, result=array)
+
+
+def broadcast(array, root_rank=0):
+    """Overwrite `array` with root_rank's, in place; returns it."""
+    code = _np_check(array)
+    world().broadcast(array, array.size, code, root_rank)
+    return array
+
+
+def allgather(array):
+    """Concatenate every rank's array along the first dimension (the first
+    dimension may differ between ranks, the others must agree)."""
+    import numpy as np
+    code = _np_check(array)
+    w = world()
+    n = w.size()
+    if array.ndim == 0:
+        raise ValueError("tandem: allgather needs an array with at least one dimension")
+    rows = np.zeros(n, np.int64)
+    rows[w.rank()] = array.shape[0]
+    w.allreduce(rows, rows, n, I64, SUM)
+    row_elems = int(np.prod(array.shape[1:], dtype=np.int64))
+    shape_check = np.array(array.shape[1:], np.int64)
+    if shape_check.size:
+        lo, hi = shape_check.copy(), shape_check.copy()
+        w.allreduce(lo, lo, lo.size, I64, MIN)
+        w.allreduce(hi, hi, hi.size, I64, MAX)
+        if (lo != hi).any():
+            raise ValueError(f"tandem: allgather: ranks disagree on the trailing dimensions "
+                             f"(this rank {tuple(array.shape[1:])}, min {tuple(lo)}, max {tuple(hi)})")
+    big = int(rows.max())
+    # Equal blocks of the largest share, then the valid rows of each kept.
+    padded = np.zeros((n * big * row_elems,), array.dtype)
+    mine = padded[w.rank() * big * row_elems:(w.rank() * big + array.shape[0]) * row_elems]
+    mine[...] = array.reshape(-1)
+    w.allgather(padded, padded, padded.size, code)
+    parts = [padded[r * big * row_elems:(r * big + int(rows[r])) * row_elems] for r in range(n)]
+    return np.concatenate(parts).reshape((int(rows.sum()),) + array.shape[1:])

@@ -1,0 +1,427 @@
+// tandem._c10d: the "tandem" backend of torch.distributed (c10d ProcessGroup),
+// built against Debian's libtorch-dev 1.13.
+//
+// Each collective is issued at once as a Tandem non-blocking operation on the
+// caller's tensors (contiguous CPU tensors by pointer; others through a
+// contiguous staging copy, copied back at completion). One completion thread
+// per process group waits for the requests in issue order, runs the
+// copy-backs and completes each Work's Future, which is what DDP's reducer
+// waits on, so buckets are reduced while backward continues.
+//
+// The td_comm comes from a tandem._tandem.Comm object and is driven through
+// the function table that _tandem exports as a capsule: one copy of the
+// library per process. Calls that Tandem cannot serve raise c10d's own
+// "ProcessGroup tandem does not support <call>" (the base class) or a
+// message naming the call and the unsupported option.
+#include <Python.h>
+#include <torch/extension.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+extern "C" {
+#include "_tandem_api.h"
+}
+
+namespace {
+
+const tandem_py_api *api = nullptr;
+
+td_dtype dtype_of(const at::Tensor &t, const char *call) {
+  switch (t.scalar_type()) {
+  case at::kFloat: return TD_F32;
+  case at::kDouble: return TD_F64;
+  case at::kHalf: return TD_F16;
+  case at::kBFloat16: return TD_BF16;
+  case at::kInt: return TD_I32;
+  case at::kLong: return TD_I64;
+  case at::kByte: return TD_U8;
+  case at::kBool: return TD_U8; // max/min on 0/1 bytes are or/and
+  default:
+    TORCH_CHECK(false, "ProcessGroup tandem: ", call, ": unsupported dtype ", t.scalar_type(),
+                " (supported: float32, float64, float16, bfloat16, int32, int64, uint8, bool)");
+  }
+}
+
+td_op op_of(const c10d::ReduceOp &op, const char *call) {
+  switch (op.op_) {
+  case c10d::ReduceOp::SUM: return TD_SUM;
+  case c10d::ReduceOp::AVG: return TD_AVG;
+  case c10d::ReduceOp::MIN: return TD_MIN;
+  case c10d::ReduceOp::MAX: return TD_MAX;
+  case c10d::ReduceOp::PRODUCT: return TD_PROD;
+  default:
+    TORCH_CHECK(false, "ProcessGroup tandem: ", call,
+                ": unsupported ReduceOp (supported: SUM, AVG, MIN, MAX, PRODUCT)");
+  }
+}
+
+void check_cpu(const at::Tensor &t, const char *call) {
+  TORCH_CHECK(t.device().is_cpu(), "ProcessGroup tandem: ", call, ": tensor is on ", t.device(),
+              "; Tandem serves CPU tensors");
+  TORCH_CHECK(!t.is_sparse(), "ProcessGroup tandem: ", call, ": sparse tensors are not supported");
+}
+
+class WorkTandem;
+
+// Requests complete in issue order (one communicator runs them in order), so
+// one thread waiting on them in that order completes every Work promptly.
+class Completer {
+ public:
+  struct Item {
+    std::vector<td_request *> reqs;
+    std::function<void()> finish; // copy-backs, on success
+    c10::intrusive_ptr<c10::ivalue::Future> future;
+    std::vector<at::Tensor> outputs;
+    std::vector<at::Tensor> keep; // staging buffers the requests use
+  };
+
+  explicit Completer(td_comm *comm) : comm_(comm), thread_([this] { run(); }) {}
+  ~Completer() {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  void push(Item item) {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      q_.push_back(std::move(item));
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  void run() {
+    for (;;) {
+      Item item;
+      {
+        std::unique_lock<std::mutex> l(mu_);
+        cv_.wait(l, [this] { return stop_ || !q_.empty(); });
+        if (q_.empty()) return; // stop_ and drained
+        item = std::move(q_.front());
+        q_.pop_front();
+      }
+      td_status first = TD_OK;
+      std::string msg;
+      for (td_request *r : item.reqs) {
+        td_status st = api->wait(r);
+        if (st != TD_OK && first == TD_OK) {
+          first = st;
+          const char *m = api->last_error();
+          if (!m || !*m) m = api->comm_last_error(comm_);
+          msg = m ? m : api->status_str(st);
+        }
+      }
+      if (first != TD_OK) {
+        item.future->setError(std::make_exception_ptr(
+            std::runtime_error(std::string("ProcessGroup tandem: ") + api->status_str(first) + ": " + msg)));
+        continue;
+      }
+      try {
+        if (item.finish) item.finish();
+        item.future->markCompleted(c10::IValue(item.outputs));
+      } catch (...) {
+        item.future->setError(std::current_exception());
+      }
+    }
+  }
+
+  td_comm *comm_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Item> q_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+class WorkTandem : public c10d::Work {
+ public:
+  WorkTandem(int rank, c10d::OpType type, c10::intrusive_ptr<c10::ivalue::Future> fut,
+             std::vector<at::Tensor> outputs)
+      : c10d::Work(rank, type), future_(std::move(fut)), outputs_(std::move(outputs)) {}
+  bool isCompleted() override { return future_->completed(); }
+  bool isSuccess() const override { return future_->completed() && !future_->hasError(); }
+  std::exception_ptr exception() const override { return future_->hasError() ? future_->exception_ptr() : nullptr; }
+  std::vector<at::Tensor> result() override { return outputs_; }
+  bool wait(std::chrono::milliseconds timeout) override {
+    // Tandem ops carry their own deadline (TANDEM_TIMEOUT / the group's
+    // timeout), so the wait always ends.
+    future_->wait();
+    if (future_->hasError()) std::rethrow_exception(future_->exception_ptr());
+    return true;
+  }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+
+ private:
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::vector<at::Tensor> outputs_;
+};
+
+class ProcessGroupTandem : public c10d::ProcessGroup {
+ public:
+  ProcessGroupTandem(py::object py_comm, int rank, int size)
+      : c10d::ProcessGroup(rank, size), py_comm_(std::move(py_comm)) {
+    comm_ = api->comm_of(py_comm_.ptr());
+    if (!comm_) throw py::error_already_set();
+    completer_ = std::make_unique<Completer>(comm_);
+  }
+  ~ProcessGroupTandem() override {
+    completer_.reset(); // waits for every pending request
+    py::gil_scoped_acquire g;
+    py_comm_ = py::object();
+  }
+
+  const std::string getBackendName() const override { return "tandem"; }
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor> &tensors,
+                                           const c10d::BroadcastOptions &opts) override {
+    const char *call = "broadcast";
+    one_tensor(tensors, call);
+    at::Tensor &t = tensors[0];
+    Staged s = stage(t, call);
+    td_request *r = nullptr;
+    check(api->ibroadcast(s.buf.data_ptr(), s.buf.numel(), dtype_of(t, call), (int)opts.rootRank, comm_, &r), call);
+    return submit(c10d::OpType::BROADCAST, {r}, tensors, s.copy_back(t), {s.buf});
+  }
+
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor> &tensors,
+                                           const c10d::AllreduceOptions &opts) override {
+    const char *call = "allreduce";
+    one_tensor(tensors, call);
+    at::Tensor &t = tensors[0];
+    Staged s = stage(t, call);
+    td_request *r = nullptr;
+    void *p = s.buf.data_ptr();
+    check(api->iallreduce(p, p, s.buf.numel(), dtype_of(t, call), op_of(opts.reduceOp, call), comm_, &r), call);
+    return submit(c10d::OpType::ALLREDUCE, {r}, tensors, s.copy_back(t), {s.buf});
+  }
+
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor> &tensors,
+                                                     const c10d::AllreduceCoalescedOptions &opts) override {
+    const char *call = "allreduce_coalesced";
+    std::vector<td_request *> reqs;
+    std::vector<std::function<void()>> backs;
+    std::vector<at::Tensor> keep;
+    for (auto &t : tensors) {
+      Staged s = stage(t, call);
+      td_request *r = nullptr;
+      void *p = s.buf.data_ptr();
+      check(api->iallreduce(p, p, s.buf.numel(), dtype_of(t, call), op_of(opts.reduceOp, call), comm_, &r), call);
+      reqs.push_back(r);
+      backs.push_back(s.copy_back(t));
+      keep.push_back(s.buf);
+    }
+    return submit(c10d::OpType::ALLREDUCE_COALESCED, reqs, tensors, join(backs), keep);
+  }
+
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor> &tensors,
+                                        const c10d::ReduceOptions &opts) override {
+    const char *call = "reduce";
+    one_tensor(tensors, call);
+    at::Tensor &t = tensors[0];
+    Staged s = stage(t, call);
+    td_request *r = nullptr;
+    void *p = s.buf.data_ptr();
+    check(api->ireduce(p, p, s.buf.numel(), dtype_of(t, call), op_of(opts.reduceOp, call), (int)opts.rootRank,
+                       comm_, &r),
+          call);
+    return submit(c10d::OpType::REDUCE, {r}, tensors, s.copy_back(t), {s.buf});
+  }
+
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>> &outputs,
+                                           std::vector<at::Tensor> &inputs,
+                                           const c10d::AllgatherOptions &opts) override {
+    const char *call = "allgather";
+    one_tensor(inputs, call);
+    TORCH_CHECK(outputs.size() == 1 && (int)outputs[0].size() == getSize(), "ProcessGroup tandem: ", call,
+                ": needs one list of ", getSize(), " output tensors");
+    at::Tensor in = inputs[0].contiguous();
+    for (auto &o : outputs[0])
+      TORCH_CHECK(o.numel() == in.numel() && o.scalar_type() == in.scalar_type(), "ProcessGroup tandem: ", call,
+                  ": every output must have the input's size and dtype");
+    // Every rank's block in one flat buffer (equal blocks: shard r is block r).
+    at::Tensor flat = at::empty({(int64_t)getSize() * in.numel()}, in.options());
+    td_request *r = nullptr;
+    check(api->iallgather(in.data_ptr(), flat.data_ptr(), flat.numel(), dtype_of(in, call), comm_, &r), call);
+    std::vector<at::Tensor> outs = outputs[0];
+    int64_t n = in.numel();
+    auto back = [outs, flat, n]() mutable {
+      for (size_t i = 0; i < outs.size(); i++) outs[i].copy_(flat.narrow(0, (int64_t)i * n, n).view(outs[i].sizes()));
+    };
+    return submit(c10d::OpType::ALLGATHER, {r}, outs, back, {in, flat});
+  }
+
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor &output, at::Tensor &input,
+                                                 const c10d::AllgatherOptions &opts) override {
+    const char *call = "_allgather_base";
+    check_cpu(input, call);
+    TORCH_CHECK(output.numel() == input.numel() * getSize(), "ProcessGroup tandem: ", call,
+                ": output must hold size * input elements");
+    at::Tensor in = input.contiguous();
+    Staged s = stage(output, call);
+    td_request *r = nullptr;
+    check(api->iallgather(in.data_ptr(), s.buf.data_ptr(), s.buf.numel(), dtype_of(in, call), comm_, &r), call);
+    std::vector<at::Tensor> outs{output};
+    return submit(c10d::OpType::_ALLGATHER_BASE, {r}, outs, s.copy_back(output), {in, s.buf});
+  }
+
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor> &outputs,
+                                                std::vector<std::vector<at::Tensor>> &inputs,
+                                                const c10d::ReduceScatterOptions &opts) override {
+    const char *call = "reduce_scatter";
+    one_tensor(outputs, call);
+    TORCH_CHECK(inputs.size() == 1 && (int)inputs[0].size() == getSize(), "ProcessGroup tandem: ", call,
+                ": needs one list of ", getSize(), " input tensors");
+    at::Tensor &out = outputs[0];
+    std::vector<at::Tensor> flat_in;
+    for (auto &t : inputs[0]) {
+      TORCH_CHECK(t.numel() == out.numel(), "ProcessGroup tandem: ", call,
+                  ": every input must have the output's size");
+      flat_in.push_back(t.reshape({-1}));
+    }
+    at::Tensor flat = at::cat(flat_in);
+    Staged s = stage(out, call);
+    td_request *r = nullptr;
+    check(api->ireduce_scatter(flat.data_ptr(), s.buf.data_ptr(), flat.numel(), dtype_of(out, call),
+                               op_of(opts.reduceOp, call), comm_, &r),
+          call);
+    return submit(c10d::OpType::REDUCE_SCATTER, {r}, outputs, s.copy_back(out), {flat, s.buf});
+  }
+
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor &output, at::Tensor &input,
+                                                      const c10d::ReduceScatterOptions &opts) override {
+    const char *call = "_reduce_scatter_base";
+    check_cpu(input, call);
+    TORCH_CHECK(input.numel() == output.numel() * getSize(), "ProcessGroup tandem: ", call,
+                ": input must hold size * output elements");
+    at::Tensor in = input.contiguous();
+    Staged s = stage(output, call);
+    td_request *r = nullptr;
+    check(api->ireduce_scatter(in.data_ptr(), s.buf.data_ptr(), in.numel(), dtype_of(in, call),
+                               op_of(opts.reduceOp, call), comm_, &r),
+          call);
+    std::vector<at::Tensor> outs{output};
+    return submit(c10d::OpType::_REDUCE_SCATTER_BASE, {r}, outs, s.copy_back(output), {in, s.buf});
+  }
+
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor &output, at::Tensor &input,
+                                               std::vector<int64_t> &outputSplitSizes,
+                                               std::vector<int64_t> &inputSplitSizes,
+                                               const c10d::AllToAllOptions &opts) override {
+    const char *call = "alltoall_base";
+    check_cpu(input, call);
+    TORCH_CHECK(outputSplitSizes.empty() && inputSplitSizes.empty(), "ProcessGroup tandem: ", call,
+                ": uneven split sizes are not supported (use equal splits, or tandem.torch.alltoall)");
+    TORCH_CHECK(input.numel() == output.numel() && input.numel() % getSize() == 0, "ProcessGroup tandem: ", call,
+                ": input and output must have the same size, divisible by the world size");
+    at::Tensor in = input.contiguous();
+    Staged s = stage(output, call);
+    td_request *r = nullptr;
+    check(api->ialltoall(in.data_ptr(), s.buf.data_ptr(), in.numel() / getSize(), dtype_of(in, call), comm_, &r),
+          call);
+    std::vector<at::Tensor> outs{output};
+    return submit(c10d::OpType::ALLTOALL_BASE, {r}, outs, s.copy_back(output), {in, s.buf});
+  }
+
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor> &tensors, int dstRank, int tag) override {
+    const char *call = "send";
+    one_tensor(tensors, call);
+    TORCH_CHECK(tag == 0, "ProcessGroup tandem: send: tags are not supported (messages match in issue order)");
+    at::Tensor in = tensors[0].contiguous();
+    td_request *r = nullptr;
+    check(api->isend(in.data_ptr(), in.numel(), dtype_of(in, call), dstRank, comm_, &r), call);
+    return submit(c10d::OpType::SEND, {r}, tensors, nullptr, {in});
+  }
+
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor> &tensors, int srcRank, int tag) override {
+    const char *call = "recv";
+    one_tensor(tensors, call);
+    TORCH_CHECK(tag == 0, "ProcessGroup tandem: recv: tags are not supported (messages match in issue order)");
+    at::Tensor &t = tensors[0];
+    Staged s = stage(t, call);
+    td_request *r = nullptr;
+    check(api->irecv(s.buf.data_ptr(), s.buf.numel(), dtype_of(t, call), srcRank, comm_, &r), call);
+    return submit(c10d::OpType::RECV, {r}, tensors, s.copy_back(t), {s.buf});
+  }
+
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions &opts) override {
+    td_request *r = nullptr;
+    check(api->ibarrier(comm_, &r), "barrier");
+    return submit(c10d::OpType::BARRIER, {r}, {}, nullptr, {});
+  }
+
+ private:
+  struct Staged {
+    at::Tensor buf;
+    bool copied;
+    std::function<void()> copy_back(at::Tensor t) {
+      if (!copied) return nullptr;
+      at::Tensor b = buf;
+      return [t, b]() mutable { t.copy_(b.view(t.sizes())); };
+    }
+  };
+
+  // The tensor itself when contiguous; otherwise a contiguous copy whose
+  // result is copied back at completion.
+  Staged stage(at::Tensor &t, const char *call) {
+    check_cpu(t, call);
+    dtype_of(t, call);
+    if (t.is_contiguous()) return Staged{t, false};
+    return Staged{t.contiguous(), true};
+  }
+
+  void one_tensor(std::vector<at::Tensor> &tensors, const char *call) {
+    TORCH_CHECK(tensors.size() == 1, "ProcessGroup tandem: ", call, ": takes exactly one tensor per rank, got ",
+                tensors.size());
+    check_cpu(tensors[0], call);
+  }
+
+  void check(td_status st, const char *call) {
+    if (st == TD_OK) return;
+    const char *m = api->last_error();
+    if (!m || !*m) m = api->comm_last_error(comm_);
+    TORCH_CHECK(false, "ProcessGroup tandem: ", call, ": ", api->status_str(st), ": ", m ? m : "");
+  }
+
+  static std::function<void()> join(std::vector<std::function<void()>> fs) {
+    return [fs]() {
+      for (auto &f : fs)
+        if (f) f();
+    };
+  }
+
+  c10::intrusive_ptr<c10d::Work> submit(c10d::OpType type, std::vector<td_request *> reqs,
+                                        std::vector<at::Tensor> outputs, std::function<void()> finish,
+                                        std::vector<at::Tensor> keep) {
+    auto fut = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+    auto work = c10::make_intrusive<WorkTandem>(getRank(), type, fut, outputs);
+    completer_->push(Completer::Item{std::move(reqs), std::move(finish), fut, std::move(outputs), std::move(keep)});
+    return work;
+  }
+
+  py::object py_comm_;
+  td_comm *comm_ = nullptr;
+  std::unique_ptr<Completer> completer_;
+};
+
+} // namespace
+
+PYBIND11_MODULE(_c10d, m) {
+  api = static_cast<const tandem_py_api *>(PyCapsule_Import("tandem._tandem._C_API", 0));
+  if (!api) throw py::error_already_set();
+  if (api->version != TANDEM_PY_API_VERSION) throw std::runtime_error("tandem._c10d: tandem._tandem API mismatch");
+  py::module_::import("torch.distributed"); // registers c10d::ProcessGroup with pybind11
+  py::class_<ProcessGroupTandem, c10d::ProcessGroup, c10::intrusive_ptr<ProcessGroupTandem>>(m, "ProcessGroupTandem")
+      .def(py::init([](py::object comm, int rank, int size) {
+             return c10::make_intrusive<ProcessGroupTandem>(std::move(comm), rank, size);
+           }),
+           py::arg("comm"), py::arg("rank"), py::arg("size"));
+}

@@ -1,0 +1,209 @@
+"""tandem.torch: horovod.torch's public API on Tandem.
+
+A Horovod PyTorch script runs after changing its import:
+    import tandem.torch as hvd
+Tensors are CPU tensors (Tandem is a CPU runtime: nccl_built() is False).
+Importing this module also registers the "tandem" torch.distributed backend
+when the c10d extension was built (see README)."""
+import os as _os
+
+import tandem as _tandem_core
+from tandem import (TandemError, RemoteError, MismatchError, TandemTimeoutError, InvalidArgumentError,
+                    InvalidUsageError)
+from .compression import Compression
+from .ops import (Sum, Average, Min, Max, Product, Adasum, allreduce, allreduce_, allreduce_async,
+                  allreduce_async_, grouped_allreduce, grouped_allreduce_, grouped_allreduce_async,
+                  grouped_allreduce_async_, allgather, allgather_async, broadcast, broadcast_, broadcast_async,
+                  broadcast_async_, alltoall, alltoall_async, reducescatter, reducescatter_async, poll,
+                  synchronize, join, barrier, global_process_set)
+from .optimizer import DistributedOptimizer
+from .functions import broadcast_parameters, broadcast_optimizer_state, broadcast_object, allgather_object
+
+HorovodInternalError = TandemError  # what Horovod scripts catch
+
+
+def init(comm=None, process_sets=None):
+    """Join the job (tandemrun's environment, MPI/Slurm/torchrun variables, or a world of one)."""
+    if comm is not None:
+        raise ValueError("tandem.torch.init: comm= (an MPI communicator) is not supported; "
+                         "Tandem builds its world from the environment")
+    if process_sets:
+        raise NotImplementedError("tandem.torch.init: process_sets are not supported")
+    global _cross
+    _tandem_core.init()
+    if _cross is None:  # once per world (a collective), so init() stays idempotent
+        _cross = _hosts()
+
+
+_cross = None
+
+
+def shutdown():
+    global _cross
+    _cross = None
+    _tandem_core.shutdown()
+
+
+def is_initialized():
+    return _tandem_core.is_initialized()
+
+
+def rank():
+    return _tandem_core.rank()
+
+
+def size():
+    return _tandem_core.size()
+
+
+def local_rank():
+    return _tandem_core.local_rank()
+
+
+def local_size():
+    return _tandem_core.local_size()
+
+
+def _hosts():
+    """(cross_rank, cross_size): this host's index among the hosts and the host count,
+    with hosts ordered by their lowest rank (Horovod's cross communicator)."""
+    import torch
+    w = _tandem_core.world()
+    n = w.size()
+    first = torch.zeros(n, dtype=torch.int64)
+    # the lowest rank on this host is rank - local_rank when ranks fill hosts in blocks;
+    # compute it exactly: every rank reports whether it is its host's local rank 0
+    first[w.rank()] = 1 if w.local_rank() == 0 else 0
+    w.allreduce(first.data_ptr(), first.data_ptr(), n, _tandem_core.I64, _tandem_core.SUM)
+    leaders = [r for r in range(n) if first[r]]
+    me = sum(1 for r in leaders if r <= w.rank()) - 1
+    return me, len(leaders)
+
+
+def cross_rank():
+    """Index of this host among the job's hosts."""
+    _tandem_core.world()
+    return _cross[0]
+
+
+def cross_size():
+    """Number of hosts in the job."""
+    _tandem_core.world()
+    return _cross[1]
+
+
+def mpi_threads_supported():
+    return False
+
+
+def mpi_enabled():
+    return False
+
+
+def mpi_built():
+    return False
+
+
+def gloo_enabled():
+    return False
+
+
+def gloo_built():
+    return False
+
+
+def nccl_built():
+    return False
+
+
+def ddl_built():
+    return False
+
+
+def ccl_built():
+    return False
+
+
+def cuda_built():
+    return False
+
+
+def rocm_built():
+    return False
+
+
+def start_timeline(file_path, mark_cycles=False):
+    raise NotImplementedError("tandem.torch: Horovod's timeline is not available from Python")
+
+
+def stop_timeline():
+    raise NotImplementedError("tandem.torch: Horovod's timeline is not available from Python")
+
+
+# ---- the torch.distributed backend "tandem" ----
+
+_c10d_error = None
+_c10d_groups = 0
+
+
+def _c10d_env_defaults():
+    """Under tandemrun, give torch.distributed's default env:// rendezvous
+    what it needs (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT)
+    unless the launcher set them: an unmodified DDP script then runs with
+    init_process_group("tandem"). torch's store (which the tandem backend
+    itself does not use) listens on a port derived from the job id; set
+    MASTER_PORT to choose another."""
+    env = _os.environ
+    if "TANDEM_RANK" not in env or "TANDEM_WORLD_SIZE" not in env:
+        return
+    env.setdefault("RANK", env["TANDEM_RANK"])
+    env.setdefault("WORLD_SIZE", env["TANDEM_WORLD_SIZE"])
+    env.setdefault("LOCAL_RANK", env.get("TANDEM_LOCAL_RANK", "0"))
+    env.setdefault("LOCAL_WORLD_SIZE", env.get("TANDEM_LOCAL_SIZE", "1"))
+    store = env.get("TANDEM_STORE", "")
+    host = store.rpartition(":")[0].strip("[]")
+    if "MASTER_ADDR" not in env:
+        env["MASTER_ADDR"] = host or "127.0.0.1"
+    if "MASTER_PORT" not in env:
+        # Every rank must name the same port without talking first: derive it
+        # from the job id, below Linux's ephemeral range (32768-60999) so
+        # that it never collides with the ports the kernel hands out.
+        import zlib
+        job = env.get("TANDEM_JOB_ID", "") + store
+        env["MASTER_PORT"] = str(20000 + zlib.crc32(job.encode()) % 12000)
+
+
+def _create_process_group(store, rank, size, timeout):
+    """c10d's creator: a Tandem communicator of its own per process group
+    (rendezvous through Tandem's store, from the environment)."""
+    global _c10d_groups
+    from tandem import _c10d
+    job = _os.environ.get("TANDEM_JOB_ID", "default")
+    _c10d_groups += 1
+    comm = _tandem_core._tandem.init(rank=rank, world_size=size, job_id=f"{job}.c10d{_c10d_groups}",
+                                     timeout=timeout.total_seconds())
+    return _c10d.ProcessGroupTandem(comm, rank, size)
+
+
+def c10d_available():
+    """True when init_process_group("tandem") works in this process."""
+    return _c10d_error is None
+
+
+def _register_c10d():
+    global _c10d_error
+    try:
+        import torch.distributed as dist
+        if not dist.is_available():
+            _c10d_error = "torch.distributed is not available in this torch build"
+            return
+        from tandem import _c10d  # noqa: F401  (built when libtorch-dev and pybind11-dev are present)
+    except ImportError as e:
+        _c10d_error = f"the tandem c10d extension is not available: {e}"
+        return
+    if "TANDEM" not in dist.Backend._plugins:
+        dist.Backend.register_backend("tandem", _create_process_group)
+    _c10d_env_defaults()
+
+
+_register_c10d()

@@ -1,0 +1,495 @@
+"""horovod.torch's collectives on CPU tensors, over tandem._tandem.
+
+Tensors go to C by data_ptr(), without copies when they are contiguous (a
+non-contiguous input is reduced through a contiguous copy, and an in-place
+call on one copies the result back). A handle is an int, as in Horovod;
+the table below keeps each operation's tensors alive until synchronize()."""
+import itertools
+import threading
+
+import torch
+
+import tandem
+from tandem import _tandem
+from .compression import Compression
+
+# Horovod's operator names; the values are td_op codes.
+Sum, Average, Min, Max, Product = tandem.SUM, tandem.AVG, tandem.MIN, tandem.MAX, tandem.PROD
+Adasum = "Adasum"  # accepted as a name so that scripts import; refused when used
+
+_CODES = {torch.float32: tandem.F32, torch.float64: tandem.F64, torch.float16: tandem.F16,
+          torch.bfloat16: tandem.BF16, torch.int32: tandem.I32, torch.int64: tandem.I64,
+          torch.uint8: tandem.U8}
+
+
+def _world():
+    return tandem.world()
+
+
+def _code(tensor, what="tensor"):
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"tandem.torch: {what} must be a torch.Tensor, not {type(tensor).__name__}")
+    if tensor.device.type != "cpu":
+        raise ValueError(f"tandem.torch: {what} is on {tensor.device}; Tandem reduces CPU tensors "
+                         "(move it with .cpu())")
+    if tensor.is_sparse:
+        raise ValueError(f"tandem.torch: {what} is sparse; pass tensor.to_dense()")
+    try:
+        return _CODES[tensor.dtype]
+    except KeyError:
+        raise TypeError(f"tandem.torch: {what} has dtype {tensor.dtype}; supported: float32, float64, "
+                        "float16, bfloat16, int32, int64, uint8") from None
+
+
+def _op(op, average=None):
+    if average is not None:
+        if op is not None:
+            raise ValueError("tandem.torch: pass either op= or the deprecated average=, not both")
+        return Average if average else Sum
+    if op is None:
+        return Average
+    if op is Adasum or op == "Adasum":
+        raise NotImplementedError("tandem.torch: op=Adasum is not implemented by Tandem; "
+                                  "use Average or Sum")
+    return tandem.op_code(op)
+
+
+def _check_scale(name, v):
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise TypeError(f"tandem.torch: {name} must be a number, not {type(v).__name__}")
+    return float(v)
+
+
+# ---- handles ----
+
+_handles = {}
+_next_handle = itertools.count(1)
+_handles_lock = threading.Lock()
+
+
+class _Pending:
+    """Requests of one user-visible operation and what finishes it."""
+    __slots__ = ("requests", "finish", "name")
+
+    def __init__(self, requests, finish, name):
+        self.requests = requests
+        self.finish = finish
+        self.name = name
+
+
+def _new_handle(requests, finish, name=None):
+    h = next(_next_handle)
+    with _handles_lock:
+        _handles[h] = _Pending(requests, finish, name)
+    return h
+
+
+def _lookup(handle):
+    with _handles_lock:
+        p = _handles.get(handle)
+    if p is None:
+        raise ValueError(f"tandem.torch: unknown or already synchronized handle {handle!r}")
+    return p
+
+
+def poll(handle):
+    """True if the operation of `handle` has completed (synchronize returns at once)."""
+    p = _lookup(handle)
+    return all(r.test() for r in p.requests)
+
+
+def synchronize(handle):
+    """Wait for `handle` (the GIL is released while waiting) and return its result."""
+    p = _lookup(handle)
+    with _handles_lock:
+        _handles.pop(handle, None)
+    try:
+        for r in p.requests:
+            r.wait()
+    except tandem.TandemError as e:
+        if p.name:
+            e.args = (f"{e.args[0]} (operation {p.name!r})",) + e.args[1:]
+        raise
+    return p.finish()
+
+
+# ---- allreduce ----
+
+def _scale(t, factor):
+    """t *= factor in place (integers through a rounding-free cast, as a store does)."""
+    if t.is_floating_point():
+        return t.mul_(factor)
+    return t.copy_((t.double() * factor).to(t.dtype))
+
+
+def _allreduce_start(tensor, output, op, prescale, postscale, compression, name):
+    """Reduce `tensor` into `output` (same shape and dtype; may be `tensor`
+    itself); returns a handle."""
+    _code(tensor)
+    prescale = _check_scale("prescale_factor", prescale)
+    postscale = _check_scale("postscale_factor", postscale)
+    if compression is None:
+        compression = Compression.none
+    wire, ctx = compression.compress(tensor)
+    code = _code(wire)
+    if prescale != 1.0:
+        src = _scale(wire.clone(memory_format=torch.contiguous_format), prescale)
+    else:
+        src = wire if wire.is_contiguous() else wire.contiguous()
+    if src is tensor and output.is_contiguous():
+        dst = output  # in place when output is tensor: the same address
+    else:
+        dst = src if src is not tensor else torch.empty_like(src)  # reduce a temporary in place
+    req = _world().iallreduce(src.data_ptr(), dst.data_ptr(), src.numel(), code, op, keep=(src, dst))
+
+    def finish():
+        res = compression.decompress(dst, ctx) if dst.dtype != output.dtype else dst
+        if postscale != 1.0:
+            _scale(res, postscale)
+        if res is not output:
+            output.copy_(res.view(output.shape))
+        return output
+
+    return _new_handle([req], finish, name)
+
+
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                    process_set=None, compression=None):
+    """Start an out-of-place allreduce; synchronize(handle) returns the result."""
+    _no_process_set(process_set)
+    output = torch.empty_like(tensor, memory_format=torch.contiguous_format) if isinstance(tensor, torch.Tensor) \
+        else tensor
+    return _allreduce_start(tensor, output, _op(op, average), prescale_factor, postscale_factor, compression, name)
+
+
+def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None, prescale_factor=1.0,
+              postscale_factor=1.0, process_set=None):
+    """Reduce `tensor` over all ranks (op Average by default); returns a new tensor."""
+    _no_process_set(process_set)
+    if isinstance(tensor, torch.Tensor) and tensor.requires_grad:
+        return _AllreduceFn.apply(tensor, _op(op, average), prescale_factor, postscale_factor, compression, name)
+    output = torch.empty_like(tensor, memory_format=torch.contiguous_format) if isinstance(tensor, torch.Tensor) \
+        else tensor
+    return synchronize(_allreduce_start(tensor, output, _op(op, average), prescale_factor, postscale_factor,
+                                        compression, name))
+
+
+def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                     process_set=None):
+    """Start an in-place allreduce of `tensor`; synchronize(handle) returns it."""
+    _no_process_set(process_set)
+    return _allreduce_start(tensor, tensor, _op(op, average), prescale_factor, postscale_factor, None, name)
+
+
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+               process_set=None):
+    """In-place allreduce; returns `tensor`."""
+    if (prescale_factor == 1.0 and postscale_factor == 1.0 and process_set is None
+            and type(tensor) is torch.Tensor and tensor.is_contiguous() and tensor.device.type == "cpu"
+            and tensor.dtype in _CODES and not tensor.is_sparse):
+        # The common case in one blocking C call (latency: no handle, no thread hand-off).
+        p = tensor.data_ptr()
+        _world().allreduce(p, p, tensor.numel(), _CODES[tensor.dtype], _op(op, average))
+        return tensor
+    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set))
+
+
+class _AllreduceFn(torch.autograd.Function):
+    """Allreduce with a gradient: the gradient of a sum over ranks is the
+    allreduce of the output gradients (Horovod's HorovodAllreduce)."""
+
+    @staticmethod
+    def forward(ctx, tensor, op, prescale, postscale, compression, name):
+        ctx.op, ctx.prescale, ctx.postscale = op, prescale, postscale
+        out = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+        return synchronize(_allreduce_start(tensor.detach(), out, op, prescale, postscale, compression, name))
+
+    @staticmethod
+    def backward(ctx, grad):
+        out = torch.empty_like(grad, memory_format=torch.contiguous_format)
+        g = synchronize(_allreduce_start(grad, out, ctx.op, ctx.prescale, ctx.postscale, None, None))
+        return g, None, None, None, None, None
+
+
+def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                            postscale_factor=1.0, process_set=None, compression=None):
+    """One handle for a list of tensors, reduced together; synchronize returns the list."""
+    _no_process_set(process_set)
+    if not isinstance(tensors, (list, tuple)):
+        raise TypeError("tandem.torch: grouped_allreduce takes a list of tensors")
+    opc = _op(op, average)
+    hs = [allreduce_async(t, None, None, opc, prescale_factor, postscale_factor, None, compression)
+          for t in tensors]
+    pend = [_lookup(h) for h in hs]
+    with _handles_lock:
+        for h in hs:
+            _handles.pop(h, None)
+    return _new_handle([r for p in pend for r in p.requests], lambda: [p.finish() for p in pend], name)
+
+
+def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
+                      prescale_factor=1.0, postscale_factor=1.0, process_set=None):
+    return synchronize(grouped_allreduce_async(tensors, average, name, op, prescale_factor, postscale_factor,
+                                               process_set, compression))
+
+
+def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                             postscale_factor=1.0, process_set=None):
+    _no_process_set(process_set)
+    if not isinstance(tensors, (list, tuple)):
+        raise TypeError("tandem.torch: grouped_allreduce_ takes a list of tensors")
+    opc = _op(op, average)
+    hs = [allreduce_async_(t, None, None, opc, prescale_factor, postscale_factor) for t in tensors]
+    pend = [_lookup(h) for h in hs]
+    with _handles_lock:
+        for h in hs:
+            _handles.pop(h, None)
+    return _new_handle([r for p in pend for r in p.requests], lambda: [p.finish() for p in pend], name)
+
+
+def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                       process_set=None):
+    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor,
+                                                process_set))
+
+
+# ---- broadcast ----
+
+def _check_root(root_rank):
+    if isinstance(root_rank, bool) or not isinstance(root_rank, int):
+        raise TypeError(f"tandem.torch: root_rank must be an int, not {type(root_rank).__name__}")
+    n = _world().size()
+    if not 0 <= root_rank < n:
+        raise ValueError(f"tandem.torch: root_rank {root_rank} is out of range for {n} ranks")
+
+
+def broadcast_async_(tensor, root_rank, name=None, process_set=None):
+    """Start overwriting `tensor` with root_rank's, in place."""
+    _no_process_set(process_set)
+    code = _code(tensor)
+    _check_root(root_rank)
+    buf = tensor if tensor.is_contiguous() else tensor.contiguous()
+    req = _world().ibroadcast(buf.data_ptr(), buf.numel(), code, root_rank, keep=buf)
+
+    def finish():
+        if buf is not tensor:
+            tensor.copy_(buf)
+        return tensor
+
+    return _new_handle([req], finish, name)
+
+
+def broadcast_(tensor, root_rank, name=None, process_set=None):
+    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+
+
+def broadcast_async(tensor, root_rank, name=None, process_set=None):
+    _code(tensor)
+    return broadcast_async_(tensor.detach().clone(memory_format=torch.contiguous_format), root_rank, name,
+                            process_set)
+
+
+def broadcast(tensor, root_rank, name=None, process_set=None):
+    """root_rank's `tensor` on every rank, as a new tensor."""
+    return synchronize(broadcast_async(tensor, root_rank, name, process_set))
+
+
+# ---- allgather (first dimension may differ per rank) ----
+
+def _rows_of_all(w, rows, trailing, what):
+    """Every rank's first-dimension size; checks the trailing shape agrees."""
+    n = w.size()
+    info = torch.zeros(n, 2, dtype=torch.int64)
+    info[w.rank(), 0] = rows
+    info[w.rank(), 1] = hash(tuple(trailing)) & ((1 << 62) - 1)
+    w.allreduce(info.data_ptr(), info.data_ptr(), info.numel(), tandem.I64, tandem.SUM)
+    if (info[:, 1] != info[w.rank(), 1]).any():
+        bad = [r for r in range(n) if info[r, 1] != info[w.rank(), 1]]
+        raise ValueError(f"tandem.torch: {what}: ranks disagree on the shape after the first dimension "
+                         f"(rank {w.rank()} has {tuple(trailing)}; ranks {bad} differ)")
+    return [int(v) for v in info[:, 0]]
+
+
+def allgather_async(tensor, name=None, process_set=None):
+    """Start gathering every rank's tensor, concatenated along dimension 0.
+    The row counts are exchanged first (a short blocking step); the data
+    then moves in the background."""
+    _no_process_set(process_set)
+    code = _code(tensor)
+    if tensor.dim() == 0:
+        raise ValueError("tandem.torch: allgather needs a tensor with at least one dimension")
+    w = _world()
+    n, me = w.size(), w.rank()
+    rows = _rows_of_all(w, tensor.shape[0], tensor.shape[1:], "allgather")
+    row_elems = 1
+    for d in tensor.shape[1:]:
+        row_elems *= d
+    big = max(rows)
+    total = sum(rows)
+    if all(r == big for r in rows):
+        out = torch.empty((total,) + tuple(tensor.shape[1:]), dtype=tensor.dtype)
+        src = tensor if tensor.is_contiguous() else tensor.contiguous()
+        req = w.iallgather(src.data_ptr(), out.data_ptr(), out.numel(), code, keep=(src, out))
+        return _new_handle([req], lambda: out, name)
+    padded = torch.zeros((n * big,) + tuple(tensor.shape[1:]), dtype=tensor.dtype)
+    padded[me * big:me * big + rows[me]] = tensor
+    mine = padded[me * big:]
+    req = w.iallgather(mine.data_ptr(), padded.data_ptr(), padded.numel(), code, keep=padded)
+
+    def finish():
+        return torch.cat([padded[r * big:r * big + rows[r]] for r in range(n)])
+
+    return _new_handle([req], finish, name)
+
+
+def allgather(tensor, name=None, process_set=None):
+    return synchronize(allgather_async(tensor, name, process_set))
+
+
+# ---- alltoall ----
+
+def alltoall_async(tensor, splits=None, name=None, process_set=None):
+    """Rows splits[j] of `tensor` (consecutive, in rank order) go to rank j;
+    the result concatenates what each rank sent here. synchronize returns
+    (output, received_splits) when splits were given, else output."""
+    _no_process_set(process_set)
+    code = _code(tensor)
+    if tensor.dim() == 0:
+        raise ValueError("tandem.torch: alltoall needs a tensor with at least one dimension")
+    w = _world()
+    n = w.size()
+    given = splits is not None
+    if splits is None:
+        if tensor.shape[0] % n:
+            raise ValueError(f"tandem.torch: alltoall without splits needs the first dimension "
+                             f"({tensor.shape[0]}) divisible by the number of ranks ({n})")
+        send_splits = torch.full((n,), tensor.shape[0] // n, dtype=torch.int64)
+    else:
+        send_splits = torch.as_tensor(splits, dtype=torch.int64).reshape(-1).clone()
+        if send_splits.numel() != n:
+            raise ValueError(f"tandem.torch: alltoall splits has {send_splits.numel()} entries for {n} ranks")
+        if (send_splits < 0).any() or int(send_splits.sum()) != tensor.shape[0]:
+            raise ValueError(f"tandem.torch: alltoall splits {send_splits.tolist()} must be >= 0 and sum to "
+                             f"the first dimension {tensor.shape[0]}")
+    _rows_of_all(w, 0, tensor.shape[1:], "alltoall")
+    recv_splits = torch.empty(n, dtype=torch.int64)
+    w.alltoall(send_splits.data_ptr(), recv_splits.data_ptr(), 1, tandem.I64)
+    big = torch.tensor([int(send_splits.max()) if n else 0], dtype=torch.int64)
+    w.allreduce(big.data_ptr(), big.data_ptr(), 1, tandem.I64, tandem.MAX)
+    big = int(big)
+    trailing = tuple(tensor.shape[1:])
+    row_elems = 1
+    for d in trailing:
+        row_elems *= d
+    send = torch.zeros((n * big,) + trailing, dtype=tensor.dtype)
+    off = 0
+    for j in range(n):
+        k = int(send_splits[j])
+        send[j * big:j * big + k] = tensor[off:off + k]
+        off += k
+    recv = torch.empty_like(send)
+    req = w.ialltoall(send.data_ptr(), recv.data_ptr(), big * row_elems, code, keep=(send, recv))
+
+    def finish():
+        out = torch.cat([recv[j * big:j * big + int(recv_splits[j])] for j in range(n)])
+        return (out, recv_splits) if given else out
+
+    return _new_handle([req], finish, name)
+
+
+def alltoall(tensor, splits=None, name=None, process_set=None):
+    return synchronize(alltoall_async(tensor, splits, name, process_set))
+
+
+# ---- reducescatter ----
+
+def reducescatter_async(tensor, name=None, op=Average, process_set=None, prescale_factor=1.0,
+                        postscale_factor=1.0):
+    """Reduce over ranks, rank r keeps its share of the first dimension (the
+    first dim % size ranks get one extra row)."""
+    _no_process_set(process_set)
+    code = _code(tensor)
+    opc = _op(op)
+    if tensor.dim() == 0:
+        raise ValueError("tandem.torch: reducescatter needs a tensor with at least one dimension")
+    w = _world()
+    n, me = w.size(), w.rank()
+    _rows_of_all(w, 0, tensor.shape[1:], "reducescatter")
+    rows = tensor.shape[0]
+    q, rem = divmod(rows, n)
+    share = [q + (1 if r < rem else 0) for r in range(n)]
+    big = q + (1 if rem else 0)
+    trailing = tuple(tensor.shape[1:])
+    row_elems = 1
+    for d in trailing:
+        row_elems *= d
+    # Every rank's share padded to `big` rows, so that the element shards of
+    # the C reduce-scatter fall on row boundaries.
+    src = torch.zeros((n * big,) + trailing, dtype=tensor.dtype)
+    off = 0
+    for r in range(n):
+        src[r * big:r * big + share[r]] = tensor[off:off + share[r]]
+        off += share[r]
+    prescale = _check_scale("prescale_factor", prescale_factor)
+    postscale = _check_scale("postscale_factor", postscale_factor)
+    if prescale != 1.0:
+        src.mul_(prescale)
+    out = torch.empty((big,) + trailing, dtype=tensor.dtype)
+    req = w.ireduce_scatter(src.data_ptr(), out.data_ptr(), src.numel(), code, opc, keep=(src, out))
+
+    def finish():
+        res = out[:share[me]]
+        if postscale != 1.0:
+            res.mul_(postscale)
+        return res
+
+    return _new_handle([req], finish, name)
+
+
+def reducescatter(tensor, name=None, op=Average, process_set=None, prescale_factor=1.0, postscale_factor=1.0):
+    return synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor, postscale_factor))
+
+
+# ---- the rest ----
+
+def barrier(process_set=None):
+    _no_process_set(process_set)
+    _world().barrier()
+
+
+def join(device=-1):
+    """Collective: every rank waits here for the others; returns the rank
+    that arrived last (ties: the highest rank).
+
+    Unlike Horovod's join, ranks that joined do not keep serving the others'
+    allreduces with zeros: Tandem has no negotiation thread, so every rank
+    must issue the same collectives. Give every rank the same number of
+    batches (e.g. a DistributedSampler with drop_last)."""
+    import time
+    w = _world()
+    n = w.size()
+    t = torch.zeros(n, dtype=torch.float64)
+    t[w.rank()] = time.monotonic()
+    w.allreduce(t.data_ptr(), t.data_ptr(), n, tandem.F64, tandem.SUM)
+    return int(max(range(n), key=lambda r: (float(t[r]), r)))
+
+
+def _no_process_set(ps):
+    if ps is not None and ps is not global_process_set:
+        raise NotImplementedError("tandem.torch: process sets other than the global one are not supported")
+
+
+class _GlobalProcessSet:
+    process_set_id = 0
+
+    def size(self):
+        return _world().size()
+
+    def rank(self):
+        return _world().rank()
+
+    def included(self):
+        return True
+
+
+global_process_set = _GlobalProcessSet()

@@ -1,0 +1,106 @@
+"""init_process_group("tandem"): torch.distributed's collectives against
+closed forms, unmodified DistributedDataParallel against one process on the
+whole batch, and a clear error for what the backend does not serve."""
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+import tandem.torch  # registers the backend
+
+pytestmark = pytest.mark.skipif(not tandem.torch.c10d_available(), reason="tandem._c10d was not built")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def process_group():
+    dist.init_process_group("tandem")
+    yield
+    dist.destroy_process_group()
+
+
+def test_collectives():
+    r, n = dist.get_rank(), dist.get_world_size()
+    assert dist.get_backend() == "tandem"
+    for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.int64, torch.uint8):
+        t = (torch.arange(7) % 3 + r + 1).to(dtype)
+        dist.all_reduce(t)
+        want = sum((torch.arange(7) % 3 + q + 1) for q in range(n)).to(dtype)
+        assert torch.equal(t, want)
+        t = torch.full((3,), r + 1).to(dtype)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        assert torch.equal(t, torch.full((3,), n).to(dtype))
+    x = torch.arange(10, dtype=torch.float32).reshape(2, 5) * (r + 1)
+    dist.broadcast(x, src=n - 1)
+    assert torch.equal(x, torch.arange(10, dtype=torch.float32).reshape(2, 5) * n)
+    outs = [torch.empty(3) for _ in range(n)]
+    dist.all_gather(outs, torch.full((3,), float(r)))
+    assert all(torch.equal(o, torch.full((3,), float(q))) for q, o in enumerate(outs))
+    out = torch.empty(n * 2)
+    dist.all_gather_into_tensor(out, torch.full((2,), float(r))) if hasattr(dist, "all_gather_into_tensor") \
+        else dist._all_gather_base(out, torch.full((2,), float(r)))
+    assert torch.equal(out, torch.arange(n, dtype=torch.float32).repeat_interleave(2))
+    rs = torch.empty(2)
+    dist.reduce_scatter(rs, [torch.full((2,), float(q + r)) for q in range(n)])
+    assert torch.equal(rs, torch.full((2,), float(n * r + n * (n - 1) // 2)))
+    a2a = torch.empty(n, dtype=torch.int64)
+    dist.all_to_all_single(a2a, torch.arange(n, dtype=torch.int64) + 10 * r)
+    assert a2a.tolist() == [10 * q + r for q in range(n)]
+    nc = torch.ones(4, 6)[:, ::2] * (r + 1)  # non-contiguous
+    dist.all_reduce(nc)
+    assert torch.equal(nc, torch.full((4, 3), float(n * (n + 1) // 2)))
+    work = dist.all_reduce(torch.ones(1 << 16), async_op=True)
+    work.wait()
+    assert work.is_completed()
+    dist.barrier()
+
+
+def test_ddp_matches_single_process():
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    r, n = dist.get_rank(), dist.get_world_size()
+    micro = 4
+
+    def make():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 5))
+
+    def data(step):
+        g = torch.Generator().manual_seed(step)
+        return torch.randn(n * micro, 8, generator=g), torch.randint(0, 5, (n * micro,), generator=g)
+
+    ref = make()
+    ref_opt = torch.optim.Adam(ref.parameters(), lr=1e-2)
+    ref_losses = []
+    for s in range(4):
+        x, y = data(s)
+        ref_opt.zero_grad()
+        loss = F.cross_entropy(ref(x), y)
+        loss.backward()
+        ref_opt.step()
+        ref_losses.append(loss.item())
+    model = DDP(make(), bucket_cap_mb=0.001)  # several buckets, reduced during backward
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for s in range(4):
+        x, y = data(s)
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x[r * micro:(r + 1) * micro]), y[r * micro:(r + 1) * micro])
+        loss.backward()
+        opt.step()
+        mean = loss.detach().clone()
+        dist.all_reduce(mean)
+        assert abs(mean.item() / n - ref_losses[s]) <= 1e-5 * abs(ref_losses[s])
+    for p, q in zip(model.module.parameters(), ref.parameters()):
+        assert ((p - q).abs().max() / q.abs().max()).item() <= 1e-5
+
+
+def test_unsupported_call_names_itself():
+    t = torch.ones(2)
+    with pytest.raises(RuntimeError, match="does not support gather"):
+        dist.gather(t, [torch.empty(2) for _ in range(dist.get_world_size())] if dist.get_rank() == 0 else None)
+    if dist.get_world_size() > 1:
+        with pytest.raises(RuntimeError, match="alltoall_base: uneven split sizes are not supported"):
+            n = dist.get_world_size()
+            dist.all_to_all_single(torch.empty(n + 1), torch.ones(n + 1), output_split_sizes=[2] + [1] * (n - 1),
+                                   input_split_sizes=[2] + [1] * (n - 1))
+    t = torch.ones(2)
+    dist.all_reduce(t)  # the group still works
+    assert torch.equal(t, torch.full((2,), float(dist.get_world_size())))
