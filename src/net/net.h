@@ -105,6 +105,10 @@ typedef struct td_store td_store;
 td_status store_connect(const char *addr, double timeout_s, td_store **out);
 void store_close(td_store *store); /* accepts NULL */
 const char *store_address(const td_store *store);
+/* Break off the request another thread has in flight (it fails at once and
+ * the client is broken from then on), e.g. when the store's host was lost
+ * and the connection is about to be closed. Any thread; does not block. */
+void store_interrupt(td_store *store); /* accepts NULL */
 
 td_status store_set(td_store *store, const char *key, const void *value, size_t len);
 /* Non-blocking read: *found = 0 if the key does not exist (value NULL). The

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 struct td_store {
@@ -69,6 +70,13 @@ void store_close(td_store *s) {
 }
 
 const char *store_address(const td_store *s) { return s ? s->addr : ""; }
+
+/* Without the mutex: its holder is the thread to interrupt. shutdown() wakes
+ * its poll() with an error and leaves the descriptor open until store_close,
+ * so no other file can take its number meanwhile. */
+void store_interrupt(td_store *s) {
+  if (s && s->fd >= 0) shutdown(s->fd, SHUT_RDWR);
+}
 
 /* Mark the connection unusable and return the error with the store's address. */
 static td_status mark_broken(td_store *s, td_status st, const char *what) {

@@ -53,6 +53,7 @@
  * learn of it. */
 #define _GNU_SOURCE 1 /* POLLRDHUP; must precede the first system header */
 #include "comm/comm_impl.h"
+#include "comm/transport/tcp/heartbeat.h"
 
 #include <poll.h>
 #include <sched.h>
@@ -72,6 +73,16 @@
 /* Longest single sleep in wait(), so that a failure recorded by another
  * thread is noticed promptly even if no socket becomes ready. */
 #define TCP_WAIT_SLICE_S 0.1
+/* Heartbeat defaults (TANDEM_HEARTBEAT_INTERVAL, TANDEM_HEARTBEAT_TIMEOUT):
+ * a peer silent for the timeout is lost. A loss is found between timeout and
+ * timeout + 2 intervals after the last beat (a beat is counted when the
+ * tick after its arrival drains it), so 6 s and 1 s report a lost host within
+ * 8 s, inside the 10 s DESIGN.md §3 promises, while a rank whose process is
+ * starved of the CPU for a few seconds is not declared dead. */
+#define TCP_DEFAULT_HEARTBEAT_INTERVAL_S 1.0
+#define TCP_DEFAULT_HEARTBEAT_TIMEOUT_S 6.0
+/* Listen again at most this often when the listener's port is taken for UDP. */
+#define TCP_LISTEN_TRIES 16
 /* Busy-poll this long before sleeping in poll(): a loopback round trip is a
  * few microseconds, a wake-up from poll() tens, so small messages pay the
  * sleep on every step without it (4 KiB allreduce, 2 ranks: 26-90 us
@@ -114,12 +125,22 @@ typedef struct tcp_transport {
   tcp_peer *peers;
   struct pollfd *pfds; /* scratch for wait(): one operation runs at a time */
   int *pfd_peer;       /* pfds[k] watches peers[pfd_peer[k]] */
-  /* The hang-up watcher (see op_done): a thread asleep in epoll_wait on
-   * every peer's hang-up events and on stop_fd, counting hang-ups. */
+  /* The watcher (see op_done and watcher_tick): a thread asleep in
+   * epoll_wait on every peer's hang-up events and on stop_fd, counting
+   * hang-ups, and waking once per heartbeat interval to send and check
+   * beats. */
   int hup_fd, stop_fd;           /* -1 until created */
   pthread_t watcher;
   bool watcher_started;
   _Atomic unsigned hangups;      /* peers the watcher saw hang up so far */
+  tcp_heartbeat *hb;             /* NULL when TANDEM_HEARTBEAT_TIMEOUT=0 */
+  double hb_interval_s, hb_timeout_s;
+  _Atomic int armed;             /* wiring done: silence counts from now on */
+  /* The watcher may block in the store (publishing a failure to a store
+   * that the lost link cut off); destroy then interrupts that call rather
+   * than wait for it (Dekker-style pair: each sets its flag, then reads the
+   * other's). */
+  _Atomic int watcher_in_store, stopping;
   unsigned hangups_checked;      /* the count op_done last acted on (executing thread only) */
   double next_reason_check;
   _Atomic int aborted;
@@ -377,23 +398,100 @@ static void tcp_abort(transport *base, td_status status, const char *reason) {
 /* The watcher's epoll tag for stop_fd (peers are tagged with their rank). */
 #define TCP_WATCH_STOP UINT32_MAX
 
-/* Sleeps until a peer hangs up (EPOLLRDHUP; EPOLLHUP and EPOLLERR are always
- * reported) and counts it. Arriving data is not in the event mask, so it
- * never wakes this thread: the data path pays nothing for the watch. A
- * peer leaves the set once reported. */
-static void *hangup_watcher(void *arg) {
+/* Run a store call from the watcher unless destroy has begun; destroy
+ * interrupts one that is under way (see tcp_transport.stopping). */
+static bool watcher_store_enter(tcp_transport *t) {
+  atomic_store(&t->watcher_in_store, 1);
+  if (!atomic_load(&t->stopping)) return true;
+  atomic_store(&t->watcher_in_store, 0);
+  return false;
+}
+static void watcher_store_leave(tcp_transport *t) { atomic_store(&t->watcher_in_store, 0); }
+
+/* Fail the communicator for the peers whose beats stopped: the first one
+ * silent for the timeout, and how many more are (a lost host takes all its
+ * ranks with it). Runs on the watcher thread, so an idle rank learns it
+ * too: its next call, or td_comm_status, reports it. */
+static void declare_lost(tcp_transport *t, int lost, double now) {
+  char others[160] = "";
+  size_t used = 0;
+  int n_more = 0;
+  for (int p = heartbeat_lost(t->hb, lost, now, t->hb_timeout_s); p >= 0;
+       p = heartbeat_lost(t->hb, p, now, t->hb_timeout_s)) {
+    if (n_more++ < 4 && used < sizeof others) {
+      int n = snprintf(others + used, sizeof others - used, "%s%d", n_more > 1 ? ", " : "; also silent: rank ", p);
+      if (n > 0) used += (size_t)n;
+    } else if (n_more == 5 && used < sizeof others) {
+      snprintf(others + used, sizeof others - used, ", ...");
+    }
+  }
+  if (!watcher_store_enter(t)) return;
+  comm_fail(t->base.comm, TD_ERR_REMOTE,
+            "rank %d (%s) sent no heartbeat to rank %d for %.1f s (TANDEM_HEARTBEAT_TIMEOUT=%g): its host is down or "
+            "cut off from this one, or the process is stopped%s",
+            lost, t->peers[lost].addr, t->rank, heartbeat_silence(t->hb, lost, now), t->hb_timeout_s, others);
+  watcher_store_leave(t);
+}
+
+/* One heartbeat tick: send beats (saying whether this communicator has
+ * failed), drain those that arrived, and, once wiring is done and while
+ * the communicator is healthy, act on what they say. */
+static void watcher_tick(tcp_transport *t, double *last_tick, bool *armed_seen) {
+  td_comm *comm = t->base.comm;
+  bool failed = comm_status(comm) != TD_OK || atomic_load(&t->aborted);
+  heartbeat_send(t->hb, failed);
+  double now = td_now();
+  heartbeat_drain(t->hb, now);
+  /* This thread did not run for a while (the whole process was stopped,
+   * suspended or starved): the peers' beats of that time were not drained
+   * as they came, so their silence says nothing; start counting afresh. */
+  bool paused = now - *last_tick > TD_MAX(3.0 * t->hb_interval_s, 0.5 * t->hb_timeout_s);
+  *last_tick = now;
+  if (failed || !atomic_load(&t->armed)) return;
+  if (!*armed_seen || paused) {
+    if (paused) TD_DEBUG("tcp: rank %d's watcher did not run for a while; heartbeat silences restart", t->rank);
+    *armed_seen = true;
+    heartbeat_reset(t->hb, now);
+    return;
+  }
+  /* A peer says it failed: its reason is in the store (unless it could not
+   * reach the store); relay it now rather than at this rank's next call. */
+  if (heartbeat_failed_peer(t->hb) >= 0 && watcher_store_enter(t)) {
+    (void)relay_published(t, 0);
+    watcher_store_leave(t);
+    if (comm_status(comm) != TD_OK) return;
+  }
+  int lost = heartbeat_lost(t->hb, -1, now, t->hb_timeout_s);
+  if (lost >= 0) declare_lost(t, lost, now);
+}
+
+/* The watcher thread. Sleeps until a peer hangs up (EPOLLRDHUP; EPOLLHUP
+ * and EPOLLERR are always reported) and counts it; arriving data is not in
+ * the event mask, so it never wakes this thread: the data path pays nothing
+ * for the watch. Each peer is registered one-shot, so it leaves the set once
+ * reported. With heartbeats on, it also wakes once per interval for
+ * watcher_tick (beats are drained then, not as they arrive, so the wake-ups
+ * do not grow with the world size). */
+static void *watcher_main(void *arg) {
   tcp_transport *t = arg;
   pthread_setname_np(pthread_self(), "td-tcp-watch");
   sigset_t all;
   sigfillset(&all);
   pthread_sigmask(SIG_BLOCK, &all, NULL); /* signals belong to the application's threads */
+  double last_tick = td_now(), next_tick = last_tick;
+  bool armed_seen = false;
   for (;;) {
+    int timeout_ms = -1;
+    if (t->hb) {
+      double left = next_tick - td_now();
+      timeout_ms = left > 0 ? (int)(left * 1000.0 + 0.999) : 0;
+    }
     struct epoll_event events[16];
-    int n = epoll_wait(t->hup_fd, events, (int)TD_ARRAY_SIZE(events), -1);
+    int n = epoll_wait(t->hup_fd, events, (int)TD_ARRAY_SIZE(events), timeout_ms);
     if (n < 0) {
       if (errno == EINTR) continue;
-      TD_WARN("tcp: rank %d stops watching its peers for hang-ups (epoll_wait: %s); a failure is then seen at the "
-              "next exchange with the failed rank",
+      TD_WARN("tcp: rank %d stops watching its peers (epoll_wait: %s); a failure is then seen at the next exchange "
+              "with the failed rank, and a lost host only through TANDEM_TIMEOUT",
               t->rank, strerror(errno));
       return NULL;
     }
@@ -401,12 +499,18 @@ static void *hangup_watcher(void *arg) {
     for (int k = 0; k < n; k++) {
       uint32_t tag = events[k].data.u32;
       if (tag == TCP_WATCH_STOP) return NULL;
-      (void)epoll_ctl(t->hup_fd, EPOLL_CTL_DEL, t->peers[tag].fd, NULL);
       if (!atomic_load_explicit(&t->aborted, memory_order_relaxed)) /* else it is our own shutdown */
         TD_DEBUG("tcp: rank %d (%s) hung up on rank %d", (int)tag, t->peers[tag].addr, t->rank);
+      /* A peer that closed its connection is found through that path
+       * (EOF, its published reason); its beats stop for the same cause. */
+      if (t->hb) heartbeat_forget(t->hb, (int)tag);
       hung_up++;
     }
     if (hung_up) atomic_fetch_add_explicit(&t->hangups, hung_up, memory_order_release);
+    if (t->hb && td_now() >= next_tick) {
+      watcher_tick(t, &last_tick, &armed_seen);
+      next_tick = td_now() + t->hb_interval_s;
+    }
   }
 }
 
@@ -428,7 +532,12 @@ static td_status tcp_op_done(transport *base) {
 static void tcp_destroy(transport *base) {
   tcp_transport *t = (tcp_transport *)base;
   if (!t) return;
-  /* The watcher first: nothing below may run while it still looks at t. */
+  /* The watcher first: nothing below may run while it still looks at t.
+   * If it is blocked in the store (publishing a failure to a store the
+   * lost link cut off), break that call off: the communicator is being
+   * destroyed, and its store connection with it. */
+  atomic_store(&t->stopping, 1);
+  if (atomic_load(&t->watcher_in_store)) store_interrupt(t->base.comm->store);
   if (t->watcher_started) {
     uint64_t one = 1;
     ssize_t w;
@@ -438,6 +547,7 @@ static void tcp_destroy(transport *base) {
   }
   if (t->hup_fd >= 0) close(t->hup_fd);
   if (t->stop_fd >= 0) close(t->stop_fd);
+  heartbeat_close(t->hb);
   if (t->peers)
     for (int p = 0; p < t->size; p++)
       if (t->peers[p].fd >= 0) close(t->peers[p].fd);
@@ -523,6 +633,77 @@ static td_status accept_peers(tcp_transport *t, int listen_fd, uint64_t hash, do
   return TD_OK;
 }
 
+/* TANDEM_HEARTBEAT_INTERVAL and TANDEM_HEARTBEAT_TIMEOUT, read once per
+ * communicator. A timeout of 0 turns heartbeats off (a lost host is then
+ * found through keepalive after about a minute, or TANDEM_TIMEOUT). */
+static td_status read_heartbeat_config(tcp_transport *t) {
+  t->hb_interval_s = td_env_double("TANDEM_HEARTBEAT_INTERVAL", TCP_DEFAULT_HEARTBEAT_INTERVAL_S);
+  t->hb_timeout_s = td_env_double("TANDEM_HEARTBEAT_TIMEOUT", TCP_DEFAULT_HEARTBEAT_TIMEOUT_S);
+  if (!(t->hb_timeout_s >= 0) || t->hb_timeout_s > 1e6)
+    return td_error(TD_ERR_INVALID_ARGUMENT,
+                    "TANDEM_HEARTBEAT_TIMEOUT=%g: give the seconds of silence after which a peer is lost (default "
+                    "%g), or 0 to turn heartbeats off",
+                    t->hb_timeout_s, TCP_DEFAULT_HEARTBEAT_TIMEOUT_S);
+  if (t->hb_timeout_s > 0 && !(t->hb_interval_s >= 0.01 && t->hb_interval_s * 2 <= t->hb_timeout_s))
+    return td_error(TD_ERR_INVALID_ARGUMENT,
+                    "TANDEM_HEARTBEAT_INTERVAL=%g with TANDEM_HEARTBEAT_TIMEOUT=%g: the interval must be at least "
+                    "0.01 s and at most half the timeout, so that one lost beat is not a lost peer",
+                    t->hb_interval_s, t->hb_timeout_s);
+  return TD_OK;
+}
+
+/* Listen for peers, and open the heartbeat socket on the same address and
+ * port number (UDP), so that the published TCP address is also where beats
+ * go. Listens again in the rare case that the port is taken for UDP. */
+static td_status listen_beside_heartbeat(tcp_transport *t, uint64_t hash, int *listen_fd, int *port) {
+  for (int attempt = 1;; attempt++) {
+    TD_CHECK(net_listen(NULL, 0, t->size + 16, listen_fd, port));
+    if (t->hb_timeout_s <= 0) return TD_OK;
+    bool port_taken = false;
+    td_status st = heartbeat_open(*listen_fd, t->rank, t->size, hash, &t->hb, &port_taken);
+    if (st == TD_OK) return TD_OK;
+    close(*listen_fd);
+    *listen_fd = -1;
+    if (!port_taken || attempt == TCP_LISTEN_TRIES) return st;
+  }
+}
+
+/* Start the watcher once every peer's address is known, before the
+ * connections are made: beats flow while a rank still waits in the wiring
+ * for a slow peer, so it is not taken for lost. Its silences count only
+ * after arm_watcher. */
+static td_status start_watcher(tcp_transport *t) {
+  if (t->hb)
+    for (int p = 0; p < t->size; p++)
+      if (p != t->rank) TD_CHECK(heartbeat_set_peer(t->hb, p, t->peers[p].addr));
+  t->hup_fd = epoll_create1(EPOLL_CLOEXEC);
+  t->stop_fd = eventfd(0, EFD_CLOEXEC);
+  struct epoll_event stop_ev = {.events = EPOLLIN, .data.u32 = TCP_WATCH_STOP};
+  if (t->hup_fd < 0 || t->stop_fd < 0 || epoll_ctl(t->hup_fd, EPOLL_CTL_ADD, t->stop_fd, &stop_ev) != 0)
+    return td_error_errno("tcp: rank %d cannot create the epoll set that watches its peers", t->rank);
+  int rc = pthread_create(&t->watcher, NULL, watcher_main, t);
+  if (rc) {
+    errno = rc;
+    return td_error_errno("tcp: rank %d cannot start the thread that watches its peers", t->rank);
+  }
+  t->watcher_started = true;
+  return TD_OK;
+}
+
+/* Wiring done: watch every connection for hang-ups (one-shot: a peer is
+ * reported once) and let heartbeat silences count. */
+static td_status arm_watcher(tcp_transport *t) {
+  for (int p = 0; p < t->size; p++) {
+    if (t->peers[p].fd < 0) continue;
+    struct epoll_event ev = {.events = EPOLLRDHUP | EPOLLONESHOT, .data.u32 = (uint32_t)p};
+    if (epoll_ctl(t->hup_fd, EPOLL_CTL_ADD, t->peers[p].fd, &ev) != 0)
+      return td_error_errno("tcp: rank %d cannot watch its socket to rank %d (%s) for hang-ups", t->rank, p,
+                            t->peers[p].addr);
+  }
+  atomic_store(&t->armed, 1);
+  return TD_OK;
+}
+
 td_status tcp_transport_create(td_comm *comm, transport **out) {
   *out = NULL;
   if (!comm->store || comm->size < 2)
@@ -552,10 +733,11 @@ td_status tcp_transport_create(td_comm *comm, transport **out) {
   if (timeout_s <= 0) timeout_s = 60.0;
   double deadline = td_now() + timeout_s;
   uint64_t hash = prefix_hash(comm->prefix);
+  TD_CHECK_GOTO(read_heartbeat_config(t), st, fail);
 
   /* Listen and publish. */
   int port = 0;
-  TD_CHECK_GOTO(net_listen(NULL, 0, t->size + 16, &listen_fd, &port), st, fail);
+  TD_CHECK_GOTO(listen_beside_heartbeat(t, hash, &listen_fd, &port), st, fail);
   char host[64];
   TD_CHECK_GOTO(net_local_address(host, sizeof host), st, fail);
   snprintf(t->peers[t->rank].addr, sizeof t->peers[t->rank].addr, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host,
@@ -579,6 +761,7 @@ td_status tcp_transport_create(td_comm *comm, transport **out) {
     td_strlcpy(t->peers[p].addr, value, sizeof t->peers[p].addr);
     free(value);
   }
+  TD_CHECK_GOTO(start_watcher(t), st, fail);
 
   /* Connect down, then accept from above. */
   for (int p = 0; p < t->rank; p++) {
@@ -629,30 +812,7 @@ td_status tcp_transport_create(td_comm *comm, transport **out) {
     if (buffer_bytes > 0) net_set_bufsizes(fd, (int)TD_MIN(buffer_bytes, (size_t)1 << 30));
   }
 
-  /* The hang-up watcher of op_done. */
-  t->hup_fd = epoll_create1(EPOLL_CLOEXEC);
-  t->stop_fd = eventfd(0, EFD_CLOEXEC);
-  struct epoll_event stop_ev = {.events = EPOLLIN, .data.u32 = TCP_WATCH_STOP};
-  if (t->hup_fd < 0 || t->stop_fd < 0 || epoll_ctl(t->hup_fd, EPOLL_CTL_ADD, t->stop_fd, &stop_ev) != 0) {
-    st = td_error_errno("tcp: rank %d cannot create the epoll set that watches its peers", t->rank);
-    goto fail;
-  }
-  for (int p = 0; p < t->size; p++) {
-    if (t->peers[p].fd < 0) continue;
-    struct epoll_event ev = {.events = EPOLLRDHUP, .data.u32 = (uint32_t)p};
-    if (epoll_ctl(t->hup_fd, EPOLL_CTL_ADD, t->peers[p].fd, &ev) != 0) {
-      st = td_error_errno("tcp: rank %d cannot watch its socket to rank %d (%s) for hang-ups", t->rank, p,
-                          t->peers[p].addr);
-      goto fail;
-    }
-  }
-  int rc = pthread_create(&t->watcher, NULL, hangup_watcher, t);
-  if (rc) {
-    errno = rc;
-    st = td_error_errno("tcp: rank %d cannot start the thread that watches its peers for hang-ups", t->rank);
-    goto fail;
-  }
-  t->watcher_started = true;
+  TD_CHECK_GOTO(arm_watcher(t), st, fail);
   TD_DEBUG("tcp: rank %d connected to %d peers, listening address %s", t->rank, t->size - 1,
            t->peers[t->rank].addr);
   *out = &t->base;
