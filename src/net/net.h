@@ -109,6 +109,10 @@ const char *store_address(const td_store *store);
  * the client is broken from then on), e.g. when the store's host was lost
  * and the connection is about to be closed. Any thread; does not block. */
 void store_interrupt(td_store *store); /* accepts NULL */
+/* How long the request in flight on this client has been waiting for its
+ * answer beyond the wait it asked for (0: none in flight, or not late).
+ * Any thread; does not block. */
+double store_overdue_s(const td_store *store);
 
 td_status store_set(td_store *store, const char *key, const void *value, size_t len);
 /* Non-blocking read: *found = 0 if the key does not exist (value NULL). The

@@ -166,6 +166,10 @@ void heartbeat_drain(tcp_heartbeat *hb, double now) {
   }
 }
 
+void heartbeat_heard(tcp_heartbeat *hb, int peer, double now) {
+  if (peer >= 0 && peer < hb->size && hb->peers[peer].heard < now) hb->peers[peer].heard = now;
+}
+
 void heartbeat_reset(tcp_heartbeat *hb, double now) {
   for (int p = 0; p < hb->size; p++)
     if (hb->peers[p].heard < now) hb->peers[p].heard = now;

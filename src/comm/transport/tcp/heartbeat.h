@@ -36,6 +36,8 @@ void heartbeat_close(tcp_heartbeat *hb); /* NULL is fine */
 void heartbeat_send(tcp_heartbeat *hb, bool failed);
 /* Read every beat that arrived: a peer heard from counts as alive at now. */
 void heartbeat_drain(tcp_heartbeat *hb, double now);
+/* Count peer as heard at now (data arrived from it). */
+void heartbeat_heard(tcp_heartbeat *hb, int peer, double now);
 /* Count every peer as heard at now (start of monitoring, or after this
  * process itself was not running and so could not listen). */
 void heartbeat_reset(tcp_heartbeat *hb, double now);

@@ -81,6 +81,13 @@
  * starved of the CPU for a few seconds is not declared dead. */
 #define TCP_DEFAULT_HEARTBEAT_INTERVAL_S 1.0
 #define TCP_DEFAULT_HEARTBEAT_TIMEOUT_S 6.0
+/* The watcher's own store connection (see watcher_store) gives up
+ * connecting after this long: a store across a lost link never answers. */
+#define TCP_WATCH_STORE_CONNECT_S 1.0
+/* After a failure, a store request of the executing thread that is late by
+ * this much is broken off (its answer no longer matters, and a store behind
+ * a lost link would hold the failed operation for a minute). */
+#define TCP_STORE_LATE_S 0.5
 /* Listen again at most this often when the listener's port is taken for UDP. */
 #define TCP_LISTEN_TRIES 16
 /* Busy-poll this long before sleeping in poll(): a loopback round trip is a
@@ -117,6 +124,11 @@ typedef struct tcp_peer {
   int fd;        /* -1 for this rank */
   bool hung_up;  /* poll saw it hang up while it was not part of the transfer */
   char addr[96]; /* "host:port" it listened on, for messages */
+  /* Bytes received from it so far (executing thread writes, watcher reads):
+   * data from a peer proves it alive as well as a beat does, and a link
+   * full of data may drop beats. */
+  _Atomic uint64_t rx_bytes;
+  uint64_t rx_seen; /* rx_bytes at the watcher's last tick (watcher only) */
 } tcp_peer;
 
 typedef struct tcp_transport {
@@ -141,6 +153,11 @@ typedef struct tcp_transport {
    * than wait for it (Dekker-style pair: each sets its flag, then reads the
    * other's). */
   _Atomic int watcher_in_store, stopping;
+  /* The watcher's own store connection, opened when it first needs the
+   * store, so that it never queues behind (or holds up) the executing
+   * thread's requests on comm->store. */
+  td_store *_Atomic watch_store;
+  double watch_store_retry_at;
   unsigned hangups_checked;      /* the count op_done last acted on (executing thread only) */
   double next_reason_check;
   _Atomic int aborted;
@@ -169,19 +186,19 @@ static td_status relayed_status(long published) {
 /* The failure a peer published, waiting up to wait_s for it to appear (0:
  * just look). NULL if there is none; otherwise free() the result, whose
  * text is the reason, and *status_out is the status to relay it with. */
-static char *published_reason(tcp_transport *t, double wait_s, td_status *status_out) {
+static char *published_reason(tcp_transport *t, td_store *store, double wait_s, td_status *status_out) {
   td_comm *comm = t->base.comm;
   *status_out = TD_ERR_REMOTE;
-  if (!comm->store) return NULL;
+  if (!store) return NULL;
   char key[256];
   abort_key(comm, key, sizeof key);
   void *value = NULL;
   size_t len = 0;
   if (wait_s > 0) {
-    if (store_wait(comm->store, key, wait_s, &value, &len) != TD_OK) return NULL;
+    if (store_wait(store, key, wait_s, &value, &len) != TD_OK) return NULL;
   } else {
     int found = 0;
-    if (store_get(comm->store, key, &value, &len, &found) != TD_OK || !found) return NULL;
+    if (store_get(store, key, &value, &len, &found) != TD_OK || !found) return NULL;
   }
   /* The value is NUL-terminated (store_get). */
   char *text = value;
@@ -199,13 +216,37 @@ static char *published_reason(tcp_transport *t, double wait_s, td_status *status
 
 /* Fail the communicator with the failure a peer published, if there is one
  * (waiting up to wait_s for it); TD_OK if there is none. */
-static td_status relay_published(tcp_transport *t, double wait_s) {
+static td_status relay_published_via(tcp_transport *t, td_store *store, double wait_s) {
   td_status status;
-  char *reason = published_reason(t, wait_s, &status);
+  char *reason = published_reason(t, store, wait_s, &status);
   if (!reason) return TD_OK;
   td_status st = comm_fail(t->base.comm, status, "%s", reason);
   free(reason);
   return st;
+}
+static td_status relay_published(tcp_transport *t, double wait_s) {
+  return relay_published_via(t, t->base.comm->store, wait_s);
+}
+
+/* The watcher's store connection (NULL if the store cannot be reached now;
+ * tried again after a few seconds). Watcher thread only. */
+static td_store *watcher_store(tcp_transport *t) {
+  td_store *s = atomic_load(&t->watch_store);
+  td_comm *comm = t->base.comm;
+  if (s || !comm->store) return s;
+  double now = td_now();
+  if (now < t->watch_store_retry_at) return NULL;
+  t->watch_store_retry_at = now + 5.0;
+  if (store_connect(store_address(comm->store), TCP_WATCH_STORE_CONNECT_S, &s) != TD_OK) {
+    TD_DEBUG("tcp: rank %d's watcher cannot reach the store: %s", t->rank, td_last_error());
+    return NULL;
+  }
+  atomic_store(&t->watch_store, s);
+  return s;
+}
+
+static bool on_watcher(const tcp_transport *t) {
+  return t->watcher_started && pthread_equal(pthread_self(), t->watcher);
 }
 
 static td_status failed_status(tcp_transport *t) {
@@ -254,6 +295,7 @@ static td_status tcp_try_recv(transport *base, int peer, void *buf, size_t len, 
   TD_SYSCALL_RETRY(n, recv(t->peers[peer].fd, buf, len, MSG_DONTWAIT));
   if (n > 0) {
     *moved = (size_t)n;
+    atomic_fetch_add_explicit(&t->peers[peer].rx_bytes, (uint64_t)n, memory_order_relaxed);
     return TD_OK;
   }
   if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return TD_OK;
@@ -371,7 +413,11 @@ static void tcp_abort(transport *base, td_status status, const char *reason) {
   tcp_transport *t = (tcp_transport *)base;
   if (atomic_exchange(&t->aborted, 1)) return;
   td_comm *comm = base->comm;
-  if (comm->store) {
+  /* From the watcher (a lost peer, a relayed failure), through its own
+   * connection: the executing thread may hold comm->store in a request that
+   * a lost link keeps unanswered. */
+  td_store *store = on_watcher(t) ? watcher_store(t) : comm->store;
+  if (store) {
     char key[256], msg[1400];
     abort_key(comm, key, sizeof key);
     /* comm_fail's messages start with "rank <this rank>: "; say it once. */
@@ -386,10 +432,14 @@ static void tcp_abort(transport *base, td_status status, const char *reason) {
     void *current = NULL;
     size_t current_len = 0;
     int swapped = 0;
-    if (store_cas(comm->store, key, NULL, 0, msg, (size_t)len, &current, &current_len, &swapped) != TD_OK)
+    if (store_cas(store, key, NULL, 0, msg, (size_t)len, &current, &current_len, &swapped) != TD_OK)
       TD_WARN("tcp: rank %d could not publish its failure in the store (%s); peers will only see it disconnect",
               t->rank, td_last_error());
     free(current);
+  } else if (comm->store) {
+    TD_WARN("tcp: rank %d cannot reach the store at %s to publish its failure; peers will only see it disconnect "
+            "or fall silent",
+            t->rank, store_address(comm->store));
   }
   for (int p = 0; p < t->size; p++)
     if (t->peers[p].fd >= 0) shutdown(t->peers[p].fd, SHUT_RDWR);
@@ -408,6 +458,18 @@ static bool watcher_store_enter(tcp_transport *t) {
 }
 static void watcher_store_leave(tcp_transport *t) { atomic_store(&t->watcher_in_store, 0); }
 
+/* The communicator failed (or is about to, for a lost peer): a request of
+ * the executing thread that the store is late to answer (a store behind
+ * the lost link) must not hold the failed operation, so break it off. The
+ * connection is not used again: every later operation fails first. */
+static void break_late_store_request(tcp_transport *t) {
+  td_store *store = t->base.comm->store;
+  double late = store_overdue_s(store);
+  if (late <= TCP_STORE_LATE_S) return;
+  TD_DEBUG("tcp: rank %d breaks off a store request %.1f s overdue: the communicator has failed", t->rank, late);
+  store_interrupt(store);
+}
+
 /* Fail the communicator for the peers whose beats stopped: the first one
  * silent for the timeout, and how many more are (a lost host takes all its
  * ranks with it). Runs on the watcher thread, so an idle rank learns it
@@ -425,12 +487,14 @@ static void declare_lost(tcp_transport *t, int lost, double now) {
       snprintf(others + used, sizeof others - used, ", ...");
     }
   }
+  break_late_store_request(t);
   if (!watcher_store_enter(t)) return;
   comm_fail(t->base.comm, TD_ERR_REMOTE,
             "rank %d (%s) sent no heartbeat to rank %d for %.1f s (TANDEM_HEARTBEAT_TIMEOUT=%g): its host is down or "
             "cut off from this one, or the process is stopped%s",
             lost, t->peers[lost].addr, t->rank, heartbeat_silence(t->hb, lost, now), t->hb_timeout_s, others);
   watcher_store_leave(t);
+  break_late_store_request(t);
 }
 
 /* One heartbeat tick: send beats (saying whether this communicator has
@@ -442,11 +506,17 @@ static void watcher_tick(tcp_transport *t, double *last_tick, bool *armed_seen) 
   heartbeat_send(t->hb, failed);
   double now = td_now();
   heartbeat_drain(t->hb, now);
+  for (int p = 0; p < t->size; p++) {
+    uint64_t rx = atomic_load_explicit(&t->peers[p].rx_bytes, memory_order_relaxed);
+    if (rx != t->peers[p].rx_seen) heartbeat_heard(t->hb, p, now);
+    t->peers[p].rx_seen = rx;
+  }
   /* This thread did not run for a while (the whole process was stopped,
    * suspended or starved): the peers' beats of that time were not drained
    * as they came, so their silence says nothing; start counting afresh. */
   bool paused = now - *last_tick > TD_MAX(3.0 * t->hb_interval_s, 0.5 * t->hb_timeout_s);
   *last_tick = now;
+  if (failed) break_late_store_request(t);
   if (failed || !atomic_load(&t->armed)) return;
   if (!*armed_seen || paused) {
     if (paused) TD_DEBUG("tcp: rank %d's watcher did not run for a while; heartbeat silences restart", t->rank);
@@ -457,7 +527,8 @@ static void watcher_tick(tcp_transport *t, double *last_tick, bool *armed_seen) 
   /* A peer says it failed: its reason is in the store (unless it could not
    * reach the store); relay it now rather than at this rank's next call. */
   if (heartbeat_failed_peer(t->hb) >= 0 && watcher_store_enter(t)) {
-    (void)relay_published(t, 0);
+    td_store *store = watcher_store(t);
+    if (store) (void)relay_published_via(t, store, 0);
     watcher_store_leave(t);
     if (comm_status(comm) != TD_OK) return;
   }
@@ -537,7 +608,7 @@ static void tcp_destroy(transport *base) {
    * lost link cut off), break that call off: the communicator is being
    * destroyed, and its store connection with it. */
   atomic_store(&t->stopping, 1);
-  if (atomic_load(&t->watcher_in_store)) store_interrupt(t->base.comm->store);
+  if (atomic_load(&t->watcher_in_store)) store_interrupt(atomic_load(&t->watch_store));
   if (t->watcher_started) {
     uint64_t one = 1;
     ssize_t w;
@@ -548,6 +619,7 @@ static void tcp_destroy(transport *base) {
   if (t->hup_fd >= 0) close(t->hup_fd);
   if (t->stop_fd >= 0) close(t->stop_fd);
   heartbeat_close(t->hb);
+  store_close(atomic_load(&t->watch_store));
   if (t->peers)
     for (int p = 0; p < t->size; p++)
       if (t->peers[p].fd >= 0) close(t->peers[p].fd);
