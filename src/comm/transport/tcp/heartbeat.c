@@ -50,6 +50,7 @@ typedef struct hb_peer {
   socklen_t to_len; /* 0: this rank, or not set */
   double heard;     /* td_now() when a beat was last drained from it */
   bool forgotten;   /* hung up: its silence is no longer news */
+  bool beat_seen;   /* a beat ever came: UDP gets through from it */
   bool failed;      /* its beats say its communicator failed */
 } hb_peer;
 
@@ -162,6 +163,7 @@ void heartbeat_drain(tcp_heartbeat *hb, double now) {
       continue;
     hb_peer *peer = &hb->peers[beat.rank];
     peer->heard = now;
+    peer->beat_seen = true;
     if (beat.flags & HB_FLAG_FAILED) peer->failed = true;
   }
 }
@@ -188,8 +190,16 @@ int heartbeat_failed_peer(const tcp_heartbeat *hb) {
 int heartbeat_lost(const tcp_heartbeat *hb, int after, double now, double timeout_s) {
   for (int p = after < 0 ? 0 : after + 1; p < hb->size; p++) {
     const hb_peer *peer = &hb->peers[p];
-    if (p == hb->rank || !peer->to_len || peer->forgotten) continue;
+    if (p == hb->rank || !peer->to_len || peer->forgotten || !peer->beat_seen) continue;
     if (now - peer->heard > timeout_s) return p;
+  }
+  return -1;
+}
+
+int heartbeat_never_beat(const tcp_heartbeat *hb, int after) {
+  for (int p = after < 0 ? 0 : after + 1; p < hb->size; p++) {
+    const hb_peer *peer = &hb->peers[p];
+    if (p != hb->rank && peer->to_len && !peer->forgotten && !peer->beat_seen) return p;
   }
   return -1;
 }

@@ -47,8 +47,12 @@ void heartbeat_forget(tcp_heartbeat *hb, int peer);
 /* A peer whose beats said its communicator failed, or -1. */
 int heartbeat_failed_peer(const tcp_heartbeat *hb);
 /* The first peer above `after` (-1: from the start) not heard from for more
- * than timeout_s, or -1. */
+ * than timeout_s, or -1. Only peers whose beats came at least once count:
+ * one whose never did may sit behind a firewall that passes only TCP, and
+ * must not be declared lost for that (see heartbeat_never_beat). */
 int heartbeat_lost(const tcp_heartbeat *hb, int after, double now, double timeout_s);
+/* The first peer above `after` from which no beat ever came, or -1. */
+int heartbeat_never_beat(const tcp_heartbeat *hb, int after);
 /* Seconds since peer was last heard from. */
 double heartbeat_silence(const tcp_heartbeat *hb, int peer, double now);
 

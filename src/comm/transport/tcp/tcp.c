@@ -50,7 +50,27 @@
  * watcher counted it, normally microseconds on one host) returns TD_OK; the
  * error then comes from the next call, finalize included. A rank that never
  * calls again (it destroys the communicator without finalizing) does not
- * learn of it. */
+ * learn of it.
+ *
+ * Lost hosts (heartbeat.c): a host that loses power or its link sends no
+ * FIN, and the kernel of a stopped process keeps acknowledging, so neither
+ * shows up on the sockets. The watcher thread therefore also sends a small
+ * UDP beat to every peer once per TANDEM_HEARTBEAT_INTERVAL (from the port
+ * number the rank listens on, so peers need no other address) and drains
+ * the beats that came, waking once per interval whatever the world size. It
+ * runs whatever the application does: a rank busy computing for minutes
+ * without calling Tandem still beats. A peer from which neither a beat nor
+ * data arrived for TANDEM_HEARTBEAT_TIMEOUT is lost: the watcher fails the
+ * communicator with TD_ERR_REMOTE naming it and its address, which fails
+ * the operation in flight within a wait slice, everything queued, and every
+ * later call, on a rank that is idle too. The usual abort then relays it.
+ * Beats also carry a "my communicator failed" bit, on which a peer fetches
+ * the published reason at once instead of at its next call. The watcher
+ * uses its own store connection (the executing thread may be blocked on
+ * comm->store, which a lost link can leave unanswered for a minute) and,
+ * once the communicator has failed, breaks off such a late request; with a
+ * partition that leaves the store on the other side, this side's ranks
+ * still fail within the timeout, each naming a rank it lost. */
 #define _GNU_SOURCE 1 /* POLLRDHUP; must precede the first system header */
 #include "comm/comm_impl.h"
 #include "comm/transport/tcp/heartbeat.h"
@@ -158,6 +178,8 @@ typedef struct tcp_transport {
    * thread's requests on comm->store. */
   td_store *_Atomic watch_store;
   double watch_store_retry_at;
+  double armed_at;        /* watcher only: its first tick after arm_watcher */
+  bool warned_never_beat; /* watcher only */
   unsigned hangups_checked;      /* the count op_done last acted on (executing thread only) */
   double next_reason_check;
   _Atomic int aborted;
@@ -500,6 +522,20 @@ static void declare_lost(tcp_transport *t, int lost, double now) {
 /* One heartbeat tick: send beats (saying whether this communicator has
  * failed), drain those that arrived, and, once wiring is done and while
  * the communicator is healthy, act on what they say. */
+/* Said once per communicator, a timeout after wiring: peers whose beats
+ * never came (UDP filtered between the hosts?) are not watched. */
+static void warn_never_beat(tcp_transport *t) {
+  int first = heartbeat_never_beat(t->hb, -1);
+  if (first < 0) return;
+  int n = 0;
+  for (int p = first; p >= 0; p = heartbeat_never_beat(t->hb, p)) n++;
+  char more[48] = "";
+  if (n > 1) snprintf(more, sizeof more, " and %d more rank%s", n - 1, n > 2 ? "s" : "");
+  TD_WARN("tcp: rank %d never received a heartbeat from rank %d (%s)%s in %g s: is UDP to the TCP ports blocked "
+          "between the hosts? A lost host among them is found only by TCP keepalive (about 60 s) or TANDEM_TIMEOUT",
+          t->rank, first, t->peers[first].addr, more, t->hb_timeout_s);
+}
+
 static void watcher_tick(tcp_transport *t, double *last_tick, bool *armed_seen) {
   td_comm *comm = t->base.comm;
   bool failed = comm_status(comm) != TD_OK || atomic_load(&t->aborted);
@@ -520,9 +556,14 @@ static void watcher_tick(tcp_transport *t, double *last_tick, bool *armed_seen) 
   if (failed || !atomic_load(&t->armed)) return;
   if (!*armed_seen || paused) {
     if (paused) TD_DEBUG("tcp: rank %d's watcher did not run for a while; heartbeat silences restart", t->rank);
+    if (!*armed_seen) t->armed_at = now;
     *armed_seen = true;
     heartbeat_reset(t->hb, now);
     return;
+  }
+  if (!t->warned_never_beat && now - t->armed_at > t->hb_timeout_s) {
+    t->warned_never_beat = true;
+    warn_never_beat(t);
   }
   /* A peer says it failed: its reason is in the store (unless it could not
    * reach the store); relay it now rather than at this rank's next call. */
@@ -640,10 +681,11 @@ static const transport_vtbl tcp_vtbl = {
     .try_peek = tcp_try_peek,
 };
 
-/* A host that crashes or drops off the network sends no FIN: without
- * keepalive probes a rank blocked on it would notice only at TANDEM_TIMEOUT.
- * Probes go out only on idle connections, so busy ones pay nothing; a dead
- * host is found after about idle + count * interval = 60 s. Best effort. */
+/* A host that crashes or drops off the network sends no FIN. Heartbeats
+ * find it within seconds; keepalive is the fallback when they are off
+ * (TANDEM_HEARTBEAT_TIMEOUT=0): probes go out only on idle connections, so
+ * busy ones pay nothing, and a dead host is found after about idle + count *
+ * interval = 60 s. Best effort. */
 static void set_keepalive(int fd) {
   int on = 1, idle_s = 30, interval_s = 10, count = 3;
   (void)setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof on);
