@@ -95,17 +95,27 @@ void td_futex_wake(_Atomic uint32_t *word, int n_waiters, bool shared);
 /* ---- reduction kernels ----
  * dst[i] = op(dst[i], src[i]) for i < count. For f16/bf16 the arithmetic is in
  * f32 and rounded once per call. TD_AVG reduces as TD_SUM: callers divide once
- * at the end with td_reduce_scale. */
+ * at the end with td_reduce_scale. Integer SUM/PROD wrap modulo 2^bits;
+ * floating MIN/MAX return the canonical quiet NaN if either operand is NaN
+ * and order -0 below +0, so they are commutative bit for bit (reduce.c). */
 void td_reduce_inplace(void *dst, const void *src, size_t count, td_dtype dtype, td_op op);
-/* dst[i] = op over k of srcs[k][i], k < n_srcs (n_srcs >= 1). dst may alias
- * srcs[0]. f16/bf16 accumulate all inputs in f32 and round once. */
+/* dst[i] = op over k of srcs[k][i], k < n_srcs (n_srcs >= 1), combined in
+ * the order srcs[0], srcs[1], ... dst may be the same memory as any source
+ * (no partial overlap). f16/bf16 accumulate all inputs in f32 and round once. */
 void td_reduce_multi(void *dst, const void *const *srcs, int n_srcs, size_t count, td_dtype dtype, td_op op);
 /* The same reduction written to every dsts[j] (j < n_dsts) in one pass, as
  * the direct shm allreduce writes every rank's buffer. A dst may be the same
  * memory as a src (in place); partial overlaps are not allowed. */
 void td_reduce_fanout(void *const *dsts, int n_dsts, const void *const *srcs, int n_srcs, size_t count,
                       td_dtype dtype, td_op op);
-/* buf[i] /= divisor, the finishing step of TD_AVG. */
+/* f16/bf16 <-> f32 for the collectives that carry half-precision partial
+ * results in f32 (select.c): dst[i] = (float)src[i], and dst[i] =
+ * round(src[i] / divisor) with one rounding to the half type (divisor <= 1:
+ * no division). Same conversions, NaNs included, as td_f16_to_f32 etc. */
+void td_reduce_half_to_f32(float *dst, const void *src, size_t count, td_dtype dtype);
+void td_reduce_f32_to_half(void *dst, const float *src, size_t count, td_dtype dtype, int divisor);
+/* buf[i] /= divisor, the finishing step of TD_AVG (integers: the wrapped sum
+ * divided with C's truncation toward zero). */
 void td_reduce_scale(void *buf, size_t count, td_dtype dtype, int divisor);
 
 /* ---- misc ---- */

@@ -3,6 +3,7 @@
  * ZeRO. */
 #include "base.h"
 
+#include <math.h>
 #include <string.h>
 #include <strings.h>
 
@@ -60,7 +61,8 @@ float td_f16_to_f32(uint16_t h) {
       bits = sign | ((uint32_t)(127 - 15 - e) << 23) | ((mant & 0x3ff) << 13);
     }
   } else if (exp == 31) {
-    bits = sign | 0x7f800000u | (mant << 13);
+    /* inf, or nan made quiet with its payload kept (as F16C's vcvtph2ps) */
+    bits = sign | 0x7f800000u | (mant << 13) | (mant ? 0x400000u : 0);
   } else {
     bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
   }
@@ -74,8 +76,9 @@ uint16_t td_f32_to_f16(float f) {
   memcpy(&x, &f, 4);
   uint32_t sign = (x >> 16) & 0x8000;
   uint32_t absx = x & 0x7fffffffu;
-  if (absx >= 0x7f800000u) /* inf or nan */
-    return (uint16_t)(sign | 0x7c00 | (absx > 0x7f800000u ? 0x200 : 0));
+  if (absx > 0x7f800000u) /* nan: quiet, keeping the top payload bits (as F16C's vcvtps2ph) */
+    return (uint16_t)(sign | 0x7e00 | ((absx >> 13) & 0x3ff));
+  if (absx == 0x7f800000u) return (uint16_t)(sign | 0x7c00); /* inf */
   if (absx >= 0x477ff000u) /* rounds to >= 65520: overflow to inf */
     return (uint16_t)(sign | 0x7c00);
   if (absx < 0x38800000u) { /* below the smallest normal half: subnormal or zero */
@@ -153,8 +156,9 @@ void td_dtype_set(void *buf, size_t i, td_dtype dtype, double value) {
 double td_op_apply(td_op op, double a, double b) {
   switch (op) {
   case TD_PROD: return a * b;
-  case TD_MIN: return b < a ? b : a;
-  case TD_MAX: return b > a ? b : a;
+  /* NaN propagates, and -0 orders below +0, as the kernels (reduce.c) do. */
+  case TD_MIN: return a != a || b != b ? __builtin_nan("") : b < a || (b == a && signbit(b)) ? b : a;
+  case TD_MAX: return a != a || b != b ? __builtin_nan("") : b > a || (b == a && !signbit(b)) ? b : a;
   default: return a + b;
   }
 }

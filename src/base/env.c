@@ -42,7 +42,8 @@ int td_parse_size(const char *text, size_t *out) {
   char *end;
   errno = 0;
   double x = strtod(text, &end);
-  if (errno || end == text || x < 0) return -1;
+  /* !(x >= 0) also refuses "nan"; "inf" and overflow are refused below. */
+  if (errno || end == text || !(x >= 0)) return -1;
   double mult = 1;
   switch (*end) {
   case 'k': case 'K': mult = 1024.0; end++; break;
@@ -53,7 +54,11 @@ int td_parse_size(const char *text, size_t *out) {
   if (*end == 'i' || *end == 'B') end++;
   if (*end == 'B') end++;
   if (*end) return -1;
-  *out = (size_t)(x * mult);
+  /* Converting a double at or above 2^64 (or inf) to size_t is undefined:
+   * refuse what does not fit. */
+  double bytes = x * mult;
+  if (!(bytes < 18446744073709551616.0) || bytes > (double)SIZE_MAX) return -1;
+  *out = (size_t)bytes;
   return 0;
 }
 

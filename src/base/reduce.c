@@ -3,6 +3,19 @@
  * -march=native); measured before reaching for intrinsics. f16 and bf16 are
  * widened to f32, combined, and rounded once.
  *
+ * Semantics every path shares (README "Reductions"), chosen so that the
+ * result never depends on which rank combined which operands in which order:
+ *   - Integer SUM and PROD wrap around modulo 2^bits (computed in unsigned
+ *     arithmetic: signed overflow would be undefined behaviour).
+ *   - Floating MIN and MAX are commutative bit for bit: if either operand is
+ *     a NaN the result is the canonical quiet NaN (0x7fc00000 for f32,
+ *     0x7ff8000000000000 for f64, 0x7e00 f16, 0x7fc0 bf16), and -0 orders
+ *     below +0. They compare through an integer key that orders floats
+ *     totally, so the loops are integer compares and blends, no branches.
+ *   - Floating SUM and PROD are IEEE operations, commutative except for the
+ *     payload of a NaN result; the algorithms combine in an order that every
+ *     rank shares, so every rank still gets the same bits.
+ *
  * td_reduce_multi works in tiles so that a tile of dst stays in L1 while each
  * source is folded into it: for n sources the traffic is n reads + 1 write. */
 #include "base.h"
@@ -15,61 +28,85 @@
 
 #define TILE 2048 /* elements per tile: 8 KiB of f32, 32 KiB with 4 sources */
 
-#define OP_SUM(a, b) ((a) + (b))
-#define OP_PROD(a, b) ((a) * (b))
-#define OP_MIN(a, b) ((b) < (a) ? (b) : (a))
-#define OP_MAX(a, b) ((b) > (a) ? (b) : (a))
+/* Integer ops: U is the unsigned type of the same width; the conversion of
+ * the wrapped result back to the signed type is modular in gcc and clang
+ * (implementation-defined, not undefined). */
+#define ISUM(T, U, a, b) ((T)((U)(a) + (U)(b)))
+#define IPROD(T, U, a, b) ((T)((U)(a) * (U)(b)))
+#define IMIN(T, U, a, b) ((b) < (a) ? (b) : (a))
+#define IMAX(T, U, a, b) ((b) > (a) ? (b) : (a))
+#define FSUM(T, U, a, b) ((a) + (b))
+#define FPROD(T, U, a, b) ((a) * (b))
 
-/* dst = op(dst, src) for a native type. */
-#define DEFINE_INPLACE(name, T, OP)                                                 \
-  static void name(T *restrict dst, const T *restrict src, size_t n) {              \
-    for (size_t i = 0; i < n; i++) dst[i] = OP(dst[i], src[i]);                      \
-  }
-/* dst = op(a, b) for a native type (dst may equal a). */
-#define DEFINE_BINARY(name, T, OP)                                                  \
-  static void name(T *dst, const T *a, const T *restrict b, size_t n) {             \
-    for (size_t i = 0; i < n; i++) dst[i] = OP(a[i], b[i]);                          \
-  }
+/* Floating MIN/MAX on the bit patterns (U: uint32_t or uint64_t, S the signed
+ * type, B the width). key(x) flips the magnitude bits of negative values so
+ * that signed-integer order is the total order -inf < ... < -0 < +0 < ... <
+ * +inf; NaNs (|x| above the infinity pattern) give QNAN. */
+#define FKEY(S, U, B, x) ((S)((x) ^ ((U)((S)(x) >> ((B) - 1)) >> 1)))
+#define FISNAN(U, INF, x) (((x) & ~((U)1 << (sizeof(U) * 8 - 1))) > (INF))
+#define FMINBITS(S, U, B, INF, QNAN, a, b)                                                                  \
+  ((FISNAN(U, INF, a) | FISNAN(U, INF, b)) ? (QNAN) : FKEY(S, U, B, b) < FKEY(S, U, B, a) ? (b) : (a))
+#define FMAXBITS(S, U, B, INF, QNAN, a, b)                                                                  \
+  ((FISNAN(U, INF, a) | FISNAN(U, INF, b)) ? (QNAN) : FKEY(S, U, B, b) > FKEY(S, U, B, a) ? (b) : (a))
+#define F32MIN(T, U, a, b) FMINBITS(int32_t, uint32_t, 32, 0x7f800000u, 0x7fc00000u, a, b)
+#define F32MAX(T, U, a, b) FMAXBITS(int32_t, uint32_t, 32, 0x7f800000u, 0x7fc00000u, a, b)
+#define F64MIN(T, U, a, b) FMINBITS(int64_t, uint64_t, 64, 0x7ff0000000000000ull, 0x7ff8000000000000ull, a, b)
+#define F64MAX(T, U, a, b) FMAXBITS(int64_t, uint64_t, 64, 0x7ff0000000000000ull, 0x7ff8000000000000ull, a, b)
 
-#define DEFINE_TYPE(T, suffix)                                                      \
-  DEFINE_INPLACE(sum_##suffix, T, OP_SUM)                                            \
-  DEFINE_INPLACE(prod_##suffix, T, OP_PROD)                                          \
-  DEFINE_INPLACE(min_##suffix, T, OP_MIN)                                            \
-  DEFINE_INPLACE(max_##suffix, T, OP_MAX)                                            \
-  DEFINE_BINARY(sum2_##suffix, T, OP_SUM)                                            \
-  DEFINE_BINARY(prod2_##suffix, T, OP_PROD)                                          \
-  DEFINE_BINARY(min2_##suffix, T, OP_MIN)                                            \
-  DEFINE_BINARY(max2_##suffix, T, OP_MAX)                                            \
-  static void inplace_##suffix(void *d, const void *s, size_t n, td_op op) {         \
-    switch (op) {                                                                    \
-    case TD_SUM: case TD_AVG: sum_##suffix(d, s, n); break;                          \
-    case TD_PROD: prod_##suffix(d, s, n); break;                                     \
-    case TD_MIN: min_##suffix(d, s, n); break;                                       \
-    case TD_MAX: max_##suffix(d, s, n); break;                                       \
-    default: break;                                                                  \
-    }                                                                                \
-  }                                                                                  \
-  static void binary_##suffix(void *d, const void *a, const void *b, size_t n, td_op op) { \
-    switch (op) {                                                                    \
-    case TD_SUM: case TD_AVG: sum2_##suffix(d, a, b, n); break;                      \
-    case TD_PROD: prod2_##suffix(d, a, b, n); break;                                 \
-    case TD_MIN: min2_##suffix(d, a, b, n); break;                                   \
-    case TD_MAX: max2_##suffix(d, a, b, n); break;                                   \
-    default: break;                                                                  \
-    }                                                                                \
+/* dst = op(dst, src) on elements of type T (-fno-strict-aliasing: float
+ * buffers are read as their bit patterns where the op works on bits). */
+#define DEFINE_INPLACE(name, T, U, OP)                                                              \
+  static void name(T *restrict dst, const T *restrict src, size_t n) {                             \
+    for (size_t i = 0; i < n; i++) dst[i] = OP(T, U, dst[i], src[i]);                               \
+  }
+/* dst = op(a, b) (dst may be the same memory as a or b: each element is read
+ * before it is written). */
+#define DEFINE_BINARY(name, T, U, OP)                                                               \
+  static void name(T *dst, const T *a, const T *b, size_t n) {                                      \
+    for (size_t i = 0; i < n; i++) dst[i] = OP(T, U, a[i], b[i]);                                    \
   }
 
-DEFINE_TYPE(float, f32)
-DEFINE_TYPE(double, f64)
-DEFINE_TYPE(int32_t, i32)
-DEFINE_TYPE(int64_t, i64)
-DEFINE_TYPE(uint8_t, u8)
+/* T: the element type; U: the type MIN/MAX and integer SUM/PROD work in. */
+#define DEFINE_TYPE(T, U, MT, suffix, SUM, PROD, MIN, MAX)                                          \
+  DEFINE_INPLACE(sum_##suffix, T, U, SUM)                                                          \
+  DEFINE_INPLACE(prod_##suffix, T, U, PROD)                                                        \
+  DEFINE_INPLACE(min_##suffix, MT, U, MIN)                                                         \
+  DEFINE_INPLACE(max_##suffix, MT, U, MAX)                                                         \
+  DEFINE_BINARY(sum2_##suffix, T, U, SUM)                                                          \
+  DEFINE_BINARY(prod2_##suffix, T, U, PROD)                                                        \
+  DEFINE_BINARY(min2_##suffix, MT, U, MIN)                                                         \
+  DEFINE_BINARY(max2_##suffix, MT, U, MAX)                                                         \
+  static void inplace_##suffix(void *d, const void *s, size_t n, td_op op) {                       \
+    switch (op) {                                                                                  \
+    case TD_SUM: case TD_AVG: sum_##suffix(d, s, n); break;                                        \
+    case TD_PROD: prod_##suffix(d, s, n); break;                                                   \
+    case TD_MIN: min_##suffix(d, s, n); break;                                                     \
+    case TD_MAX: max_##suffix(d, s, n); break;                                                     \
+    default: break;                                                                                \
+    }                                                                                              \
+  }                                                                                                \
+  static void binary_##suffix(void *d, const void *a, const void *b, size_t n, td_op op) {         \
+    switch (op) {                                                                                  \
+    case TD_SUM: case TD_AVG: sum2_##suffix(d, a, b, n); break;                                    \
+    case TD_PROD: prod2_##suffix(d, a, b, n); break;                                               \
+    case TD_MIN: min2_##suffix(d, a, b, n); break;                                                 \
+    case TD_MAX: max2_##suffix(d, a, b, n); break;                                                 \
+    default: break;                                                                                \
+    }                                                                                              \
+  }
+
+DEFINE_TYPE(float, uint32_t, uint32_t, f32, FSUM, FPROD, F32MIN, F32MAX)
+DEFINE_TYPE(double, uint64_t, uint64_t, f64, FSUM, FPROD, F64MIN, F64MAX)
+DEFINE_TYPE(int32_t, uint32_t, int32_t, i32, ISUM, IPROD, IMIN, IMAX)
+DEFINE_TYPE(int64_t, uint64_t, int64_t, i64, ISUM, IPROD, IMIN, IMAX)
+DEFINE_TYPE(uint8_t, uint8_t, uint8_t, u8, ISUM, IPROD, IMIN, IMAX)
 
 /* Conversions inlined here so that the loops below vectorize: bf16 is a
  * shift; f16 uses F16C's 8-wide vcvtph2ps/vcvtps2ph when the compiler targets
  * it (gcc 12 only emits scalar conversions for _Float16 loops), else the
- * portable routines of dtype.c. All round to nearest even, exactly like
- * td_f32_to_f16/td_f32_to_bf16 (tests/base checks every bit pattern). */
+ * portable routines of dtype.c. All round to nearest even and treat NaNs
+ * exactly like td_f32_to_f16/td_f16_to_f32 and the bf16 pair (tests/base
+ * checks every bit pattern, NaN payloads included). */
 static inline float bf16_load(uint16_t h) {
   uint32_t bits = (uint32_t)h << 16;
   float f;
@@ -112,7 +149,8 @@ static void half_narrow(uint16_t *restrict dst, const float *restrict src, size_
 }
 
 /* f16/bf16: widen a tile of every source into f32, combine with the f32
- * kernels, round once. */
+ * kernels, round once. Every source tile is read before dst's tile is
+ * written, so dst may be the same memory as any source. */
 static void reduce_half(uint16_t *dst, const uint16_t *const *srcs, int n_srcs, size_t count, td_op op,
                         bool bf) {
   float acc[TILE], tmp[TILE];
@@ -188,7 +226,9 @@ void td_reduce_multi(void *dst, const void *const *srcs, int n_srcs, size_t coun
 
 /* f32 sum into several outputs, a vector of 16 at a time: each source and
  * each output streams once, with no intermediate buffer (measured 64 MiB
- * over 2 ranks: 3.5 ms against 4.6 ms for reduce-into-L1 then copy). */
+ * over 2 ranks: 3.5 ms against 4.6 ms for reduce-into-L1 then copy). The
+ * tail adds in the same order (srcs[0] + srcs[1] + ...), so vector and
+ * scalar lanes give the same bits. */
 typedef float v16f __attribute__((vector_size(64)));
 
 static void fanout_f32_sum(float *const *dsts, int n_dsts, const float *const *srcs, int n_srcs, size_t count) {
@@ -229,6 +269,26 @@ void td_reduce_fanout(void *const *dsts, int n_dsts, const void *const *srcs, in
   }
 }
 
+void td_reduce_half_to_f32(float *dst, const void *src, size_t count, td_dtype dtype) {
+  if (count == 0 || (dtype != TD_F16 && dtype != TD_BF16)) return;
+  half_widen(dst, src, count, dtype == TD_BF16);
+}
+
+void td_reduce_f32_to_half(void *dst, const float *src, size_t count, td_dtype dtype, int divisor) {
+  if (count == 0 || (dtype != TD_F16 && dtype != TD_BF16)) return;
+  bool bf = dtype == TD_BF16;
+  if (divisor <= 1) {
+    half_narrow(dst, src, count, bf);
+    return;
+  }
+  float tile[TILE];
+  for (size_t base = 0; base < count; base += TILE) {
+    size_t m = TD_MIN(TILE, count - base);
+    for (size_t i = 0; i < m; i++) tile[i] = src[base + i] / (float)divisor;
+    half_narrow((uint16_t *)dst + base, tile, m, bf);
+  }
+}
+
 void td_reduce_scale(void *buf, size_t count, td_dtype dtype, int divisor) {
   if (divisor <= 1 || count == 0) return;
   switch (dtype) {
@@ -254,6 +314,8 @@ void td_reduce_scale(void *buf, size_t count, td_dtype dtype, int divisor) {
     }
     break;
   }
+  /* Integers: the wrapped sum divided by the number of ranks, truncated
+   * toward zero (C division; divisor >= 2 cannot overflow). */
   case TD_I32: {
     int32_t *p = buf;
     for (size_t i = 0; i < count; i++) p[i] /= divisor;

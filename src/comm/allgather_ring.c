@@ -20,8 +20,8 @@
 
 #define RING_DEFAULT_CHUNK_BYTES ((size_t)256 << 10) /* as allreduce_ring.c */
 
-static size_t ring_chunk_elems(size_t elem_size) {
-  size_t elems = td_env_size("TANDEM_RING_CHUNK_BYTES", RING_DEFAULT_CHUNK_BYTES) / elem_size;
+static size_t ring_chunk_elems(const td_comm *comm, size_t elem_size) {
+  size_t elems = comm_tun_bytes(comm->tun.ring_chunk_bytes, RING_DEFAULT_CHUNK_BYTES) / elem_size;
   return elems ? elems : 1;
 }
 
@@ -44,7 +44,7 @@ td_status allgather_ring(td_comm *comm, const comm_op *op) {
   if (own_len) comm_copy_if_needed(elem_ptr(op->recv, own_off, esz), op->send, own_len * esz);
   if (n == 1) return TD_OK;
 
-  const size_t chunk = ring_chunk_elems(esz);
+  const size_t chunk = ring_chunk_elems(comm, esz);
   const int right = (r + 1) % n, left = (r + n - 1) % n;
   for (int s = 0; s < n - 1; s++) {
     int send_seg = (r - s + n) % n, recv_seg = (r - s - 1 + n) % n;

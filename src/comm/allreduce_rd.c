@@ -18,10 +18,18 @@
  * the whole vector: bytes * log2(p) per rank. Best for small messages;
  * large ones belong to the ring (allreduce_ring.c).
  *
- * Limits: in each round both partners combine the same two vectors, so every
- * rank ends with bitwise the same result. TD_AVG is summed (select.c
+ * Limits: in each round both partners combine the same two vectors in the
+ * same order (the lower rank's first: a NaN's payload out of a + b depends
+ * on the order), so every rank ends with bitwise the same result. TD_AVG is summed (select.c
  * divides). The exchanged vectors are whole, so memory is one extra copy. */
 #include "comm/comm_impl.h"
+
+/* buf = op(lower rank's vector, higher rank's vector), the same operand order
+ * on both partners. */
+static void combine(const comm_op *op, char *buf, const char *incoming, bool incoming_is_lower) {
+  const void *srcs[2] = {incoming_is_lower ? (const void *)incoming : buf, incoming_is_lower ? (const void *)buf : incoming};
+  td_reduce_multi(buf, srcs, 2, op->count, op->dtype, op->redop);
+}
 
 td_status allreduce_rd(td_comm *comm, const comm_op *op) {
   const int n = comm->size, r = comm->rank;
@@ -45,7 +53,7 @@ td_status allreduce_rd(td_comm *comm, const comm_op *op) {
       new_rank = -1;
     } else {
       st = p2p_exchange(comm, op, -1, NULL, 0, r - 1, incoming, bytes);
-      if (st == TD_OK) td_reduce_inplace(buf, incoming, op->count, op->dtype, op->redop);
+      if (st == TD_OK) combine(op, buf, incoming, true);
       new_rank = r / 2;
     }
   } else {
@@ -56,7 +64,7 @@ td_status allreduce_rd(td_comm *comm, const comm_op *op) {
     int partner_new = new_rank ^ mask;
     int partner = partner_new < rem ? partner_new * 2 + 1 : partner_new + rem;
     st = p2p_exchange(comm, op, partner, buf, bytes, partner, incoming, bytes);
-    if (st == TD_OK) td_reduce_inplace(buf, incoming, op->count, op->dtype, op->redop);
+    if (st == TD_OK) combine(op, buf, incoming, partner < r);
   }
 
   /* Hand the result back to the ranks that sat out. */

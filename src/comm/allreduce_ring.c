@@ -34,8 +34,8 @@
  * (headers, syscalls, wake-ups) take over. */
 #define RING_DEFAULT_CHUNK_BYTES ((size_t)256 << 10)
 
-static size_t ring_chunk_elems(size_t elem_size) {
-  size_t bytes = td_env_size("TANDEM_RING_CHUNK_BYTES", RING_DEFAULT_CHUNK_BYTES);
+static size_t ring_chunk_elems(const td_comm *comm, size_t elem_size) {
+  size_t bytes = comm_tun_bytes(comm->tun.ring_chunk_bytes, RING_DEFAULT_CHUNK_BYTES);
   size_t elems = bytes / elem_size;
   return elems ? elems : 1;
 }
@@ -58,7 +58,7 @@ td_status allreduce_ring(td_comm *comm, const comm_op *op) {
   comm_copy_if_needed(op->recv, op->send, comm_op_bytes(op));
   if (n == 1) return TD_OK;
 
-  const size_t chunk = ring_chunk_elems(esz);
+  const size_t chunk = ring_chunk_elems(comm, esz);
   const size_t max_segment = (op->count + (size_t)n - 1) / (size_t)n;
   char *stage = td_alloc(TD_MAX(TD_MIN(chunk, max_segment), 1) * esz);
   if (!stage) return comm_fail(comm, TD_ERR_SYSTEM, "allreduce_ring: out of memory for the staging buffer");

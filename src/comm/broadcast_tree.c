@@ -31,7 +31,7 @@ td_status broadcast_tree(td_comm *comm, const comm_op *op) {
   char *buf = op->recv ? op->recv : (char *)op->send;
   const size_t bytes = comm_op_bytes(op);
   const size_t esz = td_dtype_size(op->dtype);
-  size_t chunk = td_env_size("TANDEM_BCAST_CHUNK_BYTES", BCAST_DEFAULT_CHUNK_BYTES) / esz * esz;
+  size_t chunk = comm_tun_bytes(comm->tun.bcast_chunk_bytes, BCAST_DEFAULT_CHUNK_BYTES) / esz * esz;
   if (chunk == 0) chunk = esz;
 
   const int v = (r - root + n) % n;

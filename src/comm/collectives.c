@@ -83,6 +83,7 @@ static comm_op make_op(comm_kind kind, const void *send, void *recv, size_t coun
   op.recv = recv;
   op.count = count;
   op.dtype = dtype;
+  op.user_dtype = dtype;
   op.redop = redop;
   op.root = root;
   op.peer = -1;

@@ -205,12 +205,15 @@ td_status td_comm_init_config(const td_comm_config *config, td_comm **out) {
   *out = NULL;
   comm_env env;
   TD_CHECK(comm_env_detect(config, &env));
+  comm_tunables tun;
+  TD_CHECK(comm_tunables_read(config, &tun));
 
   td_comm *comm = comm_alloc(env.rank, env.size);
   if (!comm) return td_error(TD_ERR_SYSTEM, "out of memory creating a communicator of %d ranks", env.size);
   int n = atomic_fetch_add(&world_counter, 1);
   snprintf(comm->prefix, sizeof comm->prefix, "%s/c%d", env.job_id, n);
-  comm->timeout_s = env.timeout_s;
+  comm->tun = tun;
+  comm->timeout_s = tun.timeout_s;
   td_strlcpy(comm->transport_req, env.transport, sizeof comm->transport_req);
 
   td_status st;
@@ -229,7 +232,7 @@ td_status td_comm_init_config(const td_comm_config *config, td_comm **out) {
         return abandon(comm, st);
       }
     }
-    st = store_connect(env.store, env.connect_timeout_s, &comm->store);
+    st = store_connect(env.store, tun.connect_timeout_s, &comm->store);
     if (st != TD_OK) {
       char why[512];
       td_error_copy(why, sizeof why);
@@ -239,7 +242,7 @@ td_status td_comm_init_config(const td_comm_config *config, td_comm **out) {
       return abandon(comm, st);
     }
   }
-  st = comm_setup(comm, env.connect_timeout_s);
+  st = comm_setup(comm, tun.connect_timeout_s);
   if (st != TD_OK) return abandon(comm, st);
   *out = comm;
   return TD_OK;
@@ -301,9 +304,10 @@ td_status td_comm_split(td_comm *comm, int color, int key, td_comm **out) {
     return td_error(TD_ERR_INVALID_USAGE, "td_comm_split: communicators nested too deeply (store prefix \"%s\" too long)",
                     comm->prefix);
   }
+  child->tun = comm->tun;
   child->timeout_s = comm->timeout_s;
   memcpy(child->transport_req, comm->transport_req, sizeof child->transport_req);
-  double connect_timeout_s = td_env_double("TANDEM_CONNECT_TIMEOUT", 60.0);
+  double connect_timeout_s = comm->tun.connect_timeout_s;
   if (child->size > 1) {
     st = store_connect(store_address(comm->store), connect_timeout_s, &child->store);
     if (st != TD_OK) return abandon(child, st);

@@ -18,7 +18,6 @@ typedef struct comm_env {
   int host_store_port;
   char job_id[128];           /* store namespace */
   char transport[8];          /* "auto", "shm", "tcp" */
-  double timeout_s, connect_timeout_s;
 } comm_env;
 
 /* Fill *env from config (may be NULL) and the environment. Bad values (a

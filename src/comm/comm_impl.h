@@ -47,7 +47,12 @@ typedef struct comm_op {
   const void *send; /* input (for broadcast: the buffer) */
   void *recv;       /* output (may equal send: in place) */
   size_t count;     /* elements, with the meaning documented in tandem/comm.h */
-  td_dtype dtype;
+  td_dtype dtype;   /* the elements the algorithm moves and combines */
+  /* The dtype the caller passed. It differs from dtype only while select.c
+   * runs an f16/bf16 reduction on f32 partial results; frame headers and
+   * messages carry user_dtype, so that a rank calling with f16 still
+   * mismatches one calling with f32 for the same count. */
+  td_dtype user_dtype;
   td_op redop;      /* reductions only */
   int root;         /* reduce/broadcast; -1 otherwise */
   int peer;         /* send/recv; -1 otherwise */
@@ -125,6 +130,37 @@ td_status shm_transport_create(td_comm *comm, transport **out);
 
 typedef struct comm_request_queue comm_request_queue; /* progress.c */
 
+/* ---- tunables (tunables.c) ----
+ * Every TANDEM_* setting the layer uses, read and checked once when a
+ * communicator is created. Unset byte sizes are COMM_TUN_UNSET and unset spin
+ * times negative: the file that uses one applies its own default
+ * (comm_tun_bytes). */
+#define COMM_TUN_UNSET ((size_t)-1)
+#define COMM_TUN_MAX_TIMEOUT_S 1e7 /* about 4 months: deadlines stay far from overflow */
+enum { COMM_ALGO_AUTO = 0, COMM_ALGO_RING, COMM_ALGO_RD, COMM_ALGO_SHM };
+typedef struct comm_tunables {
+  double timeout_s;          /* TANDEM_TIMEOUT (td_comm_config.timeout_s wins), default 300 */
+  double connect_timeout_s;  /* TANDEM_CONNECT_TIMEOUT, default 60 */
+  int allreduce_algo;        /* TANDEM_ALLREDUCE_ALGO: COMM_ALGO_* */
+  bool shm_collectives;      /* TANDEM_SHM_COLLECTIVES (default 1) */
+  bool shm_xmap;             /* TANDEM_SHM_XMAP (default 1) */
+  size_t rd_max_bytes;       /* TANDEM_RD_MAX_BYTES */
+  size_t ring_chunk_bytes;   /* TANDEM_RING_CHUNK_BYTES */
+  size_t bcast_chunk_bytes;  /* TANDEM_BCAST_CHUNK_BYTES (broadcast and reduce trees) */
+  size_t shm_fifo_bytes;     /* TANDEM_SHM_FIFO_BYTES */
+  size_t shm_slot_bytes;     /* TANDEM_SHM_SLOT_BYTES */
+  size_t shm_chunk_bytes;    /* TANDEM_SHM_CHUNK_BYTES */
+  size_t tcp_buffer_bytes;   /* TANDEM_TCP_BUFFER_BYTES (0: kernel autotuning) */
+  double shm_spin_us;        /* TANDEM_SHM_SPIN_US */
+  double tcp_spin_us;        /* TANDEM_TCP_SPIN_US */
+} comm_tunables;
+
+/* Fill *t from config (may be NULL) and the environment; a malformed or
+ * out-of-range value is TD_ERR_INVALID_ARGUMENT naming the variable. */
+td_status comm_tunables_read(const td_comm_config *config, comm_tunables *t);
+static inline size_t comm_tun_bytes(size_t value, size_t dflt) { return value == COMM_TUN_UNSET ? dflt : value; }
+static inline double comm_tun_spin_us(double value, double dflt) { return value < 0 ? dflt : value; }
+
 struct td_comm {
   int rank, size;
   int local_rank, local_size; /* among ranks with the same host identity */
@@ -159,7 +195,9 @@ struct td_comm {
   comm_request_queue *queue;
   bool finalized;
 
-  /* algorithm selection (select.c), read once from TANDEM_* at init */
+  comm_tunables tun;          /* TANDEM_* settings, read once at creation */
+
+  /* algorithm selection (select.c), from tun and the transport */
   int sel_allreduce;          /* forced allreduce algorithm, 0 = auto */
   size_t sel_rd_max_bytes;    /* auto: recursive doubling up to this size */
   bool sel_shm_collectives;   /* shm transport: use the *_shm algorithms */

@@ -124,11 +124,6 @@ td_status comm_env_detect(const td_comm_config *config, comm_env *env) {
                     tr);
   td_strlcpy(env->transport, tr, sizeof env->transport);
 
-  env->timeout_s = config && config->timeout_s > 0 ? config->timeout_s : td_env_double("TANDEM_TIMEOUT", 300.0);
-  if (!(env->timeout_s > 0)) env->timeout_s = 300.0;
-  env->connect_timeout_s = td_env_double("TANDEM_CONNECT_TIMEOUT", 60.0);
-  if (!(env->connect_timeout_s > 0)) env->connect_timeout_s = 60.0;
-
   /* Store address. A world of one never talks to a store. */
   if (env->size == 1) return TD_OK;
   const char *store = config && config->store && *config->store ? config->store : td_env_str("TANDEM_STORE", NULL);

@@ -28,7 +28,7 @@ void comm_hdr_fill(comm_hdr *h, const comm_op *op, int src_rank, uint64_t nbytes
   h->kind = (uint32_t)op->kind;
   h->seq = op->seq;
   h->count = op->count;
-  h->dtype = (int32_t)op->dtype;
+  h->dtype = (int32_t)op->user_dtype;
   h->redop = (int32_t)op->redop;
   h->root = op->root;
   h->src_rank = src_rank;
@@ -77,7 +77,7 @@ static void describe(char *buf, size_t size, uint32_t kind, uint64_t seq, uint64
 }
 
 void comm_op_describe(const comm_op *op, char *buf, size_t size) {
-  describe(buf, size, (uint32_t)op->kind, op->seq, op->count, (int)op->dtype, (int)op->redop, op->root,
+  describe(buf, size, (uint32_t)op->kind, op->seq, op->count, (int)op->user_dtype, (int)op->redop, op->root,
            op->kind == COMM_SEND ? "to" : "from", op->peer);
 }
 

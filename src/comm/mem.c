@@ -4,6 +4,10 @@
 
 td_status td_mem_alloc(size_t bytes, void **out) {
   if (!out) return td_error(TD_ERR_INVALID_ARGUMENT, "td_mem_alloc: out must not be NULL");
+  *out = NULL;
+  /* Rounding up to whole pages must not wrap around. */
+  if (bytes > SIZE_MAX / 2)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "td_mem_alloc: %zu bytes is more than the address space can hold", bytes);
   return net_hostmem_alloc(bytes, out);
 }
 

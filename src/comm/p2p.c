@@ -89,7 +89,7 @@ static td_status check_header(td_comm *comm, const comm_op *op, int peer, size_t
   comm_kind expected_kind = op->kind == COMM_RECV ? COMM_SEND : op->kind;
   char mine[256], theirs[256];
   if (h->magic == COMM_HDR_MAGIC && h->kind == (uint32_t)expected_kind && h->seq == op->seq &&
-      h->count == op->count && h->dtype == (int32_t)op->dtype && h->redop == (int32_t)op->redop &&
+      h->count == op->count && h->dtype == (int32_t)op->user_dtype && h->redop == (int32_t)op->redop &&
       h->root == op->root && h->src_rank == peer && h->nbytes == bytes)
     return TD_OK;
   comm_op_describe(op, mine, sizeof mine);
@@ -120,7 +120,7 @@ static td_status check_header(td_comm *comm, const comm_op *op, int peer, size_t
                      comm->rank, before, peer, theirs, fields);
   }
   if (h->kind == (uint32_t)expected_kind && h->seq == op->seq && h->count == op->count &&
-      h->dtype == (int32_t)op->dtype && h->redop == (int32_t)op->redop && h->root == op->root)
+      h->dtype == (int32_t)op->user_dtype && h->redop == (int32_t)op->redop && h->root == op->root)
     return comm_fail(comm, TD_ERR_MISMATCH,
                      "rank %d expected %zu payload bytes from rank %d in %s but got %llu: the ranks chose "
                      "different algorithms (do all ranks set the same TANDEM_* variables?)",
@@ -215,7 +215,7 @@ static td_status peek_bystanders(td_comm *comm, const comm_op *op, const int *re
     TD_CHECK(t->vtbl->try_peek(t, p, &h, sizeof h, &got));
     if (got < sizeof h || h.magic != COMM_HDR_MAGIC || h.kind == COMM_SEND || h.seq > op->seq) continue;
     if (h.seq == op->seq && h.kind == (uint32_t)op->kind && h.count == op->count &&
-        h.dtype == (int32_t)op->dtype && h.redop == (int32_t)op->redop && h.root == op->root)
+        h.dtype == (int32_t)op->user_dtype && h.redop == (int32_t)op->redop && h.root == op->root)
       continue;
     return report_frame_mismatch(comm, op, p, &h);
   }

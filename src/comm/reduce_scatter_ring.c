@@ -23,8 +23,8 @@
 
 #define RING_DEFAULT_CHUNK_BYTES ((size_t)256 << 10) /* as allreduce_ring.c */
 
-static size_t ring_chunk_elems(size_t elem_size) {
-  size_t elems = td_env_size("TANDEM_RING_CHUNK_BYTES", RING_DEFAULT_CHUNK_BYTES) / elem_size;
+static size_t ring_chunk_elems(const td_comm *comm, size_t elem_size) {
+  size_t elems = comm_tun_bytes(comm->tun.ring_chunk_bytes, RING_DEFAULT_CHUNK_BYTES) / elem_size;
   return elems ? elems : 1;
 }
 
@@ -46,7 +46,7 @@ td_status reduce_scatter_ring(td_comm *comm, const comm_op *op) {
     comm_copy_if_needed(op->recv, op->send, comm_op_bytes(op));
     return TD_OK;
   }
-  const size_t chunk = ring_chunk_elems(esz);
+  const size_t chunk = ring_chunk_elems(comm, esz);
   const size_t max_segment = (op->count + (size_t)n - 1) / (size_t)n;
   char *partial = td_alloc(TD_MAX(max_segment, 1) * esz);
   char *stage = td_alloc(TD_MAX(TD_MIN(chunk, max_segment), 1) * esz);

@@ -35,7 +35,7 @@ td_status reduce_tree(td_comm *comm, const comm_op *op) {
     comm_copy_if_needed(op->recv, op->send, comm_op_bytes(op));
     return TD_OK;
   }
-  size_t chunk = td_env_size("TANDEM_BCAST_CHUNK_BYTES", BCAST_DEFAULT_CHUNK_BYTES) / esz;
+  size_t chunk = comm_tun_bytes(comm->tun.bcast_chunk_bytes, BCAST_DEFAULT_CHUNK_BYTES) / esz;
   if (chunk == 0) chunk = 1;
   chunk = TD_MIN(chunk, TD_MAX(op->count, 1));
 

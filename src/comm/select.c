@@ -19,30 +19,25 @@
 
 #include <string.h>
 
-enum { ALGO_AUTO = 0, ALGO_RING, ALGO_RD, ALGO_SHM };
+#define ALGO_AUTO COMM_ALGO_AUTO
+#define ALGO_RING COMM_ALGO_RING
+#define ALGO_RD COMM_ALGO_RD
+#define ALGO_SHM COMM_ALGO_SHM
+
+/* Below this many bytes, recursive doubling's log2(n) steps beat the ring's
+ * 2(n-1) (TANDEM_RD_MAX_BYTES). */
+#define RD_DEFAULT_MAX_BYTES ((size_t)64 << 10)
 
 td_status comm_select_init(td_comm *comm) {
   bool on_shm = comm->xport_name && !strcmp(comm->xport_name, "shm");
-  comm->sel_shm_collectives = on_shm && td_env_long("TANDEM_SHM_COLLECTIVES", 1) != 0;
-  comm->sel_rd_max_bytes = td_env_size("TANDEM_RD_MAX_BYTES", 64 * 1024);
-  const char *algo = td_env_str("TANDEM_ALLREDUCE_ALGO", "auto");
-  if (!strcmp(algo, "auto")) {
-    comm->sel_allreduce = ALGO_AUTO;
-  } else if (!strcmp(algo, "ring")) {
-    comm->sel_allreduce = ALGO_RING;
-  } else if (!strcmp(algo, "rd")) {
-    comm->sel_allreduce = ALGO_RD;
-  } else if (!strcmp(algo, "shm")) {
-    /* A world of one runs no algorithm at all, so any choice is fine there. */
-    if (!on_shm && comm->size > 1)
-      return td_error(TD_ERR_INVALID_ARGUMENT, "TANDEM_ALLREDUCE_ALGO=shm needs the shm transport, but rank %d uses "
-                                               "%s: use ring, rd or auto",
-                      comm->rank, comm->xport_name);
-    comm->sel_allreduce = ALGO_SHM;
-  } else {
-    return td_error(TD_ERR_INVALID_ARGUMENT, "TANDEM_ALLREDUCE_ALGO=%s is not an algorithm: use auto, ring, rd or shm",
-                    algo);
-  }
+  comm->sel_shm_collectives = on_shm && comm->tun.shm_collectives;
+  comm->sel_rd_max_bytes = comm_tun_bytes(comm->tun.rd_max_bytes, RD_DEFAULT_MAX_BYTES);
+  comm->sel_allreduce = comm->tun.allreduce_algo;
+  /* A world of one runs no algorithm at all, so any choice is fine there. */
+  if (comm->sel_allreduce == ALGO_SHM && !on_shm && comm->size > 1)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "TANDEM_ALLREDUCE_ALGO=shm needs the shm transport, but rank %d uses "
+                                             "%s: use ring, rd or auto",
+                    comm->rank, comm->xport_name);
   return TD_OK;
 }
 
@@ -92,6 +87,50 @@ static void finish_avg(const td_comm *comm, const comm_op *op) {
   }
 }
 
+/* f16/bf16 reductions whose algorithm would round a partial result to the
+ * half type at every hop (ring, recursive doubling, tree, ring
+ * reduce-scatter) run on f32 partials instead: the input is widened into an
+ * f32 work buffer, the algorithm runs on f32, and the result is rounded to
+ * the half type once (TD_AVG divides in f32 first), so that "f16 and bf16 are
+ * accumulated in f32" holds on every path. The shm algorithms combine every
+ * rank's input in one pass (td_reduce_multi accumulates in f32 and rounds
+ * once), so only their TD_AVG comes here, to divide before the one rounding.
+ * MIN and MAX are exact in the half type and never come here. Cost: the
+ * f32 partials are twice the bytes of the half type on the wire (README). */
+static bool rounds_per_hop(comm_algo_fn algo) {
+  return algo == allreduce_ring || algo == allreduce_rd || algo == reduce_tree || algo == reduce_scatter_ring;
+}
+
+static bool needs_f32_partials(const comm_op *op, comm_algo_fn algo) {
+  if (op->dtype != TD_F16 && op->dtype != TD_BF16) return false;
+  if (op->kind != COMM_ALLREDUCE && op->kind != COMM_REDUCE && op->kind != COMM_REDUCE_SCATTER) return false;
+  if (op->redop == TD_AVG) return true;
+  return (op->redop == TD_SUM || op->redop == TD_PROD) && rounds_per_hop(algo);
+}
+
+static td_status execute_f32_partials(td_comm *comm, const comm_op *op, comm_algo_fn algo) {
+  if (op->count > SIZE_MAX / sizeof(float))
+    return comm_fail(comm, TD_ERR_INVALID_ARGUMENT, "rank %d: count %zu of %s is too large for f32 partial results",
+                     comm->rank, op->count, td_dtype_name(op->dtype));
+  float *work = td_alloc(op->count * sizeof(float));
+  if (!work)
+    return comm_fail(comm, TD_ERR_SYSTEM, "rank %d: out of memory for %zu bytes of f32 partial results (%s %s)",
+                     comm->rank, op->count * sizeof(float), td_dtype_name(op->dtype), comm_kind_name(op->kind));
+  td_reduce_half_to_f32(work, op->send, op->count, op->dtype);
+  comm_op wide = *op;
+  wide.dtype = TD_F32;
+  wide.send = work;
+  size_t offset = 0, len = op->count;
+  if (op->kind == COMM_REDUCE_SCATTER) td_shard_range(op->count, comm->size, comm->rank, &offset, &len);
+  wide.recv = work + offset; /* in place (reduce-scatter: this rank's shard of send) */
+  td_status st = algo(comm, &wide);
+  int divisor = op->redop == TD_AVG ? comm->size : 1;
+  if (st == TD_OK && (op->kind != COMM_REDUCE || comm->rank == op->root))
+    td_reduce_f32_to_half(op->recv, work + offset, len, op->dtype, divisor);
+  td_free(work);
+  return st;
+}
+
 td_status comm_execute(td_comm *comm, const comm_op *op) {
   td_status st = comm_status(comm);
   if (st != TD_OK) return st;
@@ -102,6 +141,10 @@ td_status comm_execute(td_comm *comm, const comm_op *op) {
   if (op->count == 0 && op->kind != COMM_BARRIER && op->kind != COMM_SEND && op->kind != COMM_RECV) return TD_OK;
   comm_algo_fn algo = pick(comm, op);
   if (!algo) return comm_fail(comm, TD_ERR_INTERNAL, "no algorithm for operation kind %d", (int)op->kind);
+  if (needs_f32_partials(op, algo)) {
+    TD_CHECK(execute_f32_partials(comm, op, algo));
+    return comm_status(comm);
+  }
   TD_CHECK(algo(comm, op));
   if (op->redop == TD_AVG && (op->kind == COMM_ALLREDUCE || op->kind == COMM_REDUCE ||
                               op->kind == COMM_REDUCE_SCATTER))

@@ -133,8 +133,9 @@ static void test_half_kernels_match_reference(void) {
     td_reduce_multi(out, one, 1, N, dt, TD_SUM); /* load + store round trip */
     for (uint32_t h = 0; h < N; h++) {
       float f = bf ? td_bf16_to_f32(all[h]) : td_f16_to_f32(all[h]);
-      if (f != f) continue; /* nan payloads may differ; nan-ness is checked below */
-      if (out[h] != all[h]) td_test_fail(__FILE__, __LINE__, "%s round trip %#x -> %#x", td_dtype_name(dt), all[h], out[h]);
+      /* a NaN comes back quiet with its payload (F16C's rule, scalar or not) */
+      uint16_t want = f != f ? (uint16_t)(all[h] | (bf ? 0x40 : 0x200)) : all[h];
+      if (out[h] != want) td_test_fail(__FILE__, __LINE__, "%s round trip %#x -> %#x", td_dtype_name(dt), all[h], out[h]);
     }
     /* Pairwise sums and products with rounding: a pseudo-random partner each. */
     uint64_t x = 88172645463325252ull;
@@ -149,11 +150,18 @@ static void test_half_kernels_match_reference(void) {
       for (uint32_t h = 0; h < N; h++) {
         float a = bf ? td_bf16_to_f32(all[h]) : td_f16_to_f32(all[h]);
         float b = bf ? td_bf16_to_f32(other[h]) : td_f16_to_f32(other[h]);
-        float r = op == TD_SUM ? a + b : op == TD_PROD ? a * b : op == TD_MIN ? (b < a ? b : a) : (b > a ? b : a);
+        float r = op == TD_SUM ? a + b : op == TD_PROD ? a * b : op == TD_MIN ? fminf(a, b) : fmaxf(a, b);
+        if ((op == TD_MIN || op == TD_MAX) && a == 0 && b == 0)
+          r = op == TD_MIN ? (signbit(a) ? a : b) : (signbit(a) ? b : a); /* -0 < +0 */
+        if (a != a || b != b) r = __builtin_nanf("");
         uint16_t want = bf ? td_f32_to_bf16(r) : td_f32_to_f16(r);
         float got_f = bf ? td_bf16_to_f32(out[h]) : td_f16_to_f32(out[h]);
         float want_f = bf ? td_bf16_to_f32(want) : td_f16_to_f32(want);
-        if (want_f != want_f) { CHECK(got_f != got_f); continue; }
+        if (want_f != want_f && (op == TD_MIN || op == TD_MAX)) { /* the canonical quiet NaN */
+          CHECK_EQ_INT(out[h], bf ? 0x7fc0 : 0x7e00);
+          continue;
+        }
+        if (want_f != want_f && (a != a || b != b)) { CHECK(got_f != got_f); continue; }
         if (out[h] != want)
           td_test_fail(__FILE__, __LINE__, "%s %s(%#x, %#x) = %#x, want %#x", td_dtype_name(dt),
                        td_op_name((td_op)op), all[h], other[h], out[h], want);
@@ -163,6 +171,87 @@ static void test_half_kernels_match_reference(void) {
   td_free(all);
   td_free(out);
   td_free(other);
+}
+
+/* Floating MIN/MAX: NaN propagates as the canonical quiet NaN, -0 < +0, and
+ * op(a, b) has the same bits as op(b, a) for every pair, on the vector and
+ * the scalar lanes (a count that is not a multiple of any vector width).
+ * Integer SUM/PROD wrap (closed form, computed here in unsigned). */
+static uint32_t f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static void test_minmax_nan_and_wrap(void) {
+  enum { N = 37 };
+  const float special[] = {0.0f, -0.0f, 1.0f, -1.0f, 2.5f, INFINITY, -INFINITY, NAN, -NAN, 1e-45f};
+  const int ns = (int)TD_ARRAY_SIZE(special);
+  uint32_t nan_payload = 0x7f812345u, neg_nan = 0xffc00001u;
+  float x[N], y[N], xy[N], yx[N];
+  for (int op = TD_MIN; op <= TD_MAX; op++) {
+    for (int i = 0; i < ns + 2; i++) {
+      for (int j = 0; j < ns + 2; j++) {
+        float a, b;
+        if (i < ns) a = special[i]; else memcpy(&a, i == ns ? &nan_payload : &neg_nan, 4);
+        if (j < ns) b = special[j]; else memcpy(&b, j == ns ? &nan_payload : &neg_nan, 4);
+        for (int k = 0; k < N; k++) { x[k] = a; y[k] = b; }
+        const void *s1[2] = {x, y}, *s2[2] = {y, x};
+        td_reduce_multi(xy, s1, 2, N, TD_F32, (td_op)op);
+        td_reduce_multi(yx, s2, 2, N, TD_F32, (td_op)op);
+        uint32_t want;
+        if (a != a || b != b) want = 0x7fc00000u;
+        else if (a == b) want = op == TD_MIN ? (f32_bits(a) | f32_bits(b)) : (f32_bits(a) & f32_bits(b));
+        else want = f32_bits(op == TD_MIN ? (a < b ? a : b) : (a > b ? a : b));
+        for (int k = 0; k < N; k++)
+          if (f32_bits(xy[k]) != want || f32_bits(yx[k]) != want)
+            td_test_fail(__FILE__, __LINE__, "f32 %s(%#x, %#x) lane %d: %#x / %#x, want %#x", td_op_name((td_op)op),
+                         f32_bits(a), f32_bits(b), k, f32_bits(xy[k]), f32_bits(yx[k]), want);
+        /* f64: the same rules on the same values */
+        double dx[N], dy[N], dxy[N], dyx[N];
+        for (int k = 0; k < N; k++) { dx[k] = a; dy[k] = b; }
+        const void *d1[2] = {dx, dy};
+        td_reduce_multi(dxy, d1, 2, N, TD_F64, (td_op)op);
+        td_reduce_inplace(dy, dx, N, TD_F64, (td_op)op); /* in place, the other order */
+        memcpy(dyx, dy, sizeof dyx);
+        for (int k = 0; k < N; k++) {
+          uint64_t u1, u2;
+          memcpy(&u1, &dxy[k], 8);
+          memcpy(&u2, &dyx[k], 8);
+          uint64_t w64;
+          if (a != a || b != b) w64 = 0x7ff8000000000000ull;
+          else { double w = op == TD_MIN ? (a < b ? a : b) : (a > b ? a : b);
+                 if (a == b) w = op == TD_MIN ? (signbit(a) ? (double)a : (double)b) : (signbit(a) ? (double)b : (double)a);
+                 memcpy(&w64, &w, 8); }
+          if (u1 != w64 || u2 != w64)
+            td_test_fail(__FILE__, __LINE__, "f64 %s(%g, %g) lane %d: %#llx / %#llx, want %#llx",
+                         td_op_name((td_op)op), a, b, k, (unsigned long long)u1, (unsigned long long)u2,
+                         (unsigned long long)w64);
+        }
+      }
+    }
+  }
+  /* Integer wrap: INT32_MAX + 1, INT32_MIN * -1, INT64_MAX + INT64_MAX, 255 + 1. */
+  int32_t i1[N], i2[N];
+  for (int k = 0; k < N; k++) { i1[k] = INT32_MAX; i2[k] = k + 1; }
+  td_reduce_inplace(i1, i2, N, TD_I32, TD_SUM);
+  for (int k = 0; k < N; k++) CHECK_EQ_INT(i1[k], (int32_t)(0x7fffffffu + (uint32_t)(k + 1)) );
+  CHECK_EQ_INT(i1[0], INT32_MIN);
+  for (int k = 0; k < N; k++) { i1[k] = INT32_MIN; i2[k] = -1; }
+  td_reduce_inplace(i1, i2, N, TD_I32, TD_PROD);
+  for (int k = 0; k < N; k++) CHECK_EQ_INT(i1[k], INT32_MIN);
+  int64_t l1[N], l2[N];
+  for (int k = 0; k < N; k++) { l1[k] = INT64_MAX; l2[k] = INT64_MAX - k; }
+  const void *ls[2] = {l1, l2};
+  td_reduce_multi(l1, ls, 2, N, TD_I64, TD_SUM);
+  for (int k = 0; k < N; k++) CHECK_EQ_INT(l1[k], -2 - k);
+  for (int k = 0; k < N; k++) { l1[k] = INT64_MAX; l2[k] = 3; }
+  td_reduce_inplace(l1, l2, N, TD_I64, TD_PROD);
+  for (int k = 0; k < N; k++) CHECK_EQ_INT(l1[k], INT64_MAX - 2); /* 3 * (2^63 - 1) mod 2^64 = 2^63 - 3 */
+  uint8_t u1[N], u2[N];
+  for (int k = 0; k < N; k++) { u1[k] = 255; u2[k] = (uint8_t)k; }
+  td_reduce_inplace(u1, u2, N, TD_U8, TD_SUM);
+  for (int k = 0; k < N; k++) CHECK_EQ_INT(u1[k], (k + 255) % 256);
+  /* Integer AVG: the wrapped sum divided with truncation toward zero. */
+  int32_t avg[2] = {INT32_MIN, -7};
+  td_reduce_scale(avg, 2, TD_I32, 3);
+  CHECK_EQ_INT(avg[0], INT32_MIN / 3);
+  CHECK_EQ_INT(avg[1], -2);
 }
 
 static void test_dtype_get_set(void) {
@@ -249,6 +338,7 @@ int main(void) {
   test_half_roundtrip();
   test_reduce_kernels();
   test_half_kernels_match_reference();
+  test_minmax_nan_and_wrap();
   test_dtype_get_set();
   test_shard();
   test_parse();

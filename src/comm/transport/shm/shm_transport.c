@@ -387,7 +387,7 @@ td_status shm_transport_create(td_comm *comm, transport **out) {
   t->rank = comm->rank;
   t->n = comm->size;
   t->spin = spin_allowed(comm->size);
-  t->spin_s = td_env_double("TANDEM_SHM_SPIN_US", SHM_DEFAULT_SPIN_US) * 1e-6;
+  t->spin_s = comm_tun_spin_us(comm->tun.shm_spin_us, SHM_DEFAULT_SPIN_US) * 1e-6;
   if (t->spin_s <= 0) t->spin = false;
 
   char key_seg[256], key_mapped[256], key_ready[256];
@@ -400,12 +400,28 @@ td_status shm_transport_create(td_comm *comm, transport **out) {
   if (t->rank == 0) {
     /* n(n-1) rings: keep their total within SHM_FIFO_BUDGET unless told. */
     size_t fifo_default = TD_MIN(SHM_DEFAULT_FIFO_BYTES, SHM_FIFO_BUDGET / ((size_t)t->n * (size_t)(t->n - 1) + 1));
-    t->fifo_bytes = round_up(TD_MAX(td_env_size("TANDEM_SHM_FIFO_BYTES", fifo_default), (size_t)4096), SHM_LINE);
-    t->slot_bytes = round_up(TD_MAX(td_env_size("TANDEM_SHM_SLOT_BYTES", SHM_DEFAULT_SLOT_BYTES), (size_t)4096),
+    t->fifo_bytes = round_up(TD_MAX(comm_tun_bytes(comm->tun.shm_fifo_bytes, fifo_default), (size_t)4096), SHM_LINE);
+    t->slot_bytes = round_up(TD_MAX(comm_tun_bytes(comm->tun.shm_slot_bytes, SHM_DEFAULT_SLOT_BYTES), (size_t)4096),
                              4096);
-    t->chunk_bytes = round_up(TD_MAX(td_env_size("TANDEM_SHM_CHUNK_BYTES", SHM_DEFAULT_CHUNK_BYTES), (size_t)4096),
+    t->chunk_bytes = round_up(TD_MAX(comm_tun_bytes(comm->tun.shm_chunk_bytes, SHM_DEFAULT_CHUNK_BYTES), (size_t)4096),
                               SHM_LINE);
     if (t->chunk_bytes > t->slot_bytes) t->chunk_bytes = t->slot_bytes;
+    /* The segment grows as n^2 FIFOs and 2n slots: with each size capped
+     * (tunables.c) only the rank count can make it overflow; check. */
+    size_t fifos, fifo_total, slots, layout_total;
+    if (__builtin_mul_overflow((size_t)t->n, (size_t)(t->n - 1), &fifos) ||
+        __builtin_mul_overflow(fifos, t->fifo_bytes + sizeof(shm_fifo) + SHM_LINE, &fifo_total) ||
+        __builtin_mul_overflow(2 * (size_t)t->n, t->slot_bytes + 5 * SHM_LINE + 4096, &slots) ||
+        __builtin_add_overflow(fifo_total, slots, &layout_total) || layout_total > SIZE_MAX / 2) {
+      st = td_error(TD_ERR_INVALID_ARGUMENT,
+                    "shm transport: %d ranks with %zu-byte FIFOs and %zu-byte slots do not fit in the address space: "
+                    "lower TANDEM_SHM_FIFO_BYTES / TANDEM_SHM_SLOT_BYTES",
+                    t->n, t->fifo_bytes, t->slot_bytes);
+      char msg[600];
+      snprintf(msg, sizeof msg, "!rank 0: %s", td_last_error());
+      (void)store_set_str(comm->store, key_seg, msg);
+      goto fail;
+    }
     size_t total = shm_layout(t, NULL);
     void *addr = NULL;
     st = net_shm_create(comm->prefix, total, t->name, sizeof t->name, &addr);

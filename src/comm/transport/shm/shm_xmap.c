@@ -24,7 +24,7 @@ bool shm_xmap(const td_comm *comm) {
 void shm_xmap_publish(shm_transport *t) {
   shm_seg_header *h = (shm_seg_header *)t->map;
   h->xmap = 0;
-  if (td_env_long("TANDEM_SHM_XMAP", 1) == 0 || t->n < 2) return;
+  if (!t->base.comm->tun.shm_xmap || t->n < 2) return;
   void *probe = NULL;
   if (net_hostmem_alloc(sizeof(uint64_t), &probe) != TD_OK) {
     TD_DEBUG("shm transport: no host-shared probe region: %s", td_last_error());

@@ -843,8 +843,7 @@ td_status tcp_transport_create(td_comm *comm, transport **out) {
   /* The rendezvous already saw every rank alive, so wiring is quick unless a
    * rank died since or cannot reach this address. The core reads the same
    * variable with the same default for the rendezvous. */
-  double timeout_s = td_env_double("TANDEM_CONNECT_TIMEOUT", 60.0);
-  if (timeout_s <= 0) timeout_s = 60.0;
+  double timeout_s = comm->tun.connect_timeout_s;
   double deadline = td_now() + timeout_s;
   uint64_t hash = prefix_hash(comm->prefix);
   TD_CHECK_GOTO(read_heartbeat_config(t), st, fail);
@@ -902,10 +901,10 @@ td_status tcp_transport_create(td_comm *comm, transport **out) {
 
   {
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    double spin_us = td_env_double("TANDEM_TCP_SPIN_US", TCP_DEFAULT_SPIN_US);
+    double spin_us = comm_tun_spin_us(comm->tun.tcp_spin_us, TCP_DEFAULT_SPIN_US);
     t->spin_ns = (spin_us > 0 && cpus >= comm->local_size) ? (uint64_t)(spin_us * 1e3) : 0;
   }
-  size_t buffer_bytes = td_env_size("TANDEM_TCP_BUFFER_BYTES", TCP_DEFAULT_BUFFER_BYTES);
+  size_t buffer_bytes = comm_tun_bytes(comm->tun.tcp_buffer_bytes, TCP_DEFAULT_BUFFER_BYTES);
   if (buffer_bytes > 0 && buffer_bytes < TCP_MIN_BUFFER_BYTES) {
     /* Said once per process, not once per communicator and rank. */
     static _Atomic int warned;
