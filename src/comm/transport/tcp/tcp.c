@@ -747,17 +747,14 @@ static td_status accept_peers(tcp_transport *t, int listen_fd, uint64_t hash, do
   return TD_OK;
 }
 
-/* TANDEM_HEARTBEAT_INTERVAL and TANDEM_HEARTBEAT_TIMEOUT, read once per
- * communicator. A timeout of 0 turns heartbeats off (a lost host is then
- * found through keepalive after about a minute, or TANDEM_TIMEOUT). */
+/* TANDEM_HEARTBEAT_INTERVAL and TANDEM_HEARTBEAT_TIMEOUT (each checked by
+ * tunables.c), with their defaults and the rule that ties them. A timeout
+ * of 0 turns heartbeats off (a lost host is then found through keepalive
+ * after about a minute, or TANDEM_TIMEOUT). */
 static td_status read_heartbeat_config(tcp_transport *t) {
-  t->hb_interval_s = td_env_double("TANDEM_HEARTBEAT_INTERVAL", TCP_DEFAULT_HEARTBEAT_INTERVAL_S);
-  t->hb_timeout_s = td_env_double("TANDEM_HEARTBEAT_TIMEOUT", TCP_DEFAULT_HEARTBEAT_TIMEOUT_S);
-  if (!(t->hb_timeout_s >= 0) || t->hb_timeout_s > 1e6)
-    return td_error(TD_ERR_INVALID_ARGUMENT,
-                    "TANDEM_HEARTBEAT_TIMEOUT=%g: give the seconds of silence after which a peer is lost (default "
-                    "%g), or 0 to turn heartbeats off",
-                    t->hb_timeout_s, TCP_DEFAULT_HEARTBEAT_TIMEOUT_S);
+  const comm_tunables *tun = &t->base.comm->tun;
+  t->hb_interval_s = tun->heartbeat_interval_s < 0 ? TCP_DEFAULT_HEARTBEAT_INTERVAL_S : tun->heartbeat_interval_s;
+  t->hb_timeout_s = tun->heartbeat_timeout_s < 0 ? TCP_DEFAULT_HEARTBEAT_TIMEOUT_S : tun->heartbeat_timeout_s;
   if (t->hb_timeout_s > 0 && !(t->hb_interval_s >= 0.01 && t->hb_interval_s * 2 <= t->hb_timeout_s))
     return td_error(TD_ERR_INVALID_ARGUMENT,
                     "TANDEM_HEARTBEAT_INTERVAL=%g with TANDEM_HEARTBEAT_TIMEOUT=%g: the interval must be at least "
