@@ -161,7 +161,7 @@ static int run_stop(td_comm *comm, int victim, double resume_s) {
     st = wait_for_failure(comm, timeout + 30.0);
   }
   double waited = ct_now() - t0;
-  expect_lost(comm, st, names, 1, waited, timeout - interval - 0.3, timeout + 2 * interval + 1.5);
+  expect_lost(comm, st, names, 1, waited, timeout - interval - 0.3, timeout + 2 * interval + 2.5);
   printf("heartbeat-stop survivor ok: rank %d (%s) failed after %.2f s: %s\n", g_rank, how, waited,
          td_comm_last_error(comm));
   fflush(stdout);

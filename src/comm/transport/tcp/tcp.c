@@ -264,6 +264,9 @@ static td_store *watcher_store(tcp_transport *t) {
     return NULL;
   }
   atomic_store(&t->watch_store, s);
+  /* Destroy may have looked for a connection to interrupt just before
+   * this one existed (it sets stopping first, then looks). */
+  if (atomic_load(&t->stopping)) return NULL;
   return s;
 }
 
@@ -519,9 +522,6 @@ static void declare_lost(tcp_transport *t, int lost, double now) {
   break_late_store_request(t);
 }
 
-/* One heartbeat tick: send beats (saying whether this communicator has
- * failed), drain those that arrived, and, once wiring is done and while
- * the communicator is healthy, act on what they say. */
 /* Said once per communicator, a timeout after wiring: peers whose beats
  * never came (UDP filtered between the hosts?) are not watched. */
 static void warn_never_beat(tcp_transport *t) {
@@ -536,6 +536,9 @@ static void warn_never_beat(tcp_transport *t) {
           t->rank, first, t->peers[first].addr, more, t->hb_timeout_s);
 }
 
+/* One heartbeat tick: send beats (saying whether this communicator has
+ * failed), drain those that arrived, and, once wiring is done and while
+ * the communicator is healthy, act on what they say. */
 static void watcher_tick(tcp_transport *t, double *last_tick, bool *armed_seen) {
   td_comm *comm = t->base.comm;
   bool failed = comm_status(comm) != TD_OK || atomic_load(&t->aborted);
@@ -763,12 +766,14 @@ static td_status read_heartbeat_config(tcp_transport *t) {
   return TD_OK;
 }
 
-/* Listen for peers, and open the heartbeat socket on the same address and
- * port number (UDP), so that the published TCP address is also where beats
- * go. Listens again in the rare case that the port is taken for UDP. */
-static td_status listen_beside_heartbeat(tcp_transport *t, uint64_t hash, int *listen_fd, int *port) {
+/* Listen for peers on host (NULL: every interface), and open the heartbeat
+ * socket on the same address and port number (UDP), so that the published
+ * TCP address is also where beats go. Listens again in the rare case that
+ * the port is taken for UDP. */
+static td_status listen_beside_heartbeat(tcp_transport *t, const char *host, uint64_t hash, int *listen_fd,
+                                         int *port) {
   for (int attempt = 1;; attempt++) {
-    TD_CHECK(net_listen(NULL, 0, t->size + 16, listen_fd, port));
+    TD_CHECK(net_listen(host, 0, t->size + 16, listen_fd, port));
     if (t->hb_timeout_s <= 0) return TD_OK;
     bool port_taken = false;
     td_status st = heartbeat_open(*listen_fd, t->rank, t->size, hash, &t->hb, &port_taken);
@@ -847,7 +852,7 @@ td_status tcp_transport_create(td_comm *comm, transport **out) {
 
   /* Listen and publish. */
   int port = 0;
-  TD_CHECK_GOTO(listen_beside_heartbeat(t, hash, &listen_fd, &port), st, fail);
+  TD_CHECK_GOTO(listen_beside_heartbeat(t, NULL, hash, &listen_fd, &port), st, fail);
   char host[64];
   TD_CHECK_GOTO(net_local_address(host, sizeof host), st, fail);
   snprintf(t->peers[t->rank].addr, sizeof t->peers[t->rank].addr, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host,
