@@ -52,8 +52,11 @@ for ((r = 0; r < n; r++)); do
   done
 done
 sleep 0.5 # blocked: well inside the allreduces by now
+# The time is taken before the cut, so the latency the ranks measure from
+# it is never less than the true one; the file appears after the cut.
+awk '{print $1}' /proc/uptime >"$tmp/cut.new"
 netns_cut b "$cut"
-awk '{print $1}' /proc/uptime >"$tmp/cut.new" && mv "$tmp/cut.new" "$tmp/cut"
+mv "$tmp/cut.new" "$tmp/cut"
 echo "deadhost: cut ($cut) the link of host b at boot time $(cat "$tmp/cut") s"
 
 # Nothing may hang: every rank exits within the bound (plus start-up slack).
