@@ -7,7 +7,11 @@
 #   OpenBLAS (libopenblas-dev): fast matrix products in src/nn (portable loops otherwise)
 #   cJSON    (libcjson-dev):    the training config file (src/train)
 #   zlib     (zlib1g-dev):      gzip'd Fashion-MNIST IDX files (src/nn data loader)
-# The core (src/base, src/net, src/comm) needs only libc and pthreads.
+# Required: libsodium (libsodium-dev) for the core's connection authentication
+# (src/net/auth.c: HMAC-SHA-256 challenge-response on every store and TCP
+# connection). It is not optional: without it a job could not keep strangers
+# out, so the build stops with the package to install. Otherwise the core
+# (src/base, src/net, src/comm) needs only libc and pthreads.
 
 BUILD   ?= build
 SAN     ?= 0
@@ -28,8 +32,16 @@ HAVE_OPENBLAS := $(shell $(PKG) --exists openblas 2>/dev/null && echo 1 || echo 
 HAVE_CJSON    := $(shell $(PKG) --exists libcjson 2>/dev/null && echo 1 || echo 0)
 HAVE_ZLIB     := $(shell $(PKG) --exists zlib 2>/dev/null && echo 1 || echo 0)
 
-OPT_CFLAGS :=
-OPT_LIBS   :=
+HAVE_SODIUM   := $(shell $(PKG) --exists libsodium 2>/dev/null && echo 1 || echo 0)
+# `make test` and `make demo` install it first (deps), then build in a sub-make.
+ifneq ($(HAVE_SODIUM),1)
+ifeq ($(filter deps clean test demo,$(MAKECMDGOALS)),)
+$(error libsodium not found (required: it authenticates every connection of a job). apt-get install libsodium-dev, or run scripts/install-deps as root)
+endif
+endif
+
+OPT_CFLAGS := $(shell $(PKG) --cflags libsodium 2>/dev/null)
+OPT_LIBS   := $(shell $(PKG) --libs libsodium 2>/dev/null)
 ifeq ($(HAVE_OPENBLAS),1)
 OPT_CFLAGS += -DTD_HAVE_OPENBLAS=1 $(shell $(PKG) --cflags openblas)
 OPT_LIBS   += $(shell $(PKG) --libs openblas)

@@ -80,8 +80,8 @@ static double app_parse_double(const char *flag, const char *text, double min, d
 }
 
 /* ---- the flags both programs take ----
- * --config, --metrics, --save, --resume, --micro-batch, --seed, --lr and
- * --threads mean the same in train-gpt and train-fmnist; each program parses
+ * --config, --metrics, --save, --resume, --keep-last, --micro-batch, --seed,
+ * --lr and --threads mean the same in train-gpt and train-fmnist; each program parses
  * its own flags around these. */
 typedef struct app_common_options {
   const char *config_path;
@@ -90,13 +90,14 @@ typedef struct app_common_options {
   const char *resume_dir;
   long micro_batch; /* -1: not given */
   long threads;     /* -1: not given */
+  long keep_last;   /* -1: not given */
   long long seed;   /* -1: not given */
   double lr;        /* < 0: not given */
 } app_common_options;
 
 static void app_common_init(app_common_options *c) {
   memset(c, 0, sizeof *c);
-  c->micro_batch = c->threads = -1;
+  c->micro_batch = c->threads = c->keep_last = -1;
   c->seed = -1;
   c->lr = -1;
 }
@@ -109,6 +110,7 @@ static int app_common_flag(int argc, char **argv, int *i, app_common_options *c)
   else if ((v = app_flag_value(argc, argv, i, "--metrics"))) c->metrics_path = v;
   else if ((v = app_flag_value(argc, argv, i, "--save"))) c->save_dir = v;
   else if ((v = app_flag_value(argc, argv, i, "--resume"))) c->resume_dir = v;
+  else if ((v = app_flag_value(argc, argv, i, "--keep-last"))) c->keep_last = app_parse_long("--keep-last", v, 0, 1 << 30);
   else if ((v = app_flag_value(argc, argv, i, "--micro-batch"))) c->micro_batch = app_parse_long("--micro-batch", v, 1, 1 << 20);
   else if ((v = app_flag_value(argc, argv, i, "--seed"))) c->seed = app_parse_long("--seed", v, 0, 1L << 62);
   else if ((v = app_flag_value(argc, argv, i, "--lr"))) c->lr = app_parse_double("--lr", v, 0, 10);
@@ -129,6 +131,7 @@ static void app_config_apply(const app_common_options *c, td_train_config *cfg) 
   if (c->seed >= 0) cfg->seed = (uint64_t)c->seed;
   if (c->lr >= 0) cfg->optimizer.lr = (float)c->lr;
   if (c->threads >= 0) cfg->threads = (int)c->threads;
+  if (c->keep_last >= 0) cfg->keep_last = (int)c->keep_last;
   if (c->save_dir) snprintf(cfg->checkpoint_dir, sizeof cfg->checkpoint_dir, "%s", c->save_dir);
 }
 

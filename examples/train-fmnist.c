@@ -37,6 +37,7 @@ static void usage(void) {
       "  --metrics FILE     one JSON object per step (and per evaluation) to FILE (rank 0)\n"
       "  --save DIR         checkpoint into DIR after every epoch and at the end\n"
       "  --resume DIR       continue from the checkpoint in DIR\n"
+      "  --keep-last K      keep only the K newest checkpoints in the --save DIR (default: all)\n"
       "  --help             this text\n"
       "\n"
       "Environment: TANDEM_PROGRESS=auto|live|plain|off, TANDEM_TIMELINE=FILE (Chrome trace).\n",

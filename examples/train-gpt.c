@@ -45,6 +45,7 @@ static void usage(void) {
       "  --save DIR         write a checkpoint to DIR at the end (and every --save-every steps)\n"
       "  --save-every N     checkpoint period in steps (needs --save)\n"
       "  --resume DIR       continue from the checkpoint in DIR (its 'latest', or a step-N dir)\n"
+      "  --keep-last K      keep only the K newest checkpoints in the --save DIR (default: all)\n"
       "  --sample N         bytes of text to generate at the end (default %d; 0: none)\n"
       "  --help             this text\n"
       "\n"

@@ -396,7 +396,9 @@ static void print_preamble(const bench_opts *o, td_comm *comm, int argc, char **
   for (char **e = environ; *e; e++) {
     if (strncmp(*e, "TANDEM_", 7)) continue;
     static const char *skip[] = {"TANDEM_RANK=", "TANDEM_LOCAL_RANK=", "TANDEM_WORLD_SIZE=", "TANDEM_LOCAL_SIZE=",
-                                 "TANDEM_STORE=", "TANDEM_JOB_ID="};
+                                 "TANDEM_STORE=", "TANDEM_JOB_ID=",
+                                 /* never into a log: the job's secret */
+                                 "TANDEM_SECRET=", "TANDEM_SECRET_FILE="};
     int skipped = 0;
     for (size_t k = 0; k < TD_ARRAY_SIZE(skip); k++)
       if (!strncmp(*e, skip[k], strlen(skip[k]))) skipped = 1;

@@ -22,7 +22,15 @@
  * (so that its children are signalled too) and with a parent-death signal (so
  * that a killed tandemrun does not leave orphans). Remote hosts are started
  * with $TANDEM_SSH (default "ssh -o BatchMode=yes") HOST 'cd CWD && exec env
- * VARS PROGRAM ARGS'. Ranks fill hosts slot by slot, in the order given. */
+ * VARS PROGRAM ARGS'. Ranks fill hosts slot by slot, in the order given.
+ *
+ * The job's secret (net.h, "authentication"): unless TANDEM_SECRET or
+ * TANDEM_SECRET_FILE is already set, tandemrun draws 256 bits from
+ * getrandom() and puts them, hex-encoded, in TANDEM_SECRET, which local
+ * workers inherit. Remote workers get it on ssh's stdin (the remote command
+ * reads it into its own environment first), never in the command line that
+ * ps and ssh logs show; a user-given TANDEM_SECRET_FILE is passed by path
+ * (the file must then exist on every host). */
 #include "net/net.h"
 
 #include <fcntl.h>
@@ -35,6 +43,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/random.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -415,7 +424,10 @@ static bool env_is_ours(const char *entry) {
 }
 
 /* Variables worth carrying to a remote host. */
+static bool env_is_secret(const char *entry) { return strncmp(entry, "TANDEM_SECRET=", 14) == 0; }
+
 static bool env_is_forwarded(const char *entry) {
+  if (env_is_secret(entry)) return false; /* it goes on stdin */
   static const char *prefixes[] = {"TANDEM_", "OMP_", "OPENBLAS_", "ASAN_OPTIONS=", "UBSAN_OPTIONS=",
                                    "LSAN_OPTIONS=", "PATH=", "LD_LIBRARY_PATH=", "PYTHONPATH="};
   if (strncmp(entry, "TANDEM_SSH=", 11) == 0) return false;
@@ -502,6 +514,7 @@ static void worker_vars(const job *j, const worker *w, str_list *vars) {
  * a store thread, so the child must not touch locks such as malloc's. */
 static bool start_worker(job *j, worker *w) {
   str_list vars = {0}, env = {0}, args = {0};
+  bool send_secret = false;
   worker_vars(j, w, &vars);
   const char *exec_path;
   if (w->host->local) {
@@ -511,8 +524,10 @@ static bool start_worker(job *j, worker *w) {
     for (char **a = j->opt.argv; *a; a++) list_push(&args, xstrdup(*a));
     exec_path = j->opt.program_path;
   } else {
-    /* ssh HOST 'cd CWD && exec env VARS PROGRAM ARGS' */
-    for (char **e = environ; *e; e++) list_push(&env, xstrdup(*e));
+    /* ssh HOST 'cd CWD && exec env VARS PROGRAM ARGS'; the secret is read
+     * from stdin first. ssh itself does not need the secret. */
+    for (char **e = environ; *e; e++)
+      if (!env_is_secret(*e)) list_push(&env, xstrdup(*e));
     char *ssh = xstrdup(td_env_str("TANDEM_SSH", "ssh -o BatchMode=yes"));
     char *save = NULL;
     for (char *t = strtok_r(ssh, " \t", &save); t; t = strtok_r(NULL, " \t", &save)) list_push(&args, xstrdup(t));
@@ -522,7 +537,10 @@ static bool start_worker(job *j, worker *w) {
     char cwd[PATH_MAX];
     if (!getcwd(cwd, sizeof cwd)) strcpy(cwd, ".");
     char *q = shell_quote(cwd);
-    char *cmd = xasprintf("cd %s && exec env", q);
+    send_secret = getenv("TANDEM_SECRET") != NULL;
+    char *cmd = xasprintf(send_secret ? "cd %s && IFS= read -r TANDEM_SECRET && export TANDEM_SECRET && exec env"
+                                      : "cd %s && exec env",
+                          q);
     free(q);
     str_list remote_vars = {0};
     for (char **e = environ; *e; e++)
@@ -556,6 +574,17 @@ static bool start_worker(job *j, worker *w) {
     return false;
   }
   int devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  int secret_pipe[2] = {-1, -1};
+  if (send_secret && pipe2(secret_pipe, O_CLOEXEC) != 0) {
+    fprintf(stderr, "tandemrun: cannot create a pipe for rank %d: %s\n", w->rank, strerror(errno));
+    close(out_pipe[0]), close(out_pipe[1]), close(err_pipe[0]), close(err_pipe[1]);
+    close(exec_pipe[0]), close(exec_pipe[1]);
+    if (devnull >= 0) close(devnull);
+    list_free(&vars);
+    list_free(&env);
+    list_free(&args);
+    return false;
+  }
   pid_t parent = getpid();
   pid_t pid = fork();
   if (pid == 0) {
@@ -570,7 +599,10 @@ static bool start_worker(job *j, worker *w) {
     sigemptyset(&none);
     sigaction(SIGPIPE, &original_sigpipe, NULL);
     sigprocmask(SIG_SETMASK, &none, NULL);
-    if (devnull >= 0) dup2(devnull, 0);
+    if (secret_pipe[0] >= 0)
+      dup2(secret_pipe[0], 0);
+    else if (devnull >= 0)
+      dup2(devnull, 0);
     dup2(out_pipe[1], 1);
     dup2(err_pipe[1], 2);
     if (exec_path)
@@ -584,6 +616,20 @@ static bool start_worker(job *j, worker *w) {
   }
   int fork_errno = errno;
   if (devnull >= 0) close(devnull);
+  if (secret_pipe[0] >= 0) {
+    close(secret_pipe[0]);
+    if (pid > 0) {
+      /* One short line into an empty pipe: it never blocks. ssh forwards
+       * it and then EOF to the remote shell's read. */
+      const char *secret = getenv("TANDEM_SECRET");
+      size_t len = strlen(secret);
+      ssize_t wr;
+      TD_SYSCALL_RETRY(wr, write(secret_pipe[1], secret, len));
+      if (wr == (ssize_t)len) TD_SYSCALL_RETRY(wr, write(secret_pipe[1], "\n", 1));
+      if (wr < 0) fprintf(stderr, "tandemrun: cannot pass the job secret to rank %d: %s\n", w->rank, strerror(errno));
+    }
+    close(secret_pipe[1]);
+  }
   close(out_pipe[1]);
   close(err_pipe[1]);
   close(exec_pipe[1]);
@@ -790,13 +836,43 @@ static int run_job(job *j) {
    * instead of lingering as zombies under a container's init. */
   (void)prctl(PR_SET_CHILD_SUBREAPER, 1);
 
-  td_status st = store_server_start(all_local ? "127.0.0.1" : "0.0.0.0", 0, &j->store);
+  /* The job's secret, before anything listens (see the file header). */
+  if (!getenv("TANDEM_SECRET") && !td_env_str("TANDEM_SECRET_FILE", NULL)) {
+    unsigned char random[32];
+    size_t got = 0;
+    while (got < sizeof random) {
+      ssize_t n = getrandom(random + got, sizeof random - got, 0);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        fprintf(stderr, "tandemrun: cannot draw the job secret from getrandom(): %s\n", strerror(errno));
+        return 1;
+      }
+      got += (size_t)n;
+    }
+    char hex[2 * sizeof random + 1];
+    for (size_t i = 0; i < sizeof random; i++) snprintf(hex + 2 * i, 3, "%02x", random[i]);
+    setenv("TANDEM_SECRET", hex, 1);
+    memset(random, 0, sizeof random);
+    memset(hex, 0, sizeof hex);
+  }
+  td_status st = net_auth_init();
+  if (st != TD_OK) {
+    fprintf(stderr, "tandemrun: %s\n", td_last_error());
+    return 1;
+  }
+
+  /* Loopback when every rank is here; else the address remote ranks dial
+   * (TANDEM_HOST_ADDR, TANDEM_IFACE's, or the first non-loopback one). */
+  char host_addr[256] = "127.0.0.1";
+  if (!all_local && net_local_address(host_addr, sizeof host_addr) != TD_OK) {
+    fprintf(stderr, "tandemrun: %s\n", td_last_error());
+    return 1;
+  }
+  st = store_server_start(host_addr, 0, &j->store);
   if (st != TD_OK) {
     fprintf(stderr, "tandemrun: cannot start the rendezvous store: %s\n", td_last_error());
     return 1;
   }
-  char host_addr[256] = "127.0.0.1";
-  if (!all_local) net_local_address(host_addr, sizeof host_addr);
   if (strchr(host_addr, ':'))
     snprintf(j->store_addr, sizeof j->store_addr, "[%s]:%d", host_addr, store_server_port(j->store));
   else

@@ -65,6 +65,12 @@ struct td_model {
   const td_param_tensor *tensors; /* in arena order */
   size_t input_bytes;             /* bytes of one sample's input */
   size_t targets_per_sample;      /* int32 targets per sample (T for the GPT, 1 for the CNN) */
+  /* The model's shape as space-separated "key=value" pairs, e.g. "vocab=256
+   * layers=2 channels=64 heads=4 seq=64 tied=0". Checkpoints record it and
+   * refuse to resume onto a model whose pairs differ, naming each difference
+   * (the tensor table alone misses shape-preserving changes such as the
+   * number of heads). NULL: not recorded. */
+  const char *config;
 };
 
 /* Fill the parameter arena with the model's initial values, deterministically
@@ -105,8 +111,13 @@ struct td_dataset {
   size_t n_samples;
   size_t input_bytes;        /* bytes of one sample's input */
   size_t targets_per_sample; /* int32 targets per sample */
-  /* Copy sample `index` into input (input_bytes) and targets. */
-  void (*get)(const td_dataset *ds, size_t index, void *input, int32_t *targets);
+  /* Copy sample `index` (< n_samples) into input (input_bytes) and targets.
+   * Returns TD_OK, or, when the sample cannot be delivered (a read error, a
+   * corrupt record, an index out of range, no memory), an error status with
+   * the reason in td_last_error() naming the sample and the file or record.
+   * The training engine then fails the step on every rank with that reason
+   * and updates nothing. Called from the training thread only. */
+  td_status (*get)(const td_dataset *ds, size_t index, void *input, int32_t *targets);
   void (*destroy)(td_dataset *ds);
   void *impl;
 };

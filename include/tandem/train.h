@@ -90,6 +90,8 @@ typedef struct td_train_config {
   int steps_per_print;       /* for the caller's progress display (the engine does not print) */
   char checkpoint_dir[512];  /* where td_trainer_step saves every checkpoint_every steps ("" : never) */
   long checkpoint_every;     /* steps between automatic checkpoints (0: never) */
+  int keep_last;             /* after each successful save, keep only this many newest checkpoints in the
+                              * directory, always including the one `latest` names (0: keep all) */
 } td_train_config;
 
 /* Defaults: AdamW lr 3e-4, betas (0.9, 0.999), eps 1e-8, weight decay 0;
@@ -110,7 +112,7 @@ void td_train_config_defaults(td_train_config *cfg);
  *   scheduler: {type: "WarmupLR"|"WarmupCosineLR"|"WarmupDecayLR"|"Constant",
  *               params: {warmup_num_steps, total_num_steps, warmup_min_lr,
  *                        warmup_max_lr, warmup_min_ratio, cos_min_ratio}},
- *   checkpoint: {save_dir, save_every};
+ *   checkpoint: {save_dir, save_every, keep_last};
  *   fp16, bf16 {enabled: false} and zero_optimization {stage: 0} are accepted
  *   (so that existing ds_config files load) and refused when switched on.
  * ("Adam" means AdamW, as DeepSpeed's default adam_w_mode does.) Unknown keys,
@@ -122,6 +124,9 @@ void td_train_config_defaults(td_train_config *cfg);
 td_status td_train_config_load_json(const char *path, td_train_config *cfg);
 /* The same from a string in memory; `source` names it in messages. */
 td_status td_train_config_parse_json(const char *text, const char *source, td_train_config *cfg);
+/* The same from `len` bytes at `data`, which need not be NUL-terminated (a
+ * NUL byte inside is an error). No file I/O: the fuzzing entry point. */
+td_status td_train_config_parse_json_buffer(const char *data, size_t len, const char *source, td_train_config *cfg);
 
 /* Fill in derived batch sizes for `world_size` ranks and check the whole
  * config: G must equal micro x accum x world ("train_batch_size 64 != 8
@@ -178,8 +183,18 @@ void td_trainer_destroy(td_trainer *trainer); /* accepts NULL; does not communic
  * bucketed gradient averaging overlapped with the last backward, clipping,
  * schedule and optimizer update. If cfg.checkpoint_dir and checkpoint_every
  * are set and the step count is a multiple of checkpoint_every, also saves a
- * checkpoint (stats->saved = 1). Collective. stats may be NULL. On a
- * communication error the trainer is unusable (destroy it). */
+ * checkpoint (stats->saved = 1). Collective. stats may be NULL.
+ *
+ * A local failure on any rank (the model's prepare fails, the dataset's get
+ * returns an error, the forward returns a NaN loss) fails the step on EVERY
+ * rank: the ranks agree on it in the loss reduction, before any gradient is
+ * exchanged, and every rank returns the failing rank's status with a message
+ * naming that rank, the step, micro-step and sample, and its reason ("rank 3
+ * failed (I/O error): step 2, micro-step 0: the dataset could not deliver
+ * sample 90: ..."). Parameters, optimizer state, the step count and the
+ * sampler position are then unchanged and nothing is saved; the trainer
+ * stays usable (the step may be retried). On a communication error the
+ * trainer is unusable (destroy it). */
 td_status td_trainer_step(td_trainer *trainer, td_step_stats *stats);
 
 /* Mean loss and accuracy of the current parameters over `dataset` (or its
@@ -190,22 +205,29 @@ td_status td_trainer_step(td_trainer *trainer, td_step_stats *stats);
 td_status td_trainer_evaluate(td_trainer *trainer, td_dataset *dataset, size_t max_samples, double *loss_out,
                               double *accuracy_out);
 
-/* Save a checkpoint of the current state into root_dir/step-N (N = steps done)
- * and point root_dir/latest at it. Every rank writes its shard of the
- * parameters and optimizer state (td_shard_range over the arenas); rank 0
- * writes the manifest (format version, world size, step, model kind, size and
+/* Save a checkpoint of the current state into root_dir/step-N (N = steps
+ * done; step-N.1, step-N.2, ... if step-N exists) and point root_dir/latest
+ * at it. Every rank writes its shard of the parameters and optimizer state
+ * (td_shard_range over the arenas); rank 0 writes the manifest (format
+ * version, world size, step, model kind, shape (td_model.config), size and
  * tensor table, seed and sampler position, config essentials, each shard's
- * size and CRC-32). Written into step-N.tmp, fsync'd, renamed after a
- * barrier, and `latest` replaced atomically: a crash mid-write leaves the
- * previous checkpoint intact. root_dir must be on a file system every rank
- * sees. Collective. */
+ * size and CRC-32). Crash safety: everything goes into a fresh temporary
+ * directory, is fsync'd, renamed to an unused name, and `latest` is replaced
+ * atomically; older copies of the step and what cfg.keep_last prunes are
+ * removed only after that. Whatever instant the process dies, `latest`
+ * names a complete checkpoint. root_dir must be one directory every rank
+ * sees (a shared file system across hosts): every rank checks that it sees
+ * the directory rank 0 created, and the save fails on every rank, naming the
+ * rank, if one does not. Collective. */
 td_status td_trainer_save(td_trainer *trainer, const char *root_dir);
 
 /* Load a checkpoint: `path` is a root dir (its `latest` is followed) or one
  * step-N directory. Checks the manifest (format, model kind, parameter count
  * and tensor table, optimizer kind) and every shard's size and CRC-32; a
  * truncated or corrupt checkpoint is refused with TD_ERR_IO naming the file
- * and what is wrong, and the trainer is left unchanged. The world size may
+ * and what is wrong; one of another model shape (td_model.config: "heads: 2
+ * in the checkpoint, 4 in this run") or optimizer with
+ * TD_ERR_INVALID_ARGUMENT; the trainer is then left unchanged. The world size may
  * differ from the one that saved (shards are reassembled). Continues exactly:
  * the next td_trainer_step takes the same samples and gives the same loss as
  * the uninterrupted run. Collective (every rank reads; a failure on any rank

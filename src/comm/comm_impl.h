@@ -123,6 +123,20 @@ struct transport {
 
 /* Constructors; each does its own wiring through comm->store under
  * comm->prefix and returns when connected to every peer. */
+/* For tests that act on a half-built job (tests/net/test_security.c): if
+ * TANDEM_TEST_TRANSPORT_GATE_FD names a descriptor, a rank reads one byte
+ * (or EOF) from it after the rendezvous and before it connects to its TCP
+ * peers or maps rank 0's segment. Unset, it costs one getenv per transport. */
+#include <unistd.h>
+static inline void transport_test_gate(void) {
+  long fd = td_env_long("TANDEM_TEST_TRANSPORT_GATE_FD", -1);
+  if (fd < 0) return;
+  char byte;
+  ssize_t n;
+  TD_SYSCALL_RETRY(n, read((int)fd, &byte, 1));
+  (void)n;
+}
+
 td_status tcp_transport_create(td_comm *comm, transport **out);
 td_status shm_transport_create(td_comm *comm, transport **out);
 

@@ -144,12 +144,14 @@ td_status comm_env_detect(const td_comm_config *config, comm_env *env) {
     TD_CHECK(net_parse_addr(addr, host, sizeof host, &port));
     if (env->rank == 0) {
       env->host_store = true;
-      td_strlcpy(env->host_store_bind, "0.0.0.0", sizeof env->host_store_bind);
+      /* Bound to MASTER_ADDR itself, not 0.0.0.0: only that interface is
+       * exposed (and without a job secret only loopback is allowed). */
+      td_strlcpy(env->host_store_bind, host, sizeof env->host_store_bind);
       env->host_store_port = port;
-      snprintf(env->store, sizeof env->store, "127.0.0.1:%d", port);
-    } else {
-      td_strlcpy(env->store, addr, sizeof env->store);
     }
+    /* Rank 0 too dials MASTER_ADDR: the store listens only there, so
+     * 127.0.0.1 reaches it only when MASTER_ADDR is loopback. */
+    td_strlcpy(env->store, addr, sizeof env->store);
     return TD_OK;
   }
   /* Another launcher (mpirun, srun) without a store: rank 0 hosts one on

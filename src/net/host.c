@@ -12,12 +12,33 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+td_status net_iface_address(const char *name, char *buf, size_t size) {
+  struct ifaddrs *list = NULL;
+  if (getifaddrs(&list) != 0) return td_error_errno("cannot list the network interfaces (TANDEM_IFACE=%s)", name);
+  bool exists = false;
+  for (struct ifaddrs *ifa = list; ifa; ifa = ifa->ifa_next) {
+    if (strcmp(ifa->ifa_name, name) != 0) continue;
+    exists = true;
+    if (!ifa->ifa_addr || ifa->ifa_addr->sa_family != AF_INET || !(ifa->ifa_flags & IFF_UP)) continue;
+    char text[INET_ADDRSTRLEN];
+    if (!inet_ntop(AF_INET, &((struct sockaddr_in *)ifa->ifa_addr)->sin_addr, text, sizeof text)) continue;
+    td_strlcpy(buf, text, size);
+    freeifaddrs(list);
+    return TD_OK;
+  }
+  freeifaddrs(list);
+  return td_error(TD_ERR_INVALID_ARGUMENT, "TANDEM_IFACE=%s: %s", name,
+                  exists ? "the interface is down or has no IPv4 address" : "no such network interface");
+}
+
 td_status net_local_address(char *buf, size_t size) {
   const char *forced = td_env_str("TANDEM_HOST_ADDR", NULL);
   if (forced) {
     td_strlcpy(buf, forced, size);
     return TD_OK;
   }
+  const char *iface = td_env_str("TANDEM_IFACE", NULL);
+  if (iface) return net_iface_address(iface, buf, size);
   struct ifaddrs *list = NULL;
   if (getifaddrs(&list) == 0) {
     for (struct ifaddrs *ifa = list; ifa; ifa = ifa->ifa_next) {

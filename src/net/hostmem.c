@@ -148,6 +148,16 @@ td_status net_hostmem_map_peer(pid_t pid, const net_hostmem_ref *ref, void **bas
     close(fd);
     return s;
   }
+  if (st.st_uid != geteuid()) {
+    close(fd);
+    return td_error(TD_ERR_INVALID_ARGUMENT, "refusing process %d's shared buffer %s: it belongs to uid %u, not %u",
+                    (int)pid, want, (unsigned)st.st_uid, (unsigned)geteuid());
+  }
+  if (ref->bytes == 0 || ref->bytes > (uint64_t)SIZE_MAX / 2 || ref->offset > ref->bytes) {
+    close(fd);
+    return td_error(TD_ERR_INVALID_ARGUMENT, "refusing process %d's shared buffer %s: published size %" PRIu64
+                    " and offset %" PRIu64 " are out of bounds", (int)pid, want, ref->bytes, ref->offset);
+  }
   if ((uint64_t)st.st_size != ref->bytes) {
     close(fd);
     return td_error(TD_ERR_INTERNAL, "process %d's shared buffer %s has %lld bytes, expected %" PRIu64, (int)pid,

@@ -10,6 +10,104 @@
 
 #include <sys/types.h>
 
+/* ---- authentication (auth.c) ----
+ * A job is its processes: every store and TCP transport connection proves,
+ * both ways and before anything else crosses it, that both ends hold the
+ * job's secret. The secret (>= 32 bytes) comes from TANDEM_SECRET or from
+ * the file TANDEM_SECRET_FILE (owned by this user, no group/other access:
+ * anything looser is refused); tandemrun makes a fresh 256-bit one per job.
+ * Without either, the job still runs with an empty secret, but every
+ * listener refuses a non-loopback address (net_listen), so only processes
+ * of this host can connect.
+ *
+ * Handshake (connector C, acceptor A; fixed-size messages, integers LE):
+ *   C -> A  HELLO     magic "TDA1" | role u32 | rank i32 | nonce_c[32]   (44 bytes)
+ *   A -> C  CHALLENGE magic | nonce_s[32]                              (36 bytes)
+ *   C -> A  PROOF     magic | HMAC(key, "connector" | ctx | role | rank | nonce_c | nonce_s)
+ *   A -> C  ACCEPT    magic | HMAC(key, "acceptor"  | ctx | role | rank | nonce_c | nonce_s)
+ * key = BLAKE2b-256 of the secret; HMAC is HMAC-SHA-256 (libsodium); ctx
+ * names the listener ("store", or "tcp <communicator> <acceptor rank>"), so
+ * a proof made for one connection, direction or listener is worthless for
+ * any other; fresh nonces on both sides defeat replay, and the direction
+ * label defeats reflection. A acts only after C's PROOF verifies (in
+ * constant time); a peer that fails closes the connection and learns
+ * nothing. Both sides bound the whole exchange by a deadline. */
+
+#define NET_AUTH_MAGIC 0x31414454u /* "TDA1" */
+#define NET_AUTH_NONCE_BYTES 32
+#define NET_AUTH_MAC_BYTES 32
+#define NET_AUTH_HELLO_BYTES 44
+#define NET_AUTH_MSG_BYTES 36 /* CHALLENGE, PROOF and ACCEPT */
+#define NET_AUTH_ROLE_STORE 1u
+#define NET_AUTH_ROLE_TCP 2u
+/* Default bound on a whole handshake (TANDEM_AUTH_TIMEOUT overrides): a
+ * silent connector holds a store slot or a transport's accept loop no
+ * longer than this. A connector that answers wrongly is dropped at once. */
+#define NET_AUTH_DEFAULT_TIMEOUT_S 5.0
+
+typedef struct net_auth_hello {
+  uint32_t role;
+  int32_t rank; /* the connecting rank (TCP), -1 for a store client */
+  unsigned char nonce[NET_AUTH_NONCE_BYTES];
+} net_auth_hello;
+
+/* Load the job's key once per process (thread-safe; later calls return the
+ * first outcome). Fails with TD_ERR_INVALID_ARGUMENT naming the variable
+ * (never the secret) if TANDEM_SECRET is too short or TANDEM_SECRET_FILE is
+ * unreadable, too short or readable by others. */
+td_status net_auth_init(void);
+/* Does this process hold a job secret (after a successful net_auth_init)? */
+bool net_auth_have_secret(void);
+/* The handshake bound in seconds (TANDEM_AUTH_TIMEOUT, default 5). */
+double net_auth_timeout_s(void);
+
+/* Pure parsers and encoders (no socket: the fuzz harnesses call these).
+ * parse functions return 0, or -1 on a wrong length or magic. */
+int net_auth_parse_hello(const unsigned char *buf, size_t len, net_auth_hello *out);
+void net_auth_encode_hello(unsigned char out[NET_AUTH_HELLO_BYTES], const net_auth_hello *hello);
+int net_auth_parse_msg(const unsigned char *buf, size_t len, unsigned char payload[32]);
+void net_auth_encode_msg(unsigned char out[NET_AUTH_MSG_BYTES], const unsigned char payload[32]);
+/* A fresh random nonce. */
+void net_auth_nonce(unsigned char nonce[NET_AUTH_NONCE_BYTES]);
+/* The MAC one side sends (acceptor = false: the connector's PROOF). */
+void net_auth_mac(bool acceptor, const char *ctx, const net_auth_hello *hello,
+                  const unsigned char nonce_s[NET_AUTH_NONCE_BYTES], unsigned char mac[NET_AUTH_MAC_BYTES]);
+/* Constant-time check of a received MAC. */
+bool net_auth_check(bool acceptor, const char *ctx, const net_auth_hello *hello,
+                    const unsigned char nonce_s[NET_AUTH_NONCE_BYTES], const unsigned char mac[NET_AUTH_MAC_BYTES]);
+
+/* The acceptor side as a state machine over bytes (pure, no socket), for
+ * poll loops that run many handshakes at once (the store server, the TCP
+ * transport's accept loop) and for fuzzing. Zero-initialise, then feed it
+ * at most net_auth_acceptor_want() bytes at a time. */
+typedef struct net_auth_acceptor {
+  int stage; /* 0: reading the HELLO, 1: reading the PROOF, 2: authenticated */
+  size_t got;
+  unsigned char in[NET_AUTH_HELLO_BYTES];
+  net_auth_hello hello; /* valid from stage 1 */
+  unsigned char nonce_s[NET_AUTH_NONCE_BYTES];
+} net_auth_acceptor;
+enum { NET_AUTH_FAIL = -1, NET_AUTH_MORE = 0, NET_AUTH_REPLY = 1, NET_AUTH_DONE = 2 };
+size_t net_auth_acceptor_want(const net_auth_acceptor *a);
+/* Returns NET_AUTH_MORE (feed more), NET_AUTH_REPLY (send out, then feed
+ * more), NET_AUTH_DONE (send out: the connector is authenticated) or
+ * NET_AUTH_FAIL (close: not a hello of `role`, or a wrong proof; a stream
+ * that does not start with the magic fails after its first 4 bytes). */
+int net_auth_acceptor_feed(net_auth_acceptor *a, uint32_t role, const char *ctx, const unsigned char *data, size_t n,
+                           unsigned char out[NET_AUTH_MSG_BYTES]);
+
+/* Blocking handshakes on a connected socket, bounded by deadline (td_now()
+ * seconds). peer names the other end for messages ("rank 3 (10.0.0.2:4000)",
+ * "the rendezvous store at ..."). The connector fails with TD_ERR_REMOTE if
+ * the acceptor closes (its secret differs) or answers wrongly; the acceptor
+ * returns the connector's hello in *hello_out. */
+td_status net_auth_connect(int fd, uint32_t role, int32_t rank, const char *ctx, const char *peer, double deadline);
+td_status net_auth_accept(int fd, uint32_t role, const char *ctx, double deadline, net_auth_hello *hello_out);
+
+/* Is host (a name or address; NULL or "" = all interfaces) a loopback-only
+ * address? Anything that resolves to 127.0.0.0/8 or ::1 is. */
+bool net_is_loopback_host(const char *host);
+
 /* ---- addresses and sockets ---- */
 
 /* Parse "host:port" (host may be a name, an IPv4 address, or "[v6]").
@@ -17,7 +115,9 @@
 td_status net_parse_addr(const char *text, char *host, size_t host_size, int *port_out);
 
 /* Listen on host:port (port 0 picks a free port; host NULL or "" = all
- * interfaces). Returns the socket and the port actually bound. */
+ * interfaces). Returns the socket and the port actually bound. Without a job
+ * secret (net_auth_init) only a loopback host is allowed: anything else
+ * fails with TD_ERR_INVALID_ARGUMENT saying to set TANDEM_SECRET. */
 td_status net_listen(const char *host, int port, int backlog, int *fd_out, int *port_out);
 
 /* Connect to host:port, retrying refused/unreachable attempts with backoff
@@ -43,8 +143,14 @@ int net_set_nodelay(int fd);
 void net_set_bufsizes(int fd, int bytes);
 
 /* The address other hosts should use to reach this one: TANDEM_HOST_ADDR if
- * set, else the first non-loopback IPv4 address, else 127.0.0.1. */
+ * set, else the IPv4 address of TANDEM_IFACE if set, else the first
+ * non-loopback IPv4 address, else 127.0.0.1. */
 td_status net_local_address(char *buf, size_t size);
+/* The address of this end of a connected socket (the interface that routes
+ * to its peer), as text. */
+td_status net_socket_local_address(int fd, char *buf, size_t size);
+/* The IPv4 address of interface name (TANDEM_IFACE); the error names it. */
+td_status net_iface_address(const char *name, char *buf, size_t size);
 
 /* A string equal for exactly the processes that can share memory and see each
  * other's pids: hostname + boot id + ipc and pid namespaces. */
@@ -58,7 +164,9 @@ bool net_pid_alive(pid_t pid);
 /* Create a new segment with a unique name "/tandem-<tag>-<random>" (written to
  * name_out), size bytes, zero-filled, mapped read-write. */
 td_status net_shm_create(const char *tag, size_t size, char *name_out, size_t name_size, void **addr_out);
-/* Open and map an existing segment of the given size. */
+/* Open and map an existing segment of the given size. Refused (naming it)
+ * unless the name is one net_shm_create makes and the segment is this
+ * user's, mode 0600, and exactly size bytes. */
 td_status net_shm_open(const char *name, size_t size, void **addr_out);
 /* Remove the name (the memory lives on while mapped). Ranks unlink right after
  * everyone has mapped, so that a killed job leaves nothing in /dev/shm. */
@@ -113,6 +221,9 @@ void store_interrupt(td_store *store); /* accepts NULL */
  * answer beyond the wait it asked for (0: none in flight, or not late).
  * Any thread; does not block. */
 double store_overdue_s(const td_store *store);
+/* This end's address on the connection to the store: the local interface
+ * that routes to it (listeners of multi-host jobs bind there). */
+td_status store_route_address(td_store *store, char *buf, size_t size);
 
 td_status store_set(td_store *store, const char *key, const void *value, size_t len);
 /* Non-blocking read: *found = 0 if the key does not exist (value NULL). The

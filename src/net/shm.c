@@ -65,7 +65,12 @@ td_status net_shm_create(const char *tag, size_t size, char *name_out, size_t na
 }
 
 td_status net_shm_open(const char *name, size_t size, void **addr_out) {
-  int fd = shm_open(name, O_RDWR | O_CLOEXEC, 0);
+  /* The name comes through the store: only a segment net_shm_create could
+   * have made ("/tandem-...", no further '/') is ever opened. */
+  if (!name || strncmp(name, "/tandem-", 8) != 0 || strchr(name + 1, '/') || strlen(name) > 120 || size == 0)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "refusing shared-memory segment '%s' (%zu bytes): not a Tandem "
+                    "segment name", name ? name : "(null)", size);
+  int fd = shm_open(name, O_RDWR | O_CLOEXEC | O_NOFOLLOW, 0);
   if (fd < 0)
     return td_error_errno("cannot open shared-memory segment %s (was its creator killed before everyone mapped it?)",
                           name);
@@ -75,10 +80,15 @@ td_status net_shm_open(const char *name, size_t size, void **addr_out) {
     close(fd);
     return s;
   }
-  if ((size_t)st.st_size < size) {
+  /* Made by this user with mode 0600 (net_shm_create) and exactly the size
+   * announced: anything else is another user's, or was tampered with. */
+  if (!S_ISREG(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 077) || (uint64_t)st.st_size != size) {
     close(fd);
-    return td_error(TD_ERR_INVALID_ARGUMENT, "shared-memory segment %s has %lld bytes, expected at least %zu", name,
-                    (long long)st.st_size, size);
+    return td_error(TD_ERR_INVALID_ARGUMENT,
+                    "refusing shared-memory segment %s: owner uid %u, mode %04o, %lld bytes; expected a regular "
+                    "segment of uid %u, mode 0600, %zu bytes (another user's segment, or tampered with)",
+                    name, (unsigned)st.st_uid, (unsigned)(st.st_mode & 07777), (long long)st.st_size,
+                    (unsigned)geteuid(), size);
   }
   void *addr = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (addr == MAP_FAILED) {

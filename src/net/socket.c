@@ -121,7 +121,54 @@ static void peer_name(int fd, char *buf, size_t size) {
     td_strlcpy(buf, "unknown peer", size);
 }
 
+static bool sockaddr_is_loopback(const struct sockaddr *sa) {
+  if (sa->sa_family == AF_INET)
+    return (ntohl(((const struct sockaddr_in *)sa)->sin_addr.s_addr) >> 24) == 127;
+  if (sa->sa_family == AF_INET6) {
+    const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
+    if (IN6_IS_ADDR_LOOPBACK(a)) return true;
+    /* ::ffff:127.x.y.z */
+    return IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127;
+  }
+  return false;
+}
+
+bool net_is_loopback_host(const char *host) {
+  if (!host || !*host) return false;
+  struct addrinfo hints = {0}, *res = NULL;
+  hints.ai_socktype = SOCK_STREAM;
+  if (getaddrinfo(host, NULL, &hints, &res) != 0) return false;
+  bool all = res != NULL;
+  for (struct addrinfo *ai = res; ai; ai = ai->ai_next) all &= sockaddr_is_loopback(ai->ai_addr);
+  freeaddrinfo(res);
+  return all;
+}
+
+td_status net_socket_local_address(int fd, char *buf, size_t size) {
+  struct sockaddr_storage ss;
+  socklen_t len = sizeof ss;
+  if (getsockname(fd, (struct sockaddr *)&ss, &len) != 0) return td_error_errno("getsockname failed");
+  const void *addr = ss.ss_family == AF_INET6 ? (const void *)&((struct sockaddr_in6 *)&ss)->sin6_addr
+                                              : (const void *)&((struct sockaddr_in *)&ss)->sin_addr;
+  char text[INET6_ADDRSTRLEN];
+  if (!inet_ntop(ss.ss_family, addr, text, sizeof text)) return td_error_errno("inet_ntop failed");
+  td_strlcpy(buf, text, size);
+  return TD_OK;
+}
+
 td_status net_listen(const char *host, int port, int backlog, int *fd_out, int *port_out) {
+  /* Without a job secret, a listener on a routable address would let any
+   * host that reaches it join the job; loopback keeps other hosts out. */
+  TD_CHECK(net_auth_init());
+  if (!net_auth_have_secret() && !net_is_loopback_host(host)) {
+    char addr[300];
+    format_addr(addr, sizeof addr, host && *host ? host : "0.0.0.0", port);
+    return td_error(TD_ERR_INVALID_ARGUMENT,
+                    "refusing to listen on %s without a job secret: anyone who can reach it could join the job. Set "
+                    "TANDEM_SECRET (at least 32 random characters) or TANDEM_SECRET_FILE (a 0600 file) to the same "
+                    "value on every rank, or run every rank on this host (tandemrun does this for you)",
+                    addr);
+  }
   struct addrinfo hints = {0}, *res = NULL;
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;

@@ -53,6 +53,15 @@ td_status store_connect(const char *addr, double timeout_s, td_store **out) {
   if (st != TD_OK)
     return td_error(TD_ERR_REMOTE, "cannot reach the rendezvous store at %s after %.1f s: %s (is tandemrun running? "
                     "check TANDEM_STORE)", addr, td_now() - start, reason);
+  /* Prove this process holds the job's secret, and check that the store
+   * does, before a single key crosses the connection. */
+  char peer[340];
+  snprintf(peer, sizeof peer, "the rendezvous store at %s", addr);
+  st = net_auth_connect(fd, NET_AUTH_ROLE_STORE, -1, "store", peer, td_now() + TD_MAX(timeout_s, net_auth_timeout_s()));
+  if (st != TD_OK) {
+    close(fd);
+    return st;
+  }
   td_store *s = calloc(1, sizeof *s);
   if (!s) {
     close(fd);
@@ -88,6 +97,13 @@ double store_overdue_s(const td_store *s) {
   if (due == 0) return 0;
   double late = (double)((int64_t)td_now_ns() - due) * 1e-9;
   return late > 0 ? late : 0;
+}
+
+td_status store_route_address(td_store *s, char *buf, size_t size) {
+  pthread_mutex_lock(&s->mutex);
+  td_status st = net_socket_local_address(s->fd, buf, size);
+  pthread_mutex_unlock(&s->mutex);
+  return st;
 }
 
 /* Mark the connection unusable and return the error with the store's address. */
@@ -217,6 +233,9 @@ td_status store_wait(td_store *store, const char *key, double timeout_s, void **
   void *v = NULL;
   if (value_out) *value_out = NULL;
   if (len_out) *len_out = 0;
+  /* NaN or beyond a week: wait forever (the server does the same with
+   * what it reads; the conversion below then stays in range). */
+  if (!(timeout_s < 7 * 24 * 3600.0)) timeout_s = -1;
   int64_t ms = timeout_s < 0 ? -1 : (int64_t)(timeout_s * 1000.0 + 0.5);
   TD_CHECK(exchange(store, "store_wait", STORE_WAIT, key, 0, NULL, 0, NULL, 0, ms, timeout_s, &r, &v));
   if (r.status == STORE_RESP_TIMEOUT) {

@@ -18,7 +18,12 @@
  *   ADD     -         -         delta              -                    OK, num = new value
  *   CAS     expected  desired   -                  EXPECT_MISSING       OK + FOUND? + SWAPPED? + value
  *   DELETE  -         -         -                  -                    OK + EXISTED?
- * An ERROR response carries a message as its value. */
+ * An ERROR response carries a message as its value.
+ *
+ * Before the first request, client and server authenticate each other
+ * (net_auth_connect / the server's poll-loop acceptor, role
+ * NET_AUTH_ROLE_STORE, context "store"; see net.h); the server reads no
+ * request bytes from a connection that has not proved the job's secret. */
 #ifndef TD_NET_STORE_PROTO_H
 #define TD_NET_STORE_PROTO_H
 
@@ -102,5 +107,11 @@ static inline int store_decode_resp(const unsigned char *p, store_resp_header *h
   h->num = (int64_t)store_get_u64(p + 24);
   return 0;
 }
+
+/* Check a request header (buf, len bytes, as read from the wire) against the
+ * server's bound on one request's body (key + a + b). Returns 0 and fills
+ * *out, or -1 with *why naming the problem. Pure: the fuzz harness calls it. */
+int store_parse_req_header(const unsigned char *buf, size_t len, uint64_t max_request, store_req_header *out,
+                           const char **why);
 
 #endif

@@ -10,11 +10,24 @@
  * alone; the others never notice. Reads stop while a response is still being
  * written, which bounds each client's memory to one request and one response.
  *
+ * Security (net.h, DESIGN.md §7): a new connection must first complete the
+ * authentication handshake, driven from this loop without blocking; until
+ * it has, no request byte is read, and a connection that fails it, or stays
+ * silent past TANDEM_AUTH_TIMEOUT, is closed. The server bounds what clients
+ * can make it hold: one request's body (TANDEM_STORE_MAX_REQUEST, default
+ * 64 MiB), all keys, values and request bodies together
+ * (TANDEM_STORE_MAX_BYTES, default 1 GiB; the table and the bodies in
+ * flight are each bounded by it) and connections
+ * (TANDEM_STORE_MAX_CLIENTS, default 8192). A request out of bounds closes
+ * its connection with a logged reason (rate-limited, so a flood cannot fill
+ * the log); a write beyond the total gets an error response.
+ *
  * Values are copied in and out; the table is a chained hash that doubles when
  * full. Nothing here prints except debug logging. */
 #include "net/net.h"
 #include "net/store_proto.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
@@ -35,9 +48,20 @@ typedef struct entry {
   size_t len;
 } entry;
 
+#define STORE_DEFAULT_MAX_REQUEST ((size_t)64 << 20)
+#define STORE_DEFAULT_MAX_BYTES ((size_t)1 << 30)
+#define STORE_DEFAULT_MAX_CLIENTS 8192
+/* A WAIT longer than this (a week) waits forever: keeps deadlines finite. */
+#define STORE_MAX_WAIT_MS ((int64_t)7 * 24 * 3600 * 1000)
+
 typedef struct client {
   int fd;
   bool dead;
+  /* authentication, before any request (net.h) */
+  bool authed;
+  net_auth_acceptor auth;
+  double auth_deadline;
+  char peer[64]; /* "address:port", for messages */
   /* input: header, then body = key | a | b */
   unsigned char header[STORE_REQ_HEADER];
   size_t header_got;
@@ -70,7 +94,36 @@ struct td_store_server {
   /* Out of file descriptors: stop accepting for a moment instead of spinning
    * on a listening socket that stays readable. */
   double accept_paused_until;
+  /* limits (read once at start) and what is held against them */
+  size_t max_request, max_bytes, max_clients;
+  size_t table_bytes;   /* keys + values in the table */
+  size_t pending_bytes; /* request bodies being read or parked */
+  /* rate-limited warnings */
+  double last_warn;
+  unsigned suppressed_warns;
 };
+
+/* A client misbehaved: say so, at most once a second (a flood of junk
+ * connections must not become a flood of log lines). */
+static void server_warn(td_store_server *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void server_warn(td_store_server *s, const char *fmt, ...) {
+  double now = td_now();
+  if (now - s->last_warn < 1.0) {
+    s->suppressed_warns++;
+    return;
+  }
+  char msg[600];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  if (s->suppressed_warns)
+    TD_WARN("store server: %s (and %u similar messages in the last second)", msg, s->suppressed_warns);
+  else
+    TD_WARN("store server: %s", msg);
+  s->last_warn = now;
+  s->suppressed_warns = 0;
+}
 
 /* ---- table ---- */
 
@@ -110,6 +163,7 @@ static bool table_set(td_store_server *s, const char *key, const void *value, si
   if (len) memcpy(copy, value, len);
   entry *e = table_find(s, key);
   if (e) {
+    s->table_bytes = s->table_bytes - e->len + len;
     free(e->value);
     e->value = copy;
     e->len = len;
@@ -127,6 +181,7 @@ static bool table_set(td_store_server *s, const char *key, const void *value, si
   e->key = key_copy;
   e->value = copy;
   e->len = len;
+  s->table_bytes += strlen(key) + 1 + len;
   e->next = s->buckets[e->hash & (s->n_buckets - 1)];
   s->buckets[e->hash & (s->n_buckets - 1)] = e;
   if (++s->n_entries > s->n_buckets) table_grow(s);
@@ -139,6 +194,7 @@ static bool table_delete(td_store_server *s, const char *key) {
     entry *e = *pp;
     if (e->hash == h && strcmp(e->key, key) == 0) {
       *pp = e->next;
+      s->table_bytes -= strlen(e->key) + 1 + e->len;
       free(e->key);
       free(e->value);
       free(e);
@@ -209,7 +265,8 @@ static void respond_error(client *c, const char *fmt, ...) {
   respond(c, STORE_RESP_ERROR, 0, 0, msg, len);
 }
 
-static void reset_request(client *c) {
+static void reset_request(td_store_server *s, client *c) {
+  s->pending_bytes -= c->body ? c->body_len + 1 : 0;
   free(c->body);
   c->body = NULL;
   c->body_len = c->body_got = 0;
@@ -224,7 +281,7 @@ static void wake_waiters(td_store_server *s, const char *key, const entry *e) {
     client *c = s->clients[i];
     if (!c->parked || c->dead || strcmp((const char *)c->body, key) != 0) continue;
     respond(c, STORE_RESP_OK, STORE_FLAG_FOUND, 0, e->value, e->len);
-    reset_request(c);
+    reset_request(s, c);
   }
 }
 
@@ -247,7 +304,15 @@ static void handle_request(td_store_server *s, client *c) {
     break;
   default:
     respond_error(c, "unknown store operation %u (client and server versions differ?)", r->op);
-    reset_request(c);
+    reset_request(s, c);
+    return;
+  }
+  /* The total the table may grow to (TANDEM_STORE_MAX_BYTES). */
+  size_t grow = r->op == STORE_SET ? r->a_len : r->op == STORE_CAS ? r->b_len : r->op == STORE_ADD ? 32 : 0;
+  if (grow && s->table_bytes + r->key_len + grow > s->max_bytes) {
+    respond_error(c, "the store is full: it holds %zu bytes and TANDEM_STORE_MAX_BYTES is %zu; writing key '%s' "
+                  "(%zu more bytes) was refused", s->table_bytes, s->max_bytes, key, grow);
+    reset_request(s, c);
     return;
   }
   if (r->op == STORE_SET) {
@@ -271,7 +336,9 @@ static void handle_request(td_store_server *s, client *c) {
       respond(c, STORE_RESP_TIMEOUT, 0, 0, NULL, 0);
     } else {
       c->parked = true;
-      c->wait_deadline = r->arg < 0 ? INFINITY : td_now() + (double)r->arg / 1000.0;
+      /* arg comes from the wire: anything negative or beyond a week is
+       * "forever", so no deadline arithmetic can overflow. */
+      c->wait_deadline = r->arg < 0 || r->arg > STORE_MAX_WAIT_MS ? INFINITY : td_now() + (double)r->arg / 1000.0;
       return; /* body (and key) stay until answered */
     }
   } else if (r->op == STORE_ADD) {
@@ -291,7 +358,7 @@ static void handle_request(td_store_server *s, client *c) {
       }
       if (!ok) {
         respond_error(c, "store_add on key '%s': its value is not an integer (%zu bytes)", key, e->len);
-        reset_request(c);
+        reset_request(s, c);
         return;
       }
     }
@@ -322,11 +389,75 @@ static void handle_request(td_store_server *s, client *c) {
     bool existed = table_delete(s, key);
     respond(c, STORE_RESP_OK, existed ? STORE_FLAG_SWAPPED : 0, 0, NULL, 0);
   }
-  reset_request(c);
+  reset_request(s, c);
+}
+
+int store_parse_req_header(const unsigned char *buf, size_t len, uint64_t max_request, store_req_header *out,
+                           const char **why) {
+  if (!buf || len != STORE_REQ_HEADER || store_decode_req(buf, out) != 0) {
+    *why = "not a Tandem store request (bad magic)";
+    return -1;
+  }
+  /* An unknown op is answered with an error, not dropped (handle_request):
+   * the framing still holds when its sizes are sane. */
+  if (out->key_len == 0 || out->key_len > STORE_MAX_KEY) {
+    *why = "key length out of bounds";
+    return -1;
+  }
+  if (out->a_len > STORE_MAX_VALUE || out->b_len > STORE_MAX_VALUE) {
+    *why = "value larger than 64 MiB";
+    return -1;
+  }
+  /* Each term is bounded above, so the sum cannot wrap. */
+  if ((uint64_t)out->key_len + out->a_len + out->b_len > max_request) {
+    *why = "request larger than TANDEM_STORE_MAX_REQUEST";
+    return -1;
+  }
+  return 0;
+}
+
+/* Drive the authentication handshake (acceptor side) from the poll loop.
+ * Returns true once the client is authenticated. */
+static bool read_auth(td_store_server *s, client *c) {
+  while (!c->dead && !c->authed && c->out_sent == c->out_len) {
+    unsigned char in[NET_AUTH_HELLO_BYTES], msg[NET_AUTH_MSG_BYTES];
+    ssize_t n = recv(c->fd, in, net_auth_acceptor_want(&c->auth), MSG_DONTWAIT);
+    if (n == 0) {
+      c->dead = true;
+      TD_DEBUG("store server: %s closed the connection during authentication", c->peer);
+      return false;
+    }
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) c->dead = true;
+      return false;
+    }
+    int r = net_auth_acceptor_feed(&c->auth, NET_AUTH_ROLE_STORE, "store", in, (size_t)n, msg);
+    if (r == NET_AUTH_MORE) continue;
+    if (r == NET_AUTH_FAIL) {
+      server_warn(s, "closed the connection from %s: %s", c->peer,
+                  c->auth.stage == 0 ? "it did not start with an authentication hello (not a Tandem store client of "
+                                       "this version, or a stranger)"
+                                     : "it failed authentication (it does not hold this job's secret)");
+      c->dead = true;
+      return false;
+    }
+    c->authed = r == NET_AUTH_DONE;
+    if (c->out_sent == c->out_len) c->out_len = c->out_sent = 0;
+    if (!out_reserve(c, sizeof msg)) {
+      c->dead = true;
+      return false;
+    }
+    memcpy(c->out + c->out_len, msg, sizeof msg);
+    c->out_len += sizeof msg;
+    flush_client(c);
+  }
+  return c->authed;
 }
 
 /* Read as much as is available; run each complete request. */
 static void read_client(td_store_server *s, client *c) {
+  if (!c->authed && !read_auth(s, c)) return;
   while (!c->dead && !c->parked && c->out_sent == c->out_len) {
     unsigned char *dst;
     size_t want;
@@ -355,22 +486,36 @@ static void read_client(td_store_server *s, client *c) {
     }
     if (!c->have_header) {
       if (c->header_got < STORE_REQ_HEADER) continue;
-      if (store_decode_req(c->header, &c->req) != 0 || c->req.key_len == 0 || c->req.key_len > STORE_MAX_KEY ||
-          c->req.a_len > STORE_MAX_VALUE || c->req.b_len > STORE_MAX_VALUE) {
+      const char *why = NULL;
+      if (store_parse_req_header(c->header, STORE_REQ_HEADER, s->max_request, &c->req, &why) != 0) {
         /* Not our protocol, or out of bounds: there is no way to resynchronise. */
-        TD_DEBUG("store server: dropping a client that sent a malformed request header");
+        server_warn(s, "closed the connection from %s: malformed or oversized request (%s; key %" PRIu32
+                       " bytes, values %" PRIu64 " + %" PRIu64 " bytes, limit %zu)",
+                    c->peer, why, c->req.key_len, c->req.a_len, c->req.b_len, s->max_request);
+        c->dead = true;
+        return;
+      }
+      size_t body_len = (size_t)c->req.key_len + (size_t)c->req.a_len + (size_t)c->req.b_len;
+      /* Request bodies in flight are bounded apart from the table (whose
+       * growth gets an error response in handle_request). */
+      if (s->pending_bytes + body_len + 1 > s->max_bytes) {
+        server_warn(s, "closed the connection from %s: its %zu-byte request would take the requests in flight "
+                       "past TANDEM_STORE_MAX_BYTES (%zu bytes pending, limit %zu)",
+                    c->peer, body_len, s->pending_bytes, s->max_bytes);
         c->dead = true;
         return;
       }
       c->have_header = true;
-      c->body_len = (size_t)c->req.key_len + (size_t)c->req.a_len + (size_t)c->req.b_len;
+      c->body_len = body_len;
       c->body_got = 0;
       /* One spare byte so that the key can be NUL-terminated in place. */
       c->body = malloc(c->body_len + 1);
       if (!c->body) {
+        server_warn(s, "closed the connection from %s: out of memory for its %zu-byte request", c->peer, body_len);
         c->dead = true;
         return;
       }
+      s->pending_bytes += c->body_len + 1;
       continue;
     }
     if (c->body_got < c->body_len) continue;
@@ -383,8 +528,9 @@ static void read_client(td_store_server *s, client *c) {
   }
 }
 
-static void free_client(client *c) {
+static void free_client(td_store_server *s, client *c) {
   close(c->fd);
+  if (c->body) s->pending_bytes -= c->body_len + 1;
   free(c->body);
   free(c->out);
   free(c);
@@ -405,6 +551,26 @@ static void accept_clients(td_store_server *s) {
       }
       return;
     }
+    char peer[64] = "unknown peer";
+    {
+      struct sockaddr_storage ss;
+      socklen_t len = sizeof ss;
+      char host[INET6_ADDRSTRLEN];
+      if (getpeername(fd, (struct sockaddr *)&ss, &len) == 0 && ss.ss_family == AF_INET &&
+          inet_ntop(AF_INET, &((struct sockaddr_in *)&ss)->sin_addr, host, sizeof host))
+        snprintf(peer, sizeof peer, "%s:%d", host, ntohs(((struct sockaddr_in *)&ss)->sin_port));
+      else if (getpeername(fd, (struct sockaddr *)&ss, &len) == 0 && ss.ss_family == AF_INET6 &&
+               inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&ss)->sin6_addr, host, sizeof host))
+        snprintf(peer, sizeof peer, "[%s]:%d", host, ntohs(((struct sockaddr_in6 *)&ss)->sin6_port));
+    }
+    size_t n_live = 0;
+    for (size_t i = 0; i < s->n_clients && s->n_clients >= s->max_clients; i++) n_live += !s->clients[i]->dead;
+    if (s->n_clients >= s->max_clients && n_live >= s->max_clients) {
+      server_warn(s, "refused a connection from %s: %zu clients are connected (TANDEM_STORE_MAX_CLIENTS)", peer,
+                  s->n_clients);
+      close(fd);
+      continue;
+    }
     (void)net_set_nodelay(fd);
     if (s->n_clients == s->cap_clients) {
       size_t cap = s->cap_clients ? s->cap_clients * 2 : 64;
@@ -422,6 +588,8 @@ static void accept_clients(td_store_server *s) {
       return;
     }
     c->fd = fd;
+    c->auth_deadline = td_now() + net_auth_timeout_s();
+    td_strlcpy(c->peer, peer, sizeof c->peer);
     s->clients[s->n_clients++] = c;
   }
 }
@@ -432,7 +600,7 @@ static void *server_main(void *arg) {
     /* Drop dead clients (swap-remove). */
     for (size_t i = 0; i < s->n_clients;) {
       if (s->clients[i]->dead) {
-        free_client(s->clients[i]);
+        free_client(s, s->clients[i]);
         s->clients[i] = s->clients[--s->n_clients];
       } else {
         i++;
@@ -463,11 +631,12 @@ static void *server_main(void *arg) {
       else if (!c->parked)
         ev |= POLLIN;
       if (c->parked && c->wait_deadline < next_deadline) next_deadline = c->wait_deadline;
+      if (!c->authed && c->auth_deadline < next_deadline) next_deadline = c->auth_deadline;
       s->pfds[i + 2] = (struct pollfd){.fd = c->fd, .events = ev};
     }
     int timeout_ms = -1;
     if (!isinf(next_deadline)) {
-      double left = next_deadline - td_now();
+      double left = TD_MIN(next_deadline - td_now(), 1e6); /* keeps the int conversion in range */
       timeout_ms = left <= 0 ? 0 : (int)ceil(left * 1000.0);
     }
     int n = poll(s->pfds, s->n_clients + 2, timeout_ms);
@@ -494,9 +663,15 @@ static void *server_main(void *arg) {
     double now = td_now();
     for (size_t i = 0; i < s->n_clients; i++) {
       client *c = s->clients[i];
+      if (!c->authed && !c->dead && c->auth_deadline <= now) {
+        server_warn(s, "closed the connection from %s: no authentication within %g s (TANDEM_AUTH_TIMEOUT)",
+                    c->peer, net_auth_timeout_s());
+        c->dead = true;
+        continue;
+      }
       if (c->parked && !c->dead && c->wait_deadline <= now) {
         respond(c, STORE_RESP_TIMEOUT, 0, 0, NULL, 0);
-        reset_request(c);
+        reset_request(s, c);
         read_client(s, c);
       }
     }
@@ -511,6 +686,13 @@ td_status store_server_start(const char *host, int port, td_store_server **out) 
   s->listen_fd = -1;
   s->wake_pipe[0] = s->wake_pipe[1] = -1;
   td_status st = TD_OK;
+  TD_CHECK_GOTO(net_auth_init(), st, fail);
+  s->max_request = td_env_size("TANDEM_STORE_MAX_REQUEST", STORE_DEFAULT_MAX_REQUEST);
+  s->max_bytes = td_env_size("TANDEM_STORE_MAX_BYTES", STORE_DEFAULT_MAX_BYTES);
+  long max_clients = td_env_long("TANDEM_STORE_MAX_CLIENTS", STORE_DEFAULT_MAX_CLIENTS);
+  s->max_clients = max_clients > 0 ? (size_t)max_clients : STORE_DEFAULT_MAX_CLIENTS;
+  if (s->max_request < 1024) s->max_request = 1024;
+  if (s->max_bytes < s->max_request) s->max_bytes = s->max_request;
   s->n_buckets = 256;
   s->buckets = calloc(s->n_buckets, sizeof *s->buckets);
   if (!s->buckets) {
@@ -553,7 +735,7 @@ void store_server_stop(td_store_server *s) {
     (void)w;
     pthread_join(s->thread, NULL);
   }
-  for (size_t i = 0; i < s->n_clients; i++) free_client(s->clients[i]);
+  for (size_t i = 0; i < s->n_clients; i++) free_client(s, s->clients[i]);
   free(s->clients);
   free(s->pfds);
   if (s->buckets) {

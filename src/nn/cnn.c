@@ -8,6 +8,7 @@
  * the logits layer, zero biases. The loss is the mean over images. */
 #include "nn_internal.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,6 +17,7 @@ enum { C_CONV1W, C_CONV1B, C_CONV2W, C_CONV2B, C_FC1W, C_FC1B, C_FC2W, C_FC2B, C
 typedef struct cnn_model {
   td_model base;
   td_cnn_config cfg;
+  char config_text[128]; /* td_model.config */
   td_param_tensor tensors[C_N];
   int B; /* activations sized for */
   int last_B;
@@ -198,6 +200,9 @@ td_status td_cnn_create(const td_cnn_config *config, td_model **out) {
   }
   m->base.ops = &cnn_ops;
   m->base.kind = "cnn";
+  snprintf(m->config_text, sizeof m->config_text, "channels1=%d channels2=%d hidden=%d classes=%d", c->channels1,
+           c->channels2, c->hidden, c->classes);
+  m->base.config = m->config_text;
   m->base.n_params = off;
   m->base.n_tensors = C_N;
   m->base.tensors = m->tensors;

@@ -166,12 +166,16 @@ static void pick_path(char *out, size_t size, const char *dir, const char *name)
   snprintf(out, size, "%s/%s", dir, name);
 }
 
-static void idx_get(const td_dataset *ds, size_t index, void *input, int32_t *targets) {
+static td_status idx_get(const td_dataset *ds, size_t index, void *input, int32_t *targets) {
   const idx_impl *m = ds->impl;
+  if (index >= ds->n_samples)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "idx dataset: sample %zu requested, the split has %zu images", index,
+                    ds->n_samples);
   const uint8_t *img = m->images + index * m->pixels;
   float *x = input;
   for (size_t i = 0; i < m->pixels; i++) x[i] = m->lut[img[i]];
   targets[0] = m->labels[index];
+  return TD_OK;
 }
 
 static void idx_destroy(td_dataset *ds) {

@@ -16,14 +16,18 @@ typedef struct text_impl {
   int seq;
 } text_impl;
 
-static void text_get(const td_dataset *ds, size_t index, void *input, int32_t *targets) {
+static td_status text_get(const td_dataset *ds, size_t index, void *input, int32_t *targets) {
   const text_impl *t = ds->impl;
+  if (index >= ds->n_samples)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "text dataset: sample %zu requested, the corpus has %zu samples", index,
+                    ds->n_samples);
   const uint8_t *w = t->bytes + index * (size_t)t->seq;
   int32_t *in = input;
   for (int i = 0; i < t->seq; i++) {
     in[i] = w[i];
     targets[i] = w[i + 1];
   }
+  return TD_OK;
 }
 
 static void text_destroy(td_dataset *ds) {

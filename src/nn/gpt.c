@@ -68,6 +68,7 @@ typedef struct gpt_model {
   int32_t *tokens_copy;
   int32_t *targets_copy;
   int have_targets;
+  char config_text[160]; /* td_model.config */
 } gpt_model;
 
 static const td_model_ops gpt_ops;
@@ -372,6 +373,9 @@ td_status td_gpt_create(const td_gpt_config *config, td_model **out) {
 #undef ADD
   g->base.ops = &gpt_ops;
   g->base.kind = "gpt";
+  snprintf(g->config_text, sizeof g->config_text, "vocab=%d layers=%d channels=%d heads=%d seq=%d tied=%d", c->vocab,
+           c->layers, c->channels, c->heads, c->seq, c->tied ? 1 : 0);
+  g->base.config = g->config_text;
   g->base.n_params = off;
   g->base.n_tensors = n;
   g->base.tensors = g->tensors;

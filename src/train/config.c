@@ -121,6 +121,9 @@ td_status td_train_config_resolve(td_train_config *cfg, int world) {
     return td_error(TD_ERR_INVALID_ARGUMENT, "bucket_bytes %zu / first_bucket_bytes %zu: must be at least 4 (e.g. 25M and 1M)",
                     cfg->bucket_bytes, cfg->first_bucket_bytes);
   if (cfg->threads < 0) return td_error(TD_ERR_INVALID_ARGUMENT, "threads_per_rank %d: must be >= 0 (0: automatic)", cfg->threads);
+  if (cfg->keep_last < 0)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "checkpoint keep_last %d: must be >= 0 (0 keeps every checkpoint)",
+                    cfg->keep_last);
   if (cfg->checkpoint_every < 0)
     return td_error(TD_ERR_INVALID_ARGUMENT, "checkpoint save_every %ld: must be >= 0", cfg->checkpoint_every);
   if (cfg->steps_per_print < 0)
@@ -411,12 +414,12 @@ static td_status parse_scheduler(parse_ctx *pc, const cJSON *obj) {
 }
 
 static td_status parse_checkpoint(parse_ctx *pc, const cJSON *obj) {
-  static const char *const keys[] = {"save_dir", "save_every"};
+  static const char *const keys[] = {"save_dir", "save_every", "keep_last"};
   if (!cJSON_IsObject(obj))
     return td_error(TD_ERR_INVALID_ARGUMENT,
                     "%s: checkpoint must be an object, e.g. \"checkpoint\": {\"save_dir\": \"ckpt\", \"save_every\": 100}",
                     pc->source);
-  TD_CHECK(check_keys(pc, obj, "checkpoint", keys, 2));
+  TD_CHECK(check_keys(pc, obj, "checkpoint", keys, 3));
   const cJSON *item;
   cJSON_ArrayForEach(item, obj) {
     if (strcmp(item->string, "save_dir") == 0) {
@@ -426,6 +429,10 @@ static td_status parse_checkpoint(parse_ctx *pc, const cJSON *obj) {
         return td_error(TD_ERR_INVALID_ARGUMENT, "%s: checkpoint.save_dir is longer than %zu characters", pc->source,
                         sizeof pc->cfg->checkpoint_dir - 1);
       td_strlcpy(pc->cfg->checkpoint_dir, dir, sizeof pc->cfg->checkpoint_dir);
+    } else if (strcmp(item->string, "keep_last") == 0) {
+      long n = 0;
+      TD_CHECK(get_int(pc, item, "checkpoint.keep_last", 0, 1L << 30, &n));
+      pc->cfg->keep_last = (int)n;
     } else {
       long n = 0;
       TD_CHECK(get_int(pc, item, "checkpoint.save_every", 0, 1L << 40, &n));
@@ -529,19 +536,35 @@ static td_status parse_root(parse_ctx *pc, const cJSON *root) {
 
 td_status td_train_config_parse_json(const char *text, const char *source, td_train_config *cfg) {
   if (!text || !cfg) return td_error(TD_ERR_INVALID_ARGUMENT, "td_train_config_parse_json: null text or config");
+  return td_train_config_parse_json_buffer(text, strlen(text), source, cfg);
+}
+
+td_status td_train_config_parse_json_buffer(const char *text, size_t len, const char *source, td_train_config *cfg) {
+  if ((!text && len) || !cfg)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "td_train_config_parse_json_buffer: null data or config");
   if (!source) source = "config";
-  cJSON *root = cJSON_Parse(text);
+  if (len && memchr(text, '\0', len))
+    return td_error(TD_ERR_INVALID_ARGUMENT, "%s: the config holds a NUL byte at offset %zu; is it a text file?",
+                    source, (size_t)((const char *)memchr(text, '\0', len) - text));
+  cJSON *root = cJSON_ParseWithLength(text ? text : "", len);
   if (!root) {
     const char *at = cJSON_GetErrorPtr();
     int line = 1, col = 1;
-    if (at && at >= text) {
-      for (const char *p = text; p < at && *p; p++) {
+    if (at && text && at >= text && at <= text + len) {
+      for (const char *p = text; p < at; p++) {
         if (*p == '\n') line++, col = 1;
         else col++;
       }
     }
-    return td_error(TD_ERR_INVALID_ARGUMENT, "%s:%d:%d: not valid JSON near \"%.20s\" (check commas, quotes and braces)",
-                    source, line, col, at ? at : "");
+    /* The excerpt is bounded by the buffer: it need not be NUL-terminated. */
+    char near[21] = "";
+    if (at && text && at >= text && at <= text + len) {
+      size_t k = TD_MIN((size_t)(text + len - at), sizeof near - 1);
+      memcpy(near, at, k);
+      near[k] = '\0';
+    }
+    return td_error(TD_ERR_INVALID_ARGUMENT, "%s:%d:%d: not valid JSON near \"%s\" (check commas, quotes and braces)",
+                    source, line, col, near);
   }
   /* Parse into a copy so that a failure leaves cfg unchanged. */
   td_train_config work = *cfg;
@@ -553,6 +576,11 @@ td_status td_train_config_parse_json(const char *text, const char *source, td_tr
 }
 
 #else
+
+td_status td_train_config_parse_json_buffer(const char *text, size_t len, const char *source, td_train_config *cfg) {
+  (void)text, (void)len, (void)cfg;
+  return td_train_config_parse_json(NULL, source, NULL);
+}
 
 td_status td_train_config_parse_json(const char *text, const char *source, td_train_config *cfg) {
   return td_error(TD_ERR_INVALID_USAGE,
@@ -593,7 +621,7 @@ td_status td_train_config_load_json(const char *path, td_train_config *cfg) {
     return td_error(TD_ERR_IO, "cannot read config file %s", path);
   }
   buf[len] = '\0';
-  td_status st = td_train_config_parse_json(buf, path, cfg);
+  td_status st = td_train_config_parse_json_buffer(buf, len, path, cfg);
   free(buf);
   return st;
 }

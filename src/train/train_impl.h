@@ -60,6 +60,37 @@ const char *td_optimizer_name(td_optimizer_kind kind);
 /* ---- CRC-32 (the zlib / IEEE 802.3 polynomial) ---- */
 uint32_t td_crc32(uint32_t crc, const void *data, size_t n);
 
+/* ---- checkpoint manifests ---- */
+typedef struct td_ckpt_tensor {
+  size_t offset, count; /* floats; offset + count <= n_params */
+  char *name;
+} td_ckpt_tensor;
+
+typedef struct td_ckpt_manifest {
+  int format, world;
+  long step;
+  unsigned long long consumed, seed, dataset_samples;
+  char kind[64], optimizer[16];
+  char model_config[512]; /* "" in checkpoints of models that do not describe their shape */
+  size_t n_params;        /* 1 .. 2^40 */
+  int n_states;           /* 1 .. 2 */
+  int n_tensors, n_tensor_lines;
+  td_ckpt_tensor *tensors; /* (n_tensors) */
+  int n_shards;
+  uint64_t *shard_bytes; /* (world) */
+  uint32_t *shard_crc;   /* (world) */
+  unsigned char *shard_seen;
+} td_ckpt_manifest;
+
+/* Parse a manifest from `len` bytes at `data` (need not be NUL-terminated;
+ * no file I/O: a fuzzer calls it directly). Checks the closing CRC, every
+ * number's range (world size, sizes, tensor offsets within n_params, each
+ * shard once), duplicate keys and required lines. `source` names the file
+ * in messages. On success *m owns memory (td_ckpt_manifest_free); on
+ * failure TD_ERR_IO (or TD_ERR_SYSTEM) and *m holds nothing. */
+td_status td_ckpt_manifest_parse(const char *data, size_t len, const char *source, td_ckpt_manifest *m);
+void td_ckpt_manifest_free(td_ckpt_manifest *m); /* accepts NULL and a zeroed manifest */
+
 /* ---- the trainer ---- */
 struct td_trainer {
   td_train_config cfg; /* resolved */
@@ -94,6 +125,12 @@ struct td_trainer {
   int n_requests, cap_requests;
   size_t comm_bytes;
   td_status bucket_status; /* first failure from a launch inside the ready callback */
+  int32_t *agree_flags;     /* (world): td_trainer_agree's status table */
+
+  /* Test hook (TANDEM_CKPT_FAULT_AT / TANDEM_CKPT_FAULT_RANK, read at
+   * creation): die at this file operation of each save on that rank. */
+  long ckpt_fault_at;
+  int ckpt_fault_rank;
 
   td_train_trace_fn trace; /* optional phase tracing */
   void *trace_ctx;

@@ -26,6 +26,7 @@
 
 #include <math.h>
 #include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -46,36 +47,52 @@ static int host_cores(void) {
 td_status td_trainer_agree(td_trainer *t, td_status local) {
   if (!t->comm || t->world == 1) return local;
   /* Each rank reports its status in its own slot; a MAX-reduce tells every
-   * rank which ranks failed (cheap: one small allreduce). */
-  int32_t stack_flags[64];
-  int32_t *flags = t->world <= 64 ? stack_flags : calloc((size_t)t->world, sizeof *flags);
-  if (!flags) return td_error(TD_ERR_SYSTEM, "out of memory agreeing on a status");
+   * rank which ranks failed (cheap: one small allreduce). Only when one did,
+   * the first failed rank broadcasts its message, so that every rank's error
+   * carries the reason and not only the rank (all ranks see the same table,
+   * so they all take that branch together). */
+  /* The table was allocated with the trainer: a failed allocation here
+   * would leave this rank out of a collective its peers wait in. */
+  int32_t *flags = t->agree_flags;
   memset(flags, 0, sizeof(int32_t) * (size_t)t->world);
   flags[t->rank] = (int32_t)local;
   char saved[1024];
   td_error_copy(saved, sizeof saved);
   td_status st = td_allreduce(flags, flags, (size_t)t->world, TD_I32, TD_MAX, t->comm);
   if (st != TD_OK) {
-    if (flags != stack_flags) free(flags);
     if (local != TD_OK) return td_error(local, "%s", saved);
     return td_error(st, "rank %d: %s", t->rank, td_comm_last_error(t->comm));
   }
+  int first = -1, n_failed = 0;
+  for (int r = 0; r < t->world; r++)
+    if (flags[r] != TD_OK) {
+      if (first < 0) first = r;
+      n_failed++;
+    }
   td_status result = local;
-  if (local == TD_OK) {
-    int first = -1, n_failed = 0;
-    for (int r = 0; r < t->world; r++)
-      if (flags[r] != TD_OK) {
-        if (first < 0) first = r;
-        n_failed++;
-      }
-    if (first >= 0)
-      result = td_error((td_status)flags[first], "rank %d%s failed (%s); see %s log for the reason", first,
-                        n_failed > 1 ? " and others" : "", td_status_str((td_status)flags[first]),
+  if (first >= 0) {
+    td_status first_status = (td_status)flags[first];
+    char reason[768];
+    memset(reason, 0, sizeof reason);
+    if (t->rank == first) td_strlcpy(reason, saved, sizeof reason);
+    td_status bst = td_broadcast(reason, sizeof reason, TD_U8, first, t->comm);
+    reason[sizeof reason - 1] = '\0';
+    if (local != TD_OK) {
+      result = td_error(local, "%s", saved);
+    } else if (bst != TD_OK || !reason[0]) {
+      result = td_error(first_status, "rank %d%s failed (%s); see %s log for the reason", first,
+                        n_failed > 1 ? " and others" : "", td_status_str(first_status),
                         n_failed > 1 ? "their" : "its");
-  } else {
-    td_error(local, "%s", saved);
+    } else {
+      char others[64] = "";
+      if (n_failed > 1) snprintf(others, sizeof others, " (and %d other rank%s)", n_failed - 1, n_failed > 2 ? "s" : "");
+      /* "rank 3: ..." from the failed rank itself reads "rank 3 failed (...): ..." */
+      char prefix[32];
+      int n_prefix = snprintf(prefix, sizeof prefix, "rank %d: ", first);
+      const char *why = strncmp(reason, prefix, (size_t)n_prefix) == 0 ? reason + n_prefix : reason;
+      result = td_error(first_status, "rank %d failed%s (%s): %s", first, others, td_status_str(first_status), why);
+    }
   }
-  if (flags != stack_flags) free(flags);
   return result;
 }
 
@@ -138,6 +155,8 @@ td_status td_trainer_create(const td_train_config *cfg_in, td_model *model, td_d
   t->rank = comm ? td_comm_rank(comm) : 0;
   t->world = comm ? td_comm_size(comm) : 1;
   TD_CHECK_GOTO(td_train_config_resolve(&t->cfg, t->world), st, fail);
+  t->ckpt_fault_at = td_env_long("TANDEM_CKPT_FAULT_AT", 0);
+  t->ckpt_fault_rank = (int)td_env_long("TANDEM_CKPT_FAULT_RANK", 0);
 
   int local_size = comm ? td_comm_local_size(comm) : 1;
   if (local_size < 1) local_size = 1;
@@ -153,7 +172,10 @@ td_status td_trainer_create(const td_train_config *cfg_in, td_model *model, td_d
   t->inputs = td_alloc((size_t)t->cfg.micro_batch * dataset->input_bytes);
   t->targets = td_alloc((size_t)t->cfg.micro_batch * dataset->targets_per_sample * sizeof(int32_t));
   t->tensor_ready = calloc((size_t)TD_MAX(model->n_tensors, 1), sizeof(size_t));
-  if (!t->params || !t->grads || !t->states[0] || (t->n_states > 1 && !t->states[1]) || !t->inputs ||
+  t->cap_requests = model->n_tensors + 2;
+  t->requests = calloc((size_t)t->cap_requests, sizeof *t->requests);
+  t->agree_flags = calloc((size_t)t->world, sizeof *t->agree_flags);
+  if (!t->requests || !t->agree_flags || !t->params || !t->grads || !t->states[0] || (t->n_states > 1 && !t->states[1]) || !t->inputs ||
       !t->targets || !t->tensor_ready) {
     st = td_error(TD_ERR_SYSTEM, "out of memory for the training arenas (%zu parameters, %d optimizer states)",
                   t->n_params, t->n_states);
@@ -188,6 +210,7 @@ void td_trainer_destroy(td_trainer *t) {
    * with an error). */
   for (int i = 0; i < t->n_requests; i++) td_wait(t->requests[i]);
   free(t->requests);
+  free(t->agree_flags);
   td_free(t->params);
   if (t->grads_shared)
     td_mem_free(t->grads);
@@ -203,17 +226,14 @@ void td_trainer_destroy(td_trainer *t) {
 
 /* ---- bucketed gradient reduction ---- */
 
+/* The request array is sized at creation for the most buckets a step can
+ * launch (one per tensor, plus the final one), so that a step never
+ * allocates here: a failed allocation half-way through the buckets would
+ * leave this rank short of collectives its peers wait for. */
 static td_status push_request(td_trainer *t, td_request *req) {
   if (t->n_requests == t->cap_requests) {
-    int cap = t->cap_requests ? 2 * t->cap_requests : 16;
-    td_request **grown = realloc(t->requests, (size_t)cap * sizeof *grown);
-    if (!grown) {
-      /* Keep the request completable rather than leaking it. */
-      td_wait(req);
-      return td_error(TD_ERR_SYSTEM, "out of memory for gradient bucket requests");
-    }
-    t->requests = grown;
-    t->cap_requests = cap;
+    td_wait(req); /* keep it completable rather than leaking it */
+    return td_error(TD_ERR_INTERNAL, "rank %d: more than %d gradient buckets in one step", t->rank, t->cap_requests);
   }
   t->requests[t->n_requests++] = req;
   return TD_OK;
@@ -290,74 +310,136 @@ static double wait_requests(td_trainer *t, td_status *st_out) {
   return td_now() - t0;
 }
 
-static void load_micro_batch(td_trainer *t, int micro_step) {
+/* Copy this rank's samples of one micro-step into the batch buffers. A
+ * sample the dataset cannot deliver fails the micro-step with the rank, the
+ * sample and the dataset's reason. */
+static td_status load_micro_batch(td_trainer *t, int micro_step) {
   const td_dataset *ds = t->dataset;
   int b = t->cfg.micro_batch;
   uint64_t pos = td_sampler_position(t->consumed, t->world, t->rank, b, micro_step);
   size_t tps = ds->targets_per_sample;
   for (int k = 0; k < b; k++) {
     size_t index = td_sampler_index(&t->sampler, pos + (uint64_t)k);
-    ds->get(ds, index, t->inputs + (size_t)k * ds->input_bytes, t->targets + (size_t)k * tps);
+    td_status st = ds->get(ds, index, t->inputs + (size_t)k * ds->input_bytes, t->targets + (size_t)k * tps);
+    if (st != TD_OK) {
+      char why[768]; /* td_error must not format its own buffer into itself */
+      td_error_copy(why, sizeof why);
+      return td_error(st, "rank %d: step %ld, micro-step %d: the dataset could not deliver sample %zu: %s", t->rank,
+                      t->step + 1, micro_step, index, why[0] ? why : "no reason given");
+    }
   }
+  return TD_OK;
+}
+
+/* One forward; a NaN loss is a failed forward (nn.h: the model leaves the
+ * reason in td_last_error(), which is cleared first so that a NaN without a
+ * reason, a diverged model, is told apart from a stale message). */
+static td_status forward_micro_batch(td_trainer *t, const char *where, int batch, double *loss_out) {
+  td_error(TD_OK, "%s", "");
+  float loss = t->model->ops->forward(t->model, t->params, t->inputs, t->targets, batch);
+  if (isnan(loss)) {
+    char why[768];
+    td_error_copy(why, sizeof why);
+    return td_error(TD_ERR_INVALID_ARGUMENT, "rank %d: %s: the %s model's forward failed: %s", t->rank, where,
+                    t->model->kind ? t->model->kind : "?",
+                    *why ? why : "the loss is NaN (diverged? lower the learning rate or clip gradients)");
+  }
+  *loss_out = loss;
+  return TD_OK;
 }
 
 td_status td_trainer_step(td_trainer *t, td_step_stats *stats) {
   if (!t) return td_error(TD_ERR_INVALID_ARGUMENT, "td_trainer_step: null trainer");
-  if (t->prepared_batch != t->cfg.micro_batch) {
-    TD_CHECK(t->model->ops->prepare(t->model, t->cfg.micro_batch));
-    t->prepared_batch = t->cfg.micro_batch;
-  }
   const td_model *m = t->model;
   const int accum = t->cfg.grad_accum;
   const int distributed = t->comm && t->world > 1;
   double t_start = td_now(), data_s = 0, wait_s = 0;
   td_status st = TD_OK;
 
+  /* A rank that fails locally (prepare, data, forward) stops computing but
+   * still takes part in the status agreement below, which comes before any
+   * gradient bucket is launched: the failure is known to every rank while
+   * no rank has started a collective the failed one would not join. */
+  td_status local = TD_OK;
+  if (t->prepared_batch != t->cfg.micro_batch) {
+    local = m->ops->prepare(t->model, t->cfg.micro_batch);
+    if (local != TD_OK) {
+      char why[768];
+      td_error_copy(why, sizeof why);
+      local = td_error(local, "rank %d: step %ld: preparing the model for micro-batch %d failed: %s", t->rank,
+                       t->step + 1, t->cfg.micro_batch, why);
+    } else
+      t->prepared_batch = t->cfg.micro_batch;
+  }
   memset(t->grads, 0, t->n_params * sizeof(float));
   double loss_sum = 0;
   t->comm_bytes = 0;
   int n_buckets = 0;
-  for (int micro = 0; micro < accum; micro++) {
+  for (int micro = 0; micro < accum && local == TD_OK; micro++) {
     double d0 = td_now();
-    load_micro_batch(t, micro);
+    local = load_micro_batch(t, micro);
     data_s += td_now() - d0;
     trace(t, "data", d0);
-    float loss = m->ops->forward(t->model, t->params, t->inputs, t->targets, t->cfg.micro_batch);
+    double loss = 0;
+    if (local == TD_OK) {
+      char where[64];
+      snprintf(where, sizeof where, "step %ld, micro-step %d", t->step + 1, micro);
+      local = forward_micro_batch(t, where, t->cfg.micro_batch, &loss);
+    }
     loss_sum += loss;
-    int sync = distributed && micro == accum - 1;
-    if (sync) {
-      memset(t->tensor_ready, 0, (size_t)TD_MAX(m->n_tensors, 1) * sizeof(size_t));
-      t->frontier_tensor = m->n_tensors;
-      t->launched_lo = t->n_params;
-      t->next_bucket = t->cfg.first_bucket_bytes / sizeof(float);
-      t->bucket_status = TD_OK;
-      t->n_requests = 0;
+    /* The last micro-step's backward launches the buckets: it waits for the agreement. */
+    if (local == TD_OK && micro < accum - 1)
+      m->ops->backward(t->model, t->params, t->grads, 1.0f / (float)accum, NULL, NULL);
+  }
+  double loss = loss_sum / accum;
+
+  /* The agreement rides on the loss reduction, which every step needs
+   * anyway: [mean loss, failed?] averaged over ranks, 16 bytes. A non-zero
+   * second element means some rank failed; only then a second round
+   * (td_trainer_agree) finds which and carries its reason to every rank. */
+  if (distributed) {
+    double w0 = td_now();
+    double pair[2] = {local == TD_OK ? loss : 0.0, local == TD_OK ? 0.0 : 1.0};
+    st = td_allreduce(pair, pair, 2, TD_F64, TD_AVG, t->comm);
+    wait_s += td_now() - w0;
+    trace(t, "comm_wait", w0);
+    if (st != TD_OK)
+      return td_error(st, "rank %d: agreeing on the step's loss and status failed: %s", t->rank,
+                      td_comm_last_error(t->comm));
+    if (pair[1] != 0.0) {
+      td_status all = td_trainer_agree(t, local);
+      /* Every rank must fail here; the reduction said one did. */
+      return all != TD_OK ? all : td_error(TD_ERR_INTERNAL, "rank %d: the step status reduction and the agreement "
+                                                              "disagree", t->rank);
     }
-    m->ops->backward(t->model, t->params, t->grads, 1.0f / (float)accum, sync ? on_grad_ready : NULL,
-                     sync ? t : NULL);
-    if (sync) {
-      /* Whatever backward did not report (or a tensor reported out of order)
-       * goes in one last bucket. */
-      bucket_launch(t, 0, t->launched_lo);
-      t->launched_lo = 0;
-      n_buckets = t->n_requests;
-    }
+    loss = pair[0];
+  } else if (local != TD_OK) {
+    return local;
   }
 
-  double loss = loss_sum / accum;
-  if (distributed) {
-    td_request *loss_req = NULL;
-    if (t->bucket_status == TD_OK) {
-      st = td_iallreduce(&loss, &loss, 1, TD_F64, TD_AVG, t->comm, &loss_req);
-      if (st == TD_OK) st = push_request(t, loss_req);
-      else td_error(st, "rank %d: averaging the loss failed: %s", t->rank, td_comm_last_error(t->comm));
-    }
+  /* Backward of the last micro-step, with gradient buckets averaged over
+   * ranks as soon as they are final. */
+  int sync = distributed;
+  if (sync) {
+    memset(t->tensor_ready, 0, (size_t)TD_MAX(m->n_tensors, 1) * sizeof(size_t));
+    t->frontier_tensor = m->n_tensors;
+    t->launched_lo = t->n_params;
+    t->next_bucket = t->cfg.first_bucket_bytes / sizeof(float);
+    t->bucket_status = TD_OK;
+    t->n_requests = 0;
+  }
+  m->ops->backward(t->model, t->params, t->grads, 1.0f / (float)accum, sync ? on_grad_ready : NULL, sync ? t : NULL);
+  if (sync) {
+    /* Whatever backward did not report (or a tensor reported out of order)
+     * goes in one last bucket. */
+    bucket_launch(t, 0, t->launched_lo);
+    t->launched_lo = 0;
+    n_buckets = t->n_requests;
     td_status wst;
-    wait_s = wait_requests(t, &wst);
+    wait_s += wait_requests(t, &wst);
     /* The message is the launch failure's, or the wait's if that came later. */
     if (t->bucket_status != TD_OK) return t->bucket_status;
-    if (st == TD_OK) st = wst;
-    if (st != TD_OK) return st;
+    if (wst != TD_OK) return wst;
   }
 
   /* Every rank holds the same averaged gradient, so the norm, the clip and
@@ -440,10 +522,20 @@ td_status td_trainer_evaluate(td_trainer *t, td_dataset *ds, size_t max_samples,
       if (st != TD_OK) break;
       t->prepared_batch = bs;
     }
-    for (int k = 0; k < bs; k++)
-      ds->get(ds, first + i + (size_t)k, t->inputs + (size_t)k * ds->input_bytes, t->targets + (size_t)k * tps);
-    float loss = m->ops->forward(m, t->params, t->inputs, t->targets, bs);
-    sums[0] += (double)loss * bs;
+    for (int k = 0; k < bs && st == TD_OK; k++) {
+      size_t index = first + i + (size_t)k;
+      st = ds->get(ds, index, t->inputs + (size_t)k * ds->input_bytes, t->targets + (size_t)k * tps);
+      if (st != TD_OK) {
+        char why[768];
+        td_error_copy(why, sizeof why);
+        st = td_error(st, "rank %d: evaluation: the dataset could not deliver sample %zu: %s", t->rank, index, why);
+      }
+    }
+    if (st != TD_OK) break;
+    double loss = 0;
+    st = forward_micro_batch(t, "evaluation", bs, &loss);
+    if (st != TD_OK) break;
+    sums[0] += loss * bs;
     if (pred) {
       m->ops->predict(m, pred);
       for (size_t k = 0; k < (size_t)bs * tps; k++) sums[1] += pred[k] == t->targets[k];

@@ -3,7 +3,7 @@
 # each finishes in seconds (also under ASan). Usage:
 #   tests/apps/programs.sh CASE BUILD_TREE
 # CASE: gpt-summary | gpt-resume | gpt-config-errors | gpt-corrupt-checkpoint |
-#       gpt-world-sizes | fmnist-summary
+#       gpt-keep-last | gpt-world-sizes | fmnist-summary
 # Each case checks closed outcomes: exit codes, the summary line's keys,
 # losses equal step by step, error messages that name the problem.
 set -u
@@ -124,6 +124,23 @@ gpt-corrupt-checkpoint)
   truncate -s $(($(stat -c %s "$victim") - 100)) "$victim"
   "$RUN" -np 2 "$GPT" $args --steps 4 --resume "$work/ckpt2" >"$work/r2.out" 2>&1 && { cat "$work/r2.out"; fail "truncated checkpoint accepted"; }
   cat "$work/r2.out"
+  ;;
+
+gpt-keep-last)
+  # --save-every 1 --keep-last 2: after 4 steps only step-3 and step-4 remain.
+  args="$TINY --micro-batch 2 --sample 0"
+  "$RUN" -np 2 "$GPT" $args --steps 4 --save "$work/ckpt" --save-every 1 --keep-last 2 >"$work/k.out" 2>&1 ||
+    { cat "$work/k.out"; fail "save run"; }
+  left=$(cd "$work/ckpt" && ls -d step-* | sort | tr '\n' ' ')
+  echo "left: $left"
+  [ "$left" = "step-3 step-4 " ] || fail "expected step-3 and step-4 to remain, found: $left"
+  [ "$(cat "$work/ckpt/latest")" = "step-4" ] || fail "latest does not name step-4"
+  # Resuming with other --heads (same tensor shapes) is refused, naming the difference.
+  "$RUN" -np 2 "$GPT" --layers 1 --channels 32 --heads 4 --seq 32 --threads 1 --micro-batch 2 --sample 0 --steps 6 \
+    --resume "$work/ckpt" >"$work/h.out" 2>&1 && { cat "$work/h.out"; fail "another model shape accepted"; }
+  cat "$work/h.out"
+  grep -q 'heads: 2 in the checkpoint, 4 in this run' "$work/h.out" || fail "message does not name the heads"
+  expect_exit 2 "$work/o1" "$GPT" --keep-last -1
   ;;
 
 gpt-world-sizes)

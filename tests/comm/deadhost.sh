@@ -41,7 +41,7 @@ for ((r = 0; r < n; r++)); do
   pids+=("$NETNS_PID")
 done
 
-show() { for ((r = 0; r < n; r++)); do sed "s/^/[rank $r] /" "$tmp/out.$r"; done; }
+show() { local k; for ((k = 0; k < n; k++)); do sed "s/^/[rank $k] /" "$tmp/out.$k"; done; }
 # Every rank has finished its warm-up allreduce, over the link, before the cut.
 deadline=$((SECONDS + 30))
 for ((r = 0; r < n; r++)); do

@@ -279,4 +279,42 @@ case_concurrent() {
   echo "concurrent ok"
 }
 
+case_secret() {
+  # A given secret reaches ssh ranks on stdin, never in the remote command;
+  # the job only passes if every rank holds the same one (the store checks).
+  export FAKE_SSH_LOG="$TMP/ssh.log"
+  export TANDEM_SSH="$HERE/fake_ssh.sh"
+  known="launcher-secret-$$-0123456789abcdef0123456789"
+  TANDEM_SECRET="$known" "$RUN" -np 3 -H fake-s:2,localhost:1 "$CHILD" --store-barrier >"$TMP/out" 2>"$TMP/err" ||
+    { cat "$TMP/err"; fail "job with TANDEM_SECRET exit $?"; }
+  expect_eq "$(grep -c 'barrier passed' "$TMP/out")" 3 "ranks through the store"
+  if grep -q "$known" "$FAKE_SSH_LOG"; then fail "the secret is in the ssh command line"; fi
+  expect_grep 'read -r TANDEM_SECRET' "$FAKE_SSH_LOG"
+  # Programs that log their settings (tandem-bench's "# env:") leave the secret out.
+  TANDEM_SECRET="$known" "$RUN" -np 2 "$(dirname "$RUN")/tandem-bench" allreduce -b 4K -e 4K -n 1 -w 0 >"$TMP/out" 2>&1 ||
+    { cat "$TMP/out"; fail "tandem-bench exit $?"; }
+  expect_grep '# env:' "$TMP/out"
+  if grep -q "$known" "$TMP/out"; then fail "tandem-bench printed the secret"; fi
+  # tandemrun's own secret (none given) reaches them the same way.
+  : >"$FAKE_SSH_LOG"
+  env -u TANDEM_SECRET -u TANDEM_SECRET_FILE "$RUN" -np 2 -H fake-s:2 "$CHILD" --store-barrier >"$TMP/out" 2>"$TMP/err" ||
+    { cat "$TMP/err"; fail "job with a generated secret exit $?"; }
+  if grep -Eq 'TANDEM_SECRET=' "$FAKE_SSH_LOG"; then fail "a secret is in the ssh command line"; fi
+  # A secret file others can read is refused, naming the fix, before any rank starts.
+  printf '%s\n' "$known" >"$TMP/secret"
+  chmod 644 "$TMP/secret"
+  env -u TANDEM_SECRET TANDEM_SECRET_FILE="$TMP/secret" "$RUN" -np 2 "$CHILD" --store-barrier >"$TMP/out" 2>"$TMP/err"
+  expect_eq $? 1 "exit code with a loose secret file"
+  expect_grep "refusing TANDEM_SECRET_FILE .*chmod 600" "$TMP/err"
+  if grep -q "$known" "$TMP/err"; then fail "the error shows the secret"; fi
+  chmod 600 "$TMP/secret"
+  env -u TANDEM_SECRET TANDEM_SECRET_FILE="$TMP/secret" "$RUN" -np 2 "$CHILD" --store-barrier >"$TMP/out" 2>"$TMP/err" ||
+    { cat "$TMP/err"; fail "job with a 0600 secret file exit $?"; }
+  # Too short a secret is refused.
+  TANDEM_SECRET=short "$RUN" -np 2 "$CHILD" >"$TMP/out" 2>"$TMP/err"
+  expect_eq $? 1 "exit code with a short secret"
+  expect_grep "at least 32" "$TMP/err"
+  echo "secret ok"
+}
+
 "case_$CASE"

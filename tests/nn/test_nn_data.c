@@ -67,13 +67,13 @@ static void test_text(void) {
   CHECK(fread(head, 1, 65, f) == 65);
   fclose(f);
   int32_t in[64], tg[64];
-  ds->get(ds, 0, in, tg);
+  CHECK_OK(ds->get(ds, 0, in, tg));
   for (int i = 0; i < seq; i++) {
     CHECK_EQ_INT(in[i], head[i]);
     CHECK_EQ_INT(tg[i], head[i + 1]);
   }
   /* the last sample: targets shifted by one, all bytes */
-  ds->get(ds, ds->n_samples - 1, in, tg);
+  CHECK_OK(ds->get(ds, ds->n_samples - 1, in, tg));
   for (int i = 0; i + 1 < seq; i++) CHECK_EQ_INT(tg[i], in[i + 1]);
   for (int i = 0; i < seq; i++) CHECK(in[i] >= 0 && in[i] < 256);
   td_dataset_destroy(ds);
@@ -85,10 +85,13 @@ static void test_text(void) {
   write_file(path, text, strlen(text));
   CHECK_OK(td_text_dataset_open(path, 4, &ds));
   CHECK_EQ_INT(ds->n_samples, (strlen(text) - 1) / 4);
-  ds->get(ds, 1, in, tg);
+  CHECK_OK(ds->get(ds, 1, in, tg));
   CHECK_EQ_INT(in[0], 'o');
   CHECK_EQ_INT(in[2], ' ');
   CHECK_EQ_INT(tg[3], 'a');
+  /* a sample past the end is an error naming it, not a read out of bounds */
+  CHECK(ds->get(ds, ds->n_samples, in, tg) == TD_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(td_last_error(), "sample 3 requested") != NULL);
   td_dataset_destroy(ds);
 
   /* errors */
@@ -125,7 +128,7 @@ static void test_fmnist(void) {
   for (int s = 0; s < 2; s++) {
     int count[10] = {0};
     for (size_t i = 0; i < sets[s]->n_samples; i++) {
-      sets[s]->get(sets[s], i, img, &label);
+      CHECK_OK(sets[s]->get(sets[s], i, img, &label));
       CHECK(label >= 0 && label <= 9);
       count[label]++;
       if (s == 0)
@@ -139,11 +142,13 @@ static void test_fmnist(void) {
   CHECK_CLOSE(mean, 0.0, 0, 0.01);
   CHECK_CLOSE(sd, 1.0, 0.01, 0);
   /* the first training sample is an ankle boot (label 9); its corner pixel is background */
-  train->get(train, 0, img, &label);
+  CHECK_OK(train->get(train, 0, img, &label));
   CHECK_EQ_INT(label, 9);
   CHECK_CLOSE(img[0], (0.0 - 0.2860) / 0.3530, 1e-5, 0);
-  test->get(test, 0, img, &label);
+  CHECK_OK(test->get(test, 0, img, &label));
   CHECK_EQ_INT(label, 9);
+  CHECK(test->get(test, 10000, img, &label) == TD_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(td_last_error(), "sample 10000 requested") != NULL);
   free(img);
   td_dataset_destroy(train);
   td_dataset_destroy(test);
@@ -182,7 +187,7 @@ static void idx_case(const char *name, unsigned char *img, size_t img_len, unsig
     CHECK_EQ_INT(ds->n_samples, 5);
     float x[784];
     int32_t y;
-    ds->get(ds, 3, x, &y);
+    CHECK_OK(ds->get(ds, 3, x, &y));
     CHECK_EQ_INT(y, 3);
     CHECK_CLOSE(x[10], ((13 % 256) / 255.0 - 0.2860) / 0.3530, 1e-5, 1e-6);
     td_dataset_destroy(ds);

@@ -16,6 +16,25 @@
  *       different number of ranks), trains 3 steps and compares the losses
  *       with an uninterrupted run on this world size (within summation noise).
  *
+ *   test_train_dp fail MODEL
+ *       Injected failures on one rank: a sample the dataset cannot deliver,
+ *       a sample whose token makes the model's forward fail (NaN loss), and
+ *       a failed allocation when the model is prepared. Each must fail the
+ *       step on EVERY rank with a message naming the failing rank and the
+ *       reason, leave the parameters bit-identical to a saved copy and the
+ *       step count unchanged; the retried step then equals a run that never
+ *       failed, bit for bit.
+ *
+ *   test_train_dp shareddir MODEL DIR
+ *       Each rank saves into its own DIR/rank-R (as if every host had a
+ *       local disk): refused on every rank, naming the rank that cannot see
+ *       rank 0's directory. Then one shared directory works.
+ *   test_train_dp ckpt-step MODEL DIR / ckpt-check MODEL DIR
+ *       ckpt-step: with no checkpoint in DIR, train 3 steps and save; else
+ *       resume, train 2 steps and save (run under TANDEM_CKPT_FAULT_AT to die
+ *       part-way). ckpt-check: resume DIR, which must hold step 3 or step 5,
+ *       and the next step's loss must equal an uninterrupted run's, exactly.
+ *
  * MODEL: "tiny" (the test MLP), "gpt" (a small src/nn GPT on synthetic
  * text) or "cnn" (the src/nn CNN on synthetic images). OPT: sgd | adamw. */
 #include "train/train_impl.h"
@@ -28,11 +47,14 @@
 
 #define G 8 /* global batch */
 
+static td_comm *comm_of_test;
+
 /* ---- synthetic datasets for the src/nn models ---- */
 
 enum { GPT_T = 16 };
 
-static void text_get(const td_dataset *ds, size_t index, void *input, int32_t *targets) {
+static td_status text_get(const td_dataset *ds, size_t index, void *input, int32_t *targets) {
+  (void)ds;
   /* A deterministic byte stream with structure (so the loss falls). */
   int32_t *tok = input;
   for (int j = 0; j <= GPT_T; j++) {
@@ -41,9 +63,11 @@ static void text_get(const td_dataset *ds, size_t index, void *input, int32_t *t
     if (j < GPT_T) tok[j] = v;
     if (j > 0) targets[j - 1] = v;
   }
+  return TD_OK;
 }
 
-static void image_get(const td_dataset *ds, size_t index, void *input, int32_t *targets) {
+static td_status image_get(const td_dataset *ds, size_t index, void *input, int32_t *targets) {
+  (void)ds;
   float *x = input;
   int label = (int)(index % 10);
   for (int i = 0; i < 28 * 28; i++) {
@@ -52,6 +76,7 @@ static void image_get(const td_dataset *ds, size_t index, void *input, int32_t *
     x[i] = (float)((s >> 40) & 0xFF) / 512.0f + (((i / 28) % 10) == label ? 1.0f : 0.0f);
   }
   targets[0] = label;
+  return TD_OK;
 }
 
 static void plain_destroy(td_dataset *ds) { free(ds); }
@@ -287,6 +312,207 @@ static void run_reload(td_comm *comm, const model_kit *kit, const char *dir) {
   td_dataset_destroy(ds);
 }
 
+static void run_shareddir(td_comm *comm, const model_kit *kit, const char *dir) {
+  int world = td_comm_size(comm), rank = td_comm_rank(comm);
+  td_dataset *ds = kit->dataset();
+  td_model *m = kit->create();
+  td_trainer *t = make(kit, m, ds, comm, G / world, 1, TD_OPTIMIZER_ADAMW);
+  CHECK_OK(td_trainer_step(t, NULL));
+  char own[600], shared[600];
+  snprintf(own, sizeof own, "%s/rank-%d", dir, rank);
+  snprintf(shared, sizeof shared, "%s/shared", dir);
+  td_status s = td_trainer_save(t, own);
+  if (rank == 0) printf("per-rank directories: %s: %s\n", td_status_str(s), td_last_error());
+  CHECK_EQ_INT(s, TD_ERR_IO);
+  if (!strstr(td_last_error(), "rank 1 cannot see the checkpoint directory") ||
+      !strstr(td_last_error(), "per-host local directories are not supported"))
+    td_test_fail(__FILE__, __LINE__, "rank %d: message: %s", rank, td_last_error());
+  CHECK_OK(td_trainer_save(t, shared));
+  td_trainer *u = make(kit, m, ds, comm, G / world, 1, TD_OPTIMIZER_ADAMW);
+  CHECK_OK(td_trainer_resume(u, shared));
+  CHECK_EQ_INT(td_trainer_step_count(u), 1);
+  CHECK(memcmp(td_trainer_params(u), td_trainer_params(t), td_trainer_n_params(t) * sizeof(float)) == 0);
+  td_trainer_destroy(t);
+  td_trainer_destroy(u);
+  td_model_destroy(m);
+  td_dataset_destroy(ds);
+}
+
+static void run_ckpt_step(td_comm *comm, const model_kit *kit, const char *dir) {
+  int world = td_comm_size(comm);
+  td_dataset *ds = kit->dataset();
+  td_model *m = kit->create();
+  td_trainer *t = make(kit, m, ds, comm, G / world, 1, TD_OPTIMIZER_ADAMW);
+  char latest[600];
+  snprintf(latest, sizeof latest, "%s/latest", dir);
+  int fresh = access(latest, F_OK) != 0;
+  if (!fresh) CHECK_OK(td_trainer_resume(t, dir));
+  for (int s = 0; s < (fresh ? 3 : 2); s++) CHECK_OK(td_trainer_step(t, NULL));
+  CHECK_OK(td_trainer_save(t, dir));
+  td_trainer_destroy(t);
+  td_model_destroy(m);
+  td_dataset_destroy(ds);
+}
+
+static void run_ckpt_check(td_comm *comm, const model_kit *kit, const char *dir) {
+  int world = td_comm_size(comm), rank = td_comm_rank(comm);
+  td_dataset *ds = kit->dataset();
+  td_model *m = kit->create();
+  td_trainer *t = make(kit, m, ds, comm, G / world, 1, TD_OPTIMIZER_ADAMW);
+  CHECK_OK(td_trainer_resume(t, dir));
+  long step = td_trainer_step_count(t);
+  CHECK(step == 3 || step == 5);
+  td_step_stats a, b;
+  CHECK_OK(td_trainer_step(t, &a));
+  td_trainer *ref = make(kit, m, ds, comm, G / world, 1, TD_OPTIMIZER_ADAMW);
+  for (long s = 0; s <= step; s++) CHECK_OK(td_trainer_step(ref, &b));
+  if (a.loss != b.loss) td_test_fail(__FILE__, __LINE__, "resumed at step %ld: loss %.9g != %.9g", step, a.loss, b.loss);
+  CHECK(memcmp(td_trainer_params(t), td_trainer_params(ref), td_trainer_n_params(t) * sizeof(float)) == 0);
+  if (rank == 0) printf("resumed the complete checkpoint of step %ld exactly\n", step);
+  td_trainer_destroy(t);
+  td_trainer_destroy(ref);
+  td_model_destroy(m);
+  td_dataset_destroy(ds);
+}
+
+/* ---- injected failures ---- */
+
+/* A dataset that wraps another and, on rank fail_rank only, spoils its
+ * fail_at-th get: kind 0 reports a read error, kind 1 delivers an
+ * out-of-vocabulary token (the GPT's forward then returns NaN). */
+typedef struct faulty_dataset {
+  td_dataset base;
+  td_dataset *inner;
+  int rank, fail_rank, kind;
+  long calls, fail_at; /* fail_at 0: disarmed */
+} faulty_dataset;
+
+static td_status faulty_get(const td_dataset *ds, size_t index, void *input, int32_t *targets) {
+  faulty_dataset *f = (faulty_dataset *)ds->impl;
+  td_status st = f->inner->get(f->inner, index, input, targets);
+  if (st != TD_OK || f->rank != f->fail_rank || f->fail_at == 0 || ++f->calls != f->fail_at) return st;
+  f->fail_at = 0; /* one shot: the retried step succeeds */
+  if (f->kind == 0) return td_error(TD_ERR_IO, "injected read error in record %zu", index);
+  ((int32_t *)input)[3] = 999;
+  return TD_OK;
+}
+
+/* A model whose next prepare fails on one rank, as an allocation failure would. */
+static const td_model_ops *inner_ops;
+static td_model_ops prepare_fault_ops;
+static int prepare_fault_armed;
+static td_status faulty_prepare(td_model *m, int batch) {
+  if (prepare_fault_armed) {
+    prepare_fault_armed = 0;
+    return td_error(TD_ERR_SYSTEM, "injected: out of memory for activations of micro-batch %d", batch);
+  }
+  return inner_ops->prepare(m, batch);
+}
+
+static void expect_failed_step(td_trainer *t, td_status want, int fail_rank, const char *reason) {
+  int rank = td_comm_rank(comm_of_test);
+  size_t n = td_trainer_n_params(t);
+  long steps = td_trainer_step_count(t);
+  float *before = malloc(n * sizeof(float));
+  memcpy(before, td_trainer_params(t), n * sizeof(float));
+  td_step_stats st;
+  td_status s = td_trainer_step(t, &st);
+  if (rank == 0 || rank == fail_rank) printf("rank %d: failed step: %s: %s\n", rank, td_status_str(s), td_last_error());
+  if (s != want) td_test_fail(__FILE__, __LINE__, "rank %d: step returned %s, expected %s (%s)", rank, td_status_str(s),
+                              td_status_str(want), td_last_error());
+  char who[32];
+  snprintf(who, sizeof who, "rank %d", fail_rank);
+  if (!strstr(td_last_error(), who) || !strstr(td_last_error(), reason))
+    td_test_fail(__FILE__, __LINE__, "rank %d: the message lacks \"%s\" or \"%s\": %s", rank, who, reason,
+                 td_last_error());
+  CHECK(memcmp(before, td_trainer_params(t), n * sizeof(float)) == 0);
+  CHECK_EQ_INT(td_trainer_step_count(t), steps);
+  free(before);
+}
+
+static void run_fail(td_comm *comm, const model_kit *kit) {
+  int world = td_comm_size(comm), rank = td_comm_rank(comm);
+  comm_of_test = comm;
+  /* micro-batch 2 at least, so that evaluating one sample per rank makes the
+   * next step prepare the model again (part 3) */
+  const int accum = G / world >= 4 ? 2 : 1, micro = G / (world * accum);
+  CHECK(micro >= 2);
+  td_dataset *inner = kit->dataset();
+  faulty_dataset *f = calloc(1, sizeof *f);
+  f->base = *inner;
+  f->base.get = faulty_get;
+  f->base.destroy = NULL;
+  f->base.impl = f;
+  f->inner = inner;
+  f->rank = rank;
+  td_model *md = kit->create(), *mr = kit->create();
+  inner_ops = md->ops;
+  prepare_fault_ops = *md->ops;
+  prepare_fault_ops.prepare = faulty_prepare;
+  md->ops = &prepare_fault_ops;
+  td_trainer *dp = make(kit, md, &f->base, comm, micro, accum, TD_OPTIMIZER_ADAMW);
+  td_trainer *ref = make(kit, mr, inner, comm, micro, accum, TD_OPTIMIZER_ADAMW);
+  td_step_stats a, b;
+  CHECK_OK(td_trainer_step(dp, &a));
+  CHECK_OK(td_trainer_step(ref, &b));
+  CHECK(a.loss == b.loss);
+
+  /* 1. The last rank's dataset fails in the second micro-step of step 2
+   * (gets per step per rank: micro x accum). */
+  f->fail_rank = world - 1;
+  f->kind = 0;
+  f->calls = 0;
+  f->fail_at = micro * accum; /* the last sample of step 2 */
+  expect_failed_step(dp, TD_ERR_IO, world - 1, "injected read error in record");
+  if (rank == world - 1) CHECK(strstr(td_last_error(), "could not deliver sample") != NULL);
+  CHECK_OK(td_trainer_step(dp, &a));
+  CHECK_OK(td_trainer_step(ref, &b));
+  if (a.loss != b.loss) td_test_fail(__FILE__, __LINE__, "retried step loss %.9g != %.9g", a.loss, b.loss);
+
+  /* 2. A forward that fails (NaN loss) on rank 0, in the first micro-step. */
+  if (strcmp(kit->name, "gpt") == 0) {
+    f->fail_rank = 0;
+    f->kind = 1;
+    f->calls = 0;
+    f->fail_at = 1;
+    expect_failed_step(dp, TD_ERR_INVALID_ARGUMENT, 0, "outside the vocabulary");
+    CHECK_OK(td_trainer_step(dp, &a));
+    CHECK_OK(td_trainer_step(ref, &b));
+    if (a.loss != b.loss) td_test_fail(__FILE__, __LINE__, "retried step loss %.9g != %.9g", a.loss, b.loss);
+  }
+
+  /* 3. An allocation failure on rank 1 % world when the step re-prepares
+   * the model (evaluating one sample per rank left it sized for one). */
+  double loss_e, acc_e;
+  CHECK_OK(td_trainer_evaluate(dp, &f->base, (size_t)world, &loss_e, &acc_e));
+  prepare_fault_armed = rank == 1 % world;
+  expect_failed_step(dp, TD_ERR_SYSTEM, 1 % world, "injected: out of memory for activations");
+  CHECK_OK(td_trainer_step(dp, &a));
+  CHECK_OK(td_trainer_step(ref, &b));
+  if (a.loss != b.loss) td_test_fail(__FILE__, __LINE__, "retried step loss %.9g != %.9g", a.loss, b.loss);
+  CHECK(memcmp(td_trainer_params(dp), td_trainer_params(ref), td_trainer_n_params(dp) * sizeof(float)) == 0);
+
+  /* 4. Evaluation: a sample that cannot be delivered fails it on every rank. */
+  f->fail_rank = world - 1;
+  f->kind = 0;
+  f->calls = 0;
+  f->fail_at = 2;
+  td_status s = td_trainer_evaluate(dp, &f->base, 0, &loss_e, &acc_e);
+  CHECK_EQ_INT(s, TD_ERR_IO);
+  char who[32];
+  snprintf(who, sizeof who, "rank %d", world - 1);
+  CHECK(strstr(td_last_error(), who) != NULL && strstr(td_last_error(), "injected read error") != NULL);
+  if (rank == 0) printf("fail %s world %d: every rank failed each spoiled step with the rank and reason\n", kit->name, world);
+
+  td_trainer_destroy(dp);
+  td_trainer_destroy(ref);
+  md->ops = inner_ops;
+  td_model_destroy(md);
+  td_model_destroy(mr);
+  free(f);
+  td_dataset_destroy(inner);
+}
+
 int main(int argc, char **argv) {
   if (argc < 3) {
     fprintf(stderr, "usage: %s equal MODEL ACCUM OPT | resume MODEL DIR | reload MODEL DIR\n", argv[0]);
@@ -300,6 +526,14 @@ int main(int argc, char **argv) {
     run_equal(comm, kit, atoi(argv[3]), parse_opt(argv[4]));
   } else if (strcmp(argv[1], "resume") == 0 && argc >= 4) {
     run_resume(comm, kit, argv[3]);
+  } else if (strcmp(argv[1], "shareddir") == 0 && argc >= 4) {
+    run_shareddir(comm, kit, argv[3]);
+  } else if (strcmp(argv[1], "ckpt-step") == 0 && argc >= 4) {
+    run_ckpt_step(comm, kit, argv[3]);
+  } else if (strcmp(argv[1], "ckpt-check") == 0 && argc >= 4) {
+    run_ckpt_check(comm, kit, argv[3]);
+  } else if (strcmp(argv[1], "fail") == 0) {
+    run_fail(comm, kit);
   } else if (strcmp(argv[1], "reload") == 0 && argc >= 4) {
     run_reload(comm, kit, argv[3]);
   } else {

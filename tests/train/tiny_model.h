@@ -128,6 +128,7 @@ static td_model *tiny_model_create(void) {
   t->base.tensors = t->tensors;
   t->base.input_bytes = sizeof(float) * TINY_D;
   t->base.targets_per_sample = 1;
+  t->base.config = "inputs=16 hidden=32 classes=5";
   return &t->base;
 }
 
@@ -142,7 +143,8 @@ static void tiny_init_params(float *p, uint64_t seed) {
 
 /* Synthetic dataset: sample i has features from a hash of i and the label of
  * its largest feature among the first K, so the task is learnable. */
-static void tiny_get(const td_dataset *ds, size_t index, void *input, int32_t *targets) {
+static td_status tiny_get(const td_dataset *ds, size_t index, void *input, int32_t *targets) {
+  (void)ds;
   float *x = input;
   uint64_t s = (uint64_t)index * 0x9E3779B97F4A7C15ull + 7;
   int best = 0;
@@ -152,6 +154,7 @@ static void tiny_get(const td_dataset *ds, size_t index, void *input, int32_t *t
     if (i < TINY_K && x[i] > x[best]) best = i;
   }
   targets[0] = best;
+  return TD_OK;
 }
 
 static void tiny_ds_destroy(td_dataset *ds) { free(ds); }

@@ -65,6 +65,45 @@ static size_t shm_layout(shm_transport *t, char *base) {
   return round_up(off, 4096);
 }
 
+/* Before a rank that did not create the segment trusts its header (the
+ * name came through the store; the segment could be stale or tampered
+ * with): every field must be what rank 0 could have written, and the layout
+ * the fields give must be exactly the mapped size. The bounds come first so
+ * that shm_layout's arithmetic cannot overflow. Sets the sizes in t. */
+static td_status check_header(shm_transport *t, const td_comm *comm, size_t mapped) {
+  const shm_seg_header *h = (const shm_seg_header *)t->map;
+  size_t pairs = (size_t)t->n * (size_t)(t->n - 1);
+  const char *bad = NULL;
+  if (mapped < sizeof *h)
+    bad = "smaller than its header";
+  else if (h->magic != SHM_MAGIC)
+    bad = "bad magic";
+  else if (h->n_ranks != (uint32_t)t->n)
+    bad = "wrong number of ranks";
+  else if (h->total_bytes != mapped)
+    bad = "total size differs from the mapped size";
+  else if (h->fifo_bytes < 4096 || h->fifo_bytes % SHM_LINE || (pairs && h->fifo_bytes > mapped / pairs))
+    bad = "FIFO size out of bounds";
+  else if (h->slot_bytes < 4096 || h->slot_bytes % 4096 || h->slot_bytes > mapped / (2 * (size_t)t->n))
+    bad = "slot size out of bounds";
+  else if (h->chunk_bytes < SHM_LINE || h->chunk_bytes % SHM_LINE || h->chunk_bytes > h->slot_bytes)
+    bad = "chunk size out of bounds";
+  else if (h->leader_pid != (int32_t)comm->pids[0])
+    bad = "its creator is not rank 0";
+  if (!bad) {
+    t->fifo_bytes = h->fifo_bytes;
+    t->slot_bytes = h->slot_bytes;
+    t->chunk_bytes = h->chunk_bytes;
+    if (shm_layout(t, NULL) != mapped) bad = "its layout does not match its size";
+  }
+  if (bad)
+    return td_error(TD_ERR_INVALID_ARGUMENT,
+                    "rank %d: refusing shared-memory segment %s (%zu bytes) for %d ranks: %s (stale, another job's, "
+                    "or tampered with)",
+                    t->rank, t->name, mapped, t->n, bad);
+  return TD_OK;
+}
+
 static shm_fifo *fifo_of(const shm_transport *t, int src, int dst) {
   size_t idx = (size_t)src * (size_t)(t->n - 1) + (size_t)(dst < src ? dst : dst - 1);
   return (shm_fifo *)(t->fifo_base + idx * t->fifo_stride);
@@ -449,6 +488,7 @@ td_status shm_transport_create(td_comm *comm, transport **out) {
     snprintf(v, sizeof v, "%s %zu", t->name, total);
     TD_CHECK_GOTO(store_set_str(comm->store, key_seg, v), st, fail);
   } else {
+    transport_test_gate();
     TD_CHECK_GOTO(wait_key(t, key_seg, &value), st, fail);
     if (value[0] == '!') {
       st = td_error(TD_ERR_REMOTE, "%s", value + 1);
@@ -463,14 +503,14 @@ td_status shm_transport_create(td_comm *comm, transport **out) {
     TD_CHECK_GOTO(net_shm_open(t->name, total, &addr), st, fail);
     t->map = addr;
     t->map_bytes = total;
-    shm_seg_header *h = (shm_seg_header *)t->map;
-    if (h->magic != SHM_MAGIC || h->n_ranks != (uint32_t)t->n || h->total_bytes != total) {
-      st = td_error(TD_ERR_INTERNAL, "shared-memory segment %s is not a %d-rank tandem segment", t->name, t->n);
+    st = check_header(t, comm, total);
+    if (st != TD_OK) {
+      /* Nothing of it was touched: detach without announcing anything in it. */
+      net_shm_unmap(t->map, total);
+      t->map = NULL;
+      t->map_bytes = 0;
       goto fail;
     }
-    t->fifo_bytes = h->fifo_bytes;
-    t->slot_bytes = h->slot_bytes;
-    t->chunk_bytes = h->chunk_bytes;
     shm_layout(t, t->map);
   }
   t->ranks[t->rank].pid = (int32_t)getpid();

@@ -127,6 +127,11 @@ td_status shm_peer_buffer(td_comm *comm, int rank, int which, char **out) {
       return TD_OK;
     }
   void *base = NULL;
+  /* The segment says which process to map from: it must be the rank the
+   * rendezvous saw. */
+  if (t->ranks[rank].pid != (int32_t)comm->pids[rank])
+    return comm_fail(comm, TD_ERR_INTERNAL, "rank %d: the shared segment names process %d for rank %d, but rank %d "
+                     "is process %d", t->rank, (int)t->ranks[rank].pid, rank, rank, (int)comm->pids[rank]);
   if (net_hostmem_map_peer((pid_t)t->ranks[rank].pid, ref, &base) != TD_OK)
     return comm_fail(comm, TD_ERR_SYSTEM,
                      "rank %d cannot map rank %d's host-shared buffer: %s (set TANDEM_SHM_XMAP=0 to stage "

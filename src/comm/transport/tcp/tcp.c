@@ -3,10 +3,18 @@
  *
  * Wiring (tcp_transport_create): every rank listens on an ephemeral port and
  * publishes "<prefix>/tcp/<rank>" = "address:port" in the store; rank i then
- * connects to every j < i and sends a hello (its rank and a hash of the
- * communicator's prefix), and accepts one connection from every j > i,
- * checking the hello. Connecting never waits on the peer's accept (the
- * kernel completes it from the listen backlog), so the order cannot deadlock.
+ * connects to every j < i and authenticates (net_auth_connect: its rank in
+ * the hello, a MAC bound to the communicator and to j), and accepts one
+ * connection from every j > i, checking the MAC (net_auth_accept) before
+ * the socket joins the transport. A connector waits only on lower ranks'
+ * accept loops, and rank 0 accepts at once, so the order cannot deadlock.
+ *
+ * The listener binds 127.0.0.1 when every rank of the communicator is on
+ * this host; otherwise TANDEM_HOST_ADDR, TANDEM_IFACE's address, or the
+ * local address of the connection to the store (the interface that routes
+ * to it). A connection that fails authentication is closed with a warning
+ * and never sees a byte of the job's data; one that stays silent is closed
+ * after TANDEM_AUTH_TIMEOUT.
  *
  *        rank 0          rank 1          rank 2
  *        listen  <-----  connect
@@ -89,7 +97,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#define TCP_HELLO_MAGIC 0x54444843u /* "TDHC" */
 /* Longest single sleep in wait(), so that a failure recorded by another
  * thread is noticed promptly even if no socket becomes ready. */
 #define TCP_WAIT_SLICE_S 0.1
@@ -133,12 +140,6 @@
  * kernel already advertised makes it drop segments, which come back only
  * after 200 ms retransmission timeouts (measured: 30x slower at 16 KiB). */
 #define TCP_MIN_BUFFER_BYTES ((size_t)128 << 10)
-
-typedef struct tcp_hello {
-  uint32_t magic;
-  int32_t rank;
-  uint64_t prefix_hash;
-} tcp_hello;
 
 typedef struct tcp_peer {
   int fd;        /* -1 for this rank */
@@ -185,6 +186,12 @@ typedef struct tcp_transport {
   _Atomic int aborted;
   uint64_t spin_ns; /* busy-poll budget before sleeping in poll (0: never spin) */
 } tcp_transport;
+
+/* The authentication context of rank `acceptor`'s listener: a proof made
+ * for one communicator or one listener is worthless for any other. */
+static void auth_context(const td_comm *comm, int acceptor, char *buf, size_t size) {
+  snprintf(buf, size, "tcp %s %d", comm->prefix, acceptor);
+}
 
 static uint64_t prefix_hash(const char *s) {
   uint64_t h = 1469598103934665603ull; /* FNV-1a */
@@ -715,39 +722,115 @@ static void describe_missing(const tcp_transport *t, char *buf, size_t size) {
   }
 }
 
-/* Accept from every higher rank, checking the hellos. A connection with a
- * wrong hello (another job, a stale peer) is dropped with a warning. */
-static td_status accept_peers(tcp_transport *t, int listen_fd, uint64_t hash, double deadline, double timeout_s) {
+/* Handshakes the accept loop runs at once: strangers beyond this many wait
+ * in the listen backlog while the first ones time out. */
+#define TCP_MAX_PENDING_AUTH 64
+
+typedef struct pending_conn {
+  int fd;
+  double deadline;
+  net_auth_acceptor auth;
+} pending_conn;
+
+/* Accept from every higher rank, authenticating each (net.h). Handshakes
+ * run side by side from one poll loop, so a stranger that stays silent
+ * (dropped after TANDEM_AUTH_TIMEOUT) or answers wrongly (dropped at once,
+ * with a warning) holds up no rank. Only an authenticated connection from a
+ * higher rank not yet connected joins the transport. */
+static td_status accept_peers(tcp_transport *t, int listen_fd, double deadline, double timeout_s) {
   td_comm *comm = t->base.comm;
   int expected = t->size - 1 - t->rank;
+  char ctx[300];
+  auth_context(comm, t->rank, ctx, sizeof ctx);
+  pending_conn pend[TCP_MAX_PENDING_AUTH];
+  struct pollfd pfds[TCP_MAX_PENDING_AUTH + 1];
+  int n_pend = 0;
+  td_status st = TD_OK;
+  if (expected > 0 && net_set_nonblocking(listen_fd, true) != 0)
+    return td_error_errno("tcp: rank %d cannot make its listening socket non-blocking", t->rank);
   while (expected > 0) {
-    int fd = -1;
-    td_status st = net_accept(listen_fd, deadline, &fd);
-    if (st == TD_ERR_TIMEOUT) {
+    double now = td_now();
+    if (now >= deadline) {
       char missing[512];
       describe_missing(t, missing, sizeof missing);
-      return td_error(TD_ERR_TIMEOUT,
-                      "tcp: %s did not connect to rank %d (%s) within %g s (TANDEM_CONNECT_TIMEOUT): the process "
-                      "may have failed to start or crashed, or cannot reach this address (set TANDEM_HOST_ADDR "
-                      "to one it can reach)",
-                      missing, t->rank, t->peers[t->rank].addr, timeout_s);
+      st = td_error(TD_ERR_TIMEOUT,
+                    "tcp: %s did not connect to rank %d (%s) within %g s (TANDEM_CONNECT_TIMEOUT): the process "
+                    "may have failed to start or crashed, or cannot reach this address (set TANDEM_HOST_ADDR or "
+                    "TANDEM_IFACE to one it can reach)",
+                    missing, t->rank, t->peers[t->rank].addr, timeout_s);
+      break;
     }
-    if (st != TD_OK) return st;
-    tcp_hello hello;
-    st = net_recv_all(fd, &hello, sizeof hello, TD_MIN(deadline, td_now() + 5.0));
-    if (st != TD_OK || hello.magic != TCP_HELLO_MAGIC || hello.prefix_hash != hash || hello.rank <= t->rank ||
-        hello.rank >= t->size || t->peers[hello.rank].fd >= 0) {
-      TD_WARN("tcp: rank %d (%s, communicator %s) dropped a connection that is not from a new peer of this "
-              "communicator (%s)",
-              t->rank, t->peers[t->rank].addr, comm->prefix,
-              st != TD_OK ? td_last_error() : "unexpected hello");
-      close(fd);
-      continue;
+    double wake = deadline;
+    int n_pfds = 0;
+    if (n_pend < TCP_MAX_PENDING_AUTH) pfds[n_pfds++] = (struct pollfd){.fd = listen_fd, .events = POLLIN};
+    int first_pend = n_pfds;
+    for (int i = 0; i < n_pend; i++) {
+      pfds[n_pfds++] = (struct pollfd){.fd = pend[i].fd, .events = POLLIN};
+      wake = TD_MIN(wake, pend[i].deadline);
     }
-    t->peers[hello.rank].fd = fd;
-    expected--;
+    int ms = (int)TD_MIN(TD_MAX((wake - now) * 1000.0 + 1, 0), 1000.0);
+    int ready = poll(pfds, (nfds_t)n_pfds, ms);
+    if (ready < 0 && errno != EINTR) {
+      st = td_error_errno("tcp: rank %d: poll on its listening socket failed", t->rank);
+      break;
+    }
+    /* Existing handshakes first (their slots shift as they finish). */
+    for (int k = n_pfds - 1; ready > 0 && k >= first_pend; k--) {
+      if (!pfds[k].revents) continue;
+      pending_conn *pc = &pend[k - first_pend];
+      unsigned char in[NET_AUTH_HELLO_BYTES], out[NET_AUTH_MSG_BYTES];
+      ssize_t n;
+      TD_SYSCALL_RETRY(n, recv(pc->fd, in, net_auth_acceptor_want(&pc->auth), MSG_DONTWAIT));
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) continue;
+      int r = n > 0 ? net_auth_acceptor_feed(&pc->auth, NET_AUTH_ROLE_TCP, ctx, in, (size_t)n, out) : NET_AUTH_FAIL;
+      if (r == NET_AUTH_MORE) continue;
+      const char *why = NULL;
+      if (r == NET_AUTH_FAIL)
+        why = n <= 0 ? "it hung up during authentication"
+              : pc->auth.stage == 0 ? "it sent no authentication hello"
+                                    : "its proof does not match this job's secret";
+      else if (net_send_all(pc->fd, out, NET_AUTH_MSG_BYTES, td_now() + net_auth_timeout_s()) != TD_OK)
+        why = "it stopped reading during authentication";
+      else if (r == NET_AUTH_REPLY)
+        continue;
+      else if (pc->auth.hello.rank <= t->rank || pc->auth.hello.rank >= t->size ||
+               t->peers[pc->auth.hello.rank].fd >= 0)
+        why = "authenticated, but its rank is not one this rank expects";
+      if (why) {
+        TD_WARN("tcp: rank %d (%s, communicator %s) closed a connection that is not from a new peer of this "
+                "communicator: %s",
+                t->rank, t->peers[t->rank].addr, comm->prefix, why);
+        close(pc->fd);
+      } else {
+        t->peers[pc->auth.hello.rank].fd = pc->fd;
+        expected--;
+      }
+      *pc = pend[--n_pend];
+    }
+    /* Silent ones past their time. */
+    now = td_now();
+    for (int i = n_pend - 1; i >= 0; i--) {
+      if (pend[i].deadline > now) continue;
+      TD_WARN("tcp: rank %d (%s, communicator %s) closed a connection that did not authenticate within %g s "
+              "(TANDEM_AUTH_TIMEOUT)",
+              t->rank, t->peers[t->rank].addr, comm->prefix, net_auth_timeout_s());
+      close(pend[i].fd);
+      pend[i] = pend[--n_pend];
+    }
+    /* New connections. */
+    while (first_pend == 1 && pfds[0].revents && n_pend < TCP_MAX_PENDING_AUTH) {
+      int fd = accept4(listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd < 0) {
+        if (errno == EINTR || errno == ECONNABORTED) continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK)
+          TD_WARN("tcp: rank %d: accept failed: %s", t->rank, strerror(errno));
+        break;
+      }
+      pend[n_pend++] = (pending_conn){.fd = fd, .deadline = td_now() + net_auth_timeout_s()};
+    }
   }
-  return TD_OK;
+  for (int i = 0; i < n_pend; i++) close(pend[i].fd);
+  return st;
 }
 
 /* TANDEM_HEARTBEAT_INTERVAL and TANDEM_HEARTBEAT_TIMEOUT (each checked by
@@ -847,14 +930,23 @@ td_status tcp_transport_create(td_comm *comm, transport **out) {
    * variable with the same default for the rendezvous. */
   double timeout_s = comm->tun.connect_timeout_s;
   double deadline = td_now() + timeout_s;
+  /* Tells this communicator's heartbeats from any other's that reach the port. */
   uint64_t hash = prefix_hash(comm->prefix);
   TD_CHECK_GOTO(read_heartbeat_config(t), st, fail);
 
-  /* Listen and publish. */
+  /* Listen (see the file header for the address) and publish. */
   int port = 0;
-  TD_CHECK_GOTO(listen_beside_heartbeat(t, NULL, hash, &listen_fd, &port), st, fail);
-  char host[64];
-  TD_CHECK_GOTO(net_local_address(host, sizeof host), st, fail);
+  char host[64] = "127.0.0.1";
+  if (comm->local_size != comm->size) {
+    if (td_env_str("TANDEM_HOST_ADDR", NULL) || td_env_str("TANDEM_IFACE", NULL)) {
+      TD_CHECK_GOTO(net_local_address(host, sizeof host), st, fail);
+    } else {
+      TD_CHECK_GOTO(store_route_address(comm->store, host, sizeof host), st, fail);
+      /* Rank 0 reaches a store it hosts over loopback; other hosts cannot. */
+      if (net_is_loopback_host(host)) TD_CHECK_GOTO(net_local_address(host, sizeof host), st, fail);
+    }
+  }
+  TD_CHECK_GOTO(listen_beside_heartbeat(t, host, hash, &listen_fd, &port), st, fail);
   snprintf(t->peers[t->rank].addr, sizeof t->peers[t->rank].addr, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host,
            port);
   char key[256];
@@ -879,6 +971,7 @@ td_status tcp_transport_create(td_comm *comm, transport **out) {
   TD_CHECK_GOTO(start_watcher(t), st, fail);
 
   /* Connect down, then accept from above. */
+  transport_test_gate();
   for (int p = 0; p < t->rank; p++) {
     char peer_host[64];
     int peer_port = 0;
@@ -889,15 +982,17 @@ td_status tcp_transport_create(td_comm *comm, transport **out) {
                     td_last_error());
       goto fail;
     }
-    tcp_hello hello = {.magic = TCP_HELLO_MAGIC, .rank = t->rank, .prefix_hash = hash};
-    st = net_send_all(t->peers[p].fd, &hello, sizeof hello, deadline);
+    char ctx[300], who[200];
+    auth_context(comm, p, ctx, sizeof ctx);
+    snprintf(who, sizeof who, "rank %d (%s)", p, t->peers[p].addr);
+    st = net_auth_connect(t->peers[p].fd, NET_AUTH_ROLE_TCP, t->rank, ctx, who, deadline);
     if (st != TD_OK) {
-      st = td_error(st, "tcp: rank %d cannot greet rank %d at %s: %s", t->rank, p, t->peers[p].addr,
+      st = td_error(st, "tcp: rank %d cannot authenticate with rank %d at %s: %s", t->rank, p, t->peers[p].addr,
                     td_last_error());
       goto fail;
     }
   }
-  TD_CHECK_GOTO(accept_peers(t, listen_fd, hash, deadline, timeout_s), st, fail);
+  TD_CHECK_GOTO(accept_peers(t, listen_fd, deadline, timeout_s), st, fail);
   close(listen_fd);
   listen_fd = -1;
 

@@ -1,0 +1,321 @@
+/* Authentication of every connection of a job (the contract and the wire
+ * format are in net.h): the job's key, the handshake's pure parsers and MAC,
+ * and the blocking connector/acceptor sides used by the store client and the
+ * TCP transport. The store server runs the acceptor side from its poll loop
+ * with the same pure functions.
+ *
+ * Why libsodium: it is maintained, in Debian (libsodium-dev), small, and
+ * gives exactly the three pieces needed with no configuration to get wrong:
+ * a CSPRNG (randombytes_buf, getrandom underneath), HMAC-SHA-256
+ * (crypto_auth_hmacsha256) and a constant-time compare (crypto_verify_32).
+ * HMAC-SHA-256 rather than keyed BLAKE2b because it is the standard MAC
+ * every auditor knows; the key itself is BLAKE2b-256 of the secret
+ * (crypto_generichash), so a secret of any length and alphabet becomes a
+ * uniform 32-byte key. The secret itself never appears in a message. */
+#include "net/net.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* At least 256 bits if the secret is random bytes; a hex or base64 string of
+ * 32 characters carries less, but it is the shortest we accept. */
+#define AUTH_MIN_SECRET_BYTES 32
+#define AUTH_MAX_SECRET_BYTES 4096
+
+static pthread_once_t auth_once = PTHREAD_ONCE_INIT;
+static td_status auth_status;
+static char auth_error[512];
+static bool auth_have_secret;
+static double auth_timeout_s = NET_AUTH_DEFAULT_TIMEOUT_S;
+static unsigned char auth_key[crypto_auth_hmacsha256_KEYBYTES];
+
+static void derive_key(const unsigned char *secret, size_t len) {
+  crypto_generichash_state h;
+  static const char domain[] = "tandem job secret v1";
+  crypto_generichash_init(&h, NULL, 0, sizeof auth_key);
+  crypto_generichash_update(&h, (const unsigned char *)domain, sizeof domain);
+  crypto_generichash_update(&h, secret, len);
+  crypto_generichash_final(&h, auth_key, sizeof auth_key);
+}
+
+/* Read TANDEM_SECRET_FILE into buf. The file must be a regular file owned
+ * by this user with no group/other permissions, like ssh's private keys:
+ * a secret others can read keeps nobody out, so it is refused, not warned. */
+static bool read_secret_file(const char *path, unsigned char *buf, size_t size, size_t *len_out) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) {
+    snprintf(auth_error, sizeof auth_error, "cannot open TANDEM_SECRET_FILE '%s': %s", path, strerror(errno));
+    return false;
+  }
+  struct stat sb;
+  if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+    snprintf(auth_error, sizeof auth_error, "TANDEM_SECRET_FILE '%s' is not a regular file", path);
+    close(fd);
+    return false;
+  }
+  if (sb.st_uid != geteuid() || (sb.st_mode & 077)) {
+    snprintf(auth_error, sizeof auth_error,
+             "refusing TANDEM_SECRET_FILE '%s': it must be owned by uid %u and not accessible to group or others "
+             "(it is owned by uid %u, mode %04o); run: chmod 600 '%s'",
+             path, (unsigned)geteuid(), (unsigned)sb.st_uid, (unsigned)(sb.st_mode & 07777), path);
+    close(fd);
+    return false;
+  }
+  size_t got = 0;
+  for (;;) {
+    ssize_t n;
+    TD_SYSCALL_RETRY(n, read(fd, buf + got, size - got));
+    if (n < 0) {
+      snprintf(auth_error, sizeof auth_error, "cannot read TANDEM_SECRET_FILE '%s': %s", path, strerror(errno));
+      close(fd);
+      return false;
+    }
+    if (n == 0) break;
+    got += (size_t)n;
+    if (got == size) {
+      snprintf(auth_error, sizeof auth_error, "TANDEM_SECRET_FILE '%s' is larger than %d bytes", path,
+               AUTH_MAX_SECRET_BYTES);
+      close(fd);
+      return false;
+    }
+  }
+  close(fd);
+  /* A trailing newline (echo > file) is not part of the secret. */
+  while (got > 0 && (buf[got - 1] == '\n' || buf[got - 1] == '\r')) got--;
+  *len_out = got;
+  return true;
+}
+
+static void auth_load(void) {
+  if (sodium_init() < 0) {
+    auth_status = TD_ERR_SYSTEM;
+    snprintf(auth_error, sizeof auth_error, "libsodium failed to initialise (no entropy source?)");
+    return;
+  }
+  double timeout = td_env_double("TANDEM_AUTH_TIMEOUT", NET_AUTH_DEFAULT_TIMEOUT_S);
+  if (timeout > 0 && timeout <= 3600) auth_timeout_s = timeout;
+  const char *text = getenv("TANDEM_SECRET");
+  const char *path = td_env_str("TANDEM_SECRET_FILE", NULL);
+  unsigned char *secret = sodium_malloc(AUTH_MAX_SECRET_BYTES);
+  if (!secret) {
+    auth_status = TD_ERR_SYSTEM;
+    snprintf(auth_error, sizeof auth_error, "out of memory loading the job secret");
+    return;
+  }
+  size_t len = 0;
+  const char *source = NULL;
+  if (text && *text) {
+    /* The variable wins: tandemrun sets it for workers, whatever file the
+     * user's environment also names. */
+    len = strlen(text);
+    source = "TANDEM_SECRET";
+    if (len >= AUTH_MAX_SECRET_BYTES) {
+      auth_status = TD_ERR_INVALID_ARGUMENT;
+      snprintf(auth_error, sizeof auth_error, "TANDEM_SECRET is %zu bytes long; the limit is %d", len,
+               AUTH_MAX_SECRET_BYTES - 1);
+      goto out;
+    }
+    memcpy(secret, text, len);
+  } else if (path) {
+    source = "TANDEM_SECRET_FILE";
+    if (!read_secret_file(path, secret, AUTH_MAX_SECRET_BYTES, &len)) {
+      auth_status = TD_ERR_INVALID_ARGUMENT;
+      goto out;
+    }
+  }
+  if (source && len < AUTH_MIN_SECRET_BYTES) {
+    auth_status = TD_ERR_INVALID_ARGUMENT;
+    snprintf(auth_error, sizeof auth_error,
+             "the job secret from %s is %zu bytes; it must be at least %d random bytes, the same on every rank "
+             "(for example: head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n')",
+             source, len, AUTH_MIN_SECRET_BYTES);
+    goto out;
+  }
+  derive_key(secret, len); /* len 0 (no secret): a fixed key; listeners stay on loopback */
+  auth_have_secret = source != NULL;
+  auth_status = TD_OK;
+out:
+  sodium_free(secret); /* zeroes it */
+}
+
+td_status net_auth_init(void) {
+  pthread_once(&auth_once, auth_load);
+  if (auth_status != TD_OK) return td_error(auth_status, "%s", auth_error);
+  return TD_OK;
+}
+
+bool net_auth_have_secret(void) { return net_auth_init() == TD_OK && auth_have_secret; }
+
+double net_auth_timeout_s(void) {
+  pthread_once(&auth_once, auth_load);
+  return auth_timeout_s;
+}
+
+/* ---- pure parts ---- */
+
+static void put_u32(unsigned char *p, uint32_t v) {
+  for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+static uint32_t get_u32(const unsigned char *p) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
+  return v;
+}
+
+int net_auth_parse_hello(const unsigned char *buf, size_t len, net_auth_hello *out) {
+  if (!buf || len != NET_AUTH_HELLO_BYTES || get_u32(buf) != NET_AUTH_MAGIC) return -1;
+  out->role = get_u32(buf + 4);
+  out->rank = (int32_t)get_u32(buf + 8);
+  memcpy(out->nonce, buf + 12, NET_AUTH_NONCE_BYTES);
+  return 0;
+}
+
+void net_auth_encode_hello(unsigned char out[NET_AUTH_HELLO_BYTES], const net_auth_hello *hello) {
+  put_u32(out, NET_AUTH_MAGIC);
+  put_u32(out + 4, hello->role);
+  put_u32(out + 8, (uint32_t)hello->rank);
+  memcpy(out + 12, hello->nonce, NET_AUTH_NONCE_BYTES);
+}
+
+int net_auth_parse_msg(const unsigned char *buf, size_t len, unsigned char payload[32]) {
+  if (!buf || len != NET_AUTH_MSG_BYTES || get_u32(buf) != NET_AUTH_MAGIC) return -1;
+  memcpy(payload, buf + 4, 32);
+  return 0;
+}
+
+void net_auth_encode_msg(unsigned char out[NET_AUTH_MSG_BYTES], const unsigned char payload[32]) {
+  put_u32(out, NET_AUTH_MAGIC);
+  memcpy(out + 4, payload, 32);
+}
+
+void net_auth_nonce(unsigned char nonce[NET_AUTH_NONCE_BYTES]) {
+  pthread_once(&auth_once, auth_load);
+  randombytes_buf(nonce, NET_AUTH_NONCE_BYTES);
+}
+
+void net_auth_mac(bool acceptor, const char *ctx, const net_auth_hello *hello,
+                  const unsigned char nonce_s[NET_AUTH_NONCE_BYTES], unsigned char mac[NET_AUTH_MAC_BYTES]) {
+  pthread_once(&auth_once, auth_load);
+  /* Every field is fixed-size or length-prefixed, so no two different
+   * transcripts hash the same bytes. */
+  static const char label_c[] = "tandem auth v1 connector", label_a[] = "tandem auth v1 acceptor";
+  const char *label = acceptor ? label_a : label_c;
+  size_t ctx_len = ctx ? strlen(ctx) : 0;
+  unsigned char fields[12];
+  put_u32(fields, (uint32_t)ctx_len);
+  put_u32(fields + 4, hello->role);
+  put_u32(fields + 8, (uint32_t)hello->rank);
+  crypto_auth_hmacsha256_state st;
+  crypto_auth_hmacsha256_init(&st, auth_key, sizeof auth_key);
+  crypto_auth_hmacsha256_update(&st, (const unsigned char *)label, strlen(label) + 1);
+  crypto_auth_hmacsha256_update(&st, fields, 4);
+  if (ctx_len) crypto_auth_hmacsha256_update(&st, (const unsigned char *)ctx, ctx_len);
+  crypto_auth_hmacsha256_update(&st, fields + 4, 8);
+  crypto_auth_hmacsha256_update(&st, hello->nonce, NET_AUTH_NONCE_BYTES);
+  crypto_auth_hmacsha256_update(&st, nonce_s, NET_AUTH_NONCE_BYTES);
+  crypto_auth_hmacsha256_final(&st, mac);
+}
+
+bool net_auth_check(bool acceptor, const char *ctx, const net_auth_hello *hello,
+                    const unsigned char nonce_s[NET_AUTH_NONCE_BYTES], const unsigned char mac[NET_AUTH_MAC_BYTES]) {
+  unsigned char expected[NET_AUTH_MAC_BYTES];
+  net_auth_mac(acceptor, ctx, hello, nonce_s, expected);
+  bool ok = crypto_verify_32(expected, mac) == 0;
+  sodium_memzero(expected, sizeof expected);
+  return ok;
+}
+
+size_t net_auth_acceptor_want(const net_auth_acceptor *a) {
+  if (a->stage >= 2) return 0;
+  return (a->stage == 0 ? NET_AUTH_HELLO_BYTES : NET_AUTH_MSG_BYTES) - a->got;
+}
+
+int net_auth_acceptor_feed(net_auth_acceptor *a, uint32_t role, const char *ctx, const unsigned char *data, size_t n,
+                           unsigned char out[NET_AUTH_MSG_BYTES]) {
+  size_t want = net_auth_acceptor_want(a);
+  if (a->stage >= 2 || n > want) return NET_AUTH_FAIL;
+  memcpy(a->in + a->got, data, n);
+  a->got += n;
+  if (a->stage == 0 && a->got >= 4 && get_u32(a->in) != NET_AUTH_MAGIC) return NET_AUTH_FAIL;
+  if (n < want) return NET_AUTH_MORE;
+  size_t len = a->got;
+  a->got = 0;
+  if (a->stage == 0) {
+    if (net_auth_parse_hello(a->in, len, &a->hello) != 0 || a->hello.role != role) return NET_AUTH_FAIL;
+    net_auth_nonce(a->nonce_s);
+    net_auth_encode_msg(out, a->nonce_s);
+    a->stage = 1;
+    return NET_AUTH_REPLY;
+  }
+  unsigned char payload[32];
+  if (net_auth_parse_msg(a->in, len, payload) != 0 || !net_auth_check(false, ctx, &a->hello, a->nonce_s, payload))
+    return NET_AUTH_FAIL;
+  net_auth_mac(true, ctx, &a->hello, a->nonce_s, payload);
+  net_auth_encode_msg(out, payload);
+  a->stage = 2;
+  return NET_AUTH_DONE;
+}
+
+/* ---- blocking sides ---- */
+
+td_status net_auth_connect(int fd, uint32_t role, int32_t rank, const char *ctx, const char *peer, double deadline) {
+  TD_CHECK(net_auth_init());
+  net_auth_hello hello = {.role = role, .rank = rank};
+  net_auth_nonce(hello.nonce);
+  unsigned char buf[NET_AUTH_HELLO_BYTES], payload[32], mac[NET_AUTH_MAC_BYTES];
+  net_auth_encode_hello(buf, &hello);
+  td_status st = net_send_all(fd, buf, NET_AUTH_HELLO_BYTES, deadline);
+  if (st != TD_OK) goto transfer_failed;
+  st = net_recv_all(fd, buf, NET_AUTH_MSG_BYTES, deadline);
+  if (st != TD_OK) goto transfer_failed;
+  if (net_auth_parse_msg(buf, NET_AUTH_MSG_BYTES, payload) != 0)
+    return td_error(TD_ERR_REMOTE, "%s answered the authentication hello with something else: it is not a Tandem "
+                                   "peer of this version", peer);
+  unsigned char nonce_s[NET_AUTH_NONCE_BYTES];
+  memcpy(nonce_s, payload, sizeof nonce_s);
+  net_auth_mac(false, ctx, &hello, nonce_s, mac);
+  net_auth_encode_msg(buf, mac);
+  st = net_send_all(fd, buf, NET_AUTH_MSG_BYTES, deadline);
+  if (st != TD_OK) goto transfer_failed;
+  st = net_recv_all(fd, buf, NET_AUTH_MSG_BYTES, deadline);
+  if (st != TD_OK) goto transfer_failed;
+  if (net_auth_parse_msg(buf, NET_AUTH_MSG_BYTES, payload) != 0 || !net_auth_check(true, ctx, &hello, nonce_s, payload))
+    return td_error(TD_ERR_REMOTE, "%s failed to prove it holds this job's secret: another job, or a stranger, is "
+                                   "listening at its address; not using it", peer);
+  return TD_OK;
+transfer_failed:;
+  char why[300];
+  td_error_copy(why, sizeof why);
+  return td_error(st == TD_ERR_TIMEOUT ? TD_ERR_TIMEOUT : TD_ERR_REMOTE,
+                  "authentication with %s failed: %s. The peer closes the connection when the job secrets differ: "
+                  "every process of a job needs the same TANDEM_SECRET or TANDEM_SECRET_FILE (tandemrun sets it "
+                  "for its workers)",
+                  peer, why);
+}
+
+td_status net_auth_accept(int fd, uint32_t role, const char *ctx, double deadline, net_auth_hello *hello_out) {
+  TD_CHECK(net_auth_init());
+  net_auth_acceptor a = {0};
+  unsigned char buf[NET_AUTH_HELLO_BYTES], out[NET_AUTH_MSG_BYTES];
+  for (;;) {
+    size_t want = net_auth_acceptor_want(&a);
+    TD_CHECK(net_recv_all(fd, buf, want, deadline));
+    int r = net_auth_acceptor_feed(&a, role, ctx, buf, want, out);
+    if (r == NET_AUTH_FAIL)
+      return td_error(TD_ERR_REMOTE, a.stage == 0 ? "the connector sent no valid authentication hello"
+                                                  : "the connector's proof does not match this job's secret");
+    TD_CHECK(net_send_all(fd, out, NET_AUTH_MSG_BYTES, deadline));
+    if (r == NET_AUTH_DONE) {
+      *hello_out = a.hello;
+      return TD_OK;
+    }
+  }
+}

@@ -1,0 +1,804 @@
+/* Only the job's own processes get in (issue 7, item 1). Each case runs real
+ * processes: this program re-executes itself (/proc/self/exe) as a client
+ * with another secret, with none, as a rank, or as an attacker, because the
+ * job's key is loaded once per process.
+ *
+ *   test_security store    a store with secret S: clients with a wrong or no
+ *                          secret, raw requests without a handshake, a bad
+ *                          proof and a silent connector get nothing and
+ *                          change nothing; oversized and malformed requests
+ *                          close only their own connection; the byte and
+ *                          connection limits hold; legitimate clients are
+ *                          served throughout.
+ *   test_security tcp      two TCP ranks started by this process; before
+ *                          rank 1 joins, strangers connect to rank 0's
+ *                          listener (the old hello, a wrong secret, a bad
+ *                          proof, silence). None completes a hello and the
+ *                          job's allreduce is still right.
+ *   test_security shm      a segment with loose permissions or the wrong size
+ *                          is refused by name; a 2-rank shm job whose segment
+ *                          header is tampered with before rank 1 maps it fails
+ *                          with an error naming the segment.
+ *   test_security flood-job  (under tandemrun -np 4) 1,000 junk connections
+ *                          and oversized requests against the job's store
+ *                          while the ranks run collectives and create
+ *                          communicators: results stay right, no stranger
+ *                          wrote a key. */
+#include "../common/check.h"
+#include "net/net.h"
+#include "net/store_proto.h"
+#include "comm/transport/shm/shm.h"
+#include "tandem/tandem.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <glob.h>
+#include <math.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define SECRET_A "sec-test-secret-A-0123456789abcdef0123456789abcdef"
+#define SECRET_B "sec-test-secret-B-fedcba9876543210fedcba9876543210"
+
+extern char **environ;
+
+/* ---- helpers ---- */
+
+static void msleep(int ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+/* Run this program with args and extra "K=V" settings (value NULL: unset K);
+ * returns the pid. stdin_fd >= 0 becomes the child's stdin. */
+static bool env_named(const char *entry, const char *setting) {
+  size_t n = strcspn(setting, "=");
+  return !strncmp(entry, setting, n) && entry[n] == '=';
+}
+
+/* The environment and argv are built before fork: the caller may have
+ * threads (a communicator's), so the child only calls dup2 and execve. */
+static pid_t spawn_self_err(char *const args[], const char *const *sets, int stdin_fd, int stderr_fd) {
+  size_t n_env = 0;
+  while (environ[n_env]) n_env++;
+  size_t n_sets = 0;
+  while (sets && sets[n_sets]) n_sets++;
+  char **envp = calloc(n_env + n_sets + 1, sizeof *envp);
+  CHECK(envp);
+  size_t k = 0;
+  for (size_t i = 0; i < n_env; i++) {
+    bool replaced = false;
+    for (size_t j = 0; j < n_sets; j++) replaced |= env_named(environ[i], sets[j]);
+    if (!replaced) envp[k++] = environ[i];
+  }
+  for (size_t j = 0; j < n_sets; j++)
+    if (strchr(sets[j], '=')) envp[k++] = (char *)sets[j];
+  envp[k] = NULL;
+  char *argv[16] = {"test_security"};
+  int n = 1;
+  for (; args[n - 1] && n < 15; n++) argv[n] = args[n - 1];
+  argv[n] = NULL;
+  pid_t pid = fork();
+  CHECK(pid >= 0);
+  if (pid == 0) {
+    if (stdin_fd >= 0) dup2(stdin_fd, 0);
+    if (stderr_fd >= 0) dup2(stderr_fd, 2);
+    execve("/proc/self/exe", argv, envp);
+    _exit(127);
+  }
+  free(envp);
+  return pid;
+}
+
+static pid_t spawn_self(char *const args[], const char *const *sets, int stdin_fd) {
+  return spawn_self_err(args, sets, stdin_fd, -1);
+}
+
+static int wait_exit(pid_t pid) {
+  int status = 0;
+  CHECK(waitpid(pid, &status, 0) == pid);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+/* Read until EOF or error or timeout; returns the bytes received (the
+ * stranger's whole take from the connection). */
+static size_t drain(int fd, double timeout_s, bool *closed) {
+  size_t total = 0;
+  double deadline = td_now() + timeout_s;
+  *closed = false;
+  for (;;) {
+    double left = deadline - td_now();
+    if (left <= 0) return total;
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    if (poll(&p, 1, (int)(left * 1000) + 1) <= 0) continue;
+    char buf[4096];
+    ssize_t n = recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+    if (n > 0) {
+      total += (size_t)n;
+      continue;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+    *closed = true;
+    return total;
+  }
+}
+
+static int raw_connect(const char *addr) {
+  char host[256];
+  int port, fd;
+  CHECK_OK(net_parse_addr(addr, host, sizeof host, &port));
+  CHECK_OK(net_connect(host, port, 5.0, &fd));
+  return fd;
+}
+
+/* A store request header + key (+ value bytes announced but maybe not sent). */
+static void send_request(int fd, uint32_t op, const char *key, uint64_t a_len, uint64_t b_len, int64_t arg,
+                         const void *a) {
+  unsigned char h[STORE_REQ_HEADER];
+  store_req_header r = {.op = op, .key_len = (uint32_t)strlen(key), .a_len = a_len, .b_len = b_len, .arg = arg};
+  store_encode_req(h, &r);
+  (void)net_send_all(fd, h, sizeof h, td_now() + 2);
+  (void)net_send_all(fd, key, strlen(key), td_now() + 2);
+  if (a) (void)net_send_all(fd, a, (size_t)a_len, td_now() + 2);
+}
+
+/* ---- child modes ---- */
+
+/* A store client whose secret is not the job's: it must be turned away
+ * quickly, and the message must not leak either secret. */
+static int mode_wrong_client(const char *addr) {
+  td_store *s = NULL;
+  double t0 = td_now();
+  td_status st = store_connect(addr, 5.0, &s);
+  double took = td_now() - t0;
+  if (st == TD_OK) {
+    /* On a store without authentication: prove the damage. */
+    (void)store_set_str(s, "stranger", "was here");
+    fprintf(stderr, "wrong-secret client connected to %s\n", addr);
+    return 1;
+  }
+  const char *why = td_last_error();
+  if (strstr(why, SECRET_A) || strstr(why, SECRET_B)) {
+    fprintf(stderr, "the error leaks a secret: %s\n", why);
+    return 2;
+  }
+  if (!strstr(why, "TANDEM_SECRET")) {
+    fprintf(stderr, "the error does not say what to set: %s\n", why);
+    return 3;
+  }
+  if (took > 2.0) {
+    fprintf(stderr, "turned away only after %.2f s\n", took);
+    return 4;
+  }
+  return 0;
+}
+
+/* Authenticated (it holds the secret), then misbehaves: announces a request
+ * beyond the limit; the server must close the connection without reading on. */
+static int mode_oversize(const char *addr, uint64_t a_len, uint64_t b_len) {
+  int fd = raw_connect(addr);
+  CHECK_OK(net_auth_connect(fd, NET_AUTH_ROLE_STORE, -1, "store", "store", td_now() + 10));
+  send_request(fd, STORE_CAS, "big", a_len, b_len, 0, NULL);
+  bool closed;
+  size_t got = drain(fd, 5.0, &closed);
+  close(fd);
+  if (!closed || got) {
+    fprintf(stderr, "oversized request (%llu + %llu bytes): closed=%d, %zu bytes answered\n",
+            (unsigned long long)a_len, (unsigned long long)b_len, closed, got);
+    return 1;
+  }
+  return 0;
+}
+
+/* ---- store ---- */
+
+static void test_store(void) {
+  setenv("TANDEM_SECRET", SECRET_A, 1);
+  setenv("TANDEM_AUTH_TIMEOUT", "1", 1);
+  setenv("TANDEM_STORE_MAX_REQUEST", "1M", 1);
+  setenv("TANDEM_STORE_MAX_BYTES", "4M", 1);
+  setenv("TANDEM_STORE_MAX_CLIENTS", "40", 1);
+  td_store_server *server = NULL;
+  CHECK_OK(store_server_start("127.0.0.1", 0, &server));
+  char addr[64];
+  snprintf(addr, sizeof addr, "127.0.0.1:%d", store_server_port(server));
+  td_store *ok = NULL;
+  CHECK_OK(store_connect(addr, 5.0, &ok));
+  CHECK_OK(store_set_str(ok, "k", "original"));
+
+  /* A wrong secret, and none: turned away, nothing written. */
+  char *wrong_args[] = {"wrong-client", addr, NULL};
+  const char *wrong_env[] = {"TANDEM_SECRET=" SECRET_B, NULL};
+  CHECK_EQ_INT(wait_exit(spawn_self(wrong_args, wrong_env, -1)), 0);
+  const char *none_env[] = {"TANDEM_SECRET", "TANDEM_SECRET_FILE", NULL};
+  CHECK_EQ_INT(wait_exit(spawn_self(wrong_args, none_env, -1)), 0);
+  /* A secret file others can read is refused, never used. */
+  char path[] = "/tmp/tandem-sec-secret-XXXXXX";
+  int sfd = mkstemp(path);
+  CHECK(sfd >= 0);
+  CHECK(write(sfd, SECRET_A "\n", strlen(SECRET_A) + 1) == (ssize_t)strlen(SECRET_A) + 1);
+  close(sfd);
+  CHECK(chmod(path, 0644) == 0);
+  char file_env_buf[128];
+  snprintf(file_env_buf, sizeof file_env_buf, "TANDEM_SECRET_FILE=%s", path);
+  const char *loose_env[] = {"TANDEM_SECRET", file_env_buf, NULL};
+  char *loose_args[] = {"loose-file", addr, NULL};
+  CHECK_EQ_INT(wait_exit(spawn_self(loose_args, loose_env, -1)), 0);
+  CHECK(chmod(path, 0600) == 0);
+  char *file_args[] = {"file-client", addr, NULL};
+  CHECK_EQ_INT(wait_exit(spawn_self(file_args, loose_env, -1)), 0); /* 0600: accepted */
+  unlink(path);
+
+  /* Raw requests without a handshake: set, get and wait get no answer. */
+  uint32_t ops[] = {STORE_SET, STORE_GET, STORE_WAIT, STORE_ADD, STORE_DELETE};
+  for (size_t i = 0; i < TD_ARRAY_SIZE(ops); i++) {
+    int fd = raw_connect(addr);
+    send_request(fd, ops[i], "k", ops[i] == STORE_SET ? 6 : 0, 0, ops[i] == STORE_WAIT ? 100 : 1, "hacked");
+    bool closed;
+    double t0 = td_now();
+    CHECK_EQ_INT(drain(fd, 3.0, &closed), 0);
+    CHECK(closed);
+    CHECK(td_now() - t0 < 1.5);
+    close(fd);
+  }
+  /* A hello, then a made-up proof: only the challenge comes back. */
+  {
+    int fd = raw_connect(addr);
+    net_auth_hello h = {.role = NET_AUTH_ROLE_STORE, .rank = -1};
+    memset(h.nonce, 7, sizeof h.nonce);
+    unsigned char buf[NET_AUTH_HELLO_BYTES], proof[32];
+    net_auth_encode_hello(buf, &h);
+    CHECK_OK(net_send_all(fd, buf, sizeof buf, td_now() + 2));
+    CHECK_OK(net_recv_all(fd, buf, NET_AUTH_MSG_BYTES, td_now() + 2));
+    memset(proof, 0x5a, sizeof proof);
+    net_auth_encode_msg(buf, proof);
+    CHECK_OK(net_send_all(fd, buf, NET_AUTH_MSG_BYTES, td_now() + 2));
+    send_request(fd, STORE_GET, "k", 0, 0, 0, NULL);
+    bool closed;
+    CHECK_EQ_INT(drain(fd, 3.0, &closed), 0);
+    CHECK(closed);
+    close(fd);
+  }
+  /* A silent connector is closed after TANDEM_AUTH_TIMEOUT (1 s here) and
+   * holds nobody up meanwhile. */
+  {
+    int fd = raw_connect(addr);
+    double t0 = td_now();
+    char *v = NULL;
+    CHECK_OK(store_wait_str(ok, "k", 1.0, &v));
+    CHECK(strcmp(v, "original") == 0);
+    free(v);
+    CHECK(td_now() - t0 < 0.5);
+    bool closed;
+    CHECK_EQ_INT(drain(fd, 4.0, &closed), 0);
+    CHECK(closed);
+    CHECK(td_now() - t0 < 3.0);
+    close(fd);
+  }
+  /* Authenticated but oversized (limit 1 MiB here; 64 MiB by default), and
+   * a garbage header: each closes only its own connection. */
+  char *big_args[] = {"oversize", addr, "1048577", "0", NULL};
+  CHECK_EQ_INT(wait_exit(spawn_self(big_args, NULL, -1)), 0);
+  char *big2_args[] = {"oversize", addr, "600000", "600000", NULL}; /* each fine, together too big */
+  CHECK_EQ_INT(wait_exit(spawn_self(big2_args, NULL, -1)), 0);
+  char *huge_args[] = {"oversize", addr, "18446744073709551615", "18446744073709551615", NULL};
+  CHECK_EQ_INT(wait_exit(spawn_self(huge_args, NULL, -1)), 0);
+  /* The total: 4 MiB here. Three 1000 KiB values fit, the fifth does not
+   * and gets an error; the store keeps serving. */
+  char *chunk = malloc(1000 * 1024);
+  CHECK(chunk);
+  memset(chunk, 'x', 1000 * 1024);
+  for (int i = 0; i < 3; i++) {
+    char key[16];
+    snprintf(key, sizeof key, "fill%d", i);
+    CHECK_OK(store_set(ok, key, chunk, 1000 * 1024));
+  }
+  td_status st = TD_OK;
+  for (int i = 3; i < 6 && st == TD_OK; i++) {
+    char key[16];
+    snprintf(key, sizeof key, "fill%d", i);
+    st = store_set(ok, key, chunk, 1000 * 1024);
+  }
+  CHECK(st != TD_OK);
+  CHECK(strstr(td_last_error(), "TANDEM_STORE_MAX_BYTES") != NULL);
+  free(chunk);
+  for (int i = 0; i < 6; i++) {
+    char key[16];
+    snprintf(key, sizeof key, "fill%d", i);
+    int existed;
+    CHECK_OK(store_delete(ok, key, &existed));
+  }
+  /* A wait with a timeout from the wire beyond any deadline arithmetic is
+   * a wait without a deadline; a shorter waiter is still timed out. */
+  {
+    int fd = raw_connect(addr);
+    CHECK_OK(net_auth_connect(fd, NET_AUTH_ROLE_STORE, -1, "store", "store", td_now() + 5));
+    send_request(fd, STORE_WAIT, "later", 0, 0, INT64_MAX, NULL);
+    td_store *other = NULL;
+    CHECK_OK(store_connect(addr, 5.0, &other));
+    char *v = NULL;
+    double t0 = td_now();
+    CHECK_STATUS(store_wait_str(other, "never", 0.2, &v), TD_ERR_TIMEOUT);
+    CHECK(td_now() - t0 < 2.0);
+    CHECK_OK(store_set_str(other, "later", "now"));
+    unsigned char resp[STORE_RESP_HEADER + 3];
+    CHECK_OK(net_recv_all(fd, resp, sizeof resp, td_now() + 5));
+    CHECK(memcmp(resp + STORE_RESP_HEADER, "now", 3) == 0);
+    close(fd);
+    store_close(other);
+  }
+  /* The connection limit (40 here): the 41st is refused at once, and a slot
+   * frees when a connection goes. */
+  {
+    int fds[40];
+    int n_open = 0;
+    for (; n_open < 39; n_open++) { /* + ok = 40; authenticated, so that none times out */
+      fds[n_open] = raw_connect(addr);
+      CHECK_OK(net_auth_connect(fds[n_open], NET_AUTH_ROLE_STORE, -1, "store", "store", td_now() + 5));
+    }
+    int extra = raw_connect(addr);
+    bool closed;
+    CHECK_EQ_INT(drain(extra, 3.0, &closed), 0);
+    CHECK(closed);
+    close(extra);
+    for (int i = 0; i < n_open; i++) close(fds[i]);
+    td_store *again = NULL;
+    double t0 = td_now();
+    while (store_connect(addr, 5.0, &again) != TD_OK) {
+      CHECK(td_now() - t0 < 5.0); /* the server notices the closes within a poll round */
+      msleep(20);
+    }
+    store_close(again);
+  }
+  /* Nothing a stranger sent changed anything. */
+  char *v = NULL;
+  CHECK_OK(store_wait_str(ok, "k", 1.0, &v));
+  CHECK(strcmp(v, "original") == 0);
+  free(v);
+  int found = 1;
+  void *raw = NULL;
+  size_t len;
+  CHECK_OK(store_get(ok, "stranger", &raw, &len, &found));
+  CHECK_EQ_INT(found, 0);
+  store_close(ok);
+  store_server_stop(server);
+}
+
+/* ---- tcp ---- */
+
+/* The port of a TCP socket process pid listens on (its only listener). */
+static int find_listen_port(pid_t pid, int not_port, double timeout_s) {
+  double deadline = td_now() + timeout_s;
+  while (td_now() < deadline) {
+    char dir[64];
+    snprintf(dir, sizeof dir, "/proc/%d/fd", (int)pid);
+    DIR *d = opendir(dir);
+    unsigned long inodes[64];
+    int n_inodes = 0;
+    for (struct dirent *e; d && (e = readdir(d)) && n_inodes < 64;) {
+      char path[600], link[64];
+      snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+      ssize_t n = readlink(path, link, sizeof link - 1);
+      if (n <= 0) continue;
+      link[n] = '\0';
+      if (sscanf(link, "socket:[%lu]", &inodes[n_inodes]) == 1) n_inodes++;
+    }
+    if (d) closedir(d);
+    FILE *f = fopen("/proc/net/tcp", "r");
+    char line[512];
+    while (f && fgets(line, sizeof line, f)) {
+      unsigned port, st;
+      unsigned long inode;
+      if (sscanf(line, " %*d: %*x:%x %*x:%*x %x %*x:%*x %*x:%*x %*x %*d %*d %lu", &port, &st, &inode) != 3) continue;
+      if (st != 0x0A || (int)port == not_port) continue; /* not_port: ours, inherited until exec */
+      for (int i = 0; i < n_inodes; i++)
+        if (inodes[i] == inode) {
+          fclose(f);
+          return (int)port;
+        }
+    }
+    if (f) fclose(f);
+    msleep(10);
+  }
+  return -1;
+}
+
+typedef struct {
+  int port;
+  const char *kind; /* "old-hello", "bad-proof", "silent" */
+  const char *prefix;
+  int connected_pipe; /* write one byte once connected */
+  int ok;             /* result: 1 = the stranger got nothing and was closed */
+  double closed_after;
+} attacker;
+
+static void *tcp_attacker(void *arg) {
+  attacker *a = arg;
+  int fd;
+  CHECK_OK(net_connect("127.0.0.1", a->port, 5.0, &fd));
+  double t0 = td_now();
+  size_t expect = 0;
+  if (!strcmp(a->kind, "old-hello")) {
+    /* main's hello: magic "TDHC", rank 1, FNV-1a of the communicator prefix. */
+    unsigned char h[16];
+    uint64_t hash = 1469598103934665603ull;
+    for (const char *p = a->prefix; *p; p++) hash = (hash ^ (unsigned char)*p) * 1099511628211ull;
+    store_put_u32(h, 0x54444843u);
+    store_put_u32(h + 4, 1);
+    store_put_u64(h + 8, hash);
+    CHECK_OK(net_send_all(fd, h, sizeof h, td_now() + 2));
+  } else if (!strcmp(a->kind, "bad-proof")) {
+    net_auth_hello h = {.role = NET_AUTH_ROLE_TCP, .rank = 1};
+    memset(h.nonce, 3, sizeof h.nonce);
+    unsigned char buf[NET_AUTH_HELLO_BYTES], proof[32];
+    net_auth_encode_hello(buf, &h);
+    CHECK_OK(net_send_all(fd, buf, sizeof buf, td_now() + 2));
+    memset(proof, 0xa5, sizeof proof);
+    net_auth_encode_msg(buf, proof);
+    CHECK_OK(net_send_all(fd, buf, NET_AUTH_MSG_BYTES, td_now() + 2));
+    expect = NET_AUTH_MSG_BYTES; /* the challenge, and nothing after it */
+  }
+  char byte = 1;
+  CHECK(write(a->connected_pipe, &byte, 1) == 1);
+  bool closed;
+  size_t got = drain(fd, 60.0, &closed);
+  a->closed_after = td_now() - t0;
+  a->ok = closed && got == expect;
+  close(fd);
+  return NULL;
+}
+
+static int mode_tcp_rank(void) {
+  int rank = atoi(getenv("TANDEM_RANK"));
+  td_comm *comm = NULL;
+  CHECK_OK(td_comm_init(&comm));
+  CHECK_EQ_INT(strcmp(td_comm_transport(comm), "tcp"), 0);
+  enum { N = 1001 };
+  float *x = malloc(N * sizeof *x);
+  for (int i = 0; i < N; i++) x[i] = (float)(i % 13) + (float)rank * 0.5f;
+  CHECK_OK(td_allreduce(x, x, N, TD_F32, TD_SUM, comm));
+  for (int i = 0; i < N; i++) CHECK_CLOSE(x[i], 2.0 * (i % 13) + 0.5, 0, 0);
+  free(x);
+  CHECK_OK(td_comm_finalize(comm));
+  td_comm_destroy(comm);
+  return 0;
+}
+
+/* A connector with the wrong secret against rank 0's listener; writes a
+ * byte to notify_fd once connected. */
+static int mode_tcp_wrong(int port, int notify_fd) {
+  int fd;
+  CHECK_OK(net_connect("127.0.0.1", port, 5.0, &fd));
+  char byte = 1;
+  if (write(notify_fd, &byte, 1) != 1) return 3;
+  td_status st = net_auth_connect(fd, NET_AUTH_ROLE_TCP, 1, "tcp", "rank 0", td_now() + 60);
+  close(fd);
+  if (st == TD_OK) return 1;
+  if (strstr(td_last_error(), SECRET_A) || strstr(td_last_error(), SECRET_B)) return 2;
+  return 0;
+}
+
+static void test_tcp(void) {
+  setenv("TANDEM_SECRET", SECRET_A, 1);
+  td_store_server *server = NULL;
+  CHECK_OK(store_server_start("127.0.0.1", 0, &server));
+  char addr[64], job[64], prefix[80], store_env[96], job_env[96];
+  snprintf(addr, sizeof addr, "127.0.0.1:%d", store_server_port(server));
+  snprintf(job, sizeof job, "sec%d", (int)getpid());
+  snprintf(prefix, sizeof prefix, "%s/c0", job);
+  snprintf(store_env, sizeof store_env, "TANDEM_STORE=%s", addr);
+  snprintf(job_env, sizeof job_env, "TANDEM_JOB_ID=%s", job);
+  int go[2];
+  CHECK(pipe(go) == 0);
+  char *rank_args[] = {"tcp-rank", NULL};
+  const char *env0[] = {"TANDEM_RANK=0", "TANDEM_WORLD_SIZE=2", "TANDEM_TRANSPORT=tcp", "TANDEM_AUTH_TIMEOUT=1",
+                        "TANDEM_LOCAL_RANK", "TANDEM_LOCAL_SIZE", store_env, job_env, NULL};
+  const char *env1[] = {"TANDEM_RANK=1", "TANDEM_WORLD_SIZE=2", "TANDEM_TRANSPORT=tcp", "TANDEM_AUTH_TIMEOUT=1",
+                        "TANDEM_TEST_TRANSPORT_GATE_FD=0",
+                        "TANDEM_LOCAL_RANK", "TANDEM_LOCAL_SIZE", store_env, job_env, NULL};
+  pid_t r0 = spawn_self(rank_args, env0, -1);
+  pid_t r1 = spawn_self(rank_args, env1, go[0]);
+  close(go[0]);
+  int port = find_listen_port(r0, store_server_port(server), 30.0);
+  CHECK(port > 0);
+
+  /* The strangers queue at rank 0's listener before rank 1 connects. */
+  int connected[2];
+  CHECK(pipe(connected) == 0);
+  attacker att[3] = {{port, "old-hello", prefix, connected[1], 0, 0},
+                     {port, "bad-proof", prefix, connected[1], 0, 0},
+                     {port, "silent", prefix, connected[1], 0, 0}};
+  pthread_t threads[3];
+  for (int i = 0; i < 3; i++) CHECK(pthread_create(&threads[i], NULL, tcp_attacker, &att[i]) == 0);
+  char port_text[16];
+  snprintf(port_text, sizeof port_text, "%d", port);
+  char notify_text[16];
+  snprintf(notify_text, sizeof notify_text, "%d", connected[1]);
+  char *wrong_args[] = {"tcp-wrong", port_text, notify_text, NULL};
+  const char *wrong_env[] = {"TANDEM_SECRET=" SECRET_B, NULL};
+  pid_t wrong = spawn_self(wrong_args, wrong_env, -1);
+  /* All four strangers are in rank 0's accept queue before rank 1 starts. */
+  for (int i = 0; i < 4; i++) {
+    char byte;
+    CHECK(read(connected[0], &byte, 1) == 1);
+  }
+  char byte = 'g';
+  CHECK(write(go[1], &byte, 1) == 1);
+  close(go[1]);
+  CHECK_EQ_INT(wait_exit(r0), 0);
+  CHECK_EQ_INT(wait_exit(r1), 0);
+  CHECK_EQ_INT(wait_exit(wrong), 0);
+  for (int i = 0; i < 3; i++) {
+    pthread_join(threads[i], NULL);
+    if (!att[i].ok) td_test_fail(__FILE__, __LINE__, "stranger '%s' was not simply turned away", att[i].kind);
+  }
+  /* The silent one was dropped after TANDEM_AUTH_TIMEOUT, not at the end. */
+  CHECK(att[2].closed_after < 20.0);
+  close(connected[0]);
+  close(connected[1]);
+  store_server_stop(server);
+}
+
+/* ---- shm ---- */
+
+static int mode_shm_rank(void) {
+  int rank = atoi(getenv("TANDEM_RANK"));
+  td_comm *comm = NULL;
+  td_status st = td_comm_init(&comm);
+  if (st != TD_OK) {
+    fprintf(stderr, "rank %d: %s\n", rank, td_last_error());
+    return 3;
+  }
+  td_comm_destroy(comm);
+  return 0;
+}
+
+static void test_shm(void) {
+  /* Unit level: loose mode, wrong size, foreign names. */
+  char name[128];
+  void *a = NULL;
+  CHECK_OK(net_shm_create("sec-test", 8192, name, sizeof name, &a));
+  void *b = NULL;
+  CHECK_OK(net_shm_open(name, 8192, &b));
+  net_shm_unmap(b, 8192);
+  CHECK_STATUS(net_shm_open(name, 4096, &b), TD_ERR_INVALID_ARGUMENT); /* size must match exactly */
+  CHECK(strstr(td_last_error(), name) != NULL);
+  char path[160];
+  snprintf(path, sizeof path, "/dev/shm%s", name);
+  CHECK(chmod(path, 0666) == 0);
+  CHECK_STATUS(net_shm_open(name, 8192, &b), TD_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(td_last_error(), name) && strstr(td_last_error(), "mode"));
+  net_shm_unlink(name);
+  net_shm_unmap(a, 8192);
+  CHECK_STATUS(net_shm_open("/../../etc/passwd", 4096, &b), TD_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(net_shm_open("/someone-else", 4096, &b), TD_ERR_INVALID_ARGUMENT);
+
+  /* A 2-rank shm job whose header is tampered with before rank 1 maps it. */
+  setenv("TANDEM_SECRET", SECRET_A, 1);
+  td_store_server *server = NULL;
+  CHECK_OK(store_server_start("127.0.0.1", 0, &server));
+  char store_env[96], job_env[96], job[64];
+  snprintf(store_env, sizeof store_env, "TANDEM_STORE=127.0.0.1:%d", store_server_port(server));
+  snprintf(job, sizeof job, "secshm%d", (int)getpid());
+  snprintf(job_env, sizeof job_env, "TANDEM_JOB_ID=%s", job);
+  int go[2], err1[2];
+  CHECK(pipe(go) == 0);
+  char *rank_args[] = {"shm-rank", NULL};
+  const char *env0[] = {"TANDEM_RANK=0", "TANDEM_WORLD_SIZE=2", "TANDEM_TRANSPORT=shm", "TANDEM_CONNECT_TIMEOUT=5",
+                        "TANDEM_LOCAL_RANK", "TANDEM_LOCAL_SIZE", store_env, job_env, NULL};
+  const char *env1[] = {"TANDEM_RANK=1", "TANDEM_WORLD_SIZE=2", "TANDEM_TRANSPORT=shm", "TANDEM_CONNECT_TIMEOUT=5",
+                        "TANDEM_TEST_TRANSPORT_GATE_FD=0",
+                        "TANDEM_LOCAL_RANK", "TANDEM_LOCAL_SIZE", store_env, job_env, NULL};
+  CHECK(pipe(err1) == 0);
+  pid_t r0 = spawn_self(rank_args, env0, -1);
+  pid_t r1 = spawn_self_err(rank_args, env1, go[0], err1[1]); /* its stderr comes back through a pipe */
+  close(err1[1]);
+  close(go[0]);
+  /* Find rank 0's segment once its header is complete, and tamper with it:
+   * FIFOs far larger than the segment. */
+  char pattern[160];
+  snprintf(pattern, sizeof pattern, "/dev/shm/tandem-%s*", job);
+  double t0 = td_now();
+  bool tampered = false;
+  char seg[256] = "";
+  while (!tampered && td_now() - t0 < 30) {
+    glob_t g;
+    if (glob(pattern, 0, NULL, &g) == 0 && g.gl_pathc == 1) {
+      td_strlcpy(seg, g.gl_pathv[0], sizeof seg);
+      int fd = open(seg, O_RDWR);
+      if (fd >= 0) {
+        shm_seg_header *h = mmap(NULL, sizeof *h, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (h != MAP_FAILED) {
+          if (__atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) == SHM_MAGIC) {
+            h->fifo_bytes = (uint64_t)1 << 40;
+            tampered = true;
+          }
+          munmap(h, sizeof *h);
+        }
+        close(fd);
+      }
+    }
+    globfree(&g);
+    if (!tampered) msleep(10);
+  }
+  CHECK(tampered);
+  char byte = 'g';
+  CHECK(write(go[1], &byte, 1) == 1);
+  close(go[1]);
+  char err[4096];
+  size_t got = 0;
+  ssize_t n;
+  while (got + 1 < sizeof err && (n = read(err1[0], err + got, sizeof err - 1 - got)) > 0) got += (size_t)n;
+  err[got] = '\0';
+  close(err1[0]);
+  CHECK_EQ_INT(wait_exit(r1), 3);
+  (void)wait_exit(r0); /* it fails too: rank 1 never maps */
+  const char *seg_name = strrchr(seg, '/');
+  if (!strstr(err, "refusing shared-memory segment") || !strstr(err, seg_name) || !strstr(err, "FIFO size"))
+    td_test_fail(__FILE__, __LINE__, "rank 1 did not refuse the tampered segment %s by name: %s", seg_name, err);
+  store_server_stop(server);
+}
+
+/* ---- flood against a running 4-rank job ---- */
+
+/* 1,000 junk connections, 50 open at a time, from a process without the
+ * secret: random bytes, store requests without a handshake, announced huge
+ * requests, hellos that stop. Exit 0 if none got an answer beyond a
+ * challenge. */
+static int mode_flood(const char *addr) {
+  int bad = 0;
+  for (int round = 0; round < 20; round++) {
+    int fds[50];
+    for (int i = 0; i < 50; i++) {
+      fds[i] = raw_connect(addr);
+      int kind = (round * 50 + i) % 4;
+      if (kind == 0) {
+        unsigned char junk[200];
+        for (size_t k = 0; k < sizeof junk; k++) junk[k] = (unsigned char)(td_random_u64() & 0xff);
+        (void)net_send_all(fds[i], junk, sizeof junk, td_now() + 2);
+      } else if (kind == 1) {
+        send_request(fds[i], STORE_SET, "stranger", 8, 0, 0, "was here");
+      } else if (kind == 2) {
+        send_request(fds[i], STORE_CAS, "stranger", STORE_MAX_VALUE, STORE_MAX_VALUE, 0, NULL);
+      } else {
+        net_auth_hello h = {.role = NET_AUTH_ROLE_STORE, .rank = -1};
+        unsigned char buf[NET_AUTH_HELLO_BYTES];
+        net_auth_encode_hello(buf, &h);
+        (void)net_send_all(fds[i], buf, sizeof buf, td_now() + 2);
+      }
+    }
+    for (int i = 0; i < 50; i++) {
+      bool closed;
+      if ((round * 50 + i) % 4 == 3) {
+        /* A hello gets the challenge and nothing more (no proof follows). */
+        unsigned char challenge[NET_AUTH_MSG_BYTES], extra;
+        if (net_recv_all(fds[i], challenge, sizeof challenge, td_now() + 10) != TD_OK ||
+            recv(fds[i], &extra, 1, MSG_DONTWAIT) >= 0)
+          bad++;
+      } else if (drain(fds[i], 10.0, &closed) != 0 || !closed) {
+        bad++; /* anything else is closed at once, unanswered */
+      }
+      close(fds[i]);
+    }
+  }
+  if (bad) fprintf(stderr, "flood: %d junk connections got answers\n", bad);
+  return bad ? 1 : 0;
+}
+
+static int mode_flood_job(void) {
+  td_comm *comm = NULL;
+  CHECK_OK(td_comm_init(&comm));
+  int rank = td_comm_rank(comm), size = td_comm_size(comm);
+  const char *addr = getenv("TANDEM_STORE");
+  CHECK(addr != NULL);
+  pid_t flood = -1, big = -1;
+  if (rank == 0) {
+    char store_arg[128];
+    td_strlcpy(store_arg, addr, sizeof store_arg);
+    char *flood_args[] = {"flood", store_arg, NULL};
+    const char *no_secret[] = {"TANDEM_SECRET", "TANDEM_SECRET_FILE", NULL};
+    flood = spawn_self(flood_args, no_secret, -1);
+    char *big_args[] = {"oversize", store_arg, "67108864", "67108864", NULL};
+    big = spawn_self(big_args, NULL, -1);
+  }
+  /* Collectives and new communicators (rendezvous through the store) for as
+   * long as the flood runs (rank 0 tells the others), and at least 40 times. */
+  int flood_status = -1, big_status = -1;
+  for (int iter = 0;; iter++) {
+    int running = 0;
+    if (rank == 0) {
+      int status;
+      if (flood_status < 0 && waitpid(flood, &status, WNOHANG) == flood)
+        flood_status = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+      if (big_status < 0 && waitpid(big, &status, WNOHANG) == big)
+        big_status = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+      running = flood_status < 0 || big_status < 0;
+    }
+    int any_running = 0;
+    CHECK_OK(td_allreduce(&running, &any_running, 1, TD_I32, TD_MAX, comm));
+    if (iter >= 40 && !any_running) break;
+    size_t count = (size_t[]){0, 1, 7, 1000, 65537}[iter % 5];
+    double *x = malloc((count + 1) * sizeof *x);
+    for (size_t i = 0; i < count; i++) x[i] = (double)(rank + 1) * (double)(i + iter);
+    CHECK_OK(td_allreduce(x, x, count, TD_F64, TD_SUM, comm));
+    double ranks_sum = size * (size + 1) / 2.0;
+    for (size_t i = 0; i < count; i++) CHECK_CLOSE(x[i], ranks_sum * (double)(i + iter), 0, 0);
+    free(x);
+    if (iter % 10 == 0) {
+      td_comm *sub = NULL;
+      CHECK_OK(td_comm_split(comm, rank % 2, rank, &sub));
+      int v = rank, sum = 0;
+      CHECK_OK(td_allreduce(&v, &sum, 1, TD_I32, TD_SUM, sub));
+      CHECK_EQ_INT(sum, rank % 2 == 0 ? 0 + 2 : 1 + 3);
+      CHECK_OK(td_comm_finalize(sub));
+      td_comm_destroy(sub);
+    }
+  }
+  if (rank == 0) {
+    CHECK_EQ_INT(flood_status, 0);
+    CHECK_EQ_INT(big_status, 0);
+    /* No stranger wrote a key. */
+    td_store *s = NULL;
+    CHECK_OK(store_connect(addr, 5.0, &s));
+    void *v = NULL;
+    size_t len;
+    int found = 1;
+    CHECK_OK(store_get(s, "stranger", &v, &len, &found));
+    CHECK_EQ_INT(found, 0);
+    store_close(s);
+  }
+  CHECK_OK(td_comm_finalize(comm));
+  td_comm_destroy(comm);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  const char *mode = argc > 1 ? argv[1] : "";
+  if (!strcmp(mode, "wrong-client") && argc > 2) return mode_wrong_client(argv[2]);
+  if (!strcmp(mode, "loose-file") && argc > 2) {
+    /* A key file readable by others is refused (no connection is tried). */
+    td_store *s = NULL;
+    td_status st = store_connect(argv[2], 5.0, &s);
+    if (st == TD_OK) return 1;
+    return strstr(td_last_error(), "chmod 600") ? 0 : 2;
+  }
+  if (!strcmp(mode, "file-client") && argc > 2) {
+    td_store *s = NULL;
+    CHECK_OK(store_connect(argv[2], 5.0, &s));
+    char *v = NULL;
+    CHECK_OK(store_wait_str(s, "k", 1.0, &v));
+    CHECK(strcmp(v, "original") == 0);
+    free(v);
+    store_close(s);
+    return 0;
+  }
+  if (!strcmp(mode, "oversize") && argc > 4)
+    return mode_oversize(argv[2], strtoull(argv[3], NULL, 10), strtoull(argv[4], NULL, 10));
+  if (!strcmp(mode, "tcp-rank")) return mode_tcp_rank();
+  if (!strcmp(mode, "tcp-wrong") && argc > 3) return mode_tcp_wrong(atoi(argv[2]), atoi(argv[3]));
+  if (!strcmp(mode, "shm-rank")) return mode_shm_rank();
+  if (!strcmp(mode, "flood") && argc > 2) return mode_flood(argv[2]);
+  if (!strcmp(mode, "flood-job")) return mode_flood_job();
+  signal(SIGPIPE, SIG_IGN);
+  if (!strcmp(mode, "store")) {
+    test_store();
+  } else if (!strcmp(mode, "tcp")) {
+    test_tcp();
+  } else if (!strcmp(mode, "shm")) {
+    test_shm();
+  } else {
+    fprintf(stderr, "usage: test_security store|tcp|shm|flood-job\n");
+    return 2;
+  }
+  printf("security %s ok\n", mode);
+  return 0;
+}
