@@ -70,7 +70,7 @@ TESTS      := $(patsubst %.c,$(BUILD)/tests/%,$(notdir $(TEST_SRCS)))
 LIBA       := $(BUILD)/lib/libtandem.a
 LIBSO      := $(BUILD)/lib/libtandem.so
 
-.PHONY: all test demo clean deps bench report-config
+.PHONY: all test demo clean deps bench report-config fuzz fuzz-build
 all: report-config $(LIBA) $(LIBSO) $(TOOLS) $(TESTS)
 
 report-config:
@@ -113,6 +113,7 @@ deps:
 test: deps
 	@$(MAKE) --no-print-directory all
 	@$(MAKE) --no-print-directory all BUILD=build/asan SAN=1 OPT="-O1 -march=native"
+	@$(MAKE) --no-print-directory fuzz-build
 	@tests/run.sh
 
 demo: deps
@@ -125,4 +126,46 @@ bench: all
 clean:
 	rm -rf build
 
+# ---- fuzzing (issue 7, item 9) ----
+# One libFuzzer harness per parser that reads bytes from a peer, a file or
+# the user: tests/fuzz/fuzz_<target>.c becomes build/fuzz/fuzz_<target>.
+# Everything here is built by clang with ASan + UBSan and coverage
+# instrumentation, into its own tree (build/fuzz/obj), so that clang objects
+# never mix with the gcc trees above. `make fuzz` builds the harnesses
+# and runs each for FUZZ_SECONDS (tests/fuzz/run.sh: saved crashes first, then
+# fuzzing from the seed corpus tests/fuzz/corpus/<target>/); the suite
+# (tests/fuzz.suite) runs each for 30 s. Needs clang and libclang-rt-14-dev.
+FUZZ_BUILD    := build/fuzz
+FUZZ_CC       ?= clang
+FUZZ_SECONDS  ?= 60
+FUZZ_SRCS     := $(sort $(wildcard tests/fuzz/fuzz_*.c))
+FUZZ_TARGETS  := $(patsubst tests/fuzz/fuzz_%.c,%,$(FUZZ_SRCS))
+FUZZ_BINS     := $(FUZZ_TARGETS:%=$(FUZZ_BUILD)/fuzz_%)
+FUZZ_LIB_OBJS := $(LIB_SRCS:%.c=$(FUZZ_BUILD)/obj/%.o)
+FUZZ_LIBA     := $(FUZZ_BUILD)/libtandem-fuzz.a
+FUZZ_CFLAGS   := -std=gnu11 -g -O1 -march=native -Wall -Wextra -Wno-unused-parameter -fno-strict-aliasing \
+                 -pthread -Iinclude -Isrc -MMD -MP -fno-omit-frame-pointer \
+                 -fsanitize=address,undefined -fno-sanitize-recover=undefined -fsanitize=fuzzer-no-link \
+                 $(OPT_CFLAGS)
+
+fuzz-build: $(FUZZ_BINS)
+.SECONDARY: $(FUZZ_SRCS:%.c=$(FUZZ_BUILD)/obj/%.o)
+
+$(FUZZ_BUILD)/obj/%.o: %.c
+	@command -v $(FUZZ_CC) >/dev/null || { echo "fuzz: $(FUZZ_CC) not found: apt-get install clang libclang-rt-14-dev"; exit 1; }
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -c $< -o $@
+
+$(FUZZ_LIBA): $(FUZZ_LIB_OBJS)
+	rm -f $@ && ar rcs $@ $^
+
+$(FUZZ_BUILD)/fuzz_%: $(FUZZ_BUILD)/obj/tests/fuzz/fuzz_%.o $(FUZZ_LIBA)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< $(FUZZ_LIBA) $(OPT_LIBS) -lm -lpthread
+
+# Every target runs even when an earlier one failed; the exit status says
+# whether any did.
+fuzz: fuzz-build
+	@rc=0; for t in $(FUZZ_TARGETS); do tests/fuzz/run.sh $$t $(FUZZ_SECONDS) || rc=1; done; exit $$rc
+
 -include $(LIB_OBJS:.o=.d) $(TESTLIB_OBJS:.o=.d) $(TOOL_SRCS:%.c=$(BUILD)/obj/%.d) $(TEST_SRCS:%.c=$(BUILD)/obj/%.d)
+-include $(FUZZ_LIB_OBJS:.o=.d) $(FUZZ_SRCS:%.c=$(FUZZ_BUILD)/obj/%.d)

@@ -45,9 +45,22 @@ typedef enum td_dtype {
   TD_DTYPE_COUNT
 } td_dtype;
 
+/* Reduction semantics, the same on every algorithm and transport, and every
+ * rank gets the same bits (README "Reductions"):
+ * - Integer SUM and PROD wrap around modulo 2^bits (two's complement), never
+ *   undefined; TD_AVG on integers is that wrapped sum divided by the number
+ *   of ranks, truncated toward zero (C's integer division).
+ * - Floating MIN and MAX: if any rank's element is a NaN the result is NaN
+ *   (the canonical quiet NaN: f32 0x7fc00000, f64 0x7ff8000000000000, f16
+ *   0x7e00, bf16 0x7fc0; with one rank the input comes back unchanged), and
+ *   -0 counts as smaller than +0.
+ * - Floating SUM and PROD follow IEEE 754 (a NaN input gives a NaN).
+ * - f16 and bf16 are accumulated in f32 and rounded to the half type once
+ *   (TD_AVG divides in f32 first); TANDEM_HALF_PARTIALS=half trades that for
+ *   half the bytes on the wire, rounding at every hop. */
 typedef enum td_op {
   TD_SUM = 0,
-  TD_AVG = 1, /* sum divided by the number of ranks (integer division for integer types) */
+  TD_AVG = 1, /* sum divided by the number of ranks (integers: wrapped sum, truncated division) */
   TD_MIN = 2,
   TD_MAX = 3,
   TD_PROD = 4,

@@ -70,7 +70,8 @@ double td_env_double(const char *name, double default_value);
 const char *td_env_str(const char *name, const char *default_value);
 /* Byte sizes accept suffixes: 64K, 25M, 1G (powers of 1024). */
 size_t td_env_size(const char *name, size_t default_value);
-/* Parse a byte size string like "25M"; returns 0 on success. */
+/* Parse a byte size string like "25M"; returns 0 on success, -1 for text
+ * that is not a size or a size that does not fit size_t. */
 int td_parse_size(const char *text, size_t *out);
 
 /* ---- clocks ---- */

@@ -21,8 +21,10 @@
  * steps of at least one frame each, so small messages are better served by
  * recursive doubling (allreduce_rd.c).
  *
- * Limits: every rank receives the same result, folded in ring order (f16 and
- * bf16 are rounded once per hop). TD_AVG is summed here; select.c divides.
+ * Limits: every rank receives the same result, folded in ring order. f16 and
+ * bf16 sums reach this file as f32 partials (select.c), so they round once;
+ * with TANDEM_HALF_PARTIALS=half they round once per hop. TD_AVG is summed
+ * here; select.c divides.
  * An empty segment still exchanges one empty frame, so that ranks that
  * disagree on the count find out from the frame headers. */
 #include "comm/comm_impl.h"

@@ -354,6 +354,7 @@ void td_comm_destroy(td_comm *comm) {
   free(comm->local_ranks);
   free(comm->send_seq);
   free(comm->recv_seq);
+  td_free(comm->half_work);
   pthread_mutex_destroy(&comm->err_mu);
   free(comm);
 }

@@ -158,6 +158,7 @@ typedef struct comm_tunables {
   int allreduce_algo;        /* TANDEM_ALLREDUCE_ALGO: COMM_ALGO_* */
   bool shm_collectives;      /* TANDEM_SHM_COLLECTIVES (default 1) */
   bool shm_xmap;             /* TANDEM_SHM_XMAP (default 1) */
+  bool half_partials;        /* TANDEM_HALF_PARTIALS=half: f16/bf16 partials travel in the half type */
   size_t rd_max_bytes;       /* TANDEM_RD_MAX_BYTES */
   size_t ring_chunk_bytes;   /* TANDEM_RING_CHUNK_BYTES */
   size_t bcast_chunk_bytes;  /* TANDEM_BCAST_CHUNK_BYTES (broadcast and reduce trees) */
@@ -212,6 +213,12 @@ struct td_comm {
   bool finalized;
 
   comm_tunables tun;          /* TANDEM_* settings, read once at creation */
+  /* f32 partial results of half-precision reductions (select.c), kept and
+   * grown between operations: a fresh buffer per call costs a page fault
+   * per 4 KiB, which measured slower than the transfer itself. Touched only
+   * by the executing thread (one operation at a time). */
+  float *half_work;
+  size_t half_work_count;
 
   /* algorithm selection (select.c), from tun and the transport */
   int sel_allreduce;          /* forced allreduce algorithm, 0 = auto */

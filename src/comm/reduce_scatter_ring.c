@@ -16,7 +16,8 @@
  * socket buffer while this one is folded.
  *
  * Cost: (n-1)/n * bytes sent and received per rank, n-1 latency steps.
- * Limits: f16/bf16 are rounded once per hop; TD_AVG is summed (select.c
+ * Limits: f16/bf16 sums arrive as f32 partials (select.c) and round once,
+ * or once per hop with TANDEM_HALF_PARTIALS=half; TD_AVG is summed (select.c
  * divides). In place: recv == send + offset_r (elements); segment r of send
  * is read only in the last step, as the rank's own contribution. */
 #include "comm/comm_impl.h"

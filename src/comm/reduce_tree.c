@@ -11,8 +11,9 @@
  * The vector moves in chunks of TANDEM_BCAST_CHUNK_BYTES: while a rank
  * receives chunk i from its children it sends its combined chunk i-1 up, so
  * every level of the tree is busy at once. A rank combines its own input and
- * all its children's chunks in one pass (td_reduce_multi: f16/bf16 are
- * accumulated in f32 and rounded once per rank).
+ * all its children's chunks in one pass (td_reduce_multi). f16/bf16 sums
+ * arrive as f32 partials (select.c), rounded once at the root; with
+ * TANDEM_HALF_PARTIALS=half they are rounded once per rank.
  *
  * Cost: ceil(log2 n) + chunks - 1 steps; the root receives bytes times its
  * number of children. Memory: one chunk per child plus two for the partial

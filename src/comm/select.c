@@ -96,13 +96,18 @@ static void finish_avg(const td_comm *comm, const comm_op *op) {
  * rank's input in one pass (td_reduce_multi accumulates in f32 and rounds
  * once), so only their TD_AVG comes here, to divide before the one rounding.
  * MIN and MAX are exact in the half type and never come here. Cost: the
- * f32 partials are twice the bytes of the half type on the wire (README). */
+ * f32 partials are twice the bytes of the half type on the wire (1.5x for
+ * the ring allreduce, below; README), so
+ * TANDEM_HALF_PARTIALS=half opts out: partials then travel in the half type,
+ * rounded at every hop (at most n-1 roundings on any element's path; README
+ * states the bound), and TD_AVG divides the rounded sum. */
 static bool rounds_per_hop(comm_algo_fn algo) {
   return algo == allreduce_ring || algo == allreduce_rd || algo == reduce_tree || algo == reduce_scatter_ring;
 }
 
-static bool needs_f32_partials(const comm_op *op, comm_algo_fn algo) {
+static bool needs_f32_partials(const td_comm *comm, const comm_op *op, comm_algo_fn algo) {
   if (op->dtype != TD_F16 && op->dtype != TD_BF16) return false;
+  if (comm->tun.half_partials) return false;
   if (op->kind != COMM_ALLREDUCE && op->kind != COMM_REDUCE && op->kind != COMM_REDUCE_SCATTER) return false;
   if (op->redop == TD_AVG) return true;
   return (op->redop == TD_SUM || op->redop == TD_PROD) && rounds_per_hop(algo);
@@ -112,22 +117,43 @@ static td_status execute_f32_partials(td_comm *comm, const comm_op *op, comm_alg
   if (op->count > SIZE_MAX / sizeof(float))
     return comm_fail(comm, TD_ERR_INVALID_ARGUMENT, "rank %d: count %zu of %s is too large for f32 partial results",
                      comm->rank, op->count, td_dtype_name(op->dtype));
-  float *work = td_alloc(op->count * sizeof(float));
-  if (!work)
-    return comm_fail(comm, TD_ERR_SYSTEM, "rank %d: out of memory for %zu bytes of f32 partial results (%s %s)",
-                     comm->rank, op->count * sizeof(float), td_dtype_name(op->dtype), comm_kind_name(op->kind));
+  if (comm->half_work_count < op->count) {
+    td_free(comm->half_work);
+    comm->half_work_count = 0;
+    comm->half_work = td_alloc(op->count * sizeof(float));
+    if (!comm->half_work)
+      return comm_fail(comm, TD_ERR_SYSTEM, "rank %d: out of memory for %zu bytes of f32 partial results (%s %s)",
+                       comm->rank, op->count * sizeof(float), td_dtype_name(op->dtype), comm_kind_name(op->kind));
+    comm->half_work_count = op->count;
+  }
+  float *work = comm->half_work;
   td_reduce_half_to_f32(work, op->send, op->count, op->dtype);
   comm_op wide = *op;
   wide.dtype = TD_F32;
   wide.send = work;
   size_t offset = 0, len = op->count;
+  int divisor = op->redop == TD_AVG ? comm->size : 1;
+  if (op->kind == COMM_ALLREDUCE && algo == allreduce_ring) {
+    /* The ring's allgather half moves finished results: each shard is
+     * complete after the reduce-scatter half, so its owner rounds it once
+     * and only the reduce-scatter moves f32 (1.5x the half type's bytes on
+     * the wire instead of 2x). Both halves are frames of this allreduce. */
+    td_shard_range(op->count, comm->size, comm->rank, &offset, &len);
+    wide.recv = work + offset;
+    td_status st = reduce_scatter_ring(comm, &wide);
+    if (st != TD_OK) return st;
+    char *recv = op->recv;
+    size_t es = td_dtype_size(op->dtype);
+    td_reduce_f32_to_half(recv + offset * es, work + offset, len, op->dtype, divisor);
+    comm_op gather = *op;
+    gather.send = recv + offset * es; /* in place: this rank's shard of recv */
+    return allgather_ring(comm, &gather);
+  }
   if (op->kind == COMM_REDUCE_SCATTER) td_shard_range(op->count, comm->size, comm->rank, &offset, &len);
   wide.recv = work + offset; /* in place (reduce-scatter: this rank's shard of send) */
   td_status st = algo(comm, &wide);
-  int divisor = op->redop == TD_AVG ? comm->size : 1;
   if (st == TD_OK && (op->kind != COMM_REDUCE || comm->rank == op->root))
     td_reduce_f32_to_half(op->recv, work + offset, len, op->dtype, divisor);
-  td_free(work);
   return st;
 }
 
@@ -141,7 +167,7 @@ td_status comm_execute(td_comm *comm, const comm_op *op) {
   if (op->count == 0 && op->kind != COMM_BARRIER && op->kind != COMM_SEND && op->kind != COMM_RECV) return TD_OK;
   comm_algo_fn algo = pick(comm, op);
   if (!algo) return comm_fail(comm, TD_ERR_INTERNAL, "no algorithm for operation kind %d", (int)op->kind);
-  if (needs_f32_partials(op, algo)) {
+  if (needs_f32_partials(comm, op, algo)) {
     TD_CHECK(execute_f32_partials(comm, op, algo));
     return comm_status(comm);
   }

@@ -96,6 +96,12 @@ td_status comm_tunables_read(const td_comm_config *config, comm_tunables *t) {
                     algo);
   TD_CHECK(read_switch("TANDEM_SHM_COLLECTIVES", true, &t->shm_collectives));
   TD_CHECK(read_switch("TANDEM_SHM_XMAP", true, &t->shm_xmap));
+  const char *partials = env_value("TANDEM_HALF_PARTIALS");
+  if (partials && strcmp(partials, "f32") && strcmp(partials, "half"))
+    return td_error(TD_ERR_INVALID_ARGUMENT, "TANDEM_HALF_PARTIALS=%s: use f32 (the default: f16/bf16 reductions "
+                                             "round once) or half (half the bytes, rounded at every hop)",
+                    partials);
+  t->half_partials = partials && !strcmp(partials, "half");
   /* TANDEM_RD_MAX_BYTES compares with a message size; 0 turns recursive
    * doubling off, and any size up to the cap is meaningful. */
   TD_CHECK(read_bytes("TANDEM_RD_MAX_BYTES", 0, &t->rd_max_bytes));

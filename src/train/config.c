@@ -29,6 +29,21 @@ void td_train_config_defaults(td_train_config *cfg) {
 
 /* ---- batch sizes and ranges ---- */
 
+/* micro x accum x world, or -1 when the product does not fit a long (the
+ * config's limits allow 2^30 x 2^30 x any world size). */
+static long batch_product(long micro, long accum, int world) {
+  long micro_accum, product;
+  if (__builtin_mul_overflow(micro, accum, &micro_accum) || __builtin_mul_overflow(micro_accum, (long)world, &product))
+    return -1;
+  return product;
+}
+
+static td_status batch_too_large(long micro, long accum, int world) {
+  return td_error(TD_ERR_INVALID_ARGUMENT,
+                  "batch sizes too large: micro %ld x accumulation %ld x %d ranks does not fit in 64 bits", micro,
+                  accum, world);
+}
+
 td_status td_train_config_resolve(td_train_config *cfg, int world) {
   if (world < 1) return td_error(TD_ERR_INVALID_ARGUMENT, "world size %d: must be at least 1", world);
   long G = cfg->train_batch_size;
@@ -40,11 +55,13 @@ td_status td_train_config_resolve(td_train_config *cfg, int world) {
     return td_error(TD_ERR_INVALID_ARGUMENT, "gradient_accumulation_steps %ld: must be positive (or 0 to derive it)", a);
   if (G > 0) {
     if (m > 0 && a > 0) {
-      if (G != m * a * world)
+      long product = batch_product(m, a, world);
+      if (product < 0) return batch_too_large(m, a, world);
+      if (G != product)
         return td_error(TD_ERR_INVALID_ARGUMENT,
                         "train_batch_size %ld != %ld (micro) x %ld (accum) x %d (ranks) = %ld: set train_batch_size "
                         "to %ld or leave it out",
-                        G, m, a, world, m * a * world, m * a * world);
+                        G, m, a, world, product, product);
     } else if (m > 0) {
       if (G % (m * world))
         return td_error(TD_ERR_INVALID_ARGUMENT,
@@ -71,7 +88,8 @@ td_status td_train_config_resolve(td_train_config *cfg, int world) {
   } else {
     if (m == 0) m = 1;
     if (a == 0) a = 1;
-    G = m * a * world;
+    G = batch_product(m, a, world);
+    if (G < 0) return batch_too_large(m, a, world);
   }
   if (m > (1L << 30) || a > (1L << 30))
     return td_error(TD_ERR_INVALID_ARGUMENT, "batch sizes too large: micro %ld, accumulation %ld", m, a);
@@ -252,8 +270,11 @@ static td_status get_bool(const parse_ctx *pc, const cJSON *item, const char *ke
 
 static td_status get_size(const parse_ctx *pc, const cJSON *item, const char *key, size_t *out) {
   if (cJSON_IsNumber(item)) {
-    if (!(item->valuedouble >= 4) || item->valuedouble != floor(item->valuedouble))
-      return td_error(TD_ERR_INVALID_ARGUMENT, "%s: %s is %g; give a whole number of bytes >= 4 or a string like \"25M\"",
+    /* Beyond size_t (2^64), the conversion below would be undefined. */
+    if (!(item->valuedouble >= 4 && item->valuedouble < 18446744073709551616.0) ||
+        item->valuedouble != floor(item->valuedouble))
+      return td_error(TD_ERR_INVALID_ARGUMENT,
+                      "%s: %s is %g; give a whole number of bytes from 4 to 2^64-1 or a string like \"25M\"",
                       pc->source, key, item->valuedouble);
     *out = (size_t)item->valuedouble;
     return TD_OK;
