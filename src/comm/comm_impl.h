@@ -168,6 +168,8 @@ typedef struct comm_tunables {
   size_t tcp_buffer_bytes;   /* TANDEM_TCP_BUFFER_BYTES (0: kernel autotuning) */
   double shm_spin_us;        /* TANDEM_SHM_SPIN_US */
   double tcp_spin_us;        /* TANDEM_TCP_SPIN_US */
+  double heartbeat_interval_s; /* TANDEM_HEARTBEAT_INTERVAL (negative: unset) */
+  double heartbeat_timeout_s;  /* TANDEM_HEARTBEAT_TIMEOUT (negative: unset; 0: off) */
 } comm_tunables;
 
 /* Fill *t from config (may be NULL) and the environment; a malformed or

@@ -148,10 +148,10 @@ td_status comm_env_detect(const td_comm_config *config, comm_env *env) {
        * exposed (and without a job secret only loopback is allowed). */
       td_strlcpy(env->host_store_bind, host, sizeof env->host_store_bind);
       env->host_store_port = port;
-      snprintf(env->store, sizeof env->store, "127.0.0.1:%d", port);
-    } else {
-      td_strlcpy(env->store, addr, sizeof env->store);
     }
+    /* Rank 0 too dials MASTER_ADDR: the store listens only there, so
+     * 127.0.0.1 reaches it only when MASTER_ADDR is loopback. */
+    td_strlcpy(env->store, addr, sizeof env->store);
     return TD_OK;
   }
   /* Another launcher (mpirun, srun) without a store: rank 0 hosts one on

@@ -116,5 +116,10 @@ td_status comm_tunables_read(const td_comm_config *config, comm_tunables *t) {
   TD_CHECK(read_bytes("TANDEM_TCP_BUFFER_BYTES", 0, &t->tcp_buffer_bytes));
   TD_CHECK(read_number("TANDEM_SHM_SPIN_US", 0, MAX_SPIN_US, false, -1.0, "microseconds", &t->shm_spin_us));
   TD_CHECK(read_number("TANDEM_TCP_SPIN_US", 0, MAX_SPIN_US, false, -1.0, "microseconds", &t->tcp_spin_us));
+  /* The pair (interval at most half the timeout) and the defaults are the
+   * TCP transport's (transport/tcp/tcp.c), which alone uses them. */
+  TD_CHECK(read_number("TANDEM_HEARTBEAT_TIMEOUT", 0, COMM_TUN_MAX_TIMEOUT_S, false, -1.0, "seconds",
+                       &t->heartbeat_timeout_s));
+  TD_CHECK(read_number("TANDEM_HEARTBEAT_INTERVAL", 0.01, 3600, false, -1.0, "seconds", &t->heartbeat_interval_s));
   return TD_OK;
 }

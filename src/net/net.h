@@ -213,6 +213,14 @@ typedef struct td_store td_store;
 td_status store_connect(const char *addr, double timeout_s, td_store **out);
 void store_close(td_store *store); /* accepts NULL */
 const char *store_address(const td_store *store);
+/* Break off the request another thread has in flight (it fails at once and
+ * the client is broken from then on), e.g. when the store's host was lost
+ * and the connection is about to be closed. Any thread; does not block. */
+void store_interrupt(td_store *store); /* accepts NULL */
+/* How long the request in flight on this client has been waiting for its
+ * answer beyond the wait it asked for (0: none in flight, or not late).
+ * Any thread; does not block. */
+double store_overdue_s(const td_store *store);
 /* This end's address on the connection to the store: the local interface
  * that routes to it (listeners of multi-host jobs bind there). */
 td_status store_route_address(td_store *store, char *buf, size_t size);

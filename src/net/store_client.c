@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 struct td_store {
@@ -21,6 +22,10 @@ struct td_store {
   double op_timeout_s; /* transport deadline for one request, beyond any wait */
   bool broken;
   char broken_reason[1024];
+  /* td_now_ns() by which the request in flight should be answered (its
+   * own wait included); 0 when none is. Read without the mutex by
+   * store_overdue_s. */
+  _Atomic int64_t due_ns;
 };
 
 td_status store_connect(const char *addr, double timeout_s, td_store **out) {
@@ -78,6 +83,21 @@ void store_close(td_store *s) {
 }
 
 const char *store_address(const td_store *s) { return s ? s->addr : ""; }
+
+/* Without the mutex: its holder is the thread to interrupt. shutdown() wakes
+ * its poll() with an error and leaves the descriptor open until store_close,
+ * so no other file can take its number meanwhile. */
+void store_interrupt(td_store *s) {
+  if (s && s->fd >= 0) shutdown(s->fd, SHUT_RDWR);
+}
+
+double store_overdue_s(const td_store *s) {
+  if (!s) return 0;
+  int64_t due = atomic_load(&((td_store *)s)->due_ns);
+  if (due == 0) return 0;
+  double late = (double)((int64_t)td_now_ns() - due) * 1e-9;
+  return late > 0 ? late : 0;
+}
 
 td_status store_route_address(td_store *s, char *buf, size_t size) {
   pthread_mutex_lock(&s->mutex);
@@ -137,6 +157,7 @@ static td_status exchange(td_store *s, const char *what, uint32_t op, const char
     used += b_len;
   }
   double deadline = td_now() + s->op_timeout_s;
+  atomic_store(&s->due_ns, wait_s < 0 || wait_s > 1e9 ? INT64_MAX : (int64_t)td_now_ns() + (int64_t)(wait_s * 1e9));
   if ((st = net_send_all(s->fd, small, used, deadline)) != TD_OK ||
       (!values_inline && a_len && (st = net_send_all(s->fd, a, a_len, deadline)) != TD_OK) ||
       (!values_inline && b_len && (st = net_send_all(s->fd, b, b_len, deadline)) != TD_OK)) {
@@ -176,6 +197,7 @@ static td_status exchange(td_store *s, const char *what, uint32_t op, const char
   }
   st = TD_OK;
 done:
+  atomic_store(&s->due_ns, 0);
   pthread_mutex_unlock(&s->mutex);
   if (st == TD_OK && value_out)
     *value_out = value;

@@ -59,9 +59,30 @@
  * watcher counted it, normally microseconds on one host) returns TD_OK; the
  * error then comes from the next call, finalize included. A rank that never
  * calls again (it destroys the communicator without finalizing) does not
- * learn of it. */
+ * learn of it.
+ *
+ * Lost hosts (heartbeat.c): a host that loses power or its link sends no
+ * FIN, and the kernel of a stopped process keeps acknowledging, so neither
+ * shows up on the sockets. The watcher thread therefore also sends a small
+ * UDP beat to every peer once per TANDEM_HEARTBEAT_INTERVAL (from the port
+ * number the rank listens on, so peers need no other address) and drains
+ * the beats that came, waking once per interval whatever the world size. It
+ * runs whatever the application does: a rank busy computing for minutes
+ * without calling Tandem still beats. A peer from which neither a beat nor
+ * data arrived for TANDEM_HEARTBEAT_TIMEOUT is lost: the watcher fails the
+ * communicator with TD_ERR_REMOTE naming it and its address, which fails
+ * the operation in flight within a wait slice, everything queued, and every
+ * later call, on a rank that is idle too. The usual abort then relays it.
+ * Beats also carry a "my communicator failed" bit, on which a peer fetches
+ * the published reason at once instead of at its next call. The watcher
+ * uses its own store connection (the executing thread may be blocked on
+ * comm->store, which a lost link can leave unanswered for a minute) and,
+ * once the communicator has failed, breaks off such a late request; with a
+ * partition that leaves the store on the other side, this side's ranks
+ * still fail within the timeout, each naming a rank it lost. */
 #define _GNU_SOURCE 1 /* POLLRDHUP; must precede the first system header */
 #include "comm/comm_impl.h"
+#include "comm/transport/tcp/heartbeat.h"
 
 #include <poll.h>
 #include <sched.h>
@@ -80,6 +101,23 @@
 /* Longest single sleep in wait(), so that a failure recorded by another
  * thread is noticed promptly even if no socket becomes ready. */
 #define TCP_WAIT_SLICE_S 0.1
+/* Heartbeat defaults (TANDEM_HEARTBEAT_INTERVAL, TANDEM_HEARTBEAT_TIMEOUT):
+ * a peer silent for the timeout is lost. A loss is found between timeout and
+ * timeout + 2 intervals after the last beat (a beat is counted when the
+ * tick after its arrival drains it), so 6 s and 1 s report a lost host within
+ * 8 s, inside the 10 s DESIGN.md §3 promises, while a rank whose process is
+ * starved of the CPU for a few seconds is not declared dead. */
+#define TCP_DEFAULT_HEARTBEAT_INTERVAL_S 1.0
+#define TCP_DEFAULT_HEARTBEAT_TIMEOUT_S 6.0
+/* The watcher's own store connection (see watcher_store) gives up
+ * connecting after this long: a store across a lost link never answers. */
+#define TCP_WATCH_STORE_CONNECT_S 1.0
+/* After a failure, a store request of the executing thread that is late by
+ * this much is broken off (its answer no longer matters, and a store behind
+ * a lost link would hold the failed operation for a minute). */
+#define TCP_STORE_LATE_S 0.5
+/* Listen again at most this often when the listener's port is taken for UDP. */
+#define TCP_LISTEN_TRIES 16
 /* Busy-poll this long before sleeping in poll(): a loopback round trip is a
  * few microseconds, a wake-up from poll() tens, so small messages pay the
  * sleep on every step without it (4 KiB allreduce, 2 ranks: 26-90 us
@@ -108,6 +146,11 @@ typedef struct tcp_peer {
   int fd;        /* -1 for this rank */
   bool hung_up;  /* poll saw it hang up while it was not part of the transfer */
   char addr[96]; /* "host:port" it listened on, for messages */
+  /* Bytes received from it so far (executing thread writes, watcher reads):
+   * data from a peer proves it alive as well as a beat does, and a link
+   * full of data may drop beats. */
+  _Atomic uint64_t rx_bytes;
+  uint64_t rx_seen; /* rx_bytes at the watcher's last tick (watcher only) */
 } tcp_peer;
 
 typedef struct tcp_transport {
@@ -116,12 +159,29 @@ typedef struct tcp_transport {
   tcp_peer *peers;
   struct pollfd *pfds; /* scratch for wait(): one operation runs at a time */
   int *pfd_peer;       /* pfds[k] watches peers[pfd_peer[k]] */
-  /* The hang-up watcher (see op_done): a thread asleep in epoll_wait on
-   * every peer's hang-up events and on stop_fd, counting hang-ups. */
+  /* The watcher (see op_done and watcher_tick): a thread asleep in
+   * epoll_wait on every peer's hang-up events and on stop_fd, counting
+   * hang-ups, and waking once per heartbeat interval to send and check
+   * beats. */
   int hup_fd, stop_fd;           /* -1 until created */
   pthread_t watcher;
   bool watcher_started;
   _Atomic unsigned hangups;      /* peers the watcher saw hang up so far */
+  tcp_heartbeat *hb;             /* NULL when TANDEM_HEARTBEAT_TIMEOUT=0 */
+  double hb_interval_s, hb_timeout_s;
+  _Atomic int armed;             /* wiring done: silence counts from now on */
+  /* The watcher may block in the store (publishing a failure to a store
+   * that the lost link cut off); destroy then interrupts that call rather
+   * than wait for it (Dekker-style pair: each sets its flag, then reads the
+   * other's). */
+  _Atomic int watcher_in_store, stopping;
+  /* The watcher's own store connection, opened when it first needs the
+   * store, so that it never queues behind (or holds up) the executing
+   * thread's requests on comm->store. */
+  td_store *_Atomic watch_store;
+  double watch_store_retry_at;
+  double armed_at;        /* watcher only: its first tick after arm_watcher */
+  bool warned_never_beat; /* watcher only */
   unsigned hangups_checked;      /* the count op_done last acted on (executing thread only) */
   double next_reason_check;
   _Atomic int aborted;
@@ -132,6 +192,12 @@ typedef struct tcp_transport {
  * for one communicator or one listener is worthless for any other. */
 static void auth_context(const td_comm *comm, int acceptor, char *buf, size_t size) {
   snprintf(buf, size, "tcp %s %d", comm->prefix, acceptor);
+}
+
+static uint64_t prefix_hash(const char *s) {
+  uint64_t h = 1469598103934665603ull; /* FNV-1a */
+  for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+  return h;
 }
 
 static void abort_key(const td_comm *comm, char *buf, size_t size) { snprintf(buf, size, "%s/abort", comm->prefix); }
@@ -150,19 +216,19 @@ static td_status relayed_status(long published) {
 /* The failure a peer published, waiting up to wait_s for it to appear (0:
  * just look). NULL if there is none; otherwise free() the result, whose
  * text is the reason, and *status_out is the status to relay it with. */
-static char *published_reason(tcp_transport *t, double wait_s, td_status *status_out) {
+static char *published_reason(tcp_transport *t, td_store *store, double wait_s, td_status *status_out) {
   td_comm *comm = t->base.comm;
   *status_out = TD_ERR_REMOTE;
-  if (!comm->store) return NULL;
+  if (!store) return NULL;
   char key[256];
   abort_key(comm, key, sizeof key);
   void *value = NULL;
   size_t len = 0;
   if (wait_s > 0) {
-    if (store_wait(comm->store, key, wait_s, &value, &len) != TD_OK) return NULL;
+    if (store_wait(store, key, wait_s, &value, &len) != TD_OK) return NULL;
   } else {
     int found = 0;
-    if (store_get(comm->store, key, &value, &len, &found) != TD_OK || !found) return NULL;
+    if (store_get(store, key, &value, &len, &found) != TD_OK || !found) return NULL;
   }
   /* The value is NUL-terminated (store_get). */
   char *text = value;
@@ -180,13 +246,40 @@ static char *published_reason(tcp_transport *t, double wait_s, td_status *status
 
 /* Fail the communicator with the failure a peer published, if there is one
  * (waiting up to wait_s for it); TD_OK if there is none. */
-static td_status relay_published(tcp_transport *t, double wait_s) {
+static td_status relay_published_via(tcp_transport *t, td_store *store, double wait_s) {
   td_status status;
-  char *reason = published_reason(t, wait_s, &status);
+  char *reason = published_reason(t, store, wait_s, &status);
   if (!reason) return TD_OK;
   td_status st = comm_fail(t->base.comm, status, "%s", reason);
   free(reason);
   return st;
+}
+static td_status relay_published(tcp_transport *t, double wait_s) {
+  return relay_published_via(t, t->base.comm->store, wait_s);
+}
+
+/* The watcher's store connection (NULL if the store cannot be reached now;
+ * tried again after a few seconds). Watcher thread only. */
+static td_store *watcher_store(tcp_transport *t) {
+  td_store *s = atomic_load(&t->watch_store);
+  td_comm *comm = t->base.comm;
+  if (s || !comm->store) return s;
+  double now = td_now();
+  if (now < t->watch_store_retry_at) return NULL;
+  t->watch_store_retry_at = now + 5.0;
+  if (store_connect(store_address(comm->store), TCP_WATCH_STORE_CONNECT_S, &s) != TD_OK) {
+    TD_DEBUG("tcp: rank %d's watcher cannot reach the store: %s", t->rank, td_last_error());
+    return NULL;
+  }
+  atomic_store(&t->watch_store, s);
+  /* Destroy may have looked for a connection to interrupt just before
+   * this one existed (it sets stopping first, then looks). */
+  if (atomic_load(&t->stopping)) return NULL;
+  return s;
+}
+
+static bool on_watcher(const tcp_transport *t) {
+  return t->watcher_started && pthread_equal(pthread_self(), t->watcher);
 }
 
 static td_status failed_status(tcp_transport *t) {
@@ -235,6 +328,7 @@ static td_status tcp_try_recv(transport *base, int peer, void *buf, size_t len, 
   TD_SYSCALL_RETRY(n, recv(t->peers[peer].fd, buf, len, MSG_DONTWAIT));
   if (n > 0) {
     *moved = (size_t)n;
+    atomic_fetch_add_explicit(&t->peers[peer].rx_bytes, (uint64_t)n, memory_order_relaxed);
     return TD_OK;
   }
   if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return TD_OK;
@@ -352,7 +446,11 @@ static void tcp_abort(transport *base, td_status status, const char *reason) {
   tcp_transport *t = (tcp_transport *)base;
   if (atomic_exchange(&t->aborted, 1)) return;
   td_comm *comm = base->comm;
-  if (comm->store) {
+  /* From the watcher (a lost peer, a relayed failure), through its own
+   * connection: the executing thread may hold comm->store in a request that
+   * a lost link keeps unanswered. */
+  td_store *store = on_watcher(t) ? watcher_store(t) : comm->store;
+  if (store) {
     char key[256], msg[1400];
     abort_key(comm, key, sizeof key);
     /* comm_fail's messages start with "rank <this rank>: "; say it once. */
@@ -367,10 +465,14 @@ static void tcp_abort(transport *base, td_status status, const char *reason) {
     void *current = NULL;
     size_t current_len = 0;
     int swapped = 0;
-    if (store_cas(comm->store, key, NULL, 0, msg, (size_t)len, &current, &current_len, &swapped) != TD_OK)
+    if (store_cas(store, key, NULL, 0, msg, (size_t)len, &current, &current_len, &swapped) != TD_OK)
       TD_WARN("tcp: rank %d could not publish its failure in the store (%s); peers will only see it disconnect",
               t->rank, td_last_error());
     free(current);
+  } else if (comm->store) {
+    TD_WARN("tcp: rank %d cannot reach the store at %s to publish its failure; peers will only see it disconnect "
+            "or fall silent",
+            t->rank, store_address(comm->store));
   }
   for (int p = 0; p < t->size; p++)
     if (t->peers[p].fd >= 0) shutdown(t->peers[p].fd, SHUT_RDWR);
@@ -379,23 +481,140 @@ static void tcp_abort(transport *base, td_status status, const char *reason) {
 /* The watcher's epoll tag for stop_fd (peers are tagged with their rank). */
 #define TCP_WATCH_STOP UINT32_MAX
 
-/* Sleeps until a peer hangs up (EPOLLRDHUP; EPOLLHUP and EPOLLERR are always
- * reported) and counts it. Arriving data is not in the event mask, so it
- * never wakes this thread: the data path pays nothing for the watch. A
- * peer leaves the set once reported. */
-static void *hangup_watcher(void *arg) {
+/* Run a store call from the watcher unless destroy has begun; destroy
+ * interrupts one that is under way (see tcp_transport.stopping). */
+static bool watcher_store_enter(tcp_transport *t) {
+  atomic_store(&t->watcher_in_store, 1);
+  if (!atomic_load(&t->stopping)) return true;
+  atomic_store(&t->watcher_in_store, 0);
+  return false;
+}
+static void watcher_store_leave(tcp_transport *t) { atomic_store(&t->watcher_in_store, 0); }
+
+/* The communicator failed (or is about to, for a lost peer): a request of
+ * the executing thread that the store is late to answer (a store behind
+ * the lost link) must not hold the failed operation, so break it off. The
+ * connection is not used again: every later operation fails first. */
+static void break_late_store_request(tcp_transport *t) {
+  td_store *store = t->base.comm->store;
+  double late = store_overdue_s(store);
+  if (late <= TCP_STORE_LATE_S) return;
+  TD_DEBUG("tcp: rank %d breaks off a store request %.1f s overdue: the communicator has failed", t->rank, late);
+  store_interrupt(store);
+}
+
+/* Fail the communicator for the peers whose beats stopped: the first one
+ * silent for the timeout, and how many more are (a lost host takes all its
+ * ranks with it). Runs on the watcher thread, so an idle rank learns it
+ * too: its next call, or td_comm_status, reports it. */
+static void declare_lost(tcp_transport *t, int lost, double now) {
+  char others[160] = "";
+  size_t used = 0;
+  int n_more = 0;
+  for (int p = heartbeat_lost(t->hb, lost, now, t->hb_timeout_s); p >= 0;
+       p = heartbeat_lost(t->hb, p, now, t->hb_timeout_s)) {
+    if (n_more++ < 4 && used < sizeof others) {
+      int n = snprintf(others + used, sizeof others - used, "%s%d", n_more > 1 ? ", " : "; also silent: rank ", p);
+      if (n > 0) used += (size_t)n;
+    } else if (n_more == 5 && used < sizeof others) {
+      snprintf(others + used, sizeof others - used, ", ...");
+    }
+  }
+  break_late_store_request(t);
+  if (!watcher_store_enter(t)) return;
+  comm_fail(t->base.comm, TD_ERR_REMOTE,
+            "rank %d (%s) sent no heartbeat to rank %d for %.1f s (TANDEM_HEARTBEAT_TIMEOUT=%g): its host is down or "
+            "cut off from this one, or the process is stopped%s",
+            lost, t->peers[lost].addr, t->rank, heartbeat_silence(t->hb, lost, now), t->hb_timeout_s, others);
+  watcher_store_leave(t);
+  break_late_store_request(t);
+}
+
+/* Said once per communicator, a timeout after wiring: peers whose beats
+ * never came (UDP filtered between the hosts?) are not watched. */
+static void warn_never_beat(tcp_transport *t) {
+  int first = heartbeat_never_beat(t->hb, -1);
+  if (first < 0) return;
+  int n = 0;
+  for (int p = first; p >= 0; p = heartbeat_never_beat(t->hb, p)) n++;
+  char more[48] = "";
+  if (n > 1) snprintf(more, sizeof more, " and %d more rank%s", n - 1, n > 2 ? "s" : "");
+  TD_WARN("tcp: rank %d never received a heartbeat from rank %d (%s)%s in %g s: is UDP to the TCP ports blocked "
+          "between the hosts? A lost host among them is found only by TCP keepalive (about 60 s) or TANDEM_TIMEOUT",
+          t->rank, first, t->peers[first].addr, more, t->hb_timeout_s);
+}
+
+/* One heartbeat tick: send beats (saying whether this communicator has
+ * failed), drain those that arrived, and, once wiring is done and while
+ * the communicator is healthy, act on what they say. */
+static void watcher_tick(tcp_transport *t, double *last_tick, bool *armed_seen) {
+  td_comm *comm = t->base.comm;
+  bool failed = comm_status(comm) != TD_OK || atomic_load(&t->aborted);
+  heartbeat_send(t->hb, failed);
+  double now = td_now();
+  heartbeat_drain(t->hb, now);
+  for (int p = 0; p < t->size; p++) {
+    uint64_t rx = atomic_load_explicit(&t->peers[p].rx_bytes, memory_order_relaxed);
+    if (rx != t->peers[p].rx_seen) heartbeat_heard(t->hb, p, now);
+    t->peers[p].rx_seen = rx;
+  }
+  /* This thread did not run for a while (the whole process was stopped,
+   * suspended or starved): the peers' beats of that time were not drained
+   * as they came, so their silence says nothing; start counting afresh. */
+  bool paused = now - *last_tick > TD_MAX(3.0 * t->hb_interval_s, 0.5 * t->hb_timeout_s);
+  *last_tick = now;
+  if (failed) break_late_store_request(t);
+  if (failed || !atomic_load(&t->armed)) return;
+  if (!*armed_seen || paused) {
+    if (paused) TD_DEBUG("tcp: rank %d's watcher did not run for a while; heartbeat silences restart", t->rank);
+    if (!*armed_seen) t->armed_at = now;
+    *armed_seen = true;
+    heartbeat_reset(t->hb, now);
+    return;
+  }
+  if (!t->warned_never_beat && now - t->armed_at > t->hb_timeout_s) {
+    t->warned_never_beat = true;
+    warn_never_beat(t);
+  }
+  /* A peer says it failed: its reason is in the store (unless it could not
+   * reach the store); relay it now rather than at this rank's next call. */
+  if (heartbeat_failed_peer(t->hb) >= 0 && watcher_store_enter(t)) {
+    td_store *store = watcher_store(t);
+    if (store) (void)relay_published_via(t, store, 0);
+    watcher_store_leave(t);
+    if (comm_status(comm) != TD_OK) return;
+  }
+  int lost = heartbeat_lost(t->hb, -1, now, t->hb_timeout_s);
+  if (lost >= 0) declare_lost(t, lost, now);
+}
+
+/* The watcher thread. Sleeps until a peer hangs up (EPOLLRDHUP; EPOLLHUP
+ * and EPOLLERR are always reported) and counts it; arriving data is not in
+ * the event mask, so it never wakes this thread: the data path pays nothing
+ * for the watch. Each peer is registered one-shot, so it leaves the set once
+ * reported. With heartbeats on, it also wakes once per interval for
+ * watcher_tick (beats are drained then, not as they arrive, so the wake-ups
+ * do not grow with the world size). */
+static void *watcher_main(void *arg) {
   tcp_transport *t = arg;
   pthread_setname_np(pthread_self(), "td-tcp-watch");
   sigset_t all;
   sigfillset(&all);
   pthread_sigmask(SIG_BLOCK, &all, NULL); /* signals belong to the application's threads */
+  double last_tick = td_now(), next_tick = last_tick;
+  bool armed_seen = false;
   for (;;) {
+    int timeout_ms = -1;
+    if (t->hb) {
+      double left = next_tick - td_now();
+      timeout_ms = left > 0 ? (int)(left * 1000.0 + 0.999) : 0;
+    }
     struct epoll_event events[16];
-    int n = epoll_wait(t->hup_fd, events, (int)TD_ARRAY_SIZE(events), -1);
+    int n = epoll_wait(t->hup_fd, events, (int)TD_ARRAY_SIZE(events), timeout_ms);
     if (n < 0) {
       if (errno == EINTR) continue;
-      TD_WARN("tcp: rank %d stops watching its peers for hang-ups (epoll_wait: %s); a failure is then seen at the "
-              "next exchange with the failed rank",
+      TD_WARN("tcp: rank %d stops watching its peers (epoll_wait: %s); a failure is then seen at the next exchange "
+              "with the failed rank, and a lost host only through TANDEM_TIMEOUT",
               t->rank, strerror(errno));
       return NULL;
     }
@@ -403,12 +622,18 @@ static void *hangup_watcher(void *arg) {
     for (int k = 0; k < n; k++) {
       uint32_t tag = events[k].data.u32;
       if (tag == TCP_WATCH_STOP) return NULL;
-      (void)epoll_ctl(t->hup_fd, EPOLL_CTL_DEL, t->peers[tag].fd, NULL);
       if (!atomic_load_explicit(&t->aborted, memory_order_relaxed)) /* else it is our own shutdown */
         TD_DEBUG("tcp: rank %d (%s) hung up on rank %d", (int)tag, t->peers[tag].addr, t->rank);
+      /* A peer that closed its connection is found through that path
+       * (EOF, its published reason); its beats stop for the same cause. */
+      if (t->hb) heartbeat_forget(t->hb, (int)tag);
       hung_up++;
     }
     if (hung_up) atomic_fetch_add_explicit(&t->hangups, hung_up, memory_order_release);
+    if (t->hb && td_now() >= next_tick) {
+      watcher_tick(t, &last_tick, &armed_seen);
+      next_tick = td_now() + t->hb_interval_s;
+    }
   }
 }
 
@@ -430,7 +655,12 @@ static td_status tcp_op_done(transport *base) {
 static void tcp_destroy(transport *base) {
   tcp_transport *t = (tcp_transport *)base;
   if (!t) return;
-  /* The watcher first: nothing below may run while it still looks at t. */
+  /* The watcher first: nothing below may run while it still looks at t.
+   * If it is blocked in the store (publishing a failure to a store the
+   * lost link cut off), break that call off: the communicator is being
+   * destroyed, and its store connection with it. */
+  atomic_store(&t->stopping, 1);
+  if (atomic_load(&t->watcher_in_store)) store_interrupt(atomic_load(&t->watch_store));
   if (t->watcher_started) {
     uint64_t one = 1;
     ssize_t w;
@@ -440,6 +670,8 @@ static void tcp_destroy(transport *base) {
   }
   if (t->hup_fd >= 0) close(t->hup_fd);
   if (t->stop_fd >= 0) close(t->stop_fd);
+  heartbeat_close(t->hb);
+  store_close(atomic_load(&t->watch_store));
   if (t->peers)
     for (int p = 0; p < t->size; p++)
       if (t->peers[p].fd >= 0) close(t->peers[p].fd);
@@ -460,10 +692,11 @@ static const transport_vtbl tcp_vtbl = {
     .try_peek = tcp_try_peek,
 };
 
-/* A host that crashes or drops off the network sends no FIN: without
- * keepalive probes a rank blocked on it would notice only at TANDEM_TIMEOUT.
- * Probes go out only on idle connections, so busy ones pay nothing; a dead
- * host is found after about idle + count * interval = 60 s. Best effort. */
+/* A host that crashes or drops off the network sends no FIN. Heartbeats
+ * find it within seconds; keepalive is the fallback when they are off
+ * (TANDEM_HEARTBEAT_TIMEOUT=0): probes go out only on idle connections, so
+ * busy ones pay nothing, and a dead host is found after about idle + count *
+ * interval = 60 s. Best effort. */
 static void set_keepalive(int fd) {
   int on = 1, idle_s = 30, interval_s = 10, count = 3;
   (void)setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof on);
@@ -601,6 +834,76 @@ static td_status accept_peers(tcp_transport *t, int listen_fd, double deadline, 
   return st;
 }
 
+/* TANDEM_HEARTBEAT_INTERVAL and TANDEM_HEARTBEAT_TIMEOUT (each checked by
+ * tunables.c), with their defaults and the rule that ties them. A timeout
+ * of 0 turns heartbeats off (a lost host is then found through keepalive
+ * after about a minute, or TANDEM_TIMEOUT). */
+static td_status read_heartbeat_config(tcp_transport *t) {
+  const comm_tunables *tun = &t->base.comm->tun;
+  t->hb_interval_s = tun->heartbeat_interval_s < 0 ? TCP_DEFAULT_HEARTBEAT_INTERVAL_S : tun->heartbeat_interval_s;
+  t->hb_timeout_s = tun->heartbeat_timeout_s < 0 ? TCP_DEFAULT_HEARTBEAT_TIMEOUT_S : tun->heartbeat_timeout_s;
+  if (t->hb_timeout_s > 0 && !(t->hb_interval_s >= 0.01 && t->hb_interval_s * 2 <= t->hb_timeout_s))
+    return td_error(TD_ERR_INVALID_ARGUMENT,
+                    "TANDEM_HEARTBEAT_INTERVAL=%g with TANDEM_HEARTBEAT_TIMEOUT=%g: the interval must be at least "
+                    "0.01 s and at most half the timeout, so that one lost beat is not a lost peer",
+                    t->hb_interval_s, t->hb_timeout_s);
+  return TD_OK;
+}
+
+/* Listen for peers on host (NULL: every interface), and open the heartbeat
+ * socket on the same address and port number (UDP), so that the published
+ * TCP address is also where beats go. Listens again in the rare case that
+ * the port is taken for UDP. */
+static td_status listen_beside_heartbeat(tcp_transport *t, const char *host, uint64_t hash, int *listen_fd,
+                                         int *port) {
+  for (int attempt = 1;; attempt++) {
+    TD_CHECK(net_listen(host, 0, t->size + 16, listen_fd, port));
+    if (t->hb_timeout_s <= 0) return TD_OK;
+    bool port_taken = false;
+    td_status st = heartbeat_open(*listen_fd, t->rank, t->size, hash, &t->hb, &port_taken);
+    if (st == TD_OK) return TD_OK;
+    close(*listen_fd);
+    *listen_fd = -1;
+    if (!port_taken || attempt == TCP_LISTEN_TRIES) return st;
+  }
+}
+
+/* Start the watcher once every peer's address is known, before the
+ * connections are made: beats flow while a rank still waits in the wiring
+ * for a slow peer, so it is not taken for lost. Its silences count only
+ * after arm_watcher. */
+static td_status start_watcher(tcp_transport *t) {
+  if (t->hb)
+    for (int p = 0; p < t->size; p++)
+      if (p != t->rank) TD_CHECK(heartbeat_set_peer(t->hb, p, t->peers[p].addr));
+  t->hup_fd = epoll_create1(EPOLL_CLOEXEC);
+  t->stop_fd = eventfd(0, EFD_CLOEXEC);
+  struct epoll_event stop_ev = {.events = EPOLLIN, .data.u32 = TCP_WATCH_STOP};
+  if (t->hup_fd < 0 || t->stop_fd < 0 || epoll_ctl(t->hup_fd, EPOLL_CTL_ADD, t->stop_fd, &stop_ev) != 0)
+    return td_error_errno("tcp: rank %d cannot create the epoll set that watches its peers", t->rank);
+  int rc = pthread_create(&t->watcher, NULL, watcher_main, t);
+  if (rc) {
+    errno = rc;
+    return td_error_errno("tcp: rank %d cannot start the thread that watches its peers", t->rank);
+  }
+  t->watcher_started = true;
+  return TD_OK;
+}
+
+/* Wiring done: watch every connection for hang-ups (one-shot: a peer is
+ * reported once) and let heartbeat silences count. */
+static td_status arm_watcher(tcp_transport *t) {
+  for (int p = 0; p < t->size; p++) {
+    if (t->peers[p].fd < 0) continue;
+    struct epoll_event ev = {.events = EPOLLRDHUP | EPOLLONESHOT, .data.u32 = (uint32_t)p};
+    if (epoll_ctl(t->hup_fd, EPOLL_CTL_ADD, t->peers[p].fd, &ev) != 0)
+      return td_error_errno("tcp: rank %d cannot watch its socket to rank %d (%s) for hang-ups", t->rank, p,
+                            t->peers[p].addr);
+  }
+  atomic_store(&t->armed, 1);
+  return TD_OK;
+}
+
 td_status tcp_transport_create(td_comm *comm, transport **out) {
   *out = NULL;
   if (!comm->store || comm->size < 2)
@@ -628,6 +931,9 @@ td_status tcp_transport_create(td_comm *comm, transport **out) {
    * variable with the same default for the rendezvous. */
   double timeout_s = comm->tun.connect_timeout_s;
   double deadline = td_now() + timeout_s;
+  /* Tells this communicator's heartbeats from any other's that reach the port. */
+  uint64_t hash = prefix_hash(comm->prefix);
+  TD_CHECK_GOTO(read_heartbeat_config(t), st, fail);
 
   /* Listen (see the file header for the address) and publish. */
   int port = 0;
@@ -641,7 +947,7 @@ td_status tcp_transport_create(td_comm *comm, transport **out) {
       if (net_is_loopback_host(host)) TD_CHECK_GOTO(net_local_address(host, sizeof host), st, fail);
     }
   }
-  TD_CHECK_GOTO(net_listen(host, 0, t->size + 16, &listen_fd, &port), st, fail);
+  TD_CHECK_GOTO(listen_beside_heartbeat(t, host, hash, &listen_fd, &port), st, fail);
   snprintf(t->peers[t->rank].addr, sizeof t->peers[t->rank].addr, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host,
            port);
   /* Publish ours and learn every peer's address: one SET and one GATHER. */
@@ -665,6 +971,7 @@ td_status tcp_transport_create(td_comm *comm, transport **out) {
   for (int p = 0; p < t->size; p++)
     if (p != t->rank) td_strlcpy(t->peers[p].addr, addrs[p], sizeof t->peers[p].addr);
   free(addrs);
+  TD_CHECK_GOTO(start_watcher(t), st, fail);
 
   /* Connect down, then accept from above. */
   transport_test_gate();
@@ -718,30 +1025,7 @@ td_status tcp_transport_create(td_comm *comm, transport **out) {
     if (buffer_bytes > 0) net_set_bufsizes(fd, (int)TD_MIN(buffer_bytes, (size_t)1 << 30));
   }
 
-  /* The hang-up watcher of op_done. */
-  t->hup_fd = epoll_create1(EPOLL_CLOEXEC);
-  t->stop_fd = eventfd(0, EFD_CLOEXEC);
-  struct epoll_event stop_ev = {.events = EPOLLIN, .data.u32 = TCP_WATCH_STOP};
-  if (t->hup_fd < 0 || t->stop_fd < 0 || epoll_ctl(t->hup_fd, EPOLL_CTL_ADD, t->stop_fd, &stop_ev) != 0) {
-    st = td_error_errno("tcp: rank %d cannot create the epoll set that watches its peers", t->rank);
-    goto fail;
-  }
-  for (int p = 0; p < t->size; p++) {
-    if (t->peers[p].fd < 0) continue;
-    struct epoll_event ev = {.events = EPOLLRDHUP, .data.u32 = (uint32_t)p};
-    if (epoll_ctl(t->hup_fd, EPOLL_CTL_ADD, t->peers[p].fd, &ev) != 0) {
-      st = td_error_errno("tcp: rank %d cannot watch its socket to rank %d (%s) for hang-ups", t->rank, p,
-                          t->peers[p].addr);
-      goto fail;
-    }
-  }
-  int rc = pthread_create(&t->watcher, NULL, hangup_watcher, t);
-  if (rc) {
-    errno = rc;
-    st = td_error_errno("tcp: rank %d cannot start the thread that watches its peers for hang-ups", t->rank);
-    goto fail;
-  }
-  t->watcher_started = true;
+  TD_CHECK_GOTO(arm_watcher(t), st, fail);
   TD_DEBUG("tcp: rank %d connected to %d peers, listening address %s", t->rank, t->size - 1,
            t->peers[t->rank].addr);
   *out = &t->base;

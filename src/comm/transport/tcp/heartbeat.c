@@ -1,0 +1,207 @@
+/* Heartbeats of the TCP transport: the UDP socket, the beat datagram, and
+ * the record of when each peer was last heard from (see heartbeat.h for the
+ * contract, tcp.c for the thread that drives it).
+ *
+ * Why datagrams beside the TCP connections, not beats inside them: a beat in
+ * a TCP stream waits behind every byte queued before it, so a link that is
+ * merely full would look dead, and the stream's frames belong to the
+ * executing thread, which may be blocked in a long transfer. And why beats
+ * at all, not only TCP keepalive or TCP_USER_TIMEOUT: the kernel of a
+ * SIGSTOPped (or hung) process keeps acknowledging, so only a beat that a
+ * thread of the process sends proves that the process still runs; a lost
+ * host is also found while data is in flight, where keepalive never probes.
+ *
+ * The beat, 32 bytes, native byte order (all ranks of a job run the same
+ * build on the same architecture, as the op headers already assume):
+ *   magic "TDHB" | flags (bit 0: my communicator failed) | communicator hash
+ *   | sender rank | reserved | sequence
+ * A datagram that is not a beat of this communicator from a peer rank is
+ * ignored. A forged beat can only make a lost peer look alive for longer
+ * (the transport then finds it through keepalive or TANDEM_TIMEOUT), or
+ * claim a failure, which only makes the receiver look up the reason in the
+ * store: it never fails a communicator by itself. */
+#define _GNU_SOURCE 1
+#include "comm/transport/tcp/heartbeat.h"
+
+#include <netdb.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "net/net.h"
+
+#define HB_MAGIC 0x54444842u /* "TDHB" */
+#define HB_FLAG_FAILED 1u
+
+typedef struct hb_beat {
+  uint32_t magic;
+  uint32_t flags;
+  uint64_t comm_hash;
+  int32_t rank;
+  uint32_t reserved;
+  uint64_t seq;
+} hb_beat;
+
+typedef struct hb_peer {
+  struct sockaddr_storage to;
+  socklen_t to_len; /* 0: this rank, or not set */
+  double heard;     /* td_now() when a beat was last drained from it */
+  bool forgotten;   /* hung up: its silence is no longer news */
+  bool beat_seen;   /* a beat ever came: UDP gets through from it */
+  bool failed;      /* its beats say its communicator failed */
+} hb_peer;
+
+struct tcp_heartbeat {
+  int fd;
+  int family;
+  int rank, size;
+  uint64_t comm_hash;
+  uint64_t seq;
+  bool send_error_logged;
+  hb_peer *peers;
+};
+
+td_status heartbeat_open(int listen_fd, int rank, int size, uint64_t comm_hash, tcp_heartbeat **out,
+                         bool *port_taken) {
+  *out = NULL;
+  *port_taken = false;
+  struct sockaddr_storage addr;
+  socklen_t addr_len = sizeof addr;
+  if (getsockname(listen_fd, (struct sockaddr *)&addr, &addr_len) != 0)
+    return td_error_errno("tcp: rank %d cannot read its listening address for the heartbeat socket", rank);
+  tcp_heartbeat *hb = calloc(1, sizeof *hb);
+  if (hb) hb->peers = calloc((size_t)size, sizeof *hb->peers);
+  if (!hb || !hb->peers) {
+    heartbeat_close(hb);
+    return td_error(TD_ERR_SYSTEM, "tcp: out of memory for the heartbeats of %d ranks", size);
+  }
+  hb->rank = rank;
+  hb->size = size;
+  hb->comm_hash = comm_hash;
+  hb->family = addr.ss_family;
+  hb->fd = socket(addr.ss_family, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (hb->fd < 0) {
+    td_status st = td_error_errno("tcp: rank %d cannot create its heartbeat socket", rank);
+    heartbeat_close(hb);
+    return st;
+  }
+  if (bind(hb->fd, (struct sockaddr *)&addr, addr_len) != 0) {
+    *port_taken = errno == EADDRINUSE;
+    td_status st = td_error_errno("tcp: rank %d cannot bind its heartbeat socket beside its listener", rank);
+    heartbeat_close(hb);
+    return st;
+  }
+  /* Beats are drained once per tick, so the queue must hold a tick's worth
+   * from every peer (each small datagram costs the buffer about 1 KiB);
+   * the kernel caps the request at net.core.rmem_max. Best effort. */
+  int want = (int)TD_MIN((size_t)size * 2048u, (size_t)64 << 20);
+  int have = 0;
+  socklen_t have_len = sizeof have;
+  if (getsockopt(hb->fd, SOL_SOCKET, SO_RCVBUF, &have, &have_len) == 0 && have < want)
+    (void)setsockopt(hb->fd, SOL_SOCKET, SO_RCVBUF, &want, sizeof want);
+  *out = hb;
+  return TD_OK;
+}
+
+td_status heartbeat_set_peer(tcp_heartbeat *hb, int peer, const char *addr) {
+  char host[256];
+  int port = 0;
+  TD_CHECK(net_parse_addr(addr, host, sizeof host, &port));
+  char port_text[16];
+  snprintf(port_text, sizeof port_text, "%d", port);
+  struct addrinfo hints = {.ai_family = hb->family, .ai_socktype = SOCK_DGRAM, .ai_flags = AI_NUMERICSERV};
+  struct addrinfo *res = NULL;
+  int gai = getaddrinfo(host, port_text, &hints, &res);
+  if (gai != 0 || !res)
+    return td_error(TD_ERR_INVALID_ARGUMENT,
+                    "tcp: rank %d cannot resolve rank %d's address %s for heartbeats (%s): set TANDEM_HOST_ADDR on "
+                    "that host to an %s address this one can reach",
+                    hb->rank, peer, addr, gai ? gai_strerror(gai) : "no address",
+                    hb->family == AF_INET6 ? "IPv6" : "IPv4");
+  memcpy(&hb->peers[peer].to, res->ai_addr, res->ai_addrlen);
+  hb->peers[peer].to_len = res->ai_addrlen;
+  freeaddrinfo(res);
+  return TD_OK;
+}
+
+void heartbeat_close(tcp_heartbeat *hb) {
+  if (!hb) return;
+  if (hb->fd >= 0) close(hb->fd);
+  free(hb->peers);
+  free(hb);
+}
+
+void heartbeat_send(tcp_heartbeat *hb, bool failed) {
+  hb_beat beat = {.magic = HB_MAGIC, .flags = failed ? HB_FLAG_FAILED : 0, .comm_hash = hb->comm_hash,
+                  .rank = hb->rank, .seq = ++hb->seq};
+  for (int p = 0; p < hb->size; p++) {
+    hb_peer *peer = &hb->peers[p];
+    if (p == hb->rank || !peer->to_len || peer->forgotten) continue;
+    ssize_t n;
+    TD_SYSCALL_RETRY(n, sendto(hb->fd, &beat, sizeof beat, MSG_DONTWAIT | MSG_NOSIGNAL,
+                               (struct sockaddr *)&peer->to, peer->to_len));
+    /* A route that vanished (link down: ENETUNREACH) or a full queue loses
+     * this beat, as the network would: the receiver's timeout decides. */
+    if (n < 0 && !hb->send_error_logged) {
+      hb->send_error_logged = true;
+      TD_DEBUG("tcp: rank %d could not send a heartbeat to rank %d: %s", hb->rank, p, strerror(errno));
+    }
+  }
+}
+
+void heartbeat_drain(tcp_heartbeat *hb, double now) {
+  for (;;) {
+    hb_beat beat;
+    ssize_t n;
+    TD_SYSCALL_RETRY(n, recv(hb->fd, &beat, sizeof beat, MSG_DONTWAIT | MSG_TRUNC));
+    if (n < 0) return; /* EAGAIN: drained (other errors: retried next tick) */
+    if ((size_t)n != sizeof beat || beat.magic != HB_MAGIC || beat.comm_hash != hb->comm_hash || beat.rank < 0 ||
+        beat.rank >= hb->size || beat.rank == hb->rank)
+      continue;
+    hb_peer *peer = &hb->peers[beat.rank];
+    peer->heard = now;
+    peer->beat_seen = true;
+    if (beat.flags & HB_FLAG_FAILED) peer->failed = true;
+  }
+}
+
+void heartbeat_heard(tcp_heartbeat *hb, int peer, double now) {
+  if (peer >= 0 && peer < hb->size && hb->peers[peer].heard < now) hb->peers[peer].heard = now;
+}
+
+void heartbeat_reset(tcp_heartbeat *hb, double now) {
+  for (int p = 0; p < hb->size; p++)
+    if (hb->peers[p].heard < now) hb->peers[p].heard = now;
+}
+
+void heartbeat_forget(tcp_heartbeat *hb, int peer) {
+  if (peer >= 0 && peer < hb->size) hb->peers[peer].forgotten = true;
+}
+
+int heartbeat_failed_peer(const tcp_heartbeat *hb) {
+  for (int p = 0; p < hb->size; p++)
+    if (hb->peers[p].failed) return p;
+  return -1;
+}
+
+int heartbeat_lost(const tcp_heartbeat *hb, int after, double now, double timeout_s) {
+  for (int p = after < 0 ? 0 : after + 1; p < hb->size; p++) {
+    const hb_peer *peer = &hb->peers[p];
+    if (p == hb->rank || !peer->to_len || peer->forgotten || !peer->beat_seen) continue;
+    if (now - peer->heard > timeout_s) return p;
+  }
+  return -1;
+}
+
+int heartbeat_never_beat(const tcp_heartbeat *hb, int after) {
+  for (int p = after < 0 ? 0 : after + 1; p < hb->size; p++) {
+    const hb_peer *peer = &hb->peers[p];
+    if (p != hb->rank && peer->to_len && !peer->forgotten && !peer->beat_seen) return p;
+  }
+  return -1;
+}
+
+double heartbeat_silence(const tcp_heartbeat *hb, int peer, double now) { return now - hb->peers[peer].heard; }
