@@ -51,4 +51,16 @@ void td_test_fail(const char *file, int line, const char *fmt, ...) __attribute_
                    td_status_str(expected), td_last_error());                   \
   } while (0)
 
+/* Like CHECK_STATUS, and td_last_error() must contain `fragment`: the
+ * message a user reads names what went wrong. */
+#define CHECK_MSG(expr, expected_status, fragment)                                                  \
+  do {                                                                                              \
+    td_status s2_ = (expr);                                                                         \
+    if (s2_ != (expected_status))                                                                   \
+      td_test_fail(__FILE__, __LINE__, "%s returned %s, expected %s (%s)", #expr, td_status_str(s2_), \
+                   td_status_str(expected_status), td_last_error());                                \
+    if (!strstr(td_last_error(), (fragment)))                                                       \
+      td_test_fail(__FILE__, __LINE__, "message of %s lacks \"%s\": %s", #expr, (fragment), td_last_error()); \
+  } while (0)
+
 #endif

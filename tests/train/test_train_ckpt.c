@@ -28,16 +28,6 @@
 #include "../common/check.h"
 #include "tiny_model.h"
 
-#define CHECK_MSG(expr, expected_status, fragment)                                                  \
-  do {                                                                                              \
-    td_status s2_ = (expr);                                                                         \
-    if (s2_ != (expected_status))                                                                   \
-      td_test_fail(__FILE__, __LINE__, "%s returned %s, expected %s (%s)", #expr, td_status_str(s2_), \
-                   td_status_str(expected_status), td_last_error());                                \
-    if (!strstr(td_last_error(), (fragment)))                                                       \
-      td_test_fail(__FILE__, __LINE__, "message of %s lacks \"%s\": %s", #expr, (fragment), td_last_error()); \
-  } while (0)
-
 static td_trainer *make(td_model *m, td_dataset *ds, float lr, int keep_last) {
   td_train_config c;
   td_train_config_defaults(&c);
