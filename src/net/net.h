@@ -164,6 +164,16 @@ bool net_pid_alive(pid_t pid);
 /* Create a new segment with a unique name "/tandem-<tag>-<random>" (written to
  * name_out), size bytes, zero-filled, mapped read-write. */
 td_status net_shm_create(const char *tag, size_t size, char *name_out, size_t name_size, void **addr_out);
+/* net_shm_create that reserves (allocates up front, so that a full /dev/shm
+ * is an error here) only the first `reserve` bytes when the kernel can
+ * reserve the rest later through net_shm_populate (Linux >= 5.14); *lazy
+ * tells whether it did. Otherwise, or with reserve >= size, all of it. */
+td_status net_shm_create_partial(const char *tag, size_t size, size_t reserve, char *name_out, size_t name_size,
+                                 void **addr_out, bool *lazy);
+/* Allocate the pages of [addr, addr + bytes) of a mapped segment now
+ * (MADV_POPULATE_WRITE): an error instead of a SIGBUS at first touch when
+ * /dev/shm is full. */
+td_status net_shm_populate(void *addr, size_t bytes);
 /* Open and map an existing segment of the given size. Refused (naming it)
  * unless the name is one net_shm_create makes and the segment is this
  * user's, mode 0600, and exactly size bytes. */
