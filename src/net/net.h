@@ -40,6 +40,13 @@
 #define NET_AUTH_MSG_BYTES 36 /* CHALLENGE, PROOF and ACCEPT */
 #define NET_AUTH_ROLE_STORE 1u
 #define NET_AUTH_ROLE_TCP 2u
+/* MAC of a datagram (heartbeats), keyed like the handshake and separated
+ * from it and from other datagram kinds by `label`: HMAC-SHA-256(key,
+ * label | msg). The check is constant-time. Replay is the caller's to
+ * refuse (a sequence number inside msg). */
+void net_auth_datagram_mac(const char *label, const void *msg, size_t len, unsigned char mac[32]);
+bool net_auth_datagram_check(const char *label, const void *msg, size_t len, const unsigned char mac[32]);
+
 /* Default bound on a whole handshake (TANDEM_AUTH_TIMEOUT overrides): a
  * silent connector holds a store slot or a transport's accept loop no
  * longer than this. A connector that answers wrongly is dropped at once. */
@@ -142,10 +149,12 @@ int net_set_nodelay(int fd);
 /* Set SO_SNDBUF/SO_RCVBUF (best effort). */
 void net_set_bufsizes(int fd, int bytes);
 
-/* The address other hosts should use to reach this one: TANDEM_HOST_ADDR if
- * set, else the IPv4 address of TANDEM_IFACE if set, else the first
- * non-loopback IPv4 address, else 127.0.0.1. */
-td_status net_local_address(char *buf, size_t size);
+/* The address other hosts should use to reach this one: host_addr if set
+ * (TANDEM_HOST_ADDR), else the IPv4 address of interface iface if set
+ * (TANDEM_IFACE), else the first non-loopback IPv4 address, else 127.0.0.1.
+ * NULL or "" is unset. The caller reads the variables (a communicator once,
+ * in src/comm/tunables.c; tandemrun for itself): this layer never does. */
+td_status net_local_address(const char *host_addr, const char *iface, char *buf, size_t size);
 /* The address of this end of a connected socket (the interface that routes
  * to its peer), as text. */
 td_status net_socket_local_address(int fd, char *buf, size_t size);
