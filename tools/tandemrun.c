@@ -351,6 +351,7 @@ static char *resolve_program(const char *prog, char *why, size_t why_size) {
 static void parse_options(int argc, char **argv, options *o) {
   memset(o, 0, sizeof *o);
   o->grace_s = 2.0;
+  o->max_restarts = -1; /* not given */
   const char *hosts_arg = NULL, *hostfile = NULL;
   int i = 1;
   for (; i < argc; i++) {
@@ -443,7 +444,8 @@ static void parse_options(int argc, char **argv, options *o) {
     if (o->n_ranks < o->min_np || o->n_ranks > o->max_np)
       die_usage("-np %d is outside --min-np %d .. --max-np %d", o->n_ranks, o->min_np, o->max_np);
     if (!o->elastic_timeout_s) o->elastic_timeout_s = 600;
-  } else if (o->discovery || o->max_restarts || o->cooldown_s || o->elastic_timeout_s) {
+    if (o->max_restarts < 0) o->max_restarts = 3;
+  } else if (o->discovery || o->max_restarts >= 0 || o->cooldown_s || o->elastic_timeout_s) {
     die_usage("--host-discovery-script, --max-restarts, --blacklist-cooldown and --elastic-timeout need elastic "
               "mode: add --min-np A --max-np B");
   }
@@ -568,6 +570,7 @@ typedef struct {
   bool below_failed;   /* stopped: below --min-np past --elastic-timeout */
   double below_since;  /* when the live count fell below --min-np (INFINITY: not below) */
   double next_discovery;
+  double discovery_interval_s; /* TANDEM_DISCOVERY_INTERVAL, default 1 s */
 } job;
 
 /* Build "K=V" entries for one worker. */
@@ -935,8 +938,23 @@ static void elastic_discover(job *j) {
             bad ? "printed a line that is not HOST:SLOTS (or more than 64 hosts)" : "failed");
     return;
   }
+  char before[1024] = "", after[1024] = "";
+  size_t len = 0;
+  for (int h = 0; h < j->n_ehosts && len < sizeof before; h++)
+    len += (size_t)snprintf(before + len, sizeof before - len, " %s:%d", j->ehosts[h]->name, j->ehosts[h]->slots);
   for (int h = 0; h < j->n_ehosts; h++) j->ehosts[h]->slots = 0;
   for (int i = 0; i < n; i++) elastic_add_host(j, names[i], slots[i]);
+  len = 0;
+  for (int h = 0; h < j->n_ehosts && len < sizeof after; h++)
+    if (j->ehosts[h]->slots) len += (size_t)snprintf(after + len, sizeof after - len, " %s:%d", j->ehosts[h]->name,
+                                                     j->ehosts[h]->slots);
+  /* Say when the slots change, not at every poll. */
+  char now_all[1024] = "";
+  len = 0;
+  for (int h = 0; h < j->n_ehosts && len < sizeof now_all; h++)
+    len += (size_t)snprintf(now_all + len, sizeof now_all - len, " %s:%d", j->ehosts[h]->name, j->ehosts[h]->slots);
+  if (j->n_workers > 0 && strcmp(before, now_all))
+    fprintf(stderr, "tandemrun: discovered hosts now:%s\n", after[0] ? after : " none");
 }
 
 static worker *new_worker(job *j, host_spec *h) {
@@ -1010,7 +1028,7 @@ static void elastic_tick(job *j) {
   double now = td_now();
   if (j->opt.discovery && now >= j->next_discovery) {
     elastic_discover(j);
-    j->next_discovery = now + 1.0;
+    j->next_discovery = now + j->discovery_interval_s;
   }
   if (j->done || j->stopping) return;
   while (j->n_running < j->opt.max_np && j->extra_started < j->opt.max_restarts) {
@@ -1060,7 +1078,12 @@ static bool elastic_place(job *j) {
     struct timespec ts = {1, 0};
     nanosleep(&ts, NULL);
   }
-  j->next_discovery = td_now() + 1.0;
+  j->discovery_interval_s = td_env_double("TANDEM_DISCOVERY_INTERVAL", 1.0);
+  if (!(j->discovery_interval_s >= 0.01 && j->discovery_interval_s <= 3600)) {
+    fprintf(stderr, "tandemrun: TANDEM_DISCOVERY_INTERVAL must be 0.01 .. 3600 seconds\n");
+    return false;
+  }
+  j->next_discovery = td_now() + j->discovery_interval_s;
   /* Slot by slot, host by host, as without elastic mode. */
   for (int h = 0; h < j->n_ehosts && j->n_workers < j->opt.n_ranks; h++)
     for (int s = 0; s < j->ehosts[h]->slots && j->n_workers < j->opt.n_ranks; s++) {

@@ -234,7 +234,8 @@ td_status td_elastic_run(td_elastic *e, td_elastic_train_fn train_fn, td_elastic
     if (!e->resize_requested && td_comm_status(e->comm) == TD_OK) return st;
     char why[768];
     td_error_copy(why, sizeof why);
-    td_log(TD_LOG_WARN, "elastic: epoch %d (rank %d of %d) ends: %s", e->m.epoch, e->m.rank, e->m.n_members, why);
+    td_log(e->resize_requested ? TD_LOG_INFO : TD_LOG_WARN, "elastic: epoch %d (rank %d of %d) ends: %s", e->m.epoch,
+           e->m.rank, e->m.n_members, why);
   }
 }
 
