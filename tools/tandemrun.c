@@ -836,6 +836,7 @@ static void describe_status(int status, char *buf, size_t size) {
 }
 
 static void elastic_reaped(job *j, worker *w, bool failed);
+static void elastic_tick(job *j);
 
 static void reap(job *j) {
   for (;;) {
@@ -1017,9 +1018,14 @@ static void elastic_reaped(job *j, worker *w, bool failed) {
   j->n_lost++;
   fprintf(stderr, "tandemrun: process %d (pid %d, host %s) %s; the job goes on with %d process%s\n", w->rank,
           (int)w->pid, w->host->name, how, j->n_running, j->n_running == 1 ? "" : "es");
-  if (j->client && el_report_dead(j->client, j->job_id, w->rank, how) != TD_OK)
-    fprintf(stderr, "tandemrun: could not report process %d lost to the store: %s\n", w->rank, td_last_error());
   if (j->opt.cooldown_s > 0) w->host->blacklisted_until = td_now() + j->opt.cooldown_s;
+  /* Start the replacement before telling the survivors, so that they wait
+   * for it in the round they are forming (el_report_dead). */
+  int uid = w->rank, before = j->n_workers;
+  elastic_tick(j); /* may move j->workers: w is not used after this */
+  long replacement = j->n_workers > before ? j->workers[before].rank : -1;
+  if (j->client && el_report_dead(j->client, j->job_id, uid, how, replacement) != TD_OK)
+    fprintf(stderr, "tandemrun: could not report process %d lost to the store: %s\n", uid, td_last_error());
 }
 
 /* Once per poll round: discovery, replacements and scale-up, the --min-np

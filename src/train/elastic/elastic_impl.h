@@ -11,9 +11,13 @@
  *   e<k>/m         the membership of epoch k, "<uid> <uid> ...", rank order
  *                  (written once, by compare-and-set: whoever closes the
  *                  round first wins, and everybody reads that list)
- *   dead/<uid>     why the process <uid> is gone (the launcher writes it
- *                  when it reaps a worker; it lets survivors close a round
- *                  without waiting TANDEM_ELASTIC_SETTLE for it) */
+ *   dead/<uid>     "<why>\n<replacement uid or -1>": the process <uid> is
+ *                  gone (the launcher writes it when it reaps a worker; it
+ *                  lets survivors close a round without waiting
+ *                  TANDEM_ELASTIC_SETTLE for it). When the launcher started
+ *                  a replacement first, the round waits (at most the settle
+ *                  time) for that one to join, so that the world size comes
+ *                  back at once and no step runs at a smaller size. */
 #ifndef TD_TRAIN_ELASTIC_IMPL_H
 #define TD_TRAIN_ELASTIC_IMPL_H
 
@@ -47,7 +51,7 @@ void el_membership_close(el_membership *m);
 td_status el_membership_next(el_membership *m);
 /* Do processes wait to join the next epoch? (one store request) */
 td_status el_membership_pending(el_membership *m, int *pending);
-/* "<job>/el/dead/<uid>" = why: the launcher reports a reaped worker. */
-td_status el_report_dead(td_store *store, const char *job, long uid, const char *why);
+/* The launcher reports a reaped worker and its replacement (-1: none). */
+td_status el_report_dead(td_store *store, const char *job, long uid, const char *why, long replacement);
 
 #endif

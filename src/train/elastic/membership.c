@@ -91,10 +91,11 @@ void el_membership_close(el_membership *m) {
   m->members = NULL;
 }
 
-td_status el_report_dead(td_store *store, const char *job, long uid, const char *why) {
-  char key[200];
+td_status el_report_dead(td_store *store, const char *job, long uid, const char *why, long replacement) {
+  char key[200], value[400];
   snprintf(key, sizeof key, "%s/el/dead/%ld", job, uid);
-  return store_set_str(store, key, why && *why ? why : "gone");
+  snprintf(value, sizeof value, "%s\n%ld", why && *why ? why : "gone", replacement);
+  return store_set_str(store, key, value);
 }
 
 /* "<uid> <uid> ..." into a malloc'd array. */
@@ -171,14 +172,18 @@ static td_status read_joins(el_membership *m, int k, long **out, int *n_out) {
   return TD_OK;
 }
 
-static td_status is_dead(el_membership *m, long uid, bool *dead) {
+/* Is uid reported dead, and by which process was it replaced (-1: none)? */
+static td_status is_dead(el_membership *m, long uid, bool *dead, long *replacement) {
   char key[200];
   snprintf(key, sizeof key, "%s/el/dead/%ld", m->job, uid);
   void *v = NULL;
   int found = 0;
   TD_CHECK(store_get(m->store, key, &v, NULL, &found));
-  free(v);
   *dead = found != 0;
+  *replacement = -1;
+  const char *nl = found ? strchr((const char *)v, '\n') : NULL;
+  if (nl) *replacement = strtol(nl + 1, NULL, 10);
+  free(v);
   return TD_OK;
 }
 
@@ -234,12 +239,15 @@ static td_status try_close(el_membership *m, int k, const long *prev, int n_prev
       continue;
     }
     bool dead = false;
-    td_status st = is_dead(m, prev[i], &dead);
+    long replacement = -1;
+    td_status st = is_dead(m, prev[i], &dead, &replacement);
     if (st != TD_OK) {
       free(in);
       return st;
     }
-    if (!dead) all_accounted = false;
+    /* A lost member whose replacement is on its way counts once that one
+     * joined: the world size then comes back in this very round. */
+    if (!dead || (replacement >= 0 && !contains(joins, n_joins, replacement))) all_accounted = false;
   }
   for (int i = 0; i < n_joins && n_in < m->max_np; i++)
     if (!contains(prev, n_prev, joins[i])) in[n_in++] = joins[i];
