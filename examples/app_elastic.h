@@ -48,6 +48,13 @@ static td_status app_elastic_reset(void *ctx, td_comm *comm, int world_size) {
     fprintf(stderr, "%s: elastic epoch %d: world=%d global_batch=%ld (micro %d x accum %d x %d ranks) from step %ld\n",
             app_name, td_elastic_epoch(a->e), world_size, c->train_batch_size, c->micro_batch, c->grad_accum,
             world_size, td_trainer_step_count(a->trainer));
+    /* The step of the commit may have been completed, but not reported, by
+     * the rank 0 that was lost: every survivor completed it, so say it
+     * again (the same value when it was reported). */
+    long step = td_trainer_step_count(a->trainer);
+    if (step > 0 && a->last.step == step)
+      fprintf(stderr, "%s: step %ld loss %.17g world %d epoch %d\n", app_name, a->last.step, a->last.loss, a->world,
+              td_elastic_epoch(a->e) - 1);
   }
   return TD_OK;
 }
