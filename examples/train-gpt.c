@@ -73,6 +73,7 @@ static void parse_args(int argc, char **argv, gpt_options *o) {
   o->data_path = TD_DEFAULT_TEXT_PATH;
   o->steps = o->grad_accum = o->save_every = -1;
   o->sample = GPT_DEFAULT_SAMPLE;
+  o->elastic = 0;
   o->model = (td_gpt_config){.vocab = 256, .layers = 4, .channels = 256, .heads = 4, .seq = 128};
   for (int i = 1; i < argc; i++) {
     const char *v;

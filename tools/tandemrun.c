@@ -1016,8 +1016,12 @@ static void elastic_reaped(job *j, worker *w, bool failed) {
   char how[96];
   describe_status(w->wait_status, how, sizeof how);
   j->n_lost++;
-  fprintf(stderr, "tandemrun: process %d (pid %d, host %s) %s; the job goes on with %d process%s\n", w->rank,
-          (int)w->pid, w->host->name, how, j->n_running, j->n_running == 1 ? "" : "es");
+  if (j->n_running > 0)
+    fprintf(stderr, "tandemrun: process %d (pid %d, host %s) %s; the job goes on with %d process%s\n", w->rank,
+            (int)w->pid, w->host->name, how, j->n_running, j->n_running == 1 ? "" : "es");
+  else
+    fprintf(stderr, "tandemrun: process %d (pid %d, host %s) %s; no process is left\n", w->rank, (int)w->pid,
+            w->host->name, how);
   if (j->opt.cooldown_s > 0) w->host->blacklisted_until = td_now() + j->opt.cooldown_s;
   /* Start the replacement before telling the survivors, so that they wait
    * for it in the round they are forming (el_report_dead). */
