@@ -35,6 +35,8 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM # the runner's timeout: clean up too
 export TANDEM_PROGRESS=plain
 TINY="--layers 1 --channels 32 --heads 2 --seq 32 --threads 1 --sample 0"
 
