@@ -13,12 +13,12 @@
 #              TREES="build" skips the sanitizer pass;
 #              JOBS=N runs up to N lines at once (default 2; 1: one by one).
 #              SERIAL=REGEX names the lines that run alone, nothing beside
-#              them (default: those whose point is a time bound or that
-#              create network namespaces with fixed addresses).
+#              them (default: those whose point is a time bound, that
+#              create network namespaces, that move data through tiny
+#              buffers, or that inject faults into elastic jobs).
 # Why lines run in parallel: most lines spend their time waiting (timeouts,
 # heartbeats, process start-up), not computing, and every test must pass on
-# a loaded machine anyway (rule of the house); two at a time took the suite
-# from about 11 to about N minutes here (see the log of the change).
+# a loaded machine anyway (rule of the house).
 # Ends with the summary line "N passed, N failed" and exits non-zero on any failure.
 set -u
 cd "$(dirname "$0")/.."
@@ -35,7 +35,7 @@ export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0:halt_on_erro
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 
 jobs_max=${JOBS:-2}
-serial=${SERIAL:-'^(deadhost_|tcp_heartbeat_(stop|busy)|fail_timeout_|core_timeout_|launcher_timeout|comm_two_jobs|launcher_concurrent)'}
+serial=${SERIAL:-'^(deadhost_|elastic_|.*(small_chunks|small_sockets|huge)$|tcp_heartbeat_(stop|busy)|fail_timeout_|core_timeout_|launcher_timeout|comm_two_jobs|launcher_concurrent)'}
 resdir=$(mktemp -d /tmp/tandem-tests.XXXXXX)
 trap 'rm -rf "$resdir"' EXIT
 
