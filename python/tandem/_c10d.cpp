@@ -71,6 +71,15 @@ class WorkTandem;
 
 // Requests complete in issue order (one communicator runs them in order), so
 // one thread waiting on them in that order completes every Work promptly.
+//
+// The GIL rule (what hung py_np2): the completer thread must never drop the
+// last reference to a tensor, a Future or a lambda that may own a Python
+// object. A tensor whose Python object died while C++ still held it (any
+// tensor passed from Python with async_op=True, then dropped) owns that
+// object, and its destructor takes the GIL. So finished items go to done_,
+// and are released by a thread that may take the GIL: the next issuing call
+// (push) or the process group's destructor, which in turn never holds the
+// GIL while it joins this thread.
 class Completer {
  public:
   struct Item {
@@ -82,7 +91,12 @@ class Completer {
   };
 
   explicit Completer(td_comm *comm) : comm_(comm), thread_([this] { run(); }) {}
-  ~Completer() {
+  ~Completer() { stop(); } // the owner calls stop() first, without the GIL
+  // Finish every queued item and end the thread. Waits end: every Tandem
+  // operation has a deadline (the group's timeout), so a peer that never
+  // issues its side turns into an error here, not a hang.
+  void stop() {
+    if (!thread_.joinable()) return;
     {
       std::lock_guard<std::mutex> g(mu_);
       stop_ = true;
@@ -91,11 +105,20 @@ class Completer {
     thread_.join();
   }
   void push(Item item) {
+    release_done();
     {
       std::lock_guard<std::mutex> g(mu_);
       q_.push_back(std::move(item));
     }
     cv_.notify_one();
+  }
+  // Drop the finished items here, on a thread that may take the GIL.
+  void release_done() {
+    std::vector<Item> done;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      done.swap(done_);
+    }
   }
 
  private:
@@ -109,28 +132,34 @@ class Completer {
         item = std::move(q_.front());
         q_.pop_front();
       }
-      td_status first = TD_OK;
-      std::string msg;
-      for (td_request *r : item.reqs) {
-        td_status st = api->wait(r);
-        if (st != TD_OK && first == TD_OK) {
-          first = st;
-          const char *m = api->last_error();
-          if (!m || !*m) m = api->comm_last_error(comm_);
-          msg = m ? m : api->status_str(st);
-        }
+      complete(item);
+      std::lock_guard<std::mutex> g(mu_);
+      done_.push_back(std::move(item));
+    }
+  }
+
+  void complete(Item &item) {
+    td_status first = TD_OK;
+    std::string msg;
+    for (td_request *r : item.reqs) {
+      td_status st = api->wait(r);
+      if (st != TD_OK && first == TD_OK) {
+        first = st;
+        const char *m = api->last_error();
+        if (!m || !*m) m = api->comm_last_error(comm_);
+        msg = m ? m : api->status_str(st);
       }
-      if (first != TD_OK) {
-        item.future->setError(std::make_exception_ptr(
-            std::runtime_error(std::string("ProcessGroup tandem: ") + api->status_str(first) + ": " + msg)));
-        continue;
-      }
-      try {
-        if (item.finish) item.finish();
-        item.future->markCompleted(c10::IValue(item.outputs));
-      } catch (...) {
-        item.future->setError(std::current_exception());
-      }
+    }
+    if (first != TD_OK) {
+      item.future->setError(std::make_exception_ptr(
+          std::runtime_error(std::string("ProcessGroup tandem: ") + api->status_str(first) + ": " + msg)));
+      return;
+    }
+    try {
+      if (item.finish) item.finish();
+      item.future->markCompleted(c10::IValue(item.outputs));
+    } catch (...) {
+      item.future->setError(std::current_exception());
     }
   }
 
@@ -138,6 +167,7 @@ class Completer {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Item> q_;
+  std::vector<Item> done_;
   bool stop_ = false;
   std::thread thread_;
 };
@@ -174,8 +204,23 @@ class ProcessGroupTandem : public c10d::ProcessGroup {
     completer_ = std::make_unique<Completer>(comm_);
   }
   ~ProcessGroupTandem() override {
-    completer_.reset(); // waits for every pending request
+    // Wait for every pending request without holding the GIL: the
+    // completer may need it (a Python callback chained on a Work's future).
+    // This destructor runs wherever the last reference goes: in
+    // destroy_process_group, in a garbage collection, at exit.
+    if (Py_IsInitialized() && PyGILState_Check()) {
+      py::gil_scoped_release nogil;
+      completer_->stop();
+    } else {
+      completer_->stop();
+    }
+    if (!Py_IsInitialized()) { // after interpreter shutdown: Python objects are gone already
+      (void)py_comm_.release();
+      (void)completer_.release(); // its items may hold Python-owned tensors; the process is ending
+      return;
+    }
     py::gil_scoped_acquire g;
+    completer_.reset(); // finished items, with the GIL (see Completer)
     py_comm_ = py::object();
   }
 

@@ -1,6 +1,8 @@
 """init_process_group("tandem"): torch.distributed's collectives against
 closed forms, unmodified DistributedDataParallel against one process on the
 whole batch, and a clear error for what the backend does not serve."""
+import time
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -103,4 +105,28 @@ def test_unsupported_call_names_itself():
                                    input_split_sizes=[2] + [1] * (n - 1))
     t = torch.ones(2)
     dist.all_reduce(t)  # the group still works
+    assert torch.equal(t, torch.full((2,), float(dist.get_world_size())))
+
+
+def test_destroy_with_pending_work_and_dropped_tensors():
+    """A group destroyed while its completion thread still holds the only
+    references to tensors that Python dropped (async_op=True, results
+    ignored). Such a tensor owns its dead Python object, and releasing it
+    takes the GIL; before the fix the destructor joined the completion
+    thread while holding the GIL, and the rank hung forever (py_np2's hang).
+    The later rank's delay only widens the window in which work is still
+    pending at destroy; the test is correct for any interleaving."""
+    for rnd in range(3):
+        g = dist.new_group()
+        if dist.get_rank() == dist.get_world_size() - 1:
+            time.sleep(0.2 * (rnd + 1))
+        for i in range(16):
+            dist.all_reduce(torch.full((5,), float(i)), group=g, async_op=True)
+        w = dist.all_reduce(torch.ones(3), group=g, async_op=True)
+        dist.destroy_process_group(g)
+        del g  # the last reference: the group is destroyed here, with work pending
+        w.wait()  # completed (the destructor finished it), and its result is right
+        assert torch.equal(w.result()[0], torch.full((3,), float(dist.get_world_size())))
+    t = torch.ones(2)
+    dist.all_reduce(t)  # the default group is unaffected
     assert torch.equal(t, torch.full((2,), float(dist.get_world_size())))

@@ -178,10 +178,16 @@ def _create_process_group(store, rank, size, timeout):
     (rendezvous through Tandem's store, from the environment)."""
     global _c10d_groups
     from tandem import _c10d
+    from torch.distributed.constants import default_pg_timeout
     job = _os.environ.get("TANDEM_JOB_ID", "default")
     _c10d_groups += 1
+    # torch's default (30 minutes) is not a choice the script made: Tandem's
+    # own deadline (TANDEM_TIMEOUT, else 300 s) applies then, so that a stuck
+    # peer turns into an error as soon as in the rest of Tandem. A timeout=
+    # given to init_process_group/new_group is honoured.
+    secs = 0.0 if timeout == default_pg_timeout else timeout.total_seconds()
     comm = _tandem_core._tandem.init(rank=rank, world_size=size, job_id=f"{job}.c10d{_c10d_groups}",
-                                     timeout=timeout.total_seconds())
+                                     timeout=secs)
     return _c10d.ProcessGroupTandem(comm, rank, size)
 
 
