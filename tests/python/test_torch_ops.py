@@ -265,8 +265,11 @@ def test_wrong_arguments():
     if hvd.size() > 1:
         with pytest.raises(ValueError, match="ranks disagree on the shape"):
             hvd.allgather(torch.ones(2, 3 + hvd.rank()))
-    with pytest.raises(NotImplementedError, match="process sets"):
+    with pytest.raises(TypeError, match="process_set must be a tandem.torch.ProcessSet"):
         hvd.allreduce(x, process_set=object())
+    with pytest.raises(NotImplementedError, match="only the global process set"):
+        hvd.DistributedOptimizer(torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1),
+                                 process_set=hvd.ProcessSet([0]))
     with pytest.raises(TypeError, match="torch.optim.Optimizer"):
         hvd.DistributedOptimizer(object())
     torch.testing.assert_close(hvd.allreduce(x, op=hvd.Sum), x * hvd.size())  # still usable
