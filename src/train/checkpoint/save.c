@@ -219,7 +219,12 @@ td_status td_ckpt_save_regions(td_trainer *t, const char *root, const td_ckpt_re
   if (!t || !root || !*root) return td_error(TD_ERR_INVALID_ARGUMENT, "td_trainer_save: null trainer or empty directory");
   if (strlen(root) > 1000) return td_error(TD_ERR_INVALID_ARGUMENT, "checkpoint directory name too long: %s", root);
   save_io io = {0, t->rank == t->ckpt_fault_rank ? t->ckpt_fault_at : 0};
-  const uint64_t chunk = TD_CKPT_CHUNK_BYTES;
+  /* TANDEM_CKPT_CHUNK_BYTES: the CRC granularity of this save (a loader
+   * reads whole chunks, so smaller chunks read closer to the bytes a shard
+   * needs; tests use tiny ones to cross chunk edges with tiny models). */
+  long chunk_env = td_env_long("TANDEM_CKPT_CHUNK_BYTES", (long)TD_CKPT_CHUNK_BYTES);
+  int chunk_ok = chunk_env >= 4 && chunk_env <= (1L << 26) && chunk_env % 4 == 0;
+  const uint64_t chunk = chunk_ok ? (uint64_t)chunk_env : TD_CKPT_CHUNK_BYTES;
   char tmp_dir[1280], path[1400];
   /* The token names the temporary directory (no two saves share one) and
    * proves that every rank sees the directory rank 0 created. */
@@ -229,7 +234,12 @@ td_status td_ckpt_save_regions(td_trainer *t, const char *root, const td_ckpt_re
            (unsigned long long)td_random_u64());
 
   /* Phase 1. */
-  td_status st = check_regions(t, regions, n_regions);
+  /* Local checks fail the save on every rank (agreed below), never alone. */
+  td_status st = chunk_ok ? check_regions(t, regions, n_regions)
+                          : td_error(TD_ERR_INVALID_ARGUMENT,
+                                     "rank %d: TANDEM_CKPT_CHUNK_BYTES=%ld: must be a multiple of 4 between 4 and "
+                                     "67108864 (default 1048576)",
+                                     t->rank, chunk_env);
   if (st == TD_OK && t->rank == 0) {
     st = ckpt_mkdir_p(&io, root);
     if (st == TD_OK) st = ckpt_remove_leftovers(&io, root);
