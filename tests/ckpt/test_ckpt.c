@@ -279,6 +279,183 @@ static void test_worlds(td_comm *world, const char *base) {
   td_dataset_destroy(ds);
 }
 
+/* ---- corruption, partial reads, consolidation (world of one) ---- */
+
+static void sh(const char *fmt, const char *a, const char *b) {
+  char cmd[2048];
+  snprintf(cmd, sizeof cmd, fmt, a, b);
+  if (system(cmd) != 0) td_test_fail(__FILE__, __LINE__, "command failed: %s", cmd);
+}
+
+/* copy := a fresh copy of root. */
+static void fresh_copy(const char *root, const char *copy) {
+  sh("rm -rf '%s'%s", copy, "");
+  sh("cp -a '%s' '%s'", root, copy);
+}
+
+static void flip_bit(const char *path, long at) {
+  FILE *f = fopen(path, "r+b");
+  CHECK(f != NULL);
+  CHECK(fseek(f, at, SEEK_SET) == 0);
+  int c = fgetc(f);
+  CHECK(c != EOF);
+  CHECK(fseek(f, at, SEEK_SET) == 0);
+  fputc(c ^ 0x10, f);
+  fclose(f);
+}
+
+/* A damaged copy must be refused by verify and by resume (naming the
+ * problem), leaving the trainer as it was. */
+static void expect_refused(td_model *m, td_dataset *ds, const char *root, const char *fragment) {
+  td_ckpt_dir d;
+  td_status st = td_ckpt_open(root, &d);
+  if (st == TD_OK) {
+    st = td_ckpt_verify(&d, NULL);
+    td_ckpt_close(&d);
+  }
+  if (st == TD_OK || !strstr(td_last_error(), fragment))
+    td_test_fail(__FILE__, __LINE__, "verify %s: %s: %s (wanted \"%s\")", root, td_status_str(st), td_last_error(),
+                 fragment);
+  td_trainer *t = make(m, ds, NULL);
+  float before[TINY_N];
+  memcpy(before, t->params, sizeof before);
+  st = td_trainer_resume(t, root);
+  if (st == TD_OK || !strstr(td_last_error(), fragment))
+    td_test_fail(__FILE__, __LINE__, "resume %s: %s: %s (wanted \"%s\")", root, td_status_str(st), td_last_error(),
+                 fragment);
+  CHECK_EQ_INT(td_trainer_step_count(t), 0);
+  CHECK(memcmp(before, t->params, sizeof before) == 0);
+  td_trainer_destroy(t);
+  printf("refused (%s): %s\n", fragment, td_last_error());
+}
+
+static uint64_t u64_le(const unsigned char *p) {
+  uint64_t v = 0;
+  for (int k = 7; k >= 0; k--) v = v << 8 | p[k];
+  return v;
+}
+
+static void check_safetensors(const char *path, const td_model *m, const float *params) {
+  FILE *f = fopen(path, "rb");
+  CHECK(f != NULL);
+  static unsigned char buf[1 << 16];
+  size_t n = fread(buf, 1, sizeof buf, f);
+  fclose(f);
+  CHECK(n >= 8);
+  uint64_t hlen = u64_le(buf);
+  CHECK((8 + hlen) % 8 == 0);
+  CHECK_EQ_INT(n, 8 + hlen + sizeof(float) * TINY_N); /* the tensors cover the parameters once */
+  char *header = malloc(hlen + 1);
+  memcpy(header, buf + 8, hlen);
+  header[hlen] = '\0';
+  CHECK(header[0] == '{' && strstr(header, "\"__metadata__\":{\"format\":\"pt\"") != NULL);
+  for (int i = 0; i < m->n_tensors; i++) {
+    char key[128];
+    snprintf(key, sizeof key, "\"%s\":{\"dtype\":\"F32\",\"shape\":[", m->tensors[i].name);
+    const char *p = strstr(header, key);
+    if (!p) td_test_fail(__FILE__, __LINE__, "tensor %s not in the header: %s", m->tensors[i].name, header);
+    unsigned long long count, a, b;
+    CHECK(sscanf(p + strlen(key), "%llu],\"data_offsets\":[%llu,%llu]}", &count, &a, &b) == 3);
+    CHECK_EQ_INT(count, m->tensors[i].count);
+    CHECK_EQ_INT(b - a, 4 * count);
+    CHECK(memcmp(buf + 8 + hlen + a, params + m->tensors[i].offset, (size_t)(b - a)) == 0);
+  }
+  free(header);
+}
+
+static void test_corrupt(const char *base) {
+  setenv("TANDEM_CKPT_CHUNK_BYTES", "64", 1);
+  td_dataset *ds = tiny_dataset_create(60);
+  td_model *m = tiny_model_create();
+  char root[600], copy[700], path[1000];
+  snprintf(root, sizeof root, "%s/good", base);
+  snprintf(copy, sizeof copy, "%s/bad", base);
+  td_trainer *t = make(m, ds, NULL);
+  for (int s = 0; s < 3; s++) CHECK_OK(td_trainer_step(t, NULL));
+  CHECK_OK(td_trainer_save(t, root));
+  state ref;
+  state_of(t, &ref);
+
+  /* A range read touches only the chunks it overlaps: elements [100, 200)
+   * of adamw.m are bytes [400, 800) of its piece: 64-byte chunks 6..12. */
+  td_ckpt_dir d;
+  CHECK_OK(td_ckpt_open(root, &d));
+  float part[100];
+  CHECK_OK(td_ckpt_read(&d, td_ckpt_arena_id(&d.m, "adamw.m"), 100, 200, part));
+  CHECK(memcmp(part, ref.arena[1] + 100, sizeof part) == 0);
+  CHECK_EQ_INT(d.bytes_read, 7 * 64);
+  uint64_t all = 0;
+  CHECK_OK(td_ckpt_verify(&d, &all));
+  CHECK_EQ_INT(all, 3 * 4 * TINY_N);
+  CHECK_EQ_INT(d.m.chunk_bytes, 64);
+  CHECK_MSG(td_ckpt_read(&d, 0, 700, TINY_N + 1, part), TD_ERR_INVALID_ARGUMENT, "are not in the checkpoint");
+  /* Consolidation: one safetensors file, parsed here. */
+  snprintf(path, sizeof path, "%s/params.safetensors", base);
+  CHECK_OK(td_ckpt_consolidate(&d, path));
+  check_safetensors(path, m, ref.arena[0]);
+  td_ckpt_close(&d);
+  printf("partial read: 448 bytes for a 400-byte range; consolidate: %d tensors match the trainer's parameters\n",
+         m->n_tensors);
+
+  /* The damage, one copy each. rank-0.bin holds params (2836 bytes), then
+   * adamw.m, then adamw.v. */
+  char step_dir[800];
+  snprintf(step_dir, sizeof step_dir, "%s/step-3", copy);
+  snprintf(path, sizeof path, "%s/rank-0.bin", step_dir);
+  fresh_copy(root, copy);
+  CHECK(truncate(path, 3 * 4 * TINY_N - 10) == 0);
+  expect_refused(m, ds, copy, "rank-0.bin is 8498 bytes but the manifest says 8508: the checkpoint is truncated");
+
+  fresh_copy(root, copy);
+  flip_bit(path, 1000);
+  expect_refused(m, ds, copy, "rank-0.bin is corrupt: bytes [960, 1024) (arena params, elements [240, 256))");
+
+  fresh_copy(root, copy);
+  flip_bit(path, 3 * 4 * TINY_N - 1); /* the last byte of adamw.v */
+  expect_refused(m, ds, copy, "(arena adamw.v, elements [704, 709))");
+
+  fresh_copy(root, copy);
+  CHECK(unlink(path) == 0);
+  expect_refused(m, ds, copy, "rank-0.bin: No such file or directory (the manifest lists it: the checkpoint is "
+                              "incomplete)");
+
+  snprintf(path, sizeof path, "%s/manifest", step_dir);
+  fresh_copy(root, copy);
+  sh("sed -i 's/^step 3$/step 4/' '%s'%s", path, "");
+  expect_refused(m, ds, copy, "manifest is corrupt: its checksum does not match its contents");
+
+  fresh_copy(root, copy);
+  sh("printf 'tandem-checkpoint 1\\nworld_size 1\\nmanifest_crc %%s\\n' "
+     "$(printf 'tandem-checkpoint 1\\nworld_size 1\\n' | gzip -c | tail -c8 | od -An -tx4 -N4 | tr -d ' ') > '%s'%s",
+     path, "");
+  expect_refused(m, ds, copy, "this checkpoint has format 1 (written by a Tandem before checkpoints could reshard)");
+
+  /* Another model or optimizer: refused as such (TD_ERR_INVALID_ARGUMENT). */
+  td_model *other = tiny_model_create();
+  other->kind = "tiny-mlp-v2";
+  td_trainer *u = make(other, ds, NULL);
+  CHECK_MSG(td_trainer_resume(u, root), TD_ERR_INVALID_ARGUMENT,
+            "the checkpoint is of a \"tiny-mlp\" model, this run trains a \"tiny-mlp-v2\"");
+  CHECK_EQ_INT(td_trainer_step_count(u), 0);
+  td_trainer_destroy(u);
+  td_model_destroy(other);
+  opt_kind = TD_OPTIMIZER_SGD;
+  u = make(m, ds, NULL);
+  CHECK_MSG(td_trainer_resume(u, root), TD_ERR_INVALID_ARGUMENT, "trained with optimizer adamw, this run uses sgd");
+  td_trainer_destroy(u);
+  opt_kind = TD_OPTIMIZER_ADAMW;
+  printf("another model kind and another optimizer refused, naming both\n");
+
+  /* The undamaged original still resumes exactly. */
+  u = make(m, ds, NULL);
+  CHECK_OK(td_trainer_resume(u, root));
+  same_state(u, &ref, "the good checkpoint");
+  td_trainer_destroy(u);
+  td_trainer_destroy(t);
+  td_model_destroy(m);
+  td_dataset_destroy(ds);
+}
+
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   if (argc < 3) {
@@ -293,6 +470,8 @@ int main(int argc, char **argv) {
     test_worlds(world, argv[2]);
     CHECK_OK(td_comm_finalize(world));
     td_comm_destroy(world);
+  } else if (strcmp(argv[1], "corrupt") == 0) {
+    test_corrupt(argv[2]);
   } else {
     fprintf(stderr, "unknown mode %s\n", argv[1]);
     return 2;
