@@ -389,6 +389,9 @@ static void test_corrupt(const char *base) {
   CHECK_EQ_INT(all, 3 * 4 * TINY_N);
   CHECK_EQ_INT(d.m.chunk_bytes, 64);
   CHECK_MSG(td_ckpt_read(&d, 0, 700, TINY_N + 1, part), TD_ERR_INVALID_ARGUMENT, "are not in the checkpoint");
+  uint64_t before_empty = d.bytes_read;
+  CHECK_OK(td_ckpt_read(&d, 0, 40, 40, NULL)); /* an empty range reads nothing */
+  CHECK_EQ_INT(d.bytes_read, before_empty);
   /* Consolidation: one safetensors file, parsed here. */
   snprintf(path, sizeof path, "%s/params.safetensors", base);
   CHECK_OK(td_ckpt_consolidate(&d, path));

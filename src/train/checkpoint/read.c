@@ -116,6 +116,7 @@ td_status td_ckpt_read(td_ckpt_dir *d, int arena, uint64_t lo, uint64_t hi, floa
   if (arena < 0 || arena >= m->n_arenas || lo > hi || hi > m->arenas[arena].count)
     return td_error(TD_ERR_INVALID_ARGUMENT, "%s: elements [%llu, %llu) of arena %d are not in the checkpoint", d->dir,
                     (unsigned long long)lo, (unsigned long long)hi, arena);
+  if (lo == hi) return TD_OK; /* nothing to read (dst may be NULL) */
   int first, end;
   td_ckpt_pieces_overlapping(m, arena, lo, hi, &first, &end);
   for (int i = first; i < end; i++) {
