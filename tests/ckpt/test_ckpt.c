@@ -411,7 +411,7 @@ static void test_corrupt(const char *base) {
 
   fresh_copy(root, copy);
   flip_bit(path, 1000);
-  expect_refused(m, ds, copy, "rank-0.bin is corrupt: bytes [960, 1024) (arena params, elements [240, 256))");
+  expect_refused(m, ds, copy, "in bytes [960, 1024) (arena params, elements [240, 256))");
 
   fresh_copy(root, copy);
   flip_bit(path, 3 * 4 * TINY_N - 1); /* the last byte of adamw.v */

@@ -102,11 +102,11 @@ static td_status read_chunk(td_ckpt_dir *d, const td_ckpt_piece *p, uint64_t c, 
   uint32_t crc = td_crc32(0, buf, n);
   if (crc != p->crc[c])
     return td_error(TD_ERR_IO,
-                    "%s/%s is corrupt: bytes [%llu, %llu) (arena %s, elements [%llu, %llu)) have CRC-32 %08x, the "
-                    "manifest says %08x",
-                    d->dir, name, (unsigned long long)(p->offset + begin), (unsigned long long)(p->offset + begin + n),
-                    d->m.arenas[p->arena].name, (unsigned long long)(p->lo + begin / 4),
-                    (unsigned long long)(p->lo + (begin + n) / 4), (unsigned)crc, (unsigned)p->crc[c]);
+                    "%s/%s is corrupt: CRC-32 %08x where the manifest says %08x, in bytes [%llu, %llu) (arena %s, "
+                    "elements [%llu, %llu))",
+                    d->dir, name, (unsigned)crc, (unsigned)p->crc[c], (unsigned long long)(p->offset + begin),
+                    (unsigned long long)(p->offset + begin + n), d->m.arenas[p->arena].name,
+                    (unsigned long long)(p->lo + begin / 4), (unsigned long long)(p->lo + (begin + n) / 4));
   return TD_OK;
 }
 
