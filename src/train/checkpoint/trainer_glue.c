@@ -6,7 +6,9 @@
  *   held(arena)   the range this rank keeps in memory, and where
  *   save          held ∩ td_shard_range(count, world, rank): each element is
  *                 written once, by 1/world of the ranks' bandwidth each
- *   resume        held: the whole arena at stage 0, the shard at stage >= 1
+ *   resume        held: the whole arena at stage 0, the shard at stage >= 1;
+ *                 an arena held whole is read 1/world per rank and
+ *                 allgathered (the checkpoint is read once, not world times)
  *
  * Resume reads into staging buffers and copies into the arenas only once
  * every rank has verified its reads, so that a refused checkpoint leaves
@@ -84,15 +86,24 @@ td_status td_trainer_save(td_trainer *t, const char *root) {
 td_status td_trainer_resume(td_trainer *t, const char *path) {
   if (!t) return td_error(TD_ERR_INVALID_ARGUMENT, "td_trainer_resume: null trainer");
   td_ckpt_region regions[TD_CKPT_MAX_ARENAS];
-  float *arena_mem[TD_CKPT_MAX_ARENAS];
+  float *arena_mem[TD_CKPT_MAX_ARENAS], *staging[TD_CKPT_MAX_ARENAS];
+  uint64_t held_lo[TD_CKPT_MAX_ARENAS], held_hi[TD_CKPT_MAX_ARENAS];
+  int gather[TD_CKPT_MAX_ARENAS];
   int n = 1 + t->n_states;
+  const int distributed = t->comm && t->world > 1;
   td_status st = TD_OK;
   for (int a = 0; a < n; a++) {
-    uint64_t lo, hi;
-    arena_mem[a] = held(t, a, &lo, &hi);
-    float *staging = staging_alloc((size_t)(hi - lo));
-    if (!staging) st = td_error(TD_ERR_SYSTEM, "rank %d: out of memory staging the checkpoint", t->rank);
-    regions[a] = (td_ckpt_region){a, staging, lo, hi};
+    arena_mem[a] = held(t, a, &held_lo[a], &held_hi[a]);
+    staging[a] = staging_alloc((size_t)(held_hi[a] - held_lo[a]));
+    if (!staging[a]) st = td_error(TD_ERR_SYSTEM, "rank %d: out of memory staging the checkpoint", t->rank);
+    /* An arena every rank holds whole: each reads 1/world of it and the
+     * ranks allgather the rest (one read of the checkpoint in all instead
+     * of one per rank); a sharded arena: this rank's range, read directly. */
+    gather[a] = distributed && held_lo[a] == 0 && held_hi[a] == t->n_params;
+    size_t off = 0, len = (size_t)(held_hi[a] - held_lo[a]);
+    if (gather[a]) td_shard_range(t->n_params, t->world, t->rank, &off, &len);
+    regions[a] = (td_ckpt_region){a, staging[a] ? staging[a] + off : NULL, held_lo[a] + off,
+                                  held_lo[a] + off + len};
   }
   /* Every rank must take part in the load's agreement: a failed staging
    * allocation becomes an empty request plus a failure agreed on below. */
@@ -105,10 +116,22 @@ td_status td_trainer_resume(td_trainer *t, const char *path) {
     td_error_copy(why, sizeof why);
     st = td_trainer_agree(t, td_error(st, "%s", why));
   }
+  /* Every rank verified its reads (agreed): complete the whole arenas, and
+   * agree once more (a rank whose allgather failed must not leave the
+   * others committing alone). */
+  const int loaded = st == TD_OK;
+  for (int a = 0; a < n && st == TD_OK; a++)
+    if (gather[a]) {
+      st = td_allgather(regions[a].data, staging[a], t->n_params, TD_F32, t->comm);
+      if (st != TD_OK)
+        st = td_error(st, "rank %d: gathering the checkpoint's %s failed: %s", t->rank, a ? "optimizer state" :
+                      "parameters", td_comm_last_error(t->comm));
+    }
+  if (distributed && loaded) st = td_trainer_agree(t, st);
   if (st == TD_OK) {
-    /* All ranks verified their reads: commit. */
+    /* Commit. */
     for (int a = 0; a < n; a++)
-      memcpy(arena_mem[a], regions[a].data, (size_t)(regions[a].hi - regions[a].lo) * sizeof(float));
+      memcpy(arena_mem[a], staging[a], (size_t)(held_hi[a] - held_lo[a]) * sizeof(float));
     t->step = m.step;
     t->consumed = m.consumed;
     if (t->rank == 0 && m.dataset_samples != (unsigned long long)t->dataset->n_samples)
@@ -124,7 +147,7 @@ td_status td_trainer_resume(td_trainer *t, const char *path) {
       t->sampler.epoch = UINT64_MAX;
     }
   }
-  for (int a = 0; a < n; a++) td_free(regions[a].data);
+  for (int a = 0; a < n; a++) td_free(staging[a]);
   td_ckpt_manifest_free(&m);
   return st;
 }
