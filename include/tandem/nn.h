@@ -153,6 +153,16 @@ void td_dataset_destroy(td_dataset *ds); /* accepts NULL */
  * rank cores/ranks). No effect without OpenBLAS. Call before compute, from one
  * thread. */
 void td_nn_set_threads(int n_threads);
+/* The precision of the linear layers' matrix products on the calling
+ * thread (mixed precision, src/train/precision/): TD_F32 (the default),
+ * TD_BF16 or TD_F16. With a half type, each product rounds its operands
+ * (activations, weights, output gradients) to that type and accumulates in
+ * f32; everything else (layer norm, softmax, attention, loss, gradients'
+ * accumulation) stays f32. bf16 runs on vdpbf16ps at TANDEM_CPU=avx512bf16,
+ * on rounded f32 products elsewhere. Thread-local: set it on the thread that
+ * runs forward and backward. TD_ERR_INVALID_ARGUMENT for other types. */
+td_status td_nn_set_compute_dtype(td_dtype dtype);
+td_dtype td_nn_compute_dtype(void);
 /* "openblas" or "portable": which matmul the library was built with. */
 const char *td_nn_matmul_backend(void);
 
