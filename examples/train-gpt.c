@@ -41,6 +41,9 @@ static void usage(void) {
       "  --seq T            sequence length in bytes (default 128)\n"
       "  --lr LR            peak learning rate (default 3e-4)\n"
       "  --threads N        compute threads per rank (default: cores / ranks on the host)\n"
+      "  --bf16             bf16 mixed precision (f32 master weights; as \"bf16\": {\"enabled\": true})\n"
+      "  --fp16             fp16 mixed precision with dynamic loss scaling (as \"fp16\": {\"enabled\": true})\n"
+      "  --activation-checkpointing  keep only each block's input; recompute the rest in backward\n"
       "  --metrics FILE     write one JSON object per step to FILE (rank 0)\n"
       "  --save DIR         write a checkpoint to DIR at the end (and every --save-every steps)\n"
       "  --save-every N     checkpoint period in steps (needs --save)\n"
@@ -61,6 +64,7 @@ typedef struct gpt_options {
   long grad_accum; /* -1: not given */
   long save_every; /* -1: not given */
   long sample;
+  int activation_checkpointing; /* --activation-checkpointing */
   td_gpt_config model;
 } gpt_options;
 
@@ -69,6 +73,7 @@ static void parse_args(int argc, char **argv, gpt_options *o) {
   o->data_path = TD_DEFAULT_TEXT_PATH;
   o->steps = o->grad_accum = o->save_every = -1;
   o->sample = GPT_DEFAULT_SAMPLE;
+  o->activation_checkpointing = 0;
   o->model = (td_gpt_config){.vocab = 256, .layers = 4, .channels = 256, .heads = 4, .seq = 128};
   for (int i = 1; i < argc; i++) {
     const char *v;
@@ -76,6 +81,7 @@ static void parse_args(int argc, char **argv, gpt_options *o) {
       usage();
       exit(0);
     } else if (app_common_flag(argc, argv, &i, &o->common)) continue;
+    else if (!strcmp(argv[i], "--activation-checkpointing")) o->activation_checkpointing = 1;
     else if ((v = app_flag_value(argc, argv, &i, "--data"))) o->data_path = v;
     else if ((v = app_flag_value(argc, argv, &i, "--save-every"))) o->save_every = app_parse_long("--save-every", v, 1, 1L << 40);
     else if ((v = app_flag_value(argc, argv, &i, "--steps"))) o->steps = app_parse_long("--steps", v, 1, 1L << 40);
@@ -105,6 +111,7 @@ static void build_config(const gpt_options *o, int world, td_train_config *cfg) 
   if (o->steps > 0) cfg->steps = o->steps;
   if (o->grad_accum > 0) cfg->grad_accum = (int)o->grad_accum;
   if (o->save_every > 0) cfg->checkpoint_every = o->save_every;
+  if (o->activation_checkpointing) cfg->activation_checkpointing = 1;
   if (cfg->checkpoint_every > 0 && !cfg->checkpoint_dir[0])
     app_usage_error("--save-every needs a directory: --save DIR (or checkpoint.save_dir in the config)");
   /* The reference micro-batch applies only when nothing fixes the batch. */

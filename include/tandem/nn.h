@@ -55,6 +55,11 @@ typedef struct td_model_ops {
    * out (int32, (B) or (B,T)). May be NULL for models without it. */
   void (*predict)(td_model *model, int32_t *out);
   void (*destroy)(td_model *model);
+  /* Optional (NULL: not supported). on = 1: forward keeps only each
+   * transformer block's input and backward recomputes the block before
+   * differentiating it (activation checkpointing; the same results, bit for
+   * bit); 0: forward keeps everything. Takes effect at the next prepare. */
+  td_status (*set_activation_checkpointing)(td_model *model, int on);
 } td_model_ops;
 
 struct td_model {
@@ -71,6 +76,7 @@ struct td_model {
    * (the tensor table alone misses shape-preserving changes such as the
    * number of heads). NULL: not recorded. */
   const char *config;
+  size_t activation_bytes; /* activation memory the last prepare allocated (0: not reported) */
 };
 
 /* Fill the parameter arena with the model's initial values, deterministically
