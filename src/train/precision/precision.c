@@ -52,8 +52,9 @@ double td_loss_scaler_update(td_loss_scaler *s, const td_precision_config *p, in
   if (s->dynamic) {
     if (overflow) {
       if (s->hysteresis_left <= 1) {
+        /* the count stays at 1: further overflows halve at once until a
+         * clean window restores it (DeepSpeed does the same) */
         s->scale = fmax(s->scale / 2.0, (double)p->min_loss_scale);
-        s->hysteresis_left = p->hysteresis;
       } else {
         s->hysteresis_left--;
       }
