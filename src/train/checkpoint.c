@@ -44,6 +44,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <math.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -402,6 +403,10 @@ static char *manifest_text(const td_trainer *t, const uint64_t *shard_bytes, con
   EMIT("micro_batch %d\n", c->micro_batch);
   EMIT("grad_accum %d\n", c->grad_accum);
   EMIT("lr %.9g\n", (double)c->optimizer.lr);
+  /* fp16's loss scaler (src/train/precision/): scale, iteration, last
+   * overflow, hysteresis left, skipped steps; resumed exactly */
+  EMIT("loss_scaler %.17g %ld %ld %d %ld\n", t->scaler.scale, t->scaler.iter, t->scaler.last_overflow_iter,
+       t->scaler.hysteresis_left, t->scaler.skipped);
   EMIT("n_tensors %d\n", t->model->n_tensors);
   for (int i = 0; i < t->model->n_tensors; i++) {
     const td_param_tensor *p = &t->model->tensors[i];
@@ -705,6 +710,22 @@ td_status td_ckpt_manifest_parse(const char *data, size_t len, const char *sourc
         if (!x->name) st = td_error(TD_ERR_SYSTEM, "out of memory reading %s", source);
         else m->n_tensor_lines++;
       }
+    } else if (strcmp(key, "loss_scaler") == 0) {
+      /* "loss_scaler SCALE ITER LAST_OVERFLOW HYSTERESIS_LEFT SKIPPED" (optional: older checkpoints lack it) */
+      double scale = 0;
+      long iter = 0, last = 0, skipped = 0;
+      int hyst = 0, used = 0;
+      ok = !m->has_scaler && sscanf(v, "%lg %ld %ld %d %ld%n", &scale, &iter, &last, &hyst, &skipped, &used) == 5 &&
+           v[used] == '\0' && isfinite(scale) && scale > 0 && iter >= 0 && last >= -1 && last < iter + 1 && hyst >= 0 &&
+           skipped >= 0 && skipped <= iter;
+      if (ok) {
+        m->has_scaler = 1;
+        m->scaler.scale = scale;
+        m->scaler.iter = iter;
+        m->scaler.last_overflow_iter = last;
+        m->scaler.hysteresis_left = hyst;
+        m->scaler.skipped = skipped;
+      }
     } else if (strcmp(key, "shard") == 0) {
       /* "shard RANK BYTES CRC FILE", after world_size; once per rank. */
       char *r_text = next_field(&rest), *b_text = next_field(&rest), *c_text = next_field(&rest);
@@ -923,6 +944,13 @@ td_status td_trainer_resume(td_trainer *t, const char *path) {
       memcpy(t->states[s], stage + (size_t)(s + 1) * t->n_params, t->n_params * sizeof(float));
     t->step = m.step;
     t->consumed = m.consumed;
+    if (m.has_scaler) {
+      /* the scaler's state is the run's; its mode (fixed or dynamic) is this config's */
+      int dynamic = t->scaler.dynamic;
+      t->scaler = m.scaler;
+      t->scaler.dynamic = dynamic;
+      if (t->cfg.precision.compute != TD_F16) t->scaler.scale = 1.0; /* resumed without fp16: no scaling */
+    }
     if (t->rank == 0 && m.dataset_samples != (unsigned long long)t->dataset->n_samples)
       TD_WARN("the checkpoint was trained on a dataset of %llu samples, this one has %zu: training continues, but "
               "not on the data order the saved run would have seen",

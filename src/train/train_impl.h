@@ -60,6 +60,19 @@ const char *td_optimizer_name(td_optimizer_kind kind);
 /* ---- CRC-32 (the zlib / IEEE 802.3 polynomial) ---- */
 uint32_t td_crc32(uint32_t crc, const void *data, size_t n);
 
+/* DeepSpeed's DynamicLossScaler, for fp16 (also a fixed scale). */
+typedef struct td_loss_scaler {
+  double scale;           /* the current loss scale (1 when not fp16) */
+  int dynamic;            /* 0: a fixed scale, never changed */
+  long iter;              /* steps seen by the scaler (skipped ones included) */
+  long last_overflow_iter; /* -1: none yet */
+  int hysteresis_left;    /* overflows still tolerated before the next halving */
+  long skipped;           /* steps skipped for overflow, in all */
+} td_loss_scaler;
+void td_loss_scaler_init(td_loss_scaler *s, const td_precision_config *p);
+/* Record one step's agreed outcome; returns the scale before the update. */
+double td_loss_scaler_update(td_loss_scaler *s, const td_precision_config *p, int overflow);
+
 /* ---- checkpoint manifests ---- */
 typedef struct td_ckpt_tensor {
   size_t offset, count; /* floats; offset + count <= n_params */
@@ -80,6 +93,8 @@ typedef struct td_ckpt_manifest {
   uint64_t *shard_bytes; /* (world) */
   uint32_t *shard_crc;   /* (world) */
   unsigned char *shard_seen;
+  int has_scaler;          /* a loss_scaler line was present */
+  td_loss_scaler scaler;   /* its values (dynamic is not saved) */
 } td_ckpt_manifest;
 
 /* Parse a manifest from `len` bytes at `data` (need not be NUL-terminated;
@@ -99,28 +114,17 @@ td_status td_precision_parse_json(const void *item, const char *source, td_train
 /* Checks of td_train_config_resolve: types, ranges, fp16 and bf16 not both. */
 td_status td_precision_config_check(const td_train_config *cfg);
 
-/* DeepSpeed's DynamicLossScaler, for fp16 (also a fixed scale). */
-typedef struct td_loss_scaler {
-  double scale;           /* the current loss scale (1 when not fp16) */
-  int dynamic;            /* 0: a fixed scale, never changed */
-  long iter;              /* steps seen by the scaler (skipped ones included) */
-  long last_overflow_iter; /* -1: none yet */
-  int hysteresis_left;    /* overflows still tolerated before the next halving */
-  long skipped;           /* steps skipped for overflow, in all */
-} td_loss_scaler;
-void td_loss_scaler_init(td_loss_scaler *s, const td_precision_config *p);
-/* Record one step's agreed outcome; returns the scale before the update. */
-double td_loss_scaler_update(td_loss_scaler *s, const td_precision_config *p, int overflow);
 
 /* The trainer's hooks (precision.c). init: scaler, checkpointing switch on
  * the model, the half-precision gradient buffer (before the model's
  * prepare). bucket_buffer: what a gradient bucket [lo, hi) is reduced in
- * (the f32 arena, or its rounded half shadow) and its dtype; after_sync
+ * (the f32 arena, averaged, or its rounded half shadow, summed) and its
+ * dtype and op; after_sync
  * widens the shadow back once every bucket is waited for. check_overflow:
  * fp16 only, collective: 1 when any rank's gradients hold an inf or NaN. */
 td_status td_precision_trainer_init(td_trainer *t);
 void td_precision_trainer_free(td_trainer *t);
-void *td_precision_bucket_buffer(td_trainer *t, size_t lo, size_t hi, td_dtype *dtype_out);
+void *td_precision_bucket_buffer(td_trainer *t, size_t lo, size_t hi, td_dtype *dtype_out, td_op *op_out);
 void td_precision_after_sync(td_trainer *t);
 td_status td_precision_check_overflow(td_trainer *t, int *overflow_out);
 void td_precision_on_overflow(td_trainer *t);   /* the scaler's update and the one log line (rank 0) */

@@ -245,8 +245,9 @@ static void bucket_launch(td_trainer *t, size_t lo, size_t hi) {
   if (hi <= lo || t->bucket_status != TD_OK) return;
   td_request *req = NULL;
   td_dtype dtype;
-  void *buf = td_precision_bucket_buffer(t, lo, hi, &dtype); /* the arena, or its half-precision shadow */
-  td_status st = td_iallreduce(buf, buf, hi - lo, dtype, TD_AVG, t->comm, &req);
+  td_op op;
+  void *buf = td_precision_bucket_buffer(t, lo, hi, &dtype, &op); /* the arena, or its half-precision shadow */
+  td_status st = td_iallreduce(buf, buf, hi - lo, dtype, op, t->comm, &req);
   if (st != TD_OK) {
     t->bucket_status = td_error(st, "rank %d: launching a gradient bucket of %zu floats failed: %s", t->rank, hi - lo,
                                 td_comm_last_error(t->comm));

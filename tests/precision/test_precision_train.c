@@ -13,6 +13,11 @@
  *       The same GPT with and without activation checkpointing, in f32 and in
  *       bf16: every step's loss, gradient norm and the final parameters are
  *       bit-identical; the activation memory is smaller with checkpointing.
+ *   test_precision_train resume DIR
+ *       fp16 with an overflow injected at step 2 (the scale halves, Adam's
+ *       step count lags): 6 uninterrupted steps against 3, save, a fresh
+ *       trainer resuming and 3 more: losses and scales bit-identical (the
+ *       loss scaler is in the checkpoint).
  *   test_precision_train overflow          (under tandemrun, any world)
  *       fp16 with hysteresis 1; TANDEM_FP16_INJECT_INF=3:R puts an inf into
  *       rank R's gradients at step 3 only, after the reduction: every rank
@@ -247,6 +252,51 @@ static void run_ckpt(void) {
   td_model_destroy(cnn);
 }
 
+static void run_resume(const char *dir) {
+  setenv("TANDEM_FP16_INJECT_INF", "2:0", 1); /* read when each trainer is created */
+  td_train_config c = config(4);
+  c.precision.compute = TD_F16;
+  c.precision.initial_scale_power = 10;
+  c.precision.hysteresis = 1;
+  c.precision.loss_scale_window = 3; /* the scale also grows again inside the run */
+  double want[6], want_scale[6], got[6], got_scale[6];
+  td_dataset *ds = dataset();
+  td_model *m = gpt(2);
+  td_trainer *t = NULL;
+  CHECK_OK(td_trainer_create(&c, m, ds, NULL, &t));
+  for (int s = 0; s < 6; s++) {
+    td_step_stats st;
+    CHECK_OK(td_trainer_step(t, &st));
+    want[s] = st.loss, want_scale[s] = st.loss_scale;
+    CHECK_EQ_INT(st.skipped, s == 1);
+  }
+  td_trainer_destroy(t);
+  CHECK_OK(td_trainer_create(&c, m, ds, NULL, &t));
+  for (int s = 0; s < 3; s++) {
+    td_step_stats st;
+    CHECK_OK(td_trainer_step(t, &st));
+    got[s] = st.loss, got_scale[s] = st.loss_scale;
+  }
+  CHECK_OK(td_trainer_save(t, dir));
+  td_trainer_destroy(t);
+  CHECK_OK(td_trainer_create(&c, m, ds, NULL, &t));
+  CHECK_OK(td_trainer_resume(t, dir));
+  for (int s = 3; s < 6; s++) {
+    td_step_stats st;
+    CHECK_OK(td_trainer_step(t, &st));
+    got[s] = st.loss, got_scale[s] = st.loss_scale;
+  }
+  for (int s = 0; s < 6; s++) {
+    printf("step %d: loss %.7f / %.7f scale %g / %g\n", s + 1, want[s], got[s], want_scale[s], got_scale[s]);
+    CHECK(got[s] == want[s] && got_scale[s] == want_scale[s]);
+  }
+  CHECK(want_scale[0] == 1024 && want_scale[1] == 512 && want_scale[5] > 512); /* halved, then grew */
+  td_trainer_destroy(t);
+  td_model_destroy(m);
+  ds->destroy(ds);
+  unsetenv("TANDEM_FP16_INJECT_INF");
+}
+
 /* ---- multi-rank ---- */
 
 static uint64_t hash_params(const float *p, size_t n) {
@@ -337,8 +387,8 @@ static void run_commtype(td_comm *comm) {
 
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IONBF, 0);
-  if (argc != 2) {
-    fprintf(stderr, "usage: %s units | close | ckpt | overflow | commtype\n", argv[0]);
+  if (argc < 2) {
+    fprintf(stderr, "usage: %s units | close | ckpt | resume DIR | overflow | commtype\n", argv[0]);
     return 2;
   }
   if (!strcmp(argv[1], "units")) {
@@ -348,6 +398,8 @@ int main(int argc, char **argv) {
     run_close();
   } else if (!strcmp(argv[1], "ckpt")) {
     run_ckpt();
+  } else if (!strcmp(argv[1], "resume") && argc == 3) {
+    run_resume(argv[2]);
   } else if (!strcmp(argv[1], "overflow") || !strcmp(argv[1], "commtype")) {
     td_comm *comm = NULL;
     CHECK_OK(td_comm_init(&comm));

@@ -11,9 +11,12 @@
  * the current weights, rounded. Gradients accumulate in f32.
  *
  * communication_data_type bf16/fp16: each gradient bucket is rounded into a
- * half-precision shadow of the gradient arena, averaged there (the
- * collectives sum halves in f32 and round once) and widened back after the
- * wait: half the bytes on the wire, one extra rounding of each gradient.
+ * half-precision shadow of the gradient arena, summed there (the
+ * collectives add halves in f32 and round once) and widened back and
+ * divided by the world size after the wait: half the bytes of the f32
+ * exchange, one extra rounding of each gradient. (A sum, not TD_AVG: the
+ * shared-memory collectives move only half-type bytes for a sum, while
+ * their half-type average goes through f32.)
  *
  * fp16: backward runs with the loss multiplied by the scale, so that small
  * gradients survive f16's range (the products round dout to f16); the
@@ -114,25 +117,27 @@ static void narrow(uint16_t *restrict dst, const float *restrict src, size_t n, 
     for (size_t i = 0; i < n; i++) dst[i] = td_f32_to_f16(src[i]);
 }
 
-static void widen(float *restrict dst, const uint16_t *restrict src, size_t n, td_dtype dtype) {
+static void widen(float *restrict dst, const uint16_t *restrict src, size_t n, td_dtype dtype, float scale) {
   if (dtype == TD_BF16)
-    for (size_t i = 0; i < n; i++) dst[i] = td_bf16_to_f32(src[i]);
+    for (size_t i = 0; i < n; i++) dst[i] = td_bf16_to_f32(src[i]) * scale;
   else
-    for (size_t i = 0; i < n; i++) dst[i] = td_f16_to_f32(src[i]);
+    for (size_t i = 0; i < n; i++) dst[i] = td_f16_to_f32(src[i]) * scale;
 }
 
-void *td_precision_bucket_buffer(td_trainer *t, size_t lo, size_t hi, td_dtype *dtype_out) {
+void *td_precision_bucket_buffer(td_trainer *t, size_t lo, size_t hi, td_dtype *dtype_out, td_op *op_out) {
   if (!t->grads_half) {
     *dtype_out = TD_F32;
+    *op_out = TD_AVG;
     return t->grads + lo;
   }
   *dtype_out = t->cfg.precision.comm_dtype;
+  *op_out = TD_SUM;
   narrow(t->grads_half + lo, t->grads + lo, hi - lo, *dtype_out);
   return t->grads_half + lo;
 }
 
 void td_precision_after_sync(td_trainer *t) {
-  if (t->grads_half) widen(t->grads, t->grads_half, t->n_params, t->cfg.precision.comm_dtype);
+  if (t->grads_half) widen(t->grads, t->grads_half, t->n_params, t->cfg.precision.comm_dtype, 1.0f / (float)t->world);
 }
 
 td_status td_precision_check_overflow(td_trainer *t, int *overflow_out) {
