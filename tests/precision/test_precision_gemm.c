@@ -1,8 +1,8 @@
 /* Half-precision matrix products (src/nn/matmul_bf16.c, nn_gemm_lowp) at
  * every CPU level this machine runs, against double-precision references.
  *
- * The reference rounds each operand to bf16 (bits, written here) or f16
- * (the compiler's _Float16), multiplies and sums in double. The kernel
+ * The reference rounds each operand to bf16 (bits) or f16 (arithmetic), both
+ * written here, multiplies and sums in double. The kernel
  * accumulates in f32, whose rounding errors grow like sqrt(K) in practice
  * (the worst case, K, would be too loose to see anything): the allowed error
  * is |C - ref| <= 2^-20 sqrt(K + 2) sum_k |a_k b_k| + 1e-30. A kernel that
@@ -30,8 +30,19 @@ static float uniform(void) {
   return (float)((double)(rng >> 11) / 9007199254740992.0 * 2.0 - 1.0);
 }
 
+/* f16 nearest-even by arithmetic: the quantum is 2^(e - 11) for |x| in
+ * [2^(e-1), 2^e), never below the subnormal step 2^-24; past 65520: inf */
+static double round_f16(double x) {
+  if (x == 0) return x;
+  int e;
+  frexp(x, &e);
+  double q = ldexp(1.0, (e - 11 < -24) ? -24 : e - 11);
+  double r = nearbyint(x / q) * q;
+  return fabs(r) >= 65520.0 ? copysign(INFINITY, x) : r;
+}
+
 static double ref_round(float x, td_dtype dtype) {
-  if (dtype == TD_F16) return (double)(float)(_Float16)x;
+  if (dtype == TD_F16) return round_f16(x);
   uint32_t u;
   memcpy(&u, &x, 4);
   u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u; /* nearest even (no NaN here) */
