@@ -110,7 +110,7 @@ static td_status parse_half(const cJSON *obj, const char *source, const char *wh
   const cJSON *item;
   cJSON_ArrayForEach(item, obj) {
     const char *k = item->string;
-    double v;
+    double v = 0;
     if (!known(k, keys, n_keys)) return unknown_key(source, where, k, keys, n_keys);
     if (strcmp(k, "enabled") == 0) {
       TD_CHECK(get_bool(source, where, item, &enabled));
@@ -163,10 +163,10 @@ static td_status parse_checkpointing(const cJSON *obj, const char *source, td_tr
       if (!cJSON_IsNull(item) && !cJSON_IsNumber(item))
         return td_error(TD_ERR_INVALID_ARGUMENT, "%s: %s.number_checkpoints must be a number or null", source, where);
     } else if (strcmp(k, "contiguous_memory_optimization") == 0) {
-      int on;
+      int on = 0;
       TD_CHECK(get_bool(source, where, item, &on)); /* the kept block inputs are one buffer either way */
     } else {
-      int on;
+      int on = 0;
       TD_CHECK(get_bool(source, where, item, &on));
       if (on)
         return td_error(TD_ERR_INVALID_ARGUMENT,
