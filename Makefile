@@ -69,14 +69,16 @@ LDLIBS  := $(OPT_LIBS) -lm -lpthread $(LDSAN)
 # -DTD_LEVEL=<level> (their functions get a _<level> suffix: nn_kernels.h),
 # and chosen at run time (kernels.c). Nothing else is compiled with more
 # than ARCH: tests/base/check_levels.sh checks the objects for that.
-KERNEL_SRCS := src/nn/matmul.c src/nn/layers.c src/nn/kernels_level.c src/base/reduce.c src/base/reduce_level.c
-LEVELS      := generic avx2 avx512
+KERNEL_SRCS := src/nn/matmul.c src/nn/matmul_bf16.c src/nn/layers.c src/nn/kernels_level.c src/base/reduce.c src/base/reduce_level.c
+LEVELS      := generic avx2 avx512 avx512bf16
 # (-Wno-psabi: the kernels' 16-lane vectors are wider than a register below
 # AVX-512; gcc warns about their argument ABI when it clones a static helper,
 # but static functions never cross an ABI boundary.)
 LEVEL_FLAGS_generic := -Wno-psabi
 LEVEL_FLAGS_avx2    := -mavx2 -mfma -mf16c -Wno-psabi
 LEVEL_FLAGS_avx512  := -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512dq -mavx512vl
+# avx512 plus vdpbf16ps / vcvtne2ps2bf16 (src/nn/matmul_bf16.c)
+LEVEL_FLAGS_avx512bf16 := $(LEVEL_FLAGS_avx512) -mavx512bf16
 LIB_SRCS   := $(filter-out $(KERNEL_SRCS),$(sort $(shell find src -name '*.c')))
 TOOL_SRCS  := $(sort $(wildcard tools/*.c examples/*.c))
 TEST_SRCS  := $(sort $(shell find tests -name 'test_*.c'))

@@ -19,6 +19,8 @@
 #include "app_common.h"
 #include "app_elastic.h"
 
+#include <sys/resource.h>
+
 #define GPT_DEFAULT_STEPS 800
 #define GPT_DEFAULT_SAMPLE 200
 
@@ -42,6 +44,9 @@ static void usage(void) {
       "  --seq T            sequence length in bytes (default 128)\n"
       "  --lr LR            peak learning rate (default 3e-4)\n"
       "  --threads N        compute threads per rank (default: cores / ranks on the host)\n"
+      "  --bf16             bf16 mixed precision (f32 master weights; as \"bf16\": {\"enabled\": true})\n"
+      "  --fp16             fp16 mixed precision with dynamic loss scaling (as \"fp16\": {\"enabled\": true})\n"
+      "  --activation-checkpointing  keep only each block's input; recompute the rest in backward\n"
       "  --metrics FILE     write one JSON object per step to FILE (rank 0)\n"
       "  --save DIR         write a checkpoint to DIR at the end (and every --save-every steps)\n"
       "  --save-every N     checkpoint period in steps (needs --save)\n"
@@ -64,6 +69,7 @@ typedef struct gpt_options {
   long grad_accum; /* -1: not given */
   long save_every; /* -1: not given */
   long sample;
+  int activation_checkpointing; /* --activation-checkpointing */
   int elastic; /* --elastic, or started by tandemrun --min-np/--max-np */
   td_gpt_config model;
 } gpt_options;
@@ -73,6 +79,7 @@ static void parse_args(int argc, char **argv, gpt_options *o) {
   o->data_path = TD_DEFAULT_TEXT_PATH;
   o->steps = o->grad_accum = o->save_every = -1;
   o->sample = GPT_DEFAULT_SAMPLE;
+  o->activation_checkpointing = 0;
   o->elastic = 0;
   o->model = (td_gpt_config){.vocab = 256, .layers = 4, .channels = 256, .heads = 4, .seq = 128};
   for (int i = 1; i < argc; i++) {
@@ -81,6 +88,7 @@ static void parse_args(int argc, char **argv, gpt_options *o) {
       usage();
       exit(0);
     } else if (app_common_flag(argc, argv, &i, &o->common)) continue;
+    else if (!strcmp(argv[i], "--activation-checkpointing")) o->activation_checkpointing = 1;
     else if (!strcmp(argv[i], "--elastic")) o->elastic = 1;
     else if ((v = app_flag_value(argc, argv, &i, "--data"))) o->data_path = v;
     else if ((v = app_flag_value(argc, argv, &i, "--save-every"))) o->save_every = app_parse_long("--save-every", v, 1, 1L << 40);
@@ -111,6 +119,7 @@ static void build_config(const gpt_options *o, int world, td_train_config *cfg) 
   if (o->steps > 0) cfg->steps = o->steps;
   if (o->grad_accum > 0) cfg->grad_accum = (int)o->grad_accum;
   if (o->save_every > 0) cfg->checkpoint_every = o->save_every;
+  if (o->activation_checkpointing) cfg->activation_checkpointing = 1;
   if (cfg->checkpoint_every > 0 && !cfg->checkpoint_dir[0])
     app_usage_error("--save-every needs a directory: --save DIR (or checkpoint.save_dir in the config)");
   /* The reference micro-batch applies only when nothing fixes the batch. */
@@ -228,6 +237,12 @@ int main(int argc, char **argv) {
            app_name, run.steps_this_run > 0 ? run.last.loss : NAN, app_throughput(&run),
            td_trainer_step_count(run.trainer), run.world, td_trainer_n_params(run.trainer), rc->train_batch_size,
            rc->micro_batch, rc->grad_accum, opt.model.seq, td_trainer_threads(run.trainer), train_s);
+    /* memory and precision, for bench/precision.sh: activations as the model sized them, peak RSS of rank 0 */
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    printf("%s: precision=%s activation_checkpointing=%d activation_mib=%.1f max_rss_mib=%.1f\n", app_name,
+           rc->precision.compute == TD_F32 ? "fp32" : rc->precision.compute == TD_BF16 ? "bf16" : "fp16",
+           rc->activation_checkpointing, (double)model->activation_bytes / 1048576.0, ru.ru_maxrss / 1024.0);
     if (text) {
       printf("sample (temperature 0.8, %ld bytes after the prompt):\n", opt.sample);
       print_sample(text, (int)opt.sample + n_prompt);

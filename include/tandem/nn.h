@@ -55,6 +55,11 @@ typedef struct td_model_ops {
    * out (int32, (B) or (B,T)). May be NULL for models without it. */
   void (*predict)(td_model *model, int32_t *out);
   void (*destroy)(td_model *model);
+  /* Optional (NULL: not supported). on = 1: forward keeps only each
+   * transformer block's input and backward recomputes the block before
+   * differentiating it (activation checkpointing; the same results, bit for
+   * bit); 0: forward keeps everything. Takes effect at the next prepare. */
+  td_status (*set_activation_checkpointing)(td_model *model, int on);
 } td_model_ops;
 
 struct td_model {
@@ -71,6 +76,7 @@ struct td_model {
    * (the tensor table alone misses shape-preserving changes such as the
    * number of heads). NULL: not recorded. */
   const char *config;
+  size_t activation_bytes; /* activation memory the last prepare allocated (0: not reported) */
 };
 
 /* Fill the parameter arena with the model's initial values, deterministically
@@ -153,6 +159,16 @@ void td_dataset_destroy(td_dataset *ds); /* accepts NULL */
  * rank cores/ranks). No effect without OpenBLAS. Call before compute, from one
  * thread. */
 void td_nn_set_threads(int n_threads);
+/* The precision of the linear layers' matrix products on the calling
+ * thread (mixed precision, src/train/precision/): TD_F32 (the default),
+ * TD_BF16 or TD_F16. With a half type, each product rounds its operands
+ * (activations, weights, output gradients) to that type and accumulates in
+ * f32; everything else (layer norm, softmax, attention, loss, gradients'
+ * accumulation) stays f32. bf16 runs on vdpbf16ps at TANDEM_CPU=avx512bf16,
+ * on rounded f32 products elsewhere. Thread-local: set it on the thread that
+ * runs forward and backward. TD_ERR_INVALID_ARGUMENT for other types. */
+td_status td_nn_set_compute_dtype(td_dtype dtype);
+td_dtype td_nn_compute_dtype(void);
 /* "openblas" or "portable": which matmul the library was built with. */
 const char *td_nn_matmul_backend(void);
 

@@ -70,6 +70,24 @@ typedef struct td_schedule_config {
   float min_ratio;          /* lr at the end of the decay, as a fraction of the peak lr */
 } td_schedule_config;
 
+/* Mixed precision (src/train/precision/; ds_config's "bf16", "fp16" and
+ * "communication_data_type"). The master weights and the optimizer stay
+ * f32; the linear layers' products round their operands to `compute` and
+ * accumulate in f32 (td_nn_set_compute_dtype); layer norm, softmax,
+ * attention, the loss and the optimizer are f32. fp16 scales the loss
+ * (dynamic unless loss_scale > 0): a step whose gradients hold an inf or NaN
+ * on any rank is skipped on every rank, and the scale shrinks (DeepSpeed's
+ * DynamicLossScaler). */
+typedef struct td_precision_config {
+  td_dtype compute;        /* TD_F32 (default), TD_BF16 ("bf16": {"enabled": true}) or TD_F16 ("fp16") */
+  td_dtype comm_dtype;     /* gradients on the wire: TD_F32 (default) or TD_BF16 / TD_F16 (summed in f32) */
+  float loss_scale;        /* fp16: a fixed scale, or 0 for dynamic scaling (default) */
+  int initial_scale_power; /* fp16 dynamic: the first scale is 2^this (default 16) */
+  int loss_scale_window;   /* fp16 dynamic: clean steps before the scale doubles (default 1000) */
+  int hysteresis;          /* fp16 dynamic: overflows in a row before the scale halves (default 2) */
+  float min_loss_scale;    /* fp16 dynamic: the scale never goes below this (default 1) */
+} td_precision_config;
+
 /* Batch sizes: any of train_batch_size, micro_batch and grad_accum may be left
  * 0 ("derive it"); td_train_config_resolve fills them in from the world size
  * (as DeepSpeed does) and refuses inconsistent combinations. Zero-initializing
@@ -92,6 +110,8 @@ typedef struct td_train_config {
   long checkpoint_every;     /* steps between automatic checkpoints (0: never) */
   int keep_last;             /* after each successful save, keep only this many newest checkpoints in the
                               * directory, always including the one `latest` names (0: keep all) */
+  td_precision_config precision; /* bf16 / fp16 mixed precision (default f32) */
+  int activation_checkpointing;  /* 1: models keep only each block's input and recompute the rest in backward */
 } td_train_config;
 
 /* Defaults: AdamW lr 3e-4, betas (0.9, 0.999), eps 1e-8, weight decay 0;
@@ -165,6 +185,8 @@ typedef struct td_step_stats {
   int n_buckets;      /* gradient buckets reduced in this step */
   size_t comm_bytes;  /* bytes of gradient this rank reduced in this step */
   int saved;          /* 1 if td_trainer_step wrote a checkpoint after this step */
+  int skipped;        /* 1 if fp16 gradients overflowed on some rank and every rank skipped the update */
+  double loss_scale;  /* fp16: the loss scale after this step (1 otherwise) */
 } td_step_stats;
 
 /* Create a trainer. Collective over comm (broadcasts the parameters from rank

@@ -97,16 +97,25 @@ void td_futex_wake(_Atomic uint32_t *word, int n_waiters, bool shared);
  * The library is compiled for baseline x86-64; the kernels in the Makefile's
  * KERNEL_SRCS are compiled once per level and chosen at run time. The level
  * is decided once per process, on first use: the highest the CPU and its OS
- * support (cpuid and XCR0), or TANDEM_CPU=generic|avx2|avx512|auto. A
+ * support (cpuid and XCR0), or TANDEM_CPU=generic|avx2|avx512|avx512bf16|auto. A
  * TANDEM_CPU naming an unknown level or one this CPU lacks is refused:
  * td_cpu_check returns TD_ERR_INVALID_ARGUMENT with the reason (the calls
  * that create models and communicators return it), and td_cpu_active is
  * then generic, so that no kernel ever runs an instruction the CPU lacks. */
-typedef enum td_cpu_level { TD_CPU_GENERIC = 0, TD_CPU_AVX2 = 1, TD_CPU_AVX512 = 2, TD_CPU_LEVELS = 3 } td_cpu_level;
+/* avx512bf16: avx512 plus AVX512-BF16 (vdpbf16ps), which only the bf16
+ * matrix products use (src/nn/matmul_bf16.c); below it they round to bf16
+ * and multiply in f32 (the same products, slower). */
+typedef enum td_cpu_level {
+  TD_CPU_GENERIC = 0,
+  TD_CPU_AVX2 = 1,
+  TD_CPU_AVX512 = 2,
+  TD_CPU_AVX512BF16 = 3,
+  TD_CPU_LEVELS = 4
+} td_cpu_level;
 td_cpu_level td_cpu_supported(void); /* the highest level this CPU and OS run */
 td_cpu_level td_cpu_active(void);    /* the level the kernels use; never above td_cpu_supported */
 td_status td_cpu_check(void);        /* TD_OK, or the error refusing TANDEM_CPU (td_last_error) */
-const char *td_cpu_level_name(td_cpu_level level); /* "generic", "avx2", "avx512" */
+const char *td_cpu_level_name(td_cpu_level level); /* "generic", "avx2", "avx512", "avx512bf16" */
 /* TANDEM_CPU's parser, separate for the tests: text NULL, empty or "auto"
  * gives `supported`; a level name gives that level unless it is above
  * `supported`; anything else is TD_ERR_INVALID_ARGUMENT with a message in err. */

@@ -42,14 +42,21 @@ static td_cpu_level detect(void) {
    * -mavx512vl (x86-64-v4's set); XCR0 bits 5-7: opmask, ZMM0-15 upper
    * halves, ZMM16-31 */
   bool v4 = (b & bit_AVX512F) && (b & bit_AVX512BW) && (b & bit_AVX512DQ) && (b & bit_AVX512VL);
-  if (v4 && (xcr0 & 0xe6) == 0xe6) return TD_CPU_AVX512;
-  return TD_CPU_AVX2;
+  if (!v4 || (xcr0 & 0xe6) != 0xe6) return TD_CPU_AVX2;
+  /* AVX512-BF16: cpuid leaf 7 sub-leaf 1, eax bit 5 (same register state) */
+  __cpuid_count(7, 0, a, b, c, d);
+  unsigned max_sub = a;
+  if (max_sub >= 1) {
+    __cpuid_count(7, 1, a, b, c, d);
+    if (a & (1u << 5)) return TD_CPU_AVX512BF16;
+  }
+  return TD_CPU_AVX512;
 }
 #else
 static td_cpu_level detect(void) { return TD_CPU_GENERIC; }
 #endif
 
-static const char *const level_names[TD_CPU_LEVELS] = {"generic", "avx2", "avx512"};
+static const char *const level_names[TD_CPU_LEVELS] = {"generic", "avx2", "avx512", "avx512bf16"};
 
 const char *td_cpu_level_name(td_cpu_level level) {
   return (unsigned)level < TD_CPU_LEVELS ? level_names[level] : "unknown";
@@ -66,13 +73,13 @@ td_status td_cpu_parse(const char *text, td_cpu_level supported, td_cpu_level *o
       snprintf(err, err_size,
                "TANDEM_CPU=%s: this CPU (or its operating system) does not support %s instructions; the highest "
                "level here is %s. Unset TANDEM_CPU or set it to generic%s",
-               text, level_names[l], level_names[supported], supported >= TD_CPU_AVX2 ? ", avx2" : "");
+               text, level_names[l], level_names[supported], supported >= TD_CPU_AVX512 ? ", avx2, avx512" : supported >= TD_CPU_AVX2 ? ", avx2" : "");
       return TD_ERR_INVALID_ARGUMENT;
     }
     *out = (td_cpu_level)l;
     return TD_OK;
   }
-  snprintf(err, err_size, "TANDEM_CPU=%s: not a CPU level; use auto (the default), generic, avx2 or avx512", text);
+  snprintf(err, err_size, "TANDEM_CPU=%s: not a CPU level; use auto (the default), generic, avx2, avx512 or avx512bf16", text);
   return TD_ERR_INVALID_ARGUMENT;
 }
 

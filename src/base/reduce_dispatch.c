@@ -4,7 +4,8 @@
 #include "reduce_kernels.h"
 
 static const td_reduce_kernels *const level_tables[TD_CPU_LEVELS] = {
-    &td_reduce_kernels_generic, &td_reduce_kernels_avx2, &td_reduce_kernels_avx512};
+    &td_reduce_kernels_generic, &td_reduce_kernels_avx2, &td_reduce_kernels_avx512,
+    &td_reduce_kernels_avx512bf16};
 static const td_reduce_kernels *active_table; /* NULL until the first call */
 
 const td_reduce_kernels *td_reduce_kernels_for(td_cpu_level level) {

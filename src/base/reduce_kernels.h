@@ -35,7 +35,8 @@ typedef struct td_reduce_kernels {
 } td_reduce_kernels;
 #undef TD_REDUCE_KERNEL_FIELD
 
-extern const td_reduce_kernels td_reduce_kernels_generic, td_reduce_kernels_avx2, td_reduce_kernels_avx512;
+extern const td_reduce_kernels td_reduce_kernels_generic, td_reduce_kernels_avx2, td_reduce_kernels_avx512,
+    td_reduce_kernels_avx512bf16;
 
 /* A level's table, whatever the CPU supports (calling a level the CPU lacks
  * faults): for the tests that compare levels in one process. */

@@ -15,7 +15,14 @@
  * Activation memory is sized by prepare() for a micro-batch; backward uses a
  * handful of scratch buffers reused across layers (the gradient of the
  * residual stream, one C-, one 3C- and one 4C-wide buffer) rather than one
- * gradient per activation, which keeps its memory traffic close to forward's. */
+ * gradient per activation, which keeps its memory traffic close to forward's.
+ *
+ * Activation checkpointing (set_activation_checkpointing): the per-layer
+ * buffers (ln1 .. fch_gelu) then exist for one layer only ("slot" 0), and
+ * forward keeps just each block's output res3, which is the next block's
+ * input. Backward recomputes block l from its input into the slot before
+ * differentiating it: the same kernels on the same inputs, so the same bits
+ * as without checkpointing, for one more forward of the blocks. */
 #include "nn_internal.h"
 
 #include <stdio.h>
@@ -27,6 +34,7 @@ enum { P_LN1W, P_LN1B, P_QKVW, P_QKVB, P_PROJW, P_PROJB, P_LN2W, P_LN2B, P_FCW, 
 
 typedef struct gpt_acts {
   int B, T; /* sized for */
+  int ckpt; /* 1: the per-layer buffers below hold one layer (activation checkpointing) */
   float *encoded;  /* (B, T, C) */
   float *ln1;      /* (L, B, T, C) */
   float *ln1_mean; /* (L, B, T) */
@@ -53,6 +61,7 @@ typedef struct gpt_acts {
   float *dlogits;  /* (B, T, V) */
   float *datt;     /* (T, T) */
   float *memory;   /* the one allocation all of the above point into */
+  size_t bytes;    /* of memory */
 } gpt_acts;
 
 typedef struct gpt_model {
@@ -69,6 +78,7 @@ typedef struct gpt_model {
   int32_t *targets_copy;
   int have_targets;
   char config_text[160]; /* td_model.config */
+  int ckpt;              /* activation checkpointing asked for (set_activation_checkpointing) */
 } gpt_model;
 
 static const td_model_ops gpt_ops;
@@ -96,9 +106,12 @@ static void nn_advise_huge_pages(void *ptr, size_t bytes) {
 #endif
 }
 
-static td_status acts_alloc(gpt_acts *a, const td_gpt_config *c, int B, int T) {
+static td_status acts_alloc(gpt_acts *a, const td_gpt_config *c, int B, int T, int ckpt) {
   acts_free(a);
-  size_t L = c->layers, C = c->channels, NH = c->heads, V = c->vocab;
+  /* L: layers of the buffers backward reads per layer; with checkpointing
+   * one slot, recomputed, and only res3 (the block outputs) for every layer */
+  size_t L = ckpt && c->layers > 0 ? 1 : (size_t)c->layers, C = c->channels, NH = c->heads, V = c->vocab;
+  size_t L_res = c->layers;
   size_t BT = (size_t)B * T;
   struct {
     float **ptr;
@@ -107,7 +120,7 @@ static td_status acts_alloc(gpt_acts *a, const td_gpt_config *c, int B, int T) {
       {&a->encoded, BT * C},     {&a->ln1, L * BT * C},       {&a->ln1_mean, L * BT},   {&a->ln1_rstd, L * BT},
       {&a->qkv, L * BT * 3 * C}, {&a->atty, L * BT * C},      {&a->att, L * B * NH * T * T},
       {&a->res2, L * BT * C},    {&a->ln2, L * BT * C},       {&a->ln2_mean, L * BT},   {&a->ln2_rstd, L * BT},
-      {&a->fch, L * BT * 4 * C}, {&a->fch_gelu, L * BT * 4 * C}, {&a->res3, L * BT * C}, {&a->lnf, BT * C},
+      {&a->fch, L * BT * 4 * C}, {&a->fch_gelu, L * BT * 4 * C}, {&a->res3, L_res * BT * C}, {&a->lnf, BT * C},
       {&a->lnf_mean, BT},        {&a->lnf_rstd, BT},          {&a->probs, BT * V},      {&a->dres, BT * C},
       {&a->dbuf_c, BT * C},      {&a->dbuf_3c, BT * 3 * C},   {&a->dbuf_4c, BT * 4 * C}, {&a->dlogits, BT * V},
       {&a->datt, (size_t)T * T},
@@ -126,14 +139,18 @@ static td_status acts_alloc(gpt_acts *a, const td_gpt_config *c, int B, int T) {
   }
   a->B = B;
   a->T = T;
+  a->ckpt = ckpt && c->layers > 0;
+  a->bytes = total * sizeof(float);
   return TD_OK;
 }
 
 static td_status gpt_prepare(td_model *model, int batch) {
   gpt_model *g = (gpt_model *)model;
   if (batch <= 0) return td_error(TD_ERR_INVALID_ARGUMENT, "gpt: micro-batch must be positive, got %d", batch);
-  if (g->acts.memory && g->acts.B == batch && g->acts.T == g->cfg.seq) return TD_OK;
-  TD_CHECK(acts_alloc(&g->acts, &g->cfg, batch, g->cfg.seq));
+  if (g->acts.memory && g->acts.B == batch && g->acts.T == g->cfg.seq && g->acts.ckpt == (g->ckpt && g->cfg.layers > 0))
+    return TD_OK;
+  TD_CHECK(acts_alloc(&g->acts, &g->cfg, batch, g->cfg.seq, g->ckpt));
+  g->base.activation_bytes = g->acts.bytes;
   free(g->tokens_copy);
   free(g->targets_copy);
   size_t n = (size_t)batch * g->cfg.seq;
@@ -143,35 +160,45 @@ static td_status gpt_prepare(td_model *model, int batch) {
   return TD_OK;
 }
 
+/* Block l's forward from its input `resid` (B, T, C) into the layer's
+ * buffers (slot 0 under checkpointing) and res3[l]. */
+static void block_forward(gpt_model *g, gpt_acts *a, const float *params, int l, const float *resid, int B, int T) {
+  const int C = g->cfg.channels, NH = g->cfg.heads;
+  const int BT = B * T;
+  /* layer-stride of activations: sized for a->T, used at T <= a->T */
+  const size_t sBT = (size_t)a->B * a->T;
+  const size_t s = a->ckpt ? 0 : (size_t)l; /* the slot of the per-layer buffers */
+#define W(which) (params + tensor_off(g, layer_idx(g, l, (which))))
+  float *ln1 = a->ln1 + s * sBT * C, *ln1_mean = a->ln1_mean + s * sBT, *ln1_rstd = a->ln1_rstd + s * sBT;
+  float *qkv = a->qkv + s * sBT * 3 * C, *atty = a->atty + s * sBT * C;
+  float *att = a->att + s * (size_t)a->B * NH * a->T * a->T;
+  float *res2 = a->res2 + s * sBT * C, *ln2 = a->ln2 + s * sBT * C;
+  float *ln2_mean = a->ln2_mean + s * sBT, *ln2_rstd = a->ln2_rstd + s * sBT;
+  float *fch = a->fch + s * sBT * 4 * C, *fch_gelu = a->fch_gelu + s * sBT * 4 * C;
+  float *res3 = a->res3 + (size_t)l * sBT * C;
+  td_layernorm_forward(ln1, ln1_mean, ln1_rstd, resid, W(P_LN1W), W(P_LN1B), BT, C);
+  td_linear_forward(qkv, ln1, W(P_QKVW), W(P_QKVB), BT, C, 3 * C);
+  td_attention_forward(atty, att, qkv, B, T, C, NH);
+  nn_linear_residual_forward(res2, resid, atty, W(P_PROJW), W(P_PROJB), BT, C, C);
+  td_layernorm_forward(ln2, ln2_mean, ln2_rstd, res2, W(P_LN2W), W(P_LN2B), BT, C);
+  nn_linear_gelu_forward(fch_gelu, fch, ln2, W(P_FCW), W(P_FCB), BT, C, 4 * C);
+  nn_linear_residual_forward(res3, res2, fch_gelu, W(P_FC2W), W(P_FC2B), BT, 4 * C, C);
+#undef W
+}
+
 /* The forward pass on B sequences of T <= seq tokens into `a`. Returns the
  * mean loss when targets are given, else 0 (probs then hold the softmax). */
 static float gpt_forward_impl(gpt_model *g, gpt_acts *a, const float *params, const int32_t *tokens,
                               const int32_t *targets, int B, int T) {
-  const int L = g->cfg.layers, C = g->cfg.channels, NH = g->cfg.heads, V = g->cfg.vocab;
+  const int L = g->cfg.layers, C = g->cfg.channels, V = g->cfg.vocab;
   const int BT = B * T;
-  /* layer-stride of activations: sized for a->T, used at T <= a->T */
   const size_t sBT = (size_t)a->B * a->T;
   const float *wte = params + tensor_off(g, g->idx_wte);
   td_embedding_forward(a->encoded, tokens, wte, params + tensor_off(g, g->idx_wpe), B, T, C);
   const float *resid = a->encoded; /* (B, T, C) */
   for (int l = 0; l < L; l++) {
-#define W(which) (params + tensor_off(g, layer_idx(g, l, (which))))
-    float *ln1 = a->ln1 + l * sBT * C, *ln1_mean = a->ln1_mean + l * sBT, *ln1_rstd = a->ln1_rstd + l * sBT;
-    float *qkv = a->qkv + l * sBT * 3 * C, *atty = a->atty + l * sBT * C;
-    float *att = a->att + l * (size_t)a->B * NH * a->T * a->T;
-    float *res2 = a->res2 + l * sBT * C, *ln2 = a->ln2 + l * sBT * C;
-    float *ln2_mean = a->ln2_mean + l * sBT, *ln2_rstd = a->ln2_rstd + l * sBT;
-    float *fch = a->fch + l * sBT * 4 * C, *fch_gelu = a->fch_gelu + l * sBT * 4 * C;
-    float *res3 = a->res3 + l * sBT * C;
-    td_layernorm_forward(ln1, ln1_mean, ln1_rstd, resid, W(P_LN1W), W(P_LN1B), BT, C);
-    td_linear_forward(qkv, ln1, W(P_QKVW), W(P_QKVB), BT, C, 3 * C);
-    td_attention_forward(atty, att, qkv, B, T, C, NH);
-    nn_linear_residual_forward(res2, resid, atty, W(P_PROJW), W(P_PROJB), BT, C, C);
-    td_layernorm_forward(ln2, ln2_mean, ln2_rstd, res2, W(P_LN2W), W(P_LN2B), BT, C);
-    nn_linear_gelu_forward(fch_gelu, fch, ln2, W(P_FCW), W(P_FCB), BT, C, 4 * C);
-    nn_linear_residual_forward(res3, res2, fch_gelu, W(P_FC2W), W(P_FC2B), BT, 4 * C, C);
-    resid = res3;
-#undef W
+    block_forward(g, a, params, l, resid, B, T);
+    resid = a->res3 + (size_t)l * sBT * C;
   }
   td_layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, resid, params + tensor_off(g, g->idx_lnfw),
                        params + tensor_off(g, g->idx_lnfb), BT, C);
@@ -242,12 +269,15 @@ static void gpt_backward(td_model *model, const float *params, float *grads, flo
 #define G(which) (grads + tensor_off(g, layer_idx(g, l, (which))))
 #define READY(which) report(ready, ctx, g, layer_idx(g, l, (which)))
     const float *resid = l > 0 ? a->res3 + (l - 1) * sBT * C : a->encoded; /* block input */
-    const float *ln1 = a->ln1 + l * sBT * C, *ln1_mean = a->ln1_mean + l * sBT, *ln1_rstd = a->ln1_rstd + l * sBT;
-    const float *qkv = a->qkv + l * sBT * 3 * C, *atty = a->atty + l * sBT * C;
-    const float *att = a->att + l * (size_t)a->B * NH * a->T * a->T;
-    const float *res2 = a->res2 + l * sBT * C, *ln2 = a->ln2 + l * sBT * C;
-    const float *ln2_mean = a->ln2_mean + l * sBT, *ln2_rstd = a->ln2_rstd + l * sBT;
-    const float *fch = a->fch + l * sBT * 4 * C, *fch_gelu = a->fch_gelu + l * sBT * 4 * C;
+    /* checkpointing: recompute the block's activations into slot 0 */
+    if (a->ckpt) block_forward(g, a, params, l, resid, B, T);
+    const size_t s = a->ckpt ? 0 : (size_t)l;
+    const float *ln1 = a->ln1 + s * sBT * C, *ln1_mean = a->ln1_mean + s * sBT, *ln1_rstd = a->ln1_rstd + s * sBT;
+    const float *qkv = a->qkv + s * sBT * 3 * C, *atty = a->atty + s * sBT * C;
+    const float *att = a->att + s * (size_t)a->B * NH * a->T * a->T;
+    const float *res2 = a->res2 + s * sBT * C, *ln2 = a->ln2 + s * sBT * C;
+    const float *ln2_mean = a->ln2_mean + s * sBT, *ln2_rstd = a->ln2_rstd + s * sBT;
+    const float *fch = a->fch + s * sBT * 4 * C, *fch_gelu = a->fch_gelu + s * sBT * 4 * C;
     /* MLP: res3 = res2 + fc2(gelu(fc(ln2(res2)))); dres holds d res3 */
     /* dbuf_4c = d fc output: fc2's input gradient times gelu' (fch) */
     nn_linear_backward_set_gelu(a->dbuf_4c, G(P_FC2W), G(P_FC2B), a->dres, fch_gelu, W(P_FC2W), fch, BT, 4 * C, C);
@@ -305,7 +335,13 @@ static void gpt_destroy(td_model *model) {
   free(g);
 }
 
+static td_status gpt_set_activation_checkpointing(td_model *model, int on) {
+  ((gpt_model *)model)->ckpt = on != 0;
+  return TD_OK;
+}
+
 static const td_model_ops gpt_ops = {
+    .set_activation_checkpointing = gpt_set_activation_checkpointing,
     .prepare = gpt_prepare,
     .forward = gpt_forward,
     .backward = gpt_backward,
@@ -430,7 +466,7 @@ td_status td_gpt_generate(td_model *model, const float *params, const int32_t *p
       return td_error(TD_ERR_INVALID_ARGUMENT, "td_gpt_generate: prompt token %d at %d is outside [0, %d)",
                       prompt[i], i, V);
   gpt_acts a = {0};
-  TD_CHECK(acts_alloc(&a, &g->cfg, 1, T));
+  TD_CHECK(acts_alloc(&a, &g->cfg, 1, T, 0));
   int32_t *ctx = malloc((size_t)(n_prompt + n + 1) * sizeof(int32_t));
   if (!ctx) {
     acts_free(&a);

@@ -25,6 +25,19 @@ void td_nn_set_threads(int n_threads) {
 #endif
 }
 
+/* td_nn_set_compute_dtype: per thread, because model replicas run on threads */
+static __thread td_dtype nn_compute = TD_F32;
+
+td_status td_nn_set_compute_dtype(td_dtype dtype) {
+  if (dtype != TD_F32 && dtype != TD_BF16 && dtype != TD_F16)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "td_nn_set_compute_dtype(%s): only f32, bf16 and f16 are compute types",
+                    td_dtype_name(dtype));
+  nn_compute = dtype;
+  return TD_OK;
+}
+
+td_dtype td_nn_compute_dtype(void) { return nn_compute; }
+
 int nn_matmul_threads(void) { return __atomic_load_n(&nn_threads, __ATOMIC_RELAXED); }
 
 const char *td_nn_matmul_backend(void) {
@@ -36,7 +49,7 @@ const char *td_nn_matmul_backend(void) {
 }
 
 static const nn_kernels *const level_tables[TD_CPU_LEVELS] = {&nn_kernels_generic, &nn_kernels_avx2,
-                                                              &nn_kernels_avx512};
+                                                              &nn_kernels_avx512, &nn_kernels_avx512bf16};
 static const nn_kernels *active_table; /* NULL until the first call */
 
 const nn_kernels *nn_kernels_for(td_cpu_level level) {
@@ -86,6 +99,11 @@ int nn_gemm_ep(int trans_b, int M, int N, int K, const float *A, int lda, const 
 int nn_gemm_tn(int M, int N, int K, const float *A, int lda, const float *B, int ldb, float *C, int ldc,
                float *colsum) {
   return kern()->k_nn_gemm_tn(M, N, K, A, lda, B, ldb, C, ldc, colsum);
+}
+
+int nn_gemm_lowp(td_dtype dtype, int trans_a, int trans_b, int M, int N, int K, const float *A, int lda,
+                 const float *B, int ldb, float beta, const float *bias, float *C, int ldc) {
+  return kern()->k_nn_gemm_lowp(dtype, trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, bias, C, ldc);
 }
 
 void td_linear_forward(float *out, const float *inp, const float *weight, const float *bias, int N, int IC, int OC) {

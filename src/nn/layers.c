@@ -11,10 +11,15 @@
 #include <float.h>
 #include <string.h>
 
-/* ---- linear ---- */
+/* ---- linear ----
+ * Under mixed precision (td_nn_set_compute_dtype) the products take the
+ * half-precision path (nn_gemm_lowp); the bias, residual, GELU and bias
+ * gradient stay f32 around them. */
 
 void td_linear_forward(float *out, const float *inp, const float *weight, const float *bias, int N, int IC, int OC) {
   /* out (N, OC) = inp (N, IC) @ weight^T (IC, OC) */
+  td_dtype lowp = td_nn_compute_dtype();
+  if (lowp != TD_F32 && nn_gemm_lowp(lowp, 0, 1, N, OC, IC, inp, IC, weight, IC, 0.0f, bias, out, OC)) return;
   if (nn_gemm(1, N, OC, IC, inp, IC, weight, IC, NULL, 0, bias, out, OC)) return;
   float beta = 0.0f;
   if (bias) {
@@ -26,6 +31,12 @@ void td_linear_forward(float *out, const float *inp, const float *weight, const 
 
 void nn_linear_residual_forward(float *out, const float *resid, const float *inp, const float *weight,
                                 const float *bias, int N, int IC, int OC) {
+  td_dtype lowp = td_nn_compute_dtype();
+  if (lowp != TD_F32) {
+    if (out != resid) memcpy(out, resid, (size_t)N * OC * sizeof(float));
+    if (nn_gemm_lowp(lowp, 0, 1, N, OC, IC, inp, IC, weight, IC, 1.0f, bias, out, OC)) return;
+    resid = out; /* (out of memory: the f32 path below, from the copy) */
+  }
   if (nn_gemm(1, N, OC, IC, inp, IC, weight, IC, resid, OC, bias, out, OC)) return;
   for (int n = 0; n < N; n++) {
     float *restrict o = out + (size_t)n * OC;
@@ -40,7 +51,9 @@ void nn_linear_residual_forward(float *out, const float *resid, const float *inp
 
 void nn_linear_gelu_forward(float *out, float *dgelu, const float *inp, const float *weight, const float *bias, int N,
                             int IC, int OC) {
-  if (nn_gemm_ep(1, N, OC, IC, inp, IC, weight, IC, NULL, 0, bias, out, OC, NN_GEMM_GELU, dgelu)) return;
+  if (td_nn_compute_dtype() == TD_F32 &&
+      nn_gemm_ep(1, N, OC, IC, inp, IC, weight, IC, NULL, 0, bias, out, OC, NN_GEMM_GELU, dgelu))
+    return;
   td_linear_forward(dgelu, inp, weight, bias, N, IC, OC);
   nn_gelu_forward_cache(out, dgelu, dgelu, (size_t)N * OC);
 }
@@ -48,6 +61,15 @@ void nn_linear_gelu_forward(float *out, float *dgelu, const float *inp, const fl
 /* dgelu: unless NULL, dinp (beta_dinp 0 only) is multiplied by it (a GELU's backward). */
 static void linear_backward(float *dinp, float beta_dinp, float *dweight, float *dbias, const float *dout,
                             const float *inp, const float *weight, const float *dgelu, int N, int IC, int OC) {
+  /* under mixed precision the two products are half-precision (each falls
+   * back to f32 only when out of memory for its scratch) */
+  td_dtype lowp = td_nn_compute_dtype();
+  if (lowp != TD_F32 && dinp && nn_gemm_lowp(lowp, 0, 0, N, IC, OC, dout, OC, weight, IC, beta_dinp, NULL, dinp, IC)) {
+    if (dgelu) nn_gelu_backward_cached(dinp, dgelu, dinp, (size_t)N * IC);
+    dinp = NULL; /* done */
+  }
+  if (lowp != TD_F32 && dweight && nn_gemm_lowp(lowp, 1, 0, OC, IC, N, dout, OC, inp, IC, 1.0f, NULL, dweight, IC))
+    dweight = NULL; /* done; the bias gradient is summed below */
   /* dinp (N, IC) = dout (N, OC) @ weight (OC, IC) */
   if (dinp && !nn_gemm_ep(0, N, IC, OC, dout, OC, weight, IC, beta_dinp != 0.0f ? dinp : NULL, IC, NULL, dinp, IC,
                           dgelu ? NN_GEMM_MUL : NN_GEMM_PLAIN, (float *)dgelu)) {

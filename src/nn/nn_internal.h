@@ -215,6 +215,12 @@ float nn_exp_shift_sum(float *x, int n, float shift);
 
 /* td_nn_set_threads's value (kernels.c: one per process, not per level). */
 int nn_matmul_threads(void);
+/* C (M, N) = beta C + op(A) op(B) + bias, op(A) (M, K), op(B) (K, N), every
+ * element of both rounded to `dtype` (TD_BF16 or TD_F16) and the products
+ * accumulated in f32 (matmul_bf16.c); bias (N) may be NULL; beta 0 does not
+ * read C. Returns 0, computing nothing, for another dtype or out of memory. */
+int nn_gemm_lowp(td_dtype dtype, int trans_a, int trans_b, int M, int N, int K, const float *A, int lda,
+                 const float *B, int ldb, float beta, const float *bias, float *C, int ldc);
 
 /* The portable matmul, also used when OpenBLAS is present by the tests that
  * check it against OpenBLAS. Same contract as td_sgemm. */

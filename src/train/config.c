@@ -25,6 +25,7 @@ void td_train_config_defaults(td_train_config *cfg) {
   cfg->bucket_bytes = 25u << 20;
   cfg->first_bucket_bytes = 1u << 20;
   cfg->steps_per_print = 10;
+  td_precision_config_defaults(&cfg->precision);
 }
 
 /* ---- batch sizes and ranges ---- */
@@ -146,6 +147,7 @@ td_status td_train_config_resolve(td_train_config *cfg, int world) {
     return td_error(TD_ERR_INVALID_ARGUMENT, "checkpoint save_every %ld: must be >= 0", cfg->checkpoint_every);
   if (cfg->steps_per_print < 0)
     return td_error(TD_ERR_INVALID_ARGUMENT, "steps_per_print %d: must be >= 0", cfg->steps_per_print);
+  TD_CHECK(td_precision_config_check(cfg));
   return TD_OK;
 }
 
@@ -489,7 +491,7 @@ static td_status parse_root(parse_ctx *pc, const cJSON *root) {
       "train_batch_size", "train_micro_batch_size_per_gpu", "train_micro_batch_size_per_rank",
       "gradient_accumulation_steps", "train_steps", "seed", "gradient_clipping", "steps_per_print",
       "threads_per_rank", "bucket_bytes", "first_bucket_bytes", "optimizer", "scheduler", "checkpoint",
-      "fp16", "bf16", "zero_optimization"};
+      "fp16", "bf16", "zero_optimization", "communication_data_type", "activation_checkpointing"};
   if (!cJSON_IsObject(root))
     return td_error(TD_ERR_INVALID_ARGUMENT, "%s: the config must be a JSON object ({ ... })", pc->source);
   TD_CHECK(check_keys(pc, root, "", keys, (int)TD_ARRAY_SIZE(keys)));
@@ -538,7 +540,10 @@ static td_status parse_root(parse_ctx *pc, const cJSON *root) {
       TD_CHECK(parse_scheduler(pc, item));
     } else if (strcmp(k, "checkpoint") == 0) {
       TD_CHECK(parse_checkpoint(pc, item));
-    } else if (strcmp(k, "fp16") == 0 || strcmp(k, "bf16") == 0 || strcmp(k, "zero_optimization") == 0) {
+    } else if (strcmp(k, "fp16") == 0 || strcmp(k, "bf16") == 0 || strcmp(k, "communication_data_type") == 0 ||
+               strcmp(k, "activation_checkpointing") == 0) {
+      TD_CHECK(td_precision_parse_json(item, pc->source, cfg)); /* src/train/precision/precision_config.c */
+    } else if (strcmp(k, "zero_optimization") == 0) {
       TD_CHECK(parse_unsupported(pc, item));
     }
   }

@@ -61,7 +61,44 @@ const char *td_optimizer_name(td_optimizer_kind kind);
 /* ---- CRC-32 (the zlib / IEEE 802.3 polynomial) ---- */
 uint32_t td_crc32(uint32_t crc, const void *data, size_t n);
 
+/* DeepSpeed's DynamicLossScaler, for fp16 (also a fixed scale). */
+typedef struct td_loss_scaler {
+  double scale;           /* the current loss scale (1 when not fp16) */
+  int dynamic;            /* 0: a fixed scale, never changed */
+  long iter;              /* steps seen by the scaler (skipped ones included) */
+  long last_overflow_iter; /* -1: none yet */
+  int hysteresis_left;    /* overflows still tolerated before the next halving */
+  long skipped;           /* steps skipped for overflow, in all */
+} td_loss_scaler;
+void td_loss_scaler_init(td_loss_scaler *s, const td_precision_config *p);
+/* Record one step's agreed outcome; returns the scale before the update. */
+double td_loss_scaler_update(td_loss_scaler *s, const td_precision_config *p, int overflow);
+
 /* ---- checkpoints: src/train/checkpoint/ckpt.h ---- */
+
+/* ---- mixed precision and activation checkpointing (src/train/precision/) ---- */
+void td_precision_config_defaults(td_precision_config *p);
+/* One of the config's "fp16", "bf16", "communication_data_type" or
+ * "activation_checkpointing" items (a cJSON *) into cfg. */
+td_status td_precision_parse_json(const void *item, const char *source, td_train_config *cfg);
+/* Checks of td_train_config_resolve: types, ranges, fp16 and bf16 not both. */
+td_status td_precision_config_check(const td_train_config *cfg);
+
+
+/* The trainer's hooks (precision.c). init: scaler, checkpointing switch on
+ * the model, the half-precision gradient buffer (before the model's
+ * prepare). bucket_buffer: what a gradient bucket [lo, hi) is reduced in
+ * (the f32 arena, averaged, or its rounded half shadow, summed) and its
+ * dtype and op; after_sync
+ * widens the shadow back once every bucket is waited for. check_overflow:
+ * fp16 only, collective: 1 when any rank's gradients hold an inf or NaN. */
+td_status td_precision_trainer_init(td_trainer *t);
+void td_precision_trainer_free(td_trainer *t);
+void *td_precision_bucket_buffer(td_trainer *t, size_t lo, size_t hi, td_dtype *dtype_out, td_op *op_out);
+void td_precision_after_sync(td_trainer *t);
+td_status td_precision_check_overflow(td_trainer *t, int *overflow_out);
+void td_precision_on_overflow(td_trainer *t);   /* the scaler's update and the one log line (rank 0) */
+void td_precision_on_clean_step(td_trainer *t); /* the scaler's update */
 
 /* ---- the trainer ---- */
 struct td_trainer {
@@ -103,6 +140,11 @@ struct td_trainer {
    * creation): die at this file operation of each save on that rank. */
   long ckpt_fault_at;
   int ckpt_fault_rank;
+
+  /* mixed precision (src/train/precision/precision.c) */
+  td_loss_scaler scaler;
+  uint16_t *grads_half; /* communication_data_type bf16/fp16: the gradients on the wire (n_params), else NULL */
+  long inject_inf_step; /* test hook TANDEM_FP16_INJECT_INF: step whose gradients get an inf here (-1: none) */
 
   td_train_trace_fn trace; /* optional phase tracing */
   void *trace_ctx;

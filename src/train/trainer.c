@@ -182,6 +182,7 @@ td_status td_trainer_create(const td_train_config *cfg_in, td_model *model, td_d
     goto fail;
   }
   TD_CHECK_GOTO(td_sampler_init(&t->sampler, dataset->n_samples, t->cfg.seed), st, fail);
+  TD_CHECK_GOTO(td_precision_trainer_init(t), st, fail); /* before prepare: checkpointing sizes activations */
   st = model->ops->prepare(model, t->cfg.micro_batch);
   if (st != TD_OK) goto fail;
   t->prepared_batch = t->cfg.micro_batch;
@@ -221,6 +222,7 @@ void td_trainer_destroy(td_trainer *t) {
   td_free(t->targets);
   free(t->tensor_ready);
   td_sampler_free(&t->sampler);
+  td_precision_trainer_free(t);
   free(t);
 }
 
@@ -242,14 +244,17 @@ static td_status push_request(td_trainer *t, td_request *req) {
 static void bucket_launch(td_trainer *t, size_t lo, size_t hi) {
   if (hi <= lo || t->bucket_status != TD_OK) return;
   td_request *req = NULL;
-  td_status st = td_iallreduce(t->grads + lo, t->grads + lo, hi - lo, TD_F32, TD_AVG, t->comm, &req);
+  td_dtype dtype;
+  td_op op;
+  void *buf = td_precision_bucket_buffer(t, lo, hi, &dtype, &op); /* the arena, or its half-precision shadow */
+  td_status st = td_iallreduce(buf, buf, hi - lo, dtype, op, t->comm, &req);
   if (st != TD_OK) {
     t->bucket_status = td_error(st, "rank %d: launching a gradient bucket of %zu floats failed: %s", t->rank, hi - lo,
                                 td_comm_last_error(t->comm));
     return;
   }
   t->bucket_status = push_request(t, req);
-  t->comm_bytes += (hi - lo) * sizeof(float);
+  t->comm_bytes += (hi - lo) * td_dtype_size(dtype);
   t->next_bucket = t->cfg.bucket_bytes / sizeof(float);
 }
 
@@ -348,8 +353,20 @@ static td_status forward_micro_batch(td_trainer *t, const char *where, int batch
   return TD_OK;
 }
 
+static td_status trainer_step(td_trainer *t, td_step_stats *stats);
+
+/* The step runs with the thread's compute type set to the config's
+ * (mixed precision: the linear layers' products in bf16/fp16). */
 td_status td_trainer_step(td_trainer *t, td_step_stats *stats) {
   if (!t) return td_error(TD_ERR_INVALID_ARGUMENT, "td_trainer_step: null trainer");
+  td_dtype saved = td_nn_compute_dtype();
+  td_nn_set_compute_dtype(t->cfg.precision.compute);
+  td_status st = trainer_step(t, stats);
+  td_nn_set_compute_dtype(saved);
+  return st;
+}
+
+static td_status trainer_step(td_trainer *t, td_step_stats *stats) {
   const td_model *m = t->model;
   const int accum = t->cfg.grad_accum;
   const int distributed = t->comm && t->world > 1;
@@ -389,7 +406,7 @@ td_status td_trainer_step(td_trainer *t, td_step_stats *stats) {
     loss_sum += loss;
     /* The last micro-step's backward launches the buckets: it waits for the agreement. */
     if (local == TD_OK && micro < accum - 1)
-      m->ops->backward(t->model, t->params, t->grads, 1.0f / (float)accum, NULL, NULL);
+      m->ops->backward(t->model, t->params, t->grads, (float)(t->scaler.scale / accum), NULL, NULL);
   }
   double loss = loss_sum / accum;
 
@@ -428,7 +445,8 @@ td_status td_trainer_step(td_trainer *t, td_step_stats *stats) {
     t->bucket_status = TD_OK;
     t->n_requests = 0;
   }
-  m->ops->backward(t->model, t->params, t->grads, 1.0f / (float)accum, sync ? on_grad_ready : NULL, sync ? t : NULL);
+  m->ops->backward(t->model, t->params, t->grads, (float)(t->scaler.scale / accum), sync ? on_grad_ready : NULL,
+                   sync ? t : NULL);
   if (sync) {
     /* Whatever backward did not report (or a tensor reported out of order)
      * goes in one last bucket. */
@@ -440,23 +458,42 @@ td_status td_trainer_step(td_trainer *t, td_step_stats *stats) {
     /* The message is the launch failure's, or the wait's if that came later. */
     if (t->bucket_status != TD_OK) return t->bucket_status;
     if (wst != TD_OK) return wst;
+    td_precision_after_sync(t);
+  }
+
+  /* fp16: an inf or NaN in any rank's gradients skips the step everywhere */
+  int overflow = 0;
+  TD_CHECK(td_precision_check_overflow(t, &overflow));
+  if (overflow) {
+    td_precision_on_overflow(t);
+    t->step++;
+    t->consumed += (uint64_t)t->cfg.train_batch_size;
   }
 
   /* Every rank holds the same averaged gradient, so the norm, the clip and
    * the update agree without further communication. */
   double opt0 = td_now();
-  double norm = td_l2_norm(t->grads, t->n_params);
-  float scale = td_clip_scale(norm, t->cfg.grad_clip);
-  float lr = td_train_lr_at(&t->cfg, t->step);
-  const td_optimizer_config *o = &t->cfg.optimizer;
-  if (o->kind == TD_OPTIMIZER_ADAMW)
-    td_adamw_update(t->params, t->grads, t->states[0], t->states[1], t->n_params, lr, o->beta1, o->beta2, o->eps,
-                    o->weight_decay, t->step + 1, scale);
-  else
-    td_sgd_update(t->params, t->grads, t->states[0], t->n_params, lr, o->momentum, o->weight_decay, o->nesterov,
-                  scale);
-  t->step++;
-  t->consumed += (uint64_t)t->cfg.train_batch_size;
+  double norm = 0;
+  float scale = 1.0f, lr = td_train_lr_at(&t->cfg, t->step);
+  if (!overflow) {
+    /* the loss scale (fp16) divides out here, folded into the clip factor */
+    double loss_scale = t->scaler.scale;
+    norm = td_l2_norm(t->grads, t->n_params) / loss_scale;
+    scale = td_clip_scale(norm, t->cfg.grad_clip);
+    const td_optimizer_config *o = &t->cfg.optimizer;
+    float grad_scale = (float)(scale / loss_scale);
+    /* skipped steps (fp16 overflow) do not count in Adam's bias correction */
+    long adam_t = t->step + 1 - t->scaler.skipped;
+    if (o->kind == TD_OPTIMIZER_ADAMW)
+      td_adamw_update(t->params, t->grads, t->states[0], t->states[1], t->n_params, lr, o->beta1, o->beta2, o->eps,
+                      o->weight_decay, adam_t, grad_scale);
+    else
+      td_sgd_update(t->params, t->grads, t->states[0], t->n_params, lr, o->momentum, o->weight_decay, o->nesterov,
+                    grad_scale);
+    t->step++;
+    t->consumed += (uint64_t)t->cfg.train_batch_size;
+    td_precision_on_clean_step(t);
+  }
   trace(t, "optimizer", opt0);
 
   int saved = 0;
@@ -479,6 +516,8 @@ td_status td_trainer_step(td_trainer *t, td_step_stats *stats) {
     stats->n_buckets = n_buckets;
     stats->comm_bytes = t->comm_bytes;
     stats->saved = saved;
+    stats->skipped = overflow;
+    stats->loss_scale = t->scaler.scale;
   }
   return TD_OK;
 }
@@ -496,9 +535,21 @@ td_status td_trainer_checkpoint_if_due(td_trainer *t, int *saved) {
 
 /* ---- evaluation ---- */
 
+static td_status trainer_evaluate(td_trainer *t, td_dataset *ds, size_t max_samples, double *loss_out,
+                                  double *accuracy_out);
+
 td_status td_trainer_evaluate(td_trainer *t, td_dataset *ds, size_t max_samples, double *loss_out,
                               double *accuracy_out) {
   if (!t || !ds) return td_error(TD_ERR_INVALID_ARGUMENT, "td_trainer_evaluate: null trainer or dataset");
+  td_dtype saved = td_nn_compute_dtype();
+  td_nn_set_compute_dtype(t->cfg.precision.compute);
+  td_status st = trainer_evaluate(t, ds, max_samples, loss_out, accuracy_out);
+  td_nn_set_compute_dtype(saved);
+  return st;
+}
+
+static td_status trainer_evaluate(td_trainer *t, td_dataset *ds, size_t max_samples, double *loss_out,
+                                  double *accuracy_out) {
   td_model *m = t->model;
   if (ds->input_bytes != m->input_bytes || ds->targets_per_sample != m->targets_per_sample)
     return td_error(TD_ERR_INVALID_ARGUMENT,

@@ -16,7 +16,7 @@ B=${1:?usage: check_levels.sh BUILD_TREE}
 lib="$B/lib/libtandem.a"
 [ -f "$lib" ] || { echo "no $lib: build the tree first"; exit 1; }
 fail=0
-levels="generic avx2 avx512"
+levels="generic avx2 avx512 avx512bf16"
 tmp=$(mktemp -d /tmp/check_levels.$$.XXXX)
 trap 'rm -rf "$tmp"' EXIT
 
@@ -32,7 +32,7 @@ while read -r m ny nz; do
   case "$m" in
     *.generic.o) [ $((ny + nz)) -eq 0 ] || { echo "FAIL $m: $ny ymm + $nz zmm instructions at level generic"; fail=1; } ;;
     *.avx2.o) [ "$nz" -eq 0 ] || { echo "FAIL $m: $nz zmm instructions at level avx2"; fail=1; } ;;
-    *.avx512.o) ;;
+    *.avx512.o | *.avx512bf16.o) ;;
     *) [ $((ny + nz)) -eq 0 ] || { echo "FAIL $m: $ny ymm + $nz zmm instructions in an object built for baseline x86-64"; fail=1; }
        n_plain=$((n_plain + 1)); continue ;;
   esac

@@ -355,7 +355,7 @@ static void test_cpu_level(void) {
       CHECK_OK(td_cpu_parse(autos[i], (td_cpu_level)sup, &out, err, sizeof err));
       CHECK_EQ_INT(out, sup);
     }
-    const char *names[] = {"generic", "avx2", "avx512"};
+    const char *names[] = {"generic", "avx2", "avx512", "avx512bf16"};
     for (int l = 0; l < TD_CPU_LEVELS; l++) {
       err[0] = '\0';
       td_status st = td_cpu_parse(names[l], (td_cpu_level)sup, &out, err, sizeof err);
@@ -395,7 +395,8 @@ static void test_cpu_level(void) {
         int v3 = cpuinfo_has(line, "avx2") && cpuinfo_has(line, "fma") && cpuinfo_has(line, "f16c");
         int v4 = cpuinfo_has(line, "avx512f") && cpuinfo_has(line, "avx512bw") && cpuinfo_has(line, "avx512dq") &&
                  cpuinfo_has(line, "avx512vl");
-        expect = v3 && v4 ? TD_CPU_AVX512 : v3 ? TD_CPU_AVX2 : TD_CPU_GENERIC;
+        int bf16 = cpuinfo_has(line, "avx512_bf16");
+        expect = v3 && v4 && bf16 ? TD_CPU_AVX512BF16 : v3 && v4 ? TD_CPU_AVX512 : v3 ? TD_CPU_AVX2 : TD_CPU_GENERIC;
         break;
       }
     fclose(f);

@@ -125,8 +125,8 @@ static void test_config_errors(void) {
             "bucket_bytes must be a byte count such as 26214400 or \"25M\"");
   CHECK_MSG(parse("{\n  \"seed\": 1,\n  \"steps_per_print\" 5\n}", &c), TD_ERR_INVALID_ARGUMENT,
             "test.json:3:");
-  CHECK_MSG(parse("{\"fp16\": {\"enabled\": true}}", &c), TD_ERR_INVALID_ARGUMENT,
-            "fp16 is not supported yet (training is in fp32); remove it or set \"enabled\": false");
+  CHECK_OK(parse("{\"fp16\": {\"enabled\": true}}", &c)); /* mixed precision: tests/precision.suite */
+  CHECK(c.precision.compute == TD_F16);
   CHECK_MSG(parse("{\"zero_optimization\": {\"stage\": 2}}", &c), TD_ERR_INVALID_ARGUMENT,
             "zero_optimization is not supported yet");
   CHECK_OK(parse("{\"bf16\": {\"enabled\": false}, \"zero_optimization\": {\"stage\": 0}}", &c));

@@ -114,6 +114,12 @@ typedef struct td_ckpt_manifest {
   td_ckpt_file *files; /* (n_files) */
   int n_pieces;
   td_ckpt_piece *pieces; /* (n_pieces) sorted by (arena, lo) after parsing */
+  /* fp16's loss scaler (src/train/precision/; optional line "loss_scaler
+   * SCALE ITER LAST_OVERFLOW HYSTERESIS_LEFT SKIPPED") */
+  int has_scaler;
+  double scaler_scale;
+  long scaler_iter, scaler_last_overflow, scaler_skipped;
+  int scaler_hysteresis_left;
 } td_ckpt_manifest;
 
 /* Parse a manifest from `len` bytes at `data` (need not be NUL-terminated;

@@ -22,6 +22,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,6 +84,9 @@ char *td_ckpt_manifest_format(const td_ckpt_manifest *m) {
   emit(&b, "optimizer %s\n", m->optimizer);
   emit(&b, "n_state_arenas %d\n", m->n_states);
   emit(&b, "chunk_bytes %llu\n", (unsigned long long)m->chunk_bytes);
+  if (m->has_scaler)
+    emit(&b, "loss_scaler %.17g %ld %ld %d %ld\n", m->scaler_scale, m->scaler_iter, m->scaler_last_overflow,
+         m->scaler_hysteresis_left, m->scaler_skipped);
   emit(&b, "n_tensors %d\n", m->n_tensors);
   for (int i = 0; i < m->n_tensors; i++)
     emit(&b, "tensor %zu %zu %s\n", m->tensors[i].offset, m->tensors[i].count, m->tensors[i].name);
@@ -300,6 +304,22 @@ td_status td_ckpt_manifest_parse(const char *data, size_t len, const char *sourc
     } else if (strcmp(key, "world_size") == 0) {
       ok = parse_u64(v, 1u << 20, &u) && u >= 1;
       m->world = (int)u;
+    } else if (strcmp(key, "loss_scaler") == 0) {
+      /* fp16's loss scaler (optional): scale, iteration, last overflow, hysteresis left, skipped steps */
+      double scale = 0;
+      long iter = 0, last = 0, skipped = 0;
+      int hyst = 0, used = 0;
+      ok = !m->has_scaler && sscanf(v, "%lg %ld %ld %d %ld%n", &scale, &iter, &last, &hyst, &skipped, &used) == 5 &&
+           v[used] == '\0' && isfinite(scale) && scale > 0 && iter >= 0 && last >= -1 && last <= iter && hyst >= 0 &&
+           skipped >= 0 && skipped <= iter;
+      if (ok) {
+        m->has_scaler = 1;
+        m->scaler_scale = scale;
+        m->scaler_iter = iter;
+        m->scaler_last_overflow = last;
+        m->scaler_hysteresis_left = hyst;
+        m->scaler_skipped = skipped;
+      }
     } else if (strcmp(key, "zero_stage") == 0) {
       ok = parse_u64(v, 3, &u);
       m->zero_stage = (int)u;

@@ -104,6 +104,12 @@ static char *build_manifest(td_trainer *t, const uint64_t *all, uint64_t words, 
   m.zero_stage = td_ckpt_trainer_zero_stage(t);
   m.step = t->step;
   m.consumed = t->consumed;
+  m.has_scaler = 1; /* fp16's loss scaler (src/train/precision/) */
+  m.scaler_scale = t->scaler.scale;
+  m.scaler_iter = t->scaler.iter;
+  m.scaler_last_overflow = t->scaler.last_overflow_iter;
+  m.scaler_hysteresis_left = t->scaler.hysteresis_left;
+  m.scaler_skipped = t->scaler.skipped;
   m.seed = c->seed;
   m.dataset_samples = t->dataset->n_samples;
   m.train_batch_size = (unsigned long long)c->train_batch_size;

@@ -134,6 +134,14 @@ td_status td_trainer_resume(td_trainer *t, const char *path) {
       memcpy(arena_mem[a], staging[a], (size_t)(held_hi[a] - held_lo[a]) * sizeof(float));
     t->step = m.step;
     t->consumed = m.consumed;
+    if (m.has_scaler) {
+      /* fp16's loss scaler: its state is the run's; its mode (fixed or dynamic) this config's */
+      t->scaler.scale = t->cfg.precision.compute == TD_F16 ? m.scaler_scale : 1.0;
+      t->scaler.iter = m.scaler_iter;
+      t->scaler.last_overflow_iter = m.scaler_last_overflow;
+      t->scaler.hysteresis_left = m.scaler_hysteresis_left;
+      t->scaler.skipped = m.scaler_skipped;
+    }
     if (t->rank == 0 && m.dataset_samples != (unsigned long long)t->dataset->n_samples)
       TD_WARN("the checkpoint was trained on a dataset of %llu samples, this one has %zu: training continues, but "
               "not on the data order the saved run would have seen",

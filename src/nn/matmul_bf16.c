@@ -1,0 +1,310 @@
+/* Half-precision matrix products for mixed-precision training
+ * (src/train/precision/): nn_gemm_lowp, C (f32) = beta C + op(A) op(B) +
+ * bias, where every element of op(A) and op(B) is first rounded to bf16 (or
+ * f16) and the products are accumulated in f32. Compiled once per CPU level
+ * (nn_kernels.h).
+ *
+ * At the avx512bf16 level, bf16 runs on vdpbf16ps (two bf16 products summed
+ * into each f32 lane, ~1.8x the f32 FMA rate of this machine's cores):
+ *
+ *   op(B) block (KC deep, NC wide) packed once into 32-column panels of
+ *   bf16 pairs:   bp[p][j] = (B(2p, j), B(2p+1, j))  (p: pair of depths)
+ *   op(A) block (MC rows) packed into bf16 rows, depth padded to even:
+ *                 ap[i][2p], ap[i][2p+1]; or, when A is transposed (the
+ *                 weight gradient: rows of A run along i), pairs-major
+ *                 ap[p][i] = (A(i, 2p), A(i, 2p+1)), built with vector
+ *                 interleaves instead of a scatter (1.5x on that product)
+ *   tile 12 x 32: per pair p, two panel loads and 12 broadcasts of A's pair
+ *                 feed 24 vdpbf16ps into 24 f32 accumulators.
+ *
+ * An odd depth is padded with a zero. Edges of M and N are zero-padded in
+ * the packs and stored with masks. The first depth block's store adds beta
+ * C and the bias, later ones add to C.
+ *
+ * Below that level (and always for f16: this CPU has no f16 dot product),
+ * the portable path rounds op(A) and op(B) into f32 scratch and multiplies
+ * them with td_sgemm: a product of two bf16 (or f16) values is exact in
+ * f32, so it computes the same products with f32 accumulation, at f32
+ * speed. Both keep their scratch per thread (model replicas run on threads)
+ * for the life of the thread. */
+#include "nn_kernels.h" /* first: names this level's functions (compiled once per CPU level) */
+
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+/* round to nearest even, NaN kept quiet (as td_f32_to_bf16) */
+static inline float round_bf16(float f) {
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  if ((x & 0x7fffffffu) > 0x7f800000u)
+    x |= 0x00400000u;
+  else
+    x = (x + 0x7fffu + ((x >> 16) & 1u));
+  x &= 0xffff0000u;
+  memcpy(&f, &x, 4);
+  return f;
+}
+
+/* dst[i] = round(src[i]) for n values, rounding to `dtype` (TD_BF16 or TD_F16). */
+static void round_row(float *restrict dst, const float *restrict src, size_t n, td_dtype dtype) {
+  if (dtype == TD_BF16) {
+    for (size_t i = 0; i < n; i++) dst[i] = round_bf16(src[i]);
+    return;
+  }
+  size_t i = 0;
+#if defined(__F16C__)
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT)));
+#endif
+  for (; i < n; i++) dst[i] = td_f16_to_f32(td_f32_to_f16(src[i]));
+}
+
+static __thread float *lowp_scratch;
+static __thread size_t lowp_scratch_n;
+
+/* The portable path (see the top of the file). Returns 0 when out of memory. */
+static int gemm_lowp_rounded(td_dtype dtype, int trans_a, int trans_b, int M, int N, int K, const float *A, int lda,
+                             const float *B, int ldb, float beta, const float *bias, float *C, int ldc) {
+  size_t na = (size_t)M * K, nb = (size_t)K * N;
+  if (lowp_scratch_n < na + nb) {
+    td_free(lowp_scratch);
+    lowp_scratch = td_alloc((na + nb) * sizeof(float));
+    lowp_scratch_n = lowp_scratch ? na + nb : 0;
+    if (!lowp_scratch) return 0;
+  }
+  /* rounded copies keep the operands' layout (rows of op's source) */
+  float *ar = lowp_scratch, *br = lowp_scratch + na;
+  int a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
+  int b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
+  for (int r = 0; r < a_rows; r++) round_row(ar + (size_t)r * a_cols, A + (size_t)r * lda, (size_t)a_cols, dtype);
+  for (int r = 0; r < b_rows; r++) round_row(br + (size_t)r * b_cols, B + (size_t)r * ldb, (size_t)b_cols, dtype);
+  if (bias) {
+    for (int i = 0; i < M; i++) {
+      float *restrict c = C + (size_t)i * ldc;
+      if (beta == 0.0f)
+        memcpy(c, bias, (size_t)N * sizeof(float));
+      else
+        for (int j = 0; j < N; j++) c[j] = beta * c[j] + bias[j];
+    }
+    beta = 1.0f;
+  }
+  td_sgemm(trans_a, trans_b, M, N, K, 1.0f, ar, a_cols, br, b_cols, beta, C, ldc);
+  return 1;
+}
+
+#ifdef __AVX512BF16__
+#include <immintrin.h>
+
+#define BF_MR 12  /* rows of C per tile */
+#define BF_NR 32  /* columns of C per tile (two vectors) */
+#define BF_KC 384 /* depth per block (even): a 32-column panel is 24 KiB */
+#define BF_MC 96  /* rows of A per block (a multiple of BF_MR) */
+#define BF_NC 512 /* columns of B per block: 384 KiB of panels */
+_Static_assert(BF_KC % 2 == 0 && BF_MC % BF_MR == 0 && BF_NC % BF_NR == 0, "blocks are whole pairs and tiles");
+
+static __thread uint32_t *bf_bpanel; /* (BF_KC/2) x BF_NC pairs */
+static __thread uint16_t *bf_apanel; /* BF_MC x BF_KC bf16 */
+
+/* 16 floats to 16 bf16 (nearest even) */
+static inline __m256i cvt16(__m512 v) { return (__m256i)_mm512_cvtneps_pbh(v); }
+
+/* 16 floats of a row (fewer at an edge: the rest read as 0) */
+static inline __m512 load16(const float *p, int n) {
+  return n >= 16 ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1u), p);
+}
+
+/* bp: the block op(B)[k0 : k0+kc, j0 : j0+nc] as 32-column panels of pairs,
+ * panel q at bp + q * (kp * 32), kp = ceil(kc / 2); zeros past nc and kc. */
+static void bf_pack_b(uint32_t *restrict bp, int trans_b, const float *B, size_t ldb, int k0, int kc, int j0, int nc) {
+  int kp = (kc + 1) / 2;
+  for (int q = 0; q * BF_NR < nc; q++) {
+    uint32_t *panel = bp + (size_t)q * kp * BF_NR;
+    int jn = TD_MIN(BF_NR, nc - q * BF_NR), jb = j0 + q * BF_NR;
+    if (!trans_b) {
+      /* rows 2p and 2p+1 of B, 16 columns at a time, interleaved */
+      for (int p = 0; p < kp; p++) {
+        const float *r0 = B + (size_t)(k0 + 2 * p) * ldb + jb;
+        const float *r1 = 2 * p + 1 < kc ? r0 + ldb : NULL;
+        for (int h = 0; h < BF_NR; h += 16) {
+          int n = TD_MAX(0, TD_MIN(16, jn - h));
+          __m512 v0 = n ? load16(r0 + h, n) : _mm512_setzero_ps();
+          __m512 v1 = n && r1 ? load16(r1 + h, n) : _mm512_setzero_ps();
+          /* 32 bf16: lanes 0-15 row 2p, 16-31 row 2p+1 (cvtne2ps puts its second operand low) */
+          __m512i both = (__m512i)_mm512_cvtne2ps_pbh(v1, v0);
+          const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7,
+                                               22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+          _mm512_storeu_si512(panel + (size_t)p * BF_NR + h, _mm512_permutexvar_epi16(idx, both));
+        }
+      }
+    } else {
+      /* column j of op(B) is row j of B: convert it, then its pairs go
+       * down the panel's column j */
+      for (int j = 0; j < BF_NR; j++) {
+        if (j >= jn) {
+          for (int p = 0; p < kp; p++) panel[(size_t)p * BF_NR + j] = 0;
+          continue;
+        }
+        const float *row = B + (size_t)(jb + j) * ldb + k0;
+        for (int k = 0; k < kc; k += 32) {
+          int n0 = TD_MIN(16, kc - k), n1 = TD_MAX(0, TD_MIN(16, kc - k - 16));
+          __m512 lo = load16(row + k, n0), hi = n1 ? load16(row + k + 16, n1) : _mm512_setzero_ps();
+          uint32_t pairs[16];
+          _mm512_storeu_si512(pairs, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+          int np = TD_MIN(16, (kc - k + 1) / 2);
+          for (int t = 0; t < np; t++) panel[(size_t)(k / 2 + t) * BF_NR + j] = pairs[t];
+        }
+      }
+    }
+  }
+}
+
+/* ap: rows i0 .. i0+mc of op(A)[:, k0 : k0+kc] as bf16 rows of kp pairs
+ * (a zero after an odd depth), BF_MR-padded with zero rows. */
+static void bf_pack_a(uint16_t *restrict ap, int trans_a, const float *A, size_t lda, int i0, int mc, int k0, int kc) {
+  int kp = (kc + 1) / 2, mcp = (mc + BF_MR - 1) / BF_MR * BF_MR;
+  size_t rs = (size_t)kp * 2; /* bf16 per packed row */
+  if (!trans_a) {
+    for (int i = 0; i < mc; i++) {
+      const float *row = A + (size_t)(i0 + i) * lda + k0;
+      uint16_t *d = ap + (size_t)i * rs;
+      for (int k = 0; k < kc; k += 16) _mm256_storeu_si256((__m256i *)(d + k), cvt16(load16(row + k, kc - k)));
+      if (kc & 1) d[kc] = 0;
+    }
+  } else {
+    /* op(A)[i][k] = A[k][i]: rows k of A are contiguous in i, so this pack
+     * is pairs-major instead: ((uint32_t *)ap)[p * mcp + i] = (A[2p][i],
+     * A[2p+1][i]), rows 2p and 2p+1 interleaved 16 columns at a time, as
+     * bf_pack_b does (bf_tile reads it with row step 1, pair step mcp) */
+    uint32_t *pairs = (uint32_t *)ap;
+    const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                                         21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    for (int p = 0; p < kp; p++) {
+      const float *r0 = A + (size_t)(k0 + 2 * p) * lda + i0;
+      const float *r1 = 2 * p + 1 < kc ? r0 + lda : NULL;
+      for (int i = 0; i < mcp; i += 16) {
+        int n = TD_MAX(0, TD_MIN(16, mc - i));
+        __m512 v0 = n ? load16(r0 + i, n) : _mm512_setzero_ps();
+        __m512 v1 = n && r1 ? load16(r1 + i, n) : _mm512_setzero_ps();
+        __m512i both = (__m512i)_mm512_cvtne2ps_pbh(v1, v0);
+        _mm512_mask_storeu_epi32(pairs + (size_t)p * mcp + i, (__mmask16)(mcp - i >= 16 ? 0xffff : (1u << (mcp - i)) - 1u),
+                                 _mm512_permutexvar_epi16(idx, both));
+      }
+    }
+    return;
+  }
+  for (int i = mc; i < mcp; i++) memset(ap + (size_t)i * rs, 0, rs * sizeof(uint16_t));
+}
+
+/* One 12 x 32 tile over kp pairs: A's pair (row r, pair p) is at a[r *
+ * row_step + p * pair_step] (uint32 units: rows layout, or pairs layout),
+ * bp one panel. Stores rows < mr, columns < nr: first block C = beta C +
+ * acc + bias, later blocks C += acc. Inlined into the two layouts' callers
+ * so that the steps are constants where they can be. */
+static inline __attribute__((always_inline)) void bf_tile_any(int kp, const uint32_t *a, size_t row_step,
+                                                              size_t pair_step, const uint32_t *bp, float *c,
+                                                              size_t ldc, int mr, int nr, int first, float beta,
+                                                              const float *bias) {
+  __m512 acc[BF_MR][2];
+  for (int r = 0; r < BF_MR; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  for (int p = 0; p < kp; p++) {
+    __m512bh b0 = (__m512bh)_mm512_loadu_si512(bp + (size_t)p * BF_NR);
+    __m512bh b1 = (__m512bh)_mm512_loadu_si512(bp + (size_t)p * BF_NR + 16);
+    const uint32_t *ap = a + (size_t)p * pair_step;
+#pragma GCC unroll 12
+    for (int r = 0; r < BF_MR; r++) {
+      __m512bh av = (__m512bh)_mm512_set1_epi32((int)ap[(size_t)r * row_step]);
+      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], av, b0);
+      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], av, b1);
+    }
+  }
+  __mmask16 m0 = nr >= 16 ? 0xffff : (__mmask16)((1u << nr) - 1u);
+  __mmask16 m1 = nr >= 32 ? 0xffff : nr <= 16 ? 0 : (__mmask16)((1u << (nr - 16)) - 1u);
+  __m512 bias0 = bias ? _mm512_maskz_loadu_ps(m0, bias) : _mm512_setzero_ps();
+  __m512 bias1 = bias ? _mm512_maskz_loadu_ps(m1, bias + 16) : _mm512_setzero_ps();
+  for (int r = 0; r < mr; r++) {
+    float *cr = c + (size_t)r * ldc;
+    __m512 x0 = acc[r][0], x1 = acc[r][1];
+    if (first) {
+      x0 = _mm512_add_ps(x0, bias0);
+      x1 = _mm512_add_ps(x1, bias1);
+      if (beta != 0.0f) {
+        x0 = _mm512_fmadd_ps(_mm512_set1_ps(beta), _mm512_maskz_loadu_ps(m0, cr), x0);
+        x1 = _mm512_fmadd_ps(_mm512_set1_ps(beta), _mm512_maskz_loadu_ps(m1, cr + 16), x1);
+      }
+    } else {
+      x0 = _mm512_add_ps(x0, _mm512_maskz_loadu_ps(m0, cr));
+      x1 = _mm512_add_ps(x1, _mm512_maskz_loadu_ps(m1, cr + 16));
+    }
+    _mm512_mask_storeu_ps(cr, m0, x0);
+    _mm512_mask_storeu_ps(cr + 16, m1, x1);
+  }
+}
+
+/* rows layout: row r at r * rp pairs, its pairs consecutive */
+static void bf_tile(int kp, const uint32_t *a, size_t rp, const uint32_t *bp, float *c, size_t ldc, int mr, int nr,
+                    int first, float beta, const float *bias) {
+  bf_tile_any(kp, a, rp, 1, bp, c, ldc, mr, nr, first, beta, bias);
+}
+
+/* pairs layout: pair p at p * mcp, the rows' pairs consecutive */
+static void bf_tile_t(int kp, const uint32_t *a, size_t mcp, const uint32_t *bp, float *c, size_t ldc, int mr,
+                      int nr, int first, float beta, const float *bias) {
+  bf_tile_any(kp, a, 1, mcp, bp, c, ldc, mr, nr, first, beta, bias);
+}
+
+static int gemm_bf16_native(int trans_a, int trans_b, int M, int N, int K, const float *A, int lda, const float *B,
+                            int ldb, float beta, const float *bias, float *C, int ldc) {
+  if (!bf_bpanel) bf_bpanel = td_alloc((size_t)(BF_KC / 2) * BF_NC * sizeof(uint32_t));
+  if (!bf_apanel) bf_apanel = td_alloc((size_t)BF_MC * BF_KC * sizeof(uint16_t));
+  if (!bf_bpanel || !bf_apanel) return 0;
+  for (int j0 = 0; j0 < N; j0 += BF_NC) {
+    int nc = TD_MIN(BF_NC, N - j0);
+    for (int k0 = 0; k0 < K; k0 += BF_KC) {
+      int kc = TD_MIN(BF_KC, K - k0), kp = (kc + 1) / 2, first = k0 == 0;
+      bf_pack_b(bf_bpanel, trans_b, B, (size_t)ldb, k0, kc, j0, nc);
+      for (int i0 = 0; i0 < M; i0 += BF_MC) {
+        int mc = TD_MIN(BF_MC, M - i0);
+        bf_pack_a(bf_apanel, trans_a, A, (size_t)lda, i0, mc, k0, kc);
+        const uint32_t *apairs = (const uint32_t *)bf_apanel;
+        size_t rp = (size_t)kp, mcp = (size_t)(mc + BF_MR - 1) / BF_MR * BF_MR;
+        for (int jp = 0; jp < nc; jp += BF_NR) {
+          const uint32_t *bp = bf_bpanel + (size_t)(jp / BF_NR) * kp * BF_NR;
+          const float *bias_j = bias ? bias + j0 + jp : NULL;
+          int nr = TD_MIN(BF_NR, nc - jp);
+          for (int ir = 0; ir < mc; ir += BF_MR) {
+            float *c = C + (size_t)(i0 + ir) * ldc + j0 + jp;
+            if (!trans_a)
+              bf_tile(kp, apairs + (size_t)ir * rp, rp, bp, c, (size_t)ldc, TD_MIN(BF_MR, mc - ir), nr, first, beta,
+                      bias_j);
+            else
+              bf_tile_t(kp, apairs + ir, mcp, bp, c, (size_t)ldc, TD_MIN(BF_MR, mc - ir), nr, first, beta, bias_j);
+          }
+        }
+      }
+    }
+  }
+  return 1;
+}
+#endif
+
+int nn_gemm_lowp(td_dtype dtype, int trans_a, int trans_b, int M, int N, int K, const float *A, int lda,
+                 const float *B, int ldb, float beta, const float *bias, float *C, int ldc) {
+  if (M <= 0 || N <= 0) return 1;
+  if (dtype != TD_BF16 && dtype != TD_F16) return 0;
+  if (K <= 0) {
+    /* an empty product: C = beta C + bias */
+    for (int i = 0; i < M; i++) {
+      float *restrict c = C + (size_t)i * ldc;
+      for (int j = 0; j < N; j++) c[j] = (beta == 0.0f ? 0.0f : beta * c[j]) + (bias ? bias[j] : 0.0f);
+    }
+    return 1;
+  }
+#ifdef __AVX512BF16__
+  if (dtype == TD_BF16) return gemm_bf16_native(trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, bias, C, ldc);
+#endif
+  return gemm_lowp_rounded(dtype, trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, bias, C, ldc);
+}
