@@ -93,11 +93,12 @@ typedef struct app_common_options {
   long keep_last;   /* -1: not given */
   long long seed;   /* -1: not given */
   double lr;        /* < 0: not given */
+  long zero_stage;  /* -1: not given */
 } app_common_options;
 
 static void app_common_init(app_common_options *c) {
   memset(c, 0, sizeof *c);
-  c->micro_batch = c->threads = c->keep_last = -1;
+  c->micro_batch = c->threads = c->keep_last = c->zero_stage = -1;
   c->seed = -1;
   c->lr = -1;
 }
@@ -115,6 +116,7 @@ static int app_common_flag(int argc, char **argv, int *i, app_common_options *c)
   else if ((v = app_flag_value(argc, argv, i, "--seed"))) c->seed = app_parse_long("--seed", v, 0, 1L << 62);
   else if ((v = app_flag_value(argc, argv, i, "--lr"))) c->lr = app_parse_double("--lr", v, 0, 10);
   else if ((v = app_flag_value(argc, argv, i, "--threads"))) c->threads = app_parse_long("--threads", v, 0, 1024);
+  else if ((v = app_flag_value(argc, argv, i, "--zero-stage"))) c->zero_stage = app_parse_long("--zero-stage", v, 0, 3);
   else return 0;
   return 1;
 }
@@ -132,6 +134,7 @@ static void app_config_apply(const app_common_options *c, td_train_config *cfg) 
   if (c->lr >= 0) cfg->optimizer.lr = (float)c->lr;
   if (c->threads >= 0) cfg->threads = (int)c->threads;
   if (c->keep_last >= 0) cfg->keep_last = (int)c->keep_last;
+  if (c->zero_stage >= 0) cfg->zero_stage = (int)c->zero_stage;
   if (c->save_dir) snprintf(cfg->checkpoint_dir, sizeof cfg->checkpoint_dir, "%s", c->save_dir);
 }
 
@@ -169,7 +172,8 @@ static void app_trace_model(td_model *model, td_timeline *timeline) {
   traced_inner_ops = model->ops;
   traced_timeline = timeline;
   traced_ops = (td_model_ops){traced_prepare, traced_forward, traced_backward,
-                              model->ops->predict ? traced_predict : NULL, traced_destroy};
+                              model->ops->predict ? traced_predict : NULL, traced_destroy,
+                              model->ops->activation_bytes};
   model->ops = &traced_ops;
 }
 

@@ -459,6 +459,11 @@ static td_status publish(td_trainer *t, save_io *io, const char *root, const cha
 td_status td_trainer_save(td_trainer *t, const char *root) {
   if (!t || !root || !*root) return td_error(TD_ERR_INVALID_ARGUMENT, "td_trainer_save: null trainer or empty directory");
   if (strlen(root) > 1000) return td_error(TD_ERR_INVALID_ARGUMENT, "checkpoint directory name too long: %s", root);
+  /* ZeRO stage >= 1 keeps only shards of the optimizer state (zero/zero.h):
+   * refused until checkpoints save by those ranges, rather than written wrong. */
+  if (t->zero_stage >= 1)
+    return td_error(TD_ERR_INVALID_USAGE, "rank %d: checkpoints are not supported at ZeRO stage %d yet; use stage 0",
+                    t->rank, t->zero_stage);
   save_io io = {0, t->rank == t->ckpt_fault_rank ? t->ckpt_fault_at : 0};
   char tmp_dir[1280], path[1300];
   /* The token names the temporary directory (no two saves share one) and
@@ -906,6 +911,9 @@ static td_status resume_local(td_trainer *t, const char *path, float **stage_out
 td_status td_trainer_resume(td_trainer *t, const char *path) {
   if (!t || !path || !*path) return td_error(TD_ERR_INVALID_ARGUMENT, "td_trainer_resume: null trainer or empty path");
   if (strlen(path) > 1000) return td_error(TD_ERR_INVALID_ARGUMENT, "checkpoint path too long: %s", path);
+  if (t->zero_stage >= 1)
+    return td_error(TD_ERR_INVALID_USAGE, "rank %d: resuming is not supported at ZeRO stage %d yet; use stage 0",
+                    t->rank, t->zero_stage);
   float *stage = NULL;
   td_ckpt_manifest m;
   memset(&m, 0, sizeof m);
