@@ -68,6 +68,16 @@ rss_run() { # NP ARGS... -> prints the train-gpt summary line plus peak_rss_mib=
   echo "$line peak_rss_mib=$(awk -v k="${kb:-0}" 'BEGIN { printf "%.0f", k / 1024 }')"
 }
 
+# ---- 0. losses of stages 1-3 against stage 0, 50 steps, 1-4 ranks ----
+# tests/zero/test_zero.c compares every step's loss, gradient norm and all
+# parameters bit for bit (memcmp); here for 50 steps instead of the suite's 6.
+equal_rows=""
+for np in 1 2 3 4; do
+  echo "losses: 50 steps on $np ranks" >&2
+  if "$RUN" -np "$np" "$B/tests/test_zero" equal 1 adamw 1 50 >>"$log" 2>&1; then r="equal bit for bit"; else r="DIFFERENT (see the log)"; fi
+  equal_rows+="| $np | $r |"$'\n'
+done
+
 # ---- 1. throughput, reference configuration, 2 ranks ----
 declare -A runs
 for ((r = 1; r <= rounds; r++)); do
@@ -145,6 +155,16 @@ cpu=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
   echo "Load average before / after: $load_before / $load_after (the machine is shared; figures move with it)."
   echo "Tandem $(git rev-parse --short HEAD 2>/dev/null); PyTorch $("$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null) (python3-torch), gloo."
   echo "Command: bench/zero.sh --rounds $rounds --steps $steps --big-steps $big_steps --budget-mib $budget"
+  echo
+  echo "## Same losses: stages 1-3 against stage 0, 50 steps"
+  echo
+  echo "tests/zero/test_zero equal 1 adamw 1 50: GPT with a tied embedding, 35 channels, odd parameter count,"
+  echo "gradient clipping active, global batch 12; every step's loss and gradient norm and every parameter after"
+  echo "it compared with memcmp (stage 3: gathered)."
+  echo
+  echo "| ranks | stages 1, 2, 3 vs 0 |"
+  echo "|---|---|"
+  printf '%s' "$equal_rows"
   echo
   echo "## Reference configuration, 2 ranks x 1 thread"
   echo

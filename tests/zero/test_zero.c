@@ -1,6 +1,6 @@
 /* ZeRO stages 1-3 against stage 0, run under tandemrun on 1-4 ranks:
  *
- *   test_zero equal ACCUM OPT TIED
+ *   test_zero equal ACCUM OPT TIED [STEPS]
  *       Four trainers on the same ranks, the same global batch and seed, at
  *       stages 0, 1, 2 and 3, step in lockstep. Every step's loss and
  *       gradient norm, and the parameters after it (stage 3: gathered),
@@ -17,6 +17,10 @@
  *       0-1; at stages 2-3 at least the formula, at most the estimate
  *       (formula + live buffers) and within 10% of it; and each stage must
  *       really hold less than the one before.
+ *   test_zero fail
+ *       At stage 3 (whose forward communicates) one rank cannot deliver a
+ *       sample: the step fails on every rank naming it, the step count
+ *       stays, and the retried step equals stage 0's bit for bit.
  *   test_zero units
  *       World of one: estimate edge cases (world larger than the parameter
  *       count, SGD's single state), stage 3 refused for a model without
@@ -31,8 +35,12 @@
 
 enum { T_SEQ = 17, G = 12 };
 
+/* Fault injection for `fail`: this rank's deliveries fail while armed. */
+static int fault_armed;
+
 static td_status text_get(const td_dataset *ds, size_t index, void *input, int32_t *targets) {
   (void)ds;
+  if (fault_armed) return td_error(TD_ERR_IO, "injected failure delivering sample %zu", index);
   int32_t *tok = input;
   for (int j = 0; j <= T_SEQ; j++) {
     size_t p = index * T_SEQ + (size_t)j;
@@ -78,7 +86,7 @@ static void base_config(td_train_config *c, int world, int accum, td_optimizer_k
   c->zero_stage = stage;
 }
 
-static void run_equal(td_comm *comm, int accum, td_optimizer_kind opt, int tied) {
+static void run_equal(td_comm *comm, int accum, td_optimizer_kind opt, int tied, int steps) {
   int world = td_comm_size(comm), rank = td_comm_rank(comm);
   CHECK(G % (world * accum) == 0);
   td_dataset *ds = text_dataset();
@@ -96,7 +104,6 @@ static void run_equal(td_comm *comm, int accum, td_optimizer_kind opt, int tied)
   if (rank == 0) printf("world %d, %zu parameters (odd: %d), accum %d, tied %d\n", world, n, (int)(n % 2), accum, tied);
   CHECK(n % 2 == 1 && n % 3 != 0);
   int clipped = 0;
-  const int steps = 6;
   for (int step = 1; step <= steps; step++) {
     td_step_stats st[4];
     for (int s = 0; s < 4; s++) CHECK_OK(td_trainer_step(tr[s], &st[s]));
@@ -178,6 +185,44 @@ static void run_memory(td_comm *comm) {
   td_dataset_destroy(ds);
 }
 
+/* A sample that rank 1 cannot deliver at stage 3 (whose forward
+ * communicates): every rank fails the step naming rank 1, nothing changes,
+ * and the retried step equals stage 0's, bit for bit. */
+static void run_fail(td_comm *comm) {
+  int world = td_comm_size(comm), rank = td_comm_rank(comm);
+  td_dataset *ds = text_dataset();
+  td_model *m0 = gpt(2, 35, 5, 0), *m3 = gpt(2, 35, 5, 0);
+  td_train_config c;
+  base_config(&c, world, 1, TD_OPTIMIZER_ADAMW, 0);
+  td_trainer *t0 = NULL, *t3 = NULL;
+  CHECK_OK(td_trainer_create(&c, m0, ds, comm, &t0));
+  c.zero_stage = 3;
+  c.stage3_param_persistence_threshold = 0;
+  CHECK_OK(td_trainer_create(&c, m3, ds, comm, &t3));
+  td_step_stats a, b;
+  CHECK_OK(td_trainer_step(t0, &a));
+  CHECK_OK(td_trainer_step(t3, &b));
+  CHECK(memcmp(&a.loss, &b.loss, sizeof a.loss) == 0);
+  fault_armed = rank == world - 1;
+  char expect[64];
+  snprintf(expect, sizeof expect, "rank %d", world - 1);
+  CHECK_MSG(td_trainer_step(t3, &b), TD_ERR_IO, expect);
+  CHECK(strstr(td_last_error(), "injected failure") != NULL);
+  CHECK_EQ_INT(td_trainer_step_count(t3), 1);
+  fault_armed = 0;
+  CHECK_OK(td_trainer_step(t0, &a));
+  CHECK_OK(td_trainer_step(t3, &b));
+  CHECK(memcmp(&a.loss, &b.loss, sizeof a.loss) == 0);
+  CHECK_OK(td_trainer_gather_params(t3));
+  CHECK(memcmp(td_trainer_params(t0), td_trainer_params(t3), td_trainer_n_params(t0) * sizeof(float)) == 0);
+  td_trainer_destroy(t0);
+  td_trainer_destroy(t3);
+  td_model_destroy(m0);
+  td_model_destroy(m3);
+  td_dataset_destroy(ds);
+  if (rank == 0) printf("OK: a failed sample at stage 3 fails the step on every rank; the retry equals stage 0\n");
+}
+
 static void run_units(void) {
   td_train_config c;
   base_config(&c, 1, 1, TD_OPTIMIZER_SGD, 1);
@@ -221,11 +266,14 @@ int main(int argc, char **argv) {
   td_comm *comm = NULL;
   CHECK_OK(td_comm_init(&comm));
   if (argc >= 5 && strcmp(argv[1], "equal") == 0) {
-    run_equal(comm, atoi(argv[2]), strcmp(argv[3], "sgd") == 0 ? TD_OPTIMIZER_SGD : TD_OPTIMIZER_ADAMW, atoi(argv[4]));
+    run_equal(comm, atoi(argv[2]), strcmp(argv[3], "sgd") == 0 ? TD_OPTIMIZER_SGD : TD_OPTIMIZER_ADAMW, atoi(argv[4]),
+              argc >= 6 ? atoi(argv[5]) : 6);
+  } else if (argc >= 2 && strcmp(argv[1], "fail") == 0) {
+    run_fail(comm);
   } else if (argc >= 2 && strcmp(argv[1], "memory") == 0) {
     run_memory(comm);
   } else {
-    fprintf(stderr, "usage: %s equal ACCUM sgd|adamw TIED | memory | units\n", argv[0]);
+    fprintf(stderr, "usage: %s equal ACCUM sgd|adamw TIED [STEPS] | memory | fail | units\n", argv[0]);
     return 2;
   }
   CHECK_OK(td_comm_finalize(comm));
