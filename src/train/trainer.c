@@ -180,6 +180,12 @@ td_status td_trainer_create(const td_train_config *cfg_in, td_model *model, td_d
   size_t arena_bytes = t->n_params * sizeof(float);
   if (t->zero_stage >= 1) {
     TD_CHECK_GOTO(zero_create(t), st, fail);
+    /* stage 1 keeps whole gradients, averaged as at stage 0 */
+    if (t->zero_stage == 1 && !(t->grads = grads_alloc(t, arena_bytes))) {
+      st = td_error(TD_ERR_SYSTEM, "rank %d: out of memory for the gradient arena (%zu parameters)", t->rank,
+                    t->n_params);
+      goto fail;
+    }
   } else {
     t->params = arena_alloc(arena_bytes); /* zeros for a model kind td_model_init_params does not know */
     t->grads = grads_alloc(t, arena_bytes);
@@ -258,7 +264,7 @@ static td_status push_request(td_trainer *t, td_request *req) {
 }
 
 static void bucket_launch(td_trainer *t, size_t lo, size_t hi) {
-  if (t->zero) {
+  if (t->zero_stage >= 2) {
     zero_bucket_launch(t, lo, hi); /* reduced into the owners' shards */
     return;
   }
@@ -319,7 +325,7 @@ static void trace(const td_trainer *t, const char *name, double begin) {
 
 static double wait_requests(td_trainer *t, td_status *st_out) {
   double t0 = td_now();
-  if (t->zero) {
+  if (t->zero_stage >= 2) {
     *st_out = zero_wait_buckets(t);
     trace(t, "comm_wait", t0);
     return td_now() - t0;
@@ -468,7 +474,7 @@ td_status td_trainer_step(td_trainer *t, td_step_stats *stats) {
      * goes in one last bucket. */
     bucket_launch(t, 0, t->launched_lo);
     t->launched_lo = 0;
-    n_buckets = t->zero ? t->zero->n_buckets : t->n_requests;
+    n_buckets = t->zero_stage >= 2 ? t->zero->n_buckets : t->n_requests;
     td_status wst;
     wait_s += wait_requests(t, &wst);
     /* The message is the launch failure's, or the wait's if that came later. */

@@ -75,8 +75,7 @@ td_status zero_create(td_trainer *t) {
     t->grads = reserve(bytes);
     z->grads_kind = ZERO_MEM_MAPPED;
   } else {
-    t->grads = alloc_zeroed(bytes);
-    z->grads_kind = ZERO_MEM_ALLOC;
+    z->grads_kind = ZERO_MEM_NONE; /* stage 1: the trainer's own gradient arena (trainer.c) */
   }
   for (int i = 0; i < t->n_states; i++) t->states[i] = alloc_zeroed(shard * sizeof(float));
   /* a bucket splits into at most one piece per owner: buckets + world */
@@ -87,7 +86,7 @@ td_status zero_create(td_trainer *t) {
    * two buckets' worth, backward waits for the oldest (DeepSpeed bounds
    * its reduce buckets the same way). */
   z->inflight_cap_floats = TD_MAX(2 * (t->cfg.bucket_bytes / sizeof(float)), (size_t)1);
-  if (!t->params || !t->grads || !t->states[0] || (t->n_states > 1 && !t->states[1]) || !z->pieces ||
+  if (!t->params || (z->stage >= 2 && !t->grads) || !t->states[0] || (t->n_states > 1 && !t->states[1]) || !z->pieces ||
       !z->norm_partials)
     return td_error(TD_ERR_SYSTEM,
                     "rank %d: out of memory for the ZeRO stage-%d arenas (%zu parameters, shard of %zu)", t->rank,
@@ -120,8 +119,11 @@ void zero_destroy(td_trainer *t) {
   if (t->model && t->model->param_access == &z->access) t->model->param_access = NULL;
   size_t bytes = t->n_params * sizeof(float);
   free_arena(t->params, z->params_kind, bytes);
-  free_arena(t->grads, z->grads_kind, bytes);
-  t->params = t->grads = NULL;
+  if (z->grads_kind != ZERO_MEM_NONE) {
+    free_arena(t->grads, z->grads_kind, bytes);
+    t->grads = NULL;
+  }
+  t->params = NULL;
   for (int i = 0; i < 2; i++) {
     td_free(t->states[i]);
     t->states[i] = NULL;
@@ -181,7 +183,7 @@ td_status zero_grad_norm(td_trainer *t, double *norm_out) {
   /* The same partition at every stage, so that stage 0 and stage 2 agree
    * bit for bit (clipping multiplies every gradient by max_norm / norm). */
   double total = 0;
-  if (t->zero_stage >= 1 && t->comm && t->world > 1) { /* only the shard is reduced */
+  if (t->zero_stage >= 2 && t->comm && t->world > 1) { /* only the shard is reduced */
     double *part = t->zero->norm_partials;
     memset(part, 0, sizeof(double) * (size_t)t->world);
     part[t->rank] = sum_squares(t->grads + t->shard_lo, t->shard_hi - t->shard_lo);
@@ -222,6 +224,7 @@ void zero_measure(td_trainer *t) {
   size_t bytes = (size_t)t->n_states * (t->states_hi - t->states_lo) * sizeof(float);
   bytes += z->params_kind == ZERO_MEM_MAPPED ? resident_bytes(z, t->params, t->n_params) : n;
   bytes += z->grads_kind == ZERO_MEM_MAPPED ? resident_bytes(z, t->grads, t->n_params) : n;
+  /* (stage 1: the trainer's whole gradient arena) */
   if (bytes > z->peak_bytes) z->peak_bytes = bytes;
 }
 

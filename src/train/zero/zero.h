@@ -11,9 +11,10 @@
  *   shard.c    layout per stage, arenas that can give pages back
  *              (reserved address space + madvise), the gradient norm from
  *              per-shard partial sums, measured model-state bytes
- *   reduce.c   stages 1-2: gradient buckets reduced into their owners'
- *              shards while backward runs, the optimizer on the shard, the
- *              allgather of updated parameters
+ *   reduce.c   stage 2+: gradient buckets reduced into their owners'
+ *              shards while backward runs; stages 1+: the optimizer on the
+ *              shard, the allgather of updated parameters (stage 1 averages
+ *              whole gradients with stage 0's allreduce buckets)
  *   fetch.c    stage 3: the td_param_access the model calls per layer
  *              (broadcast from the owners, prefetch, release)
  *   estimate.c bytes per rank per stage before anything is allocated
@@ -87,7 +88,7 @@ void zero_destroy(td_trainer *t); /* frees what zero_create allocated; NULL-safe
 void zero_release(const td_trainer *t, float *arena, size_t lo, size_t hi);
 /* Global L2 norm of the averaged gradient from per-shard partial sums in a
  * fixed order (rank 0's shard, then rank 1's, ...), identical at every
- * stage for a given world size. Stage >= 1 allgathers the partials
+ * stage for a given world size. Stage >= 2 allgathers the partials
  * (collective then). */
 td_status zero_grad_norm(td_trainer *t, double *norm_out);
 /* Add the resident bytes of params, grads and optimizer state to the peak
