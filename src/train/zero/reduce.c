@@ -13,7 +13,11 @@
  * Each rank sends every gradient once and receives only its shard, the
  * traffic of a reduce-scatter (half an allreduce); the allgather of the
  * updated parameters after the step is the other half, so a step moves
- * what stage 0's allreduce moves. Stage 1, which keeps whole gradients
+ * what stage 0's allreduce moves. With host-shared gradient arenas (ranks
+ * on one host, shm transport) a bucket is instead allreduced in one direct
+ * operation and the pages outside the shard are given back afterwards:
+ * the same memory, more bytes moved but far fewer synchronizations (next
+ * paragraph). Stage 1, which keeps whole gradients
  * anyway, averages them with stage 0's allreduce buckets instead: on one
  * host the shm transport's direct allreduce over the host-shared gradient
  * arena synchronizes the ranks twice per bucket, where a reduce staged
@@ -37,7 +41,7 @@ void zero_step_begin(td_trainer *t) {
   zero_state *z = t->zero;
   z->measuring = t->step < 2;
   if (z->stage >= 3) zero_fetch_reset(t);
-  if (z->grads_kind == ZERO_MEM_MAPPED) {
+  if (z->stage >= 2) {
     /* released pages read as zeros: all but the shard's edge pages */
     zero_release(t, t->grads, 0, t->n_params);
     memset(t->grads + t->shard_lo, 0, (t->shard_hi - t->shard_lo) * sizeof(float));
@@ -82,9 +86,10 @@ static td_status complete_pieces(td_trainer *t, bool block) {
 void zero_bucket_launch(td_trainer *t, size_t lo, size_t hi) {
   zero_state *z = t->zero;
   if (hi <= lo || t->bucket_status != TD_OK) return;
-  for (int r = 0; r < t->world; r++) {
-    size_t off, len;
-    td_shard_range(t->n_params, t->world, r, &off, &len);
+  /* host-shared gradients: one direct allreduce (see the top), owner -1 */
+  for (int r = z->grads_kind == ZERO_MEM_SHARED ? -1 : 0; r < t->world; r++) {
+    size_t off = 0, len = t->n_params;
+    if (r >= 0) td_shard_range(t->n_params, t->world, r, &off, &len);
     size_t a = TD_MAX(lo, off), b = TD_MIN(hi, off + len);
     if (b <= a) continue;
     if (z->n_pieces == z->cap_pieces) {
@@ -93,7 +98,8 @@ void zero_bucket_launch(td_trainer *t, size_t lo, size_t hi) {
       return;
     }
     td_request *req = NULL;
-    td_status st = td_ireduce(t->grads + a, t->grads + a, b - a, TD_F32, TD_AVG, r, t->comm, &req);
+    td_status st = r < 0 ? td_iallreduce(t->grads + a, t->grads + a, b - a, TD_F32, TD_AVG, t->comm, &req)
+                         : td_ireduce(t->grads + a, t->grads + a, b - a, TD_F32, TD_AVG, r, t->comm, &req);
     if (st != TD_OK) {
       t->bucket_status = td_error(st, "rank %d: reducing gradients [%zu, %zu) to their owner, rank %d, failed: %s",
                                   t->rank, a, b, r, td_comm_last_error(t->comm));
@@ -101,6 +107,7 @@ void zero_bucket_launch(td_trainer *t, size_t lo, size_t hi) {
     }
     z->pieces[z->n_pieces++] = (zero_piece){req, a, b, r};
     z->inflight_floats += b - a;
+    if (r < 0) break;
   }
   z->n_buckets++;
   t->comm_bytes += (hi - lo) * sizeof(float);

@@ -40,25 +40,25 @@ static float *alloc_zeroed(size_t bytes) {
   return p;
 }
 
-/* Parameters at stages 1-2: the allgather after each step writes the whole
- * arena; in host-shared memory (shm transport) it reads the owners' shards
- * directly instead of staging them through the segment. */
-static float *params_alloc(td_trainer *t, zero_mem_kind *kind) {
+/* An arena the collectives reach directly: with ranks sharing this host
+ * over the shm transport, host-shared memory (td_mem_alloc), so that the
+ * allgather, allreduce and broadcast read the peers' buffers instead of
+ * staging through the segment (two synchronizations per operation instead
+ * of two per chunk). Its pages are given back with MADV_REMOVE (a hole in
+ * the memfd). Otherwise `fallback`: reserved address space when pages are
+ * given back (MAPPED), plain memory when not (ALLOC). */
+static float *arena_for(td_trainer *t, zero_mem_kind fallback, zero_mem_kind *kind) {
   size_t bytes = t->n_params * sizeof(float);
-  if (t->zero_stage >= 3) {
-    *kind = ZERO_MEM_MAPPED;
-    return reserve(bytes);
-  }
   if (t->comm && t->world > 1 && td_comm_local_size(t->comm) > 1 && !strcmp(td_comm_transport(t->comm), "shm")) {
     void *p = NULL;
     if (td_mem_alloc(bytes, &p) == TD_OK) {
       *kind = ZERO_MEM_SHARED;
       return p;
     }
-    TD_DEBUG("rank %d: parameters in plain memory (%s)", t->rank, td_last_error());
+    TD_DEBUG("rank %d: ZeRO arena in plain memory (%s)", t->rank, td_last_error());
   }
-  *kind = ZERO_MEM_ALLOC;
-  return alloc_zeroed(bytes);
+  *kind = fallback;
+  return fallback == ZERO_MEM_MAPPED ? reserve(bytes) : alloc_zeroed(bytes);
 }
 
 td_status zero_create(td_trainer *t) {
@@ -70,10 +70,10 @@ td_status zero_create(td_trainer *t) {
   z->page_floats = (size_t)(page > 0 ? page : 4096) / sizeof(float);
   z->status = TD_OK;
   size_t bytes = t->n_params * sizeof(float), shard = t->shard_hi - t->shard_lo;
-  t->params = params_alloc(t, &z->params_kind);
+  (void)bytes;
+  t->params = arena_for(t, z->stage >= 3 ? ZERO_MEM_MAPPED : ZERO_MEM_ALLOC, &z->params_kind);
   if (z->stage >= 2) {
-    t->grads = reserve(bytes);
-    z->grads_kind = ZERO_MEM_MAPPED;
+    t->grads = arena_for(t, ZERO_MEM_MAPPED, &z->grads_kind);
   } else {
     z->grads_kind = ZERO_MEM_NONE; /* stage 1: the trainer's own gradient arena (trainer.c) */
   }
@@ -138,26 +138,32 @@ void zero_destroy(td_trainer *t) {
 
 /* Release the whole pages inside arena range [lo, hi); the arena's last
  * page counts as whole (the mapping ends with it). */
-static void release_pages(const zero_state *z, float *arena, size_t n_total, size_t lo, size_t hi) {
+static void release_pages(const zero_state *z, float *arena, zero_mem_kind kind, size_t n_total, size_t lo,
+                          size_t hi) {
   size_t pf = z->page_floats;
   uintptr_t base = (uintptr_t)arena;
   /* arena offsets of page boundaries: the arena itself is page-aligned (mmap) */
   size_t p0 = (lo + pf - 1) / pf * pf, p1 = hi >= n_total ? (hi + pf - 1) / pf * pf : hi / pf * pf;
-  if (p1 > p0) (void)madvise((void *)(base + p0 * sizeof(float)), (p1 - p0) * sizeof(float), MADV_DONTNEED);
+  if (p1 > p0)
+    (void)madvise((void *)(base + p0 * sizeof(float)), (p1 - p0) * sizeof(float),
+                  kind == ZERO_MEM_SHARED ? MADV_REMOVE : MADV_DONTNEED);
 }
 
 void zero_release(const td_trainer *t, float *arena, size_t lo, size_t hi) {
   const zero_state *z = t->zero;
   if (!z || hi <= lo) return;
-  if ((arena == t->params ? z->params_kind : z->grads_kind) != ZERO_MEM_MAPPED) return;
+  zero_mem_kind kind = arena == t->params ? z->params_kind : z->grads_kind;
+  /* pages are given back only where that is the point: stage 2+ gradients, stage 3 parameters */
+  if (kind != ZERO_MEM_MAPPED && kind != ZERO_MEM_SHARED) return;
+  if (arena == t->params ? z->stage < 3 : z->stage < 2) return;
   /* never the shard: it is this rank's copy */
   size_t a = t->shard_lo, b = t->shard_hi;
   if (b <= lo || a >= hi || a == b) {
-    release_pages(z, arena, t->n_params, lo, hi);
+    release_pages(z, arena, kind, t->n_params, lo, hi);
     return;
   }
-  if (lo < a) release_pages(z, arena, t->n_params, lo, a);
-  if (b < hi) release_pages(z, arena, t->n_params, b, hi);
+  if (lo < a) release_pages(z, arena, kind, t->n_params, lo, a);
+  if (b < hi) release_pages(z, arena, kind, t->n_params, b, hi);
 }
 
 /* Sum of squares of x[0, n): float sums over blocks of 1024 (vectorized,
@@ -222,8 +228,8 @@ void zero_measure(td_trainer *t) {
   if (!z || !z->measuring) return;
   size_t n = t->n_params * sizeof(float);
   size_t bytes = (size_t)t->n_states * (t->states_hi - t->states_lo) * sizeof(float);
-  bytes += z->params_kind == ZERO_MEM_MAPPED ? resident_bytes(z, t->params, t->n_params) : n;
-  bytes += z->grads_kind == ZERO_MEM_MAPPED ? resident_bytes(z, t->grads, t->n_params) : n;
+  bytes += z->stage >= 3 ? resident_bytes(z, t->params, t->n_params) : n;
+  bytes += z->stage >= 2 ? resident_bytes(z, t->grads, t->n_params) : n;
   /* (stage 1: the trainer's whole gradient arena) */
   if (bytes > z->peak_bytes) z->peak_bytes = bytes;
 }
