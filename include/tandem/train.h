@@ -99,7 +99,7 @@ typedef struct td_train_config {
    * backward); 3: also parameters (fetched per layer, released after). */
   int zero_stage;
   long stage3_prefetch_bucket_size;        /* parameters fetched ahead of use (default 5e7) */
-  long stage3_max_live_parameters;         /* no prefetch while this many fetched parameters are live (1e9) */
+  long stage3_max_live_parameters;         /* fetched parameters kept resident (cached) at most (1e9) */
   long stage3_param_persistence_threshold; /* fetch groups this small stay resident for the whole step (1e5) */
 } td_train_config;
 
@@ -267,8 +267,9 @@ void td_trainer_set_trace(td_trainer *trainer, td_train_trace_fn fn, void *ctx);
  *     optimizer holds 1 (SGD) or 2 (AdamW) states), whole or sharded;
  *   live: buffers beyond the shards: stage 2+ gradients of the buckets in
  *     flight (at most 3 buckets plus the largest tensor), stage 3 fetched
- *     parameters (two fetch groups, estimated as the two largest name-prefix
- *     groups of the tensor table, plus the groups under
+ *     parameters kept resident (stage3_max_live_parameters, at least the
+ *     largest fetch group, estimated as the largest name-prefix group of the
+ *     tensor table, plus the groups under
  *     stage3_param_persistence_threshold), plus one page per tensor and
  *     rank for the pages straddling released pieces;
  *   model_states: params + grads + optimizer + live (what the trainer's

@@ -96,7 +96,10 @@ static void run_equal(td_comm *comm, int accum, td_optimizer_kind opt, int tied,
     models[s] = gpt(2, 35, 5, tied);
     td_train_config c;
     base_config(&c, world, accum, opt, s);
-    if (s == 3) c.stage3_param_persistence_threshold = 2000; /* some groups persist, the blocks are released */
+    if (s == 3) { /* some groups persist, a block's range stays cached, others are given back */
+      c.stage3_param_persistence_threshold = 2000;
+      c.stage3_max_live_parameters = 16000;
+    }
     CHECK_OK(td_trainer_create(&c, models[s], ds, comm, &tr[s]));
     CHECK_EQ_INT(td_trainer_zero_stage(tr[s]), s);
   }
@@ -149,6 +152,7 @@ static void run_memory(td_comm *comm) {
     td_train_config c;
     base_config(&c, world, 1, TD_OPTIMIZER_ADAMW, s);
     c.stage3_param_persistence_threshold = 0;
+    c.stage3_max_live_parameters = 1; /* nothing cached or prefetched: only the group in use */
     CHECK_OK(td_train_config_resolve(&c, world));
     td_memory_estimate e;
     CHECK_OK(td_trainer_estimate_memory(m, &c, world, s, &e));

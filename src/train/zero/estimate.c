@@ -9,9 +9,10 @@
  *     stage 2+: gradients of the buckets in flight: backward waits once
  *               more than 2 buckets are in flight, a third is being
  *               filled, and a tensor larger than a bucket is written whole;
- *     stage 3:  the fetched parameter groups: the one in use and the one
- *               prefetched (bounded by stage3_max_live_parameters), plus
- *               the groups under stage3_param_persistence_threshold.
+ *     stage 3:  the fetched parameter groups kept resident: up to
+ *               stage3_max_live_parameters (at least the group in use),
+ *               plus the groups under
+ *               stage3_param_persistence_threshold.
  * The engine's fetch groups are the model's (a transformer block, the
  * embeddings, the head); here they are estimated from the tensor table as
  * the runs of tensors whose names share the prefix before the first '.'
@@ -71,11 +72,10 @@ td_status td_trainer_estimate_memory(const td_model *model, const td_train_confi
     live += TD_MIN(TD_MIN(3 * bucket + largest_tensor, n - shard) * f + edges, (n - shard) * f);
   }
   if (stage >= 3 && world > 1) {
-    size_t prefetch = group2 <= (size_t)cfg->stage3_prefetch_bucket_size &&
-                              group1 + group2 <= (size_t)cfg->stage3_max_live_parameters
-                          ? group2
-                          : 0;
-    live += TD_MIN(TD_MIN(group1 + prefetch + persistent, n - shard) * f + edges, (n - shard) * f);
+    /* released and prefetched groups stay within stage3_max_live_parameters;
+     * only the group in use may go over it */
+    size_t cached = TD_MAX((size_t)cfg->stage3_max_live_parameters, group1);
+    live += TD_MIN(TD_MIN(cached + persistent, n - shard) * f + edges, (n - shard) * f);
   }
   out->live = live;
   out->model_states = out->params + out->grads + out->optimizer + out->live;

@@ -69,8 +69,7 @@ td_status zero_create(td_trainer *t) {
   long page = sysconf(_SC_PAGESIZE);
   z->page_floats = (size_t)(page > 0 ? page : 4096) / sizeof(float);
   z->status = TD_OK;
-  size_t bytes = t->n_params * sizeof(float), shard = t->shard_hi - t->shard_lo;
-  (void)bytes;
+  size_t shard = t->shard_hi - t->shard_lo;
   t->params = arena_for(t, z->stage >= 3 ? ZERO_MEM_MAPPED : ZERO_MEM_ALLOC, &z->params_kind);
   if (z->stage >= 2) {
     t->grads = arena_for(t, ZERO_MEM_MAPPED, &z->grads_kind);

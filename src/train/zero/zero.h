@@ -39,6 +39,8 @@ typedef struct zero_live {
   int first_piece, n_pieces; /* into fetch_pieces while in flight */
   bool pending;              /* broadcasts not yet waited for */
   bool persistent;           /* kept until the end of the step */
+  bool in_use;               /* fetched and not yet released by the model */
+  unsigned long last_use;    /* for evicting the least recently used */
 } zero_live;
 
 typedef enum zero_mem_kind { ZERO_MEM_NONE, ZERO_MEM_ALLOC, ZERO_MEM_SHARED, ZERO_MEM_MAPPED } zero_mem_kind;
@@ -62,6 +64,7 @@ typedef struct zero_state {
   zero_piece *fetch_pieces;
   int n_fetch_pieces, cap_fetch_pieces;
   size_t live_floats;
+  unsigned long use_clock;
   td_status status; /* first failure inside a fetch (the model cannot see it) */
   bool gathered;    /* td_trainer_gather_params materialized the whole arena */
 
