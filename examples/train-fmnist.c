@@ -16,6 +16,7 @@
  * test_accuracy=, final_loss= (the last step's global-batch loss),
  * samples_per_s= (all ranks, excluding the first 2 steps), epochs=, ... */
 #include "app_common.h"
+#include "app_elastic.h"
 
 #define FMNIST_DEFAULT_EPOCHS 5
 #define FMNIST_DEFAULT_MICRO 32
@@ -38,6 +39,8 @@ static void usage(void) {
       "  --save DIR         checkpoint into DIR after every epoch and at the end\n"
       "  --resume DIR       continue from the checkpoint in DIR\n"
       "  --keep-last K      keep only the K newest checkpoints in the --save DIR (default: all)\n"
+      "  --elastic          elastic training (implied under tandemrun --min-np/--max-np); no test-set\n"
+      "                     evaluation in this mode yet (README, Elastic training)\n"
       "  --help             this text\n"
       "\n"
       "Environment: TANDEM_PROGRESS=auto|live|plain|off, TANDEM_TIMELINE=FILE (Chrome trace).\n",
@@ -49,18 +52,21 @@ typedef struct fmnist_options {
   app_common_options common;
   const char *data_dir;
   long epochs; /* -1: not given */
+  int elastic; /* --elastic, or started by tandemrun --min-np/--max-np */
 } fmnist_options;
 
 static void parse_args(int argc, char **argv, fmnist_options *o) {
   app_common_init(&o->common);
   o->data_dir = TD_DEFAULT_FMNIST_DIR;
   o->epochs = -1;
+  o->elastic = 0;
   for (int i = 1; i < argc; i++) {
     const char *v;
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
       usage();
       exit(0);
     } else if (app_common_flag(argc, argv, &i, &o->common)) continue;
+    else if (!strcmp(argv[i], "--elastic")) o->elastic = 1;
     else if ((v = app_flag_value(argc, argv, &i, "--data"))) o->data_dir = v;
     else if ((v = app_flag_value(argc, argv, &i, "--epochs"))) o->epochs = app_parse_long("--epochs", v, 1, 100000);
     else if (argv[i][0] == '-') app_usage_error("unknown option '%s'", argv[i]);
@@ -123,10 +129,31 @@ static double evaluate(app_run *run, td_dataset *test, long per_epoch) {
   return accuracy;
 }
 
+/* Elastic training (app_elastic.h), global batch of the initial world. */
+static int elastic_main(const fmnist_options *opt) {
+  if (opt->common.metrics_path || opt->common.resume_dir || opt->common.save_dir)
+    app_usage_error("--elastic keeps its state in memory: --metrics, --save and --resume are not supported with it yet");
+  td_dataset *train = NULL;
+  td_status s = td_idx_dataset_open(opt->data_dir, "train", &train);
+  if (s != TD_OK) app_fail(NULL, "opening the Fashion-MNIST training set", s);
+  const char *w = getenv("TANDEM_WORLD_SIZE");
+  td_train_config cfg;
+  build_config(opt, w ? (int)app_parse_long("TANDEM_WORLD_SIZE", w, 1, 1 << 20) : 1, train->n_samples, &cfg);
+  const td_cnn_config net = {.channels1 = 32, .channels2 = 64, .hidden = 128, .classes = 10};
+  td_model *model = NULL;
+  s = td_cnn_create(&net, &model);
+  if (s != TD_OK) app_fail(NULL, "creating the CNN", s);
+  int code = app_elastic_main(&cfg, model, train);
+  td_model_destroy(model);
+  td_dataset_destroy(train);
+  return code;
+}
+
 int main(int argc, char **argv) {
   app_name = "train-fmnist";
   fmnist_options opt;
   parse_args(argc, argv, &opt);
+  if (opt.elastic || app_elastic_env()) return elastic_main(&opt);
 
   app_run run;
   app_begin(&run, opt.common.metrics_path, 0);

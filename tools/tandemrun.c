@@ -32,6 +32,7 @@
  * ps and ssh logs show; a user-given TANDEM_SECRET_FILE is passed by path
  * (the file must then exist on every host). */
 #include "net/net.h"
+#include "train/elastic/elastic_impl.h"
 
 #include <fcntl.h>
 #include <getopt.h>
@@ -63,6 +64,7 @@ typedef struct {
   char *name;
   int slots;
   bool local;
+  double blacklisted_until; /* elastic: no new workers here before this time */
 } host_spec;
 
 typedef struct {
@@ -72,13 +74,14 @@ typedef struct {
 
 typedef struct {
   int rank, local_rank, local_size;
-  const host_spec *host;
+  host_spec *host;
   pid_t pid;
   int out_fd, err_fd; /* -1 once closed */
   line_buf out_buf, err_buf;
   bool running;   /* started and not yet reaped */
   bool signalled; /* we sent it a signal */
   int wait_status;
+  bool joiner; /* elastic: started after the job began (joins at a commit) */
 } worker;
 
 typedef struct {
@@ -89,6 +92,12 @@ typedef struct {
   double grace_s;
   char **argv; /* PROGRAM ARGS..., NULL-terminated */
   char *program_path; /* resolved for local workers */
+  /* elastic mode (--min-np/--max-np): see the "elastic" section below */
+  bool elastic;
+  int min_np, max_np;
+  const char *discovery; /* --host-discovery-script */
+  int max_restarts;
+  double cooldown_s, elastic_timeout_s;
 } options;
 
 /* ---- small helpers ---- */
@@ -165,6 +174,13 @@ static void usage(FILE *f) {
         "  --timeout SECONDS    stop the whole job after this long and exit 124\n"
         "  --grace SECONDS      after a rank fails, give the others this long to exit by themselves\n"
         "                       before stopping them (default 2)\n"
+        "  --min-np A, --max-np B  elastic mode: keep training while at least A ranks live, at most B;\n"
+        "                       a lost rank does not stop the job: survivors go on at the new size,\n"
+        "                       replacements or new slots start ranks that join at a step boundary\n"
+        "  --host-discovery-script S  elastic: run S every second; it prints HOST:SLOTS lines\n"
+        "  --max-restarts K     elastic: start at most K workers after the initial ones (default 3)\n"
+        "  --blacklist-cooldown S  elastic: no new worker on a host for S s after one failed there (default 0)\n"
+        "  --elastic-timeout S  elastic: stop when fewer than --min-np ranks live for S s (default 600)\n"
         "  -h, --help           this text\n"
         "  --version            print the version\n"
         "\n"
@@ -335,6 +351,7 @@ static char *resolve_program(const char *prog, char *why, size_t why_size) {
 static void parse_options(int argc, char **argv, options *o) {
   memset(o, 0, sizeof *o);
   o->grace_s = 2.0;
+  o->max_restarts = -1; /* not given */
   const char *hosts_arg = NULL, *hostfile = NULL;
   int i = 1;
   for (; i < argc; i++) {
@@ -386,24 +403,66 @@ static void parse_options(int argc, char **argv, options *o) {
     } else if (strcmp(name, "--grace") == 0) {
       NEED_VALUE();
       o->grace_s = parse_seconds("--grace", value, true);
+    } else if (strcmp(name, "--min-np") == 0 || strcmp(name, "--max-np") == 0 || strcmp(name, "--max-restarts") == 0) {
+      NEED_VALUE();
+      char *end;
+      errno = 0;
+      long n = strtol(value, &end, 10);
+      bool restarts = name[6] == 'r';
+      if (errno || end == value || *end || n < (restarts ? 0 : 1) || n > 100000)
+        die_usage("%s '%s' is not a %s number; write e.g. %s 2", name, value, restarts ? "non-negative" : "positive",
+                  name);
+      if (restarts)
+        o->max_restarts = (int)n;
+      else if (name[3] == 'i')
+        o->min_np = (int)n;
+      else
+        o->max_np = (int)n;
+      if (!restarts) o->elastic = true;
+    } else if (strcmp(name, "--host-discovery-script") == 0) {
+      NEED_VALUE();
+      o->discovery = value;
+    } else if (strcmp(name, "--blacklist-cooldown") == 0) {
+      NEED_VALUE();
+      o->cooldown_s = parse_seconds("--blacklist-cooldown", value, true);
+    } else if (strcmp(name, "--elastic-timeout") == 0) {
+      NEED_VALUE();
+      o->elastic_timeout_s = parse_seconds("--elastic-timeout", value, false);
     } else {
-      die_usage("unknown option '%s'; the options are -np, -H, --hostfile, --timeout, --grace, --help, --version", a);
+      die_usage("unknown option '%s'; the options are -np, -H, --hostfile, --timeout, --grace, --min-np, --max-np, "
+                "--host-discovery-script, --max-restarts, --blacklist-cooldown, --elastic-timeout, --help, "
+                "--version",
+                a);
     }
 #undef NEED_VALUE
+  }
+  if (o->elastic) {
+    if (!o->min_np) o->min_np = 1;
+    if (!o->max_np) o->max_np = TD_MAX(o->min_np, o->n_ranks);
+    if (o->min_np > o->max_np) die_usage("--min-np %d exceeds --max-np %d", o->min_np, o->max_np);
+    if (!o->n_ranks) o->n_ranks = o->max_np;
+    if (o->n_ranks < o->min_np || o->n_ranks > o->max_np)
+      die_usage("-np %d is outside --min-np %d .. --max-np %d", o->n_ranks, o->min_np, o->max_np);
+    if (!o->elastic_timeout_s) o->elastic_timeout_s = 600;
+    if (o->max_restarts < 0) o->max_restarts = 3;
+  } else if (o->discovery || o->max_restarts >= 0 || o->cooldown_s || o->elastic_timeout_s) {
+    die_usage("--host-discovery-script, --max-restarts, --blacklist-cooldown and --elastic-timeout need elastic "
+              "mode: add --min-np A --max-np B");
   }
   if (o->n_ranks == 0) die_usage("-np is missing: write tandemrun -np N PROGRAM [ARGS...]");
   if (i >= argc) die_usage("no program given: write tandemrun -np %d PROGRAM [ARGS...]", o->n_ranks);
   if (hosts_arg && hostfile) die_usage("give either -H or --hostfile, not both");
   if (hosts_arg) parse_host_list(o, hosts_arg);
   if (hostfile) parse_hostfile(o, hostfile);
-  if (o->n_hosts == 0) add_host(o, "localhost", o->n_ranks);
+  if (o->discovery && (hosts_arg || hostfile)) die_usage("give either -H/--hostfile or --host-discovery-script");
+  if (o->n_hosts == 0 && !o->discovery) add_host(o, "localhost", o->n_ranks);
   long total = 0;
   for (int h = 0; h < o->n_hosts; h++) total += o->hosts[h].slots;
-  if (total < o->n_ranks)
+  if (total < o->n_ranks && !o->elastic)
     die_usage("-np %d needs %d slots but the hosts give %ld: add slots (HOST:SLOTS) or lower -np", o->n_ranks,
               o->n_ranks, total);
   o->argv = argv + i;
-  bool any_local = false;
+  bool any_local = o->discovery != NULL;
   for (int h = 0; h < o->n_hosts; h++) any_local |= o->hosts[h].local;
   char why[300];
   o->program_path = resolve_program(o->argv[0], why, sizeof why);
@@ -417,7 +476,9 @@ static void parse_options(int argc, char **argv, options *o) {
 
 static bool env_is_ours(const char *entry) {
   static const char *ours[] = {"TANDEM_RANK=", "TANDEM_WORLD_SIZE=", "TANDEM_LOCAL_RANK=", "TANDEM_LOCAL_SIZE=",
-                               "TANDEM_STORE=", "TANDEM_JOB_ID="};
+                               "TANDEM_STORE=", "TANDEM_JOB_ID=", "TANDEM_ELASTIC=",
+                               "TANDEM_ELASTIC_ID=", "TANDEM_ELASTIC_JOIN=", "TANDEM_ELASTIC_MIN_NP=",
+                               "TANDEM_ELASTIC_MAX_NP=", "TANDEM_ELASTIC_TIMEOUT="};
   for (size_t i = 0; i < TD_ARRAY_SIZE(ours); i++)
     if (strncmp(entry, ours[i], strlen(ours[i])) == 0) return true;
   return false;
@@ -497,12 +558,35 @@ typedef struct {
   bool stopping;      /* SIGTERM (or the forwarded signal) sent */
   double grace_deadline, kill_deadline, job_deadline;
   bool killed;
+  /* elastic mode */
+  int cap_workers;
+  int initial_world;   /* workers started together: they form epoch 1 */
+  int extra_started;   /* workers started after those (--max-restarts) */
+  int n_lost;          /* workers that failed while the job went on */
+  host_spec **ehosts;  /* every host ever known (stable pointers) */
+  int n_ehosts;
+  td_store *client;    /* to report lost workers (el_report_dead) */
+  bool done;           /* a worker finished training (exited 0) */
+  bool below_failed;   /* stopped: below --min-np past --elastic-timeout */
+  double below_since;  /* when the live count fell below --min-np (INFINITY: not below) */
+  double next_discovery;
+  double discovery_interval_s; /* TANDEM_DISCOVERY_INTERVAL, default 1 s */
 } job;
 
 /* Build "K=V" entries for one worker. */
 static void worker_vars(const job *j, const worker *w, str_list *vars) {
   list_push(vars, xasprintf("TANDEM_RANK=%d", w->rank));
-  list_push(vars, xasprintf("TANDEM_WORLD_SIZE=%d", j->opt.n_ranks));
+  list_push(vars, xasprintf("TANDEM_WORLD_SIZE=%d", j->opt.elastic ? j->initial_world : j->opt.n_ranks));
+  if (j->opt.elastic) {
+    /* The launch number is the process's age: ranks of later epochs are
+     * ordered by it (tandem/elastic.h). */
+    list_push(vars, xasprintf("TANDEM_ELASTIC=1"));
+    list_push(vars, xasprintf("TANDEM_ELASTIC_ID=%d", w->rank));
+    list_push(vars, xasprintf("TANDEM_ELASTIC_JOIN=%d", w->joiner ? 1 : 0));
+    list_push(vars, xasprintf("TANDEM_ELASTIC_MIN_NP=%d", j->opt.min_np));
+    list_push(vars, xasprintf("TANDEM_ELASTIC_MAX_NP=%d", j->opt.max_np));
+    list_push(vars, xasprintf("TANDEM_ELASTIC_TIMEOUT=%g", j->opt.elastic_timeout_s));
+  }
   list_push(vars, xasprintf("TANDEM_LOCAL_RANK=%d", w->local_rank));
   list_push(vars, xasprintf("TANDEM_LOCAL_SIZE=%d", w->local_size));
   list_push(vars, xasprintf("TANDEM_STORE=%s", j->store_addr));
@@ -751,6 +835,9 @@ static void describe_status(int status, char *buf, size_t size) {
     snprintf(buf, size, "exited with code %d", WEXITSTATUS(status));
 }
 
+static void elastic_reaped(job *j, worker *w, bool failed);
+static void elastic_tick(job *j);
+
 static void reap(job *j) {
   for (;;) {
     int status;
@@ -763,6 +850,10 @@ static void reap(job *j) {
       w->wait_status = status;
       j->n_running--;
       bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+      if (j->opt.elastic) {
+        elastic_reaped(j, w, failed);
+        break;
+      }
       /* The first failure that we did not cause ourselves is the root cause. */
       if (failed && j->root_rank < 0 && !w->signalled && !j->timed_out && !j->interrupt_sig) {
         j->root_rank = w->rank;
@@ -774,10 +865,264 @@ static void reap(job *j) {
   }
 }
 
+/* ---- elastic mode ----
+ * Workers are numbered by launch (their TANDEM_ELASTIC_ID and output
+ * prefix); a lost one does not stop the job: the launcher tells the store
+ * (el_report_dead, so survivors need not wait for it), blacklists its host
+ * for --blacklist-cooldown, and starts a replacement while slots and
+ * --max-restarts allow; it joins at the survivors' next commit. Below
+ * --min-np for --elastic-timeout seconds the job stops. The first worker to
+ * exit 0 means training is done: no more starts, and processes outside the
+ * final membership (joiners still waiting, refused stale ones) are
+ * stopped. */
+
+static int host_used(const job *j, const host_spec *h) {
+  int n = 0;
+  for (int i = 0; i < j->n_workers; i++) n += j->workers[i].running && j->workers[i].host == h;
+  return n;
+}
+
+static host_spec *free_slot(const job *j, double now) {
+  for (int h = 0; h < j->n_ehosts; h++) {
+    host_spec *hs = j->ehosts[h];
+    if (now >= hs->blacklisted_until && host_used(j, hs) < hs->slots) return hs;
+  }
+  return NULL;
+}
+
+static void elastic_add_host(job *j, const char *name, int slots) {
+  for (int h = 0; h < j->n_ehosts; h++)
+    if (!strcmp(j->ehosts[h]->name, name)) {
+      j->ehosts[h]->slots = slots;
+      return;
+    }
+  j->ehosts = realloc(j->ehosts, sizeof *j->ehosts * (size_t)(j->n_ehosts + 1));
+  host_spec *hs = calloc(1, sizeof *hs);
+  if (!j->ehosts || !hs) exit(1);
+  hs->name = xstrdup(name);
+  hs->slots = slots;
+  hs->local = host_is_local(name);
+  j->ehosts[j->n_ehosts++] = hs;
+}
+
+/* Run the discovery script: its HOST:SLOTS lines replace the slot counts
+ * (a host it no longer lists keeps its running workers but gets no new
+ * ones). A failing script or a bad line is reported and changes nothing. */
+static void elastic_discover(job *j) {
+  FILE *f = popen(j->opt.discovery, "re");
+  if (!f) {
+    fprintf(stderr, "tandemrun: cannot run --host-discovery-script '%s': %s\n", j->opt.discovery, strerror(errno));
+    return;
+  }
+  char line[512];
+  char names[64][256];
+  int slots[64], n = 0;
+  bool bad = false;
+  while (fgets(line, sizeof line, f)) {
+    line[strcspn(line, "#\r\n")] = '\0';
+    char *p = line + strspn(line, " \t");
+    if (!*p) continue;
+    char *colon = strrchr(p, ':');
+    int sl = colon ? parse_slots(colon + 1) : 1;
+    size_t len = colon ? (size_t)(colon - p) : strlen(p);
+    if (sl < 1 || len == 0 || len >= sizeof names[0] || n == 64) {
+      bad = true;
+      continue;
+    }
+    memcpy(names[n], p, len);
+    names[n][len] = '\0';
+    slots[n++] = sl;
+  }
+  int rc = pclose(f);
+  if (bad || (rc != -1 && rc != 0)) {
+    fprintf(stderr, "tandemrun: --host-discovery-script '%s' %s; keeping the hosts known before\n", j->opt.discovery,
+            bad ? "printed a line that is not HOST:SLOTS (or more than 64 hosts)" : "failed");
+    return;
+  }
+  char before[1024] = "", after[1024] = "";
+  size_t len = 0;
+  for (int h = 0; h < j->n_ehosts && len < sizeof before; h++)
+    len += (size_t)snprintf(before + len, sizeof before - len, " %s:%d", j->ehosts[h]->name, j->ehosts[h]->slots);
+  for (int h = 0; h < j->n_ehosts; h++) j->ehosts[h]->slots = 0;
+  for (int i = 0; i < n; i++) elastic_add_host(j, names[i], slots[i]);
+  len = 0;
+  for (int h = 0; h < j->n_ehosts && len < sizeof after; h++)
+    if (j->ehosts[h]->slots) len += (size_t)snprintf(after + len, sizeof after - len, " %s:%d", j->ehosts[h]->name,
+                                                     j->ehosts[h]->slots);
+  /* Say when the slots change, not at every poll. */
+  char now_all[1024] = "";
+  len = 0;
+  for (int h = 0; h < j->n_ehosts && len < sizeof now_all; h++)
+    len += (size_t)snprintf(now_all + len, sizeof now_all - len, " %s:%d", j->ehosts[h]->name, j->ehosts[h]->slots);
+  if (j->n_workers > 0 && strcmp(before, now_all))
+    fprintf(stderr, "tandemrun: discovered hosts now:%s\n", after[0] ? after : " none");
+}
+
+static worker *new_worker(job *j, host_spec *h) {
+  if (j->n_workers == j->cap_workers) {
+    j->cap_workers = j->cap_workers ? 2 * j->cap_workers : 8;
+    j->workers = realloc(j->workers, sizeof *j->workers * (size_t)j->cap_workers);
+    if (!j->workers) exit(1);
+  }
+  worker *w = &j->workers[j->n_workers];
+  memset(w, 0, sizeof *w);
+  w->rank = j->n_workers++;
+  w->host = h;
+  w->local_rank = host_used(j, h);
+  w->local_size = h->slots;
+  w->out_fd = w->err_fd = -1;
+  return w;
+}
+
+/* Processes outside the final membership will never be needed. */
+static void elastic_finish(job *j) {
+  char key[200];
+  void *cur = NULL, *members = NULL;
+  int found = 0;
+  snprintf(key, sizeof key, "%s/el/cur", j->job_id);
+  if (store_get(j->client, key, &cur, NULL, &found) == TD_OK && found) {
+    snprintf(key, sizeof key, "%s/el/e%s/m", j->job_id, (char *)cur);
+    if (store_get(j->client, key, &members, NULL, &found) != TD_OK || !found) members = NULL;
+  }
+  for (int i = 0; i < j->n_workers; i++) {
+    worker *w = &j->workers[i];
+    if (!w->running) continue;
+    bool member = false;
+    for (const char *p = members; p && *p;) {
+      char *end;
+      long u = strtol(p, &end, 10);
+      if (end == p) break;
+      member |= u == w->rank;
+      p = end;
+    }
+    if (!member && members) {
+      w->signalled = true;
+      if (kill(-w->pid, SIGTERM) != 0) kill(w->pid, SIGTERM);
+    }
+  }
+  free(cur);
+  free(members);
+}
+
+static void elastic_reaped(job *j, worker *w, bool failed) {
+  if (!failed) {
+    if (!j->done) {
+      j->done = true;
+      elastic_finish(j);
+    }
+    return;
+  }
+  if (w->signalled || j->timed_out || j->interrupt_sig || j->below_failed || j->done) return;
+  char how[96];
+  describe_status(w->wait_status, how, sizeof how);
+  j->n_lost++;
+  if (j->n_running > 0)
+    fprintf(stderr, "tandemrun: process %d (pid %d, host %s) %s; the job goes on with %d process%s\n", w->rank,
+            (int)w->pid, w->host->name, how, j->n_running, j->n_running == 1 ? "" : "es");
+  else
+    fprintf(stderr, "tandemrun: process %d (pid %d, host %s) %s; no process is left\n", w->rank, (int)w->pid,
+            w->host->name, how);
+  if (j->opt.cooldown_s > 0) w->host->blacklisted_until = td_now() + j->opt.cooldown_s;
+  /* Start the replacement before telling the survivors, so that they wait
+   * for it in the round they are forming (el_report_dead). */
+  int uid = w->rank, before = j->n_workers;
+  elastic_tick(j); /* may move j->workers: w is not used after this */
+  long replacement = j->n_workers > before ? j->workers[before].rank : -1;
+  if (j->client && el_report_dead(j->client, j->job_id, uid, how, replacement) != TD_OK)
+    fprintf(stderr, "tandemrun: could not report process %d lost to the store: %s\n", uid, td_last_error());
+}
+
+/* Once per poll round: discovery, replacements and scale-up, the --min-np
+ * watch. */
+static void elastic_tick(job *j) {
+  double now = td_now();
+  if (j->opt.discovery && now >= j->next_discovery) {
+    elastic_discover(j);
+    j->next_discovery = now + j->discovery_interval_s;
+  }
+  if (j->done || j->stopping) return;
+  while (j->n_running < j->opt.max_np && j->extra_started < j->opt.max_restarts) {
+    host_spec *h = free_slot(j, now);
+    if (!h) break;
+    worker *w = new_worker(j, h);
+    w->joiner = true;
+    j->extra_started++;
+    fprintf(stderr, "tandemrun: starting process %d on host %s to join the job (%d of --max-restarts %d)\n",
+            w->rank, h->name, j->extra_started, j->opt.max_restarts);
+    if (!start_worker(j, w)) break;
+  }
+  if (j->n_running >= j->opt.min_np) {
+    j->below_since = INFINITY;
+  } else if (isinf(j->below_since)) {
+    j->below_since = now;
+  } else if (now - j->below_since >= j->opt.elastic_timeout_s) {
+    j->below_failed = true;
+    fprintf(stderr, "tandemrun: only %d process%s left, below --min-np %d, for %g s (--elastic-timeout): stopping "
+                    "the job. Add hosts or slots (--host-discovery-script), allow restarts (--max-restarts), or "
+                    "lower --min-np\n",
+            j->n_running, j->n_running == 1 ? "" : "es", j->opt.min_np, j->opt.elastic_timeout_s);
+    begin_stop(j, SIGTERM);
+  }
+}
+
+/* Elastic start: the hosts (from -H, a hostfile, localhost or the discovery
+ * script, which may first have to offer --min-np slots), then -np workers
+ * (fewer if the slots are fewer, but at least --min-np). Returns false if
+ * --min-np slots never appeared within --elastic-timeout. */
+static bool elastic_place(job *j) {
+  for (int h = 0; h < j->opt.n_hosts; h++) {
+    elastic_add_host(j, j->opt.hosts[h].name, j->opt.hosts[h].slots);
+  }
+  double deadline = td_now() + j->opt.elastic_timeout_s;
+  for (;;) {
+    if (j->opt.discovery) elastic_discover(j);
+    long total = 0;
+    for (int h = 0; h < j->n_ehosts; h++) total += j->ehosts[h]->slots;
+    if (total >= j->opt.min_np) break;
+    if (td_now() >= deadline) {
+      fprintf(stderr, "tandemrun: only %ld slot%s after %g s (--elastic-timeout), fewer than --min-np %d: not "
+                      "starting the job\n",
+              total, total == 1 ? "" : "s", j->opt.elastic_timeout_s, j->opt.min_np);
+      return false;
+    }
+    struct timespec ts = {1, 0};
+    nanosleep(&ts, NULL);
+  }
+  j->discovery_interval_s = td_env_double("TANDEM_DISCOVERY_INTERVAL", 1.0);
+  if (!(j->discovery_interval_s >= 0.01 && j->discovery_interval_s <= 3600)) {
+    fprintf(stderr, "tandemrun: TANDEM_DISCOVERY_INTERVAL must be 0.01 .. 3600 seconds\n");
+    return false;
+  }
+  j->next_discovery = td_now() + j->discovery_interval_s;
+  /* Slot by slot, host by host, as without elastic mode. */
+  for (int h = 0; h < j->n_ehosts && j->n_workers < j->opt.n_ranks; h++)
+    for (int s = 0; s < j->ehosts[h]->slots && j->n_workers < j->opt.n_ranks; s++) {
+      worker *w = new_worker(j, j->ehosts[h]);
+      w->local_rank = s;
+    }
+  for (int i = 0; i < j->n_workers; i++) {
+    int on_host = 0;
+    for (int k = 0; k < j->n_workers; k++) on_host += j->workers[k].host == j->workers[i].host;
+    j->workers[i].local_size = on_host;
+  }
+  j->initial_world = j->n_workers;
+  j->below_since = INFINITY;
+  return true;
+}
+
 static int run_job(job *j) {
   /* Hosts and ranks: slot by slot, in order. Entries naming the same machine
    * (a host listed twice, or localhost and this host's name) form one group,
    * so that local ranks and sizes count every rank on that machine. */
+  bool all_local = true;
+  if (j->opt.elastic) {
+    if (!elastic_place(j)) return 1;
+    for (int h = 0; h < j->n_ehosts; h++) all_local &= j->ehosts[h]->local;
+    /* A discovery script may add remote hosts later: then listen on the
+     * network from the start. */
+    if (j->opt.discovery) all_local = false;
+    goto placed;
+  }
   j->workers = calloc((size_t)j->opt.n_ranks, sizeof *j->workers);
   int *group = calloc((size_t)j->opt.n_hosts, sizeof *group);
   int *group_size = calloc((size_t)j->opt.n_hosts, sizeof *group_size);
@@ -812,8 +1157,8 @@ static int run_job(job *j) {
   free(group);
   free(group_size);
   free(group_next);
-  bool all_local = true;
   for (int i = 0; i < j->n_workers; i++) all_local &= j->workers[i].host->local;
+placed:;
 
   /* Signals arrive on a signalfd; block them before the store thread starts
    * so that no thread takes them asynchronously. */
@@ -878,6 +1223,11 @@ static int run_job(job *j) {
   else
     snprintf(j->store_addr, sizeof j->store_addr, "%s:%d", host_addr, store_server_port(j->store));
   snprintf(j->job_id, sizeof j->job_id, "%d-%016llx", (int)getpid(), (unsigned long long)td_random_u64());
+  if (j->opt.elastic && store_connect(j->store_addr, 30, &j->client) != TD_OK) {
+    fprintf(stderr, "tandemrun: cannot connect to its own store: %s\n", td_last_error());
+    store_server_stop(j->store);
+    return 1;
+  }
 
   j->root_rank = -1;
   double start = td_now();
@@ -903,9 +1253,13 @@ static int run_job(job *j) {
   if (start_failed || j->interrupt_sig) begin_stop(j, j->interrupt_sig ? j->interrupt_sig : SIGTERM);
 
   double drain_deadline = INFINITY;
-  struct pollfd *pfds = xmalloc(sizeof *pfds * (size_t)(2 * j->n_workers + 1));
-  int *owner = xmalloc(sizeof *owner * (size_t)(2 * j->n_workers + 1));
+  struct pollfd *pfds = NULL;
+  int *owner = NULL;
   for (;;) {
+    if (j->opt.elastic) elastic_tick(j);
+    pfds = realloc(pfds, sizeof *pfds * (size_t)(2 * j->n_workers + 1));
+    owner = realloc(owner, sizeof *owner * (size_t)(2 * j->n_workers + 1));
+    if (!pfds || !owner) exit(1);
     double now = td_now();
     int n_open = 0;
     for (int i = 0; i < j->n_workers; i++) n_open += (j->workers[i].out_fd >= 0) + (j->workers[i].err_fd >= 0);
@@ -1003,13 +1357,26 @@ static int run_job(job *j) {
       nanosleep(&ts, NULL);
     }
   }
+  store_close(j->client);
   store_server_stop(j->store);
   close(j->sigfd);
 
   /* One root-cause line, and the exit code. */
   char how[96], name[32];
   int code = 0;
-  if (j->root_rank >= 0) {
+  if (j->opt.elastic && !j->timed_out && !j->interrupt_sig) {
+    if (j->below_failed) {
+      code = 1;
+    } else if (j->done) {
+      if (j->n_lost > 0)
+        fprintf(stderr, "tandemrun: the job finished after losing %d process%s (started %d more)\n", j->n_lost,
+                j->n_lost == 1 ? "" : "es", j->extra_started);
+    } else {
+      fprintf(stderr, "tandemrun: every process of the elastic job failed (%d lost); none finished training\n",
+              j->n_lost);
+      code = 1;
+    }
+  } else if (j->root_rank >= 0) {
     worker *w = &j->workers[j->root_rank];
     describe_status(w->wait_status, how, sizeof how);
     char others[96] = "";
@@ -1049,6 +1416,8 @@ static int run_job(job *j) {
     }
   }
   free(j->workers);
+  for (int h = 0; h < j->n_ehosts; h++) free(j->ehosts[h]->name), free(j->ehosts[h]);
+  free(j->ehosts);
   return code;
 }
 

@@ -8,5 +8,6 @@
 #include "nn.h"
 #include "obs.h"
 #include "train.h"
+#include "elastic.h"
 
 #endif

@@ -1,0 +1,142 @@
+/* The elastic training loop of the example programs (--elastic, or started
+ * by tandemrun --min-np/--max-np), on the public API of tandem/elastic.h.
+ *
+ * The trainer is created locally (comm NULL) so that a process joining a
+ * running job can build it while the others train; td_elastic_run then
+ * gives every process the newest committed state and calls the reset
+ * callback, which moves the trainer onto the epoch's communicator with the
+ * global batch kept (micro-batch and accumulation re-derived). Each
+ * completed step is committed in memory. Output: rank 0 of each epoch
+ * prints one line per step to stderr ("step N loss L" with L exact, %.17g),
+ * and at the end the summary line plus an "elastic:" line with the exact
+ * final loss and a hash of the parameters, which tests compare bit for bit
+ * with a run that never failed. */
+#ifndef TD_EXAMPLES_APP_ELASTIC_H
+#define TD_EXAMPLES_APP_ELASTIC_H
+
+#include <unistd.h>
+
+#include "app_common.h"
+#include "tandem/elastic.h"
+
+typedef struct app_elastic {
+  td_elastic *e;
+  td_trainer *trainer;
+  int micro_hint; /* the micro-batch asked for: the largest one used at any world size */
+  int max_world;
+  long steps;
+  int rank, world;
+  td_step_stats last;
+  long steps_done_here; /* steps this process completed */
+  double t_begin;
+} app_elastic;
+
+/* Is this process started elastically (tandemrun --min-np/--max-np)? */
+static int app_elastic_env(void) {
+  const char *v = getenv("TANDEM_ELASTIC");
+  return v && !strcmp(v, "1");
+}
+
+static td_status app_elastic_reset(void *ctx, td_comm *comm, int world_size) {
+  app_elastic *a = ctx;
+  td_status s = td_trainer_elastic_rebind(a->trainer, comm, a->micro_hint, a->max_world);
+  if (s != TD_OK) return s;
+  a->rank = td_comm_rank(comm);
+  a->world = world_size;
+  if (a->rank == 0) {
+    const td_train_config *c = td_trainer_config(a->trainer);
+    fprintf(stderr, "%s: elastic epoch %d: world=%d global_batch=%ld (micro %d x accum %d x %d ranks) from step %ld\n",
+            app_name, td_elastic_epoch(a->e), world_size, c->train_batch_size, c->micro_batch, c->grad_accum,
+            world_size, td_trainer_step_count(a->trainer));
+    /* The step of the commit may have been completed, but not reported, by
+     * the rank 0 that was lost: every survivor completed it, so say it
+     * again (the same value when it was reported). */
+    long step = td_trainer_step_count(a->trainer);
+    if (step > 0 && a->last.step == step)
+      fprintf(stderr, "%s: step %ld loss %.17g world %d epoch %d\n", app_name, a->last.step, a->last.loss, a->world,
+              td_elastic_epoch(a->e) - 1);
+  }
+  return TD_OK;
+}
+
+static td_status app_elastic_train(void *ctx, td_elastic *e) {
+  app_elastic *a = ctx;
+  while (td_trainer_step_count(a->trainer) < a->steps) {
+    td_step_stats st;
+    td_status s = td_trainer_step(a->trainer, &st);
+    if (s != TD_OK) return s;
+    a->last = st;
+    a->steps_done_here++;
+    if (a->rank == 0)
+      fprintf(stderr, "%s: step %ld loss %.17g world %d epoch %d\n", app_name, st.step, st.loss, a->world,
+              td_elastic_epoch(e));
+    s = td_elastic_commit(e);
+    if (s != TD_OK) return s;
+  }
+  return TD_OK;
+}
+
+/* FNV-1a over the parameter bytes: equal hashes = equal parameters. */
+static unsigned long long app_params_hash(const td_trainer *t) {
+  const unsigned char *p = (const unsigned char *)td_trainer_params(t);
+  size_t n = td_trainer_n_params(t) * sizeof(float);
+  unsigned long long h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+/* Train cfg (resolved for the initial world) elastically; returns the exit
+ * status. The model and dataset are the caller's. */
+static int app_elastic_main(td_train_config *cfg, td_model *model, td_dataset *data) {
+  app_elastic a;
+  memset(&a, 0, sizeof a);
+  td_status s = td_elastic_create(NULL, &a.e);
+  if (s != TD_OK) app_fail(NULL, "joining the elastic job (td_elastic_create)", s);
+  fprintf(stderr, "%s: elastic process %ld (pid %d) is rank %d of %d in epoch %d\n", app_name, td_elastic_id(a.e),
+          (int)getpid(), td_elastic_rank(a.e), td_elastic_size(a.e), td_elastic_epoch(a.e));
+  const char *max_np = getenv("TANDEM_ELASTIC_MAX_NP");
+  a.max_world = max_np ? atoi(max_np) : 0;
+  a.micro_hint = cfg->micro_batch;
+  a.steps = cfg->steps;
+  /* A local trainer (a world of one) for the same global batch. */
+  td_train_config local = *cfg;
+  s = td_elastic_batch_split(cfg->train_batch_size, 1, a.micro_hint, 0, &local.micro_batch, &local.grad_accum);
+  if (s == TD_OK) s = td_trainer_create(&local, model, data, NULL, &a.trainer);
+  if (s == TD_OK) s = td_trainer_elastic_register(a.trainer, a.e);
+  if (s != TD_OK) {
+    fprintf(stderr, "%s: error: setting up elastic training failed (%s): %s\n", app_name, td_status_str(s),
+            td_last_error());
+    td_elastic_destroy(a.e);
+    return APP_EXIT_FAIL;
+  }
+  a.t_begin = app_now();
+  s = td_elastic_run(a.e, app_elastic_train, app_elastic_reset, &a);
+  double train_s = app_now() - a.t_begin;
+  if (s != TD_OK) {
+    fprintf(stderr, "%s: error: elastic training failed (%s): %s\n", app_name, td_status_str(s), td_last_error());
+    td_trainer_destroy(a.trainer);
+    td_elastic_destroy(a.e);
+    return APP_EXIT_FAIL;
+  }
+  const td_train_config *rc = td_trainer_config(a.trainer);
+  if (a.rank == 0) {
+    printf("%s: final_loss=%.6f steps=%ld world=%d params=%zu global_batch=%ld micro_batch=%d grad_accum=%d "
+           "train_s=%.1f\n",
+           app_name, a.last.loss, td_trainer_step_count(a.trainer), a.world, td_trainer_n_params(a.trainer),
+           rc->train_batch_size, rc->micro_batch, rc->grad_accum, train_s);
+    printf("%s: elastic final_loss_exact=%.17g params_hash=%016llx epochs=%d resets=%d\n", app_name, a.last.loss,
+           app_params_hash(a.trainer), td_elastic_epoch(a.e), td_elastic_resets(a.e));
+    fflush(stdout);
+  }
+  td_comm *comm = td_elastic_comm(a.e);
+  s = td_comm_finalize(comm);
+  td_trainer_destroy(a.trainer);
+  td_elastic_destroy(a.e);
+  if (s != TD_OK) {
+    fprintf(stderr, "%s: error: finalizing failed (%s): %s\n", app_name, td_status_str(s), td_last_error());
+    return APP_EXIT_FAIL;
+  }
+  return 0;
+}
+
+#endif

@@ -1,0 +1,142 @@
+/* Tandem public API: elastic, fault-tolerant training (src/train/elastic).
+ *
+ * In the spirit of hvd.elastic.State: the processes of a job survive the
+ * loss of a peer. When a rank dies, stops answering heartbeats, or new
+ * workers ask to join, the surviving processes keep their memory, agree
+ * through the rendezvous store on a new membership "epoch" (a number that
+ * only grows; a process of an older epoch is refused), build a fresh
+ * communicator at the new world size (ranks renumbered by age: the
+ * longest-lived process becomes rank 0), restore the state of the last
+ * commit and carry on. Nothing is read from disk: at ZeRO stage 0 every rank
+ * holds the whole state, and a joining process receives it from its peers.
+ *
+ * Usage (the training loop is the user's):
+ *
+ *   td_elastic *e;  td_elastic_create(NULL, &e);      // joins epoch 1 (or the running job)
+ *   td_elastic_register(e, "params", params, bytes);  // what makes up the state
+ *   td_elastic_register(e, "step", &step, sizeof step);
+ *   td_elastic_run(e, train_fn, reset_fn, ctx);       // see below
+ *
+ *   train_fn(ctx, e): loops over steps on td_elastic_comm(e); after each
+ *       completed step calls td_elastic_commit(e) and returns its status if
+ *       not TD_OK; returns TD_OK when training is done.
+ *   reset_fn(ctx, comm, world_size): called after every membership change,
+ *       with the state already restored to the last commit (the newest one
+ *       any survivor holds), before train_fn runs again: rebind what uses the
+ *       communicator (the trainer's batch split, buffers sized per rank).
+ *
+ * Started by `tandemrun --min-np A --max-np B` (which sets TANDEM_ELASTIC=1,
+ * TANDEM_ELASTIC_ID and the bounds below); other launchers may set the same
+ * variables, but the store must outlive every rank (tandemrun hosts it).
+ *
+ * Environment (read once by td_elastic_create):
+ *   TANDEM_ELASTIC_ID       this process's launch number: smaller = older
+ *                           (default TANDEM_RANK)
+ *   TANDEM_ELASTIC_JOIN     1: a process started after the job began; it
+ *                           joins at the members' next commit
+ *   TANDEM_ELASTIC_MIN_NP   fewest ranks to train with (default 1)
+ *   TANDEM_ELASTIC_MAX_NP   most ranks admitted (default: no limit)
+ *   TANDEM_ELASTIC_TIMEOUT  seconds a membership round may wait for
+ *                           min-np ranks before failing (default 600)
+ *   TANDEM_ELASTIC_SETTLE   seconds survivors wait for a member of the old
+ *                           epoch that neither joins nor is reported dead
+ *                           (a stopped or cut-off host) before going on
+ *                           without it (default 10; should exceed
+ *                           TANDEM_HEARTBEAT_TIMEOUT)
+ *
+ * Threading: one td_elastic is used from one thread. Errors follow
+ * tandem/base.h. */
+#ifndef TANDEM_ELASTIC_H
+#define TANDEM_ELASTIC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base.h"
+#include "comm.h"
+#include "train.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct td_elastic td_elastic;
+
+/* Join the job: agree on a membership epoch with the other processes through
+ * the store and build its communicator. A process started with the job joins
+ * epoch 1 with the others; a process started later (TANDEM_ELASTIC_JOIN=1)
+ * waits until the members reach a commit and admit it. Blocks up to
+ * TANDEM_ELASTIC_TIMEOUT. `reserved` must be NULL (room for a config).
+ * *out is NULL on failure. */
+td_status td_elastic_create(const void *reserved, td_elastic **out);
+/* Leave (destroys the communicator, does not communicate). Accepts NULL. */
+void td_elastic_destroy(td_elastic *e);
+
+/* The communicator of the current epoch: valid until the next membership
+ * change (td_elastic_run replaces it; do not destroy it yourself). */
+td_comm *td_elastic_comm(const td_elastic *e);
+int td_elastic_epoch(const td_elastic *e);    /* 1, 2, ... */
+int td_elastic_rank(const td_elastic *e);     /* rank in the current epoch */
+int td_elastic_size(const td_elastic *e);     /* world size of the current epoch */
+long td_elastic_id(const td_elastic *e);      /* this process's launch number (TANDEM_ELASTIC_ID) */
+/* Membership changes this process went through since td_elastic_create. */
+int td_elastic_resets(const td_elastic *e);
+
+/* Register `bytes` bytes at `ptr` as part of the state (parameters,
+ * optimizer state, a step counter, a sampler position...). Registering a
+ * name again replaces its pointer (same size required). Every rank must
+ * register the same names and sizes, in the same order. Local. */
+td_status td_elastic_register(td_elastic *e, const char *name, void *ptr, size_t bytes);
+
+/* Copy every registered buffer into this process's in-memory commit (a
+ * memcpy per buffer; no disk, no network). At stage 0 every rank holds the
+ * whole state, so every survivor has the commit. Then, collectively, check
+ * whether new workers wait to join (rank 0 asks the store; one 4-byte
+ * allreduce tells the others): if so, returns TD_ERR_REMOTE with a message
+ * saying so, which td_elastic_run answers with a membership change that
+ * admits them (no step is lost: the commit is already taken). */
+td_status td_elastic_commit(td_elastic *e);
+
+typedef td_status (*td_elastic_train_fn)(void *ctx, td_elastic *e);
+typedef td_status (*td_elastic_reset_fn)(void *ctx, td_comm *comm, int world_size);
+
+/* Run train_fn until it returns TD_OK. First synchronizes the state (the
+ * newest commit any rank holds, from the lowest rank holding it; a joining
+ * process receives everything). When train_fn fails because the
+ * communicator broke (a peer lost: td_comm_status() != TD_OK) or
+ * td_elastic_commit asked for a resize, the survivors agree on the next
+ * epoch, build its communicator, restore the newest commit into the
+ * registered buffers, call reset_fn(ctx, comm, world_size) and call
+ * train_fn again: the interrupted step is redone. Any other failure of
+ * train_fn (bad data, a NaN) is returned as is. Fails when fewer than
+ * TANDEM_ELASTIC_MIN_NP ranks remain past TANDEM_ELASTIC_TIMEOUT, or when
+ * this process is stale (the others formed a newer epoch without it: it was
+ * stopped or cut off too long), with a message saying which. */
+td_status td_elastic_run(td_elastic *e, td_elastic_train_fn train_fn, td_elastic_reset_fn reset_fn, void *ctx);
+
+/* ---- the trainer under elastic training (tandem/train.h) ---- */
+
+/* Batch split for an elastic world: keep the global batch G and give each
+ * of `world` ranks G/world samples per step as micro x accum, with the
+ * largest micro-batch not above micro_hint (memory stays bounded).
+ * TD_ERR_INVALID_ARGUMENT when world does not divide G, with a message
+ * listing the world sizes in [1, max_world] that would keep G. Pure. */
+td_status td_elastic_batch_split(long global_batch, int world, int micro_hint, int max_world, int *micro_out,
+                                 int *accum_out);
+
+/* Register a trainer's whole state with e: parameters, optimizer state, the
+ * step count, the sampler position and the global batch. At stage 0 that is
+ * everything a step depends on. Local. */
+td_status td_trainer_elastic_register(td_trainer *t, td_elastic *e);
+
+/* Move a trainer onto `comm` (NULL: a world of one), keeping its global
+ * batch (td_elastic_batch_split with micro_hint and max_world), resizing
+ * per-rank buffers. Call it from the reset callback. The trainer must have
+ * been created with comm NULL (creation is then local, so a joining
+ * process can create its trainer while the others train). Local. */
+td_status td_trainer_elastic_rebind(td_trainer *t, td_comm *comm, int micro_hint, int max_world);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

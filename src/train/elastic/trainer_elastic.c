@@ -1,0 +1,78 @@
+/* The trainer under elastic training: which of its memory is the state, and
+ * how it moves onto the communicator of a new epoch (tandem/elastic.h).
+ *
+ * A step depends on the parameters, the optimizer state, the step count
+ * (Adam's bias correction, the schedule) and the sampler position; the
+ * global batch rides along so that a joining process learns it from its
+ * peers. Gradients are rebuilt by every step and are not state. Because the
+ * sampler addresses samples by global stream position, a new world size
+ * reads exactly the samples the old one would have (train_impl.h). */
+#include "train/elastic/elastic_impl.h"
+#include "train/train_impl.h"
+
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+td_status td_trainer_elastic_register(td_trainer *t, td_elastic *e) {
+  if (!t || !e) return td_error(TD_ERR_INVALID_ARGUMENT, "td_trainer_elastic_register: trainer and state required");
+  /* ZeRO stage >= 1 keeps only shards of some arenas (train_impl.h): the
+   * whole-arena registrations below would read past them. */
+  if (t->zero_stage >= 1)
+    return td_error(TD_ERR_INVALID_USAGE, "elastic training is not supported at ZeRO stage %d yet; use stage 0",
+                    t->zero_stage);
+  size_t bytes = t->n_params * sizeof(float);
+  TD_CHECK(td_elastic_register(e, "params", t->params, bytes));
+  TD_CHECK(td_elastic_register(e, "optimizer_state_0", t->states[0], bytes));
+  if (t->n_states > 1) TD_CHECK(td_elastic_register(e, "optimizer_state_1", t->states[1], bytes));
+  TD_CHECK(td_elastic_register(e, "step", &t->step, sizeof t->step));
+  TD_CHECK(td_elastic_register(e, "consumed", &t->consumed, sizeof t->consumed));
+  return td_elastic_register(e, "train_batch_size", &t->cfg.train_batch_size, sizeof t->cfg.train_batch_size);
+}
+
+static int usable_cores(void) {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? (int)n : 1;
+}
+
+td_status td_trainer_elastic_rebind(td_trainer *t, td_comm *comm, int micro_hint, int max_world) {
+  if (!t) return td_error(TD_ERR_INVALID_ARGUMENT, "td_trainer_elastic_rebind: trainer is NULL");
+  int world = comm ? td_comm_size(comm) : 1;
+  int micro = 0, accum = 0;
+  TD_CHECK(td_elastic_batch_split(t->cfg.train_batch_size, world, micro_hint, max_world, &micro, &accum));
+  /* Requests of an interrupted step belong to the old communicator, which
+   * completes them with its error; nothing of theirs is needed. */
+  for (int i = 0; i < t->n_requests; i++) td_wait(t->requests[i]);
+  t->n_requests = 0;
+  int32_t *flags = calloc((size_t)world, sizeof *flags);
+  unsigned char *inputs = td_alloc((size_t)micro * t->dataset->input_bytes);
+  int32_t *targets = td_alloc((size_t)micro * t->dataset->targets_per_sample * sizeof(int32_t));
+  if (!flags || !inputs || !targets) {
+    free(flags);
+    td_free(inputs);
+    td_free(targets);
+    return td_error(TD_ERR_SYSTEM, "elastic: out of memory for the micro-batch of %d samples", micro);
+  }
+  free(t->agree_flags);
+  td_free(t->inputs);
+  td_free(t->targets);
+  t->agree_flags = flags;
+  t->inputs = inputs;
+  t->targets = targets;
+  t->comm = comm;
+  t->rank = comm ? td_comm_rank(comm) : 0;
+  t->world = world;
+  t->cfg.micro_batch = micro;
+  t->cfg.grad_accum = accum;
+  if (t->cfg.threads <= 0) {
+    int local = comm ? td_comm_local_size(comm) : 1;
+    t->threads = TD_MAX(1, usable_cores() / TD_MAX(local, 1));
+    td_nn_set_threads(t->threads);
+  }
+  /* The model is prepared for the new micro-batch by the next step. */
+  t->prepared_batch = -1;
+  return TD_OK;
+}

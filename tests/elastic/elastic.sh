@@ -1,0 +1,187 @@
+#!/usr/bin/env bash
+# Elastic training end to end: tandemrun --min-np/--max-np with train-gpt
+# (elastic mode), real faults (kill -9, SIGSTOP), all ranks on this host.
+#
+#   elastic.sh B kill     kill -9 of rank 0's process at step 20 and of
+#                         another 10 steps into the next epoch, each
+#                         replaced (the survivors wait for the replacement,
+#                         so the world stays 4): every step's loss and the
+#                         final parameters equal a fault-free run's, bit
+#                         for bit
+#   elastic.sh B resize   4 -> 3 -> 2 by kill -9 without replacement, then
+#                         back to 4 through the discovery script: every
+#                         world size seen, the global batch kept, the final
+#                         loss within float summation noise of the
+#                         fault-free run (different world sizes sum in a
+#                         different order; see README)
+#   elastic.sh B stale    SIGSTOP a process until the others formed epoch
+#                         2 without it, then SIGCONT: it is refused (stale
+#                         epoch), exits, and the job finishes
+#   elastic.sh B below    2 ranks, --min-np 2, one killed, no restarts:
+#                         tandemrun stops the job after --elastic-timeout
+#                         with a message naming --min-np, exit 1
+#   elastic.sh B batch    global batch 8 on 4 ranks loses one: 3 cannot
+#                         keep it; every survivor stops with a message
+#                         listing the world sizes that would work
+set -u
+B=$2
+case_name=$1
+RUN="$B/bin/tandemrun"
+GPT="$B/bin/train-gpt"
+work=$(mktemp -d /tmp/tandem-elastic-XXXXXX)
+bg=
+cleanup() {
+  [ -n "$bg" ] && kill -9 -- "$bg" 2>/dev/null
+  rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM # the runner's timeout: clean up too
+export TANDEM_PROGRESS=plain
+TINY="--layers 1 --channels 32 --heads 2 --seq 32 --threads 1 --sample 0"
+
+fail() {
+  echo "FAIL($case_name): $*"
+  [ -f "$work/out" ] && { echo "---- tandemrun output (without step lines):"; grep -v "step [0-9]* loss" "$work/out" | tail -40; }
+  exit 1
+}
+
+# wait_for FILE PATTERN [SECONDS]: block (polling the output file) until
+# PATTERN appears; fail if it does not within SECONDS.
+wait_for() {
+  local n=$(( ${3:-60} * 20 ))
+  for _ in $(seq 1 "$n"); do
+    grep -q -- "$2" "$1" && return 0
+    sleep 0.05
+  done
+  cat "$1"
+  fail "'$2' did not appear in $1"
+}
+pid_of() { sed -n "s/.*elastic process $2 (pid \([0-9]*\)).*/\1/p" "$1" | head -1; }
+# kill_frozen OUT ID: stop every process of the job at once, kill -9 process
+# ID, let the others go on. A loaded machine may run this script slowly
+# next to fast steps: freezing the job makes the fault land where the
+# script saw it (a SIGSTOP is invisible to shared-memory peers).
+kill_frozen() { # kill_frozen OUT ID [SIGNAL]
+  local pids victim keep
+  pids=$(sed -n 's/.*elastic process [0-9]* (pid \([0-9]*\)).*/\1/p' "$1")
+  victim=$(pid_of "$1" "$2")
+  kill -STOP $pids 2>/dev/null
+  kill "-${3:-9}" "$victim"
+  keep=$(echo "$pids" | grep -vx "$victim")
+  kill -CONT $keep 2>/dev/null
+}
+# "step loss" pairs, the last report of each step (a redone step reports twice, equally).
+losses() { sed -n 's/.*train-gpt: step \([0-9]*\) loss \([^ ]*\) .*/\1 \2/p' "$1" | sort -n -k1,1 -s | awk '{l[$1]=$2} END {for (s in l) print s, l[s]}' | sort -n; }
+exact() { sed -n 's/.*elastic final_loss_exact=\([^ ]*\) params_hash=\([^ ]*\).*/\1 \2/p' "$1"; }
+close_rel() { awk -v a="$1" -v b="$2" -v r="$3" 'BEGIN { d = a - b; if (d < 0) d = -d; m = b < 0 ? -b : b; exit !(d <= r * m) }'; }
+
+# start OUT ARGS...: tandemrun in the background, its process group in $bg.
+start() {
+  local out=$1
+  shift
+  setsid "$RUN" "$@" >"$out" 2>&1 &
+  bg=$!
+}
+finish() { # finish EXPECTED_RC OUT
+  wait "$bg"
+  local rc=$?
+  bg=
+  [ "$rc" = "$1" ] || { cat "$2"; fail "tandemrun exited $rc, expected $1"; }
+}
+
+case "$case_name" in
+kill)
+  # Steps slow enough (a larger model than TINY) for the script to act
+  # between them on a loaded machine.
+  model="--layers 2 --channels 64 --heads 2 --seq 64 --threads 1 --sample 0"
+  args="$model --steps 300 --micro-batch 3"
+  "$RUN" --min-np 2 --max-np 4 -np 4 "$GPT" $args >"$work/ref" 2>&1 || { cat "$work/ref"; fail "fault-free run"; }
+  start "$work/out" --min-np 2 --max-np 4 -np 4 --max-restarts 2 "$GPT" $args
+  wait_for "$work/out" "step 20 loss"
+  kill_frozen "$work/out" 0
+  wait_for "$work/out" "elastic epoch 2:"
+  from=$(sed -n 's/.*elastic epoch 2: .* from step \([0-9]*\).*/\1/p' "$work/out")
+  wait_for "$work/out" "step $((from + 10)) loss"
+  kill_frozen "$work/out" 2
+  finish 0 "$work/out"
+  grep -v "step [0-9]* loss" "$work/out"
+  grep -q "elastic epoch 3: world=4" "$work/out" || fail "no third epoch at world 4 (two faults, two replacements)"
+  grep -q "process 0 .*was killed by signal 9" "$work/out" || fail "rank 0's process was not the one lost first"
+  [ "$(losses "$work/ref" | wc -l)" = 300 ] || fail "the fault-free run did not report 300 steps"
+  diff <(losses "$work/ref") <(losses "$work/out") >"$work/diff" || { head "$work/diff"; fail "step losses differ"; }
+  [ "$(exact "$work/ref")" = "$(exact "$work/out")" ] || fail "final loss or parameters differ: $(exact "$work/ref") vs $(exact "$work/out")"
+  echo "300 step losses and the final parameters equal the fault-free run's: $(exact "$work/out")"
+  ;;
+resize)
+  # A larger model than TINY: its steps are slow enough (about 10 ms) for
+  # the script to act between them.
+  args="--layers 2 --channels 64 --heads 2 --seq 64 --threads 1 --sample 0 --steps 300 --micro-batch 3"
+  echo localhost:4 >"$work/hosts"
+  printf '#!/bin/sh\ncat %s\n' "$work/hosts" >"$work/discover"
+  chmod +x "$work/discover"
+  export TANDEM_DISCOVERY_INTERVAL=0.05
+  "$RUN" --min-np 2 --max-np 4 -np 4 "$GPT" $args >"$work/ref" 2>&1 || { cat "$work/ref"; fail "fault-free run"; }
+  start "$work/out" --min-np 2 --max-np 4 -np 4 --host-discovery-script "$work/discover" "$GPT" $args
+  wait_for "$work/out" "step 20 loss"
+  echo localhost:3 >"$work/hosts" # no replacement for the next loss
+  wait_for "$work/out" "discovered hosts now: localhost:3"
+  kill_frozen "$work/out" 1
+  wait_for "$work/out" "world=3 global_batch=12 (micro 2 x accum 2"
+  echo localhost:2 >"$work/hosts"
+  wait_for "$work/out" "discovered hosts now: localhost:2"
+  kill_frozen "$work/out" 3
+  wait_for "$work/out" "world=2 global_batch=12 (micro 3 x accum 2"
+  echo localhost:4 >"$work/hosts" # two new processes join
+  wait_for "$work/out" "elastic epoch 4: world=4"
+  finish 0 "$work/out"
+  grep -v "step [0-9]* loss" "$work/out"
+  read -r lref _ <<<"$(exact "$work/ref")"
+  read -r lout _ <<<"$(exact "$work/out")"
+  [ -n "$lref" ] && [ -n "$lout" ] || fail "missing final loss"
+  [ "$(losses "$work/out" | wc -l)" = 300 ] || fail "not every step was reported once the job resized"
+  close_rel "$lout" "$lref" 1e-5 || fail "final loss $lout differs from the fault-free $lref beyond summation noise"
+  echo "resized 4 -> 3 -> 2 -> 4; final loss $lout vs fault-free $lref"
+  ;;
+stale)
+  export TANDEM_TRANSPORT=tcp TANDEM_HEARTBEAT_TIMEOUT=2 TANDEM_HEARTBEAT_INTERVAL=0.25 TANDEM_ELASTIC_SETTLE=3
+  start "$work/out" --min-np 2 --max-np 4 -np 4 --max-restarts 0 "$GPT" \
+    --layers 2 --channels 64 --heads 2 --seq 64 --threads 1 --sample 0 --steps 300 --micro-batch 3
+  wait_for "$work/out" "step 20 loss"
+  pid=$(pid_of "$work/out" 2)
+  kill_frozen "$work/out" 2 STOP
+  wait_for "$work/out" "elastic epoch 2: world=3"
+  kill -CONT "$pid"
+  finish 0 "$work/out"
+  grep -v "step [0-9]* loss" "$work/out"
+  grep -q "process 2 of epoch 1 is stale: the job already formed epoch 2 without it" "$work/out" ||
+    fail "the stopped process was not refused as stale"
+  grep -q "process 2 (pid $pid, host localhost) exited with code 1" "$work/out" || fail "the stale process did not exit 1"
+  ;;
+below)
+  start "$work/out" --min-np 2 --max-np 2 -np 2 --max-restarts 0 --elastic-timeout 2 "$GPT" $TINY --steps 100000 --micro-batch 3
+  wait_for "$work/out" "step 20 loss"
+  t0=$(date +%s)
+  kill -9 "$(pid_of "$work/out" 1)"
+  finish 1 "$work/out"
+  cat "$work/out" | grep -v "step [0-9]* loss"
+  # The survivor's own round times out after the same 2 s (TANDEM_ELASTIC_TIMEOUT), saying so; whichever
+  # comes first, tandemrun ends the job with this line.
+  grep -Eq "tandemrun: only [01] process(es)? left, below --min-np 2, for 2 s \(--elastic-timeout\): stopping the job" \
+    "$work/out" || fail "no clear below --min-np message"
+  [ $(( $(date +%s) - t0 )) -lt 20 ] || fail "took more than 20 s to stop"
+  ;;
+batch)
+  start "$work/out" --min-np 2 --max-np 4 -np 4 --max-restarts 0 "$GPT" $TINY --steps 100000 --micro-batch 2
+  wait_for "$work/out" "step 20 loss"
+  kill -9 "$(pid_of "$work/out" 3)"
+  finish 1 "$work/out"
+  grep -v "step [0-9]* loss" "$work/out"
+  grep -q "the global batch 8 cannot be split over 3 ranks; world sizes that keep it: 1, 2, 4" "$work/out" ||
+    fail "no message listing the world sizes that keep the global batch"
+  ;;
+*)
+  fail "unknown case"
+  ;;
+esac
+echo "PASS($case_name)"

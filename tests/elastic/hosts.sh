@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# Elastic training across "hosts" for real: network namespaces joined by a
+# bridge (tests/lib/netns.sh), each worker host with its own sshd (keys
+# made here), tandemrun on a third namespace host starting the ranks over
+# ssh exactly as on a cluster (-H), then a fault:
+#
+#   hosts.sh B cut    host b's cable is pulled (link down): its 2 ranks stop
+#                     answering heartbeats; the 2 ranks on host a go on alone
+#                     (--min-np 2) once TANDEM_ELASTIC_SETTLE passed, and
+#                     the job finishes with a final loss within summation
+#                     noise of a fault-free run
+#   hosts.sh B kill   every process of host b's ranks killed at once
+#                     (kill -9): the launcher's ssh sessions end, the loss
+#                     is reported at once, and the job goes on at 2 ranks
+#
+# Needs root (namespaces, sshd); every namespace and sshd is removed on
+# exit, also after a failure.
+set -u
+B=$1
+case_name=$2
+here=$(cd "$(dirname "$0")" && pwd)
+. "$here/../lib/netns.sh"
+RUN=$(cd "$B/bin" && pwd)/tandemrun
+GPT=$(cd "$B/bin" && pwd)/train-gpt
+fail() {
+  echo "FAIL(hosts $case_name): $*"
+  [ -f "${out:-}" ] && { echo "---- output (without step lines):"; grep -v "step [0-9]* loss" "$out" | tail -40; }
+  exit 1
+}
+command -v /usr/sbin/sshd >/dev/null || fail "/usr/sbin/sshd not found: install openssh-server (scripts/install-deps)"
+
+netns_init
+tmp=$(mktemp -d "/tmp/td-elastic-hosts-$$.XXXXXX")
+NETNS_ON_EXIT='rm -rf "$tmp"'
+netns_add_host a 10.77.7.1
+netns_add_host b 10.77.7.2
+netns_add_host l 10.77.7.3 # the launcher's host: it holds the store, so losing a or b loses no store
+
+# sshd per worker host, keys made here.
+mkdir -p /run/sshd
+ssh-keygen -q -t ed25519 -N '' -f "$tmp/hostkey" || fail "ssh-keygen"
+ssh-keygen -q -t ed25519 -N '' -f "$tmp/id" || fail "ssh-keygen"
+cp "$tmp/id.pub" "$tmp/authorized_keys"
+chmod 600 "$tmp/authorized_keys"
+for h in a b; do
+  addr=$([ $h = a ] && echo 10.77.7.1 || echo 10.77.7.2)
+  cat >"$tmp/sshd_$h" <<EOF
+ListenAddress $addr
+Port 22
+HostKey $tmp/hostkey
+AuthorizedKeysFile $tmp/authorized_keys
+StrictModes no
+PermitRootLogin prohibit-password
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+PidFile none
+AcceptEnv none
+EOF
+  netns_spawn $h /usr/sbin/sshd -D -e -f "$tmp/sshd_$h" 2>"$tmp/sshd_$h.log"
+done
+export TANDEM_SSH="ssh -i $tmp/id -F /dev/null -o BatchMode=yes -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR -o ConnectTimeout=5"
+# sshd up on both hosts?
+for addr in 10.77.7.1 10.77.7.2; do
+  ok=0
+  for _ in $(seq 1 100); do
+    netns_run l $TANDEM_SSH "$addr" true 2>/dev/null && { ok=1; break; }
+    sleep 0.1
+  done
+  [ $ok = 1 ] || { cat "$tmp"/sshd_*.log; fail "sshd on $addr does not answer"; }
+done
+
+export TANDEM_PROGRESS=plain TANDEM_HEARTBEAT_TIMEOUT=2 TANDEM_HEARTBEAT_INTERVAL=0.25
+export TANDEM_ELASTIC_SETTLE=4
+args="--layers 2 --channels 64 --heads 2 --seq 64 --threads 1 --sample 0 --steps 150 --micro-batch 3"
+hosts="-H 10.77.7.1:2,10.77.7.2:2"
+exact() { sed -n 's/.*elastic final_loss_exact=\([^ ]*\) params_hash=.*/\1/p' "$1"; }
+
+# The fault-free reference runs on this host (shared memory): the same
+# steps, summed in another order, so equal to summation noise.
+"$RUN" --min-np 2 --max-np 4 -np 4 "$GPT" $args >"$tmp/ref" 2>&1 || { out="$tmp/ref"; fail "fault-free run"; }
+
+out="$tmp/out"
+netns_spawn l "$RUN" --min-np 2 --max-np 4 -np 4 --max-restarts 0 $hosts "$GPT" $args >"$out" 2>&1
+job=$NETNS_PID
+wait_for() {
+  for _ in $(seq 1 $(( ${2:-60} * 20 ))); do
+    grep -q -- "$1" "$out" && return 0
+    sleep 0.05
+  done
+  fail "'$1' did not appear"
+}
+wait_for "step 20 loss"
+case $case_name in
+cut) netns_cut b down ;;
+kill)
+  # Every process of host b's ranks at once (not its sshd).
+  for pid in $(ip netns pids "$(netns_name b)"); do
+    grep -q "train-gpt" "/proc/$pid/cmdline" 2>/dev/null && kill -9 "$pid"
+  done ;;
+*) fail "unknown case" ;;
+esac
+wait_for "elastic epoch 2: world=2" 60
+wait "$job"
+rc=$?
+grep -q "elastic process 3 (pid .*) is rank 3 of 4" "$out" || fail "not 4 ranks over ssh"
+[ $rc = 0 ] || fail "tandemrun exited $rc"
+grep -v "step [0-9]* loss" "$out" | tail -12
+lref=$(exact "$tmp/ref")
+lout=$(exact "$out")
+[ -n "$lref" ] && [ -n "$lout" ] || fail "missing final loss"
+awk -v a="$lout" -v b="$lref" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-5 * (b < 0 ? -b : b)) }' ||
+  fail "final loss $lout differs from the fault-free $lref beyond summation noise"
+echo "PASS(hosts $case_name): host b lost, the job went on at 2 ranks; final loss $lout vs fault-free $lref"
