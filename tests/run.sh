@@ -10,7 +10,15 @@
 # run under ASan in the time budget).
 #
 # Environment: TESTS=REGEX runs only tests whose name matches;
-#              TREES="build" skips the sanitizer pass.
+#              TREES="build" skips the sanitizer pass;
+#              JOBS=N runs up to N lines at once (default 2; 1: one by one).
+#              SERIAL=REGEX names the lines that run alone, nothing beside
+#              them (default: those whose point is a time bound, that
+#              create network namespaces, that move data through tiny
+#              buffers, or that inject faults into elastic jobs).
+# Why lines run in parallel: most lines spend their time waiting (timeouts,
+# heartbeats, process start-up), not computing, and every test must pass on
+# a loaded machine anyway (rule of the house).
 # Ends with the summary line "N passed, N failed" and exits non-zero on any failure.
 set -u
 cd "$(dirname "$0")/.."
@@ -25,6 +33,33 @@ start_all=$(date +%s)
 
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0:halt_on_error=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+
+jobs_max=${JOBS:-2}
+serial=${SERIAL:-'^(deadhost_|elastic_|.*(small_chunks|small_sockets|huge)$|tcp_heartbeat_(stop|busy)|fail_timeout_|core_timeout_|launcher_timeout|comm_two_jobs|launcher_concurrent)'}
+resdir=$(mktemp -d /tmp/tandem-tests.XXXXXX)
+trap 'rm -rf "$resdir"' EXIT
+
+# One line: run it under its timeout, print PASS/FAIL (one write, so that
+# lines of parallel tests do not interleave) and leave the verdict in $resdir.
+run_one() {
+  local tag=$1 tmo=$2 cmd=$3 log=$4 t0 rc dt_ds dt out
+  t0=$(date +%s%N)
+  timeout -k 5 "$tmo" bash -c "$cmd" >"$log" 2>&1
+  rc=$?
+  dt_ds=$(( ($(date +%s%N) - t0) / 100000000 ))
+  dt="$((dt_ds / 10)).$((dt_ds % 10))"
+  if [ $rc -eq 0 ]; then
+    printf 'PASS %-50s %6ss\n' "$tag" "$dt"
+    echo pass >"$resdir/$(echo "$tag" | tr '/' '_')"
+  else
+    local why="exit $rc"
+    [ $rc -eq 124 ] && why="timed out after ${tmo}s"
+    out=$(printf 'FAIL %-50s %6ss (%s)\n---- last lines of %s:\n%s\n----' "$tag" "$dt" "$why" "$log" \
+      "$(tail -n 25 "$log" | sed 's/^/    /')")
+    echo "$out"
+    echo "fail $tag" >"$resdir/$(echo "$tag" | tr '/' '_')"
+  fi
+}
 
 for B in $trees; do
   [ -d "$B/tests" ] || { echo "missing $B/tests: build it first (make all BUILD=$B)"; failed=$((failed+1)); continue; }
@@ -43,26 +78,26 @@ for B in $trees; do
       log="$logdir/$(echo "$tag" | tr '/' '_').log"
       cmd="${cmd//\$RUN/$RUN}"
       cmd="${cmd//\$B/$B}"
-      t0=$(date +%s%N)
-      timeout -k 5 "$tmo" bash -c "$cmd" >"$log" 2>&1
-      rc=$?
-      dt_ds=$(( ($(date +%s%N) - t0) / 100000000 ))
-      dt="$((dt_ds / 10)).$((dt_ds % 10))"
-      if [ $rc -eq 0 ]; then
-        passed=$((passed+1))
-        printf 'PASS %-50s %6ss\n' "$tag" "$dt"
+      if [ "$jobs_max" -le 1 ] || echo "$name" | grep -Eq -- "$serial"; then
+        wait # nothing beside it
+        run_one "$tag" "$tmo" "$cmd" "$log" </dev/null
       else
-        failed=$((failed+1))
-        failed_names+=("$tag")
-        why="exit $rc"
-        [ $rc -eq 124 ] && why="timed out after ${tmo}s"
-        printf 'FAIL %-50s %6ss (%s)\n' "$tag" "$dt" "$why"
-        echo "---- last lines of $log:"
-        tail -n 25 "$log" | sed 's/^/    /'
-        echo "----"
+        while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do wait -n; done
+        run_one "$tag" "$tmo" "$cmd" "$log" </dev/null &
       fi
     done < "$suite"
   done
+  wait
+done
+for f in "$resdir"/*; do
+  [ -e "$f" ] || continue
+  read -r verdict tag <"$f"
+  if [ "$verdict" = pass ]; then
+    passed=$((passed+1))
+  else
+    failed=$((failed+1))
+    failed_names+=("$tag")
+  fi
 done
 
 echo

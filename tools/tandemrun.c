@@ -1209,7 +1209,8 @@ placed:;
   /* Loopback when every rank is here; else the address remote ranks dial
    * (TANDEM_HOST_ADDR, TANDEM_IFACE's, or the first non-loopback one). */
   char host_addr[256] = "127.0.0.1";
-  if (!all_local && net_local_address(host_addr, sizeof host_addr) != TD_OK) {
+  if (!all_local && net_local_address(td_env_str("TANDEM_HOST_ADDR", NULL), td_env_str("TANDEM_IFACE", NULL), host_addr,
+                                      sizeof host_addr) != TD_OK) {
     fprintf(stderr, "tandemrun: %s\n", td_last_error());
     return 1;
   }

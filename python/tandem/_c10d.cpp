@@ -20,6 +20,7 @@
 
 #include <condition_variable>
 #include <deque>
+#include <algorithm>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -71,6 +72,15 @@ class WorkTandem;
 
 // Requests complete in issue order (one communicator runs them in order), so
 // one thread waiting on them in that order completes every Work promptly.
+//
+// The GIL rule (what hung py_np2): the completer thread must never drop the
+// last reference to a tensor, a Future or a lambda that may own a Python
+// object. A tensor whose Python object died while C++ still held it (any
+// tensor passed from Python with async_op=True, then dropped) owns that
+// object, and its destructor takes the GIL. So finished items go to done_,
+// and are released by a thread that may take the GIL: the next issuing call
+// (push) or the process group's destructor, which in turn never holds the
+// GIL while it joins this thread.
 class Completer {
  public:
   struct Item {
@@ -82,7 +92,12 @@ class Completer {
   };
 
   explicit Completer(td_comm *comm) : comm_(comm), thread_([this] { run(); }) {}
-  ~Completer() {
+  ~Completer() { stop(); } // the owner calls stop() first, without the GIL
+  // Finish every queued item and end the thread. Waits end: every Tandem
+  // operation has a deadline (the group's timeout), so a peer that never
+  // issues its side turns into an error here, not a hang.
+  void stop() {
+    if (!thread_.joinable()) return;
     {
       std::lock_guard<std::mutex> g(mu_);
       stop_ = true;
@@ -91,11 +106,20 @@ class Completer {
     thread_.join();
   }
   void push(Item item) {
+    release_done();
     {
       std::lock_guard<std::mutex> g(mu_);
       q_.push_back(std::move(item));
     }
     cv_.notify_one();
+  }
+  // Drop the finished items here, on a thread that may take the GIL.
+  void release_done() {
+    std::vector<Item> done;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      done.swap(done_);
+    }
   }
 
  private:
@@ -109,28 +133,34 @@ class Completer {
         item = std::move(q_.front());
         q_.pop_front();
       }
-      td_status first = TD_OK;
-      std::string msg;
-      for (td_request *r : item.reqs) {
-        td_status st = api->wait(r);
-        if (st != TD_OK && first == TD_OK) {
-          first = st;
-          const char *m = api->last_error();
-          if (!m || !*m) m = api->comm_last_error(comm_);
-          msg = m ? m : api->status_str(st);
-        }
+      complete(item);
+      std::lock_guard<std::mutex> g(mu_);
+      done_.push_back(std::move(item));
+    }
+  }
+
+  void complete(Item &item) {
+    td_status first = TD_OK;
+    std::string msg;
+    for (td_request *r : item.reqs) {
+      td_status st = api->wait(r);
+      if (st != TD_OK && first == TD_OK) {
+        first = st;
+        const char *m = api->last_error();
+        if (!m || !*m) m = api->comm_last_error(comm_);
+        msg = m ? m : api->status_str(st);
       }
-      if (first != TD_OK) {
-        item.future->setError(std::make_exception_ptr(
-            std::runtime_error(std::string("ProcessGroup tandem: ") + api->status_str(first) + ": " + msg)));
-        continue;
-      }
-      try {
-        if (item.finish) item.finish();
-        item.future->markCompleted(c10::IValue(item.outputs));
-      } catch (...) {
-        item.future->setError(std::current_exception());
-      }
+    }
+    if (first != TD_OK) {
+      item.future->setError(std::make_exception_ptr(
+          std::runtime_error(std::string("ProcessGroup tandem: ") + api->status_str(first) + ": " + msg)));
+      return;
+    }
+    try {
+      if (item.finish) item.finish();
+      item.future->markCompleted(c10::IValue(item.outputs));
+    } catch (...) {
+      item.future->setError(std::current_exception());
     }
   }
 
@@ -138,6 +168,7 @@ class Completer {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Item> q_;
+  std::vector<Item> done_;
   bool stop_ = false;
   std::thread thread_;
 };
@@ -174,8 +205,23 @@ class ProcessGroupTandem : public c10d::ProcessGroup {
     completer_ = std::make_unique<Completer>(comm_);
   }
   ~ProcessGroupTandem() override {
-    completer_.reset(); // waits for every pending request
+    // Wait for every pending request without holding the GIL: the
+    // completer may need it (a Python callback chained on a Work's future).
+    // This destructor runs wherever the last reference goes: in
+    // destroy_process_group, in a garbage collection, at exit.
+    if (Py_IsInitialized() && PyGILState_Check()) {
+      py::gil_scoped_release nogil;
+      completer_->stop();
+    } else {
+      completer_->stop();
+    }
+    if (!Py_IsInitialized()) { // after interpreter shutdown: Python objects are gone already
+      (void)py_comm_.release();
+      (void)completer_.release(); // its items may hold Python-owned tensors; the process is ending
+      return;
+    }
     py::gil_scoped_acquire g;
+    completer_.reset(); // finished items, with the GIL (see Completer)
     py_comm_ = py::object();
   }
 
@@ -183,25 +229,18 @@ class ProcessGroupTandem : public c10d::ProcessGroup {
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor> &tensors,
                                            const c10d::BroadcastOptions &opts) override {
-    const char *call = "broadcast";
-    one_tensor(tensors, call);
-    at::Tensor &t = tensors[0];
-    Staged s = stage(t, call);
-    td_request *r = nullptr;
-    check(api->ibroadcast(s.buf.data_ptr(), s.buf.numel(), dtype_of(t, call), (int)opts.rootRank, comm_, &r), call);
-    return submit(c10d::OpType::BROADCAST, {r}, tensors, s.copy_back(t), {s.buf});
+    int root = (int)opts.rootRank;
+    return in_place(c10d::OpType::BROADCAST, tensors, "broadcast", [&](void *p, size_t n, td_dtype dt, td_request **r) {
+      return api->ibroadcast(p, n, dt, root, comm_, r);
+    });
   }
 
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor> &tensors,
                                            const c10d::AllreduceOptions &opts) override {
-    const char *call = "allreduce";
-    one_tensor(tensors, call);
-    at::Tensor &t = tensors[0];
-    Staged s = stage(t, call);
-    td_request *r = nullptr;
-    void *p = s.buf.data_ptr();
-    check(api->iallreduce(p, p, s.buf.numel(), dtype_of(t, call), op_of(opts.reduceOp, call), comm_, &r), call);
-    return submit(c10d::OpType::ALLREDUCE, {r}, tensors, s.copy_back(t), {s.buf});
+    td_op op = op_of(opts.reduceOp, "allreduce");
+    return in_place(c10d::OpType::ALLREDUCE, tensors, "allreduce", [&](void *p, size_t n, td_dtype dt, td_request **r) {
+      return api->iallreduce(p, p, n, dt, op, comm_, r);
+    });
   }
 
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor> &tensors,
@@ -224,16 +263,11 @@ class ProcessGroupTandem : public c10d::ProcessGroup {
 
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor> &tensors,
                                         const c10d::ReduceOptions &opts) override {
-    const char *call = "reduce";
-    one_tensor(tensors, call);
-    at::Tensor &t = tensors[0];
-    Staged s = stage(t, call);
-    td_request *r = nullptr;
-    void *p = s.buf.data_ptr();
-    check(api->ireduce(p, p, s.buf.numel(), dtype_of(t, call), op_of(opts.reduceOp, call), (int)opts.rootRank,
-                       comm_, &r),
-          call);
-    return submit(c10d::OpType::REDUCE, {r}, tensors, s.copy_back(t), {s.buf});
+    td_op op = op_of(opts.reduceOp, "reduce");
+    int root = (int)opts.rootRank;
+    return in_place(c10d::OpType::REDUCE, tensors, "reduce", [&](void *p, size_t n, td_dtype dt, td_request **r) {
+      return api->ireduce(p, p, n, dt, op, root, comm_, r);
+    });
   }
 
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>> &outputs,
@@ -318,17 +352,21 @@ class ProcessGroupTandem : public c10d::ProcessGroup {
                                                const c10d::AllToAllOptions &opts) override {
     const char *call = "alltoall_base";
     check_cpu(input, call);
-    TORCH_CHECK(outputSplitSizes.empty() && inputSplitSizes.empty(), "ProcessGroup tandem: ", call,
-                ": uneven split sizes are not supported (use equal splits, or tandem.torch.alltoall)");
-    TORCH_CHECK(input.numel() == output.numel() && input.numel() % getSize() == 0, "ProcessGroup tandem: ", call,
-                ": input and output must have the same size, divisible by the world size");
-    at::Tensor in = input.contiguous();
-    Staged s = stage(output, call);
-    td_request *r = nullptr;
-    check(api->ialltoall(in.data_ptr(), s.buf.data_ptr(), in.numel() / getSize(), dtype_of(in, call), comm_, &r),
-          call);
-    std::vector<at::Tensor> outs{output};
-    return submit(c10d::OpType::ALLTOALL_BASE, {r}, outs, s.copy_back(output), {in, s.buf});
+    check_cpu(output, call);
+    TORCH_CHECK(input.scalar_type() == output.scalar_type(), "ProcessGroup tandem: ", call,
+                ": input and output must have the same dtype");
+    int n = getSize();
+    if (outputSplitSizes.empty() && inputSplitSizes.empty()) {
+      TORCH_CHECK(input.numel() == output.numel() && input.numel() % n == 0, "ProcessGroup tandem: ", call,
+                  ": input and output must have the same size, divisible by the world size");
+      at::Tensor in = input.contiguous();
+      Staged s = stage(output, call);
+      td_request *r = nullptr;
+      check(api->ialltoall(in.data_ptr(), s.buf.data_ptr(), in.numel() / n, dtype_of(in, call), comm_, &r), call);
+      std::vector<at::Tensor> outs{output};
+      return submit(c10d::OpType::ALLTOALL_BASE, {r}, outs, s.copy_back(output), {in, s.buf});
+    }
+    return alltoall_uneven(output, input, outputSplitSizes, inputSplitSizes, call);
   }
 
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor> &tensors, int dstRank, int tag) override {
@@ -342,14 +380,10 @@ class ProcessGroupTandem : public c10d::ProcessGroup {
   }
 
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor> &tensors, int srcRank, int tag) override {
-    const char *call = "recv";
-    one_tensor(tensors, call);
     TORCH_CHECK(tag == 0, "ProcessGroup tandem: recv: tags are not supported (messages match in issue order)");
-    at::Tensor &t = tensors[0];
-    Staged s = stage(t, call);
-    td_request *r = nullptr;
-    check(api->irecv(s.buf.data_ptr(), s.buf.numel(), dtype_of(t, call), srcRank, comm_, &r), call);
-    return submit(c10d::OpType::RECV, {r}, tensors, s.copy_back(t), {s.buf});
+    return in_place(c10d::OpType::RECV, tensors, "recv", [&](void *p, size_t n, td_dtype dt, td_request **r) {
+      return api->irecv(p, n, dt, srcRank, comm_, r);
+    });
   }
 
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions &opts) override {
@@ -359,6 +393,80 @@ class ProcessGroupTandem : public c10d::ProcessGroup {
   }
 
  private:
+  // The one-tensor operations that work in place on tensors[0] (through a
+  // contiguous staging copy when it is not contiguous): `issue(ptr, count,
+  // dtype, &req)` starts the Tandem operation.
+  template <class Issue>
+  c10::intrusive_ptr<c10d::Work> in_place(c10d::OpType type, std::vector<at::Tensor> &tensors, const char *call,
+                                          Issue issue) {
+    one_tensor(tensors, call);
+    at::Tensor &t = tensors[0];
+    Staged s = stage(t, call);
+    td_request *r = nullptr;
+    check(issue(s.buf.data_ptr(), (size_t)s.buf.numel(), dtype_of(t, call), &r), call);
+    return submit(type, {r}, tensors, s.copy_back(t), {s.buf});
+  }
+
+  // Uneven splits (rows along dimension 0; an empty list means equal ones):
+  // every block is padded to the largest block of any rank, found with one
+  // small blocking MAX allreduce, and the padded buffers go through Tandem's
+  // alltoall; the finish step unpacks the received rows into `output`.
+  c10::intrusive_ptr<c10d::Work> alltoall_uneven(at::Tensor &output, at::Tensor &input,
+                                                 std::vector<int64_t> out_splits, std::vector<int64_t> in_splits,
+                                                 const char *call) {
+    int n = getSize();
+    TORCH_CHECK(input.dim() >= 1 && output.dim() >= 1, "ProcessGroup tandem: ", call,
+                ": uneven splits need tensors with at least one dimension");
+    int64_t out_row = output.size(0) ? output.numel() / output.size(0) : 1;
+    int64_t row = input.size(0) ? input.numel() / input.size(0) : out_row;
+    if (!output.size(0)) out_row = row;
+    TORCH_CHECK(input.numel() == row * input.size(0) && out_row == row, "ProcessGroup tandem: ", call,
+                ": input and output rows must have the same number of elements");
+    auto fill = [n](std::vector<int64_t> &sp, int64_t rows, const char *which, const char *c) {
+      if (sp.empty()) {
+        TORCH_CHECK(rows % n == 0, "ProcessGroup tandem: ", c, ": ", which, " has ", rows,
+                    " rows, not divisible by the world size ", n, "; give its split sizes");
+        sp.assign(n, rows / n);
+      }
+      TORCH_CHECK((int)sp.size() == n, "ProcessGroup tandem: ", c, ": ", which, " split sizes have ", sp.size(),
+                  " entries for ", n, " ranks");
+      int64_t sum = 0;
+      for (int64_t v : sp) {
+        TORCH_CHECK(v >= 0, "ProcessGroup tandem: ", c, ": ", which, " split sizes must be >= 0");
+        sum += v;
+      }
+      TORCH_CHECK(sum == rows, "ProcessGroup tandem: ", c, ": ", which, " split sizes sum to ", sum, " but it has ",
+                  rows, " rows");
+    };
+    fill(in_splits, input.size(0), "input", call);
+    fill(out_splits, output.size(0), "output", call);
+    int64_t big = 0;
+    for (int i = 0; i < n; i++) big = std::max({big, in_splits[i], out_splits[i]});
+    at::Tensor mx = at::full({1}, big, at::kLong);
+    td_request *r = nullptr;
+    check(api->iallreduce(mx.data_ptr(), mx.data_ptr(), 1, TD_I64, TD_MAX, comm_, &r), call);
+    td_status st = api->wait(r);
+    check(st, call);
+    big = mx.item<int64_t>();
+    td_dtype dt = dtype_of(input, call);
+    at::Tensor in = input.contiguous().view({input.size(0), row});
+    at::Tensor send = at::zeros({(int64_t)n * big, row}, input.options());
+    for (int64_t j = 0, off = 0; j < n; off += in_splits[j], j++)
+      if (in_splits[j]) send.narrow(0, j * big, in_splits[j]).copy_(in.narrow(0, off, in_splits[j]));
+    at::Tensor recv = at::empty({(int64_t)n * big, row}, input.options());
+    r = nullptr;
+    check(api->ialltoall(send.data_ptr(), recv.data_ptr(), (size_t)(big * row), dt, comm_, &r), call);
+    std::vector<at::Tensor> outs{output};
+    auto back = [output, recv, out_splits, big, row, n]() mutable {
+      bool direct = output.is_contiguous();
+      at::Tensor o = direct ? output.view({output.size(0), row}) : at::empty({output.size(0), row}, output.options());
+      for (int64_t j = 0, off = 0; j < n; off += out_splits[j], j++)
+        if (out_splits[j]) o.narrow(0, off, out_splits[j]).copy_(recv.narrow(0, j * big, out_splits[j]));
+      if (!direct) output.copy_(o.view(output.sizes()));
+    };
+    return submit(c10d::OpType::ALLTOALL_BASE, {r}, outs, back, {send, recv});
+  }
+
   struct Staged {
     at::Tensor buf;
     bool copied;

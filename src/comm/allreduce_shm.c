@@ -2,6 +2,10 @@
  * slice in parallel (DESIGN.md §3), so that the work is split n ways and the
  * data crosses memory about as few times as it can.
  *
+ * More than SHM_TREE_FANIN ranks with under a page per rank's slice (not
+ * f16/bf16): the reduction tree of allreduce_shm_tree.c, which keeps the
+ * pages each rank maps O(1) instead of O(n).
+ *
  * Small messages (n x bytes <= SHM_ALLREDUCE_SMALL_TOTAL, one slot), one sync:
  *
  *     rank r: send ──copy──> slot[r]      ─┐
@@ -118,9 +122,19 @@ td_status allreduce_shm(td_comm *comm, const comm_op *op) {
     return TD_OK;
   }
   TD_CHECK(shm_require(comm, "allreduce_shm"));
-  if (bytes * (size_t)comm->size <= SHM_ALLREDUCE_SMALL_TOTAL && bytes <= shm_slot_bytes(comm))
+  size_t n = (size_t)comm->size;
+  /* Many ranks, under a page per rank's slice: the flat forms below would
+   * have every rank touch a page of every other rank's slot (n^2 first-touch
+   * page faults in the job); the tree touches O(n). Not for f16/bf16, whose
+   * partial sums must not be rounded per level (allreduce_shm_tree.c). */
+  if (n > SHM_TREE_FANIN && bytes < n * SHM_PAGE_BYTES && bytes <= shm_slot_bytes(comm) && op->dtype != TD_F16 &&
+      op->dtype != TD_BF16)
+    return allreduce_shm_tree(comm, op);
+  if (bytes * n <= SHM_ALLREDUCE_SMALL_TOTAL && bytes <= shm_slot_bytes(comm))
     return allreduce_small(comm, op, bytes);
-  if (shm_xmap(comm)) {
+  /* Direct access maps every peer's buffer once (cached): worth it for
+   * large messages only, as for the other collectives (shm.h). */
+  if (shm_xmap(comm) && bytes >= SHM_DIRECT_MIN_BYTES && bytes >= n * SHM_PAGE_BYTES) {
     /* One extra sync (a microsecond) decides, the same on every rank,
      * whether every buffer is host-shared; most of the time in a training
      * job they are (the gradient arena). */

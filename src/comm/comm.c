@@ -139,7 +139,7 @@ td_status comm_check_deadline(td_comm *comm, const comm_op *op) {
 static td_status rendezvous(td_comm *comm, double connect_timeout_s) {
   char identity[256], addr[128], value[512], prefix[200];
   TD_CHECK(net_host_identity(identity, sizeof identity));
-  TD_CHECK(net_local_address(addr, sizeof addr));
+  TD_CHECK(net_local_address(comm->tun.host_addr, comm->tun.iface, addr, sizeof addr));
   snprintf(value, sizeof value, "%d\n%s\n%ld\n%s", comm->size, identity, (long)getpid(), addr);
   snprintf(prefix, sizeof prefix, "%s/peer/", comm->prefix);
 
@@ -159,26 +159,24 @@ static td_status rendezvous(td_comm *comm, double connect_timeout_s) {
     return td_error(st, "rank %d: the rendezvous of communicator %s failed: %s", comm->rank, comm->prefix, why);
   }
   for (int r = 0; r < comm->size; r++) {
-    /* "<size>\n<identity>\n<pid>\n<address>" */
-    char *save = NULL;
-    char *f_size = strtok_r(entries[r], "\n", &save);
-    char *f_host = strtok_r(NULL, "\n", &save);
-    char *f_pid = strtok_r(NULL, "\n", &save);
-    char *f_addr = strtok_r(NULL, "\n", &save);
-    if (!f_size || !f_host || !f_pid || !f_addr) {
+    comm_rdv_entry e;
+    st = comm_rdv_entry_parse(entries[r], r, &e);
+    if (st != TD_OK) {
+      char why[512];
+      td_error_copy(why, sizeof why);
       free(entries);
-      return td_error(TD_ERR_INTERNAL, "rank %d: malformed rendezvous entry %s%d in the store", comm->rank, prefix, r);
+      return td_error(st, "rank %d: in the rendezvous of communicator %s (key %s%d): %s", comm->rank, comm->prefix,
+                      prefix, r, why);
     }
-    if (atoi(f_size) != comm->size) {
-      int other = atoi(f_size);
+    if (e.size != comm->size) {
       free(entries);
       return td_error(TD_ERR_MISMATCH, "rank %d believes the world has %d ranks but rank %d believes %d: every "
                                        "rank of a job must be started with the same world size",
-                      comm->rank, comm->size, r, other);
+                      comm->rank, comm->size, r, e.size);
     }
-    comm->hosts[r] = strdup(f_host);
-    comm->addrs[r] = strdup(f_addr);
-    comm->pids[r] = (pid_t)atol(f_pid);
+    comm->hosts[r] = strdup(e.host);
+    comm->addrs[r] = strdup(e.addr);
+    comm->pids[r] = e.pid;
     if (!comm->hosts[r] || !comm->addrs[r]) {
       free(entries);
       return td_error(TD_ERR_SYSTEM, "out of memory in the rendezvous");

@@ -170,7 +170,20 @@ typedef struct comm_tunables {
   double tcp_spin_us;        /* TANDEM_TCP_SPIN_US */
   double heartbeat_interval_s; /* TANDEM_HEARTBEAT_INTERVAL (negative: unset) */
   double heartbeat_timeout_s;  /* TANDEM_HEARTBEAT_TIMEOUT (negative: unset; 0: off) */
+  char host_addr[64];        /* TANDEM_HOST_ADDR: the address this rank publishes ("" unset) */
+  char iface[16];            /* TANDEM_IFACE: the interface whose address it publishes ("" unset) */
 } comm_tunables;
+
+/* One rank's rendezvous entry, "<size>\n<host identity>\n<pid>\n<address>"
+ * (rendezvous_entry.c): split in place (host and addr point into entry),
+ * every field checked; a malformed one is TD_ERR_INVALID_ARGUMENT naming
+ * rank and field. */
+typedef struct comm_rdv_entry {
+  int size;
+  pid_t pid;
+  const char *host, *addr;
+} comm_rdv_entry;
+td_status comm_rdv_entry_parse(char *entry, int rank, comm_rdv_entry *out);
 
 /* Fill *t from config (may be NULL) and the environment; a malformed or
  * out-of-range value is TD_ERR_INVALID_ARGUMENT naming the variable. */

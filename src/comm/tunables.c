@@ -70,6 +70,24 @@ static td_status read_switch(const char *name, bool dflt, bool *out) {
   return td_error(TD_ERR_INVALID_ARGUMENT, "%s=%s: use 0 or 1", name, v);
 }
 
+/* A name that goes into a rendezvous entry and a "host:port" address: at
+ * most size - 1 printable characters without spaces (the entries are
+ * newline-separated, so a newline would forge a field). */
+static td_status read_name(const char *name, const char *what, char *out, size_t size) {
+  out[0] = '\0';
+  const char *v = env_value(name);
+  if (!v) return TD_OK;
+  size_t len = strlen(v);
+  bool ok = len < size;
+  for (size_t i = 0; ok && i < len; i++) ok = v[i] > ' ' && v[i] < 127;
+  if (!ok)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "%s='%s' is not %s (at most %zu printable characters, no spaces): unset it "
+                                             "or fix the value",
+                    name, v, what, size - 1);
+  memcpy(out, v, len + 1);
+  return TD_OK;
+}
+
 td_status comm_tunables_read(const td_comm_config *config, comm_tunables *t) {
   memset(t, 0, sizeof *t);
   /* TANDEM_CPU picks the reduction kernels' level (src/base/cpu.c): one the
@@ -121,5 +139,8 @@ td_status comm_tunables_read(const td_comm_config *config, comm_tunables *t) {
   TD_CHECK(read_number("TANDEM_HEARTBEAT_TIMEOUT", 0, COMM_TUN_MAX_TIMEOUT_S, false, -1.0, "seconds",
                        &t->heartbeat_timeout_s));
   TD_CHECK(read_number("TANDEM_HEARTBEAT_INTERVAL", 0.01, 3600, false, -1.0, "seconds", &t->heartbeat_interval_s));
+  /* Where this rank listens and what it publishes (rendezvous, tcp.c). */
+  TD_CHECK(read_name("TANDEM_HOST_ADDR", "a host name or IP address", t->host_addr, sizeof t->host_addr));
+  TD_CHECK(read_name("TANDEM_IFACE", "a network interface name", t->iface, sizeof t->iface));
   return TD_OK;
 }

@@ -31,14 +31,12 @@ td_status net_iface_address(const char *name, char *buf, size_t size) {
                   exists ? "the interface is down or has no IPv4 address" : "no such network interface");
 }
 
-td_status net_local_address(char *buf, size_t size) {
-  const char *forced = td_env_str("TANDEM_HOST_ADDR", NULL);
-  if (forced) {
-    td_strlcpy(buf, forced, size);
+td_status net_local_address(const char *host_addr, const char *iface, char *buf, size_t size) {
+  if (host_addr && *host_addr) {
+    td_strlcpy(buf, host_addr, size);
     return TD_OK;
   }
-  const char *iface = td_env_str("TANDEM_IFACE", NULL);
-  if (iface) return net_iface_address(iface, buf, size);
+  if (iface && *iface) return net_iface_address(iface, buf, size);
   struct ifaddrs *list = NULL;
   if (getifaddrs(&list) == 0) {
     for (struct ifaddrs *ifa = list; ifa; ifa = ifa->ifa_next) {

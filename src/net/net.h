@@ -40,6 +40,13 @@
 #define NET_AUTH_MSG_BYTES 36 /* CHALLENGE, PROOF and ACCEPT */
 #define NET_AUTH_ROLE_STORE 1u
 #define NET_AUTH_ROLE_TCP 2u
+/* MAC of a datagram (heartbeats), keyed like the handshake and separated
+ * from it and from other datagram kinds by `label`: HMAC-SHA-256(key,
+ * label | msg). The check is constant-time. Replay is the caller's to
+ * refuse (a sequence number inside msg). */
+void net_auth_datagram_mac(const char *label, const void *msg, size_t len, unsigned char mac[32]);
+bool net_auth_datagram_check(const char *label, const void *msg, size_t len, const unsigned char mac[32]);
+
 /* Default bound on a whole handshake (TANDEM_AUTH_TIMEOUT overrides): a
  * silent connector holds a store slot or a transport's accept loop no
  * longer than this. A connector that answers wrongly is dropped at once. */
@@ -142,10 +149,12 @@ int net_set_nodelay(int fd);
 /* Set SO_SNDBUF/SO_RCVBUF (best effort). */
 void net_set_bufsizes(int fd, int bytes);
 
-/* The address other hosts should use to reach this one: TANDEM_HOST_ADDR if
- * set, else the IPv4 address of TANDEM_IFACE if set, else the first
- * non-loopback IPv4 address, else 127.0.0.1. */
-td_status net_local_address(char *buf, size_t size);
+/* The address other hosts should use to reach this one: host_addr if set
+ * (TANDEM_HOST_ADDR), else the IPv4 address of interface iface if set
+ * (TANDEM_IFACE), else the first non-loopback IPv4 address, else 127.0.0.1.
+ * NULL or "" is unset. The caller reads the variables (a communicator once,
+ * in src/comm/tunables.c; tandemrun for itself): this layer never does. */
+td_status net_local_address(const char *host_addr, const char *iface, char *buf, size_t size);
 /* The address of this end of a connected socket (the interface that routes
  * to its peer), as text. */
 td_status net_socket_local_address(int fd, char *buf, size_t size);
@@ -164,6 +173,16 @@ bool net_pid_alive(pid_t pid);
 /* Create a new segment with a unique name "/tandem-<tag>-<random>" (written to
  * name_out), size bytes, zero-filled, mapped read-write. */
 td_status net_shm_create(const char *tag, size_t size, char *name_out, size_t name_size, void **addr_out);
+/* net_shm_create that reserves (allocates up front, so that a full /dev/shm
+ * is an error here) only the first `reserve` bytes when the kernel can
+ * reserve the rest later through net_shm_populate (Linux >= 5.14); *lazy
+ * tells whether it did. Otherwise, or with reserve >= size, all of it. */
+td_status net_shm_create_partial(const char *tag, size_t size, size_t reserve, char *name_out, size_t name_size,
+                                 void **addr_out, bool *lazy);
+/* Allocate the pages of [addr, addr + bytes) of a mapped segment now
+ * (MADV_POPULATE_WRITE): an error instead of a SIGBUS at first touch when
+ * /dev/shm is full. */
+td_status net_shm_populate(void *addr, size_t bytes);
 /* Open and map an existing segment of the given size. Refused (naming it)
  * unless the name is one net_shm_create makes and the segment is this
  * user's, mode 0600, and exactly size bytes. */

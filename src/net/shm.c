@@ -11,8 +11,33 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 /* Linux 5.14; older kernels answer EINVAL */
+#endif
+
+static td_status reserve_error(const char *name, size_t size, int err) {
+  return td_error(TD_ERR_SYSTEM,
+                  "cannot reserve %zu bytes for shared-memory segment %s: %s (is /dev/shm full or too small? "
+                  "check `df -h /dev/shm`; in Docker raise --shm-size)",
+                  size, name, strerror(err));
+}
+
+td_status net_shm_populate(void *addr, size_t bytes) {
+  uintptr_t lo = (uintptr_t)addr & ~(uintptr_t)4095, hi = ((uintptr_t)addr + bytes + 4095) & ~(uintptr_t)4095;
+  if (bytes == 0 || madvise((void *)lo, hi - lo, MADV_POPULATE_WRITE) == 0) return TD_OK;
+  return reserve_error("(mapped)", hi - lo, errno);
+}
+
 td_status net_shm_create(const char *tag, size_t size, char *name_out, size_t name_size, void **addr_out) {
+  bool lazy;
+  return net_shm_create_partial(tag, size, size, name_out, name_size, addr_out, &lazy);
+}
+
+td_status net_shm_create_partial(const char *tag, size_t size, size_t reserve, char *name_out, size_t name_size,
+                                 void **addr_out, bool *lazy) {
+  *lazy = false;
   if (size == 0) return td_error(TD_ERR_INVALID_ARGUMENT, "shared-memory segment size must be > 0");
+  if (reserve == 0 || reserve > size) reserve = size;
   /* Keep the tag to characters that are safe in a file name under /dev/shm. */
   char clean_tag[48];
   size_t j = 0;
@@ -42,14 +67,11 @@ td_status net_shm_create(const char *tag, size_t size, char *name_out, size_t na
     shm_unlink(name);
     return st;
   }
-  int err = posix_fallocate(fd, 0, (off_t)size);
+  int err = posix_fallocate(fd, 0, (off_t)reserve);
   if (err != 0 && err != EOPNOTSUPP && err != EINVAL) {
     close(fd);
     shm_unlink(name);
-    return td_error(TD_ERR_SYSTEM,
-                    "cannot reserve %zu bytes for shared-memory segment %s: %s (is /dev/shm full or too small? "
-                    "check `df -h /dev/shm`; in Docker raise --shm-size)",
-                    size, name, strerror(err));
+    return reserve_error(name, reserve, err);
   }
   void *addr = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (addr == MAP_FAILED) {
@@ -57,6 +79,18 @@ td_status net_shm_create(const char *tag, size_t size, char *name_out, size_t na
     close(fd);
     shm_unlink(name);
     return st;
+  }
+  if (reserve < size) {
+    /* The rest is reserved piece by piece through net_shm_populate, if this
+     * kernel has it (tried on the first page, already allocated). */
+    *lazy = madvise(addr, 4096, MADV_POPULATE_WRITE) == 0;
+    err = *lazy ? 0 : posix_fallocate(fd, (off_t)reserve, (off_t)(size - reserve));
+    if (err != 0 && err != EOPNOTSUPP && err != EINVAL) {
+      munmap(addr, size);
+      close(fd);
+      shm_unlink(name);
+      return reserve_error(name, size, err);
+    }
   }
   close(fd); /* the mapping keeps the memory */
   td_strlcpy(name_out, name, name_size);

@@ -8,7 +8,7 @@
 
 #include <math.h>
 #include <stdint.h>
-#ifdef __AVX512F__
+#if defined(__AVX512F__) || defined(__AVX__)
 #include <immintrin.h>
 #endif
 
@@ -112,6 +112,18 @@ static inline nn_v16f nn_v16_recip(nn_v16f d) {
 #ifdef __AVX512F__
   nn_v16f r = (nn_v16f)_mm512_rcp14_ps((__m512)d);
   return r * (2.0f - d * r);
+#elif defined(__AVX__)
+  /* The 12-bit estimate per 8-lane half and one Newton step (~2e-7
+   * relative): the division cost the AVX2 level most of its GELU speed
+   * (bench/results/cpu-levels-*.md). */
+  __m256 h[2];
+  __builtin_memcpy(h, &d, sizeof h);
+  for (int i = 0; i < 2; i++) {
+    __m256 r = _mm256_rcp_ps(h[i]);
+    h[i] = _mm256_mul_ps(r, _mm256_sub_ps(_mm256_set1_ps(2.0f), _mm256_mul_ps(h[i], r)));
+  }
+  __builtin_memcpy(&d, h, sizeof h);
+  return d;
 #else
   return 1.0f / d;
 #endif
@@ -123,6 +135,13 @@ static inline nn_v16f nn_expf_v16(nn_v16f x) { /* see "exp, 16 lanes" above */
    * are the selects below exactly (NaN stays NaN) in 2 instructions, not 6 */
   x = (nn_v16f)_mm512_max_ps((__m512)lo, (__m512)x);
   x = (nn_v16f)_mm512_min_ps((__m512)hi, (__m512)x);
+#elif defined(__AVX__)
+  (void)lo, (void)hi;
+  __m256 h[2]; /* the same per 8-lane half */
+  __builtin_memcpy(h, &x, sizeof h);
+  for (int i = 0; i < 2; i++)
+    h[i] = _mm256_min_ps(_mm256_set1_ps(88.0f), _mm256_max_ps(_mm256_set1_ps(-87.0f), h[i]));
+  __builtin_memcpy(&x, h, sizeof h);
 #else
   x = nn_v16_select(x < lo, lo, x);
   x = nn_v16_select(x > hi, hi, x);

@@ -1,6 +1,7 @@
 /* src/train internals shared by its files and its tests: the trainer
- * struct, the distributed sampler, optimizer kernels, CRC-32 and the
- * checkpoint entry points. Not part of the public API. */
+ * struct, the distributed sampler, optimizer kernels and CRC-32 (the
+ * checkpoint code has its own header, checkpoint/ckpt.h). Not part of the
+ * public API. */
 #ifndef TD_TRAIN_IMPL_H
 #define TD_TRAIN_IMPL_H
 
@@ -60,36 +61,7 @@ const char *td_optimizer_name(td_optimizer_kind kind);
 /* ---- CRC-32 (the zlib / IEEE 802.3 polynomial) ---- */
 uint32_t td_crc32(uint32_t crc, const void *data, size_t n);
 
-/* ---- checkpoint manifests ---- */
-typedef struct td_ckpt_tensor {
-  size_t offset, count; /* floats; offset + count <= n_params */
-  char *name;
-} td_ckpt_tensor;
-
-typedef struct td_ckpt_manifest {
-  int format, world;
-  long step;
-  unsigned long long consumed, seed, dataset_samples;
-  char kind[64], optimizer[16];
-  char model_config[512]; /* "" in checkpoints of models that do not describe their shape */
-  size_t n_params;        /* 1 .. 2^40 */
-  int n_states;           /* 1 .. 2 */
-  int n_tensors, n_tensor_lines;
-  td_ckpt_tensor *tensors; /* (n_tensors) */
-  int n_shards;
-  uint64_t *shard_bytes; /* (world) */
-  uint32_t *shard_crc;   /* (world) */
-  unsigned char *shard_seen;
-} td_ckpt_manifest;
-
-/* Parse a manifest from `len` bytes at `data` (need not be NUL-terminated;
- * no file I/O: a fuzzer calls it directly). Checks the closing CRC, every
- * number's range (world size, sizes, tensor offsets within n_params, each
- * shard once), duplicate keys and required lines. `source` names the file
- * in messages. On success *m owns memory (td_ckpt_manifest_free); on
- * failure TD_ERR_IO (or TD_ERR_SYSTEM) and *m holds nothing. */
-td_status td_ckpt_manifest_parse(const char *data, size_t len, const char *source, td_ckpt_manifest *m);
-void td_ckpt_manifest_free(td_ckpt_manifest *m); /* accepts NULL and a zeroed manifest */
+/* ---- checkpoints: src/train/checkpoint/ckpt.h ---- */
 
 /* ---- the trainer ---- */
 struct td_trainer {

@@ -1,6 +1,6 @@
 /* The data-parallel trainer: arenas, the step (micro-steps, bucketed
  * gradient averaging overlapped with the last backward, clipping, schedule,
- * optimizer), evaluation and accessors. Checkpoints are in checkpoint.c.
+ * optimizer), evaluation and accessors. Checkpoints are in checkpoint/.
  *
  * Gradient buckets. Backward reports tensors whose gradients are final
  * (td_grad_ready_fn), in roughly reverse arena order. The engine keeps a

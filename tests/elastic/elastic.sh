@@ -122,7 +122,7 @@ resize)
   chmod +x "$work/discover"
   export TANDEM_DISCOVERY_INTERVAL=0.05
   "$RUN" --min-np 2 --max-np 4 -np 4 "$GPT" $args >"$work/ref" 2>&1 || { cat "$work/ref"; fail "fault-free run"; }
-  start "$work/out" --min-np 2 --max-np 4 -np 4 --host-discovery-script "$work/discover" "$GPT" $args
+  TANDEM_LOG=info start "$work/out" --min-np 2 --max-np 4 -np 4 --host-discovery-script "$work/discover" "$GPT" $args
   wait_for "$work/out" "step 20 loss"
   echo localhost:3 >"$work/hosts" # no replacement for the next loss
   wait_for "$work/out" "discovered hosts now: localhost:3"
@@ -132,7 +132,15 @@ resize)
   wait_for "$work/out" "discovered hosts now: localhost:2"
   kill_frozen "$work/out" 3
   wait_for "$work/out" "world=2 global_batch=12 (micro 3 x accum 2"
-  echo localhost:4 >"$work/hosts" # two new processes join
+  # Two new processes join. The members stay frozen until both are in
+  # line: on a loaded machine the remaining steps could otherwise end the
+  # job before the newcomers have started.
+  members=$(sed -n 's/.*elastic process [0-9]* (pid \([0-9]*\)).*/\1/p' "$work/out")
+  kill -STOP $members 2>/dev/null
+  echo localhost:4 >"$work/hosts"
+  wait_for "$work/out" "process 4 waits to join" 120
+  wait_for "$work/out" "process 5 waits to join" 120
+  kill -CONT $members 2>/dev/null
   wait_for "$work/out" "elastic epoch 4: world=4"
   finish 0 "$work/out"
   grep -v "step [0-9]* loss" "$work/out"

@@ -183,16 +183,29 @@ def hello_seeds():
 # ---- manifest: fuzz_manifest.c's mode byte + the manifest ----
 # Odd mode byte: the harness appends "manifest_crc X"; even: passed as is.
 def manifest_body(world=2, n_params=1000, tensors=((0, 600, "wte"), (600, 400, "ln.w")), states=2,
-                  kind="gpt", config="layers=2 heads=4 embd=64 ctx=32 vocab=96", optimizer="adamw", step=40):
-    lines = ["tandem-checkpoint 1", f"world_size {world}", f"step {step}", "samples_consumed 1280", "seed 1337",
-             "dataset_samples 5000", f"model_kind {kind}"]
+                  kind="gpt", config="layers=2 heads=4 embd=64 ctx=32 vocab=96", optimizer="adamw", step=40,
+                  chunk=256, fmt=2):
+    """Format 2 (src/train/checkpoint/manifest.c): rank r's file holds its
+    shard (base + 1 for the first count % world ranks) of every arena, one
+    CRC per `chunk` bytes of each piece."""
+    lines = [f"tandem-checkpoint {fmt}", f"world_size {world}", "zero_stage 0", f"step {step}",
+             "samples_consumed 1280", "seed 1337", "dataset_samples 5000", "train_batch_size 32", f"model_kind {kind}"]
     if config is not None:
         lines.append(f"model_config {config}")
-    lines += [f"n_params {n_params}", f"optimizer {optimizer}", f"n_state_arenas {states}", "train_batch_size 32",
-              "micro_batch 8", "grad_accum 2", "lr 0.000300000014", f"n_tensors {len(tensors)}"]
+    lines += [f"n_params {n_params}", f"optimizer {optimizer}", f"n_state_arenas {states}", f"chunk_bytes {chunk}",
+              f"n_tensors {len(tensors)}"]
     lines += [f"tensor {o} {c} {name}" for o, c, name in tensors]
-    per = n_params * (1 + states) * 4 // world
-    lines += [f"shard {r} {per} {0x1234abcd + r:08x} rank-{r}.bin" for r in range(world)]
+    names = ["params"] + (["adamw.m", "adamw.v"] if states == 2 else ["sgd.state0"])
+    lines += [f"n_arenas {1 + states}"] + [f"arena {a} {names[a]} f32 {n_params}" for a in range(1 + states)]
+    base, extra = divmod(n_params, world)
+    shard = [(r * base + min(r, extra), base + (1 if r < extra else 0)) for r in range(world)]
+    lines += [f"n_files {world}"] + [f"file rank-{r}.bin {shard[r][1] * 4 * (1 + states)}" for r in range(world)]
+    for r, (lo, n) in enumerate(shard):
+        for a in range(1 + states):
+            if n == 0:
+                continue
+            crcs = ",".join(f"{0x1234abcd + r + k:08x}" for k in range((4 * n + chunk - 1) // chunk))
+            lines.append(f"piece {r} {a} {lo} {lo + n} {a * n * 4} {crcs}")
     return ("\n".join(lines) + "\n").encode()
 
 
@@ -211,6 +224,8 @@ def manifest_seeds():
     write("manifest", "bad_crc", b"\x00" + gpt + b"manifest_crc 00000000\n")
     write("manifest", "truncated", b"\x00" + with_crc(gpt)[:-9])
     write("manifest", "duplicate_key_body", b"\x01" + gpt + b"world_size 2\n")
+    write("manifest", "odd_np3_body", b"\x01" + manifest_body(world=3, n_params=1001, chunk=64))
+    write("manifest", "format1_body", b"\x01" + manifest_body(fmt=1))
     write("manifest", "tensor_beyond_params_body",
           b"\x01" + manifest_body(tensors=((0, 600, "wte"), (600, 401, "ln.w"))))
 

@@ -102,7 +102,7 @@ static void test_host_identity_and_pids(void) {
   close(pipefd[1]);
 
   char addr[64];
-  CHECK_OK(net_local_address(addr, sizeof addr));
+  CHECK_OK(net_local_address(NULL, NULL, addr, sizeof addr));
   char parsed_host[64];
   int port;
   char with_port[80];

@@ -1,6 +1,8 @@
 """init_process_group("tandem"): torch.distributed's collectives against
 closed forms, unmodified DistributedDataParallel against one process on the
 whole batch, and a clear error for what the backend does not serve."""
+import time
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -92,15 +94,59 @@ def test_ddp_matches_single_process():
         assert ((p - q).abs().max() / q.abs().max()).item() <= 1e-5
 
 
+def test_alltoall_uneven_splits():
+    """all_to_all_single with split sizes: rank r sends j + r + 1 rows to
+    rank j, each row [100 * r + j, k] (k its index in the block), 3 columns
+    wide; some blocks are empty at r = j = 0 when shifted by -1."""
+    r, n = dist.get_rank(), dist.get_world_size()
+    sends = [(j + r) % 3 for j in range(n)]  # 0, 1 or 2 rows, including empty blocks
+    recvs = [(r + q) % 3 for q in range(n)]
+    rows = [torch.tensor([[100 * r + j, k, 7]] * 1, dtype=torch.int64) for j in range(n) for k in range(sends[j])]
+    inp = torch.cat(rows) if rows else torch.empty(0, 3, dtype=torch.int64)
+    for contiguous in (True, False):
+        out = torch.full((sum(recvs), 3), -1, dtype=torch.int64)
+        target = out if contiguous else torch.full((3, sum(recvs)), -1, dtype=torch.int64).t()
+        dist.all_to_all_single(target, inp, output_split_sizes=recvs, input_split_sizes=sends)
+        want = [[100 * q + r, k, 7] for q in range(n) for k in range(recvs[q])]
+        assert target.tolist() == want
+    f = torch.arange(2 * n, dtype=torch.float32) + 1000 * r  # equal splits given explicitly
+    got = torch.empty(2 * n)
+    dist.all_to_all_single(got, f, output_split_sizes=[2] * n, input_split_sizes=[2] * n)
+    assert got.tolist() == [float(1000 * q + 2 * r + k) for q in range(n) for k in range(2)]
+
+
 def test_unsupported_call_names_itself():
     t = torch.ones(2)
     with pytest.raises(RuntimeError, match="does not support gather"):
         dist.gather(t, [torch.empty(2) for _ in range(dist.get_world_size())] if dist.get_rank() == 0 else None)
-    if dist.get_world_size() > 1:
-        with pytest.raises(RuntimeError, match="alltoall_base: uneven split sizes are not supported"):
-            n = dist.get_world_size()
-            dist.all_to_all_single(torch.empty(n + 1), torch.ones(n + 1), output_split_sizes=[2] + [1] * (n - 1),
-                                   input_split_sizes=[2] + [1] * (n - 1))
+    with pytest.raises(RuntimeError, match="alltoall_base: input split sizes sum to"):
+        n = dist.get_world_size()
+        dist.all_to_all_single(torch.empty(n, 2), torch.ones(n, 2), output_split_sizes=[1] * n,
+                               input_split_sizes=[2] * n)
     t = torch.ones(2)
     dist.all_reduce(t)  # the group still works
+    assert torch.equal(t, torch.full((2,), float(dist.get_world_size())))
+
+
+def test_destroy_with_pending_work_and_dropped_tensors():
+    """A group destroyed while its completion thread still holds the only
+    references to tensors that Python dropped (async_op=True, results
+    ignored). Such a tensor owns its dead Python object, and releasing it
+    takes the GIL; before the fix the destructor joined the completion
+    thread while holding the GIL, and the rank hung forever (py_np2's hang).
+    The later rank's delay only widens the window in which work is still
+    pending at destroy; the test is correct for any interleaving."""
+    for rnd in range(3):
+        g = dist.new_group()
+        if dist.get_rank() == dist.get_world_size() - 1:
+            time.sleep(0.2 * (rnd + 1))
+        for i in range(16):
+            dist.all_reduce(torch.full((5,), float(i)), group=g, async_op=True)
+        w = dist.all_reduce(torch.ones(3), group=g, async_op=True)
+        dist.destroy_process_group(g)
+        del g  # the last reference: the group is destroyed here, with work pending
+        w.wait()  # completed (the destructor finished it), and its result is right
+        assert torch.equal(w.result()[0], torch.full((3,), float(dist.get_world_size())))
+    t = torch.ones(2)
+    dist.all_reduce(t)  # the default group is unaffected
     assert torch.equal(t, torch.full((2,), float(dist.get_world_size())))

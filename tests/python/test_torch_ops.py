@@ -265,8 +265,46 @@ def test_wrong_arguments():
     if hvd.size() > 1:
         with pytest.raises(ValueError, match="ranks disagree on the shape"):
             hvd.allgather(torch.ones(2, 3 + hvd.rank()))
-    with pytest.raises(NotImplementedError, match="process sets"):
+    with pytest.raises(TypeError, match="process_set must be a tandem.torch.ProcessSet"):
         hvd.allreduce(x, process_set=object())
+    with pytest.raises(NotImplementedError, match="only the global process set"):
+        hvd.DistributedOptimizer(torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1),
+                                 process_set=hvd.ProcessSet([0]))
     with pytest.raises(TypeError, match="torch.optim.Optimizer"):
         hvd.DistributedOptimizer(object())
     torch.testing.assert_close(hvd.allreduce(x, op=hvd.Sum), x * hvd.size())  # still usable
+
+
+def test_process_sets():
+    """A set of the even ranks and one of rank 0 alone: collectives among
+    their members against closed forms; a rank outside a set that uses it
+    gets ValueError; the world is unaffected."""
+    n, r = hvd.size(), hvd.rank()
+    evens = hvd.add_process_set([q for q in range(0, n, 2)])
+    solo = hvd.add_process_set(hvd.ProcessSet([0]))
+    members = list(range(0, n, 2))
+    assert evens.size() == len(members) and evens.included() == (r in members)
+    if r in members:
+        assert evens.rank() == members.index(r)
+        t = torch.full((5,), float(r + 1))
+        assert torch.equal(hvd.allreduce(t, op=hvd.Sum, process_set=evens),
+                           torch.full((5,), float(sum(q + 1 for q in members))))
+        b = torch.full((3,), float(r))
+        hvd.broadcast_(b, root_rank=members[-1], process_set=evens)  # root_rank is a world rank
+        assert torch.equal(b, torch.full((3,), float(members[-1])))
+        g = hvd.allgather(torch.full((1 + r, 2), float(r)), process_set=evens)
+        assert g.tolist() == [[float(q)] * 2 for q in members for _ in range(1 + q)]
+        hvd.barrier(process_set=evens)
+    else:
+        assert evens.rank() is None
+        with pytest.raises(ValueError, match="not in process set"):
+            hvd.allreduce(torch.ones(2), process_set=evens)
+    if r == 0:
+        assert torch.equal(hvd.allreduce(torch.ones(2), op=hvd.Sum, process_set=solo), torch.ones(2))
+    if r in members and n > 1:  # rank 1 is odd: not a root of the even set
+        with pytest.raises(ValueError, match="not in the process set"):
+            hvd.broadcast_(torch.ones(1), root_rank=1, process_set=evens)
+    assert hvd.remove_process_set(solo) and hvd.remove_process_set(evens)
+    with pytest.raises(ValueError, match="was not added"):
+        hvd.allreduce(torch.ones(1), process_set=evens)
+    assert torch.equal(hvd.allreduce(torch.ones(1), op=hvd.Sum), torch.full((1,), float(n)))

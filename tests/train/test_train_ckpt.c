@@ -16,6 +16,7 @@
  *                 numbers, duplicates and NUL bytes: errors, never a crash.
  *   JSON buffer   td_train_config_parse_json_buffer reads exactly len bytes.
  */
+#include "train/checkpoint/ckpt.h"
 #include "train/train_impl.h"
 
 #include <dirent.h>
@@ -377,34 +378,99 @@ static void test_manifest_parser(td_model *m, td_dataset *ds) {
   free(text);
   rm_rf(root);
 
-  const char *head = "tandem-checkpoint 1\nworld_size 2\nstep 3\nmodel_kind tiny\nn_params 100\noptimizer adamw\n"
-                     "n_state_arenas 2\n";
-  char body[4096];
-  snprintf(body, sizeof body, "%sn_tensors 1\ntensor 0 100 w\nshard 0 1200 0 rank-0.bin\nshard 1 1200 0 rank-1.bin\n",
-           head);
+  /* Hand-made format-2 manifests: 100 elements in 3 arenas, two files of
+   * 50 elements of each arena, 64-byte chunks (4 CRCs per 200-byte piece). */
+  const char *head = "tandem-checkpoint 2\nworld_size 2\nstep 3\nmodel_kind tiny\nn_params 100\noptimizer adamw\n"
+                     "n_state_arenas 2\nchunk_bytes 64\nn_tensors 1\ntensor 0 100 w\nn_arenas 3\n"
+                     "arena 0 params f32 100\narena 1 adamw.m f32 100\narena 2 adamw.v f32 100\n";
+  const char *crc4 = "0,0,0,0";
+  char body[4096], pieces[2048];
+  int np = 0;
+  for (int f = 0; f < 2; f++)
+    for (int a = 0; a < 3; a++)
+      np += snprintf(pieces + np, sizeof pieces - (size_t)np, "piece %d %d %d %d %d %s\n", f, a, 50 * f, 50 * f + 50,
+                     200 * a, crc4);
+  snprintf(body, sizeof body, "%sn_files 2\nfile a 600\nfile b 600\n%s", head, pieces);
   {
     char buf[8192];
     size_t len = seal(body, buf, sizeof buf);
     CHECK_OK(td_ckpt_manifest_parse(buf, len, "ok", &man));
+    CHECK_EQ_INT(man.n_pieces, 6);
+    /* Sorted by (arena, lo), and a range lookup finds the overlapping ones. */
+    CHECK(man.pieces[0].arena == 0 && man.pieces[0].lo == 0 && man.pieces[1].lo == 50 && man.pieces[5].arena == 2);
+    int first, end;
+    td_ckpt_pieces_overlapping(&man, 1, 49, 51, &first, &end);
+    CHECK(first == 2 && end == 4);
+    td_ckpt_pieces_overlapping(&man, 2, 50, 51, &first, &end);
+    CHECK(first == 5 && end == 6);
+    td_ckpt_pieces_overlapping(&man, 0, 10, 10, &first, &end);
+    CHECK(end - first <= 1);
+    /* format -> parse gives the same manifest back. */
+    char *again = td_ckpt_manifest_format(&man);
+    CHECK(again != NULL);
+    td_ckpt_manifest m2;
+    CHECK_OK(td_ckpt_manifest_parse(again, strlen(again), "again", &m2));
+    CHECK(m2.n_pieces == 6 && m2.pieces[3].lo == man.pieces[3].lo && m2.pieces[3].offset == man.pieces[3].offset);
+    free(again);
+    td_ckpt_manifest_free(&m2);
     td_ckpt_manifest_free(&man);
   }
-  snprintf(body, sizeof body, "%sn_tensors 1\ntensor 0 100 w\nshard 0 1200 0 a\nshard 0 1200 0 b\n", head);
-  expect_parse_error(body, "cannot parse the line \"shard 0"); /* a rank twice, another missing */
-  snprintf(body, sizeof body, "%sn_tensors 1\ntensor 60 50 w\nshard 0 1 0 a\nshard 1 1 0 b\n", head);
+  /* A gap in an arena: elements [50, 60) of arena 0 nowhere. */
+  snprintf(body, sizeof body, "%sn_files 2\nfile a 600\nfile b 560\n%s", head, pieces);
+  char *p = strstr(body, "piece 1 0 50 100 0 0,0,0,0");
+  CHECK(p != NULL);
+  memcpy(p, "piece 1 0 60 100 0 0,0,0  ", 26); /* 40 elements: 160 bytes, 3 chunks */
+  expect_parse_error(body, "arena 0 (params) has a gap at element 50");
+  /* Overlapping pieces of an arena (both files hold [0, 50) of arena 1). */
+  snprintf(body, sizeof body, "%sn_files 2\nfile a 600\nfile b 600\n%s", head, pieces);
+  p = strstr(body, "piece 1 1 50 100");
+  memcpy(p, "piece 1 1 0  50 ", 16);
+  expect_parse_error(body, "overlapping pieces");
+  /* A file whose size disagrees with its pieces; pieces overlapping in a file. */
+  snprintf(body, sizeof body, "%sn_files 2\nfile a 600\nfile b 604\n%s", head, pieces);
+  expect_parse_error(body, "file b is listed with 604 bytes but its pieces fill 600");
+  snprintf(body, sizeof body, "%sn_files 2\nfile a 600\nfile b 600\n%s", head, pieces);
+  p = strstr(body, "piece 1 2 50 100 400");
+  memcpy(p, "piece 1 2 50 100 200", 20);
+  expect_parse_error(body, "the pieces of file b overlap");
+  /* Wrong CRC counts, names that leave the directory, unknown arena, a piece past its arena. */
+  snprintf(body, sizeof body, "%sn_files 1\nfile a 200\npiece 0 0 0 50 0 0,0,0\n", head);
+  expect_parse_error(body, "cannot parse the line \"piece 0 0 0 50 0 0,0,0\"");
+  snprintf(body, sizeof body, "%sn_files 1\nfile a 200\npiece 0 0 0 50 0 0,0,0,0,0\n", head);
+  expect_parse_error(body, "cannot parse the line \"piece 0 0 0 50 0 0,0,0,0,0\"");
+  snprintf(body, sizeof body, "%sn_files 1\nfile ../etc/passwd 200\n", head);
+  expect_parse_error(body, "cannot parse the line \"file ../etc/passwd");
+  snprintf(body, sizeof body, "%sn_files 2\nfile a 200\nfile a 200\n", head);
+  expect_parse_error(body, "cannot parse the line \"file a 200\""); /* a name twice */
+  snprintf(body, sizeof body, "%sn_files 1\nfile a 200\npiece 0 3 0 50 0 0,0,0,0\n", head);
+  expect_parse_error(body, "cannot parse the line \"piece 0 3");
+  snprintf(body, sizeof body, "%sn_files 1\nfile a 200\npiece 0 0 60 110 0 0,0,0,0\n", head);
+  expect_parse_error(body, "cannot parse the line \"piece 0 0 60 110");
+  snprintf(body, sizeof body, "%sn_files 1\nfile a 200\npiece 0 0 50 50 0 0\n", head);
+  expect_parse_error(body, "cannot parse the line \"piece 0 0 50 50"); /* empty */
+  snprintf(body, sizeof body, "%sn_files 1\nfile a 4\n", head);
+  expect_parse_error(body, "the pieces of arena 0 (params) end at element 0 of 100");
+  /* The tensor table, sizes, duplicates and format lines. */
+  snprintf(body, sizeof body, "tandem-checkpoint 2\nn_params 100\nn_tensors 1\ntensor 60 50 w\n");
   expect_parse_error(body, "cannot parse the line \"tensor 60 50"); /* past n_params */
-  snprintf(body, sizeof body,
-           "%sn_tensors 1\ntensor 18446744073709551615 2 w\nshard 0 1 0 a\nshard 1 1 0 b\n", head);
+  snprintf(body, sizeof body, "tandem-checkpoint 2\nn_params 100\nn_tensors 1\ntensor 18446744073709551615 2 w\n");
   expect_parse_error(body, "cannot parse the line \"tensor 1844"); /* offset + count would wrap */
-  snprintf(body, sizeof body, "%sn_tensors 2\ntensor 0 100 w\nshard 0 1 0 a\nshard 1 1 0 b\n", head);
-  expect_parse_error(body, "is missing"); /* a tensor line short */
-  expect_parse_error("tandem-checkpoint 1\nworld_size 4294967297\n", "cannot parse the line \"world_size");
-  expect_parse_error("tandem-checkpoint 1\nworld_size -1\n", "cannot parse the line \"world_size");
-  expect_parse_error("tandem-checkpoint 1\nworld_size 2\nworld_size 3\n", "appears twice");
-  expect_parse_error("tandem-checkpoint 1\nn_params 99999999999999999999\n", "cannot parse the line \"n_params");
-  expect_parse_error("tandem-checkpoint 1\nn_params 2000000000000\n", "cannot parse the line \"n_params");
-  expect_parse_error("tandem-checkpoint 1\nshard 0 1 0 a\n", "cannot parse the line \"shard");  /* before world_size */
-  expect_parse_error("tandem-checkpoint 1\nn_tensors 1\ntensor 0 1 w\n", "cannot parse the line \"tensor"); /* no n_params */
+  snprintf(body, sizeof body, "%sn_files 0\n", head);
+  expect_parse_error(body, "end at element 0"); /* nothing stored */
+  expect_parse_error("tandem-checkpoint 2\nworld_size 4294967297\n", "cannot parse the line \"world_size");
+  expect_parse_error("tandem-checkpoint 2\nworld_size -1\n", "cannot parse the line \"world_size");
+  expect_parse_error("tandem-checkpoint 2\nworld_size 2\nworld_size 3\n", "appears twice");
+  expect_parse_error("tandem-checkpoint 2\nzero_stage 4\n", "cannot parse the line \"zero_stage");
+  expect_parse_error("tandem-checkpoint 2\nchunk_bytes 6\n", "cannot parse the line \"chunk_bytes");
+  expect_parse_error("tandem-checkpoint 2\nn_params 99999999999999999999\n", "cannot parse the line \"n_params");
+  expect_parse_error("tandem-checkpoint 2\nn_params 2000000000000\n", "cannot parse the line \"n_params");
+  expect_parse_error("tandem-checkpoint 2\npiece 0 0 0 1 0 0\n", "cannot parse the line \"piece"); /* before the tables */
+  expect_parse_error("tandem-checkpoint 2\nn_tensors 1\ntensor 0 1 w\n", "cannot parse the line \"tensor"); /* no n_params */
   expect_parse_error("tandem-checkpoint 7\n", "format 7");
+  expect_parse_error("world_size 2\n", "not a Tandem checkpoint manifest");
+  /* A manifest of the previous format is refused saying the format changed. */
+  expect_parse_error("tandem-checkpoint 1\nworld_size 2\nshard 0 1200 0 rank-0.bin\n",
+                     "checkpoint has format 1 (written by a Tandem before checkpoints could reshard)");
   printf("manifest parser: truncations, overflows, duplicates and NUL bytes refused\n");
 }
 

@@ -15,7 +15,8 @@ from .ops import (Sum, Average, Min, Max, Product, Adasum, allreduce, allreduce_
                   allreduce_async_, grouped_allreduce, grouped_allreduce_, grouped_allreduce_async,
                   grouped_allreduce_async_, allgather, allgather_async, broadcast, broadcast_, broadcast_async,
                   broadcast_async_, alltoall, alltoall_async, reducescatter, reducescatter_async, poll,
-                  synchronize, join, barrier, global_process_set)
+                  synchronize, join, barrier, global_process_set, ProcessSet, add_process_set,
+                  remove_process_set)
 from .optimizer import DistributedOptimizer
 from .functions import broadcast_parameters, broadcast_optimizer_state, broadcast_object, allgather_object
 
@@ -27,12 +28,12 @@ def init(comm=None, process_sets=None):
     if comm is not None:
         raise ValueError("tandem.torch.init: comm= (an MPI communicator) is not supported; "
                          "Tandem builds its world from the environment")
-    if process_sets:
-        raise NotImplementedError("tandem.torch.init: process_sets are not supported")
     global _cross
     _tandem_core.init()
     if _cross is None:  # once per world (a collective), so init() stays idempotent
         _cross = _hosts()
+        for ps in process_sets or []:  # Horovod's init(process_sets=[...]): added in order, on every rank
+            add_process_set(ps)
 
 
 _cross = None
@@ -178,10 +179,16 @@ def _create_process_group(store, rank, size, timeout):
     (rendezvous through Tandem's store, from the environment)."""
     global _c10d_groups
     from tandem import _c10d
+    from torch.distributed.constants import default_pg_timeout
     job = _os.environ.get("TANDEM_JOB_ID", "default")
     _c10d_groups += 1
+    # torch's default (30 minutes) is not a choice the script made: Tandem's
+    # own deadline (TANDEM_TIMEOUT, else 300 s) applies then, so that a stuck
+    # peer turns into an error as soon as in the rest of Tandem. A timeout=
+    # given to init_process_group/new_group is honoured.
+    secs = 0.0 if timeout == default_pg_timeout else timeout.total_seconds()
     comm = _tandem_core._tandem.init(rank=rank, world_size=size, job_id=f"{job}.c10d{_c10d_groups}",
-                                     timeout=timeout.total_seconds())
+                                     timeout=secs)
     return _c10d.ProcessGroupTandem(comm, rank, size)
 
 

@@ -122,7 +122,7 @@ def _scale(t, factor):
     return t.copy_((t.double() * factor).to(t.dtype))
 
 
-def _allreduce_start(tensor, output, op, prescale, postscale, compression, name):
+def _allreduce_start(tensor, output, op, prescale, postscale, compression, name, w=None):
     """Reduce `tensor` into `output` (same shape and dtype; may be `tensor`
     itself); returns a handle."""
     _code(tensor)
@@ -140,7 +140,7 @@ def _allreduce_start(tensor, output, op, prescale, postscale, compression, name)
         dst = output  # in place when output is tensor: the same address
     else:
         dst = src if src is not tensor else torch.empty_like(src)  # reduce a temporary in place
-    req = _world().iallreduce(src.data_ptr(), dst.data_ptr(), src.numel(), code, op, keep=(src, dst))
+    req = (w or _world()).iallreduce(src.data_ptr(), dst.data_ptr(), src.numel(), code, op, keep=(src, dst))
 
     def finish():
         res = compression.decompress(dst, ctx) if dst.dtype != output.dtype else dst
@@ -156,29 +156,31 @@ def _allreduce_start(tensor, output, op, prescale, postscale, compression, name)
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                     process_set=None, compression=None):
     """Start an out-of-place allreduce; synchronize(handle) returns the result."""
-    _no_process_set(process_set)
+    w = _comm(process_set)
     output = torch.empty_like(tensor, memory_format=torch.contiguous_format) if isinstance(tensor, torch.Tensor) \
         else tensor
-    return _allreduce_start(tensor, output, _op(op, average), prescale_factor, postscale_factor, compression, name)
+    return _allreduce_start(tensor, output, _op(op, average), prescale_factor, postscale_factor, compression, name, w)
 
 
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None, prescale_factor=1.0,
               postscale_factor=1.0, process_set=None):
     """Reduce `tensor` over all ranks (op Average by default); returns a new tensor."""
-    _no_process_set(process_set)
+    w = _comm(process_set)
     if isinstance(tensor, torch.Tensor) and tensor.requires_grad:
+        if process_set is not None and process_set is not global_process_set:
+            raise NotImplementedError("tandem.torch: allreduce with a gradient over a process set is not supported")
         return _AllreduceFn.apply(tensor, _op(op, average), prescale_factor, postscale_factor, compression, name)
     output = torch.empty_like(tensor, memory_format=torch.contiguous_format) if isinstance(tensor, torch.Tensor) \
         else tensor
     return synchronize(_allreduce_start(tensor, output, _op(op, average), prescale_factor, postscale_factor,
-                                        compression, name))
+                                        compression, name, w))
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                      process_set=None):
     """Start an in-place allreduce of `tensor`; synchronize(handle) returns it."""
-    _no_process_set(process_set)
-    return _allreduce_start(tensor, tensor, _op(op, average), prescale_factor, postscale_factor, None, name)
+    w = _comm(process_set)
+    return _allreduce_start(tensor, tensor, _op(op, average), prescale_factor, postscale_factor, None, name, w)
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
@@ -214,11 +216,10 @@ class _AllreduceFn(torch.autograd.Function):
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                             postscale_factor=1.0, process_set=None, compression=None):
     """One handle for a list of tensors, reduced together; synchronize returns the list."""
-    _no_process_set(process_set)
     if not isinstance(tensors, (list, tuple)):
         raise TypeError("tandem.torch: grouped_allreduce takes a list of tensors")
     opc = _op(op, average)
-    hs = [allreduce_async(t, None, None, opc, prescale_factor, postscale_factor, None, compression)
+    hs = [allreduce_async(t, None, None, opc, prescale_factor, postscale_factor, process_set, compression)
           for t in tensors]
     pend = [_lookup(h) for h in hs]
     with _handles_lock:
@@ -235,11 +236,10 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=None):
-    _no_process_set(process_set)
     if not isinstance(tensors, (list, tuple)):
         raise TypeError("tandem.torch: grouped_allreduce_ takes a list of tensors")
     opc = _op(op, average)
-    hs = [allreduce_async_(t, None, None, opc, prescale_factor, postscale_factor) for t in tensors]
+    hs = [allreduce_async_(t, None, None, opc, prescale_factor, postscale_factor, process_set) for t in tensors]
     pend = [_lookup(h) for h in hs]
     with _handles_lock:
         for h in hs:
@@ -255,21 +255,28 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
 
 # ---- broadcast ----
 
-def _check_root(root_rank):
+def _check_root(root_rank, process_set=None):
+    """root_rank's index in the communicator of process_set (root_rank is a
+    rank of the world and must belong to the set)."""
     if isinstance(root_rank, bool) or not isinstance(root_rank, int):
         raise TypeError(f"tandem.torch: root_rank must be an int, not {type(root_rank).__name__}")
     n = _world().size()
     if not 0 <= root_rank < n:
         raise ValueError(f"tandem.torch: root_rank {root_rank} is out of range for {n} ranks")
+    if process_set is None or process_set is global_process_set:
+        return root_rank
+    if root_rank not in process_set.ranks:
+        raise ValueError(f"tandem.torch: root_rank {root_rank} is not in the process set {process_set.ranks}")
+    return process_set.ranks.index(root_rank)
 
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=None):
     """Start overwriting `tensor` with root_rank's, in place."""
-    _no_process_set(process_set)
+    w = _comm(process_set)
     code = _code(tensor)
-    _check_root(root_rank)
+    root = _check_root(root_rank, process_set)
     buf = tensor if tensor.is_contiguous() else tensor.contiguous()
-    req = _world().ibroadcast(buf.data_ptr(), buf.numel(), code, root_rank, keep=buf)
+    req = w.ibroadcast(buf.data_ptr(), buf.numel(), code, root, keep=buf)
 
     def finish():
         if buf is not tensor:
@@ -314,11 +321,10 @@ def allgather_async(tensor, name=None, process_set=None):
     """Start gathering every rank's tensor, concatenated along dimension 0.
     The row counts are exchanged first (a short blocking step); the data
     then moves in the background."""
-    _no_process_set(process_set)
+    w = _comm(process_set)
     code = _code(tensor)
     if tensor.dim() == 0:
         raise ValueError("tandem.torch: allgather needs a tensor with at least one dimension")
-    w = _world()
     n, me = w.size(), w.rank()
     rows = _rows_of_all(w, tensor.shape[0], tensor.shape[1:], "allgather")
     row_elems = 1
@@ -352,11 +358,10 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None):
     """Rows splits[j] of `tensor` (consecutive, in rank order) go to rank j;
     the result concatenates what each rank sent here. synchronize returns
     (output, received_splits) when splits were given, else output."""
-    _no_process_set(process_set)
+    w = _comm(process_set)
     code = _code(tensor)
     if tensor.dim() == 0:
         raise ValueError("tandem.torch: alltoall needs a tensor with at least one dimension")
-    w = _world()
     n = w.size()
     given = splits is not None
     if splits is None:
@@ -407,12 +412,11 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=None, prescal
                         postscale_factor=1.0):
     """Reduce over ranks, rank r keeps its share of the first dimension (the
     first dim % size ranks get one extra row)."""
-    _no_process_set(process_set)
+    w = _comm(process_set)
     code = _code(tensor)
     opc = _op(op)
     if tensor.dim() == 0:
         raise ValueError("tandem.torch: reducescatter needs a tensor with at least one dimension")
-    w = _world()
     n, me = w.size(), w.rank()
     _rows_of_all(w, 0, tensor.shape[1:], "reducescatter")
     rows = tensor.shape[0]
@@ -453,8 +457,7 @@ def reducescatter(tensor, name=None, op=Average, process_set=None, prescale_fact
 # ---- the rest ----
 
 def barrier(process_set=None):
-    _no_process_set(process_set)
-    _world().barrier()
+    _comm(process_set).barrier()
 
 
 def join(device=-1):
@@ -475,12 +478,32 @@ def join(device=-1):
 
 
 def _no_process_set(ps):
+    """For the calls that serve only the global set (DistributedOptimizer,
+    broadcast_parameters, ...)."""
     if ps is not None and ps is not global_process_set:
-        raise NotImplementedError("tandem.torch: process sets other than the global one are not supported")
+        raise NotImplementedError("tandem.torch: this call serves only the global process set")
+
+
+def _comm(ps):
+    """The communicator of process set `ps` (None: the global one)."""
+    if ps is None or ps is global_process_set:
+        return _world()
+    if not isinstance(ps, ProcessSet):
+        raise TypeError(f"tandem.torch: process_set must be a tandem.torch.ProcessSet, not {type(ps).__name__}")
+    if ps.process_set_id is None:
+        raise ValueError(f"tandem.torch: process set {ps.ranks} was not added: call add_process_set() on every "
+                         "rank first")
+    if ps._comm is None:
+        raise ValueError(f"tandem.torch: rank {_world().rank()} is not in process set {ps.ranks}")
+    return ps._comm
 
 
 class _GlobalProcessSet:
     process_set_id = 0
+
+    @property
+    def ranks(self):
+        return list(range(_world().size()))
 
     def size(self):
         return _world().size()
@@ -493,3 +516,77 @@ class _GlobalProcessSet:
 
 
 global_process_set = _GlobalProcessSet()
+
+
+class ProcessSet:
+    """A subset of the world's ranks (Horovod's hvd.ProcessSet). Usable
+    after add_process_set(); collectives given process_set= run among its
+    ranks only (Tandem's td_comm_split), and a rank outside it that calls one
+    gets ValueError. root_rank arguments stay ranks of the world."""
+
+    def __init__(self, ranks):
+        try:
+            rs = sorted({int(r) for r in ranks})
+        except (TypeError, ValueError):
+            raise TypeError("tandem.torch: ProcessSet takes a list of ranks") from None
+        if not rs:
+            raise ValueError("tandem.torch: a ProcessSet needs at least one rank")
+        self.ranks = rs
+        self.process_set_id = None
+        self._comm = None
+
+    def size(self):
+        return len(self.ranks)
+
+    def rank(self):
+        """This process's rank within the set, or None when not included."""
+        me = _world().rank()
+        return self.ranks.index(me) if me in self.ranks else None
+
+    def included(self):
+        return _world().rank() in self.ranks
+
+    def __repr__(self):
+        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
+
+
+_process_sets = {}
+_next_set_id = itertools.count(1)
+
+
+def add_process_set(process_set):
+    """Collective over the world: every rank adds the same sets in the same
+    order. Takes a ProcessSet or a list of ranks; returns the ProcessSet."""
+    ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
+    if ps.process_set_id is not None:
+        raise ValueError(f"tandem.torch: {ps!r} was added already")
+    w = _world()
+    n = w.size()
+    if ps.ranks[0] < 0 or ps.ranks[-1] >= n:
+        raise ValueError(f"tandem.torch: process set {ps.ranks} names ranks outside the world of {n}")
+    # Every rank must name the same set: compare a digest of the rank list.
+    digest = hash(tuple(ps.ranks)) & ((1 << 62) - 1)
+    lo = torch.tensor([digest], dtype=torch.int64)
+    hi = lo.clone()
+    w.allreduce(lo.data_ptr(), lo.data_ptr(), 1, tandem.I64, tandem.MIN)
+    w.allreduce(hi.data_ptr(), hi.data_ptr(), 1, tandem.I64, tandem.MAX)
+    if int(lo) != int(hi):
+        raise ValueError(f"tandem.torch: add_process_set: ranks disagree on the set (rank {w.rank()} added "
+                         f"{ps.ranks}); every rank must add the same sets in the same order")
+    me = w.rank()
+    ps._comm = w.split(0 if me in ps.ranks else -1, me)
+    ps.process_set_id = next(_next_set_id)
+    _process_sets[ps.process_set_id] = ps
+    return ps
+
+
+def remove_process_set(process_set):
+    """Collective over the set's ranks: leave and release its communicator."""
+    ps = process_set
+    if not isinstance(ps, ProcessSet) or _process_sets.get(ps.process_set_id) is not ps:
+        raise ValueError(f"tandem.torch: {ps!r} is not an added process set")
+    del _process_sets[ps.process_set_id]
+    comm, ps._comm, ps.process_set_id = ps._comm, None, None
+    if comm is not None:
+        comm.finalize()
+    return True

@@ -5,13 +5,19 @@ gradient accumulator marks it ready; parameters are grouped, in reverse
 registration order (the order backward produces them), into buckets of at
 most TANDEM_FUSION_THRESHOLD bytes (Horovod's HOROVOD_FUSION_THRESHOLD,
 default 64 MiB; the first bucket is capped at 1 MiB so communication starts
-early); a bucket whose gradients are all ready is copied into one flat buffer
-and handed to Tandem's non-blocking allreduce, which the communicator's
+early); a bucket whose gradients are all ready is handed to Tandem's
+non-blocking allreduce, which the communicator's
 progress thread runs while backward goes on. Buckets are issued strictly in
 bucket order, so every rank issues the same collectives in the same order
 even if hooks fire in a different order (Tandem, like NCCL, matches
-collectives by issue order). step() waits for the buckets, copies the
-results back into .grad and runs the wrapped optimizer."""
+collectives by issue order). step() waits for the buckets and runs the
+wrapped optimizer.
+
+Without compression each bucket is one flat buffer and every .grad is a
+view into it (DDP's gradient_as_bucket_view): autograd accumulates in
+place, the bucket is reduced in place, nothing is packed or copied back.
+With fp16/bf16 compression the gradients are packed into the (smaller)
+wire buffer and the results copied back into .grad."""
 import os
 from contextlib import contextmanager
 
@@ -36,12 +42,12 @@ def _env_bytes(name, default):
 
 
 class _Bucket:
-    __slots__ = ("params", "numel", "dtype", "pending", "flat", "request", "ctx", "wire")
+    __slots__ = ("params", "numel", "dtype", "pending", "flat", "views", "request", "ctx", "wire")
 
     def __init__(self, dtype):
         self.params, self.numel, self.dtype = [], 0, dtype
         self.pending = 0
-        self.flat = self.request = self.ctx = self.wire = None
+        self.flat = self.views = self.request = self.ctx = self.wire = None
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -111,7 +117,24 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._hooks = []
         self._grad_accs = []
         if tandem.size() > 1:
+            if self._compression is Compression.none:
+                self._make_flat()
             self._register_hooks()
+
+    def _make_flat(self):
+        """One flat buffer per bucket; each parameter's .grad becomes a view
+        of it (existing gradients are copied in)."""
+        for b in self._buckets:
+            b.flat = torch.zeros(b.numel, dtype=b.dtype)
+            b.views, off = [], 0
+            for p in b.params:
+                k = p.numel()
+                view = b.flat[off:off + k].view_as(p)
+                if p.grad is not None:
+                    view.copy_(p.grad)
+                p.grad = view
+                b.views.append(view)
+                off += k
 
     # ---- hooks ----
 
@@ -145,6 +168,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 b.pending = len(b.params)
 
     def _launch(self, b):
+        if b.flat is not None:
+            self._launch_flat(b)
+            return
         grads = []
         for p in b.params:
             if p.grad is None:
@@ -155,9 +181,29 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._prescale != 1.0:
             wire.mul_(self._prescale)
         wire = wire.contiguous()
-        b.flat, b.wire, b.ctx = flat, wire, ctx
+        b.wire, b.ctx = wire, ctx
         b.request = tandem.world().iallreduce(wire.data_ptr(), wire.data_ptr(), wire.numel(), ops._code(wire),
                                               self._op, keep=wire)
+
+    def _launch_flat(self, b):
+        """Zero-copy bucket (DDP's gradient_as_bucket_view): each .grad is a
+        view into b.flat, autograd accumulates into it in place, and the
+        bucket is reduced in place: no packing, no copy back. A .grad that
+        is not the view (None after zero_grad(set_to_none=True), or replaced
+        by the script) is copied in once and the view put back."""
+        for p, view in zip(b.params, b.views):
+            g = p.grad
+            if g is None:
+                view.zero_()
+                p.grad = view
+            elif g.data_ptr() != view.data_ptr() or g.stride() != view.stride():
+                view.copy_(g)
+                p.grad = view
+        if self._prescale != 1.0:
+            b.flat.mul_(self._prescale)
+        b.wire = b.flat
+        b.request = tandem.world().iallreduce(b.flat.data_ptr(), b.flat.data_ptr(), b.flat.numel(),
+                                              ops._code(b.flat), self._op, keep=b.flat)
 
     def _launch_ready(self):
         while self._next_bucket < len(self._buckets) and self._buckets[self._next_bucket].pending == 0:
@@ -178,6 +224,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     if b.request is None:
                         continue
                     b.request.wait()
+                    if b.flat is not None:  # .grad are views of the reduced bucket already
+                        if self._postscale != 1.0:
+                            b.flat.mul_(self._postscale)
+                        continue
                     res = self._compression.decompress(b.wire, b.ctx)
                     if self._postscale != 1.0:
                         res = res.mul_(self._postscale)
@@ -188,7 +238,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                         off += k
             finally:
                 for b in self._buckets:
-                    b.request = b.flat = b.wire = b.ctx = None
+                    b.request = b.wire = b.ctx = None
                 self._reset()
         self._synchronized = True
 

@@ -336,6 +336,10 @@ td_status el_membership_next(el_membership *m) {
     snprintf(val, sizeof val, "%ld", m->uid);
     st = store_set_str(m->store, key, val);
     if (st != TD_OK) break;
+    /* Visible proof that a new process is in line (a test freezes the
+     * members until it sees this, so the job cannot end first). */
+    if (m->joiner && m->epoch == 0)
+      td_log(TD_LOG_INFO, "elastic: process %ld waits to join epoch %d", m->uid, k);
     snprintf(key, sizeof key, "%s/el/e%d/m", m->job, k);
     bool in_it = false, decided = false;
     while (!decided) {

@@ -5,7 +5,11 @@
  * One segment per communicator, created by rank 0 and unlinked as soon as
  * every rank has mapped it (a killed job leaves nothing in /dev/shm):
  *
- *   [seg_header][abort block][rank block x n][fifo x n(n-1)][slots: n x 2]
+ *   [seg_header][abort block][rank block x n][slots: n x 2][fifo x n(n-1)]
+ *
+ * Everything before the FIFOs (O(n)) is reserved at creation; each FIFO is
+ * reserved by the first rank that uses it, so that the memory of a job
+ * grows with n and the pairs that exchange messages, not with n^2.
  *
  * Every field written by one rank and polled by others sits on its own cache
  * line, so that a poll never steals a line that its owner is writing. */
@@ -19,7 +23,8 @@
 
 typedef struct shm_seg_header {
   uint64_t magic;
-  uint32_t n_ranks, pad;
+  uint32_t n_ranks;
+  uint32_t lazy_fifos;  /* 1: each FIFO is reserved by its first user (net_shm_populate) */
   uint64_t total_bytes;
   uint64_t fifo_bytes;  /* capacity of each pair FIFO */
   uint64_t slot_bytes;  /* each collective slot */
@@ -84,6 +89,9 @@ typedef struct shm_transport {
   shm_rank_block *ranks; /* n entries */
   char *fifo_base;       /* n(n-1) rings of (sizeof(shm_fifo) + fifo_bytes) */
   size_t fifo_stride;
+  size_t fifo_off;       /* where the FIFOs start: the bytes before are reserved at creation */
+  bool lazy_fifos;       /* FIFOs are reserved on first use (fifo_reserve) */
+  uint8_t *fifo_ready;   /* n: bit 0 our FIFO to that peer reserved, bit 1 its FIFO to us */
   char *slot_base;       /* 2n slots of slot_stride */
   uint64_t epoch;        /* the last epoch this rank completed */
   bool spin;             /* spinning allowed: a core per local rank */
@@ -93,6 +101,7 @@ typedef struct shm_transport {
   unsigned *pmap_next;   /* n: round-robin victim */
   double spin_s;
   double next_liveness; /* td_now() of the next dead-peer check */
+  int live_cursor;      /* the rank the next dead-peer check of a sync starts at */
 } shm_transport;
 
 /* The shm transport of comm (NULL if comm does not use it). */
@@ -141,6 +150,17 @@ td_status broadcast_shm_direct(td_comm *comm, const comm_op *op, const char *src
 /* Collectives of at least this many bytes (the full vector) try the direct
  * algorithms: below it the single-sync staged forms are as fast. */
 #define SHM_DIRECT_MIN_BYTES ((size_t)256 << 10)
+/* ... and only when each rank's slice is at least a page: below that, each
+ * peer buffer mapped (and each page of it touched for the first time) would
+ * carry less than a page of data, n of them per rank. */
+#define SHM_PAGE_BYTES ((size_t)4096)
+
+/* allreduce_shm_tree.c: small messages among many ranks through a
+ * reduction tree of this fan-in, which maps O(n) pages in the job instead
+ * of O(n^2) (see there). allreduce_shm.c takes it above SHM_TREE_FANIN
+ * ranks when each rank's slice of the message is under a page. */
+#define SHM_TREE_FANIN 16
+td_status allreduce_shm_tree(td_comm *comm, const comm_op *op);
 
 /* Copy bytes; with `stream`, destination lines are written with
  * non-temporal stores (for large outputs that will not be read again soon,
@@ -156,6 +176,7 @@ td_status shm_check_abort(shm_transport *t);
 int shm_find_dead(shm_transport *t, const int *peers, int n);
 td_status shm_fail_dead(shm_transport *t, int peer, const char *while_doing);
 #define SHM_SLICE_S 0.1 /* longest sleep between failure checks */
+#define SHM_LIVENESS_PER_SLICE 4 /* ranks whose process a waiting rank checks per slice */
 
 /* For algorithms: the world of one and count 0 cases, common to all. */
 static inline bool shm_trivial(const td_comm *comm) { return comm->size <= 1; }

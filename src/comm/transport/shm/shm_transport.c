@@ -53,15 +53,19 @@ static size_t shm_layout(shm_transport *t, char *base) {
   t->ranks = (shm_rank_block *)(base + off);
   off += (size_t)t->n * round_up(sizeof(shm_rank_block), SHM_LINE);
   off = round_up(off, 4096);
-  t->fifo_stride = sizeof(shm_fifo) + round_up(t->fifo_bytes, SHM_LINE);
-  t->fifo_base = base + off;
-  off += (size_t)t->n * (size_t)(t->n - 1) * t->fifo_stride;
-  off = round_up(off, 4096);
   /* Stagger the slots by a few lines so that the same offset in different
    * slots does not map to the same cache set (4 KiB aliasing in the reduce). */
   t->slot_stride = round_up(t->slot_bytes, 4096) + 4 * SHM_LINE;
   t->slot_base = base + off;
   off += 2 * (size_t)t->n * t->slot_stride;
+  off = round_up(off, 4096);
+  /* The n(n-1) FIFOs come last: everything before them is O(n) and is
+   * reserved at creation; a FIFO is reserved when a rank first uses it
+   * (fifo_reserve), so that memory grows with the pairs that talk, not n^2. */
+  t->fifo_off = off;
+  t->fifo_stride = sizeof(shm_fifo) + round_up(t->fifo_bytes, SHM_LINE);
+  t->fifo_base = base + off;
+  off += (size_t)t->n * (size_t)(t->n - 1) * t->fifo_stride;
   return round_up(off, 4096);
 }
 
@@ -90,10 +94,13 @@ static td_status check_header(shm_transport *t, const td_comm *comm, size_t mapp
     bad = "chunk size out of bounds";
   else if (h->leader_pid != (int32_t)comm->pids[0])
     bad = "its creator is not rank 0";
+  else if (h->lazy_fifos > 1)
+    bad = "bad FIFO reservation flag";
   if (!bad) {
     t->fifo_bytes = h->fifo_bytes;
     t->slot_bytes = h->slot_bytes;
     t->chunk_bytes = h->chunk_bytes;
+    t->lazy_fifos = h->lazy_fifos;
     if (shm_layout(t, NULL) != mapped) bad = "its layout does not match its size";
   }
   if (bad)
@@ -109,6 +116,21 @@ static shm_fifo *fifo_of(const shm_transport *t, int src, int dst) {
   return (shm_fifo *)(t->fifo_base + idx * t->fifo_stride);
 }
 static char *fifo_data(shm_fifo *f) { return (char *)(f + 1); }
+
+/* Before this rank first touches the FIFO between itself and peer (either
+ * direction; `out`: the one it writes): reserve its pages, so that a full
+ * /dev/shm is an error naming the segment instead of a SIGBUS. Nothing to
+ * do when the segment was reserved whole at creation (older kernels). */
+static td_status fifo_reserve(shm_transport *t, int peer, bool out) {
+  uint8_t bit = out ? 1 : 2;
+  if (!t->lazy_fifos || (t->fifo_ready[peer] & bit)) return TD_OK;
+  shm_fifo *f = out ? fifo_of(t, t->rank, peer) : fifo_of(t, peer, t->rank);
+  if (net_shm_populate(f, t->fifo_stride) != TD_OK)
+    return comm_fail(t->base.comm, TD_ERR_SYSTEM, "rank %d: cannot reserve the shared-memory FIFO %s rank %d: %s",
+                     t->rank, out ? "to" : "from", peer, td_last_error());
+  t->fifo_ready[peer] |= bit;
+  return TD_OK;
+}
 
 /* Wake rank `peer` if one of its threads sleeps on its doorbell. The fence
  * pairs with the one in shm_sleep: either the sleeper sees our update before
@@ -216,6 +238,7 @@ static td_status shm_try_send(transport *xt, int peer, const void *buf, size_t l
                      t->rank);
   td_status st = shm_check_abort(t);
   if (st != TD_OK) return st;
+  TD_CHECK(fifo_reserve(t, peer, true));
   shm_fifo *f = fifo_of(t, t->rank, peer);
   uint64_t head = atomic_load_explicit(&f->head, memory_order_relaxed);
   uint64_t tail = atomic_load_explicit(&f->tail, memory_order_acquire);
@@ -238,6 +261,7 @@ static td_status shm_try_recv(transport *xt, int peer, void *buf, size_t len, si
   if (peer < 0 || peer >= t->n || peer == t->rank)
     return comm_fail(xt->comm, TD_ERR_INTERNAL, "shm transport: receive from invalid peer %d on rank %d", peer,
                      t->rank);
+  TD_CHECK(fifo_reserve(t, peer, false));
   shm_fifo *f = fifo_of(t, peer, t->rank);
   uint64_t tail = atomic_load_explicit(&f->tail, memory_order_relaxed);
   uint64_t head = atomic_load_explicit(&f->head, memory_order_acquire);
@@ -262,7 +286,7 @@ static td_status shm_try_recv(transport *xt, int peer, void *buf, size_t len, si
 static td_status shm_try_peek(transport *xt, int peer, void *buf, size_t len, size_t *got) {
   shm_transport *t = (shm_transport *)xt;
   *got = 0;
-  if (peer < 0 || peer >= t->n || peer == t->rank) return TD_OK;
+  if (peer < 0 || peer >= t->n || peer == t->rank || fifo_reserve(t, peer, false) != TD_OK) return TD_OK;
   shm_fifo *f = fifo_of(t, peer, t->rank);
   uint64_t tail = atomic_load_explicit(&f->tail, memory_order_relaxed);
   uint64_t head = atomic_load_explicit(&f->head, memory_order_acquire);
@@ -306,6 +330,13 @@ static td_status shm_wait(transport *xt, const int *send_peers, int n_send, cons
   wait_set w = {send_peers, recv_peers, n_send, n_recv};
   td_status st = shm_check_abort(t);
   if (st != TD_OK) return st;
+  /* pairs_ready reads these FIFOs' counters */
+  for (int i = 0; i < n_send; i++)
+    if (send_peers[i] >= 0 && send_peers[i] < t->n && send_peers[i] != t->rank)
+      TD_CHECK(fifo_reserve(t, send_peers[i], true));
+  for (int i = 0; i < n_recv; i++)
+    if (recv_peers[i] >= 0 && recv_peers[i] < t->n && recv_peers[i] != t->rank)
+      TD_CHECK(fifo_reserve(t, recv_peers[i], false));
   if (shm_spin(t, pairs_ready, &w)) return TD_OK;
   double end = timeout_s < 0 ? INFINITY : td_now() + timeout_s;
   for (;;) {
@@ -353,6 +384,7 @@ static void shm_destroy(transport *xt) {
       if (k != t->rank) shm_ring(t, k);
   }
   shm_unmap_peers(t);
+  free(t->fifo_ready);
   if (t->xprobe) net_hostmem_free(t->xprobe);
   net_shm_unmap(t->map, t->map_bytes);
   free(t);
@@ -402,10 +434,17 @@ static td_status wait_key(shm_transport *t, const char *key, char **value_out) {
     }
     if (st != TD_ERR_TIMEOUT) return st;
     if (comm->pids) {
-      for (int r = 0; r < t->n; r++)
-        if (r != t->rank && comm->pids[r] > 0 && !net_pid_alive(comm->pids[r]))
+      /* A few ranks per slice, rotating (as in shm_sync.c): all of them
+       * from every waiting rank was O(n^2) kill(2) calls per slice. */
+      for (int i = 0, checked = 0; i < t->n && checked < SHM_LIVENESS_PER_SLICE; i++) {
+        int r = (t->live_cursor + i) % t->n;
+        if (r == t->rank || comm->pids[r] <= 0) continue;
+        checked++;
+        t->live_cursor = (r + 1) % t->n;
+        if (!net_pid_alive(comm->pids[r]))
           return td_error(TD_ERR_REMOTE, "rank %d (pid %d) died during shared-memory setup of communicator %s",
                           r, (int)comm->pids[r], comm->prefix);
+      }
     }
   }
 }
@@ -426,6 +465,12 @@ td_status shm_transport_create(td_comm *comm, transport **out) {
   t->rank = comm->rank;
   t->n = comm->size;
   t->spin = spin_allowed(comm->size);
+  t->live_cursor = (t->rank + 1) % t->n;
+  t->fifo_ready = calloc((size_t)t->n, 1);
+  if (!t->fifo_ready) {
+    free(t);
+    return td_error(TD_ERR_SYSTEM, "out of memory for the shm transport");
+  }
   t->spin_s = comm_tun_spin_us(comm->tun.shm_spin_us, SHM_DEFAULT_SPIN_US) * 1e-6;
   if (t->spin_s <= 0) t->spin = false;
 
@@ -463,7 +508,8 @@ td_status shm_transport_create(td_comm *comm, transport **out) {
     }
     size_t total = shm_layout(t, NULL);
     void *addr = NULL;
-    st = net_shm_create(comm->prefix, total, t->name, sizeof t->name, &addr);
+    bool lazy = false;
+    st = net_shm_create_partial(comm->prefix, total, t->fifo_off, t->name, sizeof t->name, &addr, &lazy);
     if (st != TD_OK) {
       /* Tell the others why, so that they fail now instead of at timeout. */
       char msg[600];
@@ -482,6 +528,8 @@ td_status shm_transport_create(td_comm *comm, transport **out) {
     h->slot_bytes = t->slot_bytes;
     h->chunk_bytes = t->chunk_bytes;
     h->leader_pid = (int32_t)getpid();
+    h->lazy_fifos = lazy;
+    t->lazy_fifos = lazy;
     shm_xmap_publish(t);
     h->magic = SHM_MAGIC;
     char v[256];

@@ -11,19 +11,24 @@
  * thread of the process sends proves that the process still runs; a lost
  * host is also found while data is in flight, where keepalive never probes.
  *
- * The beat, 32 bytes, native byte order (all ranks of a job run the same
+ * The beat, 64 bytes, native byte order (all ranks of a job run the same
  * build on the same architecture, as the op headers already assume):
  *   magic "TDHB" | flags (bit 0: my communicator failed) | communicator hash
- *   | sender rank | reserved | sequence
- * A datagram that is not a beat of this communicator from a peer rank is
- * ignored. A forged beat can only make a lost peer look alive for longer
- * (the transport then finds it through keepalive or TANDEM_TIMEOUT), or
- * claim a failure, which only makes the receiver look up the reason in the
- * store: it never fails a communicator by itself. */
+ *   | sender rank | reserved | sequence | MAC
+ * MAC = HMAC-SHA-256 under the job's key (net_auth_datagram_mac) of the 32
+ * bytes before it, so only a process holding the job's secret can make a
+ * beat; the sequence grows with every tick of the sender, and a receiver
+ * takes a beat only if its sequence is above the last it took from that
+ * rank, so a recorded beat replayed later proves nothing. A datagram that is
+ * not a beat of this communicator from a peer rank, or fails either check,
+ * is dropped (and counted in the debug log). Without the MAC a stranger
+ * could keep a lost host looking alive for as long as it kept sending, or
+ * make every rank look up a failure that did not happen. */
 #define _GNU_SOURCE 1
 #include "comm/transport/tcp/heartbeat.h"
 
 #include <netdb.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,7 +48,11 @@ typedef struct hb_beat {
   int32_t rank;
   uint32_t reserved;
   uint64_t seq;
+  unsigned char mac[32]; /* of the fields above */
 } hb_beat;
+#define HB_MAC_LABEL "tandem heartbeat v1"
+#define HB_BODY_BYTES offsetof(hb_beat, mac)
+_Static_assert(sizeof(hb_beat) == 64 && offsetof(hb_beat, mac) == 32, "the heartbeat wire format is 64 bytes");
 
 typedef struct hb_peer {
   struct sockaddr_storage to;
@@ -52,6 +61,7 @@ typedef struct hb_peer {
   bool forgotten;   /* hung up: its silence is no longer news */
   bool beat_seen;   /* a beat ever came: UDP gets through from it */
   bool failed;      /* its beats say its communicator failed */
+  uint64_t seq;     /* the sequence of the last beat taken from it */
 } hb_peer;
 
 struct tcp_heartbeat {
@@ -61,6 +71,7 @@ struct tcp_heartbeat {
   uint64_t comm_hash;
   uint64_t seq;
   bool send_error_logged;
+  uint64_t dropped; /* datagrams dropped: not ours, bad MAC, or replayed */
   hb_peer *peers;
 };
 
@@ -137,6 +148,7 @@ void heartbeat_close(tcp_heartbeat *hb) {
 void heartbeat_send(tcp_heartbeat *hb, bool failed) {
   hb_beat beat = {.magic = HB_MAGIC, .flags = failed ? HB_FLAG_FAILED : 0, .comm_hash = hb->comm_hash,
                   .rank = hb->rank, .seq = ++hb->seq};
+  net_auth_datagram_mac(HB_MAC_LABEL, &beat, HB_BODY_BYTES, beat.mac);
   for (int p = 0; p < hb->size; p++) {
     hb_peer *peer = &hb->peers[p];
     if (p == hb->rank || !peer->to_len || peer->forgotten) continue;
@@ -159,9 +171,16 @@ void heartbeat_drain(tcp_heartbeat *hb, double now) {
     TD_SYSCALL_RETRY(n, recv(hb->fd, &beat, sizeof beat, MSG_DONTWAIT | MSG_TRUNC));
     if (n < 0) return; /* EAGAIN: drained (other errors: retried next tick) */
     if ((size_t)n != sizeof beat || beat.magic != HB_MAGIC || beat.comm_hash != hb->comm_hash || beat.rank < 0 ||
-        beat.rank >= hb->size || beat.rank == hb->rank)
+        beat.rank >= hb->size || beat.rank == hb->rank ||
+        !net_auth_datagram_check(HB_MAC_LABEL, &beat, HB_BODY_BYTES, beat.mac) ||
+        beat.seq <= hb->peers[beat.rank].seq) {
+      if (hb->dropped++ == 0)
+        TD_DEBUG("tcp: rank %d dropped a datagram on its heartbeat port that is not an authentic, fresh beat of "
+                 "this communicator (%zd bytes)", hb->rank, n);
       continue;
+    }
     hb_peer *peer = &hb->peers[beat.rank];
+    peer->seq = beat.seq;
     peer->heard = now;
     peer->beat_seen = true;
     if (beat.flags & HB_FLAG_FAILED) peer->failed = true;

@@ -5,7 +5,7 @@
  * Each rank owns one UDP socket bound beside its TCP listener (same address,
  * same port number), so a peer's heartbeat address is the TCP address it
  * already published: no extra store keys. Every tick the watcher sends one
- * 32-byte beat to every peer and drains the beats that arrived since the
+ * 64-byte authenticated beat (heartbeat.c) to every peer and drains the beats that arrived since the
  * last tick without waking in between, so a rank wakes once per interval
  * whatever the world size. None of these functions blocks; all are called
  * by the watcher thread only, except heartbeat_open/set_peer/close, which

@@ -939,12 +939,12 @@ td_status tcp_transport_create(td_comm *comm, transport **out) {
   int port = 0;
   char host[64] = "127.0.0.1";
   if (comm->local_size != comm->size) {
-    if (td_env_str("TANDEM_HOST_ADDR", NULL) || td_env_str("TANDEM_IFACE", NULL)) {
-      TD_CHECK_GOTO(net_local_address(host, sizeof host), st, fail);
+    if (comm->tun.host_addr[0] || comm->tun.iface[0]) {
+      TD_CHECK_GOTO(net_local_address(comm->tun.host_addr, comm->tun.iface, host, sizeof host), st, fail);
     } else {
       TD_CHECK_GOTO(store_route_address(comm->store, host, sizeof host), st, fail);
       /* Rank 0 reaches a store it hosts over loopback; other hosts cannot. */
-      if (net_is_loopback_host(host)) TD_CHECK_GOTO(net_local_address(host, sizeof host), st, fail);
+      if (net_is_loopback_host(host)) TD_CHECK_GOTO(net_local_address(NULL, NULL, host, sizeof host), st, fail);
     }
   }
   TD_CHECK_GOTO(listen_beside_heartbeat(t, host, hash, &listen_fd, &port), st, fail);
