@@ -94,11 +94,12 @@ typedef struct app_common_options {
   long long seed;   /* -1: not given */
   double lr;        /* < 0: not given */
   int half;         /* --bf16 / --fp16: TD_BF16 / TD_F16 (-1: not given) */
+  long zero_stage;  /* -1: not given */
 } app_common_options;
 
 static void app_common_init(app_common_options *c) {
   memset(c, 0, sizeof *c);
-  c->micro_batch = c->threads = c->keep_last = -1;
+  c->micro_batch = c->threads = c->keep_last = c->zero_stage = -1;
   c->seed = -1;
   c->lr = -1;
   c->half = -1;
@@ -119,6 +120,7 @@ static int app_common_flag(int argc, char **argv, int *i, app_common_options *c)
   else if ((v = app_flag_value(argc, argv, i, "--threads"))) c->threads = app_parse_long("--threads", v, 0, 1024);
   else if (!strcmp(argv[*i], "--bf16")) c->half = TD_BF16;
   else if (!strcmp(argv[*i], "--fp16")) c->half = TD_F16;
+  else if ((v = app_flag_value(argc, argv, i, "--zero-stage"))) c->zero_stage = app_parse_long("--zero-stage", v, 0, 3);
   else return 0;
   return 1;
 }
@@ -137,6 +139,7 @@ static void app_config_apply(const app_common_options *c, td_train_config *cfg) 
   if (c->threads >= 0) cfg->threads = (int)c->threads;
   if (c->keep_last >= 0) cfg->keep_last = (int)c->keep_last;
   if (c->half >= 0) cfg->precision.compute = (td_dtype)c->half; /* mixed precision, as "bf16"/"fp16" enabled */
+  if (c->zero_stage >= 0) cfg->zero_stage = (int)c->zero_stage;
   if (c->save_dir) snprintf(cfg->checkpoint_dir, sizeof cfg->checkpoint_dir, "%s", c->save_dir);
 }
 
@@ -175,7 +178,7 @@ static void app_trace_model(td_model *model, td_timeline *timeline) {
   traced_timeline = timeline;
   traced_ops = (td_model_ops){traced_prepare, traced_forward, traced_backward,
                               model->ops->predict ? traced_predict : NULL, traced_destroy,
-                              model->ops->set_activation_checkpointing};
+                              model->ops->set_activation_checkpointing, model->ops->activation_bytes};
   model->ops = &traced_ops;
 }
 

@@ -33,6 +33,26 @@ typedef struct td_param_tensor {
  * launch bucket reductions while backward continues. */
 typedef void (*td_grad_ready_fn)(void *ctx, size_t offset, size_t count);
 
+/* Parameter access for sharded parameters (ZeRO stage 3): the training
+ * engine sets td_model.param_access, and the model then brackets every use
+ * of a group of parameters (a layer) in forward and backward with
+ * fetch/release, so that only the groups in use need to be resident. src/nn
+ * stays free of communication: how the engine gathers them is its business.
+ *   fetch(ctx, offset, count, next_offset, next_count): make the arena range
+ *     [offset, offset+count) readable and return the arena's base pointer
+ *     (index it with tensor offsets as usual). next_*: the range the model
+ *     will fetch next (a prefetch hint; next_count 0: none). It does not fail
+ *     from the model's point of view: the engine records a failure and fails
+ *     the step afterwards.
+ *   release(ctx, offset, count): the model is done with the range for now.
+ * Without param_access (NULL) the `params` argument is used directly, which
+ * is what the engine does at ZeRO stages 0-2. Training thread only. */
+typedef struct td_param_access {
+  const float *(*fetch)(void *ctx, size_t offset, size_t count, size_t next_offset, size_t next_count);
+  void (*release)(void *ctx, size_t offset, size_t count);
+  void *ctx;
+} td_param_access;
+
 typedef struct td_model td_model;
 typedef struct td_model_ops {
   /* Size activation buffers for micro-batch size `batch`. May be called again
@@ -60,6 +80,9 @@ typedef struct td_model_ops {
    * differentiating it (activation checkpointing; the same results, bit for
    * bit); 0: forward keeps everything. Takes effect at the next prepare. */
   td_status (*set_activation_checkpointing)(td_model *model, int on);
+  /* Bytes of activation and scratch memory prepare(batch) allocates (for
+   * memory estimates). May be NULL. */
+  size_t (*activation_bytes)(const td_model *model, int batch);
 } td_model_ops;
 
 struct td_model {
@@ -77,6 +100,11 @@ struct td_model {
    * number of heads). NULL: not recorded. */
   const char *config;
   size_t activation_bytes; /* activation memory the last prepare allocated (0: not reported) */
+  /* Set by the training engine at ZeRO stage 3 (see td_param_access); NULL
+   * otherwise. Models that ignore it cannot train at stage 3 (the engine
+   * checks td_model.supports_param_access). */
+  const td_param_access *param_access;
+  int supports_param_access; /* set by the model: it honours param_access */
 };
 
 /* Fill the parameter arena with the model's initial values, deterministically

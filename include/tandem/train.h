@@ -112,11 +112,21 @@ typedef struct td_train_config {
                               * directory, always including the one `latest` names (0: keep all) */
   td_precision_config precision; /* bf16 / fp16 mixed precision (default f32) */
   int activation_checkpointing;  /* 1: models keep only each block's input and recompute the rest in backward */
+  /* ZeRO (DeepSpeed's zero_optimization; README "ZeRO"). Each rank owns the
+   * element range td_shard_range(n_params, world, rank) of every arena.
+   * 0: every rank holds everything (default); 1: optimizer state only for
+   * the shard; 2: also gradients (reduced into their owner's shard during
+   * backward); 3: also parameters (fetched per layer, released after). */
+  int zero_stage;
+  long stage3_prefetch_bucket_size;        /* parameters fetched ahead of use (default 5e7) */
+  long stage3_max_live_parameters;         /* fetched parameters kept resident (cached) at most (1e9) */
+  long stage3_param_persistence_threshold; /* fetch groups this small stay resident for the whole step (1e5) */
 } td_train_config;
 
 /* Defaults: AdamW lr 3e-4, betas (0.9, 0.999), eps 1e-8, weight decay 0;
  * constant schedule; no clipping; seed 1337; buckets 25 MiB (first 1 MiB);
- * threads 0 (auto); steps_per_print 10; batch sizes 0 (derived). */
+ * threads 0 (auto); steps_per_print 10; batch sizes 0 (derived); ZeRO
+ * stage 0 with DeepSpeed's stage-3 defaults. */
 void td_train_config_defaults(td_train_config *cfg);
 
 /* Read a JSON config file (DeepSpeed ds_config key names where the concept is
@@ -132,9 +142,12 @@ void td_train_config_defaults(td_train_config *cfg);
  *   scheduler: {type: "WarmupLR"|"WarmupCosineLR"|"WarmupDecayLR"|"Constant",
  *               params: {warmup_num_steps, total_num_steps, warmup_min_lr,
  *                        warmup_max_lr, warmup_min_ratio, cos_min_ratio}},
- *   checkpoint: {save_dir, save_every, keep_last};
- *   fp16, bf16 {enabled: false} and zero_optimization {stage: 0} are accepted
- *   (so that existing ds_config files load) and refused when switched on.
+ *   checkpoint: {save_dir, save_every, keep_last},
+ *   zero_optimization: {stage: 0-3, stage3_prefetch_bucket_size,
+ *               stage3_max_live_parameters, stage3_param_persistence_threshold
+ *               (DeepSpeed's other keys of the section are accepted, unused)};
+ *   fp16, bf16 {enabled: false} are accepted (so that existing ds_config
+ *   files load) and refused when switched on.
  * ("Adam" means AdamW, as DeepSpeed's default adam_w_mode does.) Unknown keys,
  * wrong types and out-of-range values are TD_ERR_INVALID_ARGUMENT with a
  * message naming the file, the key path and what to write instead ("unknown
@@ -266,13 +279,53 @@ td_status td_trainer_resume(td_trainer *trainer, const char *path);
 typedef void (*td_train_trace_fn)(void *ctx, const char *name, double begin_s, double end_s);
 void td_trainer_set_trace(td_trainer *trainer, td_train_trace_fn fn, void *ctx);
 
+/* ---- ZeRO ---- */
+
+/* Bytes per rank of each part of the training state at one ZeRO stage,
+ * computed before anything is allocated (DeepSpeed's
+ * estimate_zero3_model_states_mem_needs_all_live). For the rank with the
+ * largest shard (rank 0): ceil(n_params / world) parameters.
+ *   params, grads, optimizer: the arenas (4 bytes per parameter each; the
+ *     optimizer holds 1 (SGD) or 2 (AdamW) states), whole or sharded;
+ *   live: buffers beyond the shards: stage 2+ gradients of the buckets in
+ *     flight (at most 3 buckets plus the largest tensor), stage 3 fetched
+ *     parameters kept resident (stage3_max_live_parameters, at least the
+ *     largest fetch group, estimated as the largest name-prefix group of the
+ *     tensor table, plus the groups under
+ *     stage3_param_persistence_threshold), plus one page per tensor and
+ *     rank for the pages straddling released pieces;
+ *   model_states: params + grads + optimizer + live (what the trainer's
+ *     td_trainer_model_state_bytes measures);
+ *   activations: the model's activation and scratch memory for micro_batch
+ *     (0 if the model does not say).
+ * cfg must be resolved for `world` (td_train_config_resolve). Local, pure. */
+typedef struct td_memory_estimate {
+  int stage, world;
+  size_t n_params, shard_params;
+  size_t params, grads, optimizer, live, model_states, activations;
+} td_memory_estimate;
+td_status td_trainer_estimate_memory(const td_model *model, const td_train_config *cfg, int world, int stage,
+                                     td_memory_estimate *out);
+
+/* Model-state bytes this rank holds: at stage 0 the arena sizes; at stages
+ * 1-3 the highest count of resident pages of the parameter and gradient
+ * arenas (mincore) plus the optimizer state, measured during the first two
+ * steps. Local. */
+size_t td_trainer_model_state_bytes(const td_trainer *trainer);
+int td_trainer_zero_stage(const td_trainer *trainer);
+/* At ZeRO stage 3, gather the whole parameter arena so that
+ * td_trainer_params() is complete (4 bytes per parameter, until the next
+ * step); a no-op at stages 0-2. Collective. */
+td_status td_trainer_gather_params(td_trainer *trainer);
+
 /* ---- accessors (local) ---- */
 long td_trainer_step_count(const td_trainer *trainer);        /* optimizer steps done */
 long td_trainer_steps_per_epoch(const td_trainer *trainer);   /* dataset size / global batch, at least 1 */
 const td_train_config *td_trainer_config(const td_trainer *trainer); /* the resolved config */
 td_model *td_trainer_model(const td_trainer *trainer);
 /* The parameter arena (model->n_params floats), identical on every rank
- * between steps; valid until the trainer is destroyed. Rank 0 uses it to
+ * between steps (at ZeRO stage 3 only after td_trainer_gather_params);
+ * valid until the trainer is destroyed. Rank 0 uses it to
  * generate text (td_gpt_generate) or to evaluate. */
 const float *td_trainer_params(const td_trainer *trainer);
 float *td_trainer_params_mut(td_trainer *trainer); /* for tests and custom initialization before the first step */

@@ -106,8 +106,9 @@ static void nn_advise_huge_pages(void *ptr, size_t bytes) {
 #endif
 }
 
-static td_status acts_alloc(gpt_acts *a, const td_gpt_config *c, int B, int T, int ckpt) {
-  acts_free(a);
+/* Lay the activation buffers out from `base` (NULL: only count); returns
+ * the floats they take. */
+static size_t acts_plan(gpt_acts *a, const td_gpt_config *c, int B, int T, int ckpt, float *base) {
   /* L: layers of the buffers backward reads per layer; with checkpointing
    * one slot, recomputed, and only res3 (the block outputs) for every layer */
   size_t L = ckpt && c->layers > 0 ? 1 : (size_t)c->layers, C = c->channels, NH = c->heads, V = c->vocab;
@@ -126,22 +127,35 @@ static td_status acts_alloc(gpt_acts *a, const td_gpt_config *c, int B, int T, i
       {&a->datt, (size_t)T * T},
   };
   size_t total = 0;
-  for (size_t i = 0; i < TD_ARRAY_SIZE(plan); i++) total += (plan[i].n + 15) & ~(size_t)15; /* 64-byte aligned */
+  for (size_t i = 0; i < TD_ARRAY_SIZE(plan); i++) {
+    if (base) *plan[i].ptr = base + total;
+    total += (plan[i].n + 15) & ~(size_t)15; /* 64-byte aligned */
+  }
+  return total;
+}
+
+static td_status acts_alloc(gpt_acts *a, const td_gpt_config *c, int B, int T, int ckpt) {
+  acts_free(a);
+  size_t total = acts_plan(a, c, B, T, ckpt, NULL);
   a->memory = td_alloc(total * sizeof(float));
   if (!a->memory)
     return td_error(TD_ERR_SYSTEM, "gpt: out of memory for activations of micro-batch %d x %d (%zu MiB)", B, T,
                     total * sizeof(float) >> 20);
   nn_advise_huge_pages(a->memory, total * sizeof(float));
-  float *p = a->memory;
-  for (size_t i = 0; i < TD_ARRAY_SIZE(plan); i++) {
-    *plan[i].ptr = p;
-    p += (plan[i].n + 15) & ~(size_t)15;
-  }
+  acts_plan(a, c, B, T, ckpt, a->memory);
   a->B = B;
   a->T = T;
   a->ckpt = ckpt && c->layers > 0;
   a->bytes = total * sizeof(float);
   return TD_OK;
+}
+
+static size_t gpt_activation_bytes(const td_model *model, int batch) {
+  const gpt_model *g = (const gpt_model *)model;
+  gpt_acts scratch = {0};
+  /* plus the token and target copies */
+  return acts_plan(&scratch, &g->cfg, batch, g->cfg.seq, g->ckpt, NULL) * sizeof(float) +
+         2 * (size_t)batch * g->cfg.seq * sizeof(int32_t);
 }
 
 static td_status gpt_prepare(td_model *model, int batch) {
@@ -158,6 +172,33 @@ static td_status gpt_prepare(td_model *model, int batch) {
   g->targets_copy = malloc(n * sizeof(int32_t));
   if (!g->tokens_copy || !g->targets_copy) return td_error(TD_ERR_SYSTEM, "gpt: out of memory for token buffers");
   return TD_OK;
+}
+
+/* ---- parameter groups for sharded parameters (td_param_access) ----
+ * The groups the model fetches, each a contiguous arena range: the
+ * embeddings (wte, wpe), one transformer block, the final layernorm with the
+ * LM head, and, when tied, wte again for the head. */
+typedef struct gpt_unit {
+  size_t offset, count;
+} gpt_unit;
+
+static gpt_unit unit_emb(const gpt_model *g) { return (gpt_unit){0, tensor_off(g, g->idx_layer0)}; }
+static gpt_unit unit_layer(const gpt_model *g, int l) {
+  size_t lo = tensor_off(g, layer_idx(g, l, 0)), hi = tensor_off(g, layer_idx(g, l + 1, 0));
+  return (gpt_unit){lo, hi - lo};
+}
+static gpt_unit unit_final(const gpt_model *g) {
+  size_t lo = tensor_off(g, g->idx_lnfw);
+  return (gpt_unit){lo, g->base.n_params - lo};
+}
+static gpt_unit unit_wte(const gpt_model *g) { return (gpt_unit){0, g->tensors[g->idx_wte].count}; }
+static const gpt_unit unit_none = {0, 0};
+
+static const float *unit_fetch(const td_param_access *pa, const float *params, gpt_unit u, gpt_unit next) {
+  return pa ? pa->fetch(pa->ctx, u.offset, u.count, next.offset, next.count) : params;
+}
+static void unit_release(const td_param_access *pa, gpt_unit u) {
+  if (pa) pa->release(pa->ctx, u.offset, u.count);
 }
 
 /* Block l's forward from its input `resid` (B, T, C) into the layer's
@@ -187,23 +228,33 @@ static void block_forward(gpt_model *g, gpt_acts *a, const float *params, int l,
 }
 
 /* The forward pass on B sequences of T <= seq tokens into `a`. Returns the
- * mean loss when targets are given, else 0 (probs then hold the softmax). */
-static float gpt_forward_impl(gpt_model *g, gpt_acts *a, const float *params, const int32_t *tokens,
-                              const int32_t *targets, int B, int T) {
+ * mean loss when targets are given, else 0 (probs then hold the softmax).
+ * pa: fetch each group of parameters before use (NULL: params is whole). */
+static float gpt_forward_impl(gpt_model *g, gpt_acts *a, const float *params, const td_param_access *pa,
+                              const int32_t *tokens, const int32_t *targets, int B, int T) {
   const int L = g->cfg.layers, C = g->cfg.channels, V = g->cfg.vocab;
   const int BT = B * T;
   const size_t sBT = (size_t)a->B * a->T;
-  const float *wte = params + tensor_off(g, g->idx_wte);
-  td_embedding_forward(a->encoded, tokens, wte, params + tensor_off(g, g->idx_wpe), B, T, C);
+  params = unit_fetch(pa, params, unit_emb(g), L > 0 ? unit_layer(g, 0) : unit_final(g));
+  td_embedding_forward(a->encoded, tokens, params + tensor_off(g, g->idx_wte), params + tensor_off(g, g->idx_wpe), B,
+                       T, C);
+  unit_release(pa, unit_emb(g));
   const float *resid = a->encoded; /* (B, T, C) */
   for (int l = 0; l < L; l++) {
+    params = unit_fetch(pa, params, unit_layer(g, l), l + 1 < L ? unit_layer(g, l + 1) : unit_final(g));
     block_forward(g, a, params, l, resid, B, T);
     resid = a->res3 + (size_t)l * sBT * C;
+    unit_release(pa, unit_layer(g, l));
   }
+  const int tied = g->idx_head < 0;
+  params = unit_fetch(pa, params, unit_final(g), tied ? unit_wte(g) : unit_none);
+  if (tied) params = unit_fetch(pa, params, unit_wte(g), unit_none);
   td_layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, resid, params + tensor_off(g, g->idx_lnfw),
                        params + tensor_off(g, g->idx_lnfb), BT, C);
-  const float *head = g->idx_head >= 0 ? params + tensor_off(g, g->idx_head) : wte;
+  const float *head = params + tensor_off(g, tied ? g->idx_wte : g->idx_head);
   td_linear_forward(a->probs, a->lnf, head, NULL, BT, C, V);
+  unit_release(pa, unit_final(g));
+  if (tied) unit_release(pa, unit_wte(g));
   if (targets) return td_softmax_xent_forward(a->probs, a->probs, targets, BT, V);
   return 0.0f;
 }
@@ -234,7 +285,8 @@ static float gpt_forward(td_model *model, const float *params, const void *input
   g->last_B = batch;
   g->last_T = T;
   /* without targets the logits stay in probs: predict() takes the same argmax */
-  return gpt_forward_impl(g, &g->acts, params, g->tokens_copy, targets ? g->targets_copy : NULL, batch, T);
+  return gpt_forward_impl(g, &g->acts, params, g->base.param_access, g->tokens_copy, targets ? g->targets_copy : NULL,
+                          batch, T);
 }
 
 static void report(td_grad_ready_fn ready, void *ctx, const gpt_model *g, int idx) {
@@ -251,6 +303,12 @@ static void gpt_backward(td_model *model, const float *params, float *grads, flo
   const int32_t *targets = g->targets_copy;
   if (!g->have_targets) return; /* nothing to differentiate */
 
+  const td_param_access *pa = g->base.param_access;
+  const int tied = g->idx_head < 0;
+  gpt_unit after_final = L > 0 ? unit_layer(g, L - 1) : unit_none;
+  params = unit_fetch(pa, params, unit_final(g), tied ? unit_wte(g) : after_final);
+  if (tied) params = unit_fetch(pa, params, unit_wte(g), after_final);
+
   /* loss -> logits -> lm head -> final layernorm */
   nn_softmax_xent_backward_set(a->dlogits, a->probs, targets, loss_scale, BT, V);
   const float *head = g->idx_head >= 0 ? params + tensor_off(g, g->idx_head) : params + tensor_off(g, g->idx_wte);
@@ -263,8 +321,11 @@ static void gpt_backward(td_model *model, const float *params, float *grads, flo
                         last_res, params + tensor_off(g, g->idx_lnfw), a->lnf_mean, a->lnf_rstd, BT, C);
   report(ready, ctx, g, g->idx_lnfb);
   report(ready, ctx, g, g->idx_lnfw);
+  unit_release(pa, unit_final(g));
+  if (tied) unit_release(pa, unit_wte(g));
 
   for (int l = L - 1; l >= 0; l--) {
+    params = unit_fetch(pa, params, unit_layer(g, l), l > 0 ? unit_layer(g, l - 1) : unit_none);
 #define W(which) (params + tensor_off(g, layer_idx(g, l, (which))))
 #define G(which) (grads + tensor_off(g, layer_idx(g, l, (which))))
 #define READY(which) report(ready, ctx, g, layer_idx(g, l, (which)))
@@ -301,6 +362,7 @@ static void gpt_backward(td_model *model, const float *params, float *grads, flo
     td_layernorm_backward(a->dres, G(P_LN1W), G(P_LN1B), a->dbuf_c, resid, W(P_LN1W), ln1_mean, ln1_rstd, BT, C);
     READY(P_LN1B);
     READY(P_LN1W);
+    unit_release(pa, unit_layer(g, l));
 #undef W
 #undef G
 #undef READY
@@ -342,6 +404,7 @@ static td_status gpt_set_activation_checkpointing(td_model *model, int on) {
 
 static const td_model_ops gpt_ops = {
     .set_activation_checkpointing = gpt_set_activation_checkpointing,
+    .activation_bytes = gpt_activation_bytes,
     .prepare = gpt_prepare,
     .forward = gpt_forward,
     .backward = gpt_backward,
@@ -413,6 +476,7 @@ td_status td_gpt_create(const td_gpt_config *config, td_model **out) {
   snprintf(g->config_text, sizeof g->config_text, "vocab=%d layers=%d channels=%d heads=%d seq=%d tied=%d", c->vocab,
            c->layers, c->channels, c->heads, c->seq, c->tied ? 1 : 0);
   g->base.config = g->config_text;
+  g->base.supports_param_access = 1;
   g->base.n_params = off;
   g->base.n_tensors = n;
   g->base.tensors = g->tensors;
@@ -481,7 +545,7 @@ td_status td_gpt_generate(td_model *model, const float *params, const int32_t *p
   for (int s = 0; s < n; s++) {
     int w = len < T ? len : T;
     const int32_t *window = ctx + len - w;
-    gpt_forward_impl(g, &a, params, window, NULL, 1, w);
+    gpt_forward_impl(g, &a, params, NULL, window, NULL, 1, w);
     const float *logits = a.probs + (size_t)(w - 1) * V;
     int next = 0;
     if (temperature <= 0.0f) {

@@ -26,6 +26,10 @@ void td_train_config_defaults(td_train_config *cfg) {
   cfg->first_bucket_bytes = 1u << 20;
   cfg->steps_per_print = 10;
   td_precision_config_defaults(&cfg->precision);
+  /* DeepSpeed's defaults for the ZeRO stage-3 knobs (numbers of parameters) */
+  cfg->stage3_prefetch_bucket_size = 50000000;
+  cfg->stage3_max_live_parameters = 1000000000;
+  cfg->stage3_param_persistence_threshold = 100000;
 }
 
 /* ---- batch sizes and ranges ---- */
@@ -97,6 +101,11 @@ td_status td_train_config_resolve(td_train_config *cfg, int world) {
   cfg->train_batch_size = G;
   cfg->micro_batch = (int)m;
   cfg->grad_accum = (int)a;
+
+  if (cfg->zero_stage < 0 || cfg->zero_stage > 3)
+    return td_error(TD_ERR_INVALID_ARGUMENT,
+                    "zero_optimization.stage %d: must be 0 (off), 1 (optimizer state), 2 (+ gradients) or 3 (+ "
+                    "parameters)", cfg->zero_stage);
 
   const td_optimizer_config *o = &cfg->optimizer;
   if (o->kind != TD_OPTIMIZER_SGD && o->kind != TD_OPTIMIZER_ADAMW)
@@ -465,25 +474,37 @@ static td_status parse_checkpoint(parse_ctx *pc, const cJSON *obj) {
   return TD_OK;
 }
 
-/* DeepSpeed sections this engine does not implement yet. A config that
- * switches them off ({"enabled": false}, ZeRO stage 0) is accepted, so that
- * existing ds_config files load; one that asks for them is refused rather
- * than silently trained differently. */
-static td_status parse_unsupported(parse_ctx *pc, const cJSON *item) {
-  const char *k = item->string;
-  const cJSON *enabled = cJSON_IsObject(item) ? cJSON_GetObjectItemCaseSensitive(item, "enabled") : NULL;
-  const cJSON *stage = cJSON_IsObject(item) ? cJSON_GetObjectItemCaseSensitive(item, "stage") : NULL;
-  int off = strcmp(k, "zero_optimization") == 0 ? (stage && cJSON_IsNumber(stage) && stage->valuedouble == 0)
-                                                : (enabled && cJSON_IsFalse(enabled));
-  if (off) return TD_OK;
-  if (strcmp(k, "zero_optimization") == 0)
+/* zero_optimization: DeepSpeed's stage and stage-3 knobs (src/train/zero/).
+ * DeepSpeed's other keys of the section that only tune its own buffers are
+ * accepted and ignored where Tandem has no such buffer, so that ds_config
+ * files load; anything else is an unknown key. */
+static td_status parse_zero(parse_ctx *pc, const cJSON *obj) {
+  static const char *const keys[] = {"stage", "stage3_prefetch_bucket_size", "stage3_max_live_parameters",
+                                     "stage3_param_persistence_threshold", "overlap_comm", "contiguous_gradients",
+                                     "reduce_scatter", "reduce_bucket_size", "allgather_bucket_size",
+                                     "allgather_partitions"};
+  if (!cJSON_IsObject(obj))
     return td_error(TD_ERR_INVALID_ARGUMENT,
-                    "%s: zero_optimization is not supported yet (plain data parallelism: every rank holds the whole "
-                    "model); remove it or set \"stage\": 0",
-                    pc->source);
-  return td_error(TD_ERR_INVALID_ARGUMENT,
-                  "%s: %s is not supported yet (training is in fp32); remove it or set \"enabled\": false", pc->source,
-                  k);
+                    "%s: zero_optimization must be an object, e.g. \"zero_optimization\": {\"stage\": 2}", pc->source);
+  TD_CHECK(check_keys(pc, obj, "zero_optimization", keys, (int)TD_ARRAY_SIZE(keys)));
+  const cJSON *item;
+  cJSON_ArrayForEach(item, obj) {
+    long n = 0;
+    if (strcmp(item->string, "stage") == 0) {
+      TD_CHECK(get_int(pc, item, "zero_optimization.stage", 0, 3, &n));
+      pc->cfg->zero_stage = (int)n;
+    } else if (strcmp(item->string, "stage3_prefetch_bucket_size") == 0) {
+      TD_CHECK(get_int(pc, item, "zero_optimization.stage3_prefetch_bucket_size", 0, 1L << 50, &n));
+      pc->cfg->stage3_prefetch_bucket_size = n;
+    } else if (strcmp(item->string, "stage3_max_live_parameters") == 0) {
+      TD_CHECK(get_int(pc, item, "zero_optimization.stage3_max_live_parameters", 0, 1L << 50, &n));
+      pc->cfg->stage3_max_live_parameters = n;
+    } else if (strcmp(item->string, "stage3_param_persistence_threshold") == 0) {
+      TD_CHECK(get_int(pc, item, "zero_optimization.stage3_param_persistence_threshold", 0, 1L << 50, &n));
+      pc->cfg->stage3_param_persistence_threshold = n;
+    }
+  }
+  return TD_OK;
 }
 
 static td_status parse_root(parse_ctx *pc, const cJSON *root) {
@@ -544,7 +565,7 @@ static td_status parse_root(parse_ctx *pc, const cJSON *root) {
                strcmp(k, "activation_checkpointing") == 0) {
       TD_CHECK(td_precision_parse_json(item, pc->source, cfg)); /* src/train/precision/precision_config.c */
     } else if (strcmp(k, "zero_optimization") == 0) {
-      TD_CHECK(parse_unsupported(pc, item));
+      TD_CHECK(parse_zero(pc, item));
     }
   }
   /* WarmupLR gives absolute rates; the config keeps fractions of the peak so

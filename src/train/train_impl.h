@@ -148,6 +148,26 @@ struct td_trainer {
 
   td_train_trace_fn trace; /* optional phase tracing */
   void *trace_ctx;
+
+  /* ---- ZeRO (src/train/zero/) ----
+   * Every arena is sharded alike: this rank owns the arena elements
+   * [shard_lo, shard_hi) = td_shard_range(n_params, world, rank), at every
+   * stage (stage 0 included). What the rank holds:
+   *   params:    n_params floats (arena element i at params[i]) at every
+   *              stage; valid between steps on [params_lo, params_hi): the
+   *              whole arena at stages 0-2, only the shard at stage 3 (the
+   *              rest is address space whose pages were given back).
+   *   grads:     n_params floats; after a step at stage >= 2 only the shard
+   *              holds the averaged gradient.
+   *   states[i]: (states_hi - states_lo) floats, states[i][k] being arena
+   *              element states_lo + k: the whole arena at stage 0, the
+   *              shard at stage >= 1.
+   * Checkpoints read and write these ranges. */
+  int zero_stage;
+  size_t shard_lo, shard_hi;
+  size_t states_lo, states_hi;
+  size_t params_lo, params_hi;
+  struct zero_state *zero; /* stage >= 1: buckets, fetches, memory (zero/zero.h) */
 };
 
 /* Agree on success across ranks: every rank passes its local status; returns

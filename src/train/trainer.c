@@ -23,6 +23,7 @@
  * 1/grad_accum and buckets average (TD_AVG) over ranks, so the gradient is
  * that of the global-batch mean. */
 #include "train/train_impl.h"
+#include "train/zero/zero.h"
 
 #include <math.h>
 #include <sched.h>
@@ -165,10 +166,38 @@ td_status td_trainer_create(const td_train_config *cfg_in, td_model *model, td_d
 
   t->n_params = model->n_params;
   t->n_states = td_optimizer_n_states(t->cfg.optimizer.kind);
+  zero_layout(t);
+  if (t->zero_stage >= 3 && !model->supports_param_access) {
+    st = td_error(TD_ERR_INVALID_ARGUMENT, "ZeRO stage 3: model \"%s\" cannot fetch its parameters per layer "
+                  "(td_param_access); use stage 2 or lower", model->kind ? model->kind : "?");
+    goto fail;
+  }
+  if (t->zero_stage >= 2 && t->cfg.precision.comm_dtype != TD_F32) {
+    /* stage 2 reduces straight into the owners' shards of the f32 arena; a
+     * half-precision shadow of the buckets is not built for that path */
+    st = td_error(TD_ERR_INVALID_ARGUMENT, "communication_data_type %s is not supported at ZeRO stage %d yet: "
+                  "use \"fp32\" or stage 0-1", td_dtype_name(t->cfg.precision.comm_dtype), t->zero_stage);
+    goto fail;
+  }
+  if (t->zero_stage >= 1 && t->cfg.checkpoint_dir[0]) {
+    st = td_error(TD_ERR_INVALID_ARGUMENT, "checkpoints are not supported at ZeRO stage %d yet: remove the "
+                  "checkpoint settings (--save, checkpoint.save_dir) or use stage 0", t->zero_stage);
+    goto fail;
+  }
   size_t arena_bytes = t->n_params * sizeof(float);
-  t->params = arena_alloc(arena_bytes); /* zeros for a model kind td_model_init_params does not know */
-  t->grads = grads_alloc(t, arena_bytes);
-  for (int i = 0; i < t->n_states; i++) t->states[i] = arena_alloc(arena_bytes);
+  if (t->zero_stage >= 1) {
+    TD_CHECK_GOTO(zero_create(t), st, fail);
+    /* stage 1 keeps whole gradients, averaged as at stage 0 */
+    if (t->zero_stage == 1 && !(t->grads = grads_alloc(t, arena_bytes))) {
+      st = td_error(TD_ERR_SYSTEM, "rank %d: out of memory for the gradient arena (%zu parameters)", t->rank,
+                    t->n_params);
+      goto fail;
+    }
+  } else {
+    t->params = arena_alloc(arena_bytes); /* zeros for a model kind td_model_init_params does not know */
+    t->grads = grads_alloc(t, arena_bytes);
+    for (int i = 0; i < t->n_states; i++) t->states[i] = arena_alloc(arena_bytes);
+  }
   t->inputs = td_alloc((size_t)t->cfg.micro_batch * dataset->input_bytes);
   t->targets = td_alloc((size_t)t->cfg.micro_batch * dataset->targets_per_sample * sizeof(int32_t));
   t->tensor_ready = calloc((size_t)TD_MAX(model->n_tensors, 1), sizeof(size_t));
@@ -197,6 +226,7 @@ td_status td_trainer_create(const td_train_config *cfg_in, td_model *model, td_d
       goto fail;
     }
   }
+  zero_after_init(t);
   *out = t;
   return TD_OK;
 fail:
@@ -210,6 +240,7 @@ void td_trainer_destroy(td_trainer *t) {
    * about to be freed, so wait for them (a broken communicator completes them
    * with an error). */
   for (int i = 0; i < t->n_requests; i++) td_wait(t->requests[i]);
+  zero_destroy(t);
   free(t->requests);
   free(t->agree_flags);
   td_free(t->params);
@@ -242,6 +273,10 @@ static td_status push_request(td_trainer *t, td_request *req) {
 }
 
 static void bucket_launch(td_trainer *t, size_t lo, size_t hi) {
+  if (t->zero_stage >= 2) {
+    zero_bucket_launch(t, lo, hi); /* reduced into the owners' shards */
+    return;
+  }
   if (hi <= lo || t->bucket_status != TD_OK) return;
   td_request *req = NULL;
   td_dtype dtype;
@@ -302,6 +337,11 @@ static void trace(const td_trainer *t, const char *name, double begin) {
 
 static double wait_requests(td_trainer *t, td_status *st_out) {
   double t0 = td_now();
+  if (t->zero_stage >= 2) {
+    *st_out = zero_wait_buckets(t);
+    trace(t, "comm_wait", t0);
+    return td_now() - t0;
+  }
   td_status first = TD_OK;
   for (int i = 0; i < t->n_requests; i++) {
     td_status st = td_wait(t->requests[i]);
@@ -388,7 +428,10 @@ static td_status trainer_step(td_trainer *t, td_step_stats *stats) {
     } else
       t->prepared_batch = t->cfg.micro_batch;
   }
-  memset(t->grads, 0, t->n_params * sizeof(float));
+  if (t->zero)
+    zero_step_begin(t);
+  else
+    memset(t->grads, 0, t->n_params * sizeof(float));
   double loss_sum = 0;
   t->comm_bytes = 0;
   int n_buckets = 0;
@@ -397,11 +440,15 @@ static td_status trainer_step(td_trainer *t, td_step_stats *stats) {
     local = load_micro_batch(t, micro);
     data_s += td_now() - d0;
     trace(t, "data", d0);
+    /* Stage 3's forward communicates (parameter fetches): a rank whose data
+     * failed must not skip it while the others wait, so agree first. */
+    if (t->zero_stage >= 3 && distributed) local = td_trainer_agree(t, local);
     double loss = 0;
     if (local == TD_OK) {
       char where[64];
       snprintf(where, sizeof where, "step %ld, micro-step %d", t->step + 1, micro);
       local = forward_micro_batch(t, where, t->cfg.micro_batch, &loss);
+      if (local == TD_OK && t->zero && t->zero->status != TD_OK) local = t->zero->status;
     }
     loss_sum += loss;
     /* The last micro-step's backward launches the buckets: it waits for the agreement. */
@@ -452,7 +499,7 @@ static td_status trainer_step(td_trainer *t, td_step_stats *stats) {
      * goes in one last bucket. */
     bucket_launch(t, 0, t->launched_lo);
     t->launched_lo = 0;
-    n_buckets = t->n_requests;
+    n_buckets = t->zero_stage >= 2 ? t->zero->n_buckets : t->n_requests;
     td_status wst;
     wait_s += wait_requests(t, &wst);
     /* The message is the launch failure's, or the wait's if that came later. */
@@ -473,18 +520,22 @@ static td_status trainer_step(td_trainer *t, td_step_stats *stats) {
   /* Every rank holds the same averaged gradient, so the norm, the clip and
    * the update agree without further communication. */
   double opt0 = td_now();
+  if (t->zero && t->zero->status != TD_OK) return t->zero->status; /* a fetch in backward failed */
   double norm = 0;
   float scale = 1.0f, lr = td_train_lr_at(&t->cfg, t->step);
   if (!overflow) {
     /* the loss scale (fp16) divides out here, folded into the clip factor */
     double loss_scale = t->scaler.scale;
-    norm = td_l2_norm(t->grads, t->n_params) / loss_scale;
+    TD_CHECK(zero_grad_norm(t, &norm)); /* from per-shard partial sums, at every stage */
+    norm /= loss_scale;
     scale = td_clip_scale(norm, t->cfg.grad_clip);
     const td_optimizer_config *o = &t->cfg.optimizer;
     float grad_scale = (float)(scale / loss_scale);
     /* skipped steps (fp16 overflow) do not count in Adam's bias correction */
     long adam_t = t->step + 1 - t->scaler.skipped;
-    if (o->kind == TD_OPTIMIZER_ADAMW)
+    if (t->zero)
+      TD_CHECK(zero_update(t, lr, grad_scale, adam_t));
+    else if (o->kind == TD_OPTIMIZER_ADAMW)
       td_adamw_update(t->params, t->grads, t->states[0], t->states[1], t->n_params, lr, o->beta1, o->beta2, o->eps,
                       o->weight_decay, adam_t, grad_scale);
     else
@@ -494,6 +545,7 @@ static td_status trainer_step(td_trainer *t, td_step_stats *stats) {
     t->consumed += (uint64_t)t->cfg.train_batch_size;
     td_precision_on_clean_step(t);
   }
+  zero_step_end(t);
   trace(t, "optimizer", opt0);
 
   int saved = 0;
@@ -555,6 +607,15 @@ static td_status trainer_evaluate(td_trainer *t, td_dataset *ds, size_t max_samp
     return td_error(TD_ERR_INVALID_ARGUMENT,
                     "td_trainer_evaluate: dataset samples (%zu input bytes, %zu targets) do not fit model \"%s\"",
                     ds->input_bytes, ds->targets_per_sample, m->kind);
+  /* Stage 3: the ranks evaluate different numbers of batches, so the
+   * per-layer fetches would not match; gather the whole arena once instead
+   * (4 bytes per parameter for the duration). */
+  const td_param_access *access = m->param_access;
+  if (t->zero_stage >= 3) {
+    td_status gst = zero_fetch_all(t);
+    if (gst != TD_OK) return gst;
+    m->param_access = NULL;
+  }
   size_t n = ds->n_samples;
   if (max_samples > 0 && max_samples < n) n = max_samples;
   size_t first, len;
@@ -593,6 +654,10 @@ static td_status trainer_evaluate(td_trainer *t, td_dataset *ds, size_t max_samp
     }
   }
   free(pred);
+  if (t->zero_stage >= 3) {
+    m->param_access = access;
+    zero_fetch_reset(t);
+  }
   st = td_trainer_agree(t, st);
   if (st != TD_OK) return st;
   if (t->comm && t->world > 1) {
@@ -618,3 +683,13 @@ const float *td_trainer_params(const td_trainer *t) { return t->params; }
 float *td_trainer_params_mut(td_trainer *t) { return t->params; }
 size_t td_trainer_n_params(const td_trainer *t) { return t->n_params; }
 int td_trainer_threads(const td_trainer *t) { return t->threads; }
+
+/* ---- ZeRO ---- */
+
+size_t td_trainer_model_state_bytes(const td_trainer *t) { return zero_model_state_bytes(t); }
+int td_trainer_zero_stage(const td_trainer *t) { return t->zero_stage; }
+
+td_status td_trainer_gather_params(td_trainer *t) {
+  if (!t) return td_error(TD_ERR_INVALID_ARGUMENT, "td_trainer_gather_params: null trainer");
+  return t->zero_stage >= 3 ? zero_fetch_all(t) : TD_OK;
+}

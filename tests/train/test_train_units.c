@@ -127,8 +127,10 @@ static void test_config_errors(void) {
             "test.json:3:");
   CHECK_OK(parse("{\"fp16\": {\"enabled\": true}}", &c)); /* mixed precision: tests/precision.suite */
   CHECK(c.precision.compute == TD_F16);
-  CHECK_MSG(parse("{\"zero_optimization\": {\"stage\": 2}}", &c), TD_ERR_INVALID_ARGUMENT,
-            "zero_optimization is not supported yet");
+  CHECK_OK(parse("{\"zero_optimization\": {\"stage\": 2}}", &c));
+  CHECK_EQ_INT(c.zero_stage, 2);
+  CHECK_MSG(parse("{\"zero_optimization\": {\"stage\": 4}}", &c), TD_ERR_INVALID_ARGUMENT, "between 0 and 3");
+  CHECK_MSG(parse("{\"zero_optimization\": {\"stag\": 1}}", &c), TD_ERR_INVALID_ARGUMENT, "stag");
   CHECK_OK(parse("{\"bf16\": {\"enabled\": false}, \"zero_optimization\": {\"stage\": 0}}", &c));
   CHECK_MSG(parse("[1, 2]", &c), TD_ERR_INVALID_ARGUMENT, "the config must be a JSON object");
 

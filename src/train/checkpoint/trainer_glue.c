@@ -22,12 +22,7 @@
 
 #include "train/train_impl.h"
 
-int td_ckpt_trainer_zero_stage(const td_trainer *t) {
-  /* This trainer keeps every arena whole on every rank (ZeRO stage 0 is the
-   * only stage its config accepts); a sharding engine reports its stage. */
-  (void)t;
-  return 0;
-}
+int td_ckpt_trainer_zero_stage(const td_trainer *t) { return t->zero_stage; }
 
 int td_ckpt_trainer_arenas(const td_trainer *t, td_ckpt_arena *out) {
   static const char *const adamw[] = {"adamw.m", "adamw.v"};
@@ -45,9 +40,16 @@ int td_ckpt_trainer_arenas(const td_trainer *t, td_ckpt_arena *out) {
 /* The range [*lo, *hi) of `arena` this rank holds, and the memory of element
  * *lo. At ZeRO stage 0 every rank holds every arena whole. */
 static float *held(td_trainer *t, int arena, uint64_t *lo, uint64_t *hi) {
-  *lo = 0;
-  *hi = t->n_params;
-  return arena == TD_CKPT_ARENA_PARAMS ? t->params : t->states[arena - TD_CKPT_ARENA_STATE0];
+  /* train_impl.h: params[i] is element i, valid on [params_lo, params_hi);
+   * states[k][j] is element states_lo + j (the shard at ZeRO stage >= 1) */
+  if (arena == TD_CKPT_ARENA_PARAMS) {
+    *lo = t->params_lo;
+    *hi = t->params_hi;
+    return t->params + t->params_lo;
+  }
+  *lo = t->states_lo;
+  *hi = t->states_hi;
+  return t->states[arena - TD_CKPT_ARENA_STATE0];
 }
 
 /* A staging buffer on transparent huge pages where the system offers them
@@ -69,6 +71,11 @@ static float *staging_alloc(size_t floats) {
 
 td_status td_trainer_save(td_trainer *t, const char *root) {
   if (!t) return td_error(TD_ERR_INVALID_ARGUMENT, "td_trainer_save: null trainer");
+  /* held() gives the ZeRO ranges, but saving and resuming at stage >= 1 are
+   * not tested yet: refused rather than risk a wrong checkpoint. */
+  if (t->zero_stage >= 1)
+    return td_error(TD_ERR_INVALID_USAGE, "rank %d: checkpoints are not supported at ZeRO stage %d yet; use stage 0",
+                    t->rank, t->zero_stage);
   td_ckpt_region regions[TD_CKPT_MAX_ARENAS];
   int n = 1 + t->n_states;
   for (int a = 0; a < n; a++) {
@@ -85,6 +92,9 @@ td_status td_trainer_save(td_trainer *t, const char *root) {
 
 td_status td_trainer_resume(td_trainer *t, const char *path) {
   if (!t) return td_error(TD_ERR_INVALID_ARGUMENT, "td_trainer_resume: null trainer");
+  if (t->zero_stage >= 1)
+    return td_error(TD_ERR_INVALID_USAGE, "rank %d: resuming is not supported at ZeRO stage %d yet; use stage 0",
+                    t->rank, t->zero_stage);
   td_ckpt_region regions[TD_CKPT_MAX_ARENAS];
   float *arena_mem[TD_CKPT_MAX_ARENAS], *staging[TD_CKPT_MAX_ARENAS];
   uint64_t held_lo[TD_CKPT_MAX_ARENAS], held_hi[TD_CKPT_MAX_ARENAS];

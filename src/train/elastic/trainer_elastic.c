@@ -17,6 +17,11 @@
 
 td_status td_trainer_elastic_register(td_trainer *t, td_elastic *e) {
   if (!t || !e) return td_error(TD_ERR_INVALID_ARGUMENT, "td_trainer_elastic_register: trainer and state required");
+  /* ZeRO stage >= 1 keeps only shards of some arenas (train_impl.h): the
+   * whole-arena registrations below would read past them. */
+  if (t->zero_stage >= 1)
+    return td_error(TD_ERR_INVALID_USAGE, "elastic training is not supported at ZeRO stage %d yet; use stage 0",
+                    t->zero_stage);
   size_t bytes = t->n_params * sizeof(float);
   TD_CHECK(td_elastic_register(e, "params", t->params, bytes));
   TD_CHECK(td_elastic_register(e, "optimizer_state_0", t->states[0], bytes));

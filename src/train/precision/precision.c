@@ -143,12 +143,17 @@ void td_precision_after_sync(td_trainer *t) {
 td_status td_precision_check_overflow(td_trainer *t, int *overflow_out) {
   *overflow_out = 0;
   if (t->cfg.precision.compute != TD_F16) return TD_OK;
-  if (t->step + 1 == t->inject_inf_step) t->grads[t->n_params / 2] = INFINITY;
+  /* At ZeRO stage >= 2 a rank holds only its shard of the reduced
+   * gradients (the rest is not resident); the flag agreed below covers the
+   * whole arena all the same, since the shards tile it. */
+  size_t lo = 0, hi = t->n_params;
+  if (t->zero_stage >= 2) lo = t->shard_lo, hi = t->shard_hi;
+  if (t->step + 1 == t->inject_inf_step && hi > lo) t->grads[lo + (hi - lo) / 2] = INFINITY;
   int32_t flag = 0;
   const float *g = t->grads;
   /* x - x is 0 for finite x and NaN for inf and NaN: one pass, no branch per element */
   float acc = 0.0f;
-  for (size_t i = 0; i < t->n_params; i++) acc += g[i] - g[i];
+  for (size_t i = lo; i < hi; i++) acc += g[i] - g[i];
   flag = acc != 0.0f || isnan(acc);
   if (t->comm && t->world > 1) {
     td_status st = td_allreduce(&flag, &flag, 1, TD_I32, TD_MAX, t->comm);

@@ -1,0 +1,85 @@
+/* Memory per rank at each ZeRO stage, before anything is allocated
+ * (td_trainer_estimate_memory; train-gpt --estimate-memory).
+ *
+ * The ZeRO paper's model-state formulas for fp32 training with Adam (4
+ * bytes per parameter per arena, Ψ parameters, N ranks, 2 optimizer
+ * states; SGD has one):
+ *     stage 0: 16Ψ   stage 1: 8Ψ + 8Ψ/N   stage 2: 4Ψ + 12Ψ/N   stage 3: 16Ψ/N
+ * plus what the engine keeps beyond the shards (zero/reduce.c, fetch.c):
+ *     stage 2+: gradients of the buckets in flight: backward waits once
+ *               more than 2 buckets are in flight, a third is being
+ *               filled, and a tensor larger than a bucket is written whole;
+ *     stage 3:  the fetched parameter groups kept resident: up to
+ *               stage3_max_live_parameters (at least the group in use),
+ *               plus the groups under
+ *               stage3_param_persistence_threshold.
+ * The engine's fetch groups are the model's (a transformer block, the
+ * embeddings, the head); here they are estimated from the tensor table as
+ * the runs of tensors whose names share the prefix before the first '.'
+ * ("h3.attn.qkv.weight" -> "h3"). Pure: no allocation, no communication. */
+#include "train/zero/zero.h"
+
+#include <string.h>
+#include <unistd.h>
+
+static size_t prefix_len(const char *name) {
+  const char *dot = name ? strchr(name, '.') : NULL;
+  return dot ? (size_t)(dot - name) : (name ? strlen(name) : 0);
+}
+
+td_status td_trainer_estimate_memory(const td_model *model, const td_train_config *cfg, int world, int stage,
+                                     td_memory_estimate *out) {
+  if (!model || !cfg || !out || world < 1 || stage < 0 || stage > 3)
+    return td_error(TD_ERR_INVALID_ARGUMENT,
+                    "td_trainer_estimate_memory: model, cfg and out are required, world >= 1, stage 0-3 (got world "
+                    "%d, stage %d)", world, stage);
+  memset(out, 0, sizeof *out);
+  const size_t n = model->n_params, f = sizeof(float);
+  size_t shard_off, shard = 0;
+  td_shard_range(n, world, 0, &shard_off, &shard); /* rank 0's shard is the largest */
+  int n_states = td_optimizer_n_states(cfg->optimizer.kind);
+  out->stage = stage;
+  out->world = world;
+  out->n_params = n;
+  out->shard_params = shard;
+  out->params = (stage >= 3 ? shard : n) * f;
+  out->grads = (stage >= 2 ? shard : n) * f;
+  out->optimizer = (size_t)n_states * (stage >= 1 ? shard : n) * f;
+
+  size_t largest_tensor = 0, group1 = 0, group2 = 0, persistent = 0;
+  for (int i = 0; i < model->n_tensors;) {
+    const td_param_tensor *first = &model->tensors[i];
+    size_t plen = prefix_len(first->name), count = 0;
+    int j = i;
+    while (j < model->n_tensors && prefix_len(model->tensors[j].name) == plen &&
+           (plen == 0 || strncmp(model->tensors[j].name, first->name, plen) == 0)) {
+      count += model->tensors[j].count;
+      largest_tensor = TD_MAX(largest_tensor, model->tensors[j].count);
+      j++;
+    }
+    if (count <= (size_t)cfg->stage3_param_persistence_threshold) persistent += count;
+    else if (count > group1) group2 = group1, group1 = count;
+    else if (count > group2) group2 = count;
+    i = j;
+  }
+  /* Pages are given back whole: a page straddling two released pieces
+   * stays (one per piece edge: at most a bucket piece per tensor and owner). */
+  long page = sysconf(_SC_PAGESIZE);
+  size_t edges = (size_t)(model->n_tensors + 2 + world) * (size_t)(page > 0 ? page : 4096);
+  size_t live = 0;
+  if (stage >= 2 && world > 1) {
+    size_t bucket = cfg->bucket_bytes / f;
+    live += TD_MIN(TD_MIN(3 * bucket + largest_tensor, n - shard) * f + edges, (n - shard) * f);
+  }
+  if (stage >= 3 && world > 1) {
+    /* released and prefetched groups stay within stage3_max_live_parameters;
+     * only the group in use may go over it */
+    size_t cached = TD_MAX((size_t)cfg->stage3_max_live_parameters, group1);
+    live += TD_MIN(TD_MIN(cached + persistent, n - shard) * f + edges, (n - shard) * f);
+  }
+  out->live = live;
+  out->model_states = out->params + out->grads + out->optimizer + out->live;
+  int batch = cfg->micro_batch > 0 ? cfg->micro_batch : 1;
+  out->activations = model->ops && model->ops->activation_bytes ? model->ops->activation_bytes(model, batch) : 0;
+  return TD_OK;
+}

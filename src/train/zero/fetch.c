@@ -1,0 +1,211 @@
+/* ZeRO stage 3: parameters fetched per layer through the model's
+ * td_param_access (src/nn never calls src/comm; it asks the engine).
+ *
+ * A rank keeps only its shard of the parameter arena resident. When the
+ * model fetches a range (a transformer block, the embeddings, the head),
+ * each piece of it is broadcast from the rank owning that piece into the
+ * same place of every rank's arena, and the model reads it there; when the
+ * model releases the range, its pages are given back (shard.c), so the
+ * arena's address space is the reusable buffer and physical memory holds
+ * the shard plus the live ranges:
+ *
+ *     shards:  [ rank 0            | rank 1            ]
+ *     fetch h2:             [=====|==]                 (bcast from 0, from 1)
+ *     prefetch h3:                   [=======]         (launched, not waited)
+ *
+ * With the fetch, the model names the range it will fetch next; the engine
+ * launches that one right away (non-blocking), so it travels while the
+ * current layer computes. DeepSpeed's knobs keep their meaning, counted in
+ * parameters: stage3_prefetch_bucket_size (a next range larger than this is
+ * not fetched ahead), stage3_max_live_parameters (how many fetched
+ * parameters may stay resident: a range the model released stays cached,
+ * and is reused without communication when fetched again in the same step,
+ * until the cap asks for its memory, least recently used first) and
+ * stage3_param_persistence_threshold (ranges this small stay resident from
+ * their first fetch to the end of the step whatever the cap; DeepSpeed
+ * keeps such parameters unpartitioned, Tandem keeps them sharded between
+ * steps). Parameters do not change within a step, so a cached range is as
+ * good as a fresh fetch; giving pages back and faulting them in again costs
+ * page faults and zeroing (a quarter of stage 3's CPU time at the reference
+ * configuration when nothing was cached).
+ *
+ * Every rank makes the same fetch calls in the same order (same model, same
+ * micro-batch count), and every decision here depends only on them and the
+ * configuration, so the broadcasts match across ranks. A failure is kept in
+ * z->status (the model cannot see it) and fails the step afterwards. */
+#include "train/zero/zero.h"
+
+#include <stdlib.h>
+
+static zero_live *find_live(zero_state *z, size_t lo, size_t hi, bool exact) {
+  for (int i = 0; i < z->n_live; i++) {
+    zero_live *l = &z->live[i];
+    if (exact ? (l->lo == lo && l->hi == hi) : (l->lo <= lo && hi <= l->hi)) return l;
+  }
+  return NULL;
+}
+
+static void fail(td_trainer *t, td_status st, const char *what, size_t lo, size_t hi) {
+  zero_state *z = t->zero;
+  if (z->status == TD_OK)
+    z->status = td_error(st, "rank %d: ZeRO stage 3: %s parameters [%zu, %zu) failed: %s", t->rank, what, lo, hi,
+                         td_comm_last_error(t->comm));
+}
+
+/* Launch the broadcasts of [lo, hi) from their owners; a live entry. */
+static zero_live *launch(td_trainer *t, size_t lo, size_t hi) {
+  zero_state *z = t->zero;
+  if (z->n_live == z->cap_live) {
+    fail(t, TD_ERR_INTERNAL, "fetching (too many live ranges)", lo, hi);
+    return NULL;
+  }
+  zero_live *l = &z->live[z->n_live++];
+  *l = (zero_live){lo, hi, z->n_fetch_pieces, 0, true, false, false, ++z->use_clock};
+  z->live_floats += hi - lo;
+  if (!t->comm || t->world == 1 || z->status != TD_OK) {
+    l->pending = false;
+    return l;
+  }
+  for (int r = 0; r < t->world; r++) {
+    size_t off, len;
+    td_shard_range(t->n_params, t->world, r, &off, &len);
+    size_t a = TD_MAX(lo, off), b = TD_MIN(hi, off + len);
+    if (b <= a) continue;
+    if (z->n_fetch_pieces == z->cap_fetch_pieces) {
+      fail(t, TD_ERR_INTERNAL, "fetching (too many pieces in flight)", lo, hi);
+      break;
+    }
+    td_request *req = NULL;
+    td_status st = td_ibroadcast(t->params + a, b - a, TD_F32, r, t->comm, &req);
+    if (st != TD_OK) {
+      fail(t, st, "broadcasting", a, b);
+      break;
+    }
+    z->fetch_pieces[z->n_fetch_pieces++] = (zero_piece){req, a, b, r};
+    l->n_pieces++;
+  }
+  return l;
+}
+
+static void wait_live(td_trainer *t, zero_live *l) {
+  zero_state *z = t->zero;
+  if (!l->pending) return;
+  for (int i = l->first_piece; i < l->first_piece + l->n_pieces; i++) {
+    zero_piece *p = &z->fetch_pieces[i];
+    if (!p->req) continue;
+    td_status st = td_wait(p->req);
+    p->req = NULL;
+    if (st != TD_OK) fail(t, st, "waiting for", p->lo, p->hi);
+  }
+  l->pending = false;
+  /* the piece table is a stack of what is in flight: drop the completed tail */
+  while (z->n_fetch_pieces > 0 && !z->fetch_pieces[z->n_fetch_pieces - 1].req) z->n_fetch_pieces--;
+}
+
+static void drop_live(td_trainer *t, zero_live *l) {
+  zero_state *z = t->zero;
+  wait_live(t, l);
+  size_t lo = l->lo, hi = l->hi;
+  z->live_floats -= hi - lo;
+  *l = z->live[--z->n_live];
+  /* Give the pages back, but not those of another live range overlapping
+   * this one (the tied head's wte inside the embeddings). */
+  size_t cut_lo = lo, cut_hi = hi;
+  for (int i = 0; i < z->n_live; i++) {
+    const zero_live *o = &z->live[i];
+    if (o->hi <= lo || o->lo >= hi) continue;
+    if (o->lo <= cut_lo) cut_lo = TD_MAX(cut_lo, o->hi);
+    if (o->hi >= cut_hi) cut_hi = TD_MIN(cut_hi, o->lo);
+    if (o->lo > cut_lo && o->hi < cut_hi) { /* in the middle: keep both sides' pages */
+      zero_release(t, t->params, cut_lo, o->lo);
+      cut_lo = o->hi;
+    }
+  }
+  if (cut_hi > cut_lo) zero_release(t, t->params, cut_lo, cut_hi);
+}
+
+/* Give back cached ranges (released by the model, not persistent, not in
+ * flight), least recently used first, until `need` more floats fit under
+ * stage3_max_live_parameters. Returns whether they fit. */
+static bool make_room(td_trainer *t, size_t need) {
+  zero_state *z = t->zero;
+  size_t cap = (size_t)t->cfg.stage3_max_live_parameters;
+  while (z->live_floats + need > cap) {
+    zero_live *victim = NULL;
+    for (int i = 0; i < z->n_live; i++) {
+      zero_live *l = &z->live[i];
+      if (!l->in_use && !l->persistent && !l->pending && (!victim || l->last_use < victim->last_use)) victim = l;
+    }
+    if (!victim) return false;
+    drop_live(t, victim);
+  }
+  return true;
+}
+
+static const float *fetch(void *ctx, size_t offset, size_t count, size_t next_offset, size_t next_count) {
+  td_trainer *t = ctx;
+  zero_state *z = t->zero;
+  size_t lo = offset, hi = TD_MIN(offset + count, t->n_params);
+  if (hi > lo && !z->gathered) {
+    zero_live *l = find_live(z, lo, hi, false);
+    if (!l) {
+      (void)make_room(t, hi - lo); /* a fetch the model needs goes ahead even over the cap */
+      l = launch(t, lo, hi);
+    }
+    if (l) {
+      wait_live(t, l);
+      if (l->lo == lo && l->hi == hi) l->in_use = true;
+      l->last_use = ++z->use_clock;
+    }
+    size_t nlo = next_offset, nhi = TD_MIN(next_offset + next_count, t->n_params);
+    if (nhi > nlo && !find_live(z, nlo, nhi, false) && nhi - nlo <= (size_t)t->cfg.stage3_prefetch_bucket_size &&
+        make_room(t, nhi - nlo))
+      (void)launch(t, nlo, nhi);
+    zero_measure(t);
+  }
+  return t->params;
+}
+
+static void release(void *ctx, size_t offset, size_t count) {
+  td_trainer *t = ctx;
+  zero_state *z = t->zero;
+  size_t lo = offset, hi = TD_MIN(offset + count, t->n_params);
+  zero_live *l = find_live(z, lo, hi, true);
+  if (!l) return; /* inside a larger live range: that one's release counts */
+  l->in_use = false;
+  if (hi - lo <= (size_t)t->cfg.stage3_param_persistence_threshold) l->persistent = true;
+  (void)make_room(t, 0); /* cached while the cap allows */
+}
+
+void zero_fetch_init(td_trainer *t) {
+  zero_state *z = t->zero;
+  z->cap_live = t->model->n_tensors + 8;
+  z->cap_fetch_pieces = z->cap_live * (t->world + 1);
+  z->live = calloc((size_t)z->cap_live, sizeof *z->live);
+  z->fetch_pieces = calloc((size_t)z->cap_fetch_pieces, sizeof *z->fetch_pieces);
+  if (!z->live || !z->fetch_pieces) return; /* zero_create reports it */
+  z->access = (td_param_access){fetch, release, t};
+  t->model->param_access = &z->access;
+}
+
+void zero_fetch_reset(td_trainer *t) {
+  zero_state *z = t->zero;
+  while (z->n_live > 0) drop_live(t, &z->live[z->n_live - 1]);
+  z->n_fetch_pieces = 0;
+  z->live_floats = 0;
+  if (z->gathered) zero_release(t, t->params, 0, t->n_params);
+  z->gathered = false;
+}
+
+td_status zero_fetch_all(td_trainer *t) {
+  zero_state *z = t->zero;
+  zero_fetch_reset(t);
+  if (t->comm && t->world > 1) {
+    td_status st = td_allgather(t->params + t->shard_lo, t->params, t->n_params, TD_F32, t->comm);
+    if (st != TD_OK)
+      return td_error(st, "rank %d: gathering the stage-3 parameters failed: %s", t->rank,
+                      td_comm_last_error(t->comm));
+  }
+  z->gathered = true;
+  return TD_OK;
+}

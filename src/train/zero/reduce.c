@@ -1,0 +1,162 @@
+/* ZeRO stage 2+: gradients reduced into their owners' shards; stages 1+:
+ * the optimizer on the shard, the updated parameters allgathered.
+ *
+ * The trainer forms gradient buckets as at stage 0 (trainer.c: the
+ * frontier of final tensors, flat arena ranges, first bucket small); here a
+ * bucket [lo, hi) is cut at the shard boundaries and each piece is reduced
+ * (td_ireduce, TD_AVG) to the rank owning it, while backward goes on:
+ *
+ *     shards:   [ rank 0      | rank 1      | rank 2      ]
+ *     bucket:           [==========|====]
+ *     pieces:           [ to 0 ][ to 1 ]        (reduce, root = owner)
+ *
+ * Each rank sends every gradient once and receives only its shard, the
+ * traffic of a reduce-scatter (half an allreduce); the allgather of the
+ * updated parameters after the step is the other half, so a step moves
+ * what stage 0's allreduce moves. With host-shared gradient arenas (ranks
+ * on one host, shm transport) a bucket is instead allreduced in one direct
+ * operation and the pages outside the shard are given back afterwards:
+ * the same memory, more bytes moved but far fewer synchronizations (next
+ * paragraph). Stage 1, which keeps whole gradients
+ * anyway, averages them with stage 0's allreduce buckets instead: on one
+ * host the shm transport's direct allreduce over the host-shared gradient
+ * arena synchronizes the ranks twice per bucket, where a reduce staged
+ * through the segment does twice per chunk, and on a loaded machine each
+ * synchronization costs a scheduling delay (measured: stage 1 with reduce
+ * pieces ran at 0.73-0.81x stage 0 on 2 ranks at load ~20-60). At stage 2 the gradient arena gives back
+ * the pages of a piece once it is reduced (this rank does not own it), so
+ * a rank keeps its shard plus the buckets in flight; backward waits for the
+ * oldest piece once more than two buckets' worth are in flight.
+ *
+ * Bit for bit: the optimizer kernels are elementwise, so updating a shard
+ * gives the bits the whole-arena update gives there; the shm transport's
+ * reduce and allreduce both sum the ranks' values in rank order and divide
+ * once (select.c), and the gradient norm uses the same per-shard partial
+ * sums at every stage (shard.c). */
+#include "train/zero/zero.h"
+
+#include <string.h>
+
+void zero_step_begin(td_trainer *t) {
+  zero_state *z = t->zero;
+  z->measuring = t->step < 2;
+  if (z->stage >= 3) zero_fetch_reset(t);
+  if (z->stage >= 2) {
+    /* released pages read as zeros: all but the shard's edge pages */
+    zero_release(t, t->grads, 0, t->n_params);
+    memset(t->grads + t->shard_lo, 0, (t->shard_hi - t->shard_lo) * sizeof(float));
+    /* the edge pages outside the shard may hold an old bucket's values */
+    size_t pf = z->page_floats, lo_page = t->shard_lo / pf * pf, hi_page = (t->shard_hi + pf - 1) / pf * pf;
+    hi_page = TD_MIN(hi_page, t->n_params);
+    memset(t->grads + lo_page, 0, (t->shard_lo - lo_page) * sizeof(float));
+    if (hi_page > t->shard_hi) memset(t->grads + t->shard_hi, 0, (hi_page - t->shard_hi) * sizeof(float));
+  } else {
+    memset(t->grads, 0, t->n_params * sizeof(float));
+  }
+  z->n_pieces = z->n_done = z->n_buckets = 0;
+  z->inflight_floats = 0;
+}
+
+/* Complete pieces in launch order: all that are done (block = false) or
+ * the oldest one (block = true). A piece this rank does not own is given
+ * back at stage 2+. Returns the first failure. */
+static td_status complete_pieces(td_trainer *t, bool block) {
+  zero_state *z = t->zero;
+  td_status first = TD_OK;
+  while (z->n_done < z->n_pieces) {
+    zero_piece *p = &z->pieces[z->n_done];
+    td_status st;
+    if (block) {
+      st = td_wait(p->req);
+    } else {
+      int done = 0;
+      st = td_test(p->req, &done);
+      if (!done) break;
+    }
+    p->req = NULL;
+    if (st != TD_OK && first == TD_OK) first = st;
+    z->inflight_floats -= p->hi - p->lo;
+    if (p->owner != t->rank) zero_release(t, t->grads, p->lo, p->hi);
+    z->n_done++;
+    if (block) break;
+  }
+  return first;
+}
+
+void zero_bucket_launch(td_trainer *t, size_t lo, size_t hi) {
+  zero_state *z = t->zero;
+  if (hi <= lo || t->bucket_status != TD_OK) return;
+  /* host-shared gradients: one direct allreduce (see the top), owner -1 */
+  for (int r = z->grads_kind == ZERO_MEM_SHARED ? -1 : 0; r < t->world; r++) {
+    size_t off = 0, len = t->n_params;
+    if (r >= 0) td_shard_range(t->n_params, t->world, r, &off, &len);
+    size_t a = TD_MAX(lo, off), b = TD_MIN(hi, off + len);
+    if (b <= a) continue;
+    if (z->n_pieces == z->cap_pieces) {
+      t->bucket_status = td_error(TD_ERR_INTERNAL, "rank %d: more than %d gradient pieces in one step", t->rank,
+                                  z->cap_pieces);
+      return;
+    }
+    td_request *req = NULL;
+    td_status st = r < 0 ? td_iallreduce(t->grads + a, t->grads + a, b - a, TD_F32, TD_AVG, t->comm, &req)
+                         : td_ireduce(t->grads + a, t->grads + a, b - a, TD_F32, TD_AVG, r, t->comm, &req);
+    if (st != TD_OK) {
+      t->bucket_status = td_error(st, "rank %d: reducing gradients [%zu, %zu) to their owner, rank %d, failed: %s",
+                                  t->rank, a, b, r, td_comm_last_error(t->comm));
+      return;
+    }
+    z->pieces[z->n_pieces++] = (zero_piece){req, a, b, r};
+    z->inflight_floats += b - a;
+    if (r < 0) break;
+  }
+  z->n_buckets++;
+  t->comm_bytes += (hi - lo) * sizeof(float);
+  t->next_bucket = t->cfg.bucket_bytes / sizeof(float);
+  if (z->stage >= 2) {
+    zero_measure(t); /* the high-water mark: just launched, nothing released yet */
+    td_status st = complete_pieces(t, false);
+    while (st == TD_OK && z->inflight_floats > z->inflight_cap_floats) st = complete_pieces(t, true);
+    if (st != TD_OK)
+      t->bucket_status = td_error(st, "rank %d: reducing a gradient bucket failed: %s", t->rank,
+                                  td_comm_last_error(t->comm));
+  }
+}
+
+td_status zero_wait_buckets(td_trainer *t) {
+  zero_state *z = t->zero;
+  zero_measure(t);
+  td_status first = TD_OK;
+  while (z->n_done < z->n_pieces) {
+    td_status st = complete_pieces(t, true);
+    if (st != TD_OK && first == TD_OK) first = st;
+  }
+  z->n_pieces = z->n_done = 0;
+  if (first != TD_OK)
+    return td_error(first, "rank %d: reducing gradients into their owners' shards failed: %s", t->rank,
+                    td_comm_last_error(t->comm));
+  return TD_OK;
+}
+
+td_status zero_update(td_trainer *t, float lr, float scale, long adam_t) {
+  size_t lo = t->shard_lo, n = t->shard_hi - t->shard_lo;
+  const td_optimizer_config *o = &t->cfg.optimizer;
+  if (o->kind == TD_OPTIMIZER_ADAMW)
+    td_adamw_update(t->params + lo, t->grads + lo, t->states[0], t->states[1], n, lr, o->beta1, o->beta2, o->eps,
+                    o->weight_decay, adam_t, scale);
+  else
+    td_sgd_update(t->params + lo, t->grads + lo, t->states[0], n, lr, o->momentum, o->weight_decay, o->nesterov,
+                  scale);
+  zero_measure(t);
+  if (t->zero_stage >= 3 || !t->comm || t->world == 1) return TD_OK;
+  /* in place: this rank's shard is already where the allgather puts it */
+  td_status st = td_allgather(t->params + lo, t->params, t->n_params, TD_F32, t->comm);
+  if (st != TD_OK)
+    return td_error(st, "rank %d: allgathering the updated parameters failed: %s", t->rank,
+                    td_comm_last_error(t->comm));
+  return TD_OK;
+}
+
+void zero_step_end(td_trainer *t) {
+  zero_state *z = t->zero;
+  if (z && z->stage >= 3) zero_fetch_reset(t);
+}

@@ -1,0 +1,239 @@
+/* ZeRO shard bookkeeping: which arena ranges a rank keeps per stage, arenas
+ * whose pages can be given back, the gradient norm from shards, and the
+ * model-state bytes a rank really holds.
+ *
+ * Arenas that shrink. The model indexes parameters and gradients by arena
+ * offset (tensor table), so the engine keeps full-size arenas as reserved
+ * address space (mmap MAP_NORESERVE) and gives the pages it does not need
+ * back with madvise(MADV_DONTNEED): a page is resident only while it holds
+ * something this rank needs (its shard, a bucket in flight, a fetched
+ * layer). A released page reads as zeros when touched again, which is also
+ * how stage >= 2 zeroes its gradients. Pages straddling a range's edge are
+ * kept (at most one per edge). Stage 1 keeps ordinary arenas. */
+#include "train/zero/zero.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+void zero_layout(td_trainer *t) {
+  t->zero_stage = t->cfg.zero_stage;
+  size_t len = 0;
+  td_shard_range(t->n_params, t->world, t->rank, &t->shard_lo, &len);
+  t->shard_hi = t->shard_lo + len;
+  t->states_lo = t->zero_stage >= 1 ? t->shard_lo : 0;
+  t->states_hi = t->zero_stage >= 1 ? t->shard_hi : t->n_params;
+  t->params_lo = t->zero_stage >= 3 ? t->shard_lo : 0;
+  t->params_hi = t->zero_stage >= 3 ? t->shard_hi : t->n_params;
+}
+
+static float *reserve(size_t bytes) {
+  void *p = mmap(NULL, bytes ? bytes : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  return p == MAP_FAILED ? NULL : p;
+}
+
+static float *alloc_zeroed(size_t bytes) {
+  void *p = td_alloc(bytes ? bytes : sizeof(float));
+  if (p) memset(p, 0, bytes ? bytes : sizeof(float));
+  return p;
+}
+
+/* An arena the collectives reach directly: with ranks sharing this host
+ * over the shm transport, host-shared memory (td_mem_alloc), so that the
+ * allgather, allreduce and broadcast read the peers' buffers instead of
+ * staging through the segment (two synchronizations per operation instead
+ * of two per chunk). Its pages are given back with MADV_REMOVE (a hole in
+ * the memfd). Otherwise `fallback`: reserved address space when pages are
+ * given back (MAPPED), plain memory when not (ALLOC). */
+static float *arena_for(td_trainer *t, zero_mem_kind fallback, zero_mem_kind *kind) {
+  size_t bytes = t->n_params * sizeof(float);
+  if (t->comm && t->world > 1 && td_comm_local_size(t->comm) > 1 && !strcmp(td_comm_transport(t->comm), "shm")) {
+    void *p = NULL;
+    if (td_mem_alloc(bytes, &p) == TD_OK) {
+      *kind = ZERO_MEM_SHARED;
+      return p;
+    }
+    TD_DEBUG("rank %d: ZeRO arena in plain memory (%s)", t->rank, td_last_error());
+  }
+  *kind = fallback;
+  return fallback == ZERO_MEM_MAPPED ? reserve(bytes) : alloc_zeroed(bytes);
+}
+
+td_status zero_create(td_trainer *t) {
+  zero_state *z = calloc(1, sizeof *z);
+  if (!z) return td_error(TD_ERR_SYSTEM, "rank %d: out of memory for the ZeRO state", t->rank);
+  t->zero = z;
+  z->stage = t->zero_stage;
+  long page = sysconf(_SC_PAGESIZE);
+  z->page_floats = (size_t)(page > 0 ? page : 4096) / sizeof(float);
+  z->status = TD_OK;
+  size_t shard = t->shard_hi - t->shard_lo;
+  t->params = arena_for(t, z->stage >= 3 ? ZERO_MEM_MAPPED : ZERO_MEM_ALLOC, &z->params_kind);
+  if (z->stage >= 2) {
+    t->grads = arena_for(t, ZERO_MEM_MAPPED, &z->grads_kind);
+  } else {
+    z->grads_kind = ZERO_MEM_NONE; /* stage 1: the trainer's own gradient arena (trainer.c) */
+  }
+  for (int i = 0; i < t->n_states; i++) t->states[i] = alloc_zeroed(shard * sizeof(float));
+  /* a bucket splits into at most one piece per owner: buckets + world */
+  z->cap_pieces = t->model->n_tensors + 2 + t->world;
+  z->pieces = calloc((size_t)z->cap_pieces, sizeof *z->pieces);
+  z->norm_partials = calloc((size_t)t->world, sizeof *z->norm_partials);
+  /* Stage 2+: gradients launched but not yet reduced stay resident; past
+   * two buckets' worth, backward waits for the oldest (DeepSpeed bounds
+   * its reduce buckets the same way). */
+  z->inflight_cap_floats = TD_MAX(2 * (t->cfg.bucket_bytes / sizeof(float)), (size_t)1);
+  if (!t->params || (z->stage >= 2 && !t->grads) || !t->states[0] || (t->n_states > 1 && !t->states[1]) || !z->pieces ||
+      !z->norm_partials)
+    return td_error(TD_ERR_SYSTEM,
+                    "rank %d: out of memory for the ZeRO stage-%d arenas (%zu parameters, shard of %zu)", t->rank,
+                    z->stage, t->n_params, shard);
+  if (z->stage >= 3) zero_fetch_init(t);
+  if (z->stage >= 3 && !t->model->param_access)
+    return td_error(TD_ERR_SYSTEM, "rank %d: out of memory for the stage-3 fetch tables", t->rank);
+  z->measuring = true;
+  return TD_OK;
+}
+
+void zero_after_init(td_trainer *t) {
+  if (t->zero && t->zero->stage >= 3) zero_release(t, t->params, 0, t->n_params);
+}
+
+static void free_arena(float *p, zero_mem_kind kind, size_t bytes) {
+  if (!p) return;
+  if (kind == ZERO_MEM_MAPPED) munmap(p, bytes ? bytes : 1);
+  else if (kind == ZERO_MEM_SHARED) td_mem_free(p);
+  else td_free(p);
+}
+
+void zero_destroy(td_trainer *t) {
+  zero_state *z = t ? t->zero : NULL;
+  if (!z) return;
+  for (int i = z->n_done; i < z->n_pieces; i++)
+    if (z->pieces[i].req) td_wait(z->pieces[i].req);
+  for (int i = 0; i < z->n_fetch_pieces; i++)
+    if (z->fetch_pieces[i].req) td_wait(z->fetch_pieces[i].req);
+  if (t->model && t->model->param_access == &z->access) t->model->param_access = NULL;
+  size_t bytes = t->n_params * sizeof(float);
+  free_arena(t->params, z->params_kind, bytes);
+  if (z->grads_kind != ZERO_MEM_NONE) {
+    free_arena(t->grads, z->grads_kind, bytes);
+    t->grads = NULL;
+  }
+  t->params = NULL;
+  for (int i = 0; i < 2; i++) {
+    td_free(t->states[i]);
+    t->states[i] = NULL;
+  }
+  free(z->pieces);
+  free(z->live);
+  free(z->fetch_pieces);
+  free(z->norm_partials);
+  free(z);
+  t->zero = NULL;
+}
+
+/* Release the whole pages inside arena range [lo, hi); the arena's last
+ * page counts as whole (the mapping ends with it). */
+static void release_pages(const zero_state *z, float *arena, zero_mem_kind kind, size_t n_total, size_t lo,
+                          size_t hi) {
+  size_t pf = z->page_floats;
+  uintptr_t base = (uintptr_t)arena;
+  /* arena offsets of page boundaries: the arena itself is page-aligned (mmap) */
+  size_t p0 = (lo + pf - 1) / pf * pf, p1 = hi >= n_total ? (hi + pf - 1) / pf * pf : hi / pf * pf;
+  if (p1 > p0)
+    (void)madvise((void *)(base + p0 * sizeof(float)), (p1 - p0) * sizeof(float),
+                  kind == ZERO_MEM_SHARED ? MADV_REMOVE : MADV_DONTNEED);
+}
+
+void zero_release(const td_trainer *t, float *arena, size_t lo, size_t hi) {
+  const zero_state *z = t->zero;
+  if (!z || hi <= lo) return;
+  zero_mem_kind kind = arena == t->params ? z->params_kind : z->grads_kind;
+  /* pages are given back only where that is the point: stage 2+ gradients, stage 3 parameters */
+  if (kind != ZERO_MEM_MAPPED && kind != ZERO_MEM_SHARED) return;
+  if (arena == t->params ? z->stage < 3 : z->stage < 2) return;
+  /* never the shard: it is this rank's copy */
+  size_t a = t->shard_lo, b = t->shard_hi;
+  if (b <= lo || a >= hi || a == b) {
+    release_pages(z, arena, kind, t->n_params, lo, hi);
+    return;
+  }
+  if (lo < a) release_pages(z, arena, kind, t->n_params, lo, a);
+  if (b < hi) release_pages(z, arena, kind, t->n_params, b, hi);
+}
+
+/* Sum of squares of x[0, n): float sums over blocks of 1024 (vectorized,
+ * as td_l2_norm), the blocks in double. */
+static double sum_squares(const float *x, size_t n) {
+  double total = 0;
+  for (size_t i0 = 0; i0 < n; i0 += 1024) {
+    size_t len = TD_MIN((size_t)1024, n - i0);
+    const float *restrict xb = x + i0;
+    float acc[16] = {0};
+    size_t i = 0;
+    for (; i + 16 <= len; i += 16)
+      for (int k = 0; k < 16; k++) acc[k] += xb[i + k] * xb[i + k];
+    float block = 0.0f;
+    for (; i < len; i++) block += xb[i] * xb[i];
+    for (int k = 0; k < 16; k++) block += acc[k];
+    total += block;
+  }
+  return total;
+}
+
+td_status zero_grad_norm(td_trainer *t, double *norm_out) {
+  /* The same partition at every stage, so that stage 0 and stage 2 agree
+   * bit for bit (clipping multiplies every gradient by max_norm / norm). */
+  double total = 0;
+  if (t->zero_stage >= 2 && t->comm && t->world > 1) { /* only the shard is reduced */
+    double *part = t->zero->norm_partials;
+    memset(part, 0, sizeof(double) * (size_t)t->world);
+    part[t->rank] = sum_squares(t->grads + t->shard_lo, t->shard_hi - t->shard_lo);
+    td_status st = td_allgather(part + t->rank, part, (size_t)t->world, TD_F64, t->comm);
+    if (st != TD_OK)
+      return td_error(st, "rank %d: gathering the gradient norm's partial sums failed: %s", t->rank,
+                      td_comm_last_error(t->comm));
+    for (int r = 0; r < t->world; r++) total += part[r];
+  } else {
+    for (int r = 0; r < t->world; r++) {
+      size_t off, len;
+      td_shard_range(t->n_params, t->world, r, &off, &len);
+      total += sum_squares(t->grads + off, len);
+    }
+  }
+  *norm_out = sqrt(total);
+  return TD_OK;
+}
+
+/* Resident bytes of an arena (mincore over its pages). */
+static size_t resident_bytes(const zero_state *z, const float *arena, size_t n_floats) {
+  size_t pf = z->page_floats, n_pages = (n_floats + pf - 1) / pf;
+  if (n_pages == 0) return 0;
+  size_t resident = 0;
+  unsigned char vec[4096];
+  for (size_t p = 0; p < n_pages; p += sizeof vec) {
+    size_t m = TD_MIN(sizeof vec, n_pages - p);
+    if (mincore((void *)(arena + p * pf), m * pf * sizeof(float), vec) != 0) return n_floats * sizeof(float);
+    for (size_t i = 0; i < m; i++) resident += vec[i] & 1;
+  }
+  return TD_MIN(resident * pf, n_floats) * sizeof(float);
+}
+
+void zero_measure(td_trainer *t) {
+  zero_state *z = t->zero;
+  if (!z || !z->measuring) return;
+  size_t n = t->n_params * sizeof(float);
+  size_t bytes = (size_t)t->n_states * (t->states_hi - t->states_lo) * sizeof(float);
+  bytes += z->stage >= 3 ? resident_bytes(z, t->params, t->n_params) : n;
+  bytes += z->stage >= 2 ? resident_bytes(z, t->grads, t->n_params) : n;
+  /* (stage 1: the trainer's whole gradient arena) */
+  if (bytes > z->peak_bytes) z->peak_bytes = bytes;
+}
+
+size_t zero_model_state_bytes(const td_trainer *t) {
+  if (t->zero) return t->zero->peak_bytes;
+  return (2 + (size_t)t->n_states) * t->n_params * sizeof(float);
+}

@@ -1,0 +1,119 @@
+/* ZeRO (DeepSpeed's Zero Redundancy Optimizer) for the trainer: which part
+ * of each arena a rank keeps, and the hooks trainer.c calls at stages 1-3.
+ *
+ * Every arena (parameters, gradients, each optimizer state) is sharded the
+ * same way: rank r owns the elements td_shard_range(n_params, world, r), the
+ * one pure shard function of src/base (the collectives and checkpoints use
+ * it too). What a rank holds per stage is described by the td_trainer
+ * fields shard_lo/shard_hi, states_lo/states_hi and params_lo/params_hi
+ * (train_impl.h); this header is the machinery behind them:
+ *
+ *   shard.c    layout per stage, arenas that can give pages back
+ *              (reserved address space + madvise), the gradient norm from
+ *              per-shard partial sums, measured model-state bytes
+ *   reduce.c   stage 2+: gradient buckets reduced into their owners'
+ *              shards while backward runs; stages 1+: the optimizer on the
+ *              shard, the allgather of updated parameters (stage 1 averages
+ *              whole gradients with stage 0's allreduce buckets)
+ *   fetch.c    stage 3: the td_param_access the model calls per layer
+ *              (broadcast from the owners, prefetch, release)
+ *   estimate.c bytes per rank per stage before anything is allocated
+ *
+ * Internal to src/train. */
+#ifndef TD_TRAIN_ZERO_H
+#define TD_TRAIN_ZERO_H
+
+#include "train/train_impl.h"
+
+/* A launched piece of a gradient bucket (stage >= 1) or of a parameter
+ * fetch (stage 3): one collective over [lo, hi) with root `owner`. */
+typedef struct zero_piece {
+  td_request *req; /* NULL once completed */
+  size_t lo, hi;
+  int owner;
+} zero_piece;
+
+/* A parameter range fetched at stage 3 and not yet released. */
+typedef struct zero_live {
+  size_t lo, hi;
+  int first_piece, n_pieces; /* into fetch_pieces while in flight */
+  bool pending;              /* broadcasts not yet waited for */
+  bool persistent;           /* kept until the end of the step */
+  bool in_use;               /* fetched and not yet released by the model */
+  unsigned long last_use;    /* for evicting the least recently used */
+} zero_live;
+
+typedef enum zero_mem_kind { ZERO_MEM_NONE, ZERO_MEM_ALLOC, ZERO_MEM_SHARED, ZERO_MEM_MAPPED } zero_mem_kind;
+
+typedef struct zero_state {
+  int stage;
+  size_t page_floats; /* floats per page */
+  zero_mem_kind params_kind, grads_kind;
+
+  /* stage >= 1: gradient buckets of the current step */
+  zero_piece *pieces;
+  int n_pieces, cap_pieces, n_done; /* pieces[0, n_done) completed (in order) */
+  int n_buckets;
+  size_t inflight_floats;     /* launched, not completed */
+  size_t inflight_cap_floats; /* stage 2+: wait for the oldest beyond this */
+
+  /* stage 3 */
+  td_param_access access;
+  zero_live *live;
+  int n_live, cap_live;
+  zero_piece *fetch_pieces;
+  int n_fetch_pieces, cap_fetch_pieces;
+  size_t live_floats;
+  unsigned long use_clock;
+  td_status status; /* first failure inside a fetch (the model cannot see it) */
+  bool gathered;    /* td_trainer_gather_params materialized the whole arena */
+
+  /* measured model-state bytes (resident pages of params and grads, plus
+   * the optimizer state), highest seen while measuring */
+  bool measuring;
+  size_t peak_bytes;
+  double *norm_partials; /* (world) */
+} zero_state;
+
+/* ---- shard.c ---- */
+/* Sets t->zero_stage, the shard and the per-arena ranges (every stage,
+ * stage 0 included: checkpoints use shard_lo/hi). */
+void zero_layout(td_trainer *t);
+/* Stage >= 1: allocate the arenas and the bookkeeping (t->zero). */
+td_status zero_create(td_trainer *t);
+/* After the parameters were initialized and broadcast: stage 3 gives back
+ * the pages outside the shard. */
+void zero_after_init(td_trainer *t);
+void zero_destroy(td_trainer *t); /* frees what zero_create allocated; NULL-safe */
+/* Give the pages lying wholly inside arena range [lo, hi) back to the
+ * system (they read as zeros afterwards), except the shard's. Only for
+ * ZERO_MEM_MAPPED arenas. */
+void zero_release(const td_trainer *t, float *arena, size_t lo, size_t hi);
+/* Global L2 norm of the averaged gradient from per-shard partial sums in a
+ * fixed order (rank 0's shard, then rank 1's, ...), identical at every
+ * stage for a given world size. Stage >= 2 allgathers the partials
+ * (collective then). */
+td_status zero_grad_norm(td_trainer *t, double *norm_out);
+/* Add the resident bytes of params, grads and optimizer state to the peak
+ * (while measuring: the first two steps). */
+void zero_measure(td_trainer *t);
+/* Model-state bytes this rank allocated: measured peak at stage >= 1, the
+ * arena sizes at stage 0. */
+size_t zero_model_state_bytes(const td_trainer *t);
+
+/* ---- reduce.c (stage >= 1) ---- */
+void zero_step_begin(td_trainer *t);                       /* zero the gradients, reset the buckets */
+void zero_bucket_launch(td_trainer *t, size_t lo, size_t hi); /* reduce [lo, hi) into the owners' shards */
+td_status zero_wait_buckets(td_trainer *t);                 /* wait for every bucket; release */
+/* Optimizer on the shard; stages 1-2 then allgather the parameters. */
+td_status zero_update(td_trainer *t, float lr, float scale, long adam_t);
+void zero_step_end(td_trainer *t); /* stage 3: drop the fetched parameters */
+
+/* ---- fetch.c (stage 3) ---- */
+void zero_fetch_init(td_trainer *t); /* fills t->zero->access */
+/* Wait for fetches still in flight, release every fetched range. */
+void zero_fetch_reset(td_trainer *t);
+/* Fetch the whole arena (collective); td_trainer_gather_params. */
+td_status zero_fetch_all(td_trainer *t);
+
+#endif
