@@ -179,11 +179,6 @@ td_status td_trainer_create(const td_train_config *cfg_in, td_model *model, td_d
                   "use \"fp32\" or stage 0-1", td_dtype_name(t->cfg.precision.comm_dtype), t->zero_stage);
     goto fail;
   }
-  if (t->zero_stage >= 1 && t->cfg.checkpoint_dir[0]) {
-    st = td_error(TD_ERR_INVALID_ARGUMENT, "checkpoints are not supported at ZeRO stage %d yet: remove the "
-                  "checkpoint settings (--save, checkpoint.save_dir) or use stage 0", t->zero_stage);
-    goto fail;
-  }
   size_t arena_bytes = t->n_params * sizeof(float);
   if (t->zero_stage >= 1) {
     TD_CHECK_GOTO(zero_create(t), st, fail);

@@ -71,11 +71,6 @@ static float *staging_alloc(size_t floats) {
 
 td_status td_trainer_save(td_trainer *t, const char *root) {
   if (!t) return td_error(TD_ERR_INVALID_ARGUMENT, "td_trainer_save: null trainer");
-  /* held() gives the ZeRO ranges, but saving and resuming at stage >= 1 are
-   * not tested yet: refused rather than risk a wrong checkpoint. */
-  if (t->zero_stage >= 1)
-    return td_error(TD_ERR_INVALID_USAGE, "rank %d: checkpoints are not supported at ZeRO stage %d yet; use stage 0",
-                    t->rank, t->zero_stage);
   td_ckpt_region regions[TD_CKPT_MAX_ARENAS];
   int n = 1 + t->n_states;
   for (int a = 0; a < n; a++) {
@@ -92,9 +87,6 @@ td_status td_trainer_save(td_trainer *t, const char *root) {
 
 td_status td_trainer_resume(td_trainer *t, const char *path) {
   if (!t) return td_error(TD_ERR_INVALID_ARGUMENT, "td_trainer_resume: null trainer");
-  if (t->zero_stage >= 1)
-    return td_error(TD_ERR_INVALID_USAGE, "rank %d: resuming is not supported at ZeRO stage %d yet; use stage 0",
-                    t->rank, t->zero_stage);
   td_ckpt_region regions[TD_CKPT_MAX_ARENAS];
   float *arena_mem[TD_CKPT_MAX_ARENAS], *staging[TD_CKPT_MAX_ARENAS];
   uint64_t held_lo[TD_CKPT_MAX_ARENAS], held_hi[TD_CKPT_MAX_ARENAS];

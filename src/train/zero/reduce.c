@@ -39,7 +39,8 @@
 
 void zero_step_begin(td_trainer *t) {
   zero_state *z = t->zero;
-  z->measuring = t->step < 2;
+  /* the first two steps this trainer runs (also after a resume at step k) */
+  z->measuring = z->steps_seen++ < 2;
   if (z->stage >= 3) zero_fetch_reset(t);
   if (z->stage >= 2) {
     /* released pages read as zeros: all but the shard's edge pages */

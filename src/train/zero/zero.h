@@ -71,6 +71,7 @@ typedef struct zero_state {
   /* measured model-state bytes (resident pages of params and grads, plus
    * the optimizer state), highest seen while measuring */
   bool measuring;
+  long steps_seen; /* zero_step_begin calls so far */
   size_t peak_bytes;
   double *norm_partials; /* (world) */
 } zero_state;
