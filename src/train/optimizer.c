@@ -72,7 +72,7 @@ void td_adamw_update(float *restrict params, const float *restrict grads, float 
   }
 }
 
-double td_l2_norm(const float *x, size_t n) {
+double td_sum_squares(const float *x, size_t n) {
   /* Squares summed in float over blocks of 1024 (16 lanes, which gcc
    * vectorizes; the relative error of a block sum is ~1e-7), the blocks in
    * double: exact enough for any arena size. Converting every element to
@@ -90,8 +90,10 @@ double td_l2_norm(const float *x, size_t n) {
     for (int k = 0; k < 16; k++) block += acc[k];
     total += block;
   }
-  return sqrt(total);
+  return total;
 }
+
+double td_l2_norm(const float *x, size_t n) { return sqrt(td_sum_squares(x, n)); }
 
 float td_clip_scale(double norm, float max_norm) {
   /* PyTorch's clip_grad_norm_: scale by max/(norm + 1e-6) when above max. */

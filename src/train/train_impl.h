@@ -51,6 +51,9 @@ void td_adamw_update(float *restrict params, const float *restrict grads, float 
                      float grad_scale);
 /* L2 norm of a vector, accumulated in double. */
 double td_l2_norm(const float *x, size_t n);
+/* Sum of squares of x[0, n) (float blocks of 1024, the blocks in double);
+ * the gradient norm sums these per shard (src/train/zero/shard.c). */
+double td_sum_squares(const float *x, size_t n);
 /* Scale factor for clipping to max_norm (1 when max_norm <= 0 or norm <= max_norm). */
 float td_clip_scale(double norm, float max_norm);
 

@@ -165,25 +165,6 @@ void zero_release(const td_trainer *t, float *arena, size_t lo, size_t hi) {
   if (b < hi) release_pages(z, arena, kind, t->n_params, b, hi);
 }
 
-/* Sum of squares of x[0, n): float sums over blocks of 1024 (vectorized,
- * as td_l2_norm), the blocks in double. */
-static double sum_squares(const float *x, size_t n) {
-  double total = 0;
-  for (size_t i0 = 0; i0 < n; i0 += 1024) {
-    size_t len = TD_MIN((size_t)1024, n - i0);
-    const float *restrict xb = x + i0;
-    float acc[16] = {0};
-    size_t i = 0;
-    for (; i + 16 <= len; i += 16)
-      for (int k = 0; k < 16; k++) acc[k] += xb[i + k] * xb[i + k];
-    float block = 0.0f;
-    for (; i < len; i++) block += xb[i] * xb[i];
-    for (int k = 0; k < 16; k++) block += acc[k];
-    total += block;
-  }
-  return total;
-}
-
 td_status zero_grad_norm(td_trainer *t, double *norm_out) {
   /* The same partition at every stage, so that stage 0 and stage 2 agree
    * bit for bit (clipping multiplies every gradient by max_norm / norm). */
@@ -191,7 +172,7 @@ td_status zero_grad_norm(td_trainer *t, double *norm_out) {
   if (t->zero_stage >= 2 && t->comm && t->world > 1) { /* only the shard is reduced */
     double *part = t->zero->norm_partials;
     memset(part, 0, sizeof(double) * (size_t)t->world);
-    part[t->rank] = sum_squares(t->grads + t->shard_lo, t->shard_hi - t->shard_lo);
+    part[t->rank] = td_sum_squares(t->grads + t->shard_lo, t->shard_hi - t->shard_lo);
     td_status st = td_allgather(part + t->rank, part, (size_t)t->world, TD_F64, t->comm);
     if (st != TD_OK)
       return td_error(st, "rank %d: gathering the gradient norm's partial sums failed: %s", t->rank,
@@ -201,7 +182,7 @@ td_status zero_grad_norm(td_trainer *t, double *norm_out) {
     for (int r = 0; r < t->world; r++) {
       size_t off, len;
       td_shard_range(t->n_params, t->world, r, &off, &len);
-      total += sum_squares(t->grads + off, len);
+      total += td_sum_squares(t->grads + off, len);
     }
   }
   *norm_out = sqrt(total);
