@@ -5,11 +5,26 @@
 #define TD_TEST_CHECK_H
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "tandem/tandem.h"
+
+/* The tests' deterministic data: a 64-bit LCG (Knuth's MMIX constants) with
+ * the caller's state, so that each test keeps its own seed and stream. */
+static inline float td_test_urand(uint64_t *state) { /* uniform in [-1, 1) */
+  *state = *state * 6364136223846793005ull + 1442695040888963407ull;
+  return (float)((*state >> 40) * (1.0 / 8388608.0)) - 1.0f;
+}
+/* n values scale * td_test_urand (malloc'd, at least one element). */
+static inline float *td_test_rand_buf(uint64_t *state, size_t n, float scale) {
+  float *p = malloc((n ? n : 1) * sizeof(float));
+  if (!p) return NULL;
+  for (size_t i = 0; i < n; i++) p[i] = scale * td_test_urand(state);
+  return p;
+}
 
 /* Print a failure with context and exit the test process. */
 void td_test_fail(const char *file, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4), noreturn));

@@ -25,15 +25,7 @@
 #include "nn/nn_kernels.h"
 
 static uint64_t rng_state = 777;
-static float urand(void) { /* uniform in [-1, 1) */
-  rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
-  return (float)((rng_state >> 40) * (1.0 / 8388608.0)) - 1.0f;
-}
-static float *rand_buf(size_t n, float scale) {
-  float *p = malloc((n ? n : 1) * sizeof(float));
-  for (size_t i = 0; i < n; i++) p[i] = scale * urand();
-  return p;
-}
+static float *rand_buf(size_t n, float scale) { return td_test_rand_buf(&rng_state, n, scale); }
 static float *zero_buf(size_t n) { return calloc(n ? n : 1, sizeof(float)); }
 
 #define LEVEL_RTOL 2e-5

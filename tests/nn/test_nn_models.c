@@ -10,10 +10,7 @@
 #include "nn/nn_internal.h"
 
 static uint64_t rng_state = 99;
-static float urand(void) { /* uniform in [-1, 1) */
-  rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
-  return (float)((rng_state >> 40) * (1.0 / 8388608.0)) - 1.0f;
-}
+static float urand(void) { return td_test_urand(&rng_state); } /* uniform in [-1, 1) */
 
 /* ---- ready-callback recorder ---- */
 typedef struct ready_log {
