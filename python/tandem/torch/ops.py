@@ -12,6 +12,7 @@ import torch
 import tandem
 from tandem import _tandem
 from .compression import Compression
+from . import join_protocol as _join
 
 # Horovod's operator names; the values are td_op codes.
 Sum, Average, Min, Max, Product = tandem.SUM, tandem.AVG, tandem.MIN, tandem.MAX, tandem.PROD
@@ -20,6 +21,7 @@ Adasum = "Adasum"  # accepted as a name so that scripts import; refused when use
 _CODES = {torch.float32: tandem.F32, torch.float64: tandem.F64, torch.float16: tandem.F16,
           torch.bfloat16: tandem.BF16, torch.int32: tandem.I32, torch.int64: tandem.I64,
           torch.uint8: tandem.U8}
+_TORCH_OF_CODE = {v: k for k, v in _CODES.items()}
 
 
 def _world():
@@ -140,7 +142,11 @@ def _allreduce_start(tensor, output, op, prescale, postscale, compression, name,
         dst = output  # in place when output is tensor: the same address
     else:
         dst = src if src is not tensor else torch.empty_like(src)  # reduce a temporary in place
-    req = (w or _world()).iallreduce(src.data_ptr(), dst.data_ptr(), src.numel(), code, op, keep=(src, dst))
+    world = _world()
+    w = w or world
+    # a joined rank (hvd.join) learns from this descriptor what to contribute
+    desc = _join.announce_async(w, _join.K_ALLREDUCE, src.numel(), code, op) if w is world else None
+    req = w.iallreduce(src.data_ptr(), dst.data_ptr(), src.numel(), code, op, keep=(src, dst))
 
     def finish():
         res = compression.decompress(dst, ctx) if dst.dtype != output.dtype else dst
@@ -150,7 +156,7 @@ def _allreduce_start(tensor, output, op, prescale, postscale, compression, name,
             output.copy_(res.view(output.shape))
         return output
 
-    return _new_handle([req], finish, name)
+    return _new_handle([req] if desc is None else [desc, req], finish, name)
 
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
@@ -191,7 +197,9 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, po
             and tensor.dtype in _CODES and not tensor.is_sparse):
         # The common case in one blocking C call (latency: no handle, no thread hand-off).
         p = tensor.data_ptr()
-        _world().allreduce(p, p, tensor.numel(), _CODES[tensor.dtype], _op(op, average))
+        w, code, opc = _world(), _CODES[tensor.dtype], _op(op, average)
+        _join.announce(w, _join.K_ALLREDUCE, tensor.numel(), code, opc)
+        w.allreduce(p, p, tensor.numel(), code, opc)
         return tensor
     return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set))
 
@@ -275,6 +283,10 @@ def broadcast_async_(tensor, root_rank, name=None, process_set=None):
     w = _comm(process_set)
     code = _code(tensor)
     root = _check_root(root_rank, process_set)
+    if w is _world():
+        d = _join.announce(w, _join.K_BROADCAST, tensor.numel(), code, op=root, root=root)
+        if d is not None and not d[_join.ROOT_ACTIVE]:
+            _join.refuse_if_joined(w, d, f"broadcast from root rank {root} (it has joined)")
     buf = tensor if tensor.is_contiguous() else tensor.contiguous()
     req = w.ibroadcast(buf.data_ptr(), buf.numel(), code, root, keep=buf)
 
@@ -310,8 +322,9 @@ def _rows_of_all(w, rows, trailing, what):
     info[w.rank(), 0] = rows
     info[w.rank(), 1] = hash(tuple(trailing)) & ((1 << 62) - 1)
     w.allreduce(info.data_ptr(), info.data_ptr(), info.numel(), tandem.I64, tandem.SUM)
-    if (info[:, 1] != info[w.rank(), 1]).any():
-        bad = [r for r in range(n) if info[r, 1] != info[w.rank(), 1]]
+    # -1: a rank in hvd.join() (no rows, no shape)
+    if ((info[:, 1] != info[w.rank(), 1]) & (info[:, 1] != -1)).any():
+        bad = [r for r in range(n) if info[r, 1] != info[w.rank(), 1] and info[r, 1] != -1]
         raise ValueError(f"tandem.torch: {what}: ranks disagree on the shape after the first dimension "
                          f"(rank {w.rank()} has {tuple(trailing)}; ranks {bad} differ)")
     return [int(v) for v in info[:, 0]]
@@ -326,10 +339,12 @@ def allgather_async(tensor, name=None, process_set=None):
     if tensor.dim() == 0:
         raise ValueError("tandem.torch: allgather needs a tensor with at least one dimension")
     n, me = w.size(), w.rank()
-    rows = _rows_of_all(w, tensor.shape[0], tensor.shape[1:], "allgather")
     row_elems = 1
     for d in tensor.shape[1:]:
         row_elems *= d
+    if w is _world():
+        _join.announce(w, _join.K_ALLGATHER, row_elems, code)
+    rows = _rows_of_all(w, tensor.shape[0], tensor.shape[1:], "allgather")
     big = max(rows)
     total = sum(rows)
     if all(r == big for r in rows):
@@ -363,6 +378,8 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None):
     if tensor.dim() == 0:
         raise ValueError("tandem.torch: alltoall needs a tensor with at least one dimension")
     n = w.size()
+    if w is _world():
+        _join.refuse_if_joined(w, _join.announce(w, _join.K_REFUSED), "alltoall")
     given = splits is not None
     if splits is None:
         if tensor.shape[0] % n:
@@ -418,6 +435,8 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=None, prescal
     if tensor.dim() == 0:
         raise ValueError("tandem.torch: reducescatter needs a tensor with at least one dimension")
     n, me = w.size(), w.rank()
+    if w is _world():
+        _join.refuse_if_joined(w, _join.announce(w, _join.K_REFUSED), "reducescatter")
     _rows_of_all(w, 0, tensor.shape[1:], "reducescatter")
     rows = tensor.shape[0]
     q, rem = divmod(rows, n)
@@ -457,24 +476,13 @@ def reducescatter(tensor, name=None, op=Average, process_set=None, prescale_fact
 # ---- the rest ----
 
 def barrier(process_set=None):
-    _comm(process_set).barrier()
+    w = _comm(process_set)
+    if w is _world():
+        _join.announce(w, _join.K_BARRIER)
+    w.barrier()
 
 
-def join(device=-1):
-    """Collective: every rank waits here for the others; returns the rank
-    that arrived last (ties: the highest rank).
-
-    Unlike Horovod's join, ranks that joined do not keep serving the others'
-    allreduces with zeros: Tandem has no negotiation thread, so every rank
-    must issue the same collectives. Give every rank the same number of
-    batches (e.g. a DistributedSampler with drop_last)."""
-    import time
-    w = _world()
-    n = w.size()
-    t = torch.zeros(n, dtype=torch.float64)
-    t[w.rank()] = time.monotonic()
-    w.allreduce(t.data_ptr(), t.data_ptr(), n, tandem.F64, tandem.SUM)
-    return int(max(range(n), key=lambda r: (float(t[r]), r)))
+join = _join.join
 
 
 def _no_process_set(ps):
@@ -562,6 +570,7 @@ def add_process_set(process_set):
         raise ValueError(f"tandem.torch: {ps!r} was added already")
     w = _world()
     n = w.size()
+    _join.refuse_if_joined(w, _join.announce(w, _join.K_REFUSED), "add_process_set")
     if ps.ranks[0] < 0 or ps.ranks[-1] >= n:
         raise ValueError(f"tandem.torch: process set {ps.ranks} names ranks outside the world of {n}")
     # Every rank must name the same set: compare a digest of the rank list.
