@@ -124,6 +124,19 @@ def test_async_handles_in_any_order():
             torch.testing.assert_close(res, contribution(0, (5,), torch.int64))
     with pytest.raises(ValueError, match="unknown or already synchronized handle"):
         hvd.synchronize(handles[0])
+    # every kind of handle at once, waited in reverse order
+    hs = [hvd.allgather_async(torch.full((r + 1, 2), r, dtype=torch.int32)),
+          hvd.alltoall_async(torch.arange(n, dtype=torch.int64) + 10 * r),
+          hvd.reducescatter_async(torch.ones(n, 3), op=hvd.Sum),
+          hvd.grouped_allreduce_async([torch.ones(2), torch.full((3,), 2.0)], op=hvd.Sum),
+          hvd.broadcast_async_(torch.full((2,), float(r)), n - 1)]
+    assert torch.equal(hvd.synchronize(hs[4]), torch.full((2,), float(n - 1)))
+    g = hvd.synchronize(hs[3])
+    assert torch.equal(g[0], torch.full((2,), float(n))) and torch.equal(g[1], torch.full((3,), 2.0 * n))
+    assert torch.equal(hvd.synchronize(hs[2]), torch.full((1, 3), float(n)))
+    assert hvd.synchronize(hs[1]).tolist() == [10 * q + r for q in range(n)]
+    assert torch.equal(hvd.synchronize(hs[0]),
+                       torch.cat([torch.full((q + 1, 2), q, dtype=torch.int32) for q in range(n)]))
 
 
 def test_poll():
@@ -172,7 +185,7 @@ def test_broadcast_every_root(dtype):
         torch.testing.assert_close(z, contribution(root, (3,), dtype))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.uint8])
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_alltoall(dtype):
     n, r = hvd.size(), hvd.rank()
     # rank r sends j + 1 rows of value 10 r + j to rank j
@@ -188,7 +201,7 @@ def test_alltoall(dtype):
     torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.int32])
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_reducescatter(dtype):
     n, r = hvd.size(), hvd.rank()
     rows = 2 * n + 1  # not divisible: the first ranks get one extra row
@@ -201,6 +214,11 @@ def test_reducescatter(dtype):
                                rtol=0, atol=0)
     if dtype.is_floating_point:
         torch.testing.assert_close(hvd.reducescatter(x).double(), total[start:start + mine] / n)
+    if dtype == torch.float32:  # Horovod's positional order: (tensor, name, compression, op)
+        for c in (hvd.Compression.fp16, hvd.Compression.bf16):
+            got = hvd.reducescatter(x, "rs", c, hvd.Sum)
+            assert got.dtype == torch.float32  # values <= 7 n: exact in both wire types
+            torch.testing.assert_close(got.double(), total[start:start + mine], rtol=0, atol=0)
 
 
 def test_barrier_join():
@@ -272,6 +290,25 @@ def test_wrong_arguments():
                                  process_set=hvd.ProcessSet([0]))
     with pytest.raises(TypeError, match="torch.optim.Optimizer"):
         hvd.DistributedOptimizer(object())
+    with pytest.raises(TypeError, match="compression= must be hvd.Compression"):
+        hvd.allreduce(x, compression="fp16")
+    with pytest.raises(TypeError, match="compression= must be hvd.Compression"):
+        hvd.reducescatter(x, compression=5)
+    with pytest.raises(TypeError, match="name= must be a str"):
+        hvd.allreduce_async(x, name=5)
+    with pytest.raises(TypeError, match="name= must be a str"):
+        hvd.broadcast(x, 0, name=("a",))
+    with pytest.raises(TypeError, match="splits must be a list or tensor of row counts"):
+        hvd.alltoall(torch.ones(2), splits="ab")
+    with pytest.raises(TypeError, match="splits must hold integers"):
+        hvd.alltoall(torch.ones(2), splits=torch.tensor([2.0]))
+    one = [torch.nn.Parameter(torch.ones(1))]
+    with pytest.raises(TypeError, match="compression= must be hvd.Compression"):
+        hvd.DistributedOptimizer(torch.optim.SGD(one, lr=0.1), compression="fp16")
+    with pytest.raises(TypeError, match="gradient_predivide_factor must be a number"):
+        hvd.DistributedOptimizer(torch.optim.SGD(one, lr=0.1), gradient_predivide_factor="2")
+    with pytest.raises(ValueError, match="on meta"):
+        hvd.allreduce(torch.ones(2, device="meta"))
     torch.testing.assert_close(hvd.allreduce(x, op=hvd.Sum), x * hvd.size())  # still usable
 
 

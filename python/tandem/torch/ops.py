@@ -56,6 +56,22 @@ def _op(op, average=None):
     return tandem.op_code(op)
 
 
+def _check_name(name):
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"tandem.torch: name= must be a str (or None), not {type(name).__name__}")
+
+
+def check_compression(compression):
+    """compression= must be Compression.none/fp16/bf16 or an object with
+    their compress()/decompress() (Horovod's Compressor interface)."""
+    if compression is None:
+        return Compression.none
+    if not (callable(getattr(compression, "compress", None)) and callable(getattr(compression, "decompress", None))):
+        raise TypeError(f"tandem.torch: compression= must be hvd.Compression.none, .fp16 or .bf16 (a compressor "
+                        f"with compress() and decompress()), not {compression!r}")
+    return compression
+
+
 def _check_scale(name, v):
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise TypeError(f"tandem.torch: {name} must be a number, not {type(v).__name__}")
@@ -128,10 +144,10 @@ def _allreduce_start(tensor, output, op, prescale, postscale, compression, name,
     """Reduce `tensor` into `output` (same shape and dtype; may be `tensor`
     itself); returns a handle."""
     _code(tensor)
+    _check_name(name)
     prescale = _check_scale("prescale_factor", prescale)
     postscale = _check_scale("postscale_factor", postscale)
-    if compression is None:
-        compression = Compression.none
+    compression = check_compression(compression)
     wire, ctx = compression.compress(tensor)
     code = _code(wire)
     if prescale != 1.0:
@@ -282,6 +298,7 @@ def broadcast_async_(tensor, root_rank, name=None, process_set=None):
     """Start overwriting `tensor` with root_rank's, in place."""
     w = _comm(process_set)
     code = _code(tensor)
+    _check_name(name)
     root = _check_root(root_rank, process_set)
     if w is _world():
         d = _join.announce(w, _join.K_BROADCAST, tensor.numel(), code, op=root, root=root)
@@ -336,6 +353,7 @@ def allgather_async(tensor, name=None, process_set=None):
     then moves in the background."""
     w = _comm(process_set)
     code = _code(tensor)
+    _check_name(name)
     if tensor.dim() == 0:
         raise ValueError("tandem.torch: allgather needs a tensor with at least one dimension")
     n, me = w.size(), w.rank()
@@ -375,6 +393,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None):
     (output, received_splits) when splits were given, else output."""
     w = _comm(process_set)
     code = _code(tensor)
+    _check_name(name)
     if tensor.dim() == 0:
         raise ValueError("tandem.torch: alltoall needs a tensor with at least one dimension")
     n = w.size()
@@ -387,7 +406,13 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None):
                              f"({tensor.shape[0]}) divisible by the number of ranks ({n})")
         send_splits = torch.full((n,), tensor.shape[0] // n, dtype=torch.int64)
     else:
-        send_splits = torch.as_tensor(splits, dtype=torch.int64).reshape(-1).clone()
+        if isinstance(splits, torch.Tensor) and (splits.is_floating_point() or splits.is_complex()):
+            raise TypeError(f"tandem.torch: alltoall splits must hold integers, not {splits.dtype}")
+        try:
+            send_splits = torch.as_tensor(splits, dtype=torch.int64).reshape(-1).clone()
+        except (TypeError, ValueError, RuntimeError):
+            raise TypeError(f"tandem.torch: alltoall splits must be a list or tensor of row counts, one per rank, "
+                            f"not {splits!r}") from None
         if send_splits.numel() != n:
             raise ValueError(f"tandem.torch: alltoall splits has {send_splits.numel()} entries for {n} ranks")
         if (send_splits < 0).any() or int(send_splits.sum()) != tensor.shape[0]:
@@ -431,6 +456,7 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=None, prescal
     first dim % size ranks get one extra row)."""
     w = _comm(process_set)
     code = _code(tensor)
+    _check_name(name)
     opc = _op(op)
     if tensor.dim() == 0:
         raise ValueError("tandem.torch: reducescatter needs a tensor with at least one dimension")
@@ -469,8 +495,14 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=None, prescal
     return _new_handle([req], finish, name)
 
 
-def reducescatter(tensor, name=None, op=Average, process_set=None, prescale_factor=1.0, postscale_factor=1.0):
-    return synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor, postscale_factor))
+def reducescatter(tensor, name=None, compression=Compression.none, op=Average, process_set=None,
+                  prescale_factor=1.0, postscale_factor=1.0):
+    """Horovod's argument order (compression= third, as in horovod.torch)."""
+    compression = check_compression(compression)
+    _code(tensor)
+    wire, ctx = compression.compress(tensor)
+    out = synchronize(reducescatter_async(wire, name, op, process_set, prescale_factor, postscale_factor))
+    return compression.decompress(out, ctx) if wire is not tensor else out
 
 
 # ---- the rest ----

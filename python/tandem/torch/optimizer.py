@@ -55,13 +55,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
                  gradient_predivide_factor):
         super(self.__class__, self).__init__(params)
-        self._compression = compression if compression is not None else Compression.none
+        self._compression = ops.check_compression(compression)
         if isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int) \
                 or backward_passes_per_step < 1:
             raise ValueError(f"tandem.torch: backward_passes_per_step must be an int >= 1, "
                              f"got {backward_passes_per_step!r}")
         self.backward_passes_per_step = backward_passes_per_step
         op = ops._op(op)
+        if isinstance(gradient_predivide_factor, bool) or not isinstance(gradient_predivide_factor, (int, float)):
+            raise TypeError(f"tandem.torch: gradient_predivide_factor must be a number, "
+                            f"not {type(gradient_predivide_factor).__name__}")
         predivide = float(gradient_predivide_factor)
         if predivide <= 0:
             raise ValueError(f"tandem.torch: gradient_predivide_factor must be > 0, got {predivide}")
