@@ -25,8 +25,13 @@ serves a broadcast whose root is active and an allgather (a joined rank
 adds no rows); a broadcast whose root has joined, alltoall and
 reducescatter raise InvalidUsageError on the active ranks, naming the
 joined ranks. Collectives of other process sets and of the NumPy module
-are not served: they involve no descriptor."""
+are not served: they involve no descriptor.
+
+TANDEM_JOIN=0 (the same on every rank) leaves the descriptors out, for a
+script that never calls join() and wants the lowest latency per call (one
+small collective less per operation); join() then raises."""
 import array
+import os
 
 import tandem
 
@@ -39,6 +44,14 @@ _KIND_NAMES = {K_ALLREDUCE: "allreduce", K_BROADCAST: "broadcast", K_ALLGATHER: 
                K_BARRIER: "barrier", K_REFUSED: "this operation"}
 
 
+def _enabled():
+    v = os.environ.get("TANDEM_JOIN", "1")
+    if v not in ("0", "1"):
+        raise ValueError(f"tandem.torch: TANDEM_JOIN={v!r}: use 1 (hvd.join() works, the default) or 0 (no "
+                         "join descriptors), the same on every rank")
+    return v == "1"
+
+
 def _active_desc(w, kind, numel, dtype, op, root):
     me = w.rank()
     return array.array("q", (me + 1, 0, kind, numel, dtype, op, 1 if root == me else 0, 0))
@@ -46,16 +59,16 @@ def _active_desc(w, kind, numel, dtype, op, root):
 
 def announce_async(w, kind, numel=0, dtype=0, op=0, root=-1):
     """Issue the descriptor of the operation that follows (non-blocking);
-    returns its Request, or None in a world of one."""
-    if w.size() == 1:
+    returns its Request, or None in a world of one or with TANDEM_JOIN=0."""
+    if w.size() == 1 or not _enabled():
         return None
     d = _active_desc(w, kind, numel, dtype, op, root)
     return w.iallreduce(d, d, DESC, tandem.I64, tandem.MAX, keep=d, result=d)
 
 
 def announce(w, kind, numel=0, dtype=0, op=0, root=-1):
-    """Blocking descriptor: returns it (None in a world of one)."""
-    if w.size() == 1:
+    """Blocking descriptor: returns it (None in a world of one or with TANDEM_JOIN=0)."""
+    if w.size() == 1 or not _enabled():
         return None
     d = _active_desc(w, kind, numel, dtype, op, root)
     w.allreduce(d, d, DESC, tandem.I64, tandem.MAX)
@@ -139,6 +152,10 @@ def join(device=-1):
     me = w.rank()
     if w.size() == 1:
         return me
+    if not _enabled():
+        raise tandem.InvalidUsageError(
+            f"tandem.torch: hvd.join() on rank {me}: TANDEM_JOIN=0 turned off the descriptors the joined ranks "
+            "need to serve the others; unset it (or set TANDEM_JOIN=1 on every rank) to use join()")
     first = True
     while True:
         d = array.array("q", [0]) * DESC
