@@ -151,3 +151,29 @@ def test_distributed_optimizer_uneven_batches_with_join():
         assert l == pytest.approx(ref_losses[(me, s)], rel=1e-5, abs=1e-7), (s, l)
     for (name, p), q in zip(m.named_parameters(), ref.parameters()):
         assert torch.allclose(p.detach(), q.detach(), rtol=1e-5, atol=1e-6), name
+
+
+def test_wrong_arguments_issue_nothing():
+    """Only rank 0 makes the wrong calls; had any of them issued its join
+    descriptor (or anything else), the allreduce after would mismatch."""
+    n = hvd.size()
+    if hvd.rank() == 0:
+        x = torch.ones(2 * n + 1)
+        with pytest.raises(ValueError, match="entries for"):
+            hvd.alltoall(x, splits=[1] * (n + 1))
+        with pytest.raises(ValueError, match="sum to"):
+            hvd.alltoall(x, splits=[0] * n)
+        with pytest.raises(TypeError, match="prescale_factor"):
+            hvd.reducescatter(x, prescale_factor="2")
+        with pytest.raises(ValueError, match="at least one dimension"):
+            hvd.allgather(torch.tensor(1.0))
+        with pytest.raises(ValueError, match="out of range"):
+            hvd.broadcast_(x, n)
+        with pytest.raises(TypeError, match="compression="):
+            hvd.allreduce(x, compression="none")
+        with pytest.raises(TypeError, match="name="):
+            hvd.allreduce_async(x, name=3)
+        with pytest.raises(TypeError, match="device"):
+            hvd.join(device="cpu")
+    got = hvd.allreduce(torch.full((3,), 2.0), op=hvd.Sum)
+    assert torch.equal(got, torch.full((3,), 2.0 * n))

@@ -397,8 +397,6 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None):
     if tensor.dim() == 0:
         raise ValueError("tandem.torch: alltoall needs a tensor with at least one dimension")
     n = w.size()
-    if w is _world():
-        _join.refuse_if_joined(w, _join.announce(w, _join.K_REFUSED), "alltoall")
     given = splits is not None
     if splits is None:
         if tensor.shape[0] % n:
@@ -418,6 +416,8 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None):
         if (send_splits < 0).any() or int(send_splits.sum()) != tensor.shape[0]:
             raise ValueError(f"tandem.torch: alltoall splits {send_splits.tolist()} must be >= 0 and sum to "
                              f"the first dimension {tensor.shape[0]}")
+    if w is _world():  # after the argument checks: nothing is issued for wrong arguments
+        _join.refuse_if_joined(w, _join.announce(w, _join.K_REFUSED), "alltoall")
     _rows_of_all(w, 0, tensor.shape[1:], "alltoall")
     recv_splits = torch.empty(n, dtype=torch.int64)
     w.alltoall(send_splits.data_ptr(), recv_splits.data_ptr(), 1, tandem.I64)
@@ -458,6 +458,8 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=None, prescal
     code = _code(tensor)
     _check_name(name)
     opc = _op(op)
+    prescale = _check_scale("prescale_factor", prescale_factor)
+    postscale = _check_scale("postscale_factor", postscale_factor)
     if tensor.dim() == 0:
         raise ValueError("tandem.torch: reducescatter needs a tensor with at least one dimension")
     n, me = w.size(), w.rank()
@@ -479,8 +481,6 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=None, prescal
     for r in range(n):
         src[r * big:r * big + share[r]] = tensor[off:off + share[r]]
         off += share[r]
-    prescale = _check_scale("prescale_factor", prescale_factor)
-    postscale = _check_scale("postscale_factor", postscale_factor)
     if prescale != 1.0:
         src.mul_(prescale)
     out = torch.empty((big,) + trailing, dtype=tensor.dtype)
