@@ -254,6 +254,28 @@ def test_allreduce_autograd():
     torch.testing.assert_close(x.grad, torch.full((4,), float(n)))  # d(sum over ranks)/dx, summed
 
 
+def test_broadcast_and_allgather_autograd():
+    """Horovod's gradients: broadcast's root gets the sum over ranks of the
+    output gradients, the others zero; allgather's rows get the sum over
+    ranks of the output gradient at their place. Closed forms."""
+    n, r = hvd.size(), hvd.rank()
+    root = n - 1
+    x = torch.full((2, 3), float(r + 1), requires_grad=True)
+    y = hvd.broadcast(x, root)
+    assert torch.equal(y.detach(), torch.full((2, 3), float(root + 1)))
+    (y * (r + 1)).sum().backward()  # d/dy on rank q: q + 1
+    want = float(n * (n + 1) // 2) if r == root else 0.0
+    assert torch.equal(x.grad, torch.full((2, 3), want))
+    a = torch.full((r + 1, 2), float(r), requires_grad=True)  # rank q: q + 1 rows
+    g = hvd.allgather(a)
+    total = n * (n + 1) // 2
+    assert g.shape == (total, 2)
+    weights = torch.arange(total * 2, dtype=torch.float32).reshape(total, 2)
+    (g * weights * (r + 1)).sum().backward()  # d/dg on rank q: (q + 1) * weights
+    off = r * (r + 1) // 2
+    assert torch.equal(a.grad, weights[off:off + r + 1] * float(n * (n + 1) // 2))
+
+
 def test_wrong_arguments():
     x = torch.ones(4)
     with pytest.raises(TypeError, match="torch.Tensor"):

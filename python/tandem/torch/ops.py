@@ -325,8 +325,32 @@ def broadcast_async(tensor, root_rank, name=None, process_set=None):
                             process_set)
 
 
+class _BroadcastFn(torch.autograd.Function):
+    """Broadcast with a gradient (Horovod's HorovodBroadcast): every rank's
+    output is the root's input, so the root's gradient is the sum of the
+    output gradients over ranks, and the other ranks' inputs get zero."""
+
+    @staticmethod
+    def forward(ctx, tensor, root_rank, name):
+        ctx.root_rank = root_rank
+        return synchronize(broadcast_async(tensor.detach(), root_rank, name))
+
+    @staticmethod
+    def backward(ctx, grad):
+        g = allreduce(grad.contiguous(), op=Sum)
+        if _world().rank() != ctx.root_rank:
+            g.zero_()
+        return g, None, None
+
+
 def broadcast(tensor, root_rank, name=None, process_set=None):
-    """root_rank's `tensor` on every rank, as a new tensor."""
+    """root_rank's `tensor` on every rank, as a new tensor (differentiable,
+    as Horovod's, on the global process set)."""
+    if isinstance(tensor, torch.Tensor) and tensor.requires_grad and torch.is_grad_enabled():
+        _no_process_set(process_set)
+        _code(tensor)
+        _check_root(root_rank)
+        return _BroadcastFn.apply(tensor, root_rank, name)
     return synchronize(broadcast_async(tensor, root_rank, name, process_set))
 
 
@@ -381,7 +405,33 @@ def allgather_async(tensor, name=None, process_set=None):
     return _new_handle([req], finish, name)
 
 
+class _AllgatherFn(torch.autograd.Function):
+    """Allgather with a gradient (Horovod's HorovodAllgather): this rank's
+    rows appear in every rank's output, so their gradient is the sum over
+    ranks of the output gradient at those rows."""
+
+    @staticmethod
+    def forward(ctx, tensor, name):
+        out = synchronize(allgather_async(tensor.detach(), name))
+        w = _world()
+        rows = torch.zeros(w.size(), dtype=torch.int64)
+        rows[w.rank()] = tensor.shape[0]
+        allreduce_(rows, op=Sum)
+        ctx.offset, ctx.rows = int(rows[:w.rank()].sum()), tensor.shape[0]
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        g = allreduce(grad.contiguous(), op=Sum)
+        return g.narrow(0, ctx.offset, ctx.rows), None
+
+
 def allgather(tensor, name=None, process_set=None):
+    """Every rank's `tensor` concatenated along dimension 0 (differentiable,
+    as Horovod's, on the global process set)."""
+    if isinstance(tensor, torch.Tensor) and tensor.requires_grad and torch.is_grad_enabled():
+        _no_process_set(process_set)
+        return _AllgatherFn.apply(tensor, name)
     return synchronize(allgather_async(tensor, name, process_set))
 
 
