@@ -22,9 +22,10 @@ as Horovod's postscale /= process_set.controller->GetSize(). Min, Max and
 Product also see the joined ranks' zeros, as in Horovod. Beyond Horovod,
 which refuses broadcast and allgather while a rank has joined, Tandem
 serves a broadcast whose root is active and an allgather (a joined rank
-adds no rows); a broadcast whose root has joined, alltoall and
-reducescatter raise InvalidUsageError on the active ranks, naming the
-joined ranks. Collectives of other process sets and of the NumPy module
+adds no rows) and a barrier; a broadcast whose root has joined, alltoall,
+reducescatter and add_process_set raise InvalidUsageError on the active
+ranks, naming the joined ranks (they take part in one more small allreduce
+that lists them). Collectives of other process sets and of the NumPy module
 are not served: they involve no descriptor.
 
 TANDEM_JOIN=0 (the same on every rank) leaves the descriptors out, for a
