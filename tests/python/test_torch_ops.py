@@ -331,6 +331,13 @@ def test_wrong_arguments():
         hvd.DistributedOptimizer(torch.optim.SGD(one, lr=0.1), gradient_predivide_factor="2")
     with pytest.raises(ValueError, match="on meta"):
         hvd.allreduce(torch.ones(2, device="meta"))
+    g = torch.ones(hvd.size(), 2, requires_grad=True)
+    with pytest.raises(NotImplementedError, match="alltoall has no gradient"):
+        hvd.alltoall(g)
+    with pytest.raises(NotImplementedError, match="reducescatter has no gradient"):
+        hvd.reducescatter(g)
+    with torch.no_grad():  # no graph: nothing to refuse
+        assert hvd.reducescatter(g, op=hvd.Sum).shape[0] == 1
     torch.testing.assert_close(hvd.allreduce(x, op=hvd.Sum), x * hvd.size())  # still usable
 
 

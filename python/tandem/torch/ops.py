@@ -72,6 +72,14 @@ def check_compression(compression):
     return compression
 
 
+def _no_grad(tensor, what):
+    """alltoall and reducescatter are not differentiable here (Horovod's
+    are): refuse rather than drop the gradient silently."""
+    if tensor.requires_grad and torch.is_grad_enabled():
+        raise NotImplementedError(f"tandem.torch: {what} has no gradient in Tandem (Horovod's has); pass "
+                                  "tensor.detach(), or use allreduce/allgather/broadcast, which have one")
+
+
 def _check_scale(name, v):
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise TypeError(f"tandem.torch: {name} must be a number, not {type(v).__name__}")
@@ -444,6 +452,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None):
     w = _comm(process_set)
     code = _code(tensor)
     _check_name(name)
+    _no_grad(tensor, "alltoall")
     if tensor.dim() == 0:
         raise ValueError("tandem.torch: alltoall needs a tensor with at least one dimension")
     n = w.size()
@@ -507,6 +516,7 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=None, prescal
     w = _comm(process_set)
     code = _code(tensor)
     _check_name(name)
+    _no_grad(tensor, "reducescatter")
     opc = _op(op)
     prescale = _check_scale("prescale_factor", prescale_factor)
     postscale = _check_scale("postscale_factor", postscale_factor)
