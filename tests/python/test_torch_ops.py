@@ -276,6 +276,33 @@ def test_broadcast_and_allgather_autograd():
     assert torch.equal(a.grad, weights[off:off + r + 1] * float(n * (n + 1) // 2))
 
 
+def test_alltoall_and_reducescatter_autograd():
+    """alltoall: rank r sends j + 1 rows to rank j and rank j's loss weighs
+    every received row by j + 1, so r's rows for j get gradient j + 1.
+    reducescatter over 2n + 1 rows: rank p's share is weighted by p + 1, so
+    each input row gets its owner's p + 1 (Sum), over n (Average), times
+    the scale factors."""
+    n, r = hvd.size(), hvd.rank()
+    x = torch.ones(sum(j + 1 for j in range(n)), 2, requires_grad=True)
+    out, recv = hvd.alltoall(x, splits=[j + 1 for j in range(n)])
+    assert recv.tolist() == [r + 1] * n and not recv.requires_grad
+    (out * (r + 1)).sum().backward()
+    want = torch.cat([torch.full((j + 1, 2), float(j + 1)) for j in range(n)])
+    assert torch.equal(x.grad, want)
+    e = torch.ones(2 * n, 3, requires_grad=True)  # no splits: equal shares
+    (hvd.alltoall(e) * (r + 1)).sum().backward()
+    assert torch.equal(e.grad, torch.cat([torch.full((2, 3), float(j + 1)) for j in range(n)]))
+    rows = 2 * n + 1
+    q, rem = divmod(rows, n)
+    owner = torch.tensor([p for p in range(n) for _ in range(q + (1 if p < rem else 0))], dtype=torch.float32)
+    for op, pre, post, scale in ((hvd.Sum, 1.0, 1.0, 1.0), (hvd.Average, 1.0, 1.0, 1.0 / n),
+                                 (hvd.Sum, 0.5, 3.0, 1.5)):
+        y = torch.ones(rows, 3, requires_grad=True)
+        got = hvd.reducescatter(y, op=op, prescale_factor=pre, postscale_factor=post)
+        (got * (r + 1)).sum().backward()
+        assert torch.allclose(y.grad, ((owner + 1) * scale).unsqueeze(1).expand(rows, 3)), (op, pre, post)
+
+
 def test_wrong_arguments():
     x = torch.ones(4)
     with pytest.raises(TypeError, match="torch.Tensor"):
@@ -332,12 +359,10 @@ def test_wrong_arguments():
     with pytest.raises(ValueError, match="on meta"):
         hvd.allreduce(torch.ones(2, device="meta"))
     g = torch.ones(hvd.size(), 2, requires_grad=True)
-    with pytest.raises(NotImplementedError, match="alltoall has no gradient"):
-        hvd.alltoall(g)
-    with pytest.raises(NotImplementedError, match="reducescatter has no gradient"):
-        hvd.reducescatter(g)
-    with torch.no_grad():  # no graph: nothing to refuse
-        assert hvd.reducescatter(g, op=hvd.Sum).shape[0] == 1
+    with pytest.raises(NotImplementedError, match="gradient for op Sum and Average only"):
+        hvd.reducescatter(g, op=hvd.Max)
+    with torch.no_grad():  # no graph: Max is fine
+        assert hvd.reducescatter(g, op=hvd.Max).shape[0] == 1
     torch.testing.assert_close(hvd.allreduce(x, op=hvd.Sum), x * hvd.size())  # still usable
 
 

@@ -72,12 +72,8 @@ def check_compression(compression):
     return compression
 
 
-def _no_grad(tensor, what):
-    """alltoall and reducescatter are not differentiable here (Horovod's
-    are): refuse rather than drop the gradient silently."""
-    if tensor.requires_grad and torch.is_grad_enabled():
-        raise NotImplementedError(f"tandem.torch: {what} has no gradient in Tandem (Horovod's has); pass "
-                                  "tensor.detach(), or use allreduce/allgather/broadcast, which have one")
+def _in_graph(tensor):
+    return isinstance(tensor, torch.Tensor) and tensor.requires_grad and torch.is_grad_enabled()
 
 
 def _check_scale(name, v):
@@ -452,7 +448,6 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None):
     w = _comm(process_set)
     code = _code(tensor)
     _check_name(name)
-    _no_grad(tensor, "alltoall")
     if tensor.dim() == 0:
         raise ValueError("tandem.torch: alltoall needs a tensor with at least one dimension")
     n = w.size()
@@ -503,7 +498,33 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None):
     return _new_handle([req], finish, name)
 
 
+class _AlltoallFn(torch.autograd.Function):
+    """Alltoall with a gradient: the rows this rank received from rank q go
+    back to q (an alltoall with the received splits), landing where q's
+    input rows were."""
+
+    @staticmethod
+    def forward(ctx, tensor, splits, name):
+        res = synchronize(alltoall_async(tensor.detach(), splits, name))
+        if splits is None:
+            ctx.recv = None
+            return res
+        out, recv = res
+        ctx.recv = recv
+        ctx.mark_non_differentiable(recv)
+        return out, recv
+
+    @staticmethod
+    def backward(ctx, grad, *_):
+        g = alltoall(grad.contiguous(), splits=ctx.recv)
+        return (g if ctx.recv is None else g[0]), None, None
+
+
 def alltoall(tensor, splits=None, name=None, process_set=None):
+    """(differentiable, as Horovod's, on the global process set)"""
+    if _in_graph(tensor):
+        _no_process_set(process_set)
+        return _AlltoallFn.apply(tensor, splits, name)
     return synchronize(alltoall_async(tensor, splits, name, process_set))
 
 
@@ -516,7 +537,6 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=None, prescal
     w = _comm(process_set)
     code = _code(tensor)
     _check_name(name)
-    _no_grad(tensor, "reducescatter")
     opc = _op(op)
     prescale = _check_scale("prescale_factor", prescale_factor)
     postscale = _check_scale("postscale_factor", postscale_factor)
@@ -555,11 +575,37 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=None, prescal
     return _new_handle([req], finish, name)
 
 
+class _ReducescatterFn(torch.autograd.Function):
+    """Reducescatter (Sum or Average) with a gradient: every input row
+    contributes to the one output row of its owner, so the input gradient is
+    the allgather of the output gradients, times the op's and the scale
+    factors' constant."""
+
+    @staticmethod
+    def forward(ctx, tensor, name, compression, op, prescale, postscale):
+        ctx.factor = prescale * postscale / (_world().size() if op == Average else 1)
+        return reducescatter(tensor.detach(), name, compression, op, None, prescale, postscale)
+
+    @staticmethod
+    def backward(ctx, grad):
+        g = allgather(grad.contiguous())
+        return g * ctx.factor if ctx.factor != 1.0 else g, None, None, None, None, None
+
+
 def reducescatter(tensor, name=None, compression=Compression.none, op=Average, process_set=None,
                   prescale_factor=1.0, postscale_factor=1.0):
-    """Horovod's argument order (compression= third, as in horovod.torch)."""
+    """Horovod's argument order (compression= third, as in horovod.torch);
+    differentiable for Sum and Average on the global process set."""
     compression = check_compression(compression)
     _code(tensor)
+    if _in_graph(tensor):
+        opc = _op(op)
+        if opc not in (Sum, Average):
+            raise NotImplementedError("tandem.torch: reducescatter has a gradient for op Sum and Average only; "
+                                      "pass tensor.detach() for Min/Max/Product")
+        _no_process_set(process_set)
+        return _ReducescatterFn.apply(tensor, name, compression, opc, _check_scale("prescale_factor", prescale_factor),
+                                      _check_scale("postscale_factor", postscale_factor))
     wire, ctx = compression.compress(tensor)
     out = synchronize(reducescatter_async(wire, name, op, process_set, prescale_factor, postscale_factor))
     return compression.decompress(out, ctx) if wire is not tensor else out
