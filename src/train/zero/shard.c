@@ -50,7 +50,12 @@ static float *alloc_zeroed(size_t bytes) {
  * given back (MAPPED), plain memory when not (ALLOC). */
 static float *arena_for(td_trainer *t, zero_mem_kind fallback, zero_mem_kind *kind) {
   size_t bytes = t->n_params * sizeof(float);
-  if (t->comm && t->world > 1 && td_comm_local_size(t->comm) > 1 && !strcmp(td_comm_transport(t->comm), "shm")) {
+  /* Not with NVMe offload: host-shared memory is allocated whole up front
+   * (posix_fallocate), and the arenas of a model offloaded because it does
+   * not fit must stay address space whose pages come and go. */
+  bool offload = t->cfg.offload.optimizer_device == TD_OFFLOAD_NVME || t->cfg.offload.param_device == TD_OFFLOAD_NVME;
+  if (!offload && t->comm && t->world > 1 && td_comm_local_size(t->comm) > 1 &&
+      !strcmp(td_comm_transport(t->comm), "shm")) {
     void *p = NULL;
     if (td_mem_alloc(bytes, &p) == TD_OK) {
       *kind = ZERO_MEM_SHARED;
