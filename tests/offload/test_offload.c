@@ -484,6 +484,76 @@ static void run_fail(const char *dir) {
   printf("OK fail\n");
 }
 
+/* The config keys: DeepSpeed's names into td_offload_config; mistakes refused naming the key. */
+static void run_config(void) {
+  td_train_config c;
+  td_train_config_defaults(&c);
+  CHECK_EQ_INT(c.offload.optimizer_device, TD_OFFLOAD_NONE);
+  CHECK_EQ_INT(c.offload.sub_group_size, 1000000000);
+  CHECK_EQ_INT(c.offload.aio_block_size, 1048576);
+  const char *ok = "{\"zero_optimization\": {\"stage\": 3, \"sub_group_size\": 5000,"
+                   " \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"/x\", \"buffer_count\": 3,"
+                   " \"pin_memory\": true},"
+                   " \"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"/x\", \"buffer_count\": 2,"
+                   " \"buffer_size\": 7000, \"max_in_cpu\": 10000}},"
+                   " \"aio\": {\"block_size\": 65536, \"queue_depth\": 4, \"thread_count\": 3,"
+                   " \"single_submit\": false, \"overlap_events\": true}, \"train_batch_size\": 4}";
+  CHECK_OK(td_train_config_parse_json(ok, "test", &c));
+  CHECK_EQ_INT(c.offload.optimizer_device, TD_OFFLOAD_NVME);
+  CHECK_EQ_INT(c.offload.param_device, TD_OFFLOAD_NVME);
+  CHECK(!strcmp(c.offload.optimizer_nvme_path, "/x") && !strcmp(c.offload.param_nvme_path, "/x"));
+  CHECK_EQ_INT(c.offload.optimizer_buffer_count, 3);
+  CHECK_EQ_INT(c.offload.param_buffer_count, 2);
+  CHECK_EQ_INT(c.offload.param_buffer_size, 7000);
+  CHECK_EQ_INT(c.offload.param_max_in_cpu, 10000);
+  CHECK_EQ_INT(c.offload.sub_group_size, 5000);
+  CHECK_EQ_INT(c.offload.aio_block_size, 65536);
+  CHECK_EQ_INT(c.offload.aio_queue_depth, 4);
+  CHECK_EQ_INT(c.offload.aio_thread_count, 3);
+  CHECK_OK(td_train_config_resolve(&c, 2));
+  /* the parameter buffers bound the stage-3 caps: min(1e9, 2 x 7000, 10000) and min(5e7, 7000) */
+  CHECK_EQ_INT(c.stage3_max_live_parameters, 10000);
+  CHECK_EQ_INT(c.stage3_prefetch_bucket_size, 7000);
+  struct { const char *json, *fragment; } bad[] = {
+      {"{\"zero_optimization\": {\"offload_optimizer\": {\"device\": \"disk\"}}}", "\"nvme\", \"cpu\" or \"none\""},
+      {"{\"zero_optimization\": {\"offload_optimizer\": {\"devise\": \"nvme\"}}}", "unknown key \"devise\""},
+      {"{\"zero_optimization\": {\"offload_param\": {\"buffer_count\": 0}}}", "buffer_count"},
+      {"{\"aio\": {\"block_size\": 1000}}", "aio.block_size"},
+      {"{\"aio\": {\"queue_dept\": 8}}", "unknown key \"queue_dept\""},
+      {"{\"zero_optimization\": {\"sub_group_size\": -1}}", "sub_group_size"},
+  };
+  for (size_t i = 0; i < TD_ARRAY_SIZE(bad); i++) {
+    td_train_config d;
+    td_train_config_defaults(&d);
+    CHECK_MSG(td_train_config_parse_json(bad[i].json, "test", &d), TD_ERR_INVALID_ARGUMENT, bad[i].fragment);
+  }
+  /* resolve: nvme needs stage 3 and a path; params alone, or two paths, are refused */
+  struct { int stage, opt, param; const char *p1, *p2, *fragment; } res[] = {
+      {2, 1, 0, "/x", "", "needs ZeRO stage 3"},
+      {3, 1, 0, "", "", "needs \"nvme_path\""},
+      {3, 0, 1, "", "/x", "without offload_optimizer"},
+      {3, 1, 1, "/x", "/y", "differ"},
+  };
+  for (size_t i = 0; i < TD_ARRAY_SIZE(res); i++) {
+    td_train_config d;
+    td_train_config_defaults(&d);
+    d.train_batch_size = 4;
+    d.zero_stage = res[i].stage;
+    d.offload.optimizer_device = res[i].opt ? TD_OFFLOAD_NVME : TD_OFFLOAD_NONE;
+    d.offload.param_device = res[i].param ? TD_OFFLOAD_NVME : TD_OFFLOAD_NONE;
+    td_strlcpy(d.offload.optimizer_nvme_path, res[i].p1, sizeof d.offload.optimizer_nvme_path);
+    td_strlcpy(d.offload.param_nvme_path, res[i].p2, sizeof d.offload.param_nvme_path);
+    CHECK_MSG(td_train_config_resolve(&d, 2), TD_ERR_INVALID_ARGUMENT, res[i].fragment);
+  }
+  /* "cpu" is accepted at any stage: the state stays in host memory */
+  td_train_config d;
+  td_train_config_defaults(&d);
+  d.train_batch_size = 4;
+  d.offload.optimizer_device = d.offload.param_device = TD_OFFLOAD_CPU;
+  CHECK_OK(td_train_config_resolve(&d, 2));
+  printf("OK config\n");
+}
+
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   const char *mode = argc >= 2 ? argv[1] : "";
@@ -491,6 +561,7 @@ int main(int argc, char **argv) {
   if (!strcmp(mode, "aio") && argc >= 3) run_aio(dir);
   else if (!strcmp(mode, "enospc") && argc >= 3) run_enospc(dir);
   else if (!strcmp(mode, "init_range")) run_init_range();
+  else if (!strcmp(mode, "config")) run_config();
   else if (!strcmp(mode, "estimate") && argc >= 3) run_estimate(dir);
   else if (!strcmp(mode, "refuse") && argc >= 4) run_refuse(dir, argv[3]);
   else if (!strcmp(mode, "leave") && argc >= 3) run_leave(dir);
