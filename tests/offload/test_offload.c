@@ -28,6 +28,9 @@
  *   test_offload leave DIR        offloads, then dies by SIGKILL.
  *   test_offload clean DIR        finds the killed job's directory, and a
  *       new trainer's start removes it; destroy leaves DIR empty.
+ *   test_offload readfail DIR    (2 ranks) rank 1's parameter file is cut
+ *       short: the next step fails on both ranks naming rank 1, the file
+ *       and the offset, and nobody hangs.
  *   test_offload fail DIR         a step fails (a sample cannot be read);
  *       destroy still removes the files. */
 #include "train/offload/aio.h"
@@ -554,6 +557,41 @@ static void run_config(void) {
   printf("OK config\n");
 }
 
+/* Under tandemrun -np 2: rank 1's parameter file is cut short after a good
+ * step; its next step fails naming the file and the offset, and no rank
+ * hangs (the suite's timeout would say so): rank 1 still takes part in the
+ * broadcasts its peer waits for. */
+static void run_readfail(td_comm *comm, const char *dir) {
+  int rank = td_comm_rank(comm);
+  td_dataset *ds = text_dataset();
+  td_model *m = gpt(2, 35);
+  td_train_config c;
+  base_config(&c, td_comm_size(comm), TD_OPTIMIZER_ADAMW, 0);
+  set_offload(&c, dir, 1, 4);
+  td_trainer *t = NULL;
+  CHECK_OK(td_trainer_create(&c, m, ds, comm, &t));
+  CHECK_OK(td_trainer_step(t, NULL));
+  if (rank == 1) {
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    char p[700] = "";
+    while ((e = readdir(d)) != NULL)
+      if (strstr(e->d_name, "-r1-")) snprintf(p, sizeof p, "%s/%s/params.f32", dir, e->d_name);
+    closedir(d);
+    CHECK(p[0] && truncate(p, 0) == 0);
+  }
+  CHECK_OK(td_barrier(comm));
+  td_status st = td_trainer_step(t, NULL);
+  printf("rank %d: second step: %s: %s\n", rank, td_status_str(st), st == TD_OK ? "" : td_last_error());
+  CHECK(st != TD_OK); /* on every rank: the step's failure is agreed */
+  CHECK(strstr(td_last_error(), "rank 1") && strstr(td_last_error(), "params.f32") && strstr(td_last_error(), "offset"));
+  td_trainer_destroy(t);
+  td_model_destroy(m);
+  td_dataset_destroy(ds);
+  CHECK_EQ_INT(count_job_dirs(dir) <= 1, 1);
+  printf("OK readfail\n");
+}
+
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   const char *mode = argc >= 2 ? argv[1] : "";
@@ -573,6 +611,11 @@ int main(int argc, char **argv) {
     run_equal(comm, dir, strcmp(argv[3], "sgd") == 0 ? TD_OPTIMIZER_SGD : TD_OPTIMIZER_ADAMW, atoi(argv[4]));
     CHECK_OK(td_comm_finalize(comm));
     td_comm_destroy(comm);
+  } else if (!strcmp(mode, "readfail") && argc >= 3) {
+    td_comm *comm = NULL;
+    CHECK_OK(td_comm_init(&comm));
+    run_readfail(comm, dir);
+    td_comm_destroy(comm); /* the ranks' collectives may no longer match: no finalize */
   } else {
     fprintf(stderr, "usage: %s aio|enospc|estimate|leave|clean|fail DIR | refuse DIR space|file|readonly|missing | "
             "equal DIR adamw|sgd BF16 | init_range\n", argv[0]);

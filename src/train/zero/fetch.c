@@ -61,10 +61,11 @@ static void fail(td_trainer *t, td_status st, const char *what, size_t lo, size_
 static void fail_disk(td_trainer *t, const char *what, size_t lo, size_t hi) {
   char why[1024];
   td_error_copy(why, sizeof why);
+  if (t->zero->status == TD_OK) t->zero->status_from_disk = true;
   fail_why(t, TD_ERR_IO, what, lo, hi, why);
 }
 
-static void launch_broadcasts(td_trainer *t, zero_live *l);
+static void launch_broadcasts(td_trainer *t, zero_live *l, bool after_disk_failure);
 
 /* Launch the broadcasts of [lo, hi) from their owners; a live entry. */
 static zero_live *launch(td_trainer *t, size_t lo, size_t hi) {
@@ -76,21 +77,24 @@ static zero_live *launch(td_trainer *t, size_t lo, size_t hi) {
   zero_live *l = &z->live[z->n_live++];
   *l = (zero_live){lo, hi, z->n_fetch_pieces, 0, true, false, false, ++z->use_clock, false, NULL};
   z->live_floats += hi - lo;
-  if (offload_params_on_disk(t) && z->status == TD_OK) {
-    if (offload_params_read(t, lo, hi, &l->disk_req) != TD_OK) fail_disk(t, "reading", lo, hi);
+  if (offload_params_on_disk(t)) {
+    if (z->status == TD_OK && offload_params_read(t, lo, hi, &l->disk_req) != TD_OK) fail_disk(t, "reading", lo, hi);
     l->deferred = true; /* on every rank alike, so the broadcasts keep one order */
     return l;
   }
-  launch_broadcasts(t, l);
+  launch_broadcasts(t, l, false);
   return l;
 }
 
-static void launch_broadcasts(td_trainer *t, zero_live *l) {
+/* after_disk_failure: this rank's parameter read failed, but the
+ * communicator is fine and the peers are about to broadcast: take part
+ * (with whatever the arena holds), so nobody waits; the step fails here. */
+static void launch_broadcasts(td_trainer *t, zero_live *l, bool after_disk_failure) {
   zero_state *z = t->zero;
   size_t lo = l->lo, hi = l->hi;
   l->first_piece = z->n_fetch_pieces;
   l->n_pieces = 0;
-  if (!t->comm || t->world == 1 || z->status != TD_OK) {
+  if (!t->comm || t->world == 1 || (z->status != TD_OK && !after_disk_failure)) {
     l->pending = false;
     return;
   }
@@ -121,7 +125,7 @@ static void wait_live(td_trainer *t, zero_live *l) {
     l->deferred = false;
     if (offload_params_wait(t, l->disk_req) != TD_OK) fail_disk(t, "reading", l->lo, l->hi);
     l->disk_req = NULL;
-    launch_broadcasts(t, l);
+    launch_broadcasts(t, l, z->status_from_disk);
     if (!l->pending) return;
   }
   for (int i = l->first_piece; i < l->first_piece + l->n_pieces; i++) {

@@ -68,6 +68,7 @@ typedef struct zero_state {
   size_t live_floats;
   unsigned long use_clock;
   td_status status; /* first failure inside a fetch (the model cannot see it) */
+  bool status_from_disk; /* NVMe offload: that failure was a parameter read; the communicator is fine */
   bool gathered;    /* td_trainer_gather_params materialized the whole arena */
 
   /* measured model-state bytes (resident pages of params and grads, plus
