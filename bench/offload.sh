@@ -78,7 +78,7 @@ rm -rf "$dir"/tandem-offload-*
 fio_out=$(mktemp /tmp/tandem-offload-bench-fio.XXXXXX)
 for rw in write read; do
   fio --name=fio-$rw --directory="$dir" --filename_format='fio-$jobnum' --rw=$rw --bs=1M --direct=1 \
-      --ioengine=io_uring --iodepth=16 --numjobs=2 --size=4G --group_reporting --output-format=terse \
+      --ioengine=io_uring --iodepth=16 --numjobs=2 --size=2G --group_reporting --output-format=terse \
       --terse-version=3 >>"$fio_out" 2>&1
 done
 # terse v3: field 7 = read bandwidth KiB/s, field 48 = write bandwidth KiB/s
@@ -94,7 +94,7 @@ echo "offload.sh: fio 1 MiB O_DIRECT io_uring qd16 x 2 jobs on $dir: write ${fio
   echo
   echo '```'
   cat "$log.head"
-  grep -E "world=|step [0-9]+/|final_loss|precision=|offload rank" "$log"
+  grep -E "world=|step [0-9]+/|final_loss|precision=|offload step" "$log"
   echo "per-step metrics (rank 0):"
   cat "$metrics"
   echo "peak summed VmRSS of both ranks: $((peak_kib / 1024)) MiB; wall $((t1 - t0)) s; exit $rc"

@@ -190,20 +190,21 @@ static void print_estimates(const td_model *model, const td_train_config *cfg, i
   fflush(stdout);
 }
 
-/* NVMe offload: one line per rank (every rank prints its own) with where
- * the time went and the disk bandwidth, and the rank's peak RSS. */
-static void print_offload(const app_run *run) {
+/* NVMe offload: after every step, one line per rank (every rank prints its
+ * own) with the counters since the start: where the time went, the disk
+ * bandwidth, and the rank's peak RSS. Nothing without offload. */
+static void print_offload(const app_run *run, long step) {
   td_offload_stats os;
   if (td_trainer_offload_stats(run->trainer, &os) != TD_OK || !os.engine[0]) return;
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);
   const double gb = 1e9;
   double moved = (double)(os.bytes_read + os.bytes_written);
-  printf("%s: offload rank=%d engine=%s o_direct=%d disk_bytes=%zu read_bytes=%llu write_bytes=%llu "
+  printf("%s: offload step=%ld rank=%d engine=%s o_direct=%d disk_bytes=%zu read_bytes=%llu write_bytes=%llu "
          "direct_fraction=%.3f io_busy_s=%.1f disk_gb_per_s=%.3f io_wait_s=%.1f optimizer_s=%.1f "
          "optimizer_update_s=%.1f optimizer_read_wait_s=%.1f optimizer_write_wait_s=%.1f param_read_wait_s=%.1f "
          "max_rss_mib=%.1f\n",
-         app_name, run->rank, os.engine, os.direct, os.disk_bytes, (unsigned long long)os.bytes_read,
+         app_name, step, run->rank, os.engine, os.direct, os.disk_bytes, (unsigned long long)os.bytes_read,
          (unsigned long long)os.bytes_written, moved > 0 ? (double)os.direct_bytes / moved : 0.0, os.io_busy_s,
          os.io_busy_s > 0 ? moved / gb / os.io_busy_s : 0.0, os.io_wait_s, os.opt_s, os.opt_compute_s,
          os.opt_read_wait_s, os.opt_write_wait_s, os.param_wait_s, ru.ru_maxrss / 1024.0);
@@ -294,7 +295,10 @@ int main(int argc, char **argv) {
   app_start_progress(&run, rc->steps, rc->steps_per_print);
 
   double t0 = app_now();
-  while (td_trainer_step_count(run.trainer) < rc->steps) app_step(&run);
+  while (td_trainer_step_count(run.trainer) < rc->steps) {
+    app_step(&run);
+    print_offload(&run, td_trainer_step_count(run.trainer)); /* with NVMe offload: the counters so far, each rank */
+  }
   double train_s = app_now() - t0;
   td_progress_finish(run.progress);
 
@@ -347,7 +351,6 @@ int main(int argc, char **argv) {
     fflush(stdout);
   }
 
-  print_offload(&run);
   td_trainer_destroy(run.trainer);
   run.trainer = NULL;
   app_end(&run);
