@@ -73,6 +73,7 @@ struct td_aio {
   double busy_since;
   bool stop;
   bool warned_buffered;
+  bool warned_ring;
   pthread_t *threads;
   int n_threads;
 #ifdef TD_HAVE_URING
@@ -183,7 +184,7 @@ static void *driver_main(void *arg) {
   td_aio *aio = arg;
   pthread_mutex_lock(&aio->mu);
   for (;;) {
-    int queued = 0;
+
     while (aio->head && aio->inflight < aio->cfg.queue_depth) {
       struct io_uring_sqe *sqe = io_uring_get_sqe(&aio->ring);
       if (!sqe) break;
@@ -194,28 +195,25 @@ static void *driver_main(void *arg) {
         io_uring_prep_read(sqe, p->fd, p->buf + p->done, (unsigned)(p->len - p->done), p->offset + p->done);
       io_uring_sqe_set_data(sqe, p);
       aio->inflight++;
-      queued++;
+
     }
-    if (queued) {
-      int rc = io_uring_submit(&aio->ring);
-      if (rc < 0) { /* nothing went in: fail what we prepared (cannot happen with a valid ring) */
-        TD_WARN("%s: io_uring_submit failed: %s", aio->who, strerror(-rc));
-      }
-    }
+
     if (aio->inflight == 0) {
       if (aio->stop && !aio->head) break;
       pthread_cond_wait(&aio->work_cv, &aio->mu);
       continue;
     }
     pthread_mutex_unlock(&aio->mu);
-    struct io_uring_cqe *cqe = NULL;
-    int rc = io_uring_wait_cqe(&aio->ring, &cqe);
+    /* submits what was prepared (also entries a failed call left in the
+     * ring) and blocks for at least one completion */
+    int rc = io_uring_submit_and_wait(&aio->ring, 1);
     pthread_mutex_lock(&aio->mu);
-    if (rc < 0) {
-      if (rc == -EINTR || rc == -EAGAIN) continue;
-      TD_WARN("%s: io_uring_wait_cqe failed: %s", aio->who, strerror(-rc));
-      continue;
+    if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY && !aio->warned_ring) {
+      aio->warned_ring = true;
+      TD_WARN("%s: io_uring_submit_and_wait failed: %s (retrying; TANDEM_AIO=threads avoids io_uring)", aio->who,
+              strerror(-rc));
     }
+    struct io_uring_cqe *cqe = NULL;
     /* reap everything ready */
     unsigned head, seen = 0;
     io_uring_for_each_cqe(&aio->ring, head, cqe) {
