@@ -8,6 +8,8 @@
 #
 #   bench/offload.sh [NVME_DIR] [STEPS]      (default /tmp/tandem-offload-bench, 5)
 #
+# MODEL="--layers 4 ..." and OUT=FILE run a smaller model into another
+# results file (NEED_GB lowers the free-space check).
 # Needs ~32 GB free under NVME_DIR (checked first; 45 GB asked for margin)
 # and holds /tmp/tandem-bigmem.lock for the run (the ranks' RSS is ~12 GiB
 # together). Peak RSS of each rank is read from /proc/PID/status (VmHWM)
@@ -26,7 +28,7 @@ if [ "$free_gb" -lt "$need_gb" ]; then
   exit 1
 fi
 make -j2 all >/dev/null || exit 1
-out=bench/results/offload-$(date -u +%Y-%m-%d).md
+out=${OUT:-bench/results/offload-$(date -u +%Y-%m-%d).md}
 log=$(mktemp /tmp/tandem-offload-bench-log.XXXXXX)
 cfg=$(mktemp /tmp/tandem-offload-bench-cfg.XXXXXX.json)
 cat >"$cfg" <<EOF
@@ -43,7 +45,7 @@ EOF
 data=$(mktemp /tmp/tandem-offload-bench-text.XXXXXX)
 python3 -c "import sys; open(sys.argv[1], 'w').write('the quick brown fox jumps over the lazy dog. ' * 4000)" "$data"
 metrics=$(mktemp /tmp/tandem-offload-bench-metrics.XXXXXX)
-model="--layers 32 --channels 2560 --heads 20 --seq 32 --micro-batch 1"
+model=${MODEL:-"--layers 32 --channels 2560 --heads 20 --seq 32 --micro-batch 1"}
 trap 'rm -rf "$dir"/tandem-offload-* "$dir"/fio-* "$cfg" "$log" "$log.rss" "$log.head" "$data" "$metrics"' EXIT
 
 echo "offload.sh: load before: $(uptime)" | tee "$log.head"
