@@ -3,6 +3,7 @@
  * training state that live in files instead of RAM, and the hooks
  * trainer.c, zero/shard.c and zero/fetch.c call.
  *
+ *   offload.c        creation and removal: files, buffers, engine; counters
  *   aio.c            asynchronous I/O (io_uring, or pread/pwrite threads)
  *   offload_config.c the config keys (offload_optimizer, offload_param,
  *                    sub_group_size, aio) and their checks
@@ -83,7 +84,7 @@ size_t td_offload_buffer_bytes(const td_train_config *cfg, size_t shard_params);
 td_status offload_dir_create(td_trainer *t, const char *path, size_t needed);
 void offload_dir_remove(offload_state *o); /* files and directory; NULL-safe */
 
-/* ---- trainer hooks (offload.c parts spread over the files above) ---- */
+/* ---- offload.c: the trainer hooks ---- */
 /* After zero_create: NULL t->offload when nothing is offloaded to disk;
  * otherwise the directory, files, buffers, engine. Local. */
 td_status offload_create(td_trainer *t);
