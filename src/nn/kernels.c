@@ -106,6 +106,13 @@ int nn_gemm_lowp(td_dtype dtype, int trans_a, int trans_b, int M, int N, int K, 
   return kern()->k_nn_gemm_lowp(dtype, trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, bias, C, ldc);
 }
 
+int nn_gemm_lowp_ep(td_dtype dtype, int trans_a, int trans_b, int M, int N, int K, const float *A, int lda,
+                    const float *B, int ldb, const float *c_in, int ld_in, const float *bias, float *C, int ldc,
+                    int epilogue, float *aux, float *colsum) {
+  return kern()->k_nn_gemm_lowp_ep(dtype, trans_a, trans_b, M, N, K, A, lda, B, ldb, c_in, ld_in, bias, C, ldc,
+                                   epilogue, aux, colsum);
+}
+
 void td_linear_forward(float *out, const float *inp, const float *weight, const float *bias, int N, int IC, int OC) {
   kern()->k_td_linear_forward(out, inp, weight, bias, N, IC, OC);
 }

@@ -222,6 +222,18 @@ int nn_matmul_threads(void);
 int nn_gemm_lowp(td_dtype dtype, int trans_a, int trans_b, int M, int N, int K, const float *A, int lda,
                  const float *B, int ldb, float beta, const float *bias, float *C, int ldc);
 
+/* nn_gemm_lowp fused with what the linear layers do around it, in the
+ * store of each tile instead of passes over C: C (M, N) = op(A) op(B) +
+ * [c_in (rows ld_in apart; may be C: accumulate)] + [bias], then the
+ * epilogue (NN_GEMM_GELU / NN_GEMM_MUL below, aux (M, N) rows ldc apart,
+ * not overlapping C); and colsum (M) += the sum over k of op(A)[i][k] (the
+ * f32 values, in depth order: the bias gradient of the weight-gradient
+ * product, read while op(A) is packed) unless NULL. Returns 0, computing
+ * nothing, for another dtype or out of memory (colsum untouched then). */
+int nn_gemm_lowp_ep(td_dtype dtype, int trans_a, int trans_b, int M, int N, int K, const float *A, int lda,
+                    const float *B, int ldb, const float *c_in, int ld_in, const float *bias, float *C, int ldc,
+                    int epilogue, float *aux, float *colsum);
+
 /* The portable matmul, also used when OpenBLAS is present by the tests that
  * check it against OpenBLAS. Same contract as td_sgemm. */
 void nn_sgemm_portable(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A, int lda,
