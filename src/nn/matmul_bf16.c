@@ -316,9 +316,10 @@ static void bf_tile_t(int kp, const uint32_t *a, size_t mcp, const uint32_t *bp,
   bf_tile_any(kp, a, 1, mcp, bp, c, ldc, mr, nr, first, last, st);
 }
 
-/* Blocking: for each depth block, op(A) is packed once (all rows), then for
- * each column block op(B)'s panels (once), then the tiles, row block by row
- * block. Returns 0 when out of memory (nothing written). */
+/* Blocking: for each depth block, for each column block, op(B)'s panels
+ * (once), then the tiles, row block by row block; op(A)'s row block is
+ * packed right before its tiles in the first column block and read again
+ * by the others. Returns 0 when out of memory (nothing written). */
 static int gemm_bf16_native(int trans_a, int trans_b, int M, int N, int K, const float *A, int lda, const float *B,
                             int ldb, const float *c_in, size_t ld_in, float beta, const float *bias, float *C,
                             int ldc, int epilogue, float *aux, float *colsum) {
@@ -332,15 +333,15 @@ static int gemm_bf16_native(int trans_a, int trans_b, int M, int N, int K, const
   if (!bf_bpanel || !bf_apanel) return 0;
   for (int k0 = 0; k0 < K; k0 += BF_KC) {
     int kc = TD_MIN(BF_KC, K - k0), kp = (kc + 1) / 2, first = k0 == 0, last = k0 + kc >= K;
-    for (int i0 = 0; i0 < M; i0 += BF_MC)
-      bf_pack_a(bf_apanel + (size_t)(i0 / BF_MC) * BF_MC * BF_KC, trans_a, A, (size_t)lda, i0, TD_MIN(BF_MC, M - i0),
-                k0, kc, colsum);
     for (int j0 = 0; j0 < N; j0 += BF_NC) {
       int nc = TD_MIN(BF_NC, N - j0);
       bf_pack_b(bf_bpanel, trans_b, B, (size_t)ldb, k0, kc, j0, nc);
       for (int i0 = 0; i0 < M; i0 += BF_MC) {
         int mc = TD_MIN(BF_MC, M - i0);
-        const uint32_t *apairs = (const uint32_t *)(bf_apanel + (size_t)(i0 / BF_MC) * BF_MC * BF_KC);
+        uint16_t *ablock = bf_apanel + (size_t)(i0 / BF_MC) * BF_MC * BF_KC;
+        /* packed just before its first use (still in L1/L2 for the tiles), kept for the next column blocks */
+        if (j0 == 0) bf_pack_a(ablock, trans_a, A, (size_t)lda, i0, mc, k0, kc, colsum);
+        const uint32_t *apairs = (const uint32_t *)ablock;
         size_t rp = (size_t)kp, mcp = (size_t)(mc + BF_MR - 1) / BF_MR * BF_MR;
         for (int jp = 0; jp < nc; jp += BF_NR) {
           const uint32_t *bp = bf_bpanel + (size_t)(jp / BF_NR) * kp * BF_NR;
