@@ -107,10 +107,11 @@ static int gemm_lowp_rounded(td_dtype dtype, int trans_a, int trans_b, int M, in
 _Static_assert(BF_KC % 2 == 0 && BF_MC % BF_MR == 0 && BF_NC % BF_NR == 0, "blocks are whole pairs and tiles");
 
 static __thread uint32_t *bf_bpanel; /* (BF_KC/2) x BF_NC pairs */
-/* op(A)'s rows for one depth block, all of them: ceil(M / BF_MC) blocks of
- * BF_MC x BF_KC bf16, packed once per depth block and read by every column
- * block (packing them per column block again cost ~4% of a bf16 GPT step:
- * the products' N is 768 or 1024 there, two column blocks) */
+/* op(A)'s rows for one depth block: where N spans several column blocks,
+ * all ceil(M / BF_MC) row blocks of BF_MC x BF_KC bf16, packed in the first
+ * column block and read again by the others (packing them per column block
+ * again cost ~4% of a bf16 GPT step: N is 768 or 1024 in half of its
+ * products); else one row block, reused row block after row block */
 static __thread uint16_t *bf_apanel;
 static __thread size_t bf_apanel_blocks;
 
@@ -323,7 +324,10 @@ static void bf_tile_t(int kp, const uint32_t *a, size_t mcp, const uint32_t *bp,
 static int gemm_bf16_native(int trans_a, int trans_b, int M, int N, int K, const float *A, int lda, const float *B,
                             int ldb, const float *c_in, size_t ld_in, float beta, const float *bias, float *C,
                             int ldc, int epilogue, float *aux, float *colsum) {
-  size_t a_blocks = (size_t)(M + BF_MC - 1) / BF_MC;
+  /* with one column block, every row block is packed into the same place
+   * (a buffer that stays in L2); with more, each keeps its own for reuse */
+  int keep_a = N > BF_NC;
+  size_t a_blocks = keep_a ? (size_t)(M + BF_MC - 1) / BF_MC : 1;
   if (!bf_bpanel) bf_bpanel = td_alloc((size_t)(BF_KC / 2) * BF_NC * sizeof(uint32_t));
   if (bf_apanel_blocks < a_blocks) {
     td_free(bf_apanel);
@@ -338,7 +342,7 @@ static int gemm_bf16_native(int trans_a, int trans_b, int M, int N, int K, const
       bf_pack_b(bf_bpanel, trans_b, B, (size_t)ldb, k0, kc, j0, nc);
       for (int i0 = 0; i0 < M; i0 += BF_MC) {
         int mc = TD_MIN(BF_MC, M - i0);
-        uint16_t *ablock = bf_apanel + (size_t)(i0 / BF_MC) * BF_MC * BF_KC;
+        uint16_t *ablock = bf_apanel + (keep_a ? (size_t)(i0 / BF_MC) * BF_MC * BF_KC : 0);
         /* packed just before its first use (still in L1/L2 for the tiles), kept for the next column blocks */
         if (j0 == 0) bf_pack_a(ablock, trans_a, A, (size_t)lda, i0, mc, k0, kc, colsum);
         const uint32_t *apairs = (const uint32_t *)ablock;
