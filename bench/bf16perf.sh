@@ -7,7 +7,8 @@
 #
 # train-gpt, reference configuration (4 layers, 256 channels, micro-batch 8
 # per rank, sequence 128), fp32 and --bf16, at 1 rank x 1 thread and 2 ranks
-# x 1 thread, interleaved round by round; medians of tokens/s (wall, after
+# x 1 thread, interleaved round by round (the order reversed every other
+# round); medians of tokens/s (wall, after
 # the first two steps) and of rank 0's CPU milliseconds per step over the
 # same steps (steadier than wall time when other jobs load the machine).
 # --base DIR adds a third variant, --bf16 from another build tree (the
@@ -46,7 +47,11 @@ variants="fp32 bf16"
 [ -n "$base" ] && variants="fp32 bf16 base"
 declare -A tps cpu
 for ((r = 1; r <= rounds; r++)); do
-  for v in $variants; do
+  # the order reverses every other round: a variant that always ran after
+  # another one came out ~5% off on the loaded machine
+  order=$variants
+  ((r % 2 == 0)) && order=$(echo "$variants" | tr ' ' '\n' | tac | tr '\n' ' ')
+  for v in $order; do
     bin=$B/bin; flag=""
     [ "$v" != fp32 ] && flag=--bf16
     [ "$v" = base ] && bin=$base/bin
