@@ -67,8 +67,14 @@ static __thread float *lowp_scratch;
 static __thread size_t lowp_scratch_n;
 
 /* The portable path (see the top of the file). Returns 0 when out of memory. */
-static int gemm_lowp_rounded(td_dtype dtype, int trans_a, int trans_b, int M, int N, int K, const float *A, int lda,
-                             const float *B, int ldb, float beta, const float *bias, float *C, int ldc) {
+/* dst[i] = the bf16 src[i] as f32 (exact) */
+static void widen_row(float *restrict dst, const uint16_t *restrict src, size_t n) {
+  for (size_t i = 0; i < n; i++) dst[i] = td_bf16_to_f32(src[i]);
+}
+
+static int gemm_lowp_rounded(td_dtype dtype, int trans_a, int trans_b, int M, int N, int K, const float *A,
+                             const uint16_t *A16, int lda, const float *B, const uint16_t *B16, int ldb, float beta,
+                             const float *bias, float *C, int ldc) {
   size_t na = (size_t)M * K, nb = (size_t)K * N;
   if (lowp_scratch_n < na + nb) {
     td_free(lowp_scratch);
@@ -80,8 +86,17 @@ static int gemm_lowp_rounded(td_dtype dtype, int trans_a, int trans_b, int M, in
   float *ar = lowp_scratch, *br = lowp_scratch + na;
   int a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
   int b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
-  for (int r = 0; r < a_rows; r++) round_row(ar + (size_t)r * a_cols, A + (size_t)r * lda, (size_t)a_cols, dtype);
-  for (int r = 0; r < b_rows; r++) round_row(br + (size_t)r * b_cols, B + (size_t)r * ldb, (size_t)b_cols, dtype);
+  /* a bf16 copy is already rounded: widened back, it gives the same values */
+  for (int r = 0; r < a_rows; r++)
+    if (A16)
+      widen_row(ar + (size_t)r * a_cols, A16 + (size_t)r * lda, (size_t)a_cols);
+    else
+      round_row(ar + (size_t)r * a_cols, A + (size_t)r * lda, (size_t)a_cols, dtype);
+  for (int r = 0; r < b_rows; r++)
+    if (B16)
+      widen_row(br + (size_t)r * b_cols, B16 + (size_t)r * ldb, (size_t)b_cols);
+    else
+      round_row(br + (size_t)r * b_cols, B + (size_t)r * ldb, (size_t)b_cols, dtype);
   if (bias) {
     for (int i = 0; i < M; i++) {
       float *restrict c = C + (size_t)i * ldc;
@@ -131,14 +146,33 @@ static inline __m512i interleave_pairs(__m512 v0, __m512 v1) {
   return _mm512_permutexvar_epi16(idx, (__m512i)_mm512_cvtne2ps_pbh(v1, v0));
 }
 
+/* n (<= 32) bf16 of a row as a vector, the rest zero */
+static inline __m512i load32h(const uint16_t *p, int n) {
+  return n >= 32 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi16(n <= 0 ? 0 : (__mmask32)((1ull << n) - 1u), p);
+}
+
 /* bp: the block op(B)[k0 : k0+kc, j0 : j0+nc] as 32-column panels of pairs,
- * panel q at bp + q * (kp * 32), kp = ceil(kc / 2); zeros past nc and kc. */
-static void bf_pack_b(uint32_t *restrict bp, int trans_b, const float *B, size_t ldb, int k0, int kc, int j0, int nc) {
+ * panel q at bp + q * (kp * 32), kp = ceil(kc / 2); zeros past nc and kc.
+ * B16 (not transposed only): B's bf16 copy (rows ldb apart), read instead
+ * of B: the pairs are interleaved from half the bytes, with no conversion. */
+static void bf_pack_b(uint32_t *restrict bp, int trans_b, const float *B, const uint16_t *B16, size_t ldb, int k0,
+                      int kc, int j0, int nc) {
   int kp = (kc + 1) / 2;
   for (int q = 0; q * BF_NR < nc; q++) {
     uint32_t *panel = bp + (size_t)q * kp * BF_NR;
     int jn = TD_MIN(BF_NR, nc - q * BF_NR), jb = j0 + q * BF_NR;
-    if (!trans_b) {
+    if (!trans_b && B16) {
+      /* pair j of the 32: (row 2p [j], row 2p+1 [j]) */
+      const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
+                                          37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+      const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+      for (int p = 0; p < kp; p++) {
+        const uint16_t *r0 = B16 + (size_t)(k0 + 2 * p) * ldb + jb;
+        __m512i v0 = load32h(r0, jn), v1 = 2 * p + 1 < kc ? load32h(r0 + ldb, jn) : _mm512_setzero_si512();
+        _mm512_storeu_si512(panel + (size_t)p * BF_NR, _mm512_permutex2var_epi16(v0, lo, v1));
+        _mm512_storeu_si512(panel + (size_t)p * BF_NR + 16, _mm512_permutex2var_epi16(v0, hi, v1));
+      }
+    } else if (!trans_b) {
       /* rows 2p and 2p+1 of B, 16 columns at a time, interleaved */
       for (int p = 0; p < kp; p++) {
         const float *r0 = B + (size_t)(k0 + 2 * p) * ldb + jb;
@@ -184,11 +218,24 @@ static void bf_pack_b(uint32_t *restrict bp, int trans_b, const float *B, size_t
  * (a zero after an odd depth), BF_MR-padded with zero rows. colsum: unless
  * NULL, colsum[i] += op(A)[i][k] over the block's depths, in order (the
  * bias gradient of the weight-gradient product, from the f32 values). */
-static void bf_pack_a(uint16_t *restrict ap, int trans_a, const float *A, size_t lda, int i0, int mc, int k0, int kc,
-                      float *colsum) {
+static void bf_pack_a(uint16_t *restrict ap, int trans_a, const float *A, const uint16_t *A16, size_t lda, int i0,
+                      int mc, int k0, int kc, float *colsum) {
   int kp = (kc + 1) / 2, mcp = (mc + BF_MR - 1) / BF_MR * BF_MR;
   size_t rs = (size_t)kp * 2; /* bf16 per packed row */
-  if (!trans_a) {
+  if (!trans_a && A16) {
+    /* A's bf16 copy: the rows are already what the tiles read */
+    for (int i = 0; i < mc; i++) {
+      uint16_t *d = ap + (size_t)i * rs;
+      memcpy(d, A16 + (size_t)(i0 + i) * lda + k0, (size_t)kc * sizeof(uint16_t));
+      if (kc & 1) d[kc] = 0;
+      if (colsum) {
+        const float *row = A + (size_t)(i0 + i) * lda + k0;
+        float s = colsum[i0 + i];
+        for (int k = 0; k < kc; k++) s += row[k];
+        colsum[i0 + i] = s;
+      }
+    }
+  } else if (!trans_a) {
     for (int i = 0; i < mc; i++) {
       const float *row = A + (size_t)(i0 + i) * lda + k0;
       uint16_t *d = ap + (size_t)i * rs;
@@ -236,10 +283,12 @@ typedef struct bf_store {
   const float *bias; /* first depth block: + bias (NULL: nothing), at this tile's column */
   int epilogue;      /* last depth block: NN_GEMM_* on the final value */
   float *aux;        /* NN_GEMM_GELU / NN_GEMM_MUL's (M, N), rows ldc apart, at this tile */
+  uint16_t *c16;     /* last depth block: the final C rounded to bf16 too, rows ldc apart (NULL: not) */
 } bf_store;
 
 /* One row of a tile's final values x0, x1 (16 + 16 lanes, masks m0, m1) stored with the epilogue. */
-static inline void bf_store_row(float *cr, float *ar, __m512 x0, __m512 x1, __mmask16 m0, __mmask16 m1, int epilogue) {
+static inline void bf_store_row(float *cr, float *ar, uint16_t *c16, __m512 x0, __m512 x1, __mmask16 m0, __mmask16 m1,
+                                int epilogue) {
   if (epilogue == NN_GEMM_GELU) {
     nn_v16f v0 = (nn_v16f)x0, v1 = (nn_v16f)x1;
     nn_v16f s0 = nn_gelu_sigmoid_v16(v0), s1 = nn_gelu_sigmoid_v16(v1);
@@ -253,6 +302,10 @@ static inline void bf_store_row(float *cr, float *ar, __m512 x0, __m512 x1, __mm
   }
   _mm512_mask_storeu_ps(cr, m0, x0);
   _mm512_mask_storeu_ps(cr + 16, m1, x1);
+  if (c16) {
+    _mm256_mask_storeu_epi16(c16, m0, cvt16(x0));
+    _mm256_mask_storeu_epi16(c16 + 16, m1, cvt16(x1));
+  }
 }
 
 /* One 12 x 32 tile over kp pairs: A's pair (row r, pair p) is at a[r *
@@ -301,7 +354,8 @@ static inline __attribute__((always_inline)) void bf_tile_any(int kp, const uint
       x0 = _mm512_add_ps(x0, _mm512_maskz_loadu_ps(m0, cr));
       x1 = _mm512_add_ps(x1, _mm512_maskz_loadu_ps(m1, cr + 16));
     }
-    bf_store_row(cr, ep ? st->aux + (size_t)r * ldc : NULL, x0, x1, m0, m1, ep);
+    bf_store_row(cr, ep ? st->aux + (size_t)r * ldc : NULL, last && st->c16 ? st->c16 + (size_t)r * ldc : NULL, x0, x1,
+                 m0, m1, ep);
   }
 }
 
@@ -321,9 +375,10 @@ static void bf_tile_t(int kp, const uint32_t *a, size_t mcp, const uint32_t *bp,
  * (once), then the tiles, row block by row block; op(A)'s row block is
  * packed right before its tiles in the first column block and read again
  * by the others. Returns 0 when out of memory (nothing written). */
-static int gemm_bf16_native(int trans_a, int trans_b, int M, int N, int K, const float *A, int lda, const float *B,
-                            int ldb, const float *c_in, size_t ld_in, float beta, const float *bias, float *C,
-                            int ldc, int epilogue, float *aux, float *colsum) {
+static int gemm_bf16_native(int trans_a, int trans_b, int M, int N, int K, const float *A, const uint16_t *A16,
+                            int lda, const float *B, const uint16_t *B16, int ldb, const float *c_in, size_t ld_in,
+                            float beta, const float *bias, float *C, int ldc, uint16_t *C16, int epilogue, float *aux,
+                            float *colsum) {
   /* with one column block, every row block is packed into the same place
    * (a buffer that stays in L2); with more, each keeps its own for reuse */
   int keep_a = N > BF_NC;
@@ -339,12 +394,12 @@ static int gemm_bf16_native(int trans_a, int trans_b, int M, int N, int K, const
     int kc = TD_MIN(BF_KC, K - k0), kp = (kc + 1) / 2, first = k0 == 0, last = k0 + kc >= K;
     for (int j0 = 0; j0 < N; j0 += BF_NC) {
       int nc = TD_MIN(BF_NC, N - j0);
-      bf_pack_b(bf_bpanel, trans_b, B, (size_t)ldb, k0, kc, j0, nc);
+      bf_pack_b(bf_bpanel, trans_b, B, B16, (size_t)ldb, k0, kc, j0, nc);
       for (int i0 = 0; i0 < M; i0 += BF_MC) {
         int mc = TD_MIN(BF_MC, M - i0);
         uint16_t *ablock = bf_apanel + (keep_a ? (size_t)(i0 / BF_MC) * BF_MC * BF_KC : 0);
         /* packed just before its first use (still in L1/L2 for the tiles), kept for the next column blocks */
-        if (j0 == 0) bf_pack_a(ablock, trans_a, A, (size_t)lda, i0, mc, k0, kc, colsum);
+        if (j0 == 0) bf_pack_a(ablock, trans_a, A, A16, (size_t)lda, i0, mc, k0, kc, colsum);
         const uint32_t *apairs = (const uint32_t *)ablock;
         size_t rp = (size_t)kp, mcp = (size_t)(mc + BF_MR - 1) / BF_MR * BF_MR;
         for (int jp = 0; jp < nc; jp += BF_NR) {
@@ -354,7 +409,7 @@ static int gemm_bf16_native(int trans_a, int trans_b, int M, int N, int K, const
             size_t row = (size_t)(i0 + ir), col = (size_t)(j0 + jp);
             float *c = C + row * ldc + col;
             bf_store st = {c_in ? c_in + row * ld_in + col : NULL, ld_in, beta, bias ? bias + col : NULL, epilogue,
-                           aux ? aux + row * ldc + col : NULL};
+                           aux ? aux + row * ldc + col : NULL, C16 ? C16 + row * ldc + col : NULL};
             if (!trans_a)
               bf_tile(kp, apairs + (size_t)ir * rp, rp, bp, c, (size_t)ldc, TD_MIN(BF_MR, mc - ir), nr, first, last,
                       &st);
@@ -391,14 +446,23 @@ static void lowp_colsum(int trans_a, int M, int K, const float *A, int lda, floa
 
 /* Both entry points: C = beta c_in + op(A) op(B) + bias, then the epilogue
  * (c_in NULL or beta 0: not read; c_in may be C). */
-static int gemm_lowp_any(td_dtype dtype, int trans_a, int trans_b, int M, int N, int K, const float *A, int lda,
-                         const float *B, int ldb, const float *c_in, int ld_in, float beta, const float *bias, float *C,
-                         int ldc, int epilogue, float *aux, float *colsum) {
+/* C16 (rows ldc apart): unless NULL, the final C rounded to bf16 as well */
+static void lowp_store16(int M, int N, const float *C, int ldc, uint16_t *C16) {
+  for (int i = 0; i < M && C16; i++) nn_to_bf16(C16 + (size_t)i * ldc, C + (size_t)i * ldc, (size_t)N);
+}
+
+static int gemm_lowp_any(td_dtype dtype, int trans_a, int trans_b, int M, int N, int K, const float *A,
+                         const uint16_t *A16, int lda, const float *B, const uint16_t *B16, int ldb, const float *c_in,
+                         int ld_in, float beta, const float *bias, float *C, int ldc, uint16_t *C16, int epilogue,
+                         float *aux, float *colsum) {
   if (M <= 0 || N <= 0) {
     if (M > 0 && colsum && K > 0) lowp_colsum(trans_a, M, K, A, lda, colsum);
     return 1;
   }
   if (dtype != TD_BF16 && dtype != TD_F16) return 0;
+  /* the bf16 copies only where they can stand for their operand */
+  if (dtype != TD_BF16 || trans_a) A16 = NULL;
+  if (dtype != TD_BF16 || trans_b) B16 = NULL;
   if (c_in && beta == 0.0f) c_in = NULL;
   if (K <= 0) {
     /* an empty product: C = beta c_in + bias, then the epilogue */
@@ -408,31 +472,53 @@ static int gemm_lowp_any(td_dtype dtype, int trans_a, int trans_b, int M, int N,
       for (int j = 0; j < N; j++) c[j] = (in ? beta * in[j] : 0.0f) + (bias ? bias[j] : 0.0f);
     }
     lowp_epilogue(M, N, C, ldc, epilogue, aux);
+    lowp_store16(M, N, C, ldc, C16);
     return 1;
   }
 #ifdef __AVX512BF16__
   if (dtype == TD_BF16)
-    return gemm_bf16_native(trans_a, trans_b, M, N, K, A, lda, B, ldb, c_in, (size_t)ld_in, beta, bias, C, ldc,
-                            epilogue, aux, colsum);
+    return gemm_bf16_native(trans_a, trans_b, M, N, K, A, A16, lda, B, B16, ldb, c_in, (size_t)ld_in, beta, bias, C,
+                            ldc, C16, epilogue, aux, colsum);
 #endif
   if (c_in && c_in != C)
     for (int i = 0; i < M; i++) memcpy(C + (size_t)i * ldc, c_in + (size_t)i * ld_in, (size_t)N * sizeof(float));
-  if (!gemm_lowp_rounded(dtype, trans_a, trans_b, M, N, K, A, lda, B, ldb, c_in ? beta : 0.0f, bias, C, ldc))
+  if (!gemm_lowp_rounded(dtype, trans_a, trans_b, M, N, K, A, A16, lda, B, B16, ldb, c_in ? beta : 0.0f, bias, C,
+                         ldc))
     return 0;
   lowp_epilogue(M, N, C, ldc, epilogue, aux);
+  lowp_store16(M, N, C, ldc, C16);
   if (colsum) lowp_colsum(trans_a, M, K, A, lda, colsum);
   return 1;
 }
 
 int nn_gemm_lowp(td_dtype dtype, int trans_a, int trans_b, int M, int N, int K, const float *A, int lda,
                  const float *B, int ldb, float beta, const float *bias, float *C, int ldc) {
-  return gemm_lowp_any(dtype, trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, beta, bias, C, ldc, NN_GEMM_PLAIN,
-                       NULL, NULL);
+  return gemm_lowp_any(dtype, trans_a, trans_b, M, N, K, A, NULL, lda, B, NULL, ldb, C, ldc, beta, bias, C, ldc, NULL,
+                       NN_GEMM_PLAIN, NULL, NULL);
 }
 
 int nn_gemm_lowp_ep(td_dtype dtype, int trans_a, int trans_b, int M, int N, int K, const float *A, int lda,
                     const float *B, int ldb, const float *c_in, int ld_in, const float *bias, float *C, int ldc,
                     int epilogue, float *aux, float *colsum) {
-  return gemm_lowp_any(dtype, trans_a, trans_b, M, N, K, A, lda, B, ldb, c_in, ld_in, 1.0f, bias, C, ldc, epilogue,
-                       aux, colsum);
+  return gemm_lowp_any(dtype, trans_a, trans_b, M, N, K, A, NULL, lda, B, NULL, ldb, c_in, ld_in, 1.0f, bias, C, ldc,
+                       NULL, epilogue, aux, colsum);
+}
+
+int nn_gemm_lowp_x(td_dtype dtype, int trans_a, int trans_b, int M, int N, int K, const float *A, const uint16_t *A16,
+                   int lda, const float *B, const uint16_t *B16, int ldb, const float *c_in, int ld_in,
+                   const float *bias, float *C, int ldc, uint16_t *C16, int epilogue, float *aux, float *colsum) {
+  return gemm_lowp_any(dtype, trans_a, trans_b, M, N, K, A, A16, lda, B, B16, ldb, c_in, ld_in, 1.0f, bias, C, ldc,
+                       C16, epilogue, aux, colsum);
+}
+
+void nn_to_bf16(uint16_t *dst, const float *src, size_t n) {
+  size_t i = 0;
+#ifdef __AVX512BF16__
+  /* the tail through the same instruction: the packs' rounding, to the bit */
+  for (; i < n; i += 16) {
+    int r = (int)TD_MIN((size_t)16, n - i);
+    _mm256_mask_storeu_epi16(dst + i, (__mmask16)((1u << r) - 1u), cvt16(load16(src + i, r)));
+  }
+#endif
+  for (; i < n; i++) dst[i] = td_f32_to_bf16(src[i]);
 }
