@@ -144,7 +144,8 @@ static void sweep_gemm(const nn_kernels *k, td_cpu_level level) {
     for (int ta = 0; ta < 2; ta++)
       for (int tb = 0; tb < 2; tb++)
         for (int u = 0; u < 4; u++)
-          check_gemm(k, level, ta, tb, sizes[s][0], sizes[s][1], sizes[s][2], u & 1, u >> 1, (int)((s + u) % 2));
+          if (s < 5 || u == 0 || u == 3) /* the large shapes: no copy, or both */
+            check_gemm(k, level, ta, tb, sizes[s][0], sizes[s][1], sizes[s][2], u & 1, u >> 1, (int)((s + u) % 2));
   /* K = 0: C = bias, its copy still written */
   check_gemm(k, level, 0, 0, 5, 9, 0, 1, 1, 1);
 }
