@@ -198,6 +198,10 @@ typedef struct app_run {
   double t_first_begin;      /* start of this run's first step */
   double t_last_end;         /* end of the latest step */
   double items_total;        /* items of all of this run's steps */
+  /* this process's CPU seconds (all threads) at the end of the second step
+   * and of the latest: a speed figure that load from other jobs on the
+   * machine does not stretch the way it stretches wall time */
+  double cpu_after_warmup, cpu_last_end;
   td_step_stats last;
 } app_run;
 
@@ -219,6 +223,10 @@ static void app_after_step(app_run *run, const td_step_stats *st, double t_begin
   run->last = *st;
   if (run->steps_this_run++ == 0) run->t_first_begin = t_begin;
   run->t_last_end = t_end;
+  struct timespec cpu;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cpu);
+  run->cpu_last_end = (double)cpu.tv_sec + cpu.tv_nsec * 1e-9;
+  if (run->steps_this_run == 2) run->cpu_after_warmup = run->cpu_last_end;
   double items = run->use_tokens ? (double)st->tokens : (double)st->samples;
   run->items_total += items;
   if (run->steps_this_run == 2) {
@@ -273,6 +281,13 @@ static double app_throughput(const app_run *run) {
   }
   double dt = run->t_last_end - run->t_first_begin;
   return dt > 0 && run->steps_this_run > 0 ? run->items_total / dt : 0;
+}
+
+/* This process's CPU milliseconds per step over the steps app_throughput
+ * counts (after the first two; 0 when there were no more than two). */
+static inline double app_cpu_ms_per_step(const app_run *run) {
+  return run->steps_this_run > 2 ? (run->cpu_last_end - run->cpu_after_warmup) * 1e3 / (double)(run->steps_this_run - 2)
+                                 : 0.0;
 }
 
 /* Start-up shared by the programs: communicator from the environment (a world

@@ -62,6 +62,17 @@ typedef struct gpt_acts {
   float *datt;     /* (T, T) */
   float *memory;   /* the one allocation all of the above point into */
   size_t bytes;    /* of memory */
+  /* bf16 copies of the activations that bf16 products read (layers_bf16.c),
+   * laid out as their f32 originals; allocated by the first forward at the
+   * bf16 compute type (acts16_ensure) */
+  int use16;          /* the last forward wrote them (backward reads them) */
+  uint16_t *ln1_16;   /* (L, B, T, C) */
+  uint16_t *atty_16;  /* (L, B, T, C) */
+  uint16_t *ln2_16;   /* (L, B, T, C) */
+  uint16_t *fchg_16;  /* (L, B, T, 4C): of fch_gelu */
+  uint16_t *lnf_16;   /* (B, T, C) */
+  uint16_t *memory16; /* the one allocation they point into */
+  size_t bytes16;     /* of memory16 */
 } gpt_acts;
 
 typedef struct gpt_model {
@@ -87,6 +98,7 @@ static size_t tensor_off(const gpt_model *g, int idx) { return g->tensors[idx].o
 static int layer_idx(const gpt_model *g, int l, int which) { return g->idx_layer0 + l * P_PER_LAYER + which; }
 
 static void acts_free(gpt_acts *a) {
+  td_free(a->memory16);
   td_free(a->memory);
   memset(a, 0, sizeof *a);
 }
@@ -148,6 +160,30 @@ static td_status acts_alloc(gpt_acts *a, const td_gpt_config *c, int B, int T, i
   a->ckpt = ckpt && c->layers > 0;
   a->bytes = total * sizeof(float);
   return TD_OK;
+}
+
+/* At the bf16 compute type, the bf16 copies (allocated once per acts):
+ * sets a->use16 to whether the forward about to run writes them. Out of
+ * memory only costs speed (the products pack from f32 then). */
+static void acts16_ensure(gpt_acts *a, const td_gpt_config *c) {
+  a->use16 = 0;
+  if (td_nn_compute_dtype() != TD_BF16) return;
+  size_t L = a->ckpt ? 1 : (size_t)c->layers, C = c->channels, BT = (size_t)a->B * a->T;
+  size_t n[] = {L * BT * C, L * BT * C, L * BT * C, L * BT * 4 * C, BT * C}, total = 0;
+  uint16_t **ptr[] = {&a->ln1_16, &a->atty_16, &a->ln2_16, &a->fchg_16, &a->lnf_16};
+  for (size_t i = 0; i < TD_ARRAY_SIZE(n); i++) total += (n[i] + 31) & ~(size_t)31; /* 64-byte aligned */
+  if (!a->memory16) {
+    a->memory16 = td_alloc(total * sizeof(uint16_t));
+    if (!a->memory16) return;
+    nn_advise_huge_pages(a->memory16, total * sizeof(uint16_t));
+    a->bytes16 = total * sizeof(uint16_t);
+    total = 0;
+    for (size_t i = 0; i < TD_ARRAY_SIZE(n); i++) {
+      *ptr[i] = a->memory16 + total;
+      total += (n[i] + 31) & ~(size_t)31;
+    }
+  }
+  a->use16 = 1;
 }
 
 static size_t gpt_activation_bytes(const td_model *model, int batch) {
@@ -217,13 +253,17 @@ static void block_forward(gpt_model *g, gpt_acts *a, const float *params, int l,
   float *ln2_mean = a->ln2_mean + s * sBT, *ln2_rstd = a->ln2_rstd + s * sBT;
   float *fch = a->fch + s * sBT * 4 * C, *fch_gelu = a->fch_gelu + s * sBT * 4 * C;
   float *res3 = a->res3 + (size_t)l * sBT * C;
-  td_layernorm_forward(ln1, ln1_mean, ln1_rstd, resid, W(P_LN1W), W(P_LN1B), BT, C);
-  td_linear_forward(qkv, ln1, W(P_QKVW), W(P_QKVB), BT, C, 3 * C);
-  td_attention_forward(atty, att, qkv, B, T, C, NH);
-  nn_linear_residual_forward(res2, resid, atty, W(P_PROJW), W(P_PROJB), BT, C, C);
-  td_layernorm_forward(ln2, ln2_mean, ln2_rstd, res2, W(P_LN2W), W(P_LN2B), BT, C);
-  nn_linear_gelu_forward(fch_gelu, fch, ln2, W(P_FCW), W(P_FCB), BT, C, 4 * C);
-  nn_linear_residual_forward(res3, res2, fch_gelu, W(P_FC2W), W(P_FC2B), BT, 4 * C, C);
+  /* bf16 copies of ln1, atty, ln2, fch_gelu, written by their producers for the products (NULL: none) */
+  uint16_t *ln1_16 = a->use16 ? a->ln1_16 + s * sBT * C : NULL, *atty_16 = a->use16 ? a->atty_16 + s * sBT * C : NULL;
+  uint16_t *ln2_16 = a->use16 ? a->ln2_16 + s * sBT * C : NULL;
+  uint16_t *fchg_16 = a->use16 ? a->fchg_16 + s * sBT * 4 * C : NULL;
+  nn_layernorm_forward16(ln1, ln1_16, ln1_mean, ln1_rstd, resid, W(P_LN1W), W(P_LN1B), BT, C);
+  nn_linear_forward16(qkv, NULL, NULL, NULL, ln1, ln1_16, W(P_QKVW), W(P_QKVB), BT, C, 3 * C);
+  nn_attention_forward16(atty, atty_16, att, qkv, B, T, C, NH);
+  nn_linear_forward16(res2, NULL, NULL, resid, atty, atty_16, W(P_PROJW), W(P_PROJB), BT, C, C);
+  nn_layernorm_forward16(ln2, ln2_16, ln2_mean, ln2_rstd, res2, W(P_LN2W), W(P_LN2B), BT, C);
+  nn_linear_forward16(fch_gelu, fchg_16, fch, NULL, ln2, ln2_16, W(P_FCW), W(P_FCB), BT, C, 4 * C);
+  nn_linear_forward16(res3, NULL, NULL, res2, fch_gelu, fchg_16, W(P_FC2W), W(P_FC2B), BT, 4 * C, C);
 #undef W
 }
 
@@ -235,6 +275,8 @@ static float gpt_forward_impl(gpt_model *g, gpt_acts *a, const float *params, co
   const int L = g->cfg.layers, C = g->cfg.channels, V = g->cfg.vocab;
   const int BT = B * T;
   const size_t sBT = (size_t)a->B * a->T;
+  acts16_ensure(a, &g->cfg);
+  if (a == &g->acts) g->base.activation_bytes = a->bytes + a->bytes16;
   params = unit_fetch(pa, params, unit_emb(g), L > 0 ? unit_layer(g, 0) : unit_final(g));
   td_embedding_forward(a->encoded, tokens, params + tensor_off(g, g->idx_wte), params + tensor_off(g, g->idx_wpe), B,
                        T, C);
@@ -249,10 +291,11 @@ static float gpt_forward_impl(gpt_model *g, gpt_acts *a, const float *params, co
   const int tied = g->idx_head < 0;
   params = unit_fetch(pa, params, unit_final(g), tied ? unit_wte(g) : unit_none);
   if (tied) params = unit_fetch(pa, params, unit_wte(g), unit_none);
-  td_layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, resid, params + tensor_off(g, g->idx_lnfw),
-                       params + tensor_off(g, g->idx_lnfb), BT, C);
+  uint16_t *lnf_16 = a->use16 ? a->lnf_16 : NULL;
+  nn_layernorm_forward16(a->lnf, lnf_16, a->lnf_mean, a->lnf_rstd, resid, params + tensor_off(g, g->idx_lnfw),
+                         params + tensor_off(g, g->idx_lnfb), BT, C);
   const float *head = params + tensor_off(g, tied ? g->idx_wte : g->idx_head);
-  td_linear_forward(a->probs, a->lnf, head, NULL, BT, C, V);
+  nn_linear_forward16(a->probs, NULL, NULL, NULL, a->lnf, lnf_16, head, NULL, BT, C, V);
   unit_release(pa, unit_final(g));
   if (tied) unit_release(pa, unit_wte(g));
   if (targets) return td_softmax_xent_forward(a->probs, a->probs, targets, BT, V);
@@ -313,7 +356,7 @@ static void gpt_backward(td_model *model, const float *params, float *grads, flo
   nn_softmax_xent_backward_set(a->dlogits, a->probs, targets, loss_scale, BT, V);
   const float *head = g->idx_head >= 0 ? params + tensor_off(g, g->idx_head) : params + tensor_off(g, g->idx_wte);
   float *dhead = grads + (g->idx_head >= 0 ? tensor_off(g, g->idx_head) : tensor_off(g, g->idx_wte));
-  nn_linear_backward_set(a->dbuf_c, dhead, NULL, a->dlogits, a->lnf, head, BT, C, V);
+  nn_linear_backward16(a->dbuf_c, dhead, NULL, a->dlogits, a->lnf, a->use16 ? a->lnf_16 : NULL, head, NULL, BT, C, V);
   if (g->idx_head >= 0) report(ready, ctx, g, g->idx_head);
   const float *last_res = L > 0 ? a->res3 + (L - 1) * sBT * C : a->encoded;
   memset(a->dres, 0, (size_t)BT * C * sizeof(float));
@@ -341,10 +384,12 @@ static void gpt_backward(td_model *model, const float *params, float *grads, flo
     const float *fch = a->fch + s * sBT * 4 * C, *fch_gelu = a->fch_gelu + s * sBT * 4 * C;
     /* MLP: res3 = res2 + fc2(gelu(fc(ln2(res2)))); dres holds d res3 */
     /* dbuf_4c = d fc output: fc2's input gradient times gelu' (fch) */
-    nn_linear_backward_set_gelu(a->dbuf_4c, G(P_FC2W), G(P_FC2B), a->dres, fch_gelu, W(P_FC2W), fch, BT, 4 * C, C);
+    nn_linear_backward16(a->dbuf_4c, G(P_FC2W), G(P_FC2B), a->dres, fch_gelu, a->use16 ? a->fchg_16 + s * sBT * 4 * C : NULL,
+                         W(P_FC2W), fch, BT, 4 * C, C);
     READY(P_FC2B);
     READY(P_FC2W);
-    nn_linear_backward_set(a->dbuf_c, G(P_FCW), G(P_FCB), a->dbuf_4c, ln2, W(P_FCW), BT, C, 4 * C);
+    nn_linear_backward16(a->dbuf_c, G(P_FCW), G(P_FCB), a->dbuf_4c, ln2, a->use16 ? a->ln2_16 + s * sBT * C : NULL,
+                         W(P_FCW), NULL, BT, C, 4 * C);
     READY(P_FCB);
     READY(P_FCW);
     /* dres becomes d res2: the skip path plus the layernorm's input gradient */
@@ -352,11 +397,13 @@ static void gpt_backward(td_model *model, const float *params, float *grads, flo
     READY(P_LN2B);
     READY(P_LN2W);
     /* attention: res2 = resid + proj(attn(qkv(ln1(resid)))) */
-    nn_linear_backward_set(a->dbuf_c, G(P_PROJW), G(P_PROJB), a->dres, atty, W(P_PROJW), BT, C, C);
+    nn_linear_backward16(a->dbuf_c, G(P_PROJW), G(P_PROJB), a->dres, atty, a->use16 ? a->atty_16 + s * sBT * C : NULL,
+                         W(P_PROJW), NULL, BT, C, C);
     READY(P_PROJB);
     READY(P_PROJW);
     nn_attention_backward_set(a->dbuf_3c, a->datt, a->dbuf_c, qkv, att, B, T, C, NH);
-    nn_linear_backward_set(a->dbuf_c, G(P_QKVW), G(P_QKVB), a->dbuf_3c, ln1, W(P_QKVW), BT, C, 3 * C);
+    nn_linear_backward16(a->dbuf_c, G(P_QKVW), G(P_QKVB), a->dbuf_3c, ln1, a->use16 ? a->ln1_16 + s * sBT * C : NULL,
+                         W(P_QKVW), NULL, BT, C, 3 * C);
     READY(P_QKVB);
     READY(P_QKVW);
     td_layernorm_backward(a->dres, G(P_LN1W), G(P_LN1B), a->dbuf_c, resid, W(P_LN1W), ln1_mean, ln1_rstd, BT, C);

@@ -106,6 +106,41 @@ int nn_gemm_lowp(td_dtype dtype, int trans_a, int trans_b, int M, int N, int K, 
   return kern()->k_nn_gemm_lowp(dtype, trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, bias, C, ldc);
 }
 
+int nn_gemm_lowp_ep(td_dtype dtype, int trans_a, int trans_b, int M, int N, int K, const float *A, int lda,
+                    const float *B, int ldb, const float *c_in, int ld_in, const float *bias, float *C, int ldc,
+                    int epilogue, float *aux, float *colsum) {
+  return kern()->k_nn_gemm_lowp_ep(dtype, trans_a, trans_b, M, N, K, A, lda, B, ldb, c_in, ld_in, bias, C, ldc,
+                                   epilogue, aux, colsum);
+}
+
+int nn_gemm_lowp_x(td_dtype dtype, int trans_a, int trans_b, int M, int N, int K, const float *A, const uint16_t *A16,
+                   int lda, const float *B, const uint16_t *B16, int ldb, const float *c_in, int ld_in,
+                   const float *bias, float *C, int ldc, uint16_t *C16, int epilogue, float *aux, float *colsum) {
+  return kern()->k_nn_gemm_lowp_x(dtype, trans_a, trans_b, M, N, K, A, A16, lda, B, B16, ldb, c_in, ld_in, bias, C, ldc,
+                                  C16, epilogue, aux, colsum);
+}
+
+void nn_to_bf16(uint16_t *dst, const float *src, size_t n) { kern()->k_nn_to_bf16(dst, src, n); }
+
+void nn_layernorm_forward16(float *out, uint16_t *out16, float *mean, float *rstd, const float *inp,
+                            const float *weight, const float *bias, int N, int C) {
+  kern()->k_nn_layernorm_forward16(out, out16, mean, rstd, inp, weight, bias, N, C);
+}
+
+void nn_attention_forward16(float *out, uint16_t *out16, float *att, const float *inp, int B, int T, int C, int NH) {
+  kern()->k_nn_attention_forward16(out, out16, att, inp, B, T, C, NH);
+}
+
+void nn_linear_forward16(float *out, uint16_t *out16, float *dgelu, const float *resid, const float *inp,
+                         const uint16_t *inp16, const float *weight, const float *bias, int N, int IC, int OC) {
+  kern()->k_nn_linear_forward16(out, out16, dgelu, resid, inp, inp16, weight, bias, N, IC, OC);
+}
+
+void nn_linear_backward16(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                          const uint16_t *inp16, const float *weight, const float *dgelu, int N, int IC, int OC) {
+  kern()->k_nn_linear_backward16(dinp, dweight, dbias, dout, inp, inp16, weight, dgelu, N, IC, OC);
+}
+
 void td_linear_forward(float *out, const float *inp, const float *weight, const float *bias, int N, int IC, int OC) {
   kern()->k_td_linear_forward(out, inp, weight, bias, N, IC, OC);
 }

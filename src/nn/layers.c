@@ -32,11 +32,10 @@ void td_linear_forward(float *out, const float *inp, const float *weight, const 
 void nn_linear_residual_forward(float *out, const float *resid, const float *inp, const float *weight,
                                 const float *bias, int N, int IC, int OC) {
   td_dtype lowp = td_nn_compute_dtype();
-  if (lowp != TD_F32) {
-    if (out != resid) memcpy(out, resid, (size_t)N * OC * sizeof(float));
-    if (nn_gemm_lowp(lowp, 0, 1, N, OC, IC, inp, IC, weight, IC, 1.0f, bias, out, OC)) return;
-    resid = out; /* (out of memory: the f32 path below, from the copy) */
-  }
+  /* the residual is read in the tiles' first store (no copy into out first) */
+  if (lowp != TD_F32 &&
+      nn_gemm_lowp_ep(lowp, 0, 1, N, OC, IC, inp, IC, weight, IC, resid, OC, bias, out, OC, NN_GEMM_PLAIN, NULL, NULL))
+    return;
   if (nn_gemm(1, N, OC, IC, inp, IC, weight, IC, resid, OC, bias, out, OC)) return;
   for (int n = 0; n < N; n++) {
     float *restrict o = out + (size_t)n * OC;
@@ -51,8 +50,11 @@ void nn_linear_residual_forward(float *out, const float *resid, const float *inp
 
 void nn_linear_gelu_forward(float *out, float *dgelu, const float *inp, const float *weight, const float *bias, int N,
                             int IC, int OC) {
-  if (td_nn_compute_dtype() == TD_F32 &&
-      nn_gemm_ep(1, N, OC, IC, inp, IC, weight, IC, NULL, 0, bias, out, OC, NN_GEMM_GELU, dgelu))
+  td_dtype lowp = td_nn_compute_dtype();
+  if (lowp == TD_F32 && nn_gemm_ep(1, N, OC, IC, inp, IC, weight, IC, NULL, 0, bias, out, OC, NN_GEMM_GELU, dgelu))
+    return;
+  if (lowp != TD_F32 &&
+      nn_gemm_lowp_ep(lowp, 0, 1, N, OC, IC, inp, IC, weight, IC, NULL, 0, bias, out, OC, NN_GEMM_GELU, dgelu, NULL))
     return;
   td_linear_forward(dgelu, inp, weight, bias, N, IC, OC);
   nn_gelu_forward_cache(out, dgelu, dgelu, (size_t)N * OC);
@@ -64,12 +66,15 @@ static void linear_backward(float *dinp, float beta_dinp, float *dweight, float 
   /* under mixed precision the two products are half-precision (each falls
    * back to f32 only when out of memory for its scratch) */
   td_dtype lowp = td_nn_compute_dtype();
-  if (lowp != TD_F32 && dinp && nn_gemm_lowp(lowp, 0, 0, N, IC, OC, dout, OC, weight, IC, beta_dinp, NULL, dinp, IC)) {
-    if (dgelu) nn_gelu_backward_cached(dinp, dgelu, dinp, (size_t)N * IC);
-    dinp = NULL; /* done */
-  }
-  if (lowp != TD_F32 && dweight && nn_gemm_lowp(lowp, 1, 0, OC, IC, N, dout, OC, inp, IC, 1.0f, NULL, dweight, IC))
-    dweight = NULL; /* done; the bias gradient is summed below */
+  if (lowp != TD_F32 && dinp &&
+      nn_gemm_lowp_ep(lowp, 0, 0, N, IC, OC, dout, OC, weight, IC, beta_dinp != 0.0f ? dinp : NULL, IC, NULL, dinp,
+                      IC, dgelu ? NN_GEMM_MUL : NN_GEMM_PLAIN, (float *)dgelu, NULL))
+    dinp = NULL; /* done, the GELU's backward included */
+  /* the bias gradient is summed while dout is packed */
+  if (lowp != TD_F32 && dweight &&
+      nn_gemm_lowp_ep(lowp, 1, 0, OC, IC, N, dout, OC, inp, IC, dweight, IC, NULL, dweight, IC, NN_GEMM_PLAIN, NULL,
+                      dbias))
+    dweight = dbias = NULL; /* done */
   /* dinp (N, IC) = dout (N, OC) @ weight (OC, IC) */
   if (dinp && !nn_gemm_ep(0, N, IC, OC, dout, OC, weight, IC, beta_dinp != 0.0f ? dinp : NULL, IC, NULL, dinp, IC,
                           dgelu ? NN_GEMM_MUL : NN_GEMM_PLAIN, (float *)dgelu)) {

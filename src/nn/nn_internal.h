@@ -222,6 +222,46 @@ int nn_matmul_threads(void);
 int nn_gemm_lowp(td_dtype dtype, int trans_a, int trans_b, int M, int N, int K, const float *A, int lda,
                  const float *B, int ldb, float beta, const float *bias, float *C, int ldc);
 
+/* nn_gemm_lowp fused with what the linear layers do around it, in the
+ * store of each tile instead of passes over C: C (M, N) = op(A) op(B) +
+ * [c_in (rows ld_in apart; may be C: accumulate)] + [bias], then the
+ * epilogue (NN_GEMM_GELU / NN_GEMM_MUL below, aux (M, N) rows ldc apart,
+ * not overlapping C); and colsum (M) += the sum over k of op(A)[i][k] (the
+ * f32 values, in depth order: the bias gradient of the weight-gradient
+ * product, read while op(A) is packed) unless NULL. Returns 0, computing
+ * nothing, for another dtype or out of memory (colsum untouched then). */
+int nn_gemm_lowp_ep(td_dtype dtype, int trans_a, int trans_b, int M, int N, int K, const float *A, int lda,
+                    const float *B, int ldb, const float *c_in, int ld_in, const float *bias, float *C, int ldc,
+                    int epilogue, float *aux, float *colsum);
+/* nn_gemm_lowp_ep with bf16 copies (dtype TD_BF16; NULL: none): A16 / B16,
+ * unless NULL, are nn_to_bf16 of A / B (same row strides lda / ldb), read
+ * by the packs instead of them when op is not a transpose (A / B are then
+ * still read for colsum and by the fallbacks: pass both); C16, unless NULL,
+ * receives the final C (after the epilogue) rounded to bf16, rows ldc
+ * apart. The result is bit-identical to nn_gemm_lowp_ep's. */
+int nn_gemm_lowp_x(td_dtype dtype, int trans_a, int trans_b, int M, int N, int K, const float *A, const uint16_t *A16,
+                   int lda, const float *B, const uint16_t *B16, int ldb, const float *c_in, int ld_in,
+                   const float *bias, float *C, int ldc, uint16_t *C16, int epilogue, float *aux, float *colsum);
+/* dst[i] = bf16(src[i]), to nearest even, rounded as this level's bf16
+ * products round their operands (matmul_bf16.c). */
+void nn_to_bf16(uint16_t *dst, const float *src, size_t n);
+
+/* layers_bf16.c: layers that also write a bf16 copy of their output (out16,
+ * NULL: none) for the bf16 products that read it next, and the linear
+ * layers that read such a copy of their input (inp16, NULL: none). Same
+ * results as the f32 layers they wrap (layers_bf16.c explains why). */
+void nn_layernorm_forward16(float *out, uint16_t *out16, float *mean, float *rstd, const float *inp,
+                            const float *weight, const float *bias, int N, int C);
+void nn_attention_forward16(float *out, uint16_t *out16, float *att, const float *inp, int B, int T, int C, int NH);
+/* out = [resid +] inp @ weight^T + bias, then, when dgelu, out = gelu(out)
+ * and dgelu = gelu'(x) (td_linear_forward, nn_linear_residual_forward,
+ * nn_linear_gelu_forward); out16 its copy */
+void nn_linear_forward16(float *out, uint16_t *out16, float *dgelu, const float *resid, const float *inp,
+                         const uint16_t *inp16, const float *weight, const float *bias, int N, int IC, int OC);
+/* nn_linear_backward_set (dgelu NULL) or nn_linear_backward_set_gelu */
+void nn_linear_backward16(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                          const uint16_t *inp16, const float *weight, const float *dgelu, int N, int IC, int OC);
+
 /* The portable matmul, also used when OpenBLAS is present by the tests that
  * check it against OpenBLAS. Same contract as td_sgemm. */
 void nn_sgemm_portable(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A, int lda,
