@@ -193,7 +193,8 @@ void zero_fetch_reset(td_trainer *t) {
   while (z->n_live > 0) drop_live(t, &z->live[z->n_live - 1]);
   z->n_fetch_pieces = 0;
   z->live_floats = 0;
-  if (z->gathered) zero_release(t, t->params, 0, t->n_params);
+  /* also the granules the drops kept because a neighbour was live (pages.c) */
+  zero_release(t, t->params, 0, t->n_params);
   z->gathered = false;
 }
 

@@ -46,8 +46,8 @@ void zero_step_begin(td_trainer *t) {
     /* released pages read as zeros: all but the shard's edge pages */
     zero_release(t, t->grads, 0, t->n_params);
     memset(t->grads + t->shard_lo, 0, (t->shard_hi - t->shard_lo) * sizeof(float));
-    /* the edge pages outside the shard may hold an old bucket's values */
-    size_t pf = z->page_floats, lo_page = t->shard_lo / pf * pf, hi_page = (t->shard_hi + pf - 1) / pf * pf;
+    /* the edge granules outside the shard may hold an old bucket's values */
+    size_t pf = z->grads_kind == ZERO_MEM_MAPPED ? z->granule_floats : z->page_floats, lo_page = t->shard_lo / pf * pf, hi_page = (t->shard_hi + pf - 1) / pf * pf;
     hi_page = TD_MIN(hi_page, t->n_params);
     memset(t->grads + lo_page, 0, (t->shard_lo - lo_page) * sizeof(float));
     if (hi_page > t->shard_hi) memset(t->grads + t->shard_hi, 0, (hi_page - t->shard_hi) * sizeof(float));
