@@ -61,7 +61,7 @@ td_status zero_granule_bytes(size_t n_params, int world, size_t *out) {
   const char *env = getenv("TANDEM_ZERO_HUGE_PAGES");
   if (env && *env && strcmp(env, "auto") != 0) {
     if (strcmp(env, "off") == 0) return TD_OK;
-    return td_error(TD_ERR_INVALID_ARGUMENT, "TANDEM_ZERO_HUGE_PAGES=%s: use auto (the default) or off", env);
+    return td_error(TD_ERR_INVALID_ARGUMENT, "ZeRO stage 2-3: TANDEM_ZERO_HUGE_PAGES=%s: use auto (the default) or off", env);
   }
   size_t off, shard = 0;
   td_shard_range(n_params, world > 0 ? world : 1, 0, &off, &shard); /* rank 0's is the largest */

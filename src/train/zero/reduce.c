@@ -56,6 +56,27 @@ void zero_step_begin(td_trainer *t) {
   }
   z->n_pieces = z->n_done = z->n_buckets = 0;
   z->inflight_floats = 0;
+  z->released_lo = t->n_params; /* nothing released this step yet */
+}
+
+/* Stage 2+: a reduced piece this rank does not own is given back at once
+ * (complete_pieces), but releases round inward (pages.c), so a granule it
+ * shares with the piece above would stay. Here the granules above the
+ * lowest completed piece with nothing in flight above it go too, the shard
+ * excepted: buckets are launched from the top of the arena down (the
+ * frontier of final gradients) and nothing above the frontier is written
+ * again this step, so everything there that is reduced and not owned is
+ * dead. z->released_lo, granule-aligned, is where that range starts. */
+static void release_reduced(td_trainer *t) {
+  zero_state *z = t->zero;
+  if (z->stage < 2 || z->n_done == 0) return;
+  size_t x = z->pieces[z->n_done - 1].lo;
+  for (int i = z->n_done; i < z->n_pieces; i++) x = TD_MAX(x, z->pieces[i].hi);
+  size_t g = z->grads_kind == ZERO_MEM_MAPPED ? z->granule_floats : z->page_floats;
+  x = (x + g - 1) / g * g;
+  if (x >= z->released_lo) return;
+  zero_release(t, t->grads, x, z->released_lo);
+  z->released_lo = x;
 }
 
 /* Complete pieces in launch order: all that are done (block = false) or
@@ -79,6 +100,7 @@ static td_status complete_pieces(td_trainer *t, bool block) {
     z->inflight_floats -= p->hi - p->lo;
     if (p->owner != t->rank) zero_release(t, t->grads, p->lo, p->hi);
     z->n_done++;
+    release_reduced(t);
     if (block) break;
   }
   return first;

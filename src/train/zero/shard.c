@@ -71,7 +71,7 @@ td_status zero_create(td_trainer *t) {
   if (z->stage >= 2) {
     size_t granule = 0;
     td_status gst = zero_granule_bytes(t->n_params, t->world, &granule);
-    if (gst != TD_OK) return td_error(gst, "rank %d: ZeRO stage %d: %s", t->rank, z->stage, td_last_error());
+    if (gst != TD_OK) return gst; /* the same on every rank: the environment */
     z->granule_floats = granule / sizeof(float);
   }
   size_t shard = t->shard_hi - t->shard_lo;

@@ -59,6 +59,7 @@ typedef struct zero_state {
   int n_buckets;
   size_t inflight_floats;     /* launched, not completed */
   size_t inflight_cap_floats; /* stage 2+: wait for the oldest beyond this */
+  size_t released_lo;         /* stage 2+: gradients from here up given back this step (reduce.c) */
 
   /* stage 3 */
   td_param_access access;
