@@ -16,7 +16,9 @@ for line in (open(sys.argv[1]) if len(sys.argv) > 1 else sys.stdin):
         if m:
             rows.setdefault(key, []).append(float(m.group(1)))
     parts = line.split()
-    if line.startswith("py-4K"):
+    if line.startswith("py-4K-nojoin"):  # TANDEM_JOIN=0: no join descriptor per call
+        rows.setdefault("py4k-nojoin", []).append(float(parts[3]))
+    elif line.startswith("py-4K"):
         rows.setdefault("py4k", []).append(float(parts[3]))
     if line.startswith("py-64M"):
         rows.setdefault("py64m", []).append(float(parts[8]))
@@ -37,13 +39,18 @@ if "ddp-gloo" in med:
     if "compute" in med:
         print(f"communication + overhead per step: gloo {g - med['compute']:.1f} ms; "
               + ", ".join(f"{k} {med[k] - med['compute']:.1f} ms" for k in ("hvd", "ddp-tandem") if k in med))
-for k, what in (("c-4K", "C 4 KiB us"), ("py4k", "Python 4 KiB us"), ("c-64M", "C 64 MiB busbw GB/s"),
+for k, what in (("c-4K", "C 4 KiB us"), ("py4k", "Python 4 KiB us"),
+                ("py4k-nojoin", "Python 4 KiB us, TANDEM_JOIN=0"), ("c-64M", "C 64 MiB busbw GB/s"),
                 ("py64m", "Python 64 MiB busbw GB/s")):
     if k in rows:
         print(f"{what}: per round {rows[k]} median {med[k]}")
 if "c-4K" in rows and "py4k" in rows:
     d = [p - c for p, c in zip(rows["py4k"], rows["c-4K"])]
     print(f"Python - C at 4 KiB, per round (same round): {[round(x, 2) for x in d]} median {statistics.median(d):.2f} us")
+if "py4k-nojoin" in rows and "py4k" in rows:
+    d = [p - q for p, q in zip(rows["py4k"], rows["py4k-nojoin"])]
+    print(f"join descriptor at 4 KiB (Python - Python TANDEM_JOIN=0, same round): {[round(x, 2) for x in d]} "
+          f"median {statistics.median(d):.2f} us")
 if "c-64M" in rows and "py64m" in rows:
     q = [p / c for p, c in zip(rows["py64m"], rows["c-64M"])]
     print(f"Python / C busbw at 64 MiB, per round: {[round(x, 3) for x in q]} median {statistics.median(q):.3f}")

@@ -9,6 +9,8 @@
 #     processes side by side): the floor no backend can beat;
 #   - allreduce from Python (tandem.torch allreduce_) vs C's tandem-bench
 #     (malloc'd buffers, -R 0, in place), 4 KiB latency and 64 MiB busbw.
+#     The 4 KiB Python line runs twice: as shipped (each tandem.torch call
+#     preceded by hvd.join()'s 64-byte descriptor) and with TANDEM_JOIN=0.
 # OMP_NUM_THREADS=1 and OPENBLAS_NUM_THREADS=1 for every side: Debian's torch
 # ignores set_num_threads for its OpenBLAS products.
 #   bench/python.sh [ROUNDS] [STEPS] > raw.txt; bench/py_summarize.py raw.txt
@@ -28,6 +30,7 @@ for r in $(seq "$rounds"); do
   $RUN -np 2 $PY bench/py_gpt_compute.py --steps "$steps" 2>&1 | grep -E '^\[0\] compute' | sed 's/^\[0\] //'
   $RUN -np 2 build/bin/tandem-bench allreduce -b 4K -e 4K -n 20000 -w 2000 -R 0 -i 1 2>&1 | grep -E '^\[0\] +4096' | sed 's/^\[0\]/c-4K/'
   $RUN -np 2 $PY bench/py_allreduce.py 4096 2>&1 | grep '^\[0\] py' | sed 's/^\[0\]/py-4K/'
+  TANDEM_JOIN=0 $RUN -np 2 $PY bench/py_allreduce.py 4096 2>&1 | grep '^\[0\] py' | sed 's/^\[0\]/py-4K-nojoin/'
   $RUN -np 2 build/bin/tandem-bench allreduce -b 64M -e 64M -n 20 -w 3 -R 0 -i 1 2>&1 | grep -E '^\[0\] +67108864' | sed 's/^\[0\]/c-64M/'
   $RUN -np 2 $PY bench/py_allreduce.py 67108864 2>&1 | grep '^\[0\] py' | sed 's/^\[0\]/py-64M/'
 done

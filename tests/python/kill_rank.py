@@ -1,6 +1,8 @@
 """A rank SIGKILLs itself between collectives; every survivor's pending and
 later tandem.torch operations raise RemoteError naming it within seconds.
-    tandemrun --grace 20 -np N python3 kill_rank.py VICTIM"""
+With "join", the survivors are in hvd.join() (out of data, serving the
+victim) when it dies, and join() raises the same way.
+    tandemrun --grace 20 -np N python3 kill_rank.py VICTIM [join]"""
 import os
 import signal
 import sys
@@ -12,14 +14,22 @@ import tandem
 import tandem.torch as hvd
 
 victim = int(sys.argv[1])
+in_join = len(sys.argv) > 2 and sys.argv[2] == "join"
 hvd.init()
 t = torch.ones(1 << 18)
 hvd.allreduce_(t, op=hvd.Sum)
 hvd.barrier()
 if hvd.rank() == victim:
+    if in_join:  # the others are in join(), serving this rank's allreduces
+        for _ in range(3):
+            hvd.allreduce_(t, op=hvd.Sum)
     os.kill(os.getpid(), signal.SIGKILL)
 t0 = time.monotonic()
 try:
+    if in_join:
+        last = hvd.join()
+        print(f"rank {hvd.rank()}: join() returned {last} although rank {victim} died", flush=True)
+        sys.exit(1)
     while time.monotonic() - t0 < 60:
         h = hvd.allreduce_async(t, op=hvd.Sum)
         hvd.synchronize(h)

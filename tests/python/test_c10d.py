@@ -94,6 +94,52 @@ def test_ddp_matches_single_process():
         assert ((p - q).abs().max() / q.abs().max()).item() <= 1e-5
 
 
+def test_ddp_join_uneven_inputs():
+    """torch's DDP join context manager (model.join()) over the tandem
+    backend: ranks with 3, 5 and 4 batches. Joined ranks shadow the others'
+    bucket allreduces with zeros and DDP divides by the initial world size,
+    so step s applies (1/n) * the sum of the active ranks' gradients, as an
+    independent single-process computation does."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    r, n = dist.get_rank(), dist.get_world_size()
+    batches = [(3, 5, 4)[q % 3] for q in range(n)]
+
+    def make():
+        torch.manual_seed(3)
+        return torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+
+    def data(q, s):
+        g = torch.Generator().manual_seed(50 * q + s)
+        return torch.randn(5, 6, generator=g), torch.randint(0, 4, (5,), generator=g)
+
+    model = DDP(make(), bucket_cap_mb=0.0005)
+    opt = torch.optim.SGD(model.parameters(), lr=0.3, momentum=0.9)
+    with model.join():
+        for s in range(batches[r]):
+            x, y = data(r, s)
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+    last = max(q for q in range(n) if batches[q] == max(batches))
+    for p in model.module.parameters():  # the ranks that joined early hold older parameters
+        dist.broadcast(p.data, src=last)
+
+    ref = make()
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.3, momentum=0.9)
+    for s in range(max(batches)):
+        grads = [torch.zeros_like(p) for p in ref.parameters()]
+        for q in range(n):
+            if s < batches[q]:
+                x, y = data(q, s)
+                for g, gp in zip(grads, torch.autograd.grad(F.cross_entropy(ref(x), y), list(ref.parameters()))):
+                    g += gp
+        for p, g in zip(ref.parameters(), grads):
+            p.grad = g / n
+        ref_opt.step()
+    for p, q in zip(model.module.parameters(), ref.parameters()):
+        assert torch.allclose(p.detach(), q.detach(), rtol=1e-5, atol=1e-6)
+
+
 def test_alltoall_uneven_splits():
     """all_to_all_single with split sizes: rank r sends j + r + 1 rows to
     rank j, each row [100 * r + j, k] (k its index in the block), 3 columns

@@ -124,6 +124,19 @@ def test_async_handles_in_any_order():
             torch.testing.assert_close(res, contribution(0, (5,), torch.int64))
     with pytest.raises(ValueError, match="unknown or already synchronized handle"):
         hvd.synchronize(handles[0])
+    # every kind of handle at once, waited in reverse order
+    hs = [hvd.allgather_async(torch.full((r + 1, 2), r, dtype=torch.int32)),
+          hvd.alltoall_async(torch.arange(n, dtype=torch.int64) + 10 * r),
+          hvd.reducescatter_async(torch.ones(n, 3), op=hvd.Sum),
+          hvd.grouped_allreduce_async([torch.ones(2), torch.full((3,), 2.0)], op=hvd.Sum),
+          hvd.broadcast_async_(torch.full((2,), float(r)), n - 1)]
+    assert torch.equal(hvd.synchronize(hs[4]), torch.full((2,), float(n - 1)))
+    g = hvd.synchronize(hs[3])
+    assert torch.equal(g[0], torch.full((2,), float(n))) and torch.equal(g[1], torch.full((3,), 2.0 * n))
+    assert torch.equal(hvd.synchronize(hs[2]), torch.full((1, 3), float(n)))
+    assert hvd.synchronize(hs[1]).tolist() == [10 * q + r for q in range(n)]
+    assert torch.equal(hvd.synchronize(hs[0]),
+                       torch.cat([torch.full((q + 1, 2), q, dtype=torch.int32) for q in range(n)]))
 
 
 def test_poll():
@@ -172,7 +185,7 @@ def test_broadcast_every_root(dtype):
         torch.testing.assert_close(z, contribution(root, (3,), dtype))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.uint8])
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_alltoall(dtype):
     n, r = hvd.size(), hvd.rank()
     # rank r sends j + 1 rows of value 10 r + j to rank j
@@ -188,7 +201,7 @@ def test_alltoall(dtype):
     torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.int32])
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_reducescatter(dtype):
     n, r = hvd.size(), hvd.rank()
     rows = 2 * n + 1  # not divisible: the first ranks get one extra row
@@ -201,6 +214,11 @@ def test_reducescatter(dtype):
                                rtol=0, atol=0)
     if dtype.is_floating_point:
         torch.testing.assert_close(hvd.reducescatter(x).double(), total[start:start + mine] / n)
+    if dtype == torch.float32:  # Horovod's positional order: (tensor, name, compression, op)
+        for c in (hvd.Compression.fp16, hvd.Compression.bf16):
+            got = hvd.reducescatter(x, "rs", c, hvd.Sum)
+            assert got.dtype == torch.float32  # values <= 7 n: exact in both wire types
+            torch.testing.assert_close(got.double(), total[start:start + mine], rtol=0, atol=0)
 
 
 def test_barrier_join():
@@ -234,6 +252,55 @@ def test_allreduce_autograd():
     y = hvd.allreduce(x, op=hvd.Sum)
     y.sum().backward()
     torch.testing.assert_close(x.grad, torch.full((4,), float(n)))  # d(sum over ranks)/dx, summed
+
+
+def test_broadcast_and_allgather_autograd():
+    """Horovod's gradients: broadcast's root gets the sum over ranks of the
+    output gradients, the others zero; allgather's rows get the sum over
+    ranks of the output gradient at their place. Closed forms."""
+    n, r = hvd.size(), hvd.rank()
+    root = n - 1
+    x = torch.full((2, 3), float(r + 1), requires_grad=True)
+    y = hvd.broadcast(x, root)
+    assert torch.equal(y.detach(), torch.full((2, 3), float(root + 1)))
+    (y * (r + 1)).sum().backward()  # d/dy on rank q: q + 1
+    want = float(n * (n + 1) // 2) if r == root else 0.0
+    assert torch.equal(x.grad, torch.full((2, 3), want))
+    a = torch.full((r + 1, 2), float(r), requires_grad=True)  # rank q: q + 1 rows
+    g = hvd.allgather(a)
+    total = n * (n + 1) // 2
+    assert g.shape == (total, 2)
+    weights = torch.arange(total * 2, dtype=torch.float32).reshape(total, 2)
+    (g * weights * (r + 1)).sum().backward()  # d/dg on rank q: (q + 1) * weights
+    off = r * (r + 1) // 2
+    assert torch.equal(a.grad, weights[off:off + r + 1] * float(n * (n + 1) // 2))
+
+
+def test_alltoall_and_reducescatter_autograd():
+    """alltoall: rank r sends j + 1 rows to rank j and rank j's loss weighs
+    every received row by j + 1, so r's rows for j get gradient j + 1.
+    reducescatter over 2n + 1 rows: rank p's share is weighted by p + 1, so
+    each input row gets its owner's p + 1 (Sum), over n (Average), times
+    the scale factors."""
+    n, r = hvd.size(), hvd.rank()
+    x = torch.ones(sum(j + 1 for j in range(n)), 2, requires_grad=True)
+    out, recv = hvd.alltoall(x, splits=[j + 1 for j in range(n)])
+    assert recv.tolist() == [r + 1] * n and not recv.requires_grad
+    (out * (r + 1)).sum().backward()
+    want = torch.cat([torch.full((j + 1, 2), float(j + 1)) for j in range(n)])
+    assert torch.equal(x.grad, want)
+    e = torch.ones(2 * n, 3, requires_grad=True)  # no splits: equal shares
+    (hvd.alltoall(e) * (r + 1)).sum().backward()
+    assert torch.equal(e.grad, torch.cat([torch.full((2, 3), float(j + 1)) for j in range(n)]))
+    rows = 2 * n + 1
+    q, rem = divmod(rows, n)
+    owner = torch.tensor([p for p in range(n) for _ in range(q + (1 if p < rem else 0))], dtype=torch.float32)
+    for op, pre, post, scale in ((hvd.Sum, 1.0, 1.0, 1.0), (hvd.Average, 1.0, 1.0, 1.0 / n),
+                                 (hvd.Sum, 0.5, 3.0, 1.5)):
+        y = torch.ones(rows, 3, requires_grad=True)
+        got = hvd.reducescatter(y, op=op, prescale_factor=pre, postscale_factor=post)
+        (got * (r + 1)).sum().backward()
+        assert torch.allclose(y.grad, ((owner + 1) * scale).unsqueeze(1).expand(rows, 3)), (op, pre, post)
 
 
 def test_wrong_arguments():
@@ -272,6 +339,30 @@ def test_wrong_arguments():
                                  process_set=hvd.ProcessSet([0]))
     with pytest.raises(TypeError, match="torch.optim.Optimizer"):
         hvd.DistributedOptimizer(object())
+    with pytest.raises(TypeError, match="compression= must be hvd.Compression"):
+        hvd.allreduce(x, compression="fp16")
+    with pytest.raises(TypeError, match="compression= must be hvd.Compression"):
+        hvd.reducescatter(x, compression=5)
+    with pytest.raises(TypeError, match="name= must be a str"):
+        hvd.allreduce_async(x, name=5)
+    with pytest.raises(TypeError, match="name= must be a str"):
+        hvd.broadcast(x, 0, name=("a",))
+    with pytest.raises(TypeError, match="splits must be a list or tensor of row counts"):
+        hvd.alltoall(torch.ones(2), splits="ab")
+    with pytest.raises(TypeError, match="splits must hold integers"):
+        hvd.alltoall(torch.ones(2), splits=torch.tensor([2.0]))
+    one = [torch.nn.Parameter(torch.ones(1))]
+    with pytest.raises(TypeError, match="compression= must be hvd.Compression"):
+        hvd.DistributedOptimizer(torch.optim.SGD(one, lr=0.1), compression="fp16")
+    with pytest.raises(TypeError, match="gradient_predivide_factor must be a number"):
+        hvd.DistributedOptimizer(torch.optim.SGD(one, lr=0.1), gradient_predivide_factor="2")
+    with pytest.raises(ValueError, match="on meta"):
+        hvd.allreduce(torch.ones(2, device="meta"))
+    g = torch.ones(hvd.size(), 2, requires_grad=True)
+    with pytest.raises(NotImplementedError, match="gradient for op Sum and Average only"):
+        hvd.reducescatter(g, op=hvd.Max)
+    with torch.no_grad():  # no graph: Max is fine
+        assert hvd.reducescatter(g, op=hvd.Max).shape[0] == 1
     torch.testing.assert_close(hvd.allreduce(x, op=hvd.Sum), x * hvd.size())  # still usable
 
 

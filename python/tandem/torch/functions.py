@@ -44,17 +44,19 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=None):
         length = torch.tensor([payload.numel()], dtype=torch.int64)
     else:
         length = torch.zeros(1, dtype=torch.int64)
-    w.broadcast(length.data_ptr(), 1, tandem.I64, root_rank)
+    # through ops (not the bare communicator) so that ranks in hvd.join() serve it
+    ops.broadcast_(length, root_rank)
     if w.rank() != root_rank:
         payload = torch.empty(int(length), dtype=torch.uint8)
-    w.broadcast(payload.data_ptr(), payload.numel(), tandem.U8, root_rank)
+    ops.broadcast_(payload, root_rank)
     if w.rank() == root_rank:
         return obj
     return torch.load(io.BytesIO(payload.numpy().tobytes()))
 
 
 def allgather_object(obj, name=None, process_set=None):
-    """The list of every rank's `obj` (pickled), in rank order."""
+    """The list of every rank's `obj` (pickled), in rank order; None for
+    the ranks in hvd.join() (they have no object)."""
     ops._no_process_set(process_set)
     data = pickle.dumps(obj)
     t = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
@@ -62,12 +64,13 @@ def allgather_object(obj, name=None, process_set=None):
     n = w.size()
     sizes = torch.zeros(n, dtype=torch.int64)
     sizes[w.rank()] = t.numel()
-    w.allreduce(sizes.data_ptr(), sizes.data_ptr(), n, tandem.I64, tandem.SUM)
+    ops.allreduce_(sizes, op=ops.Sum)  # through ops: ranks in hvd.join() serve it
     gathered = ops.allgather(t)
     out, off = [], 0
     for r in range(n):
         k = int(sizes[r])
-        out.append(pickle.loads(gathered[off:off + k].numpy().tobytes()))
+        # a pickle is never empty: 0 bytes is a joined rank's
+        out.append(pickle.loads(gathered[off:off + k].numpy().tobytes()) if k else None)
         off += k
     return out
 

@@ -12,6 +12,7 @@ import torch
 import tandem
 from tandem import _tandem
 from .compression import Compression
+from . import join_protocol as _join
 
 # Horovod's operator names; the values are td_op codes.
 Sum, Average, Min, Max, Product = tandem.SUM, tandem.AVG, tandem.MIN, tandem.MAX, tandem.PROD
@@ -20,6 +21,7 @@ Adasum = "Adasum"  # accepted as a name so that scripts import; refused when use
 _CODES = {torch.float32: tandem.F32, torch.float64: tandem.F64, torch.float16: tandem.F16,
           torch.bfloat16: tandem.BF16, torch.int32: tandem.I32, torch.int64: tandem.I64,
           torch.uint8: tandem.U8}
+_TORCH_OF_CODE = {v: k for k, v in _CODES.items()}
 
 
 def _world():
@@ -52,6 +54,26 @@ def _op(op, average=None):
         raise NotImplementedError("tandem.torch: op=Adasum is not implemented by Tandem; "
                                   "use Average or Sum")
     return tandem.op_code(op)
+
+
+def _check_name(name):
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"tandem.torch: name= must be a str (or None), not {type(name).__name__}")
+
+
+def check_compression(compression):
+    """compression= must be Compression.none/fp16/bf16 or an object with
+    their compress()/decompress() (Horovod's Compressor interface)."""
+    if compression is None:
+        return Compression.none
+    if not (callable(getattr(compression, "compress", None)) and callable(getattr(compression, "decompress", None))):
+        raise TypeError(f"tandem.torch: compression= must be hvd.Compression.none, .fp16 or .bf16 (a compressor "
+                        f"with compress() and decompress()), not {compression!r}")
+    return compression
+
+
+def _in_graph(tensor):
+    return isinstance(tensor, torch.Tensor) and tensor.requires_grad and torch.is_grad_enabled()
 
 
 def _check_scale(name, v):
@@ -126,10 +148,10 @@ def _allreduce_start(tensor, output, op, prescale, postscale, compression, name,
     """Reduce `tensor` into `output` (same shape and dtype; may be `tensor`
     itself); returns a handle."""
     _code(tensor)
+    _check_name(name)
     prescale = _check_scale("prescale_factor", prescale)
     postscale = _check_scale("postscale_factor", postscale)
-    if compression is None:
-        compression = Compression.none
+    compression = check_compression(compression)
     wire, ctx = compression.compress(tensor)
     code = _code(wire)
     if prescale != 1.0:
@@ -140,7 +162,11 @@ def _allreduce_start(tensor, output, op, prescale, postscale, compression, name,
         dst = output  # in place when output is tensor: the same address
     else:
         dst = src if src is not tensor else torch.empty_like(src)  # reduce a temporary in place
-    req = (w or _world()).iallreduce(src.data_ptr(), dst.data_ptr(), src.numel(), code, op, keep=(src, dst))
+    world = _world()
+    w = w or world
+    # a joined rank (hvd.join) learns from this descriptor what to contribute
+    desc = _join.announce_async(w, _join.K_ALLREDUCE, src.numel(), code, op) if w is world else None
+    req = w.iallreduce(src.data_ptr(), dst.data_ptr(), src.numel(), code, op, keep=(src, dst))
 
     def finish():
         res = compression.decompress(dst, ctx) if dst.dtype != output.dtype else dst
@@ -150,7 +176,7 @@ def _allreduce_start(tensor, output, op, prescale, postscale, compression, name,
             output.copy_(res.view(output.shape))
         return output
 
-    return _new_handle([req], finish, name)
+    return _new_handle([req] if desc is None else [desc, req], finish, name)
 
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
@@ -191,7 +217,9 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, po
             and tensor.dtype in _CODES and not tensor.is_sparse):
         # The common case in one blocking C call (latency: no handle, no thread hand-off).
         p = tensor.data_ptr()
-        _world().allreduce(p, p, tensor.numel(), _CODES[tensor.dtype], _op(op, average))
+        w, code, opc = _world(), _CODES[tensor.dtype], _op(op, average)
+        _join.announce(w, _join.K_ALLREDUCE, tensor.numel(), code, opc)
+        w.allreduce(p, p, tensor.numel(), code, opc)
         return tensor
     return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set))
 
@@ -274,7 +302,12 @@ def broadcast_async_(tensor, root_rank, name=None, process_set=None):
     """Start overwriting `tensor` with root_rank's, in place."""
     w = _comm(process_set)
     code = _code(tensor)
+    _check_name(name)
     root = _check_root(root_rank, process_set)
+    if w is _world():
+        d = _join.announce(w, _join.K_BROADCAST, tensor.numel(), code, op=root, root=root)
+        if d is not None and not d[_join.ROOT_ACTIVE]:
+            _join.refuse_if_joined(w, d, f"broadcast from root rank {root} (it has joined)")
     buf = tensor if tensor.is_contiguous() else tensor.contiguous()
     req = w.ibroadcast(buf.data_ptr(), buf.numel(), code, root, keep=buf)
 
@@ -296,8 +329,32 @@ def broadcast_async(tensor, root_rank, name=None, process_set=None):
                             process_set)
 
 
+class _BroadcastFn(torch.autograd.Function):
+    """Broadcast with a gradient (Horovod's HorovodBroadcast): every rank's
+    output is the root's input, so the root's gradient is the sum of the
+    output gradients over ranks, and the other ranks' inputs get zero."""
+
+    @staticmethod
+    def forward(ctx, tensor, root_rank, name):
+        ctx.root_rank = root_rank
+        return synchronize(broadcast_async(tensor.detach(), root_rank, name))
+
+    @staticmethod
+    def backward(ctx, grad):
+        g = allreduce(grad.contiguous(), op=Sum)
+        if _world().rank() != ctx.root_rank:
+            g.zero_()
+        return g, None, None
+
+
 def broadcast(tensor, root_rank, name=None, process_set=None):
-    """root_rank's `tensor` on every rank, as a new tensor."""
+    """root_rank's `tensor` on every rank, as a new tensor (differentiable,
+    as Horovod's, on the global process set)."""
+    if isinstance(tensor, torch.Tensor) and tensor.requires_grad and torch.is_grad_enabled():
+        _no_process_set(process_set)
+        _code(tensor)
+        _check_root(root_rank)
+        return _BroadcastFn.apply(tensor, root_rank, name)
     return synchronize(broadcast_async(tensor, root_rank, name, process_set))
 
 
@@ -310,8 +367,9 @@ def _rows_of_all(w, rows, trailing, what):
     info[w.rank(), 0] = rows
     info[w.rank(), 1] = hash(tuple(trailing)) & ((1 << 62) - 1)
     w.allreduce(info.data_ptr(), info.data_ptr(), info.numel(), tandem.I64, tandem.SUM)
-    if (info[:, 1] != info[w.rank(), 1]).any():
-        bad = [r for r in range(n) if info[r, 1] != info[w.rank(), 1]]
+    # -1: a rank in hvd.join() (no rows, no shape)
+    if ((info[:, 1] != info[w.rank(), 1]) & (info[:, 1] != -1)).any():
+        bad = [r for r in range(n) if info[r, 1] != info[w.rank(), 1] and info[r, 1] != -1]
         raise ValueError(f"tandem.torch: {what}: ranks disagree on the shape after the first dimension "
                          f"(rank {w.rank()} has {tuple(trailing)}; ranks {bad} differ)")
     return [int(v) for v in info[:, 0]]
@@ -323,13 +381,16 @@ def allgather_async(tensor, name=None, process_set=None):
     then moves in the background."""
     w = _comm(process_set)
     code = _code(tensor)
+    _check_name(name)
     if tensor.dim() == 0:
         raise ValueError("tandem.torch: allgather needs a tensor with at least one dimension")
     n, me = w.size(), w.rank()
-    rows = _rows_of_all(w, tensor.shape[0], tensor.shape[1:], "allgather")
     row_elems = 1
     for d in tensor.shape[1:]:
         row_elems *= d
+    if w is _world():
+        _join.announce(w, _join.K_ALLGATHER, row_elems, code)
+    rows = _rows_of_all(w, tensor.shape[0], tensor.shape[1:], "allgather")
     big = max(rows)
     total = sum(rows)
     if all(r == big for r in rows):
@@ -348,7 +409,33 @@ def allgather_async(tensor, name=None, process_set=None):
     return _new_handle([req], finish, name)
 
 
+class _AllgatherFn(torch.autograd.Function):
+    """Allgather with a gradient (Horovod's HorovodAllgather): this rank's
+    rows appear in every rank's output, so their gradient is the sum over
+    ranks of the output gradient at those rows."""
+
+    @staticmethod
+    def forward(ctx, tensor, name):
+        out = synchronize(allgather_async(tensor.detach(), name))
+        w = _world()
+        rows = torch.zeros(w.size(), dtype=torch.int64)
+        rows[w.rank()] = tensor.shape[0]
+        allreduce_(rows, op=Sum)
+        ctx.offset, ctx.rows = int(rows[:w.rank()].sum()), tensor.shape[0]
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        g = allreduce(grad.contiguous(), op=Sum)
+        return g.narrow(0, ctx.offset, ctx.rows), None
+
+
 def allgather(tensor, name=None, process_set=None):
+    """Every rank's `tensor` concatenated along dimension 0 (differentiable,
+    as Horovod's, on the global process set)."""
+    if isinstance(tensor, torch.Tensor) and tensor.requires_grad and torch.is_grad_enabled():
+        _no_process_set(process_set)
+        return _AllgatherFn.apply(tensor, name)
     return synchronize(allgather_async(tensor, name, process_set))
 
 
@@ -360,6 +447,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None):
     (output, received_splits) when splits were given, else output."""
     w = _comm(process_set)
     code = _code(tensor)
+    _check_name(name)
     if tensor.dim() == 0:
         raise ValueError("tandem.torch: alltoall needs a tensor with at least one dimension")
     n = w.size()
@@ -370,12 +458,20 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None):
                              f"({tensor.shape[0]}) divisible by the number of ranks ({n})")
         send_splits = torch.full((n,), tensor.shape[0] // n, dtype=torch.int64)
     else:
-        send_splits = torch.as_tensor(splits, dtype=torch.int64).reshape(-1).clone()
+        if isinstance(splits, torch.Tensor) and (splits.is_floating_point() or splits.is_complex()):
+            raise TypeError(f"tandem.torch: alltoall splits must hold integers, not {splits.dtype}")
+        try:
+            send_splits = torch.as_tensor(splits, dtype=torch.int64).reshape(-1).clone()
+        except (TypeError, ValueError, RuntimeError):
+            raise TypeError(f"tandem.torch: alltoall splits must be a list or tensor of row counts, one per rank, "
+                            f"not {splits!r}") from None
         if send_splits.numel() != n:
             raise ValueError(f"tandem.torch: alltoall splits has {send_splits.numel()} entries for {n} ranks")
         if (send_splits < 0).any() or int(send_splits.sum()) != tensor.shape[0]:
             raise ValueError(f"tandem.torch: alltoall splits {send_splits.tolist()} must be >= 0 and sum to "
                              f"the first dimension {tensor.shape[0]}")
+    if w is _world():  # after the argument checks: nothing is issued for wrong arguments
+        _join.refuse_if_joined(w, _join.announce(w, _join.K_REFUSED), "alltoall")
     _rows_of_all(w, 0, tensor.shape[1:], "alltoall")
     recv_splits = torch.empty(n, dtype=torch.int64)
     w.alltoall(send_splits.data_ptr(), recv_splits.data_ptr(), 1, tandem.I64)
@@ -402,7 +498,33 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None):
     return _new_handle([req], finish, name)
 
 
+class _AlltoallFn(torch.autograd.Function):
+    """Alltoall with a gradient: the rows this rank received from rank q go
+    back to q (an alltoall with the received splits), landing where q's
+    input rows were."""
+
+    @staticmethod
+    def forward(ctx, tensor, splits, name):
+        res = synchronize(alltoall_async(tensor.detach(), splits, name))
+        if splits is None:
+            ctx.recv = None
+            return res
+        out, recv = res
+        ctx.recv = recv
+        ctx.mark_non_differentiable(recv)
+        return out, recv
+
+    @staticmethod
+    def backward(ctx, grad, *_):
+        g = alltoall(grad.contiguous(), splits=ctx.recv)
+        return (g if ctx.recv is None else g[0]), None, None
+
+
 def alltoall(tensor, splits=None, name=None, process_set=None):
+    """(differentiable, as Horovod's, on the global process set)"""
+    if _in_graph(tensor):
+        _no_process_set(process_set)
+        return _AlltoallFn.apply(tensor, splits, name)
     return synchronize(alltoall_async(tensor, splits, name, process_set))
 
 
@@ -414,10 +536,15 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=None, prescal
     first dim % size ranks get one extra row)."""
     w = _comm(process_set)
     code = _code(tensor)
+    _check_name(name)
     opc = _op(op)
+    prescale = _check_scale("prescale_factor", prescale_factor)
+    postscale = _check_scale("postscale_factor", postscale_factor)
     if tensor.dim() == 0:
         raise ValueError("tandem.torch: reducescatter needs a tensor with at least one dimension")
     n, me = w.size(), w.rank()
+    if w is _world():
+        _join.refuse_if_joined(w, _join.announce(w, _join.K_REFUSED), "reducescatter")
     _rows_of_all(w, 0, tensor.shape[1:], "reducescatter")
     rows = tensor.shape[0]
     q, rem = divmod(rows, n)
@@ -434,8 +561,6 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=None, prescal
     for r in range(n):
         src[r * big:r * big + share[r]] = tensor[off:off + share[r]]
         off += share[r]
-    prescale = _check_scale("prescale_factor", prescale_factor)
-    postscale = _check_scale("postscale_factor", postscale_factor)
     if prescale != 1.0:
         src.mul_(prescale)
     out = torch.empty((big,) + trailing, dtype=tensor.dtype)
@@ -450,31 +575,52 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=None, prescal
     return _new_handle([req], finish, name)
 
 
-def reducescatter(tensor, name=None, op=Average, process_set=None, prescale_factor=1.0, postscale_factor=1.0):
-    return synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor, postscale_factor))
+class _ReducescatterFn(torch.autograd.Function):
+    """Reducescatter (Sum or Average) with a gradient: every input row
+    contributes to the one output row of its owner, so the input gradient is
+    the allgather of the output gradients, times the op's and the scale
+    factors' constant."""
+
+    @staticmethod
+    def forward(ctx, tensor, name, compression, op, prescale, postscale):
+        ctx.factor = prescale * postscale / (_world().size() if op == Average else 1)
+        return reducescatter(tensor.detach(), name, compression, op, None, prescale, postscale)
+
+    @staticmethod
+    def backward(ctx, grad):
+        g = allgather(grad.contiguous())
+        return g * ctx.factor if ctx.factor != 1.0 else g, None, None, None, None, None
+
+
+def reducescatter(tensor, name=None, compression=Compression.none, op=Average, process_set=None,
+                  prescale_factor=1.0, postscale_factor=1.0):
+    """Horovod's argument order (compression= third, as in horovod.torch);
+    differentiable for Sum and Average on the global process set."""
+    compression = check_compression(compression)
+    _code(tensor)
+    if _in_graph(tensor):
+        opc = _op(op)
+        if opc not in (Sum, Average):
+            raise NotImplementedError("tandem.torch: reducescatter has a gradient for op Sum and Average only; "
+                                      "pass tensor.detach() for Min/Max/Product")
+        _no_process_set(process_set)
+        return _ReducescatterFn.apply(tensor, name, compression, opc, _check_scale("prescale_factor", prescale_factor),
+                                      _check_scale("postscale_factor", postscale_factor))
+    wire, ctx = compression.compress(tensor)
+    out = synchronize(reducescatter_async(wire, name, op, process_set, prescale_factor, postscale_factor))
+    return compression.decompress(out, ctx) if wire is not tensor else out
 
 
 # ---- the rest ----
 
 def barrier(process_set=None):
-    _comm(process_set).barrier()
+    w = _comm(process_set)
+    if w is _world():
+        _join.announce(w, _join.K_BARRIER)
+    w.barrier()
 
 
-def join(device=-1):
-    """Collective: every rank waits here for the others; returns the rank
-    that arrived last (ties: the highest rank).
-
-    Unlike Horovod's join, ranks that joined do not keep serving the others'
-    allreduces with zeros: Tandem has no negotiation thread, so every rank
-    must issue the same collectives. Give every rank the same number of
-    batches (e.g. a DistributedSampler with drop_last)."""
-    import time
-    w = _world()
-    n = w.size()
-    t = torch.zeros(n, dtype=torch.float64)
-    t[w.rank()] = time.monotonic()
-    w.allreduce(t.data_ptr(), t.data_ptr(), n, tandem.F64, tandem.SUM)
-    return int(max(range(n), key=lambda r: (float(t[r]), r)))
+join = _join.join
 
 
 def _no_process_set(ps):
@@ -562,6 +708,7 @@ def add_process_set(process_set):
         raise ValueError(f"tandem.torch: {ps!r} was added already")
     w = _world()
     n = w.size()
+    _join.refuse_if_joined(w, _join.announce(w, _join.K_REFUSED), "add_process_set")
     if ps.ranks[0] < 0 or ps.ranks[-1] >= n:
         raise ValueError(f"tandem.torch: process set {ps.ranks} names ranks outside the world of {n}")
     # Every rank must name the same set: compare a digest of the rank list.

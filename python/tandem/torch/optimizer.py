@@ -26,6 +26,7 @@ import torch
 import tandem
 from . import ops
 from .compression import Compression
+from . import join_protocol as _join
 
 
 def _env_bytes(name, default):
@@ -42,25 +43,28 @@ def _env_bytes(name, default):
 
 
 class _Bucket:
-    __slots__ = ("params", "numel", "dtype", "pending", "flat", "views", "request", "ctx", "wire")
+    __slots__ = ("params", "numel", "dtype", "pending", "flat", "views", "request", "ctx", "wire", "desc")
 
     def __init__(self, dtype):
         self.params, self.numel, self.dtype = [], 0, dtype
         self.pending = 0
-        self.flat = self.views = self.request = self.ctx = self.wire = None
+        self.flat = self.views = self.request = self.ctx = self.wire = self.desc = None
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
                  gradient_predivide_factor):
         super(self.__class__, self).__init__(params)
-        self._compression = compression if compression is not None else Compression.none
+        self._compression = ops.check_compression(compression)
         if isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int) \
                 or backward_passes_per_step < 1:
             raise ValueError(f"tandem.torch: backward_passes_per_step must be an int >= 1, "
                              f"got {backward_passes_per_step!r}")
         self.backward_passes_per_step = backward_passes_per_step
         op = ops._op(op)
+        if isinstance(gradient_predivide_factor, bool) or not isinstance(gradient_predivide_factor, (int, float)):
+            raise TypeError(f"tandem.torch: gradient_predivide_factor must be a number, "
+                            f"not {type(gradient_predivide_factor).__name__}")
         predivide = float(gradient_predivide_factor)
         if predivide <= 0:
             raise ValueError(f"tandem.torch: gradient_predivide_factor must be > 0, got {predivide}")
@@ -182,6 +186,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             wire.mul_(self._prescale)
         wire = wire.contiguous()
         b.wire, b.ctx = wire, ctx
+        b.desc = _join.announce_async(tandem.world(), _join.K_ALLREDUCE, wire.numel(), ops._code(wire), self._op)
         b.request = tandem.world().iallreduce(wire.data_ptr(), wire.data_ptr(), wire.numel(), ops._code(wire),
                                               self._op, keep=wire)
 
@@ -202,6 +207,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._prescale != 1.0:
             b.flat.mul_(self._prescale)
         b.wire = b.flat
+        # for ranks in hvd.join(): they contribute zeros to this bucket
+        b.desc = _join.announce_async(tandem.world(), _join.K_ALLREDUCE, b.flat.numel(), ops._code(b.flat),
+                                      self._op)
         b.request = tandem.world().iallreduce(b.flat.data_ptr(), b.flat.data_ptr(), b.flat.numel(),
                                               ops._code(b.flat), self._op, keep=b.flat)
 
@@ -223,6 +231,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 for b in self._buckets:
                     if b.request is None:
                         continue
+                    if b.desc is not None:
+                        b.desc.wait()
                     b.request.wait()
                     if b.flat is not None:  # .grad are views of the reduced bucket already
                         if self._postscale != 1.0:
@@ -238,7 +248,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                         off += k
             finally:
                 for b in self._buckets:
-                    b.request = b.wire = b.ctx = None
+                    b.request = b.wire = b.ctx = b.desc = None
                 self._reset()
         self._synchronized = True
 
