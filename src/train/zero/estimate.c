@@ -57,7 +57,7 @@ td_status td_trainer_estimate_memory(const td_model *model, const td_train_confi
   if (params_on_disk) out->params = 0;
   size_t fetchable = params_on_disk ? n : n - shard; /* what a rank may fetch into its arena */
 
-  size_t largest_tensor = 0, group1 = 0, group2 = 0, persistent = 0;
+  size_t largest_tensor = 0, group1 = 0, group2 = 0, persistent = 0, n_groups = 0;
   for (int i = 0; i < model->n_tensors;) {
     const td_param_tensor *first = &model->tensors[i];
     size_t plen = prefix_len(first->name), count = 0;
@@ -68,25 +68,39 @@ td_status td_trainer_estimate_memory(const td_model *model, const td_train_confi
       largest_tensor = TD_MAX(largest_tensor, model->tensors[j].count);
       j++;
     }
+    n_groups++;
     if (count <= (size_t)cfg->stage3_param_persistence_threshold) persistent += count;
     else if (count > group1) group2 = group1, group1 = count;
     else if (count > group2) group2 = count;
     i = j;
   }
   /* Pages are given back whole: a page straddling two released pieces
-   * stays (one per piece edge: at most a bucket piece per tensor and owner). */
-  long page = sysconf(_SC_PAGESIZE);
-  size_t edges = (size_t)(model->n_tensors + 2 + world) * (size_t)(page > 0 ? page : 4096);
+   * stays (one per piece edge: at most a bucket piece per tensor and owner).
+   * Large arenas give memory back in 2 MiB granules instead (pages.c), each
+   * kept while partly needed: one per bucket piece edge within a step at
+   * stage 2 (the next step gives them back), one per group edge at stage 3,
+   * and the two around the shard. */
+  size_t page = zero_page_bytes(), granule = page;
+  if (stage >= 2) TD_CHECK(zero_granule_bytes(n, world, &granule));
+  size_t edges2 = (size_t)(model->n_tensors + 2 + world) * page, edges3 = edges2;
+  if (granule > page) {
+    edges2 = (n * f / TD_MAX(cfg->bucket_bytes, (size_t)1) + 5 + (size_t)world) * granule;
+    edges3 = (n_groups + 3) * granule;
+  }
+  /* nothing beyond the whole arena, rounded to granules, can be resident */
+  size_t room = (n * f + granule - 1) / granule * granule - shard * f;
   size_t live = 0;
   if (stage >= 2 && world > 1) {
     size_t bucket = cfg->bucket_bytes / f;
-    live += TD_MIN(TD_MIN(3 * bucket + largest_tensor, n - shard) * f + edges, (n - shard) * f);
+    live += TD_MIN(TD_MIN(3 * bucket + largest_tensor, n - shard) * f + edges2, room);
   }
   if (stage >= 3 && (world > 1 || params_on_disk)) {
     /* released and prefetched groups stay within stage3_max_live_parameters;
      * only the group in use may go over it */
     size_t cached = TD_MAX((size_t)cfg->stage3_max_live_parameters, group1);
-    live += TD_MIN(TD_MIN(cached + persistent, fetchable) * f + edges, fetchable * f);
+    /* with the parameters on disk the whole arena is fetched, the shard too */
+    size_t room3 = params_on_disk ? (n * f + granule - 1) / granule * granule : room;
+    live += TD_MIN(TD_MIN(cached + persistent, fetchable) * f + edges3, room3);
   }
   out->live = live;
   out->model_states = out->params + out->grads + out->optimizer + out->live;

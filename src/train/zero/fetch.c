@@ -147,7 +147,13 @@ static void drop_live(td_trainer *t, zero_live *l) {
   z->live_floats -= hi - lo;
   *l = z->live[--z->n_live];
   /* Give the pages back, but not those of another live range overlapping
-   * this one (the tied head's wte inside the embeddings). */
+   * this one (the tied head's wte inside the embeddings). The range is
+   * widened to whole granules first: a granule shared with a neighbour that
+   * is not live goes too (releases round inward: pages.c), one the
+   * neighbour still uses is cut off below. */
+  size_t g = z->params_kind == ZERO_MEM_MAPPED ? z->granule_floats : z->page_floats;
+  lo = lo / g * g;
+  hi = TD_MIN((hi + g - 1) / g * g, t->n_params);
   size_t cut_lo = lo, cut_hi = hi;
   for (int i = 0; i < z->n_live; i++) {
     const zero_live *o = &z->live[i];
@@ -231,7 +237,8 @@ void zero_fetch_reset(td_trainer *t) {
   while (z->n_live > 0) drop_live(t, &z->live[z->n_live - 1]);
   z->n_fetch_pieces = 0;
   z->live_floats = 0;
-  if (z->gathered) zero_release(t, t->params, 0, t->n_params);
+  /* also the granules the drops kept because a neighbour was live (pages.c) */
+  zero_release(t, t->params, 0, t->n_params);
   z->gathered = false;
 }
 

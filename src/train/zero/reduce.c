@@ -47,8 +47,8 @@ void zero_step_begin(td_trainer *t) {
     /* released pages read as zeros: all but the shard's edge pages */
     zero_release(t, t->grads, 0, t->n_params);
     memset(t->grads + t->shard_lo, 0, (t->shard_hi - t->shard_lo) * sizeof(float));
-    /* the edge pages outside the shard may hold an old bucket's values */
-    size_t pf = z->page_floats, lo_page = t->shard_lo / pf * pf, hi_page = (t->shard_hi + pf - 1) / pf * pf;
+    /* the edge granules outside the shard may hold an old bucket's values */
+    size_t pf = z->grads_kind == ZERO_MEM_MAPPED ? z->granule_floats : z->page_floats, lo_page = t->shard_lo / pf * pf, hi_page = (t->shard_hi + pf - 1) / pf * pf;
     hi_page = TD_MIN(hi_page, t->n_params);
     memset(t->grads + lo_page, 0, (t->shard_lo - lo_page) * sizeof(float));
     if (hi_page > t->shard_hi) memset(t->grads + t->shard_hi, 0, (hi_page - t->shard_hi) * sizeof(float));
@@ -57,6 +57,27 @@ void zero_step_begin(td_trainer *t) {
   }
   z->n_pieces = z->n_done = z->n_buckets = 0;
   z->inflight_floats = 0;
+  z->released_lo = t->n_params; /* nothing released this step yet */
+}
+
+/* Stage 2+: a reduced piece this rank does not own is given back at once
+ * (complete_pieces), but releases round inward (pages.c), so a granule it
+ * shares with the piece above would stay. Here the granules above the
+ * lowest completed piece with nothing in flight above it go too, the shard
+ * excepted: buckets are launched from the top of the arena down (the
+ * frontier of final gradients) and nothing above the frontier is written
+ * again this step, so everything there that is reduced and not owned is
+ * dead. z->released_lo, granule-aligned, is where that range starts. */
+static void release_reduced(td_trainer *t) {
+  zero_state *z = t->zero;
+  if (z->stage < 2 || z->n_done == 0) return;
+  size_t x = z->pieces[z->n_done - 1].lo;
+  for (int i = z->n_done; i < z->n_pieces; i++) x = TD_MAX(x, z->pieces[i].hi);
+  size_t g = z->grads_kind == ZERO_MEM_MAPPED ? z->granule_floats : z->page_floats;
+  x = (x + g - 1) / g * g;
+  if (x >= z->released_lo) return;
+  zero_release(t, t->grads, x, z->released_lo);
+  z->released_lo = x;
 }
 
 /* Complete pieces in launch order: all that are done (block = false) or
@@ -80,6 +101,7 @@ static td_status complete_pieces(td_trainer *t, bool block) {
     z->inflight_floats -= p->hi - p->lo;
     if (p->owner != t->rank) zero_release(t, t->grads, p->lo, p->hi);
     z->n_done++;
+    release_reduced(t);
     if (block) break;
   }
   return first;

@@ -30,11 +30,6 @@ void zero_layout(td_trainer *t) {
   t->params_hi = t->zero_stage >= 3 ? t->shard_hi : t->n_params;
 }
 
-static float *reserve(size_t bytes) {
-  void *p = mmap(NULL, bytes ? bytes : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  return p == MAP_FAILED ? NULL : p;
-}
-
 static float *alloc_zeroed(size_t bytes) {
   void *p = td_alloc(bytes ? bytes : sizeof(float));
   if (p) memset(p, 0, bytes ? bytes : sizeof(float));
@@ -47,14 +42,17 @@ static float *alloc_zeroed(size_t bytes) {
  * staging through the segment (two synchronizations per operation instead
  * of two per chunk). Its pages are given back with MADV_REMOVE (a hole in
  * the memfd). Otherwise `fallback`: reserved address space when pages are
- * given back (MAPPED), plain memory when not (ALLOC). */
+ * given back (MAPPED), plain memory when not (ALLOC). An arena that gives
+ * pages back in huge granules is always MAPPED: shared memory has no huge
+ * pages here, and 4 KiB faults cost more than staging (pages.c). */
 static float *arena_for(td_trainer *t, zero_mem_kind fallback, zero_mem_kind *kind) {
   size_t bytes = t->n_params * sizeof(float);
   /* Not with NVMe offload: host-shared memory is allocated whole up front
    * (posix_fallocate), and the arenas of a model offloaded because it does
    * not fit must stay address space whose pages come and go. */
   bool offload = t->cfg.offload.optimizer_device == TD_OFFLOAD_NVME || t->cfg.offload.param_device == TD_OFFLOAD_NVME;
-  if (!offload && t->comm && t->world > 1 && td_comm_local_size(t->comm) > 1 &&
+  bool huge = t->zero->granule_floats > t->zero->page_floats;
+  if (!offload && !(huge && fallback == ZERO_MEM_MAPPED) && t->comm && t->world > 1 && td_comm_local_size(t->comm) > 1 &&
       !strcmp(td_comm_transport(t->comm), "shm")) {
     void *p = NULL;
     if (td_mem_alloc(bytes, &p) == TD_OK) {
@@ -64,7 +62,8 @@ static float *arena_for(td_trainer *t, zero_mem_kind fallback, zero_mem_kind *ki
     TD_DEBUG("rank %d: ZeRO arena in plain memory (%s)", t->rank, td_last_error());
   }
   *kind = fallback;
-  return fallback == ZERO_MEM_MAPPED ? reserve(bytes) : alloc_zeroed(bytes);
+  return fallback == ZERO_MEM_MAPPED ? zero_reserve(bytes, t->zero->granule_floats * sizeof(float))
+                                     : alloc_zeroed(bytes);
 }
 
 td_status zero_create(td_trainer *t) {
@@ -72,9 +71,15 @@ td_status zero_create(td_trainer *t) {
   if (!z) return td_error(TD_ERR_SYSTEM, "rank %d: out of memory for the ZeRO state", t->rank);
   t->zero = z;
   z->stage = t->zero_stage;
-  long page = sysconf(_SC_PAGESIZE);
-  z->page_floats = (size_t)(page > 0 ? page : 4096) / sizeof(float);
+  z->page_floats = zero_page_bytes() / sizeof(float);
+  z->granule_floats = z->page_floats;
   z->status = TD_OK;
+  if (z->stage >= 2) {
+    size_t granule = 0;
+    td_status gst = zero_granule_bytes(t->n_params, t->world, &granule);
+    if (gst != TD_OK) return gst; /* the same on every rank: the environment */
+    z->granule_floats = granule / sizeof(float);
+  }
   size_t shard = t->shard_hi - t->shard_lo;
   t->params = arena_for(t, z->stage >= 3 ? ZERO_MEM_MAPPED : ZERO_MEM_ALLOC, &z->params_kind);
   if (z->stage >= 2) {
@@ -110,9 +115,9 @@ void zero_after_init(td_trainer *t) {
   if (t->zero && t->zero->stage >= 3) zero_release(t, t->params, 0, t->n_params);
 }
 
-static void free_arena(float *p, zero_mem_kind kind, size_t bytes) {
+static void free_arena(const zero_state *z, float *p, zero_mem_kind kind, size_t bytes) {
   if (!p) return;
-  if (kind == ZERO_MEM_MAPPED) munmap(p, bytes ? bytes : 1);
+  if (kind == ZERO_MEM_MAPPED) zero_unreserve(p, bytes, z->granule_floats * sizeof(float));
   else if (kind == ZERO_MEM_SHARED) td_mem_free(p);
   else td_free(p);
 }
@@ -128,9 +133,9 @@ void zero_destroy(td_trainer *t) {
     if (z->live[i].disk_req) (void)offload_params_wait(t, z->live[i].disk_req);
   if (t->model && t->model->param_access == &z->access) t->model->param_access = NULL;
   size_t bytes = t->n_params * sizeof(float);
-  free_arena(t->params, z->params_kind, bytes);
+  free_arena(z, t->params, z->params_kind, bytes);
   if (z->grads_kind != ZERO_MEM_NONE) {
-    free_arena(t->grads, z->grads_kind, bytes);
+    free_arena(z, t->grads, z->grads_kind, bytes);
     t->grads = NULL;
   }
   t->params = NULL;
@@ -146,11 +151,12 @@ void zero_destroy(td_trainer *t) {
   t->zero = NULL;
 }
 
-/* Release the whole pages inside arena range [lo, hi); the arena's last
- * page counts as whole (the mapping ends with it). */
+/* Release the whole granules (pages, or huge pages: pages.c) inside arena
+ * range [lo, hi); the arena's last granule counts as whole (the mapping
+ * ends with it). Shared arenas always have 4 KiB granules. */
 static void release_pages(const zero_state *z, float *arena, zero_mem_kind kind, size_t n_total, size_t lo,
                           size_t hi) {
-  size_t pf = z->page_floats;
+  size_t pf = kind == ZERO_MEM_MAPPED ? z->granule_floats : z->page_floats;
   uintptr_t base = (uintptr_t)arena;
   /* arena offsets of page boundaries: the arena itself is page-aligned (mmap) */
   size_t p0 = (lo + pf - 1) / pf * pf, p1 = hi >= n_total ? (hi + pf - 1) / pf * pf : hi / pf * pf;

@@ -18,6 +18,8 @@
  *   fetch.c    stage 3: the td_param_access the model calls per layer
  *              (broadcast from the owners, prefetch, release)
  *   estimate.c bytes per rank per stage before anything is allocated
+ *   pages.c    the granule pages are given back in: 2 MiB transparent
+ *              huge pages for large arenas (faults cost per page)
  *
  * Internal to src/train. */
 #ifndef TD_TRAIN_ZERO_H
@@ -49,7 +51,8 @@ typedef enum zero_mem_kind { ZERO_MEM_NONE, ZERO_MEM_ALLOC, ZERO_MEM_SHARED, ZER
 
 typedef struct zero_state {
   int stage;
-  size_t page_floats; /* floats per page */
+  size_t page_floats;    /* floats per page */
+  size_t granule_floats; /* floats per release granule of MAPPED arenas (pages.c) */
   zero_mem_kind params_kind, grads_kind;
 
   /* stage >= 1: gradient buckets of the current step */
@@ -58,6 +61,7 @@ typedef struct zero_state {
   int n_buckets;
   size_t inflight_floats;     /* launched, not completed */
   size_t inflight_cap_floats; /* stage 2+: wait for the oldest beyond this */
+  size_t released_lo;         /* stage 2+: gradients from here up given back this step (reduce.c) */
 
   /* stage 3 */
   td_param_access access;
@@ -104,6 +108,19 @@ void zero_measure(td_trainer *t);
 /* Model-state bytes this rank allocated: measured peak at stage >= 1, the
  * arena sizes at stage 0. */
 size_t zero_model_state_bytes(const td_trainer *t);
+
+/* ---- pages.c ---- */
+size_t zero_page_bytes(void);
+/* The granule stage 2-3 arenas give memory back in for this model and world
+ * size: 2 MiB (transparent huge pages) when rank 0's shard spans at least
+ * two of them and THP is available, else the page size. Fails only on a
+ * bad TANDEM_ZERO_HUGE_PAGES. The same answer on every rank. */
+td_status zero_granule_bytes(size_t n_params, int world, size_t *out);
+/* Reserved address space (no memory yet) for `bytes`, aligned to and
+ * rounded up to `granule`, with MADV_HUGEPAGE when granule is larger than a
+ * page. NULL when mmap fails. Freed with zero_unreserve. */
+float *zero_reserve(size_t bytes, size_t granule);
+void zero_unreserve(float *p, size_t bytes, size_t granule);
 
 /* ---- reduce.c (stage >= 1) ---- */
 void zero_step_begin(td_trainer *t);                       /* zero the gradients, reset the buckets */

@@ -1,0 +1,94 @@
+/* ZeRO arenas on transparent huge pages: the granule in which stage 2's
+ * gradient arena and stage 3's parameter arena give memory back.
+ *
+ * Why. Stages 2 and 3 give back the pages of what a rank does not keep
+ * (gradients of a reduced bucket it does not own, parameters of a released
+ * layer) and fault them in again the next step. With 4 KiB pages that is
+ * one fault per 4 KiB, and on this class of machine (a VM) a fault costs
+ * 15-40 us whatever the page holds: measured, re-faulting 8 MiB costs
+ * 36-45 ms of CPU with 4 KiB pages (private or memfd alike) and 0.6 ms on
+ * 2 MiB pages, zeroing included. At the reference GPT that was a third of
+ * stage 2's CPU time (README, ZeRO).
+ *
+ * How. An arena whose shard spans at least two huge pages is reserved
+ * 2 MiB-aligned as private anonymous memory with MADV_HUGEPAGE (THP
+ * "madvise" mode honours it), and every release is rounded INWARD to whole
+ * 2 MiB granules: a granule partly needed stays (splitting it would bring
+ * the 4 KiB faults back for all its pages). So a rank holds its shard plus
+ * at most one granule on each side of it and of each range in flight,
+ * which td_trainer_estimate_memory counts (estimate.c). Shared memory
+ * (memfd) cannot have huge pages here (shmem THP is a system setting,
+ * "never" on Debian's default), so these arenas leave the host-shared
+ * memory: their collectives stage through the shm segment instead of
+ * reading the peers' arenas directly, which costs less than the faults it
+ * saves (bench/results/, README). Small arenas (a shard under two huge
+ * pages, the tests' models) keep 4 KiB granules and the host-shared path.
+ *
+ * TANDEM_ZERO_HUGE_PAGES=off forces 4 KiB granules (for comparisons);
+ * auto (the default) uses huge pages where THP is available. */
+#include "train/zero/zero.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#define ZERO_HUGE_BYTES ((size_t)2 << 20)
+
+size_t zero_page_bytes(void) {
+  long page = sysconf(_SC_PAGESIZE);
+  return page > 0 ? (size_t)page : 4096;
+}
+
+/* THP usable by madvise: "[always]" or "[madvise]" selected. */
+static bool thp_available(void) {
+#ifdef MADV_HUGEPAGE
+  FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+  if (!f) return false;
+  char line[128] = {0};
+  bool ok = fgets(line, sizeof line, f) && (strstr(line, "[always]") || strstr(line, "[madvise]"));
+  fclose(f);
+  return ok;
+#else
+  return false;
+#endif
+}
+
+td_status zero_granule_bytes(size_t n_params, int world, size_t *out) {
+  *out = zero_page_bytes();
+  const char *env = getenv("TANDEM_ZERO_HUGE_PAGES");
+  if (env && *env && strcmp(env, "auto") != 0) {
+    if (strcmp(env, "off") == 0) return TD_OK;
+    return td_error(TD_ERR_INVALID_ARGUMENT, "ZeRO stage 2-3: TANDEM_ZERO_HUGE_PAGES=%s: use auto (the default) or off", env);
+  }
+  size_t off, shard = 0;
+  td_shard_range(n_params, world > 0 ? world : 1, 0, &off, &shard); /* rank 0's is the largest */
+  if (world > 1 && shard * sizeof(float) >= 2 * ZERO_HUGE_BYTES && thp_available()) *out = ZERO_HUGE_BYTES;
+  return TD_OK;
+}
+
+static size_t round_up(size_t x, size_t g) { return (x + g - 1) / g * g; }
+
+float *zero_reserve(size_t bytes, size_t granule) {
+  size_t len = round_up(bytes ? bytes : 1, granule);
+  size_t extra = granule > zero_page_bytes() ? granule : 0; /* room to align to the granule */
+  char *p = mmap(NULL, len + extra, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) return NULL;
+  if (extra) {
+    char *a = (char *)(((uintptr_t)p + granule - 1) & ~(uintptr_t)(granule - 1));
+    /* keep exactly [a, a + len): the arena's last granule counts as whole */
+    if (a > p) munmap(p, (size_t)(a - p));
+    if (a + len < p + len + extra) munmap(a + len, (size_t)(p + len + extra - (a + len)));
+    p = a;
+#ifdef MADV_HUGEPAGE
+    (void)madvise(p, len, MADV_HUGEPAGE); /* before the first touch; a hint only */
+#endif
+  }
+  return (float *)p;
+}
+
+void zero_unreserve(float *p, size_t bytes, size_t granule) {
+  if (p) munmap(p, round_up(bytes ? bytes : 1, granule));
+}
