@@ -76,6 +76,19 @@ static td_status app_elastic_train(void *ctx, td_elastic *e) {
   return TD_OK;
 }
 
+/* A rank and its buddy lost together (ZeRO stage >= 1): the last disk
+ * checkpoint of --save DIR, re-sharded for this world by the loader. */
+static td_status app_elastic_fallback(void *ctx, td_comm *comm, int world_size) {
+  (void)comm;
+  app_elastic *a = ctx;
+  const td_train_config *c = td_trainer_config(a->trainer);
+  td_status s = td_trainer_resume(a->trainer, c->checkpoint_dir);
+  if (s == TD_OK && td_comm_rank(comm) == 0)
+    fprintf(stderr, "%s: elastic: state lost from memory; resumed from the disk checkpoint in %s at step %ld "
+            "(world %d)\n", app_name, c->checkpoint_dir, td_trainer_step_count(a->trainer), world_size);
+  return s;
+}
+
 /* FNV-1a over the parameter bytes: equal hashes = equal parameters. */
 static unsigned long long app_params_hash(const td_trainer *t) {
   const unsigned char *p = (const unsigned char *)td_trainer_params(t);
@@ -103,6 +116,7 @@ static int app_elastic_main(td_train_config *cfg, td_model *model, td_dataset *d
   s = td_elastic_batch_split(cfg->train_batch_size, 1, a.micro_hint, 0, &local.micro_batch, &local.grad_accum);
   if (s == TD_OK) s = td_trainer_create(&local, model, data, NULL, &a.trainer);
   if (s == TD_OK) s = td_trainer_elastic_register(a.trainer, a.e);
+  if (s == TD_OK && cfg->checkpoint_dir[0]) s = td_elastic_set_fallback(a.e, app_elastic_fallback, &a);
   if (s != TD_OK) {
     fprintf(stderr, "%s: error: setting up elastic training failed (%s): %s\n", app_name, td_status_str(s),
             td_last_error());
@@ -114,6 +128,15 @@ static int app_elastic_main(td_train_config *cfg, td_model *model, td_dataset *d
   double train_s = app_now() - a.t_begin;
   if (s != TD_OK) {
     fprintf(stderr, "%s: error: elastic training failed (%s): %s\n", app_name, td_status_str(s), td_last_error());
+    td_trainer_destroy(a.trainer);
+    td_elastic_destroy(a.e);
+    return APP_EXIT_FAIL;
+  }
+  /* stage 3: the whole parameter arena for the hash (collective) */
+  s = td_trainer_gather_params(a.trainer);
+  if (s != TD_OK) {
+    fprintf(stderr, "%s: error: gathering the parameters failed (%s): %s\n", app_name, td_status_str(s),
+            td_last_error());
     td_trainer_destroy(a.trainer);
     td_elastic_destroy(a.e);
     return APP_EXIT_FAIL;

@@ -175,8 +175,10 @@ static void print_sample(const int32_t *tokens, int n) {
 /* Elastic training (app_elastic.h): the global batch is that of the
  * initial world (TANDEM_WORLD_SIZE), kept whatever the world size becomes. */
 static int elastic_main(const gpt_options *opt) {
-  if (opt->common.metrics_path || opt->common.resume_dir || opt->common.save_dir)
-    app_usage_error("--elastic keeps its state in memory: --metrics, --save and --resume are not supported with it yet");
+  /* --save: periodic checkpoints, read back only when a rank and its buddy
+   * are lost together at ZeRO stage >= 1 (td_elastic_set_fallback) */
+  if (opt->common.metrics_path || opt->common.resume_dir)
+    app_usage_error("--elastic keeps its state in memory: --metrics and --resume are not supported with it yet");
   const char *w = getenv("TANDEM_WORLD_SIZE");
   td_train_config cfg;
   build_config(opt, w ? (int)app_parse_long("TANDEM_WORLD_SIZE", w, 1, 1 << 20) : 1, &cfg);

@@ -102,6 +102,13 @@ void zero_measure(td_trainer *t);
  * arena sizes at stage 0. */
 size_t zero_model_state_bytes(const td_trainer *t);
 
+/* ---- rebind.c ---- */
+/* After t->comm, world and rank changed (elastic training): shard every
+ * arena for the new world. The optimizer-state shards are reallocated
+ * (zeros: the caller restores them), stage 3 keeps only the new parameter
+ * shard resident. Local. */
+td_status zero_rebind(td_trainer *t);
+
 /* ---- reduce.c (stage >= 1) ---- */
 void zero_step_begin(td_trainer *t);                       /* zero the gradients, reset the buckets */
 void zero_bucket_launch(td_trainer *t, size_t lo, size_t hi); /* reduce [lo, hi) into the owners' shards */

@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# Elastic training at ZeRO stages 1-3 (buddy replicas of the shards), all
+# ranks on this host (one host: each rank's buddy is the next rank).
+#
+#   zero.sh B kill STAGE   4 ranks at ZeRO stage STAGE; kill -9 of rank 0's
+#                          process at step 20 and of rank 2's 10 steps into
+#                          the next epoch, each replaced: the lost shards
+#                          come from the buddies' memory ("rebuilt from
+#                          memory" in the log, no disk fallback) and every
+#                          step's loss and the final parameters equal a
+#                          fault-free run's, bit for bit
+#   zero.sh B buddy        stage 1, checkpoints every 10 steps (--save):
+#                          ranks 1 and 2 (rank 1's buddy) killed together,
+#                          both replaced: rank 1's shard is in no memory,
+#                          the job falls back to the disk checkpoint and
+#                          says so, redoes the steps since it, and its
+#                          losses and final parameters still equal the
+#                          fault-free run's
+set -u
+B=$2
+case_name=$1
+RUN="$B/bin/tandemrun"
+GPT="$B/bin/train-gpt"
+work=$(mktemp -d /tmp/tandem-el2-XXXXXX)
+bg=
+cleanup() {
+  [ -n "$bg" ] && kill -9 -- "-$bg" 2>/dev/null
+  rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+export TANDEM_PROGRESS=plain
+
+fail() {
+  echo "FAIL($case_name): $*"
+  [ -f "$work/out" ] && { echo "---- tandemrun output (without step lines):"; grep -v "step [0-9]* loss" "$work/out" | tail -40; }
+  exit 1
+}
+wait_for() { # FILE PATTERN [SECONDS]: block until PATTERN appears in FILE
+  local n=$(( ${3:-90} * 20 ))
+  for _ in $(seq 1 "$n"); do
+    grep -q -- "$2" "$1" && return 0
+    sleep 0.05
+  done
+  fail "'$2' did not appear in $1"
+}
+pid_of() { sed -n "s/.*elastic process $2 (pid \([0-9]*\)).*/\1/p" "$1" | head -1; }
+# kill_frozen OUT ID...: freeze the job, kill -9 the processes with these
+# launch numbers together, let the others go on (the fault lands where the
+# script saw it, even on a loaded machine).
+kill_frozen() {
+  local out=$1 pids victims=""
+  shift
+  pids=$(sed -n 's/.*elastic process [0-9]* (pid \([0-9]*\)).*/\1/p' "$out")
+  for id in "$@"; do victims="$victims $(pid_of "$out" "$id")"; done
+  kill -STOP $pids 2>/dev/null
+  kill -9 $victims
+  kill -CONT $pids 2>/dev/null
+}
+losses() { sed -n 's/.*train-gpt: step \([0-9]*\) loss \([^ ]*\) .*/\1 \2/p' "$1" | sort -n -k1,1 -s | awk '{l[$1]=$2} END {for (s in l) print s, l[s]}' | sort -n; }
+exact() { sed -n 's/.*elastic final_loss_exact=\([^ ]*\) params_hash=\([^ ]*\).*/\1 \2/p' "$1"; }
+start() { local out=$1; shift; setsid "$RUN" "$@" >"$out" 2>&1 & bg=$!; }
+finish() {
+  wait "$bg"
+  local rc=$?
+  bg=
+  [ "$rc" = "$1" ] || { cat "$2" | grep -v "step [0-9]* loss" | tail -60; fail "tandemrun exited $rc, expected $1"; }
+}
+compare() { # the faulted run against the fault-free one, N steps
+  [ "$(losses "$work/ref" | wc -l)" = "$1" ] || fail "the fault-free run did not report $1 steps"
+  diff <(losses "$work/ref") <(losses "$work/out") >"$work/diff" || { head "$work/diff"; fail "step losses differ"; }
+  [ "$(exact "$work/ref")" = "$(exact "$work/out")" ] || fail "final loss or parameters differ: $(exact "$work/ref") vs $(exact "$work/out")"
+  echo "$1 step losses and the final parameters equal the fault-free run's: $(exact "$work/out")"
+}
+model="--layers 2 --channels 64 --heads 2 --seq 64 --threads 1 --sample 0 --micro-batch 3"
+
+case "$case_name" in
+kill)
+  stage=$3
+  args="$model --steps 120 --zero-stage $stage"
+  "$RUN" --min-np 2 --max-np 4 -np 4 "$GPT" $args >"$work/ref" 2>&1 || { cat "$work/ref"; fail "fault-free run"; }
+  TANDEM_LOG=info start "$work/out" --min-np 2 --max-np 4 -np 4 --max-restarts 2 "$GPT" $args
+  wait_for "$work/out" "step 20 loss"
+  kill_frozen "$work/out" 0
+  wait_for "$work/out" "elastic epoch 2:"
+  from=$(sed -n 's/.*elastic epoch 2: .* from step \([0-9]*\).*/\1/p' "$work/out")
+  wait_for "$work/out" "step $((from + 10)) loss"
+  kill_frozen "$work/out" 2
+  finish 0 "$work/out"
+  grep -v "step [0-9]* loss" "$work/out" | grep -E "elastic|killed" | grep -E "rebuilt|disk|killed|epoch [0-9]:" | head -30
+  grep -q "elastic epoch 3: world=4" "$work/out" || fail "no third epoch at world 4 (two faults, two replacements)"
+  grep -q "rebuilt from memory" "$work/out" || fail "the log does not say the shards were rebuilt from memory"
+  grep -q "falling back to the disk" "$work/out" && fail "fell back to the disk with every shard in some memory"
+  compare 120
+  ;;
+buddy)
+  args="$model --steps 80 --zero-stage 1"
+  "$RUN" --min-np 2 --max-np 4 -np 4 "$GPT" $args >"$work/ref" 2>&1 || { cat "$work/ref"; fail "fault-free run"; }
+  TANDEM_LOG=info start "$work/out" --min-np 2 --max-np 4 -np 4 --max-restarts 2 "$GPT" $args --save "$work/ckpt" --save-every 10
+  wait_for "$work/out" "step 25 loss"
+  kill_frozen "$work/out" 1 2
+  finish 0 "$work/out"
+  grep -v "step [0-9]* loss" "$work/out" | grep -E "elastic|killed" | grep -E "rebuilt|disk|killed|epoch [0-9]:" | head -30
+  grep -q "held by no survivor (a rank and its buddy were both lost): falling back to the disk checkpoint" "$work/out" ||
+    fail "the log does not say that the job fell back to the disk checkpoint"
+  grep -q "resumed from the disk checkpoint in $work/ckpt at step [1-9]0 " "$work/out" || fail "no resume from the disk checkpoint"
+  compare 80
+  ;;
+*) fail "unknown case" ;;
+esac
+echo "PASS($case_name)"
