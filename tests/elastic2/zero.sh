@@ -9,6 +9,13 @@
 #                          memory" in the log, no disk fallback) and every
 #                          step's loss and the final parameters equal a
 #                          fault-free run's, bit for bit
+#   zero.sh B shrink STAGE 4 -> 3 -> 2 ranks by kill -9 without replacement:
+#                          the shards are cut anew for each world size
+#                          from the survivors' shards and the buddies'
+#                          copies; the global batch is kept and the final
+#                          loss is the fault-free run's within float
+#                          summation noise (another world size sums in
+#                          another order)
 #   zero.sh B buddy        stage 1, checkpoints every 10 steps (--save):
 #                          ranks 1 and 2 (rank 1's buddy) killed together,
 #                          both replaced: rank 1's shard is in no memory,
@@ -93,6 +100,28 @@ kill)
   grep -q "rebuilt from memory" "$work/out" || fail "the log does not say the shards were rebuilt from memory"
   grep -q "falling back to the disk" "$work/out" && fail "fell back to the disk with every shard in some memory"
   compare 120
+  ;;
+shrink)
+  args="$model --steps 150 --zero-stage $3"
+  "$RUN" --min-np 2 --max-np 4 -np 4 "$GPT" $args >"$work/ref" 2>&1 || { cat "$work/ref"; fail "fault-free run"; }
+  TANDEM_LOG=info start "$work/out" --min-np 2 --max-np 4 -np 4 --max-restarts 0 "$GPT" $args
+  wait_for "$work/out" "step 20 loss"
+  kill_frozen "$work/out" 2
+  wait_for "$work/out" "world=3 global_batch=12 (micro 2 x accum 2"
+  from=$(sed -n 's/.*elastic epoch 2: .* from step \([0-9]*\).*/\1/p' "$work/out")
+  wait_for "$work/out" "step $((from + 10)) loss"
+  kill_frozen "$work/out" 1
+  wait_for "$work/out" "world=2 global_batch=12 (micro 3 x accum 2"
+  finish 0 "$work/out"
+  grep -v "step [0-9]* loss" "$work/out" | grep -E "rebuilt|disk|killed|epoch [0-9]:"
+  grep -q "epoch 3: rank 0: sharded state of commit [0-9]* rebuilt from memory" "$work/out" || fail "no rebuild at world 2"
+  read -r lref _ <<<"$(exact "$work/ref")"
+  read -r lout _ <<<"$(exact "$work/out")"
+  [ -n "$lref" ] && [ -n "$lout" ] || fail "missing final loss"
+  [ "$(losses "$work/out" | wc -l)" = 150 ] || fail "not every step was reported"
+  awk -v a="$lout" -v b="$lref" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-5 * b) }' ||
+    fail "final loss $lout differs from the fault-free $lref beyond summation noise"
+  echo "4 -> 3 -> 2 ranks at stage $3: final loss $lout vs fault-free $lref"
   ;;
 buddy)
   args="$model --steps 80 --zero-stage 1"
