@@ -14,6 +14,7 @@
 #ifndef TD_EXAMPLES_APP_ELASTIC_H
 #define TD_EXAMPLES_APP_ELASTIC_H
 
+#include <signal.h>
 #include <unistd.h>
 
 #include "app_common.h"
@@ -30,6 +31,37 @@ typedef struct app_elastic {
   long steps_done_here; /* steps this process completed */
   double t_begin;
 } app_elastic;
+
+/* Does --config enable the "elasticity" block? (train elastically then) */
+static int app_config_elastic(const app_common_options *c) {
+  if (!c->config_path) return 0;
+  td_train_config cfg;
+  td_train_config_defaults(&cfg);
+  if (td_train_config_load_json(c->config_path, &cfg) != TD_OK) return 0; /* reported by build_config */
+  return cfg.elasticity.enabled;
+}
+
+/* The config's elasticity.min_gpus/max_gpus bound the world size: they
+ * become the elastic bounds when the launcher gave none, and must agree
+ * with the launcher's otherwise. */
+static void app_elastic_bounds(const td_elasticity_config *el) {
+  const char *names[2] = {"TANDEM_ELASTIC_MIN_NP", "TANDEM_ELASTIC_MAX_NP"};
+  const char *flags[2] = {"--min-np", "--max-np"};
+  int want[2] = {el->min_gpus, el->max_gpus};
+  for (int i = 0; i < 2; i++) {
+    const char *v = getenv(names[i]);
+    if (!v || !*v) {
+      char buf[32];
+      snprintf(buf, sizeof buf, "%d", want[i]);
+      setenv(names[i], buf, 1);
+      continue;
+    }
+    long have = atol(v);
+    if (i == 0 ? have < want[0] : have > want[1])
+      app_usage_error("tandemrun %s %ld is outside the config's elasticity.min_gpus %d .. max_gpus %d: make them "
+                      "agree", flags[i], have, want[0], want[1]);
+  }
+}
 
 /* Is this process started elastically (tandemrun --min-np/--max-np)? */
 static int app_elastic_env(void) {
@@ -59,6 +91,28 @@ static td_status app_elastic_reset(void *ctx, td_comm *comm, int world_size) {
   return TD_OK;
 }
 
+/* Test hook TANDEM_TEST_STOP_AT="S1,S2,...": this process stops itself
+ * (SIGSTOP) right after committing step Si, the first time it completes
+ * that step, so that a fault script acts at a known step however fast the
+ * steps run on a loaded machine (the script waits until every process is
+ * stopped, injects the fault, and continues the others). */
+static void app_elastic_test_stop(long step) {
+  static long done_upto = 0; /* the stop at step s happens once */
+  const char *v = getenv("TANDEM_TEST_STOP_AT");
+  if (!v || step <= done_upto) return;
+  for (const char *p = v; *p;) {
+    char *end;
+    long s = strtol(p, &end, 10);
+    if (end == p) break;
+    if (s == step) {
+      done_upto = step;
+      raise(SIGSTOP);
+      return;
+    }
+    p = *end ? end + 1 : end;
+  }
+}
+
 static td_status app_elastic_train(void *ctx, td_elastic *e) {
   app_elastic *a = ctx;
   while (td_trainer_step_count(a->trainer) < a->steps) {
@@ -72,6 +126,7 @@ static td_status app_elastic_train(void *ctx, td_elastic *e) {
               td_elastic_epoch(e));
     s = td_elastic_commit(e);
     if (s != TD_OK) return s;
+    app_elastic_test_stop(st.step);
   }
   return TD_OK;
 }
@@ -103,6 +158,7 @@ static unsigned long long app_params_hash(const td_trainer *t) {
 static int app_elastic_main(td_train_config *cfg, td_model *model, td_dataset *data) {
   app_elastic a;
   memset(&a, 0, sizeof a);
+  if (cfg->elasticity.enabled) app_elastic_bounds(&cfg->elasticity);
   td_status s = td_elastic_create(NULL, &a.e);
   if (s != TD_OK) app_fail(NULL, "joining the elastic job (td_elastic_create)", s);
   fprintf(stderr, "%s: elastic process %ld (pid %d) is rank %d of %d in epoch %d\n", app_name, td_elastic_id(a.e),

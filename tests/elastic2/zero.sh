@@ -53,17 +53,35 @@ wait_for() { # FILE PATTERN [SECONDS]: block until PATTERN appears in FILE
   fail "'$2' did not appear in $1"
 }
 pid_of() { sed -n "s/.*elastic process $2 (pid \([0-9]*\)).*/\1/p" "$1" | head -1; }
-# kill_frozen OUT ID...: freeze the job, kill -9 the processes with these
-# launch numbers together, let the others go on (the fault lands where the
-# script saw it, even on a loaded machine).
-kill_frozen() {
-  local out=$1 pids victims=""
+live_pids() { # the job's processes still alive
+  local p
+  for p in $(sed -n 's/.*elastic process [0-9]* (pid \([0-9]*\)).*/\1/p' "$1"); do
+    kill -0 "$p" 2>/dev/null && echo "$p"
+  done
+}
+# stopped_at OUT STEP: every process stopped itself after step STEP
+# (TANDEM_TEST_STOP_AT): block until all of them are stopped.
+stopped_at() {
+  local p n
+  wait_for "$1" "step $2 loss"
+  for _ in $(seq 1 1800); do
+    n=0
+    for p in $(live_pids "$1"); do
+      [ "$(awk '{print $3}' /proc/$p/stat 2>/dev/null)" = T ] || n=$((n + 1))
+    done
+    [ "$n" = 0 ] && return 0
+    sleep 0.05
+  done
+  fail "the processes did not all stop after step $2"
+}
+# kill_stopped OUT ID...: kill -9 the processes with these launch numbers
+# (all stopped at a known step), continue the others.
+kill_stopped() {
+  local out=$1 victims=""
   shift
-  pids=$(sed -n 's/.*elastic process [0-9]* (pid \([0-9]*\)).*/\1/p' "$out")
   for id in "$@"; do victims="$victims $(pid_of "$out" "$id")"; done
-  kill -STOP $pids 2>/dev/null
   kill -9 $victims
-  kill -CONT $pids 2>/dev/null
+  kill -CONT $(live_pids "$out") 2>/dev/null
 }
 losses() { sed -n 's/.*train-gpt: step \([0-9]*\) loss \([^ ]*\) .*/\1 \2/p' "$1" | sort -n -k1,1 -s | awk '{l[$1]=$2} END {for (s in l) print s, l[s]}' | sort -n; }
 exact() { sed -n 's/.*elastic final_loss_exact=\([^ ]*\) params_hash=\([^ ]*\).*/\1 \2/p' "$1"; }
@@ -87,13 +105,12 @@ kill)
   stage=$3
   args="$model --steps 120 --zero-stage $stage"
   "$RUN" --min-np 2 --max-np 4 -np 4 "$GPT" $args >"$work/ref" 2>&1 || { cat "$work/ref"; fail "fault-free run"; }
-  TANDEM_LOG=info start "$work/out" --min-np 2 --max-np 4 -np 4 --max-restarts 2 "$GPT" $args
-  wait_for "$work/out" "step 20 loss"
-  kill_frozen "$work/out" 0
+  TANDEM_TEST_STOP_AT=20,50 TANDEM_LOG=info start "$work/out" --min-np 2 --max-np 4 -np 4 --max-restarts 2 "$GPT" $args
+  stopped_at "$work/out" 20
+  kill_stopped "$work/out" 0
   wait_for "$work/out" "elastic epoch 2:"
-  from=$(sed -n 's/.*elastic epoch 2: .* from step \([0-9]*\).*/\1/p' "$work/out")
-  wait_for "$work/out" "step $((from + 10)) loss"
-  kill_frozen "$work/out" 2
+  stopped_at "$work/out" 50
+  kill_stopped "$work/out" 2
   finish 0 "$work/out"
   grep -v "step [0-9]* loss" "$work/out" | grep -E "elastic|killed" | grep -E "rebuilt|disk|killed|epoch [0-9]:" | head -30
   grep -q "elastic epoch 3: world=4" "$work/out" || fail "no third epoch at world 4 (two faults, two replacements)"
@@ -104,13 +121,12 @@ kill)
 shrink)
   args="$model --steps 150 --zero-stage $3"
   "$RUN" --min-np 2 --max-np 4 -np 4 "$GPT" $args >"$work/ref" 2>&1 || { cat "$work/ref"; fail "fault-free run"; }
-  TANDEM_LOG=info start "$work/out" --min-np 2 --max-np 4 -np 4 --max-restarts 0 "$GPT" $args
-  wait_for "$work/out" "step 20 loss"
-  kill_frozen "$work/out" 2
+  TANDEM_TEST_STOP_AT=20,50 TANDEM_LOG=info start "$work/out" --min-np 2 --max-np 4 -np 4 --max-restarts 0 "$GPT" $args
+  stopped_at "$work/out" 20
+  kill_stopped "$work/out" 2
   wait_for "$work/out" "world=3 global_batch=12 (micro 2 x accum 2"
-  from=$(sed -n 's/.*elastic epoch 2: .* from step \([0-9]*\).*/\1/p' "$work/out")
-  wait_for "$work/out" "step $((from + 10)) loss"
-  kill_frozen "$work/out" 1
+  stopped_at "$work/out" 50
+  kill_stopped "$work/out" 1
   wait_for "$work/out" "world=2 global_batch=12 (micro 3 x accum 2"
   finish 0 "$work/out"
   grep -v "step [0-9]* loss" "$work/out" | grep -E "rebuilt|disk|killed|epoch [0-9]:"
@@ -126,14 +142,14 @@ shrink)
 buddy)
   args="$model --steps 80 --zero-stage 1"
   "$RUN" --min-np 2 --max-np 4 -np 4 "$GPT" $args >"$work/ref" 2>&1 || { cat "$work/ref"; fail "fault-free run"; }
-  TANDEM_LOG=info start "$work/out" --min-np 2 --max-np 4 -np 4 --max-restarts 2 "$GPT" $args --save "$work/ckpt" --save-every 10
-  wait_for "$work/out" "step 25 loss"
-  kill_frozen "$work/out" 1 2
+  TANDEM_TEST_STOP_AT=25 TANDEM_LOG=info start "$work/out" --min-np 2 --max-np 4 -np 4 --max-restarts 2 "$GPT" $args --save "$work/ckpt" --save-every 10
+  stopped_at "$work/out" 25
+  kill_stopped "$work/out" 1 2
   finish 0 "$work/out"
   grep -v "step [0-9]* loss" "$work/out" | grep -E "elastic|killed" | grep -E "rebuilt|disk|killed|epoch [0-9]:" | head -30
   grep -q "held by no survivor (a rank and its buddy were both lost): falling back to the disk checkpoint" "$work/out" ||
     fail "the log does not say that the job fell back to the disk checkpoint"
-  grep -q "resumed from the disk checkpoint in $work/ckpt at step [1-9]0 " "$work/out" || fail "no resume from the disk checkpoint"
+  grep -q "resumed from the disk checkpoint in $work/ckpt at step 20 " "$work/out" || fail "no resume from the step-20 checkpoint"
   compare 80
   ;;
 *) fail "unknown case" ;;
