@@ -30,6 +30,8 @@ typedef struct app_elastic {
   td_step_stats last;
   long steps_done_here; /* steps this process completed */
   double t_begin;
+  double t_warm;        /* when this process completed its second step (throughput leaves the first two out) */
+  double t_last;        /* when it completed its last one */
 } app_elastic;
 
 /* Does --config enable the "elasticity" block? (train elastically then) */
@@ -126,6 +128,8 @@ static td_status app_elastic_train(void *ctx, td_elastic *e) {
               td_elastic_epoch(e));
     s = td_elastic_commit(e);
     if (s != TD_OK) return s;
+    a->t_last = app_now();
+    if (a->steps_done_here == 2) a->t_warm = a->t_last;
     app_elastic_test_stop(st.step);
   }
   return TD_OK;
@@ -199,10 +203,16 @@ static int app_elastic_main(td_train_config *cfg, td_model *model, td_dataset *d
   }
   const td_train_config *rc = td_trainer_config(a.trainer);
   if (a.rank == 0) {
-    printf("%s: final_loss=%.6f steps=%ld world=%d params=%zu global_batch=%ld micro_batch=%d grad_accum=%d "
-           "train_s=%.1f\n",
-           app_name, a.last.loss, td_trainer_step_count(a.trainer), a.world, td_trainer_n_params(a.trainer),
-           rc->train_batch_size, rc->micro_batch, rc->grad_accum, train_s);
+    /* items (tokens for the GPT, samples for the CNN) per second over
+     * this process's steps after its first two, commits included, as the
+     * non-elastic summary's tokens_per_s= */
+    double dt = a.t_last - a.t_warm;
+    double items = (double)(a.steps_done_here - 2) * (double)rc->train_batch_size * (double)data->targets_per_sample;
+    printf("%s: final_loss=%.6f tokens_per_s=%.0f steps=%ld world=%d params=%zu global_batch=%ld micro_batch=%d "
+           "grad_accum=%d train_s=%.1f zero_stage=%d\n",
+           app_name, a.last.loss, a.steps_done_here > 2 && dt > 0 ? items / dt : 0.0, td_trainer_step_count(a.trainer),
+           a.world, td_trainer_n_params(a.trainer), rc->train_batch_size, rc->micro_batch, rc->grad_accum, train_s,
+           td_trainer_zero_stage(a.trainer));
     printf("%s: elastic final_loss_exact=%.17g params_hash=%016llx epochs=%d resets=%d\n", app_name, a.last.loss,
            app_params_hash(a.trainer), td_elastic_epoch(a.e), td_elastic_resets(a.e));
     fflush(stdout);
