@@ -93,25 +93,28 @@ static td_status app_elastic_reset(void *ctx, td_comm *comm, int world_size) {
   return TD_OK;
 }
 
-/* Test hook TANDEM_TEST_STOP_AT="S1,S2,...": this process stops itself
- * (SIGSTOP) right after committing step Si, the first time it completes
- * that step, so that a fault script acts at a known step however fast the
- * steps run on a loaded machine (the script waits until every process is
- * stopped, injects the fault, and continues the others). */
-static void app_elastic_test_stop(long step) {
-  static long done_upto = 0; /* the stop at step s happens once */
+/* Test hook TANDEM_TEST_STOP_AT="E1:S1,E2:S2,...": this process stops
+ * itself (SIGSTOP) right after committing step Si in membership epoch Ei
+ * (once per pair), so that a fault script acts at a known step however
+ * fast the steps run on a loaded machine: it waits until every process is
+ * stopped, injects the fault, and continues the others. Keyed by epoch so
+ * that steps redone after a fault do not stop anybody again. */
+static void app_elastic_test_stop(int epoch, long step) {
+  static unsigned done = 0; /* pairs already stopped at */
   const char *v = getenv("TANDEM_TEST_STOP_AT");
-  if (!v || step <= done_upto) return;
-  for (const char *p = v; *p;) {
+  if (!v) return;
+  int i = 0;
+  for (const char *p = v; *p && i < 32; i++) {
     char *end;
-    long s = strtol(p, &end, 10);
-    if (end == p) break;
-    if (s == step) {
-      done_upto = step;
+    long e = strtol(p, &end, 10), s = -1;
+    if (*end == ':') s = strtol(end + 1, &end, 10);
+    if (e == epoch && s == step && !(done & (1u << i))) {
+      done |= 1u << i;
       raise(SIGSTOP);
       return;
     }
-    p = *end ? end + 1 : end;
+    if (*end != ',') break;
+    p = end + 1;
   }
 }
 
@@ -130,7 +133,7 @@ static td_status app_elastic_train(void *ctx, td_elastic *e) {
     if (s != TD_OK) return s;
     a->t_last = app_now();
     if (a->steps_done_here == 2) a->t_warm = a->t_last;
-    app_elastic_test_stop(st.step);
+    app_elastic_test_stop(td_elastic_epoch(e), st.step);
   }
   return TD_OK;
 }

@@ -32,6 +32,7 @@ work=$(mktemp -d /tmp/tandem-el2-XXXXXX)
 bg=
 cleanup() {
   [ -n "$bg" ] && kill -9 -- "-$bg" 2>/dev/null
+  [ -n "${EL2_KEEP:-}" ] && cp "$work/out" "$EL2_KEEP" 2>/dev/null
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -105,7 +106,7 @@ kill)
   stage=$3
   args="$model --steps 120 --zero-stage $stage"
   "$RUN" --min-np 2 --max-np 4 -np 4 "$GPT" $args >"$work/ref" 2>&1 || { cat "$work/ref"; fail "fault-free run"; }
-  TANDEM_TEST_STOP_AT=20,50 TANDEM_LOG=info start "$work/out" --min-np 2 --max-np 4 -np 4 --max-restarts 2 "$GPT" $args
+  TANDEM_TEST_STOP_AT=1:20,2:50 TANDEM_LOG=info start "$work/out" --min-np 2 --max-np 4 -np 4 --max-restarts 2 "$GPT" $args
   stopped_at "$work/out" 20
   kill_stopped "$work/out" 0
   wait_for "$work/out" "elastic epoch 2:"
@@ -121,7 +122,7 @@ kill)
 shrink)
   args="$model --steps 150 --zero-stage $3"
   "$RUN" --min-np 2 --max-np 4 -np 4 "$GPT" $args >"$work/ref" 2>&1 || { cat "$work/ref"; fail "fault-free run"; }
-  TANDEM_TEST_STOP_AT=20,50 TANDEM_LOG=info start "$work/out" --min-np 2 --max-np 4 -np 4 --max-restarts 0 "$GPT" $args
+  TANDEM_TEST_STOP_AT=1:20,2:50 TANDEM_LOG=info start "$work/out" --min-np 2 --max-np 4 -np 4 --max-restarts 0 "$GPT" $args
   stopped_at "$work/out" 20
   kill_stopped "$work/out" 2
   wait_for "$work/out" "world=3 global_batch=12 (micro 2 x accum 2"
@@ -142,7 +143,7 @@ shrink)
 buddy)
   args="$model --steps 80 --zero-stage 1"
   "$RUN" --min-np 2 --max-np 4 -np 4 "$GPT" $args >"$work/ref" 2>&1 || { cat "$work/ref"; fail "fault-free run"; }
-  TANDEM_TEST_STOP_AT=25 TANDEM_LOG=info start "$work/out" --min-np 2 --max-np 4 -np 4 --max-restarts 2 "$GPT" $args --save "$work/ckpt" --save-every 10
+  TANDEM_TEST_STOP_AT=1:25 TANDEM_LOG=info start "$work/out" --min-np 2 --max-np 4 -np 4 --max-restarts 2 "$GPT" $args --save "$work/ckpt" --save-every 10
   stopped_at "$work/out" 25
   kill_stopped "$work/out" 1 2
   finish 0 "$work/out"
