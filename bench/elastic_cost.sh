@@ -26,7 +26,9 @@ args="--steps $steps --sample 0"
 load0=$(cut -d' ' -f1-3 /proc/loadavg)
 for r in $(seq 1 "$rounds"); do
   for stage in 1 3; do
-    for mode in off on; do
+    # ABBA: the order alternates by round, so that a load trend favours neither
+    if [ $((r % 2)) = 1 ]; then modes="off on"; else modes="on off"; fi
+    for mode in $modes; do
       if [ $mode = on ]; then launch="--min-np 4 --max-np 4 -np 4"; else launch="-np 4"; fi
       /usr/bin/time -f "%e %U %S" -o "$tmp/time" "$RUN" $launch "$GPT" $args --zero-stage $stage >"$tmp/out" 2>"$tmp/err" ||
         { tail -20 "$tmp/err"; echo "run failed: stage $stage elastic $mode" >&2; exit 1; }

@@ -8,7 +8,11 @@
  * communicator at the new world size (ranks renumbered by age: the
  * longest-lived process becomes rank 0), restore the state of the last
  * commit and carry on. Nothing is read from disk: at ZeRO stage 0 every rank
- * holds the whole state, and a joining process receives it from its peers.
+ * holds the whole state; at stages 1-3 each rank's shard is also held by a
+ * buddy rank (td_elastic_register_shard), and only when a rank and its
+ * buddy are lost together is the disk checkpoint read
+ * (td_elastic_set_fallback). A joining process receives everything from
+ * its peers' memory.
  *
  * Usage (the training loop is the user's):
  *

@@ -24,8 +24,10 @@ static td_status register_shards(td_trainer *t, td_elastic *e) {
     const char *name = i == 0 ? "optimizer_state_0" : "optimizer_state_1";
     TD_CHECK(td_elastic_register_shard(e, name, t->states[i], sizeof(float), t->n_params, lo, hi));
   }
-  if (t->zero_stage >= 3)
-    TD_CHECK(td_elastic_register_shard(e, "params", t->params + lo, sizeof(float), t->n_params, lo, hi));
+  /* the parameters too: at stages 1-2 every rank holds them all, but the
+   * shards are all a commit needs (a quarter of the bytes to copy at 4
+   * ranks); the first step after a restore allgathers them */
+  TD_CHECK(td_elastic_register_shard(e, "params", t->params + lo, sizeof(float), t->n_params, lo, hi));
   return TD_OK;
 }
 
@@ -34,9 +36,6 @@ td_status td_trainer_elastic_register(td_trainer *t, td_elastic *e) {
   size_t bytes = t->n_params * sizeof(float);
   t->elastic = e;
   if (t->zero_stage >= 1) {
-    /* Stages 1-2 keep the whole parameter arena on every rank (allgathered
-     * after each update): a whole buffer, like stage 0's. */
-    if (t->zero_stage < 3) TD_CHECK(td_elastic_register(e, "params", t->params, bytes));
     TD_CHECK(register_shards(t, e));
   } else {
     TD_CHECK(td_elastic_register(e, "params", t->params, bytes));

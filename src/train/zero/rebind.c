@@ -6,7 +6,8 @@
  * come from the elastic restore, src/train/elastic/replica.c), the bucket
  * table (one piece per owner), the norm partials and, at stage 3, the fetch
  * tables; at stage 3 the parameter pages outside the new shard are given
- * back (the restore writes the shard). */
+ * back (the restore writes the shard); at stages 1-2 the next step starts
+ * with an allgather of the parameter shards (zero_step_begin). */
 #include "train/zero/zero.h"
 
 #include <stdlib.h>
@@ -78,5 +79,8 @@ td_status zero_rebind(td_trainer *t) {
     zero_release(t, t->params, 0, t->n_params);
   }
   if (z->stage >= 2) zero_release(t, t->grads, 0, t->n_params);
+  /* stages 1-2 keep the whole parameter arena, but the elastic restore
+   * fills only the shard: the next step allgathers it first */
+  z->params_partial = z->stage < 3;
   return TD_OK;
 }

@@ -66,6 +66,7 @@ typedef struct zero_state {
   size_t live_floats;
   unsigned long use_clock;
   td_status status; /* first failure inside a fetch (the model cannot see it) */
+  bool params_partial; /* stages 1-2 after zero_rebind: only the shard is valid until the next step's allgather */
   bool gathered;    /* td_trainer_gather_params materialized the whole arena */
 
   /* measured model-state bytes (resident pages of params and grads, plus
