@@ -16,6 +16,11 @@
 #                          loss is the fault-free run's within float
 #                          summation noise (another world size sums in
 #                          another order)
+#   zero.sh B config       train-gpt under plain tandemrun -np 4 with a config
+#                          whose "elasticity" block is enabled: it trains
+#                          elastically with DeepSpeed's batch (max 30, micro
+#                          sizes 3 and 6, 2..4 ranks: 24 = 6 x 1 x 4); a
+#                          batch key beside the block is refused
 #   zero.sh B buddy        stage 1, checkpoints every 10 steps (--save):
 #                          ranks 1 and 2 (rank 1's buddy) killed together,
 #                          both replaced: rank 1's shard is in no memory,
@@ -139,6 +144,16 @@ shrink)
   awk -v a="$lout" -v b="$lref" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-5 * b) }' ||
     fail "final loss $lout differs from the fault-free $lref beyond summation noise"
   echo "4 -> 3 -> 2 ranks at stage $3: final loss $lout vs fault-free $lref"
+  ;;
+config)
+  printf '{"elasticity": {"enabled": true, "max_train_batch_size": 30, "micro_batch_sizes": [3, 6], "min_gpus": 2, "max_gpus": 4}}' >"$work/cfg.json"
+  "$RUN" -np 4 "$GPT" ${model/--micro-batch 3/} --steps 5 --config "$work/cfg.json" >"$work/out" 2>&1 || fail "the elastic run from the config failed"
+  grep -q "elastic epoch 1: world=4 global_batch=24 (micro 6 x accum 1 x 4 ranks)" "$work/out" || fail "not elastic with the batch 24"
+  grep -q "elastic final_loss_exact=" "$work/out" || fail "no elastic summary"
+  printf '{"train_batch_size": 16, "elasticity": {"enabled": true, "max_train_batch_size": 30, "micro_batch_sizes": [3]}}' >"$work/bad.json"
+  "$RUN" -np 2 "$GPT" $model --steps 5 --config "$work/bad.json" >"$work/out" 2>&1 && fail "a batch key beside the block was accepted"
+  grep -q "ignore_non_elastic_batch_info" "$work/out" || fail "no message naming ignore_non_elastic_batch_info"
+  echo "train-gpt trained elastically from the config's elasticity block (batch 24)"
   ;;
 buddy)
   args="$model --steps 80 --zero-stage 1"
