@@ -163,7 +163,7 @@ clean:
 # never mix with the gcc trees above. `make fuzz` builds the harnesses
 # and runs each for FUZZ_SECONDS (tests/fuzz/run.sh: saved crashes first, then
 # fuzzing from the seed corpus tests/fuzz/corpus/<target>/); the suite
-# (tests/fuzz.suite) runs each for 30 s. Needs clang and libclang-rt-14-dev.
+# (tests/fuzz.suite) runs each for 15 s. Needs clang and libclang-rt-14-dev.
 FUZZ_BUILD    := build/fuzz
 FUZZ_CC       ?= clang
 FUZZ_SECONDS  ?= 60
