@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 typedef struct el_buffer {
   char name[64];
@@ -46,6 +47,10 @@ struct td_elastic {
   bool resize_requested;
   int resets;
   int fallbacks;
+  int64_t commits_here; /* commits this process took (td_elastic_commit) */
+  double commit_s;      /* time in their copies and buddy replica waits */
+  double check_s;       /* time in their join check (its allreduce waits for the slowest rank) */
+  double commit_cpu_s;  /* CPU time of this thread in the copies and waits (wall time inflates under load) */
 };
 
 static td_status build_comm(td_elastic *e) {
@@ -105,6 +110,11 @@ td_status td_elastic_create(const void *reserved, td_elastic **out) {
 
 void td_elastic_destroy(td_elastic *e) {
   if (!e) return;
+  if (e->commits_here)
+    td_log(TD_LOG_INFO, "elastic: process %ld: %lld commits: %.2f ms each in copies and buddy replica waits (%.2f ms "
+           "of CPU), %.2f ms in the join check (waiting there for the slowest rank)", e->m.uid,
+           (long long)e->commits_here, 1e3 * e->commit_s / (double)e->commits_here,
+           1e3 * e->commit_cpu_s / (double)e->commits_here, 1e3 * e->check_s / (double)e->commits_here);
   td_comm_destroy(e->comm);
   el_rep_free(&e->rep);
   for (int i = 0; i < e->n_bufs; i++) {
@@ -194,6 +204,12 @@ static void el_forget_holdings(td_elastic *e) {
   e->rep.own[0].commit = e->rep.own[1].commit = -1;
 }
 
+static double thread_cpu_s(void) {
+  struct timespec ts;
+  if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return 0;
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 static td_status commit_local(td_elastic *e) {
   e->commits++;
   snapshot_whole(e, e->commits);
@@ -202,7 +218,12 @@ static td_status commit_local(td_elastic *e) {
 
 td_status td_elastic_commit(td_elastic *e) {
   if (!e) return td_error(TD_ERR_INVALID_ARGUMENT, "td_elastic_commit: state is NULL");
-  TD_CHECK(commit_local(e));
+  double t0 = td_now(), c0 = thread_cpu_s();
+  td_status cst = commit_local(e);
+  double t1 = td_now();
+  e->commit_s += t1 - t0;
+  e->commit_cpu_s += thread_cpu_s() - c0;
+  if (cst != TD_OK) return cst;
   /* Rank 0 alone asks the store, and everybody follows its answer, so the
    * ranks leave this epoch together or not at all. */
   int32_t pending = 0;
@@ -223,6 +244,8 @@ td_status td_elastic_commit(td_elastic *e) {
       return td_error(st, "elastic: rank %d: the commit of epoch %d could not reach the other ranks: %s", e->m.rank,
                       e->m.epoch, td_comm_last_error(e->comm));
   }
+  e->check_s += td_now() - t1;
+  e->commits_here++;
   if (pending) {
     e->resize_requested = true;
     return td_error(TD_ERR_REMOTE, "elastic: processes wait to join: epoch %d ends at commit %lld", e->m.epoch,
