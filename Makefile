@@ -38,6 +38,7 @@ PKG := pkg-config
 HAVE_OPENBLAS := $(shell $(PKG) --exists openblas 2>/dev/null && echo 1 || echo 0)
 HAVE_CJSON    := $(shell $(PKG) --exists libcjson 2>/dev/null && echo 1 || echo 0)
 HAVE_ZLIB     := $(shell $(PKG) --exists zlib 2>/dev/null && echo 1 || echo 0)
+HAVE_URING    := $(shell $(PKG) --exists liburing 2>/dev/null && echo 1 || echo 0)
 
 HAVE_SODIUM   := $(shell $(PKG) --exists libsodium 2>/dev/null && echo 1 || echo 0)
 # `make test` and `make demo` install it first (deps), then build in a sub-make.
@@ -60,6 +61,11 @@ endif
 ifeq ($(HAVE_ZLIB),1)
 OPT_CFLAGS += -DTD_HAVE_ZLIB=1 $(shell $(PKG) --cflags zlib)
 OPT_LIBS   += $(shell $(PKG) --libs zlib)
+endif
+# liburing (liburing-dev): io_uring for NVMe offload (src/train/offload/aio.c); without it a pread/pwrite thread pool
+ifeq ($(HAVE_URING),1)
+OPT_CFLAGS += -DTD_HAVE_URING=1 $(shell $(PKG) --cflags liburing)
+OPT_LIBS   += $(shell $(PKG) --libs liburing)
 endif
 
 CFLAGS  := $(CFLAGS_BASE) $(OPT_CFLAGS) $(EXTRA_CFLAGS)
@@ -96,7 +102,8 @@ LIBSO      := $(BUILD)/lib/libtandem.so
 all: report-config $(LIBA) $(LIBSO) $(TOOLS) $(TESTS)
 
 report-config:
-	@echo "tandem config: openblas=$(HAVE_OPENBLAS) cjson=$(HAVE_CJSON) zlib=$(HAVE_ZLIB) san=$(SAN) build=$(BUILD)"
+	@echo "tandem config: openblas=$(HAVE_OPENBLAS) cjson=$(HAVE_CJSON) zlib=$(HAVE_ZLIB) uring=$(HAVE_URING) san=$(SAN) build=$(BUILD)"
+	@if [ "$(HAVE_URING)" = 0 ]; then echo "tandem config: liburing not found: NVMe offload uses its pread/pwrite threads. apt-get install liburing-dev"; fi
 	@if [ "$(HAVE_OPENBLAS)" = 0 ]; then echo "tandem config: OpenBLAS not found: src/nn uses its portable matmul (slower). apt-get install libopenblas-dev"; fi
 	@if [ "$(HAVE_CJSON)" = 0 ]; then echo "tandem config: cJSON not found: --config files are refused. apt-get install libcjson-dev"; fi
 

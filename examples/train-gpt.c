@@ -57,6 +57,11 @@ static void usage(void) {
       "                     3 + parameters (config key zero_optimization.stage)\n"
       "  --estimate-memory  print the bytes per rank of each ZeRO stage for this model and\n"
       "                     world size (nothing is allocated or trained), then exit\n"
+      "  --offload-optimizer nvme:PATH|cpu|none  stage 3: optimizer state and master weights in\n"
+      "                     files under PATH (zero_optimization.offload_optimizer)\n"
+      "  --offload-param nvme:PATH|cpu|none  stage 3: the parameter shard in files under PATH,\n"
+      "                     read per layer ahead of use (zero_optimization.offload_param)\n"
+      "  --sub-group-size N optimizer tile in parameters for offload (default 1e9)\n"
       "  --elastic          elastic training (implied under tandemrun --min-np/--max-np): survive lost\n"
       "                     ranks, admit new ones, keep the global batch (README, Elastic training)\n"
       "  --help             this text\n"
@@ -76,6 +81,8 @@ typedef struct gpt_options {
   int activation_checkpointing; /* --activation-checkpointing */
   int estimate_memory;
   int elastic; /* --elastic, or started by tandemrun --min-np/--max-np */
+  const char *offload_optimizer, *offload_param; /* --offload-*: "nvme:PATH", "cpu", "none" (NULL: not given) */
+  long sub_group_size;                           /* -1: not given */
   td_gpt_config model;
 } gpt_options;
 
@@ -87,6 +94,8 @@ static void parse_args(int argc, char **argv, gpt_options *o) {
   o->activation_checkpointing = 0;
   o->estimate_memory = 0;
   o->elastic = 0;
+  o->offload_optimizer = o->offload_param = NULL;
+  o->sub_group_size = -1;
   o->model = (td_gpt_config){.vocab = 256, .layers = 4, .channels = 256, .heads = 4, .seq = 128};
   for (int i = 1; i < argc; i++) {
     const char *v;
@@ -98,6 +107,9 @@ static void parse_args(int argc, char **argv, gpt_options *o) {
     else if (!strcmp(argv[i], "--estimate-memory")) o->estimate_memory = 1;
     else if (!strcmp(argv[i], "--elastic")) o->elastic = 1;
     else if ((v = app_flag_value(argc, argv, &i, "--data"))) o->data_path = v;
+    else if ((v = app_flag_value(argc, argv, &i, "--offload-optimizer"))) o->offload_optimizer = v;
+    else if ((v = app_flag_value(argc, argv, &i, "--offload-param"))) o->offload_param = v;
+    else if ((v = app_flag_value(argc, argv, &i, "--sub-group-size"))) o->sub_group_size = app_parse_long("--sub-group-size", v, 1, 1L << 50);
     else if ((v = app_flag_value(argc, argv, &i, "--save-every"))) o->save_every = app_parse_long("--save-every", v, 1, 1L << 40);
     else if ((v = app_flag_value(argc, argv, &i, "--steps"))) o->steps = app_parse_long("--steps", v, 1, 1L << 40);
     else if ((v = app_flag_value(argc, argv, &i, "--grad-accum"))) o->grad_accum = app_parse_long("--grad-accum", v, 1, 1 << 20);
@@ -111,6 +123,19 @@ static void parse_args(int argc, char **argv, gpt_options *o) {
   }
   if (o->model.channels % o->model.heads != 0)
     app_usage_error("--channels %d must be divisible by --heads %d", o->model.channels, o->model.heads);
+}
+
+/* --offload-optimizer / --offload-param: "nvme:PATH", "cpu" or "none". */
+static void offload_flag(const char *flag, const char *v, td_offload_device *dev, char *path, size_t cap) {
+  if (!strcmp(v, "none")) *dev = TD_OFFLOAD_NONE;
+  else if (!strcmp(v, "cpu")) *dev = TD_OFFLOAD_CPU;
+  else if (!strncmp(v, "nvme:", 5) && v[5]) {
+    if (strlen(v + 5) >= cap) app_usage_error("%s: the path is longer than %zu characters", flag, cap - 1);
+    *dev = TD_OFFLOAD_NVME;
+    snprintf(path, cap, "%s", v + 5);
+  } else {
+    app_usage_error("%s '%s': use nvme:PATH (a directory on a local disk), cpu or none", flag, v);
+  }
 }
 
 /* Defaults, then the config file, then the flags. A config error is a usage
@@ -127,6 +152,14 @@ static void build_config(const gpt_options *o, int world, td_train_config *cfg) 
   if (o->grad_accum > 0) cfg->grad_accum = (int)o->grad_accum;
   if (o->save_every > 0) cfg->checkpoint_every = o->save_every;
   if (o->activation_checkpointing) cfg->activation_checkpointing = 1;
+  td_offload_config *off = &cfg->offload;
+  if (o->offload_optimizer)
+    offload_flag("--offload-optimizer", o->offload_optimizer, &off->optimizer_device, off->optimizer_nvme_path,
+                 sizeof off->optimizer_nvme_path);
+  if (o->offload_param)
+    offload_flag("--offload-param", o->offload_param, &off->param_device, off->param_nvme_path,
+                 sizeof off->param_nvme_path);
+  if (o->sub_group_size > 0) off->sub_group_size = o->sub_group_size;
   if (cfg->checkpoint_every > 0 && !cfg->checkpoint_dir[0])
     app_usage_error("--save-every needs a directory: --save DIR (or checkpoint.save_dir in the config)");
   /* The reference micro-batch applies only when nothing fixes the batch. */
@@ -150,10 +183,31 @@ static void print_estimates(const td_model *model, const td_train_config *cfg, i
     }
     const double mib = 1024.0 * 1024.0;
     printf("stage=%d params=%.1f grads=%.1f optimizer=%.1f live=%.1f model_states=%.1f activations=%.1f "
-           "total=%.1f model_state_bytes=%zu\n",
+           "total=%.1f model_state_bytes=%zu disk=%.1f disk_bytes=%zu\n",
            stage, e.params / mib, e.grads / mib, e.optimizer / mib, e.live / mib, e.model_states / mib,
-           e.activations / mib, (e.model_states + e.activations) / mib, e.model_states);
+           e.activations / mib, (e.model_states + e.activations) / mib, e.model_states, e.disk / mib, e.disk);
   }
+  fflush(stdout);
+}
+
+/* NVMe offload: after every step, one line per rank (every rank prints its
+ * own) with the counters since the start: where the time went, the disk
+ * bandwidth, and the rank's peak RSS. Nothing without offload. */
+static void print_offload(const app_run *run, long step) {
+  td_offload_stats os;
+  if (td_trainer_offload_stats(run->trainer, &os) != TD_OK || !os.engine[0]) return;
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  const double gb = 1e9;
+  double moved = (double)(os.bytes_read + os.bytes_written);
+  printf("%s: offload step=%ld rank=%d engine=%s o_direct=%d disk_bytes=%zu read_bytes=%llu write_bytes=%llu "
+         "direct_fraction=%.3f io_busy_s=%.1f disk_gb_per_s=%.3f io_wait_s=%.1f optimizer_s=%.1f "
+         "optimizer_update_s=%.1f optimizer_read_wait_s=%.1f optimizer_write_wait_s=%.1f param_read_wait_s=%.1f "
+         "max_rss_mib=%.1f\n",
+         app_name, step, run->rank, os.engine, os.direct, os.disk_bytes, (unsigned long long)os.bytes_read,
+         (unsigned long long)os.bytes_written, moved > 0 ? (double)os.direct_bytes / moved : 0.0, os.io_busy_s,
+         os.io_busy_s > 0 ? moved / gb / os.io_busy_s : 0.0, os.io_wait_s, os.opt_s, os.opt_compute_s,
+         os.opt_read_wait_s, os.opt_write_wait_s, os.param_wait_s, ru.ru_maxrss / 1024.0);
   fflush(stdout);
 }
 
@@ -243,7 +297,10 @@ int main(int argc, char **argv) {
   app_start_progress(&run, rc->steps, rc->steps_per_print);
 
   double t0 = app_now();
-  while (td_trainer_step_count(run.trainer) < rc->steps) app_step(&run);
+  while (td_trainer_step_count(run.trainer) < rc->steps) {
+    app_step(&run);
+    print_offload(&run, td_trainer_step_count(run.trainer)); /* with NVMe offload: the counters so far, each rank */
+  }
   double train_s = app_now() - t0;
   td_progress_finish(run.progress);
 

@@ -110,6 +110,11 @@ struct td_model {
 /* Fill the parameter arena with the model's initial values, deterministically
  * from seed (same on every rank and every world size). */
 void td_model_init_params(const td_model *model, float *params, uint64_t seed);
+/* The same values for the elements [lo, hi) only, into dst[0, hi - lo), so
+ * that a rank can initialize its shard of a model larger than its memory
+ * (NVMe offload). Without a model-specific way it initializes a temporary
+ * whole arena (TD_ERR_SYSTEM when that does not fit). */
+td_status td_model_init_params_range(const td_model *model, float *dst, uint64_t seed, size_t lo, size_t hi);
 
 typedef struct td_gpt_config {
   int vocab;    /* 256 for bytes */

@@ -108,6 +108,33 @@ typedef struct td_precision_config {
  * (as DeepSpeed does) and refuses inconsistent combinations. Zero-initializing
  * and calling td_train_config_defaults() is the way to start; new fields are
  * only ever appended, and get their defaults there. */
+/* ZeRO-Infinity offload (DeepSpeed's zero_optimization.offload_optimizer,
+ * offload_param, sub_group_size and the aio block; src/train/offload/).
+ * device NONE keeps the state in RAM; CPU means the same on this CPU-only
+ * build (the state already lives in host memory); NVME puts it in files
+ * under nvme_path (one directory per job and rank, removed at exit):
+ *   optimizer: the moments (and, with param NVME too, the f32 master
+ *     weights, which are the parameters themselves in Tandem) are streamed
+ *     through buffer_count buffers of sub_group_size elements per step;
+ *   param: the rank's stage-3 parameter shard, read per layer ahead of use.
+ * Stage 3 only. */
+typedef enum { TD_OFFLOAD_NONE = 0, TD_OFFLOAD_CPU = 1, TD_OFFLOAD_NVME = 2 } td_offload_device;
+typedef struct td_offload_config {
+  td_offload_device optimizer_device;
+  char optimizer_nvme_path[256];
+  int optimizer_buffer_count; /* tile buffers of the optimizer step (default 4; 3+ overlaps read, update, write) */
+  int pin_memory;             /* accepted (DeepSpeed's page-locked buffers; no device here to pin for) */
+  td_offload_device param_device;
+  char param_nvme_path[256];
+  int param_buffer_count;     /* with param_buffer_size: parameters kept fetched at most (count x size) */
+  long param_buffer_size;     /* parameters per buffer (default 1e8): also the largest range fetched ahead */
+  long param_max_in_cpu;      /* parameters kept fetched at most (default 1e9) */
+  long sub_group_size;        /* optimizer tile in elements (default 1e9, DeepSpeed's) */
+  size_t aio_block_size;      /* bytes per I/O submission (default 1 MiB) */
+  int aio_queue_depth;        /* submissions in flight (default 8) */
+  int aio_thread_count;       /* threads of the pread/pwrite fallback (default 1) */
+} td_offload_config;
+
 typedef struct td_train_config {
   long train_batch_size; /* global batch G in samples per optimizer step (0: micro x accum x world) */
   int micro_batch;       /* samples per rank per micro-step (0: derive; 1 if nothing else is given) */
@@ -137,6 +164,7 @@ typedef struct td_train_config {
   long stage3_max_live_parameters;         /* fetched parameters kept resident (cached) at most (1e9) */
   long stage3_param_persistence_threshold; /* fetch groups this small stay resident for the whole step (1e5) */
   td_elasticity_config elasticity;         /* "elasticity" (off by default) */
+  td_offload_config offload;               /* ZeRO-Infinity NVMe offload (stage 3; README "NVMe offload") */
 } td_train_config;
 
 /* DeepSpeed's elastic batch choice (v0.1, deepspeed.elasticity): the
@@ -327,9 +355,32 @@ typedef struct td_memory_estimate {
   int stage, world;
   size_t n_params, shard_params;
   size_t params, grads, optimizer, live, model_states, activations;
+  /* NVMe offload (cfg->offload; stage 3): params and optimizer above count
+   * only what stays in RAM; disk is the bytes of this rank's files under
+   * nvme_path, offload_buffers the RAM of the optimizer's tile buffers
+   * (counted in model_states). 0 without offload. */
+  size_t disk, offload_buffers;
 } td_memory_estimate;
 td_status td_trainer_estimate_memory(const td_model *model, const td_train_config *cfg, int world, int stage,
                                      td_memory_estimate *out);
+
+/* NVMe offload counters of this rank since the trainer was created (all
+ * zero without offload). engine: "io_uring" or "threads"; direct: the files
+ * are read and written with O_DIRECT (false: the file system refused it).
+ * io_busy_s: time with at least one read or write outstanding (bandwidth =
+ * bytes / io_busy_s); io_wait_s: the training thread blocked on I/O. The
+ * optimizer step (opt_s) splits into the update kernel (opt_compute_s) and
+ * waits for tile reads and writes; param_wait_s: fetches blocked on
+ * parameter reads. disk_bytes: this rank's files. Local. */
+typedef struct td_offload_stats {
+  char engine[16];
+  int direct;
+  uint64_t bytes_read, bytes_written, direct_bytes;
+  double io_busy_s, io_wait_s;
+  double opt_s, opt_compute_s, opt_read_wait_s, opt_write_wait_s, param_wait_s;
+  size_t disk_bytes;
+} td_offload_stats;
+td_status td_trainer_offload_stats(const td_trainer *trainer, td_offload_stats *out);
 
 /* Model-state bytes this rank holds: at stage 0 the arena sizes; at stages
  * 1-3 the highest count of resident pages of the parameter and gradient

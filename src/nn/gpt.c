@@ -486,32 +486,70 @@ td_status td_gpt_create(const td_gpt_config *config, td_model **out) {
   return TD_OK;
 }
 
-void nn_gpt_init_params(const td_model *model, float *params, uint64_t seed) {
-  const gpt_model *g = (const gpt_model *)model;
+/* GPT-2's initializer of tensor i: normal(0, *std) when *normal, else the
+ * constant *value. */
+static void gpt_tensor_init(const gpt_model *g, int i, float *std_out, float *value_out, int *normal_out) {
   /* GPT-2: weights normal(0, 0.02), the projections that write into the
    * residual stream scaled by 1/sqrt(2L) so that its variance does not grow
    * with depth; biases 0; layernorm gains 1. */
   float resid_std = 0.02f / sqrtf(2.0f * (float)(g->cfg.layers > 0 ? g->cfg.layers : 1));
+  float std = 0.02f, value = 0.0f;
+  int normal = 1;
+  if (i >= g->idx_layer0 && i < g->idx_layer0 + g->cfg.layers * P_PER_LAYER) {
+    int which = (i - g->idx_layer0) % P_PER_LAYER;
+    if (which == P_LN1W || which == P_LN2W) normal = 0, value = 1.0f;
+    else if (which == P_PROJW || which == P_FC2W) std = resid_std;
+    else if (which != P_QKVW && which != P_FCW) normal = 0, value = 0.0f; /* biases */
+  } else if (i == g->idx_lnfw) {
+    normal = 0, value = 1.0f;
+  } else if (i == g->idx_lnfb) {
+    normal = 0, value = 0.0f;
+  }
+  *std_out = std, *value_out = value, *normal_out = normal;
+}
+
+void nn_gpt_init_params(const td_model *model, float *params, uint64_t seed) {
+  const gpt_model *g = (const gpt_model *)model;
   for (int i = 0; i < g->base.n_tensors; i++) {
     const td_param_tensor *t = &g->tensors[i];
     float *p = params + t->offset;
     nn_rng rng = nn_rng_stream(seed, (uint64_t)i + 1);
-    float std = 0.02f, value = 0.0f;
-    int normal = 1;
-    if (i >= g->idx_layer0 && i < g->idx_layer0 + g->cfg.layers * P_PER_LAYER) {
-      int which = (i - g->idx_layer0) % P_PER_LAYER;
-      if (which == P_LN1W || which == P_LN2W) normal = 0, value = 1.0f;
-      else if (which == P_PROJW || which == P_FC2W) std = resid_std;
-      else if (which != P_QKVW && which != P_FCW) normal = 0, value = 0.0f; /* biases */
-    } else if (i == g->idx_lnfw) {
-      normal = 0, value = 1.0f;
-    } else if (i == g->idx_lnfb) {
-      normal = 0, value = 0.0f;
-    }
+    float std, value;
+    int normal;
+    gpt_tensor_init(g, i, &std, &value, &normal);
     if (normal)
       nn_fill_normal(p, t->count, std, &rng);
     else
       nn_fill_const(p, t->count, value);
+  }
+}
+
+void nn_gpt_init_params_range(const td_model *model, float *dst, uint64_t seed, size_t lo, size_t hi) {
+  const gpt_model *g = (const gpt_model *)model;
+  /* A tensor's normal values come in pairs from one stream, so chunks of an
+   * even length from the tensor's start draw exactly what one fill does;
+   * the chunks before the range are drawn and dropped. */
+  enum { CHUNK = 4096 };
+  float scratch[CHUNK];
+  for (int i = 0; i < g->base.n_tensors; i++) {
+    const td_param_tensor *t = &g->tensors[i];
+    size_t a = t->offset > lo ? t->offset : lo, b = t->offset + t->count < hi ? t->offset + t->count : hi;
+    if (b <= a) continue;
+    float std, value;
+    int normal;
+    gpt_tensor_init(g, i, &std, &value, &normal);
+    if (!normal) {
+      nn_fill_const(dst + (a - lo), b - a, value);
+      continue;
+    }
+    nn_rng rng = nn_rng_stream(seed, (uint64_t)i + 1);
+    for (size_t c0 = 0; t->offset + c0 < b; c0 += CHUNK) {
+      size_t n = t->count - c0 < CHUNK ? t->count - c0 : CHUNK;
+      nn_fill_normal(scratch, n, std, &rng);
+      size_t ca = t->offset + c0, cb = ca + n; /* arena range of this chunk */
+      size_t x = ca > a ? ca : a, y = cb < b ? cb : b;
+      if (y > x) memcpy(dst + (x - lo), scratch + (x - ca), (y - x) * sizeof(float));
+    }
   }
 }
 

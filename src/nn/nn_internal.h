@@ -300,6 +300,7 @@ void nn_attention_backward_blas(float *dinp /* (B, T, 3C) */, float beta, float 
 
 /* ---- models ---- */
 void nn_gpt_init_params(const td_model *model, float *params, uint64_t seed);
+void nn_gpt_init_params_range(const td_model *model, float *dst, uint64_t seed, size_t lo, size_t hi);
 void nn_cnn_init_params(const td_model *model, float *params, uint64_t seed);
 
 #endif

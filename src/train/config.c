@@ -3,6 +3,7 @@
  * the learning-rate schedule. Every error says which key is wrong and what to
  * write instead: a config error is the first thing a new user meets. */
 #include "train/train_impl.h"
+#include "train/offload/offload.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -26,6 +27,7 @@ void td_train_config_defaults(td_train_config *cfg) {
   cfg->first_bucket_bytes = 1u << 20;
   cfg->steps_per_print = 10;
   td_precision_config_defaults(&cfg->precision);
+  td_offload_config_defaults(&cfg->offload);
   /* DeepSpeed's defaults for the ZeRO stage-3 knobs (numbers of parameters) */
   cfg->stage3_prefetch_bucket_size = 50000000;
   cfg->stage3_max_live_parameters = 1000000000;
@@ -158,6 +160,8 @@ td_status td_train_config_resolve(td_train_config *cfg, int world) {
   if (cfg->steps_per_print < 0)
     return td_error(TD_ERR_INVALID_ARGUMENT, "steps_per_print %d: must be >= 0", cfg->steps_per_print);
   TD_CHECK(td_precision_config_check(cfg));
+  TD_CHECK(td_offload_config_check(cfg));
+  td_offload_config_apply(cfg);
   return TD_OK;
 }
 
@@ -483,7 +487,7 @@ static td_status parse_zero(parse_ctx *pc, const cJSON *obj) {
   static const char *const keys[] = {"stage", "stage3_prefetch_bucket_size", "stage3_max_live_parameters",
                                      "stage3_param_persistence_threshold", "overlap_comm", "contiguous_gradients",
                                      "reduce_scatter", "reduce_bucket_size", "allgather_bucket_size",
-                                     "allgather_partitions"};
+                                     "allgather_partitions", "offload_optimizer", "offload_param", "sub_group_size"};
   if (!cJSON_IsObject(obj))
     return td_error(TD_ERR_INVALID_ARGUMENT,
                     "%s: zero_optimization must be an object, e.g. \"zero_optimization\": {\"stage\": 2}", pc->source);
@@ -503,6 +507,9 @@ static td_status parse_zero(parse_ctx *pc, const cJSON *obj) {
     } else if (strcmp(item->string, "stage3_param_persistence_threshold") == 0) {
       TD_CHECK(get_int(pc, item, "zero_optimization.stage3_param_persistence_threshold", 0, 1L << 50, &n));
       pc->cfg->stage3_param_persistence_threshold = n;
+    } else if (strcmp(item->string, "offload_optimizer") == 0 || strcmp(item->string, "offload_param") == 0 ||
+               strcmp(item->string, "sub_group_size") == 0) {
+      TD_CHECK(td_offload_parse_json(item, pc->source, pc->cfg)); /* src/train/offload/offload_config.c */
     }
   }
   return TD_OK;
@@ -513,7 +520,7 @@ static td_status parse_root(parse_ctx *pc, const cJSON *root) {
       "train_batch_size", "train_micro_batch_size_per_gpu", "train_micro_batch_size_per_rank",
       "gradient_accumulation_steps", "train_steps", "seed", "gradient_clipping", "steps_per_print",
       "threads_per_rank", "bucket_bytes", "first_bucket_bytes", "optimizer", "scheduler", "checkpoint",
-      "fp16", "bf16", "zero_optimization", "communication_data_type", "activation_checkpointing", "elasticity"};
+      "fp16", "bf16", "zero_optimization", "communication_data_type", "activation_checkpointing", "elasticity", "aio"};
   if (!cJSON_IsObject(root))
     return td_error(TD_ERR_INVALID_ARGUMENT, "%s: the config must be a JSON object ({ ... })", pc->source);
   TD_CHECK(check_keys(pc, root, "", keys, (int)TD_ARRAY_SIZE(keys)));
@@ -569,6 +576,8 @@ static td_status parse_root(parse_ctx *pc, const cJSON *root) {
       TD_CHECK(parse_zero(pc, item));
     } else if (strcmp(k, "elasticity") == 0) {
       TD_CHECK(td_elasticity_parse_json(item, pc->source, cfg)); /* src/train/elastic/elastic_config.c */
+    } else if (strcmp(k, "aio") == 0) {
+      TD_CHECK(td_offload_parse_json(item, pc->source, cfg)); /* src/train/offload/offload_config.c */
     }
   }
   if (cfg->elasticity.enabled) TD_CHECK(td_elasticity_apply(root, pc->source, cfg));

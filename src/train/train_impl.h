@@ -185,6 +185,7 @@ struct td_trainer {
   size_t params_lo, params_hi;
   struct zero_state *zero; /* stage >= 1: buckets, fetches, memory (zero/zero.h) */
   struct td_elastic *elastic; /* td_trainer_elastic_register: where rebind re-registers the shards */
+  struct offload_state *offload; /* stage 3 with NVMe offload: files, buffers, I/O (offload/offload.h) */
 };
 
 /* Agree on success across ranks: every rank passes its local status; returns

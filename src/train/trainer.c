@@ -24,6 +24,7 @@
  * that of the global-batch mean. */
 #include "train/train_impl.h"
 #include "train/zero/zero.h"
+#include "train/offload/offload.h"
 
 #include <math.h>
 #include <sched.h>
@@ -199,11 +200,19 @@ td_status td_trainer_create(const td_train_config *cfg_in, td_model *model, td_d
   t->cap_requests = model->n_tensors + 2;
   t->requests = calloc((size_t)t->cap_requests, sizeof *t->requests);
   t->agree_flags = calloc((size_t)t->world, sizeof *t->agree_flags);
-  if (!t->requests || !t->agree_flags || !t->params || !t->grads || !t->states[0] || (t->n_states > 1 && !t->states[1]) || !t->inputs ||
+  bool states_in_ram = t->cfg.offload.optimizer_device != TD_OFFLOAD_NVME || t->zero_stage < 3;
+  if (!t->requests || !t->agree_flags || !t->params || !t->grads ||
+      (states_in_ram && (!t->states[0] || (t->n_states > 1 && !t->states[1]))) || !t->inputs ||
       !t->targets || !t->tensor_ready) {
     st = td_error(TD_ERR_SYSTEM, "out of memory for the training arenas (%zu parameters, %d optimizer states)",
                   t->n_params, t->n_states);
     goto fail;
+  }
+  if (t->cfg.offload.optimizer_device == TD_OFFLOAD_NVME || t->cfg.offload.param_device == TD_OFFLOAD_NVME) {
+    /* files under nvme_path (offload/); every rank has checked its space
+     * before any rank writes */
+    st = td_trainer_agree(t, offload_create(t));
+    if (st != TD_OK) goto fail;
   }
   TD_CHECK_GOTO(td_sampler_init(&t->sampler, dataset->n_samples, t->cfg.seed), st, fail);
   TD_CHECK_GOTO(td_precision_trainer_init(t), st, fail); /* before prepare: checkpointing sizes activations */
@@ -211,10 +220,16 @@ td_status td_trainer_create(const td_train_config *cfg_in, td_model *model, td_d
   if (st != TD_OK) goto fail;
   t->prepared_batch = t->cfg.micro_batch;
 
-  td_model_init_params(model, t->params, t->cfg.seed);
+  if (offload_params_on_disk(t)) {
+    /* each rank writes its own shard's initial values to disk (offload/param_store.c) */
+    st = td_trainer_agree(t, offload_params_init(t));
+    if (st != TD_OK) goto fail;
+  } else {
+    td_model_init_params(model, t->params, t->cfg.seed);
+  }
   /* Every rank could initialize identically from the seed, but broadcasting
    * from rank 0 also guards against any rank-dependent initializer. */
-  if (comm && t->world > 1) {
+  if (comm && t->world > 1 && !offload_params_on_disk(t)) {
     st = td_broadcast(t->params, t->n_params, TD_F32, 0, comm);
     if (st != TD_OK) {
       td_error(st, "rank %d: broadcasting the initial parameters failed: %s", t->rank, td_comm_last_error(comm));
@@ -236,6 +251,7 @@ void td_trainer_destroy(td_trainer *t) {
    * with an error). */
   for (int i = 0; i < t->n_requests; i++) td_wait(t->requests[i]);
   zero_destroy(t);
+  offload_destroy(t); /* removes the offload files, also after a failure */
   free(t->requests);
   free(t->agree_flags);
   td_free(t->params);

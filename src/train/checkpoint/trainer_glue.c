@@ -71,6 +71,10 @@ static float *staging_alloc(size_t floats) {
 
 td_status td_trainer_save(td_trainer *t, const char *root) {
   if (!t) return td_error(TD_ERR_INVALID_ARGUMENT, "td_trainer_save: null trainer");
+  if (t->offload)
+    return td_error(TD_ERR_INVALID_USAGE, "rank %d: td_trainer_save: checkpoints of a trainer with NVMe offload are not "
+                    "supported yet (the state is in files under nvme_path); train without checkpoints or without "
+                    "offload", t->rank);
   td_ckpt_region regions[TD_CKPT_MAX_ARENAS];
   int n = 1 + t->n_states;
   for (int a = 0; a < n; a++) {
@@ -87,6 +91,10 @@ td_status td_trainer_save(td_trainer *t, const char *root) {
 
 td_status td_trainer_resume(td_trainer *t, const char *path) {
   if (!t) return td_error(TD_ERR_INVALID_ARGUMENT, "td_trainer_resume: null trainer");
+  if (t->offload)
+    return td_error(TD_ERR_INVALID_USAGE, "rank %d: td_trainer_resume: checkpoints of a trainer with NVMe offload are not "
+                    "supported yet (the state is in files under nvme_path); train without checkpoints or without "
+                    "offload", t->rank);
   td_ckpt_region regions[TD_CKPT_MAX_ARENAS];
   float *arena_mem[TD_CKPT_MAX_ARENAS], *staging[TD_CKPT_MAX_ARENAS];
   uint64_t held_lo[TD_CKPT_MAX_ARENAS], held_hi[TD_CKPT_MAX_ARENAS];

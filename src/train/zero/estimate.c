@@ -18,6 +18,7 @@
  * the runs of tensors whose names share the prefix before the first '.'
  * ("h3.attn.qkv.weight" -> "h3"). Pure: no allocation, no communication. */
 #include "train/zero/zero.h"
+#include "train/offload/offload.h"
 
 #include <string.h>
 #include <unistd.h>
@@ -45,6 +46,16 @@ td_status td_trainer_estimate_memory(const td_model *model, const td_train_confi
   out->params = (stage >= 3 ? shard : n) * f;
   out->grads = (stage >= 2 ? shard : n) * f;
   out->optimizer = (size_t)n_states * (stage >= 1 ? shard : n) * f;
+  /* NVMe offload (stage 3): the shard's parameters and optimizer state in
+   * files; RAM keeps the optimizer's tile buffers and the fetched groups */
+  bool params_on_disk = stage >= 3 && cfg->offload.param_device == TD_OFFLOAD_NVME;
+  if (stage >= 3 && cfg->offload.optimizer_device == TD_OFFLOAD_NVME) {
+    out->offload_buffers = td_offload_buffer_bytes(cfg, shard);
+    out->optimizer = out->offload_buffers;
+    out->disk = td_offload_disk_bytes(cfg, shard, 0); /* rank 0's shard starts at 0 */
+  }
+  if (params_on_disk) out->params = 0;
+  size_t fetchable = params_on_disk ? n : n - shard; /* what a rank may fetch into its arena */
 
   size_t largest_tensor = 0, group1 = 0, group2 = 0, persistent = 0;
   for (int i = 0; i < model->n_tensors;) {
@@ -71,11 +82,11 @@ td_status td_trainer_estimate_memory(const td_model *model, const td_train_confi
     size_t bucket = cfg->bucket_bytes / f;
     live += TD_MIN(TD_MIN(3 * bucket + largest_tensor, n - shard) * f + edges, (n - shard) * f);
   }
-  if (stage >= 3 && world > 1) {
+  if (stage >= 3 && (world > 1 || params_on_disk)) {
     /* released and prefetched groups stay within stage3_max_live_parameters;
      * only the group in use may go over it */
     size_t cached = TD_MAX((size_t)cfg->stage3_max_live_parameters, group1);
-    live += TD_MIN(TD_MIN(cached + persistent, n - shard) * f + edges, (n - shard) * f);
+    live += TD_MIN(TD_MIN(cached + persistent, fetchable) * f + edges, fetchable * f);
   }
   out->live = live;
   out->model_states = out->params + out->grads + out->optimizer + out->live;

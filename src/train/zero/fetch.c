@@ -34,6 +34,7 @@
  * configuration, so the broadcasts match across ranks. A failure is kept in
  * z->status (the model cannot see it) and fails the step afterwards. */
 #include "train/zero/zero.h"
+#include "train/offload/offload.h"
 
 #include <stdlib.h>
 
@@ -45,12 +46,26 @@ static zero_live *find_live(zero_state *z, size_t lo, size_t hi, bool exact) {
   return NULL;
 }
 
-static void fail(td_trainer *t, td_status st, const char *what, size_t lo, size_t hi) {
+static void fail_why(td_trainer *t, td_status st, const char *what, size_t lo, size_t hi, const char *why) {
   zero_state *z = t->zero;
   if (z->status == TD_OK)
-    z->status = td_error(st, "rank %d: ZeRO stage 3: %s parameters [%zu, %zu) failed: %s", t->rank, what, lo, hi,
-                         td_comm_last_error(t->comm));
+    z->status = td_error(st, "rank %d: ZeRO stage 3: %s parameters [%zu, %zu) failed: %s", t->rank, what, lo, hi, why);
 }
+
+static void fail(td_trainer *t, td_status st, const char *what, size_t lo, size_t hi) {
+  fail_why(t, st, what, lo, hi, td_comm_last_error(t->comm));
+}
+
+/* NVMe offload: this rank's part of [lo, hi) comes from its file; the
+ * broadcasts wait until it is in (offload/param_store.c). */
+static void fail_disk(td_trainer *t, const char *what, size_t lo, size_t hi) {
+  char why[1024];
+  td_error_copy(why, sizeof why);
+  if (t->zero->status == TD_OK) t->zero->status_from_disk = true;
+  fail_why(t, TD_ERR_IO, what, lo, hi, why);
+}
+
+static void launch_broadcasts(td_trainer *t, zero_live *l, bool after_disk_failure);
 
 /* Launch the broadcasts of [lo, hi) from their owners; a live entry. */
 static zero_live *launch(td_trainer *t, size_t lo, size_t hi) {
@@ -60,11 +75,28 @@ static zero_live *launch(td_trainer *t, size_t lo, size_t hi) {
     return NULL;
   }
   zero_live *l = &z->live[z->n_live++];
-  *l = (zero_live){lo, hi, z->n_fetch_pieces, 0, true, false, false, ++z->use_clock};
+  *l = (zero_live){lo, hi, z->n_fetch_pieces, 0, true, false, false, ++z->use_clock, false, NULL};
   z->live_floats += hi - lo;
-  if (!t->comm || t->world == 1 || z->status != TD_OK) {
-    l->pending = false;
+  if (offload_params_on_disk(t)) {
+    if (z->status == TD_OK && offload_params_read(t, lo, hi, &l->disk_req) != TD_OK) fail_disk(t, "reading", lo, hi);
+    l->deferred = true; /* on every rank alike, so the broadcasts keep one order */
     return l;
+  }
+  launch_broadcasts(t, l, false);
+  return l;
+}
+
+/* after_disk_failure: this rank's parameter read failed, but the
+ * communicator is fine and the peers are about to broadcast: take part
+ * (with whatever the arena holds), so nobody waits; the step fails here. */
+static void launch_broadcasts(td_trainer *t, zero_live *l, bool after_disk_failure) {
+  zero_state *z = t->zero;
+  size_t lo = l->lo, hi = l->hi;
+  l->first_piece = z->n_fetch_pieces;
+  l->n_pieces = 0;
+  if (!t->comm || t->world == 1 || (z->status != TD_OK && !after_disk_failure)) {
+    l->pending = false;
+    return;
   }
   for (int r = 0; r < t->world; r++) {
     size_t off, len;
@@ -84,12 +116,18 @@ static zero_live *launch(td_trainer *t, size_t lo, size_t hi) {
     z->fetch_pieces[z->n_fetch_pieces++] = (zero_piece){req, a, b, r};
     l->n_pieces++;
   }
-  return l;
 }
 
 static void wait_live(td_trainer *t, zero_live *l) {
   zero_state *z = t->zero;
   if (!l->pending) return;
+  if (l->deferred) {
+    l->deferred = false;
+    if (offload_params_wait(t, l->disk_req) != TD_OK) fail_disk(t, "reading", l->lo, l->hi);
+    l->disk_req = NULL;
+    launch_broadcasts(t, l, z->status_from_disk);
+    if (!l->pending) return;
+  }
   for (int i = l->first_piece; i < l->first_piece + l->n_pieces; i++) {
     zero_piece *p = &z->fetch_pieces[i];
     if (!p->req) continue;
@@ -200,6 +238,12 @@ void zero_fetch_reset(td_trainer *t) {
 td_status zero_fetch_all(td_trainer *t) {
   zero_state *z = t->zero;
   zero_fetch_reset(t);
+  if (offload_params_on_disk(t)) { /* the shard first comes back from disk */
+    td_aio_req *req = NULL;
+    td_status st = offload_params_read(t, t->shard_lo, t->shard_hi, &req);
+    if (st == TD_OK) st = offload_params_wait(t, req);
+    TD_CHECK(td_trainer_agree(t, st)); /* no rank left in the allgather below */
+  }
   if (t->comm && t->world > 1) {
     td_status st = td_allgather(t->params + t->shard_lo, t->params, t->n_params, TD_F32, t->comm);
     if (st != TD_OK)

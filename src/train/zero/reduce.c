@@ -34,6 +34,7 @@
  * once (select.c), and the gradient norm uses the same per-shard partial
  * sums at every stage (shard.c). */
 #include "train/zero/zero.h"
+#include "train/offload/offload.h"
 
 #include <string.h>
 
@@ -150,6 +151,7 @@ td_status zero_wait_buckets(td_trainer *t) {
 }
 
 td_status zero_update(td_trainer *t, float lr, float scale, long adam_t) {
+  if (offload_states_on_disk(t)) return offload_update(t, lr, scale, adam_t); /* streamed in tiles (offload/opt_step.c) */
   size_t lo = t->shard_lo, n = t->shard_hi - t->shard_lo;
   const td_optimizer_config *o = &t->cfg.optimizer;
   if (o->kind == TD_OPTIMIZER_ADAMW)

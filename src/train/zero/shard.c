@@ -11,6 +11,7 @@
  * how stage >= 2 zeroes its gradients. Pages straddling a range's edge are
  * kept (at most one per edge). Stage 1 keeps ordinary arenas. */
 #include "train/zero/zero.h"
+#include "train/offload/offload.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -49,7 +50,12 @@ static float *alloc_zeroed(size_t bytes) {
  * given back (MAPPED), plain memory when not (ALLOC). */
 static float *arena_for(td_trainer *t, zero_mem_kind fallback, zero_mem_kind *kind) {
   size_t bytes = t->n_params * sizeof(float);
-  if (t->comm && t->world > 1 && td_comm_local_size(t->comm) > 1 && !strcmp(td_comm_transport(t->comm), "shm")) {
+  /* Not with NVMe offload: host-shared memory is allocated whole up front
+   * (posix_fallocate), and the arenas of a model offloaded because it does
+   * not fit must stay address space whose pages come and go. */
+  bool offload = t->cfg.offload.optimizer_device == TD_OFFLOAD_NVME || t->cfg.offload.param_device == TD_OFFLOAD_NVME;
+  if (!offload && t->comm && t->world > 1 && td_comm_local_size(t->comm) > 1 &&
+      !strcmp(td_comm_transport(t->comm), "shm")) {
     void *p = NULL;
     if (td_mem_alloc(bytes, &p) == TD_OK) {
       *kind = ZERO_MEM_SHARED;
@@ -76,7 +82,9 @@ td_status zero_create(td_trainer *t) {
   } else {
     z->grads_kind = ZERO_MEM_NONE; /* stage 1: the trainer's own gradient arena (trainer.c) */
   }
-  for (int i = 0; i < t->n_states; i++) t->states[i] = alloc_zeroed(shard * sizeof(float));
+  /* NVMe offload keeps the optimizer state in files (offload/) */
+  bool states_in_ram = t->cfg.offload.optimizer_device != TD_OFFLOAD_NVME;
+  for (int i = 0; states_in_ram && i < t->n_states; i++) t->states[i] = alloc_zeroed(shard * sizeof(float));
   /* a bucket splits into at most one piece per owner: buckets + world */
   z->cap_pieces = t->model->n_tensors + 2 + t->world;
   z->pieces = calloc((size_t)z->cap_pieces, sizeof *z->pieces);
@@ -85,7 +93,8 @@ td_status zero_create(td_trainer *t) {
    * two buckets' worth, backward waits for the oldest (DeepSpeed bounds
    * its reduce buckets the same way). */
   z->inflight_cap_floats = TD_MAX(2 * (t->cfg.bucket_bytes / sizeof(float)), (size_t)1);
-  if (!t->params || (z->stage >= 2 && !t->grads) || !t->states[0] || (t->n_states > 1 && !t->states[1]) || !z->pieces ||
+  if (!t->params || (z->stage >= 2 && !t->grads) ||
+      (states_in_ram && (!t->states[0] || (t->n_states > 1 && !t->states[1]))) || !z->pieces ||
       !z->norm_partials)
     return td_error(TD_ERR_SYSTEM,
                     "rank %d: out of memory for the ZeRO stage-%d arenas (%zu parameters, shard of %zu)", t->rank,
@@ -115,6 +124,8 @@ void zero_destroy(td_trainer *t) {
     if (z->pieces[i].req) td_wait(z->pieces[i].req);
   for (int i = 0; i < z->n_fetch_pieces; i++)
     if (z->fetch_pieces[i].req) td_wait(z->fetch_pieces[i].req);
+  for (int i = 0; i < z->n_live; i++) /* parameter reads into the arena (NVMe offload) */
+    if (z->live[i].disk_req) (void)offload_params_wait(t, z->live[i].disk_req);
   if (t->model && t->model->param_access == &z->access) t->model->param_access = NULL;
   size_t bytes = t->n_params * sizeof(float);
   free_arena(t->params, z->params_kind, bytes);
@@ -155,8 +166,9 @@ void zero_release(const td_trainer *t, float *arena, size_t lo, size_t hi) {
   /* pages are given back only where that is the point: stage 2+ gradients, stage 3 parameters */
   if (kind != ZERO_MEM_MAPPED && kind != ZERO_MEM_SHARED) return;
   if (arena == t->params ? z->stage < 3 : z->stage < 2) return;
-  /* never the shard: it is this rank's copy */
+  /* never the shard: it is this rank's copy (unless its copy is on disk) */
   size_t a = t->shard_lo, b = t->shard_hi;
+  if (arena == t->params && offload_params_on_disk(t)) a = b = 0;
   if (b <= lo || a >= hi || a == b) {
     release_pages(z, arena, kind, t->n_params, lo, hi);
     return;
@@ -207,7 +219,8 @@ void zero_measure(td_trainer *t) {
   zero_state *z = t->zero;
   if (!z || !z->measuring) return;
   size_t n = t->n_params * sizeof(float);
-  size_t bytes = (size_t)t->n_states * (t->states_hi - t->states_lo) * sizeof(float);
+  size_t bytes = offload_states_on_disk(t) ? td_offload_buffer_bytes(&t->cfg, t->shard_hi - t->shard_lo)
+                                           : (size_t)t->n_states * (t->states_hi - t->states_lo) * sizeof(float);
   bytes += z->stage >= 3 ? resident_bytes(z, t->params, t->n_params) : n;
   bytes += z->stage >= 2 ? resident_bytes(z, t->grads, t->n_params) : n;
   /* (stage 1: the trainer's whole gradient arena) */

@@ -41,6 +41,8 @@ typedef struct zero_live {
   bool persistent;           /* kept until the end of the step */
   bool in_use;               /* fetched and not yet released by the model */
   unsigned long last_use;    /* for evicting the least recently used */
+  bool deferred;             /* NVMe offload: broadcasts wait for the owner's disk read (disk_req) */
+  struct td_aio_req *disk_req;
 } zero_live;
 
 typedef enum zero_mem_kind { ZERO_MEM_NONE, ZERO_MEM_ALLOC, ZERO_MEM_SHARED, ZERO_MEM_MAPPED } zero_mem_kind;
@@ -67,6 +69,7 @@ typedef struct zero_state {
   unsigned long use_clock;
   td_status status; /* first failure inside a fetch (the model cannot see it) */
   bool params_partial; /* stages 1-2 after zero_rebind: only the shard is valid until the next step's allgather */
+  bool status_from_disk; /* NVMe offload: that failure was a parameter read; the communicator is fine */
   bool gathered;    /* td_trainer_gather_params materialized the whole arena */
 
   /* measured model-state bytes (resident pages of params and grads, plus
