@@ -33,6 +33,10 @@ static td_status register_shards(td_trainer *t, td_elastic *e) {
 
 td_status td_trainer_elastic_register(td_trainer *t, td_elastic *e) {
   if (!t || !e) return td_error(TD_ERR_INVALID_ARGUMENT, "td_trainer_elastic_register: trainer and state required");
+  /* the offloaded parameters live in per-rank files cut for one world size */
+  if (t->offload)
+    return td_error(TD_ERR_INVALID_USAGE, "elastic training with NVMe offload (the config's \"aio\"/offload) is not "
+                                          "supported: turn one of them off");
   size_t bytes = t->n_params * sizeof(float);
   t->elastic = e;
   if (t->zero_stage >= 1) {
