@@ -2,6 +2,8 @@
 # Fault injection against an elastic train-gpt job (issue 10), on this host.
 #
 #   bench/faults.sh [FAULTS] [BUILD]      (default 12 faults, build/)
+#   ZERO=S bench/faults.sh ...            the job at ZeRO stage S (1-3: lost
+#                                         shards come from buddy replicas)
 #
 # One 4-rank elastic job (tandemrun --min-np 2 --max-np 4, a replacement
 # for every loss) takes FAULTS faults, round robin over these kinds:
@@ -40,7 +42,8 @@ trap 'exit 143' TERM
 export TANDEM_PROGRESS=plain TANDEM_TRANSPORT=tcp TANDEM_HEARTBEAT_TIMEOUT=2 TANDEM_HEARTBEAT_INTERVAL=0.25
 export TANDEM_ELASTIC_SETTLE=3 TANDEM_DISCOVERY_INTERVAL=0.1
 STEPS=$(( 300 + FAULTS * 300 ))
-ARGS="--layers 2 --channels 64 --heads 2 --seq 64 --threads 1 --sample 0 --micro-batch 3 --steps $STEPS"
+ZERO=${ZERO:-0}
+ARGS="--layers 2 --channels 64 --heads 2 --seq 64 --threads 1 --sample 0 --micro-batch 3 --steps $STEPS --zero-stage $ZERO"
 out="$work/out"
 echo localhost:4 >"$work/hosts"
 printf '#!/bin/sh\ncat %s\n' "$work/hosts" >"$work/discover"
@@ -128,11 +131,11 @@ same=no
 [ -n "$ref" ] && [ "$ref" = "$got" ] && same=yes
 
 mkdir -p bench/results
-res="bench/results/faults-$(date -u +%Y-%m-%d).md"
+res="bench/results/faults-$(date -u +%Y-%m-%d)$([ "$ZERO" != 0 ] && echo "-zero$ZERO").md"
 {
   echo "# Elastic fault injection, $(date -u '+%Y-%m-%d %H:%M UTC')"
   echo
-  echo "Command: \`bench/faults.sh $FAULTS $B\`; machine: $(nproc) cores, load before: $(cut -d' ' -f1-3 /proc/loadavg)."
+  echo "Command: \`ZERO=$ZERO bench/faults.sh $FAULTS $B\`; machine: $(nproc) cores, load before: $(cut -d' ' -f1-3 /proc/loadavg)."
   echo "Job: train-gpt $ARGS, 4 ranks on this host over TCP (heartbeat timeout 2 s, settle 3 s), tandemrun --min-np 2 --max-np 4."
   echo
   echo "| kind | faults | fault -> next step median (s) | p95 (s) | max (s) | steps lost (total) |"

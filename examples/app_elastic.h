@@ -14,6 +14,7 @@
 #ifndef TD_EXAMPLES_APP_ELASTIC_H
 #define TD_EXAMPLES_APP_ELASTIC_H
 
+#include <signal.h>
 #include <unistd.h>
 
 #include "app_common.h"
@@ -29,7 +30,40 @@ typedef struct app_elastic {
   td_step_stats last;
   long steps_done_here; /* steps this process completed */
   double t_begin;
+  double t_warm;        /* when this process completed its second step (throughput leaves the first two out) */
+  double t_last;        /* when it completed its last one */
 } app_elastic;
+
+/* Does --config enable the "elasticity" block? (train elastically then) */
+static int app_config_elastic(const app_common_options *c) {
+  if (!c->config_path) return 0;
+  td_train_config cfg;
+  td_train_config_defaults(&cfg);
+  if (td_train_config_load_json(c->config_path, &cfg) != TD_OK) return 0; /* reported by build_config */
+  return cfg.elasticity.enabled;
+}
+
+/* The config's elasticity.min_gpus/max_gpus bound the world size: they
+ * become the elastic bounds when the launcher gave none, and must agree
+ * with the launcher's otherwise. */
+static void app_elastic_bounds(const td_elasticity_config *el) {
+  const char *names[2] = {"TANDEM_ELASTIC_MIN_NP", "TANDEM_ELASTIC_MAX_NP"};
+  const char *flags[2] = {"--min-np", "--max-np"};
+  int want[2] = {el->min_gpus, el->max_gpus};
+  for (int i = 0; i < 2; i++) {
+    const char *v = getenv(names[i]);
+    if (!v || !*v) {
+      char buf[32];
+      snprintf(buf, sizeof buf, "%d", want[i]);
+      setenv(names[i], buf, 1);
+      continue;
+    }
+    long have = atol(v);
+    if (i == 0 ? have < want[0] : have > want[1])
+      app_usage_error("tandemrun %s %ld is outside the config's elasticity.min_gpus %d .. max_gpus %d: make them "
+                      "agree", flags[i], have, want[0], want[1]);
+  }
+}
 
 /* Is this process started elastically (tandemrun --min-np/--max-np)? */
 static int app_elastic_env(void) {
@@ -59,6 +93,31 @@ static td_status app_elastic_reset(void *ctx, td_comm *comm, int world_size) {
   return TD_OK;
 }
 
+/* Test hook TANDEM_TEST_STOP_AT="E1:S1,E2:S2,...": this process stops
+ * itself (SIGSTOP) right after committing step Si in membership epoch Ei
+ * (once per pair), so that a fault script acts at a known step however
+ * fast the steps run on a loaded machine: it waits until every process is
+ * stopped, injects the fault, and continues the others. Keyed by epoch so
+ * that steps redone after a fault do not stop anybody again. */
+static void app_elastic_test_stop(int epoch, long step) {
+  static unsigned done = 0; /* pairs already stopped at */
+  const char *v = getenv("TANDEM_TEST_STOP_AT");
+  if (!v) return;
+  int i = 0;
+  for (const char *p = v; *p && i < 32; i++) {
+    char *end;
+    long e = strtol(p, &end, 10), s = -1;
+    if (*end == ':') s = strtol(end + 1, &end, 10);
+    if (e == epoch && s == step && !(done & (1u << i))) {
+      done |= 1u << i;
+      raise(SIGSTOP);
+      return;
+    }
+    if (*end != ',') break;
+    p = end + 1;
+  }
+}
+
 static td_status app_elastic_train(void *ctx, td_elastic *e) {
   app_elastic *a = ctx;
   while (td_trainer_step_count(a->trainer) < a->steps) {
@@ -72,8 +131,24 @@ static td_status app_elastic_train(void *ctx, td_elastic *e) {
               td_elastic_epoch(e));
     s = td_elastic_commit(e);
     if (s != TD_OK) return s;
+    a->t_last = app_now();
+    if (a->steps_done_here == 2) a->t_warm = a->t_last;
+    app_elastic_test_stop(td_elastic_epoch(e), st.step);
   }
   return TD_OK;
+}
+
+/* A rank and its buddy lost together (ZeRO stage >= 1): the last disk
+ * checkpoint of --save DIR, re-sharded for this world by the loader. */
+static td_status app_elastic_fallback(void *ctx, td_comm *comm, int world_size) {
+  (void)comm;
+  app_elastic *a = ctx;
+  const td_train_config *c = td_trainer_config(a->trainer);
+  td_status s = td_trainer_resume(a->trainer, c->checkpoint_dir);
+  if (s == TD_OK && td_comm_rank(comm) == 0)
+    fprintf(stderr, "%s: elastic: state lost from memory; resumed from the disk checkpoint in %s at step %ld "
+            "(world %d)\n", app_name, c->checkpoint_dir, td_trainer_step_count(a->trainer), world_size);
+  return s;
 }
 
 /* FNV-1a over the parameter bytes: equal hashes = equal parameters. */
@@ -90,6 +165,7 @@ static unsigned long long app_params_hash(const td_trainer *t) {
 static int app_elastic_main(td_train_config *cfg, td_model *model, td_dataset *data) {
   app_elastic a;
   memset(&a, 0, sizeof a);
+  if (cfg->elasticity.enabled) app_elastic_bounds(&cfg->elasticity);
   td_status s = td_elastic_create(NULL, &a.e);
   if (s != TD_OK) app_fail(NULL, "joining the elastic job (td_elastic_create)", s);
   fprintf(stderr, "%s: elastic process %ld (pid %d) is rank %d of %d in epoch %d\n", app_name, td_elastic_id(a.e),
@@ -103,6 +179,7 @@ static int app_elastic_main(td_train_config *cfg, td_model *model, td_dataset *d
   s = td_elastic_batch_split(cfg->train_batch_size, 1, a.micro_hint, 0, &local.micro_batch, &local.grad_accum);
   if (s == TD_OK) s = td_trainer_create(&local, model, data, NULL, &a.trainer);
   if (s == TD_OK) s = td_trainer_elastic_register(a.trainer, a.e);
+  if (s == TD_OK && cfg->checkpoint_dir[0]) s = td_elastic_set_fallback(a.e, app_elastic_fallback, &a);
   if (s != TD_OK) {
     fprintf(stderr, "%s: error: setting up elastic training failed (%s): %s\n", app_name, td_status_str(s),
             td_last_error());
@@ -118,12 +195,27 @@ static int app_elastic_main(td_train_config *cfg, td_model *model, td_dataset *d
     td_elastic_destroy(a.e);
     return APP_EXIT_FAIL;
   }
+  /* stage 3: the whole parameter arena for the hash (collective) */
+  s = td_trainer_gather_params(a.trainer);
+  if (s != TD_OK) {
+    fprintf(stderr, "%s: error: gathering the parameters failed (%s): %s\n", app_name, td_status_str(s),
+            td_last_error());
+    td_trainer_destroy(a.trainer);
+    td_elastic_destroy(a.e);
+    return APP_EXIT_FAIL;
+  }
   const td_train_config *rc = td_trainer_config(a.trainer);
   if (a.rank == 0) {
-    printf("%s: final_loss=%.6f steps=%ld world=%d params=%zu global_batch=%ld micro_batch=%d grad_accum=%d "
-           "train_s=%.1f\n",
-           app_name, a.last.loss, td_trainer_step_count(a.trainer), a.world, td_trainer_n_params(a.trainer),
-           rc->train_batch_size, rc->micro_batch, rc->grad_accum, train_s);
+    /* items (tokens for the GPT, samples for the CNN) per second over
+     * this process's steps after its first two, commits included, as the
+     * non-elastic summary's tokens_per_s= */
+    double dt = a.t_last - a.t_warm;
+    double items = (double)(a.steps_done_here - 2) * (double)rc->train_batch_size * (double)data->targets_per_sample;
+    printf("%s: final_loss=%.6f tokens_per_s=%.0f steps=%ld world=%d params=%zu global_batch=%ld micro_batch=%d "
+           "grad_accum=%d train_s=%.1f zero_stage=%d\n",
+           app_name, a.last.loss, a.steps_done_here > 2 && dt > 0 ? items / dt : 0.0, td_trainer_step_count(a.trainer),
+           a.world, td_trainer_n_params(a.trainer), rc->train_batch_size, rc->micro_batch, rc->grad_accum, train_s,
+           td_trainer_zero_stage(a.trainer));
     printf("%s: elastic final_loss_exact=%.17g params_hash=%016llx epochs=%d resets=%d\n", app_name, a.last.loss,
            app_params_hash(a.trainer), td_elastic_epoch(a.e), td_elastic_resets(a.e));
     fflush(stdout);

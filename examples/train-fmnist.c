@@ -153,7 +153,7 @@ int main(int argc, char **argv) {
   app_name = "train-fmnist";
   fmnist_options opt;
   parse_args(argc, argv, &opt);
-  if (opt.elastic || app_elastic_env()) return elastic_main(&opt);
+  if (opt.elastic || app_elastic_env() || app_config_elastic(&opt.common)) return elastic_main(&opt);
 
   app_run run;
   app_begin(&run, opt.common.metrics_path, 0);

@@ -230,8 +230,10 @@ static void print_sample(const int32_t *tokens, int n) {
 /* Elastic training (app_elastic.h): the global batch is that of the
  * initial world (TANDEM_WORLD_SIZE), kept whatever the world size becomes. */
 static int elastic_main(const gpt_options *opt) {
-  if (opt->common.metrics_path || opt->common.resume_dir || opt->common.save_dir)
-    app_usage_error("--elastic keeps its state in memory: --metrics, --save and --resume are not supported with it yet");
+  /* --save: periodic checkpoints, read back only when a rank and its buddy
+   * are lost together at ZeRO stage >= 1 (td_elastic_set_fallback) */
+  if (opt->common.metrics_path || opt->common.resume_dir)
+    app_usage_error("--elastic keeps its state in memory: --metrics and --resume are not supported with it yet");
   const char *w = getenv("TANDEM_WORLD_SIZE");
   td_train_config cfg;
   build_config(opt, w ? (int)app_parse_long("TANDEM_WORLD_SIZE", w, 1, 1 << 20) : 1, &cfg);
@@ -251,7 +253,7 @@ int main(int argc, char **argv) {
   app_name = "train-gpt";
   gpt_options opt;
   parse_args(argc, argv, &opt);
-  if (opt.elastic || app_elastic_env()) return elastic_main(&opt);
+  if (opt.elastic || app_elastic_env() || app_config_elastic(&opt.common)) return elastic_main(&opt);
 
   app_run run;
   app_begin(&run, opt.common.metrics_path, 1);

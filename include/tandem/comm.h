@@ -70,6 +70,9 @@ int td_comm_size(const td_comm *comm);
 int td_comm_local_rank(const td_comm *comm); /* rank among the ranks on this host */
 int td_comm_local_size(const td_comm *comm); /* number of ranks of comm on this host */
 const char *td_comm_transport(const td_comm *comm); /* "self", "shm" or "tcp" */
+/* The host identity of `rank` (ranks with equal identities share memory);
+ * "" for a rank out of range. Valid while comm lives. */
+const char *td_comm_host(const td_comm *comm, int rank);
 
 /* Collective over `comm`: ranks with the same `color` form a new
  * communicator, ordered by (key, old rank). A negative color gives *out = NULL

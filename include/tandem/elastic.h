@@ -8,7 +8,11 @@
  * communicator at the new world size (ranks renumbered by age: the
  * longest-lived process becomes rank 0), restore the state of the last
  * commit and carry on. Nothing is read from disk: at ZeRO stage 0 every rank
- * holds the whole state, and a joining process receives it from its peers.
+ * holds the whole state; at stages 1-3 each rank's shard is also held by a
+ * buddy rank (td_elastic_register_shard), and only when a rank and its
+ * buddy are lost together is the disk checkpoint read
+ * (td_elastic_set_fallback). A joining process receives everything from
+ * its peers' memory.
  *
  * Usage (the training loop is the user's):
  *
@@ -88,6 +92,29 @@ int td_elastic_resets(const td_elastic *e);
  * register the same names and sizes, in the same order. Local. */
 td_status td_elastic_register(td_elastic *e, const char *name, void *ptr, size_t bytes);
 
+/* Register a sharded buffer (ZeRO stages 1-3): this rank holds elements
+ * [lo, hi) of a global array of `total` elements of `elem_bytes` bytes each,
+ * at ptr. Every sharded buffer of a state is split alike (same total; lo
+ * and hi equal across the buffers of one rank). Each commit also copies
+ * this rank's elements and sends the copy to a buddy rank (on another host
+ * when there is one) while the next step computes. After a membership
+ * change the reset callback re-shards and registers every sharded buffer
+ * again (same names) with the new ptr, lo and hi; td_elastic_run then fills
+ * them from the survivors' shards and their buddies' copies. Local. */
+td_status td_elastic_register_shard(td_elastic *e, const char *name, void *ptr, size_t elem_bytes, size_t total,
+                                    size_t lo, size_t hi);
+
+/* When a rank and its buddy are lost together, some shard survives in no
+ * memory: td_elastic_run then calls fn(ctx, comm, world_size) after the
+ * reset callback, which must fill every registered buffer (whole and
+ * sharded) from a disk checkpoint, collectively (the trainer:
+ * td_trainer_resume). Steps after that checkpoint are redone. Without a
+ * fallback such a loss fails the job with a message saying so. Local. */
+typedef td_status (*td_elastic_fallback_fn)(void *ctx, td_comm *comm, int world_size);
+td_status td_elastic_set_fallback(td_elastic *e, td_elastic_fallback_fn fn, void *ctx);
+/* Disk fallbacks this process went through. */
+int td_elastic_fallbacks(const td_elastic *e);
+
 /* Copy every registered buffer into this process's in-memory commit (a
  * memcpy per buffer; no disk, no network). At stage 0 every rank holds the
  * whole state, so every survivor has the commit. Then, collectively, check
@@ -126,14 +153,20 @@ td_status td_elastic_batch_split(long global_batch, int world, int micro_hint, i
 
 /* Register a trainer's whole state with e: parameters, optimizer state, the
  * step count, the sampler position and the global batch. At stage 0 that is
- * everything a step depends on. Local. */
+ * everything a step depends on. At ZeRO stages 1-3 the optimizer state (and
+ * at stage 3 the parameters) are registered as shards
+ * (td_elastic_register_shard), and td_trainer_elastic_rebind re-shards
+ * them. Local. */
 td_status td_trainer_elastic_register(td_trainer *t, td_elastic *e);
 
 /* Move a trainer onto `comm` (NULL: a world of one), keeping its global
  * batch (td_elastic_batch_split with micro_hint and max_world), resizing
  * per-rank buffers. Call it from the reset callback. The trainer must have
  * been created with comm NULL (creation is then local, so a joining
- * process can create its trainer while the others train). Local. */
+ * process can create its trainer while the others train). At ZeRO stage >=
+ * 1 the shards are cut anew for the new world and registered again with
+ * the elastic state given to td_trainer_elastic_register (their contents
+ * are then restored by td_elastic_run). Local. */
 td_status td_trainer_elastic_rebind(td_trainer *t, td_comm *comm, int micro_hint, int max_world);
 
 #ifdef __cplusplus

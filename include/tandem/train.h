@@ -70,6 +70,21 @@ typedef struct td_schedule_config {
   float min_ratio;          /* lr at the end of the decay, as a fraction of the peak lr */
 } td_schedule_config;
 
+/* DeepSpeed's "elasticity" block (src/train/elastic/elastic_config.c;
+ * README "Elastic training"). When enabled, the global batch is DeepSpeed's
+ * choice: the batch size up to max_train_batch_size that a micro-batch of
+ * micro_batch_sizes splits over the most world sizes in [min_gpus,
+ * max_gpus], and the program trains elastically. */
+typedef struct td_elasticity_config {
+  int enabled;
+  long max_train_batch_size;
+  int micro_batch_sizes[16];
+  int n_micro_batch_sizes;
+  int min_gpus, max_gpus;   /* default 1 and 10000 (DeepSpeed's) */
+  int prefer_larger_batch;  /* default 1 */
+  int ignore_non_elastic_batch_info;
+} td_elasticity_config;
+
 /* Mixed precision (src/train/precision/; ds_config's "bf16", "fp16" and
  * "communication_data_type"). The master weights and the optimizer stay
  * f32; the linear layers' products round their operands to `compute` and
@@ -148,8 +163,17 @@ typedef struct td_train_config {
   long stage3_prefetch_bucket_size;        /* parameters fetched ahead of use (default 5e7) */
   long stage3_max_live_parameters;         /* fetched parameters kept resident (cached) at most (1e9) */
   long stage3_param_persistence_threshold; /* fetch groups this small stay resident for the whole step (1e5) */
+  td_elasticity_config elasticity;         /* "elasticity" (off by default) */
   td_offload_config offload;               /* ZeRO-Infinity NVMe offload (stage 3; README "NVMe offload") */
 } td_train_config;
+
+/* DeepSpeed's elastic batch choice (v0.1, deepspeed.elasticity): the
+ * largest-compatibility global batch for cfg's micro_batch_sizes,
+ * max_train_batch_size and [min_gpus, max_gpus]; the world sizes it splits
+ * over go into valid (up to max_valid entries, ascending; *n_valid their
+ * number). Pure. */
+td_status td_elasticity_batch(const td_elasticity_config *e, long *batch_out, int *valid, int max_valid,
+                              int *n_valid);
 
 /* Defaults: AdamW lr 3e-4, betas (0.9, 0.999), eps 1e-8, weight decay 0;
  * constant schedule; no clipping; seed 1337; buckets 25 MiB (first 1 MiB);

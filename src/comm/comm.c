@@ -438,6 +438,9 @@ int td_comm_size(const td_comm *comm) { return comm ? comm->size : 0; }
 int td_comm_local_rank(const td_comm *comm) { return comm ? comm->local_rank : -1; }
 int td_comm_local_size(const td_comm *comm) { return comm ? comm->local_size : 0; }
 const char *td_comm_transport(const td_comm *comm) { return comm ? comm->xport_name : ""; }
+const char *td_comm_host(const td_comm *comm, int rank) {
+  return comm && comm->hosts && rank >= 0 && rank < comm->size && comm->hosts[rank] ? comm->hosts[rank] : "";
+}
 const char *td_comm_last_error(const td_comm *comm) {
   if (!comm) return "";
   /* The sticky message never changes once set; a call message may be

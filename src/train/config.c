@@ -53,6 +53,7 @@ static td_status batch_too_large(long micro, long accum, int world) {
 
 td_status td_train_config_resolve(td_train_config *cfg, int world) {
   if (world < 1) return td_error(TD_ERR_INVALID_ARGUMENT, "world size %d: must be at least 1", world);
+  TD_CHECK(td_elasticity_resolve(cfg, world)); /* the micro-batch of an elastic config's batch */
   long G = cfg->train_batch_size;
   long m = cfg->micro_batch, a = cfg->grad_accum;
   if (G < 0) return td_error(TD_ERR_INVALID_ARGUMENT, "train_batch_size %ld: must be positive (or 0 to derive it)", G);
@@ -519,7 +520,7 @@ static td_status parse_root(parse_ctx *pc, const cJSON *root) {
       "train_batch_size", "train_micro_batch_size_per_gpu", "train_micro_batch_size_per_rank",
       "gradient_accumulation_steps", "train_steps", "seed", "gradient_clipping", "steps_per_print",
       "threads_per_rank", "bucket_bytes", "first_bucket_bytes", "optimizer", "scheduler", "checkpoint",
-      "fp16", "bf16", "zero_optimization", "communication_data_type", "activation_checkpointing", "aio"};
+      "fp16", "bf16", "zero_optimization", "communication_data_type", "activation_checkpointing", "elasticity", "aio"};
   if (!cJSON_IsObject(root))
     return td_error(TD_ERR_INVALID_ARGUMENT, "%s: the config must be a JSON object ({ ... })", pc->source);
   TD_CHECK(check_keys(pc, root, "", keys, (int)TD_ARRAY_SIZE(keys)));
@@ -573,10 +574,13 @@ static td_status parse_root(parse_ctx *pc, const cJSON *root) {
       TD_CHECK(td_precision_parse_json(item, pc->source, cfg)); /* src/train/precision/precision_config.c */
     } else if (strcmp(k, "zero_optimization") == 0) {
       TD_CHECK(parse_zero(pc, item));
+    } else if (strcmp(k, "elasticity") == 0) {
+      TD_CHECK(td_elasticity_parse_json(item, pc->source, cfg)); /* src/train/elastic/elastic_config.c */
     } else if (strcmp(k, "aio") == 0) {
       TD_CHECK(td_offload_parse_json(item, pc->source, cfg)); /* src/train/offload/offload_config.c */
     }
   }
+  if (cfg->elasticity.enabled) TD_CHECK(td_elasticity_apply(root, pc->source, cfg));
   /* WarmupLR gives absolute rates; the config keeps fractions of the peak so
    * that a later --lr flag moves the whole schedule. */
   if (pc->has_warmup_max_lr) cfg->optimizer.lr = (float)pc->warmup_max_lr;

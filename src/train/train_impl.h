@@ -103,6 +103,19 @@ td_status td_precision_check_overflow(td_trainer *t, int *overflow_out);
 void td_precision_on_overflow(td_trainer *t);   /* the scaler's update and the one log line (rank 0) */
 void td_precision_on_clean_step(td_trainer *t); /* the scaler's update */
 
+/* ---- the config's "elasticity" block (src/train/elastic/elastic_config.c) ---- */
+/* Parse the block (a cJSON *) into cfg->elasticity. */
+td_status td_elasticity_parse_json(const void *item, const char *source, td_train_config *cfg);
+/* After the whole config is read (root: the cJSON * object): refuse batch
+ * keys beside an enabled block unless ignore_non_elastic_batch_info, then
+ * set train_batch_size to DeepSpeed's choice (micro-batch and accumulation
+ * derived per world size). */
+td_status td_elasticity_apply(const void *root, const char *source, td_train_config *cfg);
+/* In td_train_config_resolve: when the block chose the batch and no
+ * micro-batch was given, the largest of micro_batch_sizes that splits it
+ * over `world`; an error listing the valid world sizes when none does. */
+td_status td_elasticity_resolve(td_train_config *cfg, int world);
+
 /* ---- the trainer ---- */
 struct td_trainer {
   td_train_config cfg; /* resolved */
@@ -171,6 +184,7 @@ struct td_trainer {
   size_t states_lo, states_hi;
   size_t params_lo, params_hi;
   struct zero_state *zero; /* stage >= 1: buckets, fetches, memory (zero/zero.h) */
+  struct td_elastic *elastic; /* td_trainer_elastic_register: where rebind re-registers the shards */
   struct offload_state *offload; /* stage 3 with NVMe offload: files, buffers, I/O (offload/offload.h) */
 };
 

@@ -12,12 +12,16 @@
 #   hosts.sh B kill   every process of host b's ranks killed at once
 #                     (kill -9): the launcher's ssh sessions end, the loss
 #                     is reported at once, and the job goes on at 2 ranks
+#   hosts.sh B CASE S the job at ZeRO stage S: host b's shards must come
+#                     from their buddies on host a (the log says "rebuilt
+#                     from memory", never the disk fallback)
 #
 # Needs root (namespaces, sshd); every namespace and sshd is removed on
 # exit, also after a failure.
 set -u
 B=$1
 case_name=$2
+zero=${3:-0}
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../lib/netns.sh"
 RUN=$(cd "$B/bin" && pwd)/tandemrun
@@ -72,7 +76,8 @@ done
 
 export TANDEM_PROGRESS=plain TANDEM_HEARTBEAT_TIMEOUT=2 TANDEM_HEARTBEAT_INTERVAL=0.25
 export TANDEM_ELASTIC_SETTLE=4
-args="--layers 2 --channels 64 --heads 2 --seq 64 --threads 1 --sample 0 --steps 150 --micro-batch 3"
+[ "$zero" != 0 ] && export TANDEM_LOG=info # the rebuild's log lines
+args="--layers 2 --channels 64 --heads 2 --seq 64 --threads 1 --sample 0 --steps 150 --micro-batch 3 --zero-stage $zero"
 hosts="-H 10.77.7.1:2,10.77.7.2:2"
 exact() { sed -n 's/.*elastic final_loss_exact=\([^ ]*\) params_hash=.*/\1/p' "$1"; }
 
@@ -106,6 +111,11 @@ rc=$?
 grep -q "elastic process 3 (pid .*) is rank 3 of 4" "$out" || fail "not 4 ranks over ssh"
 [ $rc = 0 ] || fail "tandemrun exited $rc"
 grep -v "step [0-9]* loss" "$out" | tail -12
+if [ "$zero" != 0 ]; then
+  grep -q "epoch 2: rank 0: sharded state of commit [0-9]* rebuilt from memory" "$out" ||
+    fail "host b's shards were not rebuilt from their buddies' memory on host a"
+  grep -q "falling back to the disk" "$out" && fail "a shard was lost with host b: its buddy was not on host a"
+fi
 lref=$(exact "$tmp/ref")
 lout=$(exact "$out")
 [ -n "$lref" ] && [ -n "$lout" ] || fail "missing final loss"

@@ -41,7 +41,7 @@ netns_init() {
   command -v ip >/dev/null || _netns_fail "'ip' not found: install iproute2 (scripts/install-deps does)"
   command -v tc >/dev/null || _netns_fail "'tc' not found: install iproute2 (scripts/install-deps does)"
   command -v unshare >/dev/null || _netns_fail "'unshare' not found: install util-linux"
-  NETNS_TAG="td$$"
+  NETNS_TAG="${NETNS_TAG_PREFIX:-td}$$" # a test may name its own (NETNS_TAG_PREFIX=el2)
   NETNS_SWITCH="$NETNS_TAG-sw"
   trap 'netns_cleanup; eval "${NETNS_ON_EXIT:-:}"' EXIT
   trap 'exit 130' INT

@@ -9,23 +9,43 @@
  * reads exactly the samples the old one would have (train_impl.h). */
 #include "train/elastic/elastic_impl.h"
 #include "train/train_impl.h"
+#include "train/zero/zero.h"
 
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+/* The sharded arenas of ZeRO stage >= 1: the optimizer states, and at
+ * stage 3 the parameters (this rank's shard of each; train_impl.h). */
+static td_status register_shards(td_trainer *t, td_elastic *e) {
+  size_t lo = t->shard_lo, hi = t->shard_hi;
+  for (int i = 0; i < t->n_states; i++) {
+    const char *name = i == 0 ? "optimizer_state_0" : "optimizer_state_1";
+    TD_CHECK(td_elastic_register_shard(e, name, t->states[i], sizeof(float), t->n_params, lo, hi));
+  }
+  /* the parameters too: at stages 1-2 every rank holds them all, but the
+   * shards are all a commit needs (a quarter of the bytes to copy at 4
+   * ranks); the first step after a restore allgathers them */
+  TD_CHECK(td_elastic_register_shard(e, "params", t->params + lo, sizeof(float), t->n_params, lo, hi));
+  return TD_OK;
+}
+
 td_status td_trainer_elastic_register(td_trainer *t, td_elastic *e) {
   if (!t || !e) return td_error(TD_ERR_INVALID_ARGUMENT, "td_trainer_elastic_register: trainer and state required");
-  /* ZeRO stage >= 1 keeps only shards of some arenas (train_impl.h): the
-   * whole-arena registrations below would read past them. */
-  if (t->zero_stage >= 1)
-    return td_error(TD_ERR_INVALID_USAGE, "elastic training is not supported at ZeRO stage %d yet; use stage 0",
-                    t->zero_stage);
+  /* the offloaded parameters live in per-rank files cut for one world size */
+  if (t->offload)
+    return td_error(TD_ERR_INVALID_USAGE, "elastic training with NVMe offload (the config's \"aio\"/offload) is not "
+                                          "supported: turn one of them off");
   size_t bytes = t->n_params * sizeof(float);
-  TD_CHECK(td_elastic_register(e, "params", t->params, bytes));
-  TD_CHECK(td_elastic_register(e, "optimizer_state_0", t->states[0], bytes));
-  if (t->n_states > 1) TD_CHECK(td_elastic_register(e, "optimizer_state_1", t->states[1], bytes));
+  t->elastic = e;
+  if (t->zero_stage >= 1) {
+    TD_CHECK(register_shards(t, e));
+  } else {
+    TD_CHECK(td_elastic_register(e, "params", t->params, bytes));
+    TD_CHECK(td_elastic_register(e, "optimizer_state_0", t->states[0], bytes));
+    if (t->n_states > 1) TD_CHECK(td_elastic_register(e, "optimizer_state_1", t->states[1], bytes));
+  }
   TD_CHECK(td_elastic_register(e, "step", &t->step, sizeof t->step));
   TD_CHECK(td_elastic_register(e, "consumed", &t->consumed, sizeof t->consumed));
   return td_elastic_register(e, "train_batch_size", &t->cfg.train_batch_size, sizeof t->cfg.train_batch_size);
@@ -74,5 +94,9 @@ td_status td_trainer_elastic_rebind(td_trainer *t, td_comm *comm, int micro_hint
   }
   /* The model is prepared for the new micro-batch by the next step. */
   t->prepared_batch = -1;
+  if (t->zero) { /* ZeRO: shards cut for the new world, filled by the elastic restore */
+    TD_CHECK(zero_rebind(t));
+    if (t->elastic) TD_CHECK(register_shards(t, t->elastic));
+  }
   return TD_OK;
 }

@@ -58,6 +58,17 @@ void zero_step_begin(td_trainer *t) {
   z->n_pieces = z->n_done = z->n_buckets = 0;
   z->inflight_floats = 0;
   z->released_lo = t->n_params; /* nothing released this step yet */
+  if (z->params_partial) {
+    /* elastic re-sharding restored only each rank's shard of the parameters
+     * (src/train/zero/rebind.c): every rank is here at the same step */
+    z->params_partial = false;
+    if (t->comm && t->world > 1) {
+      td_status st = td_allgather(t->params + t->shard_lo, t->params, t->n_params, TD_F32, t->comm);
+      if (st != TD_OK && z->status == TD_OK)
+        z->status = td_error(st, "rank %d: gathering the re-sharded parameters failed: %s", t->rank,
+                             td_comm_last_error(t->comm));
+    }
+  }
 }
 
 /* Stage 2+: a reduced piece this rank does not own is given back at once

@@ -72,6 +72,7 @@ typedef struct zero_state {
   size_t live_floats;
   unsigned long use_clock;
   td_status status; /* first failure inside a fetch (the model cannot see it) */
+  bool params_partial; /* stages 1-2 after zero_rebind: only the shard is valid until the next step's allgather */
   bool status_from_disk; /* NVMe offload: that failure was a parameter read; the communicator is fine */
   bool gathered;    /* td_trainer_gather_params materialized the whole arena */
 
@@ -121,6 +122,13 @@ td_status zero_granule_bytes(size_t n_params, int world, size_t *out);
  * page. NULL when mmap fails. Freed with zero_unreserve. */
 float *zero_reserve(size_t bytes, size_t granule);
 void zero_unreserve(float *p, size_t bytes, size_t granule);
+
+/* ---- rebind.c ---- */
+/* After t->comm, world and rank changed (elastic training): shard every
+ * arena for the new world. The optimizer-state shards are reallocated
+ * (zeros: the caller restores them), stage 3 keeps only the new parameter
+ * shard resident. Local. */
+td_status zero_rebind(td_trainer *t);
 
 /* ---- reduce.c (stage >= 1) ---- */
 void zero_step_begin(td_trainer *t);                       /* zero the gradients, reset the buckets */
