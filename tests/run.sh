@@ -15,7 +15,9 @@
 #              SERIAL=REGEX names the lines that run alone, nothing beside
 #              them (default: those whose point is a time bound, that
 #              create network namespaces, that move data through tiny
-#              buffers, or that inject faults into elastic jobs).
+#              buffers, or that inject faults into elastic jobs; and
+#              py_install, whose `make install` may relink build/bin
+#              programs that the lines beside it run).
 # Why lines run in parallel: most lines spend their time waiting (timeouts,
 # heartbeats, process start-up), not computing, and every test must pass on
 # a loaded machine anyway (rule of the house).
@@ -35,7 +37,7 @@ export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0:halt_on_erro
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 
 jobs_max=${JOBS:-2}
-serial=${SERIAL:-'^(deadhost_|elastic_|.*(small_chunks|small_sockets|huge)$|tcp_heartbeat_(stop|busy)|fail_timeout_|core_timeout_|launcher_timeout|comm_two_jobs|launcher_concurrent)'}
+serial=${SERIAL:-'^(deadhost_|elastic_|py_install$|.*(small_chunks|small_sockets|huge)$|tcp_heartbeat_(stop|busy)|fail_timeout_|core_timeout_|launcher_timeout|comm_two_jobs|launcher_concurrent)'}
 resdir=$(mktemp -d /tmp/tandem-tests.XXXXXX)
 trap 'rm -rf "$resdir"' EXIT
 
