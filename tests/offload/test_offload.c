@@ -190,27 +190,8 @@ static void run_enospc(const char *dir) {
 /* ---- the trainer ---- */
 
 static int fault_armed;
-static td_status text_get(const td_dataset *ds, size_t index, void *input, int32_t *targets) {
-  (void)ds;
-  if (fault_armed) return td_error(TD_ERR_IO, "injected failure delivering sample %zu", index);
-  int32_t *tok = input;
-  for (int j = 0; j <= T_SEQ; j++) {
-    size_t p = index * T_SEQ + (size_t)j;
-    int32_t v = (int32_t)("the quick brown fox jumps over the lazy dog. "[(p * 7) % 45]);
-    if (j < T_SEQ) tok[j] = v;
-    if (j > 0) targets[j - 1] = v;
-  }
-  return TD_OK;
-}
-static void plain_destroy(td_dataset *ds) { free(ds); }
 static td_dataset *text_dataset(void) {
-  td_dataset *ds = calloc(1, sizeof *ds);
-  ds->n_samples = 240;
-  ds->input_bytes = T_SEQ * sizeof(int32_t);
-  ds->targets_per_sample = T_SEQ;
-  ds->get = text_get;
-  ds->destroy = plain_destroy;
-  return ds;
+  return td_test_text_dataset("the quick brown fox jumps over the lazy dog. ", 7, T_SEQ, 240, &fault_armed);
 }
 
 static td_model *gpt(int layers, int channels) {

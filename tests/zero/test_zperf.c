@@ -35,26 +35,8 @@
 
 enum { T_SEQ = 17, G = 6, STEPS = 4 };
 
-static td_status text_get(const td_dataset *ds, size_t index, void *input, int32_t *targets) {
-  (void)ds;
-  int32_t *tok = input;
-  for (int j = 0; j <= T_SEQ; j++) {
-    size_t p = index * T_SEQ + (size_t)j;
-    int32_t v = (int32_t)("pack my box with five dozen liquor jugs! "[(p * 5) % 41]);
-    if (j < T_SEQ) tok[j] = v;
-    if (j > 0) targets[j - 1] = v;
-  }
-  return TD_OK;
-}
-static void plain_destroy(td_dataset *ds) { free(ds); }
 static td_dataset *text_dataset(void) {
-  td_dataset *ds = calloc(1, sizeof *ds);
-  ds->n_samples = 120;
-  ds->input_bytes = T_SEQ * sizeof(int32_t);
-  ds->targets_per_sample = T_SEQ;
-  ds->get = text_get;
-  ds->destroy = plain_destroy;
-  return ds;
+  return td_test_text_dataset("pack my box with five dozen liquor jugs! ", 5, T_SEQ, 120, NULL);
 }
 
 static td_model *gpt(int layers, int channels, int heads) {
