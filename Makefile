@@ -134,6 +134,10 @@ $(BUILD)/bin/%: $(BUILD)/obj/tools/%.o $(LIBA)
 $(BUILD)/bin/%: $(BUILD)/obj/examples/%.o $(LIBA)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(LIBA) $(LDLIBS)
+# Reached only through the pattern rules above, these objects are
+# intermediate files that make deletes after linking; then every later make
+# (make install after make) finds them missing and relinks build/bin.
+.SECONDARY: $(patsubst %.c,$(BUILD)/obj/%.o,$(TOOL_SRCS))
 
 define TEST_RULE
 $(BUILD)/tests/$(basename $(notdir $(1))): $(BUILD)/obj/$(1:.c=.o) $(TESTLIB_OBJS) $(LIBA)
