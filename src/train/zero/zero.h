@@ -41,7 +41,7 @@ typedef struct zero_live {
   int first_piece, n_pieces; /* into fetch_pieces while in flight */
   bool pending;              /* broadcasts not yet waited for */
   bool persistent;           /* kept until the end of the step */
-  bool in_use;               /* fetched and not yet released by the model */
+  int users;                 /* fetches of it (or of a range inside it) not yet released */
   unsigned long last_use;    /* for evicting the least recently used */
   bool deferred;             /* NVMe offload: broadcasts wait for the owner's disk read (disk_req) */
   struct td_aio_req *disk_req;
