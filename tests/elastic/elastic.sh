@@ -164,7 +164,7 @@ abandon)
   # in epoch 3 with process 4.
   export TANDEM_CONNECT_TIMEOUT=40 TANDEM_TEST_ELASTIC_STOP_AFTER_ROUND=3
   start "$work/out" --min-np 2 --max-np 3 -np 3 --max-restarts 2 "$GPT" \
-    --layers 2 --channels 64 --heads 2 --seq 64 --threads 1 --sample 0 --steps 200 --micro-batch 4
+    --layers 2 --channels 64 --heads 2 --seq 64 --threads 1 --sample 0 --steps 80 --micro-batch 4
   wait_for "$work/out" "step 20 loss"
   kill_frozen "$work/out" 1
   wait_for "$work/out" "starting process 3 on host"
