@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# ZeRO stages 2-3 at speed: the GPT reference configuration on 2 ranks x 1
-# thread at stages 0-3, with the stage 2-3 arenas on 4 KiB pages
+# ZeRO stages 1-3 at speed: the GPT reference configuration on 2 ranks x 1
+# thread at stages 0-3, with the ZeRO arenas (stage 2-3 gradients and
+# parameters, stage 1-3 optimizer-state shards) on 4 KiB pages
 # (TANDEM_ZERO_HUGE_PAGES=off, the code before src/train/zero/pages.c) and
 # on 2 MiB huge-page granules (the default), interleaved round by round in
 # one binary. Per configuration: tokens/s (median), ratio to stage 0
@@ -10,15 +11,19 @@
 # (forward, backward, optimizer, comm_wait; rank 0, steps 3..). Writes
 # bench/results/zperf-<date>.md.
 #
-#   bench/zperf.sh [--rounds N] [--steps N]
+#   bench/zperf.sh [--rounds N] [--steps N] [--huge-only]
+#
+# --huge-only skips the 4 KiB-page rows (half the runs): the default
+# configuration of every stage against stage 0.
 set -u
 cd "$(dirname "$0")/.."
-rounds=3; steps=30
+rounds=3; steps=30; huge_only=0
 while [ $# -gt 0 ]; do
   case "$1" in
   --rounds) rounds=$2; shift 2 ;;
   --steps) steps=$2; shift 2 ;;
-  *) echo "usage: bench/zperf.sh [--rounds N] [--steps N]" >&2; exit 2 ;;
+  --huge-only) huge_only=1; shift ;;
+  *) echo "usage: bench/zperf.sh [--rounds N] [--steps N] [--huge-only]" >&2; exit 2 ;;
   esac
 done
 B=${BUILD:-build}
@@ -60,7 +65,9 @@ PY
 }
 
 declare -A res
-configs="off:0 off:2 off:3 auto:0 auto:2 auto:3" # stages 0-1 give nothing back: auto:0 is off:0 again (the noise)
+# stage 0 has no ZeRO arena: auto:0 is off:0 again (the noise)
+configs="off:0 off:1 off:2 off:3 auto:0 auto:1 auto:2 auto:3"
+[ "$huge_only" = 1 ] && configs="auto:0 auto:1 auto:2 auto:3"
 for ((r = 1; r <= rounds; r++)); do
   for c in $configs; do
     v=$(run "${c%%:*}" "${c##*:}")
@@ -82,7 +89,7 @@ ratio_med() { # CONFIG BASE: median of per-round tokens/s ratios
 {
   echo "# ZeRO stages at speed: 4 KiB pages against huge-page granules ($(date -u '+%Y-%m-%d %H:%M UTC'))"
   echo
-  echo "Command: \`bench/zperf.sh --rounds $rounds --steps $steps\` (each run: \`TANDEM_ZERO_HUGE_PAGES=off|auto tandemrun -np 2 train-gpt --threads 1 --steps $steps --sample 0 --zero-stage S\`, GPT reference configuration, 3.32M parameters)."
+  echo "Command: \`bench/zperf.sh --rounds $rounds --steps $steps$([ "$huge_only" = 1 ] && echo ' --huge-only')\` (each run: \`TANDEM_ZERO_HUGE_PAGES=off|auto tandemrun -np 2 train-gpt --threads 1 --steps $steps --sample 0 --zero-stage S\`, GPT reference configuration, 3.32M parameters)."
   echo "Rounds interleaved; medians over $rounds rounds. Load average before: $load_before; after: $load_after. Git: $(git rev-parse --short HEAD)."
   echo "CPU s and faults: per rank (user+sys and minor faults over the whole run, /usr/bin/time); stage 0 CPU / CPU is the throughput ratio the CPU time predicts on a quiet machine (1 thread per rank, 2 ranks on 2 cores). Breakdown: ms per step on rank 0, steps 3.., from TANDEM_TIMELINE (wall time: inflated by the load)."
   echo

@@ -404,6 +404,42 @@ static td_status forward_micro_batch(td_trainer *t, const char *where, int batch
   return TD_OK;
 }
 
+/* Backward's loss scale: the micro-steps' mean; ZeRO stages 2-3
+ * accumulating into shards also divide by the world size here, since their
+ * buckets are summed onto the shards (zero/reduce.c). */
+static float backward_scale(const td_trainer *t) {
+  double scale = t->scaler.scale / t->cfg.grad_accum;
+  if (t->zero && t->zero->accum_sharded) scale /= t->world;
+  return (float)scale;
+}
+
+/* Before a backward whose gradient buckets are reduced as they are final. */
+static void begin_buckets(td_trainer *t) {
+  memset(t->tensor_ready, 0, (size_t)TD_MAX(t->model->n_tensors, 1) * sizeof(size_t));
+  t->frontier_tensor = t->model->n_tensors;
+  t->launched_lo = t->n_params;
+  t->next_bucket = t->cfg.first_bucket_bytes / sizeof(float);
+  t->bucket_status = TD_OK;
+  t->n_requests = 0;
+}
+
+/* ZeRO stages 2-3 under gradient accumulation (zero->accum_sharded): a
+ * micro-step before the last reduces its gradients into the owners' shards
+ * (zero/reduce.c), then clears the rest. Every rank has agreed it computed
+ * its forward. */
+static td_status sharded_micro_backward(td_trainer *t, double *wait_s) {
+  begin_buckets(t);
+  t->model->ops->backward(t->model, t->params, t->grads, backward_scale(t), on_grad_ready, t);
+  bucket_launch(t, 0, t->launched_lo);
+  t->launched_lo = 0;
+  td_status wst;
+  *wait_s += wait_requests(t, &wst);
+  if (t->bucket_status != TD_OK) return t->bucket_status;
+  if (wst != TD_OK) return wst;
+  zero_micro_end(t);
+  return TD_OK;
+}
+
 static td_status trainer_step(td_trainer *t, td_step_stats *stats);
 
 /* The step runs with the thread's compute type set to the config's
@@ -463,8 +499,11 @@ static td_status trainer_step(td_trainer *t, td_step_stats *stats) {
     }
     loss_sum += loss;
     /* The last micro-step's backward launches the buckets: it waits for the agreement. */
-    if (local == TD_OK && micro < accum - 1)
-      m->ops->backward(t->model, t->params, t->grads, (float)(t->scaler.scale / accum), NULL, NULL);
+    if (micro < accum - 1 && t->zero && t->zero->accum_sharded) {
+      local = td_trainer_agree(t, local); /* this one's buckets too */
+      if (local == TD_OK) local = sharded_micro_backward(t, &wait_s);
+    } else if (local == TD_OK && micro < accum - 1)
+      m->ops->backward(t->model, t->params, t->grads, backward_scale(t), NULL, NULL);
   }
   double loss = loss_sum / accum;
 
@@ -495,16 +534,8 @@ static td_status trainer_step(td_trainer *t, td_step_stats *stats) {
   /* Backward of the last micro-step, with gradient buckets averaged over
    * ranks as soon as they are final. */
   int sync = distributed;
-  if (sync) {
-    memset(t->tensor_ready, 0, (size_t)TD_MAX(m->n_tensors, 1) * sizeof(size_t));
-    t->frontier_tensor = m->n_tensors;
-    t->launched_lo = t->n_params;
-    t->next_bucket = t->cfg.first_bucket_bytes / sizeof(float);
-    t->bucket_status = TD_OK;
-    t->n_requests = 0;
-  }
-  m->ops->backward(t->model, t->params, t->grads, (float)(t->scaler.scale / accum), sync ? on_grad_ready : NULL,
-                   sync ? t : NULL);
+  if (sync) begin_buckets(t);
+  m->ops->backward(t->model, t->params, t->grads, backward_scale(t), sync ? on_grad_ready : NULL, sync ? t : NULL);
   if (sync) {
     /* Whatever backward did not report (or a tensor reported out of order)
      * goes in one last bucket. */

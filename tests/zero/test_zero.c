@@ -9,6 +9,13 @@
  *       odd and divides by none of 2, 3, 4: shards of unequal length.
  *       Gradient clipping is on and active, so the norm from shards matters.
  *       TIED 1: the LM head is wte (reported ready last).
+ *       Except with gradient accumulation on 2+ ranks at stages 2-3 when
+ *       they accumulate into the shards (zero/reduce.c: the sum's order
+ *       changes): there losses and norms within 1e-6 relative of stage 0's,
+ *       parameters within 1e-5 of their largest magnitude (AdamW divides
+ *       each update by its gradient's size, so rounding differences of small
+ *       gradients move parameters more than the loss), and the traffic is a
+ *       reduce-scatter per micro-step (ACCUM times stage 0's bytes).
  *   test_zero memory
  *       Per stage, the model-state bytes a rank measures
  *       (td_trainer_model_state_bytes) against the ZeRO formulas computed
@@ -26,7 +33,9 @@
  *       count, SGD's single state), stage 3 refused for a model without
  *       parameter access. */
 #include "train/train_impl.h"
+#include "train/zero/zero.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <unistd.h>
 
@@ -87,6 +96,7 @@ static void run_equal(td_comm *comm, int accum, td_optimizer_kind opt, int tied,
   if (rank == 0) printf("world %d, %zu parameters (odd: %d), accum %d, tied %d\n", world, n, (int)(n % 2), accum, tied);
   CHECK(n % 2 == 1 && n % 3 != 0);
   int clipped = 0;
+  double worst = 0, worst_p = 0; /* largest relative differences (losses and norms, parameters) where bits may differ */
   for (int step = 1; step <= steps; step++) {
     td_step_stats st[4];
     for (int s = 0; s < 4; s++) CHECK_OK(td_trainer_step(tr[s], &st[s]));
@@ -96,11 +106,27 @@ static void run_equal(td_comm *comm, int accum, td_optimizer_kind opt, int tied,
       if (rank == 0 && s == 1)
         printf("step %d loss %.9f norm %.9f buckets %d | stage 2 buckets %d\n", step, st[0].loss, st[0].grad_norm,
                st[0].n_buckets, st[2].n_buckets);
+      const int sharded = tr[s]->zero->accum_sharded;
+      CHECK_EQ_INT(sharded, s >= 2 && world > 1 && accum > 1); /* the tests' buckets are small: no keep_grads */
+      const float *p = td_trainer_params(tr[s]), *q = td_trainer_params(tr[0]);
+      if (sharded) {
+        double dl = fabs(st[s].loss - st[0].loss) / fabs(st[0].loss);
+        double dn = fabs(st[s].grad_norm - st[0].grad_norm) / fabs(st[0].grad_norm);
+        float scale = 0, dp = 0;
+        for (size_t i = 0; i < n; i++) scale = fmaxf(scale, fabsf(q[i])), dp = fmaxf(dp, fabsf(p[i] - q[i]));
+        worst = fmax(worst, fmax(dl, dn));
+        worst_p = fmax(worst_p, dp / scale);
+        if (!(dl <= 1e-6 && dn <= 1e-6 && dp <= 1e-5f * scale))
+          td_test_fail(__FILE__, __LINE__, "rank %d step %d stage %d: loss %.17g norm %.17g (stage 0: %.17g %.17g), "
+                       "parameters up to %.3g off (scale %.3g): over 1e-6 relative (parameters 1e-5)", rank, step, s, st[s].loss,
+                       st[s].grad_norm, st[0].loss, st[0].grad_norm, dp, scale);
+        CHECK_EQ_INT(st[s].comm_bytes, (size_t)accum * st[0].comm_bytes);
+        continue;
+      }
       if (memcmp(&st[s].loss, &st[0].loss, sizeof(double)) != 0 ||
           memcmp(&st[s].grad_norm, &st[0].grad_norm, sizeof(double)) != 0)
         td_test_fail(__FILE__, __LINE__, "rank %d step %d stage %d: loss %.17g norm %.17g, stage 0: loss %.17g norm %.17g",
                      rank, step, s, st[s].loss, st[s].grad_norm, st[0].loss, st[0].grad_norm);
-      const float *p = td_trainer_params(tr[s]), *q = td_trainer_params(tr[0]);
       for (size_t i = 0; i < n; i++)
         if (memcmp(&p[i], &q[i], sizeof(float)) != 0)
           td_test_fail(__FILE__, __LINE__, "rank %d step %d stage %d: parameter %zu is %.9g, stage 0 has %.9g", rank,
@@ -114,13 +140,20 @@ static void run_equal(td_comm *comm, int accum, td_optimizer_kind opt, int tied,
   double l0 = 0, l3 = 0;
   CHECK_OK(td_trainer_evaluate(tr[0], ds, 40, &l0, NULL));
   CHECK_OK(td_trainer_evaluate(tr[3], ds, 40, &l3, NULL));
-  CHECK(memcmp(&l0, &l3, sizeof l0) == 0);
+  if (tr[3]->zero->accum_sharded)
+    CHECK(fabs(l3 - l0) <= 1e-6 * fabs(l0));
+  else
+    CHECK(memcmp(&l0, &l3, sizeof l0) == 0);
   for (int s = 0; s < 4; s++) {
     td_trainer_destroy(tr[s]);
     td_model_destroy(models[s]);
   }
   td_dataset_destroy(ds);
-  if (rank == 0) printf("OK: stages 1, 2, 3 equal stage 0 bit for bit over %d steps on %d ranks\n", steps, world);
+  if (rank == 0 && worst > 0)
+    printf("OK: stage 1 bit for bit; stages 2-3 accumulating into shards: losses and norms within %.2g relative of "
+           "stage 0, parameters %.2g, over %d steps on %d ranks\n", worst, worst_p, steps, world);
+  else if (rank == 0)
+    printf("OK: stages 1, 2, 3 equal stage 0 bit for bit over %d steps on %d ranks\n", steps, world);
 }
 
 static void run_memory(td_comm *comm) {

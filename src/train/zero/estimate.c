@@ -9,6 +9,8 @@
  *     stage 2+: gradients of the buckets in flight: backward waits once
  *               more than 2 buckets are in flight, a third is being
  *               filled, and a tensor larger than a bucket is written whole;
+ *               stage 2 keeps its whole gradient arena where 2 buckets
+ *               hold it anyway (zero_keeps_grads: small models);
  *     stage 3:  the fetched parameter groups kept resident: up to
  *               stage3_max_live_parameters (at least the group in use),
  *               plus the groups under
@@ -90,7 +92,9 @@ td_status td_trainer_estimate_memory(const td_model *model, const td_train_confi
   /* nothing beyond the whole arena, rounded to granules, can be resident */
   size_t room = (n * f + granule - 1) / granule * granule - shard * f;
   size_t live = 0;
-  if (stage >= 2 && world > 1) {
+  if (zero_keeps_grads(n, world, stage, cfg->bucket_bytes)) {
+    live += (n - shard) * f; /* the whole gradient arena stays (shard.c), in plain or shared memory */
+  } else if (stage >= 2 && world > 1) {
     size_t bucket = cfg->bucket_bytes / f;
     live += TD_MIN(TD_MIN(3 * bucket + largest_tensor, n - shard) * f + edges2, room);
   }

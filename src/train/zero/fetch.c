@@ -75,7 +75,7 @@ static zero_live *launch(td_trainer *t, size_t lo, size_t hi) {
     return NULL;
   }
   zero_live *l = &z->live[z->n_live++];
-  *l = (zero_live){lo, hi, z->n_fetch_pieces, 0, true, false, false, ++z->use_clock, false, NULL};
+  *l = (zero_live){lo, hi, z->n_fetch_pieces, 0, true, false, 0, ++z->use_clock, false, NULL};
   z->live_floats += hi - lo;
   if (offload_params_on_disk(t)) {
     if (z->status == TD_OK && offload_params_read(t, lo, hi, &l->disk_req) != TD_OK) fail_disk(t, "reading", lo, hi);
@@ -178,7 +178,7 @@ static bool make_room(td_trainer *t, size_t need) {
     zero_live *victim = NULL;
     for (int i = 0; i < z->n_live; i++) {
       zero_live *l = &z->live[i];
-      if (!l->in_use && !l->persistent && !l->pending && (!victim || l->last_use < victim->last_use)) victim = l;
+      if (!l->users && !l->persistent && !l->pending && (!victim || l->last_use < victim->last_use)) victim = l;
     }
     if (!victim) return false;
     drop_live(t, victim);
@@ -198,7 +198,10 @@ static const float *fetch(void *ctx, size_t offset, size_t count, size_t next_of
     }
     if (l) {
       wait_live(t, l);
-      if (l->lo == lo && l->hi == hi) l->in_use = true;
+      /* in use until released, also when the range lies inside a larger
+       * live one (the tied head's wte inside the cached embeddings): else
+       * the prefetch's make_room below could evict it under the model */
+      l->users++;
       l->last_use = ++z->use_clock;
     }
     size_t nlo = next_offset, nhi = TD_MIN(next_offset + next_count, t->n_params);
@@ -215,9 +218,16 @@ static void release(void *ctx, size_t offset, size_t count) {
   zero_state *z = t->zero;
   size_t lo = offset, hi = TD_MIN(offset + count, t->n_params);
   zero_live *l = find_live(z, lo, hi, true);
-  if (!l) return; /* inside a larger live range: that one's release counts */
-  l->in_use = false;
-  if (hi - lo <= (size_t)t->cfg.stage3_param_persistence_threshold) l->persistent = true;
+  if (!l || !l->users) { /* fetched inside a larger live range: the smallest such in use */
+    l = NULL;
+    for (int i = 0; i < z->n_live; i++) {
+      zero_live *o = &z->live[i];
+      if (o->users && o->lo <= lo && hi <= o->hi && (!l || o->hi - o->lo < l->hi - l->lo)) l = o;
+    }
+    if (!l) return;
+  }
+  l->users--;
+  if (l->lo == lo && l->hi == hi && hi - lo <= (size_t)t->cfg.stage3_param_persistence_threshold) l->persistent = true;
   (void)make_room(t, 0); /* cached while the cap allows */
 }
 

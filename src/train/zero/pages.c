@@ -1,5 +1,6 @@
 /* ZeRO arenas on transparent huge pages: the granule in which stage 2's
- * gradient arena and stage 3's parameter arena give memory back.
+ * gradient arena and stage 3's parameter arena give memory back, and the
+ * optimizer-state shards of stages 1-3 (zero_state_alloc).
  *
  * Why. Stages 2 and 3 give back the pages of what a rank does not keep
  * (gradients of a reduced bucket it does not own, parameters of a released
@@ -24,7 +25,8 @@
  * saves (bench/results/, README). Small arenas (a shard under two huge
  * pages, the tests' models) keep 4 KiB granules and the host-shared path.
  *
- * TANDEM_ZERO_HUGE_PAGES=off forces 4 KiB granules (for comparisons);
+ * TANDEM_ZERO_HUGE_PAGES=off forces 4 KiB granules and optimizer-state
+ * pages (for comparisons);
  * auto (the default) uses huge pages where THP is available. */
 #include "train/zero/zero.h"
 
@@ -56,16 +58,53 @@ static bool thp_available(void) {
 #endif
 }
 
-td_status zero_granule_bytes(size_t n_params, int world, size_t *out) {
-  *out = zero_page_bytes();
+/* TANDEM_ZERO_HUGE_PAGES allows huge pages (auto, the default) or not (off). */
+static td_status huge_allowed(bool *out) {
+  *out = false;
   const char *env = getenv("TANDEM_ZERO_HUGE_PAGES");
   if (env && *env && strcmp(env, "auto") != 0) {
     if (strcmp(env, "off") == 0) return TD_OK;
-    return td_error(TD_ERR_INVALID_ARGUMENT, "ZeRO stage 2-3: TANDEM_ZERO_HUGE_PAGES=%s: use auto (the default) or off", env);
+    return td_error(TD_ERR_INVALID_ARGUMENT, "ZeRO stage 1-3: TANDEM_ZERO_HUGE_PAGES=%s: use auto (the default) or off", env);
   }
+  *out = thp_available();
+  return TD_OK;
+}
+
+td_status zero_granule_bytes(size_t n_params, int world, size_t *out) {
+  *out = zero_page_bytes();
+  bool huge = false;
+  TD_CHECK(huge_allowed(&huge));
   size_t off, shard = 0;
   td_shard_range(n_params, world > 0 ? world : 1, 0, &off, &shard); /* rank 0's is the largest */
-  if (world > 1 && shard * sizeof(float) >= 2 * ZERO_HUGE_BYTES && thp_available()) *out = ZERO_HUGE_BYTES;
+  if (world > 1 && shard * sizeof(float) >= 2 * ZERO_HUGE_BYTES && huge) *out = ZERO_HUGE_BYTES;
+  return TD_OK;
+}
+
+/* Optimizer-state shards: allocated once and streamed whole by every step's
+ * update, so they are never given back; huge pages save their first-touch
+ * faults (one per 2 MiB instead of per 4 KiB: 3,300 per rank at the
+ * reference GPT on 2 ranks, bench/results/zperf-2026-11-26*.md) and the TLB
+ * misses of the update, as stage 0's arenas do (trainer.c). 2 MiB-aligned
+ * through the C allocator, so td_free frees it; only the whole huge pages
+ * inside are advised, the tail stays on 4 KiB pages and costs no more than
+ * the shard. */
+td_status zero_state_alloc(size_t n_floats, float **out) {
+  size_t bytes = (n_floats ? n_floats : 1) * sizeof(float);
+  bool huge = false;
+  TD_CHECK(huge_allowed(&huge));
+  huge = huge && bytes >= 2 * ZERO_HUGE_BYTES;
+  void *p = NULL;
+  if (huge) {
+    if (posix_memalign(&p, ZERO_HUGE_BYTES, bytes) != 0) p = NULL;
+#ifdef MADV_HUGEPAGE
+    if (p) (void)madvise(p, bytes / ZERO_HUGE_BYTES * ZERO_HUGE_BYTES, MADV_HUGEPAGE); /* before the first touch */
+#endif
+  } else {
+    p = td_alloc(bytes);
+  }
+  if (!p) return td_error(TD_ERR_SYSTEM, "out of memory for an optimizer-state shard of %zu floats", n_floats);
+  memset(p, 0, bytes);
+  *out = p;
   return TD_OK;
 }
 

@@ -37,10 +37,7 @@ td_status zero_rebind(td_trainer *t) {
   zero_piece *pieces = calloc((size_t)cap_pieces, sizeof *pieces);
   double *partials = calloc((size_t)t->world, sizeof *partials);
   bool ok = pieces && partials;
-  for (int i = 0; i < t->n_states && ok; i++) {
-    states[i] = td_alloc(shard ? shard * sizeof(float) : sizeof(float));
-    ok = states[i] != NULL;
-  }
+  for (int i = 0; i < t->n_states && ok; i++) ok = zero_state_alloc(shard, &states[i]) == TD_OK; /* zeros */
   zero_live *live = NULL;
   zero_piece *fetch_pieces = NULL;
   int cap_live = t->model->n_tensors + 8, cap_fetch = cap_live * (t->world + 1);
@@ -55,13 +52,12 @@ td_status zero_rebind(td_trainer *t) {
     free(live);
     free(fetch_pieces);
     for (int i = 0; i < 2; i++) td_free(states[i]);
-    return td_error(TD_ERR_SYSTEM, "rank %d: out of memory re-sharding ZeRO stage %d for %d ranks (shard of %zu)",
+    return td_error(TD_ERR_SYSTEM, "rank %d: out of memory (or a bad TANDEM_ZERO_HUGE_PAGES) re-sharding ZeRO stage %d for %d ranks (shard of %zu)",
                     t->rank, z->stage, t->world, shard);
   }
   for (int i = 0; i < 2; i++) {
     td_free(t->states[i]);
     t->states[i] = states[i];
-    if (states[i]) memset(states[i], 0, shard * sizeof(float));
   }
   free(z->pieces);
   z->pieces = pieces;

@@ -32,26 +32,49 @@
  * gives the bits the whole-arena update gives there; the shm transport's
  * reduce and allreduce both sum the ranks' values in rank order and divide
  * once (select.c), and the gradient norm uses the same per-shard partial
- * sums at every stage (shard.c). */
+ * sums at every stage (shard.c).
+ *
+ * Gradient accumulation (grad_accum > 1) at stage 2+ on several ranks
+ * (accum_sharded): a rank does not hold whole gradients across the
+ * micro-steps; every micro-step's backward reduces its buckets into the
+ * owners' shards as the last one does, and the shard accumulates:
+ *
+ *     micro-step k:  owner's shard  = sum of steps < k + own gradient k
+ *                    reduce (SUM)  -> + every other rank's gradient k
+ *
+ * each rank's gradient carrying 1/(grad_accum x world) in backward's scale
+ * (trainer.c). Memory stays the shard plus the buckets in flight; the
+ * traffic is a reduce-scatter per micro-step. The sum's order changes
+ * (micro-steps outside, ranks inside, where stage 0 sums each rank's
+ * micro-steps first), so on 2+ ranks the result differs from stage 0's in
+ * rounding: about 1e-7 relative per gradient, losses within 1e-6 relative
+ * (tests/zero/test_zperf2.c), not bit for bit. Where stage 2 keeps its
+ * gradient arena (keep_grads) it accumulates locally as stage 0 does and
+ * stays bit for bit. */
 #include "train/zero/zero.h"
 #include "train/offload/offload.h"
 
 #include <string.h>
+
+/* Stage 2+: zeros outside the shard: released pages read as zeros, and the
+ * edge granules, which stay, may hold an old bucket's values. */
+static void clear_outside_shard(td_trainer *t) {
+  zero_state *z = t->zero;
+  zero_release(t, t->grads, 0, t->n_params);
+  size_t pf = z->grads_kind == ZERO_MEM_MAPPED ? z->granule_floats : z->page_floats;
+  size_t lo_page = t->shard_lo / pf * pf, hi_page = TD_MIN((t->shard_hi + pf - 1) / pf * pf, t->n_params);
+  memset(t->grads + lo_page, 0, (t->shard_lo - lo_page) * sizeof(float));
+  if (hi_page > t->shard_hi) memset(t->grads + t->shard_hi, 0, (hi_page - t->shard_hi) * sizeof(float));
+}
 
 void zero_step_begin(td_trainer *t) {
   zero_state *z = t->zero;
   /* the first two steps this trainer runs (also after a resume at step k) */
   z->measuring = z->steps_seen++ < 2;
   if (z->stage >= 3) zero_fetch_reset(t);
-  if (z->stage >= 2) {
-    /* released pages read as zeros: all but the shard's edge pages */
-    zero_release(t, t->grads, 0, t->n_params);
+  if (z->stage >= 2 && !z->keep_grads) {
+    clear_outside_shard(t);
     memset(t->grads + t->shard_lo, 0, (t->shard_hi - t->shard_lo) * sizeof(float));
-    /* the edge granules outside the shard may hold an old bucket's values */
-    size_t pf = z->grads_kind == ZERO_MEM_MAPPED ? z->granule_floats : z->page_floats, lo_page = t->shard_lo / pf * pf, hi_page = (t->shard_hi + pf - 1) / pf * pf;
-    hi_page = TD_MIN(hi_page, t->n_params);
-    memset(t->grads + lo_page, 0, (t->shard_lo - lo_page) * sizeof(float));
-    if (hi_page > t->shard_hi) memset(t->grads + t->shard_hi, 0, (hi_page - t->shard_hi) * sizeof(float));
   } else {
     memset(t->grads, 0, t->n_params * sizeof(float));
   }
@@ -133,8 +156,12 @@ void zero_bucket_launch(td_trainer *t, size_t lo, size_t hi) {
       return;
     }
     td_request *req = NULL;
-    td_status st = r < 0 ? td_iallreduce(t->grads + a, t->grads + a, b - a, TD_F32, TD_AVG, t->comm, &req)
-                         : td_ireduce(t->grads + a, t->grads + a, b - a, TD_F32, TD_AVG, r, t->comm, &req);
+    /* accumulating into the shards: the owner's copy holds the earlier
+     * micro-steps' sum, so the ranks' gradients (divided by the world size
+     * in backward's scale, trainer.c) are summed onto it */
+    td_op op = z->accum_sharded ? TD_SUM : TD_AVG;
+    td_status st = r < 0 ? td_iallreduce(t->grads + a, t->grads + a, b - a, TD_F32, op, t->comm, &req)
+                         : td_ireduce(t->grads + a, t->grads + a, b - a, TD_F32, op, r, t->comm, &req);
     if (st != TD_OK) {
       t->bucket_status = td_error(st, "rank %d: reducing gradients [%zu, %zu) to their owner, rank %d, failed: %s",
                                   t->rank, a, b, r, td_comm_last_error(t->comm));
@@ -190,6 +217,11 @@ td_status zero_update(td_trainer *t, float lr, float scale, long adam_t) {
     return td_error(st, "rank %d: allgathering the updated parameters failed: %s", t->rank,
                     td_comm_last_error(t->comm));
   return TD_OK;
+}
+
+void zero_micro_end(td_trainer *t) {
+  clear_outside_shard(t);
+  t->zero->released_lo = t->n_params; /* the next backward writes the whole arena again */
 }
 
 void zero_step_end(td_trainer *t) {

@@ -66,6 +66,10 @@ static float *arena_for(td_trainer *t, zero_mem_kind fallback, zero_mem_kind *ki
                                      : alloc_zeroed(bytes);
 }
 
+bool zero_keeps_grads(size_t n_params, int world, int stage, size_t bucket_bytes) {
+  return stage == 2 && world > 1 && n_params <= TD_MAX(2 * (bucket_bytes / sizeof(float)), (size_t)1);
+}
+
 td_status zero_create(td_trainer *t) {
   zero_state *z = calloc(1, sizeof *z);
   if (!z) return td_error(TD_ERR_SYSTEM, "rank %d: out of memory for the ZeRO state", t->rank);
@@ -82,14 +86,21 @@ td_status zero_create(td_trainer *t) {
   }
   size_t shard = t->shard_hi - t->shard_lo;
   t->params = arena_for(t, z->stage >= 3 ? ZERO_MEM_MAPPED : ZERO_MEM_ALLOC, &z->params_kind);
+  /* kept whole: plain or host-shared memory (the direct allreduce), never
+   * given back; given back: reserved address space */
+  z->keep_grads = zero_keeps_grads(t->n_params, t->world, z->stage, t->cfg.bucket_bytes);
+  z->accum_sharded = z->stage >= 2 && !z->keep_grads && t->world > 1 && t->cfg.grad_accum > 1;
   if (z->stage >= 2) {
-    t->grads = arena_for(t, ZERO_MEM_MAPPED, &z->grads_kind);
+    t->grads = arena_for(t, z->keep_grads ? ZERO_MEM_ALLOC : ZERO_MEM_MAPPED, &z->grads_kind);
   } else {
     z->grads_kind = ZERO_MEM_NONE; /* stage 1: the trainer's own gradient arena (trainer.c) */
   }
   /* NVMe offload keeps the optimizer state in files (offload/) */
   bool states_in_ram = t->cfg.offload.optimizer_device != TD_OFFLOAD_NVME;
-  for (int i = 0; states_in_ram && i < t->n_states; i++) t->states[i] = alloc_zeroed(shard * sizeof(float));
+  for (int i = 0; states_in_ram && i < t->n_states; i++) {
+    td_status sst = zero_state_alloc(shard, &t->states[i]);
+    if (sst != TD_OK) return sst; /* a bad TANDEM_ZERO_HUGE_PAGES: the same on every rank */
+  }
   /* a bucket splits into at most one piece per owner: buckets + world */
   z->cap_pieces = t->model->n_tensors + 2 + t->world;
   z->pieces = calloc((size_t)z->cap_pieces, sizeof *z->pieces);
@@ -171,7 +182,7 @@ void zero_release(const td_trainer *t, float *arena, size_t lo, size_t hi) {
   zero_mem_kind kind = arena == t->params ? z->params_kind : z->grads_kind;
   /* pages are given back only where that is the point: stage 2+ gradients, stage 3 parameters */
   if (kind != ZERO_MEM_MAPPED && kind != ZERO_MEM_SHARED) return;
-  if (arena == t->params ? z->stage < 3 : z->stage < 2) return;
+  if (arena == t->params ? z->stage < 3 : z->stage < 2 || z->keep_grads) return;
   /* never the shard: it is this rank's copy (unless its copy is on disk) */
   size_t a = t->shard_lo, b = t->shard_hi;
   if (arena == t->params && offload_params_on_disk(t)) a = b = 0;
@@ -228,8 +239,8 @@ void zero_measure(td_trainer *t) {
   size_t bytes = offload_states_on_disk(t) ? td_offload_buffer_bytes(&t->cfg, t->shard_hi - t->shard_lo)
                                            : (size_t)t->n_states * (t->states_hi - t->states_lo) * sizeof(float);
   bytes += z->stage >= 3 ? resident_bytes(z, t->params, t->n_params) : n;
-  bytes += z->stage >= 2 ? resident_bytes(z, t->grads, t->n_params) : n;
-  /* (stage 1: the trainer's whole gradient arena) */
+  bytes += z->stage >= 2 && !z->keep_grads ? resident_bytes(z, t->grads, t->n_params) : n;
+  /* (stage 1 and stage 2 keeping its gradients: the whole gradient arena) */
   if (bytes > z->peak_bytes) z->peak_bytes = bytes;
 }
 

@@ -41,7 +41,7 @@ typedef struct zero_live {
   int first_piece, n_pieces; /* into fetch_pieces while in flight */
   bool pending;              /* broadcasts not yet waited for */
   bool persistent;           /* kept until the end of the step */
-  bool in_use;               /* fetched and not yet released by the model */
+  int users;                 /* fetches of it (or of a range inside it) not yet released */
   unsigned long last_use;    /* for evicting the least recently used */
   bool deferred;             /* NVMe offload: broadcasts wait for the owner's disk read (disk_req) */
   struct td_aio_req *disk_req;
@@ -54,6 +54,8 @@ typedef struct zero_state {
   size_t page_floats;    /* floats per page */
   size_t granule_floats; /* floats per release granule of MAPPED arenas (pages.c) */
   zero_mem_kind params_kind, grads_kind;
+  bool keep_grads; /* stage 2, small model: the gradient arena stays whole (zero_keeps_grads) */
+  bool accum_sharded; /* stage 2+, gradient accumulation: every micro-step reduced into the shards (reduce.c) */
 
   /* stage >= 1: gradient buckets of the current step */
   zero_piece *pieces;
@@ -85,6 +87,12 @@ typedef struct zero_state {
 } zero_state;
 
 /* ---- shard.c ---- */
+/* Stage 2 keeps its whole gradient arena resident, as stage 1 does, when
+ * the buckets allowed in flight (2 x bucket_bytes, reduce.c) cover the
+ * whole arena anyway: giving pages back then saves no peak memory and costs
+ * their faults every step. Pure, the same on every rank; the estimate uses
+ * it too. */
+bool zero_keeps_grads(size_t n_params, int world, int stage, size_t bucket_bytes);
 /* Sets t->zero_stage, the shard and the per-arena ranges (every stage,
  * stage 0 included: checkpoints use shard_lo/hi). */
 void zero_layout(td_trainer *t);
@@ -122,6 +130,10 @@ td_status zero_granule_bytes(size_t n_params, int world, size_t *out);
  * page. NULL when mmap fails. Freed with zero_unreserve. */
 float *zero_reserve(size_t bytes, size_t granule);
 void zero_unreserve(float *p, size_t bytes, size_t granule);
+/* A zeroed optimizer-state shard of n_floats, on huge pages when huge pages
+ * are allowed and it spans two or more; freed with td_free. Fails on a bad
+ * TANDEM_ZERO_HUGE_PAGES or out of memory (message set). */
+td_status zero_state_alloc(size_t n_floats, float **out);
 
 /* ---- rebind.c ---- */
 /* After t->comm, world and rank changed (elastic training): shard every
@@ -137,6 +149,10 @@ td_status zero_wait_buckets(td_trainer *t);                 /* wait for every bu
 /* Optimizer on the shard; stages 1-2 then allgather the parameters. */
 td_status zero_update(td_trainer *t, float lr, float scale, long adam_t);
 void zero_step_end(td_trainer *t); /* stage 3: drop the fetched parameters */
+/* accum_sharded: after a micro-step's buckets were reduced into the
+ * owners' shards (zero_wait_buckets), clear what lies outside this rank's
+ * shard, so the next micro-step's backward starts from zeros there. */
+void zero_micro_end(td_trainer *t);
 
 /* ---- fetch.c (stage 3) ---- */
 void zero_fetch_init(td_trainer *t); /* fills t->zero->access */
