@@ -61,7 +61,11 @@ static void leaf_range(size_t n_params, int world, int r, size_t *la, size_t *lb
 
 static void free_buffers(canon_state *c) {
   td_free(c->pool);
-  td_free(c->send);
+  if (c->send_shared)
+    td_mem_free(c->send);
+  else
+    td_free(c->send);
+  c->send_shared = false;
   td_free(c->recv);
   td_free(c->scratch);
   free(c->losses);
@@ -116,7 +120,16 @@ td_status canon_setup(td_trainer *t) {
   size_t scratch_len = W > 1 ? xfer : n, n_leaves = (n + CANON_NORM_LEAF - 1) / CANON_NORM_LEAF;
   size_t exchange = W > 1 ? (size_t)W * (size_t)max_cover * xfer : 0;
   c->pool = td_alloc((size_t)c->n_pool * n * sizeof(float));
-  c->send = exchange ? td_alloc(exchange * sizeof(float)) : NULL;
+  c->send = NULL;
+  if (exchange && td_comm_local_size(t->comm) > 1 && !strcmp(td_comm_transport(t->comm), "shm")) {
+    /* ranks on this host read each other's send directly (comm/alltoall_shm_direct.c) */
+    void *p = NULL;
+    if (td_mem_alloc(exchange * sizeof(float), &p) == TD_OK) {
+      c->send = p;
+      c->send_shared = true;
+    }
+  }
+  if (exchange && !c->send) c->send = td_alloc(exchange * sizeof(float));
   c->recv = exchange ? td_alloc(exchange * sizeof(float)) : NULL;
   c->scratch = levels ? td_alloc((size_t)levels * TD_MAX(scratch_len, (size_t)1) * sizeof(float)) : NULL;
   c->losses = calloc(U + 1, sizeof *c->losses);

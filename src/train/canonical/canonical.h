@@ -105,6 +105,7 @@ typedef struct canon_state {
   float *pool;          /* n_pool vectors of n_params floats: unit gradients and cover sums */
   int n_pool;
   float *send, *recv;   /* world x M x C each (world > 1) */
+  bool send_shared;     /* send is host-shared (td_mem_alloc): the shm alltoall reads it directly */
   float *scratch;       /* levels(U) x C (or n_params at world 1) */
   double *losses;       /* U unit losses + the failure flag */
   double *leaves;       /* the norm's leaf values of this rank */
