@@ -75,7 +75,7 @@ LDLIBS  := $(OPT_LIBS) -lm -lpthread $(LDSAN)
 # -DTD_LEVEL=<level> (their functions get a _<level> suffix: nn_kernels.h),
 # and chosen at run time (kernels.c). Nothing else is compiled with more
 # than ARCH: tests/base/check_levels.sh checks the objects for that.
-KERNEL_SRCS := src/nn/matmul.c src/nn/matmul_bf16.c src/nn/layers.c src/nn/layers_bf16.c src/nn/kernels_level.c src/base/reduce.c src/base/reduce_level.c
+KERNEL_SRCS := src/nn/matmul.c src/nn/matmul_bf16.c src/nn/layers.c src/nn/layers_bf16.c src/nn/attention_bf16.c src/nn/kernels_level.c src/base/reduce.c src/base/reduce_level.c
 LEVELS      := generic avx2 avx512 avx512bf16
 # (-Wno-psabi: the kernels' 16-lane vectors are wider than a register below
 # AVX-512; gcc warns about their argument ABI when it clones a static helper,

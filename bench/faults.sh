@@ -2,6 +2,7 @@
 # Fault injection against an elastic train-gpt job (issue 10), on this host.
 #
 #   bench/faults.sh [FAULTS] [BUILD]      (default 12 faults, build/)
+#   TAG=NAME bench/faults.sh ...          results file faults-DATE-NAME.md
 #   ZERO=S bench/faults.sh ...            the job at ZeRO stage S (1-3: lost
 #                                         shards come from buddy replicas)
 #
@@ -131,7 +132,7 @@ same=no
 [ -n "$ref" ] && [ "$ref" = "$got" ] && same=yes
 
 mkdir -p bench/results
-res="bench/results/faults-$(date -u +%Y-%m-%d)$([ "$ZERO" != 0 ] && echo "-zero$ZERO").md"
+res="bench/results/faults-$(date -u +%Y-%m-%d)${TAG:+-$TAG}$([ "$ZERO" != 0 ] && echo "-zero$ZERO").md"
 {
   echo "# Elastic fault injection, $(date -u '+%Y-%m-%d %H:%M UTC')"
   echo
@@ -152,8 +153,8 @@ res="bench/results/faults-$(date -u +%Y-%m-%d)$([ "$ZERO" != 0 ] && echo "-zero$
   echo
   echo "Faults injected: $f of $FAULTS$([ $ended = 1 ] && echo " (the job finished first: the machine was slower than the script)")."
   echo "Hangs (a fault after which no new epoch formed within 60 s): $hangs. tandemrun exit code: $rc."
-  echo "Bit-identical is expected only when every step ran at 4 ranks: 'stop' and 'grow' run some steps at 3"
-  echo "(the stopped process holds its slot until it is killed), and those agree to summation noise only."
+  echo "Bit-identical is expected for every kind, also 'stop' and 'grow', which run some steps at 3 ranks: elastic"
+  echo "training sums every step in one order whatever the world size (deterministic reduction, src/train/canonical/)."
   echo "Final loss and parameter hash, fault-free: \`$ref\`; with faults: \`$got\`; bit-identical: $same."
 } >"$res"
 cat "$res"

@@ -314,8 +314,9 @@ int main(int argc, char **argv) {
             rc->checkpoint_dir);
 
   /* At ZeRO stage 3 rank 0 needs the whole parameter arena for the sample
-   * (collective: every rank takes part). */
-  if (opt.sample > 0) {
+   * and the deterministic summary (collective: every rank takes part). */
+  int exact = rc->deterministic_reduction == 1;
+  if (opt.sample > 0 || exact) {
     s = td_trainer_gather_params(run.trainer);
     if (s != TD_OK) app_fail(&run, "gathering the parameters for the sample", s);
   }
@@ -347,6 +348,10 @@ int main(int argc, char **argv) {
            app_name, rc->precision.compute == TD_F32 ? "fp32" : rc->precision.compute == TD_BF16 ? "bf16" : "fp16",
            rc->activation_checkpointing, (double)model->activation_bytes / 1048576.0, ru.ru_maxrss / 1024.0,
            app_cpu_ms_per_step(&run));
+    /* deterministic reduction: what tests compare bit for bit across world sizes */
+    if (exact)
+      printf("%s: deterministic final_loss_exact=%.17g params_hash=%016llx\n", app_name,
+             run.steps_this_run > 0 ? run.last.loss : NAN, app_params_hash(run.trainer));
     if (text) {
       printf("sample (temperature 0.8, %ld bytes after the prompt):\n", opt.sample);
       print_sample(text, (int)opt.sample + n_prompt);

@@ -21,8 +21,19 @@
  * Local hosts are started with fork/exec, each worker in its own process group
  * (so that its children are signalled too) and with a parent-death signal (so
  * that a killed tandemrun does not leave orphans). Remote hosts are started
- * with $TANDEM_SSH (default "ssh -o BatchMode=yes") HOST 'cd CWD && exec env
- * VARS PROGRAM ARGS'. Ranks fill hosts slot by slot, in the order given.
+ * with $TANDEM_SSH (default "ssh -o BatchMode=yes") HOST 'cd CWD && ... env
+ * VARS PROGRAM ARGS ...' (remote_command below). Ranks fill hosts slot by
+ * slot, in the order given.
+ *
+ * A remote worker's ssh has a "lifeline" on its stdin: a pipe that tandemrun
+ * holds open while the worker runs. The remote shell runs the program in the
+ * background and watches its stdin; EOF there means tandemrun stopped the
+ * worker (it killed ssh), or tandemrun or its ssh died, or the connection
+ * was lost: the shell then stops the program (SIGTERM, SIGKILL 3 s later),
+ * so that no remote orphan outlives its launcher (sshd signals nothing to
+ * a command without a terminal). The shell exits with the program's status,
+ * 128 + N for a signal N, which ssh passes on (ssh itself reports a remote
+ * death by a signal as 255, the code of its own failures).
  *
  * The job's secret (net.h, "authentication"): unless TANDEM_SECRET or
  * TANDEM_SECRET_FILE is already set, tandemrun draws 256 bits from
@@ -82,6 +93,7 @@ typedef struct {
   bool signalled; /* we sent it a signal */
   int wait_status;
   bool joiner; /* elastic: started after the job began (joins at a commit) */
+  int lifeline_fd; /* remote: write end of ssh's stdin, held open while it runs (-1: none) */
 } worker;
 
 typedef struct {
@@ -608,8 +620,8 @@ static bool start_worker(job *j, worker *w) {
     for (char **a = j->opt.argv; *a; a++) list_push(&args, xstrdup(*a));
     exec_path = j->opt.program_path;
   } else {
-    /* ssh HOST 'cd CWD && exec env VARS PROGRAM ARGS'; the secret is read
-     * from stdin first. ssh itself does not need the secret. */
+    /* ssh HOST 'cd CWD && ... env VARS PROGRAM ARGS ...' (remote_command);
+     * the secret is read from stdin first. ssh itself does not need it. */
     for (char **e = environ; *e; e++)
       if (!env_is_secret(*e)) list_push(&env, xstrdup(*e));
     char *ssh = xstrdup(td_env_str("TANDEM_SSH", "ssh -o BatchMode=yes"));
@@ -622,8 +634,8 @@ static bool start_worker(job *j, worker *w) {
     if (!getcwd(cwd, sizeof cwd)) strcpy(cwd, ".");
     char *q = shell_quote(cwd);
     send_secret = getenv("TANDEM_SECRET") != NULL;
-    char *cmd = xasprintf(send_secret ? "cd %s && IFS= read -r TANDEM_SECRET && export TANDEM_SECRET && exec env"
-                                      : "cd %s && exec env",
+    char *cmd = xasprintf(send_secret ? "cd %s && IFS= read -r TANDEM_SECRET && export TANDEM_SECRET && { env"
+                                      : "cd %s && { env",
                           q);
     free(q);
     str_list remote_vars = {0};
@@ -645,7 +657,16 @@ static bool start_worker(job *j, worker *w) {
       free(q);
       cmd = next;
     }
-    list_push(&args, cmd);
+    /* The program in the background; a watcher on stdin (the lifeline, see
+     * the file header) stops it at EOF; the shell exits with its status.
+     * POSIX gives an asynchronous list /dev/null as stdin unless redirected:
+     * hence fd 3. */
+    char *next = xasprintf("%s </dev/null 3<&- & p=$!; { while read -r _; do :; done; kill -TERM $p; sleep %g; "
+                           "kill -KILL $p; } <&3 >/dev/null 2>&1 & w=$!; exec 3<&-; wait $p; s=$?; "
+                           "kill $w 2>/dev/null; exit $s; } 3<&0",
+                           cmd, KILL_AFTER_TERM_S);
+    free(cmd);
+    list_push(&args, next);
     exec_path = NULL; /* execvpe on args[0] */
   }
 
@@ -658,8 +679,8 @@ static bool start_worker(job *j, worker *w) {
     return false;
   }
   int devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
-  int secret_pipe[2] = {-1, -1};
-  if (send_secret && pipe2(secret_pipe, O_CLOEXEC) != 0) {
+  int secret_pipe[2] = {-1, -1}; /* remote: the secret line, then the lifeline */
+  if (!w->host->local && pipe2(secret_pipe, O_CLOEXEC) != 0) {
     fprintf(stderr, "tandemrun: cannot create a pipe for rank %d: %s\n", w->rank, strerror(errno));
     close(out_pipe[0]), close(out_pipe[1]), close(err_pipe[0]), close(err_pipe[1]);
     close(exec_pipe[0]), close(exec_pipe[1]);
@@ -702,9 +723,9 @@ static bool start_worker(job *j, worker *w) {
   if (devnull >= 0) close(devnull);
   if (secret_pipe[0] >= 0) {
     close(secret_pipe[0]);
-    if (pid > 0) {
+    if (pid > 0 && send_secret) {
       /* One short line into an empty pipe: it never blocks. ssh forwards
-       * it and then EOF to the remote shell's read. */
+       * it to the remote shell's read. */
       const char *secret = getenv("TANDEM_SECRET");
       size_t len = strlen(secret);
       ssize_t wr;
@@ -712,7 +733,11 @@ static bool start_worker(job *j, worker *w) {
       if (wr == (ssize_t)len) TD_SYSCALL_RETRY(wr, write(secret_pipe[1], "\n", 1));
       if (wr < 0) fprintf(stderr, "tandemrun: cannot pass the job secret to rank %d: %s\n", w->rank, strerror(errno));
     }
-    close(secret_pipe[1]);
+    /* Held open while the worker runs: the lifeline (file header). */
+    if (pid > 0)
+      w->lifeline_fd = secret_pipe[1];
+    else
+      close(secret_pipe[1]);
   }
   close(out_pipe[1]);
   close(err_pipe[1]);
@@ -826,13 +851,19 @@ static bool pump(int rank, int *fdp, line_buf *b, int out_fd) {
   return false;
 }
 
-static void describe_status(int status, char *buf, size_t size) {
+/* A remote worker's status is its shell's, through ssh: a death by signal
+ * N arrives as code 128 + N (file header), named here. */
+static void describe_status(const worker *w, char *buf, size_t size) {
   char name[32];
+  int status = w->wait_status, code = WIFEXITED(status) ? WEXITSTATUS(status) : 0;
   if (WIFSIGNALED(status))
     snprintf(buf, size, "was killed by signal %d (%s)", WTERMSIG(status), signal_name(WTERMSIG(status), name,
                                                                                          sizeof name));
+  else if (!w->host->local && code > 128 && code < 128 + 65)
+    snprintf(buf, size, "exited with code %d: killed by signal %d (%s) on its host", code, code - 128,
+             signal_name(code - 128, name, sizeof name));
   else
-    snprintf(buf, size, "exited with code %d", WEXITSTATUS(status));
+    snprintf(buf, size, "exited with code %d", code);
 }
 
 static void elastic_reaped(job *j, worker *w, bool failed);
@@ -848,6 +879,8 @@ static void reap(job *j) {
       if (w->pid != pid || !w->running) continue;
       w->running = false;
       w->wait_status = status;
+      if (w->lifeline_fd >= 0) close(w->lifeline_fd);
+      w->lifeline_fd = -1;
       j->n_running--;
       bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
       if (j->opt.elastic) {
@@ -971,6 +1004,7 @@ static worker *new_worker(job *j, host_spec *h) {
   w->local_rank = host_used(j, h);
   w->local_size = h->slots;
   w->out_fd = w->err_fd = -1;
+  w->lifeline_fd = -1;
   return w;
 }
 
@@ -1014,7 +1048,7 @@ static void elastic_reaped(job *j, worker *w, bool failed) {
   }
   if (w->signalled || j->timed_out || j->interrupt_sig || j->below_failed || j->done) return;
   char how[96];
-  describe_status(w->wait_status, how, sizeof how);
+  describe_status(w, how, sizeof how);
   j->n_lost++;
   if (j->n_running > 0)
     fprintf(stderr, "tandemrun: process %d (pid %d, host %s) %s; the job goes on with %d process%s\n", w->rank,
@@ -1149,6 +1183,7 @@ static int run_job(job *j) {
       w->host = &j->opt.hosts[h];
       w->local_rank = group_next[group[h]]++;
       w->out_fd = w->err_fd = -1;
+  w->lifeline_fd = -1;
     }
     group_size[group[h]] += on_host;
   }
@@ -1379,13 +1414,13 @@ placed:;
     }
   } else if (j->root_rank >= 0) {
     worker *w = &j->workers[j->root_rank];
-    describe_status(w->wait_status, how, sizeof how);
+    describe_status(w, how, sizeof how);
     char others[96] = "";
     if (j->root_others > 0)
       snprintf(others, sizeof others, "; stopped the other %d rank%s", j->root_others, j->root_others == 1 ? "" : "s");
     const char *hint = "";
     if (!w->host->local && WIFEXITED(w->wait_status) && WEXITSTATUS(w->wait_status) == 255)
-      hint = " (ssh could not reach the host? check TANDEM_SSH)";
+      hint = " (ssh could not reach the host or lost the connection to it? check TANDEM_SSH)";
     else if (WIFEXITED(w->wait_status) && WEXITSTATUS(w->wait_status) == 127)
       hint = " (the program could not be started)";
     fprintf(stderr, "tandemrun: rank %d (pid %d, host %s) %s%s%s\n", w->rank, (int)w->pid, w->host->name, how, hint,
@@ -1409,7 +1444,7 @@ placed:;
     for (int i = 0; i < j->n_workers; i++) {
       worker *w = &j->workers[i];
       if (!(WIFEXITED(w->wait_status) && WEXITSTATUS(w->wait_status) == 0)) {
-        describe_status(w->wait_status, how, sizeof how);
+        describe_status(w, how, sizeof how);
         fprintf(stderr, "tandemrun: rank %d (pid %d, host %s) %s\n", w->rank, (int)w->pid, w->host->name, how);
         code = 1;
         break;

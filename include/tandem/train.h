@@ -165,6 +165,12 @@ typedef struct td_train_config {
   long stage3_param_persistence_threshold; /* fetch groups this small stay resident for the whole step (1e5) */
   td_elasticity_config elasticity;         /* "elasticity" (off by default) */
   td_offload_config offload;               /* ZeRO-Infinity NVMe offload (stage 3; README "NVMe offload") */
+  /* Deterministic reduction (README "Deterministic reduction"): every float
+   * sum of a step in one order fixed by the global batch, so that any world
+   * size computes the 1-rank bits. -1: on under elastic training, off
+   * otherwise (default); 0: off (refused under elastic training); 1: on. */
+  int deterministic_reduction;
+  long deterministic_unit; /* samples per unit of the canonical sum (0: the default, README) */
 } td_train_config;
 
 /* DeepSpeed's elastic batch choice (v0.1, deepspeed.elasticity): the

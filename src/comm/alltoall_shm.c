@@ -10,7 +10,10 @@
  *     recv block j, piece k <- slot[j][p] at offset me*c    (all j)
  *
  * Messages whose n blocks fit in one slot take a single round. Cost per
- * rank: B staged and B copied out, B/(c·n) syncs. Not in place (tandem/comm.h). */
+ * rank: B staged and B copied out, B/(c·n) syncs. When every rank's send
+ * is host-shared (td_mem_alloc), large messages take
+ * alltoall_shm_direct.c instead, which stages nothing. Not in place
+ * (tandem/comm.h). */
 #include "comm/transport/shm/shm.h"
 
 #include <string.h>
@@ -23,6 +26,11 @@ td_status alltoall_shm(td_comm *comm, const comm_op *op) {
     return TD_OK;
   }
   TD_CHECK(shm_require(comm, "alltoall_shm"));
+  if (shm_xmap(comm) && count * es * (size_t)n >= SHM_DIRECT_MIN_BYTES) {
+    TD_CHECK(shm_sync_shared(comm, op, op->send, count * es * (size_t)n, op->recv,
+                             count * es * (size_t)n));
+    if (shm_all_shared(comm, 0)) return alltoall_shm_direct(comm, op);
+  }
   size_t piece = count * es * (size_t)n <= shm_slot_bytes(comm) ? count : shm_chunk_bytes(comm) / es / (size_t)n;
   piece = TD_MAX(piece, (size_t)1);
   size_t rounds = TD_MAX((count + piece - 1) / piece, (size_t)1); /* one sync even for count 0 */

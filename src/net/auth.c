@@ -314,7 +314,13 @@ td_status net_auth_connect(int fd, uint32_t role, int32_t rank, const char *ctx,
 transfer_failed:;
   char why[300];
   td_error_copy(why, sizeof why);
-  return td_error(st == TD_ERR_TIMEOUT ? TD_ERR_TIMEOUT : TD_ERR_REMOTE,
+  if (st == TD_ERR_TIMEOUT)
+    return td_error(TD_ERR_TIMEOUT,
+                    "authentication with %s timed out: %s. The peer did not answer the handshake in time: it is "
+                    "stopped, overloaded or cut off (the listener side gives up after TANDEM_AUTH_TIMEOUT=%g s; raise "
+                    "it on a slow or loaded network)",
+                    peer, why, net_auth_timeout_s());
+  return td_error(TD_ERR_REMOTE,
                   "authentication with %s failed: %s. The peer closes the connection when the job secrets differ: "
                   "every process of a job needs the same TANDEM_SECRET or TANDEM_SECRET_FILE (tandemrun sets it "
                   "for its workers)",

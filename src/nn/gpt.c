@@ -401,7 +401,7 @@ static void gpt_backward(td_model *model, const float *params, float *grads, flo
                          W(P_PROJW), NULL, BT, C, C);
     READY(P_PROJB);
     READY(P_PROJW);
-    nn_attention_backward_set(a->dbuf_3c, a->datt, a->dbuf_c, qkv, att, B, T, C, NH);
+    nn_attention_backward16(a->dbuf_3c, a->datt, a->dbuf_c, qkv, att, B, T, C, NH);
     nn_linear_backward16(a->dbuf_c, G(P_QKVW), G(P_QKVB), a->dbuf_3c, ln1, a->use16 ? a->ln1_16 + s * sBT * C : NULL,
                          W(P_QKVW), NULL, BT, C, 3 * C);
     READY(P_QKVB);

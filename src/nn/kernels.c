@@ -136,6 +136,20 @@ void nn_linear_forward16(float *out, uint16_t *out16, float *dgelu, const float 
   kern()->k_nn_linear_forward16(out, out16, dgelu, resid, inp, inp16, weight, bias, N, IC, OC);
 }
 
+void nn_attention_backward16(float *dinp, float *scratch, const float *dout, const float *inp, const float *att, int B,
+                             int T, int C, int NH) {
+  kern()->k_nn_attention_backward16(dinp, scratch, dout, inp, att, B, T, C, NH);
+}
+
+int nn_attention_forward_bf16(float *out, float *att, const float *inp, int B, int T, int C, int NH) {
+  return kern()->k_nn_attention_forward_bf16(out, att, inp, B, T, C, NH);
+}
+
+int nn_attention_backward_bf16(float *dinp, float beta, const float *dout, const float *inp, const float *att, int B,
+                               int T, int C, int NH) {
+  return kern()->k_nn_attention_backward_bf16(dinp, beta, dout, inp, att, B, T, C, NH);
+}
+
 void nn_linear_backward16(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                           const uint16_t *inp16, const float *weight, const float *dgelu, int N, int IC, int OC) {
   kern()->k_nn_linear_backward16(dinp, dweight, dbias, dout, inp, inp16, weight, dgelu, N, IC, OC);

@@ -261,6 +261,20 @@ void nn_linear_forward16(float *out, uint16_t *out16, float *dgelu, const float 
 /* nn_linear_backward_set (dgelu NULL) or nn_linear_backward_set_gelu */
 void nn_linear_backward16(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                           const uint16_t *inp16, const float *weight, const float *dgelu, int N, int IC, int OC);
+/* nn_attention_backward_set, with the bf16 products of attention_bf16.c at
+ * the bf16 compute type (where they apply) */
+void nn_attention_backward16(float *dinp, float *scratch, const float *dout, const float *inp, const float *att, int B,
+                             int T, int C, int NH);
+
+/* attention_bf16.c: causal attention (td_attention_forward, and
+ * td_attention_backward with dinp = beta dinp + the gradient: beta 0 or 1)
+ * with its products in bf16, f32 accumulation, softmax in f32. Return 0,
+ * computing nothing, where they do not apply: below the avx512bf16 level,
+ * head size not a multiple of 32, out of memory (the caller then runs the
+ * f32 attention). Single-threaded, per-thread scratch. */
+int nn_attention_forward_bf16(float *out, float *att, const float *inp, int B, int T, int C, int NH);
+int nn_attention_backward_bf16(float *dinp, float beta, const float *dout, const float *inp, const float *att, int B,
+                               int T, int C, int NH);
 
 /* The portable matmul, also used when OpenBLAS is present by the tests that
  * check it against OpenBLAS. Same contract as td_sgemm. */

@@ -34,6 +34,10 @@
 #define nn_attention_forward16 NN_LEVEL_NAME(nn_attention_forward16)
 #define nn_linear_forward16 NN_LEVEL_NAME(nn_linear_forward16)
 #define nn_linear_backward16 NN_LEVEL_NAME(nn_linear_backward16)
+#define nn_attention_backward16 NN_LEVEL_NAME(nn_attention_backward16)
+/* attention_bf16.c */
+#define nn_attention_forward_bf16 NN_LEVEL_NAME(nn_attention_forward_bf16)
+#define nn_attention_backward_bf16 NN_LEVEL_NAME(nn_attention_backward_bf16)
 /* layers.c */
 #define td_linear_forward NN_LEVEL_NAME(td_linear_forward)
 #define nn_linear_residual_forward NN_LEVEL_NAME(nn_linear_residual_forward)
@@ -73,7 +77,7 @@
  * being renamed, so that the struct is the same in every translation
  * unit), of the type of the function (the level's, which is the same). */
 #define NN_KERNEL_LIST(X)                                                                                            \
-  X(td_sgemm) X(nn_sgemm_portable) X(nn_gemm) X(nn_gemm_ep) X(nn_gemm_tn) X(nn_gemm_lowp) X(nn_gemm_lowp_ep) X(nn_gemm_lowp_x) X(nn_to_bf16) X(nn_layernorm_forward16) X(nn_attention_forward16) X(nn_linear_forward16) X(nn_linear_backward16) X(td_linear_forward)                     \
+  X(td_sgemm) X(nn_sgemm_portable) X(nn_gemm) X(nn_gemm_ep) X(nn_gemm_tn) X(nn_gemm_lowp) X(nn_gemm_lowp_ep) X(nn_gemm_lowp_x) X(nn_to_bf16) X(nn_layernorm_forward16) X(nn_attention_forward16) X(nn_linear_forward16) X(nn_linear_backward16) X(nn_attention_backward16) X(nn_attention_forward_bf16) X(nn_attention_backward_bf16) X(td_linear_forward)                     \
   X(nn_linear_residual_forward) X(nn_linear_gelu_forward) X(td_linear_backward) X(nn_linear_backward_set)          \
   X(nn_linear_backward_set_gelu) X(td_embedding_forward) X(td_embedding_backward) X(td_layernorm_forward)          \
   X(td_layernorm_backward) X(td_gelu_forward) X(nn_gelu_forward_cache) X(nn_gelu_backward_cached)                  \

@@ -32,6 +32,7 @@ void td_train_config_defaults(td_train_config *cfg) {
   cfg->stage3_prefetch_bucket_size = 50000000;
   cfg->stage3_max_live_parameters = 1000000000;
   cfg->stage3_param_persistence_threshold = 100000;
+  cfg->deterministic_reduction = -1; /* on under elastic training only */
 }
 
 /* ---- batch sizes and ranges ---- */
@@ -520,7 +521,8 @@ static td_status parse_root(parse_ctx *pc, const cJSON *root) {
       "train_batch_size", "train_micro_batch_size_per_gpu", "train_micro_batch_size_per_rank",
       "gradient_accumulation_steps", "train_steps", "seed", "gradient_clipping", "steps_per_print",
       "threads_per_rank", "bucket_bytes", "first_bucket_bytes", "optimizer", "scheduler", "checkpoint",
-      "fp16", "bf16", "zero_optimization", "communication_data_type", "activation_checkpointing", "elasticity", "aio"};
+      "fp16", "bf16", "zero_optimization", "communication_data_type", "activation_checkpointing", "elasticity", "aio",
+      "deterministic_reduction", "deterministic_unit"};
   if (!cJSON_IsObject(root))
     return td_error(TD_ERR_INVALID_ARGUMENT, "%s: the config must be a JSON object ({ ... })", pc->source);
   TD_CHECK(check_keys(pc, root, "", keys, (int)TD_ARRAY_SIZE(keys)));
@@ -578,6 +580,8 @@ static td_status parse_root(parse_ctx *pc, const cJSON *root) {
       TD_CHECK(td_elasticity_parse_json(item, pc->source, cfg)); /* src/train/elastic/elastic_config.c */
     } else if (strcmp(k, "aio") == 0) {
       TD_CHECK(td_offload_parse_json(item, pc->source, cfg)); /* src/train/offload/offload_config.c */
+    } else if (strncmp(k, "deterministic_", 14) == 0) {
+      TD_CHECK(td_canonical_parse_json(item, pc->source, cfg)); /* src/train/canonical/canonical_config.c */
     }
   }
   if (cfg->elasticity.enabled) TD_CHECK(td_elasticity_apply(root, pc->source, cfg));

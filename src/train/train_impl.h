@@ -116,6 +116,11 @@ td_status td_elasticity_apply(const void *root, const char *source, td_train_con
  * over `world`; an error listing the valid world sizes when none does. */
 td_status td_elasticity_resolve(td_train_config *cfg, int world);
 
+/* ---- deterministic reduction (src/train/canonical/canonical_config.c) ---- */
+/* "deterministic_reduction" (a boolean) or "deterministic_unit" (an
+ * integer >= 1), a cJSON * item, into cfg. */
+td_status td_canonical_parse_json(const void *item, const char *source, td_train_config *cfg);
+
 /* ---- the trainer ---- */
 struct td_trainer {
   td_train_config cfg; /* resolved */
@@ -186,6 +191,7 @@ struct td_trainer {
   struct zero_state *zero; /* stage >= 1: buckets, fetches, memory (zero/zero.h) */
   struct td_elastic *elastic; /* td_trainer_elastic_register: where rebind re-registers the shards */
   struct offload_state *offload; /* stage 3 with NVMe offload: files, buffers, I/O (offload/offload.h) */
+  struct canon_state *canon; /* deterministic reduction on: units, exchange buffers (canonical/canonical.h) */
 };
 
 /* Agree on success across ranks: every rank passes its local status; returns

@@ -25,6 +25,7 @@
 #include "train/train_impl.h"
 #include "train/zero/zero.h"
 #include "train/offload/offload.h"
+#include "train/canonical/canonical.h"
 
 #include <math.h>
 #include <sched.h>
@@ -215,6 +216,7 @@ td_status td_trainer_create(const td_train_config *cfg_in, td_model *model, td_d
     if (st != TD_OK) goto fail;
   }
   TD_CHECK_GOTO(td_sampler_init(&t->sampler, dataset->n_samples, t->cfg.seed), st, fail);
+  TD_CHECK_GOTO(canon_trainer_init(t), st, fail); /* deterministic_reduction: the units' buffers */
   TD_CHECK_GOTO(td_precision_trainer_init(t), st, fail); /* before prepare: checkpointing sizes activations */
   st = model->ops->prepare(model, t->cfg.micro_batch);
   if (st != TD_OK) goto fail;
@@ -265,6 +267,7 @@ void td_trainer_destroy(td_trainer *t) {
   free(t->tensor_ready);
   td_sampler_free(&t->sampler);
   td_precision_trainer_free(t);
+  canon_free(t);
   free(t);
 }
 
@@ -453,12 +456,20 @@ td_status td_trainer_step(td_trainer *t, td_step_stats *stats) {
   return st;
 }
 
+static td_status step_finish(td_trainer *t, td_step_stats *stats, double loss, double t_start, double data_s,
+                             double wait_s, int n_buckets);
+
 static td_status trainer_step(td_trainer *t, td_step_stats *stats) {
   const td_model *m = t->model;
   const int accum = t->cfg.grad_accum;
   const int distributed = t->comm && t->world > 1;
   double t_start = td_now(), data_s = 0, wait_s = 0;
   td_status st = TD_OK;
+  if (t->canon) { /* deterministic reduction: units summed in one tree (canonical/) */
+    double loss = 0;
+    TD_CHECK(canon_forward_backward(t, &loss, &data_s, &wait_s));
+    return step_finish(t, stats, loss, t_start, data_s, wait_s, distributed ? 1 : 0);
+  }
 
   /* A rank that fails locally (prepare, data, forward) stops computing but
    * still takes part in the status agreement below, which comes before any
@@ -549,7 +560,14 @@ static td_status trainer_step(td_trainer *t, td_step_stats *stats) {
     if (wst != TD_OK) return wst;
     td_precision_after_sync(t);
   }
+  return step_finish(t, stats, loss, t_start, data_s, wait_s, n_buckets);
+}
 
+/* After the gradients are reduced: overflow check, norm, clip, update,
+ * checkpoint, statistics. */
+static td_status step_finish(td_trainer *t, td_step_stats *stats, double loss, double t_start, double data_s,
+                             double wait_s, int n_buckets) {
+  const td_model *m = t->model;
   /* fp16: an inf or NaN in any rank's gradients skips the step everywhere */
   int overflow = 0;
   TD_CHECK(td_precision_check_overflow(t, &overflow));
@@ -568,7 +586,8 @@ static td_status trainer_step(td_trainer *t, td_step_stats *stats) {
   if (!overflow) {
     /* the loss scale (fp16) divides out here, folded into the clip factor */
     double loss_scale = t->scaler.scale;
-    TD_CHECK(zero_grad_norm(t, &norm)); /* from per-shard partial sums, at every stage */
+    /* from per-shard partial sums, at every stage; or in the canonical tree */
+    TD_CHECK(t->canon ? canon_grad_norm(t, &norm) : zero_grad_norm(t, &norm));
     norm /= loss_scale;
     scale = td_clip_scale(norm, t->cfg.grad_clip);
     const td_optimizer_config *o = &t->cfg.optimizer;

@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
-# Elastic training across "hosts" for real: network namespaces joined by a
-# bridge (tests/lib/netns.sh), each worker host with its own sshd (keys
-# made here), tandemrun on a third namespace host starting the ranks over
+# Elastic training across "hosts" for real: namespace hosts joined by a
+# bridge, each worker host with its own sshd (tests/lib/sshhosts.sh), tandemrun on a third namespace host starting the ranks over
 # ssh exactly as on a cluster (-H), then a fault:
 #
 #   hosts.sh B cut    host b's cable is pulled (link down): its 2 ranks stop
@@ -23,7 +22,7 @@ B=$1
 case_name=$2
 zero=${3:-0}
 here=$(cd "$(dirname "$0")" && pwd)
-. "$here/../lib/netns.sh"
+. "$here/../lib/sshhosts.sh"
 RUN=$(cd "$B/bin" && pwd)/tandemrun
 GPT=$(cd "$B/bin" && pwd)/train-gpt
 fail() {
@@ -31,48 +30,12 @@ fail() {
   [ -f "${out:-}" ] && { echo "---- output (without step lines):"; grep -v "step [0-9]* loss" "$out" | tail -40; }
   exit 1
 }
-command -v /usr/sbin/sshd >/dev/null || fail "/usr/sbin/sshd not found: install openssh-server (scripts/install-deps)"
-
-netns_init
 tmp=$(mktemp -d "/tmp/td-elastic-hosts-$$.XXXXXX")
 NETNS_ON_EXIT='rm -rf "$tmp"'
-netns_add_host a 10.77.7.1
-netns_add_host b 10.77.7.2
+sshhosts_init "$tmp/ssh"
+sshhosts_add a 10.77.7.1
+sshhosts_add b 10.77.7.2
 netns_add_host l 10.77.7.3 # the launcher's host: it holds the store, so losing a or b loses no store
-
-# sshd per worker host, keys made here.
-mkdir -p /run/sshd
-ssh-keygen -q -t ed25519 -N '' -f "$tmp/hostkey" || fail "ssh-keygen"
-ssh-keygen -q -t ed25519 -N '' -f "$tmp/id" || fail "ssh-keygen"
-cp "$tmp/id.pub" "$tmp/authorized_keys"
-chmod 600 "$tmp/authorized_keys"
-for h in a b; do
-  addr=$([ $h = a ] && echo 10.77.7.1 || echo 10.77.7.2)
-  cat >"$tmp/sshd_$h" <<EOF
-ListenAddress $addr
-Port 22
-HostKey $tmp/hostkey
-AuthorizedKeysFile $tmp/authorized_keys
-StrictModes no
-PermitRootLogin prohibit-password
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-UsePAM no
-PidFile none
-AcceptEnv none
-EOF
-  netns_spawn $h /usr/sbin/sshd -D -e -f "$tmp/sshd_$h" 2>"$tmp/sshd_$h.log"
-done
-export TANDEM_SSH="ssh -i $tmp/id -F /dev/null -o BatchMode=yes -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR -o ConnectTimeout=5"
-# sshd up on both hosts?
-for addr in 10.77.7.1 10.77.7.2; do
-  ok=0
-  for _ in $(seq 1 100); do
-    netns_run l $TANDEM_SSH "$addr" true 2>/dev/null && { ok=1; break; }
-    sleep 0.1
-  done
-  [ $ok = 1 ] || { cat "$tmp"/sshd_*.log; fail "sshd on $addr does not answer"; }
-done
 
 export TANDEM_PROGRESS=plain TANDEM_HEARTBEAT_TIMEOUT=2 TANDEM_HEARTBEAT_INTERVAL=0.25
 export TANDEM_ELASTIC_SETTLE=4
@@ -100,7 +63,7 @@ case $case_name in
 cut) netns_cut b down ;;
 kill)
   # Every process of host b's ranks at once (not its sshd).
-  for pid in $(ip netns pids "$(netns_name b)"); do
+  for pid in $(sshhosts_pids b); do
     grep -q "train-gpt" "/proc/$pid/cmdline" 2>/dev/null && kill -9 "$pid"
   done ;;
 *) fail "unknown case" ;;

@@ -257,7 +257,7 @@ case_remote() {
   # ssh that cannot reach its host (exit 255) is named as such.
   TANDEM_SSH="$HERE/fake_ssh.sh --unreachable" "$RUN" -np 1 -H fake-d "$CHILD" >"$TMP/out" 2>"$TMP/err"
   expect_eq $? 255 "exit code when ssh fails"
-  expect_grep 'host fake-d\) exited with code 255 \(ssh could not reach the host\? check TANDEM_SSH\)' "$TMP/err"
+  expect_grep 'host fake-d\) exited with code 255 \(ssh could not reach the host or lost the connection to it\? check TANDEM_SSH\)' "$TMP/err"
   echo "remote ok"
 }
 

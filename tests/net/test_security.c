@@ -34,6 +34,8 @@
 #include <fcntl.h>
 #include <glob.h>
 #include <math.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -214,6 +216,26 @@ static void test_store(void) {
   td_store *ok = NULL;
   CHECK_OK(store_connect(addr, 5.0, &ok));
   CHECK_OK(store_set_str(ok, "k", "original"));
+
+  /* A listener that never answers the hello (a stopped or cut-off peer):
+   * the connector times out, and says which setting bounds a handshake. */
+  {
+    int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    CHECK(lfd >= 0 && bind(lfd, (struct sockaddr *)&sa, sizeof sa) == 0 && listen(lfd, 4) == 0);
+    socklen_t len = sizeof sa;
+    CHECK(getsockname(lfd, (struct sockaddr *)&sa, &len) == 0);
+    char silent[64];
+    snprintf(silent, sizeof silent, "127.0.0.1:%d", ntohs(sa.sin_port));
+    int fd = raw_connect(silent); /* completed by the kernel's backlog; nobody reads */
+    CHECK_STATUS(net_auth_connect(fd, NET_AUTH_ROLE_STORE, -1, "store", "a silent peer", td_now() + 0.3),
+                 TD_ERR_TIMEOUT);
+    const char *why = td_last_error();
+    if (!strstr(why, "a silent peer") || !strstr(why, "TANDEM_AUTH_TIMEOUT=1"))
+      td_test_fail(__FILE__, __LINE__, "the handshake timeout does not name the peer and TANDEM_AUTH_TIMEOUT: %s", why);
+    close(fd);
+    close(lfd);
+  }
 
   /* A wrong secret, and none: turned away, nothing written. */
   char *wrong_args[] = {"wrong-client", addr, NULL};

@@ -10,6 +10,7 @@
 #include "train/elastic/elastic_impl.h"
 #include "train/train_impl.h"
 #include "train/zero/zero.h"
+#include "train/canonical/canonical.h"
 
 #include <sched.h>
 #include <stdlib.h>
@@ -39,6 +40,8 @@ td_status td_trainer_elastic_register(td_trainer *t, td_elastic *e) {
                                           "supported: turn one of them off");
   size_t bytes = t->n_params * sizeof(float);
   t->elastic = e;
+  /* every step in the canonical order, so that a resize keeps the bits (canonical/) */
+  TD_CHECK(canon_elastic_enable(t));
   if (t->zero_stage >= 1) {
     TD_CHECK(register_shards(t, e));
   } else {
@@ -97,6 +100,12 @@ td_status td_trainer_elastic_rebind(td_trainer *t, td_comm *comm, int micro_hint
   if (t->zero) { /* ZeRO: shards cut for the new world, filled by the elastic restore */
     TD_CHECK(zero_rebind(t));
     if (t->elastic) TD_CHECK(register_shards(t, t->elastic));
+  } else {
+    /* stage 0 has no ZeRO state, but checkpoints write shard_lo/hi: cut
+     * them for the new world too (they kept the old world's otherwise) */
+    zero_layout(t);
   }
+  /* the units' split and the exchange buffers follow the world */
+  if (t->elastic || t->canon) TD_CHECK(canon_elastic_rebind(t, micro_hint, max_world));
   return TD_OK;
 }

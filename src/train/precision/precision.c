@@ -147,7 +147,8 @@ td_status td_precision_check_overflow(td_trainer *t, int *overflow_out) {
    * gradients (the rest is not resident); the flag agreed below covers the
    * whole arena all the same, since the shards tile it. */
   size_t lo = 0, hi = t->n_params;
-  if (t->zero_stage >= 2) lo = t->shard_lo, hi = t->shard_hi;
+  /* (deterministic reduction reduces only the shard at stage 1 too) */
+  if (t->zero_stage >= 2 || (t->canon && t->zero_stage >= 1 && t->world > 1)) lo = t->shard_lo, hi = t->shard_hi;
   if (t->step + 1 == t->inject_inf_step && hi > lo) t->grads[lo + (hi - lo) / 2] = INFINITY;
   int32_t flag = 0;
   const float *g = t->grads;

@@ -141,11 +141,12 @@ void shm_xmap_setup_done(shm_transport *t);
 
 /* The direct algorithms on host-shared buffers, each called right after
  * shm_sync_shared found the buffers it reads shared (see each file):
- * allreduce: every rank's send and recv; reduce_scatter and allgather: every
- * rank's send; broadcast: the root's send. */
+ * allreduce: every rank's send and recv; reduce_scatter, allgather and
+ * alltoall: every rank's send; broadcast: the root's send. */
 td_status allreduce_shm_direct(td_comm *comm, const comm_op *op);
 td_status reduce_scatter_shm_direct(td_comm *comm, const comm_op *op);
 td_status allgather_shm_direct(td_comm *comm, const comm_op *op);
+td_status alltoall_shm_direct(td_comm *comm, const comm_op *op);
 td_status broadcast_shm_direct(td_comm *comm, const comm_op *op, const char *src, char *buf);
 /* Collectives of at least this many bytes (the full vector) try the direct
  * algorithms: below it the single-sync staged forms are as fast. */

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# tandemrun's remote workers over real ssh (namespace hosts with their own
+# sshd, tests/lib/sshhosts.sh), the cases a fake ssh cannot show:
+#
+#   remote.sh B status   a remote rank killed by a signal is reported as
+#                        128 + N and named ("exited with code 137: killed by
+#                        signal 9 (SIGKILL) on its host"); ssh alone would
+#                        say 255, the code of its own failures
+#   remote.sh B orphan   no remote worker outlives its launcher: after
+#                        tandemrun is killed with -9, and after tandemrun
+#                        stops the other ranks of a failed job, no process
+#                        of the job is left on the remote host
+#
+# Needs root (namespaces, sshd); everything is removed on exit, also after a
+# failure.
+set -u
+B=$1
+case_name=$2
+here=$(cd "$(dirname "$0")" && pwd)
+. "$here/../lib/sshhosts.sh"
+RUN=$(cd "$B/bin" && pwd)/tandemrun
+CHILD=$(cd "$B/tests" && pwd)/test_launch_child
+[ -x "$CHILD" ] || { echo "FAIL(remote $case_name): $CHILD not built"; exit 1; }
+fail() {
+  echo "FAIL(remote $case_name): $*"
+  [ -f "${tmp:-}/err" ] && { echo "---- tandemrun's stderr:"; tail -20 "$tmp/err"; }
+  exit 1
+}
+tmp=$(mktemp -d "/tmp/td-faulthosts-$$.XXXXXX")
+NETNS_TAG_PREFIX=fr
+NETNS_ON_EXIT='rm -rf "$tmp"'
+sshhosts_init "$tmp/ssh"
+sshhosts_add a 10.77.16.1
+netns_add_host l 10.77.16.9 # the launcher's host
+cd "$tmp" # tandemrun runs the remote command in its own working directory
+
+children_on_a() { # pids of test_launch_child on host a
+  local pid
+  for pid in $(sshhosts_pids a); do
+    [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = test_launch_chi ] && echo "$pid"
+  done
+}
+wait_children() { # N SECONDS: until exactly N children run on host a
+  local _
+  for _ in $(seq 1 $(( $2 * 20 ))); do
+    [ "$(children_on_a | wc -l)" = "$1" ] && return 0
+    sleep 0.05
+  done
+  return 1
+}
+
+case $case_name in
+status)
+  # Rank 1 kills itself with SIGKILL after 0.5 s; rank 0 sleeps.
+  netns_run l "$RUN" -np 2 -H 10.77.16.1:2 "$CHILD" --fail 1:signal:9:0.5 --sleep 20 >"$tmp/out" 2>"$tmp/err"
+  rc=$?
+  [ $rc = 137 ] || fail "tandemrun exited $rc, expected 137 (128 + SIGKILL)"
+  grep -Eq '^tandemrun: rank 1 \(pid [0-9]+, host 10\.77\.16\.1\) exited with code 137: killed by signal 9 \(SIGKILL\) on its host; stopped the other 1 rank$' "$tmp/err" ||
+    fail "no line naming SIGKILL on the remote host"
+  grep -q "ssh could not reach" "$tmp/err" && fail "a signal death was blamed on ssh"
+  # A signal that the program does not die of by default exit code: SIGTERM (15).
+  netns_run l "$RUN" -np 1 -H 10.77.16.1:1 "$CHILD" --fail 0:signal:15:0.2 --sleep 20 >"$tmp/out" 2>"$tmp/err"
+  rc=$?
+  [ $rc = 143 ] || fail "tandemrun exited $rc, expected 143 (128 + SIGTERM)"
+  grep -Eq 'exited with code 143: killed by signal 15 \(SIGTERM\) on its host' "$tmp/err" || fail "SIGTERM not named"
+  # An ordinary exit code stays what it is.
+  netns_run l "$RUN" -np 1 -H 10.77.16.1:1 "$CHILD" --exit 7 >"$tmp/out" 2>"$tmp/err"
+  rc=$?
+  [ $rc = 7 ] || fail "tandemrun exited $rc, expected the rank's 7"
+  grep -Eq 'host 10\.77\.16\.1\) exited with code 7$' "$tmp/err" || fail "exit code 7 not reported plainly"
+  wait_children 0 10 || fail "children left on host a: $(children_on_a)"
+  echo "PASS(remote status): SIGKILL -> 137, SIGTERM -> 143, named; exit 7 -> 7"
+  ;;
+orphan)
+  # 1. The launcher is killed with -9: its ssh sessions die with it
+  # (parent-death signal), sshd closes the remote shells' stdin, and the
+  # remote shells stop their programs.
+  netns_spawn l "$RUN" -np 2 -H 10.77.16.1:2 "$CHILD" --sleep 60 >"$tmp/out" 2>"$tmp/err"
+  launcher=$NETNS_PID
+  wait_children 2 20 || fail "the 2 remote ranks did not start on host a"
+  t0=$(date +%s.%N)
+  kill -9 "$launcher"
+  wait "$launcher" 2>/dev/null
+  wait_children 0 10 || fail "remote ranks still run 10 s after tandemrun was killed: $(children_on_a)"
+  t1=$(date +%s.%N)
+  # 2. A rank fails: tandemrun stops the other (SIGTERM to its ssh) and
+  # that rank must stop on the remote host too, not sleep on.
+  netns_run l "$RUN" -np 2 --grace 0.5 -H 10.77.16.1:2 "$CHILD" --fail 0:exit:3:0.5 --sleep 60 >"$tmp/out" 2>"$tmp/err"
+  rc=$?
+  [ $rc = 3 ] || fail "tandemrun exited $rc, expected rank 0's 3"
+  wait_children 0 10 || fail "rank 1 still runs on host a 10 s after tandemrun stopped it: $(children_on_a)"
+  echo "PASS(remote orphan): remote ranks gone $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }') s after kill -9 of tandemrun, and after tandemrun stopped them"
+  ;;
+*) fail "unknown case (status, orphan)" ;;
+esac
