@@ -330,6 +330,8 @@ static void run_estimate(td_comm *comm) {
     td_model *m = gpt(EST_LAYERS, EST_C, 8);
     td_train_config c;
     config(&c, world, 1, stage);
+    c.train_batch_size = world; /* one sample per rank: the memory is the point, not the compute */
+    c.micro_batch = 1;
     c.bucket_bytes = 1 << 20;
     size_t block = 12 * EST_C * EST_C + 13 * EST_C;
     c.stage3_max_live_parameters = (long)(3 * block); /* three blocks cached of eight */
