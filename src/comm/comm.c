@@ -136,6 +136,34 @@ td_status comm_check_deadline(td_comm *comm, const comm_op *op) {
 
 /* ---- rendezvous ---- */
 
+#define COMM_ABANDON_SLICE_S 0.25 /* how often an abandonable rendezvous asks whether to give up */
+
+td_status comm_store_allgather(td_comm *comm, const char *prefix, const void *value, size_t len, double timeout_s,
+                               char ***values_out, int *missing_out) {
+  if (!comm->abandon_fn)
+    return store_allgather(comm->store, prefix, comm->rank, comm->size, value, len, timeout_s, values_out, NULL,
+                           missing_out);
+  double end = td_now() + timeout_s;
+  td_status st = store_allgather(comm->store, prefix, comm->rank, comm->size, value, len,
+                                 TD_MIN(COMM_ABANDON_SLICE_S, timeout_s), values_out, NULL, missing_out);
+  while (st == TD_ERR_TIMEOUT && td_now() < end) {
+    char why[400] = "";
+    if (comm->abandon_fn(comm->abandon_ctx, why, sizeof why)) {
+      if (missing_out) *missing_out = -1;
+      return td_error(TD_ERR_REMOTE, "rank %d: the rendezvous of communicator %s was abandoned: %s", comm->rank,
+                      comm->prefix, why);
+    }
+    st = store_gather(comm->store, prefix, comm->size, TD_MIN(COMM_ABANDON_SLICE_S, TD_MAX(end - td_now(), 0.001)),
+                      values_out, NULL, missing_out);
+  }
+  if (st == TD_ERR_TIMEOUT) /* say the whole wait, not the last slice */
+    return td_error(TD_ERR_TIMEOUT, "timed out after %.1f s waiting for keys '%s0'..'%s%d' in the rendezvous store at "
+                                    "%s: '%s%d' (at least) is missing",
+                    timeout_s, prefix, prefix, comm->size - 1, store_address(comm->store), prefix,
+                    missing_out && *missing_out >= 0 ? *missing_out : 0);
+  return st;
+}
+
 static td_status rendezvous(td_comm *comm, double connect_timeout_s) {
   char identity[256], addr[128], value[512], prefix[200];
   TD_CHECK(net_host_identity(identity, sizeof identity));
@@ -146,12 +174,11 @@ static td_status rendezvous(td_comm *comm, double connect_timeout_s) {
   /* One SET and one GATHER per rank: O(N) store requests for the job. */
   char **entries = NULL;
   int missing = -1;
-  td_status st = store_allgather(comm->store, prefix, comm->rank, comm->size, value, strlen(value), connect_timeout_s,
-                                 &entries, NULL, &missing);
+  td_status st = comm_store_allgather(comm, prefix, value, strlen(value), connect_timeout_s, &entries, &missing);
   if (st != TD_OK) {
     char why[512];
     td_error_copy(why, sizeof why);
-    if (missing >= 0)
+    if (st == TD_ERR_TIMEOUT && missing >= 0)
       return td_error(st, "rank %d: rank %d of %d (and maybe others) did not join the rendezvous of communicator %s "
                           "at %s within %g s (TANDEM_CONNECT_TIMEOUT): %s",
                       comm->rank, missing, comm->size, comm->prefix, store_address(comm->store), connect_timeout_s,
@@ -256,6 +283,11 @@ static td_status abandon(td_comm *comm, td_status st) {
 }
 
 td_status td_comm_init_config(const td_comm_config *config, td_comm **out) {
+  return comm_init_abandonable(config, NULL, NULL, out);
+}
+
+td_status comm_init_abandonable(const td_comm_config *config, comm_abandon_fn abandon_fn, void *abandon_ctx,
+                                td_comm **out) {
   if (!out) return td_error(TD_ERR_INVALID_ARGUMENT, "td_comm_init: out is NULL");
   *out = NULL;
   comm_env env;
@@ -273,6 +305,8 @@ td_status td_comm_init_config(const td_comm_config *config, td_comm **out) {
   snprintf(comm->prefix, sizeof comm->prefix, "%s/c%ld", env.job_id, index);
   comm->tun = tun;
   comm->timeout_s = tun.timeout_s;
+  comm->abandon_fn = abandon_fn;
+  comm->abandon_ctx = abandon_ctx;
   td_strlcpy(comm->transport_req, env.transport, sizeof comm->transport_req);
 
   td_status st;
@@ -303,6 +337,8 @@ td_status td_comm_init_config(const td_comm_config *config, td_comm **out) {
   }
   st = comm_setup(comm, tun.connect_timeout_s);
   if (st != TD_OK) return abandon(comm, st);
+  comm->abandon_fn = NULL; /* its context lives only as long as the construction */
+  comm->abandon_ctx = NULL;
   *out = comm;
   return TD_OK;
 }

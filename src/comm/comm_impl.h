@@ -24,6 +24,7 @@
 #include "base/base.h"
 #include "net/net.h"
 #include "tandem/comm.h"
+#include "comm/comm_init.h"
 
 /* ---- operations ---- */
 
@@ -240,7 +241,20 @@ struct td_comm {
   int sel_allreduce;          /* forced allreduce algorithm, 0 = auto */
   size_t sel_rd_max_bytes;    /* auto: recursive doubling up to this size */
   bool sel_shm_collectives;   /* shm transport: use the *_shm algorithms */
+
+  /* Construction only (comm_init_abandonable): polled between slices of the
+   * rendezvous waits; true means the others will never come (a member was
+   * reported dead, a newer membership formed), with the reason in why. */
+  comm_abandon_fn abandon_fn;
+  void *abandon_ctx;
 };
+
+/* Gather one value per rank under prefix (store_allgather) within
+ * timeout_s, in slices that poll comm->abandon_fn when it is set: an
+ * abandoned rendezvous fails with TD_ERR_REMOTE at once instead of waiting
+ * for the whole timeout. */
+td_status comm_store_allgather(td_comm *comm, const char *prefix, const void *value, size_t len, double timeout_s,
+                               char ***values_out, int *missing_out);
 
 /* Record the sticky error (first call wins; later calls return the first
  * status), log it at error level, and notify peers via the transport. Returns

@@ -17,6 +17,9 @@
 #   elastic.sh B stale    SIGSTOP a process until the others formed epoch
 #                         2 without it, then SIGCONT: it is refused (stale
 #                         epoch), exits, and the job finishes
+#   elastic.sh B abandon  a member killed between the close of its round and
+#                         the epoch's rendezvous: the others abandon that
+#                         rendezvous at once and form the next epoch
 #   elastic.sh B below    2 ranks, --min-np 2, one killed, no restarts:
 #                         tandemrun stops the job after --elastic-timeout
 #                         with a message naming --min-np, exit 1
@@ -151,6 +154,40 @@ resize)
   diff <(losses "$work/ref") <(losses "$work/out") >"$work/diff" || { head "$work/diff"; fail "step losses differ"; }
   [ "$(exact "$work/ref")" = "$(exact "$work/out")" ] || fail "final loss or parameters differ: $(exact "$work/ref") vs $(exact "$work/out")"
   echo "resized 4 -> 3 -> 2 -> 4; 300 step losses and the parameters equal the fault-free run's: $(exact "$work/out")"
+  ;;
+abandon)
+  # Process 1 killed; its replacement (process 3) joins the round of epoch
+  # 2 and is killed right after it closed (it stops itself there:
+  # TANDEM_TEST_ELASTIC_STOP_AFTER_ROUND), before the epoch's rendezvous.
+  # The others must abandon that rendezvous as soon as tandemrun reports
+  # process 3 lost, not after TANDEM_CONNECT_TIMEOUT (40 s here), and go on
+  # in epoch 3 with process 4.
+  export TANDEM_CONNECT_TIMEOUT=40 TANDEM_TEST_ELASTIC_STOP_AFTER_ROUND=3
+  start "$work/out" --min-np 2 --max-np 3 -np 3 --max-restarts 2 "$GPT" \
+    --layers 2 --channels 64 --heads 2 --seq 64 --threads 1 --sample 0 --steps 80 --micro-batch 4
+  wait_for "$work/out" "step 20 loss"
+  kill_frozen "$work/out" 1
+  wait_for "$work/out" "starting process 3 on host"
+  p3=
+  for _ in $(seq 1 1200); do
+    for pid in $(pgrep -P "$bg"); do
+      tr '\0' '\n' 2>/dev/null <"/proc/$pid/environ" | grep -qx "TANDEM_ELASTIC_ID=3" && p3=$pid
+    done
+    [ -n "$p3" ] && [ "$(awk '{ print $3 }' "/proc/$p3/stat" 2>/dev/null)" = T ] && break
+    sleep 0.05
+  done
+  [ "$(awk '{ print $3 }' "/proc/$p3/stat" 2>/dev/null)" = T ] || fail "process 3 did not stop after its round closed"
+  t0=$(date +%s.%N)
+  kill -9 "$p3"
+  wait_for "$work/out" "elastic epoch 3:" 60
+  t1=$(date +%s.%N)
+  finish 0 "$work/out"
+  grep -v "step [0-9]* loss" "$work/out"
+  grep -q "rendezvous of communicator .* was abandoned: process 3, rank [0-9] of epoch 2, was reported lost" "$work/out" ||
+    fail "the rendezvous of epoch 2 was not abandoned for process 3"
+  took=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')
+  awk -v t="$took" 'BEGIN { exit !(t < 20) }' || fail "epoch 3 formed $took s after process 3 was lost (TANDEM_CONNECT_TIMEOUT is 40 s)"
+  echo "epoch 2's rendezvous abandoned; epoch 3 formed $took s after its member was lost"
   ;;
 stale)
   export TANDEM_TRANSPORT=tcp TANDEM_HEARTBEAT_TIMEOUT=2 TANDEM_HEARTBEAT_INTERVAL=0.25 TANDEM_ELASTIC_SETTLE=3

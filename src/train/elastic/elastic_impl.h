@@ -49,6 +49,12 @@ void el_membership_close(el_membership *m);
  * TD_ERR_REMOTE when this process is stale (a newer epoch formed without
  * it), TD_ERR_TIMEOUT below min-np past the timeout. */
 td_status el_membership_next(el_membership *m);
+/* Will the communicator of the current epoch never form? True when one of
+ * its members was reported dead or a newer epoch closed: its rendezvous
+ * then fails at once (comm_init_abandonable) and the next round starts,
+ * instead of waiting TANDEM_CONNECT_TIMEOUT for a process that is gone.
+ * why says which. One store request per member. */
+bool el_membership_abandoned(el_membership *m, char *why, size_t why_size);
 /* Do processes wait to join the next epoch? (one store request) */
 td_status el_membership_pending(el_membership *m, int *pending);
 /* The launcher reports a reaped worker and its replacement (-1: none). */

@@ -187,6 +187,26 @@ static td_status is_dead(el_membership *m, long uid, bool *dead, long *replaceme
   return TD_OK;
 }
 
+static td_status read_int_key(el_membership *m, const char *suffix, long *out, bool *found_out);
+
+bool el_membership_abandoned(el_membership *m, char *why, size_t why_size) {
+  long cur = 0;
+  bool found = false;
+  if (read_int_key(m, "cur", &cur, &found) == TD_OK && found && cur > m->epoch) {
+    snprintf(why, why_size, "epoch %ld formed after epoch %d, whose communicator this was", cur, m->epoch);
+    return true;
+  }
+  for (int i = 0; i < m->n_members; i++) {
+    bool dead = false;
+    long replacement = -1;
+    if (m->members[i] == m->uid || is_dead(m, m->members[i], &dead, &replacement) != TD_OK || !dead) continue;
+    snprintf(why, why_size, "process %ld, rank %d of epoch %d, was reported lost before it connected",
+             m->members[i], i, m->epoch);
+    return true;
+  }
+  return false;
+}
+
 static td_status read_int_key(el_membership *m, const char *suffix, long *out, bool *found_out) {
   char key[200];
   snprintf(key, sizeof key, "%s/el/%s", m->job, suffix);

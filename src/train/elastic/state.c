@@ -20,8 +20,10 @@
  * fallback (td_elastic_set_fallback: the last disk checkpoint) is used and
  * the log says so. */
 #include "train/elastic/elastic_impl.h"
+#include "comm/comm_init.h"
 
 #include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,6 +55,11 @@ struct td_elastic {
   double commit_cpu_s;  /* CPU time of this thread in the copies and waits (wall time inflates under load) */
 };
 
+static bool abandoned(void *ctx, char *why, size_t why_size) {
+  td_elastic *e = ctx;
+  return el_membership_abandoned(&e->m, why, why_size);
+}
+
 static td_status build_comm(td_elastic *e) {
   td_comm_destroy(e->comm);
   e->comm = NULL;
@@ -64,7 +71,7 @@ static td_status build_comm(td_elastic *e) {
   cfg.world_size = e->m.n_members;
   cfg.store = e->m.store_addr;
   cfg.job_id = job;
-  td_status st = td_comm_init_config(&cfg, &e->comm);
+  td_status st = comm_init_abandonable(&cfg, abandoned, e, &e->comm);
   if (st != TD_OK) {
     char why[768];
     td_error_copy(why, sizeof why);
@@ -74,11 +81,23 @@ static td_status build_comm(td_elastic *e) {
   return TD_OK;
 }
 
+/* Test hook TANDEM_TEST_ELASTIC_STOP_AFTER_ROUND=UID: process UID stops
+ * itself (SIGSTOP) as soon as a round it is in closes, before the epoch's
+ * communicator, so that a test can kill it exactly there: the others are
+ * then in a rendezvous that can never complete (tests/elastic/elastic.sh
+ * abandon). */
+static void test_stop_after_round(const el_membership *m) {
+  if (td_env_long("TANDEM_TEST_ELASTIC_STOP_AFTER_ROUND", -1) == m->uid) raise(SIGSTOP);
+}
+
 /* Membership rounds until one yields a communicator (a member may die
- * between a round's close and the communicator's rendezvous). */
+ * between a round's close and the communicator's rendezvous: the others
+ * then abandon that rendezvous as soon as the launcher reports the death,
+ * el_membership_abandoned). */
 static td_status next_epoch(td_elastic *e) {
   for (int tries = 0;; tries++) {
     TD_CHECK(el_membership_next(&e->m));
+    test_stop_after_round(&e->m);
     td_status st = build_comm(e);
     if (st == TD_OK) {
       td_log(TD_LOG_INFO, "elastic: process %ld is rank %d of %d in epoch %d", e->m.uid, e->m.rank, e->m.n_members,

@@ -955,12 +955,12 @@ td_status tcp_transport_create(td_comm *comm, transport **out) {
   snprintf(prefix, sizeof prefix, "%s/tcp/", comm->prefix);
   char **addrs = NULL;
   int missing = -1;
-  st = store_allgather(comm->store, prefix, t->rank, t->size, t->peers[t->rank].addr, strlen(t->peers[t->rank].addr),
-                       TD_MAX(deadline - td_now(), 0.001), &addrs, NULL, &missing);
+  st = comm_store_allgather(comm, prefix, t->peers[t->rank].addr, strlen(t->peers[t->rank].addr),
+                            TD_MAX(deadline - td_now(), 0.001), &addrs, &missing);
   if (st != TD_OK) {
     char why[512];
     td_error_copy(why, sizeof why);
-    if (missing >= 0)
+    if (st == TD_ERR_TIMEOUT && missing >= 0)
       st = td_error(st, "tcp: rank %d (and maybe others) never published its address (store key %s%d) within %g s "
                         "(TANDEM_CONNECT_TIMEOUT): %s",
                     missing, prefix, missing, timeout_s, why);
