@@ -21,8 +21,8 @@
  *
  *     mkdir .tandem-offload-new-X;  open + flock .../lock;  rename -> tandem-offload-X
  *
- * A hidden directory older than a minute is a start killed before its
- * rename, and the scan removes it.
+ * A hidden directory older than a minute whose lock is free (or missing)
+ * is a start killed before its rename, and the scan removes it.
  *
  * Before anything is written: the path must be a directory this process
  * can create files in (checked by creating the job directory: root passes
@@ -74,13 +74,14 @@ static void remove_dead_jobs(const char *path, int rank) {
     if (!named && !in_creation) continue;
     snprintf(sub, sizeof sub, "%s/%s", path, e->d_name);
     snprintf(lock, sizeof lock, "%s/lock", sub);
-    int fd = in_creation ? -1 : open(lock, O_RDWR | O_CLOEXEC);
-    if (fd < 0) {
-      /* a start not yet renamed (its lock may be free for a moment), a
-       * directory its live owner is removing, or a leftover of a start
-       * killed before its rename: only removed when old */
-      struct stat sb;
-      if (stat(sub, &sb) == 0 && time(NULL) - sb.st_mtime > 60) remove_tree(sub);
+    struct stat sb;
+    bool old = stat(sub, &sb) == 0 && time(NULL) - sb.st_mtime > 60;
+    /* a start not yet renamed may not hold its lock yet: only an old one
+     * can be a leftover (of a start killed before its rename) */
+    if (in_creation && !old) continue;
+    int fd = open(lock, O_RDWR | O_CLOEXEC);
+    if (fd < 0) { /* a directory its live owner is removing, or a leftover */
+      if (old) remove_tree(sub);
       continue;
     }
     if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
