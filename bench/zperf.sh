@@ -87,7 +87,7 @@ ratio_med() { # CONFIG BASE: median of per-round tokens/s ratios
     awk '{ a[NR] = $1 } END { if (NR == 0) { print "nan"; exit } if (NR % 2) printf "%.2f", a[(NR + 1) / 2]; else printf "%.2f", (a[NR / 2] + a[NR / 2 + 1]) / 2 }'
 }
 {
-  echo "# ZeRO stages at speed: 4 KiB pages against huge-page granules ($(date -u '+%Y-%m-%d %H:%M UTC'))"
+  echo "# ZeRO stages at speed: $([ "$huge_only" = 1 ] && echo 'huge-page granules only' || echo '4 KiB pages against huge-page granules') ($(date -u '+%Y-%m-%d %H:%M UTC'))"
   echo
   echo "Command: \`bench/zperf.sh --rounds $rounds --steps $steps$([ "$huge_only" = 1 ] && echo ' --huge-only')\` (each run: \`TANDEM_ZERO_HUGE_PAGES=off|auto tandemrun -np 2 train-gpt --threads 1 --steps $steps --sample 0 --zero-stage S\`, GPT reference configuration, 3.32M parameters)."
   echo "Rounds interleaved; medians over $rounds rounds. Load average before: $load_before; after: $load_after. Git: $(git rev-parse --short HEAD)."

@@ -20,6 +20,15 @@
  *       bit. Then the case the cap once broke: a range fetched inside a
  *       larger cached one, whose prefetch needs room: the larger range is
  *       in use and must stay (it was evicted, and the model read zeros).
+ *   test_zperf2 estimate
+ *       The estimate (td_trainer_estimate_memory) against the model-state
+ *       bytes a rank measures, at stages 2 and 3 on huge-page granules (a
+ *       GPT whose shards span several 2 MiB pages; buckets and
+ *       stage3_max_live_parameters small against the shard, as for a large
+ *       model): at most the estimate (it is a bound: buckets in flight, the
+ *       cache, their edge granules) and, on rank 0 whose shard the estimate
+ *       takes, at least 90% of it on 2 ranks (86% on 4: see below).
+ *       Skipped without transparent huge pages.
  *   test_zperf2 kill
  *       Stage 3, the last rank dies (SIGKILL) inside its forward's first
  *       fetch, while the others wait for its shard: every other rank's
@@ -297,6 +306,62 @@ static void run_maxlive(td_comm *comm) {
   if (rank == 0) printf("OK: stage3_max_live_parameters bounds the cache on %d ranks\n", world);
 }
 
+/* ---- estimate ---- */
+
+static int thp_on(void) {
+  FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+  if (!f) return 0;
+  char line[128] = {0};
+  int on = fgets(line, sizeof line, f) && (strstr(line, "[always]") || strstr(line, "[madvise]"));
+  fclose(f);
+  return on;
+}
+
+enum { EST_LAYERS = 8, EST_C = 512 };
+
+static void run_estimate(td_comm *comm) {
+  int world = td_comm_size(comm), rank = td_comm_rank(comm);
+  if (!thp_on()) {
+    if (rank == 0) printf("SKIPPED: no transparent huge pages here\n");
+    return;
+  }
+  td_dataset *ds = text_dataset();
+  for (int stage = 2; stage <= 3; stage++) {
+    td_model *m = gpt(EST_LAYERS, EST_C, 8);
+    td_train_config c;
+    config(&c, world, 1, stage);
+    c.train_batch_size = world; /* one sample per rank: the memory is the point, not the compute */
+    c.micro_batch = 1;
+    c.bucket_bytes = 1 << 20;
+    size_t block = 12 * EST_C * EST_C + 13 * EST_C;
+    c.stage3_max_live_parameters = (long)(3 * block); /* three blocks cached of eight */
+    c.stage3_prefetch_bucket_size = (long)block;
+    CHECK_OK(td_train_config_resolve(&c, world));
+    td_memory_estimate e;
+    CHECK_OK(td_trainer_estimate_memory(m, &c, world, stage, &e));
+    td_trainer *t = NULL;
+    CHECK_OK(td_trainer_create(&c, m, ds, comm, &t));
+    CHECK_EQ_INT(t->zero->granule_floats * sizeof(float), (size_t)2 << 20);
+    for (int i = 0; i < 2; i++) CHECK_OK(td_trainer_step(t, NULL)); /* the trainer measures the first two */
+    size_t got = td_trainer_model_state_bytes(t), n = t->n_params;
+    size_t shard = t->shard_hi - t->shard_lo;
+    size_t formula = stage == 2 ? 4 * n + 12 * shard : 16 * shard;
+    printf("rank %d stage %d: %zu parameters; measured %zu bytes, estimate %zu (live %zu), formula %zu: measured / "
+           "estimate %.3f\n", rank, stage, n, got, e.model_states, e.live, formula, (double)got / e.model_states);
+    CHECK(got >= formula);
+    CHECK(got <= e.model_states + (rank == 0 ? 0 : 2 * (2u << 20)));
+    /* within 10% on 2 ranks; on 4 the shard is 25 MB and the bound's worst
+     * case (two buckets in flight, each with a spilled tensor, and a run's
+     * edge granules) weighs 10% of it, reached only when reductions lag:
+     * measured 0.90-0.93 here, 0.93 at 12 blocks of 768 (bench/results) */
+    if (rank == 0) CHECK(got >= e.model_states - e.model_states / (world <= 2 ? 10 : 7));
+    td_trainer_destroy(t);
+    td_model_destroy(m);
+  }
+  td_dataset_destroy(ds);
+  if (rank == 0) printf("OK: the estimate bounds the measured bytes within %d%% on %d ranks\n", world <= 2 ? 10 : 14, world);
+}
+
 /* ---- kill ---- */
 
 static void run_kill(td_comm *comm) {
@@ -330,14 +395,16 @@ static void run_kill(td_comm *comm) {
 
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
-  if (argc < 2 || (strcmp(argv[1], "keep") != 0 && strcmp(argv[1], "maxlive") != 0 && strcmp(argv[1], "kill") != 0)) {
-    fprintf(stderr, "usage: %s keep | maxlive | kill\n", argv[0]);
+  if (argc < 2 || (strcmp(argv[1], "keep") != 0 && strcmp(argv[1], "maxlive") != 0 && strcmp(argv[1], "kill") != 0 &&
+                    strcmp(argv[1], "estimate") != 0)) {
+    fprintf(stderr, "usage: %s keep | maxlive | estimate | kill\n", argv[0]);
     return 2;
   }
   td_comm *comm = NULL;
   CHECK_OK(td_comm_init(&comm));
   if (strcmp(argv[1], "keep") == 0) run_keep(comm);
   else if (strcmp(argv[1], "maxlive") == 0) run_maxlive(comm);
+  else if (strcmp(argv[1], "estimate") == 0) run_estimate(comm);
   else run_kill(comm);
   CHECK_OK(td_comm_finalize(comm));
   td_comm_destroy(comm);

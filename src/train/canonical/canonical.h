@@ -139,8 +139,9 @@ td_status canon_grad_norm(td_trainer *t, double *norm_out);
 td_status canon_trainer_init(td_trainer *t);
 /* Elastic training: on at registration (refused if the config says
  * false); at each rebind the unit is kept (the default is fixed at the
- * first: the largest divisor of the batch not above micro_hint nor
- * batch / max_world) and the buffers are recut. */
+ * first into cfg.deterministic_unit, part of the elastic state: the
+ * largest divisor of the batch not above micro_hint nor batch /
+ * max_world) and the buffers are recut. */
 td_status canon_elastic_enable(td_trainer *t);
 td_status canon_elastic_rebind(td_trainer *t, int micro_hint, int max_world);
 /* The default unit: the largest divisor of batch that is at most

@@ -121,13 +121,14 @@ td_status canon_elastic_enable(td_trainer *t) {
   if (t->cfg.deterministic_reduction == 0)
     return td_error(TD_ERR_INVALID_ARGUMENT, "elastic training keeps every step bit for bit through resizes with "
                     "deterministic reduction: remove \"deterministic_reduction\": false from the config");
-  TD_CHECK(check_combination(t, "always on under elastic training"));
-  if (t->canon && t->cfg.deterministic_unit <= 0) t->canon->unit = 0; /* the default is fixed at the first rebind */
-  return TD_OK;
+  return check_combination(t, "always on under elastic training");
 }
 
 td_status canon_elastic_rebind(td_trainer *t, int micro_hint, int max_world) {
-  long unit = t->canon && t->canon->unit ? (long)t->canon->unit : t->cfg.deterministic_unit;
-  if (unit <= 0) unit = canon_default_unit(t->cfg.train_batch_size, micro_hint, max_world);
-  return enable(t, unit);
+  /* Fixed at the first rebind and kept in cfg.deterministic_unit, which
+   * the elastic state carries (trainer_elastic.c): a process that joins
+   * later receives it with the parameters instead of deriving its own. */
+  if (t->cfg.deterministic_unit <= 0)
+    t->cfg.deterministic_unit = canon_default_unit(t->cfg.train_batch_size, micro_hint, max_world);
+  return enable(t, t->cfg.deterministic_unit);
 }

@@ -107,27 +107,35 @@ static const canon_part *find_part(const canon_part *parts, int n_parts, size_t 
   return NULL;
 }
 
-static int combine(size_t n, size_t start, int level, const canon_part *parts, int n_parts, float *dst, size_t len,
-                   float **scratch) {
+static void add3(float *dst, const float *left, const float *right, size_t len) {
+  /* dst may be left (in place); never right */
+  for (size_t i = 0; i < len; i++) dst[i] = left[i] + right[i];
+}
+
+/* The node's value: a part's own vector when one holds exactly this node
+ * (no copy), else left + right written into buf (the right half into this
+ * level's scratch; deeper levels use lower ones). NULL: a leaf is missing. */
+static const float *combine(size_t n, size_t start, int level, const canon_part *parts, int n_parts, float *buf,
+                            size_t len, float **scratch) {
   size_t end = node_end(n, start, level);
   const canon_part *p = find_part(parts, n_parts, start, end);
-  if (p) {
-    if (len) memcpy(dst, p->vec, len * sizeof(float));
-    return 0;
-  }
-  if (level == 0) return -1;
+  if (p) return p->vec;
+  if (level == 0) return NULL;
   size_t mid = start + ((size_t)1 << (level - 1));
-  if (mid >= n) return combine(n, start, level - 1, parts, n_parts, dst, len, scratch);
-  if (combine(n, start, level - 1, parts, n_parts, dst, len, scratch) != 0) return -1;
-  /* the right half in this level's scratch; deeper levels use lower ones */
-  if (combine(n, mid, level - 1, parts, n_parts, scratch[level - 1], len, scratch) != 0) return -1;
-  add_into(dst, scratch[level - 1], len);
-  return 0;
+  if (mid >= n) return combine(n, start, level - 1, parts, n_parts, buf, len, scratch);
+  const float *left = combine(n, start, level - 1, parts, n_parts, buf, len, scratch);
+  const float *right = left ? combine(n, mid, level - 1, parts, n_parts, scratch[level - 1], len, scratch) : NULL;
+  if (!right) return NULL;
+  add3(buf, left, right, len);
+  return buf;
 }
 
 int canon_combine_f32(size_t n, const canon_part *parts, int n_parts, float *dst, size_t len, float **scratch) {
   if (n == 0) return n_parts == 0 ? 0 : -1;
-  return combine(n, 0, canon_levels(n), parts, n_parts, dst, len, scratch);
+  const float *root = combine(n, 0, canon_levels(n), parts, n_parts, dst, len, scratch);
+  if (!root) return -1;
+  if (root != dst && len) memcpy(dst, root, len * sizeof(float));
+  return 0;
 }
 
 double canon_node_f64(size_t n, size_t start, int level, const double *v, size_t first) {

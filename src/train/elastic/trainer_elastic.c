@@ -51,6 +51,8 @@ td_status td_trainer_elastic_register(td_trainer *t, td_elastic *e) {
   }
   TD_CHECK(td_elastic_register(e, "step", &t->step, sizeof t->step));
   TD_CHECK(td_elastic_register(e, "consumed", &t->consumed, sizeof t->consumed));
+  /* the unit of the canonical sum: one value for the whole job (canonical/) */
+  TD_CHECK(td_elastic_register(e, "deterministic_unit", &t->cfg.deterministic_unit, sizeof t->cfg.deterministic_unit));
   return td_elastic_register(e, "train_batch_size", &t->cfg.train_batch_size, sizeof t->cfg.train_batch_size);
 }
 

@@ -6,28 +6,35 @@
  * states; SGD has one):
  *     stage 0: 16Ψ   stage 1: 8Ψ + 8Ψ/N   stage 2: 4Ψ + 12Ψ/N   stage 3: 16Ψ/N
  * plus what the engine keeps beyond the shards (zero/reduce.c, fetch.c):
- *     stage 2+: gradients of the buckets in flight: backward waits once
- *               more than 2 buckets are in flight, a third is being
- *               filled, and a tensor larger than a bucket is written whole;
- *               stage 2 keeps its whole gradient arena where 2 buckets
- *               hold it anyway (zero_keeps_grads: small models);
+ *     stage 2+: gradients of the buckets in flight: after a launch
+ *               backward waits for the bucket before (reduce.c), so at the
+ *               next launch one is in flight and one just launched, each up
+ *               to a bucket plus the tensor that completed it: 2 x (bucket
+ *               + the largest tensor); stage 2 keeps its
+ *               whole gradient arena where 2 buckets hold it anyway
+ *               (zero_keeps_grads: small models);
  *     stage 3:  the fetched parameter groups kept resident: up to
  *               stage3_max_live_parameters (at least the group in use),
  *               plus the groups under
  *               stage3_param_persistence_threshold.
  * The engine's fetch groups are the model's (a transformer block, the
- * embeddings, the head); here they are estimated from the tensor table as
- * the runs of tensors whose names share the prefix before the first '.'
- * ("h3.attn.qkv.weight" -> "h3"). Pure: no allocation, no communication. */
+ * embeddings, the head); here they are estimated from the tensor table: a
+ * numbered block is the run of tensors whose names share the prefix before
+ * the first '.' when it ends in a digit ("h3.attn.qkv.weight" -> "h3"), and
+ * each run of other tensors between blocks is one group ("wte" and "wpe":
+ * the embeddings; "ln_f.*" and "lm_head.weight": the head), as the GPT
+ * fetches them. Pure: no allocation, no communication. */
 #include "train/zero/zero.h"
 #include "train/offload/offload.h"
 
 #include <string.h>
 #include <unistd.h>
 
-static size_t prefix_len(const char *name) {
+/* The length of a numbered block's prefix ("h3" of "h3.attn.qkv.weight"),
+ * 0 for a tensor outside the blocks. */
+static size_t block_len(const char *name) {
   const char *dot = name ? strchr(name, '.') : NULL;
-  return dot ? (size_t)(dot - name) : (name ? strlen(name) : 0);
+  return dot && dot > name && dot[-1] >= '0' && dot[-1] <= '9' ? (size_t)(dot - name) : 0;
 }
 
 td_status td_trainer_estimate_memory(const td_model *model, const td_train_config *cfg, int world, int stage,
@@ -59,19 +66,19 @@ td_status td_trainer_estimate_memory(const td_model *model, const td_train_confi
   if (params_on_disk) out->params = 0;
   size_t fetchable = params_on_disk ? n : n - shard; /* what a rank may fetch into its arena */
 
-  size_t largest_tensor = 0, group1 = 0, group2 = 0, persistent = 0, n_groups = 0;
+  size_t largest_tensor = 0, group1 = 0, group2 = 0, persistent = 0, n_groups = 0, n_persistent = 0;
   for (int i = 0; i < model->n_tensors;) {
     const td_param_tensor *first = &model->tensors[i];
-    size_t plen = prefix_len(first->name), count = 0;
+    size_t plen = block_len(first->name), count = 0;
     int j = i;
-    while (j < model->n_tensors && prefix_len(model->tensors[j].name) == plen &&
+    while (j < model->n_tensors && block_len(model->tensors[j].name) == plen &&
            (plen == 0 || strncmp(model->tensors[j].name, first->name, plen) == 0)) {
       count += model->tensors[j].count;
       largest_tensor = TD_MAX(largest_tensor, model->tensors[j].count);
       j++;
     }
     n_groups++;
-    if (count <= (size_t)cfg->stage3_param_persistence_threshold) persistent += count;
+    if (count <= (size_t)cfg->stage3_param_persistence_threshold) persistent += count, n_persistent++;
     else if (count > group1) group2 = group1, group1 = count;
     else if (count > group2) group2 = count;
     i = j;
@@ -79,15 +86,32 @@ td_status td_trainer_estimate_memory(const td_model *model, const td_train_confi
   /* Pages are given back whole: a page straddling two released pieces
    * stays (one per piece edge: at most a bucket piece per tensor and owner).
    * Large arenas give memory back in 2 MiB granules instead (pages.c), each
-   * kept while partly needed: one per bucket piece edge within a step at
-   * stage 2 (the next step gives them back), one per group edge at stage 3,
-   * and the two around the shard. */
+   * kept while partly needed. Gradients: backward writes from the top of
+   * the arena down and reduce.c gives back everything reduced above the
+   * buckets in flight, so what is resident outside the shard is one run
+   * (pending and in-flight buckets), plus the tied head's embedding,
+   * written early and reported last: two edge granules each and the two
+   * around the shard. Parameters: the model fetches its groups in order
+   * and the cache keeps the most recent, so the live groups form one run,
+   * plus the tied head's embedding and each persistent group apart: two
+   * edge granules per run, two around the shard (measured at 12 blocks of
+   * 512 channels on 2 and 4 ranks, bench/results/zperf-2026-11-26*.md:
+   * one granule per group edge overestimated stage 3 by 13-27%). */
   size_t page = zero_page_bytes(), granule = page;
   if (stage >= 2) TD_CHECK(zero_granule_bytes(n, world, &granule));
   size_t edges2 = (size_t)(model->n_tensors + 2 + world) * page, edges3 = edges2;
   if (granule > page) {
-    edges2 = (n * f / TD_MAX(cfg->bucket_bytes, (size_t)1) + 5 + (size_t)world) * granule;
-    edges3 = (n_groups + 3) * granule;
+    /* the rest of the granules a shard's two ends lie in (resident with
+     * the shard; the arena is granule-aligned), the most of any rank's */
+    size_t shard_edge = 0, gf = granule / f;
+    for (int r = 0; r < world; r++) {
+      size_t off, len;
+      td_shard_range(n, world, r, &off, &len);
+      size_t lo = off / gf * gf, hi = TD_MIN((off + len + gf - 1) / gf * gf, (n + gf - 1) / gf * gf);
+      shard_edge = TD_MAX(shard_edge, (hi - lo - len) * f);
+    }
+    edges2 = shard_edge + granule;
+    edges3 = params_on_disk ? (n_groups + 3) * granule : shard_edge + TD_MIN(1 + n_persistent, n_groups) * granule;
   }
   /* nothing beyond the whole arena, rounded to granules, can be resident */
   size_t room = (n * f + granule - 1) / granule * granule - shard * f;
@@ -96,7 +120,7 @@ td_status td_trainer_estimate_memory(const td_model *model, const td_train_confi
     live += (n - shard) * f; /* the whole gradient arena stays (shard.c), in plain or shared memory */
   } else if (stage >= 2 && world > 1) {
     size_t bucket = cfg->bucket_bytes / f;
-    live += TD_MIN(TD_MIN(3 * bucket + largest_tensor, n - shard) * f + edges2, room);
+    live += TD_MIN(TD_MIN(2 * (bucket + largest_tensor), n - shard) * f + edges2, room);
   }
   if (stage >= 3 && (world > 1 || params_on_disk)) {
     /* released and prefetched groups stay within stage3_max_live_parameters;

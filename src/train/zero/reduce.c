@@ -25,8 +25,12 @@
  * synchronization costs a scheduling delay (measured: stage 1 with reduce
  * pieces ran at 0.73-0.81x stage 0 on 2 ranks at load ~20-60). At stage 2 the gradient arena gives back
  * the pages of a piece once it is reduced (this rank does not own it), so
- * a rank keeps its shard plus the buckets in flight; backward waits for the
- * oldest piece once more than two buckets' worth are in flight.
+ * a rank keeps its shard plus the buckets in flight. Double buffering:
+ * once a bucket is launched, backward waits for the one before it (which
+ * had the new bucket's whole backward to travel, so it is normally done),
+ * so at most two buckets are resident, the one in flight and the one being
+ * filled or just launched (estimate.c counts them; DeepSpeed bounds its
+ * reduce buckets the same way).
  *
  * Bit for bit: the optimizer kernels are elementwise, so updating a shard
  * gives the bits the whole-arena update gives there; the shm transport's
@@ -48,7 +52,7 @@
  * (micro-steps outside, ranks inside, where stage 0 sums each rank's
  * micro-steps first), so on 2+ ranks the result differs from stage 0's in
  * rounding: about 1e-7 relative per gradient, losses within 1e-6 relative
- * (tests/zero/test_zperf2.c), not bit for bit. Where stage 2 keeps its
+ * (tests/zero/test_zero.c equal), not bit for bit. Where stage 2 keeps its
  * gradient arena (keep_grads) it accumulates locally as stage 0 does and
  * stays bit for bit. */
 #include "train/zero/zero.h"
@@ -145,6 +149,7 @@ void zero_bucket_launch(td_trainer *t, size_t lo, size_t hi) {
   zero_state *z = t->zero;
   if (hi <= lo || t->bucket_status != TD_OK) return;
   /* host-shared gradients: one direct allreduce (see the top), owner -1 */
+  int first_new = z->n_pieces; /* this bucket's pieces start here */
   for (int r = z->grads_kind == ZERO_MEM_SHARED ? -1 : 0; r < t->world; r++) {
     size_t off = 0, len = t->n_params;
     if (r >= 0) td_shard_range(t->n_params, t->world, r, &off, &len);
@@ -177,7 +182,7 @@ void zero_bucket_launch(td_trainer *t, size_t lo, size_t hi) {
   if (z->stage >= 2) {
     zero_measure(t); /* the high-water mark: just launched, nothing released yet */
     td_status st = complete_pieces(t, false);
-    while (st == TD_OK && z->inflight_floats > z->inflight_cap_floats) st = complete_pieces(t, true);
+    while (st == TD_OK && z->n_done < first_new) st = complete_pieces(t, true); /* the buckets before this one */
     if (st != TD_OK)
       t->bucket_status = td_error(st, "rank %d: reducing a gradient bucket failed: %s", t->rank,
                                   td_comm_last_error(t->comm));

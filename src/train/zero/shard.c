@@ -105,10 +105,6 @@ td_status zero_create(td_trainer *t) {
   z->cap_pieces = t->model->n_tensors + 2 + t->world;
   z->pieces = calloc((size_t)z->cap_pieces, sizeof *z->pieces);
   z->norm_partials = calloc((size_t)t->world, sizeof *z->norm_partials);
-  /* Stage 2+: gradients launched but not yet reduced stay resident; past
-   * two buckets' worth, backward waits for the oldest (DeepSpeed bounds
-   * its reduce buckets the same way). */
-  z->inflight_cap_floats = TD_MAX(2 * (t->cfg.bucket_bytes / sizeof(float)), (size_t)1);
   if (!t->params || (z->stage >= 2 && !t->grads) ||
       (states_in_ram && (!t->states[0] || (t->n_states > 1 && !t->states[1]))) || !z->pieces ||
       !z->norm_partials)

@@ -62,7 +62,6 @@ typedef struct zero_state {
   int n_pieces, cap_pieces, n_done; /* pieces[0, n_done) completed (in order) */
   int n_buckets;
   size_t inflight_floats;     /* launched, not completed */
-  size_t inflight_cap_floats; /* stage 2+: wait for the oldest beyond this */
   size_t released_lo;         /* stage 2+: gradients from here up given back this step (reduce.c) */
 
   /* stage 3 */
@@ -88,8 +87,8 @@ typedef struct zero_state {
 
 /* ---- shard.c ---- */
 /* Stage 2 keeps its whole gradient arena resident, as stage 1 does, when
- * the buckets allowed in flight (2 x bucket_bytes, reduce.c) cover the
- * whole arena anyway: giving pages back then saves no peak memory and costs
+ * the buckets resident at the peak of a step (2 x bucket_bytes, reduce.c)
+ * cover the whole arena anyway: giving pages back then saves no peak memory and costs
  * their faults every step. Pure, the same on every rank; the estimate uses
  * it too. */
 bool zero_keeps_grads(size_t n_params, int world, int stage, size_t bucket_bytes);
