@@ -38,7 +38,7 @@ awk -v steps="$steps" '
   function group(s) {
     if (s ~ /^(bf_tile|gemm_tile|nn_gemm_ep|nn_gemm_tn|nn_gemm_[a-z0-9]+$|td_sgemm|sgemm_|dgemm_)/) return "linear products (tiles)";
     if (s ~ /^(bf_pack|gemm_pack|nn_gemm_lowp|nn_to_bf16)/) return "packing + f32->bf16 conversion";
-    if (s ~ /^(att_tile|transpose_panel|copy_rows|nn_attention|td_attention|nn_exp_shift_sum)/) return "attention (f32)";
+    if (s ~ /^(att_tile|atb_|transpose_panel|copy_rows|nn_attention|td_attention|nn_exp_shift_sum)/) return "attention";
     if (s ~ /^td_layernorm/) return "layer norm";
     if (s ~ /gelu/) return "GELU (separate passes)";
     if (s ~ /softmax_xent|__logf/) return "softmax + loss";

@@ -52,7 +52,7 @@
  * (micro-steps outside, ranks inside, where stage 0 sums each rank's
  * micro-steps first), so on 2+ ranks the result differs from stage 0's in
  * rounding: about 1e-7 relative per gradient, losses within 1e-6 relative
- * (tests/zero/test_zperf2.c), not bit for bit. Where stage 2 keeps its
+ * (tests/zero/test_zero.c equal), not bit for bit. Where stage 2 keeps its
  * gradient arena (keep_grads) it accumulates locally as stage 0 does and
  * stays bit for bit. */
 #include "train/zero/zero.h"
