@@ -32,7 +32,15 @@
  *       short: the next step fails on both ranks naming rank 1, the file
  *       and the offset, and nobody hangs.
  *   test_offload fail DIR         a step fails (a sample cannot be read);
- *       destroy still removes the files. */
+ *       destroy still removes the files.
+ *   test_offload peer DIR         two starts on one path at the worst
+ *       instant: this binary's flock() (it takes precedence over libc's)
+ *       starts a second trainer on DIR right when the first is about to
+ *       lock its directory's lock file, so the second start's scan for dead
+ *       jobs runs then (what a peer rank does when the ranks start side by
+ *       side, once in many runs). Both must start, step and clean up; a
+ *       hidden directory of a start killed before its rename goes when old,
+ *       a young one (a start in progress) stays. */
 #include "train/offload/aio.h"
 #include "train/train_impl.h"
 
@@ -41,7 +49,10 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include "../common/check.h"
@@ -468,6 +479,89 @@ static void run_fail(const char *dir) {
   printf("OK fail\n");
 }
 
+/* ---- two starts on one path (test_offload peer) ---- */
+
+static const char *peer_dir; /* armed: the next flock of a lock file under it starts the peer first */
+static int peer_started;
+static td_trainer *peer_t;
+static td_model *peer_m;
+static td_dataset *peer_ds;
+
+/* Replaces libc's flock for this binary and libtandem in it. */
+int flock(int fd, int operation) {
+  const char *dir = peer_dir;
+  if (dir) {
+    char link[64], target[1024];
+    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(link, target, sizeof target - 1);
+    target[n > 0 ? n : 0] = '\0';
+    size_t nd = strlen(dir), nt = strlen(target);
+    if (nt > nd + 5 && !strncmp(target, dir, nd) && target[nd] == '/' && !strcmp(target + nt - 5, "/lock")) {
+      peer_dir = NULL; /* once; the peer's own flock calls go straight through */
+      printf("first start locks %s: the peer starts now\n", target);
+      peer_started = 1;
+      td_status st = create_offloaded(dir, 2, 35, &peer_t, &peer_m, &peer_ds);
+      if (st != TD_OK) td_test_fail(__FILE__, __LINE__, "the peer's start failed: %s", td_last_error());
+    }
+  }
+  return (int)syscall(SYS_flock, fd, operation);
+}
+
+/* Entries of dir named .tandem-offload-new-* (starts not yet renamed) */
+static int count_new_dirs(const char *dir) {
+  DIR *d = opendir(dir);
+  CHECK(d != NULL);
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) n += strncmp(e->d_name, ".tandem-offload-new-", 20) == 0;
+  closedir(d);
+  return n;
+}
+
+static void run_peer(const char *dir) {
+  /* leftovers of starts killed before their rename: one old, one young */
+  char old_dir[600], young_dir[600];
+  snprintf(old_dir, sizeof old_dir, "%s/.tandem-offload-new-killed-r0-p1-1", dir);
+  snprintf(young_dir, sizeof young_dir, "%s/.tandem-offload-new-starting-r0-p2-1", dir);
+  CHECK(mkdir(old_dir, 0700) == 0 && mkdir(young_dir, 0700) == 0);
+  struct timeval two_min_ago[2];
+  gettimeofday(&two_min_ago[0], NULL);
+  two_min_ago[0].tv_sec -= 120;
+  two_min_ago[1] = two_min_ago[0];
+  CHECK(utimes(old_dir, two_min_ago) == 0);
+
+  td_trainer *t = NULL;
+  td_model *m = NULL;
+  td_dataset *ds = NULL;
+  peer_dir = dir;
+  td_status st = create_offloaded(dir, 2, 35, &t, &m, &ds);
+  peer_dir = NULL;
+  CHECK_EQ_INT(peer_started, 1); /* the peer really started inside the first start */
+  if (st != TD_OK) td_test_fail(__FILE__, __LINE__, "the first start failed beside its peer: %s", td_last_error());
+  CHECK(peer_t != NULL);
+  CHECK_EQ_INT(count_job_dirs(dir), 2);
+  CHECK_EQ_INT(count_new_dirs(dir), 1); /* the young leftover stays, the old one is gone */
+  struct stat sb;
+  CHECK(stat(young_dir, &sb) == 0 && stat(old_dir, &sb) != 0);
+  for (int step = 0; step < 2; step++) {
+    CHECK_OK(td_trainer_step(t, NULL));
+    CHECK_OK(td_trainer_step(peer_t, NULL));
+  }
+  /* the same model, data and seed: the same parameters */
+  size_t n = td_trainer_n_params(t);
+  CHECK_OK(td_trainer_gather_params(t));
+  CHECK_OK(td_trainer_gather_params(peer_t));
+  CHECK(memcmp(td_trainer_params(t), td_trainer_params(peer_t), n * sizeof(float)) == 0);
+  td_trainer_destroy(peer_t);
+  CHECK_EQ_INT(count_job_dirs(dir), 1);
+  td_trainer_destroy(t);
+  CHECK_EQ_INT(count_job_dirs(dir), 0);
+  CHECK(rmdir(young_dir) == 0);
+  td_model_destroy(m), td_model_destroy(peer_m);
+  td_dataset_destroy(ds), td_dataset_destroy(peer_ds);
+  printf("OK peer: two starts side by side on one path\n");
+}
+
 /* The config keys: DeepSpeed's names into td_offload_config; mistakes refused naming the key. */
 static void run_config(void) {
   td_train_config c;
@@ -586,6 +680,7 @@ int main(int argc, char **argv) {
   else if (!strcmp(mode, "leave") && argc >= 3) run_leave(dir);
   else if (!strcmp(mode, "clean") && argc >= 3) run_clean(dir);
   else if (!strcmp(mode, "fail") && argc >= 3) run_fail(dir);
+  else if (!strcmp(mode, "peer") && argc >= 3) run_peer(dir);
   else if (!strcmp(mode, "equal") && argc >= 5) {
     td_comm *comm = NULL;
     CHECK_OK(td_comm_init(&comm));
@@ -599,7 +694,7 @@ int main(int argc, char **argv) {
     td_comm_destroy(comm); /* the ranks' collectives may no longer match: no finalize */
   } else {
     fprintf(stderr, "usage: %s aio|enospc|estimate|leave|clean|fail DIR | refuse DIR space|file|readonly|missing | "
-            "equal DIR adamw|sgd BF16 | init_range\n", argv[0]);
+            "equal DIR adamw|sgd BF16 | init_range | peer DIR\n", argv[0]);
     return 2;
   }
   return 0;

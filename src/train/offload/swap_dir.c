@@ -10,6 +10,20 @@
  * finds a directory whose lock it can take and removes it (a live job's
  * lock is held, so its directory is left alone).
  *
+ * That rule needs a directory to be visible under its name only while its
+ * lock is held: the ranks of one job start side by side on the same path,
+ * and one that scanned a peer's directory between the creation of its lock
+ * file and the flock took it for a dead job's and removed it (the peer's
+ * start then failed, "cannot create and lock", or "cannot open params.f32").
+ * So the directory is made under a hidden name (.tandem-offload-new-...),
+ * its lock is created and taken there, and only then is it renamed to its
+ * name (rename is atomic; the flock stays with the open file):
+ *
+ *     mkdir .tandem-offload-new-X;  open + flock .../lock;  rename -> tandem-offload-X
+ *
+ * A hidden directory older than a minute whose lock is free (or missing)
+ * is a start killed before its rename, and the scan removes it.
+ *
  * Before anything is written: the path must be a directory this process
  * can create files in (checked by creating the job directory: root passes
  * access(2) on any mode, so only a real attempt tells, e.g. EROFS on a
@@ -30,6 +44,7 @@
 #include <unistd.h>
 
 #define DIR_PREFIX "tandem-offload-"
+#define NEW_PREFIX ".tandem-offload-new-" /* until the lock is held */
 
 /* Remove the regular files of `dir` and the directory itself. */
 static void remove_tree(const char *dir) {
@@ -54,15 +69,19 @@ static void remove_dead_jobs(const char *path, int rank) {
   struct dirent *e;
   char sub[1024], lock[1100];
   while ((e = readdir(d)) != NULL) {
-    if (strncmp(e->d_name, DIR_PREFIX, strlen(DIR_PREFIX)) != 0) continue;
+    bool named = strncmp(e->d_name, DIR_PREFIX, strlen(DIR_PREFIX)) == 0;
+    bool in_creation = strncmp(e->d_name, NEW_PREFIX, strlen(NEW_PREFIX)) == 0;
+    if (!named && !in_creation) continue;
     snprintf(sub, sizeof sub, "%s/%s", path, e->d_name);
     snprintf(lock, sizeof lock, "%s/lock", sub);
+    struct stat sb;
+    bool old = stat(sub, &sb) == 0 && time(NULL) - sb.st_mtime > 60;
+    /* a start not yet renamed may not hold its lock yet: only an old one
+     * can be a leftover (of a start killed before its rename) */
+    if (in_creation && !old) continue;
     int fd = open(lock, O_RDWR | O_CLOEXEC);
-    if (fd < 0) {
-      /* no lock file: a directory caught between mkdir and the lock's
-       * creation by a live start, or a leftover; only remove it when old */
-      struct stat sb;
-      if (stat(sub, &sb) == 0 && time(NULL) - sb.st_mtime > 60) remove_tree(sub);
+    if (fd < 0) { /* a directory its live owner is removing, or a leftover */
+      if (old) remove_tree(sub);
       continue;
     }
     if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
@@ -114,20 +133,39 @@ td_status offload_dir_create(td_trainer *t, const char *path, size_t needed) {
   job_safe[j] = '\0';
   int len = snprintf(o->dir, sizeof o->dir, "%s/" DIR_PREFIX "%s-r%d-p%d-%d", path, job_safe, t->rank, (int)getpid(),
                      n_this);
-  if (len < 0 || (size_t)len >= sizeof o->dir)
+  char fresh[sizeof o->dir];
+  int len_fresh = snprintf(fresh, sizeof fresh, "%s/" NEW_PREFIX "%s-r%d-p%d-%d", path, job_safe, t->rank,
+                           (int)getpid(), n_this);
+  if (len < 0 || (size_t)len >= sizeof o->dir || len_fresh < 0 || (size_t)len_fresh >= sizeof fresh) {
+    o->dir[0] = '\0';
     return td_error(TD_ERR_INVALID_ARGUMENT, "rank %d: offload nvme_path \"%s\" is too long", t->rank, path);
-  if (mkdir(o->dir, 0700) != 0) {
+  }
+  /* under the hidden name until the lock is held (the file's opening block) */
+  if (mkdir(fresh, 0700) != 0) {
     int err = errno;
     o->dir[0] = '\0';
     return td_error(TD_ERR_INVALID_ARGUMENT, "rank %d: offload nvme_path \"%s\" is not writable (creating a directory "
                     "there failed: %s); give a directory on a writable local disk", t->rank, path, strerror(err));
   }
   char lock[600];
-  snprintf(lock, sizeof lock, "%s/lock", o->dir);
+  snprintf(lock, sizeof lock, "%s/lock", fresh);
   o->lock_fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   if (o->lock_fd < 0 || flock(o->lock_fd, LOCK_EX | LOCK_NB) != 0) {
     int err = errno;
+    remove_tree(fresh);
+    if (o->lock_fd >= 0) close(o->lock_fd);
+    o->lock_fd = -1;
+    o->dir[0] = '\0';
     return td_error(TD_ERR_IO, "rank %d: cannot create and lock %s: %s", t->rank, lock, strerror(err));
+  }
+  if (rename(fresh, o->dir) != 0) {
+    td_status st = td_error(TD_ERR_IO, "rank %d: renaming %s to %s failed: %s; check the file system under nvme_path",
+                            t->rank, fresh, o->dir, strerror(errno));
+    remove_tree(fresh);
+    close(o->lock_fd);
+    o->lock_fd = -1;
+    o->dir[0] = '\0';
+    return st;
   }
   return TD_OK;
 }
