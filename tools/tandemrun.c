@@ -1038,6 +1038,27 @@ static void elastic_finish(job *j) {
   free(members);
 }
 
+/* tandemrun's --min-np watch and the survivors' own rendezvous both end
+ * after --elastic-timeout, each by its own clock: a survivor that saw the
+ * death first (shared memory, before tandemrun reaped it) may give up
+ * first and exit 1 while tandemrun's watch still runs. Whichever clock
+ * runs out first, the user gets a below --min-np line and exit 1 (not
+ * "every process failed"); our_clock: tandemrun's own watch ran out. */
+static void below_min_np_stop(job *j, bool our_clock) {
+  j->below_failed = true;
+  if (our_clock)
+    fprintf(stderr, "tandemrun: only %d process%s left, below --min-np %d, for %g s (--elastic-timeout): stopping "
+                    "the job. Add hosts or slots (--host-discovery-script), allow restarts (--max-restarts), or "
+                    "lower --min-np\n",
+            j->n_running, j->n_running == 1 ? "" : "es", j->opt.min_np, j->opt.elastic_timeout_s);
+  else
+    fprintf(stderr, "tandemrun: only %d process%s left, below --min-np %d: the last one exited (a survivor gives "
+                    "up after --elastic-timeout %g s below --min-np, by its own clock): stopping the job. Add hosts "
+                    "or slots (--host-discovery-script), allow restarts (--max-restarts), or lower --min-np\n",
+            j->n_running, j->n_running == 1 ? "" : "es", j->opt.min_np, j->opt.elastic_timeout_s);
+  begin_stop(j, SIGTERM);
+}
+
 static void elastic_reaped(job *j, worker *w, bool failed) {
   if (!failed) {
     if (!j->done) {
@@ -1047,6 +1068,9 @@ static void elastic_reaped(job *j, worker *w, bool failed) {
     return;
   }
   if (w->signalled || j->timed_out || j->interrupt_sig || j->below_failed || j->done) return;
+  /* Below --min-np already before this exit, and it was an exit (not a
+   * crash by signal): the survivors' own --elastic-timeout ended it. */
+  bool gave_up = !isinf(j->below_since) && WIFEXITED(w->wait_status);
   char how[96];
   describe_status(w, how, sizeof how);
   j->n_lost++;
@@ -1064,6 +1088,7 @@ static void elastic_reaped(job *j, worker *w, bool failed) {
   long replacement = j->n_workers > before ? j->workers[before].rank : -1;
   if (j->client && el_report_dead(j->client, j->job_id, uid, how, replacement) != TD_OK)
     fprintf(stderr, "tandemrun: could not report process %d lost to the store: %s\n", uid, td_last_error());
+  if (gave_up && j->n_running == 0 && !j->below_failed && !j->done) below_min_np_stop(j, false);
 }
 
 /* Once per poll round: discovery, replacements and scale-up, the --min-np
@@ -1090,12 +1115,7 @@ static void elastic_tick(job *j) {
   } else if (isinf(j->below_since)) {
     j->below_since = now;
   } else if (now - j->below_since >= j->opt.elastic_timeout_s) {
-    j->below_failed = true;
-    fprintf(stderr, "tandemrun: only %d process%s left, below --min-np %d, for %g s (--elastic-timeout): stopping "
-                    "the job. Add hosts or slots (--host-discovery-script), allow restarts (--max-restarts), or "
-                    "lower --min-np\n",
-            j->n_running, j->n_running == 1 ? "" : "es", j->opt.min_np, j->opt.elastic_timeout_s);
-    begin_stop(j, SIGTERM);
+    below_min_np_stop(j, true);
   }
 }
 
@@ -1319,6 +1339,8 @@ placed:;
       kill_all(j, SIGKILL);
     }
     double next = TD_MIN(TD_MIN(j->job_deadline, j->grace_deadline), TD_MIN(drain_deadline, j->kill_deadline));
+    /* Wake when --elastic-timeout runs out, not up to a poll slice later. */
+    if (j->opt.elastic && !j->stopping && !j->done) next = TD_MIN(next, j->below_since + j->opt.elastic_timeout_s);
     int timeout_ms = isinf(next) ? -1 : (int)TD_MAX(0, ceil((next - now) * 1000.0));
     if (timeout_ms > 1000 || timeout_ms < 0) {
       /* SIGCHLD is coalesced by signalfd; reap at least once a second anyway. */

@@ -22,7 +22,9 @@
 #                         rendezvous at once and form the next epoch
 #   elastic.sh B below    2 ranks, --min-np 2, one killed, no restarts:
 #                         tandemrun stops the job after --elastic-timeout
-#                         with a message naming --min-np, exit 1
+#                         with a message naming --min-np, exit 1; again
+#                         with the survivor's own timeout (2 s) shorter
+#                         than tandemrun's (6 s): the same kind of line
 #   elastic.sh B batch    global batch 8 on 4 ranks loses one: 3 cannot
 #                         keep it; every survivor stops with a message
 #                         listing the world sizes that would work
@@ -205,17 +207,35 @@ stale)
   grep -q "process 2 (pid $pid, host localhost) exited with code 1" "$work/out" || fail "the stale process did not exit 1"
   ;;
 below)
+  # The survivor's own round gives up after the same --elastic-timeout
+  # (TANDEM_ELASTIC_TIMEOUT), by its own clock, which may start before
+  # tandemrun reaps the dead process. Whichever clock runs out first,
+  # tandemrun ends the job with a below --min-np line and exit 1.
+  below_line="tandemrun: only [01] process(es)? left, below --min-np 2"
+  ours="$below_line, for 2 s \(--elastic-timeout\): stopping the job"
+  theirs="$below_line: the last one exited \(a survivor gives up after --elastic-timeout 2 s below --min-np, by its own clock\): stopping the job"
   start "$work/out" --min-np 2 --max-np 2 -np 2 --max-restarts 0 --elastic-timeout 2 "$GPT" $TINY --steps 100000 --micro-batch 3
   wait_for "$work/out" "step 20 loss"
   t0=$(date +%s)
   kill -9 "$(pid_of "$work/out" 1)"
   finish 1 "$work/out"
-  cat "$work/out" | grep -v "step [0-9]* loss"
-  # The survivor's own round times out after the same 2 s (TANDEM_ELASTIC_TIMEOUT), saying so; whichever
-  # comes first, tandemrun ends the job with this line.
-  grep -Eq "tandemrun: only [01] process(es)? left, below --min-np 2, for 2 s \(--elastic-timeout\): stopping the job" \
-    "$work/out" || fail "no clear below --min-np message"
+  grep -v "step [0-9]* loss" "$work/out"
+  grep -Eq "$ours|$theirs" "$work/out" || fail "no clear below --min-np message"
   [ $(( $(date +%s) - t0 )) -lt 20 ] || fail "took more than 20 s to stop"
+  # The survivor's clock first, for certain: its timeout is 2 s (the
+  # workers' environment wins over tandemrun's), tandemrun's 6 s.
+  printf '#!/bin/sh\nTANDEM_ELASTIC_TIMEOUT=2 exec %s "$@"\n' "$GPT" >"$work/gpt2"
+  chmod +x "$work/gpt2"
+  start "$work/out" --min-np 2 --max-np 2 -np 2 --max-restarts 0 --elastic-timeout 6 "$work/gpt2" $TINY --steps 100000 --micro-batch 3
+  wait_for "$work/out" "step 20 loss"
+  t0=$(date +%s)
+  kill -9 "$(pid_of "$work/out" 1)"
+  finish 1 "$work/out"
+  grep -v "step [0-9]* loss" "$work/out"
+  grep -q "elastic: only 1 process joined epoch 2 within 2 s (TANDEM_ELASTIC_TIMEOUT)" "$work/out" || fail "the survivor did not give up by its own clock"
+  grep -Eq "${theirs/--elastic-timeout 2 s/--elastic-timeout 6 s}" "$work/out" || fail "no below --min-np line after the survivor gave up first"
+  grep -q "every process of the elastic job failed" "$work/out" && fail "reported as every process failed"
+  [ $(( $(date +%s) - t0 )) -lt 6 ] || fail "tandemrun waited for its own --elastic-timeout after the last process gave up"
   ;;
 batch)
   start "$work/out" --min-np 2 --max-np 4 -np 4 --max-restarts 0 "$GPT" $TINY --steps 100000 --micro-batch 2
