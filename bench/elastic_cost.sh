@@ -11,6 +11,11 @@
 # load average. Writes bench/results/elastic-cost-<date>.md.
 #
 #   bench/elastic_cost.sh [ROUNDS] [STEPS]       (default 3 rounds of 30 steps)
+#   DETONLY=1 bench/elastic_cost.sh ...         "on" is deterministic reduction
+#                                               alone (tandemrun -np 4, config
+#                                               "deterministic_reduction": true,
+#                                               not elastic): its share of the
+#                                               cost; writes ...-detonly.md
 set -u
 cd "$(dirname "$0")/.."
 rounds=${1:-3}
@@ -18,7 +23,7 @@ steps=${2:-30}
 B=${BUILD:-build}
 RUN="$B/bin/tandemrun"
 GPT="$B/bin/train-gpt"
-out=bench/results/elastic-cost-$(date -u +%Y-%m-%d).md
+out=bench/results/elastic-cost-$(date -u +%Y-%m-%d)$([ "${DETONLY:-0}" = 1 ] && echo -detonly).md
 tmp=$(mktemp -d /tmp/tandem-el2-cost-XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 export TANDEM_PROGRESS=off
@@ -30,7 +35,12 @@ for r in $(seq 1 "$rounds"); do
     if [ $((r % 2)) = 1 ]; then modes="off on"; else modes="on off"; fi
     for mode in $modes; do
       if [ $mode = on ]; then launch="--min-np 4 --max-np 4 -np 4"; else launch="-np 4"; fi
-      /usr/bin/time -f "%e %U %S" -o "$tmp/time" "$RUN" $launch "$GPT" $args --zero-stage $stage >"$tmp/out" 2>"$tmp/err" ||
+      extra=
+      if [ "${DETONLY:-0}" = 1 ] && [ $mode = on ]; then
+        echo '{"deterministic_reduction": true}' >"$tmp/det.json"
+        launch="-np 4" extra="--config $tmp/det.json"
+      fi
+      /usr/bin/time -f "%e %U %S" -o "$tmp/time" "$RUN" $launch "$GPT" $args $extra --zero-stage $stage >"$tmp/out" 2>"$tmp/err" ||
         { tail -20 "$tmp/err"; echo "run failed: stage $stage elastic $mode" >&2; exit 1; }
       tps=$(sed -n 's/.*: final_loss=[^ ]* tokens_per_s=\([0-9.]*\).*/\1/p' "$tmp/out" | head -1)
       read -r wall user sys <"$tmp/time"
@@ -44,7 +54,7 @@ med() { sort -n | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] +
 {
   echo "# Elastic training: steady-state cost ($(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD))"
   echo
-  echo "\`bench/elastic_cost.sh $rounds $steps\`: GPT reference configuration, 4 ranks on this host (2 cores), $steps steps,"
+  echo "\`DETONLY=${DETONLY:-0} bench/elastic_cost.sh $rounds $steps\`: GPT reference configuration, 4 ranks on this host (2 cores), $steps steps,"
   echo "$rounds interleaved rounds, medians. Load average before: $load0; after: $load1."
   echo
   echo "| ZeRO stage | tokens/s off | tokens/s elastic | ratio (target >= 0.95) | CPU s/rank off | CPU s/rank elastic | CPU ratio |"
