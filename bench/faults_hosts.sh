@@ -96,6 +96,7 @@ start_job() { # OUTFILE TANDEMRUN-ARGS...
   local file=$1
   shift
   rm -f "$file.rc"
+  : >"$file" # now: a previous job's output must not be read as this one's
   netns_spawn l setsid bash -c '"$@" 2>&1 | /usr/bin/python3 -u "'"$work/stamp.py"'" >"'"$file"'"; echo "${PIPESTATUS[0]}" >"'"$file.rc"'"' _ "$@"
   job=$NETNS_PID
 }
@@ -300,12 +301,16 @@ for ((f = 0; f < FAULTS && hangs == 0 && ended == 0; f++)); do
   esac
   # The next completed step and the steps lost.
   if [ $new_epoch = 1 ]; then
-    line=$(tail -n +$((n_lines + 1)) "$out" | grep "elastic epoch $((e0 + 1)):" | head -1)
+    # The next step is searched after the new epoch's line: a step line
+    # of the lost rank 0, printed before it died, may reach the output
+    # after the fault (that step is redone by the new epoch).
+    ep_n=$(( n_lines + $(tail -n +$((n_lines + 1)) "$out" | grep -n "elastic epoch $((e0 + 1)):" | head -1 | cut -d: -f1) ))
+    line=$(sed -n "${ep_n}p" "$out")
     from=$(echo "$line" | sed -n 's/.* from step \([0-9]*\).*/\1/p')
     want=$([ $kind = grow ] && echo "world 4" || echo "loss")
-    wait_for "train-gpt: step $((from + 1)) loss" "$HANG_S" "$n_lines" || { [ $? = 1 ] && hangs=$((hangs + 1)); break; }
-    t_next=$(tail -n +$((n_lines + 1)) "$out" | awk -v s=$((from + 1)) -v w="$want" '$0 ~ "train-gpt: step " s " loss" && index($0, w) { print $1; exit }')
-    [ -z "$t_next" ] && t_next=$(tail -n +$((n_lines + 1)) "$out" | awk -v s=$((from + 1)) '$0 ~ "train-gpt: step " s " loss" { print $1; exit }')
+    wait_for "train-gpt: step $((from + 1)) loss" "$HANG_S" "$ep_n" || { [ $? = 1 ] && hangs=$((hangs + 1)); break; }
+    t_next=$(tail -n +$((ep_n + 1)) "$out" | awk -v s=$((from + 1)) -v w="$want" '$0 ~ "train-gpt: step " s " loss" && index($0, w) { print $1; exit }')
+    [ -z "$t_next" ] && t_next=$(tail -n +$((ep_n + 1)) "$out" | awk -v s=$((from + 1)) '$0 ~ "train-gpt: step " s " loss" { print $1; exit }')
     lost=$(( before > from ? before - from : 0 ))
   else
     from=$before
