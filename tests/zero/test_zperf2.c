@@ -20,6 +20,15 @@
  *       bit. Then the case the cap once broke: a range fetched inside a
  *       larger cached one, whose prefetch needs room: the larger range is
  *       in use and must stay (it was evicted, and the model read zeros).
+ *   test_zperf2 nested
+ *       Stage 3's fetch cache gives back a released range whose span holds
+ *       other live ranges: their pages must stay, whatever the order of the
+ *       live list (two nested ranges, the higher one first, once lost the
+ *       lower one's pages, which read zeros). Two ranges in each rank's
+ *       shard span, disjoint or overlapping, fetched in every order, then
+ *       the whole arena fetched around them and evicted: every rank reads
+ *       the nested ranges equal to stage 0's parameters, and the pages
+ *       outside the shard and the live ranges were given back (mincore).
  *   test_zperf2 estimate
  *       The estimate (td_trainer_estimate_memory) against the model-state
  *       bytes a rank measures, at stages 2 and 3 on huge-page granules (a
@@ -306,6 +315,99 @@ static void run_maxlive(td_comm *comm) {
   if (rank == 0) printf("OK: stage3_max_live_parameters bounds the cache on %d ranks\n", world);
 }
 
+/* ---- nested ---- */
+
+/* Range k of the four nested ranges in one trial: two in each rank's shard
+ * span (so each rank has some outside its own shard, whose pages a release
+ * gives back), disjoint or overlapping each other. */
+static void nested_range(const td_trainer *t, int overlap, int k, size_t *lo, size_t *hi) {
+  size_t off, len;
+  td_shard_range(t->n_params, t->world, k / 2 % t->world, &off, &len);
+  size_t e = len / 8;
+  size_t a = k % 2 ? (overlap ? 3 : 5) : 1;
+  *lo = off + a * e;
+  *hi = off + (a + (overlap ? 3 : 1)) * e;
+}
+
+/* Nested ranges from..3 of a trial hold stage 0's parameters `ref`. */
+static void nested_check(const td_trainer *t3, const float *ref, int overlap, int from, const int order[4],
+                         const char *released) {
+  for (int k = from; k < 4; k++) {
+    size_t lo, hi;
+    nested_range(t3, overlap, k, &lo, &hi);
+    for (size_t i = lo; i < hi; i++)
+      if (memcmp(&t3->params[i], &ref[i], sizeof(float)) != 0)
+        td_test_fail(__FILE__, __LINE__, "rank %d, %s ranges, fetch order %d%d%d%d: parameter %zu of nested range "
+                     "[%zu, %zu) is %.9g, not %.9g: its pages were given back with %s", t3->rank,
+                     overlap ? "overlapping" : "disjoint", order[0], order[1], order[2], order[3], i, lo, hi,
+                     t3->params[i], ref[i], released);
+  }
+}
+
+static void run_nested(td_comm *comm) {
+  int world = td_comm_size(comm), rank = td_comm_rank(comm);
+  CHECK(world >= 2); /* one rank keeps its whole arena: nothing is given back */
+  td_dataset *ds = text_dataset();
+  td_model *m0 = gpt(4, 48, 4), *m3 = gpt(4, 48, 4);
+  td_train_config c;
+  config(&c, world, 1, 0);
+  td_trainer *t0 = NULL, *t3 = NULL;
+  CHECK_OK(td_trainer_create(&c, m0, ds, comm, &t0));
+  config(&c, world, 1, 3);
+  c.stage3_max_live_parameters = 1; /* a released range is given back at once */
+  c.stage3_param_persistence_threshold = 0;
+  CHECK_OK(td_trainer_create(&c, m3, ds, comm, &t3));
+  const float *ref = td_trainer_params(t0);
+  const td_param_access *pa = &t3->zero->access;
+  size_t n = t3->n_params, page_floats = zero_page_bytes() / sizeof(float);
+  CHECK(n / world / 8 >= 2 * page_floats); /* each nested range spans whole pages */
+  long trials = 0;
+  for (int overlap = 0; overlap < 2; overlap++)
+    for (int perm = 0; perm < 24; perm++) { /* every fetch order of the four */
+      int order[4] = {0, 1, 2, 3}, left = perm;
+      for (int i = 0; i < 4; i++) { /* perm in the factorial base picks the order */
+        int j = i + left % (4 - i);
+        left /= 4 - i;
+        int tmp = order[i];
+        order[i] = order[j];
+        order[j] = tmp;
+      }
+      for (int i = 0; i < 4; i++) {
+        size_t lo, hi;
+        nested_range(t3, overlap, order[i], &lo, &hi);
+        pa->fetch(pa->ctx, lo, hi - lo, 0, 0);
+      }
+      CHECK_EQ_INT(t3->zero->n_live, 4);
+      pa->fetch(pa->ctx, 0, n, 0, 0); /* around them all: a live range of its own */
+      CHECK_EQ_INT(t3->zero->n_live, 5);
+      pa->release(pa->ctx, 0, n); /* over the cap: given back, the nested four in use */
+      CHECK_EQ_INT(t3->zero->n_live, 4);
+      CHECK(t3->zero->status == TD_OK);
+      nested_check(t3, ref, overlap, 0, order, "the range around them");
+      size_t resident = resident_outside_shard(t3, page_floats);
+      size_t bound = t3->zero->live_floats + (size_t)(2 * t3->zero->n_live + 2) * page_floats;
+      if (resident > bound)
+        td_test_fail(__FILE__, __LINE__, "rank %d: %zu floats resident outside the shard, nested ranges %zu (+ "
+                     "edges: %zu): the range around them was not given back", rank, resident,
+                     t3->zero->live_floats, bound);
+      for (int k = 0; k < 4; k++) { /* each given back in turn: the others, overlapping or not, stay */
+        size_t lo, hi;
+        nested_range(t3, overlap, k, &lo, &hi);
+        pa->release(pa->ctx, lo, hi - lo);
+        nested_check(t3, ref, overlap, k + 1, order, "another nested range");
+      }
+      CHECK_EQ_INT(t3->zero->n_live, 0);
+      zero_fetch_reset(t3);
+      trials++;
+    }
+  td_trainer_destroy(t3);
+  td_trainer_destroy(t0);
+  td_model_destroy(m3);
+  td_model_destroy(m0);
+  td_dataset_destroy(ds);
+  if (rank == 0) printf("OK: %ld fetch orders of nested ranges kept their pages on %d ranks\n", trials, world);
+}
+
 /* ---- estimate ---- */
 
 static int thp_on(void) {
@@ -396,14 +498,15 @@ static void run_kill(td_comm *comm) {
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   if (argc < 2 || (strcmp(argv[1], "keep") != 0 && strcmp(argv[1], "maxlive") != 0 && strcmp(argv[1], "kill") != 0 &&
-                    strcmp(argv[1], "estimate") != 0)) {
-    fprintf(stderr, "usage: %s keep | maxlive | estimate | kill\n", argv[0]);
+                    strcmp(argv[1], "estimate") != 0 && strcmp(argv[1], "nested") != 0)) {
+    fprintf(stderr, "usage: %s keep | maxlive | nested | estimate | kill\n", argv[0]);
     return 2;
   }
   td_comm *comm = NULL;
   CHECK_OK(td_comm_init(&comm));
   if (strcmp(argv[1], "keep") == 0) run_keep(comm);
   else if (strcmp(argv[1], "maxlive") == 0) run_maxlive(comm);
+  else if (strcmp(argv[1], "nested") == 0) run_nested(comm);
   else if (strcmp(argv[1], "estimate") == 0) run_estimate(comm);
   else run_kill(comm);
   CHECK_OK(td_comm_finalize(comm));

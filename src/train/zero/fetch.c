@@ -146,26 +146,30 @@ static void drop_live(td_trainer *t, zero_live *l) {
   size_t lo = l->lo, hi = l->hi;
   z->live_floats -= hi - lo;
   *l = z->live[--z->n_live];
-  /* Give the pages back, but not those of another live range overlapping
-   * this one (the tied head's wte inside the embeddings). The range is
+  /* Give the pages back, but not those of the other live ranges overlapping
+   * this one (the tied head's wte inside the embeddings): the span minus
+   * their union, walked in address order (the live list is in no order:
+   * taking its entries as they came, a range nested in the middle released
+   * everything below it, another live range there included). The span is
    * widened to whole granules first: a granule shared with a neighbour that
-   * is not live goes too (releases round inward: pages.c), one the
-   * neighbour still uses is cut off below. */
+   * is not live goes too (releases round inward: pages.c), one a live range
+   * still uses is cut off below. The live list is short (a few ranges). */
   size_t g = z->params_kind == ZERO_MEM_MAPPED ? z->granule_floats : z->page_floats;
   lo = lo / g * g;
   hi = TD_MIN((hi + g - 1) / g * g, t->n_params);
-  size_t cut_lo = lo, cut_hi = hi;
-  for (int i = 0; i < z->n_live; i++) {
-    const zero_live *o = &z->live[i];
-    if (o->hi <= lo || o->lo >= hi) continue;
-    if (o->lo <= cut_lo) cut_lo = TD_MAX(cut_lo, o->hi);
-    if (o->hi >= cut_hi) cut_hi = TD_MIN(cut_hi, o->lo);
-    if (o->lo > cut_lo && o->hi < cut_hi) { /* in the middle: keep both sides' pages */
-      zero_release(t, t->params, cut_lo, o->lo);
-      cut_lo = o->hi;
+  for (size_t at = lo; at < hi;) {
+    const zero_live *next = NULL; /* the lowest-starting live range still ahead of `at` */
+    for (int i = 0; i < z->n_live; i++) {
+      const zero_live *o = &z->live[i];
+      if (o->hi > at && o->lo < hi && (!next || o->lo < next->lo)) next = o;
     }
+    if (!next) {
+      zero_release(t, t->params, at, hi);
+      break;
+    }
+    if (next->lo > at) zero_release(t, t->params, at, next->lo);
+    at = next->hi; /* > at: every turn moves on */
   }
-  if (cut_hi > cut_lo) zero_release(t, t->params, cut_lo, cut_hi);
 }
 
 /* Give back cached ranges (released by the model, not persistent, not in
