@@ -26,13 +26,17 @@ static inline float *td_test_rand_buf(uint64_t *state, size_t n, float scale) {
   return p;
 }
 
-/* Print a failure with context and exit the test process. */
 /* The training tests' synthetic next-byte dataset (text_dataset.c): sample i
  * is seq + 1 bytes of text at ((i*seq + j) * mul) mod strlen(text); every
  * delivery fails while *fault (may be NULL) is non-zero. */
 struct td_dataset;
 struct td_dataset *td_test_text_dataset(const char *text, size_t mul, size_t seq, size_t n_samples,
                                         const int *fault);
+/* A byte-vocabulary GPT with tied embeddings for those samples (exits on error). */
+struct td_model;
+struct td_model *td_test_byte_gpt(int layers, int channels, int heads, int seq);
+
+/* Print a failure with context and exit the test process. */
 
 void td_test_fail(const char *file, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4), noreturn));
 

@@ -42,3 +42,10 @@ td_dataset *td_test_text_dataset(const char *text, size_t mul, size_t seq, size_
                      .get = text_get, .destroy = text_destroy, .impl = t};
   return ds;
 }
+
+td_model *td_test_byte_gpt(int layers, int channels, int heads, int seq) {
+  td_gpt_config c = {.vocab = 256, .layers = layers, .channels = channels, .heads = heads, .seq = seq, .tied = 1};
+  td_model *m = NULL;
+  CHECK_OK(td_gpt_create(&c, &m));
+  return m;
+}

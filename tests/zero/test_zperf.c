@@ -44,12 +44,7 @@ static td_dataset *text_dataset(void) {
   return td_test_text_dataset("pack my box with five dozen liquor jugs! ", 5, T_SEQ, 120, NULL);
 }
 
-static td_model *gpt(int layers, int channels, int heads) {
-  td_gpt_config c = {.vocab = 256, .layers = layers, .channels = channels, .heads = heads, .seq = T_SEQ, .tied = 1};
-  td_model *m = NULL;
-  CHECK_OK(td_gpt_create(&c, &m));
-  return m;
-}
+static td_model *gpt(int layers, int channels, int heads) { return td_test_byte_gpt(layers, channels, heads, T_SEQ); }
 
 static void config(td_train_config *c, int world, int stage) {
   td_train_config_defaults(c);
