@@ -2,6 +2,7 @@
 #include "check.h"
 
 #include <stdarg.h>
+#include <sys/resource.h>
 
 void td_test_fail(const char *file, int line, const char *fmt, ...) {
   const char *rank = getenv("TANDEM_RANK");
@@ -13,4 +14,19 @@ void td_test_fail(const char *file, int line, const char *fmt, ...) {
   fputc('\n', stderr);
   fflush(stderr);
   exit(1);
+}
+
+int td_test_thp_on(void) {
+  FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+  if (!f) return 0;
+  char line[128] = {0};
+  int on = fgets(line, sizeof line, f) && (strstr(line, "[always]") || strstr(line, "[madvise]"));
+  fclose(f);
+  return on;
+}
+
+long td_test_minor_faults(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_minflt;
 }

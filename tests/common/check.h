@@ -36,6 +36,12 @@ struct td_dataset *td_test_text_dataset(const char *text, size_t mul, size_t seq
 struct td_model;
 struct td_model *td_test_byte_gpt(int layers, int channels, int heads, int seq);
 
+/* Whether the kernel gives transparent huge pages to madvise'd or all
+ * mappings, read from /sys independently of the library's pages.c. */
+int td_test_thp_on(void);
+/* This process's minor page faults so far (getrusage). */
+long td_test_minor_faults(void);
+
 /* Print a failure with context and exit the test process. */
 
 void td_test_fail(const char *file, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4), noreturn));

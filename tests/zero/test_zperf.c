@@ -64,22 +64,6 @@ static void config(td_train_config *c, int world, int stage) {
   c->stage3_param_persistence_threshold = 0;
 }
 
-/* THP as the kernel reports it, read independently of pages.c */
-static int thp_on(void) {
-  FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
-  if (!f) return 0;
-  char line[128] = {0};
-  int on = fgets(line, sizeof line, f) && (strstr(line, "[always]") || strstr(line, "[madvise]"));
-  fclose(f);
-  return on;
-}
-
-static long minor_faults(void) {
-  struct rusage ru;
-  getrusage(RUSAGE_SELF, &ru);
-  return ru.ru_minflt;
-}
-
 static void run_huge(td_comm *comm) {
   int world = td_comm_size(comm), rank = td_comm_rank(comm);
   const int stages[3] = {0, 2, 3};
@@ -95,16 +79,16 @@ static void run_huge(td_comm *comm) {
   size_t n = td_trainer_n_params(tr[0]), off, shard;
   td_shard_range(n, world, rank, &off, &shard);
   size_t psi = n * 4, sh = shard * 4, outside_pages = (psi - sh) / 4096;
-  const int huge = thp_on() && world > 1;
+  const int huge = td_test_thp_on() && world > 1;
   if (huge)
     for (int i = 1; i < 3; i++) CHECK_EQ_INT(tr[i]->zero->granule_floats * sizeof(float), (size_t)2 << 20);
   long faults[3] = {0};
   for (int step = 1; step <= STEPS; step++) {
     td_step_stats st[3];
     for (int i = 0; i < 3; i++) {
-      long f0 = minor_faults();
+      long f0 = td_test_minor_faults();
       CHECK_OK(td_trainer_step(tr[i], &st[i]));
-      if (step >= 3) faults[i] += minor_faults() - f0; /* steady state: steps 3.. */
+      if (step >= 3) faults[i] += td_test_minor_faults() - f0; /* steady state: steps 3.. */
     }
     CHECK_OK(td_trainer_gather_params(tr[2]));
     for (int i = 1; i < 3; i++) {
@@ -166,13 +150,13 @@ static void run_units(void) {
   CHECK_EQ_INT(g, zero_page_bytes());
   setenv("TANDEM_ZERO_HUGE_PAGES", "auto", 1);
   CHECK_OK(zero_granule_bytes((size_t)1 << 30, 2, &g));
-  CHECK_EQ_INT(g, thp_on() ? (size_t)2 << 20 : zero_page_bytes());
+  CHECK_EQ_INT(g, td_test_thp_on() ? (size_t)2 << 20 : zero_page_bytes());
   CHECK_OK(zero_granule_bytes((size_t)1 << 30, 1, &g)); /* one rank gives nothing back */
   CHECK_EQ_INT(g, zero_page_bytes());
   CHECK_OK(zero_granule_bytes((1u << 21) - 2, 2, &g)); /* shards just under two huge pages */
   CHECK_EQ_INT(g, zero_page_bytes());
   CHECK_OK(zero_granule_bytes(1u << 21, 2, &g)); /* exactly two */
-  CHECK_EQ_INT(g, thp_on() ? (size_t)2 << 20 : zero_page_bytes());
+  CHECK_EQ_INT(g, td_test_thp_on() ? (size_t)2 << 20 : zero_page_bytes());
   CHECK_OK(td_trainer_create(&c, m, ds, NULL, &t));
   CHECK_OK(td_trainer_step(t, NULL));
   td_trainer_destroy(t);
@@ -180,15 +164,15 @@ static void run_units(void) {
   for (int off = 1; off >= 0; off--) { /* off first: nothing freed yet that the allocator could hand back touched */
     setenv("TANDEM_ZERO_HUGE_PAGES", off ? "off" : "auto", 1);
     float *st = NULL;
-    long f0 = minor_faults();
+    long f0 = td_test_minor_faults();
     CHECK_OK(zero_state_alloc(state_floats, &st));
-    long faults = minor_faults() - f0;
+    long faults = td_test_minor_faults() - f0;
     for (size_t i = 0; i < state_floats; i += 4099) CHECK(st[i] == 0.0f);
     printf("optimizer-state shard of 8 MiB, TANDEM_ZERO_HUGE_PAGES=%s: %ld page faults\n", off ? "off" : "auto",
            faults);
     if (off) CHECK(faults >= 1024);
 #ifndef __SANITIZE_ADDRESS__ /* ASan's allocator serves it from its own regions, on 4 KiB pages */
-    else if (thp_on()) CHECK(faults < 512);
+    else if (td_test_thp_on()) CHECK(faults < 512);
 #endif
     td_free(st);
   }

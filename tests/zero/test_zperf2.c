@@ -80,12 +80,6 @@ static void config(td_train_config *c, int world, int accum, int stage) {
   c->zero_stage = stage;
 }
 
-static long minor_faults(void) {
-  struct rusage ru;
-  getrusage(RUSAGE_SELF, &ru);
-  return ru.ru_minflt;
-}
-
 static void same_step(const td_trainer *a, const td_step_stats *sa, const td_trainer *b, const td_step_stats *sb,
                       int rank, int step, const char *what) {
   if (memcmp(&sa->loss, &sb->loss, sizeof(double)) != 0 || memcmp(&sa->grad_norm, &sb->grad_norm, sizeof(double)) != 0)
@@ -117,9 +111,9 @@ static void run_keep(td_comm *comm) {
   for (int step = 1; step <= steps; step++) {
     td_step_stats st[3];
     for (int i = 0; i < 3; i++) {
-      long f0 = minor_faults();
+      long f0 = td_test_minor_faults();
       CHECK_OK(td_trainer_step(tr[i], &st[i]));
-      if (step >= 3) faults[i] += minor_faults() - f0;
+      if (step >= 3) faults[i] += td_test_minor_faults() - f0;
     }
     same_step(tr[0], &st[0], tr[1], &st[1], rank, step, "stage 2 keeping its gradients");
   }
@@ -405,20 +399,11 @@ static void run_nested(td_comm *comm) {
 
 /* ---- estimate ---- */
 
-static int thp_on(void) {
-  FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
-  if (!f) return 0;
-  char line[128] = {0};
-  int on = fgets(line, sizeof line, f) && (strstr(line, "[always]") || strstr(line, "[madvise]"));
-  fclose(f);
-  return on;
-}
-
 enum { EST_LAYERS = 8, EST_C = 512 };
 
 static void run_estimate(td_comm *comm) {
   int world = td_comm_size(comm), rank = td_comm_rank(comm);
-  if (!thp_on()) {
+  if (!td_test_thp_on()) {
     if (rank == 0) printf("SKIPPED: no transparent huge pages here\n");
     return;
   }
