@@ -214,24 +214,25 @@ below)
   below_line="tandemrun: only [01] process(es)? left, below --min-np 2"
   ours="$below_line, for 2 s \(--elastic-timeout\): stopping the job"
   theirs="$below_line: the last one exited \(a survivor gives up after --elastic-timeout 2 s below --min-np, by its own clock\): stopping the job"
-  start "$work/out" --min-np 2 --max-np 2 -np 2 --max-restarts 0 --elastic-timeout 2 "$GPT" $TINY --steps 100000 --micro-batch 3
-  wait_for "$work/out" "step 20 loss"
-  t0=$(date +%s)
-  kill -9 "$(pid_of "$work/out" 1)"
-  finish 1 "$work/out"
-  grep -v "step [0-9]* loss" "$work/out"
+  # A 2-process job at --min-np 2 (tandemrun's --elastic-timeout $1, program
+  # $2) loses process 1; the job must end with exit 1. t0: the kill.
+  kill_below() {
+    start "$work/out" --min-np 2 --max-np 2 -np 2 --max-restarts 0 --elastic-timeout "$1" "$2" $TINY --steps 100000 \
+      --micro-batch 3
+    wait_for "$work/out" "step 20 loss"
+    t0=$(date +%s)
+    kill -9 "$(pid_of "$work/out" 1)"
+    finish 1 "$work/out"
+    grep -v "step [0-9]* loss" "$work/out"
+  }
+  kill_below 2 "$GPT"
   grep -Eq "$ours|$theirs" "$work/out" || fail "no clear below --min-np message"
   [ $(( $(date +%s) - t0 )) -lt 20 ] || fail "took more than 20 s to stop"
   # The survivor's clock first, for certain: its timeout is 2 s (the
   # workers' environment wins over tandemrun's), tandemrun's 6 s.
   printf '#!/bin/sh\nTANDEM_ELASTIC_TIMEOUT=2 exec %s "$@"\n' "$GPT" >"$work/gpt2"
   chmod +x "$work/gpt2"
-  start "$work/out" --min-np 2 --max-np 2 -np 2 --max-restarts 0 --elastic-timeout 6 "$work/gpt2" $TINY --steps 100000 --micro-batch 3
-  wait_for "$work/out" "step 20 loss"
-  t0=$(date +%s)
-  kill -9 "$(pid_of "$work/out" 1)"
-  finish 1 "$work/out"
-  grep -v "step [0-9]* loss" "$work/out"
+  kill_below 6 "$work/gpt2"
   grep -q "elastic: only 1 process joined epoch 2 within 2 s (TANDEM_ELASTIC_TIMEOUT)" "$work/out" || fail "the survivor did not give up by its own clock"
   grep -Eq "${theirs/--elastic-timeout 2 s/--elastic-timeout 6 s}" "$work/out" || fail "no below --min-np line after the survivor gave up first"
   grep -q "every process of the elastic job failed" "$work/out" && fail "reported as every process failed"
