@@ -282,7 +282,7 @@ static td_status shm_try_recv(transport *xt, int peer, void *buf, size_t len, si
   return TD_OK;
 }
 
-/* try_recv without consuming: for the stuck-operation diagnosis in p2p.c. */
+/* try_recv without consuming: for the stuck-operation diagnosis in p2p/p2p.c. */
 static td_status shm_try_peek(transport *xt, int peer, void *buf, size_t len, size_t *got) {
   shm_transport *t = (shm_transport *)xt;
   *got = 0;
@@ -491,7 +491,7 @@ td_status shm_transport_create(td_comm *comm, transport **out) {
                               SHM_LINE);
     if (t->chunk_bytes > t->slot_bytes) t->chunk_bytes = t->slot_bytes;
     /* The segment grows as n^2 FIFOs and 2n slots: with each size capped
-     * (tunables.c) only the rank count can make it overflow; check. */
+     * (core/tunables.c) only the rank count can make it overflow; check. */
     size_t fifos, fifo_total, slots, layout_total;
     if (__builtin_mul_overflow((size_t)t->n, (size_t)(t->n - 1), &fifos) ||
         __builtin_mul_overflow(fifos, t->fifo_bytes + sizeof(shm_fifo) + SHM_LINE, &fifo_total) ||
