@@ -1,7 +1,9 @@
-/* The shared-memory transport (shm_transport.c: the vtable; shm_sync.c:
- * the collective primitives; shm_xmap.c: mapping peers' host-shared
- * buffers), for itself, the communicator's lifecycle (the constructor) and
- * the *_shm algorithms (the primitives and the segment layout).
+/* The shared-memory transport, for itself, the communicator's lifecycle
+ * (the constructor) and the *_shm algorithms (the primitives and the
+ * segment layout). Its files, bottom to top: shm_wait.c (shm_of, waiting,
+ * failure checks), shm_sync.c (the collective primitives), shm_xmap.c
+ * (mapping peers' host-shared buffers), shm_transport.c (the vtable and
+ * the segment's creation).
  *
  * One segment per communicator, created by rank 0 and unlinked as soon as
  * every rank has mapped it (a killed job leaves nothing in /dev/shm):
@@ -126,7 +128,9 @@ typedef struct shm_transport {
   int live_cursor;      /* the rank the next dead-peer check of a sync starts at */
 } shm_transport;
 
-/* The shm transport of comm (NULL if comm does not use it). */
+/* shm_wait.c: the shm transport of comm (NULL if comm does not use it),
+ * recognized by its vtable's name pointing at shm_transport_name. */
+extern const char shm_transport_name[];
 shm_transport *shm_of(const td_comm *comm);
 
 /* Bytes per pipeline chunk for the large-message algorithms (<= slot). */
@@ -166,7 +170,8 @@ void shm_xmap_setup_done(shm_transport *t);
  * which saves the read-for-ownership of every destination line). */
 void shm_copy(void *dst, const void *src, size_t bytes, bool stream);
 
-/* Internals shared by shm_transport.c and shm_sync.c. */
+/* shm_wait.c: doorbells, spinning, sleeping and failure checks, for the
+ * other files of the transport. */
 void shm_ring(shm_transport *t, int peer);
 typedef bool (*shm_ready_fn)(shm_transport *t, const void *arg);
 bool shm_spin(shm_transport *t, shm_ready_fn ready, const void *arg);
