@@ -148,10 +148,6 @@ static inline void transport_test_gate(void) {
   (void)n;
 }
 
-/* ---- the communicator ---- */
-
-typedef struct comm_request_queue comm_request_queue; /* progress/progress.c */
-
 /* ---- tunables (core/tunables.c) ----
  * Every TANDEM_* setting the layer uses, read and checked once when a
  * communicator is created. Unset byte sizes are COMM_TUN_UNSET and unset spin
@@ -187,6 +183,10 @@ typedef struct comm_tunables {
 td_status comm_tunables_read(const td_comm_config *config, comm_tunables *t);
 static inline size_t comm_tun_bytes(size_t value, size_t dflt) { return value == COMM_TUN_UNSET ? dflt : value; }
 static inline double comm_tun_spin_us(double value, double dflt) { return value < 0 ? dflt : value; }
+
+/* ---- the communicator ---- */
+
+typedef struct comm_request_queue comm_request_queue; /* progress/progress.c */
 
 struct td_comm {
   int rank, size;
@@ -244,6 +244,8 @@ struct td_comm {
   bool (*abandon_fn)(void *ctx, char *why, size_t why_size);
   void *abandon_ctx;
 };
+
+/* ---- failure (core/failure.c) ---- */
 
 /* Record the sticky error (first call wins; later calls return the first
  * status), log it at error level, and notify peers via the transport. Returns
