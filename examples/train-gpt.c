@@ -52,6 +52,8 @@ static void usage(void) {
       "  --save DIR         write a checkpoint to DIR at the end (and every --save-every steps)\n"
       "  --save-every N     checkpoint period in steps (needs --save)\n"
       "  --resume DIR       continue from the checkpoint in DIR (its 'latest', or a step-N dir)\n"
+      "  --allow-batch-size-change  resume a checkpoint saved with another global batch\n"
+      "                     (refused otherwise; config key checkpoint.allow_batch_size_change)\n"
       "  --keep-last K      keep only the K newest checkpoints in the --save DIR (default: all)\n"
       "  --sample N         bytes of text to generate at the end (default %d; 0: none)\n"
       "  --zero-stage S     ZeRO: 0 none (default), 1 shard optimizer state, 2 + gradients,\n"

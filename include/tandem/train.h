@@ -171,6 +171,11 @@ typedef struct td_train_config {
    * otherwise (default); 0: off (refused under elastic training); 1: on. */
   int deterministic_reduction;
   long deterministic_unit; /* samples per unit of the canonical sum (0: the default, README) */
+  /* td_trainer_resume refuses a checkpoint saved with another global batch
+   * (train_batch_size), naming both: the schedule, the data order and the
+   * loss scale of the saved run assume its batch. 1: load it anyway
+   * (checkpoint.allow_batch_size_change; default 0). */
+  int allow_batch_size_change;
 } td_train_config;
 
 /* DeepSpeed's elastic batch choice (v0.1, deepspeed.elasticity): the
@@ -200,7 +205,7 @@ void td_train_config_defaults(td_train_config *cfg);
  *   scheduler: {type: "WarmupLR"|"WarmupCosineLR"|"WarmupDecayLR"|"Constant",
  *               params: {warmup_num_steps, total_num_steps, warmup_min_lr,
  *                        warmup_max_lr, warmup_min_ratio, cos_min_ratio}},
- *   checkpoint: {save_dir, save_every, keep_last},
+ *   checkpoint: {save_dir, save_every, keep_last, allow_batch_size_change},
  *   zero_optimization: {stage: 0-3, stage3_prefetch_bucket_size,
  *               stage3_max_live_parameters, stage3_param_persistence_threshold
  *               (DeepSpeed's other keys of the section are accepted, unused)};
