@@ -66,7 +66,7 @@ static void usage(void) {
       "                     read per layer ahead of use (zero_optimization.offload_param)\n"
       "  --sub-group-size N optimizer tile in parameters for offload (default 1e9)\n"
       "  --elastic          elastic training (implied under tandemrun --min-np/--max-np): survive lost\n"
-      "                     ranks, admit new ones, keep the global batch (README, Elastic training)\n"
+      "                     ranks, admit new ones, keep the global batch (docs/elastic.md)\n"
       "  --help             this text\n"
       "\n"
       "Environment: TANDEM_PROGRESS=auto|live|plain|off, TANDEM_TIMELINE=FILE (Chrome trace),\n"
