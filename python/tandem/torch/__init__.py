@@ -4,7 +4,7 @@ A Horovod PyTorch script runs after changing its import:
     import tandem.torch as hvd
 Tensors are CPU tensors (Tandem is a CPU runtime: nccl_built() is False).
 Importing this module also registers the "tandem" torch.distributed backend
-when the c10d extension was built (see README)."""
+when the c10d extension was built (docs/python.md)."""
 import os as _os
 
 import tandem as _tandem_core
