@@ -19,6 +19,7 @@ from .ops import (Sum, Average, Min, Max, Product, Adasum, allreduce, allreduce_
                   remove_process_set)
 from .optimizer import DistributedOptimizer
 from .functions import broadcast_parameters, broadcast_optimizer_state, broadcast_object, allgather_object
+from .sync_batch_norm import SyncBatchNorm
 
 HorovodInternalError = TandemError  # what Horovod scripts catch
 
