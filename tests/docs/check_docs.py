@@ -6,6 +6,7 @@ them, and compared with the reference tables of docs/ in both directions
 (in the code but not documented; documented but gone from the code):
 
   TANDEM_* variables  string literals of src/, include/, tools/, examples/,
+                      tests/cudaemu/*.cc (the CUDA emulator),
                       python/ (C, C++, Python) and $TANDEM_* in scripts/;
                       against the first column of docs/environment.md's
                       tables. Any TANDEM_* name anywhere in docs/ or
@@ -21,6 +22,9 @@ them, and compared with the reference tables of docs/ in both directions
                       commands, the Python examples' add_argument and
                       `--flag)` case patterns of scripts/*; against the
                       table that follows `<!-- flags: PROGRAM -->` in docs/.
+
+It also checks that every relative link of README.md and docs/ names a file
+that exists and, with #anchor, a heading of that file.
 
 Run from anywhere: python3 tests/docs/check_docs.py [REPO]. Prints what is
 missing where and exits 1, or prints a summary and exits 0.
@@ -85,7 +89,8 @@ def code_env_vars():
     found = {}
     for path in files(["src/**/*.c", "src/**/*.h", "src/**/*.cu", "src/**/*.cuh", "include/**/*.h", "tools/*.c",
                        "examples/**/*.c", "examples/**/*.h", "examples/**/*.py", "python/**/*.c",
-                       "python/**/*.cpp", "python/**/*.h", "python/**/*.py"]):
+                       "python/**/*.cpp", "python/**/*.h", "python/**/*.py",
+                       "tests/cudaemu/*.cc"]):
         text = read(path)
         if path.endswith(".py"):
             text = re.sub(r"(?m)^\s*#.*$", "", text)
@@ -242,7 +247,40 @@ def check_flags():
     return n
 
 
+# ---------------------------------------------------------------- links
+def anchors(path):
+    """GitHub's anchors for the headings of a markdown file."""
+    out = set()
+    in_code = False
+    for line in read(path).splitlines():
+        if line.startswith("```"):
+            in_code = not in_code
+        m = None if in_code else re.match(r"#{1,6}\s+(.*)", line)
+        if m:
+            text = re.sub(r"[^\w\- ]", "", m.group(1).strip().lower())
+            out.add(text.replace(" ", "-"))
+    return out
+
+
+def check_links():
+    n = 0
+    for path in files(["README.md", "docs/**/*.md"]):
+        text = re.sub(r"```.*?```", "", read(path), flags=re.S)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):
+                continue
+            n += 1
+            file_part, _, anchor = target.partition("#")
+            dest = os.path.normpath(os.path.join(os.path.dirname(path), file_part)) if file_part else path
+            if not os.path.exists(dest):
+                problems.append(f"{rel(path)}: the link ({target}) names {rel(dest)}, which does not exist")
+            elif anchor and dest.endswith(".md") and anchor not in anchors(dest):
+                problems.append(f"{rel(path)}: the link ({target}) names a heading that {rel(dest)} does not have")
+    return n
+
+
 def main():
+    n_links = check_links()
     n_env = check_env()
     n_keys = check_config()
     n_flags = check_flags()
@@ -255,7 +293,7 @@ def main():
         print(f"check_docs: {len(problems)} problem(s)")
         return 1
     print(f"check_docs: docs/ agrees with the code: {n_env} TANDEM_* variables, {n_keys} config keys, "
-          f"{n_flags} program flags and commands")
+          f"{n_flags} program flags and commands; {n_links} links resolve")
     return 0
 
 
