@@ -2,8 +2,9 @@
  * between hosts and, with TANDEM_TRANSPORT=tcp, on one host.
  *
  * Wiring (tcp_transport_create): every rank listens on an ephemeral port and
- * publishes "<prefix>/tcp/<rank>" = "address:port" in the store, reading all
- * of them back with one store_gather; rank i then
+ * publishes "<prefix>/tcp/<rank>" = "address:port <aes>" in the store (aes:
+ * 1 if its CPU runs AES-256-GCM), reading all of them back with one
+ * store_gather; rank i then
  * connects to every j < i and authenticates (net_auth_connect: its rank in
  * the hello, a MAC bound to the communicator and to j), and accepts one
  * connection from every j > i, checking the MAC (net_auth_accept) before
@@ -25,6 +26,12 @@
  * Afterwards the sockets are non-blocking with TCP_NODELAY and the socket
  * buffers of TANDEM_TCP_BUFFER_BYTES (at least 128 KiB); the framing engine
  * (p2p.c) drives them through try_send/try_recv/wait.
+ *
+ * Protected streams (TANDEM_TCP_PROTECT=integrity or encrypt; off by
+ * default, for its measured cost: docs/security.md): each connection's
+ * bytes travel as sealed records (stream.c) under keys derived from its
+ * handshake, so data altered, injected, replayed or dropped on the path
+ * fails the communicator naming the peer instead of reaching a sum.
  *
  * Failure: a rank that fails (comm_fail: mismatch, timeout, lost peer,
  * td_comm_abort) publishes its status and reason under "<prefix>/abort"
@@ -793,21 +800,11 @@ static void describe_missing(const tcp_transport *t, char *buf, size_t size) {
  * in the listen backlog while the first ones time out. */
 #define TCP_MAX_PENDING_AUTH 64
 
-/* How the connection with peer p is protected: TANDEM_TCP_PROTECT, or by
- * default (auto) integrity between hosts and nothing between two ranks of
- * one host (no network path to alter; the measured cost is in
- * docs/security.md). Both ends compute the same from the host table. */
-static net_protect_mode peer_protect(const tcp_transport *t, int p) {
-  const td_comm *comm = t->base.comm;
-  if (comm->tun.tcp_protect >= 0) return (net_protect_mode)comm->tun.tcp_protect;
-  return strcmp(td_comm_host(comm, p), td_comm_host(comm, t->rank)) ? NET_PROTECT_INTEGRITY : NET_PROTECT_OFF;
-}
-
 /* Right after peer p's handshake: its stream keys, from the session. The
  * cipher is AES-256-GCM when both CPUs run it, else ChaCha20-Poly1305. */
 static td_status setup_stream(tcp_transport *t, int p, const char *ctx, const net_auth_session *session,
                               bool connector) {
-  net_protect_mode mode = peer_protect(t, p);
+  net_protect_mode mode = (net_protect_mode)t->base.comm->tun.tcp_protect;
   if (mode == NET_PROTECT_OFF) return TD_OK;
   tcp_stream *s = calloc(1, sizeof *s);
   if (!s) return td_error(TD_ERR_SYSTEM, "tcp: out of memory for a protected stream");
