@@ -152,7 +152,7 @@ resize)
   read -r lout _ <<<"$(exact "$work/out")"
   [ -n "$lref" ] && [ -n "$lout" ] || fail "missing final loss"
   [ "$(losses "$work/out" | wc -l)" = 300 ] || fail "not every step was reported once the job resized"
-  # deterministic reduction (src/train/canonical/): every world size sums in one order
+  # deterministic reduction (src/train/deterministic/): every world size sums in one order
   diff <(losses "$work/ref") <(losses "$work/out") >"$work/diff" || { head "$work/diff"; fail "step losses differ"; }
   [ "$(exact "$work/ref")" = "$(exact "$work/out")" ] || fail "final loss or parameters differ: $(exact "$work/ref") vs $(exact "$work/out")"
   echo "resized 4 -> 3 -> 2 -> 4; 300 step losses and the parameters equal the fault-free run's: $(exact "$work/out")"
