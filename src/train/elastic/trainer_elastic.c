@@ -7,7 +7,6 @@
  * peers. Gradients are rebuilt by every step and are not state. Because the
  * sampler addresses samples by global stream position, a new world size
  * reads exactly the samples the old one would have (core/core.h). */
-#include "train/elastic/elastic_impl.h"
 #include "train/core/core.h"
 #include "train/zero/zero.h"
 #include "train/deterministic/deterministic.h"

@@ -27,7 +27,7 @@
  * once its receiver takes it, so the buddy pairs form cycles in which one
  * rank (send_first) sends then receives and every other rank receives then
  * sends: the cycle unwinds from that rank, never deadlocks. */
-#include "train/elastic/elastic_impl.h"
+#include "elastic/elastic.h"
 
 #include <stdlib.h>
 #include <string.h>
