@@ -62,7 +62,12 @@ wait_for() {
   cat "$1"
   fail "'$2' did not appear in $1"
 }
-pid_of() { sed -n "s/.*elastic process $2 (pid \([0-9]*\)).*/\1/p" "$1" | head -1; }
+# (waits for the line: tandemrun relays each rank's output on its own, so
+# rank 0's step lines can come before rank 1's first line on a loaded machine)
+pid_of() {
+  wait_for "$1" "elastic process $2 (pid" >&2
+  sed -n "s/.*elastic process $2 (pid \([0-9]*\)).*/\1/p" "$1" | head -1
+}
 # kill_frozen OUT ID: stop every process of the job at once, kill -9 process
 # ID, let the others go on. A loaded machine may run this script slowly
 # next to fast steps: freezing the job makes the fault land where the
