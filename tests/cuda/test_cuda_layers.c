@@ -242,9 +242,44 @@ static void test_attention(int B, int T, int C, int NH, td_dtype dt) {
   expect_close("attention weights", datt, att, natt, TD_F32);
   float *dy = rand_host(nout, 1, dt), *gx = rand_host(nin, 1, dt), *scratch = malloc((size_t)T * T * 4);
   void *ddy = upload(dy, nout, dt), *dgx = upload(gx, nin, dt);
+  float *gx0 = malloc(nin * sizeof(float));
+  memcpy(gx0, gx, nin * sizeof(float));
   td_attention_backward(gx, scratch, dy, x, att, B, T, C, NH);
   CHECK_OK(td_cuda_attention_backward(dgx, dscratch, ddy, dx, datt, B, T, C, NH, dt, NULL));
   expect_close("attention backward", dgx, gx, nin, dt);
+  /* the fused kernels against the same references */
+  float *dlse = dev_f32((size_t)B * NH * T), *dD = dev_f32((size_t)B * NH * T);
+  void *dout2 = dev_f32(nout), *dgx2 = upload(gx0, nin, dt);
+  CHECK_OK(td_cuda_flash_attention_forward(dout2, dlse, dx, B, T, C, NH, dt, NULL));
+  expect_close("fused attention forward", dout2, out, nout, dt);
+  float *lse = download(dlse, (size_t)B * NH * T, TD_F32);
+  for (int r = 0; r < B * NH * T; r++) { /* lse = log sum_{t2 <= t} exp(q.k[t2] / sqrt(hs)), in double */
+    int t = r % T, h = (r / T) % NH, b = r / (T * NH), hs = C / NH;
+    const float *q = x + ((size_t)b * T + t) * 3 * C + (size_t)h * hs;
+    double mx = -INFINITY, sum = 0, sc[1100];
+    for (int t2 = 0; t2 <= t; t2++) {
+      const float *k = x + ((size_t)b * T + t2) * 3 * C + C + (size_t)h * hs;
+      double dot = 0;
+      for (int d = 0; d < hs; d++) dot += (double)q[d] * k[d];
+      sc[t2] = dot / sqrt((double)hs);
+      mx = fmax(mx, sc[t2]);
+    }
+    for (int t2 = 0; t2 <= t; t2++) sum += exp(sc[t2] - mx);
+    CHECK_CLOSE(lse[r], mx + log(sum), 1e-5, 1e-5);
+  }
+  CHECK_OK(td_cuda_flash_attention_backward(dgx2, dD, ddy, dx, dout2, dlse, B, T, C, NH, dt, NULL));
+  /* bf16: the fused backward forms dO.O from the rounded output: one more
+   * rounding's worth (2^-8 normwise) on top of the output's own */
+  expect_close_k("fused attention backward", dgx2, gx, nin, dt, dt == TD_BF16 ? 2 : 1);
+  /* deterministic: the same bits again */
+  float *first = download(dgx2, nin, dt);
+  cudaFree(dgx2);
+  dgx2 = upload(gx0, nin, dt);
+  CHECK_OK(td_cuda_flash_attention_backward(dgx2, dD, ddy, dx, dout2, dlse, B, T, C, NH, dt, NULL));
+  float *second = download(dgx2, nin, dt);
+  CHECK(memcmp(first, second, nin * sizeof(float)) == 0);
+  cudaFree(dlse), cudaFree(dD), cudaFree(dout2), cudaFree(dgx2);
+  free(lse), free(first), free(second), free(gx0);
   cudaFree(dx), cudaFree(dout), cudaFree(datt), cudaFree(dscratch), cudaFree(ddy), cudaFree(dgx);
   free(x), free(out), free(att), free(dy), free(gx), free(scratch);
 }
@@ -351,6 +386,23 @@ static void test_bad_arguments(void) {
   CHECK(strstr(td_last_error(), "multiple of NH") != NULL);
   CHECK_STATUS(td_cuda_layernorm_forward(NULL, NULL, NULL, NULL, NULL, NULL, 4, 0, TD_F32, NULL),
                TD_ERR_INVALID_ARGUMENT);
+  /* the attention path choice: TANDEM_CUDA_ATTENTION and the head size */
+  int fused = -1;
+  unsetenv("TANDEM_CUDA_ATTENTION");
+  CHECK_OK(td_cuda_attention_fused(64, &fused));
+  CHECK_EQ_INT(fused, 1);
+  CHECK_OK(td_cuda_attention_fused(12, &fused));
+  CHECK_EQ_INT(fused, 0);
+  setenv("TANDEM_CUDA_ATTENTION", "unfused", 1);
+  CHECK_OK(td_cuda_attention_fused(64, &fused));
+  CHECK_EQ_INT(fused, 0);
+  setenv("TANDEM_CUDA_ATTENTION", "fused", 1);
+  CHECK_STATUS(td_cuda_attention_fused(12, &fused), TD_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(td_last_error(), "not 12") != NULL);
+  setenv("TANDEM_CUDA_ATTENTION", "flash", 1);
+  CHECK_STATUS(td_cuda_attention_fused(64, &fused), TD_ERR_INVALID_ARGUMENT);
+  unsetenv("TANDEM_CUDA_ATTENTION");
+  CHECK_STATUS(td_cuda_flash_attention_forward(NULL, NULL, NULL, 1, 4, 36, 3, TD_F32, NULL), TD_ERR_INVALID_ARGUMENT);
   /* empty shapes launch nothing and succeed */
   CHECK_OK(td_cuda_matmul_forward(NULL, NULL, NULL, NULL, 0, 8, 8, TD_F32, NULL));
   CHECK_OK(td_cuda_encoder_forward(NULL, NULL, NULL, NULL, 0, 5, 8, TD_BF16, NULL));
