@@ -145,16 +145,19 @@ TESTLIB_SRCS := $(sort $(wildcard tests/common/*.c))
 
 LIB_OBJS   := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o) \
               $(foreach l,$(LEVELS),$(KERNEL_SRCS:%.c=$(BUILD)/obj/%.$(l).o))
-ifeq ($(HAVE_CUDA),1)
-LIB_SRCS   += $(CUDA_C_SRCS)
-LIB_OBJS   += $(CUDA_C_SRCS:%.c=$(BUILD)/obj/%.o) $(CUDA_CU_SRCS:%.cu=$(BUILD)/obj/%.o)
-TEST_SRCS  += $(CUDA_TEST_SRCS)
-endif
 TESTLIB_OBJS := $(TESTLIB_SRCS:%.c=$(BUILD)/obj/%.o)
 TOOLS      := $(patsubst %.c,$(BUILD)/bin/%,$(notdir $(TOOL_SRCS)))
 TESTS      := $(patsubst %.c,$(BUILD)/tests/%,$(notdir $(TEST_SRCS)))
 LIBA       := $(BUILD)/lib/libtandem.a
 LIBSO      := $(BUILD)/lib/libtandem.so
+ifeq ($(HAVE_CUDA),1)
+# A CUDA build: the cuda/ folders' sources join the library, tests/cuda's
+# tests the tests.
+LIB_SRCS   += $(CUDA_C_SRCS)
+LIB_OBJS   += $(CUDA_C_SRCS:%.c=$(BUILD)/obj/%.o) $(CUDA_CU_SRCS:%.cu=$(BUILD)/obj/%.o)
+TEST_SRCS  += $(CUDA_TEST_SRCS)
+TESTS      += $(patsubst %.c,$(BUILD)/tests/%,$(notdir $(CUDA_TEST_SRCS)))
+endif
 
 .PHONY: all test demo clean deps bench report-config fuzz fuzz-build
 all: report-config $(LIBA) $(LIBSO) $(TOOLS) $(TESTS)
