@@ -101,14 +101,16 @@ CUDA_MAJOR   := $(firstword $(subst ., ,$(CUDA_VERSION)))
 CUDA_LIBDIR  := $(firstword $(wildcard $(CUDA_HOME)/lib64/libcudart.so $(CUDA_HOME)/lib/libcudart.so \
                   $(CUDA_HOME)/targets/x86_64-linux/lib/libcudart.so))
 CUDA_LIBDIR  := $(patsubst %/,%,$(dir $(CUDA_LIBDIR)))
-# nvcc 11 refuses gcc 12 and newer (Debian 12's): give it g++-11 or clang-14.
+# nvcc 11 refuses gcc 12 and newer (Debian 12's): give it g++-11 or clang-14
+# (whose -Wall flags every unused static function of CUDA 11.8's bf16 header).
 ifeq ($(shell [ "$(CUDA_MAJOR)" -lt 12 ] 2>/dev/null && echo old),old)
 NVCC_CCBIN ?= $(firstword $(shell for c in g++-11 clang-14; do command -v $$c; done 2>/dev/null))
+NVCC_HOST_WARN := ,-Wno-unused-function
 endif
 # sm_90: the H100/H200 (HOPPER.md), and its PTX so that newer GPUs JIT it.
 CUDA_ARCH  ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
 NVCCFLAGS  := -std=c++17 -g -lineinfo -O3 $(CUDA_ARCH) $(if $(NVCC_CCBIN),-ccbin $(NVCC_CCBIN)) \
-              -Xcompiler -fPIC,-Wall,-fno-strict-aliasing -Iinclude -Isrc -DTD_HAVE_CUDA=1 -MMD -MP \
+              -Xcompiler -fPIC,-Wall$(NVCC_HOST_WARN),-fno-strict-aliasing -Iinclude -Isrc -DTD_HAVE_CUDA=1 -MMD -MP \
               $(NVCC_EXTRA)
 CUDA_CFLAGS := -DTD_HAVE_CUDA=1 -isystem $(CUDA_HOME)/include
 CUDA_LIBS   := -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR) -lcudart \
@@ -145,6 +147,45 @@ TESTLIB_SRCS := $(sort $(wildcard tests/common/*.c))
 
 LIB_OBJS   := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o) \
               $(foreach l,$(LEVELS),$(KERNEL_SRCS:%.c=$(BUILD)/obj/%.$(l).o))
+
+# ---- the CUDA emulator tree (issue 18; tests/cudaemu/) ----
+# `make cuda-emu` builds build/cudaemu: the whole library with CUDA on, where
+# the CUDA runtime is tests/cudaemu's CPU emulator: .cu files are compiled by
+# g++ as C++ with tests/cudaemu/include/cuda_emu.h forced in, C files in cuda/
+# folders see its cuda_runtime.h. The tree is built with ASan+UBSan, so that
+# a kernel's out-of-bounds access is reported like any other. Its tests
+# (tests/cudaemu/test_*.cu, tests/cuda/test_*.c) run in tests/cudaemu.suite.
+ifeq ($(CUDA_EMU),1)
+CXX ?= g++
+EMU_INC      := -Itests/cudaemu/include
+CFLAGS       += -DTD_HAVE_CUDA=1 -DTD_CUDA_EMU=1 $(EMU_INC)
+EMU_CXXFLAGS := -x c++ -std=c++17 -g $(OPT) $(ARCH) -Wall -Wextra -Wno-unused-parameter -fno-exceptions -fno-rtti \
+                -fno-strict-aliasing -pthread -fPIC -Iinclude -Isrc $(EMU_INC) -DTD_HAVE_CUDA=1 -DTD_CUDA_EMU=1 -MMD -MP \
+                $(if $(filter 1,$(SAN)),-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
+EMU_TEST_CU  := $(sort $(wildcard tests/cudaemu/test_*.cu))
+LIB_SRCS     += $(CUDA_C_SRCS)
+LIB_OBJS     += $(CUDA_C_SRCS:%.c=$(BUILD)/obj/%.o) $(CUDA_CU_SRCS:%.cu=$(BUILD)/obj/%.o) $(BUILD)/obj/tests/cudaemu/emu_runtime.o
+TEST_SRCS    += $(CUDA_TEST_SRCS)
+LDLIBS       += -lstdc++
+CUDA_TESTS   := $(patsubst %.c,$(BUILD)/tests/%,$(notdir $(CUDA_TEST_SRCS))) \
+                $(patsubst %.cu,$(BUILD)/tests/%,$(notdir $(EMU_TEST_CU)))
+
+$(BUILD)/obj/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CXXFLAGS) -include cuda_emu.h -c $< -o $@
+$(BUILD)/obj/tests/cudaemu/emu_runtime.o: tests/cudaemu/emu_runtime.cc
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
+$(patsubst %.cu,$(BUILD)/tests/%,$(notdir $(EMU_TEST_CU))): $(BUILD)/tests/%: $(BUILD)/obj/tests/cudaemu/%.o $(LIBA)
+	@mkdir -p $(dir $@)
+	$(CXX) -pthread -o $@ $< $(LIBA) $(LDLIBS)
+.SECONDARY: $(EMU_TEST_CU:%.cu=$(BUILD)/obj/%.o)
+-include $(CUDA_CU_SRCS:%.cu=$(BUILD)/obj/%.d) $(EMU_TEST_CU:%.cu=$(BUILD)/obj/%.d) $(BUILD)/obj/tests/cudaemu/emu_runtime.d
+endif
+
+cuda-emu:
+	@$(MAKE) --no-print-directory CUDA_EMU=1 BUILD=build/cudaemu SAN=1 OPT="-O1" cuda-emu-tree
+cuda-emu-tree: report-config $(LIBA) $(CUDA_TESTS) $(BUILD)/tests/test_device $(BUILD)/bin/train-gpt $(BUILD)/bin/tandemrun
 TESTLIB_OBJS := $(TESTLIB_SRCS:%.c=$(BUILD)/obj/%.o)
 TOOLS      := $(patsubst %.c,$(BUILD)/bin/%,$(notdir $(TOOL_SRCS)))
 TESTS      := $(patsubst %.c,$(BUILD)/tests/%,$(notdir $(TEST_SRCS)))
@@ -159,7 +200,7 @@ TEST_SRCS  += $(CUDA_TEST_SRCS)
 TESTS      += $(patsubst %.c,$(BUILD)/tests/%,$(notdir $(CUDA_TEST_SRCS)))
 endif
 
-.PHONY: all test demo clean deps bench report-config fuzz fuzz-build
+.PHONY: all test demo clean deps bench report-config fuzz fuzz-build cuda-emu cuda-emu-tree
 all: report-config $(LIBA) $(LIBSO) $(TOOLS) $(TESTS)
 
 report-config:
@@ -239,6 +280,7 @@ test: deps
 	@$(MAKE) --no-print-directory $(PAR) all
 	@$(MAKE) --no-print-directory $(PAR) all BUILD=build/asan SAN=1 OPT="-O1"
 	@$(MAKE) --no-print-directory $(PAR) fuzz-build
+	@$(MAKE) --no-print-directory $(PAR) cuda-emu
 	@tests/run.sh
 
 demo: deps
