@@ -200,8 +200,10 @@ TEST_SRCS  += $(CUDA_TEST_SRCS)
 TESTS      += $(patsubst %.c,$(BUILD)/tests/%,$(notdir $(CUDA_TEST_SRCS)))
 endif
 
-.PHONY: all test demo clean deps bench report-config fuzz fuzz-build cuda-emu cuda-emu-tree
-all: report-config $(LIBA) $(LIBSO) $(TOOLS) $(TESTS)
+.PHONY: all native test demo clean deps bench report-config fuzz fuzz-build cuda-emu cuda-emu-tree
+all: native
+# everything but the Python part (python/Makefile.inc adds it to all)
+native: report-config $(LIBA) $(LIBSO) $(TOOLS) $(TESTS)
 
 report-config:
 	@echo "tandem config: openblas=$(HAVE_OPENBLAS) cjson=$(HAVE_CJSON) zlib=$(HAVE_ZLIB) uring=$(HAVE_URING) san=$(SAN) build=$(BUILD)"
