@@ -35,7 +35,7 @@
  * to buddy[j] before rank j+1's): the earliest unfinished transfer always
  * has both of its ends waiting for it, so the exchange cannot deadlock,
  * whatever the map's shape. */
-#include "train/elastic/elastic_impl.h"
+#include "elastic/elastic.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -471,9 +471,12 @@ td_status el_rep_reset_holdings(el_replicas *r, td_comm *comm, int64_t commit) {
   el_rep_settle(r);
   /* The new holdings are built beside the old ones, which stay (for the
    * next round's descriptors) until the new ones are complete. */
-  el_replicas next = *r;
+  el_replicas next = *r; /* the registration (bufs, sizes); none of r's holdings */
   memset(next.own, 0, sizeof next.own);
-  next.own[1].commit = -1;
+  next.own[0].commit = next.own[1].commit = -1;
+  next.wards = NULL;
+  next.n_wards = 0;
+  next.buddy = -1;
   next.send_req = NULL;
   next.rep_in_commit = -1;
   td_status st = snapshot(r, &next.own[0], commit);
