@@ -1,0 +1,101 @@
+/* Internals of src/elastic, the elastic layer: membership epochs
+ * (membership.h, membership.c), the in-memory state and the run helper
+ * behind tandem/elastic.h (state.c), buddy replicas of sharded state
+ * (replica.c). Above src/comm (a communicator per epoch), below src/train
+ * (whose trainer registers its state: src/train/elastic/). */
+#ifndef TD_ELASTIC_H
+#define TD_ELASTIC_H
+
+#include "elastic/membership.h"
+#include "tandem/elastic.h"
+
+/* ---- buddy replicas of sharded state (replica.c) ----
+ * A piece is a range [lo, hi) of the global sharded arrays at one commit:
+ * buffer 0's elements, then buffer 1's, ..., packed (buffer k starts at
+ * (hi - lo) * (sum of the element sizes of buffers 0..k-1)). */
+typedef struct el_piece {
+  int64_t lo, hi;
+  int64_t commit; /* -1: holds nothing valid */
+  unsigned char *data;
+  size_t cap; /* bytes allocated */
+} el_piece;
+
+typedef struct el_shard_buf {
+  char name[64];
+  unsigned char *ptr; /* this rank's elements [lo, hi) */
+  size_t elem_bytes;
+  size_t lo, hi;      /* as last registered */
+} el_shard_buf;
+
+/* A rank whose range this rank keeps a copy of (this rank is its buddy). */
+typedef struct el_ward {
+  int rank;
+  int64_t lo, hi;        /* its range */
+  el_piece rep[2];       /* [0] newest complete, [1] previous or receiving */
+  td_request *recv_req;  /* the receive into rep[1] in flight */
+} el_ward;
+
+typedef struct el_replicas {
+  el_shard_buf *bufs;
+  int n_bufs, cap_bufs;
+  size_t total;         /* elements of each global array */
+  size_t row_bytes;     /* sum of the element sizes */
+  el_piece own[2];      /* this rank's range: [0] the newest commit, [1] the one before */
+  el_ward *wards;       /* the ranks whose buddy this rank is, ascending (none, one, or several) */
+  int n_wards;
+  int64_t rep_in_commit; /* commit the wards' rep[1] are receiving (-1: none) */
+  td_request *send_req;
+  int buddy;            /* rank of the current epoch holding this rank's copy; -1: none (one rank) */
+  double replicate_s;   /* time spent in the commit path (copy + waits), for the log */
+} el_replicas;
+
+/* Per-rank descriptor exchanged after a failure (allgathered int64s): the
+ * whole buffers' commits, the sharded arrays' shape, then n_pieces pieces
+ * (lo, hi, commit; commit -1: empty), n_pieces the most any rank holds. */
+enum { EL_D_WHOLE0, EL_D_WHOLE1, EL_D_TOTAL, EL_D_ROW, EL_D_PIECES };
+#define EL_DESC_LEN(n_pieces) (EL_D_PIECES + 3 * (size_t)(n_pieces))
+
+td_status el_rep_register(el_replicas *r, const char *name, void *ptr, size_t elem_bytes, size_t total, size_t lo,
+                          size_t hi);
+void el_rep_free(el_replicas *r);
+/* Wait for a replication in flight (after a failure: the broken
+ * communicator completes it with an error); a replica received whole is
+ * kept. */
+void el_rep_settle(el_replicas *r);
+/* The buddy of every rank (pure; every rank computes the same map): rank
+ * i keeps its copy on buddy[i], on another host than host_of[i] (equal
+ * ints: the same host) whenever there is another host, so that losing one
+ * host loses no shard. When no host holds more than half of the ranks,
+ * this is a permutation (each rank one ward); when one host does, the
+ * ranks of the other hosts keep several wards each (the fewest possible,
+ * round robin). All ranks on one host: the next rank. world < 2: -1. */
+void el_rep_buddies(const int *host_of, int world, int *buddy);
+/* Commit: copy this rank's range into own[0] (the previous one kept as
+ * own[1]) and start sending it to the buddy while receiving the ward's;
+ * the previous exchange is completed first. Collective in effect (the
+ * buddy waits for it). */
+td_status el_rep_commit(el_replicas *r, td_comm *comm, int64_t commit);
+/* The pieces this rank holds (own and wards' slots, empty ones included). */
+int el_rep_n_pieces(const el_replicas *r);
+/* Fill d[EL_D_TOTAL..] (the pieces this rank holds, n_pieces slots: at
+ * least el_rep_n_pieces; the rest empty). */
+void el_rep_describe(const el_replicas *r, int64_t *d, int n_pieces);
+/* The newest commit C that the survivors can rebuild: some rank holds the
+ * whole buffers at C and the pieces at C cover every shard; -1 when none
+ * (a rank and its buddy lost together): *gap_lo/hi then name an uncovered
+ * range of the newest commit. */
+int64_t el_rep_choose(const int64_t *desc, int world, int n_pieces, int64_t *gap_lo, int64_t *gap_hi);
+/* Fill every rank's registered range with commit C from the pieces the
+ * ranks hold (targets: 2 int64 per rank, its registered lo, hi). Blocking
+ * sends and receives in one global order. Collective. Returns in
+ * *from_others the elements this rank received from other ranks. */
+td_status el_rep_restore(el_replicas *r, td_comm *comm, const int64_t *desc, int n_pieces, const int64_t *targets,
+                         int64_t commit, size_t *from_others);
+/* After a restore (or a disk fallback): the ranks pair anew for this
+ * communicator (el_rep_buddies over its hosts), the registered ranges
+ * become this rank's holdings at `commit` and are replicated to the new
+ * buddy before training goes on; the old holdings are dropped only once that worked.
+ * Collective. */
+td_status el_rep_reset_holdings(el_replicas *r, td_comm *comm, int64_t commit);
+
+#endif

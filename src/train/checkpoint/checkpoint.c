@@ -1,0 +1,156 @@
+/* td_trainer_save and td_trainer_resume: the one place that knows where the
+ * trainer keeps each arena. Everything below it (save.c, load.c, read.c)
+ * sees only (arena id, pointer, [lo, hi)) regions, so a ZeRO stage that
+ * keeps only a shard of an arena changes held() and nothing else:
+ *
+ *   held(arena)   the range this rank keeps in memory, and where
+ *   save          held ∩ td_shard_range(count, world, rank): each element is
+ *                 written once, by 1/world of the ranks' bandwidth each
+ *   resume        held: the whole arena at stage 0, the shard at stage >= 1;
+ *                 an arena held whole is read 1/world per rank and
+ *                 allgathered (the checkpoint is read once, not world times)
+ *
+ * Resume reads into staging buffers and copies into the arenas only once
+ * every rank has verified its reads, so that a refused checkpoint leaves
+ * the trainer unchanged. */
+#include "train/checkpoint/ckpt.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "train/core/core.h"
+
+/* The range [*lo, *hi) of `arena` this rank holds, and the memory of element
+ * *lo. At ZeRO stage 0 every rank holds every arena whole. */
+static float *held(td_trainer *t, int arena, uint64_t *lo, uint64_t *hi) {
+  /* core/core.h: params[i] is element i, valid on [params_lo, params_hi);
+   * states[k][j] is element states_lo + j (the shard at ZeRO stage >= 1) */
+  if (arena == TD_CKPT_ARENA_PARAMS) {
+    *lo = t->params_lo;
+    *hi = t->params_hi;
+    return t->params + t->params_lo;
+  }
+  *lo = t->states_lo;
+  *hi = t->states_hi;
+  return t->states[arena - TD_CKPT_ARENA_STATE0];
+}
+
+/* A staging buffer on transparent huge pages where the system offers them
+ * (the hint must come before the first touch): a resume writes every byte
+ * of it once, and with 4 KiB pages the page faults cost more than the reads
+ * (measured: bench/ckpt.sh; faults are dear on virtual machines). */
+static float *staging_alloc(size_t floats) {
+  size_t bytes = TD_MAX(floats, 1) * sizeof(float);
+  void *p = td_alloc(bytes);
+#ifdef MADV_HUGEPAGE
+  if (p) {
+    const uintptr_t huge = (uintptr_t)2 << 20;
+    uintptr_t lo = ((uintptr_t)p + huge - 1) & ~(huge - 1), hi = ((uintptr_t)p + bytes) & ~(huge - 1);
+    if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_HUGEPAGE);
+  }
+#endif
+  return p;
+}
+
+td_status td_trainer_save(td_trainer *t, const char *root) {
+  if (!t) return td_error(TD_ERR_INVALID_ARGUMENT, "td_trainer_save: null trainer");
+  if (t->offload)
+    return td_error(TD_ERR_INVALID_USAGE, "rank %d: td_trainer_save: checkpoints of a trainer with NVMe offload are not "
+                    "supported yet (the state is in files under nvme_path); train without checkpoints or without "
+                    "offload", t->rank);
+  td_ckpt_region regions[TD_CKPT_MAX_ARENAS];
+  int n = 1 + t->n_states;
+  for (int a = 0; a < n; a++) {
+    uint64_t lo, hi;
+    float *data = held(t, a, &lo, &hi);
+    size_t off, len;
+    td_shard_range(t->n_params, t->world, t->rank, &off, &len);
+    uint64_t w_lo = TD_MAX(lo, (uint64_t)off), w_hi = TD_MIN(hi, (uint64_t)(off + len));
+    if (w_hi < w_lo) w_hi = w_lo;
+    regions[a] = (td_ckpt_region){a, data + (w_lo - lo), w_lo, w_hi};
+  }
+  return td_ckpt_save_regions(t, root, regions, n);
+}
+
+td_status td_trainer_resume(td_trainer *t, const char *path) {
+  if (!t) return td_error(TD_ERR_INVALID_ARGUMENT, "td_trainer_resume: null trainer");
+  if (t->offload)
+    return td_error(TD_ERR_INVALID_USAGE, "rank %d: td_trainer_resume: checkpoints of a trainer with NVMe offload are not "
+                    "supported yet (the state is in files under nvme_path); train without checkpoints or without "
+                    "offload", t->rank);
+  td_ckpt_region regions[TD_CKPT_MAX_ARENAS];
+  float *arena_mem[TD_CKPT_MAX_ARENAS], *staging[TD_CKPT_MAX_ARENAS];
+  uint64_t held_lo[TD_CKPT_MAX_ARENAS], held_hi[TD_CKPT_MAX_ARENAS];
+  int gather[TD_CKPT_MAX_ARENAS];
+  int n = 1 + t->n_states;
+  const int distributed = t->comm && t->world > 1;
+  td_status st = TD_OK;
+  for (int a = 0; a < n; a++) {
+    arena_mem[a] = held(t, a, &held_lo[a], &held_hi[a]);
+    staging[a] = staging_alloc((size_t)(held_hi[a] - held_lo[a]));
+    if (!staging[a]) st = td_error(TD_ERR_SYSTEM, "rank %d: out of memory staging the checkpoint", t->rank);
+    /* An arena every rank holds whole: each reads 1/world of it and the
+     * ranks allgather the rest (one read of the checkpoint in all instead
+     * of one per rank); a sharded arena: this rank's range, read directly. */
+    gather[a] = distributed && held_lo[a] == 0 && held_hi[a] == t->n_params;
+    size_t off = 0, len = (size_t)(held_hi[a] - held_lo[a]);
+    if (gather[a]) td_shard_range(t->n_params, t->world, t->rank, &off, &len);
+    regions[a] = (td_ckpt_region){a, staging[a] ? staging[a] + off : NULL, held_lo[a] + off,
+                                  held_lo[a] + off + len};
+  }
+  /* Every rank must take part in the load's agreement: a failed staging
+   * allocation becomes an empty request plus a failure agreed on below. */
+  td_ckpt_manifest m;
+  memset(&m, 0, sizeof m);
+  if (st == TD_OK) {
+    st = td_ckpt_load_regions(t, path, regions, n, &m);
+  } else {
+    char why[512];
+    td_error_copy(why, sizeof why);
+    st = td_trainer_agree(t, td_error(st, "%s", why));
+  }
+  /* Every rank verified its reads (agreed): complete the whole arenas, and
+   * agree once more (a rank whose allgather failed must not leave the
+   * others committing alone). */
+  const int loaded = st == TD_OK;
+  for (int a = 0; a < n && st == TD_OK; a++)
+    if (gather[a]) {
+      st = td_allgather(regions[a].data, staging[a], t->n_params, TD_F32, t->comm);
+      if (st != TD_OK)
+        st = td_error(st, "rank %d: gathering the checkpoint's %s failed: %s", t->rank, a ? "optimizer state" :
+                      "parameters", td_comm_last_error(t->comm));
+    }
+  if (distributed && loaded) st = td_trainer_agree(t, st);
+  if (st == TD_OK) {
+    /* Commit. */
+    for (int a = 0; a < n; a++)
+      memcpy(arena_mem[a], staging[a], (size_t)(held_hi[a] - held_lo[a]) * sizeof(float));
+    t->step = m.step;
+    t->consumed = m.consumed;
+    if (m.has_scaler) {
+      /* fp16's loss scaler: its state is the run's; its mode (fixed or dynamic) this config's */
+      t->scaler.scale = t->cfg.precision.compute == TD_F16 ? m.scaler_scale : 1.0;
+      t->scaler.iter = m.scaler_iter;
+      t->scaler.last_overflow_iter = m.scaler_last_overflow;
+      t->scaler.hysteresis_left = m.scaler_hysteresis_left;
+      t->scaler.skipped = m.scaler_skipped;
+    }
+    if (t->rank == 0 && m.dataset_samples != (unsigned long long)t->dataset->n_samples)
+      TD_WARN("the checkpoint was trained on a dataset of %llu samples, this one has %zu: training continues, but "
+              "not on the data order the saved run would have seen",
+              m.dataset_samples, t->dataset->n_samples);
+    if (m.seed != t->cfg.seed) {
+      /* The data order is part of the run being continued: keep its seed. */
+      TD_INFO("resuming a run saved with seed %llu (this run's seed %llu is ignored for the data order)", m.seed,
+              (unsigned long long)t->cfg.seed);
+      t->cfg.seed = m.seed;
+      t->sampler.seed = m.seed;
+      t->sampler.epoch = UINT64_MAX;
+    }
+  }
+  for (int a = 0; a < n; a++) td_free(staging[a]);
+  td_ckpt_manifest_free(&m);
+  return st;
+}

@@ -1,0 +1,157 @@
+/* The core of src/train, below every part of the engine: the trainer's
+ * state (struct td_trainer), td_trainer_agree, the distributed sampler,
+ * optimizer kernels and CRC-32. The parts (zero/, deterministic/,
+ * precision/, offload/, checkpoint/, elastic/) have a header each; trainer.c
+ * and config.c, above them, drive them. Not part of the public API. */
+#ifndef TD_TRAIN_CORE_H
+#define TD_TRAIN_CORE_H
+
+#include "base/base.h"
+#include "tandem/train.h"
+
+/* ---- distributed sampler ----
+ * The stream of samples is the concatenation of per-epoch permutations of
+ * [0, n): position p (0, 1, 2, ...) is sample perm_{p / n}[p % n], where
+ * perm_e is a Fisher-Yates shuffle seeded by (seed, e). A training step
+ * consumes G consecutive positions; rank r's micro-step m takes positions
+ * consumed + m*(world*micro) + r*micro + [0, micro). The mapping from
+ * position to sample depends on neither world size nor micro-batch, which is
+ * what makes N ranks compute what one rank does. The checkpointed state is
+ * just `consumed`. */
+typedef struct td_sampler {
+  size_t n_samples;
+  uint64_t seed;
+  uint64_t epoch; /* epoch whose permutation is in perm (UINT64_MAX: none) */
+  size_t *perm;   /* n_samples entries */
+} td_sampler;
+
+td_status td_sampler_init(td_sampler *s, size_t n_samples, uint64_t seed);
+void td_sampler_free(td_sampler *s);
+/* Sample index at stream position `position`. */
+size_t td_sampler_index(td_sampler *s, uint64_t position);
+/* First stream position of (rank, micro_step) in the step starting at `consumed`. */
+static inline uint64_t td_sampler_position(uint64_t consumed, int world, int rank, int micro, int micro_step) {
+  return consumed + (uint64_t)micro_step * (uint64_t)world * (uint64_t)micro + (uint64_t)rank * (uint64_t)micro;
+}
+
+/* splitmix64: the seeding mixer used for shuffles. */
+static inline uint64_t td_splitmix64(uint64_t *state) {
+  uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+/* ---- optimizer kernels (one pass over a flat range) ----
+ * grad_scale multiplies the gradient first (gradient clipping). `t` is the
+ * 1-based step count for Adam's bias correction. */
+void td_sgd_update(float *restrict params, const float *restrict grads, float *restrict momentum_buf, size_t n,
+                   float lr, float momentum, float weight_decay, int nesterov, float grad_scale);
+void td_adamw_update(float *restrict params, const float *restrict grads, float *restrict m, float *restrict v,
+                     size_t n, float lr, float beta1, float beta2, float eps, float weight_decay, long t,
+                     float grad_scale);
+/* L2 norm of a vector, accumulated in double. */
+double td_l2_norm(const float *x, size_t n);
+/* Sum of squares of x[0, n) (float blocks of 1024, the blocks in double);
+ * the gradient norm sums these per shard (src/train/zero/shard.c). */
+double td_sum_squares(const float *x, size_t n);
+/* Scale factor for clipping to max_norm (1 when max_norm <= 0 or norm <= max_norm). */
+float td_clip_scale(double norm, float max_norm);
+
+/* Number of optimizer-state arenas of an optimizer (SGD 1, AdamW 2). */
+int td_optimizer_n_states(td_optimizer_kind kind);
+const char *td_optimizer_name(td_optimizer_kind kind);
+
+/* ---- CRC-32 (the zlib / IEEE 802.3 polynomial) ---- */
+uint32_t td_crc32(uint32_t crc, const void *data, size_t n);
+
+/* DeepSpeed's DynamicLossScaler, for fp16 (also a fixed scale); here because
+ * the trainer holds one, its functions in precision/precision.h. */
+typedef struct td_loss_scaler {
+  double scale;           /* the current loss scale (1 when not fp16) */
+  int dynamic;            /* 0: a fixed scale, never changed */
+  long iter;              /* steps seen by the scaler (skipped ones included) */
+  long last_overflow_iter; /* -1: none yet */
+  int hysteresis_left;    /* overflows still tolerated before the next halving */
+  long skipped;           /* steps skipped for overflow, in all */
+} td_loss_scaler;
+
+/* ---- the trainer ---- */
+struct td_trainer {
+  td_train_config cfg; /* resolved */
+  td_model *model;
+  td_dataset *dataset;
+  td_comm *comm; /* NULL: world of one */
+  int rank, world;
+  int threads;
+
+  size_t n_params;
+  float *params;  /* (n_params) */
+  float *grads;   /* (n_params) */
+  bool grads_shared; /* grads came from td_mem_alloc (host-shared) */
+  int n_states;   /* optimizer state arenas */
+  float *states[2];
+
+  long step;         /* optimizer steps done */
+  uint64_t consumed; /* sampler stream positions consumed (step x G unless G changed) */
+  td_sampler sampler;
+
+  /* micro-batch buffers */
+  unsigned char *inputs; /* (micro, input_bytes) */
+  int32_t *targets;      /* (micro, targets_per_sample) */
+  int prepared_batch;
+
+  /* bucketed gradient reduction of the current last micro-step */
+  size_t *tensor_ready;   /* floats reported ready per tensor */
+  int frontier_tensor;    /* lowest tensor index such that tensors [i, n) are all ready */
+  size_t launched_lo;     /* arena offset below which nothing has been launched yet */
+  size_t next_bucket;     /* floats the next bucket must reach before launch */
+  td_request **requests;
+  int n_requests, cap_requests;
+  size_t comm_bytes;
+  td_status bucket_status; /* first failure from a launch inside the ready callback */
+  int32_t *agree_flags;     /* (world): td_trainer_agree's status table */
+
+  /* Test hook (TANDEM_CKPT_FAULT_AT / TANDEM_CKPT_FAULT_RANK, read at
+   * creation): die at this file operation of each save on that rank. */
+  long ckpt_fault_at;
+  int ckpt_fault_rank;
+
+  /* mixed precision (src/train/precision/precision.c) */
+  td_loss_scaler scaler;
+  uint16_t *grads_half; /* communication_data_type bf16/fp16: the gradients on the wire (n_params), else NULL */
+  long inject_inf_step; /* test hook TANDEM_FP16_INJECT_INF: step whose gradients get an inf here (-1: none) */
+
+  td_train_trace_fn trace; /* optional phase tracing */
+  void *trace_ctx;
+
+  /* ---- ZeRO (src/train/zero/) ----
+   * Every arena is sharded alike: this rank owns the arena elements
+   * [shard_lo, shard_hi) = td_shard_range(n_params, world, rank), at every
+   * stage (stage 0 included). What the rank holds:
+   *   params:    n_params floats (arena element i at params[i]) at every
+   *              stage; valid between steps on [params_lo, params_hi): the
+   *              whole arena at stages 0-2, only the shard at stage 3 (the
+   *              rest is address space whose pages were given back).
+   *   grads:     n_params floats; after a step at stage >= 2 only the shard
+   *              holds the averaged gradient.
+   *   states[i]: (states_hi - states_lo) floats, states[i][k] being arena
+   *              element states_lo + k: the whole arena at stage 0, the
+   *              shard at stage >= 1.
+   * Checkpoints read and write these ranges. */
+  int zero_stage;
+  size_t shard_lo, shard_hi;
+  size_t states_lo, states_hi;
+  size_t params_lo, params_hi;
+  struct zero_state *zero; /* stage >= 1: buckets, fetches, memory (zero/zero.h) */
+  struct td_elastic *elastic; /* td_trainer_elastic_register: where rebind re-registers the shards */
+  struct offload_state *offload; /* stage 3 with NVMe offload: files, buffers, I/O (offload/offload.h) */
+  struct det_state *det;     /* deterministic reduction on: units, exchange buffers (deterministic/deterministic.h) */
+};
+
+/* Agree on success across ranks: every rank passes its local status; returns
+ * TD_OK only if all were OK. On a remote failure the local message says which
+ * ranks failed; a rank's own failure keeps its message. Collective. */
+td_status td_trainer_agree(td_trainer *t, td_status local);
+
+#endif

@@ -1,0 +1,154 @@
+/* Deterministic reduction (config "deterministic_reduction"): a training
+ * step whose every float sum is taken in one order fixed by the global
+ * batch, never by the world size, so that N ranks compute bit for bit what
+ * one rank computes, and an elastic resize continues the very same
+ * training (DESIGN.md §4, §8).
+ *
+ * The global batch of B samples is cut into U = B / unit "units" of `unit`
+ * consecutive sampler positions. Each unit's gradient and loss are computed
+ * on their own (one micro-step of `unit` samples into a zeroed vector), and
+ * the step's gradient is the sum of the U unit gradients in ONE binary tree
+ * over the unit indices, pairwise left + right in fp32:
+ *
+ *     node(s, k) = the leaves [s, s + 2^k) clipped to [0, U)
+ *                = node(s, k-1) + node(s + 2^(k-1), k-1)   (right non-empty)
+ *                = node(s, k-1)                             (right empty)
+ *     sum        = node(0, K), 2^K >= U
+ *
+ * Rank r owns the contiguous units [a, b) = td_shard_range(U, world, r).
+ * It sums them, locally and in that tree, into the maximal nodes inside
+ * [a, b) (its "cover", O(log U) vectors: tree.c). The exchange (deterministic.c)
+ * sends each reduction shard's part of every cover vector to the shard's
+ * owner, which combines all ranks' covers in the same tree. The loss and
+ * the gradient norm are summed in trees too (leaves: the unit losses; the
+ * sums of squares of 1024-float blocks of the arena). Nothing else in the
+ * step adds floats across ranks.
+ *
+ *   tree.c             the pure dyadic-block math (covers, the stack that
+ *                      builds a cover leaf by leaf, combining covers)
+ *   deterministic.c        the step's units, the exchange, the norm
+ *   deterministic_config.c the two config keys, the default unit, refusals
+ *
+ * Internal to src/train. */
+#ifndef TD_TRAIN_DETERMINISTIC_H
+#define TD_TRAIN_DETERMINISTIC_H
+
+#include "train/core/core.h"
+
+/* ---- tree.c (pure) ---- */
+enum { DET_MAX_LEVELS = 62, DET_MAX_COVER = 2 * DET_MAX_LEVELS + 2 };
+
+/* A node of the tree over n leaves: leaves [start, end), end = min(start +
+ * 2^level, n). */
+typedef struct det_block {
+  size_t start, end;
+  int level;
+} det_block;
+
+/* K: the smallest level with 2^K >= n (0 for n <= 1). */
+int det_levels(size_t n);
+/* The maximal nodes inside [a, b) (a <= b <= n), left to right, into out
+ * (DET_MAX_COVER entries); returns their number (0 for a == b). */
+int det_cover(size_t n, size_t a, size_t b, det_block *out);
+
+/* Builds a rank's cover vector by vector: leaves a, a+1, ... are pushed in
+ * order; siblings are added (left += right) as soon as both are there, so
+ * that after leaf b-1 the stack holds exactly det_cover(n, a, b). Vectors
+ * freed by an addition go to `spare` for the caller's next leaf. */
+typedef struct det_node {
+  size_t start;
+  int level;
+  float *vec;
+} det_node;
+typedef struct det_acc {
+  size_t n, next, len; /* leaves of the tree, next leaf expected, floats per vector */
+  det_node stack[DET_MAX_COVER + 1];
+  int n_stack;
+  float *spare[DET_MAX_COVER + 2];
+  int n_spare;
+} det_acc;
+void det_acc_begin(det_acc *acc, size_t n, size_t first, size_t len);
+/* Push leaf acc->next with its vector (acc takes it). */
+void det_acc_push(det_acc *acc, float *vec);
+/* Vectors the stack holds at most while leaves [a, b) are pushed (plus
+ * one for the leaf being computed: det_acc_vectors). */
+int det_acc_vectors(size_t n, size_t a, size_t b);
+
+/* A cover node's value, from any rank. */
+typedef struct det_part {
+  size_t start, end;
+  const float *vec;
+} det_part;
+/* dst[0, len) = node(0, K) from parts that tile [0, n) (every rank's
+ * cover, in any order). scratch: det_levels(n) vectors of len floats.
+ * Returns 0, or -1 when the parts do not tile the leaves. */
+int det_combine_f32(size_t n, const det_part *parts, int n_parts, float *dst, size_t len, float **scratch);
+
+/* The same tree over doubles. node value from leaf values v[leaf - first]
+ * (leaves [start, end) of the node must be there). */
+double det_node_f64(size_t n, size_t start, int level, const double *v, size_t first);
+typedef struct det_part_f64 {
+  size_t start, end;
+  double value;
+} det_part_f64;
+/* node(0, K) from parts tiling [0, n); *ok = 0 when they do not. */
+double det_combine_f64(size_t n, const det_part_f64 *parts, int n_parts, int *ok);
+
+/* ---- deterministic.c: the trainer's deterministic step ---- */
+enum { DET_NORM_LEAF = 1024 }; /* arena floats per leaf of the gradient norm's tree */
+
+typedef struct det_state {
+  size_t unit, n_units; /* samples per unit; U */
+  int world;            /* the world the buffers below are cut for */
+  int max_cover;        /* most cover vectors of any rank (M) */
+  size_t xfer;          /* floats per (rank, cover vector) in the exchange (C) */
+  float *pool;          /* n_pool vectors of n_params floats: unit gradients and cover sums */
+  int n_pool;
+  float *send, *recv;   /* world x M x C each (world > 1) */
+  bool send_shared;     /* send is host-shared (td_mem_alloc): the shm alltoall reads it directly */
+  float *scratch;       /* levels(U) x C (or n_params at world 1) */
+  double *losses;       /* U unit losses + the failure flag */
+  double *leaves;       /* the norm's leaf values of this rank */
+  size_t n_leaf_cap;
+  double *norm_parts;   /* world x DET_MAX_COVER: every rank's cover values of the norm */
+  det_part *parts;    /* world x DET_MAX_COVER: the exchange's table (no allocation inside a step) */
+  det_part_f64 *parts64; /* the same for the norm */
+  unsigned char *inputs; /* (unit, input_bytes) */
+  int32_t *targets;      /* (unit, targets_per_sample) */
+} det_state;
+
+/* The arena range that rank r's reduction shard combines: its ZeRO shard
+ * [lo, hi), extended up to the next leaf boundary of the norm so that the
+ * owner holds whole leaves (neighbours compute the overlap alike). */
+void det_xfer_range(size_t n_params, int world, int r, size_t *lo, size_t *hi);
+/* (Re)cut the buffers for t->world (t->det->unit set). Local. */
+td_status det_setup(td_trainer *t);
+void det_free(td_trainer *t);
+/* The step up to reduced gradients: units forward and backward, the loss
+ * (canonical, agreed with every rank's status), the exchange. On return
+ * t->grads holds the gradient on the whole arena (stage 0) or on at least
+ * the shard (stages 1-3). Collective. */
+td_status det_forward_backward(td_trainer *t, double *loss_out, double *data_s, double *wait_s);
+/* The global L2 norm of the reduced gradient in the canonical tree. */
+td_status det_grad_norm(td_trainer *t, double *norm_out);
+
+/* ---- deterministic_config.c ---- */
+/* "deterministic_reduction" (a boolean) or "deterministic_unit" (an
+ * integer >= 1), a cJSON * item, into cfg. */
+td_status td_deterministic_parse_json(const void *item, const char *source, td_train_config *cfg);
+/* At td_trainer_create: turn deterministic reduction on if the config
+ * asks (refusing what cannot be canonical), with the default unit for
+ * this world. */
+td_status det_trainer_init(td_trainer *t);
+/* Elastic training: on at registration (refused if the config says
+ * false); at each rebind the unit is kept (the default is fixed at the
+ * first into cfg.deterministic_unit, part of the elastic state: the
+ * largest divisor of the batch not above micro_hint nor batch /
+ * max_world) and the buffers are recut. */
+td_status det_elastic_enable(td_trainer *t);
+td_status det_elastic_rebind(td_trainer *t, int micro_hint, int max_world);
+/* The default unit: the largest divisor of batch that is at most
+ * micro and at most batch / max_world (max_world <= 0: no bound). */
+long det_default_unit(long batch, int micro, int max_world);
+
+#endif
