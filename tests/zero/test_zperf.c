@@ -33,7 +33,7 @@
  *       (about 3, not under ASan, whose allocator keeps its own pages),
  *       against at least 1024 (one per 4 KiB) with
  *       TANDEM_ZERO_HUGE_PAGES=off. */
-#include "train/train_impl.h"
+#include "train/core/core.h"
 #include "train/zero/zero.h"
 
 #include <stdio.h>

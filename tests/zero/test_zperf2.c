@@ -46,7 +46,7 @@
  *       step fails naming that rank, within the communicator's timeout,
  *       never hangs. Run with `tandemrun --grace` long enough for the
  *       survivors to report (tests/zperf2.suite). */
-#include "train/train_impl.h"
+#include "train/core/core.h"
 #include "train/zero/zero.h"
 
 #include <signal.h>

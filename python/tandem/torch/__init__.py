@@ -228,6 +228,7 @@ def _create_process_group(store, rank, size, timeout):
     # creation (members meeting, then the communicator's start-up, which
     # Tandem caps at an explicit timeout) and for each of its collectives.
     secs = 0.0 if timeout == default_pg_timeout else timeout.total_seconds()
+    _tandem_core._torchrun_store(secs)  # under torchrun: Tandem's store, found through the agent's
     members = _group_members(store, rank, size, secs or float(_os.environ.get("TANDEM_TIMEOUT") or 300))
     seq = _c10d_seq.get(members, 0)
     _c10d_seq[members] = seq + 1
