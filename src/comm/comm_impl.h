@@ -169,6 +169,7 @@ typedef struct comm_tunables {
   size_t tcp_buffer_bytes;   /* TANDEM_TCP_BUFFER_BYTES (0: kernel autotuning) */
   double shm_spin_us;        /* TANDEM_SHM_SPIN_US */
   double tcp_spin_us;        /* TANDEM_TCP_SPIN_US */
+  int tcp_protect;           /* TANDEM_TCP_PROTECT: a net_protect_mode (default off) */
   double heartbeat_interval_s; /* TANDEM_HEARTBEAT_INTERVAL (negative: unset) */
   double heartbeat_timeout_s;  /* TANDEM_HEARTBEAT_TIMEOUT (negative: unset; 0: off) */
   char host_addr[64];        /* TANDEM_HOST_ADDR: the address this rank publishes ("" unset) */

@@ -139,6 +139,16 @@ td_status comm_tunables_read(const td_comm_config *config, comm_tunables *t) {
   TD_CHECK(read_bytes("TANDEM_TCP_BUFFER_BYTES", 0, &t->tcp_buffer_bytes));
   TD_CHECK(read_number("TANDEM_SHM_SPIN_US", 0, MAX_SPIN_US, false, -1.0, "microseconds", &t->shm_spin_us));
   TD_CHECK(read_number("TANDEM_TCP_SPIN_US", 0, MAX_SPIN_US, false, -1.0, "microseconds", &t->tcp_spin_us));
+  /* Off by default: on this project's machines integrity halves the TCP
+   * busbw (docs/security.md, bench/protect.sh), far above the 10% at which
+   * it would have been the default between hosts. */
+  const char *protect = env_value("TANDEM_TCP_PROTECT");
+  net_protect_mode mode = NET_PROTECT_OFF;
+  if (protect && net_protect_parse_mode(protect, &mode) != 0)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "TANDEM_TCP_PROTECT=%s: use off (the default), integrity (every message "
+                                             "authenticated) or encrypt (also encrypted); the same on every rank",
+                    protect);
+  t->tcp_protect = mode;
   /* The pair (interval at most half the timeout) and the defaults are the
    * TCP transport's (transport/tcp/tcp.c), which alone uses them. */
   TD_CHECK(read_number("TANDEM_HEARTBEAT_TIMEOUT", 0, COMM_TUN_MAX_TIMEOUT_S, false, -1.0, "seconds",
