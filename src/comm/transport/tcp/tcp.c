@@ -25,7 +25,7 @@
  *
  * Afterwards the sockets are non-blocking with TCP_NODELAY and the socket
  * buffers of TANDEM_TCP_BUFFER_BYTES (at least 128 KiB); the framing engine
- * (p2p.c) drives them through try_send/try_recv/wait.
+ * (p2p/p2p.c) drives them through try_send/try_recv/wait.
  *
  * Protected streams (TANDEM_TCP_PROTECT=integrity or encrypt; off by
  * default, for its measured cost: docs/security.md): each connection's
@@ -88,9 +88,10 @@
  * partition that leaves the store on the other side, this side's ranks
  * still fail within the timeout, each naming a rank it lost. */
 #define _GNU_SOURCE 1 /* POLLRDHUP; must precede the first system header */
-#include "comm/comm_impl.h"
+#include "comm/rendezvous/rendezvous.h"
 #include "comm/transport/tcp/heartbeat.h"
 #include "comm/transport/tcp/stream.h"
+#include "comm/transport/tcp/tcp.h"
 
 #include <poll.h>
 #include <sched.h>
@@ -932,7 +933,7 @@ static td_status accept_peers(tcp_transport *t, int listen_fd, double deadline, 
 }
 
 /* TANDEM_HEARTBEAT_INTERVAL and TANDEM_HEARTBEAT_TIMEOUT (each checked by
- * tunables.c), with their defaults and the rule that ties them. A timeout
+ * core/tunables.c), with their defaults and the rule that ties them. A timeout
  * of 0 turns heartbeats off (a lost host is then found through keepalive
  * after about a minute, or TANDEM_TIMEOUT). */
 static td_status read_heartbeat_config(tcp_transport *t) {
