@@ -532,6 +532,7 @@ static void test_bad_arguments(void) {
 typedef struct bench_shape {
   const char *name;
   int B, T, C, NH, V;
+  int layers; /* for the optimizer rows' parameter count */
   int iters;
 } bench_shape;
 
@@ -644,8 +645,8 @@ static void run_bench(const bench_shape *sh, td_dtype dt) {
     printf("| attention (unfused)          | %-4s | skipped: no memory for (B, NH, T, T) |\n", td_dtype_name(dt));
   }
   cudaFree(att), cudaFree(scr);
-  /* the optimizer over a GPT-2 124M sized range (or the shape's 12 layers) */
-  size_t np = (size_t)V * C + (size_t)T * C + (size_t)12 * 12 * C * C;
+  /* the optimizer over the model's parameters (12 C^2 per layer, the embeddings) */
+  size_t np = (size_t)V * C + (size_t)T * C + (size_t)sh->layers * 12 * C * C;
   float *master = dev_fill(np, TD_F32, 0.1f), *m = dev_fill(np, TD_F32, 0.01f), *v = dev_fill(np, TD_F32, 0.01f);
   CHECK(cudaMemset(v, 0, np * 4) == cudaSuccess);
   void *grads = dev_fill(np, dt, 0.01f), *copy = NULL;
@@ -675,8 +676,8 @@ int main(int argc, char **argv) {
   }
   if (bench) {
     /* --bench: GPT-2 124M's shape; --bench small: a tiny one (the emulator's smoke run) */
-    bench_shape gpt2 = {"GPT-2 124M", 16, 1024, 768, 12, 50304, 10};
-    bench_shape small = {"small", 1, 33, 48, 2, 97, 1};
+    bench_shape gpt2 = {"GPT-2 124M", 16, 1024, 768, 12, 50304, 12, 10};
+    bench_shape small = {"small", 1, 33, 48, 2, 97, 1, 1};
     const bench_shape *sh = argc > 2 && strcmp(argv[2], "small") == 0 ? &small : &gpt2;
     run_bench(sh, TD_BF16);
     run_bench(sh, TD_F32);
