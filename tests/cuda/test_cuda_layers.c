@@ -296,6 +296,33 @@ static void test_matmul(int N, int IC, int OC, int with_bias, td_dtype dt) {
   void *dx = upload(x, ni, dt), *dw = upload(w, nw, dt), *db = b ? upload(b, OC, dt) : NULL, *dout = dev_f32(no);
   CHECK_OK(td_cuda_matmul_forward(dout, dx, dw, db, N, IC, OC, dt, NULL));
   expect_close(with_bias ? "matmul forward (bias)" : "matmul forward", dout, out, no, dt);
+  /* the fused forms: + residual (in place too), GELU with its input kept */
+  float *res = rand_host(no, 1, dt), *sum = malloc(no * 4 + 4), *gel = malloc(no * 4 + 4);
+  for (size_t i = 0; i < no; i++) sum[i] = out[i] + res[i];
+  td_gelu_forward(gel, out, no);
+  void *dres = upload(res, no, dt), *dpre = dev_f32(no);
+  CHECK_OK(td_cuda_matmul_forward_ex(dout, NULL, dres, dx, dw, db, N, IC, OC, dt, NULL));
+  /* bf16: the sum is rounded once, but the product inside it is not: compare
+   * against the f32 sum (one rounding) */
+  expect_close("matmul forward + residual", dout, sum, no, dt);
+  CHECK_OK(td_cuda_matmul_forward_ex(dres, NULL, dres, dx, dw, db, N, IC, OC, dt, NULL));
+  expect_close("matmul forward + residual in place", dres, sum, no, dt);
+  CHECK_OK(td_cuda_matmul_forward_ex(dout, dpre, NULL, dx, dw, db, N, IC, OC, dt, NULL));
+  expect_close("matmul forward pre-GELU", dpre, out, no, dt);
+  if (dt == TD_F32) {
+    expect_close("matmul forward GELU", dout, gel, no, dt);
+  } else {
+    /* GELU of the pre-activation, f32 (cuBLASLt's epilogue) or already
+     * rounded (the tiled path), then rounded: |gelu'| <= 1.13 turns the
+     * pre-activation's rounding into 1.13 u |pre| */
+    double *bound = malloc(sizeof(double) * (no ? no : 1));
+    for (size_t i = 0; i < no; i++) bound[i] = kBf16Unit * (fabs(gel[i]) + 1.13 * fabs(out[i]));
+    expect_within("matmul forward GELU", dout, gel, bound, no, dt);
+    free(bound);
+  }
+  CHECK_STATUS(td_cuda_matmul_forward_ex(dout, dpre, dres, dx, dw, db, N, IC, OC, dt, NULL), TD_ERR_INVALID_ARGUMENT);
+  cudaFree(dres), cudaFree(dpre);
+  free(res), free(sum), free(gel);
   float *dy = rand_host(no, 1, dt), *gx = rand_host(ni, 1, dt), *gw = rand_host(nw, 1, dt), *gb = rand_host(OC, 1, dt);
   void *ddy = upload(dy, no, dt), *dgx = upload(gx, ni, dt), *dgw = upload(gw, nw, dt), *dgb = upload(gb, OC, dt);
   td_linear_backward(gx, gw, gb, dy, x, w, N, IC, OC);
@@ -505,6 +532,7 @@ static void test_bad_arguments(void) {
 typedef struct bench_shape {
   const char *name;
   int B, T, C, NH, V;
+  int layers; /* for the optimizer rows' parameter count */
   int iters;
 } bench_shape;
 
@@ -586,8 +614,12 @@ static void run_bench(const bench_shape *sh, td_dtype dt) {
         td_cuda_matmul_forward(qkv, x, w, bias, (int)N, C, 3 * C, dt, NULL));
   BENCH("matmul fwd fc (C->4C)", (nc * 5 + 4.0 * C * C) * es, 2.0 * nc * 4 * C,
         td_cuda_matmul_forward(x4, x, w, bias, (int)N, C, 4 * C, dt, NULL));
+  BENCH("matmul fwd fc + GELU", (nc * 9 + 4.0 * C * C) * es, 2.0 * nc * 4 * C,
+        td_cuda_matmul_forward_ex(x4, y4, NULL, x, w, bias, (int)N, C, 4 * C, dt, NULL));
   BENCH("matmul fwd proj (4C->C)", (nc * 5 + 4.0 * C * C) * es, 2.0 * nc * 4 * C,
         td_cuda_matmul_forward(y, x4, w, bias, (int)N, 4 * C, C, dt, NULL));
+  BENCH("matmul fwd proj + residual", (nc * 6 + 4.0 * C * C) * es, 2.0 * nc * 4 * C,
+        td_cuda_matmul_forward_ex(y, NULL, g, x4, w, bias, (int)N, 4 * C, C, dt, NULL));
   BENCH("matmul bwd fc (C->4C)", (nc * 4 * 2 + nc * 2 + 8.0 * C * C) * es, 4.0 * nc * 4 * C,
         td_cuda_matmul_backward(g, dw, dbias, g4, x, w, (int)N, C, 4 * C, dt, NULL));
   BENCH("matmul fwd lm head (C->V)", (nc + (double)N * V + (double)V * C) * es, 2.0 * nc * V,
@@ -613,8 +645,8 @@ static void run_bench(const bench_shape *sh, td_dtype dt) {
     printf("| attention (unfused)          | %-4s | skipped: no memory for (B, NH, T, T) |\n", td_dtype_name(dt));
   }
   cudaFree(att), cudaFree(scr);
-  /* the optimizer over a GPT-2 124M sized range (or the shape's 12 layers) */
-  size_t np = (size_t)V * C + (size_t)T * C + (size_t)12 * 12 * C * C;
+  /* the optimizer over the model's parameters (12 C^2 per layer, the embeddings) */
+  size_t np = (size_t)V * C + (size_t)T * C + (size_t)sh->layers * 12 * C * C;
   float *master = dev_fill(np, TD_F32, 0.1f), *m = dev_fill(np, TD_F32, 0.01f), *v = dev_fill(np, TD_F32, 0.01f);
   CHECK(cudaMemset(v, 0, np * 4) == cudaSuccess);
   void *grads = dev_fill(np, dt, 0.01f), *copy = NULL;
@@ -644,8 +676,8 @@ int main(int argc, char **argv) {
   }
   if (bench) {
     /* --bench: GPT-2 124M's shape; --bench small: a tiny one (the emulator's smoke run) */
-    bench_shape gpt2 = {"GPT-2 124M", 16, 1024, 768, 12, 50304, 10};
-    bench_shape small = {"small", 1, 33, 48, 2, 97, 1};
+    bench_shape gpt2 = {"GPT-2 124M", 16, 1024, 768, 12, 50304, 12, 10};
+    bench_shape small = {"small", 1, 33, 48, 2, 97, 1, 1};
     const bench_shape *sh = argc > 2 && strcmp(argv[2], "small") == 0 ? &small : &gpt2;
     run_bench(sh, TD_BF16);
     run_bench(sh, TD_F32);
