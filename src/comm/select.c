@@ -16,6 +16,7 @@
  *   send/recv       p2p_send_recv             p2p_send_recv
  * TANDEM_ALLREDUCE_ALGO=ring|rd|shm forces the allreduce algorithm. */
 #include "comm/comm_impl.h"
+#include "comm/device/device_coll.h"
 
 #include <string.h>
 
@@ -165,6 +166,10 @@ td_status comm_execute(td_comm *comm, const comm_op *op) {
    * of 0 elements still exchanges its header, so that a count disagreement
    * between the two sides is reported rather than waited out. */
   if (op->count == 0 && op->kind != COMM_BARRIER && op->kind != COMM_SEND && op->kind != COMM_RECV) return TD_OK;
+  if (op->on_device) {
+    TD_CHECK(device_coll_execute(comm, op));
+    return comm_status(comm);
+  }
   comm_algo_fn algo = pick(comm, op);
   if (!algo) return comm_fail(comm, TD_ERR_INTERNAL, "no algorithm for operation kind %d", (int)op->kind);
   if (needs_f32_partials(comm, op, algo)) {
