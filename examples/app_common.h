@@ -80,8 +80,8 @@ static double app_parse_double(const char *flag, const char *text, double min, d
 }
 
 /* ---- the flags both programs take ----
- * --config, --metrics, --save, --resume, --keep-last, --micro-batch, --seed,
- * --lr and --threads mean the same in train-gpt and train-fmnist; each program parses
+ * --config, --metrics, --save, --resume, --allow-batch-size-change,
+ * --keep-last, --micro-batch, --seed, --lr and --threads mean the same in train-gpt and train-fmnist; each program parses
  * its own flags around these. */
 typedef struct app_common_options {
   const char *config_path;
@@ -95,6 +95,7 @@ typedef struct app_common_options {
   double lr;        /* < 0: not given */
   int half;         /* --bf16 / --fp16: TD_BF16 / TD_F16 (-1: not given) */
   long zero_stage;  /* -1: not given */
+  int allow_batch_size_change; /* --allow-batch-size-change */
 } app_common_options;
 
 static void app_common_init(app_common_options *c) {
@@ -120,6 +121,7 @@ static int app_common_flag(int argc, char **argv, int *i, app_common_options *c)
   else if ((v = app_flag_value(argc, argv, i, "--threads"))) c->threads = app_parse_long("--threads", v, 0, 1024);
   else if (!strcmp(argv[*i], "--bf16")) c->half = TD_BF16;
   else if (!strcmp(argv[*i], "--fp16")) c->half = TD_F16;
+  else if (!strcmp(argv[*i], "--allow-batch-size-change")) c->allow_batch_size_change = 1;
   else if ((v = app_flag_value(argc, argv, i, "--zero-stage"))) c->zero_stage = app_parse_long("--zero-stage", v, 0, 3);
   else return 0;
   return 1;
@@ -140,6 +142,7 @@ static void app_config_apply(const app_common_options *c, td_train_config *cfg) 
   if (c->keep_last >= 0) cfg->keep_last = (int)c->keep_last;
   if (c->half >= 0) cfg->precision.compute = (td_dtype)c->half; /* mixed precision, as "bf16"/"fp16" enabled */
   if (c->zero_stage >= 0) cfg->zero_stage = (int)c->zero_stage;
+  if (c->allow_batch_size_change) cfg->allow_batch_size_change = 1;
   if (c->save_dir) snprintf(cfg->checkpoint_dir, sizeof cfg->checkpoint_dir, "%s", c->save_dir);
 }
 

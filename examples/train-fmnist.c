@@ -38,9 +38,11 @@ static void usage(void) {
       "  --metrics FILE     one JSON object per step (and per evaluation) to FILE (rank 0)\n"
       "  --save DIR         checkpoint into DIR after every epoch and at the end\n"
       "  --resume DIR       continue from the checkpoint in DIR\n"
+      "  --allow-batch-size-change  resume a checkpoint saved with another global batch\n"
+      "                     (refused otherwise; config key checkpoint.allow_batch_size_change)\n"
       "  --keep-last K      keep only the K newest checkpoints in the --save DIR (default: all)\n"
       "  --elastic          elastic training (implied under tandemrun --min-np/--max-np); no test-set\n"
-      "                     evaluation in this mode yet (README, Elastic training)\n"
+      "                     evaluation in this mode yet (docs/elastic.md)\n"
       "  --help             this text\n"
       "\n"
       "Environment: TANDEM_PROGRESS=auto|live|plain|off, TANDEM_TIMELINE=FILE (Chrome trace).\n",

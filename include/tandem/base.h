@@ -51,7 +51,7 @@ const char *td_status_str(td_status status);
 /* The CPU level the library's SIMD kernels run at in this process:
  * "generic" (any x86-64), "avx2" (AVX2, FMA, F16C) or "avx512" (AVX-512
  * F/BW/DQ/VL). The highest this CPU supports unless TANDEM_CPU says
- * otherwise; "generic" when TANDEM_CPU was refused (see README). */
+ * otherwise; "generic" when TANDEM_CPU was refused (docs/environment.md). */
 const char *td_cpu_kernel_level(void);
 
 /* The message of the latest failed call made by this thread (rule 1 above).
@@ -70,7 +70,7 @@ typedef enum td_dtype {
 } td_dtype;
 
 /* Reduction semantics, the same on every algorithm and transport, and every
- * rank gets the same bits (README "Reductions"):
+ * rank gets the same bits (docs/collectives.md, "Reductions"):
  * - Integer SUM and PROD wrap around modulo 2^bits (two's complement), never
  *   undefined; TD_AVG on integers is that wrapped sum divided by the number
  *   of ranks, truncated toward zero (C's integer division).

@@ -71,7 +71,7 @@ typedef struct td_schedule_config {
 } td_schedule_config;
 
 /* DeepSpeed's "elasticity" block (src/train/elastic/elastic_config.c;
- * README "Elastic training"). When enabled, the global batch is DeepSpeed's
+ * docs/elastic.md). When enabled, the global batch is DeepSpeed's
  * choice: the batch size up to max_train_batch_size that a micro-batch of
  * micro_batch_sizes splits over the most world sizes in [min_gpus,
  * max_gpus], and the program trains elastically. */
@@ -154,7 +154,7 @@ typedef struct td_train_config {
                               * directory, always including the one `latest` names (0: keep all) */
   td_precision_config precision; /* bf16 / fp16 mixed precision (default f32) */
   int activation_checkpointing;  /* 1: models keep only each block's input and recompute the rest in backward */
-  /* ZeRO (DeepSpeed's zero_optimization; README "ZeRO"). Each rank owns the
+  /* ZeRO (DeepSpeed's zero_optimization; docs/zero.md). Each rank owns the
    * element range td_shard_range(n_params, world, rank) of every arena.
    * 0: every rank holds everything (default); 1: optimizer state only for
    * the shard; 2: also gradients (reduced into their owner's shard during
@@ -164,13 +164,18 @@ typedef struct td_train_config {
   long stage3_max_live_parameters;         /* fetched parameters kept resident (cached) at most (1e9) */
   long stage3_param_persistence_threshold; /* fetch groups this small stay resident for the whole step (1e5) */
   td_elasticity_config elasticity;         /* "elasticity" (off by default) */
-  td_offload_config offload;               /* ZeRO-Infinity NVMe offload (stage 3; README "NVMe offload") */
-  /* Deterministic reduction (README "Deterministic reduction"): every float
+  td_offload_config offload;               /* ZeRO-Infinity NVMe offload (stage 3; docs/zero.md) */
+  /* Deterministic reduction (docs/elastic.md, "Deterministic reduction"): every float
    * sum of a step in one order fixed by the global batch, so that any world
    * size computes the 1-rank bits. -1: on under elastic training, off
    * otherwise (default); 0: off (refused under elastic training); 1: on. */
   int deterministic_reduction;
-  long deterministic_unit; /* samples per unit of the canonical sum (0: the default, README) */
+  long deterministic_unit; /* samples per unit of the canonical sum (0: the default, docs/config.md) */
+  /* td_trainer_resume refuses a checkpoint saved with another global batch
+   * (train_batch_size), naming both: the schedule, the data order and the
+   * loss scale of the saved run assume its batch. 1: load it anyway
+   * (checkpoint.allow_batch_size_change; default 0). */
+  int allow_batch_size_change;
 } td_train_config;
 
 /* DeepSpeed's elastic batch choice (v0.1, deepspeed.elasticity): the
@@ -200,7 +205,7 @@ void td_train_config_defaults(td_train_config *cfg);
  *   scheduler: {type: "WarmupLR"|"WarmupCosineLR"|"WarmupDecayLR"|"Constant",
  *               params: {warmup_num_steps, total_num_steps, warmup_min_lr,
  *                        warmup_max_lr, warmup_min_ratio, cos_min_ratio}},
- *   checkpoint: {save_dir, save_every, keep_last},
+ *   checkpoint: {save_dir, save_every, keep_last, allow_batch_size_change},
  *   zero_optimization: {stage: 0-3, stage3_prefetch_bucket_size,
  *               stage3_max_live_parameters, stage3_param_persistence_threshold
  *               (DeepSpeed's other keys of the section are accepted, unused)};

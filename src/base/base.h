@@ -62,9 +62,12 @@ void td_log(td_log_level level, const char *fmt, ...) __attribute__((format(prin
 void td_log_set_prefix(const char *prefix);
 
 /* ---- environment tunables ----
- * Every TANDEM_* variable is read through these, so that the README's list is
- * complete: grep for TD_ENV_ to find them all. A malformed value is reported
- * once as a warning and the default is used. */
+ * Readers of TANDEM_* variables outside the communicator (whose settings
+ * src/comm/tunables.c reads once and refuses when malformed). Here a
+ * malformed value is reported once as a warning and the default is used.
+ * docs/environment.md lists every TANDEM_* variable; tests/docs/check_docs.py
+ * finds them in the code by their string literals and fails when one is
+ * missing there. */
 long td_env_long(const char *name, long default_value);
 double td_env_double(const char *name, double default_value);
 const char *td_env_str(const char *name, const char *default_value);

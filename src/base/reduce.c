@@ -4,7 +4,7 @@
  * before reaching for intrinsics. f16 and bf16 are
  * widened to f32, combined, and rounded once.
  *
- * Semantics every path shares (README "Reductions"), chosen so that the
+ * Semantics every path shares (docs/collectives.md, "Reductions"), chosen so that the
  * result never depends on which rank combined which operands in which order:
  *   - Integer SUM and PROD wrap around modulo 2^bits (computed in unsigned
  *     arithmetic: signed overflow would be undefined behaviour).

@@ -14,6 +14,7 @@
  * uniform 32-byte key. The secret itself never appears in a message. */
 #include "net/net.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
@@ -29,10 +30,12 @@
  * 32 characters carries less, but it is the shortest we accept. */
 #define AUTH_MIN_SECRET_BYTES 32
 #define AUTH_MAX_SECRET_BYTES 4096
+/* $HOME/.tandem/secret longer than this is refused (messages quote it). */
+#define AUTH_HOME_PATH_MAX 320
 
 static pthread_once_t auth_once = PTHREAD_ONCE_INIT;
 static td_status auth_status;
-static char auth_error[512];
+static char auth_error[1024];
 static bool auth_have_secret;
 static double auth_timeout_s = NET_AUTH_DEFAULT_TIMEOUT_S;
 static unsigned char auth_key[crypto_auth_hmacsha256_KEYBYTES];
@@ -46,26 +49,27 @@ static void derive_key(const unsigned char *secret, size_t len) {
   crypto_generichash_final(&h, auth_key, sizeof auth_key);
 }
 
-/* Read TANDEM_SECRET_FILE into buf. The file must be a regular file owned
+/* Read a secret file (`what` names it: TANDEM_SECRET_FILE or the per-user
+ * secret) into buf. The file must be a regular file owned
  * by this user with no group/other permissions, like ssh's private keys:
  * a secret others can read keeps nobody out, so it is refused, not warned. */
-static bool read_secret_file(const char *path, unsigned char *buf, size_t size, size_t *len_out) {
+static bool read_secret_file(const char *what, const char *path, unsigned char *buf, size_t size, size_t *len_out) {
   int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0) {
-    snprintf(auth_error, sizeof auth_error, "cannot open TANDEM_SECRET_FILE '%s': %s", path, strerror(errno));
+    snprintf(auth_error, sizeof auth_error, "cannot open %s '%s': %s", what, path, strerror(errno));
     return false;
   }
   struct stat sb;
   if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-    snprintf(auth_error, sizeof auth_error, "TANDEM_SECRET_FILE '%s' is not a regular file", path);
+    snprintf(auth_error, sizeof auth_error, "%s '%s' is not a regular file", what, path);
     close(fd);
     return false;
   }
   if (sb.st_uid != geteuid() || (sb.st_mode & 077)) {
     snprintf(auth_error, sizeof auth_error,
-             "refusing TANDEM_SECRET_FILE '%s': it must be owned by uid %u and not accessible to group or others "
+             "refusing %s '%s': it must be owned by uid %u and not accessible to group or others "
              "(it is owned by uid %u, mode %04o); run: chmod 600 '%s'",
-             path, (unsigned)geteuid(), (unsigned)sb.st_uid, (unsigned)(sb.st_mode & 07777), path);
+             what, path, (unsigned)geteuid(), (unsigned)sb.st_uid, (unsigned)(sb.st_mode & 07777), path);
     close(fd);
     return false;
   }
@@ -74,14 +78,14 @@ static bool read_secret_file(const char *path, unsigned char *buf, size_t size, 
     ssize_t n;
     TD_SYSCALL_RETRY(n, read(fd, buf + got, size - got));
     if (n < 0) {
-      snprintf(auth_error, sizeof auth_error, "cannot read TANDEM_SECRET_FILE '%s': %s", path, strerror(errno));
+      snprintf(auth_error, sizeof auth_error, "cannot read %s '%s': %s", what, path, strerror(errno));
       close(fd);
       return false;
     }
     if (n == 0) break;
     got += (size_t)n;
     if (got == size) {
-      snprintf(auth_error, sizeof auth_error, "TANDEM_SECRET_FILE '%s' is larger than %d bytes", path,
+      snprintf(auth_error, sizeof auth_error, "%s '%s' is larger than %d bytes", what, path,
                AUTH_MAX_SECRET_BYTES);
       close(fd);
       return false;
@@ -92,6 +96,75 @@ static bool read_secret_file(const char *path, unsigned char *buf, size_t size, 
   while (got > 0 && (buf[got - 1] == '\n' || buf[got - 1] == '\r')) got--;
   *len_out = got;
   return true;
+}
+
+/* The per-user secret, for launchers that hand out none (mpirun, srun,
+ * torchrun): $HOME/.tandem/secret, created on first use with 256 random
+ * bits (hex) and mode 0600 in a 0700 directory, as ssh keeps ~/.ssh. Every
+ * process of this user on every host that shares the home directory (as
+ * clusters do) reads the same one; another user can read neither. The file
+ * is written under a temporary name and link()ed into place, so that ranks
+ * starting at once on one host (or on several over NFS, where link is
+ * atomic too) all end up with the one that won. Returns false with
+ * auth_error set on a refusal (loose permissions, another owner) or an I/O
+ * failure, true with *len_out 0 when there is no home directory to use. */
+static bool read_home_secret(unsigned char *buf, size_t size, size_t *len_out, char *path, size_t path_size) {
+  *len_out = 0;
+  const char *home = getenv("HOME");
+  if (!home || home[0] != '/') return true;
+  char dir[AUTH_HOME_PATH_MAX - 8];
+  if ((size_t)snprintf(dir, sizeof dir, "%s/.tandem", home) >= sizeof dir ||
+      (size_t)snprintf(path, path_size, "%s/secret", dir) >= path_size) {
+    snprintf(auth_error, sizeof auth_error, "the per-user secret's path under HOME '%s' is too long", home);
+    return false;
+  }
+  if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
+    if (errno == EACCES || errno == EROFS || errno == ENOENT) return true; /* no usable home: no secret */
+    snprintf(auth_error, sizeof auth_error, "cannot create '%s' for the per-user job secret: %s", dir, strerror(errno));
+    return false;
+  }
+  struct stat sb;
+  if (lstat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode) || sb.st_uid != geteuid() || (sb.st_mode & 022)) {
+    snprintf(auth_error, sizeof auth_error,
+             "refusing the per-user job secret in '%s': the directory must be this user's (uid %u) and writable by "
+             "nobody else; run: chmod 700 '%s' (or set TANDEM_SECRET_FILE)",
+             dir, (unsigned)geteuid(), dir);
+    return false;
+  }
+  if (access(path, F_OK) != 0) {
+    unsigned char bits[32];
+    char hex[2 * sizeof bits + 2], tmp[AUTH_HOME_PATH_MAX + 24];
+    randombytes_buf(bits, sizeof bits);
+    sodium_bin2hex(hex, sizeof hex, bits, sizeof bits);
+    sodium_memzero(bits, sizeof bits);
+    size_t hex_len = strlen(hex);
+    hex[hex_len] = '\n';
+    uint32_t tag = randombytes_random();
+    snprintf(tmp, sizeof tmp, "%s.%ld.%08x", path, (long)getpid(), (unsigned)tag);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0) {
+      snprintf(auth_error, sizeof auth_error, "cannot create the per-user job secret '%s': %s", tmp, strerror(errno));
+      sodium_memzero(hex, sizeof hex);
+      return false;
+    }
+    ssize_t n;
+    TD_SYSCALL_RETRY(n, write(fd, hex, hex_len + 1));
+    bool written = n == (ssize_t)(hex_len + 1) && fsync(fd) == 0;
+    int write_errno = errno;
+    close(fd);
+    sodium_memzero(hex, sizeof hex);
+    /* link fails with EEXIST when another process got there first: its
+     * file is the secret then. */
+    if (!written || (link(tmp, path) != 0 && errno != EEXIST)) {
+      snprintf(auth_error, sizeof auth_error, "cannot write the per-user job secret '%s': %s", path,
+               strerror(written ? errno : write_errno));
+      unlink(tmp);
+      return false;
+    }
+    unlink(tmp);
+  }
+  return read_secret_file("the per-user job secret (used when TANDEM_SECRET and TANDEM_SECRET_FILE are unset)",
+                          path, buf, size, len_out);
 }
 
 static void auth_load(void) {
@@ -126,10 +199,18 @@ static void auth_load(void) {
     memcpy(secret, text, len);
   } else if (path) {
     source = "TANDEM_SECRET_FILE";
-    if (!read_secret_file(path, secret, AUTH_MAX_SECRET_BYTES, &len)) {
+    if (!read_secret_file("TANDEM_SECRET_FILE", path, secret, AUTH_MAX_SECRET_BYTES, &len)) {
       auth_status = TD_ERR_INVALID_ARGUMENT;
       goto out;
     }
+  }
+  char home_path[AUTH_HOME_PATH_MAX];
+  if (!source) {
+    if (!read_home_secret(secret, AUTH_MAX_SECRET_BYTES, &len, home_path, sizeof home_path)) {
+      auth_status = TD_ERR_INVALID_ARGUMENT;
+      goto out;
+    }
+    if (len) source = home_path;
   }
   if (source && len < AUTH_MIN_SECRET_BYTES) {
     auth_status = TD_ERR_INVALID_ARGUMENT;
@@ -139,7 +220,9 @@ static void auth_load(void) {
              source, len, AUTH_MIN_SECRET_BYTES);
     goto out;
   }
-  derive_key(secret, len); /* len 0 (no secret): a fixed key; listeners stay on loopback */
+  /* len 0: no secret at all (no usable HOME and no variable): a fixed key,
+   * so listeners stay on loopback (net_listen) */
+  derive_key(secret, len);
   auth_have_secret = source != NULL;
   auth_status = TD_OK;
 out:
@@ -323,7 +406,8 @@ transfer_failed:;
   return td_error(TD_ERR_REMOTE,
                   "authentication with %s failed: %s. The peer closes the connection when the job secrets differ: "
                   "every process of a job needs the same TANDEM_SECRET or TANDEM_SECRET_FILE (tandemrun sets it "
-                  "for its workers)",
+                  "for its workers; without either, each user's ~/.tandem/secret is used, which hosts share only "
+                  "through a shared home directory)",
                   peer, why);
 }
 

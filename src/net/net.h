@@ -59,9 +59,11 @@ typedef struct net_auth_hello {
 } net_auth_hello;
 
 /* Load the job's key once per process (thread-safe; later calls return the
- * first outcome). Fails with TD_ERR_INVALID_ARGUMENT naming the variable
- * (never the secret) if TANDEM_SECRET is too short or TANDEM_SECRET_FILE is
- * unreadable, too short or readable by others. */
+ * first outcome): from TANDEM_SECRET, else TANDEM_SECRET_FILE, else the
+ * per-user $HOME/.tandem/secret (created 0600 on first use), else no secret
+ * (no usable HOME: a fixed key, loopback listeners only). Fails with
+ * TD_ERR_INVALID_ARGUMENT naming the variable or file (never the secret) if
+ * the secret is too short or its file unreadable or readable by others. */
 td_status net_auth_init(void);
 /* Does this process hold a job secret (after a successful net_auth_init)? */
 bool net_auth_have_secret(void);

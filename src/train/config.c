@@ -452,12 +452,12 @@ static td_status parse_scheduler(parse_ctx *pc, const cJSON *obj) {
 }
 
 static td_status parse_checkpoint(parse_ctx *pc, const cJSON *obj) {
-  static const char *const keys[] = {"save_dir", "save_every", "keep_last"};
+  static const char *const keys[] = {"save_dir", "save_every", "keep_last", "allow_batch_size_change"};
   if (!cJSON_IsObject(obj))
     return td_error(TD_ERR_INVALID_ARGUMENT,
                     "%s: checkpoint must be an object, e.g. \"checkpoint\": {\"save_dir\": \"ckpt\", \"save_every\": 100}",
                     pc->source);
-  TD_CHECK(check_keys(pc, obj, "checkpoint", keys, 3));
+  TD_CHECK(check_keys(pc, obj, "checkpoint", keys, 4));
   const cJSON *item;
   cJSON_ArrayForEach(item, obj) {
     if (strcmp(item->string, "save_dir") == 0) {
@@ -471,6 +471,10 @@ static td_status parse_checkpoint(parse_ctx *pc, const cJSON *obj) {
       long n = 0;
       TD_CHECK(get_int(pc, item, "checkpoint.keep_last", 0, 1L << 30, &n));
       pc->cfg->keep_last = (int)n;
+    } else if (strcmp(item->string, "allow_batch_size_change") == 0) {
+      int on = 0;
+      TD_CHECK(get_bool(pc, item, "checkpoint.allow_batch_size_change", &on));
+      pc->cfg->allow_batch_size_change = on;
     } else {
       long n = 0;
       TD_CHECK(get_int(pc, item, "checkpoint.save_every", 0, 1L << 40, &n));

@@ -46,14 +46,17 @@
 #define MAXW 4
 
 static td_optimizer_kind opt_kind = TD_OPTIMIZER_ADAMW;
+static long batch = G;         /* the global batch make() asks for */
+static int allow_batch_change; /* its allow_batch_size_change */
 
 static td_trainer *make(td_model *m, td_dataset *ds, td_comm *comm) {
   int world = comm ? td_comm_size(comm) : 1;
   td_train_config c;
   td_train_config_defaults(&c);
-  c.train_batch_size = G;
-  c.micro_batch = G / world;
+  c.train_batch_size = batch;
+  c.micro_batch = (int)batch / world;
   c.grad_accum = 1;
+  c.allow_batch_size_change = allow_batch_change;
   c.seed = 77;
   c.optimizer.kind = opt_kind;
   c.optimizer.lr = opt_kind == TD_OPTIMIZER_SGD ? 0.05f : 1e-2f;
@@ -448,6 +451,35 @@ static void test_corrupt(const char *base) {
   td_trainer_destroy(u);
   opt_kind = TD_OPTIMIZER_ADAMW;
   printf("another model kind and another optimizer refused, naming both\n");
+
+  /* Another global batch: refused naming both, the trainer unchanged,
+   * unless the run allows it; then the state is the saved one and the run
+   * goes on with its own batch. */
+  for (long other = 1; other <= 2 * G; other++) {
+    if (other == G) continue;
+    batch = other;
+    u = make(m, ds, NULL);
+    float before[TINY_N];
+    memcpy(before, u->params, sizeof before);
+    char want[160];
+    snprintf(want, sizeof want, "trained with a global batch of %d samples, this run's is %ld", G, other);
+    CHECK_MSG(td_trainer_resume(u, root), TD_ERR_INVALID_ARGUMENT, want);
+    CHECK(strstr(td_last_error(), "checkpoint.allow_batch_size_change") != NULL);
+    CHECK_EQ_INT(td_trainer_step_count(u), 0);
+    CHECK(memcmp(before, u->params, sizeof before) == 0);
+    td_trainer_destroy(u);
+    allow_batch_change = 1;
+    u = make(m, ds, NULL);
+    CHECK_OK(td_trainer_resume(u, root));
+    same_state(u, &ref, "a checkpoint of another global batch, allowed");
+    td_step_stats ss;
+    CHECK_OK(td_trainer_step(u, &ss));
+    CHECK_EQ_INT(ss.samples, other);
+    td_trainer_destroy(u);
+    allow_batch_change = 0;
+  }
+  batch = G;
+  printf("another global batch (1..%d) refused naming both values; loaded when allowed\n", 2 * G);
 
   /* The undamaged original still resumes exactly. */
   u = make(m, ds, NULL);

@@ -5,7 +5,8 @@
 # adding up to the file); a checkpoint resumed by 3 ranks and by 1 continues
 # with the losses of the 2-rank run (same global batch); then a truncated
 # data file, a flipped bit, a missing data file and a bad command line each
-# give a clear error and the documented exit status (1, or 2 for usage).
+# give a clear error and the documented exit status (1, or 2 for usage); a
+# resume with another global batch is refused unless allowed.
 # usage: tool.sh BUILD_TREE
 set -u
 B=$1
@@ -93,4 +94,17 @@ expect 1 "the checkpoint is incomplete" "$CK" verify "$w/m"
 expect 1 "no checkpoint in $w/nothing" "$CK" verify "$w/nothing"
 expect 2 "usage: tandem-ckpt" "$CK" frobnicate "$w/c"
 expect 2 "usage: tandem-ckpt" "$CK" consolidate "$w/c"
+# Another global batch (2 ranks x 3 = 6, saved with 12): refused naming both
+# values and the flag; with --allow-batch-size-change it trains on from step 2.
+expect 1 "trained with a global batch of 12 samples, this run's is 6" \
+  "$RUN" -np 2 "$GPT" $ARGS --micro-batch 3 --steps 3 --resume "$w/c"
+grep -q -- "--allow-batch-size-change" "$w/o" || fail "the refusal does not name --allow-batch-size-change"
+"$RUN" -np 2 "$GPT" $ARGS --micro-batch 3 --steps 3 --resume "$w/c" --allow-batch-size-change \
+  --metrics "$w/b.jsonl" >"$w/b.out" 2>&1 || { cat "$w/b.out"; fail "--allow-batch-size-change"; }
+"$PY" - "$w/b.jsonl" <<'PYEOF' || fail "--allow-batch-size-change: not one step of 6 samples after step 2"
+import json, sys
+got = [j for j in map(json.loads, open(sys.argv[1])) if "step" in j and "loss" in j]
+assert [j["step"] for j in got] == [3], got
+print("allowed: step 3 after the 12-sample checkpoint of step 2, loss", got[0]["loss"])
+PYEOF
 echo ok

@@ -14,6 +14,12 @@
 #   hosts.sh B CASE S the job at ZeRO stage S: host b's shards must come
 #                     from their buddies on host a (the log says "rebuilt
 #                     from memory", never the disk fallback)
+#   hosts.sh B kill-a S 2+1
+#                     uneven hosts (2 ranks on a, 1 on b: a 2x2 job after
+#                     its first loss), every process of host a killed: the
+#                     rank on b alone rebuilds both of a's shards from the
+#                     copies it kept as their buddy (a buddy on the same
+#                     host would have lost one with a)
 #
 # Needs root (namespaces, sshd); every namespace and sshd is removed on
 # exit, also after a failure.
@@ -21,6 +27,10 @@ set -u
 B=$1
 case_name=$2
 zero=${3:-0}
+layout=${4:-2+2} # ranks on host a + ranks on host b
+n_a=${layout%+*}
+n_b=${layout#*+}
+np=$((n_a + n_b))
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../lib/sshhosts.sh"
 RUN=$(cd "$B/bin" && pwd)/tandemrun
@@ -41,15 +51,16 @@ export TANDEM_PROGRESS=plain TANDEM_HEARTBEAT_TIMEOUT=2 TANDEM_HEARTBEAT_INTERVA
 export TANDEM_ELASTIC_SETTLE=4
 [ "$zero" != 0 ] && export TANDEM_LOG=info # the rebuild's log lines
 args="--layers 2 --channels 64 --heads 2 --seq 64 --threads 1 --sample 0 --steps 150 --micro-batch 3 --zero-stage $zero"
-hosts="-H 10.77.7.1:2,10.77.7.2:2"
+hosts="-H 10.77.7.1:$n_a,10.77.7.2:$n_b"
+case $case_name in kill-a) left=$n_b ;; *) left=$n_a ;; esac
 exact() { sed -n 's/.*elastic final_loss_exact=\([^ ]*\) params_hash=.*/\1/p' "$1"; }
 
 # The fault-free reference runs on this host (shared memory): the same
 # steps, summed in another order, so equal to summation noise.
-"$RUN" --min-np 2 --max-np 4 -np 4 "$GPT" $args >"$tmp/ref" 2>&1 || { out="$tmp/ref"; fail "fault-free run"; }
+"$RUN" --min-np $left --max-np $np -np $np "$GPT" $args >"$tmp/ref" 2>&1 || { out="$tmp/ref"; fail "fault-free run"; }
 
 out="$tmp/out"
-netns_spawn l "$RUN" --min-np 2 --max-np 4 -np 4 --max-restarts 0 $hosts "$GPT" $args >"$out" 2>&1
+netns_spawn l "$RUN" --min-np $left --max-np $np -np $np --max-restarts 0 $hosts "$GPT" $args >"$out" 2>&1
 job=$NETNS_PID
 wait_for() {
   for _ in $(seq 1 $(( ${2:-60} * 20 ))); do
@@ -61,27 +72,29 @@ wait_for() {
 wait_for "step 20 loss"
 case $case_name in
 cut) netns_cut b down ;;
-kill)
-  # Every process of host b's ranks at once (not its sshd).
-  for pid in $(sshhosts_pids b); do
+kill | kill-a)
+  # Every process of the host's ranks at once (not its sshd).
+  victim=b
+  [ "$case_name" = kill-a ] && victim=a
+  for pid in $(sshhosts_pids $victim); do
     grep -q "train-gpt" "/proc/$pid/cmdline" 2>/dev/null && kill -9 "$pid"
   done ;;
 *) fail "unknown case" ;;
 esac
-wait_for "elastic epoch 2: world=2" 60
+wait_for "elastic epoch 2: world=$left" 60
 wait "$job"
 rc=$?
-grep -q "elastic process 3 (pid .*) is rank 3 of 4" "$out" || fail "not 4 ranks over ssh"
+grep -q "elastic process $((np - 1)) (pid .*) is rank $((np - 1)) of $np" "$out" || fail "not $np ranks over ssh"
 [ $rc = 0 ] || fail "tandemrun exited $rc"
 grep -v "step [0-9]* loss" "$out" | tail -12
 if [ "$zero" != 0 ]; then
   grep -q "epoch 2: rank 0: sharded state of commit [0-9]* rebuilt from memory" "$out" ||
-    fail "host b's shards were not rebuilt from their buddies' memory on host a"
-  grep -q "falling back to the disk" "$out" && fail "a shard was lost with host b: its buddy was not on host a"
+    fail "the lost host's shards were not rebuilt from their buddies' memory on the other host"
+  grep -q "falling back to the disk" "$out" && fail "a shard was lost with its host: its buddy was on the same host"
 fi
 lref=$(exact "$tmp/ref")
 lout=$(exact "$out")
 [ -n "$lref" ] && [ -n "$lout" ] || fail "missing final loss"
 awk -v a="$lout" -v b="$lref" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-5 * (b < 0 ? -b : b)) }' ||
   fail "final loss $lout differs from the fault-free $lref beyond summation noise"
-echo "PASS(hosts $case_name): host b lost, the job went on at 2 ranks; final loss $lout vs fault-free $lref"
+echo "PASS(hosts $case_name, $layout): a host lost, the job went on at $left ranks; final loss $lout vs fault-free $lref"

@@ -19,6 +19,13 @@
  *                          is refused by name; a 2-rank shm job whose segment
  *                          header is tampered with before rank 1 maps it fails
  *                          with an error naming the segment.
+ *   test_security home     no secret given (mpirun, srun, torchrun): the
+ *                          per-user ~/.tandem/secret is created 0600 on first
+ *                          use and shared by the job's processes; another
+ *                          home's secret and the old fixed key are refused;
+ *                          loose permissions are refused; without any
+ *                          secret only loopback listeners; ranks racing to
+ *                          create it agree.
  *   test_security flood-job  (under tandemrun -np 4) 1,000 junk connections
  *                          and oversized requests against the job's store
  *                          while the ranks run collectives and create
@@ -783,6 +790,218 @@ static int mode_flood_job(void) {
   return 0;
 }
 
+/* ---- the per-user secret (issue 19 item 6) ---- */
+
+/* A process of the job (same user, same home): reads the key. */
+static int mode_home_peer(const char *addr) {
+  td_store *st = NULL;
+  CHECK_OK(store_connect(addr, 5.0, &st));
+  char *v = NULL;
+  CHECK_OK(store_wait_str(st, "k", 1.0, &v));
+  CHECK(strcmp(v, "home job") == 0);
+  free(v);
+  store_close(st);
+  return 0;
+}
+
+/* Loading the key must fail with `fragment` in the message. */
+static int mode_home_refused(const char *fragment) {
+  td_status st = net_auth_init();
+  if (st == TD_OK) return 1;
+  if (!strstr(td_last_error(), fragment)) {
+    fprintf(stderr, "refusal without \"%s\": %s\n", fragment, td_last_error());
+    return 2;
+  }
+  return 0;
+}
+
+/* Listen on every interface: 0 if that is allowed, 10 if refused with the
+ * message that says to set a secret. */
+static int mode_listen_any(void) {
+  int fd = -1, port = 0;
+  td_status st = net_listen(NULL, 0, 4, &fd, &port);
+  if (st == TD_OK) {
+    close(fd);
+    return 0;
+  }
+  return strstr(td_last_error(), "without a job secret") && strstr(td_last_error(), "TANDEM_SECRET") ? 10 : 3;
+}
+
+/* The key this process loaded, as a MAC of a fixed message (never the secret). */
+static int mode_home_mac(void) {
+  CHECK_OK(net_auth_init());
+  unsigned char mac[32];
+  net_auth_datagram_mac("test", "m", 1, mac);
+  for (int i = 0; i < 32; i++) printf("%02x", mac[i]);
+  printf("\n");
+  return 0;
+}
+
+static void read_all(const char *path, char *buf, size_t size) {
+  FILE *f = fopen(path, "r");
+  CHECK(f != NULL);
+  size_t n = fread(buf, 1, size - 1, f);
+  buf[n] = '\0';
+  fclose(f);
+}
+
+static void test_home(void) {
+  char base[] = "/tmp/tandem-sec-home-XXXXXX";
+  CHECK(mkdtemp(base) != NULL);
+  char home_a[128], home_b[128], home_c[128], home_d[128], home_e[128], path[256], buf[256];
+  snprintf(home_a, sizeof home_a, "%s/a", base);
+  snprintf(home_b, sizeof home_b, "%s/b", base);
+  snprintf(home_c, sizeof home_c, "%s/c", base);
+  snprintf(home_d, sizeof home_d, "%s/d", base);
+  snprintf(home_e, sizeof home_e, "%s/e", base);
+  CHECK(mkdir(home_a, 0700) == 0 && mkdir(home_b, 0700) == 0 && mkdir(home_c, 0700) == 0 &&
+        mkdir(home_d, 0700) == 0 && mkdir(home_e, 0700) == 0);
+
+  /* This process is a job started by a launcher that sets no secret
+   * (mpirun, srun, torchrun): its key comes from $HOME/.tandem/secret,
+   * created now: 64 hex digits, 0600, in a 0700 directory. */
+  unsetenv("TANDEM_SECRET");
+  unsetenv("TANDEM_SECRET_FILE");
+  setenv("HOME", home_a, 1);
+  setenv("TANDEM_AUTH_TIMEOUT", "1", 1);
+  CHECK_OK(net_auth_init());
+  CHECK(net_auth_have_secret());
+  struct stat sb;
+  snprintf(path, sizeof path, "%s/.tandem", home_a);
+  CHECK(stat(path, &sb) == 0 && S_ISDIR(sb.st_mode));
+  CHECK_EQ_INT(sb.st_mode & 0777, 0700);
+  snprintf(path, sizeof path, "%s/.tandem/secret", home_a);
+  CHECK(stat(path, &sb) == 0 && S_ISREG(sb.st_mode));
+  CHECK_EQ_INT(sb.st_mode & 0777, 0600);
+  CHECK_EQ_INT(sb.st_uid, geteuid());
+  read_all(path, buf, sizeof buf);
+  CHECK_EQ_INT(strlen(buf), 65);
+  CHECK_EQ_INT(strspn(buf, "0123456789abcdef"), 64);
+  CHECK(buf[64] == '\n');
+  char secret_a[65];
+  memcpy(secret_a, buf, 64);
+  secret_a[64] = '\0';
+
+  td_store_server *server = NULL;
+  CHECK_OK(store_server_start("127.0.0.1", 0, &server));
+  char addr[64];
+  snprintf(addr, sizeof addr, "127.0.0.1:%d", store_server_port(server));
+  td_store *own = NULL;
+  CHECK_OK(store_connect(addr, 5.0, &own));
+  CHECK_OK(store_set_str(own, "k", "home job"));
+
+  /* Another rank of the job (same user, same home): in. */
+  char home_env[160];
+  snprintf(home_env, sizeof home_env, "HOME=%s", home_a);
+  const char *env_a[] = {home_env, "TANDEM_SECRET", "TANDEM_SECRET_FILE", NULL};
+  char *peer_args[] = {"home-peer", addr, NULL};
+  CHECK_EQ_INT(wait_exit(spawn_self(peer_args, env_a, -1)), 0);
+  /* Another user (another home, so another secret): turned away. */
+  char home_env_b[160];
+  snprintf(home_env_b, sizeof home_env_b, "HOME=%s", home_b);
+  const char *env_b[] = {home_env_b, "TANDEM_SECRET", "TANDEM_SECRET_FILE", NULL};
+  char *wrong_args[] = {"wrong-client", addr, NULL};
+  CHECK_EQ_INT(wait_exit(spawn_self(wrong_args, env_b, -1)), 0);
+  snprintf(path, sizeof path, "%s/.tandem/secret", home_b);
+  read_all(path, buf, sizeof buf);
+  CHECK(strncmp(buf, secret_a, 64) != 0);
+  /* No home and no variable: the fixed key of old (anybody can compute
+   * it): turned away too; and such a process may listen on loopback only. */
+  const char *env_none[] = {"HOME", "TANDEM_SECRET", "TANDEM_SECRET_FILE", NULL};
+  CHECK_EQ_INT(wait_exit(spawn_self(wrong_args, env_none, -1)), 0);
+  char *listen_args[] = {"listen-any", NULL};
+  CHECK_EQ_INT(wait_exit(spawn_self(listen_args, env_none, -1)), 10);
+  CHECK_EQ_INT(wait_exit(spawn_self(listen_args, env_a, -1)), 0); /* with the per-user secret: allowed */
+  printf("per-user secret: the job's own rank joined; another home's secret and the fixed key refused; no secret: "
+         "loopback only\n");
+
+  /* A secret file or directory others can read or write: refused, saying
+   * what to run; never used. */
+  snprintf(path, sizeof path, "%s/.tandem", home_c);
+  CHECK(mkdir(path, 0700) == 0);
+  snprintf(path, sizeof path, "%s/.tandem/secret", home_c);
+  FILE *f = fopen(path, "w");
+  CHECK(f != NULL);
+  fprintf(f, "%s\n", secret_a);
+  fclose(f);
+  char home_env_c[160];
+  snprintf(home_env_c, sizeof home_env_c, "HOME=%s", home_c);
+  const char *env_c[] = {home_env_c, "TANDEM_SECRET", "TANDEM_SECRET_FILE", NULL};
+  char *refused_args[] = {"home-refused", "chmod 600", NULL};
+  static const mode_t loose[] = {0604, 0640, 0644, 0610};
+  for (size_t i = 0; i < TD_ARRAY_SIZE(loose); i++) {
+    CHECK(chmod(path, loose[i]) == 0);
+    CHECK_EQ_INT(wait_exit(spawn_self(refused_args, env_c, -1)), 0);
+  }
+  CHECK(chmod(path, 0600) == 0);
+  snprintf(path, sizeof path, "%s/.tandem", home_c);
+  CHECK(chmod(path, 0777) == 0);
+  char *refused_dir_args[] = {"home-refused", "chmod 700", NULL};
+  CHECK_EQ_INT(wait_exit(spawn_self(refused_dir_args, env_c, -1)), 0);
+  CHECK(chmod(path, 0700) == 0);
+  char *peer_c[] = {"home-peer", addr, NULL};
+  CHECK_EQ_INT(wait_exit(spawn_self(peer_c, env_c, -1)), 0); /* the same secret, now 0600: in */
+  printf("per-user secret readable by group or others, or in a directory others can write: refused\n");
+
+  /* Ranks starting at once on a fresh home all end up with one secret and
+   * nothing else is left in the directory. */
+  enum { N_RACE = 8 };
+  char home_env_d[160];
+  snprintf(home_env_d, sizeof home_env_d, "HOME=%s", home_d);
+  const char *env_d[] = {home_env_d, "TANDEM_SECRET", "TANDEM_SECRET_FILE", NULL};
+  char *mac_args[] = {"home-mac", NULL};
+  int pipes[N_RACE][2];
+  pid_t pids[N_RACE];
+  for (int i = 0; i < N_RACE; i++) {
+    CHECK(pipe(pipes[i]) == 0);
+    /* the child's stdout is the pipe: fork copies this process's fd 1 */
+    fflush(stdout);
+    int saved = dup(1);
+    CHECK(dup2(pipes[i][1], 1) >= 0);
+    pids[i] = spawn_self(mac_args, env_d, -1);
+    CHECK(dup2(saved, 1) >= 0);
+    close(saved);
+    close(pipes[i][1]);
+  }
+  char first[80] = "";
+  for (int i = 0; i < N_RACE; i++) {
+    char got[80] = "";
+    ssize_t n = read(pipes[i][0], got, sizeof got - 1);
+    close(pipes[i][0]);
+    CHECK_EQ_INT(wait_exit(pids[i]), 0);
+    CHECK(n == 65);
+    got[n] = '\0';
+    if (i == 0) memcpy(first, got, sizeof got);
+    else if (strcmp(first, got) != 0) td_test_fail(__FILE__, __LINE__, "rank %d loaded another key", i);
+  }
+  snprintf(path, sizeof path, "%s/.tandem", home_d);
+  DIR *dir = opendir(path);
+  CHECK(dir != NULL);
+  int entries = 0;
+  for (struct dirent *e; (e = readdir(dir));)
+    if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
+      CHECK(strcmp(e->d_name, "secret") == 0);
+      entries++;
+    }
+  closedir(dir);
+  CHECK_EQ_INT(entries, 1);
+  printf("%d processes starting at once on a fresh home: one secret, one key, no temporary files left\n", N_RACE);
+
+  /* A home the user cannot write (read-only): no secret, loopback only. */
+  CHECK(chmod(home_e, 0500) == 0);
+  char home_env_e[160];
+  snprintf(home_env_e, sizeof home_env_e, "HOME=%s", home_e);
+  const char *env_e[] = {home_env_e, "TANDEM_SECRET", "TANDEM_SECRET_FILE", NULL};
+  if (geteuid() != 0) CHECK_EQ_INT(wait_exit(spawn_self(listen_args, env_e, -1)), 10);
+  CHECK(chmod(home_e, 0700) == 0);
+
+  store_close(own);
+  store_server_stop(server);
+  char cmd[200];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", base);
+  CHECK(system(cmd) == 0);
+}
+
 int main(int argc, char **argv) {
   const char *mode = argc > 1 ? argv[1] : "";
   if (!strcmp(mode, "wrong-client") && argc > 2) return mode_wrong_client(argv[2]);
@@ -810,6 +1029,10 @@ int main(int argc, char **argv) {
   if (!strcmp(mode, "shm-rank")) return mode_shm_rank();
   if (!strcmp(mode, "flood") && argc > 2) return mode_flood(argv[2]);
   if (!strcmp(mode, "flood-job")) return mode_flood_job();
+  if (!strcmp(mode, "home-peer") && argc > 2) return mode_home_peer(argv[2]);
+  if (!strcmp(mode, "home-refused") && argc > 2) return mode_home_refused(argv[2]);
+  if (!strcmp(mode, "listen-any")) return mode_listen_any();
+  if (!strcmp(mode, "home-mac")) return mode_home_mac();
   signal(SIGPIPE, SIG_IGN);
   if (!strcmp(mode, "store")) {
     test_store();
@@ -817,8 +1040,10 @@ int main(int argc, char **argv) {
     test_tcp();
   } else if (!strcmp(mode, "shm")) {
     test_shm();
+  } else if (!strcmp(mode, "home")) {
+    test_home();
   } else {
-    fprintf(stderr, "usage: test_security store|tcp|shm|flood-job\n");
+    fprintf(stderr, "usage: test_security store|tcp|shm|home|flood-job\n");
     return 2;
   }
   printf("security %s ok\n", mode);

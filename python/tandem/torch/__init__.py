@@ -6,7 +6,7 @@ Tensors are CPU or CUDA tensors: CUDA tensors are reduced on the device, by
 NCCL when every rank has its own GPU and libnccl.so.2 loads, otherwise staged
 through pinned host memory (ops.py says how streams are waited for).
 Importing this module also registers the "tandem" torch.distributed backend
-when the c10d extension was built (see README)."""
+when the c10d extension was built (docs/python.md)."""
 import os as _os
 
 import tandem as _tandem_core

@@ -118,6 +118,22 @@ static td_status check_arenas(const td_trainer *t, const char *file, const td_ck
   return TD_OK;
 }
 
+/* The global batch the checkpoint was trained with against this run's.
+ * A different batch changes what a step means (the samples it averages,
+ * the learning rate's schedule per sample, where the sampler's position
+ * lands), so it is refused unless the run asks for it. 0 in the manifest:
+ * not recorded (no batch to compare). */
+static td_status check_batch(const td_trainer *t, const char *file, const td_ckpt_manifest *m) {
+  unsigned long long mine = (unsigned long long)t->cfg.train_batch_size;
+  if (!m->train_batch_size || m->train_batch_size == mine || t->cfg.allow_batch_size_change) return TD_OK;
+  return td_error(TD_ERR_INVALID_ARGUMENT,
+                  "%s: the checkpoint was trained with a global batch of %llu samples, this run's is %llu: resume "
+                  "with train_batch_size %llu (micro-batch x grad-accum x ranks), or set "
+                  "checkpoint.allow_batch_size_change (train-gpt, train-fmnist: --allow-batch-size-change) to go on "
+                  "with %llu",
+                  file, m->train_batch_size, mine, m->train_batch_size, mine);
+}
+
 static td_status load_local(td_trainer *t, const char *path, const td_ckpt_region *regions, int n_regions,
                             td_ckpt_manifest *m) {
   td_ckpt_dir d;
@@ -126,6 +142,7 @@ static td_status load_local(td_trainer *t, const char *path, const td_ckpt_regio
   ckpt_path_fmt(file, sizeof file, "%s/manifest", d.dir);
   td_status st = check_model(t, file, &d.m);
   if (st == TD_OK) st = check_arenas(t, file, &d.m);
+  if (st == TD_OK) st = check_batch(t, file, &d.m);
   for (int i = 0; i < n_regions && st == TD_OK; i++)
     st = td_ckpt_read(&d, regions[i].arena, regions[i].lo, regions[i].hi, regions[i].data);
   if (st == TD_OK) {

@@ -78,23 +78,33 @@ typedef struct el_shard_buf {
   size_t lo, hi;      /* as last registered */
 } el_shard_buf;
 
+/* A rank whose range this rank keeps a copy of (this rank is its buddy). */
+typedef struct el_ward {
+  int rank;
+  int64_t lo, hi;        /* its range */
+  el_piece rep[2];       /* [0] newest complete, [1] previous or receiving */
+  td_request *recv_req;  /* the receive into rep[1] in flight */
+} el_ward;
+
 typedef struct el_replicas {
   el_shard_buf *bufs;
   int n_bufs, cap_bufs;
   size_t total;         /* elements of each global array */
   size_t row_bytes;     /* sum of the element sizes */
   el_piece own[2];      /* this rank's range: [0] the newest commit, [1] the one before */
-  el_piece rep[2];      /* the ward's range held for it: [0] newest complete, [1] previous or receiving */
-  int64_t rep_in_commit; /* commit rep[1] is receiving (-1: none) */
-  td_request *send_req, *recv_req;
-  int buddy, ward;      /* ranks of the current epoch; -1: no replication (one rank) */
-  bool send_first;      /* this rank opens its replication cycle (see replica.c) */
-  int64_t ward_lo, ward_hi;
+  el_ward *wards;       /* the ranks whose buddy this rank is, ascending (none, one, or several) */
+  int n_wards;
+  int64_t rep_in_commit; /* commit the wards' rep[1] are receiving (-1: none) */
+  td_request *send_req;
+  int buddy;            /* rank of the current epoch holding this rank's copy; -1: none (one rank) */
   double replicate_s;   /* time spent in the commit path (copy + waits), for the log */
 } el_replicas;
 
-/* Per-rank descriptor exchanged after a failure (allgathered int64s). */
-enum { EL_D_WHOLE0, EL_D_WHOLE1, EL_D_TOTAL, EL_D_ROW, EL_D_PIECES, EL_DESC = EL_D_PIECES + 12 };
+/* Per-rank descriptor exchanged after a failure (allgathered int64s): the
+ * whole buffers' commits, the sharded arrays' shape, then n_pieces pieces
+ * (lo, hi, commit; commit -1: empty), n_pieces the most any rank holds. */
+enum { EL_D_WHOLE0, EL_D_WHOLE1, EL_D_TOTAL, EL_D_ROW, EL_D_PIECES };
+#define EL_DESC_LEN(n_pieces) (EL_D_PIECES + 3 * (size_t)(n_pieces))
 
 td_status el_rep_register(el_replicas *r, const char *name, void *ptr, size_t elem_bytes, size_t total, size_t lo,
                           size_t hi);
@@ -103,30 +113,39 @@ void el_rep_free(el_replicas *r);
  * communicator completes it with an error); a replica received whole is
  * kept. */
 void el_rep_settle(el_replicas *r);
-/* Pair this rank with its buddy (on another host when there is one) for
- * the communicator's epoch. Local: every rank computes the same pairing. */
-void el_rep_pair(el_replicas *r, td_comm *comm);
+/* The buddy of every rank (pure; every rank computes the same map): rank
+ * i keeps its copy on buddy[i], on another host than host_of[i] (equal
+ * ints: the same host) whenever there is another host, so that losing one
+ * host loses no shard. When no host holds more than half of the ranks,
+ * this is a permutation (each rank one ward); when one host does, the
+ * ranks of the other hosts keep several wards each (the fewest possible,
+ * round robin). All ranks on one host: the next rank. world < 2: -1. */
+void el_rep_buddies(const int *host_of, int world, int *buddy);
 /* Commit: copy this rank's range into own[0] (the previous one kept as
  * own[1]) and start sending it to the buddy while receiving the ward's;
  * the previous exchange is completed first. Collective in effect (the
  * buddy waits for it). */
 td_status el_rep_commit(el_replicas *r, td_comm *comm, int64_t commit);
-/* Fill d[EL_D_TOTAL..] (the pieces this rank holds). */
-void el_rep_describe(const el_replicas *r, int64_t *d);
+/* The pieces this rank holds (own and wards' slots, empty ones included). */
+int el_rep_n_pieces(const el_replicas *r);
+/* Fill d[EL_D_TOTAL..] (the pieces this rank holds, n_pieces slots: at
+ * least el_rep_n_pieces; the rest empty). */
+void el_rep_describe(const el_replicas *r, int64_t *d, int n_pieces);
 /* The newest commit C that the survivors can rebuild: some rank holds the
  * whole buffers at C and the pieces at C cover every shard; -1 when none
  * (a rank and its buddy lost together): *gap_lo/hi then name an uncovered
  * range of the newest commit. */
-int64_t el_rep_choose(const int64_t *desc, int world, int64_t *gap_lo, int64_t *gap_hi);
+int64_t el_rep_choose(const int64_t *desc, int world, int n_pieces, int64_t *gap_lo, int64_t *gap_hi);
 /* Fill every rank's registered range with commit C from the pieces the
  * ranks hold (targets: 2 int64 per rank, its registered lo, hi). Blocking
  * sends and receives in one global order. Collective. Returns in
  * *from_others the elements this rank received from other ranks. */
-td_status el_rep_restore(el_replicas *r, td_comm *comm, const int64_t *desc, const int64_t *targets, int64_t commit,
-                         size_t *from_others);
-/* After a restore (or a disk fallback): the registered ranges become this
- * rank's holdings at `commit` and are replicated to the new buddy before
- * training goes on; the old holdings are dropped only once that worked.
+td_status el_rep_restore(el_replicas *r, td_comm *comm, const int64_t *desc, int n_pieces, const int64_t *targets,
+                         int64_t commit, size_t *from_others);
+/* After a restore (or a disk fallback): the ranks pair anew for this
+ * communicator (el_rep_buddies over its hosts), the registered ranges
+ * become this rank's holdings at `commit` and are replicated to the new
+ * buddy before training goes on; the old holdings are dropped only once that worked.
  * Collective. */
 td_status el_rep_reset_holdings(el_replicas *r, td_comm *comm, int64_t commit);
 

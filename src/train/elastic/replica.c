@@ -3,30 +3,38 @@
  * At stage >= 1 no rank holds the whole state: rank r keeps the optimizer
  * state (and at stage 3 the parameters) of its shard only. So that a lost
  * rank's shard survives it, every commit sends a copy of this rank's range
- * to its buddy, which keeps it in memory next to its own. The buddy is on
- * another host when there is one: the ranks are listed host by host (host
- * identities from the communicator) and each one's buddy is the rank one
- * largest-host-size further in that list, a shift, so that every rank has
- * exactly one buddy and one ward, and losing one host loses no shard.
+ * to its buddy, which keeps it in memory next to its own; the ranks a rank
+ * is buddy of are its wards. The buddy is on another host whenever there
+ * is one (el_rep_buddies): the ranks are listed host by host and, when no
+ * host holds more than half of them, each one's buddy is the rank one
+ * largest-host-size further in that list (a shift: one buddy and one ward
+ * each, never on the same host). When one host holds more than half (3+1,
+ * 2+1: what a 2x2 job becomes after its first loss), a shift cannot avoid
+ * that host, so its ranks spread their copies round robin over the other
+ * hosts' ranks, which then keep several wards each, and theirs go to it:
+ * losing any one host still loses no shard. The map is recomputed from the
+ * communicator's hosts at every membership change.
  *
- * Two commits of everything are kept (own[0..1], rep[0..1], and in state.c
- * the whole buffers): a failure can leave some ranks one commit ahead of
- * others (a rank completes step c while a peer fails inside it), and a
- * replica may still have been in flight. After a failure the survivors
- * describe what they hold (range and commit of each piece); the newest
- * commit whose pieces cover every element wins (el_rep_choose), and every
- * rank of the new epoch receives its new range from whoever holds it
+ * Two commits of everything are kept (own[0..1], each ward's rep[0..1], and
+ * in state.c the whole buffers): a failure can leave some ranks one commit
+ * ahead of others (a rank completes step c while a peer fails inside it),
+ * and a replica may still have been in flight. After a failure the
+ * survivors describe what they hold (range and commit of each piece); the
+ * newest commit whose pieces cover every element wins (el_rep_choose), and
+ * every rank of the new epoch receives its new range from whoever holds it
  * (el_rep_restore). The pieces are ranges, not ranks: the rebuild does not
  * care which layout (world size) they were cut for, so it also works when
  * a second failure hits while the first one is being repaired.
  *
  * Replication overlaps the next step: the commit starts a send of own[0]
- * and a receive into rep[1] on the communicator's progress thread and
- * returns; the next commit completes them first. The progress thread runs
- * operations one at a time in issue order, and a large send completes only
- * once its receiver takes it, so the buddy pairs form cycles in which one
- * rank (send_first) sends then receives and every other rank receives then
- * sends: the cycle unwinds from that rank, never deadlocks. */
+ * and the receives into the wards' rep[1] on the communicator's progress
+ * thread and returns; the next commit completes them first. The progress
+ * thread runs operations one at a time in issue order, and a large send
+ * completes only once its receiver takes it, so every rank issues its
+ * transfers in one global order, that of the sending rank (rank j's copy
+ * to buddy[j] before rank j+1's): the earliest unfinished transfer always
+ * has both of its ends waiting for it, so the exchange cannot deadlock,
+ * whatever the map's shape. */
 #include "train/elastic/elastic_impl.h"
 
 #include <stdlib.h>
@@ -94,19 +102,26 @@ td_status el_rep_register(el_replicas *r, const char *name, void *ptr, size_t el
   r->total = total;
   r->row_bytes += elem_bytes;
   if (r->n_bufs == 1) {
-    r->own[0].commit = r->own[1].commit = r->rep[0].commit = r->rep[1].commit = -1;
+    r->own[0].commit = r->own[1].commit = -1;
     r->rep_in_commit = -1;
-    r->buddy = r->ward = -1;
+    r->buddy = -1;
   }
   return TD_OK;
 }
 
+static void wards_free(el_ward *wards, int n) {
+  for (int k = 0; k < n; k++) {
+    piece_free(&wards[k].rep[0]);
+    piece_free(&wards[k].rep[1]);
+  }
+  free(wards);
+}
+
 void el_rep_free(el_replicas *r) {
   el_rep_settle(r);
-  for (int i = 0; i < 2; i++) {
-    piece_free(&r->own[i]);
-    piece_free(&r->rep[i]);
-  }
+  piece_free(&r->own[0]);
+  piece_free(&r->own[1]);
+  wards_free(r->wards, r->n_wards);
   free(r->bufs);
   memset(r, 0, sizeof *r);
 }
@@ -140,136 +155,187 @@ static td_status snapshot(const el_replicas *r, el_piece *p, int64_t commit) {
   return TD_OK;
 }
 
-void el_rep_settle(el_replicas *r) {
-  if (r->send_req) (void)td_wait(r->send_req);
+/* Complete the exchange in flight: a ward's replica received whole becomes
+ * its newest; returns the first failure (the send's, else a receive's). */
+static td_status complete_exchange(el_replicas *r) {
+  td_status st = TD_OK;
+  if (r->send_req) st = td_wait(r->send_req);
   r->send_req = NULL;
-  if (r->recv_req) {
-    td_status st = td_wait(r->recv_req);
-    r->recv_req = NULL;
-    if (st == TD_OK) {
-      r->rep[1].commit = r->rep_in_commit;
-      swap_pieces(&r->rep[0], &r->rep[1]);
+  for (int k = 0; k < r->n_wards; k++) {
+    el_ward *w = &r->wards[k];
+    if (!w->recv_req) continue;
+    td_status rs = td_wait(w->recv_req);
+    w->recv_req = NULL;
+    if (rs == TD_OK) {
+      w->rep[1].commit = r->rep_in_commit;
+      swap_pieces(&w->rep[0], &w->rep[1]);
+    } else if (st == TD_OK) {
+      st = rs;
     }
   }
   r->rep_in_commit = -1;
+  return st;
 }
 
-void el_rep_pair(el_replicas *r, td_comm *comm) {
-  int world = comm ? td_comm_size(comm) : 1;
-  r->buddy = r->ward = -1;
-  r->send_first = false;
-  if (world < 2 || !r->n_bufs) return;
-  /* Ranks host by host, hosts in order of their lowest rank. */
-  int *order = malloc(sizeof(int) * (size_t)world), *pos = malloc(sizeof(int) * (size_t)world);
-  bool *placed = calloc((size_t)world, sizeof(bool));
-  if (!order || !pos || !placed) { /* no host knowledge: the next rank */
-    free(order);
-    free(pos);
-    free(placed);
-    int me = td_comm_rank(comm);
-    r->buddy = (me + 1) % world;
-    r->ward = (me + world - 1) % world;
-    r->send_first = me == 0;
+void el_rep_settle(el_replicas *r) { (void)complete_exchange(r); }
+
+void el_rep_buddies(const int *host_of, int world, int *buddy) {
+  if (world < 2) {
+    if (world == 1) buddy[0] = -1;
     return;
   }
-  int n = 0, largest = 0;
+  /* Ranks host by host, hosts in order of their lowest rank: order[], and
+   * each host's block [start, start + size) in it. */
+  int *order = malloc(sizeof(int) * (size_t)world * 3);
+  if (!order) { /* no room to plan: the next rank (still a valid map) */
+    for (int i = 0; i < world; i++) buddy[i] = (i + 1) % world;
+    return;
+  }
+  int *block_of = order + world, *placed = order + 2 * world;
+  for (int i = 0; i < world; i++) placed[i] = 0;
+  int n = 0, n_hosts = 0, largest = 0, largest_start = 0;
   for (int a = 0; a < world; a++) {
     if (placed[a]) continue;
-    const char *host = td_comm_host(comm, a);
-    int size = 0;
+    int start = n;
     for (int b = a; b < world; b++)
-      if (!placed[b] && !strcmp(td_comm_host(comm, b), host)) {
-        placed[b] = true;
+      if (!placed[b] && host_of[b] == host_of[a]) {
+        placed[b] = 1;
+        block_of[n] = n_hosts;
         order[n++] = b;
-        size++;
       }
-    if (size > largest) largest = size;
+    if (n - start > largest) {
+      largest = n - start;
+      largest_start = start;
+    }
+    n_hosts++;
   }
-  for (int i = 0; i < world; i++) pos[order[i]] = i;
-  int shift = largest < world ? largest : 1;
-  int me = td_comm_rank(comm), i = pos[me];
-  r->buddy = order[(i + shift) % world];
-  r->ward = order[(i + world - shift) % world];
-  /* The cycles of a shift by s are the positions congruent modulo
-   * gcd(world, s); the lowest position of each opens it. */
-  int g = world, s = shift;
-  while (s) {
-    int t = g % s;
-    g = s;
-    s = t;
+  if (n_hosts == 1) {
+    for (int i = 0; i < world; i++) buddy[order[i]] = order[(i + 1) % world];
+  } else if (2 * largest <= world) {
+    /* A shift by the largest host's size leaves every block (no block is
+     * longer than the shift) and does not wrap back into it (the shift is
+     * at most half of the list). */
+    for (int i = 0; i < world; i++) buddy[order[i]] = order[(i + largest) % world];
+  } else {
+    /* One host H holds more than half: its k-th rank goes to the k-th rank
+     * outside it (round robin), the k-th rank outside goes to H's k-th. */
+    int n_out = world - largest;
+    int *outside = placed; /* reused: the ranks outside H in list order */
+    int m = 0;
+    for (int i = 0; i < world; i++)
+      if (i < largest_start || i >= largest_start + largest) outside[m++] = order[i];
+    for (int k = 0; k < largest; k++) buddy[order[largest_start + k]] = outside[k % n_out];
+    for (int k = 0; k < n_out; k++) buddy[outside[k]] = order[largest_start + k];
   }
-  r->send_first = i < g;
   free(order);
-  free(pos);
-  free(placed);
 }
 
-/* Start (or with blocking, do) the exchange: own[0] to the buddy, the
- * ward's range into `into`. */
-static td_status exchange(el_replicas *r, td_comm *comm, el_piece *into, bool blocking) {
+/* This rank's buddy and wards for the communicator's epoch (every rank
+ * computes the same map from the communicator's host table). */
+static td_status pair(const el_replicas *r, td_comm *comm, int *buddy_out, el_ward **wards_out, int *n_wards_out) {
+  int world = comm ? td_comm_size(comm) : 1, me = comm ? td_comm_rank(comm) : 0;
+  *buddy_out = -1;
+  *wards_out = NULL;
+  *n_wards_out = 0;
+  if (world < 2 || !r->n_bufs) return TD_OK;
+  int *host_of = malloc(sizeof(int) * (size_t)world * 2);
+  if (!host_of) return td_error(TD_ERR_SYSTEM, "elastic: out of memory pairing %d ranks with buddies", world);
+  int *buddy = host_of + world;
+  for (int a = 0; a < world; a++) {
+    host_of[a] = a;
+    for (int b = 0; b < a; b++)
+      if (!strcmp(td_comm_host(comm, a), td_comm_host(comm, b))) {
+        host_of[a] = host_of[b];
+        break;
+      }
+  }
+  el_rep_buddies(host_of, world, buddy);
+  int n = 0;
+  for (int j = 0; j < world; j++) n += buddy[j] == me;
+  el_ward *wards = n ? calloc((size_t)n, sizeof *wards) : NULL;
+  if (n && !wards) {
+    free(host_of);
+    return td_error(TD_ERR_SYSTEM, "elastic: out of memory for %d wards", n);
+  }
+  n = 0;
+  for (int j = 0; j < world; j++)
+    if (buddy[j] == me) {
+      wards[n].rank = j;
+      wards[n].rep[0].commit = wards[n].rep[1].commit = -1;
+      n++;
+    }
+  *buddy_out = buddy[me];
+  *wards_out = wards;
+  *n_wards_out = n;
+  free(host_of);
+  return TD_OK;
+}
+
+/* Start (or with blocking, do) the exchange: own[0] to the buddy, each
+ * ward's range into its rep[slot], in the global order of the senders
+ * (see the file header). */
+static td_status exchange(el_replicas *r, td_comm *comm, int slot, bool blocking) {
   size_t send_bytes = (size_t)(r->own[0].hi - r->own[0].lo) * r->row_bytes;
-  size_t recv_bytes = (size_t)(r->ward_hi - r->ward_lo) * r->row_bytes;
-  TD_CHECK(piece_reserve(into, recv_bytes));
-  into->lo = r->ward_lo;
-  into->hi = r->ward_hi;
+  for (int k = 0; k < r->n_wards; k++) {
+    el_ward *w = &r->wards[k];
+    TD_CHECK(piece_reserve(&w->rep[slot], (size_t)(w->hi - w->lo) * r->row_bytes));
+    w->rep[slot].lo = w->lo;
+    w->rep[slot].hi = w->hi;
+  }
+  int me = td_comm_rank(comm), k = 0;
   td_status st = TD_OK;
-  for (int k = 0; k < 2 && st == TD_OK; k++) {
-    bool send_now = (k == 0) == r->send_first;
-    if (send_now) {
+  for (int j = 0; j < td_comm_size(comm) && st == TD_OK; j++) {
+    if (j == me && r->buddy >= 0) {
       st = blocking ? td_send(r->own[0].data, send_bytes, TD_U8, r->buddy, comm)
                     : td_isend(r->own[0].data, send_bytes, TD_U8, r->buddy, comm, &r->send_req);
-    } else {
-      st = blocking ? td_recv(into->data, recv_bytes, TD_U8, r->ward, comm)
-                    : td_irecv(into->data, recv_bytes, TD_U8, r->ward, comm, &r->recv_req);
+    } else if (k < r->n_wards && r->wards[k].rank == j) {
+      el_ward *w = &r->wards[k++];
+      size_t bytes = (size_t)(w->hi - w->lo) * r->row_bytes;
+      st = blocking ? td_recv(w->rep[slot].data, bytes, TD_U8, j, comm)
+                    : td_irecv(w->rep[slot].data, bytes, TD_U8, j, comm, &w->recv_req);
     }
   }
   if (st != TD_OK)
-    return td_error(st, "elastic: rank %d: replicating its shard to buddy rank %d (and receiving rank %d's) failed: "
-                        "%s",
-                    td_comm_rank(comm), r->buddy, r->ward, td_comm_last_error(comm));
+    return td_error(st, "elastic: rank %d: replicating its shard to buddy rank %d (and receiving its %d wards') "
+                        "failed: %s",
+                    me, r->buddy, r->n_wards, td_comm_last_error(comm));
   return TD_OK;
 }
 
 td_status el_rep_commit(el_replicas *r, td_comm *comm, int64_t commit) {
   if (!r->n_bufs) return TD_OK;
   double t0 = td_now();
-  td_status st = TD_OK;
-  if (r->send_req) st = td_wait(r->send_req);
-  r->send_req = NULL;
-  if (r->recv_req) {
-    td_status rs = td_wait(r->recv_req);
-    r->recv_req = NULL;
-    if (rs == TD_OK) {
-      r->rep[1].commit = r->rep_in_commit;
-      swap_pieces(&r->rep[0], &r->rep[1]);
-    } else if (st == TD_OK) {
-      st = rs;
-    }
-  }
-  r->rep_in_commit = -1;
+  td_status st = complete_exchange(r);
   if (st != TD_OK)
-    return td_error(st, "elastic: rank %d: the replica exchange with buddy rank %d / ward rank %d failed: %s",
-                    td_comm_rank(comm), r->buddy, r->ward, td_comm_last_error(comm));
+    return td_error(st, "elastic: rank %d: the replica exchange with buddy rank %d and its %d wards failed: %s",
+                    td_comm_rank(comm), r->buddy, r->n_wards, td_comm_last_error(comm));
   swap_pieces(&r->own[0], &r->own[1]);
   TD_CHECK(snapshot(r, &r->own[0], commit));
-  if (r->buddy >= 0) {
-    r->rep[1].commit = -1; /* being overwritten */
+  if (r->buddy >= 0 || r->n_wards) {
+    for (int k = 0; k < r->n_wards; k++) r->wards[k].rep[1].commit = -1; /* being overwritten */
     r->rep_in_commit = commit;
-    st = exchange(r, comm, &r->rep[1], false);
+    st = exchange(r, comm, 1, false);
   }
   r->replicate_s += td_now() - t0;
   return st;
 }
 
-void el_rep_describe(const el_replicas *r, int64_t *d) {
+static const el_piece *held_piece(const el_replicas *r, int i) {
+  return i < 2 ? &r->own[i] : &r->wards[(i - 2) / 2].rep[(i - 2) % 2];
+}
+
+int el_rep_n_pieces(const el_replicas *r) { return 2 + 2 * r->n_wards; }
+
+void el_rep_describe(const el_replicas *r, int64_t *d, int n_pieces) {
   d[EL_D_TOTAL] = (int64_t)r->total;
   d[EL_D_ROW] = (int64_t)r->row_bytes;
-  const el_piece *p[4] = {&r->own[0], &r->own[1], &r->rep[0], &r->rep[1]};
-  for (int i = 0; i < 4; i++) {
-    bool valid = r->n_bufs && p[i]->commit >= 0;
-    d[EL_D_PIECES + 3 * i] = valid ? p[i]->lo : 0;
-    d[EL_D_PIECES + 3 * i + 1] = valid ? p[i]->hi : 0;
-    d[EL_D_PIECES + 3 * i + 2] = valid ? p[i]->commit : -1;
+  int held = el_rep_n_pieces(r);
+  for (int i = 0; i < n_pieces; i++) {
+    const el_piece *p = i < held ? held_piece(r, i) : NULL;
+    bool valid = p && r->n_bufs && p->commit >= 0;
+    d[EL_D_PIECES + 3 * i] = valid ? p->lo : 0;
+    d[EL_D_PIECES + 3 * i + 1] = valid ? p->hi : 0;
+    d[EL_D_PIECES + 3 * i + 2] = valid ? p->commit : -1;
   }
 }
 
@@ -279,13 +345,13 @@ static int cmp_i64_desc(const void *a, const void *b) {
 }
 
 /* The first element >= x not covered by a piece of `commit` (or total). */
-static int64_t first_gap(const int64_t *desc, int world, int64_t commit, int64_t x, int64_t total) {
+static int64_t first_gap(const int64_t *desc, int world, int n_pieces, int64_t commit, int64_t x, int64_t total) {
   bool moved = true;
   while (x < total && moved) {
     moved = false;
     for (int r = 0; r < world; r++)
-      for (int i = 0; i < 4; i++) {
-        const int64_t *p = desc + (size_t)r * EL_DESC + EL_D_PIECES + 3 * i;
+      for (int i = 0; i < n_pieces; i++) {
+        const int64_t *p = desc + (size_t)r * EL_DESC_LEN(n_pieces) + EL_D_PIECES + 3 * i;
         if (p[2] == commit && p[0] <= x && x < p[1]) {
           x = p[1];
           moved = true;
@@ -295,29 +361,30 @@ static int64_t first_gap(const int64_t *desc, int world, int64_t commit, int64_t
   return x;
 }
 
-int64_t el_rep_choose(const int64_t *desc, int world, int64_t *gap_lo, int64_t *gap_hi) {
+int64_t el_rep_choose(const int64_t *desc, int world, int n_pieces, int64_t *gap_lo, int64_t *gap_hi) {
+  const size_t stride = EL_DESC_LEN(n_pieces);
   int64_t total = 0;
-  for (int r = 0; r < world; r++) total = desc[(size_t)r * EL_DESC + EL_D_TOTAL] > total ? desc[(size_t)r * EL_DESC + EL_D_TOTAL] : total;
+  for (int r = 0; r < world; r++) total = desc[(size_t)r * stride + EL_D_TOTAL] > total ? desc[(size_t)r * stride + EL_D_TOTAL] : total;
   int n = 0;
   int64_t *cands = malloc(sizeof(int64_t) * (size_t)world * 2);
   if (!cands) return -1;
   for (int r = 0; r < world; r++)
     for (int g = 0; g < 2; g++)
-      if (desc[(size_t)r * EL_DESC + g] >= 0) cands[n++] = desc[(size_t)r * EL_DESC + g];
+      if (desc[(size_t)r * stride + g] >= 0) cands[n++] = desc[(size_t)r * stride + g];
   qsort(cands, (size_t)n, sizeof *cands, cmp_i64_desc);
   *gap_lo = *gap_hi = -1;
   int64_t chosen = -1;
   for (int i = 0; i < n && chosen < 0; i++) {
     if (i > 0 && cands[i] == cands[i - 1]) continue;
-    int64_t c = cands[i], gap = first_gap(desc, world, c, 0, total);
+    int64_t c = cands[i], gap = first_gap(desc, world, n_pieces, c, 0, total);
     if (gap >= total) {
       chosen = c;
     } else if (*gap_lo < 0) { /* the newest commit's hole, for the message */
       *gap_lo = gap;
       int64_t end = total;
       for (int r = 0; r < world; r++)
-        for (int k = 0; k < 4; k++) {
-          const int64_t *p = desc + (size_t)r * EL_DESC + EL_D_PIECES + 3 * k;
+        for (int k = 0; k < n_pieces; k++) {
+          const int64_t *p = desc + (size_t)r * stride + EL_D_PIECES + 3 * k;
           if (p[2] == c && p[0] > gap && p[0] < end) end = p[0];
         }
       *gap_hi = end;
@@ -330,13 +397,13 @@ int64_t el_rep_choose(const int64_t *desc, int world, int64_t *gap_lo, int64_t *
 /* Where rank j's element x comes from at `commit`: the piece of commit
  * covering x that j itself holds if any (no traffic), else the one that
  * reaches furthest (fewest messages), the lowest rank first. */
-static bool pick_source(const int64_t *desc, int world, int j, int64_t commit, int64_t x, int *rank_out,
-                        int *piece_out) {
+static bool pick_source(const int64_t *desc, int world, int n_pieces, int j, int64_t commit, int64_t x,
+                        int *rank_out, int *piece_out) {
   int best_r = -1, best_i = -1;
   int64_t best_hi = -1;
   for (int r = 0; r < world; r++)
-    for (int i = 0; i < 4; i++) {
-      const int64_t *p = desc + (size_t)r * EL_DESC + EL_D_PIECES + 3 * i;
+    for (int i = 0; i < n_pieces; i++) {
+      const int64_t *p = desc + (size_t)r * EL_DESC_LEN(n_pieces) + EL_D_PIECES + 3 * i;
       if (p[2] != commit || x < p[0] || x >= p[1]) continue;
       bool better = best_r < 0 || (r == j && best_r != j) || (best_r != j && p[1] > best_hi);
       if (better) {
@@ -350,12 +417,8 @@ static bool pick_source(const int64_t *desc, int world, int j, int64_t commit, i
   return best_r >= 0;
 }
 
-static const el_piece *held_piece(const el_replicas *r, int i) {
-  return i == 0 ? &r->own[0] : i == 1 ? &r->own[1] : i == 2 ? &r->rep[0] : &r->rep[1];
-}
-
-td_status el_rep_restore(el_replicas *r, td_comm *comm, const int64_t *desc, const int64_t *targets, int64_t commit,
-                         size_t *from_others) {
+td_status el_rep_restore(el_replicas *r, td_comm *comm, const int64_t *desc, int n_pieces, const int64_t *targets,
+                         int64_t commit, size_t *from_others) {
   *from_others = 0;
   if (!r->n_bufs) return TD_OK;
   int world = comm ? td_comm_size(comm) : 1, me = comm ? td_comm_rank(comm) : 0;
@@ -369,10 +432,10 @@ td_status el_rep_restore(el_replicas *r, td_comm *comm, const int64_t *desc, con
     int64_t x = targets[2 * j], end = targets[2 * j + 1];
     while (x < end) {
       int src, pi;
-      if (!pick_source(desc, world, j, commit, x, &src, &pi))
+      if (!pick_source(desc, world, n_pieces, j, commit, x, &src, &pi))
         return td_error(TD_ERR_INTERNAL, "elastic: no holder of element %lld at commit %lld for rank %d",
                         (long long)x, (long long)commit, j);
-      const int64_t *p = desc + (size_t)src * EL_DESC + EL_D_PIECES + 3 * pi;
+      const int64_t *p = desc + (size_t)src * EL_DESC_LEN(n_pieces) + EL_D_PIECES + 3 * pi;
       int64_t seg_end = p[1] < end ? p[1] : end;
       if (src == me || j == me) {
         const el_piece *hp = src == me ? held_piece(r, pi) : NULL;
@@ -406,42 +469,50 @@ td_status el_rep_restore(el_replicas *r, td_comm *comm, const int64_t *desc, con
 td_status el_rep_reset_holdings(el_replicas *r, td_comm *comm, int64_t commit) {
   if (!r->n_bufs) return TD_OK;
   el_rep_settle(r);
-  el_piece own = {.commit = -1}, rep = {.commit = -1};
-  td_status st = snapshot(r, &own, commit);
-  el_rep_pair(r, comm);
-  if (st == TD_OK && r->buddy >= 0) {
-    /* the ward's range, from its registration (every rank knows every
-     * rank's range only through the exchange: ask it) */
-    int64_t mine[2] = {own.lo, own.hi}, theirs[2] = {0, 0};
-    int me = td_comm_rank(comm);
-    td_status s1 = TD_OK;
-    for (int k = 0; k < 2 && s1 == TD_OK; k++) {
-      bool send_now = (k == 0) == r->send_first;
-      s1 = send_now ? td_send(mine, 2, TD_I64, r->buddy, comm) : td_recv(theirs, 2, TD_I64, r->ward, comm);
+  /* The new holdings are built beside the old ones, which stay (for the
+   * next round's descriptors) until the new ones are complete. */
+  el_replicas next = *r;
+  memset(next.own, 0, sizeof next.own);
+  next.own[1].commit = -1;
+  next.send_req = NULL;
+  next.rep_in_commit = -1;
+  td_status st = snapshot(r, &next.own[0], commit);
+  if (st == TD_OK) st = pair(r, comm, &next.buddy, &next.wards, &next.n_wards);
+  if (st == TD_OK && (next.buddy >= 0 || next.n_wards)) {
+    /* Every rank knows only its own range: tell the buddy, learn each
+     * ward's, in the senders' order (see the file header). */
+    int me = td_comm_rank(comm), k = 0;
+    int64_t mine[2] = {next.own[0].lo, next.own[0].hi};
+    for (int j = 0; j < td_comm_size(comm) && st == TD_OK; j++) {
+      if (j == me && next.buddy >= 0) {
+        st = td_send(mine, 2, TD_I64, next.buddy, comm);
+      } else if (k < next.n_wards && next.wards[k].rank == j) {
+        int64_t theirs[2] = {0, 0};
+        st = td_recv(theirs, 2, TD_I64, j, comm);
+        next.wards[k].lo = theirs[0];
+        next.wards[k++].hi = theirs[1];
+      }
     }
-    if (s1 != TD_OK) {
-      st = td_error(s1, "elastic: rank %d: telling buddy rank %d its range failed: %s", me, r->buddy,
+    if (st != TD_OK)
+      st = td_error(st, "elastic: rank %d: telling buddy rank %d its range failed: %s", me, next.buddy,
                     td_comm_last_error(comm));
-    } else {
-      r->ward_lo = theirs[0];
-      r->ward_hi = theirs[1];
-      /* exchange() sends own[0]: put the new piece there for the call */
-      swap_pieces(&r->own[0], &own);
-      st = exchange(r, comm, &rep, true);
-      swap_pieces(&r->own[0], &own);
-      rep.commit = commit;
-    }
+    else
+      st = exchange(&next, comm, 0, true);
+    for (int w = 0; w < next.n_wards && st == TD_OK; w++) next.wards[w].rep[0].commit = commit;
   }
   if (st != TD_OK) { /* the old holdings stay for the next round */
-    piece_free(&own);
-    piece_free(&rep);
+    piece_free(&next.own[0]);
+    wards_free(next.wards, next.n_wards);
     return st;
   }
   piece_free(&r->own[0]);
   piece_free(&r->own[1]);
-  piece_free(&r->rep[0]);
-  piece_free(&r->rep[1]);
-  r->own[0] = own;
-  r->rep[0] = rep;
+  wards_free(r->wards, r->n_wards);
+  r->own[0] = next.own[0];
+  r->own[1] = next.own[1];
+  r->wards = next.wards;
+  r->n_wards = next.n_wards;
+  r->buddy = next.buddy;
+  r->rep_in_commit = -1;
   return TD_OK;
 }

@@ -285,24 +285,25 @@ static td_status restore_state(td_elastic *e, td_elastic_reset_fn reset_fn, void
   int world = e->m.n_members, me = e->m.rank;
   size_t total = 0;
   for (int i = 0; i < e->n_bufs; i++) total += e->bufs[i].bytes;
-  int64_t *desc = calloc((size_t)world * EL_DESC, sizeof *desc);
+  /* The descriptors are as long as the most pieces any rank holds (a rank
+   * keeps a copy for each of its wards: el_rep_buddies). */
+  int64_t v[5] = {(int64_t)total, -(int64_t)total, e->n_bufs, -(int64_t)e->n_bufs, el_rep_n_pieces(&e->rep)};
+  td_status st = TD_OK;
+  if (world > 1 && (st = td_allreduce(v, v, 5, TD_I64, TD_MAX, e->comm)) != TD_OK) return st;
+  const int n_pieces = (int)v[4];
+  const size_t stride = EL_DESC_LEN(n_pieces);
+  int64_t *desc = calloc((size_t)world * stride, sizeof *desc);
   int64_t *targets = calloc((size_t)world * 2, sizeof *targets);
   if (!desc || !targets) {
     free(desc);
     free(targets);
     return td_error(TD_ERR_SYSTEM, "elastic: out of memory for the state descriptors of %d ranks", world);
   }
-  td_status st = TD_OK;
-  int64_t *mine = desc + (size_t)me * EL_DESC;
+  int64_t *mine = desc + (size_t)me * stride;
   mine[EL_D_WHOLE0] = e->whole_commit[0];
   mine[EL_D_WHOLE1] = e->whole_commit[1];
-  el_rep_describe(&e->rep, mine);
-  int64_t v[4] = {(int64_t)total, -(int64_t)total, e->n_bufs, -(int64_t)e->n_bufs};
-  if (world > 1) {
-    st = td_allreduce(v, v, 4, TD_I64, TD_MAX, e->comm);
-    if (st == TD_OK) st = td_allgather(mine, desc, (size_t)world * EL_DESC, TD_I64, e->comm);
-    if (st != TD_OK) goto done;
-  }
+  el_rep_describe(&e->rep, mine, n_pieces);
+  if (world > 1 && (st = td_allgather(mine, desc, (size_t)world * stride, TD_I64, e->comm)) != TD_OK) goto done;
   if (v[0] != -v[1] || v[2] != -v[3]) {
     st = td_error(TD_ERR_MISMATCH, "elastic: rank %d registered %d buffers of %zu bytes in all, but another rank "
                                    "registered a different state (%lld..%lld buffers, %lld..%lld bytes): every rank "
@@ -311,15 +312,15 @@ static td_status restore_state(td_elastic *e, td_elastic_reset_fn reset_fn, void
     goto done;
   }
   for (int r = 0; r < world; r++)
-    if (desc[(size_t)r * EL_DESC + EL_D_ROW] != mine[EL_D_ROW] || desc[(size_t)r * EL_DESC + EL_D_TOTAL] != mine[EL_D_TOTAL]) {
+    if (desc[(size_t)r * stride + EL_D_ROW] != mine[EL_D_ROW] || desc[(size_t)r * stride + EL_D_TOTAL] != mine[EL_D_TOTAL]) {
       st = td_error(TD_ERR_MISMATCH, "elastic: rank %d registered sharded buffers of %lld elements (%lld bytes "
                                      "each), rank %d of %lld (%lld): every rank must register the same",
                     me, (long long)mine[EL_D_TOTAL], (long long)mine[EL_D_ROW], r,
-                    (long long)desc[(size_t)r * EL_DESC + EL_D_TOTAL], (long long)desc[(size_t)r * EL_DESC + EL_D_ROW]);
+                    (long long)desc[(size_t)r * stride + EL_D_TOTAL], (long long)desc[(size_t)r * stride + EL_D_ROW]);
       goto done;
     }
   int64_t gap_lo, gap_hi;
-  int64_t chosen = el_rep_choose(desc, world, &gap_lo, &gap_hi);
+  int64_t chosen = el_rep_choose(desc, world, n_pieces, &gap_lo, &gap_hi);
   bool fallback = chosen < 0;
   /* The whole buffers: commit `chosen` from the lowest rank holding it;
    * on a fallback the newest one (the joiners need the global batch before
@@ -328,11 +329,11 @@ static td_status restore_state(td_elastic *e, td_elastic_reset_fn reset_fn, void
   if (fallback)
     for (int r = 0; r < world; r++)
       for (int g = 0; g < 2; g++)
-        if (desc[(size_t)r * EL_DESC + g] > want) want = desc[(size_t)r * EL_DESC + g];
+        if (desc[(size_t)r * stride + g] > want) want = desc[(size_t)r * stride + g];
   int holder = -1, holder_gen = 0;
   for (int r = 0; r < world && holder < 0; r++)
     for (int g = 0; g < 2 && holder < 0; g++)
-      if (desc[(size_t)r * EL_DESC + g] == want) {
+      if (desc[(size_t)r * stride + g] == want) {
         holder = r;
         holder_gen = g;
       }
@@ -370,7 +371,7 @@ static td_status restore_state(td_elastic *e, td_elastic_reset_fn reset_fn, void
       memcpy(targets + 2 * me, t2, sizeof t2);
       if (world > 1 && (st = td_allgather(t2, targets, (size_t)world * 2, TD_I64, e->comm)) != TD_OK) goto done;
       size_t from_others = 0;
-      st = el_rep_restore(&e->rep, e->comm, desc, targets, chosen, &from_others);
+      st = el_rep_restore(&e->rep, e->comm, desc, n_pieces, targets, chosen, &from_others);
       if (st != TD_OK) goto done;
       if (me == 0 || from_others)
         td_log(TD_LOG_INFO, "elastic: epoch %d: rank %d: sharded state of commit %lld rebuilt from memory (%zu of "
@@ -399,7 +400,7 @@ static td_status restore_state(td_elastic *e, td_elastic_reset_fn reset_fn, void
     commit = want + 1;
     for (int r = 0; r < world; r++)
       for (int g = 0; g < 2; g++)
-        if (desc[(size_t)r * EL_DESC + g] >= commit) commit = desc[(size_t)r * EL_DESC + g] + 1;
+        if (desc[(size_t)r * stride + g] >= commit) commit = desc[(size_t)r * stride + g] + 1;
     snapshot_whole(e, commit);
     e->whole_commit[1] = -1;
     e->fallbacks++;
