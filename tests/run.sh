@@ -11,6 +11,8 @@
 #
 # Environment: TESTS=REGEX runs only tests whose name matches;
 #              TREES="build" skips the sanitizer pass;
+#              SUITES="tests/a.suite ..." runs those files (default: every
+#              tests/*.suite but tests/gpu.suite, which needs a GPU);
 #              JOBS=N runs up to N lines at once (default 2; 1: one by one).
 #              SERIAL=REGEX names the lines that run alone, nothing beside
 #              them (default: those whose point is a time bound, that
@@ -25,6 +27,8 @@
 set -u
 cd "$(dirname "$0")/.."
 trees=${TREES:-"build build/asan"}
+# tests/gpu.suite needs a GPU: scripts/gpu-check runs it (SUITES=tests/gpu.suite)
+suites=${SUITES:-$(ls tests/*.suite | grep -vx tests/gpu.suite)}
 filter=${TESTS:-.}
 logdir=build/test-logs
 mkdir -p "$logdir"
@@ -66,7 +70,7 @@ run_one() {
 for B in $trees; do
   [ -d "$B/tests" ] || { echo "missing $B/tests: build it first (make all BUILD=$B)"; failed=$((failed+1)); continue; }
   RUN="$B/bin/tandemrun"
-  for suite in tests/*.suite; do
+  for suite in $suites; do
     while IFS= read -r line || [ -n "$line" ]; do
       line="${line%%#*}"
       [ -z "${line// }" ] && continue
