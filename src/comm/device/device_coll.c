@@ -44,11 +44,6 @@ void device_coll_destroy(device_coll *dc) {
   td_free(dc);
 }
 
-static void device_name(td_device d, char *buf, size_t size) {
-  if (d.kind == TD_DEVICE_CPU) snprintf(buf, size, "cpu");
-  else snprintf(buf, size, "cuda:%d", d.index);
-}
-
 /* One rank's entry in the path vote: "<nccl ok> <kind> <index> <hex id>". */
 #define VOTE_BYTES (32 + 2 * NCCL_ID_BYTES)
 
@@ -155,12 +150,10 @@ td_status device_coll_setup(td_comm *comm, td_device dev) {
   char want[32], have[32];
   if (comm->dev) {
     if (comm->dev->dev.kind == dev.kind && comm->dev->dev.index == dev.index) return TD_OK;
-    device_name(dev, want, sizeof want);
-    device_name(comm->dev->dev, have, sizeof have);
     return td_error(TD_ERR_INVALID_ARGUMENT, "rank %d: a collective on %s buffers, but this communicator's device "
                                              "collectives run on %s: use one device per communicator "
                                              "(td_comm_split makes another)",
-                    comm->rank, want, have);
+                    comm->rank, td_device_name(dev, want, sizeof want), td_device_name(comm->dev->dev, have, sizeof have));
   }
   if (is_device(dev)) TD_CHECK(td_device_open(dev));
   device_coll *dc = td_alloc(sizeof *dc);
@@ -205,6 +198,9 @@ td_status device_coll_execute(td_comm *comm, const comm_op *op) {
   if (comm->size == 1) return self_copy(comm, op);
   if (op->count == 0) return TD_OK;
   if (dc->use_nccl && nccl_supports(op)) return nccl_execute(comm, dc->nccl, op);
-  if (!dc->staged) TD_CHECK(staged_create(dc->dev, &dc->staged)); /* NCCL declined this op */
+  if (!dc->staged) { /* NCCL declined this op: the staged path, created on first need */
+    td_status st = staged_create(dc->dev, &dc->staged);
+    if (st != TD_OK) return comm_fail(comm, st, "rank %d: %s", comm->rank, td_last_error());
+  }
   return staged_execute(comm, dc->staged, op);
 }
