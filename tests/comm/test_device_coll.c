@@ -23,11 +23,14 @@
  * A device that cannot be opened fails the test, or, with
  * TANDEM_GPU_OPTIONAL=1, prints "skipped: no GPU: <why>" and exits 0.
  *
+ * TANDEM_TEST_EXPECT_PATH=nccl|staged|self: fail unless that path ran
+ * (tests/cudaemu.suite runs NCCL's path against tests/comm/fake_nccl.c).
+ *
  * --kill R: rank R SIGKILLs itself during a long staged allreduce; the other
  * ranks must fail with TD_ERR_REMOTE naming rank R (never hang), print
  * "kill ok rank <r>" and exit 0. */
 #include "../common/check.h"
-#include "comm/comm_impl.h"
+#include "comm/device/device_coll.h"
 #include "comm_test_util.h"
 #include "tandem/device.h"
 
@@ -293,8 +296,11 @@ int main(int argc, char **argv) {
       return 2;
     }
   }
-  COMM_OK(td_device_parse(spec ? spec : "cpu", &dev));
-  if (td_device_open(dev) != TD_OK) {
+  COMM_OK(td_comm_init(&comm));
+  rank_ = td_comm_rank(comm);
+  nranks = td_comm_size(comm);
+  /* "cuda" alone: this rank's share, cuda:(local rank % GPUs), as training does */
+  if (td_train_device_select(spec ? spec : "cpu", td_comm_local_rank(comm), &dev) != TD_OK) {
     /* tests/gpu.suite: strict on the GPU machine (scripts/gpu-check); elsewhere
      * TANDEM_GPU_OPTIONAL=1 turns a missing GPU into a skip */
     const char *optional = getenv("TANDEM_GPU_OPTIONAL");
@@ -302,21 +308,23 @@ int main(int argc, char **argv) {
       printf("skipped: no GPU: %s\n", td_last_error());
       return 0;
     }
-    td_test_fail(__FILE__, __LINE__, "td_device_open(%s): %s", spec, td_last_error());
+    td_test_fail(__FILE__, __LINE__, "device %s: %s", spec, td_last_error());
   }
-  COMM_OK(td_comm_init(&comm));
-  rank_ = td_comm_rank(comm);
-  nranks = td_comm_size(comm);
   if (victim >= 0) return kill_test(victim);
 
   double t0 = ct_now();
   sweep(large);
-  /* the device path really ran (a CPU device only when staging host buffers is on) */
+  /* the device path really ran (a CPU device only when staging host buffers
+   * is on), and the one expected (TANDEM_TEST_EXPECT_PATH: nccl, staged) */
   CHECK(comm->dev != NULL);
+  const char *expect_path = getenv("TANDEM_TEST_EXPECT_PATH");
+  if (expect_path && strcmp(device_coll_path(comm), expect_path))
+    td_test_fail(__FILE__, __LINE__, "rank %d: device collectives ran on the %s path, expected %s", rank_,
+                 device_coll_path(comm), expect_path);
   COMM_OK(td_comm_finalize(comm));
   if (rank_ == 0)
-    printf("test_device_coll: %ld checks passed on %d ranks, device %s, %.1f s\n", n_checks, nranks,
-           dev.kind == TD_DEVICE_CPU ? "cpu (staged host buffers)" : "cuda", ct_now() - t0);
+    printf("test_device_coll: %ld checks passed on %d ranks, device %s, %s path, %.1f s\n", n_checks, nranks,
+           dev.kind == TD_DEVICE_CPU ? "cpu (staged host buffers)" : "cuda", device_coll_path(comm), ct_now() - t0);
   td_comm_destroy(comm);
   return 0;
 }

@@ -37,6 +37,12 @@ uint64_t device_coll_seq_span(const td_comm *comm, const comm_op *op) {
   return staged_chunks(op, comm->size, comm_tun_bytes(comm->tun.device_chunk_bytes, DEVICE_CHUNK_BYTES_DEFAULT));
 }
 
+const char *device_coll_path(const td_comm *comm) {
+  if (!comm->dev) return "none";
+  if (comm->size == 1) return "self";
+  return comm->dev->use_nccl ? "nccl" : "staged";
+}
+
 void device_coll_destroy(device_coll *dc) {
   if (!dc) return;
   staged_destroy(dc->staged);
@@ -197,7 +203,7 @@ td_status device_coll_execute(td_comm *comm, const comm_op *op) {
   }
   if (comm->size == 1) return self_copy(comm, op);
   if (op->count == 0) return TD_OK;
-  if (dc->use_nccl && nccl_supports(op)) return nccl_execute(comm, dc->nccl, op);
+  if (dc->use_nccl && nccl_supports(comm, op)) return nccl_execute(comm, dc->nccl, op);
   if (!dc->staged) { /* NCCL declined this op: the staged path, created on first need */
     td_status st = staged_create(dc->dev, &dc->staged);
     if (st != TD_OK) return comm_fail(comm, st, "rank %d: %s", comm->rank, td_last_error());

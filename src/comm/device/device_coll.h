@@ -63,6 +63,11 @@ td_status device_coll_execute(td_comm *comm, const comm_op *op);
 /* Free everything (destroy: no communication). Accepts NULL. */
 void device_coll_destroy(device_coll *dc);
 
+/* The path comm's device collectives took: "nccl", "staged" (also when
+ * NCCL declined some operations), "self" (a world of one), or "none" (no
+ * device collective yet). For tests and logs. */
+const char *device_coll_path(const td_comm *comm);
+
 /* ---- the two paths (staged.c, nccl.c), for device_coll.c ---- */
 
 typedef struct staged_state staged_state;
@@ -83,7 +88,7 @@ td_status nccl_make_id(unsigned char id[NCCL_ID_BYTES]);
 td_status nccl_create(td_comm *comm, td_device dev, const unsigned char id[NCCL_ID_BYTES], nccl_state **out);
 void nccl_destroy(nccl_state *ns, bool abort_it);
 /* Can NCCL run op with Tandem's semantics (nccl.c says which it declines)? */
-bool nccl_supports(const comm_op *op);
+bool nccl_supports(const td_comm *comm, const comm_op *op);
 td_status nccl_execute(td_comm *comm, nccl_state *ns, const comm_op *op);
 
 #endif

@@ -203,13 +203,14 @@ static int nccl_op(td_op op) {
 
 static bool is_float(td_dtype d) { return d == TD_F32 || d == TD_F64 || d == TD_F16 || d == TD_BF16; }
 
-bool nccl_supports(const comm_op *op) {
+bool nccl_supports(const td_comm *comm, const comm_op *op) {
   if (nccl_dtype(op->dtype) < 0) return false;
   bool reduces = op->kind == COMM_ALLREDUCE || op->kind == COMM_REDUCE || op->kind == COMM_REDUCE_SCATTER;
   if (!reduces) return op->kind == COMM_BROADCAST || op->kind == COMM_ALLGATHER || op->kind == COMM_ALLTOALL;
   if (is_float(op->dtype) && (op->redop == TD_MIN || op->redop == TD_MAX)) return false;
   if (!is_float(op->dtype) && op->redop == TD_AVG) return false;
-  return true;
+  bool half = op->dtype == TD_F16 || op->dtype == TD_BF16;
+  return !half || comm->tun.half_partials;
 }
 
 /* A local peer's process is gone (kill -9 leaves no word behind). */
