@@ -85,20 +85,66 @@ LEVEL_FLAGS_avx2    := -mavx2 -mfma -mf16c -Wno-psabi
 LEVEL_FLAGS_avx512  := -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512dq -mavx512vl
 # avx512 plus vdpbf16ps / vcvtne2ps2bf16 (src/nn/matmul_bf16.c)
 LEVEL_FLAGS_avx512bf16 := $(LEVEL_FLAGS_avx512) -mavx512bf16
-LIB_SRCS   := $(filter-out $(KERNEL_SRCS),$(sort $(shell find src -name '*.c')))
+# Every file that needs CUDA lives in a folder named cuda/ (src/device/cuda,
+# src/nn/cuda, src/train/cuda; tests/cuda): compiled only when CUDA is on,
+# that is in a CUDA build or in the emulator tree (CUDA_EMU, below).
+CUDA_C_SRCS    := $(sort $(shell find src -path '*/cuda/*' -name '*.c'))
+CUDA_CU_SRCS   := $(sort $(shell find src -path '*/cuda/*' -name '*.cu'))
+CUDA_TEST_SRCS := $(sort $(wildcard tests/cuda/test_*.c))
+LIB_SRCS   := $(filter-out $(KERNEL_SRCS) $(CUDA_C_SRCS),$(sort $(shell find src -name '*.c')))
 TOOL_SRCS  := $(sort $(wildcard tools/*.c examples/*.c))
-TEST_SRCS  := $(sort $(shell find tests -name 'test_*.c'))
+TEST_SRCS  := $(filter-out $(CUDA_TEST_SRCS),$(sort $(shell find tests -name 'test_*.c')))
 TESTLIB_SRCS := $(sort $(wildcard tests/common/*.c))
 
 LIB_OBJS   := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o) \
               $(foreach l,$(LEVELS),$(KERNEL_SRCS:%.c=$(BUILD)/obj/%.$(l).o))
+
+# ---- the CUDA emulator tree (issue 18; tests/cudaemu/) ----
+# `make cuda-emu` builds build/cudaemu: the whole library with CUDA on, where
+# the CUDA runtime is tests/cudaemu's CPU emulator: .cu files are compiled by
+# g++ as C++ with tests/cudaemu/include/cuda_emu.h forced in, C files in cuda/
+# folders see its cuda_runtime.h. The tree is built with ASan+UBSan, so that
+# a kernel's out-of-bounds access is reported like any other. Its tests
+# (tests/cudaemu/test_*.cu, tests/cuda/test_*.c) run in tests/cudaemu.suite.
+CUDA_EMU ?= 0
+ifeq ($(CUDA_EMU),1)
+CXX ?= g++
+EMU_INC      := -Itests/cudaemu/include
+CFLAGS       += -DTD_HAVE_CUDA=1 -DTD_CUDA_EMU=1 $(EMU_INC)
+EMU_CXXFLAGS := -x c++ -std=c++17 -g $(OPT) $(ARCH) -Wall -Wextra -Wno-unused-parameter -fno-exceptions -fno-rtti \
+                -fno-strict-aliasing -pthread -fPIC -Iinclude -Isrc $(EMU_INC) -DTD_HAVE_CUDA=1 -DTD_CUDA_EMU=1 -MMD -MP \
+                $(if $(filter 1,$(SAN)),-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
+EMU_TEST_CU  := $(sort $(wildcard tests/cudaemu/test_*.cu))
+LIB_SRCS     += $(CUDA_C_SRCS)
+LIB_OBJS     += $(CUDA_C_SRCS:%.c=$(BUILD)/obj/%.o) $(CUDA_CU_SRCS:%.cu=$(BUILD)/obj/%.o) $(BUILD)/obj/tests/cudaemu/emu_runtime.o
+TEST_SRCS    += $(CUDA_TEST_SRCS)
+LDLIBS       += -lstdc++
+CUDA_TESTS   := $(patsubst %.c,$(BUILD)/tests/%,$(notdir $(CUDA_TEST_SRCS))) \
+                $(patsubst %.cu,$(BUILD)/tests/%,$(notdir $(EMU_TEST_CU)))
+
+$(BUILD)/obj/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CXXFLAGS) -include cuda_emu.h -c $< -o $@
+$(BUILD)/obj/tests/cudaemu/emu_runtime.o: tests/cudaemu/emu_runtime.cc
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
+$(patsubst %.cu,$(BUILD)/tests/%,$(notdir $(EMU_TEST_CU))): $(BUILD)/tests/%: $(BUILD)/obj/tests/cudaemu/%.o $(LIBA)
+	@mkdir -p $(dir $@)
+	$(CXX) -pthread -o $@ $< $(LIBA) $(LDLIBS)
+.SECONDARY: $(EMU_TEST_CU:%.cu=$(BUILD)/obj/%.o)
+-include $(CUDA_CU_SRCS:%.cu=$(BUILD)/obj/%.d) $(EMU_TEST_CU:%.cu=$(BUILD)/obj/%.d) $(BUILD)/obj/tests/cudaemu/emu_runtime.d
+endif
+
+cuda-emu:
+	@$(MAKE) --no-print-directory CUDA_EMU=1 BUILD=build/cudaemu SAN=1 OPT="-O1" cuda-emu-tree
+cuda-emu-tree: report-config $(LIBA) $(CUDA_TESTS) $(BUILD)/bin/train-gpt $(BUILD)/bin/tandemrun
 TESTLIB_OBJS := $(TESTLIB_SRCS:%.c=$(BUILD)/obj/%.o)
 TOOLS      := $(patsubst %.c,$(BUILD)/bin/%,$(notdir $(TOOL_SRCS)))
 TESTS      := $(patsubst %.c,$(BUILD)/tests/%,$(notdir $(TEST_SRCS)))
 LIBA       := $(BUILD)/lib/libtandem.a
 LIBSO      := $(BUILD)/lib/libtandem.so
 
-.PHONY: all test demo clean deps bench report-config fuzz fuzz-build
+.PHONY: all test demo clean deps bench report-config fuzz fuzz-build cuda-emu cuda-emu-tree
 all: report-config $(LIBA) $(LIBSO) $(TOOLS) $(TESTS)
 
 report-config:
@@ -159,6 +205,7 @@ test: deps
 	@$(MAKE) --no-print-directory $(PAR) all
 	@$(MAKE) --no-print-directory $(PAR) all BUILD=build/asan SAN=1 OPT="-O1"
 	@$(MAKE) --no-print-directory $(PAR) fuzz-build
+	@$(MAKE) --no-print-directory $(PAR) cuda-emu
 	@tests/run.sh
 
 demo: deps

@@ -154,7 +154,7 @@ res="bench/results/faults-$(date -u +%Y-%m-%d)${TAG:+-$TAG}$([ "$ZERO" != 0 ] &&
   echo "Faults injected: $f of $FAULTS$([ $ended = 1 ] && echo " (the job finished first: the machine was slower than the script)")."
   echo "Hangs (a fault after which no new epoch formed within 60 s): $hangs. tandemrun exit code: $rc."
   echo "Bit-identical is expected for every kind, also 'stop' and 'grow', which run some steps at 3 ranks: elastic"
-  echo "training sums every step in one order whatever the world size (deterministic reduction, src/train/canonical/)."
+  echo "training sums every step in one order whatever the world size (deterministic reduction, src/train/deterministic/)."
   echo "Final loss and parameter hash, fault-free: \`$ref\`; with faults: \`$got\`; bit-identical: $same."
 } >"$res"
 cat "$res"

@@ -43,7 +43,7 @@
  * ps and ssh logs show; a user-given TANDEM_SECRET_FILE is passed by path
  * (the file must then exist on every host). */
 #include "net/net.h"
-#include "train/elastic/elastic_impl.h"
+#include "elastic/membership.h"
 
 #include <fcntl.h>
 #include <getopt.h>

@@ -44,7 +44,8 @@ typedef struct td_comm_config {
   const char *store;     /* "host:port" of the rendezvous store; NULL: from the environment */
   const char *job_id;    /* namespace in the store; NULL: from TANDEM_JOB_ID or "default" */
   const char *transport; /* "auto" (NULL), "shm" or "tcp" */
-  double timeout_s;      /* 0: TANDEM_TIMEOUT or 300 s */
+  double timeout_s;      /* 0: TANDEM_TIMEOUT or 300 s; when set, also caps the
+                          * start-up wait (TANDEM_CONNECT_TIMEOUT, default 60 s) */
 } td_comm_config;
 
 /* Create the world communicator from the environment (TANDEM_* set by

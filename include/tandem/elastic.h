@@ -1,4 +1,5 @@
-/* Tandem public API: elastic, fault-tolerant training (src/train/elastic).
+/* Tandem public API: elastic, fault-tolerant training (src/elastic; the
+ * trainer's side, td_trainer_elastic_*, is in tandem/train.h).
  *
  * In the spirit of hvd.elastic.State: the processes of a job survive the
  * loss of a peer. When a rank dies, stops answering heartbeats, or new
@@ -58,7 +59,6 @@
 
 #include "base.h"
 #include "comm.h"
-#include "train.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -141,7 +141,7 @@ typedef td_status (*td_elastic_reset_fn)(void *ctx, td_comm *comm, int world_siz
  * stopped or cut off too long), with a message saying which. */
 td_status td_elastic_run(td_elastic *e, td_elastic_train_fn train_fn, td_elastic_reset_fn reset_fn, void *ctx);
 
-/* ---- the trainer under elastic training (tandem/train.h) ---- */
+/* ---- batch sizes under elastic training ---- */
 
 /* Batch split for an elastic world: keep the global batch G and give each
  * of `world` ranks G/world samples per step as micro x accum, with the
@@ -150,24 +150,6 @@ td_status td_elastic_run(td_elastic *e, td_elastic_train_fn train_fn, td_elastic
  * listing the world sizes in [1, max_world] that would keep G. Pure. */
 td_status td_elastic_batch_split(long global_batch, int world, int micro_hint, int max_world, int *micro_out,
                                  int *accum_out);
-
-/* Register a trainer's whole state with e: parameters, optimizer state, the
- * step count, the sampler position and the global batch. At stage 0 that is
- * everything a step depends on. At ZeRO stages 1-3 the optimizer state (and
- * at stage 3 the parameters) are registered as shards
- * (td_elastic_register_shard), and td_trainer_elastic_rebind re-shards
- * them. Local. */
-td_status td_trainer_elastic_register(td_trainer *t, td_elastic *e);
-
-/* Move a trainer onto `comm` (NULL: a world of one), keeping its global
- * batch (td_elastic_batch_split with micro_hint and max_world), resizing
- * per-rank buffers. Call it from the reset callback. The trainer must have
- * been created with comm NULL (creation is then local, so a joining
- * process can create its trainer while the others train). At ZeRO stage >=
- * 1 the shards are cut anew for the new world and registered again with
- * the elastic state given to td_trainer_elastic_register (their contents
- * are then restored by td_elastic_run). Local. */
-td_status td_trainer_elastic_rebind(td_trainer *t, td_comm *comm, int micro_hint, int max_world);
 
 #ifdef __cplusplus
 }

@@ -33,6 +33,7 @@
 #include "base.h"
 #include "comm.h"
 #include "device.h"
+#include "elastic.h"
 #include "nn.h"
 
 #ifdef __cplusplus
@@ -432,6 +433,26 @@ const float *td_trainer_params(const td_trainer *trainer);
 float *td_trainer_params_mut(td_trainer *trainer); /* for tests and custom initialization before the first step */
 size_t td_trainer_n_params(const td_trainer *trainer);
 int td_trainer_threads(const td_trainer *trainer); /* compute threads this rank uses */
+
+/* ---- the trainer under elastic training (tandem/elastic.h) ---- */
+
+/* Register a trainer's whole state with e: parameters, optimizer state, the
+ * step count, the sampler position and the global batch. At stage 0 that is
+ * everything a step depends on. At ZeRO stages 1-3 the optimizer state (and
+ * at stage 3 the parameters) are registered as shards
+ * (td_elastic_register_shard), and td_trainer_elastic_rebind re-shards
+ * them. Local. */
+td_status td_trainer_elastic_register(td_trainer *t, td_elastic *e);
+
+/* Move a trainer onto `comm` (NULL: a world of one), keeping its global
+ * batch (td_elastic_batch_split with micro_hint and max_world), resizing
+ * per-rank buffers. Call it from the reset callback. The trainer must have
+ * been created with comm NULL (creation is then local, so a joining
+ * process can create its trainer while the others train). At ZeRO stage >=
+ * 1 the shards are cut anew for the new world and registered again with
+ * the elastic state given to td_trainer_elastic_register (their contents
+ * are then restored by td_elastic_run). Local. */
+td_status td_trainer_elastic_rebind(td_trainer *t, td_comm *comm, int micro_hint, int max_world);
 
 #ifdef __cplusplus
 }

@@ -29,6 +29,56 @@ _OP_NAMES = {"sum": SUM, "avg": AVG, "average": AVG, "mean": AVG, "min": MIN, "m
              "prod": PROD, "product": PROD}
 
 _world = None
+_store_server = None  # the store this process hosts under torchrun (rank 0), kept until exit
+
+
+def _torchrun_store(timeout_s=None):
+    """Under a torchrun agent, point TANDEM_STORE at a Tandem store agreed
+    through the agent's own.
+
+    torchrun's agent serves torch's TCPStore on MASTER_PORT, so the C
+    library's rule for torchrun's variables (rank 0 hosts Tandem's store on
+    MASTER_PORT) would collide with it ("Address already in use"). Instead
+    rank 0 hosts a Tandem store on a port the kernel picks, on the
+    interface that routes to MASTER_ADDR, and publishes host:port in the
+    agent's store; every rank reads it from there and sets TANDEM_STORE, so
+    every later communicator of the job (tandem.init, each c10d group)
+    finds it. Only the address travels through torch's store, which has no
+    authentication: the job's secret stays where Tandem's handshake reads
+    it (TANDEM_SECRET, TANDEM_SECRET_FILE, or the per-user secret file).
+    Does nothing outside torchrun, with TANDEM_STORE set, or for one rank."""
+    global _store_server
+    import os
+    env = os.environ
+    if env.get("TANDEM_STORE") or "TORCHELASTIC_RUN_ID" not in env or "TANDEM_RANK" in env:
+        return
+    if not env.get("MASTER_ADDR") or not env.get("MASTER_PORT") or int(env.get("WORLD_SIZE", "1")) <= 1:
+        return
+    import datetime
+    import socket
+    from torch.distributed import TCPStore
+    rank = int(env["RANK"])
+    wait = datetime.timedelta(seconds=timeout_s or float(env.get("TANDEM_CONNECT_TIMEOUT") or 60))
+    agent = TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False, timeout=wait)
+    key = f"tandem/store/{env['TORCHELASTIC_RUN_ID']}/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    if rank == 0:
+        # the local address of the route to MASTER_ADDR (no packet is sent):
+        # reachable by the others as torch's own store is, and no wider
+        family, _, _, _, addr = socket.getaddrinfo(env["MASTER_ADDR"], int(env["MASTER_PORT"]),
+                                                   proto=socket.IPPROTO_UDP)[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.connect(addr)
+            host = s.getsockname()[0]
+        _store_server, port = _tandem.host_store(host)
+        agent.set(key, f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+    try:
+        address = agent.get(key).decode()  # waits for rank 0, up to `wait`
+    except RuntimeError as e:
+        raise _tandem.TandemTimeoutError(
+            f"tandem: rank {rank} under torchrun: rank 0 did not publish Tandem's store address in the agent's "
+            f"store ({env['MASTER_ADDR']}:{env['MASTER_PORT']}, key {key}) within {wait.total_seconds():g} s: "
+            f"{e}") from None
+    env["TANDEM_STORE"] = address
 
 
 def init(**config):
@@ -36,6 +86,8 @@ def init(**config):
     job_id, transport, timeout) override the environment."""
     global _world
     if _world is None:
+        if not config.get("store"):
+            _torchrun_store(config.get("timeout"))
         _world = _tandem.init(**config)
     return _world
 

@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "tandem/tandem.h"
+#include "net/net.h" /* the rendezvous store server, for launchers whose own store Tandem cannot use */
 #include "_tandem_api.h"
 
 /* ---- exceptions ---- */
@@ -738,9 +739,40 @@ static PyObject *mod_raise_status(PyObject *self, PyObject *args) {
   return raise_status((td_status)st, msg);
 }
 
+/* host_store(bind_host) -> (server, port): start a Tandem rendezvous store
+ * in this process on bind_host and a port the kernel picks; it runs in its
+ * own thread until `server` (a capsule) is released. For launchers that
+ * serve a store Tandem cannot use on the port it would take (torchrun's
+ * agent holds MASTER_PORT): rank 0 hosts this one and publishes its address
+ * through the launcher's store (tandem/__init__.py). Connections to it are
+ * authenticated with the job's secret, as every store's. */
+static void store_capsule_free(PyObject *cap) {
+  td_store_server *server = PyCapsule_GetPointer(cap, "tandem._tandem.StoreServer");
+  Py_BEGIN_ALLOW_THREADS store_server_stop(server);
+  Py_END_ALLOW_THREADS
+}
+
+static PyObject *mod_host_store(PyObject *self, PyObject *args) {
+  const char *host;
+  if (!PyArg_ParseTuple(args, "s", &host)) return NULL;
+  td_store_server *server = NULL;
+  td_status st;
+  Py_BEGIN_ALLOW_THREADS st = store_server_start(host, 0, &server);
+  Py_END_ALLOW_THREADS
+  if (st != TD_OK) return raise_last(st, NULL);
+  PyObject *cap = PyCapsule_New(server, "tandem._tandem.StoreServer", store_capsule_free);
+  if (!cap) {
+    store_server_stop(server);
+    return NULL;
+  }
+  return Py_BuildValue("(Ni)", cap, store_server_port(server));
+}
+
 static PyMethodDef module_methods[] = {
     {"init", (PyCFunction)(void (*)(void))mod_init, METH_VARARGS | METH_KEYWORDS,
      "init(rank=-1, world_size=0, store=None, job_id=None, transport=None, timeout=0.0) -> Comm"},
+    {"host_store", mod_host_store, METH_VARARGS,
+     "host_store(bind_host) -> (server, port): a rendezvous store in this process, until server is released"},
     {"dtype_size", mod_dtype_size, METH_O, "bytes per element of a dtype code"},
     {"status_str", mod_status_str, METH_O, "the name of a status code"},
     {"raise_status", mod_raise_status, METH_VARARGS, "raise_status(status, message): raise its TandemError class"},

@@ -3,6 +3,7 @@
 #include "base.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <unistd.h>
@@ -13,7 +14,9 @@ static int threshold = -1;
 td_log_level td_log_threshold(void) {
   int t = __atomic_load_n(&threshold, __ATOMIC_RELAXED);
   if (t >= 0) return (td_log_level)t;
-  const char *v = td_env_str("TANDEM_LOG", "warn");
+  /* getenv, not td_env_str: env.c reports malformed values through this log */
+  const char *v = getenv("TANDEM_LOG");
+  if (!v || !*v) v = "warn";
   t = TD_LOG_WARN;
   if (!strcasecmp(v, "error")) t = TD_LOG_ERROR;
   else if (!strcasecmp(v, "info")) t = TD_LOG_INFO;

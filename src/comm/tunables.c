@@ -106,6 +106,11 @@ td_status comm_tunables_read(const td_comm_config *config, comm_tunables *t) {
   }
   TD_CHECK(read_number("TANDEM_CONNECT_TIMEOUT", 0, COMM_TUN_MAX_TIMEOUT_S, true, 60.0, "seconds",
                        &t->connect_timeout_s));
+  /* A communicator given its own deadline waits no longer than that for its
+   * peers at start-up either (a torch process group created with
+   * timeout=6s must not wait the default 60 s for a member that never
+   * comes). */
+  if (config && config->timeout_s != 0) t->connect_timeout_s = TD_MIN(t->connect_timeout_s, t->timeout_s);
 
   const char *algo = env_value("TANDEM_ALLREDUCE_ALGO");
   if (!algo || !strcmp(algo, "auto")) t->allreduce_algo = COMM_ALGO_AUTO;

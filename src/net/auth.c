@@ -429,3 +429,21 @@ td_status net_auth_accept(int fd, uint32_t role, const char *ctx, double deadlin
     }
   }
 }
+
+/* The listener policy lives here, with the secret it depends on; the
+ * socket itself is socket.c's (net_listen_socket). */
+td_status net_listen(const char *host, int port, int backlog, int *fd_out, int *port_out) {
+  /* Without a job secret, a listener on a routable address would let any
+   * host that reaches it join the job; loopback keeps other hosts out. */
+  TD_CHECK(net_auth_init());
+  if (!net_auth_have_secret() && !net_is_loopback_host(host)) {
+    char addr[300];
+    net_format_addr(addr, sizeof addr, host && *host ? host : "0.0.0.0", port);
+    return td_error(TD_ERR_INVALID_ARGUMENT,
+                    "refusing to listen on %s without a job secret: anyone who can reach it could join the job. Set "
+                    "TANDEM_SECRET (at least 32 random characters) or TANDEM_SECRET_FILE (a 0600 file) to the same "
+                    "value on every rank, or run every rank on this host (tandemrun does this for you)",
+                    addr);
+  }
+  return net_listen_socket(host, port, backlog, fd_out, port_out);
+}

@@ -128,6 +128,10 @@ td_status net_parse_addr(const char *text, char *host, size_t host_size, int *po
  * secret (net_auth_init) only a loopback host is allowed: anything else
  * fails with TD_ERR_INVALID_ARGUMENT saying to set TANDEM_SECRET. */
 td_status net_listen(const char *host, int port, int backlog, int *fd_out, int *port_out);
+/* The same without the secret check (socket.c, below auth.c, which applies it). */
+td_status net_listen_socket(const char *host, int port, int backlog, int *fd_out, int *port_out);
+/* "host:port" or "[v6]:port" (host NULL or "": "*"), for messages. */
+void net_format_addr(char *buf, size_t size, const char *host, int port);
 
 /* Connect to host:port, retrying refused/unreachable attempts with backoff
  * until timeout_s passes; the error names the address and the last reason. */

@@ -90,8 +90,7 @@ void net_set_bufsizes(int fd, int bytes) {
   (void)setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof bytes);
 }
 
-/* "host:port" or "[v6]:port" for messages. */
-static void format_addr(char *buf, size_t size, const char *host, int port) {
+void net_format_addr(char *buf, size_t size, const char *host, int port) {
   if (host && strchr(host, ':'))
     snprintf(buf, size, "[%s]:%d", host, port);
   else
@@ -116,7 +115,7 @@ static void peer_name(int fd, char *buf, size_t size) {
     }
   }
   if (host[0])
-    format_addr(buf, size, host, port);
+    net_format_addr(buf, size, host, port);
   else
     td_strlcpy(buf, "unknown peer", size);
 }
@@ -156,19 +155,7 @@ td_status net_socket_local_address(int fd, char *buf, size_t size) {
   return TD_OK;
 }
 
-td_status net_listen(const char *host, int port, int backlog, int *fd_out, int *port_out) {
-  /* Without a job secret, a listener on a routable address would let any
-   * host that reaches it join the job; loopback keeps other hosts out. */
-  TD_CHECK(net_auth_init());
-  if (!net_auth_have_secret() && !net_is_loopback_host(host)) {
-    char addr[300];
-    format_addr(addr, sizeof addr, host && *host ? host : "0.0.0.0", port);
-    return td_error(TD_ERR_INVALID_ARGUMENT,
-                    "refusing to listen on %s without a job secret: anyone who can reach it could join the job. Set "
-                    "TANDEM_SECRET (at least 32 random characters) or TANDEM_SECRET_FILE (a 0600 file) to the same "
-                    "value on every rank, or run every rank on this host (tandemrun does this for you)",
-                    addr);
-  }
+td_status net_listen_socket(const char *host, int port, int backlog, int *fd_out, int *port_out) {
   struct addrinfo hints = {0}, *res = NULL;
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -180,7 +167,7 @@ td_status net_listen(const char *host, int port, int backlog, int *fd_out, int *
   int gai = getaddrinfo(node, port_text, &hints, &res);
   if (gai != 0) {
     char addr[300];
-    format_addr(addr, sizeof addr, node, port);
+    net_format_addr(addr, sizeof addr, node, port);
     return td_error(TD_ERR_INVALID_ARGUMENT, "cannot listen on %s: %s", addr, gai_strerror(gai));
   }
   int saved_errno = 0;
@@ -201,7 +188,7 @@ td_status net_listen(const char *host, int port, int backlog, int *fd_out, int *
   freeaddrinfo(res);
   if (fd < 0) {
     char addr[300];
-    format_addr(addr, sizeof addr, node, port);
+    net_format_addr(addr, sizeof addr, node, port);
     errno = saved_errno;
     return td_error_errno("cannot listen on %s", addr);
   }
@@ -272,7 +259,7 @@ td_status net_connect_reason(const char *host, int port, double timeout_s, int *
   double backoff = 0.01;
   char last_reason[256] = "no attempt made";
   char addr[300];
-  format_addr(addr, sizeof addr, host, port);
+  net_format_addr(addr, sizeof addr, host, port);
   char port_text[16];
   snprintf(port_text, sizeof port_text, "%d", port);
   for (;;) {

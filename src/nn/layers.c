@@ -236,7 +236,8 @@ void td_layernorm_backward(float *dinp, float *dweight, float *dbias, const floa
  * With u = sqrt(2/pi) (x + 0.044715 x^3) and s = sigmoid(2u) = (1 + tanh u) / 2:
  *   gelu(x) = x s,   gelu'(x) = s + 2 x s (1 - s) du/dx.
  * One exponential and one reciprocal give both, so the model's forward
- * stores gelu' (nn_gelu_forward_cache) and its backward is one multiply
+ * stores gelu' (nn_gelu_forward_cache, in matmul.c beside the GEMM's GELU
+ * epilogue, which matmul_bf16.c uses too) and its backward is one multiply
  * instead of recomputing tanh (GELU fell from ~7% of a GPT step to ~2.5%). */
 
 /* nn_gelu_sigmoid_v16 and nn_gelu_grad_from_s are in nn_internal.h (the GEMM epilogue uses them too). */
@@ -253,32 +254,6 @@ void td_gelu_forward(float *out, const float *inp, size_t n) {
     int rest = (int)(n - i);
     nn_v16f x = nn_v16_load_partial(inp + i, rest, 0.0f);
     nn_v16_store_partial(out + i, x * gelu_sigmoid_v16(x), rest);
-  }
-}
-
-void nn_gelu_forward_cache(float *out, float *dgelu, const float *inp, size_t n) {
-  size_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    nn_v16f x = nn_v16_load(inp + i), s = gelu_sigmoid_v16(x);
-    nn_v16_store(out + i, x * s);
-    nn_v16_store(dgelu + i, gelu_grad_from_s(x, s)); /* after reading inp: dgelu may alias it */
-  }
-  if (i < n) {
-    int rest = (int)(n - i);
-    nn_v16f x = nn_v16_load_partial(inp + i, rest, 0.0f), s = gelu_sigmoid_v16(x);
-    nn_v16_store_partial(out + i, x * s, rest);
-    nn_v16_store_partial(dgelu + i, gelu_grad_from_s(x, s), rest);
-  }
-}
-
-void nn_gelu_backward_cached(float *dinp, const float *dgelu, const float *dout, size_t n) {
-  float *restrict dx = dinp;
-  const float *restrict g = dgelu;
-  if (dinp == dout) {
-    for (size_t i = 0; i < n; i++) dx[i] *= g[i];
-  } else {
-    const float *restrict d = dout;
-    for (size_t i = 0; i < n; i++) dx[i] = g[i] * d[i];
   }
 }
 

@@ -20,7 +20,7 @@
 #endif
 
 #ifdef __AVX512F__
-/* Whether the single-threaded products should run (kernels.c: td_nn_set_threads). */
+/* Whether the single-threaded products should run (settings.c: td_nn_set_threads). */
 static int gemm_single_thread(void) {
 #ifdef TD_HAVE_OPENBLAS
   return nn_matmul_threads() <= 1;
@@ -518,4 +518,33 @@ int nn_gemm_tn(int M, int N, int K, const float *A, int lda, const float *B, int
 int nn_gemm(int trans_b, int M, int N, int K, const float *A, int lda, const float *B, int ldb, const float *c_in,
             int ld_in, const float *bias, float *C, int ldc) {
   return nn_gemm_ep(trans_b, M, N, K, A, lda, B, ldb, c_in, ld_in, bias, C, ldc, NN_GEMM_PLAIN, NULL);
+}
+
+/* ---- the GELU epilogue as a pass over memory (layers.c's GELU block says
+ * why gelu' is cached): at every level, for the layers and for
+ * nn_gemm_lowp_ep's portable path (matmul_bf16.c) ---- */
+void nn_gelu_forward_cache(float *out, float *dgelu, const float *inp, size_t n) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    nn_v16f x = nn_v16_load(inp + i), s = nn_gelu_sigmoid_v16(x);
+    nn_v16_store(out + i, x * s);
+    nn_v16_store(dgelu + i, nn_gelu_grad_from_s(x, s)); /* after reading inp: dgelu may alias it */
+  }
+  if (i < n) {
+    int rest = (int)(n - i);
+    nn_v16f x = nn_v16_load_partial(inp + i, rest, 0.0f), s = nn_gelu_sigmoid_v16(x);
+    nn_v16_store_partial(out + i, x * s, rest);
+    nn_v16_store_partial(dgelu + i, nn_gelu_grad_from_s(x, s), rest);
+  }
+}
+
+void nn_gelu_backward_cached(float *dinp, const float *dgelu, const float *dout, size_t n) {
+  float *restrict dx = dinp;
+  const float *restrict g = dgelu;
+  if (dinp == dout) {
+    for (size_t i = 0; i < n; i++) dx[i] *= g[i];
+  } else {
+    const float *restrict d = dout;
+    for (size_t i = 0; i < n; i++) dx[i] = g[i] * d[i];
+  }
 }

@@ -213,7 +213,7 @@ static inline float nn_expf(float x) {
 /* x[i] = exp(x[i] - shift) for i < n; returns the sum (for softmax). */
 float nn_exp_shift_sum(float *x, int n, float shift);
 
-/* td_nn_set_threads's value (kernels.c: one per process, not per level). */
+/* td_nn_set_threads's value (settings.c: one per process, not per level). */
 int nn_matmul_threads(void);
 /* C (M, N) = beta C + op(A) op(B) + bias, op(A) (M, K), op(B) (K, N), every
  * element of both rounded to `dtype` (TD_BF16 or TD_F16) and the products

@@ -24,6 +24,8 @@
 #define nn_gemm NN_LEVEL_NAME(nn_gemm)
 #define nn_gemm_ep NN_LEVEL_NAME(nn_gemm_ep)
 #define nn_gemm_tn NN_LEVEL_NAME(nn_gemm_tn)
+#define nn_gelu_forward_cache NN_LEVEL_NAME(nn_gelu_forward_cache)
+#define nn_gelu_backward_cached NN_LEVEL_NAME(nn_gelu_backward_cached)
 /* matmul_bf16.c */
 #define nn_gemm_lowp NN_LEVEL_NAME(nn_gemm_lowp)
 #define nn_gemm_lowp_ep NN_LEVEL_NAME(nn_gemm_lowp_ep)
@@ -50,8 +52,6 @@
 #define td_layernorm_forward NN_LEVEL_NAME(td_layernorm_forward)
 #define td_layernorm_backward NN_LEVEL_NAME(td_layernorm_backward)
 #define td_gelu_forward NN_LEVEL_NAME(td_gelu_forward)
-#define nn_gelu_forward_cache NN_LEVEL_NAME(nn_gelu_forward_cache)
-#define nn_gelu_backward_cached NN_LEVEL_NAME(nn_gelu_backward_cached)
 #define td_gelu_backward NN_LEVEL_NAME(td_gelu_backward)
 #define nn_gelu_backward_set NN_LEVEL_NAME(nn_gelu_backward_set)
 #define nn_exp_shift_sum NN_LEVEL_NAME(nn_exp_shift_sum)

@@ -2,7 +2,7 @@
  * where the concept is the same), batch-size resolution for a world size, and
  * the learning-rate schedule. Every error says which key is wrong and what to
  * write instead: a config error is the first thing a new user meets. */
-#include "train/train_impl.h"
+#include "train/core/core.h"
 #include "train/offload/offload.h"
 
 #include <math.h>
@@ -592,7 +592,7 @@ static td_status parse_root(parse_ctx *pc, const cJSON *root) {
                         pc->source);
       snprintf(cfg->device, sizeof cfg->device, "%s", item->valuestring);
     } else if (strncmp(k, "deterministic_", 14) == 0) {
-      TD_CHECK(td_canonical_parse_json(item, pc->source, cfg)); /* src/train/canonical/canonical_config.c */
+      TD_CHECK(td_deterministic_parse_json(item, pc->source, cfg)); /* src/train/deterministic/deterministic_config.c */
     }
   }
   if (cfg->elasticity.enabled) TD_CHECK(td_elasticity_apply(root, pc->source, cfg));

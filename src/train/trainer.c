@@ -22,10 +22,10 @@
  * of the micro means, averaged over ranks. Backward runs with loss_scale =
  * 1/grad_accum and buckets average (TD_AVG) over ranks, so the gradient is
  * that of the global-batch mean. */
-#include "train/train_impl.h"
+#include "train/core/core.h"
 #include "train/zero/zero.h"
 #include "train/offload/offload.h"
-#include "train/canonical/canonical.h"
+#include "train/deterministic/deterministic.h"
 
 #include <math.h>
 #include <sched.h>
@@ -45,58 +45,6 @@ static int host_cores(void) {
   }
   long n = sysconf(_SC_NPROCESSORS_ONLN);
   return n > 0 ? (int)n : 1;
-}
-
-td_status td_trainer_agree(td_trainer *t, td_status local) {
-  if (!t->comm || t->world == 1) return local;
-  /* Each rank reports its status in its own slot; a MAX-reduce tells every
-   * rank which ranks failed (cheap: one small allreduce). Only when one did,
-   * the first failed rank broadcasts its message, so that every rank's error
-   * carries the reason and not only the rank (all ranks see the same table,
-   * so they all take that branch together). */
-  /* The table was allocated with the trainer: a failed allocation here
-   * would leave this rank out of a collective its peers wait in. */
-  int32_t *flags = t->agree_flags;
-  memset(flags, 0, sizeof(int32_t) * (size_t)t->world);
-  flags[t->rank] = (int32_t)local;
-  char saved[1024];
-  td_error_copy(saved, sizeof saved);
-  td_status st = td_allreduce(flags, flags, (size_t)t->world, TD_I32, TD_MAX, t->comm);
-  if (st != TD_OK) {
-    if (local != TD_OK) return td_error(local, "%s", saved);
-    return td_error(st, "rank %d: %s", t->rank, td_comm_last_error(t->comm));
-  }
-  int first = -1, n_failed = 0;
-  for (int r = 0; r < t->world; r++)
-    if (flags[r] != TD_OK) {
-      if (first < 0) first = r;
-      n_failed++;
-    }
-  td_status result = local;
-  if (first >= 0) {
-    td_status first_status = (td_status)flags[first];
-    char reason[768];
-    memset(reason, 0, sizeof reason);
-    if (t->rank == first) td_strlcpy(reason, saved, sizeof reason);
-    td_status bst = td_broadcast(reason, sizeof reason, TD_U8, first, t->comm);
-    reason[sizeof reason - 1] = '\0';
-    if (local != TD_OK) {
-      result = td_error(local, "%s", saved);
-    } else if (bst != TD_OK || !reason[0]) {
-      result = td_error(first_status, "rank %d%s failed (%s); see %s log for the reason", first,
-                        n_failed > 1 ? " and others" : "", td_status_str(first_status),
-                        n_failed > 1 ? "their" : "its");
-    } else {
-      char others[64] = "";
-      if (n_failed > 1) snprintf(others, sizeof others, " (and %d other rank%s)", n_failed - 1, n_failed > 2 ? "s" : "");
-      /* "rank 3: ..." from the failed rank itself reads "rank 3 failed (...): ..." */
-      char prefix[32];
-      int n_prefix = snprintf(prefix, sizeof prefix, "rank %d: ", first);
-      const char *why = strncmp(reason, prefix, (size_t)n_prefix) == 0 ? reason + n_prefix : reason;
-      result = td_error(first_status, "rank %d failed%s (%s): %s", first, others, td_status_str(first_status), why);
-    }
-  }
-  return result;
 }
 
 /* A zeroed arena on transparent huge pages where the system offers them
@@ -216,7 +164,7 @@ td_status td_trainer_create(const td_train_config *cfg_in, td_model *model, td_d
     if (st != TD_OK) goto fail;
   }
   TD_CHECK_GOTO(td_sampler_init(&t->sampler, dataset->n_samples, t->cfg.seed), st, fail);
-  TD_CHECK_GOTO(canon_trainer_init(t), st, fail); /* deterministic_reduction: the units' buffers */
+  TD_CHECK_GOTO(det_trainer_init(t), st, fail); /* deterministic_reduction: the units' buffers */
   TD_CHECK_GOTO(td_precision_trainer_init(t), st, fail); /* before prepare: checkpointing sizes activations */
   st = model->ops->prepare(model, t->cfg.micro_batch);
   if (st != TD_OK) goto fail;
@@ -267,7 +215,7 @@ void td_trainer_destroy(td_trainer *t) {
   free(t->tensor_ready);
   td_sampler_free(&t->sampler);
   td_precision_trainer_free(t);
-  canon_free(t);
+  det_free(t);
   free(t);
 }
 
@@ -465,9 +413,9 @@ static td_status trainer_step(td_trainer *t, td_step_stats *stats) {
   const int distributed = t->comm && t->world > 1;
   double t_start = td_now(), data_s = 0, wait_s = 0;
   td_status st = TD_OK;
-  if (t->canon) { /* deterministic reduction: units summed in one tree (canonical/) */
+  if (t->det) { /* deterministic reduction: units summed in one tree (deterministic/) */
     double loss = 0;
-    TD_CHECK(canon_forward_backward(t, &loss, &data_s, &wait_s));
+    TD_CHECK(det_forward_backward(t, &loss, &data_s, &wait_s));
     return step_finish(t, stats, loss, t_start, data_s, wait_s, distributed ? 1 : 0);
   }
 
@@ -587,7 +535,7 @@ static td_status step_finish(td_trainer *t, td_step_stats *stats, double loss, d
     /* the loss scale (fp16) divides out here, folded into the clip factor */
     double loss_scale = t->scaler.scale;
     /* from per-shard partial sums, at every stage; or in the canonical tree */
-    TD_CHECK(t->canon ? canon_grad_norm(t, &norm) : zero_grad_norm(t, &norm));
+    TD_CHECK(t->det ? det_grad_norm(t, &norm) : zero_grad_norm(t, &norm));
     norm /= loss_scale;
     scale = td_clip_scale(norm, t->cfg.grad_clip);
     const td_optimizer_config *o = &t->cfg.optimizer;

@@ -40,7 +40,7 @@
 #include "../common/check.h"
 #include "../train/tiny_model.h"
 #include "train/checkpoint/ckpt.h"
-#include "train/train_impl.h"
+#include "train/core/core.h"
 
 #define G 12 /* global batch: divides by 1, 2, 3, 4 */
 #define MAXW 4

@@ -6,6 +6,7 @@ them, and compared with the reference tables of docs/ in both directions
 (in the code but not documented; documented but gone from the code):
 
   TANDEM_* variables  string literals of src/, include/, tools/, examples/,
+                      tests/cudaemu/*.cc (the CUDA emulator),
                       python/ (C, C++, Python) and $TANDEM_* in scripts/;
                       against the first column of docs/environment.md's
                       tables. Any TANDEM_* name anywhere in docs/ or
@@ -88,7 +89,8 @@ def code_env_vars():
     found = {}
     for path in files(["src/**/*.c", "src/**/*.h", "src/**/*.cu", "src/**/*.cuh", "include/**/*.h", "tools/*.c",
                        "examples/**/*.c", "examples/**/*.h", "examples/**/*.py", "python/**/*.c",
-                       "python/**/*.cpp", "python/**/*.h", "python/**/*.py"]):
+                       "python/**/*.cpp", "python/**/*.h", "python/**/*.py",
+                       "tests/cudaemu/*.cc"]):
         text = read(path)
         if path.endswith(".py"):
             text = re.sub(r"(?m)^\s*#.*$", "", text)

@@ -62,7 +62,12 @@ wait_for() {
   cat "$1"
   fail "'$2' did not appear in $1"
 }
-pid_of() { sed -n "s/.*elastic process $2 (pid \([0-9]*\)).*/\1/p" "$1" | head -1; }
+# (waits for the line: tandemrun relays each rank's output on its own, so
+# rank 0's step lines can come before rank 1's first line on a loaded machine)
+pid_of() {
+  wait_for "$1" "elastic process $2 (pid" >&2
+  sed -n "s/.*elastic process $2 (pid \([0-9]*\)).*/\1/p" "$1" | head -1
+}
 # kill_frozen OUT ID: stop every process of the job at once, kill -9 process
 # ID, let the others go on. A loaded machine may run this script slowly
 # next to fast steps: freezing the job makes the fault land where the
@@ -152,7 +157,7 @@ resize)
   read -r lout _ <<<"$(exact "$work/out")"
   [ -n "$lref" ] && [ -n "$lout" ] || fail "missing final loss"
   [ "$(losses "$work/out" | wc -l)" = 300 ] || fail "not every step was reported once the job resized"
-  # deterministic reduction (src/train/canonical/): every world size sums in one order
+  # deterministic reduction (src/train/deterministic/): every world size sums in one order
   diff <(losses "$work/ref") <(losses "$work/out") >"$work/diff" || { head "$work/diff"; fail "step losses differ"; }
   [ "$(exact "$work/ref")" = "$(exact "$work/out")" ] || fail "final loss or parameters differ: $(exact "$work/ref") vs $(exact "$work/out")"
   echo "resized 4 -> 3 -> 2 -> 4; 300 step losses and the parameters equal the fault-free run's: $(exact "$work/out")"

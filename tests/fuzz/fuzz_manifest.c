@@ -24,7 +24,7 @@
 #include <string.h>
 
 #include "train/checkpoint/ckpt.h"
-#include "train/train_impl.h"
+#include "train/core/core.h"
 
 #define SOURCE "fuzz/manifest"
 

@@ -42,7 +42,7 @@
  *       hidden directory of a start killed before its rename goes when old,
  *       a young one (a start in progress) stays. */
 #include "train/offload/aio.h"
-#include "train/train_impl.h"
+#include "train/core/core.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -10,7 +10,36 @@ import torch.nn.functional as F
 
 import tandem.torch  # registers the backend
 
-pytestmark = pytest.mark.skipif(not tandem.torch.c10d_available(), reason="tandem._c10d was not built")
+
+
+def _c10d_buildable():
+    """Whether this machine has what tandem._c10d is built from (torch's c10d
+    C++ header, pybind11, Python.h, a C++ compiler), found here on its own
+    rather than from the build's report, so that a build that lost the
+    backend fails below instead of skipping."""
+    import importlib.util
+    import os
+    import shutil
+    import sysconfig
+    torch_dir = importlib.util.find_spec("torch").submodule_search_locations[0]
+    need = [os.path.join(torch_dir, "include/torch/csrc/distributed/c10d/ProcessGroup.hpp"),
+            os.path.join(sysconfig.get_paths()["include"], "Python.h")]
+    missing = [p for p in need if not os.path.exists(p)]
+    if not any(os.path.exists(os.path.join(d, "pybind11/pybind11.h"))
+               for d in ("/usr/include", "/usr/local/include", sysconfig.get_paths()["include"])):
+        missing.append("pybind11/pybind11.h")
+    if not (shutil.which("c++") or shutil.which("g++")):
+        missing.append("a C++ compiler")
+    return missing
+
+
+if not tandem.torch.c10d_available():
+    _missing = _c10d_buildable()
+    if not _missing:
+        pytest.fail(f"tandem._c10d is missing although this machine has everything it is built from: "
+                    f"{tandem.torch._c10d_error}. Rebuild (make python) and read the build's "
+                    f"'tandem config: ... c10d=' line", pytrace=False)
+    pytest.skip(f"tandem._c10d cannot be built here: missing {', '.join(_missing)}", allow_module_level=True)
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -229,21 +229,41 @@ def test_barrier_join():
 
 
 def test_objects_and_optimizer_state():
+    """broadcast_parameters and broadcast_optimizer_state against the root's
+    model and optimizer rebuilt here from the root's seed (every rank can
+    compute what the root holds without communicating): parameters, float
+    and integer buffers, Adam's moments and step, and the hyper-parameters."""
     n, r = hvd.size(), hvd.rank()
+    root = n - 1
     assert hvd.broadcast_object({"rank": r, "t": torch.arange(3) * r}, root_rank=n - 1)["rank"] == n - 1
     assert hvd.allgather_object(("x" * r, r)) == [("x" * q, q) for q in range(n)]
-    torch.manual_seed(r)
-    m = torch.nn.Linear(3, 2)
-    hvd.broadcast_parameters(m.state_dict(), root_rank=0)
-    w0 = hvd.broadcast(m.weight.detach(), 0)
-    torch.testing.assert_close(m.weight.detach(), w0)
-    opt = torch.optim.Adam(m.parameters(), lr=0.01 * (r + 1))
-    m(torch.ones(1, 3)).sum().backward()
-    opt.step()
-    hvd.broadcast_optimizer_state(opt, root_rank=0)
-    assert opt.param_groups[0]["lr"] == 0.01
-    st = opt.state_dict()["state"][0]["exp_avg"]
-    torch.testing.assert_close(st, hvd.broadcast(st, 0))
+
+    def build(seed):
+        torch.manual_seed(seed)
+        m = torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.BatchNorm1d(5), torch.nn.Linear(5, 2))
+        m(torch.randn(4, 3) + seed)  # BatchNorm's running statistics and its int64 batch count differ by seed
+        opt = torch.optim.Adam(m.parameters(), lr=0.01 * (seed + 1), betas=(0.8 + 0.01 * seed, 0.99))
+        for step in range(seed + 1):  # and so does Adam's step count
+            opt.zero_grad()
+            m(torch.ones(2, 3) * (step + 1)).pow(2).sum().backward()
+            opt.step()
+        return m, opt
+
+    m, opt = build(r)
+    ref, ref_opt = build(root)  # what the root holds, computed here
+    if r != root:
+        assert not torch.equal(m[0].weight, ref[0].weight)  # the test is not vacuous
+    hvd.broadcast_parameters(m.state_dict(), root_rank=root)
+    for (k, v), (rk, rv) in zip(sorted(m.state_dict().items()), sorted(ref.state_dict().items())):
+        assert k == rk and v.dtype == rv.dtype and torch.equal(v, rv), k
+    hvd.broadcast_optimizer_state(opt, root_rank=root)
+    got, want = opt.state_dict(), ref_opt.state_dict()
+    assert got["param_groups"] == want["param_groups"]  # lr, betas, ...: the root's
+    assert sorted(got["state"]) == sorted(want["state"])
+    for i, st in want["state"].items():
+        for key, v in st.items():
+            g = got["state"][i][key]
+            assert torch.equal(torch.as_tensor(g), torch.as_tensor(v)), (i, key)
 
 
 def test_allreduce_autograd():

@@ -1,4 +1,4 @@
-/* Elastic training beyond stage 0 (src/train/elastic/replica.c and
+/* Elastic training beyond stage 0 (src/elastic/replica.c and src/train/elastic/
  * elastic_config.c), without launching processes:
  *
  *  - el_rep_buddies on every host layout of 1..8 ranks (1+1, 2+1, 3+1,
@@ -17,7 +17,7 @@
  *    beside it refused unless ignore_non_elastic_batch_info, min_time and
  *    model parallelism refused with their reason, the micro-batch per world
  *    size, and the world sizes listed when one cannot keep the batch. */
-#include "train/elastic/elastic_impl.h"
+#include "elastic/elastic.h"
 
 #include <stdio.h>
 #include <string.h>

@@ -1,4 +1,4 @@
-/* Elastic training units (src/train/elastic), without launching processes:
+/* Elastic training units (src/elastic, src/train/elastic), without launching processes:
  *
  *  - td_elastic_batch_split against a brute-force reference (every world
  *    size and micro-batch hint for several global batches), and its message
@@ -11,7 +11,7 @@
  *    member of epoch 1 that comes back after epoch 2 formed is refused as
  *    stale, a joiner is seen as pending and admitted with everybody at the
  *    next round, and a round below min-np fails after the timeout. */
-#include "train/elastic/elastic_impl.h"
+#include "elastic/elastic.h"
 
 #include <pthread.h>
 #include <stdio.h>

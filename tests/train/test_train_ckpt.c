@@ -17,7 +17,7 @@
  *   JSON buffer   td_train_config_parse_json_buffer reads exactly len bytes.
  */
 #include "train/checkpoint/ckpt.h"
-#include "train/train_impl.h"
+#include "train/core/core.h"
 
 #include <dirent.h>
 #include <signal.h>

@@ -37,7 +37,7 @@
  *
  * MODEL: "tiny" (the test MLP), "gpt" (a small src/nn GPT on synthetic
  * text) or "cnn" (the src/nn CNN on synthetic images). OPT: sgd | adamw. */
-#include "train/train_impl.h"
+#include "train/core/core.h"
 
 #include <stdio.h>
 #include <unistd.h>

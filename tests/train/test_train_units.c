@@ -4,7 +4,7 @@
  * properties, gradient accumulation, and checkpoints (round trip, exact
  * resume, corrupt / truncated refusal, crash leftovers) on a world of one
  * with the tiny test model. */
-#include "train/train_impl.h"
+#include "train/core/core.h"
 
 #include <stdio.h>
 #include <sys/stat.h>

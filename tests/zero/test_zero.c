@@ -32,7 +32,7 @@
  *       World of one: estimate edge cases (world larger than the parameter
  *       count, SGD's single state), stage 3 refused for a model without
  *       parameter access. */
-#include "train/train_impl.h"
+#include "train/core/core.h"
 #include "train/zero/zero.h"
 
 #include <math.h>

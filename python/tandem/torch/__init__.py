@@ -21,6 +21,7 @@ from .ops import (Sum, Average, Min, Max, Product, Adasum, allreduce, allreduce_
                   remove_process_set)
 from .optimizer import DistributedOptimizer
 from .functions import broadcast_parameters, broadcast_optimizer_state, broadcast_object, allgather_object
+from .sync_batch_norm import SyncBatchNorm
 
 HorovodInternalError = TandemError  # what Horovod scripts catch
 
@@ -146,7 +147,9 @@ def stop_timeline():
 # ---- the torch.distributed backend "tandem" ----
 
 _c10d_error = None
-_c10d_groups = 0
+# membership (global ranks, in group-rank order) -> groups created with it so
+# far in this process: the sequence number in a group's communicator name
+_c10d_seq = {}
 
 
 def _c10d_env_defaults():
@@ -154,8 +157,8 @@ def _c10d_env_defaults():
     what it needs (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT)
     unless the launcher set them: an unmodified DDP script then runs with
     init_process_group("tandem"). torch's store (which the tandem backend
-    itself does not use) listens on a port derived from the job id; set
-    MASTER_PORT to choose another."""
+    uses only to learn each group's members) listens on a port derived from
+    the job id; set MASTER_PORT to choose another."""
     env = _os.environ
     if "TANDEM_RANK" not in env or "TANDEM_WORLD_SIZE" not in env:
         return
@@ -176,21 +179,65 @@ def _c10d_env_defaults():
         env["MASTER_PORT"] = str(20000 + zlib.crc32(job.encode()) % 12000)
 
 
+def _group_members(store, rank, size, wait_s):
+    """The global ranks of this group's members, in group-rank order.
+
+    torch calls the backend only on a group's members, so nothing counted per
+    process (how many groups this rank has joined) agrees between members:
+    after new_group([1]), new_group([0, 1]) is rank 0's first group and rank
+    1's second. The members learn each other through the group's own prefix
+    of torch's store, which torch names identically on every rank."""
+    import datetime
+    import torch.distributed as dist
+    if not dist.is_initialized():  # the default group, being created: every rank, in order
+        return tuple(range(size))
+    keys = [f"tandem/member{r}" for r in range(size)]
+    store.set(keys[rank], str(dist.get_rank()))
+    try:
+        store.wait(keys, datetime.timedelta(seconds=wait_s))
+    except RuntimeError as e:  # torch's store timeout: name who never came
+        missing = [r for r, k in enumerate(keys) if not _store_has(store, k)]
+        raise TandemTimeoutError(
+            f"tandem: creating a process group of {size} ranks: group rank(s) {missing} did not join within "
+            f"{wait_s:g} s (this is group rank {rank}, global rank {dist.get_rank()}); every member must call "
+            f"new_group with the same ranks, in the same order as the others ({e})") from None
+    return tuple(int(store.get(k)) for k in keys)
+
+
+def _store_has(store, key):
+    """Whether torch's store holds `key` (torch 1.13's Python Store has no check())."""
+    import datetime
+    try:
+        store.wait([key], datetime.timedelta(milliseconds=10))
+        return True
+    except RuntimeError:
+        return False
+
+
 def _create_process_group(store, rank, size, timeout):
     """c10d's creator: a Tandem communicator of its own per process group
-    (rendezvous through Tandem's store, from the environment)."""
-    global _c10d_groups
+    (rendezvous through Tandem's store, from the environment), named by what
+    every member agrees on: the members' global ranks and how many groups
+    with exactly these members this process created before."""
+    import hashlib
     from tandem import _c10d
     from torch.distributed.constants import default_pg_timeout
     job = _os.environ.get("TANDEM_JOB_ID", "default")
-    _c10d_groups += 1
     # torch's default (30 minutes) is not a choice the script made: Tandem's
     # own deadline (TANDEM_TIMEOUT, else 300 s) applies then, so that a stuck
     # peer turns into an error as soon as in the rest of Tandem. A timeout=
-    # given to init_process_group/new_group is honoured.
+    # given to init_process_group/new_group is honoured, for the group's
+    # creation (members meeting, then the communicator's start-up, which
+    # Tandem caps at an explicit timeout) and for each of its collectives.
     secs = 0.0 if timeout == default_pg_timeout else timeout.total_seconds()
-    comm = _tandem_core._tandem.init(rank=rank, world_size=size, job_id=f"{job}.c10d{_c10d_groups}",
-                                     timeout=secs)
+    _tandem_core._torchrun_store(secs)  # under torchrun: Tandem's store, found through the agent's
+    members = _group_members(store, rank, size, secs or float(_os.environ.get("TANDEM_TIMEOUT") or 300))
+    seq = _c10d_seq.get(members, 0)
+    _c10d_seq[members] = seq + 1
+    # A job id holds < 128 characters: a digest stands for long member lists.
+    digest = hashlib.sha1(",".join(map(str, members)).encode()).hexdigest()[:16]
+    name = f"{job}.c10d.n{size}.{digest}.{seq}"
+    comm = _tandem_core._tandem.init(rank=rank, world_size=size, job_id=name, timeout=secs)
     return _c10d.ProcessGroupTandem(comm, rank, size)
 
 

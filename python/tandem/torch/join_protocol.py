@@ -97,8 +97,8 @@ def refuse_if_joined(w, d, what):
 
 def _zeros(numel, dtype):
     import torch
-    from .ops import _TORCH_OF_CODE
-    return torch.zeros(int(numel), dtype=_TORCH_OF_CODE[int(dtype)])
+    from .dtypes import TORCH_OF_CODE
+    return torch.zeros(int(numel), dtype=TORCH_OF_CODE[int(dtype)])
 
 
 def _serve(w, d):

@@ -21,16 +21,12 @@ import torch
 import tandem
 from tandem import _tandem
 from .compression import Compression
+from .dtypes import CODES as _CODES
 from . import join_protocol as _join
 
 # Horovod's operator names; the values are td_op codes.
 Sum, Average, Min, Max, Product = tandem.SUM, tandem.AVG, tandem.MIN, tandem.MAX, tandem.PROD
 Adasum = "Adasum"  # accepted as a name so that scripts import; refused when used
-
-_CODES = {torch.float32: tandem.F32, torch.float64: tandem.F64, torch.float16: tandem.F16,
-          torch.bfloat16: tandem.BF16, torch.int32: tandem.I32, torch.int64: tandem.I64,
-          torch.uint8: tandem.U8}
-_TORCH_OF_CODE = {v: k for k, v in _CODES.items()}
 
 
 def _world():

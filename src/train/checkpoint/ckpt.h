@@ -27,7 +27,7 @@
  *       overlap them and verifying each chunk's CRC. All ranks succeed or all
  *       fail; the manifest (step, sampler position, seed ...) comes back.
  *
- * What the trainer passes (trainer_glue.c, the one place that knows the
+ * What the trainer passes (checkpoint.c, the one place that knows the
  * trainer's memory): with `held` = the range of an arena this rank keeps in
  * memory (the whole arena at ZeRO stage 0; td_shard_range(count, world,
  * rank) for the sharded arenas at stages >= 1),
@@ -166,12 +166,10 @@ td_status td_ckpt_consolidate(td_ckpt_dir *d, const char *out_path);
 /* Arena id by name ("params", "adamw.m", ...), or -1. */
 int td_ckpt_arena_id(const td_ckpt_manifest *m, const char *name);
 
-/* ---- the trainer's side (trainer_glue.c) ---- */
 /* The arena table of this trainer's state (names, element counts: whole
- * arenas, whatever this rank holds); returns the number of arenas. */
+ * arenas, whatever this rank holds); returns the number of arenas
+ * (manifest.c). */
 int td_ckpt_trainer_arenas(const td_trainer *t, td_ckpt_arena *out);
-/* The ZeRO stage the trainer runs at (recorded in the manifest). */
-int td_ckpt_trainer_zero_stage(const td_trainer *t);
 
 /* ---- the collective entry points the trainer uses ---- */
 td_status td_ckpt_save_regions(td_trainer *t, const char *root, const td_ckpt_region *regions, int n_regions);

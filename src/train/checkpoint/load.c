@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "train/checkpoint/io.h"
-#include "train/train_impl.h"
+#include "train/core/core.h"
 
 /* The value of `key` in a "k=v k=v" string, copied into out; 0 if absent. */
 static int config_value(const char *config, const char *key, char *out, size_t size) {

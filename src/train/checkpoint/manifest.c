@@ -28,7 +28,7 @@
 #include <string.h>
 
 #include "train/checkpoint/io.h"
-#include "train/train_impl.h"
+#include "train/core/core.h"
 
 #define MAX_ELEMENTS ((unsigned long long)1 << 40)
 
@@ -491,4 +491,19 @@ int td_ckpt_arena_id(const td_ckpt_manifest *m, const char *name) {
   for (int a = 0; a < m->n_arenas; a++)
     if (strcmp(m->arenas[a].name, name) == 0) return a;
   return -1;
+}
+
+/* The arenas a trainer's checkpoint holds, named as the manifest names them
+ * (save.c writes this table, load.c checks a checkpoint against it). */
+int td_ckpt_trainer_arenas(const td_trainer *t, td_ckpt_arena *out) {
+  static const char *const adamw[] = {"adamw.m", "adamw.v"};
+  int n = 0;
+  out[n++] = (td_ckpt_arena){"params", t->n_params};
+  for (int s = 0; s < t->n_states; s++) {
+    td_ckpt_arena a = {"", t->n_params};
+    if (t->cfg.optimizer.kind == TD_OPTIMIZER_ADAMW && s < 2) td_strlcpy(a.name, adamw[s], sizeof a.name);
+    else snprintf(a.name, sizeof a.name, "%s.state%d", td_optimizer_name(t->cfg.optimizer.kind), s);
+    out[n++] = a;
+  }
+  return n;
 }

@@ -20,7 +20,7 @@
 #include <unistd.h>
 
 #include "train/checkpoint/io.h"
-#include "train/train_impl.h"
+#include "train/core/core.h"
 
 td_status td_ckpt_open(const char *path, td_ckpt_dir *d) {
   memset(d, 0, sizeof *d);

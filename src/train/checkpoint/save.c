@@ -28,7 +28,7 @@
 #include <unistd.h>
 
 #include "train/checkpoint/io.h"
-#include "train/train_impl.h"
+#include "train/core/core.h"
 
 /* This rank's file: the regions back to back, in the order given (empty ones
  * skipped). Fills pieces[] (file index = rank) and *bytes_out. Two file
@@ -101,7 +101,7 @@ static char *build_manifest(td_trainer *t, const uint64_t *all, uint64_t words, 
   const td_train_config *c = &t->cfg;
   m.format = TD_CKPT_FORMAT;
   m.world = t->world;
-  m.zero_stage = td_ckpt_trainer_zero_stage(t);
+  m.zero_stage = t->zero_stage;
   m.step = t->step;
   m.consumed = t->consumed;
   m.has_scaler = 1; /* fp16's loss scaler (src/train/precision/) */

@@ -6,11 +6,10 @@
  * global batch rides along so that a joining process learns it from its
  * peers. Gradients are rebuilt by every step and are not state. Because the
  * sampler addresses samples by global stream position, a new world size
- * reads exactly the samples the old one would have (train_impl.h). */
-#include "train/elastic/elastic_impl.h"
-#include "train/train_impl.h"
+ * reads exactly the samples the old one would have (core/core.h). */
+#include "train/core/core.h"
 #include "train/zero/zero.h"
-#include "train/canonical/canonical.h"
+#include "train/deterministic/deterministic.h"
 
 #include <sched.h>
 #include <stdlib.h>
@@ -18,7 +17,7 @@
 #include <unistd.h>
 
 /* The sharded arenas of ZeRO stage >= 1: the optimizer states, and at
- * stage 3 the parameters (this rank's shard of each; train_impl.h). */
+ * stage 3 the parameters (this rank's shard of each; core/core.h). */
 static td_status register_shards(td_trainer *t, td_elastic *e) {
   size_t lo = t->shard_lo, hi = t->shard_hi;
   for (int i = 0; i < t->n_states; i++) {
@@ -40,8 +39,8 @@ td_status td_trainer_elastic_register(td_trainer *t, td_elastic *e) {
                                           "supported: turn one of them off");
   size_t bytes = t->n_params * sizeof(float);
   t->elastic = e;
-  /* every step in the canonical order, so that a resize keeps the bits (canonical/) */
-  TD_CHECK(canon_elastic_enable(t));
+  /* every step in the canonical order, so that a resize keeps the bits (deterministic/) */
+  TD_CHECK(det_elastic_enable(t));
   if (t->zero_stage >= 1) {
     TD_CHECK(register_shards(t, e));
   } else {
@@ -51,7 +50,7 @@ td_status td_trainer_elastic_register(td_trainer *t, td_elastic *e) {
   }
   TD_CHECK(td_elastic_register(e, "step", &t->step, sizeof t->step));
   TD_CHECK(td_elastic_register(e, "consumed", &t->consumed, sizeof t->consumed));
-  /* the unit of the canonical sum: one value for the whole job (canonical/) */
+  /* the unit of the canonical sum: one value for the whole job (deterministic/) */
   TD_CHECK(td_elastic_register(e, "deterministic_unit", &t->cfg.deterministic_unit, sizeof t->cfg.deterministic_unit));
   return td_elastic_register(e, "train_batch_size", &t->cfg.train_batch_size, sizeof t->cfg.train_batch_size);
 }
@@ -108,6 +107,6 @@ td_status td_trainer_elastic_rebind(td_trainer *t, td_comm *comm, int micro_hint
     zero_layout(t);
   }
   /* the units' split and the exchange buffers follow the world */
-  if (t->elastic || t->canon) TD_CHECK(canon_elastic_rebind(t, micro_hint, max_world));
+  if (t->elastic || t->det) TD_CHECK(det_elastic_rebind(t, micro_hint, max_world));
   return TD_OK;
 }

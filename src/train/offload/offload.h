@@ -34,7 +34,7 @@
 #define TD_TRAIN_OFFLOAD_H
 
 #include "train/offload/aio.h"
-#include "train/train_impl.h"
+#include "train/core/core.h"
 
 #define OFFLOAD_ALIGN_FLOATS (TD_AIO_ALIGN / sizeof(float))
 

@@ -27,7 +27,7 @@
  * them all). The scaler then follows DeepSpeed's DynamicLossScaler:
  * `hysteresis` overflows are tolerated before the scale halves (never below
  * min_loss_scale), and after `loss_scale_window` clean steps it doubles. */
-#include "train/train_impl.h"
+#include "train/core/core.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -148,7 +148,7 @@ td_status td_precision_check_overflow(td_trainer *t, int *overflow_out) {
    * whole arena all the same, since the shards tile it. */
   size_t lo = 0, hi = t->n_params;
   /* (deterministic reduction reduces only the shard at stage 1 too) */
-  if (t->zero_stage >= 2 || (t->canon && t->zero_stage >= 1 && t->world > 1)) lo = t->shard_lo, hi = t->shard_hi;
+  if (t->zero_stage >= 2 || (t->det && t->zero_stage >= 1 && t->world > 1)) lo = t->shard_lo, hi = t->shard_hi;
   if (t->step + 1 == t->inject_inf_step && hi > lo) t->grads[lo + (hi - lo) / 2] = INFINITY;
   int32_t flag = 0;
   const float *g = t->grads;

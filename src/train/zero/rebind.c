@@ -3,7 +3,7 @@
  * the new world). The whole-size arenas (parameters, gradients) keep their
  * address: they are indexed by arena offset whatever the world. What depends
  * on the world is rebuilt: the optimizer-state shards (their new contents
- * come from the elastic restore, src/train/elastic/replica.c), the bucket
+ * come from the elastic restore, src/elastic/replica.c), the bucket
  * table (one piece per owner), the norm partials and, at stage 3, the fetch
  * tables; at stage 3 the parameter pages outside the new shard are given
  * back (the restore writes the shard); at stages 1-2 the next step starts

@@ -1,6 +1,6 @@
-/* ZeRO shard bookkeeping: which arena ranges a rank keeps per stage, arenas
- * whose pages can be given back, the gradient norm from shards, and the
- * model-state bytes a rank really holds.
+/* ZeRO shard bookkeeping: which arena ranges a rank keeps per stage, the
+ * arenas whose pages can be given back (allocated here; pages.c gives the
+ * pages back and measures what a rank holds), the gradient norm from shards.
  *
  * Arenas that shrink. The model indexes parameters and gradients by arena
  * offset (tensor table), so the engine keeps full-size arenas as reserved
@@ -158,38 +158,6 @@ void zero_destroy(td_trainer *t) {
   t->zero = NULL;
 }
 
-/* Release the whole granules (pages, or huge pages: pages.c) inside arena
- * range [lo, hi); the arena's last granule counts as whole (the mapping
- * ends with it). Shared arenas always have 4 KiB granules. */
-static void release_pages(const zero_state *z, float *arena, zero_mem_kind kind, size_t n_total, size_t lo,
-                          size_t hi) {
-  size_t pf = kind == ZERO_MEM_MAPPED ? z->granule_floats : z->page_floats;
-  uintptr_t base = (uintptr_t)arena;
-  /* arena offsets of page boundaries: the arena itself is page-aligned (mmap) */
-  size_t p0 = (lo + pf - 1) / pf * pf, p1 = hi >= n_total ? (hi + pf - 1) / pf * pf : hi / pf * pf;
-  if (p1 > p0)
-    (void)madvise((void *)(base + p0 * sizeof(float)), (p1 - p0) * sizeof(float),
-                  kind == ZERO_MEM_SHARED ? MADV_REMOVE : MADV_DONTNEED);
-}
-
-void zero_release(const td_trainer *t, float *arena, size_t lo, size_t hi) {
-  const zero_state *z = t->zero;
-  if (!z || hi <= lo) return;
-  zero_mem_kind kind = arena == t->params ? z->params_kind : z->grads_kind;
-  /* pages are given back only where that is the point: stage 2+ gradients, stage 3 parameters */
-  if (kind != ZERO_MEM_MAPPED && kind != ZERO_MEM_SHARED) return;
-  if (arena == t->params ? z->stage < 3 : z->stage < 2 || z->keep_grads) return;
-  /* never the shard: it is this rank's copy (unless its copy is on disk) */
-  size_t a = t->shard_lo, b = t->shard_hi;
-  if (arena == t->params && offload_params_on_disk(t)) a = b = 0;
-  if (b <= lo || a >= hi || a == b) {
-    release_pages(z, arena, kind, t->n_params, lo, hi);
-    return;
-  }
-  if (lo < a) release_pages(z, arena, kind, t->n_params, lo, a);
-  if (b < hi) release_pages(z, arena, kind, t->n_params, b, hi);
-}
-
 td_status zero_grad_norm(td_trainer *t, double *norm_out) {
   /* The same partition at every stage, so that stage 0 and stage 2 agree
    * bit for bit (clipping multiplies every gradient by max_norm / norm). */
@@ -212,32 +180,6 @@ td_status zero_grad_norm(td_trainer *t, double *norm_out) {
   }
   *norm_out = sqrt(total);
   return TD_OK;
-}
-
-/* Resident bytes of an arena (mincore over its pages). */
-static size_t resident_bytes(const zero_state *z, const float *arena, size_t n_floats) {
-  size_t pf = z->page_floats, n_pages = (n_floats + pf - 1) / pf;
-  if (n_pages == 0) return 0;
-  size_t resident = 0;
-  unsigned char vec[4096];
-  for (size_t p = 0; p < n_pages; p += sizeof vec) {
-    size_t m = TD_MIN(sizeof vec, n_pages - p);
-    if (mincore((void *)(arena + p * pf), m * pf * sizeof(float), vec) != 0) return n_floats * sizeof(float);
-    for (size_t i = 0; i < m; i++) resident += vec[i] & 1;
-  }
-  return TD_MIN(resident * pf, n_floats) * sizeof(float);
-}
-
-void zero_measure(td_trainer *t) {
-  zero_state *z = t->zero;
-  if (!z || !z->measuring) return;
-  size_t n = t->n_params * sizeof(float);
-  size_t bytes = offload_states_on_disk(t) ? td_offload_buffer_bytes(&t->cfg, t->shard_hi - t->shard_lo)
-                                           : (size_t)t->n_states * (t->states_hi - t->states_lo) * sizeof(float);
-  bytes += z->stage >= 3 ? resident_bytes(z, t->params, t->n_params) : n;
-  bytes += z->stage >= 2 && !z->keep_grads ? resident_bytes(z, t->grads, t->n_params) : n;
-  /* (stage 1 and stage 2 keeping its gradients: the whole gradient arena) */
-  if (bytes > z->peak_bytes) z->peak_bytes = bytes;
 }
 
 size_t zero_model_state_bytes(const td_trainer *t) {

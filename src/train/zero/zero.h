@@ -6,7 +6,7 @@
  * one pure shard function of src/base (the collectives and checkpoints use
  * it too). What a rank holds per stage is described by the td_trainer
  * fields shard_lo/shard_hi, states_lo/states_hi and params_lo/params_hi
- * (train_impl.h); this header is the machinery behind them:
+ * (core/core.h); this header is the machinery behind them:
  *
  *   shard.c    layout per stage, arenas that can give pages back
  *              (reserved address space + madvise), the gradient norm from
@@ -25,7 +25,7 @@
 #ifndef TD_TRAIN_ZERO_H
 #define TD_TRAIN_ZERO_H
 
-#include "train/train_impl.h"
+#include "train/core/core.h"
 
 /* A launched piece of a gradient bucket (stage >= 1) or of a parameter
  * fetch (stage 3): one collective over [lo, hi) with root `owner`. */
@@ -101,21 +101,11 @@ td_status zero_create(td_trainer *t);
  * the pages outside the shard. */
 void zero_after_init(td_trainer *t);
 void zero_destroy(td_trainer *t); /* frees what zero_create allocated; NULL-safe */
-/* Give the pages lying wholly inside arena range [lo, hi) back to the
- * system (they read as zeros afterwards), except the shard's. Only for
- * ZERO_MEM_MAPPED arenas. */
-void zero_release(const td_trainer *t, float *arena, size_t lo, size_t hi);
 /* Global L2 norm of the averaged gradient from per-shard partial sums in a
  * fixed order (rank 0's shard, then rank 1's, ...), identical at every
  * stage for a given world size. Stage >= 2 allgathers the partials
  * (collective then). */
 td_status zero_grad_norm(td_trainer *t, double *norm_out);
-/* Add the resident bytes of params, grads and optimizer state to the peak
- * (while measuring: the first two steps). */
-void zero_measure(td_trainer *t);
-/* Model-state bytes this rank allocated: measured peak at stage >= 1, the
- * arena sizes at stage 0. */
-size_t zero_model_state_bytes(const td_trainer *t);
 
 /* ---- pages.c ---- */
 size_t zero_page_bytes(void);
@@ -133,6 +123,16 @@ void zero_unreserve(float *p, size_t bytes, size_t granule);
  * are allowed and it spans two or more; freed with td_free. Fails on a bad
  * TANDEM_ZERO_HUGE_PAGES or out of memory (message set). */
 td_status zero_state_alloc(size_t n_floats, float **out);
+/* Give the pages lying wholly inside arena range [lo, hi) back to the
+ * system (they read as zeros afterwards), except the shard's. Only for
+ * ZERO_MEM_MAPPED arenas. */
+void zero_release(const td_trainer *t, float *arena, size_t lo, size_t hi);
+/* Add the resident bytes of params, grads and optimizer state to the peak
+ * (while measuring: the first two steps). */
+void zero_measure(td_trainer *t);
+/* Model-state bytes this rank allocated: measured peak at stage >= 1, the
+ * arena sizes at stage 0. */
+size_t zero_model_state_bytes(const td_trainer *t);
 
 /* ---- rebind.c ---- */
 /* After t->comm, world and rank changed (elastic training): shard every

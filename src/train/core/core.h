@@ -2,8 +2,8 @@
  * struct, the distributed sampler, optimizer kernels and CRC-32 (the
  * checkpoint code has its own header, checkpoint/ckpt.h). Not part of the
  * public API. */
-#ifndef TD_TRAIN_IMPL_H
-#define TD_TRAIN_IMPL_H
+#ifndef TD_TRAIN_CORE_H
+#define TD_TRAIN_CORE_H
 
 #include "base/base.h"
 #include "tandem/train.h"
@@ -116,10 +116,10 @@ td_status td_elasticity_apply(const void *root, const char *source, td_train_con
  * over `world`; an error listing the valid world sizes when none does. */
 td_status td_elasticity_resolve(td_train_config *cfg, int world);
 
-/* ---- deterministic reduction (src/train/canonical/canonical_config.c) ---- */
+/* ---- deterministic reduction (src/train/deterministic/deterministic_config.c) ---- */
 /* "deterministic_reduction" (a boolean) or "deterministic_unit" (an
  * integer >= 1), a cJSON * item, into cfg. */
-td_status td_canonical_parse_json(const void *item, const char *source, td_train_config *cfg);
+td_status td_deterministic_parse_json(const void *item, const char *source, td_train_config *cfg);
 
 /* ---- the trainer ---- */
 struct td_trainer {
@@ -191,7 +191,7 @@ struct td_trainer {
   struct zero_state *zero; /* stage >= 1: buckets, fetches, memory (zero/zero.h) */
   struct td_elastic *elastic; /* td_trainer_elastic_register: where rebind re-registers the shards */
   struct offload_state *offload; /* stage 3 with NVMe offload: files, buffers, I/O (offload/offload.h) */
-  struct canon_state *canon; /* deterministic reduction on: units, exchange buffers (canonical/canonical.h) */
+  struct det_state *det;     /* deterministic reduction on: units, exchange buffers (deterministic/deterministic.h) */
 };
 
 /* Agree on success across ranks: every rank passes its local status; returns

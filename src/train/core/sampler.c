@@ -1,8 +1,8 @@
 /* The distributed sampler: a seeded shuffle per epoch, addressed by a global
  * stream position so that which samples a step uses depends on neither the
- * world size nor the micro-batch (see train_impl.h). Regenerating a
+ * world size nor the micro-batch (see core/core.h). Regenerating a
  * permutation costs O(n) once per epoch. */
-#include "train/train_impl.h"
+#include "train/core/core.h"
 
 #include <string.h>
 

@@ -20,27 +20,12 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#include "train/train_impl.h"
-
-int td_ckpt_trainer_zero_stage(const td_trainer *t) { return t->zero_stage; }
-
-int td_ckpt_trainer_arenas(const td_trainer *t, td_ckpt_arena *out) {
-  static const char *const adamw[] = {"adamw.m", "adamw.v"};
-  int n = 0;
-  out[n++] = (td_ckpt_arena){"params", t->n_params};
-  for (int s = 0; s < t->n_states; s++) {
-    td_ckpt_arena a = {"", t->n_params};
-    if (t->cfg.optimizer.kind == TD_OPTIMIZER_ADAMW && s < 2) td_strlcpy(a.name, adamw[s], sizeof a.name);
-    else snprintf(a.name, sizeof a.name, "%s.state%d", td_optimizer_name(t->cfg.optimizer.kind), s);
-    out[n++] = a;
-  }
-  return n;
-}
+#include "train/core/core.h"
 
 /* The range [*lo, *hi) of `arena` this rank holds, and the memory of element
  * *lo. At ZeRO stage 0 every rank holds every arena whole. */
 static float *held(td_trainer *t, int arena, uint64_t *lo, uint64_t *hi) {
-  /* train_impl.h: params[i] is element i, valid on [params_lo, params_hi);
+  /* core/core.h: params[i] is element i, valid on [params_lo, params_hi);
    * states[k][j] is element states_lo + j (the shard at ZeRO stage >= 1) */
   if (arena == TD_CKPT_ARENA_PARAMS) {
     *lo = t->params_lo;

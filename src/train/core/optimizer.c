@@ -2,7 +2,7 @@
  * One pass each, written for the compiler to vectorize; they run once per
  * step over the whole arena, so they are memory-bound and need no threads at
  * the model sizes trained here. */
-#include "train/train_impl.h"
+#include "train/core/core.h"
 
 #include <math.h>
 #if defined(__AVX__) || defined(__SSE2__)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Deterministic reduction end to end (src/train/canonical/): train-gpt with
+# Deterministic reduction end to end (src/train/deterministic/): train-gpt with
 # "deterministic_reduction": true.
 #
 #   detsum.sh B ranks STAGE...  global batch 12 in units of 2 (6 units: 6,

@@ -1,4 +1,4 @@
-/* The config keys of deterministic reduction (canonical.h) and when it is
+/* The config keys of deterministic reduction (deterministic.h) and when it is
  * on:
  *
  *   "deterministic_reduction": true | false   default: on under elastic
@@ -20,7 +20,7 @@
  * in bf16/fp16 (communication_data_type: the rounding to 16 bits would
  * happen on partial sums whose grouping depends on the world) and NVMe
  * offload (its optimizer step and files are cut per rank and world). */
-#include "train/canonical/canonical.h"
+#include "train/deterministic/deterministic.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -31,7 +31,7 @@
 #include <cjson/cJSON.h>
 #endif
 
-td_status td_canonical_parse_json(const void *item_v, const char *source, td_train_config *cfg) {
+td_status td_deterministic_parse_json(const void *item_v, const char *source, td_train_config *cfg) {
 #ifdef TD_HAVE_CJSON
   const cJSON *item = item_v;
   if (strcmp(item->string, "deterministic_reduction") == 0) {
@@ -57,7 +57,7 @@ td_status td_canonical_parse_json(const void *item_v, const char *source, td_tra
 #endif
 }
 
-long canon_default_unit(long batch, int micro, int max_world) {
+long det_default_unit(long batch, int micro, int max_world) {
   long bound = micro > 0 ? micro : batch;
   if (max_world > 0) bound = TD_MIN(bound, batch / max_world);
   if (bound < 1) bound = 1;
@@ -95,16 +95,16 @@ static td_status check_unit(long unit, long batch) {
 /* Allocate the state for the unit and the current world. */
 static td_status enable(td_trainer *t, long unit) {
   TD_CHECK(check_unit(unit, t->cfg.train_batch_size));
-  if (!t->canon) {
-    t->canon = calloc(1, sizeof *t->canon);
-    if (!t->canon) return td_error(TD_ERR_SYSTEM, "out of memory for the deterministic reduction state");
+  if (!t->det) {
+    t->det = calloc(1, sizeof *t->det);
+    if (!t->det) return td_error(TD_ERR_SYSTEM, "out of memory for the deterministic reduction state");
   }
-  t->canon->unit = (size_t)unit;
-  t->canon->n_units = (size_t)(t->cfg.train_batch_size / unit);
-  return canon_setup(t);
+  t->det->unit = (size_t)unit;
+  t->det->n_units = (size_t)(t->cfg.train_batch_size / unit);
+  return det_setup(t);
 }
 
-td_status canon_trainer_init(td_trainer *t) {
+td_status det_trainer_init(td_trainer *t) {
   if (t->cfg.deterministic_reduction != 1) {
     if (t->cfg.deterministic_unit > 0 && t->cfg.deterministic_reduction == 0)
       return td_error(TD_ERR_INVALID_ARGUMENT, "deterministic_unit is set but deterministic_reduction is false: "
@@ -113,22 +113,22 @@ td_status canon_trainer_init(td_trainer *t) {
   }
   TD_CHECK(check_combination(t, "deterministic_reduction true"));
   long unit = t->cfg.deterministic_unit > 0 ? t->cfg.deterministic_unit
-                                            : canon_default_unit(t->cfg.train_batch_size, t->cfg.micro_batch, t->world);
+                                            : det_default_unit(t->cfg.train_batch_size, t->cfg.micro_batch, t->world);
   return enable(t, unit);
 }
 
-td_status canon_elastic_enable(td_trainer *t) {
+td_status det_elastic_enable(td_trainer *t) {
   if (t->cfg.deterministic_reduction == 0)
     return td_error(TD_ERR_INVALID_ARGUMENT, "elastic training keeps every step bit for bit through resizes with "
                     "deterministic reduction: remove \"deterministic_reduction\": false from the config");
   return check_combination(t, "always on under elastic training");
 }
 
-td_status canon_elastic_rebind(td_trainer *t, int micro_hint, int max_world) {
+td_status det_elastic_rebind(td_trainer *t, int micro_hint, int max_world) {
   /* Fixed at the first rebind and kept in cfg.deterministic_unit, which
    * the elastic state carries (trainer_elastic.c): a process that joins
    * later receives it with the parameters instead of deriving its own. */
   if (t->cfg.deterministic_unit <= 0)
-    t->cfg.deterministic_unit = canon_default_unit(t->cfg.train_batch_size, micro_hint, max_world);
+    t->cfg.deterministic_unit = det_default_unit(t->cfg.train_batch_size, micro_hint, max_world);
   return enable(t, t->cfg.deterministic_unit);
 }

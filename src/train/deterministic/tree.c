@@ -1,4 +1,4 @@
-/* The canonical summation tree's math (canonical.h): pure functions over
+/* The canonical summation tree's math (deterministic.h): pure functions over
  * leaf indices and vectors, no communication.
  *
  * The tree over n leaves is the complete binary tree over [0, 2^K) with
@@ -17,13 +17,13 @@
  * same pairs: the result does not depend on the split. Cost: a rank adds
  * its leaves once (b - a - |cover| vector additions); the combination adds
  * each cover vector once more. */
-#include "train/canonical/canonical.h"
+#include "train/deterministic/deterministic.h"
 
 #include <string.h>
 
-int canon_levels(size_t n) {
+int det_levels(size_t n) {
   int k = 0;
-  while (k < CANON_MAX_LEVELS && ((size_t)1 << k) < n) k++;
+  while (k < DET_MAX_LEVELS && ((size_t)1 << k) < n) k++;
   return k;
 }
 
@@ -32,14 +32,14 @@ static size_t node_end(size_t n, size_t start, int level) {
   return n - start < span ? n : start + span;
 }
 
-int canon_cover(size_t n, size_t a, size_t b, canon_block *out) {
-  int k_max = canon_levels(n), count = 0;
+int det_cover(size_t n, size_t a, size_t b, det_block *out) {
+  int k_max = det_levels(n), count = 0;
   size_t s = a;
-  while (s < b && count < CANON_MAX_COVER) {
+  while (s < b && count < DET_MAX_COVER) {
     /* the highest node starting at s (aligned) that ends inside [s, b) */
     int level = 0;
     while (level < k_max && s % ((size_t)1 << (level + 1)) == 0 && node_end(n, s, level + 1) <= b) level++;
-    out[count++] = (canon_block){s, node_end(n, s, level), level};
+    out[count++] = (det_block){s, node_end(n, s, level), level};
     s = node_end(n, s, level);
   }
   return count;
@@ -49,7 +49,7 @@ static void add_into(float *restrict dst, const float *restrict src, size_t len)
   for (size_t i = 0; i < len; i++) dst[i] = dst[i] + src[i];
 }
 
-void canon_acc_begin(canon_acc *acc, size_t n, size_t first, size_t len) {
+void det_acc_begin(det_acc *acc, size_t n, size_t first, size_t len) {
   acc->n = n;
   acc->next = first;
   acc->len = len;
@@ -59,15 +59,15 @@ void canon_acc_begin(canon_acc *acc, size_t n, size_t first, size_t len) {
 
 /* Raise the top node while its right half is absent (same leaves, same
  * value), then add siblings: the left one (below) += the right one (top). */
-static void settle(canon_acc *acc, float **freed, int *n_freed) {
-  int k_max = canon_levels(acc->n);
+static void settle(det_acc *acc, float **freed, int *n_freed) {
+  int k_max = det_levels(acc->n);
   for (;;) {
-    canon_node *top = &acc->stack[acc->n_stack - 1];
+    det_node *top = &acc->stack[acc->n_stack - 1];
     while (top->level < k_max && top->start % ((size_t)1 << (top->level + 1)) == 0 &&
            acc->n - top->start <= ((size_t)1 << top->level))
       top->level++;
     if (acc->n_stack < 2) return;
-    canon_node *left = &acc->stack[acc->n_stack - 2];
+    det_node *left = &acc->stack[acc->n_stack - 2];
     if (left->level != top->level || left->start % ((size_t)1 << (left->level + 1)) != 0 ||
         top->start != left->start + ((size_t)1 << left->level))
       return;
@@ -78,30 +78,30 @@ static void settle(canon_acc *acc, float **freed, int *n_freed) {
   }
 }
 
-void canon_acc_push(canon_acc *acc, float *vec) {
-  float *freed[CANON_MAX_COVER + 1];
+void det_acc_push(det_acc *acc, float *vec) {
+  float *freed[DET_MAX_COVER + 1];
   int n_freed = 0;
-  acc->stack[acc->n_stack++] = (canon_node){acc->next++, 0, vec};
+  acc->stack[acc->n_stack++] = (det_node){acc->next++, 0, vec};
   settle(acc, freed, &n_freed);
   for (int i = 0; i < n_freed && acc->n_spare < (int)TD_ARRAY_SIZE(acc->spare); i++)
     acc->spare[acc->n_spare++] = freed[i];
 }
 
-int canon_acc_vectors(size_t n, size_t a, size_t b) {
+int det_acc_vectors(size_t n, size_t a, size_t b) {
   /* the same stack without vectors: before each push it holds the settled
    * nodes, and the new leaf's vector is one more */
-  canon_acc acc;
-  canon_acc_begin(&acc, n, a, 0);
+  det_acc acc;
+  det_acc_begin(&acc, n, a, 0);
   int peak = 0;
   for (size_t u = a; u < b; u++) {
     peak = TD_MAX(peak, acc.n_stack + 1);
-    canon_acc_push(&acc, NULL);
+    det_acc_push(&acc, NULL);
     acc.n_spare = 0;
   }
   return peak;
 }
 
-static const canon_part *find_part(const canon_part *parts, int n_parts, size_t start, size_t end) {
+static const det_part *find_part(const det_part *parts, int n_parts, size_t start, size_t end) {
   for (int i = 0; i < n_parts; i++)
     if (parts[i].start == start && parts[i].end == end) return &parts[i];
   return NULL;
@@ -115,10 +115,10 @@ static void add3(float *dst, const float *left, const float *right, size_t len) 
 /* The node's value: a part's own vector when one holds exactly this node
  * (no copy), else left + right written into buf (the right half into this
  * level's scratch; deeper levels use lower ones). NULL: a leaf is missing. */
-static const float *combine(size_t n, size_t start, int level, const canon_part *parts, int n_parts, float *buf,
+static const float *combine(size_t n, size_t start, int level, const det_part *parts, int n_parts, float *buf,
                             size_t len, float **scratch) {
   size_t end = node_end(n, start, level);
-  const canon_part *p = find_part(parts, n_parts, start, end);
+  const det_part *p = find_part(parts, n_parts, start, end);
   if (p) return p->vec;
   if (level == 0) return NULL;
   size_t mid = start + ((size_t)1 << (level - 1));
@@ -130,23 +130,23 @@ static const float *combine(size_t n, size_t start, int level, const canon_part 
   return buf;
 }
 
-int canon_combine_f32(size_t n, const canon_part *parts, int n_parts, float *dst, size_t len, float **scratch) {
+int det_combine_f32(size_t n, const det_part *parts, int n_parts, float *dst, size_t len, float **scratch) {
   if (n == 0) return n_parts == 0 ? 0 : -1;
-  const float *root = combine(n, 0, canon_levels(n), parts, n_parts, dst, len, scratch);
+  const float *root = combine(n, 0, det_levels(n), parts, n_parts, dst, len, scratch);
   if (!root) return -1;
   if (root != dst && len) memcpy(dst, root, len * sizeof(float));
   return 0;
 }
 
-double canon_node_f64(size_t n, size_t start, int level, const double *v, size_t first) {
+double det_node_f64(size_t n, size_t start, int level, const double *v, size_t first) {
   if (level == 0) return v[start - first];
   size_t mid = start + ((size_t)1 << (level - 1));
-  double left = canon_node_f64(n, start, level - 1, v, first);
+  double left = det_node_f64(n, start, level - 1, v, first);
   if (mid >= n) return left;
-  return left + canon_node_f64(n, mid, level - 1, v, first);
+  return left + det_node_f64(n, mid, level - 1, v, first);
 }
 
-static double combine_f64(size_t n, size_t start, int level, const canon_part_f64 *parts, int n_parts, int *ok) {
+static double combine_f64(size_t n, size_t start, int level, const det_part_f64 *parts, int n_parts, int *ok) {
   size_t end = node_end(n, start, level);
   for (int i = 0; i < n_parts; i++)
     if (parts[i].start == start && parts[i].end == end) return parts[i].value;
@@ -160,8 +160,8 @@ static double combine_f64(size_t n, size_t start, int level, const canon_part_f6
   return left + combine_f64(n, mid, level - 1, parts, n_parts, ok);
 }
 
-double canon_combine_f64(size_t n, const canon_part_f64 *parts, int n_parts, int *ok) {
+double det_combine_f64(size_t n, const det_part_f64 *parts, int n_parts, int *ok) {
   *ok = 1;
   if (n == 0) return 0;
-  return combine_f64(n, 0, canon_levels(n), parts, n_parts, ok);
+  return combine_f64(n, 0, det_levels(n), parts, n_parts, ok);
 }

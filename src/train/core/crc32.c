@@ -1,7 +1,7 @@
 /* CRC-32 (IEEE 802.3, zlib's polynomial) for checkpoint shards: zlib's fast
  * version when built with it, a table-driven one otherwise. Both compute the
  * same value, so checkpoints move freely between the two builds. */
-#include "train/train_impl.h"
+#include "train/core/core.h"
 
 #ifdef TD_HAVE_ZLIB
 #include <zlib.h>

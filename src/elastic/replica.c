@@ -35,7 +35,7 @@
  * to buddy[j] before rank j+1's): the earliest unfinished transfer always
  * has both of its ends waiting for it, so the exchange cannot deadlock,
  * whatever the map's shape. */
-#include "train/elastic/elastic_impl.h"
+#include "elastic/elastic.h"
 
 #include <stdlib.h>
 #include <string.h>

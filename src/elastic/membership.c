@@ -1,5 +1,5 @@
 /* Membership epochs agreed through the rendezvous store (keys in
- * elastic_impl.h).
+ * membership.h).
  *
  * A round forms epoch k. Every process that wants to be in it takes a join
  * slot (store ADD) and writes its uid there. The round may close once every
@@ -21,7 +21,7 @@
  * came too late for one round tries the next. Waiting blocks in store
  * WAITs on the membership key (short slices, so that deaths reported
  * meanwhile are seen), never spins. */
-#include "train/elastic/elastic_impl.h"
+#include "elastic/membership.h"
 
 #include <stdio.h>
 #include <stdlib.h>

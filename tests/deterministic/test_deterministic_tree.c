@@ -1,12 +1,12 @@
-/* The canonical summation tree (src/train/canonical/tree.c) against a plain
+/* The canonical summation tree (src/train/deterministic/tree.c) against a plain
  * recursive reference: for every n <= 12 and every split of [0, n) into 1..5
  * contiguous ranges (empty ones included), each range's stack-built cover
- * equals canon_cover and the reference node values bit for bit, and the
+ * equals det_cover and the reference node values bit for bit, and the
  * covers combined give the reference root bit for bit, in any order; the
  * same for the double tree. Larger n (not powers of two) with the even
  * td_shard_range splits. The leaves have mixed magnitudes, so that another
  * order of the same additions gives other bits (checked). */
-#include "train/canonical/canonical.h"
+#include "train/deterministic/deterministic.h"
 
 #include "../common/check.h"
 
@@ -32,28 +32,28 @@ static long n_splits;
 
 /* One split: bounds[0] = 0 <= bounds[1] <= ... <= bounds[w] = n. */
 static void check_split(size_t n, int w, const size_t *bounds) {
-  static float vecs[MAXW][CANON_MAX_COVER + 2][LEN];
-  canon_part parts[MAXW * CANON_MAX_COVER];
-  canon_part_f64 parts64[MAXW * CANON_MAX_COVER];
+  static float vecs[MAXW][DET_MAX_COVER + 2][LEN];
+  det_part parts[MAXW * DET_MAX_COVER];
+  det_part_f64 parts64[MAXW * DET_MAX_COVER];
   int n_parts = 0;
-  size_t span = (size_t)1 << canon_levels(n);
+  size_t span = (size_t)1 << det_levels(n);
   for (int r = 0; r < w; r++) {
     size_t a = bounds[r], b = bounds[r + 1];
-    canon_block cover[CANON_MAX_COVER];
-    int nc = canon_cover(n, a, b, cover);
+    det_block cover[DET_MAX_COVER];
+    int nc = det_cover(n, a, b, cover);
     if (a == b) CHECK_EQ_INT(nc, 0);
-    int cap = canon_acc_vectors(n, a, b), used = 0;
-    CHECK(cap <= CANON_MAX_COVER + 1);
-    canon_acc acc;
-    canon_acc_begin(&acc, n, a, LEN);
+    int cap = det_acc_vectors(n, a, b), used = 0;
+    CHECK(cap <= DET_MAX_COVER + 1);
+    det_acc acc;
+    det_acc_begin(&acc, n, a, LEN);
     for (size_t u = a; u < b; u++) {
       float *v = acc.n_spare ? acc.spare[--acc.n_spare] : NULL;
       if (!v) {
-        CHECK(used < cap); /* canon_acc_vectors bounds the vectors alive */
+        CHECK(used < cap); /* det_acc_vectors bounds the vectors alive */
         v = vecs[r][used++];
       }
       memcpy(v, leaf[u], sizeof leaf[u]);
-      canon_acc_push(&acc, v);
+      det_acc_push(&acc, v);
     }
     CHECK_EQ_INT(acc.n_stack, nc);
     size_t at = a;
@@ -65,33 +65,33 @@ static void check_split(size_t n, int w, const size_t *bounds) {
       CHECK_EQ_INT(cover[i].start % node_span, 0);
       CHECK_EQ_INT(TD_MIN(cover[i].start + node_span, n), cover[i].end);
       for (int e = 0; e < LEN; e++) CHECK(same(acc.stack[i].vec[e], ref(n, cover[i].start, node_span, e)));
-      double v64 = canon_node_f64(n, cover[i].start, cover[i].level, leaf64 + a, a);
+      double v64 = det_node_f64(n, cover[i].start, cover[i].level, leaf64 + a, a);
       CHECK(v64 == ref64(n, cover[i].start, node_span));
-      parts[n_parts] = (canon_part){cover[i].start, cover[i].end, acc.stack[i].vec};
-      parts64[n_parts++] = (canon_part_f64){cover[i].start, cover[i].end, v64};
+      parts[n_parts] = (det_part){cover[i].start, cover[i].end, acc.stack[i].vec};
+      parts64[n_parts++] = (det_part_f64){cover[i].start, cover[i].end, v64};
       at = cover[i].end;
     }
     CHECK_EQ_INT(at, b);
   }
-  float s0[CANON_MAX_LEVELS][LEN], *scratch[CANON_MAX_LEVELS];
-  for (int k = 0; k < CANON_MAX_LEVELS; k++) scratch[k] = s0[k];
+  float s0[DET_MAX_LEVELS][LEN], *scratch[DET_MAX_LEVELS];
+  for (int k = 0; k < DET_MAX_LEVELS; k++) scratch[k] = s0[k];
   float root[LEN];
-  CHECK_EQ_INT(canon_combine_f32(n, parts, n_parts, root, LEN, scratch), 0);
+  CHECK_EQ_INT(det_combine_f32(n, parts, n_parts, root, LEN, scratch), 0);
   for (int e = 0; e < LEN; e++) CHECK(same(root[e], ref(n, 0, span, e)));
   int ok = 0;
-  CHECK(canon_combine_f64(n, parts64, n_parts, &ok) == ref64(n, 0, span) && ok);
+  CHECK(det_combine_f64(n, parts64, n_parts, &ok) == ref64(n, 0, span) && ok);
   /* the parts in reverse order */
   for (int i = 0; i < n_parts / 2; i++) {
-    canon_part p = parts[i];
+    det_part p = parts[i];
     parts[i] = parts[n_parts - 1 - i];
     parts[n_parts - 1 - i] = p;
   }
-  CHECK_EQ_INT(canon_combine_f32(n, parts, n_parts, root, LEN, scratch), 0);
+  CHECK_EQ_INT(det_combine_f32(n, parts, n_parts, root, LEN, scratch), 0);
   for (int e = 0; e < LEN; e++) CHECK(same(root[e], ref(n, 0, span, e)));
   /* a missing part is refused, not summed short */
   if (n_parts > 1) {
-    CHECK_EQ_INT(canon_combine_f32(n, parts + 1, n_parts - 1, root, LEN, scratch), -1);
-    (void)canon_combine_f64(n, parts64 + 1, n_parts - 1, &ok);
+    CHECK_EQ_INT(det_combine_f32(n, parts + 1, n_parts - 1, root, LEN, scratch), -1);
+    (void)det_combine_f64(n, parts64 + 1, n_parts - 1, &ok);
     CHECK_EQ_INT(ok, 0);
   }
   n_splits++;
@@ -118,20 +118,20 @@ int main(void) {
     for (int e = 0; e < LEN; e++) leaf[i][e] = scale * td_test_urand(&rng);
     leaf64[i] = (double)scale * td_test_urand(&rng) * (1.0 + 1e-9 * i);
   }
-  CHECK_EQ_INT(canon_levels(0), 0);
-  CHECK_EQ_INT(canon_levels(1), 0);
-  CHECK_EQ_INT(canon_levels(2), 1);
-  CHECK_EQ_INT(canon_levels(3), 2);
-  CHECK_EQ_INT(canon_levels(12), 4);
-  CHECK_EQ_INT(canon_levels(16), 4);
-  CHECK_EQ_INT(canon_levels(17), 5);
-  canon_block c[CANON_MAX_COVER];
+  CHECK_EQ_INT(det_levels(0), 0);
+  CHECK_EQ_INT(det_levels(1), 0);
+  CHECK_EQ_INT(det_levels(2), 1);
+  CHECK_EQ_INT(det_levels(3), 2);
+  CHECK_EQ_INT(det_levels(12), 4);
+  CHECK_EQ_INT(det_levels(16), 4);
+  CHECK_EQ_INT(det_levels(17), 5);
+  det_block c[DET_MAX_COVER];
   /* the example of tree.c's comment, and a whole range is the root alone */
-  CHECK_EQ_INT(canon_cover(12, 3, 9, c), 3);
+  CHECK_EQ_INT(det_cover(12, 3, 9, c), 3);
   CHECK(c[0].start == 3 && c[0].end == 4 && c[1].start == 4 && c[1].end == 8 && c[2].start == 8 && c[2].end == 9);
-  CHECK_EQ_INT(canon_cover(12, 0, 12, c), 1);
+  CHECK_EQ_INT(det_cover(12, 0, 12, c), 1);
   CHECK_EQ_INT(c[0].level, 4);
-  CHECK_EQ_INT(canon_cover(12, 5, 5, c), 0);
+  CHECK_EQ_INT(det_cover(12, 5, 5, c), 0);
   size_t bounds[MAXW + 1] = {0};
   for (size_t n = 1; n <= 12; n++)
     for (int w = 1; w <= 5; w++) all_splits(n, w, bounds, 1);

@@ -17,7 +17,7 @@
  *
  * Rank r owns the contiguous units [a, b) = td_shard_range(U, world, r).
  * It sums them, locally and in that tree, into the maximal nodes inside
- * [a, b) (its "cover", O(log U) vectors: tree.c). The exchange (canonical.c)
+ * [a, b) (its "cover", O(log U) vectors: tree.c). The exchange (deterministic.c)
  * sends each reduction shard's part of every cover vector to the shard's
  * owner, which combines all ranks' covers in the same tree. The loss and
  * the gradient norm are summed in trees too (leaves: the unit losses; the
@@ -26,78 +26,78 @@
  *
  *   tree.c             the pure dyadic-block math (covers, the stack that
  *                      builds a cover leaf by leaf, combining covers)
- *   canonical.c        the step's units, the exchange, the norm
- *   canonical_config.c the two config keys, the default unit, refusals
+ *   deterministic.c        the step's units, the exchange, the norm
+ *   deterministic_config.c the two config keys, the default unit, refusals
  *
  * Internal to src/train. */
-#ifndef TD_TRAIN_CANONICAL_H
-#define TD_TRAIN_CANONICAL_H
+#ifndef TD_TRAIN_DETERMINISTIC_H
+#define TD_TRAIN_DETERMINISTIC_H
 
-#include "train/train_impl.h"
+#include "train/core/core.h"
 
 /* ---- tree.c (pure) ---- */
-enum { CANON_MAX_LEVELS = 62, CANON_MAX_COVER = 2 * CANON_MAX_LEVELS + 2 };
+enum { DET_MAX_LEVELS = 62, DET_MAX_COVER = 2 * DET_MAX_LEVELS + 2 };
 
 /* A node of the tree over n leaves: leaves [start, end), end = min(start +
  * 2^level, n). */
-typedef struct canon_block {
+typedef struct det_block {
   size_t start, end;
   int level;
-} canon_block;
+} det_block;
 
 /* K: the smallest level with 2^K >= n (0 for n <= 1). */
-int canon_levels(size_t n);
+int det_levels(size_t n);
 /* The maximal nodes inside [a, b) (a <= b <= n), left to right, into out
- * (CANON_MAX_COVER entries); returns their number (0 for a == b). */
-int canon_cover(size_t n, size_t a, size_t b, canon_block *out);
+ * (DET_MAX_COVER entries); returns their number (0 for a == b). */
+int det_cover(size_t n, size_t a, size_t b, det_block *out);
 
 /* Builds a rank's cover vector by vector: leaves a, a+1, ... are pushed in
  * order; siblings are added (left += right) as soon as both are there, so
- * that after leaf b-1 the stack holds exactly canon_cover(n, a, b). Vectors
+ * that after leaf b-1 the stack holds exactly det_cover(n, a, b). Vectors
  * freed by an addition go to `spare` for the caller's next leaf. */
-typedef struct canon_node {
+typedef struct det_node {
   size_t start;
   int level;
   float *vec;
-} canon_node;
-typedef struct canon_acc {
+} det_node;
+typedef struct det_acc {
   size_t n, next, len; /* leaves of the tree, next leaf expected, floats per vector */
-  canon_node stack[CANON_MAX_COVER + 1];
+  det_node stack[DET_MAX_COVER + 1];
   int n_stack;
-  float *spare[CANON_MAX_COVER + 2];
+  float *spare[DET_MAX_COVER + 2];
   int n_spare;
-} canon_acc;
-void canon_acc_begin(canon_acc *acc, size_t n, size_t first, size_t len);
+} det_acc;
+void det_acc_begin(det_acc *acc, size_t n, size_t first, size_t len);
 /* Push leaf acc->next with its vector (acc takes it). */
-void canon_acc_push(canon_acc *acc, float *vec);
+void det_acc_push(det_acc *acc, float *vec);
 /* Vectors the stack holds at most while leaves [a, b) are pushed (plus
- * one for the leaf being computed: canon_acc_vectors). */
-int canon_acc_vectors(size_t n, size_t a, size_t b);
+ * one for the leaf being computed: det_acc_vectors). */
+int det_acc_vectors(size_t n, size_t a, size_t b);
 
 /* A cover node's value, from any rank. */
-typedef struct canon_part {
+typedef struct det_part {
   size_t start, end;
   const float *vec;
-} canon_part;
+} det_part;
 /* dst[0, len) = node(0, K) from parts that tile [0, n) (every rank's
- * cover, in any order). scratch: canon_levels(n) vectors of len floats.
+ * cover, in any order). scratch: det_levels(n) vectors of len floats.
  * Returns 0, or -1 when the parts do not tile the leaves. */
-int canon_combine_f32(size_t n, const canon_part *parts, int n_parts, float *dst, size_t len, float **scratch);
+int det_combine_f32(size_t n, const det_part *parts, int n_parts, float *dst, size_t len, float **scratch);
 
 /* The same tree over doubles. node value from leaf values v[leaf - first]
  * (leaves [start, end) of the node must be there). */
-double canon_node_f64(size_t n, size_t start, int level, const double *v, size_t first);
-typedef struct canon_part_f64 {
+double det_node_f64(size_t n, size_t start, int level, const double *v, size_t first);
+typedef struct det_part_f64 {
   size_t start, end;
   double value;
-} canon_part_f64;
+} det_part_f64;
 /* node(0, K) from parts tiling [0, n); *ok = 0 when they do not. */
-double canon_combine_f64(size_t n, const canon_part_f64 *parts, int n_parts, int *ok);
+double det_combine_f64(size_t n, const det_part_f64 *parts, int n_parts, int *ok);
 
-/* ---- canonical.c: the trainer's deterministic step ---- */
-enum { CANON_NORM_LEAF = 1024 }; /* arena floats per leaf of the gradient norm's tree */
+/* ---- deterministic.c: the trainer's deterministic step ---- */
+enum { DET_NORM_LEAF = 1024 }; /* arena floats per leaf of the gradient norm's tree */
 
-typedef struct canon_state {
+typedef struct det_state {
   size_t unit, n_units; /* samples per unit; U */
   int world;            /* the world the buffers below are cut for */
   int max_cover;        /* most cover vectors of any rank (M) */
@@ -110,42 +110,42 @@ typedef struct canon_state {
   double *losses;       /* U unit losses + the failure flag */
   double *leaves;       /* the norm's leaf values of this rank */
   size_t n_leaf_cap;
-  double *norm_parts;   /* world x CANON_MAX_COVER: every rank's cover values of the norm */
-  canon_part *parts;    /* world x CANON_MAX_COVER: the exchange's table (no allocation inside a step) */
-  canon_part_f64 *parts64; /* the same for the norm */
+  double *norm_parts;   /* world x DET_MAX_COVER: every rank's cover values of the norm */
+  det_part *parts;    /* world x DET_MAX_COVER: the exchange's table (no allocation inside a step) */
+  det_part_f64 *parts64; /* the same for the norm */
   unsigned char *inputs; /* (unit, input_bytes) */
   int32_t *targets;      /* (unit, targets_per_sample) */
-} canon_state;
+} det_state;
 
 /* The arena range that rank r's reduction shard combines: its ZeRO shard
  * [lo, hi), extended up to the next leaf boundary of the norm so that the
  * owner holds whole leaves (neighbours compute the overlap alike). */
-void canon_xfer_range(size_t n_params, int world, int r, size_t *lo, size_t *hi);
-/* (Re)cut the buffers for t->world (t->canon->unit set). Local. */
-td_status canon_setup(td_trainer *t);
-void canon_free(td_trainer *t);
+void det_xfer_range(size_t n_params, int world, int r, size_t *lo, size_t *hi);
+/* (Re)cut the buffers for t->world (t->det->unit set). Local. */
+td_status det_setup(td_trainer *t);
+void det_free(td_trainer *t);
 /* The step up to reduced gradients: units forward and backward, the loss
  * (canonical, agreed with every rank's status), the exchange. On return
  * t->grads holds the gradient on the whole arena (stage 0) or on at least
  * the shard (stages 1-3). Collective. */
-td_status canon_forward_backward(td_trainer *t, double *loss_out, double *data_s, double *wait_s);
+td_status det_forward_backward(td_trainer *t, double *loss_out, double *data_s, double *wait_s);
 /* The global L2 norm of the reduced gradient in the canonical tree. */
-td_status canon_grad_norm(td_trainer *t, double *norm_out);
+td_status det_grad_norm(td_trainer *t, double *norm_out);
 
-/* ---- canonical_config.c ---- */
+/* ---- deterministic_config.c ---- */
 /* At td_trainer_create: turn deterministic reduction on if the config
  * asks (refusing what cannot be canonical), with the default unit for
  * this world. */
-td_status canon_trainer_init(td_trainer *t);
+td_status det_trainer_init(td_trainer *t);
 /* Elastic training: on at registration (refused if the config says
  * false); at each rebind the unit is kept (the default is fixed at the
  * first into cfg.deterministic_unit, part of the elastic state: the
  * largest divisor of the batch not above micro_hint nor batch /
  * max_world) and the buffers are recut. */
-td_status canon_elastic_enable(td_trainer *t);
-td_status canon_elastic_rebind(td_trainer *t, int micro_hint, int max_world);
+td_status det_elastic_enable(td_trainer *t);
+td_status det_elastic_rebind(td_trainer *t, int micro_hint, int max_world);
 /* The default unit: the largest divisor of batch that is at most
  * micro and at most batch / max_world (max_world <= 0: no bound). */
-long canon_default_unit(long batch, int micro, int max_world);
+long det_default_unit(long batch, int micro, int max_world);
 
 #endif

@@ -1,4 +1,4 @@
-/* The trainer's step under deterministic reduction (canonical.h): units,
+/* The trainer's step under deterministic reduction (deterministic.h): units,
  * the exchange of cover sums, the canonical loss and gradient norm.
  *
  * Step, on each of W ranks holding units [a, b) of U:
@@ -10,7 +10,7 @@
  *      units' slots, the others are 0, so a SUM allreduce moves them
  *      exactly (x + 0 = x); then each rank sums them in the tree.
  *   3. the exchange (reduce-scatter shape): owner j of arena range
- *      R_j = canon_xfer_range(j) receives R_j of every rank's cover vectors
+ *      R_j = det_xfer_range(j) receives R_j of every rank's cover vectors
  *      (one alltoall, M vectors of C floats per pair, padded) and combines
  *      them in the tree into its gradient shard:
  *
@@ -35,7 +35,7 @@
  * times a reduce-scatter's traffic (M = 1 when every rank holds one unit or
  * an aligned pair) and the allgather at stage 0; the exchange starts after
  * the last backward (not overlapped with it). */
-#include "train/canonical/canonical.h"
+#include "train/deterministic/deterministic.h"
 #include "train/zero/zero.h"
 
 #include <math.h>
@@ -43,11 +43,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-void canon_xfer_range(size_t n_params, int world, int r, size_t *lo, size_t *hi) {
+void det_xfer_range(size_t n_params, int world, int r, size_t *lo, size_t *hi) {
   size_t len = 0;
   td_shard_range(n_params, world, r, lo, &len);
   size_t end = *lo + len;
-  if (len) end = TD_MIN((end + CANON_NORM_LEAF - 1) / CANON_NORM_LEAF * CANON_NORM_LEAF, n_params);
+  if (len) end = TD_MIN((end + DET_NORM_LEAF - 1) / DET_NORM_LEAF * DET_NORM_LEAF, n_params);
   *hi = end;
 }
 
@@ -55,11 +55,11 @@ void canon_xfer_range(size_t n_params, int world, int r, size_t *lo, size_t *hi)
 static void leaf_range(size_t n_params, int world, int r, size_t *la, size_t *lb) {
   size_t lo, len;
   td_shard_range(n_params, world, r, &lo, &len);
-  *la = (lo + CANON_NORM_LEAF - 1) / CANON_NORM_LEAF;
-  *lb = (lo + len + CANON_NORM_LEAF - 1) / CANON_NORM_LEAF;
+  *la = (lo + DET_NORM_LEAF - 1) / DET_NORM_LEAF;
+  *lb = (lo + len + DET_NORM_LEAF - 1) / DET_NORM_LEAF;
 }
 
-static void free_buffers(canon_state *c) {
+static void free_buffers(det_state *c) {
   td_free(c->pool);
   if (c->send_shared)
     td_mem_free(c->send);
@@ -83,15 +83,15 @@ static void free_buffers(canon_state *c) {
   c->targets = NULL;
 }
 
-void canon_free(td_trainer *t) {
-  if (!t || !t->canon) return;
-  free_buffers(t->canon);
-  free(t->canon);
-  t->canon = NULL;
+void det_free(td_trainer *t) {
+  if (!t || !t->det) return;
+  free_buffers(t->det);
+  free(t->det);
+  t->det = NULL;
 }
 
-td_status canon_setup(td_trainer *t) {
-  canon_state *c = t->canon;
+td_status det_setup(td_trainer *t) {
+  det_state *c = t->det;
   free_buffers(c);
   const size_t n = t->n_params, U = c->n_units;
   const int W = t->world;
@@ -99,25 +99,25 @@ td_status canon_setup(td_trainer *t) {
   size_t xfer = 0;
   for (int r = 0; r < W; r++) {
     size_t a, len, lo, hi;
-    canon_block cover[CANON_MAX_COVER];
+    det_block cover[DET_MAX_COVER];
     td_shard_range(U, W, r, &a, &len);
-    max_cover = TD_MAX(max_cover, canon_cover(U, a, a + len, cover));
-    canon_xfer_range(n, W, r, &lo, &hi);
+    max_cover = TD_MAX(max_cover, det_cover(U, a, a + len, cover));
+    det_xfer_range(n, W, r, &lo, &hi);
     xfer = TD_MAX(xfer, hi - lo);
   }
   size_t a, len;
   td_shard_range(U, W, t->rank, &a, &len);
-  c->n_pool = canon_acc_vectors(U, a, a + len);
+  c->n_pool = det_acc_vectors(U, a, a + len);
   /* stage 3: a rank with fewer units than rank 0 computes dropped ones
-   * beside its cover (canon_forward_backward) */
+   * beside its cover (det_forward_backward) */
   size_t first0, most;
   td_shard_range(U, W, 0, &first0, &most);
   if (t->zero_stage >= 3 && len < most) c->n_pool++;
   c->max_cover = max_cover;
   c->xfer = xfer;
   c->world = W;
-  int levels = canon_levels(U);
-  size_t scratch_len = W > 1 ? xfer : n, n_leaves = (n + CANON_NORM_LEAF - 1) / CANON_NORM_LEAF;
+  int levels = det_levels(U);
+  size_t scratch_len = W > 1 ? xfer : n, n_leaves = (n + DET_NORM_LEAF - 1) / DET_NORM_LEAF;
   size_t exchange = W > 1 ? (size_t)W * (size_t)max_cover * xfer : 0;
   c->pool = td_alloc((size_t)c->n_pool * n * sizeof(float));
   c->send = NULL;
@@ -134,9 +134,9 @@ td_status canon_setup(td_trainer *t) {
   c->scratch = levels ? td_alloc((size_t)levels * TD_MAX(scratch_len, (size_t)1) * sizeof(float)) : NULL;
   c->losses = calloc(U + 1, sizeof *c->losses);
   c->leaves = calloc(TD_MAX(n_leaves, (size_t)1), sizeof *c->leaves);
-  c->norm_parts = calloc((size_t)W * CANON_MAX_COVER, sizeof *c->norm_parts);
-  c->parts = calloc((size_t)W * CANON_MAX_COVER, sizeof *c->parts);
-  c->parts64 = calloc((size_t)W * CANON_MAX_COVER, sizeof *c->parts64);
+  c->norm_parts = calloc((size_t)W * DET_MAX_COVER, sizeof *c->norm_parts);
+  c->parts = calloc((size_t)W * DET_MAX_COVER, sizeof *c->parts);
+  c->parts64 = calloc((size_t)W * DET_MAX_COVER, sizeof *c->parts64);
   c->inputs = td_alloc(c->unit * t->dataset->input_bytes);
   c->targets = td_alloc(c->unit * t->dataset->targets_per_sample * sizeof(int32_t));
   if (!c->pool || (exchange && (!c->send || !c->recv)) || (levels && !c->scratch) || !c->losses || !c->leaves ||
@@ -151,7 +151,7 @@ td_status canon_setup(td_trainer *t) {
 
 /* The samples of unit u into the unit buffers. */
 static td_status load_unit(td_trainer *t, size_t u) {
-  const canon_state *c = t->canon;
+  const det_state *c = t->det;
   const td_dataset *ds = t->dataset;
   uint64_t pos = t->consumed + (uint64_t)u * c->unit;
   size_t tps = ds->targets_per_sample;
@@ -170,7 +170,7 @@ static td_status load_unit(td_trainer *t, size_t u) {
 
 static td_status forward_unit(td_trainer *t, size_t u, double *loss_out) {
   td_error(TD_OK, "%s", "");
-  const canon_state *c = t->canon;
+  const det_state *c = t->det;
   float loss = t->model->ops->forward(t->model, t->params, c->inputs, c->targets, (int)c->unit);
   if (isnan(loss)) {
     char why[768];
@@ -186,20 +186,20 @@ static td_status forward_unit(td_trainer *t, size_t u, double *loss_out) {
 
 /* Step 3 of the top comment: the covers of every rank combined into this
  * rank's range of t->grads (the whole arena at world 1). */
-static td_status exchange(td_trainer *t, const canon_acc *acc) {
-  canon_state *c = t->canon;
+static td_status exchange(td_trainer *t, const det_acc *acc) {
+  det_state *c = t->det;
   const size_t n = t->n_params, U = c->n_units, M = (size_t)c->max_cover, C = c->xfer;
   const int W = t->world, me = t->rank;
-  canon_part *all = c->parts;
+  det_part *all = c->parts;
   int n_all = 0;
-  float *scratch[CANON_MAX_LEVELS];
+  float *scratch[DET_MAX_LEVELS];
   size_t lo = 0, hi = n;
-  if (W > 1) canon_xfer_range(n, W, me, &lo, &hi);
-  for (int k = 0; k < canon_levels(U); k++) scratch[k] = c->scratch + (size_t)k * (W > 1 ? C : n);
+  if (W > 1) det_xfer_range(n, W, me, &lo, &hi);
+  for (int k = 0; k < det_levels(U); k++) scratch[k] = c->scratch + (size_t)k * (W > 1 ? C : n);
   if (W > 1) {
     for (int j = 0; j < W; j++) {
       size_t jlo, jhi;
-      canon_xfer_range(n, W, j, &jlo, &jhi);
+      det_xfer_range(n, W, j, &jlo, &jhi);
       if (j == me || jhi == jlo) continue;
       for (int i = 0; i < acc->n_stack; i++)
         memcpy(c->send + ((size_t)j * M + (size_t)i) * C, acc->stack[i].vec + jlo, (jhi - jlo) * sizeof(float));
@@ -211,21 +211,21 @@ static td_status exchange(td_trainer *t, const canon_acc *acc) {
     t->comm_bytes += (size_t)(W - 1) * M * C * sizeof(float);
     for (int r = 0; r < W; r++) {
       size_t a, len;
-      canon_block cover[CANON_MAX_COVER];
+      det_block cover[DET_MAX_COVER];
       td_shard_range(U, W, r, &a, &len);
-      int nc = canon_cover(U, a, a + len, cover);
+      int nc = det_cover(U, a, a + len, cover);
       for (int i = 0; i < nc; i++) {
         const float *v = r == me ? acc->stack[i].vec + lo : c->recv + ((size_t)r * M + (size_t)i) * C;
-        all[n_all++] = (canon_part){cover[i].start, cover[i].end, v};
+        all[n_all++] = (det_part){cover[i].start, cover[i].end, v};
       }
     }
   } else {
     for (int i = 0; i < acc->n_stack; i++) {
       size_t end = TD_MIN(acc->stack[i].start + ((size_t)1 << acc->stack[i].level), U);
-      all[n_all++] = (canon_part){acc->stack[i].start, end, acc->stack[i].vec};
+      all[n_all++] = (det_part){acc->stack[i].start, end, acc->stack[i].vec};
     }
   }
-  int rc = hi > lo ? canon_combine_f32(U, all, n_all, t->grads + lo, hi - lo, scratch) : 0;
+  int rc = hi > lo ? det_combine_f32(U, all, n_all, t->grads + lo, hi - lo, scratch) : 0;
   if (rc != 0)
     return td_error(TD_ERR_INTERNAL, "rank %d: the unit sums of %d ranks do not tile the %zu units", t->rank, W, U);
   if (W > 1 && t->zero_stage == 0) {
@@ -239,8 +239,8 @@ static td_status exchange(td_trainer *t, const canon_acc *acc) {
   return TD_OK;
 }
 
-td_status canon_forward_backward(td_trainer *t, double *loss_out, double *data_s, double *wait_s) {
-  canon_state *c = t->canon;
+td_status det_forward_backward(td_trainer *t, double *loss_out, double *data_s, double *wait_s) {
+  det_state *c = t->det;
   const td_model *m = t->model;
   const size_t n = t->n_params, U = c->n_units;
   const int distributed = t->comm && t->world > 1, fetching = t->zero_stage >= 3 && distributed;
@@ -262,8 +262,8 @@ td_status canon_forward_backward(td_trainer *t, double *loss_out, double *data_s
   if (t->zero) zero_step_begin(t);
   t->comm_bytes = 0;
   memset(c->losses, 0, (U + 1) * sizeof *c->losses);
-  canon_acc acc;
-  canon_acc_begin(&acc, U, a, n);
+  det_acc acc;
+  det_acc_begin(&acc, U, a, n);
   for (int i = c->n_pool - 1; i >= 0; i--) acc.spare[acc.n_spare++] = c->pool + (size_t)i * n;
   /* the unit gradients are 1/U of their unit's mean loss gradient (fp16: times the loss scale) */
   float scale = (float)(t->scaler.scale / (double)U);
@@ -290,7 +290,7 @@ td_status canon_forward_backward(td_trainer *t, double *loss_out, double *data_s
     if (t->zero && t->zero->status != TD_OK) local = t->zero->status; /* a fetch in backward failed */
     if (i < len) {
       c->losses[u] = loss;
-      canon_acc_push(&acc, vec);
+      det_acc_push(&acc, vec);
     } else {
       acc.spare[acc.n_spare++] = vec;
     }
@@ -313,7 +313,7 @@ td_status canon_forward_backward(td_trainer *t, double *loss_out, double *data_s
   } else if (local != TD_OK) {
     return local;
   }
-  *loss_out = canon_node_f64(U, 0, canon_levels(U), c->losses, 0) / (double)U;
+  *loss_out = det_node_f64(U, 0, det_levels(U), c->losses, 0) / (double)U;
 
   double w0 = td_now();
   td_status st = exchange(t, &acc);
@@ -321,38 +321,38 @@ td_status canon_forward_backward(td_trainer *t, double *loss_out, double *data_s
   return st;
 }
 
-td_status canon_grad_norm(td_trainer *t, double *norm_out) {
-  canon_state *c = t->canon;
-  const size_t n = t->n_params, n_leaves = (n + CANON_NORM_LEAF - 1) / CANON_NORM_LEAF;
+td_status det_grad_norm(td_trainer *t, double *norm_out) {
+  det_state *c = t->det;
+  const size_t n = t->n_params, n_leaves = (n + DET_NORM_LEAF - 1) / DET_NORM_LEAF;
   const int W = t->world;
   /* stage 0 holds the whole reduced gradient: all leaves here, no communication */
   int whole = !(t->comm && W > 1) || t->zero_stage == 0;
   size_t la = 0, lb = n_leaves;
   if (!whole) leaf_range(n, W, t->rank, &la, &lb);
   for (size_t l = la; l < lb; l++)
-    c->leaves[l - la] = td_sum_squares(t->grads + l * CANON_NORM_LEAF, TD_MIN((size_t)CANON_NORM_LEAF, n - l * CANON_NORM_LEAF));
+    c->leaves[l - la] = td_sum_squares(t->grads + l * DET_NORM_LEAF, TD_MIN((size_t)DET_NORM_LEAF, n - l * DET_NORM_LEAF));
   double total;
   if (whole) {
-    total = canon_node_f64(n_leaves, 0, canon_levels(n_leaves), c->leaves, 0);
+    total = det_node_f64(n_leaves, 0, det_levels(n_leaves), c->leaves, 0);
   } else {
-    double *mine = c->norm_parts + (size_t)t->rank * CANON_MAX_COVER;
-    canon_block cover[CANON_MAX_COVER];
-    int nc = canon_cover(n_leaves, la, lb, cover);
-    for (int i = 0; i < nc; i++) mine[i] = canon_node_f64(n_leaves, cover[i].start, cover[i].level, c->leaves, la);
-    td_status st = td_allgather(mine, c->norm_parts, (size_t)W * CANON_MAX_COVER, TD_F64, t->comm);
+    double *mine = c->norm_parts + (size_t)t->rank * DET_MAX_COVER;
+    det_block cover[DET_MAX_COVER];
+    int nc = det_cover(n_leaves, la, lb, cover);
+    for (int i = 0; i < nc; i++) mine[i] = det_node_f64(n_leaves, cover[i].start, cover[i].level, c->leaves, la);
+    td_status st = td_allgather(mine, c->norm_parts, (size_t)W * DET_MAX_COVER, TD_F64, t->comm);
     if (st != TD_OK)
       return td_error(st, "rank %d: gathering the gradient norm's partial sums failed: %s", t->rank,
                       td_comm_last_error(t->comm));
-    canon_part_f64 *parts = c->parts64;
+    det_part_f64 *parts = c->parts64;
     int n_parts = 0, ok = 0;
     for (int r = 0; r < W; r++) {
       size_t ra, rb;
       leaf_range(n, W, r, &ra, &rb);
-      nc = canon_cover(n_leaves, ra, rb, cover);
+      nc = det_cover(n_leaves, ra, rb, cover);
       for (int i = 0; i < nc; i++)
-        parts[n_parts++] = (canon_part_f64){cover[i].start, cover[i].end, c->norm_parts[(size_t)r * CANON_MAX_COVER + (size_t)i]};
+        parts[n_parts++] = (det_part_f64){cover[i].start, cover[i].end, c->norm_parts[(size_t)r * DET_MAX_COVER + (size_t)i]};
     }
-    total = canon_combine_f64(n_leaves, parts, n_parts, &ok);
+    total = det_combine_f64(n_leaves, parts, n_parts, &ok);
     if (!ok) return td_error(TD_ERR_INTERNAL, "rank %d: the gradient norm's leaves do not tile the arena", t->rank);
   }
   *norm_out = sqrt(total);

@@ -19,7 +19,7 @@
  * no commit survived whole (a rank and its buddy lost together), the
  * fallback (td_elastic_set_fallback: the last disk checkpoint) is used and
  * the log says so. */
-#include "train/elastic/elastic_impl.h"
+#include "elastic/elastic.h"
 #include "comm/comm_init.h"
 
 #include <limits.h>

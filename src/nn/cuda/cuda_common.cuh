@@ -1,0 +1,94 @@
+/* Shared helpers of Tandem's CUDA kernels (src/nn/cuda, src/train/cuda):
+ * the launch macro that nvcc and the CPU emulator (tests/cudaemu) both
+ * understand, error checks that name file and line and return td_status
+ * (library code never exits), element loads/stores for the two activation
+ * types (f32, bf16: arithmetic is always f32), warp/block reductions.
+ * Only the CUDA runtime subset of tests/cudaemu/include/cuda_runtime.h may
+ * be used, so that CI runs this code under the emulator. */
+#ifndef TD_NN_CUDA_COMMON_CUH
+#define TD_NN_CUDA_COMMON_CUH
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "tandem/base.h"
+
+/* src/base/base.h is C11 (stdatomic.h) and cannot be included from C++:
+ * its error setter, declared again with the same signature. */
+extern "C" td_status td_error(td_status status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#ifndef TD_CUDA_EMU
+/* under the emulator, tests/cudaemu/include/cuda_emu.h defines these */
+#define TD_CUDA_LAUNCH(kernel, grid, block, smem, stream, ...) \
+  kernel<<<(grid), (block), (smem), (cudaStream_t)(stream)>>>(__VA_ARGS__)
+#define TD_DYNAMIC_SMEM(T, name) extern __shared__ T name[]
+#endif
+
+/* A CUDA runtime call that must succeed; on failure return TD_ERR_SYSTEM
+ * with "file:line: call: CUDA error name: text" in td_last_error(). */
+#define TD_CUDA_CHECK(call)                                                                                   \
+  do {                                                                                                        \
+    cudaError_t td_cuda_e_ = (call);                                                                          \
+    if (td_cuda_e_ != cudaSuccess)                                                                            \
+      return td_error(TD_ERR_SYSTEM, "%s:%d: %s: %s: %s", __FILE__, __LINE__, #call,                          \
+                      cudaGetErrorName(td_cuda_e_), cudaGetErrorString(td_cuda_e_));                          \
+  } while (0)
+/* After TD_CUDA_LAUNCH: the launch's own error (bad configuration, too much
+ * shared memory), named by kernel, file and line. Errors of the kernel's
+ * execution show at the next synchronizing call. */
+#define TD_CUDA_LAUNCH_CHECK(kernel_name)                                                                     \
+  do {                                                                                                        \
+    cudaError_t td_cuda_e_ = cudaGetLastError();                                                              \
+    if (td_cuda_e_ != cudaSuccess)                                                                            \
+      return td_error(TD_ERR_SYSTEM, "%s:%d: launch of %s: %s: %s", __FILE__, __LINE__, kernel_name,          \
+                      cudaGetErrorName(td_cuda_e_), cudaGetErrorString(td_cuda_e_));                          \
+  } while (0)
+
+/* Evaluate a td_status expression; return it on failure (base.h's TD_CHECK). */
+#ifndef TD_CHECK
+#define TD_CHECK(expr)              \
+  do {                              \
+    td_status td_check_s_ = (expr); \
+    if (td_check_s_ != TD_OK)       \
+      return td_check_s_;           \
+  } while (0)
+#endif
+
+/* Run the statements after fname with `td_elem` the element type of `dtype`
+ * (float or __nv_bfloat16); any other dtype returns TD_ERR_INVALID_ARGUMENT
+ * naming the function. */
+#define TD_CUDA_DISPATCH(dtype, fname, ...)                                                                   \
+  do {                                                                                                        \
+    if ((dtype) == TD_F32) {                                                                                  \
+      typedef float td_elem;                                                                                  \
+      __VA_ARGS__;                                                                                            \
+    } else if ((dtype) == TD_BF16) {                                                                          \
+      typedef __nv_bfloat16 td_elem;                                                                          \
+      __VA_ARGS__;                                                                                            \
+    } else {                                                                                                  \
+      return td_error(TD_ERR_INVALID_ARGUMENT, "%s: dtype %s: CUDA layers take f32 or bf16", fname,            \
+                      td_dtype_name(dtype));                                                                  \
+    }                                                                                                         \
+  } while (0)
+
+__device__ __forceinline__ float td_to_f32(float x) { return x; }
+__device__ __forceinline__ float td_to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <class T> __device__ __forceinline__ T td_from_f32(float x);
+template <> __device__ __forceinline__ float td_from_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ __nv_bfloat16 td_from_f32<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
+
+__device__ __forceinline__ float td_warp_sum(float v) {
+  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float td_warp_max(float v) {
+  for (int o = 16; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+static inline unsigned td_cuda_blocks(size_t n, unsigned threads) { return (unsigned)((n + threads - 1) / threads); }
+
+#endif

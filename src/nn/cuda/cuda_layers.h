@@ -1,0 +1,110 @@
+/* src/nn/cuda: the GPT's layers as CUDA kernels with host launchers, the
+ * device twins of include/tandem/nn.h's CPU layers (same argument order and
+ * shapes; backward ACCUMULATES with +=; a gradient pointer may be NULL when
+ * not wanted). Plain C, so that C code (src/nn/cuda/gpt_cuda.c) calls them.
+ *
+ * Every pointer is device memory. `dtype` (TD_F32 or TD_BF16) is the type of
+ * the activations, parameters and their gradients; arithmetic is f32 inside
+ * every kernel, and statistics (layer norm's mean and rstd), attention
+ * weights, losses and optimizer state are always f32. `stream` is a
+ * cudaStream_t (NULL: the default stream); launches are asynchronous.
+ * Returns TD_OK, or TD_ERR_INVALID_ARGUMENT (bad dtype or shape) or
+ * TD_ERR_SYSTEM (the launch failed) with "file:line: ..." in td_last_error().
+ * Errors of a kernel's execution show at the next synchronizing call.
+ * All results are deterministic: no float atomics; reductions run in a fixed
+ * order that depends on the shapes only. */
+#ifndef TD_NN_CUDA_LAYERS_H
+#define TD_NN_CUDA_LAYERS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tandem/base.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:] (td_embedding_forward). Tokens
+ * outside [0, V) are not checked here (the model checks them on the host). */
+td_status td_cuda_encoder_forward(void *out /* (B, T, C) */, const int32_t *tokens /* (B, T) */,
+                                  const void *wte /* (V, C) */, const void *wpe /* (maxT, C) */, int B, int T, int C,
+                                  td_dtype dtype, void *stream);
+/* dwte[tokens[b,t],:] += dout[b,t,:], dwpe[t,:] += sum_b dout[b,t,:]. Each
+ * (row, channel) of dwte is summed by one thread in position order: no
+ * atomics, the same bits every run. V is needed to bound the rows. */
+td_status td_cuda_encoder_backward(void *dwte /* (V, C) or NULL */, void *dwpe /* (maxT, C) or NULL */,
+                                   const void *dout /* (B, T, C) */, const int32_t *tokens /* (B, T) */, int B, int T,
+                                   int C, int V, td_dtype dtype, void *stream);
+
+/* Layer normalisation over the last dimension, eps 1e-5 (td_layernorm_forward). */
+td_status td_cuda_layernorm_forward(void *out /* (N, C) */, float *mean /* (N) */, float *rstd /* (N) */,
+                                    const void *inp /* (N, C) */, const void *weight /* (C) */,
+                                    const void *bias /* (C) */, int N, int C, td_dtype dtype, void *stream);
+/* Fused residual + layer norm (llm.c's fused_residual_forward): residual =
+ * inp1 + inp2, then out = layernorm(residual). residual may not alias out. */
+td_status td_cuda_residual_layernorm_forward(void *residual /* (N, C) */, void *out /* (N, C) */,
+                                             float *mean /* (N) */, float *rstd /* (N) */,
+                                             const void *inp1 /* (N, C) */, const void *inp2 /* (N, C) */,
+                                             const void *weight /* (C) */, const void *bias /* (C) */, int N, int C,
+                                             td_dtype dtype, void *stream);
+td_status td_cuda_layernorm_backward(void *dinp /* (N, C) */, void *dweight /* (C) */, void *dbias /* (C) */,
+                                     const void *dout /* (N, C) */, const void *inp /* (N, C) */,
+                                     const void *weight /* (C) */, const float *mean /* (N) */,
+                                     const float *rstd /* (N) */, int N, int C, td_dtype dtype, void *stream);
+
+/* out = a + b elementwise (the residual stream); out may alias a or b. */
+td_status td_cuda_residual_forward(void *out /* (n) */, const void *a /* (n) */, const void *b /* (n) */, size_t n,
+                                   td_dtype dtype, void *stream);
+
+/* GELU, tanh approximation (td_gelu_forward / td_gelu_backward). */
+td_status td_cuda_gelu_forward(void *out /* (n) */, const void *inp /* (n) */, size_t n, td_dtype dtype,
+                               void *stream);
+td_status td_cuda_gelu_backward(void *dinp /* (n) */, const void *inp /* (n) */, const void *dout /* (n) */,
+                                size_t n, td_dtype dtype, void *stream);
+
+/* out = inp @ weight^T + bias (td_linear_forward); bias may be NULL. Through
+ * cuBLASLt on a GPU build; Tandem's tiled kernel under the emulator or with
+ * TANDEM_CUDA_MATMUL=kernel. f32 products accumulate in f32; bf16 products
+ * read bf16 operands and accumulate in f32. */
+td_status td_cuda_matmul_forward(void *out /* (N, OC) */, const void *inp /* (N, IC) */,
+                                 const void *weight /* (OC, IC) */, const void *bias /* (OC) or NULL */, int N,
+                                 int IC, int OC, td_dtype dtype, void *stream);
+/* td_linear_backward: dinp += dout @ weight, dweight += dout^T @ inp,
+ * dbias += column sums of dout (each NULL: skipped). */
+td_status td_cuda_matmul_backward(void *dinp /* (N, IC) or NULL */, void *dweight /* (OC, IC) or NULL */,
+                                  void *dbias /* (OC) or NULL */, const void *dout /* (N, OC) */,
+                                  const void *inp /* (N, IC) */, const void *weight /* (OC, IC) */, int N, int IC,
+                                  int OC, td_dtype dtype, void *stream);
+/* "cublaslt" or "kernel": which path td_cuda_matmul_* take in this process. */
+const char *td_cuda_matmul_backend(void);
+
+/* Causal multi-head self-attention core (td_attention_forward): inp holds
+ * q, k, v side by side (B, T, 3C); att caches the softmax weights (zero
+ * above the diagonal), f32. The unfused, correct path: scores and causal
+ * softmax in one kernel, then the weighted sum of v. */
+td_status td_cuda_attention_forward(void *out /* (B, T, C) */, float *att /* (B, NH, T, T) */,
+                                    const void *inp /* (B, T, 3C) */, int B, int T, int C, int NH, td_dtype dtype,
+                                    void *stream);
+/* dinp += d(q, k, v). scratch holds the gradient of the pre-softmax scores
+ * (f32, (B, NH, T, T): the CPU layer needs only (T, T), the device computes
+ * every head at once). */
+td_status td_cuda_attention_backward(void *dinp /* (B, T, 3C) */, float *scratch /* (B, NH, T, T) */,
+                                     const void *dout /* (B, T, C) */, const void *inp /* (B, T, 3C) */,
+                                     const float *att /* (B, NH, T, T) */, int B, int T, int C, int NH,
+                                     td_dtype dtype, void *stream);
+
+/* Softmax cross-entropy fused with its backward, in place (llm.c's
+ * fused_classifier): losses[n] = -log softmax(logits[n])[targets[n]] (f32),
+ * then logits[n] is OVERWRITTEN with dloss * (softmax - onehot) / N, the
+ * gradient td_softmax_xent_backward would add to zeroed dlogits; the
+ * probabilities are never stored. A target outside [0, V) gives a NaN loss
+ * and a zero gradient row. */
+td_status td_cuda_softmax_xent(float *losses /* (N) */, void *logits /* (N, V): in logits, out dlogits */,
+                               const int32_t *targets /* (N) */, float dloss, int N, int V, td_dtype dtype,
+                               void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,392 @@
+/* Every CUDA layer launcher (src/nn/cuda, src/train/cuda) against an
+ * independent reference: the CPU fp32 layers of include/tandem/nn.h, or a
+ * closed form computed here in double (AdamW, the global norm, casts).
+ * Random inputs at odd sizes: B = 2, T = 1, 7, 33 (and 1023, 1024 with
+ * --big, for the GPU run), C = 72 (not a multiple of 64), 3 heads of 24,
+ * V = 97 (odd), in f32 and bf16. Backward gradients start from random
+ * values, so that accumulation (+=) is checked too.
+ * Bounds, with ref the f32 CPU result and max|ref| over the tensor:
+ *  - f32: max |got - ref| <= 1e-5 max|ref| (normwise relative: the two sides
+ *    sum in different orders, so an element that cancels to ~0 can only be
+ *    judged against the tensor's scale);
+ *  - bf16: the inputs are bf16 values (rounded before both sides see them),
+ *    the kernels compute in f32 and round each output once, so
+ *    |got - ref| <= 2^-8 |ref| (bf16 has 8 significant bits: a rounding to
+ *    nearest is off by at most half of 2^-7 relative) + 1e-5 max|ref| (the
+ *    f32 part above). dwte is rounded once per position that adds into a row
+ *    (k of them): (k + 1) 2^-8 max|ref|.
+ * Runs under the emulator in CI (tests/cudaemu.suite) and on a GPU
+ * (tests/gpu.suite via scripts/gpu-check), the same binary source. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime.h>
+
+#include "../common/check.h"
+#include "nn/cuda/cuda_layers.h"
+#include "tandem/nn.h"
+#include "train/cuda/cuda_optim.h"
+
+static const double kF32Tol = 1e-5;
+static const double kBf16Unit = 1.0 / 256.0; /* 2^-8 */
+
+/* round-to-nearest-even f32 -> bf16 bits, written here (not the library's) */
+static uint16_t ref_bf16_bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fff;
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+static float ref_bf16_value(float f) {
+  uint32_t u = (uint32_t)ref_bf16_bits(f) << 16;
+  float r;
+  memcpy(&r, &u, 4);
+  return r;
+}
+
+static uint64_t rng = 0x5eed;
+
+/* n random values in [-scale, scale), representable in dtype */
+static float *rand_host(size_t n, float scale, td_dtype dtype) {
+  float *p = td_test_rand_buf(&rng, n, scale);
+  CHECK(p != NULL);
+  if (dtype == TD_BF16)
+    for (size_t i = 0; i < n; i++) p[i] = ref_bf16_value(p[i]);
+  return p;
+}
+
+static size_t esize(td_dtype dtype) { return dtype == TD_BF16 ? 2 : 4; }
+
+static void *upload(const float *h, size_t n, td_dtype dtype) {
+  void *d = NULL;
+  CHECK(cudaMalloc(&d, n ? n * esize(dtype) : 1) == cudaSuccess);
+  if (!n) return d;
+  if (dtype == TD_F32) {
+    CHECK(cudaMemcpy(d, h, n * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+  } else {
+    uint16_t *tmp = malloc(n * 2);
+    CHECK(tmp != NULL);
+    for (size_t i = 0; i < n; i++) tmp[i] = ref_bf16_bits(h[i]);
+    CHECK(cudaMemcpy(d, tmp, n * 2, cudaMemcpyHostToDevice) == cudaSuccess);
+    free(tmp);
+  }
+  return d;
+}
+
+static float *download(const void *d, size_t n, td_dtype dtype) {
+  float *h = malloc((n ? n : 1) * sizeof(float));
+  CHECK(h != NULL);
+  if (!n) return h;
+  CHECK(cudaDeviceSynchronize() == cudaSuccess);
+  if (dtype == TD_F32) {
+    CHECK(cudaMemcpy(h, d, n * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
+  } else {
+    uint16_t *tmp = malloc(n * 2);
+    CHECK(tmp != NULL);
+    CHECK(cudaMemcpy(tmp, d, n * 2, cudaMemcpyDeviceToHost) == cudaSuccess);
+    for (size_t i = 0; i < n; i++) {
+      uint32_t u = (uint32_t)tmp[i] << 16;
+      memcpy(&h[i], &u, 4);
+    }
+    free(tmp);
+  }
+  return h;
+}
+
+/* Compare a device tensor with the reference under the bounds above; `k`
+ * roundings per element for bf16 (1 for a single rounded output). */
+static void expect_close_k(const char *what, const void *dgot, const float *ref, size_t n, td_dtype dtype, int k) {
+  float *got = download(dgot, n, dtype);
+  double scale = 0;
+  for (size_t i = 0; i < n; i++) scale = fmax(scale, fabs(ref[i]));
+  for (size_t i = 0; i < n; i++) {
+    double err = fabs((double)got[i] - ref[i]);
+    double bound = dtype == TD_F32 ? kF32Tol * scale
+                                   : (k == 1 ? kBf16Unit * fabs(ref[i]) : k * kBf16Unit * scale) + kF32Tol * scale;
+    if (!(err <= bound + 1e-30)) {
+      td_test_fail(__FILE__, __LINE__, "%s (%s): element %zu of %zu: got %.9g, reference %.9g (|err| %.3g > %.3g)",
+                   what, td_dtype_name(dtype), i, n, got[i], ref[i], err, bound);
+    }
+  }
+  free(got);
+}
+static void expect_close(const char *what, const void *dgot, const float *ref, size_t n, td_dtype dtype) {
+  expect_close_k(what, dgot, ref, n, dtype, 1);
+}
+
+static void *dev_f32(size_t n) {
+  void *d = NULL;
+  CHECK(cudaMalloc(&d, (n ? n : 1) * sizeof(float)) == cudaSuccess);
+  return d;
+}
+
+static void test_encoder(int B, int T, int C, int V, td_dtype dt) {
+  size_t n = (size_t)B * T * C;
+  int32_t *tok = malloc(sizeof(int32_t) * (size_t)B * T);
+  int counts[1024] = {0}, max_count = 0;
+  for (int i = 0; i < B * T; i++) {
+    tok[i] = (int32_t)((i * 7 + 3) % V);
+    if (i % 5 == 0) tok[i] = 11; /* repeated: several positions add into one row */
+    if (++counts[tok[i]] > max_count) max_count = counts[tok[i]];
+  }
+  float *wte = rand_host((size_t)V * C, 1, dt), *wpe = rand_host((size_t)T * C, 1, dt);
+  float *out = malloc(n * 4);
+  td_embedding_forward(out, tok, wte, wpe, B, T, C);
+  int32_t *dtok;
+  CHECK(cudaMalloc((void **)&dtok, sizeof(int32_t) * (size_t)B * T) == cudaSuccess);
+  CHECK(cudaMemcpy(dtok, tok, sizeof(int32_t) * (size_t)B * T, cudaMemcpyHostToDevice) == cudaSuccess);
+  void *dwte_p = upload(wte, (size_t)V * C, dt), *dwpe_p = upload(wpe, (size_t)T * C, dt), *dout = dev_f32(n);
+  CHECK_OK(td_cuda_encoder_forward(dout, dtok, dwte_p, dwpe_p, B, T, C, dt, NULL));
+  expect_close("encoder forward", dout, out, n, dt);
+  float *g = rand_host(n, 1, dt), *gwte = rand_host((size_t)V * C, 1, dt), *gwpe = rand_host((size_t)T * C, 1, dt);
+  void *dg = upload(g, n, dt), *dgwte = upload(gwte, (size_t)V * C, dt), *dgwpe = upload(gwpe, (size_t)T * C, dt);
+  float *gwte0_copy = malloc((size_t)V * C * sizeof(float));
+  memcpy(gwte0_copy, gwte, (size_t)V * C * sizeof(float));
+  td_embedding_backward(gwte, gwpe, g, tok, B, T, C);
+  CHECK_OK(td_cuda_encoder_backward(dgwte, dgwpe, dg, dtok, B, T, C, V, dt, NULL));
+  expect_close_k("encoder backward dwte", dgwte, gwte, (size_t)V * C, dt, dt == TD_BF16 ? max_count + 1 : 1);
+  expect_close("encoder backward dwpe", dgwpe, gwpe, (size_t)T * C, dt);
+  /* deterministic: a second run from the same start gives the same bits */
+  float *first = download(dgwte, (size_t)V * C, dt);
+  CHECK(cudaFree(dgwte) == cudaSuccess);
+  dgwte = upload(gwte0_copy, (size_t)V * C, dt);
+  CHECK_OK(td_cuda_encoder_backward(dgwte, NULL, dg, dtok, B, T, C, V, dt, NULL));
+  float *second = download(dgwte, (size_t)V * C, dt);
+  CHECK(memcmp(first, second, (size_t)V * C * sizeof(float)) == 0);
+  free(first), free(second), free(gwte0_copy);
+  cudaFree(dgwte);
+  CHECK(cudaFree(dtok) == cudaSuccess);
+  cudaFree(dwte_p), cudaFree(dwpe_p), cudaFree(dout), cudaFree(dg), cudaFree(dgwpe);
+  free(tok), free(wte), free(wpe), free(out), free(g), free(gwte), free(gwpe);
+}
+
+static void test_layernorm(int N, int C, td_dtype dt) {
+  size_t n = (size_t)N * C;
+  float *x = rand_host(n, 2, dt), *w = rand_host(C, 1, dt), *b = rand_host(C, 1, dt), *x2 = rand_host(n, 1, dt);
+  float *out = malloc(n * 4), *mean = malloc(N * 4 + 4), *rstd = malloc(N * 4 + 4);
+  td_layernorm_forward(out, mean, rstd, x, w, b, N, C);
+  void *dx = upload(x, n, dt), *dw = upload(w, C, dt), *db = upload(b, C, dt), *dout = dev_f32(n);
+  float *dmean = dev_f32(N), *drstd = dev_f32(N);
+  CHECK_OK(td_cuda_layernorm_forward(dout, dmean, drstd, dx, dw, db, N, C, TD_F32 == dt ? TD_F32 : TD_BF16, NULL));
+  expect_close("layernorm forward", dout, out, n, dt);
+  expect_close("layernorm mean", dmean, mean, N, TD_F32);
+  expect_close("layernorm rstd", drstd, rstd, N, TD_F32);
+  /* backward, gradients starting from random values */
+  float *dy = rand_host(n, 1, dt), *gx = rand_host(n, 1, dt), *gw = rand_host(C, 1, dt), *gb = rand_host(C, 1, dt);
+  void *ddy = upload(dy, n, dt), *dgx = upload(gx, n, dt), *dgw = upload(gw, C, dt), *dgb = upload(gb, C, dt);
+  td_layernorm_backward(gx, gw, gb, dy, x, w, mean, rstd, N, C);
+  CHECK_OK(td_cuda_layernorm_backward(dgx, dgw, dgb, ddy, dx, dw, dmean, drstd, N, C, dt, NULL));
+  expect_close("layernorm backward dinp", dgx, gx, n, dt);
+  expect_close("layernorm backward dweight", dgw, gw, C, dt);
+  expect_close("layernorm backward dbias", dgb, gb, C, dt);
+  /* fused residual + layer norm: residual rounded to dtype, then normalized */
+  float *res = malloc(n * 4);
+  for (size_t i = 0; i < n; i++) res[i] = dt == TD_BF16 ? ref_bf16_value(x[i] + x2[i]) : x[i] + x2[i];
+  td_layernorm_forward(out, mean, rstd, res, w, b, N, C);
+  void *dx2 = upload(x2, n, dt), *dres = dev_f32(n);
+  CHECK_OK(td_cuda_residual_layernorm_forward(dres, dout, dmean, drstd, dx, dx2, dw, db, N, C, dt, NULL));
+  expect_close("residual+layernorm residual", dres, res, n, dt);
+  expect_close("residual+layernorm forward", dout, out, n, dt);
+  /* the plain residual add */
+  CHECK_OK(td_cuda_residual_forward(dres, dx, dx2, n, dt, NULL));
+  expect_close("residual forward", dres, res, n, dt);
+  cudaFree(dx), cudaFree(dw), cudaFree(db), cudaFree(dout), cudaFree(dmean), cudaFree(drstd), cudaFree(ddy);
+  cudaFree(dgx), cudaFree(dgw), cudaFree(dgb), cudaFree(dx2), cudaFree(dres);
+  free(x), free(w), free(b), free(x2), free(out), free(mean), free(rstd), free(dy), free(gx), free(gw), free(gb);
+  free(res);
+}
+
+static void test_gelu(size_t n, td_dtype dt) {
+  float *x = rand_host(n, 3, dt), *out = malloc(n * 4 + 4), *dy = rand_host(n, 1, dt), *gx = rand_host(n, 1, dt);
+  td_gelu_forward(out, x, n);
+  void *dx = upload(x, n, dt), *dout = dev_f32(n), *ddy = upload(dy, n, dt), *dgx = upload(gx, n, dt);
+  CHECK_OK(td_cuda_gelu_forward(dout, dx, n, dt, NULL));
+  expect_close("gelu forward", dout, out, n, dt);
+  td_gelu_backward(gx, x, dy, n);
+  CHECK_OK(td_cuda_gelu_backward(dgx, dx, ddy, n, dt, NULL));
+  expect_close("gelu backward", dgx, gx, n, dt);
+  cudaFree(dx), cudaFree(dout), cudaFree(ddy), cudaFree(dgx);
+  free(x), free(out), free(dy), free(gx);
+}
+
+static void test_matmul(int N, int IC, int OC, int with_bias, td_dtype dt) {
+  size_t ni = (size_t)N * IC, no = (size_t)N * OC, nw = (size_t)OC * IC;
+  float *x = rand_host(ni, 1, dt), *w = rand_host(nw, 1, dt), *b = with_bias ? rand_host(OC, 1, dt) : NULL;
+  float *out = malloc(no * 4 + 4);
+  td_linear_forward(out, x, w, b, N, IC, OC);
+  void *dx = upload(x, ni, dt), *dw = upload(w, nw, dt), *db = b ? upload(b, OC, dt) : NULL, *dout = dev_f32(no);
+  CHECK_OK(td_cuda_matmul_forward(dout, dx, dw, db, N, IC, OC, dt, NULL));
+  expect_close(with_bias ? "matmul forward (bias)" : "matmul forward", dout, out, no, dt);
+  float *dy = rand_host(no, 1, dt), *gx = rand_host(ni, 1, dt), *gw = rand_host(nw, 1, dt), *gb = rand_host(OC, 1, dt);
+  void *ddy = upload(dy, no, dt), *dgx = upload(gx, ni, dt), *dgw = upload(gw, nw, dt), *dgb = upload(gb, OC, dt);
+  td_linear_backward(gx, gw, gb, dy, x, w, N, IC, OC);
+  CHECK_OK(td_cuda_matmul_backward(dgx, dgw, dgb, ddy, dx, dw, N, IC, OC, dt, NULL));
+  expect_close("matmul backward dinp", dgx, gx, ni, dt);
+  expect_close("matmul backward dweight", dgw, gw, nw, dt);
+  expect_close("matmul backward dbias", dgb, gb, OC, dt);
+  cudaFree(dx), cudaFree(dw), cudaFree(db), cudaFree(dout), cudaFree(ddy), cudaFree(dgx), cudaFree(dgw), cudaFree(dgb);
+  free(x), free(w), free(b), free(out), free(dy), free(gx), free(gw), free(gb);
+}
+
+static void test_attention(int B, int T, int C, int NH, td_dtype dt) {
+  size_t nin = (size_t)B * T * 3 * C, nout = (size_t)B * T * C, natt = (size_t)B * NH * T * T;
+  float *x = rand_host(nin, 1.5f, dt), *out = malloc(nout * 4), *att = malloc(natt * 4);
+  td_attention_forward(out, att, x, B, T, C, NH);
+  void *dx = upload(x, nin, dt), *dout = dev_f32(nout);
+  float *datt = dev_f32(natt), *dscratch = dev_f32(natt);
+  CHECK_OK(td_cuda_attention_forward(dout, datt, dx, B, T, C, NH, dt, NULL));
+  expect_close("attention forward", dout, out, nout, dt);
+  expect_close("attention weights", datt, att, natt, TD_F32);
+  float *dy = rand_host(nout, 1, dt), *gx = rand_host(nin, 1, dt), *scratch = malloc((size_t)T * T * 4);
+  void *ddy = upload(dy, nout, dt), *dgx = upload(gx, nin, dt);
+  td_attention_backward(gx, scratch, dy, x, att, B, T, C, NH);
+  CHECK_OK(td_cuda_attention_backward(dgx, dscratch, ddy, dx, datt, B, T, C, NH, dt, NULL));
+  expect_close("attention backward", dgx, gx, nin, dt);
+  cudaFree(dx), cudaFree(dout), cudaFree(datt), cudaFree(dscratch), cudaFree(ddy), cudaFree(dgx);
+  free(x), free(out), free(att), free(dy), free(gx), free(scratch);
+}
+
+static void test_softmax_xent(int N, int V, td_dtype dt) {
+  size_t n = (size_t)N * V;
+  float *logits = rand_host(n, 4, dt), *probs = malloc(n * 4), *dlogits = calloc(n, 4);
+  int32_t *tgt = malloc(sizeof(int32_t) * N);
+  for (int i = 0; i < N; i++) tgt[i] = (i * 13 + 5) % V;
+  float dloss = 1.7f;
+  float mean_loss = td_softmax_xent_forward(probs, logits, tgt, N, V);
+  td_softmax_xent_backward(dlogits, probs, tgt, dloss, N, V);
+  void *dlog = upload(logits, n, dt);
+  float *dlosses = dev_f32(N);
+  int32_t *dtgt;
+  CHECK(cudaMalloc((void **)&dtgt, sizeof(int32_t) * N) == cudaSuccess);
+  CHECK(cudaMemcpy(dtgt, tgt, sizeof(int32_t) * N, cudaMemcpyHostToDevice) == cudaSuccess);
+  CHECK_OK(td_cuda_softmax_xent(dlosses, dlog, dtgt, dloss, N, V, dt, NULL));
+  float *losses = download(dlosses, N, TD_F32);
+  double sum = 0;
+  for (int i = 0; i < N; i++) sum += losses[i];
+  CHECK_CLOSE(sum / N, mean_loss, 1e-5, 0);
+  expect_close("softmax xent dlogits", dlog, dlogits, n, dt);
+  /* a target outside [0, V): NaN loss, zero gradient row */
+  tgt[0] = V;
+  CHECK(cudaMemcpy(dtgt, tgt, sizeof(int32_t) * N, cudaMemcpyHostToDevice) == cudaSuccess);
+  void *dlog2 = upload(logits, n, dt);
+  CHECK_OK(td_cuda_softmax_xent(dlosses, dlog2, dtgt, dloss, N, V, dt, NULL));
+  float *l2 = download(dlosses, N, TD_F32), *g2 = download(dlog2, V, dt);
+  CHECK(isnan(l2[0]));
+  for (int v = 0; v < V; v++) CHECK(g2[v] == 0.0f);
+  cudaFree(dlog), cudaFree(dlog2), cudaFree(dlosses), cudaFree(dtgt);
+  free(logits), free(probs), free(dlogits), free(tgt), free(losses), free(l2), free(g2);
+}
+
+static void test_adamw(size_t n, td_dtype grad_dt) {
+  float *p = rand_host(n, 1, TD_F32), *g = rand_host(n, 1, grad_dt), *m = rand_host(n, 0.1f, TD_F32);
+  float *v = malloc(n * 4 + 4);
+  for (size_t i = 0; i < n; i++) v[i] = fabsf(m[i]) * 0.3f;
+  const float lr = 1e-3f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f, gs = 0.5f;
+  const long t = 3;
+  float *dp = upload(p, n, TD_F32), *dm = upload(m, n, TD_F32), *dv = upload(v, n, TD_F32);
+  void *dg = upload(g, n, grad_dt), *dcopy;
+  CHECK(cudaMalloc(&dcopy, n * 2 + 2) == cudaSuccess);
+  CHECK_OK(td_cuda_adamw(dp, dcopy, TD_BF16, dg, grad_dt, dm, dv, n, lr, b1, b2, eps, wd, t, gs, NULL));
+  float *rp = malloc(n * 4 + 4), *rm = malloc(n * 4 + 4), *rv = malloc(n * 4 + 4);
+  for (size_t i = 0; i < n; i++) { /* in double: the closed form */
+    double gi = (double)g[i] * gs;
+    double mi = b1 * (double)m[i] + (1 - b1) * gi, vi = b2 * (double)v[i] + (1 - b2) * gi * gi;
+    double mh = mi / (1 - pow(b1, t)), vh = vi / (1 - pow(b2, t));
+    rp[i] = (float)(p[i] - lr * (mh / (sqrt(vh) + eps) + wd * p[i]));
+    rm[i] = (float)mi;
+    rv[i] = (float)vi;
+  }
+  expect_close("adamw params", dp, rp, n, TD_F32);
+  expect_close("adamw m", dm, rm, n, TD_F32);
+  expect_close("adamw v", dv, rv, n, TD_F32);
+  /* the bf16 copy is exactly the new master rounded to nearest even */
+  float *master = download(dp, n, TD_F32);
+  uint16_t *copy = malloc(n * 2 + 2);
+  CHECK(cudaMemcpy(copy, dcopy, n * 2, cudaMemcpyDeviceToHost) == cudaSuccess);
+  for (size_t i = 0; i < n; i++) CHECK_EQ_INT(copy[i], ref_bf16_bits(master[i]));
+  CHECK_STATUS(td_cuda_adamw(dp, NULL, TD_F32, dg, grad_dt, dm, dv, n, lr, b1, b2, eps, wd, 0, gs, NULL),
+               TD_ERR_INVALID_ARGUMENT);
+  cudaFree(dp), cudaFree(dm), cudaFree(dv), cudaFree(dg), cudaFree(dcopy);
+  free(p), free(g), free(m), free(v), free(rp), free(rm), free(rv), free(master), free(copy);
+}
+
+static void test_norm_scale_cast(size_t n, td_dtype dt) {
+  float *x = rand_host(n, 2, dt);
+  void *dx = upload(x, n, dt);
+  float *dout = dev_f32(1), *dpart = dev_f32(TD_CUDA_NORM_PARTIALS);
+  CHECK_OK(td_cuda_global_norm_squared(dout, dpart, dx, n, dt, NULL));
+  float *got = download(dout, 1, TD_F32);
+  double ref = 0;
+  for (size_t i = 0; i < n; i++) ref += (double)x[i] * x[i];
+  CHECK_CLOSE(got[0], ref, 1e-5, 1e-30);
+  CHECK_OK(td_cuda_global_norm_squared(dout, dpart, dx, n, dt, NULL));
+  float *again = download(dout, 1, TD_F32);
+  CHECK(memcmp(got, again, 4) == 0); /* the same bits */
+  /* scale, then cast to the other type and back */
+  float *scaled = malloc(n * 4 + 4);
+  for (size_t i = 0; i < n; i++) scaled[i] = dt == TD_BF16 ? ref_bf16_value(x[i] * 0.37f) : x[i] * 0.37f;
+  CHECK_OK(td_cuda_scale(dx, n, 0.37f, dt, NULL));
+  expect_close("scale", dx, scaled, n, dt);
+  td_dtype other = dt == TD_F32 ? TD_BF16 : TD_F32;
+  void *dy;
+  CHECK(cudaMalloc(&dy, n * 4 + 4) == cudaSuccess);
+  CHECK_OK(td_cuda_cast(dy, other, dx, dt, n, NULL));
+  float *cast = download(dy, n, other);
+  for (size_t i = 0; i < n; i++) {
+    float want = other == TD_BF16 ? ref_bf16_value(scaled[i]) : scaled[i];
+    if (cast[i] != want) td_test_fail(__FILE__, __LINE__, "cast element %zu: %.9g != %.9g", i, cast[i], want);
+  }
+  CHECK_STATUS(td_cuda_cast(dy, TD_F16, dx, dt, n, NULL), TD_ERR_INVALID_ARGUMENT);
+  cudaFree(dx), cudaFree(dout), cudaFree(dpart), cudaFree(dy);
+  free(x), free(got), free(again), free(scaled), free(cast);
+}
+
+static void test_bad_arguments(void) {
+  CHECK_STATUS(td_cuda_gelu_forward(NULL, NULL, 4, TD_F16, NULL), TD_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(td_last_error(), "f16") != NULL);
+  CHECK_STATUS(td_cuda_attention_forward(NULL, NULL, NULL, 1, 4, 10, 3, TD_F32, NULL), TD_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(td_last_error(), "multiple of NH") != NULL);
+  CHECK_STATUS(td_cuda_layernorm_forward(NULL, NULL, NULL, NULL, NULL, NULL, 4, 0, TD_F32, NULL),
+               TD_ERR_INVALID_ARGUMENT);
+  /* empty shapes launch nothing and succeed */
+  CHECK_OK(td_cuda_matmul_forward(NULL, NULL, NULL, NULL, 0, 8, 8, TD_F32, NULL));
+  CHECK_OK(td_cuda_encoder_forward(NULL, NULL, NULL, NULL, 0, 5, 8, TD_BF16, NULL));
+}
+
+int main(int argc, char **argv) {
+  int big = argc > 1 && strcmp(argv[1], "--big") == 0;
+  int n_dev = 0;
+  if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
+    printf("SKIP: no CUDA device (%s)\n", cudaGetErrorString(cudaGetLastError()));
+    return 0;
+  }
+  const int B = 2, C = 72, NH = 3, V = 97;
+  const int small_T[] = {1, 7, 33}, big_T[] = {1023, 1024};
+  const int *Ts = big ? big_T : small_T;
+  int n_T = big ? 2 : 3;
+  const td_dtype dts[] = {TD_F32, TD_BF16};
+  for (int d = 0; d < 2; d++) {
+    td_dtype dt = dts[d];
+    for (int i = 0; i < n_T; i++) {
+      int T = Ts[i], N = B * T;
+      test_encoder(B, T, C, V, dt);
+      test_layernorm(N, C, dt);
+      test_gelu((size_t)N * 4 * C, dt);
+      test_matmul(N, C, 3 * C, 1, dt);
+      test_matmul(N, C, V, 0, dt);
+      test_attention(B, T, C, NH, dt);
+      test_softmax_xent(N, V, dt);
+      printf("%s T=%d: encoder, layernorm, residual, gelu, matmul, attention, softmax-xent match the CPU\n",
+             td_dtype_name(dt), T);
+    }
+    test_adamw(1000 + 37, dt);
+    test_norm_scale_cast(big ? (size_t)1 << 22 : 5003, dt);
+    test_norm_scale_cast(1, dt);
+  }
+  test_bad_arguments();
+  printf("cuda layers: all checks passed (matmul backend %s)\n", td_cuda_matmul_backend());
+  return 0;
+}
