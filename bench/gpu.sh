@@ -10,7 +10,8 @@
 #      the GPU (the staged path) against the same allreduce on host buffers
 #      (td_mem_alloc and malloc): busbw and the ratio (target >= 0.8).
 #
-# Writes bench/results/gpu-DATE.md (DATE: UTC day) and prints it. A part
+# Writes bench/results/gpu-DATE.md (DATE: UTC day) and prints it, then one
+# "bench: ..." line per figure (scripts/gpu-check puts those in its table). A part
 # that cannot run says why in its row instead of a number; the script exits
 # non-zero only when nothing could be measured.
 #
@@ -125,4 +126,10 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "?" || b == "?" || b == 0) p
   echo "| host, malloc (-R 0) | $bw_malloc | $(ratio "$bw_dev" "$bw_malloc") |"
 } >"$out"
 cat "$out"
+# one line per figure for scripts/gpu-check's table
+for r in "${rows[@]}"; do
+  IFS='|' read -r _ impl tps ms mfu mem loss _ <<<"$r"
+  echo "bench: $(echo $impl) tokens/s $(echo $tps) ms/step $(echo $ms) mfu $(echo $mfu) peak MiB $(echo $mem)" | cut -c1-150
+done
+echo "bench: allreduce 64MiB 2 ranks/GPU busbw GB/s: device $bw_dev, host td_mem_alloc $bw_shared ($(ratio "$bw_dev" "$bw_shared")x), malloc $bw_malloc"
 [ "$measured" = 1 ]
