@@ -129,7 +129,10 @@ cat "$out"
 # one line per figure for scripts/gpu-check's table
 for r in "${rows[@]}"; do
   IFS='|' read -r _ impl tps ms mfu mem loss _ <<<"$r"
-  echo "bench: $(echo $impl) tokens/s $(echo $tps) ms/step $(echo $ms) mfu $(echo $mfu) peak MiB $(echo $mem)" | cut -c1-150
+  case $tps in
+    *"did not run"*) echo "bench: $(echo $impl): $(echo $tps)" | cut -c1-150 ;;
+    *) echo "bench: $(echo $impl) tokens/s $(echo $tps) ms/step $(echo $ms) mfu $(echo $mfu) peak MiB $(echo $mem)" ;;
+  esac
 done
 echo "bench: allreduce 64MiB 2 ranks/GPU busbw GB/s: device $bw_dev, host td_mem_alloc $bw_shared ($(ratio "$bw_dev" "$bw_shared")x), malloc $bw_malloc"
 [ "$measured" = 1 ]
