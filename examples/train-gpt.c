@@ -43,6 +43,8 @@ static void usage(void) {
       "  --channels C       embedding width (default 256)\n"
       "  --heads H          attention heads, dividing C (default 4)\n"
       "  --seq T            sequence length in bytes (default 128)\n"
+      "  --vocab V          embedding rows, at least 256 (default 256: the bytes; 50304 gives\n"
+      "                     GPT-2's shape, the rows above 255 never seen in the data)\n"
       "  --lr LR            peak learning rate (default 3e-4)\n"
       "  --threads N        compute threads per rank (default: cores / ranks on the host)\n"
       "  --bf16             bf16 mixed precision (f32 master weights; as \"bf16\": {\"enabled\": true})\n"
@@ -122,6 +124,7 @@ static void parse_args(int argc, char **argv, gpt_options *o) {
     else if ((v = app_flag_value(argc, argv, &i, "--steps"))) o->steps = app_parse_long("--steps", v, 1, 1L << 40);
     else if ((v = app_flag_value(argc, argv, &i, "--grad-accum"))) o->grad_accum = app_parse_long("--grad-accum", v, 1, 1 << 20);
     else if ((v = app_flag_value(argc, argv, &i, "--layers"))) o->model.layers = (int)app_parse_long("--layers", v, 1, 256);
+    else if ((v = app_flag_value(argc, argv, &i, "--vocab"))) o->model.vocab = (int)app_parse_long("--vocab", v, 256, 1 << 20);
     else if ((v = app_flag_value(argc, argv, &i, "--channels"))) o->model.channels = (int)app_parse_long("--channels", v, 1, 1 << 16);
     else if ((v = app_flag_value(argc, argv, &i, "--heads"))) o->model.heads = (int)app_parse_long("--heads", v, 1, 1024);
     else if ((v = app_flag_value(argc, argv, &i, "--seq"))) o->model.seq = (int)app_parse_long("--seq", v, 1, 1 << 16);
