@@ -530,7 +530,13 @@ class ProcessGroupTandem : public c10d::ProcessGroup {
   c10::intrusive_ptr<c10d::Work> submit(c10d::OpType type, std::vector<td_request *> reqs,
                                         std::vector<at::Tensor> outputs, std::function<void()> finish,
                                         std::vector<at::Tensor> keep) {
-    auto fut = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+    // A Future holding CUDA tensors must name their devices (markCompleted
+    // refuses tensors on devices it was not told of; DDP waits on it).
+    std::vector<c10::Device> devices;
+    for (auto &t : outputs)
+      if (t.device().is_cuda() && std::find(devices.begin(), devices.end(), t.device()) == devices.end())
+        devices.push_back(t.device());
+    auto fut = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()), devices);
     auto work = c10::make_intrusive<WorkTandem>(getRank(), type, fut, outputs);
     completer_->push(Completer::Item{std::move(reqs), std::move(finish), fut, std::move(outputs), std::move(keep)});
     return work;

@@ -17,6 +17,9 @@ GPU take the staged path):
    (within 1e-5) those of the same model trained in this process on the
    whole global batch with plain torch, and every rank must hold the same
    parameters. Accuracy and the step time are printed.
+3. The torch.distributed "tandem" backend (when tandem._c10d is built):
+   all_reduce on a CUDA tensor, and unmodified DistributedDataParallel of a
+   model on cuda against the same model on the whole batch in one process.
 
 Without a GPU: fails, or with TANDEM_GPU_OPTIONAL=1 prints
 "skipped: no GPU" and exits 0. --device cpu runs the same checks on CPU
@@ -165,6 +168,35 @@ with torch.no_grad():
     acc = (model(data.to(dev)).argmax(1).cpu() == labels).float().mean().item()
     ref_acc = (ref(data.to(dev)).argmax(1).cpu() == labels).float().mean().item()
 check(abs(acc - ref_acc) <= 0.01, f"accuracy {acc:.3f} vs {ref_acc:.3f} on one process")
+
+# ---- 3. DDP through the c10d backend ----
+ddp = "not built"
+if hvd._c10d_error is None:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    dist.init_process_group("tandem")
+    t = slow_fill((5,), torch.float32, lambda i: inp(rank, i))
+    dist.all_reduce(t)
+    check(torch.equal(t, sum(inp(r, torch.arange(5, device=dev)) for r in range(n)).float()), "c10d all_reduce")
+    model = DDP(make_model().to(dev), bucket_cap_mb=0.001)  # several buckets, reduced during backward
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ref = make_model().to(dev)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for s in range(steps):
+        lo = s * per_rank * n
+        opt.zero_grad()
+        xb = data[lo + rank * per_rank: lo + (rank + 1) * per_rank].to(dev)
+        yb = labels[lo + rank * per_rank: lo + (rank + 1) * per_rank].to(dev)
+        torch.nn.functional.cross_entropy(model(xb), yb).backward()
+        opt.step()
+        ref_opt.zero_grad()
+        xg, yg = data[lo:lo + per_rank * n].to(dev), labels[lo:lo + per_rank * n].to(dev)
+        torch.nn.functional.cross_entropy(ref(xg), yg).backward()
+        ref_opt.step()
+    for p, q in zip(model.module.parameters(), ref.parameters()):
+        check(torch.allclose(p, q, rtol=1e-5, atol=1e-5), "DDP on the tandem backend differs from one process")
+    dist.destroy_process_group()
+    ddp = "DDP matches one process"
 print(f"gpu_torch_cuda: rank {rank} of {n} on {dev}: {checks} checks passed; Horovod-style MLP accuracy "
-      f"{acc:.3f} (one process: {ref_acc:.3f}), {step_ms:.2f} ms/step", flush=True)
+      f"{acc:.3f} (one process: {ref_acc:.3f}), {step_ms:.2f} ms/step; c10d: {ddp}", flush=True)
 hvd.shutdown()
