@@ -111,7 +111,7 @@ ifeq ($(CUDA_EMU),1)
 CXX ?= g++
 EMU_INC      := -Itests/cudaemu/include
 CFLAGS       += -DTD_HAVE_CUDA=1 -DTD_CUDA_EMU=1 $(EMU_INC)
-EMU_CXXFLAGS := -x c++ -std=c++17 -g $(OPT) $(ARCH) -Wall -Wextra -Wno-unused-parameter -fno-exceptions -fno-rtti \
+EMU_CXXFLAGS := -x c++ -std=c++17 -g $(OPT) $(ARCH) -Wall -Wextra -Wno-unused-parameter -Wno-unknown-pragmas -fno-exceptions -fno-rtti \
                 -fno-strict-aliasing -pthread -fPIC -Iinclude -Isrc $(EMU_INC) -DTD_HAVE_CUDA=1 -DTD_CUDA_EMU=1 -MMD -MP \
                 $(if $(filter 1,$(SAN)),-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
 EMU_TEST_CU  := $(sort $(wildcard tests/cudaemu/test_*.cu))

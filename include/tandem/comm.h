@@ -26,6 +26,7 @@
 #ifndef TANDEM_COMM_H
 #define TANDEM_COMM_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include "base.h"
 
@@ -46,6 +47,15 @@ typedef struct td_comm_config {
   const char *transport; /* "auto" (NULL), "shm" or "tcp" */
   double timeout_s;      /* 0: TANDEM_TIMEOUT or 300 s; when set, also caps the
                           * start-up wait (TANDEM_CONNECT_TIMEOUT, default 60 s) */
+  /* Optional (NULL: wait the whole TANDEM_CONNECT_TIMEOUT). Polled on the
+   * constructing thread between slices (0.25 s) of the rendezvous waits for
+   * the other ranks' store keys: returning true, with the reason in `why`,
+   * makes the construction fail at once with TD_ERR_REMOTE. For a caller
+   * that learns by other means that a rank will never come (the elastic
+   * layer: a member died between its membership round and the rendezvous).
+   * abandon_ctx is passed back and used only until the call returns. */
+  bool (*abandon)(void *abandon_ctx, char *why, size_t why_size);
+  void *abandon_ctx;
 } td_comm_config;
 
 /* Create the world communicator from the environment (TANDEM_* set by

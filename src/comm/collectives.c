@@ -4,7 +4,8 @@
  * world-of-one path (plain copies, no progress thread involved). Everything
  * else goes to the progress engine: inline for blocking calls when nothing
  * is pending, queued otherwise. */
-#include "comm/comm_core.h"
+#include "comm/core/core.h"
+#include "comm/progress/progress.h"
 #include "comm/device/device_coll.h"
 
 #include <stdint.h>

@@ -1,19 +1,20 @@
-/* The communicator: creation from the environment or a config, the
- * rendezvous through the store, transport selection, split, finalize,
- * destroy, abort, the accessors, and the sticky-error machinery (comm_fail)
- * that every other file reports through.
+/* The communicator's lifecycle, the top of src/comm: creation from the
+ * environment or a config (launcher variables, store, rendezvous,
+ * transport, algorithm table, progress thread), split, finalize, destroy,
+ * and the accessors. Calls down into every folder below (core/core.h has
+ * the map); nothing below calls it.
  *
- * Rendezvous: each rank publishes "<size>\n<host identity>\n<pid>\n<address>"
- * under "<prefix>/peer/<rank>" and reads everybody's entry back with one
- * store_gather (2N store requests for N ranks, where waiting for the keys
- * one by one cost N^2 through the store's single thread). Ranks with
- * the same host identity share memory; the transport is picked from that:
- * shm when all ranks share one host, tcp otherwise (or when forced). A job
- * spanning hosts uses tcp between all pairs, including ranks on the same
- * host: a hierarchical shm-inside/tcp-across transport is out of scope for
- * now. */
-#include "comm/comm_core.h"
+ * The transport is picked from the rendezvous' host identities: shm when
+ * all ranks share one host, tcp otherwise (or when forced). A job spanning
+ * hosts uses tcp between all pairs, including ranks on the same host: a
+ * hierarchical shm-inside/tcp-across transport is out of scope for now. */
+#include "comm/core/core.h"
 #include "comm/device/device_coll.h"
+#include "comm/progress/progress.h"
+#include "comm/rendezvous/rendezvous.h"
+#include "comm/select/select.h"
+#include "comm/transport/shm/shm.h"
+#include "comm/transport/tcp/tcp.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -82,145 +83,6 @@ static td_comm *comm_alloc(int rank, int size) {
   return comm;
 }
 
-/* ---- sticky errors ---- */
-
-static td_status fail_message(td_comm *comm, td_status status, const char *msg) {
-  pthread_mutex_lock(&comm->err_mu);
-  td_status first = comm_status(comm);
-  if (first != TD_OK) {
-    pthread_mutex_unlock(&comm->err_mu);
-    return first;
-  }
-  td_strlcpy(comm->err_msg, msg, sizeof comm->err_msg);
-  /* Publish the message before the status: readers check the status first. */
-  atomic_store_explicit(&comm->err_status, (int)status, memory_order_release);
-  pthread_mutex_unlock(&comm->err_mu);
-
-  td_log(TD_LOG_ERROR, "%s (%s)", comm->err_msg, td_status_str(status));
-  td_error(status, "%s", comm->err_msg);
-  if (comm->xport && comm->xport->vtbl->abort) comm->xport->vtbl->abort(comm->xport, status, comm->err_msg);
-  return status;
-}
-
-td_status comm_fail(td_comm *comm, td_status status, const char *fmt, ...) {
-  if (status == TD_OK) status = TD_ERR_INTERNAL;
-  char body[900], msg[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(body, sizeof body, fmt, ap);
-  va_end(ap);
-  /* Say which rank saw it, unless the message already starts by naming one
-   * (a mismatch report, an error relayed from a peer). */
-  if (!strncmp(body, "rank ", 5))
-    td_strlcpy(msg, body, sizeof msg);
-  else
-    snprintf(msg, sizeof msg, "rank %d: %s", comm->rank, body);
-  return fail_message(comm, status, msg);
-}
-
-td_status comm_note_failure(td_comm *comm, td_status st) {
-  if (st == TD_OK || st == TD_ERR_IN_PROGRESS || !comm) return st;
-  pthread_mutex_lock(&comm->err_mu);
-  if (comm_status(comm) == TD_OK) td_strlcpy(comm->call_msg, td_last_error(), sizeof comm->call_msg);
-  pthread_mutex_unlock(&comm->err_mu);
-  return st;
-}
-
-td_status comm_check_deadline(td_comm *comm, const comm_op *op) {
-  td_status st = comm_status(comm);
-  if (st != TD_OK) return st;
-  if (td_now() < op->deadline) return TD_OK;
-  char desc[256];
-  comm_op_describe(op, desc, sizeof desc);
-  return comm_fail(comm, TD_ERR_TIMEOUT, "%s did not finish within %g s (TANDEM_TIMEOUT)", desc, comm->timeout_s);
-}
-
-/* ---- rendezvous ---- */
-
-#define COMM_ABANDON_SLICE_S 0.25 /* how often an abandonable rendezvous asks whether to give up */
-
-td_status comm_store_allgather(td_comm *comm, const char *prefix, const void *value, size_t len, double timeout_s,
-                               char ***values_out, int *missing_out) {
-  if (!comm->abandon_fn)
-    return store_allgather(comm->store, prefix, comm->rank, comm->size, value, len, timeout_s, values_out, NULL,
-                           missing_out);
-  double end = td_now() + timeout_s;
-  td_status st = store_allgather(comm->store, prefix, comm->rank, comm->size, value, len,
-                                 TD_MIN(COMM_ABANDON_SLICE_S, timeout_s), values_out, NULL, missing_out);
-  while (st == TD_ERR_TIMEOUT && td_now() < end) {
-    char why[400] = "";
-    if (comm->abandon_fn(comm->abandon_ctx, why, sizeof why)) {
-      if (missing_out) *missing_out = -1;
-      return td_error(TD_ERR_REMOTE, "rank %d: the rendezvous of communicator %s was abandoned: %s", comm->rank,
-                      comm->prefix, why);
-    }
-    st = store_gather(comm->store, prefix, comm->size, TD_MIN(COMM_ABANDON_SLICE_S, TD_MAX(end - td_now(), 0.001)),
-                      values_out, NULL, missing_out);
-  }
-  if (st == TD_ERR_TIMEOUT) /* say the whole wait, not the last slice */
-    return td_error(TD_ERR_TIMEOUT, "timed out after %.1f s waiting for keys '%s0'..'%s%d' in the rendezvous store at "
-                                    "%s: '%s%d' (at least) is missing",
-                    timeout_s, prefix, prefix, comm->size - 1, store_address(comm->store), prefix,
-                    missing_out && *missing_out >= 0 ? *missing_out : 0);
-  return st;
-}
-
-static td_status rendezvous(td_comm *comm, double connect_timeout_s) {
-  char identity[256], addr[128], value[512], prefix[200];
-  TD_CHECK(net_host_identity(identity, sizeof identity));
-  TD_CHECK(net_local_address(comm->tun.host_addr, comm->tun.iface, addr, sizeof addr));
-  snprintf(value, sizeof value, "%d\n%s\n%ld\n%s", comm->size, identity, (long)getpid(), addr);
-  snprintf(prefix, sizeof prefix, "%s/peer/", comm->prefix);
-
-  /* One SET and one GATHER per rank: O(N) store requests for the job. */
-  char **entries = NULL;
-  int missing = -1;
-  td_status st = comm_store_allgather(comm, prefix, value, strlen(value), connect_timeout_s, &entries, &missing);
-  if (st != TD_OK) {
-    char why[512];
-    td_error_copy(why, sizeof why);
-    if (st == TD_ERR_TIMEOUT && missing >= 0)
-      return td_error(st, "rank %d: rank %d of %d (and maybe others) did not join the rendezvous of communicator %s "
-                          "at %s within %g s (TANDEM_CONNECT_TIMEOUT): %s",
-                      comm->rank, missing, comm->size, comm->prefix, store_address(comm->store), connect_timeout_s,
-                      why);
-    return td_error(st, "rank %d: the rendezvous of communicator %s failed: %s", comm->rank, comm->prefix, why);
-  }
-  for (int r = 0; r < comm->size; r++) {
-    comm_rdv_entry e;
-    st = comm_rdv_entry_parse(entries[r], r, &e);
-    if (st != TD_OK) {
-      char why[512];
-      td_error_copy(why, sizeof why);
-      free(entries);
-      return td_error(st, "rank %d: in the rendezvous of communicator %s (key %s%d): %s", comm->rank, comm->prefix,
-                      prefix, r, why);
-    }
-    if (e.size != comm->size) {
-      free(entries);
-      return td_error(TD_ERR_MISMATCH, "rank %d believes the world has %d ranks but rank %d believes %d: every "
-                                       "rank of a job must be started with the same world size",
-                      comm->rank, comm->size, r, e.size);
-    }
-    comm->hosts[r] = strdup(e.host);
-    comm->addrs[r] = strdup(e.addr);
-    comm->pids[r] = e.pid;
-    if (!comm->hosts[r] || !comm->addrs[r]) {
-      free(entries);
-      return td_error(TD_ERR_SYSTEM, "out of memory in the rendezvous");
-    }
-  }
-  free(entries);
-
-  comm->local_size = 0;
-  for (int r = 0; r < comm->size; r++) {
-    if (strcmp(comm->hosts[r], comm->hosts[comm->rank])) continue;
-    if (r == comm->rank) comm->local_rank = comm->local_size;
-    comm->local_ranks[comm->local_size++] = r;
-  }
-  return TD_OK;
-}
-
 static td_status create_transport(td_comm *comm) {
   int other_host = -1;
   for (int r = 0; r < comm->size && other_host < 0; r++)
@@ -260,7 +122,7 @@ static td_status comm_setup(td_comm *comm, double connect_timeout_s) {
   }
   double t0 = td_now(), t1 = t0, t2 = t0;
   if (comm->size > 1) {
-    TD_CHECK(rendezvous(comm, connect_timeout_s));
+    TD_CHECK(comm_rendezvous(comm, connect_timeout_s));
     t1 = td_now();
     TD_CHECK(create_transport(comm));
     t2 = td_now();
@@ -276,7 +138,7 @@ static td_status comm_setup(td_comm *comm, double connect_timeout_s) {
 
 /* Destroy a half-built communicator without losing the message of the error
  * that stopped its construction. */
-static td_status abandon(td_comm *comm, td_status st) {
+static td_status destroy_half_built(td_comm *comm, td_status st) {
   char why[1024];
   td_error_copy(why, sizeof why);
   td_comm_destroy(comm);
@@ -284,11 +146,6 @@ static td_status abandon(td_comm *comm, td_status st) {
 }
 
 td_status td_comm_init_config(const td_comm_config *config, td_comm **out) {
-  return comm_init_abandonable(config, NULL, NULL, out);
-}
-
-td_status comm_init_abandonable(const td_comm_config *config, comm_abandon_fn abandon_fn, void *abandon_ctx,
-                                td_comm **out) {
   if (!out) return td_error(TD_ERR_INVALID_ARGUMENT, "td_comm_init: out is NULL");
   *out = NULL;
   comm_env env;
@@ -301,13 +158,13 @@ td_status comm_init_abandonable(const td_comm_config *config, comm_abandon_fn ab
   long index = next_comm_index(env.job_id);
   if (index < 0) {
     td_error(TD_ERR_SYSTEM, "out of memory creating a communicator of %d ranks", env.size);
-    return abandon(comm, TD_ERR_SYSTEM);
+    return destroy_half_built(comm, TD_ERR_SYSTEM);
   }
   snprintf(comm->prefix, sizeof comm->prefix, "%s/c%ld", env.job_id, index);
   comm->tun = tun;
   comm->timeout_s = tun.timeout_s;
-  comm->abandon_fn = abandon_fn;
-  comm->abandon_ctx = abandon_ctx;
+  comm->abandon_fn = config ? config->abandon : NULL;
+  comm->abandon_ctx = config ? config->abandon_ctx : NULL;
   td_strlcpy(comm->transport_req, env.transport, sizeof comm->transport_req);
 
   td_status st;
@@ -323,7 +180,7 @@ td_status comm_init_abandonable(const td_comm_config *config, comm_abandon_fn ab
         td_error(st, "rank 0 (started by %s) could not host the rendezvous store on %s:%d: %s. Set TANDEM_STORE "
                      "to a running store, or TANDEM_STORE_PORT/MASTER_PORT to a free port",
                  env.launcher, env.host_store_bind, env.host_store_port, why);
-        return abandon(comm, st);
+        return destroy_half_built(comm, st);
       }
     }
     st = store_connect(env.store, tun.connect_timeout_s, &comm->store);
@@ -333,11 +190,11 @@ td_status comm_init_abandonable(const td_comm_config *config, comm_abandon_fn ab
       td_error(st, "rank %d of %d (started by %s): %s. %s", env.rank, env.size, env.launcher, why,
                td_env_str("TANDEM_STORE", NULL) ? "Check that TANDEM_STORE names a running store"
                                                 : "Set TANDEM_STORE=host:port to a store every rank can reach");
-      return abandon(comm, st);
+      return destroy_half_built(comm, st);
     }
   }
   st = comm_setup(comm, tun.connect_timeout_s);
-  if (st != TD_OK) return abandon(comm, st);
+  if (st != TD_OK) return destroy_half_built(comm, st);
   comm->abandon_fn = NULL; /* its context lives only as long as the construction */
   comm->abandon_ctx = NULL;
   *out = comm;
@@ -406,10 +263,10 @@ static td_status comm_split(td_comm *comm, int color, int key, td_comm **out) {
   double connect_timeout_s = comm->tun.connect_timeout_s;
   if (child->size > 1) {
     st = store_connect(store_address(comm->store), connect_timeout_s, &child->store);
-    if (st != TD_OK) return abandon(child, st);
+    if (st != TD_OK) return destroy_half_built(child, st);
   }
   st = comm_setup(child, connect_timeout_s);
-  if (st != TD_OK) return abandon(child, st);
+  if (st != TD_OK) return destroy_half_built(child, st);
   *out = child;
   return TD_OK;
 }
@@ -418,7 +275,7 @@ td_status td_comm_split(td_comm *comm, int color, int key, td_comm **out) {
   return comm_note_failure(comm, comm_split(comm, color, key, out));
 }
 
-/* ---- finalize, destroy, abort ---- */
+/* ---- finalize, destroy ---- */
 
 static td_status comm_finalize(td_comm *comm) {
   if (!comm) return td_error(TD_ERR_INVALID_ARGUMENT, "td_comm_finalize: communicator is NULL");
@@ -464,13 +321,6 @@ void td_comm_destroy(td_comm *comm) {
   free(comm);
 }
 
-void td_comm_abort(td_comm *comm, const char *reason) {
-  if (!comm) return;
-  char msg[1024];
-  snprintf(msg, sizeof msg, "aborted by rank %d: %s", comm->rank, reason && *reason ? reason : "no reason given");
-  fail_message(comm, TD_ERR_REMOTE, msg);
-}
-
 /* ---- accessors ---- */
 
 int td_comm_rank(const td_comm *comm) { return comm ? comm->rank : -1; }
@@ -481,20 +331,3 @@ const char *td_comm_transport(const td_comm *comm) { return comm ? comm->xport_n
 const char *td_comm_host(const td_comm *comm, int rank) {
   return comm && comm->hosts && rank >= 0 && rank < comm->size && comm->hosts[rank] ? comm->hosts[rank] : "";
 }
-const char *td_comm_last_error(const td_comm *comm) {
-  if (!comm) return "";
-  /* The sticky message never changes once set; a call message may be
-   * replaced by another thread's failure at any moment, so the caller gets
-   * a copy of it in a buffer of its own thread. */
-  if (comm_status(comm) != TD_OK) return comm->err_msg;
-  static _Thread_local char copy[sizeof comm->call_msg];
-  td_comm *c = (td_comm *)comm;
-  pthread_mutex_lock(&c->err_mu);
-  if (comm_status(comm) != TD_OK)
-    td_strlcpy(copy, comm->err_msg, sizeof copy);
-  else
-    td_strlcpy(copy, comm->call_msg, sizeof copy);
-  pthread_mutex_unlock(&c->err_mu);
-  return copy;
-}
-td_status td_comm_status(const td_comm *comm) { return comm ? comm_status(comm) : TD_ERR_INVALID_ARGUMENT; }

@@ -1,6 +1,6 @@
 /* td_mem_alloc / td_mem_free: host-shared buffers (net/hostmem.c), which the
  * shm transport maps across ranks for the direct collectives. */
-#include "comm/comm_impl.h"
+#include "comm/core/core.h"
 
 td_status td_mem_alloc(size_t bytes, void **out) {
   if (!out) return td_error(TD_ERR_INVALID_ARGUMENT, "td_mem_alloc: out must not be NULL");

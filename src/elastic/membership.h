@@ -50,7 +50,7 @@ void el_membership_close(el_membership *m);
 td_status el_membership_next(el_membership *m);
 /* Will the communicator of the current epoch never form? True when one of
  * its members was reported dead or a newer epoch closed: its rendezvous
- * then fails at once (comm_init_abandonable) and the next round starts,
+ * then fails at once (td_comm_config.abandon) and the next round starts,
  * instead of waiting TANDEM_CONNECT_TIMEOUT for a process that is gone.
  * why says which. One store request per member. */
 bool el_membership_abandoned(el_membership *m, char *why, size_t why_size);

@@ -471,9 +471,12 @@ td_status el_rep_reset_holdings(el_replicas *r, td_comm *comm, int64_t commit) {
   el_rep_settle(r);
   /* The new holdings are built beside the old ones, which stay (for the
    * next round's descriptors) until the new ones are complete. */
-  el_replicas next = *r;
+  el_replicas next = *r; /* the registration (bufs, sizes); none of r's holdings */
   memset(next.own, 0, sizeof next.own);
-  next.own[1].commit = -1;
+  next.own[0].commit = next.own[1].commit = -1;
+  next.wards = NULL;
+  next.n_wards = 0;
+  next.buddy = -1;
   next.send_req = NULL;
   next.rep_in_commit = -1;
   td_status st = snapshot(r, &next.own[0], commit);

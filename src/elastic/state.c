@@ -20,7 +20,6 @@
  * fallback (td_elastic_set_fallback: the last disk checkpoint) is used and
  * the log says so. */
 #include "elastic/elastic.h"
-#include "comm/comm_init.h"
 
 #include <limits.h>
 #include <signal.h>
@@ -71,7 +70,9 @@ static td_status build_comm(td_elastic *e) {
   cfg.world_size = e->m.n_members;
   cfg.store = e->m.store_addr;
   cfg.job_id = job;
-  td_status st = comm_init_abandonable(&cfg, abandoned, e, &e->comm);
+  cfg.abandon = abandoned;
+  cfg.abandon_ctx = e;
+  td_status st = td_comm_init_config(&cfg, &e->comm);
   if (st != TD_OK) {
     char why[768];
     td_error_copy(why, sizeof why);

@@ -369,7 +369,28 @@ int net_auth_acceptor_feed(net_auth_acceptor *a, uint32_t role, const char *ctx,
 
 /* ---- blocking sides ---- */
 
+void net_auth_derive(const char *label, const void *fields, size_t fields_len, const unsigned char *extra,
+                     size_t extra_len, const net_auth_session *session, unsigned char out[32]) {
+  pthread_once(&auth_once, auth_load);
+  /* Keyed BLAKE2b (a PRF under the job key), its input separated from the
+   * handshake's HMAC input by construction (another primitive) and from
+   * other derivations by the label with its NUL. */
+  crypto_generichash_state h;
+  crypto_generichash_init(&h, auth_key, sizeof auth_key, 32);
+  crypto_generichash_update(&h, (const unsigned char *)label, strlen(label) + 1);
+  crypto_generichash_update(&h, fields, fields_len);
+  if (extra_len) crypto_generichash_update(&h, extra, extra_len);
+  crypto_generichash_update(&h, session->hello.nonce, NET_AUTH_NONCE_BYTES);
+  crypto_generichash_update(&h, session->nonce_s, NET_AUTH_NONCE_BYTES);
+  crypto_generichash_final(&h, out, 32);
+}
+
 td_status net_auth_connect(int fd, uint32_t role, int32_t rank, const char *ctx, const char *peer, double deadline) {
+  return net_auth_connect_session(fd, role, rank, ctx, peer, deadline, NULL);
+}
+
+td_status net_auth_connect_session(int fd, uint32_t role, int32_t rank, const char *ctx, const char *peer,
+                                   double deadline, net_auth_session *session_out) {
   TD_CHECK(net_auth_init());
   net_auth_hello hello = {.role = role, .rank = rank};
   net_auth_nonce(hello.nonce);
@@ -393,6 +414,10 @@ td_status net_auth_connect(int fd, uint32_t role, int32_t rank, const char *ctx,
   if (net_auth_parse_msg(buf, NET_AUTH_MSG_BYTES, payload) != 0 || !net_auth_check(true, ctx, &hello, nonce_s, payload))
     return td_error(TD_ERR_REMOTE, "%s failed to prove it holds this job's secret: another job, or a stranger, is "
                                    "listening at its address; not using it", peer);
+  if (session_out) {
+    session_out->hello = hello;
+    memcpy(session_out->nonce_s, nonce_s, NET_AUTH_NONCE_BYTES);
+  }
   return TD_OK;
 transfer_failed:;
   char why[300];
@@ -412,6 +437,14 @@ transfer_failed:;
 }
 
 td_status net_auth_accept(int fd, uint32_t role, const char *ctx, double deadline, net_auth_hello *hello_out) {
+  net_auth_session session;
+  TD_CHECK(net_auth_accept_session(fd, role, ctx, deadline, &session));
+  *hello_out = session.hello;
+  return TD_OK;
+}
+
+td_status net_auth_accept_session(int fd, uint32_t role, const char *ctx, double deadline,
+                                  net_auth_session *session_out) {
   TD_CHECK(net_auth_init());
   net_auth_acceptor a = {0};
   unsigned char buf[NET_AUTH_HELLO_BYTES], out[NET_AUTH_MSG_BYTES];
@@ -424,7 +457,8 @@ td_status net_auth_accept(int fd, uint32_t role, const char *ctx, double deadlin
                                                   : "the connector's proof does not match this job's secret");
     TD_CHECK(net_send_all(fd, out, NET_AUTH_MSG_BYTES, deadline));
     if (r == NET_AUTH_DONE) {
-      *hello_out = a.hello;
+      session_out->hello = a.hello;
+      memcpy(session_out->nonce_s, a.nonce_s, NET_AUTH_NONCE_BYTES);
       return TD_OK;
     }
   }

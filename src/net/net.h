@@ -113,6 +113,66 @@ int net_auth_acceptor_feed(net_auth_acceptor *a, uint32_t role, const char *ctx,
 td_status net_auth_connect(int fd, uint32_t role, int32_t rank, const char *ctx, const char *peer, double deadline);
 td_status net_auth_accept(int fd, uint32_t role, const char *ctx, double deadline, net_auth_hello *hello_out);
 
+/* What both ends of one authenticated connection know, and nobody without
+ * the job's secret can use: the two fresh nonces of its handshake. Stream
+ * keys are derived from it (net_protect_derive). */
+typedef struct net_auth_session {
+  net_auth_hello hello;                      /* the connector's hello (its rank, its nonce) */
+  unsigned char nonce_s[NET_AUTH_NONCE_BYTES]; /* the acceptor's nonce */
+} net_auth_session;
+/* The handshakes above, also returning the session. */
+td_status net_auth_connect_session(int fd, uint32_t role, int32_t rank, const char *ctx, const char *peer,
+                                   double deadline, net_auth_session *session_out);
+td_status net_auth_accept_session(int fd, uint32_t role, const char *ctx, double deadline,
+                                  net_auth_session *session_out);
+/* 32 bytes = keyed BLAKE2b(job key; label, fields, extra, both nonces of
+ * the session): a key for one purpose of one connection. */
+void net_auth_derive(const char *label, const void *fields, size_t fields_len, const unsigned char *extra,
+                     size_t extra_len, const net_auth_session *session, unsigned char out[32]);
+
+/* ---- protected streams (protect.c) ----
+ * Records of at most NET_PROTECT_RECORD_MAX payload bytes, each sealed
+ * with a per-connection, per-direction key and the direction's record
+ * counter as nonce: integrity only (the payload travels as it is) or
+ * encrypted (in place). See protect.c for the format and the reasoning. */
+typedef enum { NET_PROTECT_OFF = 0, NET_PROTECT_INTEGRITY = 1, NET_PROTECT_ENCRYPT = 2 } net_protect_mode;
+#define NET_PROTECT_HDR_BYTES 8
+#define NET_PROTECT_TAG_BYTES 16
+#define NET_PROTECT_RECORD_MAX ((size_t)1 << 20)
+
+typedef struct net_protect_key {
+  net_protect_mode mode;
+  bool aes;          /* AES-256-GCM, else ChaCha20-Poly1305 (IETF) */
+  uint64_t counter;  /* records of this direction so far: the next nonce */
+  unsigned char key[32];
+  struct crypto_aead_aes256gcm_state_ *aes_state; /* libsodium's expanded AES key (aligned), when aes */
+} net_protect_key;
+
+/* "off", "integrity", "encrypt" (<-> the enum); parse returns -1 on other text. */
+const char *net_protect_mode_name(net_protect_mode mode);
+int net_protect_parse_mode(const char *text, net_protect_mode *out);
+/* Can this CPU run AES-256-GCM (AES-NI and PCLMUL)? */
+bool net_protect_aes_available(void);
+/* The two directions' keys of the connection whose handshake gave
+ * `session` (ctx: the listener's context, as in the handshake); the
+ * connector's send key is the acceptor's receive key and vice versa. mode
+ * OFF: zeroed keys. Clear both with net_protect_key_clear. */
+td_status net_protect_derive(net_protect_mode mode, bool aes, const char *ctx, const net_auth_session *session,
+                             bool connector, net_protect_key *send_out, net_protect_key *recv_out);
+void net_protect_key_clear(net_protect_key *k); /* accepts NULL */
+/* Seal len (<= NET_PROTECT_RECORD_MAX) bytes at data as the next record:
+ * writes its header and tag; encrypts data in place in ENCRYPT mode. */
+void net_protect_seal(net_protect_key *k, unsigned char hdr[NET_PROTECT_HDR_BYTES], unsigned char *data, size_t len,
+                      unsigned char tag[NET_PROTECT_TAG_BYTES]);
+/* A record header's payload length; -1 if it is no record header or the
+ * length exceeds NET_PROTECT_RECORD_MAX. */
+int net_protect_parse_hdr(const unsigned char hdr[NET_PROTECT_HDR_BYTES], size_t *len_out);
+/* Check the next record (and decrypt it in place): false if it was
+ * altered, replayed, reordered, follows a dropped one, or was sealed under
+ * another key; the counter then stays, and the stream is unusable. */
+bool net_protect_open(net_protect_key *k, const unsigned char hdr[NET_PROTECT_HDR_BYTES], unsigned char *data,
+                      size_t len, const unsigned char tag[NET_PROTECT_TAG_BYTES]);
+
 /* Is host (a name or address; NULL or "" = all interfaces) a loopback-only
  * address? Anything that resolves to 127.0.0.0/8 or ::1 is. */
 bool net_is_loopback_host(const char *host);

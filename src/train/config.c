@@ -3,7 +3,10 @@
  * the learning-rate schedule. Every error says which key is wrong and what to
  * write instead: a config error is the first thing a new user meets. */
 #include "train/core/core.h"
+#include "train/deterministic/deterministic.h"
+#include "train/elastic/elastic_config.h"
 #include "train/offload/offload.h"
+#include "train/precision/precision.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -26,6 +26,7 @@
 #include "train/zero/zero.h"
 #include "train/offload/offload.h"
 #include "train/deterministic/deterministic.h"
+#include "train/precision/precision.h"
 
 #include <math.h>
 #include <sched.h>

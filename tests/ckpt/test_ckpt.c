@@ -455,14 +455,14 @@ static void test_corrupt(const char *base) {
   /* Another global batch: refused naming both, the trainer unchanged,
    * unless the run allows it; then the state is the saved one and the run
    * goes on with its own batch. */
-  for (long other = 1; other <= 2 * G; other++) {
-    if (other == G) continue;
-    batch = other;
+  for (long other_batch = 1; other_batch <= 2 * G; other_batch++) {
+    if (other_batch == G) continue;
+    batch = other_batch;
     u = make(m, ds, NULL);
     float before[TINY_N];
     memcpy(before, u->params, sizeof before);
     char want[160];
-    snprintf(want, sizeof want, "trained with a global batch of %d samples, this run's is %ld", G, other);
+    snprintf(want, sizeof want, "trained with a global batch of %d samples, this run's is %ld", G, other_batch);
     CHECK_MSG(td_trainer_resume(u, root), TD_ERR_INVALID_ARGUMENT, want);
     CHECK(strstr(td_last_error(), "checkpoint.allow_batch_size_change") != NULL);
     CHECK_EQ_INT(td_trainer_step_count(u), 0);
@@ -471,10 +471,10 @@ static void test_corrupt(const char *base) {
     allow_batch_change = 1;
     u = make(m, ds, NULL);
     CHECK_OK(td_trainer_resume(u, root));
-    same_state(u, &ref, "a checkpoint of another global batch, allowed");
+    same_state(u, &ref, "a checkpoint of another_batch global batch, allowed");
     td_step_stats ss;
     CHECK_OK(td_trainer_step(u, &ss));
-    CHECK_EQ_INT(ss.samples, other);
+    CHECK_EQ_INT(ss.samples, other_batch);
     td_trainer_destroy(u);
     allow_batch_change = 0;
   }

@@ -1,5 +1,5 @@
 /* Smoke test of the communicator core (src/comm: comm.c, collectives.c,
- * progress.c, p2p.c, select.c).
+ * progress/, p2p/, select/).
  *
  *   test_comm_core self      world of one: every collective, dtype and op
  *                            (counts 0, 1, 7, 1000; in and out of place;

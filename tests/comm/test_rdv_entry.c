@@ -1,5 +1,6 @@
-/* Rendezvous entries ("<size>\n<host>\n<pid>\n<address>", comm.c) are parsed
- * with every field checked (src/comm/rendezvous_entry.c): a well-formed one
+/* Rendezvous entries ("<size>\n<host>\n<pid>\n<address>", published by
+ * src/comm/rendezvous/rendezvous.c) are parsed with every field checked
+ * (rendezvous_entry.c there): a well-formed one
  * gives its fields; a world size or pid that is not a whole decimal number
  * in range, a missing or extra line, is TD_ERR_INVALID_ARGUMENT naming the
  * rank and the field. (atoi read "12x" as 12, "" and "abc" as 0, and a pid
@@ -8,7 +9,7 @@
 #include <string.h>
 
 #include "../common/check.h"
-#include "comm/comm_impl.h"
+#include "comm/rendezvous/rendezvous.h"
 
 static void expect_bad(const char *text, const char *needle) {
   char buf[256];

@@ -1,5 +1,5 @@
 /* Multi-rank tests of the shared-memory transport and its algorithms
- * (the src/comm/..._shm.c files), run under tandemrun on one host:
+ * (src/comm/algorithms/..._shm.c), run under tandemrun on one host:
  *
  *   test_shm_coll coll COUNT[,COUNT...]  every shm collective, closed-form results: all
  *                                        dtypes and ops for allreduce, reduce and

@@ -16,7 +16,9 @@
  *    f32 part above). dwte is rounded once per position that adds into a row
  *    (k of them): (k + 1) 2^-8 max|ref|.
  * Runs under the emulator in CI (tests/cudaemu.suite) and on a GPU
- * (tests/gpu.suite via scripts/gpu-check), the same binary source. */
+ * (tests/gpu.suite via scripts/gpu-check), the same binary source. Without
+ * a device it prints SKIP and exits 0 (FAIL and 1 with TD_TEST_EXPECT_CUDA=1).
+ * --bench [small]: per-kernel timings instead (see run_bench). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -242,9 +244,44 @@ static void test_attention(int B, int T, int C, int NH, td_dtype dt) {
   expect_close("attention weights", datt, att, natt, TD_F32);
   float *dy = rand_host(nout, 1, dt), *gx = rand_host(nin, 1, dt), *scratch = malloc((size_t)T * T * 4);
   void *ddy = upload(dy, nout, dt), *dgx = upload(gx, nin, dt);
+  float *gx0 = malloc(nin * sizeof(float));
+  memcpy(gx0, gx, nin * sizeof(float));
   td_attention_backward(gx, scratch, dy, x, att, B, T, C, NH);
   CHECK_OK(td_cuda_attention_backward(dgx, dscratch, ddy, dx, datt, B, T, C, NH, dt, NULL));
   expect_close("attention backward", dgx, gx, nin, dt);
+  /* the fused kernels against the same references */
+  float *dlse = dev_f32((size_t)B * NH * T), *dD = dev_f32((size_t)B * NH * T);
+  void *dout2 = dev_f32(nout), *dgx2 = upload(gx0, nin, dt);
+  CHECK_OK(td_cuda_flash_attention_forward(dout2, dlse, dx, B, T, C, NH, dt, NULL));
+  expect_close("fused attention forward", dout2, out, nout, dt);
+  float *lse = download(dlse, (size_t)B * NH * T, TD_F32);
+  for (int r = 0; r < B * NH * T; r++) { /* lse = log sum_{t2 <= t} exp(q.k[t2] / sqrt(hs)), in double */
+    int t = r % T, h = (r / T) % NH, b = r / (T * NH), hs = C / NH;
+    const float *q = x + ((size_t)b * T + t) * 3 * C + (size_t)h * hs;
+    double mx = -INFINITY, sum = 0, sc[1100];
+    for (int t2 = 0; t2 <= t; t2++) {
+      const float *k = x + ((size_t)b * T + t2) * 3 * C + C + (size_t)h * hs;
+      double dot = 0;
+      for (int d = 0; d < hs; d++) dot += (double)q[d] * k[d];
+      sc[t2] = dot / sqrt((double)hs);
+      mx = fmax(mx, sc[t2]);
+    }
+    for (int t2 = 0; t2 <= t; t2++) sum += exp(sc[t2] - mx);
+    CHECK_CLOSE(lse[r], mx + log(sum), 1e-5, 1e-5);
+  }
+  CHECK_OK(td_cuda_flash_attention_backward(dgx2, dD, ddy, dx, dout2, dlse, B, T, C, NH, dt, NULL));
+  /* bf16: the fused backward forms dO.O from the rounded output: one more
+   * rounding's worth (2^-8 normwise) on top of the output's own */
+  expect_close_k("fused attention backward", dgx2, gx, nin, dt, dt == TD_BF16 ? 2 : 1);
+  /* deterministic: the same bits again */
+  float *first = download(dgx2, nin, dt);
+  cudaFree(dgx2);
+  dgx2 = upload(gx0, nin, dt);
+  CHECK_OK(td_cuda_flash_attention_backward(dgx2, dD, ddy, dx, dout2, dlse, B, T, C, NH, dt, NULL));
+  float *second = download(dgx2, nin, dt);
+  CHECK(memcmp(first, second, nin * sizeof(float)) == 0);
+  cudaFree(dlse), cudaFree(dD), cudaFree(dout2), cudaFree(dgx2);
+  free(lse), free(first), free(second), free(gx0);
   cudaFree(dx), cudaFree(dout), cudaFree(datt), cudaFree(dscratch), cudaFree(ddy), cudaFree(dgx);
   free(x), free(out), free(att), free(dy), free(gx), free(scratch);
 }
@@ -351,16 +388,183 @@ static void test_bad_arguments(void) {
   CHECK(strstr(td_last_error(), "multiple of NH") != NULL);
   CHECK_STATUS(td_cuda_layernorm_forward(NULL, NULL, NULL, NULL, NULL, NULL, 4, 0, TD_F32, NULL),
                TD_ERR_INVALID_ARGUMENT);
+  /* the attention path choice: TANDEM_CUDA_ATTENTION and the head size */
+  int fused = -1;
+  unsetenv("TANDEM_CUDA_ATTENTION");
+  CHECK_OK(td_cuda_attention_fused(64, &fused));
+  CHECK_EQ_INT(fused, 1);
+  CHECK_OK(td_cuda_attention_fused(12, &fused));
+  CHECK_EQ_INT(fused, 0);
+  setenv("TANDEM_CUDA_ATTENTION", "unfused", 1);
+  CHECK_OK(td_cuda_attention_fused(64, &fused));
+  CHECK_EQ_INT(fused, 0);
+  setenv("TANDEM_CUDA_ATTENTION", "fused", 1);
+  CHECK_STATUS(td_cuda_attention_fused(12, &fused), TD_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(td_last_error(), "not 12") != NULL);
+  setenv("TANDEM_CUDA_ATTENTION", "flash", 1);
+  CHECK_STATUS(td_cuda_attention_fused(64, &fused), TD_ERR_INVALID_ARGUMENT);
+  unsetenv("TANDEM_CUDA_ATTENTION");
+  CHECK_STATUS(td_cuda_flash_attention_forward(NULL, NULL, NULL, 1, 4, 36, 3, TD_F32, NULL), TD_ERR_INVALID_ARGUMENT);
   /* empty shapes launch nothing and succeed */
   CHECK_OK(td_cuda_matmul_forward(NULL, NULL, NULL, NULL, 0, 8, 8, TD_F32, NULL));
   CHECK_OK(td_cuda_encoder_forward(NULL, NULL, NULL, NULL, 0, 5, 8, TD_BF16, NULL));
 }
 
+
+/* ---- --bench: per-kernel time at a model shape, for scripts/gpu-check ----
+ * Each launcher runs WARMUP times, then ITERS times between two events; the
+ * table gives the mean time, the bytes it must move at least (each operand
+ * read once, each output written once; gradients that accumulate read and
+ * written) as GB/s, and its products as TFLOP/s, next to the H100 SXM's
+ * bounds (3.35 TB/s HBM3; 989 TFLOP/s dense bf16 tensor cores, 67 f32 CUDA
+ * cores). Not a test: it checks only that the launchers succeed. */
+typedef struct bench_shape {
+  const char *name;
+  int B, T, C, NH, V;
+  int iters;
+} bench_shape;
+
+static double bench_time_us(cudaEvent_t e0, cudaEvent_t e1, int iters) {
+  float ms = 0;
+  CHECK(cudaEventSynchronize(e1) == cudaSuccess);
+  CHECK(cudaEventElapsedTime(&ms, e0, e1) == cudaSuccess);
+  return ms * 1000.0 / iters;
+}
+
+#define BENCH(label, bytes, flops, call)                                                                    \
+  do {                                                                                                      \
+    for (int w_ = 0; w_ < 2; w_++) CHECK_OK(call);                                                          \
+    CHECK(cudaEventRecord(e0, NULL) == cudaSuccess);                                                        \
+    for (int i_ = 0; i_ < sh->iters; i_++) CHECK_OK(call);                                                  \
+    CHECK(cudaEventRecord(e1, NULL) == cudaSuccess);                                                        \
+    double us_ = bench_time_us(e0, e1, sh->iters), gbs_ = (double)(bytes) / us_ / 1e3,                      \
+           tf_ = (double)(flops) / us_ / 1e6;                                                               \
+    double bw_pct_ = 100.0 * gbs_ / 3350.0, fl_pct_ = 100.0 * tf_ / (dt == TD_BF16 ? 989.0 : 67.0);          \
+    printf("| %-30s | %-4s | %10.1f | %8.1f | %5.1f%% | %8.2f | %5.1f%% |\n", label, td_dtype_name(dt), us_,    \
+           gbs_, bw_pct_, tf_, fl_pct_);                                                                    \
+  } while (0)
+
+static void *dev_fill(size_t n, td_dtype dt, float scale) {
+  /* random values made on the host in chunks (a GPT-2 sized tensor at once
+   * would double the host memory) */
+  void *d = NULL;
+  size_t es = esize(dt), chunk = (size_t)1 << 20;
+  CHECK(cudaMalloc(&d, (n ? n : 1) * es) == cudaSuccess);
+  for (size_t off = 0; off < n; off += chunk) {
+    size_t len = n - off < chunk ? n - off : chunk;
+    float *h = rand_host(len, scale, dt);
+    void *tmp = upload(h, len, dt);
+    CHECK(cudaMemcpy((char *)d + off * es, tmp, len * es, cudaMemcpyDeviceToDevice) == cudaSuccess);
+    cudaFree(tmp);
+    free(h);
+  }
+  return d;
+}
+
+static void run_bench(const bench_shape *sh, td_dtype dt) {
+  const int B = sh->B, T = sh->T, C = sh->C, NH = sh->NH, V = sh->V;
+  const size_t N = (size_t)B * T, es = esize(dt);
+  const double nc = (double)N * C;
+  cudaEvent_t e0, e1;
+  CHECK(cudaEventCreate(&e0) == cudaSuccess && cudaEventCreate(&e1) == cudaSuccess);
+  int32_t *tok = malloc(N * sizeof(int32_t)), *dtok;
+  for (size_t i = 0; i < N; i++) tok[i] = (int32_t)((i * 7919) % (size_t)V);
+  CHECK(cudaMalloc((void **)&dtok, N * sizeof(int32_t)) == cudaSuccess);
+  CHECK(cudaMemcpy(dtok, tok, N * sizeof(int32_t), cudaMemcpyHostToDevice) == cudaSuccess);
+  void *wte = dev_fill((size_t)V * C, dt, 0.1f), *wpe = dev_fill((size_t)T * C, dt, 0.1f);
+  void *x = dev_fill(N * C, dt, 1), *y = dev_fill(N * C, dt, 1), *g = dev_fill(N * C, dt, 1);
+  void *x4 = dev_fill(N * 4 * C, dt, 1), *y4 = dev_fill(N * 4 * C, dt, 1), *g4 = dev_fill(N * 4 * C, dt, 1);
+  void *qkv = dev_fill(N * 3 * C, dt, 1), *dqkv = dev_fill(N * 3 * C, dt, 1);
+  void *w = dev_fill((size_t)4 * C * C, dt, 0.05f), *dw = dev_fill((size_t)4 * C * C, dt, 0.05f);
+  void *bias = dev_fill((size_t)4 * C, dt, 0.1f), *dbias = dev_fill((size_t)4 * C, dt, 0.1f);
+  void *gw = dev_fill((size_t)V * C, dt, 0.1f);
+  float *mean = dev_f32(N), *rstd = dev_f32(N), *lse = dev_f32((size_t)B * NH * T);
+  float *Dscr = dev_f32((size_t)B * NH * T);
+  void *logits = dev_fill(N * (size_t)V, dt, 1);
+  float *losses = dev_f32(N);
+  printf("\n%s shape: B=%d T=%d C=%d NH=%d V=%d, %s, mean of %d runs after 2 warm-up runs (matmul: %s)\n",
+         sh->name, B, T, C, NH, V, td_dtype_name(dt), sh->iters, td_cuda_matmul_backend());
+  printf("| %-30s | %-4s | %10s | %8s | %6s | %8s | %6s |\n", "kernel", "type", "time (us)", "GB/s", "of BW",
+         "TFLOP/s", "of peak");
+  printf("|---|---|---|---|---|---|---|\n");
+  BENCH("encoder forward", nc * es * 3, 0, td_cuda_encoder_forward(x, dtok, wte, wpe, B, T, C, dt, NULL));
+  BENCH("encoder backward", nc * es * 3 + (double)T * C * es, 0,
+        td_cuda_encoder_backward(gw, wpe, g, dtok, B, T, C, V, dt, NULL));
+  BENCH("layernorm forward", nc * es * 2, 0, td_cuda_layernorm_forward(y, mean, rstd, x, w, bias, (int)N, C, dt, NULL));
+  BENCH("residual+layernorm forward", nc * es * 4, 0,
+        td_cuda_residual_layernorm_forward(g, y, mean, rstd, x, x, w, bias, (int)N, C, dt, NULL));
+  BENCH("layernorm backward", nc * es * 4, 0,
+        td_cuda_layernorm_backward(g, dw, dbias, y, x, w, mean, rstd, (int)N, C, dt, NULL));
+  BENCH("residual forward", nc * es * 3, 0, td_cuda_residual_forward(y, x, g, N * C, dt, NULL));
+  BENCH("gelu forward", nc * 4 * es * 2, 0, td_cuda_gelu_forward(y4, x4, N * 4 * C, dt, NULL));
+  BENCH("gelu backward", nc * 4 * es * 4, 0, td_cuda_gelu_backward(g4, x4, y4, N * 4 * C, dt, NULL));
+  BENCH("matmul fwd qkv (C->3C)", (nc * 4 + 3.0 * C * C) * es, 2.0 * nc * 3 * C,
+        td_cuda_matmul_forward(qkv, x, w, bias, (int)N, C, 3 * C, dt, NULL));
+  BENCH("matmul fwd fc (C->4C)", (nc * 5 + 4.0 * C * C) * es, 2.0 * nc * 4 * C,
+        td_cuda_matmul_forward(x4, x, w, bias, (int)N, C, 4 * C, dt, NULL));
+  BENCH("matmul fwd proj (4C->C)", (nc * 5 + 4.0 * C * C) * es, 2.0 * nc * 4 * C,
+        td_cuda_matmul_forward(y, x4, w, bias, (int)N, 4 * C, C, dt, NULL));
+  BENCH("matmul bwd fc (C->4C)", (nc * 4 * 2 + nc * 2 + 8.0 * C * C) * es, 4.0 * nc * 4 * C,
+        td_cuda_matmul_backward(g, dw, dbias, g4, x, w, (int)N, C, 4 * C, dt, NULL));
+  BENCH("matmul fwd lm head (C->V)", (nc + (double)N * V + (double)V * C) * es, 2.0 * nc * V,
+        td_cuda_matmul_forward(logits, x, wte, NULL, (int)N, C, V, dt, NULL));
+  BENCH("matmul bwd lm head (C->V)", (nc * 2 + (double)N * V + 2.0 * V * C) * es, 4.0 * nc * V,
+        td_cuda_matmul_backward(g, gw, NULL, logits, x, wte, (int)N, C, V, dt, NULL));
+  BENCH("softmax xent (in place)", (double)N * V * es * 2, 0,
+        td_cuda_softmax_xent(losses, logits, dtok, 1.0f, (int)N, V, dt, NULL));
+  double att_flops = 4.0 * B * NH * (double)T * T * (C / NH) / 2; /* causal: half of QK^T and PV */
+  BENCH("flash attention forward", (N * 3 * C + nc) * es, att_flops,
+        td_cuda_flash_attention_forward(y, lse, qkv, B, T, C, NH, dt, NULL));
+  BENCH("flash attention backward", (N * 3 * C * 3 + nc * 2) * es, 2.5 * att_flops,
+        td_cuda_flash_attention_backward(dqkv, Dscr, g, qkv, y, lse, B, T, C, NH, dt, NULL));
+  size_t natt = (size_t)B * NH * T * T;
+  float *att = NULL, *scr = NULL;
+  if (cudaMalloc((void **)&att, natt * 4) == cudaSuccess && cudaMalloc((void **)&scr, natt * 4) == cudaSuccess) {
+    BENCH("attention forward (unfused)", (N * 3 * C + nc) * es + natt * 4.0, att_flops,
+          td_cuda_attention_forward(y, att, qkv, B, T, C, NH, dt, NULL));
+    BENCH("attention backward (unfused)", (N * 3 * C * 3 + nc) * es + natt * 8.0, 2.5 * att_flops,
+          td_cuda_attention_backward(dqkv, scr, g, qkv, att, B, T, C, NH, dt, NULL));
+  } else {
+    (void)cudaGetLastError();
+    printf("| attention (unfused)          | %-4s | skipped: no memory for (B, NH, T, T) |\n", td_dtype_name(dt));
+  }
+  cudaFree(att), cudaFree(scr);
+  /* the optimizer over a GPT-2 124M sized range (or the shape's 12 layers) */
+  size_t np = (size_t)V * C + (size_t)T * C + (size_t)12 * 12 * C * C;
+  float *master = dev_fill(np, TD_F32, 0.1f), *m = dev_fill(np, TD_F32, 0.01f), *v = dev_fill(np, TD_F32, 0.01f);
+  CHECK(cudaMemset(v, 0, np * 4) == cudaSuccess);
+  void *grads = dev_fill(np, dt, 0.01f), *copy = NULL;
+  CHECK(cudaMalloc(&copy, np * 2) == cudaSuccess);
+  float *norm = dev_f32(1), *parts = dev_f32(TD_CUDA_NORM_PARTIALS);
+  BENCH("adamw (f32 master + bf16 copy)", np * (24.0 + es + 2), np * 12.0,
+        td_cuda_adamw(master, copy, TD_BF16, grads, dt, m, v, np, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, 1.0f, NULL));
+  BENCH("global norm squared", (double)np * es, np * 2.0, td_cuda_global_norm_squared(norm, parts, grads, np, dt, NULL));
+  printf("(%zu parameters in the optimizer rows)\n", np);
+  cudaFree(master), cudaFree(m), cudaFree(v), cudaFree(grads), cudaFree(copy), cudaFree(norm), cudaFree(parts);
+  cudaFree(dtok), cudaFree(wte), cudaFree(wpe), cudaFree(x), cudaFree(y), cudaFree(g), cudaFree(x4), cudaFree(y4);
+  cudaFree(g4), cudaFree(qkv), cudaFree(dqkv), cudaFree(w), cudaFree(dw), cudaFree(bias), cudaFree(dbias);
+  cudaFree(gw), cudaFree(mean), cudaFree(rstd), cudaFree(lse), cudaFree(Dscr), cudaFree(logits), cudaFree(losses);
+  cudaEventDestroy(e0), cudaEventDestroy(e1);
+  free(tok);
+}
+
 int main(int argc, char **argv) {
   int big = argc > 1 && strcmp(argv[1], "--big") == 0;
+  int bench = argc > 1 && strcmp(argv[1], "--bench") == 0;
   int n_dev = 0;
   if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
-    printf("SKIP: no CUDA device (%s)\n", cudaGetErrorString(cudaGetLastError()));
+    const char *e = getenv("TD_TEST_EXPECT_CUDA"); /* tests/gpu.suite: no device is a failure there */
+    printf("%s: no CUDA device (%s)\n", e && strcmp(e, "1") == 0 ? "FAIL" : "SKIP",
+           cudaGetErrorString(cudaGetLastError()));
+    return e && strcmp(e, "1") == 0 ? 1 : 0;
+  }
+  if (bench) {
+    /* --bench: GPT-2 124M's shape; --bench small: a tiny one (the emulator's smoke run) */
+    bench_shape gpt2 = {"GPT-2 124M", 16, 1024, 768, 12, 50304, 10};
+    bench_shape small = {"small", 1, 33, 48, 2, 97, 1};
+    const bench_shape *sh = argc > 2 && strcmp(argv[2], "small") == 0 ? &small : &gpt2;
+    run_bench(sh, TD_BF16);
+    run_bench(sh, TD_F32);
     return 0;
   }
   const int B = 2, C = 72, NH = 3, V = 97;

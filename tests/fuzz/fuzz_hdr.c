@@ -1,6 +1,6 @@
 /* libFuzzer harness for the operation header check: the frames a rank reads
- * from a peer's byte stream (src/comm/p2p.c: p2p_run, step_recv,
- * check_header; src/comm/hdr.c: the descriptions used in its messages).
+ * from a peer's byte stream (src/comm/p2p/p2p.c: p2p_run, step_recv,
+ * check_header; src/comm/core/op.c: the descriptions used in its messages).
  *
  * A fake transport plays the peer: its try_recv hands out the fuzz input's
  * stream in pieces of a fuzz-chosen size, and reports a closed connection
@@ -30,7 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm/comm_impl.h"
+#include "comm/p2p/p2p.h"
 
 #define SCENARIO_BYTES 80
 #define FRAME_HDR_BYTES 48

@@ -26,17 +26,25 @@
  *                          loose permissions are refused; without any
  *                          secret only loopback listeners; ranks racing to
  *                          create it agree.
+ *   test_security mitm     (root: its own network namespace) a proxy between
+ *                          the two ranks of a TCP job flips one bit of a
+ *                          data frame: unprotected the sum is silently
+ *                          wrong (the control); with TANDEM_TCP_PROTECT
+ *                          integrity or encrypt both ranks fail, rank 0
+ *                          naming rank 1 and the record that failed.
  *   test_security flood-job  (under tandemrun -np 4) 1,000 junk connections
  *                          and oversized requests against the job's store
  *                          while the ranks run collectives and create
  *                          communicators: results stay right, no stranger
  *                          wrote a key. */
+#define _GNU_SOURCE 1 /* unshare; before the first system header */
 #include "../common/check.h"
 #include "net/net.h"
 #include "net/store_proto.h"
 #include "comm/transport/shm/shm.h"
 #include "tandem/tandem.h"
 
+#include <sched.h>
 #include <dirent.h>
 #include <fcntl.h>
 #include <glob.h>
@@ -790,6 +798,175 @@ static int mode_flood_job(void) {
   return 0;
 }
 
+/* ---- a man in the middle (issue 19 item 7) ---- */
+
+/* One rank of a 2-rank TCP job whose connection runs through the proxy:
+ * 0 = the right sum; 3 = a wrong sum (the attack went through unseen);
+ * 4 = the allreduce failed with a message naming the other rank (and, on
+ * rank 0, which receives the altered record, saying it failed its check);
+ * 5 = failed some other way. */
+static int mode_mitm_rank(void) {
+  int rank = atoi(getenv("TANDEM_RANK"));
+  td_comm *comm = NULL;
+  CHECK_OK(td_comm_init(&comm));
+  CHECK_EQ_INT(strcmp(td_comm_transport(comm), "tcp"), 0);
+  enum { N = 300001 }; /* 1.2 MB: several records */
+  float *x = malloc(N * sizeof *x);
+  for (int i = 0; i < N; i++) x[i] = (float)(i % 13) + (float)rank * 0.5f;
+  td_status st = td_allreduce(x, x, N, TD_F32, TD_SUM, comm);
+  int rc = 0;
+  if (st != TD_OK) {
+    const char *why = td_last_error();
+    char other[32];
+    snprintf(other, sizeof other, "rank %d", 1 - rank);
+    fprintf(stderr, "[mitm rank %d] %s: %s\n", rank, td_status_str(st), why);
+    rc = strstr(why, other) && (rank == 1 || strstr(why, "failed its integrity check")) ? 4 : 5;
+  } else {
+    for (int i = 0; i < N && !rc; i++)
+      if (x[i] != 2.0f * (float)(i % 13) + 0.5f) {
+        fprintf(stderr, "[mitm rank %d] element %d is %g, not %g: a silently wrong sum\n", rank, i, x[i],
+                2.0 * (i % 13) + 0.5);
+        rc = 3;
+      }
+    if (!rc) CHECK_OK(td_comm_finalize(comm));
+  }
+  free(x);
+  td_comm_destroy(comm);
+  return rc;
+}
+
+typedef struct mitm {
+  int listen_fd, upstream_port;
+  long flip_at;  /* byte of the rank 1 -> rank 0 direction to flip (0-based) */
+  long forwarded; /* bytes forwarded that way */
+  bool flipped;
+} mitm;
+
+/* The proxy: takes rank 1's connection (redirected here by the netfilter
+ * rule), connects to rank 0 from 127.0.0.2 (which the rule leaves alone),
+ * and copies both ways, flipping the lowest bit of one byte going to rank 0. */
+static void *mitm_main(void *arg) {
+  mitm *m = arg;
+  int client = accept(m->listen_fd, NULL, NULL);
+  CHECK(client >= 0);
+  int up = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_in src = {.sin_family = AF_INET}, dst = {.sin_family = AF_INET, .sin_port = htons((uint16_t)m->upstream_port)};
+  inet_pton(AF_INET, "127.0.0.2", &src.sin_addr);
+  inet_pton(AF_INET, "127.0.0.1", &dst.sin_addr);
+  CHECK(up >= 0 && bind(up, (struct sockaddr *)&src, sizeof src) == 0);
+  CHECK(connect(up, (struct sockaddr *)&dst, sizeof dst) == 0);
+  int fds[2] = {client, up}; /* direction k: fds[k] -> fds[1 - k]; k = 0 goes to rank 0 */
+  bool open_dir[2] = {true, true};
+  static char buf[1 << 16];
+  double deadline = td_now() + 60;
+  while ((open_dir[0] || open_dir[1]) && td_now() < deadline) {
+    struct pollfd p[2] = {{.fd = fds[0], .events = open_dir[0] ? POLLIN : 0},
+                          {.fd = fds[1], .events = open_dir[1] ? POLLIN : 0}};
+    if (poll(p, 2, 200) <= 0) continue;
+    for (int k = 0; k < 2; k++) {
+      if (!open_dir[k] || !(p[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      ssize_t n = recv(fds[k], buf, sizeof buf, 0);
+      if (n <= 0) {
+        open_dir[k] = false;
+        shutdown(fds[1 - k], SHUT_WR);
+        continue;
+      }
+      if (k == 0) {
+        if (!m->flipped && m->flip_at >= m->forwarded && m->flip_at < m->forwarded + n) {
+          buf[m->flip_at - m->forwarded] ^= 1;
+          m->flipped = true;
+        }
+        m->forwarded += n;
+      }
+      if (net_send_all(fds[1 - k], buf, (size_t)n, td_now() + 30) != TD_OK) open_dir[k] = false;
+    }
+  }
+  close(client);
+  close(up);
+  return NULL;
+}
+
+/* Runs one 2-rank job through the proxy with TANDEM_TCP_PROTECT=mode;
+ * returns the two ranks' exit codes. */
+static void mitm_job(const char *mode, int rc_out[2], long *flipped_at) {
+  td_store_server *server = NULL;
+  CHECK_OK(store_server_start("127.0.0.1", 0, &server));
+  char store_env[96], job_env[96], protect_env[64];
+  snprintf(store_env, sizeof store_env, "TANDEM_STORE=127.0.0.1:%d", store_server_port(server));
+  snprintf(job_env, sizeof job_env, "TANDEM_JOB_ID=mitm%d%s", (int)getpid(), mode);
+  snprintf(protect_env, sizeof protect_env, "TANDEM_TCP_PROTECT=%s", mode);
+  int go[2];
+  CHECK(pipe(go) == 0);
+  char *rank_args[] = {"mitm-rank", NULL};
+  const char *env0[] = {"TANDEM_RANK=0", "TANDEM_WORLD_SIZE=2", "TANDEM_TRANSPORT=tcp", "TANDEM_LOCAL_RANK",
+                        "TANDEM_LOCAL_SIZE", "TANDEM_TIMEOUT=30", store_env, job_env, protect_env, NULL};
+  const char *env1[] = {"TANDEM_RANK=1", "TANDEM_WORLD_SIZE=2", "TANDEM_TRANSPORT=tcp", "TANDEM_LOCAL_RANK",
+                        "TANDEM_LOCAL_SIZE", "TANDEM_TIMEOUT=30", "TANDEM_TEST_TRANSPORT_GATE_FD=0",
+                        store_env, job_env, protect_env, NULL};
+  pid_t r0 = spawn_self(rank_args, env0, -1);
+  pid_t r1 = spawn_self(rank_args, env1, go[0]);
+  close(go[0]);
+  int port = find_listen_port(r0, store_server_port(server), 30.0);
+  CHECK(port > 0);
+  /* Rank 1 waits at the gate with rank 0's address in hand: route its
+   * connection through the proxy. */
+  mitm m = {.upstream_port = port};
+  /* past the handshake (hello + proof) and 4 KiB into the data: inside the
+   * first data record (or, unprotected, the payload itself, where +3 is a
+   * float's exponent byte: a low mantissa bit could vanish in the sum) */
+  m.flip_at = NET_AUTH_HELLO_BYTES + NET_AUTH_MSG_BYTES + 4096 + 3;
+  int lfd = -1, proxy_port = 0;
+  CHECK_OK(net_listen("127.0.0.1", 0, 4, &lfd, &proxy_port));
+  m.listen_fd = lfd;
+  char cmd[256];
+  snprintf(cmd, sizeof cmd,
+           "iptables -t nat -F OUTPUT && iptables -t nat -A OUTPUT -p tcp -s 127.0.0.1 -d 127.0.0.1 --dport %d "
+           "-j REDIRECT --to-ports %d",
+           port, proxy_port);
+  CHECK(system(cmd) == 0);
+  pthread_t proxy;
+  CHECK(pthread_create(&proxy, NULL, mitm_main, &m) == 0);
+  char byte = 'g';
+  CHECK(write(go[1], &byte, 1) == 1);
+  close(go[1]);
+  rc_out[0] = wait_exit(r0);
+  rc_out[1] = wait_exit(r1);
+  pthread_join(proxy, NULL);
+  close(lfd);
+  CHECK(m.flipped);
+  *flipped_at = m.flip_at;
+  store_server_stop(server);
+}
+
+static void test_mitm(void) {
+  if (geteuid() != 0 || unshare(CLONE_NEWNET) != 0 || system("ip link set lo up") != 0 ||
+      system("iptables -t nat -L OUTPUT -n >/dev/null 2>&1") != 0) {
+    printf("SKIPPED: security mitm needs root, a network namespace of its own and iptables' nat table (to route "
+           "rank 1's connection through the proxy)\n");
+    return;
+  }
+  setenv("TANDEM_SECRET", SECRET_A, 1);
+  int rc[2];
+  long at = 0;
+  /* The control: unprotected, the flipped bit reaches the sum unseen. */
+  mitm_job("off", rc, &at);
+  if (!(rc[0] == 3 || rc[1] == 3))
+    td_test_fail(__FILE__, __LINE__, "unprotected: exit codes %d %d, expected a silently wrong sum (3)", rc[0], rc[1]);
+  printf("TANDEM_TCP_PROTECT=off: byte %ld flipped by the proxy -> silently wrong sum (exit %d, %d)\n", at, rc[0],
+         rc[1]);
+  static const char *const modes[] = {"integrity", "encrypt"};
+  for (int i = 0; i < 2; i++) {
+    mitm_job(modes[i], rc, &at);
+    if (rc[0] != 4 || rc[1] != 4)
+      td_test_fail(__FILE__, __LINE__, "TANDEM_TCP_PROTECT=%s: exit codes %d %d, expected both to fail naming the "
+                                       "other rank (4)",
+                   modes[i], rc[0], rc[1]);
+    printf("TANDEM_TCP_PROTECT=%s: byte %ld flipped -> both ranks fail, rank 0 naming rank 1's record that failed "
+           "its check\n",
+           modes[i], at);
+  }
+}
+
 /* ---- the per-user secret (issue 19 item 6) ---- */
 
 /* A process of the job (same user, same home): reads the key. */
@@ -1029,6 +1206,7 @@ int main(int argc, char **argv) {
   if (!strcmp(mode, "shm-rank")) return mode_shm_rank();
   if (!strcmp(mode, "flood") && argc > 2) return mode_flood(argv[2]);
   if (!strcmp(mode, "flood-job")) return mode_flood_job();
+  if (!strcmp(mode, "mitm-rank")) return mode_mitm_rank();
   if (!strcmp(mode, "home-peer") && argc > 2) return mode_home_peer(argv[2]);
   if (!strcmp(mode, "home-refused") && argc > 2) return mode_home_refused(argv[2]);
   if (!strcmp(mode, "listen-any")) return mode_listen_any();
@@ -1042,8 +1220,10 @@ int main(int argc, char **argv) {
     test_shm();
   } else if (!strcmp(mode, "home")) {
     test_home();
+  } else if (!strcmp(mode, "mitm")) {
+    test_mitm();
   } else {
-    fprintf(stderr, "usage: test_security store|tcp|shm|home|flood-job\n");
+    fprintf(stderr, "usage: test_security store|tcp|shm|home|mitm|flood-job\n");
     return 2;
   }
   printf("security %s ok\n", mode);

@@ -27,7 +27,7 @@
  *       communication_data_type bf16: half the gradient bytes on the wire,
  *       the ranks stay identical, and the losses stay within 1% of an f32
  *       exchange. */
-#include "train/core/core.h"
+#include "train/precision/precision.h"
 
 #include <stdio.h>
 

@@ -31,7 +31,9 @@
 #ifndef TD_COMM_DEVICE_COLL_H
 #define TD_COMM_DEVICE_COLL_H
 
-#include "comm/comm_impl.h"
+#include "comm/core/core.h"
+#include "comm/rendezvous/rendezvous.h"
+#include "comm/select/select.h"
 #include "tandem/device.h"
 
 /* staged chunk size when TANDEM_DEVICE_CHUNK_BYTES is unset: see staged.c */

@@ -94,6 +94,27 @@ td_status td_cuda_attention_backward(void *dinp /* (B, T, 3C) */, float *scratch
                                      const float *att /* (B, NH, T, T) */, int B, int T, int C, int NH,
                                      td_dtype dtype, void *stream);
 
+/* Fused (flash-style) attention, the same contract as the pair above
+ * without the (B, NH, T, T) caches: forward keeps lse, the log-sum-exp of
+ * each query row's scaled scores (f32, (B, NH, T)); backward reads the
+ * forward's out and lse and needs a scratch of (B, NH, T) floats. Head sizes
+ * (C / NH) 8, 16, 24, 32, 48, 64; others TD_ERR_INVALID_ARGUMENT.
+ * Deterministic (no atomics). */
+td_status td_cuda_flash_attention_forward(void *out /* (B, T, C) */, float *lse /* (B, NH, T) */,
+                                          const void *inp /* (B, T, 3C) */, int B, int T, int C, int NH,
+                                          td_dtype dtype, void *stream);
+td_status td_cuda_flash_attention_backward(void *dinp /* (B, T, 3C) */, float *scratch /* (B, NH, T) */,
+                                           const void *dout /* (B, T, C) */, const void *inp /* (B, T, 3C) */,
+                                           const void *out /* (B, T, C) */, const float *lse /* (B, NH, T) */, int B,
+                                           int T, int C, int NH, td_dtype dtype, void *stream);
+/* Which attention path a model with this head size should take:
+ * *fused_out = 1 for the fused kernels, 0 for the unfused pair. The fused
+ * path unless TANDEM_CUDA_ATTENTION=unfused or the head size is not one the
+ * fused kernels take; TANDEM_CUDA_ATTENTION=fused with such a head size, or
+ * any other value, is TD_ERR_INVALID_ARGUMENT with the reason. Reads the
+ * environment on every call (call it when the model is created). */
+td_status td_cuda_attention_fused(int head_size, int *fused_out);
+
 /* Softmax cross-entropy fused with its backward, in place (llm.c's
  * fused_classifier): losses[n] = -log softmax(logits[n])[targets[n]] (f32),
  * then logits[n] is OVERWRITTEN with dloss * (softmax - onehot) / N, the

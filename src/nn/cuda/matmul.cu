@@ -1,16 +1,34 @@
 /* Matrix products of the linear layers on the device (llm.c's
  * llmc/matmul.cuh), the twins of td_linear_forward/backward.
- * Two paths: cuBLASLt on a GPU build (not written yet: see below), and
- * Tandem's own tiled kernel, which is what runs under the emulator and
- * with TANDEM_CUDA_MATMUL=kernel:
+ * Two paths. On a GPU build, cuBLASLt (the forward's bias folded into its
+ * epilogue; FP32 compute for both types: exact f32 products for TD_F32, f32
+ * accumulation of bf16 operands for TD_BF16, never TF32). Row-major
+ * matrices are handed to column-major cuBLASLt as their transposes:
+ *   out (N, OC) = inp W^T      is  out^T = W^T' inp^T  (m=OC n=N k=IC, A=W op T)
+ *   dinp (N, IC) += dout W     is  dinp^T += W^T dout^T (m=IC n=N k=OC)
+ *   dW (OC, IC) += dout^T inp  is  dW^T += inp^T dout   (m=IC n=OC k=N, B op T)
+ * One handle and a 32 MiB workspace per process, made at the first product
+ * on the device current then (Tandem drives one device per process).
+ * The other path is Tandem's own tiled kernel, which is what runs under the
+ * emulator, with TANDEM_CUDA_MATMUL=kernel, and where cuBLASLt finds no
+ * algorithm for a shape:
  *   C[m, n] (+)= sum_k op(A)[m, k] op(B)[k, n] (+ bias[n])
  * in 16x16 output tiles, one output per thread, the K dimension walked in
  * 16-wide slices staged in shared memory (as f32, whatever the element
  * type); accumulation in f32 in k order, one rounding per output.
  * dbias is a column sum done as layer norm's parameter gradients: 32
  * channels x 32 row lanes per block, partial sums added in a fixed order. */
+#include <stdlib.h>
+#include <string.h>
+
 #include "cuda_common.cuh"
 #include "cuda_layers.h"
+
+#ifndef TD_CUDA_EMU
+#include <cublasLt.h>
+#include <mutex>
+#define TD_HAVE_CUBLASLT 1
+#endif
 
 #define TILE 16
 
@@ -71,11 +89,121 @@ static td_status gemm(T *C, const T *A, const T *B, const T *bias, int M, int N,
   return TD_OK;
 }
 
-extern "C" const char *td_cuda_matmul_backend(void) {
-  /* cuBLASLt is not wired in yet: every build runs the tiled kernel (the
-   * TANDEM_CUDA_MATMUL=kernel path of the plan). */
-  return "kernel";
+/* TANDEM_CUDA_MATMUL: "kernel" forces the tiled kernel; unset or "cublaslt"
+ * uses cuBLASLt where the build has it. Read once. */
+static int use_cublaslt(void) {
+#ifdef TD_HAVE_CUBLASLT
+  static int use = -1;
+  if (use < 0) {
+    const char *e = getenv("TANDEM_CUDA_MATMUL");
+    use = !(e && strcmp(e, "kernel") == 0);
+  }
+  return use;
+#else
+  return 0;
+#endif
 }
+
+extern "C" const char *td_cuda_matmul_backend(void) { return use_cublaslt() ? "cublaslt" : "kernel"; }
+
+#ifdef TD_HAVE_CUBLASLT
+#define LT_CHECK(call)                                                                                        \
+  do {                                                                                                        \
+    cublasStatus_t lt_s_ = (call);                                                                            \
+    if (lt_s_ != CUBLAS_STATUS_SUCCESS)                                                                       \
+      return td_error(TD_ERR_SYSTEM, "%s:%d: %s: cuBLASLt status %d", __FILE__, __LINE__, #call, (int)lt_s_); \
+  } while (0)
+
+static const size_t kWorkspaceBytes = (size_t)32 << 20;
+static cublasLtHandle_t lt_handle;
+static void *lt_workspace;
+static std::mutex lt_mutex;
+
+static td_status lt_init(void) {
+  std::lock_guard<std::mutex> lock(lt_mutex);
+  if (lt_handle) return TD_OK;
+  LT_CHECK(cublasLtCreate(&lt_handle));
+  cudaError_t e = cudaMalloc(&lt_workspace, kWorkspaceBytes);
+  if (e != cudaSuccess) {
+    cublasLtDestroy(lt_handle);
+    lt_handle = NULL;
+    return td_error(TD_ERR_SYSTEM, "%s:%d: cudaMalloc of the cuBLASLt workspace (%zu bytes): %s", __FILE__, __LINE__,
+                    kWorkspaceBytes, cudaGetErrorString(e));
+  }
+  return TD_OK;
+}
+
+/* The descriptors of one product, destroyed on every path out. */
+struct lt_call {
+  cublasLtMatmulDesc_t op = NULL;
+  cublasLtMatrixLayout_t a = NULL, b = NULL, c = NULL;
+  cublasLtMatmulPreference_t pref = NULL;
+  ~lt_call() {
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+/* The largest power of two (up to 256) dividing the address. */
+static uint32_t pointer_alignment(const void *p) {
+  uintptr_t a = (uintptr_t)p;
+  uint32_t align = 256;
+  while (align > 1 && a % align) align /= 2;
+  return align;
+}
+
+/* Column-major D (m, n) = op(A) op(B) (+ D when accumulate) (+ bias[m]).
+ * *done = 0 (and TD_OK) when cuBLASLt has no algorithm: the caller falls
+ * back to the tiled kernel. */
+static td_status lt_matmul(void *d, const void *A, const void *B, const void *bias, int m, int n, int k, int lda,
+                           int ldb, int ldd, int trans_a, int trans_b, int accumulate, td_dtype dtype, void *stream,
+                           int *done) {
+  *done = 0;
+  TD_CHECK(lt_init());
+  cudaDataType_t t = dtype == TD_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+  lt_call call;
+  LT_CHECK(cublasLtMatmulDescCreate(&call.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  cublasOperation_t ta = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  LT_CHECK(cublasLtMatmulDescSetAttribute(call.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+  LT_CHECK(cublasLtMatmulDescSetAttribute(call.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+  if (bias) {
+    cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+    LT_CHECK(cublasLtMatmulDescSetAttribute(call.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+    LT_CHECK(cublasLtMatmulDescSetAttribute(call.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+  }
+  /* stored shapes: op N reads (rows, cols) = (m, k) for A and (k, n) for B */
+  LT_CHECK(cublasLtMatrixLayoutCreate(&call.a, t, trans_a ? k : m, trans_a ? m : k, lda));
+  LT_CHECK(cublasLtMatrixLayoutCreate(&call.b, t, trans_b ? n : k, trans_b ? k : n, ldb));
+  LT_CHECK(cublasLtMatrixLayoutCreate(&call.c, t, m, n, ldd));
+  LT_CHECK(cublasLtMatmulPreferenceCreate(&call.pref));
+  uint64_t ws = kWorkspaceBytes;
+  LT_CHECK(cublasLtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+  /* the heuristic assumes 256-byte aligned operands unless told: tensors at
+   * arbitrary arena offsets may be less aligned */
+  uint32_t align_a = pointer_alignment(A), align_b = pointer_alignment(B), align_d = pointer_alignment(d);
+  LT_CHECK(cublasLtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
+                                                sizeof align_a));
+  LT_CHECK(cublasLtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b,
+                                                sizeof align_b));
+  LT_CHECK(cublasLtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d,
+                                                sizeof align_d));
+  LT_CHECK(cublasLtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d,
+                                                sizeof align_d));
+  cublasLtMatmulHeuristicResult_t heur;
+  int n_results = 0;
+  cublasStatus_t hs =
+      cublasLtMatmulAlgoGetHeuristic(lt_handle, call.op, call.a, call.b, call.c, call.c, call.pref, 1, &heur, &n_results);
+  if (hs != CUBLAS_STATUS_SUCCESS || n_results == 0) return TD_OK; /* no algorithm: the tiled kernel */
+  float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  LT_CHECK(cublasLtMatmul(lt_handle, call.op, &alpha, A, call.a, B, call.b, &beta, d, call.c, d, call.c, &heur.algo,
+                          lt_workspace, kWorkspaceBytes, (cudaStream_t)stream));
+  *done = 1;
+  return TD_OK;
+}
+#endif
 
 static td_status check_shape(const char *fname, int N, int IC, int OC) {
   if (N < 0 || IC < 0 || OC < 0)
@@ -86,6 +214,14 @@ static td_status check_shape(const char *fname, int N, int IC, int OC) {
 extern "C" td_status td_cuda_matmul_forward(void *out, const void *inp, const void *weight, const void *bias, int N,
                                             int IC, int OC, td_dtype dtype, void *stream) {
   TD_CHECK(check_shape("td_cuda_matmul_forward", N, IC, OC));
+  if (N == 0 || OC == 0) return TD_OK;
+#ifdef TD_HAVE_CUBLASLT
+  if (use_cublaslt() && IC > 0 && (dtype == TD_F32 || dtype == TD_BF16)) {
+    int done = 0;
+    TD_CHECK(lt_matmul(out, weight, inp, bias, OC, N, IC, IC, IC, OC, 1, 0, 0, dtype, stream, &done));
+    if (done) return TD_OK;
+  }
+#endif
   TD_CUDA_DISPATCH(dtype, "td_cuda_matmul_forward", {
     /* out (N, OC) = inp (N, IC) @ weight^T: B(k, n) = weight[n, k] */
     return gemm<td_elem>((td_elem *)out, (const td_elem *)inp, (const td_elem *)weight, (const td_elem *)bias, N, OC, IC, IC, IC, OC, 0, 1, 0,
@@ -98,6 +234,19 @@ extern "C" td_status td_cuda_matmul_backward(void *dinp, void *dweight, void *db
                                              const void *inp, const void *weight, int N, int IC, int OC,
                                              td_dtype dtype, void *stream) {
   TD_CHECK(check_shape("td_cuda_matmul_backward", N, IC, OC));
+#ifdef TD_HAVE_CUBLASLT
+  if (use_cublaslt() && N > 0 && IC > 0 && OC > 0 && (dtype == TD_F32 || dtype == TD_BF16)) {
+    int done = 0;
+    if (dinp) { /* dinp^T (IC, N) += W^T (IC, OC) dout^T (OC, N) */
+      TD_CHECK(lt_matmul(dinp, weight, dout, NULL, IC, N, OC, IC, OC, IC, 0, 0, 1, dtype, stream, &done));
+      if (done) dinp = NULL;
+    }
+    if (dweight) { /* dW^T (IC, OC) += inp^T (IC, N) dout (N, OC) */
+      TD_CHECK(lt_matmul(dweight, inp, dout, NULL, IC, OC, N, IC, OC, IC, 0, 1, 1, dtype, stream, &done));
+      if (done) dweight = NULL;
+    }
+  }
+#endif
   TD_CUDA_DISPATCH(dtype, "td_cuda_matmul_backward", {
     /* dinp (N, IC) += dout (N, OC) @ weight (OC, IC) */
     if (dinp)

@@ -1,7 +1,8 @@
-/* src/train internals shared by its files and its tests: the trainer
- * struct, the distributed sampler, optimizer kernels and CRC-32 (the
- * checkpoint code has its own header, checkpoint/ckpt.h). Not part of the
- * public API. */
+/* The core of src/train, below every part of the engine: the trainer's
+ * state (struct td_trainer), td_trainer_agree, the distributed sampler,
+ * optimizer kernels and CRC-32. The parts (zero/, deterministic/,
+ * precision/, offload/, checkpoint/, elastic/) have a header each; trainer.c
+ * and config.c, above them, drive them. Not part of the public API. */
 #ifndef TD_TRAIN_CORE_H
 #define TD_TRAIN_CORE_H
 
@@ -64,7 +65,8 @@ const char *td_optimizer_name(td_optimizer_kind kind);
 /* ---- CRC-32 (the zlib / IEEE 802.3 polynomial) ---- */
 uint32_t td_crc32(uint32_t crc, const void *data, size_t n);
 
-/* DeepSpeed's DynamicLossScaler, for fp16 (also a fixed scale). */
+/* DeepSpeed's DynamicLossScaler, for fp16 (also a fixed scale); here because
+ * the trainer holds one, its functions in precision/precision.h. */
 typedef struct td_loss_scaler {
   double scale;           /* the current loss scale (1 when not fp16) */
   int dynamic;            /* 0: a fixed scale, never changed */
@@ -73,53 +75,6 @@ typedef struct td_loss_scaler {
   int hysteresis_left;    /* overflows still tolerated before the next halving */
   long skipped;           /* steps skipped for overflow, in all */
 } td_loss_scaler;
-void td_loss_scaler_init(td_loss_scaler *s, const td_precision_config *p);
-/* Record one step's agreed outcome; returns the scale before the update. */
-double td_loss_scaler_update(td_loss_scaler *s, const td_precision_config *p, int overflow);
-
-/* ---- checkpoints: src/train/checkpoint/ckpt.h ---- */
-
-/* ---- mixed precision and activation checkpointing (src/train/precision/) ---- */
-void td_precision_config_defaults(td_precision_config *p);
-/* One of the config's "fp16", "bf16", "communication_data_type" or
- * "activation_checkpointing" items (a cJSON *) into cfg. */
-td_status td_precision_parse_json(const void *item, const char *source, td_train_config *cfg);
-/* Checks of td_train_config_resolve: types, ranges, fp16 and bf16 not both. */
-td_status td_precision_config_check(const td_train_config *cfg);
-
-
-/* The trainer's hooks (precision.c). init: scaler, checkpointing switch on
- * the model, the half-precision gradient buffer (before the model's
- * prepare). bucket_buffer: what a gradient bucket [lo, hi) is reduced in
- * (the f32 arena, averaged, or its rounded half shadow, summed) and its
- * dtype and op; after_sync
- * widens the shadow back once every bucket is waited for. check_overflow:
- * fp16 only, collective: 1 when any rank's gradients hold an inf or NaN. */
-td_status td_precision_trainer_init(td_trainer *t);
-void td_precision_trainer_free(td_trainer *t);
-void *td_precision_bucket_buffer(td_trainer *t, size_t lo, size_t hi, td_dtype *dtype_out, td_op *op_out);
-void td_precision_after_sync(td_trainer *t);
-td_status td_precision_check_overflow(td_trainer *t, int *overflow_out);
-void td_precision_on_overflow(td_trainer *t);   /* the scaler's update and the one log line (rank 0) */
-void td_precision_on_clean_step(td_trainer *t); /* the scaler's update */
-
-/* ---- the config's "elasticity" block (src/train/elastic/elastic_config.c) ---- */
-/* Parse the block (a cJSON *) into cfg->elasticity. */
-td_status td_elasticity_parse_json(const void *item, const char *source, td_train_config *cfg);
-/* After the whole config is read (root: the cJSON * object): refuse batch
- * keys beside an enabled block unless ignore_non_elastic_batch_info, then
- * set train_batch_size to DeepSpeed's choice (micro-batch and accumulation
- * derived per world size). */
-td_status td_elasticity_apply(const void *root, const char *source, td_train_config *cfg);
-/* In td_train_config_resolve: when the block chose the batch and no
- * micro-batch was given, the largest of micro_batch_sizes that splits it
- * over `world`; an error listing the valid world sizes when none does. */
-td_status td_elasticity_resolve(td_train_config *cfg, int world);
-
-/* ---- deterministic reduction (src/train/deterministic/deterministic_config.c) ---- */
-/* "deterministic_reduction" (a boolean) or "deterministic_unit" (an
- * integer >= 1), a cJSON * item, into cfg. */
-td_status td_deterministic_parse_json(const void *item, const char *source, td_train_config *cfg);
 
 /* ---- the trainer ---- */
 struct td_trainer {

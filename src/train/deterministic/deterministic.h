@@ -133,6 +133,9 @@ td_status det_forward_backward(td_trainer *t, double *loss_out, double *data_s, 
 td_status det_grad_norm(td_trainer *t, double *norm_out);
 
 /* ---- deterministic_config.c ---- */
+/* "deterministic_reduction" (a boolean) or "deterministic_unit" (an
+ * integer >= 1), a cJSON * item, into cfg. */
+td_status td_deterministic_parse_json(const void *item, const char *source, td_train_config *cfg);
 /* At td_trainer_create: turn deterministic reduction on if the config
  * asks (refusing what cannot be canonical), with the default unit for
  * this world. */

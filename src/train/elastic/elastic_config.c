@@ -16,7 +16,7 @@
  *   num_gpus_per_node, model_parallel_size   v0.2's: only 1 is accepted
  *
  * Tandem's world sizes are processes, DeepSpeed's "gpus". */
-#include "train/core/core.h"
+#include "train/elastic/elastic_config.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>

@@ -27,7 +27,7 @@
  * them all). The scaler then follows DeepSpeed's DynamicLossScaler:
  * `hysteresis` overflows are tolerated before the scale halves (never below
  * min_loss_scale), and after `loss_scale_window` clean steps it doubles. */
-#include "train/core/core.h"
+#include "train/precision/precision.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -13,7 +13,7 @@
  * engine does it for the models that support it). Its DeepSpeed options
  * that Tandem does not implement (partition_activations, cpu_checkpointing,
  * synchronize_checkpoint_boundary, profile) are refused when true. */
-#include "train/core/core.h"
+#include "train/precision/precision.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -1,6 +1,9 @@
-/* Private to the shared-memory transport and the *_shm.c algorithms: the
- * layout of the host-shared segment and a few helpers the algorithms need
- * beyond the shm_* primitives of comm_impl.h.
+/* The shared-memory transport, for itself, the communicator's lifecycle
+ * (the constructor) and the *_shm algorithms (the primitives and the
+ * segment layout). Its files, bottom to top: shm_wait.c (shm_of, waiting,
+ * failure checks), shm_sync.c (the collective primitives), shm_xmap.c
+ * (mapping peers' host-shared buffers), shm_transport.c (the vtable and
+ * the segment's creation).
  *
  * One segment per communicator, created by rank 0 and unlinked as soon as
  * every rank has mapped it (a killed job leaves nothing in /dev/shm):
@@ -16,7 +19,28 @@
 #ifndef TD_SHM_TRANSPORT_H
 #define TD_SHM_TRANSPORT_H
 
-#include "comm/comm_impl.h"
+#include "comm/core/core.h"
+
+/* Map (rank 0: create) the communicator's segment, wiring through
+ * comm->store under comm->prefix; returns when every rank has attached. */
+td_status shm_transport_create(td_comm *comm, transport **out);
+
+/* ---- collective primitives for the *_shm algorithms ----
+ * Available when comm->xport is the shm transport (all ranks on one host).
+ * Each rank owns two slots (parity 0 and 1) of shm_slot_bytes() bytes that
+ * every rank can read. The rule that makes reuse safe without extra
+ * handshakes: a rank writes its slot of parity p only between the end of
+ * sync epoch e-1 and its arrival at epoch e, where e % 2 == p; peers read
+ * that slot only after sync e and before their arrival at e+1. */
+bool shm_available(const td_comm *comm);
+size_t shm_slot_bytes(const td_comm *comm);
+/* The epoch the next shm_sync will complete; its parity selects the slots. */
+uint64_t shm_next_epoch(const td_comm *comm);
+void *shm_slot(const td_comm *comm, int rank, unsigned parity);
+/* Arrive at the next epoch and wait (spin briefly, then futex) for every rank
+ * to arrive. Compares every rank's op header for this epoch: disagreement is
+ * TD_ERR_MISMATCH naming the ranks. Fails on abort, dead peer or deadline. */
+td_status shm_sync(td_comm *comm, const comm_op *op);
 
 #define SHM_LINE 64
 #define SHM_MAGIC 0x54444d5348u /* "TDMSH" */
@@ -104,7 +128,9 @@ typedef struct shm_transport {
   int live_cursor;      /* the rank the next dead-peer check of a sync starts at */
 } shm_transport;
 
-/* The shm transport of comm (NULL if comm does not use it). */
+/* shm_wait.c: the shm transport of comm (NULL if comm does not use it),
+ * recognized by its vtable's name pointing at shm_transport_name. */
+extern const char shm_transport_name[];
 shm_transport *shm_of(const td_comm *comm);
 
 /* Bytes per pipeline chunk for the large-message algorithms (<= slot). */
@@ -139,36 +165,13 @@ void shm_xmap_publish(shm_transport *t);
 uint32_t shm_xmap_probe(shm_transport *t);
 void shm_xmap_setup_done(shm_transport *t);
 
-/* The direct algorithms on host-shared buffers, each called right after
- * shm_sync_shared found the buffers it reads shared (see each file):
- * allreduce: every rank's send and recv; reduce_scatter, allgather and
- * alltoall: every rank's send; broadcast: the root's send. */
-td_status allreduce_shm_direct(td_comm *comm, const comm_op *op);
-td_status reduce_scatter_shm_direct(td_comm *comm, const comm_op *op);
-td_status allgather_shm_direct(td_comm *comm, const comm_op *op);
-td_status alltoall_shm_direct(td_comm *comm, const comm_op *op);
-td_status broadcast_shm_direct(td_comm *comm, const comm_op *op, const char *src, char *buf);
-/* Collectives of at least this many bytes (the full vector) try the direct
- * algorithms: below it the single-sync staged forms are as fast. */
-#define SHM_DIRECT_MIN_BYTES ((size_t)256 << 10)
-/* ... and only when each rank's slice is at least a page: below that, each
- * peer buffer mapped (and each page of it touched for the first time) would
- * carry less than a page of data, n of them per rank. */
-#define SHM_PAGE_BYTES ((size_t)4096)
-
-/* allreduce_shm_tree.c: small messages among many ranks through a
- * reduction tree of this fan-in, which maps O(n) pages in the job instead
- * of O(n^2) (see there). allreduce_shm.c takes it above SHM_TREE_FANIN
- * ranks when each rank's slice of the message is under a page. */
-#define SHM_TREE_FANIN 16
-td_status allreduce_shm_tree(td_comm *comm, const comm_op *op);
-
 /* Copy bytes; with `stream`, destination lines are written with
  * non-temporal stores (for large outputs that will not be read again soon,
  * which saves the read-for-ownership of every destination line). */
 void shm_copy(void *dst, const void *src, size_t bytes, bool stream);
 
-/* Internals shared by shm_transport.c and shm_sync.c. */
+/* shm_wait.c: doorbells, spinning, sleeping and failure checks, for the
+ * other files of the transport. */
 void shm_ring(shm_transport *t, int peer);
 typedef bool (*shm_ready_fn)(shm_transport *t, const void *arg);
 bool shm_spin(shm_transport *t, shm_ready_fn ready, const void *arg);
@@ -182,7 +185,7 @@ td_status shm_fail_dead(shm_transport *t, int peer, const char *while_doing);
 /* For algorithms: the world of one and count 0 cases, common to all. */
 static inline bool shm_trivial(const td_comm *comm) { return comm->size <= 1; }
 /* TD_OK when comm runs on the shm transport; otherwise an internal error
- * naming the algorithm (select.c only picks *_shm there: a caller that
+ * naming the algorithm (select/select.c only picks *_shm there: a caller that
  * bypasses it gets an error instead of a crash). */
 td_status shm_require(td_comm *comm, const char *algorithm);
 

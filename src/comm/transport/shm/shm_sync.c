@@ -1,4 +1,4 @@
-/* The shared-memory collective primitives of comm_impl.h: per-rank slots
+/* The shared-memory collective primitives of shm.h: per-rank slots
  * and the epoch barrier (shm_sync) that orders every access to them.
  *
  * shm_sync(epoch e): publish this rank's op header in its parity-(e % 2)
@@ -8,7 +8,7 @@
  * of parity e % 2 is rewritten only at epoch e + 2, which no rank can reach
  * before every rank arrived at e + 1, i.e. finished comparing at e; so no
  * extra handshake is needed. The same argument makes the slots reusable
- * (see the rule in comm_impl.h). */
+ * (see the rule in shm.h). */
 #include "comm/transport/shm/shm.h"
 
 #include <immintrin.h>

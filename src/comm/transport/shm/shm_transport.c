@@ -1,13 +1,8 @@
 /* The shared-memory transport: every rank of the communicator on one host
  * maps one segment (layout in shm.h). Point-to-point bytes go through one
  * single-producer/single-consumer ring per ordered pair; collectives use the
- * per-rank slots and the epoch barrier of shm_sync.c.
- *
- * Waiting: a rank that cannot progress spins briefly (only when every local
- * rank has a core of its own), then sleeps on its own doorbell futex in
- * slices of at most 100 ms. Between slices it checks the abort block, its
- * deadline, and that the peers it waits for are still alive, so that a
- * killed peer fails the wait within a fraction of a second.
+ * per-rank slots and the epoch barrier of shm_sync.c. This file is the
+ * vtable and the segment's creation; how a rank waits is in shm_wait.c.
  *
  * Failure: abort() records the first failure in the segment (CAS, first
  * writer wins) and rings every doorbell; every rank that then looks at the
@@ -15,7 +10,6 @@
 #define _GNU_SOURCE 1 /* sched_getaffinity, CPU_COUNT */
 #include "comm/transport/shm/shm.h"
 
-#include <immintrin.h>
 #include <limits.h>
 #include <math.h>
 #include <sched.h>
@@ -30,19 +24,7 @@
 #define SHM_DEFAULT_CHUNK_BYTES ((size_t)1 << 20)
 #define SHM_DEFAULT_SPIN_US 50.0
 
-static const transport_vtbl shm_vtbl;
-
 static size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
-
-shm_transport *shm_of(const td_comm *comm) {
-  if (!comm || !comm->xport || comm->xport->vtbl != &shm_vtbl) return NULL;
-  return (shm_transport *)comm->xport;
-}
-
-size_t shm_chunk_bytes(const td_comm *comm) {
-  shm_transport *t = shm_of(comm);
-  return t ? t->chunk_bytes : 0;
-}
 
 /* Place every part of the segment; returns the total size. Depends only on
  * n and the sizes from the header, so every rank computes the same layout. */
@@ -132,102 +114,6 @@ static td_status fifo_reserve(shm_transport *t, int peer, bool out) {
   return TD_OK;
 }
 
-/* Wake rank `peer` if one of its threads sleeps on its doorbell. The fence
- * pairs with the one in shm_sleep: either the sleeper sees our update before
- * it sleeps, or we see its `waiting` and wake it. */
-void shm_ring(shm_transport *t, int peer) {
-  shm_rank_block *rb = &t->ranks[peer];
-  atomic_thread_fence(memory_order_seq_cst);
-  if (atomic_load_explicit(&rb->waiting, memory_order_relaxed)) {
-    atomic_fetch_add_explicit(&rb->bell, 1, memory_order_seq_cst);
-    td_futex_wake(&rb->bell, INT_MAX, true);
-  }
-}
-
-/* Sleep on our doorbell for at most slice_s unless ready(arg) already
- * holds. Returns ready(arg) as seen last. */
-bool shm_sleep(shm_transport *t, shm_ready_fn ready, const void *arg, double slice_s) {
-  shm_rank_block *me = &t->ranks[t->rank];
-  uint32_t bell = atomic_load_explicit(&me->bell, memory_order_acquire);
-  atomic_fetch_add_explicit(&me->waiting, 1, memory_order_seq_cst);
-  atomic_thread_fence(memory_order_seq_cst);
-  bool ok = ready(t, arg);
-  if (!ok && !atomic_load_explicit(&t->abort_blk->ready, memory_order_acquire)) {
-    (void)td_futex_wait(&me->bell, bell, slice_s, true);
-    ok = ready(t, arg);
-  }
-  atomic_fetch_sub_explicit(&me->waiting, 1, memory_order_seq_cst);
-  return ok;
-}
-
-/* TD_OK while healthy; otherwise fail the communicator with the status and
- * message some rank recorded in the abort block (or return the sticky one). */
-td_status shm_check_abort(shm_transport *t) {
-  td_comm *comm = t->base.comm;
-  td_status st = comm_status(comm);
-  if (st != TD_OK) return st;
-  shm_abort_block *a = t->abort_blk;
-  if (!atomic_load_explicit(&a->ready, memory_order_acquire)) return TD_OK;
-  if (a->rank == t->rank) return (td_status)a->status;
-  return comm_fail(comm, (td_status)a->status, "rank %d reported: %s", (int)a->rank, a->msg);
-}
-
-/* Spin briefly for ready(arg), checking the abort block. Only when every
- * local rank has a core; otherwise one sched_yield, since a spinning rank
- * would steal the core of the rank it waits for. Even with a core per rank,
- * another process (a build, a data loader) may hold the core the awaited
- * rank wants: the spin yields every few microseconds so that such a rank
- * runs at once instead of after the whole spin and a futex wake (measured
- * with a CPU hog on one of 2 cores: 4 KiB allreduce 42 us without the
- * yields; a yield costs ~0.2 us when nothing else is runnable). */
-bool shm_spin(shm_transport *t, shm_ready_fn ready, const void *arg) {
-  if (ready(t, arg)) return true;
-  if (!t->spin) {
-    sched_yield();
-    return ready(t, arg);
-  }
-  uint64_t end = td_now_ns() + (uint64_t)(t->spin_s * 1e9);
-  for (unsigned i = 1;; i++) {
-    for (int k = 0; k < 16; k++) _mm_pause();
-    if (ready(t, arg)) return true;
-    if (atomic_load_explicit(&t->abort_blk->ready, memory_order_relaxed)) return false;
-    if ((i & 15) == 0) {
-      if (td_now_ns() >= end) return false;
-      sched_yield();
-    }
-  }
-}
-
-/* The first of `peers` (n entries, -1 skipped) whose process is gone or
- * that destroyed its communicator, or -1. */
-int shm_find_dead(shm_transport *t, const int *peers, int n) {
-  for (int i = 0; i < n; i++) {
-    int p = peers[i];
-    if (p < 0 || p >= t->n || p == t->rank) continue;
-    if (atomic_load_explicit(&t->ranks[p].detached, memory_order_acquire)) return p;
-    pid_t pid = t->ranks[p].pid;
-    if (pid > 0 && !net_pid_alive(pid)) return p;
-  }
-  return -1;
-}
-
-td_status shm_fail_dead(shm_transport *t, int peer, const char *while_doing) {
-  /* A rank that detected a failure first (say, the death of another rank)
-   * records it in the abort block and may then exit: its own departure is a
-   * consequence, so relay the recorded cause rather than blame it. */
-  td_status recorded = shm_check_abort(t);
-  if (recorded != TD_OK) return recorded;
-  if (atomic_load_explicit(&t->ranks[peer].detached, memory_order_acquire))
-    return comm_fail(t->base.comm, TD_ERR_REMOTE,
-                     "rank %d (pid %d) destroyed its communicator while rank %d %s over shared memory (did it skip "
-                     "td_comm_finalize, or fail earlier? look at rank %d's output)",
-                     peer, (int)t->ranks[peer].pid, t->rank, while_doing, peer);
-  return comm_fail(t->base.comm, TD_ERR_REMOTE,
-                   "rank %d (pid %d) died: its process is gone while rank %d %s over shared memory; look at rank "
-                   "%d's output for the cause",
-                   peer, (int)t->ranks[peer].pid, t->rank, while_doing, peer);
-}
-
 /* ---- point-to-point rings ---- */
 
 static td_status shm_try_send(transport *xt, int peer, const void *buf, size_t len, size_t *moved) {
@@ -282,7 +168,7 @@ static td_status shm_try_recv(transport *xt, int peer, void *buf, size_t len, si
   return TD_OK;
 }
 
-/* try_recv without consuming: for the stuck-operation diagnosis in p2p.c. */
+/* try_recv without consuming: for the stuck-operation diagnosis in p2p/p2p.c. */
 static td_status shm_try_peek(transport *xt, int peer, void *buf, size_t len, size_t *got) {
   shm_transport *t = (shm_transport *)xt;
   *got = 0;
@@ -391,7 +277,7 @@ static void shm_destroy(transport *xt) {
 }
 
 static const transport_vtbl shm_vtbl = {
-    .name = "shm",
+    .name = shm_transport_name,
     .try_send = shm_try_send,
     .try_recv = shm_try_recv,
     .wait = shm_wait,
@@ -491,7 +377,7 @@ td_status shm_transport_create(td_comm *comm, transport **out) {
                               SHM_LINE);
     if (t->chunk_bytes > t->slot_bytes) t->chunk_bytes = t->slot_bytes;
     /* The segment grows as n^2 FIFOs and 2n slots: with each size capped
-     * (tunables.c) only the rank count can make it overflow; check. */
+     * (core/tunables.c) only the rank count can make it overflow; check. */
     size_t fifos, fifo_total, slots, layout_total;
     if (__builtin_mul_overflow((size_t)t->n, (size_t)(t->n - 1), &fifos) ||
         __builtin_mul_overflow(fifos, t->fifo_bytes + sizeof(shm_fifo) + SHM_LINE, &fifo_total) ||

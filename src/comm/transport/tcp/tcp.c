@@ -2,8 +2,9 @@
  * between hosts and, with TANDEM_TRANSPORT=tcp, on one host.
  *
  * Wiring (tcp_transport_create): every rank listens on an ephemeral port and
- * publishes "<prefix>/tcp/<rank>" = "address:port" in the store, reading all
- * of them back with one store_gather; rank i then
+ * publishes "<prefix>/tcp/<rank>" = "address:port <aes>" in the store (aes:
+ * 1 if its CPU runs AES-256-GCM), reading all of them back with one
+ * store_gather; rank i then
  * connects to every j < i and authenticates (net_auth_connect: its rank in
  * the hello, a MAC bound to the communicator and to j), and accepts one
  * connection from every j > i, checking the MAC (net_auth_accept) before
@@ -24,7 +25,13 @@
  *
  * Afterwards the sockets are non-blocking with TCP_NODELAY and the socket
  * buffers of TANDEM_TCP_BUFFER_BYTES (at least 128 KiB); the framing engine
- * (p2p.c) drives them through try_send/try_recv/wait.
+ * (p2p/p2p.c) drives them through try_send/try_recv/wait.
+ *
+ * Protected streams (TANDEM_TCP_PROTECT=integrity or encrypt; off by
+ * default, for its measured cost: docs/security.md): each connection's
+ * bytes travel as sealed records (stream.c) under keys derived from its
+ * handshake, so data altered, injected, replayed or dropped on the path
+ * fails the communicator naming the peer instead of reaching a sum.
  *
  * Failure: a rank that fails (comm_fail: mismatch, timeout, lost peer,
  * td_comm_abort) publishes its status and reason under "<prefix>/abort"
@@ -81,8 +88,10 @@
  * partition that leaves the store on the other side, this side's ranks
  * still fail within the timeout, each naming a rank it lost. */
 #define _GNU_SOURCE 1 /* POLLRDHUP; must precede the first system header */
-#include "comm/comm_impl.h"
+#include "comm/rendezvous/rendezvous.h"
 #include "comm/transport/tcp/heartbeat.h"
+#include "comm/transport/tcp/stream.h"
+#include "comm/transport/tcp/tcp.h"
 
 #include <poll.h>
 #include <sched.h>
@@ -151,6 +160,10 @@ typedef struct tcp_peer {
    * full of data may drop beats. */
   _Atomic uint64_t rx_bytes;
   uint64_t rx_seen; /* rx_bytes at the watcher's last tick (watcher only) */
+  /* Sealed records instead of raw bytes (TANDEM_TCP_PROTECT; stream.c);
+   * NULL: the connection is not protected. Executing thread only. */
+  tcp_stream *stream;
+  bool aes;      /* the peer's CPU runs AES-256-GCM (published with its address) */
 } tcp_peer;
 
 typedef struct tcp_transport {
@@ -304,11 +317,47 @@ static td_status peer_broken(tcp_transport *t, int peer, int err) {
                    p->addr, strerror(err));
 }
 
+/* A protected stream's failure as the communicator's: a socket error is a
+ * broken connection as without protection; a record that fails its check
+ * means someone on the path altered, replayed, reordered or dropped data
+ * (or the ranks were started with different TANDEM_TCP_PROTECT): the
+ * communicator fails naming the peer, and never hands the data out. */
+static td_status stream_failed(tcp_transport *t, int peer, tcp_stream_result r, int err) {
+  td_comm *comm = t->base.comm;
+  const tcp_peer *p = &t->peers[peer];
+  switch (r) {
+  case TCP_STREAM_OK: return TD_OK;
+  case TCP_STREAM_IO: return peer_broken(t, peer, err);
+  case TCP_STREAM_FORGED:
+    return comm_fail(comm, TD_ERR_REMOTE,
+                     "rank %d: the data from rank %d (%s) failed its integrity check (record %llu of the connection, "
+                     "TANDEM_TCP_PROTECT=%s): it was altered, replayed, reordered or dropped on the way, or the ranks "
+                     "run with different TANDEM_TCP_PROTECT; none of it was used, and the connection is closed",
+                     t->rank, peer, p->addr, (unsigned long long)p->stream->records_in + 1,
+                     net_protect_mode_name(p->stream->recv_key.mode));
+  case TCP_STREAM_MISUSE:
+    return comm_fail(comm, TD_ERR_INTERNAL, "rank %d: the protected stream to rank %d (%s) was called with other "
+                                            "bytes than the record in flight",
+                     t->rank, peer, p->addr);
+  case TCP_STREAM_NOMEM:
+  default:
+    return comm_fail(comm, TD_ERR_SYSTEM, "rank %d: out of memory for the protected stream to rank %d", t->rank, peer);
+  }
+}
+
 static td_status tcp_try_send(transport *base, int peer, const void *buf, size_t len, size_t *moved) {
   tcp_transport *t = (tcp_transport *)base;
   *moved = 0;
   if (atomic_load_explicit(&t->aborted, memory_order_relaxed)) return failed_status(t);
   if (len == 0) return TD_OK;
+  if (t->peers[peer].stream) {
+    /* (a record in flight references the caller's buffer: never touch it
+     * once the communicator failed, when the caller may have let go) */
+    if (comm_status(base->comm) != TD_OK) return comm_status(base->comm);
+    int err = 0;
+    return stream_failed(t, peer, tcp_stream_send(t->peers[peer].stream, t->peers[peer].fd, buf, len, moved, &err),
+                         err);
+  }
   ssize_t n;
   TD_SYSCALL_RETRY(n, send(t->peers[peer].fd, buf, len, MSG_DONTWAIT | MSG_NOSIGNAL));
   if (n >= 0) {
@@ -324,6 +373,14 @@ static td_status tcp_try_recv(transport *base, int peer, void *buf, size_t len, 
   *moved = 0;
   if (atomic_load_explicit(&t->aborted, memory_order_relaxed)) return failed_status(t);
   if (len == 0) return TD_OK;
+  if (t->peers[peer].stream) {
+    if (comm_status(base->comm) != TD_OK) return comm_status(base->comm);
+    int err = 0;
+    size_t wire = 0;
+    tcp_stream_result r = tcp_stream_recv(t->peers[peer].stream, t->peers[peer].fd, buf, len, moved, &wire, &err);
+    if (wire) atomic_fetch_add_explicit(&t->peers[peer].rx_bytes, (uint64_t)wire, memory_order_relaxed);
+    return stream_failed(t, peer, r, err);
+  }
   ssize_t n;
   TD_SYSCALL_RETRY(n, recv(t->peers[peer].fd, buf, len, MSG_DONTWAIT));
   if (n > 0) {
@@ -339,6 +396,15 @@ static td_status tcp_try_peek(transport *base, int peer, void *buf, size_t len, 
   tcp_transport *t = (tcp_transport *)base;
   *got = 0;
   if (atomic_load_explicit(&t->aborted, memory_order_relaxed)) return failed_status(t);
+  if (t->peers[peer].stream) {
+    if (comm_status(base->comm) != TD_OK) return comm_status(base->comm);
+    int err = 0;
+    size_t wire = 0;
+    tcp_stream_result r = tcp_stream_peek(t->peers[peer].stream, t->peers[peer].fd, buf, len, got, &wire, &err);
+    if (wire) atomic_fetch_add_explicit(&t->peers[peer].rx_bytes, (uint64_t)wire, memory_order_relaxed);
+    /* a peek only looks: a broken socket is found by the next receive */
+    return r == TCP_STREAM_IO ? TD_OK : stream_failed(t, peer, r, err);
+  }
   ssize_t n;
   TD_SYSCALL_RETRY(n, recv(t->peers[peer].fd, buf, len, MSG_PEEK | MSG_DONTWAIT));
   if (n > 0) *got = (size_t)n;
@@ -367,6 +433,11 @@ static td_status tcp_wait(transport *base, const int *send_peers, int n_send, co
     if (st != TD_OK) return st;
     if (atomic_load(&t->aborted)) return failed_status(t);
 
+    /* Checked bytes already staged by a protected stream are ready now. */
+    for (int i = 0; i < n_recv; i++) {
+      const tcp_stream *ps = t->peers[recv_peers[i]].stream;
+      if (ps && tcp_stream_pending_in(ps)) return TD_OK;
+    }
     int n_pfds = 0;
     bool any_hung_up = false;
     for (int p = 0; p < t->size; p++) {
@@ -673,8 +744,11 @@ static void tcp_destroy(transport *base) {
   heartbeat_close(t->hb);
   store_close(atomic_load(&t->watch_store));
   if (t->peers)
-    for (int p = 0; p < t->size; p++)
+    for (int p = 0; p < t->size; p++) {
       if (t->peers[p].fd >= 0) close(t->peers[p].fd);
+      tcp_stream_free(t->peers[p].stream);
+      free(t->peers[p].stream);
+    }
   free(t->peers);
   free(t->pfds);
   free(t->pfd_peer);
@@ -726,6 +800,24 @@ static void describe_missing(const tcp_transport *t, char *buf, size_t size) {
 /* Handshakes the accept loop runs at once: strangers beyond this many wait
  * in the listen backlog while the first ones time out. */
 #define TCP_MAX_PENDING_AUTH 64
+
+/* Right after peer p's handshake: its stream keys, from the session. The
+ * cipher is AES-256-GCM when both CPUs run it, else ChaCha20-Poly1305. */
+static td_status setup_stream(tcp_transport *t, int p, const char *ctx, const net_auth_session *session,
+                              bool connector) {
+  net_protect_mode mode = (net_protect_mode)t->base.comm->tun.tcp_protect;
+  if (mode == NET_PROTECT_OFF) return TD_OK;
+  tcp_stream *s = calloc(1, sizeof *s);
+  if (!s) return td_error(TD_ERR_SYSTEM, "tcp: out of memory for a protected stream");
+  bool aes = t->peers[t->rank].aes && t->peers[p].aes;
+  td_status st = tcp_stream_init(s, mode, aes, ctx, session, connector);
+  if (st != TD_OK) {
+    free(s);
+    return st;
+  }
+  t->peers[p].stream = s;
+  return TD_OK;
+}
 
 typedef struct pending_conn {
   int fd;
@@ -803,11 +895,17 @@ static td_status accept_peers(tcp_transport *t, int listen_fd, double deadline, 
                 t->rank, t->peers[t->rank].addr, comm->prefix, why);
         close(pc->fd);
       } else {
-        t->peers[pc->auth.hello.rank].fd = pc->fd;
+        int from = pc->auth.hello.rank;
+        net_auth_session session = {.hello = pc->auth.hello};
+        memcpy(session.nonce_s, pc->auth.nonce_s, sizeof session.nonce_s);
+        t->peers[from].fd = pc->fd;
         expected--;
+        st = setup_stream(t, from, ctx, &session, false);
       }
       *pc = pend[--n_pend];
+      if (st != TD_OK) break;
     }
+    if (st != TD_OK) break;
     /* Silent ones past their time. */
     now = td_now();
     for (int i = n_pend - 1; i >= 0; i--) {
@@ -835,7 +933,7 @@ static td_status accept_peers(tcp_transport *t, int listen_fd, double deadline, 
 }
 
 /* TANDEM_HEARTBEAT_INTERVAL and TANDEM_HEARTBEAT_TIMEOUT (each checked by
- * tunables.c), with their defaults and the rule that ties them. A timeout
+ * core/tunables.c), with their defaults and the rule that ties them. A timeout
  * of 0 turns heartbeats off (a lost host is then found through keepalive
  * after about a minute, or TANDEM_TIMEOUT). */
 static td_status read_heartbeat_config(tcp_transport *t) {
@@ -950,13 +1048,15 @@ td_status tcp_transport_create(td_comm *comm, transport **out) {
   TD_CHECK_GOTO(listen_beside_heartbeat(t, host, hash, &listen_fd, &port), st, fail);
   snprintf(t->peers[t->rank].addr, sizeof t->peers[t->rank].addr, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host,
            port);
-  /* Publish ours and learn every peer's address: one SET and one GATHER. */
-  char prefix[256];
+  t->peers[t->rank].aes = net_protect_aes_available();
+  /* Publish ours and learn every peer's address: one SET and one GATHER.
+   * The value is "<address> <1 if this CPU runs AES-256-GCM, else 0>". */
+  char prefix[256], mine[sizeof t->peers[0].addr + 4];
   snprintf(prefix, sizeof prefix, "%s/tcp/", comm->prefix);
+  snprintf(mine, sizeof mine, "%s %d", t->peers[t->rank].addr, t->peers[t->rank].aes ? 1 : 0);
   char **addrs = NULL;
   int missing = -1;
-  st = comm_store_allgather(comm, prefix, t->peers[t->rank].addr, strlen(t->peers[t->rank].addr),
-                            TD_MAX(deadline - td_now(), 0.001), &addrs, &missing);
+  st = comm_store_allgather(comm, prefix, mine, strlen(mine), TD_MAX(deadline - td_now(), 0.001), &addrs, &missing);
   if (st != TD_OK) {
     char why[512];
     td_error_copy(why, sizeof why);
@@ -968,9 +1068,21 @@ td_status tcp_transport_create(td_comm *comm, transport **out) {
       st = td_error(st, "tcp: rank %d could not exchange addresses through the store: %s", t->rank, why);
     goto fail;
   }
-  for (int p = 0; p < t->size; p++)
-    if (p != t->rank) td_strlcpy(t->peers[p].addr, addrs[p], sizeof t->peers[p].addr);
+  for (int p = 0; p < t->size && st == TD_OK; p++) {
+    if (p == t->rank) continue;
+    char *flag = strrchr(addrs[p], ' ');
+    if (!flag || (strcmp(flag, " 0") && strcmp(flag, " 1"))) {
+      st = td_error(TD_ERR_MISMATCH, "tcp: rank %d published \"%.100s\" as its address: not \"<address> <0|1>\" "
+                                     "(a Tandem of another version?)",
+                    p, addrs[p]);
+      break;
+    }
+    *flag = '\0';
+    t->peers[p].aes = flag[1] == '1';
+    td_strlcpy(t->peers[p].addr, addrs[p], sizeof t->peers[p].addr);
+  }
   free(addrs);
+  if (st != TD_OK) goto fail;
   TD_CHECK_GOTO(start_watcher(t), st, fail);
 
   /* Connect down, then accept from above. */
@@ -988,12 +1100,14 @@ td_status tcp_transport_create(td_comm *comm, transport **out) {
     char ctx[300], who[200];
     auth_context(comm, p, ctx, sizeof ctx);
     snprintf(who, sizeof who, "rank %d (%s)", p, t->peers[p].addr);
-    st = net_auth_connect(t->peers[p].fd, NET_AUTH_ROLE_TCP, t->rank, ctx, who, deadline);
+    net_auth_session session;
+    st = net_auth_connect_session(t->peers[p].fd, NET_AUTH_ROLE_TCP, t->rank, ctx, who, deadline, &session);
     if (st != TD_OK) {
       st = td_error(st, "tcp: rank %d cannot authenticate with rank %d at %s: %s", t->rank, p, t->peers[p].addr,
                     td_last_error());
       goto fail;
     }
+    TD_CHECK_GOTO(setup_stream(t, p, ctx, &session, true), st, fail);
   }
   TD_CHECK_GOTO(accept_peers(t, listen_fd, deadline, timeout_s), st, fail);
   close(listen_fd);

@@ -1,0 +1,39 @@
+/* The point-to-point framing engine (p2p.c): every message is one frame, a
+ * comm_hdr followed by its payload, over the transport's ordered byte
+ * streams. What the p2p algorithms (algorithms/) and the progress engine's
+ * send/recv streams build on; it calls only core/ and, through the
+ * vtable, the transport. */
+#ifndef TD_COMM_P2P_H
+#define TD_COMM_P2P_H
+
+#include "comm/core/core.h"
+
+typedef struct p2p_xfer {
+  int peer;    /* rank; -1 entries are skipped */
+  void *buf;   /* send: data to send (const in spirit); recv: destination */
+  size_t bytes;
+} p2p_xfer;
+
+/* Send one frame (header + payload) to each send peer and receive one frame
+ * from each recv peer, all progressing concurrently, blocking (without
+ * spinning) until done. Received headers are checked against `op`: a
+ * different kind, seq, count, dtype, op, root or payload size is a
+ * TD_ERR_MISMATCH naming both ranks and both operations. */
+td_status p2p_run(td_comm *comm, const comm_op *op, const p2p_xfer *sends, int n_sends, const p2p_xfer *recvs,
+                  int n_recvs);
+/* The common case: send to `to` and receive from `from` (either may be -1). */
+td_status p2p_exchange(td_comm *comm, const comm_op *op, int to, const void *sbuf, size_t sbytes, int from,
+                       void *rbuf, size_t rbytes);
+
+/* Run queued send/recv operations as one set that progresses concurrently
+ * and grows while it runs (the progress engine's td_isend/td_irecv
+ * streams). pull() hands over up to max more operations (deadlines set)
+ * with a tag each, returning how many (0: none now); done() reports each
+ * operation's completion, in any order. Returns when pull() has nothing
+ * more and the set is empty; on a failure every operation in the set and
+ * every one pulled afterwards is completed with the error. */
+typedef int (*p2p_stream_pull_fn)(void *ctx, comm_op *ops_out, void **tags_out, int max);
+typedef void (*p2p_stream_done_fn)(void *ctx, void *tag, td_status status);
+td_status p2p_stream(td_comm *comm, p2p_stream_pull_fn pull, p2p_stream_done_fn done, void *ctx);
+
+#endif

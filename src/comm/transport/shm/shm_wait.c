@@ -1,0 +1,126 @@
+/* The bottom of the shared-memory transport, which its other files
+ * (shm_transport.c, shm_sync.c, shm_xmap.c) build on: which communicators
+ * use it (shm_of), and how a rank waits on the segment and learns that a
+ * peer failed.
+ *
+ * Waiting: a rank that cannot progress spins briefly (only when every local
+ * rank has a core of its own), then sleeps on its own doorbell futex in
+ * slices of at most 100 ms. Between slices it checks the abort block, its
+ * deadline, and that the peers it waits for are still alive, so that a
+ * killed peer fails the wait within a fraction of a second. */
+#include "comm/transport/shm/shm.h"
+
+#include <immintrin.h>
+#include <limits.h>
+#include <sched.h>
+
+const char shm_transport_name[] = "shm";
+
+shm_transport *shm_of(const td_comm *comm) {
+  /* The name's address, not its text: as cheap as comparing the vtable
+   * (called on every collective), without this file calling up into
+   * shm_transport.c, where the vtable lives. */
+  if (!comm || !comm->xport || comm->xport->vtbl->name != shm_transport_name) return NULL;
+  return (shm_transport *)comm->xport;
+}
+
+size_t shm_chunk_bytes(const td_comm *comm) {
+  shm_transport *t = shm_of(comm);
+  return t ? t->chunk_bytes : 0;
+}
+
+/* Wake rank `peer` if one of its threads sleeps on its doorbell. The fence
+ * pairs with the one in shm_sleep: either the sleeper sees our update before
+ * it sleeps, or we see its `waiting` and wake it. */
+void shm_ring(shm_transport *t, int peer) {
+  shm_rank_block *rb = &t->ranks[peer];
+  atomic_thread_fence(memory_order_seq_cst);
+  if (atomic_load_explicit(&rb->waiting, memory_order_relaxed)) {
+    atomic_fetch_add_explicit(&rb->bell, 1, memory_order_seq_cst);
+    td_futex_wake(&rb->bell, INT_MAX, true);
+  }
+}
+
+/* Sleep on our doorbell for at most slice_s unless ready(arg) already
+ * holds. Returns ready(arg) as seen last. */
+bool shm_sleep(shm_transport *t, shm_ready_fn ready, const void *arg, double slice_s) {
+  shm_rank_block *me = &t->ranks[t->rank];
+  uint32_t bell = atomic_load_explicit(&me->bell, memory_order_acquire);
+  atomic_fetch_add_explicit(&me->waiting, 1, memory_order_seq_cst);
+  atomic_thread_fence(memory_order_seq_cst);
+  bool ok = ready(t, arg);
+  if (!ok && !atomic_load_explicit(&t->abort_blk->ready, memory_order_acquire)) {
+    (void)td_futex_wait(&me->bell, bell, slice_s, true);
+    ok = ready(t, arg);
+  }
+  atomic_fetch_sub_explicit(&me->waiting, 1, memory_order_seq_cst);
+  return ok;
+}
+
+/* TD_OK while healthy; otherwise fail the communicator with the status and
+ * message some rank recorded in the abort block (or return the sticky one). */
+td_status shm_check_abort(shm_transport *t) {
+  td_comm *comm = t->base.comm;
+  td_status st = comm_status(comm);
+  if (st != TD_OK) return st;
+  shm_abort_block *a = t->abort_blk;
+  if (!atomic_load_explicit(&a->ready, memory_order_acquire)) return TD_OK;
+  if (a->rank == t->rank) return (td_status)a->status;
+  return comm_fail(comm, (td_status)a->status, "rank %d reported: %s", (int)a->rank, a->msg);
+}
+
+/* Spin briefly for ready(arg), checking the abort block. Only when every
+ * local rank has a core; otherwise one sched_yield, since a spinning rank
+ * would steal the core of the rank it waits for. Even with a core per rank,
+ * another process (a build, a data loader) may hold the core the awaited
+ * rank wants: the spin yields every few microseconds so that such a rank
+ * runs at once instead of after the whole spin and a futex wake (measured
+ * with a CPU hog on one of 2 cores: 4 KiB allreduce 42 us without the
+ * yields; a yield costs ~0.2 us when nothing else is runnable). */
+bool shm_spin(shm_transport *t, shm_ready_fn ready, const void *arg) {
+  if (ready(t, arg)) return true;
+  if (!t->spin) {
+    sched_yield();
+    return ready(t, arg);
+  }
+  uint64_t end = td_now_ns() + (uint64_t)(t->spin_s * 1e9);
+  for (unsigned i = 1;; i++) {
+    for (int k = 0; k < 16; k++) _mm_pause();
+    if (ready(t, arg)) return true;
+    if (atomic_load_explicit(&t->abort_blk->ready, memory_order_relaxed)) return false;
+    if ((i & 15) == 0) {
+      if (td_now_ns() >= end) return false;
+      sched_yield();
+    }
+  }
+}
+
+/* The first of `peers` (n entries, -1 skipped) whose process is gone or
+ * that destroyed its communicator, or -1. */
+int shm_find_dead(shm_transport *t, const int *peers, int n) {
+  for (int i = 0; i < n; i++) {
+    int p = peers[i];
+    if (p < 0 || p >= t->n || p == t->rank) continue;
+    if (atomic_load_explicit(&t->ranks[p].detached, memory_order_acquire)) return p;
+    pid_t pid = t->ranks[p].pid;
+    if (pid > 0 && !net_pid_alive(pid)) return p;
+  }
+  return -1;
+}
+
+td_status shm_fail_dead(shm_transport *t, int peer, const char *while_doing) {
+  /* A rank that detected a failure first (say, the death of another rank)
+   * records it in the abort block and may then exit: its own departure is a
+   * consequence, so relay the recorded cause rather than blame it. */
+  td_status recorded = shm_check_abort(t);
+  if (recorded != TD_OK) return recorded;
+  if (atomic_load_explicit(&t->ranks[peer].detached, memory_order_acquire))
+    return comm_fail(t->base.comm, TD_ERR_REMOTE,
+                     "rank %d (pid %d) destroyed its communicator while rank %d %s over shared memory (did it skip "
+                     "td_comm_finalize, or fail earlier? look at rank %d's output)",
+                     peer, (int)t->ranks[peer].pid, t->rank, while_doing, peer);
+  return comm_fail(t->base.comm, TD_ERR_REMOTE,
+                   "rank %d (pid %d) died: its process is gone while rank %d %s over shared memory; look at rank "
+                   "%d's output for the cause",
+                   peer, (int)t->ranks[peer].pid, t->rank, while_doing, peer);
+}
