@@ -556,6 +556,15 @@ cudaError_t cudaFree(void *ptr) { return emu_free(ptr, true); }
 cudaError_t cudaMallocHost(void **ptr, size_t size) { return emu_alloc(ptr, size, false); }
 cudaError_t cudaHostAlloc(void **ptr, size_t size, unsigned int flags) { return emu_alloc(ptr, size, false); }
 cudaError_t cudaFreeHost(void *ptr) { return emu_free(ptr, false); }
+cudaError_t cudaHostRegister(void *ptr, size_t size, unsigned int flags) {
+  if (!ptr || size == 0) return set_error(cudaErrorInvalidValue);
+  if (side_of(ptr, size) != 0) { /* device memory, or a range across an allocation's end */
+    fprintf(stderr, "cudaemu: cudaHostRegister(%p, %zu bytes): not host memory\n", ptr, size);
+    return set_error(cudaErrorInvalidValue);
+  }
+  return cudaSuccess;
+}
+cudaError_t cudaHostUnregister(void *ptr) { return ptr ? cudaSuccess : set_error(cudaErrorInvalidValue); }
 
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind) {
   return copy_checked(dst, src, count, kind);

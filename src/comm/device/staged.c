@@ -368,6 +368,7 @@ td_status staged_execute(td_comm *comm, staged_state *st, const comm_op *op) {
     sub.send = st->host_in[s];
     sub.recv = one_buffer ? st->host_in[s] : st->host_out[s];
     if ((rc = comm_execute(comm, &sub)) != TD_OK) break;
+    comm_hdr_fill(&comm->last_coll, &sub, comm->rank, 0); /* for p2p's leftover-frame diagnosis */
     if ((rc = stage_out(comm, st, &p, op, k, sub.recv)) != TD_OK) break;
     if ((rc = record(comm, st->out_done[s], st->out)) != TD_OK) break;
     st->out_pending[s] = true;

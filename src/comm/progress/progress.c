@@ -60,7 +60,10 @@ static td_status run_op(td_comm *comm, const comm_op *issued) {
   st = op.on_device ? device_coll_execute(comm, &op) : comm_execute(comm, &op);
   /* The transport may have completed it from data sent before a peer failed. */
   if (st == TD_OK && comm->xport && comm->xport->vtbl->op_done) st = comm->xport->vtbl->op_done(comm->xport);
-  if (st == TD_OK && op.kind != COMM_SEND && op.kind != COMM_RECV) comm_hdr_fill(&comm->last_coll, &op, comm->rank, 0);
+  /* (a staged device op records its last host chunk itself: that is what
+   * went over the wire) */
+  if (st == TD_OK && op.kind != COMM_SEND && op.kind != COMM_RECV && !op.on_device)
+    comm_hdr_fill(&comm->last_coll, &op, comm->rank, 0);
   /* A broken communicator reports its sticky status and message, whichever
    * thread detected the failure. */
   td_status sticky = comm_status(comm);
