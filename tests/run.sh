@@ -10,9 +10,10 @@
 # run under ASan in the time budget).
 #
 # Environment: TESTS=REGEX runs only tests whose name matches;
+#              SUITES="tests/a.suite ..." runs only those suite files
+#              (default: every tests/*.suite but tests/gpu.suite, whose
+#              lines need a GPU: scripts/gpu-check runs them there);
 #              TREES="build" skips the sanitizer pass;
-#              SUITES="tests/a.suite ..." runs those files (default: every
-#              tests/*.suite but tests/gpu.suite, which needs a GPU);
 #              JOBS=N runs up to N lines at once (default 2; 1: one by one).
 #              SERIAL=REGEX names the lines that run alone, nothing beside
 #              them (default: those whose point is a time bound, that
@@ -27,9 +28,8 @@
 set -u
 cd "$(dirname "$0")/.."
 trees=${TREES:-"build build/asan"}
-# tests/gpu.suite needs a GPU: scripts/gpu-check runs it (SUITES=tests/gpu.suite)
-suites=${SUITES:-$(ls tests/*.suite | grep -vx tests/gpu.suite)}
 filter=${TESTS:-.}
+suites=${SUITES:-$(ls tests/*.suite | grep -v '^tests/gpu\.suite$')}
 logdir=build/test-logs
 mkdir -p "$logdir"
 passed=0

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# scripts/check-layers against small objects whose arrows are known: it must
-# fail on a call from a lower layer to a higher one and on a circle, name the
-# files and symbols, and pass once both are gone.
+# scripts/check-layers against small objects and a small tree whose arrows
+# are known: it must fail on a call or an #include from a lower layer to a
+# higher one and on a circle, name the files and symbols, and pass once they
+# are gone.
 set -u
 cd "$(dirname "$0")/../.."
 tmp=$(mktemp -d /tmp/tandem-layers.XXXXXX)
@@ -38,4 +39,15 @@ obj src/nn/d 'int nn_d(int x) { return x; }'
 scripts/check-layers --objects "$tmp" "$@" >"$tmp/out" 2>&1 || fail "exit $? once untied, expected 0"
 grep -q "objects: 0 of 5 files in 0 circle(s)" "$tmp/out" || fail "a circle reported where none is"
 grep -q "net        1 files  uses: base" "$tmp/out" || fail "the layer picture does not show net using base"
-echo "PASS: check-layers names an upward call and a circle with their symbols, and passes once they are gone"
+# includes: base reaching up into net's header fails, net including base's passes
+mkdir -p "$tmp/tree/src/base" "$tmp/tree/src/net"
+printf '#include "net/net.h"\n' >"$tmp/tree/src/base/base.c"
+printf '#include "base/base.h"\n' >"$tmp/tree/src/net/net.h"
+: >"$tmp/tree/src/base/base.h"
+scripts/check-layers --includes "$tmp/tree" >"$tmp/out" 2>&1
+[ $? -eq 1 ] || fail "exit $? with an upward include, expected 1"
+grep -q "src/base/base.c (base) includes src/net/net.h (net)" "$tmp/out" || fail "the upward include is not named"
+grep -q "1 include(s) from a lower layer" "$tmp/out" || fail "not exactly one upward include"
+printf '#include "base/base.h"\n' >"$tmp/tree/src/base/base.c"
+scripts/check-layers --includes "$tmp/tree" >"$tmp/out" 2>&1 || fail "exit $? once the include points down, expected 0"
+echo "PASS: check-layers names an upward include, an upward call and a circle (with their symbols), and passes once they are gone"

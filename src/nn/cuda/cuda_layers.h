@@ -70,6 +70,16 @@ td_status td_cuda_gelu_backward(void *dinp /* (n) */, const void *inp /* (n) */,
 td_status td_cuda_matmul_forward(void *out /* (N, OC) */, const void *inp /* (N, IC) */,
                                  const void *weight /* (OC, IC) */, const void *bias /* (OC) or NULL */, int N,
                                  int IC, int OC, td_dtype dtype, void *stream);
+/* The forward with the fusions the GPT uses (src/nn's nn_linear_forward16):
+ *  - pre_gelu != NULL: pre_gelu = inp @ weight^T + bias, out = gelu(pre_gelu)
+ *    (the MLP's first product; cuBLASLt's GELU epilogue, the tanh form);
+ *  - residual != NULL: out = residual + inp @ weight^T + bias (the
+ *    projections back into the residual stream; residual may be out).
+ * Not both at once (TD_ERR_INVALID_ARGUMENT). */
+td_status td_cuda_matmul_forward_ex(void *out /* (N, OC) */, void *pre_gelu /* (N, OC) or NULL */,
+                                    const void *residual /* (N, OC) or NULL */, const void *inp /* (N, IC) */,
+                                    const void *weight /* (OC, IC) */, const void *bias /* (OC) or NULL */, int N,
+                                    int IC, int OC, td_dtype dtype, void *stream);
 /* td_linear_backward: dinp += dout @ weight, dweight += dout^T @ inp,
  * dbias += column sums of dout (each NULL: skipped). */
 td_status td_cuda_matmul_backward(void *dinp /* (N, IC) or NULL */, void *dweight /* (OC, IC) or NULL */,

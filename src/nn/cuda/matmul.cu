@@ -155,12 +155,14 @@ static uint32_t pointer_alignment(const void *p) {
   return align;
 }
 
-/* Column-major D (m, n) = op(A) op(B) (+ D when accumulate) (+ bias[m]).
- * *done = 0 (and TD_OK) when cuBLASLt has no algorithm: the caller falls
- * back to the tiled kernel. */
-static td_status lt_matmul(void *d, const void *A, const void *B, const void *bias, int m, int n, int k, int lda,
-                           int ldb, int ldd, int trans_a, int trans_b, int accumulate, td_dtype dtype, void *stream,
-                           int *done) {
+/* Column-major D (m, n) = op(A) op(B) (+ bias[m]) (+ Cin, same layout as D;
+ * Cin may be D: accumulate), and with aux (same layout): aux = that sum
+ * and D = gelu(aux) (cuBLASLt's GELU epilogue, the tanh form). *done = 0
+ * (and TD_OK) when cuBLASLt has no algorithm: the caller falls back to the
+ * tiled kernel. */
+static td_status lt_matmul(void *d, const void *A, const void *B, const void *bias, const void *c_in, void *aux, int m,
+                           int n, int k, int lda, int ldb, int ldd, int trans_a, int trans_b, td_dtype dtype,
+                           void *stream, int *done) {
   *done = 0;
   TD_CHECK(lt_init());
   cudaDataType_t t = dtype == TD_BF16 ? CUDA_R_16BF : CUDA_R_32F;
@@ -169,10 +171,17 @@ static td_status lt_matmul(void *d, const void *A, const void *B, const void *bi
   cublasOperation_t ta = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   LT_CHECK(cublasLtMatmulDescSetAttribute(call.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
   LT_CHECK(cublasLtMatmulDescSetAttribute(call.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-  if (bias) {
-    cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+  if (bias || aux) {
+    cublasLtEpilogue_t epi = aux ? (bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
+                                 : CUBLASLT_EPILOGUE_BIAS;
     LT_CHECK(cublasLtMatmulDescSetAttribute(call.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
-    LT_CHECK(cublasLtMatmulDescSetAttribute(call.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+    if (bias)
+      LT_CHECK(cublasLtMatmulDescSetAttribute(call.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+    if (aux) {
+      int64_t aux_ld = ldd;
+      LT_CHECK(cublasLtMatmulDescSetAttribute(call.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
+      LT_CHECK(cublasLtMatmulDescSetAttribute(call.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld));
+    }
   }
   /* stored shapes: op N reads (rows, cols) = (m, k) for A and (k, n) for B */
   LT_CHECK(cublasLtMatrixLayoutCreate(&call.a, t, trans_a ? k : m, trans_a ? m : k, lda));
@@ -184,12 +193,13 @@ static td_status lt_matmul(void *d, const void *A, const void *B, const void *bi
   /* the heuristic assumes 256-byte aligned operands unless told: tensors at
    * arbitrary arena offsets may be less aligned */
   uint32_t align_a = pointer_alignment(A), align_b = pointer_alignment(B), align_d = pointer_alignment(d);
+  uint32_t align_c = c_in ? pointer_alignment(c_in) : align_d;
   LT_CHECK(cublasLtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
                                                 sizeof align_a));
   LT_CHECK(cublasLtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b,
                                                 sizeof align_b));
-  LT_CHECK(cublasLtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d,
-                                                sizeof align_d));
+  LT_CHECK(cublasLtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c,
+                                                sizeof align_c));
   LT_CHECK(cublasLtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d,
                                                 sizeof align_d));
   cublasLtMatmulHeuristicResult_t heur;
@@ -197,9 +207,9 @@ static td_status lt_matmul(void *d, const void *A, const void *B, const void *bi
   cublasStatus_t hs =
       cublasLtMatmulAlgoGetHeuristic(lt_handle, call.op, call.a, call.b, call.c, call.c, call.pref, 1, &heur, &n_results);
   if (hs != CUBLAS_STATUS_SUCCESS || n_results == 0) return TD_OK; /* no algorithm: the tiled kernel */
-  float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-  LT_CHECK(cublasLtMatmul(lt_handle, call.op, &alpha, A, call.a, B, call.b, &beta, d, call.c, d, call.c, &heur.algo,
-                          lt_workspace, kWorkspaceBytes, (cudaStream_t)stream));
+  float alpha = 1.0f, beta = c_in ? 1.0f : 0.0f;
+  LT_CHECK(cublasLtMatmul(lt_handle, call.op, &alpha, A, call.a, B, call.b, &beta, c_in ? c_in : d, call.c, d, call.c,
+                          &heur.algo, lt_workspace, kWorkspaceBytes, (cudaStream_t)stream));
   *done = 1;
   return TD_OK;
 }
@@ -211,23 +221,45 @@ static td_status check_shape(const char *fname, int N, int IC, int OC) {
   return TD_OK;
 }
 
-extern "C" td_status td_cuda_matmul_forward(void *out, const void *inp, const void *weight, const void *bias, int N,
-                                            int IC, int OC, td_dtype dtype, void *stream) {
+extern "C" td_status td_cuda_matmul_forward_ex(void *out, void *pre_gelu, const void *residual, const void *inp,
+                                               const void *weight, const void *bias, int N, int IC, int OC,
+                                               td_dtype dtype, void *stream) {
   TD_CHECK(check_shape("td_cuda_matmul_forward", N, IC, OC));
+  if (pre_gelu && residual)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "td_cuda_matmul_forward_ex: GELU and a residual in one call");
+  if (dtype != TD_F32 && dtype != TD_BF16)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "td_cuda_matmul_forward: dtype %s: CUDA layers take f32 or bf16",
+                    td_dtype_name(dtype));
   if (N == 0 || OC == 0) return TD_OK;
 #ifdef TD_HAVE_CUBLASLT
-  if (use_cublaslt() && IC > 0 && (dtype == TD_F32 || dtype == TD_BF16)) {
+  if (use_cublaslt() && IC > 0) {
     int done = 0;
-    TD_CHECK(lt_matmul(out, weight, inp, bias, OC, N, IC, IC, IC, OC, 1, 0, 0, dtype, stream, &done));
+    TD_CHECK(lt_matmul(out, weight, inp, bias, residual, pre_gelu, OC, N, IC, IC, IC, OC, 1, 0, dtype, stream, &done));
     if (done) return TD_OK;
   }
 #endif
+  /* the tiled kernel: the product (+ bias) into pre_gelu, or into out on
+   * top of a copy of the residual; then GELU */
+  void *dst = pre_gelu ? pre_gelu : out;
+  int accumulate = 0;
+  if (residual) {
+    if (residual != out)
+      TD_CUDA_CHECK(cudaMemcpyAsync(out, residual, (size_t)N * OC * (dtype == TD_BF16 ? 2 : 4),
+                                    cudaMemcpyDeviceToDevice, (cudaStream_t)stream));
+    accumulate = 1;
+  }
   TD_CUDA_DISPATCH(dtype, "td_cuda_matmul_forward", {
     /* out (N, OC) = inp (N, IC) @ weight^T: B(k, n) = weight[n, k] */
-    return gemm<td_elem>((td_elem *)out, (const td_elem *)inp, (const td_elem *)weight, (const td_elem *)bias, N, OC, IC, IC, IC, OC, 0, 1, 0,
-                   stream);
+    TD_CHECK(gemm<td_elem>((td_elem *)dst, (const td_elem *)inp, (const td_elem *)weight, (const td_elem *)bias, N, OC,
+                           IC, IC, IC, OC, 0, 1, accumulate, stream));
   });
+  if (pre_gelu) TD_CHECK(td_cuda_gelu_forward(out, pre_gelu, (size_t)N * OC, dtype, stream));
   return TD_OK;
+}
+
+extern "C" td_status td_cuda_matmul_forward(void *out, const void *inp, const void *weight, const void *bias, int N,
+                                            int IC, int OC, td_dtype dtype, void *stream) {
+  return td_cuda_matmul_forward_ex(out, NULL, NULL, inp, weight, bias, N, IC, OC, dtype, stream);
 }
 
 extern "C" td_status td_cuda_matmul_backward(void *dinp, void *dweight, void *dbias, const void *dout,
@@ -238,11 +270,11 @@ extern "C" td_status td_cuda_matmul_backward(void *dinp, void *dweight, void *db
   if (use_cublaslt() && N > 0 && IC > 0 && OC > 0 && (dtype == TD_F32 || dtype == TD_BF16)) {
     int done = 0;
     if (dinp) { /* dinp^T (IC, N) += W^T (IC, OC) dout^T (OC, N) */
-      TD_CHECK(lt_matmul(dinp, weight, dout, NULL, IC, N, OC, IC, OC, IC, 0, 0, 1, dtype, stream, &done));
+      TD_CHECK(lt_matmul(dinp, weight, dout, NULL, dinp, NULL, IC, N, OC, IC, OC, IC, 0, 0, dtype, stream, &done));
       if (done) dinp = NULL;
     }
     if (dweight) { /* dW^T (IC, OC) += inp^T (IC, N) dout (N, OC) */
-      TD_CHECK(lt_matmul(dweight, inp, dout, NULL, IC, OC, N, IC, OC, IC, 0, 1, 1, dtype, stream, &done));
+      TD_CHECK(lt_matmul(dweight, inp, dout, NULL, dweight, NULL, IC, OC, N, IC, OC, IC, 0, 1, dtype, stream, &done));
       if (done) dweight = NULL;
     }
   }
