@@ -93,13 +93,14 @@ __thread sched *tls_sched;
 
 __thread cudaError_t last_error = cudaSuccess; /* per host thread, as the runtime's */
 std::mutex table_mutex;
+__thread int current_device = 0;
 struct alloc_info {
   size_t bytes;
   bool device;
+  int index; /* the current device when it was allocated (cudaPointerGetAttributes) */
 };
 std::map<uintptr_t, alloc_info> allocs;          /* device and pinned host */
 std::map<const void *, int> smem_limits;        /* cudaFuncSetAttribute */
-__thread int current_device = 0;
 
 cudaError_t set_error(cudaError_t e) {
   if (e != cudaSuccess) last_error = e;
@@ -229,7 +230,7 @@ bool run_block(sched *s, unsigned n_threads, const launch_cfg &cfg) {
   }
 }
 
-bool range_in_alloc(const void *p, size_t bytes, bool *device_out) {
+bool range_in_alloc(const void *p, size_t bytes, bool *device_out, int *index_out = nullptr) {
   std::lock_guard<std::mutex> lock(table_mutex);
   auto it = allocs.upper_bound((uintptr_t)p);
   if (it == allocs.begin()) return false;
@@ -238,6 +239,7 @@ bool range_in_alloc(const void *p, size_t bytes, bool *device_out) {
   if (q < base || q - base >= (it->second.bytes ? it->second.bytes : 1)) return false;
   if (q - base + bytes > it->second.bytes) return false; /* straddles the end */
   *device_out = it->second.device;
+  if (index_out) *index_out = it->second.index;
   return true;
 }
 
@@ -531,7 +533,7 @@ static cudaError_t emu_alloc(void **ptr, size_t size, bool device) {
   if (device) memset(p, 0xff, rounded); /* "uninitialized": NaN as f32 and bf16 */
   {
     std::lock_guard<std::mutex> lock(table_mutex);
-    allocs[(uintptr_t)p] = alloc_info{size, device};
+    allocs[(uintptr_t)p] = alloc_info{size, device, current_device};
   }
   *ptr = p;
   return cudaSuccess;
@@ -590,9 +592,10 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attributes, c
   if (!attributes) return set_error(cudaErrorInvalidValue);
   memset(attributes, 0, sizeof *attributes);
   bool device = false;
-  if (ptr && range_in_alloc(ptr, 1, &device)) {
+  int index = 0;
+  if (ptr && range_in_alloc(ptr, 1, &device, &index)) {
     attributes->type = device ? cudaMemoryTypeDevice : cudaMemoryTypeHost;
-    attributes->device = 0;
+    attributes->device = index;
     attributes->devicePointer = (void *)ptr;
     attributes->hostPointer = device ? nullptr : (void *)ptr;
   } else {

@@ -166,7 +166,9 @@ td_status nccl_create(td_comm *comm, td_device dev, const unsigned char id[NCCL_
     ncclResult_t r = nccl.comm_init_rank(&ns->nc, comm->size, uid, comm->rank);
     if (r != 0) {
       ns->nc = NULL;
-      st = nccl_error(r, "ncclCommInitRank");
+      st = td_error(TD_ERR_SYSTEM, "rank %d: NCCL ncclCommInitRank on cuda:%d failed: %s (NCCL_DEBUG=WARN says "
+                    "more; TANDEM_DEVICE_COLL=staged avoids NCCL)",
+                    comm->rank, dev.index, nccl.get_error_string(r));
     }
   }
   if (st != TD_OK) {
