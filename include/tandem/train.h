@@ -32,6 +32,7 @@
 
 #include "base.h"
 #include "comm.h"
+#include "device.h"
 #include "elastic.h"
 #include "nn.h"
 
@@ -177,7 +178,21 @@ typedef struct td_train_config {
    * loss scale of the saved run assume its batch. 1: load it anyway
    * (checkpoint.allow_batch_size_change; default 0). */
   int allow_batch_size_change;
+  /* Where the model trains: "cpu", "cuda" or "cuda:N" (config key "device";
+   * "": TANDEM_DEVICE, else "cpu"). td_train_device_select turns it into a
+   * td_device for this rank. */
+  char device[16];
 } td_train_config;
+
+/* The device this rank trains on, from spec ("cpu", "cuda", "cuda:N"; NULL
+ * or "": TANDEM_DEVICE, else "cpu"). "cuda" without an index picks
+ * cuda:(local_rank % visible GPUs), so that a host's ranks spread over its
+ * GPUs and share them when there are more ranks than GPUs (two ranks on one
+ * GPU is the staged-collective case). The device is opened (made current on
+ * this thread); a bad spelling, a build without CUDA, no GPU or an index
+ * beyond the visible GPUs fail with the device layer's message, naming
+ * where the spec came from. */
+td_status td_train_device_select(const char *spec, int local_rank, td_device *out);
 
 /* DeepSpeed's elastic batch choice (v0.1, deepspeed.elasticity): the
  * largest-compatibility global batch for cfg's micro_batch_sizes,
