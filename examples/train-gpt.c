@@ -189,7 +189,7 @@ static void build_config(const gpt_options *o, int world, td_train_config *cfg) 
  * stage (rank 0 prints; stdout, one line per stage, key=value pairs). */
 static void print_estimates(const td_model *model, const td_train_config *cfg, int world) {
   printf("%s: memory per rank at world=%d, params=%zu, micro_batch=%d (MiB; model states = params + grads + "
-         "optimizer + live + deterministic; DeepSpeed estimate_zero3_model_states_mem_needs_all_live)\n",
+         "optimizer + live + deterministic + replicas; DeepSpeed estimate_zero3_model_states_mem_needs_all_live)\n",
          app_name, world, model->n_params, cfg->micro_batch);
   for (int stage = 0; stage <= 3; stage++) {
     td_memory_estimate e;
@@ -199,10 +199,10 @@ static void print_estimates(const td_model *model, const td_train_config *cfg, i
       exit(1);
     }
     const double mib = 1024.0 * 1024.0;
-    printf("stage=%d params=%.1f grads=%.1f optimizer=%.1f live=%.1f deterministic=%.1f model_states=%.1f "
-           "activations=%.1f total=%.1f model_state_bytes=%zu disk=%.1f disk_bytes=%zu\n",
+    printf("stage=%d params=%.1f grads=%.1f optimizer=%.1f live=%.1f deterministic=%.1f replicas=%.1f "
+           "model_states=%.1f activations=%.1f total=%.1f model_state_bytes=%zu disk=%.1f disk_bytes=%zu\n",
            stage, e.params / mib, e.grads / mib, e.optimizer / mib, e.live / mib, e.deterministic / mib,
-           e.model_states / mib,
+           e.replicas / mib, e.model_states / mib,
            e.activations / mib, (e.model_states + e.activations) / mib, e.model_states, e.disk / mib, e.disk);
   }
   fflush(stdout);
@@ -274,7 +274,9 @@ int main(int argc, char **argv) {
   app_name = "train-gpt";
   gpt_options opt;
   parse_args(argc, argv, &opt);
-  if (opt.elastic || app_elastic_env() || app_config_elastic(&opt.common)) return elastic_main(&opt);
+  /* --estimate-memory under --elastic: the table, with the elastic copies */
+  int elastic = opt.elastic || app_elastic_env() || app_config_elastic(&opt.common);
+  if (elastic && !opt.estimate_memory) return elastic_main(&opt);
 
   app_run run;
   app_begin(&run, opt.common.metrics_path, 1);
@@ -301,6 +303,7 @@ int main(int argc, char **argv) {
   s = td_gpt_create(&opt.model, &model);
   if (s != TD_OK) app_fail(&run, "creating the GPT model", s);
   if (opt.estimate_memory) {
+    if (elastic) cfg.elasticity.enabled = 1; /* the buddy copies and deterministic reduction */
     if (run.rank == 0) print_estimates(model, &cfg, run.world);
     app_end(&run);
     td_model_destroy(model);
