@@ -288,10 +288,11 @@ int main(int argc, char **argv) {
   if (s != TD_OK) app_fail(&run, "choosing the device", s);
   if (dev.kind != TD_DEVICE_CPU) {
     char name[16];
-    fprintf(stderr, "%s: error: %s is there, but this build's GPT has no CUDA implementation yet (issue 18: the "
-                    "CUDA layers exist, the model over them does not): use --device cpu\n",
+    fprintf(stderr, "%s: error: %s is there, but the training engine does not run on a CUDA device yet (its "
+                    "parameter, gradient and optimizer arenas, optimizer step and checkpoints are host memory only; "
+                    "issue 18): use --device cpu\n",
             app_name, td_device_name(dev, name, sizeof name));
-    if (run.comm && run.world > 1) td_comm_abort(run.comm, "no CUDA GPT");
+    if (run.comm && run.world > 1) td_comm_abort(run.comm, "no device training engine yet");
     exit(APP_EXIT_FAIL);
   }
 
