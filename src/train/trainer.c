@@ -83,6 +83,50 @@ static float *grads_alloc(td_trainer *t, size_t bytes) {
 
 /* td_trainer_create, and td_trainer_create_unbound (comm NULL, world and
  * rank given: the arenas are cut for that world, and nothing communicates). */
+/* ---- a model on a device (core/devops.h) ----
+ * What the trainer does on a device today: ZeRO stage 0, fp32, AdamW,
+ * every rank holding whole arenas. The rest is refused at creation, naming
+ * what to change. */
+static td_status device_refusals(const td_trainer *t) {
+  char name[16];
+  td_device_name(t->device, name, sizeof name);
+  const char *what = NULL;
+  if (t->zero_stage != 0) what = "ZeRO stages 1-3 (set zero_optimization.stage to 0)";
+  else if (t->cfg.offload.optimizer_device != TD_OFFLOAD_NONE || t->cfg.offload.param_device != TD_OFFLOAD_NONE)
+    what = "offload (remove offload_optimizer / offload_param)";
+  else if (t->cfg.deterministic_reduction == 1 || t->cfg.elasticity.enabled)
+    what = "deterministic reduction and elastic training (remove deterministic_reduction and elasticity)";
+  else if (t->cfg.optimizer.kind != TD_OPTIMIZER_ADAMW) what = "an optimizer other than AdamW (use \"AdamW\")";
+  else if (t->cfg.precision.compute != TD_F32 || t->cfg.precision.comm_dtype != TD_F32)
+    what = "bf16/fp16 training or communication (train in fp32)";
+  else if (t->cfg.activation_checkpointing) what = "activation checkpointing (remove activation_checkpointing)";
+  if (!what) return TD_OK;
+  return td_error(TD_ERR_INVALID_USAGE, "rank %d: training on %s does not support %s yet; or train on the CPU "
+                  "(--device cpu)", t->rank, name, what);
+}
+
+static td_status device_arenas_alloc(td_trainer *t, size_t arena_bytes) {
+  TD_CHECK(td_device_alloc(t->device, arena_bytes, (void **)&t->params));
+  TD_CHECK(td_device_alloc(t->device, arena_bytes, (void **)&t->grads));
+  for (int i = 0; i < t->n_states; i++) {
+    TD_CHECK(td_device_alloc(t->device, arena_bytes, (void **)&t->states[i]));
+    TD_CHECK(td_device_memset0(t->device, t->states[i], arena_bytes));
+  }
+  TD_CHECK(td_device_memset0(t->device, t->params, arena_bytes)); /* a model kind the initializer does not know */
+  return td_device_alloc(t->device, t->devops->scratch_floats * sizeof(float), (void **)&t->dev_scratch);
+}
+
+static td_status device_init_params(td_trainer *t) {
+  float *host = td_alloc(t->n_params * sizeof(float));
+  if (!host) return td_error(TD_ERR_SYSTEM, "rank %d: out of memory initializing %zu parameters on the host", t->rank,
+                             t->n_params);
+  memset(host, 0, t->n_params * sizeof(float));
+  td_model_init_params(t->model, host, t->cfg.seed);
+  td_status st = td_device_copy(t->params, t->device, host, (td_device){TD_DEVICE_CPU, 0}, t->n_params * sizeof(float));
+  td_free(host);
+  return st;
+}
+
 static td_status trainer_create(const td_train_config *cfg_in, td_model *model, td_dataset *dataset, td_comm *comm,
                                 int world, int rank, td_trainer **out) {
   if (out) *out = NULL;
@@ -133,7 +177,12 @@ static td_status trainer_create(const td_train_config *cfg_in, td_model *model, 
     goto fail;
   }
   size_t arena_bytes = t->n_params * sizeof(float);
-  if (t->zero_stage >= 1) {
+  t->device = model->device;
+  TD_CHECK_GOTO(train_devops_for(t->device, &t->devops), st, fail);
+  if (t->devops) {
+    TD_CHECK_GOTO(device_refusals(t), st, fail);
+    TD_CHECK_GOTO(device_arenas_alloc(t, arena_bytes), st, fail);
+  } else if (t->zero_stage >= 1) {
     TD_CHECK_GOTO(zero_create(t), st, fail);
     /* stage 1 keeps whole gradients, averaged as at stage 0 */
     if (t->zero_stage == 1 && !(t->grads = grads_alloc(t, arena_bytes))) {
@@ -186,7 +235,11 @@ static td_status trainer_create(const td_train_config *cfg_in, td_model *model, 
                                                         t->shard_hi));
     if (st != TD_OK) goto fail;
   } else {
-    td_model_init_params(model, t->params, t->cfg.seed);
+    if (t->devops) /* initialized on the host (the same values as on a CPU), then copied in */
+      st = device_init_params(t);
+    else
+      td_model_init_params(model, t->params, t->cfg.seed);
+    if (st != TD_OK) goto fail;
     /* Every rank could initialize identically from the seed, but
      * broadcasting from rank 0 also guards against any rank-dependent
      * initializer. */
@@ -216,6 +269,9 @@ td_status td_trainer_create_unbound(const td_train_config *cfg, td_model *model,
   if (world < 1 || rank < 0 || rank >= world)
     return td_error(TD_ERR_INVALID_ARGUMENT, "td_trainer_create_unbound: rank %d of world %d: need 0 <= rank < world",
                     rank, world);
+  if (model && model->device.kind != TD_DEVICE_CPU)
+    return td_error(TD_ERR_INVALID_USAGE, "td_trainer_create_unbound: elastic training on a device is not supported "
+                                          "yet: train on the CPU (--device cpu)");
   if (cfg && (cfg->offload.optimizer_device == TD_OFFLOAD_NVME || cfg->offload.param_device == TD_OFFLOAD_NVME))
     return td_error(TD_ERR_INVALID_USAGE, "td_trainer_create_unbound: NVMe offload cuts its files for one world "
                                           "size at creation: create the trainer with its communicator");
@@ -232,6 +288,13 @@ void td_trainer_destroy(td_trainer *t) {
   offload_destroy(t); /* removes the offload files, also after a failure */
   free(t->requests);
   free(t->agree_flags);
+  if (t->devops) {
+    td_device_free(t->device, t->params);
+    td_device_free(t->device, t->grads);
+    for (int i = 0; i < 2; i++) td_device_free(t->device, t->states[i]);
+    td_device_free(t->device, t->dev_scratch);
+    t->params = t->grads = t->states[0] = t->states[1] = NULL;
+  }
   td_free(t->params);
   if (t->grads_shared)
     td_mem_free(t->grads);
@@ -467,6 +530,8 @@ static td_status trainer_step(td_trainer *t, td_step_stats *stats) {
   }
   if (t->zero)
     zero_step_begin(t);
+  else if (t->devops)
+    local = td_device_memset0(t->device, t->grads, t->n_params * sizeof(float));
   else
     memset(t->grads, 0, t->n_params * sizeof(float));
   double loss_sum = 0;
@@ -566,7 +631,11 @@ static td_status step_finish(td_trainer *t, td_step_stats *stats, double loss, d
     /* the loss scale (fp16) divides out here, folded into the clip factor */
     double loss_scale = t->scaler.scale;
     /* from per-shard partial sums, at every stage; or in the canonical tree */
-    TD_CHECK(t->det ? det_grad_norm(t, &norm) : zero_grad_norm(t, &norm));
+    if (t->devops) { /* every rank holds the whole averaged gradient (stage 0) */
+      TD_CHECK(t->devops->sum_squares(t->device, t->dev_scratch, t->grads, t->n_params, &norm));
+      norm = sqrt(norm);
+    } else
+      TD_CHECK(t->det ? det_grad_norm(t, &norm) : zero_grad_norm(t, &norm));
     norm /= loss_scale;
     scale = td_clip_scale(norm, t->cfg.grad_clip);
     const td_optimizer_config *o = &t->cfg.optimizer;
@@ -575,6 +644,9 @@ static td_status step_finish(td_trainer *t, td_step_stats *stats, double loss, d
     long adam_t = t->step + 1 - t->scaler.skipped;
     if (t->zero)
       TD_CHECK(zero_update(t, lr, grad_scale, adam_t));
+    else if (t->devops) /* AdamW only (device_refusals) */
+      TD_CHECK(t->devops->adamw(t->device, t->params, t->grads, t->states[0], t->states[1], t->n_params, lr, o->beta1,
+                                o->beta2, o->eps, o->weight_decay, adam_t, grad_scale));
     else if (o->kind == TD_OPTIMIZER_ADAMW)
       td_adamw_update(t->params, t->grads, t->states[0], t->states[1], t->n_params, lr, o->beta1, o->beta2, o->eps,
                       o->weight_decay, adam_t, grad_scale);

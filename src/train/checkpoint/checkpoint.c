@@ -61,17 +61,33 @@ td_status td_trainer_save(td_trainer *t, const char *root) {
                     "supported yet (the state is in files under nvme_path); train without checkpoints or without "
                     "offload", t->rank);
   td_ckpt_region regions[TD_CKPT_MAX_ARENAS];
+  float *host[TD_CKPT_MAX_ARENAS] = {0}; /* device arenas: their host copies (whole: stage 0 on a device) */
   int n = 1 + t->n_states;
-  for (int a = 0; a < n; a++) {
+  td_status st = TD_OK;
+  for (int a = 0; a < n && st == TD_OK; a++) {
     uint64_t lo, hi;
     float *data = held(t, a, &lo, &hi);
+    if (t->devops) {
+      /* a device's checkpoint is the host's: the same files, loadable on CPUs */
+      host[a] = staging_alloc((size_t)(hi - lo));
+      st = host[a] ? td_device_copy(host[a], (td_device){TD_DEVICE_CPU, 0}, data, t->device,
+                                    (size_t)(hi - lo) * sizeof(float))
+                   : td_error(TD_ERR_SYSTEM, "rank %d: out of memory copying the device arenas to the host for the "
+                              "checkpoint", t->rank);
+      data = host[a];
+    }
     size_t off, len;
     td_shard_range(t->n_params, t->world, t->rank, &off, &len);
     uint64_t w_lo = TD_MAX(lo, (uint64_t)off), w_hi = TD_MIN(hi, (uint64_t)(off + len));
     if (w_hi < w_lo) w_hi = w_lo;
     regions[a] = (td_ckpt_region){a, data + (w_lo - lo), w_lo, w_hi};
   }
-  return td_ckpt_save_regions(t, root, regions, n);
+  /* on a device every rank agrees on its copy first: one whose copy failed
+   * must not leave the others saving alone */
+  if (t->devops) st = td_trainer_agree(t, st);
+  if (st == TD_OK) st = td_ckpt_save_regions(t, root, regions, n);
+  for (int a = 0; a < n; a++) td_free(host[a]);
+  return st;
 }
 
 td_status td_trainer_resume(td_trainer *t, const char *path) {
@@ -125,8 +141,13 @@ td_status td_trainer_resume(td_trainer *t, const char *path) {
   if (distributed && loaded) st = td_trainer_agree(t, st);
   if (st == TD_OK) {
     /* Commit. */
-    for (int a = 0; a < n; a++)
-      memcpy(arena_mem[a], staging[a], (size_t)(held_hi[a] - held_lo[a]) * sizeof(float));
+    for (int a = 0; a < n && st == TD_OK; a++) {
+      size_t bytes = (size_t)(held_hi[a] - held_lo[a]) * sizeof(float);
+      if (t->devops) /* a CPU's checkpoint on a device: copied in */
+        st = td_device_copy(arena_mem[a], t->device, staging[a], (td_device){TD_DEVICE_CPU, 0}, bytes);
+      else
+        memcpy(arena_mem[a], staging[a], bytes);
+    }
     t->step = m.step;
     t->consumed = m.consumed;
     if (m.has_scaler) {

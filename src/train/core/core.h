@@ -8,6 +8,7 @@
 
 #include "base/base.h"
 #include "tandem/train.h"
+#include "train/core/devops.h"
 
 /* ---- distributed sampler ----
  * The stream of samples is the concatenation of per-epoch permutations of
@@ -91,6 +92,13 @@ struct td_trainer {
   bool grads_shared; /* grads came from td_mem_alloc (host-shared) */
   int n_states;   /* optimizer state arenas */
   float *states[2];
+  /* The model's device (td_model.device) and its ops (core/devops.h): with
+   * devops non-NULL, params, grads and states above are device arenas
+   * (td_device_alloc), whole on every rank (ZeRO stage 0 only), and
+   * dev_scratch is devops->scratch_floats of device memory. */
+  td_device device;
+  const train_devops *devops;
+  float *dev_scratch;
 
   long step;         /* optimizer steps done */
   uint64_t consumed; /* sampler stream positions consumed (step x G unless G changed) */
