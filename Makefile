@@ -185,7 +185,7 @@ endif
 
 cuda-emu:
 	@$(MAKE) --no-print-directory CUDA_EMU=1 BUILD=build/cudaemu SAN=1 OPT="-O1" cuda-emu-tree
-cuda-emu-tree: report-config $(LIBA) $(CUDA_TESTS) $(BUILD)/tests/test_device $(BUILD)/bin/train-gpt $(BUILD)/bin/tandemrun
+cuda-emu-tree: report-config $(LIBA) $(CUDA_TESTS) $(BUILD)/tests/test_device $(BUILD)/tests/test_gpt_device $(BUILD)/bin/train-gpt $(BUILD)/bin/tandemrun
 TESTLIB_OBJS := $(TESTLIB_SRCS:%.c=$(BUILD)/obj/%.o)
 TOOLS      := $(patsubst %.c,$(BUILD)/bin/%,$(notdir $(TOOL_SRCS)))
 TESTS      := $(patsubst %.c,$(BUILD)/tests/%,$(notdir $(TEST_SRCS)))
