@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "base.h"
+#include "device.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -105,6 +106,12 @@ struct td_model {
    * checks td_model.supports_param_access). */
   const td_param_access *param_access;
   int supports_param_access; /* set by the model: it honours param_access */
+  /* Where the model computes (td_gpt_create_on): on a CUDA device, the
+   * params and grads that forward and backward take are device pointers to
+   * arenas of the same layout, and the activations live there too; inputs,
+   * targets, the loss and predictions stay host memory. {TD_DEVICE_CPU, 0}
+   * for every model made by the plain constructors. */
+  td_device device;
 };
 
 /* Fill the parameter arena with the model's initial values, deterministically
@@ -126,6 +133,29 @@ typedef struct td_gpt_config {
                  * as shared/peers/torch_gpt_ddp.py */
 } td_gpt_config;
 td_status td_gpt_create(const td_gpt_config *config, td_model **out);
+/* The same GPT (same tensor table, config text and initial values, so that
+ * checkpoints move between devices) computing on `device`. CPU: exactly
+ * td_gpt_create. CUDA (src/nn/cuda/gpt_cuda.c, in builds with CUDA): opens
+ * the device (td_device_open's errors, e.g. "built without CUDA"), and the
+ * model's forward/backward take device pointers to f32 parameter and
+ * gradient arenas; every layer runs as a CUDA kernel (src/nn/cuda) on the
+ * model's own stream; forward and backward return with that work done.
+ * Backward calls ready() once a block's gradients are in device memory (the
+ * stream is synchronized per block, only when ready is given); f32 arenas
+ * unless td_gpt_set_device_dtype says bf16. Not supported there yet: ZeRO stage 3's param_access (the model says
+ * supports_param_access = 0), activation checkpointing (that op is NULL),
+ * td_gpt_generate (refused). */
+td_status td_gpt_create_on(const td_gpt_config *config, td_device device, td_model **out);
+/* The element type of a device GPT's parameter and gradient arenas and of
+ * its activations: TD_F32 (the default) or TD_BF16, llm.c's and DeepSpeed's
+ * mixed precision, where params and grads point to bf16 arrays with the
+ * same element offsets as the f32 ones (the engine keeps the f32 master
+ * weights and writes the bf16 copy, e.g. src/train/cuda's td_cuda_adamw);
+ * layer-norm statistics, attention weights and losses stay f32, and every
+ * kernel computes in f32. Takes effect at the next prepare (the activations
+ * are laid out again). A CPU GPT's arenas are f32 only (its bf16 products:
+ * td_nn_set_compute_dtype). */
+td_status td_gpt_set_device_dtype(td_model *model, td_dtype dtype);
 /* Generate `n` tokens after the prompt (greedy if temperature <= 0), writing
  * them to out. Uses a private batch-1 workspace. */
 td_status td_gpt_generate(td_model *model, const float *params, const int32_t *prompt, int n_prompt, int n,

@@ -90,6 +90,7 @@ typedef struct gpt_model {
   int have_targets;
   char config_text[160]; /* td_model.config */
   int ckpt;              /* activation checkpointing asked for (set_activation_checkpointing) */
+  void *device_state;    /* the device twin's (nn_gpt_device_state); NULL on the CPU */
 } gpt_model;
 
 static const td_model_ops gpt_ops;
@@ -433,6 +434,9 @@ static void gpt_predict(td_model *model, int32_t *out) {
   }
 }
 
+const td_gpt_config *nn_gpt_config(const td_model *model) { return &((const gpt_model *)model)->cfg; }
+void **nn_gpt_device_state(td_model *model) { return &((gpt_model *)model)->device_state; }
+
 static void gpt_destroy(td_model *model) {
   gpt_model *g = (gpt_model *)model;
   if (!g) return;
@@ -443,6 +447,8 @@ static void gpt_destroy(td_model *model) {
   free(g->names);
   free(g);
 }
+
+void nn_gpt_free_host(td_model *model) { gpt_destroy(model); }
 
 static td_status gpt_set_activation_checkpointing(td_model *model, int on) {
   ((gpt_model *)model)->ckpt = on != 0;
@@ -606,6 +612,9 @@ td_status td_gpt_generate(td_model *model, const float *params, const int32_t *p
                           float temperature, uint64_t seed, int32_t *out) {
   if (!model || strcmp(model->kind, "gpt") != 0)
     return td_error(TD_ERR_INVALID_ARGUMENT, "td_gpt_generate: model must be a GPT from td_gpt_create");
+  if (model->device.kind != TD_DEVICE_CPU)
+    return td_error(TD_ERR_INVALID_USAGE, "td_gpt_generate: the model computes on a GPU; sampling runs on the CPU "
+                    "only: copy the parameters to the host and generate with a CPU GPT (td_gpt_create)");
   gpt_model *g = (gpt_model *)model;
   const int T = g->cfg.seq, V = g->cfg.vocab;
   if (n < 0 || n_prompt < 0 || (n > 0 && !out) || (n_prompt > 0 && !prompt))

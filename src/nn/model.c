@@ -1,5 +1,6 @@
 /* Model-independent entry points: parameter init dispatch (to gpt.c and
- * cnn.c) and destroy. */
+ * cnn.c), the choice of device (td_gpt_create_on: gpt.c, then
+ * cuda/gpt_cuda.c on a CUDA device), and destroy. */
 #include "nn_internal.h"
 
 #include <string.h>
@@ -10,6 +11,42 @@ void td_model_init_params(const td_model *model, float *params, uint64_t seed) {
     nn_gpt_init_params(model, params, seed);
   else if (strcmp(model->kind, "cnn") == 0)
     nn_cnn_init_params(model, params, seed);
+}
+
+td_status td_gpt_create_on(const td_gpt_config *config, td_device device, td_model **out) {
+  if (!out) return td_error(TD_ERR_INVALID_ARGUMENT, "td_gpt_create_on: out must not be NULL");
+  *out = NULL;
+  if (device.kind == TD_DEVICE_CPU) return td_gpt_create(config, out);
+  /* says "built without CUDA", "no CUDA device: ..." or "cuda:N asked, M visible" */
+  TD_CHECK(td_device_open(device));
+#ifdef TD_HAVE_CUDA
+  td_model *model = NULL;
+  TD_CHECK(td_gpt_create(config, &model));
+  td_status st = nn_gpt_cuda_attach(model, device);
+  if (st != TD_OK) {
+    td_model_destroy(model); /* still the CPU model: attach changes nothing on failure */
+    return st;
+  }
+  *out = model;
+  return TD_OK;
+#else
+  return td_error(TD_ERR_INTERNAL, "td_gpt_create_on: td_device_open accepted a CUDA device in a build without CUDA");
+#endif
+}
+
+td_status td_gpt_set_device_dtype(td_model *model, td_dtype dtype) {
+  if (!model || strcmp(model->kind, "gpt") != 0)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "td_gpt_set_device_dtype: model must be a GPT");
+  if (model->device.kind == TD_DEVICE_CPU) {
+    if (dtype == TD_F32) return TD_OK;
+    return td_error(TD_ERR_INVALID_ARGUMENT, "td_gpt_set_device_dtype: a CPU GPT's arenas are f32; for bf16 products "
+                    "on the CPU use td_nn_set_compute_dtype (train-gpt --bf16)");
+  }
+#ifdef TD_HAVE_CUDA
+  return nn_gpt_cuda_set_dtype(model, dtype);
+#else
+  return td_error(TD_ERR_INTERNAL, "td_gpt_set_device_dtype: a device model in a build without CUDA");
+#endif
 }
 
 td_status td_model_init_params_range(const td_model *model, float *dst, uint64_t seed, size_t lo, size_t hi) {

@@ -353,6 +353,20 @@ void nn_attention_backward_blas(float *dinp /* (B, T, 3C) */, float beta, float 
                                 const float *att /* (B, NH, T, T) */, int B, int T, int C, int NH);
 
 /* ---- models ---- */
+/* The GPT's config, and a slot for its device twin's state (gpt_cuda.c),
+ * which keeps the CPU model's tensor table, config text and initializer and
+ * replaces its ops. nn_gpt_free_host frees the CPU side (what the CPU
+ * destroy frees), for the device twin's destroy. */
+const td_gpt_config *nn_gpt_config(const td_model *model);
+void **nn_gpt_device_state(td_model *model);
+void nn_gpt_free_host(td_model *model);
+#ifdef TD_HAVE_CUDA
+/* src/nn/cuda/gpt_cuda.c: turn a CPU GPT from td_gpt_create into its twin
+ * on CUDA device dev (already opened); on failure the model is unchanged. */
+td_status nn_gpt_cuda_attach(td_model *model, td_device dev);
+/* td_gpt_set_device_dtype on such a model */
+td_status nn_gpt_cuda_set_dtype(td_model *model, td_dtype dtype);
+#endif
 void nn_gpt_init_params(const td_model *model, float *params, uint64_t seed);
 void nn_gpt_init_params_range(const td_model *model, float *dst, uint64_t seed, size_t lo, size_t hi);
 void nn_cnn_init_params(const td_model *model, float *params, uint64_t seed);

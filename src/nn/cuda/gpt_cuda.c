@@ -1,0 +1,521 @@
+/* src/nn/cuda/gpt_cuda.c: the GPT (src/nn/gpt.c) on a CUDA device. The CPU
+ * model stays what it is for everything but computing: its tensor table,
+ * config text and initializer (so that parameters, checkpoints and the
+ * engine's buckets are the same on both), and this file replaces its ops
+ * with ones whose params and grads are device pointers to arenas of the
+ * same layout, of f32 or (td_gpt_set_device_dtype) bf16 elements; the
+ * activations are of that type too, the statistics, attention weights and
+ * losses f32. Every layer is a launch of src/nn/cuda's kernels, in the
+ * order and with the shapes of gpt.c's forward and backward (llm.c's
+ * train_gpt2.cu is the model), on one stream that the model owns.
+ *
+ * Memory, allocated by prepare(batch) on the device in one block:
+ *   forward:  encoded; per layer ln1 (+mean, rstd), qkv, atty, the attention
+ *             cache (att (B,NH,T,T) for the unfused kernels, lse (B,NH,T) for
+ *             the fused ones), res2, ln2 (+mean, rstd), fch (pre-GELU), fch_gelu,
+ *             res3; lnf (+mean, rstd); logits (B,T,V); losses (B,T); tokens
+ *             and targets (int32)
+ *   backward: dres (the residual stream's gradient), dbuf_c, dbuf_3c, two
+ *             4C-wide buffers (GELU's input and output gradients: the
+ *             launchers accumulate, so they cannot work in place), and the
+ *             attention's scratch
+ * and in pinned host memory the tokens, targets and per-position losses, so
+ * that their copies are asynchronous.
+ *
+ * The loss: the fused softmax-cross-entropy writes each position's loss and
+ * turns the logits into their gradient in place (at dloss 1; backward with
+ * another loss_scale recomputes the logits and runs it again at that scale);
+ * the mean over positions is summed on the host in double, in position order. predict() after a forward with
+ * targets recomputes the logits from lnf (one product) since the fused
+ * kernel overwrote them; a backward after that predict does nothing.
+ *
+ * Both forward and backward return with their work done (the loss is on the
+ * host; the gradients in device memory), so the engine may read the arenas
+ * on any stream.
+ *
+ * Attention: the fused (flash-style) kernels where td_cuda_attention_fused
+ * picks them for the head size (TANDEM_CUDA_ATTENTION), else the unfused
+ * pair, whose (B, NH, T, T) weights per layer cost far more memory.
+ *
+ * Errors: forward returns NaN with the launcher's message in
+ * td_last_error(); backward cannot return one, so it stops at the first
+ * failure, logs it, and the next forward returns NaN with the same message. */
+#include "nn/cuda/cuda_layers.h"
+#include "nn/nn_internal.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { P_LN1W, P_LN1B, P_QKVW, P_QKVB, P_PROJW, P_PROJB, P_LN2W, P_LN2B, P_FCW, P_FCB, P_FC2W, P_FC2B, P_PER_LAYER };
+
+typedef struct cuda_acts {
+  int B; /* sized for; T is the config's seq */
+  /* of the model's dtype (bytes: element i of x is x + i * es) */
+  char *encoded, *ln1, *qkv, *atty, *res2, *ln2, *fch, *fch_gelu, *res3, *lnf, *logits;
+  char *dres, *dbuf_c, *dbuf_3c, *dbuf_4c, *dbuf_4c2;
+  /* always f32 */
+  float *ln1_mean, *ln1_rstd, *attc, *ln2_mean, *ln2_rstd, *lnf_mean, *lnf_rstd, *losses, *att_scratch;
+  int32_t *tokens, *targets;
+  void *memory; /* the device block all of the above point into */
+  size_t bytes;
+  /* pinned host staging */
+  int32_t *h_tokens, *h_targets;
+  float *h_losses;
+} cuda_acts;
+
+typedef struct gpt_cuda {
+  td_device dev;
+  td_stream *stream;
+  td_dtype dtype;             /* of params, grads and activations: TD_F32 or TD_BF16 (td_gpt_set_device_dtype) */
+  size_t es;                  /* its size in bytes */
+  int fused_attention;        /* td_cuda_attention_fused for this head size */
+  cuda_acts acts;
+  int last_B;
+  const void *last_params; /* the last forward's (predict recomputes the logits with them) */
+  int have_targets;   /* the last forward had targets: logits hold dlogits */
+  td_status error;    /* sticky failure of a backward (see the file comment) */
+  char error_msg[512];
+} gpt_cuda;
+
+static gpt_cuda *state(td_model *model) { return *nn_gpt_device_state(model); }
+
+/* Offset (floats) of tensor `which` of layer l, and of the named tensors,
+ * from the CPU model's table: wte, wpe, L x 12 per layer, ln_f.weight,
+ * ln_f.bias, lm_head.weight unless tied (gpt.c's order). */
+static size_t off_layer(const td_model *m, int l, int which) { return m->tensors[2 + l * P_PER_LAYER + which].offset; }
+static size_t off_named(const td_model *m, int i) { return m->tensors[i].offset; }
+/* element `off` of an arena of the model's dtype */
+#define AT(arena, off) ((char *)(arena) + (size_t)(off) * gc->es)
+/* layer l's slice of a per-layer activation of `width` channels */
+#define ACT(buf, width) (a->buf + (size_t)l * sBT * (width) * gc->es)
+
+/* The attention cache per layer: (B, NH, T, T) unfused, (B, NH, T) fused. */
+static size_t att_cache_floats(const gpt_cuda *gc, const td_gpt_config *c, int B) {
+  size_t bnh_t = (size_t)B * c->heads * c->seq;
+  return gc->fused_attention ? bnh_t : bnh_t * c->seq;
+}
+
+/* Lay out (or, with base NULL, size) the device block. Every buffer starts
+ * on a 256-byte boundary, as cudaMalloc's own do. */
+static size_t acts_plan(cuda_acts *a, const gpt_cuda *gc, const td_gpt_config *c, int B, char *base) {
+  const size_t L = (size_t)c->layers, C = (size_t)c->channels, V = (size_t)c->vocab, es = gc->es;
+  const size_t BT = (size_t)B * c->seq, att = att_cache_floats(gc, c, B);
+  size_t off = 0;
+#define TAKE(ptr, type, count)                                         \
+  do {                                                                 \
+    (ptr) = base ? (type *)(base + off) : NULL;                        \
+    off += (((size_t)(count) * sizeof(type)) + 255) & ~(size_t)255;    \
+  } while (0)
+  TAKE(a->encoded, char, BT * C * es);
+  TAKE(a->ln1, char, L * BT * C * es);
+  TAKE(a->ln1_mean, float, L * BT);
+  TAKE(a->ln1_rstd, float, L * BT);
+  TAKE(a->qkv, char, L * BT * 3 * C * es);
+  TAKE(a->atty, char, L * BT * C * es);
+  TAKE(a->attc, float, L * att);
+  TAKE(a->res2, char, L * BT * C * es);
+  TAKE(a->ln2, char, L * BT * C * es);
+  TAKE(a->ln2_mean, float, L * BT);
+  TAKE(a->ln2_rstd, float, L * BT);
+  TAKE(a->fch, char, L * BT * 4 * C * es);
+  TAKE(a->fch_gelu, char, L * BT * 4 * C * es);
+  TAKE(a->res3, char, L * BT * C * es);
+  TAKE(a->lnf, char, BT * C * es);
+  TAKE(a->lnf_mean, float, BT);
+  TAKE(a->lnf_rstd, float, BT);
+  TAKE(a->logits, char, BT * V * es);
+  TAKE(a->losses, float, BT);
+  TAKE(a->dres, char, BT * C * es);
+  TAKE(a->dbuf_c, char, BT * C * es);
+  TAKE(a->dbuf_3c, char, BT * 3 * C * es);
+  TAKE(a->dbuf_4c, char, BT * 4 * C * es);
+  TAKE(a->dbuf_4c2, char, BT * 4 * C * es);
+  TAKE(a->att_scratch, float, att);
+  TAKE(a->tokens, int32_t, BT);
+  TAKE(a->targets, int32_t, BT);
+#undef TAKE
+  return off;
+}
+
+static void acts_free(gpt_cuda *gc) {
+  cuda_acts *a = &gc->acts;
+  td_device_free(gc->dev, a->memory);
+  td_host_free_pinned(a->h_tokens);
+  td_host_free_pinned(a->h_targets);
+  td_host_free_pinned(a->h_losses);
+  memset(a, 0, sizeof *a);
+}
+
+static size_t gpt_cuda_activation_bytes(const td_model *model, int batch) {
+  const gpt_cuda *gc = *nn_gpt_device_state((td_model *)model);
+  cuda_acts a;
+  return batch > 0 ? acts_plan(&a, gc, nn_gpt_config(model), batch, NULL) : 0;
+}
+
+static td_status gpt_cuda_prepare(td_model *model, int batch) {
+  gpt_cuda *gc = state(model);
+  const td_gpt_config *c = nn_gpt_config(model);
+  if (batch <= 0) return td_error(TD_ERR_INVALID_ARGUMENT, "gpt (cuda): micro-batch must be positive, got %d", batch);
+  if (gc->acts.memory && gc->acts.B == batch) return TD_OK;
+  /* the old buffers may still be read by queued work */
+  TD_CHECK(td_stream_sync(gc->stream));
+  acts_free(gc);
+  cuda_acts *a = &gc->acts;
+  size_t bytes = acts_plan(a, gc, c, batch, NULL);
+  size_t BT = (size_t)batch * c->seq;
+  td_status st = td_device_alloc(gc->dev, bytes, &a->memory);
+  if (st == TD_OK) st = td_host_alloc_pinned(BT * sizeof(int32_t), (void **)&a->h_tokens);
+  if (st == TD_OK) st = td_host_alloc_pinned(BT * sizeof(int32_t), (void **)&a->h_targets);
+  if (st == TD_OK) st = td_host_alloc_pinned(BT * sizeof(float), (void **)&a->h_losses);
+  if (st != TD_OK) {
+    char msg[400];
+    snprintf(msg, sizeof msg, "%s", td_last_error());
+    acts_free(gc);
+    return td_error(st, "gpt (cuda): activations for micro-batch %d (%.1f MiB): %s", batch,
+                    (double)bytes / (1 << 20), msg);
+  }
+  acts_plan(a, gc, c, batch, a->memory);
+  a->B = batch;
+  a->bytes = bytes;
+  model->activation_bytes = bytes;
+  gc->last_B = 0;
+  gc->have_targets = 0;
+  return TD_OK;
+}
+
+/* Evaluate a launcher; on failure leave the function through `fail`. */
+#define RUN(call)                    \
+  do {                               \
+    if ((call) != TD_OK) goto fail;  \
+  } while (0)
+
+/* The LM head's product: logits = lnf @ head^T. */
+static td_status head_forward(td_model *model, const void *params) {
+  gpt_cuda *gc = state(model);
+  const td_gpt_config *c = nn_gpt_config(model);
+  const int tied = c->tied != 0, BT = gc->last_B * c->seq;
+  const void *head = AT(params, off_named(model, tied ? 0 : 4 + c->layers * P_PER_LAYER));
+  return td_cuda_matmul_forward(gc->acts.logits, gc->acts.lnf, head, NULL, BT, c->channels, c->vocab, gc->dtype,
+                                td_stream_native(gc->stream));
+}
+
+static float gpt_cuda_forward(td_model *model, const float *params, const void *inputs, const int32_t *targets,
+                              int batch) {
+  gpt_cuda *gc = state(model);
+  const td_gpt_config *c = nn_gpt_config(model);
+  const int L = c->layers, C = c->channels, NH = c->heads, T = c->seq, V = c->vocab;
+  const int B = batch, BT = B * T;
+  void *s = td_stream_native(gc->stream);
+  if (gc->error != TD_OK) {
+    td_error(gc->error, "gpt (cuda): an earlier backward failed: %s", gc->error_msg);
+    return NAN;
+  }
+  if (!gc->acts.memory || gc->acts.B != batch) {
+    /* prepare() was not called for this batch size (as gpt.c: size now) */
+    if (gpt_cuda_prepare(model, batch) != TD_OK) return NAN;
+  }
+  cuda_acts *a = &gc->acts;
+  gc->last_B = 0;
+  gc->have_targets = 0;
+  /* tokens and targets are checked on the host: out of range would index
+   * outside wte in the encoder (the kernels do not check) */
+  const int32_t *tokens = inputs;
+  for (size_t i = 0; i < (size_t)BT; i++)
+    if ((uint32_t)tokens[i] >= (uint32_t)V || (targets && (uint32_t)targets[i] >= (uint32_t)V)) {
+      int bad_token = (uint32_t)tokens[i] >= (uint32_t)V;
+      td_error(TD_ERR_INVALID_ARGUMENT, "gpt: %s %d at position %zu is outside the vocabulary [0, %d)",
+               bad_token ? "token" : "target", bad_token ? tokens[i] : targets[i], i, V);
+      return NAN;
+    }
+  /* the previous step's copies out of the staging buffers must be done */
+  RUN(td_stream_sync(gc->stream));
+  memcpy(a->h_tokens, tokens, (size_t)BT * sizeof(int32_t));
+  RUN(td_copy_async(a->tokens, a->h_tokens, (size_t)BT * sizeof(int32_t), gc->stream));
+  if (targets) {
+    memcpy(a->h_targets, targets, (size_t)BT * sizeof(int32_t));
+    RUN(td_copy_async(a->targets, a->h_targets, (size_t)BT * sizeof(int32_t), gc->stream));
+  }
+
+  const td_dtype dt = gc->dtype;
+  RUN(td_cuda_encoder_forward(a->encoded, a->tokens, AT(params, off_named(model, 0)), AT(params, off_named(model, 1)),
+                              B, T, C, dt, s));
+  const char *resid = a->encoded; /* (B, T, C) */
+  const size_t sBT = (size_t)BT, att = att_cache_floats(gc, c, B);
+  for (int l = 0; l < L; l++) {
+#define W(which) AT(params, off_layer(model, l, (which)))
+    char *ln1 = ACT(ln1, C), *qkv = ACT(qkv, 3 * C), *atty = ACT(atty, C), *res2 = ACT(res2, C), *ln2 = ACT(ln2, C);
+    char *fch = ACT(fch, 4 * C), *fch_gelu = ACT(fch_gelu, 4 * C), *res3 = ACT(res3, C);
+    float *ln1_mean = a->ln1_mean + l * sBT, *ln1_rstd = a->ln1_rstd + l * sBT, *attc = a->attc + l * att;
+    float *ln2_mean = a->ln2_mean + l * sBT, *ln2_rstd = a->ln2_rstd + l * sBT;
+    RUN(td_cuda_layernorm_forward(ln1, ln1_mean, ln1_rstd, resid, W(P_LN1W), W(P_LN1B), BT, C, dt, s));
+    RUN(td_cuda_matmul_forward(qkv, ln1, W(P_QKVW), W(P_QKVB), BT, C, 3 * C, dt, s));
+    if (gc->fused_attention)
+      RUN(td_cuda_flash_attention_forward(atty, attc, qkv, B, T, C, NH, dt, s));
+    else
+      RUN(td_cuda_attention_forward(atty, attc, qkv, B, T, C, NH, dt, s));
+    RUN(td_cuda_matmul_forward(res2, atty, W(P_PROJW), W(P_PROJB), BT, C, C, dt, s));
+    RUN(td_cuda_residual_forward(res2, res2, resid, sBT * C, dt, s));
+    RUN(td_cuda_layernorm_forward(ln2, ln2_mean, ln2_rstd, res2, W(P_LN2W), W(P_LN2B), BT, C, dt, s));
+    RUN(td_cuda_matmul_forward(fch, ln2, W(P_FCW), W(P_FCB), BT, C, 4 * C, dt, s));
+    RUN(td_cuda_gelu_forward(fch_gelu, fch, sBT * 4 * C, dt, s));
+    RUN(td_cuda_matmul_forward(res3, fch_gelu, W(P_FC2W), W(P_FC2B), BT, 4 * C, C, dt, s));
+    RUN(td_cuda_residual_forward(res3, res3, res2, sBT * C, dt, s));
+    resid = res3;
+#undef W
+  }
+  const size_t lnf_w = off_named(model, 2 + L * P_PER_LAYER), lnf_b = lnf_w + (size_t)C;
+  RUN(td_cuda_layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, resid, AT(params, lnf_w), AT(params, lnf_b), BT, C,
+                                dt, s));
+  gc->last_B = B;
+  gc->last_params = params;
+  RUN(head_forward(model, params));
+  if (!targets) {
+    /* logits stay for predict() */
+    RUN(td_stream_sync(gc->stream));
+    return 0.0f;
+  }
+  RUN(td_cuda_softmax_xent(a->losses, a->logits, a->targets, 1.0f, BT, V, dt, s));
+  RUN(td_copy_async(a->h_losses, a->losses, (size_t)BT * sizeof(float), gc->stream));
+  RUN(td_stream_sync(gc->stream));
+  double sum = 0.0;
+  for (int i = 0; i < BT; i++) sum += a->h_losses[i];
+  gc->have_targets = 1;
+  return (float)(sum / BT);
+fail:
+  gc->last_B = 0;
+  return NAN;
+}
+
+/* ready for tensor i of the table */
+static void report(td_grad_ready_fn ready, void *ctx, const td_model *m, int i) {
+  if (ready) ready(ctx, m->tensors[i].offset, m->tensors[i].count);
+}
+
+/* Gradients reported after the stream is synchronized: `pending` holds the
+ * tensor indexes whose kernels are queued, in the order gpt.c reports them. */
+typedef struct pending_ready {
+  int idx[P_PER_LAYER + 2];
+  int n;
+} pending_ready;
+
+static td_status flush_ready(gpt_cuda *gc, const td_model *m, pending_ready *p, td_grad_ready_fn ready, void *ctx) {
+  if (ready && p->n) {
+    TD_CHECK(td_stream_sync(gc->stream));
+    for (int i = 0; i < p->n; i++) report(ready, ctx, m, p->idx[i]);
+  }
+  p->n = 0;
+  return TD_OK;
+}
+
+static void gpt_cuda_backward(td_model *model, const float *params, float *grads, float loss_scale,
+                              td_grad_ready_fn ready, void *ctx) {
+  gpt_cuda *gc = state(model);
+  const td_gpt_config *c = nn_gpt_config(model);
+  const int L = c->layers, C = c->channels, NH = c->heads, T = c->seq, V = c->vocab;
+  const int B = gc->last_B, BT = B * T;
+  if (!gc->have_targets || B == 0 || gc->error != TD_OK) return; /* nothing to differentiate */
+  gc->have_targets = 0; /* the logits' gradient is consumed below */
+  cuda_acts *a = &gc->acts;
+  void *s = td_stream_native(gc->stream);
+  td_stream *st = gc->stream;
+  const size_t sBT = (size_t)BT, att = att_cache_floats(gc, c, B);
+  const int tied = c->tied != 0;
+  const int idx_lnfw = 2 + L * P_PER_LAYER, idx_lnfb = idx_lnfw + 1, idx_head = tied ? 0 : idx_lnfw + 2;
+  const td_dtype dt = gc->dtype;
+  const size_t es = gc->es;
+  pending_ready pend = {.n = 0};
+
+  /* loss -> logits (already their gradient at dloss 1) -> lm head -> final
+   * layernorm. Another loss scale (fp16's) recomputes the logits and runs the
+   * fused loss again at that scale: one more product, and the same single
+   * rounding of the gradient as gpt.c's */
+  if (loss_scale != 1.0f) {
+    RUN(head_forward(model, params));
+    RUN(td_cuda_softmax_xent(a->losses, a->logits, a->targets, loss_scale, BT, V, dt, s));
+  }
+  RUN(td_memset0_async(a->dbuf_c, sBT * C * es, st));
+  RUN(td_cuda_matmul_backward(a->dbuf_c, AT(grads, off_named(model, idx_head)), NULL, a->logits, a->lnf,
+                              AT(params, off_named(model, idx_head)), BT, C, V, dt, s));
+  if (!tied) pend.idx[pend.n++] = idx_head;
+  const char *last_res = L > 0 ? a->res3 + (size_t)(L - 1) * sBT * C * es : a->encoded;
+  RUN(td_memset0_async(a->dres, sBT * C * es, st));
+  RUN(td_cuda_layernorm_backward(a->dres, AT(grads, off_named(model, idx_lnfw)), AT(grads, off_named(model, idx_lnfb)),
+                                 a->dbuf_c, last_res, AT(params, off_named(model, idx_lnfw)), a->lnf_mean, a->lnf_rstd,
+                                 BT, C, dt, s));
+  pend.idx[pend.n++] = idx_lnfb;
+  pend.idx[pend.n++] = idx_lnfw;
+  RUN(flush_ready(gc, model, &pend, ready, ctx));
+
+  for (int l = L - 1; l >= 0; l--) {
+#define W(which) AT(params, off_layer(model, l, (which)))
+#define G(which) AT(grads, off_layer(model, l, (which)))
+#define READY(which) (pend.idx[pend.n++] = 2 + l * P_PER_LAYER + (which))
+    const char *resid = l > 0 ? a->res3 + (size_t)(l - 1) * sBT * C * es : a->encoded; /* block input */
+    const char *ln1 = ACT(ln1, C), *qkv = ACT(qkv, 3 * C), *atty = ACT(atty, C), *res2 = ACT(res2, C);
+    const char *ln2 = ACT(ln2, C), *fch = ACT(fch, 4 * C), *fch_gelu = ACT(fch_gelu, 4 * C);
+    const float *ln1_mean = a->ln1_mean + l * sBT, *ln1_rstd = a->ln1_rstd + l * sBT, *attc = a->attc + l * att;
+    const float *ln2_mean = a->ln2_mean + l * sBT, *ln2_rstd = a->ln2_rstd + l * sBT;
+    /* MLP: res3 = res2 + fc2(gelu(fc(ln2(res2)))); dres holds d res3 */
+    RUN(td_memset0_async(a->dbuf_4c, sBT * 4 * C * es, st));
+    RUN(td_cuda_matmul_backward(a->dbuf_4c, G(P_FC2W), G(P_FC2B), a->dres, fch_gelu, W(P_FC2W), BT, 4 * C, C,
+                                dt, s));
+    READY(P_FC2B);
+    READY(P_FC2W);
+    RUN(td_memset0_async(a->dbuf_4c2, sBT * 4 * C * es, st));
+    RUN(td_cuda_gelu_backward(a->dbuf_4c2, fch, a->dbuf_4c, sBT * 4 * C, dt, s));
+    RUN(td_memset0_async(a->dbuf_c, sBT * C * es, st));
+    RUN(td_cuda_matmul_backward(a->dbuf_c, G(P_FCW), G(P_FCB), a->dbuf_4c2, ln2, W(P_FCW), BT, C, 4 * C, dt, s));
+    READY(P_FCB);
+    READY(P_FCW);
+    /* dres becomes d res2: the skip path plus the layernorm's input gradient */
+    RUN(td_cuda_layernorm_backward(a->dres, G(P_LN2W), G(P_LN2B), a->dbuf_c, res2, W(P_LN2W), ln2_mean, ln2_rstd, BT,
+                                   C, dt, s));
+    READY(P_LN2B);
+    READY(P_LN2W);
+    /* attention: res2 = resid + proj(attn(qkv(ln1(resid)))) */
+    RUN(td_memset0_async(a->dbuf_c, sBT * C * es, st));
+    RUN(td_cuda_matmul_backward(a->dbuf_c, G(P_PROJW), G(P_PROJB), a->dres, atty, W(P_PROJW), BT, C, C, dt, s));
+    READY(P_PROJB);
+    READY(P_PROJW);
+    RUN(td_memset0_async(a->dbuf_3c, sBT * 3 * C * es, st));
+    if (gc->fused_attention)
+      RUN(td_cuda_flash_attention_backward(a->dbuf_3c, a->att_scratch, a->dbuf_c, qkv, atty, attc, B, T, C, NH,
+                                           dt, s));
+    else
+      RUN(td_cuda_attention_backward(a->dbuf_3c, a->att_scratch, a->dbuf_c, qkv, attc, B, T, C, NH, dt, s));
+    RUN(td_memset0_async(a->dbuf_c, sBT * C * es, st));
+    RUN(td_cuda_matmul_backward(a->dbuf_c, G(P_QKVW), G(P_QKVB), a->dbuf_3c, ln1, W(P_QKVW), BT, C, 3 * C, dt, s));
+    READY(P_QKVB);
+    READY(P_QKVW);
+    RUN(td_cuda_layernorm_backward(a->dres, G(P_LN1W), G(P_LN1B), a->dbuf_c, resid, W(P_LN1W), ln1_mean, ln1_rstd,
+                                   BT, C, dt, s));
+    READY(P_LN1B);
+    READY(P_LN1W);
+    RUN(flush_ready(gc, model, &pend, ready, ctx));
+#undef W
+#undef G
+#undef READY
+  }
+  RUN(td_cuda_encoder_backward(AT(grads, off_named(model, 0)), AT(grads, off_named(model, 1)), a->dres, a->tokens, B,
+                               T, C, V, dt, s));
+  pend.idx[pend.n++] = 1; /* wpe */
+  pend.idx[pend.n++] = 0; /* wte */
+  RUN(flush_ready(gc, model, &pend, ready, ctx));
+  /* the gradients are complete when backward returns, whatever stream the
+   * caller reads them on next */
+  RUN(td_stream_sync(gc->stream));
+  return;
+fail:
+  gc->error = TD_ERR_SYSTEM;
+  snprintf(gc->error_msg, sizeof gc->error_msg, "%s", td_last_error());
+  TD_WARN("gpt (cuda): backward failed: %s", gc->error_msg);
+}
+
+static void gpt_cuda_predict(td_model *model, int32_t *out) {
+  gpt_cuda *gc = state(model);
+  const td_gpt_config *c = nn_gpt_config(model);
+  const int V = c->vocab;
+  const size_t n = (size_t)gc->last_B * c->seq;
+  if (n == 0) return;
+  char *host = malloc(n * V * gc->es);
+  if (!host) {
+    TD_WARN("gpt (cuda): predict: out of host memory for %zu logits", n * V);
+    return;
+  }
+  /* predict cannot fail either: on an error the predictions are -1 */
+  td_status st = TD_OK;
+  if (gc->have_targets) {
+    /* the fused loss overwrote the logits with their gradient: recompute
+     * them from lnf with the last forward's parameters (so a backward after
+     * predict has nothing to differentiate) */
+    gc->have_targets = 0;
+    st = head_forward(model, gc->last_params);
+  }
+  if (st == TD_OK)
+    st = td_device_copy(host, (td_device){TD_DEVICE_CPU, 0}, gc->acts.logits, gc->dev, n * V * gc->es);
+  for (size_t i = 0; i < n; i++) {
+    if (st != TD_OK) {
+      out[i] = -1;
+      continue;
+    }
+    int best = 0;
+    float best_value = -INFINITY;
+    for (int v = 0; v < V; v++) {
+      float x;
+      if (gc->dtype == TD_BF16) {
+        uint16_t h;
+        memcpy(&h, host + (i * V + v) * 2, 2);
+        x = td_bf16_to_f32(h);
+      } else {
+        memcpy(&x, host + (i * V + v) * 4, 4);
+      }
+      if (v == 0 || x > best_value) best = v, best_value = x;
+    }
+    out[i] = best;
+  }
+  if (st != TD_OK) TD_WARN("gpt (cuda): predict: %s", td_last_error());
+  free(host);
+}
+
+static void gpt_cuda_destroy(td_model *model) {
+  if (!model) return;
+  gpt_cuda *gc = state(model);
+  if (gc) {
+    if (gc->stream) (void)td_stream_sync(gc->stream);
+    acts_free(gc);
+    td_stream_destroy(gc->stream);
+    free(gc);
+    *nn_gpt_device_state(model) = NULL;
+  }
+  nn_gpt_free_host(model);
+}
+
+static const td_model_ops gpt_cuda_ops = {
+    .prepare = gpt_cuda_prepare,
+    .forward = gpt_cuda_forward,
+    .backward = gpt_cuda_backward,
+    .predict = gpt_cuda_predict,
+    .destroy = gpt_cuda_destroy,
+    .set_activation_checkpointing = NULL, /* not yet on the device */
+    .activation_bytes = gpt_cuda_activation_bytes,
+};
+
+td_status nn_gpt_cuda_attach(td_model *model, td_device dev) {
+  const td_gpt_config *c = nn_gpt_config(model);
+  gpt_cuda *gc = calloc(1, sizeof *gc);
+  if (!gc) return td_error(TD_ERR_SYSTEM, "gpt (cuda): out of memory");
+  gc->dev = dev;
+  gc->dtype = TD_F32;
+  gc->es = sizeof(float);
+  td_status st = td_cuda_attention_fused(c->channels / c->heads, &gc->fused_attention);
+  if (st == TD_OK) st = td_stream_create(dev, &gc->stream);
+  if (st != TD_OK) {
+    free(gc);
+    return st;
+  }
+  *nn_gpt_device_state(model) = gc;
+  model->ops = &gpt_cuda_ops;
+  model->device = dev;
+  model->supports_param_access = 0; /* ZeRO stage 3 fetches host memory: not on the device yet */
+  return TD_OK;
+}
+
+td_status nn_gpt_cuda_set_dtype(td_model *model, td_dtype dtype) {
+  gpt_cuda *gc = state(model);
+  if (dtype != TD_F32 && dtype != TD_BF16)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "td_gpt_set_device_dtype: %s: a GPT on a GPU computes in f32 or bf16",
+                    td_dtype_name(dtype));
+  if (dtype == gc->dtype) return TD_OK;
+  /* the activations are laid out for the old type: the next prepare (or
+   * forward) lays them out again */
+  TD_CHECK(td_stream_sync(gc->stream));
+  acts_free(gc);
+  model->activation_bytes = 0;
+  gc->last_B = 0;
+  gc->have_targets = 0;
+  gc->dtype = dtype;
+  gc->es = td_dtype_size(dtype);
+  return TD_OK;
+}
