@@ -239,7 +239,7 @@ static td_status sample_text(const td_gpt_config *mc, td_model *model, td_device
   size_t bytes = td_trainer_n_params(t) * sizeof(float);
   td_model *cpu = NULL;
   float *host = malloc(bytes);
-  td_status st = host ? td_gpt_create(mc, &cpu) : td_error(TD_ERR_SYSTEM, "out of memory");
+  td_status st = host ? td_gpt_create(mc, &cpu) : TD_ERR_SYSTEM;
   if (st == TD_OK) st = td_device_copy(host, (td_device){TD_DEVICE_CPU, 0}, td_trainer_params(t), dev, bytes);
   if (st == TD_OK) st = td_gpt_generate(cpu, host, text, n_prompt, n, 0.8f, seed, text + n_prompt);
   td_model_destroy(cpu);

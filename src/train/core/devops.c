@@ -1,6 +1,8 @@
 /* train_devops_for: which device ops the trainer uses (core/devops.h). */
 #include "train/core/devops.h"
 
+#include "base/base.h"
+
 td_status train_devops_for(td_device dev, const train_devops **out) {
   *out = NULL;
   if (dev.kind == TD_DEVICE_CPU) return TD_OK;

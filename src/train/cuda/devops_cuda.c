@@ -5,6 +5,8 @@
 #include "train/core/devops.h"
 #include "train/cuda/cuda_optim.h"
 
+#include "base/base.h"
+
 static td_status cuda_sum_squares(td_device dev, float *scratch, const float *x, size_t n, double *out) {
   float host = 0;
   /* scratch[0] is the result, then the first pass's partials */
