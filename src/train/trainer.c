@@ -81,8 +81,6 @@ static float *grads_alloc(td_trainer *t, size_t bytes) {
   return arena_alloc(bytes);
 }
 
-/* td_trainer_create, and td_trainer_create_unbound (comm NULL, world and
- * rank given: the arenas are cut for that world, and nothing communicates). */
 /* ---- a model on a device (core/devops.h) ----
  * What the trainer does on a device today: ZeRO stage 0, fp32, AdamW,
  * every rank holding whole arenas. The rest is refused at creation, naming
@@ -127,6 +125,8 @@ static td_status device_init_params(td_trainer *t) {
   return st;
 }
 
+/* td_trainer_create, and td_trainer_create_unbound (comm NULL, world and
+ * rank given: the arenas are cut for that world, and nothing communicates). */
 static td_status trainer_create(const td_train_config *cfg_in, td_model *model, td_dataset *dataset, td_comm *comm,
                                 int world, int rank, td_trainer **out) {
   if (out) *out = NULL;
