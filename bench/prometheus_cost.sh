@@ -48,8 +48,8 @@ for round in $(seq 1 "$rounds"); do
     echo "$round $mode ${tps:-nan} ${cpu:-nan}" | tee -a "$work/raw"
   done
 done
-scrapes=$(curl -sf "http://127.0.0.1:$((base + 2))/api/v1/query" --data-urlencode 'query=count_over_time(up{job="tandem"}[1h])' |
-  python3 -c 'import json,sys; print(sum(int(r["value"][1]) for r in json.load(sys.stdin)["data"]["result"]))' 2>/dev/null)
+scrapes=$(curl -sf "http://127.0.0.1:$((base + 2))/api/v1/query" --data-urlencode 'query=sum_over_time(up{job="tandem"}[1h])' |
+  python3 -c 'import json,sys; print(sum(int(float(r["value"][1])) for r in json.load(sys.stdin)["data"]["result"]))' 2>/dev/null)
 load_end=$(cut -d' ' -f1-3 /proc/loadavg)
 mkdir -p bench/results
 res="bench/results/prometheus-$(date -u +%F).md"
@@ -62,7 +62,7 @@ for r, mode, tps, cpu in rows:
     by.setdefault(r, {})[mode] = (float(tps), float(cpu))
 print("# Prometheus endpoint: training cost (bench/prometheus_cost.sh)\n")
 print(f"2 ranks under tandemrun, train-gpt {model}; 'on' = --prometheus-port with Debian's prometheus scraping "
-      f"both ranks every 1 s ({scrapes} scrapes recorded over the run). Rounds interleaved. Load average at start "
+      f"both ranks every 1 s ({scrapes} successful scrapes over the run). Rounds interleaved. Load average at start "
       f"{l0}, at end {l1} (shared 2-core machine).\n")
 print("| round | tokens/s off | tokens/s on | on/off | cpu ms/step off | cpu ms/step on |")
 print("|---|---|---|---|---|---|")

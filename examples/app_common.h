@@ -318,6 +318,7 @@ static void app_start_prometheus(app_run *run, const app_common_options *c) {
     return;
   }
   td_status s = td_prom_start(bind_addr, (int)rank_port, &run->prom);
+  if (s == TD_ERR_INVALID_ARGUMENT) app_usage_error("%s", td_last_error()); /* a bad --prometheus-bind */
   if (s != TD_OK) {
     fprintf(stderr, "%s: warning: rank %d: no metrics endpoint, training goes on: %s\n", app_name, run->rank,
             td_last_error());

@@ -161,6 +161,8 @@ s=socket.socket(); s.bind(("127.0.0.1",int(sys.argv[1]))); s.listen(1); print("r
   [ $? = 2 ] && grep -q -- '--prometheus-port must be between 0 and 65535' "$work/bad.log" || fail "bad port accepted"
   TANDEM_PROMETHEUS_PORT=x "$GPT" $TINY --steps 1 >"$work/bad2.log" 2>&1
   [ $? = 2 ] && grep -q 'TANDEM_PROMETHEUS_PORT expects an integer' "$work/bad2.log" || fail "bad env value accepted"
+  "$GPT" $TINY --steps 1 --prometheus-port 0 --prometheus-bind localhost >"$work/bad3.log" 2>&1
+  [ $? = 2 ] && grep -q "bind address 'localhost' is not an IPv4 address" "$work/bad3.log" || fail "bad address accepted"
   echo "port in use reported, training finished"
   ;;
 *)
