@@ -179,7 +179,7 @@ static void build_config(const gpt_options *o, int world, td_train_config *cfg) 
  * stage (rank 0 prints; stdout, one line per stage, key=value pairs). */
 static void print_estimates(const td_model *model, const td_train_config *cfg, int world) {
   printf("%s: memory per rank at world=%d, params=%zu, micro_batch=%d (MiB; model states = params + grads + "
-         "optimizer + live; DeepSpeed estimate_zero3_model_states_mem_needs_all_live)\n",
+         "optimizer + live + deterministic; DeepSpeed estimate_zero3_model_states_mem_needs_all_live)\n",
          app_name, world, model->n_params, cfg->micro_batch);
   for (int stage = 0; stage <= 3; stage++) {
     td_memory_estimate e;
@@ -189,9 +189,10 @@ static void print_estimates(const td_model *model, const td_train_config *cfg, i
       exit(1);
     }
     const double mib = 1024.0 * 1024.0;
-    printf("stage=%d params=%.1f grads=%.1f optimizer=%.1f live=%.1f model_states=%.1f activations=%.1f "
-           "total=%.1f model_state_bytes=%zu disk=%.1f disk_bytes=%zu\n",
-           stage, e.params / mib, e.grads / mib, e.optimizer / mib, e.live / mib, e.model_states / mib,
+    printf("stage=%d params=%.1f grads=%.1f optimizer=%.1f live=%.1f deterministic=%.1f model_states=%.1f "
+           "activations=%.1f total=%.1f model_state_bytes=%zu disk=%.1f disk_bytes=%zu\n",
+           stage, e.params / mib, e.grads / mib, e.optimizer / mib, e.live / mib, e.deterministic / mib,
+           e.model_states / mib,
            e.activations / mib, (e.model_states + e.activations) / mib, e.model_states, e.disk / mib, e.disk);
   }
   fflush(stdout);

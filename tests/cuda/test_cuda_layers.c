@@ -288,6 +288,42 @@ static void test_gelu(size_t n, td_dtype dt) {
   free(x), free(out), free(dy), free(gx);
 }
 
+/* The 16-byte groups of the elementwise kernels: sizes that leave a tail,
+ * and pointers one element off 16-byte alignment (the element-by-element
+ * path), for GELU forward/backward and the residual add. */
+static void test_elementwise_edges(td_dtype dt) {
+  const size_t sizes[] = {1, 7, 1001};
+  for (int si = 0; si < 3; si++)
+    for (int off = 0; off < 2; off++) {
+      size_t n = sizes[si], m = n + 1;
+      float *x = rand_host(m, 3, dt), *dy = rand_host(m, 1, dt), *gx = rand_host(m, 1, dt), *out = malloc(m * 4);
+      void *dx = upload(x, m, dt), *ddy = upload(dy, m, dt), *dgx = upload(gx, m, dt), *dout = dev_f32(m);
+      size_t es = esize(dt);
+      char *px = (char *)dx + off * es, *pdy = (char *)ddy + off * es, *pgx = (char *)dgx + off * es;
+      char *pout = (char *)dout + off * es;
+      td_gelu_forward(out + off, x + off, n);
+      CHECK_OK(td_cuda_gelu_forward(pout, px, n, dt, NULL));
+      float *got = download(dout, m, dt);
+      for (size_t i = 0; i < n; i++) {
+        double ref = out[off + i], bound = (dt == TD_F32 ? 1e-5 : kBf16Unit) * fabs(ref) + 1e-6;
+        if (!(fabs(got[off + i] - ref) <= bound))
+          td_test_fail(__FILE__, __LINE__, "gelu n=%zu offset %d element %zu: %.9g vs %.9g", n, off, i, got[off + i],
+                       ref);
+      }
+      td_gelu_backward(gx + off, x + off, dy + off, n);
+      CHECK_OK(td_cuda_gelu_backward(pgx, px, pdy, n, dt, NULL));
+      expect_close("gelu backward (tail, offset)", dgx, gx, m, dt); /* the element outside stays as uploaded */
+      for (size_t i = 0; i < n; i++) out[off + i] = x[off + i] + dy[off + i];
+      if (dt == TD_BF16)
+        for (size_t i = 0; i < n; i++) out[off + i] = ref_bf16_value(out[off + i]);
+      CHECK_OK(td_cuda_residual_forward(pout, px, pdy, n, dt, NULL));
+      float *res = download(dout, m, dt);
+      for (size_t i = 0; i < n; i++) CHECK_CLOSE(res[off + i], out[off + i], dt == TD_F32 ? 1e-6 : 0, 1e-7);
+      cudaFree(dx), cudaFree(ddy), cudaFree(dgx), cudaFree(dout);
+      free(x), free(dy), free(gx), free(out), free(got), free(res);
+    }
+}
+
 static void test_matmul(int N, int IC, int OC, int with_bias, td_dtype dt) {
   size_t ni = (size_t)N * IC, no = (size_t)N * OC, nw = (size_t)OC * IC;
   float *x = rand_host(ni, 1, dt), *w = rand_host(nw, 1, dt), *b = with_bias ? rand_host(OC, 1, dt) : NULL;
@@ -715,6 +751,7 @@ int main(int argc, char **argv) {
     /* several 64-row tiles (the tensor-core kernels' online softmax across
      * tiles, their last partial tile); the small T above fit in one */
     if (!big) test_attention(1, 130, 80, 5, dt);
+    test_elementwise_edges(dt);
     test_adamw(1000 + 37, dt);
     test_norm_scale_cast(big ? (size_t)1 << 22 : 5003, dt);
     test_norm_scale_cast(1, dt);

@@ -21,6 +21,7 @@
 
 #include <errno.h>
 #include <map>
+#include <pthread.h>
 #include <mutex>
 #include <stdio.h>
 #include <stdlib.h>
@@ -90,6 +91,27 @@ struct sched {
   bool in_launch = false;
 };
 __thread sched *tls_sched;
+
+/* A thread's scheduler and its fiber stacks (256 KiB of address space per
+ * thread of the largest block) go when the thread ends. */
+pthread_key_t sched_key;
+pthread_once_t sched_key_once = PTHREAD_ONCE_INIT;
+void sched_free(void *p) {
+  sched *s = (sched *)p;
+  size_t bytes = (size_t)sysconf(_SC_PAGESIZE) + kStackBytes;
+  for (fiber &f : s->fibers)
+    if (f.stack) munmap(f.stack, bytes);
+  delete s;
+}
+void sched_key_make() { pthread_key_create(&sched_key, sched_free); }
+sched *sched_get() {
+  if (!tls_sched) {
+    pthread_once(&sched_key_once, sched_key_make);
+    tls_sched = new sched();
+    pthread_setspecific(sched_key, tls_sched);
+  }
+  return tls_sched;
+}
 
 __thread cudaError_t last_error = cudaSuccess; /* per host thread, as the runtime's */
 std::mutex table_mutex;
@@ -284,8 +306,7 @@ void launch(const launch_cfg &cfg, void (*body)(void *), void *ctx) {
     set_error(cudaErrorInvalidValue);
     return;
   }
-  if (!tls_sched) tls_sched = new sched();
-  sched *s = tls_sched;
+  sched *s = sched_get();
   if (s->in_launch) {
     fprintf(stderr, "cudaemu: %s:%d: kernel %s launched from inside a kernel\n", cfg.file, cfg.line, cfg.name);
     set_error(cudaErrorLaunchFailure);
