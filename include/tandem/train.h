@@ -264,6 +264,9 @@ typedef struct td_step_stats {
   int saved;          /* 1 if td_trainer_step wrote a checkpoint after this step */
   int skipped;        /* 1 if fp16 gradients overflowed on some rank and every rank skipped the update */
   double loss_scale;  /* fp16: the loss scale after this step (1 otherwise) */
+  size_t rss_bytes;          /* this rank's resident memory after the step */
+  size_t memory_limit_bytes; /* the memory available to this rank (0: unknown or TANDEM_MEMORY_LIMIT=off) */
+  int memory_warning;        /* 1: rss_bytes is past 90% of memory_limit_bytes, 2: past 97% (also in the log) */
 } td_step_stats;
 
 /* Create a trainer. Collective over comm (broadcasts the parameters from rank
@@ -372,6 +375,16 @@ typedef struct td_memory_estimate {
    * nvme_path, offload_buffers the RAM of the optimizer's tile buffers
    * (counted in model_states). 0 without offload. */
   size_t disk, offload_buffers;
+  /* What td_trainer_gather_params adds at stage 3 (the rest of the
+   * parameter arena on every rank; 0 below stage 3): not part of the steps,
+   * so not in model_states, but a run that gathers (train-gpt's sample)
+   * needs it on top. */
+  size_t gather;
+  /* What the process adds during the steps beyond the arenas and
+   * activations (compute scratch, communicator and I/O buffers): a fixed
+   * allowance. A rank's peak RSS is bounded by model_states + activations +
+   * runtime + what the process held before the trainer. */
+  size_t runtime;
 } td_memory_estimate;
 td_status td_trainer_estimate_memory(const td_model *model, const td_train_config *cfg, int world, int stage,
                                      td_memory_estimate *out);
@@ -391,6 +404,8 @@ typedef struct td_offload_stats {
   double io_busy_s, io_wait_s;
   double opt_s, opt_compute_s, opt_read_wait_s, opt_write_wait_s, param_wait_s;
   size_t disk_bytes;
+  size_t tile;         /* floats per optimizer tile (sub_group_size as set or chosen) */
+  size_t buffer_bytes; /* RAM the offload holds for the trainer's life: the tile buffers */
 } td_offload_stats;
 td_status td_trainer_offload_stats(const td_trainer *trainer, td_offload_stats *out);
 
@@ -399,6 +414,23 @@ td_status td_trainer_offload_stats(const td_trainer *trainer, td_offload_stats *
  * arenas (mincore) plus the optimizer state, measured during the first two
  * steps. Local. */
 size_t td_trainer_model_state_bytes(const td_trainer *trainer);
+
+/* This rank's memory (issue 23): what the trainer compared at creation and
+ * what the process holds now. estimate_bytes = the estimate of this
+ * configuration (model states + activations, td_trainer_estimate_memory)
+ * + baseline_bytes, the process's RSS before the arenas; limit_bytes = the
+ * memory available to this rank (the least of MemAvailable, the cgroup
+ * limit and TANDEM_MEMORY_LIMIT, divided among the host's ranks; 0:
+ * unknown or TANDEM_MEMORY_LIMIT=off), limit_source says which; rss_bytes
+ * and peak_rss_bytes: VmRSS and VmHWM now. Over the shm transport the
+ * peers' host-shared arenas that the collectives read count in RSS too
+ * (RssShmem), physically once per host: the estimate counts them once.
+ * Local. */
+typedef struct td_trainer_memory_info {
+  size_t estimate_bytes, baseline_bytes, limit_bytes, rss_bytes, peak_rss_bytes;
+  char limit_source[256];
+} td_trainer_memory_info;
+td_status td_trainer_memory(const td_trainer *trainer, td_trainer_memory_info *out);
 int td_trainer_zero_stage(const td_trainer *trainer);
 /* At ZeRO stage 3, gather the whole parameter arena so that
  * td_trainer_params() is complete (4 bytes per parameter, until the next

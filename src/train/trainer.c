@@ -27,6 +27,7 @@
 #include "train/offload/offload.h"
 #include "train/deterministic/deterministic.h"
 #include "train/precision/precision.h"
+#include "train/memory_fit.h"
 
 #include <math.h>
 #include <sched.h>
@@ -130,6 +131,14 @@ td_status td_trainer_create(const td_train_config *cfg_in, td_model *model, td_d
                   "use \"fp32\" or stage 0-1", td_dtype_name(t->cfg.precision.comm_dtype), t->zero_stage);
     goto fail;
   }
+  /* before any arena: a job that cannot fit is refused on every rank, here
+   * (memory_fit.c), not ended by the kernel's OOM killer mid-run */
+  t->agree_flags = calloc((size_t)t->world, sizeof *t->agree_flags);
+  if (!t->agree_flags) {
+    st = td_error(TD_ERR_SYSTEM, "out of memory for the trainer's tables");
+    goto fail;
+  }
+  TD_CHECK_GOTO(trainer_memory_fit(t), st, fail);
   size_t arena_bytes = t->n_params * sizeof(float);
   if (t->zero_stage >= 1) {
     TD_CHECK_GOTO(zero_create(t), st, fail);
@@ -149,7 +158,6 @@ td_status td_trainer_create(const td_train_config *cfg_in, td_model *model, td_d
   t->tensor_ready = calloc((size_t)TD_MAX(model->n_tensors, 1), sizeof(size_t));
   t->cap_requests = model->n_tensors + 2;
   t->requests = calloc((size_t)t->cap_requests, sizeof *t->requests);
-  t->agree_flags = calloc((size_t)t->world, sizeof *t->agree_flags);
   bool states_in_ram = t->cfg.offload.optimizer_device != TD_OFFLOAD_NVME || t->zero_stage < 3;
   if (!t->requests || !t->agree_flags || !t->params || !t->grads ||
       (states_in_ram && (!t->states[0] || (t->n_states > 1 && !t->states[1]))) || !t->inputs ||
@@ -580,6 +588,7 @@ static td_status step_finish(td_trainer *t, td_step_stats *stats, double loss, d
     stats->saved = saved;
     stats->skipped = overflow;
     stats->loss_scale = t->scaler.scale;
+    trainer_memory_watch(t, stats);
   }
   return TD_OK;
 }
@@ -701,5 +710,7 @@ int td_trainer_zero_stage(const td_trainer *t) { return t->zero_stage; }
 
 td_status td_trainer_gather_params(td_trainer *t) {
   if (!t) return td_error(TD_ERR_INVALID_ARGUMENT, "td_trainer_gather_params: null trainer");
-  return t->zero_stage >= 3 ? zero_fetch_all(t) : TD_OK;
+  if (t->zero_stage < 3) return TD_OK;
+  TD_CHECK(trainer_gather_fits(t)); /* refused on every rank rather than killed by the kernel */
+  return zero_fetch_all(t);
 }
