@@ -264,9 +264,10 @@ typedef struct td_step_stats {
   int saved;          /* 1 if td_trainer_step wrote a checkpoint after this step */
   int skipped;        /* 1 if fp16 gradients overflowed on some rank and every rank skipped the update */
   double loss_scale;  /* fp16: the loss scale after this step (1 otherwise) */
-  size_t rss_bytes;          /* this rank's resident memory after the step */
+  size_t memory_bytes;       /* this rank's share of physical memory after the step (Pss: pages shared with the
+                              * host's other ranks count by their share) */
   size_t memory_limit_bytes; /* the memory available to this rank (0: unknown or TANDEM_MEMORY_LIMIT=off) */
-  int memory_warning;        /* 1: rss_bytes is past 90% of memory_limit_bytes, 2: past 97% (also in the log) */
+  int memory_warning;        /* 1: memory_bytes is past 90% of memory_limit_bytes, 2: past 97% (also in the log) */
 } td_step_stats;
 
 /* Create a trainer. Collective over comm (broadcasts the parameters from rank
@@ -428,7 +429,7 @@ size_t td_trainer_model_state_bytes(const td_trainer *trainer);
  * Local. */
 typedef struct td_trainer_memory_info {
   size_t estimate_bytes, baseline_bytes, limit_bytes, rss_bytes, peak_rss_bytes;
-  char limit_source[256];
+  char limit_source[400];
 } td_trainer_memory_info;
 td_status td_trainer_memory(const td_trainer *trainer, td_trainer_memory_info *out);
 int td_trainer_zero_stage(const td_trainer *trainer);

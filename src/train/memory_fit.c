@@ -28,11 +28,13 @@ static size_t need_bytes(const td_trainer *t, const td_train_config *cfg, int wo
 static void what_fits(const td_trainer *t, size_t room, char *buf, size_t cap) {
   const td_train_config *cfg = &t->cfg;
   size_t off = 0;
-#define ADD(...) (off += (size_t)snprintf(buf + off, off < cap ? cap - off : 0, __VA_ARGS__))
+  /* the options, each after ": " (the first) or "; " */
+#define ADD(...) (off += (size_t)snprintf(buf + off, off < cap ? cap - off : 0, "%s", off ? "; " : ": "), \
+                  off += (size_t)snprintf(buf + off, off < cap ? cap - off : 0, __VA_ARGS__))
   bool offloaded = cfg->offload.optimizer_device == TD_OFFLOAD_NVME || cfg->offload.param_device == TD_OFFLOAD_NVME;
   for (int s = 0; s <= 3 && !offloaded; s++) {
     size_t n = need_bytes(t, cfg, t->world, s);
-    if (s != t->zero_stage && n <= room) ADD("; ZeRO stage %d (%.0f MiB per rank)", s, MIB(n));
+    if (s != t->zero_stage && n <= room) ADD("ZeRO stage %d (%.0f MiB per rank)", s, MIB(n));
   }
   if (cfg->offload.param_device != TD_OFFLOAD_NVME) {
     td_train_config c = *cfg;
@@ -41,29 +43,30 @@ static void what_fits(const td_trainer *t, size_t room, char *buf, size_t cap) {
     td_offload_config_fit(&c, room);
     size_t n = need_bytes(t, &c, t->world, 3);
     if (n <= room)
-      ADD("; stage 3 with offload_optimizer and offload_param \"nvme\" (--offload-optimizer nvme:DIR --offload-param "
+      ADD("stage 3 with offload_optimizer and offload_param \"nvme\" (--offload-optimizer nvme:DIR --offload-param "
           "nvme:DIR: %.0f MiB per rank)", MIB(n));
   }
   if (cfg->micro_batch > 1) {
     td_train_config c = *cfg;
     c.micro_batch = 1;
     size_t n = need_bytes(t, &c, t->world, t->zero_stage);
-    if (n <= room) ADD("; --micro-batch 1 with gradient accumulation (%.0f MiB per rank)", MIB(n));
+    if (n <= room) ADD("--micro-batch 1 with gradient accumulation (%.0f MiB per rank)", MIB(n));
   }
   if (!cfg->activation_checkpointing) {
     td_train_config c = *cfg;
     c.activation_checkpointing = 1;
     size_t n = need_bytes(t, &c, t->world, t->zero_stage);
-    if (n <= room) ADD("; activation checkpointing (%.0f MiB per rank)", MIB(n));
+    if (n <= room) ADD("activation checkpointing (%.0f MiB per rank)", MIB(n));
   }
   if (t->zero_stage >= 1) { /* sharded state shrinks with more ranks, each with this much memory */
     int w = t->world;
     while (w < (1 << 16) && need_bytes(t, cfg, w, t->zero_stage) > room) w = w < 4 ? w + 1 : w + w / 4;
     if (w < (1 << 16) && w > t->world)
-      ADD("; %d ranks or more, on more hosts (%.0f MiB per rank)", w, MIB(need_bytes(t, cfg, w, t->zero_stage)));
+      ADD("%d ranks or more, on more hosts (%.0f MiB per rank)", w, MIB(need_bytes(t, cfg, w, t->zero_stage)));
   }
-  if (off == 0) ADD("; nothing by the estimate: more memory per rank, or a smaller model");
-  ADD(". Activations scale with --seq and --micro-batch; TANDEM_MEMORY_LIMIT=off skips this check");
+  if (off == 0) ADD("nothing of these by the estimate: more memory per rank, or a smaller model");
+  snprintf(buf + off, off < cap ? cap - off : 0,
+           ". Activations scale with --seq and --micro-batch; TANDEM_MEMORY_LIMIT=off skips this check");
 #undef ADD
 }
 
@@ -102,7 +105,10 @@ td_status trainer_gather_fits(td_trainer *t) {
   if (room > 0 && t->zero_stage >= 3) {
     td_memory_estimate e;
     st = td_trainer_estimate_memory(t->model, &t->cfg, t->world, t->zero_stage, &e);
-    size_t rss = td_mem_rss(NULL), need = rss + e.gather;
+    /* the estimate, not the RSS now: every rank decides alike. (The cache
+     * of fetched groups is emptied first, but the gradient buckets' pages
+     * may still be there: measured, the whole estimate stays.) */
+    size_t need = t->mem_estimate + e.gather;
     if (st == TD_OK && need > room)
       st = td_error(TD_ERR_INVALID_USAGE,
                     "rank %d: gathering the whole parameter arena (ZeRO stage 3) needs %.0f MiB more on every rank, "
@@ -113,13 +119,13 @@ td_status trainer_gather_fits(td_trainer *t) {
 }
 
 void trainer_memory_watch(td_trainer *t, td_step_stats *stats) {
-  size_t rss = td_mem_rss(NULL), room = t->mem_room.rank_bytes;
-  stats->rss_bytes = rss;
+  size_t rss = td_mem_pss(), room = t->mem_room.rank_bytes;
+  stats->memory_bytes = rss;
   stats->memory_limit_bytes = room;
   if (room == 0) return;
   int level = rss > room / 100 * 97 ? 2 : rss > room / 100 * 90 ? 1 : 0;
   if (level > t->mem_warned) {
-    TD_WARN("rank %d: resident memory %.0f MiB is %.0f%% of the %.0f MiB available to this rank (%s) after step %ld; "
+    TD_WARN("rank %d: its share of memory (Pss) %.0f MiB is %.0f%% of the %.0f MiB available to this rank (%s) after step %ld; "
             "the estimate was %.0f MiB: the kernel may end the job when memory runs out",
             t->rank, MIB(rss), 100.0 * (double)rss / (double)room, MIB(room), t->mem_room.source, t->step,
             MIB(t->mem_estimate));

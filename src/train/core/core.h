@@ -81,7 +81,7 @@ typedef struct td_mem_room {
   size_t host_bytes; /* the job's memory on this host (0: unknown, or TANDEM_MEMORY_LIMIT=off) */
   size_t rank_bytes; /* host_bytes / local_ranks: what this rank may hold in all */
   int local_ranks;
-  char source[256]; /* which limit binds, in words ("MemAvailable 20480 MiB", a cgroup file, TANDEM_MEMORY_LIMIT) */
+  char source[400]; /* which limit binds, in words ("MemAvailable 20480 MiB", a cgroup file, TANDEM_MEMORY_LIMIT) */
 } td_mem_room;
 /* Measure now (MemAvailable, the cgroup limit, TANDEM_MEMORY_LIMIT, with
  * what the host's ranks hold added back, each assumed to hold what this
@@ -90,6 +90,11 @@ td_status td_mem_room_get(int local_ranks, td_mem_room *out);
 /* This process's resident bytes (VmRSS) and, when peak_out, its peak
  * (VmHWM); 0 where /proc does not tell. */
 size_t td_mem_rss(size_t *peak_out);
+/* This process's share of physical memory (Pss): pages shared with other
+ * processes (the peers' host-shared arenas the shm collectives read, the
+ * libraries) count by their share, so the host's ranks add up to what
+ * they use. What the RSS watch compares with the limit. */
+size_t td_mem_pss(void);
 
 /* ---- the trainer ---- */
 struct td_trainer {

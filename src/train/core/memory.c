@@ -36,6 +36,11 @@ static size_t proc_kb(const char *path, const char *key) {
   return value;
 }
 
+size_t td_mem_pss(void) {
+  size_t pss = proc_kb("/proc/self/smaps_rollup", "Pss");
+  return pss ? pss : proc_kb("/proc/self/status", "VmRSS"); /* kernels before 4.14: the RSS, an upper bound */
+}
+
 size_t td_mem_rss(size_t *peak_out) {
   if (peak_out) *peak_out = proc_kb("/proc/self/status", "VmHWM");
   return proc_kb("/proc/self/status", "VmRSS");
@@ -52,51 +57,65 @@ static size_t read_number(const char *path) {
   return value;
 }
 
-/* The tightest cgroup limit over this process's cgroup and its ancestors,
- * and that cgroup's usage; false when none is set. */
+/* The tightest limit over cgroup `path` (under `mount`) and its ancestors
+ * (a parent's limit binds its children), with the usage of the cgroup that
+ * sets it; false when none is set. */
+static bool cgroup_walk(const char *mount, char *path, const char *limit_file, const char *usage_file, size_t *limit,
+                        size_t *usage, char *where, size_t cap) {
+  char dir[1024], file[1100];
+  bool found = false;
+  for (;;) {
+    snprintf(dir, sizeof dir, "%s%s", mount, strcmp(path, "/") == 0 ? "" : path);
+    snprintf(file, sizeof file, "%s/%s", dir, limit_file);
+    size_t l = read_number(file);
+    if (l && l < ((size_t)1 << 60) && (!found || l < *limit)) { /* v1 says "no limit" with a huge number */
+      found = true;
+      *limit = l;
+      snprintf(file, sizeof file, "%s/%s", dir, usage_file);
+      *usage = read_number(file);
+      snprintf(where, cap, "cgroup %s/%s", dir, limit_file);
+    }
+    char *slash = strrchr(path, '/');
+    if (!slash || slash == path) break;
+    *slash = 0;
+  }
+  return found;
+}
+
+/* This process's cgroup limit: v2 (the unified hierarchy, mounted at
+ * /sys/fs/cgroup or, on hybrid systems, /sys/fs/cgroup/unified) or v1's
+ * memory controller; the tighter when both are set. */
 static bool cgroup_limit(size_t *limit, size_t *usage, char *where, size_t cap) {
   FILE *f = fopen("/proc/self/cgroup", "r");
   if (!f) return false;
   char line[1024], v2[768] = "", v1[768] = "";
-  bool have_v2 = false, have_v1 = false;
   while (fgets(line, sizeof line, f)) {
     line[strcspn(line, "\n")] = 0;
-    char *path = strchr(line, ':') ? strchr(strchr(line, ':') + 1, ':') : NULL;
+    char *first = strchr(line, ':'), *path = first ? strchr(first + 1, ':') : NULL;
     if (!path) continue;
     path++;
-    if (strncmp(line, "0::", 3) == 0) have_v2 = true, td_strlcpy(v2, path, sizeof v2);
-    else if (strstr(line, ":memory:")) have_v1 = true, td_strlcpy(v1, path, sizeof v1);
+    if (strncmp(line, "0::", 3) == 0) td_strlcpy(v2, path, sizeof v2);
+    else if (strstr(line, ":memory:")) td_strlcpy(v1, path, sizeof v1);
   }
   fclose(f);
-  *limit = 0;
-  char dir[1024], file[1100];
-  if (have_v2) {
-    for (;;) { /* walk up: a parent's limit binds its children too */
-      snprintf(dir, sizeof dir, "/sys/fs/cgroup%s", v2);
-      snprintf(file, sizeof file, "%s/memory.max", dir);
-      size_t l = read_number(file);
-      if (l && (!*limit || l < *limit)) {
-        *limit = l;
-        snprintf(file, sizeof file, "%s/memory.current", dir);
-        *usage = read_number(file);
-        snprintf(where, cap, "cgroup %s/memory.max", dir);
-      }
-      char *slash = strrchr(v2, '/');
-      if (!slash || slash == v2) break;
-      *slash = 0;
-    }
-  } else if (have_v1) {
-    snprintf(dir, sizeof dir, "/sys/fs/cgroup/memory%s", v1);
-    snprintf(file, sizeof file, "%s/memory.limit_in_bytes", dir);
-    size_t l = read_number(file);
-    if (l && l < ((size_t)1 << 60)) { /* v1 reports "no limit" as a huge number */
-      *limit = l;
-      snprintf(file, sizeof file, "%s/memory.usage_in_bytes", dir);
-      *usage = read_number(file);
-      snprintf(where, cap, "cgroup %s/memory.limit_in_bytes", dir);
+  size_t l = 0, u = 0;
+  char w[1200], p[768];
+  bool found = false;
+  static const char *const v2_mounts[] = {"/sys/fs/cgroup", "/sys/fs/cgroup/unified"};
+  for (int i = 0; i < 2 && v2[0]; i++) {
+    td_strlcpy(p, v2, sizeof p);
+    if (cgroup_walk(v2_mounts[i], p, "memory.max", "memory.current", &l, &u, w, sizeof w) && (!found || l < *limit)) {
+      found = true, *limit = l, *usage = u;
+      td_strlcpy(where, w, cap);
     }
   }
-  return *limit > 0;
+  td_strlcpy(p, v1, sizeof p);
+  if (v1[0] && cgroup_walk("/sys/fs/cgroup/memory", p, "memory.limit_in_bytes", "memory.usage_in_bytes", &l, &u, w,
+                           sizeof w) && (!found || l < *limit)) {
+    found = true, *limit = l, *usage = u;
+    td_strlcpy(where, w, cap);
+  }
+  return found;
 }
 
 td_status td_mem_room_get(int local_ranks, td_mem_room *out) {
@@ -118,7 +137,7 @@ td_status td_mem_room_get(int local_ranks, td_mem_room *out) {
     size_t others = usage > held ? usage - held : 0, room = limit > others ? limit - others : 0;
     if (!best || room < best) {
       best = room;
-      snprintf(out->source, sizeof out->source, "%.100s %zu MiB (%zu MiB in use)", where, limit >> 20, usage >> 20);
+      snprintf(out->source, sizeof out->source, "%.300s %zu MiB (%zu MiB in use)", where, limit >> 20, usage >> 20);
     }
   }
   if (env && *env) {
