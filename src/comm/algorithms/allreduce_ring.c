@@ -30,30 +30,6 @@
 #include "comm/algorithms/algorithms.h"
 #include "comm/p2p/p2p.h"
 
-/* Default chunk, measured on loopback TCP with 2 ranks (64 MiB f32, side by
- * side): CPU per operation and rank 64 KiB 21 ms, 256 KiB 18-19 ms, 1 MiB
- * 24-28 ms, 4 MiB 28 ms. Past L2 size the staging buffer falls out of
- * cache and each chunk is read from memory twice; below it, per-frame costs
- * (headers, syscalls, wake-ups) take over. */
-#define RING_DEFAULT_CHUNK_BYTES ((size_t)256 << 10)
-
-static size_t ring_chunk_elems(const td_comm *comm, size_t elem_size) {
-  size_t bytes = comm_tun_bytes(comm->tun.ring_chunk_bytes, RING_DEFAULT_CHUNK_BYTES);
-  size_t elems = bytes / elem_size;
-  return elems ? elems : 1;
-}
-
-/* Chunks of a segment of len elements (an empty segment is one empty chunk). */
-static size_t n_chunks(size_t len, size_t chunk) { return len ? (len + chunk - 1) / chunk : 1; }
-
-static size_t chunk_len(size_t len, size_t chunk, size_t i) {
-  size_t begin = i * chunk;
-  return begin >= len ? 0 : TD_MIN(chunk, len - begin);
-}
-
-/* base + elems elements, keeping NULL (a count-0 buffer) NULL. */
-static char *elem_ptr(char *base, size_t elems, size_t elem_size) { return base ? base + elems * elem_size : NULL; }
-
 td_status allreduce_ring(td_comm *comm, const comm_op *op) {
   const int n = comm->size, r = comm->rank;
   const size_t esz = td_dtype_size(op->dtype);

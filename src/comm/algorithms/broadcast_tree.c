@@ -20,12 +20,6 @@
 #include "comm/algorithms/algorithms.h"
 #include "comm/p2p/p2p.h"
 
-/* Default chunk: large enough that per-frame costs vanish, small enough
- * that the tree levels overlap. */
-#define BCAST_DEFAULT_CHUNK_BYTES ((size_t)512 << 10)
-
-static size_t n_chunks(size_t len, size_t chunk) { return len ? (len + chunk - 1) / chunk : 1; }
-
 td_status broadcast_tree(td_comm *comm, const comm_op *op) {
   const int n = comm->size, r = comm->rank, root = op->root;
   if (n == 1) return TD_OK;

@@ -23,24 +23,6 @@
 #include "comm/algorithms/algorithms.h"
 #include "comm/p2p/p2p.h"
 
-#define RING_DEFAULT_CHUNK_BYTES ((size_t)256 << 10) /* as allreduce_ring.c */
-
-static size_t ring_chunk_elems(const td_comm *comm, size_t elem_size) {
-  size_t elems = comm_tun_bytes(comm->tun.ring_chunk_bytes, RING_DEFAULT_CHUNK_BYTES) / elem_size;
-  return elems ? elems : 1;
-}
-
-static size_t n_chunks(size_t len, size_t chunk) { return len ? (len + chunk - 1) / chunk : 1; }
-
-static size_t chunk_len(size_t len, size_t chunk, size_t i) {
-  size_t begin = i * chunk;
-  return begin >= len ? 0 : TD_MIN(chunk, len - begin);
-}
-
-static char *elem_ptr(const void *base, size_t elems, size_t elem_size) {
-  return base ? (char *)base + elems * elem_size : NULL;
-}
-
 td_status reduce_scatter_ring(td_comm *comm, const comm_op *op) {
   const int n = comm->size, r = comm->rank;
   const size_t esz = td_dtype_size(op->dtype);

@@ -22,14 +22,6 @@
 #include "comm/algorithms/algorithms.h"
 #include "comm/p2p/p2p.h"
 
-#define BCAST_DEFAULT_CHUNK_BYTES ((size_t)512 << 10) /* as broadcast_tree.c */
-
-static size_t n_chunks(size_t len, size_t chunk) { return len ? (len + chunk - 1) / chunk : 1; }
-
-static char *elem_ptr(const void *base, size_t elems, size_t elem_size) {
-  return base ? (char *)base + elems * elem_size : NULL;
-}
-
 td_status reduce_tree(td_comm *comm, const comm_op *op) {
   const int n = comm->size, r = comm->rank, root = op->root;
   const size_t esz = td_dtype_size(op->dtype);

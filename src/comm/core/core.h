@@ -14,6 +14,7 @@
  *   select/        the table that picks an algorithm for each op
  *   progress/      the progress engine: inline or queued execution
  *   collectives.c  the public collectives (argument checks, sequencing)
+ *   mem.c          host-shared buffers (td_mem_alloc)
  *   comm.c         the communicator's lifecycle: init, split, finalize
  *
  * Data flow of one collective:

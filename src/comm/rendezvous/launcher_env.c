@@ -138,9 +138,23 @@ td_status comm_env_detect(const td_comm_config *config, comm_env *env) {
   }
   if (master_addr && master_port) {
     /* torchrun convention (TCPStore): rank 0 hosts the store on MASTER_PORT,
-     * reachable from other hosts at MASTER_ADDR. */
+     * reachable from other hosts at MASTER_ADDR. Under a real torchrun
+     * agent (TORCHELASTIC_RUN_ID) that port is the agent's own store, which
+     * speaks torch's protocol: Tandem's goes on TANDEM_STORE_PORT at
+     * MASTER_ADDR instead. (Python ranks agree on a port through the
+     * agent's store and set TANDEM_STORE: python/tandem/__init__.py.) */
+    const char *agent_run = td_env_str("TORCHELASTIC_RUN_ID", NULL);
+    long agent_port = td_env_long("TANDEM_STORE_PORT", 0);
+    if (agent_run && !(agent_port > 0 && agent_port < 65536))
+      return td_error(TD_ERR_INVALID_ARGUMENT,
+                      "rank %d of %d was started by a torchrun agent (run %s), whose own store listens on "
+                      "MASTER_PORT %s: Tandem's store cannot share it. Set TANDEM_STORE_PORT to a free port of "
+                      "MASTER_ADDR (rank 0 hosts Tandem's store there) or TANDEM_STORE to a running store; Python "
+                      "programs (tandem.init, init_process_group(\"tandem\")) find one through the agent by themselves",
+                      env->rank, env->size, agent_run, master_port);
     char addr[300];
-    snprintf(addr, sizeof addr, "%s:%s", master_addr, master_port);
+    if (agent_run) snprintf(addr, sizeof addr, "%s:%ld", master_addr, agent_port);
+    else snprintf(addr, sizeof addr, "%s:%s", master_addr, master_port);
     TD_CHECK(net_parse_addr(addr, host, sizeof host, &port));
     if (env->rank == 0) {
       env->host_store = true;

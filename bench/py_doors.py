@@ -1,0 +1,145 @@
+"""The PyTorch doors where communication decides the speed (bench/py_doors.sh).
+
+A 100.7M-parameter MLP (24 Linear(2048, 2048) layers with ReLU) trained with
+SGD on 4 samples per rank: a step computes little (about 2.4 GFLOP per rank)
+and allreduces 403 MB of gradients, so the gradient allreduce is most of a
+gloo step. One run is one contender, started by tandemrun (each rank one
+process, one thread):
+
+  --door ddp --backend tandem|gloo   torch's DistributedDataParallel over
+                                     init_process_group(backend), the same
+                                     bucketing (25 MB, gradients as bucket views)
+  --door hvd --backend tandem        tandem.torch.DistributedOptimizer
+                                     (Horovod's API: allreduce per gradient
+                                     as backward produces it, averaged)
+  --door hvd --backend gloo          the same Horovod-style pattern on
+                                     torch.distributed gloo: an async
+                                     all_reduce per gradient from a hook,
+                                     waited for before the optimizer step
+  --door compute                     no communication: each rank trains its
+                                     own replica (the floor of a step)
+
+Prints one line on rank 0: door, backend, steps/s, ms per step (after 2
+warm-up steps), the shortest step, and the rank-averaged loss of every step, which every
+contender must reproduce (the same seed, data and averaging)."""
+import argparse
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+import tandem.torch as hvd
+
+p = argparse.ArgumentParser()
+p.add_argument("--door", choices=["ddp", "hvd", "compute"], required=True)
+p.add_argument("--backend", choices=["tandem", "gloo"], default="tandem")
+p.add_argument("--steps", type=int, default=8)
+p.add_argument("--layers", type=int, default=24)
+p.add_argument("--width", type=int, default=2048)
+p.add_argument("--batch", type=int, default=4)
+p.add_argument("--model", choices=["mlp", "embed"], default="mlp")
+p.add_argument("--rows", type=int, default=786432)  # embed: 786432 x 128 = 100.7M parameters
+a = p.parse_args()
+torch.set_num_threads(1)
+
+if a.door == "compute":
+    r, n = int(os.environ.get("TANDEM_RANK", "0")), int(os.environ.get("TANDEM_WORLD_SIZE", "1"))
+elif a.door == "hvd" and a.backend == "tandem":
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+else:
+    dist.init_process_group(a.backend)
+    r, n = dist.get_rank(), dist.get_world_size()
+
+torch.manual_seed(0)
+
+
+class Embed(torch.nn.Module):
+    """A dense embedding table (its gradient is a dense tensor of the whole
+    table, as torch's default sparse=False gives) pooled into a small head:
+    the parameters and their allreduce are large, the arithmetic tiny."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = torch.nn.Embedding(a.rows, 128)
+        self.head = torch.nn.Linear(128, a.width)
+
+    def forward(self, ids):
+        return self.head(self.table(ids).mean(1))
+
+
+if a.model == "mlp":
+    layers = []
+    for _ in range(a.layers):
+        layers += [torch.nn.Linear(a.width, a.width), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers[:-1])
+else:
+    model = Embed()
+nparam = sum(q.numel() for q in model.parameters())
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+pending = []
+if a.door == "ddp":
+    model = torch.nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=True)
+elif a.door == "hvd" and a.backend == "tandem":
+    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+elif a.door == "hvd":  # Horovod's pattern on gloo: one async allreduce per gradient once accumulated
+    accumulators = []  # Horovod's own hook point: the gradient accumulator of each parameter
+
+    def hook_for(q):
+        def hook(*_):
+            pending.append((dist.all_reduce(q.grad, async_op=True), q.grad))
+        return hook
+    for q in model.parameters():
+        acc = q.expand_as(q).grad_fn.next_functions[0][0]
+        acc.register_hook(hook_for(q))
+        accumulators.append(acc)
+
+
+def batch(step):
+    g = torch.Generator().manual_seed(1000 + step)
+    if a.model == "mlp":
+        x = torch.randn(n * a.batch, a.width, generator=g)
+    else:
+        x = torch.randint(0, a.rows, (n * a.batch, 16), generator=g)
+    y = torch.randn(n * a.batch, a.width, generator=g)
+    return x[r * a.batch:(r + 1) * a.batch], y[r * a.batch:(r + 1) * a.batch]
+
+
+losses, step_s = [], []
+for i in range(a.steps + 2):
+    if i == 2:
+        t0 = time.perf_counter()
+    ts = time.perf_counter()
+    x, y = batch(i)
+    opt.zero_grad(set_to_none=False)  # gradients stay (bucket views for DDP and tandem.torch), zeroed in place
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    for work, grad in pending:
+        work.wait()
+        grad.div_(n)
+    pending.clear()
+    opt.step()
+    losses.append(loss.detach())
+    step_s.append(time.perf_counter() - ts)
+dt = time.perf_counter() - t0
+# The shortest step after warm-up: on a shared machine the steps that other
+# processes' load did not stretch (a step ends together on both ranks: its
+# time includes waiting for the slower one).
+best = min(step_s[2:])
+mean = torch.stack(losses)
+if a.door == "compute":
+    pass  # each rank's own replica: its own loss
+elif a.door == "hvd" and a.backend == "tandem":
+    mean = hvd.allreduce(mean, op=hvd.Average)
+else:
+    dist.all_reduce(mean)
+    mean /= n
+if r == 0:
+    print(f"model={a.model} door={a.door} backend={a.backend if a.door != 'compute' else '-'} nproc={n} params={nparam} "
+          f"steps_per_s={a.steps / dt:.4f} step_ms={dt / a.steps * 1e3:.1f} best_step_ms={best * 1e3:.1f} "
+          f"losses={','.join(f'{v:.9g}' for v in mean.tolist())}", flush=True)
+if a.door == "hvd" and a.backend == "tandem":
+    hvd.shutdown()
+elif a.door != "compute":
+    dist.destroy_process_group()

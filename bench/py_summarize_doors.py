@@ -1,0 +1,58 @@
+#!/usr/bin/env python3
+"""Summarize bench/py_doors.sh output: per part (shm, tcp) and model, the
+median steps/s and shortest step of each contender over the rounds, Tandem
+against gloo for each door, the share of gloo's shortest step that is not
+compute (1 - compute-only step / gloo's step: the gradient allreduce and what
+waits on it), and
+whether every contender's losses equal gloo DDP's.
+    bench/py_summarize_doors.py raw.txt"""
+import re
+import statistics
+import sys
+from collections import defaultdict
+
+runs = defaultdict(list)  # (part, model, door, backend) -> [(steps_per_s, step_ms, load)]
+losses = {}
+header = ""
+for line in open(sys.argv[1]):
+    if line.startswith("# machine"):
+        header = line[2:].strip()
+    kv = dict(re.findall(r"(\w+)=(\S+)", line))
+    if "steps_per_s" not in kv:
+        continue
+    key = (kv["part"], kv["model"], kv["door"], kv["backend"])
+    runs[key].append((float(kv["steps_per_s"]), float(kv["best_step_ms"]), float(kv["load"])))
+    losses.setdefault(key, [float(v) for v in kv["losses"].split(",")])
+
+print(f"Machine: {header}\n")
+print("| part | model | contender | runs | steps/s (median of runs) | shortest step ms (median of runs) | load | "
+      "steps/s vs gloo, same door | shortest step vs gloo | losses vs DDP-gloo |")
+print("|---|---|---|---|---|---|---|---|---|---|")
+for part, model in sorted({(k[0], k[1]) for k in runs}):
+    med, bests = {}, {}
+    for door, be in (("compute", "-"), ("ddp", "gloo"), ("ddp", "tandem"), ("hvd", "gloo"), ("hvd", "tandem")):
+        rs = runs.get((part, model, door, be))
+        if not rs:
+            continue
+        sps = statistics.median(r[0] for r in rs)
+        best = statistics.median(r[1] for r in rs)
+        med[(door, be)] = sps
+        bests[(door, be)] = best
+        ref = losses.get((part, model, "ddp", "gloo"))
+        mine = losses[(part, model, door, be)]
+        if door == "compute":
+            eq = "(own replicas)"
+        elif ref:
+            d = max(abs(x - y) / abs(y) for x, y in zip(mine, ref))
+            eq = "equal" if d == 0 else f"max rel diff {d:.1e}"
+        else:
+            eq = "?"
+        vs = vb = ""
+        if be == "tandem" and (door, "gloo") in med:
+            vs = f"**{sps / med[(door, 'gloo')]:.2f}x**"
+            vb = f"**{bests[(door, 'gloo')] / best:.2f}x**"
+        print(f"| {part} | {model} | {door}-{be} | {len(rs)} | {sps:.3f} | {best:.0f} | "
+              f"{statistics.median(r[2] for r in rs):.1f} | {vs} | {vb} | {eq} |")
+    if ("compute", "-") in bests and ("ddp", "gloo") in bests:
+        share = 1 - bests[("compute", "-")] / bests[("ddp", "gloo")]
+        print(f"| {part} | {model} | gloo DDP's shortest step not compute | | | | | | {share:.0%} | |")
