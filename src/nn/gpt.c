@@ -162,9 +162,6 @@ static td_status acts_alloc(gpt_acts *a, const td_gpt_config *c, int B, int T, i
   return TD_OK;
 }
 
-/* At the bf16 compute type, the bf16 copies (allocated once per acts):
- * sets a->use16 to whether the forward about to run writes them. Out of
- * memory only costs speed (the products pack from f32 then). */
 /* The bf16 copies' sizes (in elements, each 64-byte aligned) for B x T
  * tokens; returns their sum. */
 static size_t acts16_plan(const td_gpt_config *c, size_t BT, int ckpt, size_t n[5]) {
@@ -174,6 +171,9 @@ static size_t acts16_plan(const td_gpt_config *c, size_t BT, int ckpt, size_t n[
   return total;
 }
 
+/* At the bf16 compute type, the bf16 copies (allocated once per acts):
+ * sets a->use16 to whether the forward about to run writes them. Out of
+ * memory only costs speed (the products pack from f32 then). */
 static void acts16_ensure(gpt_acts *a, const td_gpt_config *c) {
   a->use16 = 0;
   if (td_nn_compute_dtype() != TD_BF16) return;

@@ -13,8 +13,21 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <sys/vfs.h>
 
 #define MIB(x) ((double)(x) / 1048576.0)
+#define TMPFS_MAGIC_NUMBER 0x01021994 /* linux/magic.h's TMPFS_MAGIC */
+
+/* Offload files on tmpfs are memory (shmem), not disk: the estimate's disk
+ * bytes then count against the host's memory too. */
+static size_t offload_files_in_memory(const td_trainer *t, const td_memory_estimate *e) {
+  const td_offload_config *o = &t->cfg.offload;
+  const char *path = o->optimizer_device == TD_OFFLOAD_NVME ? o->optimizer_nvme_path
+                     : o->param_device == TD_OFFLOAD_NVME   ? o->param_nvme_path
+                                                            : NULL;
+  struct statfs fs;
+  return path && statfs(path, &fs) == 0 && fs.f_type == TMPFS_MAGIC_NUMBER ? e->disk : 0;
+}
 
 /* Bytes the steps need per rank under cfg at `world` ranks and `stage`. */
 static size_t need_bytes(const td_trainer *t, const td_train_config *cfg, int world, int stage) {
@@ -61,6 +74,7 @@ static void what_fits(const td_trainer *t, size_t room, char *buf, size_t cap) {
   if (t->zero_stage >= 1) { /* sharded state shrinks with more ranks, each with this much memory */
     int w = t->world;
     while (w < (1 << 16) && need_bytes(t, cfg, w, t->zero_stage) > room) w = w < 4 ? w + 1 : w + w / 4;
+    while (w - 1 > t->world && w < (1 << 16) && need_bytes(t, cfg, w - 1, t->zero_stage) <= room) w--; /* the least */
     if (w < (1 << 16) && w > t->world)
       ADD("%d ranks or more, on more hosts (%.0f MiB per rank)", w, MIB(need_bytes(t, cfg, w, t->zero_stage)));
   }
@@ -83,17 +97,20 @@ td_status trainer_memory_fit(td_trainer *t) {
   td_memory_estimate e;
   if (st == TD_OK) st = td_trainer_estimate_memory(t->model, &t->cfg, t->world, t->zero_stage, &e);
   if (st == TD_OK) {
-    size_t need = e.model_states + e.activations + e.runtime + t->mem_baseline;
+    size_t files = offload_files_in_memory(t, &e);
+    size_t need = e.model_states + e.activations + e.runtime + t->mem_baseline + files;
     t->mem_estimate = need;
     if (room > 0 && need > room) {
       char fits[1024];
       what_fits(t, room, fits, sizeof fits);
       st = td_error(TD_ERR_INVALID_USAGE,
                     "rank %d: this job needs about %.0f MiB per rank (model states %.0f, of which offload buffers "
-                    "%.0f; activations %.0f; compute and I/O scratch %.0f; this process before the arenas %.0f) but "
+                    "%.0f; activations %.0f; compute and I/O scratch %.0f; this process before the arenas %.0f; offload files on "
+                    "tmpfs %.0f) but "
                     "%.0f MiB are available to it (%s, shared by %d ranks on this host). It would fit with%s",
                     t->rank, MIB(need), MIB(e.model_states), MIB(e.offload_buffers), MIB(e.activations),
-                    MIB(e.runtime), MIB(t->mem_baseline), MIB(room), t->mem_room.source, t->mem_room.local_ranks, fits);
+                    MIB(e.runtime), MIB(t->mem_baseline), MIB(files), MIB(room), t->mem_room.source,
+                    t->mem_room.local_ranks, fits);
     }
   }
   return td_trainer_agree(t, st);

@@ -39,8 +39,10 @@ static size_t block_len(const char *name) {
 
 /* td_trainer_gather_params at stage 3 (train-gpt's sample and exact
  * summary): the whole parameter arena becomes resident on every rank, on
- * top of what the rank holds. The 2.52B-parameter run of issue 23 was
- * killed there: 9.4 GiB more per rank than the steps' estimate. */
+ * top of what the rank holds: 9.4 GiB per rank more than the steps'
+ * estimate for the 2.52B-parameter run of issue 23, which the OOM killer
+ * ended (the sample's gather, by all signs: reproduced small, the gather
+ * alone takes the peak from 177 to 277 MiB). */
 static size_t estimate_gather(size_t n, size_t shard, int stage, bool params_on_disk) {
   if (stage < 3) return 0;
   size_t whole = n * sizeof(float), held = params_on_disk ? 0 : shard * sizeof(float);
