@@ -32,6 +32,7 @@
 
 #include "base.h"
 #include "comm.h"
+#include "device.h"
 #include "elastic.h"
 #include "nn.h"
 
@@ -177,7 +178,21 @@ typedef struct td_train_config {
    * loss scale of the saved run assume its batch. 1: load it anyway
    * (checkpoint.allow_batch_size_change; default 0). */
   int allow_batch_size_change;
+  /* Where the model trains: "cpu", "cuda" or "cuda:N" (config key "device";
+   * "": TANDEM_DEVICE, else "cpu"). td_train_device_select turns it into a
+   * td_device for this rank. */
+  char device[16];
 } td_train_config;
+
+/* The device this rank trains on, from spec ("cpu", "cuda", "cuda:N"; NULL
+ * or "": TANDEM_DEVICE, else "cpu"). "cuda" without an index picks
+ * cuda:(local_rank % visible GPUs), so that a host's ranks spread over its
+ * GPUs and share them when there are more ranks than GPUs (two ranks on one
+ * GPU is the staged-collective case). The device is opened (made current on
+ * this thread); a bad spelling, a build without CUDA, no GPU or an index
+ * beyond the visible GPUs fail with the device layer's message, naming
+ * where the spec came from. */
+td_status td_train_device_select(const char *spec, int local_rank, td_device *out);
 
 /* DeepSpeed's elastic batch choice (v0.1, deepspeed.elasticity): the
  * largest-compatibility global batch for cfg's micro_batch_sizes,
@@ -362,8 +377,11 @@ void td_trainer_set_trace(td_trainer *trainer, td_train_trace_fn fn, void *ctx);
  *     tensor table, plus the groups under
  *     stage3_param_persistence_threshold), plus one page per tensor and
  *     rank for the pages straddling released pieces;
- *   model_states: params + grads + optimizer + live (what the trainer's
- *     td_trainer_model_state_bytes measures);
+ *   deterministic: deterministic reduction's whole-model gradient vectors
+ *     and exchange buffers (deterministic_reduction 1, or -1 with
+ *     "elasticity" enabled; 0 otherwise);
+ *   model_states: params + grads + optimizer + live + deterministic (what
+ *     the trainer's td_trainer_model_state_bytes measures);
  *   activations: the model's activation and scratch memory for micro_batch
  *     (0 if the model does not say).
  * cfg must be resolved for `world` (td_train_config_resolve). Local, pure. */
@@ -371,6 +389,7 @@ typedef struct td_memory_estimate {
   int stage, world;
   size_t n_params, shard_params;
   size_t params, grads, optimizer, live, model_states, activations;
+  size_t deterministic;
   /* NVMe offload (cfg->offload; stage 3): params and optimizer above count
    * only what stays in RAM; disk is the bytes of this rank's files under
    * nvme_path, offload_buffers the RAM of the optimizer's tile buffers
@@ -410,10 +429,11 @@ typedef struct td_offload_stats {
 } td_offload_stats;
 td_status td_trainer_offload_stats(const td_trainer *trainer, td_offload_stats *out);
 
-/* Model-state bytes this rank holds: at stage 0 the arena sizes; at stages
- * 1-3 the highest count of resident pages of the parameter and gradient
- * arenas (mincore) plus the optimizer state, measured during the first two
- * steps. Local. */
+/* Model-state bytes this rank holds, measured: the resident pages (mincore)
+ * of the parameter and gradient arenas, of the optimizer state (offloaded:
+ * its RAM tile buffers) and of deterministic reduction's buffers; at stages
+ * 1-3 the highest such count during the first two steps (or now, if
+ * more). Local. */
 size_t td_trainer_model_state_bytes(const td_trainer *trainer);
 
 /* This rank's memory (issue 23): what the trainer compared at creation and
@@ -461,6 +481,17 @@ int td_trainer_threads(const td_trainer *trainer); /* compute threads this rank 
  * (td_elastic_register_shard), and td_trainer_elastic_rebind re-shards
  * them. Local. */
 td_status td_trainer_elastic_register(td_trainer *t, td_elastic *e);
+
+/* A trainer for rank `rank` of `world` with no communicator yet, for
+ * elastic training: like td_trainer_create with comm NULL (local, nothing
+ * communicates; cfg is resolved for `world`), but its ZeRO shards are cut
+ * for that rank and world from the start, so that a process never holds the
+ * whole model state it would give back at the first rebind (at stage 3 it
+ * initializes only its parameter shard). It must be moved onto a
+ * communicator with td_trainer_elastic_rebind before its first step.
+ * Refused with NVMe offload. */
+td_status td_trainer_create_unbound(const td_train_config *cfg, td_model *model, td_dataset *dataset, int world,
+                                    int rank, td_trainer **out);
 
 /* Move a trainer onto `comm` (NULL: a world of one), keeping its global
  * batch (td_elastic_batch_split with micro_hint and max_world), resizing

@@ -82,8 +82,10 @@ static float *grads_alloc(td_trainer *t, size_t bytes) {
   return arena_alloc(bytes);
 }
 
-td_status td_trainer_create(const td_train_config *cfg_in, td_model *model, td_dataset *dataset, td_comm *comm,
-                            td_trainer **out) {
+/* td_trainer_create, and td_trainer_create_unbound (comm NULL, world and
+ * rank given: the arenas are cut for that world, and nothing communicates). */
+static td_status trainer_create(const td_train_config *cfg_in, td_model *model, td_dataset *dataset, td_comm *comm,
+                                int world, int rank, td_trainer **out) {
   if (out) *out = NULL;
   if (!cfg_in || !model || !dataset || !out)
     return td_error(TD_ERR_INVALID_ARGUMENT, "td_trainer_create: config, model, dataset and out are required");
@@ -105,8 +107,8 @@ td_status td_trainer_create(const td_train_config *cfg_in, td_model *model, td_d
   t->model = model;
   t->dataset = dataset;
   t->comm = comm;
-  t->rank = comm ? td_comm_rank(comm) : 0;
-  t->world = comm ? td_comm_size(comm) : 1;
+  t->rank = comm ? td_comm_rank(comm) : rank;
+  t->world = comm ? td_comm_size(comm) : world;
   TD_CHECK_GOTO(td_train_config_resolve(&t->cfg, t->world), st, fail);
   t->ckpt_fault_at = td_env_long("TANDEM_CKPT_FAULT_AT", 0);
   t->ckpt_fault_rank = (int)td_env_long("TANDEM_CKPT_FAULT_RANK", 0);
@@ -183,24 +185,49 @@ td_status td_trainer_create(const td_train_config *cfg_in, td_model *model, td_d
     /* each rank writes its own shard's initial values to disk (offload/param_store.c) */
     st = td_trainer_agree(t, offload_params_init(t));
     if (st != TD_OK) goto fail;
+  } else if (t->zero_stage >= 3) {
+    /* Each rank initializes its own shard in place: the initializer is a
+     * pure function of the seed (td_model_init_params_range gives the
+     * values td_model_init_params would), so no rank ever holds the whole
+     * arena and the start-up peak stays below the steady state's. */
+    st = td_trainer_agree(t, td_model_init_params_range(model, t->params + t->shard_lo, t->cfg.seed, t->shard_lo,
+                                                        t->shard_hi));
+    if (st != TD_OK) goto fail;
   } else {
     td_model_init_params(model, t->params, t->cfg.seed);
-  }
-  /* Every rank could initialize identically from the seed, but broadcasting
-   * from rank 0 also guards against any rank-dependent initializer. */
-  if (comm && t->world > 1 && !offload_params_on_disk(t)) {
-    st = td_broadcast(t->params, t->n_params, TD_F32, 0, comm);
-    if (st != TD_OK) {
-      td_error(st, "rank %d: broadcasting the initial parameters failed: %s", t->rank, td_comm_last_error(comm));
-      goto fail;
+    /* Every rank could initialize identically from the seed, but
+     * broadcasting from rank 0 also guards against any rank-dependent
+     * initializer. */
+    if (comm && t->world > 1) {
+      st = td_broadcast(t->params, t->n_params, TD_F32, 0, comm);
+      if (st != TD_OK) {
+        td_error(st, "rank %d: broadcasting the initial parameters failed: %s", t->rank, td_comm_last_error(comm));
+        goto fail;
+      }
     }
   }
-  zero_after_init(t);
   *out = t;
   return TD_OK;
 fail:
   td_trainer_destroy(t);
   return st;
+}
+
+td_status td_trainer_create(const td_train_config *cfg, td_model *model, td_dataset *dataset, td_comm *comm,
+                            td_trainer **out) {
+  return trainer_create(cfg, model, dataset, comm, 1, 0, out);
+}
+
+td_status td_trainer_create_unbound(const td_train_config *cfg, td_model *model, td_dataset *dataset, int world,
+                                    int rank, td_trainer **out) {
+  if (out) *out = NULL;
+  if (world < 1 || rank < 0 || rank >= world)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "td_trainer_create_unbound: rank %d of world %d: need 0 <= rank < world",
+                    rank, world);
+  if (cfg && (cfg->offload.optimizer_device == TD_OFFLOAD_NVME || cfg->offload.param_device == TD_OFFLOAD_NVME))
+    return td_error(TD_ERR_INVALID_USAGE, "td_trainer_create_unbound: NVMe offload cuts its files for one world "
+                                          "size at creation: create the trainer with its communicator");
+  return trainer_create(cfg, model, dataset, NULL, world, rank, out);
 }
 
 void td_trainer_destroy(td_trainer *t) {
@@ -406,6 +433,9 @@ static td_status trainer_step(td_trainer *t, td_step_stats *stats);
  * (mixed precision: the linear layers' products in bf16/fp16). */
 td_status td_trainer_step(td_trainer *t, td_step_stats *stats) {
   if (!t) return td_error(TD_ERR_INVALID_ARGUMENT, "td_trainer_step: null trainer");
+  if (!t->comm && t->world > 1)
+    return td_error(TD_ERR_INVALID_USAGE, "td_trainer_step: the trainer was created unbound for %d ranks: move it "
+                                          "onto its communicator with td_trainer_elastic_rebind first", t->world);
   td_dtype saved = td_nn_compute_dtype();
   td_nn_set_compute_dtype(t->cfg.precision.compute);
   td_status st = trainer_step(t, stats);
@@ -705,7 +735,20 @@ int td_trainer_threads(const td_trainer *t) { return t->threads; }
 
 /* ---- ZeRO ---- */
 
-size_t td_trainer_model_state_bytes(const td_trainer *t) { return zero_model_state_bytes(t); }
+size_t td_trainer_model_state_bytes(const td_trainer *t) {
+  return zero_model_state_bytes(t) + det_resident_bytes(t);
+}
+
+td_status td_trainer_estimate_memory(const td_model *model, const td_train_config *cfg, int world, int stage,
+                                     td_memory_estimate *out) {
+  if (!model || !cfg)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "td_trainer_estimate_memory: model, cfg and out are required");
+  size_t det = det_estimate_bytes(cfg, model->n_params, world, stage);
+  TD_CHECK(zero_estimate_memory(model, cfg, world, stage, det == 0, out));
+  out->deterministic = det;
+  out->model_states += out->deterministic;
+  return TD_OK;
+}
 int td_trainer_zero_stage(const td_trainer *t) { return t->zero_stage; }
 
 td_status td_trainer_gather_params(td_trainer *t) {

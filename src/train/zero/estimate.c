@@ -6,7 +6,8 @@
  * states; SGD has one):
  *     stage 0: 16Ψ   stage 1: 8Ψ + 8Ψ/N   stage 2: 4Ψ + 12Ψ/N   stage 3: 16Ψ/N
  * plus what the engine keeps beyond the shards (zero/reduce.c, fetch.c):
- *     stage 2+: gradients of the buckets in flight: after a launch
+ *     stage 2+: gradients of the buckets in flight (none under
+ *               deterministic reduction: `buckets` false): after a launch
  *               backward waits for the bucket before (reduce.c), so at the
  *               next launch one is in flight and one just launched, each up
  *               to a bucket plus the tensor that completed it: 2 x (bucket
@@ -57,8 +58,8 @@ static size_t estimate_gather(size_t n, size_t shard, int stage, bool params_on_
  * few threads more. */
 #define ESTIMATE_RUNTIME_BYTES ((size_t)16 << 20)
 
-td_status td_trainer_estimate_memory(const td_model *model, const td_train_config *cfg, int world, int stage,
-                                     td_memory_estimate *out) {
+td_status zero_estimate_memory(const td_model *model, const td_train_config *cfg, int world, int stage, bool buckets,
+                               td_memory_estimate *out) {
   if (!model || !cfg || !out || world < 1 || stage < 0 || stage > 3)
     return td_error(TD_ERR_INVALID_ARGUMENT,
                     "td_trainer_estimate_memory: model, cfg and out are required, world >= 1, stage 0-3 (got world "
@@ -138,7 +139,7 @@ td_status td_trainer_estimate_memory(const td_model *model, const td_train_confi
   size_t live = 0;
   if (zero_keeps_grads(n, world, stage, cfg->bucket_bytes)) {
     live += (n - shard) * f; /* the whole gradient arena stays (shard.c), in plain or shared memory */
-  } else if (stage >= 2 && world > 1) {
+  } else if (stage >= 2 && world > 1 && buckets) {
     size_t bucket = cfg->bucket_bytes / f;
     live += TD_MIN(TD_MIN(2 * (bucket + largest_tensor), n - shard) * f + edges2, room);
   }
