@@ -190,9 +190,9 @@ static void build_config(const gpt_options *o, int world, td_train_config *cfg) 
  * stage (rank 0 prints; stdout, one line per stage, key=value pairs). */
 static void print_estimates(const td_model *model, const td_train_config *cfg, int world) {
   printf("%s: memory per rank at world=%d, params=%zu, micro_batch=%d (MiB; model states = params + grads + "
-         "optimizer + live + deterministic; DeepSpeed estimate_zero3_model_states_mem_needs_all_live; total = "
-         "model states + activations + runtime, plus what the process holds before the trainer; gather: more at "
-         "the end for the sample at stage 3)\n",
+         "optimizer + live + deterministic + replicas; DeepSpeed estimate_zero3_model_states_mem_needs_all_live; "
+         "total = model states + activations + runtime, plus what the process holds before the trainer; gather: "
+         "more at the end for the sample at stage 3)\n",
          app_name, world, model->n_params, cfg->micro_batch);
   for (int stage = 0; stage <= 3; stage++) {
     td_memory_estimate e;
@@ -202,10 +202,11 @@ static void print_estimates(const td_model *model, const td_train_config *cfg, i
       exit(1);
     }
     const double mib = 1024.0 * 1024.0;
-    printf("stage=%d params=%.1f grads=%.1f optimizer=%.1f live=%.1f deterministic=%.1f model_states=%.1f "
-           "activations=%.1f runtime=%.1f total=%.1f model_state_bytes=%zu disk=%.1f disk_bytes=%zu gather=%.1f\n",
+    printf("stage=%d params=%.1f grads=%.1f optimizer=%.1f live=%.1f deterministic=%.1f replicas=%.1f "
+           "model_states=%.1f activations=%.1f runtime=%.1f total=%.1f model_state_bytes=%zu disk=%.1f disk_bytes=%zu "
+           "gather=%.1f\n",
            stage, e.params / mib, e.grads / mib, e.optimizer / mib, e.live / mib, e.deterministic / mib,
-           e.model_states / mib, e.activations / mib, e.runtime / mib,
+           e.replicas / mib, e.model_states / mib, e.activations / mib, e.runtime / mib,
            (e.model_states + e.activations + e.runtime) / mib, e.model_states, e.disk / mib, e.disk, e.gather / mib);
   }
   fflush(stdout);
@@ -278,7 +279,9 @@ int main(int argc, char **argv) {
   app_name = "train-gpt";
   gpt_options opt;
   parse_args(argc, argv, &opt);
-  if (opt.elastic || app_elastic_env() || app_config_elastic(&opt.common)) return elastic_main(&opt);
+  /* --estimate-memory under --elastic: the table, with the elastic copies */
+  int elastic = opt.elastic || app_elastic_env() || app_config_elastic(&opt.common);
+  if (elastic && !opt.estimate_memory) return elastic_main(&opt);
 
   app_run run;
   app_begin(&run, opt.common.metrics_path, 1);
@@ -290,10 +293,11 @@ int main(int argc, char **argv) {
   if (s != TD_OK) app_fail(&run, "choosing the device", s);
   if (dev.kind != TD_DEVICE_CPU) {
     char name[16];
-    fprintf(stderr, "%s: error: %s is there, but this build's GPT has no CUDA implementation yet (issue 18: the "
-                    "CUDA layers exist, the model over them does not): use --device cpu\n",
+    fprintf(stderr, "%s: error: %s is there, but the training engine does not run on a CUDA device yet (its "
+                    "parameter, gradient and optimizer arenas, optimizer step and checkpoints are host memory only; "
+                    "issue 18): use --device cpu\n",
             app_name, td_device_name(dev, name, sizeof name));
-    if (run.comm && run.world > 1) td_comm_abort(run.comm, "no CUDA GPT");
+    if (run.comm && run.world > 1) td_comm_abort(run.comm, "no device training engine yet");
     exit(APP_EXIT_FAIL);
   }
 
@@ -304,6 +308,7 @@ int main(int argc, char **argv) {
   s = td_gpt_create(&opt.model, &model);
   if (s != TD_OK) app_fail(&run, "creating the GPT model", s);
   if (opt.estimate_memory) {
+    if (elastic) cfg.elasticity.enabled = 1; /* the buddy copies and deterministic reduction */
     if (run.rank == 0) print_estimates(model, &cfg, run.world);
     app_end(&run);
     td_model_destroy(model);

@@ -380,8 +380,13 @@ void td_trainer_set_trace(td_trainer *trainer, td_train_trace_fn fn, void *ctx);
  *   deterministic: deterministic reduction's whole-model gradient vectors
  *     and exchange buffers (deterministic_reduction 1, or -1 with
  *     "elasticity" enabled; 0 otherwise);
- *   model_states: params + grads + optimizer + live + deterministic (what
- *     the trainer's td_trainer_model_state_bytes measures);
+ *   replicas: under elastic training ("elasticity" enabled) the copies kept
+ *     for recovery (td_elastic_copy_bytes): the last two commits of the
+ *     whole parameters and optimizer state at stage 0; at stages 1-3 of
+ *     this rank's shards of them and of one ward's (uneven hosts can give
+ *     a rank several wards: more); 0 otherwise;
+ *   model_states: params + grads + optimizer + live + deterministic +
+ *     replicas (what the trainer's td_trainer_model_state_bytes measures);
  *   activations: the model's activation and scratch memory for micro_batch
  *     (0 if the model does not say).
  * cfg must be resolved for `world` (td_train_config_resolve). Local, pure. */
@@ -389,7 +394,7 @@ typedef struct td_memory_estimate {
   int stage, world;
   size_t n_params, shard_params;
   size_t params, grads, optimizer, live, model_states, activations;
-  size_t deterministic;
+  size_t deterministic, replicas;
   /* NVMe offload (cfg->offload; stage 3): params and optimizer above count
    * only what stays in RAM; disk is the bytes of this rank's files under
    * nvme_path, offload_buffers the RAM of the optimizer's tile buffers
@@ -431,7 +436,8 @@ td_status td_trainer_offload_stats(const td_trainer *trainer, td_offload_stats *
 
 /* Model-state bytes this rank holds, measured: the resident pages (mincore)
  * of the parameter and gradient arenas, of the optimizer state (offloaded:
- * its RAM tile buffers) and of deterministic reduction's buffers; at stages
+ * its RAM tile buffers) and of deterministic reduction's buffers, plus the
+ * elastic state's copies (td_elastic_copy_bytes) once registered; at stages
  * 1-3 the highest such count during the first two steps (or now, if
  * more). Local. */
 size_t td_trainer_model_state_bytes(const td_trainer *trainer);
