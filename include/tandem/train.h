@@ -285,8 +285,10 @@ typedef struct td_step_stats {
   int memory_warning;        /* 1: memory_bytes is past 90% of memory_limit_bytes, 2: past 97% (also in the log) */
 } td_step_stats;
 
-/* Create a trainer. Collective over comm (broadcasts the parameters from rank
- * 0); comm may be NULL for a world of one. The trainer borrows model, dataset
+/* Create a trainer. Collective over comm (stages 0-2 broadcast the
+ * parameters from rank 0; at ZeRO stage 3 each rank initializes only its
+ * own shard, in place, td_model_init_params_range); comm may be NULL for a
+ * world of one. The trainer borrows model, dataset
  * and comm (the caller keeps ownership and destroys them after the trainer);
  * cfg is copied and resolved (td_train_config_resolve). Prepares the model
  * for micro_batch, allocates the arenas, initializes the parameters from
