@@ -27,6 +27,7 @@
 #include "train/offload/offload.h"
 #include "train/deterministic/deterministic.h"
 #include "train/precision/precision.h"
+#include "train/memory_fit.h"
 
 #include <math.h>
 #include <sched.h>
@@ -132,6 +133,14 @@ static td_status trainer_create(const td_train_config *cfg_in, td_model *model, 
                   "use \"fp32\" or stage 0-1", td_dtype_name(t->cfg.precision.comm_dtype), t->zero_stage);
     goto fail;
   }
+  /* before any arena: a job that cannot fit is refused on every rank, here
+   * (memory_fit.c), not ended by the kernel's OOM killer mid-run */
+  t->agree_flags = calloc((size_t)t->world, sizeof *t->agree_flags);
+  if (!t->agree_flags) {
+    st = td_error(TD_ERR_SYSTEM, "out of memory for the trainer's tables");
+    goto fail;
+  }
+  TD_CHECK_GOTO(trainer_memory_fit(t), st, fail);
   size_t arena_bytes = t->n_params * sizeof(float);
   if (t->zero_stage >= 1) {
     TD_CHECK_GOTO(zero_create(t), st, fail);
@@ -151,7 +160,6 @@ static td_status trainer_create(const td_train_config *cfg_in, td_model *model, 
   t->tensor_ready = calloc((size_t)TD_MAX(model->n_tensors, 1), sizeof(size_t));
   t->cap_requests = model->n_tensors + 2;
   t->requests = calloc((size_t)t->cap_requests, sizeof *t->requests);
-  t->agree_flags = calloc((size_t)t->world, sizeof *t->agree_flags);
   bool states_in_ram = t->cfg.offload.optimizer_device != TD_OFFLOAD_NVME || t->zero_stage < 3;
   if (!t->requests || !t->agree_flags || !t->params || !t->grads ||
       (states_in_ram && (!t->states[0] || (t->n_states > 1 && !t->states[1]))) || !t->inputs ||
@@ -612,6 +620,7 @@ static td_status step_finish(td_trainer *t, td_step_stats *stats, double loss, d
     stats->saved = saved;
     stats->skipped = overflow;
     stats->loss_scale = t->scaler.scale;
+    trainer_memory_watch(t, stats);
   }
   return TD_OK;
 }
@@ -733,7 +742,8 @@ int td_trainer_threads(const td_trainer *t) { return t->threads; }
 /* ---- ZeRO ---- */
 
 size_t td_trainer_model_state_bytes(const td_trainer *t) {
-  return zero_model_state_bytes(t) + det_resident_bytes(t);
+  size_t copies = t->elastic ? td_elastic_copy_bytes(t->elastic) : 0; /* the elastic state's, for recovery */
+  return zero_model_state_bytes(t) + det_resident_bytes(t) + copies;
 }
 
 td_status td_trainer_estimate_memory(const td_model *model, const td_train_config *cfg, int world, int stage,
@@ -743,12 +753,21 @@ td_status td_trainer_estimate_memory(const td_model *model, const td_train_confi
   size_t det = det_estimate_bytes(cfg, model->n_params, world, stage);
   TD_CHECK(zero_estimate_memory(model, cfg, world, stage, det == 0, out));
   out->deterministic = det;
-  out->model_states += out->deterministic;
+  if (cfg->elasticity.enabled) {
+    /* two commits of each copy (trainer_elastic.c registers the parameters
+     * and the optimizer state: whole at stage 0, as shards at stages 1-3) */
+    size_t row = (1 + (size_t)td_optimizer_n_states(cfg->optimizer.kind)) * sizeof(float);
+    out->replicas = stage == 0 ? 2 * row * out->n_params : 2 * 2 * row * out->shard_params; /* own + one ward */
+  }
+  out->model_states += out->deterministic + out->replicas;
   return TD_OK;
 }
+
 int td_trainer_zero_stage(const td_trainer *t) { return t->zero_stage; }
 
 td_status td_trainer_gather_params(td_trainer *t) {
   if (!t) return td_error(TD_ERR_INVALID_ARGUMENT, "td_trainer_gather_params: null trainer");
-  return t->zero_stage >= 3 ? zero_fetch_all(t) : TD_OK;
+  if (t->zero_stage < 3) return TD_OK;
+  TD_CHECK(trainer_gather_fits(t)); /* refused on every rank rather than killed by the kernel */
+  return zero_fetch_all(t);
 }

@@ -3,7 +3,8 @@
  * closed form computed here in double (AdamW, the global norm, casts).
  * Random inputs at odd sizes: B = 2, T = 1, 7, 33 (and 1023, 1024 with
  * --big, for the GPU run), C = 72 (not a multiple of 64), 3 heads of 24,
- * V = 97 (odd), in f32 and bf16. Backward gradients start from random
+ * V = 97 (odd), in f32 and bf16; elementwise kernels also at sizes with a
+ * tail and at unaligned pointers. Backward gradients start from random
  * values, so that accumulation (+=) is checked too.
  * Bounds, with ref the f32 CPU result and max|ref| over the tensor:
  *  - f32: max |got - ref| <= 1e-5 max|ref| (normwise relative: the two sides
@@ -14,7 +15,11 @@
  *    |got - ref| <= 2^-8 |ref| (bf16 has 8 significant bits: a rounding to
  *    nearest is off by at most half of 2^-7 relative) + 1e-5 max|ref| (the
  *    f32 part above). dwte is rounded once per position that adds into a row
- *    (k of them): (k + 1) 2^-8 max|ref|.
+ *    (k of them): (k + 1) 2^-8 max|ref|. The fused bf16 attention rounds P
+ *    and dS before its tensor-core products: per-element bounds derived
+ *    from the CPU's P, dS and inputs (fused_bf16_bounds).
+ * The fused kernels run at head sizes 24 (CUDA cores), 32 and 16 (tensor
+ * cores in bf16), and at T = 130 (several 64-row tiles).
  * Runs under the emulator in CI (tests/cudaemu.suite) and on a GPU
  * (tests/gpu.suite via scripts/gpu-check), the same binary source. Without
  * a device it prints SKIP and exits 0 (FAIL and 1 with TD_TEST_EXPECT_CUDA=1).
@@ -246,7 +251,7 @@ static void test_layernorm(int N, int C, td_dtype dt) {
   td_layernorm_forward(out, mean, rstd, x, w, b, N, C);
   void *dx = upload(x, n, dt), *dw = upload(w, C, dt), *db = upload(b, C, dt), *dout = dev_f32(n);
   float *dmean = dev_f32(N), *drstd = dev_f32(N);
-  CHECK_OK(td_cuda_layernorm_forward(dout, dmean, drstd, dx, dw, db, N, C, TD_F32 == dt ? TD_F32 : TD_BF16, NULL));
+  CHECK_OK(td_cuda_layernorm_forward(dout, dmean, drstd, dx, dw, db, N, C, dt, NULL));
   expect_close("layernorm forward", dout, out, n, dt);
   expect_close("layernorm mean", dmean, mean, N, TD_F32);
   expect_close("layernorm rstd", drstd, rstd, N, TD_F32);
