@@ -7,6 +7,9 @@
 #   OpenBLAS (libopenblas-dev): fast matrix products in src/nn (portable loops otherwise)
 #   cJSON    (libcjson-dev):    the training config file (src/train)
 #   zlib     (zlib1g-dev):      gzip'd Fashion-MNIST IDX files (src/nn data loader)
+#   CUDA     (a toolkit with nvcc; scripts/install-cuda): the GPU engine,
+#            every file in a folder named cuda/ (src/device/cuda, src/nn/cuda,
+#            src/train/cuda); HAVE_CUDA=0 leaves it out even when found
 # Required: libsodium (libsodium-dev) for the core's connection authentication
 # (src/net/auth.c: HMAC-SHA-256 challenge-response on every store and TCP
 # connection). It is not optional: without it a job could not keep strangers
@@ -68,8 +71,54 @@ OPT_CFLAGS += -DTD_HAVE_URING=1 $(shell $(PKG) --cflags liburing)
 OPT_LIBS   += $(shell $(PKG) --libs liburing)
 endif
 
-CFLAGS  := $(CFLAGS_BASE) $(OPT_CFLAGS) $(EXTRA_CFLAGS)
-LDLIBS  := $(OPT_LIBS) -lm -lpthread $(LDSAN)
+# ---- CUDA (issue 18) ----
+# The toolkit: CUDA_HOME if set, else the nvcc on PATH, else /usr/local/cuda
+# (NVIDIA's installs; the GPU machines), else scripts/install-cuda's prefix
+# (Debian's CUDA 11.8, for CI). Programs and the library are linked to its
+# cudart and cuBLASLt with an rpath, so they run without LD_LIBRARY_PATH; on
+# a machine without a GPU (or without the driver's libcuda) they run too, and
+# td_device_open("cuda") says why there is no device. The emulator tree
+# (CUDA_EMU=1, `make cuda-emu`) uses no toolkit at all.
+CUDA_PREFIX_DEBIAN := /opt/tandem-cuda-11.8
+CUDA_EMU ?= 0
+ifeq ($(CUDA_EMU),1)
+HAVE_CUDA := 0
+endif
+ifeq ($(origin CUDA_HOME),undefined)
+CUDA_HOME := $(firstword $(patsubst %/bin/nvcc,%,$(realpath $(shell command -v nvcc 2>/dev/null))) \
+               $(patsubst %/bin/nvcc,%,$(wildcard /usr/local/cuda/bin/nvcc $(CUDA_PREFIX_DEBIAN)/bin/nvcc)))
+endif
+NVCC := $(if $(CUDA_HOME),$(wildcard $(CUDA_HOME)/bin/nvcc))
+HAVE_CUDA ?= $(if $(NVCC),1,0)
+ifeq ($(HAVE_CUDA),1)
+ifeq ($(NVCC),)
+$(error HAVE_CUDA=1 but no nvcc in CUDA_HOME=$(CUDA_HOME): set CUDA_HOME to a CUDA toolkit, or run scripts/install-cuda)
+endif
+CUDA_VERSION := $(shell $(NVCC) --version | sed -n 's/.*release \([0-9.]*\),.*/\1/p')
+CUDA_MAJOR   := $(firstword $(subst ., ,$(CUDA_VERSION)))
+# lib64 in NVIDIA's layout (a link to targets/x86_64-linux/lib), lib in the
+# pip wheels' layout
+CUDA_LIBDIR  := $(firstword $(wildcard $(CUDA_HOME)/lib64/libcudart.so $(CUDA_HOME)/lib/libcudart.so \
+                  $(CUDA_HOME)/targets/x86_64-linux/lib/libcudart.so))
+CUDA_LIBDIR  := $(patsubst %/,%,$(dir $(CUDA_LIBDIR)))
+# nvcc 11 refuses gcc 12 and newer (Debian 12's): give it g++-11 or clang-14
+# (whose -Wall flags every unused static function of CUDA 11.8's bf16 header).
+ifeq ($(shell [ "$(CUDA_MAJOR)" -lt 12 ] 2>/dev/null && echo old),old)
+NVCC_CCBIN ?= $(firstword $(shell for c in g++-11 clang-14; do command -v $$c; done 2>/dev/null))
+NVCC_HOST_WARN := ,-Wno-unused-function
+endif
+# sm_90: the H100/H200 (HOPPER.md), and its PTX so that newer GPUs JIT it.
+CUDA_ARCH  ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
+NVCCFLAGS  := -std=c++17 -g -lineinfo -O3 $(CUDA_ARCH) $(if $(NVCC_CCBIN),-ccbin $(NVCC_CCBIN)) \
+              -Xcompiler -fPIC,-Wall$(NVCC_HOST_WARN),-fno-strict-aliasing -Iinclude -Isrc -DTD_HAVE_CUDA=1 -MMD -MP \
+              $(NVCC_EXTRA)
+CUDA_CFLAGS := -DTD_HAVE_CUDA=1 -isystem $(CUDA_HOME)/include
+CUDA_LIBS   := -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR) -lcudart \
+              -Wl,--push-state,--as-needed -lcublasLt -Wl,--pop-state -lstdc++
+endif
+
+CFLAGS  := $(CFLAGS_BASE) $(OPT_CFLAGS) $(CUDA_CFLAGS) $(EXTRA_CFLAGS)
+LDLIBS  := $(OPT_LIBS) $(CUDA_LIBS) -lm -lpthread $(LDSAN)
 
 # Kernel files: compiled once per CPU level, with that level's flags and
 # -DTD_LEVEL=<level> (their functions get a _<level> suffix: nn_kernels.h),
@@ -106,7 +155,6 @@ LIB_OBJS   := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o) \
 # folders see its cuda_runtime.h. The tree is built with ASan+UBSan, so that
 # a kernel's out-of-bounds access is reported like any other. Its tests
 # (tests/cudaemu/test_*.cu, tests/cuda/test_*.c) run in tests/cudaemu.suite.
-CUDA_EMU ?= 0
 ifeq ($(CUDA_EMU),1)
 CXX ?= g++
 EMU_INC      := -Itests/cudaemu/include
@@ -137,21 +185,40 @@ endif
 
 cuda-emu:
 	@$(MAKE) --no-print-directory CUDA_EMU=1 BUILD=build/cudaemu SAN=1 OPT="-O1" cuda-emu-tree
-cuda-emu-tree: report-config $(LIBA) $(CUDA_TESTS) $(BUILD)/bin/train-gpt $(BUILD)/bin/tandemrun
+cuda-emu-tree: report-config $(LIBA) $(CUDA_TESTS) $(BUILD)/tests/test_device $(BUILD)/bin/train-gpt $(BUILD)/bin/tandemrun
 TESTLIB_OBJS := $(TESTLIB_SRCS:%.c=$(BUILD)/obj/%.o)
 TOOLS      := $(patsubst %.c,$(BUILD)/bin/%,$(notdir $(TOOL_SRCS)))
 TESTS      := $(patsubst %.c,$(BUILD)/tests/%,$(notdir $(TEST_SRCS)))
 LIBA       := $(BUILD)/lib/libtandem.a
 LIBSO      := $(BUILD)/lib/libtandem.so
+ifeq ($(HAVE_CUDA),1)
+# A CUDA build: the cuda/ folders' sources join the library, tests/cuda's
+# tests the tests.
+LIB_SRCS   += $(CUDA_C_SRCS)
+LIB_OBJS   += $(CUDA_C_SRCS:%.c=$(BUILD)/obj/%.o) $(CUDA_CU_SRCS:%.cu=$(BUILD)/obj/%.o)
+TEST_SRCS  += $(CUDA_TEST_SRCS)
+TESTS      += $(patsubst %.c,$(BUILD)/tests/%,$(notdir $(CUDA_TEST_SRCS)))
+endif
 
-.PHONY: all test demo clean deps bench report-config fuzz fuzz-build cuda-emu cuda-emu-tree
-all: report-config $(LIBA) $(LIBSO) $(TOOLS) $(TESTS)
+.PHONY: all native test demo clean deps bench report-config fuzz fuzz-build cuda-emu cuda-emu-tree
+all: native
+# everything but the Python part (python/Makefile.inc adds it to all)
+native: report-config $(LIBA) $(LIBSO) $(TOOLS) $(TESTS)
 
 report-config:
 	@echo "tandem config: openblas=$(HAVE_OPENBLAS) cjson=$(HAVE_CJSON) zlib=$(HAVE_ZLIB) uring=$(HAVE_URING) san=$(SAN) build=$(BUILD)"
 	@if [ "$(HAVE_URING)" = 0 ]; then echo "tandem config: liburing not found: NVMe offload uses its pread/pwrite threads. apt-get install liburing-dev"; fi
 	@if [ "$(HAVE_OPENBLAS)" = 0 ]; then echo "tandem config: OpenBLAS not found: src/nn uses its portable matmul (slower). apt-get install libopenblas-dev"; fi
 	@if [ "$(HAVE_CJSON)" = 0 ]; then echo "tandem config: cJSON not found: --config files are refused. apt-get install libcjson-dev"; fi
+ifeq ($(HAVE_CUDA),1)
+	@echo "tandem config: cuda=1 (nvcc $(CUDA_VERSION) at $(NVCC)$(if $(NVCC_CCBIN), with host compiler $(NVCC_CCBIN)), sm_90)"
+else ifeq ($(CUDA_EMU),1)
+	@echo "tandem config: cuda=emulator (tests/cudaemu: CUDA sources compiled as C++ and run on the CPU)"
+else ifneq ($(NVCC),)
+	@echo "tandem config: cuda=0 (HAVE_CUDA=0 given; nvcc at $(NVCC) left unused)"
+else
+	@echo "tandem config: cuda=0 (CUDA toolkit not found: the GPU engine is not built; scripts/install-cuda as root, or CUDA_HOME=<toolkit>)"
+endif
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -163,6 +230,16 @@ $$(BUILD)/obj/%.$(1).o: %.c
 	$$(CC) $$(CFLAGS) -DTD_LEVEL=$(1) $$(LEVEL_FLAGS_$(1)) -c $$< -o $$@
 endef
 $(foreach l,$(LEVELS),$(eval $(call LEVEL_RULE,$(l))))
+
+ifeq ($(HAVE_CUDA),1)
+# .cu files: device code and their extern "C" launchers, by nvcc. The ASan
+# tree compiles them unsanitized (nvcc's host pass and device code cannot
+# carry -fsanitize); the C files around them are sanitized as usual.
+$(BUILD)/obj/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+-include $(CUDA_CU_SRCS:%.cu=$(BUILD)/obj/%.d)
+endif
 
 $(LIBA): $(LIB_OBJS)
 	@mkdir -p $(dir $@)
@@ -233,7 +310,8 @@ FUZZ_SECONDS  ?= 60
 FUZZ_SRCS     := $(sort $(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_TARGETS  := $(patsubst tests/fuzz/fuzz_%.c,%,$(FUZZ_SRCS))
 FUZZ_BINS     := $(FUZZ_TARGETS:%=$(FUZZ_BUILD)/fuzz_%)
-FUZZ_LIB_OBJS := $(LIB_SRCS:%.c=$(FUZZ_BUILD)/obj/%.o) \
+# (CPU only: the parsers under test never touch a device)
+FUZZ_LIB_OBJS := $(patsubst %.c,$(FUZZ_BUILD)/obj/%.o,$(filter-out $(CUDA_C_SRCS),$(LIB_SRCS))) \
                  $(foreach l,$(LEVELS),$(KERNEL_SRCS:%.c=$(FUZZ_BUILD)/obj/%.$(l).o))
 FUZZ_LIBA     := $(FUZZ_BUILD)/libtandem-fuzz.a
 FUZZ_CFLAGS   := -std=gnu11 -g -O1 $(ARCH) -Wall -Wextra -Wno-unused-parameter -fno-strict-aliasing \

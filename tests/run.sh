@@ -10,6 +10,9 @@
 # run under ASan in the time budget).
 #
 # Environment: TESTS=REGEX runs only tests whose name matches;
+#              SUITES="tests/a.suite ..." runs only those suite files
+#              (default: every tests/*.suite but tests/gpu.suite, whose
+#              lines need a GPU: scripts/gpu-check runs them there);
 #              TREES="build" skips the sanitizer pass;
 #              JOBS=N runs up to N lines at once (default 2; 1: one by one).
 #              SERIAL=REGEX names the lines that run alone, nothing beside
@@ -26,6 +29,7 @@ set -u
 cd "$(dirname "$0")/.."
 trees=${TREES:-"build build/asan"}
 filter=${TESTS:-.}
+suites=${SUITES:-$(ls tests/*.suite | grep -v '^tests/gpu\.suite$')}
 logdir=build/test-logs
 mkdir -p "$logdir"
 passed=0
@@ -66,7 +70,7 @@ run_one() {
 for B in $trees; do
   [ -d "$B/tests" ] || { echo "missing $B/tests: build it first (make all BUILD=$B)"; failed=$((failed+1)); continue; }
   RUN="$B/bin/tandemrun"
-  for suite in tests/*.suite; do
+  for suite in $suites; do
     while IFS= read -r line || [ -n "$line" ]; do
       line="${line%%#*}"
       [ -z "${line// }" ] && continue

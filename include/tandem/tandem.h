@@ -4,6 +4,7 @@
 #define TANDEM_H
 
 #include "base.h"
+#include "device.h"
 #include "comm.h"
 #include "nn.h"
 #include "obs.h"

@@ -63,7 +63,7 @@ void td_log_set_prefix(const char *prefix);
 
 /* ---- environment tunables ----
  * Readers of TANDEM_* variables outside the communicator (whose settings
- * src/comm/tunables.c reads once and refuses when malformed). Here a
+ * src/comm/core/tunables.c reads once and refuses when malformed). Here a
  * malformed value is reported once as a warning and the default is used.
  * docs/environment.md lists every TANDEM_* variable; tests/docs/check_docs.py
  * finds them in the code by their string literals and fails when one is
@@ -141,7 +141,7 @@ void td_reduce_multi(void *dst, const void *const *srcs, int n_srcs, size_t coun
 void td_reduce_fanout(void *const *dsts, int n_dsts, const void *const *srcs, int n_srcs, size_t count,
                       td_dtype dtype, td_op op);
 /* f16/bf16 <-> f32 for the collectives that carry half-precision partial
- * results in f32 (select.c): dst[i] = (float)src[i], and dst[i] =
+ * results in f32 (src/comm/select/select.c): dst[i] = (float)src[i], and dst[i] =
  * round(src[i] / divisor) with one rounding to the half type (divisor <= 1:
  * no division). Same conversions, NaNs included, as td_f16_to_f32 etc. */
 void td_reduce_half_to_f32(float *dst, const void *src, size_t count, td_dtype dtype);

@@ -219,7 +219,7 @@ void net_set_bufsizes(int fd, int bytes);
  * (TANDEM_HOST_ADDR), else the IPv4 address of interface iface if set
  * (TANDEM_IFACE), else the first non-loopback IPv4 address, else 127.0.0.1.
  * NULL or "" is unset. The caller reads the variables (a communicator once,
- * in src/comm/tunables.c; tandemrun for itself): this layer never does. */
+ * in src/comm/core/tunables.c; tandemrun for itself): this layer never does. */
 td_status net_local_address(const char *host_addr, const char *iface, char *buf, size_t size);
 /* The address of this end of a connected socket (the interface that routes
  * to its peer), as text. */

@@ -380,7 +380,7 @@ static void check_half(const char *what, const uint16_t *out, size_t i, size_t a
   double got = dt == TD_F16 ? dec_f16(out[i]) : dec_bf16(out[i]);
   double bound = delta + 0.5 * half_ulp(fabs(want) + delta, dt);
   if (g_half_partials) {
-    /* TANDEM_HALF_PARTIALS=half (README): up to n-1 roundings of partial
+    /* TANDEM_HALF_PARTIALS=half (docs/collectives.md, "Half precision"): up to n-1 roundings of partial
      * sums bounded by sum |x|, then (AVG) the division rounded once more. */
     bound = delta + (g_size - 1) * 0.5 * half_ulp(a, dt);
     if (op == TD_AVG) bound = bound / g_size + 0.5 * half_ulp(fabs(want) + bound, dt);

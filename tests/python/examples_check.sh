@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# examples/python from the source tree, as the README shows them (only
+# examples/python from the source tree, as README.md and docs/python.md show them (only
 # PYTHONPATH set): the Horovod-style and the DDP-style script at 2 ranks
 # print per-step losses of the whole batch, which must equal one process
 # training on that whole batch (np 1, twice the per-rank batch) within

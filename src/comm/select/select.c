@@ -98,9 +98,9 @@ static void finish_avg(const td_comm *comm, const comm_op *op) {
  * once), so only their TD_AVG comes here, to divide before the one rounding.
  * MIN and MAX are exact in the half type and never come here. Cost: the
  * f32 partials are twice the bytes of the half type on the wire (1.5x for
- * the ring allreduce, below; README), so
+ * the ring allreduce, below; docs/collectives.md), so
  * TANDEM_HALF_PARTIALS=half opts out: partials then travel in the half type,
- * rounded at every hop (at most n-1 roundings on any element's path; README
+ * rounded at every hop (at most n-1 roundings on any element's path; docs/collectives.md
  * states the bound), and TD_AVG divides the rounded sum. */
 static bool rounds_per_hop(comm_algo_fn algo) {
   return algo == allreduce_ring || algo == allreduce_rd || algo == reduce_tree || algo == reduce_scatter_ring;

@@ -89,6 +89,22 @@ __device__ __forceinline__ float td_warp_max(float v) {
   return v;
 }
 
+/* Sum (or max) over the whole block, every thread gets the result. The
+ * order is fixed by the block size (shuffles within warps, then the warps'
+ * results by shuffles in lane order): the same bits every run. blockDim.x a
+ * multiple of 32, at most 1024; every thread of the block must call it. */
+__device__ __forceinline__ float td_block_reduce(float v, bool is_max) {
+  __shared__ float td_block_partials[32];
+  int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
+  v = is_max ? td_warp_max(v) : td_warp_sum(v);
+  if (lane == 0) td_block_partials[warp] = v;
+  __syncthreads();
+  float r = lane < n_warps ? td_block_partials[lane] : (is_max ? -INFINITY : 0.0f);
+  r = is_max ? td_warp_max(r) : td_warp_sum(r);
+  __syncthreads(); /* the partials are reused by the next call */
+  return r;
+}
+
 static inline unsigned td_cuda_blocks(size_t n, unsigned threads) { return (unsigned)((n + threads - 1) / threads); }
 
 #endif

@@ -10,21 +10,8 @@
 
 #define XENT_THREADS 256
 
-/* sum (or max) over the block; every thread gets the result */
-__device__ float block_reduce(float v, bool is_max, float *shared /* [32] */) {
-  int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
-  v = is_max ? td_warp_max(v) : td_warp_sum(v);
-  if (lane == 0) shared[warp] = v;
-  __syncthreads();
-  float r = lane < n_warps ? shared[lane] : (is_max ? -INFINITY : 0.0f);
-  r = is_max ? td_warp_max(r) : td_warp_sum(r);
-  __syncthreads(); /* shared is reused by the next reduction */
-  return r;
-}
-
 template <class T>
 __global__ void softmax_xent_kernel(float *losses, T *logits, const int32_t *targets, float scale, int V) {
-  __shared__ float shared[32];
   int row = blockIdx.x;
   T *x = logits + (size_t)row * V;
   int target = targets[row];
@@ -32,10 +19,10 @@ __global__ void softmax_xent_kernel(float *losses, T *logits, const int32_t *tar
   float x_target = valid ? td_to_f32(x[target]) : 0.0f; /* read before anything is overwritten */
   float mx = -INFINITY;
   for (int i = threadIdx.x; i < V; i += blockDim.x) mx = fmaxf(mx, td_to_f32(x[i]));
-  mx = block_reduce(mx, true, shared);
+  mx = td_block_reduce(mx, true);
   float sum = 0.0f;
   for (int i = threadIdx.x; i < V; i += blockDim.x) sum += expf(td_to_f32(x[i]) - mx);
-  sum = block_reduce(sum, false, shared);
+  sum = td_block_reduce(sum, false);
   float inv = 1.0f / sum;
   if (threadIdx.x == 0) losses[row] = valid ? logf(sum) + mx - x_target : NAN;
   for (int i = threadIdx.x; i < V; i += blockDim.x) {

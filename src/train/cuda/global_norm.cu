@@ -3,25 +3,13 @@
  * Norm, deterministic in two passes: pass 1 has a fixed number of blocks
  * (TD_CUDA_NORM_PARTIALS) of 256 threads; thread j of block b sums the
  * elements i = b*256 + j + k*(blocks*256) in k order, the block adds its
- * threads' sums in a fixed tree (shuffles, then the warps' sums in order);
+ * threads' sums in a fixed tree (td_block_reduce);
  * pass 2, one block, adds the partials the same way. No atomics: the bits
  * depend on n only. */
 #include "nn/cuda/cuda_common.cuh"
 #include "train/cuda/cuda_optim.h"
 
 #define NORM_THREADS 256
-
-__device__ float norm_block_sum(float v) {
-  __shared__ float warp_sums[NORM_THREADS / 32];
-  int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  v = td_warp_sum(v);
-  if (lane == 0) warp_sums[warp] = v;
-  __syncthreads();
-  float total = 0.0f;
-  if (threadIdx.x == 0)
-    for (int w = 0; w < NORM_THREADS / 32; w++) total += warp_sums[w];
-  return total; /* meaningful in thread 0 */
-}
 
 template <class T> __global__ void norm_partials_kernel(float *partials, const T *x, size_t n) {
   float s = 0.0f;
@@ -30,14 +18,14 @@ template <class T> __global__ void norm_partials_kernel(float *partials, const T
     float e = td_to_f32(x[i]);
     s += e * e;
   }
-  float total = norm_block_sum(s);
+  float total = td_block_reduce(s, false);
   if (threadIdx.x == 0) partials[blockIdx.x] = total;
 }
 
 __global__ void norm_final_kernel(float *out, const float *partials, int n_partials) {
   float s = 0.0f;
   for (int i = threadIdx.x; i < n_partials; i += blockDim.x) s += partials[i];
-  float total = norm_block_sum(s);
+  float total = td_block_reduce(s, false);
   if (threadIdx.x == 0) *out = total;
 }
 

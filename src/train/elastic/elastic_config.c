@@ -18,7 +18,9 @@
  * Tandem's world sizes are processes, DeepSpeed's "gpus". */
 #include "train/elastic/elastic_config.h"
 
+#ifdef TD_HAVE_CJSON
 #include <cjson/cJSON.h>
+#endif
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -113,6 +115,9 @@ td_status td_elasticity_batch(const td_elasticity_config *e, long *batch_out, in
   return TD_OK;
 }
 
+/* The JSON side, compiled only with cJSON (optional: without it config.c
+ * refuses config files before any of this is reached). */
+#ifdef TD_HAVE_CJSON
 static td_status bad(const char *source, const char *what) {
   return td_error(TD_ERR_INVALID_ARGUMENT, "%s: elasticity.%s", source, what);
 }
@@ -223,6 +228,8 @@ td_status td_elasticity_apply(const void *root_v, const char *source, td_train_c
   cfg->grad_accum = 0;
   return TD_OK;
 }
+
+#endif /* TD_HAVE_CJSON */
 
 td_status td_elasticity_resolve(td_train_config *cfg, int world) {
   const td_elasticity_config *e = &cfg->elasticity;

@@ -1,5 +1,5 @@
 /* The offload keys of the training config, with DeepSpeed's ds_config names
- * and meanings (README "NVMe offload"):
+ * and meanings (docs/zero.md, "NVMe offload"):
  *
  *   "zero_optimization": {
  *     "stage": 3,

@@ -11,7 +11,7 @@
  * 15-40 us whatever the page holds: measured, re-faulting 8 MiB costs
  * 36-45 ms of CPU with 4 KiB pages (private or memfd alike) and 0.6 ms on
  * 2 MiB pages, zeroing included. At the reference GPT that was a third of
- * stage 2's CPU time (README, ZeRO).
+ * stage 2's CPU time (docs/zero.md, "Huge pages").
  *
  * How. An arena whose shard spans at least two huge pages is reserved
  * 2 MiB-aligned as private anonymous memory with MADV_HUGEPAGE (THP
@@ -24,7 +24,7 @@
  * "never" on Debian's default), so these arenas leave the host-shared
  * memory: their collectives stage through the shm segment instead of
  * reading the peers' arenas directly, which costs less than the faults it
- * saves (bench/results/, README). Small arenas (a shard under two huge
+ * saves (bench/results/, docs/benchmarks.md). Small arenas (a shard under two huge
  * pages, the tests' models) keep 4 KiB granules and the host-shared path.
  *
  * TANDEM_ZERO_HUGE_PAGES=off forces 4 KiB granules and optimizer-state

@@ -35,7 +35,7 @@
  * Bit for bit: the optimizer kernels are elementwise, so updating a shard
  * gives the bits the whole-arena update gives there; the shm transport's
  * reduce and allreduce both sum the ranks' values in rank order and divide
- * once (select.c), and the gradient norm uses the same per-shard partial
+ * once (src/comm/select/select.c), and the gradient norm uses the same per-shard partial
  * sums at every stage (shard.c).
  *
  * Gradient accumulation (grad_accum > 1) at stage 2+ on several ranks
