@@ -248,6 +248,11 @@ static void app_after_step(app_run *run, const td_step_stats *st, double t_begin
   m.compute_s = st->compute_s;
   m.comm_wait_s = st->comm_wait_s;
   m.grad_norm = st->grad_norm;
+  m.memory_mib = st->memory_bytes / 1048576.0;
+  if (st->memory_limit_bytes) {
+    m.memory_limit_mib = st->memory_limit_bytes / 1048576.0;
+    m.memory_warning = st->memory_warning;
+  }
   if (run->timeline) {
     char name[48];
     snprintf(name, sizeof name, "step %ld", st->step);

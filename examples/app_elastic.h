@@ -1,8 +1,9 @@
 /* The elastic training loop of the example programs (--elastic, or started
  * by tandemrun --min-np/--max-np), on the public API of tandem/elastic.h.
  *
- * The trainer is created locally (comm NULL) so that a process joining a
- * running job can build it while the others train; td_elastic_run then
+ * The trainer is created locally (td_trainer_create_unbound) so that a
+ * process joining a running job can build it while the others train, with
+ * its shards cut for the world it joins; td_elastic_run then
  * gives every process the newest committed state and calls the reset
  * callback, which moves the trainer onto the epoch's communicator with the
  * global batch kept (micro-batch and accumulation re-derived). Each
@@ -174,10 +175,16 @@ static int app_elastic_main(td_train_config *cfg, td_model *model, td_dataset *d
   a.max_world = max_np ? atoi(max_np) : 0;
   a.micro_hint = cfg->micro_batch;
   a.steps = cfg->steps;
-  /* A local trainer (a world of one) for the same global batch. */
+  /* The trainer is created locally, for the same global batch, with its
+   * shards cut for this process's rank and world in the epoch it joined
+   * (the first rebind cuts them again if the world changed meanwhile): a
+   * trainer of one rank would first hold the whole model state. */
   td_train_config local = *cfg;
-  s = td_elastic_batch_split(cfg->train_batch_size, 1, a.micro_hint, 0, &local.micro_batch, &local.grad_accum);
-  if (s == TD_OK) s = td_trainer_create(&local, model, data, NULL, &a.trainer);
+  int world0 = td_elastic_size(a.e), rank0 = td_elastic_rank(a.e);
+  if (world0 < 1 || rank0 < 0 || rank0 >= world0) world0 = 1, rank0 = 0;
+  s = td_elastic_batch_split(cfg->train_batch_size, world0, a.micro_hint, a.max_world, &local.micro_batch,
+                             &local.grad_accum);
+  if (s == TD_OK) s = td_trainer_create_unbound(&local, model, data, world0, rank0, &a.trainer);
   if (s == TD_OK) s = td_trainer_elastic_register(a.trainer, a.e);
   if (s == TD_OK && cfg->checkpoint_dir[0]) s = td_elastic_set_fallback(a.e, app_elastic_fallback, &a);
   if (s != TD_OK) {
@@ -212,10 +219,10 @@ static int app_elastic_main(td_train_config *cfg, td_model *model, td_dataset *d
     double dt = a.t_last - a.t_warm;
     double items = (double)(a.steps_done_here - 2) * (double)rc->train_batch_size * (double)data->targets_per_sample;
     printf("%s: final_loss=%.6f tokens_per_s=%.0f steps=%ld world=%d params=%zu global_batch=%ld micro_batch=%d "
-           "grad_accum=%d train_s=%.1f zero_stage=%d\n",
+           "grad_accum=%d train_s=%.1f zero_stage=%d model_state_bytes_per_rank=%zu\n",
            app_name, a.last.loss, a.steps_done_here > 2 && dt > 0 ? items / dt : 0.0, td_trainer_step_count(a.trainer),
            a.world, td_trainer_n_params(a.trainer), rc->train_batch_size, rc->micro_batch, rc->grad_accum, train_s,
-           td_trainer_zero_stage(a.trainer));
+           td_trainer_zero_stage(a.trainer), td_trainer_model_state_bytes(a.trainer));
     printf("%s: elastic final_loss_exact=%.17g params_hash=%016llx epochs=%d resets=%d\n", app_name, a.last.loss,
            app_params_hash(a.trainer), td_elastic_epoch(a.e), td_elastic_resets(a.e));
     fflush(stdout);

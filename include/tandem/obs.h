@@ -27,6 +27,9 @@ typedef struct td_step_metrics {
   double compute_s;   /* time in forward, backward and the optimizer on this rank */
   double comm_wait_s; /* time this rank was blocked waiting for communication */
   double grad_norm;   /* global gradient L2 norm before clipping */
+  double memory_mib;       /* this rank's share of physical memory after the step (Pss) */
+  double memory_limit_mib; /* the memory available to this rank (-1: unknown) */
+  int memory_warning;      /* 1: RSS past 90% of the limit, 2: past 97% (-1: unknown) */
 } td_step_metrics;
 
 /* Initialize every field to "unknown" (-1) and step to 0. */

@@ -32,6 +32,7 @@
 
 #include "base.h"
 #include "comm.h"
+#include "device.h"
 #include "elastic.h"
 #include "nn.h"
 
@@ -177,7 +178,21 @@ typedef struct td_train_config {
    * loss scale of the saved run assume its batch. 1: load it anyway
    * (checkpoint.allow_batch_size_change; default 0). */
   int allow_batch_size_change;
+  /* Where the model trains: "cpu", "cuda" or "cuda:N" (config key "device";
+   * "": TANDEM_DEVICE, else "cpu"). td_train_device_select turns it into a
+   * td_device for this rank. */
+  char device[16];
 } td_train_config;
+
+/* The device this rank trains on, from spec ("cpu", "cuda", "cuda:N"; NULL
+ * or "": TANDEM_DEVICE, else "cpu"). "cuda" without an index picks
+ * cuda:(local_rank % visible GPUs), so that a host's ranks spread over its
+ * GPUs and share them when there are more ranks than GPUs (two ranks on one
+ * GPU is the staged-collective case). The device is opened (made current on
+ * this thread); a bad spelling, a build without CUDA, no GPU or an index
+ * beyond the visible GPUs fail with the device layer's message, naming
+ * where the spec came from. */
+td_status td_train_device_select(const char *spec, int local_rank, td_device *out);
 
 /* DeepSpeed's elastic batch choice (v0.1, deepspeed.elasticity): the
  * largest-compatibility global batch for cfg's micro_batch_sizes,
@@ -264,10 +279,16 @@ typedef struct td_step_stats {
   int saved;          /* 1 if td_trainer_step wrote a checkpoint after this step */
   int skipped;        /* 1 if fp16 gradients overflowed on some rank and every rank skipped the update */
   double loss_scale;  /* fp16: the loss scale after this step (1 otherwise) */
+  size_t memory_bytes;       /* this rank's share of physical memory after the step (Pss: pages shared with the
+                              * host's other ranks count by their share) */
+  size_t memory_limit_bytes; /* the memory available to this rank (0: unknown or TANDEM_MEMORY_LIMIT=off) */
+  int memory_warning;        /* 1: memory_bytes is past 90% of memory_limit_bytes, 2: past 97% (also in the log) */
 } td_step_stats;
 
-/* Create a trainer. Collective over comm (broadcasts the parameters from rank
- * 0); comm may be NULL for a world of one. The trainer borrows model, dataset
+/* Create a trainer. Collective over comm (stages 0-2 broadcast the
+ * parameters from rank 0; at ZeRO stage 3 each rank initializes only its
+ * own shard, in place, td_model_init_params_range); comm may be NULL for a
+ * world of one. The trainer borrows model, dataset
  * and comm (the caller keeps ownership and destroys them after the trainer);
  * cfg is copied and resolved (td_train_config_resolve). Prepares the model
  * for micro_batch, allocates the arenas, initializes the parameters from
@@ -358,8 +379,16 @@ void td_trainer_set_trace(td_trainer *trainer, td_train_trace_fn fn, void *ctx);
  *     tensor table, plus the groups under
  *     stage3_param_persistence_threshold), plus one page per tensor and
  *     rank for the pages straddling released pieces;
- *   model_states: params + grads + optimizer + live (what the trainer's
- *     td_trainer_model_state_bytes measures);
+ *   deterministic: deterministic reduction's whole-model gradient vectors
+ *     and exchange buffers (deterministic_reduction 1, or -1 with
+ *     "elasticity" enabled; 0 otherwise);
+ *   replicas: under elastic training ("elasticity" enabled) the copies kept
+ *     for recovery (td_elastic_copy_bytes): the last two commits of the
+ *     whole parameters and optimizer state at stage 0; at stages 1-3 of
+ *     this rank's shards of them and of one ward's (uneven hosts can give
+ *     a rank several wards: more); 0 otherwise;
+ *   model_states: params + grads + optimizer + live + deterministic +
+ *     replicas (what the trainer's td_trainer_model_state_bytes measures);
  *   activations: the model's activation and scratch memory for micro_batch
  *     (0 if the model does not say).
  * cfg must be resolved for `world` (td_train_config_resolve). Local, pure. */
@@ -367,11 +396,22 @@ typedef struct td_memory_estimate {
   int stage, world;
   size_t n_params, shard_params;
   size_t params, grads, optimizer, live, model_states, activations;
+  size_t deterministic, replicas;
   /* NVMe offload (cfg->offload; stage 3): params and optimizer above count
    * only what stays in RAM; disk is the bytes of this rank's files under
    * nvme_path, offload_buffers the RAM of the optimizer's tile buffers
    * (counted in model_states). 0 without offload. */
   size_t disk, offload_buffers;
+  /* What td_trainer_gather_params adds at stage 3 (the rest of the
+   * parameter arena on every rank; 0 below stage 3): not part of the steps,
+   * so not in model_states, but a run that gathers (train-gpt's sample)
+   * needs it on top. */
+  size_t gather;
+  /* What the process adds during the steps beyond the arenas and
+   * activations (compute scratch, communicator and I/O buffers): a fixed
+   * allowance. A rank's peak RSS is bounded by model_states + activations +
+   * runtime + what the process held before the trainer. */
+  size_t runtime;
 } td_memory_estimate;
 td_status td_trainer_estimate_memory(const td_model *model, const td_train_config *cfg, int world, int stage,
                                      td_memory_estimate *out);
@@ -391,14 +431,35 @@ typedef struct td_offload_stats {
   double io_busy_s, io_wait_s;
   double opt_s, opt_compute_s, opt_read_wait_s, opt_write_wait_s, param_wait_s;
   size_t disk_bytes;
+  size_t tile;         /* floats per optimizer tile (sub_group_size as set or chosen) */
+  size_t buffer_bytes; /* RAM the offload holds for the trainer's life: the tile buffers */
 } td_offload_stats;
 td_status td_trainer_offload_stats(const td_trainer *trainer, td_offload_stats *out);
 
-/* Model-state bytes this rank holds: at stage 0 the arena sizes; at stages
- * 1-3 the highest count of resident pages of the parameter and gradient
- * arenas (mincore) plus the optimizer state, measured during the first two
- * steps. Local. */
+/* Model-state bytes this rank holds, measured: the resident pages (mincore)
+ * of the parameter and gradient arenas, of the optimizer state (offloaded:
+ * its RAM tile buffers) and of deterministic reduction's buffers, plus the
+ * elastic state's copies (td_elastic_copy_bytes) once registered; at stages
+ * 1-3 the highest such count during the first two steps (or now, if
+ * more). Local. */
 size_t td_trainer_model_state_bytes(const td_trainer *trainer);
+
+/* This rank's memory (issue 23): what the trainer compared at creation and
+ * what the process holds now. estimate_bytes = the estimate of this
+ * configuration (model states + activations, td_trainer_estimate_memory)
+ * + baseline_bytes, the process's RSS before the arenas; limit_bytes = the
+ * memory available to this rank (the least of MemAvailable, the cgroup
+ * limit and TANDEM_MEMORY_LIMIT, divided among the host's ranks; 0:
+ * unknown or TANDEM_MEMORY_LIMIT=off), limit_source says which; rss_bytes
+ * and peak_rss_bytes: VmRSS and VmHWM now. Over the shm transport the
+ * peers' host-shared arenas that the collectives read count in RSS too
+ * (RssShmem), physically once per host: the estimate counts them once.
+ * Local. */
+typedef struct td_trainer_memory_info {
+  size_t estimate_bytes, baseline_bytes, limit_bytes, rss_bytes, peak_rss_bytes;
+  char limit_source[400];
+} td_trainer_memory_info;
+td_status td_trainer_memory(const td_trainer *trainer, td_trainer_memory_info *out);
 int td_trainer_zero_stage(const td_trainer *trainer);
 /* At ZeRO stage 3, gather the whole parameter arena so that
  * td_trainer_params() is complete (4 bytes per parameter, until the next
@@ -428,6 +489,17 @@ int td_trainer_threads(const td_trainer *trainer); /* compute threads this rank 
  * (td_elastic_register_shard), and td_trainer_elastic_rebind re-shards
  * them. Local. */
 td_status td_trainer_elastic_register(td_trainer *t, td_elastic *e);
+
+/* A trainer for rank `rank` of `world` with no communicator yet, for
+ * elastic training: like td_trainer_create with comm NULL (local, nothing
+ * communicates; cfg is resolved for `world`), but its ZeRO shards are cut
+ * for that rank and world from the start, so that a process never holds the
+ * whole model state it would give back at the first rebind (at stage 3 it
+ * initializes only its parameter shard). It must be moved onto a
+ * communicator with td_trainer_elastic_rebind before its first step.
+ * Refused with NVMe offload. */
+td_status td_trainer_create_unbound(const td_train_config *cfg, td_model *model, td_dataset *dataset, int world,
+                                    int rank, td_trainer **out);
 
 /* Move a trainer onto `comm` (NULL: a world of one), keeping its global
  * batch (td_elastic_batch_split with micro_hint and max_world), resizing

@@ -27,6 +27,7 @@
 #include "train/offload/offload.h"
 #include "train/deterministic/deterministic.h"
 #include "train/precision/precision.h"
+#include "train/memory_fit.h"
 
 #include <math.h>
 #include <sched.h>
@@ -81,8 +82,10 @@ static float *grads_alloc(td_trainer *t, size_t bytes) {
   return arena_alloc(bytes);
 }
 
-td_status td_trainer_create(const td_train_config *cfg_in, td_model *model, td_dataset *dataset, td_comm *comm,
-                            td_trainer **out) {
+/* td_trainer_create, and td_trainer_create_unbound (comm NULL, world and
+ * rank given: the arenas are cut for that world, and nothing communicates). */
+static td_status trainer_create(const td_train_config *cfg_in, td_model *model, td_dataset *dataset, td_comm *comm,
+                                int world, int rank, td_trainer **out) {
   if (out) *out = NULL;
   if (!cfg_in || !model || !dataset || !out)
     return td_error(TD_ERR_INVALID_ARGUMENT, "td_trainer_create: config, model, dataset and out are required");
@@ -104,8 +107,8 @@ td_status td_trainer_create(const td_train_config *cfg_in, td_model *model, td_d
   t->model = model;
   t->dataset = dataset;
   t->comm = comm;
-  t->rank = comm ? td_comm_rank(comm) : 0;
-  t->world = comm ? td_comm_size(comm) : 1;
+  t->rank = comm ? td_comm_rank(comm) : rank;
+  t->world = comm ? td_comm_size(comm) : world;
   TD_CHECK_GOTO(td_train_config_resolve(&t->cfg, t->world), st, fail);
   t->ckpt_fault_at = td_env_long("TANDEM_CKPT_FAULT_AT", 0);
   t->ckpt_fault_rank = (int)td_env_long("TANDEM_CKPT_FAULT_RANK", 0);
@@ -130,6 +133,14 @@ td_status td_trainer_create(const td_train_config *cfg_in, td_model *model, td_d
                   "use \"fp32\" or stage 0-1", td_dtype_name(t->cfg.precision.comm_dtype), t->zero_stage);
     goto fail;
   }
+  /* before any arena: a job that cannot fit is refused on every rank, here
+   * (memory_fit.c), not ended by the kernel's OOM killer mid-run */
+  t->agree_flags = calloc((size_t)t->world, sizeof *t->agree_flags);
+  if (!t->agree_flags) {
+    st = td_error(TD_ERR_SYSTEM, "out of memory for the trainer's tables");
+    goto fail;
+  }
+  TD_CHECK_GOTO(trainer_memory_fit(t), st, fail);
   size_t arena_bytes = t->n_params * sizeof(float);
   if (t->zero_stage >= 1) {
     TD_CHECK_GOTO(zero_create(t), st, fail);
@@ -149,7 +160,6 @@ td_status td_trainer_create(const td_train_config *cfg_in, td_model *model, td_d
   t->tensor_ready = calloc((size_t)TD_MAX(model->n_tensors, 1), sizeof(size_t));
   t->cap_requests = model->n_tensors + 2;
   t->requests = calloc((size_t)t->cap_requests, sizeof *t->requests);
-  t->agree_flags = calloc((size_t)t->world, sizeof *t->agree_flags);
   bool states_in_ram = t->cfg.offload.optimizer_device != TD_OFFLOAD_NVME || t->zero_stage < 3;
   if (!t->requests || !t->agree_flags || !t->params || !t->grads ||
       (states_in_ram && (!t->states[0] || (t->n_states > 1 && !t->states[1]))) || !t->inputs ||
@@ -175,24 +185,49 @@ td_status td_trainer_create(const td_train_config *cfg_in, td_model *model, td_d
     /* each rank writes its own shard's initial values to disk (offload/param_store.c) */
     st = td_trainer_agree(t, offload_params_init(t));
     if (st != TD_OK) goto fail;
+  } else if (t->zero_stage >= 3) {
+    /* Each rank initializes its own shard in place: the initializer is a
+     * pure function of the seed (td_model_init_params_range gives the
+     * values td_model_init_params would), so no rank ever holds the whole
+     * arena and the start-up peak stays below the steady state's. */
+    st = td_trainer_agree(t, td_model_init_params_range(model, t->params + t->shard_lo, t->cfg.seed, t->shard_lo,
+                                                        t->shard_hi));
+    if (st != TD_OK) goto fail;
   } else {
     td_model_init_params(model, t->params, t->cfg.seed);
-  }
-  /* Every rank could initialize identically from the seed, but broadcasting
-   * from rank 0 also guards against any rank-dependent initializer. */
-  if (comm && t->world > 1 && !offload_params_on_disk(t)) {
-    st = td_broadcast(t->params, t->n_params, TD_F32, 0, comm);
-    if (st != TD_OK) {
-      td_error(st, "rank %d: broadcasting the initial parameters failed: %s", t->rank, td_comm_last_error(comm));
-      goto fail;
+    /* Every rank could initialize identically from the seed, but
+     * broadcasting from rank 0 also guards against any rank-dependent
+     * initializer. */
+    if (comm && t->world > 1) {
+      st = td_broadcast(t->params, t->n_params, TD_F32, 0, comm);
+      if (st != TD_OK) {
+        td_error(st, "rank %d: broadcasting the initial parameters failed: %s", t->rank, td_comm_last_error(comm));
+        goto fail;
+      }
     }
   }
-  zero_after_init(t);
   *out = t;
   return TD_OK;
 fail:
   td_trainer_destroy(t);
   return st;
+}
+
+td_status td_trainer_create(const td_train_config *cfg, td_model *model, td_dataset *dataset, td_comm *comm,
+                            td_trainer **out) {
+  return trainer_create(cfg, model, dataset, comm, 1, 0, out);
+}
+
+td_status td_trainer_create_unbound(const td_train_config *cfg, td_model *model, td_dataset *dataset, int world,
+                                    int rank, td_trainer **out) {
+  if (out) *out = NULL;
+  if (world < 1 || rank < 0 || rank >= world)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "td_trainer_create_unbound: rank %d of world %d: need 0 <= rank < world",
+                    rank, world);
+  if (cfg && (cfg->offload.optimizer_device == TD_OFFLOAD_NVME || cfg->offload.param_device == TD_OFFLOAD_NVME))
+    return td_error(TD_ERR_INVALID_USAGE, "td_trainer_create_unbound: NVMe offload cuts its files for one world "
+                                          "size at creation: create the trainer with its communicator");
+  return trainer_create(cfg, model, dataset, NULL, world, rank, out);
 }
 
 void td_trainer_destroy(td_trainer *t) {
@@ -398,6 +433,9 @@ static td_status trainer_step(td_trainer *t, td_step_stats *stats);
  * (mixed precision: the linear layers' products in bf16/fp16). */
 td_status td_trainer_step(td_trainer *t, td_step_stats *stats) {
   if (!t) return td_error(TD_ERR_INVALID_ARGUMENT, "td_trainer_step: null trainer");
+  if (!t->comm && t->world > 1)
+    return td_error(TD_ERR_INVALID_USAGE, "td_trainer_step: the trainer was created unbound for %d ranks: move it "
+                                          "onto its communicator with td_trainer_elastic_rebind first", t->world);
   td_dtype saved = td_nn_compute_dtype();
   td_nn_set_compute_dtype(t->cfg.precision.compute);
   td_status st = trainer_step(t, stats);
@@ -580,6 +618,7 @@ static td_status step_finish(td_trainer *t, td_step_stats *stats, double loss, d
     stats->saved = saved;
     stats->skipped = overflow;
     stats->loss_scale = t->scaler.scale;
+    trainer_memory_watch(t, stats);
   }
   return TD_OK;
 }
@@ -696,10 +735,33 @@ int td_trainer_threads(const td_trainer *t) { return t->threads; }
 
 /* ---- ZeRO ---- */
 
-size_t td_trainer_model_state_bytes(const td_trainer *t) { return zero_model_state_bytes(t); }
+size_t td_trainer_model_state_bytes(const td_trainer *t) {
+  size_t copies = t->elastic ? td_elastic_copy_bytes(t->elastic) : 0; /* the elastic state's, for recovery */
+  return zero_model_state_bytes(t) + det_resident_bytes(t) + copies;
+}
+
+td_status td_trainer_estimate_memory(const td_model *model, const td_train_config *cfg, int world, int stage,
+                                     td_memory_estimate *out) {
+  if (!model || !cfg)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "td_trainer_estimate_memory: model, cfg and out are required");
+  size_t det = det_estimate_bytes(cfg, model->n_params, world, stage);
+  TD_CHECK(zero_estimate_memory(model, cfg, world, stage, det == 0, out));
+  out->deterministic = det;
+  if (cfg->elasticity.enabled) {
+    /* two commits of each copy (trainer_elastic.c registers the parameters
+     * and the optimizer state: whole at stage 0, as shards at stages 1-3) */
+    size_t row = (1 + (size_t)td_optimizer_n_states(cfg->optimizer.kind)) * sizeof(float);
+    out->replicas = stage == 0 ? 2 * row * out->n_params : 2 * 2 * row * out->shard_params; /* own + one ward */
+  }
+  out->model_states += out->deterministic + out->replicas;
+  return TD_OK;
+}
+
 int td_trainer_zero_stage(const td_trainer *t) { return t->zero_stage; }
 
 td_status td_trainer_gather_params(td_trainer *t) {
   if (!t) return td_error(TD_ERR_INVALID_ARGUMENT, "td_trainer_gather_params: null trainer");
-  return t->zero_stage >= 3 ? zero_fetch_all(t) : TD_OK;
+  if (t->zero_stage < 3) return TD_OK;
+  TD_CHECK(trainer_gather_fits(t)); /* refused on every rank rather than killed by the kernel */
+  return zero_fetch_all(t);
 }

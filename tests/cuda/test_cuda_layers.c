@@ -3,7 +3,8 @@
  * closed form computed here in double (AdamW, the global norm, casts).
  * Random inputs at odd sizes: B = 2, T = 1, 7, 33 (and 1023, 1024 with
  * --big, for the GPU run), C = 72 (not a multiple of 64), 3 heads of 24,
- * V = 97 (odd), in f32 and bf16. Backward gradients start from random
+ * V = 97 (odd), in f32 and bf16; elementwise kernels also at sizes with a
+ * tail and at unaligned pointers. Backward gradients start from random
  * values, so that accumulation (+=) is checked too.
  * Bounds, with ref the f32 CPU result and max|ref| over the tensor:
  *  - f32: max |got - ref| <= 1e-5 max|ref| (normwise relative: the two sides
@@ -14,7 +15,11 @@
  *    |got - ref| <= 2^-8 |ref| (bf16 has 8 significant bits: a rounding to
  *    nearest is off by at most half of 2^-7 relative) + 1e-5 max|ref| (the
  *    f32 part above). dwte is rounded once per position that adds into a row
- *    (k of them): (k + 1) 2^-8 max|ref|.
+ *    (k of them): (k + 1) 2^-8 max|ref|. The fused bf16 attention rounds P
+ *    and dS before its tensor-core products: per-element bounds derived
+ *    from the CPU's P, dS and inputs (fused_bf16_bounds).
+ * The fused kernels run at head sizes 24 (CUDA cores), 32 and 16 (tensor
+ * cores in bf16), and at T = 130 (several 64-row tiles).
  * Runs under the emulator in CI (tests/cudaemu.suite) and on a GPU
  * (tests/gpu.suite via scripts/gpu-check), the same binary source. Without
  * a device it prints SKIP and exits 0 (FAIL and 1 with TD_TEST_EXPECT_CUDA=1).
@@ -246,7 +251,7 @@ static void test_layernorm(int N, int C, td_dtype dt) {
   td_layernorm_forward(out, mean, rstd, x, w, b, N, C);
   void *dx = upload(x, n, dt), *dw = upload(w, C, dt), *db = upload(b, C, dt), *dout = dev_f32(n);
   float *dmean = dev_f32(N), *drstd = dev_f32(N);
-  CHECK_OK(td_cuda_layernorm_forward(dout, dmean, drstd, dx, dw, db, N, C, TD_F32 == dt ? TD_F32 : TD_BF16, NULL));
+  CHECK_OK(td_cuda_layernorm_forward(dout, dmean, drstd, dx, dw, db, N, C, dt, NULL));
   expect_close("layernorm forward", dout, out, n, dt);
   expect_close("layernorm mean", dmean, mean, N, TD_F32);
   expect_close("layernorm rstd", drstd, rstd, N, TD_F32);
@@ -286,6 +291,42 @@ static void test_gelu(size_t n, td_dtype dt) {
   expect_close("gelu backward", dgx, gx, n, dt);
   cudaFree(dx), cudaFree(dout), cudaFree(ddy), cudaFree(dgx);
   free(x), free(out), free(dy), free(gx);
+}
+
+/* The 16-byte groups of the elementwise kernels: sizes that leave a tail,
+ * and pointers one element off 16-byte alignment (the element-by-element
+ * path), for GELU forward/backward and the residual add. */
+static void test_elementwise_edges(td_dtype dt) {
+  const size_t sizes[] = {1, 7, 1001};
+  for (int si = 0; si < 3; si++)
+    for (int off = 0; off < 2; off++) {
+      size_t n = sizes[si], m = n + 1;
+      float *x = rand_host(m, 3, dt), *dy = rand_host(m, 1, dt), *gx = rand_host(m, 1, dt), *out = malloc(m * 4);
+      void *dx = upload(x, m, dt), *ddy = upload(dy, m, dt), *dgx = upload(gx, m, dt), *dout = dev_f32(m);
+      size_t es = esize(dt);
+      char *px = (char *)dx + off * es, *pdy = (char *)ddy + off * es, *pgx = (char *)dgx + off * es;
+      char *pout = (char *)dout + off * es;
+      td_gelu_forward(out + off, x + off, n);
+      CHECK_OK(td_cuda_gelu_forward(pout, px, n, dt, NULL));
+      float *got = download(dout, m, dt);
+      for (size_t i = 0; i < n; i++) {
+        double ref = out[off + i], bound = (dt == TD_F32 ? 1e-5 : kBf16Unit) * fabs(ref) + 1e-6;
+        if (!(fabs(got[off + i] - ref) <= bound))
+          td_test_fail(__FILE__, __LINE__, "gelu n=%zu offset %d element %zu: %.9g vs %.9g", n, off, i, got[off + i],
+                       ref);
+      }
+      td_gelu_backward(gx + off, x + off, dy + off, n);
+      CHECK_OK(td_cuda_gelu_backward(pgx, px, pdy, n, dt, NULL));
+      expect_close("gelu backward (tail, offset)", dgx, gx, m, dt); /* the element outside stays as uploaded */
+      for (size_t i = 0; i < n; i++) out[off + i] = x[off + i] + dy[off + i];
+      if (dt == TD_BF16)
+        for (size_t i = 0; i < n; i++) out[off + i] = ref_bf16_value(out[off + i]);
+      CHECK_OK(td_cuda_residual_forward(pout, px, pdy, n, dt, NULL));
+      float *res = download(dout, m, dt);
+      for (size_t i = 0; i < n; i++) CHECK_CLOSE(res[off + i], out[off + i], dt == TD_F32 ? 1e-6 : 0, 1e-7);
+      cudaFree(dx), cudaFree(ddy), cudaFree(dgx), cudaFree(dout);
+      free(x), free(dy), free(gx), free(out), free(got), free(res);
+    }
 }
 
 static void test_matmul(int N, int IC, int OC, int with_bias, td_dtype dt) {
@@ -715,6 +756,7 @@ int main(int argc, char **argv) {
     /* several 64-row tiles (the tensor-core kernels' online softmax across
      * tiles, their last partial tile); the small T above fit in one */
     if (!big) test_attention(1, 130, 80, 5, dt);
+    test_elementwise_edges(dt);
     test_adamw(1000 + 37, dt);
     test_norm_scale_cast(big ? (size_t)1 << 22 : 5003, dt);
     test_norm_scale_cast(1, dt);

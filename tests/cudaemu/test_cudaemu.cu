@@ -367,6 +367,28 @@ static void test_memory(void) {
   (void)cudaGetLastError();
 }
 
+/* ---- a launch from another thread: it gets its own scheduler ---- */
+#include <pthread.h>
+static void *thread_launch(void *arg) {
+  long long *d = (long long *)arg;
+  TD_CUDA_LAUNCH(block_sum_kernel, 2, 64, 0, 0, d, 1000);
+  return (void *)(long)cudaGetLastError();
+}
+
+static void test_other_thread(void) {
+  long long *d, got = 0;
+  CUDA_OK(cudaMalloc((void **)&d, sizeof *d));
+  CUDA_OK(cudaMemset(d, 0, sizeof *d));
+  pthread_t th;
+  void *rc = NULL;
+  EXPECT(pthread_create(&th, NULL, thread_launch, d) == 0, "pthread_create");
+  pthread_join(th, &rc);
+  EXPECT(rc == NULL, "launch from a second thread: error %ld", (long)rc);
+  CUDA_OK(cudaMemcpy(&got, d, sizeof got, cudaMemcpyDeviceToHost));
+  EXPECT(got == 499500, "sum from a second thread: %lld", got);
+  CUDA_OK(cudaFree(d));
+}
+
 int main(void) {
   test_block_sum();
   test_missing_sync_shows();
@@ -377,6 +399,7 @@ int main(void) {
   test_dynamic_smem();
   test_errors();
   test_memory();
+  test_other_thread();
   if (failures) {
     fprintf(stderr, "%d failure(s)\n", failures);
     return 1;

@@ -14,7 +14,10 @@ them, and compared with the reference tables of docs/ in both directions
   config keys         the key tables (`static const char *const ...keys[]`)
                       and key comparisons (`strcmp(k, "...")`) of every
                       src/ file that parses JSON (uses cJSON); against the
-                      leaves of the dotted keys in docs/config.md's tables.
+                      leaves of the dotted keys in docs/config.md's tables;
+                      the root object's keys (the table checked with section
+                      "") must have undotted rows, and undotted rows must be
+                      root keys.
   program flags       per program: the literals a tools/*.c or examples/*.c
                       program (with the examples/*.h it includes) compares
                       argv with (strcmp, app_flag_value), tandem-bench's
@@ -24,7 +27,9 @@ them, and compared with the reference tables of docs/ in both directions
                       table that follows `<!-- flags: PROGRAM -->` in docs/.
 
 It also checks that every relative link of README.md and docs/ names a file
-that exists and, with #anchor, a heading of that file.
+that exists and, with #anchor, a heading of that file, and that every path
+of the repository written in backquotes (`src/...`, `tests/...`) exists, so
+that moving a file cannot leave the docs pointing at its old place.
 
 Run from anywhere: python3 tests/docs/check_docs.py [REPO]. Prints what is
 missing where and exits 1, or prints a summary and exits 0.
@@ -133,30 +138,49 @@ KEY_TABLE = re.compile(r"static\s+const\s+char\s*\*\s*const\s+\w*keys\s*\[\s*\]\
 KEY_COMPARE = re.compile(r"strcmp\(\s*(?:k|key|item->string|it->string)\s*,\s*\"([A-Za-z0-9_]+)\"\s*\)")
 
 
+ROOT_CHECK = re.compile(r"check_keys\(\s*\w+\s*,\s*\w+\s*,\s*\"\"\s*,")
+
+
 def code_config_keys():
-    found = {}
+    """All keys (by leaf name), and the top-level ones: the key table nearest
+    before the check_keys call whose section is "" (the root object)."""
+    found, top = {}, set()
     for path in files(["src/**/*.c"]):
         text = strip_c_comments(read(path))
         if "cJSON" not in text:
             continue
-        for table in KEY_TABLE.findall(text):
-            for key in re.findall(r'"([A-Za-z0-9_]+)"', table):
+        tables = list(KEY_TABLE.finditer(text))
+        for table in tables:
+            for key in re.findall(r'"([A-Za-z0-9_]+)"', table.group(1)):
                 found.setdefault(key, rel(path))
         for key in KEY_COMPARE.findall(text):
             found.setdefault(key, rel(path))
-    return found
+        for call in ROOT_CHECK.finditer(text):
+            before = [t for t in tables if t.end() <= call.start()]
+            if before:
+                top.update(re.findall(r'"([A-Za-z0-9_]+)"', before[-1].group(1)))
+    return found, top
 
 
 def check_config():
-    code = code_config_keys()
+    code, top = code_config_keys()
     page = os.path.join(ROOT, "docs", "config.md")
     if not os.path.exists(page):
         problems.append("docs/config.md is missing: it is the reference of every config key")
         return len(code)
-    leaves = {}
+    leaves, documented_top = {}, set()
     for cell in table_first_cells(read(page)):
         if re.fullmatch(r"[A-Za-z0-9_.\[\]]+", cell):
             leaves.setdefault(cell.split(".")[-1].replace("[]", ""), cell)
+            if "." not in cell:
+                documented_top.add(cell)
+    if not top:
+        problems.append("found no top-level key table (check_keys(..., \"\", keys, ...)) in src/: the extraction "
+                        "no longer matches the config parser; update tests/docs/check_docs.py")
+    for key in sorted(top - documented_top):
+        problems.append(f"top-level config key \"{key}\" has no row `{key}` (undotted) in docs/config.md")
+    for key in sorted(documented_top - top):
+        problems.append(f"docs/config.md has a top-level row `{key}` but the config's root accepts no such key")
     for key in sorted(set(code) - set(leaves)):
         problems.append(f"config key \"{key}\" is parsed in {code[key]} but has no row in docs/config.md")
     for leaf in sorted(set(leaves) - set(code)):
@@ -279,8 +303,23 @@ def check_links():
     return n
 
 
+REPO_PATH = re.compile(r"`((?:src|include|tools|examples|python|tests|bench|scripts|docs)/[A-Za-z0-9_./-]+)`")
+
+
+def check_paths():
+    n = 0
+    for path in files(["README.md", "docs/**/*.md"]):
+        for p in sorted(set(REPO_PATH.findall(read(path)))):
+            if "DATE" in p:  # a pattern such as bench/results/zperf-DATE.md
+                continue
+            n += 1
+            if not os.path.exists(os.path.join(ROOT, p)):
+                problems.append(f"{rel(path)} names `{p}`, which does not exist")
+    return n
+
+
 def main():
-    n_links = check_links()
+    n_links = check_links() + check_paths()
     n_env = check_env()
     n_keys = check_config()
     n_flags = check_flags()
@@ -293,7 +332,7 @@ def main():
         print(f"check_docs: {len(problems)} problem(s)")
         return 1
     print(f"check_docs: docs/ agrees with the code: {n_env} TANDEM_* variables, {n_keys} config keys, "
-          f"{n_flags} program flags and commands; {n_links} links resolve")
+          f"{n_flags} program flags and commands; {n_links} links and paths resolve")
     return 0
 
 

@@ -10,6 +10,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -103,6 +104,42 @@ __device__ __forceinline__ float td_block_reduce(float v, bool is_max) {
   r = is_max ? td_warp_max(r) : td_warp_sum(r);
   __syncthreads(); /* the partials are reused by the next call */
   return r;
+}
+
+/* Elementwise kernels move 16 bytes per thread (8 bf16 or 4 f32) where they
+ * can: TD_VEC<T> elements, read and written with one int4 access when `vec`
+ * (the host found every pointer 16-byte aligned) and the thread has a whole
+ * group; elementwise otherwise (the tail, unaligned pointers). */
+template <class T> struct td_vec_width { static const int value = 16 / sizeof(T); };
+template <class T>
+__device__ __forceinline__ void td_load_group(float *dst, const T *src, int count, bool vec) {
+  const int V = td_vec_width<T>::value;
+  if (vec && count == V) {
+    int4 raw = *(const int4 *)src;
+    T vals[V];
+    memcpy(vals, &raw, 16);
+#pragma unroll
+    for (int k = 0; k < V; k++) dst[k] = td_to_f32(vals[k]);
+  } else {
+    for (int k = 0; k < count; k++) dst[k] = td_to_f32(src[k]);
+  }
+}
+template <class T>
+__device__ __forceinline__ void td_store_group(T *dst, const float *src, int count, bool vec) {
+  const int V = td_vec_width<T>::value;
+  if (vec && count == V) {
+    T vals[V];
+#pragma unroll
+    for (int k = 0; k < V; k++) vals[k] = td_from_f32<T>(src[k]);
+    int4 raw;
+    memcpy(&raw, vals, 16);
+    *(int4 *)dst = raw;
+  } else {
+    for (int k = 0; k < count; k++) dst[k] = td_from_f32<T>(src[k]);
+  }
+}
+static inline bool td_aligned16(const void *a, const void *b, const void *c) {
+  return (((uintptr_t)a | (uintptr_t)b | (uintptr_t)c) & 15) == 0;
 }
 
 static inline unsigned td_cuda_blocks(size_t n, unsigned threads) { return (unsigned)((n + threads - 1) / threads); }

@@ -11,8 +11,11 @@
  * Returns TD_OK, or TD_ERR_INVALID_ARGUMENT (bad dtype or shape) or
  * TD_ERR_SYSTEM (the launch failed) with "file:line: ..." in td_last_error().
  * Errors of a kernel's execution show at the next synchronizing call.
- * All results are deterministic: no float atomics; reductions run in a fixed
- * order that depends on the shapes only. */
+ * All results are deterministic: Tandem's kernels use no float atomics and
+ * reduce in a fixed order that depends on the shapes only; cuBLASLt gives
+ * the same bits run to run on the same GPU model and library version (its
+ * documented guarantee for one algorithm, and the heuristic picks the same
+ * one for the same shapes). */
 #ifndef TD_NN_CUDA_LAYERS_H
 #define TD_NN_CUDA_LAYERS_H
 

@@ -1,12 +1,8 @@
 /* Fused causal attention on the device, flash-style (FlashAttention-2's
  * loop order on CUDA cores), beside the unfused path of attention.cu:
  * neither the (B, NH, T, T) weights nor their gradient is ever stored, only
- * the log-sum-exp of each query row (B, NH, T) for backward.
- * Tiles of 32 rows; one thread per row of the tile; K/V (or Q/dO) tiles of
- * 32 rows staged in shared memory as f32 and read by all threads at the
- * same address (broadcast); accumulators in registers (HS, the head size,
- * is a template parameter so that they stay there); f32 arithmetic for f32
- * and bf16 inputs, one rounding per output.
+ * the log-sum-exp of each query row (B, NH, T) for backward. Arithmetic in
+ * f32 for f32 and bf16 inputs, one rounding per output.
  *   forward (per query tile): for each key tile up to the diagonal, the 32
  *     scores of the row, their max, rescale (online softmax), accumulate
  *     p v; out = acc / l, lse = m + log l.

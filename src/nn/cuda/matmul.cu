@@ -1,10 +1,11 @@
 /* Matrix products of the linear layers on the device (llm.c's
  * llmc/matmul.cuh), the twins of td_linear_forward/backward.
- * Two paths. On a GPU build, cuBLASLt (the forward's bias folded into its
- * epilogue; FP32 compute for both types: exact f32 products for TD_F32, f32
- * accumulation of bf16 operands for TD_BF16, never TF32). Row-major
- * matrices are handed to column-major cuBLASLt as their transposes:
- *   out (N, OC) = inp W^T      is  out^T = W^T' inp^T  (m=OC n=N k=IC, A=W op T)
+ * Two paths. On a GPU build, cuBLASLt (the forward's bias, GELU and
+ * residual folded into its epilogue and C input; FP32 compute for both
+ * types: exact f32 products for TD_F32, f32 accumulation of bf16 operands
+ * for TD_BF16, never TF32). Row-major matrices are handed to column-major
+ * cuBLASLt as their transposes:
+ *   out (N, OC) = inp W^T      is  out^T = W inp^T      (m=OC n=N k=IC, A=W op T)
  *   dinp (N, IC) += dout W     is  dinp^T += W^T dout^T (m=IC n=N k=OC)
  *   dW (OC, IC) += dout^T inp  is  dW^T += inp^T dout   (m=IC n=OC k=N, B op T)
  * One handle and a 32 MiB workspace per process, made at the first product

@@ -90,11 +90,7 @@ void det_free(td_trainer *t) {
   t->det = NULL;
 }
 
-td_status det_setup(td_trainer *t) {
-  det_state *c = t->det;
-  free_buffers(c);
-  const size_t n = t->n_params, U = c->n_units;
-  const int W = t->world;
+void det_buffer_sizes(size_t n, size_t U, int W, int rank, int stage, det_sizes *out) {
   int max_cover = 0;
   size_t xfer = 0;
   for (int r = 0; r < W; r++) {
@@ -106,19 +102,51 @@ td_status det_setup(td_trainer *t) {
     xfer = TD_MAX(xfer, hi - lo);
   }
   size_t a, len;
-  td_shard_range(U, W, t->rank, &a, &len);
-  c->n_pool = det_acc_vectors(U, a, a + len);
+  td_shard_range(U, W, rank, &a, &len);
+  out->n_pool = det_acc_vectors(U, a, a + len);
   /* stage 3: a rank with fewer units than rank 0 computes dropped ones
    * beside its cover (det_forward_backward) */
   size_t first0, most;
   td_shard_range(U, W, 0, &first0, &most);
-  if (t->zero_stage >= 3 && len < most) c->n_pool++;
-  c->max_cover = max_cover;
-  c->xfer = xfer;
-  c->world = W;
-  int levels = det_levels(U);
-  size_t scratch_len = W > 1 ? xfer : n, n_leaves = (n + DET_NORM_LEAF - 1) / DET_NORM_LEAF;
-  size_t exchange = W > 1 ? (size_t)W * (size_t)max_cover * xfer : 0;
+  if (stage >= 3 && len < most) out->n_pool++;
+  out->max_cover = max_cover;
+  out->xfer = xfer;
+  out->levels = det_levels(U);
+  out->scratch_len = W > 1 ? xfer : n;
+  out->exchange = W > 1 ? (size_t)W * (size_t)max_cover * xfer : 0;
+  /* What becomes resident: the pool, send and receive, the scratch levels;
+   * of send only the other ranks' slots (exchange() never writes its own,
+   * whose pages stay untouched), (W - 1) x M x C of its W x M x C. */
+  size_t send_written = W > 1 ? (size_t)(W - 1) * (size_t)max_cover * xfer : 0;
+  out->bytes = ((size_t)out->n_pool * n + out->exchange + send_written +
+                (out->levels ? (size_t)out->levels * TD_MAX(out->scratch_len, (size_t)1) : 0)) * sizeof(float);
+}
+
+size_t det_resident_bytes(const td_trainer *t) {
+  const det_state *c = t ? t->det : NULL;
+  if (!c) return 0;
+  det_sizes z;
+  det_buffer_sizes(t->n_params, c->n_units, c->world, t->rank, t->zero_stage, &z);
+  const size_t f = sizeof(float);
+  return zero_resident_bytes(c->pool, (size_t)c->n_pool * t->n_params * f) +
+         zero_resident_bytes(c->send, z.exchange * f) + zero_resident_bytes(c->recv, z.exchange * f) +
+         zero_resident_bytes(c->scratch, (size_t)z.levels * TD_MAX(z.scratch_len, (size_t)1) * f);
+}
+
+td_status det_setup(td_trainer *t) {
+  det_state *c = t->det;
+  free_buffers(c);
+  const size_t n = t->n_params, U = c->n_units;
+  det_sizes z;
+  det_buffer_sizes(n, U, t->world, t->rank, t->zero_stage, &z);
+  c->n_pool = z.n_pool;
+  c->max_cover = z.max_cover;
+  c->xfer = z.xfer;
+  c->world = t->world;
+  int levels = z.levels;
+  size_t scratch_len = z.scratch_len, n_leaves = (n + DET_NORM_LEAF - 1) / DET_NORM_LEAF;
+  size_t exchange = z.exchange;
+  const int W = t->world;
   c->pool = td_alloc((size_t)c->n_pool * n * sizeof(float));
   c->send = NULL;
   if (exchange && td_comm_local_size(t->comm) > 1 && !strcmp(td_comm_transport(t->comm), "shm")) {

@@ -121,6 +121,19 @@ typedef struct det_state {
  * [lo, hi), extended up to the next leaf boundary of the norm so that the
  * owner holds whole leaves (neighbours compute the overlap alike). */
 void det_xfer_range(size_t n_params, int world, int r, size_t *lo, size_t *hi);
+/* The whole-model buffers of the reduction for rank `rank` of W over U
+ * units at ZeRO stage `stage` (what det_setup allocates): the pool of
+ * n_pool gradient vectors of n floats, send and receive of `exchange`
+ * floats each, `levels` scratch vectors of scratch_len. Pure; the estimate
+ * (det_estimate_bytes) and det_setup share it. */
+typedef struct det_sizes {
+  int n_pool, max_cover, levels;
+  size_t xfer, scratch_len, exchange;
+  size_t bytes; /* what of them becomes resident (send: the other ranks' slots) */
+} det_sizes;
+void det_buffer_sizes(size_t n, size_t U, int W, int rank, int stage, det_sizes *out);
+/* Resident bytes of those buffers now (mincore; 0 when off). */
+size_t det_resident_bytes(const td_trainer *t);
 /* (Re)cut the buffers for t->world (t->det->unit set). Local. */
 td_status det_setup(td_trainer *t);
 void det_free(td_trainer *t);
@@ -133,6 +146,11 @@ td_status det_forward_backward(td_trainer *t, double *loss_out, double *data_s, 
 td_status det_grad_norm(td_trainer *t, double *norm_out);
 
 /* ---- deterministic_config.c ---- */
+/* Bytes of rank 0's reduction buffers for a model of n parameters on
+ * `world` ranks at `stage` when cfg turns deterministic reduction on (1, or
+ * -1 with "elasticity" enabled), else 0: td_trainer_estimate_memory's
+ * `deterministic` term. Pure. */
+size_t det_estimate_bytes(const td_train_config *cfg, size_t n, int world, int stage);
 /* "deterministic_reduction" (a boolean) or "deterministic_unit" (an
  * integer >= 1), a cJSON * item, into cfg. */
 td_status td_deterministic_parse_json(const void *item, const char *source, td_train_config *cfg);

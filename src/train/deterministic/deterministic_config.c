@@ -66,6 +66,17 @@ long det_default_unit(long batch, int micro, int max_world) {
   return unit;
 }
 
+size_t det_estimate_bytes(const td_train_config *cfg, size_t n, int world, int stage) {
+  bool on = cfg->deterministic_reduction == 1 || (cfg->deterministic_reduction < 0 && cfg->elasticity.enabled);
+  long batch = cfg->train_batch_size;
+  if (!on || batch < 1 || world < 1) return 0;
+  long unit = cfg->deterministic_unit > 0 ? cfg->deterministic_unit : det_default_unit(batch, cfg->micro_batch, world);
+  if (unit < 1 || batch % unit) return 0; /* refused at creation */
+  det_sizes z;
+  det_buffer_sizes(n, (size_t)(batch / unit), world, 0, stage, &z);
+  return z.bytes;
+}
+
 static td_status check_combination(const td_trainer *t, const char *why) {
   const td_train_config *c = &t->cfg;
   if (c->precision.comm_dtype != TD_F32)
@@ -112,6 +123,9 @@ td_status det_trainer_init(td_trainer *t) {
     return TD_OK; /* the elastic registration may still turn it on */
   }
   TD_CHECK(check_combination(t, "deterministic_reduction true"));
+  /* created unbound (td_trainer_create_unbound): the units and exchange
+   * buffers are cut at the first rebind (det_elastic_rebind) */
+  if (!t->comm && t->world > 1) return TD_OK;
   long unit = t->cfg.deterministic_unit > 0 ? t->cfg.deterministic_unit
                                             : det_default_unit(t->cfg.train_batch_size, t->cfg.micro_batch, t->world);
   return enable(t, unit);

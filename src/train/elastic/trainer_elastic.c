@@ -107,6 +107,7 @@ td_status td_trainer_elastic_rebind(td_trainer *t, td_comm *comm, int micro_hint
     zero_layout(t);
   }
   /* the units' split and the exchange buffers follow the world */
-  if (t->elastic || t->det) TD_CHECK(det_elastic_rebind(t, micro_hint, max_world));
+  if (t->elastic || t->det || t->cfg.deterministic_reduction == 1)
+    TD_CHECK(det_elastic_rebind(t, micro_hint, max_world));
   return TD_OK;
 }

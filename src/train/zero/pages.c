@@ -167,28 +167,45 @@ void zero_release(const td_trainer *t, float *arena, size_t lo, size_t hi) {
   if (b < hi) release_pages(z, arena, kind, t->n_params, b, hi);
 }
 
-/* Resident bytes of an arena (mincore over its pages). */
-static size_t resident_bytes(const zero_state *z, const float *arena, size_t n_floats) {
-  size_t pf = z->page_floats, n_pages = (n_floats + pf - 1) / pf;
-  if (n_pages == 0) return 0;
-  size_t resident = 0;
+/* Resident bytes of the region [p, p + bytes): mincore over the pages it
+ * touches, counted only for the part of each page inside the region (a
+ * region from the C allocator need not start or end on a page). A region
+ * mincore cannot see (not a mapping) counts whole. */
+size_t zero_resident_bytes(const void *p, size_t bytes) {
+  if (!p || bytes == 0) return 0;
+  const size_t page = zero_page_bytes();
+  const uintptr_t lo = (uintptr_t)p, hi = lo + bytes, first = lo / page * page;
+  size_t n_pages = (hi - first + page - 1) / page, resident = 0;
   unsigned char vec[4096];
-  for (size_t p = 0; p < n_pages; p += sizeof vec) {
-    size_t m = TD_MIN(sizeof vec, n_pages - p);
-    if (mincore((void *)(arena + p * pf), m * pf * sizeof(float), vec) != 0) return n_floats * sizeof(float);
-    for (size_t i = 0; i < m; i++) resident += vec[i] & 1;
+  for (size_t k = 0; k < n_pages; k += sizeof vec) {
+    size_t m = TD_MIN(sizeof vec, n_pages - k);
+    uintptr_t base = first + k * page;
+    if (mincore((void *)base, m * page, vec) != 0) return bytes;
+    for (size_t i = 0; i < m; i++) {
+      if (!(vec[i] & 1)) continue;
+      uintptr_t a = TD_MAX(base + i * page, lo), b = TD_MIN(base + (i + 1) * page, hi);
+      resident += b - a;
+    }
   }
-  return TD_MIN(resident * pf, n_floats) * sizeof(float);
+  return resident;
+}
+
+size_t zero_model_state_resident(const td_trainer *t) {
+  const size_t f = sizeof(float);
+  size_t bytes = zero_resident_bytes(t->params, t->n_params * f) + zero_resident_bytes(t->grads, t->n_params * f);
+  if (offload_states_on_disk(t)) {
+    /* the optimizer state lives in files; RAM holds the tile buffers */
+    bytes += zero_resident_bytes(t->offload->buffers, td_offload_buffer_bytes(&t->cfg, t->shard_hi - t->shard_lo));
+  } else {
+    for (int i = 0; i < t->n_states; i++)
+      bytes += zero_resident_bytes(t->states[i], (t->states_hi - t->states_lo) * f);
+  }
+  return bytes;
 }
 
 void zero_measure(td_trainer *t) {
   zero_state *z = t->zero;
   if (!z || !z->measuring) return;
-  size_t n = t->n_params * sizeof(float);
-  size_t bytes = offload_states_on_disk(t) ? td_offload_buffer_bytes(&t->cfg, t->shard_hi - t->shard_lo)
-                                           : (size_t)t->n_states * (t->states_hi - t->states_lo) * sizeof(float);
-  bytes += z->stage >= 3 ? resident_bytes(z, t->params, t->n_params) : n;
-  bytes += z->stage >= 2 && !z->keep_grads ? resident_bytes(z, t->grads, t->n_params) : n;
-  /* (stage 1 and stage 2 keeping its gradients: the whole gradient arena) */
+  size_t bytes = zero_model_state_resident(t);
   if (bytes > z->peak_bytes) z->peak_bytes = bytes;
 }

@@ -86,6 +86,11 @@ td_status zero_create(td_trainer *t) {
   }
   size_t shard = t->shard_hi - t->shard_lo;
   t->params = arena_for(t, z->stage >= 3 ? ZERO_MEM_MAPPED : ZERO_MEM_ALLOC, &z->params_kind);
+  /* Stage 3 holds only its shard from the start (trainer.c initializes the
+   * shard in place): a host-shared arena comes with all its pages reserved
+   * (td_mem_alloc), so give back those outside the shard before anything is
+   * written; reserved address space has none yet. */
+  if (z->stage >= 3 && t->params) zero_release(t, t->params, 0, t->n_params);
   /* kept whole: plain or host-shared memory (the direct allreduce), never
    * given back; given back: reserved address space */
   z->keep_grads = zero_keeps_grads(t->n_params, t->world, z->stage, t->cfg.bucket_bytes);
@@ -116,10 +121,6 @@ td_status zero_create(td_trainer *t) {
     return td_error(TD_ERR_SYSTEM, "rank %d: out of memory for the stage-3 fetch tables", t->rank);
   z->measuring = true;
   return TD_OK;
-}
-
-void zero_after_init(td_trainer *t) {
-  if (t->zero && t->zero->stage >= 3) zero_release(t, t->params, 0, t->n_params);
 }
 
 static void free_arena(const zero_state *z, float *p, zero_mem_kind kind, size_t bytes) {
@@ -183,6 +184,7 @@ td_status zero_grad_norm(td_trainer *t, double *norm_out) {
 }
 
 size_t zero_model_state_bytes(const td_trainer *t) {
-  if (t->zero) return t->zero->peak_bytes;
-  return (2 + (size_t)t->n_states) * t->n_params * sizeof(float);
+  /* stage 0's arenas neither grow nor shrink: what is resident now */
+  size_t now = zero_model_state_resident(t);
+  return t->zero ? TD_MAX(t->zero->peak_bytes, now) : now;
 }

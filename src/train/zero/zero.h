@@ -85,6 +85,14 @@ typedef struct zero_state {
   double *norm_partials; /* (world) */
 } zero_state;
 
+/* ---- estimate.c ---- */
+/* td_trainer_estimate_memory without the layers above ZeRO (trainer.c adds
+ * deterministic reduction's buffers). buckets: gradients are reduced in
+ * buckets (false under deterministic reduction, whose exchange writes the
+ * shard: no bucket of gradients is in flight beyond it). */
+td_status zero_estimate_memory(const td_model *model, const td_train_config *cfg, int world, int stage, bool buckets,
+                               td_memory_estimate *out);
+
 /* ---- shard.c ---- */
 /* Stage 2 keeps its whole gradient arena resident, as stage 1 does, when
  * the buckets resident at the peak of a step (2 x bucket_bytes, reduce.c)
@@ -97,9 +105,6 @@ bool zero_keeps_grads(size_t n_params, int world, int stage, size_t bucket_bytes
 void zero_layout(td_trainer *t);
 /* Stage >= 1: allocate the arenas and the bookkeeping (t->zero). */
 td_status zero_create(td_trainer *t);
-/* After the parameters were initialized and broadcast: stage 3 gives back
- * the pages outside the shard. */
-void zero_after_init(td_trainer *t);
 void zero_destroy(td_trainer *t); /* frees what zero_create allocated; NULL-safe */
 /* Global L2 norm of the averaged gradient from per-shard partial sums in a
  * fixed order (rank 0's shard, then rank 1's, ...), identical at every
@@ -127,11 +132,18 @@ td_status zero_state_alloc(size_t n_floats, float **out);
  * system (they read as zeros afterwards), except the shard's. Only for
  * ZERO_MEM_MAPPED arenas. */
 void zero_release(const td_trainer *t, float *arena, size_t lo, size_t hi);
-/* Add the resident bytes of params, grads and optimizer state to the peak
- * (while measuring: the first two steps). */
+/* Resident bytes of any region (mincore over its pages; only the parts of
+ * the edge pages inside the region count). */
+size_t zero_resident_bytes(const void *p, size_t bytes);
+/* Resident bytes of the model state now: the parameter and gradient arenas,
+ * the optimizer-state shards (or, offloaded, the RAM tile buffers), each
+ * measured with mincore, at every stage. */
+size_t zero_model_state_resident(const td_trainer *t);
+/* Add the model state resident now to the peak (while measuring: the
+ * first two steps). */
 void zero_measure(td_trainer *t);
-/* Model-state bytes this rank allocated: measured peak at stage >= 1, the
- * arena sizes at stage 0. */
+/* Model-state bytes this rank holds: the measured peak at stage >= 1 (or
+ * what is resident now, if more), what is resident now at stage 0. */
 size_t zero_model_state_bytes(const td_trainer *t);
 
 /* ---- rebind.c ---- */
