@@ -51,6 +51,10 @@ static void usage(void) {
       "  --fp16             fp16 mixed precision with dynamic loss scaling (as \"fp16\": {\"enabled\": true})\n"
       "  --activation-checkpointing  keep only each block's input; recompute the rest in backward\n"
       "  --metrics FILE     write one JSON object per step to FILE (rank 0)\n"
+      "  --prometheus-port P  serve this rank's metrics for Prometheus on port P + rank\n"
+      "                     (GET /metrics; also TANDEM_PROMETHEUS_PORT; 0: a free port)\n"
+      "  --prometheus-bind A  address the endpoint binds (default 127.0.0.1: this host only)\n"
+      "  --tensorboard DIR  write TensorBoard event files into DIR (rank 0)\n"
       "  --save DIR         write a checkpoint to DIR at the end (and every --save-every steps)\n"
       "  --save-every N     checkpoint period in steps (needs --save)\n"
       "  --resume DIR       continue from the checkpoint in DIR (its 'latest', or a step-N dir)\n"
@@ -252,6 +256,7 @@ static void print_sample(const int32_t *tokens, int n) {
 /* Elastic training (app_elastic.h): the global batch is that of the
  * initial world (TANDEM_WORLD_SIZE), kept whatever the world size becomes. */
 static int elastic_main(const gpt_options *opt) {
+  app_refuse_exporters_when_elastic(&opt->common);
   /* --save: periodic checkpoints, read back only when a rank and its buddy
    * are lost together at ZeRO stage >= 1 (td_elastic_set_fallback) */
   if (opt->common.metrics_path || opt->common.resume_dir)
@@ -285,6 +290,8 @@ int main(int argc, char **argv) {
 
   app_run run;
   app_begin(&run, opt.common.metrics_path, 1);
+  app_start_prometheus(&run, &opt.common);
+  app_start_tensorboard(&run, &opt.common);
   td_train_config cfg;
   build_config(&opt, run.world, &cfg);
   /* The device comes before the model, which is created on it. */

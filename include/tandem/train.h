@@ -274,6 +274,8 @@ typedef struct td_step_stats {
   double compute_s;   /* this rank: time in data loading, forward, backward and optimizer */
   double comm_wait_s; /* this rank: time blocked waiting for gradient buckets and the loss reduction */
   double data_s;      /* this rank: time copying samples into the micro-batch (part of compute_s) */
+  double optimizer_s; /* this rank: gradient norm, clipping and the update (part of compute_s) */
+  double io_s;        /* this rank: writing the checkpoint this step saved (not part of step_s; 0 if none) */
   int n_buckets;      /* gradient buckets reduced in this step */
   size_t comm_bytes;  /* bytes of gradient this rank reduced in this step */
   int saved;          /* 1 if td_trainer_step wrote a checkpoint after this step */
@@ -476,6 +478,11 @@ td_model *td_trainer_model(const td_trainer *trainer);
  * valid until the trainer is destroyed. Rank 0 uses it to
  * generate text (td_gpt_generate) or to evaluate. */
 const float *td_trainer_params(const td_trainer *trainer);
+/* The averaged gradient of the last step (n_params floats, multiplied by the
+ * fp16 loss scale the step used; 1 otherwise), until the next step begins; or
+ * NULL where no rank holds it whole (ZeRO stage 2 and 3 shard it; stage 1
+ * and NVMe offload do not promise it either). Local. For monitoring. */
+const float *td_trainer_grads(const td_trainer *trainer);
 float *td_trainer_params_mut(td_trainer *trainer); /* for tests and custom initialization before the first step */
 size_t td_trainer_n_params(const td_trainer *trainer);
 int td_trainer_threads(const td_trainer *trainer); /* compute threads this rank uses */

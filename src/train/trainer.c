@@ -597,7 +597,7 @@ static td_status step_finish(td_trainer *t, td_step_stats *stats, double loss, d
   trace(t, "optimizer", opt0);
 
   int saved = 0;
-  double step_s = td_now() - t_start;
+  double t_end = td_now(), step_s = t_end - t_start;
   TD_CHECK(td_trainer_checkpoint_if_due(t, &saved));
   if (stats) {
     memset(stats, 0, sizeof *stats);
@@ -613,6 +613,8 @@ static td_status step_finish(td_trainer *t, td_step_stats *stats, double loss, d
     stats->comm_wait_s = wait_s;
     stats->compute_s = step_s - wait_s;
     stats->data_s = data_s;
+    stats->optimizer_s = t_end - opt0;
+    stats->io_s = saved ? td_now() - t_end : 0.0;
     stats->n_buckets = n_buckets;
     stats->comm_bytes = t->comm_bytes;
     stats->saved = saved;
@@ -730,6 +732,10 @@ const td_train_config *td_trainer_config(const td_trainer *t) { return &t->cfg; 
 td_model *td_trainer_model(const td_trainer *t) { return t->model; }
 const float *td_trainer_params(const td_trainer *t) { return t->params; }
 float *td_trainer_params_mut(td_trainer *t) { return t->params; }
+const float *td_trainer_grads(const td_trainer *t) {
+  int offload = t->cfg.offload.optimizer_device == TD_OFFLOAD_NVME || t->cfg.offload.param_device == TD_OFFLOAD_NVME;
+  return t->zero_stage == 0 && !offload && t->step > 0 ? t->grads : NULL;
+}
 size_t td_trainer_n_params(const td_trainer *t) { return t->n_params; }
 int td_trainer_threads(const td_trainer *t) { return t->threads; }
 
