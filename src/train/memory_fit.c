@@ -105,9 +105,9 @@ td_status trainer_memory_fit(td_trainer *t) {
       what_fits(t, room, fits, sizeof fits);
       st = td_error(TD_ERR_INVALID_USAGE,
                     "rank %d: this job needs about %.0f MiB per rank (model states %.0f, of which offload buffers "
-                    "%.0f; activations %.0f; compute and I/O scratch %.0f; this process before the arenas %.0f; offload files on "
-                    "tmpfs %.0f) but "
-                    "%.0f MiB are available to it (%s, shared by %d ranks on this host). It would fit with%s",
+                    "%.0f; activations %.0f; compute and I/O scratch %.0f; this process before the arenas %.0f; "
+                    "offload files on tmpfs %.0f) but %.0f MiB are available to it (%s, shared by %d ranks on this "
+                    "host). It would fit with%s",
                     t->rank, MIB(need), MIB(e.model_states), MIB(e.offload_buffers), MIB(e.activations),
                     MIB(e.runtime), MIB(t->mem_baseline), MIB(files), MIB(room), t->mem_room.source,
                     t->mem_room.local_ranks, fits);
@@ -142,8 +142,8 @@ void trainer_memory_watch(td_trainer *t, td_step_stats *stats) {
   if (room == 0) return;
   int level = rss > room / 100 * 97 ? 2 : rss > room / 100 * 90 ? 1 : 0;
   if (level > t->mem_warned) {
-    TD_WARN("rank %d: its share of memory (Pss) %.0f MiB is %.0f%% of the %.0f MiB available to this rank (%s) after step %ld; "
-            "the estimate was %.0f MiB: the kernel may end the job when memory runs out",
+    TD_WARN("rank %d: its share of memory (Pss) %.0f MiB is %.0f%% of the %.0f MiB available to this rank (%s) "
+            "after step %ld; the estimate was %.0f MiB: the kernel may end the job when memory runs out",
             t->rank, MIB(rss), 100.0 * (double)rss / (double)room, MIB(room), t->mem_room.source, t->step,
             MIB(t->mem_estimate));
     t->mem_warned = level;

@@ -81,8 +81,7 @@ EOF
 
   series="tandem_step tandem_loss tandem_learning_rate tandem_grad_norm tandem_loss_scale tandem_tokens_per_second
     tandem_tokens_total tandem_comm_bytes_total tandem_comm_buckets_total tandem_comm_bytes_per_step
-    tandem_checkpoints_total tandem_skipped_steps_total tandem_resident_memory_bytes tandem_memory_pss_bytes
-    tandem_world_size"
+    tandem_checkpoints_total tandem_skipped_steps_total tandem_resident_memory_bytes tandem_world_size"
   ok=0
   for _ in $(seq 90); do
     kill -0 $train 2>/dev/null || fail "the training job ended early"
@@ -120,7 +119,7 @@ for p in json.load(open(sys.argv[1]))["panels"]:
   sleep 2 # rate() over the dashboard's windows needs two samples
   while read -r expr; do
     answer=$(query "$expr") || fail "dashboard expression rejected: $expr"
-    case "$expr" in *offload*|*checkpoints*|*skipped*|*memory_limit*) continue ;; esac
+    case "$expr" in *offload*|*checkpoints*|*skipped*|*memory_limit*|*memory_share*) continue ;; esac
     echo "$answer" | python3 -c 'import json,sys; sys.exit(not json.load(sys.stdin)["data"]["result"])' ||
       fail "dashboard expression returned nothing: $expr"
   done <"$work/exprs"

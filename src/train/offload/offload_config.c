@@ -142,9 +142,14 @@ size_t td_offload_tile(const td_train_config *cfg, size_t shard_params) {
   return round_up(TD_MIN(sub, shard_params + OFFLOAD_ALIGN_FLOATS), OFFLOAD_ALIGN_FLOATS);
 }
 
+/* The most tiles a shard is cut into: from file_base, up to 1023 elements
+ * below the shard. */
+static size_t max_tiles(size_t shard_params, size_t tile) {
+  return (shard_params + OFFLOAD_ALIGN_FLOATS - 1 + tile - 1) / tile;
+}
+
 int td_offload_buffer_count(const td_train_config *cfg, size_t shard_params) {
-  /* tiles are cut from file_base, up to 1023 elements below the shard */
-  size_t tile = td_offload_tile(cfg, shard_params), n_tiles = (shard_params + OFFLOAD_ALIGN_FLOATS - 1 + tile - 1) / tile;
+  size_t n_tiles = max_tiles(shard_params, td_offload_tile(cfg, shard_params));
   return (int)TD_MAX((size_t)1, TD_MIN((size_t)cfg->offload.optimizer_buffer_count, n_tiles));
 }
 
@@ -152,7 +157,7 @@ size_t td_offload_buffer_bytes(const td_train_config *cfg, size_t shard_params) 
   const td_offload_config *o = &cfg->offload;
   if (o->optimizer_device != TD_OFFLOAD_NVME) return 0;
   size_t tile = td_offload_tile(cfg, shard_params), arrays = tile_arrays(cfg);
-  size_t n_tiles = (shard_params + OFFLOAD_ALIGN_FLOATS - 1 + tile - 1) / tile;
+  size_t n_tiles = max_tiles(shard_params, tile);
   size_t allocated = (size_t)td_offload_buffer_count(cfg, shard_params) * arrays * tile * sizeof(float);
   /* pages are resident once touched: with no more tiles than buffers each
    * tile has its own buffer and the shard's short edges leave the rest of
