@@ -186,7 +186,14 @@ endif
 
 cuda-emu:
 	@$(MAKE) --no-print-directory CUDA_EMU=1 BUILD=build/cudaemu SAN=1 OPT="-O1" cuda-emu-tree
-cuda-emu-tree: report-config $(LIBA) $(CUDA_TESTS) $(BUILD)/tests/test_device $(BUILD)/bin/train-gpt $(BUILD)/bin/tandemrun
+cuda-emu-tree: report-config $(LIBA) $(CUDA_TESTS) $(BUILD)/tests/test_device $(BUILD)/bin/train-gpt $(BUILD)/bin/tandemrun \
+               $(BUILD)/tests/test_device_coll $(BUILD)/tests/test_device_select $(BUILD)/tests/fake_nccl/libnccl.so.2
+# A test double of libnccl.so.2 (tests/comm/fake_nccl.c), so that the NCCL
+# path of the device collectives runs in the emulator tree; plain C, no
+# sanitizer (it is dlopen'd by the sanitized programs).
+$(BUILD)/tests/fake_nccl/libnccl.so.2: tests/comm/fake_nccl.c
+	@mkdir -p $(dir $@)
+	$(CC) -std=gnu11 -g -O1 -Wall -Wextra -Wno-unused-parameter -shared -fPIC -o $@ $< -lrt
 TESTLIB_OBJS := $(TESTLIB_SRCS:%.c=$(BUILD)/obj/%.o)
 TOOLS      := $(patsubst %.c,$(BUILD)/bin/%,$(notdir $(TOOL_SRCS)))
 TESTS      := $(patsubst %.c,$(BUILD)/tests/%,$(notdir $(TEST_SRCS)))

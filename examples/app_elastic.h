@@ -219,10 +219,10 @@ static int app_elastic_main(td_train_config *cfg, td_model *model, td_dataset *d
     double dt = a.t_last - a.t_warm;
     double items = (double)(a.steps_done_here - 2) * (double)rc->train_batch_size * (double)data->targets_per_sample;
     printf("%s: final_loss=%.6f tokens_per_s=%.0f steps=%ld world=%d params=%zu global_batch=%ld micro_batch=%d "
-           "grad_accum=%d train_s=%.1f zero_stage=%d\n",
+           "grad_accum=%d train_s=%.1f zero_stage=%d model_state_bytes_per_rank=%zu\n",
            app_name, a.last.loss, a.steps_done_here > 2 && dt > 0 ? items / dt : 0.0, td_trainer_step_count(a.trainer),
            a.world, td_trainer_n_params(a.trainer), rc->train_batch_size, rc->micro_batch, rc->grad_accum, train_s,
-           td_trainer_zero_stage(a.trainer));
+           td_trainer_zero_stage(a.trainer), td_trainer_model_state_bytes(a.trainer));
     printf("%s: elastic final_loss_exact=%.17g params_hash=%016llx epochs=%d resets=%d\n", app_name, a.last.loss,
            app_params_hash(a.trainer), td_elastic_epoch(a.e), td_elastic_resets(a.e));
     fflush(stdout);

@@ -43,6 +43,8 @@ static void usage(void) {
       "  --channels C       embedding width (default 256)\n"
       "  --heads H          attention heads, dividing C (default 4)\n"
       "  --seq T            sequence length in bytes (default 128)\n"
+      "  --vocab V          embedding rows, at least 256 (default 256: the bytes; 50304 gives\n"
+      "                     GPT-2's shape, the rows above 255 never seen in the data)\n"
       "  --lr LR            peak learning rate (default 3e-4)\n"
       "  --threads N        compute threads per rank (default: cores / ranks on the host)\n"
       "  --bf16             bf16 mixed precision (f32 master weights; as \"bf16\": {\"enabled\": true})\n"
@@ -65,6 +67,8 @@ static void usage(void) {
       "  --offload-param nvme:PATH|cpu|none  stage 3: the parameter shard in files under PATH,\n"
       "                     read per layer ahead of use (zero_optimization.offload_param)\n"
       "  --sub-group-size N optimizer tile in parameters for offload (default 1e9)\n"
+      "  --device D         cpu (default), cuda (cuda:(local rank %% GPUs)) or cuda:N (config key\n"
+      "                     \"device\", env TANDEM_DEVICE)\n"
       "  --elastic          elastic training (implied under tandemrun --min-np/--max-np): survive lost\n"
       "                     ranks, admit new ones, keep the global batch (docs/elastic.md)\n"
       "  --help             this text\n"
@@ -85,6 +89,7 @@ typedef struct gpt_options {
   int estimate_memory;
   int elastic; /* --elastic, or started by tandemrun --min-np/--max-np */
   const char *offload_optimizer, *offload_param; /* --offload-*: "nvme:PATH", "cpu", "none" (NULL: not given) */
+  const char *device;                            /* --device: NULL when not given */
   long sub_group_size;                           /* -1: not given */
   td_gpt_config model;
 } gpt_options;
@@ -98,6 +103,7 @@ static void parse_args(int argc, char **argv, gpt_options *o) {
   o->estimate_memory = 0;
   o->elastic = 0;
   o->offload_optimizer = o->offload_param = NULL;
+  o->device = NULL;
   o->sub_group_size = -1;
   o->model = (td_gpt_config){.vocab = 256, .layers = 4, .channels = 256, .heads = 4, .seq = 128};
   for (int i = 1; i < argc; i++) {
@@ -110,6 +116,7 @@ static void parse_args(int argc, char **argv, gpt_options *o) {
     else if (!strcmp(argv[i], "--estimate-memory")) o->estimate_memory = 1;
     else if (!strcmp(argv[i], "--elastic")) o->elastic = 1;
     else if ((v = app_flag_value(argc, argv, &i, "--data"))) o->data_path = v;
+    else if ((v = app_flag_value(argc, argv, &i, "--device"))) o->device = v;
     else if ((v = app_flag_value(argc, argv, &i, "--offload-optimizer"))) o->offload_optimizer = v;
     else if ((v = app_flag_value(argc, argv, &i, "--offload-param"))) o->offload_param = v;
     else if ((v = app_flag_value(argc, argv, &i, "--sub-group-size"))) o->sub_group_size = app_parse_long("--sub-group-size", v, 1, 1L << 50);
@@ -117,6 +124,7 @@ static void parse_args(int argc, char **argv, gpt_options *o) {
     else if ((v = app_flag_value(argc, argv, &i, "--steps"))) o->steps = app_parse_long("--steps", v, 1, 1L << 40);
     else if ((v = app_flag_value(argc, argv, &i, "--grad-accum"))) o->grad_accum = app_parse_long("--grad-accum", v, 1, 1 << 20);
     else if ((v = app_flag_value(argc, argv, &i, "--layers"))) o->model.layers = (int)app_parse_long("--layers", v, 1, 256);
+    else if ((v = app_flag_value(argc, argv, &i, "--vocab"))) o->model.vocab = (int)app_parse_long("--vocab", v, 256, 1 << 20);
     else if ((v = app_flag_value(argc, argv, &i, "--channels"))) o->model.channels = (int)app_parse_long("--channels", v, 1, 1 << 16);
     else if ((v = app_flag_value(argc, argv, &i, "--heads"))) o->model.heads = (int)app_parse_long("--heads", v, 1, 1024);
     else if ((v = app_flag_value(argc, argv, &i, "--seq"))) o->model.seq = (int)app_parse_long("--seq", v, 1, 1 << 16);
@@ -155,6 +163,12 @@ static void build_config(const gpt_options *o, int world, td_train_config *cfg) 
   if (o->grad_accum > 0) cfg->grad_accum = (int)o->grad_accum;
   if (o->save_every > 0) cfg->checkpoint_every = o->save_every;
   if (o->activation_checkpointing) cfg->activation_checkpointing = 1;
+  if (o->device) {
+    td_device dev;
+    if (strlen(o->device) >= sizeof cfg->device || td_device_parse(o->device, &dev) != TD_OK)
+      app_usage_error("--device %s: use cpu, cuda or cuda:N", o->device);
+    snprintf(cfg->device, sizeof cfg->device, "%s", o->device);
+  }
   td_offload_config *off = &cfg->offload;
   if (o->offload_optimizer)
     offload_flag("--offload-optimizer", o->offload_optimizer, &off->optimizer_device, off->optimizer_nvme_path,
@@ -175,7 +189,7 @@ static void build_config(const gpt_options *o, int world, td_train_config *cfg) 
  * stage (rank 0 prints; stdout, one line per stage, key=value pairs). */
 static void print_estimates(const td_model *model, const td_train_config *cfg, int world) {
   printf("%s: memory per rank at world=%d, params=%zu, micro_batch=%d (MiB; model states = params + grads + "
-         "optimizer + live + deterministic; DeepSpeed estimate_zero3_model_states_mem_needs_all_live)\n",
+         "optimizer + live + deterministic + replicas; DeepSpeed estimate_zero3_model_states_mem_needs_all_live)\n",
          app_name, world, model->n_params, cfg->micro_batch);
   for (int stage = 0; stage <= 3; stage++) {
     td_memory_estimate e;
@@ -185,10 +199,10 @@ static void print_estimates(const td_model *model, const td_train_config *cfg, i
       exit(1);
     }
     const double mib = 1024.0 * 1024.0;
-    printf("stage=%d params=%.1f grads=%.1f optimizer=%.1f live=%.1f deterministic=%.1f model_states=%.1f "
-           "activations=%.1f total=%.1f model_state_bytes=%zu disk=%.1f disk_bytes=%zu\n",
+    printf("stage=%d params=%.1f grads=%.1f optimizer=%.1f live=%.1f deterministic=%.1f replicas=%.1f "
+           "model_states=%.1f activations=%.1f total=%.1f model_state_bytes=%zu disk=%.1f disk_bytes=%zu\n",
            stage, e.params / mib, e.grads / mib, e.optimizer / mib, e.live / mib, e.deterministic / mib,
-           e.model_states / mib,
+           e.replicas / mib, e.model_states / mib,
            e.activations / mib, (e.model_states + e.activations) / mib, e.model_states, e.disk / mib, e.disk);
   }
   fflush(stdout);
@@ -240,6 +254,10 @@ static int elastic_main(const gpt_options *opt) {
   const char *w = getenv("TANDEM_WORLD_SIZE");
   td_train_config cfg;
   build_config(opt, w ? (int)app_parse_long("TANDEM_WORLD_SIZE", w, 1, 1 << 20) : 1, &cfg);
+  const char *dev_spec = cfg.device[0] ? cfg.device : getenv("TANDEM_DEVICE");
+  if (dev_spec && *dev_spec && strcmp(dev_spec, "cpu"))
+    app_usage_error("--elastic trains on the CPU only for now (device %s asked): drop --elastic or use --device cpu",
+                    dev_spec);
   td_dataset *data = NULL;
   td_status s = td_text_dataset_open(opt->data_path, opt->model.seq, &data);
   if (s != TD_OK) app_fail(NULL, "opening the text corpus", s);
@@ -256,20 +274,36 @@ int main(int argc, char **argv) {
   app_name = "train-gpt";
   gpt_options opt;
   parse_args(argc, argv, &opt);
-  if (opt.elastic || app_elastic_env() || app_config_elastic(&opt.common)) return elastic_main(&opt);
+  /* --estimate-memory under --elastic: the table, with the elastic copies */
+  int elastic = opt.elastic || app_elastic_env() || app_config_elastic(&opt.common);
+  if (elastic && !opt.estimate_memory) return elastic_main(&opt);
 
   app_run run;
   app_begin(&run, opt.common.metrics_path, 1);
   td_train_config cfg;
   build_config(&opt, run.world, &cfg);
+  /* The device comes before the model, which is created on it. */
+  td_device dev;
+  td_status s = td_train_device_select(cfg.device, run.comm ? td_comm_local_rank(run.comm) : 0, &dev);
+  if (s != TD_OK) app_fail(&run, "choosing the device", s);
+  if (dev.kind != TD_DEVICE_CPU) {
+    char name[16];
+    fprintf(stderr, "%s: error: %s is there, but the training engine does not run on a CUDA device yet (its "
+                    "parameter, gradient and optimizer arenas, optimizer step and checkpoints are host memory only; "
+                    "issue 18): use --device cpu\n",
+            app_name, td_device_name(dev, name, sizeof name));
+    if (run.comm && run.world > 1) td_comm_abort(run.comm, "no device training engine yet");
+    exit(APP_EXIT_FAIL);
+  }
 
   td_dataset *data = NULL;
-  td_status s = td_text_dataset_open(opt.data_path, opt.model.seq, &data);
+  s = td_text_dataset_open(opt.data_path, opt.model.seq, &data);
   if (s != TD_OK) app_fail(&run, "opening the text corpus", s);
   td_model *model = NULL;
   s = td_gpt_create(&opt.model, &model);
   if (s != TD_OK) app_fail(&run, "creating the GPT model", s);
   if (opt.estimate_memory) {
+    if (elastic) cfg.elasticity.enabled = 1; /* the buddy copies and deterministic reduction */
     if (run.rank == 0) print_estimates(model, &cfg, run.world);
     app_end(&run);
     td_model_destroy(model);

@@ -2,7 +2,13 @@
  *
  *   tandemrun -np N tandem-bench {allreduce|reduce_scatter|allgather|broadcast|alltoall}
  *       [-b MINBYTES] [-e MAXBYTES] [-f FACTOR] [-n ITERS] [-w WARMUP] [-c 0|1]
- *       [-d DTYPE] [-o OP] [-i 0|1] [-r ROOT] [-T MAXBYTES_PER_SIZE]
+ *       [-d DTYPE] [-o OP] [-i 0|1] [-r ROOT] [-T MAXBYTES_PER_SIZE] [-D DEVICE]
+ *
+ * -D cuda[:N] puts the buffers in device memory (td_device_alloc): the
+ * collective then runs on Tandem's device path (NCCL, or staged through
+ * pinned host memory: src/comm/device); inputs are filled and results
+ * checked in host mirrors copied to and from the device outside the timing.
+ * Compare its busbw with the same command without -D (host buffers).
  *
  * Rank 0 prints '#' comment lines (world, transport, TANDEM_* settings, the
  * command, the time td_comm_init took on the slowest rank), a '#' header
@@ -26,6 +32,7 @@
  * failing rank prints td_comm_last_error to stderr). */
 #include "base/base.h"
 #include "tandem/tandem.h"
+#include "tandem/device.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -53,6 +60,8 @@ typedef struct bench_opts {
   int iters, warmup, check, in_place, root, shared;
   td_dtype dtype;
   td_op op;
+  const char *device_spec; /* -D: NULL for host buffers */
+  td_device device;
 } bench_opts;
 
 static void usage(FILE *f) {
@@ -65,6 +74,7 @@ static void usage(FILE *f) {
           "  -r broadcast root (0), -T cap on bytes per rank per size, which lowers -n for large sizes (2G)\n"
           "  -R 1: buffers from td_mem_alloc (host-shared, as a training job's gradients; default),\n"
           "     -R 0: from malloc (what a caller with its own buffers gets)\n"
+          "  -D cuda[:N]: buffers in device memory (the device collective path); default: host\n"
           "  run it under tandemrun, e.g. tandemrun -np 2 tandem-bench allreduce -b 4K -e 256M -f 4\n");
 }
 
@@ -141,6 +151,13 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
     case 'i': if (parse_int_arg(flag, val, 0, &o->in_place)) return -1; break;
     case 'R': if (parse_int_arg(flag, val, 0, &o->shared)) return -1; break;
     case 'r': if (parse_int_arg(flag, val, 0, &o->root)) return -1; break;
+    case 'D':
+      if (td_device_parse(val, &o->device) != TD_OK) {
+        fprintf(stderr, "tandem-bench: -D %s: %s\n", val, td_last_error());
+        return -1;
+      }
+      o->device_spec = val;
+      break;
     case 'd':
       if (td_dtype_parse(val, &o->dtype)) {
         fprintf(stderr, "tandem-bench: -d %s: expected f32, f64, f16, bf16, i32, i64 or u8\n", val);
@@ -223,6 +240,7 @@ static bool elem_ok(double got, double want, td_dtype dtype, td_op op, bool redu
  * tandem/comm.h; with in_place, the op reads and writes `recv`. */
 typedef struct bench_bufs {
   void *send, *recv;
+  void *dev_send, *dev_recv; /* -D: the device buffers the collective runs on; send/recv mirror them */
   size_t count;      /* the count argument of the call */
   size_t elems;      /* elements of the whole buffer reported (alltoall: count * n) */
   size_t send_elems, recv_elems;
@@ -384,6 +402,25 @@ static void bench_free(const bench_opts *o, void *p) {
     td_free(p);
 }
 
+/* -D: the buffers the collective runs on (device), and copies between them
+ * and the host mirrors that fill_inputs/count_wrong use. */
+static bench_bufs on_device(const bench_bufs *b) {
+  bench_bufs d = *b;
+  d.send = b->dev_send;
+  d.recv = b->dev_recv;
+  return d;
+}
+
+static td_status mirror(const bench_opts *o, bench_bufs *b, bool to_device) {
+  td_device host = {TD_DEVICE_CPU, 0};
+  size_t es = td_dtype_size(o->dtype);
+  if (to_device) {
+    if (b->send_elems) TD_CHECK(td_device_copy(b->dev_send, o->device, b->send, host, b->send_elems * es));
+    return td_device_copy(b->dev_recv, o->device, b->recv, host, b->recv_elems * es);
+  }
+  return td_device_copy(b->recv, host, b->dev_recv, o->device, b->recv_elems * es);
+}
+
 static int fail_call(td_comm *comm, int rank, const char *what, td_status st) {
   fprintf(stderr, "tandem-bench: rank %d: %s failed: %s: %s\n", rank, what, td_status_str(st),
           comm ? td_comm_last_error(comm) : td_last_error());
@@ -397,7 +434,10 @@ static void print_preamble(const bench_opts *o, td_comm *comm, int argc, char **
   printf("# dtype %s, op %s, %s, check %s, iters %d (at most %zu bytes per rank per size), warmup %d\n",
          td_dtype_name(o->dtype), td_op_name(o->op), o->in_place ? "in place" : "out of place",
          o->check ? "on" : "off", o->iters, o->max_total_bytes, o->warmup);
-  printf("# buffers: %s\n", o->shared ? "host-shared (td_mem_alloc, -R 1)" : "malloc (-R 0)");
+  if (o->device_spec)
+    printf("# buffers: device %s (td_device_alloc, -D); inputs and checks through host copies\n", o->device_spec);
+  else
+    printf("# buffers: %s\n", o->shared ? "host-shared (td_mem_alloc, -R 1)" : "malloc (-R 0)");
   /* Settings that choose transports and algorithms, so that a row can be
    * reproduced; per-rank identity variables are left out. */
   printf("# env:");
@@ -440,6 +480,11 @@ int main(int argc, char **argv) {
     return 1;
   }
   int rank = td_comm_rank(comm), n = td_comm_size(comm);
+  if (o.device_spec && (st = td_device_open(o.device)) != TD_OK) {
+    fprintf(stderr, "tandem-bench: rank %d: -D %s: %s\n", rank, o.device_spec, td_last_error());
+    td_comm_destroy(comm);
+    return 2;
+  }
   if (o.kind == B_BROADCAST && o.root >= n) {
     if (rank == 0) fprintf(stderr, "tandem-bench: -r %d: root must be below the world size %d\n", o.root, n);
     td_comm_destroy(comm);
@@ -471,11 +516,21 @@ int main(int argc, char **argv) {
       bench_free(&o, b.recv);
       break;
     }
+    if (o.device_spec &&
+        ((b.send_elems && td_device_alloc(o.device, b.send_elems * es, &b.dev_send) != TD_OK) ||
+         td_device_alloc(o.device, b.recv_elems * es, &b.dev_recv) != TD_OK)) {
+      fprintf(stderr, "tandem-bench: rank %d: -D %s: %s\n", rank, o.device_spec, td_last_error());
+      rc = 1;
+      goto size_done;
+    }
     fill_inputs(&o, &b, rank, n);
+    if (o.device_spec && (st = mirror(&o, &b, true)) != TD_OK) { rc = fail_call(NULL, rank, "copy to the device", st); goto size_done; }
+    bench_bufs run = o.device_spec ? on_device(&b) : b;
 
     int64_t wrong = 0;
     if (o.check) {
-      if ((st = run_once(&o, &b, comm, rank, n)) != TD_OK) { rc = fail_call(comm, rank, o.kind_name, st); goto size_done; }
+      if ((st = run_once(&o, &run, comm, rank, n)) != TD_OK) { rc = fail_call(comm, rank, o.kind_name, st); goto size_done; }
+      if (o.device_spec && (st = mirror(&o, &b, false)) != TD_OK) { rc = fail_call(NULL, rank, "copy from the device", st); goto size_done; }
       wrong = count_wrong(&o, &b, rank, n);
       if ((st = td_allreduce(&wrong, &wrong, 1, TD_I64, TD_SUM, comm)) != TD_OK) {
         rc = fail_call(comm, rank, "allreduce of the error count", st);
@@ -492,11 +547,11 @@ int main(int argc, char **argv) {
     }
     if (warmup > iters) warmup = iters;
     for (int w = 0; w < warmup; w++)
-      if ((st = run_once(&o, &b, comm, rank, n)) != TD_OK) { rc = fail_call(comm, rank, o.kind_name, st); goto size_done; }
+      if ((st = run_once(&o, &run, comm, rank, n)) != TD_OK) { rc = fail_call(comm, rank, o.kind_name, st); goto size_done; }
     if ((st = td_barrier(comm)) != TD_OK) { rc = fail_call(comm, rank, "barrier", st); goto size_done; }
     double t0 = td_now();
     for (int it = 0; it < iters; it++)
-      if ((st = run_once(&o, &b, comm, rank, n)) != TD_OK) { rc = fail_call(comm, rank, o.kind_name, st); goto size_done; }
+      if ((st = run_once(&o, &run, comm, rank, n)) != TD_OK) { rc = fail_call(comm, rank, o.kind_name, st); goto size_done; }
     double per_call = (td_now() - t0) / iters;
     if ((st = td_allreduce(&per_call, &per_call, 1, TD_F64, TD_MAX, comm)) != TD_OK) {
       rc = fail_call(comm, rank, "allreduce of the timings", st);
@@ -513,6 +568,10 @@ int main(int argc, char **argv) {
   size_done:
     bench_free(&o, b.send);
     bench_free(&o, b.recv);
+    if (o.device_spec) {
+      td_device_free(o.device, b.dev_send);
+      td_device_free(o.device, b.dev_recv);
+    }
     if (rc) break;
   }
 

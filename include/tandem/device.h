@@ -95,6 +95,15 @@ td_device td_pointer_device(const void *ptr);
 td_status td_host_alloc_pinned(size_t bytes, void **out);
 void td_host_free_pinned(void *ptr);
 
+/* Page-lock host memory allocated elsewhere (cudaHostRegister), e.g. a
+ * td_mem_alloc buffer that other ranks also map (the staged device
+ * collectives' chunks), so that copies between it and a GPU are
+ * asynchronous DMA. Without a GPU (or a CUDA backend) there is nothing to
+ * do: TD_OK. td_host_unregister undoes it before the memory is freed
+ * (accepts NULL). */
+td_status td_host_register(void *ptr, size_t bytes);
+void td_host_unregister(void *ptr);
+
 /* A queue of work on one device, executed in order. CUDA: a cudaStream_t
  * (blocking with respect to the legacy default stream). CPU: every operation
  * runs at once in the calling thread, so a CPU stream is always idle. */

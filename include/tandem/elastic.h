@@ -85,6 +85,11 @@ int td_elastic_size(const td_elastic *e);     /* world size of the current epoch
 long td_elastic_id(const td_elastic *e);      /* this process's launch number (TANDEM_ELASTIC_ID) */
 /* Membership changes this process went through since td_elastic_create. */
 int td_elastic_resets(const td_elastic *e);
+/* Bytes of the copies this process keeps for recovery: the last two commits
+ * of every whole buffer, of this rank's shard and of each ward's (buddy
+ * replicas). Every copy is written whole at a commit, so this is what they
+ * hold resident once two commits were taken. Local. */
+size_t td_elastic_copy_bytes(const td_elastic *e);
 
 /* Register `bytes` bytes at `ptr` as part of the state (parameters,
  * optimizer state, a step counter, a sampler position...). Registering a

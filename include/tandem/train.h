@@ -32,6 +32,7 @@
 
 #include "base.h"
 #include "comm.h"
+#include "device.h"
 #include "elastic.h"
 #include "nn.h"
 
@@ -177,7 +178,21 @@ typedef struct td_train_config {
    * loss scale of the saved run assume its batch. 1: load it anyway
    * (checkpoint.allow_batch_size_change; default 0). */
   int allow_batch_size_change;
+  /* Where the model trains: "cpu", "cuda" or "cuda:N" (config key "device";
+   * "": TANDEM_DEVICE, else "cpu"). td_train_device_select turns it into a
+   * td_device for this rank. */
+  char device[16];
 } td_train_config;
+
+/* The device this rank trains on, from spec ("cpu", "cuda", "cuda:N"; NULL
+ * or "": TANDEM_DEVICE, else "cpu"). "cuda" without an index picks
+ * cuda:(local_rank % visible GPUs), so that a host's ranks spread over its
+ * GPUs and share them when there are more ranks than GPUs (two ranks on one
+ * GPU is the staged-collective case). The device is opened (made current on
+ * this thread); a bad spelling, a build without CUDA, no GPU or an index
+ * beyond the visible GPUs fail with the device layer's message, naming
+ * where the spec came from. */
+td_status td_train_device_select(const char *spec, int local_rank, td_device *out);
 
 /* DeepSpeed's elastic batch choice (v0.1, deepspeed.elasticity): the
  * largest-compatibility global batch for cfg's micro_batch_sizes,
@@ -266,8 +281,10 @@ typedef struct td_step_stats {
   double loss_scale;  /* fp16: the loss scale after this step (1 otherwise) */
 } td_step_stats;
 
-/* Create a trainer. Collective over comm (broadcasts the parameters from rank
- * 0); comm may be NULL for a world of one. The trainer borrows model, dataset
+/* Create a trainer. Collective over comm (stages 0-2 broadcast the
+ * parameters from rank 0; at ZeRO stage 3 each rank initializes only its
+ * own shard, in place, td_model_init_params_range); comm may be NULL for a
+ * world of one. The trainer borrows model, dataset
  * and comm (the caller keeps ownership and destroys them after the trainer);
  * cfg is copied and resolved (td_train_config_resolve). Prepares the model
  * for micro_batch, allocates the arenas, initializes the parameters from
@@ -361,8 +378,13 @@ void td_trainer_set_trace(td_trainer *trainer, td_train_trace_fn fn, void *ctx);
  *   deterministic: deterministic reduction's whole-model gradient vectors
  *     and exchange buffers (deterministic_reduction 1, or -1 with
  *     "elasticity" enabled; 0 otherwise);
- *   model_states: params + grads + optimizer + live + deterministic (what
- *     the trainer's td_trainer_model_state_bytes measures);
+ *   replicas: under elastic training ("elasticity" enabled) the copies kept
+ *     for recovery (td_elastic_copy_bytes): the last two commits of the
+ *     whole parameters and optimizer state at stage 0; at stages 1-3 of
+ *     this rank's shards of them and of one ward's (uneven hosts can give
+ *     a rank several wards: more); 0 otherwise;
+ *   model_states: params + grads + optimizer + live + deterministic +
+ *     replicas (what the trainer's td_trainer_model_state_bytes measures);
  *   activations: the model's activation and scratch memory for micro_batch
  *     (0 if the model does not say).
  * cfg must be resolved for `world` (td_train_config_resolve). Local, pure. */
@@ -370,7 +392,7 @@ typedef struct td_memory_estimate {
   int stage, world;
   size_t n_params, shard_params;
   size_t params, grads, optimizer, live, model_states, activations;
-  size_t deterministic;
+  size_t deterministic, replicas;
   /* NVMe offload (cfg->offload; stage 3): params and optimizer above count
    * only what stays in RAM; disk is the bytes of this rank's files under
    * nvme_path, offload_buffers the RAM of the optimizer's tile buffers
@@ -400,7 +422,8 @@ td_status td_trainer_offload_stats(const td_trainer *trainer, td_offload_stats *
 
 /* Model-state bytes this rank holds, measured: the resident pages (mincore)
  * of the parameter and gradient arenas, of the optimizer state (offloaded:
- * its RAM tile buffers) and of deterministic reduction's buffers; at stages
+ * its RAM tile buffers) and of deterministic reduction's buffers, plus the
+ * elastic state's copies (td_elastic_copy_bytes) once registered; at stages
  * 1-3 the highest such count during the first two steps (or now, if
  * more). Local. */
 size_t td_trainer_model_state_bytes(const td_trainer *trainer);

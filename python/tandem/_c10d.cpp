@@ -2,8 +2,12 @@
 // built against Debian's libtorch-dev 1.13.
 //
 // Each collective is issued at once as a Tandem non-blocking operation on the
-// caller's tensors (contiguous CPU tensors by pointer; others through a
-// contiguous staging copy, copied back at completion). One completion thread
+// caller's tensors (contiguous CPU or CUDA tensors by pointer; others through
+// a contiguous staging copy on the same device, copied back at completion).
+// CUDA tensors: Tandem reduces device memory itself (NCCL or staged through
+// pinned host memory, src/comm/device); before a call reads one, ready()
+// synchronizes torch's current stream of its device, so whatever torch
+// queued that writes it (backward, a staging copy) has finished. One completion thread
 // per process group waits for the requests in issue order, runs the
 // copy-backs and completes each Work's Future, which is what DDP's reducer
 // waits on, so buckets are reduced while backward continues.
@@ -17,6 +21,7 @@
 #include <torch/extension.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <condition_variable>
 #include <deque>
@@ -62,10 +67,18 @@ td_op op_of(const c10d::ReduceOp &op, const char *call) {
   }
 }
 
-void check_cpu(const at::Tensor &t, const char *call) {
-  TORCH_CHECK(t.device().is_cpu(), "ProcessGroup tandem: ", call, ": tensor is on ", t.device(),
-              "; Tandem serves CPU tensors");
+void check_placement(const at::Tensor &t, const char *call) {
+  TORCH_CHECK(t.device().is_cpu() || t.device().is_cuda(), "ProcessGroup tandem: ", call, ": tensor is on ",
+              t.device(), "; Tandem serves CPU and CUDA tensors");
   TORCH_CHECK(!t.is_sparse(), "ProcessGroup tandem: ", call, ": sparse tensors are not supported");
+}
+
+// Torch's work queued on t's device has finished (CUDA: its current stream
+// synchronized, through c10's device interface, so this file needs no CUDA
+// header and builds against a CPU-only libtorch). CPU tensors: nothing.
+void ready(const at::Tensor &t) {
+  if (!t.device().is_cuda()) return;
+  c10::impl::getDeviceGuardImpl(t.device().type())->getStream(t.device()).synchronize();
 }
 
 class WorkTandem;
@@ -251,6 +264,7 @@ class ProcessGroupTandem : public c10d::ProcessGroup {
     std::vector<at::Tensor> keep;
     for (auto &t : tensors) {
       Staged s = stage(t, call);
+      ready(s.buf);
       td_request *r = nullptr;
       void *p = s.buf.data_ptr();
       check(api->iallreduce(p, p, s.buf.numel(), dtype_of(t, call), op_of(opts.reduceOp, call), comm_, &r), call);
@@ -284,6 +298,7 @@ class ProcessGroupTandem : public c10d::ProcessGroup {
     // Every rank's block in one flat buffer (equal blocks: shard r is block r).
     at::Tensor flat = at::empty({(int64_t)getSize() * in.numel()}, in.options());
     td_request *r = nullptr;
+    ready(in);
     check(api->iallgather(in.data_ptr(), flat.data_ptr(), flat.numel(), dtype_of(in, call), comm_, &r), call);
     std::vector<at::Tensor> outs = outputs[0];
     int64_t n = in.numel();
@@ -296,12 +311,13 @@ class ProcessGroupTandem : public c10d::ProcessGroup {
   c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor &output, at::Tensor &input,
                                                  const c10d::AllgatherOptions &opts) override {
     const char *call = "_allgather_base";
-    check_cpu(input, call);
+    check_placement(input, call);
     TORCH_CHECK(output.numel() == input.numel() * getSize(), "ProcessGroup tandem: ", call,
                 ": output must hold size * input elements");
     at::Tensor in = input.contiguous();
     Staged s = stage(output, call);
     td_request *r = nullptr;
+    ready(in);
     check(api->iallgather(in.data_ptr(), s.buf.data_ptr(), s.buf.numel(), dtype_of(in, call), comm_, &r), call);
     std::vector<at::Tensor> outs{output};
     return submit(c10d::OpType::_ALLGATHER_BASE, {r}, outs, s.copy_back(output), {in, s.buf});
@@ -324,6 +340,7 @@ class ProcessGroupTandem : public c10d::ProcessGroup {
     at::Tensor flat = at::cat(flat_in);
     Staged s = stage(out, call);
     td_request *r = nullptr;
+    ready(flat);
     check(api->ireduce_scatter(flat.data_ptr(), s.buf.data_ptr(), flat.numel(), dtype_of(out, call),
                                op_of(opts.reduceOp, call), comm_, &r),
           call);
@@ -333,12 +350,13 @@ class ProcessGroupTandem : public c10d::ProcessGroup {
   c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor &output, at::Tensor &input,
                                                       const c10d::ReduceScatterOptions &opts) override {
     const char *call = "_reduce_scatter_base";
-    check_cpu(input, call);
+    check_placement(input, call);
     TORCH_CHECK(input.numel() == output.numel() * getSize(), "ProcessGroup tandem: ", call,
                 ": input must hold size * output elements");
     at::Tensor in = input.contiguous();
     Staged s = stage(output, call);
     td_request *r = nullptr;
+    ready(in);
     check(api->ireduce_scatter(in.data_ptr(), s.buf.data_ptr(), in.numel(), dtype_of(in, call),
                                op_of(opts.reduceOp, call), comm_, &r),
           call);
@@ -351,8 +369,8 @@ class ProcessGroupTandem : public c10d::ProcessGroup {
                                                std::vector<int64_t> &inputSplitSizes,
                                                const c10d::AllToAllOptions &opts) override {
     const char *call = "alltoall_base";
-    check_cpu(input, call);
-    check_cpu(output, call);
+    check_placement(input, call);
+    check_placement(output, call);
     TORCH_CHECK(input.scalar_type() == output.scalar_type(), "ProcessGroup tandem: ", call,
                 ": input and output must have the same dtype");
     int n = getSize();
@@ -362,6 +380,7 @@ class ProcessGroupTandem : public c10d::ProcessGroup {
       at::Tensor in = input.contiguous();
       Staged s = stage(output, call);
       td_request *r = nullptr;
+      ready(in);
       check(api->ialltoall(in.data_ptr(), s.buf.data_ptr(), in.numel() / n, dtype_of(in, call), comm_, &r), call);
       std::vector<at::Tensor> outs{output};
       return submit(c10d::OpType::ALLTOALL_BASE, {r}, outs, s.copy_back(output), {in, s.buf});
@@ -402,6 +421,7 @@ class ProcessGroupTandem : public c10d::ProcessGroup {
     one_tensor(tensors, call);
     at::Tensor &t = tensors[0];
     Staged s = stage(t, call);
+    ready(s.buf);
     td_request *r = nullptr;
     check(issue(s.buf.data_ptr(), (size_t)s.buf.numel(), dtype_of(t, call), &r), call);
     return submit(type, {r}, tensors, s.copy_back(t), {s.buf});
@@ -455,6 +475,7 @@ class ProcessGroupTandem : public c10d::ProcessGroup {
       if (in_splits[j]) send.narrow(0, j * big, in_splits[j]).copy_(in.narrow(0, off, in_splits[j]));
     at::Tensor recv = at::empty({(int64_t)n * big, row}, input.options());
     r = nullptr;
+    ready(send);
     check(api->ialltoall(send.data_ptr(), recv.data_ptr(), (size_t)(big * row), dt, comm_, &r), call);
     std::vector<at::Tensor> outs{output};
     auto back = [output, recv, out_splits, big, row, n]() mutable {
@@ -480,7 +501,7 @@ class ProcessGroupTandem : public c10d::ProcessGroup {
   // The tensor itself when contiguous; otherwise a contiguous copy whose
   // result is copied back at completion.
   Staged stage(at::Tensor &t, const char *call) {
-    check_cpu(t, call);
+    check_placement(t, call);
     dtype_of(t, call);
     if (t.is_contiguous()) return Staged{t, false};
     return Staged{t.contiguous(), true};
@@ -489,7 +510,7 @@ class ProcessGroupTandem : public c10d::ProcessGroup {
   void one_tensor(std::vector<at::Tensor> &tensors, const char *call) {
     TORCH_CHECK(tensors.size() == 1, "ProcessGroup tandem: ", call, ": takes exactly one tensor per rank, got ",
                 tensors.size());
-    check_cpu(tensors[0], call);
+    check_placement(tensors[0], call);
   }
 
   void check(td_status st, const char *call) {
@@ -509,7 +530,13 @@ class ProcessGroupTandem : public c10d::ProcessGroup {
   c10::intrusive_ptr<c10d::Work> submit(c10d::OpType type, std::vector<td_request *> reqs,
                                         std::vector<at::Tensor> outputs, std::function<void()> finish,
                                         std::vector<at::Tensor> keep) {
-    auto fut = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+    // A Future holding CUDA tensors must name their devices (markCompleted
+    // refuses tensors on devices it was not told of; DDP waits on it).
+    std::vector<c10::Device> devices;
+    for (auto &t : outputs)
+      if (t.device().is_cuda() && std::find(devices.begin(), devices.end(), t.device()) == devices.end())
+        devices.push_back(t.device());
+    auto fut = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()), devices);
     auto work = c10::make_intrusive<WorkTandem>(getRank(), type, fut, outputs);
     completer_->push(Completer::Item{std::move(reqs), std::move(finish), fut, std::move(outputs), std::move(keep)});
     return work;

@@ -6,6 +6,7 @@
  * is pending, queued otherwise. */
 #include "comm/core/core.h"
 #include "comm/progress/progress.h"
+#include "comm/device/device_coll.h"
 
 #include <stdint.h>
 #include <string.h>
@@ -94,7 +95,8 @@ static comm_op make_op(comm_kind kind, const void *send, void *recv, size_t coun
 /* Hand a validated op (sequence number assigned) to the engine. */
 static td_status issue(td_comm *comm, const comm_op *op, td_request **req_out) {
   if (comm->size == 1) {
-    self_execute(op);
+    if (op->on_device) TD_CHECK(device_coll_execute(comm, op));
+    else self_execute(op);
     if (!req_out) return TD_OK;
     *req_out = progress_request_done(TD_OK);
     return *req_out ? TD_OK : td_error(TD_ERR_SYSTEM, "out of memory allocating a request");
@@ -103,7 +105,17 @@ static td_status issue(td_comm *comm, const comm_op *op, td_request **req_out) {
   return progress_run_blocking(comm, op);
 }
 
+/* A collective on device buffers is set up (first time) and takes one
+ * sequence number per staged chunk (comm/device/device_coll.h). */
 static td_status issue_collective(td_comm *comm, comm_op *op, td_request **req_out) {
+  td_device dev;
+  if (device_coll_wants(comm, op, &dev)) {
+    TD_CHECK(device_coll_setup(comm, dev));
+    op->on_device = true;
+    op->seq = comm->coll_seq;
+    comm->coll_seq += device_coll_seq_span(comm, op);
+    return issue(comm, op, req_out);
+  }
   op->seq = comm->coll_seq++;
   return issue(comm, op, req_out);
 }
@@ -209,6 +221,10 @@ static td_status do_p2p(comm_kind kind, void *buf, size_t count, td_dtype dtype,
                     kind == COMM_SEND ? "send to" : "receive from");
   TD_CHECK(check_count(count, 1, dtype, fn_name));
   TD_CHECK(check_buf(buf, count, "the", fn_name));
+  if (buf && td_pointer_device(buf).kind != TD_DEVICE_CPU)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "%s: the buffer is device memory, which send/recv do not take yet: copy "
+                                             "it to host memory (td_device_copy) first",
+                    fn_name);
   comm_op o = make_op(kind, buf, buf, count, dtype, TD_SUM, -1);
   o.peer = peer;
   o.seq = kind == COMM_SEND ? comm->send_seq[peer]++ : comm->recv_seq[peer]++;

@@ -9,6 +9,7 @@
  * hosts uses tcp between all pairs, including ranks on the same host: a
  * hierarchical shm-inside/tcp-across transport is out of scope for now. */
 #include "comm/core/core.h"
+#include "comm/device/device_coll.h"
 #include "comm/progress/progress.h"
 #include "comm/rendezvous/rendezvous.h"
 #include "comm/select/select.h"
@@ -297,6 +298,9 @@ void td_comm_destroy(td_comm *comm) {
   if (comm->queue && progress_busy(comm) && comm_status(comm) == TD_OK)
     comm_fail(comm, TD_ERR_INVALID_USAGE, "communicator destroyed while operations were still pending");
   if (comm->queue) progress_stop(comm);
+  /* after the progress thread: nothing runs on the device streams now */
+  device_coll_destroy(comm->dev);
+  comm->dev = NULL;
   if (comm->xport) {
     transport *x = comm->xport;
     comm->xport = NULL;

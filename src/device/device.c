@@ -273,6 +273,22 @@ void td_host_free_pinned(void *ptr) {
   TD_WARN("td_host_free_pinned(%p): not memory from td_host_alloc_pinned; not freed", ptr);
 }
 
+td_status td_host_register(void *ptr, size_t bytes) {
+  if (!ptr || !bytes) return TD_OK;
+#ifdef TD_HAVE_CUDA
+  if (td_cudadev_count(NULL, 0) > 0) return td_cudadev_host_register(ptr, bytes);
+#endif
+  return TD_OK;
+}
+
+void td_host_unregister(void *ptr) {
+#ifdef TD_HAVE_CUDA
+  if (ptr && td_cudadev_count(NULL, 0) > 0) td_cudadev_host_unregister(ptr);
+#else
+  (void)ptr;
+#endif
+}
+
 /* ---- streams and events ---- */
 
 td_status td_stream_create(td_device dev, td_stream **out) {

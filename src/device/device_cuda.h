@@ -26,6 +26,9 @@ int td_cudadev_pointer_index(const void *ptr);
 /* cudaHostAlloc, or NULL without a message when it fails */
 void *td_cudadev_host_alloc(size_t bytes);
 void td_cudadev_host_free(void *ptr);
+/* cudaHostRegister / cudaHostUnregister (errors of the latter are dropped) */
+td_status td_cudadev_host_register(void *ptr, size_t bytes);
+void td_cudadev_host_unregister(void *ptr);
 
 /* Streams: *native receives the cudaStream_t, *blocker an event with
  * cudaEventBlockingSync that td_cudadev_stream_sync records and waits on. */

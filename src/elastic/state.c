@@ -153,6 +153,19 @@ int td_elastic_size(const td_elastic *e) { return e ? e->m.n_members : 0; }
 long td_elastic_id(const td_elastic *e) { return e ? e->m.uid : -1; }
 int td_elastic_resets(const td_elastic *e) { return e ? e->resets : 0; }
 
+size_t td_elastic_copy_bytes(const td_elastic *e) {
+  if (!e) return 0;
+  size_t bytes = 0;
+  for (int i = 0; i < e->n_bufs; i++)
+    for (int g = 0; g < 2; g++)
+      if (e->bufs[i].shadow[g]) bytes += e->bufs[i].bytes;
+  const el_replicas *r = &e->rep;
+  for (int g = 0; g < 2; g++) bytes += r->own[g].cap;
+  for (int w = 0; w < r->n_wards; w++)
+    for (int g = 0; g < 2; g++) bytes += r->wards[w].rep[g].cap;
+  return bytes;
+}
+
 td_status td_elastic_register(td_elastic *e, const char *name, void *ptr, size_t bytes) {
   if (!e || !name || !*name || (!ptr && bytes))
     return td_error(TD_ERR_INVALID_ARGUMENT, "td_elastic_register: state, a name and a buffer are required");

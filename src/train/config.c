@@ -529,7 +529,7 @@ static td_status parse_root(parse_ctx *pc, const cJSON *root) {
       "gradient_accumulation_steps", "train_steps", "seed", "gradient_clipping", "steps_per_print",
       "threads_per_rank", "bucket_bytes", "first_bucket_bytes", "optimizer", "scheduler", "checkpoint",
       "fp16", "bf16", "zero_optimization", "communication_data_type", "activation_checkpointing", "elasticity", "aio",
-      "deterministic_reduction", "deterministic_unit"};
+      "deterministic_reduction", "deterministic_unit", "device"};
   if (!cJSON_IsObject(root))
     return td_error(TD_ERR_INVALID_ARGUMENT, "%s: the config must be a JSON object ({ ... })", pc->source);
   TD_CHECK(check_keys(pc, root, "", keys, (int)TD_ARRAY_SIZE(keys)));
@@ -587,6 +587,13 @@ static td_status parse_root(parse_ctx *pc, const cJSON *root) {
       TD_CHECK(td_elasticity_parse_json(item, pc->source, cfg)); /* src/train/elastic/elastic_config.c */
     } else if (strcmp(k, "aio") == 0) {
       TD_CHECK(td_offload_parse_json(item, pc->source, cfg)); /* src/train/offload/offload_config.c */
+    } else if (strcmp(k, "device") == 0) {
+      td_device dev;
+      if (!cJSON_IsString(item) || strlen(item->valuestring) >= sizeof cfg->device ||
+          td_device_parse(item->valuestring, &dev) != TD_OK)
+        return td_error(TD_ERR_INVALID_ARGUMENT, "%s: \"device\" must be \"cpu\", \"cuda\" or \"cuda:N\"",
+                        pc->source);
+      snprintf(cfg->device, sizeof cfg->device, "%s", item->valuestring);
     } else if (strncmp(k, "deterministic_", 14) == 0) {
       TD_CHECK(td_deterministic_parse_json(item, pc->source, cfg)); /* src/train/deterministic/deterministic_config.c */
     }

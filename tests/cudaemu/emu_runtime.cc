@@ -115,13 +115,14 @@ sched *sched_get() {
 
 __thread cudaError_t last_error = cudaSuccess; /* per host thread, as the runtime's */
 std::mutex table_mutex;
+__thread int current_device = 0;
 struct alloc_info {
   size_t bytes;
   bool device;
+  int index; /* the current device when it was allocated (cudaPointerGetAttributes) */
 };
 std::map<uintptr_t, alloc_info> allocs;          /* device and pinned host */
 std::map<const void *, int> smem_limits;        /* cudaFuncSetAttribute */
-__thread int current_device = 0;
 
 cudaError_t set_error(cudaError_t e) {
   if (e != cudaSuccess) last_error = e;
@@ -251,7 +252,7 @@ bool run_block(sched *s, unsigned n_threads, const launch_cfg &cfg) {
   }
 }
 
-bool range_in_alloc(const void *p, size_t bytes, bool *device_out) {
+bool range_in_alloc(const void *p, size_t bytes, bool *device_out, int *index_out = nullptr) {
   std::lock_guard<std::mutex> lock(table_mutex);
   auto it = allocs.upper_bound((uintptr_t)p);
   if (it == allocs.begin()) return false;
@@ -260,6 +261,7 @@ bool range_in_alloc(const void *p, size_t bytes, bool *device_out) {
   if (q < base || q - base >= (it->second.bytes ? it->second.bytes : 1)) return false;
   if (q - base + bytes > it->second.bytes) return false; /* straddles the end */
   *device_out = it->second.device;
+  if (index_out) *index_out = it->second.index;
   return true;
 }
 
@@ -552,7 +554,7 @@ static cudaError_t emu_alloc(void **ptr, size_t size, bool device) {
   if (device) memset(p, 0xff, rounded); /* "uninitialized": NaN as f32 and bf16 */
   {
     std::lock_guard<std::mutex> lock(table_mutex);
-    allocs[(uintptr_t)p] = alloc_info{size, device};
+    allocs[(uintptr_t)p] = alloc_info{size, device, current_device};
   }
   *ptr = p;
   return cudaSuccess;
@@ -577,6 +579,15 @@ cudaError_t cudaFree(void *ptr) { return emu_free(ptr, true); }
 cudaError_t cudaMallocHost(void **ptr, size_t size) { return emu_alloc(ptr, size, false); }
 cudaError_t cudaHostAlloc(void **ptr, size_t size, unsigned int flags) { return emu_alloc(ptr, size, false); }
 cudaError_t cudaFreeHost(void *ptr) { return emu_free(ptr, false); }
+cudaError_t cudaHostRegister(void *ptr, size_t size, unsigned int flags) {
+  if (!ptr || size == 0) return set_error(cudaErrorInvalidValue);
+  if (side_of(ptr, size) != 0) { /* device memory, or a range across an allocation's end */
+    fprintf(stderr, "cudaemu: cudaHostRegister(%p, %zu bytes): not host memory\n", ptr, size);
+    return set_error(cudaErrorInvalidValue);
+  }
+  return cudaSuccess;
+}
+cudaError_t cudaHostUnregister(void *ptr) { return ptr ? cudaSuccess : set_error(cudaErrorInvalidValue); }
 
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind) {
   return copy_checked(dst, src, count, kind);
@@ -602,9 +613,10 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attributes, c
   if (!attributes) return set_error(cudaErrorInvalidValue);
   memset(attributes, 0, sizeof *attributes);
   bool device = false;
-  if (ptr && range_in_alloc(ptr, 1, &device)) {
+  int index = 0;
+  if (ptr && range_in_alloc(ptr, 1, &device, &index)) {
     attributes->type = device ? cudaMemoryTypeDevice : cudaMemoryTypeHost;
-    attributes->device = 0;
+    attributes->device = index;
     attributes->devicePointer = (void *)ptr;
     attributes->hostPointer = device ? nullptr : (void *)ptr;
   } else {

@@ -27,7 +27,9 @@ them, and compared with the reference tables of docs/ in both directions
                       table that follows `<!-- flags: PROGRAM -->` in docs/.
 
 It also checks that every relative link of README.md and docs/ names a file
-that exists and, with #anchor, a heading of that file.
+that exists and, with #anchor, a heading of that file, and that every path
+of the repository written in backquotes (`src/...`, `tests/...`) exists, so
+that moving a file cannot leave the docs pointing at its old place.
 
 Run from anywhere: python3 tests/docs/check_docs.py [REPO]. Prints what is
 missing where and exits 1, or prints a summary and exits 0.
@@ -301,8 +303,23 @@ def check_links():
     return n
 
 
+REPO_PATH = re.compile(r"`((?:src|include|tools|examples|python|tests|bench|scripts|docs)/[A-Za-z0-9_./-]+)`")
+
+
+def check_paths():
+    n = 0
+    for path in files(["README.md", "docs/**/*.md"]):
+        for p in sorted(set(REPO_PATH.findall(read(path)))):
+            if "DATE" in p:  # a pattern such as bench/results/zperf-DATE.md
+                continue
+            n += 1
+            if not os.path.exists(os.path.join(ROOT, p)):
+                problems.append(f"{rel(path)} names `{p}`, which does not exist")
+    return n
+
+
 def main():
-    n_links = check_links()
+    n_links = check_links() + check_paths()
     n_env = check_env()
     n_keys = check_config()
     n_flags = check_flags()
@@ -315,7 +332,7 @@ def main():
         print(f"check_docs: {len(problems)} problem(s)")
         return 1
     print(f"check_docs: docs/ agrees with the code: {n_env} TANDEM_* variables, {n_keys} config keys, "
-          f"{n_flags} program flags and commands; {n_links} links resolve")
+          f"{n_flags} program flags and commands; {n_links} links and paths resolve")
     return 0
 
 

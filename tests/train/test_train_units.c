@@ -91,6 +91,13 @@ static void test_config_errors(void) {
   CHECK_MSG(parse("{\"optimiser\": {}}", &c), TD_ERR_INVALID_ARGUMENT,
             "test.json: unknown key \"optimiser\"; did you mean \"optimizer\"?");
   CHECK_MSG(parse("{\"train_batch\": 4}", &c), TD_ERR_INVALID_ARGUMENT, "did you mean \"train_batch_size\"?");
+  /* "device": the spelling is checked here, the device itself when the rank selects it */
+  CHECK_OK(parse("{\"device\": \"cuda:3\"}", &c));
+  CHECK(strcmp(c.device, "cuda:3") == 0);
+  CHECK_OK(parse("{}", &c));
+  CHECK(strcmp(c.device, "") == 0);
+  CHECK_MSG(parse("{\"device\": \"gpu\"}", &c), TD_ERR_INVALID_ARGUMENT, "\"device\" must be \"cpu\", \"cuda\" or \"cuda:N\"");
+  CHECK_MSG(parse("{\"device\": 1}", &c), TD_ERR_INVALID_ARGUMENT, "\"device\" must be");
   CHECK_MSG(parse("{\"colour\": 4}", &c), TD_ERR_INVALID_ARGUMENT,
             "unknown key \"colour\"; the keys allowed here are \"train_batch_size\"");
   CHECK_MSG(parse("{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lrr\": 1}}}", &c), TD_ERR_INVALID_ARGUMENT,

@@ -2,7 +2,9 @@
 
 A Horovod PyTorch script runs after changing its import:
     import tandem.torch as hvd
-Tensors are CPU tensors (Tandem is a CPU runtime: nccl_built() is False).
+Tensors are CPU or CUDA tensors: CUDA tensors are reduced on the device, by
+NCCL when every rank has its own GPU and libnccl.so.2 loads, otherwise staged
+through pinned host memory (ops.py says how streams are waited for).
 Importing this module also registers the "tandem" torch.distributed backend
 when the c10d extension was built (docs/python.md)."""
 import os as _os

@@ -1,9 +1,18 @@
-"""horovod.torch's collectives on CPU tensors, over tandem._tandem.
+"""horovod.torch's collectives on CPU and CUDA tensors, over tandem._tandem.
 
 Tensors go to C by data_ptr(), without copies when they are contiguous (a
 non-contiguous input is reduced through a contiguous copy, and an in-place
 call on one copies the result back). A handle is an int, as in Horovod;
-the table below keeps each operation's tensors alive until synchronize()."""
+the table below keeps each operation's tensors alive until synchronize().
+
+CUDA tensors: the C library sees device pointers and runs the collective on
+the device (NCCL when every rank has its own GPU, else staged through pinned
+host memory: src/comm/device). Before C reads a CUDA tensor, _ready()
+synchronizes torch's current stream of its device (whatever torch queued
+there, e.g. the backward that wrote a gradient or the prescale multiply, has
+finished); when a request completes, the results are in device memory, so
+torch work issued after synchronize() sees them. Temporaries are made on
+the input's device."""
 import itertools
 import threading
 
@@ -27,9 +36,9 @@ def _world():
 def _code(tensor, what="tensor"):
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"tandem.torch: {what} must be a torch.Tensor, not {type(tensor).__name__}")
-    if tensor.device.type != "cpu":
-        raise ValueError(f"tandem.torch: {what} is on {tensor.device}; Tandem reduces CPU tensors "
-                         "(move it with .cpu())")
+    if tensor.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"tandem.torch: {what} is on {tensor.device}; Tandem reduces CPU and CUDA tensors "
+                         "(move it with .cpu() or .cuda())")
     if tensor.is_sparse:
         raise ValueError(f"tandem.torch: {what} is sparse; pass tensor.to_dense()")
     try:
@@ -37,6 +46,17 @@ def _code(tensor, what="tensor"):
     except KeyError:
         raise TypeError(f"tandem.torch: {what} has dtype {tensor.dtype}; supported: float32, float64, "
                         "float16, bfloat16, int32, int64, uint8") from None
+
+
+def _ready(*tensors):
+    """Wait until torch's queued work on these tensors' CUDA devices is done
+    (stream synchronize: the C collective reads device memory from its own
+    streams, which know nothing of torch's). CPU tensors: nothing."""
+    seen = set()
+    for t in tensors:
+        if t.is_cuda and t.device not in seen:
+            seen.add(t.device)
+            torch.cuda.current_stream(t.device).synchronize()
 
 
 def _op(op, average=None):
@@ -162,6 +182,7 @@ def _allreduce_start(tensor, output, op, prescale, postscale, compression, name,
     w = w or world
     # a joined rank (hvd.join) learns from this descriptor what to contribute
     desc = _join.announce_async(w, _join.K_ALLREDUCE, src.numel(), code, op) if w is world else None
+    _ready(src, dst)
     req = w.iallreduce(src.data_ptr(), dst.data_ptr(), src.numel(), code, op, keep=(src, dst))
 
     def finish():
@@ -305,6 +326,7 @@ def broadcast_async_(tensor, root_rank, name=None, process_set=None):
         if d is not None and not d[_join.ROOT_ACTIVE]:
             _join.refuse_if_joined(w, d, f"broadcast from root rank {root} (it has joined)")
     buf = tensor if tensor.is_contiguous() else tensor.contiguous()
+    _ready(buf)
     req = w.ibroadcast(buf.data_ptr(), buf.numel(), code, root, keep=buf)
 
     def finish():
@@ -390,13 +412,15 @@ def allgather_async(tensor, name=None, process_set=None):
     big = max(rows)
     total = sum(rows)
     if all(r == big for r in rows):
-        out = torch.empty((total,) + tuple(tensor.shape[1:]), dtype=tensor.dtype)
+        out = torch.empty((total,) + tuple(tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
         src = tensor if tensor.is_contiguous() else tensor.contiguous()
+        _ready(src)
         req = w.iallgather(src.data_ptr(), out.data_ptr(), out.numel(), code, keep=(src, out))
         return _new_handle([req], lambda: out, name)
-    padded = torch.zeros((n * big,) + tuple(tensor.shape[1:]), dtype=tensor.dtype)
+    padded = torch.zeros((n * big,) + tuple(tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
     padded[me * big:me * big + rows[me]] = tensor
     mine = padded[me * big:]
+    _ready(padded)
     req = w.iallgather(mine.data_ptr(), padded.data_ptr(), padded.numel(), code, keep=padded)
 
     def finish():
@@ -478,13 +502,14 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None):
     row_elems = 1
     for d in trailing:
         row_elems *= d
-    send = torch.zeros((n * big,) + trailing, dtype=tensor.dtype)
+    send = torch.zeros((n * big,) + trailing, dtype=tensor.dtype, device=tensor.device)
     off = 0
     for j in range(n):
         k = int(send_splits[j])
         send[j * big:j * big + k] = tensor[off:off + k]
         off += k
     recv = torch.empty_like(send)
+    _ready(send)
     req = w.ialltoall(send.data_ptr(), recv.data_ptr(), big * row_elems, code, keep=(send, recv))
 
     def finish():
@@ -552,14 +577,15 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=None, prescal
         row_elems *= d
     # Every rank's share padded to `big` rows, so that the element shards of
     # the C reduce-scatter fall on row boundaries.
-    src = torch.zeros((n * big,) + trailing, dtype=tensor.dtype)
+    src = torch.zeros((n * big,) + trailing, dtype=tensor.dtype, device=tensor.device)
     off = 0
     for r in range(n):
         src[r * big:r * big + share[r]] = tensor[off:off + share[r]]
         off += share[r]
     if prescale != 1.0:
         src.mul_(prescale)
-    out = torch.empty((big,) + trailing, dtype=tensor.dtype)
+    out = torch.empty((big,) + trailing, dtype=tensor.dtype, device=tensor.device)
+    _ready(src)
     req = w.ireduce_scatter(src.data_ptr(), out.data_ptr(), src.numel(), code, opc, keep=(src, out))
 
     def finish():

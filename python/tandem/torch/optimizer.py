@@ -43,10 +43,10 @@ def _env_bytes(name, default):
 
 
 class _Bucket:
-    __slots__ = ("params", "numel", "dtype", "pending", "flat", "views", "request", "ctx", "wire", "desc")
+    __slots__ = ("params", "numel", "dtype", "device", "pending", "flat", "views", "request", "ctx", "wire", "desc")
 
-    def __init__(self, dtype):
-        self.params, self.numel, self.dtype = [], 0, dtype
+    def __init__(self, dtype, device):
+        self.params, self.numel, self.dtype, self.device = [], 0, dtype, device
         self.pending = 0
         self.flat = self.views = self.request = self.ctx = self.wire = self.desc = None
 
@@ -106,14 +106,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for p in reversed(self._params):
             cap = first_cap if len(self._buckets) <= 1 else threshold
             nbytes = p.numel() * p.element_size()
-            if cur is None or cur.dtype != p.dtype or (cur.params and (cur.numel * p.element_size() + nbytes) > cap):
-                cur = _Bucket(p.dtype)
+            if cur is None or cur.dtype != p.dtype or cur.device != p.device or \
+                    (cur.params and (cur.numel * p.element_size() + nbytes) > cap):
+                cur = _Bucket(p.dtype, p.device)
                 self._buckets.append(cur)
             cur.params.append(p)
             cur.numel += p.numel()
             self._bucket_of[p] = cur
         for b in self._buckets:
-            ops._code(torch.empty(0, dtype=b.dtype), f"parameter of dtype {b.dtype}")
+            ops._code(torch.empty(0, dtype=b.dtype, device=b.device), f"parameter of dtype {b.dtype} on {b.device}")
         self._passes = {p: 0 for p in self._params}
         self._next_bucket = 0
         self._synchronized = False
@@ -129,7 +130,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """One flat buffer per bucket; each parameter's .grad becomes a view
         of it (existing gradients are copied in)."""
         for b in self._buckets:
-            b.flat = torch.zeros(b.numel, dtype=b.dtype)
+            b.flat = torch.zeros(b.numel, dtype=b.dtype, device=b.device)
             b.views, off = [], 0
             for p in b.params:
                 k = p.numel()
@@ -187,6 +188,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         wire = wire.contiguous()
         b.wire, b.ctx = wire, ctx
         b.desc = _join.announce_async(tandem.world(), _join.K_ALLREDUCE, wire.numel(), ops._code(wire), self._op)
+        ops._ready(wire)
         b.request = tandem.world().iallreduce(wire.data_ptr(), wire.data_ptr(), wire.numel(), ops._code(wire),
                                               self._op, keep=wire)
 
@@ -210,6 +212,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         # for ranks in hvd.join(): they contribute zeros to this bucket
         b.desc = _join.announce_async(tandem.world(), _join.K_ALLREDUCE, b.flat.numel(), ops._code(b.flat),
                                       self._op)
+        ops._ready(b.flat)
         b.request = tandem.world().iallreduce(b.flat.data_ptr(), b.flat.data_ptr(), b.flat.numel(),
                                               ops._code(b.flat), self._op, keep=b.flat)
 

@@ -72,6 +72,11 @@ typedef struct comm_op {
   int peer;         /* send/recv; -1 otherwise */
   uint64_t seq;     /* collectives: per-communicator sequence; p2p: per-pair sequence */
   double deadline;  /* td_now() seconds after which the op fails with TD_ERR_TIMEOUT */
+  /* Buffers in device memory (or TANDEM_STAGE_HOST_BUFFERS=1): the
+   * progress engine hands the op to device/device_coll.c instead of
+   * select/, and it uses sequence numbers seq .. seq +
+   * device_coll_seq_span() - 1. */
+  bool on_device;
 } comm_op;
 
 /* What every frame carries so that receivers can check that both sides are
@@ -157,6 +162,7 @@ static inline void transport_test_gate(void) {
 #define COMM_TUN_UNSET ((size_t)-1)
 #define COMM_TUN_MAX_TIMEOUT_S 1e7 /* about 4 months: deadlines stay far from overflow */
 enum { COMM_ALGO_AUTO = 0, COMM_ALGO_RING, COMM_ALGO_RD, COMM_ALGO_SHM };
+enum { COMM_DEVICE_COLL_AUTO = 0, COMM_DEVICE_COLL_NCCL, COMM_DEVICE_COLL_STAGED };
 typedef struct comm_tunables {
   double timeout_s;          /* TANDEM_TIMEOUT (td_comm_config.timeout_s wins), default 300 */
   double connect_timeout_s;  /* TANDEM_CONNECT_TIMEOUT, default 60 */
@@ -171,6 +177,9 @@ typedef struct comm_tunables {
   size_t shm_slot_bytes;     /* TANDEM_SHM_SLOT_BYTES */
   size_t shm_chunk_bytes;    /* TANDEM_SHM_CHUNK_BYTES */
   size_t tcp_buffer_bytes;   /* TANDEM_TCP_BUFFER_BYTES (0: kernel autotuning) */
+  size_t device_chunk_bytes; /* TANDEM_DEVICE_CHUNK_BYTES: staged device collectives (device/staged.c) */
+  int device_coll;           /* TANDEM_DEVICE_COLL: COMM_DEVICE_COLL_* */
+  bool stage_host_buffers;   /* TANDEM_STAGE_HOST_BUFFERS=1: host buffers take the staged device path too */
   double shm_spin_us;        /* TANDEM_SHM_SPIN_US */
   double tcp_spin_us;        /* TANDEM_TCP_SPIN_US */
   int tcp_protect;           /* TANDEM_TCP_PROTECT: a net_protect_mode (default off) */
@@ -234,6 +243,10 @@ struct td_comm {
    * by the executing thread (one operation at a time). */
   float *half_work;
   size_t half_work_count;
+
+  /* collectives on device buffers (device/device_coll.c), set up by the
+   * first one; NULL until then */
+  struct device_coll *dev;
 
   /* algorithm selection (select/select.c), from tun and the transport */
   int sel_allreduce;          /* forced allreduce algorithm, 0 = auto */

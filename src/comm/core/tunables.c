@@ -137,6 +137,14 @@ td_status comm_tunables_read(const td_comm_config *config, comm_tunables *t) {
   TD_CHECK(read_bytes("TANDEM_SHM_SLOT_BYTES", 1, &t->shm_slot_bytes));
   TD_CHECK(read_bytes("TANDEM_SHM_CHUNK_BYTES", 1, &t->shm_chunk_bytes));
   TD_CHECK(read_bytes("TANDEM_TCP_BUFFER_BYTES", 0, &t->tcp_buffer_bytes));
+  TD_CHECK(read_bytes("TANDEM_DEVICE_CHUNK_BYTES", 1, &t->device_chunk_bytes));
+  TD_CHECK(read_switch("TANDEM_STAGE_HOST_BUFFERS", false, &t->stage_host_buffers));
+  const char *dcoll = env_value("TANDEM_DEVICE_COLL");
+  if (!dcoll || !strcmp(dcoll, "auto")) t->device_coll = COMM_DEVICE_COLL_AUTO;
+  else if (!strcmp(dcoll, "nccl")) t->device_coll = COMM_DEVICE_COLL_NCCL;
+  else if (!strcmp(dcoll, "staged")) t->device_coll = COMM_DEVICE_COLL_STAGED;
+  else
+    return td_error(TD_ERR_INVALID_ARGUMENT, "TANDEM_DEVICE_COLL=%s is not a path: use auto, nccl or staged", dcoll);
   TD_CHECK(read_number("TANDEM_SHM_SPIN_US", 0, MAX_SPIN_US, false, -1.0, "microseconds", &t->shm_spin_us));
   TD_CHECK(read_number("TANDEM_TCP_SPIN_US", 0, MAX_SPIN_US, false, -1.0, "microseconds", &t->tcp_spin_us));
   /* Off by default: on this project's machines integrity halves the TCP

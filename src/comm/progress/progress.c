@@ -13,6 +13,7 @@
  * have its own CPU: with 8 ranks on 2 cores spinning steals the time the
  * peers need to make the progress we wait for. */
 #define _GNU_SOURCE 1 /* pthread_setname_np; must precede the first system header */
+#include "comm/device/device_coll.h"
 #include "comm/p2p/p2p.h"
 #include "comm/progress/progress.h"
 #include "comm/select/select.h"
@@ -54,10 +55,15 @@ static td_status run_op(td_comm *comm, const comm_op *issued) {
   if (st != TD_OK) return td_error(st, "%s", comm->err_msg);
   comm_op op = *issued;
   op.deadline = td_now() + comm->timeout_s;
-  st = comm_execute(comm, &op);
+  /* device buffers: the NCCL or staged path, which runs host chunks
+   * through comm_execute itself (comm/device/device_coll.h) */
+  st = op.on_device ? device_coll_execute(comm, &op) : comm_execute(comm, &op);
   /* The transport may have completed it from data sent before a peer failed. */
   if (st == TD_OK && comm->xport && comm->xport->vtbl->op_done) st = comm->xport->vtbl->op_done(comm->xport);
-  if (st == TD_OK && op.kind != COMM_SEND && op.kind != COMM_RECV) comm_hdr_fill(&comm->last_coll, &op, comm->rank, 0);
+  /* (a staged device op records its last host chunk itself: that is what
+   * went over the wire) */
+  if (st == TD_OK && op.kind != COMM_SEND && op.kind != COMM_RECV && !op.on_device)
+    comm_hdr_fill(&comm->last_coll, &op, comm->rank, 0);
   /* A broken communicator reports its sticky status and message, whichever
    * thread detected the failure. */
   td_status sticky = comm_status(comm);

@@ -135,6 +135,18 @@ void td_cudadev_host_free(void *ptr) {
   if (cudaFreeHost(ptr) != cudaSuccess) (void)cudaGetLastError();
 }
 
+td_status td_cudadev_host_register(void *ptr, size_t bytes) {
+  cudaError_t err = cudaHostRegister(ptr, bytes, cudaHostRegisterPortable);
+  if (err == cudaSuccess) return TD_OK;
+  (void)cudaGetLastError();
+  return td_error(TD_ERR_SYSTEM, "cudaHostRegister(%zu bytes): %s (%s)", bytes, cudaGetErrorString(err),
+                  cudaGetErrorName(err));
+}
+
+void td_cudadev_host_unregister(void *ptr) {
+  if (cudaHostUnregister(ptr) != cudaSuccess) (void)cudaGetLastError();
+}
+
 td_status td_cudadev_stream_create(int index, void **native, void **blocker) {
   cudaStream_t stream = NULL;
   cudaEvent_t event = NULL;

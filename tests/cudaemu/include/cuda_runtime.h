@@ -149,6 +149,12 @@ cudaError_t cudaFree(void *ptr);
 cudaError_t cudaMallocHost(void **ptr, size_t size);
 cudaError_t cudaHostAlloc(void **ptr, size_t size, unsigned int flags);
 cudaError_t cudaFreeHost(void *ptr);
+#define cudaHostRegisterDefault 0x00
+#define cudaHostRegisterPortable 0x01
+/* The emulator's host memory is all alike: registering checks the
+ * arguments and changes nothing (pinned or not, copies are memmove). */
+cudaError_t cudaHostRegister(void *ptr, size_t size, unsigned int flags);
+cudaError_t cudaHostUnregister(void *ptr);
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind);
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind, cudaStream_t stream);
 cudaError_t cudaMemset(void *ptr, int value, size_t count);

@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# GPU benchmark (issue 18), run on a machine with a GPU (scripts/gpu-check
+# calls it after building): one run, one GPU, side by side,
+#
+#   1. GPT-2 124M training (vocabulary 50,304, 12 layers, 768 channels, 12
+#      heads, sequence 1,024, batch 16, bf16): Tandem's train-gpt --device
+#      cuda against the PyTorch peer bench/torch_gpt2_gpu.py, eager and
+#      torch.compile: tokens/s, ms/step, MFU, peak device memory.
+#   2. Collectives on device buffers: a 64 MiB allreduce on 2 ranks sharing
+#      the GPU (the staged path) against the same allreduce on host buffers
+#      (td_mem_alloc and malloc): busbw and the ratio (target >= 0.8).
+#
+# Writes bench/results/gpu-DATE.md (DATE: UTC day) and prints it, then one
+# "bench: ..." line per figure (scripts/gpu-check puts those in its table). A part
+# that cannot run says why in its row instead of a number; the script exits
+# non-zero only when nothing could be measured.
+#
+#   bench/gpu.sh [--quick] [--build DIR] [--python PY]
+#     --quick   fewer steps (a smoke run of the script itself, not figures)
+#     BUILD     build tree with bin/train-gpt, bin/tandem-bench (default build)
+#     PYTHON    the interpreter with torch (default python3)
+# Settings: GPU_BENCH_STEPS (timed steps, default 30), GPU_PEAK_TFLOPS
+# (dense bf16 peak for MFU, default 989.4: H100/H200 SXM).
+set -u
+cd "$(dirname "$0")/.."
+B=build PY=python3 quick=0
+while [ $# -gt 0 ]; do
+  case $1 in
+    --quick) quick=1 ;;
+    --build) B=$2; shift ;;
+    --python) PY=$2; shift ;;
+    *) echo "usage: bench/gpu.sh [--quick] [--build DIR] [--python PY]" >&2; exit 2 ;;
+  esac
+  shift
+done
+steps=${GPU_BENCH_STEPS:-30} warmup=5
+[ "$quick" = 1 ] && steps=3 warmup=1
+peak=${GPU_PEAK_TFLOPS:-989.4}
+day=$(date -u +%Y-%m-%d)
+out=bench/results/gpu-$day.md
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+measured=0
+
+gpu=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -1)
+[ -n "$gpu" ] || gpu="no GPU visible to nvidia-smi"
+shape=(--layers 12 --channels 768 --heads 12 --seq 1024)
+
+# ---- 1. GPT-2 124M ----
+rows=()
+peer() { # impl extra-args...
+  local impl=$1
+  shift
+  if "$PY" bench/torch_gpt2_gpu.py --device cuda "${shape[@]}" --vocab 50304 --batch 16 --steps "$steps" \
+      --warmup "$warmup" --dtype bf16 --peak-tflops "$peak" "$@" >"$tmp/$impl.json" 2>"$tmp/$impl.err"; then
+    rows+=("$("$PY" - "$tmp/$impl.json" <<'EOF'
+import json, sys
+d = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+print(f"| {d['impl']} (torch {d['torch']}) | {d['tokens_per_s']:,.0f} | {d['ms_per_step']} | {100 * d['mfu']:.1f}% "
+      f"| {d['peak_mem_mib']:,.0f} | {d['loss_first']} -> {d['loss_last']} |")
+EOF
+)")
+    measured=1
+  else
+    rows+=("| $impl | did not run: $(tail -1 "$tmp/$impl.err" | cut -c1-160) | | | | |")
+  fi
+}
+
+tandem_gpt() {
+  local log=$tmp/tandem.log
+  if timeout 600 "$B/bin/train-gpt" --device cuda --bf16 "${shape[@]}" --vocab 50304 --micro-batch 16 \
+      --steps $((steps + 2)) --sample 0 >"$log" 2>"$tmp/tandem.err"; then
+    # train-gpt's summary line: key=value pairs (tokens_per_s leaves out the first 2 steps)
+    local line tps ms mem loss
+    line=$(grep -m1 'tokens_per_s=' "$log")
+    tps=$(sed -n 's/.*tokens_per_s=\([0-9.]*\).*/\1/p' <<<"$line")
+    ms=$(awk -v t="$tps" 'BEGIN { if (t == "" || t == 0) print "?"; else printf "%.2f", 16 * 1024 * 1000 / t }')
+    mem=$(sed -n 's/.*peak_device_mib=\([0-9.]*\).*/\1/p' <<<"$line")
+    loss=$(sed -n 's/.*final_loss=\([0-9.]*\).*/\1/p' <<<"$line")
+    local n_params=124475904 # GPT-2 124M with vocabulary 50,304 (tied head)
+    local mfu
+    mfu=$(awk -v t="$tps" -v n=$n_params -v p="$peak" 'BEGIN { if (t == "") print "?"; else printf "%.1f%%", 100 * t * (6 * n + 12 * 12 * 1024 * 768) / (p * 1e12) }')
+    rows+=("| tandem train-gpt --device cuda | ${tps:-?} | ${ms:-?} | $mfu | ${mem:-?} | final ${loss:-?} |")
+    measured=1
+  else
+    rows+=("| tandem train-gpt --device cuda | did not run: $(grep -v '^$' "$tmp/tandem.err" | head -1 | cut -c1-160) | | | | |")
+  fi
+}
+
+tandem_gpt
+peer torch-eager
+peer torch-compile --compile
+
+# ---- 2. allreduce on device vs host buffers (2 ranks, one GPU: staged) ----
+busbw() { # command...
+  local res
+  res=$("$@" 2>"$tmp/bench.err" | awk '$1 ~ /^[0-9]+$/ || $2 ~ /^[0-9]+$/ { for (i = 1; i <= NF; i++) if ($i ~ /^[0-9]+\.[0-9]+$/) v[++k] = $i } END { if (k >= 3) print v[k] }')
+  echo "${res:-?}"
+}
+run_bench() { "$B/bin/tandemrun" -np 2 "$B/bin/tandem-bench" allreduce -b 64M -e 64M -n 20 -w 5 "$@"; }
+bw_dev=$(busbw run_bench -D cuda)
+bw_shared=$(busbw run_bench -R 1)
+bw_malloc=$(busbw run_bench -R 0)
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "?" || b == "?" || b == 0) print "?"; else printf "%.2f", a / b }'; }
+[ "$bw_dev" != "?" ] && measured=1
+
+{
+  echo "# GPU benchmark, $day"
+  echo
+  echo "Machine: $gpu; $(nproc) cores; $(uname -r). Commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')."
+  echo "Command: bench/gpu.sh$([ "$quick" = 1 ] && echo ' --quick') ($steps timed steps after $warmup warm-up steps;"
+  echo "MFU = tokens/s x (6N + 12 L T C) / $peak TFLOPS)."
+  echo
+  echo "## GPT-2 124M, bf16, batch 16 x 1024, one GPU"
+  echo
+  echo "| implementation | tokens/s | ms/step | MFU | peak device MiB | loss |"
+  echo "|---|---|---|---|---|---|"
+  printf '%s\n' "${rows[@]}"
+  echo
+  echo "## 64 MiB f32 allreduce, 2 ranks sharing the GPU (busbw GB/s)"
+  echo
+  echo "| buffers | busbw | device / host |"
+  echo "|---|---|---|"
+  echo "| device (cuda, staged path) | $bw_dev | |"
+  echo "| host, td_mem_alloc (-R 1) | $bw_shared | $(ratio "$bw_dev" "$bw_shared") |"
+  echo "| host, malloc (-R 0) | $bw_malloc | $(ratio "$bw_dev" "$bw_malloc") |"
+} >"$out"
+cat "$out"
+# one line per figure for scripts/gpu-check's table
+for r in "${rows[@]}"; do
+  IFS='|' read -r _ impl tps ms mfu mem loss _ <<<"$r"
+  case $tps in
+    *"did not run"*) echo "bench: $(echo $impl): $(echo $tps)" | cut -c1-150 ;;
+    *) echo "bench: $(echo $impl) tokens/s $(echo $tps) ms/step $(echo $ms) mfu $(echo $mfu) peak MiB $(echo $mem)" ;;
+  esac
+done
+echo "bench: allreduce 64MiB 2 ranks/GPU busbw GB/s: device $bw_dev, host td_mem_alloc $bw_shared ($(ratio "$bw_dev" "$bw_shared")x), malloc $bw_malloc"
+[ "$measured" = 1 ]
