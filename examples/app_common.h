@@ -385,6 +385,13 @@ static void app_prom_step(app_run *run, const td_step_stats *st, const td_step_m
   app_prom_counter(run, "tandem_skipped_steps_total", "steps skipped on fp16 overflow", NULL, st->skipped);
   app_prom_gauge(run, "tandem_resident_memory_bytes", "resident set size of this rank's process", NULL,
                  rss);
+  if (st->memory_limit_bytes) { /* the trainer's watch (issue 23): Pss against the memory available to the rank */
+    app_prom_gauge(run, "tandem_memory_share_bytes", "this rank's share of physical memory (Pss) after the last step",
+                   NULL, (double)st->memory_bytes);
+    app_prom_gauge(run, "tandem_memory_limit_bytes", "the memory available to this rank (MemAvailable, cgroup, "
+                   "TANDEM_MEMORY_LIMIT)", NULL, (double)st->memory_limit_bytes);
+    app_prom_gauge(run, "tandem_memory_warning", "1: past 90% of the limit, 2: past 97%", NULL, st->memory_warning);
+  }
   if (offload) {
     app_prom_gauge(run, "tandem_offload_read_bytes", "bytes the NVMe offload read since start", NULL,
                    (double)os.bytes_read);
