@@ -164,7 +164,8 @@ EMU_CXXFLAGS := -x c++ -std=c++17 -g $(OPT) $(ARCH) -Wall -Wextra -Wno-unused-pa
                 $(if $(filter 1,$(SAN)),-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
 EMU_TEST_CU  := $(sort $(wildcard tests/cudaemu/test_*.cu))
 LIB_SRCS     += $(CUDA_C_SRCS)
-LIB_OBJS     += $(CUDA_C_SRCS:%.c=$(BUILD)/obj/%.o) $(CUDA_CU_SRCS:%.cu=$(BUILD)/obj/%.o) $(BUILD)/obj/tests/cudaemu/emu_runtime.o
+EMU_RT_SRCS  := $(sort $(wildcard tests/cudaemu/*.cc))
+LIB_OBJS     += $(CUDA_C_SRCS:%.c=$(BUILD)/obj/%.o) $(CUDA_CU_SRCS:%.cu=$(BUILD)/obj/%.o) $(EMU_RT_SRCS:%.cc=$(BUILD)/obj/%.o)
 TEST_SRCS    += $(CUDA_TEST_SRCS)
 LDLIBS       += -lstdc++
 CUDA_TESTS   := $(patsubst %.c,$(BUILD)/tests/%,$(notdir $(CUDA_TEST_SRCS))) \
@@ -173,14 +174,14 @@ CUDA_TESTS   := $(patsubst %.c,$(BUILD)/tests/%,$(notdir $(CUDA_TEST_SRCS))) \
 $(BUILD)/obj/%.o: %.cu
 	@mkdir -p $(dir $@)
 	$(CXX) $(EMU_CXXFLAGS) -include cuda_emu.h -c $< -o $@
-$(BUILD)/obj/tests/cudaemu/emu_runtime.o: tests/cudaemu/emu_runtime.cc
+$(BUILD)/obj/tests/cudaemu/%.o: tests/cudaemu/%.cc
 	@mkdir -p $(dir $@)
 	$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
 $(patsubst %.cu,$(BUILD)/tests/%,$(notdir $(EMU_TEST_CU))): $(BUILD)/tests/%: $(BUILD)/obj/tests/cudaemu/%.o $(LIBA)
 	@mkdir -p $(dir $@)
 	$(CXX) -pthread -o $@ $< $(LIBA) $(LDLIBS)
 .SECONDARY: $(EMU_TEST_CU:%.cu=$(BUILD)/obj/%.o)
--include $(CUDA_CU_SRCS:%.cu=$(BUILD)/obj/%.d) $(EMU_TEST_CU:%.cu=$(BUILD)/obj/%.d) $(BUILD)/obj/tests/cudaemu/emu_runtime.d
+-include $(CUDA_CU_SRCS:%.cu=$(BUILD)/obj/%.d) $(EMU_TEST_CU:%.cu=$(BUILD)/obj/%.d) $(EMU_RT_SRCS:%.cc=$(BUILD)/obj/%.d)
 endif
 
 cuda-emu:

@@ -18,6 +18,9 @@ process, one thread):
                                      waited for before the optimizer step
   --door compute                     no communication: each rank trains its
                                      own replica (the floor of a step)
+  --door allreduce --backend B       the communication alone: the whole
+                                     gradient (one tensor) through
+                                     dist.all_reduce, timed
 
 Prints one line on rank 0: door, backend, steps/s, ms per step (after 2
 warm-up steps), the shortest step, and the rank-averaged loss of every step, which every
@@ -32,7 +35,7 @@ import torch.distributed as dist
 import tandem.torch as hvd
 
 p = argparse.ArgumentParser()
-p.add_argument("--door", choices=["ddp", "hvd", "compute"], required=True)
+p.add_argument("--door", choices=["ddp", "hvd", "compute", "allreduce"], required=True)
 p.add_argument("--backend", choices=["tandem", "gloo"], default="tandem")
 p.add_argument("--steps", type=int, default=8)
 p.add_argument("--layers", type=int, default=24)
@@ -51,6 +54,28 @@ elif a.door == "hvd" and a.backend == "tandem":
 else:
     dist.init_process_group(a.backend)
     r, n = dist.get_rank(), dist.get_world_size()
+
+if a.door == "allreduce":
+    # The communication alone: the model's gradient (as one 403 MB float32
+    # tensor) averaged over the ranks, a.steps times after 2 warm-ups, through
+    # torch.distributed (tandem or gloo). The seconds per allreduce, best and
+    # median, and the bus bandwidth of the best (2 (n-1)/n bytes per rank).
+    numel = a.layers * (a.width * a.width + a.width) if a.model == "mlp" else a.rows * 128 + 128 * a.width + a.width
+    t = torch.full((numel,), float(r + 1))
+    times = []
+    for i in range(a.steps + 2):
+        t0 = time.perf_counter()
+        dist.all_reduce(t)
+        times.append(time.perf_counter() - t0)
+        t.div_(n)
+    assert abs(t[0].item() - (n + 1) / 2) < 1e-3 and abs(t[-1].item() - (n + 1) / 2) < 1e-3, t[0].item()
+    times = sorted(times[2:])
+    if r == 0:
+        print(f"model={a.model} door=allreduce backend={a.backend} nproc={n} params={numel} "
+              f"best_ms={times[0] * 1e3:.1f} median_ms={times[len(times) // 2] * 1e3:.1f} "
+              f"busbw_GBps={2 * (n - 1) / n * numel * 4 / times[0] / 1e9:.2f}", flush=True)
+    dist.destroy_process_group()
+    raise SystemExit(0)
 
 torch.manual_seed(0)
 

@@ -9,10 +9,10 @@
 #         (tests/lib/sshhosts.sh), one rank each, started by tandemrun -H over
 #         ssh from host a: both over TCP across the veth bridge
 # Rounds interleave the contenders (the machine is shared: each round runs
-# every one once, in turn); the compute-only floor (no communication) runs
-# in each round too. Needs root for the namespaces (the tcp part; skipped
+# every one once, in turn); the compute-only floor (no communication) and
+# the gradient's allreduce alone (gloo and tandem) run in each round too. Needs root for the namespaces (the tcp part; skipped
 # with a note otherwise).
-#   bench/py_doors.sh [ROUNDS] [STEPS] [MODELS] > raw.txt
+#   [PARTS="shm tcp"] [CONTENDERS="ddp,gloo ..."] bench/py_doors.sh [ROUNDS] [STEPS] [MODELS] > raw.txt
 #   bench/py_summarize_doors.py raw.txt > bench/results/py-doors-DATE.md
 set -u
 cd "$(dirname "$0")/.."
@@ -20,7 +20,8 @@ rounds=${1:-3} steps=${2:-6} models=${3:-"embed mlp"}
 PARTS=${PARTS:-"shm tcp"}
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 PYTHONPATH=$PWD/build/python
 RUN=$PWD/build/bin/tandemrun PY=/usr/bin/python3
-CONTENDERS=("compute -" "ddp gloo" "ddp tandem" "hvd gloo" "hvd tandem")
+# DOOR BACKEND pairs; CONTENDERS="ddp,gloo ddp,tandem" runs a subset
+read -r -a CONTENDERS <<<"${CONTENDERS:-compute,- ddp,gloo ddp,tandem hvd,gloo hvd,tandem allreduce,gloo allreduce,tandem}"
 echo "# machine: $(getconf _NPROCESSORS_ONLN) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2), $(date -u +%FT%TZ), commit $(git rev-parse --short HEAD)"
 
 one() { # PART MODEL DOOR BACKEND LAUNCH...
@@ -57,8 +58,7 @@ for part in $PARTS; do
     for r in $(seq "$rounds"); do
       echo "# part $part model $model round $r"
       for c in "${CONTENDERS[@]}"; do
-        set -- $c
-        one "$part" "$model" "$1" "$2" "${launch[@]}"
+        one "$part" "$model" "${c%,*}" "${c#*,}" "${launch[@]}"
       done
     done
   done

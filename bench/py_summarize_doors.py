@@ -13,18 +13,25 @@ from collections import defaultdict
 
 runs = defaultdict(list)  # (part, model, door, backend) -> [(steps_per_s, step_ms, load)]
 losses = {}
-header = ""
+comm = defaultdict(list)  # (part, model, backend) -> [(best_ms, median_ms, load)]
+headers = []
 for line in open(sys.argv[1]):
     if line.startswith("# machine"):
-        header = line[2:].strip()
+        headers.append(line[len("# machine:"):].strip())
     kv = dict(re.findall(r"(\w+)=(\S+)", line))
+    if kv.get("door") == "allreduce" and "best_ms" in kv:
+        comm[(kv["part"], kv["model"], kv["backend"])].append((float(kv["best_ms"]), float(kv["median_ms"]),
+                                                               float(kv["load"])))
+        continue
     if "steps_per_s" not in kv:
         continue
     key = (kv["part"], kv["model"], kv["door"], kv["backend"])
     runs[key].append((float(kv["steps_per_s"]), float(kv["best_step_ms"]), float(kv["load"])))
     losses.setdefault(key, [float(v) for v in kv["losses"].split(",")])
 
-print(f"Machine: {header}\n")
+for h in headers:
+    print(f"Run: {h}  ")
+print()
 print("| part | model | contender | runs | steps/s (median of runs) | shortest step ms (median of runs) | load | "
       "steps/s vs gloo, same door | shortest step vs gloo | losses vs DDP-gloo |")
 print("|---|---|---|---|---|---|---|---|---|---|")
@@ -44,7 +51,7 @@ for part, model in sorted({(k[0], k[1]) for k in runs}):
             eq = "(own replicas)"
         elif ref:
             d = max(abs(x - y) / abs(y) for x, y in zip(mine, ref))
-            eq = "equal" if d == 0 else f"max rel diff {d:.1e}"
+            eq = "equal (9 digits)" if d == 0 else f"max rel diff {d:.1e}"
         else:
             eq = "?"
         vs = vb = ""
@@ -56,3 +63,17 @@ for part, model in sorted({(k[0], k[1]) for k in runs}):
     if ("compute", "-") in bests and ("ddp", "gloo") in bests:
         share = 1 - bests[("compute", "-")] / bests[("ddp", "gloo")]
         print(f"| {part} | {model} | gloo DDP's shortest step not compute | | | | | | {share:.0%} | |")
+
+if comm:
+    print("\nThe gradient's allreduce alone (one tensor of the model's size, dist.all_reduce, 2 ranks):\n")
+    print("| part | model | backend | runs | best ms (median of runs) | median ms (median of runs) | load | "
+          "gloo / tandem (best) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for part, model, be in sorted(comm):
+        rs = comm[(part, model, be)]
+        best = statistics.median(r[0] for r in rs)
+        ratio = ""
+        if be == "tandem" and (part, model, "gloo") in comm:
+            ratio = f"**{statistics.median(r[0] for r in comm[(part, model, 'gloo')]) / best:.2f}x**"
+        print(f"| {part} | {model} | {be} | {len(rs)} | {best:.0f} | {statistics.median(r[1] for r in rs):.0f} | "
+              f"{statistics.median(r[2] for r in rs):.1f} | {ratio} |")

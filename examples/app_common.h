@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "tandem/tandem.h"
 #include "tandem/obs.h"
@@ -96,11 +97,14 @@ typedef struct app_common_options {
   int half;         /* --bf16 / --fp16: TD_BF16 / TD_F16 (-1: not given) */
   long zero_stage;  /* -1: not given */
   int allow_batch_size_change; /* --allow-batch-size-change */
+  long prometheus_port;        /* --prometheus-port or TANDEM_PROMETHEUS_PORT; -1: no endpoint */
+  const char *prometheus_bind; /* --prometheus-bind or TANDEM_PROMETHEUS_BIND; NULL: 127.0.0.1 */
+  const char *tensorboard_dir; /* --tensorboard */
 } app_common_options;
 
 static void app_common_init(app_common_options *c) {
   memset(c, 0, sizeof *c);
-  c->micro_batch = c->threads = c->keep_last = c->zero_stage = -1;
+  c->micro_batch = c->threads = c->keep_last = c->zero_stage = c->prometheus_port = -1;
   c->seed = -1;
   c->lr = -1;
   c->half = -1;
@@ -123,6 +127,10 @@ static int app_common_flag(int argc, char **argv, int *i, app_common_options *c)
   else if (!strcmp(argv[*i], "--fp16")) c->half = TD_F16;
   else if (!strcmp(argv[*i], "--allow-batch-size-change")) c->allow_batch_size_change = 1;
   else if ((v = app_flag_value(argc, argv, i, "--zero-stage"))) c->zero_stage = app_parse_long("--zero-stage", v, 0, 3);
+  else if ((v = app_flag_value(argc, argv, i, "--prometheus-port")))
+    c->prometheus_port = app_parse_long("--prometheus-port", v, 0, 65535);
+  else if ((v = app_flag_value(argc, argv, i, "--prometheus-bind"))) c->prometheus_bind = v;
+  else if ((v = app_flag_value(argc, argv, i, "--tensorboard"))) c->tensorboard_dir = v;
   else return 0;
   return 1;
 }
@@ -206,6 +214,9 @@ typedef struct app_run {
    * machine does not stretch the way it stretches wall time */
   double cpu_after_warmup, cpu_last_end;
   td_step_stats last;
+  td_prom *prom; /* every rank, with --prometheus-port */
+  td_tensorboard *tensorboard; /* rank 0, with --tensorboard */
+  char prom_labels[32]; /* rank="R" */
 } app_run;
 
 /* A runtime failure: rank-tagged message on stderr, status 1. The
@@ -218,6 +229,180 @@ static void app_fail(app_run *run, const char *what, td_status st) {
   fprintf(stderr, "%s: error: %s failed (%s): %s\n", app_name, what, td_status_str(st), *msg ? msg : "no details");
   if (run && run->comm && run->world > 1) td_comm_abort(run->comm, what);
   exit(APP_EXIT_FAIL);
+}
+
+/* ---- the Prometheus endpoint (--prometheus-port) ---- */
+
+/* Resident set size of this process in bytes (/proc/self/statm), -1 if unknown. */
+static double app_rss_bytes(void) {
+  FILE *f = fopen("/proc/self/statm", "r");
+  if (!f) return -1;
+  long pages_total = 0, pages_resident = 0;
+  int n = fscanf(f, "%ld %ld", &pages_total, &pages_resident);
+  fclose(f);
+  return n == 2 ? (double)pages_resident * (double)sysconf(_SC_PAGESIZE) : -1;
+}
+
+/* ---- TensorBoard (--tensorboard DIR, rank 0) ---- */
+
+/* L2 norm of each parameter tensor of `arena` (the model's tensor table) into
+ * norms (n_tensors doubles). */
+static void app_tensor_norms(const td_model *model, const float *arena, double *norms) {
+  for (int i = 0; i < model->n_tensors; i++) {
+    const float *x = arena + model->tensors[i].offset;
+    double sum = 0;
+    for (size_t k = 0; k < model->tensors[i].count; k++) sum += (double)x[k] * x[k];
+    norms[i] = sqrt(sum);
+  }
+}
+
+/* The step's scalars (the metrics file's values, same names), then per
+ * tensor ("layer") the parameter and gradient L2 norms, each set as scalars
+ * param_norm/NAME, grad_norm/NAME and as one histogram over the tensors. */
+static void app_tensorboard_step(app_run *run, const td_step_stats *st, const td_step_metrics *m) {
+  if (!run->tensorboard) return;
+  const char *tags[] = {"loss", "lr", run->use_tokens ? "tokens_per_s" : "samples_per_s", "step_s", "compute_s",
+                        "comm_wait_s", "optimizer_s", "data_s", "io_s", "grad_norm", "loss_scale"};
+  double values[] = {st->loss, st->lr, m->items_per_s, st->step_s, st->compute_s, st->comm_wait_s,
+                     st->optimizer_s, st->data_s, st->io_s, st->grad_norm, st->loss_scale};
+  td_status s = td_tensorboard_scalars(run->tensorboard, st->step, 11, tags, values);
+  const td_model *model = td_trainer_model(run->trainer);
+  const float *params = td_trainer_params(run->trainer);
+  const float *grads = st->loss_scale == 1.0 ? td_trainer_grads(run->trainer) : NULL;
+  int zero3 = td_trainer_zero_stage(run->trainer) >= 3; /* parameters sharded: no whole arena on rank 0 */
+  int n = model->n_tensors;
+  double *norms = n > 0 ? malloc(sizeof(double) * (size_t)n) : NULL;
+  char **names = n > 0 ? calloc((size_t)n, sizeof(char *)) : NULL;
+  for (int pass = 0; pass < 2 && s == TD_OK && norms && names; pass++) {
+    const float *arena = pass == 0 ? (zero3 ? NULL : params) : grads;
+    if (!arena) continue;
+    const char *kind = pass == 0 ? "param_norm" : "grad_norm";
+    app_tensor_norms(model, arena, norms);
+    for (int i = 0; i < n; i++) {
+      free(names[i]);
+      names[i] = malloc(strlen(kind) + strlen(model->tensors[i].name) + 2);
+      if (names[i]) sprintf(names[i], "%s/%s", kind, model->tensors[i].name);
+    }
+    int all_named = 1;
+    for (int i = 0; i < n; i++) all_named &= names[i] != NULL;
+    if (all_named) s = td_tensorboard_scalars(run->tensorboard, st->step, n, (const char *const *)names, norms);
+    char tag[32];
+    snprintf(tag, sizeof tag, "layers/%s", kind);
+    if (s == TD_OK) s = td_tensorboard_histogram(run->tensorboard, tag, st->step, norms, (size_t)n);
+  }
+  for (int i = 0; names && i < n; i++) free(names[i]);
+  free(names);
+  free(norms);
+  if (s != TD_OK) app_fail(run, "writing the TensorBoard events", s);
+}
+
+static void app_start_tensorboard(app_run *run, const app_common_options *c) {
+  if (run->rank != 0 || !c->tensorboard_dir) return;
+  td_status s = td_tensorboard_open(c->tensorboard_dir, &run->tensorboard);
+  if (s != TD_OK) app_fail(run, "opening the TensorBoard directory", s);
+  fprintf(stderr, "%s: TensorBoard events in %s\n", app_name, td_tensorboard_path(run->tensorboard));
+}
+
+/* Start this rank's endpoint on PORT + rank (PORT 0: a free port each). A
+ * failure (the port in use) is reported and training goes on without it. */
+static void app_start_prometheus(app_run *run, const app_common_options *c) {
+  long port = c->prometheus_port;
+  const char *env = getenv("TANDEM_PROMETHEUS_PORT");
+  if (port < 0 && env && *env) port = app_parse_long("TANDEM_PROMETHEUS_PORT", env, 0, 65535);
+  if (port < 0) return;
+  const char *bind_addr = c->prometheus_bind ? c->prometheus_bind : getenv("TANDEM_PROMETHEUS_BIND");
+  long rank_port = port == 0 ? 0 : port + run->rank;
+  if (rank_port > 65535) {
+    fprintf(stderr, "%s: warning: rank %d: no metrics endpoint: port %ld + rank %d exceeds 65535\n", app_name,
+            run->rank, port, run->rank);
+    return;
+  }
+  td_status s = td_prom_start(bind_addr, (int)rank_port, &run->prom);
+  if (s == TD_ERR_INVALID_ARGUMENT) app_usage_error("%s", td_last_error()); /* a bad --prometheus-bind */
+  if (s != TD_OK) {
+    fprintf(stderr, "%s: warning: rank %d: no metrics endpoint, training goes on: %s\n", app_name, run->rank,
+            td_last_error());
+    return;
+  }
+  snprintf(run->prom_labels, sizeof run->prom_labels, "rank=\"%d\"", run->rank);
+  fprintf(stderr, "%s: rank %d serves metrics on http://%s:%d/metrics\n", app_name, run->rank,
+          bind_addr && *bind_addr ? bind_addr : "127.0.0.1", td_prom_port(run->prom));
+  td_prom_set(run->prom, "tandem_world_size", "gauge", "ranks in the job", run->prom_labels, run->world);
+}
+
+/* The exporters hang off the non-elastic run loop (app_after_step). */
+static void app_refuse_exporters_when_elastic(const app_common_options *c) {
+  if (c->prometheus_port >= 0 || c->tensorboard_dir)
+    app_usage_error("--prometheus-port and --tensorboard are not supported with --elastic yet");
+}
+
+/* A gauge of this rank, labelled rank="R" plus `extra` (e.g. phase="compute"). */
+static void app_prom_gauge(app_run *run, const char *name, const char *help, const char *extra, double value) {
+  char labels[96];
+  snprintf(labels, sizeof labels, "%s%s%s", run->prom_labels, extra ? "," : "", extra ? extra : "");
+  td_prom_set(run->prom, name, "gauge", help, labels, value);
+}
+static void app_prom_counter(app_run *run, const char *name, const char *help, const char *extra, double delta) {
+  char labels[96];
+  snprintf(labels, sizeof labels, "%s%s%s", run->prom_labels, extra ? "," : "", extra ? extra : "");
+  td_prom_add(run->prom, name, help, labels, delta);
+}
+
+/* What one step measured, as gauges (the last step) and counters (totals
+ * since start, for rate() in PromQL). */
+static void app_prom_step(app_run *run, const td_step_stats *st, const td_step_metrics *m) {
+  if (!run->prom) return;
+  static const char phase_help[] = "seconds of the last step by phase (compute includes data and optimizer)";
+  static const char phase_total_help[] = "seconds spent by phase since start";
+  const char *phases[] = {"phase=\"step\"", "phase=\"compute\"", "phase=\"comm_wait\"", "phase=\"optimizer\"",
+                          "phase=\"data\"", "phase=\"io\""};
+  double secs[] = {st->step_s, st->compute_s, st->comm_wait_s, st->optimizer_s, st->data_s, st->io_s};
+  double rss = app_rss_bytes(); /* file I/O outside the lock that scrapes wait on */
+  td_offload_stats os;
+  int offload = td_trainer_offload_stats(run->trainer, &os) == TD_OK && os.engine[0];
+  td_prom_begin(run->prom); /* a scrape sees the whole step or none of it */
+  for (int i = 0; i < 6; i++) {
+    app_prom_gauge(run, "tandem_step_phase_seconds", phase_help, phases[i], secs[i]);
+    app_prom_counter(run, "tandem_phase_seconds_total", phase_total_help, phases[i], secs[i]);
+  }
+  app_prom_gauge(run, "tandem_step", "optimizer steps done", NULL, (double)st->step);
+  app_prom_gauge(run, "tandem_loss", "mean loss of the last step over the global batch", NULL, st->loss);
+  app_prom_gauge(run, "tandem_learning_rate", "learning rate of the last step", NULL, st->lr);
+  app_prom_gauge(run, "tandem_grad_norm", "global gradient L2 norm of the last step, before clipping", NULL,
+                 st->grad_norm);
+  app_prom_gauge(run, "tandem_loss_scale", "fp16 loss scale after the last step (1 otherwise)", NULL, st->loss_scale);
+  app_prom_gauge(run, run->use_tokens ? "tandem_tokens_per_second" : "tandem_samples_per_second",
+                 "throughput of the last step, all ranks together", NULL, m->items_per_s);
+  app_prom_counter(run, run->use_tokens ? "tandem_tokens_total" : "tandem_samples_total",
+                   "items trained on since start, all ranks together", NULL,
+                   run->use_tokens ? (double)st->tokens : (double)st->samples);
+  app_prom_counter(run, "tandem_comm_bytes_total", "bytes this rank reduced, by collective",
+                   "collective=\"allreduce\",purpose=\"gradients\"", (double)st->comm_bytes);
+  app_prom_counter(run, "tandem_comm_buckets_total", "gradient buckets this rank reduced", NULL, st->n_buckets);
+  app_prom_gauge(run, "tandem_comm_bytes_per_step", "gradient bytes this rank reduced in the last step", NULL,
+                 (double)st->comm_bytes);
+  app_prom_counter(run, "tandem_checkpoints_total", "checkpoints saved by td_trainer_step", NULL, st->saved);
+  app_prom_counter(run, "tandem_skipped_steps_total", "steps skipped on fp16 overflow", NULL, st->skipped);
+  app_prom_gauge(run, "tandem_resident_memory_bytes", "resident set size of this rank's process", NULL,
+                 rss);
+  if (st->memory_limit_bytes) { /* the trainer's watch (issue 23): Pss against the memory available to the rank */
+    app_prom_gauge(run, "tandem_memory_share_bytes", "this rank's share of physical memory (Pss) after the last step",
+                   NULL, (double)st->memory_bytes);
+    app_prom_gauge(run, "tandem_memory_limit_bytes", "the memory available to this rank (MemAvailable, cgroup, "
+                   "TANDEM_MEMORY_LIMIT)", NULL, (double)st->memory_limit_bytes);
+    app_prom_gauge(run, "tandem_memory_warning", "1: past 90% of the limit, 2: past 97%", NULL, st->memory_warning);
+  }
+  if (offload) {
+    app_prom_gauge(run, "tandem_offload_read_bytes", "bytes the NVMe offload read since start", NULL,
+                   (double)os.bytes_read);
+    app_prom_gauge(run, "tandem_offload_written_bytes", "bytes the NVMe offload wrote since start", NULL,
+                   (double)os.bytes_written);
+    app_prom_gauge(run, "tandem_offload_io_wait_seconds", "seconds the training thread blocked on offload I/O", NULL,
+                   os.io_wait_s);
+    app_prom_gauge(run, "tandem_offload_param_wait_seconds", "seconds parameter fetches blocked on reads", NULL,
+                   os.param_wait_s);
+  }
+  td_prom_end(run->prom);
 }
 
 /* Record one finished step: throughput bookkeeping, timeline, metrics file
@@ -248,6 +433,11 @@ static void app_after_step(app_run *run, const td_step_stats *st, double t_begin
   m.compute_s = st->compute_s;
   m.comm_wait_s = st->comm_wait_s;
   m.grad_norm = st->grad_norm;
+  m.memory_mib = st->memory_bytes / 1048576.0;
+  if (st->memory_limit_bytes) {
+    m.memory_limit_mib = st->memory_limit_bytes / 1048576.0;
+    m.memory_warning = st->memory_warning;
+  }
   if (run->timeline) {
     char name[48];
     snprintf(name, sizeof name, "step %ld", st->step);
@@ -258,6 +448,8 @@ static void app_after_step(app_run *run, const td_step_stats *st, double t_begin
     td_status s = td_metrics_write_step(run->metrics, &m);
     if (s != TD_OK) app_fail(run, "writing the metrics file", s);
   }
+  app_prom_step(run, st, &m);
+  app_tensorboard_step(run, st, &m);
   td_progress_update(run->progress, &m);
 }
 
@@ -343,6 +535,11 @@ static void app_start_progress(app_run *run, long total_steps, int steps_per_pri
  * job in order. The trainer must already be destroyed (or be destroyed by
  * the caller afterwards; it does not communicate on destroy). */
 static void app_end(app_run *run) {
+  td_prom_stop(run->prom);
+  run->prom = NULL;
+  td_status tb_status = td_tensorboard_close(run->tensorboard);
+  run->tensorboard = NULL;
+  if (tb_status != TD_OK) app_fail(run, "closing the TensorBoard events", tb_status);
   td_progress_destroy(run->progress);
   run->progress = NULL;
   td_status s = td_metrics_close(run->metrics);

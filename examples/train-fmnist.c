@@ -36,6 +36,10 @@ static void usage(void) {
       "  --data DIR         directory of the IDX files (default %s)\n"
       "  --threads N        compute threads per rank (default: cores / ranks on the host)\n"
       "  --metrics FILE     one JSON object per step (and per evaluation) to FILE (rank 0)\n"
+      "  --prometheus-port P  serve this rank's metrics for Prometheus on port P + rank\n"
+      "                     (GET /metrics; also TANDEM_PROMETHEUS_PORT; 0: a free port)\n"
+      "  --prometheus-bind A  address the endpoint binds (default 127.0.0.1: this host only)\n"
+      "  --tensorboard DIR  write TensorBoard event files into DIR (rank 0)\n"
       "  --save DIR         checkpoint into DIR after every epoch and at the end\n"
       "  --resume DIR       continue from the checkpoint in DIR\n"
       "  --allow-batch-size-change  resume a checkpoint saved with another global batch\n"
@@ -133,6 +137,7 @@ static double evaluate(app_run *run, td_dataset *test, long per_epoch) {
 
 /* Elastic training (app_elastic.h), global batch of the initial world. */
 static int elastic_main(const fmnist_options *opt) {
+  app_refuse_exporters_when_elastic(&opt->common);
   if (opt->common.metrics_path || opt->common.resume_dir || opt->common.save_dir)
     app_usage_error("--elastic keeps its state in memory: --metrics, --save and --resume are not supported with it yet");
   td_dataset *train = NULL;
@@ -159,6 +164,8 @@ int main(int argc, char **argv) {
 
   app_run run;
   app_begin(&run, opt.common.metrics_path, 0);
+  app_start_prometheus(&run, &opt.common);
+  app_start_tensorboard(&run, &opt.common);
 
   td_dataset *train = NULL, *test = NULL;
   td_status s = td_idx_dataset_open(opt.data_dir, "train", &train);

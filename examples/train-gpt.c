@@ -51,6 +51,10 @@ static void usage(void) {
       "  --fp16             fp16 mixed precision with dynamic loss scaling (as \"fp16\": {\"enabled\": true})\n"
       "  --activation-checkpointing  keep only each block's input; recompute the rest in backward\n"
       "  --metrics FILE     write one JSON object per step to FILE (rank 0)\n"
+      "  --prometheus-port P  serve this rank's metrics for Prometheus on port P + rank\n"
+      "                     (GET /metrics; also TANDEM_PROMETHEUS_PORT; 0: a free port)\n"
+      "  --prometheus-bind A  address the endpoint binds (default 127.0.0.1: this host only)\n"
+      "  --tensorboard DIR  write TensorBoard event files into DIR (rank 0)\n"
       "  --save DIR         write a checkpoint to DIR at the end (and every --save-every steps)\n"
       "  --save-every N     checkpoint period in steps (needs --save)\n"
       "  --resume DIR       continue from the checkpoint in DIR (its 'latest', or a step-N dir)\n"
@@ -66,7 +70,8 @@ static void usage(void) {
       "                     files under PATH (zero_optimization.offload_optimizer)\n"
       "  --offload-param nvme:PATH|cpu|none  stage 3: the parameter shard in files under PATH,\n"
       "                     read per layer ahead of use (zero_optimization.offload_param)\n"
-      "  --sub-group-size N optimizer tile in parameters for offload (default 1e9)\n"
+      "  --sub-group-size N optimizer tile in parameters for offload (default: from the memory,\n"
+      "                     at most 16Mi; zero_optimization.sub_group_size)\n"
       "  --device D         cpu (default), cuda (cuda:(local rank %% GPUs)) or cuda:N (config key\n"
       "                     \"device\", env TANDEM_DEVICE)\n"
       "  --elastic          elastic training (implied under tandemrun --min-np/--max-np): survive lost\n"
@@ -189,7 +194,9 @@ static void build_config(const gpt_options *o, int world, td_train_config *cfg) 
  * stage (rank 0 prints; stdout, one line per stage, key=value pairs). */
 static void print_estimates(const td_model *model, const td_train_config *cfg, int world) {
   printf("%s: memory per rank at world=%d, params=%zu, micro_batch=%d (MiB; model states = params + grads + "
-         "optimizer + live + deterministic + replicas; DeepSpeed estimate_zero3_model_states_mem_needs_all_live)\n",
+         "optimizer + live + deterministic + replicas; DeepSpeed estimate_zero3_model_states_mem_needs_all_live; "
+         "total = model states + activations + runtime, plus what the process holds before the trainer; gather: "
+         "more at the end for the sample at stage 3)\n",
          app_name, world, model->n_params, cfg->micro_batch);
   for (int stage = 0; stage <= 3; stage++) {
     td_memory_estimate e;
@@ -200,10 +207,11 @@ static void print_estimates(const td_model *model, const td_train_config *cfg, i
     }
     const double mib = 1024.0 * 1024.0;
     printf("stage=%d params=%.1f grads=%.1f optimizer=%.1f live=%.1f deterministic=%.1f replicas=%.1f "
-           "model_states=%.1f activations=%.1f total=%.1f model_state_bytes=%zu disk=%.1f disk_bytes=%zu\n",
+           "model_states=%.1f activations=%.1f runtime=%.1f total=%.1f model_state_bytes=%zu disk=%.1f disk_bytes=%zu "
+           "gather=%.1f\n",
            stage, e.params / mib, e.grads / mib, e.optimizer / mib, e.live / mib, e.deterministic / mib,
-           e.replicas / mib, e.model_states / mib,
-           e.activations / mib, (e.model_states + e.activations) / mib, e.model_states, e.disk / mib, e.disk);
+           e.replicas / mib, e.model_states / mib, e.activations / mib, e.runtime / mib,
+           (e.model_states + e.activations + e.runtime) / mib, e.model_states, e.disk / mib, e.disk, e.gather / mib);
   }
   fflush(stdout);
 }
@@ -221,11 +229,12 @@ static void print_offload(const app_run *run, long step) {
   printf("%s: offload step=%ld rank=%d engine=%s o_direct=%d disk_bytes=%zu read_bytes=%llu write_bytes=%llu "
          "direct_fraction=%.3f io_busy_s=%.1f disk_gb_per_s=%.3f io_wait_s=%.1f optimizer_s=%.1f "
          "optimizer_update_s=%.1f optimizer_read_wait_s=%.1f optimizer_write_wait_s=%.1f param_read_wait_s=%.1f "
-         "max_rss_mib=%.1f\n",
+         "max_rss_mib=%.1f tile=%zu buffer_mib=%.1f\n",
          app_name, step, run->rank, os.engine, os.direct, os.disk_bytes, (unsigned long long)os.bytes_read,
          (unsigned long long)os.bytes_written, moved > 0 ? (double)os.direct_bytes / moved : 0.0, os.io_busy_s,
          os.io_busy_s > 0 ? moved / gb / os.io_busy_s : 0.0, os.io_wait_s, os.opt_s, os.opt_compute_s,
-         os.opt_read_wait_s, os.opt_write_wait_s, os.param_wait_s, ru.ru_maxrss / 1024.0);
+         os.opt_read_wait_s, os.opt_write_wait_s, os.param_wait_s, ru.ru_maxrss / 1024.0, os.tile,
+         os.buffer_bytes / 1048576.0);
   fflush(stdout);
 }
 
@@ -247,6 +256,7 @@ static void print_sample(const int32_t *tokens, int n) {
 /* Elastic training (app_elastic.h): the global batch is that of the
  * initial world (TANDEM_WORLD_SIZE), kept whatever the world size becomes. */
 static int elastic_main(const gpt_options *opt) {
+  app_refuse_exporters_when_elastic(&opt->common);
   /* --save: periodic checkpoints, read back only when a rank and its buddy
    * are lost together at ZeRO stage >= 1 (td_elastic_set_fallback) */
   if (opt->common.metrics_path || opt->common.resume_dir)
@@ -280,6 +290,8 @@ int main(int argc, char **argv) {
 
   app_run run;
   app_begin(&run, opt.common.metrics_path, 1);
+  app_start_prometheus(&run, &opt.common);
+  app_start_tensorboard(&run, &opt.common);
   td_train_config cfg;
   build_config(&opt, run.world, &cfg);
   /* The device comes before the model, which is created on it. */
@@ -288,10 +300,11 @@ int main(int argc, char **argv) {
   if (s != TD_OK) app_fail(&run, "choosing the device", s);
   if (dev.kind != TD_DEVICE_CPU) {
     char name[16];
-    fprintf(stderr, "%s: error: %s is there, but this build's GPT has no CUDA implementation yet (issue 18: the "
-                    "CUDA layers exist, the model over them does not): use --device cpu\n",
+    fprintf(stderr, "%s: error: %s is there, but the training engine does not run on a CUDA device yet (its "
+                    "parameter, gradient and optimizer arenas, optimizer step and checkpoints are host memory only; "
+                    "issue 18): use --device cpu\n",
             app_name, td_device_name(dev, name, sizeof name));
-    if (run.comm && run.world > 1) td_comm_abort(run.comm, "no CUDA GPT");
+    if (run.comm && run.world > 1) td_comm_abort(run.comm, "no device training engine yet");
     exit(APP_EXIT_FAIL);
   }
 
@@ -349,12 +362,26 @@ int main(int argc, char **argv) {
     fprintf(stderr, "%s: checkpoint at step %ld in %s\n", app_name, td_trainer_step_count(run.trainer),
             rc->checkpoint_dir);
 
+  /* Every rank: the memory estimate against the peak so far (before the
+   * sample's gather), for tests/offload and bench/ (issue 23). */
+  td_trainer_memory_info mem;
+  if (td_trainer_memory(run.trainer, &mem) == TD_OK)
+    printf("%s: memory rank=%d estimate_mib=%.1f baseline_mib=%.1f peak_rss_mib=%.1f limit_mib=%.1f limit=\"%s\"\n",
+           app_name, run.rank, mem.estimate_bytes / 1048576.0, mem.baseline_bytes / 1048576.0,
+           mem.peak_rss_bytes / 1048576.0, mem.limit_bytes / 1048576.0, mem.limit_source);
+  fflush(stdout);
   /* At ZeRO stage 3 rank 0 needs the whole parameter arena for the sample
    * and the deterministic summary (collective: every rank takes part). */
   int exact = rc->deterministic_reduction == 1;
   if (opt.sample > 0 || exact) {
     s = td_trainer_gather_params(run.trainer);
-    if (s != TD_OK) app_fail(&run, "gathering the parameters for the sample", s);
+    if (s == TD_ERR_INVALID_USAGE) { /* refused on every rank: the whole arena does not fit (stage 3) */
+      if (run.rank == 0) fprintf(stderr, "%s: no sample: %s\n", app_name, td_last_error());
+      opt.sample = 0;
+      exact = 0;
+    } else if (s != TD_OK) {
+      app_fail(&run, "gathering the parameters for the sample", s);
+    }
   }
   if (run.rank == 0) {
     /* The sample is generated before anything is printed: under tandemrun

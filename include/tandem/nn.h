@@ -81,9 +81,12 @@ typedef struct td_model_ops {
    * differentiating it (activation checkpointing; the same results, bit for
    * bit); 0: forward keeps everything. Takes effect at the next prepare. */
   td_status (*set_activation_checkpointing)(td_model *model, int on);
-  /* Bytes of activation and scratch memory prepare(batch) allocates (for
-   * memory estimates). May be NULL. */
-  size_t (*activation_bytes)(const td_model *model, int batch);
+  /* Bytes of activation and scratch memory prepare(batch) and the first
+   * forward allocate with activation checkpointing on or off and at the
+   * compute type `compute` (TD_BF16 adds the bf16 copies the products read),
+   * whatever the model is set to now (for memory estimates before a trainer
+   * exists). May be NULL. */
+  size_t (*activation_bytes)(const td_model *model, int batch, int checkpointing, td_dtype compute);
 } td_model_ops;
 
 struct td_model {

@@ -27,6 +27,9 @@ typedef struct td_step_metrics {
   double compute_s;   /* time in forward, backward and the optimizer on this rank */
   double comm_wait_s; /* time this rank was blocked waiting for communication */
   double grad_norm;   /* global gradient L2 norm before clipping */
+  double memory_mib;       /* this rank's share of physical memory after the step (Pss) */
+  double memory_limit_mib; /* the memory available to this rank (-1: unknown) */
+  int memory_warning;      /* 1: RSS past 90% of the limit, 2: past 97% (-1: unknown) */
 } td_step_metrics;
 
 /* Initialize every field to "unknown" (-1) and step to 0. */
@@ -116,6 +119,58 @@ td_status td_timeline_close(td_timeline *timeline);
 td_status td_timeline_merge(const char *path, int world);
 /* The value of TANDEM_TIMELINE, or NULL when unset. */
 const char *td_timeline_default_path(void);
+
+/* ---- Prometheus endpoint: text exposition format 0.0.4 on GET /metrics ----
+ * A server thread (blocked in poll between scrapes) answers GET /metrics with
+ * the values last stored, 404 for other paths, 405 for other methods; each
+ * request must arrive within 2 s and fit 4 KiB. It binds to 127.0.0.1 unless
+ * bind_addr names another IPv4 address: the endpoint is read-only and
+ * unauthenticated (Prometheus scrapes plain HTTP), so reaching it from other
+ * hosts is an explicit choice. */
+typedef struct td_prom td_prom;
+/* Listen on bind_addr:port (bind_addr NULL: 127.0.0.1; port 0: a free port,
+ * see td_prom_port) and start the server thread. A port in use is
+ * TD_ERR_SYSTEM with a message naming it: callers report it and go on. */
+td_status td_prom_start(const char *bind_addr, int port, td_prom **out);
+/* Store the value of the series NAME{LABELS} (labels: `key="value",...`
+ * without braces, or NULL/""), type "gauge" or "counter", with a HELP text.
+ * Thread-safe, no I/O; at most 256 series (more are dropped with one warning).
+ * NAME must match [a-zA-Z_:][a-zA-Z0-9_:]* or the call is ignored. */
+void td_prom_set(td_prom *prom, const char *name, const char *type, const char *help, const char *labels,
+                 double value);
+/* Add delta to the counter NAME{LABELS} (created at 0). Thread-safe. */
+void td_prom_add(td_prom *prom, const char *name, const char *help, const char *labels, double delta);
+/* Bracket a batch of td_prom_set/td_prom_add calls (from one thread) so that
+ * a scrape sees all of them or none: one step's loss with its step number. */
+void td_prom_begin(td_prom *prom);
+void td_prom_end(td_prom *prom);
+/* The exposition text now (what a scrape would get), malloc'd, length in
+ * *len_out; NULL when out of memory. */
+char *td_prom_render(td_prom *prom, size_t *len_out);
+int td_prom_port(const td_prom *prom);       /* the port listened on; -1 for NULL */
+unsigned long td_prom_scrapes(td_prom *prom); /* GET /metrics answered so far */
+void td_prom_stop(td_prom *prom);             /* stops the thread, closes the socket, frees; accepts NULL */
+
+/* ---- TensorBoard event files ----
+ * DIR/events.out.tfevents.<seconds>.<host>.<pid>: TFRecords (length, masked
+ * CRC-32C of the length, a serialized tensorflow.Event, masked CRC-32C of
+ * it) holding Summary scalars and histograms, as tf.summary writes them.
+ * Each call writes one Event and flushes it, so that TensorBoard can follow
+ * a running job. Not thread-safe: one writer thread per handle. */
+typedef struct td_tensorboard td_tensorboard;
+/* Create DIR if missing (its parent must exist) and a new event file in it
+ * (whose first record carries file_version "brain.Event:2"). */
+td_status td_tensorboard_open(const char *dir, td_tensorboard **out);
+/* One Event at `step` with n_values scalars (Summary.Value.simple_value is a
+ * float: values are rounded to float). Accepts a NULL handle (no-op). */
+td_status td_tensorboard_scalars(td_tensorboard *tb, long step, int n_values, const char *const *tags,
+                                 const double *values);
+/* One Event at `step` with a histogram of the n values (30 equal-width
+ * buckets between their min and max; non-finite values left out). */
+td_status td_tensorboard_histogram(td_tensorboard *tb, const char *tag, long step, const double *values, size_t n);
+const char *td_tensorboard_path(const td_tensorboard *tb); /* the event file; NULL for NULL */
+/* Close; returns the first write error seen. Accepts NULL. */
+td_status td_tensorboard_close(td_tensorboard *tb);
 
 #ifdef __cplusplus
 }

@@ -274,15 +274,23 @@ typedef struct td_step_stats {
   double compute_s;   /* this rank: time in data loading, forward, backward and optimizer */
   double comm_wait_s; /* this rank: time blocked waiting for gradient buckets and the loss reduction */
   double data_s;      /* this rank: time copying samples into the micro-batch (part of compute_s) */
+  double optimizer_s; /* this rank: gradient norm, clipping and the update (part of compute_s) */
+  double io_s;        /* this rank: writing the checkpoint this step saved (not part of step_s; 0 if none) */
   int n_buckets;      /* gradient buckets reduced in this step */
   size_t comm_bytes;  /* bytes of gradient this rank reduced in this step */
   int saved;          /* 1 if td_trainer_step wrote a checkpoint after this step */
   int skipped;        /* 1 if fp16 gradients overflowed on some rank and every rank skipped the update */
   double loss_scale;  /* fp16: the loss scale after this step (1 otherwise) */
+  size_t memory_bytes;       /* this rank's share of physical memory after the step (Pss: pages shared with the
+                              * host's other ranks count by their share) */
+  size_t memory_limit_bytes; /* the memory available to this rank (0: unknown or TANDEM_MEMORY_LIMIT=off) */
+  int memory_warning;        /* 1: memory_bytes is past 90% of memory_limit_bytes, 2: past 97% (also in the log) */
 } td_step_stats;
 
-/* Create a trainer. Collective over comm (broadcasts the parameters from rank
- * 0); comm may be NULL for a world of one. The trainer borrows model, dataset
+/* Create a trainer. Collective over comm (stages 0-2 broadcast the
+ * parameters from rank 0; at ZeRO stage 3 each rank initializes only its
+ * own shard, in place, td_model_init_params_range); comm may be NULL for a
+ * world of one. The trainer borrows model, dataset
  * and comm (the caller keeps ownership and destroys them after the trainer);
  * cfg is copied and resolved (td_train_config_resolve). Prepares the model
  * for micro_batch, allocates the arenas, initializes the parameters from
@@ -396,6 +404,16 @@ typedef struct td_memory_estimate {
    * nvme_path, offload_buffers the RAM of the optimizer's tile buffers
    * (counted in model_states). 0 without offload. */
   size_t disk, offload_buffers;
+  /* What td_trainer_gather_params adds at stage 3 (the rest of the
+   * parameter arena on every rank; 0 below stage 3): not part of the steps,
+   * so not in model_states, but a run that gathers (train-gpt's sample)
+   * needs it on top. */
+  size_t gather;
+  /* What the process adds during the steps beyond the arenas and
+   * activations (compute scratch, communicator and I/O buffers): a fixed
+   * allowance. A rank's peak RSS is bounded by model_states + activations +
+   * runtime + what the process held before the trainer. */
+  size_t runtime;
 } td_memory_estimate;
 td_status td_trainer_estimate_memory(const td_model *model, const td_train_config *cfg, int world, int stage,
                                      td_memory_estimate *out);
@@ -415,6 +433,8 @@ typedef struct td_offload_stats {
   double io_busy_s, io_wait_s;
   double opt_s, opt_compute_s, opt_read_wait_s, opt_write_wait_s, param_wait_s;
   size_t disk_bytes;
+  size_t tile;         /* floats per optimizer tile (sub_group_size as set or chosen) */
+  size_t buffer_bytes; /* RAM the offload holds for the trainer's life: the tile buffers */
 } td_offload_stats;
 td_status td_trainer_offload_stats(const td_trainer *trainer, td_offload_stats *out);
 
@@ -425,6 +445,23 @@ td_status td_trainer_offload_stats(const td_trainer *trainer, td_offload_stats *
  * 1-3 the highest such count during the first two steps (or now, if
  * more). Local. */
 size_t td_trainer_model_state_bytes(const td_trainer *trainer);
+
+/* This rank's memory (issue 23): what the trainer compared at creation and
+ * what the process holds now. estimate_bytes = the estimate of this
+ * configuration (model states + activations, td_trainer_estimate_memory)
+ * + baseline_bytes, the process's RSS before the arenas; limit_bytes = the
+ * memory available to this rank (the least of MemAvailable, the cgroup
+ * limit and TANDEM_MEMORY_LIMIT, divided among the host's ranks; 0:
+ * unknown or TANDEM_MEMORY_LIMIT=off), limit_source says which; rss_bytes
+ * and peak_rss_bytes: VmRSS and VmHWM now. Over the shm transport the
+ * peers' host-shared arenas that the collectives read count in RSS too
+ * (RssShmem), physically once per host: the estimate counts them once.
+ * Local. */
+typedef struct td_trainer_memory_info {
+  size_t estimate_bytes, baseline_bytes, limit_bytes, rss_bytes, peak_rss_bytes;
+  char limit_source[400];
+} td_trainer_memory_info;
+td_status td_trainer_memory(const td_trainer *trainer, td_trainer_memory_info *out);
 int td_trainer_zero_stage(const td_trainer *trainer);
 /* At ZeRO stage 3, gather the whole parameter arena so that
  * td_trainer_params() is complete (4 bytes per parameter, until the next
@@ -441,6 +478,11 @@ td_model *td_trainer_model(const td_trainer *trainer);
  * valid until the trainer is destroyed. Rank 0 uses it to
  * generate text (td_gpt_generate) or to evaluate. */
 const float *td_trainer_params(const td_trainer *trainer);
+/* The averaged gradient of the last step (n_params floats, multiplied by the
+ * fp16 loss scale the step used; 1 otherwise), until the next step begins; or
+ * NULL where no rank holds it whole (ZeRO stage 2 and 3 shard it; stage 1
+ * and NVMe offload do not promise it either). Local. For monitoring. */
+const float *td_trainer_grads(const td_trainer *trainer);
 float *td_trainer_params_mut(td_trainer *trainer); /* for tests and custom initialization before the first step */
 size_t td_trainer_n_params(const td_trainer *trainer);
 int td_trainer_threads(const td_trainer *trainer); /* compute threads this rank uses */

@@ -163,16 +163,23 @@ static td_status acts_alloc(gpt_acts *a, const td_gpt_config *c, int B, int T, i
   return TD_OK;
 }
 
+/* The bf16 copies' sizes (in elements, each 64-byte aligned) for B x T
+ * tokens; returns their sum. */
+static size_t acts16_plan(const td_gpt_config *c, size_t BT, int ckpt, size_t n[5]) {
+  size_t L = ckpt && c->layers > 0 ? 1 : (size_t)c->layers, C = c->channels, total = 0;
+  size_t sizes[5] = {L * BT * C, L * BT * C, L * BT * C, L * BT * 4 * C, BT * C};
+  for (int i = 0; i < 5; i++) total += n[i] = (sizes[i] + 31) & ~(size_t)31;
+  return total;
+}
+
 /* At the bf16 compute type, the bf16 copies (allocated once per acts):
  * sets a->use16 to whether the forward about to run writes them. Out of
  * memory only costs speed (the products pack from f32 then). */
 static void acts16_ensure(gpt_acts *a, const td_gpt_config *c) {
   a->use16 = 0;
   if (td_nn_compute_dtype() != TD_BF16) return;
-  size_t L = a->ckpt ? 1 : (size_t)c->layers, C = c->channels, BT = (size_t)a->B * a->T;
-  size_t n[] = {L * BT * C, L * BT * C, L * BT * C, L * BT * 4 * C, BT * C}, total = 0;
+  size_t n[5], total = acts16_plan(c, (size_t)a->B * a->T, a->ckpt, n);
   uint16_t **ptr[] = {&a->ln1_16, &a->atty_16, &a->ln2_16, &a->fchg_16, &a->lnf_16};
-  for (size_t i = 0; i < TD_ARRAY_SIZE(n); i++) total += (n[i] + 31) & ~(size_t)31; /* 64-byte aligned */
   if (!a->memory16) {
     a->memory16 = td_alloc(total * sizeof(uint16_t));
     if (!a->memory16) return;
@@ -181,18 +188,20 @@ static void acts16_ensure(gpt_acts *a, const td_gpt_config *c) {
     total = 0;
     for (size_t i = 0; i < TD_ARRAY_SIZE(n); i++) {
       *ptr[i] = a->memory16 + total;
-      total += (n[i] + 31) & ~(size_t)31;
+      total += n[i];
     }
   }
   a->use16 = 1;
 }
 
-static size_t gpt_activation_bytes(const td_model *model, int batch) {
+static size_t gpt_activation_bytes(const td_model *model, int batch, int checkpointing, td_dtype compute) {
   const gpt_model *g = (const gpt_model *)model;
   gpt_acts scratch = {0};
-  /* plus the token and target copies */
-  return acts_plan(&scratch, &g->cfg, batch, g->cfg.seq, g->ckpt, NULL) * sizeof(float) +
-         2 * (size_t)batch * g->cfg.seq * sizeof(int32_t);
+  size_t n16[5], BT = (size_t)batch * g->cfg.seq;
+  /* plus the bf16 copies at the bf16 compute type, the token and target copies */
+  return acts_plan(&scratch, &g->cfg, batch, g->cfg.seq, checkpointing, NULL) * sizeof(float) +
+         (compute == TD_BF16 ? acts16_plan(&g->cfg, BT, checkpointing, n16) * sizeof(uint16_t) : 0) +
+         2 * BT * sizeof(int32_t);
 }
 
 static td_status gpt_prepare(td_model *model, int batch) {

@@ -86,6 +86,9 @@ td_status td_metrics_write_step(td_metrics *m, const td_step_metrics *s) {
   if (s->comm_wait_s >= 0) off = put_number(buf, off, sizeof buf, "comm_wait_s", s->comm_wait_s, "%.6f");
   if (s->grad_norm >= 0 || !isfinite(s->grad_norm))
     off = put_number(buf, off, sizeof buf, "grad_norm", s->grad_norm, "%.9g");
+  if (s->memory_mib >= 0) off = put_number(buf, off, sizeof buf, "memory_mib", s->memory_mib, "%.1f");
+  if (s->memory_limit_mib >= 0) off = put_number(buf, off, sizeof buf, "memory_limit_mib", s->memory_limit_mib, "%.1f");
+  if (s->memory_warning >= 0) off = put_number(buf, off, sizeof buf, "memory_warning", s->memory_warning, "%.0f");
   return finish_line(m, buf, off, sizeof buf);
 }
 

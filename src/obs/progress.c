@@ -34,6 +34,8 @@ struct td_progress {
 void td_step_metrics_clear(td_step_metrics *m) {
   m->step = 0;
   m->loss = m->lr = m->items_per_s = m->step_s = m->compute_s = m->comm_wait_s = m->grad_norm = -1;
+  m->memory_mib = m->memory_limit_mib = -1;
+  m->memory_warning = -1;
 }
 
 void td_format_duration(double seconds, char *buf, size_t size) {

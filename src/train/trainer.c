@@ -27,6 +27,7 @@
 #include "train/offload/offload.h"
 #include "train/deterministic/deterministic.h"
 #include "train/precision/precision.h"
+#include "train/memory_fit.h"
 
 #include <math.h>
 #include <sched.h>
@@ -132,6 +133,14 @@ static td_status trainer_create(const td_train_config *cfg_in, td_model *model, 
                   "use \"fp32\" or stage 0-1", td_dtype_name(t->cfg.precision.comm_dtype), t->zero_stage);
     goto fail;
   }
+  /* before any arena: a job that cannot fit is refused on every rank, here
+   * (memory_fit.c), not ended by the kernel's OOM killer mid-run */
+  t->agree_flags = calloc((size_t)t->world, sizeof *t->agree_flags);
+  if (!t->agree_flags) {
+    st = td_error(TD_ERR_SYSTEM, "out of memory for the trainer's tables");
+    goto fail;
+  }
+  TD_CHECK_GOTO(trainer_memory_fit(t), st, fail);
   size_t arena_bytes = t->n_params * sizeof(float);
   if (t->zero_stage >= 1) {
     TD_CHECK_GOTO(zero_create(t), st, fail);
@@ -151,7 +160,6 @@ static td_status trainer_create(const td_train_config *cfg_in, td_model *model, 
   t->tensor_ready = calloc((size_t)TD_MAX(model->n_tensors, 1), sizeof(size_t));
   t->cap_requests = model->n_tensors + 2;
   t->requests = calloc((size_t)t->cap_requests, sizeof *t->requests);
-  t->agree_flags = calloc((size_t)t->world, sizeof *t->agree_flags);
   bool states_in_ram = t->cfg.offload.optimizer_device != TD_OFFLOAD_NVME || t->zero_stage < 3;
   if (!t->requests || !t->agree_flags || !t->params || !t->grads ||
       (states_in_ram && (!t->states[0] || (t->n_states > 1 && !t->states[1]))) || !t->inputs ||
@@ -589,7 +597,7 @@ static td_status step_finish(td_trainer *t, td_step_stats *stats, double loss, d
   trace(t, "optimizer", opt0);
 
   int saved = 0;
-  double step_s = td_now() - t_start;
+  double t_end = td_now(), step_s = t_end - t_start;
   TD_CHECK(td_trainer_checkpoint_if_due(t, &saved));
   if (stats) {
     memset(stats, 0, sizeof *stats);
@@ -605,11 +613,14 @@ static td_status step_finish(td_trainer *t, td_step_stats *stats, double loss, d
     stats->comm_wait_s = wait_s;
     stats->compute_s = step_s - wait_s;
     stats->data_s = data_s;
+    stats->optimizer_s = t_end - opt0;
+    stats->io_s = saved ? td_now() - t_end : 0.0;
     stats->n_buckets = n_buckets;
     stats->comm_bytes = t->comm_bytes;
     stats->saved = saved;
     stats->skipped = overflow;
     stats->loss_scale = t->scaler.scale;
+    trainer_memory_watch(t, stats);
   }
   return TD_OK;
 }
@@ -721,6 +732,10 @@ const td_train_config *td_trainer_config(const td_trainer *t) { return &t->cfg; 
 td_model *td_trainer_model(const td_trainer *t) { return t->model; }
 const float *td_trainer_params(const td_trainer *t) { return t->params; }
 float *td_trainer_params_mut(td_trainer *t) { return t->params; }
+const float *td_trainer_grads(const td_trainer *t) {
+  int offload = t->cfg.offload.optimizer_device == TD_OFFLOAD_NVME || t->cfg.offload.param_device == TD_OFFLOAD_NVME;
+  return t->zero_stage == 0 && !offload && t->step > 0 ? t->grads : NULL;
+}
 size_t td_trainer_n_params(const td_trainer *t) { return t->n_params; }
 int td_trainer_threads(const td_trainer *t) { return t->threads; }
 
@@ -752,5 +767,7 @@ int td_trainer_zero_stage(const td_trainer *t) { return t->zero_stage; }
 
 td_status td_trainer_gather_params(td_trainer *t) {
   if (!t) return td_error(TD_ERR_INVALID_ARGUMENT, "td_trainer_gather_params: null trainer");
-  return t->zero_stage >= 3 ? zero_fetch_all(t) : TD_OK;
+  if (t->zero_stage < 3) return TD_OK;
+  TD_CHECK(trainer_gather_fits(t)); /* refused on every rank rather than killed by the kernel */
+  return zero_fetch_all(t);
 }

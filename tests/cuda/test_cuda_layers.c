@@ -762,6 +762,13 @@ int main(int argc, char **argv) {
     test_norm_scale_cast(1, dt);
   }
   test_bad_arguments();
-  printf("cuda layers: all checks passed (matmul backend %s)\n", td_cuda_matmul_backend());
+#ifdef TD_CUDA_EMU
+  /* the emulator's cuBLASLt offers an algorithm for every product whose
+   * description is right: a fallback here is a wrong shape, transpose or
+   * leading dimension in matmul.cu, hidden by the tiled kernel */
+  CHECK_EQ_INT(td_cuda_matmul_fallbacks(), 0);
+#endif
+  printf("cuda layers: all checks passed (matmul backend %s, %ld products fell back to the tiled kernel)\n",
+         td_cuda_matmul_backend(), td_cuda_matmul_fallbacks());
   return 0;
 }

@@ -61,7 +61,6 @@ def files(patterns):
 
 C_STRING = re.compile(r'"(?:[^"\\\n]|\\.)*"')
 PY_STRING = re.compile(r'"(?:[^"\\\n]|\\.)*"|\'(?:[^\'\\\n]|\\.)*\'')
-C_COMMENT = re.compile(r"/\*.*?\*/|//[^\n]*", re.S)
 ENV_NAME = re.compile(r"\bTANDEM_[A-Z0-9_]*[A-Z0-9]\b")
 
 

@@ -42,6 +42,7 @@
  *       hidden directory of a start killed before its rename goes when old,
  *       a young one (a start in progress) stays. */
 #include "train/offload/aio.h"
+#include "train/offload/offload.h"
 #include "train/core/core.h"
 
 #include <dirent.h>
@@ -567,8 +568,32 @@ static void run_config(void) {
   td_train_config c;
   td_train_config_defaults(&c);
   CHECK_EQ_INT(c.offload.optimizer_device, TD_OFFLOAD_NONE);
-  CHECK_EQ_INT(c.offload.sub_group_size, 1000000000);
+  CHECK_EQ_INT(c.offload.sub_group_size, 0); /* unset: chosen from the memory at creation */
   CHECK_EQ_INT(c.offload.aio_block_size, 1048576);
+  {
+    /* the automatic tile: buffers (4 x 3 arrays of AdamW with the parameters on disk) at most 1/32 of the rank's
+     * memory, within [256Ki, 16Mi] parameters, rounded up to 1024; a value the user set is kept */
+    td_train_config f = c;
+    f.offload.optimizer_device = f.offload.param_device = TD_OFFLOAD_NVME;
+    size_t gib10 = (size_t)10 << 30, per = 4 * 3 * 4;
+    size_t want = (gib10 / 32 / per + 1023) / 1024 * 1024; /* 6990506 -> 6990848 */
+    td_offload_config_fit(&f, gib10);
+    CHECK_EQ_INT(f.offload.sub_group_size, want);
+    f.offload.sub_group_size = 0;
+    td_offload_config_fit(&f, 0); /* memory unknown */
+    CHECK_EQ_INT(f.offload.sub_group_size, 16 << 20);
+    f.offload.sub_group_size = 0;
+    td_offload_config_fit(&f, (size_t)64 << 20); /* 64 MiB: the floor */
+    CHECK_EQ_INT(f.offload.sub_group_size, 256 << 10);
+    f.offload.sub_group_size = 1000000000; /* set by the user: kept (the start-up check refuses it if it cannot fit) */
+    td_offload_config_fit(&f, gib10);
+    CHECK_EQ_INT(f.offload.sub_group_size, 1000000000);
+    /* buffers: no more than the shard has tiles; resident as the tiles touch them */
+    f.offload.sub_group_size = 1 << 20;
+    CHECK_EQ_INT(td_offload_buffer_count(&f, 3u << 20), 4);      /* 3Mi + up to 1023 below: 4 tiles */
+    CHECK_EQ_INT(td_offload_buffer_count(&f, (1u << 20) - 1024), 1);
+    CHECK_EQ_INT(td_offload_buffer_bytes(&f, 100u << 20), (size_t)4 * 3 * (1u << 20) * 4);
+  }
   const char *ok = "{\"zero_optimization\": {\"stage\": 3, \"sub_group_size\": 5000,"
                    " \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"/x\", \"buffer_count\": 3,"
                    " \"pin_memory\": true},"

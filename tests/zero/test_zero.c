@@ -31,7 +31,9 @@
  *   test_zero units
  *       World of one: estimate edge cases (world larger than the parameter
  *       count, SGD's single state), stage 3 refused for a model without
- *       parameter access. */
+ *       parameter access; td_trainer_create_unbound at stage 3 for each
+ *       rank of 3: its shard initialized in place equals the whole-arena
+ *       initializer's values, nothing outside it, no step before a rebind. */
 #include "train/core/core.h"
 #include "train/zero/zero.h"
 
@@ -240,6 +242,47 @@ static void run_fail(td_comm *comm) {
   if (rank == 0) printf("OK: a failed sample at stage 3 fails the step on every rank; the retry equals stage 0\n");
 }
 
+/* td_trainer_create_unbound (elastic processes): a stage-3 trainer cut for
+ * rank r of W holds exactly its shard of the values the whole-arena
+ * initializer gives (computed here with td_model_init_params), nothing
+ * outside it, refuses to step before it is bound, and bad ranks are
+ * refused. Odd parameter count, 3 ranks: shards of unequal length. */
+static void run_unbound(void) {
+  td_dataset *ds = text_dataset();
+  td_model *m = gpt(2, 35, 5, 0);
+  size_t n = m->n_params;
+  float *ref = calloc(n, sizeof *ref);
+  CHECK(ref != NULL);
+  td_model_init_params(m, ref, 7);
+  td_trainer *t = NULL;
+  const int world = 3;
+  for (int r = 0; r < world; r++) {
+    td_train_config c;
+    base_config(&c, world, 1, TD_OPTIMIZER_ADAMW, 3);
+    CHECK_OK(td_trainer_create_unbound(&c, m, ds, world, r, &t));
+    size_t off, len;
+    td_shard_range(n, world, r, &off, &len);
+    CHECK(len > 0 && t->shard_lo == off && t->shard_hi == off + len);
+    const float *p = td_trainer_params(t);
+    CHECK(memcmp(p + off, ref + off, len * sizeof(float)) == 0);
+    /* outside the shard: zeros (never written; pages straddling the shard's edges hold it) */
+    size_t nonzero = 0;
+    for (size_t i = 0; i < n; i++)
+      if ((i < off || i >= off + len) && p[i] != 0.0f) nonzero++;
+    CHECK_EQ_INT(nonzero, 0);
+    CHECK_MSG(td_trainer_step(t, NULL), TD_ERR_INVALID_USAGE, "td_trainer_elastic_rebind");
+    td_trainer_destroy(t);
+  }
+  td_train_config c;
+  base_config(&c, world, 1, TD_OPTIMIZER_ADAMW, 3);
+  CHECK_MSG(td_trainer_create_unbound(&c, m, ds, world, world, &t), TD_ERR_INVALID_ARGUMENT, "0 <= rank < world");
+  CHECK(t == NULL);
+  CHECK_STATUS(td_trainer_create_unbound(&c, m, ds, 0, 0, &t), TD_ERR_INVALID_ARGUMENT);
+  free(ref);
+  td_model_destroy(m);
+  td_dataset_destroy(ds);
+}
+
 static void run_units(void) {
   td_train_config c;
   base_config(&c, 1, 1, TD_OPTIMIZER_SGD, 1);
@@ -268,6 +311,7 @@ static void run_units(void) {
   td_trainer_destroy(t);
   td_dataset_destroy(ds);
   td_model_destroy(m);
+  run_unbound();
   printf("OK units\n");
 }
 

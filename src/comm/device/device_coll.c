@@ -94,7 +94,7 @@ static td_status vote_path(td_comm *comm, td_device dev, bool *use_nccl, unsigne
   else nccl_ok = nccl_loadable(why_not, sizeof why_not);
   memset(id, 0, NCCL_ID_BYTES);
   if (nccl_ok && comm->rank == 0) TD_CHECK(nccl_make_id(id));
-  char mine[VOTE_BYTES + 2 * NCCL_ID_BYTES], hex[2 * NCCL_ID_BYTES + 1];
+  char mine[VOTE_BYTES], hex[2 * NCCL_ID_BYTES + 1];
   hex_encode(id, NCCL_ID_BYTES, hex);
   snprintf(mine, sizeof mine, "%d %d %d %s", nccl_ok ? 1 : 0, (int)dev.kind, dev.index, hex);
   char prefix[200];

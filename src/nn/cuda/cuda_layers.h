@@ -91,6 +91,9 @@ td_status td_cuda_matmul_backward(void *dinp /* (N, IC) or NULL */, void *dweigh
                                   int OC, td_dtype dtype, void *stream);
 /* "cublaslt" or "kernel": which path td_cuda_matmul_* take in this process. */
 const char *td_cuda_matmul_backend(void);
+/* Products that took the tiled kernel although cuBLASLt was chosen, because
+ * its heuristic offered no algorithm (this process, all threads). */
+long td_cuda_matmul_fallbacks(void);
 
 /* Causal multi-head self-attention core (td_attention_forward): inp holds
  * q, k, v side by side (B, T, 3C); att caches the softmax weights (zero

@@ -10,9 +10,10 @@
  *   dW (OC, IC) += dout^T inp  is  dW^T += inp^T dout   (m=IC n=OC k=N, B op T)
  * One handle and a 32 MiB workspace per process, made at the first product
  * on the device current then (Tandem drives one device per process).
- * The other path is Tandem's own tiled kernel, which is what runs under the
- * emulator, with TANDEM_CUDA_MATMUL=kernel, and where cuBLASLt finds no
- * algorithm for a shape:
+ * The other path is Tandem's own tiled kernel, which runs with
+ * TANDEM_CUDA_MATMUL=kernel and where cuBLASLt finds no algorithm for a
+ * shape (the emulator tree runs both: its cuBLASLt is a reference loop with
+ * the library's semantics):
  *   C[m, n] (+)= sum_k op(A)[m, k] op(B)[k, n] (+ bias[n])
  * in 16x16 output tiles, one output per thread, the K dimension walked in
  * 16-wide slices staged in shared memory (as f32, whatever the element
@@ -25,11 +26,10 @@
 #include "cuda_common.cuh"
 #include "cuda_layers.h"
 
-#ifndef TD_CUDA_EMU
+/* (the emulator tree has a cuBLASLt of its own: tests/cudaemu/include/cublasLt.h) */
 #include <cublasLt.h>
+#include <atomic>
 #include <mutex>
-#define TD_HAVE_CUBLASLT 1
-#endif
 
 #define TILE 16
 
@@ -91,23 +91,21 @@ static td_status gemm(T *C, const T *A, const T *B, const T *bias, int M, int N,
 }
 
 /* TANDEM_CUDA_MATMUL: "kernel" forces the tiled kernel; unset or "cublaslt"
- * uses cuBLASLt where the build has it. Read once. */
+ * uses cuBLASLt. Read once. */
 static int use_cublaslt(void) {
-#ifdef TD_HAVE_CUBLASLT
   static int use = -1;
   if (use < 0) {
     const char *e = getenv("TANDEM_CUDA_MATMUL");
     use = !(e && strcmp(e, "kernel") == 0);
   }
   return use;
-#else
-  return 0;
-#endif
 }
 
 extern "C" const char *td_cuda_matmul_backend(void) { return use_cublaslt() ? "cublaslt" : "kernel"; }
 
-#ifdef TD_HAVE_CUBLASLT
+static std::atomic<long> lt_fallbacks(0);
+extern "C" long td_cuda_matmul_fallbacks(void) { return lt_fallbacks.load(); }
+
 #define LT_CHECK(call)                                                                                        \
   do {                                                                                                        \
     cublasStatus_t lt_s_ = (call);                                                                            \
@@ -207,14 +205,16 @@ static td_status lt_matmul(void *d, const void *A, const void *B, const void *bi
   int n_results = 0;
   cublasStatus_t hs =
       cublasLtMatmulAlgoGetHeuristic(lt_handle, call.op, call.a, call.b, call.c, call.c, call.pref, 1, &heur, &n_results);
-  if (hs != CUBLAS_STATUS_SUCCESS || n_results == 0) return TD_OK; /* no algorithm: the tiled kernel */
+  if (hs != CUBLAS_STATUS_SUCCESS || n_results == 0) { /* no algorithm: the tiled kernel */
+    lt_fallbacks++;
+    return TD_OK;
+  }
   float alpha = 1.0f, beta = c_in ? 1.0f : 0.0f;
   LT_CHECK(cublasLtMatmul(lt_handle, call.op, &alpha, A, call.a, B, call.b, &beta, c_in ? c_in : d, call.c, d, call.c,
                           &heur.algo, lt_workspace, kWorkspaceBytes, (cudaStream_t)stream));
   *done = 1;
   return TD_OK;
 }
-#endif
 
 static td_status check_shape(const char *fname, int N, int IC, int OC) {
   if (N < 0 || IC < 0 || OC < 0)
@@ -232,13 +232,11 @@ extern "C" td_status td_cuda_matmul_forward_ex(void *out, void *pre_gelu, const 
     return td_error(TD_ERR_INVALID_ARGUMENT, "td_cuda_matmul_forward: dtype %s: CUDA layers take f32 or bf16",
                     td_dtype_name(dtype));
   if (N == 0 || OC == 0) return TD_OK;
-#ifdef TD_HAVE_CUBLASLT
   if (use_cublaslt() && IC > 0) {
     int done = 0;
     TD_CHECK(lt_matmul(out, weight, inp, bias, residual, pre_gelu, OC, N, IC, IC, IC, OC, 1, 0, dtype, stream, &done));
     if (done) return TD_OK;
   }
-#endif
   /* the tiled kernel: the product (+ bias) into pre_gelu, or into out on
    * top of a copy of the residual; then GELU */
   void *dst = pre_gelu ? pre_gelu : out;
@@ -267,7 +265,6 @@ extern "C" td_status td_cuda_matmul_backward(void *dinp, void *dweight, void *db
                                              const void *inp, const void *weight, int N, int IC, int OC,
                                              td_dtype dtype, void *stream) {
   TD_CHECK(check_shape("td_cuda_matmul_backward", N, IC, OC));
-#ifdef TD_HAVE_CUBLASLT
   if (use_cublaslt() && N > 0 && IC > 0 && OC > 0 && (dtype == TD_F32 || dtype == TD_BF16)) {
     int done = 0;
     if (dinp) { /* dinp^T (IC, N) += W^T (IC, OC) dout^T (OC, N) */
@@ -279,7 +276,6 @@ extern "C" td_status td_cuda_matmul_backward(void *dinp, void *dweight, void *db
       if (done) dweight = NULL;
     }
   }
-#endif
   TD_CUDA_DISPATCH(dtype, "td_cuda_matmul_backward", {
     /* dinp (N, IC) += dout (N, OC) @ weight (OC, IC) */
     if (dinp)

@@ -76,6 +76,26 @@ typedef struct td_loss_scaler {
   long skipped;           /* steps skipped for overflow, in all */
 } td_loss_scaler;
 
+/* ---- memory.c: the memory this rank may use, and what it holds ---- */
+typedef struct td_mem_room {
+  size_t host_bytes; /* the job's memory on this host (0: unknown, or TANDEM_MEMORY_LIMIT=off) */
+  size_t rank_bytes; /* host_bytes / local_ranks: what this rank may hold in all */
+  int local_ranks;
+  char source[400]; /* which limit binds, in words ("MemAvailable 20480 MiB", a cgroup file, TANDEM_MEMORY_LIMIT) */
+} td_mem_room;
+/* Measure now (MemAvailable, the cgroup limit, TANDEM_MEMORY_LIMIT, with
+ * what the host's ranks hold added back, each assumed to hold what this
+ * process does); fails only on a malformed TANDEM_MEMORY_LIMIT. Local. */
+td_status td_mem_room_get(int local_ranks, td_mem_room *out);
+/* This process's resident bytes (VmRSS) and, when peak_out, its peak
+ * (VmHWM); 0 where /proc does not tell. */
+size_t td_mem_rss(size_t *peak_out);
+/* This process's share of physical memory (Pss): pages shared with other
+ * processes (the peers' host-shared arenas the shm collectives read, the
+ * libraries) count by their share, so the host's ranks add up to what
+ * they use. What the RSS watch compares with the limit. */
+size_t td_mem_pss(void);
+
 /* ---- the trainer ---- */
 struct td_trainer {
   td_train_config cfg; /* resolved */
@@ -147,6 +167,13 @@ struct td_trainer {
   struct td_elastic *elastic; /* td_trainer_elastic_register: where rebind re-registers the shards */
   struct offload_state *offload; /* stage 3 with NVMe offload: files, buffers, I/O (offload/offload.h) */
   struct det_state *det;     /* deterministic reduction on: units, exchange buffers (deterministic/deterministic.h) */
+
+  /* memory at the edge (memory_fit.c) */
+  td_mem_room mem_room; /* measured at creation */
+  size_t mem_baseline;  /* this process's RSS before the arenas */
+  size_t mem_estimate;  /* what the estimate says this rank holds at most (baseline included) */
+  int mem_warned;       /* the RSS warning level reached: 0 none, 1 past 90%, 2 past 97% */
+  bool offload_tile_chosen; /* sub_group_size was unset and chosen from the memory */
 };
 
 /* Agree on success across ranks: every rank passes its local status; returns

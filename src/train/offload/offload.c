@@ -60,8 +60,8 @@ td_status offload_create(td_trainer *t) {
       TD_CHECK(open_file(t, t->n_states == 2 ? adam[i] : sgd[i], file_bytes, &o->state_files[i]));
   }
   if (states) {
-    o->tile = round_up(TD_MIN((size_t)c->sub_group_size, shard + OFFLOAD_ALIGN_FLOATS), OFFLOAD_ALIGN_FLOATS);
-    o->n_buffers = c->optimizer_buffer_count;
+    o->tile = td_offload_tile(&t->cfg, shard);
+    o->n_buffers = td_offload_buffer_count(&t->cfg, shard);
     size_t arrays = (size_t)t->n_states + (params ? 1 : 0);
     o->buffers = td_aio_alloc((size_t)o->n_buffers * arrays * o->tile * sizeof(float));
     if (!o->buffers)
@@ -69,8 +69,10 @@ td_status offload_create(td_trainer *t) {
                       "zero_optimization.sub_group_size or offload_optimizer.buffer_count)", t->rank, o->n_buffers,
                       o->tile * arrays);
   }
-  TD_INFO("rank %d: NVMe offload in %s (%s%s), %s", t->rank, o->dir, params ? "parameters, " : "",
-          states ? "optimizer state" : "", td_aio_engine_name(o->aio));
+  TD_INFO("rank %d: NVMe offload in %s (%s%s), %s; RAM: %.1f MiB of tile buffers (sub_group_size %zu%s)", t->rank,
+          o->dir, params ? "parameters, " : "", states ? "optimizer state" : "", td_aio_engine_name(o->aio),
+          (double)td_offload_buffer_bytes(&t->cfg, shard) / 1048576.0, o->tile,
+          t->offload_tile_chosen ? ", chosen from the memory: it was not set" : "");
   return TD_OK;
 }
 
@@ -107,5 +109,7 @@ td_status td_trainer_offload_stats(const td_trainer *t, td_offload_stats *out) {
   out->opt_write_wait_s = o->stats.opt_write_wait_s;
   out->param_wait_s = o->stats.param_wait_s;
   out->disk_bytes = td_offload_disk_bytes(&t->cfg, t->shard_hi - t->shard_lo, t->shard_lo - o->file_base);
+  out->tile = o->tile;
+  out->buffer_bytes = td_offload_buffer_bytes(&t->cfg, t->shard_hi - t->shard_lo);
   return TD_OK;
 }

@@ -74,8 +74,18 @@ td_status td_offload_parse_json(const void *item, const char *source, td_train_c
  * `shard_params` elements starting lead_params after file_base (files
  * rounded to whole blocks; rank 0's lead is 0). */
 size_t td_offload_disk_bytes(const td_train_config *cfg, size_t shard_params, size_t lead_params);
-/* Bytes of RAM the offload buffers take per rank. */
+/* Bytes of RAM the offload's tile buffers hold per rank (what the tiles
+ * touch of the buffers allocated: td_offload_buffer_count of them). */
 size_t td_offload_buffer_bytes(const td_train_config *cfg, size_t shard_params);
+/* Floats per optimizer tile for a shard of shard_params (sub_group_size,
+ * or the automatic choice when it is unset, at most the shard). */
+size_t td_offload_tile(const td_train_config *cfg, size_t shard_params);
+/* The tile buffers allocated: buffer_count, but no more than the shard
+ * has tiles (a buffer no tile uses would be memory for nothing). */
+int td_offload_buffer_count(const td_train_config *cfg, size_t shard_params);
+/* sub_group_size unset (0): choose it from rank_bytes, the memory this
+ * rank may use (0: unknown). A value the user set is kept. */
+void td_offload_config_fit(td_train_config *cfg, size_t rank_bytes);
 
 /* ---- swap_dir.c ---- */
 /* Remove the directories of dead jobs under `path` (their lock is free);

@@ -34,7 +34,7 @@ void td_offload_config_defaults(td_offload_config *o) {
   o->param_buffer_count = 5;
   o->param_buffer_size = 100000000;
   o->param_max_in_cpu = 1000000000;
-  o->sub_group_size = 1000000000;
+  o->sub_group_size = 0; /* unset: chosen from the shard and the memory (td_offload_config_fit) */
   o->aio_block_size = 1 << 20;
   o->aio_queue_depth = 8;
   o->aio_thread_count = 1;
@@ -71,9 +71,9 @@ td_status td_offload_config_check(const td_train_config *cfg) {
                     "and writes behind the tile being updated)", o->optimizer_buffer_count);
   if (o->param_buffer_count < 1 || o->param_buffer_size < 1 || o->param_max_in_cpu < 1)
     return td_error(TD_ERR_INVALID_ARGUMENT, "offload_param: buffer_count, buffer_size and max_in_cpu must be >= 1");
-  if (o->sub_group_size < 1)
-    return td_error(TD_ERR_INVALID_ARGUMENT, "zero_optimization.sub_group_size %ld: must be >= 1 (e.g. 1e9)",
-                    o->sub_group_size);
+  if (o->sub_group_size < 0)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "zero_optimization.sub_group_size %ld: must be >= 1 (e.g. 1e9), or "
+                    "left out to have it chosen from the memory", o->sub_group_size);
   if (o->aio_block_size < TD_AIO_ALIGN || o->aio_block_size % TD_AIO_ALIGN != 0 || o->aio_block_size > (1u << 30))
     return td_error(TD_ERR_INVALID_ARGUMENT, "aio.block_size %zu: must be a multiple of %d up to 1 GiB (e.g. 1048576)",
                     o->aio_block_size, TD_AIO_ALIGN);
@@ -110,12 +110,60 @@ size_t td_offload_disk_bytes(const td_train_config *cfg, size_t shard_params, si
   return n * file;
 }
 
+/* The arrays each tile buffer holds: the optimizer states, and the
+ * parameters when they are on disk too. */
+static size_t tile_arrays(const td_train_config *cfg) {
+  return (size_t)td_optimizer_n_states(cfg->optimizer.kind) + (cfg->offload.param_device == TD_OFFLOAD_NVME);
+}
+
+/* sub_group_size left unset: tiles whose buffers (buffer_count x arrays x
+ * tile) take at most 1/32 of the rank's memory, no more than 16Mi
+ * parameters (64 MiB per array and read: enough to keep a disk busy; what
+ * DeepSpeed users tune it to), no fewer than 256Ki (1 MiB reads). DeepSpeed's
+ * default (1e9: the whole shard of a model up to 1e9 x ranks parameters,
+ * in each of 4 buffers) is what made the 2.52B run refuse (issue 23). */
+#define OFFLOAD_TILE_MAX ((size_t)16 << 20)
+#define OFFLOAD_TILE_MIN ((size_t)256 << 10)
+
+void td_offload_config_fit(td_train_config *cfg, size_t rank_bytes) {
+  td_offload_config *o = &cfg->offload;
+  if (o->sub_group_size > 0 || o->optimizer_device != TD_OFFLOAD_NVME) return;
+  size_t tile = OFFLOAD_TILE_MAX;
+  size_t per_tile_float = (size_t)o->optimizer_buffer_count * tile_arrays(cfg) * sizeof(float);
+  if (rank_bytes > 0) tile = TD_MIN(tile, rank_bytes / 32 / per_tile_float);
+  tile = TD_MAX(tile, OFFLOAD_TILE_MIN);
+  o->sub_group_size = (long)round_up(tile, OFFLOAD_ALIGN_FLOATS);
+}
+
+size_t td_offload_tile(const td_train_config *cfg, size_t shard_params) {
+  td_train_config c = *cfg;
+  td_offload_config_fit(&c, 0); /* unset and not fitted yet: the largest automatic tile */
+  size_t sub = c.offload.sub_group_size > 0 ? (size_t)c.offload.sub_group_size : OFFLOAD_TILE_MAX;
+  return round_up(TD_MIN(sub, shard_params + OFFLOAD_ALIGN_FLOATS), OFFLOAD_ALIGN_FLOATS);
+}
+
+/* The most tiles a shard is cut into: from file_base, up to 1023 elements
+ * below the shard. */
+static size_t max_tiles(size_t shard_params, size_t tile) {
+  return (shard_params + OFFLOAD_ALIGN_FLOATS - 1 + tile - 1) / tile;
+}
+
+int td_offload_buffer_count(const td_train_config *cfg, size_t shard_params) {
+  size_t n_tiles = max_tiles(shard_params, td_offload_tile(cfg, shard_params));
+  return (int)TD_MAX((size_t)1, TD_MIN((size_t)cfg->offload.optimizer_buffer_count, n_tiles));
+}
+
 size_t td_offload_buffer_bytes(const td_train_config *cfg, size_t shard_params) {
   const td_offload_config *o = &cfg->offload;
   if (o->optimizer_device != TD_OFFLOAD_NVME) return 0;
-  size_t tile = round_up(TD_MIN((size_t)o->sub_group_size, shard_params + OFFLOAD_ALIGN_FLOATS), OFFLOAD_ALIGN_FLOATS);
-  size_t arrays = (size_t)td_optimizer_n_states(cfg->optimizer.kind) + (o->param_device == TD_OFFLOAD_NVME);
-  return (size_t)o->optimizer_buffer_count * arrays * tile * sizeof(float);
+  size_t tile = td_offload_tile(cfg, shard_params), arrays = tile_arrays(cfg);
+  size_t n_tiles = max_tiles(shard_params, tile);
+  size_t allocated = (size_t)td_offload_buffer_count(cfg, shard_params) * arrays * tile * sizeof(float);
+  /* pages are resident once touched: with no more tiles than buffers each
+   * tile has its own buffer and the shard's short edges leave the rest of
+   * theirs untouched (one page more at each end of each tile's array) */
+  size_t touched = arrays * ((shard_params + OFFLOAD_ALIGN_FLOATS) * sizeof(float) + n_tiles * 2 * TD_AIO_ALIGN);
+  return TD_MIN(allocated, touched);
 }
 
 #ifdef TD_HAVE_CJSON

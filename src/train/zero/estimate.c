@@ -38,6 +38,26 @@ static size_t block_len(const char *name) {
   return dot && dot > name && dot[-1] >= '0' && dot[-1] <= '9' ? (size_t)(dot - name) : 0;
 }
 
+/* td_trainer_gather_params at stage 3 (train-gpt's sample and exact
+ * summary): the whole parameter arena becomes resident on every rank, on
+ * top of what the rank holds: 9.4 GiB per rank more than the steps'
+ * estimate for the 2.52B-parameter run of issue 23, which the OOM killer
+ * ended (the sample's gather, by all signs: reproduced small, the gather
+ * alone takes the peak from 177 to 277 MiB). */
+static size_t estimate_gather(size_t n, size_t shard, int stage, bool params_on_disk) {
+  if (stage < 3) return 0;
+  size_t whole = n * sizeof(float), held = params_on_disk ? 0 : shard * sizeof(float);
+  return whole - held;
+}
+
+/* What a rank's process adds during the steps beyond the arenas and the
+ * activations: per-thread compute scratch (packed panels, attention
+ * tiles), the communicator's and the I/O engine's buffers, the allocator's
+ * slack. Measured 5-7 MiB at one compute thread per rank (train-gpt's
+ * "memory" line, tests/offload.suite memory_*): 16 MiB leaves room for a
+ * few threads more. */
+#define ESTIMATE_RUNTIME_BYTES ((size_t)16 << 20)
+
 td_status zero_estimate_memory(const td_model *model, const td_train_config *cfg, int world, int stage, bool buckets,
                                td_memory_estimate *out) {
   if (!model || !cfg || !out || world < 1 || stage < 0 || stage > 3)
@@ -134,6 +154,11 @@ td_status zero_estimate_memory(const td_model *model, const td_train_config *cfg
   out->live = live;
   out->model_states = out->params + out->grads + out->optimizer + out->live;
   int batch = cfg->micro_batch > 0 ? cfg->micro_batch : 1;
-  out->activations = model->ops && model->ops->activation_bytes ? model->ops->activation_bytes(model, batch) : 0;
+  out->activations = model->ops && model->ops->activation_bytes
+                         ? model->ops->activation_bytes(model, batch, cfg->activation_checkpointing,
+                                                        cfg->precision.compute)
+                         : 0;
+  out->gather = estimate_gather(n, shard, stage, params_on_disk);
+  out->runtime = ESTIMATE_RUNTIME_BYTES;
   return TD_OK;
 }

@@ -19,9 +19,11 @@
  *    memory would on a GPU); dynamic shared memory through TD_DYNAMIC_SMEM;
  *  - atomics are plain read-modify-writes (fibers never interleave inside
  *    one), __ldg a plain load, math intrinsics their libm functions.
- * It cannot show timing, the memory model's races between blocks or warps
- * (everything here is sequentially consistent), tensor cores or cuBLAS(Lt):
- * those run on a GPU only (scripts/gpu-check). */
+ * mma.h (wmma) and cublasLt.h beside it are reference versions with the
+ * real semantics. It cannot show timing, the memory model's races between
+ * blocks or warps (everything here is sequentially consistent), or real
+ * tensor cores and cuBLASLt's kernels: those run on a GPU only
+ * (scripts/gpu-check). */
 #ifndef TD_CUDAEMU_CUDA_EMU_H
 #define TD_CUDAEMU_CUDA_EMU_H
 

@@ -1,0 +1,163 @@
+/* Memory at the edge (memory_fit.h): refuse at start what cannot fit,
+ * size the unset knobs from the memory, watch the RSS during the run.
+ *
+ * Why at start: a job that does not fit otherwise runs until the kernel's
+ * OOM killer ends it, with no message and nothing saved (issue 23: a
+ * 2.52B-parameter GPT on 2 ranks was killed after 400 s). The estimate
+ * (zero/estimate.c) counts what the trainer allocates; this process's RSS
+ * before the arenas (code, libraries, communicator, model tables) is
+ * measured and added. */
+#include "train/memory_fit.h"
+#include "train/offload/offload.h"
+#include "train/zero/zero.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <sys/vfs.h>
+
+#define MIB(x) ((double)(x) / 1048576.0)
+#define TMPFS_MAGIC_NUMBER 0x01021994 /* linux/magic.h's TMPFS_MAGIC */
+
+/* Offload files on tmpfs are memory (shmem), not disk: the estimate's disk
+ * bytes then count against the host's memory too. */
+static size_t offload_files_in_memory(const td_trainer *t, const td_memory_estimate *e) {
+  const td_offload_config *o = &t->cfg.offload;
+  const char *path = o->optimizer_device == TD_OFFLOAD_NVME ? o->optimizer_nvme_path
+                     : o->param_device == TD_OFFLOAD_NVME   ? o->param_nvme_path
+                                                            : NULL;
+  struct statfs fs;
+  return path && statfs(path, &fs) == 0 && fs.f_type == TMPFS_MAGIC_NUMBER ? e->disk : 0;
+}
+
+/* Bytes the steps need per rank under cfg at `world` ranks and `stage`. */
+static size_t need_bytes(const td_trainer *t, const td_train_config *cfg, int world, int stage) {
+  td_memory_estimate e;
+  if (td_trainer_estimate_memory(t->model, cfg, world, stage, &e) != TD_OK) return SIZE_MAX;
+  return e.model_states + e.activations + e.runtime + t->mem_baseline;
+}
+
+/* Append to buf what would fit the rank's memory, by the estimate: other
+ * stages, offload, micro-batch 1, checkpointing, more ranks. */
+static void what_fits(const td_trainer *t, size_t room, char *buf, size_t cap) {
+  const td_train_config *cfg = &t->cfg;
+  size_t off = 0;
+  /* the options, each after ": " (the first) or "; " */
+#define ADD(...) (off += (size_t)snprintf(buf + off, off < cap ? cap - off : 0, "%s", off ? "; " : ": "), \
+                  off += (size_t)snprintf(buf + off, off < cap ? cap - off : 0, __VA_ARGS__))
+  bool offloaded = cfg->offload.optimizer_device == TD_OFFLOAD_NVME || cfg->offload.param_device == TD_OFFLOAD_NVME;
+  for (int s = 0; s <= 3 && !offloaded; s++) {
+    size_t n = need_bytes(t, cfg, t->world, s);
+    if (s != t->zero_stage && n <= room) ADD("ZeRO stage %d (%.0f MiB per rank)", s, MIB(n));
+  }
+  if (cfg->offload.param_device != TD_OFFLOAD_NVME) {
+    td_train_config c = *cfg;
+    c.zero_stage = 3;
+    c.offload.optimizer_device = c.offload.param_device = TD_OFFLOAD_NVME;
+    td_offload_config_fit(&c, room);
+    size_t n = need_bytes(t, &c, t->world, 3);
+    if (n <= room)
+      ADD("stage 3 with offload_optimizer and offload_param \"nvme\" (--offload-optimizer nvme:DIR --offload-param "
+          "nvme:DIR: %.0f MiB per rank)", MIB(n));
+  }
+  if (cfg->micro_batch > 1) {
+    td_train_config c = *cfg;
+    c.micro_batch = 1;
+    size_t n = need_bytes(t, &c, t->world, t->zero_stage);
+    if (n <= room) ADD("--micro-batch 1 with gradient accumulation (%.0f MiB per rank)", MIB(n));
+  }
+  if (!cfg->activation_checkpointing) {
+    td_train_config c = *cfg;
+    c.activation_checkpointing = 1;
+    size_t n = need_bytes(t, &c, t->world, t->zero_stage);
+    if (n <= room) ADD("activation checkpointing (%.0f MiB per rank)", MIB(n));
+  }
+  if (t->zero_stage >= 1) { /* sharded state shrinks with more ranks, each with this much memory */
+    int w = t->world;
+    while (w < (1 << 16) && need_bytes(t, cfg, w, t->zero_stage) > room) w = w < 4 ? w + 1 : w + w / 4;
+    while (w - 1 > t->world && w < (1 << 16) && need_bytes(t, cfg, w - 1, t->zero_stage) <= room) w--; /* the least */
+    if (w < (1 << 16) && w > t->world)
+      ADD("%d ranks or more, on more hosts (%.0f MiB per rank)", w, MIB(need_bytes(t, cfg, w, t->zero_stage)));
+  }
+  if (off == 0) ADD("nothing of these by the estimate: more memory per rank, or a smaller model");
+  snprintf(buf + off, off < cap ? cap - off : 0,
+           ". Activations scale with --seq and --micro-batch; TANDEM_MEMORY_LIMIT=off skips this check");
+#undef ADD
+}
+
+td_status trainer_memory_fit(td_trainer *t) {
+  int local = t->comm ? td_comm_local_size(t->comm) : 1;
+  td_status st = td_mem_room_get(local, &t->mem_room);
+  t->mem_baseline = td_mem_rss(NULL);
+  size_t room = t->mem_room.rank_bytes;
+  if (st == TD_OK) { /* unset knobs from the memory (room 0: unknown) */
+    long before = t->cfg.offload.sub_group_size;
+    td_offload_config_fit(&t->cfg, room);
+    t->offload_tile_chosen = t->cfg.offload.sub_group_size != before;
+  }
+  td_memory_estimate e;
+  if (st == TD_OK) st = td_trainer_estimate_memory(t->model, &t->cfg, t->world, t->zero_stage, &e);
+  if (st == TD_OK) {
+    size_t files = offload_files_in_memory(t, &e);
+    size_t need = e.model_states + e.activations + e.runtime + t->mem_baseline + files;
+    t->mem_estimate = need;
+    if (room > 0 && need > room) {
+      char fits[1024];
+      what_fits(t, room, fits, sizeof fits);
+      st = td_error(TD_ERR_INVALID_USAGE,
+                    "rank %d: this job needs about %.0f MiB per rank (model states %.0f, of which offload buffers "
+                    "%.0f; activations %.0f; compute and I/O scratch %.0f; this process before the arenas %.0f; "
+                    "offload files on tmpfs %.0f) but %.0f MiB are available to it (%s, shared by %d ranks on this "
+                    "host). It would fit with%s",
+                    t->rank, MIB(need), MIB(e.model_states), MIB(e.offload_buffers), MIB(e.activations),
+                    MIB(e.runtime), MIB(t->mem_baseline), MIB(files), MIB(room), t->mem_room.source,
+                    t->mem_room.local_ranks, fits);
+    }
+  }
+  return td_trainer_agree(t, st);
+}
+
+td_status trainer_gather_fits(td_trainer *t) {
+  td_status st = TD_OK;
+  size_t room = t->mem_room.rank_bytes;
+  if (room > 0 && t->zero_stage >= 3) {
+    td_memory_estimate e;
+    st = td_trainer_estimate_memory(t->model, &t->cfg, t->world, t->zero_stage, &e);
+    /* the estimate, not the RSS now: every rank decides alike. (The cache
+     * of fetched groups is emptied first, but the gradient buckets' pages
+     * may still be there: measured, the whole estimate stays.) */
+    size_t need = t->mem_estimate + e.gather;
+    if (st == TD_OK && need > room)
+      st = td_error(TD_ERR_INVALID_USAGE,
+                    "rank %d: gathering the whole parameter arena (ZeRO stage 3) needs %.0f MiB more on every rank, "
+                    "%.0f MiB with what it holds, but %.0f MiB are available to it (%s): not gathered",
+                    t->rank, MIB(e.gather), MIB(need), MIB(room), t->mem_room.source);
+  }
+  return td_trainer_agree(t, st);
+}
+
+void trainer_memory_watch(td_trainer *t, td_step_stats *stats) {
+  size_t rss = td_mem_pss(), room = t->mem_room.rank_bytes;
+  stats->memory_bytes = rss;
+  stats->memory_limit_bytes = room;
+  if (room == 0) return;
+  int level = rss > room / 100 * 97 ? 2 : rss > room / 100 * 90 ? 1 : 0;
+  if (level > t->mem_warned) {
+    TD_WARN("rank %d: its share of memory (Pss) %.0f MiB is %.0f%% of the %.0f MiB available to this rank (%s) "
+            "after step %ld; the estimate was %.0f MiB: the kernel may end the job when memory runs out",
+            t->rank, MIB(rss), 100.0 * (double)rss / (double)room, MIB(room), t->mem_room.source, t->step,
+            MIB(t->mem_estimate));
+    t->mem_warned = level;
+  }
+  stats->memory_warning = level;
+}
+
+td_status td_trainer_memory(const td_trainer *t, td_trainer_memory_info *out) {
+  if (!t || !out) return td_error(TD_ERR_INVALID_ARGUMENT, "td_trainer_memory: null argument");
+  memset(out, 0, sizeof *out);
+  out->estimate_bytes = t->mem_estimate;
+  out->baseline_bytes = t->mem_baseline;
+  out->limit_bytes = t->mem_room.rank_bytes;
+  td_strlcpy(out->limit_source, t->mem_room.host_bytes ? t->mem_room.source : "none", sizeof out->limit_source);
+  out->rss_bytes = td_mem_rss(&out->peak_rss_bytes);
+  return TD_OK;
+}

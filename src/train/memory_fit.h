@@ -1,0 +1,28 @@
+/* Memory at the edge (issue 23): a trainer that cannot fit the memory
+ * available to its ranks is refused before it allocates, the knobs the
+ * user left unset are sized from that memory, and a rank nearing its limit
+ * says so during the run. Internal to src/train; above zero/ and offload/
+ * (it asks their estimate), called by trainer.c only. */
+#ifndef TD_TRAIN_MEMORY_FIT_H
+#define TD_TRAIN_MEMORY_FIT_H
+
+#include "train/core/core.h"
+
+/* At creation, after the configuration is resolved and before the arenas:
+ * measure the memory each rank may use (core/memory.c), size the unset
+ * offload knobs from it, estimate this configuration and refuse it on
+ * every rank (td_trainer_agree) when some rank cannot hold it, with the
+ * estimate, the memory available and what would fit. Collective. */
+td_status trainer_memory_fit(td_trainer *t);
+
+/* Before td_trainer_gather_params at stage 3: refuse on every rank when
+ * some rank cannot hold the whole parameter arena on top of what it holds.
+ * Collective. */
+td_status trainer_gather_fits(td_trainer *t);
+
+/* After a step: this rank's RSS into the stats; a warning in the log the
+ * first time it passes 90% of the rank's memory (and again past 97%).
+ * Local. */
+void trainer_memory_watch(td_trainer *t, td_step_stats *stats);
+
+#endif

@@ -1,0 +1,172 @@
+#!/usr/bin/env bash
+# The Prometheus endpoint against Debian's real `prometheus` server. Usage:
+#   tests/apps/prometheus.sh CASE BUILD_TREE
+# scrape:      a 4-rank train-gpt job under tandemrun serves --prometheus-port;
+#              a prometheus server started here (loopback, 1 s scrapes) scrapes
+#              it; every series is checked through the HTTP query API
+#              (/api/v1/query): one per rank, `up` 1 for all four targets, and
+#              a scraped (step, loss) pair equal to the JSONL metrics' line.
+# port-in-use: the metrics port already taken: a warning naming the port, and
+#              training finishes with exit 0.
+# Everything started here is stopped on exit, also on failure; each wait is
+# bounded.
+set -u
+case_name=$1
+B=$2
+RUN="$B/bin/tandemrun"
+GPT="$B/bin/train-gpt"
+TINY="--layers 1 --channels 32 --heads 2 --seq 32 --threads 1"
+work=$(mktemp -d /tmp/tandem-prom-XXXXXX)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+export TANDEM_PROGRESS=plain
+
+fail() {
+  echo "FAIL($case_name): $*"
+  for f in "$work"/*.log; do [ -e "$f" ] && { echo "--- $f"; tail -20 "$f"; }; done
+  exit 1
+}
+
+# A base port whose next 5 ports nobody listens on (ss lists the listeners).
+free_base() {
+  local base i taken
+  for _ in $(seq 50); do
+    base=$((20000 + RANDOM % 30000))
+    taken=0
+    for i in 0 1 2 3 4; do
+      ss -Hltn "sport = :$((base + i))" | grep -q . && taken=1
+    done
+    [ $taken = 0 ] && { echo $base; return; }
+  done
+  echo 0
+}
+
+case "$case_name" in
+scrape)
+  command -v prometheus >/dev/null || { echo "SKIP: Debian's prometheus is not installed (scripts/install-deps)"; exit 0; }
+  base=$(free_base)
+  [ "$base" != 0 ] || fail "no free ports"
+  prom_port=$((base + 4))
+  cat >"$work/prometheus.yml" <<EOF
+global:
+  scrape_interval: 1s
+  scrape_timeout: 1s
+scrape_configs:
+  - job_name: tandem
+    static_configs:
+      - targets: ['127.0.0.1:$base', '127.0.0.1:$((base + 1))', '127.0.0.1:$((base + 2))', '127.0.0.1:$((base + 3))']
+EOF
+  prometheus --config.file="$work/prometheus.yml" --storage.tsdb.path="$work/tsdb" \
+    --web.listen-address="127.0.0.1:$prom_port" >"$work/prometheus.log" 2>&1 &
+  pids+=($!)
+  api="http://127.0.0.1:$prom_port"
+  for _ in $(seq 60); do curl -sf "$api/-/ready" >/dev/null && break; sleep 0.5; done
+  curl -sf "$api/-/ready" >/dev/null || fail "prometheus not ready after 30 s"
+
+  # Long enough to be scraped several times; stopped below once checked.
+  "$RUN" -np 4 "$GPT" $TINY --steps 1000000 --micro-batch 2 --sample 0 --metrics "$work/m.jsonl" \
+    --prometheus-port "$base" >"$work/train.log" 2>&1 &
+  train=$!
+  pids+=($train)
+
+  # query EXPR -> the JSON answer of /api/v1/query
+  query() { curl -sf --max-time 5 "$api/api/v1/query" --data-urlencode "query=$1"; }
+  # count of the result vector of EXPR (0 on any error)
+  count() { query "$1" | python3 -c 'import json,sys; print(len(json.load(sys.stdin)["data"]["result"]))' 2>/dev/null || echo 0; }
+
+  series="tandem_step tandem_loss tandem_learning_rate tandem_grad_norm tandem_loss_scale tandem_tokens_per_second
+    tandem_tokens_total tandem_comm_bytes_total tandem_comm_buckets_total tandem_comm_bytes_per_step
+    tandem_checkpoints_total tandem_skipped_steps_total tandem_resident_memory_bytes tandem_world_size"
+  ok=0
+  for _ in $(seq 90); do
+    kill -0 $train 2>/dev/null || fail "the training job ended early"
+    if [ "$(count 'up{job="tandem"} == 1')" = 4 ] && [ "$(count 'tandem_step > 2')" = 4 ]; then ok=1; break; fi
+    sleep 1
+  done
+  [ $ok = 1 ] || { query 'up'; fail "prometheus did not see 4 ranks past step 2 within 90 s"; }
+  for s in $series; do
+    n=$(count "$s")
+    [ "$n" = 4 ] || fail "series $s: $n ranks, expected 4"
+  done
+  # 6 phases x 4 ranks, for the last-step gauge and the total counter
+  for s in tandem_step_phase_seconds tandem_phase_seconds_total; do
+    n=$(count "$s")
+    [ "$n" = 24 ] || fail "series $s: $n (rank, phase) pairs, expected 24"
+  done
+  [ "$(count 'tandem_phase_seconds_total{phase="comm_wait"} > 0')" = 4 ] || fail "no communication wait recorded"
+  [ "$(count 'tandem_resident_memory_bytes > 1e6')" = 4 ] || fail "resident memory below 1 MB"
+  [ "$(count 'tandem_world_size == 4')" = 4 ] || fail "world size is not 4"
+  [ "$(count 'rate(tandem_tokens_total[5s]) > 0')" -ge 1 ] || fail "tokens_total does not grow"
+  # The gradient bytes per step: 4 bytes per parameter, all reduced each step.
+  params=$(grep -o 'params=[0-9]*' "$work/train.log" | head -1 | cut -d= -f2)
+  [ -n "$params" ] || fail "no params= in the start line"
+  [ "$(count "tandem_comm_bytes_per_step == $((params * 4))")" = 4 ] ||
+    { query tandem_comm_bytes_per_step; fail "comm bytes per step are not 4 x $params"; }
+  # Every PromQL expression of the shipped Grafana dashboard is accepted by
+  # this Prometheus (Grafana itself is not in Debian) and, except for the
+  # offload and checkpoint panels, returns data.
+  python3 -c 'import json,sys
+for p in json.load(open(sys.argv[1]))["panels"]:
+    for t in p["targets"]: print(t["expr"].replace("$job", "tandem"))' "$(dirname "$0")/../../examples/grafana/tandem.json" \
+    >"$work/exprs" || fail "cannot read the dashboard"
+  [ "$(wc -l <"$work/exprs")" -ge 10 ] || fail "too few dashboard expressions"
+  sleep 2 # rate() over the dashboard's windows needs two samples
+  while read -r expr; do
+    answer=$(query "$expr") || fail "dashboard expression rejected: $expr"
+    case "$expr" in *offload*|*checkpoints*|*skipped*) continue ;; esac
+    echo "$answer" | python3 -c 'import json,sys; sys.exit(not json.load(sys.stdin)["data"]["result"])' ||
+      fail "dashboard expression returned nothing: $expr"
+  done <"$work/exprs"
+  # rank 0's step and loss from one scrape (same timestamp) against the file
+  query '{__name__=~"tandem_step|tandem_loss",rank="0"}' >"$work/pair.json" || fail "query of step and loss"
+  kill -TERM $train
+  for _ in $(seq 20); do kill -0 $train 2>/dev/null || break; sleep 0.5; done
+  python3 - "$work/pair.json" "$work/m.jsonl" <<'EOF' || fail "scraped loss differs from the metrics file"
+import json, sys
+res = json.load(open(sys.argv[1]))["data"]["result"]
+got = {r["metric"]["__name__"]: r["value"] for r in res}
+assert got["tandem_step"][0] == got["tandem_loss"][0], "step and loss from different scrapes"
+step, loss = int(float(got["tandem_step"][1])), float(got["tandem_loss"][1])
+lines = [json.loads(l) for l in open(sys.argv[2]) if l.startswith('{"step"')]
+want = [l for l in lines if l["step"] == step]
+assert want, f"step {step} not in the metrics file ({len(lines)} lines)"
+# the file prints %.9g of the same double: equal to 9 significant digits
+assert abs(want[0]["loss"] - loss) <= 5e-9 * abs(loss), (step, loss, want[0]["loss"])
+print(f"scraped step {step} loss {loss!r} = metrics file {want[0]['loss']!r}")
+EOF
+  echo "prometheus scraped all series of 4 ranks"
+  ;;
+
+port-in-use)
+  base=$(free_base)
+  [ "$base" != 0 ] || fail "no free ports"
+  python3 -c 'import socket,sys,time
+s=socket.socket(); s.bind(("127.0.0.1",int(sys.argv[1]))); s.listen(1); print("ready",flush=True); time.sleep(120)' \
+    "$((base + 1))" >"$work/holder.log" 2>&1 &
+  pids+=($!)
+  for _ in $(seq 40); do grep -q ready "$work/holder.log" && break; sleep 0.25; done
+  "$RUN" -np 2 "$GPT" $TINY --steps 3 --micro-batch 2 --sample 0 --prometheus-port "$base" >"$work/train.log" 2>&1 ||
+    fail "training failed when the metrics port was in use"
+  grep -q "rank 1: no metrics endpoint, training goes on: .*127.0.0.1:$((base + 1)).*in use" "$work/train.log" ||
+    fail "no warning naming the port in use"
+  grep -q "rank 0 serves metrics on http://127.0.0.1:$base/metrics" "$work/train.log" || fail "rank 0 did not serve"
+  grep -q 'final_loss=' "$work/train.log" || fail "no summary line"
+  # a bad value is a usage error (exit 2) that names the flag
+  "$GPT" $TINY --steps 1 --prometheus-port 70000 >"$work/bad.log" 2>&1
+  [ $? = 2 ] && grep -q -- '--prometheus-port must be between 0 and 65535' "$work/bad.log" || fail "bad port accepted"
+  TANDEM_PROMETHEUS_PORT=x "$GPT" $TINY --steps 1 >"$work/bad2.log" 2>&1
+  [ $? = 2 ] && grep -q 'TANDEM_PROMETHEUS_PORT expects an integer' "$work/bad2.log" || fail "bad env value accepted"
+  "$GPT" $TINY --steps 1 --prometheus-port 0 --prometheus-bind localhost >"$work/bad3.log" 2>&1
+  [ $? = 2 ] && grep -q "bind address 'localhost' is not an IPv4 address" "$work/bad3.log" || fail "bad address accepted"
+  echo "port in use reported, training finished"
+  ;;
+*)
+  echo "unknown case $case_name"
+  exit 2
+  ;;
+esac

@@ -1,0 +1,201 @@
+/* CUDA emulator (tests/cudaemu): cuBLASLt's matmul subset (include/cublasLt.h)
+ * as a plain loop with cuBLASLt's documented semantics. Column-major: element
+ * (r, c) of a layout with leading dimension ld is at r + c ld. Checks what
+ * the real library refuses: shapes that do not agree, a leading dimension
+ * below the rows, mixed element types, an epilogue it does not know. */
+#include <cublasLt.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_bf16.h>
+
+struct td_emu_lt_handle {
+  int magic;
+};
+struct td_emu_lt_desc {
+  cublasOperation_t ta = CUBLAS_OP_N, tb = CUBLAS_OP_N;
+  int epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  const void *bias = nullptr;
+  void *aux = nullptr;
+  int64_t aux_ld = 0;
+};
+struct td_emu_lt_layout {
+  cudaDataType_t type;
+  uint64_t rows, cols;
+  int64_t ld;
+};
+struct td_emu_lt_pref {
+  int unused;
+};
+
+static float get(const void *p, cudaDataType_t t, size_t i) {
+  return t == CUDA_R_16BF ? (float)((const __nv_bfloat16 *)p)[i] : ((const float *)p)[i];
+}
+static void put(void *p, cudaDataType_t t, size_t i, float v) {
+  if (t == CUDA_R_16BF)
+    ((__nv_bfloat16 *)p)[i] = __nv_bfloat16(v);
+  else
+    ((float *)p)[i] = v;
+}
+
+extern "C" {
+
+cublasStatus_t cublasLtCreate(cublasLtHandle_t *handle) {
+  if (!handle) return CUBLAS_STATUS_INVALID_VALUE;
+  *handle = new td_emu_lt_handle{0x1717};
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtDestroy(cublasLtHandle_t handle) {
+  delete handle;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *desc, cublasComputeType_t compute, cudaDataType_t scale) {
+  if (!desc || compute != CUBLAS_COMPUTE_32F || scale != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
+  *desc = new td_emu_lt_desc();
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t desc) {
+  delete desc;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr,
+                                              const void *buf, size_t size) {
+  if (!desc || !buf) return CUBLAS_STATUS_INVALID_VALUE;
+  switch (attr) {
+  case CUBLASLT_MATMUL_DESC_TRANSA:
+  case CUBLASLT_MATMUL_DESC_TRANSB: {
+    if (size != sizeof(cublasOperation_t)) return CUBLAS_STATUS_INVALID_VALUE;
+    cublasOperation_t op;
+    memcpy(&op, buf, sizeof op);
+    (attr == CUBLASLT_MATMUL_DESC_TRANSA ? desc->ta : desc->tb) = op;
+    return CUBLAS_STATUS_SUCCESS;
+  }
+  case CUBLASLT_MATMUL_DESC_EPILOGUE: {
+    if (size != sizeof(cublasLtEpilogue_t)) return CUBLAS_STATUS_INVALID_VALUE;
+    cublasLtEpilogue_t e;
+    memcpy(&e, buf, sizeof e);
+    if (e != CUBLASLT_EPILOGUE_DEFAULT && e != CUBLASLT_EPILOGUE_BIAS && e != CUBLASLT_EPILOGUE_GELU_AUX &&
+        e != CUBLASLT_EPILOGUE_GELU_AUX_BIAS)
+      return CUBLAS_STATUS_NOT_SUPPORTED;
+    desc->epilogue = e;
+    return CUBLAS_STATUS_SUCCESS;
+  }
+  case CUBLASLT_MATMUL_DESC_BIAS_POINTER:
+    if (size != sizeof(void *)) return CUBLAS_STATUS_INVALID_VALUE;
+    memcpy(&desc->bias, buf, sizeof(void *));
+    return CUBLAS_STATUS_SUCCESS;
+  case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER:
+    if (size != sizeof(void *)) return CUBLAS_STATUS_INVALID_VALUE;
+    memcpy(&desc->aux, buf, sizeof(void *));
+    return CUBLAS_STATUS_SUCCESS;
+  case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD:
+    if (size != sizeof(int64_t)) return CUBLAS_STATUS_INVALID_VALUE;
+    memcpy(&desc->aux_ld, buf, sizeof(int64_t));
+    return CUBLAS_STATUS_SUCCESS;
+  }
+  return CUBLAS_STATUS_NOT_SUPPORTED;
+}
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *layout, cudaDataType_t type, uint64_t rows,
+                                          uint64_t cols, int64_t ld) {
+  if (!layout || (type != CUDA_R_32F && type != CUDA_R_16BF) || ld < (int64_t)rows || ld < 1)
+    return CUBLAS_STATUS_INVALID_VALUE;
+  *layout = new td_emu_lt_layout{type, rows, cols, ld};
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t layout) {
+  delete layout;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *pref) {
+  if (!pref) return CUBLAS_STATUS_INVALID_VALUE;
+  *pref = new td_emu_lt_pref{0};
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t pref) {
+  delete pref;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t pref,
+                                                    cublasLtMatmulPreferenceAttributes_t attr, const void *buf,
+                                                    size_t size) {
+  return pref && buf ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_INVALID_VALUE;
+}
+
+/* the shapes agree: op(A) is (m, k), op(B) (k, n), C and D (m, n) */
+static bool shapes_agree(const td_emu_lt_desc *desc, const td_emu_lt_layout *a, const td_emu_lt_layout *b,
+                         const td_emu_lt_layout *c, const td_emu_lt_layout *d) {
+  uint64_t m = d->rows, n = d->cols;
+  uint64_t am = desc->ta == CUBLAS_OP_T ? a->cols : a->rows, ak = desc->ta == CUBLAS_OP_T ? a->rows : a->cols;
+  uint64_t bk = desc->tb == CUBLAS_OP_T ? b->cols : b->rows, bn = desc->tb == CUBLAS_OP_T ? b->rows : b->cols;
+  return am == m && bn == n && ak == bk && c->rows == m && c->cols == n && a->type == b->type &&
+         c->type == d->type && a->type == d->type;
+}
+
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc,
+                                              cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                                              cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t d,
+                                              cublasLtMatmulPreference_t pref, int requested,
+                                              cublasLtMatmulHeuristicResult_t *results, int *n_results) {
+  if (!handle || !desc || !a || !b || !c || !d || !pref || requested < 1 || !results || !n_results)
+    return CUBLAS_STATUS_INVALID_VALUE;
+  *n_results = 0;
+  if (!shapes_agree(desc, a, b, c, d)) return CUBLAS_STATUS_NOT_SUPPORTED;
+  memset(&results[0], 0, sizeof results[0]);
+  results[0].state = CUBLAS_STATUS_SUCCESS;
+  *n_results = 1;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, const void *alpha, const void *A,
+                              cublasLtMatrixLayout_t a, const void *B, cublasLtMatrixLayout_t b, const void *beta,
+                              const void *C, cublasLtMatrixLayout_t c, void *D, cublasLtMatrixLayout_t d,
+                              const cublasLtMatmulAlgo_t *algo, void *workspace, size_t workspace_bytes,
+                              cudaStream_t stream) {
+  if (!handle || !desc || !alpha || !beta || !A || !B || !D || !a || !b || !c || !d || !algo)
+    return CUBLAS_STATUS_INVALID_VALUE;
+  if (!shapes_agree(desc, a, b, c, d)) {
+    fprintf(stderr, "cudaemu: cublasLtMatmul: shapes do not agree\n");
+    return CUBLAS_STATUS_INVALID_VALUE;
+  }
+  bool gelu = desc->epilogue == CUBLASLT_EPILOGUE_GELU_AUX || desc->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+  bool with_bias = desc->epilogue == CUBLASLT_EPILOGUE_BIAS || desc->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+  if ((with_bias && !desc->bias) || (gelu && (!desc->aux || desc->aux_ld < (int64_t)d->rows)))
+    return CUBLAS_STATUS_INVALID_VALUE;
+  float al, be;
+  memcpy(&al, alpha, 4);
+  memcpy(&be, beta, 4);
+  uint64_t m = d->rows, n = d->cols, K = desc->ta == CUBLAS_OP_T ? a->rows : a->cols;
+  cudaDataType_t t = d->type;
+  /* D may be C: compute each column into a buffer before writing it */
+  float *col = (float *)malloc(sizeof(float) * (m ? m : 1));
+  if (!col) return CUBLAS_STATUS_ALLOC_FAILED;
+  for (uint64_t j = 0; j < n; j++) {
+    for (uint64_t i = 0; i < m; i++) {
+      float s = 0.0f;
+      for (uint64_t k = 0; k < K; k++) {
+        size_t ia = desc->ta == CUBLAS_OP_T ? k + i * a->ld : i + k * a->ld;
+        size_t ib = desc->tb == CUBLAS_OP_T ? j + k * b->ld : k + j * b->ld;
+        s += get(A, a->type, ia) * get(B, b->type, ib);
+      }
+      float v = al * s;
+      if (be != 0.0f) v += be * get(C, c->type, i + j * c->ld);
+      if (with_bias) v += get(desc->bias, t, i);
+      col[i] = v;
+    }
+    for (uint64_t i = 0; i < m; i++) {
+      float v = col[i];
+      if (gelu) {
+        put(desc->aux, t, i + j * desc->aux_ld, v);
+        v = 0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
+      }
+      put(D, t, i + j * d->ld, v);
+    }
+  }
+  free(col);
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+} // extern "C"
