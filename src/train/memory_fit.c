@@ -101,15 +101,16 @@ td_status trainer_memory_fit(td_trainer *t) {
     size_t need = e.model_states + e.activations + e.runtime + t->mem_baseline + files;
     t->mem_estimate = need;
     if (room > 0 && need > room) {
-      char fits[1024];
+      char fits[1024], tmpfs[80] = "";
       what_fits(t, room, fits, sizeof fits);
+      if (files) snprintf(tmpfs, sizeof tmpfs, "; offload files on tmpfs (memory) %.0f", MIB(files));
       st = td_error(TD_ERR_INVALID_USAGE,
                     "rank %d: this job needs about %.0f MiB per rank (model states %.0f, of which offload buffers "
-                    "%.0f; activations %.0f; compute and I/O scratch %.0f; this process before the arenas %.0f; "
-                    "offload files on tmpfs %.0f) but %.0f MiB are available to it (%s, shared by %d ranks on this "
+                    "%.0f; activations %.0f; compute and I/O scratch %.0f; this process before the arenas %.0f%s) "
+                    "but %.0f MiB are available to it (%s, shared by %d ranks on this "
                     "host). It would fit with%s",
                     t->rank, MIB(need), MIB(e.model_states), MIB(e.offload_buffers), MIB(e.activations),
-                    MIB(e.runtime), MIB(t->mem_baseline), MIB(files), MIB(room), t->mem_room.source,
+                    MIB(e.runtime), MIB(t->mem_baseline), tmpfs, MIB(room), t->mem_room.source,
                     t->mem_room.local_ranks, fits);
     }
   }
