@@ -148,10 +148,15 @@ static void acts_free(gpt_cuda *gc) {
   memset(a, 0, sizeof *a);
 }
 
-static size_t gpt_cuda_activation_bytes(const td_model *model, int batch) {
-  const gpt_cuda *gc = *nn_gpt_device_state((td_model *)model);
+/* The device block for `batch` with activations of type `compute` (TD_BF16
+ * or f32). Activation checkpointing is not done on the device, so it does
+ * not change the answer. */
+static size_t gpt_cuda_activation_bytes(const td_model *model, int batch, int checkpointing, td_dtype compute) {
+  (void)checkpointing;
+  gpt_cuda as = *(const gpt_cuda *)*nn_gpt_device_state((td_model *)model);
+  as.es = compute == TD_BF16 ? 2 : sizeof(float);
   cuda_acts a;
-  return batch > 0 ? acts_plan(&a, gc, nn_gpt_config(model), batch, NULL) : 0;
+  return batch > 0 ? acts_plan(&a, &as, nn_gpt_config(model), batch, NULL) : 0;
 }
 
 static td_status gpt_cuda_prepare(td_model *model, int batch) {
