@@ -61,6 +61,7 @@ td_status td_trainer_save(td_trainer *t, const char *root) {
                     "supported yet (the state is in files under nvme_path); train without checkpoints or without "
                     "offload", t->rank);
   td_ckpt_region regions[TD_CKPT_MAX_ARENAS];
+  memset(regions, 0, sizeof regions); /* only read when every arena's copy succeeded */
   float *host[TD_CKPT_MAX_ARENAS] = {0}; /* device arenas: their host copies (whole: stage 0 on a device) */
   int n = 1 + t->n_states;
   td_status st = TD_OK;
