@@ -476,7 +476,9 @@ td_model *td_trainer_model(const td_trainer *trainer);
 /* The parameter arena (model->n_params floats), identical on every rank
  * between steps (at ZeRO stage 3 only after td_trainer_gather_params);
  * valid until the trainer is destroyed. Rank 0 uses it to
- * generate text (td_gpt_generate) or to evaluate. */
+ * generate text (td_gpt_generate) or to evaluate. When the model computes
+ * on a device (td_model.device), this, td_trainer_grads and
+ * td_trainer_params_mut are device pointers: read them with td_device_copy. */
 const float *td_trainer_params(const td_trainer *trainer);
 /* The averaged gradient of the last step (n_params floats, multiplied by the
  * fp16 loss scale the step used; 1 otherwise), until the next step begins; or
