@@ -10,6 +10,7 @@
 #include "train/memory_fit.h"
 #include "train/offload/offload.h"
 #include "train/zero/zero.h"
+#include "train/deterministic/deterministic.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -17,6 +18,26 @@
 
 #define MIB(x) ((double)(x) / 1048576.0)
 #define TMPFS_MAGIC_NUMBER 0x01021994 /* linux/magic.h's TMPFS_MAGIC */
+
+/* The whole estimate of one rank (public: train.h). It lives here, with
+ * the fit that uses it, so that trainer.c calls down into this file and
+ * nothing here calls back up into trainer.c. */
+td_status td_trainer_estimate_memory(const td_model *model, const td_train_config *cfg, int world, int stage,
+                                     td_memory_estimate *out) {
+  if (!model || !cfg)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "td_trainer_estimate_memory: model, cfg and out are required");
+  size_t det = det_estimate_bytes(cfg, model->n_params, world, stage);
+  TD_CHECK(zero_estimate_memory(model, cfg, world, stage, det == 0, out));
+  out->deterministic = det;
+  if (cfg->elasticity.enabled) {
+    /* two commits of each copy (trainer_elastic.c registers the parameters
+     * and the optimizer state: whole at stage 0, as shards at stages 1-3) */
+    size_t row = (1 + (size_t)td_optimizer_n_states(cfg->optimizer.kind)) * sizeof(float);
+    out->replicas = stage == 0 ? 2 * row * out->n_params : 2 * 2 * row * out->shard_params; /* own + one ward */
+  }
+  out->model_states += out->deterministic + out->replicas;
+  return TD_OK;
+}
 
 /* Offload files on tmpfs are memory (shmem), not disk: the estimate's disk
  * bytes then count against the host's memory too. */

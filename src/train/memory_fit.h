@@ -2,7 +2,8 @@
  * available to its ranks is refused before it allocates, the knobs the
  * user left unset are sized from that memory, and a rank nearing its limit
  * says so during the run. Internal to src/train; above zero/ and offload/
- * (it asks their estimate), called by trainer.c only. */
+ * (it asks their estimate), called by trainer.c only. It also holds the
+ * public td_trainer_estimate_memory (train.h). */
 #ifndef TD_TRAIN_MEMORY_FIT_H
 #define TD_TRAIN_MEMORY_FIT_H
 

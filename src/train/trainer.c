@@ -818,23 +818,6 @@ size_t td_trainer_model_state_bytes(const td_trainer *t) {
   return zero_model_state_bytes(t) + det_resident_bytes(t) + copies;
 }
 
-td_status td_trainer_estimate_memory(const td_model *model, const td_train_config *cfg, int world, int stage,
-                                     td_memory_estimate *out) {
-  if (!model || !cfg)
-    return td_error(TD_ERR_INVALID_ARGUMENT, "td_trainer_estimate_memory: model, cfg and out are required");
-  size_t det = det_estimate_bytes(cfg, model->n_params, world, stage);
-  TD_CHECK(zero_estimate_memory(model, cfg, world, stage, det == 0, out));
-  out->deterministic = det;
-  if (cfg->elasticity.enabled) {
-    /* two commits of each copy (trainer_elastic.c registers the parameters
-     * and the optimizer state: whole at stage 0, as shards at stages 1-3) */
-    size_t row = (1 + (size_t)td_optimizer_n_states(cfg->optimizer.kind)) * sizeof(float);
-    out->replicas = stage == 0 ? 2 * row * out->n_params : 2 * 2 * row * out->shard_params; /* own + one ward */
-  }
-  out->model_states += out->deterministic + out->replicas;
-  return TD_OK;
-}
-
 int td_trainer_zero_stage(const td_trainer *t) { return t->zero_stage; }
 
 td_status td_trainer_gather_params(td_trainer *t) {

@@ -86,7 +86,7 @@ typedef struct zero_state {
 } zero_state;
 
 /* ---- estimate.c ---- */
-/* td_trainer_estimate_memory without the layers above ZeRO (trainer.c adds
+/* td_trainer_estimate_memory without the layers above ZeRO (memory_fit.c adds
  * deterministic reduction's buffers). buckets: gradients are reduced in
  * buckets (false under deterministic reduction, whose exchange writes the
  * shard: no bucket of gradients is in flight beyond it). */
