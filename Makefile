@@ -113,8 +113,9 @@ NVCCFLAGS  := -std=c++17 -g -lineinfo -O3 $(CUDA_ARCH) $(if $(NVCC_CCBIN),-ccbin
               -Xcompiler -fPIC,-Wall$(NVCC_HOST_WARN),-fno-strict-aliasing -Iinclude -Isrc -DTD_HAVE_CUDA=1 -MMD -MP \
               $(NVCC_EXTRA)
 CUDA_CFLAGS := -DTD_HAVE_CUDA=1 -isystem $(CUDA_HOME)/include
-CUDA_LIBS   := -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR) -lcudart \
-              -Wl,--push-state,--as-needed -lcublasLt -Wl,--pop-state -lstdc++
+# cuBLASLt is not linked: src/nn/cuda/matmul.cu loads it at the first product
+# (dlopen through this run path), so that CPU-only runs do not map its 540 MB.
+CUDA_LIBS   := -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR) -lcudart -ldl -lstdc++
 endif
 
 CFLAGS  := $(CFLAGS_BASE) $(OPT_CFLAGS) $(CUDA_CFLAGS) $(EXTRA_CFLAGS)

@@ -113,6 +113,56 @@ extern "C" long td_cuda_matmul_fallbacks(void) { return lt_fallbacks.load(); }
       return td_error(TD_ERR_SYSTEM, "%s:%d: %s: cuBLASLt status %d", __FILE__, __LINE__, #call, (int)lt_s_); \
   } while (0)
 
+/* cuBLASLt is loaded at the first product (dlopen), not linked: a linked
+ * libcublasLt (540 MB in CUDA 13) is mapped and relocated at every
+ * process's start, which cost every CPU-only run of a CUDA build about
+ * 200 MiB of RSS (train-gpt: 218 MiB against 11 MiB peak, measured), and
+ * would make the memory estimate wrong by that much. The emulator tree
+ * calls its own cuBLASLt directly. */
+#ifdef TD_CUDA_EMU
+#define LT(fn) cublasLt##fn
+static td_status lt_load(void) { return TD_OK; }
+#else
+#include <dlfcn.h>
+#define LT_STR2(x) #x
+#define LT_STR(x) LT_STR2(x)
+static struct {
+  decltype(&cublasLtCreate) Create;
+  decltype(&cublasLtDestroy) Destroy;
+  decltype(&cublasLtMatmul) Matmul;
+  decltype(&cublasLtMatmulAlgoGetHeuristic) MatmulAlgoGetHeuristic;
+  decltype(&cublasLtMatmulDescCreate) MatmulDescCreate;
+  decltype(&cublasLtMatmulDescDestroy) MatmulDescDestroy;
+  decltype(&cublasLtMatmulDescSetAttribute) MatmulDescSetAttribute;
+  decltype(&cublasLtMatmulPreferenceCreate) MatmulPreferenceCreate;
+  decltype(&cublasLtMatmulPreferenceDestroy) MatmulPreferenceDestroy;
+  decltype(&cublasLtMatmulPreferenceSetAttribute) MatmulPreferenceSetAttribute;
+  decltype(&cublasLtMatrixLayoutCreate) MatrixLayoutCreate;
+  decltype(&cublasLtMatrixLayoutDestroy) MatrixLayoutDestroy;
+} lt_api;
+#define LT(fn) lt_api.fn
+
+/* Called under lt_mutex, once: the library of the major version the code
+ * was compiled against (its ABI), found through the program's run path. */
+static td_status lt_load(void) {
+  static const char *name = "libcublasLt.so." LT_STR(CUBLAS_VER_MAJOR);
+  void *lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+  if (!lib)
+    return td_error(TD_ERR_SYSTEM, "cuBLASLt: dlopen %s: %s (install the CUDA toolkit's cuBLAS libraries or add "
+                    "their folder to LD_LIBRARY_PATH; TANDEM_CUDA_MATMUL=kernel runs the products without it)",
+                    name, dlerror());
+#define LT_SYM(fn)                                                                                     \
+  if (!(lt_api.fn = (decltype(lt_api.fn))dlsym(lib, "cublasLt" #fn)))                                 \
+    return td_error(TD_ERR_SYSTEM, "cuBLASLt: %s has no symbol cublasLt" #fn " (a different version?)", name);
+  LT_SYM(Create) LT_SYM(Destroy) LT_SYM(Matmul) LT_SYM(MatmulAlgoGetHeuristic) LT_SYM(MatmulDescCreate)
+  LT_SYM(MatmulDescDestroy) LT_SYM(MatmulDescSetAttribute) LT_SYM(MatmulPreferenceCreate)
+  LT_SYM(MatmulPreferenceDestroy) LT_SYM(MatmulPreferenceSetAttribute) LT_SYM(MatrixLayoutCreate)
+  LT_SYM(MatrixLayoutDestroy)
+#undef LT_SYM
+  return TD_OK;
+}
+#endif
+
 static const size_t kWorkspaceBytes = (size_t)32 << 20;
 static cublasLtHandle_t lt_handle;
 static void *lt_workspace;
@@ -121,10 +171,11 @@ static std::mutex lt_mutex;
 static td_status lt_init(void) {
   std::lock_guard<std::mutex> lock(lt_mutex);
   if (lt_handle) return TD_OK;
-  LT_CHECK(cublasLtCreate(&lt_handle));
+  TD_CHECK(lt_load());
+  LT_CHECK(LT(Create)(&lt_handle));
   cudaError_t e = cudaMalloc(&lt_workspace, kWorkspaceBytes);
   if (e != cudaSuccess) {
-    cublasLtDestroy(lt_handle);
+    LT(Destroy)(lt_handle);
     lt_handle = NULL;
     return td_error(TD_ERR_SYSTEM, "%s:%d: cudaMalloc of the cuBLASLt workspace (%zu bytes): %s", __FILE__, __LINE__,
                     kWorkspaceBytes, cudaGetErrorString(e));
@@ -138,11 +189,11 @@ struct lt_call {
   cublasLtMatrixLayout_t a = NULL, b = NULL, c = NULL;
   cublasLtMatmulPreference_t pref = NULL;
   ~lt_call() {
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (c) cublasLtMatrixLayoutDestroy(c);
-    if (b) cublasLtMatrixLayoutDestroy(b);
-    if (a) cublasLtMatrixLayoutDestroy(a);
-    if (op) cublasLtMatmulDescDestroy(op);
+    if (pref) LT(MatmulPreferenceDestroy)(pref);
+    if (c) LT(MatrixLayoutDestroy)(c);
+    if (b) LT(MatrixLayoutDestroy)(b);
+    if (a) LT(MatrixLayoutDestroy)(a);
+    if (op) LT(MatmulDescDestroy)(op);
   }
 };
 
@@ -166,51 +217,51 @@ static td_status lt_matmul(void *d, const void *A, const void *B, const void *bi
   TD_CHECK(lt_init());
   cudaDataType_t t = dtype == TD_BF16 ? CUDA_R_16BF : CUDA_R_32F;
   lt_call call;
-  LT_CHECK(cublasLtMatmulDescCreate(&call.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  LT_CHECK(LT(MatmulDescCreate)(&call.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   cublasOperation_t ta = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  LT_CHECK(cublasLtMatmulDescSetAttribute(call.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-  LT_CHECK(cublasLtMatmulDescSetAttribute(call.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+  LT_CHECK(LT(MatmulDescSetAttribute)(call.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+  LT_CHECK(LT(MatmulDescSetAttribute)(call.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
   if (bias || aux) {
     cublasLtEpilogue_t epi = aux ? (bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
                                  : CUBLASLT_EPILOGUE_BIAS;
-    LT_CHECK(cublasLtMatmulDescSetAttribute(call.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+    LT_CHECK(LT(MatmulDescSetAttribute)(call.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
     if (bias)
-      LT_CHECK(cublasLtMatmulDescSetAttribute(call.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+      LT_CHECK(LT(MatmulDescSetAttribute)(call.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
     if (aux) {
       int64_t aux_ld = ldd;
-      LT_CHECK(cublasLtMatmulDescSetAttribute(call.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
-      LT_CHECK(cublasLtMatmulDescSetAttribute(call.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld));
+      LT_CHECK(LT(MatmulDescSetAttribute)(call.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
+      LT_CHECK(LT(MatmulDescSetAttribute)(call.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld));
     }
   }
   /* stored shapes: op N reads (rows, cols) = (m, k) for A and (k, n) for B */
-  LT_CHECK(cublasLtMatrixLayoutCreate(&call.a, t, trans_a ? k : m, trans_a ? m : k, lda));
-  LT_CHECK(cublasLtMatrixLayoutCreate(&call.b, t, trans_b ? n : k, trans_b ? k : n, ldb));
-  LT_CHECK(cublasLtMatrixLayoutCreate(&call.c, t, m, n, ldd));
-  LT_CHECK(cublasLtMatmulPreferenceCreate(&call.pref));
+  LT_CHECK(LT(MatrixLayoutCreate)(&call.a, t, trans_a ? k : m, trans_a ? m : k, lda));
+  LT_CHECK(LT(MatrixLayoutCreate)(&call.b, t, trans_b ? n : k, trans_b ? k : n, ldb));
+  LT_CHECK(LT(MatrixLayoutCreate)(&call.c, t, m, n, ldd));
+  LT_CHECK(LT(MatmulPreferenceCreate)(&call.pref));
   uint64_t ws = kWorkspaceBytes;
-  LT_CHECK(cublasLtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+  LT_CHECK(LT(MatmulPreferenceSetAttribute)(call.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
   /* the heuristic assumes 256-byte aligned operands unless told: tensors at
    * arbitrary arena offsets may be less aligned */
   uint32_t align_a = pointer_alignment(A), align_b = pointer_alignment(B), align_d = pointer_alignment(d);
   uint32_t align_c = c_in ? pointer_alignment(c_in) : align_d;
-  LT_CHECK(cublasLtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
+  LT_CHECK(LT(MatmulPreferenceSetAttribute)(call.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
                                                 sizeof align_a));
-  LT_CHECK(cublasLtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b,
+  LT_CHECK(LT(MatmulPreferenceSetAttribute)(call.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b,
                                                 sizeof align_b));
-  LT_CHECK(cublasLtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c,
+  LT_CHECK(LT(MatmulPreferenceSetAttribute)(call.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c,
                                                 sizeof align_c));
-  LT_CHECK(cublasLtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d,
+  LT_CHECK(LT(MatmulPreferenceSetAttribute)(call.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d,
                                                 sizeof align_d));
   cublasLtMatmulHeuristicResult_t heur;
   int n_results = 0;
   cublasStatus_t hs =
-      cublasLtMatmulAlgoGetHeuristic(lt_handle, call.op, call.a, call.b, call.c, call.c, call.pref, 1, &heur, &n_results);
+      LT(MatmulAlgoGetHeuristic)(lt_handle, call.op, call.a, call.b, call.c, call.c, call.pref, 1, &heur, &n_results);
   if (hs != CUBLAS_STATUS_SUCCESS || n_results == 0) { /* no algorithm: the tiled kernel */
     lt_fallbacks++;
     return TD_OK;
   }
   float alpha = 1.0f, beta = c_in ? 1.0f : 0.0f;
-  LT_CHECK(cublasLtMatmul(lt_handle, call.op, &alpha, A, call.a, B, call.b, &beta, c_in ? c_in : d, call.c, d, call.c,
+  LT_CHECK(LT(Matmul)(lt_handle, call.op, &alpha, A, call.a, B, call.b, &beta, c_in ? c_in : d, call.c, d, call.c,
                           &heur.algo, lt_workspace, kWorkspaceBytes, (cudaStream_t)stream));
   *done = 1;
   return TD_OK;
