@@ -149,6 +149,13 @@ TESTLIB_SRCS := $(sort $(wildcard tests/common/*.c))
 LIB_OBJS   := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o) \
               $(foreach l,$(LEVELS),$(KERNEL_SRCS:%.c=$(BUILD)/obj/%.$(l).o))
 
+# Defined before the emulator block below: make expands prerequisites as it
+# reads them, and an emulator test that named $(LIBA) before this line got an
+# empty prerequisite, linked while the archive was still being written
+# (undefined cuda* symbols, seen once in a clean `make test`).
+LIBA       := $(BUILD)/lib/libtandem.a
+LIBSO      := $(BUILD)/lib/libtandem.so
+
 # ---- the CUDA emulator tree (issue 18; tests/cudaemu/) ----
 # `make cuda-emu` builds build/cudaemu: the whole library with CUDA on, where
 # the CUDA runtime is tests/cudaemu's CPU emulator: .cu files are compiled by
@@ -198,8 +205,6 @@ $(BUILD)/tests/fake_nccl/libnccl.so.2: tests/comm/fake_nccl.c
 TESTLIB_OBJS := $(TESTLIB_SRCS:%.c=$(BUILD)/obj/%.o)
 TOOLS      := $(patsubst %.c,$(BUILD)/bin/%,$(notdir $(TOOL_SRCS)))
 TESTS      := $(patsubst %.c,$(BUILD)/tests/%,$(notdir $(TEST_SRCS)))
-LIBA       := $(BUILD)/lib/libtandem.a
-LIBSO      := $(BUILD)/lib/libtandem.so
 ifeq ($(HAVE_CUDA),1)
 # A CUDA build: the cuda/ folders' sources join the library, tests/cuda's
 # tests the tests.
