@@ -152,6 +152,9 @@ td_status td_comm_init_config(const td_comm_config *config, td_comm **out) {
   TD_CHECK(comm_env_detect(config, &env));
   comm_tunables tun;
   TD_CHECK(comm_tunables_read(config, &tun));
+  /* Ask once, here, whether the process sees a CUDA device, so that the
+   * first collective's buffer check does not start the CUDA runtime. */
+  (void)td_pointer_device(NULL);
 
   td_comm *comm = comm_alloc(env.rank, env.size);
   if (!comm) return td_error(TD_ERR_SYSTEM, "out of memory creating a communicator of %d ranks", env.size);

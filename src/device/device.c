@@ -10,6 +10,7 @@
 #include "base/base.h"
 #include "tandem/device.h"
 
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -204,10 +205,33 @@ td_status td_device_sync(td_device dev) {
 #endif
 }
 
+#if defined(TD_HAVE_CUDA) && !defined(TD_CUDA_EMU)
+/* Whether this process sees a CUDA device, asked once. Without one (CI, a
+ * CPU host running a CUDA build) every pointer is host memory, and the
+ * check that every collective makes on its buffers must cost nothing:
+ * cudaPointerGetAttributes took 0.55 us a call without a driver, against a
+ * 1.3 us 4 KiB shm allreduce, and its first call starts the runtime (page
+ * faults that test_shm_scale's first-touch bound counts). The emulator
+ * tree asks every time: its tests change the number of devices it shows. */
+static int cuda_present(void) {
+  static _Atomic int present = -1;
+  int p = atomic_load_explicit(&present, memory_order_acquire);
+  if (p < 0) {
+    p = td_cudadev_count(NULL, 0) > 0;
+    atomic_store_explicit(&present, p, memory_order_release);
+  }
+  return p;
+}
+#else
+static int cuda_present(void) { return 1; }
+#endif
+
 td_device td_pointer_device(const void *ptr) {
   td_device cpu = {TD_DEVICE_CPU, 0};
 #ifdef TD_HAVE_CUDA
-  if (ptr) {
+  /* (called with NULL by td_comm_init: the probe happens there, not in
+   * the first collective) */
+  if (cuda_present() && ptr) {
     int index = td_cudadev_pointer_index(ptr);
     if (index >= 0) return (td_device){TD_DEVICE_CUDA, index};
   }
