@@ -16,6 +16,9 @@
 # out, so the build stops with the package to install. Otherwise the core
 # (src/base, src/net, src/comm) needs only libc and pthreads.
 
+# `make` alone builds the library, programs and tests (the emulator's rules
+# below come first in the file, so the default goal is named).
+.DEFAULT_GOAL := all
 BUILD   ?= build
 SAN     ?= 0
 CC      ?= cc

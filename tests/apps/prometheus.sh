@@ -33,13 +33,16 @@ fail() {
 }
 
 # A base port whose next 5 ports nobody listens on (ss lists the listeners).
+# Below the kernel's ephemeral range (ip_local_port_range starts at 32768), so
+# an outgoing connection cannot take one of them between this check and the
+# bind.
 free_base() {
   local base i taken
   for _ in $(seq 50); do
-    base=$((20000 + RANDOM % 30000))
+    base=$((20000 + RANDOM % 12000))
     taken=0
     for i in 0 1 2 3 4; do
-      ss -Hltn "sport = :$((base + i))" | grep -q . && taken=1
+      ss -Hatn "sport = :$((base + i))" | grep -q . && taken=1
     done
     [ $taken = 0 ] && { echo $base; return; }
   done
@@ -144,13 +147,24 @@ EOF
   ;;
 
 port-in-use)
-  base=$(free_base)
-  [ "$base" != 0 ] || fail "no free ports"
-  python3 -c 'import socket,sys,time
-s=socket.socket(); s.bind(("127.0.0.1",int(sys.argv[1]))); s.listen(1); print("ready",flush=True); time.sleep(120)' \
-    "$((base + 1))" >"$work/holder.log" 2>&1 &
+  # The holder takes base+1 itself, trying other bases until a bind succeeds
+  # and base is free too, so another program on the machine taking a port
+  # between a check and the bind cannot fail the test.
+  python3 -c 'import random,socket,time
+for _ in range(200):
+    base = random.randrange(20000, 32000)
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", base + 1))
+        t = socket.socket(); t.bind(("127.0.0.1", base)); t.close()
+    except OSError:
+        s.close(); continue
+    s.listen(1); print("ready", base, flush=True); time.sleep(120)
+    break' >"$work/holder.log" 2>&1 &
   pids+=($!)
   for _ in $(seq 40); do grep -q ready "$work/holder.log" && break; sleep 0.25; done
+  base=$(awk '/^ready/ {print $2}' "$work/holder.log")
+  [ -n "$base" ] || fail "the holder found no free pair of ports"
   "$RUN" -np 2 "$GPT" $TINY --steps 3 --micro-batch 2 --sample 0 --prometheus-port "$base" >"$work/train.log" 2>&1 ||
     fail "training failed when the metrics port was in use"
   grep -q "rank 1: no metrics endpoint, training goes on: .*127.0.0.1:$((base + 1)).*in use" "$work/train.log" ||
