@@ -87,6 +87,34 @@ typedef struct td_model_ops {
    * whatever the model is set to now (for memory estimates before a trainer
    * exists). May be NULL. */
   size_t (*activation_bytes)(const td_model *model, int batch, int checkpointing, td_dtype compute);
+  /* Optional (NULL: the models of src/nn, initialized by kind): fill the
+   * arena with the model's initial values from seed, as
+   * td_model_init_params. For models built above this layer (the
+   * tensor-parallel GPT of src/parallel, whose arena is a shard). */
+  void (*init_params)(const td_model *model, float *params, uint64_t seed);
+  /* Optional (NULL: the arena is the whole model). For a model whose arena
+   * is one rank's shard of a model split across ranks (tensor parallelism):
+   * *sum_sq holds the sum of squares of this rank's whole gradient arena
+   * `grads`; replace it with the whole model's (counting replicated tensors
+   * once), so that gradient clipping scales every shard alike. Collective
+   * over the model's own group; the training thread calls it once per step
+   * with the averaged gradient. */
+  td_status (*grad_norm_sq)(td_model *model, const float *grads, double *sum_sq);
+  /* Optional (NULL: the trainer runs forward and backward per micro-step).
+   * For a model whose micro-batches must run together (a pipeline stage of
+   * src/parallel/pipeline, where they overlap across ranks): forward and
+   * backward of all n_micro micro-batches of a step, `batch` samples each;
+   * micro-batch i's inputs start at byte i*batch*input_bytes of inputs, its
+   * targets at element i*batch*targets_per_sample. grads += the gradient of
+   * loss_scale x each micro-batch's mean loss, summed; ready(ctx, ...) as in
+   * backward, once per tensor whose gradient is final (ready may be NULL).
+   * *loss_out: the mean of the micro-batches' losses, the same on every
+   * rank of the model's group. Collective over that group; a failure there
+   * (a dead peer, a bad token on another stage) fails every rank of it,
+   * naming the rank. */
+  td_status (*run_micro_batches)(td_model *model, const float *params, float *grads, const void *inputs,
+                                 const int32_t *targets, int batch, int n_micro, float loss_scale,
+                                 td_grad_ready_fn ready, void *ctx, double *loss_out);
 } td_model_ops;
 
 struct td_model {
