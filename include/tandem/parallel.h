@@ -157,6 +157,7 @@ td_status td_gpt_pipeline_create(const td_gpt_config *config, const td_pipeline_
                                  td_model **out);
 
 /* Where a pipeline rank's time went, summed over the steps run so far
+ * but the first (which allocates the activations; steps counts the rest)
  * (seconds): compute (forward, backward), blocked on receives (recv_wait:
  * the bubble plus transfer time), blocked on sends before reusing a buffer
  * or at the end of the step (send_wait), and the steps' wall time (step_s,
