@@ -116,12 +116,13 @@ void det_free(td_trainer *t) {
 }
 
 /* Floats per chunk of the streamed exchange: two chunks in flight hold 2 x
- * W x M x B floats; about 8 MiB of them (at least 64 KiB a message, at
- * most the arena), whole pages so that the streamed vector gives its
+ * W x M x B floats; about 8 MiB of them, at most a sixteenth of the arena
+ * (at least 64 KiB a message, at most the arena), whole pages so that the streamed vector gives its
  * pages back chunk by chunk. TANDEM_TEST_DET_CHUNK sets it (tests). */
 static size_t chunk_floats(size_t n, int W, int M) {
   const size_t page = zero_page_bytes() / sizeof(float);
   size_t b = ((size_t)1 << 20) / ((size_t)TD_MAX(W, 1) * (size_t)TD_MAX(M, 1));
+  b = TD_MIN(b, n / 16); /* a small model: the chunks in flight stay a small part of a vector */
   b = TD_MAX(b, (size_t)16384);
   /* tests: many chunks on a small model (the bits must not change) */
   long test = td_env_long("TANDEM_TEST_DET_CHUNK", 0);
