@@ -89,7 +89,7 @@ ClusterName=tandem
 SlurmctldHost=ctl($SLURM_NET.10)
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket=$SLURM_DIR/munge.sock
+AuthInfo=socket=$SLURM_DIR/munge.sock,cred_expire=10
 SlurmUser=root
 SlurmdUser=root
 StateSaveLocation=$SLURM_DIR/state
