@@ -8,7 +8,8 @@
 #                       4-rank job under tandemrun on the same two nodes (over
 #                       ssh), bit for bit, and its final_loss line
 #   slurm.sh B sbatch   examples/slurm/train-gpt.sbatch, submitted with
-#                       sbatch, completes with the same bits
+#                       sbatch, completes with the same bits; a batch
+#                       script that runs train-gpt without srun is refused
 #   slurm.sh B kill     a task killed with SIGKILL on node n2 (rank 2) ends
 #                       the job within a bound, the other ranks naming rank 2;
 #                       `scancel --signal=KILL` of a running step ends it too;
@@ -109,13 +110,21 @@ srun)
     "tandemrun $(awk -v a="$t1" -v b="$t2" 'BEGIN{printf "%.2f", b-a}') s)"
   ;;
 sbatch)
-  job=$(slurm_run sbatch --parsable --output="$tmp/job-%j.out" --export=ALL,TANDEM_BUILD="$root/$B",SAVE_EVERY=10 \
+  job=$(slurm_run sbatch --parsable --output="$tmp/job-%j.out" --export=ALL,BUILD_DIR="$root/$B",SAVE_EVERY=10 \
     "$root/examples/slurm/train-gpt.sbatch" $ARGS --steps 20 --metrics "$tmp/sbatch.jsonl") || fail "sbatch refused the job"
   wait_state "$job" COMPLETED 60 || fail "job $job is $(job_state "$job"), not COMPLETED within 60 s"
   tandemrun_reference 20
   same_run "$tmp/sbatch.jsonl" "$tmp/job-$job.out" "$tmp/tr.jsonl" "$tmp/tr.out" "sbatch against tandemrun"
   [ -d "$tmp/ckpt-$job/step-20" ] || fail "no checkpoint ckpt-$job/step-20 from the job"
-  echo "PASS(slurm sbatch): examples/slurm/train-gpt.sbatch completed, bit for bit as tandemrun ($(final_line "$tmp/job-$job.out" | cut -d' ' -f1))"
+  # A batch script that runs the program itself, not through srun: refused
+  # at once (it would wait for 3 ranks that nobody starts).
+  printf '#!/bin/bash\nexec %s %s --steps 5\n' "$GPT" "$ARGS" >"$tmp/direct.sh"
+  job2=$(slurm_run sbatch --parsable -N2 --ntasks-per-node=2 --output="$tmp/direct-%j.out" "$tmp/direct.sh") ||
+    fail "sbatch refused the direct job"
+  wait_state "$job2" FAILED 30 || fail "the batch script running train-gpt without srun is $(job_state "$job2"), not FAILED within 30 s"
+  grep -q "no SLURM_STEP_ID: it is the batch script of job $job2, not one of 4 tasks" "$tmp/direct-$job2.out" ||
+    fail "the direct job's output does not say that it is the batch script"
+  echo "PASS(slurm sbatch): examples/slurm/train-gpt.sbatch completed, bit for bit as tandemrun ($(final_line "$tmp/job-$job.out" | cut -d' ' -f1)); train-gpt run in a batch script without srun refused naming it"
   ;;
 kill)
   # 1. One task, rank 2 on n2, killed with SIGKILL (as the OOM killer or a
@@ -164,7 +173,7 @@ requeue)
   # steps; node n1, which runs the batch script and ranks 0 and 1, dies at
   # once (its PID namespace's init killed) after the step-10 checkpoint.
   steps=200
-  job=$(slurm_run sbatch --parsable --output="$tmp/job-%j.out" --export=ALL,TANDEM_BUILD="$root/$B",SAVE_EVERY=5,CKPT="$tmp/ckpt" \
+  job=$(slurm_run sbatch --parsable --output="$tmp/job-%j.out" --export=ALL,BUILD_DIR="$root/$B",SAVE_EVERY=5,CKPT="$tmp/ckpt" \
     "$root/examples/slurm/train-gpt.sbatch" $ARGS --steps $steps --metrics "$tmp/requeue.jsonl") || fail "sbatch refused the job"
   for _ in $(seq 1 300); do [ -d "$tmp/ckpt/step-10" ] && break; sleep 0.1; done
   [ -d "$tmp/ckpt/step-10" ] || fail "job $job wrote no step-10 checkpoint within 30 s"

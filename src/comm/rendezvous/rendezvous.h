@@ -61,7 +61,8 @@ td_status comm_rdv_entry_parse(char *entry, int rank, comm_rdv_entry *out);
  * counts that disagree (SLURM_NTASKS against the tasks per node, the node
  * list against the node count, SLURM_LOCALID against its node's tasks), or
  * rank 0 away from the first node, are TD_ERR_INVALID_ARGUMENT naming the
- * variables. Reads the environment only. */
+ * variables, and so is a batch script (SLURM_PROCID without a step id).
+ * Reads the environment only. */
 td_status comm_slurm_nodelist(const char *list, char *first_out, size_t first_size, int *count_out);
 td_status comm_slurm_tasks_per_node(const char *spec, int node_id, int *total_out, int *on_node_out, int *nodes_out);
 td_status comm_slurm_layout(comm_env *env, char *store_host, size_t store_host_size);

@@ -171,18 +171,23 @@ garbled:
 }
 
 td_status comm_slurm_layout(comm_env *env, char *store_host, size_t store_host_size) {
-  /* Inside a step (srun) the step's variables, else the job's: never a mix,
-   * whose counts would disagree whenever the step uses part of the
-   * allocation. Set but empty counts as set (and is refused below). */
-  bool step = getenv("SLURM_STEP_NODELIST") != NULL;
-  const char *list_name = step ? "SLURM_STEP_NODELIST" : "SLURM_JOB_NODELIST";
-  const char *tasks_name = step ? "SLURM_STEP_TASKS_PER_NODE" : "SLURM_TASKS_PER_NODE";
-  const char *nodes_name = step ? "SLURM_STEP_NUM_NODES" : "SLURM_JOB_NUM_NODES";
+  /* srun sets the step's variables in every task. A batch script has
+   * SLURM_PROCID=0 and the job's SLURM_NTASKS too, but no step: a program
+   * run there directly would host a store and wait for ranks that no one
+   * starts. */
+  if (!getenv("SLURM_STEP_ID") && !getenv("SLURM_STEPID"))
+    return td_error(TD_ERR_INVALID_ARGUMENT,
+                    "this process has Slurm's SLURM_PROCID=%d and SLURM_NTASKS=%d but no SLURM_STEP_ID: it is the "
+                    "batch script of job %s, not one of %d tasks. Start the program with srun inside the script, so "
+                    "that every task runs it",
+                    env->rank, env->size, td_env_str("SLURM_JOB_ID", "?"), env->size);
+  static const char list_name[] = "SLURM_STEP_NODELIST", tasks_name[] = "SLURM_STEP_TASKS_PER_NODE",
+                    nodes_name[] = "SLURM_STEP_NUM_NODES";
   const char *list = getenv(list_name), *tasks = getenv(tasks_name), *nodes_text = getenv(nodes_name);
   if (!list)
     return td_error(TD_ERR_INVALID_ARGUMENT,
-                    "rank %d of %d (Slurm: SLURM_PROCID/SLURM_NTASKS) has no SLURM_STEP_NODELIST or "
-                    "SLURM_JOB_NODELIST to find the rendezvous host in: start it with srun, or set TANDEM_STORE=host:port",
+                    "rank %d of %d (Slurm: SLURM_PROCID/SLURM_NTASKS) has no SLURM_STEP_NODELIST to find the "
+                    "rendezvous host in: start it with srun, or set TANDEM_STORE=host:port",
                     env->rank, env->size);
   int n_nodes;
   TD_CHECK(comm_slurm_nodelist(list, store_host, store_host_size, &n_nodes));
