@@ -189,7 +189,8 @@ static void app_trace_model(td_model *model, td_timeline *timeline) {
   traced_timeline = timeline;
   traced_ops = (td_model_ops){traced_prepare, traced_forward, traced_backward,
                               model->ops->predict ? traced_predict : NULL, traced_destroy,
-                              model->ops->set_activation_checkpointing, model->ops->activation_bytes};
+                              model->ops->set_activation_checkpointing, model->ops->activation_bytes,
+                              model->ops->init_params, model->ops->grad_norm_sq};
   model->ops = &traced_ops;
 }
 
@@ -432,6 +433,9 @@ static void app_after_step(app_run *run, const td_step_stats *st, double t_begin
   m.step_s = st->step_s;
   m.compute_s = st->compute_s;
   m.comm_wait_s = st->comm_wait_s;
+  m.optimizer_s = st->optimizer_s;
+  m.data_s = st->data_s;
+  m.io_s = st->io_s;
   m.grad_norm = st->grad_norm;
   m.memory_mib = st->memory_bytes / 1048576.0;
   if (st->memory_limit_bytes) {
