@@ -13,6 +13,7 @@
 #include "train/deterministic/deterministic.h"
 
 #include <stdint.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/vfs.h>
@@ -285,4 +286,42 @@ td_status td_trainer_memory(const td_trainer *t, td_trainer_memory_info *out) {
   td_strlcpy(out->limit_source, t->mem_room.host_bytes ? t->mem_room.source : "none", sizeof out->limit_source);
   out->rss_bytes = td_mem_rss(&out->peak_rss_bytes);
   return TD_OK;
+}
+
+td_status td_trainer_fit_memory(const td_train_config *cfg, td_model *model, td_comm *comm, td_train_config *fitted,
+                                td_trainer_memory_info *out) {
+  if (!cfg || !model || !out)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "td_trainer_fit_memory: cfg, model and out are required");
+  memset(out, 0, sizeof *out);
+  /* a trainer with its tables only: what trainer_create holds when it fits */
+  td_trainer *t = calloc(1, sizeof *t);
+  int world = comm ? td_comm_size(comm) : 1;
+  int32_t *flags = calloc((size_t)world, sizeof *flags);
+  if (!t || !flags) {
+    free(t);
+    free(flags);
+    return td_error(TD_ERR_SYSTEM, "td_trainer_fit_memory: out of memory for the trainer's tables");
+  }
+  t->cfg = *cfg;
+  t->model = model;
+  t->comm = comm;
+  t->rank = comm ? td_comm_rank(comm) : 0;
+  t->world = world;
+  t->agree_flags = flags;
+  t->n_params = model->n_params;
+  t->n_states = td_optimizer_n_states(cfg->optimizer.kind);
+  td_status st = td_train_config_resolve(&t->cfg, world); /* the same on every rank: no collective skipped alone */
+  if (st == TD_OK) {
+    zero_layout(t);
+    st = trainer_memory_fit(t);
+  }
+  out->estimate_bytes = t->mem_estimate;
+  out->baseline_bytes = t->mem_baseline;
+  out->limit_bytes = t->mem_room.rank_bytes;
+  td_strlcpy(out->limit_source, t->mem_room.host_bytes ? t->mem_room.source : "none", sizeof out->limit_source);
+  out->rss_bytes = td_mem_rss(&out->peak_rss_bytes);
+  if (fitted) *fitted = t->cfg;
+  free(flags);
+  free(t);
+  return st;
 }
