@@ -86,6 +86,7 @@ static void fit_unset_knobs(td_trainer *t, size_t target, size_t files, char *ch
 #define NOTE(...) (off += (size_t)snprintf(chosen + off, off < cap ? cap - off : 0, __VA_ARGS__))
   size_t need = need_bytes(t, c, t->world, t->zero_stage) + files;
   size_t group = t->zero_stage >= 3 ? zero_largest_group(t->model, c->stage3_param_persistence_threshold) : 0;
+  long live_before = c->stage3_max_live_parameters;
   if (t->zero_stage >= 3 && !(c->knobs_set & TD_KNOB_STAGE3_MAX_LIVE)) {
     long least = (long)TD_MIN(2 * group, t->n_params), live = TD_MIN(c->stage3_max_live_parameters, (long)t->n_params);
     for (int i = 0; i < 16 && need > target && live > least; i++) {
@@ -107,7 +108,7 @@ static void fit_unset_knobs(td_trainer *t, size_t target, size_t files, char *ch
     if (c->bucket_bytes != before) NOTE(" bucket_bytes %zu", c->bucket_bytes);
   }
   if (t->zero_stage >= 3) {
-    if (!(c->knobs_set & TD_KNOB_STAGE3_MAX_LIVE) && c->stage3_max_live_parameters < 1000000000L)
+    if (c->stage3_max_live_parameters != live_before)
       NOTE(" stage3_max_live_parameters %ld", c->stage3_max_live_parameters);
     if (!(c->knobs_set & TD_KNOB_STAGE3_PREFETCH) && c->stage3_prefetch_bucket_size < (long)group &&
         c->stage3_max_live_parameters >= 2 * (long)group) {
@@ -115,7 +116,7 @@ static void fit_unset_knobs(td_trainer *t, size_t target, size_t files, char *ch
       NOTE(" stage3_prefetch_bucket_size %ld (one block)", c->stage3_prefetch_bucket_size);
     }
     td_offload_config *o = &c->offload;
-    if (o->param_device == TD_OFFLOAD_NVME && !(c->knobs_set & TD_KNOB_PARAM_BUFFERS)) {
+    if (o->param_device == TD_OFFLOAD_NVME && !(c->knobs_set & TD_KNOB_PARAM_BUFFERS) && off > 0) {
       o->param_buffer_size = TD_MAX(o->param_buffer_size, c->stage3_prefetch_bucket_size);
       o->param_buffer_count = (int)TD_MAX(1L, TD_MIN(64L, (c->stage3_max_live_parameters + o->param_buffer_size - 1) /
                                                               o->param_buffer_size));
