@@ -28,7 +28,7 @@ td_status td_trainer_estimate_memory(const td_model *model, const td_train_confi
                                      td_memory_estimate *out) {
   if (!model || !cfg)
     return td_error(TD_ERR_INVALID_ARGUMENT, "td_trainer_estimate_memory: model, cfg and out are required");
-  size_t det = det_estimate_bytes(cfg, model->n_params, world, stage);
+  size_t det = det_estimate_bytes(cfg, model, world, stage);
   TD_CHECK(zero_estimate_memory(model, cfg, world, stage, det == 0, out));
   out->deterministic = det;
   if (cfg->elasticity.enabled) {
