@@ -191,6 +191,9 @@ typedef struct td_train_config {
    * combinations not built yet (ZeRO-2/3, offload, elastic, a device, bf16/
    * fp16, activation checkpointing, checkpoints), naming each. */
   int tensor_parallel;
+  /* Megatron-LM's sequence parallelism inside each tensor group (config key
+   * sequence_parallel; needs tensor_parallel > 1): td_gpt_tp_set_sequence_parallel. */
+  int sequence_parallel;
 } td_train_config;
 
 /* The device this rank trains on, from spec ("cpu", "cuda", "cuda:N"; NULL
