@@ -194,7 +194,21 @@ typedef struct td_train_config {
   /* Megatron-LM's sequence parallelism inside each tensor group (config key
    * sequence_parallel; needs tensor_parallel > 1): td_gpt_tp_set_sequence_parallel. */
   int sequence_parallel;
+  /* The memory knobs the user set (TD_KNOB_* bits; the config parser and
+   * train-gpt's flags set them). A knob whose bit is clear keeps
+   * DeepSpeed's default when the job fits; when it would not fit the
+   * memory available to its ranks, td_trainer_create lowers it (docs/zero.md,
+   * "Defaults that fit"). A knob whose bit is set is kept, and a job it
+   * does not fit is refused. (sub_group_size: 0 is unset.) */
+  unsigned knobs_set;
 } td_train_config;
+
+enum {
+  TD_KNOB_BUCKET_BYTES = 1 << 0,     /* bucket_bytes */
+  TD_KNOB_STAGE3_MAX_LIVE = 1 << 1,  /* stage3_max_live_parameters */
+  TD_KNOB_STAGE3_PREFETCH = 1 << 2,  /* stage3_prefetch_bucket_size */
+  TD_KNOB_PARAM_BUFFERS = 1 << 3,    /* offload_param buffer_count, buffer_size or max_in_cpu */
+};
 
 /* The device this rank trains on, from spec ("cpu", "cuda", "cuda:N"; NULL
  * or "": TANDEM_DEVICE, else "cpu"). "cuda" without an index picks
@@ -475,6 +489,16 @@ typedef struct td_trainer_memory_info {
   char limit_source[400];
 } td_trainer_memory_info;
 td_status td_trainer_memory(const td_trainer *trainer, td_trainer_memory_info *out);
+/* What td_trainer_create(cfg, model, ..., comm) would decide about memory,
+ * without allocating the arenas: *fitted gets cfg resolved with the knobs
+ * left unset chosen for the memory available (docs/zero.md, "Defaults that
+ * fit"; fitted may be NULL), out the estimate per rank (with what this
+ * process holds now) and that memory. Returns TD_ERR_INVALID_USAGE with
+ * td_trainer_create's refusal when the job would not fit. For planning
+ * (train-gpt --estimate-memory's fit= line, bench/zperf-search.sh
+ * --offload). Collective over comm (NULL: one rank). */
+td_status td_trainer_fit_memory(const td_train_config *cfg, td_model *model, td_comm *comm, td_train_config *fitted,
+                                td_trainer_memory_info *out);
 int td_trainer_zero_stage(const td_trainer *trainer);
 /* At ZeRO stage 3, gather the whole parameter arena so that
  * td_trainer_params() is complete (4 bytes per parameter, until the next
