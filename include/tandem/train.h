@@ -203,6 +203,9 @@ typedef struct td_train_config {
   char pipeline_schedule[16];  /* "1f1b" ("" : the default) or "interleaved" */
   int pipeline_chunks;         /* model chunks per stage (virtual_pipeline_model_parallel_size; 0: 1, or 2 interleaved) */
   char pipeline_partition[16]; /* "uniform" ("" : the default) or "parameters" (DeepSpeed's partition_method) */
+  /* Megatron-LM's sequence parallelism inside each tensor group (config key
+   * sequence_parallel; needs tensor_parallel > 1): td_gpt_tp_set_sequence_parallel. */
+  int sequence_parallel;
   /* The memory knobs the user set (TD_KNOB_* bits; the config parser and
    * train-gpt's flags set them). A knob whose bit is clear keeps
    * DeepSpeed's default when the job fits; when it would not fit the
