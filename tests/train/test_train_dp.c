@@ -524,7 +524,8 @@ static void run_fail(td_comm *comm, const model_kit *kit) {
 
 int main(int argc, char **argv) {
   if (argc < 3) {
-    fprintf(stderr, "usage: %s equal MODEL ACCUM OPT | resume MODEL DIR | reload MODEL DIR | fail MODEL [det STAGE]\n", argv[0]);
+    fprintf(stderr, "usage: %s equal MODEL ACCUM OPT | resume MODEL DIR | reload MODEL DIR | fail MODEL [det STAGE]\n",
+            argv[0]);
     return 2;
   }
   setvbuf(stdout, NULL, _IOLBF, 0);

@@ -62,10 +62,10 @@
 
 #include <math.h>
 #include <stdint.h>
-#include <sys/mman.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 void det_xfer_range(size_t n_params, int world, int r, size_t *lo, size_t *hi) {
   size_t len = 0;
@@ -117,8 +117,9 @@ void det_free(td_trainer *t) {
 
 /* Floats per chunk of the streamed exchange: two chunks in flight hold 2 x
  * W x M x B floats; about 8 MiB of them, at most a sixteenth of the arena
- * (at least 64 KiB a message, at most the arena), whole pages so that the streamed vector gives its
- * pages back chunk by chunk. TANDEM_TEST_DET_CHUNK sets it (tests). */
+ * (at least 64 KiB a message, at most the arena), whole pages so that the
+ * streamed vector gives its pages back chunk by chunk.
+ * TANDEM_TEST_DET_CHUNK sets it (tests). */
 static size_t chunk_floats(size_t n, int W, int M) {
   const size_t page = zero_page_bytes() / sizeof(float);
   size_t b = ((size_t)1 << 20) / ((size_t)TD_MAX(W, 1) * (size_t)TD_MAX(M, 1));
@@ -182,8 +183,9 @@ size_t det_largest_tensor(const td_model *m) {
 static size_t resident_now(const td_trainer *t) {
   const det_state *c = t->det;
   size_t bytes = zero_resident_bytes(c->pool, c->pool_bytes);
+  size_t exchange = (size_t)c->world * (size_t)c->max_cover * c->chunk * sizeof(float);
   for (int k = 0; k < 2; k++)
-    if (c->recv[k]) bytes += zero_resident_bytes(c->recv[k], (size_t)c->world * (size_t)c->max_cover * c->chunk * sizeof(float));
+    if (c->recv[k]) bytes += zero_resident_bytes(c->recv[k], exchange);
   if (c->scratch) bytes += zero_resident_bytes(c->scratch, (size_t)det_levels(c->n_units) * c->chunk * sizeof(float));
   return bytes;
 }
