@@ -5,7 +5,8 @@
 #              a prometheus server started here (loopback, 1 s scrapes) scrapes
 #              it; every series is checked through the HTTP query API
 #              (/api/v1/query): one per rank, `up` 1 for all four targets, and
-#              a scraped (step, loss) pair equal to the JSONL metrics' line.
+#              a scraped (step, loss) pair equal to the JSONL metrics' line;
+#              per-operation bytes against the parameter count and steps.
 # port-in-use: the metrics port already taken: a warning naming the port, and
 #              training finishes with exit 0.
 # Everything started here is stopped on exit, also on failure; each wait is
@@ -96,10 +97,10 @@ EOF
     n=$(count "$s")
     [ "$n" = 4 ] || fail "series $s: $n ranks, expected 4"
   done
-  # 6 phases x 4 ranks, for the last-step gauge and the total counter
+  # 7 phases x 4 ranks, for the last-step gauge and the total counter
   for s in tandem_step_phase_seconds tandem_phase_seconds_total; do
     n=$(count "$s")
-    [ "$n" = 24 ] || fail "series $s: $n (rank, phase) pairs, expected 24"
+    [ "$n" = 28 ] || fail "series $s: $n (rank, phase) pairs, expected 28"
   done
   [ "$(count 'tandem_phase_seconds_total{phase="comm_wait"} > 0')" = 4 ] || fail "no communication wait recorded"
   [ "$(count 'tandem_resident_memory_bytes > 1e6')" = 4 ] || fail "resident memory below 1 MB"
@@ -110,6 +111,30 @@ EOF
   [ -n "$params" ] || fail "no params= in the start line"
   [ "$(count "tandem_comm_bytes_per_step == $((params * 4))")" = 4 ] ||
     { query tandem_comm_bytes_per_step; fail "comm bytes per step are not 4 x $params"; }
+  # Per operation and algorithm (4 ranks on shm: the shm algorithms). The
+  # start broadcasts the parameters once; each step allreduces the gradients
+  # and the 16-byte (loss, failed) pair, nothing else: allreduce bytes -
+  # gradient bytes - 16 x steps (one scrape) is what start-up reduced (the
+  # trainer's agreements, a few bytes per rank), the same two scrapes apart.
+  for s in tandem_collective_calls_total tandem_collective_bytes_total tandem_collective_seconds_total \
+    tandem_collective_bus_bytes_total tandem_collective_bus_bandwidth_bytes_per_second; do
+    [ "$(count "$s{operation=\"allreduce\",algorithm=\"shm\"} > 0")" = 4 ] || { query "$s"; fail "series $s: not 4 ranks' shm allreduce"; }
+  done
+  [ "$(count "tandem_collective_bytes_total{operation=\"broadcast\",algorithm=\"shm\"} == $((params * 4))")" = 4 ] ||
+    { query tandem_collective_bytes_total; fail "the start broadcast is not 4 x $params bytes"; }
+  startup='sum by (rank) (tandem_collective_bytes_total{operation="allreduce"}) - sum by (rank) (tandem_comm_bytes_total) - 16 * sum by (rank) (tandem_step)'
+  query "$startup" >"$work/startup1.json" || fail "query $startup"
+  sleep 2.5
+  query "$startup" >"$work/startup2.json" || fail "query $startup"
+  python3 - "$work/startup1.json" "$work/startup2.json" <<'EOF' || fail "allreduce bytes are not gradient bytes + 16 per step"
+import json, sys
+a, b = ({r["metric"]["rank"]: float(r["value"][1]) for r in json.load(open(p))["data"]["result"]} for p in sys.argv[1:3])
+assert len(a) == 4 and a == b and all(0 <= v <= 4096 for v in a.values()), (a, b)
+print(f"allreduce bytes = gradient bytes + 16 x steps + {a['0']:.0f} at start-up, two scrapes apart")
+EOF
+  # bus bytes: 2(n-1)/n = 1.5 times the allreduce bytes at 4 ranks
+  [ "$(count 'tandem_collective_bus_bytes_total{operation="allreduce"} - 1.5 * tandem_collective_bytes_total{operation="allreduce"} == 0')" = 4 ] ||
+    fail "allreduce bus bytes are not 1.5 x bytes"
   # Every PromQL expression of the shipped Grafana dashboard is accepted by
   # this Prometheus (Grafana itself is not in Debian) and, except for the
   # series that may be absent (offload, checkpoints, fp16 skips, a memory
