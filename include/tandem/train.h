@@ -182,6 +182,15 @@ typedef struct td_train_config {
    * "": TANDEM_DEVICE, else "cpu"). td_train_device_select turns it into a
    * td_device for this rank. */
   char device[16];
+  /* Tensor parallelism (Megatron-LM's tensor_model_parallel_size; docs/
+   * training.md): ranks that split every layer of one model replica (0 or 1:
+   * none). The trainer itself does not split anything: the program builds
+   * the grid and the tensor-parallel model (include/tandem/parallel.h) and
+   * gives the trainer the data-parallel communicator, so `world_size` in
+   * td_train_config_resolve is the data-parallel size. Resolve refuses the
+   * combinations not built yet (ZeRO-2/3, offload, elastic, a device, bf16/
+   * fp16, activation checkpointing, checkpoints), naming each. */
+  int tensor_parallel;
 } td_train_config;
 
 /* The device this rank trains on, from spec ("cpu", "cuda", "cuda:N"; NULL
@@ -246,7 +255,8 @@ td_status td_train_config_parse_json_buffer(const char *data, size_t len, const 
  * it out"), rates and sizes must be in range. Updates cfg in place; returns
  * TD_ERR_INVALID_ARGUMENT with such a message. td_trainer_create calls it on
  * its own copy; callers may call it earlier to report errors before any
- * model is built. Local. */
+ * model is built. world_size counts data-parallel ranks (the world divided
+ * by tensor_parallel). Local. */
 td_status td_train_config_resolve(td_train_config *cfg, int world_size);
 
 /* Learning rate of the schedule at optimizer step `step` (0-based: the lr

@@ -644,6 +644,11 @@ static td_status step_finish(td_trainer *t, td_step_stats *stats, double loss, d
       norm = sqrt(norm);
     } else
       TD_CHECK(t->det ? det_grad_norm(t, &norm) : zero_grad_norm(t, &norm));
+    if (t->model->ops->grad_norm_sq) { /* a shard of a model split across ranks: the whole model's norm */
+      double sum_sq = norm * norm;
+      TD_CHECK(t->model->ops->grad_norm_sq(t->model, t->grads, &sum_sq));
+      norm = sqrt(sum_sq);
+    }
     norm /= loss_scale;
     scale = td_clip_scale(norm, t->cfg.grad_clip);
     const td_optimizer_config *o = &t->cfg.optimizer;
