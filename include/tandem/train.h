@@ -191,7 +191,21 @@ typedef struct td_train_config {
    * combinations not built yet (ZeRO-2/3, offload, elastic, a device, bf16/
    * fp16, activation checkpointing, checkpoints), naming each. */
   int tensor_parallel;
+  /* The memory knobs the user set (TD_KNOB_* bits; the config parser and
+   * train-gpt's flags set them). A knob whose bit is clear keeps
+   * DeepSpeed's default when the job fits; when it would not fit the
+   * memory available to its ranks, td_trainer_create lowers it (docs/zero.md,
+   * "Defaults that fit"). A knob whose bit is set is kept, and a job it
+   * does not fit is refused. (sub_group_size: 0 is unset.) */
+  unsigned knobs_set;
 } td_train_config;
+
+enum {
+  TD_KNOB_BUCKET_BYTES = 1 << 0,     /* bucket_bytes */
+  TD_KNOB_STAGE3_MAX_LIVE = 1 << 1,  /* stage3_max_live_parameters */
+  TD_KNOB_STAGE3_PREFETCH = 1 << 2,  /* stage3_prefetch_bucket_size */
+  TD_KNOB_PARAM_BUFFERS = 1 << 3,    /* offload_param buffer_count, buffer_size or max_in_cpu */
+};
 
 /* The device this rank trains on, from spec ("cpu", "cuda", "cuda:N"; NULL
  * or "": TANDEM_DEVICE, else "cpu"). "cuda" without an index picks

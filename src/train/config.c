@@ -535,9 +535,11 @@ static td_status parse_zero(parse_ctx *pc, const cJSON *obj) {
     } else if (strcmp(item->string, "stage3_prefetch_bucket_size") == 0) {
       TD_CHECK(get_int(pc, item, "zero_optimization.stage3_prefetch_bucket_size", 0, 1L << 50, &n));
       pc->cfg->stage3_prefetch_bucket_size = n;
+      pc->cfg->knobs_set |= TD_KNOB_STAGE3_PREFETCH;
     } else if (strcmp(item->string, "stage3_max_live_parameters") == 0) {
       TD_CHECK(get_int(pc, item, "zero_optimization.stage3_max_live_parameters", 0, 1L << 50, &n));
       pc->cfg->stage3_max_live_parameters = n;
+      pc->cfg->knobs_set |= TD_KNOB_STAGE3_MAX_LIVE;
     } else if (strcmp(item->string, "stage3_param_persistence_threshold") == 0) {
       TD_CHECK(get_int(pc, item, "zero_optimization.stage3_param_persistence_threshold", 0, 1L << 50, &n));
       pc->cfg->stage3_param_persistence_threshold = n;
@@ -596,6 +598,7 @@ static td_status parse_root(parse_ctx *pc, const cJSON *root) {
       cfg->threads = (int)n;
     } else if (strcmp(k, "bucket_bytes") == 0) {
       TD_CHECK(get_size(pc, item, k, &cfg->bucket_bytes));
+      cfg->knobs_set |= TD_KNOB_BUCKET_BYTES;
     } else if (strcmp(k, "first_bucket_bytes") == 0) {
       TD_CHECK(get_size(pc, item, k, &cfg->first_bucket_bytes));
     } else if (strcmp(k, "optimizer") == 0) {

@@ -89,6 +89,19 @@ no_job_left() {
   done
   for n in n1 n2 n3; do [ -n "$(gpt_on $n)" ] && fail "train-gpt left on $n: $(gpt_on $n)"; done
 }
+start_srun() { # FILE-STEM: a 4-rank job of many steps in the background, its srun's pid in srun_pid
+  # srun itself (ip netns exec execs it), listed for the clean-up on exit.
+  slurm_run srun -N2 --ntasks-per-node=2 "$GPT" $ARGS --steps 100000 --metrics "$tmp/$1.jsonl" >"$tmp/$1.out" 2>&1 &
+  srun_pid=$!
+  NETNS_SPAWNED+=("$srun_pid")
+  for _ in $(seq 1 300); do [ "$(numbers "$tmp/$1.jsonl" 2>/dev/null | wc -l)" -ge 5 ] && return 0; sleep 0.1; done
+  fail "the job ($1) did not reach step 5 within 30 s"
+}
+wait_srun() { # SECONDS: srun's exit code in rc, 124 if it still runs after SECONDS
+  local _
+  for _ in $(seq 1 $(( $1 * 10 ))); do kill -0 "$srun_pid" 2>/dev/null || break; sleep 0.1; done
+  if kill -0 "$srun_pid" 2>/dev/null; then rc=124; else wait "$srun_pid"; rc=$?; fi
+}
 tandemrun_reference() { # STEPS: the same job under tandemrun over ssh on n1 and n2
   slurm_run timeout 60 "$RUN" -np 4 -H 10.77.17.1:2,10.77.17.2:2 "$GPT" $ARGS --steps "$1" --metrics "$tmp/tr.jsonl" \
     >"$tmp/tr.out" 2>&1 || fail "the tandemrun job failed (exit $?)"
@@ -129,20 +142,15 @@ sbatch)
 kill)
   # 1. One task, rank 2 on n2, killed with SIGKILL (as the OOM killer or a
   # stray `kill -9` would): the others notice and stop, naming it.
-  slurm_run timeout 90 srun -N2 --ntasks-per-node=2 "$GPT" $ARGS --steps 100000 --metrics "$tmp/kill.jsonl" \
-    >"$tmp/kill.out" 2>&1 &
-  srun_pid=$!
-  for _ in $(seq 1 300); do [ "$(numbers "$tmp/kill.jsonl" 2>/dev/null | wc -l)" -ge 5 ] && break; sleep 0.1; done
-  [ "$(numbers "$tmp/kill.jsonl" | wc -l)" -ge 5 ] || fail "the job did not reach step 5 within 30 s"
+  start_srun kill
   victim=
   for pid in $(gpt_on n2); do tr '\0' '\n' <"/proc/$pid/environ" | grep -qx SLURM_PROCID=2 && victim=$pid; done
   [ -n "$victim" ] || fail "no rank 2 (SLURM_PROCID=2) among n2's train-gpt processes: $(gpt_on n2)"
   t0=$(date +%s.%N)
   kill -KILL "$victim"
-  wait "$srun_pid"
-  rc=$?
+  wait_srun 30
   dt=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}')
-  [ $rc = 124 ] && fail "srun was still running 90 s after its start: the job hung after rank 2 died"
+  [ $rc = 124 ] && fail "srun still runs 30 s after rank 2 died: the job hangs"
   [ $rc != 0 ] || fail "srun exited 0 although rank 2 was killed"
   rc1=$rc
   awk -v d="$dt" 'BEGIN{exit !(d < 20)}' || fail "the job took $dt s to end after rank 2 died (bound 20 s)"
@@ -150,19 +158,14 @@ kill)
   no_job_left
   named=$(grep -Em1 'rank 2\b' "$tmp/kill.out")
   # 2. scancel --signal=KILL of the running job's step: every task dies, srun ends.
-  slurm_run timeout 90 srun -N2 --ntasks-per-node=2 "$GPT" $ARGS --steps 100000 --metrics "$tmp/kill2.jsonl" \
-    >"$tmp/kill2.out" 2>&1 &
-  srun_pid=$!
-  for _ in $(seq 1 300); do [ "$(numbers "$tmp/kill2.jsonl" 2>/dev/null | wc -l)" -ge 5 ] && break; sleep 0.1; done
-  [ "$(numbers "$tmp/kill2.jsonl" | wc -l)" -ge 5 ] || fail "the second job did not reach step 5 within 30 s"
+  start_srun kill2
   job=$(slurm_run squeue -h -o %i | head -1)
   [ -n "$job" ] || fail "squeue lists no running job"
   t0=$(date +%s.%N)
   slurm_run scancel --signal=KILL "$job.0" || fail "scancel --signal=KILL $job.0 failed"
-  wait "$srun_pid"
-  rc=$?
+  wait_srun 30
   dt2=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}')
-  [ $rc = 124 ] && fail "srun was still running 90 s after its start: the step hung after scancel --signal=KILL"
+  [ $rc = 124 ] && fail "srun still runs 30 s after scancel --signal=KILL: the step hangs"
   [ $rc != 0 ] || fail "srun exited 0 after scancel --signal=KILL"
   awk -v d="$dt2" 'BEGIN{exit !(d < 20)}' || fail "the step took $dt2 s to end after scancel (bound 20 s)"
   no_job_left

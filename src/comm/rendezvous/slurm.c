@@ -212,8 +212,8 @@ td_status comm_slurm_layout(comm_env *env, char *store_host, size_t store_host_s
     TD_CHECK(comm_slurm_tasks_per_node(tasks, node_id, &total, &on_node, &spec_nodes));
     if (total != env->size)
       return td_error(TD_ERR_INVALID_ARGUMENT,
-                      "Slurm's task counts disagree: SLURM_NTASKS=%d but %s=\"%s\" adds up to %d tasks (a program run "
-                      "outside srun in a batch script sees the job's counts: start it with srun)",
+                      "Slurm's task counts disagree: SLURM_NTASKS=%d but %s=\"%s\" adds up to %d tasks (srun sets "
+                      "both for the step: was one of them set or exported by hand?)",
                       env->size, tasks_name, tasks, total);
     if (spec_nodes != n_nodes)
       return td_error(TD_ERR_INVALID_ARGUMENT, "Slurm's variables disagree: %s=\"%s\" is for %d nodes but %s=\"%s\" names %d",

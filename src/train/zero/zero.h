@@ -93,6 +93,10 @@ typedef struct zero_state {
  * shard: no bucket of gradients is in flight beyond it). */
 td_status zero_estimate_memory(const td_model *model, const td_train_config *cfg, int world, int stage, bool buckets,
                                td_memory_estimate *out);
+/* Parameters of the model's largest stage-3 fetch group above the
+ * persistence threshold (a transformer block): the least a rank holds
+ * fetched while it computes. memory_fit.c sizes the cache from it. */
+size_t zero_largest_group(const td_model *model, long persistence_threshold);
 
 /* ---- shard.c ---- */
 /* Stage 2 keeps its whole gradient arena resident, as stage 1 does, when
