@@ -232,6 +232,15 @@ static void print_estimates(const td_model *model, const td_train_config *cfg, i
   fflush(stdout);
 }
 
+/* The memory knobs as the trainer resolved them (unset ones chosen from
+ * the memory: docs/zero.md, "Defaults that fit"), the rest of a line. */
+static void print_knobs(const td_train_config *c) {
+  printf("stage3_max_live_parameters=%ld stage3_prefetch_bucket_size=%ld sub_group_size=%ld bucket_bytes=%zu "
+         "offload_param_buffer_size=%ld offload_param_buffer_count=%d\n",
+         c->stage3_max_live_parameters, c->stage3_prefetch_bucket_size, c->offload.sub_group_size, c->bucket_bytes,
+         c->offload.param_buffer_size, c->offload.param_buffer_count);
+}
+
 /* NVMe offload: after every step, one line per rank (every rank prints its
  * own) with the counters since the start: where the time went, the disk
  * bandwidth, and the rank's peak RSS. Nothing without offload. */
@@ -360,6 +369,18 @@ int main(int argc, char **argv) {
   if (opt.estimate_memory) {
     if (elastic) cfg.elasticity.enabled = 1; /* the buddy copies and deterministic reduction */
     if (run.rank == 0) print_estimates(model, &cfg, run.world / tp);
+    /* what the trainer would choose and need here, with this host's memory (collective) */
+    td_train_config fitted;
+    td_trainer_memory_info mi;
+    s = td_trainer_fit_memory(&cfg, model, train_comm, &fitted, &mi);
+    if (run.rank == 0 && (s == TD_OK || s == TD_ERR_INVALID_USAGE)) {
+      printf("fit: fits=%d estimate_mib=%.1f limit_mib=%.1f limit=\"%s\" ", s == TD_OK, mi.estimate_bytes / 1048576.0,
+             mi.limit_bytes / 1048576.0, mi.limit_source);
+      print_knobs(&fitted);
+      if (s != TD_OK) printf("%s: %s\n", app_name, td_last_error());
+    } else if (s != TD_OK && run.rank == 0) {
+      fprintf(stderr, "%s: fitting the memory: %s\n", app_name, td_last_error());
+    }
     td_model_destroy(model);
     td_grid_destroy(grid);
     app_end(&run);
@@ -368,6 +389,10 @@ int main(int argc, char **argv) {
   }
   s = td_trainer_create(&cfg, app_engine_model(&run, model), data, train_comm, &run.trainer);
   if (s != TD_OK) app_fail(&run, "creating the trainer", s);
+  if (run.rank == 0 && td_trainer_zero_stage(run.trainer) >= 2) {
+    printf("%s: knobs ", app_name);
+    print_knobs(td_trainer_config(run.trainer));
+  }
   app_trace_trainer(&run);
   if (opt.common.resume_dir) {
     s = td_trainer_resume(run.trainer, opt.common.resume_dir);

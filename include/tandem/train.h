@@ -487,6 +487,16 @@ typedef struct td_trainer_memory_info {
   char limit_source[400];
 } td_trainer_memory_info;
 td_status td_trainer_memory(const td_trainer *trainer, td_trainer_memory_info *out);
+/* What td_trainer_create(cfg, model, ..., comm) would decide about memory,
+ * without allocating the arenas: *fitted gets cfg resolved with the knobs
+ * left unset chosen for the memory available (docs/zero.md, "Defaults that
+ * fit"; fitted may be NULL), out the estimate per rank (with what this
+ * process holds now) and that memory. Returns TD_ERR_INVALID_USAGE with
+ * td_trainer_create's refusal when the job would not fit. For planning
+ * (train-gpt --estimate-memory's fit= line, bench/zperf-search.sh
+ * --offload). Collective over comm (NULL: one rank). */
+td_status td_trainer_fit_memory(const td_train_config *cfg, td_model *model, td_comm *comm, td_train_config *fitted,
+                                td_trainer_memory_info *out);
 int td_trainer_zero_stage(const td_trainer *trainer);
 /* At ZeRO stage 3, gather the whole parameter arena so that
  * td_trainer_params() is complete (4 bytes per parameter, until the next
