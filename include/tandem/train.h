@@ -191,6 +191,9 @@ typedef struct td_train_config {
    * combinations not built yet (ZeRO-2/3, offload, elastic, a device, bf16/
    * fp16, activation checkpointing, checkpoints), naming each. */
   int tensor_parallel;
+  /* Megatron-LM's sequence parallelism inside each tensor group (config key
+   * sequence_parallel; needs tensor_parallel > 1): td_gpt_tp_set_sequence_parallel. */
+  int sequence_parallel;
   /* The memory knobs the user set (TD_KNOB_* bits; the config parser and
    * train-gpt's flags set them). A knob whose bit is clear keeps
    * DeepSpeed's default when the job fits; when it would not fit the
