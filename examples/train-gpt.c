@@ -75,6 +75,8 @@ static void usage(void) {
       "  --tensor-parallel N split every layer over N consecutive ranks (Megatron-LM's tensor\n"
       "                     parallelism; N divides the ranks and the heads; the rest of the world\n"
       "                     is data-parallel; config key tensor_model_parallel_size)\n"
+      "  --sequence-parallel with --tensor-parallel: LayerNorms and residuals on 1/N of the\n"
+      "                     sequence per rank (Megatron-LM's; config key sequence_parallel)\n"
       "  --device D         cpu (default), cuda (cuda:(local rank %% GPUs)) or cuda:N (config key\n"
       "                     \"device\", env TANDEM_DEVICE)\n"
       "  --elastic          elastic training (implied under tandemrun --min-np/--max-np): survive lost\n"
@@ -100,6 +102,7 @@ typedef struct gpt_options {
   const char *device;                            /* --device: NULL when not given */
   long sub_group_size;                           /* -1: not given */
   long tensor_parallel;                          /* --tensor-parallel; -1: not given */
+  int sequence_parallel;                         /* --sequence-parallel */
   td_gpt_config model;
 } gpt_options;
 
@@ -115,6 +118,7 @@ static void parse_args(int argc, char **argv, gpt_options *o) {
   o->device = NULL;
   o->sub_group_size = -1;
   o->tensor_parallel = -1;
+  o->sequence_parallel = 0;
   o->model = (td_gpt_config){.vocab = 256, .layers = 4, .channels = 256, .heads = 4, .seq = 128};
   for (int i = 1; i < argc; i++) {
     const char *v;
@@ -125,6 +129,7 @@ static void parse_args(int argc, char **argv, gpt_options *o) {
     else if (!strcmp(argv[i], "--activation-checkpointing")) o->activation_checkpointing = 1;
     else if (!strcmp(argv[i], "--estimate-memory")) o->estimate_memory = 1;
     else if (!strcmp(argv[i], "--elastic")) o->elastic = 1;
+    else if (!strcmp(argv[i], "--sequence-parallel")) o->sequence_parallel = 1;
     else if ((v = app_flag_value(argc, argv, &i, "--data"))) o->data_path = v;
     else if ((v = app_flag_value(argc, argv, &i, "--device"))) o->device = v;
     else if ((v = app_flag_value(argc, argv, &i, "--offload-optimizer"))) o->offload_optimizer = v;
@@ -190,6 +195,10 @@ static void build_config(const gpt_options *o, int world, td_train_config *cfg) 
                  sizeof off->param_nvme_path);
   if (o->sub_group_size > 0) off->sub_group_size = o->sub_group_size;
   if (o->tensor_parallel > 0) cfg->tensor_parallel = (int)o->tensor_parallel;
+  if (o->sequence_parallel) cfg->sequence_parallel = 1;
+  if (cfg->sequence_parallel && cfg->tensor_parallel > 1 && o->model.seq % cfg->tensor_parallel != 0)
+    app_usage_error("--sequence-parallel splits each sequence over the %d tensor-parallel ranks: --seq %d must be "
+                    "divisible by %d", cfg->tensor_parallel, o->model.seq, cfg->tensor_parallel);
   if (cfg->tensor_parallel > 1) {
     if (td_grid_check(world, cfg->tensor_parallel, 1) != TD_OK) app_usage_error("%s", td_last_error());
     if (td_grid_check_gpt(&o->model, cfg->tensor_parallel, 1) != TD_OK) app_usage_error("%s", td_last_error());
@@ -230,6 +239,15 @@ static void print_estimates(const td_model *model, const td_train_config *cfg, i
            (e.model_states + e.activations + e.runtime) / mib, e.model_states, e.disk / mib, e.disk, e.gather / mib);
   }
   fflush(stdout);
+}
+
+/* The memory knobs as the trainer resolved them (unset ones chosen from
+ * the memory: docs/zero.md, "Defaults that fit"), the rest of a line. */
+static void print_knobs(const td_train_config *c) {
+  printf("stage3_max_live_parameters=%ld stage3_prefetch_bucket_size=%ld sub_group_size=%ld bucket_bytes=%zu "
+         "offload_param_buffer_size=%ld offload_param_buffer_count=%d\n",
+         c->stage3_max_live_parameters, c->stage3_prefetch_bucket_size, c->offload.sub_group_size, c->bucket_bytes,
+         c->offload.param_buffer_size, c->offload.param_buffer_count);
 }
 
 /* NVMe offload: after every step, one line per rank (every rank prints its
@@ -347,6 +365,10 @@ int main(int argc, char **argv) {
     if (s != TD_OK) app_fail(&run, "laying out the process grid", s);
     s = td_gpt_tp_create(&opt.model, grid, &model);
     if (s != TD_OK) app_fail(&run, "creating the tensor-parallel GPT model", s);
+    if (cfg.sequence_parallel) {
+      s = td_gpt_tp_set_sequence_parallel(model, 1);
+      if (s != TD_OK) app_fail(&run, "turning on sequence parallelism", s);
+    }
     train_comm = td_grid_comm(grid, TD_GRID_DATA);
     /* the trainer would count only its data-parallel group's ranks on this host */
     if (cfg.threads == 0) {
@@ -360,6 +382,18 @@ int main(int argc, char **argv) {
   if (opt.estimate_memory) {
     if (elastic) cfg.elasticity.enabled = 1; /* the buddy copies and deterministic reduction */
     if (run.rank == 0) print_estimates(model, &cfg, run.world / tp);
+    /* what the trainer would choose and need here, with this host's memory (collective) */
+    td_train_config fitted;
+    td_trainer_memory_info mi;
+    s = td_trainer_fit_memory(&cfg, model, train_comm, &fitted, &mi);
+    if (run.rank == 0 && (s == TD_OK || s == TD_ERR_INVALID_USAGE)) {
+      printf("fit: fits=%d estimate_mib=%.1f limit_mib=%.1f limit=\"%s\" ", s == TD_OK, mi.estimate_bytes / 1048576.0,
+             mi.limit_bytes / 1048576.0, mi.limit_source);
+      print_knobs(&fitted);
+      if (s != TD_OK) printf("%s: %s\n", app_name, td_last_error());
+    } else if (s != TD_OK && run.rank == 0) {
+      fprintf(stderr, "%s: fitting the memory: %s\n", app_name, td_last_error());
+    }
     td_model_destroy(model);
     td_grid_destroy(grid);
     app_end(&run);
@@ -368,6 +402,10 @@ int main(int argc, char **argv) {
   }
   s = td_trainer_create(&cfg, app_engine_model(&run, model), data, train_comm, &run.trainer);
   if (s != TD_OK) app_fail(&run, "creating the trainer", s);
+  if (run.rank == 0 && td_trainer_zero_stage(run.trainer) >= 2) {
+    printf("%s: knobs ", app_name);
+    print_knobs(td_trainer_config(run.trainer));
+  }
   app_trace_trainer(&run);
   if (opt.common.resume_dir) {
     s = td_trainer_resume(run.trainer, opt.common.resume_dir);
@@ -457,11 +495,11 @@ int main(int argc, char **argv) {
     }
     printf("%s: final_loss=%.6f tokens_per_s=%.0f steps=%ld world=%d params=%zu global_batch=%ld micro_batch=%d "
            "grad_accum=%d seq=%d threads=%d train_s=%.1f zero_stage=%d model_state_bytes_per_rank=%zu "
-           "tensor_parallel=%d\n",
+           "tensor_parallel=%d sequence_parallel=%d\n",
            app_name, run.steps_this_run > 0 ? run.last.loss : NAN, app_throughput(&run),
            td_trainer_step_count(run.trainer), run.world, td_trainer_n_params(run.trainer), rc->train_batch_size,
            rc->micro_batch, rc->grad_accum, opt.model.seq, td_trainer_threads(run.trainer), train_s,
-           td_trainer_zero_stage(run.trainer), td_trainer_model_state_bytes(run.trainer), tp);
+           td_trainer_zero_stage(run.trainer), td_trainer_model_state_bytes(run.trainer), tp, cfg.sequence_parallel);
     /* memory and precision, for bench/precision.sh: activations as the model sized them, peak RSS of rank 0 */
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);

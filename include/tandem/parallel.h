@@ -115,8 +115,17 @@ int td_grid_tensor_hosts(const td_grid *grid);
  * the rank (and which world ranks the group's ranks are), then and on every
  * later call. Refuses (td_grid_check_gpt) heads not
  * divisible by the group size. f32 only; no activation checkpointing,
- * sequence parallelism, ZeRO-3 parameter access or device yet. */
+ * ZeRO-3 parameter access or device yet. */
 td_status td_gpt_tp_create(const td_gpt_config *config, const td_grid *grid, td_model **out);
+/* Megatron-LM's sequence parallelism on a td_gpt_tp_create model (on = 1;
+ * default 0): the LayerNorm and residual regions hold B*T/p rows per rank,
+ * and each allreduce becomes an allgather before a column-parallel product
+ * and a reduce-scatter after a row-parallel one (the same bytes; less
+ * activation memory and LayerNorm work per rank). The same results within
+ * float summation noise. Takes effect at the next prepare; every rank of the
+ * group must set the same. TD_ERR_INVALID_ARGUMENT when the sequence length
+ * is not divisible by the group size, or for another model. */
+td_status td_gpt_tp_set_sequence_parallel(td_model *model, int on);
 
 #ifdef __cplusplus
 }

@@ -191,6 +191,9 @@ typedef struct td_train_config {
    * combinations not built yet (ZeRO-2/3, offload, elastic, a device, bf16/
    * fp16, activation checkpointing, checkpoints), naming each. */
   int tensor_parallel;
+  /* Megatron-LM's sequence parallelism inside each tensor group (config key
+   * sequence_parallel; needs tensor_parallel > 1): td_gpt_tp_set_sequence_parallel. */
+  int sequence_parallel;
   /* The memory knobs the user set (TD_KNOB_* bits; the config parser and
    * train-gpt's flags set them). A knob whose bit is clear keeps
    * DeepSpeed's default when the job fits; when it would not fit the
@@ -300,6 +303,7 @@ typedef struct td_step_stats {
   double data_s;      /* this rank: time copying samples into the micro-batch (part of compute_s) */
   double optimizer_s; /* this rank: gradient norm, clipping and the update (part of compute_s) */
   double io_s;        /* this rank: writing the checkpoint this step saved (not part of step_s; 0 if none) */
+  double fetch_wait_s; /* this rank, ZeRO stage 3: blocked waiting for parameter fetches (part of compute_s) */
   int n_buckets;      /* gradient buckets reduced in this step */
   size_t comm_bytes;  /* bytes of gradient this rank reduced in this step */
   int saved;          /* 1 if td_trainer_step wrote a checkpoint after this step */
@@ -486,6 +490,16 @@ typedef struct td_trainer_memory_info {
   char limit_source[400];
 } td_trainer_memory_info;
 td_status td_trainer_memory(const td_trainer *trainer, td_trainer_memory_info *out);
+/* What td_trainer_create(cfg, model, ..., comm) would decide about memory,
+ * without allocating the arenas: *fitted gets cfg resolved with the knobs
+ * left unset chosen for the memory available (docs/zero.md, "Defaults that
+ * fit"; fitted may be NULL), out the estimate per rank (with what this
+ * process holds now) and that memory. Returns TD_ERR_INVALID_USAGE with
+ * td_trainer_create's refusal when the job would not fit. For planning
+ * (train-gpt --estimate-memory's fit= line, bench/zperf-search.sh
+ * --offload). Collective over comm (NULL: one rank). */
+td_status td_trainer_fit_memory(const td_train_config *cfg, td_model *model, td_comm *comm, td_train_config *fitted,
+                                td_trainer_memory_info *out);
 int td_trainer_zero_stage(const td_trainer *trainer);
 /* At ZeRO stage 3, gather the whole parameter arena so that
  * td_trainer_params() is complete (4 bytes per parameter, until the next

@@ -63,7 +63,12 @@ static td_status tensor_parallel_check(td_train_config *cfg) {
   const int tp = cfg->tensor_parallel;
   if (tp < 0 || tp > 4096)
     return td_error(TD_ERR_INVALID_ARGUMENT, "tensor_model_parallel_size %d: must be 1 (off) .. 4096", tp);
-  if (tp == 1) return TD_OK;
+  if (tp == 1) {
+    if (cfg->sequence_parallel)
+      return td_error(TD_ERR_INVALID_ARGUMENT, "sequence_parallel splits the sequence inside a tensor-parallel "
+                      "group: set tensor_model_parallel_size to 2 or more, or drop sequence_parallel");
+    return TD_OK;
+  }
   const char *what = NULL;
   if (cfg->zero_stage >= 2) what = cfg->zero_stage == 2 ? "ZeRO stage 2 (use stage 0 or 1)" : "ZeRO stage 3 (use stage 0 or 1)";
   else if (cfg->offload.optimizer_device != TD_OFFLOAD_NONE || cfg->offload.param_device != TD_OFFLOAD_NONE)
@@ -557,7 +562,7 @@ static td_status parse_root(parse_ctx *pc, const cJSON *root) {
       "gradient_accumulation_steps", "train_steps", "seed", "gradient_clipping", "steps_per_print",
       "threads_per_rank", "bucket_bytes", "first_bucket_bytes", "optimizer", "scheduler", "checkpoint",
       "fp16", "bf16", "zero_optimization", "communication_data_type", "activation_checkpointing", "elasticity", "aio",
-      "deterministic_reduction", "deterministic_unit", "device", "tensor_model_parallel_size"};
+      "deterministic_reduction", "deterministic_unit", "device", "tensor_model_parallel_size", "sequence_parallel"};
   if (!cJSON_IsObject(root))
     return td_error(TD_ERR_INVALID_ARGUMENT, "%s: the config must be a JSON object ({ ... })", pc->source);
   TD_CHECK(check_keys(pc, root, "", keys, (int)TD_ARRAY_SIZE(keys)));
@@ -626,6 +631,10 @@ static td_status parse_root(parse_ctx *pc, const cJSON *root) {
     } else if (strcmp(k, "tensor_model_parallel_size") == 0) {
       TD_CHECK(get_int(pc, item, k, 1, 4096, &n));
       cfg->tensor_parallel = (int)n;
+    } else if (strcmp(k, "sequence_parallel") == 0) {
+      if (!cJSON_IsBool(item))
+        return td_error(TD_ERR_INVALID_ARGUMENT, "%s: \"sequence_parallel\" must be true or false", pc->source);
+      cfg->sequence_parallel = cJSON_IsTrue(item);
     } else if (strncmp(k, "deterministic_", 14) == 0) {
       TD_CHECK(td_deterministic_parse_json(item, pc->source, cfg)); /* src/train/deterministic/deterministic_config.c */
     }

@@ -13,6 +13,7 @@
 #include "train/deterministic/deterministic.h"
 
 #include <stdint.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/vfs.h>
@@ -85,6 +86,7 @@ static void fit_unset_knobs(td_trainer *t, size_t target, size_t files, char *ch
 #define NOTE(...) (off += (size_t)snprintf(chosen + off, off < cap ? cap - off : 0, __VA_ARGS__))
   size_t need = need_bytes(t, c, t->world, t->zero_stage) + files;
   size_t group = t->zero_stage >= 3 ? zero_largest_group(t->model, c->stage3_param_persistence_threshold) : 0;
+  long live_before = c->stage3_max_live_parameters;
   if (t->zero_stage >= 3 && !(c->knobs_set & TD_KNOB_STAGE3_MAX_LIVE)) {
     long least = (long)TD_MIN(2 * group, t->n_params), live = TD_MIN(c->stage3_max_live_parameters, (long)t->n_params);
     for (int i = 0; i < 16 && need > target && live > least; i++) {
@@ -106,7 +108,7 @@ static void fit_unset_knobs(td_trainer *t, size_t target, size_t files, char *ch
     if (c->bucket_bytes != before) NOTE(" bucket_bytes %zu", c->bucket_bytes);
   }
   if (t->zero_stage >= 3) {
-    if (!(c->knobs_set & TD_KNOB_STAGE3_MAX_LIVE) && c->stage3_max_live_parameters < 1000000000L)
+    if (c->stage3_max_live_parameters != live_before)
       NOTE(" stage3_max_live_parameters %ld", c->stage3_max_live_parameters);
     if (!(c->knobs_set & TD_KNOB_STAGE3_PREFETCH) && c->stage3_prefetch_bucket_size < (long)group &&
         c->stage3_max_live_parameters >= 2 * (long)group) {
@@ -114,7 +116,7 @@ static void fit_unset_knobs(td_trainer *t, size_t target, size_t files, char *ch
       NOTE(" stage3_prefetch_bucket_size %ld (one block)", c->stage3_prefetch_bucket_size);
     }
     td_offload_config *o = &c->offload;
-    if (o->param_device == TD_OFFLOAD_NVME && !(c->knobs_set & TD_KNOB_PARAM_BUFFERS)) {
+    if (o->param_device == TD_OFFLOAD_NVME && !(c->knobs_set & TD_KNOB_PARAM_BUFFERS) && off > 0) {
       o->param_buffer_size = TD_MAX(o->param_buffer_size, c->stage3_prefetch_bucket_size);
       o->param_buffer_count = (int)TD_MAX(1L, TD_MIN(64L, (c->stage3_max_live_parameters + o->param_buffer_size - 1) /
                                                               o->param_buffer_size));
@@ -285,4 +287,42 @@ td_status td_trainer_memory(const td_trainer *t, td_trainer_memory_info *out) {
   td_strlcpy(out->limit_source, t->mem_room.host_bytes ? t->mem_room.source : "none", sizeof out->limit_source);
   out->rss_bytes = td_mem_rss(&out->peak_rss_bytes);
   return TD_OK;
+}
+
+td_status td_trainer_fit_memory(const td_train_config *cfg, td_model *model, td_comm *comm, td_train_config *fitted,
+                                td_trainer_memory_info *out) {
+  if (!cfg || !model || !out)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "td_trainer_fit_memory: cfg, model and out are required");
+  memset(out, 0, sizeof *out);
+  /* a trainer with its tables only: what trainer_create holds when it fits */
+  td_trainer *t = calloc(1, sizeof *t);
+  int world = comm ? td_comm_size(comm) : 1;
+  int32_t *flags = calloc((size_t)world, sizeof *flags);
+  if (!t || !flags) {
+    free(t);
+    free(flags);
+    return td_error(TD_ERR_SYSTEM, "td_trainer_fit_memory: out of memory for the trainer's tables");
+  }
+  t->cfg = *cfg;
+  t->model = model;
+  t->comm = comm;
+  t->rank = comm ? td_comm_rank(comm) : 0;
+  t->world = world;
+  t->agree_flags = flags;
+  t->n_params = model->n_params;
+  t->n_states = td_optimizer_n_states(cfg->optimizer.kind);
+  td_status st = td_train_config_resolve(&t->cfg, world); /* the same on every rank: no collective skipped alone */
+  if (st == TD_OK) {
+    zero_layout(t);
+    st = trainer_memory_fit(t);
+  }
+  out->estimate_bytes = t->mem_estimate;
+  out->baseline_bytes = t->mem_baseline;
+  out->limit_bytes = t->mem_room.rank_bytes;
+  td_strlcpy(out->limit_source, t->mem_room.host_bytes ? t->mem_room.source : "none", sizeof out->limit_source);
+  out->rss_bytes = td_mem_rss(&out->peak_rss_bytes);
+  if (fitted) *fitted = t->cfg;
+  free(flags);
+  free(t);
+  return st;
 }

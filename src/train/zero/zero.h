@@ -73,6 +73,7 @@ typedef struct zero_state {
   size_t live_floats;
   unsigned long use_clock;
   td_status status; /* first failure inside a fetch (the model cannot see it) */
+  double fetch_wait_s; /* this step: blocked on parameter broadcasts not yet arrived (td_step_stats) */
   bool params_partial; /* stages 1-2 after zero_rebind: only the shard is valid until the next step's allgather */
   bool status_from_disk; /* NVMe offload: that failure was a parameter read; the communicator is fine */
   bool gathered;    /* td_trainer_gather_params materialized the whole arena */
