@@ -750,6 +750,7 @@ static td_status step_finish(td_trainer *t, td_step_stats *stats, double loss, d
     stats->data_s = data_s;
     stats->optimizer_s = t_end - opt0;
     stats->io_s = saved ? td_now() - t_end : 0.0;
+    stats->fetch_wait_s = t->zero ? t->zero->fetch_wait_s : 0.0;
     stats->n_buckets = n_buckets;
     stats->comm_bytes = t->comm_bytes;
     stats->saved = saved;

@@ -152,9 +152,9 @@ static size_t acts_plan(tp_acts *a, const tp_gpt *g, int B, int sp, float *base)
 
 static size_t tp_activation_bytes(const td_model *model, int batch, int checkpointing, td_dtype compute) {
   (void)checkpointing, (void)compute; /* neither is built: f32, every activation kept */
-  tp_acts scratch = {0};
-  size_t BT = (size_t)batch * ((const tp_gpt *)model)->cfg.seq;
   const tp_gpt *g = (const tp_gpt *)model;
+  tp_acts scratch = {0};
+  size_t BT = (size_t)batch * g->cfg.seq;
   return acts_plan(&scratch, g, batch, g->sp, NULL) * sizeof(float) + 2 * BT * sizeof(int32_t);
 }
 
