@@ -22,7 +22,9 @@
 # and munge's socket is a path), a slurm.conf whose NodeAddr are the
 # namespace addresses, and /etc/hosts naming the nodes (bind-mounted over
 # /etc/hosts inside each host's own mount namespace: the machine's file is
-# untouched). No cgroups: proctrack/linuxproc, task/none, no accounting.
+# untouched). No cgroups: proctrack/linuxproc, task/none, no accounting
+# (slurmd 22.05 still initializes a cgroup plugin: an empty tmpfs at
+# /sys/fs/cgroup in each host's mount namespace satisfies cgroup/v1).
 # Everything (daemons, namespaces, files) is removed on exit, also after a
 # failure or a signal (netns.sh's trap). Needs root, slurm-wlm, munge,
 # iproute2 (scripts/install-deps).
@@ -46,7 +48,7 @@ slurm_missing() {
   return 1
 }
 
-_slurm_host() { # NAME ADDRESS CMD (a shell line run as the init of the host's namespaces)
+_slurm_host() { # NAME CMD (a shell line, run by the init of the host's namespaces)
   local ns
   ns=$(netns_name "$1")
   # --kill-child: if unshare is killed, so is the init, so is the host. The
@@ -54,7 +56,7 @@ _slurm_host() { # NAME ADDRESS CMD (a shell line run as the init of the host's n
   ip netns exec "$ns" unshare --uts --ipc --pid --mount --mount-proc --fork --kill-child -- \
     bash -c 'hostname "$0" && mount --bind "$1" /etc/hosts && mount -t tmpfs cgroup /sys/fs/cgroup &&
       { eval "$2" & wait $!; }' \
-    "$1" "$SLURM_DIR/hosts" "$3" >>"$SLURM_DIR/$1.out" 2>&1 &
+    "$1" "$SLURM_DIR/hosts" "$2" >>"$SLURM_DIR/$1.out" 2>&1 &
   SLURM_OUTER[$1]=$!
   NETNS_SPAWNED+=("$!")
 }
@@ -133,7 +135,7 @@ EOC
   export SLURM_CONF=$SLURM_DIR/slurm.conf
 
   netns_add_host ctl "$SLURM_NET.10"
-  _slurm_host ctl "$SLURM_NET.10" "exec /usr/sbin/slurmctld -D -i -f '$SLURM_CONF'"
+  _slurm_host ctl "exec /usr/sbin/slurmctld -D -i -f '$SLURM_CONF'"
   i=1
   for n in "${SLURM_NODES[@]}"; do
     netns_add_host "$n" "$SLURM_NET.$i"
@@ -150,7 +152,7 @@ EOC
 slurm_node_start() { # NODE: slurmd, and an sshd for tandemrun's runs on the same nodes
   local ok _
   mkdir -p "$SLURM_DIR/spool.$1" || _netns_fail "cannot create $SLURM_DIR/spool.$1"
-  _slurm_host "$1" "" "/usr/sbin/sshd -e -f '$SSHHOSTS_DIR/sshd_$1' && exec /usr/sbin/slurmd -D -f '$SLURM_CONF' -N '$1'"
+  _slurm_host "$1" "/usr/sbin/sshd -e -f '$SSHHOSTS_DIR/sshd_$1' && exec /usr/sbin/slurmd -D -f '$SLURM_CONF' -N '$1'"
   ok=0
   for _ in $(seq 1 100); do
     ip netns exec "$(netns_name "$1")" $TANDEM_SSH "${SSHHOSTS_ADDR[$1]}" true 2>/dev/null && { ok=1; break; }

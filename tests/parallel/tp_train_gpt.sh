@@ -7,7 +7,10 @@
 #            loss (the --metrics file) within 1e-5 relative of the 1-rank run
 #            (not bit for bit: the row-parallel products and the vocabulary-
 #            parallel softmax add the ranks' partial sums in another order);
-#            the config key tensor_model_parallel_size does what the flag does.
+#            the config key tensor_model_parallel_size does what the flag does;
+#            TP=2 with --sequence-parallel (4 ranks: TP=2 x DP=2, config key
+#            sequence_parallel) the same; TP=2 x DP=2 with ZeRO-1 and 2 micro-steps
+#            of 2 the same.
 #   refused: layouts and combinations not built, each exit 2 with a message
 #            saying what would work.
 set -u
@@ -32,11 +35,20 @@ equal)
   echo '{"tensor_model_parallel_size": 2, "train_micro_batch_size_per_gpu": 4}' >"$work/ds.json"
   "$RUN" -np 4 "$GPT" $TINY --config "$work/ds.json" --metrics "$work/tp2dp2.jsonl" >"$work/tp2dp2.out" 2>&1 ||
     { cat "$work/tp2dp2.out"; fail "TP=2 x DP=2"; }
+  "$RUN" -np 2 "$GPT" $TINY --micro-batch 8 --tensor-parallel 2 --sequence-parallel --metrics "$work/sp2.jsonl" \
+    >"$work/sp2.out" 2>&1 || { cat "$work/sp2.out"; fail "TP=2 with sequence parallelism"; }
+  echo '{"tensor_model_parallel_size": 2, "sequence_parallel": true, "train_micro_batch_size_per_gpu": 4}' >"$work/sp.json"
+  "$RUN" -np 4 "$GPT" $TINY --config "$work/sp.json" --metrics "$work/sp2dp2.jsonl" >"$work/sp2dp2.out" 2>&1 ||
+    { cat "$work/sp2dp2.out"; fail "TP=2 x DP=2 with sequence parallelism"; }
+  grep -q "tensor_parallel=2 sequence_parallel=1" "$work/sp2dp2.out" || fail "the config key did not turn sequence parallelism on"
+  "$RUN" -np 4 "$GPT" $TINY --micro-batch 2 --grad-accum 2 --tensor-parallel 2 --zero-stage 1 \
+    --metrics "$work/z1accum.jsonl" >"$work/z1accum.out" 2>&1 || { cat "$work/z1accum.out"; fail "TP=2 x DP=2, ZeRO-1, accumulation"; }
+  grep -q "zero_stage=1" "$work/z1accum.out" || fail "ZeRO-1 was not on"
   grep -q "tensor_parallel=2" "$work/tp2dp2.out" || fail "the config key did not turn tensor parallelism on"
   grep -q "global_batch=8 micro_batch=4" "$work/tp2dp2.out" || fail "TP=2 x DP=2 did not keep the global batch of 8"
   metrics_losses "$work/one.jsonl" >"$work/one.txt"
   [ "$(wc -l <"$work/one.txt")" -eq 8 ] || fail "the 1-rank run has $(wc -l <"$work/one.txt") loss lines, not 8"
-  for run in tp2 tp2dp2; do
+  for run in tp2 tp2dp2 sp2 sp2dp2 z1accum; do
     metrics_losses "$work/$run.jsonl" >"$work/$run.txt"
     [ "$(wc -l <"$work/$run.txt")" -eq 8 ] || fail "$run has $(wc -l <"$work/$run.txt") loss lines, not 8"
     while read -r step want && read -r step2 got <&3; do
@@ -61,6 +73,8 @@ refused)
   check 2 "with bf16/fp16 mixed precision is not built yet" --tensor-parallel 2 --bf16
   check 2 "with checkpoints (save/resume) is not built yet" --tensor-parallel 2 --save "$work/ckpt"
   check 2 "with --resume is not built yet" --tensor-parallel 2 --resume "$work/ckpt"
+  check 2 "set tensor_model_parallel_size to 2 or more" --sequence-parallel
+  check 2 "--seq 33 must be divisible by 2" --tensor-parallel 2 --sequence-parallel --seq 33
   echo "refused: ok"
   ;;
 *)

@@ -6,7 +6,9 @@
 #   slurm.sh B srun     `srun -N2 --ntasks-per-node=2 train-gpt` gives the
 #                       losses, learning rates and gradient norms of the same
 #                       4-rank job under tandemrun on the same two nodes (over
-#                       ssh), bit for bit, and its final_loss line
+#                       ssh), bit for bit, and its final_loss line; so does
+#                       an odd layout, srun -N3 -n5 (2, 2, 1 tasks); and a
+#                       one-node step runs
 #   slurm.sh B sbatch   examples/slurm/train-gpt.sbatch, submitted with
 #                       sbatch, completes with the same bits; a batch
 #                       script that runs train-gpt without srun is refused
@@ -117,9 +119,20 @@ srun)
   tandemrun_reference 20
   t2=$(date +%s.%N)
   same_run "$tmp/srun.jsonl" "$tmp/srun.out" "$tmp/tr.jsonl" "$tmp/tr.out" "srun against tandemrun"
+  # An odd layout, 5 ranks on 3 nodes (SLURM_STEP_TASKS_PER_NODE="2(x2),1"),
+  # against tandemrun with the same hosts and slots.
+  slurm_run timeout 60 srun -N3 -n5 "$GPT" $ARGS --steps 10 --metrics "$tmp/srun5.jsonl" >"$tmp/srun5.out" 2>&1 ||
+    fail "srun -N3 -n5 exited $?"
+  grep -q 'world=5 ' "$tmp/srun5.out" || fail "no 5-rank final line from srun -N3 -n5"
+  slurm_run timeout 60 "$RUN" -np 5 -H 10.77.17.1:2,10.77.17.2:2,10.77.17.3:1 "$GPT" $ARGS --steps 10 \
+    --metrics "$tmp/tr5.jsonl" >"$tmp/tr5.out" 2>&1 || fail "the 5-rank tandemrun job failed (exit $?)"
+  same_run "$tmp/srun5.jsonl" "$tmp/srun5.out" "$tmp/tr5.jsonl" "$tmp/tr5.out" "srun -N3 -n5 against tandemrun"
+  # One node: the store on the rank's own node, reached by its name.
+  slurm_run timeout 60 srun -N1 -n2 -w n3 "$GPT" $ARGS --steps 3 >"$tmp/srun1.out" 2>&1 || fail "srun -N1 -n2 exited $?"
+  grep -q 'world=2 ' "$tmp/srun1.out" || fail "no 2-rank final line from srun -N1 -n2"
   no_job_left
   echo "PASS(slurm srun): srun -N2 --ntasks-per-node=2: 20 steps bit for bit as tandemrun -np 4 -H n1:2,n2:2" \
-    "($(final_line "$tmp/srun.out" | cut -d' ' -f1); srun $(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.2f", b-a}') s," \
+    "($(final_line "$tmp/srun.out" | cut -d' ' -f1); also -N3 -n5 against -H n1:2,n2:2,n3:1; -N1 -n2 runs; srun $(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.2f", b-a}') s," \
     "tandemrun $(awk -v a="$t1" -v b="$t2" 'BEGIN{printf "%.2f", b-a}') s)"
   ;;
 sbatch)

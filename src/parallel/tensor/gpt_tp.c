@@ -25,9 +25,17 @@
  * row-parallel sums and the LM head's softmax denominators add the ranks'
  * partial sums in another order.
  *
- * Not here yet: sequence parallelism, activation checkpointing, bf16
- * products (td_nn_set_compute_dtype is not consulted: f32), ZeRO-3's
- * param_access, devices. */
+ * Sequence parallelism (td_gpt_tp_set_sequence_parallel): the residual
+ * stream, the LayerNorms and the embedding's output keep B*T/p rows per rank;
+ * the LayerNorm outputs are allgathered before each column-parallel
+ * product, the row-parallel sums reduce-scattered, the residual gradient
+ * allgathered before each row-parallel backward and the column-parallel
+ * input gradients reduce-scattered; the LayerNorms' weight gradients, then
+ * partial, are allreduced (2C floats each).
+ *
+ * Not here yet: activation checkpointing, bf16 products
+ * (td_nn_set_compute_dtype is not consulted: f32), ZeRO-3's param_access,
+ * devices. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,26 +57,36 @@ typedef struct cut {
   int blocks;
 } cut;
 
+/* Shapes: BT = B*T whole rows; R = the residual stream's rows on this rank:
+ * BT, or BT/p with sequence parallelism (sp), where the *_full buffers hold
+ * the gathered whole rows (without sp they alias their local buffer). */
 typedef struct tp_acts {
-  int B;
-  float *encoded;                 /* (B, T, C) */
-  float *ln1, *ln1_mean, *ln1_rstd; /* (L, B, T, C), (L, B, T) x2 */
-  float *qkv;                     /* (L, B, T, 3C/p) */
-  float *atty;                    /* (L, B, T, C/p) */
+  int B, sp;                      /* sized for */
+  float *encoded;                 /* (R, C) */
+  float *ln1, *ln1_mean, *ln1_rstd; /* (L, R, C), (L, R) x2 */
+  float *ln1_full;                /* (L, BT, C) */
+  float *qkv;                     /* (L, BT, 3C/p) */
+  float *atty;                    /* (L, BT, C/p) */
   float *att;                     /* (L, B, NH/p, T, T) */
-  float *res2;                    /* (L, B, T, C) */
-  float *ln2, *ln2_mean, *ln2_rstd;
-  float *fch;                     /* (L, B, T, 4C/p): fc output before GELU */
-  float *fchg;                    /* (L, B, T, 4C/p): after GELU */
-  float *res3;                    /* (L, B, T, C) */
-  float *lnf, *lnf_mean, *lnf_rstd;
-  float *probs;                   /* (B, T, V/p): logits, then probabilities */
-  float *stats;                   /* (3 B T): the cross-entropy's row statistics */
-  float *dres, *dbuf_c;           /* (B, T, C) */
-  float *dbuf_cl;                 /* (B, T, C/p) */
-  float *dbuf_3c;                 /* (B, T, 3C/p) */
-  float *dbuf_f, *dbuf_f2;        /* (B, T, 4C/p) */
-  float *dlogits;                 /* (B, T, V/p) */
+  float *res2;                    /* (L, R, C) */
+  float *ln2, *ln2_mean, *ln2_rstd; /* as ln1 */
+  float *ln2_full;                /* (L, BT, C) */
+  float *fch;                     /* (L, BT, 4C/p): fc output before GELU */
+  float *fchg;                    /* (L, BT, 4C/p): after GELU */
+  float *res3;                    /* (L, R, C) */
+  float *lnf, *lnf_mean, *lnf_rstd; /* (R, C), (R) x2 */
+  float *lnf_full;                /* (BT, C) */
+  float *probs;                   /* (BT, V/p): logits, then probabilities */
+  float *stats;                   /* (3 BT): the cross-entropy's row statistics */
+  float *dres;                    /* (R, C): gradient of the residual stream */
+  float *dfull;                   /* (BT, C): dres gathered (sp) */
+  float *dloc;                    /* (R, C): a column-parallel input gradient's rows (sp) */
+  float *dln;                     /* (2C): one LayerNorm's gradient before its allreduce (sp) */
+  float *dbuf_c;                  /* (BT, C): partial sums before their collective */
+  float *dbuf_cl;                 /* (BT, C/p) */
+  float *dbuf_3c;                 /* (BT, 3C/p) */
+  float *dbuf_f, *dbuf_f2;        /* (BT, 4C/p) */
+  float *dlogits;                 /* (BT, V/p) */
   float *datt;                    /* (T, T) */
   float *memory;
   size_t bytes;
@@ -88,6 +106,7 @@ typedef struct tp_gpt {
   char (*names)[48];
   int idx_wte, idx_wpe, idx_layer0, idx_lnfw, idx_lnfb, idx_head; /* idx_head -1 when tied */
   tp_acts acts;
+  int sp; /* sequence parallelism asked for (td_gpt_tp_set_sequence_parallel; applied at prepare) */
   int last_B, have_targets;
   int32_t *tokens, *targets;
   td_status failed; /* sticky: a collective failed (a peer died); forward refuses */
@@ -100,42 +119,54 @@ static int lidx(const tp_gpt *g, int l, int which) { return g->idx_layer0 + l * 
 
 /* ---- activations ---- */
 
-static size_t acts_plan(tp_acts *a, const tp_gpt *g, int B, float *base) {
+static size_t acts_plan(tp_acts *a, const tp_gpt *g, int B, int sp, float *base) {
   size_t L = g->cfg.layers, T = g->cfg.seq, BT = (size_t)B * T, C = g->C, Cl = g->Cl, Fl = g->Fl, Vl = g->Vl;
+  size_t R = sp ? BT / g->p : BT, F = sp ? BT : 0; /* F: the gathered copies, only with sp */
   struct {
     float **ptr;
     size_t n;
   } plan[] = {
-      {&a->encoded, BT * C},      {&a->ln1, L * BT * C},   {&a->ln1_mean, L * BT},     {&a->ln1_rstd, L * BT},
-      {&a->qkv, L * BT * 3 * Cl}, {&a->atty, L * BT * Cl}, {&a->att, L * B * g->NHl * T * T},
-      {&a->res2, L * BT * C},     {&a->ln2, L * BT * C},   {&a->ln2_mean, L * BT},     {&a->ln2_rstd, L * BT},
-      {&a->fch, L * BT * Fl},     {&a->fchg, L * BT * Fl}, {&a->res3, L * BT * C},     {&a->lnf, BT * C},
-      {&a->lnf_mean, BT},         {&a->lnf_rstd, BT},      {&a->probs, BT * Vl},       {&a->stats, 3 * BT},
-      {&a->dres, BT * C},         {&a->dbuf_c, BT * C},    {&a->dbuf_cl, BT * Cl},     {&a->dbuf_3c, BT * 3 * Cl},
-      {&a->dbuf_f, BT * Fl},      {&a->dbuf_f2, BT * Fl},  {&a->dlogits, BT * Vl},     {&a->datt, T * T},
+      {&a->encoded, R * C},       {&a->ln1, L * R * C},     {&a->ln1_mean, L * R},   {&a->ln1_rstd, L * R},
+      {&a->ln1_full, L * F * C},  {&a->qkv, L * BT * 3 * Cl}, {&a->atty, L * BT * Cl}, {&a->att, L * B * g->NHl * T * T},
+      {&a->res2, L * R * C},      {&a->ln2, L * R * C},     {&a->ln2_mean, L * R},   {&a->ln2_rstd, L * R},
+      {&a->ln2_full, L * F * C},  {&a->fch, L * BT * Fl},   {&a->fchg, L * BT * Fl}, {&a->res3, L * R * C},
+      {&a->lnf, R * C},           {&a->lnf_mean, R},        {&a->lnf_rstd, R},       {&a->lnf_full, F * C},
+      {&a->probs, BT * Vl},       {&a->stats, 3 * BT},      {&a->dres, R * C},       {&a->dfull, F * C},
+      {&a->dloc, sp ? R * C : 0}, {&a->dln, sp ? 2 * C : 0}, {&a->dbuf_c, BT * C},   {&a->dbuf_cl, BT * Cl},
+      {&a->dbuf_3c, BT * 3 * Cl}, {&a->dbuf_f, BT * Fl},    {&a->dbuf_f2, BT * Fl},  {&a->dlogits, BT * Vl},
+      {&a->datt, T * T},
   };
   size_t total = 0;
   for (size_t i = 0; i < sizeof plan / sizeof plan[0]; i++) {
     if (base) *plan[i].ptr = base + total;
     total += (plan[i].n + 15) & ~(size_t)15; /* 64-byte aligned */
   }
+  if (base && !sp) { /* the whole rows are the local ones */
+    a->ln1_full = a->ln1;
+    a->ln2_full = a->ln2;
+    a->lnf_full = a->lnf;
+    a->dfull = a->dres;
+  }
   return total;
 }
 
 static size_t tp_activation_bytes(const td_model *model, int batch, int checkpointing, td_dtype compute) {
   (void)checkpointing, (void)compute; /* neither is built: f32, every activation kept */
+  const tp_gpt *g = (const tp_gpt *)model;
   tp_acts scratch = {0};
-  size_t BT = (size_t)batch * ((const tp_gpt *)model)->cfg.seq;
-  return acts_plan(&scratch, (const tp_gpt *)model, batch, NULL) * sizeof(float) + 2 * BT * sizeof(int32_t);
+  size_t BT = (size_t)batch * g->cfg.seq;
+  return acts_plan(&scratch, g, batch, g->sp, NULL) * sizeof(float) + 2 * BT * sizeof(int32_t);
 }
 
 static td_status tp_prepare(td_model *model, int batch) {
   tp_gpt *g = (tp_gpt *)model;
   if (batch <= 0) return td_error(TD_ERR_INVALID_ARGUMENT, "gpt-tp: micro-batch must be positive, got %d", batch);
-  if (g->acts.memory && g->acts.B == batch) return TD_OK;
+  if (g->sp && ((long)batch * g->cfg.seq) % g->p != 0) /* seq % p is checked when sp is set */
+    return td_error(TD_ERR_INTERNAL, "gpt-tp: %d x %d rows do not split over %d ranks", batch, g->cfg.seq, g->p);
+  if (g->acts.memory && g->acts.B == batch && g->acts.sp == g->sp) return TD_OK;
   td_free(g->acts.memory);
   memset(&g->acts, 0, sizeof g->acts);
-  size_t total = acts_plan(&g->acts, g, batch, NULL);
+  size_t total = acts_plan(&g->acts, g, batch, g->sp, NULL);
   float *mem = td_alloc(total * sizeof(float));
   size_t n = (size_t)batch * g->cfg.seq;
   int32_t *tokens = realloc(g->tokens, n * sizeof(int32_t));
@@ -147,9 +178,10 @@ static td_status tp_prepare(td_model *model, int batch) {
     return td_error(TD_ERR_SYSTEM, "gpt-tp: out of memory for the activations of micro-batch %d (%zu MiB)", batch,
                     total * sizeof(float) >> 20);
   }
-  acts_plan(&g->acts, g, batch, mem);
+  acts_plan(&g->acts, g, batch, g->sp, mem);
   g->acts.memory = mem;
   g->acts.B = batch;
+  g->acts.sp = g->sp;
   g->acts.bytes = total * sizeof(float);
   g->base.activation_bytes = g->acts.bytes;
   return TD_OK;
@@ -177,28 +209,44 @@ static void add_into(float *restrict dst, const float *restrict src, size_t n) {
   for (size_t i = 0; i < n; i++) dst[i] += src[i];
 }
 
+/* The row-parallel product into the residual stream's rows: allreduced,
+ * or reduce-scattered with sp (dbuf_c holds the partial sums). */
+static td_status row_forward(tp_gpt *g, float *out, const float *inp_local, const float *w, const float *bias, int BT,
+                             int IC_local) {
+  if (g->acts.sp) return tp_row_linear_forward_sp(out, g->acts.dbuf_c, inp_local, w, bias, BT, IC_local, g->C, g->comm);
+  return tp_row_linear_forward(out, inp_local, w, bias, BT, IC_local, g->C, g->comm);
+}
+/* With sp: the whole rows of a (R, C) buffer into (BT, C); else nothing (they alias). */
+static td_status gather_rows(tp_gpt *g, float *full, const float *local, int BT) {
+  return g->acts.sp ? td_allgather(local, full, (size_t)BT * g->C, TD_F32, g->comm) : TD_OK;
+}
+
 /* Returns 0, or 1 after a failed collective (recorded in g->failed). */
 static int block_forward(tp_gpt *g, const float *params, int l, const float *resid, int B) {
   tp_acts *a = &g->acts;
-  const int T = g->cfg.seq, C = g->C, Cl = g->Cl, Fl = g->Fl, BT = B * T;
-  const size_t sBT = (size_t)a->B * T;
+  const int T = g->cfg.seq, C = g->C, Cl = g->Cl, Fl = g->Fl, BT = B * T, R = a->sp ? BT / g->p : BT;
+  const size_t sBT = (size_t)a->B * T, sR = a->sp ? sBT / g->p : sBT;
 #define W(which) (params + off_of(g, lidx(g, l, (which))))
-  float *ln1 = a->ln1 + l * sBT * C, *ln1_mean = a->ln1_mean + l * sBT, *ln1_rstd = a->ln1_rstd + l * sBT;
+  float *ln1 = a->ln1 + l * sR * C, *ln1_mean = a->ln1_mean + l * sR, *ln1_rstd = a->ln1_rstd + l * sR;
+  float *ln1_full = a->sp ? a->ln1_full + l * sBT * C : ln1;
   float *qkv = a->qkv + l * sBT * 3 * Cl, *atty = a->atty + l * sBT * Cl;
   float *att = a->att + (size_t)l * a->B * g->NHl * T * T;
-  float *res2 = a->res2 + l * sBT * C, *ln2 = a->ln2 + l * sBT * C;
-  float *ln2_mean = a->ln2_mean + l * sBT, *ln2_rstd = a->ln2_rstd + l * sBT;
-  float *fch = a->fch + l * sBT * Fl, *fchg = a->fchg + l * sBT * Fl, *res3 = a->res3 + l * sBT * C;
-  td_layernorm_forward(ln1, ln1_mean, ln1_rstd, resid, W(P_LN1W), W(P_LN1B), BT, C);
-  tp_column_linear_forward(qkv, ln1, W(P_QKVW), W(P_QKVB), BT, C, 3 * Cl);
+  float *res2 = a->res2 + l * sR * C, *ln2 = a->ln2 + l * sR * C;
+  float *ln2_mean = a->ln2_mean + l * sR, *ln2_rstd = a->ln2_rstd + l * sR;
+  float *ln2_full = a->sp ? a->ln2_full + l * sBT * C : ln2;
+  float *fch = a->fch + l * sBT * Fl, *fchg = a->fchg + l * sBT * Fl, *res3 = a->res3 + l * sR * C;
+  td_layernorm_forward(ln1, ln1_mean, ln1_rstd, resid, W(P_LN1W), W(P_LN1B), R, C);
+  if (fail(g, gather_rows(g, ln1_full, ln1, BT))) return 1;
+  tp_column_linear_forward(qkv, ln1_full, W(P_QKVW), W(P_QKVB), BT, C, 3 * Cl);
   td_attention_forward(atty, att, qkv, B, T, Cl, g->NHl); /* this rank's heads */
-  if (fail(g, tp_row_linear_forward(res2, atty, W(P_PROJW), W(P_PROJB), BT, Cl, C, g->comm))) return 1;
-  add_into(res2, resid, (size_t)BT * C);
-  td_layernorm_forward(ln2, ln2_mean, ln2_rstd, res2, W(P_LN2W), W(P_LN2B), BT, C);
-  tp_column_linear_forward(fch, ln2, W(P_FCW), W(P_FCB), BT, C, Fl);
+  if (fail(g, row_forward(g, res2, atty, W(P_PROJW), W(P_PROJB), BT, Cl))) return 1;
+  add_into(res2, resid, (size_t)R * C);
+  td_layernorm_forward(ln2, ln2_mean, ln2_rstd, res2, W(P_LN2W), W(P_LN2B), R, C);
+  if (fail(g, gather_rows(g, ln2_full, ln2, BT))) return 1;
+  tp_column_linear_forward(fch, ln2_full, W(P_FCW), W(P_FCB), BT, C, Fl);
   td_gelu_forward(fchg, fch, (size_t)BT * Fl);
-  if (fail(g, tp_row_linear_forward(res3, fchg, W(P_FC2W), W(P_FC2B), BT, Fl, C, g->comm))) return 1;
-  add_into(res3, res2, (size_t)BT * C);
+  if (fail(g, row_forward(g, res3, fchg, W(P_FC2W), W(P_FC2B), BT, Fl))) return 1;
+  add_into(res3, res2, (size_t)R * C);
 #undef W
   return 0;
 }
@@ -211,9 +259,10 @@ static float tp_forward(td_model *model, const float *params, const void *inputs
     td_error(g->failed, "%s", g->failed_msg);
     return NAN;
   }
-  if ((!g->acts.memory || g->acts.B != batch) && tp_prepare(model, batch) != TD_OK) return NAN;
+  if ((!g->acts.memory || g->acts.B != batch || g->acts.sp != g->sp) && tp_prepare(model, batch) != TD_OK) return NAN;
   const int T = g->cfg.seq, V = g->cfg.vocab, L = g->cfg.layers, C = g->C, BT = batch * T;
-  const size_t n = (size_t)BT, sBT = (size_t)batch * T;
+  const int R = g->acts.sp ? BT / g->p : BT;
+  const size_t n = (size_t)BT, sR = (size_t)R;
   memcpy(g->tokens, inputs, n * sizeof(int32_t));
   for (size_t i = 0; i < n; i++)
     if ((uint32_t)g->tokens[i] >= (uint32_t)V || (targets && (uint32_t)targets[i] >= (uint32_t)V)) {
@@ -224,18 +273,21 @@ static float tp_forward(td_model *model, const float *params, const void *inputs
     }
   if (targets) memcpy(g->targets, targets, n * sizeof(int32_t));
   tp_acts *a = &g->acts;
-  if (fail(g, tp_embedding_forward(a->encoded, g->tokens, params + off_of(g, g->idx_wte), params + off_of(g, g->idx_wpe),
-                                   batch, T, C, g->v0, g->Vl, g->comm)))
-    goto failed;
+  const float *wte = params + off_of(g, g->idx_wte), *wpe = params + off_of(g, g->idx_wpe);
+  td_status st = a->sp ? tp_embedding_forward_sp(a->encoded, a->dbuf_c, g->tokens, wte, wpe, batch, T, C, g->v0, g->Vl,
+                                                 g->comm)
+                       : tp_embedding_forward(a->encoded, g->tokens, wte, wpe, batch, T, C, g->v0, g->Vl, g->comm);
+  if (fail(g, st)) goto failed;
   const float *resid = a->encoded;
   for (int l = 0; l < L; l++) {
     if (block_forward(g, params, l, resid, batch)) goto failed;
-    resid = a->res3 + l * sBT * C;
+    resid = a->res3 + l * sR * C;
   }
   td_layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, resid, params + off_of(g, g->idx_lnfw),
-                       params + off_of(g, g->idx_lnfb), BT, C);
+                       params + off_of(g, g->idx_lnfb), R, C);
+  if (fail(g, gather_rows(g, a->lnf_full, a->lnf, BT))) goto failed;
   const float *head = params + off_of(g, g->idx_head >= 0 ? g->idx_head : g->idx_wte);
-  tp_column_linear_forward(a->probs, a->lnf, head, NULL, BT, C, g->Vl);
+  tp_column_linear_forward(a->probs, a->lnf_full, head, NULL, BT, C, g->Vl);
   g->last_B = batch;
   if (!targets) return 0.0f; /* the logits stay in probs for predict */
   float loss = 0.0f;
@@ -255,73 +307,111 @@ static void report(td_grad_ready_fn ready, void *ctx, const tp_gpt *g, int idx) 
   if (ready) ready(ctx, g->tensors[idx].offset, g->tensors[idx].count);
 }
 
+/* A column-parallel product's input gradient, for this rank's residual
+ * rows: allreduced into dbuf_c (returned), or reduce-scattered into dloc
+ * with sp. NULL after a failed collective. */
+static const float *column_backward(tp_gpt *g, float *dw, float *db, const float *dout_local, const float *inp_full,
+                                    const float *w, int BT, int OC_local) {
+  tp_acts *a = &g->acts;
+  td_status st = a->sp ? tp_column_linear_backward_sp(a->dloc, a->dbuf_c, dw, db, dout_local, inp_full, w, BT, g->C,
+                                                      OC_local, g->comm)
+                       : tp_column_linear_backward(a->dbuf_c, dw, db, dout_local, inp_full, w, BT, g->C, OC_local,
+                                                   g->comm);
+  if (fail(g, st)) return NULL;
+  return a->sp ? a->dloc : a->dbuf_c;
+}
+
+/* LayerNorm backward on this rank's rows into dres. With sp its weight and
+ * bias gradients are partial (this rank's rows): summed over the tensor
+ * group before they are added (only this micro-batch's share goes through
+ * the allreduce: the arena accumulates). Returns 1 after a failed collective. */
+static int layernorm_backward(tp_gpt *g, float *dw, float *db, const float *dout, const float *inp, const float *w,
+                              const float *mean, const float *rstd, int R) {
+  tp_acts *a = &g->acts;
+  const int C = g->C;
+  if (!a->sp) {
+    td_layernorm_backward(a->dres, dw, db, dout, inp, w, mean, rstd, R, C);
+    return 0;
+  }
+  memset(a->dln, 0, 2 * (size_t)C * sizeof(float));
+  td_layernorm_backward(a->dres, a->dln, a->dln + C, dout, inp, w, mean, rstd, R, C);
+  if (fail(g, td_allreduce(a->dln, a->dln, 2 * (size_t)C, TD_F32, TD_SUM, g->comm))) return 1;
+  add_into(dw, a->dln, (size_t)C);
+  add_into(db, a->dln + C, (size_t)C);
+  return 0;
+}
+
 static void tp_backward(td_model *model, const float *params, float *grads, float loss_scale, td_grad_ready_fn ready,
                         void *ctx) {
   tp_gpt *g = (tp_gpt *)model;
   if (!g->have_targets || g->failed != TD_OK) return; /* nothing to differentiate */
   tp_acts *a = &g->acts;
   const int L = g->cfg.layers, T = g->cfg.seq, C = g->C, Cl = g->Cl, Fl = g->Fl, B = g->last_B, BT = B * T;
-  const size_t sBT = (size_t)a->B * T;
+  const int R = a->sp ? BT / g->p : BT;
+  const size_t sBT = (size_t)a->B * T, sR = a->sp ? sBT / g->p : sBT;
   const int tied = g->idx_head < 0;
   /* loss -> logits -> LM head (column-parallel over the vocabulary) -> ln_f */
   tp_xent_backward(a->dlogits, a->probs, g->targets, loss_scale, BT, g->v0, g->Vl);
   const int head = tied ? g->idx_wte : g->idx_head;
-  if (fail(g, tp_column_linear_backward(a->dbuf_c, grads + off_of(g, head), NULL, a->dlogits, a->lnf,
-                                        params + off_of(g, head), BT, C, g->Vl, g->comm)))
-    return;
+  const float *dln = column_backward(g, grads + off_of(g, head), NULL, a->dlogits, a->lnf_full,
+                                     params + off_of(g, head), BT, g->Vl);
+  if (!dln) return;
   if (!tied) report(ready, ctx, g, g->idx_head);
-  const float *last = L > 0 ? a->res3 + (L - 1) * sBT * C : a->encoded;
-  memset(a->dres, 0, (size_t)BT * C * sizeof(float));
-  td_layernorm_backward(a->dres, grads + off_of(g, g->idx_lnfw), grads + off_of(g, g->idx_lnfb), a->dbuf_c, last,
-                        params + off_of(g, g->idx_lnfw), a->lnf_mean, a->lnf_rstd, BT, C);
+  const float *last = L > 0 ? a->res3 + (L - 1) * sR * C : a->encoded;
+  memset(a->dres, 0, (size_t)R * C * sizeof(float));
+  if (layernorm_backward(g, grads + off_of(g, g->idx_lnfw), grads + off_of(g, g->idx_lnfb), dln, last,
+                         params + off_of(g, g->idx_lnfw), a->lnf_mean, a->lnf_rstd, R))
+    return;
   report(ready, ctx, g, g->idx_lnfb);
   report(ready, ctx, g, g->idx_lnfw);
   for (int l = L - 1; l >= 0; l--) {
 #define W(which) (params + off_of(g, lidx(g, l, (which))))
 #define G(which) (grads + off_of(g, lidx(g, l, (which))))
 #define READY(which) report(ready, ctx, g, lidx(g, l, (which)))
-    const float *resid = l > 0 ? a->res3 + (l - 1) * sBT * C : a->encoded;
-    const float *ln1 = a->ln1 + l * sBT * C, *ln1_mean = a->ln1_mean + l * sBT, *ln1_rstd = a->ln1_rstd + l * sBT;
+    const float *resid = l > 0 ? a->res3 + (l - 1) * sR * C : a->encoded;
+    const float *ln1_mean = a->ln1_mean + l * sR, *ln1_rstd = a->ln1_rstd + l * sR;
+    const float *ln1_full = a->sp ? a->ln1_full + l * sBT * C : a->ln1 + l * sR * C;
     const float *qkv = a->qkv + l * sBT * 3 * Cl, *atty = a->atty + l * sBT * Cl;
     const float *att = a->att + (size_t)l * a->B * g->NHl * T * T;
-    const float *res2 = a->res2 + l * sBT * C, *ln2 = a->ln2 + l * sBT * C;
-    const float *ln2_mean = a->ln2_mean + l * sBT, *ln2_rstd = a->ln2_rstd + l * sBT;
+    const float *res2 = a->res2 + l * sR * C;
+    const float *ln2_mean = a->ln2_mean + l * sR, *ln2_rstd = a->ln2_rstd + l * sR;
+    const float *ln2_full = a->sp ? a->ln2_full + l * sBT * C : a->ln2 + l * sR * C;
     const float *fch = a->fch + l * sBT * Fl, *fchg = a->fchg + l * sBT * Fl;
-    /* MLP; dres holds d res3 */
+    /* MLP; dres holds d res3 (this rank's rows); the row-parallel product needs the whole rows */
+    if (fail(g, gather_rows(g, a->dfull, a->dres, BT))) return;
     memset(a->dbuf_f, 0, (size_t)BT * Fl * sizeof(float));
-    tp_row_linear_backward(a->dbuf_f, G(P_FC2W), G(P_FC2B), a->dres, fchg, W(P_FC2W), BT, Fl, C);
+    tp_row_linear_backward(a->dbuf_f, G(P_FC2W), G(P_FC2B), a->dfull, fchg, W(P_FC2W), BT, Fl, C);
     READY(P_FC2B);
     READY(P_FC2W);
     memset(a->dbuf_f2, 0, (size_t)BT * Fl * sizeof(float));
     td_gelu_backward(a->dbuf_f2, fch, a->dbuf_f, (size_t)BT * Fl);
-    if (fail(g, tp_column_linear_backward(a->dbuf_c, G(P_FCW), G(P_FCB), a->dbuf_f2, ln2, W(P_FCW), BT, C, Fl,
-                                          g->comm)))
-      return;
+    if (!(dln = column_backward(g, G(P_FCW), G(P_FCB), a->dbuf_f2, ln2_full, W(P_FCW), BT, Fl))) return;
     READY(P_FCB);
     READY(P_FCW);
-    td_layernorm_backward(a->dres, G(P_LN2W), G(P_LN2B), a->dbuf_c, res2, W(P_LN2W), ln2_mean, ln2_rstd, BT, C);
+    if (layernorm_backward(g, G(P_LN2W), G(P_LN2B), dln, res2, W(P_LN2W), ln2_mean, ln2_rstd, R)) return;
     READY(P_LN2B);
     READY(P_LN2W);
     /* attention; dres now holds d res2 */
+    if (fail(g, gather_rows(g, a->dfull, a->dres, BT))) return;
     memset(a->dbuf_cl, 0, (size_t)BT * Cl * sizeof(float));
-    tp_row_linear_backward(a->dbuf_cl, G(P_PROJW), G(P_PROJB), a->dres, atty, W(P_PROJW), BT, Cl, C);
+    tp_row_linear_backward(a->dbuf_cl, G(P_PROJW), G(P_PROJB), a->dfull, atty, W(P_PROJW), BT, Cl, C);
     READY(P_PROJB);
     READY(P_PROJW);
     memset(a->dbuf_3c, 0, (size_t)BT * 3 * Cl * sizeof(float));
     td_attention_backward(a->dbuf_3c, a->datt, a->dbuf_cl, qkv, att, B, T, Cl, g->NHl);
-    if (fail(g, tp_column_linear_backward(a->dbuf_c, G(P_QKVW), G(P_QKVB), a->dbuf_3c, ln1, W(P_QKVW), BT, C, 3 * Cl,
-                                          g->comm)))
-      return;
+    if (!(dln = column_backward(g, G(P_QKVW), G(P_QKVB), a->dbuf_3c, ln1_full, W(P_QKVW), BT, 3 * Cl))) return;
     READY(P_QKVB);
     READY(P_QKVW);
-    td_layernorm_backward(a->dres, G(P_LN1W), G(P_LN1B), a->dbuf_c, resid, W(P_LN1W), ln1_mean, ln1_rstd, BT, C);
+    if (layernorm_backward(g, G(P_LN1W), G(P_LN1B), dln, resid, W(P_LN1W), ln1_mean, ln1_rstd, R)) return;
     READY(P_LN1B);
     READY(P_LN1W);
 #undef W
 #undef G
 #undef READY
   }
-  tp_embedding_backward(grads + off_of(g, g->idx_wte), grads + off_of(g, g->idx_wpe), a->dres, g->tokens, B, T, C,
+  /* the whole rows again (sp): every rank then adds the same wpe gradient */
+  if (fail(g, gather_rows(g, a->dfull, a->dres, BT))) return;
+  tp_embedding_backward(grads + off_of(g, g->idx_wte), grads + off_of(g, g->idx_wpe), a->dfull, g->tokens, B, T, C,
                         g->v0, g->Vl);
   report(ready, ctx, g, g->idx_wpe);
   report(ready, ctx, g, g->idx_wte);
@@ -440,6 +530,19 @@ static const td_model_ops tp_ops = {
     .init_params = tp_init_params,
     .grad_norm_sq = tp_grad_norm_sq,
 };
+
+td_status td_gpt_tp_set_sequence_parallel(td_model *model, int on) {
+  if (!model || !model->kind || strcmp(model->kind, "gpt-tp") != 0)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "td_gpt_tp_set_sequence_parallel: the model must come from td_gpt_tp_create");
+  tp_gpt *g = (tp_gpt *)model;
+  if (on && g->cfg.seq % g->p != 0)
+    return td_error(TD_ERR_INVALID_ARGUMENT,
+                    "sequence parallelism splits each sequence's %d positions over %d tensor-parallel ranks: use a "
+                    "sequence length divisible by %d (e.g. %d)", g->cfg.seq, g->p, g->p,
+                    (g->cfg.seq / g->p + 1) * g->p);
+  g->sp = on != 0;
+  return TD_OK;
+}
 
 td_status td_gpt_tp_create(const td_gpt_config *config, const td_grid *grid, td_model **out) {
   if (!out) return td_error(TD_ERR_INVALID_ARGUMENT, "td_gpt_tp_create: out must not be NULL");

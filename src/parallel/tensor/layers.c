@@ -4,7 +4,11 @@
  * Cost per call, N rows, C channels, p ranks: the row-parallel forward and
  * the column-parallel backward each allreduce N*C floats; the embedding
  * allreduces N*C; the cross-entropy allreduces 3N (max, then sum and target
- * logit), where gathering the logits would move N*V. */
+ * logit), where gathering the logits would move N*V. With sequence
+ * parallelism each allreduce becomes a reduce-scatter, and the model adds an
+ * allgather before each column-parallel product: the same bytes on a ring
+ * (an allreduce is a reduce-scatter plus an allgather), while everything
+ * between them (LayerNorms, residuals, dropout's place) runs on N/p rows. */
 #include "tensor.h"
 
 #include <math.h>
@@ -46,18 +50,60 @@ td_status tp_column_linear_backward(float *dinp, float *dw_local, float *db_loca
   return td_allreduce(dinp, dinp, n, TD_F32, TD_SUM, comm);
 }
 
+/* The row-parallel sum as a reduce-scatter: rank r keeps rows [r N/p, (r+1) N/p). */
+td_status tp_row_linear_forward_sp(float *out_local, float *partial, const float *inp_local, const float *w_local,
+                                   const float *bias, int N, int IC_local, int OC, td_comm *comm) {
+  const int rows = N / td_comm_size(comm);
+  td_linear_forward(partial, inp_local, w_local, NULL, N, IC_local, OC);
+  td_status st = td_reduce_scatter(partial, out_local, (size_t)N * OC, TD_F32, TD_SUM, comm);
+  if (st != TD_OK) return st;
+  if (bias)
+    for (int i = 0; i < rows; i++) {
+      float *row = out_local + (size_t)i * OC;
+      for (int o = 0; o < OC; o++) row[o] += bias[o];
+    }
+  return TD_OK;
+}
+
+td_status tp_column_linear_backward_sp(float *dinp_local, float *partial, float *dw_local, float *db_local,
+                                       const float *dout_local, const float *inp, const float *w_local, int N, int IC,
+                                       int OC_local, td_comm *comm) {
+  memset(partial, 0, (size_t)N * IC * sizeof(float));
+  td_linear_backward(partial, dw_local, db_local, dout_local, inp, w_local, N, IC, OC_local);
+  return td_reduce_scatter(partial, dinp_local, (size_t)N * IC, TD_F32, TD_SUM, comm);
+}
+
+/* This rank's rows of the vocabulary shard's lookup (zeros for other tokens). */
+static void embedding_lookup(float *out, const int32_t *tokens, const float *wte_local, int N, int C, int v0,
+                             int V_local) {
+  for (int i = 0; i < N; i++) {
+    float *row = out + (size_t)i * C;
+    int local = tokens[i] - v0;
+    if (local >= 0 && local < V_local)
+      memcpy(row, wte_local + (size_t)local * C, (size_t)C * sizeof(float));
+    else
+      memset(row, 0, (size_t)C * sizeof(float));
+  }
+}
+
+td_status tp_embedding_forward_sp(float *out_local, float *partial, const int32_t *tokens, const float *wte_local,
+                                  const float *wpe, int B, int T, int C, int v0, int V_local, td_comm *comm) {
+  const int N = B * T, rows = N / td_comm_size(comm), first = rows * td_comm_rank(comm);
+  embedding_lookup(partial, tokens, wte_local, N, C, v0, V_local);
+  td_status st = td_reduce_scatter(partial, out_local, (size_t)N * C, TD_F32, TD_SUM, comm);
+  if (st != TD_OK) return st;
+  for (int i = 0; i < rows; i++) {
+    float *row = out_local + (size_t)i * C;
+    const float *pos = wpe + (size_t)((first + i) % T) * C;
+    for (int c = 0; c < C; c++) row[c] += pos[c];
+  }
+  return TD_OK;
+}
+
 td_status tp_embedding_forward(float *out, const int32_t *tokens, const float *wte_local, const float *wpe, int B,
                                int T, int C, int v0, int V_local, td_comm *comm) {
   const size_t n = (size_t)B * T * C;
-  for (int b = 0; b < B; b++)
-    for (int t = 0; t < T; t++) {
-      float *row = out + ((size_t)b * T + t) * C;
-      int local = tokens[b * T + t] - v0;
-      if (local >= 0 && local < V_local)
-        memcpy(row, wte_local + (size_t)local * C, (size_t)C * sizeof(float));
-      else
-        memset(row, 0, (size_t)C * sizeof(float));
-    }
+  embedding_lookup(out, tokens, wte_local, B * T, C, v0, V_local);
   td_status st = td_allreduce(out, out, n, TD_F32, TD_SUM, comm);
   if (st != TD_OK) return st;
   for (int b = 0; b < B; b++)

@@ -44,6 +44,23 @@ td_status tp_column_linear_backward(float *dinp, float *dw_local, float *db_loca
                                     const float *inp, const float *w_local, int N, int IC, int OC_local,
                                     td_comm *comm);
 
+/* Sequence parallelism's variants (Megatron-LM's, Korthikanti et al. 2022):
+ * the residual stream, LayerNorms and the embedding's output hold this
+ * rank's N/p rows only (rows [r N/p, (r+1) N/p); N divisible by p); the
+ * whole rows are gathered before a column-parallel product and the
+ * row-parallel sum is reduce-scattered instead of allreduced. */
+/* out_local (N/p, OC) = reduce_scatter_r(inp_local @ w_local^T) + bias; partial: (N, OC) scratch. */
+td_status tp_row_linear_forward_sp(float *out_local, float *partial, const float *inp_local, const float *w_local,
+                                   const float *bias, int N, int IC_local, int OC, td_comm *comm);
+/* dinp_local (N/p, IC) is SET to this rank's rows of the input gradient (a
+ * reduce-scatter of dout_local @ w_local); partial: (N, IC) scratch. */
+td_status tp_column_linear_backward_sp(float *dinp_local, float *partial, float *dw_local, float *db_local,
+                                       const float *dout_local, const float *inp, const float *w_local, int N, int IC,
+                                       int OC_local, td_comm *comm);
+/* out_local (N/p, C) = this rank's rows of wte[tokens] + wpe[t] (tokens (B, T) whole); partial: (N, C) scratch. */
+td_status tp_embedding_forward_sp(float *out_local, float *partial, const int32_t *tokens, const float *wte_local,
+                                  const float *wpe, int B, int T, int C, int v0, int V_local, td_comm *comm);
+
 /* out (B, T, C) = wte[tokens] + wpe[t], wte_local holding vocabulary rows [v0, v0 + V_local).
  * Tokens must be in [0, V) (the caller checks). */
 td_status tp_embedding_forward(float *out, const int32_t *tokens, const float *wte_local, const float *wpe, int B,
