@@ -128,6 +128,11 @@ td_status zero_granule_bytes(size_t n_params, int world, size_t *out);
  * rounded up to `granule`, with MADV_HUGEPAGE when granule is larger than a
  * page. NULL when mmap fails. Freed with zero_unreserve. */
 float *zero_reserve(size_t bytes, size_t granule);
+/* The granule for a vector of `bytes` that another part of the trainer
+ * reserves and gives back (deterministic reduction's gradient vectors):
+ * 2 MiB when it spans two or more and huge pages are allowed, else the
+ * page size. Fails only on a bad TANDEM_ZERO_HUGE_PAGES. */
+td_status zero_vector_granule(size_t bytes, size_t *out);
 void zero_unreserve(float *p, size_t bytes, size_t granule);
 /* A zeroed optimizer-state shard of n_floats, on huge pages when huge pages
  * are allowed and it spans two or more; freed with td_free. Fails on a bad
