@@ -171,6 +171,21 @@ int td_ckpt_arena_id(const td_ckpt_manifest *m, const char *name);
  * (manifest.c). */
 int td_ckpt_trainer_arenas(const td_trainer *t, td_ckpt_arena *out);
 
+/* Who saves and loads together, and which model the checkpoint records:
+ * the trainer's ranks and model, or under model parallelism
+ * (td_trainer_set_grid) the grid's whole world and the unsplit model, whose
+ * coordinates every region is in. Filled by checkpoint.c. */
+typedef struct td_ckpt_group {
+  td_comm *comm; /* NULL on one rank */
+  int rank, world;
+  int32_t *agree_flags; /* (world) td_agree_over's table */
+  const td_model *model; /* kind, config, tensor table as recorded */
+  size_t n_params;       /* elements of each arena */
+} td_ckpt_group;
+td_ckpt_group td_ckpt_group_of(const td_trainer *t);
+/* td_agree_over the group's ranks. Collective over the group. */
+td_status td_ckpt_agree(const td_trainer *t, td_status local);
+
 /* ---- the collective entry points the trainer uses ---- */
 td_status td_ckpt_save_regions(td_trainer *t, const char *root, const td_ckpt_region *regions, int n_regions);
 /* On success *m is the checkpoint's manifest (td_ckpt_manifest_free). The
