@@ -147,6 +147,8 @@ typedef struct td_ckpt_dir {
   uint64_t bytes_read; /* data bytes read by td_ckpt_read (for tests and benchmarks) */
   int *fds;            /* (m.n_files) opened on first use, size-checked; -1 before */
   unsigned char *bounce; /* (m.chunk_bytes) for chunks only partly inside a range */
+  int bounce_piece;      /* the verified chunk bounce holds: piece index (-1: none) and chunk */
+  uint64_t bounce_chunk;
 } td_ckpt_dir;
 
 /* `path` is ROOT (its `latest` is followed) or a step directory. Reads and
