@@ -192,6 +192,18 @@ typedef struct td_train_config {
    * combinations not built yet (ZeRO-2/3, offload, elastic, a device, bf16/
    * fp16, activation checkpointing, checkpoints), naming each. */
   int tensor_parallel;
+  /* Pipeline parallelism (Megatron-LM's pipeline_model_parallel_size,
+   * DeepSpeed's "pipeline" section; docs/training.md): stages that each
+   * hold consecutive layers of one model replica (0 or 1: none), and how
+   * they run. As with tensor parallelism, the program builds the grid and
+   * the pipeline model (td_gpt_pipeline_create) and gives the trainer the
+   * data-parallel communicator; grad_accum is the pipeline's micro-batches
+   * per step. Resolve refuses what is not built with it (ZeRO-2/3, offload,
+   * elastic, a device, fp16, checkpoints, tensor parallelism at once). */
+  int pipeline_parallel;
+  char pipeline_schedule[16];  /* "1f1b" ("" : the default) or "interleaved" */
+  int pipeline_chunks;         /* model chunks per stage (virtual_pipeline_model_parallel_size; 0: 1, or 2 interleaved) */
+  char pipeline_partition[16]; /* "uniform" ("" : the default) or "parameters" (DeepSpeed's partition_method) */
   /* Megatron-LM's sequence parallelism inside each tensor group (config key
    * sequence_parallel; needs tensor_parallel > 1): td_gpt_tp_set_sequence_parallel. */
   int sequence_parallel;
@@ -304,6 +316,7 @@ typedef struct td_step_stats {
   double data_s;      /* this rank: time copying samples into the micro-batch (part of compute_s) */
   double optimizer_s; /* this rank: gradient norm, clipping and the update (part of compute_s) */
   double io_s;        /* this rank: writing the checkpoint this step saved (not part of step_s; 0 if none) */
+  double fetch_wait_s; /* this rank, ZeRO stage 3: blocked waiting for parameter fetches (part of compute_s) */
   int n_buckets;      /* gradient buckets reduced in this step */
   size_t comm_bytes;  /* bytes of gradient this rank reduced in this step */
   int saved;          /* 1 if td_trainer_step wrote a checkpoint after this step */

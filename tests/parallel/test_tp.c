@@ -18,7 +18,7 @@
  *                             57-token vocabulary (uneven shards); every rank
  *                             also trains the unsplit GPT alone on the whole
  *                             global batch: losses within 1e-5 relative each
- *                             step, final shards within 1e-4.
+ *                             step, final shards within 1e-4 (but the key bias: see there).
  *   test_tp kill TP VICTIM    as train, but rank VICTIM SIGKILLs itself while
  *                             its step 2 reads data: every other rank's step
  *                             fails within the timeout with a message naming
@@ -391,8 +391,20 @@ static void train(int tp, int steps, int sp) {
     const float *pt = td_trainer_params(t), *pf = td_trainer_params(ref);
     float *want = malloc(mf->n_params * 4);
     for (int i = 0; i < mt->n_tensors; i++) {
-      size_t k = cut_expected(&cfg, mf->tensors[i].name, pf + mf->tensors[i].offset, mf->tensors[i].count, P, R, want);
-      check_near(mt->tensors[i].name, pt + mt->tensors[i].offset, want, k, 1e-4, 1e-6);
+      const char *name = mf->tensors[i].name;
+      size_t k = cut_expected(&cfg, name, pf + mf->tensors[i].offset, mf->tensors[i].count, P, R, want);
+      const float *got = pt + mt->tensors[i].offset;
+      if (strstr(name, "attn.qkv.bias")) {
+        /* the key bias's gradient is zero in exact arithmetic (it adds the
+         * same q.b to every score of a row; softmax ignores that), so its
+         * values follow AdamW's normalized rounding noise, different in
+         * every summation order: compare the query and value biases only */
+        size_t third = k / 3;
+        check_near("q bias", got, want, third, 1e-4, 1e-6);
+        check_near("v bias", got + 2 * third, want + 2 * third, third, 1e-4, 1e-6);
+        continue;
+      }
+      check_near(name, got, want, k, 1e-4, 1e-6);
     }
     free(want);
   }

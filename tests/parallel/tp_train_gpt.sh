@@ -9,7 +9,8 @@
 #            parallel softmax add the ranks' partial sums in another order);
 #            the config key tensor_model_parallel_size does what the flag does;
 #            TP=2 with --sequence-parallel (4 ranks: TP=2 x DP=2, config key
-#            sequence_parallel) the same.
+#            sequence_parallel) the same; TP=2 x DP=2 with ZeRO-1 and 2 micro-steps
+#            of 2 the same.
 #   refused: layouts and combinations not built, each exit 2 with a message
 #            saying what would work.
 set -u
@@ -40,11 +41,14 @@ equal)
   "$RUN" -np 4 "$GPT" $TINY --config "$work/sp.json" --metrics "$work/sp2dp2.jsonl" >"$work/sp2dp2.out" 2>&1 ||
     { cat "$work/sp2dp2.out"; fail "TP=2 x DP=2 with sequence parallelism"; }
   grep -q "tensor_parallel=2 sequence_parallel=1" "$work/sp2dp2.out" || fail "the config key did not turn sequence parallelism on"
+  "$RUN" -np 4 "$GPT" $TINY --micro-batch 2 --grad-accum 2 --tensor-parallel 2 --zero-stage 1 \
+    --metrics "$work/z1accum.jsonl" >"$work/z1accum.out" 2>&1 || { cat "$work/z1accum.out"; fail "TP=2 x DP=2, ZeRO-1, accumulation"; }
+  grep -q "zero_stage=1" "$work/z1accum.out" || fail "ZeRO-1 was not on"
   grep -q "tensor_parallel=2" "$work/tp2dp2.out" || fail "the config key did not turn tensor parallelism on"
   grep -q "global_batch=8 micro_batch=4" "$work/tp2dp2.out" || fail "TP=2 x DP=2 did not keep the global batch of 8"
   metrics_losses "$work/one.jsonl" >"$work/one.txt"
   [ "$(wc -l <"$work/one.txt")" -eq 8 ] || fail "the 1-rank run has $(wc -l <"$work/one.txt") loss lines, not 8"
-  for run in tp2 tp2dp2 sp2 sp2dp2; do
+  for run in tp2 tp2dp2 sp2 sp2dp2 z1accum; do
     metrics_losses "$work/$run.jsonl" >"$work/$run.txt"
     [ "$(wc -l <"$work/$run.txt")" -eq 8 ] || fail "$run has $(wc -l <"$work/$run.txt") loss lines, not 8"
     while read -r step want && read -r step2 got <&3; do

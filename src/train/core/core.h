@@ -129,6 +129,11 @@ struct td_trainer {
   unsigned char *inputs; /* (micro, input_bytes) */
   int32_t *targets;      /* (micro, targets_per_sample) */
   int prepared_batch;
+  /* a model that runs a step's micro-batches together (run_micro_batches, a
+   * pipeline stage): all of them, (grad_accum, micro, ...) */
+  unsigned char *step_inputs;
+  int32_t *step_targets;
+  int step_inputs_accum; /* grad_accum they are sized for */
 
   /* bucketed gradient reduction of the current last micro-step */
   size_t *tensor_ready;   /* floats reported ready per tensor */

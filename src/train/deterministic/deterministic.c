@@ -62,10 +62,10 @@
 
 #include <math.h>
 #include <stdint.h>
-#include <sys/mman.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 void det_xfer_range(size_t n_params, int world, int r, size_t *lo, size_t *hi) {
   size_t len = 0;
@@ -84,7 +84,7 @@ static void leaf_range(size_t n_params, int world, int r, size_t *la, size_t *lb
 }
 
 static void free_buffers(det_state *c) {
-  zero_unreserve(c->pool, c->pool_bytes, zero_page_bytes());
+  zero_unreserve(c->pool, c->pool_bytes, c->granule * sizeof(float));
   for (int k = 0; k < 2; k++) {
     td_free(c->recv[k]);
     free(c->reqs[k]);
@@ -117,8 +117,9 @@ void det_free(td_trainer *t) {
 
 /* Floats per chunk of the streamed exchange: two chunks in flight hold 2 x
  * W x M x B floats; about 8 MiB of them, at most a sixteenth of the arena
- * (at least 64 KiB a message, at most the arena), whole pages so that the streamed vector gives its
- * pages back chunk by chunk. TANDEM_TEST_DET_CHUNK sets it (tests). */
+ * (at least 64 KiB a message, at most the arena), whole pages so that the
+ * streamed vector gives its pages back chunk by chunk.
+ * TANDEM_TEST_DET_CHUNK sets it (tests). */
 static size_t chunk_floats(size_t n, int W, int M) {
   const size_t page = zero_page_bytes() / sizeof(float);
   size_t b = ((size_t)1 << 20) / ((size_t)TD_MAX(W, 1) * (size_t)TD_MAX(M, 1));
@@ -163,9 +164,13 @@ void det_buffer_sizes(size_t n, size_t largest, size_t U, int W, int rank, int s
   out->levels = det_levels(U);
   out->exchange = W > 1 ? (size_t)W * (size_t)out->max_cover * out->chunk : 0;
   /* the streamed vector behind the frontier: the chunk being combined and
-   * the one in flight, the chunk partly written, and the tensor holding the
-   * frontier back longest (a tied embedding, written first, final last) */
-  out->window = streams_leaf || dropped ? TD_MIN(n, 3 * out->chunk + largest) : 0;
+   * the one in flight, the chunk partly written, the tensor holding the
+   * frontier back longest (a tied embedding, written first, final last),
+   * and the granules it is given back in, rounded inward */
+  size_t granule = zero_page_bytes();
+  (void)zero_vector_granule(n * sizeof(float), &granule); /* a bad TANDEM_ZERO_HUGE_PAGES fails the creation */
+  out->granule = granule / sizeof(float);
+  out->window = streams_leaf || dropped ? TD_MIN(n, 3 * out->chunk + largest + 2 * out->granule) : 0;
   /* resident at the peak: the whole vectors, the window, the two receive
    * buffers (of which the other ranks' slots are written: (W - 1) x M x B
    * each) and the scratch levels */
@@ -182,8 +187,9 @@ size_t det_largest_tensor(const td_model *m) {
 static size_t resident_now(const td_trainer *t) {
   const det_state *c = t->det;
   size_t bytes = zero_resident_bytes(c->pool, c->pool_bytes);
+  size_t exchange = (size_t)c->world * (size_t)c->max_cover * c->chunk * sizeof(float);
   for (int k = 0; k < 2; k++)
-    if (c->recv[k]) bytes += zero_resident_bytes(c->recv[k], (size_t)c->world * (size_t)c->max_cover * c->chunk * sizeof(float));
+    if (c->recv[k]) bytes += zero_resident_bytes(c->recv[k], exchange);
   if (c->scratch) bytes += zero_resident_bytes(c->scratch, (size_t)det_levels(c->n_units) * c->chunk * sizeof(float));
   return bytes;
 }
@@ -208,12 +214,14 @@ td_status det_setup(td_trainer *t) {
   const int W = t->world;
   det_sizes z;
   det_buffer_sizes(n, det_largest_tensor(t->model), U, W, t->rank, t->zero_stage, &z);
-  const size_t page = zero_page_bytes() / sizeof(float);
+  size_t granule_bytes = zero_page_bytes();
+  TD_CHECK(zero_vector_granule(n * sizeof(float), &granule_bytes));
+  c->granule = granule_bytes / sizeof(float);
   c->n_pool = z.n_pool;
   c->max_cover = z.max_cover;
   c->chunk = z.chunk;
   c->world = W;
-  c->vec_stride = (TD_MAX(n, (size_t)1) + page - 1) / page * page;
+  c->vec_stride = (TD_MAX(n, (size_t)1) + c->granule - 1) / c->granule * c->granule;
   c->pool_bytes = (size_t)c->n_pool * c->vec_stride * sizeof(float);
   c->slot_chunk[0] = c->slot_chunk[1] = SIZE_MAX;
   c->peak_bytes = 0;
@@ -221,7 +229,7 @@ td_status det_setup(td_trainer *t) {
   size_t n_leaves = (n + DET_NORM_LEAF - 1) / DET_NORM_LEAF;
   /* address space only: a vector's pages come with backward's writes and
    * the streamed one gives them back (madvise) */
-  c->pool = zero_reserve(c->pool_bytes, zero_page_bytes());
+  c->pool = zero_reserve(c->pool_bytes, granule_bytes);
   bool ok = c->pool != NULL;
   for (int k = 0; k < 2 && W > 1; k++) {
     c->recv[k] = td_alloc(z.exchange * sizeof(float));
@@ -246,11 +254,13 @@ td_status det_setup(td_trainer *t) {
   return TD_OK;
 }
 
-/* Give back the pages wholly inside elements [lo, hi) of a pool vector
- * (they read as zeros afterwards); its last page counts as whole. */
-static void release_vec(const det_state *c, float *vec, size_t lo, size_t hi) {
-  const size_t page = zero_page_bytes() / sizeof(float);
-  size_t p0 = (lo + page - 1) / page * page, p1 = hi >= c->vec_stride - page + 1 ? c->vec_stride : hi / page * page;
+/* Give back the granules wholly inside elements [lo, hi) of a pool vector
+ * (they read as zeros afterwards); from the arena's end (hi >= n) the last
+ * granule counts as whole. */
+static void release_vec(const td_trainer *t, float *vec, size_t lo, size_t hi) {
+  const det_state *c = t->det;
+  const size_t g = c->granule;
+  size_t p0 = (lo + g - 1) / g * g, p1 = hi >= t->n_params ? c->vec_stride : hi / g * g;
   if (p1 > p0) (void)madvise(vec + p0, (p1 - p0) * sizeof(float), MADV_DONTNEED);
 }
 
@@ -344,9 +354,15 @@ static void stream_finish(td_trainer *t, int slot) {
       c->stream_st = td_error(TD_ERR_INTERNAL, "rank %d: the unit sums of %d ranks do not tile the %zu units", me,
                               W, U);
   }
+  /* chunks finish top down: everything of the streamed vector from this
+   * chunk up is dead, given back in whole granules */
   size_t cx, cy;
   chunk_range(t, k, &cx, &cy);
-  if (c->streamed) release_vec(c, c->streamed, cx, cy);
+  size_t from = (cx + c->granule - 1) / c->granule * c->granule;
+  if (c->streamed && from < c->released_lo) {
+    release_vec(t, c->streamed, from, c->released_lo);
+    c->released_lo = from;
+  }
 }
 
 /* Chunk k of every cover vector is final here: do the streamed leaf's
@@ -460,6 +476,7 @@ td_status det_forward_backward(td_trainer *t, double *loss_out, double *data_s, 
   c->stream_st = TD_OK;
   c->n_launched = 0;
   c->streamed = NULL;
+  c->released_lo = n;
   memset(c->losses, 0, (U + 1) * sizeof *c->losses);
   det_acc *acc = &c->acc;
   det_acc_begin(acc, U, a, n);
@@ -502,7 +519,8 @@ td_status det_forward_backward(td_trainer *t, double *loss_out, double *data_s, 
       memset(vec, 0, n * sizeof(float));
       m->ops->backward(t->model, t->params, vec, scale, NULL, NULL);
     } else {
-      release_vec(c, vec, 0, n); /* zeros without touching a page: backward faults in what it writes */
+      release_vec(t, vec, 0, n); /* zeros without touching a page: backward faults in what it writes */
+      c->released_lo = n;
       if (i < len) {
         acc->defer = true; /* its additions into the cover wait for backward, chunk by chunk */
         det_acc_push(acc, vec);

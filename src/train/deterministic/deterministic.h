@@ -115,7 +115,9 @@ typedef struct det_state {
   int world;            /* the world the buffers below are cut for */
   int max_cover;        /* most cover vectors of any rank (M) */
   size_t chunk;         /* floats per chunk of the streamed exchange (B) */
-  size_t vec_stride;    /* floats between pool vectors (n rounded up to a page) */
+  size_t granule;       /* floats per page the pool is given back in (2 MiB huge pages for large models) */
+  size_t vec_stride;    /* floats between pool vectors (n rounded up to a granule) */
+  size_t released_lo;   /* the streamed vector is given back from here up (granule-aligned, or n) */
   float *pool;          /* n_pool reserved vectors of n_params floats: unit gradients and cover sums */
   int n_pool;
   size_t pool_bytes;    /* reserved */
@@ -156,7 +158,7 @@ void det_xfer_range(size_t n_params, int world, int r, size_t *lo, size_t *hi);
  * (det_estimate_bytes) and det_setup share it. */
 typedef struct det_sizes {
   int n_pool, whole, max_cover, levels;
-  size_t chunk, exchange, window;
+  size_t chunk, exchange, window, granule; /* granule: floats per page the vectors are given back in */
   size_t bytes; /* what of them becomes resident at the peak */
 } det_sizes;
 void det_buffer_sizes(size_t n, size_t largest, size_t U, int W, int rank, int stage, det_sizes *out);
