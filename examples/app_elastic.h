@@ -39,6 +39,7 @@ typedef struct app_elastic {
   int metrics_opened;       /* this process opened the file before (append from then on) */
   int epoch_reported;       /* the epoch whose start was reported (train callback) */
   long saved_step;          /* the step of the last checkpoint this process took part in (--save) */
+  long save_every;          /* --save-every: saved here, after the step's metrics record, not by the trainer */
 } app_elastic;
 
 /* Does --config enable the "elasticity" block? (train elastically then) */
@@ -189,11 +190,17 @@ static td_status app_elastic_train(void *ctx, td_elastic *e) {
               td_elastic_epoch(e));
     s = app_elastic_metrics_step(a, &st);
     if (s != TD_OK) return s;
+    /* The checkpoint after the step's record: a job killed in between
+     * redoes the step from the previous checkpoint and records it then. */
+    if (a->save_every > 0 && st.step % a->save_every == 0) {
+      s = td_trainer_save(a->trainer, td_trainer_config(a->trainer)->checkpoint_dir);
+      if (s != TD_OK) return s;
+      a->saved_step = st.step;
+    }
     s = td_elastic_commit(e);
     if (s != TD_OK) return s;
     a->t_last = app_now();
     if (a->steps_done_here == 2) a->t_warm = a->t_last;
-    if (st.saved) a->saved_step = st.step;
     app_elastic_test_stop(td_elastic_epoch(e), st.step);
   }
   /* --save: the final state too, as without --elastic (here, so that a
@@ -269,6 +276,8 @@ static int app_elastic_main(td_train_config *cfg, td_model *model, td_dataset *d
    * (the first rebind cuts them again if the world changed meanwhile): a
    * trainer of one rank would first hold the whole model state. */
   td_train_config local = *cfg;
+  local.checkpoint_every = 0;
+  a.save_every = cfg->checkpoint_every;
   int world0 = td_elastic_size(a.e), rank0 = td_elastic_rank(a.e);
   if (world0 < 1 || rank0 < 0 || rank0 >= world0) world0 = 1, rank0 = 0;
   s = td_elastic_batch_split(cfg->train_batch_size, world0, a.micro_hint, a.max_world, &local.micro_batch,
