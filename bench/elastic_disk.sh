@@ -28,7 +28,7 @@ t1=$(date +%s)
   echo "# Elastic jobs on disk: $KILLS whole-job kills and restarts ($(date -u +%Y-%m-%d))"
   echo
   echo "Command: \`bench/elastic_disk.sh $KILLS $B $SEED\` on $(nproc) cores ($(uname -m)), $((t1 - t0)) s in all;"
-  echo "train-gpt --layers 1 --channels 32 --heads 2 --seq 32 --micro-batch 3 --steps 150, global batch 12,"
+  echo "train-gpt --layers 1 --channels 32 --heads 2 --seq 32 --micro-batch 3 --steps max(150, 30 x (kills + 2)), global batch 12,"
   echo "--save-every 7 --keep-last 2 --metrics, tandemrun --min-np 1 --max-np 4."
   echo
   echo "Result: $(tail -1 "$log") (exit $rc)"

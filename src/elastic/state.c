@@ -93,6 +93,22 @@ static void test_stop_after_round(const el_membership *m) {
   if (td_env_long("TANDEM_TEST_ELASTIC_STOP_AFTER_ROUND", -1) == m->uid) raise(SIGSTOP);
 }
 
+/* The members whose silence broke this rank's communicator (heartbeats)
+ * are reported, so that the round that follows closes without waiting
+ * TANDEM_ELASTIC_SETTLE for them (membership.h: silent/). Best effort: an
+ * unreported one costs the settle time, nothing else. */
+static void report_silent(td_elastic *e) {
+  int ranks[64];
+  int n = td_comm_silent_ranks(e->comm, ranks, 64);
+  for (int i = 0; i < n && i < 64; i++) {
+    if (ranks[i] < 0 || ranks[i] >= e->m.n_members) continue;
+    long uid = e->m.members[ranks[i]];
+    if (el_report_silent(&e->m, uid) == TD_OK)
+      td_log(TD_LOG_INFO, "elastic: epoch %d: rank %d (process %ld) fell silent: the next round goes on without "
+             "waiting for it", e->m.epoch, ranks[i], uid);
+  }
+}
+
 /* Membership rounds until one yields a communicator (a member may die
  * between a round's close and the communicator's rendezvous: the others
  * then abandon that rendezvous as soon as the launcher reports the death,
@@ -486,7 +502,10 @@ td_status td_elastic_run(td_elastic *e, td_elastic_train_fn train_fn, td_elastic
     if (st == TD_OK) st = train_fn(ctx, e);
     if (st == TD_OK) return TD_OK;
     if (!e->resize_requested && td_comm_status(e->comm) == TD_OK) return st;
-    if (!e->resize_requested) e->faults++;
+    if (!e->resize_requested) {
+      e->faults++;
+      report_silent(e);
+    }
     char why[768];
     td_error_copy(why, sizeof why);
     td_log(e->resize_requested ? TD_LOG_INFO : TD_LOG_WARN, "elastic: epoch %d (rank %d of %d) ends: %s", e->m.epoch,
