@@ -80,9 +80,10 @@ typedef struct {
   double last_failure;      /* elastic: when a process here last failed (0: never) */
 } host_spec;
 
-/* Elastic back-off on a host whose processes fail young (within
+/* Elastic back-off on a host whose replacements fail young (within
  * HOST_YOUNG_S of their start: a dead host's ssh, a bad disk, a crash at
- * start-up). The first such failure is retried at once (on another host
+ * start-up; the initial processes do not count: a fault injected or
+ * suffered early in a job is no sign of a bad host). The first such failure is retried at once (on another host
  * with a free slot if there is one: free_slot); after the n-th in a row
  * (n >= 2) no new process starts there for HOST_BACKOFF_S * 2^(n-2), at
  * most HOST_BACKOFF_MAX_S (or --blacklist-cooldown when longer), so that a
@@ -947,10 +948,11 @@ static host_spec *free_slot(const job *j, double now) {
   return best;
 }
 
-/* Process `uid`, started at `started`, failed on h: the back-off above. */
-static void host_failed(const job *j, host_spec *h, int uid, double started, double now) {
+/* Process `uid`, started at `started` (a replacement or not), failed on h:
+ * the back-off above. */
+static void host_failed(const job *j, host_spec *h, int uid, bool replacement, double started, double now) {
   h->last_failure = now;
-  h->young_failures = now - started < HOST_YOUNG_S ? h->young_failures + 1 : 0;
+  h->young_failures = replacement && now - started < HOST_YOUNG_S ? h->young_failures + 1 : 0;
   double backoff = 0;
   if (h->young_failures >= 2)
     backoff = TD_MIN(HOST_BACKOFF_S * ldexp(1.0, TD_MIN(h->young_failures - 2, 10)), HOST_BACKOFF_MAX_S);
@@ -1119,7 +1121,7 @@ static void elastic_reaped(job *j, worker *w, bool failed) {
   else
     fprintf(stderr, "tandemrun: process %d (pid %d, host %s) %s; no process is left\n", w->rank, (int)w->pid,
             w->host->name, how);
-  host_failed(j, w->host, w->rank, w->started, td_now());
+  host_failed(j, w->host, w->rank, w->joiner, w->started, td_now());
   /* Start the replacement before telling the survivors, so that they wait
    * for it in the round they are forming (el_report_dead). */
   int uid = w->rank, before = j->n_workers;
