@@ -177,6 +177,25 @@ static td_status trainer_create(const td_train_config *cfg_in, td_model *model, 
                   "use \"fp32\" or stage 0-1", td_dtype_name(t->cfg.precision.comm_dtype), t->zero_stage);
     goto fail;
   }
+  if (model->ops->run_micro_batches) {
+    /* a pipeline stage: what composes with it so far */
+    const char *what = NULL;
+    if (t->zero_stage >= 2) what = "ZeRO stages 2-3 (use zero_optimization.stage 0 or 1)";
+    else if (t->cfg.deterministic_reduction == 1 || t->cfg.elasticity.enabled)
+      what = "deterministic reduction and elastic training (remove deterministic_reduction and elasticity)";
+    else if (t->cfg.offload.optimizer_device != TD_OFFLOAD_NONE || t->cfg.offload.param_device != TD_OFFLOAD_NONE)
+      what = "offload (remove offload_optimizer / offload_param)";
+    else if (t->cfg.precision.compute == TD_F16)
+      what = "fp16 (its overflow skips are agreed over the data-parallel ranks only; use bf16 or fp32)";
+    else if (t->cfg.checkpoint_dir[0])
+      what = "checkpoints (every stage would write the same directory; remove --save / checkpoint.save_dir)";
+    else if (model->device.kind != TD_DEVICE_CPU)
+      what = "a GPU (train on the CPU)";
+    if (what) {
+      st = td_error(TD_ERR_INVALID_USAGE, "rank %d: pipeline parallelism does not support %s yet", t->rank, what);
+      goto fail;
+    }
+  }
   /* before any arena: a job that cannot fit is refused on every rank, here
    * (memory_fit.c), not ended by the kernel's OOM killer mid-run */
   t->agree_flags = calloc((size_t)t->world, sizeof *t->agree_flags);
@@ -310,6 +329,8 @@ void td_trainer_destroy(td_trainer *t) {
     td_free(t->grads);
   for (int i = 0; i < 2; i++) td_free(t->states[i]);
   td_free(t->inputs);
+  td_free(t->step_inputs);
+  td_free(t->step_targets);
   td_free(t->targets);
   free(t->tensor_ready);
   td_sampler_free(&t->sampler);
@@ -354,33 +375,10 @@ static void bucket_launch(td_trainer *t, size_t lo, size_t hi) {
   t->next_bucket = t->cfg.bucket_bytes / sizeof(float);
 }
 
-static size_t frontier_offset(const td_trainer *t) {
-  const td_model *m = t->model;
-  return t->frontier_tensor >= m->n_tensors ? t->n_params : m->tensors[t->frontier_tensor].offset;
-}
-
 static void on_grad_ready(void *ctx, size_t offset, size_t count) {
   td_trainer *t = ctx;
-  const td_model *m = t->model;
-  if (count == 0 || m->n_tensors == 0) return;
-  /* Find the first tensor ending after `offset` (binary search), then credit
-   * every tensor the range overlaps. */
-  int lo = 0, hi = m->n_tensors;
-  while (lo < hi) {
-    int mid = (lo + hi) / 2;
-    if (m->tensors[mid].offset + m->tensors[mid].count <= offset) lo = mid + 1;
-    else hi = mid;
-  }
-  size_t end = offset + count;
-  for (int i = lo; i < m->n_tensors && m->tensors[i].offset < end; i++) {
-    size_t a = TD_MAX(offset, m->tensors[i].offset);
-    size_t b = TD_MIN(end, m->tensors[i].offset + m->tensors[i].count);
-    if (b > a) t->tensor_ready[i] += b - a;
-  }
-  while (t->frontier_tensor > 0 &&
-         t->tensor_ready[t->frontier_tensor - 1] >= m->tensors[t->frontier_tensor - 1].count)
-    t->frontier_tensor--;
-  size_t front = frontier_offset(t);
+  if (count == 0 || t->model->n_tensors == 0) return;
+  size_t front = td_frontier_credit(t, offset, count);
   if (t->launched_lo > front && t->launched_lo - front >= t->next_bucket) {
     bucket_launch(t, front, t->launched_lo);
     t->launched_lo = front;
@@ -465,8 +463,7 @@ static float backward_scale(const td_trainer *t) {
 
 /* Before a backward whose gradient buckets are reduced as they are final. */
 static void begin_buckets(td_trainer *t) {
-  memset(t->tensor_ready, 0, (size_t)TD_MAX(t->model->n_tensors, 1) * sizeof(size_t));
-  t->frontier_tensor = t->model->n_tensors;
+  td_frontier_begin(t);
   t->launched_lo = t->n_params;
   t->next_bucket = t->cfg.first_bucket_bytes / sizeof(float);
   t->bucket_status = TD_OK;
@@ -509,6 +506,66 @@ td_status td_trainer_step(td_trainer *t, td_step_stats *stats) {
 static td_status step_finish(td_trainer *t, td_step_stats *stats, double loss, double t_start, double data_s,
                              double wait_s, int n_buckets);
 
+/* A model that runs a step's micro-batches together (run_micro_batches: a
+ * pipeline stage). Every micro-batch is loaded first (a pipeline's first
+ * stage reads the tokens, its last the targets, both as the sampler gives
+ * them to this data-parallel rank), then the model runs the step; its
+ * gradients are averaged over the data-parallel ranks in buckets as they
+ * become final, as after the plain path's last micro-step. A failure inside
+ * the model has already failed its pipeline group (the model says so); it
+ * is returned at once, without the data-parallel agreement, which the
+ * failed stage's peers in other replicas then see as a lost rank. */
+static td_status micro_batches_step(td_trainer *t, td_status local, double t_start, td_step_stats *stats) {
+  const td_model *m = t->model;
+  const int accum = t->cfg.grad_accum, b = t->cfg.micro_batch;
+  const int distributed = t->comm && t->world > 1;
+  const size_t in_bytes = (size_t)b * t->dataset->input_bytes, n_tgt = (size_t)b * t->dataset->targets_per_sample;
+  double data_s = 0, wait_s = 0;
+  if (local == TD_OK && t->step_inputs_accum != accum) {
+    td_free(t->step_inputs);
+    td_free(t->step_targets);
+    t->step_inputs = td_alloc((size_t)accum * in_bytes);
+    t->step_targets = td_alloc((size_t)accum * n_tgt * sizeof(int32_t));
+    t->step_inputs_accum = t->step_inputs && t->step_targets ? accum : 0;
+    if (!t->step_inputs_accum)
+      local = td_error(TD_ERR_SYSTEM, "rank %d: out of memory for the step's %d micro-batches", t->rank, accum);
+  }
+  for (int micro = 0; micro < accum && local == TD_OK; micro++) {
+    double d0 = td_now();
+    local = load_micro_batch(t, micro);
+    if (local == TD_OK) {
+      memcpy(t->step_inputs + (size_t)micro * in_bytes, t->inputs, in_bytes);
+      memcpy(t->step_targets + (size_t)micro * n_tgt, t->targets, n_tgt * sizeof(int32_t));
+    }
+    data_s += td_now() - d0;
+    trace(t, "data", d0);
+  }
+  int sync = distributed, n_buckets = 0;
+  if (sync) begin_buckets(t);
+  double loss = 0;
+  if (local == TD_OK)
+    local = m->ops->run_micro_batches(t->model, t->params, t->grads, t->step_inputs, t->step_targets, b, accum,
+                                      backward_scale(t), sync ? on_grad_ready : NULL, sync ? t : NULL, &loss);
+  if (local != TD_OK) return local;
+  if (sync) {
+    bucket_launch(t, 0, t->launched_lo);
+    t->launched_lo = 0;
+    n_buckets = t->n_requests;
+    /* the loss, averaged over the data-parallel ranks (each replica's pipeline gave its own) */
+    double w0 = td_now();
+    td_status st = td_allreduce(&loss, &loss, 1, TD_F64, TD_AVG, t->comm);
+    td_status wst;
+    (void)wait_requests(t, &wst); /* traces "comm_wait" */
+    wait_s += td_now() - w0;
+    if (st != TD_OK)
+      return td_error(st, "rank %d: averaging the step's loss failed: %s", t->rank, td_comm_last_error(t->comm));
+    if (t->bucket_status != TD_OK) return t->bucket_status;
+    if (wst != TD_OK) return wst;
+    td_precision_after_sync(t);
+  }
+  return step_finish(t, stats, loss, t_start, data_s, wait_s, n_buckets);
+}
+
 static td_status trainer_step(td_trainer *t, td_step_stats *stats) {
   const td_model *m = t->model;
   const int accum = t->cfg.grad_accum;
@@ -542,6 +599,7 @@ static td_status trainer_step(td_trainer *t, td_step_stats *stats) {
     local = td_device_memset0(t->device, t->grads, t->n_params * sizeof(float));
   else
     memset(t->grads, 0, t->n_params * sizeof(float));
+  if (m->ops->run_micro_batches) return micro_batches_step(t, local, t_start, stats);
   double loss_sum = 0;
   t->comm_bytes = 0;
   int n_buckets = 0;
@@ -644,6 +702,11 @@ static td_status step_finish(td_trainer *t, td_step_stats *stats, double loss, d
       norm = sqrt(norm);
     } else
       TD_CHECK(t->det ? det_grad_norm(t, &norm) : zero_grad_norm(t, &norm));
+    if (t->model->ops->grad_norm_sq) { /* a shard of a model split across ranks: the whole model's norm */
+      double sum_sq = norm * norm;
+      TD_CHECK(t->model->ops->grad_norm_sq(t->model, t->grads, &sum_sq));
+      norm = sqrt(sum_sq);
+    }
     norm /= loss_scale;
     scale = td_clip_scale(norm, t->cfg.grad_clip);
     const td_optimizer_config *o = &t->cfg.optimizer;
@@ -687,6 +750,7 @@ static td_status step_finish(td_trainer *t, td_step_stats *stats, double loss, d
     stats->data_s = data_s;
     stats->optimizer_s = t_end - opt0;
     stats->io_s = saved ? td_now() - t_end : 0.0;
+    stats->fetch_wait_s = t->zero ? t->zero->fetch_wait_s : 0.0;
     stats->n_buckets = n_buckets;
     stats->comm_bytes = t->comm_bytes;
     stats->saved = saved;

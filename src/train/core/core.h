@@ -128,6 +128,11 @@ struct td_trainer {
   unsigned char *inputs; /* (micro, input_bytes) */
   int32_t *targets;      /* (micro, targets_per_sample) */
   int prepared_batch;
+  /* a model that runs a step's micro-batches together (run_micro_batches, a
+   * pipeline stage): all of them, (grad_accum, micro, ...) */
+  unsigned char *step_inputs;
+  int32_t *step_targets;
+  int step_inputs_accum; /* grad_accum they are sized for */
 
   /* bucketed gradient reduction of the current last micro-step */
   size_t *tensor_ready;   /* floats reported ready per tensor */
@@ -188,5 +193,14 @@ struct td_trainer {
  * TD_OK only if all were OK. On a remote failure the local message says which
  * ranks failed; a rank's own failure keeps its message. Collective. */
 td_status td_trainer_agree(td_trainer *t, td_status local);
+
+/* frontier.c: the frontier of final gradients during a backward (uses
+ * t->tensor_ready and t->frontier_tensor). begin: nothing final yet;
+ * credit: backward reported [offset, offset + count) final (the
+ * td_grad_ready_fn arguments); both return the arena offset from which up
+ * every gradient is final (n_params: none yet). */
+void td_frontier_begin(td_trainer *t);
+size_t td_frontier_credit(td_trainer *t, size_t offset, size_t count);
+size_t td_frontier_offset(const td_trainer *t);
 
 #endif
