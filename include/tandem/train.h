@@ -35,6 +35,7 @@
 #include "device.h"
 #include "elastic.h"
 #include "nn.h"
+#include "parallel.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -395,6 +396,31 @@ td_status td_trainer_save(td_trainer *trainer, const char *root_dir);
  * the uninterrupted run. Collective (every rank reads; a failure on any rank
  * fails on all). */
 td_status td_trainer_resume(td_trainer *trainer, const char *path);
+
+/* What a checkpoint is, from its manifest alone (`path` as for
+ * td_trainer_resume): the step it was taken after, the global batch it was
+ * trained with (0: not recorded) and the world size that saved it. An
+ * elastic job restarted from disk takes its global batch from here, whatever
+ * world size it restarts at. TD_ERR_IO when there is no readable
+ * checkpoint at `path`. Local (no communication). */
+typedef struct td_checkpoint_info {
+  long step;
+  long train_batch_size;
+  int world;
+} td_checkpoint_info;
+td_status td_checkpoint_info_read(const char *path, td_checkpoint_info *out);
+
+/* The grid a model-parallel model (td_gpt_tp_create) is split over, for
+ * checkpoints: td_trainer_save and td_trainer_resume then run over the
+ * grid's whole world, and each rank writes and reads its shard in the
+ * unsplit model's coordinates (td_shard_map), so that a save under any
+ * layout (tensor-parallel size, data-parallel size, ZeRO stage) loads under
+ * any other, and `tandem-ckpt consolidate` gives the unsplit model's
+ * tensors. The trainer must have been created on td_grid_comm(grid,
+ * TD_GRID_DATA); it borrows the grid (destroy the trainer first). Without
+ * it a trainer of a tensor-parallel config refuses to save or resume.
+ * Local (no communication); call it on every rank. */
+td_status td_trainer_set_grid(td_trainer *trainer, const td_grid *grid);
 
 /* Optional tracing of the engine's own phases, for a timeline (src/obs):
  * fn(ctx, name, begin_s, end_s) is called on the training thread after each
