@@ -113,9 +113,8 @@ static void tiny_destroy(td_model *m) {
   free(t);
 }
 
-static const td_model_ops tiny_ops = {
-    .prepare = tiny_prepare, .forward = tiny_forward, .backward = tiny_backward, .predict = tiny_predict,
-    .destroy = tiny_destroy};
+static const td_model_ops tiny_ops = {.prepare = tiny_prepare, .forward = tiny_forward, .backward = tiny_backward,
+                                      .predict = tiny_predict, .destroy = tiny_destroy};
 
 static td_model *tiny_model_create(void) {
   tiny_model *t = calloc(1, sizeof *t);
