@@ -231,9 +231,6 @@ static void build_config(const gpt_options *o, int world, td_train_config *cfg) 
   if (cfg->tensor_parallel > 1) {
     if (td_grid_check(world, cfg->tensor_parallel, 1) != TD_OK) app_usage_error("%s", td_last_error());
     if (td_grid_check_gpt(&o->model, cfg->tensor_parallel, 1) != TD_OK) app_usage_error("%s", td_last_error());
-    if (o->common.resume_dir)
-      app_usage_error("--tensor-parallel %d with --resume is not built yet: tensor-parallel runs neither save nor "
-                      "resume checkpoints", cfg->tensor_parallel);
     world /= cfg->tensor_parallel;
   }
   if (o->pipeline_parallel > 0) cfg->pipeline_parallel = (int)o->pipeline_parallel;
@@ -470,6 +467,10 @@ int main(int argc, char **argv) {
   /* a pipeline traces its own phases (forward and backward run inside its step) */
   s = td_trainer_create(&cfg, pp > 1 ? model : app_engine_model(&run, model), data, train_comm, &run.trainer);
   if (s != TD_OK) app_fail(&run, "creating the trainer", s);
+  if (tp > 1) { /* checkpoints in the unsplit model's coordinates, saved and loaded by the whole grid */
+    s = td_trainer_set_grid(run.trainer, grid);
+    if (s != TD_OK) app_fail(&run, "giving the trainer the process grid", s);
+  }
   if (run.rank == 0 && td_trainer_zero_stage(run.trainer) >= 2) {
     printf("%s: knobs ", app_name);
     print_knobs(td_trainer_config(run.trainer));

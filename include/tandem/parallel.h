@@ -127,6 +127,45 @@ td_status td_gpt_tp_create(const td_gpt_config *config, const td_grid *grid, td_
  * is not divisible by the group size, or for another model. */
 td_status td_gpt_tp_set_sequence_parallel(td_model *model, int on);
 
+/* ---- a shard's place in the unsplit model (src/parallel/tensor/ckpt_map.c) ---- */
+
+/* Checkpoints record the UNSPLIT model's arenas (the element order of
+ * td_gpt_create's arena), so that any layout loads what any layout saved.
+ * A shard map says where each element of this rank's arena lives there: a
+ * list of runs, `count` elements at local offset `local` being elements
+ * [unsplit, unsplit + count) of the unsplit arena (the optimizer states
+ * share the parameters' layout, so one map serves every arena).
+ *
+ *   column-parallel weight (rows split)   one run per row block (qkv: 3)
+ *   row-parallel weight (columns split)   one run per row (strided)
+ *   vocabulary-split wte / lm_head        one run
+ *   replicated (LayerNorms, wpe, the row-parallel biases)   one run, with
+ *                                          writer = 1 on tensor rank 0 only
+ *
+ * `writer` is 1 where this rank writes the run into a checkpoint: every
+ * element of the unsplit model has exactly one writer per model replica.
+ * A pipeline stage (a contiguous range of layers) plugs in as the runs of
+ * the tensors it holds: its local offsets restart at 0, its unsplit offsets
+ * are those tensors' in the whole model, and the tied embedding held by the
+ * first and the last stage is written by one of them. */
+typedef struct td_shard_run {
+  size_t local, unsplit, count;
+  int writer;
+} td_shard_run;
+
+typedef struct td_shard_map {
+  td_model *unsplit; /* the whole model's description (kind, config, n_params, tensors); no arena, never prepared */
+  size_t n_local;    /* floats in this rank's arena */
+  int n_runs;
+  td_shard_run *runs; /* (n_runs) by local offset, tiling [0, n_local); adjacent runs merged */
+} td_shard_map;
+
+/* The map of a td_gpt_tp_create model's arena (any tensor rank, any vocab
+ * split). TD_ERR_INVALID_ARGUMENT for a model that is not split (nothing to
+ * map). Local; any thread. */
+td_status td_shard_map_create(const td_model *model, td_shard_map **out);
+void td_shard_map_destroy(td_shard_map *map); /* accepts NULL */
+
 /* ---- pipeline parallelism (src/parallel/pipeline/) ---- */
 
 /* How the pipeline runs (train-gpt --pipeline-schedule/--pipeline-chunks,
@@ -181,8 +220,10 @@ typedef struct td_pipeline_stats {
 td_status td_gpt_pipeline_stats(const td_model *model, td_pipeline_stats *out);
 
 /* Spans of the pipeline's phases for a timeline: fn(ctx, name, begin_s,
- * end_s), td_now() seconds, names "forward", "backward", "recv_wait",
- * "send_wait", called on the training thread. fn NULL: off. */
+ * end_s), td_now() seconds, names "forward", "backward", "send" (posting a
+ * transfer), "recv_wait" (blocked on a neighbour: with "send_wait", the
+ * stage's idle time), "send_wait", called on the training thread. fn
+ * NULL: off. */
 void td_gpt_pipeline_set_trace(td_model *model, void (*fn)(void *ctx, const char *name, double begin_s, double end_s),
                                void *ctx);
 

@@ -35,6 +35,7 @@
 #include "device.h"
 #include "elastic.h"
 #include "nn.h"
+#include "parallel.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -395,6 +396,18 @@ td_status td_trainer_save(td_trainer *trainer, const char *root_dir);
  * the uninterrupted run. Collective (every rank reads; a failure on any rank
  * fails on all). */
 td_status td_trainer_resume(td_trainer *trainer, const char *path);
+
+/* The grid a model-parallel model (td_gpt_tp_create) is split over, for
+ * checkpoints: td_trainer_save and td_trainer_resume then run over the
+ * grid's whole world, and each rank writes and reads its shard in the
+ * unsplit model's coordinates (td_shard_map), so that a save under any
+ * layout (tensor-parallel size, data-parallel size, ZeRO stage) loads under
+ * any other, and `tandem-ckpt consolidate` gives the unsplit model's
+ * tensors. The trainer must have been created on td_grid_comm(grid,
+ * TD_GRID_DATA); it borrows the grid (destroy the trainer first). Without
+ * it a trainer of a tensor-parallel config refuses to save or resume.
+ * Local (no communication); call it on every rank. */
+td_status td_trainer_set_grid(td_trainer *trainer, const td_grid *grid);
 
 /* Optional tracing of the engine's own phases, for a timeline (src/obs):
  * fn(ctx, name, begin_s, end_s) is called on the training thread after each

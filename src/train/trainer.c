@@ -315,6 +315,8 @@ void td_trainer_destroy(td_trainer *t) {
   offload_destroy(t); /* removes the offload files, also after a failure */
   free(t->requests);
   free(t->agree_flags);
+  free(t->grid_agree_flags);
+  td_shard_map_destroy(t->shard_map);
   if (t->devops) {
     td_device_free(t->device, t->params);
     td_device_free(t->device, t->grads);

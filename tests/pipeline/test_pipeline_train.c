@@ -2,7 +2,7 @@
  * (run under tandemrun; the world is laid out by the process grid as
  * data x pipeline):
  *
- *   equal PP SCHEDULE CHUNKS MICRO TIED ZERO CKPT PARTITION
+ *   equal PP SCHEDULE CHUNKS MICRO TIED ZERO CKPT PARTITION [bf16]
  *     trains a small GPT for a few steps with PP stages and MICRO
  *     micro-batches per step (the gradient accumulation), and, on the same
  *     data-parallel communicator, the whole model with a plain trainer (one
@@ -72,6 +72,7 @@ static int mode_equal(int argc, char **argv) {
   td_dataset *ds = td_test_text_dataset(text, 7, (size_t)gc.seq, 200, NULL);
   td_train_config cfg;
   train_config(&cfg, micro, zero, ckpt, steps);
+  if (argc >= 11 && !strcmp(argv[10], "bf16")) cfg.precision.compute = TD_BF16; /* bf16 products, f32 master */
   if (tied) {
     /* SGD: AdamW's normalization turns the rounding differences of the
      * tied wte's sum into lr-sized steps on elements whose gradient is ~0 */

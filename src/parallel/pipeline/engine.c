@@ -393,6 +393,7 @@ static td_status pp_run(td_model *model, const float *params, float *grads, cons
   double loss_sum = 0;
   const char *what = "";
   int micro_failed = -1;
+  double t_send;
   for (int i = 0; i < n && st == TD_OK; i++) {
     const td_pp_action *a = &acts[i];
     pp_chunk *ch = &m->chunks[a->chunk];
@@ -436,7 +437,9 @@ static td_status pp_run(td_model *model, const float *params, float *grads, cons
     }
     case TD_PP_SEND_ACT:
       what = "send";
+      t_send = td_now();
       st = td_isend(td_gpt_stage_output(sm), BTC, TD_F32, a->peer, m->comm, &ch->send_req[2 * sl]);
+      span(m, "send", t_send, td_now()); /* posting it: the transfer runs on the communicator's thread */
       m->stats.bytes_sent += (double)BTC * sizeof(float);
       if (st != TD_OK) td_error(st, "sending activations to stage %d: %s", a->peer, td_comm_last_error(m->comm));
       break;
@@ -455,7 +458,9 @@ static td_status pp_run(td_model *model, const float *params, float *grads, cons
     }
     case TD_PP_SEND_GRAD:
       what = "send";
+      t_send = td_now();
       st = td_isend(td_gpt_stage_input_grad(sm), BTC, TD_F32, a->peer, m->comm, &ch->send_req[2 * sl + 1]);
+      span(m, "send", t_send, td_now());
       m->stats.bytes_sent += (double)BTC * sizeof(float);
       if (st != TD_OK)
         td_error(st, "sending activation gradients to stage %d: %s", a->peer, td_comm_last_error(m->comm));

@@ -47,16 +47,7 @@
 
 enum { P_LN1W, P_LN1B, P_QKVW, P_QKVB, P_PROJW, P_PROJB, P_LN2W, P_LN2B, P_FCW, P_FCB, P_FC2W, P_FC2B, P_PER_LAYER };
 
-/* How a local tensor is cut from the unsplit one, viewed as (rows, cols):
- * REPL whole; ROWS rows [lo, lo+n) of each of `blocks` equal row blocks
- * (qkv: 3 blocks q, k, v); COLS columns [lo, lo+n) of every row. */
-typedef enum { CUT_REPL, CUT_ROWS, CUT_COLS } cut_kind;
-typedef struct cut {
-  cut_kind kind;
-  size_t rows, cols; /* of the unsplit tensor (per block for ROWS) */
-  size_t lo, n;
-  int blocks;
-} cut;
+/* cut: how a local tensor is cut from the unsplit one (tensor.h; ckpt_map.c reads it too) */
 
 /* Shapes: BT = B*T whole rows; R = the residual stream's rows on this rank:
  * BT, or BT/p with sequence parallelism (sp). With sp a LayerNorm's output
@@ -638,4 +629,13 @@ td_status td_gpt_tp_create(const td_gpt_config *config, const td_grid *grid, td_
   g->base.device = full->device;
   *out = &g->base;
   return TD_OK;
+}
+
+const cut *tp_gpt_cuts(const td_model *model, td_gpt_config *config, int *p, int *r) {
+  if (!model || !model->kind || strcmp(model->kind, "gpt-tp") != 0) return NULL;
+  const tp_gpt *g = (const tp_gpt *)model;
+  *config = g->cfg;
+  *p = g->p;
+  *r = g->r;
+  return g->cuts;
 }

@@ -7,6 +7,7 @@
 #define TD_TRAIN_CORE_H
 
 #include "base/base.h"
+#include "tandem/parallel.h"
 #include "tandem/train.h"
 #include "train/core/devops.h"
 
@@ -145,6 +146,13 @@ struct td_trainer {
   td_status bucket_status; /* first failure from a launch inside the ready callback */
   int32_t *agree_flags;     /* (world): td_trainer_agree's status table */
 
+  /* Model parallelism (td_trainer_set_grid; NULL otherwise): the grid the
+   * model is split over saves and loads checkpoints together, in the
+   * unsplit model's coordinates (src/train/checkpoint/checkpoint.c). */
+  const td_grid *grid;
+  td_shard_map *shard_map;
+  int32_t *grid_agree_flags; /* (grid's world) */
+
   /* Test hook (TANDEM_CKPT_FAULT_AT / TANDEM_CKPT_FAULT_RANK, read at
    * creation): die at this file operation of each save on that rank. */
   long ckpt_fault_at;
@@ -193,6 +201,10 @@ struct td_trainer {
  * TD_OK only if all were OK. On a remote failure the local message says which
  * ranks failed; a rank's own failure keeps its message. Collective. */
 td_status td_trainer_agree(td_trainer *t, td_status local);
+/* The same over any group: `flags` (world int32) is scratch allocated by
+ * the caller beforehand (an allocation failure here would leave this rank
+ * out of the collective its peers wait in). */
+td_status td_agree_over(td_comm *comm, int rank, int world, int32_t *flags, td_status local);
 
 /* frontier.c: the frontier of final gradients during a backward (uses
  * t->tensor_ready and t->frontier_tensor). begin: nothing final yet;
