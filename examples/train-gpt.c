@@ -473,6 +473,7 @@ int main(int argc, char **argv) {
   if (run.rank == 0 && td_trainer_zero_stage(run.trainer) >= 2) {
     printf("%s: knobs ", app_name);
     print_knobs(td_trainer_config(run.trainer));
+    fflush(stdout);
   }
   app_trace_trainer(&run);
   if (opt.common.resume_dir) {
