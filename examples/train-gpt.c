@@ -355,10 +355,9 @@ static void print_sample(const int32_t *tokens, int n) {
  * initial world (TANDEM_WORLD_SIZE), kept whatever the world size becomes. */
 static int elastic_main(const gpt_options *opt) {
   app_refuse_exporters_when_elastic(&opt->common);
-  /* --save: periodic checkpoints, read back only when a rank and its buddy
-   * are lost together at ZeRO stage >= 1 (td_elastic_set_fallback) */
-  if (opt->common.metrics_path || opt->common.resume_dir)
-    app_usage_error("--elastic keeps its state in memory: --metrics and --resume are not supported with it yet");
+  /* --save: periodic checkpoints, read back when a rank and its buddy are
+   * lost together at ZeRO stage >= 1 (td_elastic_set_fallback); --resume:
+   * a whole job restarted from disk, at any world size */
   const char *w = getenv("TANDEM_WORLD_SIZE");
   td_train_config cfg;
   build_config(opt, w ? (int)app_parse_long("TANDEM_WORLD_SIZE", w, 1, 1 << 20) : 1, &cfg);
@@ -372,7 +371,7 @@ static int elastic_main(const gpt_options *opt) {
   td_model *model = NULL;
   s = td_gpt_create(&opt->model, &model);
   if (s != TD_OK) app_fail(NULL, "creating the GPT model", s);
-  int code = app_elastic_main(&cfg, model, data);
+  int code = app_elastic_main(&cfg, model, data, opt->common.resume_dir, opt->common.metrics_path);
   td_model_destroy(model);
   td_dataset_destroy(data);
   return code;
@@ -471,6 +470,7 @@ int main(int argc, char **argv) {
   if (run.rank == 0 && td_trainer_zero_stage(run.trainer) >= 2) {
     printf("%s: knobs ", app_name);
     print_knobs(td_trainer_config(run.trainer));
+    fflush(stdout);
   }
   app_trace_trainer(&run);
   if (opt.common.resume_dir) {

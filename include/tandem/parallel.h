@@ -220,8 +220,10 @@ typedef struct td_pipeline_stats {
 td_status td_gpt_pipeline_stats(const td_model *model, td_pipeline_stats *out);
 
 /* Spans of the pipeline's phases for a timeline: fn(ctx, name, begin_s,
- * end_s), td_now() seconds, names "forward", "backward", "recv_wait",
- * "send_wait", called on the training thread. fn NULL: off. */
+ * end_s), td_now() seconds, names "forward", "backward", "send" (posting a
+ * transfer), "recv_wait" (blocked on a neighbour: with "send_wait", the
+ * stage's idle time), "send_wait", called on the training thread. fn
+ * NULL: off. */
 void td_gpt_pipeline_set_trace(td_model *model, void (*fn)(void *ctx, const char *name, double begin_s, double end_s),
                                void *ctx);
 

@@ -2,7 +2,7 @@
  * (run under tandemrun; the world is laid out by the process grid as
  * data x pipeline):
  *
- *   equal PP SCHEDULE CHUNKS MICRO TIED ZERO CKPT PARTITION
+ *   equal PP SCHEDULE CHUNKS MICRO TIED ZERO CKPT PARTITION [bf16|big]
  *     trains a small GPT for a few steps with PP stages and MICRO
  *     micro-batches per step (the gradient accumulation), and, on the same
  *     data-parallel communicator, the whole model with a plain trainer (one
@@ -69,9 +69,13 @@ static int mode_equal(int argc, char **argv) {
   td_comm *dp = td_grid_comm(grid, TD_GRID_DATA), *pipe = td_grid_comm(grid, TD_GRID_PIPELINE);
   int stage = td_grid_rank(grid, TD_GRID_PIPELINE);
   td_gpt_config gc = gpt_config(tied);
+  int big = argc >= 11 && !strcmp(argv[10], "big");
+  if (big) gc.channels = 64, gc.seq = 32; /* 64 KiB messages at micro-batch 8: more than a shm slot holds */
   td_dataset *ds = td_test_text_dataset(text, 7, (size_t)gc.seq, 200, NULL);
   td_train_config cfg;
   train_config(&cfg, micro, zero, ckpt, steps);
+  if (big) cfg.micro_batch = 8;
+  if (argc >= 11 && !strcmp(argv[10], "bf16")) cfg.precision.compute = TD_BF16; /* bf16 products, f32 master */
   if (tied) {
     /* SGD: AdamW's normalization turns the rounding differences of the
      * tied wte's sum into lr-sized steps on elements whose gradient is ~0 */

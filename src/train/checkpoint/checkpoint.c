@@ -247,3 +247,15 @@ td_status td_trainer_resume(td_trainer *t, const char *path) {
   td_ckpt_manifest_free(&m);
   return st;
 }
+
+td_status td_checkpoint_info_read(const char *path, td_checkpoint_info *out) {
+  if (!out) return td_error(TD_ERR_INVALID_ARGUMENT, "td_checkpoint_info_read: out is NULL");
+  memset(out, 0, sizeof *out);
+  td_ckpt_dir d;
+  TD_CHECK(td_ckpt_open(path, &d));
+  out->step = d.m.step;
+  out->train_batch_size = (long)d.m.train_batch_size;
+  out->world = d.m.world;
+  td_ckpt_close(&d);
+  return TD_OK;
+}
