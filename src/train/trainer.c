@@ -187,8 +187,7 @@ static td_status trainer_create(const td_train_config *cfg_in, td_model *model, 
       what = "offload (remove offload_optimizer / offload_param)";
     else if (t->cfg.precision.compute == TD_F16)
       what = "fp16 (its overflow skips are agreed over the data-parallel ranks only; use bf16 or fp32)";
-    else if (t->cfg.checkpoint_dir[0])
-      what = "checkpoints (every stage would write the same directory; remove --save / checkpoint.save_dir)";
+    /* checkpoints: saved and loaded by the whole grid (td_trainer_set_grid; refused without it) */
     else if (model->device.kind != TD_DEVICE_CPU)
       what = "a GPU (train on the CPU)";
     if (what) {
