@@ -241,9 +241,6 @@ static void build_config(const gpt_options *o, int world, td_train_config *cfg) 
   if (cfg->pipeline_parallel > 1) {
     if (td_grid_check(world, 1, cfg->pipeline_parallel) != TD_OK) /* world: already / tensor_parallel */
       app_usage_error("%s", td_last_error());
-    if (o->common.resume_dir)
-      app_usage_error("--pipeline-parallel %d with --resume is not built yet: pipeline runs neither save nor resume "
-                      "checkpoints", cfg->pipeline_parallel);
     world /= cfg->pipeline_parallel;
   }
   if (cfg->checkpoint_every > 0 && !cfg->checkpoint_dir[0])
@@ -466,7 +463,7 @@ int main(int argc, char **argv) {
   /* a pipeline traces its own phases (forward and backward run inside its step) */
   s = td_trainer_create(&cfg, pp > 1 ? model : app_engine_model(&run, model), data, train_comm, &run.trainer);
   if (s != TD_OK) app_fail(&run, "creating the trainer", s);
-  if (tp > 1) { /* checkpoints in the unsplit model's coordinates, saved and loaded by the whole grid */
+  if (grid) { /* checkpoints in the unsplit model's coordinates, saved and loaded by the whole grid */
     s = td_trainer_set_grid(run.trainer, grid);
     if (s != TD_OK) app_fail(&run, "giving the trainer the process grid", s);
   }
