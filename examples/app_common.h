@@ -189,7 +189,8 @@ static void app_trace_model(td_model *model, td_timeline *timeline) {
   traced_timeline = timeline;
   traced_ops = (td_model_ops){traced_prepare, traced_forward, traced_backward,
                               model->ops->predict ? traced_predict : NULL, traced_destroy,
-                              model->ops->set_activation_checkpointing, model->ops->activation_bytes};
+                              model->ops->set_activation_checkpointing, model->ops->activation_bytes,
+                              model->ops->set_device_dtype};
   model->ops = &traced_ops;
 }
 

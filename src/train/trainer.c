@@ -83,9 +83,10 @@ static float *grads_alloc(td_trainer *t, size_t bytes) {
 }
 
 /* ---- a model on a device (core/devops.h) ----
- * What the trainer does on a device today: ZeRO stage 0, fp32, AdamW,
- * every rank holding whole arenas. The rest is refused at creation, naming
- * what to change. */
+ * What the trainer does on a device today: ZeRO stage 0, AdamW, every rank
+ * holding whole arenas, in fp32 or in bf16 mixed precision (f32 masters and
+ * moments, the model on a bf16 copy, bf16 gradients reduced in bf16; see
+ * core.h). The rest is refused at creation, naming what to change. */
 static td_status device_refusals(const td_trainer *t) {
   char name[16];
   td_device_name(t->device, name, sizeof name);
@@ -96,8 +97,14 @@ static td_status device_refusals(const td_trainer *t) {
   else if (t->cfg.deterministic_reduction == 1 || t->cfg.elasticity.enabled)
     what = "deterministic reduction and elastic training (remove deterministic_reduction and elasticity)";
   else if (t->cfg.optimizer.kind != TD_OPTIMIZER_ADAMW) what = "an optimizer other than AdamW (use \"AdamW\")";
-  else if (t->cfg.precision.compute != TD_F32 || t->cfg.precision.comm_dtype != TD_F32)
-    what = "bf16/fp16 training or communication (train in fp32)";
+  else if (t->cfg.precision.compute == TD_F16)
+    what = "fp16 training (train in bf16 or fp32: bf16 needs no loss scaling)";
+  else if (t->cfg.precision.comm_dtype == TD_F16 ||
+           (t->cfg.precision.compute == TD_F32 && t->cfg.precision.comm_dtype != TD_F32))
+    what = "a communication_data_type other than the compute type (the gradients are reduced in the model's own "
+           "type: remove communication_data_type)";
+  else if (t->cfg.precision.compute == TD_BF16 && !t->model->ops->set_device_dtype)
+    what = "bf16 for this model (it computes in f32 only on a device: train in fp32)";
   else if (t->cfg.activation_checkpointing) what = "activation checkpointing (remove activation_checkpointing)";
   if (!what) return TD_OK;
   return td_error(TD_ERR_INVALID_USAGE, "rank %d: training on %s does not support %s yet; or train on the CPU "
@@ -106,7 +113,16 @@ static td_status device_refusals(const td_trainer *t) {
 
 static td_status device_arenas_alloc(td_trainer *t, size_t arena_bytes) {
   TD_CHECK(td_device_alloc(t->device, arena_bytes, (void **)&t->params));
-  TD_CHECK(td_device_alloc(t->device, arena_bytes, (void **)&t->grads));
+  if (t->cfg.precision.compute == TD_BF16) {
+    /* the model computes on bf16 copies; the f32 gradient arena is not needed */
+    TD_CHECK(t->model->ops->set_device_dtype(t->model, TD_BF16));
+    t->model_dtype = TD_BF16;
+    TD_CHECK(td_device_alloc(t->device, t->n_params * sizeof(uint16_t), &t->model_params));
+    TD_CHECK(td_device_alloc(t->device, t->n_params * sizeof(uint16_t), &t->model_grads));
+    TD_CHECK(td_device_memset0(t->device, t->model_grads, t->n_params * sizeof(uint16_t)));
+  } else {
+    TD_CHECK(td_device_alloc(t->device, arena_bytes, (void **)&t->grads));
+  }
   for (int i = 0; i < t->n_states; i++) {
     TD_CHECK(td_device_alloc(t->device, arena_bytes, (void **)&t->states[i]));
     TD_CHECK(td_device_memset0(t->device, t->states[i], arena_bytes));
@@ -186,6 +202,7 @@ static td_status trainer_create(const td_train_config *cfg_in, td_model *model, 
   }
   TD_CHECK_GOTO(trainer_memory_fit(t), st, fail);
   size_t arena_bytes = t->n_params * sizeof(float);
+  t->model_dtype = TD_F32;
   t->device = model->device;
   TD_CHECK_GOTO(train_devops_for(t->device, &t->devops), st, fail);
   if (t->devops) {
@@ -210,7 +227,7 @@ static td_status trainer_create(const td_train_config *cfg_in, td_model *model, 
   t->cap_requests = model->n_tensors + 2;
   t->requests = calloc((size_t)t->cap_requests, sizeof *t->requests);
   bool states_in_ram = t->cfg.offload.optimizer_device != TD_OFFLOAD_NVME || t->zero_stage < 3;
-  if (!t->requests || !t->agree_flags || !t->params || !t->grads ||
+  if (!t->requests || !t->agree_flags || !t->params || !td_trainer_model_grads(t) ||
       (states_in_ram && (!t->states[0] || (t->n_states > 1 && !t->states[1]))) || !t->inputs ||
       !t->targets || !t->tensor_ready) {
     st = td_error(TD_ERR_SYSTEM, "out of memory for the training arenas (%zu parameters, %d optimizer states)",
@@ -258,6 +275,7 @@ static td_status trainer_create(const td_train_config *cfg_in, td_model *model, 
         goto fail;
       }
     }
+    TD_CHECK_GOTO(td_trainer_device_params_changed(t), st, fail); /* the bf16 copy, if any */
   }
   *out = t;
   return TD_OK;
@@ -301,6 +319,8 @@ void td_trainer_destroy(td_trainer *t) {
     td_device_free(t->device, t->grads);
     for (int i = 0; i < 2; i++) td_device_free(t->device, t->states[i]);
     td_device_free(t->device, t->dev_scratch);
+    td_device_free(t->device, t->model_params);
+    td_device_free(t->device, t->model_grads);
     t->params = t->grads = t->states[0] = t->states[1] = NULL;
   }
   td_free(t->params);
@@ -442,7 +462,7 @@ static td_status load_micro_batch(td_trainer *t, int micro_step) {
  * reason, a diverged model, is told apart from a stale message). */
 static td_status forward_micro_batch(td_trainer *t, const char *where, int batch, double *loss_out) {
   td_error(TD_OK, "%s", "");
-  float loss = t->model->ops->forward(t->model, t->params, t->inputs, t->targets, batch);
+  float loss = t->model->ops->forward(t->model, td_trainer_model_params(t), t->inputs, t->targets, batch);
   if (isnan(loss)) {
     char why[768];
     td_error_copy(why, sizeof why);
@@ -479,7 +499,8 @@ static void begin_buckets(td_trainer *t) {
  * its forward. */
 static td_status sharded_micro_backward(td_trainer *t, double *wait_s) {
   begin_buckets(t);
-  t->model->ops->backward(t->model, t->params, t->grads, backward_scale(t), on_grad_ready, t);
+  t->model->ops->backward(t->model, td_trainer_model_params(t), td_trainer_model_grads(t), backward_scale(t),
+                          on_grad_ready, t);
   bucket_launch(t, 0, t->launched_lo);
   t->launched_lo = 0;
   td_status wst;
@@ -539,7 +560,7 @@ static td_status trainer_step(td_trainer *t, td_step_stats *stats) {
   if (t->zero)
     zero_step_begin(t);
   else if (t->devops)
-    local = td_device_memset0(t->device, t->grads, t->n_params * sizeof(float));
+    local = td_device_memset0(t->device, td_trainer_model_grads(t), t->n_params * td_dtype_size(t->model_dtype));
   else
     memset(t->grads, 0, t->n_params * sizeof(float));
   double loss_sum = 0;
@@ -566,7 +587,7 @@ static td_status trainer_step(td_trainer *t, td_step_stats *stats) {
       local = td_trainer_agree(t, local); /* this one's buckets too */
       if (local == TD_OK) local = sharded_micro_backward(t, &wait_s);
     } else if (local == TD_OK && micro < accum - 1)
-      m->ops->backward(t->model, t->params, t->grads, backward_scale(t), NULL, NULL);
+      m->ops->backward(t->model, td_trainer_model_params(t), td_trainer_model_grads(t), backward_scale(t), NULL, NULL);
   }
   double loss = loss_sum / accum;
 
@@ -598,7 +619,8 @@ static td_status trainer_step(td_trainer *t, td_step_stats *stats) {
    * ranks as soon as they are final. */
   int sync = distributed;
   if (sync) begin_buckets(t);
-  m->ops->backward(t->model, t->params, t->grads, backward_scale(t), sync ? on_grad_ready : NULL, sync ? t : NULL);
+  m->ops->backward(t->model, td_trainer_model_params(t), td_trainer_model_grads(t), backward_scale(t),
+                   sync ? on_grad_ready : NULL, sync ? t : NULL);
   if (sync) {
     /* Whatever backward did not report (or a tensor reported out of order)
      * goes in one last bucket. */
@@ -640,7 +662,8 @@ static td_status step_finish(td_trainer *t, td_step_stats *stats, double loss, d
     double loss_scale = t->scaler.scale;
     /* from per-shard partial sums, at every stage; or in the canonical tree */
     if (t->devops) { /* every rank holds the whole averaged gradient (stage 0) */
-      TD_CHECK(t->devops->sum_squares(t->device, t->dev_scratch, t->grads, t->n_params, &norm));
+      TD_CHECK(t->devops->sum_squares(t->device, t->dev_scratch, td_trainer_model_grads(t), t->model_dtype,
+                                      t->n_params, &norm));
       norm = sqrt(norm);
     } else
       TD_CHECK(t->det ? det_grad_norm(t, &norm) : zero_grad_norm(t, &norm));
@@ -653,8 +676,9 @@ static td_status step_finish(td_trainer *t, td_step_stats *stats, double loss, d
     if (t->zero)
       TD_CHECK(zero_update(t, lr, grad_scale, adam_t));
     else if (t->devops) /* AdamW only (device_refusals) */
-      TD_CHECK(t->devops->adamw(t->device, t->params, t->grads, t->states[0], t->states[1], t->n_params, lr, o->beta1,
-                                o->beta2, o->eps, o->weight_decay, adam_t, grad_scale));
+      TD_CHECK(t->devops->adamw(t->device, t->params, t->model_params, td_trainer_model_grads(t), t->model_dtype,
+                                t->states[0], t->states[1], t->n_params, lr, o->beta1, o->beta2, o->eps,
+                                o->weight_decay, adam_t, grad_scale));
     else if (o->kind == TD_OPTIMIZER_ADAMW)
       td_adamw_update(t->params, t->grads, t->states[0], t->states[1], t->n_params, lr, o->beta1, o->beta2, o->eps,
                       o->weight_decay, adam_t, grad_scale);

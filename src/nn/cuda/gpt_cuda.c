@@ -485,6 +485,7 @@ static const td_model_ops gpt_cuda_ops = {
     .destroy = gpt_cuda_destroy,
     .set_activation_checkpointing = NULL, /* not yet on the device */
     .activation_bytes = gpt_cuda_activation_bytes,
+    .set_device_dtype = nn_gpt_cuda_set_dtype,
 };
 
 td_status nn_gpt_cuda_attach(td_model *model, td_device dev) {

@@ -119,6 +119,15 @@ struct td_trainer {
   td_device device;
   const train_devops *devops;
   float *dev_scratch;
+  /* bf16 mixed precision on a device (llm.c's and DeepSpeed's arrangement):
+   * the model computes on model_params, a bf16 copy of the f32 masters in
+   * params that the optimizer rewrites in its pass, and writes model_grads,
+   * bf16 too, which the buckets reduce in bf16 and the norm and AdamW read;
+   * grads is then NULL. Otherwise both are NULL and the model computes on
+   * params and grads (f32). model_dtype is the element type the model
+   * computes on. */
+  td_dtype model_dtype;
+  void *model_params, *model_grads;
 
   long step;         /* optimizer steps done */
   uint64_t consumed; /* sampler stream positions consumed (step x G unless G changed) */
@@ -188,5 +197,13 @@ struct td_trainer {
  * TD_OK only if all were OK. On a remote failure the local message says which
  * ranks failed; a rank's own failure keeps its message. Collective. */
 td_status td_trainer_agree(td_trainer *t, td_status local);
+/* The arrays forward and backward take: the bf16 copies on a device in
+ * mixed precision, else the f32 arenas (core/devops.c). */
+const void *td_trainer_model_params(const td_trainer *t);
+void *td_trainer_model_grads(const td_trainer *t);
+/* After the f32 master params changed outside the optimizer (initialized,
+ * broadcast, loaded from a checkpoint): rewrite the model's bf16 copy from
+ * them; nothing without one (core/devops.c). */
+td_status td_trainer_device_params_changed(td_trainer *t);
 
 #endif
