@@ -433,6 +433,9 @@ static void app_after_step(app_run *run, const td_step_stats *st, double t_begin
   m.step_s = st->step_s;
   m.compute_s = st->compute_s;
   m.comm_wait_s = st->comm_wait_s;
+  m.optimizer_s = st->optimizer_s;
+  m.data_s = st->data_s;
+  m.io_s = st->io_s;
   m.grad_norm = st->grad_norm;
   m.memory_mib = st->memory_bytes / 1048576.0;
   if (st->memory_limit_bytes) {

@@ -26,6 +26,9 @@ typedef struct td_step_metrics {
   double step_s;      /* wall time of the whole step on this rank */
   double compute_s;   /* time in forward, backward and the optimizer on this rank */
   double comm_wait_s; /* time this rank was blocked waiting for communication */
+  double optimizer_s; /* part of compute_s: gradient norm, clipping and the update */
+  double data_s;      /* part of compute_s: copying samples into the micro-batch */
+  double io_s;        /* writing the checkpoint this step saved (after the step, not part of step_s) */
   double grad_norm;   /* global gradient L2 norm before clipping */
   double memory_mib;       /* this rank's share of physical memory after the step (Pss) */
   double memory_limit_mib; /* the memory available to this rank (-1: unknown) */

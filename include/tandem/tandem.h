@@ -8,6 +8,7 @@
 #include "comm.h"
 #include "nn.h"
 #include "obs.h"
+#include "parallel.h"
 #include "train.h"
 #include "elastic.h"
 

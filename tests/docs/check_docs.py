@@ -209,13 +209,20 @@ def c_program_flags(path):
     return flags
 
 
+PY_FLAG = re.compile(r"add_argument\(\s*[\"'](-{1,2}[A-Za-z][A-Za-z0-9-]*)[\"']")
+
+
 def code_programs():
     progs = {}
     for path in files(["tools/*.c", "examples/*.c"]):
         progs[os.path.splitext(os.path.basename(path))[0]] = (c_program_flags(path), rel(path))
+    # Python programs in tools/ (a file without .c that starts with a python shebang)
+    for path in files(["tools/*"]):
+        if not path.endswith(".c") and read(path).startswith("#!") and "python" in read(path).split("\n", 1)[0]:
+            progs[os.path.basename(path)] = (set(PY_FLAG.findall(read(path))), rel(path))
     py = set()
     for path in files(["examples/python/*.py"]):
-        py.update(re.findall(r"add_argument\(\s*[\"'](-{1,2}[A-Za-z][A-Za-z0-9-]*)[\"']", read(path)))
+        py.update(PY_FLAG.findall(read(path)))
     if py:
         progs["examples/python"] = (py, "examples/python/*.py")
     for path in files(["scripts/*"]):
