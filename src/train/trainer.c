@@ -83,16 +83,16 @@ static float *grads_alloc(td_trainer *t, size_t bytes) {
 }
 
 /* ---- a model on a device (core/devops.h) ----
- * What the trainer does on a device today: ZeRO stage 0, AdamW, every rank
- * holding whole arenas, in fp32 or in bf16 mixed precision (f32 masters and
- * moments, the model on a bf16 copy, bf16 gradients reduced in bf16; see
- * core.h). The rest is refused at creation, naming what to change. */
+ * What the trainer does on a device today: AdamW at ZeRO stages 0-2
+ * (stages 1-2: zero/device.c), in fp32 or in bf16 mixed precision (f32
+ * masters and moments, the model on a bf16 copy, bf16 gradients reduced in
+ * bf16; see core.h). Stage 3 is refused by trainer_create (the device model
+ * does not fetch per layer), the rest here, naming what to change. */
 static td_status device_refusals(const td_trainer *t) {
   char name[16];
   td_device_name(t->device, name, sizeof name);
   const char *what = NULL;
-  if (t->zero_stage != 0) what = "ZeRO stages 1-3 (set zero_optimization.stage to 0)";
-  else if (t->cfg.offload.optimizer_device != TD_OFFLOAD_NONE || t->cfg.offload.param_device != TD_OFFLOAD_NONE)
+  if (t->cfg.offload.optimizer_device != TD_OFFLOAD_NONE || t->cfg.offload.param_device != TD_OFFLOAD_NONE)
     what = "offload (remove offload_optimizer / offload_param)";
   else if (t->cfg.deterministic_reduction == 1 || t->cfg.elasticity.enabled)
     what = "deterministic reduction and elastic training (remove deterministic_reduction and elasticity)";
@@ -123,10 +123,14 @@ static td_status device_arenas_alloc(td_trainer *t, size_t arena_bytes) {
   } else {
     TD_CHECK(td_device_alloc(t->device, arena_bytes, (void **)&t->grads));
   }
+  /* the whole arena at stage 0, the shard at stages 1-2 (zero_layout) */
+  size_t states_bytes = TD_MAX(t->states_hi - t->states_lo, (size_t)1) * sizeof(float);
   for (int i = 0; i < t->n_states; i++) {
-    TD_CHECK(td_device_alloc(t->device, arena_bytes, (void **)&t->states[i]));
-    TD_CHECK(td_device_memset0(t->device, t->states[i], arena_bytes));
+    TD_CHECK(td_device_alloc(t->device, states_bytes, (void **)&t->states[i]));
+    TD_CHECK(td_device_memset0(t->device, t->states[i], states_bytes));
   }
+  if (t->zero_stage >= 1 && !(t->dev_norm_parts = calloc((size_t)t->world, sizeof(double))))
+    return td_error(TD_ERR_SYSTEM, "rank %d: out of memory for the norm's partial sums", t->rank);
   TD_CHECK(td_device_memset0(t->device, t->params, arena_bytes)); /* a model kind the initializer does not know */
   return td_device_alloc(t->device, t->devops->scratch_floats * sizeof(float), (void **)&t->dev_scratch);
 }
@@ -224,7 +228,7 @@ static td_status trainer_create(const td_train_config *cfg_in, td_model *model, 
   t->inputs = td_alloc((size_t)t->cfg.micro_batch * dataset->input_bytes);
   t->targets = td_alloc((size_t)t->cfg.micro_batch * dataset->targets_per_sample * sizeof(int32_t));
   t->tensor_ready = calloc((size_t)TD_MAX(model->n_tensors, 1), sizeof(size_t));
-  t->cap_requests = model->n_tensors + 2;
+  t->cap_requests = model->n_tensors + 2 + t->world; /* a bucket's pieces per owner: buckets + world */
   t->requests = calloc((size_t)t->cap_requests, sizeof *t->requests);
   bool states_in_ram = t->cfg.offload.optimizer_device != TD_OFFLOAD_NVME || t->zero_stage < 3;
   if (!t->requests || !t->agree_flags || !t->params || !td_trainer_model_grads(t) ||
@@ -321,6 +325,7 @@ void td_trainer_destroy(td_trainer *t) {
     td_device_free(t->device, t->dev_scratch);
     td_device_free(t->device, t->model_params);
     td_device_free(t->device, t->model_grads);
+    free(t->dev_norm_parts);
     t->params = t->grads = t->states[0] = t->states[1] = NULL;
   }
   td_free(t->params);
@@ -354,11 +359,19 @@ static td_status push_request(td_trainer *t, td_request *req) {
 }
 
 static void bucket_launch(td_trainer *t, size_t lo, size_t hi) {
-  if (t->zero_stage >= 2) {
+  if (t->zero && t->zero_stage >= 2) {
     zero_bucket_launch(t, lo, hi); /* reduced into the owners' shards */
     return;
   }
   if (hi <= lo || t->bucket_status != TD_OK) return;
+  if (t->devops && t->zero_stage >= 2) { /* zero/device.c: pieces reduced to their owners */
+    int pieces = 0;
+    t->bucket_status = zero_device_bucket_launch(t, lo, hi, &pieces);
+    t->dev_buckets++;
+    t->comm_bytes += (hi - lo) * td_dtype_size(t->model_dtype);
+    t->next_bucket = t->cfg.bucket_bytes / sizeof(float);
+    return;
+  }
   td_request *req = NULL;
   td_dtype dtype;
   td_op op;
@@ -418,7 +431,7 @@ static void trace(const td_trainer *t, const char *name, double begin) {
 
 static double wait_requests(td_trainer *t, td_status *st_out) {
   double t0 = td_now();
-  if (t->zero_stage >= 2) {
+  if (t->zero && t->zero_stage >= 2) {
     *st_out = zero_wait_buckets(t);
     trace(t, "comm_wait", t0);
     return td_now() - t0;
@@ -491,6 +504,7 @@ static void begin_buckets(td_trainer *t) {
   t->next_bucket = t->cfg.first_bucket_bytes / sizeof(float);
   t->bucket_status = TD_OK;
   t->n_requests = 0;
+  t->dev_buckets = 0;
 }
 
 /* ZeRO stages 2-3 under gradient accumulation (zero->accum_sharded): a
@@ -626,7 +640,9 @@ static td_status trainer_step(td_trainer *t, td_step_stats *stats) {
      * goes in one last bucket. */
     bucket_launch(t, 0, t->launched_lo);
     t->launched_lo = 0;
-    n_buckets = t->zero_stage >= 2 ? t->zero->n_buckets : t->n_requests;
+    n_buckets = t->zero && t->zero_stage >= 2 ? t->zero->n_buckets
+                : t->devops && t->zero_stage >= 2 ? t->dev_buckets
+                                                  : t->n_requests;
     td_status wst;
     wait_s += wait_requests(t, &wst);
     /* The message is the launch failure's, or the wait's if that came later. */
@@ -661,7 +677,9 @@ static td_status step_finish(td_trainer *t, td_step_stats *stats, double loss, d
     /* the loss scale (fp16) divides out here, folded into the clip factor */
     double loss_scale = t->scaler.scale;
     /* from per-shard partial sums, at every stage; or in the canonical tree */
-    if (t->devops) { /* every rank holds the whole averaged gradient (stage 0) */
+    if (t->devops && t->zero_stage >= 1) {
+      TD_CHECK(zero_device_grad_norm(t, &norm));
+    } else if (t->devops) { /* every rank holds the whole averaged gradient (stage 0) */
       TD_CHECK(t->devops->sum_squares(t->device, t->dev_scratch, td_trainer_model_grads(t), t->model_dtype,
                                       t->n_params, &norm));
       norm = sqrt(norm);
@@ -675,7 +693,9 @@ static td_status step_finish(td_trainer *t, td_step_stats *stats, double loss, d
     long adam_t = t->step + 1 - t->scaler.skipped;
     if (t->zero)
       TD_CHECK(zero_update(t, lr, grad_scale, adam_t));
-    else if (t->devops) /* AdamW only (device_refusals) */
+    else if (t->devops && t->zero_stage >= 1) /* AdamW only (device_refusals) */
+      TD_CHECK(zero_device_update(t, lr, grad_scale, adam_t));
+    else if (t->devops)
       TD_CHECK(t->devops->adamw(t->device, t->params, t->model_params, td_trainer_model_grads(t), t->model_dtype,
                                 t->states[0], t->states[1], t->n_params, lr, o->beta1, o->beta2, o->eps,
                                 o->weight_decay, adam_t, grad_scale));
@@ -838,6 +858,7 @@ int td_trainer_threads(const td_trainer *t) { return t->threads; }
 /* ---- ZeRO ---- */
 
 size_t td_trainer_model_state_bytes(const td_trainer *t) {
+  if (t->devops) return zero_device_state_bytes(t); /* device memory, at every stage */
   size_t copies = t->elastic ? td_elastic_copy_bytes(t->elastic) : 0; /* the elastic state's, for recovery */
   return zero_model_state_bytes(t) + det_resident_bytes(t) + copies;
 }

@@ -114,7 +114,8 @@ struct td_trainer {
   float *states[2];
   /* The model's device (td_model.device) and its ops (core/devops.h): with
    * devops non-NULL, params, grads and states above are device arenas
-   * (td_device_alloc), whole on every rank (ZeRO stage 0 only), and
+   * (td_device_alloc), whole on every rank but the states at ZeRO stages
+   * 1-2, which are the shard (zero/device.c), and
    * dev_scratch is devops->scratch_floats of device memory. */
   td_device device;
   const train_devops *devops;
@@ -128,6 +129,8 @@ struct td_trainer {
    * computes on. */
   td_dtype model_dtype;
   void *model_params, *model_grads;
+  double *dev_norm_parts; /* ZeRO stages 1-2 on a device: the ranks' shard sums of squares (world) */
+  int dev_buckets;        /* stage 2 on a device: buckets launched this step */
 
   long step;         /* optimizer steps done */
   uint64_t consumed; /* sampler stream positions consumed (step x G unless G changed) */
