@@ -9,17 +9,12 @@
 #   3. a checkpoint saved on DEV at step 10 resumed on the CPU: steps 11-20
 #      give the losses of the uninterrupted device run (within 1e-4), and a
 #      CPU checkpoint resumed on DEV those of the CPU run;
-#   4. bf16 mixed precision on DEV (f32 master weights and moments, the
-#      model on a bf16 copy, bf16 gradients) against the CPU engine's bf16
-#      (f32 everywhere but the products' operands, src/train/precision):
-#      every step's loss within 1% relative (bf16 keeps 8 bits: 0.4% per
-#      rounding; the device also rounds activations and gradients, so the
-#      two differ in every layer, not only in the products); against the
-#      CPU's fp32 within 1% as well; and 2 ranks sharing DEV in bf16 (the
-#      gradients averaged in bf16) against 1 rank, within 1%; a bf16 run's
-#      checkpoint (the f32 masters) resumed in bf16 gives its losses;
-#   5. what a device trainer refuses (fp16) says so.
-# ZeRO stages on DEV: device_zero.sh.
+#   4. what a device trainer refuses (fp16) says so;
+#   5. device memory is checked against the device, not the host: a job
+#      whose activations cannot fit the device is refused at creation,
+#      naming the device and what would fit; one that fits the device runs
+#      under a host memory limit its device arenas would exceed.
+# bf16 on DEV: device_bf16.sh; ZeRO stages on DEV: device_zero.sh.
 # usage: device_train.sh BUILD_TREE DEV   (the tree's train-gpt and tandemrun)
 set -u
 B=$1
@@ -42,28 +37,18 @@ losses "$dir/dev.jsonl" "$dir/rc.jsonl" 11 20 "a $DEV checkpoint resumed on the 
 run resume_dev "$GPT" $COMMON --micro-batch 4 --device "$DEV" --resume "$dir/ck_cpu/step-10" --metrics "$dir/rd.jsonl"
 losses "$dir/cpu.jsonl" "$dir/rd.jsonl" 11 20 "a CPU checkpoint resumed on $DEV"
 
-# bf16 (fp32 masters): the emulator runs the kernels on the CPU, slowly, so
-# the 2-rank run is 10 steps
-run cpu16 "$GPT" $COMMON --micro-batch 4 --device cpu --bf16 --metrics "$dir/cpu16.jsonl"
-run dev16 "$GPT" $COMMON --micro-batch 4 --device "$DEV" --bf16 --metrics "$dir/dev16.jsonl" --save "$dir/ck16" \
-  --save-every 10
-grep -q "precision=bf16" "$dir/dev16.out" || fail "the bf16 run on $DEV did not report precision=bf16: $(tail -3 "$dir/dev16.out")"
-losses "$dir/cpu16.jsonl" "$dir/dev16.jsonl" 1 20 "bf16 on $DEV vs the CPU's bf16" 1e-2
-losses "$dir/cpu.jsonl" "$dir/dev16.jsonl" 1 20 "bf16 on $DEV vs the CPU's fp32" 1e-2
-# and it is bf16: the losses are not the fp32 device run's
-grep -o '"loss":[^,]*' "$dir/dev.jsonl" >"$dir/l32"
-grep -o '"loss":[^,]*' "$dir/dev16.jsonl" >"$dir/l16"
-cmp -s "$dir/l32" "$dir/l16" &&
-  fail "bf16 on $DEV gave the fp32 run's losses bit for bit: bf16 did not take effect"
-# the checkpoint holds the f32 masters; the resumed run rounds its bf16 copy from them, as the optimizer did
-run resume16 "$GPT" $COMMON --micro-batch 4 --device "$DEV" --bf16 --resume "$dir/ck16/step-10" --metrics "$dir/r16.jsonl"
-losses "$dir/dev16.jsonl" "$dir/r16.jsonl" 11 20 "a bf16 checkpoint on $DEV resumed on $DEV" 1e-6
-run dev16x2 "$RUN" -np 2 "$GPT" $(echo $COMMON | sed 's/--steps 20/--steps 10/') --micro-batch 2 --device "$DEV" --bf16 \
-  --metrics "$dir/dev16x2.jsonl"
-losses "$dir/dev16.jsonl" "$dir/dev16x2.jsonl" 1 10 "bf16: 2 ranks sharing $DEV vs 1 rank" 1e-2
-
 if "$GPT" $COMMON --micro-batch 4 --device "$DEV" --fp16 >"$dir/f16.out" 2>&1; then
   fail "fp16 on $DEV was accepted"
 fi
 grep -q "does not support fp16 training" "$dir/f16.out" || fail "fp16 on $DEV: unclear refusal: $(cat "$dir/f16.out")"
+# GPT-2's vocabulary, micro-batch 64 x 1024: 13 GiB of logits alone
+if "$GPT" --data "$dir/corpus.txt" --vocab 50304 --layers 2 --channels 64 --heads 2 --seq 1024 --micro-batch 64 \
+    --steps 1 --sample 0 --device "$DEV" >"$dir/big.out" 2>&1; then
+  fail "a job needing 13 GiB of device memory was accepted on $DEV: $(tail -2 "$dir/big.out")"
+fi
+grep -q "of device memory on $DEV" "$dir/big.out" && grep -q "It would fit with: bf16" "$dir/big.out" ||
+  fail "the device memory refusal is unclear: $(cat "$dir/big.out")"
+# 25 MiB of device arenas and 12 MiB of activations, a 40 MiB host limit (this process is about 20 MiB)
+TANDEM_MEMORY_LIMIT=40M run hostlimit "$GPT" --data "$dir/corpus.txt" --vocab 50304 --layers 1 --channels 16 \
+  --heads 2 --seq 16 --micro-batch 4 --steps 1 --sample 0 --device "$DEV"
 echo ok

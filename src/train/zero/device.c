@@ -102,8 +102,13 @@ td_status zero_device_update(td_trainer *t, float lr, float grad_scale, long ada
   return td_trainer_device_params_changed(t); /* the other shards of the bf16 copy */
 }
 
+size_t zero_device_state_bytes_for(size_t n_params, size_t shard, int n_states, td_dtype compute) {
+  size_t bytes = n_params * sizeof(float); /* masters */
+  bytes += compute == TD_BF16 ? 2 * n_params * sizeof(uint16_t) /* gradients and the params' copy */
+                              : n_params * sizeof(float);
+  return bytes + (size_t)n_states * shard * sizeof(float);
+}
+
 size_t zero_device_state_bytes(const td_trainer *t) {
-  size_t n = t->n_params, bytes = n * sizeof(float) + n * model_es(t); /* masters, gradients */
-  if (t->model_params) bytes += n * model_es(t);                       /* the bf16 copy */
-  return bytes + (size_t)t->n_states * (t->states_hi - t->states_lo) * sizeof(float);
+  return zero_device_state_bytes_for(t->n_params, t->states_hi - t->states_lo, t->n_states, t->model_dtype);
 }

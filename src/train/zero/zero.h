@@ -182,8 +182,12 @@ td_status zero_fetch_all(td_trainer *t);
 td_status zero_device_bucket_launch(td_trainer *t, size_t lo, size_t hi, int *n_pieces_out);
 td_status zero_device_grad_norm(td_trainer *t, double *norm_out);
 td_status zero_device_update(td_trainer *t, float lr, float grad_scale, long adam_t);
-/* Device bytes of the model state this rank holds: master params, the
- * model's gradients (and bf16 copy), the moments (whole or the shard). */
+/* Device bytes of the model state a rank holds: f32 master params, the
+ * model's gradients (f32, or bf16 with its bf16 copy of the params), and
+ * n_states moments of `shard` elements (n_params at stage 0). Pure: the
+ * memory fit's estimate and the measured figure are both this. */
+size_t zero_device_state_bytes_for(size_t n_params, size_t shard, int n_states, td_dtype compute);
+/* ...for this trainer as allocated */
 size_t zero_device_state_bytes(const td_trainer *t);
 
 #endif
