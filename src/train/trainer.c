@@ -94,8 +94,9 @@ static td_status device_refusals(const td_trainer *t) {
   const char *what = NULL;
   if (t->cfg.offload.optimizer_device != TD_OFFLOAD_NONE || t->cfg.offload.param_device != TD_OFFLOAD_NONE)
     what = "offload (remove offload_optimizer / offload_param)";
-  else if (t->cfg.deterministic_reduction == 1 || t->cfg.elasticity.enabled)
-    what = "deterministic reduction and elastic training (remove deterministic_reduction and elasticity)";
+  else if (t->cfg.elasticity.enabled) what = "elastic training (remove elasticity)";
+  else if (t->cfg.deterministic_reduction == 1 && t->cfg.precision.compute != TD_F32)
+    what = "deterministic reduction in bf16 (train in fp32, or remove deterministic_reduction)";
   else if (t->cfg.optimizer.kind != TD_OPTIMIZER_ADAMW) what = "an optimizer other than AdamW (use \"AdamW\")";
   else if (t->cfg.precision.compute == TD_F16)
     what = "fp16 training (train in bf16 or fp32: bf16 needs no loss scaling)";
@@ -677,14 +678,16 @@ static td_status step_finish(td_trainer *t, td_step_stats *stats, double loss, d
     /* the loss scale (fp16) divides out here, folded into the clip factor */
     double loss_scale = t->scaler.scale;
     /* from per-shard partial sums, at every stage; or in the canonical tree */
-    if (t->devops && t->zero_stage >= 1) {
+    if (t->det) {
+      TD_CHECK(det_grad_norm(t, &norm)); /* the canonical tree, on the host (a device's: its host copy) */
+    } else if (t->devops && t->zero_stage >= 1) {
       TD_CHECK(zero_device_grad_norm(t, &norm));
     } else if (t->devops) { /* every rank holds the whole averaged gradient (stage 0) */
       TD_CHECK(t->devops->sum_squares(t->device, t->dev_scratch, td_trainer_model_grads(t), t->model_dtype,
                                       t->n_params, &norm));
       norm = sqrt(norm);
     } else
-      TD_CHECK(t->det ? det_grad_norm(t, &norm) : zero_grad_norm(t, &norm));
+      TD_CHECK(zero_grad_norm(t, &norm));
     norm /= loss_scale;
     scale = td_clip_scale(norm, t->cfg.grad_clip);
     const td_optimizer_config *o = &t->cfg.optimizer;

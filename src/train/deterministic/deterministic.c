@@ -75,6 +75,8 @@ static void free_buffers(det_state *c) {
   free(c->parts64);
   td_free(c->inputs);
   td_free(c->targets);
+  td_free(c->host_grads);
+  c->host_grads = NULL;
   c->pool = c->send = c->recv = c->scratch = NULL;
   c->losses = c->leaves = c->norm_parts = NULL;
   c->parts = NULL;
@@ -167,6 +169,11 @@ td_status det_setup(td_trainer *t) {
   c->parts64 = calloc((size_t)W * DET_MAX_COVER, sizeof *c->parts64);
   c->inputs = td_alloc(c->unit * t->dataset->input_bytes);
   c->targets = td_alloc(c->unit * t->dataset->targets_per_sample * sizeof(int32_t));
+  if (t->devops && !(c->host_grads = td_alloc(TD_MAX(n, (size_t)1) * sizeof(float)))) {
+    free_buffers(c);
+    return td_error(TD_ERR_SYSTEM, "rank %d: out of memory for the host copy of the device gradients (%zu floats) "
+                    "of deterministic reduction", t->rank, n);
+  }
   if (!c->pool || (exchange && (!c->send || !c->recv)) || (levels && !c->scratch) || !c->losses || !c->leaves ||
       !c->norm_parts || !c->parts || !c->parts64 || !c->inputs || !c->targets) {
     free_buffers(c);
@@ -196,10 +203,14 @@ static td_status load_unit(td_trainer *t, size_t u) {
   return TD_OK;
 }
 
+/* Where the reduced gradients are combined: t->grads, or for a model on a
+ * device the host copy (det_state.host_grads). */
+static float *det_grads(const td_trainer *t) { return t->det->host_grads ? t->det->host_grads : t->grads; }
+
 static td_status forward_unit(td_trainer *t, size_t u, double *loss_out) {
   td_error(TD_OK, "%s", "");
   const det_state *c = t->det;
-  float loss = t->model->ops->forward(t->model, t->params, c->inputs, c->targets, (int)c->unit);
+  float loss = t->model->ops->forward(t->model, td_trainer_model_params(t), c->inputs, c->targets, (int)c->unit);
   if (isnan(loss)) {
     char why[768];
     td_error_copy(why, sizeof why);
@@ -253,16 +264,29 @@ static td_status exchange(td_trainer *t, const det_acc *acc) {
       all[n_all++] = (det_part){acc->stack[i].start, end, acc->stack[i].vec};
     }
   }
-  int rc = hi > lo ? det_combine_f32(U, all, n_all, t->grads + lo, hi - lo, scratch) : 0;
+  float *grads = det_grads(t);
+  int rc = hi > lo ? det_combine_f32(U, all, n_all, grads + lo, hi - lo, scratch) : 0;
   if (rc != 0)
     return td_error(TD_ERR_INTERNAL, "rank %d: the unit sums of %d ranks do not tile the %zu units", t->rank, W, U);
   if (W > 1 && t->zero_stage == 0) {
     /* in place: the shard is where the allgather puts it */
-    td_status st = td_allgather(t->grads + t->shard_lo, t->grads, n, TD_F32, t->comm);
+    td_status st = td_allgather(grads + t->shard_lo, grads, n, TD_F32, t->comm);
     if (st != TD_OK)
       return td_error(st, "rank %d: allgathering the reduced gradients failed: %s", t->rank,
                       td_comm_last_error(t->comm));
     t->comm_bytes += n * sizeof(float);
+  }
+  if (t->devops) {
+    /* to the device arena, what the optimizer reads: the whole gradient at
+     * stage 0, the shard at stages 1-2 (zero/device.c) */
+    size_t a = t->zero_stage >= 1 ? t->shard_lo : 0, b = t->zero_stage >= 1 ? t->shard_hi : n;
+    td_status st = td_device_copy(t->grads + a, t->device, grads + a, (td_device){TD_DEVICE_CPU, 0},
+                                  (b - a) * sizeof(float));
+    if (st != TD_OK) {
+      char why[512];
+      td_error_copy(why, sizeof why);
+      return td_error(st, "rank %d: copying the reduced gradients to the device failed: %s", t->rank, why);
+    }
   }
   return TD_OK;
 }
@@ -313,8 +337,21 @@ td_status det_forward_backward(td_trainer *t, double *loss_out, double *data_s, 
       local = td_error(TD_ERR_INTERNAL, "rank %d: no free gradient vector for unit %zu", t->rank, u);
       continue;
     }
-    memset(vec, 0, n * sizeof(float));
-    m->ops->backward(t->model, t->params, vec, scale, NULL, NULL);
+    if (t->devops) {
+      /* on the device, into its gradient arena, then to the host vector */
+      local = td_device_memset0(t->device, t->grads, n * sizeof(float));
+      if (local == TD_OK) m->ops->backward(t->model, td_trainer_model_params(t), t->grads, scale, NULL, NULL);
+      if (local == TD_OK) local = td_device_copy(vec, (td_device){TD_DEVICE_CPU, 0}, t->grads, t->device,
+                                                 n * sizeof(float));
+      if (local != TD_OK) {
+        char why[512];
+        td_error_copy(why, sizeof why);
+        local = td_error(local, "rank %d: step %ld, unit %zu: the device gradients: %s", t->rank, t->step + 1, u, why);
+      }
+    } else {
+      memset(vec, 0, n * sizeof(float));
+      m->ops->backward(t->model, t->params, vec, scale, NULL, NULL);
+    }
     if (t->zero && t->zero->status != TD_OK) local = t->zero->status; /* a fetch in backward failed */
     if (i < len) {
       c->losses[u] = loss;
@@ -358,7 +395,7 @@ td_status det_grad_norm(td_trainer *t, double *norm_out) {
   size_t la = 0, lb = n_leaves;
   if (!whole) leaf_range(n, W, t->rank, &la, &lb);
   for (size_t l = la; l < lb; l++)
-    c->leaves[l - la] = td_sum_squares(t->grads + l * DET_NORM_LEAF, TD_MIN((size_t)DET_NORM_LEAF, n - l * DET_NORM_LEAF));
+    c->leaves[l - la] = td_sum_squares(det_grads(t) + l * DET_NORM_LEAF, TD_MIN((size_t)DET_NORM_LEAF, n - l * DET_NORM_LEAF));
   double total;
   if (whole) {
     total = det_node_f64(n_leaves, 0, det_levels(n_leaves), c->leaves, 0);
