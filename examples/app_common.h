@@ -190,6 +190,7 @@ static void app_trace_model(td_model *model, td_timeline *timeline) {
   traced_ops = (td_model_ops){traced_prepare, traced_forward, traced_backward,
                               model->ops->predict ? traced_predict : NULL, traced_destroy,
                               model->ops->set_activation_checkpointing, model->ops->activation_bytes,
+                              model->ops->init_params, model->ops->grad_norm_sq,
                               model->ops->set_device_dtype};
   model->ops = &traced_ops;
 }
@@ -338,10 +339,14 @@ static void app_refuse_exporters_when_elastic(const app_common_options *c) {
 }
 
 /* A gauge of this rank, labelled rank="R" plus `extra` (e.g. phase="compute"). */
-static void app_prom_gauge(app_run *run, const char *name, const char *help, const char *extra, double value) {
+static void app_prom_set(app_run *run, const char *name, const char *type, const char *help, const char *extra,
+                         double value) {
   char labels[96];
   snprintf(labels, sizeof labels, "%s%s%s", run->prom_labels, extra ? "," : "", extra ? extra : "");
-  td_prom_set(run->prom, name, "gauge", help, labels, value);
+  td_prom_set(run->prom, name, type, help, labels, value);
+}
+static void app_prom_gauge(app_run *run, const char *name, const char *help, const char *extra, double value) {
+  app_prom_set(run, name, "gauge", help, extra, value);
 }
 static void app_prom_counter(app_run *run, const char *name, const char *help, const char *extra, double delta) {
   char labels[96];
@@ -353,16 +358,22 @@ static void app_prom_counter(app_run *run, const char *name, const char *help, c
  * since start, for rate() in PromQL). */
 static void app_prom_step(app_run *run, const td_step_stats *st, const td_step_metrics *m) {
   if (!run->prom) return;
-  static const char phase_help[] = "seconds of the last step by phase (compute includes data and optimizer)";
+  static const char phase_help[] = "seconds of the last step by phase (compute includes data, optimizer and "
+                                   "fetch_wait)";
   static const char phase_total_help[] = "seconds spent by phase since start";
   const char *phases[] = {"phase=\"step\"", "phase=\"compute\"", "phase=\"comm_wait\"", "phase=\"optimizer\"",
-                          "phase=\"data\"", "phase=\"io\""};
-  double secs[] = {st->step_s, st->compute_s, st->comm_wait_s, st->optimizer_s, st->data_s, st->io_s};
+                          "phase=\"data\"", "phase=\"io\"", "phase=\"fetch_wait\""};
+  double secs[] = {st->step_s, st->compute_s, st->comm_wait_s, st->optimizer_s, st->data_s, st->io_s,
+                   st->fetch_wait_s};
+  enum { N_PHASES = sizeof secs / sizeof secs[0] };
+  td_coll_stats coll[32]; /* the communicator's rows, copied before the lock that scrapes wait on */
+  int n_coll = td_comm_collective_stats(run->comm, coll, 32);
+  if (n_coll > 32) n_coll = 32;
   double rss = app_rss_bytes(); /* file I/O outside the lock that scrapes wait on */
   td_offload_stats os;
   int offload = td_trainer_offload_stats(run->trainer, &os) == TD_OK && os.engine[0];
   td_prom_begin(run->prom); /* a scrape sees the whole step or none of it */
-  for (int i = 0; i < 6; i++) {
+  for (int i = 0; i < N_PHASES; i++) {
     app_prom_gauge(run, "tandem_step_phase_seconds", phase_help, phases[i], secs[i]);
     app_prom_counter(run, "tandem_phase_seconds_total", phase_total_help, phases[i], secs[i]);
   }
@@ -380,6 +391,21 @@ static void app_prom_step(app_run *run, const td_step_stats *st, const td_step_m
   app_prom_counter(run, "tandem_comm_bytes_total", "bytes this rank reduced, by collective",
                    "collective=\"allreduce\",purpose=\"gradients\"", (double)st->comm_bytes);
   app_prom_counter(run, "tandem_comm_buckets_total", "gradient buckets this rank reduced", NULL, st->n_buckets);
+  for (int i = 0; i < n_coll; i++) { /* every operation on the communicator, by algorithm (cumulative) */
+    char op_labels[64];
+    snprintf(op_labels, sizeof op_labels, "operation=\"%s\",algorithm=\"%s\"", coll[i].operation, coll[i].algorithm);
+    app_prom_set(run, "tandem_collective_calls_total", "counter", "operations this rank ran, by operation and "
+                 "algorithm", op_labels, (double)coll[i].calls);
+    app_prom_set(run, "tandem_collective_bytes_total", "counter", "data size of those operations (nccl-tests' "
+                 "size: the whole buffer)", op_labels, (double)coll[i].bytes);
+    app_prom_set(run, "tandem_collective_seconds_total", "counter", "seconds this rank spent executing them",
+                 op_labels, coll[i].seconds);
+    app_prom_set(run, "tandem_collective_bus_bytes_total", "counter", "bytes times the bus factor: "
+                 "rate(bus_bytes) / rate(seconds) is the bus bandwidth", op_labels, coll[i].bus_bytes);
+    app_prom_set(run, "tandem_collective_bus_bandwidth_bytes_per_second", "gauge", "nccl-tests' bus bandwidth "
+                 "since start (bus bytes / seconds)", op_labels,
+                 coll[i].seconds > 0 ? coll[i].bus_bytes / coll[i].seconds : 0);
+  }
   app_prom_gauge(run, "tandem_comm_bytes_per_step", "gradient bytes this rank reduced in the last step", NULL,
                  (double)st->comm_bytes);
   app_prom_counter(run, "tandem_checkpoints_total", "checkpoints saved by td_trainer_step", NULL, st->saved);

@@ -73,6 +73,11 @@ static void usage(void) {
       "                     read per layer ahead of use (zero_optimization.offload_param)\n"
       "  --sub-group-size N optimizer tile in parameters for offload (default: from the memory,\n"
       "                     at most 16Mi; zero_optimization.sub_group_size)\n"
+      "  --tensor-parallel N split every layer over N consecutive ranks (Megatron-LM's tensor\n"
+      "                     parallelism; N divides the ranks and the heads; the rest of the world\n"
+      "                     is data-parallel; config key tensor_model_parallel_size)\n"
+      "  --sequence-parallel with --tensor-parallel: LayerNorms and residuals on 1/N of the\n"
+      "                     sequence per rank (Megatron-LM's; config key sequence_parallel)\n"
       "  --device D         cpu (default), cuda (cuda:(local rank %% GPUs)) or cuda:N (config key\n"
       "                     \"device\", env TANDEM_DEVICE)\n"
       "  --elastic          elastic training (implied under tandemrun --min-np/--max-np): survive lost\n"
@@ -97,6 +102,8 @@ typedef struct gpt_options {
   const char *offload_optimizer, *offload_param; /* --offload-*: "nvme:PATH", "cpu", "none" (NULL: not given) */
   const char *device;                            /* --device: NULL when not given */
   long sub_group_size;                           /* -1: not given */
+  long tensor_parallel;                          /* --tensor-parallel; -1: not given */
+  int sequence_parallel;                         /* --sequence-parallel */
   td_gpt_config model;
 } gpt_options;
 
@@ -111,6 +118,8 @@ static void parse_args(int argc, char **argv, gpt_options *o) {
   o->offload_optimizer = o->offload_param = NULL;
   o->device = NULL;
   o->sub_group_size = -1;
+  o->tensor_parallel = -1;
+  o->sequence_parallel = 0;
   o->model = (td_gpt_config){.vocab = 256, .layers = 4, .channels = 256, .heads = 4, .seq = 128};
   for (int i = 1; i < argc; i++) {
     const char *v;
@@ -122,10 +131,12 @@ static void parse_args(int argc, char **argv, gpt_options *o) {
     else if (!strcmp(argv[i], "--estimate-memory")) o->estimate_memory = 1;
     else if (!strcmp(argv[i], "--elastic")) o->elastic = 1;
     else if (!strcmp(argv[i], "--tied")) o->model.tied = 1;
+    else if (!strcmp(argv[i], "--sequence-parallel")) o->sequence_parallel = 1;
     else if ((v = app_flag_value(argc, argv, &i, "--data"))) o->data_path = v;
     else if ((v = app_flag_value(argc, argv, &i, "--device"))) o->device = v;
     else if ((v = app_flag_value(argc, argv, &i, "--offload-optimizer"))) o->offload_optimizer = v;
     else if ((v = app_flag_value(argc, argv, &i, "--offload-param"))) o->offload_param = v;
+    else if ((v = app_flag_value(argc, argv, &i, "--tensor-parallel"))) o->tensor_parallel = app_parse_long("--tensor-parallel", v, 1, 4096);
     else if ((v = app_flag_value(argc, argv, &i, "--sub-group-size"))) o->sub_group_size = app_parse_long("--sub-group-size", v, 1, 1L << 50);
     else if ((v = app_flag_value(argc, argv, &i, "--save-every"))) o->save_every = app_parse_long("--save-every", v, 1, 1L << 40);
     else if ((v = app_flag_value(argc, argv, &i, "--steps"))) o->steps = app_parse_long("--steps", v, 1, 1L << 40);
@@ -157,7 +168,8 @@ static void offload_flag(const char *flag, const char *v, td_offload_device *dev
 }
 
 /* Defaults, then the config file, then the flags. A config error is a usage
- * error (exit 2) with the engine's message, which names the key. */
+ * error (exit 2) with the engine's message, which names the key. The batch
+ * sizes resolve over the data-parallel ranks: world / tensor-parallel. */
 static void build_config(const gpt_options *o, int world, td_train_config *cfg) {
   td_train_config_defaults(cfg);
   cfg->optimizer.kind = TD_OPTIMIZER_ADAMW;
@@ -184,6 +196,19 @@ static void build_config(const gpt_options *o, int world, td_train_config *cfg) 
     offload_flag("--offload-param", o->offload_param, &off->param_device, off->param_nvme_path,
                  sizeof off->param_nvme_path);
   if (o->sub_group_size > 0) off->sub_group_size = o->sub_group_size;
+  if (o->tensor_parallel > 0) cfg->tensor_parallel = (int)o->tensor_parallel;
+  if (o->sequence_parallel) cfg->sequence_parallel = 1;
+  if (cfg->sequence_parallel && cfg->tensor_parallel > 1 && o->model.seq % cfg->tensor_parallel != 0)
+    app_usage_error("--sequence-parallel splits each sequence over the %d tensor-parallel ranks: --seq %d must be "
+                    "divisible by %d", cfg->tensor_parallel, o->model.seq, cfg->tensor_parallel);
+  if (cfg->tensor_parallel > 1) {
+    if (td_grid_check(world, cfg->tensor_parallel, 1) != TD_OK) app_usage_error("%s", td_last_error());
+    if (td_grid_check_gpt(&o->model, cfg->tensor_parallel, 1) != TD_OK) app_usage_error("%s", td_last_error());
+    if (o->common.resume_dir)
+      app_usage_error("--tensor-parallel %d with --resume is not built yet: tensor-parallel runs neither save nor "
+                      "resume checkpoints", cfg->tensor_parallel);
+    world /= cfg->tensor_parallel;
+  }
   if (cfg->checkpoint_every > 0 && !cfg->checkpoint_dir[0])
     app_usage_error("--save-every needs a directory: --save DIR (or checkpoint.save_dir in the config)");
   /* The reference micro-batch applies only when nothing fixes the batch. */
@@ -216,6 +241,15 @@ static void print_estimates(const td_model *model, const td_train_config *cfg, i
            (e.model_states + e.activations + e.runtime) / mib, e.model_states, e.disk / mib, e.disk, e.gather / mib);
   }
   fflush(stdout);
+}
+
+/* The memory knobs as the trainer resolved them (unset ones chosen from
+ * the memory: docs/zero.md, "Defaults that fit"), the rest of a line. */
+static void print_knobs(const td_train_config *c) {
+  printf("stage3_max_live_parameters=%ld stage3_prefetch_bucket_size=%ld sub_group_size=%ld bucket_bytes=%zu "
+         "offload_param_buffer_size=%ld offload_param_buffer_count=%d\n",
+         c->stage3_max_live_parameters, c->stage3_prefetch_bucket_size, c->offload.sub_group_size, c->bucket_bytes,
+         c->offload.param_buffer_size, c->offload.param_buffer_count);
 }
 
 /* NVMe offload: after every step, one line per rank (every rank prints its
@@ -322,19 +356,58 @@ int main(int argc, char **argv) {
   td_dataset *data = NULL;
   s = td_text_dataset_open(opt.data_path, opt.model.seq, &data);
   if (s != TD_OK) app_fail(&run, "opening the text corpus", s);
+  /* Tensor parallelism: the grid's tensor group splits the model, the
+   * trainer averages gradients over the data-parallel group only */
+  const int tp = cfg.tensor_parallel > 1 ? cfg.tensor_parallel : 1;
+  td_grid *grid = NULL;
+  td_comm *train_comm = run.comm;
   td_model *model = NULL;
-  s = td_gpt_create_on(&opt.model, dev, &model);
-  if (s != TD_OK) app_fail(&run, "creating the GPT model", s);
+  if (tp > 1) {
+    s = td_grid_create(run.comm, tp, 1, &grid);
+    if (s != TD_OK) app_fail(&run, "laying out the process grid", s);
+    s = td_gpt_tp_create(&opt.model, grid, &model);
+    if (s != TD_OK) app_fail(&run, "creating the tensor-parallel GPT model", s);
+    if (cfg.sequence_parallel) {
+      s = td_gpt_tp_set_sequence_parallel(model, 1);
+      if (s != TD_OK) app_fail(&run, "turning on sequence parallelism", s);
+    }
+    train_comm = td_grid_comm(grid, TD_GRID_DATA);
+    /* the trainer would count only its data-parallel group's ranks on this host */
+    if (cfg.threads == 0) {
+      long cores = sysconf(_SC_NPROCESSORS_ONLN), local = td_comm_local_size(run.comm);
+      cfg.threads = (int)(cores > local ? cores / local : 1);
+    }
+  } else {
+    s = td_gpt_create_on(&opt.model, dev, &model);
+    if (s != TD_OK) app_fail(&run, "creating the GPT model", s);
+  }
   if (opt.estimate_memory) {
     if (elastic) cfg.elasticity.enabled = 1; /* the buddy copies and deterministic reduction */
-    if (run.rank == 0) print_estimates(model, &cfg, run.world);
-    app_end(&run);
+    if (run.rank == 0) print_estimates(model, &cfg, run.world / tp);
+    /* what the trainer would choose and need here, with this host's memory (collective) */
+    td_train_config fitted;
+    td_trainer_memory_info mi;
+    s = td_trainer_fit_memory(&cfg, model, train_comm, &fitted, &mi);
+    if (run.rank == 0 && (s == TD_OK || s == TD_ERR_INVALID_USAGE)) {
+      printf("fit: fits=%d estimate_mib=%.1f limit_mib=%.1f limit=\"%s\" ", s == TD_OK, mi.estimate_bytes / 1048576.0,
+             mi.limit_bytes / 1048576.0, mi.limit_source);
+      print_knobs(&fitted);
+      if (s != TD_OK) printf("%s: %s\n", app_name, td_last_error());
+    } else if (s != TD_OK && run.rank == 0) {
+      fprintf(stderr, "%s: fitting the memory: %s\n", app_name, td_last_error());
+    }
     td_model_destroy(model);
+    td_grid_destroy(grid);
+    app_end(&run);
     td_dataset_destroy(data);
     return 0;
   }
-  s = td_trainer_create(&cfg, app_engine_model(&run, model), data, run.comm, &run.trainer);
+  s = td_trainer_create(&cfg, app_engine_model(&run, model), data, train_comm, &run.trainer);
   if (s != TD_OK) app_fail(&run, "creating the trainer", s);
+  if (run.rank == 0 && td_trainer_zero_stage(run.trainer) >= 2) {
+    printf("%s: knobs ", app_name);
+    print_knobs(td_trainer_config(run.trainer));
+  }
   app_trace_trainer(&run);
   if (opt.common.resume_dir) {
     s = td_trainer_resume(run.trainer, opt.common.resume_dir);
@@ -345,10 +418,11 @@ int main(int argc, char **argv) {
 
   if (run.rank == 0) {
     fprintf(stderr,
-            "%s: world=%d params=%zu layers=%d channels=%d heads=%d seq=%d global_batch=%ld (micro %d x accum %d x "
-            "%d ranks) steps=%ld threads=%d corpus=%s (%zu sequences)%s%s\n",
-            app_name, run.world, td_trainer_n_params(run.trainer), opt.model.layers, opt.model.channels,
-            opt.model.heads, opt.model.seq, rc->train_batch_size, rc->micro_batch, rc->grad_accum, run.world,
+            "%s: world=%d tensor_parallel=%d params=%zu%s layers=%d channels=%d heads=%d seq=%d global_batch=%ld "
+            "(micro %d x accum %d x %d data-parallel ranks) steps=%ld threads=%d corpus=%s (%zu sequences)%s%s\n",
+            app_name, run.world, tp, td_trainer_n_params(run.trainer), tp > 1 ? " (this rank's shard)" : "",
+            opt.model.layers, opt.model.channels, opt.model.heads, opt.model.seq, rc->train_batch_size,
+            rc->micro_batch, rc->grad_accum, run.world / tp,
             rc->steps, td_trainer_threads(run.trainer), opt.data_path, data->n_samples,
             opt.common.resume_dir ? " resumed_from=" : "", opt.common.resume_dir ? opt.common.resume_dir : "");
     if (start >= rc->steps)
@@ -360,6 +434,15 @@ int main(int argc, char **argv) {
   double t0 = app_now();
   while (td_trainer_step_count(run.trainer) < rc->steps) {
     app_step(&run);
+    /* a tensor-parallel peer lost in backward leaves the step looking done
+     * (the data-parallel group may be this rank alone): stop here, naming it */
+    if (grid && td_comm_status(td_grid_comm(grid, TD_GRID_TENSOR)) != TD_OK) {
+      td_comm *tcomm = td_grid_comm(grid, TD_GRID_TENSOR);
+      fprintf(stderr, "%s: error: training step %ld: the tensor-parallel group failed (%s): %s\n", app_name,
+              td_trainer_step_count(run.trainer), td_status_str(td_comm_status(tcomm)), td_comm_last_error(tcomm));
+      td_comm_abort(run.comm, "the tensor-parallel group failed");
+      exit(APP_EXIT_FAIL);
+    }
     print_offload(&run, td_trainer_step_count(run.trainer)); /* with NVMe offload: the counters so far, each rank */
   }
   double train_s = app_now() - t0;
@@ -384,6 +467,10 @@ int main(int argc, char **argv) {
   /* At ZeRO stage 3 rank 0 needs the whole parameter arena for the sample
    * and the deterministic summary (collective: every rank takes part). */
   int exact = rc->deterministic_reduction == 1;
+  if (tp > 1 && opt.sample > 0) { /* generation runs on a whole model */
+    if (run.rank == 0) fprintf(stderr, "%s: no sample: generating from a tensor-parallel model is not built yet\n", app_name);
+    opt.sample = 0;
+  }
   if (opt.sample > 0 || exact) {
     s = td_trainer_gather_params(run.trainer);
     if (s == TD_ERR_INVALID_USAGE) { /* refused on every rank: the whole arena does not fit (stage 3) */
@@ -409,11 +496,12 @@ int main(int argc, char **argv) {
       if (s != TD_OK) app_fail(&run, "generating the text sample", s);
     }
     printf("%s: final_loss=%.6f tokens_per_s=%.0f steps=%ld world=%d params=%zu global_batch=%ld micro_batch=%d "
-           "grad_accum=%d seq=%d threads=%d train_s=%.1f zero_stage=%d model_state_bytes_per_rank=%zu\n",
+           "grad_accum=%d seq=%d threads=%d train_s=%.1f zero_stage=%d model_state_bytes_per_rank=%zu "
+           "tensor_parallel=%d sequence_parallel=%d\n",
            app_name, run.steps_this_run > 0 ? run.last.loss : NAN, app_throughput(&run),
            td_trainer_step_count(run.trainer), run.world, td_trainer_n_params(run.trainer), rc->train_batch_size,
            rc->micro_batch, rc->grad_accum, opt.model.seq, td_trainer_threads(run.trainer), train_s,
-           td_trainer_zero_stage(run.trainer), td_trainer_model_state_bytes(run.trainer));
+           td_trainer_zero_stage(run.trainer), td_trainer_model_state_bytes(run.trainer), tp, cfg.sequence_parallel);
     /* memory and precision, for bench/precision.sh: activations as the model sized them, peak RSS of rank 0 */
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
@@ -444,8 +532,9 @@ int main(int argc, char **argv) {
 
   td_trainer_destroy(run.trainer);
   run.trainer = NULL;
+  td_model_destroy(model); /* before the grid it borrows, and the grid before the world */
+  td_grid_destroy(grid);
   app_end(&run);
-  td_model_destroy(model);
   td_dataset_destroy(data);
   return 0;
 }

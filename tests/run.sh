@@ -41,7 +41,7 @@ export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0:halt_on_erro
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 
 jobs_max=${JOBS:-2}
-serial=${SERIAL:-'^(deadhost_|elastic_|py_install$|.*(small_chunks|small_sockets|huge)$|tcp_heartbeat_(stop|busy)|fail_timeout_|core_timeout_|launcher_timeout|comm_two_jobs|launcher_concurrent)'}
+serial=${SERIAL:-'^(deadhost_|elastic_|slurm_cluster_|py_install$|.*(small_chunks|small_sockets|huge)$|tcp_heartbeat_(stop|busy)|fail_timeout_|core_timeout_|launcher_timeout|comm_two_jobs|launcher_concurrent)'}
 resdir=$(mktemp -d /tmp/tandem-tests.XXXXXX)
 trap 'rm -rf "$resdir"' EXIT
 

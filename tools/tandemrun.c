@@ -41,10 +41,17 @@
  * workers inherit. Remote workers get it on ssh's stdin (the remote command
  * reads it into its own environment first), never in the command line that
  * ps and ssh logs show; a user-given TANDEM_SECRET_FILE is passed by path
- * (the file must then exist on every host). */
+ * (the file must then exist on every host).
+ *
+ * --prometheus-port P serves one Prometheus endpoint for the whole job on P
+ * (src/obs/prometheus_job.c: each scrape fetches every rank's and merges
+ * them); the ranks get TANDEM_PROMETHEUS_PORT=P+1, so rank r serves on
+ * P+1+r on its host. */
 #include "net/net.h"
 #include "elastic/membership.h"
+#include "tandem/obs.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <getopt.h>
 #include <limits.h>
@@ -110,6 +117,8 @@ typedef struct {
   const char *discovery; /* --host-discovery-script */
   int max_restarts;
   double cooldown_s, elastic_timeout_s;
+  int prom_port;         /* --prometheus-port: the job's endpoint (0: none) */
+  const char *prom_bind; /* --prometheus-bind: its address (NULL: 127.0.0.1) */
 } options;
 
 /* ---- small helpers ---- */
@@ -193,6 +202,9 @@ static void usage(FILE *f) {
         "  --max-restarts K     elastic: start at most K workers after the initial ones (default 3)\n"
         "  --blacklist-cooldown S  elastic: no new worker on a host for S s after one failed there (default 0)\n"
         "  --elastic-timeout S  elastic: stop when fewer than --min-np ranks live for S s (default 600)\n"
+        "  --prometheus-port P  serve the whole job's Prometheus metrics on port P (rank r serves on\n"
+        "                       P+1+r: TANDEM_PROMETHEUS_PORT=P+1); not with elastic mode\n"
+        "  --prometheus-bind A  the address of that endpoint (default 127.0.0.1)\n"
         "  -h, --help           this text\n"
         "  --version            print the version\n"
         "\n"
@@ -440,10 +452,25 @@ static void parse_options(int argc, char **argv, options *o) {
     } else if (strcmp(name, "--elastic-timeout") == 0) {
       NEED_VALUE();
       o->elastic_timeout_s = parse_seconds("--elastic-timeout", value, false);
+    } else if (strcmp(name, "--prometheus-port") == 0) {
+      NEED_VALUE();
+      char *end = NULL;
+      long port = strtol(value, &end, 10);
+      if (!*value || *end || port < 1 || port > 65534)
+        die_usage("--prometheus-port '%s' is not a port (1-65534: the job's endpoint; ranks take the ports after it)",
+                  value);
+      o->prom_port = (int)port;
+    } else if (strcmp(name, "--prometheus-bind") == 0) {
+      NEED_VALUE();
+      struct in_addr ignored;
+      if (inet_pton(AF_INET, value, &ignored) != 1)
+        die_usage("--prometheus-bind '%s' is not an IPv4 address (e.g. 127.0.0.1, or 0.0.0.0 for every interface)",
+                  value);
+      o->prom_bind = value;
     } else {
       die_usage("unknown option '%s'; the options are -np, -H, --hostfile, --timeout, --grace, --min-np, --max-np, "
-                "--host-discovery-script, --max-restarts, --blacklist-cooldown, --elastic-timeout, --help, "
-                "--version",
+                "--host-discovery-script, --max-restarts, --blacklist-cooldown, --elastic-timeout, "
+                "--prometheus-port, --prometheus-bind, --help, --version",
                 a);
     }
 #undef NEED_VALUE
@@ -462,6 +489,13 @@ static void parse_options(int argc, char **argv, options *o) {
               "mode: add --min-np A --max-np B");
   }
   if (o->n_ranks == 0) die_usage("-np is missing: write tandemrun -np N PROGRAM [ARGS...]");
+  if (o->prom_port && o->elastic)
+    die_usage("--prometheus-port is not supported in elastic mode yet (ranks come and go): give each rank's port "
+              "to Prometheus instead (TANDEM_PROMETHEUS_PORT)");
+  if (o->prom_bind && !o->prom_port) die_usage("--prometheus-bind needs --prometheus-port");
+  if (o->prom_port && (long)o->prom_port + o->n_ranks > 65535)
+    die_usage("--prometheus-port %d: the ranks' ports %d..%d pass 65535; choose a lower port", o->prom_port,
+              o->prom_port + 1, o->prom_port + o->n_ranks);
   if (i >= argc) die_usage("no program given: write tandemrun -np %d PROGRAM [ARGS...]", o->n_ranks);
   if (hosts_arg && hostfile) die_usage("give either -H or --hostfile, not both");
   if (hosts_arg) parse_host_list(o, hosts_arg);
@@ -578,6 +612,7 @@ typedef struct {
   host_spec **ehosts;  /* every host ever known (stable pointers) */
   int n_ehosts;
   td_store *client;    /* to report lost workers (el_report_dead) */
+  td_prom *prom;       /* --prometheus-port: the job's endpoint */
   bool done;           /* a worker finished training (exited 0) */
   bool below_failed;   /* stopped: below --min-np past --elastic-timeout */
   double below_since;  /* when the live count fell below --min-np (INFINITY: not below) */
@@ -603,6 +638,12 @@ static void worker_vars(const job *j, const worker *w, str_list *vars) {
   list_push(vars, xasprintf("TANDEM_LOCAL_SIZE=%d", w->local_size));
   list_push(vars, xasprintf("TANDEM_STORE=%s", j->store_addr));
   list_push(vars, xasprintf("TANDEM_JOB_ID=%s", j->job_id));
+  if (j->opt.prom_port) list_push(vars, xasprintf("TANDEM_PROMETHEUS_PORT=%d", j->opt.prom_port + 1));
+}
+
+/* Entries of our environment that worker_vars replaces. */
+static bool env_is_replaced(const job *j, const char *entry) {
+  return env_is_ours(entry) || (j->opt.prom_port && strncmp(entry, "TANDEM_PROMETHEUS_PORT=", 23) == 0);
 }
 
 /* Start one worker; on failure to start, print why and return false. The
@@ -615,7 +656,7 @@ static bool start_worker(job *j, worker *w) {
   const char *exec_path;
   if (w->host->local) {
     for (char **e = environ; *e; e++)
-      if (!env_is_ours(*e)) list_push(&env, xstrdup(*e));
+      if (!env_is_replaced(j, *e)) list_push(&env, xstrdup(*e));
     for (size_t i = 0; i < vars.n; i++) list_push(&env, xstrdup(vars.items[i]));
     for (char **a = j->opt.argv; *a; a++) list_push(&args, xstrdup(*a));
     exec_path = j->opt.program_path;
@@ -640,7 +681,7 @@ static bool start_worker(job *j, worker *w) {
     free(q);
     str_list remote_vars = {0};
     for (char **e = environ; *e; e++)
-      if (env_is_forwarded(*e) && !env_is_ours(*e)) list_push(&remote_vars, xstrdup(*e));
+      if (env_is_forwarded(*e) && !env_is_replaced(j, *e)) list_push(&remote_vars, xstrdup(*e));
     for (size_t i = 0; i < vars.n; i++) list_push(&remote_vars, xstrdup(vars.items[i]));
     for (size_t i = 0; i < remote_vars.n; i++) {
       q = shell_quote(remote_vars.items[i]);
@@ -1164,6 +1205,28 @@ static bool elastic_place(job *j) {
   return true;
 }
 
+/* The job's Prometheus endpoint: rank r's endpoint is on its host (loopback
+ * for local ranks; a remote rank must bind an address this host reaches,
+ * TANDEM_PROMETHEUS_BIND, or it shows as down). A port in use is reported
+ * and the job goes on, as for the ranks' own endpoints. */
+static void start_job_metrics(job *j) {
+  char **targets = xmalloc((size_t)j->n_workers * sizeof *targets);
+  for (int r = 0; r < j->n_workers; r++) {
+    const host_spec *h = j->workers[r].host;
+    bool v6 = !h->local && strchr(h->name, ':');
+    targets[r] = xasprintf(v6 ? "[%s]:%d" : "%s:%d", h->local ? "127.0.0.1" : h->name, j->opt.prom_port + 1 + r);
+  }
+  td_status st = td_prom_job_start(j->opt.prom_bind, j->opt.prom_port, (const char *const *)targets, j->n_workers,
+                                   &j->prom);
+  if (st != TD_OK)
+    fprintf(stderr, "tandemrun: warning: no job metrics endpoint, the job goes on: %s\n", td_last_error());
+  else
+    fprintf(stderr, "tandemrun: the job's metrics on http://%s:%d/metrics (rank r serves on port %d+r)\n",
+            j->opt.prom_bind ? j->opt.prom_bind : "127.0.0.1", j->opt.prom_port, j->opt.prom_port + 1);
+  for (int r = 0; r < j->n_workers; r++) free(targets[r]);
+  free(targets);
+}
+
 static int run_job(job *j) {
   /* Hosts and ranks: slot by slot, in order. Entries naming the same machine
    * (a host listed twice, or localhost and this host's name) form one group,
@@ -1284,6 +1347,8 @@ placed:;
     store_server_stop(j->store);
     return 1;
   }
+
+  if (j->opt.prom_port) start_job_metrics(j);
 
   j->root_rank = -1;
   double start = td_now();
@@ -1417,6 +1482,8 @@ placed:;
   }
   store_close(j->client);
   store_server_stop(j->store);
+  td_prom_stop(j->prom);
+  j->prom = NULL;
   close(j->sigfd);
 
   /* One root-cause line, and the exit code. */

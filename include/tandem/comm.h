@@ -110,6 +110,27 @@ const char *td_comm_last_error(const td_comm *comm);
 /* TD_OK, or the sticky error status of the communicator. */
 td_status td_comm_status(const td_comm *comm);
 
+/* What the host-buffer operations on comm moved and took on this rank, one
+ * row per (operation, algorithm) pair that ran, for metrics (Prometheus) and
+ * benchmarks. bytes is each call's data size as nccl-tests counts it (the
+ * whole buffer: count elements; alltoall count x size); seconds is the time
+ * this rank spent executing them, waiting for slower peers included;
+ * bus_bytes is bytes times the operation's bus factor (allreduce
+ * 2(n-1)/n; reduce_scatter, allgather, alltoall (n-1)/n; broadcast,
+ * reduce, send, recv 1; barrier 0), so that bus_bytes / seconds is
+ * nccl-tests' bus bandwidth, comparable across world sizes. A world of one
+ * moves nothing and keeps no rows; device-buffer collectives are not
+ * counted. Copies up to max_rows rows and returns how many there are. */
+typedef struct td_coll_stats {
+  const char *operation; /* "allreduce", "reduce_scatter", ..., "send", "recv" */
+  const char *algorithm; /* "ring", "rd" (recursive doubling), "shm", "tree", "pairwise", "dissemination", "p2p" */
+  uint64_t calls;
+  uint64_t bytes;
+  double seconds;
+  double bus_bytes;
+} td_coll_stats;
+int td_comm_collective_stats(const td_comm *comm, td_coll_stats *rows, int max_rows);
+
 /* ---- Blocking collectives ----
  * allreduce:      recv[i] = op over ranks of send[i], i < count. In place: send == recv.
  * reduce:         as allreduce, result only at root (recv ignored elsewhere; may be NULL).

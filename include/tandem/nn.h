@@ -87,6 +87,19 @@ typedef struct td_model_ops {
    * whatever the model is set to now (for memory estimates before a trainer
    * exists). May be NULL. */
   size_t (*activation_bytes)(const td_model *model, int batch, int checkpointing, td_dtype compute);
+  /* Optional (NULL: the models of src/nn, initialized by kind): fill the
+   * arena with the model's initial values from seed, as
+   * td_model_init_params. For models built above this layer (the
+   * tensor-parallel GPT of src/parallel, whose arena is a shard). */
+  void (*init_params)(const td_model *model, float *params, uint64_t seed);
+  /* Optional (NULL: the arena is the whole model). For a model whose arena
+   * is one rank's shard of a model split across ranks (tensor parallelism):
+   * *sum_sq holds the sum of squares of this rank's whole gradient arena
+   * `grads`; replace it with the whole model's (counting replicated tensors
+   * once), so that gradient clipping scales every shard alike. Collective
+   * over the model's own group; the training thread calls it once per step
+   * with the averaged gradient. */
+  td_status (*grad_norm_sq)(td_model *model, const float *grads, double *sum_sq);
   /* Optional (NULL: f32 only). On a device model, the element type of the
    * params and grads arrays forward and backward take (and of the
    * activations): TD_F32 or TD_BF16 (td_gpt_set_device_dtype). The training

@@ -153,6 +153,14 @@ char *td_prom_render(td_prom *prom, size_t *len_out);
 int td_prom_port(const td_prom *prom);       /* the port listened on; -1 for NULL */
 unsigned long td_prom_scrapes(td_prom *prom); /* GET /metrics answered so far */
 void td_prom_stop(td_prom *prom);             /* stops the thread, closes the socket, frees; accepts NULL */
+/* One endpoint for a whole job (tandemrun --prometheus-port): listens like
+ * td_prom_start, and each scrape (and td_prom_render) fetches GET /metrics
+ * from targets[r] ("HOST:PORT", rank r's endpoint), 2 s at most each, and
+ * answers with every rank's series merged by family, plus
+ * tandem_job_rank_up{rank} (1: answered, 0: not) and
+ * tandem_job_scrape_seconds. td_prom_set/td_prom_add do nothing on it. */
+td_status td_prom_job_start(const char *bind_addr, int port, const char *const *targets, int n_targets,
+                            td_prom **out);
 
 /* ---- TensorBoard event files ----
  * DIR/events.out.tfevents.<seconds>.<host>.<pid>: TFRecords (length, masked

@@ -95,6 +95,38 @@ int td_grid_pipeline_next(const td_grid *grid);
  * the grid aims for). */
 int td_grid_tensor_hosts(const td_grid *grid);
 
+/* ---- the tensor-parallel GPT (src/parallel/tensor/) ---- */
+
+/* This rank's shard of the GPT of `config` under Megatron-LM's tensor
+ * parallelism over the grid's tensor group (td_grid_comm(grid,
+ * TD_GRID_TENSOR); the model borrows the grid: destroy the model first;
+ * pipeline-parallel must be 1): QKV and the MLP's first product column-parallel (whole heads
+ * per rank), the attention projection and the MLP's second product
+ * row-parallel, the token embedding and the LM head split by vocabulary
+ * rows (td_shard_range(vocab, p, r): an odd vocabulary splits unevenly),
+ * with a cross-entropy that never gathers the logits. LayerNorms, wpe and
+ * the row-parallel products' biases are replicated. The model's arena is
+ * the shard (tensor names as td_gpt_create's, counts local), initialized by
+ * td_model_init_params to the unsplit GPT's values for its part, so a
+ * trainer given the data-parallel communicator trains the same model as one
+ * rank. forward, backward, predict and grad_norm_sq are collective over the
+ * tensor group (every rank of it calls them with the same tokens); a failed
+ * collective (a peer died) makes forward return NaN with the message naming
+ * the rank (and which world ranks the group's ranks are), then and on every
+ * later call. Refuses (td_grid_check_gpt) heads not
+ * divisible by the group size. f32 only; no activation checkpointing,
+ * ZeRO-3 parameter access or device yet. */
+td_status td_gpt_tp_create(const td_gpt_config *config, const td_grid *grid, td_model **out);
+/* Megatron-LM's sequence parallelism on a td_gpt_tp_create model (on = 1;
+ * default 0): the LayerNorm and residual regions hold B*T/p rows per rank,
+ * and each allreduce becomes an allgather before a column-parallel product
+ * and a reduce-scatter after a row-parallel one (the same bytes; less
+ * activation memory and LayerNorm work per rank). The same results within
+ * float summation noise. Takes effect at the next prepare; every rank of the
+ * group must set the same. TD_ERR_INVALID_ARGUMENT when the sequence length
+ * is not divisible by the group size, or for another model. */
+td_status td_gpt_tp_set_sequence_parallel(td_model *model, int on);
+
 #ifdef __cplusplus
 }
 #endif

@@ -182,7 +182,33 @@ typedef struct td_train_config {
    * "": TANDEM_DEVICE, else "cpu"). td_train_device_select turns it into a
    * td_device for this rank. */
   char device[16];
+  /* Tensor parallelism (Megatron-LM's tensor_model_parallel_size; docs/
+   * training.md): ranks that split every layer of one model replica (0 or 1:
+   * none). The trainer itself does not split anything: the program builds
+   * the grid and the tensor-parallel model (include/tandem/parallel.h) and
+   * gives the trainer the data-parallel communicator, so `world_size` in
+   * td_train_config_resolve is the data-parallel size. Resolve refuses the
+   * combinations not built yet (ZeRO-2/3, offload, elastic, a device, bf16/
+   * fp16, activation checkpointing, checkpoints), naming each. */
+  int tensor_parallel;
+  /* Megatron-LM's sequence parallelism inside each tensor group (config key
+   * sequence_parallel; needs tensor_parallel > 1): td_gpt_tp_set_sequence_parallel. */
+  int sequence_parallel;
+  /* The memory knobs the user set (TD_KNOB_* bits; the config parser and
+   * train-gpt's flags set them). A knob whose bit is clear keeps
+   * DeepSpeed's default when the job fits; when it would not fit the
+   * memory available to its ranks, td_trainer_create lowers it (docs/zero.md,
+   * "Defaults that fit"). A knob whose bit is set is kept, and a job it
+   * does not fit is refused. (sub_group_size: 0 is unset.) */
+  unsigned knobs_set;
 } td_train_config;
+
+enum {
+  TD_KNOB_BUCKET_BYTES = 1 << 0,     /* bucket_bytes */
+  TD_KNOB_STAGE3_MAX_LIVE = 1 << 1,  /* stage3_max_live_parameters */
+  TD_KNOB_STAGE3_PREFETCH = 1 << 2,  /* stage3_prefetch_bucket_size */
+  TD_KNOB_PARAM_BUFFERS = 1 << 3,    /* offload_param buffer_count, buffer_size or max_in_cpu */
+};
 
 /* The device this rank trains on, from spec ("cpu", "cuda", "cuda:N"; NULL
  * or "": TANDEM_DEVICE, else "cpu"). "cuda" without an index picks
@@ -246,7 +272,8 @@ td_status td_train_config_parse_json_buffer(const char *data, size_t len, const 
  * it out"), rates and sizes must be in range. Updates cfg in place; returns
  * TD_ERR_INVALID_ARGUMENT with such a message. td_trainer_create calls it on
  * its own copy; callers may call it earlier to report errors before any
- * model is built. Local. */
+ * model is built. world_size counts data-parallel ranks (the world divided
+ * by tensor_parallel). Local. */
 td_status td_train_config_resolve(td_train_config *cfg, int world_size);
 
 /* Learning rate of the schedule at optimizer step `step` (0-based: the lr
@@ -276,6 +303,7 @@ typedef struct td_step_stats {
   double data_s;      /* this rank: time copying samples into the micro-batch (part of compute_s) */
   double optimizer_s; /* this rank: gradient norm, clipping and the update (part of compute_s) */
   double io_s;        /* this rank: writing the checkpoint this step saved (not part of step_s; 0 if none) */
+  double fetch_wait_s; /* this rank, ZeRO stage 3: blocked waiting for parameter fetches (part of compute_s) */
   int n_buckets;      /* gradient buckets reduced in this step */
   size_t comm_bytes;  /* bytes of gradient this rank reduced in this step */
   int saved;          /* 1 if td_trainer_step wrote a checkpoint after this step */
@@ -462,6 +490,16 @@ typedef struct td_trainer_memory_info {
   char limit_source[400];
 } td_trainer_memory_info;
 td_status td_trainer_memory(const td_trainer *trainer, td_trainer_memory_info *out);
+/* What td_trainer_create(cfg, model, ..., comm) would decide about memory,
+ * without allocating the arenas: *fitted gets cfg resolved with the knobs
+ * left unset chosen for the memory available (docs/zero.md, "Defaults that
+ * fit"; fitted may be NULL), out the estimate per rank (with what this
+ * process holds now) and that memory. Returns TD_ERR_INVALID_USAGE with
+ * td_trainer_create's refusal when the job would not fit. For planning
+ * (train-gpt --estimate-memory's fit= line, bench/zperf-search.sh
+ * --offload). Collective over comm (NULL: one rank). */
+td_status td_trainer_fit_memory(const td_train_config *cfg, td_model *model, td_comm *comm, td_train_config *fitted,
+                                td_trainer_memory_info *out);
 int td_trainer_zero_stage(const td_trainer *trainer);
 /* At ZeRO stage 3, gather the whole parameter arena so that
  * td_trainer_params() is complete (4 bytes per parameter, until the next

@@ -68,6 +68,7 @@ static td_comm *comm_alloc(int rank, int size) {
   comm->rank = rank;
   comm->size = size;
   pthread_mutex_init(&comm->err_mu, NULL);
+  pthread_mutex_init(&comm->stats_mu, NULL);
   atomic_store(&comm->err_status, TD_OK);
   comm->xport_name = "self";
   comm->local_ranks = calloc((size_t)size, sizeof *comm->local_ranks);
@@ -321,6 +322,7 @@ void td_comm_destroy(td_comm *comm) {
   free(comm->recv_seq);
   td_free(comm->half_work);
   pthread_mutex_destroy(&comm->err_mu);
+  pthread_mutex_destroy(&comm->stats_mu);
   free(comm);
 }
 

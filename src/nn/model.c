@@ -7,7 +7,9 @@
 
 void td_model_init_params(const td_model *model, float *params, uint64_t seed) {
   if (!model || !params) return;
-  if (strcmp(model->kind, "gpt") == 0)
+  if (model->ops && model->ops->init_params)
+    model->ops->init_params(model, params, seed);
+  else if (strcmp(model->kind, "gpt") == 0)
     nn_gpt_init_params(model, params, seed);
   else if (strcmp(model->kind, "cnn") == 0)
     nn_cnn_init_params(model, params, seed);

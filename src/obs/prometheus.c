@@ -9,6 +9,9 @@
  * arrive whole within PROM_REQUEST_TIMEOUT_MS and fit PROM_MAX_REQUEST bytes,
  * so that a slow or hostile client cannot hold the thread or its memory.
  *
+ * A job's endpoint (prometheus_job.c) is this server with another source
+ * of the text: each scrape fetches and merges the ranks' endpoints.
+ *
  * Protection: the socket binds to 127.0.0.1 unless the caller names another
  * address, so only processes on the same host can read it. The endpoint is
  * read-only (numbers, no control) and unauthenticated, because Prometheus'
@@ -16,6 +19,7 @@
  * explicit choice (and then a firewall's business). */
 #define _GNU_SOURCE 1
 #include "base/base.h"
+#include "obs/prometheus_server.h"
 #include "tandem/obs.h"
 
 #include <arpa/inet.h>
@@ -55,6 +59,10 @@ struct td_prom {
   pthread_t thread;
   int thread_started;
   unsigned long scrapes;
+  /* another source of the text than the table (prometheus_job.c) */
+  prom_render_fn render;
+  void *render_ctx;
+  void (*render_ctx_free)(void *ctx);
 };
 
 /* ---- the table ---- */
@@ -71,7 +79,7 @@ static int valid_name(const char *name) {
 
 void td_prom_set(td_prom *p, const char *name, const char *type, const char *help, const char *labels,
                  double value) {
-  if (!p || !valid_name(name)) return;
+  if (!p || p->render || !valid_name(name)) return; /* a job endpoint has no table of its own */
   if (!labels) labels = "";
   pthread_mutex_lock(&p->lock);
   int i = 0;
@@ -94,7 +102,7 @@ void td_prom_set(td_prom *p, const char *name, const char *type, const char *hel
 }
 
 void td_prom_add(td_prom *p, const char *name, const char *help, const char *labels, double delta) {
-  if (!p || !valid_name(name)) return;
+  if (!p || p->render || !valid_name(name)) return;
   double current = 0;
   pthread_mutex_lock(&p->lock); /* recursive: td_prom_set below takes it again */
   for (int i = 0; i < p->n_series; i++)
@@ -134,6 +142,7 @@ static int buf_printf(char **buf, size_t *len, size_t *cap, const char *fmt, ...
 /* The exposition text: series grouped by name, each group with its HELP and
  * TYPE line once (the format requires a family's samples to be together). */
 char *td_prom_render(td_prom *p, size_t *len_out) {
+  if (p->render) return p->render(p->render_ctx, len_out);
   size_t len = 0, cap = 4096;
   char *buf = malloc(cap);
   if (!buf) return NULL;
@@ -284,6 +293,11 @@ static void *server_main(void *arg) {
 }
 
 td_status td_prom_start(const char *bind_addr, int port, td_prom **out) {
+  return prom_start_with(bind_addr, port, NULL, NULL, NULL, out);
+}
+
+td_status prom_start_with(const char *bind_addr, int port, prom_render_fn render, void *render_ctx,
+                          void (*render_ctx_free)(void *ctx), td_prom **out) {
   *out = NULL;
   if (port < 0 || port > 65535)
     return td_error(TD_ERR_INVALID_ARGUMENT, "prometheus: port %d is out of range (0-65535; 0 picks a free one)", port);
@@ -295,6 +309,9 @@ td_status td_prom_start(const char *bind_addr, int port, td_prom **out) {
   td_prom *p = calloc(1, sizeof *p);
   if (!p) return td_error(TD_ERR_SYSTEM, "prometheus: out of memory");
   p->listen_fd = p->wake[0] = p->wake[1] = -1;
+  p->render = render;
+  p->render_ctx = render_ctx;
+  p->render_ctx_free = render_ctx_free;
   /* recursive: td_prom_begin holds it across a batch of td_prom_set calls */
   pthread_mutexattr_t attr;
   pthread_mutexattr_init(&attr);
@@ -333,6 +350,7 @@ td_status td_prom_start(const char *bind_addr, int port, td_prom **out) {
   *out = p;
   return TD_OK;
 fail:
+  p->render_ctx_free = NULL; /* on failure the caller keeps its context */
   td_prom_stop(p);
   return st;
 }
@@ -358,6 +376,7 @@ void td_prom_stop(td_prom *p) {
   if (p->listen_fd >= 0) close(p->listen_fd);
   if (p->wake[0] >= 0) close(p->wake[0]);
   if (p->wake[1] >= 0) close(p->wake[1]);
+  if (p->render_ctx_free) p->render_ctx_free(p->render_ctx);
   pthread_mutex_destroy(&p->lock);
   free(p);
 }

@@ -36,6 +36,7 @@ void td_train_config_defaults(td_train_config *cfg) {
   cfg->stage3_max_live_parameters = 1000000000;
   cfg->stage3_param_persistence_threshold = 100000;
   cfg->deterministic_reduction = -1; /* on under elastic training only */
+  cfg->tensor_parallel = 1;
 }
 
 /* ---- batch sizes and ranges ---- */
@@ -53,6 +54,35 @@ static td_status batch_too_large(long micro, long accum, int world) {
   return td_error(TD_ERR_INVALID_ARGUMENT,
                   "batch sizes too large: micro %ld x accumulation %ld x %d ranks does not fit in 64 bits", micro,
                   accum, world);
+}
+
+/* tensor_model_parallel_size: what the tensor-parallel GPT (src/parallel)
+ * does not do yet is refused here, before any model is built. */
+static td_status tensor_parallel_check(td_train_config *cfg) {
+  if (cfg->tensor_parallel == 0) cfg->tensor_parallel = 1;
+  const int tp = cfg->tensor_parallel;
+  if (tp < 0 || tp > 4096)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "tensor_model_parallel_size %d: must be 1 (off) .. 4096", tp);
+  if (tp == 1) {
+    if (cfg->sequence_parallel)
+      return td_error(TD_ERR_INVALID_ARGUMENT, "sequence_parallel splits the sequence inside a tensor-parallel "
+                      "group: set tensor_model_parallel_size to 2 or more, or drop sequence_parallel");
+    return TD_OK;
+  }
+  const char *what = NULL;
+  if (cfg->zero_stage >= 2) what = cfg->zero_stage == 2 ? "ZeRO stage 2 (use stage 0 or 1)" : "ZeRO stage 3 (use stage 0 or 1)";
+  else if (cfg->offload.optimizer_device != TD_OFFLOAD_NONE || cfg->offload.param_device != TD_OFFLOAD_NONE)
+    what = "ZeRO offload";
+  else if (cfg->elasticity.enabled) what = "elastic training";
+  else if (cfg->device[0] && strcmp(cfg->device, "cpu") != 0) what = "a device other than the CPU";
+  else if (cfg->precision.compute != TD_F32) what = "bf16/fp16 mixed precision";
+  else if (cfg->activation_checkpointing) what = "activation checkpointing";
+  else if (cfg->checkpoint_dir[0]) what = "checkpoints (save/resume)";
+  if (what)
+    return td_error(TD_ERR_INVALID_ARGUMENT,
+                    "tensor_model_parallel_size %d with %s is not built yet: drop one of them "
+                    "(tensor parallelism trains in f32 on the CPU with ZeRO stage 0 or 1)", tp, what);
+  return TD_OK;
 }
 
 td_status td_train_config_resolve(td_train_config *cfg, int world) {
@@ -166,6 +196,7 @@ td_status td_train_config_resolve(td_train_config *cfg, int world) {
   TD_CHECK(td_precision_config_check(cfg));
   TD_CHECK(td_offload_config_check(cfg));
   td_offload_config_apply(cfg);
+  TD_CHECK(tensor_parallel_check(cfg));
   return TD_OK;
 }
 
@@ -509,9 +540,11 @@ static td_status parse_zero(parse_ctx *pc, const cJSON *obj) {
     } else if (strcmp(item->string, "stage3_prefetch_bucket_size") == 0) {
       TD_CHECK(get_int(pc, item, "zero_optimization.stage3_prefetch_bucket_size", 0, 1L << 50, &n));
       pc->cfg->stage3_prefetch_bucket_size = n;
+      pc->cfg->knobs_set |= TD_KNOB_STAGE3_PREFETCH;
     } else if (strcmp(item->string, "stage3_max_live_parameters") == 0) {
       TD_CHECK(get_int(pc, item, "zero_optimization.stage3_max_live_parameters", 0, 1L << 50, &n));
       pc->cfg->stage3_max_live_parameters = n;
+      pc->cfg->knobs_set |= TD_KNOB_STAGE3_MAX_LIVE;
     } else if (strcmp(item->string, "stage3_param_persistence_threshold") == 0) {
       TD_CHECK(get_int(pc, item, "zero_optimization.stage3_param_persistence_threshold", 0, 1L << 50, &n));
       pc->cfg->stage3_param_persistence_threshold = n;
@@ -529,7 +562,7 @@ static td_status parse_root(parse_ctx *pc, const cJSON *root) {
       "gradient_accumulation_steps", "train_steps", "seed", "gradient_clipping", "steps_per_print",
       "threads_per_rank", "bucket_bytes", "first_bucket_bytes", "optimizer", "scheduler", "checkpoint",
       "fp16", "bf16", "zero_optimization", "communication_data_type", "activation_checkpointing", "elasticity", "aio",
-      "deterministic_reduction", "deterministic_unit", "device"};
+      "deterministic_reduction", "deterministic_unit", "device", "tensor_model_parallel_size", "sequence_parallel"};
   if (!cJSON_IsObject(root))
     return td_error(TD_ERR_INVALID_ARGUMENT, "%s: the config must be a JSON object ({ ... })", pc->source);
   TD_CHECK(check_keys(pc, root, "", keys, (int)TD_ARRAY_SIZE(keys)));
@@ -570,6 +603,7 @@ static td_status parse_root(parse_ctx *pc, const cJSON *root) {
       cfg->threads = (int)n;
     } else if (strcmp(k, "bucket_bytes") == 0) {
       TD_CHECK(get_size(pc, item, k, &cfg->bucket_bytes));
+      cfg->knobs_set |= TD_KNOB_BUCKET_BYTES;
     } else if (strcmp(k, "first_bucket_bytes") == 0) {
       TD_CHECK(get_size(pc, item, k, &cfg->first_bucket_bytes));
     } else if (strcmp(k, "optimizer") == 0) {
@@ -594,6 +628,13 @@ static td_status parse_root(parse_ctx *pc, const cJSON *root) {
         return td_error(TD_ERR_INVALID_ARGUMENT, "%s: \"device\" must be \"cpu\", \"cuda\" or \"cuda:N\"",
                         pc->source);
       snprintf(cfg->device, sizeof cfg->device, "%s", item->valuestring);
+    } else if (strcmp(k, "tensor_model_parallel_size") == 0) {
+      TD_CHECK(get_int(pc, item, k, 1, 4096, &n));
+      cfg->tensor_parallel = (int)n;
+    } else if (strcmp(k, "sequence_parallel") == 0) {
+      if (!cJSON_IsBool(item))
+        return td_error(TD_ERR_INVALID_ARGUMENT, "%s: \"sequence_parallel\" must be true or false", pc->source);
+      cfg->sequence_parallel = cJSON_IsTrue(item);
     } else if (strncmp(k, "deterministic_", 14) == 0) {
       TD_CHECK(td_deterministic_parse_json(item, pc->source, cfg)); /* src/train/deterministic/deterministic_config.c */
     }

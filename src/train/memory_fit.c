@@ -12,6 +12,8 @@
 #include "train/zero/zero.h"
 #include "train/deterministic/deterministic.h"
 
+#include <stdint.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/vfs.h>
@@ -26,7 +28,7 @@ td_status td_trainer_estimate_memory(const td_model *model, const td_train_confi
                                      td_memory_estimate *out) {
   if (!model || !cfg)
     return td_error(TD_ERR_INVALID_ARGUMENT, "td_trainer_estimate_memory: model, cfg and out are required");
-  size_t det = det_estimate_bytes(cfg, model->n_params, world, stage);
+  size_t det = det_estimate_bytes(cfg, model, world, stage);
   TD_CHECK(zero_estimate_memory(model, cfg, world, stage, det == 0, out));
   out->deterministic = det;
   if (cfg->elasticity.enabled) {
@@ -55,6 +57,75 @@ static size_t need_bytes(const td_trainer *t, const td_train_config *cfg, int wo
   td_memory_estimate e;
   if (td_trainer_estimate_memory(t->model, cfg, world, stage, &e) != TD_OK) return SIZE_MAX;
   return e.model_states + e.activations + e.runtime + t->mem_baseline;
+}
+
+/* The knobs the user left unset (cfg->knobs_set; sub_group_size 0), lowered
+ * from DeepSpeed's defaults until the estimate of this rank fits `target`,
+ * in the order that costs the least speed:
+ *   1. stage3_max_live_parameters (and offload_param's buffers, which cap
+ *      it): beyond the group in use and the one fetched ahead, the cache
+ *      only saves fetching a released group again within the step, and
+ *      with activation checkpointing backward fetches nearly every group
+ *      again anyway; not below two groups;
+ *   2. sub_group_size (when it was chosen, not set): the optimizer's tile
+ *      buffers, halved down to 1 MiB reads;
+ *   3. bucket_bytes (stages 2-3: two buckets of gradients in flight),
+ *      halved down to 1 MiB: more, smaller collectives.
+ * Then, from the model: an unset stage3_prefetch_bucket_size that a block
+ * exceeds (DeepSpeed's 5e7 is less than one block of a GPT of 2048
+ * channels or more: nothing would be read ahead) is raised to one block
+ * when the cache holds two, and unset offload_param buffers are reported
+ * as what they bound. Every rank computes the same from the same room
+ * (the least of the ranks', trainer_memory_fit), so the fetch decisions,
+ * which must match across ranks (zero/fetch.c), match. Writes the knobs it
+ * changed to `chosen`. */
+static void fit_unset_knobs(td_trainer *t, size_t target, size_t files, char *chosen, size_t cap) {
+  td_train_config *c = &t->cfg;
+  size_t off = 0;
+  chosen[0] = 0;
+#define NOTE(...) (off += (size_t)snprintf(chosen + off, off < cap ? cap - off : 0, __VA_ARGS__))
+  size_t need = need_bytes(t, c, t->world, t->zero_stage) + files;
+  size_t group = t->zero_stage >= 3 ? zero_largest_group(t->model, c->stage3_param_persistence_threshold) : 0;
+  long live_before = c->stage3_max_live_parameters;
+  if (t->zero_stage >= 3 && !(c->knobs_set & TD_KNOB_STAGE3_MAX_LIVE)) {
+    long least = (long)TD_MIN(2 * group, t->n_params), live = TD_MIN(c->stage3_max_live_parameters, (long)t->n_params);
+    for (int i = 0; i < 16 && need > target && live > least; i++) {
+      size_t excess = (need - target + sizeof(float) - 1) / sizeof(float);
+      live = live - least > (long)excess ? live - (long)excess : least;
+      c->stage3_max_live_parameters = live;
+      need = need_bytes(t, c, t->world, t->zero_stage) + files;
+    }
+  }
+  if (t->offload_tile_chosen)
+    while (need > target && td_offload_tile_lower(c)) need = need_bytes(t, c, t->world, t->zero_stage) + files;
+  if (t->zero_stage >= 2 && !(c->knobs_set & TD_KNOB_BUCKET_BYTES)) {
+    size_t before = c->bucket_bytes;
+    while (need > target && c->bucket_bytes > ((size_t)1 << 20)) {
+      c->bucket_bytes = TD_MAX(c->bucket_bytes / 2, (size_t)1 << 20);
+      c->first_bucket_bytes = TD_MIN(c->first_bucket_bytes, c->bucket_bytes);
+      need = need_bytes(t, c, t->world, t->zero_stage) + files;
+    }
+    if (c->bucket_bytes != before) NOTE(" bucket_bytes %zu", c->bucket_bytes);
+  }
+  if (t->zero_stage >= 3) {
+    if (c->stage3_max_live_parameters != live_before)
+      NOTE(" stage3_max_live_parameters %ld", c->stage3_max_live_parameters);
+    if (!(c->knobs_set & TD_KNOB_STAGE3_PREFETCH) && c->stage3_prefetch_bucket_size < (long)group &&
+        c->stage3_max_live_parameters >= 2 * (long)group) {
+      c->stage3_prefetch_bucket_size = (long)group;
+      NOTE(" stage3_prefetch_bucket_size %ld (one block)", c->stage3_prefetch_bucket_size);
+    }
+    td_offload_config *o = &c->offload;
+    if (o->param_device == TD_OFFLOAD_NVME && !(c->knobs_set & TD_KNOB_PARAM_BUFFERS) && off > 0) {
+      o->param_buffer_size = TD_MAX(o->param_buffer_size, c->stage3_prefetch_bucket_size);
+      o->param_buffer_count = (int)TD_MAX(1L, TD_MIN(64L, (c->stage3_max_live_parameters + o->param_buffer_size - 1) /
+                                                              o->param_buffer_size));
+      o->param_max_in_cpu = TD_MAX(o->param_max_in_cpu, c->stage3_max_live_parameters);
+      NOTE(" offload_param.buffer_size %ld buffer_count %d", o->param_buffer_size, o->param_buffer_count);
+    }
+  }
+  if (t->offload_tile_chosen) NOTE(" sub_group_size %ld", c->offload.sub_group_size);
+#undef NOTE
 }
 
 /* Append to buf what would fit the rank's memory, by the estimate: other
@@ -173,18 +244,52 @@ static td_status device_memory_fit(td_trainer *t) {
   return td_trainer_agree(t, st);
 }
 
+/* The ranks of this host: the communicator's count; a trainer created
+ * unbound (elastic: td_trainer_create_unbound) has none yet, and its host
+ * may run as many processes as the launcher gave it slots
+ * (TANDEM_LOCAL_SIZE; tandemrun --elastic sets the host's slots), not one. */
+static int local_ranks(const td_trainer *t) {
+  if (t->comm) return td_comm_local_size(t->comm);
+  long slots = td_env_long("TANDEM_LOCAL_SIZE", 1);
+  return slots >= 1 && slots <= (1 << 20) ? (int)slots : 1;
+}
+
+/* The least room of the ranks (0: unknown, on every rank alike): the
+ * knobs fitted from it must be the same on every rank (zero/fetch.c). */
+static td_status least_room(td_trainer *t, size_t *room) {
+  if (!t->comm || t->world == 1) return TD_OK;
+  int64_t r = *room ? (int64_t)TD_MIN(*room, (size_t)INT64_MAX) : INT64_MAX;
+  td_status st = td_allreduce(&r, &r, 1, TD_I64, TD_MIN, t->comm);
+  if (st != TD_OK) return td_error(st, "rank %d: agreeing on the memory per rank: %s", t->rank, td_comm_last_error(t->comm));
+  *room = r == INT64_MAX ? 0 : (size_t)r;
+  return TD_OK;
+}
+
 td_status trainer_memory_fit(td_trainer *t) {
-  int local = t->comm ? td_comm_local_size(t->comm) : 1;
-  td_status st = td_mem_room_get(local, &t->mem_room);
+  td_status st = td_mem_room_get(local_ranks(t), &t->mem_room);
   t->mem_baseline = td_mem_rss(NULL);
   if (t->model->device.kind != TD_DEVICE_CPU) return st != TD_OK ? td_trainer_agree(t, st) : device_memory_fit(t);
   size_t room = t->mem_room.rank_bytes;
+  td_status agreed = least_room(t, &room); /* collective: every rank calls it, also after a failed probe */
+  if (st == TD_OK) st = agreed;
+  char chosen[512] = "";
+  td_memory_estimate e;
   if (st == TD_OK) { /* unset knobs from the memory (room 0: unknown) */
     long before = t->cfg.offload.sub_group_size;
     td_offload_config_fit(&t->cfg, room);
     t->offload_tile_chosen = t->cfg.offload.sub_group_size != before;
+    st = td_trainer_estimate_memory(t->model, &t->cfg, t->world, t->zero_stage, &e);
   }
-  td_memory_estimate e;
+  /* lowered only as far as needed to fit, with 5% left for what the
+   * estimate cannot see (other processes' growth, the allocator) */
+  /* An unbound (elastic) trainer has no communicator to agree on the room
+   * with, and the knobs must match across ranks: it keeps the defaults. */
+  bool agreeable = t->comm || t->world == 1;
+  if (st == TD_OK && room > 0 && agreeable)
+    fit_unset_knobs(t, room - room / 20, offload_files_in_memory(t, &e), chosen, sizeof chosen);
+  if (st == TD_OK && chosen[0])
+    TD_INFO("rank %d: chosen from the model and the %.0f MiB available to each rank (%s), as they were not set:%s",
+            t->rank, MIB(room), t->mem_room.source, chosen);
   if (st == TD_OK) st = td_trainer_estimate_memory(t->model, &t->cfg, t->world, t->zero_stage, &e);
   if (st == TD_OK) {
     size_t files = offload_files_in_memory(t, &e);
@@ -198,10 +303,10 @@ td_status trainer_memory_fit(td_trainer *t) {
                     "rank %d: this job needs about %.0f MiB per rank (model states %.0f, of which offload buffers "
                     "%.0f; activations %.0f; compute and I/O scratch %.0f; this process before the arenas %.0f%s) "
                     "but %.0f MiB are available to it (%s, shared by %d ranks on this "
-                    "host). It would fit with%s",
+                    "host%s%s). It would fit with%s",
                     t->rank, MIB(need), MIB(e.model_states), MIB(e.offload_buffers), MIB(e.activations),
                     MIB(e.runtime), MIB(t->mem_baseline), tmpfs, MIB(room), t->mem_room.source,
-                    t->mem_room.local_ranks, fits);
+                    t->mem_room.local_ranks, chosen[0] ? "; the knobs not set already lowered to" : "", chosen, fits);
     }
   }
   return td_trainer_agree(t, st);
@@ -251,4 +356,42 @@ td_status td_trainer_memory(const td_trainer *t, td_trainer_memory_info *out) {
   td_strlcpy(out->limit_source, t->mem_room.host_bytes ? t->mem_room.source : "none", sizeof out->limit_source);
   out->rss_bytes = td_mem_rss(&out->peak_rss_bytes);
   return TD_OK;
+}
+
+td_status td_trainer_fit_memory(const td_train_config *cfg, td_model *model, td_comm *comm, td_train_config *fitted,
+                                td_trainer_memory_info *out) {
+  if (!cfg || !model || !out)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "td_trainer_fit_memory: cfg, model and out are required");
+  memset(out, 0, sizeof *out);
+  /* a trainer with its tables only: what trainer_create holds when it fits */
+  td_trainer *t = calloc(1, sizeof *t);
+  int world = comm ? td_comm_size(comm) : 1;
+  int32_t *flags = calloc((size_t)world, sizeof *flags);
+  if (!t || !flags) {
+    free(t);
+    free(flags);
+    return td_error(TD_ERR_SYSTEM, "td_trainer_fit_memory: out of memory for the trainer's tables");
+  }
+  t->cfg = *cfg;
+  t->model = model;
+  t->comm = comm;
+  t->rank = comm ? td_comm_rank(comm) : 0;
+  t->world = world;
+  t->agree_flags = flags;
+  t->n_params = model->n_params;
+  t->n_states = td_optimizer_n_states(cfg->optimizer.kind);
+  td_status st = td_train_config_resolve(&t->cfg, world); /* the same on every rank: no collective skipped alone */
+  if (st == TD_OK) {
+    zero_layout(t);
+    st = trainer_memory_fit(t);
+  }
+  out->estimate_bytes = t->mem_estimate;
+  out->baseline_bytes = t->mem_baseline;
+  out->limit_bytes = t->mem_room.rank_bytes;
+  td_strlcpy(out->limit_source, t->mem_room.host_bytes ? t->mem_room.source : "none", sizeof out->limit_source);
+  out->rss_bytes = td_mem_rss(&out->peak_rss_bytes);
+  if (fitted) *fitted = t->cfg;
+  free(flags);
+  free(t);
+  return st;
 }

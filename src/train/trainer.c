@@ -388,33 +388,10 @@ static void bucket_launch(td_trainer *t, size_t lo, size_t hi) {
   t->next_bucket = t->cfg.bucket_bytes / sizeof(float);
 }
 
-static size_t frontier_offset(const td_trainer *t) {
-  const td_model *m = t->model;
-  return t->frontier_tensor >= m->n_tensors ? t->n_params : m->tensors[t->frontier_tensor].offset;
-}
-
 static void on_grad_ready(void *ctx, size_t offset, size_t count) {
   td_trainer *t = ctx;
-  const td_model *m = t->model;
-  if (count == 0 || m->n_tensors == 0) return;
-  /* Find the first tensor ending after `offset` (binary search), then credit
-   * every tensor the range overlaps. */
-  int lo = 0, hi = m->n_tensors;
-  while (lo < hi) {
-    int mid = (lo + hi) / 2;
-    if (m->tensors[mid].offset + m->tensors[mid].count <= offset) lo = mid + 1;
-    else hi = mid;
-  }
-  size_t end = offset + count;
-  for (int i = lo; i < m->n_tensors && m->tensors[i].offset < end; i++) {
-    size_t a = TD_MAX(offset, m->tensors[i].offset);
-    size_t b = TD_MIN(end, m->tensors[i].offset + m->tensors[i].count);
-    if (b > a) t->tensor_ready[i] += b - a;
-  }
-  while (t->frontier_tensor > 0 &&
-         t->tensor_ready[t->frontier_tensor - 1] >= m->tensors[t->frontier_tensor - 1].count)
-    t->frontier_tensor--;
-  size_t front = frontier_offset(t);
+  if (count == 0 || t->model->n_tensors == 0) return;
+  size_t front = td_frontier_credit(t, offset, count);
   if (t->launched_lo > front && t->launched_lo - front >= t->next_bucket) {
     bucket_launch(t, front, t->launched_lo);
     t->launched_lo = front;
@@ -499,8 +476,7 @@ static float backward_scale(const td_trainer *t) {
 
 /* Before a backward whose gradient buckets are reduced as they are final. */
 static void begin_buckets(td_trainer *t) {
-  memset(t->tensor_ready, 0, (size_t)TD_MAX(t->model->n_tensors, 1) * sizeof(size_t));
-  t->frontier_tensor = t->model->n_tensors;
+  td_frontier_begin(t);
   t->launched_lo = t->n_params;
   t->next_bucket = t->cfg.first_bucket_bytes / sizeof(float);
   t->bucket_status = TD_OK;
@@ -688,6 +664,11 @@ static td_status step_finish(td_trainer *t, td_step_stats *stats, double loss, d
       norm = sqrt(norm);
     } else
       TD_CHECK(zero_grad_norm(t, &norm));
+    if (t->model->ops->grad_norm_sq) { /* a shard of a model split across ranks: the whole model's norm */
+      double sum_sq = norm * norm;
+      TD_CHECK(t->model->ops->grad_norm_sq(t->model, t->grads, &sum_sq));
+      norm = sqrt(sum_sq);
+    }
     norm /= loss_scale;
     scale = td_clip_scale(norm, t->cfg.grad_clip);
     const td_optimizer_config *o = &t->cfg.optimizer;
@@ -734,6 +715,7 @@ static td_status step_finish(td_trainer *t, td_step_stats *stats, double loss, d
     stats->data_s = data_s;
     stats->optimizer_s = t_end - opt0;
     stats->io_s = saved ? td_now() - t_end : 0.0;
+    stats->fetch_wait_s = t->zero ? t->zero->fetch_wait_s : 0.0;
     stats->n_buckets = n_buckets;
     stats->comm_bytes = t->comm_bytes;
     stats->saved = saved;

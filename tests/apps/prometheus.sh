@@ -5,7 +5,12 @@
 #              a prometheus server started here (loopback, 1 s scrapes) scrapes
 #              it; every series is checked through the HTTP query API
 #              (/api/v1/query): one per rank, `up` 1 for all four targets, and
-#              a scraped (step, loss) pair equal to the JSONL metrics' line.
+#              a scraped (step, loss) pair equal to the JSONL metrics' line;
+#              per-operation bytes against the parameter count and steps.
+# job:         3 ranks under tandemrun --prometheus-port: prometheus scrapes
+#              the one job endpoint and sees every rank's series (rank label),
+#              tandem_job_rank_up 1 for each, a (step, loss) pair of rank 1
+#              equal to the metrics file; bad tandemrun values refused.
 # port-in-use: the metrics port already taken: a warning naming the port, and
 #              training finishes with exit 0.
 # Everything started here is stopped on exit, also on failure; each wait is
@@ -49,12 +54,9 @@ free_base() {
   echo 0
 }
 
-case "$case_name" in
-scrape)
-  command -v prometheus >/dev/null || { echo "SKIP: Debian's prometheus is not installed (scripts/install-deps)"; exit 0; }
-  base=$(free_base)
-  [ "$base" != 0 ] || fail "no free ports"
-  prom_port=$((base + 4))
+# start_prometheus PORT TARGETS: a server on 127.0.0.1:PORT scraping the
+# targets (a YAML list's inside) every second as job "tandem"; sets $api.
+start_prometheus() {
   cat >"$work/prometheus.yml" <<EOF
 global:
   scrape_interval: 1s
@@ -62,25 +64,80 @@ global:
 scrape_configs:
   - job_name: tandem
     static_configs:
-      - targets: ['127.0.0.1:$base', '127.0.0.1:$((base + 1))', '127.0.0.1:$((base + 2))', '127.0.0.1:$((base + 3))']
+      - targets: [$2]
 EOF
   prometheus --config.file="$work/prometheus.yml" --storage.tsdb.path="$work/tsdb" \
-    --web.listen-address="127.0.0.1:$prom_port" >"$work/prometheus.log" 2>&1 &
+    --web.listen-address="127.0.0.1:$1" >"$work/prometheus.log" 2>&1 &
   pids+=($!)
-  api="http://127.0.0.1:$prom_port"
+  api="http://127.0.0.1:$1"
   for _ in $(seq 60); do curl -sf "$api/-/ready" >/dev/null && break; sleep 0.5; done
   curl -sf "$api/-/ready" >/dev/null || fail "prometheus not ready after 30 s"
+}
+# query EXPR -> the JSON answer of /api/v1/query
+query() { curl -sf --max-time 5 "$api/api/v1/query" --data-urlencode "query=$1"; }
+# count of the result vector of EXPR (0 on any error)
+count() { query "$1" | python3 -c 'import json,sys; print(len(json.load(sys.stdin)["data"]["result"]))' 2>/dev/null || echo 0; }
+
+case "$case_name" in
+job)
+  # tandemrun --prometheus-port: one target for the whole job; 3 ranks (odd)
+  command -v prometheus >/dev/null || { echo "SKIP: Debian's prometheus is not installed (scripts/install-deps)"; exit 0; }
+  base=$(free_base)
+  [ "$base" != 0 ] || fail "no free ports"
+  start_prometheus $((base + 4)) "'127.0.0.1:$base'"
+  "$RUN" -np 3 --prometheus-port "$base" "$GPT" $TINY --steps 1000000 --micro-batch 2 --sample 0 \
+    --metrics "$work/m.jsonl" >"$work/train.log" 2>&1 &
+  train=$!
+  pids+=($train)
+  ok=0
+  for _ in $(seq 90); do
+    kill -0 $train 2>/dev/null || fail "the training job ended early"
+    if [ "$(count 'up{job="tandem"} == 1')" = 1 ] && [ "$(count 'tandem_step > 2')" = 3 ]; then ok=1; break; fi
+    sleep 1
+  done
+  [ $ok = 1 ] || { query 'up'; query tandem_step; fail "prometheus did not see 3 ranks past step 2 through the job endpoint within 90 s"; }
+  grep -q "tandemrun: the job's metrics on http://127.0.0.1:$base/metrics (rank r serves on port $((base + 1))+r)" \
+    "$work/train.log" || fail "tandemrun did not name the job's endpoint"
+  for r in 0 1 2; do
+    grep -q "rank $r serves metrics on http://127.0.0.1:$((base + 1 + r))/metrics" "$work/train.log" || fail "rank $r's port"
+  done
+  # every rank's series through the one target, each rank reachable
+  [ "$(count "tandem_job_rank_up{instance=\"127.0.0.1:$base\"} == 1")" = 3 ] || { query tandem_job_rank_up; fail "not 3 ranks up"; }
+  for s in tandem_loss tandem_tokens_total tandem_world_size tandem_collective_calls_total; do
+    [ "$(count "count by (rank) ($s{instance=\"127.0.0.1:$base\"})")" = 3 ] || { query "$s"; fail "series $s: not 3 ranks"; }
+  done
+  [ "$(count 'tandem_step_phase_seconds{phase="comm_wait"}')" = 3 ] || fail "phases not per rank"
+  # rank 1's step and loss from one scrape of the job endpoint against the file
+  query '{__name__=~"tandem_step|tandem_loss",rank="1"}' >"$work/pair.json" || fail "query of step and loss"
+  kill -TERM $train
+  for _ in $(seq 20); do kill -0 $train 2>/dev/null || break; sleep 0.5; done
+  python3 - "$work/pair.json" "$work/m.jsonl" <<'EOP' || fail "scraped loss differs from the metrics file"
+import json, sys
+got = {r["metric"]["__name__"]: r["value"] for r in json.load(open(sys.argv[1]))["data"]["result"]}
+assert got["tandem_step"][0] == got["tandem_loss"][0], "step and loss from different scrapes"
+step, loss = int(float(got["tandem_step"][1])), float(got["tandem_loss"][1])
+want = [json.loads(l) for l in open(sys.argv[2]) if l.startswith(f'{{"step":{step},')]
+assert want and abs(want[0]["loss"] - loss) <= 5e-9 * abs(loss), (step, loss, want)
+print(f"through the job endpoint: rank 1 step {step} loss {loss!r} = metrics file {want[0]['loss']!r}")
+EOP
+  # bad values are usage errors that say what to do
+  "$RUN" -np 2 --prometheus-port 65534 true >"$work/bad.log" 2>&1
+  [ $? = 2 ] && grep -q "pass 65535; choose a lower port" "$work/bad.log" || fail "port past the range accepted"
+  "$RUN" --min-np 1 --max-np 2 -np 2 --prometheus-port "$base" true >"$work/bad2.log" 2>&1
+  [ $? = 2 ] && grep -q "not supported in elastic mode" "$work/bad2.log" || fail "elastic accepted"
+  echo "prometheus scraped 3 ranks through tandemrun's one endpoint"
+  ;;
+scrape)
+  command -v prometheus >/dev/null || { echo "SKIP: Debian's prometheus is not installed (scripts/install-deps)"; exit 0; }
+  base=$(free_base)
+  [ "$base" != 0 ] || fail "no free ports"
+  start_prometheus $((base + 4)) "'127.0.0.1:$base', '127.0.0.1:$((base + 1))', '127.0.0.1:$((base + 2))', '127.0.0.1:$((base + 3))'"
 
   # Long enough to be scraped several times; stopped below once checked.
   "$RUN" -np 4 "$GPT" $TINY --steps 1000000 --micro-batch 2 --sample 0 --metrics "$work/m.jsonl" \
     --prometheus-port "$base" >"$work/train.log" 2>&1 &
   train=$!
   pids+=($train)
-
-  # query EXPR -> the JSON answer of /api/v1/query
-  query() { curl -sf --max-time 5 "$api/api/v1/query" --data-urlencode "query=$1"; }
-  # count of the result vector of EXPR (0 on any error)
-  count() { query "$1" | python3 -c 'import json,sys; print(len(json.load(sys.stdin)["data"]["result"]))' 2>/dev/null || echo 0; }
 
   series="tandem_step tandem_loss tandem_learning_rate tandem_grad_norm tandem_loss_scale tandem_tokens_per_second
     tandem_tokens_total tandem_comm_bytes_total tandem_comm_buckets_total tandem_comm_bytes_per_step
@@ -96,10 +153,10 @@ EOF
     n=$(count "$s")
     [ "$n" = 4 ] || fail "series $s: $n ranks, expected 4"
   done
-  # 6 phases x 4 ranks, for the last-step gauge and the total counter
+  # 7 phases x 4 ranks, for the last-step gauge and the total counter
   for s in tandem_step_phase_seconds tandem_phase_seconds_total; do
     n=$(count "$s")
-    [ "$n" = 24 ] || fail "series $s: $n (rank, phase) pairs, expected 24"
+    [ "$n" = 28 ] || fail "series $s: $n (rank, phase) pairs, expected 28"
   done
   [ "$(count 'tandem_phase_seconds_total{phase="comm_wait"} > 0')" = 4 ] || fail "no communication wait recorded"
   [ "$(count 'tandem_resident_memory_bytes > 1e6')" = 4 ] || fail "resident memory below 1 MB"
@@ -110,6 +167,30 @@ EOF
   [ -n "$params" ] || fail "no params= in the start line"
   [ "$(count "tandem_comm_bytes_per_step == $((params * 4))")" = 4 ] ||
     { query tandem_comm_bytes_per_step; fail "comm bytes per step are not 4 x $params"; }
+  # Per operation and algorithm (4 ranks on shm: the shm algorithms). The
+  # start broadcasts the parameters once; each step allreduces the gradients
+  # and the 16-byte (loss, failed) pair, nothing else: allreduce bytes -
+  # gradient bytes - 16 x steps (one scrape) is what start-up reduced (the
+  # trainer's agreements, a few bytes per rank), the same two scrapes apart.
+  for s in tandem_collective_calls_total tandem_collective_bytes_total tandem_collective_seconds_total \
+    tandem_collective_bus_bytes_total tandem_collective_bus_bandwidth_bytes_per_second; do
+    [ "$(count "$s{operation=\"allreduce\",algorithm=\"shm\"} > 0")" = 4 ] || { query "$s"; fail "series $s: not 4 ranks' shm allreduce"; }
+  done
+  [ "$(count "tandem_collective_bytes_total{operation=\"broadcast\",algorithm=\"shm\"} == $((params * 4))")" = 4 ] ||
+    { query tandem_collective_bytes_total; fail "the start broadcast is not 4 x $params bytes"; }
+  startup='sum by (rank) (tandem_collective_bytes_total{operation="allreduce"}) - sum by (rank) (tandem_comm_bytes_total) - 16 * sum by (rank) (tandem_step)'
+  query "$startup" >"$work/startup1.json" || fail "query $startup"
+  sleep 2.5
+  query "$startup" >"$work/startup2.json" || fail "query $startup"
+  python3 - "$work/startup1.json" "$work/startup2.json" <<'EOF' || fail "allreduce bytes are not gradient bytes + 16 per step"
+import json, sys
+a, b = ({r["metric"]["rank"]: float(r["value"][1]) for r in json.load(open(p))["data"]["result"]} for p in sys.argv[1:3])
+assert len(a) == 4 and a == b and all(0 <= v <= 4096 for v in a.values()), (a, b)
+print(f"allreduce bytes = gradient bytes + 16 x steps + {a['0']:.0f} at start-up, two scrapes apart")
+EOF
+  # bus bytes: 2(n-1)/n = 1.5 times the allreduce bytes at 4 ranks
+  [ "$(count 'tandem_collective_bus_bytes_total{operation="allreduce"} - 1.5 * tandem_collective_bytes_total{operation="allreduce"} == 0')" = 4 ] ||
+    fail "allreduce bus bytes are not 1.5 x bytes"
   # Every PromQL expression of the shipped Grafana dashboard is accepted by
   # this Prometheus (Grafana itself is not in Debian) and, except for the
   # series that may be absent (offload, checkpoints, fp16 skips, a memory

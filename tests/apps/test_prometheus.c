@@ -4,7 +4,11 @@
  * with it over a real loopback socket, 404 for other paths, 405 for other
  * methods, 431 for a request over 4 KiB, nothing (connection closed) for a
  * request that never completes; a port in use is an error naming the port.
- * The requests are written by hand here, not by the library. */
+ * The requests are written by hand here, not by the library.
+ * prometheus_job.c: the job endpoint over three real rank endpoints, a
+ * closed port and a listener that never answers gives the ranks' families
+ * merged (HELP/TYPE once, samples in rank order), the silent ranks as
+ * tandem_job_rank_up 0, the same over HTTP; bad targets are refused. */
 #include "base/base.h"
 #include "../common/check.h"
 #include "tandem/obs.h"
@@ -176,9 +180,94 @@ static void test_http(void) {
   CHECK(td_now() - t0 < 1.0);
 }
 
+static const char *job_expected =
+    "# HELP tandem_step steps\n# TYPE tandem_step gauge\n"
+    "tandem_step{rank=\"0\"} 10\ntandem_step{rank=\"1\"} 11\ntandem_step{rank=\"2\"} 12\n"
+    "# HELP tandem_phase_seconds_total by phase\n# TYPE tandem_phase_seconds_total counter\n"
+    "tandem_phase_seconds_total{rank=\"0\",phase=\"compute\"} 0.5\n"
+    "tandem_phase_seconds_total{rank=\"0\",phase=\"io\"} 0\n"
+    "tandem_phase_seconds_total{rank=\"1\",phase=\"compute\"} 1.5\n"
+    "tandem_phase_seconds_total{rank=\"1\",phase=\"io\"} 1\n"
+    "tandem_phase_seconds_total{rank=\"2\",phase=\"compute\"} 2.5\n"
+    "tandem_phase_seconds_total{rank=\"2\",phase=\"io\"} 2\n"
+    "# HELP tandem_offload_read_bytes offload reads\n# TYPE tandem_offload_read_bytes gauge\n"
+    "tandem_offload_read_bytes{rank=\"1\"} 4096\n"
+    "# HELP tandem_job_rank_up 1: the rank's endpoint answered this scrape of the job endpoint, 0: it did not\n"
+    "# TYPE tandem_job_rank_up gauge\n"
+    "tandem_job_rank_up{rank=\"0\"} 1\ntandem_job_rank_up{rank=\"1\"} 1\ntandem_job_rank_up{rank=\"2\"} 1\n"
+    "tandem_job_rank_up{rank=\"3\"} 0\ntandem_job_rank_up{rank=\"4\"} 0\n"
+    "# HELP tandem_job_scrape_seconds time this scrape of the job endpoint took to fetch the ranks\n"
+    "# TYPE tandem_job_scrape_seconds gauge\ntandem_job_scrape_seconds ";
+
+/* The merged text up to the scrape time, and that time (a silent rank costs
+ * its 2 s timeout). */
+static void check_job_text(const char *text) {
+  size_t n = strlen(job_expected);
+  if (strncmp(text, job_expected, n) != 0) td_test_fail(__FILE__, __LINE__, "job endpoint text:\n%s", text);
+  double took = atof(text + n);
+  CHECK(took >= 1.9 && took < 8);
+  CHECK(strchr(text + n, '\n') && strchr(text + n, '\n')[1] == 0);
+}
+
+static void test_job(void) {
+  td_prom *ranks[3];
+  char targets_text[5][64];
+  const char *targets[5];
+  for (int r = 0; r < 3; r++) {
+    CHECK_OK(td_prom_start(NULL, 0, &ranks[r]));
+    char l[64];
+    snprintf(l, sizeof l, "rank=\"%d\"", r);
+    td_prom_set(ranks[r], "tandem_step", "gauge", "steps", l, 10 + r);
+    snprintf(l, sizeof l, "rank=\"%d\",phase=\"compute\"", r);
+    td_prom_set(ranks[r], "tandem_phase_seconds_total", "counter", "by phase", l, r + 0.5);
+    snprintf(l, sizeof l, "rank=\"%d\",phase=\"io\"", r);
+    td_prom_set(ranks[r], "tandem_phase_seconds_total", "counter", "by phase", l, r);
+    if (r == 1) td_prom_set(ranks[r], "tandem_offload_read_bytes", "gauge", "offload reads", "rank=\"1\"", 4096);
+    snprintf(targets_text[r], sizeof targets_text[r], "127.0.0.1:%d", td_prom_port(ranks[r]));
+  }
+  /* rank 3: a closed port (refused); rank 4: a listener that never answers */
+  int closed = socket(AF_INET, SOCK_STREAM, 0), silent = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET};
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t sl = sizeof sa;
+  CHECK(bind(closed, (struct sockaddr *)&sa, sizeof sa) == 0 && getsockname(closed, (struct sockaddr *)&sa, &sl) == 0);
+  snprintf(targets_text[3], sizeof targets_text[3], "localhost:%d", ntohs(sa.sin_port));
+  close(closed);
+  sa.sin_port = 0;
+  CHECK(bind(silent, (struct sockaddr *)&sa, sizeof sa) == 0 && listen(silent, 4) == 0);
+  sl = sizeof sa;
+  CHECK(getsockname(silent, (struct sockaddr *)&sa, &sl) == 0);
+  snprintf(targets_text[4], sizeof targets_text[4], "[127.0.0.1]:%d", ntohs(sa.sin_port));
+  for (int r = 0; r < 5; r++) targets[r] = targets_text[r];
+
+  td_prom *job = NULL;
+  CHECK_OK(td_prom_job_start(NULL, 0, targets, 5, &job));
+  td_prom_set(job, "tandem_ignored", "gauge", "", NULL, 1); /* no table of its own */
+  size_t len = 0;
+  char *text = td_prom_render(job, &len);
+  CHECK(text && len == strlen(text));
+  check_job_text(text);
+  free(text);
+  static const char get[] = "GET /metrics HTTP/1.1\r\n\r\n";
+  char *r = http(td_prom_port(job), get, sizeof get - 1);
+  CHECK(!strncmp(r, "HTTP/1.1 200 OK\r\n", 17) && strstr(r, "\r\n\r\n"));
+  check_job_text(strstr(r, "\r\n\r\n") + 4);
+  free(r);
+  td_prom_stop(job);
+  close(silent);
+
+  const char *bad[] = {"127.0.0.1:1", "no-port"};
+  CHECK_MSG(td_prom_job_start(NULL, 0, bad, 2, &job), TD_ERR_INVALID_ARGUMENT, "rank 1's endpoint 'no-port'");
+  CHECK(job == NULL);
+  CHECK_MSG(td_prom_job_start(NULL, 0, bad, 0, &job), TD_ERR_INVALID_ARGUMENT, "no rank endpoints");
+  CHECK_MSG(td_prom_job_start(NULL, 70000, bad, 1, &job), TD_ERR_INVALID_ARGUMENT, "out of range");
+  for (int i = 0; i < 3; i++) td_prom_stop(ranks[i]);
+}
+
 int main(void) {
   test_render();
   test_http();
+  test_job();
   printf("test_prometheus: ok\n");
   return 0;
 }

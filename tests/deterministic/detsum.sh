@@ -9,7 +9,9 @@
 #                               parameter hash of 2, 3 and 4 ranks equal
 #                               the 1-rank run's bit for bit (and a 1-rank
 #                               run with units of 3, another sum, differs:
-#                               the comparison can fail)
+#                               the comparison can fail), also with
+#                               the exchange streamed in chunks of one
+#                               page (TANDEM_TEST_DET_CHUNK)
 #   detsum.sh B refuse          the combinations that cannot be canonical
 #                               are refused with a message naming the fix
 set -u
@@ -49,6 +51,11 @@ ranks)
     for np in 2 3 4; do
       got=$(exact "$np" --config "$work/det.json" --zero-stage "$stage")
       [ "$got" = "$ref" ] || fail "stage $stage, $np ranks: $got, 1 rank: $ref"
+    done
+    # the streamed exchange in many chunks of 1024 floats (one page): the same bits
+    for np in 1 3; do
+      got=$(TANDEM_TEST_DET_CHUNK=1024 exact "$np" --config "$work/det.json" --zero-stage "$stage")
+      [ "$got" = "$ref" ] || fail "stage $stage, $np ranks, chunks of 1024 floats: $got, 1 rank: $ref"
     done
     echo "stage $stage: 1, 2, 3, 4 ranks: $ref"
   done

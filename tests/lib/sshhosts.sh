@@ -51,6 +51,11 @@ sshhosts_init() { # DIR (private, removed by the caller)
 
 sshhosts_add() { # NAME ADDRESS
   netns_add_host "$1" "$2"
+  sshhosts_config "$1" "$2"
+  sshhosts_start "$1"
+}
+
+sshhosts_config() { # NAME ADDRESS: the sshd config $SSHHOSTS_DIR/sshd_NAME (also for hosts whose init is another daemon)
   SSHHOSTS_ADDR[$1]=$2
   cat >"$SSHHOSTS_DIR/sshd_$1" <<EOF
 ListenAddress $2
@@ -66,7 +71,6 @@ PidFile none
 AcceptEnv none
 MaxStartups 100
 EOF
-  sshhosts_start "$1"
 }
 
 sshhosts_start() { # NAME: sshd as the init of fresh UTS, IPC and PID namespaces

@@ -11,6 +11,11 @@
 #                   is refused on every rank and the run ends normally
 #   watch           a rank whose RSS passes 90% of its limit says so in the log
 #                   and in the metrics
+#   defaults        stage 3 with both offloads and the cache knobs unset, at a
+#                   limit ~36% below what DeepSpeed's defaults need: the knobs
+#                   are lowered (the log says which), it trains, every rank's
+#                   peak RSS is within its estimate and the estimate within the
+#                   limit; the same job with those knobs set is refused
 # usage: memory_edge.sh MODE BUILD_DIR [ARGS...]
 set -u
 mode=$1 B=$2
@@ -132,6 +137,45 @@ watch)
   head -1 "$tmp/m.jsonl"
   grep -q '"memory_warning":[12]' "$tmp/m.jsonl" || fail "no memory_warning in the metrics"
   grep -q '"memory_mib":' "$tmp/m.jsonl" || fail "no memory_mib in the metrics"
+  ;;
+defaults)
+  args="--zero-stage 3 --bf16 --activation-checkpointing --offload-optimizer nvme:$tmp --offload-param nvme:$tmp"
+  per_rank=$(estimate 3 $MODEL $args) # DeepSpeed's defaults (nothing lowered: --estimate-memory does not fit)
+  [ -n "$per_rank" ] || fail "no estimate"
+  # 0.64: the tile chosen from the memory alone does not fit it, the cache must shrink too
+  limit=$(awk -v e="$per_rank" 'BEGIN { printf "%d", 2 * (e + 10) * 0.64 * 1048576 }')
+  echo "estimate at DeepSpeed's defaults $per_rank MiB per rank; TANDEM_MEMORY_LIMIT $((limit >> 20)) MiB for 2 ranks"
+  out=$(env TANDEM_LOG=info TANDEM_MEMORY_LIMIT=$limit timeout 120 "$RUN" -np 2 "$GPT" $MODEL $args 2>&1) ||
+    { echo "$out" | grep -v "offload step" | tail; fail "the job with unset knobs did not train"; }
+  echo "$out" | grep "chosen from the model" | head -1
+  # td_trainer_fit_memory (--estimate-memory's fit line) decides as the trainer did: same knobs, fits
+  fit=$(env TANDEM_MEMORY_LIMIT=$limit timeout 60 "$RUN" -np 2 "$GPT" $MODEL $args --estimate-memory 2>&1 | grep "fit: ")
+  echo "$fit" | cut -c1-200
+  echo "$fit" | grep -q "fits=1" || fail "td_trainer_fit_memory says the job does not fit"
+  knobs=$(echo "$out" | grep "train-gpt: knobs" | sed 's/.*knobs //')
+  [ -n "$knobs" ] && echo "$fit" | grep -qF "$knobs" || fail "the fit's knobs ($fit) differ from the trainer's ($knobs)"
+  for r in 0 1; do
+    echo "$out" | grep "^\[$r\]" | grep "chosen from the model" | grep -q "stage3_max_live_parameters [0-9]" ||
+      fail "rank $r did not lower stage3_max_live_parameters"
+  done
+  echo "$out" | grep -q "final_loss=" || fail "no summary"
+  echo "$out" | grep "memory rank=" | awk -v lim="$((limit >> 20))" '{
+      for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
+      printf "rank %s: peak %.1f MiB / estimate %.1f MiB = %.3f (limit per rank %.0f MiB)\n", v["rank"],
+             v["peak_rss_mib"], v["estimate_mib"], v["peak_rss_mib"] / v["estimate_mib"], lim / 2;
+      n++; if (v["peak_rss_mib"] > v["estimate_mib"] || v["estimate_mib"] > lim / 2) bad = 1
+    } END { exit bad || n != 2 }' || fail "peak above the estimate, or the estimate above the limit"
+  # the same knobs set by the user are kept, and the job is refused
+  echo '{"zero_optimization": {"stage3_max_live_parameters": 1000000000, "sub_group_size": 16777216}}' >"$tmp/set.json"
+  out=$(env TANDEM_MEMORY_LIMIT=$limit timeout 60 "$RUN" -np 2 "$GPT" $MODEL $args --config "$tmp/set.json" 2>&1) &&
+    fail "the job with the knobs set at DeepSpeed's defaults was not refused"
+  echo "$out" | grep "needs about" | head -1 | cut -c1-300
+  for r in 0 1; do
+    echo "$out" | grep "^\[$r\]" | grep -q "needs about .* MiB per rank" || fail "rank $r did not say it was refused"
+  done
+  echo "$out" | grep "needs about" | grep -q "stage3_max_live_parameters" && fail "a knob the user set was lowered"
+  env TANDEM_MEMORY_LIMIT=$limit timeout 60 "$RUN" -np 2 "$GPT" $MODEL $args --config "$tmp/set.json" --estimate-memory 2>&1 |
+    grep "fit: " | grep -q "fits=0" || fail "td_trainer_fit_memory says the refused job fits"
   ;;
 *)
   fail "unknown mode $mode"

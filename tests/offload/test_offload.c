@@ -593,6 +593,37 @@ static void run_config(void) {
     CHECK_EQ_INT(td_offload_buffer_count(&f, 3u << 20), 4);      /* 3Mi + up to 1023 below: 4 tiles */
     CHECK_EQ_INT(td_offload_buffer_count(&f, (1u << 20) - 1024), 1);
     CHECK_EQ_INT(td_offload_buffer_bytes(&f, 100u << 20), (size_t)4 * 3 * (1u << 20) * 4);
+    /* lowering a chosen tile (memory_fit.c, when the job would not fit): halves, rounded up to 1024, down to 256Ki */
+    f.offload.sub_group_size = 6990848;
+    CHECK(td_offload_tile_lower(&f));
+    CHECK_EQ_INT(f.offload.sub_group_size, 3495936); /* 6990848 / 2 = 3495424, rounded up to 3414 x 1024 */
+    f.offload.sub_group_size = (300 << 10) + 1024;
+    CHECK(td_offload_tile_lower(&f));
+    CHECK_EQ_INT(f.offload.sub_group_size, 256 << 10); /* 154112 is below the floor */
+    CHECK(!td_offload_tile_lower(&f));
+    CHECK_EQ_INT(f.offload.sub_group_size, 256 << 10);
+    f.offload.optimizer_device = TD_OFFLOAD_NONE; /* nothing offloaded: nothing to lower */
+    f.offload.sub_group_size = 1 << 20;
+    CHECK(!td_offload_tile_lower(&f));
+  }
+  /* the knobs a config sets are marked so (kept at start; unset ones may be lowered to fit the memory) */
+  CHECK_EQ_INT(c.knobs_set, 0);
+  {
+    td_train_config k;
+    td_train_config_defaults(&k);
+    CHECK_OK(td_train_config_parse_json("{\"zero_optimization\": {\"stage3_max_live_parameters\": 0}}", "test", &k));
+    CHECK_EQ_INT(k.knobs_set, TD_KNOB_STAGE3_MAX_LIVE);
+    CHECK_OK(td_train_config_parse_json("{\"bucket_bytes\": 4096, \"zero_optimization\": {"
+                                        "\"stage3_prefetch_bucket_size\": 5}}", "test", &k));
+    CHECK_EQ_INT(k.knobs_set, TD_KNOB_STAGE3_MAX_LIVE | TD_KNOB_BUCKET_BYTES | TD_KNOB_STAGE3_PREFETCH);
+    td_train_config_defaults(&k);
+    CHECK_OK(td_train_config_parse_json("{\"zero_optimization\": {\"offload_param\": {\"max_in_cpu\": 9}}}", "test",
+                                        &k));
+    CHECK_EQ_INT(k.knobs_set, TD_KNOB_PARAM_BUFFERS);
+    td_train_config_defaults(&k);
+    CHECK_OK(td_train_config_parse_json("{\"zero_optimization\": {\"offload_optimizer\": {\"buffer_count\": 2}}}",
+                                        "test", &k));
+    CHECK_EQ_INT(k.knobs_set, 0); /* the optimizer's buffer_count is not a cache knob */
   }
   const char *ok = "{\"zero_optimization\": {\"stage\": 3, \"sub_group_size\": 5000,"
                    " \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"/x\", \"buffer_count\": 3,"

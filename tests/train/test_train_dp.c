@@ -133,6 +133,11 @@ static const model_kit *find_kit(const char *name) {
   exit(2);
 }
 
+/* "fail MODEL det STAGE": the trainers run deterministic reduction at that
+ * ZeRO stage (-1: neither), whose exchange streams inside the last backward
+ * and so must learn of a failed rank before it (deterministic/). */
+static int det_stage = -1;
+
 static td_trainer *make(const model_kit *kit, td_model *model, td_dataset *ds, td_comm *comm, int micro, int accum,
                         td_optimizer_kind opt) {
   td_train_config c;
@@ -151,6 +156,10 @@ static td_trainer *make(const model_kit *kit, td_model *model, td_dataset *ds, t
   /* Small buckets so that even the tiny model's gradient is cut into several. */
   c.first_bucket_bytes = 256;
   c.bucket_bytes = 1024;
+  if (det_stage >= 0) {
+    c.deterministic_reduction = 1;
+    c.zero_stage = det_stage;
+  }
   td_trainer *t = NULL;
   CHECK_OK(td_trainer_create(&c, model, ds, comm, &t));
   if (kit->custom_init) tiny_init_params(td_trainer_params_mut(t), 3);
@@ -515,7 +524,8 @@ static void run_fail(td_comm *comm, const model_kit *kit) {
 
 int main(int argc, char **argv) {
   if (argc < 3) {
-    fprintf(stderr, "usage: %s equal MODEL ACCUM OPT | resume MODEL DIR | reload MODEL DIR\n", argv[0]);
+    fprintf(stderr, "usage: %s equal MODEL ACCUM OPT | resume MODEL DIR | reload MODEL DIR | fail MODEL [det STAGE]\n",
+            argv[0]);
     return 2;
   }
   setvbuf(stdout, NULL, _IOLBF, 0);
@@ -533,6 +543,7 @@ int main(int argc, char **argv) {
   } else if (strcmp(argv[1], "ckpt-check") == 0 && argc >= 4) {
     run_ckpt_check(comm, kit, argv[3]);
   } else if (strcmp(argv[1], "fail") == 0) {
+    if (argc >= 5 && strcmp(argv[3], "det") == 0) det_stage = atoi(argv[4]);
     run_fail(comm, kit);
   } else if (strcmp(argv[1], "reload") == 0 && argc >= 4) {
     run_reload(comm, kit, argv[3]);

@@ -103,6 +103,10 @@ static void run_equal(td_comm *comm, int accum, td_optimizer_kind opt, int tied,
     td_step_stats st[4];
     for (int s = 0; s < 4; s++) CHECK_OK(td_trainer_step(tr[s], &st[s]));
     CHECK_OK(td_trainer_gather_params(tr[3]));
+    /* only stage 3 fetches parameters; its waits are part of its compute time */
+    for (int s = 0; s < 3; s++) CHECK(st[s].fetch_wait_s == 0);
+    CHECK(st[3].fetch_wait_s >= 0 && st[3].fetch_wait_s <= st[3].compute_s);
+    if (world > 1) CHECK(st[3].fetch_wait_s > 0);
     clipped += st[0].clipped;
     for (int s = 1; s < 4; s++) {
       if (rank == 0 && s == 1)

@@ -55,6 +55,10 @@ typedef enum comm_kind {
 
 const char *comm_kind_name(comm_kind kind);
 
+/* (collective, algorithm) pairs one communicator keeps counts for: every
+ * kind has one algorithm per transport family, so 9 kinds x 4 covers them. */
+#define COMM_MAX_STAT_ROWS 36
+
 /* One collective or point-to-point call, as issued by the user. */
 typedef struct comm_op {
   comm_kind kind;
@@ -247,6 +251,18 @@ struct td_comm {
   /* collectives on device buffers (device/device_coll.c), set up by the
    * first one; NULL until then */
   struct device_coll *dev;
+
+  /* What each (collective, algorithm) pair moved and took on this rank:
+   * one row per pair seen, added by comm_execute (select/select.c) after
+   * each operation, read by td_comm_collective_stats from any thread. */
+  pthread_mutex_t stats_mu;
+  struct comm_stat_row {
+    comm_kind kind;
+    const char *algorithm; /* a static string of select.c's name table */
+    uint64_t calls, bytes;
+    double seconds;
+  } stats[COMM_MAX_STAT_ROWS];
+  int n_stats;
 
   /* algorithm selection (select/select.c), from tun and the transport */
   int sel_allreduce;          /* forced allreduce algorithm, 0 = auto */

@@ -168,10 +168,9 @@ td_status comm_env_detect(const td_comm_config *config, comm_env *env) {
     td_strlcpy(env->store, addr, sizeof env->store);
     return TD_OK;
   }
-  /* Another launcher (mpirun, srun) without a store: rank 0 hosts one on
-   * loopback, at TANDEM_STORE_PORT or a port derived from the launcher's job
-   * id so that concurrent jobs do not collide. This only reaches ranks on
-   * rank 0's host; multi-host jobs must set TANDEM_STORE. */
+  /* Another launcher without a store: rank 0 hosts one at TANDEM_STORE_PORT
+   * or at a port derived from the launcher's job id, so that concurrent jobs
+   * do not collide. */
   long fixed_port = td_env_long("TANDEM_STORE_PORT", 0);
   if (fixed_port > 0 && fixed_port < 65536) {
     port = (int)fixed_port;
@@ -184,6 +183,22 @@ td_status comm_env_detect(const td_comm_config *config, comm_env *env) {
                     "(rank 0 hosts it on 127.0.0.1), or start the job with tandemrun",
                     env->rank, env->size, env->launcher);
   }
+  if (!strcmp(env->launcher, "Slurm")) {
+    /* srun knows every node of the step: rank 0 hosts the store on the
+     * first one, bound to that node's own address (as for MASTER_ADDR), and
+     * every rank dials it by name (slurm.c checks the layout). */
+    char node[sizeof env->host_store_bind];
+    TD_CHECK(comm_slurm_layout(env, node, sizeof node));
+    if (env->rank == 0) {
+      env->host_store = true;
+      td_strlcpy(env->host_store_bind, node, sizeof env->host_store_bind);
+      env->host_store_port = port;
+    }
+    snprintf(env->store, sizeof env->store, "%s:%d", node, port);
+    return TD_OK;
+  }
+  /* mpirun and the rest: loopback only. This reaches the ranks on rank 0's
+   * host; multi-host jobs set TANDEM_STORE. */
   if (env->rank == 0) {
     env->host_store = true;
     td_strlcpy(env->host_store_bind, "127.0.0.1", sizeof env->host_store_bind);

@@ -50,4 +50,21 @@ typedef struct comm_rdv_entry {
 } comm_rdv_entry;
 td_status comm_rdv_entry_parse(char *entry, int rank, comm_rdv_entry *out);
 
+/* Slurm (slurm.c). comm_slurm_nodelist: a hostlist expression
+ * ("n[01-04],gpu7", groups multiply: "r[1-2]n[1-3]" is 6 hosts) gives its
+ * first host and its host count; empty or garbled lists (an open bracket, a
+ * backward range, an empty entry) are TD_ERR_INVALID_ARGUMENT quoting it.
+ * comm_slurm_tasks_per_node: "2(x3),1" gives the total tasks, the node count,
+ * and the tasks on node node_id (-1 if node_id is outside or negative).
+ * comm_slurm_layout: for env->launcher "Slurm", the store host (the step's
+ * first node) into store_host, and env->local_size from the step's layout;
+ * counts that disagree (SLURM_NTASKS against the tasks per node, the node
+ * list against the node count, SLURM_LOCALID against its node's tasks), or
+ * rank 0 away from the first node, are TD_ERR_INVALID_ARGUMENT naming the
+ * variables, and so is a batch script (SLURM_PROCID without a step id).
+ * Reads the environment only. */
+td_status comm_slurm_nodelist(const char *list, char *first_out, size_t first_size, int *count_out);
+td_status comm_slurm_tasks_per_node(const char *spec, int node_id, int *total_out, int *on_node_out, int *nodes_out);
+td_status comm_slurm_layout(comm_env *env, char *store_host, size_t store_host_size);
+
 #endif

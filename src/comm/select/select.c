@@ -14,7 +14,10 @@
  *   alltoall        alltoall_shm              alltoall_pairwise
  *   barrier         barrier_shm               barrier_dissemination
  *   send/recv       p2p_send_recv             p2p_send_recv
- * TANDEM_ALLREDUCE_ALGO=ring|rd|shm forces the allreduce algorithm. */
+ * TANDEM_ALLREDUCE_ALGO=ring|rd|shm forces the allreduce algorithm.
+ *
+ * Every operation executed here is also counted per (kind, algorithm) for
+ * td_comm_collective_stats: calls, bytes and seconds on this rank. */
 #include "comm/algorithms/algorithms.h"
 #include "comm/select/select.h"
 
@@ -158,6 +161,72 @@ static td_status execute_f32_partials(td_comm *comm, const comm_op *op, comm_alg
   return st;
 }
 
+/* The names td_comm_collective_stats reports for the algorithms above. */
+static const char *algorithm_name(comm_algo_fn algo) {
+  static const struct {
+    comm_algo_fn fn;
+    const char *name;
+  } names[] = {
+      {allreduce_ring, "ring"},           {allreduce_rd, "rd"},       {allreduce_shm, "shm"},
+      {reduce_scatter_ring, "ring"},      {reduce_scatter_shm, "shm"}, {allgather_ring, "ring"},
+      {allgather_shm, "shm"},             {broadcast_tree, "tree"},   {broadcast_shm, "shm"},
+      {reduce_tree, "tree"},              {reduce_shm, "shm"},        {alltoall_pairwise, "pairwise"},
+      {alltoall_shm, "shm"},              {barrier_dissemination, "dissemination"},
+      {barrier_shm, "shm"},               {p2p_send_recv, "p2p"},
+  };
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+    if (names[i].fn == algo) return names[i].name;
+  return "other";
+}
+
+/* nccl-tests' data size of an operation: the whole buffer. */
+static uint64_t stat_bytes(const td_comm *comm, const comm_op *op) {
+  uint64_t bytes = comm_op_bytes(op);
+  return op->kind == COMM_ALLTOALL ? bytes * (uint64_t)comm->size : op->kind == COMM_BARRIER ? 0 : bytes;
+}
+
+static void record(td_comm *comm, const comm_op *op, comm_algo_fn algo, double seconds) {
+  const char *name = algorithm_name(algo);
+  pthread_mutex_lock(&comm->stats_mu);
+  int i = 0;
+  while (i < comm->n_stats && (comm->stats[i].kind != op->kind || comm->stats[i].algorithm != name)) i++;
+  if (i == comm->n_stats && i < COMM_MAX_STAT_ROWS) comm->stats[comm->n_stats++] = (struct comm_stat_row){.kind = op->kind, .algorithm = name};
+  if (i < comm->n_stats) {
+    comm->stats[i].calls++;
+    comm->stats[i].bytes += stat_bytes(comm, op);
+    comm->stats[i].seconds += seconds;
+  }
+  pthread_mutex_unlock(&comm->stats_mu);
+}
+
+/* nccl-tests' bus factor: how many times the data size each rank's links
+ * carry in the bandwidth-optimal algorithm. */
+static double bus_factor(comm_kind kind, int n) {
+  switch (kind) {
+  case COMM_ALLREDUCE: return 2.0 * (n - 1) / n;
+  case COMM_REDUCE_SCATTER:
+  case COMM_ALLGATHER:
+  case COMM_ALLTOALL: return (double)(n - 1) / n;
+  case COMM_BARRIER: return 0;
+  default: return 1;
+  }
+}
+
+int td_comm_collective_stats(const td_comm *comm, td_coll_stats *rows, int max_rows) {
+  if (!comm) return 0;
+  td_comm *c = (td_comm *)comm; /* the lock only: the rows are not changed here */
+  pthread_mutex_lock(&c->stats_mu);
+  int n = c->n_stats;
+  for (int i = 0; i < n && i < max_rows && rows; i++) {
+    const struct comm_stat_row *r = &c->stats[i];
+    rows[i] = (td_coll_stats){.operation = comm_kind_name(r->kind), .algorithm = r->algorithm, .calls = r->calls,
+                              .bytes = r->bytes, .seconds = r->seconds,
+                              .bus_bytes = (double)r->bytes * bus_factor(r->kind, c->size)};
+  }
+  pthread_mutex_unlock(&c->stats_mu);
+  return n;
+}
+
 td_status comm_execute(td_comm *comm, const comm_op *op) {
   td_status st = comm_status(comm);
   if (st != TD_OK) return st;
@@ -168,13 +237,16 @@ td_status comm_execute(td_comm *comm, const comm_op *op) {
   if (op->count == 0 && op->kind != COMM_BARRIER && op->kind != COMM_SEND && op->kind != COMM_RECV) return TD_OK;
   comm_algo_fn algo = pick(comm, op);
   if (!algo) return comm_fail(comm, TD_ERR_INTERNAL, "no algorithm for operation kind %d", (int)op->kind);
+  double t0 = td_now();
   if (needs_f32_partials(comm, op, algo)) {
     TD_CHECK(execute_f32_partials(comm, op, algo));
-    return comm_status(comm);
+  } else {
+    TD_CHECK(algo(comm, op));
+    if (op->redop == TD_AVG && (op->kind == COMM_ALLREDUCE || op->kind == COMM_REDUCE ||
+                                op->kind == COMM_REDUCE_SCATTER))
+      finish_avg(comm, op);
   }
-  TD_CHECK(algo(comm, op));
-  if (op->redop == TD_AVG && (op->kind == COMM_ALLREDUCE || op->kind == COMM_REDUCE ||
-                              op->kind == COMM_REDUCE_SCATTER))
-    finish_avg(comm, op);
-  return comm_status(comm);
+  st = comm_status(comm);
+  if (st == TD_OK) record(comm, op, algo, td_now() - t0);
+  return st;
 }

@@ -209,4 +209,13 @@ void *td_trainer_model_grads(const td_trainer *t);
  * them; nothing without one (core/devops.c). */
 td_status td_trainer_device_params_changed(td_trainer *t);
 
+/* frontier.c: the frontier of final gradients during a backward (uses
+ * t->tensor_ready and t->frontier_tensor). begin: nothing final yet;
+ * credit: backward reported [offset, offset + count) final (the
+ * td_grad_ready_fn arguments); both return the arena offset from which up
+ * every gradient is final (n_params: none yet). */
+void td_frontier_begin(td_trainer *t);
+size_t td_frontier_credit(td_trainer *t, size_t offset, size_t count);
+size_t td_frontier_offset(const td_trainer *t);
+
 #endif

@@ -9,14 +9,31 @@
  *   2. the unit losses and a failure flag: every rank writes only its own
  *      units' slots, the others are 0, so a SUM allreduce moves them
  *      exactly (x + 0 = x); then each rank sums them in the tree.
- *   3. the exchange (reduce-scatter shape): owner j of arena range
- *      R_j = det_xfer_range(j) receives R_j of every rank's cover vectors
- *      (one alltoall, M vectors of C floats per pair, padded) and combines
- *      them in the tree into its gradient shard:
+ *   3. the exchange (reduce-scatter shape), streamed: owner j of arena
+ *      range R_j = det_xfer_range(j) receives R_j of every rank's cover
+ *      vectors and combines them in the tree into its gradient shard. The
+ *      arena is cut into chunks of B floats, exchanged top down, one
+ *      point-to-point message per (rank, cover vector, owner) and chunk:
  *
- *        rank 0: cover [c00 | c01]   --R_1-->   rank 1 combines
- *        rank 1: cover [c10]         --R_0-->   node(0, K) on R_1
- *        ...
+ *        rank 0: cover [c00 | c01]   --chunk k of R_1-->   rank 1 combines
+ *        rank 1: cover [c10]         --chunk k of R_0-->   node(0, K) there
+ *
+ *      The exchange runs inside the last unit's backward: a chunk leaves as
+ *      soon as the frontier of final gradients (core/frontier.c) passes
+ *      below it, the last leaf's additions into the cover (deferred,
+ *      det_acc_apply) done chunk by chunk first, and the last backward's
+ *      vector gives its pages back behind the exchange. So a rank holds
+ *      whole-model vectors only for the units before its last (none when it
+ *      has one unit per step, as elastic training's default unit gives),
+ *      plus two chunks in flight (receive buffers of W x M x B floats) and
+ *      the tree's scratch (levels x B): bounded, not the model's size.
+ *      Before that backward every rank agrees that all computed their
+ *      forwards (td_trainer_agree), so that a failed rank never leaves the
+ *      others waiting for its chunks. Every rank issues its transfers in
+ *      one global order (chunk, then owner, then sender, then cover
+ *      vector) and the communicator's progress thread runs them in issue
+ *      order, so the earliest unfinished transfer always has both ends at
+ *      it: no deadlock, whatever the covers' shapes.
  *
  *      Stage 0 then allgathers the shards (every rank steps the whole
  *      arena); stages 1-3 keep them (the optimizer steps the shard).
@@ -28,20 +45,27 @@
  * At ZeRO stage 3 every forward and backward fetches parameters
  * (collective), so a rank with fewer units runs extra forwards and
  * backwards of unit 0 whose results it drops: every rank runs as many as
- * the rank with the most.
+ * the rank with the most. At stages 0-2 a rank with fewer units streams its
+ * cover while the others run their last backward.
+ *
+ * Bit for bit: combining chunk by chunk adds the same pairs in the same
+ * order as combining whole vectors (every operation is elementwise), so
+ * the result is the unstreamed one's at every world size and chunk size.
  *
  * Cost against the bucketed allreduce: the same compute (the unit is the
- * micro-batch by default), a memset of the gradient vector per unit, M
- * times a reduce-scatter's traffic (M = 1 when every rank holds one unit or
- * an aligned pair) and the allgather at stage 0; the exchange starts after
- * the last backward (not overlapped with it). */
+ * micro-batch by default), a memset of the gradient vector per unit before
+ * the last, M times a reduce-scatter's traffic (M = 1 when every rank holds
+ * one unit or an aligned pair), overlapped with the last backward, and the
+ * allgather at stage 0. */
 #include "train/deterministic/deterministic.h"
 #include "train/zero/zero.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 void det_xfer_range(size_t n_params, int world, int r, size_t *lo, size_t *hi) {
   size_t len = 0;
@@ -60,13 +84,13 @@ static void leaf_range(size_t n_params, int world, int r, size_t *la, size_t *lb
 }
 
 static void free_buffers(det_state *c) {
-  td_free(c->pool);
-  if (c->send_shared)
-    td_mem_free(c->send);
-  else
-    td_free(c->send);
-  c->send_shared = false;
-  td_free(c->recv);
+  zero_unreserve(c->pool, c->pool_bytes, c->granule * sizeof(float));
+  for (int k = 0; k < 2; k++) {
+    td_free(c->recv[k]);
+    free(c->reqs[k]);
+    c->recv[k] = NULL;
+    c->reqs[k] = NULL;
+  }
   td_free(c->scratch);
   free(c->losses);
   free(c->leaves);
@@ -77,7 +101,8 @@ static void free_buffers(det_state *c) {
   td_free(c->targets);
   td_free(c->host_grads);
   c->host_grads = NULL;
-  c->pool = c->send = c->recv = c->scratch = NULL;
+  c->pool = c->scratch = c->streamed = NULL;
+  c->pool_bytes = 0;
   c->losses = c->leaves = c->norm_parts = NULL;
   c->parts = NULL;
   c->parts64 = NULL;
@@ -92,76 +117,128 @@ void det_free(td_trainer *t) {
   t->det = NULL;
 }
 
-void det_buffer_sizes(size_t n, size_t U, int W, int rank, int stage, det_sizes *out) {
+/* Floats per chunk of the streamed exchange: two chunks in flight hold 2 x
+ * W x M x B floats; about 8 MiB of them, at most a sixteenth of the arena
+ * (at least 64 KiB a message, at most the arena), whole pages so that the
+ * streamed vector gives its pages back chunk by chunk.
+ * TANDEM_TEST_DET_CHUNK sets it (tests). */
+static size_t chunk_floats(size_t n, int W, int M) {
+  const size_t page = zero_page_bytes() / sizeof(float);
+  size_t b = ((size_t)1 << 20) / ((size_t)TD_MAX(W, 1) * (size_t)TD_MAX(M, 1));
+  b = TD_MIN(b, n / 16); /* a small model: the chunks in flight stay a small part of a vector */
+  b = TD_MAX(b, (size_t)16384);
+  /* tests: many chunks on a small model (the bits must not change) */
+  long test = td_env_long("TANDEM_TEST_DET_CHUNK", 0);
+  if (test > 0) b = (size_t)test;
+  b = TD_MIN(b, TD_MAX(n, (size_t)1));
+  return (b + page - 1) / page * page;
+}
+
+void det_buffer_sizes(size_t n, size_t largest, size_t U, int W, int rank, int stage, det_sizes *out) {
   int max_cover = 0;
-  size_t xfer = 0;
   for (int r = 0; r < W; r++) {
-    size_t a, len, lo, hi;
+    size_t a, len;
     det_block cover[DET_MAX_COVER];
     td_shard_range(U, W, r, &a, &len);
     max_cover = TD_MAX(max_cover, det_cover(U, a, a + len, cover));
-    det_xfer_range(n, W, r, &lo, &hi);
-    xfer = TD_MAX(xfer, hi - lo);
   }
-  size_t a, len;
+  size_t a, len, first0, most;
   td_shard_range(U, W, rank, &a, &len);
-  out->n_pool = det_acc_vectors(U, a, a + len);
-  /* stage 3: a rank with fewer units than rank 0 computes dropped ones
-   * beside its cover (det_forward_backward) */
-  size_t first0, most;
   td_shard_range(U, W, 0, &first0, &most);
-  if (stage >= 3 && len < most) out->n_pool++;
-  out->max_cover = max_cover;
-  out->xfer = xfer;
+  out->n_pool = det_acc_vectors(U, a, a + len);
+  /* the last backward's vector is streamed: this rank's last unit when it
+   * has as many as rank 0 (the most), else at stage 3 a dropped unit's
+   * (det_forward_backward), beside the cover */
+  bool streams_leaf = len == most && len > 0, dropped = stage >= 3 && len < most;
+  if (dropped) out->n_pool++;
+  det_acc acc;
+  det_acc_begin(&acc, U, a, 0);
+  int whole = 0;
+  for (size_t u = a; u < a + len; u++) {
+    whole = TD_MAX(whole, acc.n_stack + (streams_leaf && u + 1 == a + len ? 0 : 1));
+    det_acc_push(&acc, NULL);
+    acc.n_spare = 0;
+  }
+  whole = TD_MAX(whole, acc.n_stack - (streams_leaf ? 1 : 0)); /* the cover, the streamed leaf apart */
+  out->whole = whole;
+  out->max_cover = TD_MAX(max_cover, 1);
+  out->chunk = chunk_floats(n, W, out->max_cover);
   out->levels = det_levels(U);
-  out->scratch_len = W > 1 ? xfer : n;
-  out->exchange = W > 1 ? (size_t)W * (size_t)max_cover * xfer : 0;
-  /* What becomes resident: the pool, send and receive, the scratch levels;
-   * of send only the other ranks' slots (exchange() never writes its own,
-   * whose pages stay untouched), (W - 1) x M x C of its W x M x C. */
-  size_t send_written = W > 1 ? (size_t)(W - 1) * (size_t)max_cover * xfer : 0;
-  out->bytes = ((size_t)out->n_pool * n + out->exchange + send_written +
-                (out->levels ? (size_t)out->levels * TD_MAX(out->scratch_len, (size_t)1) : 0)) * sizeof(float);
+  out->exchange = W > 1 ? (size_t)W * (size_t)out->max_cover * out->chunk : 0;
+  /* the streamed vector behind the frontier: the chunk being combined and
+   * the one in flight, the chunk partly written, the tensor holding the
+   * frontier back longest (a tied embedding, written first, final last),
+   * and the granules it is given back in, rounded inward */
+  size_t granule = zero_page_bytes();
+  (void)zero_vector_granule(n * sizeof(float), &granule); /* a bad TANDEM_ZERO_HUGE_PAGES fails the creation */
+  out->granule = granule / sizeof(float);
+  out->window = streams_leaf || dropped ? TD_MIN(n, 3 * out->chunk + largest + 2 * out->granule) : 0;
+  /* resident at the peak: the whole vectors, the window, the two receive
+   * buffers (of which the other ranks' slots are written: (W - 1) x M x B
+   * each) and the scratch levels */
+  size_t recv_written = W > 1 ? 2 * (size_t)(W - 1) * (size_t)out->max_cover * out->chunk : 0;
+  out->bytes = ((size_t)whole * n + out->window + recv_written + (size_t)out->levels * out->chunk) * sizeof(float);
+}
+
+size_t det_largest_tensor(const td_model *m) {
+  size_t most = 0;
+  for (int i = 0; i < m->n_tensors; i++) most = TD_MAX(most, m->tensors[i].count);
+  return m->n_tensors ? most : m->n_params;
+}
+
+static size_t resident_now(const td_trainer *t) {
+  const det_state *c = t->det;
+  size_t bytes = zero_resident_bytes(c->pool, c->pool_bytes);
+  size_t exchange = (size_t)c->world * (size_t)c->max_cover * c->chunk * sizeof(float);
+  for (int k = 0; k < 2; k++)
+    if (c->recv[k]) bytes += zero_resident_bytes(c->recv[k], exchange);
+  if (c->scratch) bytes += zero_resident_bytes(c->scratch, (size_t)det_levels(c->n_units) * c->chunk * sizeof(float));
+  return bytes;
+}
+
+static void measure(td_trainer *t) {
+  det_state *c = t->det;
+  if (!c->measuring) return;
+  size_t now = resident_now(t);
+  if (now > c->peak_bytes) c->peak_bytes = now;
 }
 
 size_t det_resident_bytes(const td_trainer *t) {
   const det_state *c = t ? t->det : NULL;
-  if (!c) return 0;
-  det_sizes z;
-  det_buffer_sizes(t->n_params, c->n_units, c->world, t->rank, t->zero_stage, &z);
-  const size_t f = sizeof(float);
-  return zero_resident_bytes(c->pool, (size_t)c->n_pool * t->n_params * f) +
-         zero_resident_bytes(c->send, z.exchange * f) + zero_resident_bytes(c->recv, z.exchange * f) +
-         zero_resident_bytes(c->scratch, (size_t)z.levels * TD_MAX(z.scratch_len, (size_t)1) * f);
+  if (!c || !c->pool) return 0;
+  return TD_MAX(c->peak_bytes, resident_now(t));
 }
 
 td_status det_setup(td_trainer *t) {
   det_state *c = t->det;
   free_buffers(c);
   const size_t n = t->n_params, U = c->n_units;
+  const int W = t->world;
   det_sizes z;
-  det_buffer_sizes(n, U, t->world, t->rank, t->zero_stage, &z);
+  det_buffer_sizes(n, det_largest_tensor(t->model), U, W, t->rank, t->zero_stage, &z);
+  size_t granule_bytes = zero_page_bytes();
+  TD_CHECK(zero_vector_granule(n * sizeof(float), &granule_bytes));
+  c->granule = granule_bytes / sizeof(float);
   c->n_pool = z.n_pool;
   c->max_cover = z.max_cover;
-  c->xfer = z.xfer;
-  c->world = t->world;
-  int levels = z.levels;
-  size_t scratch_len = z.scratch_len, n_leaves = (n + DET_NORM_LEAF - 1) / DET_NORM_LEAF;
-  size_t exchange = z.exchange;
-  const int W = t->world;
-  c->pool = td_alloc((size_t)c->n_pool * n * sizeof(float));
-  c->send = NULL;
-  if (exchange && td_comm_local_size(t->comm) > 1 && !strcmp(td_comm_transport(t->comm), "shm")) {
-    /* ranks on this host read each other's send directly (comm/alltoall_shm_direct.c) */
-    void *p = NULL;
-    if (td_mem_alloc(exchange * sizeof(float), &p) == TD_OK) {
-      c->send = p;
-      c->send_shared = true;
-    }
+  c->chunk = z.chunk;
+  c->world = W;
+  c->vec_stride = (TD_MAX(n, (size_t)1) + c->granule - 1) / c->granule * c->granule;
+  c->pool_bytes = (size_t)c->n_pool * c->vec_stride * sizeof(float);
+  c->slot_chunk[0] = c->slot_chunk[1] = SIZE_MAX;
+  c->peak_bytes = 0;
+  c->steps_seen = 0;
+  size_t n_leaves = (n + DET_NORM_LEAF - 1) / DET_NORM_LEAF;
+  /* address space only: a vector's pages come with backward's writes and
+   * the streamed one gives them back (madvise) */
+  c->pool = zero_reserve(c->pool_bytes, granule_bytes);
+  bool ok = c->pool != NULL;
+  for (int k = 0; k < 2 && W > 1; k++) {
+    c->recv[k] = td_alloc(z.exchange * sizeof(float));
+    c->reqs[k] = calloc(2 * (size_t)W * (size_t)c->max_cover, sizeof *c->reqs[k]);
+    ok = ok && c->recv[k] && c->reqs[k];
   }
-  if (exchange && !c->send) c->send = td_alloc(exchange * sizeof(float));
-  c->recv = exchange ? td_alloc(exchange * sizeof(float)) : NULL;
-  c->scratch = levels ? td_alloc((size_t)levels * TD_MAX(scratch_len, (size_t)1) * sizeof(float)) : NULL;
+  c->scratch = z.levels ? td_alloc((size_t)z.levels * c->chunk * sizeof(float)) : NULL;
   c->losses = calloc(U + 1, sizeof *c->losses);
   c->leaves = calloc(TD_MAX(n_leaves, (size_t)1), sizeof *c->leaves);
   c->norm_parts = calloc((size_t)W * DET_MAX_COVER, sizeof *c->norm_parts);
@@ -174,14 +251,41 @@ td_status det_setup(td_trainer *t) {
     return td_error(TD_ERR_SYSTEM, "rank %d: out of memory for the host copy of the device gradients (%zu floats) "
                     "of deterministic reduction", t->rank, n);
   }
-  if (!c->pool || (exchange && (!c->send || !c->recv)) || (levels && !c->scratch) || !c->losses || !c->leaves ||
-      !c->norm_parts || !c->parts || !c->parts64 || !c->inputs || !c->targets) {
+  if (!ok || (z.levels && !c->scratch) || !c->losses || !c->leaves || !c->norm_parts || !c->parts || !c->parts64 ||
+      !c->inputs || !c->targets) {
     free_buffers(c);
     return td_error(TD_ERR_SYSTEM, "rank %d: out of memory for deterministic reduction (%d gradient vectors of %zu "
-                    "floats, exchange of %zu floats): use a larger deterministic_unit (fewer units per rank)",
-                    t->rank, c->n_pool, n, exchange);
+                    "floats reserved, exchange of 2 x %zu floats): use a larger deterministic_unit (fewer units per "
+                    "rank)", t->rank, c->n_pool, n, z.exchange);
   }
   return TD_OK;
+}
+
+/* Give back the granules wholly inside elements [lo, hi) of a pool vector
+ * (they read as zeros afterwards); from the arena's end (hi >= n) the last
+ * granule counts as whole. */
+static void release_vec(const td_trainer *t, float *vec, size_t lo, size_t hi) {
+  const det_state *c = t->det;
+  const size_t g = c->granule;
+  size_t p0 = (lo + g - 1) / g * g, p1 = hi >= t->n_params ? c->vec_stride : hi / g * g;
+  if (p1 > p0) (void)madvise(vec + p0, (p1 - p0) * sizeof(float), MADV_DONTNEED);
+}
+
+/* Where the reduced gradients are combined: t->grads, or for a model on a
+ * device the host copy (det_state.host_grads). */
+static float *det_grads(const td_trainer *t) { return t->det->host_grads ? t->det->host_grads : t->grads; }
+
+/* A model on a device: a unit's backward into the device gradient arena
+ * (zeroed first), then copied into the host vector vec. */
+static td_status device_backward(td_trainer *t, float *vec, float scale, size_t u) {
+  const size_t n = t->n_params;
+  td_status st = td_device_memset0(t->device, t->grads, n * sizeof(float));
+  if (st == TD_OK) t->model->ops->backward(t->model, td_trainer_model_params(t), t->grads, scale, NULL, NULL);
+  if (st == TD_OK) st = td_device_copy(vec, (td_device){TD_DEVICE_CPU, 0}, t->grads, t->device, n * sizeof(float));
+  if (st == TD_OK) return TD_OK;
+  char why[512];
+  td_error_copy(why, sizeof why);
+  return td_error(st, "rank %d: step %ld, unit %zu: the device gradients: %s", t->rank, t->step + 1, u, why);
 }
 
 /* The samples of unit u into the unit buffers. */
@@ -203,10 +307,6 @@ static td_status load_unit(td_trainer *t, size_t u) {
   return TD_OK;
 }
 
-/* Where the reduced gradients are combined: t->grads, or for a model on a
- * device the host copy (det_state.host_grads). */
-static float *det_grads(const td_trainer *t) { return t->det->host_grads ? t->det->host_grads : t->grads; }
-
 static td_status forward_unit(td_trainer *t, size_t u, double *loss_out) {
   td_error(TD_OK, "%s", "");
   const det_state *c = t->det;
@@ -223,52 +323,148 @@ static td_status forward_unit(td_trainer *t, size_t u, double *loss_out) {
   return TD_OK;
 }
 
-/* Step 3 of the top comment: the covers of every rank combined into this
- * rank's range of t->grads (the whole arena at world 1). */
-static td_status exchange(td_trainer *t, const det_acc *acc) {
+/* ---- step 3, the streamed exchange ---- */
+
+/* Chunk k of the arena: [k B, min((k + 1) B, n)). */
+static void chunk_range(const td_trainer *t, size_t k, size_t *x, size_t *y) {
+  *x = k * t->det->chunk;
+  *y = TD_MIN(*x + t->det->chunk, t->n_params);
+}
+
+static size_t n_chunks(const td_trainer *t) { return (t->n_params + t->det->chunk - 1) / t->det->chunk; }
+
+static void stream_fail(td_trainer *t, td_status st, const char *what) {
   det_state *c = t->det;
-  const size_t n = t->n_params, U = c->n_units, M = (size_t)c->max_cover, C = c->xfer;
+  if (c->stream_st == TD_OK)
+    c->stream_st = td_error(st, "rank %d: %s in the exchange of deterministic reduction's gradient sums failed: %s",
+                            t->rank, what, td_comm_last_error(t->comm));
+}
+
+/* Wait for the chunk in `slot`, combine this rank's part of it into
+ * t->grads, give the streamed vector's pages of it back. */
+static void stream_finish(td_trainer *t, int slot) {
+  det_state *c = t->det;
+  size_t k = c->slot_chunk[slot];
+  if (k == SIZE_MAX) return;
+  c->slot_chunk[slot] = SIZE_MAX;
+  for (int i = 0; i < c->n_reqs[slot]; i++) {
+    td_status st = td_wait(c->reqs[slot][i]);
+    if (st != TD_OK) stream_fail(t, st, "a transfer");
+  }
+  c->n_reqs[slot] = 0;
+  const size_t U = c->n_units, M = (size_t)c->max_cover, B = c->chunk;
   const int W = t->world, me = t->rank;
-  det_part *all = c->parts;
-  int n_all = 0;
-  float *scratch[DET_MAX_LEVELS];
-  size_t lo = 0, hi = n;
-  if (W > 1) det_xfer_range(n, W, me, &lo, &hi);
-  for (int k = 0; k < det_levels(U); k++) scratch[k] = c->scratch + (size_t)k * (W > 1 ? C : n);
-  if (W > 1) {
-    for (int j = 0; j < W; j++) {
-      size_t jlo, jhi;
-      det_xfer_range(n, W, j, &jlo, &jhi);
-      if (j == me || jhi == jlo) continue;
-      for (int i = 0; i < acc->n_stack; i++)
-        memcpy(c->send + ((size_t)j * M + (size_t)i) * C, acc->stack[i].vec + jlo, (jhi - jlo) * sizeof(float));
-    }
-    td_status st = td_alltoall(c->send, c->recv, M * C, TD_F32, t->comm);
-    if (st != TD_OK)
-      return td_error(st, "rank %d: exchanging the gradient sums of the deterministic reduction failed: %s", t->rank,
-                      td_comm_last_error(t->comm));
-    t->comm_bytes += (size_t)(W - 1) * M * C * sizeof(float);
+  size_t x, y, lo = 0, hi = t->n_params;
+  chunk_range(t, k, &x, &y);
+  if (W > 1) det_xfer_range(t->n_params, W, me, &lo, &hi);
+  x = TD_MAX(x, lo);
+  y = TD_MIN(y, hi);
+  if (c->stream_st == TD_OK && y > x) {
+    det_part *all = c->parts;
+    int n_all = 0;
+    float *scratch[DET_MAX_LEVELS];
+    for (int l = 0; l < det_levels(U); l++) scratch[l] = c->scratch + (size_t)l * B;
     for (int r = 0; r < W; r++) {
       size_t a, len;
       det_block cover[DET_MAX_COVER];
       td_shard_range(U, W, r, &a, &len);
       int nc = det_cover(U, a, a + len, cover);
       for (int i = 0; i < nc; i++) {
-        const float *v = r == me ? acc->stack[i].vec + lo : c->recv + ((size_t)r * M + (size_t)i) * C;
+        const float *v = r == me ? c->acc.stack[i].vec + x : c->recv[slot] + ((size_t)r * M + (size_t)i) * B;
         all[n_all++] = (det_part){cover[i].start, cover[i].end, v};
       }
     }
-  } else {
-    for (int i = 0; i < acc->n_stack; i++) {
-      size_t end = TD_MIN(acc->stack[i].start + ((size_t)1 << acc->stack[i].level), U);
-      all[n_all++] = (det_part){acc->stack[i].start, end, acc->stack[i].vec};
+    if (det_combine_f32(U, all, n_all, det_grads(t) + x, y - x, scratch) != 0 && c->stream_st == TD_OK)
+      c->stream_st = td_error(TD_ERR_INTERNAL, "rank %d: the unit sums of %d ranks do not tile the %zu units", me,
+                              W, U);
+  }
+  /* chunks finish top down: everything of the streamed vector from this
+   * chunk up is dead, given back in whole granules */
+  size_t cx, cy;
+  chunk_range(t, k, &cx, &cy);
+  size_t from = (cx + c->granule - 1) / c->granule * c->granule;
+  if (c->streamed && from < c->released_lo) {
+    release_vec(t, c->streamed, from, c->released_lo);
+    c->released_lo = from;
+  }
+}
+
+/* Chunk k of every cover vector is final here: do the streamed leaf's
+ * deferred additions on it, send it to its owners, receive this rank's
+ * part from every rank, then finish the chunk launched before (two in
+ * flight). Transfers in the global order of the top comment. */
+static void stream_launch(td_trainer *t, size_t k) {
+  det_state *c = t->det;
+  const size_t U = c->n_units, M = (size_t)c->max_cover, B = c->chunk;
+  const int W = t->world, me = t->rank;
+  size_t x0, y0;
+  chunk_range(t, k, &x0, &y0);
+  det_acc_apply(&c->acc, x0, y0);
+  int slot = (int)(c->n_launched++ % 2);
+  stream_finish(t, slot); /* normally already finished: two chunks back */
+  c->slot_chunk[slot] = k;
+  if (W > 1 && c->stream_st == TD_OK) {
+    size_t a, len;
+    det_block cover[DET_MAX_COVER];
+    for (int j = 0; j < W; j++) {
+      size_t lo, hi;
+      det_xfer_range(t->n_params, W, j, &lo, &hi);
+      size_t x = TD_MAX(x0, lo), y = TD_MIN(y0, hi);
+      if (y <= x) continue;
+      for (int r = 0; r < W && c->stream_st == TD_OK; r++) {
+        if (r == j || (r != me && j != me)) continue;
+        td_shard_range(U, W, r, &a, &len);
+        int nc = det_cover(U, a, a + len, cover);
+        for (int i = 0; i < nc; i++) {
+          td_request *req = NULL;
+          td_status st =
+              r == me ? td_isend(c->acc.stack[i].vec + x, y - x, TD_F32, j, t->comm, &req)
+                      : td_irecv(c->recv[slot] + ((size_t)r * M + (size_t)i) * B, y - x, TD_F32, r, t->comm, &req);
+          if (st != TD_OK) {
+            stream_fail(t, st, r == me ? "sending a chunk" : "receiving a chunk");
+            break;
+          }
+          c->reqs[slot][c->n_reqs[slot]++] = req;
+          if (r == me) t->comm_bytes += (y - x) * sizeof(float);
+        }
+      }
     }
   }
+  measure(t); /* the high-water mark: a chunk just launched, the one before not yet given back */
+  stream_finish(t, 1 - slot);
+}
+
+/* Launch every chunk at or above arena offset `front` not launched yet. */
+static void stream_up_to(td_trainer *t, size_t front) {
+  det_state *c = t->det;
+  size_t K = n_chunks(t);
+  while (c->n_launched < K) {
+    size_t k = K - 1 - c->n_launched, x, y;
+    chunk_range(t, k, &x, &y);
+    if (x < front) return;
+    stream_launch(t, k);
+  }
+}
+
+static void on_grad_ready(void *ctx, size_t offset, size_t count) {
+  td_trainer *t = ctx;
+  if (count == 0 || t->model->n_tensors == 0) return;
+  stream_up_to(t, td_frontier_credit(t, offset, count));
+}
+
+/* The rest of the exchange after the last backward (or without one), then
+ * stage 0's allgather. */
+static td_status stream_end(td_trainer *t) {
+  det_state *c = t->det;
+  stream_up_to(t, 0);
+  stream_finish(t, (int)(c->n_launched % 2));
+  stream_finish(t, (int)((c->n_launched + 1) % 2));
+  measure(t);
+  c->streamed = NULL;
+  if (c->stream_st != TD_OK) return c->stream_st;
+  const size_t n = t->n_params;
   float *grads = det_grads(t);
-  int rc = hi > lo ? det_combine_f32(U, all, n_all, grads + lo, hi - lo, scratch) : 0;
-  if (rc != 0)
-    return td_error(TD_ERR_INTERNAL, "rank %d: the unit sums of %d ranks do not tile the %zu units", t->rank, W, U);
-  if (W > 1 && t->zero_stage == 0) {
+  if (t->world > 1 && t->zero_stage == 0) {
     /* in place: the shard is where the allgather puts it */
     td_status st = td_allgather(grads + t->shard_lo, grads, n, TD_F32, t->comm);
     if (st != TD_OK)
@@ -313,52 +509,95 @@ td_status det_forward_backward(td_trainer *t, double *loss_out, double *data_s, 
   }
   if (t->zero) zero_step_begin(t);
   t->comm_bytes = 0;
+  c->measuring = c->steps_seen++ < 2;
+  c->stream_st = TD_OK;
+  c->n_launched = 0;
+  c->streamed = NULL;
+  c->released_lo = n;
   memset(c->losses, 0, (U + 1) * sizeof *c->losses);
-  det_acc acc;
-  det_acc_begin(&acc, U, a, n);
-  for (int i = c->n_pool - 1; i >= 0; i--) acc.spare[acc.n_spare++] = c->pool + (size_t)i * n;
+  det_acc *acc = &c->acc;
+  det_acc_begin(acc, U, a, n);
+  for (int i = c->n_pool - 1; i >= 0; i--) acc->spare[acc->n_spare++] = c->pool + (size_t)i * c->vec_stride;
   /* the unit gradients are 1/U of their unit's mean loss gradient (fp16: times the loss scale) */
   float scale = (float)(t->scaler.scale / (double)U);
+  /* Rounds: a rank's own units; at stage 3 every rank runs the most (the
+   * extra ones dropped). The last round of a rank that has one is the
+   * streamed backward; the others stream their covers without one. */
   size_t rounds = fetching ? most : len;
+  bool streams = rounds == most && rounds > 0;
+  bool agreed = false;
   for (size_t i = 0; i < rounds; i++) {
-    if (local != TD_OK && !fetching) break;
+    bool last = streams && i + 1 == rounds;
     size_t u = i < len ? a + i : 0; /* past its own: a dropped unit, for stage 3's fetches */
     double d0 = td_now();
     if (local == TD_OK) local = load_unit(t, u);
     *data_s += td_now() - d0;
     /* stage 3's forward communicates: a rank whose data failed must not skip it while the others wait */
     if (fetching) local = td_trainer_agree(t, local);
-    if (local != TD_OK) break;
+    if (fetching && local != TD_OK) break;
     double loss = 0;
-    local = forward_unit(t, u, &loss);
+    if (local == TD_OK) local = forward_unit(t, u, &loss);
+    if (last) {
+      /* the exchange inside this backward needs every rank's chunks */
+      double w0 = td_now();
+      local = distributed ? td_trainer_agree(t, local) : local;
+      *wait_s += td_now() - w0;
+      agreed = true;
+      if (local != TD_OK) break;
+    }
     if (local != TD_OK) continue;
-    float *vec = acc.n_spare ? acc.spare[--acc.n_spare] : NULL;
+    float *vec = acc->n_spare ? acc->spare[--acc->n_spare] : NULL;
     if (!vec) {
       local = td_error(TD_ERR_INTERNAL, "rank %d: no free gradient vector for unit %zu", t->rank, u);
+      if (last) stream_fail(t, local, "finding a vector"); /* the others stream: so does this rank, without it */
       continue;
     }
-    if (t->devops) {
-      /* on the device, into its gradient arena, then to the host vector */
-      local = td_device_memset0(t->device, t->grads, n * sizeof(float));
-      if (local == TD_OK) m->ops->backward(t->model, td_trainer_model_params(t), t->grads, scale, NULL, NULL);
-      if (local == TD_OK) local = td_device_copy(vec, (td_device){TD_DEVICE_CPU, 0}, t->grads, t->device,
-                                                 n * sizeof(float));
-      if (local != TD_OK) {
-        char why[512];
-        td_error_copy(why, sizeof why);
-        local = td_error(local, "rank %d: step %ld, unit %zu: the device gradients: %s", t->rank, t->step + 1, u, why);
-      }
-    } else {
+    if (!last && t->devops) {
+      local = device_backward(t, vec, scale, u);
+    } else if (!last) {
       memset(vec, 0, n * sizeof(float));
       m->ops->backward(t->model, t->params, vec, scale, NULL, NULL);
+    } else {
+      release_vec(t, vec, 0, n); /* zeros without touching a page: backward faults in what it writes */
+      c->released_lo = n;
+      if (i < len) {
+        acc->defer = true; /* its additions into the cover wait for backward, chunk by chunk */
+        det_acc_push(acc, vec);
+        acc->defer = false;
+      }
+      c->streamed = vec;
+      td_frontier_begin(t);
+      if (t->devops) {
+        /* the device's gradients reach the host vector whole: the stream
+         * then runs its chunks at once (a failed copy fails every chunk,
+         * so that this rank still takes part in the exchange) */
+        td_status dst = device_backward(t, vec, scale, u);
+        if (dst != TD_OK) stream_fail(t, dst, "the device backward");
+        on_grad_ready(t, 0, n);
+      } else {
+        m->ops->backward(t->model, t->params, vec, scale, on_grad_ready, t);
+      }
     }
     if (t->zero && t->zero->status != TD_OK) local = t->zero->status; /* a fetch in backward failed */
     if (i < len) {
       c->losses[u] = loss;
-      det_acc_push(&acc, vec);
-    } else {
-      acc.spare[acc.n_spare++] = vec;
+      if (!last) det_acc_push(acc, vec);
+    } else if (!last) {
+      acc->spare[acc->n_spare++] = vec;
     }
+  }
+  /* a rank without a last backward (fewer units, stages 0-2) agrees where the others do */
+  if (!agreed && distributed && !fetching) {
+    double w0 = td_now();
+    local = td_trainer_agree(t, local);
+    *wait_s += td_now() - w0;
+    agreed = true;
+  }
+  if (local == TD_OK && (agreed || !distributed)) {
+    double w0 = td_now();
+    td_status st = stream_end(t);
+    *wait_s += td_now() - w0;
+    if (st != TD_OK) local = st;
   }
 
   /* step 2: the losses and every rank's status, 8 (U + 1) bytes */
@@ -379,11 +618,7 @@ td_status det_forward_backward(td_trainer *t, double *loss_out, double *data_s, 
     return local;
   }
   *loss_out = det_node_f64(U, 0, det_levels(U), c->losses, 0) / (double)U;
-
-  double w0 = td_now();
-  td_status st = exchange(t, &acc);
-  *wait_s += td_now() - w0;
-  return st;
+  return TD_OK;
 }
 
 td_status det_grad_norm(td_trainer *t, double *norm_out) {

@@ -60,16 +60,29 @@ typedef struct det_node {
   int level;
   float *vec;
 } det_node;
+typedef struct det_add {
+  float *dst;
+  const float *src;
+} det_add;
 typedef struct det_acc {
   size_t n, next, len; /* leaves of the tree, next leaf expected, floats per vector */
   det_node stack[DET_MAX_COVER + 1];
   int n_stack;
   float *spare[DET_MAX_COVER + 2];
   int n_spare;
+  /* defer: a push records its sibling additions (dst += src, in order)
+   * instead of doing them, for a leaf whose vector is not written yet
+   * (the streamed last unit: det_acc_apply adds range by range as
+   * backward finishes them; elementwise, so the same bits) */
+  bool defer;
+  det_add ops[DET_MAX_COVER + 1];
+  int n_ops;
 } det_acc;
 void det_acc_begin(det_acc *acc, size_t n, size_t first, size_t len);
 /* Push leaf acc->next with its vector (acc takes it). */
 void det_acc_push(det_acc *acc, float *vec);
+/* The deferred additions, on the elements [lo, hi) of their vectors. */
+void det_acc_apply(det_acc *acc, size_t lo, size_t hi);
 /* Vectors the stack holds at most while leaves [a, b) are pushed (plus
  * one for the leaf being computed: det_acc_vectors). */
 int det_acc_vectors(size_t n, size_t a, size_t b);
@@ -101,12 +114,25 @@ typedef struct det_state {
   size_t unit, n_units; /* samples per unit; U */
   int world;            /* the world the buffers below are cut for */
   int max_cover;        /* most cover vectors of any rank (M) */
-  size_t xfer;          /* floats per (rank, cover vector) in the exchange (C) */
-  float *pool;          /* n_pool vectors of n_params floats: unit gradients and cover sums */
+  size_t chunk;         /* floats per chunk of the streamed exchange (B) */
+  size_t granule;       /* floats per page the pool is given back in (2 MiB huge pages for large models) */
+  size_t vec_stride;    /* floats between pool vectors (n rounded up to a granule) */
+  size_t released_lo;   /* the streamed vector is given back from here up (granule-aligned, or n) */
+  float *pool;          /* n_pool reserved vectors of n_params floats: unit gradients and cover sums */
   int n_pool;
-  float *send, *recv;   /* world x M x C each (world > 1) */
-  bool send_shared;     /* send is host-shared (td_mem_alloc): the shm alltoall reads it directly */
-  float *scratch;       /* levels(U) x C (or n_params at world 1) */
+  size_t pool_bytes;    /* reserved */
+  float *recv[2];       /* world x M x B each: two chunks in flight (world > 1) */
+  float *scratch;       /* levels(U) x B */
+  td_request **reqs[2]; /* a chunk's transfers, 2 x world x M per slot */
+  int n_reqs[2];
+  size_t slot_chunk[2]; /* chunk in each slot, SIZE_MAX: none */
+  size_t n_launched;    /* chunks launched this step, top down */
+  float *streamed;      /* the vector the last backward writes (pages given back chunk by chunk) */
+  td_status stream_st;  /* first failure of the streamed exchange */
+  det_acc acc;          /* this rank's cover stack (the streamed leaf's additions deferred) */
+  long steps_seen;
+  bool measuring;       /* the first two steps: the resident peak is tracked */
+  size_t peak_bytes;
   double *losses;       /* U unit losses + the failure flag */
   double *leaves;       /* the norm's leaf values of this rank */
   size_t n_leaf_cap;
@@ -127,18 +153,26 @@ typedef struct det_state {
  * [lo, hi), extended up to the next leaf boundary of the norm so that the
  * owner holds whole leaves (neighbours compute the overlap alike). */
 void det_xfer_range(size_t n_params, int world, int r, size_t *lo, size_t *hi);
-/* The whole-model buffers of the reduction for rank `rank` of W over U
- * units at ZeRO stage `stage` (what det_setup allocates): the pool of
- * n_pool gradient vectors of n floats, send and receive of `exchange`
- * floats each, `levels` scratch vectors of scratch_len. Pure; the estimate
+/* The buffers of the reduction for rank `rank` of W over U units at ZeRO
+ * stage `stage` for a model of n floats whose largest tensor has
+ * `largest` floats (what det_setup allocates): n_pool gradient vectors
+ * reserved (address space), of which `whole` become resident whole (the
+ * unit gradients and cover sums of the units before the last) and one is
+ * streamed (the last backward's: resident only behind its frontier, up to
+ * `window` floats); two receive buffers of `exchange` floats each, `levels`
+ * scratch vectors of `chunk` floats. Pure; the estimate
  * (det_estimate_bytes) and det_setup share it. */
 typedef struct det_sizes {
-  int n_pool, max_cover, levels;
-  size_t xfer, scratch_len, exchange;
-  size_t bytes; /* what of them becomes resident (send: the other ranks' slots) */
+  int n_pool, whole, max_cover, levels;
+  size_t chunk, exchange, window, granule; /* granule: floats per page the vectors are given back in */
+  size_t bytes; /* what of them becomes resident at the peak */
 } det_sizes;
-void det_buffer_sizes(size_t n, size_t U, int W, int rank, int stage, det_sizes *out);
-/* Resident bytes of those buffers now (mincore; 0 when off). */
+void det_buffer_sizes(size_t n, size_t largest, size_t U, int W, int rank, int stage, det_sizes *out);
+/* The largest tensor of the model in floats (the whole arena without a
+ * tensor table): what the streamed vector may hold back at once. */
+size_t det_largest_tensor(const td_model *model);
+/* Resident bytes of those buffers (mincore; the peak of the first two
+ * steps, or now if more; 0 when off). */
 size_t det_resident_bytes(const td_trainer *t);
 /* (Re)cut the buffers for t->world (t->det->unit set). Local. */
 td_status det_setup(td_trainer *t);
@@ -152,11 +186,11 @@ td_status det_forward_backward(td_trainer *t, double *loss_out, double *data_s, 
 td_status det_grad_norm(td_trainer *t, double *norm_out);
 
 /* ---- deterministic_config.c ---- */
-/* Bytes of rank 0's reduction buffers for a model of n parameters on
+/* Bytes of rank 0's reduction buffers at their peak for `model` on
  * `world` ranks at `stage` when cfg turns deterministic reduction on (1, or
  * -1 with "elasticity" enabled), else 0: td_trainer_estimate_memory's
  * `deterministic` term. Pure. */
-size_t det_estimate_bytes(const td_train_config *cfg, size_t n, int world, int stage);
+size_t det_estimate_bytes(const td_train_config *cfg, const td_model *model, int world, int stage);
 /* "deterministic_reduction" (a boolean) or "deterministic_unit" (an
  * integer >= 1), a cJSON * item, into cfg. */
 td_status td_deterministic_parse_json(const void *item, const char *source, td_train_config *cfg);

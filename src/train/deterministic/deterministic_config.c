@@ -66,14 +66,14 @@ long det_default_unit(long batch, int micro, int max_world) {
   return unit;
 }
 
-size_t det_estimate_bytes(const td_train_config *cfg, size_t n, int world, int stage) {
+size_t det_estimate_bytes(const td_train_config *cfg, const td_model *model, int world, int stage) {
   bool on = cfg->deterministic_reduction == 1 || (cfg->deterministic_reduction < 0 && cfg->elasticity.enabled);
   long batch = cfg->train_batch_size;
   if (!on || batch < 1 || world < 1) return 0;
   long unit = cfg->deterministic_unit > 0 ? cfg->deterministic_unit : det_default_unit(batch, cfg->micro_batch, world);
   if (unit < 1 || batch % unit) return 0; /* refused at creation */
   det_sizes z;
-  det_buffer_sizes(n, (size_t)(batch / unit), world, 0, stage, &z);
+  det_buffer_sizes(model->n_params, det_largest_tensor(model), (size_t)(batch / unit), world, 0, stage, &z);
   return z.bytes;
 }
 

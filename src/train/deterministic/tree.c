@@ -55,6 +55,8 @@ void det_acc_begin(det_acc *acc, size_t n, size_t first, size_t len) {
   acc->len = len;
   acc->n_stack = 0;
   acc->n_spare = 0;
+  acc->defer = false;
+  acc->n_ops = 0;
 }
 
 /* Raise the top node while its right half is absent (same leaves, same
@@ -71,7 +73,12 @@ static void settle(det_acc *acc, float **freed, int *n_freed) {
     if (left->level != top->level || left->start % ((size_t)1 << (left->level + 1)) != 0 ||
         top->start != left->start + ((size_t)1 << left->level))
       return;
-    if (left->vec && top->vec) add_into(left->vec, top->vec, acc->len);
+    if (left->vec && top->vec) {
+      if (acc->defer)
+        acc->ops[acc->n_ops++] = (det_add){left->vec, top->vec};
+      else
+        add_into(left->vec, top->vec, acc->len);
+    }
     left->level++;
     freed[(*n_freed)++] = top->vec;
     acc->n_stack--;
@@ -85,6 +92,10 @@ void det_acc_push(det_acc *acc, float *vec) {
   settle(acc, freed, &n_freed);
   for (int i = 0; i < n_freed && acc->n_spare < (int)TD_ARRAY_SIZE(acc->spare); i++)
     acc->spare[acc->n_spare++] = freed[i];
+}
+
+void det_acc_apply(det_acc *acc, size_t lo, size_t hi) {
+  for (int i = 0; i < acc->n_ops; i++) add_into(acc->ops[i].dst + lo, acc->ops[i].src + lo, hi - lo);
 }
 
 int det_acc_vectors(size_t n, size_t a, size_t b) {

@@ -86,6 +86,11 @@ int td_offload_buffer_count(const td_train_config *cfg, size_t shard_params);
 /* sub_group_size unset (0): choose it from rank_bytes, the memory this
  * rank may use (0: unknown). A value the user set is kept. */
 void td_offload_config_fit(td_train_config *cfg, size_t rank_bytes);
+/* Halve a sub_group_size chosen by td_offload_config_fit, no lower than the
+ * smallest automatic tile (256Ki: 1 MiB reads); false when it is there
+ * already or nothing is offloaded. memory_fit.c calls it only for a tile
+ * the user did not set. */
+bool td_offload_tile_lower(td_train_config *cfg);
 
 /* ---- swap_dir.c ---- */
 /* Remove the directories of dead jobs under `path` (their lock is free);

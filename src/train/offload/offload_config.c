@@ -135,6 +135,13 @@ void td_offload_config_fit(td_train_config *cfg, size_t rank_bytes) {
   o->sub_group_size = (long)round_up(tile, OFFLOAD_ALIGN_FLOATS);
 }
 
+bool td_offload_tile_lower(td_train_config *cfg) {
+  td_offload_config *o = &cfg->offload;
+  if (o->optimizer_device != TD_OFFLOAD_NVME || o->sub_group_size <= (long)OFFLOAD_TILE_MIN) return false;
+  o->sub_group_size = (long)round_up(TD_MAX((size_t)o->sub_group_size / 2, OFFLOAD_TILE_MIN), OFFLOAD_ALIGN_FLOATS);
+  return true;
+}
+
 size_t td_offload_tile(const td_train_config *cfg, size_t shard_params) {
   td_train_config c = *cfg;
   td_offload_config_fit(&c, 0); /* unset and not fitted yet: the largest automatic tile */
@@ -207,7 +214,8 @@ static td_status get_path(const char *source, const char *where, const cJSON *it
   return TD_OK;
 }
 
-static td_status parse_offload(const cJSON *obj, const char *source, bool param, td_offload_config *o) {
+static td_status parse_offload(const cJSON *obj, const char *source, bool param, td_train_config *cfg) {
+  td_offload_config *o = &cfg->offload;
   const char *where = param ? "zero_optimization.offload_param" : "zero_optimization.offload_optimizer";
   if (!cJSON_IsObject(obj))
     return td_error(TD_ERR_INVALID_ARGUMENT, "%s: %s must be an object, e.g. {\"device\": \"nvme\", \"nvme_path\": "
@@ -225,7 +233,7 @@ static td_status parse_offload(const cJSON *obj, const char *source, bool param,
       else TD_CHECK(get_path(source, key, item, o->optimizer_nvme_path, sizeof o->optimizer_nvme_path));
     } else if (strcmp(k, "buffer_count") == 0) {
       TD_CHECK(get_whole(source, key, item, 1, 64, &n));
-      if (param) o->param_buffer_count = (int)n;
+      if (param) o->param_buffer_count = (int)n, cfg->knobs_set |= TD_KNOB_PARAM_BUFFERS;
       else o->optimizer_buffer_count = (int)n;
     } else if (strcmp(k, "pin_memory") == 0) {
       TD_CHECK(get_bool(source, key, item));
@@ -233,9 +241,11 @@ static td_status parse_offload(const cJSON *obj, const char *source, bool param,
     } else if (param && strcmp(k, "buffer_size") == 0) {
       TD_CHECK(get_whole(source, key, item, 1, 1e15, &n));
       o->param_buffer_size = n;
+      cfg->knobs_set |= TD_KNOB_PARAM_BUFFERS;
     } else if (param && strcmp(k, "max_in_cpu") == 0) {
       TD_CHECK(get_whole(source, key, item, 1, 1e15, &n));
       o->param_max_in_cpu = n;
+      cfg->knobs_set |= TD_KNOB_PARAM_BUFFERS;
     } else if (!param && strcmp(k, "ratio") == 0) {
       /* DeepSpeed's partial offload of the optimizer to the CPU: only 1 (everything) here */
       if (!cJSON_IsNumber(item) || item->valuedouble != 1.0)
@@ -284,8 +294,8 @@ td_status td_offload_parse_json(const void *item_ptr, const char *source, td_tra
   const cJSON *item = item_ptr;
   const char *k = item->string;
   td_offload_config *o = &cfg->offload;
-  if (strcmp(k, "offload_optimizer") == 0) return parse_offload(item, source, false, o);
-  if (strcmp(k, "offload_param") == 0) return parse_offload(item, source, true, o);
+  if (strcmp(k, "offload_optimizer") == 0) return parse_offload(item, source, false, cfg);
+  if (strcmp(k, "offload_param") == 0) return parse_offload(item, source, true, cfg);
   if (strcmp(k, "aio") == 0) return parse_aio(item, source, o);
   if (strcmp(k, "sub_group_size") == 0) {
     long n = 0;

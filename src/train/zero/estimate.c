@@ -38,6 +38,38 @@ static size_t block_len(const char *name) {
   return dot && dot > name && dot[-1] >= '0' && dot[-1] <= '9' ? (size_t)(dot - name) : 0;
 }
 
+/* The model's fetch groups (see the top of this file): the largest tensor,
+ * the largest group above the persistence threshold, and the groups under
+ * it, which stay resident. */
+typedef struct fetch_groups {
+  size_t largest_tensor, group1, persistent, n_groups, n_persistent;
+} fetch_groups;
+
+static void groups_of(const td_model *model, long persistence_threshold, fetch_groups *g) {
+  memset(g, 0, sizeof *g);
+  for (int i = 0; i < model->n_tensors;) {
+    const td_param_tensor *first = &model->tensors[i];
+    size_t plen = block_len(first->name), count = 0;
+    int j = i;
+    while (j < model->n_tensors && block_len(model->tensors[j].name) == plen &&
+           (plen == 0 || strncmp(model->tensors[j].name, first->name, plen) == 0)) {
+      count += model->tensors[j].count;
+      g->largest_tensor = TD_MAX(g->largest_tensor, model->tensors[j].count);
+      j++;
+    }
+    g->n_groups++;
+    if (count <= (size_t)persistence_threshold) g->persistent += count, g->n_persistent++;
+    else g->group1 = TD_MAX(g->group1, count);
+    i = j;
+  }
+}
+
+size_t zero_largest_group(const td_model *model, long persistence_threshold) {
+  fetch_groups g;
+  groups_of(model, persistence_threshold, &g);
+  return g.group1;
+}
+
 /* td_trainer_gather_params at stage 3 (train-gpt's sample and exact
  * summary): the whole parameter arena becomes resident on every rank, on
  * top of what the rank holds: 9.4 GiB per rank more than the steps'
@@ -87,23 +119,10 @@ td_status zero_estimate_memory(const td_model *model, const td_train_config *cfg
   if (params_on_disk) out->params = 0;
   size_t fetchable = params_on_disk ? n : n - shard; /* what a rank may fetch into its arena */
 
-  size_t largest_tensor = 0, group1 = 0, group2 = 0, persistent = 0, n_groups = 0, n_persistent = 0;
-  for (int i = 0; i < model->n_tensors;) {
-    const td_param_tensor *first = &model->tensors[i];
-    size_t plen = block_len(first->name), count = 0;
-    int j = i;
-    while (j < model->n_tensors && block_len(model->tensors[j].name) == plen &&
-           (plen == 0 || strncmp(model->tensors[j].name, first->name, plen) == 0)) {
-      count += model->tensors[j].count;
-      largest_tensor = TD_MAX(largest_tensor, model->tensors[j].count);
-      j++;
-    }
-    n_groups++;
-    if (count <= (size_t)cfg->stage3_param_persistence_threshold) persistent += count, n_persistent++;
-    else if (count > group1) group2 = group1, group1 = count;
-    else if (count > group2) group2 = count;
-    i = j;
-  }
+  fetch_groups g;
+  groups_of(model, cfg->stage3_param_persistence_threshold, &g);
+  size_t largest_tensor = g.largest_tensor, group1 = g.group1, persistent = g.persistent, n_groups = g.n_groups,
+         n_persistent = g.n_persistent;
   /* Pages are given back whole: a page straddling two released pieces
    * stays (one per piece edge: at most a bucket piece per tensor and owner).
    * Large arenas give memory back in 2 MiB granules instead (pages.c), each

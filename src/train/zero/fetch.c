@@ -128,6 +128,7 @@ static void wait_live(td_trainer *t, zero_live *l) {
     launch_broadcasts(t, l, z->status_from_disk);
     if (!l->pending) return;
   }
+  double w0 = td_now();
   for (int i = l->first_piece; i < l->first_piece + l->n_pieces; i++) {
     zero_piece *p = &z->fetch_pieces[i];
     if (!p->req) continue;
@@ -135,6 +136,7 @@ static void wait_live(td_trainer *t, zero_live *l) {
     p->req = NULL;
     if (st != TD_OK) fail(t, st, "waiting for", p->lo, p->hi);
   }
+  z->fetch_wait_s += td_now() - w0;
   l->pending = false;
   /* the piece table is a stack of what is in flight: drop the completed tail */
   while (z->n_fetch_pieces > 0 && !z->fetch_pieces[z->n_fetch_pieces - 1].req) z->n_fetch_pieces--;

@@ -83,6 +83,14 @@ td_status zero_granule_bytes(size_t n_params, int world, size_t *out) {
   return TD_OK;
 }
 
+td_status zero_vector_granule(size_t bytes, size_t *out) {
+  *out = zero_page_bytes();
+  bool huge = false;
+  TD_CHECK(huge_allowed(&huge));
+  if (huge && bytes >= 2 * ZERO_HUGE_BYTES) *out = ZERO_HUGE_BYTES;
+  return TD_OK;
+}
+
 /* Optimizer-state shards: allocated once and streamed whole by every step's
  * update, so they are never given back; huge pages save their first-touch
  * faults (one per 2 MiB instead of per 4 KiB: 3,300 per rank at the

@@ -75,6 +75,7 @@ typedef struct zero_state {
   size_t live_floats;
   unsigned long use_clock;
   td_status status; /* first failure inside a fetch (the model cannot see it) */
+  double fetch_wait_s; /* this step: blocked on parameter broadcasts not yet arrived (td_step_stats) */
   bool params_partial; /* stages 1-2 after zero_rebind: only the shard is valid until the next step's allgather */
   bool status_from_disk; /* NVMe offload: that failure was a parameter read; the communicator is fine */
   bool gathered;    /* td_trainer_gather_params materialized the whole arena */
@@ -94,6 +95,10 @@ typedef struct zero_state {
  * shard: no bucket of gradients is in flight beyond it). */
 td_status zero_estimate_memory(const td_model *model, const td_train_config *cfg, int world, int stage, bool buckets,
                                td_memory_estimate *out);
+/* Parameters of the model's largest stage-3 fetch group above the
+ * persistence threshold (a transformer block): the least a rank holds
+ * fetched while it computes. memory_fit.c sizes the cache from it. */
+size_t zero_largest_group(const td_model *model, long persistence_threshold);
 
 /* ---- shard.c ---- */
 /* Stage 2 keeps its whole gradient arena resident, as stage 1 does, when
@@ -125,6 +130,11 @@ td_status zero_granule_bytes(size_t n_params, int world, size_t *out);
  * rounded up to `granule`, with MADV_HUGEPAGE when granule is larger than a
  * page. NULL when mmap fails. Freed with zero_unreserve. */
 float *zero_reserve(size_t bytes, size_t granule);
+/* The granule for a vector of `bytes` that another part of the trainer
+ * reserves and gives back (deterministic reduction's gradient vectors):
+ * 2 MiB when it spans two or more and huge pages are allowed, else the
+ * page size. Fails only on a bad TANDEM_ZERO_HUGE_PAGES. */
+td_status zero_vector_granule(size_t bytes, size_t *out);
 void zero_unreserve(float *p, size_t bytes, size_t granule);
 /* A zeroed optimizer-state shard of n_floats, on huge pages when huge pages
  * are allowed and it spans two or more; freed with td_free. Fails on a bad

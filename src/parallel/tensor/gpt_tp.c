@@ -1,0 +1,635 @@
+/* The tensor-parallel GPT (Megatron-LM's scheme over src/nn's GPT): a
+ * td_model whose parameter arena is this rank's shard of td_gpt_create's,
+ * so that the trainer, ZeRO-1 and the optimizer work on it unchanged and
+ * reduce gradients over the data-parallel group only.
+ *
+ * What each of p tensor-parallel ranks holds (C channels, NH heads, V vocab):
+ *   wte, lm_head   vocabulary rows td_shard_range(V, p, r) (may be uneven)
+ *   qkv            the q, k and v rows of heads [r NH/p, (r+1) NH/p): column-parallel
+ *   attn.proj      the matching C/p input columns: row-parallel
+ *   mlp.fc         rows [r 4C/p, (r+1) 4C/p) with their bias: column-parallel
+ *   mlp.proj       the matching 4C/p input columns: row-parallel
+ *   replicated     wpe, both LayerNorms per block and ln_f, the biases of the
+ *                  two row-parallel products: their inputs and output
+ *                  gradients are whole on every rank, so their gradients
+ *                  come out equal everywhere without communication.
+ *
+ * Per block and micro-batch: one allreduce of B*T*C floats after each
+ * row-parallel product in forward (attention, MLP) and one after each
+ * column-parallel product's input gradient in backward; plus the
+ * embedding's and the LM head's (and the cross-entropy's 3*B*T floats).
+ *
+ * Same initial values as the unsplit GPT (each shard is cut from the
+ * unsplit initializer's values for its tensor), so TP=p trains the same
+ * model as one rank; it differs in the last bits only because the
+ * row-parallel sums and the LM head's softmax denominators add the ranks'
+ * partial sums in another order.
+ *
+ * Sequence parallelism (td_gpt_tp_set_sequence_parallel): the residual
+ * stream, the LayerNorms and the embedding's output keep B*T/p rows per rank;
+ * the LayerNorm outputs are allgathered before each column-parallel
+ * product, the row-parallel sums reduce-scattered, the residual gradient
+ * allgathered before each row-parallel backward and the column-parallel
+ * input gradients reduce-scattered; the LayerNorms' weight gradients, then
+ * partial, are allreduced (2C floats each).
+ *
+ * Not here yet: activation checkpointing, bf16 products
+ * (td_nn_set_compute_dtype is not consulted: f32), ZeRO-3's param_access,
+ * devices. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../base/base.h"
+#include "tensor.h"
+
+enum { P_LN1W, P_LN1B, P_QKVW, P_QKVB, P_PROJW, P_PROJB, P_LN2W, P_LN2B, P_FCW, P_FCB, P_FC2W, P_FC2B, P_PER_LAYER };
+
+/* How a local tensor is cut from the unsplit one, viewed as (rows, cols):
+ * REPL whole; ROWS rows [lo, lo+n) of each of `blocks` equal row blocks
+ * (qkv: 3 blocks q, k, v); COLS columns [lo, lo+n) of every row. */
+typedef enum { CUT_REPL, CUT_ROWS, CUT_COLS } cut_kind;
+typedef struct cut {
+  cut_kind kind;
+  size_t rows, cols; /* of the unsplit tensor (per block for ROWS) */
+  size_t lo, n;
+  int blocks;
+} cut;
+
+/* Shapes: BT = B*T whole rows; R = the residual stream's rows on this rank:
+ * BT, or BT/p with sequence parallelism (sp), where the *_full buffers hold
+ * the gathered whole rows (without sp they alias their local buffer). */
+typedef struct tp_acts {
+  int B, sp;                      /* sized for */
+  float *encoded;                 /* (R, C) */
+  float *ln1, *ln1_mean, *ln1_rstd; /* (L, R, C), (L, R) x2 */
+  float *ln1_full;                /* (L, BT, C) */
+  float *qkv;                     /* (L, BT, 3C/p) */
+  float *atty;                    /* (L, BT, C/p) */
+  float *att;                     /* (L, B, NH/p, T, T) */
+  float *res2;                    /* (L, R, C) */
+  float *ln2, *ln2_mean, *ln2_rstd; /* as ln1 */
+  float *ln2_full;                /* (L, BT, C) */
+  float *fch;                     /* (L, BT, 4C/p): fc output before GELU */
+  float *fchg;                    /* (L, BT, 4C/p): after GELU */
+  float *res3;                    /* (L, R, C) */
+  float *lnf, *lnf_mean, *lnf_rstd; /* (R, C), (R) x2 */
+  float *lnf_full;                /* (BT, C) */
+  float *probs;                   /* (BT, V/p): logits, then probabilities */
+  float *stats;                   /* (3 BT): the cross-entropy's row statistics */
+  float *dres;                    /* (R, C): gradient of the residual stream */
+  float *dfull;                   /* (BT, C): dres gathered (sp) */
+  float *dloc;                    /* (R, C): a column-parallel input gradient's rows (sp) */
+  float *dln;                     /* (2C): one LayerNorm's gradient before its allreduce (sp) */
+  float *dbuf_c;                  /* (BT, C): partial sums before their collective */
+  float *dbuf_cl;                 /* (BT, C/p) */
+  float *dbuf_3c;                 /* (BT, 3C/p) */
+  float *dbuf_f, *dbuf_f2;        /* (BT, 4C/p) */
+  float *dlogits;                 /* (BT, V/p) */
+  float *datt;                    /* (T, T) */
+  float *memory;
+  size_t bytes;
+} tp_acts;
+
+typedef struct tp_gpt {
+  td_model base; /* first */
+  td_gpt_config cfg;
+  td_model *full; /* the unsplit GPT: its tensor table and initializer (never prepared) */
+  td_comm *comm; /* the grid's tensor-parallel communicator */
+  int p, r;
+  int world_rank, world_first; /* this rank's and the tensor group's first world rank (consecutive) */
+  int C, Cl, NHl, Fl; /* channels, C/p, heads/p, 4C/p */
+  int v0, Vl;         /* this rank's vocabulary rows */
+  td_param_tensor *tensors;
+  cut *cuts;
+  char (*names)[48];
+  int idx_wte, idx_wpe, idx_layer0, idx_lnfw, idx_lnfb, idx_head; /* idx_head -1 when tied */
+  tp_acts acts;
+  int sp; /* sequence parallelism asked for (td_gpt_tp_set_sequence_parallel; applied at prepare) */
+  int last_B, have_targets;
+  int32_t *tokens, *targets;
+  td_status failed; /* sticky: a collective failed (a peer died); forward refuses */
+  char failed_msg[512];
+  char config_text[200];
+} tp_gpt;
+
+static size_t off_of(const tp_gpt *g, int i) { return g->tensors[i].offset; }
+static int lidx(const tp_gpt *g, int l, int which) { return g->idx_layer0 + l * P_PER_LAYER + which; }
+
+/* ---- activations ---- */
+
+static size_t acts_plan(tp_acts *a, const tp_gpt *g, int B, int sp, float *base) {
+  size_t L = g->cfg.layers, T = g->cfg.seq, BT = (size_t)B * T, C = g->C, Cl = g->Cl, Fl = g->Fl, Vl = g->Vl;
+  size_t R = sp ? BT / g->p : BT, F = sp ? BT : 0; /* F: the gathered copies, only with sp */
+  struct {
+    float **ptr;
+    size_t n;
+  } plan[] = {
+      {&a->encoded, R * C},       {&a->ln1, L * R * C},     {&a->ln1_mean, L * R},   {&a->ln1_rstd, L * R},
+      {&a->ln1_full, L * F * C},  {&a->qkv, L * BT * 3 * Cl}, {&a->atty, L * BT * Cl}, {&a->att, L * B * g->NHl * T * T},
+      {&a->res2, L * R * C},      {&a->ln2, L * R * C},     {&a->ln2_mean, L * R},   {&a->ln2_rstd, L * R},
+      {&a->ln2_full, L * F * C},  {&a->fch, L * BT * Fl},   {&a->fchg, L * BT * Fl}, {&a->res3, L * R * C},
+      {&a->lnf, R * C},           {&a->lnf_mean, R},        {&a->lnf_rstd, R},       {&a->lnf_full, F * C},
+      {&a->probs, BT * Vl},       {&a->stats, 3 * BT},      {&a->dres, R * C},       {&a->dfull, F * C},
+      {&a->dloc, sp ? R * C : 0}, {&a->dln, sp ? 2 * C : 0}, {&a->dbuf_c, BT * C},   {&a->dbuf_cl, BT * Cl},
+      {&a->dbuf_3c, BT * 3 * Cl}, {&a->dbuf_f, BT * Fl},    {&a->dbuf_f2, BT * Fl},  {&a->dlogits, BT * Vl},
+      {&a->datt, T * T},
+  };
+  size_t total = 0;
+  for (size_t i = 0; i < sizeof plan / sizeof plan[0]; i++) {
+    if (base) *plan[i].ptr = base + total;
+    total += (plan[i].n + 15) & ~(size_t)15; /* 64-byte aligned */
+  }
+  if (base && !sp) { /* the whole rows are the local ones */
+    a->ln1_full = a->ln1;
+    a->ln2_full = a->ln2;
+    a->lnf_full = a->lnf;
+    a->dfull = a->dres;
+  }
+  return total;
+}
+
+static size_t tp_activation_bytes(const td_model *model, int batch, int checkpointing, td_dtype compute) {
+  (void)checkpointing, (void)compute; /* neither is built: f32, every activation kept */
+  const tp_gpt *g = (const tp_gpt *)model;
+  tp_acts scratch = {0};
+  size_t BT = (size_t)batch * g->cfg.seq;
+  return acts_plan(&scratch, g, batch, g->sp, NULL) * sizeof(float) + 2 * BT * sizeof(int32_t);
+}
+
+static td_status tp_prepare(td_model *model, int batch) {
+  tp_gpt *g = (tp_gpt *)model;
+  if (batch <= 0) return td_error(TD_ERR_INVALID_ARGUMENT, "gpt-tp: micro-batch must be positive, got %d", batch);
+  if (g->sp && ((long)batch * g->cfg.seq) % g->p != 0) /* seq % p is checked when sp is set */
+    return td_error(TD_ERR_INTERNAL, "gpt-tp: %d x %d rows do not split over %d ranks", batch, g->cfg.seq, g->p);
+  if (g->acts.memory && g->acts.B == batch && g->acts.sp == g->sp) return TD_OK;
+  td_free(g->acts.memory);
+  memset(&g->acts, 0, sizeof g->acts);
+  size_t total = acts_plan(&g->acts, g, batch, g->sp, NULL);
+  float *mem = td_alloc(total * sizeof(float));
+  size_t n = (size_t)batch * g->cfg.seq;
+  int32_t *tokens = realloc(g->tokens, n * sizeof(int32_t));
+  if (tokens) g->tokens = tokens;
+  int32_t *targets = realloc(g->targets, n * sizeof(int32_t));
+  if (targets) g->targets = targets;
+  if (!mem || !tokens || !targets) {
+    td_free(mem);
+    return td_error(TD_ERR_SYSTEM, "gpt-tp: out of memory for the activations of micro-batch %d (%zu MiB)", batch,
+                    total * sizeof(float) >> 20);
+  }
+  acts_plan(&g->acts, g, batch, g->sp, mem);
+  g->acts.memory = mem;
+  g->acts.B = batch;
+  g->acts.sp = g->sp;
+  g->acts.bytes = total * sizeof(float);
+  g->base.activation_bytes = g->acts.bytes;
+  return TD_OK;
+}
+
+/* ---- failures: a collective's error becomes sticky ---- */
+
+static int fail(tp_gpt *g, td_status st) {
+  if (st == TD_OK) return 0;
+  if (g->failed == TD_OK) {
+    char why[320];
+    td_error_copy(why, sizeof why);
+    g->failed = st;
+    /* the comm names ranks of the tensor group: say which world ranks they are */
+    snprintf(g->failed_msg, sizeof g->failed_msg,
+             "tensor-parallel GPT on world rank %d (tensor rank %d of %d; tensor ranks 0..%d are world ranks %d..%d): %s",
+             g->world_rank, g->r, g->p, g->p - 1, g->world_first, g->world_first + g->p - 1, why);
+  }
+  return 1;
+}
+
+/* ---- forward ---- */
+
+static void add_into(float *restrict dst, const float *restrict src, size_t n) {
+  for (size_t i = 0; i < n; i++) dst[i] += src[i];
+}
+
+/* The row-parallel product into the residual stream's rows: allreduced,
+ * or reduce-scattered with sp (dbuf_c holds the partial sums). */
+static td_status row_forward(tp_gpt *g, float *out, const float *inp_local, const float *w, const float *bias, int BT,
+                             int IC_local) {
+  if (g->acts.sp) return tp_row_linear_forward_sp(out, g->acts.dbuf_c, inp_local, w, bias, BT, IC_local, g->C, g->comm);
+  return tp_row_linear_forward(out, inp_local, w, bias, BT, IC_local, g->C, g->comm);
+}
+/* With sp: the whole rows of a (R, C) buffer into (BT, C); else nothing (they alias). */
+static td_status gather_rows(tp_gpt *g, float *full, const float *local, int BT) {
+  return g->acts.sp ? td_allgather(local, full, (size_t)BT * g->C, TD_F32, g->comm) : TD_OK;
+}
+
+/* Returns 0, or 1 after a failed collective (recorded in g->failed). */
+static int block_forward(tp_gpt *g, const float *params, int l, const float *resid, int B) {
+  tp_acts *a = &g->acts;
+  const int T = g->cfg.seq, C = g->C, Cl = g->Cl, Fl = g->Fl, BT = B * T, R = a->sp ? BT / g->p : BT;
+  const size_t sBT = (size_t)a->B * T, sR = a->sp ? sBT / g->p : sBT;
+#define W(which) (params + off_of(g, lidx(g, l, (which))))
+  float *ln1 = a->ln1 + l * sR * C, *ln1_mean = a->ln1_mean + l * sR, *ln1_rstd = a->ln1_rstd + l * sR;
+  float *ln1_full = a->sp ? a->ln1_full + l * sBT * C : ln1;
+  float *qkv = a->qkv + l * sBT * 3 * Cl, *atty = a->atty + l * sBT * Cl;
+  float *att = a->att + (size_t)l * a->B * g->NHl * T * T;
+  float *res2 = a->res2 + l * sR * C, *ln2 = a->ln2 + l * sR * C;
+  float *ln2_mean = a->ln2_mean + l * sR, *ln2_rstd = a->ln2_rstd + l * sR;
+  float *ln2_full = a->sp ? a->ln2_full + l * sBT * C : ln2;
+  float *fch = a->fch + l * sBT * Fl, *fchg = a->fchg + l * sBT * Fl, *res3 = a->res3 + l * sR * C;
+  td_layernorm_forward(ln1, ln1_mean, ln1_rstd, resid, W(P_LN1W), W(P_LN1B), R, C);
+  if (fail(g, gather_rows(g, ln1_full, ln1, BT))) return 1;
+  tp_column_linear_forward(qkv, ln1_full, W(P_QKVW), W(P_QKVB), BT, C, 3 * Cl);
+  td_attention_forward(atty, att, qkv, B, T, Cl, g->NHl); /* this rank's heads */
+  if (fail(g, row_forward(g, res2, atty, W(P_PROJW), W(P_PROJB), BT, Cl))) return 1;
+  add_into(res2, resid, (size_t)R * C);
+  td_layernorm_forward(ln2, ln2_mean, ln2_rstd, res2, W(P_LN2W), W(P_LN2B), R, C);
+  if (fail(g, gather_rows(g, ln2_full, ln2, BT))) return 1;
+  tp_column_linear_forward(fch, ln2_full, W(P_FCW), W(P_FCB), BT, C, Fl);
+  td_gelu_forward(fchg, fch, (size_t)BT * Fl);
+  if (fail(g, row_forward(g, res3, fchg, W(P_FC2W), W(P_FC2B), BT, Fl))) return 1;
+  add_into(res3, res2, (size_t)R * C);
+#undef W
+  return 0;
+}
+
+static float tp_forward(td_model *model, const float *params, const void *inputs, const int32_t *targets, int batch) {
+  tp_gpt *g = (tp_gpt *)model;
+  g->have_targets = 0;
+  g->last_B = 0;
+  if (g->failed != TD_OK) {
+    td_error(g->failed, "%s", g->failed_msg);
+    return NAN;
+  }
+  if ((!g->acts.memory || g->acts.B != batch || g->acts.sp != g->sp) && tp_prepare(model, batch) != TD_OK) return NAN;
+  const int T = g->cfg.seq, V = g->cfg.vocab, L = g->cfg.layers, C = g->C, BT = batch * T;
+  const int R = g->acts.sp ? BT / g->p : BT;
+  const size_t n = (size_t)BT, sR = (size_t)R;
+  memcpy(g->tokens, inputs, n * sizeof(int32_t));
+  for (size_t i = 0; i < n; i++)
+    if ((uint32_t)g->tokens[i] >= (uint32_t)V || (targets && (uint32_t)targets[i] >= (uint32_t)V)) {
+      int bad_token = (uint32_t)g->tokens[i] >= (uint32_t)V;
+      td_error(TD_ERR_INVALID_ARGUMENT, "gpt-tp: %s %d at position %zu is outside the vocabulary [0, %d)",
+               bad_token ? "token" : "target", bad_token ? g->tokens[i] : targets[i], i, V);
+      return NAN;
+    }
+  if (targets) memcpy(g->targets, targets, n * sizeof(int32_t));
+  tp_acts *a = &g->acts;
+  const float *wte = params + off_of(g, g->idx_wte), *wpe = params + off_of(g, g->idx_wpe);
+  td_status st = a->sp ? tp_embedding_forward_sp(a->encoded, a->dbuf_c, g->tokens, wte, wpe, batch, T, C, g->v0, g->Vl,
+                                                 g->comm)
+                       : tp_embedding_forward(a->encoded, g->tokens, wte, wpe, batch, T, C, g->v0, g->Vl, g->comm);
+  if (fail(g, st)) goto failed;
+  const float *resid = a->encoded;
+  for (int l = 0; l < L; l++) {
+    if (block_forward(g, params, l, resid, batch)) goto failed;
+    resid = a->res3 + l * sR * C;
+  }
+  td_layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, resid, params + off_of(g, g->idx_lnfw),
+                       params + off_of(g, g->idx_lnfb), R, C);
+  if (fail(g, gather_rows(g, a->lnf_full, a->lnf, BT))) goto failed;
+  const float *head = params + off_of(g, g->idx_head >= 0 ? g->idx_head : g->idx_wte);
+  tp_column_linear_forward(a->probs, a->lnf_full, head, NULL, BT, C, g->Vl);
+  g->last_B = batch;
+  if (!targets) return 0.0f; /* the logits stay in probs for predict */
+  float loss = 0.0f;
+  if (fail(g, tp_xent_forward(a->probs, a->probs, g->targets, BT, g->v0, g->Vl, a->stats, &loss, g->comm)))
+    goto failed;
+  g->have_targets = 1;
+  return loss;
+failed:
+  g->last_B = 0;
+  td_error(g->failed, "%s", g->failed_msg);
+  return NAN;
+}
+
+/* ---- backward ---- */
+
+static void report(td_grad_ready_fn ready, void *ctx, const tp_gpt *g, int idx) {
+  if (ready) ready(ctx, g->tensors[idx].offset, g->tensors[idx].count);
+}
+
+/* A column-parallel product's input gradient, for this rank's residual
+ * rows: allreduced into dbuf_c (returned), or reduce-scattered into dloc
+ * with sp. NULL after a failed collective. */
+static const float *column_backward(tp_gpt *g, float *dw, float *db, const float *dout_local, const float *inp_full,
+                                    const float *w, int BT, int OC_local) {
+  tp_acts *a = &g->acts;
+  td_status st = a->sp ? tp_column_linear_backward_sp(a->dloc, a->dbuf_c, dw, db, dout_local, inp_full, w, BT, g->C,
+                                                      OC_local, g->comm)
+                       : tp_column_linear_backward(a->dbuf_c, dw, db, dout_local, inp_full, w, BT, g->C, OC_local,
+                                                   g->comm);
+  if (fail(g, st)) return NULL;
+  return a->sp ? a->dloc : a->dbuf_c;
+}
+
+/* LayerNorm backward on this rank's rows into dres. With sp its weight and
+ * bias gradients are partial (this rank's rows): summed over the tensor
+ * group before they are added (only this micro-batch's share goes through
+ * the allreduce: the arena accumulates). Returns 1 after a failed collective. */
+static int layernorm_backward(tp_gpt *g, float *dw, float *db, const float *dout, const float *inp, const float *w,
+                              const float *mean, const float *rstd, int R) {
+  tp_acts *a = &g->acts;
+  const int C = g->C;
+  if (!a->sp) {
+    td_layernorm_backward(a->dres, dw, db, dout, inp, w, mean, rstd, R, C);
+    return 0;
+  }
+  memset(a->dln, 0, 2 * (size_t)C * sizeof(float));
+  td_layernorm_backward(a->dres, a->dln, a->dln + C, dout, inp, w, mean, rstd, R, C);
+  if (fail(g, td_allreduce(a->dln, a->dln, 2 * (size_t)C, TD_F32, TD_SUM, g->comm))) return 1;
+  add_into(dw, a->dln, (size_t)C);
+  add_into(db, a->dln + C, (size_t)C);
+  return 0;
+}
+
+static void tp_backward(td_model *model, const float *params, float *grads, float loss_scale, td_grad_ready_fn ready,
+                        void *ctx) {
+  tp_gpt *g = (tp_gpt *)model;
+  if (!g->have_targets || g->failed != TD_OK) return; /* nothing to differentiate */
+  tp_acts *a = &g->acts;
+  const int L = g->cfg.layers, T = g->cfg.seq, C = g->C, Cl = g->Cl, Fl = g->Fl, B = g->last_B, BT = B * T;
+  const int R = a->sp ? BT / g->p : BT;
+  const size_t sBT = (size_t)a->B * T, sR = a->sp ? sBT / g->p : sBT;
+  const int tied = g->idx_head < 0;
+  /* loss -> logits -> LM head (column-parallel over the vocabulary) -> ln_f */
+  tp_xent_backward(a->dlogits, a->probs, g->targets, loss_scale, BT, g->v0, g->Vl);
+  const int head = tied ? g->idx_wte : g->idx_head;
+  const float *dln = column_backward(g, grads + off_of(g, head), NULL, a->dlogits, a->lnf_full,
+                                     params + off_of(g, head), BT, g->Vl);
+  if (!dln) return;
+  if (!tied) report(ready, ctx, g, g->idx_head);
+  const float *last = L > 0 ? a->res3 + (L - 1) * sR * C : a->encoded;
+  memset(a->dres, 0, (size_t)R * C * sizeof(float));
+  if (layernorm_backward(g, grads + off_of(g, g->idx_lnfw), grads + off_of(g, g->idx_lnfb), dln, last,
+                         params + off_of(g, g->idx_lnfw), a->lnf_mean, a->lnf_rstd, R))
+    return;
+  report(ready, ctx, g, g->idx_lnfb);
+  report(ready, ctx, g, g->idx_lnfw);
+  for (int l = L - 1; l >= 0; l--) {
+#define W(which) (params + off_of(g, lidx(g, l, (which))))
+#define G(which) (grads + off_of(g, lidx(g, l, (which))))
+#define READY(which) report(ready, ctx, g, lidx(g, l, (which)))
+    const float *resid = l > 0 ? a->res3 + (l - 1) * sR * C : a->encoded;
+    const float *ln1_mean = a->ln1_mean + l * sR, *ln1_rstd = a->ln1_rstd + l * sR;
+    const float *ln1_full = a->sp ? a->ln1_full + l * sBT * C : a->ln1 + l * sR * C;
+    const float *qkv = a->qkv + l * sBT * 3 * Cl, *atty = a->atty + l * sBT * Cl;
+    const float *att = a->att + (size_t)l * a->B * g->NHl * T * T;
+    const float *res2 = a->res2 + l * sR * C;
+    const float *ln2_mean = a->ln2_mean + l * sR, *ln2_rstd = a->ln2_rstd + l * sR;
+    const float *ln2_full = a->sp ? a->ln2_full + l * sBT * C : a->ln2 + l * sR * C;
+    const float *fch = a->fch + l * sBT * Fl, *fchg = a->fchg + l * sBT * Fl;
+    /* MLP; dres holds d res3 (this rank's rows); the row-parallel product needs the whole rows */
+    if (fail(g, gather_rows(g, a->dfull, a->dres, BT))) return;
+    memset(a->dbuf_f, 0, (size_t)BT * Fl * sizeof(float));
+    tp_row_linear_backward(a->dbuf_f, G(P_FC2W), G(P_FC2B), a->dfull, fchg, W(P_FC2W), BT, Fl, C);
+    READY(P_FC2B);
+    READY(P_FC2W);
+    memset(a->dbuf_f2, 0, (size_t)BT * Fl * sizeof(float));
+    td_gelu_backward(a->dbuf_f2, fch, a->dbuf_f, (size_t)BT * Fl);
+    if (!(dln = column_backward(g, G(P_FCW), G(P_FCB), a->dbuf_f2, ln2_full, W(P_FCW), BT, Fl))) return;
+    READY(P_FCB);
+    READY(P_FCW);
+    if (layernorm_backward(g, G(P_LN2W), G(P_LN2B), dln, res2, W(P_LN2W), ln2_mean, ln2_rstd, R)) return;
+    READY(P_LN2B);
+    READY(P_LN2W);
+    /* attention; dres now holds d res2 */
+    if (fail(g, gather_rows(g, a->dfull, a->dres, BT))) return;
+    memset(a->dbuf_cl, 0, (size_t)BT * Cl * sizeof(float));
+    tp_row_linear_backward(a->dbuf_cl, G(P_PROJW), G(P_PROJB), a->dfull, atty, W(P_PROJW), BT, Cl, C);
+    READY(P_PROJB);
+    READY(P_PROJW);
+    memset(a->dbuf_3c, 0, (size_t)BT * 3 * Cl * sizeof(float));
+    td_attention_backward(a->dbuf_3c, a->datt, a->dbuf_cl, qkv, att, B, T, Cl, g->NHl);
+    if (!(dln = column_backward(g, G(P_QKVW), G(P_QKVB), a->dbuf_3c, ln1_full, W(P_QKVW), BT, 3 * Cl))) return;
+    READY(P_QKVB);
+    READY(P_QKVW);
+    if (layernorm_backward(g, G(P_LN1W), G(P_LN1B), dln, resid, W(P_LN1W), ln1_mean, ln1_rstd, R)) return;
+    READY(P_LN1B);
+    READY(P_LN1W);
+#undef W
+#undef G
+#undef READY
+  }
+  /* the whole rows again (sp): every rank then adds the same wpe gradient */
+  if (fail(g, gather_rows(g, a->dfull, a->dres, BT))) return;
+  tp_embedding_backward(grads + off_of(g, g->idx_wte), grads + off_of(g, g->idx_wpe), a->dfull, g->tokens, B, T, C,
+                        g->v0, g->Vl);
+  report(ready, ctx, g, g->idx_wpe);
+  report(ready, ctx, g, g->idx_wte);
+}
+
+/* The argmax over the whole vocabulary: the largest value (allreduce MAX),
+ * then the smallest index holding it (allreduce MIN), as the unsplit
+ * model's first maximum. On a failed collective every prediction is -1. */
+static void tp_predict(td_model *model, int32_t *out) {
+  tp_gpt *g = (tp_gpt *)model;
+  const size_t n = (size_t)g->last_B * g->cfg.seq;
+  float *best = g->acts.stats; /* 2n floats: n values, then n indices as int32 */
+  int32_t *index = (int32_t *)(g->acts.stats + n);
+  for (size_t i = 0; i < n; i++) {
+    const float *row = g->acts.probs + i * g->Vl;
+    int b = 0;
+    for (int v = 1; v < g->Vl; v++)
+      if (row[v] > row[b]) b = v;
+    best[i] = row[b];
+    index[i] = g->v0 + b;
+  }
+  float *mine = malloc((n ? n : 1) * sizeof(float));
+  td_status st = mine ? TD_OK : td_error(TD_ERR_SYSTEM, "gpt-tp: out of memory for predictions");
+  if (st == TD_OK) {
+    memcpy(mine, best, n * sizeof(float));
+    st = td_allreduce(best, best, n, TD_F32, TD_MAX, g->comm);
+  }
+  if (st == TD_OK) {
+    for (size_t i = 0; i < n; i++)
+      if (mine[i] != best[i]) index[i] = INT32_MAX;
+    st = td_allreduce(index, out, n, TD_I32, TD_MIN, g->comm);
+  }
+  free(mine);
+  if (fail(g, st))
+    for (size_t i = 0; i < n; i++) out[i] = -1;
+}
+
+/* ---- parameters: cut from the unsplit GPT's initial values ---- */
+
+static void cut_copy(const cut *k, const float *whole, float *local) {
+  switch (k->kind) {
+  case CUT_REPL:
+    memcpy(local, whole, k->rows * k->cols * sizeof(float));
+    break;
+  case CUT_ROWS:
+    for (int b = 0; b < k->blocks; b++) {
+      memcpy(local, whole + (b * k->rows + k->lo) * k->cols, k->n * k->cols * sizeof(float));
+      local += k->n * k->cols;
+    }
+    break;
+  case CUT_COLS:
+    for (size_t row = 0; row < k->rows; row++) memcpy(local + row * k->n, whole + row * k->cols + k->lo, k->n * sizeof(float));
+    break;
+  }
+}
+
+static void tp_init_params(const td_model *model, float *params, uint64_t seed) {
+  const tp_gpt *g = (const tp_gpt *)model;
+  size_t largest = 0;
+  for (int i = 0; i < g->base.n_tensors; i++)
+    largest = g->full->tensors[i].count > largest ? g->full->tensors[i].count : largest;
+  float *whole = td_alloc((largest ? largest : 1) * sizeof(float));
+  for (int i = 0; i < g->base.n_tensors; i++) {
+    const td_param_tensor *t = &g->full->tensors[i];
+    if (!whole) {
+      /* td_model_init_params cannot fail; without the scratch leave a mark
+       * the first loss shows (NaN) rather than a silently different model */
+      for (size_t j = 0; j < g->tensors[i].count; j++) params[g->tensors[i].offset + j] = NAN;
+      continue;
+    }
+    (void)td_model_init_params_range(g->full, whole, seed, t->offset, t->offset + t->count);
+    cut_copy(&g->cuts[i], whole, params + g->tensors[i].offset);
+  }
+  td_free(whole);
+}
+
+/* The whole model's squared gradient norm: the split tensors' squares from
+ * every rank, the replicated ones (equal everywhere) from rank 0 only. */
+static td_status tp_grad_norm_sq(td_model *model, const float *grads, double *sum_sq) {
+  tp_gpt *g = (tp_gpt *)model;
+  double mine = *sum_sq;
+  if (g->r != 0)
+    for (int i = 0; i < g->base.n_tensors; i++)
+      if (g->cuts[i].kind == CUT_REPL) {
+        const float *x = grads + g->tensors[i].offset;
+        double sq = 0;
+        for (size_t j = 0; j < g->tensors[i].count; j++) sq += (double)x[j] * x[j];
+        mine -= sq;
+      }
+  td_status st = td_allreduce(&mine, sum_sq, 1, TD_F64, TD_SUM, g->comm);
+  if (fail(g, st)) return td_error(g->failed, "%s", g->failed_msg);
+  if (*sum_sq < 0) *sum_sq = 0; /* rounding of the subtraction */
+  return TD_OK;
+}
+
+static void tp_destroy(td_model *model) {
+  tp_gpt *g = (tp_gpt *)model;
+  if (!g) return;
+  td_free(g->acts.memory);
+  free(g->tokens);
+  free(g->targets);
+  free(g->tensors);
+  free(g->cuts);
+  free(g->names);
+  td_model_destroy(g->full);
+  free(g);
+}
+
+static const td_model_ops tp_ops = {
+    .prepare = tp_prepare,
+    .forward = tp_forward,
+    .backward = tp_backward,
+    .predict = tp_predict,
+    .destroy = tp_destroy,
+    .activation_bytes = tp_activation_bytes,
+    .init_params = tp_init_params,
+    .grad_norm_sq = tp_grad_norm_sq,
+};
+
+td_status td_gpt_tp_set_sequence_parallel(td_model *model, int on) {
+  if (!model || !model->kind || strcmp(model->kind, "gpt-tp") != 0)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "td_gpt_tp_set_sequence_parallel: the model must come from td_gpt_tp_create");
+  tp_gpt *g = (tp_gpt *)model;
+  if (on && g->cfg.seq % g->p != 0)
+    return td_error(TD_ERR_INVALID_ARGUMENT,
+                    "sequence parallelism splits each sequence's %d positions over %d tensor-parallel ranks: use a "
+                    "sequence length divisible by %d (e.g. %d)", g->cfg.seq, g->p, g->p,
+                    (g->cfg.seq / g->p + 1) * g->p);
+  g->sp = on != 0;
+  return TD_OK;
+}
+
+td_status td_gpt_tp_create(const td_gpt_config *config, const td_grid *grid, td_model **out) {
+  if (!out) return td_error(TD_ERR_INVALID_ARGUMENT, "td_gpt_tp_create: out must not be NULL");
+  *out = NULL;
+  if (!config || !grid) return td_error(TD_ERR_INVALID_ARGUMENT, "td_gpt_tp_create: config and grid must be given");
+  if (td_grid_size(grid, TD_GRID_PIPELINE) != 1)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "td_gpt_tp_create: the tensor-parallel GPT holds every layer; with "
+                    "pipeline-parallel %d use the pipeline engine's stages", td_grid_size(grid, TD_GRID_PIPELINE));
+  td_comm *tensor = td_grid_comm(grid, TD_GRID_TENSOR);
+  const int p = td_comm_size(tensor), r = td_comm_rank(tensor);
+  TD_CHECK(td_grid_check_gpt(config, p, 1));
+  td_model *full = NULL;
+  TD_CHECK(td_gpt_create(config, &full)); /* its refusals (channels % heads, ...) */
+  tp_gpt *g = calloc(1, sizeof *g);
+  if (!g) {
+    td_model_destroy(full);
+    return td_error(TD_ERR_SYSTEM, "td_gpt_tp_create: out of memory");
+  }
+  g->cfg = *config;
+  g->full = full;
+  g->comm = tensor;
+  g->p = p;
+  g->r = r;
+  g->world_rank = td_comm_rank(td_grid_world(grid));
+  g->world_first = g->world_rank - r;
+  g->C = config->channels;
+  g->Cl = config->channels / p;
+  g->NHl = config->heads / p;
+  g->Fl = 4 * config->channels / p;
+  size_t v0, vl;
+  td_shard_range((size_t)config->vocab, p, r, &v0, &vl);
+  g->v0 = (int)v0;
+  g->Vl = (int)vl;
+  const int n = full->n_tensors;
+  g->tensors = calloc((size_t)n, sizeof *g->tensors);
+  g->cuts = calloc((size_t)n, sizeof *g->cuts);
+  g->names = calloc((size_t)n, sizeof *g->names);
+  if (!g->tensors || !g->cuts || !g->names) {
+    tp_destroy(&g->base);
+    return td_error(TD_ERR_SYSTEM, "td_gpt_tp_create: out of memory");
+  }
+  const size_t C = g->C, Cl = g->Cl, Fl = g->Fl, L = config->layers;
+  g->idx_head = -1;
+  size_t off = 0;
+  for (int i = 0; i < n; i++) {
+    const char *name = full->tensors[i].name;
+    const size_t count = full->tensors[i].count;
+    cut k = {CUT_REPL, count, 1, 0, 0, 1};
+    if (strcmp(name, "wte") == 0 || strcmp(name, "lm_head.weight") == 0) {
+      k = (cut){CUT_ROWS, (size_t)config->vocab, C, v0, vl, 1};
+      if (name[0] == 'w') g->idx_wte = i;
+      else g->idx_head = i;
+    } else if (strcmp(name, "wpe") == 0) {
+      g->idx_wpe = i;
+      g->idx_layer0 = i + 1;
+    } else if (strcmp(name, "ln_f.weight") == 0) {
+      g->idx_lnfw = i;
+    } else if (strcmp(name, "ln_f.bias") == 0) {
+      g->idx_lnfb = i;
+    } else if (i >= 2 && (size_t)(i - 2) < L * P_PER_LAYER) {
+      switch ((i - 2) % P_PER_LAYER) {
+      case P_QKVW: k = (cut){CUT_ROWS, C, C, (size_t)r * Cl, Cl, 3}; break;
+      case P_QKVB: k = (cut){CUT_ROWS, C, 1, (size_t)r * Cl, Cl, 3}; break;
+      case P_PROJW: k = (cut){CUT_COLS, C, C, (size_t)r * Cl, Cl, 1}; break;
+      case P_FCW: k = (cut){CUT_ROWS, 4 * C, C, (size_t)r * Fl, Fl, 1}; break;
+      case P_FCB: k = (cut){CUT_ROWS, 4 * C, 1, (size_t)r * Fl, Fl, 1}; break;
+      case P_FC2W: k = (cut){CUT_COLS, C, 4 * C, (size_t)r * Fl, Fl, 1}; break;
+      default: break; /* LayerNorms and the row-parallel biases: replicated */
+      }
+    }
+    g->cuts[i] = k;
+    snprintf(g->names[i], sizeof g->names[i], "%s", name);
+    g->tensors[i].name = g->names[i];
+    g->tensors[i].offset = off;
+    g->tensors[i].count = k.kind == CUT_REPL ? count : k.kind == CUT_ROWS ? k.blocks * k.n * k.cols : k.rows * k.n;
+    off += g->tensors[i].count;
+  }
+  g->base.ops = &tp_ops;
+  g->base.kind = "gpt-tp";
+  snprintf(g->config_text, sizeof g->config_text, "%s tensor_parallel=%d tensor_rank=%d", full->config, p, r);
+  g->base.config = g->config_text;
+  g->base.n_params = off;
+  g->base.n_tensors = n;
+  g->base.tensors = g->tensors;
+  g->base.input_bytes = (size_t)config->seq * sizeof(int32_t);
+  g->base.targets_per_sample = (size_t)config->seq;
+  g->base.device = full->device;
+  *out = &g->base;
+  return TD_OK;
+}
