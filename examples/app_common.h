@@ -187,11 +187,12 @@ static td_model_ops traced_ops;
 static void app_trace_model(td_model *model, td_timeline *timeline) {
   traced_inner_ops = model->ops;
   traced_timeline = timeline;
-  traced_ops = (td_model_ops){traced_prepare, traced_forward, traced_backward,
-                              model->ops->predict ? traced_predict : NULL, traced_destroy,
-                              model->ops->set_activation_checkpointing, model->ops->activation_bytes,
-                              model->ops->init_params, model->ops->grad_norm_sq,
-                              model->ops->set_device_dtype};
+  traced_ops = *model->ops; /* the optional ops (init_params, ...) pass through untraced */
+  traced_ops.prepare = traced_prepare;
+  traced_ops.forward = traced_forward;
+  traced_ops.backward = traced_backward;
+  traced_ops.predict = model->ops->predict ? traced_predict : NULL;
+  traced_ops.destroy = traced_destroy;
   model->ops = &traced_ops;
 }
 

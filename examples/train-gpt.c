@@ -76,6 +76,14 @@ static void usage(void) {
       "  --tensor-parallel N split every layer over N consecutive ranks (Megatron-LM's tensor\n"
       "                     parallelism; N divides the ranks and the heads; the rest of the world\n"
       "                     is data-parallel; config key tensor_model_parallel_size)\n"
+      "  --pipeline-parallel M  cut the layers into M stages on consecutive ranks (1F1B pipeline;\n"
+      "                     --grad-accum micro-batches per step; the rest of the world is\n"
+      "                     data-parallel; config key pipeline_model_parallel_size or pipeline.stages)\n"
+      "  --pipeline-schedule 1f1b|interleaved  the schedule (default 1f1b; config pipeline.schedule)\n"
+      "  --pipeline-chunks K  model chunks per stage for the interleaved schedule (default 2;\n"
+      "                     config pipeline.chunks or virtual_pipeline_model_parallel_size)\n"
+      "  --pipeline-partition uniform|parameters  layers per stage: equal counts (default) or\n"
+      "                     balanced parameter counts (config pipeline.partition_method)\n"
       "  --sequence-parallel with --tensor-parallel: LayerNorms and residuals on 1/N of the\n"
       "                     sequence per rank (Megatron-LM's; config key sequence_parallel)\n"
       "  --device D         cpu (default), cuda (cuda:(local rank %% GPUs)) or cuda:N (config key\n"
@@ -103,6 +111,8 @@ typedef struct gpt_options {
   const char *device;                            /* --device: NULL when not given */
   long sub_group_size;                           /* -1: not given */
   long tensor_parallel;                          /* --tensor-parallel; -1: not given */
+  long pipeline_parallel, pipeline_chunks;       /* --pipeline-parallel, --pipeline-chunks; -1: not given */
+  const char *pipeline_schedule, *pipeline_partition; /* NULL: not given */
   int sequence_parallel;                         /* --sequence-parallel */
   td_gpt_config model;
 } gpt_options;
@@ -119,6 +129,8 @@ static void parse_args(int argc, char **argv, gpt_options *o) {
   o->device = NULL;
   o->sub_group_size = -1;
   o->tensor_parallel = -1;
+  o->pipeline_parallel = o->pipeline_chunks = -1;
+  o->pipeline_schedule = o->pipeline_partition = NULL;
   o->sequence_parallel = 0;
   o->model = (td_gpt_config){.vocab = 256, .layers = 4, .channels = 256, .heads = 4, .seq = 128};
   for (int i = 1; i < argc; i++) {
@@ -137,6 +149,10 @@ static void parse_args(int argc, char **argv, gpt_options *o) {
     else if ((v = app_flag_value(argc, argv, &i, "--offload-optimizer"))) o->offload_optimizer = v;
     else if ((v = app_flag_value(argc, argv, &i, "--offload-param"))) o->offload_param = v;
     else if ((v = app_flag_value(argc, argv, &i, "--tensor-parallel"))) o->tensor_parallel = app_parse_long("--tensor-parallel", v, 1, 4096);
+    else if ((v = app_flag_value(argc, argv, &i, "--pipeline-parallel"))) o->pipeline_parallel = app_parse_long("--pipeline-parallel", v, 1, 4096);
+    else if ((v = app_flag_value(argc, argv, &i, "--pipeline-chunks"))) o->pipeline_chunks = app_parse_long("--pipeline-chunks", v, 1, 64);
+    else if ((v = app_flag_value(argc, argv, &i, "--pipeline-schedule"))) o->pipeline_schedule = v;
+    else if ((v = app_flag_value(argc, argv, &i, "--pipeline-partition"))) o->pipeline_partition = v;
     else if ((v = app_flag_value(argc, argv, &i, "--sub-group-size"))) o->sub_group_size = app_parse_long("--sub-group-size", v, 1, 1L << 50);
     else if ((v = app_flag_value(argc, argv, &i, "--save-every"))) o->save_every = app_parse_long("--save-every", v, 1, 1L << 40);
     else if ((v = app_flag_value(argc, argv, &i, "--steps"))) o->steps = app_parse_long("--steps", v, 1, 1L << 40);
@@ -165,6 +181,19 @@ static void offload_flag(const char *flag, const char *v, td_offload_device *dev
   } else {
     app_usage_error("%s '%s': use nvme:PATH (a directory on a local disk), cpu or none", flag, v);
   }
+}
+
+static td_pipeline_config pipeline_config(const td_train_config *cfg) {
+  return (td_pipeline_config){.schedule = cfg->pipeline_schedule[0] ? cfg->pipeline_schedule : NULL,
+                              .chunks = cfg->pipeline_chunks,
+                              .partition = cfg->pipeline_partition[0] ? cfg->pipeline_partition : NULL};
+}
+
+/* The pipeline's phases on the timeline: forward and backward beside the
+ * trainer's on "compute", the waits for neighbours on "pipeline". */
+static void trace_pipeline(void *ctx, const char *name, double begin_s, double end_s) {
+  const char *lane = !strcmp(name, "forward") || !strcmp(name, "backward") ? "compute" : "pipeline";
+  td_timeline_span((td_timeline *)ctx, lane, name, begin_s, end_s);
 }
 
 /* Defaults, then the config file, then the flags. A config error is a usage
@@ -204,10 +233,20 @@ static void build_config(const gpt_options *o, int world, td_train_config *cfg) 
   if (cfg->tensor_parallel > 1) {
     if (td_grid_check(world, cfg->tensor_parallel, 1) != TD_OK) app_usage_error("%s", td_last_error());
     if (td_grid_check_gpt(&o->model, cfg->tensor_parallel, 1) != TD_OK) app_usage_error("%s", td_last_error());
-    if (o->common.resume_dir)
-      app_usage_error("--tensor-parallel %d with --resume is not built yet: tensor-parallel runs neither save nor "
-                      "resume checkpoints", cfg->tensor_parallel);
     world /= cfg->tensor_parallel;
+  }
+  if (o->pipeline_parallel > 0) cfg->pipeline_parallel = (int)o->pipeline_parallel;
+  if (o->pipeline_chunks > 0) cfg->pipeline_chunks = (int)o->pipeline_chunks;
+  if (o->pipeline_schedule) snprintf(cfg->pipeline_schedule, sizeof cfg->pipeline_schedule, "%s", o->pipeline_schedule);
+  if (o->pipeline_partition)
+    snprintf(cfg->pipeline_partition, sizeof cfg->pipeline_partition, "%s", o->pipeline_partition);
+  if (cfg->pipeline_parallel > 1) {
+    if (td_grid_check(world, 1, cfg->pipeline_parallel) != TD_OK) /* world: already / tensor_parallel */
+      app_usage_error("%s", td_last_error());
+    if (o->common.resume_dir)
+      app_usage_error("--pipeline-parallel %d with --resume is not built yet: pipeline runs neither save nor resume "
+                      "checkpoints", cfg->pipeline_parallel);
+    world /= cfg->pipeline_parallel;
   }
   if (cfg->checkpoint_every > 0 && !cfg->checkpoint_dir[0])
     app_usage_error("--save-every needs a directory: --save DIR (or checkpoint.save_dir in the config)");
@@ -215,11 +254,21 @@ static void build_config(const gpt_options *o, int world, td_train_config *cfg) 
   if (cfg->micro_batch == 0 && cfg->train_batch_size == 0) cfg->micro_batch = 8;
   td_status s = td_train_config_resolve(cfg, world);
   if (s != TD_OK) app_usage_error("%s", td_last_error());
+  if (cfg->pipeline_parallel > 1) { /* the layers per stage, the interleaved schedule's micro-batches */
+    td_pipeline_config pc = pipeline_config(cfg);
+    if (td_pipeline_check(&o->model, &pc, cfg->pipeline_parallel, cfg->grad_accum) != TD_OK)
+      app_usage_error("%s", td_last_error());
+  }
 }
 
 /* --estimate-memory: the table of td_trainer_estimate_memory for every
- * stage (rank 0 prints; stdout, one line per stage, key=value pairs). */
+ * stage (rank 0 prints; stdout, one line per stage, key=value pairs).
+ * world: the data-parallel ranks; with tensor parallelism, params are this
+ * rank's shard. */
 static void print_estimates(const td_model *model, const td_train_config *cfg, int world) {
+  if (cfg->tensor_parallel > 1)
+    printf("%s: tensor_parallel=%d: world= below counts data-parallel ranks, params= this rank's shard; ZeRO "
+           "stages 2-3 are not built with tensor parallelism\n", app_name, cfg->tensor_parallel);
   printf("%s: memory per rank at world=%d, params=%zu, micro_batch=%d (MiB; model states = params + grads + "
          "optimizer + live + deterministic + replicas; DeepSpeed estimate_zero3_model_states_mem_needs_all_live; "
          "total = model states + activations + runtime, plus what the process holds before the trainer; gather: "
@@ -359,6 +408,7 @@ int main(int argc, char **argv) {
   /* Tensor parallelism: the grid's tensor group splits the model, the
    * trainer averages gradients over the data-parallel group only */
   const int tp = cfg.tensor_parallel > 1 ? cfg.tensor_parallel : 1;
+  const int pp = cfg.pipeline_parallel > 1 ? cfg.pipeline_parallel : 1;
   td_grid *grid = NULL;
   td_comm *train_comm = run.comm;
   td_model *model = NULL;
@@ -377,13 +427,27 @@ int main(int argc, char **argv) {
       long cores = sysconf(_SC_NPROCESSORS_ONLN), local = td_comm_local_size(run.comm);
       cfg.threads = (int)(cores > local ? cores / local : 1);
     }
+  } else if (pp > 1) {
+    /* Pipeline parallelism: the grid's pipeline group holds the stages, the
+     * trainer averages over the data-parallel group */
+    s = td_grid_create(run.comm, 1, pp, &grid);
+    if (s != TD_OK) app_fail(&run, "laying out the process grid", s);
+    td_pipeline_config pc = pipeline_config(&cfg);
+    s = td_gpt_pipeline_create(&opt.model, &pc, td_grid_comm(grid, TD_GRID_PIPELINE), &model);
+    if (s != TD_OK) app_fail(&run, "creating the pipeline stage", s);
+    train_comm = td_grid_comm(grid, TD_GRID_DATA);
+    if (cfg.threads == 0) {
+      long cores = sysconf(_SC_NPROCESSORS_ONLN), local = td_comm_local_size(run.comm);
+      cfg.threads = (int)(cores > local ? cores / local : 1);
+    }
+    if (run.timeline) td_gpt_pipeline_set_trace(model, trace_pipeline, run.timeline);
   } else {
     s = td_gpt_create_on(&opt.model, dev, &model);
     if (s != TD_OK) app_fail(&run, "creating the GPT model", s);
   }
   if (opt.estimate_memory) {
     if (elastic) cfg.elasticity.enabled = 1; /* the buddy copies and deterministic reduction */
-    if (run.rank == 0) print_estimates(model, &cfg, run.world / tp);
+    if (run.rank == 0) print_estimates(model, &cfg, run.world / tp / pp);
     /* what the trainer would choose and need here, with this host's memory (collective) */
     td_train_config fitted;
     td_trainer_memory_info mi;
@@ -402,8 +466,13 @@ int main(int argc, char **argv) {
     td_dataset_destroy(data);
     return 0;
   }
-  s = td_trainer_create(&cfg, app_engine_model(&run, model), data, train_comm, &run.trainer);
+  /* a pipeline traces its own phases (forward and backward run inside its step) */
+  s = td_trainer_create(&cfg, pp > 1 ? model : app_engine_model(&run, model), data, train_comm, &run.trainer);
   if (s != TD_OK) app_fail(&run, "creating the trainer", s);
+  if (tp > 1) { /* checkpoints in the unsplit model's coordinates, saved and loaded by the whole grid */
+    s = td_trainer_set_grid(run.trainer, grid);
+    if (s != TD_OK) app_fail(&run, "giving the trainer the process grid", s);
+  }
   if (run.rank == 0 && td_trainer_zero_stage(run.trainer) >= 2) {
     printf("%s: knobs ", app_name);
     print_knobs(td_trainer_config(run.trainer));
@@ -418,11 +487,12 @@ int main(int argc, char **argv) {
 
   if (run.rank == 0) {
     fprintf(stderr,
-            "%s: world=%d tensor_parallel=%d params=%zu%s layers=%d channels=%d heads=%d seq=%d global_batch=%ld "
+            "%s: world=%d tensor_parallel=%d pipeline_parallel=%d params=%zu%s layers=%d channels=%d heads=%d seq=%d global_batch=%ld "
             "(micro %d x accum %d x %d data-parallel ranks) steps=%ld threads=%d corpus=%s (%zu sequences)%s%s\n",
-            app_name, run.world, tp, td_trainer_n_params(run.trainer), tp > 1 ? " (this rank's shard)" : "",
-            opt.model.layers, opt.model.channels, opt.model.heads, opt.model.seq, rc->train_batch_size,
-            rc->micro_batch, rc->grad_accum, run.world / tp,
+            app_name, run.world, tp, pp, td_trainer_n_params(run.trainer),
+            tp > 1 ? " (this rank's shard)" : pp > 1 ? " (this rank's stage)" : "", opt.model.layers,
+            opt.model.channels, opt.model.heads, opt.model.seq, rc->train_batch_size, rc->micro_batch, rc->grad_accum,
+            run.world / tp / pp,
             rc->steps, td_trainer_threads(run.trainer), opt.data_path, data->n_samples,
             opt.common.resume_dir ? " resumed_from=" : "", opt.common.resume_dir ? opt.common.resume_dir : "");
     if (start >= rc->steps)
@@ -467,9 +537,27 @@ int main(int argc, char **argv) {
   /* At ZeRO stage 3 rank 0 needs the whole parameter arena for the sample
    * and the deterministic summary (collective: every rank takes part). */
   int exact = rc->deterministic_reduction == 1;
-  if (tp > 1 && opt.sample > 0) { /* generation runs on a whole model */
-    if (run.rank == 0) fprintf(stderr, "%s: no sample: generating from a tensor-parallel model is not built yet\n", app_name);
+  if ((tp > 1 || pp > 1) && opt.sample > 0) { /* generation runs on a whole model */
+    if (run.rank == 0)
+      fprintf(stderr, "%s: no sample: generating from a %s model is not built yet\n", app_name,
+              tp > 1 ? "tensor-parallel" : "pipeline-parallel");
     opt.sample = 0;
+  }
+  if (pp > 1) { /* every rank: where its time went (bench/pipeline.sh reads these lines) */
+    td_pipeline_stats ps;
+    if (td_gpt_pipeline_stats(model, &ps) == TD_OK && ps.steps > 0) {
+      char layers[96] = "";
+      for (int c = 0, len = 0; c < ps.chunks && c < 8 && len >= 0 && (size_t)len < sizeof layers; c++)
+        len += snprintf(layers + len, sizeof layers - (size_t)len, "%s%d-%d", c ? "," : "", ps.first_layer[c],
+                        ps.first_layer[c] + ps.n_layers[c]);
+      printf("%s: pipeline rank=%d stage=%d stages=%d chunks=%d layers=%s steps=%ld forward_s=%.3f backward_s=%.3f "
+             "recv_wait_s=%.3f send_wait_s=%.3f step_s=%.3f idle_fraction=%.4f bubble_1f1b=%.4f\n",
+             app_name, run.rank, ps.stage, ps.stages, ps.chunks, layers, ps.steps, ps.forward_s, ps.backward_s,
+             ps.recv_wait_s, ps.send_wait_s, ps.step_s,
+             ps.step_s > 0 ? 1.0 - (ps.forward_s + ps.backward_s) / ps.step_s : 0.0,
+             (double)(ps.stages - 1) / (rc->grad_accum + ps.stages - 1));
+      fflush(stdout);
+    }
   }
   if (opt.sample > 0 || exact) {
     s = td_trainer_gather_params(run.trainer);
@@ -497,11 +585,11 @@ int main(int argc, char **argv) {
     }
     printf("%s: final_loss=%.6f tokens_per_s=%.0f steps=%ld world=%d params=%zu global_batch=%ld micro_batch=%d "
            "grad_accum=%d seq=%d threads=%d train_s=%.1f zero_stage=%d model_state_bytes_per_rank=%zu "
-           "tensor_parallel=%d sequence_parallel=%d\n",
+           "tensor_parallel=%d sequence_parallel=%d pipeline_parallel=%d\n",
            app_name, run.steps_this_run > 0 ? run.last.loss : NAN, app_throughput(&run),
            td_trainer_step_count(run.trainer), run.world, td_trainer_n_params(run.trainer), rc->train_batch_size,
            rc->micro_batch, rc->grad_accum, opt.model.seq, td_trainer_threads(run.trainer), train_s,
-           td_trainer_zero_stage(run.trainer), td_trainer_model_state_bytes(run.trainer), tp, cfg.sequence_parallel);
+           td_trainer_zero_stage(run.trainer), td_trainer_model_state_bytes(run.trainer), tp, cfg.sequence_parallel, pp);
     /* memory and precision, for bench/precision.sh: activations as the model sized them, peak RSS of rank 0 */
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);

@@ -100,6 +100,21 @@ typedef struct td_model_ops {
    * over the model's own group; the training thread calls it once per step
    * with the averaged gradient. */
   td_status (*grad_norm_sq)(td_model *model, const float *grads, double *sum_sq);
+  /* Optional (NULL: the trainer runs forward and backward per micro-step).
+   * For a model whose micro-batches must run together (a pipeline stage of
+   * src/parallel/pipeline, where they overlap across ranks): forward and
+   * backward of all n_micro micro-batches of a step, `batch` samples each;
+   * micro-batch i's inputs start at byte i*batch*input_bytes of inputs, its
+   * targets at element i*batch*targets_per_sample. grads += the gradient of
+   * loss_scale x each micro-batch's mean loss, summed; ready(ctx, ...) as in
+   * backward, once per tensor whose gradient is final (ready may be NULL).
+   * *loss_out: the mean of the micro-batches' losses, the same on every
+   * rank of the model's group. Collective over that group; a failure there
+   * (a dead peer, a bad token on another stage) fails every rank of it,
+   * naming the rank. */
+  td_status (*run_micro_batches)(td_model *model, const float *params, float *grads, const void *inputs,
+                                 const int32_t *targets, int batch, int n_micro, float loss_scale,
+                                 td_grad_ready_fn ready, void *ctx, double *loss_out);
   /* Optional (NULL: f32 only). On a device model, the element type of the
    * params and grads arrays forward and backward take (and of the
    * activations): TD_F32 or TD_BF16 (td_gpt_set_device_dtype). The training
@@ -156,6 +171,37 @@ typedef struct td_gpt_config {
                  * as shared/peers/torch_gpt_ddp.py */
 } td_gpt_config;
 td_status td_gpt_create(const td_gpt_config *config, td_model **out);
+/* A pipeline stage of the GPT (src/parallel/pipeline): the blocks
+ * [first_layer, first_layer + n_layers), with the token and position
+ * embeddings when it starts at block 0 (embed) and the final layernorm, the
+ * head and the loss when it ends at the last block (head). Its tensor table
+ * is the whole model's slice in the same order, with the same names and the
+ * same initial values (td_model_init_params), plus, for a tied model's last
+ * stage without the embeddings, a copy of "wte" for the head (its gradient
+ * is the head's share only: the caller adds the first stage's). Forward's
+ * inputs: tokens (B, T) int32 with the embeddings, else the previous
+ * stage's output activations (B, T, C) floats (input_bytes says which);
+ * targets are read only with the head, and forward returns the loss there,
+ * 0 elsewhere. A chain of stages computes the whole model's bits: the same
+ * kernels in the same order. CPU only; activation checkpointing works as in
+ * the whole model; ZeRO stage 3's param_access is not supported. Refused
+ * (TD_ERR_INVALID_ARGUMENT) when the range is outside [0, layers), empty, or
+ * embed/head disagree with where it starts and ends. */
+typedef struct td_gpt_stage {
+  int first_layer, n_layers;
+  int embed; /* 1: first_layer == 0 */
+  int head;  /* 1: first_layer + n_layers == layers */
+} td_gpt_stage;
+td_status td_gpt_stage_create(const td_gpt_config *config, const td_gpt_stage *stage, td_model **out);
+/* A stage without the head: its last forward's output activations (B, T, C),
+ * valid until its next prepare or forward (NULL before the first prepare). */
+const float *td_gpt_stage_output(const td_model *model);
+/* A stage without the head: the gradient of that output, read by the next
+ * backward (the pointer must stay valid until then; it is used once). */
+void td_gpt_stage_set_output_grad(td_model *model, const float *dout /* (B, T, C) */);
+/* A stage without the embeddings: after backward, the gradient of its
+ * input activations (B, T, C), valid until its next backward. */
+const float *td_gpt_stage_input_grad(const td_model *model);
 /* The same GPT (same tensor table, config text and initial values, so that
  * checkpoints move between devices) computing on `device`. CPU: exactly
  * td_gpt_create. CUDA (src/nn/cuda/gpt_cuda.c, in builds with CUDA): opens

@@ -127,6 +127,106 @@ td_status td_gpt_tp_create(const td_gpt_config *config, const td_grid *grid, td_
  * is not divisible by the group size, or for another model. */
 td_status td_gpt_tp_set_sequence_parallel(td_model *model, int on);
 
+/* ---- a shard's place in the unsplit model (src/parallel/tensor/ckpt_map.c) ---- */
+
+/* Checkpoints record the UNSPLIT model's arenas (the element order of
+ * td_gpt_create's arena), so that any layout loads what any layout saved.
+ * A shard map says where each element of this rank's arena lives there: a
+ * list of runs, `count` elements at local offset `local` being elements
+ * [unsplit, unsplit + count) of the unsplit arena (the optimizer states
+ * share the parameters' layout, so one map serves every arena).
+ *
+ *   column-parallel weight (rows split)   one run per row block (qkv: 3)
+ *   row-parallel weight (columns split)   one run per row (strided)
+ *   vocabulary-split wte / lm_head        one run
+ *   replicated (LayerNorms, wpe, the row-parallel biases)   one run, with
+ *                                          writer = 1 on tensor rank 0 only
+ *
+ * `writer` is 1 where this rank writes the run into a checkpoint: every
+ * element of the unsplit model has exactly one writer per model replica.
+ * A pipeline stage (a contiguous range of layers) plugs in as the runs of
+ * the tensors it holds: its local offsets restart at 0, its unsplit offsets
+ * are those tensors' in the whole model, and the tied embedding held by the
+ * first and the last stage is written by one of them. */
+typedef struct td_shard_run {
+  size_t local, unsplit, count;
+  int writer;
+} td_shard_run;
+
+typedef struct td_shard_map {
+  td_model *unsplit; /* the whole model's description (kind, config, n_params, tensors); no arena, never prepared */
+  size_t n_local;    /* floats in this rank's arena */
+  int n_runs;
+  td_shard_run *runs; /* (n_runs) by local offset, tiling [0, n_local); adjacent runs merged */
+} td_shard_map;
+
+/* The map of a td_gpt_tp_create model's arena (any tensor rank, any vocab
+ * split). TD_ERR_INVALID_ARGUMENT for a model that is not split (nothing to
+ * map). Local; any thread. */
+td_status td_shard_map_create(const td_model *model, td_shard_map **out);
+void td_shard_map_destroy(td_shard_map *map); /* accepts NULL */
+
+/* ---- pipeline parallelism (src/parallel/pipeline/) ---- */
+
+/* How the pipeline runs (train-gpt --pipeline-schedule/--pipeline-chunks,
+ * config "pipeline": {"schedule", "chunks", "partition_method"}). Zero it
+ * for the defaults. */
+typedef struct td_pipeline_config {
+  const char *schedule;  /* "1f1b" (NULL: the default; PipeDream-Flush) or "interleaved" (Megatron-LM's) */
+  int chunks;            /* model chunks per rank: 1 for 1f1b; interleaved: at least 2 (0: 1, or 2 interleaved) */
+  const char *partition; /* "uniform" (NULL: the default) or "parameters" (DeepSpeed's partition_method) */
+} td_pipeline_config;
+
+/* Whether a GPT trains on `stages` pipeline stages with `micro_batches`
+ * micro-batches per step (the gradient accumulation steps): the names, at
+ * least one block per model stage (layers >= stages x chunks), the
+ * interleaved schedule's micro-batches a multiple of the stages.
+ * TD_ERR_INVALID_ARGUMENT with a message naming what would work. Pure. */
+td_status td_pipeline_check(const td_gpt_config *config, const td_pipeline_config *pp, int stages,
+                            int micro_batches);
+
+/* This rank's part of the GPT of `config` cut into pipeline stages over the
+ * communicator `pipeline` (td_grid_comm(grid, TD_GRID_PIPELINE); the model
+ * borrows it): its chunks' blocks (td_gpt_stage_create; the first stage
+ * with the embeddings, the last with the final layernorm, the head and the
+ * loss; a tied head keeps a copy of wte whose gradient is summed with the
+ * first stage's after every step), their arenas back to back in chunk
+ * order, tensor names as td_gpt_create's, initialized by
+ * td_model_init_params to the whole model's values. The model's
+ * run_micro_batches op runs one step's schedule (td_trainer_step uses it;
+ * forward alone is refused): activations and their gradients travel by
+ * td_isend/td_irecv, sends posted without waiting. Every rank's inputs are
+ * the step's tokens (the first stage reads them, the last its targets).
+ * The loss is the last stage's, broadcast to the group. A failure on one
+ * stage (a bad token, a dead peer) aborts the group's communicator, so that
+ * the others fail naming it instead of waiting. Local (nothing
+ * communicates until the first step). CPU, f32 or bf16 products. */
+td_status td_gpt_pipeline_create(const td_gpt_config *config, const td_pipeline_config *pp, td_comm *pipeline,
+                                 td_model **out);
+
+/* Where a pipeline rank's time went, summed over the steps run so far
+ * but the first (which allocates the activations; steps counts the rest)
+ * (seconds): compute (forward, backward), blocked on receives (recv_wait:
+ * the bubble plus transfer time), blocked on sends before reusing a buffer
+ * or at the end of the step (send_wait), and the steps' wall time (step_s,
+ * the whole run_micro_batches). idle = step_s - forward_s - backward_s. */
+typedef struct td_pipeline_stats {
+  long steps;
+  double forward_s, backward_s, recv_wait_s, send_wait_s, step_s;
+  double bytes_sent;
+  int stage, stages, chunks;
+  int first_layer[8], n_layers[8]; /* per chunk (the first 8) */
+} td_pipeline_stats;
+td_status td_gpt_pipeline_stats(const td_model *model, td_pipeline_stats *out);
+
+/* Spans of the pipeline's phases for a timeline: fn(ctx, name, begin_s,
+ * end_s), td_now() seconds, names "forward", "backward", "send" (posting a
+ * transfer), "recv_wait" (blocked on a neighbour: with "send_wait", the
+ * stage's idle time), "send_wait", called on the training thread. fn
+ * NULL: off. */
+void td_gpt_pipeline_set_trace(td_model *model, void (*fn)(void *ctx, const char *name, double begin_s, double end_s),
+                               void *ctx);
+
 #ifdef __cplusplus
 }
 #endif

@@ -35,6 +35,7 @@
 #include "device.h"
 #include "elastic.h"
 #include "nn.h"
+#include "parallel.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -191,6 +192,18 @@ typedef struct td_train_config {
    * combinations not built yet (ZeRO-2/3, offload, elastic, a device, bf16/
    * fp16, activation checkpointing, checkpoints), naming each. */
   int tensor_parallel;
+  /* Pipeline parallelism (Megatron-LM's pipeline_model_parallel_size,
+   * DeepSpeed's "pipeline" section; docs/training.md): stages that each
+   * hold consecutive layers of one model replica (0 or 1: none), and how
+   * they run. As with tensor parallelism, the program builds the grid and
+   * the pipeline model (td_gpt_pipeline_create) and gives the trainer the
+   * data-parallel communicator; grad_accum is the pipeline's micro-batches
+   * per step. Resolve refuses what is not built with it (ZeRO-2/3, offload,
+   * elastic, a device, fp16, checkpoints, tensor parallelism at once). */
+  int pipeline_parallel;
+  char pipeline_schedule[16];  /* "1f1b" ("" : the default) or "interleaved" */
+  int pipeline_chunks;         /* model chunks per stage (virtual_pipeline_model_parallel_size; 0: 1, or 2 interleaved) */
+  char pipeline_partition[16]; /* "uniform" ("" : the default) or "parameters" (DeepSpeed's partition_method) */
   /* Megatron-LM's sequence parallelism inside each tensor group (config key
    * sequence_parallel; needs tensor_parallel > 1): td_gpt_tp_set_sequence_parallel. */
   int sequence_parallel;
@@ -383,6 +396,18 @@ td_status td_trainer_save(td_trainer *trainer, const char *root_dir);
  * the uninterrupted run. Collective (every rank reads; a failure on any rank
  * fails on all). */
 td_status td_trainer_resume(td_trainer *trainer, const char *path);
+
+/* The grid a model-parallel model (td_gpt_tp_create) is split over, for
+ * checkpoints: td_trainer_save and td_trainer_resume then run over the
+ * grid's whole world, and each rank writes and reads its shard in the
+ * unsplit model's coordinates (td_shard_map), so that a save under any
+ * layout (tensor-parallel size, data-parallel size, ZeRO stage) loads under
+ * any other, and `tandem-ckpt consolidate` gives the unsplit model's
+ * tensors. The trainer must have been created on td_grid_comm(grid,
+ * TD_GRID_DATA); it borrows the grid (destroy the trainer first). Without
+ * it a trainer of a tensor-parallel config refuses to save or resume.
+ * Local (no communication); call it on every rank. */
+td_status td_trainer_set_grid(td_trainer *trainer, const td_grid *grid);
 
 /* Optional tracing of the engine's own phases, for a timeline (src/obs):
  * fn(ctx, name, begin_s, end_s) is called on the training thread after each

@@ -22,7 +22,21 @@
  * forward keeps just each block's output res3, which is the next block's
  * input. Backward recomputes block l from its input into the slot before
  * differentiating it: the same kernels on the same inputs, so the same bits
- * as without checkpointing, for one more forward of the blocks. */
+ * as without checkpointing, for one more forward of the blocks.
+ *
+ * Pipeline stages (td_gpt_stage_create): the same model restricted to the
+ * blocks [first_layer, first_layer + n) plus the embeddings on the first
+ * stage and the final layernorm, head and loss on the last. A stage's
+ * tensor table is the slice of the whole model's (same names, same initial
+ * values: each tensor draws from the stream of its index in the whole
+ * model); a tied last stage without the embeddings holds its own copy of
+ * wte for the head. Inputs of a later stage are the previous stage's
+ * output activations, (B, T, C) floats, copied into `encoded`, the buffer
+ * the first block reads; backward starts from the gradient of the output
+ * (td_gpt_stage_set_output_grad) in dres, where the whole model has it at
+ * that point, and leaves the gradient of the input in dres. The kernels and
+ * their order are the whole model's, so a chain of stages computes the
+ * whole model's bits. */
 #include "nn_internal.h"
 
 #include <stdio.h>
@@ -91,6 +105,14 @@ typedef struct gpt_model {
   char config_text[160]; /* td_model.config */
   int ckpt;              /* activation checkpointing asked for (set_activation_checkpointing) */
   void *device_state;    /* the device twin's (nn_gpt_device_state); NULL on the CPU */
+  /* pipeline stage (td_gpt_stage_create); the whole model is the stage
+   * {0, cfg.layers, embed 1, head 1} */
+  int n_layers;           /* blocks held (cfg.layers is the whole model's, for the initializer) */
+  int first_layer;        /* the whole model's index of block 0 here */
+  int has_embed, has_head;
+  int *global_idx;        /* each tensor's index in the whole model's table (its random stream) */
+  td_gpt_config acts_cfg; /* what the activations are sized for: n_layers blocks, vocab 0 without the head */
+  const float *dout_ext;  /* a stage without the head: the gradient of its output, for the next backward */
 } gpt_model;
 
 static const td_model_ops gpt_ops;
@@ -199,17 +221,17 @@ static size_t gpt_activation_bytes(const td_model *model, int batch, int checkpo
   gpt_acts scratch = {0};
   size_t n16[5], BT = (size_t)batch * g->cfg.seq;
   /* plus the bf16 copies at the bf16 compute type, the token and target copies */
-  return acts_plan(&scratch, &g->cfg, batch, g->cfg.seq, checkpointing, NULL) * sizeof(float) +
-         (compute == TD_BF16 ? acts16_plan(&g->cfg, BT, checkpointing, n16) * sizeof(uint16_t) : 0) +
+  return acts_plan(&scratch, &g->acts_cfg, batch, g->cfg.seq, checkpointing, NULL) * sizeof(float) +
+         (compute == TD_BF16 ? acts16_plan(&g->acts_cfg, BT, checkpointing, n16) * sizeof(uint16_t) : 0) +
          2 * BT * sizeof(int32_t);
 }
 
 static td_status gpt_prepare(td_model *model, int batch) {
   gpt_model *g = (gpt_model *)model;
   if (batch <= 0) return td_error(TD_ERR_INVALID_ARGUMENT, "gpt: micro-batch must be positive, got %d", batch);
-  if (g->acts.memory && g->acts.B == batch && g->acts.T == g->cfg.seq && g->acts.ckpt == (g->ckpt && g->cfg.layers > 0))
+  if (g->acts.memory && g->acts.B == batch && g->acts.T == g->cfg.seq && g->acts.ckpt == (g->ckpt && g->n_layers > 0))
     return TD_OK;
-  TD_CHECK(acts_alloc(&g->acts, &g->cfg, batch, g->cfg.seq, g->ckpt));
+  TD_CHECK(acts_alloc(&g->acts, &g->acts_cfg, batch, g->cfg.seq, g->ckpt));
   g->base.activation_bytes = g->acts.bytes;
   free(g->tokens_copy);
   free(g->targets_copy);
@@ -282,15 +304,17 @@ static void block_forward(gpt_model *g, gpt_acts *a, const float *params, int l,
  * pa: fetch each group of parameters before use (NULL: params is whole). */
 static float gpt_forward_impl(gpt_model *g, gpt_acts *a, const float *params, const td_param_access *pa,
                               const int32_t *tokens, const int32_t *targets, int B, int T) {
-  const int L = g->cfg.layers, C = g->cfg.channels, V = g->cfg.vocab;
+  const int L = g->n_layers, C = g->cfg.channels, V = g->cfg.vocab;
   const int BT = B * T;
   const size_t sBT = (size_t)a->B * a->T;
-  acts16_ensure(a, &g->cfg);
+  acts16_ensure(a, &g->acts_cfg);
   if (a == &g->acts) g->base.activation_bytes = a->bytes + a->bytes16;
-  params = unit_fetch(pa, params, unit_emb(g), L > 0 ? unit_layer(g, 0) : unit_final(g));
-  td_embedding_forward(a->encoded, tokens, params + tensor_off(g, g->idx_wte), params + tensor_off(g, g->idx_wpe), B,
-                       T, C);
-  unit_release(pa, unit_emb(g));
+  if (g->has_embed) { /* a later pipeline stage finds its input in encoded already */
+    params = unit_fetch(pa, params, unit_emb(g), L > 0 ? unit_layer(g, 0) : unit_final(g));
+    td_embedding_forward(a->encoded, tokens, params + tensor_off(g, g->idx_wte), params + tensor_off(g, g->idx_wpe),
+                         B, T, C);
+    unit_release(pa, unit_emb(g));
+  }
   const float *resid = a->encoded; /* (B, T, C) */
   for (int l = 0; l < L; l++) {
     params = unit_fetch(pa, params, unit_layer(g, l), l + 1 < L ? unit_layer(g, l + 1) : unit_final(g));
@@ -298,6 +322,7 @@ static float gpt_forward_impl(gpt_model *g, gpt_acts *a, const float *params, co
     resid = a->res3 + (size_t)l * sBT * C;
     unit_release(pa, unit_layer(g, l));
   }
+  if (!g->has_head) return 0.0f; /* the output is res3 of the last block (td_gpt_stage_output) */
   const int tied = g->idx_head < 0;
   params = unit_fetch(pa, params, unit_final(g), tied ? unit_wte(g) : unit_none);
   if (tied) params = unit_fetch(pa, params, unit_wte(g), unit_none);
@@ -322,13 +347,18 @@ static float gpt_forward(td_model *model, const float *params, const void *input
   }
   const int T = g->cfg.seq, V = g->cfg.vocab;
   size_t n = (size_t)batch * T;
-  memcpy(g->tokens_copy, inputs, n * sizeof(int32_t));
+  if (g->has_embed)
+    memcpy(g->tokens_copy, inputs, n * sizeof(int32_t));
+  else /* a later pipeline stage: the previous stage's output activations */
+    memcpy(g->acts.encoded, inputs, n * (size_t)g->cfg.channels * sizeof(float));
+  if (!g->has_head) targets = NULL; /* only the last stage has a loss */
   /* an out-of-range token would index outside wte: refuse it (NaN loss, message in td_last_error) */
   for (size_t i = 0; i < n; i++)
-    if ((uint32_t)g->tokens_copy[i] >= (uint32_t)V || (targets && (uint32_t)targets[i] >= (uint32_t)V)) {
+    if ((g->has_embed && (uint32_t)g->tokens_copy[i] >= (uint32_t)V) ||
+        (targets && (uint32_t)targets[i] >= (uint32_t)V)) {
+      int bad_token = g->has_embed && (uint32_t)g->tokens_copy[i] >= (uint32_t)V;
       td_error(TD_ERR_INVALID_ARGUMENT, "gpt: %s %d at position %zu is outside the vocabulary [0, %d)",
-               (uint32_t)g->tokens_copy[i] >= (uint32_t)V ? "token" : "target",
-               (uint32_t)g->tokens_copy[i] >= (uint32_t)V ? g->tokens_copy[i] : targets[i], i, V);
+               bad_token ? "token" : "target", bad_token ? g->tokens_copy[i] : targets[i], i, V);
       g->have_targets = 0;
       g->last_B = 0;
       return NAN;
@@ -350,13 +380,20 @@ static void gpt_backward(td_model *model, const float *params, float *grads, flo
                          void *ctx) {
   gpt_model *g = (gpt_model *)model;
   gpt_acts *a = &g->acts;
-  const int L = g->cfg.layers, C = g->cfg.channels, NH = g->cfg.heads, V = g->cfg.vocab;
+  const int L = g->n_layers, C = g->cfg.channels, NH = g->cfg.heads, V = g->cfg.vocab;
   const int B = g->last_B, T = g->last_T, BT = B * T;
   const size_t sBT = (size_t)a->B * a->T;
   const int32_t *targets = g->targets_copy;
+  const td_param_access *pa = g->base.param_access;
+  if (!g->has_head) {
+    /* a pipeline stage before the last: its output's gradient came from the next stage */
+    if (!B || !g->dout_ext) return;
+    memcpy(a->dres, g->dout_ext, (size_t)BT * C * sizeof(float));
+    g->dout_ext = NULL;
+    goto blocks;
+  }
   if (!g->have_targets) return; /* nothing to differentiate */
 
-  const td_param_access *pa = g->base.param_access;
   const int tied = g->idx_head < 0;
   gpt_unit after_final = L > 0 ? unit_layer(g, L - 1) : unit_none;
   params = unit_fetch(pa, params, unit_final(g), tied ? unit_wte(g) : after_final);
@@ -367,7 +404,7 @@ static void gpt_backward(td_model *model, const float *params, float *grads, flo
   const float *head = g->idx_head >= 0 ? params + tensor_off(g, g->idx_head) : params + tensor_off(g, g->idx_wte);
   float *dhead = grads + (g->idx_head >= 0 ? tensor_off(g, g->idx_head) : tensor_off(g, g->idx_wte));
   nn_linear_backward16(a->dbuf_c, dhead, NULL, a->dlogits, a->lnf, a->use16 ? a->lnf_16 : NULL, head, NULL, BT, C, V);
-  if (g->idx_head >= 0) report(ready, ctx, g, g->idx_head);
+  if (g->idx_head >= 0 || !g->has_embed) report(ready, ctx, g, g->idx_head >= 0 ? g->idx_head : g->idx_wte);
   const float *last_res = L > 0 ? a->res3 + (L - 1) * sBT * C : a->encoded;
   memset(a->dres, 0, (size_t)BT * C * sizeof(float));
   td_layernorm_backward(a->dres, grads + tensor_off(g, g->idx_lnfw), grads + tensor_off(g, g->idx_lnfb), a->dbuf_c,
@@ -377,6 +414,7 @@ static void gpt_backward(td_model *model, const float *params, float *grads, flo
   unit_release(pa, unit_final(g));
   if (tied) unit_release(pa, unit_wte(g));
 
+blocks:
   for (int l = L - 1; l >= 0; l--) {
     params = unit_fetch(pa, params, unit_layer(g, l), l > 0 ? unit_layer(g, l - 1) : unit_none);
 #define W(which) (params + tensor_off(g, layer_idx(g, l, (which))))
@@ -424,6 +462,7 @@ static void gpt_backward(td_model *model, const float *params, float *grads, flo
 #undef G
 #undef READY
   }
+  if (!g->has_embed) return; /* dres: the gradient of the input (td_gpt_stage_input_grad) */
   td_embedding_backward(grads + tensor_off(g, g->idx_wte), grads + tensor_off(g, g->idx_wpe), a->dres,
                         g->tokens_copy, B, T, C);
   report(ready, ctx, g, g->idx_wpe);
@@ -433,6 +472,7 @@ static void gpt_backward(td_model *model, const float *params, float *grads, flo
 static void gpt_predict(td_model *model, int32_t *out) {
   gpt_model *g = (gpt_model *)model;
   const int V = g->cfg.vocab;
+  if (!g->has_head) return; /* a pipeline stage before the last has no logits */
   size_t n = (size_t)g->last_B * g->last_T;
   for (size_t i = 0; i < n; i++) {
     const float *row = g->acts.probs + i * V; /* probabilities or logits: same argmax */
@@ -454,6 +494,7 @@ static void gpt_destroy(td_model *model) {
   free(g->targets_copy);
   free(g->tensors);
   free(g->names);
+  free(g->global_idx);
   free(g);
 }
 
@@ -474,11 +515,7 @@ static const td_model_ops gpt_ops = {
     .destroy = gpt_destroy,
 };
 
-td_status td_gpt_create(const td_gpt_config *config, td_model **out) {
-  if (!config || !out) return td_error(TD_ERR_INVALID_ARGUMENT, "td_gpt_create: config and out must not be NULL");
-  *out = NULL;
-  TD_CHECK(td_cpu_check()); /* a TANDEM_CPU the kernels cannot honour is refused here */
-  const td_gpt_config *c = config;
+static td_status gpt_check_config(const td_gpt_config *c) {
   if (c->vocab <= 0 || c->layers < 0 || c->channels <= 0 || c->heads <= 0 || c->seq <= 0)
     return td_error(TD_ERR_INVALID_ARGUMENT,
                     "gpt: vocab %d, layers %d, channels %d, heads %d, seq %d: all must be positive (layers >= 0)",
@@ -486,66 +523,152 @@ td_status td_gpt_create(const td_gpt_config *config, td_model **out) {
   if (c->channels % c->heads != 0)
     return td_error(TD_ERR_INVALID_ARGUMENT, "gpt: channels (%d) must be divisible by heads (%d); try --heads %d",
                     c->channels, c->heads, c->channels % 4 == 0 ? 4 : 1);
+  return TD_OK;
+}
+
+/* The model holding blocks [first_layer, first_layer + n_layers), with the
+ * embeddings (embed) and the final layernorm and head (head): the whole
+ * model is (0, layers, 1, 1). */
+static td_status gpt_build(const td_gpt_config *c, int first_layer, int n_layers, int embed, int head,
+                           td_model **out) {
   gpt_model *g = calloc(1, sizeof *g);
   if (!g) return td_error(TD_ERR_SYSTEM, "gpt: out of memory");
   g->cfg = *c;
-  int n = 2 + c->layers * P_PER_LAYER + 2 + (c->tied ? 0 : 1);
-  g->tensors = calloc((size_t)n, sizeof *g->tensors);
-  g->names = calloc((size_t)n, sizeof *g->names);
-  if (!g->tensors || !g->names) {
+  g->first_layer = first_layer;
+  g->n_layers = n_layers;
+  g->has_embed = embed;
+  g->has_head = head;
+  g->acts_cfg = *c;
+  g->acts_cfg.layers = n_layers;
+  if (!head) g->acts_cfg.vocab = 0; /* no logits, no probabilities */
+  int head_wte = head && !embed && c->tied; /* a tied last stage keeps its own wte for the head */
+  int n = (embed ? 2 : 0) + head_wte + n_layers * P_PER_LAYER + (head ? 2 + (c->tied ? 0 : 1) : 0);
+  /* one more entry: a sentinel at the arena's end, so that "the range after
+   * the last block" (param-access prefetch hints) reads inside the table */
+  g->tensors = calloc((size_t)n + 1, sizeof *g->tensors);
+  g->names = calloc((size_t)n + 1, sizeof *g->names);
+  g->global_idx = calloc((size_t)n + 1, sizeof *g->global_idx);
+  if (!g->tensors || !g->names || !g->global_idx) {
     gpt_destroy(&g->base);
     return td_error(TD_ERR_SYSTEM, "gpt: out of memory");
   }
   size_t C = c->channels, V = c->vocab;
   size_t off = 0;
   int i = 0;
-#define ADD(fmt_name, cnt)                                                  \
+  const int g_layer0 = 2, g_lnfw = 2 + c->layers * P_PER_LAYER; /* indices in the whole model's table */
+#define ADD(fmt_name, cnt, global)                                          \
   do {                                                                      \
     snprintf(g->names[i], sizeof g->names[i], "%s", fmt_name);              \
     g->tensors[i].name = g->names[i];                                       \
     g->tensors[i].offset = off;                                             \
     g->tensors[i].count = (cnt);                                            \
+    g->global_idx[i] = (global);                                            \
     off += (cnt);                                                           \
     i++;                                                                    \
   } while (0)
-  g->idx_wte = i;
-  ADD("wte", V * C);
-  g->idx_wpe = i;
-  ADD("wpe", (size_t)c->seq * C);
+  if (embed) {
+    g->idx_wte = i;
+    ADD("wte", V * C, 0);
+    g->idx_wpe = i;
+    ADD("wpe", (size_t)c->seq * C, 1);
+  }
+  if (head_wte) {
+    g->idx_wte = i;
+    ADD("wte", V * C, 0);
+  }
   g->idx_layer0 = i;
   static const char *suffix[P_PER_LAYER] = {"ln1.weight",  "ln1.bias",    "attn.qkv.weight", "attn.qkv.bias",
                                             "attn.proj.weight", "attn.proj.bias", "ln2.weight", "ln2.bias",
                                             "mlp.fc.weight", "mlp.fc.bias", "mlp.proj.weight", "mlp.proj.bias"};
   size_t counts[P_PER_LAYER] = {C, C, 3 * C * C, 3 * C, C * C, C, C, C, 4 * C * C, 4 * C, 4 * C * C, C};
-  for (int l = 0; l < c->layers; l++)
+  for (int l = first_layer; l < first_layer + n_layers; l++)
     for (int w = 0; w < P_PER_LAYER; w++) {
       char name[48];
       snprintf(name, sizeof name, "h%d.%s", l, suffix[w]);
-      ADD(name, counts[w]);
+      ADD(name, counts[w], g_layer0 + l * P_PER_LAYER + w);
     }
-  g->idx_lnfw = i;
-  ADD("ln_f.weight", C);
-  g->idx_lnfb = i;
-  ADD("ln_f.bias", C);
+  g->idx_lnfw = g->idx_lnfb = i; /* without the head: the sentinel */
   g->idx_head = -1;
-  if (!c->tied) {
-    g->idx_head = i;
-    ADD("lm_head.weight", V * C);
+  if (head) {
+    g->idx_lnfw = i;
+    ADD("ln_f.weight", C, g_lnfw);
+    g->idx_lnfb = i;
+    ADD("ln_f.bias", C, g_lnfw + 1);
+    if (!c->tied) {
+      g->idx_head = i;
+      ADD("lm_head.weight", V * C, g_lnfw + 2);
+    }
   }
 #undef ADD
+  g->tensors[n] = (td_param_tensor){"", off, 0};
+  g->global_idx[n] = -1;
   g->base.ops = &gpt_ops;
   g->base.kind = "gpt";
-  snprintf(g->config_text, sizeof g->config_text, "vocab=%d layers=%d channels=%d heads=%d seq=%d tied=%d", c->vocab,
-           c->layers, c->channels, c->heads, c->seq, c->tied ? 1 : 0);
+  int whole = first_layer == 0 && n_layers == c->layers && embed && head;
+  int len = snprintf(g->config_text, sizeof g->config_text, "vocab=%d layers=%d channels=%d heads=%d seq=%d tied=%d",
+                     c->vocab, c->layers, c->channels, c->heads, c->seq, c->tied ? 1 : 0);
+  if (!whole && len > 0 && (size_t)len < sizeof g->config_text)
+    snprintf(g->config_text + len, sizeof g->config_text - (size_t)len, " stage_layers=%d-%d embed=%d head=%d",
+             first_layer, first_layer + n_layers, embed, head);
   g->base.config = g->config_text;
-  g->base.supports_param_access = 1;
+  g->base.supports_param_access = whole; /* a stage's parameters are not sharded (ZeRO-3 is refused with pipelines) */
   g->base.n_params = off;
   g->base.n_tensors = n;
   g->base.tensors = g->tensors;
-  g->base.input_bytes = (size_t)c->seq * sizeof(int32_t);
+  g->base.input_bytes = (size_t)c->seq * (embed ? sizeof(int32_t) : C * sizeof(float));
   g->base.targets_per_sample = (size_t)c->seq;
   *out = &g->base;
   return TD_OK;
+}
+
+td_status td_gpt_create(const td_gpt_config *config, td_model **out) {
+  if (!config || !out) return td_error(TD_ERR_INVALID_ARGUMENT, "td_gpt_create: config and out must not be NULL");
+  *out = NULL;
+  TD_CHECK(td_cpu_check()); /* a TANDEM_CPU the kernels cannot honour is refused here */
+  TD_CHECK(gpt_check_config(config));
+  return gpt_build(config, 0, config->layers, 1, 1, out);
+}
+
+td_status td_gpt_stage_create(const td_gpt_config *config, const td_gpt_stage *stage, td_model **out) {
+  if (!config || !stage || !out)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "td_gpt_stage_create: config, stage and out must not be NULL");
+  *out = NULL;
+  TD_CHECK(td_cpu_check());
+  TD_CHECK(gpt_check_config(config));
+  if (stage->first_layer < 0 || stage->n_layers < 0 || stage->first_layer + stage->n_layers > config->layers ||
+      (stage->n_layers == 0 && !(stage->embed && stage->head)))
+    return td_error(TD_ERR_INVALID_ARGUMENT,
+                    "gpt: a pipeline stage of blocks [%d, %d) does not fit a model of %d layers (a stage holds at "
+                    "least one block, inside [0, layers))",
+                    stage->first_layer, stage->first_layer + stage->n_layers, config->layers);
+  if (stage->embed != (stage->first_layer == 0) || stage->head != (stage->first_layer + stage->n_layers == config->layers))
+    return td_error(TD_ERR_INVALID_ARGUMENT,
+                    "gpt: the pipeline stage of blocks [%d, %d) must hold the embeddings exactly when it starts at "
+                    "block 0 and the head exactly when it ends at block %d",
+                    stage->first_layer, stage->first_layer + stage->n_layers, config->layers);
+  return gpt_build(config, stage->first_layer, stage->n_layers, stage->embed != 0, stage->head != 0, out);
+}
+
+static gpt_model *as_stage(const td_model *model) {
+  return model && model->ops == &gpt_ops ? (gpt_model *)model : NULL;
+}
+
+const float *td_gpt_stage_output(const td_model *model) {
+  gpt_model *g = as_stage(model);
+  if (!g || !g->acts.memory) return NULL;
+  if (g->n_layers == 0) return g->acts.encoded;
+  /* res3 holds every block's output, with or without checkpointing */
+  return g->acts.res3 + (size_t)(g->n_layers - 1) * g->acts.B * g->acts.T * (size_t)g->cfg.channels;
+}
+
+void td_gpt_stage_set_output_grad(td_model *model, const float *dout) {
+  gpt_model *g = as_stage(model);
+  if (g) g->dout_ext = dout;
+}
+
+const float *td_gpt_stage_input_grad(const td_model *model) {
+  gpt_model *g = as_stage(model);
+  return g && g->acts.memory ? g->acts.dres : NULL;
 }
 
 /* GPT-2's initializer of tensor i: normal(0, *std) when *normal, else the
@@ -557,14 +680,15 @@ static void gpt_tensor_init(const gpt_model *g, int i, float *std_out, float *va
   float resid_std = 0.02f / sqrtf(2.0f * (float)(g->cfg.layers > 0 ? g->cfg.layers : 1));
   float std = 0.02f, value = 0.0f;
   int normal = 1;
-  if (i >= g->idx_layer0 && i < g->idx_layer0 + g->cfg.layers * P_PER_LAYER) {
-    int which = (i - g->idx_layer0) % P_PER_LAYER;
+  const int gi = g->global_idx[i], g_layer0 = 2, g_lnfw = 2 + g->cfg.layers * P_PER_LAYER; /* the whole model's */
+  if (gi >= g_layer0 && gi < g_lnfw) {
+    int which = (gi - g_layer0) % P_PER_LAYER;
     if (which == P_LN1W || which == P_LN2W) normal = 0, value = 1.0f;
     else if (which == P_PROJW || which == P_FC2W) std = resid_std;
     else if (which != P_QKVW && which != P_FCW) normal = 0, value = 0.0f; /* biases */
-  } else if (i == g->idx_lnfw) {
+  } else if (gi == g_lnfw) {
     normal = 0, value = 1.0f;
-  } else if (i == g->idx_lnfb) {
+  } else if (gi == g_lnfw + 1) {
     normal = 0, value = 0.0f;
   }
   *std_out = std, *value_out = value, *normal_out = normal;
@@ -575,7 +699,7 @@ void nn_gpt_init_params(const td_model *model, float *params, uint64_t seed) {
   for (int i = 0; i < g->base.n_tensors; i++) {
     const td_param_tensor *t = &g->tensors[i];
     float *p = params + t->offset;
-    nn_rng rng = nn_rng_stream(seed, (uint64_t)i + 1);
+    nn_rng rng = nn_rng_stream(seed, (uint64_t)g->global_idx[i] + 1); /* the whole model's stream */
     float std, value;
     int normal;
     gpt_tensor_init(g, i, &std, &value, &normal);
@@ -604,7 +728,7 @@ void nn_gpt_init_params_range(const td_model *model, float *dst, uint64_t seed, 
       nn_fill_const(dst + (a - lo), b - a, value);
       continue;
     }
-    nn_rng rng = nn_rng_stream(seed, (uint64_t)i + 1);
+    nn_rng rng = nn_rng_stream(seed, (uint64_t)g->global_idx[i] + 1); /* the whole model's stream */
     for (size_t c0 = 0; t->offset + c0 < b; c0 += CHUNK) {
       size_t n = t->count - c0 < CHUNK ? t->count - c0 : CHUNK;
       nn_fill_normal(scratch, n, std, &rng);
@@ -625,6 +749,9 @@ td_status td_gpt_generate(td_model *model, const float *params, const int32_t *p
     return td_error(TD_ERR_INVALID_USAGE, "td_gpt_generate: the model computes on a GPU; sampling runs on the CPU "
                     "only: copy the parameters to the host and generate with a CPU GPT (td_gpt_create)");
   gpt_model *g = (gpt_model *)model;
+  if (!g->has_embed || !g->has_head || g->n_layers != g->cfg.layers)
+    return td_error(TD_ERR_INVALID_USAGE, "td_gpt_generate: the model is a pipeline stage (%s); generate with the "
+                    "whole model (td_gpt_create) and the gathered parameters", g->config_text);
   const int T = g->cfg.seq, V = g->cfg.vocab;
   if (n < 0 || n_prompt < 0 || (n > 0 && !out) || (n_prompt > 0 && !prompt))
     return td_error(TD_ERR_INVALID_ARGUMENT, "td_gpt_generate: bad arguments (n_prompt %d, n %d)", n_prompt, n);

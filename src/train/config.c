@@ -37,6 +37,7 @@ void td_train_config_defaults(td_train_config *cfg) {
   cfg->stage3_param_persistence_threshold = 100000;
   cfg->deterministic_reduction = -1; /* on under elastic training only */
   cfg->tensor_parallel = 1;
+  cfg->pipeline_parallel = 1;
 }
 
 /* ---- batch sizes and ranges ---- */
@@ -54,6 +55,43 @@ static td_status batch_too_large(long micro, long accum, int world) {
   return td_error(TD_ERR_INVALID_ARGUMENT,
                   "batch sizes too large: micro %ld x accumulation %ld x %d ranks does not fit in 64 bits", micro,
                   accum, world);
+}
+
+/* pipeline_model_parallel_size: the names, and what the pipeline engine
+ * (src/parallel/pipeline) does not compose with yet, refused before any
+ * model is built. The layout itself (layers per stage, micro-batches of the
+ * interleaved schedule) is checked by td_pipeline_check. */
+static td_status pipeline_parallel_check(td_train_config *cfg) {
+  if (cfg->pipeline_parallel == 0) cfg->pipeline_parallel = 1;
+  const int pp = cfg->pipeline_parallel;
+  if (pp < 0 || pp > 4096)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "pipeline_model_parallel_size %d: must be 1 (off) .. 4096", pp);
+  if (cfg->pipeline_schedule[0] && strcmp(cfg->pipeline_schedule, "1f1b") && strcmp(cfg->pipeline_schedule, "interleaved"))
+    return td_error(TD_ERR_INVALID_ARGUMENT, "pipeline schedule \"%s\": use \"1f1b\" or \"interleaved\"",
+                    cfg->pipeline_schedule);
+  if (cfg->pipeline_partition[0] && strcmp(cfg->pipeline_partition, "uniform") &&
+      strcmp(cfg->pipeline_partition, "parameters"))
+    return td_error(TD_ERR_INVALID_ARGUMENT,
+                    "pipeline partition_method \"%s\" is not built: use \"uniform\" or \"parameters\"",
+                    cfg->pipeline_partition);
+  if (cfg->pipeline_chunks < 0 || cfg->pipeline_chunks > 64)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "pipeline chunks %d: must be 1 .. 64", cfg->pipeline_chunks);
+  if (pp == 1) return TD_OK;
+  const char *what = NULL;
+  if (cfg->zero_stage >= 2) what = cfg->zero_stage == 2 ? "ZeRO stage 2 (use stage 0 or 1)" : "ZeRO stage 3 (use stage 0 or 1)";
+  else if (cfg->offload.optimizer_device != TD_OFFLOAD_NONE || cfg->offload.param_device != TD_OFFLOAD_NONE)
+    what = "ZeRO offload";
+  else if (cfg->elasticity.enabled || cfg->deterministic_reduction == 1)
+    what = "elastic training or deterministic reduction";
+  else if (cfg->device[0] && strcmp(cfg->device, "cpu") != 0) what = "a device other than the CPU";
+  else if (cfg->precision.compute == TD_F16) what = "fp16 (use bf16 or fp32)";
+  else if (cfg->checkpoint_dir[0]) what = "checkpoints (save/resume)";
+  else if (cfg->tensor_parallel > 1) what = "tensor parallelism (tensor_model_parallel_size > 1)";
+  if (what)
+    return td_error(TD_ERR_INVALID_ARGUMENT,
+                    "pipeline_model_parallel_size %d with %s is not built yet: drop one of them "
+                    "(pipelines train on the CPU in fp32 or bf16 with ZeRO stage 0 or 1)", pp, what);
+  return TD_OK;
 }
 
 /* tensor_model_parallel_size: what the tensor-parallel GPT (src/parallel)
@@ -77,7 +115,6 @@ static td_status tensor_parallel_check(td_train_config *cfg) {
   else if (cfg->device[0] && strcmp(cfg->device, "cpu") != 0) what = "a device other than the CPU";
   else if (cfg->precision.compute != TD_F32) what = "bf16/fp16 mixed precision";
   else if (cfg->activation_checkpointing) what = "activation checkpointing";
-  else if (cfg->checkpoint_dir[0]) what = "checkpoints (save/resume)";
   if (what)
     return td_error(TD_ERR_INVALID_ARGUMENT,
                     "tensor_model_parallel_size %d with %s is not built yet: drop one of them "
@@ -197,6 +234,7 @@ td_status td_train_config_resolve(td_train_config *cfg, int world) {
   TD_CHECK(td_offload_config_check(cfg));
   td_offload_config_apply(cfg);
   TD_CHECK(tensor_parallel_check(cfg));
+  TD_CHECK(pipeline_parallel_check(cfg));
   return TD_OK;
 }
 
@@ -556,13 +594,48 @@ static td_status parse_zero(parse_ctx *pc, const cJSON *obj) {
   return TD_OK;
 }
 
+/* "pipeline": DeepSpeed's section name, with its "stages" and
+ * PipelineModule's partition_method, plus the schedule and the chunks per
+ * stage (Megatron-LM's interleaving). */
+static td_status parse_pipeline(parse_ctx *pc, const cJSON *obj) {
+  static const char *const keys[] = {"stages", "partition_method", "schedule", "chunks"};
+  if (!cJSON_IsObject(obj))
+    return td_error(TD_ERR_INVALID_ARGUMENT,
+                    "%s: pipeline must be an object, e.g. \"pipeline\": {\"stages\": 2, \"partition_method\": "
+                    "\"parameters\"}",
+                    pc->source);
+  TD_CHECK(check_keys(pc, obj, "pipeline", keys, (int)TD_ARRAY_SIZE(keys)));
+  const cJSON *item;
+  cJSON_ArrayForEach(item, obj) {
+    long n = 0;
+    const char *str = "";
+    if (strcmp(item->string, "stages") == 0) {
+      TD_CHECK(get_int(pc, item, "pipeline.stages", 1, 4096, &n));
+      pc->cfg->pipeline_parallel = (int)n;
+    } else if (strcmp(item->string, "chunks") == 0) {
+      TD_CHECK(get_int(pc, item, "pipeline.chunks", 1, 64, &n));
+      pc->cfg->pipeline_chunks = (int)n;
+    } else {
+      int is_schedule = strcmp(item->string, "schedule") == 0;
+      TD_CHECK(get_string(pc, item, is_schedule ? "pipeline.schedule" : "pipeline.partition_method", &str));
+      char *dst = is_schedule ? pc->cfg->pipeline_schedule : pc->cfg->pipeline_partition;
+      if (strlen(str) >= 16)
+        return td_error(TD_ERR_INVALID_ARGUMENT, "%s: pipeline.%s \"%s\": use %s", pc->source, item->string, str,
+                        is_schedule ? "\"1f1b\" or \"interleaved\"" : "\"uniform\" or \"parameters\"");
+      td_strlcpy(dst, str, 16);
+    }
+  }
+  return TD_OK;
+}
+
 static td_status parse_root(parse_ctx *pc, const cJSON *root) {
   static const char *const keys[] = {
       "train_batch_size", "train_micro_batch_size_per_gpu", "train_micro_batch_size_per_rank",
       "gradient_accumulation_steps", "train_steps", "seed", "gradient_clipping", "steps_per_print",
       "threads_per_rank", "bucket_bytes", "first_bucket_bytes", "optimizer", "scheduler", "checkpoint",
       "fp16", "bf16", "zero_optimization", "communication_data_type", "activation_checkpointing", "elasticity", "aio",
-      "deterministic_reduction", "deterministic_unit", "device", "tensor_model_parallel_size", "sequence_parallel"};
+      "deterministic_reduction", "deterministic_unit", "device", "tensor_model_parallel_size",
+      "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size", "pipeline", "sequence_parallel"};
   if (!cJSON_IsObject(root))
     return td_error(TD_ERR_INVALID_ARGUMENT, "%s: the config must be a JSON object ({ ... })", pc->source);
   TD_CHECK(check_keys(pc, root, "", keys, (int)TD_ARRAY_SIZE(keys)));
@@ -631,6 +704,14 @@ static td_status parse_root(parse_ctx *pc, const cJSON *root) {
     } else if (strcmp(k, "tensor_model_parallel_size") == 0) {
       TD_CHECK(get_int(pc, item, k, 1, 4096, &n));
       cfg->tensor_parallel = (int)n;
+    } else if (strcmp(k, "pipeline_model_parallel_size") == 0) {
+      TD_CHECK(get_int(pc, item, k, 1, 4096, &n));
+      cfg->pipeline_parallel = (int)n;
+    } else if (strcmp(k, "virtual_pipeline_model_parallel_size") == 0) {
+      TD_CHECK(get_int(pc, item, k, 1, 64, &n));
+      cfg->pipeline_chunks = (int)n;
+    } else if (strcmp(k, "pipeline") == 0) {
+      TD_CHECK(parse_pipeline(pc, item));
     } else if (strcmp(k, "sequence_parallel") == 0) {
       if (!cJSON_IsBool(item))
         return td_error(TD_ERR_INVALID_ARGUMENT, "%s: \"sequence_parallel\" must be true or false", pc->source);

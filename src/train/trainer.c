@@ -198,6 +198,25 @@ static td_status trainer_create(const td_train_config *cfg_in, td_model *model, 
                   "use \"fp32\" or stage 0-1", td_dtype_name(t->cfg.precision.comm_dtype), t->zero_stage);
     goto fail;
   }
+  if (model->ops->run_micro_batches) {
+    /* a pipeline stage: what composes with it so far */
+    const char *what = NULL;
+    if (t->zero_stage >= 2) what = "ZeRO stages 2-3 (use zero_optimization.stage 0 or 1)";
+    else if (t->cfg.deterministic_reduction == 1 || t->cfg.elasticity.enabled)
+      what = "deterministic reduction and elastic training (remove deterministic_reduction and elasticity)";
+    else if (t->cfg.offload.optimizer_device != TD_OFFLOAD_NONE || t->cfg.offload.param_device != TD_OFFLOAD_NONE)
+      what = "offload (remove offload_optimizer / offload_param)";
+    else if (t->cfg.precision.compute == TD_F16)
+      what = "fp16 (its overflow skips are agreed over the data-parallel ranks only; use bf16 or fp32)";
+    else if (t->cfg.checkpoint_dir[0])
+      what = "checkpoints (every stage would write the same directory; remove --save / checkpoint.save_dir)";
+    else if (model->device.kind != TD_DEVICE_CPU)
+      what = "a GPU (train on the CPU)";
+    if (what) {
+      st = td_error(TD_ERR_INVALID_USAGE, "rank %d: pipeline parallelism does not support %s yet", t->rank, what);
+      goto fail;
+    }
+  }
   /* before any arena: a job that cannot fit is refused on every rank, here
    * (memory_fit.c), not ended by the kernel's OOM killer mid-run */
   t->agree_flags = calloc((size_t)t->world, sizeof *t->agree_flags);
@@ -319,6 +338,8 @@ void td_trainer_destroy(td_trainer *t) {
   offload_destroy(t); /* removes the offload files, also after a failure */
   free(t->requests);
   free(t->agree_flags);
+  free(t->grid_agree_flags);
+  td_shard_map_destroy(t->shard_map);
   if (t->devops) {
     td_device_free(t->device, t->params);
     td_device_free(t->device, t->grads);
@@ -336,6 +357,8 @@ void td_trainer_destroy(td_trainer *t) {
     td_free(t->grads);
   for (int i = 0; i < 2; i++) td_free(t->states[i]);
   td_free(t->inputs);
+  td_free(t->step_inputs);
+  td_free(t->step_targets);
   td_free(t->targets);
   free(t->tensor_ready);
   td_sampler_free(&t->sampler);
@@ -521,6 +544,66 @@ td_status td_trainer_step(td_trainer *t, td_step_stats *stats) {
 static td_status step_finish(td_trainer *t, td_step_stats *stats, double loss, double t_start, double data_s,
                              double wait_s, int n_buckets);
 
+/* A model that runs a step's micro-batches together (run_micro_batches: a
+ * pipeline stage). Every micro-batch is loaded first (a pipeline's first
+ * stage reads the tokens, its last the targets, both as the sampler gives
+ * them to this data-parallel rank), then the model runs the step; its
+ * gradients are averaged over the data-parallel ranks in buckets as they
+ * become final, as after the plain path's last micro-step. A failure inside
+ * the model has already failed its pipeline group (the model says so); it
+ * is returned at once, without the data-parallel agreement, which the
+ * failed stage's peers in other replicas then see as a lost rank. */
+static td_status micro_batches_step(td_trainer *t, td_status local, double t_start, td_step_stats *stats) {
+  const td_model *m = t->model;
+  const int accum = t->cfg.grad_accum, b = t->cfg.micro_batch;
+  const int distributed = t->comm && t->world > 1;
+  const size_t in_bytes = (size_t)b * t->dataset->input_bytes, n_tgt = (size_t)b * t->dataset->targets_per_sample;
+  double data_s = 0, wait_s = 0;
+  if (local == TD_OK && t->step_inputs_accum != accum) {
+    td_free(t->step_inputs);
+    td_free(t->step_targets);
+    t->step_inputs = td_alloc((size_t)accum * in_bytes);
+    t->step_targets = td_alloc((size_t)accum * n_tgt * sizeof(int32_t));
+    t->step_inputs_accum = t->step_inputs && t->step_targets ? accum : 0;
+    if (!t->step_inputs_accum)
+      local = td_error(TD_ERR_SYSTEM, "rank %d: out of memory for the step's %d micro-batches", t->rank, accum);
+  }
+  for (int micro = 0; micro < accum && local == TD_OK; micro++) {
+    double d0 = td_now();
+    local = load_micro_batch(t, micro);
+    if (local == TD_OK) {
+      memcpy(t->step_inputs + (size_t)micro * in_bytes, t->inputs, in_bytes);
+      memcpy(t->step_targets + (size_t)micro * n_tgt, t->targets, n_tgt * sizeof(int32_t));
+    }
+    data_s += td_now() - d0;
+    trace(t, "data", d0);
+  }
+  int sync = distributed, n_buckets = 0;
+  if (sync) begin_buckets(t);
+  double loss = 0;
+  if (local == TD_OK)
+    local = m->ops->run_micro_batches(t->model, t->params, t->grads, t->step_inputs, t->step_targets, b, accum,
+                                      backward_scale(t), sync ? on_grad_ready : NULL, sync ? t : NULL, &loss);
+  if (local != TD_OK) return local;
+  if (sync) {
+    bucket_launch(t, 0, t->launched_lo);
+    t->launched_lo = 0;
+    n_buckets = t->n_requests;
+    /* the loss, averaged over the data-parallel ranks (each replica's pipeline gave its own) */
+    double w0 = td_now();
+    td_status st = td_allreduce(&loss, &loss, 1, TD_F64, TD_AVG, t->comm);
+    td_status wst;
+    (void)wait_requests(t, &wst); /* traces "comm_wait" */
+    wait_s += td_now() - w0;
+    if (st != TD_OK)
+      return td_error(st, "rank %d: averaging the step's loss failed: %s", t->rank, td_comm_last_error(t->comm));
+    if (t->bucket_status != TD_OK) return t->bucket_status;
+    if (wst != TD_OK) return wst;
+    td_precision_after_sync(t);
+  }
+  return step_finish(t, stats, loss, t_start, data_s, wait_s, n_buckets);
+}
+
 static td_status trainer_step(td_trainer *t, td_step_stats *stats) {
   const td_model *m = t->model;
   const int accum = t->cfg.grad_accum;
@@ -554,6 +637,7 @@ static td_status trainer_step(td_trainer *t, td_step_stats *stats) {
     local = td_device_memset0(t->device, td_trainer_model_grads(t), t->n_params * td_dtype_size(t->model_dtype));
   else
     memset(t->grads, 0, t->n_params * sizeof(float));
+  if (m->ops->run_micro_batches) return micro_batches_step(t, local, t_start, stats);
   double loss_sum = 0;
   t->comm_bytes = 0;
   int n_buckets = 0;

@@ -230,7 +230,8 @@ static void test_job(void) {
   struct sockaddr_in sa = {.sin_family = AF_INET};
   sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   socklen_t sl = sizeof sa;
-  CHECK(bind(closed, (struct sockaddr *)&sa, sizeof sa) == 0 && getsockname(closed, (struct sockaddr *)&sa, &sl) == 0);
+  CHECK(bind(closed, (struct sockaddr *)&sa, sizeof sa) == 0);
+  CHECK(getsockname(closed, (struct sockaddr *)&sa, &sl) == 0);
   snprintf(targets_text[3], sizeof targets_text[3], "localhost:%d", ntohs(sa.sin_port));
   close(closed);
   sa.sin_port = 0;

@@ -71,8 +71,6 @@ refused)
   check 2 "use tensor-parallel 1, 3 or 9" --tensor-parallel 2 --heads 9 --channels 36
   check 2 "with ZeRO stage 2 (use stage 0 or 1) is not built yet" --tensor-parallel 2 --zero-stage 2
   check 2 "with bf16/fp16 mixed precision is not built yet" --tensor-parallel 2 --bf16
-  check 2 "with checkpoints (save/resume) is not built yet" --tensor-parallel 2 --save "$work/ckpt"
-  check 2 "with --resume is not built yet" --tensor-parallel 2 --resume "$work/ckpt"
   check 2 "set tensor_model_parallel_size to 2 or more" --sequence-parallel
   check 2 "--seq 33 must be divisible by 2" --tensor-parallel 2 --sequence-parallel --seq 33
   echo "refused: ok"

@@ -113,8 +113,8 @@ static void tiny_destroy(td_model *m) {
   free(t);
 }
 
-static const td_model_ops tiny_ops = {tiny_prepare, tiny_forward, tiny_backward, tiny_predict, tiny_destroy,
-                                      NULL, NULL, NULL, NULL, NULL};
+static const td_model_ops tiny_ops = {.prepare = tiny_prepare, .forward = tiny_forward, .backward = tiny_backward,
+                                      .predict = tiny_predict, .destroy = tiny_destroy};
 
 static td_model *tiny_model_create(void) {
   tiny_model *t = calloc(1, sizeof *t);

@@ -38,6 +38,8 @@
 #include "train/zero/zero.h"
 
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 #include <stdio.h>
 #include <unistd.h>
 
@@ -277,6 +279,31 @@ static void run_unbound(void) {
     CHECK_MSG(td_trainer_step(t, NULL), TD_ERR_INVALID_USAGE, "td_trainer_elastic_rebind");
     td_trainer_destroy(t);
   }
+  /* an elastic process does not assume the whole host's memory: it shares
+   * it with the host's slots (TANDEM_LOCAL_SIZE, which tandemrun sets) */
+  const char *saved_local = getenv("TANDEM_LOCAL_SIZE");
+  char *saved = saved_local ? strdup(saved_local) : NULL;
+  setenv("TANDEM_MEMORY_LIMIT", "1G", 1);
+  for (int slots = 1; slots <= 4; slots += 3) {
+    char v[8];
+    snprintf(v, sizeof v, "%d", slots);
+    setenv("TANDEM_LOCAL_SIZE", v, 1);
+    td_train_config c;
+    base_config(&c, world, 1, TD_OPTIMIZER_ADAMW, 3);
+    CHECK_OK(td_trainer_create_unbound(&c, m, ds, world, 0, &t));
+    td_trainer_memory_info mi;
+    CHECK_OK(td_trainer_memory(t, &mi));
+    if (strncmp(mi.limit_source, "TANDEM_MEMORY_LIMIT", 19) == 0)
+      CHECK_EQ_INT(mi.limit_bytes, ((size_t)1 << 30) / (size_t)slots);
+    else /* MemAvailable is below 1 GiB here: it binds, divided alike */
+      printf("unbound: the memory limit is %s, not TANDEM_MEMORY_LIMIT: the division by slots is not checked\n",
+             mi.limit_source);
+    td_trainer_destroy(t);
+  }
+  unsetenv("TANDEM_MEMORY_LIMIT");
+  if (saved) setenv("TANDEM_LOCAL_SIZE", saved, 1);
+  else unsetenv("TANDEM_LOCAL_SIZE");
+  free(saved);
   td_train_config c;
   base_config(&c, world, 1, TD_OPTIMIZER_ADAMW, 3);
   CHECK_MSG(td_trainer_create_unbound(&c, m, ds, world, world, &t), TD_ERR_INVALID_ARGUMENT, "0 <= rank < world");

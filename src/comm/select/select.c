@@ -190,7 +190,8 @@ static void record(td_comm *comm, const comm_op *op, comm_algo_fn algo, double s
   pthread_mutex_lock(&comm->stats_mu);
   int i = 0;
   while (i < comm->n_stats && (comm->stats[i].kind != op->kind || comm->stats[i].algorithm != name)) i++;
-  if (i == comm->n_stats && i < COMM_MAX_STAT_ROWS) comm->stats[comm->n_stats++] = (struct comm_stat_row){.kind = op->kind, .algorithm = name};
+  if (i == comm->n_stats && i < COMM_MAX_STAT_ROWS) /* a new pair (a full table drops it: cannot happen) */
+    comm->stats[comm->n_stats++] = (struct comm_stat_row){.kind = op->kind, .algorithm = name};
   if (i < comm->n_stats) {
     comm->stats[i].calls++;
     comm->stats[i].bytes += stat_bytes(comm, op);

@@ -28,10 +28,11 @@
  * Sequence parallelism (td_gpt_tp_set_sequence_parallel): the residual
  * stream, the LayerNorms and the embedding's output keep B*T/p rows per rank;
  * the LayerNorm outputs are allgathered before each column-parallel
- * product, the row-parallel sums reduce-scattered, the residual gradient
- * allgathered before each row-parallel backward and the column-parallel
- * input gradients reduce-scattered; the LayerNorms' weight gradients, then
- * partial, are allreduced (2C floats each).
+ * product (in forward, and again in backward for its weight gradient: only
+ * the local rows are kept), the row-parallel sums reduce-scattered, the
+ * residual gradient allgathered before each row-parallel backward and the
+ * column-parallel input gradients reduce-scattered; the LayerNorms' weight
+ * gradients, then partial, are allreduced (2C floats each).
  *
  * Not here yet: activation checkpointing, bf16 products
  * (td_nn_set_compute_dtype is not consulted: f32), ZeRO-3's param_access,
@@ -46,38 +47,30 @@
 
 enum { P_LN1W, P_LN1B, P_QKVW, P_QKVB, P_PROJW, P_PROJB, P_LN2W, P_LN2B, P_FCW, P_FCB, P_FC2W, P_FC2B, P_PER_LAYER };
 
-/* How a local tensor is cut from the unsplit one, viewed as (rows, cols):
- * REPL whole; ROWS rows [lo, lo+n) of each of `blocks` equal row blocks
- * (qkv: 3 blocks q, k, v); COLS columns [lo, lo+n) of every row. */
-typedef enum { CUT_REPL, CUT_ROWS, CUT_COLS } cut_kind;
-typedef struct cut {
-  cut_kind kind;
-  size_t rows, cols; /* of the unsplit tensor (per block for ROWS) */
-  size_t lo, n;
-  int blocks;
-} cut;
+/* cut: how a local tensor is cut from the unsplit one (tensor.h; ckpt_map.c reads it too) */
 
 /* Shapes: BT = B*T whole rows; R = the residual stream's rows on this rank:
- * BT, or BT/p with sequence parallelism (sp), where the *_full buffers hold
- * the gathered whole rows (without sp they alias their local buffer). */
+ * BT, or BT/p with sequence parallelism (sp). With sp a LayerNorm's output
+ * is kept for this rank's rows only and gathered into `gathered` whenever a
+ * column-parallel product needs the whole rows, in forward and again in
+ * backward (Megatron-LM's choice: one more allgather per product instead of
+ * L whole-row copies). */
 typedef struct tp_acts {
   int B, sp;                      /* sized for */
   float *encoded;                 /* (R, C) */
   float *ln1, *ln1_mean, *ln1_rstd; /* (L, R, C), (L, R) x2 */
-  float *ln1_full;                /* (L, BT, C) */
   float *qkv;                     /* (L, BT, 3C/p) */
   float *atty;                    /* (L, BT, C/p) */
   float *att;                     /* (L, B, NH/p, T, T) */
   float *res2;                    /* (L, R, C) */
   float *ln2, *ln2_mean, *ln2_rstd; /* as ln1 */
-  float *ln2_full;                /* (L, BT, C) */
   float *fch;                     /* (L, BT, 4C/p): fc output before GELU */
   float *fchg;                    /* (L, BT, 4C/p): after GELU */
   float *res3;                    /* (L, R, C) */
   float *lnf, *lnf_mean, *lnf_rstd; /* (R, C), (R) x2 */
-  float *lnf_full;                /* (BT, C) */
   float *probs;                   /* (BT, V/p): logits, then probabilities */
   float *stats;                   /* (3 BT): the cross-entropy's row statistics */
+  float *gathered;                /* (BT, C): a LayerNorm output's whole rows (sp) */
   float *dres;                    /* (R, C): gradient of the residual stream */
   float *dfull;                   /* (BT, C): dres gathered (sp) */
   float *dloc;                    /* (R, C): a column-parallel input gradient's rows (sp) */
@@ -127,10 +120,10 @@ static size_t acts_plan(tp_acts *a, const tp_gpt *g, int B, int sp, float *base)
     size_t n;
   } plan[] = {
       {&a->encoded, R * C},       {&a->ln1, L * R * C},     {&a->ln1_mean, L * R},   {&a->ln1_rstd, L * R},
-      {&a->ln1_full, L * F * C},  {&a->qkv, L * BT * 3 * Cl}, {&a->atty, L * BT * Cl}, {&a->att, L * B * g->NHl * T * T},
+      {&a->gathered, F * C},      {&a->qkv, L * BT * 3 * Cl}, {&a->atty, L * BT * Cl}, {&a->att, L * B * g->NHl * T * T},
       {&a->res2, L * R * C},      {&a->ln2, L * R * C},     {&a->ln2_mean, L * R},   {&a->ln2_rstd, L * R},
-      {&a->ln2_full, L * F * C},  {&a->fch, L * BT * Fl},   {&a->fchg, L * BT * Fl}, {&a->res3, L * R * C},
-      {&a->lnf, R * C},           {&a->lnf_mean, R},        {&a->lnf_rstd, R},       {&a->lnf_full, F * C},
+      {&a->fch, L * BT * Fl},   {&a->fchg, L * BT * Fl}, {&a->res3, L * R * C},
+      {&a->lnf, R * C},           {&a->lnf_mean, R},        {&a->lnf_rstd, R},
       {&a->probs, BT * Vl},       {&a->stats, 3 * BT},      {&a->dres, R * C},       {&a->dfull, F * C},
       {&a->dloc, sp ? R * C : 0}, {&a->dln, sp ? 2 * C : 0}, {&a->dbuf_c, BT * C},   {&a->dbuf_cl, BT * Cl},
       {&a->dbuf_3c, BT * 3 * Cl}, {&a->dbuf_f, BT * Fl},    {&a->dbuf_f2, BT * Fl},  {&a->dlogits, BT * Vl},
@@ -141,12 +134,7 @@ static size_t acts_plan(tp_acts *a, const tp_gpt *g, int B, int sp, float *base)
     if (base) *plan[i].ptr = base + total;
     total += (plan[i].n + 15) & ~(size_t)15; /* 64-byte aligned */
   }
-  if (base && !sp) { /* the whole rows are the local ones */
-    a->ln1_full = a->ln1;
-    a->ln2_full = a->ln2;
-    a->lnf_full = a->lnf;
-    a->dfull = a->dres;
-  }
+  if (base && !sp) a->dfull = a->dres; /* the whole rows are the local ones */
   return total;
 }
 
@@ -220,6 +208,13 @@ static td_status row_forward(tp_gpt *g, float *out, const float *inp_local, cons
 static td_status gather_rows(tp_gpt *g, float *full, const float *local, int BT) {
   return g->acts.sp ? td_allgather(local, full, (size_t)BT * g->C, TD_F32, g->comm) : TD_OK;
 }
+/* The whole rows of a LayerNorm output for a column-parallel product: the
+ * buffer itself, or with sp its rows gathered into acts.gathered. NULL
+ * after a failed collective. */
+static const float *whole_rows(tp_gpt *g, const float *local, int BT) {
+  if (!g->acts.sp) return local;
+  return fail(g, gather_rows(g, g->acts.gathered, local, BT)) ? NULL : g->acts.gathered;
+}
 
 /* Returns 0, or 1 after a failed collective (recorded in g->failed). */
 static int block_forward(tp_gpt *g, const float *params, int l, const float *resid, int B) {
@@ -228,22 +223,21 @@ static int block_forward(tp_gpt *g, const float *params, int l, const float *res
   const size_t sBT = (size_t)a->B * T, sR = a->sp ? sBT / g->p : sBT;
 #define W(which) (params + off_of(g, lidx(g, l, (which))))
   float *ln1 = a->ln1 + l * sR * C, *ln1_mean = a->ln1_mean + l * sR, *ln1_rstd = a->ln1_rstd + l * sR;
-  float *ln1_full = a->sp ? a->ln1_full + l * sBT * C : ln1;
   float *qkv = a->qkv + l * sBT * 3 * Cl, *atty = a->atty + l * sBT * Cl;
   float *att = a->att + (size_t)l * a->B * g->NHl * T * T;
   float *res2 = a->res2 + l * sR * C, *ln2 = a->ln2 + l * sR * C;
   float *ln2_mean = a->ln2_mean + l * sR, *ln2_rstd = a->ln2_rstd + l * sR;
-  float *ln2_full = a->sp ? a->ln2_full + l * sBT * C : ln2;
   float *fch = a->fch + l * sBT * Fl, *fchg = a->fchg + l * sBT * Fl, *res3 = a->res3 + l * sR * C;
   td_layernorm_forward(ln1, ln1_mean, ln1_rstd, resid, W(P_LN1W), W(P_LN1B), R, C);
-  if (fail(g, gather_rows(g, ln1_full, ln1, BT))) return 1;
-  tp_column_linear_forward(qkv, ln1_full, W(P_QKVW), W(P_QKVB), BT, C, 3 * Cl);
+  const float *whole = whole_rows(g, ln1, BT);
+  if (!whole) return 1;
+  tp_column_linear_forward(qkv, whole, W(P_QKVW), W(P_QKVB), BT, C, 3 * Cl);
   td_attention_forward(atty, att, qkv, B, T, Cl, g->NHl); /* this rank's heads */
   if (fail(g, row_forward(g, res2, atty, W(P_PROJW), W(P_PROJB), BT, Cl))) return 1;
   add_into(res2, resid, (size_t)R * C);
   td_layernorm_forward(ln2, ln2_mean, ln2_rstd, res2, W(P_LN2W), W(P_LN2B), R, C);
-  if (fail(g, gather_rows(g, ln2_full, ln2, BT))) return 1;
-  tp_column_linear_forward(fch, ln2_full, W(P_FCW), W(P_FCB), BT, C, Fl);
+  if (!(whole = whole_rows(g, ln2, BT))) return 1;
+  tp_column_linear_forward(fch, whole, W(P_FCW), W(P_FCB), BT, C, Fl);
   td_gelu_forward(fchg, fch, (size_t)BT * Fl);
   if (fail(g, row_forward(g, res3, fchg, W(P_FC2W), W(P_FC2B), BT, Fl))) return 1;
   add_into(res3, res2, (size_t)R * C);
@@ -285,9 +279,10 @@ static float tp_forward(td_model *model, const float *params, const void *inputs
   }
   td_layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, resid, params + off_of(g, g->idx_lnfw),
                        params + off_of(g, g->idx_lnfb), R, C);
-  if (fail(g, gather_rows(g, a->lnf_full, a->lnf, BT))) goto failed;
+  const float *whole = whole_rows(g, a->lnf, BT);
+  if (!whole) goto failed;
   const float *head = params + off_of(g, g->idx_head >= 0 ? g->idx_head : g->idx_wte);
-  tp_column_linear_forward(a->probs, a->lnf_full, head, NULL, BT, C, g->Vl);
+  tp_column_linear_forward(a->probs, whole, head, NULL, BT, C, g->Vl);
   g->last_B = batch;
   if (!targets) return 0.0f; /* the logits stay in probs for predict */
   float loss = 0.0f;
@@ -353,9 +348,10 @@ static void tp_backward(td_model *model, const float *params, float *grads, floa
   /* loss -> logits -> LM head (column-parallel over the vocabulary) -> ln_f */
   tp_xent_backward(a->dlogits, a->probs, g->targets, loss_scale, BT, g->v0, g->Vl);
   const int head = tied ? g->idx_wte : g->idx_head;
-  const float *dln = column_backward(g, grads + off_of(g, head), NULL, a->dlogits, a->lnf_full,
-                                     params + off_of(g, head), BT, g->Vl);
-  if (!dln) return;
+  const float *whole = whole_rows(g, a->lnf, BT), *dln = NULL;
+  if (!whole) return;
+  if (!(dln = column_backward(g, grads + off_of(g, head), NULL, a->dlogits, whole, params + off_of(g, head), BT, g->Vl)))
+    return;
   if (!tied) report(ready, ctx, g, g->idx_head);
   const float *last = L > 0 ? a->res3 + (L - 1) * sR * C : a->encoded;
   memset(a->dres, 0, (size_t)R * C * sizeof(float));
@@ -370,12 +366,11 @@ static void tp_backward(td_model *model, const float *params, float *grads, floa
 #define READY(which) report(ready, ctx, g, lidx(g, l, (which)))
     const float *resid = l > 0 ? a->res3 + (l - 1) * sR * C : a->encoded;
     const float *ln1_mean = a->ln1_mean + l * sR, *ln1_rstd = a->ln1_rstd + l * sR;
-    const float *ln1_full = a->sp ? a->ln1_full + l * sBT * C : a->ln1 + l * sR * C;
+    const float *ln1 = a->ln1 + l * sR * C, *ln2 = a->ln2 + l * sR * C;
     const float *qkv = a->qkv + l * sBT * 3 * Cl, *atty = a->atty + l * sBT * Cl;
     const float *att = a->att + (size_t)l * a->B * g->NHl * T * T;
     const float *res2 = a->res2 + l * sR * C;
     const float *ln2_mean = a->ln2_mean + l * sR, *ln2_rstd = a->ln2_rstd + l * sR;
-    const float *ln2_full = a->sp ? a->ln2_full + l * sBT * C : a->ln2 + l * sR * C;
     const float *fch = a->fch + l * sBT * Fl, *fchg = a->fchg + l * sBT * Fl;
     /* MLP; dres holds d res3 (this rank's rows); the row-parallel product needs the whole rows */
     if (fail(g, gather_rows(g, a->dfull, a->dres, BT))) return;
@@ -385,7 +380,8 @@ static void tp_backward(td_model *model, const float *params, float *grads, floa
     READY(P_FC2W);
     memset(a->dbuf_f2, 0, (size_t)BT * Fl * sizeof(float));
     td_gelu_backward(a->dbuf_f2, fch, a->dbuf_f, (size_t)BT * Fl);
-    if (!(dln = column_backward(g, G(P_FCW), G(P_FCB), a->dbuf_f2, ln2_full, W(P_FCW), BT, Fl))) return;
+    if (!(whole = whole_rows(g, ln2, BT))) return;
+    if (!(dln = column_backward(g, G(P_FCW), G(P_FCB), a->dbuf_f2, whole, W(P_FCW), BT, Fl))) return;
     READY(P_FCB);
     READY(P_FCW);
     if (layernorm_backward(g, G(P_LN2W), G(P_LN2B), dln, res2, W(P_LN2W), ln2_mean, ln2_rstd, R)) return;
@@ -399,7 +395,8 @@ static void tp_backward(td_model *model, const float *params, float *grads, floa
     READY(P_PROJW);
     memset(a->dbuf_3c, 0, (size_t)BT * 3 * Cl * sizeof(float));
     td_attention_backward(a->dbuf_3c, a->datt, a->dbuf_cl, qkv, att, B, T, Cl, g->NHl);
-    if (!(dln = column_backward(g, G(P_QKVW), G(P_QKVB), a->dbuf_3c, ln1_full, W(P_QKVW), BT, 3 * Cl))) return;
+    if (!(whole = whole_rows(g, ln1, BT))) return;
+    if (!(dln = column_backward(g, G(P_QKVW), G(P_QKVB), a->dbuf_3c, whole, W(P_QKVW), BT, 3 * Cl))) return;
     READY(P_QKVB);
     READY(P_QKVW);
     if (layernorm_backward(g, G(P_LN1W), G(P_LN1B), dln, resid, W(P_LN1W), ln1_mean, ln1_rstd, R)) return;
@@ -632,4 +629,13 @@ td_status td_gpt_tp_create(const td_gpt_config *config, const td_grid *grid, td_
   g->base.device = full->device;
   *out = &g->base;
   return TD_OK;
+}
+
+const cut *tp_gpt_cuts(const td_model *model, td_gpt_config *config, int *p, int *r) {
+  if (!model || !model->kind || strcmp(model->kind, "gpt-tp") != 0) return NULL;
+  const tp_gpt *g = (const tp_gpt *)model;
+  *config = g->cfg;
+  *p = g->p;
+  *r = g->r;
+  return g->cuts;
 }

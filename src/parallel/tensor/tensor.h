@@ -29,6 +29,24 @@
 
 #include "tandem/parallel.h"
 
+/* How a local tensor of the tensor-parallel GPT is cut from the unsplit
+ * one, viewed as (rows, cols): REPL whole; ROWS rows [lo, lo+n) of each of
+ * `blocks` equal row blocks (qkv: 3 blocks q, k, v); COLS columns [lo, lo+n)
+ * of every row. gpt_tp.c cuts its initial values by it; ckpt_map.c maps a
+ * checkpoint's unsplit coordinates by it. */
+typedef enum { CUT_REPL, CUT_ROWS, CUT_COLS } cut_kind;
+typedef struct cut {
+  cut_kind kind;
+  size_t rows, cols; /* of the unsplit tensor (per block for ROWS) */
+  size_t lo, n;
+  int blocks;
+} cut;
+
+/* The cut of each of a td_gpt_tp_create model's tensors (model->n_tensors,
+ * in arena order; owned by the model), its config and its place (p ranks,
+ * this one r) in the tensor group; NULL for any other model. */
+const cut *tp_gpt_cuts(const td_model *model, td_gpt_config *config, int *p, int *r);
+
 /* out (N, OC) = allreduce_r(inp_local (N, IC_local) @ w_local (OC, IC_local)^T) + bias (OC, or NULL). */
 td_status tp_row_linear_forward(float *out, const float *inp_local, const float *w_local, const float *bias, int N,
                                 int IC_local, int OC, td_comm *comm);

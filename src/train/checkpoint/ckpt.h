@@ -147,6 +147,8 @@ typedef struct td_ckpt_dir {
   uint64_t bytes_read; /* data bytes read by td_ckpt_read (for tests and benchmarks) */
   int *fds;            /* (m.n_files) opened on first use, size-checked; -1 before */
   unsigned char *bounce; /* (m.chunk_bytes) for chunks only partly inside a range */
+  int bounce_piece;      /* the verified chunk bounce holds: piece index (-1: none) and chunk */
+  uint64_t bounce_chunk;
 } td_ckpt_dir;
 
 /* `path` is ROOT (its `latest` is followed) or a step directory. Reads and
@@ -170,6 +172,21 @@ int td_ckpt_arena_id(const td_ckpt_manifest *m, const char *name);
  * arenas, whatever this rank holds); returns the number of arenas
  * (manifest.c). */
 int td_ckpt_trainer_arenas(const td_trainer *t, td_ckpt_arena *out);
+
+/* Who saves and loads together, and which model the checkpoint records:
+ * the trainer's ranks and model, or under model parallelism
+ * (td_trainer_set_grid) the grid's whole world and the unsplit model, whose
+ * coordinates every region is in. Filled by checkpoint.c. */
+typedef struct td_ckpt_group {
+  td_comm *comm; /* NULL on one rank */
+  int rank, world;
+  int32_t *agree_flags; /* (world) td_agree_over's table */
+  const td_model *model; /* kind, config, tensor table as recorded */
+  size_t n_params;       /* elements of each arena */
+} td_ckpt_group;
+td_ckpt_group td_ckpt_group_of(const td_trainer *t);
+/* td_agree_over the group's ranks. Collective over the group. */
+td_status td_ckpt_agree(const td_trainer *t, td_status local);
 
 /* ---- the collective entry points the trainer uses ---- */
 td_status td_ckpt_save_regions(td_trainer *t, const char *root, const td_ckpt_region *regions, int n_regions);

@@ -67,7 +67,8 @@ static int config_differences(const char *saved, const char *mine, char *msg, si
 
 /* The checkpoint's model and optimizer against this trainer's. */
 static td_status check_model(const td_trainer *t, const char *file, const td_ckpt_manifest *m) {
-  const td_model *model = t->model;
+  const td_ckpt_group grp = td_ckpt_group_of(t);
+  const td_model *model = grp.model;
   const char *kind = model->kind ? model->kind : "?";
   if (strcmp(m->kind, kind) != 0)
     return td_error(TD_ERR_INVALID_ARGUMENT, "%s: the checkpoint is of a \"%s\" model, this run trains a \"%s\"", file,
@@ -80,11 +81,11 @@ static td_status check_model(const td_trainer *t, const char *file, const td_ckp
                       "model flags",
                       file, kind, diff);
   }
-  if (m->n_params != t->n_params || m->n_tensor_lines != model->n_tensors)
+  if (m->n_params != grp.n_params || m->n_tensor_lines != model->n_tensors)
     return td_error(TD_ERR_INVALID_ARGUMENT,
                     "%s: the checkpoint's model has %zu parameters in %d tensors, this one %zu in %d: use the same "
                     "model configuration (layers, channels, ...) as the saved run",
-                    file, m->n_params, m->n_tensor_lines, t->n_params, model->n_tensors);
+                    file, m->n_params, m->n_tensor_lines, grp.n_params, model->n_tensors);
   for (int i = 0; i < model->n_tensors; i++) {
     const td_param_tensor *p = &model->tensors[i];
     const td_ckpt_tensor *q = &m->tensors[i];
@@ -164,9 +165,9 @@ td_status td_ckpt_load_regions(td_trainer *t, const char *path, const td_ckpt_re
   if (st != TD_OK) {
     char why[900];
     td_error_copy(why, sizeof why);
-    st = td_error(st, "rank %d: %s", t->rank, why);
+    st = td_error(st, "rank %d: %s", td_ckpt_group_of(t).rank, why);
   }
-  st = td_trainer_agree(t, st);
+  st = td_ckpt_agree(t, st);
   if (st != TD_OK) td_ckpt_manifest_free(m);
   return st;
 }

@@ -496,11 +496,12 @@ int td_ckpt_arena_id(const td_ckpt_manifest *m, const char *name) {
 /* The arenas a trainer's checkpoint holds, named as the manifest names them
  * (save.c writes this table, load.c checks a checkpoint against it). */
 int td_ckpt_trainer_arenas(const td_trainer *t, td_ckpt_arena *out) {
+  const td_ckpt_group grp = td_ckpt_group_of(t);
   static const char *const adamw[] = {"adamw.m", "adamw.v"};
   int n = 0;
-  out[n++] = (td_ckpt_arena){"params", t->n_params};
+  out[n++] = (td_ckpt_arena){"params", grp.n_params};
   for (int s = 0; s < t->n_states; s++) {
-    td_ckpt_arena a = {"", t->n_params};
+    td_ckpt_arena a = {"", grp.n_params};
     if (t->cfg.optimizer.kind == TD_OPTIMIZER_ADAMW && s < 2) td_strlcpy(a.name, adamw[s], sizeof a.name);
     else snprintf(a.name, sizeof a.name, "%s.state%d", td_optimizer_name(t->cfg.optimizer.kind), s);
     out[n++] = a;

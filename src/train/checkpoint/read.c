@@ -6,7 +6,10 @@
  * wholly inside it is read straight into the destination and checked there;
  * a chunk that sticks out at either end goes through a one-chunk bounce
  * buffer. So a ZeRO shard of 1/N of an arena costs 1/N of the arena's bytes
- * plus at most two chunks per piece it crosses. Each file's size is checked
+ * plus at most two chunks per piece it crosses. The bounce buffer remembers
+ * which verified chunk it holds, so many small ranges inside one chunk (a
+ * tensor-parallel rank's rows of a row-parallel weight: one range per row)
+ * read and check that chunk once, not once per range. Each file's size is checked
  * against the manifest when it is first opened, so a truncated file is
  * named as such before any read comes up short. */
 #include "train/checkpoint/ckpt.h"
@@ -41,6 +44,7 @@ td_status td_ckpt_open(const char *path, td_ckpt_dir *d) {
     return td_error(TD_ERR_SYSTEM, "out of memory opening the checkpoint %s", path);
   }
   for (int f = 0; f < d->m.n_files; f++) d->fds[f] = -1;
+  d->bounce_piece = -1;
   return TD_OK;
 }
 
@@ -131,7 +135,12 @@ td_status td_ckpt_read(td_ckpt_dir *d, int arena, uint64_t lo, uint64_t hi, floa
       if (cs >= want_lo && ce <= want_hi) {
         TD_CHECK(read_chunk(d, p, c, dst_bytes + (p->lo * 4 + cs - lo * 4)));
       } else {
-        TD_CHECK(read_chunk(d, p, c, d->bounce));
+        if (d->bounce_piece != i || d->bounce_chunk != c) {
+          d->bounce_piece = -1; /* until verified */
+          TD_CHECK(read_chunk(d, p, c, d->bounce));
+          d->bounce_piece = i;
+          d->bounce_chunk = c;
+        }
         uint64_t x = TD_MAX(cs, want_lo), y = TD_MIN(ce, want_hi);
         memcpy(dst_bytes + (p->lo * 4 + x - lo * 4), d->bounce + (x - cs), (size_t)(y - x));
       }
@@ -142,6 +151,7 @@ td_status td_ckpt_read(td_ckpt_dir *d, int arena, uint64_t lo, uint64_t hi, floa
 
 td_status td_ckpt_verify(td_ckpt_dir *d, uint64_t *bytes_checked) {
   uint64_t before = d->bytes_read;
+  d->bounce_piece = -1; /* the bounce buffer is scratch here */
   for (int f = 0; f < d->m.n_files; f++) {
     int fd;
     TD_CHECK(file_fd(d, f, &fd));

@@ -36,11 +36,12 @@
 static td_status write_rank_file(td_trainer *t, save_io *io, const char *path, const td_ckpt_region *regions,
                                  int n_regions, uint64_t chunk, td_ckpt_piece *pieces, int *n_pieces,
                                  uint64_t *bytes_out) {
+  const int rank = td_ckpt_group_of(t).rank; /* file index and messages: the saving group's rank */
   *n_pieces = 0;
   *bytes_out = 0;
   ckpt_fault_point(io);
   int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return td_error_errno("rank %d: cannot create its checkpoint file %s", t->rank, path);
+  if (fd < 0) return td_error_errno("rank %d: cannot create its checkpoint file %s", rank, path);
   td_status st = TD_OK;
   uint64_t offset = 0;
   for (int i = 0; i < n_regions && st == TD_OK; i++) {
@@ -49,7 +50,7 @@ static td_status write_rank_file(td_trainer *t, save_io *io, const char *path, c
     uint64_t bytes = (r->hi - r->lo) * 4, n_crc = (bytes + chunk - 1) / chunk;
     uint32_t *crc = malloc(n_crc * sizeof *crc);
     if (!crc) {
-      st = td_error(TD_ERR_SYSTEM, "rank %d: out of memory for %llu checkpoint checksums", t->rank,
+      st = td_error(TD_ERR_SYSTEM, "rank %d: out of memory for %llu checkpoint checksums", rank,
                     (unsigned long long)n_crc);
       break;
     }
@@ -58,18 +59,18 @@ static td_status write_rank_file(td_trainer *t, save_io *io, const char *path, c
       size_t len = (size_t)TD_MIN(chunk, bytes - c * chunk);
       crc[c] = td_crc32(0, p + c * chunk, len);
       if (ckpt_write_full(fd, p + c * chunk, len) != 0) {
-        st = td_error_errno("rank %d: cannot write its checkpoint file %s (disk full?)", t->rank, path);
+        st = td_error_errno("rank %d: cannot write its checkpoint file %s (disk full?)", rank, path);
         break;
       }
     }
-    pieces[(*n_pieces)++] = (td_ckpt_piece){t->rank, r->arena, r->lo, r->hi, offset, crc, n_crc};
+    pieces[(*n_pieces)++] = (td_ckpt_piece){rank, r->arena, r->lo, r->hi, offset, crc, n_crc};
     offset += bytes;
   }
   if (st == TD_OK) {
     ckpt_fault_point(io);
-    if (fsync(fd) != 0) st = td_error_errno("rank %d: cannot fsync %s", t->rank, path);
+    if (fsync(fd) != 0) st = td_error_errno("rank %d: cannot fsync %s", rank, path);
   }
-  if (close(fd) != 0 && st == TD_OK) st = td_error_errno("rank %d: cannot close %s", t->rank, path);
+  if (close(fd) != 0 && st == TD_OK) st = td_error_errno("rank %d: cannot close %s", rank, path);
   *bytes_out = offset;
   return st;
 }
@@ -95,12 +96,13 @@ static void table_encode(uint64_t *out, uint64_t file_bytes, const td_ckpt_piece
 /* The manifest of this save from the trainer and every rank's table (in
  * `all`, `words` u64 per rank). Its text, or NULL with the error set. */
 static char *build_manifest(td_trainer *t, const uint64_t *all, uint64_t words, uint64_t chunk) {
+  const td_ckpt_group grp = td_ckpt_group_of(t);
   td_ckpt_manifest m;
   memset(&m, 0, sizeof m);
-  const td_model *model = t->model;
+  const td_model *model = grp.model;
   const td_train_config *c = &t->cfg;
   m.format = TD_CKPT_FORMAT;
-  m.world = t->world;
+  m.world = grp.world;
   m.zero_stage = t->zero_stage;
   m.step = t->step;
   m.consumed = t->consumed;
@@ -116,16 +118,16 @@ static char *build_manifest(td_trainer *t, const uint64_t *all, uint64_t words, 
   td_strlcpy(m.kind, model->kind ? model->kind : "?", sizeof m.kind);
   td_strlcpy(m.optimizer, td_optimizer_name(c->optimizer.kind), sizeof m.optimizer);
   if (model->config) td_strlcpy(m.model_config, model->config, sizeof m.model_config);
-  m.n_params = t->n_params;
+  m.n_params = grp.n_params;
   m.n_states = t->n_states;
   m.chunk_bytes = chunk;
   m.n_tensors = m.n_tensor_lines = model->n_tensors;
   m.tensors = calloc((size_t)TD_MAX(model->n_tensors, 1), sizeof *m.tensors);
   m.n_arenas = td_ckpt_trainer_arenas(t, m.arenas);
-  m.n_files = m.n_file_lines = t->world;
-  m.files = calloc((size_t)t->world, sizeof *m.files);
+  m.n_files = m.n_file_lines = grp.world;
+  m.files = calloc((size_t)grp.world, sizeof *m.files);
   int total = 0;
-  for (int r = 0; r < t->world; r++) total += (int)all[(uint64_t)r * words + 1];
+  for (int r = 0; r < grp.world; r++) total += (int)all[(uint64_t)r * words + 1];
   m.pieces = calloc((size_t)TD_MAX(total, 1), sizeof *m.pieces);
   char *text = NULL;
   int oom = !m.tensors || !m.files || !m.pieces;
@@ -135,7 +137,7 @@ static char *build_manifest(td_trainer *t, const uint64_t *all, uint64_t words, 
       /* Names go into a space-separated line: a name is never empty. */
       m.tensors[i] = (td_ckpt_tensor){p->offset, p->count, (char *)(p->name && *p->name ? p->name : "?")};
     }
-    for (int r = 0; r < t->world; r++) {
+    for (int r = 0; r < grp.world; r++) {
       const uint64_t *w = all + (uint64_t)r * words;
       snprintf(m.files[r].name, sizeof m.files[r].name, "rank-%d.bin", r);
       m.files[r].bytes = w[0];
@@ -208,6 +210,7 @@ static td_status publish(td_trainer *t, save_io *io, const char *root, const cha
 
 /* Every region names a known arena and lies inside it. */
 static td_status check_regions(td_trainer *t, const td_ckpt_region *regions, int n_regions) {
+  const td_ckpt_group grp = td_ckpt_group_of(t);
   td_ckpt_arena arenas[TD_CKPT_MAX_ARENAS];
   int n_arenas = td_ckpt_trainer_arenas(t, arenas);
   for (int i = 0; i < n_regions; i++) {
@@ -216,15 +219,16 @@ static td_status check_regions(td_trainer *t, const td_ckpt_region *regions, int
         (r->hi > r->lo && !r->data))
       return td_error(TD_ERR_INVALID_ARGUMENT, "rank %d: checkpoint region %d (arena %d, elements [%llu, %llu)) is "
                                                "outside the trainer's arenas",
-                      t->rank, i, r->arena, (unsigned long long)r->lo, (unsigned long long)r->hi);
+                      grp.rank, i, r->arena, (unsigned long long)r->lo, (unsigned long long)r->hi);
   }
   return TD_OK;
 }
 
 td_status td_ckpt_save_regions(td_trainer *t, const char *root, const td_ckpt_region *regions, int n_regions) {
+  const td_ckpt_group grp = td_ckpt_group_of(t);
   if (!t || !root || !*root) return td_error(TD_ERR_INVALID_ARGUMENT, "td_trainer_save: null trainer or empty directory");
   if (strlen(root) > 1000) return td_error(TD_ERR_INVALID_ARGUMENT, "checkpoint directory name too long: %s", root);
-  save_io io = {0, t->rank == t->ckpt_fault_rank ? t->ckpt_fault_at : 0};
+  save_io io = {0, grp.rank == t->ckpt_fault_rank ? t->ckpt_fault_at : 0};
   /* TANDEM_CKPT_CHUNK_BYTES: the CRC granularity of this save (a loader
    * reads whole chunks, so smaller chunks read closer to the bytes a shard
    * needs; tests use tiny ones to cross chunk edges with tiny models). */
@@ -245,8 +249,8 @@ td_status td_ckpt_save_regions(td_trainer *t, const char *root, const td_ckpt_re
                           : td_error(TD_ERR_INVALID_ARGUMENT,
                                      "rank %d: TANDEM_CKPT_CHUNK_BYTES=%ld: must be a multiple of 4 between 4 and "
                                      "67108864 (default 1048576)",
-                                     t->rank, chunk_env);
-  if (st == TD_OK && t->rank == 0) {
+                                     grp.rank, chunk_env);
+  if (st == TD_OK && grp.rank == 0) {
     st = ckpt_mkdir_p(&io, root);
     if (st == TD_OK) st = ckpt_remove_leftovers(&io, root);
     ckpt_path_fmt(tmp_dir, sizeof tmp_dir, "%s/step-%ld.tmp-%s", root, t->step, token);
@@ -257,18 +261,18 @@ td_status td_ckpt_save_regions(td_trainer *t, const char *root, const td_ckpt_re
     ckpt_path_fmt(path, sizeof path, "%s/" CKPT_TOKEN_FILE, tmp_dir);
     if (st == TD_OK) st = ckpt_write_file(&io, path, token, strlen(token));
   }
-  TD_CHECK(td_trainer_agree(t, st));
-  if (t->comm && t->world > 1) {
-    st = td_broadcast(token, sizeof token, TD_U8, 0, t->comm);
+  TD_CHECK(td_ckpt_agree(t, st));
+  if (grp.comm && grp.world > 1) {
+    st = td_broadcast(token, sizeof token, TD_U8, 0, grp.comm);
     if (st != TD_OK)
-      return td_error(st, "rank %d: receiving the checkpoint token failed: %s", t->rank, td_comm_last_error(t->comm));
+      return td_error(st, "rank %d: receiving the checkpoint token failed: %s", grp.rank, td_comm_last_error(grp.comm));
     token[sizeof token - 1] = '\0';
     ckpt_path_fmt(tmp_dir, sizeof tmp_dir, "%s/step-%ld.tmp-%s", root, t->step, token);
     ckpt_path_fmt(path, sizeof path, "%s/" CKPT_TOKEN_FILE, tmp_dir);
   }
 
   /* Phase 2. */
-  if (t->rank != 0) {
+  if (grp.rank != 0) {
     char *seen = NULL;
     size_t seen_n = 0;
     if (ckpt_read_file(path, 4096, &seen, &seen_n) != TD_OK || seen_n != strlen(token) ||
@@ -278,50 +282,50 @@ td_status td_ckpt_save_regions(td_trainer *t, const char *root, const td_ckpt_re
                     "here. The checkpoint directory (%s) must be one directory that every rank sees, on a file "
                     "system shared by all hosts (NFS, Lustre, CephFS, ...); per-host local directories are not "
                     "supported",
-                    t->rank, path, root);
+                    grp.rank, path, root);
     free(seen);
   }
   td_ckpt_piece *pieces = calloc((size_t)TD_MAX(n_regions, 1), sizeof *pieces);
   int n_pieces = 0;
   uint64_t file_bytes = 0;
-  if (st == TD_OK && !pieces) st = td_error(TD_ERR_SYSTEM, "rank %d: out of memory for its piece table", t->rank);
+  if (st == TD_OK && !pieces) st = td_error(TD_ERR_SYSTEM, "rank %d: out of memory for its piece table", grp.rank);
   if (st == TD_OK) {
-    ckpt_path_fmt(path, sizeof path, "%s/rank-%d.bin", tmp_dir, t->rank);
+    ckpt_path_fmt(path, sizeof path, "%s/rank-%d.bin", tmp_dir, grp.rank);
     st = write_rank_file(t, &io, path, regions, n_regions, chunk, pieces, &n_pieces, &file_bytes);
   }
-  st = td_trainer_agree(t, st);
+  st = td_ckpt_agree(t, st);
 
   /* Phase 3: the tables, padded to the longest, in one in-place allgather. */
   uint64_t mine = table_words(pieces, n_pieces), words = mine;
   uint64_t *all = NULL;
-  if (st == TD_OK && t->comm && t->world > 1) {
-    st = td_allreduce(&words, &words, 1, TD_I64, TD_MAX, t->comm);
+  if (st == TD_OK && grp.comm && grp.world > 1) {
+    st = td_allreduce(&words, &words, 1, TD_I64, TD_MAX, grp.comm);
     if (st != TD_OK)
-      td_error(st, "rank %d: agreeing on the checkpoint table size failed: %s", t->rank, td_comm_last_error(t->comm));
+      td_error(st, "rank %d: agreeing on the checkpoint table size failed: %s", grp.rank, td_comm_last_error(grp.comm));
   }
   if (st == TD_OK) {
-    all = calloc((size_t)(words * (uint64_t)t->world), sizeof *all);
-    st = all ? TD_OK : td_error(TD_ERR_SYSTEM, "rank %d: out of memory for the checkpoint tables", t->rank);
+    all = calloc((size_t)(words * (uint64_t)grp.world), sizeof *all);
+    st = all ? TD_OK : td_error(TD_ERR_SYSTEM, "rank %d: out of memory for the checkpoint tables", grp.rank);
     /* Every rank has its buffer (or all stop) before the allgather. */
-    st = td_trainer_agree(t, st);
+    st = td_ckpt_agree(t, st);
   }
   if (st == TD_OK) {
-    table_encode(all + (uint64_t)t->rank * words, file_bytes, pieces, n_pieces);
-    if (t->comm && t->world > 1) {
-      st = td_allgather(all + (uint64_t)t->rank * words, all, (size_t)(words * (uint64_t)t->world), TD_I64, t->comm);
+    table_encode(all + (uint64_t)grp.rank * words, file_bytes, pieces, n_pieces);
+    if (grp.comm && grp.world > 1) {
+      st = td_allgather(all + (uint64_t)grp.rank * words, all, (size_t)(words * (uint64_t)grp.world), TD_I64, grp.comm);
       if (st != TD_OK)
-        td_error(st, "rank %d: gathering the checkpoint tables failed: %s", t->rank, td_comm_last_error(t->comm));
+        td_error(st, "rank %d: gathering the checkpoint tables failed: %s", grp.rank, td_comm_last_error(grp.comm));
     }
   }
   for (int i = 0; pieces && i < n_pieces; i++) free(pieces[i].crc);
   free(pieces);
   /* Rank 0 publishes; the others wait for its verdict, so that no rank
    * returns before the checkpoint is complete. */
-  if (st == TD_OK && t->rank == 0) {
+  if (st == TD_OK && grp.rank == 0) {
     char *text = build_manifest(t, all, words, chunk);
     st = text ? publish(t, &io, root, tmp_dir, text) : TD_ERR_SYSTEM;
     free(text);
   }
   free(all);
-  return td_trainer_agree(t, st);
+  return td_ckpt_agree(t, st);
 }

@@ -8,7 +8,11 @@
 #include <string.h>
 
 td_status td_trainer_agree(td_trainer *t, td_status local) {
-  if (!t->comm || t->world == 1) return local;
+  return td_agree_over(t->comm, t->rank, t->world, t->agree_flags, local);
+}
+
+td_status td_agree_over(td_comm *comm, int rank, int world, int32_t *flags, td_status local) {
+  if (!comm || world == 1) return local;
   /* Each rank reports its status in its own slot; a MAX-reduce tells every
    * rank which ranks failed (cheap: one small allreduce). Only when one did,
    * the first failed rank broadcasts its message, so that every rank's error
@@ -16,18 +20,17 @@ td_status td_trainer_agree(td_trainer *t, td_status local) {
    * so they all take that branch together). */
   /* The table was allocated with the trainer: a failed allocation here
    * would leave this rank out of a collective its peers wait in. */
-  int32_t *flags = t->agree_flags;
-  memset(flags, 0, sizeof(int32_t) * (size_t)t->world);
-  flags[t->rank] = (int32_t)local;
+  memset(flags, 0, sizeof(int32_t) * (size_t)world);
+  flags[rank] = (int32_t)local;
   char saved[1024];
   td_error_copy(saved, sizeof saved);
-  td_status st = td_allreduce(flags, flags, (size_t)t->world, TD_I32, TD_MAX, t->comm);
+  td_status st = td_allreduce(flags, flags, (size_t)world, TD_I32, TD_MAX, comm);
   if (st != TD_OK) {
     if (local != TD_OK) return td_error(local, "%s", saved);
-    return td_error(st, "rank %d: %s", t->rank, td_comm_last_error(t->comm));
+    return td_error(st, "rank %d: %s", rank, td_comm_last_error(comm));
   }
   int first = -1, n_failed = 0;
-  for (int r = 0; r < t->world; r++)
+  for (int r = 0; r < world; r++)
     if (flags[r] != TD_OK) {
       if (first < 0) first = r;
       n_failed++;
@@ -37,8 +40,8 @@ td_status td_trainer_agree(td_trainer *t, td_status local) {
     td_status first_status = (td_status)flags[first];
     char reason[768];
     memset(reason, 0, sizeof reason);
-    if (t->rank == first) td_strlcpy(reason, saved, sizeof reason);
-    td_status bst = td_broadcast(reason, sizeof reason, TD_U8, first, t->comm);
+    if (rank == first) td_strlcpy(reason, saved, sizeof reason);
+    td_status bst = td_broadcast(reason, sizeof reason, TD_U8, first, comm);
     reason[sizeof reason - 1] = '\0';
     if (local != TD_OK) {
       result = td_error(local, "%s", saved);

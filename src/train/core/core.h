@@ -7,6 +7,7 @@
 #define TD_TRAIN_CORE_H
 
 #include "base/base.h"
+#include "tandem/parallel.h"
 #include "tandem/train.h"
 #include "train/core/devops.h"
 
@@ -140,6 +141,11 @@ struct td_trainer {
   unsigned char *inputs; /* (micro, input_bytes) */
   int32_t *targets;      /* (micro, targets_per_sample) */
   int prepared_batch;
+  /* a model that runs a step's micro-batches together (run_micro_batches, a
+   * pipeline stage): all of them, (grad_accum, micro, ...) */
+  unsigned char *step_inputs;
+  int32_t *step_targets;
+  int step_inputs_accum; /* grad_accum they are sized for */
 
   /* bucketed gradient reduction of the current last micro-step */
   size_t *tensor_ready;   /* floats reported ready per tensor */
@@ -151,6 +157,13 @@ struct td_trainer {
   size_t comm_bytes;
   td_status bucket_status; /* first failure from a launch inside the ready callback */
   int32_t *agree_flags;     /* (world): td_trainer_agree's status table */
+
+  /* Model parallelism (td_trainer_set_grid; NULL otherwise): the grid the
+   * model is split over saves and loads checkpoints together, in the
+   * unsplit model's coordinates (src/train/checkpoint/checkpoint.c). */
+  const td_grid *grid;
+  td_shard_map *shard_map;
+  int32_t *grid_agree_flags; /* (grid's world) */
 
   /* Test hook (TANDEM_CKPT_FAULT_AT / TANDEM_CKPT_FAULT_RANK, read at
    * creation): die at this file operation of each save on that rank. */
@@ -200,6 +213,10 @@ struct td_trainer {
  * TD_OK only if all were OK. On a remote failure the local message says which
  * ranks failed; a rank's own failure keeps its message. Collective. */
 td_status td_trainer_agree(td_trainer *t, td_status local);
+/* The same over any group: `flags` (world int32) is scratch allocated by
+ * the caller beforehand (an allocation failure here would leave this rank
+ * out of the collective its peers wait in). */
+td_status td_agree_over(td_comm *comm, int rank, int world, int32_t *flags, td_status local);
 /* The arrays forward and backward take: the bf16 copies on a device in
  * mixed precision, else the f32 arenas (core/devops.c). */
 const void *td_trainer_model_params(const td_trainer *t);

@@ -1,0 +1,628 @@
+/* The pipeline engine: one rank's part of a GPT cut into stages
+ * (td_gpt_pipeline_create), presented to the trainer as a td_model whose
+ * arena is this rank's chunks back to back and whose run_micro_batches op
+ * runs one step of the schedule (schedule.c).
+ *
+ * Each chunk keeps one GPT stage model (td_gpt_stage_create) per
+ * micro-batch that can be in flight on it (td_pp_max_in_flight: p-s for
+ * 1F1B), all computing on the same parameter and gradient ranges; micro-
+ * batch i uses slot i mod slots (forwards and backwards of a chunk both go
+ * in micro-batch order, so a slot is free again when its next micro-batch
+ * comes). The engine walks the action list:
+ *
+ *   recv_act   td_irecv into the slot's input buffer, wait (the wait is the
+ *              bubble, counted as recv_wait)
+ *   forward    the slot's model on its input (tokens on the first stage)
+ *   send_act   td_isend of the slot model's output; not waited for until
+ *              the slot's next forward (or the end of the step)
+ *   recv_grad, backward, send_grad   the same with gradients
+ *
+ * Sends and receives between two ranks are issued in the same order on
+ * both (tests/pipeline: the simulator), which point-to-point matching
+ * requires, and the communicator's progress thread moves posted sends while
+ * this thread computes.
+ *
+ * Order of sums: every gradient is accumulated by the stage models exactly
+ * as the whole model accumulates it over the micro-steps of a step (the
+ * same kernels, the same micro-batch order), so pipeline-only layouts give
+ * one rank's bits. A tied wte is the exception: its two halves (the head's
+ * on the last stage, the embedding's on the first) are summed at the end of
+ * the step, where the whole model interleaves them per micro-batch.
+ *
+ * Failures: a NaN forward (a bad token) or a failed transfer aborts the
+ * pipeline communicator with the reason, so that every other stage's
+ * pending receive fails within seconds naming this rank. */
+#include "parallel/pipeline/pipeline.h"
+
+#include "tandem/comm.h"
+#include "tandem/nn.h"
+#include "tandem/parallel.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct pp_chunk {
+  int model_stage;                /* chunk * p + stage */
+  td_gpt_stage range;             /* its blocks, embeddings, head */
+  size_t offset, n_params;        /* in this rank's arena */
+  int first_tensor;               /* in this rank's tensor table */
+  int n_slots;
+  td_model **slot;                /* n_slots stage models */
+  float **act_in, **grad_in;      /* per slot: received input activation / output gradient (B, T, C) */
+  td_request **send_req;          /* per slot: [2*slot] activation, [2*slot+1] gradient */
+} pp_chunk;
+
+typedef struct pp_model {
+  td_model base; /* first: td_model * casts to pp_model * */
+  td_gpt_config cfg;
+  td_comm *comm;
+  int p, s, v;
+  td_pp_schedule_kind kind;
+  pp_chunk *chunks;
+  td_param_tensor *tensors;
+  int batch; /* prepared micro-batch (0: none) */
+  int ckpt;
+  int tied_wte; /* index in the table of this rank's wte to sum with the other end's (-1: none) */
+  float *tied_scratch;
+  char config_text[224];
+  void (*trace)(void *ctx, const char *name, double begin_s, double end_s);
+  void *trace_ctx;
+  td_pipeline_stats stats;
+  int warm; /* a step has run (stats count the steps after the first) */
+} pp_model;
+
+static const td_model_ops pp_ops;
+
+/* ---- configuration ---- */
+
+static td_status parse_config(const td_pipeline_config *pp, td_pp_schedule_kind *kind, int *chunks,
+                              td_pp_partition_method *method) {
+  const char *sched = pp && pp->schedule ? pp->schedule : "1f1b";
+  if (!strcmp(sched, "1f1b"))
+    *kind = TD_PP_1F1B;
+  else if (!strcmp(sched, "interleaved"))
+    *kind = TD_PP_INTERLEAVED;
+  else
+    return td_error(TD_ERR_INVALID_ARGUMENT,
+                    "pipeline: schedule \"%s\" is not built: use \"1f1b\" (PipeDream-Flush) or \"interleaved\" "
+                    "(Megatron-LM's, with --pipeline-chunks 2 or more)",
+                    sched);
+  *chunks = pp && pp->chunks > 0 ? pp->chunks : (*kind == TD_PP_INTERLEAVED ? 2 : 1);
+  return td_pp_partition_method_parse(pp && pp->partition ? pp->partition : "uniform", method);
+}
+
+/* The layers' weights for a balanced cut: each block's parameters, with
+ * the embeddings added to the first block and the head to the last (the
+ * stages that hold them), as DeepSpeed counts a PipelineModule's layers. */
+static void layer_weights(const td_gpt_config *c, size_t *w) {
+  size_t C = (size_t)c->channels, V = (size_t)c->vocab;
+  for (int l = 0; l < c->layers; l++) w[l] = 12 * C * C + 13 * C;
+  w[0] += V * C + (size_t)c->seq * C;
+  w[c->layers - 1] += 2 * C + V * C; /* ln_f, and the head (a tied one keeps a copy of wte) */
+}
+
+static td_status cut_layers(const td_gpt_config *c, td_pp_partition_method method, int parts, int *first) {
+  size_t *w = malloc((size_t)(c->layers > 0 ? c->layers : 1) * sizeof *w);
+  if (!w) return td_error(TD_ERR_SYSTEM, "pipeline: out of memory");
+  if (c->layers > 0) layer_weights(c, w);
+  td_status st = td_pp_partition(method, w, c->layers, parts, first);
+  free(w);
+  return st;
+}
+
+td_status td_pipeline_check(const td_gpt_config *config, const td_pipeline_config *pp, int stages,
+                            int micro_batches) {
+  if (!config) return td_error(TD_ERR_INVALID_ARGUMENT, "td_pipeline_check: config is required");
+  td_pp_schedule_kind kind = TD_PP_1F1B;
+  int chunks = 1;
+  td_pp_partition_method method = TD_PP_PARTITION_UNIFORM;
+  TD_CHECK(parse_config(pp, &kind, &chunks, &method));
+  TD_CHECK(td_pp_schedule_check(kind, stages, micro_batches, chunks));
+  if (config->layers < stages * chunks)
+    return td_error(TD_ERR_INVALID_ARGUMENT,
+                    "pipeline: %d layers cannot be cut into %d stages x %d chunks (at least one block each): use "
+                    "--pipeline-parallel %d or less%s, or --layers %d or more",
+                    config->layers, stages, chunks, config->layers / chunks > 0 ? config->layers / chunks : 1,
+                    chunks > 1 ? " or fewer --pipeline-chunks" : "", stages * chunks);
+  return TD_OK;
+}
+
+/* ---- the model ops ---- */
+
+static void pp_free_chunk(pp_chunk *c) {
+  for (int i = 0; i < c->n_slots; i++) {
+    td_model_destroy(c->slot[i]);
+    td_free(c->act_in[i]);
+    td_free(c->grad_in[i]);
+  }
+  free(c->slot);
+  free(c->act_in);
+  free(c->grad_in);
+  free(c->send_req);
+  memset(c, 0, sizeof *c);
+}
+
+static void pp_destroy(td_model *model) {
+  pp_model *m = (pp_model *)model;
+  if (!m) return;
+  for (int c = 0; m->chunks && c < m->v; c++) {
+    /* requests still posted (a failed step) must complete before their buffers go */
+    for (int i = 0; i < 2 * m->chunks[c].n_slots; i++) (void)td_wait(m->chunks[c].send_req[i]);
+    pp_free_chunk(&m->chunks[c]);
+  }
+  free(m->chunks);
+  free(m->tensors);
+  td_free(m->tied_scratch);
+  free(m);
+}
+
+static size_t act_floats(const pp_model *m, int batch) {
+  return (size_t)batch * (size_t)m->cfg.seq * (size_t)m->cfg.channels;
+}
+
+/* Slot i's receive buffers for the prepared micro-batch. */
+static td_status alloc_slot_buffers(pp_model *m, pp_chunk *c, int i) {
+  td_free(c->act_in[i]);
+  td_free(c->grad_in[i]);
+  c->act_in[i] = c->grad_in[i] = NULL;
+  size_t bytes = act_floats(m, m->batch) * sizeof(float);
+  if (!c->range.embed && !(c->act_in[i] = td_alloc(bytes)))
+    return td_error(TD_ERR_SYSTEM, "pipeline: out of memory for activations (%zu bytes)", bytes);
+  if (!c->range.head && !(c->grad_in[i] = td_alloc(bytes)))
+    return td_error(TD_ERR_SYSTEM, "pipeline: out of memory for activation gradients (%zu bytes)", bytes);
+  return TD_OK;
+}
+
+/* Grow chunk c to n slots, each prepared for the current micro-batch. */
+static td_status ensure_slots(pp_model *m, pp_chunk *c, int n) {
+  if (n <= c->n_slots) return TD_OK;
+  td_model **slot = realloc(c->slot, (size_t)n * sizeof *slot);
+  if (slot) c->slot = slot;
+  float **act_in = realloc(c->act_in, (size_t)n * sizeof *act_in);
+  if (act_in) c->act_in = act_in;
+  float **grad_in = realloc(c->grad_in, (size_t)n * sizeof *grad_in);
+  if (grad_in) c->grad_in = grad_in;
+  td_request **req = realloc(c->send_req, 2 * (size_t)n * sizeof *req);
+  if (req) c->send_req = req;
+  if (!slot || !act_in || !grad_in || !req) return td_error(TD_ERR_SYSTEM, "pipeline: out of memory for slots");
+  for (int i = c->n_slots; i < n; i++) {
+    c->slot[i] = NULL;
+    c->act_in[i] = c->grad_in[i] = NULL;
+    c->send_req[2 * i] = c->send_req[2 * i + 1] = NULL;
+    TD_CHECK(td_gpt_stage_create(&m->cfg, &c->range, &c->slot[i]));
+    c->n_slots = i + 1; /* owned from here: pp_free_chunk releases it */
+    if (m->ckpt) TD_CHECK(c->slot[i]->ops->set_activation_checkpointing(c->slot[i], 1));
+    if (m->batch > 0) {
+      TD_CHECK(c->slot[i]->ops->prepare(c->slot[i], m->batch));
+      TD_CHECK(alloc_slot_buffers(m, c, i));
+    }
+  }
+  return TD_OK;
+}
+
+/* The slot models stay (the tensor table names theirs); their activations
+ * and the receive buffers are sized anew. */
+static td_status pp_prepare(td_model *model, int batch) {
+  pp_model *m = (pp_model *)model;
+  if (batch <= 0) return td_error(TD_ERR_INVALID_ARGUMENT, "pipeline: micro-batch must be positive, got %d", batch);
+  if (batch == m->batch) return TD_OK;
+  m->batch = batch;
+  m->base.activation_bytes = 0;
+  for (int c = 0; c < m->v; c++) {
+    pp_chunk *ch = &m->chunks[c];
+    for (int i = 0; i < ch->n_slots; i++) {
+      (void)td_wait(ch->send_req[2 * i]);
+      (void)td_wait(ch->send_req[2 * i + 1]);
+      ch->send_req[2 * i] = ch->send_req[2 * i + 1] = NULL;
+      TD_CHECK(ch->slot[i]->ops->prepare(ch->slot[i], batch));
+      TD_CHECK(alloc_slot_buffers(m, ch, i));
+      m->base.activation_bytes += ch->slot[i]->activation_bytes;
+    }
+  }
+  return TD_OK;
+}
+
+static float pp_forward(td_model *model, const float *params, const void *inputs, const int32_t *targets, int batch) {
+  (void)model, (void)params, (void)inputs, (void)targets, (void)batch;
+  td_error(TD_ERR_INVALID_USAGE, "pipeline: a pipeline stage runs a step's micro-batches together "
+                                 "(run_micro_batches, through td_trainer_step); a lone forward (evaluation, "
+                                 "sampling) is not built for pipelines");
+  return NAN;
+}
+
+static void pp_backward(td_model *model, const float *params, float *grads, float loss_scale, td_grad_ready_fn ready,
+                        void *ctx) {
+  (void)model, (void)params, (void)grads, (void)loss_scale, (void)ready, (void)ctx;
+}
+
+static td_status pp_set_ckpt(td_model *model, int on) {
+  pp_model *m = (pp_model *)model;
+  m->ckpt = on != 0;
+  for (int c = 0; c < m->v; c++)
+    for (int i = 0; i < m->chunks[c].n_slots; i++)
+      TD_CHECK(m->chunks[c].slot[i]->ops->set_activation_checkpointing(m->chunks[c].slot[i], on));
+  m->batch = 0; /* the next prepare lays the activations out again */
+  return TD_OK;
+}
+
+/* Slots as 1F1B needs them at most (p - s per chunk; the interleaved
+ * schedule may need more, known at the first step). */
+static size_t pp_activation_bytes(const td_model *model, int batch, int checkpointing, td_dtype compute) {
+  const pp_model *m = (const pp_model *)model;
+  size_t total = 0;
+  for (int c = 0; c < m->v; c++) {
+    const pp_chunk *ch = &m->chunks[c];
+    size_t slots = (size_t)(m->p - m->s);
+    size_t one = ch->slot[0]->ops->activation_bytes(ch->slot[0], batch, checkpointing, compute);
+    size_t io = ((ch->range.embed ? 0 : 1) + (ch->range.head ? 0 : 1)) * act_floats(m, batch) * sizeof(float);
+    total += slots * (one + io);
+  }
+  return total;
+}
+
+static void pp_init_params(const td_model *model, float *params, uint64_t seed) {
+  const pp_model *m = (const pp_model *)model;
+  for (int c = 0; c < m->v; c++) td_model_init_params(m->chunks[c].slot[0], params + m->chunks[c].offset, seed);
+}
+
+/* The whole model's squared gradient norm: this rank's, less a tied wte
+ * copy on the last stage (the first stage counts the summed gradient),
+ * summed over the stages. */
+static td_status pp_grad_norm_sq(td_model *model, const float *grads, double *sum_sq) {
+  pp_model *m = (pp_model *)model;
+  double local = *sum_sq;
+  if (m->tied_wte >= 0 && m->s == m->p - 1) {
+    const td_param_tensor *t = &m->tensors[m->tied_wte];
+    double copy = 0;
+    for (size_t i = 0; i < t->count; i++) copy += (double)grads[t->offset + i] * grads[t->offset + i];
+    local -= copy;
+    if (local < 0) local = 0;
+  }
+  if (m->p == 1) {
+    *sum_sq = local;
+    return TD_OK;
+  }
+  td_status st = td_allreduce(&local, sum_sq, 1, TD_F64, TD_SUM, m->comm);
+  if (st != TD_OK)
+    return td_error(st, "pipeline stage %d: summing the gradient norm over the stages failed: %s", m->s,
+                    td_comm_last_error(m->comm));
+  return TD_OK;
+}
+
+/* ---- one step ---- */
+
+typedef struct ready_shift {
+  td_grad_ready_fn ready;
+  void *ctx;
+  size_t offset;
+} ready_shift;
+
+static void ready_shifted(void *ctx, size_t offset, size_t count) {
+  ready_shift *r = ctx;
+  r->ready(r->ctx, r->offset + offset, count);
+}
+
+static void span(pp_model *m, const char *name, double t0, double t1) {
+  if (m->trace) m->trace(m->trace_ctx, name, t0, t1);
+}
+
+/* A failure on this rank: break the group so that the other stages fail
+ * now, naming this rank, rather than at their receive timeout. */
+static td_status fail_group(pp_model *m, td_status st, const char *what) {
+  char why[768];
+  td_error_copy(why, sizeof why);
+  char reason[1024];
+  snprintf(reason, sizeof reason, "pipeline stage %d failed: %s: %s", m->s, what, why);
+  if (m->p > 1 && td_comm_status(m->comm) == TD_OK) td_comm_abort(m->comm, reason);
+  return td_error(st, "%s", reason);
+}
+
+static td_status wait_req(pp_model *m, td_request **req, double *wait_s) {
+  if (!*req) return TD_OK;
+  double t0 = td_now();
+  td_status st = td_wait(*req);
+  *req = NULL;
+  double t1 = td_now();
+  *wait_s += t1 - t0;
+  if (t1 - t0 > 1e-5) span(m, "send_wait", t0, t1);
+  return st;
+}
+
+static td_status recv_into(pp_model *m, float *buf, size_t n, int peer, const char *what, int micro) {
+  td_request *req = NULL;
+  double t0 = td_now();
+  td_status st = td_irecv(buf, n, TD_F32, peer, m->comm, &req);
+  if (st == TD_OK) st = td_wait(req);
+  double t1 = td_now();
+  m->stats.recv_wait_s += t1 - t0;
+  span(m, "recv_wait", t0, t1);
+  if (st != TD_OK) {
+    td_error(st, "receiving the %s of micro-batch %d from stage %d: %s", what, micro, peer,
+             td_comm_last_error(m->comm));
+    return st;
+  }
+  return TD_OK;
+}
+
+/* The tied wte: the first stage's and the last stage's halves, summed the
+ * same way on both (first + last), so the two copies stay equal. */
+static td_status tied_sum(pp_model *m, float *grads) {
+  const td_param_tensor *t = &m->tensors[m->tied_wte];
+  float *mine = grads + t->offset;
+  int other = m->s == 0 ? m->p - 1 : 0;
+  td_request *sreq = NULL, *rreq = NULL;
+  td_status st = td_isend(mine, t->count, TD_F32, other, m->comm, &sreq);
+  if (st == TD_OK) st = td_irecv(m->tied_scratch, t->count, TD_F32, other, m->comm, &rreq);
+  td_status st2 = td_wait(rreq), st3 = td_wait(sreq);
+  if (st == TD_OK) st = st2 != TD_OK ? st2 : st3;
+  if (st != TD_OK) {
+    td_error(st, "exchanging the tied embedding's gradient with stage %d: %s", other, td_comm_last_error(m->comm));
+    return st;
+  }
+  const float *first = m->s == 0 ? mine : m->tied_scratch, *last = m->s == 0 ? m->tied_scratch : mine;
+  for (size_t i = 0; i < t->count; i++) mine[i] = first[i] + last[i];
+  return TD_OK;
+}
+
+static td_status pp_run(td_model *model, const float *params, float *grads, const void *inputs,
+                        const int32_t *targets, int batch, int n_micro, float loss_scale, td_grad_ready_fn ready,
+                        void *ctx, double *loss_out) {
+  pp_model *m = (pp_model *)model;
+  *loss_out = NAN;
+  double t_begin = td_now();
+  TD_CHECK(pp_prepare(model, batch));
+  int n = td_pp_schedule_length(m->kind, m->p, n_micro, m->v, m->s);
+  if (n <= 0) return td_pp_schedule_check(m->kind, m->p, n_micro, m->v); /* says why */
+  td_pp_action *acts = malloc((size_t)n * sizeof *acts);
+  if (!acts) return td_error(TD_ERR_SYSTEM, "pipeline: out of memory for the schedule");
+  td_status st = td_pp_schedule(m->kind, m->p, n_micro, m->v, m->s, acts, n, &n);
+  int slots = st == TD_OK ? td_pp_max_in_flight(acts, n, m->v) : 0;
+  for (int c = 0; st == TD_OK && c < m->v; c++) st = ensure_slots(m, &m->chunks[c], slots);
+  if (st != TD_OK) {
+    free(acts);
+    return st;
+  }
+  const size_t BTC = act_floats(m, batch), T = (size_t)m->cfg.seq;
+  const size_t in_bytes = (size_t)batch * m->base.input_bytes, tgt_count = (size_t)batch * T;
+  const int last_model_stage = m->p * m->v - 1;
+  /* whether ready may be reported as the last backward of a chunk runs: not
+   * with a tied wte, whose gradient is final only after the exchange */
+  const int report = ready && m->tied_wte < 0;
+  double loss_sum = 0;
+  const char *what = "";
+  int micro_failed = -1;
+  double t_send;
+  for (int i = 0; i < n && st == TD_OK; i++) {
+    const td_pp_action *a = &acts[i];
+    pp_chunk *ch = &m->chunks[a->chunk];
+    const int sl = a->micro % ch->n_slots;
+    td_model *sm = ch->slot[sl];
+    micro_failed = a->micro;
+    switch (a->kind) {
+    case TD_PP_RECV_ACT:
+      what = "receive";
+      st = recv_into(m, ch->act_in[sl], BTC, a->peer, "activations", a->micro);
+      break;
+    case TD_PP_RECV_GRAD:
+      what = "receive";
+      st = recv_into(m, ch->grad_in[sl], BTC, a->peer, "activation gradients", a->micro);
+      break;
+    case TD_PP_FORWARD: {
+      what = "forward";
+      /* the slot's sends of its previous micro-batch read its buffers */
+      st = wait_req(m, &ch->send_req[2 * sl], &m->stats.send_wait_s);
+      if (st == TD_OK) st = wait_req(m, &ch->send_req[2 * sl + 1], &m->stats.send_wait_s);
+      if (st != TD_OK) {
+        td_error(st, "sending to a neighbour stage: %s", td_comm_last_error(m->comm));
+        break;
+      }
+      const void *in = ch->range.embed ? (const void *)((const char *)inputs + (size_t)a->micro * in_bytes)
+                                       : (const void *)ch->act_in[sl];
+      const int32_t *tg = targets + (size_t)a->micro * tgt_count;
+      double t0 = td_now();
+      td_error(TD_OK, "%s", "");
+      float loss = sm->ops->forward(sm, params + ch->offset, in, tg, batch);
+      double t1 = td_now();
+      m->stats.forward_s += t1 - t0;
+      span(m, "forward", t0, t1);
+      if (isnan(loss)) {
+        if (!td_last_error()[0]) td_error(TD_ERR_INVALID_ARGUMENT, "the loss is NaN (diverged? lower the learning rate)");
+        st = TD_ERR_INVALID_ARGUMENT;
+      } else if (ch->model_stage == last_model_stage) {
+        loss_sum += loss; /* forwards run in micro-batch order: the trainer's sum */
+      }
+      break;
+    }
+    case TD_PP_SEND_ACT:
+      what = "send";
+      t_send = td_now();
+      st = td_isend(td_gpt_stage_output(sm), BTC, TD_F32, a->peer, m->comm, &ch->send_req[2 * sl]);
+      span(m, "send", t_send, td_now()); /* posting it: the transfer runs on the communicator's thread */
+      m->stats.bytes_sent += (double)BTC * sizeof(float);
+      if (st != TD_OK) td_error(st, "sending activations to stage %d: %s", a->peer, td_comm_last_error(m->comm));
+      break;
+    case TD_PP_BACKWARD: {
+      what = "backward";
+      if (!ch->range.head) td_gpt_stage_set_output_grad(sm, ch->grad_in[sl]);
+      ready_shift rs = {ready, ctx, ch->offset};
+      int last = report && a->micro == n_micro - 1;
+      double t0 = td_now();
+      sm->ops->backward(sm, params + ch->offset, grads + ch->offset, loss_scale, last ? ready_shifted : NULL,
+                        last ? &rs : NULL);
+      double t1 = td_now();
+      m->stats.backward_s += t1 - t0;
+      span(m, "backward", t0, t1);
+      break;
+    }
+    case TD_PP_SEND_GRAD:
+      what = "send";
+      t_send = td_now();
+      st = td_isend(td_gpt_stage_input_grad(sm), BTC, TD_F32, a->peer, m->comm, &ch->send_req[2 * sl + 1]);
+      span(m, "send", t_send, td_now());
+      m->stats.bytes_sent += (double)BTC * sizeof(float);
+      if (st != TD_OK)
+        td_error(st, "sending activation gradients to stage %d: %s", a->peer, td_comm_last_error(m->comm));
+      break;
+    }
+  }
+  free(acts);
+  if (st != TD_OK) {
+    char where[96];
+    snprintf(where, sizeof where, "micro-batch %d (%s)", micro_failed, what);
+    return fail_group(m, st, where);
+  }
+  for (int c = 0; c < m->v && st == TD_OK; c++)
+    for (int i = 0; i < 2 * m->chunks[c].n_slots && st == TD_OK; i++)
+      st = wait_req(m, &m->chunks[c].send_req[i], &m->stats.send_wait_s);
+  if (st != TD_OK) {
+    td_error(st, "sending to a neighbour stage: %s", td_comm_last_error(m->comm));
+    return fail_group(m, st, "the end of the step");
+  }
+  if (m->tied_wte >= 0 && (st = tied_sum(m, grads)) != TD_OK) return fail_group(m, st, "the tied embedding");
+  /* the loss: the last stage's mean, as the trainer computes it, to every stage */
+  double loss = m->s == m->p - 1 ? loss_sum / n_micro : 0.0;
+  if (m->p > 1) {
+    double t0 = td_now();
+    st = td_broadcast(&loss, 1, TD_F64, m->p - 1, m->comm);
+    m->stats.recv_wait_s += td_now() - t0;
+    if (st != TD_OK) {
+      td_error(st, "receiving the loss from the last stage: %s", td_comm_last_error(m->comm));
+      return fail_group(m, st, "the loss broadcast");
+    }
+  }
+  *loss_out = loss;
+  if (!m->warm) {
+    /* the first step allocates the slots' activations: not the pipeline's time */
+    m->warm = 1;
+    td_pipeline_stats keep = m->stats;
+    memset(&m->stats, 0, sizeof m->stats);
+    m->stats.stage = keep.stage, m->stats.stages = keep.stages, m->stats.chunks = keep.chunks;
+    memcpy(m->stats.first_layer, keep.first_layer, sizeof keep.first_layer);
+    memcpy(m->stats.n_layers, keep.n_layers, sizeof keep.n_layers);
+    return TD_OK;
+  }
+  m->stats.steps++;
+  m->stats.step_s += td_now() - t_begin;
+  return TD_OK;
+}
+
+static const td_model_ops pp_ops = {
+    .prepare = pp_prepare,
+    .forward = pp_forward,
+    .backward = pp_backward,
+    .predict = NULL,
+    .destroy = pp_destroy,
+    .set_activation_checkpointing = pp_set_ckpt,
+    .activation_bytes = pp_activation_bytes,
+    .init_params = pp_init_params,
+    .grad_norm_sq = pp_grad_norm_sq,
+    .run_micro_batches = pp_run,
+};
+
+/* ---- creation ---- */
+
+td_status td_gpt_pipeline_create(const td_gpt_config *config, const td_pipeline_config *pp, td_comm *pipeline,
+                                 td_model **out) {
+  if (!config || !pipeline || !out)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "td_gpt_pipeline_create: config, pipeline and out are required");
+  *out = NULL;
+  td_pp_schedule_kind kind = TD_PP_1F1B;
+  int v = 1;
+  td_pp_partition_method method = TD_PP_PARTITION_UNIFORM;
+  TD_CHECK(parse_config(pp, &kind, &v, &method));
+  const int p = td_comm_size(pipeline), s = td_comm_rank(pipeline);
+  /* micro-batches are checked per step; here what the layout alone decides */
+  TD_CHECK(td_pipeline_check(config, pp, p, kind == TD_PP_INTERLEAVED ? p : 1));
+  int *first = malloc((size_t)(p * v + 1) * sizeof *first);
+  pp_model *m = calloc(1, sizeof *m);
+  if (m) m->chunks = calloc((size_t)v, sizeof *m->chunks);
+  if (!first || !m || !m->chunks) {
+    free(first);
+    if (m) free(m->chunks);
+    free(m);
+    return td_error(TD_ERR_SYSTEM, "pipeline: out of memory");
+  }
+  m->base.ops = &pp_ops;
+  m->cfg = *config;
+  m->comm = pipeline;
+  m->p = p, m->s = s, m->v = v, m->kind = kind;
+  m->tied_wte = -1;
+  td_status st = cut_layers(config, method, p * v, first);
+  int n_tensors = 0;
+  size_t off = 0;
+  for (int c = 0; c < v && st == TD_OK; c++) {
+    pp_chunk *ch = &m->chunks[c];
+    int k = c * p + s;
+    ch->model_stage = k;
+    ch->range = (td_gpt_stage){first[k], first[k + 1] - first[k], k == 0, k == p * v - 1};
+    st = ensure_slots(m, ch, 1);
+    if (st != TD_OK) break;
+    ch->offset = off;
+    ch->n_params = ch->slot[0]->n_params;
+    ch->first_tensor = n_tensors;
+    off += ch->n_params;
+    n_tensors += ch->slot[0]->n_tensors;
+  }
+  free(first);
+  if (st == TD_OK && !(m->tensors = calloc((size_t)n_tensors + 1, sizeof *m->tensors)))
+    st = td_error(TD_ERR_SYSTEM, "pipeline: out of memory");
+  if (st != TD_OK) {
+    pp_destroy(&m->base);
+    return st;
+  }
+  int len = snprintf(m->config_text, sizeof m->config_text,
+                     "vocab=%d layers=%d channels=%d heads=%d seq=%d tied=%d pipeline=%d/%d chunks=%d layers_here=",
+                     config->vocab, config->layers, config->channels, config->heads, config->seq, config->tied ? 1 : 0,
+                     s, p, v);
+  for (int c = 0; c < v; c++) {
+    pp_chunk *ch = &m->chunks[c];
+    const td_model *sm = ch->slot[0];
+    for (int i = 0; i < sm->n_tensors; i++) {
+      td_param_tensor t = sm->tensors[i];
+      t.offset += ch->offset;
+      m->tensors[ch->first_tensor + i] = t; /* the name is the stage model's, alive as long as it */
+      if (config->tied && p * v > 1 && !strcmp(t.name, "wte")) m->tied_wte = ch->first_tensor + i;
+    }
+    if (len > 0 && (size_t)len < sizeof m->config_text)
+      len += snprintf(m->config_text + len, sizeof m->config_text - (size_t)len, "%s%d-%d", c ? "," : "",
+                      ch->range.first_layer, ch->range.first_layer + ch->range.n_layers);
+    if (c < 8) m->stats.first_layer[c] = ch->range.first_layer, m->stats.n_layers[c] = ch->range.n_layers;
+  }
+  m->tensors[n_tensors] = (td_param_tensor){"", off, 0};
+  if (m->tied_wte >= 0 && !(m->tied_scratch = td_alloc(m->tensors[m->tied_wte].count * sizeof(float)))) {
+    pp_destroy(&m->base);
+    return td_error(TD_ERR_SYSTEM, "pipeline: out of memory for the tied embedding's exchange");
+  }
+  m->stats.stage = s, m->stats.stages = p, m->stats.chunks = v;
+  m->base.kind = "gpt_pipeline";
+  m->base.config = m->config_text;
+  m->base.n_params = off;
+  m->base.n_tensors = n_tensors;
+  m->base.tensors = m->tensors;
+  m->base.input_bytes = (size_t)config->seq * sizeof(int32_t); /* every stage is given the step's tokens */
+  m->base.targets_per_sample = (size_t)config->seq;
+  m->base.supports_param_access = 0;
+  *out = &m->base;
+  return TD_OK;
+}
+
+static pp_model *as_pipeline(const td_model *model) {
+  return model && model->ops == &pp_ops ? (pp_model *)model : NULL;
+}
+
+td_status td_gpt_pipeline_stats(const td_model *model, td_pipeline_stats *out) {
+  pp_model *m = as_pipeline(model);
+  if (!m || !out) return td_error(TD_ERR_INVALID_ARGUMENT, "td_gpt_pipeline_stats: not a pipeline model");
+  *out = m->stats;
+  return TD_OK;
+}
+
+void td_gpt_pipeline_set_trace(td_model *model, void (*fn)(void *ctx, const char *name, double begin_s, double end_s),
+                               void *ctx) {
+  pp_model *m = as_pipeline(model);
+  if (!m) return;
+  m->trace = fn;
+  m->trace_ctx = ctx;
+}

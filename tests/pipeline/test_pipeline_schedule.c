@@ -1,0 +1,323 @@
+/* Pipeline schedules and partitions (src/parallel/pipeline/), checked
+ * against references written here, independently of the library:
+ *
+ *  - a simulator that runs every stage's action list the way the engine
+ *    does (sends never block, receives wait for their message) on a clock
+ *    where a forward takes tf and a backward tb: every list must finish (no
+ *    deadlock), every receive must get the message it expects (the pair's
+ *    sends and receives match in issue order), each micro-batch must go
+ *    forward then backward through every model stage once;
+ *  - for 1F1B, a greedy policy simulation (a stage runs a forward when its
+ *    input is there and fewer than p-s micro-batches are alive on it,
+ *    otherwise the backward whose gradient is there): its per-stage order
+ *    must equal the schedule's, and the simulated step time must equal the
+ *    closed form (m+p-1)(tf+tb), i.e. idle fraction (p-1)/(m+p-1);
+ *  - for the interleaved schedule, the simulated idle fraction must equal
+ *    (p-1)/(vm+p-1) (Megatron-LM's bubble) and so be below 1F1B's;
+ *  - partitions against DeepSpeed's partition_uniform rule and, for the
+ *    balanced one, an exhaustive search over every cut. */
+#include "../common/check.h"
+#include "parallel/pipeline/pipeline.h"
+
+enum { MAXP = 8, MAXA = 4096 };
+
+typedef struct msg {
+  int is_grad, micro, model_stage;
+  long ready; /* time the send was issued */
+} msg;
+
+typedef struct sim_result {
+  long makespan;
+  long busy[MAXP];
+  long end[MAXP];
+} sim_result;
+
+/* Runs p stages' lists; returns 0 on success, else fails the test. */
+static void simulate(td_pp_schedule_kind kind, int p, int m, int v, long tf, long tb, sim_result *res,
+                     td_pp_action (*acts)[MAXA], int *n_acts) {
+  static msg chan[MAXP][MAXP][MAXA];
+  int n_sent[MAXP][MAXP] = {{0}}, n_recv[MAXP][MAXP] = {{0}};
+  int pc[MAXP] = {0};
+  long clock[MAXP] = {0};
+  /* per (stage, chunk, micro): forward done, backward done */
+  static char fwd_done[MAXP][8][64], bwd_done[MAXP][8][64];
+  memset(fwd_done, 0, sizeof fwd_done);
+  memset(bwd_done, 0, sizeof bwd_done);
+  memset(res, 0, sizeof *res);
+  int progressed = 1;
+  while (progressed) {
+    progressed = 0;
+    for (int s = 0; s < p; s++) {
+      while (pc[s] < n_acts[s]) {
+        td_pp_action a = acts[s][pc[s]];
+        int k = a.chunk * p + s; /* model stage */
+        if (a.kind == TD_PP_RECV_ACT || a.kind == TD_PP_RECV_GRAD) {
+          int from = a.peer;
+          CHECK(from >= 0 && from < p);
+          if (n_recv[from][s] >= n_sent[from][s]) break; /* blocked */
+          msg *g = &chan[from][s][n_recv[from][s]++];
+          int want_grad = a.kind == TD_PP_RECV_GRAD;
+          if (g->is_grad != want_grad || g->micro != a.micro ||
+              g->model_stage != (want_grad ? k + 1 : k - 1))
+            td_test_fail(__FILE__, __LINE__,
+                         "p=%d m=%d v=%d: stage %d expected %s of micro %d from model stage %d, got %s of micro %d "
+                         "from model stage %d",
+                         p, m, v, s, want_grad ? "grad" : "act", a.micro, want_grad ? k + 1 : k - 1,
+                         g->is_grad ? "grad" : "act", g->micro, g->model_stage);
+          if (g->ready > clock[s]) clock[s] = g->ready;
+        } else if (a.kind == TD_PP_SEND_ACT || a.kind == TD_PP_SEND_GRAD) {
+          int to = a.peer;
+          CHECK(to >= 0 && to < p && n_sent[s][to] < MAXA);
+          chan[s][to][n_sent[s][to]++] = (msg){a.kind == TD_PP_SEND_GRAD, a.micro, k, clock[s]};
+        } else if (a.kind == TD_PP_FORWARD) {
+          CHECK(!fwd_done[s][a.chunk][a.micro]);
+          fwd_done[s][a.chunk][a.micro] = 1;
+          clock[s] += tf;
+          res->busy[s] += tf;
+        } else {
+          CHECK(fwd_done[s][a.chunk][a.micro] && !bwd_done[s][a.chunk][a.micro]);
+          bwd_done[s][a.chunk][a.micro] = 1;
+          clock[s] += tb;
+          res->busy[s] += tb;
+        }
+        pc[s]++;
+        progressed = 1;
+      }
+    }
+  }
+  for (int s = 0; s < p; s++) {
+    if (pc[s] != n_acts[s])
+      td_test_fail(__FILE__, __LINE__, "p=%d m=%d v=%d: deadlock: stage %d stuck at action %d of %d (%s micro %d)", p,
+                   m, v, s, pc[s], n_acts[s], td_pp_action_name(acts[s][pc[s]].kind), acts[s][pc[s]].micro);
+    for (int c = 0; c < v; c++)
+      for (int i = 0; i < m; i++) CHECK(fwd_done[s][c][i] && bwd_done[s][c][i]);
+    for (int t = 0; t < p; t++) CHECK_EQ_INT(n_sent[s][t], n_recv[s][t]); /* nothing left unread */
+    res->end[s] = clock[s];
+    if (clock[s] > res->makespan) res->makespan = clock[s];
+  }
+}
+
+static void build(td_pp_schedule_kind kind, int p, int m, int v, td_pp_action (*acts)[MAXA], int *n_acts) {
+  for (int s = 0; s < p; s++) {
+    int len = td_pp_schedule_length(kind, p, m, v, s);
+    CHECK(len > 0 && len <= MAXA);
+    CHECK_OK(td_pp_schedule(kind, p, m, v, s, acts[s], MAXA, &n_acts[s]));
+    CHECK_EQ_INT(n_acts[s], len);
+    /* 2 compute actions per (micro, chunk) and one transfer on each side but the ends */
+    int ends = (s == 0 ? 1 : 0) + (s == p - 1 ? 1 : 0);
+    CHECK_EQ_INT(len, m * v * 6 - 2 * m * ends);
+  }
+}
+
+/* The greedy reference of 1F1B: unit-time ticks, each stage picks a
+ * forward when its input has arrived and fewer than p-s micro-batches are
+ * alive on it, else the oldest backward whose gradient has arrived. The
+ * compute order it produces for stage s goes into order[s] (+micro+1 for a
+ * forward, -(micro+1) for a backward). */
+static void greedy_1f1b(int p, int m, long tf, long tb, int order[MAXP][128]) {
+  long act_at[MAXP][64], grad_at[MAXP][64]; /* when stage s may start F(i) / B(i); -1: not yet */
+  int nf[MAXP] = {0}, nb[MAXP] = {0}, no[MAXP] = {0};
+  long free_at[MAXP] = {0};
+  for (int s = 0; s < p; s++)
+    for (int i = 0; i < m; i++) act_at[s][i] = s == 0 ? 0 : -1, grad_at[s][i] = -1;
+  for (long t = 0; t < 100000; t++) {
+    int done = 1;
+    for (int s = 0; s < p; s++) {
+      if (nb[s] < m) done = 0;
+      if (free_at[s] > t) continue;
+      int alive = nf[s] - nb[s];
+      if (nf[s] < m && alive < p - s && act_at[s][nf[s]] >= 0 && act_at[s][nf[s]] <= t) {
+        int i = nf[s]++;
+        order[s][no[s]++] = i + 1;
+        free_at[s] = t + tf;
+        if (s + 1 < p) act_at[s + 1][i] = t + tf;
+        else grad_at[s][i] = t + tf; /* the last stage's backward follows its own forward */
+      } else if (nb[s] < nf[s] && grad_at[s][nb[s]] >= 0 && grad_at[s][nb[s]] <= t) {
+        int i = nb[s]++;
+        order[s][no[s]++] = -(i + 1);
+        free_at[s] = t + tb;
+        if (s > 0) grad_at[s - 1][i] = t + tb;
+      }
+    }
+    if (done) return;
+  }
+  td_test_fail(__FILE__, __LINE__, "greedy reference did not finish (p=%d m=%d)", p, m);
+}
+
+static td_pp_action acts[MAXP][MAXA];
+static int n_acts[MAXP];
+
+static void test_1f1b(void) {
+  int cases = 0;
+  for (int p = 1; p <= MAXP; p++)
+    for (int m = 1; m <= 20; m++) {
+      build(TD_PP_1F1B, p, m, 1, acts, n_acts);
+      static int order[MAXP][128];
+      const long costs[][2] = {{1, 1}, {1, 2}, {2, 3}};
+      for (size_t c = 0; c < TD_ARRAY_SIZE(costs); c++) {
+        long tf = costs[c][0], tb = costs[c][1];
+        greedy_1f1b(p, m, tf, tb, order);
+        for (int s = 0; s < p; s++) {
+          int j = 0;
+          for (int i = 0; i < n_acts[s]; i++) {
+            td_pp_action a = acts[s][i];
+            if (a.kind != TD_PP_FORWARD && a.kind != TD_PP_BACKWARD) continue;
+            int want = a.kind == TD_PP_FORWARD ? a.micro + 1 : -(a.micro + 1);
+            if (order[s][j] != want)
+              td_test_fail(__FILE__, __LINE__, "p=%d m=%d tf=%ld tb=%ld stage %d compute step %d: schedule %c%d, "
+                           "reference %c%d", p, m, tf, tb, s, j, want > 0 ? 'F' : 'B', abs(want) - 1,
+                           order[s][j] > 0 ? 'F' : 'B', abs(order[s][j]) - 1);
+            j++;
+          }
+          CHECK_EQ_INT(j, 2 * m);
+        }
+        sim_result r;
+        simulate(TD_PP_1F1B, p, m, 1, tf, tb, &r, acts, n_acts);
+        if (r.makespan != (m + p - 1) * (tf + tb))
+          td_test_fail(__FILE__, __LINE__, "p=%d m=%d tf=%ld tb=%ld: step takes %ld, closed form %ld", p, m, tf, tb,
+                       r.makespan, (m + p - 1) * (tf + tb));
+        for (int s = 0; s < p; s++) {
+          double idle = 1.0 - (double)r.busy[s] / (double)r.makespan;
+          CHECK_CLOSE(idle, (double)(p - 1) / (m + p - 1), 1e-12, 1e-12);
+        }
+      }
+      /* at most p-s micro-batches alive on stage s */
+      for (int s = 0; s < p; s++) CHECK_EQ_INT(td_pp_max_in_flight(acts[s], n_acts[s], 1), m < p - s ? m : p - s);
+      cases++;
+    }
+  printf("1f1b: %d (p, m) layouts match the greedy reference and (m+p-1)(tf+tb)\n", cases);
+}
+
+static void test_interleaved(void) {
+  int cases = 0;
+  for (int p = 2; p <= 6; p++)
+    for (int v = 2; v <= 4; v++)
+      for (int m = p; m <= 4 * p; m += p) {
+        build(TD_PP_INTERLEAVED, p, m, v, acts, n_acts);
+        sim_result ri, r1;
+        /* a chunk is 1/v of a stage: forward 1 tick, backward 2 per chunk */
+        simulate(TD_PP_INTERLEAVED, p, m, v, 1, 2, &ri, acts, n_acts);
+        static td_pp_action a1[MAXP][MAXA];
+        static int n1[MAXP];
+        build(TD_PP_1F1B, p, m, 1, a1, n1);
+        simulate(TD_PP_1F1B, p, m, 1, v, 2 * v, &r1, a1, n1);
+        CHECK_EQ_INT(ri.busy[0], r1.busy[0]);
+        double idle_i = 1.0 - (double)ri.busy[0] / ri.makespan, idle_1 = 1.0 - (double)r1.busy[0] / r1.makespan;
+        if (!(idle_i < idle_1))
+          td_test_fail(__FILE__, __LINE__, "p=%d v=%d m=%d: interleaved idle %.4f not below 1f1b's %.4f", p, v, m,
+                       idle_i, idle_1);
+        /* Megatron-LM's bubble: (p-1)/v of a stage's forward+backward, i.e. (p-1) of (vm+p-1) chunk-slots */
+        CHECK_CLOSE(idle_i, (double)(p - 1) / (v * m + p - 1), 1e-12, 1e-12);
+        if (p == 4 && m == 8)
+          printf("interleaved p=%d v=%d m=%d: idle %.4f (1f1b %.4f, (p-1)/(vm+p-1) = %.4f)\n", p, v, m, idle_i,
+                 idle_1, (double)(p - 1) / (v * m + p - 1));
+        cases++;
+      }
+  printf("interleaved: %d (p, v, m) layouts deadlock-free, matched, idle (p-1)/(vm+p-1) < 1f1b's\n", cases);
+}
+
+static void test_refusals(void) {
+  td_pp_action a[64];
+  int n = -1;
+  CHECK_STATUS(td_pp_schedule(TD_PP_1F1B, 0, 4, 1, 0, a, 64, &n), TD_ERR_INVALID_ARGUMENT);
+  CHECK_EQ_INT(n, 0);
+  CHECK_STATUS(td_pp_schedule(TD_PP_1F1B, 2, 0, 1, 0, a, 64, &n), TD_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(td_pp_schedule(TD_PP_1F1B, 2, 4, 2, 0, a, 64, &n), TD_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(td_last_error(), "interleaved"));
+  CHECK_STATUS(td_pp_schedule(TD_PP_INTERLEAVED, 2, 3, 2, 0, a, 64, &n), TD_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(td_last_error(), "multiple of 2"));
+  CHECK_STATUS(td_pp_schedule(TD_PP_INTERLEAVED, 1, 4, 2, 0, a, 64, &n), TD_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(td_pp_schedule(TD_PP_INTERLEAVED, 2, 4, 1, 0, a, 64, &n), TD_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(td_pp_schedule(TD_PP_1F1B, 2, 4, 1, 2, a, 64, &n), TD_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(td_pp_schedule(TD_PP_1F1B, 4, 8, 1, 0, a, 4, &n), TD_ERR_INVALID_ARGUMENT); /* no room */
+  CHECK_EQ_INT(td_pp_schedule_length(TD_PP_INTERLEAVED, 2, 3, 2, 0), 0);
+  /* one stage: no communication at all, forward and backward in turn */
+  CHECK_OK(td_pp_schedule(TD_PP_1F1B, 1, 3, 1, 0, a, 64, &n));
+  CHECK_EQ_INT(n, 6);
+  for (int i = 0; i < n; i++) CHECK_EQ_INT(a[i].kind, i % 2 ? TD_PP_BACKWARD : TD_PP_FORWARD);
+  printf("refusals: ok\n");
+}
+
+/* ---- partitions ---- */
+
+static size_t heaviest(const size_t *w, const int *first, int parts) {
+  size_t most = 0;
+  for (int k = 0; k < parts; k++) {
+    size_t sum = 0;
+    for (int i = first[k]; i < first[k + 1]; i++) sum += w[i];
+    if (sum > most) most = sum;
+  }
+  return most;
+}
+
+/* Every way to cut n layers into `parts` non-empty runs: the least heaviest part. */
+static size_t brute_best(const size_t *w, int n, int parts, int start) {
+  if (parts == 1) {
+    size_t sum = 0;
+    for (int i = start; i < n; i++) sum += w[i];
+    return sum;
+  }
+  size_t best = SIZE_MAX, head = 0;
+  for (int end = start + 1; end <= n - (parts - 1); end++) {
+    head += w[end - 1];
+    size_t rest = brute_best(w, n, parts - 1, end);
+    size_t worst = head > rest ? head : rest;
+    if (worst < best) best = worst;
+  }
+  return best;
+}
+
+static void test_partition(void) {
+  int first[17];
+  /* uniform: DeepSpeed's partition_uniform (first parts one more) */
+  CHECK_OK(td_pp_partition(TD_PP_PARTITION_UNIFORM, NULL, 7, 3, first));
+  CHECK(first[0] == 0 && first[1] == 3 && first[2] == 5 && first[3] == 7);
+  CHECK_OK(td_pp_partition(TD_PP_PARTITION_UNIFORM, NULL, 4, 4, first));
+  for (int k = 0; k <= 4; k++) CHECK_EQ_INT(first[k], k);
+  CHECK_OK(td_pp_partition(TD_PP_PARTITION_UNIFORM, NULL, 1, 1, first));
+  CHECK(first[0] == 0 && first[1] == 1);
+  CHECK_STATUS(td_pp_partition(TD_PP_PARTITION_UNIFORM, NULL, 3, 4, first), TD_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(td_last_error(), "at most 3"));
+  CHECK_STATUS(td_pp_partition(TD_PP_PARTITION_UNIFORM, NULL, 0, 1, first), TD_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(td_pp_partition(TD_PP_PARTITION_UNIFORM, NULL, 4, 0, first), TD_ERR_INVALID_ARGUMENT);
+  td_pp_partition_method meth;
+  CHECK_OK(td_pp_partition_method_parse("parameters", &meth));
+  CHECK_EQ_INT(meth, TD_PP_PARTITION_PARAMETERS);
+  CHECK_STATUS(td_pp_partition_method_parse("type:transformer", &meth), TD_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(td_last_error(), "uniform"));
+  /* balanced: a heavy first and last layer (embedding, head) move cuts inward */
+  size_t gpt[8] = {9, 4, 4, 4, 4, 4, 4, 9};
+  CHECK_OK(td_pp_partition(TD_PP_PARTITION_PARAMETERS, gpt, 8, 2, first));
+  CHECK(first[1] == 4);
+  CHECK_OK(td_pp_partition(TD_PP_PARTITION_PARAMETERS, gpt, 8, 4, first));
+  CHECK_EQ_INT(heaviest(gpt, first, 4), 12); /* [9] [4 4 4] [4 4 4] [9] */
+  CHECK(first[1] == 1 && first[2] == 4 && first[3] == 7);
+  size_t zeros[5] = {0, 0, 0, 0, 0};
+  CHECK_OK(td_pp_partition(TD_PP_PARTITION_PARAMETERS, zeros, 5, 5, first));
+  for (int k = 0; k <= 5; k++) CHECK_EQ_INT(first[k], k);
+  /* random weights against every cut */
+  uint64_t rng = 12345;
+  int cases = 0;
+  for (int n = 1; n <= 10; n++)
+    for (int parts = 1; parts <= n && parts <= 5; parts++)
+      for (int trial = 0; trial < 6; trial++) {
+        size_t w[16];
+        for (int i = 0; i < n; i++) w[i] = (size_t)((td_test_urand(&rng) + 1.0f) * 50.0f) * (trial == 5 ? 1000 : 1);
+        CHECK_OK(td_pp_partition(TD_PP_PARTITION_PARAMETERS, w, n, parts, first));
+        CHECK_EQ_INT(first[0], 0);
+        CHECK_EQ_INT(first[parts], n);
+        for (int k = 0; k < parts; k++) CHECK(first[k + 1] > first[k]);
+        CHECK_EQ_INT(heaviest(w, first, parts), brute_best(w, n, parts, 0));
+        cases++;
+      }
+  printf("partition: uniform edges, %d balanced cuts equal to the exhaustive optimum\n", cases);
+}
+
+int main(void) {
+  test_refusals();
+  test_partition();
+  test_1f1b();
+  test_interleaved();
+  printf("ok\n");
+  return 0;
+}

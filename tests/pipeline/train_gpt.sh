@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# train-gpt --pipeline-parallel: the final loss of PP=2 (1F1B and
+# interleaved) equals one rank's with the same global batch to the printed
+# digits (the library tests compare every bit), each rank reports its
+# stage's time, and layouts that cannot work exit 2 saying what would.
+#   train_gpt.sh BUILD_TREE
+set -u
+B=$1
+fail() { echo "train_gpt.sh: FAIL: $*"; exit 1; }
+export TANDEM_PROGRESS=off
+args="--layers 4 --channels 32 --heads 2 --seq 16 --micro-batch 2 --grad-accum 4 --steps 3 --sample 0 --threads 1"
+one=$("$B/bin/tandemrun" -np 1 "$B/bin/train-gpt" $args 2>&1) || fail "one rank: $one"
+loss1=$(grep -o "final_loss=[^ ]*" <<<"$one")
+[ -n "$loss1" ] || fail "no final_loss in: $one"
+for sched in "1f1b" "interleaved"; do
+  pp=$("$B/bin/tandemrun" -np 2 "$B/bin/train-gpt" $args --pipeline-parallel 2 --pipeline-schedule $sched 2>&1) ||
+    fail "PP=2 $sched: $pp"
+  echo "$pp" | grep -E "final_loss|pipeline rank"
+  loss2=$(grep -o "final_loss=[^ ]*" <<<"$pp")
+  [ "$loss1" = "$loss2" ] || fail "PP=2 $sched: $loss2, one rank: $loss1"
+  [ "$(grep -c "pipeline rank=" <<<"$pp")" -eq 2 ] || fail "PP=2 $sched: not every stage reported its time"
+done
+refuse() { # EXPECTED-TEXT NP FLAGS...
+  local want=$1 np=$2; shift 2
+  out=$("$B/bin/tandemrun" -np "$np" "$B/bin/train-gpt" "$@" 2>&1); rc=$?
+  [ $rc -ne 0 ] || fail "train-gpt $* exited 0"
+  grep -q -- "$want" <<<"$out" || fail "train-gpt $*: no \"$want\" in: $out"
+}
+refuse "does not divide the world of 3" 3 --pipeline-parallel 2 --steps 1
+refuse "must be a multiple of 2" 2 --pipeline-parallel 2 --pipeline-schedule interleaved --grad-accum 3 --steps 1
+refuse "--layers 2 or more" 2 --pipeline-parallel 2 --layers 1 --steps 1
+refuse "ZeRO stage 2" 2 --pipeline-parallel 2 --zero-stage 2 --steps 1
+refuse "with --resume is not built" 2 --pipeline-parallel 2 --resume /nonexistent --steps 1
+echo "train_gpt.sh: ok ($loss1 on one rank and PP=2)"
