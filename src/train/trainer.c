@@ -389,8 +389,7 @@ static void bucket_launch(td_trainer *t, size_t lo, size_t hi) {
   }
   if (hi <= lo || t->bucket_status != TD_OK) return;
   if (t->devops && t->zero_stage >= 2) { /* zero/device.c: pieces reduced to their owners */
-    int pieces = 0;
-    t->bucket_status = zero_device_bucket_launch(t, lo, hi, &pieces);
+    t->bucket_status = zero_device_bucket_launch(t, lo, hi);
     t->dev_buckets++;
     t->comm_bytes += (hi - lo) * td_dtype_size(t->model_dtype);
     t->next_bucket = t->cfg.bucket_bytes / sizeof(float);

@@ -39,8 +39,7 @@
 
 static size_t model_es(const td_trainer *t) { return td_dtype_size(t->model_dtype); }
 
-td_status zero_device_bucket_launch(td_trainer *t, size_t lo, size_t hi, int *n_pieces_out) {
-  *n_pieces_out = 0;
+td_status zero_device_bucket_launch(td_trainer *t, size_t lo, size_t hi) {
   char *grads = td_trainer_model_grads(t);
   const size_t es = model_es(t);
   for (int r = 0; r < t->world; r++) {
@@ -53,7 +52,6 @@ td_status zero_device_bucket_launch(td_trainer *t, size_t lo, size_t hi, int *n_
     if (st != TD_OK)
       return td_error(st, "rank %d: reducing device gradients [%zu, %zu) to their owner, rank %d, failed: %s", t->rank,
                       a, b, r, td_comm_last_error(t->comm));
-    *n_pieces_out += 1;
     if (t->n_requests == t->cap_requests) {
       td_wait(req);
       return td_error(TD_ERR_INTERNAL, "rank %d: more than %d gradient pieces in one step", t->rank, t->cap_requests);

@@ -186,10 +186,9 @@ td_status zero_fetch_all(td_trainer *t);
 
 /* ---- device.c ---- */
 /* Stages 1-2 on device arenas (device.c): a bucket's pieces reduced to
- * their owners (stage 2; requests pushed on t->requests, *n_pieces_out of
- * them), the norm from the owners' shard sums, AdamW on the shard and the
+ * their owners (stage 2; requests pushed on t->requests), the norm from the owners' shard sums, AdamW on the shard and the
  * allgather of the master params (with the bf16 copy rounded again). */
-td_status zero_device_bucket_launch(td_trainer *t, size_t lo, size_t hi, int *n_pieces_out);
+td_status zero_device_bucket_launch(td_trainer *t, size_t lo, size_t hi);
 td_status zero_device_grad_norm(td_trainer *t, double *norm_out);
 td_status zero_device_update(td_trainer *t, float lr, float grad_scale, long adam_t);
 /* Device bytes of the model state a rank holds: f32 master params, the
