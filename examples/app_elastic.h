@@ -33,6 +33,13 @@ typedef struct app_elastic {
   double t_begin;
   double t_warm;        /* when this process completed its second step (throughput leaves the first two out) */
   double t_last;        /* when it completed its last one */
+  const char *resume_dir;   /* --resume: the job starts from this checkpoint */
+  const char *metrics_path; /* --metrics: rank 0 of each epoch appends its steps and the epoch's events */
+  td_metrics *metrics;      /* open while this process is rank 0 */
+  int metrics_opened;       /* this process opened the file before (append from then on) */
+  int epoch_reported;       /* the epoch whose start was reported (train callback) */
+  long saved_step;          /* the step of the last checkpoint this process took part in (--save) */
+  long save_every;          /* --save-every: saved here, after the step's metrics record, not by the trainer */
 } app_elastic;
 
 /* Does --config enable the "elasticity" block? (train elastically then) */
@@ -78,20 +85,67 @@ static td_status app_elastic_reset(void *ctx, td_comm *comm, int world_size) {
   if (s != TD_OK) return s;
   a->rank = td_comm_rank(comm);
   a->world = world_size;
-  if (a->rank == 0) {
-    const td_train_config *c = td_trainer_config(a->trainer);
-    fprintf(stderr, "%s: elastic epoch %d: world=%d global_batch=%ld (micro %d x accum %d x %d ranks) from step %ld\n",
-            app_name, td_elastic_epoch(a->e), world_size, c->train_batch_size, c->micro_batch, c->grad_accum,
-            world_size, td_trainer_step_count(a->trainer));
-    /* The step of the commit may have been completed, but not reported, by
-     * the rank 0 that was lost: every survivor completed it, so say it
-     * again (the same value when it was reported). */
-    long step = td_trainer_step_count(a->trainer);
-    if (step > 0 && a->last.step == step)
-      fprintf(stderr, "%s: step %ld loss %.17g world %d epoch %d\n", app_name, a->last.step, a->last.loss, a->world,
-              td_elastic_epoch(a->e) - 1);
-  }
   return TD_OK;
+}
+
+/* --metrics: the file follows rank 0. The first rank 0 of a fresh job
+ * creates it; a later one (the old rank 0 was lost) or a resumed job
+ * appends, so the file holds the whole job's history: a step redone after a
+ * fault appears again, after the "elastic_epoch" record that explains it. */
+static td_status app_elastic_metrics_follow(app_elastic *a) {
+  if (!a->metrics_path) return TD_OK;
+  if (a->rank != 0) {
+    td_status s = td_metrics_close(a->metrics);
+    a->metrics = NULL;
+    return s;
+  }
+  if (a->metrics) return TD_OK;
+  int append = a->metrics_opened || a->resume_dir || td_elastic_epoch(a->e) > 1;
+  td_status s = td_metrics_open(a->metrics_path, "tokens", append, &a->metrics);
+  if (s == TD_OK) a->metrics_opened = 1;
+  return s;
+}
+
+/* The start of an epoch, once its state is final (after a disk fallback
+ * too): rank 0's "elastic epoch" line and the metrics record of the
+ * membership change. */
+static td_status app_elastic_epoch_begin(app_elastic *a, td_elastic *e) {
+  a->epoch_reported = td_elastic_epoch(e);
+  td_status s = app_elastic_metrics_follow(a);
+  if (s != TD_OK || a->rank != 0) return s;
+  const td_train_config *c = td_trainer_config(a->trainer);
+  long step = td_trainer_step_count(a->trainer);
+  fprintf(stderr, "%s: elastic epoch %d: world=%d global_batch=%ld (micro %d x accum %d x %d ranks) from step %ld\n",
+          app_name, td_elastic_epoch(e), a->world, c->train_batch_size, c->micro_batch, c->grad_accum, a->world, step);
+  /* The step of the commit may have been completed, but not reported, by
+   * the rank 0 that was lost: every survivor completed it, so say it
+   * again (the same value when it was reported). */
+  if (step > 0 && a->last.step == step)
+    fprintf(stderr, "%s: step %ld loss %.17g world %d epoch %d\n", app_name, a->last.step, a->last.loss, a->world,
+            td_elastic_epoch(e) - 1);
+  if (!a->metrics) return TD_OK;
+  static const char *const keys[] = {"epoch", "world", "global_batch", "membership_changes", "faults",
+                                     "disk_restores"};
+  double values[] = {td_elastic_epoch(e), a->world, (double)c->train_batch_size, td_elastic_resets(e),
+                     td_elastic_faults(e), td_elastic_fallbacks(e)};
+  return td_metrics_write_values(a->metrics, "elastic_epoch", step, 6, keys, values);
+}
+
+/* One step's record in the metrics file (the non-elastic file's keys). */
+static td_status app_elastic_metrics_step(app_elastic *a, const td_step_stats *st) {
+  if (!a->metrics) return TD_OK;
+  td_step_metrics m;
+  td_step_metrics_clear(&m);
+  m.step = st->step;
+  m.loss = st->loss;
+  m.lr = st->lr;
+  m.items_per_s = st->step_s > 0 ? (double)st->tokens / st->step_s : -1;
+  m.step_s = st->step_s;
+  m.compute_s = st->compute_s;
+  m.comm_wait_s = st->comm_wait_s;
+  m.grad_norm = st->grad_norm;
+  m.memory_mib = st->memory_bytes / 1048576.0;
+  return td_metrics_write_step(a->metrics, &m);
 }
 
 /* Test hook TANDEM_TEST_STOP_AT="E1:S1,E2:S2,...": this process stops
@@ -121,6 +175,10 @@ static void app_elastic_test_stop(int epoch, long step) {
 
 static td_status app_elastic_train(void *ctx, td_elastic *e) {
   app_elastic *a = ctx;
+  if (a->epoch_reported != td_elastic_epoch(e)) {
+    td_status s = app_elastic_epoch_begin(a, e);
+    if (s != TD_OK) return s;
+  }
   while (td_trainer_step_count(a->trainer) < a->steps) {
     td_step_stats st;
     td_status s = td_trainer_step(a->trainer, &st);
@@ -130,25 +188,49 @@ static td_status app_elastic_train(void *ctx, td_elastic *e) {
     if (a->rank == 0)
       fprintf(stderr, "%s: step %ld loss %.17g world %d epoch %d\n", app_name, st.step, st.loss, a->world,
               td_elastic_epoch(e));
+    s = app_elastic_metrics_step(a, &st);
+    if (s != TD_OK) return s;
+    /* The checkpoint after the step's record: a job killed in between
+     * redoes the step from the previous checkpoint and records it then. */
+    if (a->save_every > 0 && st.step % a->save_every == 0) {
+      s = td_trainer_save(a->trainer, td_trainer_config(a->trainer)->checkpoint_dir);
+      if (s != TD_OK) return s;
+      a->saved_step = st.step;
+    }
     s = td_elastic_commit(e);
     if (s != TD_OK) return s;
     a->t_last = app_now();
     if (a->steps_done_here == 2) a->t_warm = a->t_last;
     app_elastic_test_stop(td_elastic_epoch(e), st.step);
   }
+  /* --save: the final state too, as without --elastic (here, so that a
+   * fault during this save is survived like one during a step) */
+  const td_train_config *c = td_trainer_config(a->trainer);
+  long step = td_trainer_step_count(a->trainer);
+  if (c->checkpoint_dir[0] && step > 0 && a->saved_step != step) {
+    td_status s = td_trainer_save(a->trainer, c->checkpoint_dir);
+    if (s != TD_OK) return s;
+    a->saved_step = step;
+  }
   return TD_OK;
 }
 
-/* A rank and its buddy lost together (ZeRO stage >= 1): the last disk
- * checkpoint of --save DIR, re-sharded for this world by the loader. */
+/* The state from disk, re-sharded for this world by the loader: at the
+ * start of a job given --resume (td_elastic_start_from_fallback), or when a
+ * rank and its buddy are lost together (ZeRO stage >= 1). The newest
+ * checkpoint: --save DIR's once it holds one, else --resume's. */
 static td_status app_elastic_fallback(void *ctx, td_comm *comm, int world_size) {
   (void)comm;
   app_elastic *a = ctx;
   const td_train_config *c = td_trainer_config(a->trainer);
-  td_status s = td_trainer_resume(a->trainer, c->checkpoint_dir);
+  td_checkpoint_info info;
+  const char *dir = c->checkpoint_dir[0] ? c->checkpoint_dir : a->resume_dir;
+  if (a->resume_dir && (!c->checkpoint_dir[0] || td_checkpoint_info_read(c->checkpoint_dir, &info) != TD_OK))
+    dir = a->resume_dir;
+  td_status s = td_trainer_resume(a->trainer, dir);
   if (s == TD_OK && td_comm_rank(comm) == 0)
-    fprintf(stderr, "%s: elastic: state lost from memory; resumed from the disk checkpoint in %s at step %ld "
-            "(world %d)\n", app_name, c->checkpoint_dir, td_trainer_step_count(a->trainer), world_size);
+    fprintf(stderr, "%s: elastic: state from the disk checkpoint in %s at step %ld (world %d)\n", app_name, dir,
+            td_trainer_step_count(a->trainer), world_size);
   return s;
 }
 
@@ -174,10 +256,24 @@ static unsigned long long app_params_hash(const td_trainer *t) {
 }
 
 /* Train cfg (resolved for the initial world) elastically; returns the exit
- * status. The model and dataset are the caller's. */
-static int app_elastic_main(td_train_config *cfg, td_model *model, td_dataset *data) {
+ * status. The model and dataset are the caller's. resume_dir (or NULL):
+ * the job starts from that checkpoint, at whatever world size, with the
+ * checkpoint's global batch; metrics_path (or NULL): --metrics. */
+static int app_elastic_main(td_train_config *cfg, td_model *model, td_dataset *data, const char *resume_dir,
+                            const char *metrics_path) {
   app_elastic a;
   memset(&a, 0, sizeof a);
+  a.resume_dir = resume_dir;
+  a.metrics_path = metrics_path;
+  if (resume_dir) {
+    /* The job's global batch is the checkpoint's whatever the world size
+     * now (a restart at another size keeps it); every process reads it, so
+     * the first epoch's split needs no communication. */
+    td_checkpoint_info info;
+    td_status s = td_checkpoint_info_read(resume_dir, &info);
+    if (s != TD_OK) app_fail(NULL, "reading the checkpoint to resume from (--resume)", s);
+    if (info.train_batch_size > 0) cfg->train_batch_size = info.train_batch_size;
+  }
   if (cfg->elasticity.enabled) app_elastic_bounds(&cfg->elasticity);
   td_status s = td_elastic_create(NULL, &a.e);
   if (s != TD_OK) app_fail(NULL, "joining the elastic job (td_elastic_create)", s);
@@ -192,13 +288,16 @@ static int app_elastic_main(td_train_config *cfg, td_model *model, td_dataset *d
    * (the first rebind cuts them again if the world changed meanwhile): a
    * trainer of one rank would first hold the whole model state. */
   td_train_config local = *cfg;
+  local.checkpoint_every = 0;
+  a.save_every = cfg->checkpoint_every;
   int world0 = td_elastic_size(a.e), rank0 = td_elastic_rank(a.e);
   if (world0 < 1 || rank0 < 0 || rank0 >= world0) world0 = 1, rank0 = 0;
   s = td_elastic_batch_split(cfg->train_batch_size, world0, a.micro_hint, a.max_world, &local.micro_batch,
                              &local.grad_accum);
   if (s == TD_OK) s = td_trainer_create_unbound(&local, model, data, world0, rank0, &a.trainer);
   if (s == TD_OK) s = td_trainer_elastic_register(a.trainer, a.e);
-  if (s == TD_OK && cfg->checkpoint_dir[0]) s = td_elastic_set_fallback(a.e, app_elastic_fallback, &a);
+  if (s == TD_OK && (cfg->checkpoint_dir[0] || resume_dir)) s = td_elastic_set_fallback(a.e, app_elastic_fallback, &a);
+  if (s == TD_OK && resume_dir) s = td_elastic_start_from_fallback(a.e);
   if (s != TD_OK) {
     fprintf(stderr, "%s: error: setting up elastic training failed (%s): %s\n", app_name, td_status_str(s),
             td_last_error());
@@ -208,6 +307,8 @@ static int app_elastic_main(td_train_config *cfg, td_model *model, td_dataset *d
   a.t_begin = app_now();
   s = td_elastic_run(a.e, app_elastic_train, app_elastic_reset, &a);
   double train_s = app_now() - a.t_begin;
+  if (td_metrics_close(a.metrics) != TD_OK && s == TD_OK) s = TD_ERR_IO; /* (its message stays the last error) */
+  a.metrics = NULL;
   if (s != TD_OK) {
     fprintf(stderr, "%s: error: elastic training failed (%s): %s\n", app_name, td_status_str(s), td_last_error());
     td_trainer_destroy(a.trainer);

@@ -150,7 +150,7 @@ static int elastic_main(const fmnist_options *opt) {
   td_model *model = NULL;
   s = td_cnn_create(&net, &model);
   if (s != TD_OK) app_fail(NULL, "creating the CNN", s);
-  int code = app_elastic_main(&cfg, model, train);
+  int code = app_elastic_main(&cfg, model, train, NULL, NULL);
   td_model_destroy(model);
   td_dataset_destroy(train);
   return code;

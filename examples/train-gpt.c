@@ -243,9 +243,6 @@ static void build_config(const gpt_options *o, int world, td_train_config *cfg) 
   if (cfg->pipeline_parallel > 1) {
     if (td_grid_check(world, 1, cfg->pipeline_parallel) != TD_OK) /* world: already / tensor_parallel */
       app_usage_error("%s", td_last_error());
-    if (o->common.resume_dir)
-      app_usage_error("--pipeline-parallel %d with --resume is not built yet: pipeline runs neither save nor resume "
-                      "checkpoints", cfg->pipeline_parallel);
     world /= cfg->pipeline_parallel;
   }
   if (cfg->checkpoint_every > 0 && !cfg->checkpoint_dir[0])
@@ -360,10 +357,9 @@ static void print_sample(const int32_t *tokens, int n) {
  * initial world (TANDEM_WORLD_SIZE), kept whatever the world size becomes. */
 static int elastic_main(const gpt_options *opt) {
   app_refuse_exporters_when_elastic(&opt->common);
-  /* --save: periodic checkpoints, read back only when a rank and its buddy
-   * are lost together at ZeRO stage >= 1 (td_elastic_set_fallback) */
-  if (opt->common.metrics_path || opt->common.resume_dir)
-    app_usage_error("--elastic keeps its state in memory: --metrics and --resume are not supported with it yet");
+  /* --save: periodic checkpoints, read back when a rank and its buddy are
+   * lost together at ZeRO stage >= 1 (td_elastic_set_fallback); --resume:
+   * a whole job restarted from disk, at any world size */
   const char *w = getenv("TANDEM_WORLD_SIZE");
   td_train_config cfg;
   build_config(opt, w ? (int)app_parse_long("TANDEM_WORLD_SIZE", w, 1, 1 << 20) : 1, &cfg);
@@ -377,7 +373,7 @@ static int elastic_main(const gpt_options *opt) {
   td_model *model = NULL;
   s = td_gpt_create(&opt->model, &model);
   if (s != TD_OK) app_fail(NULL, "creating the GPT model", s);
-  int code = app_elastic_main(&cfg, model, data);
+  int code = app_elastic_main(&cfg, model, data, opt->common.resume_dir, opt->common.metrics_path);
   td_model_destroy(model);
   td_dataset_destroy(data);
   return code;
@@ -469,13 +465,14 @@ int main(int argc, char **argv) {
   /* a pipeline traces its own phases (forward and backward run inside its step) */
   s = td_trainer_create(&cfg, pp > 1 ? model : app_engine_model(&run, model), data, train_comm, &run.trainer);
   if (s != TD_OK) app_fail(&run, "creating the trainer", s);
-  if (tp > 1) { /* checkpoints in the unsplit model's coordinates, saved and loaded by the whole grid */
+  if (grid) { /* checkpoints in the unsplit model's coordinates, saved and loaded by the whole grid */
     s = td_trainer_set_grid(run.trainer, grid);
     if (s != TD_OK) app_fail(&run, "giving the trainer the process grid", s);
   }
   if (run.rank == 0 && td_trainer_zero_stage(run.trainer) >= 2) {
     printf("%s: knobs ", app_name);
     print_knobs(td_trainer_config(run.trainer));
+    fflush(stdout);
   }
   app_trace_trainer(&run);
   if (opt.common.resume_dir) {

@@ -83,7 +83,24 @@ typedef struct {
   int slots;
   bool local;
   double blacklisted_until; /* elastic: no new workers here before this time */
+  int young_failures;       /* elastic: processes here that failed young, in a row */
+  double last_failure;      /* elastic: when a process here last failed (0: never) */
 } host_spec;
+
+/* Elastic back-off on a host whose replacements fail young (within
+ * HOST_YOUNG_S of their start: a dead host's ssh, a bad disk, a crash at
+ * start-up; the initial processes do not count: a fault injected or
+ * suffered early in a job is no sign of a bad host). The first such failure is retried at once (on another host
+ * with a free slot if there is one: free_slot); after the n-th in a row
+ * (n >= 2) no new process starts there for HOST_BACKOFF_S * 2^(n-2), at
+ * most HOST_BACKOFF_MAX_S (or --blacklist-cooldown when longer), so that a
+ * failing host cannot use up --max-restarts in a burst of retries. A
+ * process that fails after running longer (killed, a lost link) is an
+ * ordinary fault: it ends the streak and is replaced at once, so the world
+ * size comes back in the same round. */
+#define HOST_YOUNG_S 10.0
+#define HOST_BACKOFF_S 1.0
+#define HOST_BACKOFF_MAX_S 30.0
 
 typedef struct {
   char *data;
@@ -98,6 +115,7 @@ typedef struct {
   line_buf out_buf, err_buf;
   bool running;   /* started and not yet reaped */
   bool signalled; /* we sent it a signal */
+  double started; /* td_now() at its start */
   int wait_status;
   bool joiner; /* elastic: started after the job began (joins at a commit) */
   int lifeline_fd; /* remote: write end of ssh's stdin, held open while it runs (-1: none) */
@@ -798,6 +816,7 @@ static bool start_worker(job *j, worker *w) {
   }
   setpgid(pid, pid); /* also done in the child: whichever runs first wins the race */
   w->pid = pid;
+  w->started = td_now();
   w->running = true;
   j->n_running++;
   w->out_fd = out_pipe[0];
@@ -956,12 +975,34 @@ static int host_used(const job *j, const host_spec *h) {
   return n;
 }
 
+/* A host with a free slot that is not backed off; of those, the one whose
+ * last failure is oldest (never failed: first), so that a replacement goes
+ * elsewhere than where its predecessor just failed whenever it can. */
 static host_spec *free_slot(const job *j, double now) {
+  host_spec *best = NULL;
   for (int h = 0; h < j->n_ehosts; h++) {
     host_spec *hs = j->ehosts[h];
-    if (now >= hs->blacklisted_until && host_used(j, hs) < hs->slots) return hs;
+    if (now >= hs->blacklisted_until && host_used(j, hs) < hs->slots &&
+        (!best || hs->last_failure < best->last_failure))
+      best = hs;
   }
-  return NULL;
+  return best;
+}
+
+/* Process `uid`, started at `started` (a replacement or not), failed on h:
+ * the back-off above. */
+static void host_failed(const job *j, host_spec *h, int uid, bool replacement, double started, double now) {
+  h->last_failure = now;
+  h->young_failures = replacement && now - started < HOST_YOUNG_S ? h->young_failures + 1 : 0;
+  double backoff = 0;
+  if (h->young_failures >= 2)
+    backoff = TD_MIN(HOST_BACKOFF_S * ldexp(1.0, TD_MIN(h->young_failures - 2, 10)), HOST_BACKOFF_MAX_S);
+  backoff = TD_MAX(backoff, j->opt.cooldown_s);
+  if (h->young_failures >= 2)
+    fprintf(stderr, "tandemrun: process %d failed %.1f s after its start on host %s (%d such failure%s there in a "
+            "row): no new process there for %.0f s\n", uid, now - started, h->name, h->young_failures,
+            h->young_failures == 1 ? "" : "s", backoff);
+  if (backoff > 0) h->blacklisted_until = now + backoff;
 }
 
 static void elastic_add_host(job *j, const char *name, int slots) {
@@ -1121,7 +1162,7 @@ static void elastic_reaped(job *j, worker *w, bool failed) {
   else
     fprintf(stderr, "tandemrun: process %d (pid %d, host %s) %s; no process is left\n", w->rank, (int)w->pid,
             w->host->name, how);
-  if (j->opt.cooldown_s > 0) w->host->blacklisted_until = td_now() + j->opt.cooldown_s;
+  host_failed(j, w->host, w->rank, w->joiner, w->started, td_now());
   /* Start the replacement before telling the survivors, so that they wait
    * for it in the round they are forming (el_report_dead). */
   int uid = w->rank, before = j->n_workers;
@@ -1356,7 +1397,12 @@ placed:;
   j->grace_deadline = INFINITY;
   j->kill_deadline = INFINITY;
   int n_started = 0;
-  for (int i = 0; i < j->n_workers; i++) {
+  /* The initial workers only: a worker reaped during this loop (SIGCHLD
+   * below) may already have had its replacement started by elastic_tick,
+   * which appends to j->workers; starting that one again here would fork it
+   * twice and leave a count that never reaches 0 (tandemrun then hung). */
+  const int n_initial = j->n_workers;
+  for (int i = 0; i < n_initial; i++) {
     if (!start_worker(j, &j->workers[i])) break;
     n_started++;
     /* A signal during a long start-up (ssh) should not wait for the rest. */
@@ -1370,7 +1416,7 @@ placed:;
       }
     }
   }
-  bool start_failed = n_started < j->n_workers && !j->interrupt_sig;
+  bool start_failed = n_started < n_initial && !j->interrupt_sig;
   if (start_failed || j->interrupt_sig) begin_stop(j, j->interrupt_sig ? j->interrupt_sig : SIGTERM);
 
   double drain_deadline = INFINITY;

@@ -81,6 +81,13 @@ int td_comm_size(const td_comm *comm);
 int td_comm_local_rank(const td_comm *comm); /* rank among the ranks on this host */
 int td_comm_local_size(const td_comm *comm); /* number of ranks of comm on this host */
 const char *td_comm_transport(const td_comm *comm); /* "self", "shm" or "tcp" */
+/* The peers whose silence made this rank fail the communicator (no
+ * heartbeat nor data for TANDEM_HEARTBEAT_TIMEOUT: stopped, cut off, or on
+ * a dead host): up to max of them into ranks, ascending; returns how many
+ * there are. 0 when it did not fail that way on this rank (a peer's report,
+ * a closed connection) or the transport has no heartbeats (shm, a world of
+ * one). Elastic training uses it to go on without them at once. Any thread. */
+int td_comm_silent_ranks(const td_comm *comm, int *ranks, int max);
 /* The host identity of `rank` (ranks with equal identities share memory);
  * "" for a rank out of range. Valid while comm lives. */
 const char *td_comm_host(const td_comm *comm, int rank);

@@ -85,6 +85,9 @@ int td_elastic_size(const td_elastic *e);     /* world size of the current epoch
 long td_elastic_id(const td_elastic *e);      /* this process's launch number (TANDEM_ELASTIC_ID) */
 /* Membership changes this process went through since td_elastic_create. */
 int td_elastic_resets(const td_elastic *e);
+/* Of those, the ones forced by a failure (a peer lost or silent: the
+ * communicator broke), not by admitting joiners. */
+int td_elastic_faults(const td_elastic *e);
 /* Bytes of the copies this process keeps for recovery: the last two commits
  * of every whole buffer, of this rank's shard and of each ward's (buddy
  * replicas). Every copy is written whole at a commit, so this is what they
@@ -119,6 +122,15 @@ typedef td_status (*td_elastic_fallback_fn)(void *ctx, td_comm *comm, int world_
 td_status td_elastic_set_fallback(td_elastic *e, td_elastic_fallback_fn fn, void *ctx);
 /* Disk fallbacks this process went through. */
 int td_elastic_fallbacks(const td_elastic *e);
+
+/* A job restarted from its disk checkpoint: what this process registered
+ * is not the job's state, so the first epoch (and any epoch formed before
+ * the first commit) fills every registered buffer through the fallback
+ * instead of taking this process's buffers as commit 1. Call it on every
+ * process that starts the job, after td_elastic_set_fallback and before
+ * td_elastic_run; joiners need not (they receive the members' state).
+ * TD_ERR_INVALID_USAGE without a fallback or after td_elastic_run. Local. */
+td_status td_elastic_start_from_fallback(td_elastic *e);
 
 /* Copy every registered buffer into this process's in-memory commit (a
  * memcpy per buffer; no disk, no network). At stage 0 every rank holds the

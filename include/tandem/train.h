@@ -190,7 +190,7 @@ typedef struct td_train_config {
    * gives the trainer the data-parallel communicator, so `world_size` in
    * td_train_config_resolve is the data-parallel size. Resolve refuses the
    * combinations not built yet (ZeRO-2/3, offload, elastic, a device, bf16/
-   * fp16, activation checkpointing, checkpoints), naming each. */
+   * fp16, activation checkpointing), naming each. */
   int tensor_parallel;
   /* Pipeline parallelism (Megatron-LM's pipeline_model_parallel_size,
    * DeepSpeed's "pipeline" section; docs/training.md): stages that each
@@ -396,6 +396,19 @@ td_status td_trainer_save(td_trainer *trainer, const char *root_dir);
  * the uninterrupted run. Collective (every rank reads; a failure on any rank
  * fails on all). */
 td_status td_trainer_resume(td_trainer *trainer, const char *path);
+
+/* What a checkpoint is, from its manifest alone (`path` as for
+ * td_trainer_resume): the step it was taken after, the global batch it was
+ * trained with (0: not recorded) and the world size that saved it. An
+ * elastic job restarted from disk takes its global batch from here, whatever
+ * world size it restarts at. TD_ERR_IO when there is no readable
+ * checkpoint at `path`. Local (no communication). */
+typedef struct td_checkpoint_info {
+  long step;
+  long train_batch_size;
+  int world;
+} td_checkpoint_info;
+td_status td_checkpoint_info_read(const char *path, td_checkpoint_info *out);
 
 /* The grid a model-parallel model (td_gpt_tp_create) is split over, for
  * checkpoints: td_trainer_save and td_trainer_resume then run over the

@@ -333,6 +333,10 @@ int td_comm_size(const td_comm *comm) { return comm ? comm->size : 0; }
 int td_comm_local_rank(const td_comm *comm) { return comm ? comm->local_rank : -1; }
 int td_comm_local_size(const td_comm *comm) { return comm ? comm->local_size : 0; }
 const char *td_comm_transport(const td_comm *comm) { return comm ? comm->xport_name : ""; }
+int td_comm_silent_ranks(const td_comm *comm, int *ranks, int max) {
+  if (!comm || !comm->xport || !comm->xport->vtbl->silent_peers || (max > 0 && !ranks)) return 0;
+  return comm->xport->vtbl->silent_peers(comm->xport, ranks, max);
+}
 const char *td_comm_host(const td_comm *comm, int rank) {
   return comm && comm->hosts && rank >= 0 && rank < comm->size && comm->hosts[rank] ? comm->hosts[rank] : "";
 }

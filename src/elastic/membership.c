@@ -98,6 +98,25 @@ td_status el_report_dead(td_store *store, const char *job, long uid, const char 
   return store_set_str(store, key, value);
 }
 
+td_status el_report_silent(el_membership *m, long uid) {
+  char key[200], value[32];
+  snprintf(key, sizeof key, "%s/el/silent/%ld", m->job, uid);
+  snprintf(value, sizeof value, "%d", m->epoch);
+  return store_set_str(m->store, key, value);
+}
+
+/* Was uid reported silent by a member (el_report_silent)? */
+static td_status is_silent(el_membership *m, long uid, bool *silent) {
+  char key[200];
+  snprintf(key, sizeof key, "%s/el/silent/%ld", m->job, uid);
+  void *v = NULL;
+  int found = 0;
+  TD_CHECK(store_get(m->store, key, &v, NULL, &found));
+  free(v);
+  *silent = found != 0;
+  return TD_OK;
+}
+
 /* "<uid> <uid> ..." into a malloc'd array. */
 static td_status parse_members(const char *text, long **out, int *n_out) {
   int cap = 8, n = 0;
@@ -258,15 +277,17 @@ static td_status try_close(el_membership *m, int k, const long *prev, int n_prev
       if (n_in < m->max_np) in[n_in++] = prev[i];
       continue;
     }
-    bool dead = false;
+    bool dead = false, silent = false;
     long replacement = -1;
     td_status st = is_dead(m, prev[i], &dead, &replacement);
+    if (st == TD_OK && !dead) st = is_silent(m, prev[i], &silent);
     if (st != TD_OK) {
       free(in);
       return st;
     }
     /* A lost member whose replacement is on its way counts once that one
      * joined: the world size then comes back in this very round. */
+    if (silent) continue;
     if (!dead || (replacement >= 0 && !contains(joins, n_joins, replacement))) all_accounted = false;
   }
   for (int i = 0; i < n_joins && n_in < m->max_np; i++)
@@ -321,7 +342,7 @@ td_status el_membership_next(el_membership *m) {
   if (!m->joiner || m->epoch > 0) {
     if (have_cur && cur >= k)
       return td_error(TD_ERR_REMOTE, "elastic: process %ld of epoch %d is stale: the job already formed epoch %ld "
-                                     "without it (it was stopped or cut off longer than TANDEM_ELASTIC_SETTLE %g s); "
+                                     "without it (it was stopped or cut off: found silent by heartbeats, or absent past TANDEM_ELASTIC_SETTLE %g s); "
                                      "this process is refused and should exit: the launcher starts fresh workers",
                       m->uid, m->epoch, cur, m->settle_s);
   }

@@ -16,7 +16,14 @@
  *                  TANDEM_ELASTIC_SETTLE for it). When the launcher started
  *                  a replacement first, the round waits (at most the settle
  *                  time) for that one to join, so that the world size comes
- *                  back at once and no step runs at a smaller size. */
+ *                  back at once and no step runs at a smaller size.
+ *   silent/<uid>   "<epoch>": a member of that epoch found <uid> silent (its
+ *                  heartbeats stopped: a stopped process, a cut link, a dead
+ *                  host the launcher cannot reap). Like dead/ for closing a
+ *                  round, without waiting for a replacement: the heartbeat
+ *                  timeout already was the wait, so the settle time is not
+ *                  spent again. A silent process that comes back in time
+ *                  simply joins; later it is stale. */
 #ifndef TD_ELASTIC_MEMBERSHIP_H
 #define TD_ELASTIC_MEMBERSHIP_H
 
@@ -56,6 +63,9 @@ td_status el_membership_next(el_membership *m);
 bool el_membership_abandoned(el_membership *m, char *why, size_t why_size);
 /* Do processes wait to join the next epoch? (one store request) */
 td_status el_membership_pending(el_membership *m, int *pending);
+/* A member reports that its communicator of the current epoch failed
+ * because process uid fell silent (td_comm_silent_ranks). */
+td_status el_report_silent(el_membership *m, long uid);
 /* The launcher reports a reaped worker and its replacement (-1: none). */
 td_status el_report_dead(td_store *store, const char *job, long uid, const char *why, long replacement);
 

@@ -46,7 +46,9 @@ struct td_elastic {
   td_elastic_fallback_fn fallback;
   void *fallback_ctx;
   bool resize_requested;
+  bool from_fallback; /* td_elastic_start_from_fallback: the state registered at start is not the job's */
   int resets;
+  int faults; /* epochs ended by a broken communicator (not by admitting joiners) */
   int fallbacks;
   int64_t commits_here; /* commits this process took (td_elastic_commit) */
   double commit_s;      /* time in their copies and buddy replica waits */
@@ -89,6 +91,22 @@ static td_status build_comm(td_elastic *e) {
  * abandon). */
 static void test_stop_after_round(const el_membership *m) {
   if (td_env_long("TANDEM_TEST_ELASTIC_STOP_AFTER_ROUND", -1) == m->uid) raise(SIGSTOP);
+}
+
+/* The members whose silence broke this rank's communicator (heartbeats)
+ * are reported, so that the round that follows closes without waiting
+ * TANDEM_ELASTIC_SETTLE for them (membership.h: silent/). Best effort: an
+ * unreported one costs the settle time, nothing else. */
+static void report_silent(td_elastic *e) {
+  int ranks[64];
+  int n = td_comm_silent_ranks(e->comm, ranks, 64);
+  for (int i = 0; i < n && i < 64; i++) {
+    if (ranks[i] < 0 || ranks[i] >= e->m.n_members) continue;
+    long uid = e->m.members[ranks[i]];
+    if (el_report_silent(&e->m, uid) == TD_OK)
+      td_log(TD_LOG_INFO, "elastic: epoch %d: rank %d (process %ld) fell silent: the next round goes on without "
+             "waiting for it", e->m.epoch, ranks[i], uid);
+  }
 }
 
 /* Membership rounds until one yields a communicator (a member may die
@@ -218,6 +236,19 @@ td_status td_elastic_set_fallback(td_elastic *e, td_elastic_fallback_fn fn, void
 }
 
 int td_elastic_fallbacks(const td_elastic *e) { return e ? e->fallbacks : 0; }
+int td_elastic_faults(const td_elastic *e) { return e ? e->faults : 0; }
+
+td_status td_elastic_start_from_fallback(td_elastic *e) {
+  if (!e) return td_error(TD_ERR_INVALID_ARGUMENT, "td_elastic_start_from_fallback: state is NULL");
+  if (!e->fallback)
+    return td_error(TD_ERR_INVALID_USAGE, "td_elastic_start_from_fallback: no fallback to start from: call "
+                                          "td_elastic_set_fallback first");
+  if (e->commits)
+    return td_error(TD_ERR_INVALID_USAGE, "td_elastic_start_from_fallback: the job already runs (called after "
+                                          "td_elastic_run)");
+  e->from_fallback = !e->m.joiner; /* a joiner receives the members' state */
+  return TD_OK;
+}
 
 /* The registered whole buffers into shadow[0] as commit `commit` (the
  * previous shadow[0] becomes shadow[1]). */
@@ -345,32 +376,39 @@ static td_status restore_state(td_elastic *e, td_elastic_reset_fn reset_fn, void
       for (int g = 0; g < 2; g++)
         if (desc[(size_t)r * stride + g] > want) want = desc[(size_t)r * stride + g];
   int holder = -1, holder_gen = 0;
-  for (int r = 0; r < world && holder < 0; r++)
+  for (int r = 0; r < world && holder < 0 && want >= 0; r++)
     for (int g = 0; g < 2 && holder < 0; g++)
       if (desc[(size_t)r * stride + g] == want) {
         holder = r;
         holder_gen = g;
       }
-  if (holder < 0) {
+  /* No rank holds any commit: a job started from its disk checkpoint
+   * (td_elastic_start_from_fallback) before its first commit. Every rank
+   * keeps what it registered (the same configuration everywhere) and the
+   * fallback below loads the rest. */
+  bool none_held = fallback && holder < 0 && e->fallback;
+  if (holder < 0 && !none_held) {
     st = td_error(TD_ERR_INTERNAL, "elastic: rank %d: no rank holds commit %lld", me, (long long)want);
     goto done;
   }
-  int slot = 0;
-  if (me == holder) {
-    slot = holder_gen;
-  } else if (world > 1) {
-    slot = e->whole_commit[0] == want ? 1 : e->whole_commit[1] == want ? 0 : 1;
-    e->whole_commit[slot] = -1; /* being received */
+  if (!none_held) {
+    int slot = 0;
+    if (me == holder) {
+      slot = holder_gen;
+    } else if (world > 1) {
+      slot = e->whole_commit[0] == want ? 1 : e->whole_commit[1] == want ? 0 : 1;
+      e->whole_commit[slot] = -1; /* being received */
+    }
+    for (int i = 0; i < e->n_bufs && world > 1 && st == TD_OK; i++)
+      if (e->bufs[i].bytes) st = td_broadcast(e->bufs[i].shadow[slot], e->bufs[i].bytes, TD_U8, holder, e->comm);
+    if (st != TD_OK) goto done;
+    e->whole_commit[slot] = want;
+    for (int i = 0; i < e->n_bufs; i++)
+      if (e->bufs[i].bytes) memcpy(e->bufs[i].ptr, e->bufs[i].shadow[slot], e->bufs[i].bytes);
+    if (e->commits != want || me == 0)
+      td_log(TD_LOG_INFO, "elastic: epoch %d: state of commit %lld from rank %d%s", e->m.epoch, (long long)want,
+             holder, e->commits != want ? " (this rank held another)" : "");
   }
-  for (int i = 0; i < e->n_bufs && world > 1 && st == TD_OK; i++)
-    if (e->bufs[i].bytes) st = td_broadcast(e->bufs[i].shadow[slot], e->bufs[i].bytes, TD_U8, holder, e->comm);
-  if (st != TD_OK) goto done;
-  e->whole_commit[slot] = want;
-  for (int i = 0; i < e->n_bufs; i++)
-    if (e->bufs[i].bytes) memcpy(e->bufs[i].ptr, e->bufs[i].shadow[slot], e->bufs[i].bytes);
-  if (e->commits != want || me == 0)
-    td_log(TD_LOG_INFO, "elastic: epoch %d: state of commit %lld from rank %d%s", e->m.epoch, (long long)want, holder,
-           e->commits != want ? " (this rank held another)" : "");
   if (reset_fn) {
     st = reset_fn(ctx, e->comm, world);
     if (st != TD_OK) {
@@ -400,9 +438,13 @@ static td_status restore_state(td_elastic *e, td_elastic_reset_fn reset_fn, void
                     e->m.epoch, (long long)gap_lo, (long long)gap_hi);
       goto done;
     }
-    td_log(me == 0 ? TD_LOG_WARN : TD_LOG_INFO, "elastic: epoch %d: elements [%lld, %lld) of the sharded state are "
-           "held by no survivor (a rank and its buddy were both lost): falling back to the disk checkpoint",
-           e->m.epoch, (long long)gap_lo, (long long)gap_hi);
+    if (none_held)
+      td_log(TD_LOG_INFO, "elastic: epoch %d: no rank holds a commit yet: the state comes from the disk checkpoint",
+             e->m.epoch);
+    else
+      td_log(me == 0 ? TD_LOG_WARN : TD_LOG_INFO, "elastic: epoch %d: elements [%lld, %lld) of the sharded state "
+             "are held by no survivor (a rank and its buddy were both lost): falling back to the disk checkpoint",
+             e->m.epoch, (long long)gap_lo, (long long)gap_hi);
     st = e->fallback(e->fallback_ctx, e->comm, world);
     if (st != TD_OK) {
       char why[768];
@@ -411,7 +453,7 @@ static td_status restore_state(td_elastic *e, td_elastic_reset_fn reset_fn, void
       goto done;
     }
     /* A new commit number newer than anything held: what the disk gave. */
-    commit = want + 1;
+    commit = want < 0 ? 1 : want + 1;
     for (int r = 0; r < world; r++)
       for (int g = 0; g < 2; g++)
         if (desc[(size_t)r * stride + g] >= commit) commit = desc[(size_t)r * stride + g] + 1;
@@ -438,7 +480,7 @@ td_status td_elastic_run(td_elastic *e, td_elastic_train_fn train_fn, td_elastic
     /* A process joining a running job holds only its fresh initial state:
      * it must not be taken for a commit of the job's (it would rewind the
      * job to step 0 when the survivors' own commits are incomplete). */
-    if (e->m.joiner) el_forget_holdings(e);
+    if (e->m.joiner || e->from_fallback) el_forget_holdings(e);
   }
   bool fresh = true;
   for (;;) {
@@ -460,6 +502,10 @@ td_status td_elastic_run(td_elastic *e, td_elastic_train_fn train_fn, td_elastic
     if (st == TD_OK) st = train_fn(ctx, e);
     if (st == TD_OK) return TD_OK;
     if (!e->resize_requested && td_comm_status(e->comm) == TD_OK) return st;
+    if (!e->resize_requested) {
+      e->faults++;
+      report_silent(e);
+    }
     char why[768];
     td_error_copy(why, sizeof why);
     td_log(e->resize_requested ? TD_LOG_INFO : TD_LOG_WARN, "elastic: epoch %d (rank %d of %d) ends: %s", e->m.epoch,

@@ -110,12 +110,15 @@ static void fit_unset_knobs(td_trainer *t, size_t target, size_t files, char *ch
   if (t->zero_stage >= 3) {
     if (c->stage3_max_live_parameters != live_before)
       NOTE(" stage3_max_live_parameters %ld", c->stage3_max_live_parameters);
-    if (!(c->knobs_set & TD_KNOB_STAGE3_PREFETCH) && c->stage3_prefetch_bucket_size < (long)group &&
+    td_offload_config *o = &c->offload;
+    /* offload_param buffers the user set keep bounding what is read ahead (td_offload_config_apply) */
+    bool capped = o->param_device == TD_OFFLOAD_NVME && (c->knobs_set & TD_KNOB_PARAM_BUFFERS) &&
+                  o->param_buffer_size < (long)group;
+    if (!(c->knobs_set & TD_KNOB_STAGE3_PREFETCH) && !capped && c->stage3_prefetch_bucket_size < (long)group &&
         c->stage3_max_live_parameters >= 2 * (long)group) {
       c->stage3_prefetch_bucket_size = (long)group;
       NOTE(" stage3_prefetch_bucket_size %ld (one block)", c->stage3_prefetch_bucket_size);
     }
-    td_offload_config *o = &c->offload;
     if (o->param_device == TD_OFFLOAD_NVME && !(c->knobs_set & TD_KNOB_PARAM_BUFFERS) && off > 0) {
       o->param_buffer_size = TD_MAX(o->param_buffer_size, c->stage3_prefetch_bucket_size);
       o->param_buffer_count = (int)TD_MAX(1L, TD_MIN(64L, (c->stage3_max_live_parameters + o->param_buffer_size - 1) /

@@ -208,8 +208,7 @@ static td_status trainer_create(const td_train_config *cfg_in, td_model *model, 
       what = "offload (remove offload_optimizer / offload_param)";
     else if (t->cfg.precision.compute == TD_F16)
       what = "fp16 (its overflow skips are agreed over the data-parallel ranks only; use bf16 or fp32)";
-    else if (t->cfg.checkpoint_dir[0])
-      what = "checkpoints (every stage would write the same directory; remove --save / checkpoint.save_dir)";
+    /* checkpoints: saved and loaded by the whole grid (td_trainer_set_grid; refused without it) */
     else if (model->device.kind != TD_DEVICE_CPU)
       what = "a GPU (train on the CPU)";
     if (what) {
@@ -632,10 +631,14 @@ static td_status trainer_step(td_trainer *t, td_step_stats *stats) {
   }
   if (t->zero)
     zero_step_begin(t);
-  else if (t->devops)
-    local = td_device_memset0(t->device, td_trainer_model_grads(t), t->n_params * td_dtype_size(t->model_dtype));
-  else
+  else if (t->devops) {
+    td_status zst = td_device_memset0(t->device, td_trainer_model_grads(t), t->n_params * td_dtype_size(t->model_dtype));
+    if (local == TD_OK) local = zst; /* keep a failed prepare's reason */
+  } else
     memset(t->grads, 0, t->n_params * sizeof(float));
+  /* Stage 3 agrees before each forward (below); a rank whose prepare failed
+   * skips the micro-steps, so it joins the first of those agreements here. */
+  if (local != TD_OK && t->zero_stage >= 3 && distributed) local = td_trainer_agree(t, local);
   if (m->ops->run_micro_batches) return micro_batches_step(t, local, t_start, stats);
   double loss_sum = 0;
   t->comm_bytes = 0;
@@ -646,8 +649,18 @@ static td_status trainer_step(td_trainer *t, td_step_stats *stats) {
     data_s += td_now() - d0;
     trace(t, "data", d0);
     /* Stage 3's forward communicates (parameter fetches): a rank whose data
-     * failed must not skip it while the others wait, so agree first. */
-    if (t->zero_stage >= 3 && distributed) local = td_trainer_agree(t, local);
+     * failed, or whose forward would refuse its inputs before fetching, must
+     * not skip the fetches while the others wait, so agree first. */
+    if (t->zero_stage >= 3 && distributed) {
+      if (local == TD_OK && m->ops->check_inputs &&
+          (local = m->ops->check_inputs(t->model, t->inputs, t->targets, t->cfg.micro_batch)) != TD_OK) {
+        char why[768]; /* td_error must not format its own buffer into itself */
+        td_error_copy(why, sizeof why);
+        local = td_error(local, "rank %d: step %ld, micro-step %d: the %s model's forward refuses its inputs: %s",
+                         t->rank, t->step + 1, micro, t->model->kind ? t->model->kind : "?", why);
+      }
+      local = td_trainer_agree(t, local);
+    }
     double loss = 0;
     if (local == TD_OK) {
       char where[64];

@@ -25,6 +25,12 @@
 #                         with a message naming --min-np, exit 1; again
 #                         with the survivor's own timeout (2 s) shorter
 #                         than tandemrun's (6 s): the same kind of line
+#   elastic.sh B backoff  processes that fail at once on two hosts
+#                         (localhost and 127.0.0.1, both local): each
+#                         replacement goes to the host that failed longest
+#                         ago, and a host whose processes keep failing young
+#                         is backed off 1, 2, ... s, so --max-restarts 8 is
+#                         not used up in a burst (tandemrun's back-off)
 #   elastic.sh B batch    global batch 8 on 4 ranks loses one: 3 cannot
 #                         keep it; every survivor stops with a message
 #                         listing the world sizes that would work
@@ -242,6 +248,29 @@ below)
   grep -Eq "${theirs/--elastic-timeout 2 s/--elastic-timeout 6 s}" "$work/out" || fail "no below --min-np line after the survivor gave up first"
   grep -q "every process of the elastic job failed" "$work/out" && fail "reported as every process failed"
   [ $(( $(date +%s) - t0 )) -lt 6 ] || fail "tandemrun waited for its own --elastic-timeout after the last process gave up"
+  ;;
+backoff)
+  # Process 0 lives 8 s and finishes the job; every other one fails at once.
+  printf '#!/bin/sh\n[ "$TANDEM_ELASTIC_ID" = 0 ] && { sleep 8; exit 0; }\nexit 1\n' >"$work/flaky"
+  chmod +x "$work/flaky"
+  start "$work/out" --min-np 1 --max-np 2 -np 2 --max-restarts 8 -H localhost:2,127.0.0.1:2 "$work/flaky"
+  wait_for "$work/out" "process 1 (pid [0-9]*, host localhost) exited with code 1" 30
+  t0=$(date +%s.%N)
+  wait_for "$work/out" "starting process 9 on host" 30
+  t9=$(date +%s.%N)
+  finish 0 "$work/out"
+  cat "$work/out"
+  grep -q "starting process 2 on host 127.0.0.1" "$work/out" ||
+    fail "the replacement of process 1 (failed on localhost) did not go to the other host"
+  grep -q "starting process 9 on host" "$work/out" || fail "not all 8 restarts were used"
+  grep -q "no new process there for 1 s" "$work/out" || fail "no 1 s back-off"
+  grep -q "no new process there for 2 s" "$work/out" || fail "no 2 s back-off after more failures in a row"
+  # replacements 2-5 fail once and twice on each host (the initial process 1 does not count), then each host
+  # is backed off 1 s, then 2 s: process 9 starts about 3 s after the first failure; in a burst all 8 would
+  # start within a fraction of a second
+  took=$(awk -v a="$t0" -v b="$t9" 'BEGIN { printf "%.1f", b - a }')
+  awk -v t="$took" 'BEGIN { exit !(t >= 2.5) }' || fail "process 9 started $took s after the first failure: no back-off"
+  echo "8 restarts spread over $took s by the back-off"
   ;;
 batch)
   start "$work/out" --min-np 2 --max-np 4 -np 4 --max-restarts 0 "$GPT" $TINY --steps 100000 --micro-batch 2

@@ -16,6 +16,10 @@
 #                   are lowered (the log says which), it trains, every rank's
 #                   peak RSS is within its estimate and the estimate within the
 #                   limit; the same job with those knobs set is refused
+#   prefetch        a block larger than DeepSpeed's stage3_prefetch_bucket_size
+#                   (2560 channels: 78.7M > 5e7): unset, it becomes one block
+#                   (the fit line); set, or bounded by offload_param buffers the
+#                   user set, it is kept (nothing is allocated: --estimate-memory)
 # usage: memory_edge.sh MODE BUILD_DIR [ARGS...]
 set -u
 mode=$1 B=$2
@@ -176,6 +180,25 @@ defaults)
   echo "$out" | grep "needs about" | grep -q "stage3_max_live_parameters" && fail "a knob the user set was lowered"
   env TANDEM_MEMORY_LIMIT=$limit timeout 60 "$RUN" -np 2 "$GPT" $MODEL $args --config "$tmp/set.json" --estimate-memory 2>&1 |
     grep "fit: " | grep -q "fits=0" || fail "td_trainer_fit_memory says the refused job fits"
+  ;;
+prefetch)
+  big="--layers 2 --channels 2560 --heads 20 --seq 64 --micro-batch 1 --zero-stage 3"
+  knob() { # JSON-config -> the fit line's stage3_prefetch_bucket_size
+    echo "$1" >"$tmp/p.json"
+    timeout 60 "$RUN" -np 2 "$GPT" $big --config "$tmp/p.json" --estimate-memory 2>&1 | grep "fit: " |
+      grep -o "stage3_prefetch_bucket_size=[0-9]*" | cut -d= -f2
+  }
+  block=$((12 * 2560 * 2560 + 13 * 2560)) # a block's parameters: 78676480
+  got=$(knob '{}')
+  echo "unset: $got (a block: $block)"
+  [ "$got" = "$block" ] || fail "an unset prefetch bucket was not raised to one block"
+  got=$(knob '{"zero_optimization": {"stage3_prefetch_bucket_size": 1000}}')
+  echo "set to 1000: $got"
+  [ "$got" = 1000 ] || fail "a prefetch bucket the user set was changed"
+  got=$(knob "{\"zero_optimization\": {\"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"$tmp\"},
+    \"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"$tmp\", \"buffer_size\": 60000000}}}")
+  echo "offload_param.buffer_size 6e7 set: $got"
+  [ "$got" = 50000000 ] || fail "the prefetch went past the parameter buffers the user set"
   ;;
 *)
   fail "unknown mode $mode"

@@ -137,6 +137,9 @@ typedef struct transport_vtbl {
    * (p2p/p2p.c) to read the header of a frame that the algorithm never asked
    * for. A broken connection is left for try_recv to report. */
   td_status (*try_peek)(transport *t, int peer, void *buf, size_t len, size_t *got);
+  /* Optional (NULL: none). The peers this transport found silent when it
+   * failed the communicator (td_comm_silent_ranks). Any thread. */
+  int (*silent_peers)(transport *t, int *ranks, int max);
 } transport_vtbl;
 
 struct transport {

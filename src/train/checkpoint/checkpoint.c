@@ -31,13 +31,13 @@
 
 #include "train/core/core.h"
 
-/* A trainer of a tensor-parallel config without its grid would save each
- * shard as a whole model. */
+/* A trainer of a model-parallel config without its grid would save each
+ * shard or stage as a whole model. */
 static td_status check_layout(const td_trainer *t, const char *what) {
-  if (t->cfg.tensor_parallel > 1 && !t->shard_map)
-    return td_error(TD_ERR_INVALID_USAGE, "rank %d: %s under tensor_model_parallel_size %d needs the grid: call "
-                    "td_trainer_set_grid(trainer, grid) after td_trainer_create", t->rank, what,
-                    t->cfg.tensor_parallel);
+  if ((t->cfg.tensor_parallel > 1 || t->cfg.pipeline_parallel > 1) && !t->shard_map)
+    return td_error(TD_ERR_INVALID_USAGE, "rank %d: %s under tensor_model_parallel_size %d x "
+                    "pipeline_model_parallel_size %d needs the grid: call td_trainer_set_grid(trainer, grid) after "
+                    "td_trainer_create", t->rank, what, t->cfg.tensor_parallel, t->cfg.pipeline_parallel);
   return TD_OK;
 }
 
@@ -247,4 +247,16 @@ td_status td_trainer_resume(td_trainer *t, const char *path) {
   for (int a = 0; a < n; a++) td_free(staging[a]);
   td_ckpt_manifest_free(&m);
   return st;
+}
+
+td_status td_checkpoint_info_read(const char *path, td_checkpoint_info *out) {
+  if (!out) return td_error(TD_ERR_INVALID_ARGUMENT, "td_checkpoint_info_read: out is NULL");
+  memset(out, 0, sizeof *out);
+  td_ckpt_dir d;
+  TD_CHECK(td_ckpt_open(path, &d));
+  out->step = d.m.step;
+  out->train_batch_size = (long)d.m.train_batch_size;
+  out->world = d.m.world;
+  td_ckpt_close(&d);
+  return TD_OK;
 }

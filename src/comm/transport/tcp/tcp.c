@@ -181,6 +181,9 @@ typedef struct tcp_transport {
   bool watcher_started;
   _Atomic unsigned hangups;      /* peers the watcher saw hang up so far */
   tcp_heartbeat *hb;             /* NULL when TANDEM_HEARTBEAT_TIMEOUT=0 */
+  /* The peers declare_lost found silent, ascending, -1 after the last:
+   * written once by the watcher, then published (NULL before). */
+  _Atomic(int *) silent;
   double hb_interval_s, hb_timeout_s;
   _Atomic int armed;             /* wiring done: silence counts from now on */
   /* The watcher may block in the store (publishing a failure to a store
@@ -582,14 +585,22 @@ static void declare_lost(tcp_transport *t, int lost, double now) {
   char others[160] = "";
   size_t used = 0;
   int n_more = 0;
+  int *silent = atomic_load(&t->silent) ? NULL : malloc(sizeof(int) * (size_t)(t->base.comm->size + 1));
+  int n_silent = 0;
+  if (silent) silent[n_silent++] = lost;
   for (int p = heartbeat_lost(t->hb, lost, now, t->hb_timeout_s); p >= 0;
        p = heartbeat_lost(t->hb, p, now, t->hb_timeout_s)) {
+    if (silent) silent[n_silent++] = p;
     if (n_more++ < 4 && used < sizeof others) {
       int n = snprintf(others + used, sizeof others - used, "%s%d", n_more > 1 ? ", " : "; also silent: rank ", p);
       if (n > 0) used += (size_t)n;
     } else if (n_more == 5 && used < sizeof others) {
       snprintf(others + used, sizeof others - used, ", ...");
     }
+  }
+  if (silent) {
+    silent[n_silent] = -1;
+    atomic_store(&t->silent, silent); /* before the failure that makes callers ask */
   }
   break_late_store_request(t);
   if (!watcher_store_enter(t)) return;
@@ -742,6 +753,7 @@ static void tcp_destroy(transport *base) {
   if (t->hup_fd >= 0) close(t->hup_fd);
   if (t->stop_fd >= 0) close(t->stop_fd);
   heartbeat_close(t->hb);
+  free(atomic_load(&t->silent));
   store_close(atomic_load(&t->watch_store));
   if (t->peers)
     for (int p = 0; p < t->size; p++) {
@@ -755,6 +767,14 @@ static void tcp_destroy(transport *base) {
   free(t);
 }
 
+static int tcp_silent_peers(transport *base, int *ranks, int max) {
+  const int *silent = atomic_load(&((tcp_transport *)base)->silent);
+  int n = 0;
+  for (; silent && silent[n] >= 0; n++)
+    if (n < max) ranks[n] = silent[n];
+  return n;
+}
+
 static const transport_vtbl tcp_vtbl = {
     .name = "tcp",
     .try_send = tcp_try_send,
@@ -764,6 +784,7 @@ static const transport_vtbl tcp_vtbl = {
     .destroy = tcp_destroy,
     .op_done = tcp_op_done,
     .try_peek = tcp_try_peek,
+    .silent_peers = tcp_silent_peers,
 };
 
 /* A host that crashes or drops off the network sends no FIN. Heartbeats
