@@ -632,7 +632,8 @@ static td_status trainer_step(td_trainer *t, td_step_stats *stats) {
   if (t->zero)
     zero_step_begin(t);
   else if (t->devops) {
-    td_status zst = td_device_memset0(t->device, td_trainer_model_grads(t), t->n_params * td_dtype_size(t->model_dtype));
+    td_status zst =
+        td_device_memset0(t->device, td_trainer_model_grads(t), t->n_params * td_dtype_size(t->model_dtype));
     if (local == TD_OK) local = zst; /* keep a failed prepare's reason */
   } else
     memset(t->grads, 0, t->n_params * sizeof(float));
