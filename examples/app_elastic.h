@@ -131,7 +131,8 @@ static td_status app_elastic_epoch_begin(app_elastic *a, td_elastic *e) {
   return td_metrics_write_values(a->metrics, "elastic_epoch", step, 6, keys, values);
 }
 
-/* One step's record in the metrics file (the non-elastic file's keys). */
+/* One step's record in the metrics file (the non-elastic file's keys;
+ * throughput in tokens: train-gpt is the one elastic program with --metrics). */
 static td_status app_elastic_metrics_step(app_elastic *a, const td_step_stats *st) {
   if (!a->metrics) return TD_OK;
   td_step_metrics m;
@@ -224,9 +225,8 @@ static td_status app_elastic_fallback(void *ctx, td_comm *comm, int world_size) 
   app_elastic *a = ctx;
   const td_train_config *c = td_trainer_config(a->trainer);
   td_checkpoint_info info;
-  const char *dir = c->checkpoint_dir[0] ? c->checkpoint_dir : a->resume_dir;
-  if (a->resume_dir && (!c->checkpoint_dir[0] || td_checkpoint_info_read(c->checkpoint_dir, &info) != TD_OK))
-    dir = a->resume_dir;
+  const char *dir = c->checkpoint_dir;
+  if (a->resume_dir && (!dir[0] || td_checkpoint_info_read(dir, &info) != TD_OK)) dir = a->resume_dir;
   td_status s = td_trainer_resume(a->trainer, dir);
   if (s == TD_OK && td_comm_rank(comm) == 0)
     fprintf(stderr, "%s: elastic: state from the disk checkpoint in %s at step %ld (world %d)\n", app_name, dir,

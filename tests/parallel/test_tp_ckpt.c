@@ -14,8 +14,8 @@
  *     the same for td_gpt_pipeline_create's stages (TIED 1: the last stage's
  *     copy of wte, written by stage 0 only: the checkpoint tiles exactly).
  *   test_tp_ckpt refused DIR          (2 ranks)
- *     a trainer of a tensor-parallel config that was not given its grid
- *     refuses to save or resume, saying what to call; td_trainer_set_grid
+ *     a trainer of a tensor-parallel config or model that was not given its
+ *     grid refuses to save or resume, saying what to call; td_trainer_set_grid
  *     refuses a model that is not split. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -175,6 +175,10 @@ static void refused(const char *dir) {
   td_trainer *t = make_trainer(mt, ds, td_grid_comm(grid, TD_GRID_DATA), 1, n, 0);
   expect_message(td_trainer_save(t, dir), "needs the grid: call td_trainer_set_grid");
   expect_message(td_trainer_resume(t, dir), "needs the grid: call td_trainer_set_grid");
+  /* a config that does not say tensor_model_parallel_size: the model's kind does */
+  td_trainer *unsaid = make_trainer(mt, ds, td_grid_comm(grid, TD_GRID_DATA), 1, 1, 0);
+  expect_message(td_trainer_save(unsaid, dir), "needs the grid: call td_trainer_set_grid");
+  td_trainer_destroy(unsaid);
   td_trainer *plain = make_trainer(mf, ds, NULL, 1, 1, 0);
   expect_message(td_trainer_set_grid(plain, grid), "is not split across ranks");
   td_trainer_destroy(plain);
