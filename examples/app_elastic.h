@@ -234,12 +234,24 @@ static td_status app_elastic_fallback(void *ctx, td_comm *comm, int world_size) 
   return s;
 }
 
-/* FNV-1a over the parameter bytes: equal hashes = equal parameters. */
+/* FNV-1a over the parameter bytes: equal hashes = equal parameters. A
+ * model on a device: over a host copy (0 when that copy fails). */
 static unsigned long long app_params_hash(const td_trainer *t) {
   const unsigned char *p = (const unsigned char *)td_trainer_params(t);
   size_t n = td_trainer_n_params(t) * sizeof(float);
+  td_device dev = td_trainer_model(t)->device;
+  unsigned char *host = NULL;
+  if (dev.kind != TD_DEVICE_CPU) {
+    host = malloc(n ? n : 1);
+    if (!host || td_device_copy(host, (td_device){TD_DEVICE_CPU, 0}, p, dev, n) != TD_OK) {
+      free(host);
+      return 0;
+    }
+    p = host;
+  }
   unsigned long long h = 1469598103934665603ull;
   for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
+  free(host);
   return h;
 }
 

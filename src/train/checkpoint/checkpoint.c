@@ -223,6 +223,7 @@ td_status td_trainer_resume(td_trainer *t, const char *path) {
       else
         memcpy(arena_mem[a], staging[a], bytes);
     }
+    if (st == TD_OK) st = td_trainer_device_params_changed(t); /* bf16 on a device: the model's copy */
     t->step = m.step;
     t->consumed = m.consumed;
     if (m.has_scaler) {
