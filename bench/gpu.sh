@@ -68,14 +68,16 @@ EOF
 
 tandem_gpt() {
   local log=$tmp/tandem.log
-  if timeout 600 "$B/bin/train-gpt" --device cuda --bf16 "${shape[@]}" --vocab 50304 --micro-batch 16 \
+  if timeout 600 "$B/bin/train-gpt" --device cuda --bf16 "${shape[@]}" --vocab 50304 --tied --micro-batch 16 \
       --steps $((steps + 2)) --sample 0 >"$log" 2>"$tmp/tandem.err"; then
     # train-gpt's summary line: key=value pairs (tokens_per_s leaves out the first 2 steps)
     local line tps ms mem loss
     line=$(grep -m1 'tokens_per_s=' "$log")
     tps=$(sed -n 's/.*tokens_per_s=\([0-9.]*\).*/\1/p' <<<"$line")
     ms=$(awk -v t="$tps" 'BEGIN { if (t == "" || t == 0) print "?"; else printf "%.2f", 16 * 1024 * 1000 / t }')
-    mem=$(sed -n 's/.*peak_device_mib=\([0-9.]*\).*/\1/p' <<<"$line")
+    # device memory in use after training (total - free: the CUDA context included, ~0.5 GiB more than
+    # torch's max_memory_allocated counts)
+    mem=$(sed -n 's/.*device_used_mib=\([0-9.]*\).*/\1/p' "$log" | head -1)
     loss=$(sed -n 's/.*final_loss=\([0-9.]*\).*/\1/p' <<<"$line")
     local n_params=124475904 # GPT-2 124M with vocabulary 50,304 (tied head)
     local mfu
@@ -113,7 +115,7 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "?" || b == "?" || b == 0) p
   echo
   echo "## GPT-2 124M, bf16, batch 16 x 1024, one GPU"
   echo
-  echo "| implementation | tokens/s | ms/step | MFU | peak device MiB | loss |"
+  echo "| implementation | tokens/s | ms/step | MFU | peak device MiB (Tandem: in use after training, context included) | loss |"
   echo "|---|---|---|---|---|---|"
   printf '%s\n' "${rows[@]}"
   echo

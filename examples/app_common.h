@@ -463,6 +463,7 @@ static void app_after_step(app_run *run, const td_step_stats *st, double t_begin
   m.optimizer_s = st->optimizer_s;
   m.data_s = st->data_s;
   m.io_s = st->io_s;
+  m.fetch_wait_s = st->fetch_wait_s;
   m.grad_norm = st->grad_norm;
   m.memory_mib = st->memory_bytes / 1048576.0;
   if (st->memory_limit_bytes) {

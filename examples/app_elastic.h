@@ -131,7 +131,8 @@ static td_status app_elastic_epoch_begin(app_elastic *a, td_elastic *e) {
   return td_metrics_write_values(a->metrics, "elastic_epoch", step, 6, keys, values);
 }
 
-/* One step's record in the metrics file (the non-elastic file's keys). */
+/* One step's record in the metrics file (the non-elastic file's keys;
+ * throughput in tokens: train-gpt is the one elastic program with --metrics). */
 static td_status app_elastic_metrics_step(app_elastic *a, const td_step_stats *st) {
   if (!a->metrics) return TD_OK;
   td_step_metrics m;
@@ -224,22 +225,33 @@ static td_status app_elastic_fallback(void *ctx, td_comm *comm, int world_size) 
   app_elastic *a = ctx;
   const td_train_config *c = td_trainer_config(a->trainer);
   td_checkpoint_info info;
-  const char *dir = c->checkpoint_dir[0] ? c->checkpoint_dir : a->resume_dir;
-  if (a->resume_dir && (!c->checkpoint_dir[0] || td_checkpoint_info_read(c->checkpoint_dir, &info) != TD_OK))
-    dir = a->resume_dir;
+  const char *dir = c->checkpoint_dir;
+  if (a->resume_dir && (!dir[0] || td_checkpoint_info_read(dir, &info) != TD_OK)) dir = a->resume_dir;
   td_status s = td_trainer_resume(a->trainer, dir);
   if (s == TD_OK && td_comm_rank(comm) == 0)
-    fprintf(stderr, "%s: elastic: state from the disk checkpoint in %s at step %ld (world %d)\n", app_name, dir,
+    fprintf(stderr, "%s: elastic: resumed from the disk checkpoint in %s at step %ld (world %d)\n", app_name, dir,
             td_trainer_step_count(a->trainer), world_size);
   return s;
 }
 
-/* FNV-1a over the parameter bytes: equal hashes = equal parameters. */
+/* FNV-1a over the parameter bytes: equal hashes = equal parameters. A
+ * model on a device: over a host copy (0 when that copy fails). */
 static unsigned long long app_params_hash(const td_trainer *t) {
   const unsigned char *p = (const unsigned char *)td_trainer_params(t);
   size_t n = td_trainer_n_params(t) * sizeof(float);
+  td_device dev = td_trainer_model(t)->device;
+  unsigned char *host = NULL;
+  if (dev.kind != TD_DEVICE_CPU) {
+    host = malloc(n ? n : 1);
+    if (!host || td_device_copy(host, (td_device){TD_DEVICE_CPU, 0}, p, dev, n) != TD_OK) {
+      free(host);
+      return 0;
+    }
+    p = host;
+  }
   unsigned long long h = 1469598103934665603ull;
   for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
+  free(host);
   return h;
 }
 

@@ -45,6 +45,7 @@ static void usage(void) {
       "  --seq T            sequence length in bytes (default 128)\n"
       "  --vocab V          embedding rows, at least 256 (default 256: the bytes; 50304 gives\n"
       "                     GPT-2's shape, the rows above 255 never seen in the data)\n"
+      "  --tied             the output head reuses the token embedding (GPT-2's; default: its own)\n"
       "  --lr LR            peak learning rate (default 3e-4)\n"
       "  --threads N        compute threads per rank (default: cores / ranks on the host)\n"
       "  --bf16             bf16 mixed precision (f32 master weights; as \"bf16\": {\"enabled\": true})\n"
@@ -141,6 +142,7 @@ static void parse_args(int argc, char **argv, gpt_options *o) {
     else if (!strcmp(argv[i], "--activation-checkpointing")) o->activation_checkpointing = 1;
     else if (!strcmp(argv[i], "--estimate-memory")) o->estimate_memory = 1;
     else if (!strcmp(argv[i], "--elastic")) o->elastic = 1;
+    else if (!strcmp(argv[i], "--tied")) o->model.tied = 1;
     else if (!strcmp(argv[i], "--sequence-parallel")) o->sequence_parallel = 1;
     else if ((v = app_flag_value(argc, argv, &i, "--data"))) o->data_path = v;
     else if ((v = app_flag_value(argc, argv, &i, "--device"))) o->device = v;
@@ -241,9 +243,6 @@ static void build_config(const gpt_options *o, int world, td_train_config *cfg) 
   if (cfg->pipeline_parallel > 1) {
     if (td_grid_check(world, 1, cfg->pipeline_parallel) != TD_OK) /* world: already / tensor_parallel */
       app_usage_error("%s", td_last_error());
-    if (o->common.resume_dir)
-      app_usage_error("--pipeline-parallel %d with --resume is not built yet: pipeline runs neither save nor resume "
-                      "checkpoints", cfg->pipeline_parallel);
     world /= cfg->pipeline_parallel;
   }
   if (cfg->checkpoint_every > 0 && !cfg->checkpoint_dir[0])
@@ -466,7 +465,7 @@ int main(int argc, char **argv) {
   /* a pipeline traces its own phases (forward and backward run inside its step) */
   s = td_trainer_create(&cfg, pp > 1 ? model : app_engine_model(&run, model), data, train_comm, &run.trainer);
   if (s != TD_OK) app_fail(&run, "creating the trainer", s);
-  if (tp > 1) { /* checkpoints in the unsplit model's coordinates, saved and loaded by the whole grid */
+  if (grid) { /* checkpoints in the unsplit model's coordinates, saved and loaded by the whole grid */
     s = td_trainer_set_grid(run.trainer, grid);
     if (s != TD_OK) app_fail(&run, "giving the trainer the process grid", s);
   }
@@ -595,6 +594,15 @@ int main(int argc, char **argv) {
            app_name, rc->precision.compute == TD_F32 ? "fp32" : rc->precision.compute == TD_BF16 ? "bf16" : "fp16",
            rc->activation_checkpointing, (double)model->activation_bytes / 1048576.0, ru.ru_maxrss / 1024.0,
            app_cpu_ms_per_step(&run));
+    /* on a device, its memory in use after training (total - free: the CUDA
+     * context and cuBLASLt's workspace included; bench/gpu.sh) */
+    size_t dev_free = 0, dev_total = 0;
+    if (dev.kind != TD_DEVICE_CPU && td_device_mem_info(dev, &dev_free, &dev_total) == TD_OK) {
+      char dev_name[16];
+      printf("%s: device=%s device_used_mib=%.1f device_total_mib=%.1f\n", app_name,
+             td_device_name(dev, dev_name, sizeof dev_name), (double)(dev_total - dev_free) / 1048576.0,
+             (double)dev_total / 1048576.0);
+    }
     /* deterministic reduction: what tests compare bit for bit across world sizes */
     if (exact)
       printf("%s: deterministic final_loss_exact=%.17g params_hash=%016llx\n", app_name,

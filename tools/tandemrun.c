@@ -98,7 +98,7 @@ typedef struct {
  * process that fails after running longer (killed, a lost link) is an
  * ordinary fault: it ends the streak and is replaced at once, so the world
  * size comes back in the same round. */
-#define HOST_YOUNG_S 10.0
+#define HOST_YOUNG_S 3.0
 #define HOST_BACKOFF_S 1.0
 #define HOST_BACKOFF_MAX_S 30.0
 

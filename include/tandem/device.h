@@ -77,6 +77,11 @@ td_status td_device_memset0(td_device dev, void *ptr, size_t bytes);
  * stream orders before it. */
 td_status td_device_copy(void *dst, td_device dst_dev, const void *src, td_device src_dev, size_t bytes);
 
+/* Free and total bytes of a CUDA device's memory now (cudaMemGetInfo; free
+ * excludes what any process holds on it, contexts included). The CPU is
+ * TD_ERR_INVALID_ARGUMENT: host memory is td_mem_room_get's business. */
+td_status td_device_mem_info(td_device dev, size_t *free_out, size_t *total_out);
+
 /* Wait until all work queued on dev is done (cudaDeviceSynchronize). */
 td_status td_device_sync(td_device dev);
 

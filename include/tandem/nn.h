@@ -100,6 +100,13 @@ typedef struct td_model_ops {
    * over the model's own group; the training thread calls it once per step
    * with the averaged gradient. */
   td_status (*grad_norm_sq)(td_model *model, const float *grads, double *sum_sq);
+  /* Optional (NULL: forward's own checks only): TD_OK when forward would
+   * accept these inputs and targets (tokens, targets, labels in range), or
+   * the reason forward would give, without computing anything. The trainer
+   * asks before a forward that communicates (ZeRO stage 3 fetches its
+   * parameters inside forward), so that a rank with bad data is named by
+   * every rank instead of leaving the others in a fetch it never joins. */
+  td_status (*check_inputs)(const td_model *model, const void *inputs, const int32_t *targets, int batch);
   /* Optional (NULL: the trainer runs forward and backward per micro-step).
    * For a model whose micro-batches must run together (a pipeline stage of
    * src/parallel/pipeline, where they overlap across ranks): forward and
@@ -115,6 +122,13 @@ typedef struct td_model_ops {
   td_status (*run_micro_batches)(td_model *model, const float *params, float *grads, const void *inputs,
                                  const int32_t *targets, int batch, int n_micro, float loss_scale,
                                  td_grad_ready_fn ready, void *ctx, double *loss_out);
+  /* Optional (NULL: f32 only). On a device model, the element type of the
+   * params and grads arrays forward and backward take (and of the
+   * activations): TD_F32 or TD_BF16 (td_gpt_set_device_dtype). The training
+   * engine calls it at td_trainer_create for bf16 mixed precision on a
+   * device, then keeps the f32 masters itself and hands the model a bf16
+   * copy. Takes effect at the next prepare. */
+  td_status (*set_device_dtype)(td_model *model, td_dtype dtype);
 } td_model_ops;
 
 struct td_model {

@@ -190,7 +190,7 @@ typedef struct td_train_config {
    * gives the trainer the data-parallel communicator, so `world_size` in
    * td_train_config_resolve is the data-parallel size. Resolve refuses the
    * combinations not built yet (ZeRO-2/3, offload, elastic, a device, bf16/
-   * fp16, activation checkpointing, checkpoints), naming each. */
+   * fp16, activation checkpointing), naming each. */
   int tensor_parallel;
   /* Pipeline parallelism (Megatron-LM's pipeline_model_parallel_size,
    * DeepSpeed's "pipeline" section; docs/training.md): stages that each

@@ -195,6 +195,19 @@ td_status td_device_copy(void *dst, td_device dst_dev, const void *src, td_devic
 #endif
 }
 
+td_status td_device_mem_info(td_device dev, size_t *free_out, size_t *total_out) {
+  if (!free_out || !total_out) return td_error(TD_ERR_INVALID_ARGUMENT, "td_device_mem_info: NULL output");
+  *free_out = *total_out = 0;
+  TD_CHECK(check_device(dev, "td_device_mem_info"));
+  if (dev.kind == TD_DEVICE_CPU)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "td_device_mem_info: the CPU has no device memory of its own");
+#ifdef TD_HAVE_CUDA
+  return td_cudadev_mem_info(dev.index, free_out, total_out);
+#else
+  return NO_CUDA_BACKEND();
+#endif
+}
+
 td_status td_device_sync(td_device dev) {
   TD_CHECK(check_device(dev, "td_device_sync"));
   if (dev.kind == TD_DEVICE_CPU) return TD_OK;

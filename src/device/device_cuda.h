@@ -21,6 +21,7 @@ td_status td_cudadev_memset0(int index, void *ptr, size_t bytes);
 /* dst_index/src_index: -1 for host memory */
 td_status td_cudadev_copy(void *dst, int dst_index, const void *src, int src_index, size_t bytes);
 td_status td_cudadev_sync(int index);
+td_status td_cudadev_mem_info(int index, size_t *free_out, size_t *total_out);
 /* the CUDA device holding ptr, or -1 for host memory (pinned or not) */
 int td_cudadev_pointer_index(const void *ptr);
 /* cudaHostAlloc, or NULL without a message when it fails */

@@ -105,15 +105,17 @@ td_status el_report_silent(el_membership *m, long uid) {
   return store_set_str(m->store, key, value);
 }
 
-/* Was uid reported silent by a member (el_report_silent)? */
+/* Was uid reported silent in this process's current epoch, the one the
+ * round replaces (el_report_silent)? A report from an older epoch, after
+ * which uid came back in time, does not count. */
 static td_status is_silent(el_membership *m, long uid, bool *silent) {
   char key[200];
   snprintf(key, sizeof key, "%s/el/silent/%ld", m->job, uid);
   void *v = NULL;
   int found = 0;
   TD_CHECK(store_get(m->store, key, &v, NULL, &found));
+  *silent = found && strtol(v, NULL, 10) == m->epoch;
   free(v);
-  *silent = found != 0;
   return TD_OK;
 }
 

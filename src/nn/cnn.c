@@ -84,20 +84,28 @@ static void relu_mask(float *restrict d, const float *restrict out, size_t n) {
 #define PW(i) (params + m->tensors[(i)].offset)
 #define GW(i) (grads + m->tensors[(i)].offset)
 
+static td_status cnn_check_inputs(const td_model *model, const void *inputs, const int32_t *targets, int batch) {
+  const cnn_model *m = (const cnn_model *)model;
+  (void)inputs; /* images: any float is a valid pixel */
+  const int K = m->cfg.classes;
+  if (targets)
+    for (int b = 0; b < batch; b++)
+      if ((uint32_t)targets[b] >= (uint32_t)K)
+        return td_error(TD_ERR_INVALID_ARGUMENT, "cnn: label %d of sample %d is outside [0, %d)", targets[b], b, K);
+  return TD_OK;
+}
+
 static float cnn_forward(td_model *model, const float *params, const void *inputs, const int32_t *targets,
                          int batch) {
   cnn_model *m = (cnn_model *)model;
   if (!m->memory || m->B != batch)
     if (cnn_prepare(model, batch) != TD_OK) return NAN;
   const int B = batch, c1 = m->cfg.channels1, c2 = m->cfg.channels2, hid = m->cfg.hidden, K = m->cfg.classes;
-  if (targets)
-    for (int b = 0; b < B; b++)
-      if ((uint32_t)targets[b] >= (uint32_t)K) {
-        td_error(TD_ERR_INVALID_ARGUMENT, "cnn: label %d of sample %d is outside [0, %d)", targets[b], b, K);
-        m->have_targets = 0;
-        m->last_B = 0;
-        return NAN;
-      }
+  if (cnn_check_inputs(model, inputs, targets, batch) != TD_OK) {
+    m->have_targets = 0;
+    m->last_B = 0;
+    return NAN;
+  }
   memcpy(m->input, inputs, (size_t)B * 784 * sizeof(float));
   m->have_targets = targets != NULL;
   if (targets) memcpy(m->targets, targets, (size_t)B * sizeof(int32_t));
@@ -169,6 +177,7 @@ static void cnn_destroy(td_model *model) {
 }
 
 static const td_model_ops cnn_ops = {
+    .check_inputs = cnn_check_inputs,
     .prepare = cnn_prepare,
     .forward = cnn_forward,
     .backward = cnn_backward,

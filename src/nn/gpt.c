@@ -337,6 +337,24 @@ static float gpt_forward_impl(gpt_model *g, gpt_acts *a, const float *params, co
   return 0.0f;
 }
 
+static td_status gpt_check_inputs(const td_model *model, const void *inputs, const int32_t *targets, int batch) {
+  const gpt_model *g = (const gpt_model *)model;
+  /* a later pipeline stage's inputs are activations, and only the last has targets */
+  const int32_t *tokens = g->has_embed ? inputs : NULL;
+  if (!g->has_head) targets = NULL;
+  const uint32_t V = (uint32_t)g->cfg.vocab;
+  size_t n = (size_t)batch * (size_t)g->cfg.seq;
+  for (size_t i = 0; i < n; i++) {
+    if (tokens && (uint32_t)tokens[i] >= V)
+      return td_error(TD_ERR_INVALID_ARGUMENT, "gpt: token %d at position %zu is outside the vocabulary [0, %u)",
+                      tokens[i], i, V);
+    if (targets && (uint32_t)targets[i] >= V)
+      return td_error(TD_ERR_INVALID_ARGUMENT, "gpt: target %d at position %zu is outside the vocabulary [0, %u)",
+                      targets[i], i, V);
+  }
+  return TD_OK;
+}
+
 static float gpt_forward(td_model *model, const float *params, const void *inputs, const int32_t *targets,
                          int batch) {
   gpt_model *g = (gpt_model *)model;
@@ -345,7 +363,7 @@ static float gpt_forward(td_model *model, const float *params, const void *input
      * asks callers to prepare; this keeps a forgotten call from crashing) */
     if (gpt_prepare(model, batch) != TD_OK) return NAN;
   }
-  const int T = g->cfg.seq, V = g->cfg.vocab;
+  const int T = g->cfg.seq;
   size_t n = (size_t)batch * T;
   if (g->has_embed)
     memcpy(g->tokens_copy, inputs, n * sizeof(int32_t));
@@ -353,16 +371,11 @@ static float gpt_forward(td_model *model, const float *params, const void *input
     memcpy(g->acts.encoded, inputs, n * (size_t)g->cfg.channels * sizeof(float));
   if (!g->has_head) targets = NULL; /* only the last stage has a loss */
   /* an out-of-range token would index outside wte: refuse it (NaN loss, message in td_last_error) */
-  for (size_t i = 0; i < n; i++)
-    if ((g->has_embed && (uint32_t)g->tokens_copy[i] >= (uint32_t)V) ||
-        (targets && (uint32_t)targets[i] >= (uint32_t)V)) {
-      int bad_token = g->has_embed && (uint32_t)g->tokens_copy[i] >= (uint32_t)V;
-      td_error(TD_ERR_INVALID_ARGUMENT, "gpt: %s %d at position %zu is outside the vocabulary [0, %d)",
-               bad_token ? "token" : "target", bad_token ? g->tokens_copy[i] : targets[i], i, V);
-      g->have_targets = 0;
-      g->last_B = 0;
-      return NAN;
-    }
+  if (gpt_check_inputs(model, inputs, targets, batch) != TD_OK) {
+    g->have_targets = 0;
+    g->last_B = 0;
+    return NAN;
+  }
   g->have_targets = targets != NULL;
   if (targets) memcpy(g->targets_copy, targets, n * sizeof(int32_t));
   g->last_B = batch;
@@ -506,6 +519,7 @@ static td_status gpt_set_activation_checkpointing(td_model *model, int on) {
 }
 
 static const td_model_ops gpt_ops = {
+    .check_inputs = gpt_check_inputs,
     .set_activation_checkpointing = gpt_set_activation_checkpointing,
     .activation_bytes = gpt_activation_bytes,
     .prepare = gpt_prepare,

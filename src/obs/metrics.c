@@ -87,6 +87,7 @@ td_status td_metrics_write_step(td_metrics *m, const td_step_metrics *s) {
   if (s->optimizer_s >= 0) off = put_number(buf, off, sizeof buf, "optimizer_s", s->optimizer_s, "%.6f");
   if (s->data_s >= 0) off = put_number(buf, off, sizeof buf, "data_s", s->data_s, "%.6f");
   if (s->io_s >= 0) off = put_number(buf, off, sizeof buf, "io_s", s->io_s, "%.6f");
+  if (s->fetch_wait_s >= 0) off = put_number(buf, off, sizeof buf, "fetch_wait_s", s->fetch_wait_s, "%.6f");
   if (s->grad_norm >= 0 || !isfinite(s->grad_norm))
     off = put_number(buf, off, sizeof buf, "grad_norm", s->grad_norm, "%.9g");
   if (s->memory_mib >= 0) off = put_number(buf, off, sizeof buf, "memory_mib", s->memory_mib, "%.1f");

@@ -34,7 +34,7 @@ struct td_progress {
 void td_step_metrics_clear(td_step_metrics *m) {
   m->step = 0;
   m->loss = m->lr = m->items_per_s = m->step_s = m->compute_s = m->comm_wait_s = m->grad_norm = -1;
-  m->optimizer_s = m->data_s = m->io_s = -1;
+  m->optimizer_s = m->data_s = m->io_s = m->fetch_wait_s = -1;
   m->memory_mib = m->memory_limit_mib = -1;
   m->memory_warning = -1;
 }

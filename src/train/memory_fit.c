@@ -179,6 +179,74 @@ static void what_fits(const td_trainer *t, size_t room, char *buf, size_t cap) {
 #undef ADD
 }
 
+/* ---- a model on a device ----
+ * Its arenas (zero/device.c) and activations are device memory, checked
+ * against what the device has free; host memory then holds this process
+ * (the baseline, measured) and small staging buffers, and is only watched.
+ * The device's free memory is shared by the ranks the device-selection
+ * policy puts on it (td_train_device_select: local rank % GPUs): every rank
+ * asks before any allocates (the agreement below comes first). */
+
+/* cuBLASLt's workspace (src/nn/cuda/matmul.cu: 32 MiB) and the kernels'
+ * scratch, with room to spare */
+#define DEVICE_RUNTIME_BYTES ((size_t)64 << 20)
+
+typedef struct device_need {
+  size_t states, activations, total;
+} device_need;
+
+static device_need device_need_for(const td_trainer *t, int stage, int batch, td_dtype compute) {
+  device_need d;
+  size_t n = t->n_params, shard = stage >= 1 ? (n + (size_t)t->world - 1) / (size_t)t->world : n;
+  const td_model *m = t->model;
+  d.states = zero_device_state_bytes_for(n, shard, td_optimizer_n_states(t->cfg.optimizer.kind), compute);
+  d.activations = m->ops->activation_bytes ? m->ops->activation_bytes(m, batch, 0, compute) : 0;
+  d.total = d.states + d.activations + DEVICE_RUNTIME_BYTES;
+  return d;
+}
+
+static td_status device_memory_fit(td_trainer *t) {
+  const td_device dev = t->model->device;
+  char name[16];
+  td_device_name(dev, name, sizeof name);
+  size_t free_bytes = 0, total_bytes = 0;
+  td_status st = td_device_mem_info(dev, &free_bytes, &total_bytes);
+  if (st != TD_OK) { /* the room is unknown: not a reason to refuse */
+    TD_DEBUG("rank %d: device memory of %s unknown (%s): not checked", t->rank, name, td_last_error());
+    return td_trainer_agree(t, TD_OK);
+  }
+  int local = t->comm ? td_comm_local_size(t->comm) : 1, n_dev = td_device_count(dev.kind);
+  int sharing = n_dev > 0 ? local / n_dev + (dev.index < local % n_dev) : 1;
+  if (sharing < 1) sharing = 1;
+  size_t room = free_bytes / (size_t)sharing;
+  const td_dtype compute = t->cfg.precision.compute;
+  device_need need = device_need_for(t, t->zero_stage, t->cfg.micro_batch, compute);
+  t->mem_estimate = t->mem_baseline; /* the host's share: this process */
+  if (need.total > room) {
+    char fits[512];
+    size_t off = 0;
+#define ADD_FIT(...) (off += (size_t)snprintf(fits + off, off < sizeof fits ? sizeof fits - off : 0, __VA_ARGS__))
+    if (compute == TD_F32 && device_need_for(t, t->zero_stage, t->cfg.micro_batch, TD_BF16).total <= room)
+      ADD_FIT("; bf16 (--bf16)");
+    for (int s = 1; s <= 2; s++)
+      if (s != t->zero_stage && device_need_for(t, s, t->cfg.micro_batch, compute).total <= room)
+        ADD_FIT("; ZeRO stage %d", s);
+    int b = t->cfg.micro_batch / 2;
+    while (b >= 1 && device_need_for(t, t->zero_stage, b, compute).total > room) b /= 2;
+    if (b >= 1) ADD_FIT("; --micro-batch %d with gradient accumulation", b);
+    if (off == 0) ADD_FIT("; none of bf16, ZeRO stages 1-2 or a smaller micro-batch: more GPUs, or a smaller model");
+#undef ADD_FIT
+    st = td_error(TD_ERR_INVALID_USAGE,
+                  "rank %d: this job needs about %.0f MiB of device memory on %s (model states %.0f, activations "
+                  "%.0f at micro-batch %d, library workspace %.0f) but %.0f MiB are free for this rank (%.0f of "
+                  "%.0f MiB free, shared by %d rank%s on it). It would fit with: %s",
+                  t->rank, MIB(need.total), name, MIB(need.states), MIB(need.activations), t->cfg.micro_batch,
+                  MIB(DEVICE_RUNTIME_BYTES), MIB(room), MIB(free_bytes), MIB(total_bytes), sharing,
+                  sharing == 1 ? "" : "s", fits + 2);
+  }
+  return td_trainer_agree(t, st);
+}
+
 /* The ranks of this host: the communicator's count; a trainer created
  * unbound (elastic: td_trainer_create_unbound) has none yet, and its host
  * may run as many processes as the launcher gave it slots
@@ -203,6 +271,7 @@ static td_status least_room(td_trainer *t, size_t *room) {
 td_status trainer_memory_fit(td_trainer *t) {
   td_status st = td_mem_room_get(local_ranks(t), &t->mem_room);
   t->mem_baseline = td_mem_rss(NULL);
+  if (t->model->device.kind != TD_DEVICE_CPU) return st != TD_OK ? td_trainer_agree(t, st) : device_memory_fit(t);
   size_t room = t->mem_room.rank_bytes;
   td_status agreed = least_room(t, &room); /* collective: every rank calls it, also after a failed probe */
   if (st == TD_OK) st = agreed;

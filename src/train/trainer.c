@@ -83,21 +83,29 @@ static float *grads_alloc(td_trainer *t, size_t bytes) {
 }
 
 /* ---- a model on a device (core/devops.h) ----
- * What the trainer does on a device today: ZeRO stage 0, fp32, AdamW,
- * every rank holding whole arenas. The rest is refused at creation, naming
- * what to change. */
+ * What the trainer does on a device today: AdamW at ZeRO stages 0-2
+ * (stages 1-2: zero/device.c), in fp32 or in bf16 mixed precision (f32
+ * masters and moments, the model on a bf16 copy, bf16 gradients reduced in
+ * bf16; see core.h). Stage 3 is refused by trainer_create (the device model
+ * does not fetch per layer), the rest here, naming what to change. */
 static td_status device_refusals(const td_trainer *t) {
   char name[16];
   td_device_name(t->device, name, sizeof name);
   const char *what = NULL;
-  if (t->zero_stage != 0) what = "ZeRO stages 1-3 (set zero_optimization.stage to 0)";
-  else if (t->cfg.offload.optimizer_device != TD_OFFLOAD_NONE || t->cfg.offload.param_device != TD_OFFLOAD_NONE)
+  if (t->cfg.offload.optimizer_device != TD_OFFLOAD_NONE || t->cfg.offload.param_device != TD_OFFLOAD_NONE)
     what = "offload (remove offload_optimizer / offload_param)";
-  else if (t->cfg.deterministic_reduction == 1 || t->cfg.elasticity.enabled)
-    what = "deterministic reduction and elastic training (remove deterministic_reduction and elasticity)";
+  else if (t->cfg.elasticity.enabled) what = "elastic training (remove elasticity)";
+  else if (t->cfg.deterministic_reduction == 1 && t->cfg.precision.compute != TD_F32)
+    what = "deterministic reduction in bf16 (train in fp32, or remove deterministic_reduction)";
   else if (t->cfg.optimizer.kind != TD_OPTIMIZER_ADAMW) what = "an optimizer other than AdamW (use \"AdamW\")";
-  else if (t->cfg.precision.compute != TD_F32 || t->cfg.precision.comm_dtype != TD_F32)
-    what = "bf16/fp16 training or communication (train in fp32)";
+  else if (t->cfg.precision.compute == TD_F16)
+    what = "fp16 training (train in bf16 or fp32: bf16 needs no loss scaling)";
+  else if (t->cfg.precision.comm_dtype == TD_F16 ||
+           (t->cfg.precision.compute == TD_F32 && t->cfg.precision.comm_dtype != TD_F32))
+    what = "a communication_data_type other than the compute type (the gradients are reduced in the model's own "
+           "type: remove communication_data_type)";
+  else if (t->cfg.precision.compute == TD_BF16 && !t->model->ops->set_device_dtype)
+    what = "bf16 for this model (it computes in f32 only on a device: train in fp32)";
   else if (t->cfg.activation_checkpointing) what = "activation checkpointing (remove activation_checkpointing)";
   if (!what) return TD_OK;
   return td_error(TD_ERR_INVALID_USAGE, "rank %d: training on %s does not support %s yet; or train on the CPU "
@@ -106,11 +114,24 @@ static td_status device_refusals(const td_trainer *t) {
 
 static td_status device_arenas_alloc(td_trainer *t, size_t arena_bytes) {
   TD_CHECK(td_device_alloc(t->device, arena_bytes, (void **)&t->params));
-  TD_CHECK(td_device_alloc(t->device, arena_bytes, (void **)&t->grads));
-  for (int i = 0; i < t->n_states; i++) {
-    TD_CHECK(td_device_alloc(t->device, arena_bytes, (void **)&t->states[i]));
-    TD_CHECK(td_device_memset0(t->device, t->states[i], arena_bytes));
+  if (t->cfg.precision.compute == TD_BF16) {
+    /* the model computes on bf16 copies; the f32 gradient arena is not needed */
+    TD_CHECK(t->model->ops->set_device_dtype(t->model, TD_BF16));
+    t->model_dtype = TD_BF16;
+    TD_CHECK(td_device_alloc(t->device, t->n_params * sizeof(uint16_t), &t->model_params));
+    TD_CHECK(td_device_alloc(t->device, t->n_params * sizeof(uint16_t), &t->model_grads));
+    TD_CHECK(td_device_memset0(t->device, t->model_grads, t->n_params * sizeof(uint16_t)));
+  } else {
+    TD_CHECK(td_device_alloc(t->device, arena_bytes, (void **)&t->grads));
   }
+  /* the whole arena at stage 0, the shard at stages 1-2 (zero_layout) */
+  size_t states_bytes = TD_MAX(t->states_hi - t->states_lo, (size_t)1) * sizeof(float);
+  for (int i = 0; i < t->n_states; i++) {
+    TD_CHECK(td_device_alloc(t->device, states_bytes, (void **)&t->states[i]));
+    TD_CHECK(td_device_memset0(t->device, t->states[i], states_bytes));
+  }
+  if (t->zero_stage >= 1 && !(t->dev_norm_parts = calloc((size_t)t->world, sizeof(double))))
+    return td_error(TD_ERR_SYSTEM, "rank %d: out of memory for the norm's partial sums", t->rank);
   TD_CHECK(td_device_memset0(t->device, t->params, arena_bytes)); /* a model kind the initializer does not know */
   return td_device_alloc(t->device, t->devops->scratch_floats * sizeof(float), (void **)&t->dev_scratch);
 }
@@ -187,8 +208,7 @@ static td_status trainer_create(const td_train_config *cfg_in, td_model *model, 
       what = "offload (remove offload_optimizer / offload_param)";
     else if (t->cfg.precision.compute == TD_F16)
       what = "fp16 (its overflow skips are agreed over the data-parallel ranks only; use bf16 or fp32)";
-    else if (t->cfg.checkpoint_dir[0])
-      what = "checkpoints (every stage would write the same directory; remove --save / checkpoint.save_dir)";
+    /* checkpoints: saved and loaded by the whole grid (td_trainer_set_grid; refused without it) */
     else if (model->device.kind != TD_DEVICE_CPU)
       what = "a GPU (train on the CPU)";
     if (what) {
@@ -205,6 +225,7 @@ static td_status trainer_create(const td_train_config *cfg_in, td_model *model, 
   }
   TD_CHECK_GOTO(trainer_memory_fit(t), st, fail);
   size_t arena_bytes = t->n_params * sizeof(float);
+  t->model_dtype = TD_F32;
   t->device = model->device;
   TD_CHECK_GOTO(train_devops_for(t->device, &t->devops), st, fail);
   if (t->devops) {
@@ -226,10 +247,10 @@ static td_status trainer_create(const td_train_config *cfg_in, td_model *model, 
   t->inputs = td_alloc((size_t)t->cfg.micro_batch * dataset->input_bytes);
   t->targets = td_alloc((size_t)t->cfg.micro_batch * dataset->targets_per_sample * sizeof(int32_t));
   t->tensor_ready = calloc((size_t)TD_MAX(model->n_tensors, 1), sizeof(size_t));
-  t->cap_requests = model->n_tensors + 2;
+  t->cap_requests = model->n_tensors + 2 + t->world; /* a bucket's pieces per owner: buckets + world */
   t->requests = calloc((size_t)t->cap_requests, sizeof *t->requests);
   bool states_in_ram = t->cfg.offload.optimizer_device != TD_OFFLOAD_NVME || t->zero_stage < 3;
-  if (!t->requests || !t->agree_flags || !t->params || !t->grads ||
+  if (!t->requests || !t->agree_flags || !t->params || !td_trainer_model_grads(t) ||
       (states_in_ram && (!t->states[0] || (t->n_states > 1 && !t->states[1]))) || !t->inputs ||
       !t->targets || !t->tensor_ready) {
     st = td_error(TD_ERR_SYSTEM, "out of memory for the training arenas (%zu parameters, %d optimizer states)",
@@ -277,6 +298,7 @@ static td_status trainer_create(const td_train_config *cfg_in, td_model *model, 
         goto fail;
       }
     }
+    TD_CHECK_GOTO(td_trainer_device_params_changed(t), st, fail); /* the bf16 copy, if any */
   }
   *out = t;
   return TD_OK;
@@ -322,6 +344,9 @@ void td_trainer_destroy(td_trainer *t) {
     td_device_free(t->device, t->grads);
     for (int i = 0; i < 2; i++) td_device_free(t->device, t->states[i]);
     td_device_free(t->device, t->dev_scratch);
+    td_device_free(t->device, t->model_params);
+    td_device_free(t->device, t->model_grads);
+    free(t->dev_norm_parts);
     t->params = t->grads = t->states[0] = t->states[1] = NULL;
   }
   td_free(t->params);
@@ -357,11 +382,18 @@ static td_status push_request(td_trainer *t, td_request *req) {
 }
 
 static void bucket_launch(td_trainer *t, size_t lo, size_t hi) {
-  if (t->zero_stage >= 2) {
+  if (t->zero && t->zero_stage >= 2) {
     zero_bucket_launch(t, lo, hi); /* reduced into the owners' shards */
     return;
   }
   if (hi <= lo || t->bucket_status != TD_OK) return;
+  if (t->devops && t->zero_stage >= 2) { /* zero/device.c: pieces reduced to their owners */
+    t->bucket_status = zero_device_bucket_launch(t, lo, hi);
+    t->dev_buckets++;
+    t->comm_bytes += (hi - lo) * td_dtype_size(t->model_dtype);
+    t->next_bucket = t->cfg.bucket_bytes / sizeof(float);
+    return;
+  }
   td_request *req = NULL;
   td_dtype dtype;
   td_op op;
@@ -398,7 +430,7 @@ static void trace(const td_trainer *t, const char *name, double begin) {
 
 static double wait_requests(td_trainer *t, td_status *st_out) {
   double t0 = td_now();
-  if (t->zero_stage >= 2) {
+  if (t->zero && t->zero_stage >= 2) {
     *st_out = zero_wait_buckets(t);
     trace(t, "comm_wait", t0);
     return td_now() - t0;
@@ -442,7 +474,7 @@ static td_status load_micro_batch(td_trainer *t, int micro_step) {
  * reason, a diverged model, is told apart from a stale message). */
 static td_status forward_micro_batch(td_trainer *t, const char *where, int batch, double *loss_out) {
   td_error(TD_OK, "%s", "");
-  float loss = t->model->ops->forward(t->model, t->params, t->inputs, t->targets, batch);
+  float loss = t->model->ops->forward(t->model, td_trainer_model_params(t), t->inputs, t->targets, batch);
   if (isnan(loss)) {
     char why[768];
     td_error_copy(why, sizeof why);
@@ -470,6 +502,7 @@ static void begin_buckets(td_trainer *t) {
   t->next_bucket = t->cfg.first_bucket_bytes / sizeof(float);
   t->bucket_status = TD_OK;
   t->n_requests = 0;
+  t->dev_buckets = 0;
 }
 
 /* ZeRO stages 2-3 under gradient accumulation (zero->accum_sharded): a
@@ -478,7 +511,8 @@ static void begin_buckets(td_trainer *t) {
  * its forward. */
 static td_status sharded_micro_backward(td_trainer *t, double *wait_s) {
   begin_buckets(t);
-  t->model->ops->backward(t->model, t->params, t->grads, backward_scale(t), on_grad_ready, t);
+  t->model->ops->backward(t->model, td_trainer_model_params(t), td_trainer_model_grads(t), backward_scale(t),
+                          on_grad_ready, t);
   bucket_launch(t, 0, t->launched_lo);
   t->launched_lo = 0;
   td_status wst;
@@ -597,10 +631,15 @@ static td_status trainer_step(td_trainer *t, td_step_stats *stats) {
   }
   if (t->zero)
     zero_step_begin(t);
-  else if (t->devops)
-    local = td_device_memset0(t->device, t->grads, t->n_params * sizeof(float));
-  else
+  else if (t->devops) {
+    td_status zst =
+        td_device_memset0(t->device, td_trainer_model_grads(t), t->n_params * td_dtype_size(t->model_dtype));
+    if (local == TD_OK) local = zst; /* keep a failed prepare's reason */
+  } else
     memset(t->grads, 0, t->n_params * sizeof(float));
+  /* Stage 3 agrees before each forward (below); a rank whose prepare failed
+   * skips the micro-steps, so it joins the first of those agreements here. */
+  if (local != TD_OK && t->zero_stage >= 3 && distributed) local = td_trainer_agree(t, local);
   if (m->ops->run_micro_batches) return micro_batches_step(t, local, t_start, stats);
   double loss_sum = 0;
   t->comm_bytes = 0;
@@ -611,8 +650,18 @@ static td_status trainer_step(td_trainer *t, td_step_stats *stats) {
     data_s += td_now() - d0;
     trace(t, "data", d0);
     /* Stage 3's forward communicates (parameter fetches): a rank whose data
-     * failed must not skip it while the others wait, so agree first. */
-    if (t->zero_stage >= 3 && distributed) local = td_trainer_agree(t, local);
+     * failed, or whose forward would refuse its inputs before fetching, must
+     * not skip the fetches while the others wait, so agree first. */
+    if (t->zero_stage >= 3 && distributed) {
+      if (local == TD_OK && m->ops->check_inputs &&
+          (local = m->ops->check_inputs(t->model, t->inputs, t->targets, t->cfg.micro_batch)) != TD_OK) {
+        char why[768]; /* td_error must not format its own buffer into itself */
+        td_error_copy(why, sizeof why);
+        local = td_error(local, "rank %d: step %ld, micro-step %d: the %s model's forward refuses its inputs: %s",
+                         t->rank, t->step + 1, micro, t->model->kind ? t->model->kind : "?", why);
+      }
+      local = td_trainer_agree(t, local);
+    }
     double loss = 0;
     if (local == TD_OK) {
       char where[64];
@@ -626,7 +675,7 @@ static td_status trainer_step(td_trainer *t, td_step_stats *stats) {
       local = td_trainer_agree(t, local); /* this one's buckets too */
       if (local == TD_OK) local = sharded_micro_backward(t, &wait_s);
     } else if (local == TD_OK && micro < accum - 1)
-      m->ops->backward(t->model, t->params, t->grads, backward_scale(t), NULL, NULL);
+      m->ops->backward(t->model, td_trainer_model_params(t), td_trainer_model_grads(t), backward_scale(t), NULL, NULL);
   }
   double loss = loss_sum / accum;
 
@@ -658,13 +707,16 @@ static td_status trainer_step(td_trainer *t, td_step_stats *stats) {
    * ranks as soon as they are final. */
   int sync = distributed;
   if (sync) begin_buckets(t);
-  m->ops->backward(t->model, t->params, t->grads, backward_scale(t), sync ? on_grad_ready : NULL, sync ? t : NULL);
+  m->ops->backward(t->model, td_trainer_model_params(t), td_trainer_model_grads(t), backward_scale(t),
+                   sync ? on_grad_ready : NULL, sync ? t : NULL);
   if (sync) {
     /* Whatever backward did not report (or a tensor reported out of order)
      * goes in one last bucket. */
     bucket_launch(t, 0, t->launched_lo);
     t->launched_lo = 0;
-    n_buckets = t->zero_stage >= 2 ? t->zero->n_buckets : t->n_requests;
+    n_buckets = t->zero && t->zero_stage >= 2 ? t->zero->n_buckets
+                : t->devops && t->zero_stage >= 2 ? t->dev_buckets
+                                                  : t->n_requests;
     td_status wst;
     wait_s += wait_requests(t, &wst);
     /* The message is the launch failure's, or the wait's if that came later. */
@@ -699,11 +751,16 @@ static td_status step_finish(td_trainer *t, td_step_stats *stats, double loss, d
     /* the loss scale (fp16) divides out here, folded into the clip factor */
     double loss_scale = t->scaler.scale;
     /* from per-shard partial sums, at every stage; or in the canonical tree */
-    if (t->devops) { /* every rank holds the whole averaged gradient (stage 0) */
-      TD_CHECK(t->devops->sum_squares(t->device, t->dev_scratch, t->grads, t->n_params, &norm));
+    if (t->det) {
+      TD_CHECK(det_grad_norm(t, &norm)); /* the canonical tree, on the host (a device's: its host copy) */
+    } else if (t->devops && t->zero_stage >= 1) {
+      TD_CHECK(zero_device_grad_norm(t, &norm));
+    } else if (t->devops) { /* every rank holds the whole averaged gradient (stage 0) */
+      TD_CHECK(t->devops->sum_squares(t->device, t->dev_scratch, td_trainer_model_grads(t), t->model_dtype,
+                                      t->n_params, &norm));
       norm = sqrt(norm);
     } else
-      TD_CHECK(t->det ? det_grad_norm(t, &norm) : zero_grad_norm(t, &norm));
+      TD_CHECK(zero_grad_norm(t, &norm));
     if (t->model->ops->grad_norm_sq) { /* a shard of a model split across ranks: the whole model's norm */
       double sum_sq = norm * norm;
       TD_CHECK(t->model->ops->grad_norm_sq(t->model, t->grads, &sum_sq));
@@ -717,9 +774,12 @@ static td_status step_finish(td_trainer *t, td_step_stats *stats, double loss, d
     long adam_t = t->step + 1 - t->scaler.skipped;
     if (t->zero)
       TD_CHECK(zero_update(t, lr, grad_scale, adam_t));
-    else if (t->devops) /* AdamW only (device_refusals) */
-      TD_CHECK(t->devops->adamw(t->device, t->params, t->grads, t->states[0], t->states[1], t->n_params, lr, o->beta1,
-                                o->beta2, o->eps, o->weight_decay, adam_t, grad_scale));
+    else if (t->devops && t->zero_stage >= 1) /* AdamW only (device_refusals) */
+      TD_CHECK(zero_device_update(t, lr, grad_scale, adam_t));
+    else if (t->devops)
+      TD_CHECK(t->devops->adamw(t->device, t->params, t->model_params, td_trainer_model_grads(t), t->model_dtype,
+                                t->states[0], t->states[1], t->n_params, lr, o->beta1, o->beta2, o->eps,
+                                o->weight_decay, adam_t, grad_scale));
     else if (o->kind == TD_OPTIMIZER_ADAMW)
       td_adamw_update(t->params, t->grads, t->states[0], t->states[1], t->n_params, lr, o->beta1, o->beta2, o->eps,
                       o->weight_decay, adam_t, grad_scale);
@@ -880,6 +940,7 @@ int td_trainer_threads(const td_trainer *t) { return t->threads; }
 /* ---- ZeRO ---- */
 
 size_t td_trainer_model_state_bytes(const td_trainer *t) {
+  if (t->devops) return zero_device_state_bytes(t); /* device memory, at every stage */
   size_t copies = t->elastic ? td_elastic_copy_bytes(t->elastic) : 0; /* the elastic state's, for recovery */
   return zero_model_state_bytes(t) + det_resident_bytes(t) + copies;
 }

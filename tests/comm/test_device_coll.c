@@ -20,8 +20,9 @@
  * computed here without the library. avg on floating types may differ by
  * one rounding (the library may scale by a reciprocal).
  *
- * A device that cannot be opened fails the test, or, with
- * TANDEM_GPU_OPTIONAL=1, prints "skipped: no GPU: <why>" and exits 0.
+ * A device that cannot be opened is a skip ("skipped: no GPU: <why>", exit
+ * 0), or a failure with TD_TEST_EXPECT_CUDA=N >= 1 (tests/gpu.suite and the
+ * emulator's lines: the one convention of every device test).
  *
  * TANDEM_TEST_EXPECT_PATH=nccl|staged|self: fail unless that path ran
  * (tests/cudaemu.suite runs NCCL's path against tests/comm/fake_nccl.c).
@@ -301,10 +302,10 @@ int main(int argc, char **argv) {
   nranks = td_comm_size(comm);
   /* "cuda" alone: this rank's share, cuda:(local rank % GPUs), as training does */
   if (td_train_device_select(spec ? spec : "cpu", td_comm_local_rank(comm), &dev) != TD_OK) {
-    /* tests/gpu.suite: strict on the GPU machine (scripts/gpu-check); elsewhere
-     * TANDEM_GPU_OPTIONAL=1 turns a missing GPU into a skip */
-    const char *optional = getenv("TANDEM_GPU_OPTIONAL");
-    if (optional && !strcmp(optional, "1")) {
+    /* TD_TEST_EXPECT_CUDA >= 1 (tests/gpu.suite on the GPU machine, the
+     * emulator's lines): a missing GPU fails; otherwise it is a skip */
+    const char *expect = getenv("TD_TEST_EXPECT_CUDA");
+    if (!expect || atoi(expect) < 1) {
       printf("skipped: no GPU: %s\n", td_last_error());
       return 0;
     }

@@ -10,9 +10,12 @@
  *     trainer of td_gpt_create saved at step 0; the optimizer state arenas
  *     tile the unsplit model (zeros at step 0). The vocabulary (57) splits
  *     unevenly over 2, 3 and 4 ranks.
+ *   test_tp_ckpt pipeline PP TIED DIR   (world ranks: data x pipeline PP)
+ *     the same for td_gpt_pipeline_create's stages (TIED 1: the last stage's
+ *     copy of wte, written by stage 0 only: the checkpoint tiles exactly).
  *   test_tp_ckpt refused DIR          (2 ranks)
- *     a trainer of a tensor-parallel config that was not given its grid
- *     refuses to save or resume, saying what to call; td_trainer_set_grid
+ *     a trainer of a tensor-parallel config or model that was not given its
+ *     grid refuses to save or resume, saying what to call; td_trainer_set_grid
  *     refuses a model that is not split. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,7 +57,8 @@ static td_trainer *make_trainer(td_model *m, td_dataset *ds, td_comm *comm, int 
   c.optimizer.kind = TD_OPTIMIZER_ADAMW;
   c.threads = 1;
   c.zero_stage = zero_stage;
-  c.tensor_parallel = tp;
+  c.tensor_parallel = tp > 0 ? tp : 1;
+  c.pipeline_parallel = tp < 0 ? -tp : 1;
   td_trainer *t = NULL;
   CHECK_OK(td_trainer_create(&c, m, ds, comm, &t));
   return t;
@@ -73,16 +77,24 @@ static unsigned char *read_all(const char *path, size_t *n) {
   return buf;
 }
 
-static void consolidate(int tp, const char *dir) {
-  const int rank = td_comm_rank(world);
+/* tp > 0: TP=tp; tp < 0: pipeline-parallel -tp (tied: the last stage's copy of wte) */
+static void consolidate(int tp, int tied, const char *dir) {
+  const int rank = td_comm_rank(world), pp = tp < 0 ? -tp : 1;
+  tp = tp < 0 ? 1 : tp;
   td_grid *grid = NULL;
-  CHECK_OK(td_grid_create(world, tp, 1, &grid));
+  CHECK_OK(td_grid_create(world, tp, pp, &grid));
   const int dp = td_grid_size(grid, TD_GRID_DATA);
   td_gpt_config cfg = test_config();
+  cfg.tied = tied;
   td_dataset *ds = make_dataset();
   td_model *mt = NULL;
-  CHECK_OK(td_gpt_tp_create(&cfg, grid, &mt));
-  td_trainer *t = make_trainer(mt, ds, td_grid_comm(grid, TD_GRID_DATA), dp, tp, dp > 1 ? 1 : 0);
+  if (pp > 1) {
+    td_pipeline_config pc = {0};
+    CHECK_OK(td_gpt_pipeline_create(&cfg, &pc, td_grid_comm(grid, TD_GRID_PIPELINE), &mt));
+  } else {
+    CHECK_OK(td_gpt_tp_create(&cfg, grid, &mt));
+  }
+  td_trainer *t = make_trainer(mt, ds, td_grid_comm(grid, TD_GRID_DATA), dp, pp > 1 ? -pp : tp, dp > 1 ? 1 : 0);
   CHECK_OK(td_trainer_set_grid(t, grid));
   char tp_dir[512], one_dir[512], out_tp[600], out_one[600];
   snprintf(tp_dir, sizeof tp_dir, "%s/tp", dir);
@@ -128,8 +140,9 @@ static void consolidate(int tp, const char *dir) {
     unsigned char *a = read_all(out_tp, &na), *b = read_all(out_one, &nb);
     CHECK(na == nb);
     CHECK(memcmp(a, b, na) == 0);
-    printf("tp ckpt consolidate: TP=%d x DP=%d (ZeRO-%d) save at step 0 = the unsplit initializer bit for bit; "
-           "safetensors equal to a 1-rank save's (%zu bytes)\n", tp, dp, dp > 1 ? 1 : 0, na);
+    printf("tp ckpt consolidate: TP=%d x PP=%d x DP=%d (ZeRO-%d%s) save at step 0 = the unsplit initializer bit for "
+           "bit; safetensors equal to a 1-rank save's (%zu bytes)\n", tp, pp, dp, dp > 1 ? 1 : 0, tied ? ", tied" : "",
+           na);
     free(a);
     free(b);
     free(want);
@@ -162,6 +175,10 @@ static void refused(const char *dir) {
   td_trainer *t = make_trainer(mt, ds, td_grid_comm(grid, TD_GRID_DATA), 1, n, 0);
   expect_message(td_trainer_save(t, dir), "needs the grid: call td_trainer_set_grid");
   expect_message(td_trainer_resume(t, dir), "needs the grid: call td_trainer_set_grid");
+  /* a config that does not say tensor_model_parallel_size: the model's kind does */
+  td_trainer *unsaid = make_trainer(mt, ds, td_grid_comm(grid, TD_GRID_DATA), 1, 1, 0);
+  expect_message(td_trainer_save(unsaid, dir), "needs the grid: call td_trainer_set_grid");
+  td_trainer_destroy(unsaid);
   td_trainer *plain = make_trainer(mf, ds, NULL, 1, 1, 0);
   expect_message(td_trainer_set_grid(plain, grid), "is not split across ranks");
   td_trainer_destroy(plain);
@@ -175,12 +192,14 @@ static void refused(const char *dir) {
 
 int main(int argc, char **argv) {
   if (argc < 3) {
-    fprintf(stderr, "usage: test_tp_ckpt consolidate TP DIR | refused DIR\n");
+    fprintf(stderr, "usage: test_tp_ckpt consolidate TP DIR | pipeline PP TIED DIR | refused DIR\n");
     return 2;
   }
   CHECK_OK(td_comm_init(&world));
   if (!strcmp(argv[1], "consolidate") && argc >= 4) {
-    consolidate(atoi(argv[2]), argv[3]);
+    consolidate(atoi(argv[2]), 0, argv[3]);
+  } else if (!strcmp(argv[1], "pipeline") && argc >= 5) {
+    consolidate(-atoi(argv[2]), atoi(argv[3]), argv[4]);
   } else if (!strcmp(argv[1], "refused")) {
     refused(argv[2]);
   } else {

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Checkpoints under tensor parallelism (issue 21 item 5): a save under any
-# layout (tensor-parallel size x data-parallel size x ZeRO stage) resumes
+# Checkpoints under model parallelism (issue 21 item 5): a save under any
+# layout (tensor- or pipeline-parallel size x data-parallel size x ZeRO
+# stage) resumes
 # under any other and continues with the losses of the uninterrupted run;
 # tandem-ckpt consolidates a tensor-parallel save to the unsplit model's
 # tensors; damaged tensor-parallel checkpoints are refused. A tiny GPT, so
@@ -15,6 +16,10 @@
 #            under TP=2 x DP=2 ZeRO-1; TP=2 x DP=2 ZeRO-1 saved, resumed
 #            under TP=4 and 1 rank; TP=3 (vocabulary 256 split 86/85/85)
 #            saved, resumed under 1 rank
+#   pipeline: the same across pipeline-parallel layouts: PP=2 saved, resumed
+#            under 1 rank, TP=2 and DP=4 ZeRO-1; TP=2 saved, resumed under
+#            PP=2 x DP=2 ZeRO-1; DP=4 ZeRO-1 saved, resumed under PP=2;
+#            PP=2 x DP=2 ZeRO-1 saved, resumed under TP=4
 #   (consolidation against the unsplit model, bit for bit: test_tp_ckpt.c)
 #   corrupt: a truncated data file, a flipped bit, a garbled manifest and
 #            another model shape, each refused under TP=2 with a message
@@ -44,6 +49,8 @@ layout() {
   tp2) echo "2 --micro-batch 8 --tensor-parallel 2" ;;
   tp4) echo "4 --micro-batch 8 --tensor-parallel 4" ;;
   tp2dp2z1) echo "4 --micro-batch 4 --tensor-parallel 2 --zero-stage 1" ;;
+  pp2) echo "2 --micro-batch 4 --grad-accum 2 --pipeline-parallel 2" ;;
+  pp2dp2z1) echo "4 --micro-batch 2 --grad-accum 2 --pipeline-parallel 2 --zero-stage 1" ;;
   *) fail "unknown layout $1" ;;
   esac
 }
@@ -111,6 +118,14 @@ reverse)
     close_rel "$got" "$want" 1e-5 || fail "TP=3 resume step $step: loss $got, uninterrupted $want"
   done <"$work/odd.txt" 3<"$work/odd-r.txt"
   echo "tp3 (vocabulary 86/85/85) -to-one: steps 4-6 within 1e-5 of the uninterrupted run"
+  ;;
+pipeline)
+  reference
+  for pair in "pp2 one" "pp2 tp2" "pp2 dp4z1" "tp2 pp2dp2z1" "dp4z1 pp2" "pp2dp2z1 tp4"; do
+    set -- $pair
+    [ -d "$work/c-$1" ] || save_at "$1" "$work/c-$1"
+    resume_check "$1" "$2" "$work/c-$1"
+  done
   ;;
 corrupt)
   save_at tp2 "$work/c"

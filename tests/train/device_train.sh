@@ -9,44 +9,17 @@
 #   3. a checkpoint saved on DEV at step 10 resumed on the CPU: steps 11-20
 #      give the losses of the uninterrupted device run (within 1e-4), and a
 #      CPU checkpoint resumed on DEV those of the CPU run;
-#   4. what a device trainer refuses (ZeRO stage 1) says so.
+#   4. what a device trainer refuses (fp16) says so;
+#   5. device memory is checked against the device, not the host: a job
+#      whose activations cannot fit the device is refused at creation,
+#      naming the device and what would fit; one that fits the device runs
+#      under a host memory limit its device arenas would exceed.
+# bf16 on DEV: device_bf16.sh; ZeRO stages on DEV: device_zero.sh.
 # usage: device_train.sh BUILD_TREE DEV   (the tree's train-gpt and tandemrun)
 set -u
 B=$1
 DEV=$2
-GPT="$B/bin/train-gpt"
-RUN="$B/bin/tandemrun"
-dir=$(mktemp -d /tmp/td-devtrain-XXXXXX) || exit 1
-trap 'rm -rf "$dir"' EXIT
-fail() { echo "FAILED: $*"; exit 1; }
-# a deterministic corpus of 6,000 bytes with some structure to learn
-i=0
-while [ $i -lt 120 ]; do
-  printf 'the %d quick brown foxes jump over %d lazy dogs; ' $i $((i * 7 % 13))
-  i=$((i + 1))
-done >"$dir/corpus.txt"
-COMMON="--data $dir/corpus.txt --layers 2 --channels 32 --heads 2 --seq 16 --steps 20 --lr 3e-3 --seed 7 --sample 0
-        --threads 1"
-export TANDEM_PROGRESS=off
-# losses A B FIRST LAST: compare the "loss" of steps FIRST..LAST of two metrics files
-losses() {
-  for f in "$1" "$2"; do
-    n=$(sed -n "s/.*\"step\":\([0-9]*\),\"loss\":.*/\1/p" "$f" | awk -v a=$3 -v b=$4 '$1>=a && $1<=b' | wc -l)
-    [ "$n" -eq $(($4 - $3 + 1)) ] || fail "$f has $n of the steps $3..$4: $(cat "$f")"
-  done
-  sed -n "s/.*\"step\":\([0-9]*\),\"loss\":\([^,}]*\).*/\1 \2/p" "$1" >"$dir/a"
-  sed -n "s/.*\"step\":\([0-9]*\),\"loss\":\([^,}]*\).*/\1 \2/p" "$2" >"$dir/b"
-  awk -v a=$3 -v b=$4 -v what="$5" 'NR==FNR { want[$1] = $2; next }
-    $1 >= a && $1 <= b { d = $2 - want[$1]; if (d < 0) d = -d; r = d / (want[$1] < 0 ? -want[$1] : want[$1]);
-      if (r > worst) worst = r; if (r > 1e-4 || $2 != $2) { printf "%s: step %d loss %s vs %s (%.3g relative)\n", what, $1, $2, want[$1], r; bad = 1 } }
-    END { if (bad) exit 1; printf "%s: steps %d-%d within %.3g relative\n", what, a, b, worst }' "$dir/a" "$dir/b" ||
-    fail "$5"
-}
-run() { # name, then train-gpt's arguments
-  name=$1
-  shift
-  "$@" >"$dir/$name.out" 2>&1 || fail "$name: $(tail -5 "$dir/$name.out")"
-}
+. "$(dirname "$0")/device_common.sh"
 run cpu "$GPT" $COMMON --micro-batch 4 --device cpu --metrics "$dir/cpu.jsonl" --save "$dir/ck_cpu" --save-every 10
 run dev "$GPT" $COMMON --micro-batch 4 --device "$DEV" --metrics "$dir/dev.jsonl" --save "$dir/ck_dev" --save-every 10
 losses "$dir/cpu.jsonl" "$dir/dev.jsonl" 1 20 "1 rank on $DEV vs the CPU"
@@ -64,8 +37,18 @@ losses "$dir/dev.jsonl" "$dir/rc.jsonl" 11 20 "a $DEV checkpoint resumed on the 
 run resume_dev "$GPT" $COMMON --micro-batch 4 --device "$DEV" --resume "$dir/ck_cpu/step-10" --metrics "$dir/rd.jsonl"
 losses "$dir/cpu.jsonl" "$dir/rd.jsonl" 11 20 "a CPU checkpoint resumed on $DEV"
 
-if "$GPT" $COMMON --micro-batch 4 --device "$DEV" --zero-stage 1 >"$dir/z1.out" 2>&1; then
-  fail "ZeRO stage 1 on $DEV was accepted"
+if "$GPT" $COMMON --micro-batch 4 --device "$DEV" --fp16 >"$dir/f16.out" 2>&1; then
+  fail "fp16 on $DEV was accepted"
 fi
-grep -q "does not support ZeRO stages 1-3" "$dir/z1.out" || fail "ZeRO stage 1 on $DEV: unclear refusal: $(cat "$dir/z1.out")"
+grep -q "does not support fp16 training" "$dir/f16.out" || fail "fp16 on $DEV: unclear refusal: $(cat "$dir/f16.out")"
+# GPT-2's vocabulary, micro-batch 64 x 1024: 13 GiB of logits alone
+if "$GPT" --data "$dir/corpus.txt" --vocab 50304 --layers 2 --channels 64 --heads 2 --seq 1024 --micro-batch 64 \
+    --steps 1 --sample 0 --device "$DEV" >"$dir/big.out" 2>&1; then
+  fail "a job needing 13 GiB of device memory was accepted on $DEV: $(tail -2 "$dir/big.out")"
+fi
+grep -q "of device memory on $DEV" "$dir/big.out" && grep -q "It would fit with: bf16" "$dir/big.out" ||
+  fail "the device memory refusal is unclear: $(cat "$dir/big.out")"
+# 25 MiB of device arenas and 12 MiB of activations, a 40 MiB host limit (this process is about 20 MiB)
+TANDEM_MEMORY_LIMIT=40M run hostlimit "$GPT" --data "$dir/corpus.txt" --vocab 50304 --layers 1 --channels 16 \
+  --heads 2 --seq 16 --micro-batch 4 --steps 1 --sample 0 --device "$DEV"
 echo ok

@@ -16,7 +16,7 @@
  *       different number of ranks), trains 3 steps and compares the losses
  *       with an uninterrupted run on this world size (within summation noise).
  *
- *   test_train_dp fail MODEL
+ *   test_train_dp fail MODEL [det STAGE | zero STAGE]
  *       Injected failures on one rank: a sample the dataset cannot deliver,
  *       a sample whose token makes the model's forward fail (NaN loss), and
  *       a failed allocation when the model is prepared. Each must fail the
@@ -137,6 +137,10 @@ static const model_kit *find_kit(const char *name) {
  * ZeRO stage (-1: neither), whose exchange streams inside the last backward
  * and so must learn of a failed rank before it (deterministic/). */
 static int det_stage = -1;
+/* "fail MODEL zero STAGE": plain ZeRO at that stage; stage 3's forward
+ * fetches parameters, so a rank whose forward refuses its inputs must be
+ * found before it (td_model_ops.check_inputs). */
+static int zero_only_stage = -1;
 
 static td_trainer *make(const model_kit *kit, td_model *model, td_dataset *ds, td_comm *comm, int micro, int accum,
                         td_optimizer_kind opt) {
@@ -160,6 +164,7 @@ static td_trainer *make(const model_kit *kit, td_model *model, td_dataset *ds, t
     c.deterministic_reduction = 1;
     c.zero_stage = det_stage;
   }
+  if (zero_only_stage >= 0) c.zero_stage = zero_only_stage;
   td_trainer *t = NULL;
   CHECK_OK(td_trainer_create(&c, model, ds, comm, &t));
   if (kit->custom_init) tiny_init_params(td_trainer_params_mut(t), 3);
@@ -524,7 +529,7 @@ static void run_fail(td_comm *comm, const model_kit *kit) {
 
 int main(int argc, char **argv) {
   if (argc < 3) {
-    fprintf(stderr, "usage: %s equal MODEL ACCUM OPT | resume MODEL DIR | reload MODEL DIR | fail MODEL [det STAGE]\n",
+    fprintf(stderr, "usage: %s equal MODEL ACCUM OPT | resume MODEL DIR | reload MODEL DIR | fail MODEL [det STAGE | zero STAGE]\n",
             argv[0]);
     return 2;
   }
@@ -544,6 +549,7 @@ int main(int argc, char **argv) {
     run_ckpt_check(comm, kit, argv[3]);
   } else if (strcmp(argv[1], "fail") == 0) {
     if (argc >= 5 && strcmp(argv[3], "det") == 0) det_stage = atoi(argv[4]);
+    if (argc >= 5 && strcmp(argv[3], "zero") == 0) zero_only_stage = atoi(argv[4]);
     run_fail(comm, kit);
   } else if (strcmp(argv[1], "reload") == 0 && argc >= 4) {
     run_reload(comm, kit, argv[3]);

@@ -103,6 +103,12 @@ td_status td_cudadev_copy(void *dst, int dst_index, const void *src, int src_ind
   return TD_OK;
 }
 
+td_status td_cudadev_mem_info(int index, size_t *free_out, size_t *total_out) {
+  CUDA_TRY(cudaSetDevice(index), "cudaSetDevice", index);
+  CUDA_TRY(cudaMemGetInfo(free_out, total_out), "cudaMemGetInfo", index);
+  return TD_OK;
+}
+
 td_status td_cudadev_sync(int index) {
   CUDA_TRY(cudaSetDevice(index), "cudaSetDevice", index);
   CUDA_TRY(cudaDeviceSynchronize(), "cudaDeviceSynchronize", index);

@@ -33,6 +33,11 @@
  * host; the gradients in device memory), so the engine may read the arenas
  * on any stream.
  *
+ * Products: through td_cuda_matmul_forward_ex where an epilogue saves a
+ * pass: the attention and MLP projections add the residual stream in the
+ * product's epilogue, and the MLP's first product applies bias and GELU
+ * there, writing the pre-GELU input (fch) backward needs beside it.
+ *
  * Attention: the fused (flash-style) kernels where td_cuda_attention_fused
  * picks them for the head size (TANDEM_CUDA_ATTENTION), else the unfused
  * pair, whose (B, NH, T, T) weights per layer cost far more memory.
@@ -260,13 +265,14 @@ static float gpt_cuda_forward(td_model *model, const float *params, const void *
       RUN(td_cuda_flash_attention_forward(atty, attc, qkv, B, T, C, NH, dt, s));
     else
       RUN(td_cuda_attention_forward(atty, attc, qkv, B, T, C, NH, dt, s));
-    RUN(td_cuda_matmul_forward(res2, atty, W(P_PROJW), W(P_PROJB), BT, C, C, dt, s));
-    RUN(td_cuda_residual_forward(res2, res2, resid, sBT * C, dt, s));
+    /* the products' epilogues (cuBLASLt's bias + residual, bias + GELU
+     * keeping the pre-GELU input for backward): no separate pass over
+     * (B, T, C) or (B, T, 4C) for the residual adds or the GELU, and one
+     * rounding where the unfused pair rounds twice */
+    RUN(td_cuda_matmul_forward_ex(res2, NULL, resid, atty, W(P_PROJW), W(P_PROJB), BT, C, C, dt, s));
     RUN(td_cuda_layernorm_forward(ln2, ln2_mean, ln2_rstd, res2, W(P_LN2W), W(P_LN2B), BT, C, dt, s));
-    RUN(td_cuda_matmul_forward(fch, ln2, W(P_FCW), W(P_FCB), BT, C, 4 * C, dt, s));
-    RUN(td_cuda_gelu_forward(fch_gelu, fch, sBT * 4 * C, dt, s));
-    RUN(td_cuda_matmul_forward(res3, fch_gelu, W(P_FC2W), W(P_FC2B), BT, 4 * C, C, dt, s));
-    RUN(td_cuda_residual_forward(res3, res3, res2, sBT * C, dt, s));
+    RUN(td_cuda_matmul_forward_ex(fch_gelu, fch, NULL, ln2, W(P_FCW), W(P_FCB), BT, C, 4 * C, dt, s));
+    RUN(td_cuda_matmul_forward_ex(res3, NULL, res2, fch_gelu, W(P_FC2W), W(P_FC2B), BT, 4 * C, C, dt, s));
     resid = res3;
 #undef W
   }
@@ -485,6 +491,7 @@ static const td_model_ops gpt_cuda_ops = {
     .destroy = gpt_cuda_destroy,
     .set_activation_checkpointing = NULL, /* not yet on the device */
     .activation_bytes = gpt_cuda_activation_bytes,
+    .set_device_dtype = nn_gpt_cuda_set_dtype,
 };
 
 td_status nn_gpt_cuda_attach(td_model *model, td_device dev) {

@@ -13,8 +13,8 @@
  *   recv_act   td_irecv into the slot's input buffer, wait (the wait is the
  *              bubble, counted as recv_wait)
  *   forward    the slot's model on its input (tokens on the first stage)
- *   send_act   td_isend of the slot model's output; not waited for until
- *              the slot's next forward (or the end of the step)
+ *   send_act   td_isend of a copy of the slot model's output; sends are
+ *              waited for only at the end of the step (pp_send says why)
  *   recv_grad, backward, send_grad   the same with gradients
  *
  * Sends and receives between two ranks are issued in the same order on
@@ -51,8 +51,18 @@ typedef struct pp_chunk {
   int n_slots;
   td_model **slot;                /* n_slots stage models */
   float **act_in, **grad_in;      /* per slot: received input activation / output gradient (B, T, C) */
-  td_request **send_req;          /* per slot: [2*slot] activation, [2*slot+1] gradient */
 } pp_chunk;
+
+/* A posted send and the copy it reads. Sends read copies, not the slot
+ * models' buffers, so that nothing waits for a send to finish before the
+ * end of the step: a send completes only once its receiver takes it, and a
+ * rank waiting on its send while its neighbour waits on one of its own
+ * (the interleaved schedule, where two ranks are each other's previous and
+ * next stage) would never post the receives that finish them. */
+typedef struct pp_send {
+  float *buf; /* (B, T, C) */
+  td_request *req;
+} pp_send;
 
 typedef struct pp_model {
   td_model base; /* first: td_model * casts to pp_model * */
@@ -69,6 +79,8 @@ typedef struct pp_model {
   char config_text[224];
   void (*trace)(void *ctx, const char *name, double begin_s, double end_s);
   void *trace_ctx;
+  pp_send *sends; /* posted (req set) or free for reuse */
+  int n_sends;
   td_pipeline_stats stats;
   int warm; /* a step has run (stats count the steps after the first) */
 } pp_model;
@@ -140,18 +152,26 @@ static void pp_free_chunk(pp_chunk *c) {
   free(c->slot);
   free(c->act_in);
   free(c->grad_in);
-  free(c->send_req);
   memset(c, 0, sizeof *c);
+}
+
+/* Wait for every posted send (a failed step's complete with the error),
+ * then free their copies. */
+static void free_sends(pp_model *m) {
+  for (int i = 0; i < m->n_sends; i++) {
+    (void)td_wait(m->sends[i].req);
+    td_free(m->sends[i].buf);
+  }
+  free(m->sends);
+  m->sends = NULL;
+  m->n_sends = 0;
 }
 
 static void pp_destroy(td_model *model) {
   pp_model *m = (pp_model *)model;
   if (!m) return;
-  for (int c = 0; m->chunks && c < m->v; c++) {
-    /* requests still posted (a failed step) must complete before their buffers go */
-    for (int i = 0; i < 2 * m->chunks[c].n_slots; i++) (void)td_wait(m->chunks[c].send_req[i]);
-    pp_free_chunk(&m->chunks[c]);
-  }
+  free_sends(m);
+  for (int c = 0; m->chunks && c < m->v; c++) pp_free_chunk(&m->chunks[c]);
   free(m->chunks);
   free(m->tensors);
   td_free(m->tied_scratch);
@@ -184,13 +204,10 @@ static td_status ensure_slots(pp_model *m, pp_chunk *c, int n) {
   if (act_in) c->act_in = act_in;
   float **grad_in = realloc(c->grad_in, (size_t)n * sizeof *grad_in);
   if (grad_in) c->grad_in = grad_in;
-  td_request **req = realloc(c->send_req, 2 * (size_t)n * sizeof *req);
-  if (req) c->send_req = req;
-  if (!slot || !act_in || !grad_in || !req) return td_error(TD_ERR_SYSTEM, "pipeline: out of memory for slots");
+  if (!slot || !act_in || !grad_in) return td_error(TD_ERR_SYSTEM, "pipeline: out of memory for slots");
   for (int i = c->n_slots; i < n; i++) {
     c->slot[i] = NULL;
     c->act_in[i] = c->grad_in[i] = NULL;
-    c->send_req[2 * i] = c->send_req[2 * i + 1] = NULL;
     TD_CHECK(td_gpt_stage_create(&m->cfg, &c->range, &c->slot[i]));
     c->n_slots = i + 1; /* owned from here: pp_free_chunk releases it */
     if (m->ckpt) TD_CHECK(c->slot[i]->ops->set_activation_checkpointing(c->slot[i], 1));
@@ -210,12 +227,10 @@ static td_status pp_prepare(td_model *model, int batch) {
   if (batch == m->batch) return TD_OK;
   m->batch = batch;
   m->base.activation_bytes = 0;
+  free_sends(m); /* their copies are sized for the old micro-batch */
   for (int c = 0; c < m->v; c++) {
     pp_chunk *ch = &m->chunks[c];
     for (int i = 0; i < ch->n_slots; i++) {
-      (void)td_wait(ch->send_req[2 * i]);
-      (void)td_wait(ch->send_req[2 * i + 1]);
-      ch->send_req[2 * i] = ch->send_req[2 * i + 1] = NULL;
       TD_CHECK(ch->slot[i]->ops->prepare(ch->slot[i], batch));
       TD_CHECK(alloc_slot_buffers(m, ch, i));
       m->base.activation_bytes += ch->slot[i]->activation_bytes;
@@ -330,6 +345,36 @@ static td_status wait_req(pp_model *m, td_request **req, double *wait_s) {
   return st;
 }
 
+/* Copy n floats into a free send buffer (one whose send has finished, or a
+ * new one) and post its send to peer. */
+static td_status post_send(pp_model *m, const float *src, size_t n, int peer) {
+  pp_send *free_one = NULL;
+  for (int i = 0; i < m->n_sends && !free_one; i++) {
+    pp_send *x = &m->sends[i];
+    if (x->req) {
+      int done = 0;
+      td_status st = td_test(x->req, &done);
+      if (!done) continue;
+      x->req = NULL;
+      if (st != TD_OK) return st;
+    }
+    free_one = x;
+  }
+  if (!free_one) {
+    pp_send *grown = realloc(m->sends, (size_t)(m->n_sends + 1) * sizeof *grown);
+    if (!grown) return td_error(TD_ERR_SYSTEM, "pipeline: out of memory for send buffers");
+    m->sends = grown;
+    free_one = &m->sends[m->n_sends];
+    free_one->req = NULL;
+    if (!(free_one->buf = td_alloc(act_floats(m, m->batch) * sizeof(float))))
+      return td_error(TD_ERR_SYSTEM, "pipeline: out of memory for a send buffer");
+    m->n_sends++;
+  }
+  memcpy(free_one->buf, src, n * sizeof(float));
+  m->stats.bytes_sent += (double)n * sizeof(float);
+  return td_isend(free_one->buf, n, TD_F32, peer, m->comm, &free_one->req);
+}
+
 static td_status recv_into(pp_model *m, float *buf, size_t n, int peer, const char *what, int micro) {
   td_request *req = NULL;
   double t0 = td_now();
@@ -411,13 +456,6 @@ static td_status pp_run(td_model *model, const float *params, float *grads, cons
       break;
     case TD_PP_FORWARD: {
       what = "forward";
-      /* the slot's sends of its previous micro-batch read its buffers */
-      st = wait_req(m, &ch->send_req[2 * sl], &m->stats.send_wait_s);
-      if (st == TD_OK) st = wait_req(m, &ch->send_req[2 * sl + 1], &m->stats.send_wait_s);
-      if (st != TD_OK) {
-        td_error(st, "sending to a neighbour stage: %s", td_comm_last_error(m->comm));
-        break;
-      }
       const void *in = ch->range.embed ? (const void *)((const char *)inputs + (size_t)a->micro * in_bytes)
                                        : (const void *)ch->act_in[sl];
       const int32_t *tg = targets + (size_t)a->micro * tgt_count;
@@ -438,9 +476,8 @@ static td_status pp_run(td_model *model, const float *params, float *grads, cons
     case TD_PP_SEND_ACT:
       what = "send";
       t_send = td_now();
-      st = td_isend(td_gpt_stage_output(sm), BTC, TD_F32, a->peer, m->comm, &ch->send_req[2 * sl]);
-      span(m, "send", t_send, td_now()); /* posting it: the transfer runs on the communicator's thread */
-      m->stats.bytes_sent += (double)BTC * sizeof(float);
+      st = post_send(m, td_gpt_stage_output(sm), BTC, a->peer);
+      span(m, "send", t_send, td_now()); /* copying and posting: the transfer runs on the communicator's thread */
       if (st != TD_OK) td_error(st, "sending activations to stage %d: %s", a->peer, td_comm_last_error(m->comm));
       break;
     case TD_PP_BACKWARD: {
@@ -459,9 +496,8 @@ static td_status pp_run(td_model *model, const float *params, float *grads, cons
     case TD_PP_SEND_GRAD:
       what = "send";
       t_send = td_now();
-      st = td_isend(td_gpt_stage_input_grad(sm), BTC, TD_F32, a->peer, m->comm, &ch->send_req[2 * sl + 1]);
+      st = post_send(m, td_gpt_stage_input_grad(sm), BTC, a->peer);
       span(m, "send", t_send, td_now());
-      m->stats.bytes_sent += (double)BTC * sizeof(float);
       if (st != TD_OK)
         td_error(st, "sending activation gradients to stage %d: %s", a->peer, td_comm_last_error(m->comm));
       break;
@@ -473,9 +509,8 @@ static td_status pp_run(td_model *model, const float *params, float *grads, cons
     snprintf(where, sizeof where, "micro-batch %d (%s)", micro_failed, what);
     return fail_group(m, st, where);
   }
-  for (int c = 0; c < m->v && st == TD_OK; c++)
-    for (int i = 0; i < 2 * m->chunks[c].n_slots && st == TD_OK; i++)
-      st = wait_req(m, &m->chunks[c].send_req[i], &m->stats.send_wait_s);
+  /* every receive of this rank is done; its sends finish as the others' are */
+  for (int i = 0; i < m->n_sends && st == TD_OK; i++) st = wait_req(m, &m->sends[i].req, &m->stats.send_wait_s);
   if (st != TD_OK) {
     td_error(st, "sending to a neighbour stage: %s", td_comm_last_error(m->comm));
     return fail_group(m, st, "the end of the step");

@@ -1,14 +1,17 @@
-/* The tensor-parallel GPT's shard map (include/tandem/parallel.h,
- * td_shard_map): where each element of this rank's arena lives in the
- * unsplit GPT's arena, so that checkpoints store the unsplit model and any
- * layout (1 rank, data-parallel, ZeRO-1, another tensor-parallel size)
- * loads them. The cut of each tensor is the one the model was initialized
- * by (gpt_tp.c, tp_gpt_cuts), so the map and the model cannot disagree.
+/* The shard map of a split GPT (include/tandem/parallel.h, td_shard_map):
+ * where each element of this rank's arena lives in the unsplit GPT's arena,
+ * so that checkpoints store the unsplit model and any layout (1 rank,
+ * data-parallel, ZeRO-1, another tensor- or pipeline-parallel size) loads
+ * them. Tensor parallelism: the cut of each tensor is the one the model was
+ * initialized by (gpt_tp.c, tp_gpt_cuts), so the map and the model cannot
+ * disagree. Pipeline stages: whole tensors, found by name.
  *
  * Cost: one run per row of each row-parallel weight (attention and MLP
  * projections: C rows each per layer), a few per other tensor; GPT-2 124M
- * at TP=2 is 18,4xx runs per rank (bench/ckpt-tp.sh measures what that
- * costs a checkpoint's manifest and load). */
+ * at TP=2 is about 18,500 runs per rank, 18,432 of them rows
+ * (bench/ckpt_tp.sh measures what that costs a checkpoint's manifest and
+ * load). A pipeline stage is one run per tensor (merged when adjacent). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -58,21 +61,69 @@ static int cut_runs(run_list *l, const cut *k, size_t local, size_t unsplit, int
   return 0;
 }
 
+/* The integer after "key=" in a "k=v k=v" config text; 0 if absent. */
+static int config_int(const char *text, const char *key, int *out) {
+  size_t n = strlen(key);
+  for (const char *p = text; p && *p; p = strchr(p, ' '), p = p ? p + 1 : NULL)
+    if (strncmp(p, key, n) == 0 && p[n] == '=') return sscanf(p + n + 1, "%d", out) == 1;
+  return 0;
+}
+
+/* A pipeline stage (td_gpt_pipeline_create, kind "gpt_pipeline"): its
+ * tensors are whole tensors of the unsplit GPT under the same names, at
+ * their own local offsets (chunks back to back). A tied model's last stage
+ * holds a copy of "wte" whose value and optimizer state equal stage 0's
+ * (its gradient is summed with stage 0's every step): stage 0 writes it.
+ * Read from the model's public description: config text "vocab=...
+ * pipeline=S/P" and tensor names. */
+static td_status pipeline_config(const td_model *model, td_gpt_config *config, int *stage) {
+  const char *t = model->config;
+  int tied = 0, stages = 0;
+  if (!t || !config_int(t, "vocab", &config->vocab) || !config_int(t, "layers", &config->layers) ||
+      !config_int(t, "channels", &config->channels) || !config_int(t, "heads", &config->heads) ||
+      !config_int(t, "seq", &config->seq) || !config_int(t, "tied", &tied) || !strstr(t, "pipeline=") ||
+      sscanf(strstr(t, "pipeline=") + 9, "%d/%d", stage, &stages) != 2)
+    return td_error(TD_ERR_INTERNAL, "td_shard_map_create: the pipeline model's description \"%s\" lacks its shape",
+                    t ? t : "");
+  config->tied = tied;
+  return TD_OK;
+}
+
 td_status td_shard_map_create(const td_model *model, td_shard_map **out) {
   if (!out) return td_error(TD_ERR_INVALID_ARGUMENT, "td_shard_map_create: out must not be NULL");
   *out = NULL;
   td_gpt_config config;
-  int p = 0, r = 0;
+  int p = 0, r = 0, stage = -1;
   const cut *cuts = model ? tp_gpt_cuts(model, &config, &p, &r) : NULL;
-  if (!cuts)
+  const int pipeline = !cuts && model && model->kind && strcmp(model->kind, "gpt_pipeline") == 0;
+  if (!cuts && !pipeline)
     return td_error(TD_ERR_INVALID_ARGUMENT, "td_shard_map_create: a \"%s\" model is not split across ranks (only "
-                    "td_gpt_tp_create's models have a shard map)", model && model->kind ? model->kind : "?");
+                    "td_gpt_tp_create's and td_gpt_pipeline_create's models have a shard map)",
+                    model && model->kind ? model->kind : "?");
+  if (pipeline) TD_CHECK(pipeline_config(model, &config, &stage));
   td_shard_map *map = calloc(1, sizeof *map);
   if (!map) return td_error(TD_ERR_SYSTEM, "td_shard_map_create: out of memory");
   td_status st = td_gpt_create(&config, &map->unsplit);
   run_list l = {0};
-  for (int i = 0; i < model->n_tensors && st == TD_OK; i++) {
-    const td_param_tensor *mine = &model->tensors[i], *whole = &map->unsplit->tensors[i];
+  for (int i = 0, j = 0; i < model->n_tensors && st == TD_OK; i++) {
+    const td_param_tensor *mine = &model->tensors[i];
+    if (pipeline) {
+      /* the unsplit tensor of the same name (tables in the same order: search on from the last match) */
+      const td_model *u = map->unsplit;
+      int k = 0;
+      while (k < u->n_tensors && strcmp(u->tensors[(j + k) % u->n_tensors].name, mine->name) != 0) k++;
+      if (k == u->n_tensors || u->tensors[(j + k) % u->n_tensors].count != mine->count) {
+        st = td_error(TD_ERR_INTERNAL, "td_shard_map_create: the pipeline stage's tensor %s (%zu floats) is not "
+                      "one of the unsplit GPT's", mine->name, mine->count);
+        break;
+      }
+      j = (j + k) % u->n_tensors;
+      const int writer = strcmp(mine->name, "wte") != 0 || stage == 0;
+      if (!run_push(&l, mine->offset, u->tensors[j].offset, mine->count, writer))
+        st = td_error(TD_ERR_SYSTEM, "td_shard_map_create: out of memory for the runs of tensor %s", mine->name);
+      continue;
+    }
+    const td_param_tensor *whole = &map->unsplit->tensors[i];
     if (!cut_runs(&l, &cuts[i], mine->offset, whole->offset, r == 0))
       st = td_error(TD_ERR_SYSTEM, "td_shard_map_create: out of memory for the runs of tensor %s", mine->name);
   }

@@ -12,7 +12,8 @@
  *   replicated     wpe, both LayerNorms per block and ln_f, the biases of the
  *                  two row-parallel products: their inputs and output
  *                  gradients are whole on every rank, so their gradients
- *                  come out equal everywhere without communication.
+ *                  come out equal everywhere without communication (with
+ *                  sequence parallelism the LayerNorms' are partial: below).
  *
  * Per block and micro-batch: one allreduce of B*T*C floats after each
  * row-parallel product in forward (attention, MLP) and one after each
@@ -34,9 +35,9 @@
  * column-parallel input gradients reduce-scattered; the LayerNorms' weight
  * gradients, then partial, are allreduced (2C floats each).
  *
- * Not here yet: activation checkpointing, bf16 products
- * (td_nn_set_compute_dtype is not consulted: f32), ZeRO-3's param_access,
- * devices. */
+ * Not here yet: activation checkpointing, bf16/fp16 (the kernels would
+ * follow td_nn_set_compute_dtype, but nothing here is tested in them and
+ * train-gpt refuses them), ZeRO-3's param_access, devices. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -31,13 +31,16 @@
 
 #include "train/core/core.h"
 
-/* A trainer of a tensor-parallel config without its grid would save each
- * shard as a whole model. */
+/* A trainer of a model-parallel config without its grid would save each
+ * shard or stage as a whole model. */
 static td_status check_layout(const td_trainer *t, const char *what) {
-  if (t->cfg.tensor_parallel > 1 && !t->shard_map)
-    return td_error(TD_ERR_INVALID_USAGE, "rank %d: %s under tensor_model_parallel_size %d needs the grid: call "
-                    "td_trainer_set_grid(trainer, grid) after td_trainer_create", t->rank, what,
-                    t->cfg.tensor_parallel);
+  const char *kind = t->model->kind ? t->model->kind : "";
+  const int split = t->cfg.tensor_parallel > 1 || t->cfg.pipeline_parallel > 1 || !strcmp(kind, "gpt-tp") ||
+                    !strcmp(kind, "gpt_pipeline"); /* the models td_shard_map_create maps */
+  if (split && !t->shard_map)
+    return td_error(TD_ERR_INVALID_USAGE, "rank %d: %s under tensor_model_parallel_size %d x "
+                    "pipeline_model_parallel_size %d needs the grid: call td_trainer_set_grid(trainer, grid) after "
+                    "td_trainer_create", t->rank, what, t->cfg.tensor_parallel, t->cfg.pipeline_parallel);
   return TD_OK;
 }
 
@@ -220,6 +223,7 @@ td_status td_trainer_resume(td_trainer *t, const char *path) {
       else
         memcpy(arena_mem[a], staging[a], bytes);
     }
+    if (st == TD_OK) st = td_trainer_device_params_changed(t); /* bf16 on a device: the model's copy */
     t->step = m.step;
     t->consumed = m.consumed;
     if (m.has_scaler) {

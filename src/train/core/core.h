@@ -115,11 +115,23 @@ struct td_trainer {
   float *states[2];
   /* The model's device (td_model.device) and its ops (core/devops.h): with
    * devops non-NULL, params, grads and states above are device arenas
-   * (td_device_alloc), whole on every rank (ZeRO stage 0 only), and
+   * (td_device_alloc), whole on every rank but the states at ZeRO stages
+   * 1-2, which are the shard (zero/device.c), and
    * dev_scratch is devops->scratch_floats of device memory. */
   td_device device;
   const train_devops *devops;
   float *dev_scratch;
+  /* bf16 mixed precision on a device (llm.c's and DeepSpeed's arrangement):
+   * the model computes on model_params, a bf16 copy of the f32 masters in
+   * params that the optimizer rewrites in its pass, and writes model_grads,
+   * bf16 too, which the buckets reduce in bf16 and the norm and AdamW read;
+   * grads is then NULL. Otherwise both are NULL and the model computes on
+   * params and grads (f32). model_dtype is the element type the model
+   * computes on. */
+  td_dtype model_dtype;
+  void *model_params, *model_grads;
+  double *dev_norm_parts; /* ZeRO stages 1-2 on a device: the ranks' shard sums of squares (world) */
+  int dev_buckets;        /* stage 2 on a device: buckets launched this step */
 
   long step;         /* optimizer steps done */
   uint64_t consumed; /* sampler stream positions consumed (step x G unless G changed) */
@@ -205,6 +217,14 @@ td_status td_trainer_agree(td_trainer *t, td_status local);
  * the caller beforehand (an allocation failure here would leave this rank
  * out of the collective its peers wait in). */
 td_status td_agree_over(td_comm *comm, int rank, int world, int32_t *flags, td_status local);
+/* The arrays forward and backward take: the bf16 copies on a device in
+ * mixed precision, else the f32 arenas (core/devops.c). */
+const void *td_trainer_model_params(const td_trainer *t);
+void *td_trainer_model_grads(const td_trainer *t);
+/* After the f32 master params changed outside the optimizer (initialized,
+ * broadcast, loaded from a checkpoint): rewrite the model's bf16 copy from
+ * them; nothing without one (core/devops.c). */
+td_status td_trainer_device_params_changed(td_trainer *t);
 
 /* frontier.c: the frontier of final gradients during a backward (uses
  * t->tensor_ready and t->frontier_tensor). begin: nothing final yet;

@@ -1,5 +1,7 @@
-/* train_devops_for: which device ops the trainer uses (core/devops.h). */
+/* train_devops_for: which device ops the trainer uses (core/devops.h), and
+ * the trainer's view of the model's arrays on a device (core.h). */
 #include "train/core/devops.h"
+#include "train/core/core.h"
 
 #include "base/base.h"
 
@@ -14,4 +16,19 @@ td_status train_devops_for(td_device dev, const train_devops **out) {
 #endif
   return td_error(TD_ERR_INVALID_ARGUMENT, "the trainer cannot train on device kind %d in this build (built without "
                   "CUDA?): train on \"cpu\" or rebuild with a CUDA toolkit", (int)dev.kind);
+}
+
+const void *td_trainer_model_params(const td_trainer *t) { return t->model_params ? t->model_params : t->params; }
+void *td_trainer_model_grads(const td_trainer *t) { return t->model_grads ? t->model_grads : t->grads; }
+
+td_status td_trainer_device_params_changed(td_trainer *t) {
+  if (!t->model_params) return TD_OK;
+  td_status st = t->devops->cast(t->device, t->model_params, t->model_dtype, t->params, TD_F32, t->n_params);
+  if (st != TD_OK) {
+    char why[512]; /* td_error must not format its own buffer into itself */
+    td_error_copy(why, sizeof why);
+    return td_error(st, "rank %d: rounding the %zu master parameters into the model's %s copy failed: %s", t->rank,
+                    t->n_params, td_dtype_name(t->model_dtype), why);
+  }
+  return TD_OK;
 }

@@ -99,6 +99,8 @@ static void free_buffers(det_state *c) {
   free(c->parts64);
   td_free(c->inputs);
   td_free(c->targets);
+  td_free(c->host_grads);
+  c->host_grads = NULL;
   c->pool = c->scratch = c->streamed = NULL;
   c->pool_bytes = 0;
   c->losses = c->leaves = c->norm_parts = NULL;
@@ -244,6 +246,11 @@ td_status det_setup(td_trainer *t) {
   c->parts64 = calloc((size_t)W * DET_MAX_COVER, sizeof *c->parts64);
   c->inputs = td_alloc(c->unit * t->dataset->input_bytes);
   c->targets = td_alloc(c->unit * t->dataset->targets_per_sample * sizeof(int32_t));
+  if (t->devops && !(c->host_grads = td_alloc(TD_MAX(n, (size_t)1) * sizeof(float)))) {
+    free_buffers(c);
+    return td_error(TD_ERR_SYSTEM, "rank %d: out of memory for the host copy of the device gradients (%zu floats) "
+                    "of deterministic reduction", t->rank, n);
+  }
   if (!ok || (z.levels && !c->scratch) || !c->losses || !c->leaves || !c->norm_parts || !c->parts || !c->parts64 ||
       !c->inputs || !c->targets) {
     free_buffers(c);
@@ -262,6 +269,23 @@ static void release_vec(const td_trainer *t, float *vec, size_t lo, size_t hi) {
   const size_t g = c->granule;
   size_t p0 = (lo + g - 1) / g * g, p1 = hi >= t->n_params ? c->vec_stride : hi / g * g;
   if (p1 > p0) (void)madvise(vec + p0, (p1 - p0) * sizeof(float), MADV_DONTNEED);
+}
+
+/* Where the reduced gradients are combined: t->grads, or for a model on a
+ * device the host copy (det_state.host_grads). */
+static float *det_grads(const td_trainer *t) { return t->det->host_grads ? t->det->host_grads : t->grads; }
+
+/* A model on a device: a unit's backward into the device gradient arena
+ * (zeroed first), then copied into the host vector vec. */
+static td_status device_backward(td_trainer *t, float *vec, float scale, size_t u) {
+  const size_t n = t->n_params;
+  td_status st = td_device_memset0(t->device, t->grads, n * sizeof(float));
+  if (st == TD_OK) t->model->ops->backward(t->model, td_trainer_model_params(t), t->grads, scale, NULL, NULL);
+  if (st == TD_OK) st = td_device_copy(vec, (td_device){TD_DEVICE_CPU, 0}, t->grads, t->device, n * sizeof(float));
+  if (st == TD_OK) return TD_OK;
+  char why[512];
+  td_error_copy(why, sizeof why);
+  return td_error(st, "rank %d: step %ld, unit %zu: the device gradients: %s", t->rank, t->step + 1, u, why);
 }
 
 /* The samples of unit u into the unit buffers. */
@@ -286,7 +310,7 @@ static td_status load_unit(td_trainer *t, size_t u) {
 static td_status forward_unit(td_trainer *t, size_t u, double *loss_out) {
   td_error(TD_OK, "%s", "");
   const det_state *c = t->det;
-  float loss = t->model->ops->forward(t->model, t->params, c->inputs, c->targets, (int)c->unit);
+  float loss = t->model->ops->forward(t->model, td_trainer_model_params(t), c->inputs, c->targets, (int)c->unit);
   if (isnan(loss)) {
     char why[768];
     td_error_copy(why, sizeof why);
@@ -350,7 +374,7 @@ static void stream_finish(td_trainer *t, int slot) {
         all[n_all++] = (det_part){cover[i].start, cover[i].end, v};
       }
     }
-    if (det_combine_f32(U, all, n_all, t->grads + x, y - x, scratch) != 0 && c->stream_st == TD_OK)
+    if (det_combine_f32(U, all, n_all, det_grads(t) + x, y - x, scratch) != 0 && c->stream_st == TD_OK)
       c->stream_st = td_error(TD_ERR_INTERNAL, "rank %d: the unit sums of %d ranks do not tile the %zu units", me,
                               W, U);
   }
@@ -439,13 +463,26 @@ static td_status stream_end(td_trainer *t) {
   c->streamed = NULL;
   if (c->stream_st != TD_OK) return c->stream_st;
   const size_t n = t->n_params;
+  float *grads = det_grads(t);
   if (t->world > 1 && t->zero_stage == 0) {
     /* in place: the shard is where the allgather puts it */
-    td_status st = td_allgather(t->grads + t->shard_lo, t->grads, n, TD_F32, t->comm);
+    td_status st = td_allgather(grads + t->shard_lo, grads, n, TD_F32, t->comm);
     if (st != TD_OK)
       return td_error(st, "rank %d: allgathering the reduced gradients failed: %s", t->rank,
                       td_comm_last_error(t->comm));
     t->comm_bytes += n * sizeof(float);
+  }
+  if (t->devops) {
+    /* to the device arena, what the optimizer reads: the whole gradient at
+     * stage 0, the shard at stages 1-2 (zero/device.c) */
+    size_t a = t->zero_stage >= 1 ? t->shard_lo : 0, b = t->zero_stage >= 1 ? t->shard_hi : n;
+    td_status st = td_device_copy(t->grads + a, t->device, grads + a, (td_device){TD_DEVICE_CPU, 0},
+                                  (b - a) * sizeof(float));
+    if (st != TD_OK) {
+      char why[512];
+      td_error_copy(why, sizeof why);
+      return td_error(st, "rank %d: copying the reduced gradients to the device failed: %s", t->rank, why);
+    }
   }
   return TD_OK;
 }
@@ -515,7 +552,9 @@ td_status det_forward_backward(td_trainer *t, double *loss_out, double *data_s, 
       if (last) stream_fail(t, local, "finding a vector"); /* the others stream: so does this rank, without it */
       continue;
     }
-    if (!last) {
+    if (!last && t->devops) {
+      local = device_backward(t, vec, scale, u);
+    } else if (!last) {
       memset(vec, 0, n * sizeof(float));
       m->ops->backward(t->model, t->params, vec, scale, NULL, NULL);
     } else {
@@ -528,7 +567,16 @@ td_status det_forward_backward(td_trainer *t, double *loss_out, double *data_s, 
       }
       c->streamed = vec;
       td_frontier_begin(t);
-      m->ops->backward(t->model, t->params, vec, scale, on_grad_ready, t);
+      if (t->devops) {
+        /* the device's gradients reach the host vector whole: the stream
+         * then runs its chunks at once (a failed copy fails every chunk,
+         * so that this rank still takes part in the exchange) */
+        td_status dst = device_backward(t, vec, scale, u);
+        if (dst != TD_OK) stream_fail(t, dst, "the device backward");
+        on_grad_ready(t, 0, n);
+      } else {
+        m->ops->backward(t->model, t->params, vec, scale, on_grad_ready, t);
+      }
     }
     if (t->zero && t->zero->status != TD_OK) local = t->zero->status; /* a fetch in backward failed */
     if (i < len) {
@@ -582,7 +630,7 @@ td_status det_grad_norm(td_trainer *t, double *norm_out) {
   size_t la = 0, lb = n_leaves;
   if (!whole) leaf_range(n, W, t->rank, &la, &lb);
   for (size_t l = la; l < lb; l++)
-    c->leaves[l - la] = td_sum_squares(t->grads + l * DET_NORM_LEAF, TD_MIN((size_t)DET_NORM_LEAF, n - l * DET_NORM_LEAF));
+    c->leaves[l - la] = td_sum_squares(det_grads(t) + l * DET_NORM_LEAF, TD_MIN((size_t)DET_NORM_LEAF, n - l * DET_NORM_LEAF));
   double total;
   if (whole) {
     total = det_node_f64(n_leaves, 0, det_levels(n_leaves), c->leaves, 0);

@@ -141,6 +141,12 @@ typedef struct det_state {
   det_part_f64 *parts64; /* the same for the norm */
   unsigned char *inputs; /* (unit, input_bytes) */
   int32_t *targets;      /* (unit, targets_per_sample) */
+  /* A model on a device (t->devops): each unit's gradient is computed into
+   * the device gradient arena and copied into a pool vector; the exchange,
+   * the combination and the norm run on the host as for a host model, into
+   * host_grads (n_params floats), whose reduced range is then copied to the
+   * device arena for the optimizer. NULL for a host model (t->grads). */
+  float *host_grads;
 } det_state;
 
 /* The arena range that rank r's reduction shard combines: its ZeRO shard

@@ -125,6 +125,11 @@ static void widen(float *restrict dst, const uint16_t *restrict src, size_t n, t
 }
 
 void *td_precision_bucket_buffer(td_trainer *t, size_t lo, size_t hi, td_dtype *dtype_out, td_op *op_out) {
+  if (t->model_grads) { /* bf16 on a device: the model's bf16 gradients, averaged as they are (core.h) */
+    *dtype_out = t->model_dtype;
+    *op_out = TD_AVG;
+    return (char *)t->model_grads + lo * td_dtype_size(t->model_dtype);
+  }
   if (!t->grads_half) {
     *dtype_out = TD_F32;
     *op_out = TD_AVG;

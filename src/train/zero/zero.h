@@ -20,6 +20,8 @@
  *   estimate.c bytes per rank per stage before anything is allocated
  *   pages.c    the granule pages are given back in: 2 MiB transparent
  *              huge pages for large arenas (faults cost per page)
+ *   device.c   stages 1-2 for a model on a device (device arenas: the
+ *              moments sharded, gradients reduced to their owners)
  *
  * Internal to src/train. */
 #ifndef TD_TRAIN_ZERO_H
@@ -181,5 +183,20 @@ void zero_fetch_init(td_trainer *t); /* fills t->zero->access */
 void zero_fetch_reset(td_trainer *t);
 /* Fetch the whole arena (collective); td_trainer_gather_params. */
 td_status zero_fetch_all(td_trainer *t);
+
+/* ---- device.c ---- */
+/* Stages 1-2 on device arenas (device.c): a bucket's pieces reduced to
+ * their owners (stage 2; requests pushed on t->requests), the norm from the owners' shard sums, AdamW on the shard and the
+ * allgather of the master params (with the bf16 copy rounded again). */
+td_status zero_device_bucket_launch(td_trainer *t, size_t lo, size_t hi);
+td_status zero_device_grad_norm(td_trainer *t, double *norm_out);
+td_status zero_device_update(td_trainer *t, float lr, float grad_scale, long adam_t);
+/* Device bytes of the model state a rank holds: f32 master params, the
+ * model's gradients (f32, or bf16 with its bf16 copy of the params), and
+ * n_states moments of `shard` elements (n_params at stage 0). Pure: the
+ * memory fit's estimate and the measured figure are both this. */
+size_t zero_device_state_bytes_for(size_t n_params, size_t shard, int n_states, td_dtype compute);
+/* ...for this trainer as allocated */
+size_t zero_device_state_bytes(const td_trainer *t);
 
 #endif
