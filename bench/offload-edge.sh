@@ -14,7 +14,9 @@
 # rank's peak RSS (VmHWM) and peak/estimate, the sum of the peaks, the
 # cgroup's own peak, the losses, the wall time. Holds
 # /tmp/tandem-bigmem.lock; runs at nice 10; deletes its offload files.
-# ESTIMATE_ONLY=1: only print the estimate (no run, no cgroup).
+# ESTIMATE_ONLY=1: only print the estimate (no run, no cgroup). GPT and RUN
+# name other binaries (a copy, so that rebuilding during the run cannot
+# touch them); COMMIT then says which commit they were built from.
 set -u
 cd "$(dirname "$0")/.."
 L=$1 C=$2 H=$3 SEQ=$4
@@ -94,13 +96,13 @@ summary=$(echo "$mem" | awk '{
   echo
   echo "## $L layers x $C channels, $H heads, seq $SEQ ($params parameters), 2 ranks, $(date -u +%H:%MZ)"
   echo
-  echo "Command: \`bench/offload-edge.sh $*\` (commit $(git rev-parse --short HEAD)); cgroup v$([ "$peak_file" = memory.peak ] && echo 2 || echo 1) limit $((limit_b >> 20)) MiB; machine: $(nproc) cores, $(free -g | awk '/^Mem/ { print $2 }') GiB, load before/after: see log"
+  echo "Command: \`bench/offload-edge.sh $*\` (commit ${COMMIT:-$(git rev-parse --short HEAD)}); cgroup v$([ "$peak_file" = memory.peak ] && echo 2 || echo 1) limit $((limit_b >> 20)) MiB; machine: $(nproc) cores, $(free -g | awk '/^Mem/ { print $2 }') GiB, load before/after: see log"
   echo
   echo "- exit $rc in $((t1 - t0)) s; losses: $losses"
   echo "- $summary"
   echo "- cgroup peak (RSS + page cache + kernel): $((cg_peak >> 20)) MiB; OOM kills in the cgroup: ${oom:-0}"
   echo '```'
-  grep -E "memory rank=|final_loss|activation_mib|^\[0\] train-gpt: world=|refus|needs about|error|warn" "$tmp/log" | head -20
+  grep -E "memory rank=|final_loss|activation_mib|^\[0\] train-gpt: (world|knobs)|refus|needs about|error|warn" "$tmp/log" | head -20
   grep "offload step=$steps" "$tmp/log"
   echo '```'
 } | tee -a "$out"

@@ -229,7 +229,7 @@ static td_status app_elastic_fallback(void *ctx, td_comm *comm, int world_size) 
   if (a->resume_dir && (!dir[0] || td_checkpoint_info_read(dir, &info) != TD_OK)) dir = a->resume_dir;
   td_status s = td_trainer_resume(a->trainer, dir);
   if (s == TD_OK && td_comm_rank(comm) == 0)
-    fprintf(stderr, "%s: elastic: state from the disk checkpoint in %s at step %ld (world %d)\n", app_name, dir,
+    fprintf(stderr, "%s: elastic: resumed from the disk checkpoint in %s at step %ld (world %d)\n", app_name, dir,
             td_trainer_step_count(a->trainer), world_size);
   return s;
 }

@@ -95,8 +95,8 @@ for kill in $(seq 1 "$KILLS") final; do
   tr_pid=$!
   starts=$((starts + 1))
   if [ -n "$resume" ]; then
-    wait_for "$work/out" "state from the disk checkpoint in $ck at step [0-9]+ \(world $np\)" 60
-    got=$(sed -n 's/.*state from the disk checkpoint in .* at step \([0-9]*\) (world.*/\1/p' "$work/out" | head -1)
+    wait_for "$work/out" "resumed from the disk checkpoint in $ck at step [0-9]+ \(world $np\)" 60
+    got=$(sed -n 's/.*resumed from the disk checkpoint in .* at step \([0-9]*\) (world.*/\1/p' "$work/out" | head -1)
     [ "$got" -ge "$before" ] || fail "restart $starts loaded step $got, but latest named step $before before it"
   fi
   if [ "$kill" = final ]; then

@@ -17,7 +17,7 @@ trap 'rm -rf "$tmp"' EXIT
 fail() { echo "FAIL(faulthosts short): $*"; [ -f "$tmp/log" ] && tail -30 "$tmp/log"; exit 1; }
 kinds="hostkill grow kill0 stop cut loss50"
 n=$(echo $kinds | wc -w)
-ZERO=$zero KINDS="$kinds" EVERY=80 STEPS=1200 LOSS_S=1.5 HB=1.5 SETTLE=1.5 RESULTS="$tmp" "$here/../../bench/faults_hosts.sh" "$n" "$B" >"$tmp/log" 2>&1
+ZERO=$zero KINDS="$kinds" EVERY=80 STEPS=1600 LOSS_S=1.5 HB=1.5 SETTLE=1.5 RESULTS="$tmp" "$here/../../bench/faults_hosts.sh" "$n" "$B" >"$tmp/log" 2>&1
 rc=$?
 res=$(ls "$tmp"/faults-hosts-*.md 2>/dev/null | head -1)
 [ -n "$res" ] || fail "no result file (exit $rc)"

@@ -285,7 +285,7 @@ static void run_unbound(void) {
   char *saved = saved_local ? strdup(saved_local) : NULL;
   setenv("TANDEM_MEMORY_LIMIT", "1G", 1);
   for (int slots = 1; slots <= 4; slots += 3) {
-    char v[8];
+    char v[16];
     snprintf(v, sizeof v, "%d", slots);
     setenv("TANDEM_LOCAL_SIZE", v, 1);
     td_train_config c;
