@@ -418,11 +418,6 @@ int main(int argc, char **argv) {
       if (s != TD_OK) app_fail(&run, "turning on sequence parallelism", s);
     }
     train_comm = td_grid_comm(grid, TD_GRID_DATA);
-    /* the trainer would count only its data-parallel group's ranks on this host */
-    if (cfg.threads == 0) {
-      long cores = sysconf(_SC_NPROCESSORS_ONLN), local = td_comm_local_size(run.comm);
-      cfg.threads = (int)(cores > local ? cores / local : 1);
-    }
   } else if (pp > 1) {
     /* Pipeline parallelism: the grid's pipeline group holds the stages, the
      * trainer averages over the data-parallel group */
@@ -432,10 +427,6 @@ int main(int argc, char **argv) {
     s = td_gpt_pipeline_create(&opt.model, &pc, td_grid_comm(grid, TD_GRID_PIPELINE), &model);
     if (s != TD_OK) app_fail(&run, "creating the pipeline stage", s);
     train_comm = td_grid_comm(grid, TD_GRID_DATA);
-    if (cfg.threads == 0) {
-      long cores = sysconf(_SC_NPROCESSORS_ONLN), local = td_comm_local_size(run.comm);
-      cfg.threads = (int)(cores > local ? cores / local : 1);
-    }
     if (run.timeline) td_gpt_pipeline_set_trace(model, trace_pipeline, run.timeline);
   } else {
     s = td_gpt_create_on(&opt.model, dev, &model);

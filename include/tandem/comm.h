@@ -80,6 +80,11 @@ int td_comm_rank(const td_comm *comm);
 int td_comm_size(const td_comm *comm);
 int td_comm_local_rank(const td_comm *comm); /* rank among the ranks on this host */
 int td_comm_local_size(const td_comm *comm); /* number of ranks of comm on this host */
+/* Ranks of the whole job on this host: td_comm_local_size of the
+ * communicator comm was split from (transitively). What shares this host's
+ * memory and cores: a tensor- or data-parallel group of a 3D layout counts
+ * every process of the host, not only its own members. */
+int td_comm_host_size(const td_comm *comm);
 const char *td_comm_transport(const td_comm *comm); /* "self", "shm" or "tcp" */
 /* The peers whose silence made this rank fail the communicator (no
  * heartbeat nor data for TANDEM_HEARTBEAT_TIMEOUT: stopped, cut off, or on

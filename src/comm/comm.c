@@ -128,6 +128,9 @@ static td_status comm_setup(td_comm *comm, double connect_timeout_s) {
     TD_CHECK(create_transport(comm));
     t2 = td_now();
   }
+  /* A communicator made by td_comm_split inherits the job's count; the
+   * first one of a job is the job. */
+  if (comm->host_size < comm->local_size) comm->host_size = comm->local_size;
   TD_CHECK(comm_select_init(comm));
   TD_CHECK(progress_start(comm));
   /* The phase times show where start-up goes at scale (bench/init.sh). */
@@ -263,6 +266,7 @@ static td_status comm_split(td_comm *comm, int color, int key, td_comm **out) {
   }
   child->tun = comm->tun;
   child->timeout_s = comm->timeout_s;
+  child->host_size = comm->host_size;
   memcpy(child->transport_req, comm->transport_req, sizeof child->transport_req);
   double connect_timeout_s = comm->tun.connect_timeout_s;
   if (child->size > 1) {
@@ -332,6 +336,7 @@ int td_comm_rank(const td_comm *comm) { return comm ? comm->rank : -1; }
 int td_comm_size(const td_comm *comm) { return comm ? comm->size : 0; }
 int td_comm_local_rank(const td_comm *comm) { return comm ? comm->local_rank : -1; }
 int td_comm_local_size(const td_comm *comm) { return comm ? comm->local_size : 0; }
+int td_comm_host_size(const td_comm *comm) { return comm ? comm->host_size : 0; }
 const char *td_comm_transport(const td_comm *comm) { return comm ? comm->xport_name : ""; }
 int td_comm_silent_ranks(const td_comm *comm, int *ranks, int max) {
   if (!comm || !comm->xport || !comm->xport->vtbl->silent_peers || (max > 0 && !ranks)) return 0;

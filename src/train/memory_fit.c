@@ -215,7 +215,7 @@ static td_status device_memory_fit(td_trainer *t) {
     TD_DEBUG("rank %d: device memory of %s unknown (%s): not checked", t->rank, name, td_last_error());
     return td_trainer_agree(t, TD_OK);
   }
-  int local = t->comm ? td_comm_local_size(t->comm) : 1, n_dev = td_device_count(dev.kind);
+  int local = t->comm ? td_comm_host_size(t->comm) : 1, n_dev = td_device_count(dev.kind);
   int sharing = n_dev > 0 ? local / n_dev + (dev.index < local % n_dev) : 1;
   if (sharing < 1) sharing = 1;
   size_t room = free_bytes / (size_t)sharing;
@@ -252,7 +252,7 @@ static td_status device_memory_fit(td_trainer *t) {
  * may run as many processes as the launcher gave it slots
  * (TANDEM_LOCAL_SIZE; tandemrun --elastic sets the host's slots), not one. */
 static int local_ranks(const td_trainer *t) {
-  if (t->comm) return td_comm_local_size(t->comm);
+  if (t->comm) return td_comm_host_size(t->comm); /* a 3D layout's data-parallel group: the whole host */
   long slots = td_env_long("TANDEM_LOCAL_SIZE", 1);
   return slots >= 1 && slots <= (1 << 20) ? (int)slots : 1;
 }

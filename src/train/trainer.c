@@ -178,7 +178,7 @@ static td_status trainer_create(const td_train_config *cfg_in, td_model *model, 
   t->ckpt_fault_at = td_env_long("TANDEM_CKPT_FAULT_AT", 0);
   t->ckpt_fault_rank = (int)td_env_long("TANDEM_CKPT_FAULT_RANK", 0);
 
-  int local_size = comm ? td_comm_local_size(comm) : 1;
+  int local_size = comm ? td_comm_host_size(comm) : 1; /* every process of the host shares its cores */
   if (local_size < 1) local_size = 1;
   t->threads = t->cfg.threads > 0 ? t->cfg.threads : TD_MAX(1, host_cores() / local_size);
   td_nn_set_threads(t->threads);

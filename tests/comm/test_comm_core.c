@@ -352,6 +352,19 @@ static void test_multi(void) {
   int32_t want = 0;
   for (int r = rank % 2; r < n; r += 2) want += r;
   CHECK_EQ_INT(hout, want);
+  /* Every rank of this test runs on this host: a group counts its own
+   * members as local but the whole job as the host's (the cores and memory
+   * it shares), also when split again. */
+  CHECK_EQ_INT(td_comm_local_size(comm), n);
+  CHECK_EQ_INT(td_comm_host_size(comm), n);
+  CHECK_EQ_INT(td_comm_local_size(half), hn);
+  CHECK_EQ_INT(td_comm_host_size(half), n);
+  td_comm *alone;
+  CHECK_OK(td_comm_split(half, td_comm_rank(half), 0, &alone));
+  CHECK_EQ_INT(td_comm_local_size(alone), 1);
+  CHECK_EQ_INT(td_comm_host_size(alone), n);
+  CHECK_OK(td_comm_finalize(alone));
+  td_comm_destroy(alone);
   CHECK_OK(td_comm_finalize(half));
   td_comm_destroy(half);
 

@@ -209,6 +209,8 @@ typedef struct comm_request_queue comm_request_queue; /* progress/progress.c */
 struct td_comm {
   int rank, size;
   int local_rank, local_size; /* among ranks with the same host identity */
+  int host_size;              /* the job's ranks on this host: local_size of the communicator this one was
+                                 split from, transitively (0 until set up) */
   int *local_ranks;           /* the local_size ranks on this host, ascending */
   pid_t *pids;                /* pid of every rank (valid for local ranks) */
   char **hosts;               /* host identity of every rank */

@@ -148,7 +148,7 @@ td_status progress_start(td_comm *comm) {
   pthread_cond_init(&q->work_cv, NULL);
   pthread_cond_init(&q->idle_cv, NULL);
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-  q->spin = cpus >= comm->local_size;
+  q->spin = cpus >= comm->host_size; /* every process of the host, not only this group's */
   comm->queue = q;
   if (comm->size == 1) return TD_OK; /* everything completes at issue: no thread needed */
   int rc = pthread_create(&q->thread, NULL, progress_main, comm);

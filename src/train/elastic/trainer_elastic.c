@@ -92,7 +92,7 @@ td_status td_trainer_elastic_rebind(td_trainer *t, td_comm *comm, int micro_hint
   t->cfg.micro_batch = micro;
   t->cfg.grad_accum = accum;
   if (t->cfg.threads <= 0) {
-    int local = comm ? td_comm_local_size(comm) : 1;
+    int local = comm ? td_comm_host_size(comm) : 1;
     t->threads = TD_MAX(1, usable_cores() / TD_MAX(local, 1));
     td_nn_set_threads(t->threads);
   }

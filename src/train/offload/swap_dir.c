@@ -111,7 +111,7 @@ td_status offload_dir_create(td_trainer *t, const char *path, size_t needed) {
   if (statvfs(path, &vfs) != 0)
     return td_error(TD_ERR_IO, "rank %d: offload nvme_path \"%s\": statvfs failed: %s", t->rank, path,
                     strerror(errno));
-  int local = t->comm ? td_comm_local_size(t->comm) : 1;
+  int local = t->comm ? td_comm_host_size(t->comm) : 1; /* every rank of the host may swap there */
   if (local < 1) local = 1;
   size_t free_bytes = (size_t)vfs.f_bavail * (size_t)vfs.f_frsize;
   size_t want = needed * (size_t)local;
