@@ -262,14 +262,31 @@ static td_status pp_set_ckpt(td_model *model, int on) {
   return TD_OK;
 }
 
-/* Slots as 1F1B needs them at most (p - s per chunk; the interleaved
- * schedule may need more, known at the first step). */
+/* Activation slots per chunk at most, whatever the step's micro-batch
+ * count: p - s under 1F1B; the interleaved schedule's warm-up holds more
+ * (about 2(p-s-1) + (v-1)p forwards across the chunks), taken from the
+ * schedule itself at a count past its warm-up, p(v+2) micro-batches, where
+ * the in-flight maximum no longer grows (0: the schedule refused). */
+static size_t max_slots(const pp_model *m) {
+  if (m->v == 1) return (size_t)(m->p - m->s);
+  int n_micro = m->p * (m->v + 2);
+  int n = td_pp_schedule_length(m->kind, m->p, n_micro, m->v, m->s);
+  if (n <= 0) return 0;
+  td_pp_action *acts = malloc((size_t)n * sizeof *acts);
+  if (!acts) return 0;
+  int slots = td_pp_schedule(m->kind, m->p, n_micro, m->v, m->s, acts, n, &n) == TD_OK
+                  ? td_pp_max_in_flight(acts, n, m->v)
+                  : 0;
+  free(acts);
+  return slots > 0 ? (size_t)slots : 0;
+}
+
 static size_t pp_activation_bytes(const td_model *model, int batch, int checkpointing, td_dtype compute) {
   const pp_model *m = (const pp_model *)model;
-  size_t total = 0;
+  size_t total = 0, slots = max_slots(m);
+  if (slots == 0) slots = (size_t)(m->p - m->s) * (size_t)m->v; /* the schedule will refuse; an upper guess */
   for (int c = 0; c < m->v; c++) {
     const pp_chunk *ch = &m->chunks[c];
-    size_t slots = (size_t)(m->p - m->s);
     size_t one = ch->slot[0]->ops->activation_bytes(ch->slot[0], batch, checkpointing, compute);
     size_t io = ((ch->range.embed ? 0 : 1) + (ch->range.head ? 0 : 1)) * act_floats(m, batch) * sizeof(float);
     total += slots * (one + io);
