@@ -105,17 +105,29 @@ td_status el_report_silent(el_membership *m, long uid) {
   return store_set_str(m->store, key, value);
 }
 
+/* The integer under <job>/el/<suffix> in the store (0 and !*found_out: none). */
+static td_status read_int_key(el_membership *m, const char *suffix, long *out, bool *found_out) {
+  char key[200];
+  snprintf(key, sizeof key, "%s/el/%s", m->job, suffix);
+  void *v = NULL;
+  int found = 0;
+  TD_CHECK(store_get(m->store, key, &v, NULL, &found));
+  *found_out = found != 0;
+  *out = found ? strtol(v, NULL, 10) : 0;
+  free(v);
+  return TD_OK;
+}
+
 /* Was uid reported silent in this process's current epoch, the one the
  * round replaces (el_report_silent)? A report from an older epoch, after
  * which uid came back in time, does not count. */
 static td_status is_silent(el_membership *m, long uid, bool *silent) {
-  char key[200];
-  snprintf(key, sizeof key, "%s/el/silent/%ld", m->job, uid);
-  void *v = NULL;
-  int found = 0;
-  TD_CHECK(store_get(m->store, key, &v, NULL, &found));
-  *silent = found && strtol(v, NULL, 10) == m->epoch;
-  free(v);
+  char suffix[64];
+  snprintf(suffix, sizeof suffix, "silent/%ld", uid);
+  long epoch = 0;
+  bool found = false;
+  TD_CHECK(read_int_key(m, suffix, &epoch, &found));
+  *silent = found && epoch == m->epoch;
   return TD_OK;
 }
 
@@ -208,7 +220,6 @@ static td_status is_dead(el_membership *m, long uid, bool *dead, long *replaceme
   return TD_OK;
 }
 
-static td_status read_int_key(el_membership *m, const char *suffix, long *out, bool *found_out);
 
 bool el_membership_abandoned(el_membership *m, char *why, size_t why_size) {
   long cur = 0;
@@ -226,18 +237,6 @@ bool el_membership_abandoned(el_membership *m, char *why, size_t why_size) {
     return true;
   }
   return false;
-}
-
-static td_status read_int_key(el_membership *m, const char *suffix, long *out, bool *found_out) {
-  char key[200];
-  snprintf(key, sizeof key, "%s/el/%s", m->job, suffix);
-  void *v = NULL;
-  int found = 0;
-  TD_CHECK(store_get(m->store, key, &v, NULL, &found));
-  *found_out = found != 0;
-  *out = found ? strtol(v, NULL, 10) : 0;
-  free(v);
-  return TD_OK;
 }
 
 /* Adopt the closed membership `text` of epoch k. */
