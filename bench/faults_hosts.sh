@@ -14,6 +14,9 @@
 #   STEPS=N ...               the job's steps ((FAULTS + 2) * EVERY)
 #   HB=S SETTLE=S ...         TANDEM_HEARTBEAT_TIMEOUT (2) and
 #                             TANDEM_ELASTIC_SETTLE (3)
+#   MINHB=S ...               TANDEM_HEARTBEAT_MIN_TIMEOUT (0.5: adaptive
+#                             timeouts between 0.5 s and HB; "" for HB fixed)
+#   SUFFIX=TEXT ...           appended to the results' file names
 #   KINDS="kill stop ..."     the kinds, in this order, round robin (below;
 #                             each grow must follow a hostkill)
 #   RESULTS=DIR ...           where the .md and .tsv go (bench/results)
@@ -58,6 +61,8 @@ ZERO=${ZERO:-0}
 EVERY=${EVERY:-300}
 HB=${HB:-2}
 SETTLE=${SETTLE:-3}
+MINHB=${MINHB-0.5}
+SUFFIX=${SUFFIX:-}
 KINDS=${KINDS:-kill kill0 stop cut loss10 loss50 hostkill grow}
 RESULTS=${RESULTS:-bench/results}
 LOSS_S=${LOSS_S:-4}
@@ -80,6 +85,7 @@ addr_of() { [ "$1" = a ] && echo $A || echo $Bh; }
 
 export TANDEM_PROGRESS=plain TANDEM_HEARTBEAT_TIMEOUT=$HB TANDEM_HEARTBEAT_INTERVAL=0.25
 export TANDEM_ELASTIC_SETTLE=$SETTLE TANDEM_DISCOVERY_INTERVAL=0.1
+[ -n "$MINHB" ] && export TANDEM_HEARTBEAT_MIN_TIMEOUT=$MINHB
 # Stage >= 1: the rebuild's log lines ("rebuilt from memory" or the disk).
 [ "$ZERO" != 0 ] && export TANDEM_LOG=info
 ARGS="--layers 2 --channels 64 --heads 2 --seq 64 --threads 1 --sample 0 --micro-batch 3 --zero-stage $ZERO"
@@ -351,14 +357,14 @@ same=no
 same_loss=no
 [ -n "$ref" ] && [ "${ref% *}" = "${got% *}" ] && same_loss=yes
 
-res="$RESULTS/faults-hosts-$date_tag$([ "$ZERO" != 0 ] && echo "-zero$ZERO").md"
+res="$RESULTS/faults-hosts-$date_tag$([ "$ZERO" != 0 ] && echo "-zero$ZERO")$SUFFIX.md"
 cp "$work/records" "${res%.md}.tsv"
 {
   echo "# Elastic fault injection across namespace hosts, $(date -u '+%Y-%m-%d %H:%M UTC')"
   echo
-  echo "Command: \`ZERO=$ZERO EVERY=$EVERY LOSS_S=$LOSS_S HB=$HB SETTLE=$SETTLE KINDS='$KINDS' bench/faults_hosts.sh $FAULTS $B\`; machine: $(nproc) cores, load before: $load_before, after: $(cut -d' ' -f1-3 /proc/loadavg)."
+  echo "Command: \`ZERO=$ZERO EVERY=$EVERY LOSS_S=$LOSS_S HB=$HB MINHB=$MINHB SETTLE=$SETTLE KINDS='$KINDS' bench/faults_hosts.sh $FAULTS $B\`; machine: $(nproc) cores, load before: $load_before, after: $(cut -d' ' -f1-3 /proc/loadavg); commit $(git rev-parse --short HEAD 2>/dev/null)$(git diff --quiet HEAD 2>/dev/null || echo " (with uncommitted changes)")."
   echo "Job: train-gpt $ARGS --steps $STEPS, 4 ranks on 2 namespace hosts (2 each, own net/UTS/IPC/PID namespaces and sshd),"
-  echo "tandemrun --min-np 2 --max-np 4 --host-discovery-script on a third; heartbeat timeout $HB s, settle $SETTLE s. Faults ran"
+  echo "tandemrun --min-np 2 --max-np 4 --host-discovery-script on a third; heartbeat timeout $HB s$([ -n "$MINHB" ] && echo " (adaptive, floor $MINHB s)"), settle $SETTLE s. Faults ran"
   echo "for $(secs "$t_start" "$t_end") s. Per-fault rows: \`$(basename "${res%.md}.tsv")\` (kind, process, host, fault time, next step time, steps lost, new epoch, step before, longest gap between steps for loss)."
   echo
   echo "| kind | faults | fault -> next step median (s) | p95 (s) | max (s) | steps lost (total) | no new epoch | longest gap between steps, median / max (s) | hangs |"
