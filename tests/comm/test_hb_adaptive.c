@@ -6,7 +6,9 @@
  *     adaptive, rank 1 beating every 20 ms: rank 0's timeout for rank 1
  *     falls to the floor once 8 gaps came (the cap before), and
  *     heartbeat_lost declares rank 1 lost past the floor although the fixed
- *     timeout it is given is 15 s; a rank 0 that is not adaptive keeps 15 s.
+ *     timeout it is given is 15 s; a rank 0 that is not adaptive keeps 15 s;
+ *     a later adaptive object watching the same host starts from the
+ *     window the closed one ended with.
  * Run with TANDEM_SECRET set (beats are authenticated). */
 #define _GNU_SOURCE 1
 #include <arpa/inet.h>
@@ -127,6 +129,22 @@ static void sockets(void) {
   /* The cap still bounds it. */
   CHECK_EQ_INT(heartbeat_lost(hb0, -1, 20.0 + 0.45, 0.4), 1);
 
+  /* A later adaptive object of this process watching the same host starts
+   * from the window hb0 closed with: the same timeout before any beat. */
+  heartbeat_close(hb0);
+  close(l0);
+  int p3 = 0, l3 = listener(&p3);
+  tcp_heartbeat *next = NULL;
+  CHECK_OK(heartbeat_open(l3, 0, 2, HASH, &next, &taken));
+  heartbeat_set_adaptive(next, 0.01, 0.5);
+  snprintf(addr, sizeof addr, "127.0.0.1:%d", p1);
+  CHECK_OK(heartbeat_set_peer(next, 1, addr));
+  int n_next = -1;
+  CHECK_CLOSE(heartbeat_peer_timeout(next, 1, 15.0, &n_next, NULL, NULL), t, 0, 1e-12);
+  CHECK_EQ_INT(n_next, 8);
+  heartbeat_close(next);
+  close(l3);
+
   /* Not adaptive: the same beats leave the fixed 15 s in force. */
   snprintf(addr, sizeof addr, "127.0.0.1:%d", p2);
   CHECK_OK(heartbeat_set_peer(hb1, 0, addr));
@@ -136,10 +154,8 @@ static void sockets(void) {
   CHECK_EQ_INT(heartbeat_lost(fixed, -1, 20.0 + 14.9, 15.0), -1);
   CHECK_EQ_INT(heartbeat_lost(fixed, -1, 20.0 + 15.1, 15.0), 1);
 
-  heartbeat_close(hb0);
   heartbeat_close(hb1);
   heartbeat_close(fixed);
-  close(l0);
   close(l1);
   close(l2);
 }

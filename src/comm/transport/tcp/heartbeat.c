@@ -34,6 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -71,6 +72,7 @@ typedef struct hb_peer {
   float *gaps;
   int n_gaps, next_gap;
   double timeout;
+  char host[256];   /* its address without the port: the key of link_memory */
 } hb_peer;
 
 struct tcp_heartbeat {
@@ -85,6 +87,8 @@ struct tcp_heartbeat {
   bool adaptive;    /* heartbeat_set_adaptive was called */
   double interval_s, floor_s;
 };
+
+static void memory_seed(tcp_heartbeat *hb, hb_peer *peer);
 
 td_status heartbeat_open(int listen_fd, int rank, int size, uint64_t comm_hash, tcp_heartbeat **out,
                          bool *port_taken) {
@@ -146,6 +150,8 @@ td_status heartbeat_set_peer(tcp_heartbeat *hb, int peer, const char *addr) {
   memcpy(&hb->peers[peer].to, res->ai_addr, res->ai_addrlen);
   hb->peers[peer].to_len = res->ai_addrlen;
   freeaddrinfo(res);
+  snprintf(hb->peers[peer].host, sizeof hb->peers[peer].host, "%s", host);
+  if (hb->adaptive && hb->peers[peer].gaps) memory_seed(hb, &hb->peers[peer]);
   return TD_OK;
 }
 
@@ -167,6 +173,58 @@ void heartbeat_set_adaptive(tcp_heartbeat *hb, double interval_s, double floor_s
   hb->adaptive = true;
   hb->interval_s = interval_s;
   hb->floor_s = floor_s;
+}
+
+/* What the adaptive timeouts learnt of each host, kept past the
+ * communicator that learnt it: an elastic job forms a new communicator at
+ * every membership change, and one that started from no beats would apply
+ * the fixed timeout for its first HB_MIN_GAPS intervals, just when the next
+ * fault may come. The gaps measure the sending host's scheduling and the
+ * link to it, which a new process there shares, so a new communicator's
+ * peer on a known host starts from the window the last communicator closed
+ * with. Process-wide, a few hosts (the least recently saved is replaced). */
+#define HB_MEMORY_HOSTS 32
+static struct {
+  pthread_mutex_t lock;
+  struct {
+    char host[256];
+    float gaps[HB_WINDOW];
+    int n_gaps, next_gap;
+    uint64_t saved; /* order of saving; 0: empty */
+  } slot[HB_MEMORY_HOSTS];
+  uint64_t saves;
+} link_memory = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static void memory_save(const hb_peer *peer) {
+  if (!peer->gaps || peer->n_gaps < HB_MIN_GAPS || !peer->host[0]) return;
+  pthread_mutex_lock(&link_memory.lock);
+  int use = 0;
+  for (int i = 0; i < HB_MEMORY_HOSTS; i++) {
+    if (link_memory.slot[i].saved && !strcmp(link_memory.slot[i].host, peer->host)) {
+      use = i;
+      break;
+    }
+    if (link_memory.slot[i].saved < link_memory.slot[use].saved) use = i;
+  }
+  snprintf(link_memory.slot[use].host, sizeof link_memory.slot[use].host, "%s", peer->host);
+  memcpy(link_memory.slot[use].gaps, peer->gaps, sizeof link_memory.slot[use].gaps);
+  link_memory.slot[use].n_gaps = peer->n_gaps;
+  link_memory.slot[use].next_gap = peer->next_gap;
+  link_memory.slot[use].saved = ++link_memory.saves;
+  pthread_mutex_unlock(&link_memory.lock);
+}
+
+static void memory_seed(tcp_heartbeat *hb, hb_peer *peer) {
+  pthread_mutex_lock(&link_memory.lock);
+  for (int i = 0; i < HB_MEMORY_HOSTS; i++)
+    if (link_memory.slot[i].saved && !strcmp(link_memory.slot[i].host, peer->host)) {
+      memcpy(peer->gaps, link_memory.slot[i].gaps, sizeof link_memory.slot[i].gaps);
+      peer->n_gaps = link_memory.slot[i].n_gaps;
+      peer->next_gap = link_memory.slot[i].next_gap;
+      peer->timeout = heartbeat_adaptive_timeout(peer->gaps, peer->n_gaps, hb->interval_s, hb->floor_s, INFINITY);
+      break;
+    }
+  pthread_mutex_unlock(&link_memory.lock);
 }
 
 double heartbeat_adaptive_timeout(const float *gaps, int n, double interval_s, double floor_s, double cap_s) {
@@ -219,7 +277,10 @@ static void note_arrival(tcp_heartbeat *hb, hb_peer *peer, double arrived) {
 void heartbeat_close(tcp_heartbeat *hb) {
   if (!hb) return;
   if (hb->fd >= 0) close(hb->fd);
-  for (int p = 0; hb->peers && p < hb->size; p++) free(hb->peers[p].gaps);
+  for (int p = 0; hb->peers && p < hb->size; p++) {
+    memory_save(&hb->peers[p]);
+    free(hb->peers[p].gaps);
+  }
   free(hb->peers);
   free(hb);
 }

@@ -50,7 +50,9 @@ int heartbeat_failed_peer(const tcp_heartbeat *hb);
  * peer's timeout follows the gaps between the kernel arrival times of its
  * last HB_WINDOW beats (heartbeat_adaptive_timeout), between floor_s and
  * the timeout_s given to heartbeat_lost. Off (one fixed timeout) until
- * called. Call before the watcher starts. */
+ * called. Call before heartbeat_set_peer and the watcher. A peer whose host
+ * an earlier heartbeat object of this process watched (closed since) starts
+ * from the window that one ended with (process-wide memory, thread-safe). */
 void heartbeat_set_adaptive(tcp_heartbeat *hb, double interval_s, double floor_s);
 /* Beats whose arrival gaps an adaptive timeout is computed from (the last
  * 64 s at a 0.25 s interval), and how many gaps it needs before it adapts
