@@ -48,6 +48,9 @@
  *                           (a stopped or cut-off host) before going on
  *                           without it (default 10; should exceed
  *                           TANDEM_HEARTBEAT_TIMEOUT)
+ *   TANDEM_ELASTIC_REPLACE_WAIT  seconds survivors wait for the replacement
+ *                           of a lost member before going on without it
+ *                           (it joins at the next commit; default 0.25)
  *
  * Threading: one td_elastic is used from one thread. Errors follow
  * tandem/base.h. */
