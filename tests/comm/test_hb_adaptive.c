@@ -1,7 +1,8 @@
 /* Adaptive heartbeat timeouts (TANDEM_HEARTBEAT_MIN_TIMEOUT; heartbeat.h):
  *   - the estimator against closed forms worked out by hand (mean + 5.612
- *     standard deviations, the deviation at least interval / 4, at least 1.5
- *     times the longest gap, clamped to [floor, cap], the cap below 8 gaps);
+ *     standard deviations, the deviation at least interval / 4, at least 2.5
+ *     times the longest gap or remembered stall, clamped to [floor, cap],
+ *     the cap below 8 gaps);
  *   - through the sockets: two heartbeat objects on loopback, rank 0
  *     adaptive, rank 1 beating every 20 ms: rank 0's timeout for rank 1
  *     falls to the floor once 8 gaps came (the cap before), and
@@ -43,38 +44,44 @@ static void estimator(void) {
   float g[HB_WINDOW];
   /* Fewer than 8 gaps: the cap, whatever they say. */
   fill(g, 7, 0.25f);
-  CHECK_CLOSE(heartbeat_adaptive_timeout(g, 7, 0.25, 0.5, 6.0), 6.0, 0, 1e-12);
-  CHECK_CLOSE(heartbeat_adaptive_timeout(g, 0, 0.25, 0.5, 6.0), 6.0, 0, 1e-12);
-  /* A steady sender: sd 0 -> interval / 4 = 0.0625; 0.25 + 5.612 * 0.0625. */
+  CHECK_CLOSE(heartbeat_adaptive_timeout(g, 7, 0, 0.25, 0.5, 6.0), 6.0, 0, 1e-12);
+  CHECK_CLOSE(heartbeat_adaptive_timeout(g, 0, 0, 0.25, 0.5, 6.0), 6.0, 0, 1e-12);
+  /* A steady sender: sd 0 -> interval / 4 = 0.0625; 0.25 + 5.612 * 0.0625
+   * = 0.60075 is below 2.5 * 0.25 = 0.625. */
   fill(g, 16, 0.25f);
-  CHECK_CLOSE(heartbeat_adaptive_timeout(g, 16, 0.25, 0.5, 6.0), 0.60075, 0, 1e-6);
-  /* 8 gaps of 0.2 and 8 of 0.3: mean 0.25, sd 0.05 < 0.0625: the same. */
-  fill(g, 8, 0.2f);
-  fill(g + 8, 8, 0.3f);
-  CHECK_CLOSE(heartbeat_adaptive_timeout(g, 16, 0.25, 0.5, 6.0), 0.60075, 0, 1e-6);
+  CHECK_CLOSE(heartbeat_adaptive_timeout(g, 16, 0, 0.25, 0.5, 6.0), 0.625, 0, 1e-6);
+  /* Gaps of 0.2 at an interval of 0.4 (the sd floor 0.1): 0.2 + 0.5612 =
+   * 0.7612 over 2.5 * 0.2 = 0.5: the normal bound decides. */
+  fill(g, 16, 0.2f);
+  CHECK_CLOSE(heartbeat_adaptive_timeout(g, 16, 0, 0.4, 0.45, 6.0), 0.2 + 5.612 * 0.1, 0, 1e-6);
   /* 8 gaps of 0.1 and 8 of 0.5: mean 0.3, sd 0.2: 0.3 + 1.1224 = 1.4224
-   * (1.5 * 0.5 = 0.75 is below). */
+   * (2.5 * 0.5 = 1.25 is below). */
   fill(g, 8, 0.1f);
   fill(g + 8, 8, 0.5f);
-  CHECK_CLOSE(heartbeat_adaptive_timeout(g, 16, 0.25, 0.5, 6.0), 1.4224, 0, 1e-6);
+  CHECK_CLOSE(heartbeat_adaptive_timeout(g, 16, 0, 0.25, 0.5, 6.0), 1.4224, 0, 1e-6);
   /* 15 gaps of 0.25 and one stall of 1.0: mean 0.296875, sd 0.18155
-   * (0.296875 + 5.612 * 0.18155 = 1.3157) is below 1.5 * 1.0 = 1.5. */
+   * (0.296875 + 5.612 * 0.18155 = 1.3157) is below 2.5 * 1.0 = 2.5. */
   fill(g, 15, 0.25f);
   g[15] = 1.0f;
-  CHECK_CLOSE(heartbeat_adaptive_timeout(g, 16, 0.25, 0.5, 6.0), 1.5, 0, 1e-6);
-  /* The floor: 0.05 + 5.612 * 0.0125 = 0.12 is raised to 0.5. */
+  CHECK_CLOSE(heartbeat_adaptive_timeout(g, 16, 0, 0.25, 0.5, 6.0), 2.5, 0, 1e-6);
+  /* A stall remembered from before the window: 2.5 * 0.8 = 2.0. */
+  fill(g, 16, 0.25f);
+  CHECK_CLOSE(heartbeat_adaptive_timeout(g, 16, 0.8, 0.25, 0.5, 6.0), 2.0, 0, 1e-6);
+  /* The floor: max(0.05 + 5.612 * 0.0125, 2.5 * 0.05) = 0.125 is raised to 0.5. */
   fill(g, 16, 0.05f);
-  CHECK_CLOSE(heartbeat_adaptive_timeout(g, 16, 0.05, 0.5, 6.0), 0.5, 0, 1e-12);
-  /* The cap: 1.5 * 3 = 4.5 (over 3 + 0.35), capped at 4. */
-  fill(g, 16, 3.0f);
-  CHECK_CLOSE(heartbeat_adaptive_timeout(g, 16, 0.25, 0.5, 6.0), 4.5, 0, 1e-6);
-  CHECK_CLOSE(heartbeat_adaptive_timeout(g, 16, 0.25, 0.5, 4.0), 4.0, 0, 1e-12);
-  /* A full window, odd size edge: 255 gaps of 0.25 and one of 0 (two beats
-   * drained together): mean 0.2490234, sd 0.015594 -> 0.0625 floor of sd:
-   * 0.2490234 + 0.35075 = 0.5997734. */
-  fill(g, HB_WINDOW, 0.25f);
+  CHECK_CLOSE(heartbeat_adaptive_timeout(g, 16, 0, 0.05, 0.5, 6.0), 0.5, 0, 1e-12);
+  /* The cap: 2.5 * 1.5 = 3.75 (over 1.5 + 0.35), capped at 3. */
+  fill(g, 16, 1.5f);
+  CHECK_CLOSE(heartbeat_adaptive_timeout(g, 16, 0, 0.25, 0.5, 6.0), 3.75, 0, 1e-6);
+  CHECK_CLOSE(heartbeat_adaptive_timeout(g, 16, 0, 0.25, 0.5, 3.0), 3.0, 0, 1e-12);
+  /* A full window, odd size edge: 255 gaps of 0.2 and one of 0 (two beats
+   * drained together), interval 0.2: mean 0.2 * 255 / 256, sd 0.0125 ->
+   * 0.05 floor of sd: 0.19922 + 0.2806 = 0.47982 (2.5 * 0.2 = 0.5 above it):
+   * 0.5. And with interval 0.3 (sd floor 0.075): 0.19922 + 0.4209 = 0.62012. */
+  fill(g, HB_WINDOW, 0.2f);
   g[HB_WINDOW - 1] = 0.0f;
-  CHECK_CLOSE(heartbeat_adaptive_timeout(g, HB_WINDOW, 0.25, 0.5, 6.0), 0.25 * 255 / 256 + 5.612 * 0.0625, 0, 1e-6);
+  CHECK_CLOSE(heartbeat_adaptive_timeout(g, HB_WINDOW, 0, 0.2, 0.4, 6.0), 0.5, 0, 1e-6);
+  CHECK_CLOSE(heartbeat_adaptive_timeout(g, HB_WINDOW, 0, 0.3, 0.4, 6.0), 0.2 * 255 / 256 + 5.612 * 0.075, 0, 1e-6);
 }
 
 /* Rank 1 sends n beats 20 ms apart; rank 0 drains them (at fake time now). */
@@ -120,7 +127,7 @@ static void sockets(void) {
   beats(hb1, hb0, 1, 20.0);
   double t = heartbeat_peer_timeout(hb0, 1, 15.0, &n, &mean, &longest);
   CHECK_EQ_INT(n, 8);
-  if (!(t >= 0.5 && t <= 1.5 * longest + 0.5 + 1e-9 && t < 15.0))
+  if (!(t >= 0.5 && t <= 0.5 + 2.5 * longest + 5.612 * longest + 1e-9 && t < 15.0))
     td_test_fail(__FILE__, __LINE__, "adaptive timeout %.4f s from gaps of mean %.4f s, longest %.4f s", t, mean,
                  longest);
   /* Silent until just under the timeout: not lost; just past it: lost, though the fixed timeout is 15 s. */

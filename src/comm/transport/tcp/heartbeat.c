@@ -71,6 +71,7 @@ typedef struct hb_peer {
   double arrived;
   float *gaps;
   int n_gaps, next_gap;
+  double stall;     /* the longest gap, decaying (HB_STALL_HALF_LIFE_S) */
   double timeout;
   char host[256];   /* its address without the port: the key of link_memory */
 } hb_peer;
@@ -190,6 +191,7 @@ static struct {
     char host[256];
     float gaps[HB_WINDOW];
     int n_gaps, next_gap;
+    double stall;
     uint64_t saved; /* order of saving; 0: empty */
   } slot[HB_MEMORY_HOSTS];
   uint64_t saves;
@@ -210,6 +212,7 @@ static void memory_save(const hb_peer *peer) {
   memcpy(link_memory.slot[use].gaps, peer->gaps, sizeof link_memory.slot[use].gaps);
   link_memory.slot[use].n_gaps = peer->n_gaps;
   link_memory.slot[use].next_gap = peer->next_gap;
+  link_memory.slot[use].stall = peer->stall;
   link_memory.slot[use].saved = ++link_memory.saves;
   pthread_mutex_unlock(&link_memory.lock);
 }
@@ -221,15 +224,18 @@ static void memory_seed(tcp_heartbeat *hb, hb_peer *peer) {
       memcpy(peer->gaps, link_memory.slot[i].gaps, sizeof link_memory.slot[i].gaps);
       peer->n_gaps = link_memory.slot[i].n_gaps;
       peer->next_gap = link_memory.slot[i].next_gap;
-      peer->timeout = heartbeat_adaptive_timeout(peer->gaps, peer->n_gaps, hb->interval_s, hb->floor_s, INFINITY);
+      peer->stall = link_memory.slot[i].stall;
+      peer->timeout =
+          heartbeat_adaptive_timeout(peer->gaps, peer->n_gaps, peer->stall, hb->interval_s, hb->floor_s, INFINITY);
       break;
     }
   pthread_mutex_unlock(&link_memory.lock);
 }
 
-double heartbeat_adaptive_timeout(const float *gaps, int n, double interval_s, double floor_s, double cap_s) {
+double heartbeat_adaptive_timeout(const float *gaps, int n, double stall_s, double interval_s, double floor_s,
+                                  double cap_s) {
   if (n < HB_MIN_GAPS) return cap_s;
-  double sum = 0, longest = 0;
+  double sum = 0, longest = stall_s;
   for (int i = 0; i < n; i++) {
     sum += gaps[i];
     if (gaps[i] > longest) longest = gaps[i];
@@ -239,7 +245,7 @@ double heartbeat_adaptive_timeout(const float *gaps, int n, double interval_s, d
   double sd = TD_MAX(sqrt(var / n), interval_s / 4);
   /* phi = -log10(P(a gap > t)) = 8 under the normal model: t = mean + z sd
    * with 1 - Phi(z) = 1e-8, z = 5.612. */
-  double t = TD_MAX(mean + 5.612 * sd, 1.5 * longest);
+  double t = TD_MAX(mean + 5.612 * sd, HB_STALL_FACTOR * longest);
   return TD_MIN(TD_MAX(t, floor_s), cap_s);
 }
 
@@ -248,7 +254,7 @@ double heartbeat_peer_timeout(const tcp_heartbeat *hb, int peer, double cap_s, i
   const hb_peer *pe = &hb->peers[peer];
   bool adapts = hb->adaptive && pe->gaps && pe->n_gaps >= HB_MIN_GAPS;
   if (n_gaps) *n_gaps = pe->gaps ? pe->n_gaps : 0;
-  double sum = 0, longest = 0;
+  double sum = 0, longest = pe->stall;
   for (int i = 0; (mean_gap || longest_gap) && pe->gaps && i < pe->n_gaps; i++) {
     sum += pe->gaps[i];
     if (pe->gaps[i] > longest) longest = pe->gaps[i];
@@ -269,7 +275,9 @@ static void note_arrival(tcp_heartbeat *hb, hb_peer *peer, double arrived) {
     peer->gaps[peer->next_gap] = (float)gap;
     peer->next_gap = (peer->next_gap + 1) % HB_WINDOW;
     if (peer->n_gaps < HB_WINDOW) peer->n_gaps++;
-    peer->timeout = heartbeat_adaptive_timeout(peer->gaps, peer->n_gaps, hb->interval_s, hb->floor_s, INFINITY);
+    peer->stall = TD_MAX(gap, peer->stall * exp2(-gap / HB_STALL_HALF_LIFE_S));
+    peer->timeout =
+        heartbeat_adaptive_timeout(peer->gaps, peer->n_gaps, peer->stall, hb->interval_s, hb->floor_s, INFINITY);
   }
   peer->arrived = arrived;
 }

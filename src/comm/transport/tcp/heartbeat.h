@@ -64,12 +64,24 @@ void heartbeat_set_adaptive(tcp_heartbeat *hb, double interval_s, double floor_s
  * detector) with a normal model of the gaps: the silence whose probability
  * under that model is 1e-8 (phi = 8), mean + 5.61 standard deviations, the
  * deviation at least interval_s / 4 (a steady sender is not held to its
- * clock's exactness); and at least 1.5 times the longest gap in the
- * window, since a loaded machine's stalls are heavier-tailed than a normal
- * law. Clamped to [floor_s, cap_s]; cap_s when n < HB_MIN_GAPS. Pure. */
-double heartbeat_adaptive_timeout(const float *gaps, int n, double interval_s, double floor_s, double cap_s);
+ * clock's exactness); and at least HB_STALL_FACTOR times the longest gap,
+ * the window's or stall_s (a longer one seen before it, see
+ * HB_STALL_HALF_LIFE_S), since a loaded machine's stalls are
+ * heavier-tailed than a normal law. Clamped to [floor_s, cap_s]; cap_s
+ * when n < HB_MIN_GAPS. Pure. */
+double heartbeat_adaptive_timeout(const float *gaps, int n, double stall_s, double interval_s, double floor_s,
+                                  double cap_s);
+/* A 30-minute run at load 45 with 1.5 times the window's longest gap
+ * declared a starved process lost once (silent 1.1 s, window's longest
+ * 0.61 s): the factor is 2.5, and the longest gap is remembered beyond the
+ * window, its memory halving every HB_STALL_HALF_LIFE_S seconds of beats
+ * (short enough that a link's packet loss a few minutes ago does not keep
+ * it at the fixed timeout). */
+#define HB_STALL_FACTOR 2.5
+#define HB_STALL_HALF_LIFE_S 120.0
 /* The timeout that applies to peer now (cap_s when not adaptive), and its
- * window's statistics for messages (any of the outputs may be NULL). */
+ * window's statistics for messages (any of the outputs may be NULL;
+ * longest_gap includes the remembered stall). */
 double heartbeat_peer_timeout(const tcp_heartbeat *hb, int peer, double cap_s, int *n_gaps, double *mean_gap,
                               double *longest_gap);
 /* The first peer above `after` (-1: from the start) not heard from for more
