@@ -23,7 +23,6 @@
 #include <errno.h>
 #include <netdb.h>
 #include <poll.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,40 +37,6 @@ typedef struct prom_job {
   char **hosts;
   char **ports;
 } prom_job;
-
-typedef struct text_buf {
-  char *data;
-  size_t len, cap;
-  int failed; /* out of memory: the whole render fails */
-} text_buf;
-
-static void buf_append(text_buf *b, const char *s, size_t n) {
-  if (b->failed) return;
-  if (b->len + n + 1 > b->cap) {
-    size_t cap = b->cap ? b->cap : 4096;
-    while (b->len + n + 1 > cap) cap *= 2;
-    char *grown = realloc(b->data, cap);
-    if (!grown) {
-      b->failed = 1;
-      return;
-    }
-    b->data = grown;
-    b->cap = cap;
-  }
-  memcpy(b->data + b->len, s, n);
-  b->len += n;
-  b->data[b->len] = 0;
-}
-
-static void buf_printf(text_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void buf_printf(text_buf *b, const char *fmt, ...) {
-  char line[512];
-  va_list ap;
-  va_start(ap, fmt);
-  int n = vsnprintf(line, sizeof line, fmt, ap);
-  va_end(ap);
-  if (n > 0) buf_append(b, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
-}
 
 /* ---- fetching one rank's page ---- */
 
@@ -106,7 +71,7 @@ static char *fetch_page(const char *host, const char *port, size_t *len_out) {
   if (fd < 0) return NULL;
   char req[300];
   int n = snprintf(req, sizeof req, "GET /metrics HTTP/1.1\r\nHost: %s:%s\r\nConnection: close\r\n\r\n", host, port);
-  text_buf page = {0};
+  td_buf page = {0};
   size_t sent = 0;
   while (sent < (size_t)n) {
     ssize_t k = send(fd, req + sent, (size_t)n - sent, MSG_NOSIGNAL);
@@ -127,7 +92,7 @@ static char *fetch_page(const char *host, const char *port, size_t *len_out) {
     if (k < 0) goto fail;
     if (k == 0) break;
     if (page.len + (size_t)k > PROM_JOB_MAX_BODY) goto fail;
-    buf_append(&page, chunk, (size_t)k);
+    td_buf_append(&page, chunk, (size_t)k);
     if (page.failed) goto fail;
   }
   close(fd);
@@ -140,7 +105,7 @@ static char *fetch_page(const char *host, const char *port, size_t *len_out) {
   return page.data;
 fail:
   if (fd >= 0) close(fd);
-  free(page.data);
+  td_buf_free(&page);
   return NULL;
 }
 
@@ -149,7 +114,7 @@ fail:
 typedef struct family {
   char name[128];
   char *help, *type; /* the lines, as the first rank sent them (NULL: none) */
-  text_buf samples;
+  td_buf samples;
 } family;
 
 typedef struct family_set {
@@ -226,8 +191,8 @@ static void merge_page(family_set *fs, const char *page, size_t len) {
     if (line[0] == '#') continue;
     family *f = family_get(fs, line, sample_name_len(line, n));
     if (!f) continue;
-    buf_append(&f->samples, line, n);
-    buf_append(&f->samples, "\n", 1);
+    td_buf_append(&f->samples, line, n);
+    td_buf_append(&f->samples, "\n", 1);
     if (f->samples.failed) fs->failed = 1;
   }
 }
@@ -235,9 +200,9 @@ static void merge_page(family_set *fs, const char *page, size_t len) {
 static char *render_job(void *ctx, size_t *len_out) {
   prom_job *job = ctx;
   family_set fs = {0};
-  text_buf own = {0}, out = {0};
+  td_buf own = {0}, out = {0};
   double t0 = td_now();
-  buf_printf(&own, "# HELP tandem_job_rank_up 1: the rank's endpoint answered this scrape of the job endpoint, 0: "
+  td_buf_printf(&own, "# HELP tandem_job_rank_up 1: the rank's endpoint answered this scrape of the job endpoint, 0: "
                    "it did not\n# TYPE tandem_job_rank_up gauge\n");
   for (int r = 0; r < job->n_targets; r++) {
     size_t len = 0;
@@ -245,26 +210,22 @@ static char *render_job(void *ctx, size_t *len_out) {
     int up = page && page_is_text_format(page, len);
     if (up) merge_page(&fs, page, len);
     free(page);
-    buf_printf(&own, "tandem_job_rank_up{rank=\"%d\"} %d\n", r, up);
+    td_buf_printf(&own, "tandem_job_rank_up{rank=\"%d\"} %d\n", r, up);
   }
-  buf_printf(&own, "# HELP tandem_job_scrape_seconds time this scrape of the job endpoint took to fetch the ranks\n"
+  td_buf_printf(&own, "# HELP tandem_job_scrape_seconds time this scrape of the job endpoint took to fetch the ranks\n"
                    "# TYPE tandem_job_scrape_seconds gauge\ntandem_job_scrape_seconds %.6f\n", td_now() - t0);
   for (int i = 0; i < fs.n && !fs.failed; i++) {
     family *f = &fs.items[i];
-    if (f->help) buf_printf(&out, "%s\n", f->help);
-    if (f->type) buf_printf(&out, "%s\n", f->type);
-    if (f->samples.len) buf_append(&out, f->samples.data, f->samples.len);
+    if (f->help) td_buf_printf(&out, "%s\n", f->help);
+    if (f->type) td_buf_printf(&out, "%s\n", f->type);
+    if (f->samples.len) td_buf_append(&out, f->samples.data, f->samples.len);
   }
-  buf_append(&out, own.data ? own.data : "", own.len);
-  for (int i = 0; i < fs.n; i++) free(fs.items[i].help), free(fs.items[i].type), free(fs.items[i].samples.data);
+  td_buf_append(&out, own.data ? own.data : "", own.len);
+  for (int i = 0; i < fs.n; i++) free(fs.items[i].help), free(fs.items[i].type), td_buf_free(&fs.items[i].samples);
   free(fs.items);
-  free(own.data);
-  if (fs.failed || own.failed || out.failed) {
-    free(out.data);
-    return NULL;
-  }
-  *len_out = out.len;
-  return out.data;
+  if (own.failed || fs.failed) out.failed = 1;
+  td_buf_free(&own);
+  return td_buf_take(&out, len_out);
 }
 
 static void job_free(void *ctx) {
