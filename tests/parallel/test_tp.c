@@ -27,7 +27,7 @@
  *                             first and the last stage per tensor rank;
  *                             zero1: ZeRO-1 over the data-parallel ranks),
  *                             against the same unsplit single-rank training.
- *   test_tp kill TP VICTIM    as train, but rank VICTIM SIGKILLs itself while
+ *   test_tp kill TP VICTIM [pp=PP]   as train, but rank VICTIM SIGKILLs itself while
  *                             its step 2 reads data: every other rank's step
  *                             fails within the timeout with a message naming
  *                             the victim (no hang); prints "kill ok rank R".
@@ -463,7 +463,7 @@ static void refuse_sp(void) {
 
 int main(int argc, char **argv) {
   if (argc < 2) {
-    fprintf(stderr, "usage: test_tp layers | model TIED | train TP STEPS | kill TP VICTIM\n");
+    fprintf(stderr, "usage: test_tp layers | model TIED | train TP STEPS [sp] [pp=PP] [tied] [zero1] | kill TP VICTIM [pp=PP]\n");
     return 2;
   }
   CHECK_OK(td_comm_init(&world));
@@ -491,7 +491,12 @@ int main(int argc, char **argv) {
     refuse_sp();
   } else if (!strcmp(argv[1], "kill") && argc >= 4) {
     kill_rank = atoi(argv[3]);
-    train(atoi(argv[2]), 1, 3, argc >= 5 && !strcmp(argv[4], "sp"), 0);
+    int sp = 0, pp = 1;
+    for (int i = 4; i < argc; i++) {
+      if (!strcmp(argv[i], "sp")) sp = 1;
+      else if (!strncmp(argv[i], "pp=", 3)) pp = atoi(argv[i] + 3);
+    }
+    train(atoi(argv[2]), pp, 3, sp, 0);
   } else {
     fprintf(stderr, "test_tp: unknown mode %s\n", argv[1]);
     return 2;
