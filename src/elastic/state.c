@@ -422,12 +422,13 @@ static td_status restore_state(td_elastic *e, td_elastic_reset_fn reset_fn, void
       memcpy(targets + 2 * me, t2, sizeof t2);
       if (world > 1 && (st = td_allgather(t2, targets, (size_t)world * 2, TD_I64, e->comm)) != TD_OK) goto done;
       size_t from_others = 0;
+      double t0 = td_now();
       st = el_rep_restore(&e->rep, e->comm, desc, n_pieces, targets, chosen, &from_others);
       if (st != TD_OK) goto done;
       if (me == 0 || from_others)
-        td_log(TD_LOG_INFO, "elastic: epoch %d: rank %d: sharded state of commit %lld rebuilt from memory (%zu of "
-                            "its %lld elements from other ranks' shards and buddy replicas)",
-               e->m.epoch, me, (long long)chosen, from_others, (long long)(t2[1] - t2[0]));
+        td_log(TD_LOG_INFO, "elastic: epoch %d: rank %d: sharded state of commit %lld rebuilt from the replica files "
+                            "in %.1f ms (%zu of its %lld elements from other ranks' shards and buddy replicas)",
+               e->m.epoch, me, (long long)chosen, 1e3 * (td_now() - t0), from_others, (long long)(t2[1] - t2[0]));
     }
   } else {
     if (!e->fallback) {
