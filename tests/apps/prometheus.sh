@@ -10,7 +10,10 @@
 # job:         3 ranks under tandemrun --prometheus-port: prometheus scrapes
 #              the one job endpoint and sees every rank's series (rank label),
 #              tandem_job_rank_up 1 for each, a (step, loss) pair of rank 1
-#              equal to the metrics file; bad tandemrun values refused.
+#              equal to the metrics file; rank 2 stopped (SIGSTOP) for a few
+#              seconds: the job endpoint still answers within Prometheus'
+#              1 s scrape timeout (up 1) with tandem_job_rank_up{rank="2"} 0;
+#              bad tandemrun values refused.
 # port-in-use: the metrics port already taken: a warning naming the port, and
 #              training finishes with exit 0.
 # Everything started here is stopped on exit, also on failure; each wait is
@@ -109,6 +112,35 @@ job)
   [ "$(count 'tandem_step_phase_seconds{phase="comm_wait"}')" = 3 ] || fail "phases not per rank"
   # rank 1's step and loss from one scrape of the job endpoint against the file
   query '{__name__=~"tandem_step|tandem_loss",rank="1"}' >"$work/pair.json" || fail "query of step and loss"
+  # A stopped rank: its endpoint accepts (the kernel) but never answers. The
+  # ranks are fetched at once, within Prometheus' announced 1 s scrape
+  # timeout, so the job endpoint still answers in time (fetched one after
+  # the other with 2 s each, the whole scrape failed: up 0).
+  stopped=$(ss -Hltnp "sport = :$((base + 3))" | sed -n 's/.*pid=\([0-9]*\).*/\1/p' | head -1)
+  [ -n "$stopped" ] || fail "no process listens on rank 2's port $((base + 3))"
+  kill -STOP "$stopped"
+  seen=0
+  for _ in $(seq 30); do
+    if [ "$(count "tandem_job_rank_up{rank=\"2\"} == 0")" = 1 ]; then seen=1; break; fi
+    sleep 0.5
+  done
+  # the scrapes while it was stopped, over the last 5 s
+  query 'max_over_time(tandem_job_scrape_seconds[5s])' >"$work/scrape_s.json"
+  query 'min_over_time(up{job="tandem"}[5s])' >"$work/up.json"
+  kill -CONT "$stopped"
+  [ $seen = 1 ] || fail "prometheus never saw rank 2 down while it was stopped"
+  python3 - "$work/scrape_s.json" "$work/up.json" <<'EOP' || fail "the job endpoint missed Prometheus' scrape timeout with a stopped rank"
+import json, sys
+took = float(json.load(open(sys.argv[1]))["data"]["result"][0]["value"][1])
+up = float(json.load(open(sys.argv[2]))["data"]["result"][0]["value"][1])
+assert up == 1 and 0.5 < took < 1.0, (up, took)
+print(f"rank 2 stopped: job endpoint up, slowest scrape {took:.3f} s (bound 0.75 s of the 1 s timeout)")
+EOP
+  for _ in $(seq 30); do
+    [ "$(count 'tandem_job_rank_up == 1')" = 3 ] && break
+    sleep 0.5
+  done
+  [ "$(count 'tandem_job_rank_up == 1')" = 3 ] || fail "rank 2 not back after SIGCONT"
   kill -TERM $train
   for _ in $(seq 20); do kill -0 $train 2>/dev/null || break; sleep 0.5; done
   python3 - "$work/pair.json" "$work/m.jsonl" <<'EOP' || fail "scraped loss differs from the metrics file"
