@@ -37,6 +37,7 @@ static void usage(void) {
       "  --threads N        compute threads per rank (default: cores / ranks on the host)\n"
       "  --metrics FILE     one JSON object per step (and per evaluation) to FILE (rank 0)\n"
       "  --prometheus-port P  serve this rank's metrics for Prometheus on port P + rank\n"
+      "                     (--elastic: P + the process's launch number)\n"
       "                     (GET /metrics; also TANDEM_PROMETHEUS_PORT; 0: a free port)\n"
       "  --prometheus-bind A  address the endpoint binds (default 127.0.0.1: this host only)\n"
       "  --tensorboard DIR  write TensorBoard event files into DIR (rank 0)\n"

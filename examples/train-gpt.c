@@ -53,6 +53,7 @@ static void usage(void) {
       "  --activation-checkpointing  keep only each block's input; recompute the rest in backward\n"
       "  --metrics FILE     write one JSON object per step to FILE (rank 0)\n"
       "  --prometheus-port P  serve this rank's metrics for Prometheus on port P + rank\n"
+      "                     (--elastic: P + the process's launch number)\n"
       "                     (GET /metrics; also TANDEM_PROMETHEUS_PORT; 0: a free port)\n"
       "  --prometheus-bind A  address the endpoint binds (default 127.0.0.1: this host only)\n"
       "  --tensorboard DIR  write TensorBoard event files into DIR (rank 0)\n"
