@@ -187,7 +187,8 @@ static void offload_flag(const char *flag, const char *v, td_offload_device *dev
 static td_pipeline_config pipeline_config(const td_train_config *cfg) {
   return (td_pipeline_config){.schedule = cfg->pipeline_schedule[0] ? cfg->pipeline_schedule : NULL,
                               .chunks = cfg->pipeline_chunks,
-                              .partition = cfg->pipeline_partition[0] ? cfg->pipeline_partition : NULL};
+                              .partition = cfg->pipeline_partition[0] ? cfg->pipeline_partition : NULL,
+                              .sequence_parallel = cfg->tensor_parallel > 1 && cfg->sequence_parallel};
 }
 
 /* The pipeline's phases on the timeline: forward and backward beside the
@@ -408,7 +409,18 @@ int main(int argc, char **argv) {
   td_grid *grid = NULL;
   td_comm *train_comm = run.comm;
   td_model *model = NULL;
-  if (tp > 1) {
+  if (pp > 1) {
+    /* Pipeline parallelism: the grid's pipeline group holds the stages (of
+     * tensor-parallel layers over its tensor group when tp > 1: 3D), the
+     * trainer averages over the data-parallel group */
+    s = td_grid_create(run.comm, tp, pp, &grid);
+    if (s != TD_OK) app_fail(&run, "laying out the process grid", s);
+    td_pipeline_config pc = pipeline_config(&cfg);
+    s = td_gpt_pipeline_create_grid(&opt.model, &pc, grid, &model);
+    if (s != TD_OK) app_fail(&run, "creating the pipeline stage", s);
+    train_comm = td_grid_comm(grid, TD_GRID_DATA);
+    if (run.timeline) td_gpt_pipeline_set_trace(model, trace_pipeline, run.timeline);
+  } else if (tp > 1) {
     s = td_grid_create(run.comm, tp, 1, &grid);
     if (s != TD_OK) app_fail(&run, "laying out the process grid", s);
     s = td_gpt_tp_create(&opt.model, grid, &model);
@@ -418,16 +430,6 @@ int main(int argc, char **argv) {
       if (s != TD_OK) app_fail(&run, "turning on sequence parallelism", s);
     }
     train_comm = td_grid_comm(grid, TD_GRID_DATA);
-  } else if (pp > 1) {
-    /* Pipeline parallelism: the grid's pipeline group holds the stages, the
-     * trainer averages over the data-parallel group */
-    s = td_grid_create(run.comm, 1, pp, &grid);
-    if (s != TD_OK) app_fail(&run, "laying out the process grid", s);
-    td_pipeline_config pc = pipeline_config(&cfg);
-    s = td_gpt_pipeline_create(&opt.model, &pc, td_grid_comm(grid, TD_GRID_PIPELINE), &model);
-    if (s != TD_OK) app_fail(&run, "creating the pipeline stage", s);
-    train_comm = td_grid_comm(grid, TD_GRID_DATA);
-    if (run.timeline) td_gpt_pipeline_set_trace(model, trace_pipeline, run.timeline);
   } else {
     s = td_gpt_create_on(&opt.model, dev, &model);
     if (s != TD_OK) app_fail(&run, "creating the GPT model", s);
