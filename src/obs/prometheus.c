@@ -30,7 +30,6 @@
 #include <math.h>
 #include <netinet/in.h>
 #include <poll.h>
-#include <stdarg.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -128,47 +127,21 @@ void td_prom_end(td_prom *p) {
   if (p) pthread_mutex_unlock(&p->lock);
 }
 
-/* Append printf output to a growing buffer; returns 0 when out of memory. */
-static int buf_printf(char **buf, size_t *len, size_t *cap, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-static int buf_printf(char **buf, size_t *len, size_t *cap, const char *fmt, ...) {
-  for (;;) {
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(*buf + *len, *cap - *len, fmt, ap);
-    va_end(ap);
-    if (n < 0) return 0;
-    if ((size_t)n < *cap - *len) {
-      *len += (size_t)n;
-      return 1;
-    }
-    size_t ncap = *cap * 2 + (size_t)n;
-    char *nb = realloc(*buf, ncap);
-    if (!nb) return 0;
-    *buf = nb;
-    *cap = ncap;
-  }
-}
-
 /* The table's exposition text: series grouped by name, each group with its
  * HELP and TYPE line once (the format requires a family's samples to be
  * together), after `head` (head_len bytes, may be 0). */
 static char *render_table(td_prom *p, const char *head, size_t head_len, size_t *len_out) {
-  size_t len = 0, cap = 4096 + head_len;
-  char *buf = malloc(cap);
-  if (!buf) return NULL;
-  memcpy(buf, head, head_len);
-  len = head_len;
-  buf[len] = 0;
+  td_buf out = {0};
+  td_buf_append(&out, head, head_len);
   pthread_mutex_lock(&p->lock);
-  int ok = 1;
   char *done = calloc((size_t)p->n_series + 1, 1);
-  if (!done) ok = 0;
-  for (int i = 0; ok && i < p->n_series; i++) {
+  if (!done) out.failed = 1;
+  for (int i = 0; !out.failed && i < p->n_series; i++) {
     if (done[i]) continue;
     const prom_series *f = &p->series[i];
-    if (f->help[0]) ok = buf_printf(&buf, &len, &cap, "# HELP %s %s\n", f->name, f->help);
-    if (ok) ok = buf_printf(&buf, &len, &cap, "# TYPE %s %s\n", f->name, f->type);
-    for (int j = i; ok && j < p->n_series; j++) {
+    if (f->help[0]) td_buf_printf(&out, "# HELP %s %s\n", f->name, f->help);
+    td_buf_printf(&out, "# TYPE %s %s\n", f->name, f->type);
+    for (int j = i; j < p->n_series; j++) {
       const prom_series *s = &p->series[j];
       if (done[j] || strcmp(s->name, f->name)) continue;
       done[j] = 1;
@@ -176,18 +149,13 @@ static char *render_table(td_prom *p, const char *head, size_t head_len, size_t 
       if (isnan(s->value)) snprintf(num, sizeof num, "NaN");
       else if (isinf(s->value)) snprintf(num, sizeof num, s->value > 0 ? "+Inf" : "-Inf");
       else snprintf(num, sizeof num, "%.17g", s->value);
-      ok = s->labels[0] ? buf_printf(&buf, &len, &cap, "%s{%s} %s\n", s->name, s->labels, num)
-                        : buf_printf(&buf, &len, &cap, "%s %s\n", s->name, num);
+      if (s->labels[0]) td_buf_printf(&out, "%s{%s} %s\n", s->name, s->labels, num);
+      else td_buf_printf(&out, "%s %s\n", s->name, num);
     }
   }
   pthread_mutex_unlock(&p->lock);
   free(done);
-  if (!ok) {
-    free(buf);
-    return NULL;
-  }
-  *len_out = len;
-  return buf;
+  return td_buf_take(&out, len_out);
 }
 
 /* The text a scrape gets: a job endpoint's merged ranks (fetched within

@@ -30,7 +30,6 @@
 #include <netdb.h>
 #include <poll.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,40 +52,6 @@ typedef struct prom_job {
   job_targets targets;
 } prom_job;
 
-typedef struct text_buf {
-  char *data;
-  size_t len, cap;
-  int failed; /* out of memory: the whole render fails */
-} text_buf;
-
-static void buf_append(text_buf *b, const char *s, size_t n) {
-  if (b->failed) return;
-  if (b->len + n + 1 > b->cap) {
-    size_t cap = b->cap ? b->cap : 4096;
-    while (b->len + n + 1 > cap) cap *= 2;
-    char *grown = realloc(b->data, cap);
-    if (!grown) {
-      b->failed = 1;
-      return;
-    }
-    b->data = grown;
-    b->cap = cap;
-  }
-  memcpy(b->data + b->len, s, n);
-  b->len += n;
-  b->data[b->len] = 0;
-}
-
-static void buf_printf(text_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void buf_printf(text_buf *b, const char *fmt, ...) {
-  char line[512];
-  va_list ap;
-  va_start(ap, fmt);
-  int n = vsnprintf(line, sizeof line, fmt, ap);
-  va_end(ap);
-  if (n > 0) buf_append(b, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
-}
-
 /* ---- fetching every rank's page at once ----
  * One fetch per target, all driven by one poll loop under one deadline: a
  * rank that does not answer (a stopped process, a cut link) costs the
@@ -100,7 +65,7 @@ typedef struct fetch {
   int state;
   char req[300];
   size_t req_len, sent;
-  text_buf page;
+  td_buf page;
 } fetch;
 
 /* Resolve and start a non-blocking connect; the state it reached. */
@@ -154,7 +119,7 @@ static int fetch_step(fetch *f, short revents) {
     if (k < 0) return FETCH_FAILED;
     if (k == 0) return FETCH_DONE;
     if (f->page.len + (size_t)k > PROM_JOB_MAX_BODY) return FETCH_FAILED;
-    buf_append(&f->page, chunk, (size_t)k);
+    td_buf_append(&f->page, chunk, (size_t)k);
     if (f->page.failed) return FETCH_FAILED;
   }
 }
@@ -210,7 +175,7 @@ static void fetch_all(fetch *fetches, int n, char *const *hosts, char *const *po
 typedef struct family {
   char name[128];
   char *help, *type; /* the lines, as the first rank sent them (NULL: none) */
-  text_buf samples;
+  td_buf samples;
 } family;
 
 typedef struct family_set {
@@ -287,8 +252,8 @@ static void merge_page(family_set *fs, const char *page, size_t len) {
     if (line[0] == '#') continue;
     family *f = family_get(fs, line, sample_name_len(line, n));
     if (!f) continue;
-    buf_append(&f->samples, line, n);
-    buf_append(&f->samples, "\n", 1);
+    td_buf_append(&f->samples, line, n);
+    td_buf_append(&f->samples, "\n", 1);
     if (f->samples.failed) fs->failed = 1;
   }
 }
@@ -377,7 +342,7 @@ static char *render_job(void *ctx, double budget_s, size_t *len_out) {
   job_targets t;
   if (!targets_copy(job, &t)) return NULL;
   family_set fs = {0};
-  text_buf own = {0}, out = {0};
+  td_buf own = {0}, out = {0};
   double t0 = td_now();
   fetch *fetches = calloc((size_t)t.n + 1, sizeof *fetches);
   if (!fetches) {
@@ -386,36 +351,32 @@ static char *render_job(void *ctx, double budget_s, size_t *len_out) {
   }
   if (budget_s <= 0 || budget_s > PROM_JOB_FETCH_TIMEOUT_S) budget_s = PROM_JOB_FETCH_TIMEOUT_S;
   fetch_all(fetches, t.n, t.hosts, t.ports, budget_s);
-  buf_printf(&own, "# HELP tandem_job_rank_up 1: the rank's endpoint answered this scrape of the job endpoint, 0: "
-                   "it did not\n# TYPE tandem_job_rank_up gauge\n");
+  td_buf_printf(&own, "# HELP tandem_job_rank_up 1: the rank's endpoint answered this scrape of the job endpoint, 0: "
+                      "it did not\n# TYPE tandem_job_rank_up gauge\n");
   for (int r = 0; r < t.n; r++) {
     size_t len = 0;
     char *page = fetch_body(&fetches[r], &len);
     int up = page && page_is_text_format(page, len);
     if (up) merge_page(&fs, page, len);
-    free(fetches[r].page.data);
-    buf_printf(&own, "tandem_job_rank_up{%s} %d\n", t.labels[r], up);
+    td_buf_free(&fetches[r].page);
+    td_buf_printf(&own, "tandem_job_rank_up{%s} %d\n", t.labels[r], up);
   }
   free(fetches);
   targets_free(&t);
-  buf_printf(&own, "# HELP tandem_job_scrape_seconds time this scrape of the job endpoint took to fetch the ranks\n"
-                   "# TYPE tandem_job_scrape_seconds gauge\ntandem_job_scrape_seconds %.6f\n", td_now() - t0);
+  td_buf_printf(&own, "# HELP tandem_job_scrape_seconds time this scrape of the job endpoint took to fetch the ranks\n"
+                      "# TYPE tandem_job_scrape_seconds gauge\ntandem_job_scrape_seconds %.6f\n", td_now() - t0);
   for (int i = 0; i < fs.n && !fs.failed; i++) {
     family *f = &fs.items[i];
-    if (f->help) buf_printf(&out, "%s\n", f->help);
-    if (f->type) buf_printf(&out, "%s\n", f->type);
-    if (f->samples.len) buf_append(&out, f->samples.data, f->samples.len);
+    if (f->help) td_buf_printf(&out, "%s\n", f->help);
+    if (f->type) td_buf_printf(&out, "%s\n", f->type);
+    if (f->samples.len) td_buf_append(&out, f->samples.data, f->samples.len);
   }
-  buf_append(&out, own.data ? own.data : "", own.len);
-  for (int i = 0; i < fs.n; i++) free(fs.items[i].help), free(fs.items[i].type), free(fs.items[i].samples.data);
+  td_buf_append(&out, own.data ? own.data : "", own.len);
+  for (int i = 0; i < fs.n; i++) free(fs.items[i].help), free(fs.items[i].type), td_buf_free(&fs.items[i].samples);
   free(fs.items);
-  free(own.data);
-  if (fs.failed || own.failed || out.failed) {
-    free(out.data);
-    return NULL;
-  }
-  *len_out = out.len;
-  return out.data;
+  if (own.failed || fs.failed) out.failed = 1;
+  td_buf_free(&own);
+  return td_buf_take(&out, len_out);
 }
 
 static void job_free(void *ctx) {
