@@ -53,6 +53,7 @@ static void usage(void) {
       "  --activation-checkpointing  keep only each block's input; recompute the rest in backward\n"
       "  --metrics FILE     write one JSON object per step to FILE (rank 0)\n"
       "  --prometheus-port P  serve this rank's metrics for Prometheus on port P + rank\n"
+      "                     (--elastic: P + the process's launch number)\n"
       "                     (GET /metrics; also TANDEM_PROMETHEUS_PORT; 0: a free port)\n"
       "  --prometheus-bind A  address the endpoint binds (default 127.0.0.1: this host only)\n"
       "  --tensorboard DIR  write TensorBoard event files into DIR (rank 0)\n"
@@ -357,7 +358,6 @@ static void print_sample(const int32_t *tokens, int n) {
 /* Elastic training (app_elastic.h): the global batch is that of the
  * initial world (TANDEM_WORLD_SIZE), kept whatever the world size becomes. */
 static int elastic_main(const gpt_options *opt) {
-  app_refuse_exporters_when_elastic(&opt->common);
   /* --save: periodic checkpoints, read back when a rank and its buddy are
    * lost together at ZeRO stage >= 1 (td_elastic_set_fallback); --resume:
    * a whole job restarted from disk, at any world size */
@@ -374,7 +374,7 @@ static int elastic_main(const gpt_options *opt) {
   td_model *model = NULL;
   s = td_gpt_create(&opt->model, &model);
   if (s != TD_OK) app_fail(NULL, "creating the GPT model", s);
-  int code = app_elastic_main(&cfg, model, data, opt->common.resume_dir, opt->common.metrics_path);
+  int code = app_elastic_main(&cfg, model, data, &opt->common, 1);
   td_model_destroy(model);
   td_dataset_destroy(data);
   return code;
