@@ -53,6 +53,7 @@ static void usage(void) {
       "  --activation-checkpointing  keep only each block's input; recompute the rest in backward\n"
       "  --metrics FILE     write one JSON object per step to FILE (rank 0)\n"
       "  --prometheus-port P  serve this rank's metrics for Prometheus on port P + rank\n"
+      "                     (--elastic: P + the process's launch number)\n"
       "                     (GET /metrics; also TANDEM_PROMETHEUS_PORT; 0: a free port)\n"
       "  --prometheus-bind A  address the endpoint binds (default 127.0.0.1: this host only)\n"
       "  --tensorboard DIR  write TensorBoard event files into DIR (rank 0)\n"
@@ -268,7 +269,8 @@ static void print_estimates(const td_model *model, const td_train_config *cfg, i
     printf("%s: tensor_parallel=%d: world= below counts data-parallel ranks, params= this rank's shard; ZeRO "
            "stages 2-3 are not built with tensor parallelism\n", app_name, cfg->tensor_parallel);
   printf("%s: memory per rank at world=%d, params=%zu, micro_batch=%d (MiB; model states = params + grads + "
-         "optimizer + live + deterministic + replicas; DeepSpeed estimate_zero3_model_states_mem_needs_all_live; "
+         "optimizer + live + deterministic + replicas; replica_disk: the elastic buddy replicas' files; DeepSpeed "
+         "estimate_zero3_model_states_mem_needs_all_live; "
          "total = model states + activations + runtime, plus what the process holds before the trainer; gather: "
          "more at the end for the sample at stage 3)\n",
          app_name, world, model->n_params, cfg->micro_batch);
@@ -281,10 +283,10 @@ static void print_estimates(const td_model *model, const td_train_config *cfg, i
     }
     const double mib = 1024.0 * 1024.0;
     printf("stage=%d params=%.1f grads=%.1f optimizer=%.1f live=%.1f deterministic=%.1f replicas=%.1f "
-           "model_states=%.1f activations=%.1f runtime=%.1f total=%.1f model_state_bytes=%zu disk=%.1f disk_bytes=%zu "
-           "gather=%.1f\n",
+           "replica_disk=%.1f model_states=%.1f activations=%.1f runtime=%.1f total=%.1f model_state_bytes=%zu "
+           "disk=%.1f disk_bytes=%zu gather=%.1f\n",
            stage, e.params / mib, e.grads / mib, e.optimizer / mib, e.live / mib, e.deterministic / mib,
-           e.replicas / mib, e.model_states / mib, e.activations / mib, e.runtime / mib,
+           e.replicas / mib, e.replica_disk / mib, e.model_states / mib, e.activations / mib, e.runtime / mib,
            (e.model_states + e.activations + e.runtime) / mib, e.model_states, e.disk / mib, e.disk, e.gather / mib);
   }
   fflush(stdout);
@@ -357,7 +359,6 @@ static void print_sample(const int32_t *tokens, int n) {
 /* Elastic training (app_elastic.h): the global batch is that of the
  * initial world (TANDEM_WORLD_SIZE), kept whatever the world size becomes. */
 static int elastic_main(const gpt_options *opt) {
-  app_refuse_exporters_when_elastic(&opt->common);
   /* --save: periodic checkpoints, read back when a rank and its buddy are
    * lost together at ZeRO stage >= 1 (td_elastic_set_fallback); --resume:
    * a whole job restarted from disk, at any world size */
@@ -374,7 +375,7 @@ static int elastic_main(const gpt_options *opt) {
   td_model *model = NULL;
   s = td_gpt_create(&opt->model, &model);
   if (s != TD_OK) app_fail(NULL, "creating the GPT model", s);
-  int code = app_elastic_main(&cfg, model, data, opt->common.resume_dir, opt->common.metrics_path);
+  int code = app_elastic_main(&cfg, model, data, &opt->common, 1);
   td_model_destroy(model);
   td_dataset_destroy(data);
   return code;

@@ -191,6 +191,13 @@ td_status td_tensorboard_scalars(td_tensorboard *tb, long step, int n_values, co
 /* One Event at `step` with a histogram of the n values (30 equal-width
  * buckets between their min and max; non-finite values left out). */
 td_status td_tensorboard_histogram(td_tensorboard *tb, const char *tag, long step, const double *values, size_t n);
+/* An Event at `step` with SessionLog{status: START}: training (re)starts
+ * with step number `step` (an elastic job after a membership change, a job
+ * resumed from a checkpoint: the restored step + 1). TensorBoard then drops
+ * the events at `step` and above that it read before this one, from any
+ * file of the run ("orphaned" steps the restart redoes), so the step axis
+ * stays continuous. Accepts NULL (no-op). */
+td_status td_tensorboard_session_start(td_tensorboard *tb, long step);
 const char *td_tensorboard_path(const td_tensorboard *tb); /* the event file; NULL for NULL */
 /* Close; returns the first write error seen. Accepts NULL. */
 td_status td_tensorboard_close(td_tensorboard *tb);

@@ -14,7 +14,9 @@
  *
  * The protobuf subset is encoded by hand (field numbers from tensorflow's
  * core/util/event.proto and core/framework/summary.proto):
- *   Event   { double wall_time = 1; int64 step = 2; string file_version = 3; Summary summary = 5; }
+ *   Event   { double wall_time = 1; int64 step = 2; string file_version = 3; Summary summary = 5;
+ *             SessionLog session_log = 7; }
+ *   SessionLog { SessionStatus status = 1; }   (START = 1)
  *   Summary { repeated Value value = 1; }
  *   Value   { string tag = 1; float simple_value = 2; HistogramProto histo = 5; }
  *   HistogramProto { double min = 1; double max = 2; double num = 3; double sum = 4;
@@ -102,9 +104,10 @@ static void pb_bytes(td_buf *b, unsigned field, const void *data, size_t n) {
   td_buf_append(b, data, n);
 }
 
-/* Event{wall_time, step, summary = <summary bytes>} or, with summary NULL,
- * the file_version record; framed as a TFRecord and written. */
-static td_status write_event(td_tensorboard *tb, long step, const td_buf *summary, const char *file_version) {
+/* Event{wall_time, step, <what_field> = what (what_len bytes)}: field 3 the
+ * file_version string, 5 a Summary, 7 a SessionLog; framed as a TFRecord
+ * and written. */
+static td_status write_event(td_tensorboard *tb, long step, unsigned what_field, const void *what, size_t what_len) {
   td_buf ev = {0};
   struct timespec now;
   clock_gettime(CLOCK_REALTIME, &now);
@@ -113,8 +116,7 @@ static td_status write_event(td_tensorboard *tb, long step, const td_buf *summar
     pb_key(&ev, 2, 0);
     pb_varint(&ev, (uint64_t)(int64_t)step); /* int64: negative numbers take 10 bytes */
   }
-  if (file_version) pb_bytes(&ev, 3, file_version, strlen(file_version));
-  if (summary) pb_bytes(&ev, 5, summary->data, summary->len);
+  pb_bytes(&ev, what_field, what, what_len);
   td_status st = TD_OK;
   if (ev.failed) {
     st = td_error(TD_ERR_SYSTEM, "tensorboard: out of memory");
@@ -150,7 +152,8 @@ td_status td_tensorboard_open(const char *dir, td_tensorboard **out) {
     free(tb);
     return st;
   }
-  td_status st = write_event(tb, 0, NULL, "brain.Event:2");
+  static const char version[] = "brain.Event:2";
+  td_status st = write_event(tb, 0, 3, version, sizeof version - 1);
   if (st != TD_OK) {
     fclose(tb->file);
     free(tb);
@@ -178,9 +181,15 @@ td_status td_tensorboard_scalars(td_tensorboard *tb, long step, int n_values, co
   td_buf summary = {0};
   for (int i = 0; i < n_values; i++) summary_scalar(&summary, tags[i], values[i]);
   td_status st = summary.failed ? td_error(TD_ERR_SYSTEM, "tensorboard: out of memory")
-                             : write_event(tb, step, &summary, NULL);
+                                : write_event(tb, step, 5, summary.data, summary.len);
   td_buf_free(&summary);
   return st;
+}
+
+td_status td_tensorboard_session_start(td_tensorboard *tb, long step) {
+  if (!tb) return TD_OK;
+  static const uint8_t start[] = {1 << 3 | 0, 1}; /* SessionLog{status = START} */
+  return write_event(tb, step, 7, start, sizeof start);
 }
 
 /* TB_HISTOGRAM_BUCKETS equal buckets over [min, max]; bucket i counts the
@@ -231,8 +240,9 @@ td_status td_tensorboard_histogram(td_tensorboard *tb, const char *tag, long ste
   pb_bytes(&value, 1, tag, strlen(tag));
   pb_bytes(&value, 5, histo.data, histo.len);
   pb_bytes(&summary, 1, value.data, value.len);
-  td_status st = histo.failed || value.failed || summary.failed ? td_error(TD_ERR_SYSTEM, "tensorboard: out of memory")
-                                                       : write_event(tb, step, &summary, NULL);
+  td_status st = histo.failed || value.failed || summary.failed
+                     ? td_error(TD_ERR_SYSTEM, "tensorboard: out of memory")
+                     : write_event(tb, step, 5, summary.data, summary.len);
   td_buf_free(&histo);
   td_buf_free(&value);
   td_buf_free(&summary);
