@@ -5,7 +5,9 @@
 #                   a JSON config given with --config as well)
 #   refuse          a job ~20% too large for TANDEM_MEMORY_LIMIT is refused on
 #                   every rank within 5 s, with the estimate, the memory and
-#                   what would fit; 20% below the limit it trains
+#                   what would fit; the stage-3-with-offload suggestion, with
+#                   the stage3_max_live_parameters it names, trains at that
+#                   limit; 20% below the limit it trains
 #   cgroup          the same limit set by a memory cgroup (v1 or v2) the test
 #                   creates as root (skipped, saying why, where it cannot)
 #   gather          stage 3: the sample's whole-arena gather that would not fit
@@ -112,6 +114,22 @@ refuse | cgroup)
     fail "the message does not say what would fit"
   echo "$out" | grep -q "step 1\|final_loss" && fail "a refused job trained"
   awk -v a="$t0" -v b="$t1" 'BEGIN { printf "refused in %.2f s\n", b - a; exit !(b - a < 5) }' || fail "refused too late"
+  if [ "$mode" = refuse ]; then
+    # the suggestion of stage 3 with both offloads names the cache it was checked at: with it that job trains at
+    # the same limit, each rank's peak RSS within its share
+    live=$(echo "$out" | grep "^\[0\]" | grep -o "nvme:DIR) and stage3_max_live_parameters [0-9]*" | head -1 | awk '{ print $NF }')
+    [ -n "$live" ] || fail "the message does not suggest stage 3 with offload and its stage3_max_live_parameters"
+    echo "{\"zero_optimization\": {\"stage3_max_live_parameters\": $live}}" >"$tmp/s.json"
+    s3=$(env TANDEM_MEMORY_LIMIT=$small timeout 120 "$RUN" -np 2 "$GPT" $MODEL --zero-stage 3 --offload-optimizer "nvme:$tmp" \
+      --offload-param "nvme:$tmp" --config "$tmp/s.json" 2>&1) ||
+      { echo "$s3" | grep -v "offload step" | tail; fail "the suggested stage 3 with offload (stage3_max_live_parameters $live) did not train"; }
+    echo "$s3" | grep "memory rank=" | awk -v lim="$((small >> 20))" '{
+        for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
+        printf "suggested stage 3 with offload, rank %s: peak %.1f MiB (estimate %.1f, share of the limit %.0f)\n",
+               v["rank"], v["peak_rss_mib"], v["estimate_mib"], lim / 2;
+        n++; if (v["peak_rss_mib"] > lim / 2) bad = 1
+      } END { exit bad || n != 2 }' || fail "the suggested configuration went past the limit"
+  fi
   out=$(launch "$big" 2>&1) || { echo "$out" | tail; fail "a job 20% under the limit was refused"; }
   echo "$out" | grep "memory rank=0"
   echo "$out" | grep "memory rank=0" | grep -q "limit=\"$source_word" || fail "the limit that bound is not $source_word"
