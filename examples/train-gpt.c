@@ -53,6 +53,7 @@ static void usage(void) {
       "  --activation-checkpointing  keep only each block's input; recompute the rest in backward\n"
       "  --metrics FILE     write one JSON object per step to FILE (rank 0)\n"
       "  --prometheus-port P  serve this rank's metrics for Prometheus on port P + rank\n"
+      "                     (--elastic: P + the process's launch number)\n"
       "                     (GET /metrics; also TANDEM_PROMETHEUS_PORT; 0: a free port)\n"
       "  --prometheus-bind A  address the endpoint binds (default 127.0.0.1: this host only)\n"
       "  --tensorboard DIR  write TensorBoard event files into DIR (rank 0)\n"
@@ -186,7 +187,8 @@ static void offload_flag(const char *flag, const char *v, td_offload_device *dev
 static td_pipeline_config pipeline_config(const td_train_config *cfg) {
   return (td_pipeline_config){.schedule = cfg->pipeline_schedule[0] ? cfg->pipeline_schedule : NULL,
                               .chunks = cfg->pipeline_chunks,
-                              .partition = cfg->pipeline_partition[0] ? cfg->pipeline_partition : NULL};
+                              .partition = cfg->pipeline_partition[0] ? cfg->pipeline_partition : NULL,
+                              .sequence_parallel = cfg->tensor_parallel > 1 && cfg->sequence_parallel};
 }
 
 /* The pipeline's phases on the timeline: forward and backward beside the
@@ -356,7 +358,6 @@ static void print_sample(const int32_t *tokens, int n) {
 /* Elastic training (app_elastic.h): the global batch is that of the
  * initial world (TANDEM_WORLD_SIZE), kept whatever the world size becomes. */
 static int elastic_main(const gpt_options *opt) {
-  app_refuse_exporters_when_elastic(&opt->common);
   /* --save: periodic checkpoints, read back when a rank and its buddy are
    * lost together at ZeRO stage >= 1 (td_elastic_set_fallback); --resume:
    * a whole job restarted from disk, at any world size */
@@ -373,7 +374,7 @@ static int elastic_main(const gpt_options *opt) {
   td_model *model = NULL;
   s = td_gpt_create(&opt->model, &model);
   if (s != TD_OK) app_fail(NULL, "creating the GPT model", s);
-  int code = app_elastic_main(&cfg, model, data, opt->common.resume_dir, opt->common.metrics_path);
+  int code = app_elastic_main(&cfg, model, data, &opt->common, 1);
   td_model_destroy(model);
   td_dataset_destroy(data);
   return code;
@@ -408,7 +409,18 @@ int main(int argc, char **argv) {
   td_grid *grid = NULL;
   td_comm *train_comm = run.comm;
   td_model *model = NULL;
-  if (tp > 1) {
+  if (pp > 1) {
+    /* Pipeline parallelism: the grid's pipeline group holds the stages (of
+     * tensor-parallel layers over its tensor group when tp > 1: 3D), the
+     * trainer averages over the data-parallel group */
+    s = td_grid_create(run.comm, tp, pp, &grid);
+    if (s != TD_OK) app_fail(&run, "laying out the process grid", s);
+    td_pipeline_config pc = pipeline_config(&cfg);
+    s = td_gpt_pipeline_create_grid(&opt.model, &pc, grid, &model);
+    if (s != TD_OK) app_fail(&run, "creating the pipeline stage", s);
+    train_comm = td_grid_comm(grid, TD_GRID_DATA);
+    if (run.timeline) td_gpt_pipeline_set_trace(model, trace_pipeline, run.timeline);
+  } else if (tp > 1) {
     s = td_grid_create(run.comm, tp, 1, &grid);
     if (s != TD_OK) app_fail(&run, "laying out the process grid", s);
     s = td_gpt_tp_create(&opt.model, grid, &model);
@@ -418,16 +430,6 @@ int main(int argc, char **argv) {
       if (s != TD_OK) app_fail(&run, "turning on sequence parallelism", s);
     }
     train_comm = td_grid_comm(grid, TD_GRID_DATA);
-  } else if (pp > 1) {
-    /* Pipeline parallelism: the grid's pipeline group holds the stages, the
-     * trainer averages over the data-parallel group */
-    s = td_grid_create(run.comm, 1, pp, &grid);
-    if (s != TD_OK) app_fail(&run, "laying out the process grid", s);
-    td_pipeline_config pc = pipeline_config(&cfg);
-    s = td_gpt_pipeline_create(&opt.model, &pc, td_grid_comm(grid, TD_GRID_PIPELINE), &model);
-    if (s != TD_OK) app_fail(&run, "creating the pipeline stage", s);
-    train_comm = td_grid_comm(grid, TD_GRID_DATA);
-    if (run.timeline) td_gpt_pipeline_set_trace(model, trace_pipeline, run.timeline);
   } else {
     s = td_gpt_create_on(&opt.model, dev, &model);
     if (s != TD_OK) app_fail(&run, "creating the GPT model", s);

@@ -85,7 +85,6 @@ static td_status pipeline_parallel_check(td_train_config *cfg) {
     what = "elastic training or deterministic reduction";
   else if (cfg->device[0] && strcmp(cfg->device, "cpu") != 0) what = "a device other than the CPU";
   else if (cfg->precision.compute == TD_F16) what = "fp16 (use bf16 or fp32)";
-  else if (cfg->tensor_parallel > 1) what = "tensor parallelism (tensor_model_parallel_size > 1)";
   if (what)
     return td_error(TD_ERR_INVALID_ARGUMENT,
                     "pipeline_model_parallel_size %d with %s is not built yet: drop one of them "
