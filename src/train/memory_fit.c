@@ -165,8 +165,8 @@ static void what_fits(const td_trainer *t, size_t room, char *buf, size_t cap) {
     size_t n = need_bytes(t, &c, t->world, 3);
     if (n <= room)
       ADD("stage 3 with offload_optimizer and offload_param \"nvme\" (--offload-optimizer nvme:DIR --offload-param "
-          "nvme:DIR) and stage3_max_live_parameters %ld (%.0f MiB per rank; left unset, it and the other knobs are "
-          "lowered so: %s)", c.stage3_max_live_parameters, MIB(n), knobs[0] ? knobs + 1 : "none needed");
+          "nvme:DIR) and stage3_max_live_parameters %ld (%.0f MiB per rank; the knobs left unset are lowered so:%s)",
+          c.stage3_max_live_parameters, MIB(n), knobs[0] ? knobs : " none needed");
   }
   if (cfg->micro_batch > 1) {
     td_train_config c = *cfg;
