@@ -72,7 +72,7 @@ refuse | cgroup)
   big=$(awk -v j="$job" 'BEGIN { printf "%d", j * 1.2 }')
   echo "estimate $per_rank MiB per rank; job ~$((job >> 20)) MiB; limits $((small >> 20)) and $((big >> 20)) MiB"
   if [ "$mode" = refuse ]; then
-    launch() { env TANDEM_MEMORY_LIMIT=$1 timeout 60 "$RUN" -np 2 "$GPT" $MODEL $args; }
+    launch() { env TANDEM_MEMORY_LIMIT=$1 timeout 120 "$RUN" -np 2 "$GPT" $MODEL $args; }
     source_word="TANDEM_MEMORY_LIMIT"
   else
     # a child of this process's memory cgroup, v2 or v1
@@ -96,7 +96,7 @@ refuse | cgroup)
     # the shell moves itself into the cgroup before starting the job: every rank inherits it
     launch() {
       echo "$1" >"$cg/$limit_file" || return 99
-      sh -c "echo \$\$ > $cg/cgroup.procs && exec timeout 60 $RUN -np 2 $GPT $MODEL $args"
+      sh -c "echo \$\$ > $cg/cgroup.procs && exec timeout 120 $RUN -np 2 $GPT $MODEL $args"
     }
     source_word="cgroup"
   fi
