@@ -399,8 +399,9 @@ static int app_elastic_main(td_train_config *cfg, td_model *model, td_dataset *d
            app_name, a.last.loss, a.steps_done_here > 2 && dt > 0 ? items / dt : 0.0, td_trainer_step_count(a.trainer),
            a.world, td_trainer_n_params(a.trainer), rc->train_batch_size, rc->micro_batch, rc->grad_accum, train_s,
            td_trainer_zero_stage(a.trainer), td_trainer_model_state_bytes(a.trainer));
-    printf("%s: elastic final_loss_exact=%.17g params_hash=%016llx epochs=%d resets=%d\n", app_name, a.last.loss,
-           app_params_hash(a.trainer), td_elastic_epoch(a.e), td_elastic_resets(a.e));
+    printf("%s: elastic final_loss_exact=%.17g params_hash=%016llx epochs=%d resets=%d replica_disk_bytes=%zu\n",
+           app_name, a.last.loss, app_params_hash(a.trainer), td_elastic_epoch(a.e), td_elastic_resets(a.e),
+           td_elastic_copy_disk_bytes(a.e));
     fflush(stdout);
   }
   td_comm *comm = td_elastic_comm(a.e);

@@ -114,8 +114,10 @@ int td_grid_tensor_hosts(const td_grid *grid);
  * collective (a peer died) makes forward return NaN with the message naming
  * the rank (and which world ranks the group's ranks are), then and on every
  * later call. Refuses (td_grid_check_gpt) heads not
- * divisible by the group size. f32 only; no activation checkpointing,
- * ZeRO-3 parameter access or device yet. */
+ * divisible by the group size. Activation checkpointing
+ * (set_activation_checkpointing) recomputes each block, its collectives
+ * included, in backward: the same bits. f32 only; no ZeRO-3 parameter
+ * access or device yet. */
 td_status td_gpt_tp_create(const td_gpt_config *config, const td_grid *grid, td_model **out);
 /* Megatron-LM's sequence parallelism on a td_gpt_tp_create model (on = 1;
  * default 0): the LayerNorm and residual regions hold B*T/p rows per rank,
@@ -219,9 +221,8 @@ td_status td_gpt_pipeline_create(const td_gpt_config *config, const td_pipeline_
  * rows); the loss is the last stage's, over its tensor group. With a grid
  * of tensor size 1 it is td_gpt_pipeline_create. Refuses heads not
  * divisible by the tensor size (td_grid_check_gpt), sequence parallelism
- * without a tensor group or with a sequence length it does not divide;
- * activation checkpointing is refused for tensor-parallel stages
- * (set_activation_checkpointing). The model borrows the grid. Local. */
+ * without a tensor group or with a sequence length it does not divide.
+ * The model borrows the grid. Local. */
 td_status td_gpt_pipeline_create_grid(const td_gpt_config *config, const td_pipeline_config *pp, const td_grid *grid,
                                       td_model **out);
 /* Where a pipeline rank's time went, summed over the steps run so far

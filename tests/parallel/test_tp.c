@@ -19,13 +19,16 @@
  *                             also trains the unsplit GPT alone on the whole
  *                             global batch: losses within 1e-5 relative each
  *                             step, final shards within 1e-4 (but the key bias: see there).
- *   test_tp train TP STEPS [sp] [pp=PP] [tied] [zero1]   the same with PP pipeline
+ *   test_tp train TP STEPS [sp] [pp=PP] [tied] [zero1] [ckpt]   the same with PP pipeline
  *                             stages of tensor-parallel layers (3D: N ranks
  *                             as data x pipeline PP x tensor TP; 4 blocks, 4
  *                             micro-batches per step through 1F1B; tied: a
  *                             tied wte, its gradient summed between the
  *                             first and the last stage per tensor rank;
- *                             zero1: ZeRO-1 over the data-parallel ranks),
+ *                             zero1: ZeRO-1 over the data-parallel ranks;
+ *                             ckpt: activation checkpointing, and each step's
+ *                             loss, norm and the final shards bit for bit
+ *                             those of the same layout without it),
  *                             against the same unsplit single-rank training.
  *   test_tp kill TP VICTIM [pp=PP]   as train, but rank VICTIM SIGKILLs itself while
  *                             its step 2 reads data: every other rank's step
@@ -329,12 +332,14 @@ static td_status text_get(const td_dataset *ds, size_t index, void *input, int32
 static void plain_destroy(td_dataset *ds) { free(ds); }
 
 static int train_zero; /* ZeRO stage of the model-parallel trainer (train ... zero1) */
+static int train_ckpt; /* activation checkpointing in the model-parallel trainer (train ... ckpt) */
 static td_trainer *make_trainer(td_model *m, td_dataset *ds, td_comm *comm, int micro, int accum) {
   td_train_config c;
   td_train_config_defaults(&c);
   c.micro_batch = micro;
   c.grad_accum = accum;
   c.zero_stage = comm ? train_zero : 0;
+  c.activation_checkpointing = comm ? train_ckpt : 0;
   c.seed = 7;
   c.optimizer.kind = TD_OPTIMIZER_ADAMW;
   c.optimizer.lr = 3e-3f;
@@ -366,17 +371,27 @@ static void train(int tp, int pp, int steps, int sp, int tied) {
   ds->targets_per_sample = TRAIN_T;
   ds->get = text_get;
   ds->destroy = plain_destroy;
-  td_model *mt = NULL, *mf = NULL;
-  if (pp > 1) {
-    td_pipeline_config pc = {.sequence_parallel = sp};
-    CHECK_OK(td_gpt_pipeline_create_grid(&cfg, &pc, grid, &mt));
-  } else {
-    CHECK_OK(td_gpt_tp_create(&cfg, grid, &mt));
-    if (sp) CHECK_OK(td_gpt_tp_set_sequence_parallel(mt, 1));
+  td_model *mt = NULL, *mf = NULL, *mplain = NULL;
+  for (int k = 0; k < 1 + train_ckpt; k++) { /* with checkpointing: also the same layout without it */
+    td_model **m = k == 0 ? &mt : &mplain;
+    if (pp > 1) {
+      td_pipeline_config pc = {.sequence_parallel = sp};
+      CHECK_OK(td_gpt_pipeline_create_grid(&cfg, &pc, grid, m));
+    } else {
+      CHECK_OK(td_gpt_tp_create(&cfg, grid, m));
+      if (sp) CHECK_OK(td_gpt_tp_set_sequence_parallel(*m, 1));
+    }
   }
   CHECK_OK(td_gpt_create(&cfg, &mf));
   td_trainer *t = make_trainer(mt, ds, td_grid_comm(grid, TD_GRID_DATA), TRAIN_G / dp / micro_steps, micro_steps);
   td_trainer *ref = kill_rank >= 0 ? NULL : make_trainer(mf, ds, NULL, TRAIN_G, 1);
+  td_trainer *plain = NULL;
+  if (mplain) {
+    train_ckpt = 0; /* make_trainer reads it */
+    plain = make_trainer(mplain, ds, td_grid_comm(grid, TD_GRID_DATA), TRAIN_G / dp / micro_steps, micro_steps);
+    train_ckpt = 1;
+    CHECK(td_trainer_config(t)->activation_checkpointing && !td_trainer_config(plain)->activation_checkpointing);
+  }
   for (int s = 0; s < steps; s++) {
     train_step_now = s;
     td_step_stats a, b;
@@ -399,6 +414,13 @@ static void train(int tp, int pp, int steps, int sp, int tied) {
       _exit(0); /* the communicators are broken: leave without finalizing */
     }
     CHECK_OK(st);
+    if (plain) { /* recomputation runs the same kernels and collectives on the same values: the same bits */
+      td_step_stats c;
+      CHECK_OK(td_trainer_step(plain, &c));
+      if (memcmp(&a.loss, &c.loss, sizeof a.loss) != 0 || memcmp(&a.grad_norm, &c.grad_norm, sizeof a.grad_norm) != 0)
+        td_test_fail(__FILE__, __LINE__, "rank %d step %d: with checkpointing loss %.17g norm %.17g, without %.17g %.17g",
+                     rank, s + 1, a.loss, a.grad_norm, c.loss, c.grad_norm);
+    }
     if (!ref) continue;
     CHECK_OK(td_trainer_step(ref, &b));
     if (rank == 0) printf("step %d loss %.7f ref %.7f norm %.6f ref %.6f\n", s + 1, a.loss, b.loss, a.grad_norm, b.grad_norm);
@@ -432,6 +454,14 @@ static void train(int tp, int pp, int steps, int sp, int tied) {
     }
     free(want);
   }
+  if (plain) { /* every parameter bit for bit, from fewer activations */
+    CHECK(memcmp(td_trainer_params(t), td_trainer_params(plain), mt->n_params * sizeof(float)) == 0);
+    if (rank == 0) printf("activations: %zu bytes with checkpointing, %zu without\n", mt->activation_bytes,
+                          mplain->activation_bytes);
+    CHECK(mt->activation_bytes > 0 && mt->activation_bytes < mplain->activation_bytes);
+    td_trainer_destroy(plain);
+  }
+  td_model_destroy(mplain);
   td_trainer_destroy(ref);
   td_trainer_destroy(t);
   td_model_destroy(mt);
@@ -439,8 +469,9 @@ static void train(int tp, int pp, int steps, int sp, int tied) {
   td_dataset_destroy(ds);
   td_grid_destroy(grid);
   if (rank == 0)
-    printf("tp train: %d ranks as data %d x pipeline %d x tensor %d%s%s%s: %d steps equal to one rank\n", n, dp, pp,
-           tp, sp ? " (sequence-parallel)" : "", tied ? " (tied)" : "", train_zero ? " (ZeRO-1)" : "", steps);
+    printf("tp train: %d ranks as data %d x pipeline %d x tensor %d%s%s%s%s: %d steps equal to one rank\n", n, dp,
+           pp, tp, sp ? " (sequence-parallel)" : "", tied ? " (tied)" : "", train_zero ? " (ZeRO-1)" : "",
+           train_ckpt ? " (activation checkpointing: bit for bit the same without)" : "", steps);
 }
 
 /* sequence parallelism needs seq divisible by the group; other models are refused */
@@ -463,7 +494,7 @@ static void refuse_sp(void) {
 
 int main(int argc, char **argv) {
   if (argc < 2) {
-    fprintf(stderr, "usage: test_tp layers | model TIED | train TP STEPS [sp] [pp=PP] [tied] [zero1] | kill TP VICTIM [pp=PP]\n");
+    fprintf(stderr, "usage: test_tp layers | model TIED | train TP STEPS [sp] [pp=PP] [tied] [zero1] [ckpt] | kill TP VICTIM [pp=PP]\n");
     return 2;
   }
   CHECK_OK(td_comm_init(&world));
@@ -481,6 +512,7 @@ int main(int argc, char **argv) {
       else if (!strncmp(argv[i], "pp=", 3)) pp = atoi(argv[i] + 3);
       else if (!strcmp(argv[i], "tied")) tied = 1;
       else if (!strcmp(argv[i], "zero1")) train_zero = 1;
+      else if (!strcmp(argv[i], "ckpt")) train_ckpt = 1;
       else {
         fprintf(stderr, "test_tp train: unknown option %s\n", argv[i]);
         return 2;

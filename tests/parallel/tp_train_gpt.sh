@@ -15,7 +15,8 @@
 #            on 8 ranks (ZeRO-1, 4 micro-batches of 1, config keys
 #            pipeline_model_parallel_size and tensor_model_parallel_size), 4
 #            layers, against 1 rank with the same global batch of 8: every
-#            step's loss within 1e-5 relative; sequence parallelism on 4 ranks too.
+#            step's loss within 1e-5 relative; sequence parallelism and
+#            activation checkpointing on 4 ranks too.
 #   refused: layouts and combinations not built, each exit 2 with a message
 #            saying what would work.
 set -u
@@ -78,9 +79,13 @@ threed)
   grep -q "global_batch=8 micro_batch=1 grad_accum=4" "$work/tp2pp2dp2.out" || fail "TP=2 x PP=2 x DP=2: not the global batch of 8"
   grep -q "zero_stage=1 .*tensor_parallel=2 sequence_parallel=0 pipeline_parallel=2" "$work/tp2pp2dp2.out" ||
     fail "TP=2 x PP=2 x DP=2: the config keys did not take effect"
+  "$RUN" -np 4 "$GPT" $T3 --micro-batch 2 --grad-accum 4 --tensor-parallel 2 --pipeline-parallel 2 \
+    --activation-checkpointing --metrics "$work/tp2pp2ckpt.jsonl" >"$work/tp2pp2ckpt.out" 2>&1 ||
+    { cat "$work/tp2pp2ckpt.out"; fail "TP=2 x PP=2 with activation checkpointing"; }
+  grep -q "activation_checkpointing=1" "$work/tp2pp2ckpt.out" || fail "activation checkpointing was not on"
   metrics_losses "$work/one.jsonl" >"$work/one.txt"
   [ "$(wc -l <"$work/one.txt")" -eq 8 ] || fail "the 1-rank run has $(wc -l <"$work/one.txt") loss lines, not 8"
-  for run in tp2pp2 tp2pp2sp tp2pp2dp2; do
+  for run in tp2pp2 tp2pp2sp tp2pp2dp2 tp2pp2ckpt; do
     metrics_losses "$work/$run.jsonl" >"$work/$run.txt"
     [ "$(wc -l <"$work/$run.txt")" -eq 8 ] || fail "$run has $(wc -l <"$work/$run.txt") loss lines, not 8"
     while read -r step want && read -r step2 got <&3; do
@@ -107,7 +112,7 @@ refused)
   check 2 "--seq 33 must be divisible by 2" --tensor-parallel 2 --sequence-parallel --seq 33
   # 3D: what does not compose with tensor-parallel pipeline stages yet
   check 4 "ZeRO stage 2 (use stage 0 or 1) is not built yet" --tensor-parallel 2 --pipeline-parallel 2 --zero-stage 2
-  check 4 "activation checkpointing is not built yet" --tensor-parallel 2 --pipeline-parallel 2 --activation-checkpointing
+  check 4 "with bf16/fp16 mixed precision is not built yet" --tensor-parallel 2 --pipeline-parallel 2 --bf16
   check 6 "use pipeline-parallel 1 or 3" --tensor-parallel 2 --pipeline-parallel 2
   echo "refused: ok"
   ;;

@@ -277,10 +277,6 @@ static void pp_backward(td_model *model, const float *params, float *grads, floa
 
 static td_status pp_set_ckpt(td_model *model, int on) {
   pp_model *m = (pp_model *)model;
-  if (on && m->tensor)
-    return td_error(TD_ERR_INVALID_ARGUMENT, "pipeline: activation checkpointing is not built for tensor-parallel "
-                    "stages (tensor-parallel %d): turn it off, or use pipeline parallelism without tensor "
-                    "parallelism", m->tp);
   m->ckpt = on != 0;
   for (int c = 0; c < m->v; c++)
     for (int i = 0; i < m->chunks[c].n_slots; i++)

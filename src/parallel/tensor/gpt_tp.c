@@ -35,9 +35,13 @@
  * column-parallel input gradients reduce-scattered; the LayerNorms' weight
  * gradients, then partial, are allreduced (2C floats each).
  *
- * Not here yet: activation checkpointing, bf16/fp16 (the kernels would
- * follow td_nn_set_compute_dtype, but nothing here is tested in them and
- * train-gpt refuses them), ZeRO-3's param_access, devices. */
+ * Activation checkpointing (set_activation_checkpointing) keeps each
+ * block's output and recomputes the block, collectives included, in
+ * backward: the same bits as without it, for one more forward.
+ *
+ * Not here yet: bf16/fp16 (the kernels would follow td_nn_set_compute_dtype,
+ * but nothing here is tested in them and train-gpt refuses them), ZeRO-3's
+ * param_access, devices. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,7 +61,7 @@ enum { P_LN1W, P_LN1B, P_QKVW, P_QKVB, P_PROJW, P_PROJB, P_LN2W, P_LN2B, P_FCW, 
  * backward (Megatron-LM's choice: one more allgather per product instead of
  * L whole-row copies). */
 typedef struct tp_acts {
-  int B, sp;                      /* sized for */
+  int B, sp, ckpt;                /* sized for (ckpt: the per-layer buffers below res3 for one layer) */
   float *encoded;                 /* (R, C) */
   float *ln1, *ln1_mean, *ln1_rstd; /* (L, R, C), (L, R) x2 */
   float *qkv;                     /* (L, BT, 3C/p) */
@@ -103,7 +107,8 @@ typedef struct tp_gpt {
   char (*names)[48];
   int idx_wte, idx_wpe, idx_layer0, idx_lnfw, idx_lnfb, idx_head; /* idx_head -1 when tied; -1: not held */
   tp_acts acts;
-  int sp; /* sequence parallelism asked for (td_gpt_tp_set_sequence_parallel; applied at prepare) */
+  int sp;   /* sequence parallelism asked for (td_gpt_tp_set_sequence_parallel; applied at prepare) */
+  int ckpt; /* activation checkpointing asked for (set_activation_checkpointing; applied at prepare) */
   int last_B, have_targets, forwarded; /* forwarded: a stage without the head ran its forward */
   int32_t *tokens, *targets;
   td_status failed; /* sticky: a collective failed (a peer died); forward refuses */
@@ -116,18 +121,20 @@ static int lidx(const tp_gpt *g, int l, int which) { return g->idx_layer0 + l * 
 
 /* ---- activations ---- */
 
-static size_t acts_plan(tp_acts *a, const tp_gpt *g, int B, int sp, float *base) {
-  size_t L = g->L, T = g->cfg.seq, BT = (size_t)B * T, C = g->C, Cl = g->Cl, Fl = g->Fl;
+static size_t acts_plan(tp_acts *a, const tp_gpt *g, int B, int sp, int ckpt, float *base) {
+  /* Lk: layers of the per-layer buffers; with checkpointing one (recomputed in backward), res3 keeps L */
+  size_t L = g->L, Lk = ckpt && L > 0 ? 1 : L, T = g->cfg.seq, BT = (size_t)B * T, C = g->C, Cl = g->Cl, Fl = g->Fl;
   size_t R = sp ? BT / g->p : BT, F = sp ? BT : 0; /* F: the gathered copies, only with sp */
   size_t Vl = g->has_head ? (size_t)g->Vl : 0, H = g->has_head ? 1 : 0; /* a stage without the head: no logits */
   struct {
     float **ptr;
     size_t n;
   } plan[] = {
-      {&a->encoded, R * C},       {&a->ln1, L * R * C},     {&a->ln1_mean, L * R},   {&a->ln1_rstd, L * R},
-      {&a->gathered, F * C},      {&a->qkv, L * BT * 3 * Cl}, {&a->atty, L * BT * Cl}, {&a->att, L * B * g->NHl * T * T},
-      {&a->res2, L * R * C},      {&a->ln2, L * R * C},     {&a->ln2_mean, L * R},   {&a->ln2_rstd, L * R},
-      {&a->fch, L * BT * Fl},   {&a->fchg, L * BT * Fl}, {&a->res3, L * R * C},
+      {&a->encoded, R * C},       {&a->ln1, Lk * R * C},    {&a->ln1_mean, Lk * R},  {&a->ln1_rstd, Lk * R},
+      {&a->gathered, F * C},      {&a->qkv, Lk * BT * 3 * Cl}, {&a->atty, Lk * BT * Cl},
+      {&a->att, Lk * B * g->NHl * T * T},
+      {&a->res2, Lk * R * C},     {&a->ln2, Lk * R * C},    {&a->ln2_mean, Lk * R},  {&a->ln2_rstd, Lk * R},
+      {&a->fch, Lk * BT * Fl},    {&a->fchg, Lk * BT * Fl}, {&a->res3, L * R * C},
       {&a->lnf, H * R * C},       {&a->lnf_mean, H * R},    {&a->lnf_rstd, H * R},
       {&a->probs, BT * Vl},       {&a->stats, 3 * BT * H},      {&a->dres, R * C},       {&a->dfull, F * C},
       {&a->dloc, sp ? R * C : 0}, {&a->dln, sp ? 2 * C : 0}, {&a->dbuf_c, BT * C},   {&a->dbuf_cl, BT * Cl},
@@ -144,11 +151,20 @@ static size_t acts_plan(tp_acts *a, const tp_gpt *g, int B, int sp, float *base)
 }
 
 static size_t tp_activation_bytes(const td_model *model, int batch, int checkpointing, td_dtype compute) {
-  (void)checkpointing, (void)compute; /* neither is built: f32, every activation kept */
+  (void)compute; /* f32 only */
   const tp_gpt *g = (const tp_gpt *)model;
   tp_acts scratch = {0};
   size_t BT = (size_t)batch * g->cfg.seq;
-  return acts_plan(&scratch, g, batch, g->sp, NULL) * sizeof(float) + 2 * BT * sizeof(int32_t);
+  return acts_plan(&scratch, g, batch, g->sp, checkpointing != 0, NULL) * sizeof(float) + 2 * BT * sizeof(int32_t);
+}
+
+/* Activation checkpointing: forward keeps each block's output (res3) and
+ * one layer's other buffers; backward recomputes block l from its input
+ * before differentiating it (with its collectives: every rank of the group
+ * recomputes in the same order). Applied at the next prepare. */
+static td_status tp_set_ckpt(td_model *model, int on) {
+  ((tp_gpt *)model)->ckpt = on != 0;
+  return TD_OK;
 }
 
 static td_status tp_prepare(td_model *model, int batch) {
@@ -156,10 +172,10 @@ static td_status tp_prepare(td_model *model, int batch) {
   if (batch <= 0) return td_error(TD_ERR_INVALID_ARGUMENT, "gpt-tp: micro-batch must be positive, got %d", batch);
   if (g->sp && ((long)batch * g->cfg.seq) % g->p != 0) /* seq % p is checked when sp is set */
     return td_error(TD_ERR_INTERNAL, "gpt-tp: %d x %d rows do not split over %d ranks", batch, g->cfg.seq, g->p);
-  if (g->acts.memory && g->acts.B == batch && g->acts.sp == g->sp) return TD_OK;
+  if (g->acts.memory && g->acts.B == batch && g->acts.sp == g->sp && g->acts.ckpt == g->ckpt) return TD_OK;
   td_free(g->acts.memory);
   memset(&g->acts, 0, sizeof g->acts);
-  size_t total = acts_plan(&g->acts, g, batch, g->sp, NULL);
+  size_t total = acts_plan(&g->acts, g, batch, g->sp, g->ckpt, NULL);
   float *mem = td_alloc(total * sizeof(float));
   size_t n = (size_t)batch * g->cfg.seq;
   int32_t *tokens = realloc(g->tokens, n * sizeof(int32_t));
@@ -171,10 +187,11 @@ static td_status tp_prepare(td_model *model, int batch) {
     return td_error(TD_ERR_SYSTEM, "gpt-tp: out of memory for the activations of micro-batch %d (%zu MiB)", batch,
                     total * sizeof(float) >> 20);
   }
-  acts_plan(&g->acts, g, batch, g->sp, mem);
+  acts_plan(&g->acts, g, batch, g->sp, g->ckpt, mem);
   g->acts.memory = mem;
   g->acts.B = batch;
   g->acts.sp = g->sp;
+  g->acts.ckpt = g->ckpt;
   g->acts.bytes = total * sizeof(float);
   g->base.activation_bytes = g->acts.bytes;
   return TD_OK;
@@ -227,12 +244,13 @@ static int block_forward(tp_gpt *g, const float *params, int l, const float *res
   const int T = g->cfg.seq, C = g->C, Cl = g->Cl, Fl = g->Fl, BT = B * T, R = a->sp ? BT / g->p : BT;
   const size_t sBT = (size_t)a->B * T, sR = a->sp ? sBT / g->p : sBT;
 #define W(which) (params + off_of(g, lidx(g, l, (which))))
-  float *ln1 = a->ln1 + l * sR * C, *ln1_mean = a->ln1_mean + l * sR, *ln1_rstd = a->ln1_rstd + l * sR;
-  float *qkv = a->qkv + l * sBT * 3 * Cl, *atty = a->atty + l * sBT * Cl;
-  float *att = a->att + (size_t)l * a->B * g->NHl * T * T;
-  float *res2 = a->res2 + l * sR * C, *ln2 = a->ln2 + l * sR * C;
-  float *ln2_mean = a->ln2_mean + l * sR, *ln2_rstd = a->ln2_rstd + l * sR;
-  float *fch = a->fch + l * sBT * Fl, *fchg = a->fchg + l * sBT * Fl, *res3 = a->res3 + l * sR * C;
+  const size_t k = a->ckpt ? 0 : (size_t)l; /* the per-layer buffers' slot: one with checkpointing */
+  float *ln1 = a->ln1 + k * sR * C, *ln1_mean = a->ln1_mean + k * sR, *ln1_rstd = a->ln1_rstd + k * sR;
+  float *qkv = a->qkv + k * sBT * 3 * Cl, *atty = a->atty + k * sBT * Cl;
+  float *att = a->att + k * a->B * g->NHl * T * T;
+  float *res2 = a->res2 + k * sR * C, *ln2 = a->ln2 + k * sR * C;
+  float *ln2_mean = a->ln2_mean + k * sR, *ln2_rstd = a->ln2_rstd + k * sR;
+  float *fch = a->fch + k * sBT * Fl, *fchg = a->fchg + k * sBT * Fl, *res3 = a->res3 + l * sR * C;
   td_layernorm_forward(ln1, ln1_mean, ln1_rstd, resid, W(P_LN1W), W(P_LN1B), R, C);
   const float *whole = whole_rows(g, ln1, BT);
   if (!whole) return 1;
@@ -259,7 +277,9 @@ static float tp_forward(td_model *model, const float *params, const void *inputs
     td_error(g->failed, "%s", g->failed_msg);
     return NAN;
   }
-  if ((!g->acts.memory || g->acts.B != batch || g->acts.sp != g->sp) && tp_prepare(model, batch) != TD_OK) return NAN;
+  if ((!g->acts.memory || g->acts.B != batch || g->acts.sp != g->sp || g->acts.ckpt != g->ckpt) &&
+      tp_prepare(model, batch) != TD_OK)
+    return NAN;
   const int T = g->cfg.seq, V = g->cfg.vocab, L = g->L, C = g->C, BT = batch * T;
   const int R = g->acts.sp ? BT / g->p : BT;
   const size_t n = (size_t)BT, sR = (size_t)R;
@@ -401,13 +421,17 @@ static void tp_backward(td_model *model, const float *params, float *grads, floa
 #define G(which) (grads + off_of(g, lidx(g, l, (which))))
 #define READY(which) report(ready, ctx, g, lidx(g, l, (which)))
     const float *resid = l > 0 ? a->res3 + (l - 1) * sR * C : a->encoded;
-    const float *ln1_mean = a->ln1_mean + l * sR, *ln1_rstd = a->ln1_rstd + l * sR;
-    const float *ln1 = a->ln1 + l * sR * C, *ln2 = a->ln2 + l * sR * C;
-    const float *qkv = a->qkv + l * sBT * 3 * Cl, *atty = a->atty + l * sBT * Cl;
-    const float *att = a->att + (size_t)l * a->B * g->NHl * T * T;
-    const float *res2 = a->res2 + l * sR * C;
-    const float *ln2_mean = a->ln2_mean + l * sR, *ln2_rstd = a->ln2_rstd + l * sR;
-    const float *fch = a->fch + l * sBT * Fl, *fchg = a->fchg + l * sBT * Fl;
+    /* checkpointing: block l's buffers again, recomputed from its input
+     * (the same kernels and collectives on the same values: the same bits) */
+    if (a->ckpt && block_forward(g, params, l, resid, B)) return;
+    const size_t k = a->ckpt ? 0 : (size_t)l;
+    const float *ln1_mean = a->ln1_mean + k * sR, *ln1_rstd = a->ln1_rstd + k * sR;
+    const float *ln1 = a->ln1 + k * sR * C, *ln2 = a->ln2 + k * sR * C;
+    const float *qkv = a->qkv + k * sBT * 3 * Cl, *atty = a->atty + k * sBT * Cl;
+    const float *att = a->att + k * a->B * g->NHl * T * T;
+    const float *res2 = a->res2 + k * sR * C;
+    const float *ln2_mean = a->ln2_mean + k * sR, *ln2_rstd = a->ln2_rstd + k * sR;
+    const float *fch = a->fch + k * sBT * Fl, *fchg = a->fchg + k * sBT * Fl;
     /* MLP; dres holds d res3 (this rank's rows); the row-parallel product needs the whole rows */
     if (fail(g, gather_rows(g, a->dfull, a->dres, BT))) return;
     memset(a->dbuf_f, 0, (size_t)BT * Fl * sizeof(float));
@@ -558,6 +582,7 @@ static const td_model_ops tp_ops = {
     .predict = tp_predict,
     .destroy = tp_destroy,
     .activation_bytes = tp_activation_bytes,
+    .set_activation_checkpointing = tp_set_ckpt,
     .init_params = tp_init_params,
     .grad_norm_sq = tp_grad_norm_sq,
 };
