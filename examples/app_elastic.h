@@ -302,6 +302,7 @@ static unsigned long long app_params_hash(const td_trainer *t) {
 /* Stop the exporters; the first error closing the TensorBoard file (its
  * message is then the last error), or TD_OK. */
 static td_status app_elastic_exporters_end(app_elastic *a) {
+  app_prom_cost(&a->run);
   td_prom_stop(a->run.prom);
   a->run.prom = NULL;
   td_status s = td_tensorboard_close(a->tensorboard);
@@ -399,8 +400,9 @@ static int app_elastic_main(td_train_config *cfg, td_model *model, td_dataset *d
            app_name, a.last.loss, a.steps_done_here > 2 && dt > 0 ? items / dt : 0.0, td_trainer_step_count(a.trainer),
            a.world, td_trainer_n_params(a.trainer), rc->train_batch_size, rc->micro_batch, rc->grad_accum, train_s,
            td_trainer_zero_stage(a.trainer), td_trainer_model_state_bytes(a.trainer));
-    printf("%s: elastic final_loss_exact=%.17g params_hash=%016llx epochs=%d resets=%d\n", app_name, a.last.loss,
-           app_params_hash(a.trainer), td_elastic_epoch(a.e), td_elastic_resets(a.e));
+    printf("%s: elastic final_loss_exact=%.17g params_hash=%016llx epochs=%d resets=%d replica_disk_bytes=%zu\n",
+           app_name, a.last.loss, app_params_hash(a.trainer), td_elastic_epoch(a.e), td_elastic_resets(a.e),
+           td_elastic_copy_disk_bytes(a.e));
     fflush(stdout);
   }
   td_comm *comm = td_elastic_comm(a.e);

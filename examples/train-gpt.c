@@ -269,7 +269,8 @@ static void print_estimates(const td_model *model, const td_train_config *cfg, i
     printf("%s: tensor_parallel=%d: world= below counts data-parallel ranks, params= this rank's shard; ZeRO "
            "stages 2-3 are not built with tensor parallelism\n", app_name, cfg->tensor_parallel);
   printf("%s: memory per rank at world=%d, params=%zu, micro_batch=%d (MiB; model states = params + grads + "
-         "optimizer + live + deterministic + replicas; DeepSpeed estimate_zero3_model_states_mem_needs_all_live; "
+         "optimizer + live + deterministic + replicas; replica_disk: the elastic buddy replicas' files; DeepSpeed "
+         "estimate_zero3_model_states_mem_needs_all_live; "
          "total = model states + activations + runtime, plus what the process holds before the trainer; gather: "
          "more at the end for the sample at stage 3)\n",
          app_name, world, model->n_params, cfg->micro_batch);
@@ -282,10 +283,10 @@ static void print_estimates(const td_model *model, const td_train_config *cfg, i
     }
     const double mib = 1024.0 * 1024.0;
     printf("stage=%d params=%.1f grads=%.1f optimizer=%.1f live=%.1f deterministic=%.1f replicas=%.1f "
-           "model_states=%.1f activations=%.1f runtime=%.1f total=%.1f model_state_bytes=%zu disk=%.1f disk_bytes=%zu "
-           "gather=%.1f\n",
+           "replica_disk=%.1f model_states=%.1f activations=%.1f runtime=%.1f total=%.1f model_state_bytes=%zu "
+           "disk=%.1f disk_bytes=%zu gather=%.1f\n",
            stage, e.params / mib, e.grads / mib, e.optimizer / mib, e.live / mib, e.deterministic / mib,
-           e.replicas / mib, e.model_states / mib, e.activations / mib, e.runtime / mib,
+           e.replicas / mib, e.replica_disk / mib, e.model_states / mib, e.activations / mib, e.runtime / mib,
            (e.model_states + e.activations + e.runtime) / mib, e.model_states, e.disk / mib, e.disk, e.gather / mib);
   }
   fflush(stdout);

@@ -1578,6 +1578,9 @@ placed:;
   }
   store_close(j->client);
   store_server_stop(j->store);
+  if (j->prom) /* what the job endpoint cost (bench/prometheus_cost.sh) */
+    fprintf(stderr, "tandemrun: the job's metrics endpoint: %lu scrapes, %.3f ms CPU serving them\n",
+            td_prom_scrapes(j->prom), td_prom_serve_cpu_seconds(j->prom) * 1e3);
   td_prom_stop(j->prom);
   j->prom = NULL;
   close(j->sigfd);
