@@ -12,7 +12,8 @@
  *                             values (exactly), loss, every gradient tensor,
  *                             predictions and the gradient norm agree; the
  *                             ready callback reports every tensor once.
- *   test_tp refuse-sp         sequence parallelism's refusals.
+ *   test_tp refuse-sp         sequence parallelism's refusals, and those of 3D stages
+ *                             (sp without a tensor group, heads the group does not divide).
  *   test_tp train TP STEPS [sp]  N ranks as data N/TP x tensor TP train STEPS
  *                             AdamW steps (clipping on) of a GPT with a
  *                             57-token vocabulary (uneven shards); every rank
@@ -489,6 +490,25 @@ static void refuse_sp(void) {
   td_model_destroy(plain);
   td_model_destroy(tp);
   td_grid_destroy(grid);
+  /* 3D: sequence parallelism needs a tensor group; the stages' heads must split over it */
+  CHECK_OK(td_grid_create(world, 1, P, &grid));
+  td_gpt_config c3 = {.vocab = 50, .layers = 2 * P, .channels = 16, .heads = 4, .seq = 8};
+  td_pipeline_config pc = {.sequence_parallel = 1};
+  td_model *m3 = NULL;
+  expect_message(td_gpt_pipeline_create_grid(&c3, &pc, grid, &m3), "use tensor-parallel 2 or more");
+  expect_message(td_gpt_pipeline_create(&c3, &pc, td_grid_comm(grid, TD_GRID_PIPELINE), &m3),
+                 "use td_gpt_pipeline_create_grid");
+  CHECK(m3 == NULL);
+  td_grid_destroy(grid);
+  if (P > 1) {
+    CHECK_OK(td_grid_create(world, P, 1, &grid));
+    c3.heads = 2 * P + 1; /* not divisible by the tensor group */
+    c3.channels = 4 * c3.heads;
+    pc.sequence_parallel = 0;
+    expect_message(td_gpt_pipeline_create_grid(&c3, &pc, grid, &m3), "does not divide the");
+    CHECK(m3 == NULL);
+    td_grid_destroy(grid);
+  }
   if (R == 0) printf("tp refuse-sp: ok\n");
 }
 
