@@ -20,13 +20,15 @@
  *                             also trains the unsplit GPT alone on the whole
  *                             global batch: losses within 1e-5 relative each
  *                             step, final shards within 1e-4 (but the key bias: see there).
- *   test_tp train TP STEPS [sp] [pp=PP] [tied] [zero1] [ckpt]   the same with PP pipeline
+ *   test_tp train TP STEPS [sp] [pp=PP] [tied] [zero1] [ckpt] [interleaved]   the same with PP pipeline
  *                             stages of tensor-parallel layers (3D: N ranks
  *                             as data x pipeline PP x tensor TP; 4 blocks, 4
  *                             micro-batches per step through 1F1B; tied: a
  *                             tied wte, its gradient summed between the
  *                             first and the last stage per tensor rank;
  *                             zero1: ZeRO-1 over the data-parallel ranks;
+ *                             interleaved: Megatron's interleaved schedule,
+ *                             2 chunks of 1 block per rank;
  *                             ckpt: activation checkpointing, and each step's
  *                             loss, norm and the final shards bit for bit
  *                             those of the same layout without it),
@@ -334,6 +336,7 @@ static void plain_destroy(td_dataset *ds) { free(ds); }
 
 static int train_zero; /* ZeRO stage of the model-parallel trainer (train ... zero1) */
 static int train_ckpt; /* activation checkpointing in the model-parallel trainer (train ... ckpt) */
+static int train_interleaved; /* the pipeline's interleaved schedule, 2 chunks per rank (train ... interleaved) */
 static td_trainer *make_trainer(td_model *m, td_dataset *ds, td_comm *comm, int micro, int accum) {
   td_train_config c;
   td_train_config_defaults(&c);
@@ -377,6 +380,7 @@ static void train(int tp, int pp, int steps, int sp, int tied) {
     td_model **m = k == 0 ? &mt : &mplain;
     if (pp > 1) {
       td_pipeline_config pc = {.sequence_parallel = sp};
+      if (train_interleaved) pc.schedule = "interleaved", pc.chunks = 2;
       CHECK_OK(td_gpt_pipeline_create_grid(&cfg, &pc, grid, m));
     } else {
       CHECK_OK(td_gpt_tp_create(&cfg, grid, m));
@@ -473,6 +477,7 @@ static void train(int tp, int pp, int steps, int sp, int tied) {
     printf("tp train: %d ranks as data %d x pipeline %d x tensor %d%s%s%s%s: %d steps equal to one rank\n", n, dp,
            pp, tp, sp ? " (sequence-parallel)" : "", tied ? " (tied)" : "", train_zero ? " (ZeRO-1)" : "",
            train_ckpt ? " (activation checkpointing: bit for bit the same without)" : "", steps);
+  if (rank == 0 && train_interleaved) printf("tp train: the pipeline ran the interleaved schedule, 2 chunks per rank\n");
 }
 
 /* sequence parallelism needs seq divisible by the group; other models are refused */
@@ -514,7 +519,7 @@ static void refuse_sp(void) {
 
 int main(int argc, char **argv) {
   if (argc < 2) {
-    fprintf(stderr, "usage: test_tp layers | model TIED | train TP STEPS [sp] [pp=PP] [tied] [zero1] [ckpt] | kill TP VICTIM [pp=PP]\n");
+    fprintf(stderr, "usage: test_tp layers | model TIED | train TP STEPS [sp] [pp=PP] [tied] [zero1] [ckpt] [interleaved] | kill TP VICTIM [pp=PP]\n");
     return 2;
   }
   CHECK_OK(td_comm_init(&world));
@@ -533,6 +538,7 @@ int main(int argc, char **argv) {
       else if (!strcmp(argv[i], "tied")) tied = 1;
       else if (!strcmp(argv[i], "zero1")) train_zero = 1;
       else if (!strcmp(argv[i], "ckpt")) train_ckpt = 1;
+      else if (!strcmp(argv[i], "interleaved")) train_interleaved = 1;
       else {
         fprintf(stderr, "test_tp train: unknown option %s\n", argv[i]);
         return 2;
