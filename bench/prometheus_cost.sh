@@ -67,12 +67,10 @@ for round in $(seq 1 "$rounds"); do
     # the whole job: (user + system) CPU ms per step, and its wall seconds
     job_cpu=$(echo "$out" | awk -v n="$steps" '/^rusage / { printf "%.3f", ($3 + $4) * 1000 / n }')
     wall=$(echo "$out" | awk '/^rusage / { print $2 }')
-    # rank 0's endpoint (serving + updating) and tandemrun's job endpoint, CPU ms per step
-    ep=$(echo "$out" | sed -n "s/.*rank 0's metrics endpoint: [0-9]* scrapes, \([0-9.]*\) ms CPU serving them, \([0-9.]*\) ms CPU updating.*/\1 \2/p" |
-      awk -v n="$steps" '{ printf "%.5f", ($1 + $2) / n }')
-    jep=$(echo "$out" | sed -n "s/.*the job's metrics endpoint: [0-9]* scrapes, \([0-9.]*\) ms CPU.*/\1/p" |
-      awk -v n="$steps" '{ printf "%.5f", $1 / n }')
-    echo "$round $mode ${tps:-nan} ${cpu:-nan} ${job_cpu:-nan} ${wall:-nan} ${ep:-0} ${jep:-0}" | tee -a "$work/raw"
+    # rank 0's endpoint: scrapes, CPU ms serving them, CPU ms updating the series; tandemrun's job endpoint: scrapes, ms
+    ep=$(echo "$out" | sed -n "s/.*rank 0's metrics endpoint: \([0-9]*\) scrapes, \([0-9.]*\) ms CPU serving them, \([0-9.]*\) ms CPU updating.*/\1 \2 \3/p" | head -1)
+    jep=$(echo "$out" | sed -n "s/.*the job's metrics endpoint: \([0-9]*\) scrapes, \([0-9.]*\) ms CPU.*/\1 \2/p" | head -1)
+    echo "$round $mode ${tps:-nan} ${cpu:-nan} ${job_cpu:-nan} ${wall:-nan} ${ep:-0 0 0} ${jep:-0 0}" | tee -a "$work/raw"
   done
 done
 scrapes=$(curl -sf "http://127.0.0.1:$((base + 5))/api/v1/query" --data-urlencode 'query=sum_over_time(up{job="tandem"}[1h])' |
@@ -87,10 +85,11 @@ import statistics as st, sys
 raw, rounds, steps, l0, l1, scrapes, model, interval = sys.argv[1:9]
 rows = [l.split() for l in open(raw)]
 by, job, ep = {}, {}, {}
-for r, mode, tps, cpu, job_cpu, wall, ep_ms, jep_ms in rows:
+for r, mode, tps, cpu, job_cpu, wall, scrapes0, serve0, update0, jscrapes, jserve in rows:
     by.setdefault(r, {})[mode] = (float(tps), float(cpu))
     job.setdefault(r, {})[mode] = (float(job_cpu), float(wall))
-    ep.setdefault(mode, []).append((float(ep_ms), float(jep_ms), float(cpu)))
+    ep.setdefault(mode, []).append((int(scrapes0), float(serve0), float(update0), int(jscrapes), float(jserve),
+                                    float(cpu)))
 print("# Prometheus endpoint: training cost (bench/prometheus_cost.sh)\n")
 print(f"2 ranks under tandemrun, train-gpt {model}; 'on' = --prometheus-port with Debian's prometheus scraping "
       f"both ranks every {interval} s; 'job' = tandemrun --prometheus-port, prometheus scraping its one endpoint "
@@ -121,16 +120,22 @@ for r in sorted(job, key=int):
             # extra CPU of the run over the scrapes it got (wall / interval per target)
             per_scrape[m].append((c - c0) * int(steps) / (w / float(interval) * targets))
         print(f"| {r} | {c0:.2f} | {c1:.2f} | {c2:.2f} | {c1 / c0:.4f} | {c2 / c0:.4f} | {w0:.1f} | {w1:.1f} | {w2:.1f} |")
-print("\nThe endpoint's own CPU time, measured where it is spent (rank 0: server thread + series updates; "
-      "tandemrun: the job endpoint's thread), per step and as a share of rank 0's CPU per step:\n")
-print("| mode | rank 0 endpoint ms/step | share of rank 0's CPU | tandemrun job endpoint ms/step |")
-print("|---|---|---|---|")
+print("\nThe endpoint's own CPU time, measured where it is spent: rank 0's training thread updating the series "
+      "after each step (CLOCK_THREAD_CPUTIME_ID), its server thread per scrape (getrusage RUSAGE_THREAD), "
+      "tandemrun's job endpoint thread per scrape (fetching both ranks and merging). The update is paid every step, "
+      "a scrape once per interval whatever the step rate: at one scrape per second, its share of a rank that keeps "
+      "one core busy is (ms per scrape) / 1000.\n")
+print("| mode | update ms/step | share of rank 0's CPU per step | rank 0 ms/scrape (scrapes) | tandemrun ms/scrape (scrapes) |")
+print("|---|---|---|---|---|")
 for m in ("on", "job"):
     if m in ep:
-        e = st.median(x[0] for x in ep[m])
-        share = st.median(x[0] / x[2] for x in ep[m] if x[2] > 0)
-        j = st.median(x[1] for x in ep[m])
-        print(f"| {m} | {e:.4f} | {100 * share:.3f}% | {j:.4f} |")
+        upd = st.median(x[2] / int(steps) for x in ep[m])
+        share = st.median(x[2] / int(steps) / x[5] for x in ep[m] if x[5] > 0)
+        per = [x[1] / x[0] for x in ep[m] if x[0] > 0]
+        jper = [x[4] / x[3] for x in ep[m] if x[3] > 0]
+        n0, nj = sum(x[0] for x in ep[m]), sum(x[3] for x in ep[m])
+        print(f"| {m} | {upd:.4f} | {100 * share:.3f}% | {st.median(per) if per else 0:.4f} ({n0}) | "
+              f"{st.median(jper) if jper else 0:.4f} ({nj}) |")
 for m in ("on", "job"):
     if jratios[m]:
         print(f"\n{m}: the job's CPU per step, median per-round ratio {st.median(jratios[m]):.4f} "

@@ -50,8 +50,8 @@ trap 'rm -rf "$resdir"' EXIT
 # lines of parallel tests do not interleave) and leave the verdict in $resdir.
 # The CPU time a line used (its processes' user + system time, those the
 # shell reaped) is printed beside its wall time: a line with much less CPU
-# than wall time waits (timeouts, heartbeats, start-up) and could share the
-# machine; one near JOBS x its wall time is what makes the suite slow.
+# than wall time waits (timeouts, heartbeats, start-up) and leaves the cores
+# to the lines beside it; one with as much CPU as wall time or more computes.
 clk_tck=$(getconf CLK_TCK 2>/dev/null || echo 100)
 # (fields 16 and 17 of /proc/PID/stat: cutime, cstime; read in this shell, as
 # a $(...) would read its own subshell's)

@@ -364,12 +364,15 @@ static td_status pair(const el_replicas *r, td_comm *comm, int *buddy_out, el_wa
 
 /* Receive ward w's range into its rep[slot]: chunks of half the staging
  * buffer, two in flight, so that one is written to the file while the next
- * arrives. */
-static td_status receive_ward(el_replicas *r, el_ward *w, int slot, td_comm *comm, int64_t commit) {
+ * arrives. Returns the communication's status; a file that cannot be
+ * written (a full disk) does not stop the receiving, so that the exchange
+ * stays in step on every rank: its error goes to *file_st_out. */
+static td_status receive_ward(el_replicas *r, el_ward *w, int slot, td_comm *comm, int64_t commit,
+                              td_status *file_st_out) {
   const size_t half = TD_ELASTIC_STAGING_BYTES / 2;
   el_piece *p = &w->rep[slot];
   size_t n = (size_t)(w->hi - w->lo);
-  TD_CHECK(piece_begin(p, w->lo, w->hi, n * r->row_bytes));
+  td_status file_st = piece_begin(p, w->lo, w->hi, n * r->row_bytes);
   /* the chunks in order: buffer by buffer, each cut from its start */
   size_t n_chunks = 0;
   for (int b = 0; b < r->n_bufs; b++) n_chunks += (n * r->bufs[b].elem_bytes + half - 1) / half;
@@ -392,11 +395,12 @@ static td_status receive_ward(el_replicas *r, el_ward *w, int slot, td_comm *com
     int h = (int)(i % 2);
     st = td_wait(req[h]);
     req[h] = NULL;
-    if (st == TD_OK) st = piece_write(p, off, r->staging + (size_t)h * half, len[h]);
+    if (st == TD_OK && file_st == TD_OK) file_st = piece_write(p, off, r->staging + (size_t)h * half, len[h]);
     off += len[h];
   }
   for (int h = 0; h < 2; h++) td_wait(req[h]); /* after a failure: none left writing into staging */
-  if (st == TD_OK) p->commit = commit;
+  if (st == TD_OK && file_st == TD_OK) p->commit = commit;
+  *file_st_out = file_st;
   return st;
 }
 
@@ -413,12 +417,13 @@ static td_status exchange(el_replicas *r, td_comm *comm, int slot, int64_t commi
   TD_CHECK(registered_range(r, &lo, &hi));
   const size_t chunk = TD_ELASTIC_STAGING_BYTES / 2;
   size_t n_send = 0;
-  for (int b = 0; b < r->n_bufs && r->buddy >= 0; b++) n_send += ((hi - lo) * r->bufs[b].elem_bytes + chunk - 1) / chunk;
+  for (int b = 0; b < r->n_bufs && r->buddy >= 0; b++)
+    n_send += ((hi - lo) * r->bufs[b].elem_bytes + chunk - 1) / chunk;
   td_request **sends = n_send ? calloc(n_send, sizeof *sends) : NULL;
   if (n_send && !sends) return td_error(TD_ERR_SYSTEM, "elastic: out of memory for %zu replica sends", n_send);
   int me = td_comm_rank(comm), k = 0, peer = -1;
   size_t issued = 0;
-  td_status st = TD_OK, own_st = TD_OK;
+  td_status st = TD_OK, own_st = TD_OK, file_st = TD_OK;
   for (int j = 0; j < td_comm_size(comm) && st == TD_OK; j++) {
     if (j == me && r->buddy >= 0) {
       peer = r->buddy;
@@ -431,7 +436,9 @@ static td_status exchange(el_replicas *r, td_comm *comm, int slot, int64_t commi
       own = NULL;
     } else if (k < r->n_wards && r->wards[k].rank == j) {
       peer = j;
-      st = receive_ward(r, &r->wards[k++], slot, comm, commit);
+      td_status ward_file_st = TD_OK;
+      st = receive_ward(r, &r->wards[k++], slot, comm, commit, &ward_file_st);
+      if (file_st == TD_OK) file_st = ward_file_st;
     }
   }
   if (own) own_st = snapshot(r, own, commit);
@@ -447,7 +454,7 @@ static td_status exchange(el_replicas *r, td_comm *comm, int slot, int64_t commi
     return td_error(st, "elastic: rank %d: replicating its shard to buddy rank %d (and receiving its %d wards') "
                         "failed at rank %d: %s",
                     me, r->buddy, r->n_wards, peer, td_comm_last_error(comm));
-  return own_st;
+  return own_st != TD_OK ? own_st : file_st;
 }
 
 td_status el_rep_commit(el_replicas *r, td_comm *comm, int64_t commit) {

@@ -218,9 +218,13 @@ for p in json.load(open(sys.argv[1]))["panels"]:
         e = t["expr"].replace("$job", "tandem")
         if "elastic" in e or "job_process" in e: print(e)' "$(dirname "$0")/../../examples/grafana/tandem.json" >"$work/exprs"
   [ "$(wc -l <"$work/exprs")" -ge 4 ] || fail "too few elastic dashboard expressions"
-  while read -r expr; do
-    query "$expr" | python3 -c 'import json,sys; sys.exit(not json.load(sys.stdin)["data"]["result"])' ||
-      fail "dashboard expression returned nothing: $expr"
+  while read -r expr; do # (a scrape that timed out on a loaded machine leaves a gap: a few tries)
+    got=0
+    for _ in $(seq 20); do
+      query "$expr" | python3 -c 'import json,sys; sys.exit(not json.load(sys.stdin)["data"]["result"])' && { got=1; break; }
+      sleep 0.5
+    done
+    [ $got = 1 ] || fail "dashboard expression returned nothing: $expr"
   done <"$work/exprs"
   kill -TERM $train
   for _ in $(seq 20); do kill -0 $train 2>/dev/null || break; sleep 0.5; done
