@@ -15,6 +15,11 @@
 #              lines need a GPU: scripts/gpu-check runs them there);
 #              TREES="build" skips the sanitizer pass;
 #              JOBS=N runs up to N lines at once (default 2; 1: one by one).
+#              TESTS_DEADLINE=EPOCH_S: no line runs past this time (date
+#              +%s): each line's timeout is cut to what is left, and a line
+#              with nothing left prints "SKIP NAME" and counts as skipped
+#              (scripts/gpu-check: a budget for the whole suite, so that
+#              every line is accounted for in its table).
 #              SERIAL=REGEX names the lines that run alone, nothing beside
 #              them (default: those whose point is a time bound, that
 #              create network namespaces, that move data through tiny
@@ -34,6 +39,7 @@ logdir=build/test-logs
 mkdir -p "$logdir"
 passed=0
 failed=0
+skipped=0
 failed_names=()
 start_all=$(date +%s)
 
@@ -84,6 +90,16 @@ for B in $trees; do
       log="$logdir/$(echo "$tag" | tr '/' '_').log"
       cmd="${cmd//\$RUN/$RUN}"
       cmd="${cmd//\$B/$B}"
+      if [ -n "${TESTS_DEADLINE:-}" ]; then
+        left=$((TESTS_DEADLINE - $(date +%s)))
+        if [ "$left" -le 0 ]; then
+          wait # the lines still running print their verdicts first
+          printf 'SKIP %-50s %6ss (no time left before TESTS_DEADLINE)\n' "$tag" 0
+          echo "skip $tag" >"$resdir/$(echo "$tag" | tr '/' '_')"
+          continue
+        fi
+        [ "$left" -lt "$tmo" ] && tmo=$left
+      fi
       if [ "$jobs_max" -le 1 ] || echo "$name" | grep -Eq -- "$serial"; then
         wait # nothing beside it
         run_one "$tag" "$tmo" "$cmd" "$log" </dev/null
@@ -100,6 +116,8 @@ for f in "$resdir"/*; do
   read -r verdict tag <"$f"
   if [ "$verdict" = pass ]; then
     passed=$((passed+1))
+  elif [ "$verdict" = skip ]; then
+    skipped=$((skipped+1))
   else
     failed=$((failed+1))
     failed_names+=("$tag")
@@ -111,5 +129,9 @@ echo "suite time: $(( $(date +%s) - start_all ))s"
 if [ $failed -gt 0 ]; then
   echo "failed: ${failed_names[*]}"
 fi
-echo "$passed passed, $failed failed"
-[ $failed -eq 0 ]
+if [ $skipped -gt 0 ]; then
+  echo "$passed passed, $failed failed, $skipped skipped (TESTS_DEADLINE)"
+else
+  echo "$passed passed, $failed failed"
+fi
+[ $failed -eq 0 ] && [ $skipped -eq 0 ]
