@@ -9,7 +9,12 @@
 # ratios to DP=2 mean something on a loaded machine where one-shot figures
 # do not.
 #
-#   bench/tp.sh [BUILD] [STEPS] [ROUNDS]   (default build, 20 steps, 3 rounds;
+# The 3D table: every layout of 4 ranks at the same global batch of 16
+# (DP=4, TP=2 x DP=2, PP=2 x DP=2, TP=2 x PP=2, TP=4, PP=4; the pipelines
+# with 4 or 8 micro-batches, 1F1B).
+#
+#   bench/tp.sh [BUILD] [STEPS] [ROUNDS] [TABLES]   (default build, 20 steps, 3 rounds,
+#                                           TABLES "all"; "3d": the 3D table only;
 #                                           tokens/s leaves out the first 2 steps)
 #
 # Peak RSS: each rank's /usr/bin/time maximum resident set (shm transport: the
@@ -20,6 +25,7 @@ cd "$(dirname "$0")/.."
 B=${1:-build}
 STEPS=${2:-20}
 ROUNDS=${3:-3}
+TABLES=${4:-all}
 RUN="$B/bin/tandemrun"
 GPT="$B/bin/train-gpt"
 export TANDEM_PROGRESS=off
@@ -44,9 +50,25 @@ row() { # NAME NP ARGS...
     "$(awk -v b="${ms:-0}" 'BEGIN { printf "%.2f", b / 1048576 }')" "$(value params <"$tmp/out")"
 }
 echo "tree $B, git $(git rev-parse --short HEAD 2>/dev/null), $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg), $STEPS steps"
-echo
-echo "| layout | ranks | global batch | tokens/s | CPU ms per step (rank 0) | final loss | peak RSS MiB per rank | model state MiB per rank | parameters per rank |"
-echo "|---|---|---|---|---|---|---|---|---|"
+header() {
+  echo
+  echo "| layout | ranks | global batch | tokens/s | CPU ms per step (rank 0) | final loss | peak RSS MiB per rank | model state MiB per rank | parameters per rank |"
+  echo "|---|---|---|---|---|---|---|---|---|"
+}
+if [ "$TABLES" = 3d ]; then
+  echo
+  echo "3D layouts, 4 ranks, global batch 16 (model state and parameters: rank 0's)"
+  header
+  row "DP=4" 4 --micro-batch 4
+  row "TP=2 x DP=2" 4 --micro-batch 8 --tensor-parallel 2
+  row "PP=2 x DP=2 (m=4)" 4 --micro-batch 2 --grad-accum 4 --pipeline-parallel 2
+  row "TP=2 x PP=2 (m=4)" 4 --micro-batch 4 --grad-accum 4 --tensor-parallel 2 --pipeline-parallel 2
+  row "TP=2 x PP=2 + SP (m=4)" 4 --micro-batch 4 --grad-accum 4 --tensor-parallel 2 --pipeline-parallel 2 --sequence-parallel
+  row "TP=4" 4 --micro-batch 16 --tensor-parallel 4
+  row "PP=4 (m=8)" 4 --micro-batch 2 --grad-accum 8 --pipeline-parallel 4
+  exit 0
+fi
+header
 row "1 rank" 1 --micro-batch 16
 row "DP=2" 2 --micro-batch 8
 row "TP=2" 2 --micro-batch 16 --tensor-parallel 2

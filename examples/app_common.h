@@ -219,7 +219,7 @@ typedef struct app_run {
   td_step_stats last;
   td_prom *prom; /* every rank, with --prometheus-port */
   td_tensorboard *tensorboard; /* rank 0, with --tensorboard */
-  char prom_labels[32]; /* rank="R" */
+  char prom_labels[64]; /* rank="R" (and process="ID" under --elastic) */
 } app_run;
 
 /* A runtime failure: rank-tagged message on stderr, status 1. The
@@ -306,43 +306,45 @@ static void app_start_tensorboard(app_run *run, const app_common_options *c) {
   fprintf(stderr, "%s: TensorBoard events in %s\n", app_name, td_tensorboard_path(run->tensorboard));
 }
 
-/* Start this rank's endpoint on PORT + rank (PORT 0: a free port each). A
- * failure (the port in use) is reported and training goes on without it. */
-static void app_start_prometheus(app_run *run, const app_common_options *c) {
+/* Start this process's endpoint on PORT + slot (PORT 0: a free port each):
+ * slot is the rank, or under --elastic the process's launch number, which
+ * stays while ranks are renumbered (who: "rank" or "process", for the
+ * messages). A failure (the port in use) is reported and training goes on
+ * without it. The caller sets the labels (run->prom_labels). */
+static void app_start_prometheus_slot(app_run *run, const app_common_options *c, long slot, const char *who) {
   long port = c->prometheus_port;
   const char *env = getenv("TANDEM_PROMETHEUS_PORT");
   if (port < 0 && env && *env) port = app_parse_long("TANDEM_PROMETHEUS_PORT", env, 0, 65535);
   if (port < 0) return;
   const char *bind_addr = c->prometheus_bind ? c->prometheus_bind : getenv("TANDEM_PROMETHEUS_BIND");
-  long rank_port = port == 0 ? 0 : port + run->rank;
-  if (rank_port > 65535) {
-    fprintf(stderr, "%s: warning: rank %d: no metrics endpoint: port %ld + rank %d exceeds 65535\n", app_name,
-            run->rank, port, run->rank);
+  long slot_port = port == 0 ? 0 : port + slot;
+  if (slot_port > 65535) {
+    fprintf(stderr, "%s: warning: %s %ld: no metrics endpoint: port %ld + %s %ld exceeds 65535\n", app_name, who,
+            slot, port, who, slot);
     return;
   }
-  td_status s = td_prom_start(bind_addr, (int)rank_port, &run->prom);
+  td_status s = td_prom_start(bind_addr, (int)slot_port, &run->prom);
   if (s == TD_ERR_INVALID_ARGUMENT) app_usage_error("%s", td_last_error()); /* a bad --prometheus-bind */
   if (s != TD_OK) {
-    fprintf(stderr, "%s: warning: rank %d: no metrics endpoint, training goes on: %s\n", app_name, run->rank,
+    fprintf(stderr, "%s: warning: %s %ld: no metrics endpoint, training goes on: %s\n", app_name, who, slot,
             td_last_error());
     return;
   }
-  snprintf(run->prom_labels, sizeof run->prom_labels, "rank=\"%d\"", run->rank);
-  fprintf(stderr, "%s: rank %d serves metrics on http://%s:%d/metrics\n", app_name, run->rank,
+  fprintf(stderr, "%s: %s %ld serves metrics on http://%s:%d/metrics\n", app_name, who, slot,
           bind_addr && *bind_addr ? bind_addr : "127.0.0.1", td_prom_port(run->prom));
-  td_prom_set(run->prom, "tandem_world_size", "gauge", "ranks in the job", run->prom_labels, run->world);
 }
 
-/* The exporters hang off the non-elastic run loop (app_after_step). */
-static void app_refuse_exporters_when_elastic(const app_common_options *c) {
-  if (c->prometheus_port >= 0 || c->tensorboard_dir)
-    app_usage_error("--prometheus-port and --tensorboard are not supported with --elastic yet");
+/* Start this rank's endpoint on PORT + rank. */
+static void app_start_prometheus(app_run *run, const app_common_options *c) {
+  app_start_prometheus_slot(run, c, run->rank, "rank");
+  snprintf(run->prom_labels, sizeof run->prom_labels, "rank=\"%d\"", run->rank);
+  td_prom_set(run->prom, "tandem_world_size", "gauge", "ranks in the job", run->prom_labels, run->world);
 }
 
 /* A gauge of this rank, labelled rank="R" plus `extra` (e.g. phase="compute"). */
 static void app_prom_set(app_run *run, const char *name, const char *type, const char *help, const char *extra,
                          double value) {
-  char labels[96];
+  char labels[160];
   snprintf(labels, sizeof labels, "%s%s%s", run->prom_labels, extra ? "," : "", extra ? extra : "");
   td_prom_set(run->prom, name, type, help, labels, value);
 }
@@ -350,7 +352,7 @@ static void app_prom_gauge(app_run *run, const char *name, const char *help, con
   app_prom_set(run, name, "gauge", help, extra, value);
 }
 static void app_prom_counter(app_run *run, const char *name, const char *help, const char *extra, double delta) {
-  char labels[96];
+  char labels[160];
   snprintf(labels, sizeof labels, "%s%s%s", run->prom_labels, extra ? "," : "", extra ? extra : "");
   td_prom_add(run->prom, name, help, labels, delta);
 }
@@ -433,6 +435,30 @@ static void app_prom_step(app_run *run, const td_step_stats *st, const td_step_m
   td_prom_end(run->prom);
 }
 
+/* What the metrics file, the progress display and the exporters show of a
+ * step (items: tokens or samples). */
+static void app_step_metrics(const td_step_stats *st, int use_tokens, td_step_metrics *m) {
+  double items = use_tokens ? (double)st->tokens : (double)st->samples;
+  td_step_metrics_clear(m);
+  m->step = st->step;
+  m->loss = st->loss;
+  m->lr = st->lr;
+  m->items_per_s = st->step_s > 0 ? items / st->step_s : -1;
+  m->step_s = st->step_s;
+  m->compute_s = st->compute_s;
+  m->comm_wait_s = st->comm_wait_s;
+  m->optimizer_s = st->optimizer_s;
+  m->data_s = st->data_s;
+  m->io_s = st->io_s;
+  m->fetch_wait_s = st->fetch_wait_s;
+  m->grad_norm = st->grad_norm;
+  m->memory_mib = st->memory_bytes / 1048576.0;
+  if (st->memory_limit_bytes) {
+    m->memory_limit_mib = st->memory_limit_bytes / 1048576.0;
+    m->memory_warning = st->memory_warning;
+  }
+}
+
 /* Record one finished step: throughput bookkeeping, timeline, metrics file
  * and progress display. */
 static void app_after_step(app_run *run, const td_step_stats *st, double t_begin, double t_end) {
@@ -452,24 +478,7 @@ static void app_after_step(app_run *run, const td_step_stats *st, double t_begin
     run->items_after_warmup += items;
   }
   td_step_metrics m;
-  td_step_metrics_clear(&m);
-  m.step = st->step;
-  m.loss = st->loss;
-  m.lr = st->lr;
-  m.items_per_s = st->step_s > 0 ? items / st->step_s : -1;
-  m.step_s = st->step_s;
-  m.compute_s = st->compute_s;
-  m.comm_wait_s = st->comm_wait_s;
-  m.optimizer_s = st->optimizer_s;
-  m.data_s = st->data_s;
-  m.io_s = st->io_s;
-  m.fetch_wait_s = st->fetch_wait_s;
-  m.grad_norm = st->grad_norm;
-  m.memory_mib = st->memory_bytes / 1048576.0;
-  if (st->memory_limit_bytes) {
-    m.memory_limit_mib = st->memory_limit_bytes / 1048576.0;
-    m.memory_warning = st->memory_warning;
-  }
+  app_step_metrics(st, run->use_tokens, &m);
   if (run->timeline) {
     char name[48];
     snprintf(name, sizeof name, "step %ld", st->step);

@@ -11,7 +11,16 @@
  * prints one line per step to stderr ("step N loss L" with L exact, %.17g),
  * and at the end the summary line plus an "elastic:" line with the exact
  * final loss and a hash of the parameters, which tests compare bit for bit
- * with a run that never failed. */
+ * with a run that never failed.
+ *
+ * The exporters follow the membership: each process serves Prometheus on
+ * PORT + its launch number (TANDEM_ELASTIC_ID), which outlives renumbering,
+ * its series labelled with the rank of the current epoch and the launch
+ * number (rank="R",process="ID"; relabelled at each epoch), plus the
+ * epoch's membership events. TensorBoard is written by rank 0 of each
+ * epoch, in a file of its own; each epoch's rank 0 first writes a
+ * SessionLog START at the step it trains next, so that TensorBoard drops
+ * the steps the lost rank 0 wrote past the restored commit. */
 #ifndef TD_EXAMPLES_APP_ELASTIC_H
 #define TD_EXAMPLES_APP_ELASTIC_H
 
@@ -40,6 +49,10 @@ typedef struct app_elastic {
   int epoch_reported;       /* the epoch whose start was reported (train callback) */
   long saved_step;          /* the step of the last checkpoint this process took part in (--save) */
   long save_every;          /* --save-every: saved here, after the step's metrics record, not by the trainer */
+  int use_tokens;           /* throughput in tokens (GPT) or samples (CNN) */
+  const char *tensorboard_dir;  /* --tensorboard */
+  td_tensorboard *tensorboard;  /* opened by the first epoch this process is rank 0 in */
+  app_run run; /* what the exporters (app_prom_step, app_tensorboard_step) read: this epoch's comm, rank, world */
 } app_elastic;
 
 /* Does --config enable the "elasticity" block? (train elastically then) */
@@ -101,17 +114,56 @@ static td_status app_elastic_metrics_follow(app_elastic *a) {
   }
   if (a->metrics) return TD_OK;
   int append = a->metrics_opened || a->resume_dir || td_elastic_epoch(a->e) > 1;
-  td_status s = td_metrics_open(a->metrics_path, "tokens", append, &a->metrics);
+  td_status s = td_metrics_open(a->metrics_path, a->use_tokens ? "tokens" : "samples", append, &a->metrics);
   if (s == TD_OK) a->metrics_opened = 1;
   return s;
 }
 
+/* The exporters at the start of an epoch: the Prometheus series relabelled
+ * with this epoch's rank (the old labels' series end) and the membership
+ * events; rank 0's TensorBoard writer (opened the first time this process
+ * is rank 0) marks where training goes on. */
+static td_status app_elastic_exporters_epoch(app_elastic *a, td_elastic *e) {
+  app_run *run = &a->run;
+  run->comm = td_elastic_comm(e);
+  run->rank = a->rank;
+  run->world = a->world;
+  run->trainer = a->trainer;
+  long step = td_trainer_step_count(a->trainer);
+  if (run->prom) {
+    int faults = td_elastic_faults(e);
+    td_prom_begin(run->prom); /* a scrape sees the old labels or the new ones, never a mix */
+    td_prom_clear(run->prom);
+    snprintf(run->prom_labels, sizeof run->prom_labels, "rank=\"%d\",process=\"%ld\"", a->rank, td_elastic_id(e));
+    app_prom_gauge(run, "tandem_world_size", "ranks in the job", NULL, a->world);
+    app_prom_gauge(run, "tandem_step", "optimizer steps done", NULL, (double)step);
+    app_prom_gauge(run, "tandem_elastic_epoch", "membership epoch this process trains in", NULL,
+                   td_elastic_epoch(e));
+    static const char changes_help[] = "membership changes this process went through, by cause: fault (a peer "
+                                       "lost or silent) or join (new processes admitted)";
+    app_prom_set(run, "tandem_elastic_membership_changes_total", "counter", changes_help, "cause=\"fault\"", faults);
+    app_prom_set(run, "tandem_elastic_membership_changes_total", "counter", changes_help, "cause=\"join\"",
+                 td_elastic_resets(e) - faults);
+    app_prom_set(run, "tandem_elastic_disk_restores_total", "counter", "state restored from the disk checkpoint "
+                 "(a rank and its buddy lost together, or a job resumed)", NULL, td_elastic_fallbacks(e));
+    td_prom_end(run->prom);
+  }
+  if (a->rank == 0 && a->tensorboard_dir && !a->tensorboard) {
+    td_status s = td_tensorboard_open(a->tensorboard_dir, &a->tensorboard);
+    if (s != TD_OK) return s;
+    fprintf(stderr, "%s: TensorBoard events in %s\n", app_name, td_tensorboard_path(a->tensorboard));
+  }
+  run->tensorboard = a->rank == 0 ? a->tensorboard : NULL;
+  return td_tensorboard_session_start(run->tensorboard, step + 1);
+}
+
 /* The start of an epoch, once its state is final (after a disk fallback
- * too): rank 0's "elastic epoch" line and the metrics record of the
- * membership change. */
+ * too): the exporters, rank 0's "elastic epoch" line and the metrics record
+ * of the membership change. */
 static td_status app_elastic_epoch_begin(app_elastic *a, td_elastic *e) {
   a->epoch_reported = td_elastic_epoch(e);
-  td_status s = app_elastic_metrics_follow(a);
+  td_status s = app_elastic_exporters_epoch(a, e);
+  if (s == TD_OK) s = app_elastic_metrics_follow(a);
   if (s != TD_OK || a->rank != 0) return s;
   const td_train_config *c = td_trainer_config(a->trainer);
   long step = td_trainer_step_count(a->trainer);
@@ -131,22 +183,14 @@ static td_status app_elastic_epoch_begin(app_elastic *a, td_elastic *e) {
   return td_metrics_write_values(a->metrics, "elastic_epoch", step, 6, keys, values);
 }
 
-/* One step's record in the metrics file (the non-elastic file's keys;
- * throughput in tokens: train-gpt is the one elastic program with --metrics). */
-static td_status app_elastic_metrics_step(app_elastic *a, const td_step_stats *st) {
-  if (!a->metrics) return TD_OK;
+/* One step's record in the metrics file (the non-elastic file's keys),
+ * on Prometheus and in TensorBoard. */
+static td_status app_elastic_record_step(app_elastic *a, const td_step_stats *st) {
   td_step_metrics m;
-  td_step_metrics_clear(&m);
-  m.step = st->step;
-  m.loss = st->loss;
-  m.lr = st->lr;
-  m.items_per_s = st->step_s > 0 ? (double)st->tokens / st->step_s : -1;
-  m.step_s = st->step_s;
-  m.compute_s = st->compute_s;
-  m.comm_wait_s = st->comm_wait_s;
-  m.grad_norm = st->grad_norm;
-  m.memory_mib = st->memory_bytes / 1048576.0;
-  return td_metrics_write_step(a->metrics, &m);
+  app_step_metrics(st, a->use_tokens, &m);
+  app_prom_step(&a->run, st, &m);
+  app_tensorboard_step(&a->run, st, &m);
+  return a->metrics ? td_metrics_write_step(a->metrics, &m) : TD_OK;
 }
 
 /* Test hook TANDEM_TEST_STOP_AT="E1:S1,E2:S2,...": this process stops
@@ -189,7 +233,7 @@ static td_status app_elastic_train(void *ctx, td_elastic *e) {
     if (a->rank == 0)
       fprintf(stderr, "%s: step %ld loss %.17g world %d epoch %d\n", app_name, st.step, st.loss, a->world,
               td_elastic_epoch(e));
-    s = app_elastic_metrics_step(a, &st);
+    s = app_elastic_record_step(a, &st);
     if (s != TD_OK) return s;
     /* The checkpoint after the step's record: a job killed in between
      * redoes the step from the previous checkpoint and records it then. */
@@ -255,16 +299,32 @@ static unsigned long long app_params_hash(const td_trainer *t) {
   return h;
 }
 
+/* Stop the exporters; the first error closing the TensorBoard file (its
+ * message is then the last error), or TD_OK. */
+static td_status app_elastic_exporters_end(app_elastic *a) {
+  td_prom_stop(a->run.prom);
+  a->run.prom = NULL;
+  td_status s = td_tensorboard_close(a->tensorboard);
+  a->tensorboard = a->run.tensorboard = NULL;
+  return s;
+}
+
 /* Train cfg (resolved for the initial world) elastically; returns the exit
- * status. The model and dataset are the caller's. resume_dir (or NULL):
- * the job starts from that checkpoint, at whatever world size, with the
- * checkpoint's global batch; metrics_path (or NULL): --metrics. */
-static int app_elastic_main(td_train_config *cfg, td_model *model, td_dataset *data, const char *resume_dir,
-                            const char *metrics_path) {
+ * status. The model and dataset are the caller's. Of the common options:
+ * --resume (the job starts from that checkpoint, at whatever world size,
+ * with the checkpoint's global batch), --metrics, --prometheus-port and
+ * --tensorboard (--save is in cfg). use_tokens: throughput in tokens (GPT)
+ * or samples (CNN). */
+static int app_elastic_main(td_train_config *cfg, td_model *model, td_dataset *data, const app_common_options *c,
+                            int use_tokens) {
   app_elastic a;
   memset(&a, 0, sizeof a);
+  const char *resume_dir = c->resume_dir;
   a.resume_dir = resume_dir;
-  a.metrics_path = metrics_path;
+  a.metrics_path = c->metrics_path;
+  a.use_tokens = use_tokens;
+  a.run.use_tokens = use_tokens;
+  a.tensorboard_dir = c->tensorboard_dir;
   if (resume_dir) {
     /* The job's global batch is the checkpoint's whatever the world size
      * now (a restart at another size keeps it); every process reads it, so
@@ -279,6 +339,7 @@ static int app_elastic_main(td_train_config *cfg, td_model *model, td_dataset *d
   if (s != TD_OK) app_fail(NULL, "joining the elastic job (td_elastic_create)", s);
   fprintf(stderr, "%s: elastic process %ld (pid %d) is rank %d of %d in epoch %d\n", app_name, td_elastic_id(a.e),
           (int)getpid(), td_elastic_rank(a.e), td_elastic_size(a.e), td_elastic_epoch(a.e));
+  app_start_prometheus_slot(&a.run, c, td_elastic_id(a.e), "process");
   const char *max_np = getenv("TANDEM_ELASTIC_MAX_NP");
   a.max_world = max_np ? atoi(max_np) : 0;
   a.micro_hint = cfg->micro_batch;
@@ -301,6 +362,7 @@ static int app_elastic_main(td_train_config *cfg, td_model *model, td_dataset *d
   if (s != TD_OK) {
     fprintf(stderr, "%s: error: setting up elastic training failed (%s): %s\n", app_name, td_status_str(s),
             td_last_error());
+    app_elastic_exporters_end(&a);
     td_elastic_destroy(a.e);
     return APP_EXIT_FAIL;
   }
@@ -309,6 +371,7 @@ static int app_elastic_main(td_train_config *cfg, td_model *model, td_dataset *d
   double train_s = app_now() - a.t_begin;
   if (td_metrics_close(a.metrics) != TD_OK && s == TD_OK) s = TD_ERR_IO; /* (its message stays the last error) */
   a.metrics = NULL;
+  if (app_elastic_exporters_end(&a) != TD_OK && s == TD_OK) s = TD_ERR_IO;
   if (s != TD_OK) {
     fprintf(stderr, "%s: error: elastic training failed (%s): %s\n", app_name, td_status_str(s), td_last_error());
     td_trainer_destroy(a.trainer);
@@ -336,8 +399,9 @@ static int app_elastic_main(td_train_config *cfg, td_model *model, td_dataset *d
            app_name, a.last.loss, a.steps_done_here > 2 && dt > 0 ? items / dt : 0.0, td_trainer_step_count(a.trainer),
            a.world, td_trainer_n_params(a.trainer), rc->train_batch_size, rc->micro_batch, rc->grad_accum, train_s,
            td_trainer_zero_stage(a.trainer), td_trainer_model_state_bytes(a.trainer));
-    printf("%s: elastic final_loss_exact=%.17g params_hash=%016llx epochs=%d resets=%d\n", app_name, a.last.loss,
-           app_params_hash(a.trainer), td_elastic_epoch(a.e), td_elastic_resets(a.e));
+    printf("%s: elastic final_loss_exact=%.17g params_hash=%016llx epochs=%d resets=%d replica_disk_bytes=%zu\n",
+           app_name, a.last.loss, app_params_hash(a.trainer), td_elastic_epoch(a.e), td_elastic_resets(a.e),
+           td_elastic_copy_disk_bytes(a.e));
     fflush(stdout);
   }
   td_comm *comm = td_elastic_comm(a.e);

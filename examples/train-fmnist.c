@@ -37,6 +37,7 @@ static void usage(void) {
       "  --threads N        compute threads per rank (default: cores / ranks on the host)\n"
       "  --metrics FILE     one JSON object per step (and per evaluation) to FILE (rank 0)\n"
       "  --prometheus-port P  serve this rank's metrics for Prometheus on port P + rank\n"
+      "                     (--elastic: P + the process's launch number)\n"
       "                     (GET /metrics; also TANDEM_PROMETHEUS_PORT; 0: a free port)\n"
       "  --prometheus-bind A  address the endpoint binds (default 127.0.0.1: this host only)\n"
       "  --tensorboard DIR  write TensorBoard event files into DIR (rank 0)\n"
@@ -82,8 +83,10 @@ static void parse_args(int argc, char **argv, fmnist_options *o) {
 
 /* Defaults, then the config file, then the flags; the step count follows
  * from the epochs unless the config file sets train_steps and --epochs is
- * not given. Returns the steps per epoch. */
-static long build_config(const fmnist_options *o, int world, size_t n_train, td_train_config *cfg) {
+ * not given. job_batch > 0: the job's global batch (an elastic job resumed
+ * at another world size keeps its checkpoint's, and with it its step count
+ * and schedule). Returns the steps per epoch. */
+static long build_config(const fmnist_options *o, int world, size_t n_train, long job_batch, td_train_config *cfg) {
   td_train_config_defaults(cfg);
   cfg->optimizer.kind = TD_OPTIMIZER_ADAMW;
   cfg->optimizer.lr = FMNIST_DEFAULT_LR;
@@ -96,6 +99,10 @@ static long build_config(const fmnist_options *o, int world, size_t n_train, td_
   const td_schedule_config default_schedule = cfg->scheduler;
   app_config_apply(&o->common, cfg);
   if (cfg->micro_batch == 0 && cfg->train_batch_size == 0) cfg->micro_batch = FMNIST_DEFAULT_MICRO;
+  if (job_batch > 0) {
+    cfg->train_batch_size = job_batch;
+    cfg->grad_accum = 0; /* re-derived for this world */
+  }
   td_status s = td_train_config_resolve(cfg, world);
   if (s != TD_OK) app_usage_error("%s", td_last_error());
   long per_epoch = (long)(n_train / (size_t)cfg->train_batch_size);
@@ -137,20 +144,24 @@ static double evaluate(app_run *run, td_dataset *test, long per_epoch) {
 
 /* Elastic training (app_elastic.h), global batch of the initial world. */
 static int elastic_main(const fmnist_options *opt) {
-  app_refuse_exporters_when_elastic(&opt->common);
-  if (opt->common.metrics_path || opt->common.resume_dir || opt->common.save_dir)
-    app_usage_error("--elastic keeps its state in memory: --metrics, --save and --resume are not supported with it yet");
   td_dataset *train = NULL;
   td_status s = td_idx_dataset_open(opt->data_dir, "train", &train);
   if (s != TD_OK) app_fail(NULL, "opening the Fashion-MNIST training set", s);
   const char *w = getenv("TANDEM_WORLD_SIZE");
   td_train_config cfg;
-  build_config(opt, w ? (int)app_parse_long("TANDEM_WORLD_SIZE", w, 1, 1 << 20) : 1, train->n_samples, &cfg);
+  /* --resume: the checkpoint's global batch (app_elastic_main reports a
+   * checkpoint that cannot be read) */
+  td_checkpoint_info info;
+  long job_batch = 0;
+  if (opt->common.resume_dir && td_checkpoint_info_read(opt->common.resume_dir, &info) == TD_OK)
+    job_batch = info.train_batch_size;
+  build_config(opt, w ? (int)app_parse_long("TANDEM_WORLD_SIZE", w, 1, 1 << 20) : 1, train->n_samples, job_batch,
+               &cfg);
   const td_cnn_config net = {.channels1 = 32, .channels2 = 64, .hidden = 128, .classes = 10};
   td_model *model = NULL;
   s = td_cnn_create(&net, &model);
   if (s != TD_OK) app_fail(NULL, "creating the CNN", s);
-  int code = app_elastic_main(&cfg, model, train, NULL, NULL);
+  int code = app_elastic_main(&cfg, model, train, &opt->common, 0);
   td_model_destroy(model);
   td_dataset_destroy(train);
   return code;
@@ -174,7 +185,7 @@ int main(int argc, char **argv) {
   if (s != TD_OK) app_fail(&run, "opening the Fashion-MNIST test set", s);
 
   td_train_config cfg;
-  long per_epoch = build_config(&opt, run.world, train->n_samples, &cfg);
+  long per_epoch = build_config(&opt, run.world, train->n_samples, 0, &cfg);
 
   const td_cnn_config net = {.channels1 = 32, .channels2 = 64, .hidden = 128, .classes = 10};
   td_model *model = NULL;

@@ -53,6 +53,7 @@ static void usage(void) {
       "  --activation-checkpointing  keep only each block's input; recompute the rest in backward\n"
       "  --metrics FILE     write one JSON object per step to FILE (rank 0)\n"
       "  --prometheus-port P  serve this rank's metrics for Prometheus on port P + rank\n"
+      "                     (--elastic: P + the process's launch number)\n"
       "                     (GET /metrics; also TANDEM_PROMETHEUS_PORT; 0: a free port)\n"
       "  --prometheus-bind A  address the endpoint binds (default 127.0.0.1: this host only)\n"
       "  --tensorboard DIR  write TensorBoard event files into DIR (rank 0)\n"
@@ -186,7 +187,8 @@ static void offload_flag(const char *flag, const char *v, td_offload_device *dev
 static td_pipeline_config pipeline_config(const td_train_config *cfg) {
   return (td_pipeline_config){.schedule = cfg->pipeline_schedule[0] ? cfg->pipeline_schedule : NULL,
                               .chunks = cfg->pipeline_chunks,
-                              .partition = cfg->pipeline_partition[0] ? cfg->pipeline_partition : NULL};
+                              .partition = cfg->pipeline_partition[0] ? cfg->pipeline_partition : NULL,
+                              .sequence_parallel = cfg->tensor_parallel > 1 && cfg->sequence_parallel};
 }
 
 /* The pipeline's phases on the timeline: forward and backward beside the
@@ -267,7 +269,8 @@ static void print_estimates(const td_model *model, const td_train_config *cfg, i
     printf("%s: tensor_parallel=%d: world= below counts data-parallel ranks, params= this rank's shard; ZeRO "
            "stages 2-3 are not built with tensor parallelism\n", app_name, cfg->tensor_parallel);
   printf("%s: memory per rank at world=%d, params=%zu, micro_batch=%d (MiB; model states = params + grads + "
-         "optimizer + live + deterministic + replicas; DeepSpeed estimate_zero3_model_states_mem_needs_all_live; "
+         "optimizer + live + deterministic + replicas; replica_disk: the elastic buddy replicas' files; DeepSpeed "
+         "estimate_zero3_model_states_mem_needs_all_live; "
          "total = model states + activations + runtime, plus what the process holds before the trainer; gather: "
          "more at the end for the sample at stage 3)\n",
          app_name, world, model->n_params, cfg->micro_batch);
@@ -280,10 +283,10 @@ static void print_estimates(const td_model *model, const td_train_config *cfg, i
     }
     const double mib = 1024.0 * 1024.0;
     printf("stage=%d params=%.1f grads=%.1f optimizer=%.1f live=%.1f deterministic=%.1f replicas=%.1f "
-           "model_states=%.1f activations=%.1f runtime=%.1f total=%.1f model_state_bytes=%zu disk=%.1f disk_bytes=%zu "
-           "gather=%.1f\n",
+           "replica_disk=%.1f model_states=%.1f activations=%.1f runtime=%.1f total=%.1f model_state_bytes=%zu "
+           "disk=%.1f disk_bytes=%zu gather=%.1f\n",
            stage, e.params / mib, e.grads / mib, e.optimizer / mib, e.live / mib, e.deterministic / mib,
-           e.replicas / mib, e.model_states / mib, e.activations / mib, e.runtime / mib,
+           e.replicas / mib, e.replica_disk / mib, e.model_states / mib, e.activations / mib, e.runtime / mib,
            (e.model_states + e.activations + e.runtime) / mib, e.model_states, e.disk / mib, e.disk, e.gather / mib);
   }
   fflush(stdout);
@@ -356,7 +359,6 @@ static void print_sample(const int32_t *tokens, int n) {
 /* Elastic training (app_elastic.h): the global batch is that of the
  * initial world (TANDEM_WORLD_SIZE), kept whatever the world size becomes. */
 static int elastic_main(const gpt_options *opt) {
-  app_refuse_exporters_when_elastic(&opt->common);
   /* --save: periodic checkpoints, read back when a rank and its buddy are
    * lost together at ZeRO stage >= 1 (td_elastic_set_fallback); --resume:
    * a whole job restarted from disk, at any world size */
@@ -373,7 +375,7 @@ static int elastic_main(const gpt_options *opt) {
   td_model *model = NULL;
   s = td_gpt_create(&opt->model, &model);
   if (s != TD_OK) app_fail(NULL, "creating the GPT model", s);
-  int code = app_elastic_main(&cfg, model, data, opt->common.resume_dir, opt->common.metrics_path);
+  int code = app_elastic_main(&cfg, model, data, &opt->common, 1);
   td_model_destroy(model);
   td_dataset_destroy(data);
   return code;
@@ -408,7 +410,18 @@ int main(int argc, char **argv) {
   td_grid *grid = NULL;
   td_comm *train_comm = run.comm;
   td_model *model = NULL;
-  if (tp > 1) {
+  if (pp > 1) {
+    /* Pipeline parallelism: the grid's pipeline group holds the stages (of
+     * tensor-parallel layers over its tensor group when tp > 1: 3D), the
+     * trainer averages over the data-parallel group */
+    s = td_grid_create(run.comm, tp, pp, &grid);
+    if (s != TD_OK) app_fail(&run, "laying out the process grid", s);
+    td_pipeline_config pc = pipeline_config(&cfg);
+    s = td_gpt_pipeline_create_grid(&opt.model, &pc, grid, &model);
+    if (s != TD_OK) app_fail(&run, "creating the pipeline stage", s);
+    train_comm = td_grid_comm(grid, TD_GRID_DATA);
+    if (run.timeline) td_gpt_pipeline_set_trace(model, trace_pipeline, run.timeline);
+  } else if (tp > 1) {
     s = td_grid_create(run.comm, tp, 1, &grid);
     if (s != TD_OK) app_fail(&run, "laying out the process grid", s);
     s = td_gpt_tp_create(&opt.model, grid, &model);
@@ -418,16 +431,6 @@ int main(int argc, char **argv) {
       if (s != TD_OK) app_fail(&run, "turning on sequence parallelism", s);
     }
     train_comm = td_grid_comm(grid, TD_GRID_DATA);
-  } else if (pp > 1) {
-    /* Pipeline parallelism: the grid's pipeline group holds the stages, the
-     * trainer averages over the data-parallel group */
-    s = td_grid_create(run.comm, 1, pp, &grid);
-    if (s != TD_OK) app_fail(&run, "laying out the process grid", s);
-    td_pipeline_config pc = pipeline_config(&cfg);
-    s = td_gpt_pipeline_create(&opt.model, &pc, td_grid_comm(grid, TD_GRID_PIPELINE), &model);
-    if (s != TD_OK) app_fail(&run, "creating the pipeline stage", s);
-    train_comm = td_grid_comm(grid, TD_GRID_DATA);
-    if (run.timeline) td_gpt_pipeline_set_trace(model, trace_pipeline, run.timeline);
   } else {
     s = td_gpt_create_on(&opt.model, dev, &model);
     if (s != TD_OK) app_fail(&run, "creating the GPT model", s);

@@ -53,15 +53,28 @@ trap 'rm -rf "$resdir"' EXIT
 
 # One line: run it under its timeout, print PASS/FAIL (one write, so that
 # lines of parallel tests do not interleave) and leave the verdict in $resdir.
+# The CPU time a line used (its processes' user + system time, those the
+# shell reaped) is printed beside its wall time: a line with much less CPU
+# than wall time waits (timeouts, heartbeats, start-up) and could share the
+# machine; one near JOBS x its wall time is what makes the suite slow.
+clk_tck=$(getconf CLK_TCK 2>/dev/null || echo 100)
+# (fields 16 and 17 of /proc/PID/stat: cutime, cstime; read in this shell, as
+# a $(...) would read its own subshell's)
+children_ticks() { local s; read -r s </proc/$BASHPID/stat; s=${s##*) }; set -- $s; ticks=$(( ${14} + ${15} )); }
 run_one() {
-  local tag=$1 tmo=$2 cmd=$3 log=$4 t0 rc dt_ds dt out
+  local tag=$1 tmo=$2 cmd=$3 log=$4 t0 c0 rc dt_ds dt cpu_ds cpu out
   t0=$(date +%s%N)
+  children_ticks
+  c0=$ticks
   timeout -k 5 "$tmo" bash -c "$cmd" >"$log" 2>&1
   rc=$?
   dt_ds=$(( ($(date +%s%N) - t0) / 100000000 ))
   dt="$((dt_ds / 10)).$((dt_ds % 10))"
+  children_ticks
+  cpu_ds=$(( (ticks - c0) * 10 / clk_tck ))
+  cpu="$((cpu_ds / 10)).$((cpu_ds % 10))"
   if [ $rc -eq 0 ]; then
-    printf 'PASS %-50s %6ss\n' "$tag" "$dt"
+    printf 'PASS %-50s %6ss  cpu %6ss\n' "$tag" "$dt" "$cpu"
     echo pass >"$resdir/$(echo "$tag" | tr '/' '_')"
   else
     local why="exit $rc"

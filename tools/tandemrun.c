@@ -46,7 +46,11 @@
  * --prometheus-port P serves one Prometheus endpoint for the whole job on P
  * (src/obs/prometheus_job.c: each scrape fetches every rank's and merges
  * them); the ranks get TANDEM_PROMETHEUS_PORT=P+1, so rank r serves on
- * P+1+r on its host. */
+ * P+1+r on its host. In elastic mode the port is the process's launch
+ * number's (P+1+ID: it stays while ranks are renumbered), the endpoint
+ * fetches the processes running now, and it adds the launcher's own
+ * series: processes running, started (initial or replacement) and failed
+ * (by signal or exit). */
 #include "net/net.h"
 #include "elastic/membership.h"
 #include "tandem/obs.h"
@@ -221,7 +225,7 @@ static void usage(FILE *f) {
         "  --blacklist-cooldown S  elastic: no new worker on a host for S s after one failed there (default 0)\n"
         "  --elastic-timeout S  elastic: stop when fewer than --min-np ranks live for S s (default 600)\n"
         "  --prometheus-port P  serve the whole job's Prometheus metrics on port P (rank r serves on\n"
-        "                       P+1+r: TANDEM_PROMETHEUS_PORT=P+1); not with elastic mode\n"
+        "                       P+1+r: TANDEM_PROMETHEUS_PORT=P+1; elastic: process ID on P+1+ID)\n"
         "  --prometheus-bind A  the address of that endpoint (default 127.0.0.1)\n"
         "  -h, --help           this text\n"
         "  --version            print the version\n"
@@ -507,13 +511,12 @@ static void parse_options(int argc, char **argv, options *o) {
               "mode: add --min-np A --max-np B");
   }
   if (o->n_ranks == 0) die_usage("-np is missing: write tandemrun -np N PROGRAM [ARGS...]");
-  if (o->prom_port && o->elastic)
-    die_usage("--prometheus-port is not supported in elastic mode yet (ranks come and go): give each rank's port "
-              "to Prometheus instead (TANDEM_PROMETHEUS_PORT)");
   if (o->prom_bind && !o->prom_port) die_usage("--prometheus-bind needs --prometheus-port");
-  if (o->prom_port && (long)o->prom_port + o->n_ranks > 65535)
-    die_usage("--prometheus-port %d: the ranks' ports %d..%d pass 65535; choose a lower port", o->prom_port,
-              o->prom_port + 1, o->prom_port + o->n_ranks);
+  /* elastic: a port per process ever started, the replacements' too */
+  long n_ports = o->n_ranks + (o->elastic ? o->max_restarts : 0);
+  if (o->prom_port && (long)o->prom_port + n_ports > 65535)
+    die_usage("--prometheus-port %d: the %s' ports %d..%ld pass 65535; choose a lower port", o->prom_port,
+              o->elastic ? "processes (-np + --max-restarts)" : "ranks", o->prom_port + 1, o->prom_port + n_ports);
   if (i >= argc) die_usage("no program given: write tandemrun -np %d PROGRAM [ARGS...]", o->n_ranks);
   if (hosts_arg && hostfile) die_usage("give either -H or --hostfile, not both");
   if (hosts_arg) parse_host_list(o, hosts_arg);
@@ -632,6 +635,7 @@ typedef struct {
   td_store *client;    /* to report lost workers (el_report_dead) */
   td_prom *prom;       /* --prometheus-port: the job's endpoint */
   bool done;           /* a worker finished training (exited 0) */
+  bool metrics_stale;  /* elastic: a process started or ended since the job endpoint's targets were set */
   bool below_failed;   /* stopped: below --min-np past --elastic-timeout */
   double below_since;  /* when the live count fell below --min-np (INFINITY: not below) */
   double next_discovery;
@@ -819,6 +823,7 @@ static bool start_worker(job *j, worker *w) {
   w->started = td_now();
   w->running = true;
   j->n_running++;
+  j->metrics_stale = true;
   w->out_fd = out_pipe[0];
   w->err_fd = err_pipe[0];
   /* EOF means exec succeeded (close-on-exec); an int means it failed. */
@@ -942,6 +947,7 @@ static void reap(job *j) {
       if (w->lifeline_fd >= 0) close(w->lifeline_fd);
       w->lifeline_fd = -1;
       j->n_running--;
+      j->metrics_stale = true;
       bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
       if (j->opt.elastic) {
         elastic_reaped(j, w, failed);
@@ -1156,6 +1162,14 @@ static void elastic_reaped(job *j, worker *w, bool failed) {
   char how[96];
   describe_status(w, how, sizeof how);
   j->n_lost++;
+  if (j->prom) {
+    char kind[48], name[32];
+    int status = w->wait_status, code = WIFEXITED(status) ? WEXITSTATUS(status) : 0;
+    int sig = WIFSIGNALED(status) ? WTERMSIG(status) : !w->host->local && code > 128 && code < 128 + 65 ? code - 128 : 0;
+    snprintf(kind, sizeof kind, "kind=\"%s\"", sig ? signal_name(sig, name, sizeof name) : "exit");
+    td_prom_add(j->prom, "tandem_job_process_failures_total", "processes of the job lost while it went on, by kind: "
+                "the signal that ended them, or exit (a non-zero exit code)", kind, 1);
+  }
   if (j->n_running > 0)
     fprintf(stderr, "tandemrun: process %d (pid %d, host %s) %s; the job goes on with %d process%s\n", w->rank,
             (int)w->pid, w->host->name, how, j->n_running, j->n_running == 1 ? "" : "es");
@@ -1191,6 +1205,8 @@ static void elastic_tick(job *j) {
     fprintf(stderr, "tandemrun: starting process %d on host %s to join the job (%d of --max-restarts %d)\n",
             w->rank, h->name, j->extra_started, j->opt.max_restarts);
     if (!start_worker(j, w)) break;
+    td_prom_add(j->prom, "tandem_job_process_starts_total", "processes tandemrun started, by reason",
+                "reason=\"replacement\"", 1);
   }
   if (j->n_running >= j->opt.min_np) {
     j->below_since = INFINITY;
@@ -1246,26 +1262,57 @@ static bool elastic_place(job *j) {
   return true;
 }
 
-/* The job's Prometheus endpoint: rank r's endpoint is on its host (loopback
- * for local ranks; a remote rank must bind an address this host reaches,
- * TANDEM_PROMETHEUS_BIND, or it shows as down). A port in use is reported
- * and the job goes on, as for the ranks' own endpoints. */
+/* Worker w's endpoint as the job endpoint fetches it: on its host
+ * (loopback for local ranks; a remote rank must bind an address this host
+ * reaches, TANDEM_PROMETHEUS_BIND, or it shows as down), port P+1 + its
+ * number (the rank; elastic: the launch number). */
+static char *worker_metrics_target(const job *j, const worker *w) {
+  const host_spec *h = w->host;
+  bool v6 = !h->local && strchr(h->name, ':');
+  return xasprintf(v6 ? "[%s]:%d" : "%s:%d", h->local ? "127.0.0.1" : h->name, j->opt.prom_port + 1 + w->rank);
+}
+
+/* Elastic: the job endpoint fetches the processes running now, labelled
+ * process="ID" (their rank changes with each epoch; the ranks' own series
+ * carry it), and says how many run. After each start or end of one. */
+static void job_metrics_follow(job *j) {
+  if (!j->prom || !j->metrics_stale) return;
+  j->metrics_stale = false;
+  char **targets = xmalloc((size_t)(j->n_workers + 1) * sizeof *targets);
+  char **labels = xmalloc((size_t)(j->n_workers + 1) * sizeof *labels);
+  int n = 0;
+  for (int i = 0; i < j->n_workers; i++) {
+    if (!j->workers[i].running) continue;
+    targets[n] = worker_metrics_target(j, &j->workers[i]);
+    labels[n++] = xasprintf("process=\"%d\"", j->workers[i].rank);
+  }
+  if (td_prom_job_set_targets(j->prom, (const char *const *)targets, (const char *const *)labels, n) != TD_OK)
+    fprintf(stderr, "tandemrun: warning: the job metrics endpoint keeps its old targets: %s\n", td_last_error());
+  td_prom_set(j->prom, "tandem_job_processes_running", "gauge", "processes of the job running now", NULL,
+              j->n_running);
+  for (int i = 0; i < n; i++) free(targets[i]), free(labels[i]);
+  free(targets);
+  free(labels);
+}
+
+/* The job's Prometheus endpoint. A port in use is reported and the job goes
+ * on, as for the ranks' own endpoints. */
 static void start_job_metrics(job *j) {
   char **targets = xmalloc((size_t)j->n_workers * sizeof *targets);
-  for (int r = 0; r < j->n_workers; r++) {
-    const host_spec *h = j->workers[r].host;
-    bool v6 = !h->local && strchr(h->name, ':');
-    targets[r] = xasprintf(v6 ? "[%s]:%d" : "%s:%d", h->local ? "127.0.0.1" : h->name, j->opt.prom_port + 1 + r);
-  }
+  for (int r = 0; r < j->n_workers; r++) targets[r] = worker_metrics_target(j, &j->workers[r]);
   td_status st = td_prom_job_start(j->opt.prom_bind, j->opt.prom_port, (const char *const *)targets, j->n_workers,
                                    &j->prom);
   if (st != TD_OK)
     fprintf(stderr, "tandemrun: warning: no job metrics endpoint, the job goes on: %s\n", td_last_error());
   else
-    fprintf(stderr, "tandemrun: the job's metrics on http://%s:%d/metrics (rank r serves on port %d+r)\n",
-            j->opt.prom_bind ? j->opt.prom_bind : "127.0.0.1", j->opt.prom_port, j->opt.prom_port + 1);
+    fprintf(stderr, "tandemrun: the job's metrics on http://%s:%d/metrics (%s r serves on port %d+r)\n",
+            j->opt.prom_bind ? j->opt.prom_bind : "127.0.0.1", j->opt.prom_port, j->opt.elastic ? "process" : "rank",
+            j->opt.prom_port + 1);
   for (int r = 0; r < j->n_workers; r++) free(targets[r]);
   free(targets);
+  if (j->prom && j->opt.elastic)
+    td_prom_add(j->prom, "tandem_job_process_starts_total", "processes tandemrun started, by reason",
+                "reason=\"initial\"", j->n_workers);
 }
 
 static int run_job(job *j) {
@@ -1423,7 +1470,10 @@ placed:;
   struct pollfd *pfds = NULL;
   int *owner = NULL;
   for (;;) {
-    if (j->opt.elastic) elastic_tick(j);
+    if (j->opt.elastic) {
+      elastic_tick(j);
+      job_metrics_follow(j);
+    }
     pfds = realloc(pfds, sizeof *pfds * (size_t)(2 * j->n_workers + 1));
     owner = realloc(owner, sizeof *owner * (size_t)(2 * j->n_workers + 1));
     if (!pfds || !owner) exit(1);

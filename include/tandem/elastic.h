@@ -8,12 +8,14 @@
  * only grows; a process of an older epoch is refused), build a fresh
  * communicator at the new world size (ranks renumbered by age: the
  * longest-lived process becomes rank 0), restore the state of the last
- * commit and carry on. Nothing is read from disk: at ZeRO stage 0 every rank
+ * commit and carry on. No checkpoint is read: at ZeRO stage 0 every rank
  * holds the whole state; at stages 1-3 each rank's shard is also held by a
- * buddy rank (td_elastic_register_shard), and only when a rank and its
- * buddy are lost together is the disk checkpoint read
- * (td_elastic_set_fallback). A joining process receives everything from
- * its peers' memory.
+ * buddy rank on another host (td_elastic_register_shard; the last two
+ * commits of it, in files of the buddy's process under
+ * TANDEM_ELASTIC_REPLICA_DIR, so that they cost no resident memory), and
+ * only when a rank and its buddy are lost together is the disk checkpoint
+ * read (td_elastic_set_fallback). A joining process receives everything
+ * from its peers.
  *
  * Usage (the training loop is the user's):
  *
@@ -48,6 +50,9 @@
  *                           (a stopped or cut-off host) before going on
  *                           without it (default 10; should exceed
  *                           TANDEM_HEARTBEAT_TIMEOUT)
+ *   TANDEM_ELASTIC_REPLICA_DIR  directory of the buddy replica files
+ *                           (unnamed, gone with the process; default
+ *                           /var/tmp: a local disk, not a tmpfs)
  *
  * Threading: one td_elastic is used from one thread. Errors follow
  * tandem/base.h. */
@@ -88,11 +93,19 @@ int td_elastic_resets(const td_elastic *e);
 /* Of those, the ones forced by a failure (a peer lost or silent: the
  * communicator broke), not by admitting joiners. */
 int td_elastic_faults(const td_elastic *e);
-/* Bytes of the copies this process keeps for recovery: the last two commits
- * of every whole buffer, of this rank's shard and of each ward's (buddy
- * replicas). Every copy is written whole at a commit, so this is what they
- * hold resident once two commits were taken. Local. */
+/* Bytes of memory the copies this process keeps for recovery take: the
+ * last two commits of every whole buffer, and with sharded buffers the
+ * staging chunk (TD_ELASTIC_STAGING_BYTES) through which the buddy
+ * replicas move. Every copy is written whole at a commit, so this is what
+ * they hold resident once two commits were taken. Local. */
 size_t td_elastic_copy_bytes(const td_elastic *e);
+/* Bytes of the buddy replica files: the last two commits of this rank's
+ * shard and of each ward's, on disk in TANDEM_ELASTIC_REPLICA_DIR (default
+ * /var/tmp) rather than in memory. Local. */
+size_t td_elastic_copy_disk_bytes(const td_elastic *e);
+/* The largest piece a replica moves at once between a file and the
+ * network (the one buffer the replicas hold in memory). */
+#define TD_ELASTIC_STAGING_BYTES (4 << 20)
 
 /* Register `bytes` bytes at `ptr` as part of the state (parameters,
  * optimizer state, a step counter, a sampler position...). Registering a

@@ -144,6 +144,9 @@ void td_prom_set(td_prom *prom, const char *name, const char *type, const char *
                  double value);
 /* Add delta to the counter NAME{LABELS} (created at 0). Thread-safe. */
 void td_prom_add(td_prom *prom, const char *name, const char *help, const char *labels, double delta);
+/* Remove every series (an elastic process renumbered by a membership
+ * change: its series carry new labels from then on). Thread-safe. */
+void td_prom_clear(td_prom *prom);
 /* Bracket a batch of td_prom_set/td_prom_add calls (from one thread) so that
  * a scrape sees all of them or none: one step's loss with its step number. */
 void td_prom_begin(td_prom *prom);
@@ -156,12 +159,20 @@ unsigned long td_prom_scrapes(td_prom *prom); /* GET /metrics answered so far */
 void td_prom_stop(td_prom *prom);             /* stops the thread, closes the socket, frees; accepts NULL */
 /* One endpoint for a whole job (tandemrun --prometheus-port): listens like
  * td_prom_start, and each scrape (and td_prom_render) fetches GET /metrics
- * from targets[r] ("HOST:PORT", rank r's endpoint), 2 s at most each, and
- * answers with every rank's series merged by family, plus
- * tandem_job_rank_up{rank} (1: answered, 0: not) and
- * tandem_job_scrape_seconds. td_prom_set/td_prom_add do nothing on it. */
+ * from every targets[r] ("HOST:PORT", rank r's endpoint) at once, within 2 s
+ * in all (or Prometheus' announced scrape timeout less a margin, if
+ * shorter), and answers with every rank's series merged by family, plus
+ * tandem_job_rank_up{rank} (1: answered, 0: not), tandem_job_scrape_seconds
+ * and the endpoint's own table (td_prom_set/td_prom_add on it: the
+ * launcher's series). */
 td_status td_prom_job_start(const char *bind_addr, int port, const char *const *targets, int n_targets,
                             td_prom **out);
+/* Replace a job endpoint's targets (an elastic job's processes come and go;
+ * 0 targets allowed). labels[i] is what tandem_job_rank_up of target i
+ * carries, e.g. `process="3"` (labels NULL: rank="i"). The next scrape uses
+ * them. Thread-safe. TD_ERR_INVALID_USAGE on a rank's endpoint. */
+td_status td_prom_job_set_targets(td_prom *prom, const char *const *targets, const char *const *labels,
+                                  int n_targets);
 
 /* ---- TensorBoard event files ----
  * DIR/events.out.tfevents.<seconds>.<host>.<pid>: TFRecords (length, masked
@@ -180,6 +191,13 @@ td_status td_tensorboard_scalars(td_tensorboard *tb, long step, int n_values, co
 /* One Event at `step` with a histogram of the n values (30 equal-width
  * buckets between their min and max; non-finite values left out). */
 td_status td_tensorboard_histogram(td_tensorboard *tb, const char *tag, long step, const double *values, size_t n);
+/* An Event at `step` with SessionLog{status: START}: training (re)starts
+ * with step number `step` (an elastic job after a membership change, a job
+ * resumed from a checkpoint: the restored step + 1). TensorBoard then drops
+ * the events at `step` and above that it read before this one, from any
+ * file of the run ("orphaned" steps the restart redoes), so the step axis
+ * stays continuous. Accepts NULL (no-op). */
+td_status td_tensorboard_session_start(td_tensorboard *tb, long step);
 const char *td_tensorboard_path(const td_tensorboard *tb); /* the event file; NULL for NULL */
 /* Close; returns the first write error seen. Accepts NULL. */
 td_status td_tensorboard_close(td_tensorboard *tb);

@@ -114,8 +114,10 @@ int td_grid_tensor_hosts(const td_grid *grid);
  * collective (a peer died) makes forward return NaN with the message naming
  * the rank (and which world ranks the group's ranks are), then and on every
  * later call. Refuses (td_grid_check_gpt) heads not
- * divisible by the group size. f32 only; no activation checkpointing,
- * ZeRO-3 parameter access or device yet. */
+ * divisible by the group size. Activation checkpointing
+ * (set_activation_checkpointing) recomputes each block, its collectives
+ * included, in backward: the same bits. f32 only; no ZeRO-3 parameter
+ * access or device yet. */
 td_status td_gpt_tp_create(const td_gpt_config *config, const td_grid *grid, td_model **out);
 /* Megatron-LM's sequence parallelism on a td_gpt_tp_create model (on = 1;
  * default 0): the LayerNorm and residual regions hold B*T/p rows per rank,
@@ -175,6 +177,8 @@ typedef struct td_pipeline_config {
   const char *schedule;  /* "1f1b" (NULL: the default; PipeDream-Flush) or "interleaved" (Megatron-LM's) */
   int chunks;            /* model chunks per rank: 1 for 1f1b; interleaved: at least 2 (0: 1, or 2 interleaved) */
   const char *partition; /* "uniform" (NULL: the default) or "parameters" (DeepSpeed's partition_method) */
+  int sequence_parallel; /* tensor-parallel stages only (td_gpt_pipeline_create_grid): Megatron's sequence
+                            parallelism inside each stage, whose activation messages then carry B*T/tp rows */
 } td_pipeline_config;
 
 /* Whether a GPT trains on `stages` pipeline stages with `micro_batches`
@@ -204,6 +208,23 @@ td_status td_pipeline_check(const td_gpt_config *config, const td_pipeline_confi
 td_status td_gpt_pipeline_create(const td_gpt_config *config, const td_pipeline_config *pp, td_comm *pipeline,
                                  td_model **out);
 
+/* 3D parallelism (TP x PP, with data parallelism over the grid's data
+ * group): as td_gpt_pipeline_create over td_grid_comm(grid,
+ * TD_GRID_PIPELINE), each stage's chunks built of tensor-parallel layers
+ * over td_grid_comm(grid, TD_GRID_TENSOR) (Megatron-LM's layout, tensor
+ * fastest; each tensor shard cut as td_gpt_tp_create's). Tensor rank t of
+ * stage s sends its activations to tensor rank t of stage s + 1 (the
+ * pipeline group joins the ranks of one tensor coordinate): the whole
+ * (B*T, C) rows, which every rank of a tensor group holds equal, or with
+ * pp->sequence_parallel its B*T/tp rows. A tied wte's gradient is summed
+ * between the first and last stage per tensor rank (the same vocabulary
+ * rows); the loss is the last stage's, over its tensor group. With a grid
+ * of tensor size 1 it is td_gpt_pipeline_create. Refuses heads not
+ * divisible by the tensor size (td_grid_check_gpt), sequence parallelism
+ * without a tensor group or with a sequence length it does not divide.
+ * The model borrows the grid. Local. */
+td_status td_gpt_pipeline_create_grid(const td_gpt_config *config, const td_pipeline_config *pp, const td_grid *grid,
+                                      td_model **out);
 /* Where a pipeline rank's time went, summed over the steps run so far
  * but the first (which allocates the activations; steps counts the rest)
  * (seconds): compute (forward, backward), blocked on receives (recv_wait:

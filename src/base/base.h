@@ -1,6 +1,7 @@
 /* src/base: the layer every other layer stands on. Status helpers and check
  * macros, logging to stderr, TANDEM_* environment tunables, clocks, aligned
- * allocation, futex waits, and the reduction kernels used by collectives.
+ * allocation, growing text buffers, futex waits, and the reduction kernels
+ * used by collectives.
  * Needs nothing beyond libc and pthreads. */
 #ifndef TD_BASE_INTERNAL_H
 #define TD_BASE_INTERNAL_H
@@ -88,6 +89,23 @@ double td_wall_time(void); /* seconds since the epoch */
 void *td_alloc(size_t bytes);
 void *td_calloc(size_t bytes);
 void td_free(void *p);
+
+/* ---- growing text buffers (text.c) ----
+ * Start from td_buf b = {0}; append and print into it without checking each
+ * call: out of memory sets b->failed and every later call does nothing.
+ * data is NUL-terminated whenever it is not NULL. td_buf_take hands the
+ * contents to the caller (free() them; NULL if anything failed, after
+ * freeing them) and empties the buffer; td_buf_free drops them. */
+typedef struct td_buf {
+  char *data;
+  size_t len, cap;
+  int failed;
+} td_buf;
+void td_buf_append(td_buf *b, const void *bytes, size_t n);
+void td_buf_printf(td_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void td_buf_vprintf(td_buf *b, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
+char *td_buf_take(td_buf *b, size_t *len_out);
+void td_buf_free(td_buf *b);
 
 /* ---- blocking waits on shared words (futex) ----
  * Wait while *word == expected, at most timeout_s seconds (negative: forever).

@@ -12,12 +12,14 @@
 /* ---- buddy replicas of sharded state (replica.c) ----
  * A piece is a range [lo, hi) of the global sharded arrays at one commit:
  * buffer 0's elements, then buffer 1's, ..., packed (buffer k starts at
- * (hi - lo) * (sum of the element sizes of buffers 0..k-1)). */
+ * (hi - lo) * (sum of the element sizes of buffers 0..k-1)). Its bytes are
+ * in an unnamed file of its own (O_TMPFILE) in the replica directory, not
+ * in this process's memory (see replica.c's header). */
 typedef struct el_piece {
   int64_t lo, hi;
   int64_t commit; /* -1: holds nothing valid */
-  unsigned char *data;
-  size_t cap; /* bytes allocated */
+  int fd;         /* its file; -1: none yet */
+  size_t cap;     /* bytes written to it so far (its size) */
 } el_piece;
 
 typedef struct el_shard_buf {
@@ -31,8 +33,7 @@ typedef struct el_shard_buf {
 typedef struct el_ward {
   int rank;
   int64_t lo, hi;        /* its range */
-  el_piece rep[2];       /* [0] newest complete, [1] previous or receiving */
-  td_request *recv_req;  /* the receive into rep[1] in flight */
+  el_piece rep[2];       /* [0] newest complete, [1] previous (overwritten by the next commit) */
 } el_ward;
 
 typedef struct el_replicas {
@@ -43,10 +44,10 @@ typedef struct el_replicas {
   el_piece own[2];      /* this rank's range: [0] the newest commit, [1] the one before */
   el_ward *wards;       /* the ranks whose buddy this rank is, ascending (none, one, or several) */
   int n_wards;
-  int64_t rep_in_commit; /* commit the wards' rep[1] are receiving (-1: none) */
-  td_request *send_req;
   int buddy;            /* rank of the current epoch holding this rank's copy; -1: none (one rank) */
-  double replicate_s;   /* time spent in the commit path (copy + waits), for the log */
+  unsigned char *staging; /* TD_ELASTIC_STAGING_BYTES: the chunk between a file and the network */
+  size_t staging_used;    /* the most of it used (what is resident of it) */
+  double replicate_s;   /* time spent in the commit path (writes + exchange), for the log */
 } el_replicas;
 
 /* Per-rank descriptor exchanged after a failure (allgathered int64s): the
@@ -58,10 +59,8 @@ enum { EL_D_WHOLE0, EL_D_WHOLE1, EL_D_TOTAL, EL_D_ROW, EL_D_PIECES };
 td_status el_rep_register(el_replicas *r, const char *name, void *ptr, size_t elem_bytes, size_t total, size_t lo,
                           size_t hi);
 void el_rep_free(el_replicas *r);
-/* Wait for a replication in flight (after a failure: the broken
- * communicator completes it with an error); a replica received whole is
- * kept. */
-void el_rep_settle(el_replicas *r);
+/* Bytes of the pieces' files (what the copies hold on disk). */
+size_t el_rep_disk_bytes(const el_replicas *r);
 /* The buddy of every rank (pure; every rank computes the same map): rank
  * i keeps its copy on buddy[i], on another host than host_of[i] (equal
  * ints: the same host) whenever there is another host, so that losing one
@@ -70,9 +69,10 @@ void el_rep_settle(el_replicas *r);
  * ranks of the other hosts keep several wards each (the fewest possible,
  * round robin). All ranks on one host: the next rank. world < 2: -1. */
 void el_rep_buddies(const int *host_of, int world, int *buddy);
-/* Commit: copy this rank's range into own[0] (the previous one kept as
- * own[1]) and start sending it to the buddy while receiving the ward's;
- * the previous exchange is completed first. Collective in effect (the
+/* Commit: write this rank's range into own[0]'s file (the previous one
+ * kept as own[1]), send it to the buddy and write each ward's into its
+ * rep[1], which becomes rep[0] once whole: in chunks of
+ * TD_ELASTIC_STAGING_BYTES, done on return. Collective in effect (the
  * buddy waits for it). */
 td_status el_rep_commit(el_replicas *r, td_comm *comm, int64_t commit);
 /* The pieces this rank holds (own and wards' slots, empty ones included). */

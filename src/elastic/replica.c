@@ -3,56 +3,154 @@
  * At stage >= 1 no rank holds the whole state: rank r keeps the optimizer
  * state (and at stage 3 the parameters) of its shard only. So that a lost
  * rank's shard survives it, every commit sends a copy of this rank's range
- * to its buddy, which keeps it in memory next to its own; the ranks a rank
- * is buddy of are its wards. The buddy is on another host whenever there
- * is one (el_rep_buddies): the ranks are listed host by host and, when no
- * host holds more than half of them, each one's buddy is the rank one
+ * to its buddy, which keeps it next to its own; the ranks a rank is buddy
+ * of are its wards. The buddy is on another host whenever there is one
+ * (el_rep_buddies): the ranks are listed host by host and, when no host
+ * holds more than half of them, each one's buddy is the rank one
  * largest-host-size further in that list (a shift: one buddy and one ward
  * each, never on the same host). When one host holds more than half (3+1,
  * 2+1: what a 2x2 job becomes after its first loss), a shift cannot avoid
  * that host, so its ranks spread their copies round robin over the other
  * hosts' ranks, which then keep several wards each, and theirs go to it:
  * losing any one host still loses no shard. The map is recomputed from the
- * communicator's hosts at every membership change.
+ * communicator's hosts at every membership change. What the copies cover is
+ * therefore the loss of any one process or of any one host (every rank of
+ * it), the failure unit TorchElastic and DeepSpeed's elastic agent restart
+ * from; a rank and its buddy lost together (two hosts at once) fall back to
+ * the disk checkpoint (state.c).
  *
  * Two commits of everything are kept (own[0..1], each ward's rep[0..1], and
  * in state.c the whole buffers): a failure can leave some ranks one commit
  * ahead of others (a rank completes step c while a peer fails inside it),
- * and a replica may still have been in flight. After a failure the
- * survivors describe what they hold (range and commit of each piece); the
- * newest commit whose pieces cover every element wins (el_rep_choose), and
- * every rank of the new epoch receives its new range from whoever holds it
- * (el_rep_restore). The pieces are ranges, not ranks: the rebuild does not
- * care which layout (world size) they were cut for, so it also works when
- * a second failure hits while the first one is being repaired.
+ * and the survivors must then roll back to the commit every shard reached.
+ * After a failure the survivors describe what they hold (range and commit
+ * of each piece); the newest commit whose pieces cover every element wins
+ * (el_rep_choose), and every rank of the new epoch receives its new range
+ * from whoever holds it (el_rep_restore). The pieces are ranges, not ranks:
+ * the rebuild does not care which layout (world size) they were cut for,
+ * so it also works when a second failure hits while the first one is being
+ * repaired.
  *
- * Replication overlaps the next step: the commit starts a send of own[0]
- * and the receives into the wards' rep[1] on the communicator's progress
- * thread and returns; the next commit completes them first. The progress
- * thread runs operations one at a time in issue order, and a large send
- * completes only once its receiver takes it, so every rank issues its
- * transfers in one global order, that of the sending rank (rank j's copy
- * to buddy[j] before rank j+1's): the earliest unfinished transfer always
- * has both of its ends waiting for it, so the exchange cannot deadlock,
+ * Where the copies live: in files, not in this process's memory. Those four
+ * copies are four times the parameter and Adam shard (12 bytes a parameter
+ * each): in memory they made stage 3 under elastic training 2.4 times the
+ * peak RSS of stage 3 without it, and even one in-memory copy is more than
+ * a third of it. Each piece is an unnamed file (O_TMPFILE: nothing is left
+ * behind however the process ends) in TANDEM_ELASTIC_REPLICA_DIR (default
+ * /var/tmp, a disk); commits write them with pwrite straight from the
+ * live shard or from a bounded staging chunk, so they sit in the page
+ * cache, which the kernel writes back and may reclaim under pressure
+ * instead of counting them in the process's RSS. The files live as long as
+ * the process, like the in-memory copies did: a process that dies loses
+ * them, so the failure model above is unchanged. The cost is in the
+ * commit, which now finishes its exchange before returning (the next step
+ * changes the live shard it sends from), and in a rebuild, which reads the
+ * pieces back (from the page cache while it still holds them, else at disk
+ * speed).
+ *
+ * The exchange and the rebuild move chunks of at most
+ * TD_ELASTIC_STAGING_BYTES, both ends cutting them alike, in one global
+ * order: every rank walks the senders in rank order (rank j's copy to
+ * buddy[j] before rank j+1's), so the earliest unfinished transfer always
+ * has both of its ends waiting for it and blocking calls cannot deadlock,
  * whatever the map's shape. */
 #include "elastic/elastic.h"
 
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/vfs.h>
+#include <unistd.h>
 
-static void piece_free(el_piece *p) {
-  free(p->data);
+#define TMPFS_MAGIC_NUMBER 0x01021994 /* linux/magic.h's TMPFS_MAGIC */
+
+static void piece_init(el_piece *p) {
   memset(p, 0, sizeof *p);
+  p->fd = -1;
   p->commit = -1;
 }
 
-static td_status piece_reserve(el_piece *p, size_t bytes) {
-  if (bytes <= p->cap) return TD_OK;
-  unsigned char *d = malloc(bytes);
-  if (!d) return td_error(TD_ERR_SYSTEM, "elastic: out of memory for a replica of %zu bytes", bytes);
-  free(p->data);
-  p->data = d;
+static void piece_free(el_piece *p) {
+  if (p->fd >= 0) close(p->fd);
+  piece_init(p);
+}
+
+static const char *replica_dir(void) { return td_env_str("TANDEM_ELASTIC_REPLICA_DIR", "/var/tmp"); }
+
+/* An unnamed file in the replica directory (a named one unlinked at once
+ * where the file system has no O_TMPFILE). */
+static td_status piece_open(el_piece *p) {
+  const char *dir = replica_dir();
+  int fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0 && (errno == EOPNOTSUPP || errno == EINVAL || errno == EISDIR)) {
+    char path[4096];
+    if (snprintf(path, sizeof path, "%s/tandem-replica-XXXXXX", dir) < (int)sizeof path) {
+      fd = mkostemp(path, O_CLOEXEC);
+      if (fd >= 0) unlink(path);
+    } else {
+      errno = ENAMETOOLONG;
+    }
+  }
+  if (fd < 0)
+    return td_error(TD_ERR_IO, "elastic: cannot create a buddy replica file in %s: %s (set "
+                               "TANDEM_ELASTIC_REPLICA_DIR to a writable directory on a local disk)",
+                    dir, strerror(errno));
+  static int warned; /* once a process */
+  struct statfs fs;
+  if (!warned && fstatfs(fd, &fs) == 0 && fs.f_type == TMPFS_MAGIC_NUMBER) {
+    warned = 1;
+    td_log(TD_LOG_WARN, "elastic: the buddy replica files are in %s, a tmpfs: they stay in memory (shmem); set "
+                        "TANDEM_ELASTIC_REPLICA_DIR to a directory on a disk",
+           dir);
+  }
+  p->fd = fd;
+  return TD_OK;
+}
+
+/* Make p the (empty) piece [lo, hi) of `bytes` bytes, about to be written:
+ * it holds no valid commit until the caller says so. */
+static td_status piece_begin(el_piece *p, int64_t lo, int64_t hi, size_t bytes) {
+  p->commit = -1;
+  if (p->fd < 0) TD_CHECK(piece_open(p));
+  /* a smaller range after a re-shard: the file shrinks with it */
+  if (p->cap > bytes && ftruncate(p->fd, (off_t)bytes) != 0)
+    return td_error(TD_ERR_IO, "elastic: truncating a buddy replica file in %s: %s", replica_dir(), strerror(errno));
+  p->lo = lo;
+  p->hi = hi;
   p->cap = bytes;
+  return TD_OK;
+}
+
+static td_status piece_write(const el_piece *p, size_t off, const void *src, size_t n) {
+  const unsigned char *s = src;
+  while (n) {
+    ssize_t w = pwrite(p->fd, s, n, (off_t)off);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0)
+      return td_error(TD_ERR_IO, "elastic: writing %zu bytes of a buddy replica file in %s: %s (free space there or "
+                                 "set TANDEM_ELASTIC_REPLICA_DIR to another disk)",
+                      n, replica_dir(), w < 0 ? strerror(errno) : "nothing written");
+    s += w;
+    off += (size_t)w;
+    n -= (size_t)w;
+  }
+  return TD_OK;
+}
+
+static td_status piece_read(const el_piece *p, size_t off, void *dst, size_t n) {
+  unsigned char *d = dst;
+  while (n) {
+    ssize_t got = pread(p->fd, d, n, (off_t)off);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0)
+      return td_error(TD_ERR_IO, "elastic: reading %zu bytes of a buddy replica file in %s: %s", n, replica_dir(),
+                      got < 0 ? strerror(errno) : "the file is shorter");
+    d += got;
+    off += (size_t)got;
+    n -= (size_t)got;
+  }
   return TD_OK;
 }
 
@@ -102,9 +200,13 @@ td_status el_rep_register(el_replicas *r, const char *name, void *ptr, size_t el
   r->total = total;
   r->row_bytes += elem_bytes;
   if (r->n_bufs == 1) {
-    r->own[0].commit = r->own[1].commit = -1;
-    r->rep_in_commit = -1;
+    piece_init(&r->own[0]);
+    piece_init(&r->own[1]);
     r->buddy = -1;
+    r->staging = malloc(TD_ELASTIC_STAGING_BYTES);
+    if (!r->staging)
+      return td_error(TD_ERR_SYSTEM, "elastic: out of memory for the replica staging chunk (%d bytes)",
+                      TD_ELASTIC_STAGING_BYTES);
   }
   return TD_OK;
 }
@@ -118,12 +220,21 @@ static void wards_free(el_ward *wards, int n) {
 }
 
 void el_rep_free(el_replicas *r) {
-  el_rep_settle(r);
-  piece_free(&r->own[0]);
-  piece_free(&r->own[1]);
-  wards_free(r->wards, r->n_wards);
+  if (r->n_bufs) { /* the pieces exist once a buffer was registered */
+    piece_free(&r->own[0]);
+    piece_free(&r->own[1]);
+    wards_free(r->wards, r->n_wards);
+  }
+  free(r->staging);
   free(r->bufs);
   memset(r, 0, sizeof *r);
+}
+
+size_t el_rep_disk_bytes(const el_replicas *r) {
+  if (!r->n_bufs) return 0;
+  size_t bytes = r->own[0].cap + r->own[1].cap;
+  for (int w = 0; w < r->n_wards; w++) bytes += r->wards[w].rep[0].cap + r->wards[w].rep[1].cap;
+  return bytes;
 }
 
 /* The registered range, checked to be the same for every buffer. */
@@ -138,46 +249,20 @@ static td_status registered_range(const el_replicas *r, size_t *lo, size_t *hi) 
   return TD_OK;
 }
 
-/* Copy the registered buffers into p as a piece of `commit`. */
+/* Write the registered buffers into p's file as a piece of `commit`. */
 static td_status snapshot(const el_replicas *r, el_piece *p, int64_t commit) {
   size_t lo, hi;
   TD_CHECK(registered_range(r, &lo, &hi));
   size_t n = hi - lo;
-  TD_CHECK(piece_reserve(p, n * r->row_bytes));
+  TD_CHECK(piece_begin(p, (int64_t)lo, (int64_t)hi, n * r->row_bytes));
   size_t off = 0;
   for (int i = 0; i < r->n_bufs; i++) {
-    if (n) memcpy(p->data + off, r->bufs[i].ptr, n * r->bufs[i].elem_bytes);
+    TD_CHECK(piece_write(p, off, r->bufs[i].ptr, n * r->bufs[i].elem_bytes));
     off += n * r->bufs[i].elem_bytes;
   }
-  p->lo = (int64_t)lo;
-  p->hi = (int64_t)hi;
   p->commit = commit;
   return TD_OK;
 }
-
-/* Complete the exchange in flight: a ward's replica received whole becomes
- * its newest; returns the first failure (the send's, else a receive's). */
-static td_status complete_exchange(el_replicas *r) {
-  td_status st = TD_OK;
-  if (r->send_req) st = td_wait(r->send_req);
-  r->send_req = NULL;
-  for (int k = 0; k < r->n_wards; k++) {
-    el_ward *w = &r->wards[k];
-    if (!w->recv_req) continue;
-    td_status rs = td_wait(w->recv_req);
-    w->recv_req = NULL;
-    if (rs == TD_OK) {
-      w->rep[1].commit = r->rep_in_commit;
-      swap_pieces(&w->rep[0], &w->rep[1]);
-    } else if (st == TD_OK) {
-      st = rs;
-    }
-  }
-  r->rep_in_commit = -1;
-  return st;
-}
-
-void el_rep_settle(el_replicas *r) { (void)complete_exchange(r); }
 
 void el_rep_buddies(const int *host_of, int world, int *buddy) {
   if (world < 2) {
@@ -261,7 +346,8 @@ static td_status pair(const el_replicas *r, td_comm *comm, int *buddy_out, el_wa
   for (int j = 0; j < world; j++)
     if (buddy[j] == me) {
       wards[n].rank = j;
-      wards[n].rep[0].commit = wards[n].rep[1].commit = -1;
+      piece_init(&wards[n].rep[0]);
+      piece_init(&wards[n].rep[1]);
       n++;
     }
   *buddy_out = buddy[me];
@@ -271,52 +357,60 @@ static td_status pair(const el_replicas *r, td_comm *comm, int *buddy_out, el_wa
   return TD_OK;
 }
 
-/* Start (or with blocking, do) the exchange: own[0] to the buddy, each
- * ward's range into its rep[slot], in the global order of the senders
- * (see the file header). */
-static td_status exchange(el_replicas *r, td_comm *comm, int slot, bool blocking) {
-  size_t send_bytes = (size_t)(r->own[0].hi - r->own[0].lo) * r->row_bytes;
-  for (int k = 0; k < r->n_wards; k++) {
-    el_ward *w = &r->wards[k];
-    TD_CHECK(piece_reserve(&w->rep[slot], (size_t)(w->hi - w->lo) * r->row_bytes));
-    w->rep[slot].lo = w->lo;
-    w->rep[slot].hi = w->hi;
-  }
-  int me = td_comm_rank(comm), k = 0;
+/* The exchange: this rank's live range (what own[0] holds) to the buddy,
+ * each ward's range into its rep[slot], in the global order of the senders
+ * and in chunks (see the file header). A ward's rep[slot] becomes a piece
+ * of `commit` once it is whole (after a failure, those received whole
+ * still are). */
+static td_status exchange(el_replicas *r, td_comm *comm, int slot, int64_t commit) {
+  size_t lo, hi;
+  TD_CHECK(registered_range(r, &lo, &hi));
+  const size_t chunk = TD_ELASTIC_STAGING_BYTES;
+  int me = td_comm_rank(comm), k = 0, peer = -1;
   td_status st = TD_OK;
   for (int j = 0; j < td_comm_size(comm) && st == TD_OK; j++) {
     if (j == me && r->buddy >= 0) {
-      st = blocking ? td_send(r->own[0].data, send_bytes, TD_U8, r->buddy, comm)
-                    : td_isend(r->own[0].data, send_bytes, TD_U8, r->buddy, comm, &r->send_req);
+      peer = r->buddy;
+      for (int b = 0; b < r->n_bufs && st == TD_OK; b++) {
+        size_t bytes = (hi - lo) * r->bufs[b].elem_bytes;
+        for (size_t c = 0; c < bytes && st == TD_OK; c += chunk)
+          st = td_send(r->bufs[b].ptr + c, TD_MIN(chunk, bytes - c), TD_U8, peer, comm);
+      }
     } else if (k < r->n_wards && r->wards[k].rank == j) {
       el_ward *w = &r->wards[k++];
-      size_t bytes = (size_t)(w->hi - w->lo) * r->row_bytes;
-      st = blocking ? td_recv(w->rep[slot].data, bytes, TD_U8, j, comm)
-                    : td_irecv(w->rep[slot].data, bytes, TD_U8, j, comm, &w->recv_req);
+      el_piece *p = &w->rep[slot];
+      size_t n = (size_t)(w->hi - w->lo), off = 0;
+      peer = j;
+      TD_CHECK(piece_begin(p, w->lo, w->hi, n * r->row_bytes));
+      for (int b = 0; b < r->n_bufs && st == TD_OK; b++) {
+        size_t bytes = n * r->bufs[b].elem_bytes;
+        for (size_t c = 0; c < bytes && st == TD_OK; c += chunk) {
+          size_t len = TD_MIN(chunk, bytes - c);
+          r->staging_used = TD_MAX(r->staging_used, len);
+          st = td_recv(r->staging, len, TD_U8, j, comm);
+          if (st == TD_OK) TD_CHECK(piece_write(p, off, r->staging, len));
+          off += len;
+        }
+      }
+      if (st == TD_OK) p->commit = commit;
     }
   }
   if (st != TD_OK)
     return td_error(st, "elastic: rank %d: replicating its shard to buddy rank %d (and receiving its %d wards') "
-                        "failed: %s",
-                    me, r->buddy, r->n_wards, td_comm_last_error(comm));
+                        "failed at rank %d: %s",
+                    me, r->buddy, r->n_wards, peer, td_comm_last_error(comm));
   return TD_OK;
 }
 
 td_status el_rep_commit(el_replicas *r, td_comm *comm, int64_t commit) {
   if (!r->n_bufs) return TD_OK;
-  double t0 = td_now();
-  td_status st = complete_exchange(r);
-  if (st != TD_OK)
-    return td_error(st, "elastic: rank %d: the replica exchange with buddy rank %d and its %d wards failed: %s",
-                    td_comm_rank(comm), r->buddy, r->n_wards, td_comm_last_error(comm));
   swap_pieces(&r->own[0], &r->own[1]);
   TD_CHECK(snapshot(r, &r->own[0], commit));
-  if (r->buddy >= 0 || r->n_wards) {
-    for (int k = 0; k < r->n_wards; k++) r->wards[k].rep[1].commit = -1; /* being overwritten */
-    r->rep_in_commit = commit;
-    st = exchange(r, comm, 1, false);
-  }
-  r->replicate_s += td_now() - t0;
+  if (r->buddy < 0 && !r->n_wards) return TD_OK;
+  /* the wards' rep[1] (the commit before the previous one) are overwritten */
+  td_status st = exchange(r, comm, 1, commit);
+  for (int k = 0; k < r->n_wards; k++)
+    if (r->wards[k].rep[1].commit == commit) swap_pieces(&r->wards[k].rep[0], &r->wards[k].rep[1]);
   return st;
 }
 
@@ -441,17 +535,27 @@ td_status el_rep_restore(el_replicas *r, td_comm *comm, const int64_t *desc, int
         const el_piece *hp = src == me ? held_piece(r, pi) : NULL;
         size_t n = (size_t)(seg_end - x), pre = 0;
         for (int k = 0; k < r->n_bufs; k++) {
-          size_t eb = r->bufs[k].elem_bytes;
-          const unsigned char *from =
-              hp ? hp->data + (size_t)(hp->hi - hp->lo) * pre + (size_t)(x - hp->lo) * eb : NULL;
+          size_t eb = r->bufs[k].elem_bytes, bytes = n * eb;
+          /* where the segment starts in the held piece's file (-1: not held here) */
+          long long from = hp ? (long long)((size_t)(hp->hi - hp->lo) * pre + (size_t)(x - hp->lo) * eb) : -1;
           unsigned char *to = j == me ? r->bufs[k].ptr + ((size_t)x - my_lo) * eb : NULL;
           td_status st = TD_OK;
-          if (from && to)
-            memcpy(to, from, n * eb);
-          else if (from)
-            st = td_send(from, n * eb, TD_U8, j, comm);
-          else
-            st = td_recv(to, n * eb, TD_U8, src, comm);
+          if (from >= 0 && to) {
+            st = piece_read(hp, (size_t)from, to, bytes);
+            if (st != TD_OK) return st;
+          }
+          /* across ranks in chunks, both ends cutting them alike */
+          for (size_t c = 0; c < bytes && st == TD_OK && !(from >= 0 && to); c += TD_ELASTIC_STAGING_BYTES) {
+            size_t len = TD_MIN((size_t)TD_ELASTIC_STAGING_BYTES, bytes - c);
+            if (from >= 0) {
+              r->staging_used = TD_MAX(r->staging_used, len);
+              st = piece_read(hp, (size_t)from + c, r->staging, len);
+              if (st != TD_OK) return st;
+              st = td_send(r->staging, len, TD_U8, j, comm);
+            } else {
+              st = td_recv(to + c, len, TD_U8, src, comm);
+            }
+          }
           if (st != TD_OK)
             return td_error(st, "elastic: rank %d: moving elements [%lld, %lld) of \"%s\" from rank %d to rank %d "
                                 "failed: %s",
@@ -468,17 +572,14 @@ td_status el_rep_restore(el_replicas *r, td_comm *comm, const int64_t *desc, int
 
 td_status el_rep_reset_holdings(el_replicas *r, td_comm *comm, int64_t commit) {
   if (!r->n_bufs) return TD_OK;
-  el_rep_settle(r);
   /* The new holdings are built beside the old ones, which stay (for the
    * next round's descriptors) until the new ones are complete. */
   el_replicas next = *r; /* the registration (bufs, sizes); none of r's holdings */
-  memset(next.own, 0, sizeof next.own);
-  next.own[0].commit = next.own[1].commit = -1;
+  piece_init(&next.own[0]);
+  piece_init(&next.own[1]);
   next.wards = NULL;
   next.n_wards = 0;
   next.buddy = -1;
-  next.send_req = NULL;
-  next.rep_in_commit = -1;
   td_status st = snapshot(r, &next.own[0], commit);
   if (st == TD_OK) st = pair(r, comm, &next.buddy, &next.wards, &next.n_wards);
   if (st == TD_OK && (next.buddy >= 0 || next.n_wards)) {
@@ -500,9 +601,9 @@ td_status el_rep_reset_holdings(el_replicas *r, td_comm *comm, int64_t commit) {
       st = td_error(st, "elastic: rank %d: telling buddy rank %d its range failed: %s", me, next.buddy,
                     td_comm_last_error(comm));
     else
-      st = exchange(&next, comm, 0, true);
-    for (int w = 0; w < next.n_wards && st == TD_OK; w++) next.wards[w].rep[0].commit = commit;
+      st = exchange(&next, comm, 0, commit);
   }
+  r->staging_used = next.staging_used;
   if (st != TD_OK) { /* the old holdings stay for the next round */
     piece_free(&next.own[0]);
     wards_free(next.wards, next.n_wards);
@@ -516,6 +617,5 @@ td_status el_rep_reset_holdings(el_replicas *r, td_comm *comm, int64_t commit) {
   r->wards = next.wards;
   r->n_wards = next.n_wards;
   r->buddy = next.buddy;
-  r->rep_in_commit = -1;
   return TD_OK;
 }

@@ -177,12 +177,11 @@ size_t td_elastic_copy_bytes(const td_elastic *e) {
   for (int i = 0; i < e->n_bufs; i++)
     for (int g = 0; g < 2; g++)
       if (e->bufs[i].shadow[g]) bytes += e->bufs[i].bytes;
-  const el_replicas *r = &e->rep;
-  for (int g = 0; g < 2; g++) bytes += r->own[g].cap;
-  for (int w = 0; w < r->n_wards; w++)
-    for (int g = 0; g < 2; g++) bytes += r->wards[w].rep[g].cap;
+  bytes += e->rep.staging_used; /* the shards' copies are in files: what their chunk buffer holds */
   return bytes;
 }
+
+size_t td_elastic_copy_disk_bytes(const td_elastic *e) { return e ? el_rep_disk_bytes(&e->rep) : 0; }
 
 td_status td_elastic_register(td_elastic *e, const char *name, void *ptr, size_t bytes) {
   if (!e || !name || !*name || (!ptr && bytes))
@@ -423,12 +422,13 @@ static td_status restore_state(td_elastic *e, td_elastic_reset_fn reset_fn, void
       memcpy(targets + 2 * me, t2, sizeof t2);
       if (world > 1 && (st = td_allgather(t2, targets, (size_t)world * 2, TD_I64, e->comm)) != TD_OK) goto done;
       size_t from_others = 0;
+      double t0 = td_now();
       st = el_rep_restore(&e->rep, e->comm, desc, n_pieces, targets, chosen, &from_others);
       if (st != TD_OK) goto done;
       if (me == 0 || from_others)
-        td_log(TD_LOG_INFO, "elastic: epoch %d: rank %d: sharded state of commit %lld rebuilt from memory (%zu of "
-                            "its %lld elements from other ranks' shards and buddy replicas)",
-               e->m.epoch, me, (long long)chosen, from_others, (long long)(t2[1] - t2[0]));
+        td_log(TD_LOG_INFO, "elastic: epoch %d: rank %d: sharded state of commit %lld rebuilt from the replica files "
+                            "in %.1f ms (%zu of its %lld elements from other ranks' shards and buddy replicas)",
+               e->m.epoch, me, (long long)chosen, 1e3 * (td_now() - t0), from_others, (long long)(t2[1] - t2[0]));
     }
   } else {
     if (!e->fallback) {
@@ -488,7 +488,6 @@ td_status td_elastic_run(td_elastic *e, td_elastic_train_fn train_fn, td_elastic
       /* Survivors (and joiners admitted now) agree on the next epoch. A
        * healthy communicator left on a resize is finalized first, so that
        * no peer sees our leaving as a failure. */
-      el_rep_settle(&e->rep); /* a replica in flight completes (or fails) on the old communicator */
       if (e->resize_requested && td_comm_status(e->comm) == TD_OK) td_comm_finalize(e->comm);
       e->resize_requested = false;
       td_status st = next_epoch(e);

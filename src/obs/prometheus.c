@@ -10,7 +10,9 @@
  * so that a slow or hostile client cannot hold the thread or its memory.
  *
  * A job's endpoint (prometheus_job.c) is this server with another source
- * of the text: each scrape fetches and merges the ranks' endpoints.
+ * of text in front of its table: each scrape fetches and merges the ranks'
+ * endpoints, within the scrape timeout Prometheus announces in its
+ * X-Prometheus-Scrape-Timeout-Seconds header.
  *
  * Protection: the socket binds to 127.0.0.1 unless the caller names another
  * address, so only processes on the same host can read it. The endpoint is
@@ -28,11 +30,11 @@
 #include <math.h>
 #include <netinet/in.h>
 #include <poll.h>
-#include <stdarg.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -79,7 +81,7 @@ static int valid_name(const char *name) {
 
 void td_prom_set(td_prom *p, const char *name, const char *type, const char *help, const char *labels,
                  double value) {
-  if (!p || p->render || !valid_name(name)) return; /* a job endpoint has no table of its own */
+  if (!p || !valid_name(name)) return;
   if (!labels) labels = "";
   pthread_mutex_lock(&p->lock);
   int i = 0;
@@ -102,12 +104,19 @@ void td_prom_set(td_prom *p, const char *name, const char *type, const char *hel
 }
 
 void td_prom_add(td_prom *p, const char *name, const char *help, const char *labels, double delta) {
-  if (!p || p->render || !valid_name(name)) return;
+  if (!p || !valid_name(name)) return;
   double current = 0;
   pthread_mutex_lock(&p->lock); /* recursive: td_prom_set below takes it again */
   for (int i = 0; i < p->n_series; i++)
     if (!strcmp(p->series[i].name, name) && !strcmp(p->series[i].labels, labels ? labels : "")) current = p->series[i].value;
   td_prom_set(p, name, "counter", help, labels, current + delta);
+  pthread_mutex_unlock(&p->lock);
+}
+
+void td_prom_clear(td_prom *p) {
+  if (!p) return;
+  pthread_mutex_lock(&p->lock);
+  p->n_series = 0;
   pthread_mutex_unlock(&p->lock);
 }
 
@@ -118,45 +127,21 @@ void td_prom_end(td_prom *p) {
   if (p) pthread_mutex_unlock(&p->lock);
 }
 
-/* Append printf output to a growing buffer; returns 0 when out of memory. */
-static int buf_printf(char **buf, size_t *len, size_t *cap, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-static int buf_printf(char **buf, size_t *len, size_t *cap, const char *fmt, ...) {
-  for (;;) {
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(*buf + *len, *cap - *len, fmt, ap);
-    va_end(ap);
-    if (n < 0) return 0;
-    if ((size_t)n < *cap - *len) {
-      *len += (size_t)n;
-      return 1;
-    }
-    size_t ncap = *cap * 2 + (size_t)n;
-    char *nb = realloc(*buf, ncap);
-    if (!nb) return 0;
-    *buf = nb;
-    *cap = ncap;
-  }
-}
-
-/* The exposition text: series grouped by name, each group with its HELP and
- * TYPE line once (the format requires a family's samples to be together). */
-char *td_prom_render(td_prom *p, size_t *len_out) {
-  if (p->render) return p->render(p->render_ctx, len_out);
-  size_t len = 0, cap = 4096;
-  char *buf = malloc(cap);
-  if (!buf) return NULL;
-  buf[0] = 0;
+/* The table's exposition text: series grouped by name, each group with its
+ * HELP and TYPE line once (the format requires a family's samples to be
+ * together), after `head` (head_len bytes, may be 0). */
+static char *render_table(td_prom *p, const char *head, size_t head_len, size_t *len_out) {
+  td_buf out = {0};
+  td_buf_append(&out, head, head_len);
   pthread_mutex_lock(&p->lock);
-  int ok = 1;
   char *done = calloc((size_t)p->n_series + 1, 1);
-  if (!done) ok = 0;
-  for (int i = 0; ok && i < p->n_series; i++) {
+  if (!done) out.failed = 1;
+  for (int i = 0; !out.failed && i < p->n_series; i++) {
     if (done[i]) continue;
     const prom_series *f = &p->series[i];
-    if (f->help[0]) ok = buf_printf(&buf, &len, &cap, "# HELP %s %s\n", f->name, f->help);
-    if (ok) ok = buf_printf(&buf, &len, &cap, "# TYPE %s %s\n", f->name, f->type);
-    for (int j = i; ok && j < p->n_series; j++) {
+    if (f->help[0]) td_buf_printf(&out, "# HELP %s %s\n", f->name, f->help);
+    td_buf_printf(&out, "# TYPE %s %s\n", f->name, f->type);
+    for (int j = i; j < p->n_series; j++) {
       const prom_series *s = &p->series[j];
       if (done[j] || strcmp(s->name, f->name)) continue;
       done[j] = 1;
@@ -164,18 +149,41 @@ char *td_prom_render(td_prom *p, size_t *len_out) {
       if (isnan(s->value)) snprintf(num, sizeof num, "NaN");
       else if (isinf(s->value)) snprintf(num, sizeof num, s->value > 0 ? "+Inf" : "-Inf");
       else snprintf(num, sizeof num, "%.17g", s->value);
-      ok = s->labels[0] ? buf_printf(&buf, &len, &cap, "%s{%s} %s\n", s->name, s->labels, num)
-                        : buf_printf(&buf, &len, &cap, "%s %s\n", s->name, num);
+      if (s->labels[0]) td_buf_printf(&out, "%s{%s} %s\n", s->name, s->labels, num);
+      else td_buf_printf(&out, "%s %s\n", s->name, num);
     }
   }
   pthread_mutex_unlock(&p->lock);
   free(done);
-  if (!ok) {
-    free(buf);
-    return NULL;
+  return td_buf_take(&out, len_out);
+}
+
+/* The text a scrape gets: a job endpoint's merged ranks (fetched within
+ * budget_s, <= 0: their default bound), then the table. */
+static char *render_scrape(td_prom *p, double budget_s, size_t *len_out) {
+  size_t head_len = 0;
+  char *head = NULL;
+  if (p->render && !(head = p->render(p->render_ctx, budget_s, &head_len))) return NULL;
+  char *text = render_table(p, head ? head : "", head_len, len_out);
+  free(head);
+  return text;
+}
+
+char *td_prom_render(td_prom *p, size_t *len_out) { return render_scrape(p, 0, len_out); }
+
+void *prom_render_ctx(td_prom *p, prom_render_fn render) { return p && p->render == render ? p->render_ctx : NULL; }
+
+/* The seconds Prometheus gives this scrape (its scrape_timeout, sent as
+ * X-Prometheus-Scrape-Timeout-Seconds), less a margin for the answer to
+ * travel, or 0 when the request does not say. */
+static double scrape_budget(const char *req) {
+  static const char name[] = "\nx-prometheus-scrape-timeout-seconds:";
+  for (const char *at = req; (at = strchr(at, '\n')); at++) {
+    if (strncasecmp(at, name, sizeof name - 1) != 0) continue;
+    double timeout = strtod(at + sizeof name - 1, NULL);
+    return timeout > 0 ? TD_MAX(0.05, timeout * 0.8 - 0.05) : 0;
   }
-  *len_out = len;
-  return buf;
+  return 0;
 }
 
 /* ---- the HTTP side ---- */
@@ -243,7 +251,7 @@ static void serve_one(td_prom *p, int fd) {
     return;
   }
   size_t len = 0;
-  char *body = td_prom_render(p, &len);
+  char *body = render_scrape(p, scrape_budget(req), &len);
   if (!body) {
     static const char msg[] = "out of memory\n";
     send_response(fd, "500 Internal Server Error", "text/plain", msg, sizeof msg - 1);

@@ -13,9 +13,15 @@
  * left out of that scrape and shows as tandem_job_rank_up{rank="R"} 0, so a
  * dashboard sees which rank is missing instead of a silent gap.
  *
- * Ranks are fetched one after another: a scrape costs the sum of the ranks'
- * answers (each a few hundred microseconds on loopback), bounded by the
- * timeout per rank that does not answer. */
+ * Ranks are fetched all at once (one poll loop): a scrape costs the slowest
+ * rank's answer, and at most PROM_JOB_FETCH_TIMEOUT_S, or less when
+ * Prometheus says its scrape timeout is shorter, however many ranks are
+ * silent.
+ *
+ * The targets can change while the endpoint runs (td_prom_job_set_targets:
+ * an elastic job's processes come and go), and the endpoint has a table of
+ * its own for the launcher's series (processes started, lost by kind),
+ * rendered after the ranks' families. */
 #define _GNU_SOURCE 1
 #include "base/base.h"
 #include "obs/prometheus_server.h"
@@ -23,7 +29,7 @@
 #include <errno.h>
 #include <netdb.h>
 #include <poll.h>
-#include <stdarg.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,115 +39,135 @@
 #define PROM_JOB_FETCH_TIMEOUT_S 2.0
 #define PROM_JOB_MAX_BODY (8u << 20) /* a rank's page is a few KiB; more is not a Tandem endpoint */
 
+/* Where to fetch: target i is hosts[i]:ports[i], named in
+ * tandem_job_rank_up by labels[i] (`rank="R"`, or `process="ID"` when an
+ * elastic job's processes come and go). */
+typedef struct job_targets {
+  int n;
+  char **hosts, **ports, **labels;
+} job_targets;
+
 typedef struct prom_job {
-  int n_targets;
-  char **hosts;
-  char **ports;
+  pthread_mutex_t lock; /* targets: replaced by td_prom_job_set_targets while a scrape may run */
+  job_targets targets;
 } prom_job;
 
-typedef struct text_buf {
-  char *data;
-  size_t len, cap;
-  int failed; /* out of memory: the whole render fails */
-} text_buf;
+/* ---- fetching every rank's page at once ----
+ * One fetch per target, all driven by one poll loop under one deadline: a
+ * rank that does not answer (a stopped process, a cut link) costs the
+ * scrape its deadline once, however many such ranks there are, instead of
+ * a timeout each one after another. */
 
-static void buf_append(text_buf *b, const char *s, size_t n) {
-  if (b->failed) return;
-  if (b->len + n + 1 > b->cap) {
-    size_t cap = b->cap ? b->cap : 4096;
-    while (b->len + n + 1 > cap) cap *= 2;
-    char *grown = realloc(b->data, cap);
-    if (!grown) {
-      b->failed = 1;
-      return;
-    }
-    b->data = grown;
-    b->cap = cap;
-  }
-  memcpy(b->data + b->len, s, n);
-  b->len += n;
-  b->data[b->len] = 0;
-}
+enum { FETCH_CONNECTING, FETCH_SENDING, FETCH_READING, FETCH_DONE, FETCH_FAILED };
 
-static void buf_printf(text_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void buf_printf(text_buf *b, const char *fmt, ...) {
-  char line[512];
-  va_list ap;
-  va_start(ap, fmt);
-  int n = vsnprintf(line, sizeof line, fmt, ap);
-  va_end(ap);
-  if (n > 0) buf_append(b, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
-}
+typedef struct fetch {
+  int fd;
+  int state;
+  char req[300];
+  size_t req_len, sent;
+  td_buf page;
+} fetch;
 
-/* ---- fetching one rank's page ---- */
-
-static int connect_by_deadline(const char *host, const char *port, double deadline) {
+/* Resolve and start a non-blocking connect; the state it reached. */
+static int fetch_begin(fetch *f, const char *host, const char *port) {
+  f->fd = -1;
+  int n = snprintf(f->req, sizeof f->req, "GET /metrics HTTP/1.1\r\nHost: %s:%s\r\nConnection: close\r\n\r\n", host,
+                   port);
+  if (n < 0 || (size_t)n >= sizeof f->req) return FETCH_FAILED;
+  f->req_len = (size_t)n;
   struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res = NULL;
-  if (getaddrinfo(host, port, &hints, &res) != 0) return -1;
-  int fd = -1;
-  for (struct addrinfo *ai = res; ai && fd < 0; ai = ai->ai_next) {
-    fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
-    if (fd < 0) continue;
-    if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) break;
-    if (errno == EINPROGRESS) {
-      int left_ms = (int)((deadline - td_now()) * 1000);
-      struct pollfd pfd = {.fd = fd, .events = POLLOUT};
-      int err = 0;
-      socklen_t len = sizeof err;
-      if (left_ms > 0 && poll(&pfd, 1, left_ms) == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 &&
-          err == 0)
-        break;
+  if (getaddrinfo(host, port, &hints, &res) != 0) return FETCH_FAILED;
+  int state = FETCH_FAILED;
+  for (struct addrinfo *ai = res; ai && state == FETCH_FAILED; ai = ai->ai_next) {
+    f->fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
+    if (f->fd < 0) continue;
+    if (connect(f->fd, ai->ai_addr, ai->ai_addrlen) == 0) state = FETCH_SENDING;
+    else if (errno == EINPROGRESS) state = FETCH_CONNECTING;
+    else {
+      close(f->fd);
+      f->fd = -1;
     }
-    close(fd);
-    fd = -1;
   }
   freeaddrinfo(res);
-  return fd;
+  return state;
 }
 
-/* GET /metrics from host:port; the body on a 200 answer, else NULL. */
-static char *fetch_page(const char *host, const char *port, size_t *len_out) {
-  double deadline = td_now() + PROM_JOB_FETCH_TIMEOUT_S;
-  int fd = connect_by_deadline(host, port, deadline);
-  if (fd < 0) return NULL;
-  char req[300];
-  int n = snprintf(req, sizeof req, "GET /metrics HTTP/1.1\r\nHost: %s:%s\r\nConnection: close\r\n\r\n", host, port);
-  text_buf page = {0};
-  size_t sent = 0;
-  while (sent < (size_t)n) {
-    ssize_t k = send(fd, req + sent, (size_t)n - sent, MSG_NOSIGNAL);
-    if (k < 0 && errno == EINTR) continue;
-    if (k <= 0) goto fail; /* a fresh socket's buffer holds the request: EAGAIN does not happen here */
-    sent += (size_t)k;
+/* Advance one fetch whose socket poll() reported ready. */
+static int fetch_step(fetch *f, short revents) {
+  if (f->state == FETCH_CONNECTING) {
+    int err = 0;
+    socklen_t len = sizeof err;
+    if (getsockopt(f->fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0) return FETCH_FAILED;
+    f->state = FETCH_SENDING;
   }
+  if (f->state == FETCH_SENDING) {
+    while (f->sent < f->req_len) {
+      ssize_t k = send(f->fd, f->req + f->sent, f->req_len - f->sent, MSG_NOSIGNAL);
+      if (k < 0 && errno == EINTR) continue;
+      if (k < 0 && errno == EAGAIN) return FETCH_SENDING;
+      if (k <= 0) return FETCH_FAILED;
+      f->sent += (size_t)k;
+    }
+    return FETCH_READING;
+  }
+  if (!(revents & (POLLIN | POLLHUP | POLLERR))) return f->state;
   for (;;) { /* the server answers and closes (Connection: close) */
-    int left_ms = (int)((deadline - td_now()) * 1000);
-    struct pollfd pfd = {.fd = fd, .events = POLLIN};
-    if (left_ms <= 0) goto fail;
-    int r = poll(&pfd, 1, left_ms);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) goto fail;
     char chunk[16384];
-    ssize_t k = recv(fd, chunk, sizeof chunk, 0);
-    if (k < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-    if (k < 0) goto fail;
-    if (k == 0) break;
-    if (page.len + (size_t)k > PROM_JOB_MAX_BODY) goto fail;
-    buf_append(&page, chunk, (size_t)k);
-    if (page.failed) goto fail;
+    ssize_t k = recv(f->fd, chunk, sizeof chunk, 0);
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0 && errno == EAGAIN) return FETCH_READING;
+    if (k < 0) return FETCH_FAILED;
+    if (k == 0) return FETCH_DONE;
+    if (f->page.len + (size_t)k > PROM_JOB_MAX_BODY) return FETCH_FAILED;
+    td_buf_append(&f->page, chunk, (size_t)k);
+    if (f->page.failed) return FETCH_FAILED;
   }
-  close(fd);
-  fd = -1;
-  const char *body = page.data ? strstr(page.data, "\r\n\r\n") : NULL;
-  if (!body || strncmp(page.data, "HTTP/1.1 200 ", 13) != 0) goto fail;
+}
+
+/* The body of a complete 200 answer, moved to the front of the page
+ * (length in *len_out); NULL for anything else. */
+static char *fetch_body(fetch *f, size_t *len_out) {
+  const char *body = f->page.data ? strstr(f->page.data, "\r\n\r\n") : NULL;
+  if (f->state != FETCH_DONE || !body || strncmp(f->page.data, "HTTP/1.1 200 ", 13) != 0) return NULL;
   body += 4;
-  *len_out = page.len - (size_t)(body - page.data);
-  memmove(page.data, body, *len_out + 1);
-  return page.data;
-fail:
-  if (fd >= 0) close(fd);
-  free(page.data);
-  return NULL;
+  *len_out = f->page.len - (size_t)(body - f->page.data);
+  memmove(f->page.data, body, *len_out + 1);
+  return f->page.data;
+}
+
+/* GET /metrics from every target at once, until each answered or failed or
+ * budget_s passed; fetches[i] holds target i's outcome. */
+static void fetch_all(fetch *fetches, int n, char *const *hosts, char *const *ports, double budget_s) {
+  double deadline = td_now() + budget_s;
+  struct pollfd *pfd = calloc((size_t)n + 1, sizeof *pfd);
+  int *which = calloc((size_t)n + 1, sizeof *which);
+  for (int i = 0; i < n; i++) {
+    fetches[i].state = fetch_begin(&fetches[i], hosts[i], ports[i]);
+    if (fetches[i].state == FETCH_SENDING) fetches[i].state = fetch_step(&fetches[i], 0);
+  }
+  while (pfd && which) {
+    int n_poll = 0;
+    for (int i = 0; i < n; i++) {
+      fetch *f = &fetches[i];
+      if (f->state == FETCH_DONE || f->state == FETCH_FAILED) continue;
+      pfd[n_poll] = (struct pollfd){.fd = f->fd, .events = f->state == FETCH_READING ? POLLIN : POLLOUT};
+      which[n_poll++] = i;
+    }
+    int left_ms = (int)((deadline - td_now()) * 1000);
+    if (n_poll == 0 || left_ms <= 0) break;
+    int r = poll(pfd, (nfds_t)n_poll, left_ms);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) break;
+    for (int k = 0; k < n_poll; k++)
+      if (pfd[k].revents) fetches[which[k]].state = fetch_step(&fetches[which[k]], pfd[k].revents);
+  }
+  for (int i = 0; i < n; i++) { /* what did not finish in time (or at all, out of memory) failed */
+    if (fetches[i].state != FETCH_DONE) fetches[i].state = FETCH_FAILED;
+    if (fetches[i].fd >= 0) close(fetches[i].fd);
+    fetches[i].fd = -1;
+  }
+  free(pfd);
+  free(which);
 }
 
 /* ---- merging ---- */
@@ -149,7 +175,7 @@ fail:
 typedef struct family {
   char name[128];
   char *help, *type; /* the lines, as the first rank sent them (NULL: none) */
-  text_buf samples;
+  td_buf samples;
 } family;
 
 typedef struct family_set {
@@ -226,57 +252,22 @@ static void merge_page(family_set *fs, const char *page, size_t len) {
     if (line[0] == '#') continue;
     family *f = family_get(fs, line, sample_name_len(line, n));
     if (!f) continue;
-    buf_append(&f->samples, line, n);
-    buf_append(&f->samples, "\n", 1);
+    td_buf_append(&f->samples, line, n);
+    td_buf_append(&f->samples, "\n", 1);
     if (f->samples.failed) fs->failed = 1;
   }
 }
 
-static char *render_job(void *ctx, size_t *len_out) {
-  prom_job *job = ctx;
-  family_set fs = {0};
-  text_buf own = {0}, out = {0};
-  double t0 = td_now();
-  buf_printf(&own, "# HELP tandem_job_rank_up 1: the rank's endpoint answered this scrape of the job endpoint, 0: "
-                   "it did not\n# TYPE tandem_job_rank_up gauge\n");
-  for (int r = 0; r < job->n_targets; r++) {
-    size_t len = 0;
-    char *page = fetch_page(job->hosts[r], job->ports[r], &len);
-    int up = page && page_is_text_format(page, len);
-    if (up) merge_page(&fs, page, len);
-    free(page);
-    buf_printf(&own, "tandem_job_rank_up{rank=\"%d\"} %d\n", r, up);
+static void targets_free(job_targets *t) {
+  for (int i = 0; i < t->n; i++) {
+    if (t->hosts) free(t->hosts[i]);
+    if (t->ports) free(t->ports[i]);
+    if (t->labels) free(t->labels[i]);
   }
-  buf_printf(&own, "# HELP tandem_job_scrape_seconds time this scrape of the job endpoint took to fetch the ranks\n"
-                   "# TYPE tandem_job_scrape_seconds gauge\ntandem_job_scrape_seconds %.6f\n", td_now() - t0);
-  for (int i = 0; i < fs.n && !fs.failed; i++) {
-    family *f = &fs.items[i];
-    if (f->help) buf_printf(&out, "%s\n", f->help);
-    if (f->type) buf_printf(&out, "%s\n", f->type);
-    if (f->samples.len) buf_append(&out, f->samples.data, f->samples.len);
-  }
-  buf_append(&out, own.data ? own.data : "", own.len);
-  for (int i = 0; i < fs.n; i++) free(fs.items[i].help), free(fs.items[i].type), free(fs.items[i].samples.data);
-  free(fs.items);
-  free(own.data);
-  if (fs.failed || own.failed || out.failed) {
-    free(out.data);
-    return NULL;
-  }
-  *len_out = out.len;
-  return out.data;
-}
-
-static void job_free(void *ctx) {
-  prom_job *job = ctx;
-  if (!job) return;
-  for (int i = 0; i < job->n_targets; i++) {
-    if (job->hosts) free(job->hosts[i]);
-    if (job->ports) free(job->ports[i]);
-  }
-  free(job->hosts);
-  free(job->ports);
-  free(job);
+  free(t->hosts);
+  free(t->ports);
+  free(t->labels);
+  memset(t, 0, sizeof *t);
 }
 
 /* "HOST:PORT" or "[V6]:PORT" into its parts. */
@@ -293,27 +284,135 @@ static int split_target(const char *target, char **host, char **port) {
   return *host && *port;
 }
 
+/* Parse targets (and their labels, NULL: rank="i") into *out. */
+static td_status targets_parse(const char *const *targets, const char *const *labels, int n, job_targets *out) {
+  memset(out, 0, sizeof *out);
+  if (n < 0 || (n > 0 && !targets))
+    return td_error(TD_ERR_INVALID_ARGUMENT, "prometheus job endpoint: no rank endpoints to serve (%d)", n);
+  size_t count = n > 0 ? (size_t)n : 1;
+  out->hosts = calloc(count, sizeof *out->hosts);
+  out->ports = calloc(count, sizeof *out->ports);
+  out->labels = calloc(count, sizeof *out->labels);
+  out->n = n;
+  if (!out->hosts || !out->ports || !out->labels) {
+    targets_free(out);
+    return td_error(TD_ERR_SYSTEM, "prometheus job endpoint: out of memory");
+  }
+  for (int r = 0; r < n; r++) {
+    if (!targets[r] || !split_target(targets[r], &out->hosts[r], &out->ports[r])) {
+      td_status st = td_error(TD_ERR_INVALID_ARGUMENT, "prometheus job endpoint: rank %d's endpoint '%s' is not "
+                                                        "HOST:PORT", r, targets[r] ? targets[r] : "(null)");
+      targets_free(out);
+      return st;
+    }
+    char rank_label[32];
+    snprintf(rank_label, sizeof rank_label, "rank=\"%d\"", r);
+    out->labels[r] = strdup(labels && labels[r] ? labels[r] : rank_label);
+    if (!out->labels[r]) {
+      targets_free(out);
+      return td_error(TD_ERR_SYSTEM, "prometheus job endpoint: out of memory");
+    }
+  }
+  return TD_OK;
+}
+
+/* A deep copy of the current targets, so that a scrape runs without the lock. */
+static int targets_copy(prom_job *job, job_targets *out) {
+  pthread_mutex_lock(&job->lock);
+  const job_targets *t = &job->targets;
+  size_t count = t->n > 0 ? (size_t)t->n : 1;
+  out->n = t->n;
+  out->hosts = calloc(count, sizeof *out->hosts);
+  out->ports = calloc(count, sizeof *out->ports);
+  out->labels = calloc(count, sizeof *out->labels);
+  int ok = out->hosts && out->ports && out->labels;
+  for (int i = 0; ok && i < t->n; i++) {
+    out->hosts[i] = strdup(t->hosts[i]);
+    out->ports[i] = strdup(t->ports[i]);
+    out->labels[i] = strdup(t->labels[i]);
+    ok = out->hosts[i] && out->ports[i] && out->labels[i];
+  }
+  pthread_mutex_unlock(&job->lock);
+  if (!ok) targets_free(out);
+  return ok;
+}
+
+static char *render_job(void *ctx, double budget_s, size_t *len_out) {
+  prom_job *job = ctx;
+  job_targets t;
+  if (!targets_copy(job, &t)) return NULL;
+  family_set fs = {0};
+  td_buf own = {0}, out = {0};
+  double t0 = td_now();
+  fetch *fetches = calloc((size_t)t.n + 1, sizeof *fetches);
+  if (!fetches) {
+    targets_free(&t);
+    return NULL;
+  }
+  if (budget_s <= 0 || budget_s > PROM_JOB_FETCH_TIMEOUT_S) budget_s = PROM_JOB_FETCH_TIMEOUT_S;
+  fetch_all(fetches, t.n, t.hosts, t.ports, budget_s);
+  td_buf_printf(&own, "# HELP tandem_job_rank_up 1: the rank's endpoint answered this scrape of the job endpoint, 0: "
+                      "it did not\n# TYPE tandem_job_rank_up gauge\n");
+  for (int r = 0; r < t.n; r++) {
+    size_t len = 0;
+    char *page = fetch_body(&fetches[r], &len);
+    int up = page && page_is_text_format(page, len);
+    if (up) merge_page(&fs, page, len);
+    td_buf_free(&fetches[r].page);
+    td_buf_printf(&own, "tandem_job_rank_up{%s} %d\n", t.labels[r], up);
+  }
+  free(fetches);
+  targets_free(&t);
+  td_buf_printf(&own, "# HELP tandem_job_scrape_seconds time this scrape of the job endpoint took to fetch the ranks\n"
+                      "# TYPE tandem_job_scrape_seconds gauge\ntandem_job_scrape_seconds %.6f\n", td_now() - t0);
+  for (int i = 0; i < fs.n && !fs.failed; i++) {
+    family *f = &fs.items[i];
+    if (f->help) td_buf_printf(&out, "%s\n", f->help);
+    if (f->type) td_buf_printf(&out, "%s\n", f->type);
+    if (f->samples.len) td_buf_append(&out, f->samples.data, f->samples.len);
+  }
+  td_buf_append(&out, own.data ? own.data : "", own.len);
+  for (int i = 0; i < fs.n; i++) free(fs.items[i].help), free(fs.items[i].type), td_buf_free(&fs.items[i].samples);
+  free(fs.items);
+  if (own.failed || fs.failed) out.failed = 1;
+  td_buf_free(&own);
+  return td_buf_take(&out, len_out);
+}
+
+static void job_free(void *ctx) {
+  prom_job *job = ctx;
+  if (!job) return;
+  targets_free(&job->targets);
+  pthread_mutex_destroy(&job->lock);
+  free(job);
+}
+
 td_status td_prom_job_start(const char *bind_addr, int port, const char *const *targets, int n_targets,
                             td_prom **out) {
   *out = NULL;
   if (n_targets < 1 || !targets)
     return td_error(TD_ERR_INVALID_ARGUMENT, "prometheus job endpoint: no rank endpoints to serve (%d)", n_targets);
   prom_job *job = calloc(1, sizeof *job);
-  if (!job || !(job->hosts = calloc((size_t)n_targets, sizeof *job->hosts)) ||
-      !(job->ports = calloc((size_t)n_targets, sizeof *job->ports))) {
-    job_free(job);
-    return td_error(TD_ERR_SYSTEM, "prometheus job endpoint: out of memory");
-  }
-  job->n_targets = n_targets;
-  for (int r = 0; r < n_targets; r++) {
-    if (!targets[r] || !split_target(targets[r], &job->hosts[r], &job->ports[r])) {
-      td_status st = td_error(TD_ERR_INVALID_ARGUMENT, "prometheus job endpoint: rank %d's endpoint '%s' is not "
-                                                        "HOST:PORT", r, targets[r] ? targets[r] : "(null)");
-      job_free(job);
-      return st;
-    }
-  }
-  td_status st = prom_start_with(bind_addr, port, render_job, job, job_free, out);
+  if (!job) return td_error(TD_ERR_SYSTEM, "prometheus job endpoint: out of memory");
+  pthread_mutex_init(&job->lock, NULL);
+  td_status st = targets_parse(targets, NULL, n_targets, &job->targets);
+  if (st == TD_OK) st = prom_start_with(bind_addr, port, render_job, job, job_free, out);
   if (st != TD_OK) job_free(job);
   return st;
+}
+
+td_status td_prom_job_set_targets(td_prom *prom, const char *const *targets, const char *const *labels,
+                                  int n_targets) {
+  prom_job *job = prom_render_ctx(prom, render_job);
+  if (!job)
+    return td_error(TD_ERR_INVALID_USAGE, "td_prom_job_set_targets: not a job endpoint (td_prom_job_start makes one)");
+  job_targets fresh;
+  td_status st = targets_parse(targets, labels, n_targets, &fresh);
+  if (st != TD_OK) return st;
+  pthread_mutex_lock(&job->lock);
+  job_targets old = job->targets;
+  job->targets = fresh;
+  pthread_mutex_unlock(&job->lock);
+  targets_free(&old);
+  return TD_OK;
 }

@@ -14,7 +14,9 @@
  *
  * The protobuf subset is encoded by hand (field numbers from tensorflow's
  * core/util/event.proto and core/framework/summary.proto):
- *   Event   { double wall_time = 1; int64 step = 2; string file_version = 3; Summary summary = 5; }
+ *   Event   { double wall_time = 1; int64 step = 2; string file_version = 3; Summary summary = 5;
+ *             SessionLog session_log = 7; }
+ *   SessionLog { SessionStatus status = 1; }   (START = 1)
  *   Summary { repeated Value value = 1; }
  *   Value   { string tag = 1; float simple_value = 2; HistogramProto histo = 5; }
  *   HistogramProto { double min = 1; double max = 2; double num = 3; double sum = 4;
@@ -69,31 +71,9 @@ static uint32_t masked_crc32c(const uint8_t *data, size_t n) {
   return ((c >> 15) | (c << 17)) + 0xa282ead8u;
 }
 
-/* ---- a growing byte buffer and the protobuf wire format ---- */
+/* ---- the protobuf wire format (into a td_buf: base.h) ---- */
 
-typedef struct pb_buf {
-  uint8_t *data;
-  size_t len, cap;
-  int oom;
-} pb_buf;
-
-static void pb_put(pb_buf *b, const void *src, size_t n) {
-  if (b->oom || n == 0) return;
-  if (b->len + n > b->cap) {
-    size_t cap = (b->cap ? b->cap * 2 : 256) + n;
-    uint8_t *d = realloc(b->data, cap);
-    if (!d) {
-      b->oom = 1;
-      return;
-    }
-    b->data = d;
-    b->cap = cap;
-  }
-  memcpy(b->data + b->len, src, n);
-  b->len += n;
-}
-
-static void pb_varint(pb_buf *b, uint64_t v) {
+static void pb_varint(td_buf *b, uint64_t v) {
   uint8_t out[10];
   size_t n = 0;
   while (v >= 0x80) {
@@ -101,33 +81,34 @@ static void pb_varint(pb_buf *b, uint64_t v) {
     v >>= 7;
   }
   out[n++] = (uint8_t)v;
-  pb_put(b, out, n);
+  td_buf_append(b, out, n);
 }
 
-static void pb_key(pb_buf *b, unsigned field, unsigned type) { pb_varint(b, (uint64_t)field << 3 | type); }
+static void pb_key(td_buf *b, unsigned field, unsigned type) { pb_varint(b, (uint64_t)field << 3 | type); }
 /* proto3 leaves out a singular field that holds its default (0, +0.0):
  * doing the same keeps our bytes those of any proto3 serializer. */
-static void pb_double(pb_buf *b, unsigned field, double v) {
+static void pb_double(td_buf *b, unsigned field, double v) {
   uint64_t bits;
   memcpy(&bits, &v, 8);
   if (bits == 0) return;
   pb_key(b, field, 1);
-  pb_put(b, &v, 8);
+  td_buf_append(b, &v, 8);
 }
-static void pb_float(pb_buf *b, unsigned field, float v) {
+static void pb_float(td_buf *b, unsigned field, float v) {
   pb_key(b, field, 5);
-  pb_put(b, &v, 4);
+  td_buf_append(b, &v, 4);
 }
-static void pb_bytes(pb_buf *b, unsigned field, const void *data, size_t n) {
+static void pb_bytes(td_buf *b, unsigned field, const void *data, size_t n) {
   pb_key(b, field, 2);
   pb_varint(b, n);
-  pb_put(b, data, n);
+  td_buf_append(b, data, n);
 }
 
-/* Event{wall_time, step, summary = <summary bytes>} or, with summary NULL,
- * the file_version record; framed as a TFRecord and written. */
-static td_status write_event(td_tensorboard *tb, long step, const pb_buf *summary, const char *file_version) {
-  pb_buf ev = {0};
+/* Event{wall_time, step, <what_field> = what (what_len bytes)}: field 3 the
+ * file_version string, 5 a Summary, 7 a SessionLog; framed as a TFRecord
+ * and written. */
+static td_status write_event(td_tensorboard *tb, long step, unsigned what_field, const void *what, size_t what_len) {
+  td_buf ev = {0};
   struct timespec now;
   clock_gettime(CLOCK_REALTIME, &now);
   pb_double(&ev, 1, (double)now.tv_sec + now.tv_nsec * 1e-9);
@@ -135,10 +116,9 @@ static td_status write_event(td_tensorboard *tb, long step, const pb_buf *summar
     pb_key(&ev, 2, 0);
     pb_varint(&ev, (uint64_t)(int64_t)step); /* int64: negative numbers take 10 bytes */
   }
-  if (file_version) pb_bytes(&ev, 3, file_version, strlen(file_version));
-  if (summary) pb_bytes(&ev, 5, summary->data, summary->len);
+  pb_bytes(&ev, what_field, what, what_len);
   td_status st = TD_OK;
-  if (ev.oom) {
+  if (ev.failed) {
     st = td_error(TD_ERR_SYSTEM, "tensorboard: out of memory");
   } else {
     uint8_t head[12];
@@ -146,12 +126,12 @@ static td_status write_event(td_tensorboard *tb, long step, const pb_buf *summar
     memcpy(head, &len, 8);
     uint32_t crc = masked_crc32c(head, 8);
     memcpy(head + 8, &crc, 4);
-    uint32_t data_crc = masked_crc32c(ev.data, ev.len);
+    uint32_t data_crc = masked_crc32c((const uint8_t *)ev.data, ev.len);
     if (fwrite(head, 1, 12, tb->file) != 12 || fwrite(ev.data, 1, ev.len, tb->file) != ev.len ||
         fwrite(&data_crc, 1, 4, tb->file) != 4 || fflush(tb->file) != 0)
       st = td_error_errno("tensorboard: cannot write %s", tb->path);
   }
-  free(ev.data);
+  td_buf_free(&ev);
   if (st != TD_OK && tb->error == TD_OK) tb->error = st;
   return st;
 }
@@ -172,7 +152,8 @@ td_status td_tensorboard_open(const char *dir, td_tensorboard **out) {
     free(tb);
     return st;
   }
-  td_status st = write_event(tb, 0, NULL, "brain.Event:2");
+  static const char version[] = "brain.Event:2";
+  td_status st = write_event(tb, 0, 3, version, sizeof version - 1);
   if (st != TD_OK) {
     fclose(tb->file);
     free(tb);
@@ -185,24 +166,30 @@ td_status td_tensorboard_open(const char *dir, td_tensorboard **out) {
 const char *td_tensorboard_path(const td_tensorboard *tb) { return tb ? tb->path : NULL; }
 
 /* Summary.Value{tag, simple_value} appended to a Summary under construction. */
-static void summary_scalar(pb_buf *summary, const char *tag, double value) {
-  pb_buf v = {0};
+static void summary_scalar(td_buf *summary, const char *tag, double value) {
+  td_buf v = {0};
   pb_bytes(&v, 1, tag, strlen(tag));
   pb_float(&v, 2, (float)value); /* simple_value is a float in summary.proto */
-  if (v.oom) summary->oom = 1;
+  if (v.failed) summary->failed = 1;
   else pb_bytes(summary, 1, v.data, v.len);
-  free(v.data);
+  td_buf_free(&v);
 }
 
 td_status td_tensorboard_scalars(td_tensorboard *tb, long step, int n_values, const char *const *tags,
                                  const double *values) {
   if (!tb) return TD_OK;
-  pb_buf summary = {0};
+  td_buf summary = {0};
   for (int i = 0; i < n_values; i++) summary_scalar(&summary, tags[i], values[i]);
-  td_status st = summary.oom ? td_error(TD_ERR_SYSTEM, "tensorboard: out of memory")
-                             : write_event(tb, step, &summary, NULL);
-  free(summary.data);
+  td_status st = summary.failed ? td_error(TD_ERR_SYSTEM, "tensorboard: out of memory")
+                                : write_event(tb, step, 5, summary.data, summary.len);
+  td_buf_free(&summary);
   return st;
+}
+
+td_status td_tensorboard_session_start(td_tensorboard *tb, long step) {
+  if (!tb) return TD_OK;
+  static const uint8_t start[] = {1 << 3 | 0, 1}; /* SessionLog{status = START} */
+  return write_event(tb, step, 7, start, sizeof start);
 }
 
 /* TB_HISTOGRAM_BUCKETS equal buckets over [min, max]; bucket i counts the
@@ -238,7 +225,7 @@ td_status td_tensorboard_histogram(td_tensorboard *tb, const char *tag, long ste
     while (b < n_buckets - 1 && v > limits[b]) b++;
     counts[b]++;
   }
-  pb_buf histo = {0}, value = {0}, summary = {0};
+  td_buf histo = {0}, value = {0}, summary = {0};
   pb_double(&histo, 1, lo);
   pb_double(&histo, 2, hi);
   pb_double(&histo, 3, num);
@@ -246,18 +233,19 @@ td_status td_tensorboard_histogram(td_tensorboard *tb, const char *tag, long ste
   pb_double(&histo, 5, sum_sq);
   pb_key(&histo, 6, 2);
   pb_varint(&histo, (uint64_t)n_buckets * 8);
-  pb_put(&histo, limits, (size_t)n_buckets * 8);
+  td_buf_append(&histo, limits, (size_t)n_buckets * 8);
   pb_key(&histo, 7, 2);
   pb_varint(&histo, (uint64_t)n_buckets * 8);
-  pb_put(&histo, counts, (size_t)n_buckets * 8);
+  td_buf_append(&histo, counts, (size_t)n_buckets * 8);
   pb_bytes(&value, 1, tag, strlen(tag));
   pb_bytes(&value, 5, histo.data, histo.len);
   pb_bytes(&summary, 1, value.data, value.len);
-  td_status st = histo.oom || value.oom || summary.oom ? td_error(TD_ERR_SYSTEM, "tensorboard: out of memory")
-                                                       : write_event(tb, step, &summary, NULL);
-  free(histo.data);
-  free(value.data);
-  free(summary.data);
+  td_status st = histo.failed || value.failed || summary.failed
+                     ? td_error(TD_ERR_SYSTEM, "tensorboard: out of memory")
+                     : write_event(tb, step, 5, summary.data, summary.len);
+  td_buf_free(&histo);
+  td_buf_free(&value);
+  td_buf_free(&summary);
   return st;
 }
 

@@ -85,7 +85,6 @@ static td_status pipeline_parallel_check(td_train_config *cfg) {
     what = "elastic training or deterministic reduction";
   else if (cfg->device[0] && strcmp(cfg->device, "cpu") != 0) what = "a device other than the CPU";
   else if (cfg->precision.compute == TD_F16) what = "fp16 (use bf16 or fp32)";
-  else if (cfg->tensor_parallel > 1) what = "tensor parallelism (tensor_model_parallel_size > 1)";
   if (what)
     return td_error(TD_ERR_INVALID_ARGUMENT,
                     "pipeline_model_parallel_size %d with %s is not built yet: drop one of them "
@@ -113,7 +112,6 @@ static td_status tensor_parallel_check(td_train_config *cfg) {
   else if (cfg->elasticity.enabled) what = "elastic training";
   else if (cfg->device[0] && strcmp(cfg->device, "cpu") != 0) what = "a device other than the CPU";
   else if (cfg->precision.compute != TD_F32) what = "bf16/fp16 mixed precision";
-  else if (cfg->activation_checkpointing) what = "activation checkpointing";
   if (what)
     return td_error(TD_ERR_INVALID_ARGUMENT,
                     "tensor_model_parallel_size %d with %s is not built yet: drop one of them "

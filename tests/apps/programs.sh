@@ -3,7 +3,7 @@
 # each finishes in seconds (also under ASan). Usage:
 #   tests/apps/programs.sh CASE BUILD_TREE
 # CASE: gpt-summary | gpt-resume | gpt-config-errors | gpt-corrupt-checkpoint |
-#       gpt-keep-last | gpt-world-sizes | fmnist-summary
+#       gpt-keep-last | gpt-world-sizes | fmnist-summary | fmnist-elastic-save
 # Each case checks closed outcomes: exit codes, the summary line's keys,
 # losses equal step by step, error messages that name the problem.
 set -u
@@ -34,6 +34,29 @@ expect_exit() { # expect_exit CODE OUTFILE CMD...
   "$@" >"$out" 2>&1
   local rc=$?
   [ "$rc" = "$want" ] || { cat "$out"; fail "expected exit $want, got $rc from: $*"; }
+}
+
+# A small IDX copy of Fashion-MNIST (512 train, 256 test images) in
+# $work/fm, so that one epoch takes seconds.
+small_fmnist() {
+  src=/usr/share/datasets/fashion-mnist
+  [ -e "$src/train-images-idx3-ubyte.gz" ] || fail "Fashion-MNIST missing: make deps"
+  mkdir -p "$work/fm"
+  idx_images() { # N SRC DST
+    printf '\x00\x00\x08\x03' >"$3"
+    printf "$(printf '\\%03o\\%03o\\%03o\\%03o' 0 0 $(($1 / 256)) $(($1 % 256)))" >>"$3"
+    printf '\x00\x00\x00\x1c\x00\x00\x00\x1c' >>"$3"
+    zcat "$2" | tail -c +17 | head -c $(($1 * 784)) >>"$3"
+  }
+  idx_labels() {
+    printf '\x00\x00\x08\x01' >"$3"
+    printf "$(printf '\\%03o\\%03o\\%03o\\%03o' 0 0 $(($1 / 256)) $(($1 % 256)))" >>"$3"
+    zcat "$2" | tail -c +9 | head -c "$1" >>"$3"
+  }
+  idx_images 512 "$src/train-images-idx3-ubyte.gz" "$work/fm/train-images-idx3-ubyte"
+  idx_labels 512 "$src/train-labels-idx1-ubyte.gz" "$work/fm/train-labels-idx1-ubyte"
+  idx_images 256 "$src/t10k-images-idx3-ubyte.gz" "$work/fm/t10k-images-idx3-ubyte"
+  idx_labels 256 "$src/t10k-labels-idx1-ubyte.gz" "$work/fm/t10k-labels-idx1-ubyte"
 }
 
 case "$case_name" in
@@ -161,25 +184,7 @@ gpt-world-sizes)
   ;;
 
 fmnist-summary)
-  # A small IDX copy (512 train, 256 test images) so that one epoch takes seconds.
-  src=/usr/share/datasets/fashion-mnist
-  [ -e "$src/train-images-idx3-ubyte.gz" ] || fail "Fashion-MNIST missing: make deps"
-  mkdir -p "$work/fm"
-  idx_images() { # N SRC DST
-    printf '\x00\x00\x08\x03' >"$3"
-    printf "$(printf '\\%03o\\%03o\\%03o\\%03o' 0 0 $(($1 / 256)) $(($1 % 256)))" >>"$3"
-    printf '\x00\x00\x00\x1c\x00\x00\x00\x1c' >>"$3"
-    zcat "$2" | tail -c +17 | head -c $(($1 * 784)) >>"$3"
-  }
-  idx_labels() {
-    printf '\x00\x00\x08\x01' >"$3"
-    printf "$(printf '\\%03o\\%03o\\%03o\\%03o' 0 0 $(($1 / 256)) $(($1 % 256)))" >>"$3"
-    zcat "$2" | tail -c +9 | head -c "$1" >>"$3"
-  }
-  idx_images 512 "$src/train-images-idx3-ubyte.gz" "$work/fm/train-images-idx3-ubyte"
-  idx_labels 512 "$src/train-labels-idx1-ubyte.gz" "$work/fm/train-labels-idx1-ubyte"
-  idx_images 256 "$src/t10k-images-idx3-ubyte.gz" "$work/fm/t10k-images-idx3-ubyte"
-  idx_labels 256 "$src/t10k-labels-idx1-ubyte.gz" "$work/fm/t10k-labels-idx1-ubyte"
+  small_fmnist
   "$RUN" -np 2 "$FMNIST" --data "$work/fm" --epochs 2 --micro-batch 16 --threads 1 --metrics "$work/m.jsonl" \
     >"$work/out" 2>"$work/err" || { cat "$work/out" "$work/err"; fail "2-rank run failed"; }
   cat "$work/out"
@@ -191,6 +196,53 @@ fmnist-summary)
   [ "$(grep -c '"event":"eval"' "$work/m.jsonl")" = 2 ] || fail "expected one eval record per epoch"
   ;;
 
+fmnist-elastic-save)
+  # train-fmnist --elastic with --save/--resume/--metrics (app_elastic.h, as
+  # train-gpt): 2 epochs of 16 steps at world 2, checkpointed after each
+  # epoch; the whole job stopped after step 20 (every process stops itself
+  # there, TANDEM_TEST_STOP_AT, then all are killed) and resumed from step
+  # 16 at world 1. Its final loss and parameters equal an uninterrupted
+  # run's bit for bit (deterministic reduction); the metrics file holds
+  # every step, the last record of each with the uninterrupted run's loss.
+  small_fmnist
+  args="--data $work/fm --epochs 2 --micro-batch 16 --threads 1"
+  exact() { sed -n 's/.*elastic final_loss_exact=\([^ ]*\) params_hash=\([^ ]*\).*/\1 \2/p' "$1"; }
+  "$RUN" --min-np 1 --max-np 2 -np 2 "$FMNIST" $args --metrics "$work/ref.jsonl" >"$work/ref" 2>&1 ||
+    { cat "$work/ref"; fail "uninterrupted run failed"; }
+  [ -n "$(exact "$work/ref")" ] || { cat "$work/ref"; fail "no exact line"; }
+  TANDEM_TEST_STOP_AT=1:20 setsid "$RUN" --min-np 1 --max-np 2 -np 2 "$FMNIST" $args --save "$work/ck" \
+    --metrics "$work/m.jsonl" >"$work/a" 2>&1 &
+  tr=$!
+  stopped=0
+  for _ in $(seq 600); do # every process stopped itself after step 20 (state T)
+    kids=$(pgrep -P $tr)
+    n=0
+    for k in $kids; do [ "$(awk '{print $3}' /proc/$k/stat 2>/dev/null)" = T ] && n=$((n + 1)); done
+    [ "$n" = 2 ] && { stopped=1; break; }
+    sleep 0.1
+  done
+  [ $stopped = 1 ] || { kill -9 $tr $(pgrep -P $tr); cat "$work/a"; fail "the processes did not stop at step 20"; }
+  kill -STOP $tr; kill -9 $tr $kids; wait $tr 2>/dev/null
+  grep -q "step 20 loss" "$work/a" || fail "no step 20 before the kill"
+  "$RUN" --min-np 1 --max-np 2 -np 1 "$FMNIST" $args --save "$work/ck" --metrics "$work/m.jsonl" --resume "$work/ck" \
+    >"$work/b" 2>&1 || { cat "$work/b"; fail "the resumed run failed"; }
+  grep -q "resumed from the disk checkpoint in $work/ck at step 16 (world 1)" "$work/b" || { cat "$work/b"; fail "not resumed at step 16"; }
+  [ "$(exact "$work/b")" = "$(exact "$work/ref")" ] || fail "resumed $(exact "$work/b") != uninterrupted $(exact "$work/ref")"
+  grep -q '"samples_per_s"' "$work/m.jsonl" || fail "the metrics file's throughput is not in samples"
+  python3 - "$work/ref.jsonl" "$work/m.jsonl" <<'EOP' || fail "metrics file differs"
+import json, sys
+def last(path):
+    out = {}
+    for line in open(path):
+        r = json.loads(line)
+        if "event" not in r: out[r["step"]] = r["loss"]
+    return out
+ref, got = last(sys.argv[1]), last(sys.argv[2])
+assert sorted(got) == list(range(1, 33)) and got == ref, (sorted(got), [s for s in ref if ref[s] != got.get(s)])
+print("metrics: steps 1..32, last record of each equal to the uninterrupted run's loss")
+EOP
+  echo "killed at step 20, resumed at world 1 from step 16: $(exact "$work/b")"
+  ;;
 *)
   fail "unknown case"
   ;;

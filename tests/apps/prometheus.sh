@@ -10,7 +10,17 @@
 # job:         3 ranks under tandemrun --prometheus-port: prometheus scrapes
 #              the one job endpoint and sees every rank's series (rank label),
 #              tandem_job_rank_up 1 for each, a (step, loss) pair of rank 1
-#              equal to the metrics file; bad tandemrun values refused.
+#              equal to the metrics file; rank 2 stopped (SIGSTOP) for a few
+#              seconds: the job endpoint still answers within Prometheus'
+#              1 s scrape timeout (up 1) with tandem_job_rank_up{rank="2"} 0;
+#              bad tandemrun values refused.
+# elastic:     tandemrun --min-np 2 --max-np 3 -np 3 --max-restarts 1
+#              --prometheus-port: prometheus scrapes the job endpoint; process
+#              1 killed (kill -9) and replaced by process 3 (port P+1+3): the
+#              job endpoint follows (process 1's series end, process 3's
+#              appear), every process reports epoch 2 at world 3 with its new
+#              rank, the survivors one fault, the launcher one SIGKILL
+#              failure, 3 initial starts and 1 replacement, 3 running.
 # port-in-use: the metrics port already taken: a warning naming the port, and
 #              training finishes with exit 0.
 # Everything started here is stopped on exit, also on failure; each wait is
@@ -37,7 +47,7 @@ fail() {
   exit 1
 }
 
-# A base port whose next 5 ports nobody listens on (ss lists the listeners).
+# A base port whose next 10 ports nobody listens on (ss lists the listeners).
 # Below the kernel's ephemeral range (ip_local_port_range starts at 32768), so
 # an outgoing connection cannot take one of them between this check and the
 # bind.
@@ -46,7 +56,7 @@ free_base() {
   for _ in $(seq 50); do
     base=$((20000 + RANDOM % 12000))
     taken=0
-    for i in 0 1 2 3 4; do
+    for i in 0 1 2 3 4 5 6 7 8 9; do
       ss -Hatn "sport = :$((base + i))" | grep -q . && taken=1
     done
     [ $taken = 0 ] && { echo $base; return; }
@@ -109,6 +119,35 @@ job)
   [ "$(count 'tandem_step_phase_seconds{phase="comm_wait"}')" = 3 ] || fail "phases not per rank"
   # rank 1's step and loss from one scrape of the job endpoint against the file
   query '{__name__=~"tandem_step|tandem_loss",rank="1"}' >"$work/pair.json" || fail "query of step and loss"
+  # A stopped rank: its endpoint accepts (the kernel) but never answers. The
+  # ranks are fetched at once, within Prometheus' announced 1 s scrape
+  # timeout, so the job endpoint still answers in time (fetched one after
+  # the other with 2 s each, the whole scrape failed: up 0).
+  stopped=$(ss -Hltnp "sport = :$((base + 3))" | sed -n 's/.*pid=\([0-9]*\).*/\1/p' | head -1)
+  [ -n "$stopped" ] || fail "no process listens on rank 2's port $((base + 3))"
+  kill -STOP "$stopped"
+  seen=0
+  for _ in $(seq 30); do
+    if [ "$(count "tandem_job_rank_up{rank=\"2\"} == 0")" = 1 ]; then seen=1; break; fi
+    sleep 0.5
+  done
+  # the scrapes while it was stopped, over the last 5 s
+  query 'max_over_time(tandem_job_scrape_seconds[5s])' >"$work/scrape_s.json"
+  query 'min_over_time(up{job="tandem"}[5s])' >"$work/up.json"
+  kill -CONT "$stopped"
+  [ $seen = 1 ] || fail "prometheus never saw rank 2 down while it was stopped"
+  python3 - "$work/scrape_s.json" "$work/up.json" <<'EOP' || fail "the job endpoint missed Prometheus' scrape timeout with a stopped rank"
+import json, sys
+took = float(json.load(open(sys.argv[1]))["data"]["result"][0]["value"][1])
+up = float(json.load(open(sys.argv[2]))["data"]["result"][0]["value"][1])
+assert up == 1 and 0.5 < took < 1.0, (up, took)
+print(f"rank 2 stopped: job endpoint up, slowest scrape {took:.3f} s (bound 0.75 s of the 1 s timeout)")
+EOP
+  for _ in $(seq 30); do
+    [ "$(count 'tandem_job_rank_up == 1')" = 3 ] && break
+    sleep 0.5
+  done
+  [ "$(count 'tandem_job_rank_up == 1')" = 3 ] || fail "rank 2 not back after SIGCONT"
   kill -TERM $train
   for _ in $(seq 20); do kill -0 $train 2>/dev/null || break; sleep 0.5; done
   python3 - "$work/pair.json" "$work/m.jsonl" <<'EOP' || fail "scraped loss differs from the metrics file"
@@ -123,9 +162,58 @@ EOP
   # bad values are usage errors that say what to do
   "$RUN" -np 2 --prometheus-port 65534 true >"$work/bad.log" 2>&1
   [ $? = 2 ] && grep -q "pass 65535; choose a lower port" "$work/bad.log" || fail "port past the range accepted"
-  "$RUN" --min-np 1 --max-np 2 -np 2 --prometheus-port "$base" true >"$work/bad2.log" 2>&1
-  [ $? = 2 ] && grep -q "not supported in elastic mode" "$work/bad2.log" || fail "elastic accepted"
+  "$RUN" --min-np 1 --max-np 2 -np 2 --max-restarts 1 --prometheus-port 65533 true >"$work/bad2.log" 2>&1
+  [ $? = 2 ] && grep -q "processes (-np + --max-restarts)' ports 65534..65536 pass 65535" "$work/bad2.log" ||
+    { cat "$work/bad2.log"; fail "elastic: replacements' ports past the range accepted"; }
   echo "prometheus scraped 3 ranks through tandemrun's one endpoint"
+  ;;
+elastic)
+  command -v prometheus >/dev/null || { echo "SKIP: Debian's prometheus is not installed (scripts/install-deps)"; exit 0; }
+  base=$(free_base)
+  [ "$base" != 0 ] || fail "no free ports"
+  start_prometheus $((base + 9)) "'127.0.0.1:$base'"
+  setsid "$RUN" --min-np 2 --max-np 3 -np 3 --max-restarts 1 --prometheus-port "$base" "$GPT" $TINY --steps 1000000 \
+    --micro-batch 2 --sample 0 >"$work/train.log" 2>&1 &
+  train=$!
+  pids+=($train)
+  waitq() { # EXPR N WHAT: up to 60 s until EXPR has N results
+    for _ in $(seq 120); do [ "$(count "$1")" = "$2" ] && return 0; sleep 0.5; done
+    query "$1"; fail "$3"
+  }
+  waitq 'tandem_step > 2' 3 "prometheus did not see 3 processes past step 2"
+  waitq 'tandem_job_processes_running == 3' 1 "no tandem_job_processes_running 3"
+  [ "$(count 'tandem_elastic_epoch{rank="1",process="1"} == 1')" = 1 ] || fail "process 1 is not rank 1 in epoch 1"
+  victim=$(sed -n 's/.*elastic process 1 (pid \([0-9]*\)).*/\1/p' "$work/train.log")
+  [ -n "$victim" ] || fail "no pid of process 1"
+  kill -9 "$victim"
+  waitq 'tandem_elastic_epoch == 2' 3 "not 3 processes in epoch 2"
+  waitq 'tandem_step{process="3"} > 0' 1 "the replacement (process 3) never reported a step"
+  grep -q "process 3 serves metrics on http://127.0.0.1:$((base + 4))/metrics" "$work/train.log" ||
+    fail "process 3 not on port base + 1 + 3"
+  # the job endpoint follows the membership: process 1 is gone from it
+  waitq 'tandem_job_rank_up{process="1"}' 0 "process 1 still a target"
+  waitq 'tandem_job_rank_up == 1' 3 "not 3 targets up"
+  # every process renumbered: ranks 0..2 of world 3, labelled with their launch numbers
+  for pr in '0 0' '1 2' '2 3'; do
+    set -- $pr
+    [ "$(count "tandem_world_size{rank=\"$1\",process=\"$2\"} == 3")" = 1 ] || { query tandem_world_size; fail "rank $1 is not process $2 at world 3"; }
+  done
+  # the survivors saw one fault, the replacement none (it joined); no disk restore
+  [ "$(count 'tandem_elastic_membership_changes_total{cause="fault"} == 1')" = 2 ] || { query tandem_elastic_membership_changes_total; fail "fault counts"; }
+  [ "$(count 'tandem_elastic_membership_changes_total{process="3",cause="fault"} == 0')" = 1 ] || fail "process 3's faults"
+  [ "$(count 'tandem_elastic_disk_restores_total == 0')" = 3 ] || fail "disk restores"
+  # the launcher's series
+  [ "$(count 'tandem_job_process_failures_total{kind="SIGKILL"} == 1')" = 1 ] || { query tandem_job_process_failures_total; fail "no SIGKILL failure"; }
+  [ "$(count 'tandem_job_process_starts_total{reason="initial"} == 3')" = 1 ] || fail "initial starts"
+  [ "$(count 'tandem_job_process_starts_total{reason="replacement"} == 1')" = 1 ] || fail "replacement starts"
+  waitq 'tandem_job_processes_running == 3' 1 "not 3 running after the replacement"
+  # the rest of the series per process, as without --elastic
+  for s in tandem_loss tandem_tokens_total tandem_collective_calls_total tandem_step_phase_seconds; do
+    [ "$(count "count by (process) ($s)")" = 3 ] || { query "$s"; fail "series $s: not 3 processes"; }
+  done
+  kill -TERM $train
+  for _ in $(seq 20); do kill -0 $train 2>/dev/null || break; sleep 0.5; done
+  echo "prometheus followed the elastic job through a fault and a replacement"
   ;;
 scrape)
   command -v prometheus >/dev/null || { echo "SKIP: Debian's prometheus is not installed (scripts/install-deps)"; exit 0; }

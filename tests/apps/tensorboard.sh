@@ -9,6 +9,13 @@
 #         norm histograms consistent with the per-layer scalars and the
 #         gradient norms adding up to the engine's global norm.
 # zero2:  at ZeRO stage 2 the gradient is sharded: parameter norms only.
+# elastic: an elastic job (3 processes, --save-every 10) loses rank 0's
+#         process (kill -9), goes on at world 2 with a new rank 0, is then
+#         killed whole past a checkpoint and resumed (--resume) at world 2:
+#         three event files; each later rank 0 starts with a SessionLog
+#         START at the step it trains first, so that TensorBoard's purge of
+#         orphaned steps leaves every step once, with the metrics file's
+#         loss (tensorboard/elastic.py replays the files as TensorBoard does).
 # errors: a directory that cannot be created fails with a message naming it.
 set -u
 case_name=$1
@@ -50,6 +57,34 @@ gpt)
 zero2)
   need_decoder
   check_run 0 --steps 3 --zero-stage 2
+  ;;
+elastic)
+  need_decoder
+  model="--layers 2 --channels 64 --heads 2 --seq 64 --threads 1 --sample 0 --micro-batch 2 --steps 200"
+  el="--min-np 2 --max-np 3 --max-restarts 0"
+  files="--metrics $work/m.jsonl --tensorboard $work/tb --save $work/ck --save-every 10"
+  wait_line() { # FILE PATTERN: up to 60 s
+    for _ in $(seq 1200); do grep -q -- "$2" "$1" && return 0; sleep 0.05; done
+    cat "$1"; fail "'$2' did not appear"
+  }
+  setsid "$RUN" $el -np 3 "$GPT" $model $files >"$work/out1" 2>&1 &
+  tr=$!
+  wait_line "$work/out1" "step 15 loss"
+  # rank 0's process killed while the others are frozen (the fault lands where the script saw it)
+  pids=$(sed -n 's/.*elastic process [0-9]* (pid \([0-9]*\)).*/\1/p' "$work/out1")
+  victim=$(sed -n 's/.*elastic process 0 (pid \([0-9]*\)).*/\1/p' "$work/out1")
+  kill -STOP $pids; kill -9 "$victim"; kill -CONT $(echo "$pids" | grep -vx "$victim")
+  wait_line "$work/out1" "elastic epoch 2:"
+  from=$(sed -n 's/.*elastic epoch 2: .* from step \([0-9]*\).*/\1/p' "$work/out1")
+  wait_line "$work/out1" "step $(( (from / 10 + 2) * 10 + 4 )) loss"
+  # the whole job (tandemrun first, so that it starts nothing) killed 4+ steps past a checkpoint
+  kill -STOP $tr; kids=$(pgrep -P $tr); kill -9 $tr $kids; wait $tr 2>/dev/null
+  "$RUN" $el -np 2 "$GPT" $model $files --resume "$work/ck" >"$work/out2" 2>&1 || { cat "$work/out2"; fail "the resumed job failed"; }
+  resumed=$(sed -n 's/.*resumed from the disk checkpoint in .* at step \([0-9]*\) .*/\1/p' "$work/out2" | head -1)
+  [ -n "$resumed" ] || { cat "$work/out2"; fail "no resume line"; }
+  grep -q "final_loss=" "$work/out2" || fail "no summary line"
+  $PY "$here/tensorboard/elastic.py" "$work/tb" "$work" "$work/m.jsonl" "$((from + 1)),$((resumed + 1))" ||
+    { ls -l "$work/tb"; fail "the event files do not replay to one loss per step"; }
   ;;
 errors)
   "$GPT" $TINY --steps 1 --sample 0 --tensorboard /nonexistent-dir/tb >"$work/out" 2>&1

@@ -3,12 +3,17 @@
  * spelled as Prometheus parses them), and the HTTP side answers GET /metrics
  * with it over a real loopback socket, 404 for other paths, 405 for other
  * methods, 431 for a request over 4 KiB, nothing (connection closed) for a
- * request that never completes; a port in use is an error naming the port.
+ * request that never completes; a port in use is an error naming the port;
+ * td_prom_clear empties the table.
  * The requests are written by hand here, not by the library.
  * prometheus_job.c: the job endpoint over three real rank endpoints, a
- * closed port and a listener that never answers gives the ranks' families
+ * closed port and two listeners that never answer gives the ranks' families
  * merged (HELP/TYPE once, samples in rank order), the silent ranks as
- * tandem_job_rank_up 0, the same over HTTP; bad targets are refused. */
+ * tandem_job_rank_up 0, then its own table; the two silent ranks cost one
+ * 2 s bound together (fetched at once), and less when the request announces
+ * a shorter Prometheus scrape timeout; the same over HTTP; new targets with
+ * process labels (an elastic job) replace the old ones, none at all too;
+ * bad targets are refused. */
 #include "base/base.h"
 #include "../common/check.h"
 #include "tandem/obs.h"
@@ -99,6 +104,19 @@ static void test_render(void) {
   for (const char *c = text; (c = strstr(c, "tandem_many{")) != NULL; c++) n_many++;
   CHECK_EQ_INT(n_many, 256 - 5); /* 5 series existed already */
   CHECK(strstr(text, "tandem_loss{rank=\"0\"} 2.5\n") != NULL);
+  free(text);
+  /* cleared (an elastic process renumbered): nothing, then room for new series */
+  td_prom_clear(p);
+  td_prom_clear(NULL);
+  text = td_prom_render(p, &len);
+  CHECK(text && len == 0 && text[0] == 0);
+  free(text);
+  td_prom_set(p, "tandem_loss", "gauge", "mean loss", "rank=\"2\"", 1.5);
+  td_prom_add(p, "tandem_tokens_total", "tokens", "rank=\"2\"", 64);
+  text = td_prom_render(p, &len);
+  CHECK(!strcmp(text, "# HELP tandem_loss mean loss\n# TYPE tandem_loss gauge\ntandem_loss{rank=\"2\"} 1.5\n"
+                      "# HELP tandem_tokens_total tokens\n# TYPE tandem_tokens_total counter\n"
+                      "tandem_tokens_total{rank=\"2\"} 64\n"));
   free(text);
   td_prom_stop(p);
   td_prom_stop(NULL);
@@ -195,24 +213,29 @@ static const char *job_expected =
     "# HELP tandem_job_rank_up 1: the rank's endpoint answered this scrape of the job endpoint, 0: it did not\n"
     "# TYPE tandem_job_rank_up gauge\n"
     "tandem_job_rank_up{rank=\"0\"} 1\ntandem_job_rank_up{rank=\"1\"} 1\ntandem_job_rank_up{rank=\"2\"} 1\n"
-    "tandem_job_rank_up{rank=\"3\"} 0\ntandem_job_rank_up{rank=\"4\"} 0\n"
+    "tandem_job_rank_up{rank=\"3\"} 0\ntandem_job_rank_up{rank=\"4\"} 0\ntandem_job_rank_up{rank=\"5\"} 0\n"
     "# HELP tandem_job_scrape_seconds time this scrape of the job endpoint took to fetch the ranks\n"
     "# TYPE tandem_job_scrape_seconds gauge\ntandem_job_scrape_seconds ";
 
-/* The merged text up to the scrape time, and that time (a silent rank costs
- * its 2 s timeout). */
-static void check_job_text(const char *text) {
+static const char *job_own = "# HELP tandem_job_processes_running the launcher's\n"
+                             "# TYPE tandem_job_processes_running gauge\ntandem_job_processes_running 6\n";
+
+/* The merged text up to the scrape time, that time (the two silent ranks
+ * cost the 2 s bound once, fetched at once: one after the other they took
+ * 4 s), then the endpoint's own table. */
+static void check_job_text(const char *text, double min_s, double max_s) {
   size_t n = strlen(job_expected);
   if (strncmp(text, job_expected, n) != 0) td_test_fail(__FILE__, __LINE__, "job endpoint text:\n%s", text);
   double took = atof(text + n);
-  CHECK(took >= 1.9 && took < 8);
-  CHECK(strchr(text + n, '\n') && strchr(text + n, '\n')[1] == 0);
+  if (!(took >= min_s && took < max_s)) td_test_fail(__FILE__, __LINE__, "scrape took %g s, not in [%g, %g)", took, min_s, max_s);
+  const char *own = strchr(text + n, '\n');
+  CHECK(own && !strcmp(own + 1, job_own));
 }
 
 static void test_job(void) {
   td_prom *ranks[3];
-  char targets_text[5][64];
-  const char *targets[5];
+  char targets_text[6][64];
+  const char *targets[6];
   for (int r = 0; r < 3; r++) {
     CHECK_OK(td_prom_start(NULL, 0, &ranks[r]));
     char l[64];
@@ -225,8 +248,9 @@ static void test_job(void) {
     if (r == 1) td_prom_set(ranks[r], "tandem_offload_read_bytes", "gauge", "offload reads", "rank=\"1\"", 4096);
     snprintf(targets_text[r], sizeof targets_text[r], "127.0.0.1:%d", td_prom_port(ranks[r]));
   }
-  /* rank 3: a closed port (refused); rank 4: a listener that never answers */
+  /* rank 3: a closed port (refused); ranks 4 and 5: listeners that never answer */
   int closed = socket(AF_INET, SOCK_STREAM, 0), silent = socket(AF_INET, SOCK_STREAM, 0);
+  int silent2 = socket(AF_INET, SOCK_STREAM, 0);
   struct sockaddr_in sa = {.sin_family = AF_INET};
   sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   socklen_t sl = sizeof sa;
@@ -239,23 +263,52 @@ static void test_job(void) {
   sl = sizeof sa;
   CHECK(getsockname(silent, (struct sockaddr *)&sa, &sl) == 0);
   snprintf(targets_text[4], sizeof targets_text[4], "[127.0.0.1]:%d", ntohs(sa.sin_port));
-  for (int r = 0; r < 5; r++) targets[r] = targets_text[r];
+  sa.sin_port = 0;
+  CHECK(bind(silent2, (struct sockaddr *)&sa, sizeof sa) == 0 && listen(silent2, 4) == 0);
+  sl = sizeof sa;
+  CHECK(getsockname(silent2, (struct sockaddr *)&sa, &sl) == 0);
+  snprintf(targets_text[5], sizeof targets_text[5], "127.0.0.1:%d", ntohs(sa.sin_port));
+  for (int r = 0; r < 6; r++) targets[r] = targets_text[r];
 
   td_prom *job = NULL;
-  CHECK_OK(td_prom_job_start(NULL, 0, targets, 5, &job));
-  td_prom_set(job, "tandem_ignored", "gauge", "", NULL, 1); /* no table of its own */
+  CHECK_OK(td_prom_job_start(NULL, 0, targets, 6, &job));
+  td_prom_set(job, "tandem_job_processes_running", "gauge", "the launcher's", NULL, 6); /* its own table */
   size_t len = 0;
   char *text = td_prom_render(job, &len);
   CHECK(text && len == strlen(text));
-  check_job_text(text);
+  check_job_text(text, 1.9, 3.5);
   free(text);
   static const char get[] = "GET /metrics HTTP/1.1\r\n\r\n";
   char *r = http(td_prom_port(job), get, sizeof get - 1);
   CHECK(!strncmp(r, "HTTP/1.1 200 OK\r\n", 17) && strstr(r, "\r\n\r\n"));
-  check_job_text(strstr(r, "\r\n\r\n") + 4);
+  check_job_text(strstr(r, "\r\n\r\n") + 4, 1.9, 3.5);
   free(r);
+  /* Prometheus says its scrape times out after 0.5 s: the fetches stop at
+   * 0.8 x 0.5 - 0.05 = 0.35 s, so that the answer still arrives in time */
+  static const char get_short[] = "GET /metrics HTTP/1.1\r\nX-Prometheus-Scrape-Timeout-Seconds: 0.5\r\n\r\n";
+  r = http(td_prom_port(job), get_short, sizeof get_short - 1);
+  CHECK(strstr(r, "\r\n\r\n"));
+  check_job_text(strstr(r, "\r\n\r\n") + 4, 0.33, 0.5);
+  free(r);
+
+  /* an elastic job's processes: new targets, labelled by process */
+  const char *now[] = {targets_text[2], targets_text[0]};
+  const char *labels[] = {"process=\"7\"", "process=\"9\""};
+  CHECK_OK(td_prom_job_set_targets(job, now, labels, 2));
+  text = td_prom_render(job, &len);
+  CHECK(text && strstr(text, "tandem_step{rank=\"2\"} 12\ntandem_step{rank=\"0\"} 10\n# HELP"));
+  CHECK(strstr(text, "tandem_job_rank_up{process=\"7\"} 1\ntandem_job_rank_up{process=\"9\"} 1\n# HELP"));
+  CHECK(!strstr(text, "rank=\"1\"") && strstr(text, job_own));
+  free(text);
+  CHECK_OK(td_prom_job_set_targets(job, NULL, NULL, 0));
+  text = td_prom_render(job, &len);
+  CHECK(text && !strstr(text, "tandem_step") && !strstr(text, "tandem_job_rank_up{") && strstr(text, job_own));
+  free(text);
+  CHECK_MSG(td_prom_job_set_targets(job, now, NULL, -1), TD_ERR_INVALID_ARGUMENT, "no rank endpoints");
+  CHECK_MSG(td_prom_job_set_targets(ranks[0], now, NULL, 1), TD_ERR_INVALID_USAGE, "not a job endpoint");
   td_prom_stop(job);
   close(silent);
+  close(silent2);
 
   const char *bad[] = {"127.0.0.1:1", "no-port"};
   CHECK_MSG(td_prom_job_start(NULL, 0, bad, 2, &job), TD_ERR_INVALID_ARGUMENT, "rank 1's endpoint 'no-port'");

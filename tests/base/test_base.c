@@ -1,7 +1,7 @@
 /* Unit tests for src/base: half-precision conversions (exhaustive over all
  * 65536 f16/bf16 bit patterns), reduction kernels for every dtype and op
  * against scalar reference loops, the shard function, size parsing, futex
- * wait timeouts. */
+ * wait timeouts, the growing text buffer (td_buf). */
 #include <pthread.h>
 #include <stdint.h>
 #include <unistd.h>
@@ -498,6 +498,75 @@ static void test_reduce_levels_agree(void) {
          td_cpu_level_name(top));
 }
 
+/* td_buf against a reference built independently: every piece also goes
+ * through snprintf into a fixed array, and the two must agree byte for byte
+ * across many growths (lines longer than the free room, binary bytes, NULs). */
+static void test_text_buf(void) {
+  td_buf b = {0};
+  size_t len = 7;
+  char *empty = td_buf_take(&b, &len); /* nothing appended: "" of length 0 */
+  CHECK(empty != NULL);
+  CHECK_EQ_INT(len, 0);
+  CHECK_EQ_INT(empty[0], 0);
+  free(empty);
+  CHECK(b.data == NULL && b.len == 0 && b.cap == 0);
+
+  enum { REF_CAP = 1 << 16 };
+  char *ref = malloc(REF_CAP);
+  CHECK(ref != NULL);
+  size_t ref_len = 0;
+  char wide[700];
+  memset(wide, 'w', sizeof wide - 1);
+  wide[sizeof wide - 1] = 0;
+  for (int i = 0; i < 300; i++) {
+    if (i % 7 == 3) { /* a line longer than any room left: formats twice */
+      td_buf_printf(&b, "[%d:%s]", i, wide);
+      ref_len += (size_t)snprintf(ref + ref_len, REF_CAP - ref_len, "[%d:%s]", i, wide);
+    } else if (i % 5 == 0) { /* raw bytes, a NUL among them */
+      const char raw[3] = {'x', 0, (char)i};
+      td_buf_append(&b, raw, sizeof raw);
+      memcpy(ref + ref_len, raw, sizeof raw);
+      ref_len += sizeof raw;
+    } else {
+      td_buf_printf(&b, "%d %.3f %s\n", i, i / 8.0, i % 2 ? "odd" : "even");
+      ref_len += (size_t)snprintf(ref + ref_len, REF_CAP - ref_len, "%d %.3f %s\n", i, i / 8.0, i % 2 ? "odd" : "even");
+    }
+    CHECK(!b.failed);
+    CHECK_EQ_INT(b.len, ref_len);
+    CHECK(b.cap > b.len && b.data[b.len] == 0); /* always NUL-terminated */
+  }
+  CHECK(ref_len < REF_CAP);
+  td_buf_append(&b, "", 0); /* nothing: no change */
+  td_buf_printf(&b, "%s", "");
+  CHECK_EQ_INT(b.len, ref_len);
+  char *text = td_buf_take(&b, &len);
+  CHECK(text != NULL);
+  CHECK_EQ_INT(len, ref_len);
+  CHECK(memcmp(text, ref, ref_len) == 0);
+  free(text);
+  free(ref);
+
+  /* Out of memory (here: a size no allocation can hold) is sticky: later
+   * appends do nothing, take frees what there was and gives NULL. */
+  td_buf_printf(&b, "kept until the failure");
+  td_buf_append(&b, "x", SIZE_MAX - 4);
+  CHECK(b.failed);
+  CHECK_EQ_INT(b.len, strlen("kept until the failure"));
+  td_buf_printf(&b, "%d", 12345);
+  td_buf_append(&b, "abc", 3);
+  CHECK_EQ_INT(b.len, strlen("kept until the failure"));
+  len = 99;
+  CHECK(td_buf_take(&b, &len) == NULL);
+  CHECK_EQ_INT(len, 99); /* untouched on failure */
+  CHECK(b.data == NULL && !b.failed);
+  td_buf_printf(&b, "again");
+  CHECK(strcmp(b.data, "again") == 0);
+  td_buf_free(&b);
+  td_buf_free(&b); /* twice, and NULL: both fine */
+  td_buf_free(NULL);
+  printf("text buffer: 300 pieces over many growths equal snprintf's; failure sticky\n");
+}
+
 int main(void) {
   test_half_roundtrip();
   test_reduce_kernels();
@@ -509,6 +578,7 @@ int main(void) {
   test_futex();
   test_cpu_level();
   test_reduce_levels_agree();
+  test_text_buf();
   printf("test_base: ok\n");
   return 0;
 }

@@ -88,8 +88,8 @@ grep -q "elastic process $((np - 1)) (pid .*) is rank $((np - 1)) of $np" "$out"
 [ $rc = 0 ] || fail "tandemrun exited $rc"
 grep -v "step [0-9]* loss" "$out" | tail -12
 if [ "$zero" != 0 ]; then
-  grep -q "epoch 2: rank 0: sharded state of commit [0-9]* rebuilt from memory" "$out" ||
-    fail "the lost host's shards were not rebuilt from their buddies' memory on the other host"
+  grep -q "epoch 2: rank 0: sharded state of commit [0-9]* rebuilt from the replica files" "$out" ||
+    fail "the lost host's shards were not rebuilt from their buddies' replica files on the other host"
   grep -q "falling back to the disk" "$out" && fail "a shard was lost with its host: its buddy was on the same host"
 fi
 lref=$(exact "$tmp/ref")

@@ -5,8 +5,8 @@
 #   zero.sh B kill STAGE   4 ranks at ZeRO stage STAGE; kill -9 of rank 0's
 #                          process at step 20 and of rank 2's 10 steps into
 #                          the next epoch, each replaced: the lost shards
-#                          come from the buddies' memory ("rebuilt from
-#                          memory" in the log, no disk fallback) and every
+#                          come from the buddies' replica files ("rebuilt from
+#                          the replica files" in the log, no disk fallback) and every
 #                          step's loss and the final parameters equal a
 #                          fault-free run's, bit for bit
 #   zero.sh B shrink STAGE 4 -> 3 -> 2 ranks by kill -9 without replacement:
@@ -120,7 +120,7 @@ kill)
   finish 0 "$work/out"
   grep -v "step [0-9]* loss" "$work/out" | grep -E "elastic|killed" | grep -E "rebuilt|disk|killed|epoch [0-9]:" | head -30
   grep -q "elastic epoch 3: world=4" "$work/out" || fail "no third epoch at world 4 (two faults, two replacements)"
-  grep -q "rebuilt from memory" "$work/out" || fail "the log does not say the shards were rebuilt from memory"
+  grep -q "rebuilt from the replica files" "$work/out" || fail "the log does not say the shards were rebuilt from the buddies' replica files"
   grep -q "falling back to the disk" "$work/out" && fail "fell back to the disk with every shard in some memory"
   compare 120
   ;;
@@ -136,7 +136,7 @@ shrink)
   wait_for "$work/out" "world=2 global_batch=12 (micro 3 x accum 2"
   finish 0 "$work/out"
   grep -v "step [0-9]* loss" "$work/out" | grep -E "rebuilt|disk|killed|epoch [0-9]:"
-  grep -q "epoch 3: rank 0: sharded state of commit [0-9]* rebuilt from memory" "$work/out" || fail "no rebuild at world 2"
+  grep -q "epoch 3: rank 0: sharded state of commit [0-9]* rebuilt from the replica files" "$work/out" || fail "no rebuild at world 2"
   compare 150 # deterministic reduction: bit for bit at every world size
   echo "4 -> 3 -> 2 ranks at stage $3"
   ;;

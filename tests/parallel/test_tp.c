@@ -19,7 +19,18 @@
  *                             also trains the unsplit GPT alone on the whole
  *                             global batch: losses within 1e-5 relative each
  *                             step, final shards within 1e-4 (but the key bias: see there).
- *   test_tp kill TP VICTIM    as train, but rank VICTIM SIGKILLs itself while
+ *   test_tp train TP STEPS [sp] [pp=PP] [tied] [zero1] [ckpt]   the same with PP pipeline
+ *                             stages of tensor-parallel layers (3D: N ranks
+ *                             as data x pipeline PP x tensor TP; 4 blocks, 4
+ *                             micro-batches per step through 1F1B; tied: a
+ *                             tied wte, its gradient summed between the
+ *                             first and the last stage per tensor rank;
+ *                             zero1: ZeRO-1 over the data-parallel ranks;
+ *                             ckpt: activation checkpointing, and each step's
+ *                             loss, norm and the final shards bit for bit
+ *                             those of the same layout without it),
+ *                             against the same unsplit single-rank training.
+ *   test_tp kill TP VICTIM [pp=PP]   as train, but rank VICTIM SIGKILLs itself while
  *                             its step 2 reads data: every other rank's step
  *                             fails within the timeout with a message naming
  *                             the victim (no hang); prints "kill ok rank R".
@@ -320,11 +331,15 @@ static td_status text_get(const td_dataset *ds, size_t index, void *input, int32
 }
 static void plain_destroy(td_dataset *ds) { free(ds); }
 
-static td_trainer *make_trainer(td_model *m, td_dataset *ds, td_comm *comm, int micro) {
+static int train_zero; /* ZeRO stage of the model-parallel trainer (train ... zero1) */
+static int train_ckpt; /* activation checkpointing in the model-parallel trainer (train ... ckpt) */
+static td_trainer *make_trainer(td_model *m, td_dataset *ds, td_comm *comm, int micro, int accum) {
   td_train_config c;
   td_train_config_defaults(&c);
   c.micro_batch = micro;
-  c.grad_accum = 1;
+  c.grad_accum = accum;
+  c.zero_stage = comm ? train_zero : 0;
+  c.activation_checkpointing = comm ? train_ckpt : 0;
   c.seed = 7;
   c.optimizer.kind = TD_OPTIMIZER_ADAMW;
   c.optimizer.lr = 3e-3f;
@@ -338,26 +353,45 @@ static td_trainer *make_trainer(td_model *m, td_dataset *ds, td_comm *comm, int 
   return t;
 }
 
-static void train(int tp, int steps, int sp) {
+static void train(int tp, int pp, int steps, int sp, int tied) {
   const int n = td_comm_size(world), rank = td_comm_rank(world);
   td_grid *grid = NULL;
-  CHECK_OK(td_grid_create(world, tp, 1, &grid));
+  CHECK_OK(td_grid_create(world, tp, pp, &grid));
   P = tp;
   R = td_grid_rank(grid, TD_GRID_TENSOR);
   const int dp = td_grid_size(grid, TD_GRID_DATA);
-  td_gpt_config cfg = {.vocab = TRAIN_V, .layers = 2, .channels = 16, .heads = 4, .seq = TRAIN_T};
+  /* a pipeline: 2 blocks per stage (the second stage's names start at h2), 4 micro-batches */
+  const int micro_steps = pp > 1 ? 4 : 1;
+  td_gpt_config cfg = {.vocab = TRAIN_V, .layers = pp > 1 ? 4 : 2, .channels = 16, .heads = 4, .seq = TRAIN_T,
+                       .tied = tied};
+  CHECK(TRAIN_G % (dp * micro_steps) == 0);
   td_dataset *ds = calloc(1, sizeof *ds);
   ds->n_samples = 64;
   ds->input_bytes = TRAIN_T * sizeof(int32_t);
   ds->targets_per_sample = TRAIN_T;
   ds->get = text_get;
   ds->destroy = plain_destroy;
-  td_model *mt = NULL, *mf = NULL;
-  CHECK_OK(td_gpt_tp_create(&cfg, grid, &mt));
-  if (sp) CHECK_OK(td_gpt_tp_set_sequence_parallel(mt, 1));
+  td_model *mt = NULL, *mf = NULL, *mplain = NULL;
+  for (int k = 0; k < 1 + train_ckpt; k++) { /* with checkpointing: also the same layout without it */
+    td_model **m = k == 0 ? &mt : &mplain;
+    if (pp > 1) {
+      td_pipeline_config pc = {.sequence_parallel = sp};
+      CHECK_OK(td_gpt_pipeline_create_grid(&cfg, &pc, grid, m));
+    } else {
+      CHECK_OK(td_gpt_tp_create(&cfg, grid, m));
+      if (sp) CHECK_OK(td_gpt_tp_set_sequence_parallel(*m, 1));
+    }
+  }
   CHECK_OK(td_gpt_create(&cfg, &mf));
-  td_trainer *t = make_trainer(mt, ds, td_grid_comm(grid, TD_GRID_DATA), TRAIN_G / dp);
-  td_trainer *ref = kill_rank >= 0 ? NULL : make_trainer(mf, ds, NULL, TRAIN_G);
+  td_trainer *t = make_trainer(mt, ds, td_grid_comm(grid, TD_GRID_DATA), TRAIN_G / dp / micro_steps, micro_steps);
+  td_trainer *ref = kill_rank >= 0 ? NULL : make_trainer(mf, ds, NULL, TRAIN_G, 1);
+  td_trainer *plain = NULL;
+  if (mplain) {
+    train_ckpt = 0; /* make_trainer reads it */
+    plain = make_trainer(mplain, ds, td_grid_comm(grid, TD_GRID_DATA), TRAIN_G / dp / micro_steps, micro_steps);
+    train_ckpt = 1;
+    CHECK(td_trainer_config(t)->activation_checkpointing && !td_trainer_config(plain)->activation_checkpointing);
+  }
   for (int s = 0; s < steps; s++) {
     train_step_now = s;
     td_step_stats a, b;
@@ -380,6 +414,13 @@ static void train(int tp, int steps, int sp) {
       _exit(0); /* the communicators are broken: leave without finalizing */
     }
     CHECK_OK(st);
+    if (plain) { /* recomputation runs the same kernels and collectives on the same values: the same bits */
+      td_step_stats c;
+      CHECK_OK(td_trainer_step(plain, &c));
+      if (memcmp(&a.loss, &c.loss, sizeof a.loss) != 0 || memcmp(&a.grad_norm, &c.grad_norm, sizeof a.grad_norm) != 0)
+        td_test_fail(__FILE__, __LINE__, "rank %d step %d: with checkpointing loss %.17g norm %.17g, without %.17g %.17g",
+                     rank, s + 1, a.loss, a.grad_norm, c.loss, c.grad_norm);
+    }
     if (!ref) continue;
     CHECK_OK(td_trainer_step(ref, &b));
     if (rank == 0) printf("step %d loss %.7f ref %.7f norm %.6f ref %.6f\n", s + 1, a.loss, b.loss, a.grad_norm, b.grad_norm);
@@ -391,8 +432,13 @@ static void train(int tp, int steps, int sp) {
     const float *pt = td_trainer_params(t), *pf = td_trainer_params(ref);
     float *want = malloc(mf->n_params * 4);
     for (int i = 0; i < mt->n_tensors; i++) {
-      const char *name = mf->tensors[i].name;
-      size_t k = cut_expected(&cfg, name, pf + mf->tensors[i].offset, mf->tensors[i].count, P, R, want);
+      /* the unsplit tensor of the same name (a pipeline stage holds some of them) */
+      const char *name = mt->tensors[i].name;
+      int u = 0;
+      while (u < mf->n_tensors && strcmp(mf->tensors[u].name, name) != 0) u++;
+      CHECK(u < mf->n_tensors);
+      size_t k = cut_expected(&cfg, name, pf + mf->tensors[u].offset, mf->tensors[u].count, P, R, want);
+      CHECK_EQ_INT(k, mt->tensors[i].count);
       const float *got = pt + mt->tensors[i].offset;
       if (strstr(name, "attn.qkv.bias")) {
         /* the key bias's gradient is zero in exact arithmetic (it adds the
@@ -408,6 +454,14 @@ static void train(int tp, int steps, int sp) {
     }
     free(want);
   }
+  if (plain) { /* every parameter bit for bit, from fewer activations */
+    CHECK(memcmp(td_trainer_params(t), td_trainer_params(plain), mt->n_params * sizeof(float)) == 0);
+    if (rank == 0) printf("activations: %zu bytes with checkpointing, %zu without\n", mt->activation_bytes,
+                          mplain->activation_bytes);
+    CHECK(mt->activation_bytes > 0 && mt->activation_bytes < mplain->activation_bytes);
+    td_trainer_destroy(plain);
+  }
+  td_model_destroy(mplain);
   td_trainer_destroy(ref);
   td_trainer_destroy(t);
   td_model_destroy(mt);
@@ -415,8 +469,9 @@ static void train(int tp, int steps, int sp) {
   td_dataset_destroy(ds);
   td_grid_destroy(grid);
   if (rank == 0)
-    printf("tp train: %d ranks as data %d x tensor %d%s: %d steps equal to one rank\n", n, dp, tp,
-           sp ? " (sequence-parallel)" : "", steps);
+    printf("tp train: %d ranks as data %d x pipeline %d x tensor %d%s%s%s%s: %d steps equal to one rank\n", n, dp,
+           pp, tp, sp ? " (sequence-parallel)" : "", tied ? " (tied)" : "", train_zero ? " (ZeRO-1)" : "",
+           train_ckpt ? " (activation checkpointing: bit for bit the same without)" : "", steps);
 }
 
 /* sequence parallelism needs seq divisible by the group; other models are refused */
@@ -439,7 +494,7 @@ static void refuse_sp(void) {
 
 int main(int argc, char **argv) {
   if (argc < 2) {
-    fprintf(stderr, "usage: test_tp layers | model TIED | train TP STEPS | kill TP VICTIM\n");
+    fprintf(stderr, "usage: test_tp layers | model TIED | train TP STEPS [sp] [pp=PP] [tied] [zero1] [ckpt] | kill TP VICTIM [pp=PP]\n");
     return 2;
   }
   CHECK_OK(td_comm_init(&world));
@@ -451,12 +506,29 @@ int main(int argc, char **argv) {
   } else if (!strcmp(argv[1], "model") && argc >= 3) {
     model(atoi(argv[2]), argc >= 4 && !strcmp(argv[3], "sp"));
   } else if (!strcmp(argv[1], "train") && argc >= 4) {
-    train(atoi(argv[2]), atoi(argv[3]), argc >= 5 && !strcmp(argv[4], "sp"));
+    int sp = 0, pp = 1, tied = 0;
+    for (int i = 4; i < argc; i++) {
+      if (!strcmp(argv[i], "sp")) sp = 1;
+      else if (!strncmp(argv[i], "pp=", 3)) pp = atoi(argv[i] + 3);
+      else if (!strcmp(argv[i], "tied")) tied = 1;
+      else if (!strcmp(argv[i], "zero1")) train_zero = 1;
+      else if (!strcmp(argv[i], "ckpt")) train_ckpt = 1;
+      else {
+        fprintf(stderr, "test_tp train: unknown option %s\n", argv[i]);
+        return 2;
+      }
+    }
+    train(atoi(argv[2]), pp, atoi(argv[3]), sp, tied);
   } else if (!strcmp(argv[1], "refuse-sp")) {
     refuse_sp();
   } else if (!strcmp(argv[1], "kill") && argc >= 4) {
     kill_rank = atoi(argv[3]);
-    train(atoi(argv[2]), 3, argc >= 5 && !strcmp(argv[4], "sp"));
+    int sp = 0, pp = 1;
+    for (int i = 4; i < argc; i++) {
+      if (!strcmp(argv[i], "sp")) sp = 1;
+      else if (!strncmp(argv[i], "pp=", 3)) pp = atoi(argv[i] + 3);
+    }
+    train(atoi(argv[2]), pp, 3, sp, 0);
   } else {
     fprintf(stderr, "test_tp: unknown mode %s\n", argv[1]);
     return 2;

@@ -10,9 +10,10 @@
  *     trainer of td_gpt_create saved at step 0; the optimizer state arenas
  *     tile the unsplit model (zeros at step 0). The vocabulary (57) splits
  *     unevenly over 2, 3 and 4 ranks.
- *   test_tp_ckpt pipeline PP TIED DIR   (world ranks: data x pipeline PP)
- *     the same for td_gpt_pipeline_create's stages (TIED 1: the last stage's
- *     copy of wte, written by stage 0 only: the checkpoint tiles exactly).
+ *   test_tp_ckpt pipeline PP TIED DIR [TP]   (world ranks: data x pipeline PP x tensor TP)
+ *     the same for td_gpt_pipeline_create_grid's stages (TIED 1: the last
+ *     stage's copy of wte, written by stage 0 only: the checkpoint tiles
+ *     exactly; TP > 1: tensor-parallel stages, 3D).
  *   test_tp_ckpt refused DIR          (2 ranks)
  *     a trainer of a tensor-parallel config or model that was not given its
  *     grid refuses to save or resume, saying what to call; td_trainer_set_grid
@@ -48,7 +49,7 @@ static td_dataset *make_dataset(void) {
   return ds;
 }
 
-static td_trainer *make_trainer(td_model *m, td_dataset *ds, td_comm *comm, int dp, int tp, int zero_stage) {
+static td_trainer *make_trainer(td_model *m, td_dataset *ds, td_comm *comm, int dp, int tp, int pp, int zero_stage) {
   td_train_config c;
   td_train_config_defaults(&c);
   c.micro_batch = 8 / dp;
@@ -57,8 +58,8 @@ static td_trainer *make_trainer(td_model *m, td_dataset *ds, td_comm *comm, int 
   c.optimizer.kind = TD_OPTIMIZER_ADAMW;
   c.threads = 1;
   c.zero_stage = zero_stage;
-  c.tensor_parallel = tp > 0 ? tp : 1;
-  c.pipeline_parallel = tp < 0 ? -tp : 1;
+  c.tensor_parallel = tp;
+  c.pipeline_parallel = pp;
   td_trainer *t = NULL;
   CHECK_OK(td_trainer_create(&c, m, ds, comm, &t));
   return t;
@@ -77,10 +78,9 @@ static unsigned char *read_all(const char *path, size_t *n) {
   return buf;
 }
 
-/* tp > 0: TP=tp; tp < 0: pipeline-parallel -tp (tied: the last stage's copy of wte) */
-static void consolidate(int tp, int tied, const char *dir) {
-  const int rank = td_comm_rank(world), pp = tp < 0 ? -tp : 1;
-  tp = tp < 0 ? 1 : tp;
+/* TP=tp x PP=pp (tied: the last stage's copy of wte) */
+static void consolidate(int tp, int pp, int tied, const char *dir) {
+  const int rank = td_comm_rank(world);
   td_grid *grid = NULL;
   CHECK_OK(td_grid_create(world, tp, pp, &grid));
   const int dp = td_grid_size(grid, TD_GRID_DATA);
@@ -90,11 +90,11 @@ static void consolidate(int tp, int tied, const char *dir) {
   td_model *mt = NULL;
   if (pp > 1) {
     td_pipeline_config pc = {0};
-    CHECK_OK(td_gpt_pipeline_create(&cfg, &pc, td_grid_comm(grid, TD_GRID_PIPELINE), &mt));
+    CHECK_OK(td_gpt_pipeline_create_grid(&cfg, &pc, grid, &mt));
   } else {
     CHECK_OK(td_gpt_tp_create(&cfg, grid, &mt));
   }
-  td_trainer *t = make_trainer(mt, ds, td_grid_comm(grid, TD_GRID_DATA), dp, pp > 1 ? -pp : tp, dp > 1 ? 1 : 0);
+  td_trainer *t = make_trainer(mt, ds, td_grid_comm(grid, TD_GRID_DATA), dp, tp, pp, dp > 1 ? 1 : 0);
   CHECK_OK(td_trainer_set_grid(t, grid));
   char tp_dir[512], one_dir[512], out_tp[600], out_one[600];
   snprintf(tp_dir, sizeof tp_dir, "%s/tp", dir);
@@ -130,7 +130,7 @@ static void consolidate(int tp, int tied, const char *dir) {
     td_ckpt_close(&d);
     /* the same model trained by one rank, saved at step 0 */
     td_dataset *ds1 = make_dataset();
-    td_trainer *one = make_trainer(mf, ds1, NULL, 1, 1, 0);
+    td_trainer *one = make_trainer(mf, ds1, NULL, 1, 1, 1, 0);
     CHECK_OK(td_trainer_save(one, one_dir));
     CHECK_OK(td_ckpt_open(one_dir, &d));
     snprintf(out_one, sizeof out_one, "%s/one.safetensors", dir);
@@ -172,14 +172,14 @@ static void refused(const char *dir) {
   td_model *mt = NULL, *mf = NULL;
   CHECK_OK(td_gpt_tp_create(&cfg, grid, &mt));
   CHECK_OK(td_gpt_create(&cfg, &mf));
-  td_trainer *t = make_trainer(mt, ds, td_grid_comm(grid, TD_GRID_DATA), 1, n, 0);
+  td_trainer *t = make_trainer(mt, ds, td_grid_comm(grid, TD_GRID_DATA), 1, n, 1, 0);
   expect_message(td_trainer_save(t, dir), "needs the grid: call td_trainer_set_grid");
   expect_message(td_trainer_resume(t, dir), "needs the grid: call td_trainer_set_grid");
   /* a config that does not say tensor_model_parallel_size: the model's kind does */
-  td_trainer *unsaid = make_trainer(mt, ds, td_grid_comm(grid, TD_GRID_DATA), 1, 1, 0);
+  td_trainer *unsaid = make_trainer(mt, ds, td_grid_comm(grid, TD_GRID_DATA), 1, 1, 1, 0);
   expect_message(td_trainer_save(unsaid, dir), "needs the grid: call td_trainer_set_grid");
   td_trainer_destroy(unsaid);
-  td_trainer *plain = make_trainer(mf, ds, NULL, 1, 1, 0);
+  td_trainer *plain = make_trainer(mf, ds, NULL, 1, 1, 1, 0);
   expect_message(td_trainer_set_grid(plain, grid), "is not split across ranks");
   td_trainer_destroy(plain);
   td_trainer_destroy(t);
@@ -192,14 +192,14 @@ static void refused(const char *dir) {
 
 int main(int argc, char **argv) {
   if (argc < 3) {
-    fprintf(stderr, "usage: test_tp_ckpt consolidate TP DIR | pipeline PP TIED DIR | refused DIR\n");
+    fprintf(stderr, "usage: test_tp_ckpt consolidate TP DIR | pipeline PP TIED DIR [TP] | refused DIR\n");
     return 2;
   }
   CHECK_OK(td_comm_init(&world));
   if (!strcmp(argv[1], "consolidate") && argc >= 4) {
-    consolidate(atoi(argv[2]), 0, argv[3]);
+    consolidate(atoi(argv[2]), 1, 0, argv[3]);
   } else if (!strcmp(argv[1], "pipeline") && argc >= 5) {
-    consolidate(-atoi(argv[2]), atoi(argv[3]), argv[4]);
+    consolidate(argc >= 6 ? atoi(argv[5]) : 1, atoi(argv[2]), atoi(argv[3]), argv[4]);
   } else if (!strcmp(argv[1], "refused")) {
     refused(argv[2]);
   } else {

@@ -11,6 +11,12 @@
 #            TP=2 with --sequence-parallel (4 ranks: TP=2 x DP=2, config key
 #            sequence_parallel) the same; TP=2 x DP=2 with ZeRO-1 and 2 micro-steps
 #            of 2 the same.
+#   threed:  TP=2 x PP=2 on 4 ranks (4 micro-batches of 2) and TP=2 x PP=2 x DP=2
+#            on 8 ranks (ZeRO-1, 4 micro-batches of 1, config keys
+#            pipeline_model_parallel_size and tensor_model_parallel_size), 4
+#            layers, against 1 rank with the same global batch of 8: every
+#            step's loss within 1e-5 relative; sequence parallelism and
+#            activation checkpointing on 4 ranks too.
 #   refused: layouts and combinations not built, each exit 2 with a message
 #            saying what would work.
 set -u
@@ -58,6 +64,37 @@ equal)
     echo "$run: 8 losses within 1e-5 of 1 rank (last $(tail -1 "$work/$run.txt") vs $(tail -1 "$work/one.txt"))"
   done
   ;;
+threed)
+  T3="--layers 4 --channels 32 --heads 4 --seq 32 --threads 1 --steps 8 --sample 0 --seed 5"
+  "$GPT" $T3 --micro-batch 8 --metrics "$work/one.jsonl" >"$work/one.out" 2>&1 || { cat "$work/one.out"; fail "1 rank"; }
+  "$RUN" -np 4 "$GPT" $T3 --micro-batch 2 --grad-accum 4 --tensor-parallel 2 --pipeline-parallel 2 \
+    --metrics "$work/tp2pp2.jsonl" >"$work/tp2pp2.out" 2>&1 || { cat "$work/tp2pp2.out"; fail "TP=2 x PP=2"; }
+  "$RUN" -np 4 "$GPT" $T3 --micro-batch 2 --grad-accum 4 --tensor-parallel 2 --pipeline-parallel 2 \
+    --sequence-parallel --metrics "$work/tp2pp2sp.jsonl" >"$work/tp2pp2sp.out" 2>&1 ||
+    { cat "$work/tp2pp2sp.out"; fail "TP=2 x PP=2 with sequence parallelism"; }
+  echo '{"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2, "train_micro_batch_size_per_gpu": 1,
+         "gradient_accumulation_steps": 4, "zero_optimization": {"stage": 1}}' >"$work/3d.json"
+  "$RUN" -np 8 "$GPT" $T3 --config "$work/3d.json" --metrics "$work/tp2pp2dp2.jsonl" >"$work/tp2pp2dp2.out" 2>&1 ||
+    { cat "$work/tp2pp2dp2.out"; fail "TP=2 x PP=2 x DP=2"; }
+  grep -q "global_batch=8 micro_batch=1 grad_accum=4" "$work/tp2pp2dp2.out" || fail "TP=2 x PP=2 x DP=2: not the global batch of 8"
+  grep -q "zero_stage=1 .*tensor_parallel=2 sequence_parallel=0 pipeline_parallel=2" "$work/tp2pp2dp2.out" ||
+    fail "TP=2 x PP=2 x DP=2: the config keys did not take effect"
+  "$RUN" -np 4 "$GPT" $T3 --micro-batch 2 --grad-accum 4 --tensor-parallel 2 --pipeline-parallel 2 \
+    --activation-checkpointing --metrics "$work/tp2pp2ckpt.jsonl" >"$work/tp2pp2ckpt.out" 2>&1 ||
+    { cat "$work/tp2pp2ckpt.out"; fail "TP=2 x PP=2 with activation checkpointing"; }
+  grep -q "activation_checkpointing=1" "$work/tp2pp2ckpt.out" || fail "activation checkpointing was not on"
+  metrics_losses "$work/one.jsonl" >"$work/one.txt"
+  [ "$(wc -l <"$work/one.txt")" -eq 8 ] || fail "the 1-rank run has $(wc -l <"$work/one.txt") loss lines, not 8"
+  for run in tp2pp2 tp2pp2sp tp2pp2dp2 tp2pp2ckpt; do
+    metrics_losses "$work/$run.jsonl" >"$work/$run.txt"
+    [ "$(wc -l <"$work/$run.txt")" -eq 8 ] || fail "$run has $(wc -l <"$work/$run.txt") loss lines, not 8"
+    while read -r step want && read -r step2 got <&3; do
+      [ "$step" = "$step2" ] || fail "$run: step $step2 against $step"
+      close_rel "$got" "$want" 1e-5 || fail "$run step $step: loss $got, 1 rank $want (more than 1e-5 apart)"
+    done <"$work/one.txt" 3<"$work/$run.txt"
+    echo "$run: 8 losses within 1e-5 of 1 rank (last $(tail -1 "$work/$run.txt") vs $(tail -1 "$work/one.txt"))"
+  done
+  ;;
 refused)
   check() { # check NP NEEDLE ARGS...
     local np=$1 needle=$2
@@ -73,6 +110,10 @@ refused)
   check 2 "with bf16/fp16 mixed precision is not built yet" --tensor-parallel 2 --bf16
   check 2 "set tensor_model_parallel_size to 2 or more" --sequence-parallel
   check 2 "--seq 33 must be divisible by 2" --tensor-parallel 2 --sequence-parallel --seq 33
+  # 3D: what does not compose with tensor-parallel pipeline stages yet
+  check 4 "ZeRO stage 2 (use stage 0 or 1) is not built yet" --tensor-parallel 2 --pipeline-parallel 2 --zero-stage 2
+  check 4 "with bf16/fp16 mixed precision is not built yet" --tensor-parallel 2 --pipeline-parallel 2 --bf16
+  check 6 "use pipeline-parallel 1 or 3" --tensor-parallel 2 --pipeline-parallel 2
   echo "refused: ok"
   ;;
 *)

@@ -33,6 +33,7 @@
  * pipeline communicator with the reason, so that every other stage's
  * pending receive fails within seconds naming this rank. */
 #include "parallel/pipeline/pipeline.h"
+#include "parallel/tensor/tensor.h"
 
 #include "tandem/comm.h"
 #include "tandem/nn.h"
@@ -68,6 +69,8 @@ typedef struct pp_model {
   td_model base; /* first: td_model * casts to pp_model * */
   td_gpt_config cfg;
   td_comm *comm;
+  td_comm *tensor;       /* tensor-parallel stages (TP x PP): the grid's tensor group; NULL: whole-width stages */
+  int tp, sp, world_rank; /* tensor-parallel size (1: none), sequence parallelism, this rank in the world */
   int p, s, v;
   td_pp_schedule_kind kind;
   pp_chunk *chunks;
@@ -76,7 +79,7 @@ typedef struct pp_model {
   int ckpt;
   int tied_wte; /* index in the table of this rank's wte to sum with the other end's (-1: none) */
   float *tied_scratch;
-  char config_text[224];
+  char config_text[256];
   void (*trace)(void *ctx, const char *name, double begin_s, double end_s);
   void *trace_ctx;
   pp_send *sends; /* posted (req set) or free for reuse */
@@ -178,8 +181,28 @@ static void pp_destroy(td_model *model) {
   free(m);
 }
 
+/* The floats of one activation message: the stage output's rows on this
+ * rank, all B*T of them, or B*T/tp with sequence parallelism (each tensor
+ * rank of a stage sends its own rows to the same tensor rank of the next). */
 static size_t act_floats(const pp_model *m, int batch) {
-  return (size_t)batch * (size_t)m->cfg.seq * (size_t)m->cfg.channels;
+  return (size_t)batch * (size_t)m->cfg.seq / (size_t)(m->sp ? m->tp : 1) * (size_t)m->cfg.channels;
+}
+
+/* The stage models' pipeline accessors: nn's GPT stage, or the tensor-parallel one. */
+static td_status stage_create(const pp_model *m, const td_gpt_stage *range, td_model **out) {
+  if (!m->tensor) return td_gpt_stage_create(&m->cfg, range, out);
+  TD_CHECK(tp_gpt_stage_create(&m->cfg, range, m->tensor, m->world_rank, out));
+  return m->sp ? td_gpt_tp_set_sequence_parallel(*out, 1) : TD_OK;
+}
+static const float *stage_output(const pp_model *m, const td_model *sm) {
+  return m->tensor ? tp_gpt_stage_output(sm) : td_gpt_stage_output(sm);
+}
+static const float *stage_input_grad(const pp_model *m, const td_model *sm) {
+  return m->tensor ? tp_gpt_stage_input_grad(sm) : td_gpt_stage_input_grad(sm);
+}
+static void stage_set_output_grad(const pp_model *m, td_model *sm, const float *dout) {
+  if (m->tensor) tp_gpt_stage_set_output_grad(sm, dout);
+  else td_gpt_stage_set_output_grad(sm, dout);
 }
 
 /* Slot i's receive buffers for the prepared micro-batch. */
@@ -208,7 +231,7 @@ static td_status ensure_slots(pp_model *m, pp_chunk *c, int n) {
   for (int i = c->n_slots; i < n; i++) {
     c->slot[i] = NULL;
     c->act_in[i] = c->grad_in[i] = NULL;
-    TD_CHECK(td_gpt_stage_create(&m->cfg, &c->range, &c->slot[i]));
+    TD_CHECK(stage_create(m, &c->range, &c->slot[i]));
     c->n_slots = i + 1; /* owned from here: pp_free_chunk releases it */
     if (m->ckpt) TD_CHECK(c->slot[i]->ops->set_activation_checkpointing(c->slot[i], 1));
     if (m->batch > 0) {
@@ -300,11 +323,14 @@ static void pp_init_params(const td_model *model, float *params, uint64_t seed) 
 }
 
 /* The whole model's squared gradient norm: this rank's, less a tied wte
- * copy on the last stage (the first stage counts the summed gradient),
- * summed over the stages. */
+ * copy on the last stage (the first stage counts the summed gradient) and
+ * with tensor-parallel stages the replicated tensors on tensor ranks but 0,
+ * summed over the stages (and the tensor group). */
 static td_status pp_grad_norm_sq(td_model *model, const float *grads, double *sum_sq) {
   pp_model *m = (pp_model *)model;
   double local = *sum_sq;
+  for (int c = 0; m->tensor && c < m->v; c++)
+    local -= tp_gpt_replicated_sq(m->chunks[c].slot[0], grads + m->chunks[c].offset);
   if (m->tied_wte >= 0 && m->s == m->p - 1) {
     const td_param_tensor *t = &m->tensors[m->tied_wte];
     double copy = 0;
@@ -312,14 +338,14 @@ static td_status pp_grad_norm_sq(td_model *model, const float *grads, double *su
     local -= copy;
     if (local < 0) local = 0;
   }
-  if (m->p == 1) {
-    *sum_sq = local;
-    return TD_OK;
-  }
   td_status st = td_allreduce(&local, sum_sq, 1, TD_F64, TD_SUM, m->comm);
   if (st != TD_OK)
     return td_error(st, "pipeline stage %d: summing the gradient norm over the stages failed: %s", m->s,
                     td_comm_last_error(m->comm));
+  if (m->tensor && (st = td_allreduce(sum_sq, sum_sq, 1, TD_F64, TD_SUM, m->tensor)) != TD_OK)
+    return td_error(st, "pipeline stage %d: summing the gradient norm over the tensor-parallel group failed: %s",
+                    m->s, td_comm_last_error(m->tensor));
+  if (*sum_sq < 0) *sum_sq = 0; /* rounding of the subtractions */
   return TD_OK;
 }
 
@@ -493,13 +519,13 @@ static td_status pp_run(td_model *model, const float *params, float *grads, cons
     case TD_PP_SEND_ACT:
       what = "send";
       t_send = td_now();
-      st = post_send(m, td_gpt_stage_output(sm), BTC, a->peer);
+      st = post_send(m, stage_output(m, sm), BTC, a->peer);
       span(m, "send", t_send, td_now()); /* copying and posting: the transfer runs on the communicator's thread */
       if (st != TD_OK) td_error(st, "sending activations to stage %d: %s", a->peer, td_comm_last_error(m->comm));
       break;
     case TD_PP_BACKWARD: {
       what = "backward";
-      if (!ch->range.head) td_gpt_stage_set_output_grad(sm, ch->grad_in[sl]);
+      if (!ch->range.head) stage_set_output_grad(m, sm, ch->grad_in[sl]);
       ready_shift rs = {ready, ctx, ch->offset};
       int last = report && a->micro == n_micro - 1;
       double t0 = td_now();
@@ -513,7 +539,7 @@ static td_status pp_run(td_model *model, const float *params, float *grads, cons
     case TD_PP_SEND_GRAD:
       what = "send";
       t_send = td_now();
-      st = post_send(m, td_gpt_stage_input_grad(sm), BTC, a->peer);
+      st = post_send(m, stage_input_grad(m, sm), BTC, a->peer);
       span(m, "send", t_send, td_now());
       if (st != TD_OK)
         td_error(st, "sending activation gradients to stage %d: %s", a->peer, td_comm_last_error(m->comm));
@@ -575,11 +601,9 @@ static const td_model_ops pp_ops = {
 
 /* ---- creation ---- */
 
-td_status td_gpt_pipeline_create(const td_gpt_config *config, const td_pipeline_config *pp, td_comm *pipeline,
-                                 td_model **out) {
-  if (!config || !pipeline || !out)
-    return td_error(TD_ERR_INVALID_ARGUMENT, "td_gpt_pipeline_create: config, pipeline and out are required");
-  *out = NULL;
+/* tensor: the tensor-parallel group of tensor-parallel stages, or NULL. */
+static td_status pipeline_create(const td_gpt_config *config, const td_pipeline_config *pp, td_comm *pipeline,
+                                 td_comm *tensor, int world_rank, td_model **out) {
   td_pp_schedule_kind kind = TD_PP_1F1B;
   int v = 1;
   td_pp_partition_method method = TD_PP_PARTITION_UNIFORM;
@@ -599,6 +623,10 @@ td_status td_gpt_pipeline_create(const td_gpt_config *config, const td_pipeline_
   m->base.ops = &pp_ops;
   m->cfg = *config;
   m->comm = pipeline;
+  m->tensor = tensor;
+  m->tp = tensor ? td_comm_size(tensor) : 1;
+  m->sp = tensor && pp && pp->sequence_parallel;
+  m->world_rank = world_rank;
   m->p = p, m->s = s, m->v = v, m->kind = kind;
   m->tied_wte = -1;
   td_status st = cut_layers(config, method, p * v, first);
@@ -625,9 +653,10 @@ td_status td_gpt_pipeline_create(const td_gpt_config *config, const td_pipeline_
     return st;
   }
   int len = snprintf(m->config_text, sizeof m->config_text,
-                     "vocab=%d layers=%d channels=%d heads=%d seq=%d tied=%d pipeline=%d/%d chunks=%d layers_here=",
+                     "vocab=%d layers=%d channels=%d heads=%d seq=%d tied=%d pipeline=%d/%d chunks=%d tensor=%d/%d "
+                     "sequence_parallel=%d layers_here=",
                      config->vocab, config->layers, config->channels, config->heads, config->seq, config->tied ? 1 : 0,
-                     s, p, v);
+                     s, p, v, tensor ? td_comm_rank(tensor) : 0, m->tp, m->sp);
   for (int c = 0; c < v; c++) {
     pp_chunk *ch = &m->chunks[c];
     const td_model *sm = ch->slot[0];
@@ -658,6 +687,33 @@ td_status td_gpt_pipeline_create(const td_gpt_config *config, const td_pipeline_
   m->base.supports_param_access = 0;
   *out = &m->base;
   return TD_OK;
+}
+
+td_status td_gpt_pipeline_create(const td_gpt_config *config, const td_pipeline_config *pp, td_comm *pipeline,
+                                 td_model **out) {
+  if (!config || !pipeline || !out)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "td_gpt_pipeline_create: config, pipeline and out are required");
+  *out = NULL;
+  if (pp && pp->sequence_parallel)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "td_gpt_pipeline_create: sequence parallelism splits a tensor-parallel "
+                    "group's sequence: use td_gpt_pipeline_create_grid with tensor-parallel 2 or more");
+  return pipeline_create(config, pp, pipeline, NULL, td_comm_rank(pipeline), out);
+}
+
+td_status td_gpt_pipeline_create_grid(const td_gpt_config *config, const td_pipeline_config *pp, const td_grid *grid,
+                                      td_model **out) {
+  if (!config || !grid || !out)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "td_gpt_pipeline_create_grid: config, grid and out are required");
+  *out = NULL;
+  td_comm *tensor = td_grid_comm(grid, TD_GRID_TENSOR);
+  const int tp = td_comm_size(tensor);
+  TD_CHECK(td_grid_check_gpt(config, tp, 1)); /* the pipeline's own cut is td_pipeline_check's */
+  if (pp && pp->sequence_parallel && (tp < 2 || config->seq % tp != 0))
+    return td_error(TD_ERR_INVALID_ARGUMENT,
+                    "sequence parallelism splits each sequence's %d positions over the %d tensor-parallel ranks: "
+                    "use tensor-parallel 2 or more and a sequence length divisible by it", config->seq, tp);
+  return pipeline_create(config, pp, td_grid_comm(grid, TD_GRID_PIPELINE), tp > 1 ? tensor : NULL,
+                         td_comm_rank(td_grid_world(grid)), out);
 }
 
 static pp_model *as_pipeline(const td_model *model) {

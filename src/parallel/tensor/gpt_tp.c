@@ -35,9 +35,13 @@
  * column-parallel input gradients reduce-scattered; the LayerNorms' weight
  * gradients, then partial, are allreduced (2C floats each).
  *
- * Not here yet: activation checkpointing, bf16/fp16 (the kernels would
- * follow td_nn_set_compute_dtype, but nothing here is tested in them and
- * train-gpt refuses them), ZeRO-3's param_access, devices. */
+ * Activation checkpointing (set_activation_checkpointing) keeps each
+ * block's output and recomputes the block, collectives included, in
+ * backward: the same bits as without it, for one more forward.
+ *
+ * Not here yet: bf16/fp16 (the kernels would follow td_nn_set_compute_dtype,
+ * but nothing here is tested in them and train-gpt refuses them), ZeRO-3's
+ * param_access, devices. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,7 +61,7 @@ enum { P_LN1W, P_LN1B, P_QKVW, P_QKVB, P_PROJW, P_PROJB, P_LN2W, P_LN2B, P_FCW, 
  * backward (Megatron-LM's choice: one more allgather per product instead of
  * L whole-row copies). */
 typedef struct tp_acts {
-  int B, sp;                      /* sized for */
+  int B, sp, ckpt;                /* sized for (ckpt: the per-layer buffers below res3 for one layer) */
   float *encoded;                 /* (R, C) */
   float *ln1, *ln1_mean, *ln1_rstd; /* (L, R, C), (L, R) x2 */
   float *qkv;                     /* (L, BT, 3C/p) */
@@ -89,7 +93,10 @@ typedef struct tp_acts {
 typedef struct tp_gpt {
   td_model base; /* first */
   td_gpt_config cfg;
-  td_model *full; /* the unsplit GPT: its tensor table and initializer (never prepared) */
+  td_model *full; /* the unsplit GPT (or pipeline stage): its tensor table and initializer (never prepared) */
+  int first_layer, L;       /* the blocks held: [first_layer, first_layer + L) (the whole model: 0, layers) */
+  int has_embed, has_head;  /* a pipeline stage may lack either (tp_gpt_stage_create) */
+  const float *dout_ext;    /* a stage without the head: its output's gradient (tp_gpt_stage_set_output_grad) */
   td_comm *comm; /* the grid's tensor-parallel communicator */
   int p, r;
   int world_rank, world_first; /* this rank's and the tensor group's first world rank (consecutive) */
@@ -98,10 +105,11 @@ typedef struct tp_gpt {
   td_param_tensor *tensors;
   cut *cuts;
   char (*names)[48];
-  int idx_wte, idx_wpe, idx_layer0, idx_lnfw, idx_lnfb, idx_head; /* idx_head -1 when tied */
+  int idx_wte, idx_wpe, idx_layer0, idx_lnfw, idx_lnfb, idx_head; /* idx_head -1 when tied; -1: not held */
   tp_acts acts;
-  int sp; /* sequence parallelism asked for (td_gpt_tp_set_sequence_parallel; applied at prepare) */
-  int last_B, have_targets;
+  int sp;   /* sequence parallelism asked for (td_gpt_tp_set_sequence_parallel; applied at prepare) */
+  int ckpt; /* activation checkpointing asked for (set_activation_checkpointing; applied at prepare) */
+  int last_B, have_targets, forwarded; /* forwarded: a stage without the head ran its forward */
   int32_t *tokens, *targets;
   td_status failed; /* sticky: a collective failed (a peer died); forward refuses */
   char failed_msg[512];
@@ -113,19 +121,22 @@ static int lidx(const tp_gpt *g, int l, int which) { return g->idx_layer0 + l * 
 
 /* ---- activations ---- */
 
-static size_t acts_plan(tp_acts *a, const tp_gpt *g, int B, int sp, float *base) {
-  size_t L = g->cfg.layers, T = g->cfg.seq, BT = (size_t)B * T, C = g->C, Cl = g->Cl, Fl = g->Fl, Vl = g->Vl;
+static size_t acts_plan(tp_acts *a, const tp_gpt *g, int B, int sp, int ckpt, float *base) {
+  /* Lk: layers of the per-layer buffers; with checkpointing one (recomputed in backward), res3 keeps L */
+  size_t L = g->L, Lk = ckpt && L > 0 ? 1 : L, T = g->cfg.seq, BT = (size_t)B * T, C = g->C, Cl = g->Cl, Fl = g->Fl;
   size_t R = sp ? BT / g->p : BT, F = sp ? BT : 0; /* F: the gathered copies, only with sp */
+  size_t Vl = g->has_head ? (size_t)g->Vl : 0, H = g->has_head ? 1 : 0; /* a stage without the head: no logits */
   struct {
     float **ptr;
     size_t n;
   } plan[] = {
-      {&a->encoded, R * C},       {&a->ln1, L * R * C},     {&a->ln1_mean, L * R},   {&a->ln1_rstd, L * R},
-      {&a->gathered, F * C},      {&a->qkv, L * BT * 3 * Cl}, {&a->atty, L * BT * Cl}, {&a->att, L * B * g->NHl * T * T},
-      {&a->res2, L * R * C},      {&a->ln2, L * R * C},     {&a->ln2_mean, L * R},   {&a->ln2_rstd, L * R},
-      {&a->fch, L * BT * Fl},   {&a->fchg, L * BT * Fl}, {&a->res3, L * R * C},
-      {&a->lnf, R * C},           {&a->lnf_mean, R},        {&a->lnf_rstd, R},
-      {&a->probs, BT * Vl},       {&a->stats, 3 * BT},      {&a->dres, R * C},       {&a->dfull, F * C},
+      {&a->encoded, R * C},       {&a->ln1, Lk * R * C},    {&a->ln1_mean, Lk * R},  {&a->ln1_rstd, Lk * R},
+      {&a->gathered, F * C},      {&a->qkv, Lk * BT * 3 * Cl}, {&a->atty, Lk * BT * Cl},
+      {&a->att, Lk * B * g->NHl * T * T},
+      {&a->res2, Lk * R * C},     {&a->ln2, Lk * R * C},    {&a->ln2_mean, Lk * R},  {&a->ln2_rstd, Lk * R},
+      {&a->fch, Lk * BT * Fl},    {&a->fchg, Lk * BT * Fl}, {&a->res3, L * R * C},
+      {&a->lnf, H * R * C},       {&a->lnf_mean, H * R},    {&a->lnf_rstd, H * R},
+      {&a->probs, BT * Vl},       {&a->stats, 3 * BT * H},      {&a->dres, R * C},       {&a->dfull, F * C},
       {&a->dloc, sp ? R * C : 0}, {&a->dln, sp ? 2 * C : 0}, {&a->dbuf_c, BT * C},   {&a->dbuf_cl, BT * Cl},
       {&a->dbuf_3c, BT * 3 * Cl}, {&a->dbuf_f, BT * Fl},    {&a->dbuf_f2, BT * Fl},  {&a->dlogits, BT * Vl},
       {&a->datt, T * T},
@@ -140,11 +151,20 @@ static size_t acts_plan(tp_acts *a, const tp_gpt *g, int B, int sp, float *base)
 }
 
 static size_t tp_activation_bytes(const td_model *model, int batch, int checkpointing, td_dtype compute) {
-  (void)checkpointing, (void)compute; /* neither is built: f32, every activation kept */
+  (void)compute; /* f32 only */
   const tp_gpt *g = (const tp_gpt *)model;
   tp_acts scratch = {0};
   size_t BT = (size_t)batch * g->cfg.seq;
-  return acts_plan(&scratch, g, batch, g->sp, NULL) * sizeof(float) + 2 * BT * sizeof(int32_t);
+  return acts_plan(&scratch, g, batch, g->sp, checkpointing != 0, NULL) * sizeof(float) + 2 * BT * sizeof(int32_t);
+}
+
+/* Activation checkpointing: forward keeps each block's output (res3) and
+ * one layer's other buffers; backward recomputes block l from its input
+ * before differentiating it (with its collectives: every rank of the group
+ * recomputes in the same order). Applied at the next prepare. */
+static td_status tp_set_ckpt(td_model *model, int on) {
+  ((tp_gpt *)model)->ckpt = on != 0;
+  return TD_OK;
 }
 
 static td_status tp_prepare(td_model *model, int batch) {
@@ -152,10 +172,10 @@ static td_status tp_prepare(td_model *model, int batch) {
   if (batch <= 0) return td_error(TD_ERR_INVALID_ARGUMENT, "gpt-tp: micro-batch must be positive, got %d", batch);
   if (g->sp && ((long)batch * g->cfg.seq) % g->p != 0) /* seq % p is checked when sp is set */
     return td_error(TD_ERR_INTERNAL, "gpt-tp: %d x %d rows do not split over %d ranks", batch, g->cfg.seq, g->p);
-  if (g->acts.memory && g->acts.B == batch && g->acts.sp == g->sp) return TD_OK;
+  if (g->acts.memory && g->acts.B == batch && g->acts.sp == g->sp && g->acts.ckpt == g->ckpt) return TD_OK;
   td_free(g->acts.memory);
   memset(&g->acts, 0, sizeof g->acts);
-  size_t total = acts_plan(&g->acts, g, batch, g->sp, NULL);
+  size_t total = acts_plan(&g->acts, g, batch, g->sp, g->ckpt, NULL);
   float *mem = td_alloc(total * sizeof(float));
   size_t n = (size_t)batch * g->cfg.seq;
   int32_t *tokens = realloc(g->tokens, n * sizeof(int32_t));
@@ -167,10 +187,11 @@ static td_status tp_prepare(td_model *model, int batch) {
     return td_error(TD_ERR_SYSTEM, "gpt-tp: out of memory for the activations of micro-batch %d (%zu MiB)", batch,
                     total * sizeof(float) >> 20);
   }
-  acts_plan(&g->acts, g, batch, g->sp, mem);
+  acts_plan(&g->acts, g, batch, g->sp, g->ckpt, mem);
   g->acts.memory = mem;
   g->acts.B = batch;
   g->acts.sp = g->sp;
+  g->acts.ckpt = g->ckpt;
   g->acts.bytes = total * sizeof(float);
   g->base.activation_bytes = g->acts.bytes;
   return TD_OK;
@@ -223,12 +244,13 @@ static int block_forward(tp_gpt *g, const float *params, int l, const float *res
   const int T = g->cfg.seq, C = g->C, Cl = g->Cl, Fl = g->Fl, BT = B * T, R = a->sp ? BT / g->p : BT;
   const size_t sBT = (size_t)a->B * T, sR = a->sp ? sBT / g->p : sBT;
 #define W(which) (params + off_of(g, lidx(g, l, (which))))
-  float *ln1 = a->ln1 + l * sR * C, *ln1_mean = a->ln1_mean + l * sR, *ln1_rstd = a->ln1_rstd + l * sR;
-  float *qkv = a->qkv + l * sBT * 3 * Cl, *atty = a->atty + l * sBT * Cl;
-  float *att = a->att + (size_t)l * a->B * g->NHl * T * T;
-  float *res2 = a->res2 + l * sR * C, *ln2 = a->ln2 + l * sR * C;
-  float *ln2_mean = a->ln2_mean + l * sR, *ln2_rstd = a->ln2_rstd + l * sR;
-  float *fch = a->fch + l * sBT * Fl, *fchg = a->fchg + l * sBT * Fl, *res3 = a->res3 + l * sR * C;
+  const size_t k = a->ckpt ? 0 : (size_t)l; /* the per-layer buffers' slot: one with checkpointing */
+  float *ln1 = a->ln1 + k * sR * C, *ln1_mean = a->ln1_mean + k * sR, *ln1_rstd = a->ln1_rstd + k * sR;
+  float *qkv = a->qkv + k * sBT * 3 * Cl, *atty = a->atty + k * sBT * Cl;
+  float *att = a->att + k * a->B * g->NHl * T * T;
+  float *res2 = a->res2 + k * sR * C, *ln2 = a->ln2 + k * sR * C;
+  float *ln2_mean = a->ln2_mean + k * sR, *ln2_rstd = a->ln2_rstd + k * sR;
+  float *fch = a->fch + k * sBT * Fl, *fchg = a->fchg + k * sBT * Fl, *res3 = a->res3 + l * sR * C;
   td_layernorm_forward(ln1, ln1_mean, ln1_rstd, resid, W(P_LN1W), W(P_LN1B), R, C);
   const float *whole = whole_rows(g, ln1, BT);
   if (!whole) return 1;
@@ -249,34 +271,48 @@ static int block_forward(tp_gpt *g, const float *params, int l, const float *res
 static float tp_forward(td_model *model, const float *params, const void *inputs, const int32_t *targets, int batch) {
   tp_gpt *g = (tp_gpt *)model;
   g->have_targets = 0;
+  g->forwarded = 0;
   g->last_B = 0;
   if (g->failed != TD_OK) {
     td_error(g->failed, "%s", g->failed_msg);
     return NAN;
   }
-  if ((!g->acts.memory || g->acts.B != batch || g->acts.sp != g->sp) && tp_prepare(model, batch) != TD_OK) return NAN;
-  const int T = g->cfg.seq, V = g->cfg.vocab, L = g->cfg.layers, C = g->C, BT = batch * T;
+  if ((!g->acts.memory || g->acts.B != batch || g->acts.sp != g->sp || g->acts.ckpt != g->ckpt) &&
+      tp_prepare(model, batch) != TD_OK)
+    return NAN;
+  const int T = g->cfg.seq, V = g->cfg.vocab, L = g->L, C = g->C, BT = batch * T;
   const int R = g->acts.sp ? BT / g->p : BT;
   const size_t n = (size_t)BT, sR = (size_t)R;
-  memcpy(g->tokens, inputs, n * sizeof(int32_t));
+  if (!g->has_head) targets = NULL; /* only the last pipeline stage has a loss */
+  if (g->has_embed) memcpy(g->tokens, inputs, n * sizeof(int32_t));
   for (size_t i = 0; i < n; i++)
-    if ((uint32_t)g->tokens[i] >= (uint32_t)V || (targets && (uint32_t)targets[i] >= (uint32_t)V)) {
-      int bad_token = (uint32_t)g->tokens[i] >= (uint32_t)V;
+    if ((g->has_embed && (uint32_t)g->tokens[i] >= (uint32_t)V) || (targets && (uint32_t)targets[i] >= (uint32_t)V)) {
+      int bad_token = g->has_embed && (uint32_t)g->tokens[i] >= (uint32_t)V;
       td_error(TD_ERR_INVALID_ARGUMENT, "gpt-tp: %s %d at position %zu is outside the vocabulary [0, %d)",
                bad_token ? "token" : "target", bad_token ? g->tokens[i] : targets[i], i, V);
       return NAN;
     }
   if (targets) memcpy(g->targets, targets, n * sizeof(int32_t));
   tp_acts *a = &g->acts;
-  const float *wte = params + off_of(g, g->idx_wte), *wpe = params + off_of(g, g->idx_wpe);
-  td_status st = a->sp ? tp_embedding_forward_sp(a->encoded, a->dbuf_c, g->tokens, wte, wpe, batch, T, C, g->v0, g->Vl,
-                                                 g->comm)
-                       : tp_embedding_forward(a->encoded, g->tokens, wte, wpe, batch, T, C, g->v0, g->Vl, g->comm);
-  if (fail(g, st)) goto failed;
+  if (g->has_embed) {
+    const float *wte = params + off_of(g, g->idx_wte), *wpe = params + off_of(g, g->idx_wpe);
+    td_status st = a->sp ? tp_embedding_forward_sp(a->encoded, a->dbuf_c, g->tokens, wte, wpe, batch, T, C, g->v0,
+                                                   g->Vl, g->comm)
+                         : tp_embedding_forward(a->encoded, g->tokens, wte, wpe, batch, T, C, g->v0, g->Vl, g->comm);
+    if (fail(g, st)) goto failed;
+  } else {
+    /* a later pipeline stage: the previous stage's output, this rank's rows of it (all of them without sp) */
+    memcpy(a->encoded, inputs, sR * C * sizeof(float));
+  }
   const float *resid = a->encoded;
   for (int l = 0; l < L; l++) {
     if (block_forward(g, params, l, resid, batch)) goto failed;
     resid = a->res3 + l * sR * C;
+  }
+  if (!g->has_head) { /* the output is resid (tp_gpt_stage_output) */
+    g->last_B = batch;
+    g->forwarded = 1;
+    return 0.0f;
   }
   td_layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, resid, params + off_of(g, g->idx_lnfw),
                        params + off_of(g, g->idx_lnfb), R, C);
@@ -337,42 +373,65 @@ static int layernorm_backward(tp_gpt *g, float *dw, float *db, const float *dout
   return 0;
 }
 
-static void tp_backward(td_model *model, const float *params, float *grads, float loss_scale, td_grad_ready_fn ready,
-                        void *ctx) {
-  tp_gpt *g = (tp_gpt *)model;
-  if (!g->have_targets || g->failed != TD_OK) return; /* nothing to differentiate */
+/* loss -> logits -> LM head (column-parallel over the vocabulary) -> ln_f,
+ * leaving the gradient of the last block's output in dres. Returns 1 after
+ * a failed collective. */
+static int head_backward(tp_gpt *g, const float *params, float *grads, float loss_scale, td_grad_ready_fn ready,
+                         void *ctx) {
   tp_acts *a = &g->acts;
-  const int L = g->cfg.layers, T = g->cfg.seq, C = g->C, Cl = g->Cl, Fl = g->Fl, B = g->last_B, BT = B * T;
-  const int R = a->sp ? BT / g->p : BT;
-  const size_t sBT = (size_t)a->B * T, sR = a->sp ? sBT / g->p : sBT;
-  const int tied = g->idx_head < 0;
-  /* loss -> logits -> LM head (column-parallel over the vocabulary) -> ln_f */
+  const int L = g->L, C = g->C, BT = g->last_B * g->cfg.seq, R = a->sp ? BT / g->p : BT;
+  const size_t sR = a->sp ? (size_t)a->B * g->cfg.seq / g->p : (size_t)a->B * g->cfg.seq;
+  const int tied = g->idx_head < 0, head = tied ? g->idx_wte : g->idx_head;
   tp_xent_backward(a->dlogits, a->probs, g->targets, loss_scale, BT, g->v0, g->Vl);
-  const int head = tied ? g->idx_wte : g->idx_head;
   const float *whole = whole_rows(g, a->lnf, BT), *dln = NULL;
-  if (!whole) return;
+  if (!whole) return 1;
   if (!(dln = column_backward(g, grads + off_of(g, head), NULL, a->dlogits, whole, params + off_of(g, head), BT, g->Vl)))
-    return;
-  if (!tied) report(ready, ctx, g, g->idx_head);
+    return 1;
+  if (!tied || !g->has_embed) report(ready, ctx, g, head); /* a tied wte is final after the embedding's part */
   const float *last = L > 0 ? a->res3 + (L - 1) * sR * C : a->encoded;
   memset(a->dres, 0, (size_t)R * C * sizeof(float));
   if (layernorm_backward(g, grads + off_of(g, g->idx_lnfw), grads + off_of(g, g->idx_lnfb), dln, last,
                          params + off_of(g, g->idx_lnfw), a->lnf_mean, a->lnf_rstd, R))
-    return;
+    return 1;
   report(ready, ctx, g, g->idx_lnfb);
   report(ready, ctx, g, g->idx_lnfw);
+  return 0;
+}
+
+static void tp_backward(td_model *model, const float *params, float *grads, float loss_scale, td_grad_ready_fn ready,
+                        void *ctx) {
+  tp_gpt *g = (tp_gpt *)model;
+  if (g->failed != TD_OK) return;
+  tp_acts *a = &g->acts;
+  const int L = g->L, T = g->cfg.seq, C = g->C, Cl = g->Cl, Fl = g->Fl, B = g->last_B, BT = B * T;
+  const int R = a->sp ? BT / g->p : BT;
+  const size_t sBT = (size_t)a->B * T, sR = a->sp ? sBT / g->p : sBT;
+  const float *whole = NULL, *dln = NULL;
+  if (g->has_head) {
+    if (!g->have_targets) return; /* nothing to differentiate */
+    if (head_backward(g, params, grads, loss_scale, ready, ctx)) return;
+  } else {
+    /* a pipeline stage before the last: its output's gradient (this rank's rows) came from the next stage */
+    if (!g->forwarded || !g->dout_ext) return;
+    memcpy(a->dres, g->dout_ext, (size_t)R * C * sizeof(float));
+    g->dout_ext = NULL;
+  }
   for (int l = L - 1; l >= 0; l--) {
 #define W(which) (params + off_of(g, lidx(g, l, (which))))
 #define G(which) (grads + off_of(g, lidx(g, l, (which))))
 #define READY(which) report(ready, ctx, g, lidx(g, l, (which)))
     const float *resid = l > 0 ? a->res3 + (l - 1) * sR * C : a->encoded;
-    const float *ln1_mean = a->ln1_mean + l * sR, *ln1_rstd = a->ln1_rstd + l * sR;
-    const float *ln1 = a->ln1 + l * sR * C, *ln2 = a->ln2 + l * sR * C;
-    const float *qkv = a->qkv + l * sBT * 3 * Cl, *atty = a->atty + l * sBT * Cl;
-    const float *att = a->att + (size_t)l * a->B * g->NHl * T * T;
-    const float *res2 = a->res2 + l * sR * C;
-    const float *ln2_mean = a->ln2_mean + l * sR, *ln2_rstd = a->ln2_rstd + l * sR;
-    const float *fch = a->fch + l * sBT * Fl, *fchg = a->fchg + l * sBT * Fl;
+    /* checkpointing: block l's buffers again, recomputed from its input
+     * (the same kernels and collectives on the same values: the same bits) */
+    if (a->ckpt && block_forward(g, params, l, resid, B)) return;
+    const size_t k = a->ckpt ? 0 : (size_t)l;
+    const float *ln1_mean = a->ln1_mean + k * sR, *ln1_rstd = a->ln1_rstd + k * sR;
+    const float *ln1 = a->ln1 + k * sR * C, *ln2 = a->ln2 + k * sR * C;
+    const float *qkv = a->qkv + k * sBT * 3 * Cl, *atty = a->atty + k * sBT * Cl;
+    const float *att = a->att + k * a->B * g->NHl * T * T;
+    const float *res2 = a->res2 + k * sR * C;
+    const float *ln2_mean = a->ln2_mean + k * sR, *ln2_rstd = a->ln2_rstd + k * sR;
+    const float *fch = a->fch + k * sBT * Fl, *fchg = a->fchg + k * sBT * Fl;
     /* MLP; dres holds d res3 (this rank's rows); the row-parallel product needs the whole rows */
     if (fail(g, gather_rows(g, a->dfull, a->dres, BT))) return;
     memset(a->dbuf_f, 0, (size_t)BT * Fl * sizeof(float));
@@ -407,6 +466,8 @@ static void tp_backward(td_model *model, const float *params, float *grads, floa
 #undef G
 #undef READY
   }
+  g->forwarded = 0;
+  if (!g->has_embed) return; /* dres: the gradient of the input, this rank's rows (tp_gpt_stage_input_grad) */
   /* the whole rows again (sp): every rank then adds the same wpe gradient */
   if (fail(g, gather_rows(g, a->dfull, a->dres, BT))) return;
   tp_embedding_backward(grads + off_of(g, g->idx_wte), grads + off_of(g, g->idx_wpe), a->dfull, g->tokens, B, T, C,
@@ -421,6 +482,10 @@ static void tp_backward(td_model *model, const float *params, float *grads, floa
 static void tp_predict(td_model *model, int32_t *out) {
   tp_gpt *g = (tp_gpt *)model;
   const size_t n = (size_t)g->last_B * g->cfg.seq;
+  if (!g->has_head) { /* a pipeline stage before the last has no logits */
+    for (size_t i = 0; i < n; i++) out[i] = -1;
+    return;
+  }
   float *best = g->acts.stats; /* 2n floats: n values, then n indices as int32 */
   int32_t *index = (int32_t *)(g->acts.stats + n);
   for (size_t i = 0; i < n; i++) {
@@ -490,15 +555,7 @@ static void tp_init_params(const td_model *model, float *params, uint64_t seed) 
  * every rank, the replicated ones (equal everywhere) from rank 0 only. */
 static td_status tp_grad_norm_sq(td_model *model, const float *grads, double *sum_sq) {
   tp_gpt *g = (tp_gpt *)model;
-  double mine = *sum_sq;
-  if (g->r != 0)
-    for (int i = 0; i < g->base.n_tensors; i++)
-      if (g->cuts[i].kind == CUT_REPL) {
-        const float *x = grads + g->tensors[i].offset;
-        double sq = 0;
-        for (size_t j = 0; j < g->tensors[i].count; j++) sq += (double)x[j] * x[j];
-        mine -= sq;
-      }
+  double mine = *sum_sq - tp_gpt_replicated_sq(model, grads);
   td_status st = td_allreduce(&mine, sum_sq, 1, TD_F64, TD_SUM, g->comm);
   if (fail(g, st)) return td_error(g->failed, "%s", g->failed_msg);
   if (*sum_sq < 0) *sum_sq = 0; /* rounding of the subtraction */
@@ -525,6 +582,7 @@ static const td_model_ops tp_ops = {
     .predict = tp_predict,
     .destroy = tp_destroy,
     .activation_bytes = tp_activation_bytes,
+    .set_activation_checkpointing = tp_set_ckpt,
     .init_params = tp_init_params,
     .grad_norm_sq = tp_grad_norm_sq,
 };
@@ -542,30 +600,52 @@ td_status td_gpt_tp_set_sequence_parallel(td_model *model, int on) {
   return TD_OK;
 }
 
-td_status td_gpt_tp_create(const td_gpt_config *config, const td_grid *grid, td_model **out) {
-  if (!out) return td_error(TD_ERR_INVALID_ARGUMENT, "td_gpt_tp_create: out must not be NULL");
-  *out = NULL;
-  if (!config || !grid) return td_error(TD_ERR_INVALID_ARGUMENT, "td_gpt_tp_create: config and grid must be given");
-  if (td_grid_size(grid, TD_GRID_PIPELINE) != 1)
-    return td_error(TD_ERR_INVALID_ARGUMENT, "td_gpt_tp_create: the tensor-parallel GPT holds every layer; with "
-                    "pipeline-parallel %d use the pipeline engine's stages", td_grid_size(grid, TD_GRID_PIPELINE));
-  td_comm *tensor = td_grid_comm(grid, TD_GRID_TENSOR);
+cut tp_cut_of(const char *name, size_t count, const td_gpt_config *config, int p, int r) {
+  const size_t C = (size_t)config->channels, Cl = C / (size_t)p, Fl = 4 * C / (size_t)p;
+  if (strcmp(name, "wte") == 0 || strcmp(name, "lm_head.weight") == 0) {
+    size_t v0, vl;
+    td_shard_range((size_t)config->vocab, p, r, &v0, &vl);
+    return (cut){CUT_ROWS, (size_t)config->vocab, C, v0, vl, 1};
+  }
+  const char *dot = name[0] == 'h' ? strchr(name, '.') : NULL; /* "h<l>.<suffix>" */
+  if (dot) {
+    const char *w = dot + 1;
+    if (!strcmp(w, "attn.qkv.weight")) return (cut){CUT_ROWS, C, C, (size_t)r * Cl, Cl, 3};
+    if (!strcmp(w, "attn.qkv.bias")) return (cut){CUT_ROWS, C, 1, (size_t)r * Cl, Cl, 3};
+    if (!strcmp(w, "attn.proj.weight")) return (cut){CUT_COLS, C, C, (size_t)r * Cl, Cl, 1};
+    if (!strcmp(w, "mlp.fc.weight")) return (cut){CUT_ROWS, 4 * C, C, (size_t)r * Fl, Fl, 1};
+    if (!strcmp(w, "mlp.fc.bias")) return (cut){CUT_ROWS, 4 * C, 1, (size_t)r * Fl, Fl, 1};
+    if (!strcmp(w, "mlp.proj.weight")) return (cut){CUT_COLS, C, 4 * C, (size_t)r * Fl, Fl, 1};
+  }
+  return (cut){CUT_REPL, count, 1, 0, 0, 1}; /* LayerNorms, wpe, the row-parallel biases */
+}
+
+size_t tp_cut_count(const cut *k) {
+  return k->kind == CUT_REPL ? k->rows * k->cols : k->kind == CUT_ROWS ? (size_t)k->blocks * k->n * k->cols
+                                                                       : k->rows * k->n;
+}
+
+/* The shard of the unsplit model `full` (td_gpt_create's, or a pipeline
+ * stage's from td_gpt_stage_create; the model takes it) over `tensor`. */
+static td_status tp_build(const td_gpt_config *config, td_model *full, const td_gpt_stage *stage, td_comm *tensor,
+                          int world_rank, td_model **out) {
   const int p = td_comm_size(tensor), r = td_comm_rank(tensor);
-  TD_CHECK(td_grid_check_gpt(config, p, 1));
-  td_model *full = NULL;
-  TD_CHECK(td_gpt_create(config, &full)); /* its refusals (channels % heads, ...) */
   tp_gpt *g = calloc(1, sizeof *g);
   if (!g) {
     td_model_destroy(full);
-    return td_error(TD_ERR_SYSTEM, "td_gpt_tp_create: out of memory");
+    return td_error(TD_ERR_SYSTEM, "gpt-tp: out of memory");
   }
   g->cfg = *config;
   g->full = full;
+  g->first_layer = stage->first_layer;
+  g->L = stage->n_layers;
+  g->has_embed = stage->embed != 0;
+  g->has_head = stage->head != 0;
   g->comm = tensor;
   g->p = p;
   g->r = r;
-  g->world_rank = td_comm_rank(td_grid_world(grid));
-  g->world_first = g->world_rank - r;
+  g->world_rank = world_rank;
+  g->world_first = world_rank - r;
   g->C = config->channels;
   g->Cl = config->channels / p;
   g->NHl = config->heads / p;
@@ -575,49 +655,33 @@ td_status td_gpt_tp_create(const td_gpt_config *config, const td_grid *grid, td_
   g->v0 = (int)v0;
   g->Vl = (int)vl;
   const int n = full->n_tensors;
-  g->tensors = calloc((size_t)n, sizeof *g->tensors);
+  g->tensors = calloc((size_t)n + 1, sizeof *g->tensors); /* + the end sentinel, as the unsplit table's */
   g->cuts = calloc((size_t)n, sizeof *g->cuts);
   g->names = calloc((size_t)n, sizeof *g->names);
   if (!g->tensors || !g->cuts || !g->names) {
     tp_destroy(&g->base);
-    return td_error(TD_ERR_SYSTEM, "td_gpt_tp_create: out of memory");
+    return td_error(TD_ERR_SYSTEM, "gpt-tp: out of memory");
   }
-  const size_t C = g->C, Cl = g->Cl, Fl = g->Fl, L = config->layers;
-  g->idx_head = -1;
+  g->idx_wte = g->idx_wpe = g->idx_head = g->idx_layer0 = -1;
+  g->idx_lnfw = g->idx_lnfb = n;
   size_t off = 0;
   for (int i = 0; i < n; i++) {
     const char *name = full->tensors[i].name;
-    const size_t count = full->tensors[i].count;
-    cut k = {CUT_REPL, count, 1, 0, 0, 1};
-    if (strcmp(name, "wte") == 0 || strcmp(name, "lm_head.weight") == 0) {
-      k = (cut){CUT_ROWS, (size_t)config->vocab, C, v0, vl, 1};
-      if (name[0] == 'w') g->idx_wte = i;
-      else g->idx_head = i;
-    } else if (strcmp(name, "wpe") == 0) {
-      g->idx_wpe = i;
-      g->idx_layer0 = i + 1;
-    } else if (strcmp(name, "ln_f.weight") == 0) {
-      g->idx_lnfw = i;
-    } else if (strcmp(name, "ln_f.bias") == 0) {
-      g->idx_lnfb = i;
-    } else if (i >= 2 && (size_t)(i - 2) < L * P_PER_LAYER) {
-      switch ((i - 2) % P_PER_LAYER) {
-      case P_QKVW: k = (cut){CUT_ROWS, C, C, (size_t)r * Cl, Cl, 3}; break;
-      case P_QKVB: k = (cut){CUT_ROWS, C, 1, (size_t)r * Cl, Cl, 3}; break;
-      case P_PROJW: k = (cut){CUT_COLS, C, C, (size_t)r * Cl, Cl, 1}; break;
-      case P_FCW: k = (cut){CUT_ROWS, 4 * C, C, (size_t)r * Fl, Fl, 1}; break;
-      case P_FCB: k = (cut){CUT_ROWS, 4 * C, 1, (size_t)r * Fl, Fl, 1}; break;
-      case P_FC2W: k = (cut){CUT_COLS, C, 4 * C, (size_t)r * Fl, Fl, 1}; break;
-      default: break; /* LayerNorms and the row-parallel biases: replicated */
-      }
-    }
+    cut k = tp_cut_of(name, full->tensors[i].count, config, p, r);
+    if (!strcmp(name, "wte")) g->idx_wte = i;
+    else if (!strcmp(name, "lm_head.weight")) g->idx_head = i;
+    else if (!strcmp(name, "wpe")) g->idx_wpe = i;
+    else if (!strcmp(name, "ln_f.weight")) g->idx_lnfw = i;
+    else if (!strcmp(name, "ln_f.bias")) g->idx_lnfb = i;
+    else if (name[0] == 'h' && g->idx_layer0 < 0) g->idx_layer0 = i; /* the first block's first tensor */
     g->cuts[i] = k;
     snprintf(g->names[i], sizeof g->names[i], "%s", name);
     g->tensors[i].name = g->names[i];
     g->tensors[i].offset = off;
-    g->tensors[i].count = k.kind == CUT_REPL ? count : k.kind == CUT_ROWS ? k.blocks * k.n * k.cols : k.rows * k.n;
+    g->tensors[i].count = tp_cut_count(&k);
     off += g->tensors[i].count;
   }
+  g->tensors[n] = (td_param_tensor){"", off, 0};
   g->base.ops = &tp_ops;
   g->base.kind = "gpt-tp";
   snprintf(g->config_text, sizeof g->config_text, "%s tensor_parallel=%d tensor_rank=%d", full->config, p, r);
@@ -625,16 +689,75 @@ td_status td_gpt_tp_create(const td_gpt_config *config, const td_grid *grid, td_
   g->base.n_params = off;
   g->base.n_tensors = n;
   g->base.tensors = g->tensors;
-  g->base.input_bytes = (size_t)config->seq * sizeof(int32_t);
+  g->base.input_bytes = (size_t)config->seq * (g->has_embed ? sizeof(int32_t) : (size_t)g->C * sizeof(float));
   g->base.targets_per_sample = (size_t)config->seq;
   g->base.device = full->device;
   *out = &g->base;
   return TD_OK;
 }
 
+td_status td_gpt_tp_create(const td_gpt_config *config, const td_grid *grid, td_model **out) {
+  if (!out) return td_error(TD_ERR_INVALID_ARGUMENT, "td_gpt_tp_create: out must not be NULL");
+  *out = NULL;
+  if (!config || !grid) return td_error(TD_ERR_INVALID_ARGUMENT, "td_gpt_tp_create: config and grid must be given");
+  if (td_grid_size(grid, TD_GRID_PIPELINE) != 1)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "td_gpt_tp_create: the tensor-parallel GPT holds every layer; with "
+                    "pipeline-parallel %d use td_gpt_pipeline_create_grid (tensor-parallel pipeline stages)",
+                    td_grid_size(grid, TD_GRID_PIPELINE));
+  td_comm *tensor = td_grid_comm(grid, TD_GRID_TENSOR);
+  TD_CHECK(td_grid_check_gpt(config, td_comm_size(tensor), 1));
+  td_model *full = NULL;
+  TD_CHECK(td_gpt_create(config, &full)); /* its refusals (channels % heads, ...) */
+  td_gpt_stage whole = {0, config->layers, 1, 1};
+  return tp_build(config, full, &whole, tensor, td_comm_rank(td_grid_world(grid)), out);
+}
+
+td_status tp_gpt_stage_create(const td_gpt_config *config, const td_gpt_stage *stage, td_comm *tensor, int world_rank,
+                              td_model **out) {
+  *out = NULL;
+  TD_CHECK(td_grid_check_gpt(config, td_comm_size(tensor), 1));
+  td_model *full = NULL;
+  TD_CHECK(td_gpt_stage_create(config, stage, &full)); /* its refusals (the range) */
+  return tp_build(config, full, stage, tensor, world_rank, out);
+}
+
+static tp_gpt *as_tp(const td_model *model) {
+  return model && model->ops == &tp_ops ? (tp_gpt *)model : NULL;
+}
+
+const float *tp_gpt_stage_output(const td_model *model) {
+  const tp_gpt *g = as_tp(model);
+  if (!g || !g->acts.memory) return NULL;
+  if (g->L == 0) return g->acts.encoded;
+  const size_t sR = (size_t)g->acts.B * g->cfg.seq / (g->acts.sp ? (size_t)g->p : 1);
+  return g->acts.res3 + (size_t)(g->L - 1) * sR * g->C;
+}
+
+void tp_gpt_stage_set_output_grad(td_model *model, const float *dout) {
+  tp_gpt *g = as_tp(model);
+  if (g) g->dout_ext = dout;
+}
+
+const float *tp_gpt_stage_input_grad(const td_model *model) {
+  const tp_gpt *g = as_tp(model);
+  return g && g->acts.memory ? g->acts.dres : NULL;
+}
+
+double tp_gpt_replicated_sq(const td_model *model, const float *grads) {
+  const tp_gpt *g = as_tp(model);
+  double sq = 0;
+  if (!g || g->r == 0) return 0;
+  for (int i = 0; i < g->base.n_tensors; i++)
+    if (g->cuts[i].kind == CUT_REPL) {
+      const float *x = grads + g->tensors[i].offset;
+      for (size_t j = 0; j < g->tensors[i].count; j++) sq += (double)x[j] * x[j];
+    }
+  return sq;
+}
+
 const cut *tp_gpt_cuts(const td_model *model, td_gpt_config *config, int *p, int *r) {
-  if (!model || !model->kind || strcmp(model->kind, "gpt-tp") != 0) return NULL;
-  const tp_gpt *g = (const tp_gpt *)model;
+  const tp_gpt *g = as_tp(model);
+  if (!g || !g->has_embed || !g->has_head || g->L != g->cfg.layers) return NULL; /* stages: mapped by their pipeline */
   *config = g->cfg;
   *p = g->p;
   *r = g->r;

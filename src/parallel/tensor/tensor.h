@@ -42,6 +42,30 @@ typedef struct cut {
   int blocks;
 } cut;
 
+/* The cut of the unsplit tensor `name` (td_gpt_create's names; count: its
+ * floats) for tensor rank r of p: the one rule gpt_tp.c builds its shards
+ * by and ckpt_map.c maps checkpoints by. Pure. */
+cut tp_cut_of(const char *name, size_t count, const td_gpt_config *config, int p, int r);
+/* The local floats of a cut. */
+size_t tp_cut_count(const cut *k);
+
+/* A tensor-parallel pipeline stage (the pipeline engine's chunks under TP x
+ * PP): td_gpt_stage_create's blocks, embeddings and head, each tensor cut as
+ * td_gpt_tp_create's, over the communicator `tensor` (world_rank: this
+ * rank's, for messages). Inputs of a stage without the embeddings are the
+ * previous stage's output rows on this rank: (B*T, C) floats, or with
+ * sequence parallelism its (B*T/p, C) rows; the output, the gradient of the
+ * output and of the input have that shape too. */
+td_status tp_gpt_stage_create(const td_gpt_config *config, const td_gpt_stage *stage, td_comm *tensor, int world_rank,
+                              td_model **out);
+const float *tp_gpt_stage_output(const td_model *model);
+void tp_gpt_stage_set_output_grad(td_model *model, const float *dout);
+const float *tp_gpt_stage_input_grad(const td_model *model);
+/* The squared gradient of the tensors this rank holds but does not count in
+ * the model's norm: the replicated ones on tensor ranks other than 0
+ * (their gradients are equal on every rank of the group). */
+double tp_gpt_replicated_sq(const td_model *model, const float *grads);
+
 /* The cut of each of a td_gpt_tp_create model's tensors (model->n_tensors,
  * in arena order; owned by the model), its config and its place (p ranks,
  * this one r) in the tensor group; NULL for any other model. */

@@ -15,7 +15,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,42 +24,12 @@
 
 /* Append s to the JSON header as a string body (quotes, backslashes and
  * control characters escaped). */
-static int json_append_string(char **buf, size_t *n, size_t *cap, const char *s) {
+static void json_append_string(td_buf *h, const char *s) {
   for (; *s; s++) {
-    char esc[8];
     unsigned char c = (unsigned char)*s;
-    size_t len;
-    if (c == '"' || c == '\\') len = (size_t)snprintf(esc, sizeof esc, "\\%c", c);
-    else if (c < 0x20) len = (size_t)snprintf(esc, sizeof esc, "\\u%04x", c);
-    else esc[0] = (char)c, len = 1;
-    if (*n + len + 1 > *cap) {
-      size_t ncap = 2 * *cap + len + 64;
-      char *g = realloc(*buf, ncap);
-      if (!g) return -1;
-      *buf = g, *cap = ncap;
-    }
-    memcpy(*buf + *n, esc, len);
-    *n += len;
-  }
-  return 0;
-}
-
-static int json_append(char **buf, size_t *n, size_t *cap, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-static int json_append(char **buf, size_t *n, size_t *cap, const char *fmt, ...) {
-  for (;;) {
-    va_list ap;
-    va_start(ap, fmt);
-    int w = vsnprintf(*buf + *n, *cap - *n, fmt, ap);
-    va_end(ap);
-    if (w < 0) return -1;
-    if ((size_t)w < *cap - *n) {
-      *n += (size_t)w;
-      return 0;
-    }
-    size_t ncap = 2 * *cap + (size_t)w + 64;
-    char *g = realloc(*buf, ncap);
-    if (!g) return -1;
-    *buf = g, *cap = ncap;
+    if (c == '"' || c == '\\') td_buf_printf(h, "\\%c", c);
+    else if (c < 0x20) td_buf_printf(h, "\\u%04x", c);
+    else td_buf_append(h, s, 1);
   }
 }
 
@@ -75,48 +44,42 @@ td_status td_ckpt_consolidate(td_ckpt_dir *d, const char *out_path) {
       if (strcmp(tensors[i].name, tensors[j].name) == 0)
         return td_error(TD_ERR_IO, "%s: two tensors are named \"%s\": a safetensors file needs unique names", d->dir,
                         tensors[i].name);
-  size_t cap = 4096, n = 0;
-  char *h = malloc(cap);
-  if (!h) return td_error(TD_ERR_SYSTEM, "out of memory for the safetensors header");
-  int bad = json_append(&h, &n, &cap,
-                        "{\"__metadata__\":{\"format\":\"pt\",\"source\":\"tandem-checkpoint\",\"step\":\"%ld\","
-                        "\"model_kind\":\"",
-                        m->step);
-  bad |= json_append_string(&h, &n, &cap, m->kind);
-  bad |= json_append(&h, &n, &cap, "\",\"model_config\":\"");
-  bad |= json_append_string(&h, &n, &cap, m->model_config);
-  bad |= json_append(&h, &n, &cap, "\"}");
+  td_buf h = {0};
+  td_buf_printf(&h, "{\"__metadata__\":{\"format\":\"pt\",\"source\":\"tandem-checkpoint\",\"step\":\"%ld\","
+                    "\"model_kind\":\"", m->step);
+  json_append_string(&h, m->kind);
+  td_buf_printf(&h, "\",\"model_config\":\"");
+  json_append_string(&h, m->model_config);
+  td_buf_printf(&h, "\"}");
   uint64_t data_off = 0;
-  for (int i = 0; i < n_tensors && !bad; i++) {
-    bad |= json_append(&h, &n, &cap, ",\"");
-    bad |= json_append_string(&h, &n, &cap, tensors[i].name);
-    bad |= json_append(&h, &n, &cap, "\":{\"dtype\":\"F32\",\"shape\":[%zu],\"data_offsets\":[%llu,%llu]}",
-                       tensors[i].count, (unsigned long long)data_off,
-                       (unsigned long long)(data_off + tensors[i].count * 4));
+  for (int i = 0; i < n_tensors; i++) {
+    td_buf_printf(&h, ",\"");
+    json_append_string(&h, tensors[i].name);
+    td_buf_printf(&h, "\":{\"dtype\":\"F32\",\"shape\":[%zu],\"data_offsets\":[%llu,%llu]}", tensors[i].count,
+                  (unsigned long long)data_off, (unsigned long long)(data_off + tensors[i].count * 4));
     data_off += tensors[i].count * 4;
   }
-  bad |= json_append(&h, &n, &cap, "}");
+  td_buf_printf(&h, "}");
   /* The data starts 8-byte aligned: pad the header with spaces. */
-  while (!bad && (8 + n) % 8 != 0) bad |= json_append(&h, &n, &cap, " ");
-  if (bad) {
-    free(h);
-    return td_error(TD_ERR_SYSTEM, "out of memory for the safetensors header");
-  }
+  while (!h.failed && (8 + h.len) % 8 != 0) td_buf_append(&h, " ", 1);
+  size_t n = 0;
+  char *header = td_buf_take(&h, &n);
+  if (!header) return td_error(TD_ERR_SYSTEM, "out of memory for the safetensors header");
   char tmp[1100];
   if (ckpt_path_fmt(tmp, sizeof tmp, "%s.tmp", out_path) != 0) {
-    free(h);
+    free(header);
     return td_error(TD_ERR_INVALID_ARGUMENT, "output path too long: %s", out_path);
   }
   int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) {
-    free(h);
+    free(header);
     return td_error_errno("cannot create %s", tmp);
   }
   unsigned char len_le[8];
   for (int k = 0; k < 8; k++) len_le[k] = (unsigned char)((uint64_t)n >> (8 * k));
   td_status st = TD_OK;
-  if (ckpt_write_full(fd, len_le, 8) != 0 || ckpt_write_full(fd, h, n) != 0) st = td_error_errno("cannot write %s", tmp);
-  free(h);
+  if (ckpt_write_full(fd, len_le, 8) != 0 || ckpt_write_full(fd, header, n) != 0) st = td_error_errno("cannot write %s", tmp);
+  free(header);
   const size_t slice = (size_t)1 << 22; /* floats per read */
   float *buf = st == TD_OK ? td_alloc(slice * sizeof(float)) : NULL;
   if (st == TD_OK && !buf) st = td_error(TD_ERR_SYSTEM, "out of memory consolidating %s", d->dir);

@@ -34,83 +34,46 @@
 
 /* ---- writing ---- */
 
-typedef struct text_buf {
-  char *p;
-  size_t n, cap;
-  int failed;
-} text_buf;
-
-static void emit(text_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void emit(text_buf *b, const char *fmt, ...) {
-  if (b->failed) return;
-  for (;;) {
-    va_list ap;
-    va_start(ap, fmt);
-    int w = vsnprintf(b->p + b->n, b->cap - b->n, fmt, ap);
-    va_end(ap);
-    if (w < 0) {
-      b->failed = 1;
-      return;
-    }
-    if ((size_t)w < b->cap - b->n) {
-      b->n += (size_t)w;
-      return;
-    }
-    size_t ncap = 2 * b->cap + (size_t)w + 64;
-    char *grown = realloc(b->p, ncap);
-    if (!grown) {
-      b->failed = 1;
-      return;
-    }
-    b->p = grown;
-    b->cap = ncap;
-  }
-}
-
 char *td_ckpt_manifest_format(const td_ckpt_manifest *m) {
-  text_buf b = {malloc(4096), 0, 4096, 0};
-  if (!b.p) return NULL;
-  emit(&b, "%s %d\n", TD_CKPT_MAGIC, TD_CKPT_FORMAT);
-  emit(&b, "world_size %d\n", m->world);
-  emit(&b, "zero_stage %d\n", m->zero_stage);
-  emit(&b, "step %ld\n", m->step);
-  emit(&b, "samples_consumed %llu\n", m->consumed);
-  emit(&b, "seed %llu\n", m->seed);
-  emit(&b, "dataset_samples %llu\n", m->dataset_samples);
-  emit(&b, "train_batch_size %llu\n", m->train_batch_size);
-  emit(&b, "model_kind %s\n", m->kind);
-  if (m->model_config[0]) emit(&b, "model_config %s\n", m->model_config);
-  emit(&b, "n_params %zu\n", m->n_params);
-  emit(&b, "optimizer %s\n", m->optimizer);
-  emit(&b, "n_state_arenas %d\n", m->n_states);
-  emit(&b, "chunk_bytes %llu\n", (unsigned long long)m->chunk_bytes);
+  td_buf b = {0};
+  td_buf_printf(&b, "%s %d\n", TD_CKPT_MAGIC, TD_CKPT_FORMAT);
+  td_buf_printf(&b, "world_size %d\n", m->world);
+  td_buf_printf(&b, "zero_stage %d\n", m->zero_stage);
+  td_buf_printf(&b, "step %ld\n", m->step);
+  td_buf_printf(&b, "samples_consumed %llu\n", m->consumed);
+  td_buf_printf(&b, "seed %llu\n", m->seed);
+  td_buf_printf(&b, "dataset_samples %llu\n", m->dataset_samples);
+  td_buf_printf(&b, "train_batch_size %llu\n", m->train_batch_size);
+  td_buf_printf(&b, "model_kind %s\n", m->kind);
+  if (m->model_config[0]) td_buf_printf(&b, "model_config %s\n", m->model_config);
+  td_buf_printf(&b, "n_params %zu\n", m->n_params);
+  td_buf_printf(&b, "optimizer %s\n", m->optimizer);
+  td_buf_printf(&b, "n_state_arenas %d\n", m->n_states);
+  td_buf_printf(&b, "chunk_bytes %llu\n", (unsigned long long)m->chunk_bytes);
   if (m->has_scaler)
-    emit(&b, "loss_scaler %.17g %ld %ld %d %ld\n", m->scaler_scale, m->scaler_iter, m->scaler_last_overflow,
-         m->scaler_hysteresis_left, m->scaler_skipped);
-  emit(&b, "n_tensors %d\n", m->n_tensors);
+    td_buf_printf(&b, "loss_scaler %.17g %ld %ld %d %ld\n", m->scaler_scale, m->scaler_iter, m->scaler_last_overflow,
+                  m->scaler_hysteresis_left, m->scaler_skipped);
+  td_buf_printf(&b, "n_tensors %d\n", m->n_tensors);
   for (int i = 0; i < m->n_tensors; i++)
-    emit(&b, "tensor %zu %zu %s\n", m->tensors[i].offset, m->tensors[i].count, m->tensors[i].name);
-  emit(&b, "n_arenas %d\n", m->n_arenas);
+    td_buf_printf(&b, "tensor %zu %zu %s\n", m->tensors[i].offset, m->tensors[i].count, m->tensors[i].name);
+  td_buf_printf(&b, "n_arenas %d\n", m->n_arenas);
   for (int a = 0; a < m->n_arenas; a++)
-    emit(&b, "arena %d %s f32 %llu\n", a, m->arenas[a].name, (unsigned long long)m->arenas[a].count);
-  emit(&b, "n_files %d\n", m->n_files);
-  for (int f = 0; f < m->n_files; f++) emit(&b, "file %s %llu\n", m->files[f].name, (unsigned long long)m->files[f].bytes);
+    td_buf_printf(&b, "arena %d %s f32 %llu\n", a, m->arenas[a].name, (unsigned long long)m->arenas[a].count);
+  td_buf_printf(&b, "n_files %d\n", m->n_files);
+  for (int f = 0; f < m->n_files; f++)
+    td_buf_printf(&b, "file %s %llu\n", m->files[f].name, (unsigned long long)m->files[f].bytes);
   for (int i = 0; i < m->n_pieces; i++) {
     const td_ckpt_piece *p = &m->pieces[i];
-    emit(&b, "piece %d %d %llu %llu %llu ", p->file, p->arena, (unsigned long long)p->lo, (unsigned long long)p->hi,
-         (unsigned long long)p->offset);
-    for (uint64_t c = 0; c < p->n_crc; c++) emit(&b, c ? ",%08x" : "%08x", (unsigned)p->crc[c]);
-    emit(&b, "\n");
+    td_buf_printf(&b, "piece %d %d %llu %llu %llu ", p->file, p->arena, (unsigned long long)p->lo,
+                  (unsigned long long)p->hi, (unsigned long long)p->offset);
+    for (uint64_t c = 0; c < p->n_crc; c++) td_buf_printf(&b, c ? ",%08x" : "%08x", (unsigned)p->crc[c]);
+    td_buf_printf(&b, "\n");
   }
   if (!b.failed) {
-    uint32_t crc = td_crc32(0, b.p, b.n);
-    emit(&b, "manifest_crc %08x\n", (unsigned)crc);
+    uint32_t crc = td_crc32(0, b.data, b.len);
+    td_buf_printf(&b, "manifest_crc %08x\n", (unsigned)crc);
   }
-  if (b.failed) {
-    free(b.p);
-    return NULL;
-  }
-  return b.p;
+  return td_buf_take(&b, NULL);
 }
 
 /* ---- reading ---- */

@@ -113,4 +113,5 @@ def main():
           f"{len(histos)} histograms consistent")
 
 
-main()
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,178 @@
+/* Buddy replicas in files (src/elastic/replica.c) on real ranks:
+ *
+ *   tandemrun -np N test_el2_replica TOTAL
+ *
+ * Two sharded buffers (a float and a double per element, TOTAL elements
+ * cut unevenly: rank r holds [r*TOTAL/N, (r+1)*TOTAL/N)) are paired and
+ * committed three times, element x holding value(x, c) at commit c (a
+ * closed form, exact in both types). Checked against that closed form,
+ * never against the library's own copies:
+ *  - the holdings: own pieces at commits 3 and 2, each ward's at 3 and 2,
+ *    of the expected ranges; the files' bytes (two commits of the own
+ *    range and of each ward's, 12 bytes an element); the replica
+ *    directory empty all along (unnamed files: nothing left however a
+ *    process ends);
+ *  - memory: only the staging chunk (at most TD_ELASTIC_STAGING_BYTES and
+ *    no more than the largest buffer's range) is used between the files
+ *    and the network, however large the shard: with TOTAL above a chunk
+ *    per rank the exchange and the rebuild cross several chunks;
+ *  - the last rank lost (N > 1): its pieces are left out of the
+ *    descriptors, el_rep_choose picks commit 3 (its buddy's copy covers
+ *    it), the survivors' ranges are cut anew for N - 1 ranks and rebuilt
+ *    from the files (el_rep_restore): every element equals value(x, 3);
+ *    then the same for the older commit 2;
+ *  - a replica directory that does not exist: the commit fails with
+ *    TD_ERR_IO and a message naming the directory and
+ *    TANDEM_ELASTIC_REPLICA_DIR. */
+#include "elastic/elastic.h"
+
+#include <dirent.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../common/check.h"
+
+static double value(size_t x, int64_t c) { return (double)(x % 100003) * 4.0 + (double)c * 0.25; }
+
+static void fill(float *f, double *d, size_t lo, size_t hi, int64_t c) {
+  for (size_t x = lo; x < hi; x++) {
+    f[x - lo] = (float)value(x, c);
+    d[x - lo] = -value(x, c);
+  }
+}
+
+static size_t bad_elements(const float *f, const double *d, size_t lo, size_t hi, int64_t c) {
+  size_t bad = 0;
+  for (size_t x = lo; x < hi; x++) bad += f[x - lo] != (float)value(x, c) || d[x - lo] != -value(x, c);
+  return bad;
+}
+
+static int dir_entries(const char *dir) {
+  DIR *dp = opendir(dir);
+  CHECK(dp != NULL);
+  int n = 0;
+  for (struct dirent *de; (de = readdir(dp));) n += strcmp(de->d_name, ".") && strcmp(de->d_name, "..");
+  closedir(dp);
+  return n;
+}
+
+static void register_range(el_replicas *r, float *f, double *d, size_t total, size_t lo, size_t hi) {
+  CHECK_OK(el_rep_register(r, "f32", f, sizeof(float), total, lo, hi));
+  CHECK_OK(el_rep_register(r, "f64", d, sizeof(double), total, lo, hi));
+}
+
+/* A directory that is not there: a clear error, not a crash or a silent copy in memory. */
+static void missing_dir_case(void) {
+  setenv("TANDEM_ELASTIC_REPLICA_DIR", "/nonexistent/tandem-replicas", 1);
+  el_replicas r;
+  memset(&r, 0, sizeof r);
+  float f[4] = {1, 2, 3, 4};
+  double d[4] = {1, 2, 3, 4};
+  register_range(&r, f, d, 4, 0, 4);
+  CHECK_STATUS(el_rep_commit(&r, NULL, 1), TD_ERR_IO);
+  CHECK(strstr(td_last_error(), "/nonexistent/tandem-replicas") != NULL);
+  CHECK(strstr(td_last_error(), "TANDEM_ELASTIC_REPLICA_DIR") != NULL);
+  el_rep_free(&r);
+}
+
+int main(int argc, char **argv) {
+  CHECK(argc == 2);
+  size_t total = (size_t)strtoull(argv[1], NULL, 10);
+  td_comm *comm = NULL;
+  CHECK_OK(td_comm_init(&comm));
+  int world = td_comm_size(comm), me = td_comm_rank(comm);
+  missing_dir_case();
+
+  char dir[] = "/var/tmp/tandem-replica-test-XXXXXX";
+  CHECK(mkdtemp(dir) != NULL);
+  setenv("TANDEM_ELASTIC_REPLICA_DIR", dir, 1);
+  size_t lo = total * (size_t)me / (size_t)world, hi = total * (size_t)(me + 1) / (size_t)world, n = hi - lo;
+  float *f = malloc((n ? n : 1) * sizeof *f);
+  double *d = malloc((n ? n : 1) * sizeof *d);
+  CHECK(f && d);
+  el_replicas r;
+  memset(&r, 0, sizeof r);
+  register_range(&r, f, d, total, lo, hi);
+  fill(f, d, lo, hi, 1);
+  CHECK_OK(el_rep_reset_holdings(&r, comm, 1)); /* pairs the ranks, replicates commit 1 */
+  for (int64_t c = 2; c <= 3; c++) {
+    fill(f, d, lo, hi, c);
+    CHECK_OK(el_rep_commit(&r, comm, c));
+    CHECK_EQ_INT(dir_entries(dir), 0);
+  }
+
+  /* the holdings: one host, so rank i's buddy is i + 1 and its ward i - 1 */
+  CHECK_EQ_INT(r.buddy, world > 1 ? (me + 1) % world : -1);
+  CHECK_EQ_INT(r.n_wards, world > 1 ? 1 : 0);
+  CHECK_EQ_INT(r.own[0].commit, 3);
+  CHECK_EQ_INT(r.own[1].commit, 2);
+  size_t disk = 2 * n * 12, ward_f64 = 0;
+  if (world > 1) {
+    int w = (me + world - 1) % world;
+    size_t wlo = total * (size_t)w / (size_t)world, whi = total * (size_t)(w + 1) / (size_t)world;
+    CHECK_EQ_INT(r.wards[0].rank, w);
+    for (int g = 0; g < 2; g++) {
+      CHECK_EQ_INT(r.wards[0].rep[g].commit, 3 - g);
+      CHECK_EQ_INT(r.wards[0].rep[g].lo, (int64_t)wlo);
+      CHECK_EQ_INT(r.wards[0].rep[g].hi, (int64_t)whi);
+    }
+    disk += 2 * (whi - wlo) * 12;
+    ward_f64 = (whi - wlo) * sizeof(double);
+  }
+  CHECK_EQ_INT(el_rep_disk_bytes(&r), disk);
+  /* the most of the staging chunk used: the ward's largest buffer, up to a chunk */
+  CHECK_EQ_INT(r.staging_used, ward_f64 < (size_t)TD_ELASTIC_STAGING_BYTES ? ward_f64 : TD_ELASTIC_STAGING_BYTES);
+
+  /* the last rank lost: everyone describes its holdings, the lost one's left out */
+  int lost = world > 1 ? world - 1 : -1;
+  int n_pieces = el_rep_n_pieces(&r);
+  CHECK_OK(td_allreduce(&n_pieces, &n_pieces, 1, TD_I32, TD_MAX, comm));
+  size_t stride = EL_DESC_LEN(n_pieces);
+  int64_t *desc = calloc((size_t)world * stride, sizeof *desc);
+  int64_t *targets = calloc((size_t)world * 2, sizeof *targets);
+  CHECK(desc && targets);
+  int64_t *mine = desc + (size_t)me * stride;
+  mine[EL_D_WHOLE0] = 3;
+  mine[EL_D_WHOLE1] = 2;
+  el_rep_describe(&r, mine, n_pieces);
+  CHECK_OK(td_allgather(mine, desc, (size_t)world * stride, TD_I64, comm));
+  if (lost >= 0)
+    for (int i = 0; i < n_pieces; i++) desc[(size_t)lost * stride + EL_D_PIECES + 3 * i + 2] = -1;
+  int64_t gap_lo, gap_hi;
+  CHECK_EQ_INT(el_rep_choose(desc, world, n_pieces, &gap_lo, &gap_hi), 3);
+  int survivors = lost >= 0 ? world - 1 : 1;
+  for (int j = 0; j < world; j++) {
+    bool alive = j != lost;
+    targets[2 * j] = alive ? (int64_t)(total * (size_t)j / (size_t)survivors) : 0;
+    targets[2 * j + 1] = alive ? (int64_t)(total * (size_t)(j + 1) / (size_t)survivors) : 0;
+  }
+  size_t nlo = (size_t)targets[2 * me], nhi = (size_t)targets[2 * me + 1], nn = nhi - nlo;
+  float *nf = malloc((nn ? nn : 1) * sizeof *nf);
+  double *nd = malloc((nn ? nn : 1) * sizeof *nd);
+  CHECK(nf && nd);
+  register_range(&r, nf, nd, total, nlo, nhi);
+  for (int64_t c = 3; c >= 2; c--) {
+    memset(nf, 0xff, (nn ? nn : 1) * sizeof *nf);
+    memset(nd, 0xff, (nn ? nn : 1) * sizeof *nd);
+    size_t from_others = 0;
+    CHECK_OK(el_rep_restore(&r, comm, desc, n_pieces, targets, c, &from_others));
+    CHECK_EQ_INT(bad_elements(nf, nd, nlo, nhi, c), 0);
+    if (me == 0) printf("rebuilt commit %lld for %d of %d ranks\n", (long long)c, survivors, world);
+  }
+  CHECK_EQ_INT(dir_entries(dir), 0);
+  el_rep_free(&r);
+  CHECK_EQ_INT(rmdir(dir), 0);
+  free(desc);
+  free(targets);
+  free(f);
+  free(d);
+  free(nf);
+  free(nd);
+  CHECK_OK(td_comm_finalize(comm));
+  td_comm_destroy(comm);
+  printf("el2 replica: rank %d of %d ok (%zu elements)\n", me, world, total);
+  return 0;
+}
