@@ -294,13 +294,25 @@ deps:
 NPROC := $(shell nproc 2>/dev/null || echo 2)
 PAR    = $(if $(filter -j%,$(MAKEFLAGS)),,-j$(NPROC))
 
-# The whole suite: normal build, then the same tests built with ASan+UBSan.
+# The whole suite: the four trees (normal, ASan+UBSan, fuzz harnesses, CUDA
+# emulator), then every suite line. The trees share no file, so they build
+# at once under one job limit: one tree's serial stretches (the c10d
+# extension's minute of C++, archiving, linking) no longer leave cores idle
+# while the next tree waits its turn. Each tree says how long it took.
+TEST_TREES := test-tree-normal test-tree-asan test-tree-emu test-tree-fuzz
+.PHONY: $(TEST_TREES)
 test: deps
-	@$(MAKE) --no-print-directory $(PAR) all
-	@$(MAKE) --no-print-directory $(PAR) all BUILD=build/asan SAN=1 OPT="-O1"
-	@$(MAKE) --no-print-directory $(PAR) fuzz-build
-	@$(MAKE) --no-print-directory $(PAR) cuda-emu
+	@$(MAKE) --no-print-directory $(PAR) $(TEST_TREES)
 	@tests/run.sh
+test-tree-normal:
+	@t0=$$(date +%s); $(MAKE) --no-print-directory all && echo "make test: build/ built in $$(( $$(date +%s) - t0 )) s"
+test-tree-asan:
+	@t0=$$(date +%s); $(MAKE) --no-print-directory all BUILD=build/asan SAN=1 OPT="-O1" && \
+	  echo "make test: build/asan built in $$(( $$(date +%s) - t0 )) s"
+test-tree-emu:
+	@t0=$$(date +%s); $(MAKE) --no-print-directory cuda-emu && echo "make test: build/cudaemu built in $$(( $$(date +%s) - t0 )) s"
+test-tree-fuzz:
+	@t0=$$(date +%s); $(MAKE) --no-print-directory fuzz-build && echo "make test: build/fuzz built in $$(( $$(date +%s) - t0 )) s"
 
 demo: deps
 	@$(MAKE) --no-print-directory $(PAR) all

@@ -9,6 +9,10 @@ process, one thread):
   --door ddp --backend tandem|gloo   torch's DistributedDataParallel over
                                      init_process_group(backend), the same
                                      bucketing (25 MB, gradients as bucket views)
+  --door ddpavg --backend tandem     the same DDP with tandem.torch.ddp_avg_hook
+                                     registered: buckets allreduced with AVG
+                                     (divided inside the ring) instead of
+                                     DDP's division of every gradient first
   --door hvd --backend tandem        tandem.torch.DistributedOptimizer
                                      (Horovod's API: allreduce per gradient
                                      as backward produces it, averaged)
@@ -35,7 +39,7 @@ import torch.distributed as dist
 import tandem.torch as hvd
 
 p = argparse.ArgumentParser()
-p.add_argument("--door", choices=["ddp", "hvd", "compute", "allreduce"], required=True)
+p.add_argument("--door", choices=["ddp", "ddpavg", "hvd", "compute", "allreduce"], required=True)
 p.add_argument("--backend", choices=["tandem", "gloo"], default="tandem")
 p.add_argument("--steps", type=int, default=8)
 p.add_argument("--layers", type=int, default=24)
@@ -104,8 +108,10 @@ else:
 nparam = sum(q.numel() for q in model.parameters())
 opt = torch.optim.SGD(model.parameters(), lr=1e-3)
 pending = []
-if a.door == "ddp":
+if a.door in ("ddp", "ddpavg"):
     model = torch.nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=True)
+    if a.door == "ddpavg":
+        model.register_comm_hook(None, hvd.ddp_avg_hook)
 elif a.door == "hvd" and a.backend == "tandem":
     opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
 elif a.door == "hvd":  # Horovod's pattern on gloo: one async allreduce per gradient once accumulated

@@ -21,7 +21,7 @@ PARTS=${PARTS:-"shm tcp"}
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 PYTHONPATH=$PWD/build/python
 RUN=$PWD/build/bin/tandemrun PY=/usr/bin/python3
 # DOOR BACKEND pairs; CONTENDERS="ddp,gloo ddp,tandem" runs a subset
-read -r -a CONTENDERS <<<"${CONTENDERS:-compute,- ddp,gloo ddp,tandem hvd,gloo hvd,tandem allreduce,gloo allreduce,tandem}"
+read -r -a CONTENDERS <<<"${CONTENDERS:-compute,- ddp,gloo ddp,tandem ddpavg,tandem hvd,gloo hvd,tandem allreduce,gloo allreduce,tandem}"
 echo "# machine: $(getconf _NPROCESSORS_ONLN) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2), $(date -u +%FT%TZ), commit $(git rev-parse --short HEAD)"
 
 one() { # PART MODEL DOOR BACKEND LAUNCH...

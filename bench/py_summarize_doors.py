@@ -37,7 +37,8 @@ print("| part | model | contender | runs | steps/s (median of runs) | shortest s
 print("|---|---|---|---|---|---|---|---|---|---|")
 for part, model in sorted({(k[0], k[1]) for k in runs}):
     med, bests = {}, {}
-    for door, be in (("compute", "-"), ("ddp", "gloo"), ("ddp", "tandem"), ("hvd", "gloo"), ("hvd", "tandem")):
+    for door, be in (("compute", "-"), ("ddp", "gloo"), ("ddp", "tandem"), ("ddpavg", "tandem"), ("hvd", "gloo"),
+                     ("hvd", "tandem")):
         rs = runs.get((part, model, door, be))
         if not rs:
             continue
@@ -55,9 +56,10 @@ for part, model in sorted({(k[0], k[1]) for k in runs}):
         else:
             eq = "?"
         vs = vb = ""
-        if be == "tandem" and (door, "gloo") in med:
-            vs = f"**{sps / med[(door, 'gloo')]:.2f}x**"
-            vb = f"**{bests[(door, 'gloo')] / best:.2f}x**"
+        gloo_door = "ddp" if door == "ddpavg" else door  # DDP with Tandem's AVG hook against plain DDP on gloo
+        if be == "tandem" and (gloo_door, "gloo") in med:
+            vs = f"**{sps / med[(gloo_door, 'gloo')]:.2f}x**"
+            vb = f"**{bests[(gloo_door, 'gloo')] / best:.2f}x**"
         print(f"| {part} | {model} | {door}-{be} | {len(rs)} | {sps:.3f} | {best:.0f} | "
               f"{statistics.median(r[2] for r in rs):.1f} | {vs} | {vb} | {eq} |")
     if ("compute", "-") in bests and ("ddp", "gloo") in bests:

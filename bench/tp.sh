@@ -45,15 +45,18 @@ row() { # NAME NP ARGS...
   local rss ms
   rss=$(cat "$tmp"/rss.* 2>/dev/null | sort -g | awk '{ printf "%s%.0f", (NR > 1 ? " / " : ""), $1 / 1024 }')
   ms=$(value model_state_bytes_per_rank <"$tmp/out")
-  printf "| %s | %d | %s | %s | %s | %s | %s | %s | %s |\n" "$name" "$np" "$(value global_batch <"$tmp/out")" \
+  # the trainer's memory estimate per rank (memory_fit.c) against its measured peak RSS, in rank order
+  est=$(sed -n 's/.*memory rank=\([0-9]*\) estimate_mib=\([^ ]*\) .*peak_rss_mib=\([^ ]*\).*/\1 \2 \3/p' "$tmp/out" |
+    sort -n | awk '{ printf "%s%.0f/%.0f", (NR > 1 ? " " : ""), $2, $3 }')
+  printf "| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s |\n" "$name" "$np" "$(value global_batch <"$tmp/out")" \
     "$(value tokens_per_s <"$tmp/out")" "$(value cpu_ms_per_step <"$tmp/out")" "$(value final_loss <"$tmp/out")" "$rss" \
-    "$(awk -v b="${ms:-0}" 'BEGIN { printf "%.2f", b / 1048576 }')" "$(value params <"$tmp/out")"
+    "$est" "$(awk -v b="${ms:-0}" 'BEGIN { printf "%.2f", b / 1048576 }')" "$(value params <"$tmp/out")"
 }
 echo "tree $B, git $(git rev-parse --short HEAD 2>/dev/null), $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg), $STEPS steps"
 header() {
   echo
-  echo "| layout | ranks | global batch | tokens/s | CPU ms per step (rank 0) | final loss | peak RSS MiB per rank | model state MiB per rank | parameters per rank |"
-  echo "|---|---|---|---|---|---|---|---|---|"
+  echo "| layout | ranks | global batch | tokens/s | CPU ms per step (rank 0) | final loss | peak RSS MiB per rank (sorted) | estimate/peak MiB per rank (rank order) | model state MiB per rank | parameters per rank |"
+  echo "|---|---|---|---|---|---|---|---|---|---|"
 }
 if [ "$TABLES" = 3d ]; then
   echo

@@ -218,6 +218,8 @@ typedef struct app_run {
   double cpu_after_warmup, cpu_last_end;
   td_step_stats last;
   td_prom *prom; /* every rank, with --prometheus-port */
+  double prom_update_cpu_s; /* CPU time the training thread spent in app_prom_step */
+  long prom_updates;
   td_tensorboard *tensorboard; /* rank 0, with --tensorboard */
   char prom_labels[64]; /* rank="R" (and process="ID" under --elastic) */
 } app_run;
@@ -359,8 +361,15 @@ static void app_prom_counter(app_run *run, const char *name, const char *help, c
 
 /* What one step measured, as gauges (the last step) and counters (totals
  * since start, for rate() in PromQL). */
+static double app_thread_cpu(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
 static void app_prom_step(app_run *run, const td_step_stats *st, const td_step_metrics *m) {
   if (!run->prom) return;
+  double cpu0 = app_thread_cpu(); /* what this costs the training thread (app_prom_cost) */
   static const char phase_help[] = "seconds of the last step by phase (compute includes data, optimizer and "
                                    "fetch_wait)";
   static const char phase_total_help[] = "seconds spent by phase since start";
@@ -373,6 +382,15 @@ static void app_prom_step(app_run *run, const td_step_stats *st, const td_step_m
   int n_coll = td_comm_collective_stats(run->comm, coll, 32);
   if (n_coll > 32) n_coll = 32;
   double rss = app_rss_bytes(); /* file I/O outside the lock that scrapes wait on */
+  /* a model on a device: that device's memory (cudaMemGetInfo: the whole
+   * device, every process on it), also outside the lock */
+  td_device dev = td_trainer_model(run->trainer)->device;
+  size_t dev_free = 0, dev_total = 0;
+  char dev_labels[64] = "";
+  if (dev.kind != TD_DEVICE_CPU && td_device_mem_info(dev, &dev_free, &dev_total) == TD_OK) {
+    char name[32];
+    snprintf(dev_labels, sizeof dev_labels, "device=\"%s\"", td_device_name(dev, name, sizeof name));
+  }
   td_offload_stats os;
   int offload = td_trainer_offload_stats(run->trainer, &os) == TD_OK && os.engine[0];
   td_prom_begin(run->prom); /* a scrape sees the whole step or none of it */
@@ -415,6 +433,12 @@ static void app_prom_step(app_run *run, const td_step_stats *st, const td_step_m
   app_prom_counter(run, "tandem_skipped_steps_total", "steps skipped on fp16 overflow", NULL, st->skipped);
   app_prom_gauge(run, "tandem_resident_memory_bytes", "resident set size of this rank's process", NULL,
                  rss);
+  if (dev_labels[0]) {
+    app_prom_gauge(run, "tandem_device_memory_used_bytes", "memory in use on the rank's device (all processes on "
+                   "it), after the last step", dev_labels, (double)(dev_total - dev_free));
+    app_prom_gauge(run, "tandem_device_memory_total_bytes", "memory of the rank's device", dev_labels,
+                   (double)dev_total);
+  }
   if (st->memory_limit_bytes) { /* the trainer's watch (issue 23): Pss against the memory available to the rank */
     app_prom_gauge(run, "tandem_memory_share_bytes", "this rank's share of physical memory (Pss) after the last step",
                    NULL, (double)st->memory_bytes);
@@ -432,7 +456,27 @@ static void app_prom_step(app_run *run, const td_step_stats *st, const td_step_m
     app_prom_gauge(run, "tandem_offload_param_wait_seconds", "seconds parameter fetches blocked on reads", NULL,
                    os.param_wait_s);
   }
+  /* the endpoint's own cost so far, for a dashboard (and app_prom_cost) */
+  static const char cost_help[] = "CPU time the metrics endpoint cost this rank: serving scrapes (server thread) "
+                                  "and updating the series after each step (training thread)";
+  app_prom_set(run, "tandem_prometheus_cpu_seconds_total", "counter", cost_help, "part=\"serve\"",
+               td_prom_serve_cpu_seconds(run->prom));
+  run->prom_update_cpu_s += app_thread_cpu() - cpu0;
+  run->prom_updates++;
+  app_prom_set(run, "tandem_prometheus_cpu_seconds_total", "counter", cost_help, "part=\"update\"",
+               run->prom_update_cpu_s);
   td_prom_end(run->prom);
+}
+
+/* At the end, with --prometheus-port: what the endpoint cost this rank in
+ * CPU time, measured where it was spent (bench/prometheus_cost.sh reads
+ * the line and sets it against cpu_ms_per_step). */
+static void app_prom_cost(const app_run *run) {
+  if (!run->prom) return;
+  fprintf(stderr, "%s: rank %d's metrics endpoint: %lu scrapes, %.3f ms CPU serving them, %.3f ms CPU updating the "
+          "series over %ld steps (%.4f ms per step)\n", app_name, run->rank, td_prom_scrapes(run->prom),
+          td_prom_serve_cpu_seconds(run->prom) * 1e3, run->prom_update_cpu_s * 1e3, run->prom_updates,
+          run->prom_updates ? run->prom_update_cpu_s * 1e3 / (double)run->prom_updates : 0.0);
 }
 
 /* What the metrics file, the progress display and the exporters show of a
@@ -576,6 +620,7 @@ static void app_start_progress(app_run *run, long total_steps, int steps_per_pri
  * job in order. The trainer must already be destroyed (or be destroyed by
  * the caller afterwards; it does not communicate on destroy). */
 static void app_end(app_run *run) {
+  app_prom_cost(run);
   td_prom_stop(run->prom);
   run->prom = NULL;
   td_status tb_status = td_tensorboard_close(run->tensorboard);

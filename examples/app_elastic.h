@@ -302,6 +302,7 @@ static unsigned long long app_params_hash(const td_trainer *t) {
 /* Stop the exporters; the first error closing the TensorBoard file (its
  * message is then the last error), or TD_OK. */
 static td_status app_elastic_exporters_end(app_elastic *a) {
+  app_prom_cost(&a->run);
   td_prom_stop(a->run.prom);
   a->run.prom = NULL;
   td_status s = td_tensorboard_close(a->tensorboard);

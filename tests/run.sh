@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Runs the test suite: every line of tests/*.suite, first against build/ and
-# then against the ASan+UBSan tree build/asan/, each under a timeout.
+# Runs the test suite: every line of tests/*.suite against build/ and
+# against the ASan+UBSan tree build/asan/, each under a timeout.
 #
 # Suite line format (one test per line, '#' starts a comment):
 #   TIMEOUT_S NAME COMMAND...
@@ -14,7 +14,8 @@
 #              (default: every tests/*.suite but tests/gpu.suite, whose
 #              lines need a GPU: scripts/gpu-check runs them there);
 #              TREES="build" skips the sanitizer pass;
-#              JOBS=N runs up to N lines at once (default 2; 1: one by one).
+#              JOBS=N runs up to N lines at once (default 3; 1: one by one,
+#              in suite order).
 #              TESTS_DEADLINE=EPOCH_S: no line runs past this time (date
 #              +%s): each line's timeout is cut to what is left, and a line
 #              with nothing left prints "SKIP NAME" and counts as skipped
@@ -46,7 +47,7 @@ start_all=$(date +%s)
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0:halt_on_error=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 
-jobs_max=${JOBS:-2}
+jobs_max=${JOBS:-3}
 serial=${SERIAL:-'^(deadhost_|elastic_|slurm_cluster_|py_install$|.*(small_chunks|small_sockets|huge)$|tcp_heartbeat_(stop|busy)|fail_timeout_|core_timeout_|launcher_timeout|comm_two_jobs|launcher_concurrent)'}
 resdir=$(mktemp -d /tmp/tandem-tests.XXXXXX)
 trap 'rm -rf "$resdir"' EXIT
@@ -55,14 +56,23 @@ trap 'rm -rf "$resdir"' EXIT
 # lines of parallel tests do not interleave) and leave the verdict in $resdir.
 # The CPU time a line used (its processes' user + system time, those the
 # shell reaped) is printed beside its wall time: a line with much less CPU
-# than wall time waits (timeouts, heartbeats, start-up) and could share the
-# machine; one near JOBS x its wall time is what makes the suite slow.
+# than wall time waits (timeouts, heartbeats, start-up) and leaves the cores
+# to the lines beside it; one with as much CPU as wall time or more computes.
 clk_tck=$(getconf CLK_TCK 2>/dev/null || echo 100)
 # (fields 16 and 17 of /proc/PID/stat: cutime, cstime; read in this shell, as
 # a $(...) would read its own subshell's)
 children_ticks() { local s; read -r s </proc/$BASHPID/stat; s=${s##*) }; set -- $s; ticks=$(( ${14} + ${15} )); }
 run_one() {
-  local tag=$1 tmo=$2 cmd=$3 log=$4 t0 c0 rc dt_ds dt cpu_ds cpu out
+  local tag=$1 tmo=$2 cmd=$3 log=$4 t0 c0 rc dt_ds dt cpu_ds cpu out left
+  if [ -n "${TESTS_DEADLINE:-}" ]; then
+    left=$((TESTS_DEADLINE - $(date +%s)))
+    if [ "$left" -le 0 ]; then
+      printf 'SKIP %-50s %6ss (no time left before TESTS_DEADLINE)\n' "$tag" 0
+      echo "skip $tag" >"$resdir/$(echo "$tag" | tr '/' '_')"
+      return
+    fi
+    [ "$left" -lt "$tmo" ] && tmo=$left
+  fi
   t0=$(date +%s%N)
   children_ticks
   c0=$ticks
@@ -86,6 +96,13 @@ run_one() {
   fi
 }
 
+# Every line is read first. The lines that may share the machine run as one
+# pool across both trees, longest first (by timeout, the only duration a
+# suite line states), so that no long line starts last and runs on while the
+# other slots stay idle; the lines that run alone follow the pool, one by one.
+# (Run in suite order, each tree after the other, every lone line had first
+# waited for the lines beside it to end, and each tree for its slowest line.)
+pool=() alone=()
 for B in $trees; do
   [ -d "$B/tests" ] || { echo "missing $B/tests: build it first (make all BUILD=$B)"; failed=$((failed+1)); continue; }
   RUN="$B/bin/tandemrun"
@@ -103,26 +120,25 @@ for B in $trees; do
       log="$logdir/$(echo "$tag" | tr '/' '_').log"
       cmd="${cmd//\$RUN/$RUN}"
       cmd="${cmd//\$B/$B}"
-      if [ -n "${TESTS_DEADLINE:-}" ]; then
-        left=$((TESTS_DEADLINE - $(date +%s)))
-        if [ "$left" -le 0 ]; then
-          wait # the lines still running print their verdicts first
-          printf 'SKIP %-50s %6ss (no time left before TESTS_DEADLINE)\n' "$tag" 0
-          echo "skip $tag" >"$resdir/$(echo "$tag" | tr '/' '_')"
-          continue
-        fi
-        [ "$left" -lt "$tmo" ] && tmo=$left
-      fi
+      entry="$tmo"$'\t'"$tag"$'\t'"$log"$'\t'"$cmd"
       if [ "$jobs_max" -le 1 ] || echo "$name" | grep -Eq -- "$serial"; then
-        wait # nothing beside it
-        run_one "$tag" "$tmo" "$cmd" "$log" </dev/null
+        alone+=("$entry")
       else
-        while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do wait -n; done
-        run_one "$tag" "$tmo" "$cmd" "$log" </dev/null &
+        pool+=("$entry")
       fi
     done < "$suite"
   done
-  wait
+done
+if [ ${#pool[@]} -gt 0 ]; then
+  while IFS=$'\t' read -r tmo tag log cmd; do
+    while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do wait -n; done
+    run_one "$tag" "$tmo" "$cmd" "$log" </dev/null &
+  done < <(printf '%s\n' "${pool[@]}" | sort -t$'\t' -s -k1,1nr)
+fi
+wait
+for entry in ${alone[@]+"${alone[@]}"}; do
+  IFS=$'\t' read -r tmo tag log cmd <<<"$entry"
+  run_one "$tag" "$tmo" "$cmd" "$log" </dev/null
 done
 for f in "$resdir"/*; do
   [ -e "$f" ] || continue

@@ -918,13 +918,21 @@ static bool pump(int rank, int *fdp, line_buf *b, int out_fd) {
 
 /* A remote worker's status is its shell's, through ssh: a death by signal
  * N arrives as code 128 + N (file header), named here. */
+/* The signal that ended worker w, or 0: a remote worker's ssh passes a
+ * death by signal N on as exit code 128 + N. */
+static int worker_end_signal(const worker *w) {
+  int status = w->wait_status, code = WIFEXITED(status) ? WEXITSTATUS(status) : 0;
+  if (WIFSIGNALED(status)) return WTERMSIG(status);
+  return !w->host->local && code > 128 && code < 128 + 65 ? code - 128 : 0;
+}
+
 static void describe_status(const worker *w, char *buf, size_t size) {
   char name[32];
   int status = w->wait_status, code = WIFEXITED(status) ? WEXITSTATUS(status) : 0;
   if (WIFSIGNALED(status))
     snprintf(buf, size, "was killed by signal %d (%s)", WTERMSIG(status), signal_name(WTERMSIG(status), name,
                                                                                          sizeof name));
-  else if (!w->host->local && code > 128 && code < 128 + 65)
+  else if (worker_end_signal(w))
     snprintf(buf, size, "exited with code %d: killed by signal %d (%s) on its host", code, code - 128,
              signal_name(code - 128, name, sizeof name));
   else
@@ -1164,8 +1172,7 @@ static void elastic_reaped(job *j, worker *w, bool failed) {
   j->n_lost++;
   if (j->prom) {
     char kind[48], name[32];
-    int status = w->wait_status, code = WIFEXITED(status) ? WEXITSTATUS(status) : 0;
-    int sig = WIFSIGNALED(status) ? WTERMSIG(status) : !w->host->local && code > 128 && code < 128 + 65 ? code - 128 : 0;
+    int sig = worker_end_signal(w);
     snprintf(kind, sizeof kind, "kind=\"%s\"", sig ? signal_name(sig, name, sizeof name) : "exit");
     td_prom_add(j->prom, "tandem_job_process_failures_total", "processes of the job lost while it went on, by kind: "
                 "the signal that ended them, or exit (a non-zero exit code)", kind, 1);
@@ -1578,6 +1585,9 @@ placed:;
   }
   store_close(j->client);
   store_server_stop(j->store);
+  if (j->prom) /* what the job endpoint cost (bench/prometheus_cost.sh) */
+    fprintf(stderr, "tandemrun: the job's metrics endpoint: %lu scrapes, %.3f ms CPU serving them\n",
+            td_prom_scrapes(j->prom), td_prom_serve_cpu_seconds(j->prom) * 1e3);
   td_prom_stop(j->prom);
   j->prom = NULL;
   close(j->sigfd);

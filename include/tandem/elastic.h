@@ -103,8 +103,9 @@ size_t td_elastic_copy_bytes(const td_elastic *e);
  * shard and of each ward's, on disk in TANDEM_ELASTIC_REPLICA_DIR (default
  * /var/tmp) rather than in memory. Local. */
 size_t td_elastic_copy_disk_bytes(const td_elastic *e);
-/* The largest piece a replica moves at once between a file and the
- * network (the one buffer the replicas hold in memory). */
+/* The buffer through which the buddy replicas move between their files
+ * and the network: the only memory they hold (the exchange keeps two
+ * chunks of half of it in flight). */
 #define TD_ELASTIC_STAGING_BYTES (4 << 20)
 
 /* Register `bytes` bytes at `ptr` as part of the state (parameters,

@@ -156,6 +156,10 @@ void td_prom_end(td_prom *prom);
 char *td_prom_render(td_prom *prom, size_t *len_out);
 int td_prom_port(const td_prom *prom);       /* the port listened on; -1 for NULL */
 unsigned long td_prom_scrapes(td_prom *prom); /* GET /metrics answered so far */
+/* CPU seconds the server thread used so far (getrusage RUSAGE_THREAD after
+ * each request it answered, bad ones included): what serving costs the
+ * process, measured where it is spent. 0 for NULL. */
+double td_prom_serve_cpu_seconds(td_prom *prom);
 void td_prom_stop(td_prom *prom);             /* stops the thread, closes the socket, frees; accepts NULL */
 /* One endpoint for a whole job (tandemrun --prometheus-port): listens like
  * td_prom_start, and each scrape (and td_prom_render) fetches GET /metrics

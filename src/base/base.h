@@ -13,6 +13,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "tandem/base.h"
 
@@ -106,6 +107,11 @@ void td_buf_printf(td_buf *b, const char *fmt, ...) __attribute__((format(printf
 void td_buf_vprintf(td_buf *b, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
 char *td_buf_take(td_buf *b, size_t *len_out);
 void td_buf_free(td_buf *b);
+/* Append what is left of f, up to EOF or until b->len passes max_bytes
+ * (then the caller refuses the file: a config read that never ends is not a
+ * config). Returns 0, or -1 on a read error (ferror) or out of memory
+ * (b->failed); the caller opens and closes f and words the error. */
+int td_buf_append_file(td_buf *b, FILE *f, size_t max_bytes);
 
 /* ---- blocking waits on shared words (futex) ----
  * Wait while *word == expected, at most timeout_s seconds (negative: forever).
@@ -167,6 +173,26 @@ void td_reduce_f32_to_half(void *dst, const float *src, size_t count, td_dtype d
 /* buf[i] /= divisor, the finishing step of TD_AVG (integers: the wrapped sum
  * divided with C's truncation toward zero). */
 void td_reduce_scale(void *buf, size_t count, td_dtype dtype, int divisor);
+
+/* ---- little-endian integers in byte buffers ----
+ * The wire formats (the store protocol, authentication, sealed records) and
+ * file headers (safetensors) are little-endian whatever the host's order. */
+static inline void td_put_le32(unsigned char *p, uint32_t v) {
+  for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+static inline void td_put_le64(unsigned char *p, uint64_t v) {
+  for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+static inline uint32_t td_get_le32(const unsigned char *p) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
+  return v;
+}
+static inline uint64_t td_get_le64(const unsigned char *p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
+  return v;
+}
 
 /* ---- misc ---- */
 #define TD_MIN(a, b) ((a) < (b) ? (a) : (b))

@@ -1,6 +1,8 @@
 /* A growing byte buffer for text built piece by piece: the Prometheus pages,
  * the checkpoint manifest, the safetensors header and the TensorBoard event
- * records were each written with their own copy of this loop.
+ * records were each written with their own copy of this loop, and so were
+ * the readers of whole files (the config, the text dataset, the timeline
+ * merge).
  *
  * Out of memory is sticky (b->failed): callers append without checking each
  * call and look once at the end, as a render either succeeds whole or not at
@@ -72,6 +74,17 @@ char *td_buf_take(td_buf *b, size_t *len_out) {
   }
   *b = (td_buf){0};
   return data;
+}
+
+int td_buf_append_file(td_buf *b, FILE *f, size_t max_bytes) {
+  while (b->len <= max_bytes) {
+    if (!buf_reserve(b, 65536)) return -1;
+    size_t got = fread(b->data + b->len, 1, b->cap - b->len - 1, f);
+    b->len += got;
+    b->data[b->len] = 0;
+    if (got == 0) break;
+  }
+  return ferror(f) ? -1 : 0;
 }
 
 void td_buf_free(td_buf *b) {

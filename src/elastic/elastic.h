@@ -45,7 +45,7 @@ typedef struct el_replicas {
   el_ward *wards;       /* the ranks whose buddy this rank is, ascending (none, one, or several) */
   int n_wards;
   int buddy;            /* rank of the current epoch holding this rank's copy; -1: none (one rank) */
-  unsigned char *staging; /* TD_ELASTIC_STAGING_BYTES: the chunk between a file and the network */
+  unsigned char *staging; /* TD_ELASTIC_STAGING_BYTES between the files and the network */
   size_t staging_used;    /* the most of it used (what is resident of it) */
   double replicate_s;   /* time spent in the commit path (writes + exchange), for the log */
 } el_replicas;
@@ -71,9 +71,8 @@ size_t el_rep_disk_bytes(const el_replicas *r);
 void el_rep_buddies(const int *host_of, int world, int *buddy);
 /* Commit: write this rank's range into own[0]'s file (the previous one
  * kept as own[1]), send it to the buddy and write each ward's into its
- * rep[1], which becomes rep[0] once whole: in chunks of
- * TD_ELASTIC_STAGING_BYTES, done on return. Collective in effect (the
- * buddy waits for it). */
+ * rep[1], which becomes rep[0] once whole: in chunks through the staging
+ * buffer, done on return. Collective in effect (the buddy waits for it). */
 td_status el_rep_commit(el_replicas *r, td_comm *comm, int64_t commit);
 /* The pieces this rank holds (own and wards' slots, empty ones included). */
 int el_rep_n_pieces(const el_replicas *r);

@@ -44,16 +44,21 @@
  * the process, like the in-memory copies did: a process that dies loses
  * them, so the failure model above is unchanged. The cost is in the
  * commit, which now finishes its exchange before returning (the next step
- * changes the live shard it sends from), and in a rebuild, which reads the
- * pieces back (from the page cache while it still holds them, else at disk
- * speed).
+ * changes the live shard it sends from, and a receiver has no room to take
+ * a copy later), and in a rebuild, which reads the pieces back (from the
+ * page cache while it still holds them, else at disk speed).
  *
- * The exchange and the rebuild move chunks of at most
- * TD_ELASTIC_STAGING_BYTES, both ends cutting them alike, in one global
- * order: every rank walks the senders in rank order (rank j's copy to
- * buddy[j] before rank j+1's), so the earliest unfinished transfer always
- * has both of its ends waiting for it and blocking calls cannot deadlock,
- * whatever the map's shape. */
+ * The exchange moves chunks of half of TD_ELASTIC_STAGING_BYTES: the
+ * sender hands all of its chunks to the progress thread at once, straight
+ * from the live shard, and writes its own piece meanwhile; the receiver
+ * keeps two in flight, writing one to the file while the next arrives. The
+ * rebuild moves whole staging chunks. Both ends cut the chunks alike, and
+ * every rank walks the senders in one global order, that of the sending
+ * rank (rank j's copy to buddy[j] before rank j+1's): the progress thread
+ * runs operations in issue order and a large send completes only once its
+ * receiver takes it, so the earliest unfinished transfer always has both
+ * of its ends waiting for it and the exchange cannot deadlock, whatever
+ * the map's shape. */
 #include "elastic/elastic.h"
 
 #include <errno.h>
@@ -357,58 +362,107 @@ static td_status pair(const el_replicas *r, td_comm *comm, int *buddy_out, el_wa
   return TD_OK;
 }
 
-/* The exchange: this rank's live range (what own[0] holds) to the buddy,
- * each ward's range into its rep[slot], in the global order of the senders
- * and in chunks (see the file header). A ward's rep[slot] becomes a piece
- * of `commit` once it is whole (after a failure, those received whole
- * still are). */
-static td_status exchange(el_replicas *r, td_comm *comm, int slot, int64_t commit) {
+/* Receive ward w's range into its rep[slot]: chunks of half the staging
+ * buffer, two in flight, so that one is written to the file while the next
+ * arrives. Returns the communication's status; a file that cannot be
+ * written (a full disk) does not stop the receiving, so that the exchange
+ * stays in step on every rank: its error goes to *file_st_out. */
+static td_status receive_ward(el_replicas *r, el_ward *w, int slot, td_comm *comm, int64_t commit,
+                              td_status *file_st_out) {
+  const size_t half = TD_ELASTIC_STAGING_BYTES / 2;
+  el_piece *p = &w->rep[slot];
+  size_t n = (size_t)(w->hi - w->lo);
+  td_status file_st = piece_begin(p, w->lo, w->hi, n * r->row_bytes);
+  /* the chunks in order: buffer by buffer, each cut from its start */
+  size_t n_chunks = 0;
+  for (int b = 0; b < r->n_bufs; b++) n_chunks += (n * r->bufs[b].elem_bytes + half - 1) / half;
+  td_request *req[2] = {NULL, NULL};
+  size_t len[2] = {0, 0}, posted = 0, off = 0;
+  int b = 0;
+  size_t c = 0; /* the next chunk to post: buffer b from byte c */
+  td_status st = TD_OK;
+  for (size_t i = 0; i < n_chunks && st == TD_OK; i++) {
+    while (posted < n_chunks && posted < i + 2 && st == TD_OK) {
+      while (c >= n * r->bufs[b].elem_bytes) b++, c = 0;
+      int h = (int)(posted % 2);
+      len[h] = TD_MIN(half, n * r->bufs[b].elem_bytes - c);
+      r->staging_used = TD_MAX(r->staging_used, (size_t)h * half + len[h]);
+      st = td_irecv(r->staging + (size_t)h * half, len[h], TD_U8, w->rank, comm, &req[h]);
+      c += len[h];
+      posted++;
+    }
+    if (st != TD_OK) break;
+    int h = (int)(i % 2);
+    st = td_wait(req[h]);
+    req[h] = NULL;
+    if (st == TD_OK && file_st == TD_OK) file_st = piece_write(p, off, r->staging + (size_t)h * half, len[h]);
+    off += len[h];
+  }
+  for (int h = 0; h < 2; h++) td_wait(req[h]); /* after a failure: none left writing into staging */
+  if (st == TD_OK && file_st == TD_OK) p->commit = commit;
+  *file_st_out = file_st;
+  return st;
+}
+
+/* The exchange: this rank's live range to the buddy, each ward's range
+ * into its rep[slot], in the global order of the senders (see the file
+ * header). This rank's chunks are all handed to the progress thread at
+ * once, from the live buffers (unchanged until the next step's update,
+ * and waited for before returning); own, if not NULL, is written meanwhile
+ * as this rank's piece of `commit`. A ward's rep[slot] becomes a piece of
+ * `commit` once it is whole (after a failure, those received whole still
+ * are). */
+static td_status exchange(el_replicas *r, td_comm *comm, int slot, int64_t commit, el_piece *own) {
   size_t lo, hi;
   TD_CHECK(registered_range(r, &lo, &hi));
-  const size_t chunk = TD_ELASTIC_STAGING_BYTES;
+  const size_t chunk = TD_ELASTIC_STAGING_BYTES / 2;
+  size_t n_send = 0;
+  for (int b = 0; b < r->n_bufs && r->buddy >= 0; b++)
+    n_send += ((hi - lo) * r->bufs[b].elem_bytes + chunk - 1) / chunk;
+  td_request **sends = n_send ? calloc(n_send, sizeof *sends) : NULL;
+  if (n_send && !sends) return td_error(TD_ERR_SYSTEM, "elastic: out of memory for %zu replica sends", n_send);
   int me = td_comm_rank(comm), k = 0, peer = -1;
-  td_status st = TD_OK;
+  size_t issued = 0;
+  td_status st = TD_OK, own_st = TD_OK, file_st = TD_OK;
   for (int j = 0; j < td_comm_size(comm) && st == TD_OK; j++) {
     if (j == me && r->buddy >= 0) {
       peer = r->buddy;
       for (int b = 0; b < r->n_bufs && st == TD_OK; b++) {
         size_t bytes = (hi - lo) * r->bufs[b].elem_bytes;
         for (size_t c = 0; c < bytes && st == TD_OK; c += chunk)
-          st = td_send(r->bufs[b].ptr + c, TD_MIN(chunk, bytes - c), TD_U8, peer, comm);
+          st = td_isend(r->bufs[b].ptr + c, TD_MIN(chunk, bytes - c), TD_U8, peer, comm, &sends[issued++]);
       }
+      if (own) own_st = snapshot(r, own, commit); /* while the progress thread sends */
+      own = NULL;
     } else if (k < r->n_wards && r->wards[k].rank == j) {
-      el_ward *w = &r->wards[k++];
-      el_piece *p = &w->rep[slot];
-      size_t n = (size_t)(w->hi - w->lo), off = 0;
       peer = j;
-      TD_CHECK(piece_begin(p, w->lo, w->hi, n * r->row_bytes));
-      for (int b = 0; b < r->n_bufs && st == TD_OK; b++) {
-        size_t bytes = n * r->bufs[b].elem_bytes;
-        for (size_t c = 0; c < bytes && st == TD_OK; c += chunk) {
-          size_t len = TD_MIN(chunk, bytes - c);
-          r->staging_used = TD_MAX(r->staging_used, len);
-          st = td_recv(r->staging, len, TD_U8, j, comm);
-          if (st == TD_OK) TD_CHECK(piece_write(p, off, r->staging, len));
-          off += len;
-        }
-      }
-      if (st == TD_OK) p->commit = commit;
+      td_status ward_file_st = TD_OK;
+      st = receive_ward(r, &r->wards[k++], slot, comm, commit, &ward_file_st);
+      if (file_st == TD_OK) file_st = ward_file_st;
     }
   }
+  if (own) own_st = snapshot(r, own, commit);
+  for (size_t i = 0; i < issued; i++) {
+    td_status ws = td_wait(sends[i]);
+    if (st == TD_OK && ws != TD_OK) {
+      st = ws;
+      peer = r->buddy;
+    }
+  }
+  free(sends);
   if (st != TD_OK)
     return td_error(st, "elastic: rank %d: replicating its shard to buddy rank %d (and receiving its %d wards') "
                         "failed at rank %d: %s",
                     me, r->buddy, r->n_wards, peer, td_comm_last_error(comm));
-  return TD_OK;
+  return own_st != TD_OK ? own_st : file_st;
 }
 
 td_status el_rep_commit(el_replicas *r, td_comm *comm, int64_t commit) {
   if (!r->n_bufs) return TD_OK;
   swap_pieces(&r->own[0], &r->own[1]);
-  TD_CHECK(snapshot(r, &r->own[0], commit));
-  if (r->buddy < 0 && !r->n_wards) return TD_OK;
+  if (r->buddy < 0 && !r->n_wards) return snapshot(r, &r->own[0], commit);
   /* the wards' rep[1] (the commit before the previous one) are overwritten */
-  td_status st = exchange(r, comm, 1, commit);
+  td_status st = exchange(r, comm, 1, commit, &r->own[0]);
   for (int k = 0; k < r->n_wards; k++)
     if (r->wards[k].rep[1].commit == commit) swap_pieces(&r->wards[k].rep[0], &r->wards[k].rep[1]);
   return st;
@@ -601,7 +655,7 @@ td_status el_rep_reset_holdings(el_replicas *r, td_comm *comm, int64_t commit) {
       st = td_error(st, "elastic: rank %d: telling buddy rank %d its range failed: %s", me, next.buddy,
                     td_comm_last_error(comm));
     else
-      st = exchange(&next, comm, 0, commit);
+      st = exchange(&next, comm, 0, commit, NULL);
   }
   r->staging_used = next.staging_used;
   if (st != TD_OK) { /* the old holdings stay for the next round */

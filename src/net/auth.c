@@ -244,38 +244,29 @@ double net_auth_timeout_s(void) {
 
 /* ---- pure parts ---- */
 
-static void put_u32(unsigned char *p, uint32_t v) {
-  for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
-}
-static uint32_t get_u32(const unsigned char *p) {
-  uint32_t v = 0;
-  for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
-  return v;
-}
-
 int net_auth_parse_hello(const unsigned char *buf, size_t len, net_auth_hello *out) {
-  if (!buf || len != NET_AUTH_HELLO_BYTES || get_u32(buf) != NET_AUTH_MAGIC) return -1;
-  out->role = get_u32(buf + 4);
-  out->rank = (int32_t)get_u32(buf + 8);
+  if (!buf || len != NET_AUTH_HELLO_BYTES || td_get_le32(buf) != NET_AUTH_MAGIC) return -1;
+  out->role = td_get_le32(buf + 4);
+  out->rank = (int32_t)td_get_le32(buf + 8);
   memcpy(out->nonce, buf + 12, NET_AUTH_NONCE_BYTES);
   return 0;
 }
 
 void net_auth_encode_hello(unsigned char out[NET_AUTH_HELLO_BYTES], const net_auth_hello *hello) {
-  put_u32(out, NET_AUTH_MAGIC);
-  put_u32(out + 4, hello->role);
-  put_u32(out + 8, (uint32_t)hello->rank);
+  td_put_le32(out, NET_AUTH_MAGIC);
+  td_put_le32(out + 4, hello->role);
+  td_put_le32(out + 8, (uint32_t)hello->rank);
   memcpy(out + 12, hello->nonce, NET_AUTH_NONCE_BYTES);
 }
 
 int net_auth_parse_msg(const unsigned char *buf, size_t len, unsigned char payload[32]) {
-  if (!buf || len != NET_AUTH_MSG_BYTES || get_u32(buf) != NET_AUTH_MAGIC) return -1;
+  if (!buf || len != NET_AUTH_MSG_BYTES || td_get_le32(buf) != NET_AUTH_MAGIC) return -1;
   memcpy(payload, buf + 4, 32);
   return 0;
 }
 
 void net_auth_encode_msg(unsigned char out[NET_AUTH_MSG_BYTES], const unsigned char payload[32]) {
-  put_u32(out, NET_AUTH_MAGIC);
+  td_put_le32(out, NET_AUTH_MAGIC);
   memcpy(out + 4, payload, 32);
 }
 
@@ -293,9 +284,9 @@ void net_auth_mac(bool acceptor, const char *ctx, const net_auth_hello *hello,
   const char *label = acceptor ? label_a : label_c;
   size_t ctx_len = ctx ? strlen(ctx) : 0;
   unsigned char fields[12];
-  put_u32(fields, (uint32_t)ctx_len);
-  put_u32(fields + 4, hello->role);
-  put_u32(fields + 8, (uint32_t)hello->rank);
+  td_put_le32(fields, (uint32_t)ctx_len);
+  td_put_le32(fields + 4, hello->role);
+  td_put_le32(fields + 8, (uint32_t)hello->rank);
   crypto_auth_hmacsha256_state st;
   crypto_auth_hmacsha256_init(&st, auth_key, sizeof auth_key);
   crypto_auth_hmacsha256_update(&st, (const unsigned char *)label, strlen(label) + 1);
@@ -347,7 +338,7 @@ int net_auth_acceptor_feed(net_auth_acceptor *a, uint32_t role, const char *ctx,
   if (a->stage >= 2 || n > want) return NET_AUTH_FAIL;
   memcpy(a->in + a->got, data, n);
   a->got += n;
-  if (a->stage == 0 && a->got >= 4 && get_u32(a->in) != NET_AUTH_MAGIC) return NET_AUTH_FAIL;
+  if (a->stage == 0 && a->got >= 4 && td_get_le32(a->in) != NET_AUTH_MAGIC) return NET_AUTH_FAIL;
   if (n < want) return NET_AUTH_MORE;
   size_t len = a->got;
   a->got = 0;

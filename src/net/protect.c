@@ -53,15 +53,6 @@ bool net_protect_aes_available(void) {
   return crypto_aead_aes256gcm_is_available() != 0;
 }
 
-static void put_u32(unsigned char *p, uint32_t v) {
-  for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
-}
-static uint32_t get_u32(const unsigned char *p) {
-  uint32_t v = 0;
-  for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
-  return v;
-}
-
 void net_protect_key_clear(net_protect_key *k) {
   if (!k) return;
   if (k->aes_state) {
@@ -101,10 +92,10 @@ td_status net_protect_derive(net_protect_mode mode, bool aes, const char *ctx, c
     static const char label[] = "tandem stream v1";
     unsigned char fields[16];
     size_t ctx_len = ctx ? strlen(ctx) : 0;
-    put_u32(fields, (uint32_t)dir);
-    put_u32(fields + 4, (uint32_t)mode | (aes ? 0x100u : 0u));
-    put_u32(fields + 8, (uint32_t)session->hello.rank);
-    put_u32(fields + 12, (uint32_t)ctx_len);
+    td_put_le32(fields, (uint32_t)dir);
+    td_put_le32(fields + 4, (uint32_t)mode | (aes ? 0x100u : 0u));
+    td_put_le32(fields + 8, (uint32_t)session->hello.rank);
+    td_put_le32(fields + 12, (uint32_t)ctx_len);
     net_auth_derive(label, fields, sizeof fields, (const unsigned char *)ctx, ctx_len, session, keys[dir]);
   }
   int mine = connector ? 0 : 1;
@@ -120,15 +111,15 @@ td_status net_protect_derive(net_protect_mode mode, bool aes, const char *ctx, c
 
 static void nonce_of(uint64_t counter, unsigned char nonce[crypto_aead_aes256gcm_NPUBBYTES]) {
   memset(nonce, 0, crypto_aead_aes256gcm_NPUBBYTES);
-  for (int i = 0; i < 8; i++) nonce[i] = (unsigned char)(counter >> (8 * i));
+  td_put_le64(nonce, counter);
 }
 
 void net_protect_seal(net_protect_key *k, unsigned char hdr[NET_PROTECT_HDR_BYTES], unsigned char *data, size_t len,
                       unsigned char tag[NET_PROTECT_TAG_BYTES]) {
   unsigned char nonce[crypto_aead_aes256gcm_NPUBBYTES];
   nonce_of(k->counter++, nonce);
-  put_u32(hdr, (uint32_t)len);
-  put_u32(hdr + 4, PROTECT_MAGIC);
+  td_put_le32(hdr, (uint32_t)len);
+  td_put_le32(hdr + 4, PROTECT_MAGIC);
   unsigned long long tag_len = 0;
   bool enc = k->mode == NET_PROTECT_ENCRYPT;
   /* integrity: the data is the additional data of an empty message (whose
@@ -144,8 +135,8 @@ void net_protect_seal(net_protect_key *k, unsigned char hdr[NET_PROTECT_HDR_BYTE
 }
 
 int net_protect_parse_hdr(const unsigned char hdr[NET_PROTECT_HDR_BYTES], size_t *len_out) {
-  if (get_u32(hdr + 4) != PROTECT_MAGIC) return -1;
-  size_t len = get_u32(hdr);
+  if (td_get_le32(hdr + 4) != PROTECT_MAGIC) return -1;
+  size_t len = td_get_le32(hdr);
   if (len > NET_PROTECT_RECORD_MAX) return -1;
   *len_out = len;
   return 0;

@@ -306,7 +306,7 @@ td_status store_gather(td_store *store, const char *prefix, int n, double timeou
     return td_error(TD_ERR_INVALID_ARGUMENT, "store_gather on prefix '%s': count %d is outside 1..%u",
                     prefix ? prefix : "", n, (unsigned)STORE_GATHER_MAX);
   unsigned char count[STORE_GATHER_COUNT_LEN];
-  store_put_u64(count, (uint64_t)n);
+  td_put_le64(count, (uint64_t)n);
   int64_t ms = timeout_s < 0 ? -1 : (int64_t)(timeout_s * 1000.0 + 0.5);
   store_resp_header r;
   void *blob = NULL;
@@ -327,13 +327,13 @@ td_status store_gather(td_store *store, const char *prefix, int n, double timeou
    * allocation. */
   size_t total = (size_t)r.len, off = 0, need = (size_t)n * sizeof(char *);
   for (int i = 0; i < n; i++) {
-    if (off + 8 > total || store_get_u64((unsigned char *)blob + off) > total - off - 8) {
+    if (off + 8 > total || td_get_le64((unsigned char *)blob + off) > total - off - 8) {
       free(blob);
       return td_error(TD_ERR_REMOTE, "rendezvous store at %s: malformed store_gather answer for prefix '%s' "
                                      "(record %d of %d overruns the %zu-byte reply)",
                       store->addr, prefix, i, n, total);
     }
-    size_t len = (size_t)store_get_u64((unsigned char *)blob + off);
+    size_t len = (size_t)td_get_le64((unsigned char *)blob + off);
     off += 8 + len;
     need += len + 1;
   }
@@ -345,7 +345,7 @@ td_status store_gather(td_store *store, const char *prefix, int n, double timeou
   char *dst = (char *)(values + n);
   off = 0;
   for (int i = 0; i < n; i++) {
-    size_t len = (size_t)store_get_u64((unsigned char *)blob + off);
+    size_t len = (size_t)td_get_le64((unsigned char *)blob + off);
     off += 8;
     values[i] = dst;
     memcpy(dst, (unsigned char *)blob + off, len);

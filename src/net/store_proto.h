@@ -39,6 +39,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "base/base.h" /* td_put_le32 and the rest: the protocol is little-endian */
+
 #define STORE_MAGIC 0x31534454u /* "TDS1" */
 #define STORE_REQ_HEADER 40
 #define STORE_RESP_HEADER 32
@@ -53,23 +55,6 @@ enum store_resp_status { STORE_RESP_OK = 0, STORE_RESP_TIMEOUT = 1, STORE_RESP_E
 #define STORE_FLAG_FOUND 1u          /* response */
 #define STORE_FLAG_SWAPPED 2u        /* response, CAS; "existed" for DELETE */
 
-static inline void store_put_u32(unsigned char *p, uint32_t v) {
-  for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
-}
-static inline void store_put_u64(unsigned char *p, uint64_t v) {
-  for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
-}
-static inline uint32_t store_get_u32(const unsigned char *p) {
-  uint32_t v = 0;
-  for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
-  return v;
-}
-static inline uint64_t store_get_u64(const unsigned char *p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
-  return v;
-}
-
 typedef struct {
   uint32_t op, key_len, flags;
   uint64_t a_len, b_len;
@@ -83,39 +68,39 @@ typedef struct {
 } store_resp_header;
 
 static inline void store_encode_req(unsigned char *p, const store_req_header *h) {
-  store_put_u32(p, STORE_MAGIC);
-  store_put_u32(p + 4, h->op);
-  store_put_u32(p + 8, h->key_len);
-  store_put_u32(p + 12, h->flags);
-  store_put_u64(p + 16, h->a_len);
-  store_put_u64(p + 24, h->b_len);
-  store_put_u64(p + 32, (uint64_t)h->arg);
+  td_put_le32(p, STORE_MAGIC);
+  td_put_le32(p + 4, h->op);
+  td_put_le32(p + 8, h->key_len);
+  td_put_le32(p + 12, h->flags);
+  td_put_le64(p + 16, h->a_len);
+  td_put_le64(p + 24, h->b_len);
+  td_put_le64(p + 32, (uint64_t)h->arg);
 }
 /* Returns 0, or -1 if the magic is wrong (not a Tandem store peer). */
 static inline int store_decode_req(const unsigned char *p, store_req_header *h) {
-  if (store_get_u32(p) != STORE_MAGIC) return -1;
-  h->op = store_get_u32(p + 4);
-  h->key_len = store_get_u32(p + 8);
-  h->flags = store_get_u32(p + 12);
-  h->a_len = store_get_u64(p + 16);
-  h->b_len = store_get_u64(p + 24);
-  h->arg = (int64_t)store_get_u64(p + 32);
+  if (td_get_le32(p) != STORE_MAGIC) return -1;
+  h->op = td_get_le32(p + 4);
+  h->key_len = td_get_le32(p + 8);
+  h->flags = td_get_le32(p + 12);
+  h->a_len = td_get_le64(p + 16);
+  h->b_len = td_get_le64(p + 24);
+  h->arg = (int64_t)td_get_le64(p + 32);
   return 0;
 }
 static inline void store_encode_resp(unsigned char *p, const store_resp_header *h) {
-  store_put_u32(p, STORE_MAGIC);
-  store_put_u32(p + 4, h->status);
-  store_put_u32(p + 8, h->flags);
-  store_put_u32(p + 12, 0);
-  store_put_u64(p + 16, h->len);
-  store_put_u64(p + 24, (uint64_t)h->num);
+  td_put_le32(p, STORE_MAGIC);
+  td_put_le32(p + 4, h->status);
+  td_put_le32(p + 8, h->flags);
+  td_put_le32(p + 12, 0);
+  td_put_le64(p + 16, h->len);
+  td_put_le64(p + 24, (uint64_t)h->num);
 }
 static inline int store_decode_resp(const unsigned char *p, store_resp_header *h) {
-  if (store_get_u32(p) != STORE_MAGIC) return -1;
-  h->status = store_get_u32(p + 4);
-  h->flags = store_get_u32(p + 8);
-  h->len = store_get_u64(p + 16);
-  h->num = (int64_t)store_get_u64(p + 24);
+  if (td_get_le32(p) != STORE_MAGIC) return -1;
+  h->status = td_get_le32(p + 4);
+  h->flags = td_get_le32(p + 8);
+  h->len = td_get_le64(p + 16);
+  h->num = (int64_t)td_get_le64(p + 24);
   return 0;
 }
 

@@ -323,7 +323,7 @@ static bool gather_try(td_store_server *s, client *c) {
   c->out_len += STORE_RESP_HEADER;
   for (uint64_t i = 0; i < c->gather_n; i++) {
     entry *e = gather_find(s, prefix, i);
-    store_put_u64(c->out + c->out_len, e->len);
+    td_put_le64(c->out + c->out_len, e->len);
     c->out_len += 8;
     if (e->len) memcpy(c->out + c->out_len, e->value, e->len);
     c->out_len += e->len;
@@ -455,7 +455,7 @@ static void handle_request(td_store_server *s, client *c) {
     bool existed = table_delete(s, key);
     respond(c, STORE_RESP_OK, existed ? STORE_FLAG_SWAPPED : 0, 0, NULL, 0);
   } else if (r->op == STORE_GATHER) {
-    uint64_t n = r->a_len == STORE_GATHER_COUNT_LEN ? store_get_u64(a) : 0;
+    uint64_t n = r->a_len == STORE_GATHER_COUNT_LEN ? td_get_le64(a) : 0;
     if (r->a_len != STORE_GATHER_COUNT_LEN || n == 0 || n > STORE_GATHER_MAX) {
       respond_error(c, "store_gather on prefix '%s': the count must be 1..%u (an 8-byte value)", key,
                     (unsigned)STORE_GATHER_MAX);

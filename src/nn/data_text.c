@@ -38,27 +38,13 @@ static void text_destroy(td_dataset *ds) {
   free(ds);
 }
 
-/* Append the whole file at path to *buf. */
-static td_status append_file(const char *path, uint8_t **buf, size_t *len, size_t *cap) {
+/* Append the whole file at path to text. */
+static td_status append_file(const char *path, td_buf *text) {
   FILE *f = fopen(path, "rb");
   if (!f) return td_error(TD_ERR_IO, "text dataset: cannot open %s: %s", path, strerror(errno));
-  for (;;) {
-    if (*cap - *len < 65536) {
-      size_t ncap = *cap ? *cap * 2 : 1 << 20;
-      uint8_t *nb = realloc(*buf, ncap);
-      if (!nb) {
-        fclose(f);
-        return td_error(TD_ERR_SYSTEM, "text dataset: out of memory reading %s", path);
-      }
-      *buf = nb;
-      *cap = ncap;
-    }
-    size_t got = fread(*buf + *len, 1, *cap - *len, f);
-    *len += got;
-    if (got == 0) break;
-  }
-  int failed = ferror(f);
+  int failed = td_buf_append_file(text, f, SIZE_MAX);
   fclose(f);
+  if (text->failed) return td_error(TD_ERR_SYSTEM, "text dataset: out of memory reading %s", path);
   if (failed) return td_error(TD_ERR_IO, "text dataset: read error on %s", path);
   return TD_OK;
 }
@@ -70,7 +56,7 @@ static int ends_with(const char *s, const char *suffix) {
 
 static int cmp_names(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
-static td_status read_dir(const char *dir, uint8_t **buf, size_t *len, size_t *cap, int *n_files) {
+static td_status read_dir(const char *dir, td_buf *text, int *n_files) {
   DIR *d = opendir(dir);
   if (!d) return td_error(TD_ERR_IO, "text dataset: cannot open directory %s: %s", dir, strerror(errno));
   char **names = NULL;
@@ -102,7 +88,7 @@ static td_status read_dir(const char *dir, uint8_t **buf, size_t *len, size_t *c
     struct stat sb;
     /* regular files only (following links): skips subdirectories and sockets */
     if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode)) continue;
-    TD_CHECK_GOTO(append_file(path, buf, len, cap), st, done);
+    TD_CHECK_GOTO(append_file(path, text), st, done);
     (*n_files)++;
   }
 done:
@@ -127,16 +113,17 @@ td_status td_text_dataset_open(const char *path, int seq, td_dataset **out) {
                     "text dataset: %s: %s; pass a text file or a directory of text files with --data "
                     "(apt-get install fortunes provides %s)",
                     path, strerror(errno), TD_DEFAULT_TEXT_PATH);
-  uint8_t *buf = NULL;
-  size_t len = 0, cap = 0;
+  td_buf text = {0};
   int n_files = 0;
   td_status st;
   if (S_ISDIR(sb.st_mode)) {
-    st = read_dir(path, &buf, &len, &cap, &n_files);
+    st = read_dir(path, &text, &n_files);
   } else {
-    st = append_file(path, &buf, &len, &cap);
+    st = append_file(path, &text);
     n_files = 1;
   }
+  size_t len = text.len;
+  uint8_t *buf = (uint8_t *)td_buf_take(&text, NULL);
   if (st != TD_OK) {
     free(buf);
     return st;

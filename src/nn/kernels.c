@@ -60,6 +60,10 @@ int nn_gemm_tn(int M, int N, int K, const float *A, int lda, const float *B, int
   return kern()->k_nn_gemm_tn(M, N, K, A, lda, B, ldb, C, ldc, colsum);
 }
 
+int nn_lowp_rounds_in_scratch(td_dtype dtype) {
+  return dtype == TD_F16 || (dtype == TD_BF16 && kern() != level_tables[TD_CPU_AVX512BF16]);
+}
+
 int nn_gemm_lowp(td_dtype dtype, int trans_a, int trans_b, int M, int N, int K, const float *A, int lda,
                  const float *B, int ldb, float beta, const float *bias, float *C, int ldc) {
   return kern()->k_nn_gemm_lowp(dtype, trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, bias, C, ldc);

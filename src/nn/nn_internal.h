@@ -222,6 +222,13 @@ int nn_matmul_threads(void);
 int nn_gemm_lowp(td_dtype dtype, int trans_a, int trans_b, int M, int N, int K, const float *A, int lda,
                  const float *B, int ldb, float beta, const float *bias, float *C, int ldc);
 
+/* Whether nn_gemm_lowp at `dtype` takes matmul_bf16.c's portable path at
+ * the active CPU level (always for f16; for bf16 below avx512bf16): it
+ * rounds both operands into per-thread f32 scratch of M K + K N floats,
+ * kept for the life of the thread, which a model's memory estimate counts
+ * (gpt.c's activation_bytes). */
+int nn_lowp_rounds_in_scratch(td_dtype dtype);
+
 /* nn_gemm_lowp fused with what the linear layers do around it, in the
  * store of each tile instead of passes over C: C (M, N) = op(A) op(B) +
  * [c_in (rows ld_in apart; may be C: accumulate)] + [bias], then the

@@ -35,6 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -55,12 +56,14 @@ struct td_prom {
   prom_series series[PROM_MAX_SERIES];
   int n_series;
   int dropped; /* series refused because the table was full (reported once) */
+  int hint;    /* where find_series looks first: after the series found last */
   int listen_fd;
   int wake[2]; /* td_prom_stop writes to wake[1] to end the server thread */
   int port;
   pthread_t thread;
   int thread_started;
   unsigned long scrapes;
+  double serve_cpu_s; /* the server thread's CPU time after its last request (getrusage RUSAGE_THREAD) */
   /* another source of the text than the table (prometheus_job.c) */
   prom_render_fn render;
   void *render_ctx;
@@ -79,14 +82,29 @@ static int valid_name(const char *name) {
   return 1;
 }
 
-void td_prom_set(td_prom *p, const char *name, const char *type, const char *help, const char *labels,
-                 double value) {
+/* The index of NAME{LABELS} in the table, or n_series when absent. The
+ * search starts after the series found last: a program sets its series in
+ * the same order at every step, so each lookup usually costs one compare
+ * instead of a scan of the table (the training thread pays for it). Called
+ * with the lock held. */
+static int find_series(td_prom *p, const char *name, const char *labels) {
+  for (int k = 0; k < p->n_series; k++) {
+    int i = (p->hint + k) % p->n_series;
+    if (!strcmp(p->series[i].name, name) && !strcmp(p->series[i].labels, labels)) {
+      p->hint = i + 1;
+      return i;
+    }
+  }
+  return p->n_series;
+}
+
+/* Set (add: add to) the value of NAME{LABELS}, creating it when absent. */
+static void store_series(td_prom *p, const char *name, const char *type, const char *help, const char *labels,
+                         double value, int add) {
   if (!p || !valid_name(name)) return;
   if (!labels) labels = "";
   pthread_mutex_lock(&p->lock);
-  int i = 0;
-  for (; i < p->n_series; i++)
-    if (!strcmp(p->series[i].name, name) && !strcmp(p->series[i].labels, labels)) break;
+  int i = find_series(p, name, labels);
   if (i == p->n_series) {
     if (p->n_series == PROM_MAX_SERIES || strlen(labels) >= sizeof p->series[0].labels) {
       if (!p->dropped++) TD_WARN("prometheus: series %s{%s} not exported (table full or labels too long)", name, labels);
@@ -98,25 +116,26 @@ void td_prom_set(td_prom *p, const char *name, const char *type, const char *hel
     td_strlcpy(s->labels, labels, sizeof s->labels);
     td_strlcpy(s->type, type && !strcmp(type, "counter") ? "counter" : "gauge", sizeof s->type);
     td_strlcpy(s->help, help ? help : "", sizeof s->help);
+    s->value = 0;
   }
-  p->series[i].value = value;
+  p->series[i].value = add ? p->series[i].value + value : value;
   pthread_mutex_unlock(&p->lock);
 }
 
+void td_prom_set(td_prom *p, const char *name, const char *type, const char *help, const char *labels,
+                 double value) {
+  store_series(p, name, type, help, labels, value, 0);
+}
+
 void td_prom_add(td_prom *p, const char *name, const char *help, const char *labels, double delta) {
-  if (!p || !valid_name(name)) return;
-  double current = 0;
-  pthread_mutex_lock(&p->lock); /* recursive: td_prom_set below takes it again */
-  for (int i = 0; i < p->n_series; i++)
-    if (!strcmp(p->series[i].name, name) && !strcmp(p->series[i].labels, labels ? labels : "")) current = p->series[i].value;
-  td_prom_set(p, name, "counter", help, labels, current + delta);
-  pthread_mutex_unlock(&p->lock);
+  store_series(p, name, "counter", help, labels, delta, 1);
 }
 
 void td_prom_clear(td_prom *p) {
   if (!p) return;
   pthread_mutex_lock(&p->lock);
   p->n_series = 0;
+  p->hint = 0;
   pthread_mutex_unlock(&p->lock);
 }
 
@@ -296,6 +315,13 @@ static void *server_main(void *arg) {
     if (fd < 0) continue; /* EAGAIN, a client gone before accept, or EMFILE: try again at the next poll */
     serve_one(p, fd);
     close_gracefully(fd);
+    struct rusage ru;
+    if (getrusage(RUSAGE_THREAD, &ru) == 0) {
+      pthread_mutex_lock(&p->lock);
+      p->serve_cpu_s = (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+                       (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
+      pthread_mutex_unlock(&p->lock);
+    }
   }
   return NULL;
 }
@@ -371,6 +397,14 @@ unsigned long td_prom_scrapes(td_prom *p) {
   unsigned long n = p->scrapes;
   pthread_mutex_unlock(&p->lock);
   return n;
+}
+
+double td_prom_serve_cpu_seconds(td_prom *p) {
+  if (!p) return 0;
+  pthread_mutex_lock(&p->lock);
+  double s = p->serve_cpu_s;
+  pthread_mutex_unlock(&p->lock);
+  return s;
 }
 
 void td_prom_stop(td_prom *p) {

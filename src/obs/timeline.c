@@ -141,27 +141,17 @@ static char *read_events(const char *path, size_t *len_out) {
     td_error_errno("timeline merge: cannot open %s (did every rank finish and close its timeline?)", path);
     return NULL;
   }
-  size_t cap = 1 << 16, len = 0;
-  char *buf = malloc(cap);
-  size_t n;
-  while (buf && (n = fread(buf + len, 1, cap - len, f)) > 0) {
-    len += n;
-    if (len == cap) {
-      char *bigger = realloc(buf, cap * 2);
-      if (!bigger) {
-        free(buf);
-        buf = NULL;
-        break;
-      }
-      buf = bigger;
-      cap *= 2;
-    }
-  }
+  td_buf text = {0};
+  int failed = td_buf_append_file(&text, f, SIZE_MAX);
   fclose(f);
-  if (!buf) {
-    td_error(TD_ERR_SYSTEM, "timeline merge: out of memory reading %s", path);
+  if (failed) {
+    td_error(text.failed ? TD_ERR_SYSTEM : TD_ERR_IO, "timeline merge: %s reading %s",
+             text.failed ? "out of memory" : "read error", path);
+    td_buf_free(&text);
     return NULL;
   }
+  char *buf = text.data;
+  size_t len = text.len;
   size_t b = 0, e = len;
   while (b < e && (buf[b] == ' ' || buf[b] == '\n' || buf[b] == '\r' || buf[b] == '\t')) b++;
   while (e > b && (buf[e - 1] == ' ' || buf[e - 1] == '\n' || buf[e - 1] == '\r' || buf[e - 1] == '\t')) e--;

@@ -792,33 +792,15 @@ td_status td_train_config_load_json(const char *path, td_train_config *cfg) {
   if (!path || !cfg) return td_error(TD_ERR_INVALID_ARGUMENT, "td_train_config_load_json: null path or config");
   FILE *f = fopen(path, "rb");
   if (!f) return td_error(TD_ERR_IO, "cannot open config file %s: %s", path, strerror(errno));
-  size_t cap = 4096, len = 0;
-  char *buf = malloc(cap);
-  for (;;) {
-    if (!buf) {
-      fclose(f);
-      return td_error(TD_ERR_SYSTEM, "out of memory reading %s", path);
-    }
-    len += fread(buf + len, 1, cap - len - 1, f);
-    if (len < cap - 1) break;
-    if (cap > (64u << 20)) {
-      free(buf);
-      fclose(f);
-      return td_error(TD_ERR_IO, "config file %s is larger than 64 MiB; is it the right file?", path);
-    }
-    cap *= 2;
-    char *grown = realloc(buf, cap);
-    if (!grown) free(buf);
-    buf = grown;
-  }
-  int failed = ferror(f);
+  td_buf text = {0};
+  int failed = td_buf_append_file(&text, f, 64u << 20);
   fclose(f);
-  if (failed) {
-    free(buf);
-    return td_error(TD_ERR_IO, "cannot read config file %s", path);
-  }
-  buf[len] = '\0';
-  td_status st = td_train_config_parse_json_buffer(buf, len, path, cfg);
-  free(buf);
+  td_status st;
+  if (text.failed) st = td_error(TD_ERR_SYSTEM, "out of memory reading %s", path);
+  else if (failed) st = td_error(TD_ERR_IO, "cannot read config file %s", path);
+  else if (text.len > (64u << 20))
+    st = td_error(TD_ERR_IO, "config file %s is larger than 64 MiB; is it the right file?", path);
+  else st = td_train_config_parse_json_buffer(text.data, text.len, path, cfg);
+  td_buf_free(&text);
   return st;
 }

@@ -89,16 +89,21 @@ static size_t need_bytes(const td_trainer *t, const td_train_config *cfg, int wo
   return e.model_states + e.activations + e.runtime + t->mem_baseline;
 }
 
-/* The knobs the user left unset (cfg->knobs_set; sub_group_size 0), lowered
- * from DeepSpeed's defaults until the estimate of this rank fits `target`,
- * in the order that costs the least speed:
+/* The knobs the user left unset (c->knobs_set; sub_group_size 0), lowered
+ * from DeepSpeed's defaults until the estimate of this rank under c at
+ * `stage` fits `target`, in the order that costs the least speed:
  *   1. stage3_max_live_parameters (and offload_param's buffers, which cap
  *      it): beyond the group in use and the one fetched ahead, the cache
  *      only saves fetching a released group again within the step, and
  *      with activation checkpointing backward fetches nearly every group
- *      again anyway; not below two groups;
- *   2. sub_group_size (when it was chosen, not set): the optimizer's tile
- *      buffers, halved down to 1 MiB reads;
+ *      again anyway. In whole groups above the persistent ones (fetch.c
+ *      caches groups, and counts the persistent ones in the cap), not below
+ *      two: then the next group is still fetched ahead. Whole groups also
+ *      make the choice a step function of the room, so that a process
+ *      whose own RSS differs by a few KiB (--estimate-memory's) chooses
+ *      the same;
+ *   2. sub_group_size (when tile_chosen: it was chosen, not set): the
+ *      optimizer's tile buffers, halved down to 1 MiB reads;
  *   3. bucket_bytes (stages 2-3: two buckets of gradients in flight),
  *      halved down to 1 MiB: more, smaller collectives.
  * Then, from the model: an unset stage3_prefetch_bucket_size that a block
@@ -109,35 +114,38 @@ static size_t need_bytes(const td_trainer *t, const td_train_config *cfg, int wo
  * (the least of the ranks', trainer_memory_fit), so the fetch decisions,
  * which must match across ranks (zero/fetch.c), match. Writes the knobs it
  * changed to `chosen`. */
-static void fit_unset_knobs(td_trainer *t, size_t target, size_t files, char *chosen, size_t cap) {
-  td_train_config *c = &t->cfg;
+static void fit_unset_knobs(const td_trainer *t, td_train_config *c, int stage, bool tile_chosen, size_t target,
+                            size_t files, char *chosen, size_t cap) {
   size_t off = 0;
   chosen[0] = 0;
 #define NOTE(...) (off += (size_t)snprintf(chosen + off, off < cap ? cap - off : 0, __VA_ARGS__))
-  size_t need = need_bytes(t, c, t->world, t->zero_stage) + files;
-  size_t group = t->zero_stage >= 3 ? zero_largest_group(t->model, c->stage3_param_persistence_threshold) : 0;
+  size_t need = need_bytes(t, c, t->world, stage) + files, persistent = 0;
+  size_t group = stage >= 3 ? zero_largest_group(t->model, c->stage3_param_persistence_threshold, &persistent) : 0;
   long live_before = c->stage3_max_live_parameters;
-  if (t->zero_stage >= 3 && !(c->knobs_set & TD_KNOB_STAGE3_MAX_LIVE)) {
-    long least = (long)TD_MIN(2 * group, t->n_params), live = TD_MIN(c->stage3_max_live_parameters, (long)t->n_params);
-    for (int i = 0; i < 16 && need > target && live > least; i++) {
+  if (stage >= 3 && group > 0 && !(c->knobs_set & TD_KNOB_STAGE3_MAX_LIVE)) {
+    long n = (long)t->n_params, kept = (long)persistent, g = (long)group;
+    long least = TD_MIN(kept + 2 * g, n), live = TD_MIN(c->stage3_max_live_parameters, n);
+    while (need > target && live > least) {
       size_t excess = (need - target + sizeof(float) - 1) / sizeof(float);
-      live = live - least > (long)excess ? live - (long)excess : least;
+      long want = live - least > (long)excess ? live - (long)excess : least;
+      long whole = kept + TD_MAX(2L, (want - kept) / g) * g; /* want, down to whole groups */
+      live = TD_MAX(least, whole < live ? whole : live - g);
       c->stage3_max_live_parameters = live;
-      need = need_bytes(t, c, t->world, t->zero_stage) + files;
+      need = need_bytes(t, c, t->world, stage) + files;
     }
   }
-  if (t->offload_tile_chosen)
-    while (need > target && td_offload_tile_lower(c)) need = need_bytes(t, c, t->world, t->zero_stage) + files;
-  if (t->zero_stage >= 2 && !(c->knobs_set & TD_KNOB_BUCKET_BYTES)) {
+  if (tile_chosen)
+    while (need > target && td_offload_tile_lower(c)) need = need_bytes(t, c, t->world, stage) + files;
+  if (stage >= 2 && !(c->knobs_set & TD_KNOB_BUCKET_BYTES)) {
     size_t before = c->bucket_bytes;
     while (need > target && c->bucket_bytes > ((size_t)1 << 20)) {
       c->bucket_bytes = TD_MAX(c->bucket_bytes / 2, (size_t)1 << 20);
       c->first_bucket_bytes = TD_MIN(c->first_bucket_bytes, c->bucket_bytes);
-      need = need_bytes(t, c, t->world, t->zero_stage) + files;
+      need = need_bytes(t, c, t->world, stage) + files;
     }
     if (c->bucket_bytes != before) NOTE(" bucket_bytes %zu", c->bucket_bytes);
   }
-  if (t->zero_stage >= 3) {
+  if (stage >= 3) {
     if (c->stage3_max_live_parameters != live_before)
       NOTE(" stage3_max_live_parameters %ld", c->stage3_max_live_parameters);
     td_offload_config *o = &c->offload;
@@ -157,7 +165,7 @@ static void fit_unset_knobs(td_trainer *t, size_t target, size_t files, char *ch
       NOTE(" offload_param.buffer_size %ld buffer_count %d", o->param_buffer_size, o->param_buffer_count);
     }
   }
-  if (t->offload_tile_chosen) NOTE(" sub_group_size %ld", c->offload.sub_group_size);
+  if (tile_chosen) NOTE(" sub_group_size %ld", c->offload.sub_group_size);
 #undef NOTE
 }
 
@@ -175,14 +183,20 @@ static void what_fits(const td_trainer *t, size_t room, char *buf, size_t cap) {
     if (s != t->zero_stage && n <= room) ADD("ZeRO stage %d (%.0f MiB per rank)", s, MIB(n));
   }
   if (cfg->offload.param_device != TD_OFFLOAD_NVME) {
+    /* with the knobs the trainer would lower there (the cache of fetched
+     * groups first), checked by the estimate at those knobs */
     td_train_config c = *cfg;
     c.zero_stage = 3;
     c.offload.optimizer_device = c.offload.param_device = TD_OFFLOAD_NVME;
+    long before = c.offload.sub_group_size;
     td_offload_config_fit(&c, room);
+    char knobs[256];
+    fit_unset_knobs(t, &c, 3, c.offload.sub_group_size != before, room - room / 20, 0, knobs, sizeof knobs);
     size_t n = need_bytes(t, &c, t->world, 3);
     if (n <= room)
       ADD("stage 3 with offload_optimizer and offload_param \"nvme\" (--offload-optimizer nvme:DIR --offload-param "
-          "nvme:DIR: %.0f MiB per rank)", MIB(n));
+          "nvme:DIR) and stage3_max_live_parameters %ld (%.0f MiB per rank; the knobs left unset are lowered so:%s)",
+          c.stage3_max_live_parameters, MIB(n), knobs[0] ? knobs : " none needed");
   }
   if (cfg->micro_batch > 1) {
     td_train_config c = *cfg;
@@ -311,7 +325,8 @@ td_status trainer_memory_fit(td_trainer *t) {
    * with, and the knobs must match across ranks: it keeps the defaults. */
   bool agreeable = t->comm || t->world == 1;
   if (st == TD_OK && room > 0 && agreeable)
-    fit_unset_knobs(t, room - room / 20, offload_files_in_memory(t, &e), chosen, sizeof chosen);
+    fit_unset_knobs(t, &t->cfg, t->zero_stage, t->offload_tile_chosen, room - room / 20,
+                    offload_files_in_memory(t, &e), chosen, sizeof chosen);
   if (st == TD_OK && chosen[0])
     TD_INFO("rank %d: chosen from the model and the %.0f MiB available to each rank (%s), as they were not set:%s",
             t->rank, MIB(room), t->mem_room.source, chosen);

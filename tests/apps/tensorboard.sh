@@ -10,8 +10,9 @@
 #         gradient norms adding up to the engine's global norm.
 # zero2:  at ZeRO stage 2 the gradient is sharded: parameter norms only.
 # elastic: an elastic job (3 processes, --save-every 10) loses rank 0's
-#         process (kill -9), goes on at world 2 with a new rank 0, is then
-#         killed whole past a checkpoint and resumed (--resume) at world 2:
+#         process (kill -9) after step 15, goes on at world 2 with a new
+#         rank 0, is killed whole after step 34 (checkpoint at 30) and
+#         resumed (--resume) at world 2:
 #         three event files; each later rank 0 starts with a SessionLog
 #         START at the step it trains first, so that TensorBoard's purge of
 #         orphaned steps leaves every step once, with the metrics file's
@@ -67,17 +68,32 @@ elastic)
     for _ in $(seq 1200); do grep -q -- "$2" "$1" && return 0; sleep 0.05; done
     cat "$1"; fail "'$2' did not appear"
   }
-  setsid "$RUN" $el -np 3 "$GPT" $model $files >"$work/out1" 2>&1 &
+  # Every process stops itself (SIGSTOP) after committing step 15 of epoch
+  # 1 and step 34 of epoch 2 (TANDEM_TEST_STOP_AT), so that the faults land
+  # at known steps however slowly this script runs on a loaded machine.
+  TANDEM_TEST_STOP_AT=1:15,2:34 setsid "$RUN" $el -np 3 "$GPT" $model $files >"$work/out1" 2>&1 &
   tr=$!
-  wait_line "$work/out1" "step 15 loss"
-  # rank 0's process killed while the others are frozen (the fault lands where the script saw it)
-  pids=$(sed -n 's/.*elastic process [0-9]* (pid \([0-9]*\)).*/\1/p' "$work/out1")
+  all_stopped() { # N: block until N children of tandemrun are stopped (state T), 120 s at most
+    for _ in $(seq 1200); do
+      n=0
+      for k in $(pgrep -P $tr); do [ "$(awk '{print $3}' /proc/$k/stat 2>/dev/null)" = T ] && n=$((n + 1)); done
+      [ "$n" = "$1" ] && return 0
+      sleep 0.1
+    done
+    kill -9 $tr $(pgrep -P $tr) 2>/dev/null
+    cat "$work/out1"; fail "not $1 processes stopped"
+  }
+  all_stopped 3
+  wait_line "$work/out1" "elastic process 0 (pid"
   victim=$(sed -n 's/.*elastic process 0 (pid \([0-9]*\)).*/\1/p' "$work/out1")
-  kill -STOP $pids; kill -9 "$victim"; kill -CONT $(echo "$pids" | grep -vx "$victim")
+  # rank 0's process killed; the others go on without it (no restarts) at world 2
+  kill -9 "$victim"
+  kill -CONT $(pgrep -P $tr | grep -vx "$victim")
   wait_line "$work/out1" "elastic epoch 2:"
   from=$(sed -n 's/.*elastic epoch 2: .* from step \([0-9]*\).*/\1/p' "$work/out1")
-  wait_line "$work/out1" "step $(( (from / 10 + 2) * 10 + 4 )) loss"
-  # the whole job (tandemrun first, so that it starts nothing) killed 4+ steps past a checkpoint
+  [ "$from" = 15 ] || fail "epoch 2 starts from step $from, not 15"
+  all_stopped 2
+  # the whole job (tandemrun first, so that it starts nothing) killed after step 34: 4 steps past the checkpoint at 30
   kill -STOP $tr; kids=$(pgrep -P $tr); kill -9 $tr $kids; wait $tr 2>/dev/null
   "$RUN" $el -np 2 "$GPT" $model $files --resume "$work/ck" >"$work/out2" 2>&1 || { cat "$work/out2"; fail "the resumed job failed"; }
   resumed=$(sed -n 's/.*resumed from the disk checkpoint in .* at step \([0-9]*\) .*/\1/p' "$work/out2" | head -1)

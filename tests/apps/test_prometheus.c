@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 /* Send `req` (len bytes) to 127.0.0.1:port and read the reply until the
@@ -192,6 +193,12 @@ static void test_http(void) {
   CHECK_MSG(td_prom_start("localhost", 0, &second), TD_ERR_INVALID_ARGUMENT, "not an IPv4 address");
   CHECK_MSG(td_prom_start(NULL, 70000, &second), TD_ERR_INVALID_ARGUMENT, "out of range");
 
+  /* the server thread's CPU time: some of this process's, none for NULL */
+  struct timespec cpu;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cpu);
+  double serve_cpu = td_prom_serve_cpu_seconds(p);
+  CHECK(serve_cpu >= 0 && serve_cpu <= (double)cpu.tv_sec + cpu.tv_nsec * 1e-9 + 1e-3);
+  CHECK(td_prom_serve_cpu_seconds(NULL) == 0);
   /* stop returns promptly although the thread sleeps in poll */
   t0 = td_now();
   td_prom_stop(p);

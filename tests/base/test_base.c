@@ -564,7 +564,24 @@ static void test_text_buf(void) {
   td_buf_free(&b);
   td_buf_free(&b); /* twice, and NULL: both fine */
   td_buf_free(NULL);
-  printf("text buffer: 300 pieces over many growths equal snprintf's; failure sticky\n");
+
+  /* A whole file (several reads), and one cut short past a limit. */
+  FILE *f = tmpfile();
+  CHECK(f != NULL);
+  for (int i = 0; i < 200000; i++) fputc('a' + i % 26, f);
+  rewind(f);
+  CHECK(td_buf_append_file(&b, f, SIZE_MAX) == 0);
+  CHECK_EQ_INT(b.len, 200000);
+  for (int i = 0; i < 200000; i++)
+    if (b.data[i] != 'a' + i % 26) td_test_fail(__FILE__, __LINE__, "byte %d of the file read back differs", i);
+  CHECK_EQ_INT(b.data[b.len], 0);
+  td_buf_free(&b);
+  rewind(f);
+  CHECK(td_buf_append_file(&b, f, 1000) == 0); /* stops once past 1000 bytes, long before the end */
+  CHECK(b.len > 1000 && b.len < 200000);
+  td_buf_free(&b);
+  fclose(f);
+  printf("text buffer: 300 pieces over many growths equal snprintf's; failure sticky; a file read whole and cut\n");
 }
 
 int main(void) {

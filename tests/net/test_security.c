@@ -469,9 +469,9 @@ static void *tcp_attacker(void *arg) {
     unsigned char h[16];
     uint64_t hash = 1469598103934665603ull;
     for (const char *p = a->prefix; *p; p++) hash = (hash ^ (unsigned char)*p) * 1099511628211ull;
-    store_put_u32(h, 0x54444843u);
-    store_put_u32(h + 4, 1);
-    store_put_u64(h + 8, hash);
+    td_put_le32(h, 0x54444843u);
+    td_put_le32(h + 4, 1);
+    td_put_le64(h + 8, hash);
     CHECK_OK(net_send_all(fd, h, sizeof h, td_now() + 2));
   } else if (!strcmp(a->kind, "bad-proof")) {
     net_auth_hello h = {.role = NET_AUTH_ROLE_TCP, .rank = 1};

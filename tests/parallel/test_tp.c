@@ -12,20 +12,23 @@
  *                             values (exactly), loss, every gradient tensor,
  *                             predictions and the gradient norm agree; the
  *                             ready callback reports every tensor once.
- *   test_tp refuse-sp         sequence parallelism's refusals.
+ *   test_tp refuse-sp         sequence parallelism's refusals, and those of 3D stages
+ *                             (sp without a tensor group, heads the group does not divide).
  *   test_tp train TP STEPS [sp]  N ranks as data N/TP x tensor TP train STEPS
  *                             AdamW steps (clipping on) of a GPT with a
  *                             57-token vocabulary (uneven shards); every rank
  *                             also trains the unsplit GPT alone on the whole
  *                             global batch: losses within 1e-5 relative each
  *                             step, final shards within 1e-4 (but the key bias: see there).
- *   test_tp train TP STEPS [sp] [pp=PP] [tied] [zero1] [ckpt]   the same with PP pipeline
+ *   test_tp train TP STEPS [sp] [pp=PP] [tied] [zero1] [ckpt] [interleaved]   the same with PP pipeline
  *                             stages of tensor-parallel layers (3D: N ranks
  *                             as data x pipeline PP x tensor TP; 4 blocks, 4
  *                             micro-batches per step through 1F1B; tied: a
  *                             tied wte, its gradient summed between the
  *                             first and the last stage per tensor rank;
  *                             zero1: ZeRO-1 over the data-parallel ranks;
+ *                             interleaved: Megatron's interleaved schedule,
+ *                             2 chunks of 1 block per rank;
  *                             ckpt: activation checkpointing, and each step's
  *                             loss, norm and the final shards bit for bit
  *                             those of the same layout without it),
@@ -333,6 +336,7 @@ static void plain_destroy(td_dataset *ds) { free(ds); }
 
 static int train_zero; /* ZeRO stage of the model-parallel trainer (train ... zero1) */
 static int train_ckpt; /* activation checkpointing in the model-parallel trainer (train ... ckpt) */
+static int train_interleaved; /* the pipeline's interleaved schedule, 2 chunks per rank (train ... interleaved) */
 static td_trainer *make_trainer(td_model *m, td_dataset *ds, td_comm *comm, int micro, int accum) {
   td_train_config c;
   td_train_config_defaults(&c);
@@ -376,6 +380,7 @@ static void train(int tp, int pp, int steps, int sp, int tied) {
     td_model **m = k == 0 ? &mt : &mplain;
     if (pp > 1) {
       td_pipeline_config pc = {.sequence_parallel = sp};
+      if (train_interleaved) pc.schedule = "interleaved", pc.chunks = 2;
       CHECK_OK(td_gpt_pipeline_create_grid(&cfg, &pc, grid, m));
     } else {
       CHECK_OK(td_gpt_tp_create(&cfg, grid, m));
@@ -472,6 +477,7 @@ static void train(int tp, int pp, int steps, int sp, int tied) {
     printf("tp train: %d ranks as data %d x pipeline %d x tensor %d%s%s%s%s: %d steps equal to one rank\n", n, dp,
            pp, tp, sp ? " (sequence-parallel)" : "", tied ? " (tied)" : "", train_zero ? " (ZeRO-1)" : "",
            train_ckpt ? " (activation checkpointing: bit for bit the same without)" : "", steps);
+  if (rank == 0 && train_interleaved) printf("tp train: the pipeline ran the interleaved schedule, 2 chunks per rank\n");
 }
 
 /* sequence parallelism needs seq divisible by the group; other models are refused */
@@ -489,12 +495,31 @@ static void refuse_sp(void) {
   td_model_destroy(plain);
   td_model_destroy(tp);
   td_grid_destroy(grid);
+  /* 3D: sequence parallelism needs a tensor group; the stages' heads must split over it */
+  CHECK_OK(td_grid_create(world, 1, P, &grid));
+  td_gpt_config c3 = {.vocab = 50, .layers = 2 * P, .channels = 16, .heads = 4, .seq = 8};
+  td_pipeline_config pc = {.sequence_parallel = 1};
+  td_model *m3 = NULL;
+  expect_message(td_gpt_pipeline_create_grid(&c3, &pc, grid, &m3), "use tensor-parallel 2 or more");
+  expect_message(td_gpt_pipeline_create(&c3, &pc, td_grid_comm(grid, TD_GRID_PIPELINE), &m3),
+                 "use td_gpt_pipeline_create_grid");
+  CHECK(m3 == NULL);
+  td_grid_destroy(grid);
+  if (P > 1) {
+    CHECK_OK(td_grid_create(world, P, 1, &grid));
+    c3.heads = 2 * P + 1; /* not divisible by the tensor group */
+    c3.channels = 4 * c3.heads;
+    pc.sequence_parallel = 0;
+    expect_message(td_gpt_pipeline_create_grid(&c3, &pc, grid, &m3), "does not divide the");
+    CHECK(m3 == NULL);
+    td_grid_destroy(grid);
+  }
   if (R == 0) printf("tp refuse-sp: ok\n");
 }
 
 int main(int argc, char **argv) {
   if (argc < 2) {
-    fprintf(stderr, "usage: test_tp layers | model TIED | train TP STEPS [sp] [pp=PP] [tied] [zero1] [ckpt] | kill TP VICTIM [pp=PP]\n");
+    fprintf(stderr, "usage: test_tp layers | model TIED | train TP STEPS [sp] [pp=PP] [tied] [zero1] [ckpt] [interleaved] | kill TP VICTIM [pp=PP]\n");
     return 2;
   }
   CHECK_OK(td_comm_init(&world));
@@ -513,6 +538,7 @@ int main(int argc, char **argv) {
       else if (!strcmp(argv[i], "tied")) tied = 1;
       else if (!strcmp(argv[i], "zero1")) train_zero = 1;
       else if (!strcmp(argv[i], "ckpt")) train_ckpt = 1;
+      else if (!strcmp(argv[i], "interleaved")) train_interleaved = 1;
       else {
         fprintf(stderr, "test_tp train: unknown option %s\n", argv[i]);
         return 2;

@@ -22,6 +22,7 @@ from .ops import (Sum, Average, Min, Max, Product, Adasum, allreduce, allreduce_
 from .optimizer import DistributedOptimizer
 from .functions import broadcast_parameters, broadcast_optimizer_state, broadcast_object, allgather_object
 from .sync_batch_norm import SyncBatchNorm
+from .ddp_hook import ddp_avg_hook
 
 HorovodInternalError = TandemError  # what Horovod scripts catch
 

@@ -23,8 +23,18 @@
  *
  * Limits: every rank receives the same result, folded in ring order. f16 and
  * bf16 sums reach this file as f32 partials (select/select.c), so they round once;
- * with TANDEM_HALF_PARTIALS=half they round once per hop. TD_AVG is summed
- * here; select/select.c divides.
+ * with TANDEM_HALF_PARTIALS=half they round once per hop.
+ *
+ * TD_AVG: each rank divides the segment it owns as the last step of the
+ * reduce-scatter folds it, chunk by chunk while the chunk is still in cache,
+ * and the allgather hands the divided values around, so a rank scales 1/n
+ * of the buffer instead of all of it afterwards (select/select.c leaves
+ * this algorithm's results alone). The owner applies the same division to
+ * the same sum that every rank would have, so the result is bitwise the one
+ * a division after the allreduce gives. (A whole-buffer pass is a read and
+ * a write of the gradient in DRAM: tens of ms per rank for the 403 MB of
+ * tandem.torch's Average in bench/py_doors.py; bench/results/
+ * py-doors-2026-11-27-s19.md has the CPU time measured.)
  * An empty segment still exchanges one empty frame, so that ranks that
  * disagree on the count find out from the frame headers. */
 #include "comm/algorithms/algorithms.h"
@@ -61,7 +71,10 @@ td_status allreduce_ring(td_comm *comm, const comm_op *op) {
         st = p2p_exchange(comm, op, i < n_send ? right : -1, send_ptr, sl * esz, i < n_recv ? left : -1,
                           phase == 0 ? stage : recv_dst, rl * esz);
         if (st != TD_OK) break;
-        if (phase == 0 && rl > 0) td_reduce_inplace(recv_dst, stage, rl, op->dtype, op->redop);
+        if (phase == 0 && rl > 0) {
+          td_reduce_inplace(recv_dst, stage, rl, op->dtype, op->redop);
+          if (op->redop == TD_AVG && s == n - 2) td_reduce_scale(recv_dst, rl, op->dtype, n);
+        }
       }
     }
   }

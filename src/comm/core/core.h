@@ -114,6 +114,13 @@ typedef struct transport_vtbl {
    * comm_fail() with TD_ERR_REMOTE naming the peer and return that status. */
   td_status (*try_send)(transport *t, int peer, const void *buf, size_t len, size_t *moved);
   td_status (*try_recv)(transport *t, int peer, void *buf, size_t len, size_t *moved);
+  /* Optional (NULL: the engine calls try_send twice). try_send of the bytes
+   * of a (alen) followed by those of b (blen) in one call: *moved counts
+   * from the start of a. The framing engine sends a frame's header and its
+   * payload with it, so that TCP carries them as one stream write instead of
+   * a header-only segment ahead of every payload (p2p/p2p.c). */
+  td_status (*try_send2)(transport *t, int peer, const void *a, size_t alen, const void *b, size_t blen,
+                         size_t *moved);
   /* Sleep until a try_send to one of send_peers or a try_recv from one of
    * recv_peers may make progress, or timeout_s passes, or the communicator
    * fails. Spurious returns are allowed; never spin. */

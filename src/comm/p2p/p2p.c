@@ -52,10 +52,20 @@ static td_status step_send(td_comm *comm, const p2p_xfer *x, xfer_state *s, bool
     return TD_OK;
   }
   while (s->hdr_done < sizeof(comm_hdr)) {
-    TD_CHECK(t->vtbl->try_send(t, x->peer, (char *)&s->u.hdr + s->hdr_done, sizeof(comm_hdr) - s->hdr_done, &moved));
+    const char *hdr = (const char *)&s->u.hdr + s->hdr_done;
+    size_t hdr_left = sizeof(comm_hdr) - s->hdr_done;
+    if (t->vtbl->try_send2) /* header and payload in one write (see try_send2) */
+      TD_CHECK(t->vtbl->try_send2(t, x->peer, hdr, hdr_left, x->buf, x->bytes, &moved));
+    else
+      TD_CHECK(t->vtbl->try_send(t, x->peer, hdr, hdr_left, &moved));
     if (!moved) return TD_OK;
-    s->hdr_done += moved;
     *moved_any = true;
+    if (moved <= hdr_left) {
+      s->hdr_done += moved;
+      continue;
+    }
+    s->hdr_done = sizeof(comm_hdr);
+    s->data_done = moved - hdr_left;
   }
   while (s->data_done < x->bytes) {
     TD_CHECK(t->vtbl->try_send(t, x->peer, (char *)x->buf + s->data_done, x->bytes - s->data_done, &moved));

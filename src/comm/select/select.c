@@ -72,11 +72,14 @@ static comm_algo_fn pick(const td_comm *comm, const comm_op *op) {
   return NULL;
 }
 
-/* TD_AVG: divide this rank's part of the result by the world size. */
-static void finish_avg(const td_comm *comm, const comm_op *op) {
+/* TD_AVG: divide this rank's part of the result by the world size, unless
+ * the algorithm divided it itself (the ring allreduce divides each segment
+ * once, at its owner, before the allgather: allreduce_ring.c). */
+static void finish_avg(const td_comm *comm, const comm_op *op, comm_algo_fn algo) {
   size_t offset, len;
   switch (op->kind) {
   case COMM_ALLREDUCE:
+    if (algo == allreduce_ring) break;
     td_reduce_scale(op->recv, op->count, op->dtype, comm->size);
     break;
   case COMM_REDUCE:
@@ -245,7 +248,7 @@ td_status comm_execute(td_comm *comm, const comm_op *op) {
     TD_CHECK(algo(comm, op));
     if (op->redop == TD_AVG && (op->kind == COMM_ALLREDUCE || op->kind == COMM_REDUCE ||
                                 op->kind == COMM_REDUCE_SCATTER))
-      finish_avg(comm, op);
+      finish_avg(comm, op, algo);
   }
   st = comm_status(comm);
   if (st == TD_OK) record(comm, op, algo, td_now() - t0);

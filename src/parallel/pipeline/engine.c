@@ -29,6 +29,13 @@
  * on the last stage, the embedding's on the first) are summed at the end of
  * the step, where the whole model interleaves them per micro-batch.
  *
+ * 3D (td_gpt_pipeline_create_grid with a tensor group): the stage models
+ * are tensor-parallel (tp_gpt_stage_create, parallel/tensor); the pipeline
+ * communicator joins the ranks of one tensor coordinate, so every transfer
+ * here is between equal tensor ranks of neighbouring stages and carries
+ * this rank's rows of the activation (all of them, or B*T/tp with sequence
+ * parallelism). The tensor collectives run inside the stage models.
+ *
  * Failures: a NaN forward (a bad token) or a failed transfer aborts the
  * pipeline communicator with the reason, so that every other stage's
  * pending receive fails within seconds naming this rank. */

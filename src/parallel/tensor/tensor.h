@@ -68,7 +68,8 @@ double tp_gpt_replicated_sq(const td_model *model, const float *grads);
 
 /* The cut of each of a td_gpt_tp_create model's tensors (model->n_tensors,
  * in arena order; owned by the model), its config and its place (p ranks,
- * this one r) in the tensor group; NULL for any other model. */
+ * this one r) in the tensor group; NULL for any other model, and for a
+ * tensor-parallel pipeline stage (its pipeline's map cuts by tp_cut_of). */
 const cut *tp_gpt_cuts(const td_model *model, td_gpt_config *config, int *p, int *r);
 
 /* out (N, OC) = allreduce_r(inp_local (N, IC_local) @ w_local (OC, IC_local)^T) + bias (OC, or NULL). */

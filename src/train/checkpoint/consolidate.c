@@ -76,7 +76,7 @@ td_status td_ckpt_consolidate(td_ckpt_dir *d, const char *out_path) {
     return td_error_errno("cannot create %s", tmp);
   }
   unsigned char len_le[8];
-  for (int k = 0; k < 8; k++) len_le[k] = (unsigned char)((uint64_t)n >> (8 * k));
+  td_put_le64(len_le, n);
   td_status st = TD_OK;
   if (ckpt_write_full(fd, len_le, 8) != 0 || ckpt_write_full(fd, header, n) != 0) st = td_error_errno("cannot write %s", tmp);
   free(header);

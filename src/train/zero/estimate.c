@@ -45,18 +45,26 @@ typedef struct fetch_groups {
   size_t largest_tensor, group1, persistent, n_groups, n_persistent;
 } fetch_groups;
 
+/* The group starting at tensor i: its arena span [*lo, *lo + *count);
+ * returns the index of the next group's first tensor. */
+static int group_at(const td_model *model, int i, size_t *lo, size_t *count) {
+  const td_param_tensor *first = &model->tensors[i];
+  size_t plen = block_len(first->name);
+  *lo = first->offset;
+  *count = 0;
+  int j = i;
+  while (j < model->n_tensors && block_len(model->tensors[j].name) == plen &&
+         (plen == 0 || strncmp(model->tensors[j].name, first->name, plen) == 0))
+    *count += model->tensors[j++].count;
+  return j;
+}
+
 static void groups_of(const td_model *model, long persistence_threshold, fetch_groups *g) {
   memset(g, 0, sizeof *g);
   for (int i = 0; i < model->n_tensors;) {
-    const td_param_tensor *first = &model->tensors[i];
-    size_t plen = block_len(first->name), count = 0;
-    int j = i;
-    while (j < model->n_tensors && block_len(model->tensors[j].name) == plen &&
-           (plen == 0 || strncmp(model->tensors[j].name, first->name, plen) == 0)) {
-      count += model->tensors[j].count;
-      g->largest_tensor = TD_MAX(g->largest_tensor, model->tensors[j].count);
-      j++;
-    }
+    size_t lo, count;
+    int j = group_at(model, i, &lo, &count);
+    for (int k = i; k < j; k++) g->largest_tensor = TD_MAX(g->largest_tensor, model->tensors[k].count);
     g->n_groups++;
     if (count <= (size_t)persistence_threshold) g->persistent += count, g->n_persistent++;
     else g->group1 = TD_MAX(g->group1, count);
@@ -64,9 +72,71 @@ static void groups_of(const td_model *model, long persistence_threshold, fetch_g
   }
 }
 
-size_t zero_largest_group(const td_model *model, long persistence_threshold) {
+/* Floats of the granules (gf floats) a fetched span touches beyond the span
+ * itself: the parts of its first and last granule outside it. */
+static size_t span_pad(size_t lo, size_t count, size_t gf) {
+  return (lo + count + gf - 1) / gf * gf - lo / gf * gf - count;
+}
+
+/* Stage 3 with the parameters on disk: the floats of the granules the live
+ * groups touch beyond the groups themselves. A fetch faults in whole
+ * granules (2 MiB huge pages: pages.c) and a released group gives back
+ * only granules no live group touches (fetch.c), so what is resident is
+ * the union of the live groups' spans rounded out to granules: at most
+ * each live group's own pad (span_pad). Which groups are live: the
+ * persistent ones, and non-persistent ones whose sizes add up to at most
+ * `cached` (stage3_max_live_parameters, or the group in use alone when that
+ * is larger): at most k of them, k the most that fit taking the smallest
+ * first, so the pads are at most the k largest. (Charging two granules for
+ * every group of the model instead overestimated a lowered cache by 20%
+ * at 6 blocks of 512 channels: memory_defaults_fit.) Pure: ordered
+ * selections over the tensor table, no allocation. */
+static size_t live_group_pads(const td_model *model, long persistence_threshold, size_t cached, size_t gf) {
+  size_t pads = 0, used = 0;
+  int k = 0;
+  /* k: walk the non-persistent groups by (size, first tensor) ascending */
+  for (size_t prev_n = 0, prev_i = 0, started = 0;;) {
+    size_t best_n = SIZE_MAX, best_i = 0;
+    for (int i = 0; i < model->n_tensors;) {
+      size_t lo, n;
+      int j = group_at(model, i, &lo, &n);
+      bool after = !started || n > prev_n || (n == prev_n && (size_t)i > prev_i);
+      if (n > (size_t)persistence_threshold && after && (n < best_n || (n == best_n && (size_t)i < best_i)))
+        best_n = n, best_i = (size_t)i;
+      i = j;
+    }
+    if (best_n == SIZE_MAX || (k > 0 && used + best_n > cached)) break;
+    used += best_n, k++;
+    prev_n = best_n, prev_i = best_i, started = 1;
+  }
+  /* the k largest pads of the non-persistent groups, by (pad, first tensor) descending; every persistent one's */
+  for (int i = 0; i < model->n_tensors;) {
+    size_t lo, n;
+    int j = group_at(model, i, &lo, &n);
+    if (n <= (size_t)persistence_threshold) pads += span_pad(lo, n, gf);
+    i = j;
+  }
+  for (size_t prev_p = 0, prev_i = 0, started = 0; k > 0; k--) {
+    size_t best_p = 0, best_i = SIZE_MAX;
+    for (int i = 0; i < model->n_tensors;) {
+      size_t lo, n;
+      int j = group_at(model, i, &lo, &n);
+      size_t p = span_pad(lo, n, gf);
+      bool after = !started || p < prev_p || (p == prev_p && (size_t)i > prev_i);
+      if (n > (size_t)persistence_threshold && after && (best_i == SIZE_MAX || p > best_p)) best_p = p, best_i = (size_t)i;
+      i = j;
+    }
+    if (best_i == SIZE_MAX) break;
+    pads += best_p;
+    prev_p = best_p, prev_i = best_i, started = 1;
+  }
+  return pads;
+}
+
+size_t zero_largest_group(const td_model *model, long persistence_threshold, size_t *persistent) {
   fetch_groups g;
   groups_of(model, persistence_threshold, &g);
+  if (persistent) *persistent = g.persistent;
   return g.group1;
 }
 
@@ -82,13 +152,24 @@ static size_t estimate_gather(size_t n, size_t shard, int stage, bool params_on_
   return whole - held;
 }
 
-/* What a rank's process adds during the steps beyond the arenas and the
- * activations: per-thread compute scratch (packed panels, attention
- * tiles), the communicator's and the I/O engine's buffers, the allocator's
- * slack. Measured 5-7 MiB at one compute thread per rank (train-gpt's
- * "memory" line, tests/offload.suite memory_*): 16 MiB leaves room for a
- * few threads more. */
-#define ESTIMATE_RUNTIME_BYTES ((size_t)16 << 20)
+/* What a rank's process adds during the steps beyond the arenas, the
+ * activations and the products' scratch (the model's activation_bytes):
+ * each compute thread's packed panels and attention tiles, the
+ * communicator's and the I/O engine's buffers, the allocator's slack.
+ * Measured (peak RSS less the rest of the estimate, tests/offload.suite
+ * memory_bound_*): 4.5-6.5 MiB at one compute thread per rank, +0.5 MiB per
+ * thread more (stage 1, 1 to 4 threads). 7 MiB plus 1 MiB per thread; the
+ * threads are the trainer's (threads_per_rank, or at most the host's cores
+ * when automatic). A flat 16 MiB had left small models 10% above their
+ * peak. */
+#define ESTIMATE_RUNTIME_BYTES ((size_t)7 << 20)
+#define ESTIMATE_THREAD_BYTES ((size_t)1 << 20)
+
+static size_t runtime_bytes(const td_train_config *cfg) {
+  long threads = cfg->threads;
+  if (threads <= 0) threads = sysconf(_SC_NPROCESSORS_ONLN);
+  return ESTIMATE_RUNTIME_BYTES + (size_t)TD_MAX(1L, TD_MIN(threads, 4096L)) * ESTIMATE_THREAD_BYTES;
+}
 
 td_status zero_estimate_memory(const td_model *model, const td_train_config *cfg, int world, int stage, bool buckets,
                                td_memory_estimate *out) {
@@ -151,7 +232,7 @@ td_status zero_estimate_memory(const td_model *model, const td_train_config *cfg
       shard_edge = TD_MAX(shard_edge, (hi - lo - len) * f);
     }
     edges2 = shard_edge + granule;
-    edges3 = params_on_disk ? (n_groups + 3) * granule : shard_edge + TD_MIN(1 + n_persistent, n_groups) * granule;
+    edges3 = shard_edge + TD_MIN(1 + n_persistent, n_groups) * granule;
   }
   /* nothing beyond the whole arena, rounded to granules, can be resident */
   size_t room = (n * f + granule - 1) / granule * granule - shard * f;
@@ -166,6 +247,8 @@ td_status zero_estimate_memory(const td_model *model, const td_train_config *cfg
     /* released and prefetched groups stay within stage3_max_live_parameters;
      * only the group in use may go over it */
     size_t cached = TD_MAX((size_t)cfg->stage3_max_live_parameters, group1);
+    if (params_on_disk) /* nothing resident but the live groups (no shard): their own granules */
+      edges3 = live_group_pads(model, cfg->stage3_param_persistence_threshold, cached, granule / f) * f;
     /* with the parameters on disk the whole arena is fetched, the shard too */
     size_t room3 = params_on_disk ? (n * f + granule - 1) / granule * granule : room;
     live += TD_MIN(TD_MIN(cached + persistent, fetchable) * f + edges3, room3);
@@ -178,6 +261,6 @@ td_status zero_estimate_memory(const td_model *model, const td_train_config *cfg
                                                         cfg->precision.compute)
                          : 0;
   out->gather = estimate_gather(n, shard, stage, params_on_disk);
-  out->runtime = ESTIMATE_RUNTIME_BYTES;
+  out->runtime = runtime_bytes(cfg);
   return TD_OK;
 }

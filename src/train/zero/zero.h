@@ -97,8 +97,10 @@ td_status zero_estimate_memory(const td_model *model, const td_train_config *cfg
                                td_memory_estimate *out);
 /* Parameters of the model's largest stage-3 fetch group above the
  * persistence threshold (a transformer block): the least a rank holds
- * fetched while it computes. memory_fit.c sizes the cache from it. */
-size_t zero_largest_group(const td_model *model, long persistence_threshold);
+ * fetched while it computes; and, unless NULL, *persistent: those of the
+ * groups under it, which stay live from their first fetch (fetch.c counts
+ * them in the cache). memory_fit.c sizes the cache from both. */
+size_t zero_largest_group(const td_model *model, long persistence_threshold, size_t *persistent);
 
 /* ---- shard.c ---- */
 /* Stage 2 keeps its whole gradient arena resident, as stage 1 does, when
