@@ -146,7 +146,7 @@ td_status zero_device_update(td_trainer *t, float lr, float grad_scale, long ada
 
 size_t zero_device_pool_params(const td_model *model, int world, int stage) {
   if (stage < 3 || world <= 1) return 0;
-  return ZERO_DEV_SLOTS * zero_largest_group(model, 0);
+  return ZERO_DEV_SLOTS * zero_largest_group(model, 0, NULL);
 }
 
 static void fetch_fail(td_trainer *t, td_status st, const char *what, size_t lo, size_t hi) {
