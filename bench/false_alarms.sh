@@ -9,6 +9,10 @@
 # heartbeat-loss lines and "fell silent" reports.
 #
 #   bench/false_alarms.sh [SECONDS] [HOGS] [BUILD]   (default 600 s, 2 hogs, build/)
+#   MINHB=S ...     TANDEM_HEARTBEAT_MIN_TIMEOUT (0.5: adaptive timeouts
+#                   between 0.5 s and HB, as bench/faults_hosts.sh; "": fixed)
+#   HB=S ...        TANDEM_HEARTBEAT_TIMEOUT (2), the adaptive timeouts' cap
+#   SUFFIX=TEXT ... appended to the result's file name
 #
 # Writes bench/results/false-alarms-DATE.md (RESULTS=DIR to change).
 set -u
@@ -17,6 +21,9 @@ HOGS=${2:-2}
 B=${3:-build}
 cd "$(dirname "$0")/.."
 results=${RESULTS:-bench/results}
+MINHB=${MINHB-0.5}
+HB=${HB:-2}
+commit=$(git rev-parse --short HEAD 2>/dev/null) # now: the tree may move on during the run
 work=$(mktemp -d /tmp/tandem-falsealarm-XXXXXX)
 hogs=
 job=
@@ -28,8 +35,9 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
-export TANDEM_PROGRESS=plain TANDEM_TRANSPORT=tcp TANDEM_HEARTBEAT_TIMEOUT=2 TANDEM_HEARTBEAT_INTERVAL=0.25
+export TANDEM_PROGRESS=plain TANDEM_TRANSPORT=tcp TANDEM_HEARTBEAT_TIMEOUT=$HB TANDEM_HEARTBEAT_INTERVAL=0.25
 export TANDEM_ELASTIC_SETTLE=3 TANDEM_LOG=info
+[ -n "$MINHB" ] && export TANDEM_HEARTBEAT_MIN_TIMEOUT=$MINHB
 for _ in $(seq 1 "$HOGS"); do
   (while :; do :; done) &
   hogs="$hogs $!"
@@ -55,14 +63,14 @@ fell=$(grep -c "fell silent" "$work/out")
 lost=$(grep -c "the job goes on with" "$work/out")
 alarms=$((epochs - 1))
 mkdir -p "$results"
-res="$results/false-alarms-$(date -u +%Y-%m-%d).md"
+res="$results/false-alarms-$(date -u +%Y-%m-%d)${SUFFIX:-}.md"
 {
   echo "# False alarms under load: $((t1 - t0)) s of elastic training beside $HOGS CPU hogs ($(date -u +%Y-%m-%d))"
   echo
-  echo "Command: \`bench/false_alarms.sh $SECS $HOGS $B\` on $(nproc) cores, shared with other users' builds and"
+  echo "Command: \`HB=$HB MINHB=$MINHB bench/false_alarms.sh $SECS $HOGS $B\` on $(nproc) cores (commit $commit), shared with other users' builds and"
   echo "tests; load average before $load0, after $load1. Job: tandemrun --min-np 1 --max-np 4 -np 4, train-gpt"
-  echo "--layers 2 --channels 64 --seq 64 --micro-batch 3 over TCP, TANDEM_HEARTBEAT_TIMEOUT=2,"
-  echo "TANDEM_HEARTBEAT_INTERVAL=0.25, TANDEM_ELASTIC_SETTLE=3; stopped by --timeout (exit $rc: 124 expected)."
+  echo "--layers 2 --channels 64 --seq 64 --micro-batch 3 over TCP, TANDEM_HEARTBEAT_TIMEOUT=$HB,"
+  echo "TANDEM_HEARTBEAT_INTERVAL=0.25, TANDEM_ELASTIC_SETTLE=3$([ -n "$MINHB" ] && echo ", TANDEM_HEARTBEAT_MIN_TIMEOUT=$MINHB (adaptive)"); stopped by --timeout (exit $rc: 124 expected)."
   echo
   echo "| seconds | steps | membership changes (false alarms) | heartbeat-loss lines | silent reports | processes lost |"
   echo "|---|---|---|---|---|---|"

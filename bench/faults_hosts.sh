@@ -14,6 +14,13 @@
 #   STEPS=N ...               the job's steps ((FAULTS + 2) * EVERY)
 #   HB=S SETTLE=S ...         TANDEM_HEARTBEAT_TIMEOUT (2) and
 #                             TANDEM_ELASTIC_SETTLE (3)
+#   MINHB=S ...               TANDEM_HEARTBEAT_MIN_TIMEOUT (0.5: adaptive
+#                             timeouts between 0.5 s and HB; "" for HB fixed)
+#   SUFFIX=TEXT ...           appended to the results' file names
+#   REF_PARALLEL=1 ...        the fault-free reference run at the same time
+#                             on two more namespace hosts (c, d) instead of
+#                             after the faults: half the wall time, and the
+#                             faults measured beside that load
 #   KINDS="kill stop ..."     the kinds, in this order, round robin (below;
 #                             each grow must follow a hostkill)
 #   RESULTS=DIR ...           where the .md and .tsv go (bench/results)
@@ -58,6 +65,10 @@ ZERO=${ZERO:-0}
 EVERY=${EVERY:-300}
 HB=${HB:-2}
 SETTLE=${SETTLE:-3}
+MINHB=${MINHB-0.5}
+SUFFIX=${SUFFIX:-}
+# The commit measured, read now (the tree may move on during a long run).
+commit=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)$(git diff --quiet HEAD 2>/dev/null || echo " with uncommitted changes")}
 KINDS=${KINDS:-kill kill0 stop cut loss10 loss50 hostkill grow}
 RESULTS=${RESULTS:-bench/results}
 LOSS_S=${LOSS_S:-4}
@@ -68,18 +79,26 @@ GPT=$(cd "$B/bin" && pwd)/train-gpt
 
 work=$(mktemp -d /tmp/tandem-faulthosts-XXXXXX)
 job=
+refjob=
 NETNS_TAG_PREFIX=fh
-NETNS_ON_EXIT='[ -n "$job" ] && kill -9 -- "-$job" 2>/dev/null; [ -n "${KEEP:-}" ] && echo "kept $work" || rm -rf "$work"'
+NETNS_ON_EXIT='[ -n "$job" ] && kill -9 -- "-$job" 2>/dev/null; [ -n "$refjob" ] && kill -9 -- "-$refjob" 2>/dev/null; [ -n "${KEEP:-}" ] && echo "kept $work" || rm -rf "$work"'
 sshhosts_init "$work/ssh"
 A=10.77.15.1
 Bh=10.77.15.2
 sshhosts_add a $A
 sshhosts_add b $Bh
 netns_add_host l 10.77.15.9 # the launcher's host: it holds the store
+C=10.77.15.3
+D=10.77.15.4
+if [ -n "${REF_PARALLEL:-}" ]; then
+  sshhosts_add c $C
+  sshhosts_add d $D
+fi
 addr_of() { [ "$1" = a ] && echo $A || echo $Bh; }
 
 export TANDEM_PROGRESS=plain TANDEM_HEARTBEAT_TIMEOUT=$HB TANDEM_HEARTBEAT_INTERVAL=0.25
 export TANDEM_ELASTIC_SETTLE=$SETTLE TANDEM_DISCOVERY_INTERVAL=0.1
+[ -n "$MINHB" ] && export TANDEM_HEARTBEAT_MIN_TIMEOUT=$MINHB
 # Stage >= 1: the rebuild's log lines ("rebuilt from memory" or the disk).
 [ "$ZERO" != 0 ] && export TANDEM_LOG=info
 ARGS="--layers 2 --channels 64 --heads 2 --seq 64 --threads 1 --sample 0 --micro-batch 3 --zero-stage $ZERO"
@@ -102,13 +121,20 @@ start_job() { # OUTFILE TANDEMRUN-ARGS...
 }
 now() { date +%s.%N; }
 secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", b - a }'; }
-gpt_pids() { # HOST: the train-gpt processes on it
-  local pid
-  for pid in $(sshhosts_pids "$1"); do
-    [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = train-gpt ] && echo "$pid"
-  done
+# These run several times a second while the job trains: one pgrep per host
+# and shell builtins otherwise (on a loaded 2-core machine a loop of small
+# processes per call took seconds, and spaced the faults far apart).
+gpt_pids() { # HOST: the train-gpt processes on it (in its PID namespace)
+  local init
+  init=$(_sshhosts_init_pid "$1")
+  [ -n "$init" ] && pgrep -x train-gpt --ns "$init" --nslist pid
 }
-uid_of() { tr '\0' '\n' 2>/dev/null <"/proc/$1/environ" | sed -n 's/^TANDEM_ELASTIC_ID=//p'; }
+uid_of() {
+  local v
+  while IFS= read -r -d '' v; do
+    [[ $v == TANDEM_ELASTIC_ID=* ]] && echo "${v#*=}" && return
+  done 2>/dev/null <"/proc/$1/environ"
+}
 live() { # "UID PID HOST" of every train-gpt on hosts a and b, oldest first
   local h pid uid
   for h in a b; do
@@ -213,15 +239,21 @@ wait_for() { # wait_for PATTERN SECONDS [AFTER_LINE]: 0 found, 1 not in time (a 
   echo "faults_hosts.sh: '$1' did not appear within $2 s (a hang?)" >&2
   return 1
 }
-last_step() { sed -n 's/.*train-gpt: step \([0-9]*\) loss.*/\1/p' "$out" | tail -1; }
+last_step() { tail -n 400 "$out" | sed -n 's/.*train-gpt: step \([0-9]*\) loss.*/\1/p' | tail -1; }
 epochs() { grep -c "elastic epoch [0-9]*:" "$out"; }
 steady() { # at 4 ranks: 4 processes, the last step line at world 4
-  [ "$(live | wc -l)" = 4 ] && [ "$(grep "train-gpt: step " "$out" | tail -1 | grep -c "world 4 epoch")" = 1 ]
+  [ "$(tail -n 400 "$out" | grep "train-gpt: step " | tail -1 | grep -c "world 4 epoch")" = 1 ] && [ "$(live | wc -l)" = 4 ]
 }
 
 echo "elastic job: $FAULTS faults, $STEPS steps, a fault every $EVERY steps at the earliest"
 start_job "$out" "$RUN" --min-np 2 --max-np 4 -np 4 --max-restarts $((FAULTS * 4 + 8)) \
   --host-discovery-script "$work/discover" "$GPT" $ARGS --steps $STEPS
+if [ -n "${REF_PARALLEL:-}" ]; then
+  faulty_job=$job
+  start_job "$work/ref" "$RUN" --min-np 2 --max-np 4 -np 4 -H $C:2,$D:2 "$GPT" $ARGS --steps $STEPS
+  refjob=$job
+  job=$faulty_job
+fi
 hangs=0
 : >"$work/records"
 wait_for "train-gpt: step 20 loss" 120 || hangs=$((hangs + 1))
@@ -341,24 +373,30 @@ rc=$(cat "$out.rc" 2>/dev/null)
 got=$(sed -n 's/.*final_loss_exact=\([^ ]*\) params_hash=\([^ ]*\).*/\1 \2/p' "$out")
 cp "$out" "$work/faulty.out"
 
-echo "fault-free reference run ($STEPS steps, the same hosts)..."
-start_job "$work/ref" "$RUN" --min-np 2 --max-np 4 -np 4 -H $A:2,$Bh:2 "$GPT" $ARGS --steps $STEPS
-wait "$job"
-job=
+if [ -n "${REF_PARALLEL:-}" ]; then
+  echo "waiting for the fault-free reference run ($STEPS steps, hosts c and d, started with the faulty one)..."
+  wait "$refjob"
+  refjob=
+else
+  echo "fault-free reference run ($STEPS steps, the same hosts)..."
+  start_job "$work/ref" "$RUN" --min-np 2 --max-np 4 -np 4 -H $A:2,$Bh:2 "$GPT" $ARGS --steps $STEPS
+  wait "$job"
+  job=
+fi
 ref=$(sed -n 's/.*final_loss_exact=\([^ ]*\) params_hash=\([^ ]*\).*/\1 \2/p' "$work/ref")
 same=no
 [ -n "$ref" ] && [ "$ref" = "$got" ] && same=yes
 same_loss=no
 [ -n "$ref" ] && [ "${ref% *}" = "${got% *}" ] && same_loss=yes
 
-res="$RESULTS/faults-hosts-$date_tag$([ "$ZERO" != 0 ] && echo "-zero$ZERO").md"
+res="$RESULTS/faults-hosts-$date_tag$([ "$ZERO" != 0 ] && echo "-zero$ZERO")$SUFFIX.md"
 cp "$work/records" "${res%.md}.tsv"
 {
   echo "# Elastic fault injection across namespace hosts, $(date -u '+%Y-%m-%d %H:%M UTC')"
   echo
-  echo "Command: \`ZERO=$ZERO EVERY=$EVERY LOSS_S=$LOSS_S HB=$HB SETTLE=$SETTLE KINDS='$KINDS' bench/faults_hosts.sh $FAULTS $B\`; machine: $(nproc) cores, load before: $load_before, after: $(cut -d' ' -f1-3 /proc/loadavg)."
+  echo "Command: \`REF_PARALLEL=${REF_PARALLEL:-} STEPS=$STEPS ZERO=$ZERO EVERY=$EVERY LOSS_S=$LOSS_S HB=$HB MINHB=$MINHB SETTLE=$SETTLE KINDS='$KINDS' bench/faults_hosts.sh $FAULTS $B\`; machine: $(nproc) cores, load before: $load_before, after: $(cut -d' ' -f1-3 /proc/loadavg); commit $commit."
   echo "Job: train-gpt $ARGS --steps $STEPS, 4 ranks on 2 namespace hosts (2 each, own net/UTS/IPC/PID namespaces and sshd),"
-  echo "tandemrun --min-np 2 --max-np 4 --host-discovery-script on a third; heartbeat timeout $HB s, settle $SETTLE s. Faults ran"
+  echo "tandemrun --min-np 2 --max-np 4 --host-discovery-script on a third; heartbeat timeout $HB s$([ -n "$MINHB" ] && echo " (adaptive, floor $MINHB s)"), settle $SETTLE s. Faults ran"
   echo "for $(secs "$t_start" "$t_end") s. Per-fault rows: \`$(basename "${res%.md}.tsv")\` (kind, process, host, fault time, next step time, steps lost, new epoch, step before, longest gap between steps for loss)."
   echo
   echo "| kind | faults | fault -> next step median (s) | p95 (s) | max (s) | steps lost (total) | no new epoch | longest gap between steps, median / max (s) | hangs |"

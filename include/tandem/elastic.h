@@ -50,6 +50,9 @@
  *                           (a stopped or cut-off host) before going on
  *                           without it (default 10; should exceed
  *                           TANDEM_HEARTBEAT_TIMEOUT)
+ *   TANDEM_ELASTIC_REPLACE_WAIT  seconds survivors wait for the replacement
+ *                           of a lost member before going on without it
+ *                           (it joins at the next commit; default 0.25)
  *   TANDEM_ELASTIC_REPLICA_DIR  directory of the buddy replica files
  *                           (unnamed, gone with the process; default
  *                           /var/tmp: a local disk, not a tmpfs)

@@ -237,6 +237,7 @@ typedef struct td_pipeline_stats {
   double bytes_sent;
   int stage, stages, chunks;
   int first_layer[8], n_layers[8]; /* per chunk (the first 8) */
+  int tensor;                      /* the stages' tensor-parallel size (1: whole-width stages) */
 } td_pipeline_stats;
 td_status td_gpt_pipeline_stats(const td_model *model, td_pipeline_stats *out);
 

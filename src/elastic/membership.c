@@ -12,8 +12,10 @@
  * key: exactly one list wins and everybody adopts it, so the survivors agree
  * even when their views of the joins differ. Ranks follow uid order, so the
  * longest-lived process is rank 0. Processes started after the job began
- * (joiners) never close a round: they wait for the members to reach a
- * commit, see them (el_membership_pending) and admit them.
+ * (joiners) close a round only when their own join completes it (a
+ * replacement the survivors wait for, joiner_try_close); one that comes to
+ * grow the job waits for the members to reach a commit, see it
+ * (el_membership_pending) and admit it.
  *
  * A process that finds the round it joins closed without it is stale (it
  * was stopped or cut off past the settle time): refused with TD_ERR_REMOTE,
@@ -76,6 +78,16 @@ td_status el_membership_open(el_membership *m) {
   m->max_np = (int)env_long_in("TANDEM_ELASTIC_MAX_NP", 1L << 30, 1, 1L << 30, &st);
   m->timeout_s = env_seconds("TANDEM_ELASTIC_TIMEOUT", 600, &st);
   m->settle_s = env_seconds("TANDEM_ELASTIC_SETTLE", 10, &st);
+  m->replace_wait_s = 0.25;
+  const char *wait = td_env_str("TANDEM_ELASTIC_REPLACE_WAIT", NULL);
+  if (wait && *wait) {
+    char *end;
+    errno = 0;
+    m->replace_wait_s = strtod(wait, &end);
+    if (errno || end == wait || *end || !(m->replace_wait_s >= 0) || m->replace_wait_s > 7 * 24 * 3600.0)
+      st = td_error(TD_ERR_INVALID_ARGUMENT, "TANDEM_ELASTIC_REPLACE_WAIT='%s' is not a number of seconds >= 0: fix or "
+                    "unset it", wait);
+  }
   if (st != TD_OK) return st;
   if (m->min_np > m->max_np)
     return td_error(TD_ERR_INVALID_ARGUMENT, "TANDEM_ELASTIC_MIN_NP %d exceeds TANDEM_ELASTIC_MAX_NP %d", m->min_np,
@@ -118,16 +130,16 @@ static td_status read_int_key(el_membership *m, const char *suffix, long *out, b
   return TD_OK;
 }
 
-/* Was uid reported silent in this process's current epoch, the one the
- * round replaces (el_report_silent)? A report from an older epoch, after
+/* Was uid reported silent in epoch of_epoch, the one the round replaces
+ * (el_report_silent)? A report from an older epoch, after
  * which uid came back in time, does not count. */
-static td_status is_silent(el_membership *m, long uid, bool *silent) {
+static td_status is_silent(el_membership *m, long uid, int of_epoch, bool *silent) {
   char suffix[64];
   snprintf(suffix, sizeof suffix, "silent/%ld", uid);
   long epoch = 0;
   bool found = false;
   TD_CHECK(read_int_key(m, suffix, &epoch, &found));
-  *silent = found && epoch == m->epoch;
+  *silent = found && epoch == of_epoch;
   return TD_OK;
 }
 
@@ -261,10 +273,13 @@ static td_status adopt(el_membership *m, int k, const char *text, bool *in_it) {
 }
 
 /* Try to close round k with the list computed from what this process sees.
- * *closed tells whether a list (ours or another's) is now in place; its text
- * goes to *text_out (malloc'd). */
+ * settled: the settle time passed (members neither joined nor reported go);
+ * replace_waited: the wait for replacements passed (a lost member's
+ * replacement that has not joined yet joins a later round). *closed tells
+ * whether a list (ours or another's) is now in place; its text goes to
+ * *text_out (malloc'd). */
 static td_status try_close(el_membership *m, int k, const long *prev, int n_prev, const long *joins, int n_joins,
-                           bool settled, bool *closed, char **text_out) {
+                           bool settled, bool replace_waited, bool *closed, char **text_out) {
   *closed = false;
   *text_out = NULL;
   /* Who is in: old members first (they hold the state and are the oldest),
@@ -281,15 +296,19 @@ static td_status try_close(el_membership *m, int k, const long *prev, int n_prev
     bool dead = false, silent = false;
     long replacement = -1;
     td_status st = is_dead(m, prev[i], &dead, &replacement);
-    if (st == TD_OK && !dead) st = is_silent(m, prev[i], &silent);
+    if (st == TD_OK && !dead) st = is_silent(m, prev[i], k - 1, &silent);
     if (st != TD_OK) {
       free(in);
       return st;
     }
     /* A lost member whose replacement is on its way counts once that one
-     * joined: the world size then comes back in this very round. */
+     * joined, or once TANDEM_ELASTIC_REPLACE_WAIT passed: a replacement
+     * that starts within it brings the world size back in this very round;
+     * one that takes longer (a start over ssh on a loaded host takes a
+     * second) joins at the next commit rather than hold every survivor. */
     if (silent) continue;
-    if (!dead || (replacement >= 0 && !contains(joins, n_joins, replacement))) all_accounted = false;
+    if (!dead || (replacement >= 0 && !replace_waited && !contains(joins, n_joins, replacement)))
+      all_accounted = false;
   }
   for (int i = 0; i < n_joins && n_in < m->max_np; i++)
     if (!contains(prev, n_prev, joins[i])) in[n_in++] = joins[i];
@@ -329,6 +348,46 @@ static td_status try_close(el_membership *m, int k, const long *prev, int n_prev
   *closed = true;
   *text_out = current;
   return TD_OK;
+}
+
+/* A joiner's one look at round k right after it took its slot: if the
+ * members of epoch k-1 are all in the round already (or reported gone), its
+ * join may be the one the round waits for (the replacement of a lost
+ * member): it closes the round itself, by the members' rule, with no wait
+ * for anything it cannot see (settle time, replacements). Members still
+ * training in epoch k-1 have not joined, so a joiner that comes to grow the
+ * job never closes a round before they reach their commit. */
+static td_status joiner_try_close(el_membership *m, int k, bool *decided, bool *in_it) {
+  *decided = false;
+  if (k < 2) return TD_OK;
+  char key[200];
+  snprintf(key, sizeof key, "%s/el/e%d/m", m->job, k - 1);
+  void *v = NULL;
+  int found = 0;
+  TD_CHECK(store_get(m->store, key, &v, NULL, &found));
+  if (!found) {
+    free(v);
+    return TD_OK;
+  }
+  long *prev = NULL;
+  int n_prev = 0;
+  td_status st = parse_members(v, &prev, &n_prev);
+  free(v);
+  if (st != TD_OK) return st;
+  long *joins = NULL;
+  int n_joins = 0;
+  st = read_joins(m, k, &joins, &n_joins);
+  bool closed = false;
+  char *text = NULL;
+  if (st == TD_OK) st = try_close(m, k, prev, n_prev, joins, n_joins, false, false, &closed, &text);
+  free(prev);
+  free(joins);
+  if (st == TD_OK && closed) {
+    st = adopt(m, k, text, in_it);
+    *decided = true;
+  }
+  free(text);
+  return st;
 }
 
 td_status el_membership_next(el_membership *m) {
@@ -384,28 +443,40 @@ td_status el_membership_next(el_membership *m) {
       td_log(TD_LOG_INFO, "elastic: process %ld waits to join epoch %d", m->uid, k);
     snprintf(key, sizeof key, "%s/el/e%d/m", m->job, k);
     bool in_it = false, decided = false;
-    while (!decided) {
-      void *v = NULL;
-      td_status ws = store_wait(m->store, key, EL_SLICE_S, &v, NULL);
-      if (ws == TD_OK) {
-        st = adopt(m, k, v, &in_it);
-        free(v);
-        decided = true;
-        break;
-      }
-      if (ws != TD_ERR_TIMEOUT) {
-        st = ws;
-        break;
+    for (bool first = true; !decided; first = false) {
+      /* The first look does not wait: the process whose join completes the
+       * round (the last survivor, or the replacement the others wait for)
+       * closes it at once instead of a slice later. Later slices end early
+       * when the wait for a replacement runs out. */
+      if (!first) {
+        double slice = EL_SLICE_S, to_replace = m->replace_wait_s - (td_now() - t0);
+        if (to_replace > 0 && to_replace < slice) slice = TD_MAX(to_replace, 0.01);
+        void *v = NULL;
+        td_status ws = store_wait(m->store, key, slice, &v, NULL);
+        if (ws == TD_OK) {
+          st = adopt(m, k, v, &in_it);
+          free(v);
+          decided = true;
+          break;
+        }
+        if (ws != TD_ERR_TIMEOUT) {
+          st = ws;
+          break;
+        }
       }
       double waited = td_now() - t0;
-      if (!m->joiner || m->epoch > 0) {
+      if (m->joiner && m->epoch == 0 && first) {
+        st = joiner_try_close(m, k, &decided, &in_it);
+        if (st != TD_OK || decided) break;
+      } else if (!m->joiner || m->epoch > 0) {
         long *joins = NULL;
         int n_joins = 0;
         st = read_joins(m, k, &joins, &n_joins);
         if (st != TD_OK) break;
         bool closed = false;
         char *text = NULL;
-        st = try_close(m, k, prev, n_prev, joins, n_joins, waited >= settle, &closed, &text);
+        st = try_close(m, k, prev, n_prev, joins, n_joins, waited >= settle, waited >= m->replace_wait_s, &closed,
+                       &text);
         int n_alive = n_joins;
         free(joins);
         if (st != TD_OK) break;

@@ -14,9 +14,10 @@
  *                  gone (the launcher writes it when it reaps a worker; it
  *                  lets survivors close a round without waiting
  *                  TANDEM_ELASTIC_SETTLE for it). When the launcher started
- *                  a replacement first, the round waits (at most the settle
- *                  time) for that one to join, so that the world size comes
- *                  back at once and no step runs at a smaller size.
+ *                  a replacement first, the round waits (at most
+ *                  TANDEM_ELASTIC_REPLACE_WAIT) for that one to join, so that
+ *                  a fast start brings the world size back at once; a slow
+ *                  one joins at the next commit.
  *   silent/<uid>   "<epoch>": a member of that epoch found <uid> silent (its
  *                  heartbeats stopped: a stopped process, a cut link, a dead
  *                  host the launcher cannot reap). Like dead/ for closing a
@@ -41,6 +42,7 @@ typedef struct el_membership {
   int initial_world; /* TANDEM_WORLD_SIZE: the ranks that form epoch 1 */
   int min_np, max_np;
   double timeout_s, settle_s;
+  double replace_wait_s; /* TANDEM_ELASTIC_REPLACE_WAIT (see try_close) */
   int epoch;       /* 0 before the first round */
   long *members;   /* uids of the current epoch, in rank order */
   int n_members;

@@ -216,6 +216,20 @@ static td_status trainer_create(const td_train_config *cfg_in, td_model *model, 
                   "(td_param_access); use stage 2 or lower", model->kind ? model->kind : "?");
     goto fail;
   }
+  /* The tensor-parallel GPT computes in f32 only (parallel.h). The config's
+   * tensor_model_parallel_size refuses half precision (config.c), but a
+   * library user who builds the model directly may leave it at 1: without
+   * this the step would run in f32 while the config says bf16/fp16. */
+  td_pipeline_stats pps;
+  bool tensor_split = model->kind && (!strcmp(model->kind, "gpt-tp") ||
+                                      (!strcmp(model->kind, "gpt_pipeline") &&
+                                       td_gpt_pipeline_stats(model, &pps) == TD_OK && pps.tensor > 1));
+  if (tensor_split && t->cfg.precision.compute != TD_F32) {
+    st = td_error(TD_ERR_INVALID_USAGE, "rank %d: model \"%s\" is tensor-parallel and computes in f32 only: %s "
+                  "mixed precision is not built for it yet; train in fp32 (drop bf16/fp16 from the config)",
+                  t->rank, model->kind, t->cfg.precision.compute == TD_BF16 ? "bf16" : "fp16");
+    goto fail;
+  }
   if (t->zero_stage >= 2 && t->cfg.precision.comm_dtype != TD_F32) {
     /* stage 2 reduces straight into the owners' shards of the f32 arena; a
      * half-precision shadow of the buckets is not built for that path */

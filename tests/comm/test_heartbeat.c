@@ -9,7 +9,10 @@
  *        second one queued behind it), every odd one
  *        is idle and watches td_comm_status. Each must fail naming VICTIM between
  *        timeout - interval and timeout + 2 intervals (+ slack). VICTIM resumes
- *        after RESUME_S and must find its communicator failed.
+ *        after RESUME_S and must find its communicator failed. With
+ *        TANDEM_HEARTBEAT_MIN_TIMEOUT set: after 24 intervals of beats,
+ *        between that floor - interval and half the timeout, and the error
+ *        names the adaptive timeout.
  *   test_heartbeat busy BUSY_S            rank 1 computes for BUSY_S seconds
  *        (several heartbeat timeouts) without calling Tandem while rank 0 waits
  *        in an allreduce and the others sleep: the allreduce then completes with
@@ -113,6 +116,18 @@ static td_status wait_for_failure(td_comm *comm, double limit_s) {
 
 static int run_stop(td_comm *comm, int victim, double resume_s) {
   double interval = env_seconds("TANDEM_HEARTBEAT_INTERVAL", 1.0), timeout = env_seconds("TANDEM_HEARTBEAT_TIMEOUT", 6.0);
+  /* Adaptive timeouts (TANDEM_HEARTBEAT_MIN_TIMEOUT): 24 intervals of
+   * beats first (more than the 8 gaps the estimate needs), then the victim
+   * must be found after the floor and well before the fixed timeout could
+   * have said so: within half of it (the suite line sets it far above the
+   * floor). */
+  double floor_s = env_seconds("TANDEM_HEARTBEAT_MIN_TIMEOUT", -1.0);
+  double lo = timeout - interval - 0.3, hi = timeout + 2 * interval + 2.5;
+  if (floor_s > 0) {
+    sleep_s(24 * interval);
+    lo = floor_s - interval - 0.3;
+    hi = 0.5 * timeout;
+  }
   checked_allreduce(comm, 16);
   if (g_rank == victim) {
     pid_t parent = getpid();
@@ -161,7 +176,10 @@ static int run_stop(td_comm *comm, int victim, double resume_s) {
     st = wait_for_failure(comm, timeout + 30.0);
   }
   double waited = ct_now() - t0;
-  expect_lost(comm, st, names, 1, waited, timeout - interval - 0.3, timeout + 2 * interval + 2.5);
+  expect_lost(comm, st, names, 1, waited, lo, hi);
+  if (floor_s > 0 && !strstr(td_comm_last_error(comm), "its adaptive timeout"))
+    td_test_fail(__FILE__, __LINE__, "rank %d: the error does not name the adaptive timeout: %s", g_rank,
+                 td_comm_last_error(comm));
   printf("heartbeat-stop survivor ok: rank %d (%s) failed after %.2f s: %s\n", g_rank, how, waited,
          td_comm_last_error(comm));
   fflush(stdout);

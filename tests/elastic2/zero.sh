@@ -111,7 +111,8 @@ kill)
   stage=$3
   args="$model --steps 120 --zero-stage $stage"
   "$RUN" --min-np 2 --max-np 4 -np 4 "$GPT" $args >"$work/ref" 2>&1 || { cat "$work/ref"; fail "fault-free run"; }
-  TANDEM_TEST_STOP_AT=1:20,2:50 TANDEM_LOG=info start "$work/out" --min-np 2 --max-np 4 -np 4 --max-restarts 2 "$GPT" $args
+  # (the survivors wait for each replacement: two epochs, both at world 4)
+  TANDEM_ELASTIC_REPLACE_WAIT=60 TANDEM_TEST_STOP_AT=1:20,2:50 TANDEM_LOG=info start "$work/out" --min-np 2 --max-np 4 -np 4 --max-restarts 2 "$GPT" $args
   stopped_at "$work/out" 20
   kill_stopped "$work/out" 0
   wait_for "$work/out" "elastic epoch 2:"

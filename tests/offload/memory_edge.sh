@@ -2,7 +2,8 @@
 # Memory at the edge (issue 23), on real train-gpt processes (2 ranks):
 #   bound  ARGS...  every rank's peak RSS (VmHWM, the kernel's figure) is at
 #                   most the trainer's estimate and at least 0.9x it (CONFIG:
-#                   a JSON config given with --config as well)
+#                   a JSON config given with --config as well; NP: ranks, 2
+#                   unless set)
 #   refuse          a job ~20% too large for TANDEM_MEMORY_LIMIT is refused on
 #                   every rank within 5 s, with the estimate, the memory and
 #                   what would fit; the stage-3-with-offload suggestion, with
@@ -51,9 +52,10 @@ bound)
     echo "${CONFIG//@TMP@/$tmp}" >"$tmp/c.json"
     set -- "$@" --config "$tmp/c.json"
   fi
-  out=$(timeout 240 "$RUN" -np 2 "$GPT" $MODEL "$@" 2>&1) || { echo "$out" | tail -20; fail "the run failed"; }
+  np=${NP:-2}
+  out=$(timeout 240 "$RUN" -np "$np" "$GPT" $MODEL "$@" 2>&1) || { echo "$out" | tail -20; fail "the run failed"; }
   lines=$(echo "$out" | grep "memory rank=")
-  [ "$(echo "$lines" | grep -c .)" = 2 ] || { echo "$out" | tail; fail "expected a memory line per rank"; }
+  [ "$(echo "$lines" | grep -c .)" = "$np" ] || { echo "$out" | tail; fail "expected a memory line per rank"; }
   echo "$lines"
   echo "$lines" | awk '{
       for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }

@@ -517,9 +517,72 @@ static void refuse_sp(void) {
   if (R == 0) printf("tp refuse-sp: ok\n");
 }
 
+/* A tensor-parallel model built directly (td_gpt_tp_create, or pipeline
+ * stages of tensor-parallel layers) with the config's tensor_parallel left
+ * at 1 and bf16 or fp16 asked: refused on every rank (the model computes in
+ * f32 only), where it used to train in f32 silently; fp32 is accepted, and
+ * so is bf16 on whole-width pipeline stages (they compute in bf16). */
+static void refuse_half(int tp, int pp) {
+  td_grid *grid = NULL;
+  CHECK_OK(td_grid_create(world, tp, pp, &grid));
+  td_gpt_config cfg = {.vocab = TRAIN_V, .layers = 4, .channels = 16, .heads = 4, .seq = TRAIN_T};
+  td_dataset *ds = calloc(1, sizeof *ds);
+  ds->n_samples = 64;
+  ds->input_bytes = TRAIN_T * sizeof(int32_t);
+  ds->targets_per_sample = TRAIN_T;
+  ds->get = text_get;
+  ds->destroy = plain_destroy;
+  td_model *m = NULL;
+  td_pipeline_config pc = {0};
+  if (pp > 1) CHECK_OK(td_gpt_pipeline_create_grid(&cfg, &pc, grid, &m));
+  else CHECK_OK(td_gpt_tp_create(&cfg, grid, &m));
+  const td_dtype kinds[3] = {TD_BF16, TD_F16, TD_F32};
+  for (int k = 0; k < 3; k++) {
+    td_train_config c;
+    td_train_config_defaults(&c);
+    c.micro_batch = 2;
+    c.grad_accum = pp > 1 ? 4 : 1;
+    c.threads = 1;
+    c.precision.compute = kinds[k];
+    CHECK_EQ_INT(c.tensor_parallel, 1); /* the defaults: the user did not say */
+    td_trainer *t = NULL;
+    td_status st = td_trainer_create(&c, m, ds, td_grid_comm(grid, TD_GRID_DATA), &t);
+    if (kinds[k] == TD_F32) {
+      CHECK_OK(st);
+      td_trainer_destroy(t);
+      continue;
+    }
+    CHECK_EQ_INT(st, TD_ERR_INVALID_USAGE);
+    CHECK(t == NULL);
+    const char *want[] = {"tensor-parallel", kinds[k] == TD_BF16 ? "bf16" : "fp16", "train in fp32"};
+    for (int i = 0; i < 3; i++)
+      if (!strstr(td_last_error(), want[i]))
+        td_test_fail(__FILE__, __LINE__, "rank %d: refusal \"%s\" lacks \"%s\"", R, td_last_error(), want[i]);
+  }
+  td_model_destroy(m);
+  td_grid_destroy(grid);
+  if (pp > 1) { /* whole-width stages over the same ranks: bf16 is theirs */
+    CHECK_OK(td_grid_create(world, 1, tp * pp, &grid));
+    CHECK_OK(td_gpt_pipeline_create_grid(&cfg, &pc, grid, &m));
+    td_train_config c;
+    td_train_config_defaults(&c);
+    c.micro_batch = 2;
+    c.grad_accum = 4 * tp;
+    c.threads = 1;
+    c.precision.compute = TD_BF16;
+    td_trainer *t = NULL;
+    CHECK_OK(td_trainer_create(&c, m, ds, td_grid_comm(grid, TD_GRID_DATA), &t));
+    td_trainer_destroy(t);
+    td_model_destroy(m);
+    td_grid_destroy(grid);
+  }
+  td_dataset_destroy(ds);
+  if (td_comm_rank(world) == 0) printf("tp refuse-half tp=%d pp=%d: ok\n", tp, pp);
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
-    fprintf(stderr, "usage: test_tp layers | model TIED | train TP STEPS [sp] [pp=PP] [tied] [zero1] [ckpt] [interleaved] | kill TP VICTIM [pp=PP]\n");
+    fprintf(stderr, "usage: test_tp layers | model TIED | train TP STEPS [sp] [pp=PP] [tied] [zero1] [ckpt] [interleaved] | kill TP VICTIM [pp=PP] | refuse-half TP PP\n");
     return 2;
   }
   CHECK_OK(td_comm_init(&world));
@@ -547,6 +610,8 @@ int main(int argc, char **argv) {
     train(atoi(argv[2]), pp, atoi(argv[3]), sp, tied);
   } else if (!strcmp(argv[1], "refuse-sp")) {
     refuse_sp();
+  } else if (!strcmp(argv[1], "refuse-half") && argc >= 4) {
+    refuse_half(atoi(argv[2]), atoi(argv[3]));
   } else if (!strcmp(argv[1], "kill") && argc >= 4) {
     kill_rank = atoi(argv[3]);
     int sp = 0, pp = 1;

@@ -66,6 +66,7 @@ static void member_init(el_membership *m, long uid, bool joiner, int initial_wor
   m->max_np = 1 << 30;
   m->timeout_s = 30;
   m->settle_s = 30; /* long: a round that closes early closes by the rules, not by the clock */
+  m->replace_wait_s = 30; /* the same for replacements (one case shortens it) */
   CHECK_OK(store_connect(store_addr, 10, &m->store));
 }
 
@@ -112,7 +113,7 @@ static void membership_cases(void) {
   CHECK_OK(store_connect(store_addr, 10, &launcher));
 
   /* Epoch 1: uids 0..3, joined in reverse order; ranks follow age. */
-  el_membership m[6];
+  el_membership m[7];
   for (int i = 0; i < 4; i++) member_init(&m[i], i, false, 4);
   el_membership *all[4] = {&m[3], &m[2], &m[1], &m[0]};
   round_arg args[8];
@@ -172,6 +173,42 @@ static void membership_cases(void) {
   check_members(&m[5], 4, e4, 4);
   check_members(&m[1], 4, e4, 4);
 
+  /* uid 4 dies with a replacement (uid 6) that is slow to start: with
+   * TANDEM_ELASTIC_REPLACE_WAIT 0.3 s the survivors close epoch 5 without
+   * it, long before the settle time (30 s); uid 6 then comes too late for
+   * that round, registers for the next, and the members admit it in epoch
+   * 6 as any joiner. */
+  CHECK_OK(el_report_dead(launcher, job, 4, "killed by signal 9", 6));
+  el_membership *e5m[3] = {&m[1], &m[2], &m[5]};
+  for (int i = 0; i < 3; i++) e5m[i]->replace_wait_s = 0.3;
+  t0 = td_now();
+  run_round(e5m, 3, args);
+  double took = td_now() - t0;
+  for (int i = 0; i < 3; i++) CHECK_OK(args[i].st);
+  if (!(took >= 0.25 && took < 10))
+    td_test_fail(__FILE__, __LINE__, "epoch 5 closed after %.2f s: expected the replacement wait (0.3 s), not the "
+                 "settle time (30 s)", took);
+  const long e5[] = {1, 2, 5};
+  for (int i = 0; i < 3; i++) check_members(e5m[i], 5, e5, 3);
+  member_init(&m[6], 6, true, 4);
+  args[3].m = &m[6];
+  CHECK(pthread_create(&joiner, NULL, round_thread, &args[3]) == 0);
+  pending = 0;
+  for (int i = 0; i < 500 && pending == 0; i++) {
+    CHECK_OK(el_membership_pending(&m[1], &pending));
+    if (!pending) {
+      struct timespec ts = {0, 10 * 1000 * 1000};
+      nanosleep(&ts, NULL);
+    }
+  }
+  CHECK_EQ_INT(pending, 1);
+  run_round(e5m, 3, args);
+  pthread_join(joiner, NULL);
+  for (int i = 0; i < 4; i++) CHECK_OK(args[i].st);
+  const long e6[] = {1, 2, 5, 6};
+  check_members(&m[6], 6, e6, 4);
+  check_members(&m[1], 6, e6, 4);
+
   /* Below min-np: two survivors of four, min-np 3, a short timeout. */
   m[1].min_np = m[2].min_np = 3;
   m[1].timeout_s = m[2].timeout_s = 1;
@@ -183,7 +220,7 @@ static void membership_cases(void) {
     CHECK(strstr(args[i].err, "fewer than the 3 that --min-np requires") != NULL);
   }
 
-  for (int i = 0; i < 6; i++) el_membership_close(&m[i]);
+  for (int i = 0; i < 7; i++) el_membership_close(&m[i]);
   store_close(launcher);
   store_server_stop(server);
 }

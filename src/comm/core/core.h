@@ -199,6 +199,7 @@ typedef struct comm_tunables {
   int tcp_protect;           /* TANDEM_TCP_PROTECT: a net_protect_mode (default off) */
   double heartbeat_interval_s; /* TANDEM_HEARTBEAT_INTERVAL (negative: unset) */
   double heartbeat_timeout_s;  /* TANDEM_HEARTBEAT_TIMEOUT (negative: unset; 0: off) */
+  double heartbeat_min_timeout_s; /* TANDEM_HEARTBEAT_MIN_TIMEOUT (negative: unset: no adaptive timeout) */
   char host_addr[64];        /* TANDEM_HOST_ADDR: the address this rank publishes ("" unset) */
   char iface[16];            /* TANDEM_IFACE: the interface whose address it publishes ("" unset) */
 } comm_tunables;

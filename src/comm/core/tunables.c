@@ -162,6 +162,8 @@ td_status comm_tunables_read(const td_comm_config *config, comm_tunables *t) {
   TD_CHECK(read_number("TANDEM_HEARTBEAT_TIMEOUT", 0, COMM_TUN_MAX_TIMEOUT_S, false, -1.0, "seconds",
                        &t->heartbeat_timeout_s));
   TD_CHECK(read_number("TANDEM_HEARTBEAT_INTERVAL", 0.01, 3600, false, -1.0, "seconds", &t->heartbeat_interval_s));
+  TD_CHECK(read_number("TANDEM_HEARTBEAT_MIN_TIMEOUT", 0.02, COMM_TUN_MAX_TIMEOUT_S, false, -1.0, "seconds",
+                       &t->heartbeat_min_timeout_s));
   /* Where this rank listens and what it publishes (rendezvous, transport/tcp/tcp.c). */
   TD_CHECK(read_name("TANDEM_HOST_ADDR", "a host name or IP address", t->host_addr, sizeof t->host_addr));
   TD_CHECK(read_name("TANDEM_IFACE", "a network interface name", t->iface, sizeof t->iface));

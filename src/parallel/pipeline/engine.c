@@ -584,6 +584,7 @@ static td_status pp_run(td_model *model, const float *params, float *grads, cons
     td_pipeline_stats keep = m->stats;
     memset(&m->stats, 0, sizeof m->stats);
     m->stats.stage = keep.stage, m->stats.stages = keep.stages, m->stats.chunks = keep.chunks;
+    m->stats.tensor = keep.tensor;
     memcpy(m->stats.first_layer, keep.first_layer, sizeof keep.first_layer);
     memcpy(m->stats.n_layers, keep.n_layers, sizeof keep.n_layers);
     return TD_OK;
@@ -683,7 +684,7 @@ static td_status pipeline_create(const td_gpt_config *config, const td_pipeline_
     pp_destroy(&m->base);
     return td_error(TD_ERR_SYSTEM, "pipeline: out of memory for the tied embedding's exchange");
   }
-  m->stats.stage = s, m->stats.stages = p, m->stats.chunks = v;
+  m->stats.stage = s, m->stats.stages = p, m->stats.chunks = v, m->stats.tensor = m->tp;
   m->base.kind = "gpt_pipeline";
   m->base.config = m->config_text;
   m->base.n_params = off;

@@ -214,6 +214,8 @@ struct td_trainer {
   size_t mem_baseline;  /* this process's RSS before the arenas */
   size_t mem_estimate;  /* what the estimate says this rank holds at most (baseline included) */
   int mem_warned;       /* the RSS warning level reached: 0 none, 1 past 90%, 2 past 97% */
+  size_t mem_pss;       /* the last Pss read, and when (td_now): trainer_memory_watch reads it at most once a */
+  double mem_pss_at;    /* second unless the RSS nears the limit */
   bool offload_tile_chosen; /* sub_group_size was unset and chosen from the memory */
 };
 

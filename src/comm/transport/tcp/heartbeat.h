@@ -46,8 +46,46 @@ void heartbeat_reset(tcp_heartbeat *hb, double now);
 void heartbeat_forget(tcp_heartbeat *hb, int peer);
 /* A peer whose beats said its communicator failed, or -1. */
 int heartbeat_failed_peer(const tcp_heartbeat *hb);
+/* Adaptive timeouts (TANDEM_HEARTBEAT_MIN_TIMEOUT below the timeout): each
+ * peer's timeout follows the gaps between the kernel arrival times of its
+ * last HB_WINDOW beats (heartbeat_adaptive_timeout), between floor_s and
+ * the timeout_s given to heartbeat_lost. Off (one fixed timeout) until
+ * called. Call before heartbeat_set_peer and the watcher. A peer whose host
+ * an earlier heartbeat object of this process watched (closed since) starts
+ * from the window that one ended with (process-wide memory, thread-safe). */
+void heartbeat_set_adaptive(tcp_heartbeat *hb, double interval_s, double floor_s);
+/* Beats whose arrival gaps an adaptive timeout is computed from (the last
+ * 64 s at a 0.25 s interval), and how many gaps it needs before it adapts
+ * (the fixed timeout applies until then). */
+#define HB_WINDOW 256
+#define HB_MIN_GAPS 8
+/* The timeout of a peer whose last n beats (n <= HB_WINDOW) arrived gaps[]
+ * seconds apart: phi accrual (Hayashibara et al., as Akka's failure
+ * detector) with a normal model of the gaps: the silence whose probability
+ * under that model is 1e-8 (phi = 8), mean + 5.61 standard deviations, the
+ * deviation at least interval_s / 4 (a steady sender is not held to its
+ * clock's exactness); and at least HB_STALL_FACTOR times the longest gap,
+ * the window's or stall_s (a longer one seen before it, see
+ * HB_STALL_HALF_LIFE_S), since a loaded machine's stalls are
+ * heavier-tailed than a normal law. Clamped to [floor_s, cap_s]; cap_s
+ * when n < HB_MIN_GAPS. Pure. */
+double heartbeat_adaptive_timeout(const float *gaps, int n, double stall_s, double interval_s, double floor_s,
+                                  double cap_s);
+/* A 30-minute run at load 45 with 1.5 times the window's longest gap
+ * declared a starved process lost once (silent 1.1 s, window's longest
+ * 0.61 s): the factor is 2.5, and the longest gap is remembered beyond the
+ * window, its memory halving every HB_STALL_HALF_LIFE_S seconds of beats
+ * (short enough that a link's packet loss a few minutes ago does not keep
+ * it at the fixed timeout). */
+#define HB_STALL_FACTOR 2.5
+#define HB_STALL_HALF_LIFE_S 120.0
+/* The timeout that applies to peer now (cap_s when not adaptive), and its
+ * window's statistics for messages (any of the outputs may be NULL;
+ * longest_gap includes the remembered stall). */
+double heartbeat_peer_timeout(const tcp_heartbeat *hb, int peer, double cap_s, int *n_gaps, double *mean_gap,
+                              double *longest_gap);
 /* The first peer above `after` (-1: from the start) not heard from for more
- * than timeout_s, or -1. Only peers whose beats came at least once count:
+ * than its timeout (timeout_s, or its adaptive one, at most timeout_s), or -1. Only peers whose beats came at least once count:
  * one whose never did may sit behind a firewall that passes only TCP, and
  * must not be declared lost for that (see heartbeat_never_beat). */
 int heartbeat_lost(const tcp_heartbeat *hb, int after, double now, double timeout_s);
