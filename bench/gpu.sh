@@ -20,7 +20,13 @@
 #     BUILD     build tree with bin/train-gpt, bin/tandem-bench (default build)
 #     PYTHON    the interpreter with torch (default python3)
 # Settings: GPU_BENCH_STEPS (timed steps, default 30), GPU_PEAK_TFLOPS
-# (dense bf16 peak for MFU, default 989.4: H100/H200 SXM).
+# (dense bf16 peak for MFU, default 989.4: H100/H200 SXM), GPU_BENCH_DEADLINE
+# (a time, date +%s, no part may run past: scripts/gpu-check's budget; each
+# part's timeout is cut to what is left, and a part with none left says so).
+# Each figure's "bench: " line is printed as soon as it is measured, and the
+# parts run in order of what they cost to lose: Tandem, PyTorch eager, the
+# allreduce, then torch.compile (whose compile is most of the script's time),
+# so that a run cut by its deadline keeps the figures it got.
 set -u
 cd "$(dirname "$0")/.."
 B=build PY=python3 quick=0
@@ -42,33 +48,64 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 measured=0
 
-gpu=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -1)
+# a part's timeout: its own, or what is left before GPU_BENCH_DEADLINE (0: none)
+part_limit() {
+  local left
+  [ -z "${GPU_BENCH_DEADLINE:-}" ] && { echo "$1"; return; }
+  left=$((GPU_BENCH_DEADLINE - $(date +%s)))
+  [ "$left" -lt "$1" ] && echo $((left > 0 ? left : 0)) || echo "$1"
+}
+# the "bench: " line of a table row, printed when the row is made
+emit() {
+  local _ impl tps ms mfu mem loss
+  IFS='|' read -r _ impl tps ms mfu mem loss _ <<<"$1"
+  case $tps in
+    *"did not run"*) echo "bench: $(echo $impl): $(echo $tps)" | cut -c1-150 ;;
+    *) echo "bench: $(echo $impl) tokens/s $(echo $tps) ms/step $(echo $ms) mfu $(echo $mfu) peak MiB $(echo $mem)" ;;
+  esac
+}
+add_row() { rows+=("$1"); emit "$1"; }
+
+gpu=$(timeout 20 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -1)
 [ -n "$gpu" ] || gpu="no GPU visible to nvidia-smi"
 shape=(--layers 12 --channels 768 --heads 12 --seq 1024)
 
 # ---- 1. GPT-2 124M ----
 rows=()
 peer() { # impl extra-args...
-  local impl=$1
+  local impl=$1 lim
   shift
-  if "$PY" bench/torch_gpt2_gpu.py --device cuda "${shape[@]}" --vocab 50304 --batch 16 --steps "$steps" \
+  lim=$(part_limit 300)
+  if [ "$lim" -le 0 ]; then
+    add_row "| $impl | did not run: no time left before GPU_BENCH_DEADLINE | | | | |"
+    return
+  fi
+  if timeout -k 5 "$lim" "$PY" bench/torch_gpt2_gpu.py --device cuda "${shape[@]}" --vocab 50304 --batch 16 --steps "$steps" \
       --warmup "$warmup" --dtype bf16 --peak-tflops "$peak" "$@" >"$tmp/$impl.json" 2>"$tmp/$impl.err"; then
-    rows+=("$("$PY" - "$tmp/$impl.json" <<'EOF'
+    add_row "$("$PY" - "$tmp/$impl.json" <<'EOF'
 import json, sys
 d = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
 print(f"| {d['impl']} (torch {d['torch']}) | {d['tokens_per_s']:,.0f} | {d['ms_per_step']} | {100 * d['mfu']:.1f}% "
       f"| {d['peak_mem_mib']:,.0f} | {d['loss_first']} -> {d['loss_last']} |")
 EOF
-)")
+)"
     measured=1
   else
-    rows+=("| $impl | did not run: $(tail -1 "$tmp/$impl.err" | cut -c1-160) | | | | |")
+    local w
+    w=$(tail -1 "$tmp/$impl.err" | cut -c1-160)
+    [ -s "$tmp/$impl.err" ] || w="no output (timed out after ${lim}s?)"
+    add_row "| $impl | did not run: $w | | | | |"
   fi
 }
 
 tandem_gpt() {
-  local log=$tmp/tandem.log
-  if timeout 600 "$B/bin/train-gpt" --device cuda --bf16 "${shape[@]}" --vocab 50304 --tied --micro-batch 16 \
+  local log=$tmp/tandem.log lim
+  lim=$(part_limit 300)
+  if [ "$lim" -le 0 ]; then
+    add_row "| tandem train-gpt --device cuda | did not run: no time left before GPU_BENCH_DEADLINE | | | | |"
+    return
+  fi
+  if timeout -k 5 "$lim" "$B/bin/train-gpt" --device cuda --bf16 "${shape[@]}" --vocab 50304 --tied --micro-batch 16 \
       --steps $((steps + 2)) --sample 0 >"$log" 2>"$tmp/tandem.err"; then
     # train-gpt's summary line: key=value pairs (tokens_per_s leaves out the first 2 steps)
     local line tps ms mem loss
@@ -82,29 +119,33 @@ tandem_gpt() {
     local n_params=124475904 # GPT-2 124M with vocabulary 50,304 (tied head)
     local mfu
     mfu=$(awk -v t="$tps" -v n=$n_params -v p="$peak" 'BEGIN { if (t == "") print "?"; else printf "%.1f%%", 100 * t * (6 * n + 12 * 12 * 1024 * 768) / (p * 1e12) }')
-    rows+=("| tandem train-gpt --device cuda | ${tps:-?} | ${ms:-?} | $mfu | ${mem:-?} | final ${loss:-?} |")
+    add_row "| tandem train-gpt --device cuda | ${tps:-?} | ${ms:-?} | $mfu | ${mem:-?} | final ${loss:-?} |"
     measured=1
   else
-    rows+=("| tandem train-gpt --device cuda | did not run: $(grep -v '^$' "$tmp/tandem.err" | head -1 | cut -c1-160) | | | | |")
+    add_row "| tandem train-gpt --device cuda | did not run: $(grep -v '^$' "$tmp/tandem.err" | head -1 | cut -c1-160) | | | | |"
   fi
 }
 
 tandem_gpt
 peer torch-eager
-peer torch-compile --compile
 
 # ---- 2. allreduce on device vs host buffers (2 ranks, one GPU: staged) ----
-busbw() { # command...
-  local res
-  res=$("$@" 2>"$tmp/bench.err" | awk '$1 ~ /^[0-9]+$/ || $2 ~ /^[0-9]+$/ { for (i = 1; i <= NF; i++) if ($i ~ /^[0-9]+\.[0-9]+$/) v[++k] = $i } END { if (k >= 3) print v[k] }')
+busbw() { # tandem-bench's buffer arguments
+  local res lim
+  lim=$(part_limit 60)
+  [ "$lim" -le 0 ] && { echo "?"; return; }
+  res=$(timeout -k 5 "$lim" "$B/bin/tandemrun" -np 2 "$B/bin/tandem-bench" allreduce -b 64M -e 64M -n 20 -w 5 "$@" \
+    2>"$tmp/bench.err" | awk '$1 ~ /^[0-9]+$/ || $2 ~ /^[0-9]+$/ { for (i = 1; i <= NF; i++) if ($i ~ /^[0-9]+\.[0-9]+$/) v[++k] = $i } END { if (k >= 3) print v[k] }')
   echo "${res:-?}"
 }
-run_bench() { "$B/bin/tandemrun" -np 2 "$B/bin/tandem-bench" allreduce -b 64M -e 64M -n 20 -w 5 "$@"; }
-bw_dev=$(busbw run_bench -D cuda)
-bw_shared=$(busbw run_bench -R 1)
-bw_malloc=$(busbw run_bench -R 0)
+bw_dev=$(busbw -D cuda)
+bw_shared=$(busbw -R 1)
+bw_malloc=$(busbw -R 0)
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "?" || b == "?" || b == 0) print "?"; else printf "%.2f", a / b }'; }
 [ "$bw_dev" != "?" ] && measured=1
+echo "bench: allreduce 64MiB 2 ranks/GPU busbw GB/s: device $bw_dev, host td_mem_alloc $bw_shared ($(ratio "$bw_dev" "$bw_shared")x), malloc $bw_malloc"
+
+peer torch-compile --compile
 
 {
   echo "# GPU benchmark, $day"
@@ -128,13 +169,4 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "?" || b == "?" || b == 0) p
   echo "| host, malloc (-R 0) | $bw_malloc | $(ratio "$bw_dev" "$bw_malloc") |"
 } >"$out"
 cat "$out"
-# one line per figure for scripts/gpu-check's table
-for r in "${rows[@]}"; do
-  IFS='|' read -r _ impl tps ms mfu mem loss _ <<<"$r"
-  case $tps in
-    *"did not run"*) echo "bench: $(echo $impl): $(echo $tps)" | cut -c1-150 ;;
-    *) echo "bench: $(echo $impl) tokens/s $(echo $tps) ms/step $(echo $ms) mfu $(echo $mfu) peak MiB $(echo $mem)" ;;
-  esac
-done
-echo "bench: allreduce 64MiB 2 ranks/GPU busbw GB/s: device $bw_dev, host td_mem_alloc $bw_shared ($(ratio "$bw_dev" "$bw_shared")x), malloc $bw_malloc"
 [ "$measured" = 1 ]

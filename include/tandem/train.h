@@ -485,6 +485,14 @@ typedef struct td_memory_estimate {
    * runtime + what the process held before the trainer. */
   size_t runtime;
 } td_memory_estimate;
+/* For a model on a device (td_model.device not the CPU) the figures are the
+ * device's memory, what the trainer checks against the device at creation:
+ * params (the f32 masters, the shard's at stage 3, and with bf16 the
+ * model's bf16 copy), grads (whole, in the compute type), optimizer (the
+ * AdamW moments, the shard's at stages 1-3), live (stage 3's two fetch
+ * buffers of the largest parameter group), activations at cfg's
+ * micro-batch, runtime (the CUDA libraries' workspace); the host-side
+ * fields (deterministic, replicas, disk, gather) are 0. */
 td_status td_trainer_estimate_memory(const td_model *model, const td_train_config *cfg, int world, int stage,
                                      td_memory_estimate *out);
 

@@ -149,6 +149,9 @@ static size_t acts_plan(gpt_acts *a, const td_gpt_config *c, int B, int T, int c
   size_t L = ckpt && c->layers > 0 ? 1 : (size_t)c->layers, C = c->channels, NH = c->heads, V = c->vocab;
   size_t L_res = c->layers;
   size_t BT = (size_t)B * T;
+  /* the final LayerNorm's outputs: only a model with the head (a pipeline
+   * stage before the last has vocab 0 here) writes them */
+  size_t H = V > 0;
   struct {
     float **ptr;
     size_t n;
@@ -156,8 +159,8 @@ static size_t acts_plan(gpt_acts *a, const td_gpt_config *c, int B, int T, int c
       {&a->encoded, BT * C},     {&a->ln1, L * BT * C},       {&a->ln1_mean, L * BT},   {&a->ln1_rstd, L * BT},
       {&a->qkv, L * BT * 3 * C}, {&a->atty, L * BT * C},      {&a->att, L * B * NH * T * T},
       {&a->res2, L * BT * C},    {&a->ln2, L * BT * C},       {&a->ln2_mean, L * BT},   {&a->ln2_rstd, L * BT},
-      {&a->fch, L * BT * 4 * C}, {&a->fch_gelu, L * BT * 4 * C}, {&a->res3, L_res * BT * C}, {&a->lnf, BT * C},
-      {&a->lnf_mean, BT},        {&a->lnf_rstd, BT},          {&a->probs, BT * V},      {&a->dres, BT * C},
+      {&a->fch, L * BT * 4 * C}, {&a->fch_gelu, L * BT * 4 * C}, {&a->res3, L_res * BT * C}, {&a->lnf, H * BT * C},
+      {&a->lnf_mean, H * BT},    {&a->lnf_rstd, H * BT},          {&a->probs, BT * V},      {&a->dres, BT * C},
       {&a->dbuf_c, BT * C},      {&a->dbuf_3c, BT * 3 * C},   {&a->dbuf_4c, BT * 4 * C}, {&a->dlogits, BT * V},
       {&a->datt, (size_t)T * T},
   };
@@ -189,7 +192,7 @@ static td_status acts_alloc(gpt_acts *a, const td_gpt_config *c, int B, int T, i
  * tokens; returns their sum. */
 static size_t acts16_plan(const td_gpt_config *c, size_t BT, int ckpt, size_t n[5]) {
   size_t L = ckpt && c->layers > 0 ? 1 : (size_t)c->layers, C = c->channels, total = 0;
-  size_t sizes[5] = {L * BT * C, L * BT * C, L * BT * C, L * BT * 4 * C, BT * C};
+  size_t sizes[5] = {L * BT * C, L * BT * C, L * BT * C, L * BT * 4 * C, c->vocab > 0 ? BT * C : 0}; /* lnf: the head's */
   for (int i = 0; i < 5; i++) total += n[i] = (sizes[i] + 31) & ~(size_t)31;
   return total;
 }

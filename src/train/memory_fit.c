@@ -21,6 +21,21 @@
 #define MIB(x) ((double)(x) / 1048576.0)
 #define TMPFS_MAGIC_NUMBER 0x01021994 /* linux/magic.h's TMPFS_MAGIC */
 
+/* cuBLASLt's workspace (src/nn/cuda/matmul.cu: 32 MiB) and the kernels'
+ * scratch, with room to spare */
+#define DEVICE_RUNTIME_BYTES ((size_t)64 << 20)
+
+/* A model on a device: its device memory (zero/device.c's arenas, the
+ * activations at the micro-batch in the compute type, the library's
+ * workspace), which is what device_memory_fit checks. */
+static void device_estimate(const td_model *model, const td_train_config *cfg, int world, int stage, int batch,
+                            td_dtype compute, td_memory_estimate *out) {
+  memset(out, 0, sizeof *out);
+  zero_device_estimate(model, world, stage, td_optimizer_n_states(cfg->optimizer.kind), compute, out);
+  out->activations = model->ops->activation_bytes ? model->ops->activation_bytes(model, batch, 0, compute) : 0;
+  out->runtime = DEVICE_RUNTIME_BYTES;
+}
+
 /* The whole estimate of one rank (public: train.h). It lives here, with
  * the fit that uses it, so that trainer.c calls down into this file and
  * nothing here calls back up into trainer.c. */
@@ -28,6 +43,14 @@ td_status td_trainer_estimate_memory(const td_model *model, const td_train_confi
                                      td_memory_estimate *out) {
   if (!model || !cfg)
     return td_error(TD_ERR_INVALID_ARGUMENT, "td_trainer_estimate_memory: model, cfg and out are required");
+  if (model->device.kind != TD_DEVICE_CPU) {
+    if (!out || world < 1 || stage < 0 || stage > 3)
+      return td_error(TD_ERR_INVALID_ARGUMENT, "td_trainer_estimate_memory: out is required, world >= 1, stage 0-3 "
+                      "(got world %d, stage %d)", world, stage);
+    device_estimate(model, cfg, world, stage, cfg->micro_batch > 0 ? cfg->micro_batch : 1, cfg->precision.compute,
+                    out);
+    return TD_OK;
+  }
   size_t det = det_estimate_bytes(cfg, model, world, stage);
   TD_CHECK(zero_estimate_memory(model, cfg, world, stage, det == 0, out));
   out->deterministic = det;
@@ -208,22 +231,14 @@ static void what_fits(const td_trainer *t, size_t room, char *buf, size_t cap) {
  * policy puts on it (td_train_device_select: local rank % GPUs): every rank
  * asks before any allocates (the agreement below comes first). */
 
-/* cuBLASLt's workspace (src/nn/cuda/matmul.cu: 32 MiB) and the kernels'
- * scratch, with room to spare */
-#define DEVICE_RUNTIME_BYTES ((size_t)64 << 20)
-
 typedef struct device_need {
   size_t states, activations, total;
 } device_need;
 
 static device_need device_need_for(const td_trainer *t, int stage, int batch, td_dtype compute) {
-  device_need d;
-  size_t n = t->n_params, shard = stage >= 1 ? (n + (size_t)t->world - 1) / (size_t)t->world : n;
-  const td_model *m = t->model;
-  d.states = zero_device_state_bytes_for(n, shard, td_optimizer_n_states(t->cfg.optimizer.kind), compute);
-  d.activations = m->ops->activation_bytes ? m->ops->activation_bytes(m, batch, 0, compute) : 0;
-  d.total = d.states + d.activations + DEVICE_RUNTIME_BYTES;
-  return d;
+  td_memory_estimate e;
+  device_estimate(t->model, &t->cfg, t->world, stage, batch, compute, &e);
+  return (device_need){e.model_states, e.activations, e.model_states + e.activations + e.runtime};
 }
 
 static td_status device_memory_fit(td_trainer *t) {
@@ -249,13 +264,13 @@ static td_status device_memory_fit(td_trainer *t) {
 #define ADD_FIT(...) (off += (size_t)snprintf(fits + off, off < sizeof fits ? sizeof fits - off : 0, __VA_ARGS__))
     if (compute == TD_F32 && device_need_for(t, t->zero_stage, t->cfg.micro_batch, TD_BF16).total <= room)
       ADD_FIT("; bf16 (--bf16)");
-    for (int s = 1; s <= 2; s++)
+    for (int s = 1; s <= 3; s++)
       if (s != t->zero_stage && device_need_for(t, s, t->cfg.micro_batch, compute).total <= room)
         ADD_FIT("; ZeRO stage %d", s);
     int b = t->cfg.micro_batch / 2;
     while (b >= 1 && device_need_for(t, t->zero_stage, b, compute).total > room) b /= 2;
     if (b >= 1) ADD_FIT("; --micro-batch %d with gradient accumulation", b);
-    if (off == 0) ADD_FIT("; none of bf16, ZeRO stages 1-2 or a smaller micro-batch: more GPUs, or a smaller model");
+    if (off == 0) ADD_FIT("; none of bf16, ZeRO stages 1-3 or a smaller micro-batch: more GPUs, or a smaller model");
 #undef ADD_FIT
     st = td_error(TD_ERR_INVALID_USAGE,
                   "rank %d: this job needs about %.0f MiB of device memory on %s (model states %.0f, activations "

@@ -31,6 +31,7 @@
 
 #include <math.h>
 #include <sched.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,11 +84,11 @@ static float *grads_alloc(td_trainer *t, size_t bytes) {
 }
 
 /* ---- a model on a device (core/devops.h) ----
- * What the trainer does on a device today: AdamW at ZeRO stages 0-2
- * (stages 1-2: zero/device.c), in fp32 or in bf16 mixed precision (f32
- * masters and moments, the model on a bf16 copy, bf16 gradients reduced in
- * bf16; see core.h). Stage 3 is refused by trainer_create (the device model
- * does not fetch per layer), the rest here, naming what to change. */
+ * What the trainer does on a device today: AdamW at ZeRO stages 0-3
+ * (stages 1-3: zero/device.c; stage 3 with a model that fetches per layer,
+ * as the GPT does), in fp32 or in bf16 mixed precision (f32 masters and
+ * moments, the model on a bf16 copy, bf16 gradients reduced in bf16; see
+ * core.h). What it does not do yet is refused here, naming what to change. */
 static td_status device_refusals(const td_trainer *t) {
   char name[16];
   td_device_name(t->device, name, sizeof name);
@@ -97,6 +98,8 @@ static td_status device_refusals(const td_trainer *t) {
   else if (t->cfg.elasticity.enabled) what = "elastic training (remove elasticity)";
   else if (t->cfg.deterministic_reduction == 1 && t->cfg.precision.compute != TD_F32)
     what = "deterministic reduction in bf16 (train in fp32, or remove deterministic_reduction)";
+  else if (t->cfg.deterministic_reduction == 1 && t->zero_stage >= 3)
+    what = "deterministic reduction at ZeRO stage 3 (use stage 0-2, or remove deterministic_reduction)";
   else if (t->cfg.optimizer.kind != TD_OPTIMIZER_ADAMW) what = "an optimizer other than AdamW (use \"AdamW\")";
   else if (t->cfg.precision.compute == TD_F16)
     what = "fp16 training (train in bf16 or fp32: bf16 needs no loss scaling)";
@@ -112,19 +115,32 @@ static td_status device_refusals(const td_trainer *t) {
                   "(--device cpu)", t->rank, name, what);
 }
 
+/* A device arena of `held` elements of `es` bytes, whole or (stage 3) the
+ * shard's, addressed like the whole arena (core.h): *mem is the allocation,
+ * *base the address of element 0. */
+static td_status device_arena(td_trainer *t, size_t held, size_t es, void **mem, void **base) {
+  TD_CHECK(td_device_alloc(t->device, TD_MAX(held, (size_t)1) * es, mem));
+  *base = (void *)((uintptr_t)*mem - (uintptr_t)(t->params_lo * es));
+  return td_device_memset0(t->device, *mem, held * es); /* a model kind the initializer does not know */
+}
+
 static td_status device_arenas_alloc(td_trainer *t, size_t arena_bytes) {
-  TD_CHECK(td_device_alloc(t->device, arena_bytes, (void **)&t->params));
+  /* the masters: whole at stages 0-2, the shard at stage 3 (zero_layout) */
+  const size_t held = t->params_hi - t->params_lo;
+  void *base = NULL;
+  TD_CHECK(device_arena(t, held, sizeof(float), &t->dev_params_mem, &base));
+  t->params = base;
   if (t->cfg.precision.compute == TD_BF16) {
     /* the model computes on bf16 copies; the f32 gradient arena is not needed */
     TD_CHECK(t->model->ops->set_device_dtype(t->model, TD_BF16));
     t->model_dtype = TD_BF16;
-    TD_CHECK(td_device_alloc(t->device, t->n_params * sizeof(uint16_t), &t->model_params));
+    TD_CHECK(device_arena(t, held, sizeof(uint16_t), &t->dev_copy_mem, &t->model_params));
     TD_CHECK(td_device_alloc(t->device, t->n_params * sizeof(uint16_t), &t->model_grads));
     TD_CHECK(td_device_memset0(t->device, t->model_grads, t->n_params * sizeof(uint16_t)));
   } else {
     TD_CHECK(td_device_alloc(t->device, arena_bytes, (void **)&t->grads));
   }
-  /* the whole arena at stage 0, the shard at stages 1-2 (zero_layout) */
+  /* the whole arena at stage 0, the shard at stages 1-3 (zero_layout) */
   size_t states_bytes = TD_MAX(t->states_hi - t->states_lo, (size_t)1) * sizeof(float);
   for (int i = 0; i < t->n_states; i++) {
     TD_CHECK(td_device_alloc(t->device, states_bytes, (void **)&t->states[i]));
@@ -132,17 +148,26 @@ static td_status device_arenas_alloc(td_trainer *t, size_t arena_bytes) {
   }
   if (t->zero_stage >= 1 && !(t->dev_norm_parts = calloc((size_t)t->world, sizeof(double))))
     return td_error(TD_ERR_SYSTEM, "rank %d: out of memory for the norm's partial sums", t->rank);
-  TD_CHECK(td_device_memset0(t->device, t->params, arena_bytes)); /* a model kind the initializer does not know */
+  if (t->zero_stage >= 3) TD_CHECK(zero_device_fetch_create(t));
   return td_device_alloc(t->device, t->devops->scratch_floats * sizeof(float), (void **)&t->dev_scratch);
 }
 
+/* The masters a rank holds, [params_lo, params_hi): initialized on the host
+ * (the same values as on a CPU; at stage 3 only the shard's, as there), then
+ * copied in. */
 static td_status device_init_params(td_trainer *t) {
-  float *host = td_alloc(t->n_params * sizeof(float));
+  const size_t lo = t->params_lo, n = t->params_hi - t->params_lo;
+  float *host = td_alloc(TD_MAX(n, (size_t)1) * sizeof(float));
   if (!host) return td_error(TD_ERR_SYSTEM, "rank %d: out of memory initializing %zu parameters on the host", t->rank,
-                             t->n_params);
-  memset(host, 0, t->n_params * sizeof(float));
-  td_model_init_params(t->model, host, t->cfg.seed);
-  td_status st = td_device_copy(t->params, t->device, host, (td_device){TD_DEVICE_CPU, 0}, t->n_params * sizeof(float));
+                             n);
+  memset(host, 0, n * sizeof(float));
+  td_status st = TD_OK;
+  if (lo == 0 && n == t->n_params)
+    td_model_init_params(t->model, host, t->cfg.seed);
+  else
+    st = td_model_init_params_range(t->model, host, t->cfg.seed, lo, lo + n);
+  if (st == TD_OK)
+    st = td_device_copy(t->params + lo, t->device, host, (td_device){TD_DEVICE_CPU, 0}, n * sizeof(float));
   td_free(host);
   return st;
 }
@@ -293,8 +318,13 @@ static td_status trainer_create(const td_train_config *cfg_in, td_model *model, 
      * pure function of the seed (td_model_init_params_range gives the
      * values td_model_init_params would), so no rank ever holds the whole
      * arena and the start-up peak stays below the steady state's. */
-    st = td_trainer_agree(t, td_model_init_params_range(model, t->params + t->shard_lo, t->cfg.seed, t->shard_lo,
-                                                        t->shard_hi));
+    if (t->devops) {
+      st = device_init_params(t);
+      if (st == TD_OK) st = td_trainer_device_params_changed(t); /* the shard's bf16 copy, if any */
+    } else {
+      st = td_model_init_params_range(model, t->params + t->shard_lo, t->cfg.seed, t->shard_lo, t->shard_hi);
+    }
+    st = td_trainer_agree(t, st);
     if (st != TD_OK) goto fail;
   } else {
     if (t->devops) /* initialized on the host (the same values as on a CPU), then copied in */
@@ -354,11 +384,12 @@ void td_trainer_destroy(td_trainer *t) {
   free(t->grid_agree_flags);
   td_shard_map_destroy(t->shard_map);
   if (t->devops) {
-    td_device_free(t->device, t->params);
+    zero_device_fetch_destroy(t);
+    td_device_free(t->device, t->dev_params_mem);
+    td_device_free(t->device, t->dev_copy_mem);
     td_device_free(t->device, t->grads);
     for (int i = 0; i < 2; i++) td_device_free(t->device, t->states[i]);
     td_device_free(t->device, t->dev_scratch);
-    td_device_free(t->device, t->model_params);
     td_device_free(t->device, t->model_grads);
     free(t->dev_norm_parts);
     t->params = t->grads = t->states[0] = t->states[1] = NULL;
@@ -646,6 +677,7 @@ static td_status trainer_step(td_trainer *t, td_step_stats *stats) {
   if (t->zero)
     zero_step_begin(t);
   else if (t->devops) {
+    zero_device_fetch_reset(t); /* stage 3: the last step's parameters are stale */
     td_status zst =
         td_device_memset0(t->device, td_trainer_model_grads(t), t->n_params * td_dtype_size(t->model_dtype));
     if (local == TD_OK) local = zst; /* keep a failed prepare's reason */
@@ -682,6 +714,7 @@ static td_status trainer_step(td_trainer *t, td_step_stats *stats) {
       snprintf(where, sizeof where, "step %ld, micro-step %d", t->step + 1, micro);
       local = forward_micro_batch(t, where, t->cfg.micro_batch, &loss);
       if (local == TD_OK && t->zero && t->zero->status != TD_OK) local = t->zero->status;
+      if (local == TD_OK && t->dev_fetch && t->dev_fetch->status != TD_OK) local = t->dev_fetch->status;
     }
     loss_sum += loss;
     /* The last micro-step's backward launches the buckets: it waits for the agreement. */
@@ -759,6 +792,7 @@ static td_status step_finish(td_trainer *t, td_step_stats *stats, double loss, d
    * the update agree without further communication. */
   double opt0 = td_now();
   if (t->zero && t->zero->status != TD_OK) return t->zero->status; /* a fetch in backward failed */
+  if (t->dev_fetch && t->dev_fetch->status != TD_OK) return t->dev_fetch->status;
   double norm = 0;
   float scale = 1.0f, lr = td_train_lr_at(&t->cfg, t->step);
   if (!overflow) {
@@ -874,6 +908,10 @@ static td_status trainer_evaluate(td_trainer *t, td_dataset *ds, size_t max_samp
    * per-layer fetches would not match; gather the whole arena once instead
    * (4 bytes per parameter for the duration). */
   const td_param_access *access = m->param_access;
+  if (t->zero_stage >= 3 && t->devops)
+    return td_error(TD_ERR_INVALID_USAGE, "rank %d: td_trainer_evaluate at ZeRO stage 3 on a device is not supported "
+                    "yet (the ranks would evaluate different numbers of batches, each fetching parameters): evaluate "
+                    "at stage 0-2", t->rank);
   if (t->zero_stage >= 3) {
     td_status gst = zero_fetch_all(t);
     if (gst != TD_OK) return gst;
@@ -964,6 +1002,10 @@ int td_trainer_zero_stage(const td_trainer *t) { return t->zero_stage; }
 td_status td_trainer_gather_params(td_trainer *t) {
   if (!t) return td_error(TD_ERR_INVALID_ARGUMENT, "td_trainer_gather_params: null trainer");
   if (t->zero_stage < 3) return TD_OK;
+  if (t->devops) /* the same answer on every rank */
+    return td_error(TD_ERR_INVALID_USAGE, "rank %d: td_trainer_gather_params at ZeRO stage 3 on a device is not "
+                    "supported yet (each rank holds its shard of the parameters only): train at stage 0-2 to read "
+                    "the whole parameters", t->rank);
   TD_CHECK(trainer_gather_fits(t)); /* refused on every rank rather than killed by the kernel */
   return zero_fetch_all(t);
 }

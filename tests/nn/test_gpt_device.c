@@ -7,7 +7,13 @@
  * (td_gpt_set_device_dtype) within bf16's bound (loss 2%, each gradient
  * tensor 6% of its largest entry; the CPU reference stays fp32). Configs sweep the edges: no layers, T = 1, odd vocabularies and
  * sequence lengths, tied and untied heads, head sizes of both attention
- * paths' kernels.
+ * paths' kernels. Then, as ZeRO stage 3 runs it, with a td_param_access
+ * (written here, not the engine's) that gives each fetched group a buffer
+ * of its own and fills it with NaNs at its release: the same loss and
+ * gradients bit for bit with the arena argument NULL, every fetch released,
+ * the groups gpt.c fetches (a kernel reading a group it did not fetch, or
+ * after releasing it, reads NaN or outside an allocation, which ASan
+ * catches in the emulator).
  *
  * Runs in every tree, like test_device: without CUDA in the build it checks
  * that asking for a CUDA GPT says so; in a CUDA build without a GPU, that it
@@ -17,6 +23,7 @@
 
 #include <math.h>
 #include <stdbool.h>
+#include <stdint.h>
 
 static const td_device CPU = {TD_DEVICE_CPU, 0};
 
@@ -77,6 +84,55 @@ static void from_device(float *dst, const void *src, size_t n, td_dtype dtype, t
   free(h);
 }
 
+/* The test's td_param_access: a fetched group in a device buffer of its own */
+typedef struct test_access {
+  td_device gpu;
+  const char *arena; /* the whole parameters, of the model's type */
+  size_t es;
+  struct {
+    char *mem;
+    size_t lo, hi;
+    int live;
+  } f[64];
+  int n, live;
+} test_access;
+
+static const float *ta_fetch(void *ctx, size_t offset, size_t count, size_t next_offset, size_t next_count) {
+  test_access *a = ctx;
+  CHECK(a->n < 64);
+  CHECK(count > 0);
+  /* the prefetch hint names another group: none overlaps the one fetched */
+  CHECK(next_count == 0 || next_offset + next_count <= offset || next_offset >= offset + count);
+  char *mem = NULL;
+  CHECK_OK(td_device_alloc(a->gpu, count * a->es, (void **)&mem));
+  CHECK_OK(td_device_copy(mem, a->gpu, a->arena + offset * a->es, a->gpu, count * a->es));
+  CHECK_OK(td_device_sync(a->gpu));
+  a->f[a->n].mem = mem;
+  a->f[a->n].lo = offset;
+  a->f[a->n].hi = offset + count;
+  a->f[a->n].live = 1;
+  a->n++;
+  a->live++;
+  return (const float *)((uintptr_t)mem - (uintptr_t)(offset * a->es));
+}
+
+static void ta_release(void *ctx, size_t offset, size_t count) {
+  test_access *a = ctx;
+  for (int i = a->n - 1; i >= 0; i--)
+    if (a->f[i].live && a->f[i].lo == offset && a->f[i].hi == offset + count) {
+      /* all ones: NaN in f32 and in bf16 */
+      unsigned char *nan = malloc(count * a->es);
+      CHECK(nan);
+      memset(nan, 0xff, count * a->es);
+      CHECK_OK(td_device_copy(a->f[i].mem, a->gpu, nan, CPU, count * a->es));
+      free(nan);
+      a->f[i].live = 0;
+      a->live--;
+      return;
+    }
+  td_test_fail(__FILE__, __LINE__, "release of [%zu, %zu), which is not fetched", offset, offset + count);
+}
+
 static void compare(td_gpt_config cfg, int B, float loss_scale, td_dtype dtype, td_device gpu) {
   printf("config vocab=%d layers=%d channels=%d heads=%d seq=%d tied=%d B=%d loss_scale=%g %s\n", cfg.vocab,
          cfg.layers, cfg.channels, cfg.heads, cfg.seq, cfg.tied, B, loss_scale, td_dtype_name(dtype));
@@ -99,7 +155,7 @@ static void compare(td_gpt_config cfg, int B, float loss_scale, td_dtype dtype, 
     CHECK_EQ_INT(dev->tensors[i].count, cpu->tensors[i].count);
   }
   CHECK(dev->ops->set_activation_checkpointing == NULL);
-  CHECK_EQ_INT(dev->supports_param_access, 0);
+  CHECK_EQ_INT(dev->supports_param_access, 1);
 
   const size_t n = cpu->n_params, BT = (size_t)B * cfg.seq;
   float *params = malloc(n * sizeof(float)), *params2 = malloc(n * sizeof(float));
@@ -149,6 +205,42 @@ static void compare(td_gpt_config cfg, int B, float loss_scale, td_dtype dtype, 
     from_device(dgrads_host, d_grads, n, dtype, gpu);
     check_tensors(cpu, dgrads_host, grads, grad_rtol, step == 1 ? "gradients" : "gradients after two steps");
   }
+  /* as at ZeRO stage 3: every group through the test's access, the arena
+   * argument NULL; the same bits as from the whole arena */
+  {
+    float *ref = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float));
+    CHECK(ref && got);
+    CHECK_OK(td_device_memset0(gpu, d_grads, n * es));
+    float loss_ref = dev->ops->forward(dev, d_params, tokens, targets, B);
+    dev->ops->backward(dev, d_params, d_grads, loss_scale, NULL, NULL);
+    from_device(ref, d_grads, n, dtype, gpu);
+    static test_access ta;
+    memset(&ta, 0, sizeof ta);
+    ta.gpu = gpu;
+    ta.arena = (const char *)d_params;
+    ta.es = es;
+    td_param_access pa = {ta_fetch, ta_release, &ta};
+    dev->param_access = &pa;
+    CHECK_OK(td_device_memset0(gpu, d_grads, n * es));
+    float loss_pa = dev->ops->forward(dev, NULL, tokens, targets, B);
+    CHECK_EQ_INT(ta.live, 0);
+    /* forward: the embeddings, each block, the head's group (and wte again when tied) */
+    CHECK_EQ_INT(ta.n, cfg.layers + 2 + cfg.tied);
+    ready_log *log = &log_dev;
+    log->n = 0;
+    dev->ops->backward(dev, NULL, d_grads, loss_scale, on_ready, log);
+    CHECK_EQ_INT(ta.live, 0);
+    CHECK_EQ_INT(ta.n, 2 * cfg.layers + 3 + 2 * cfg.tied); /* backward: no embeddings */
+    CHECK_EQ_INT(log->n, cpu->n_tensors);
+    from_device(got, d_grads, n, dtype, gpu);
+    dev->param_access = NULL;
+    CHECK(memcmp(&loss_pa, &loss_ref, sizeof loss_pa) == 0);
+    CHECK(memcmp(got, ref, n * sizeof(float)) == 0);
+    for (int i = 0; i < ta.n; i++) td_device_free(gpu, ta.f[i].mem);
+    memcpy(dgrads_host, got, n * sizeof(float)); /* what d_grads holds now, for the check below */
+    free(ref), free(got);
+  }
+
   /* backward without a new forward: nothing more is added */
   dev->ops->backward(dev, d_params, d_grads, loss_scale, NULL, NULL);
   from_device(params2, d_grads, n, dtype, gpu);

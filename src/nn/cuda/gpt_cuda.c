@@ -42,6 +42,16 @@
  * picks them for the head size (TANDEM_CUDA_ATTENTION), else the unfused
  * pair, whose (B, NH, T, T) weights per layer cost far more memory.
  *
+ * Sharded parameters (ZeRO stage 3: td_model.param_access set by the
+ * engine): forward and backward fetch each group before its kernels and
+ * release it after, the groups and order of gpt.c (the embeddings, each
+ * block, the final layernorm with the head, and the tied head's wte again;
+ * backward needs no embeddings), each group through the base pointer its
+ * fetch returned. A release first waits for the model's stream: the
+ * engine may refill the group's memory as soon as it is released, and the
+ * kernels reading it are queued, not done. A fetch that returns NULL (the
+ * engine's failure) ends the pass as a failed launch does.
+ *
  * Errors: forward returns NaN with the launcher's message in
  * td_last_error(); backward cannot return one, so it stops at the first
  * failure, logs it, and the next forward returns NaN with the same message. */
@@ -201,7 +211,50 @@ static td_status gpt_cuda_prepare(td_model *model, int batch) {
     if ((call) != TD_OK) goto fail;  \
   } while (0)
 
-/* The LM head's product: logits = lnf @ head^T. */
+/* ---- the parameter groups fetched under td_param_access (gpt.c's) ---- */
+typedef struct gpt_unit {
+  size_t offset, count;
+} gpt_unit;
+/* tensors: wte, wpe, 12 per layer, ln_f.weight, ln_f.bias, lm_head.weight unless tied */
+static gpt_unit unit_emb(const td_model *m) { return (gpt_unit){0, off_named(m, 2)}; }
+static gpt_unit unit_layer(const td_model *m, int l) {
+  size_t lo = off_named(m, 2 + l * P_PER_LAYER), hi = off_named(m, 2 + (l + 1) * P_PER_LAYER);
+  return (gpt_unit){lo, hi - lo};
+}
+static gpt_unit unit_final(const td_model *m) {
+  size_t lo = off_named(m, 2 + nn_gpt_config(m)->layers * P_PER_LAYER);
+  return (gpt_unit){lo, m->n_params - lo};
+}
+static gpt_unit unit_wte(const td_model *m) { return (gpt_unit){0, m->tensors[0].count}; }
+static const gpt_unit unit_none = {0, 0};
+
+/* The arena base to index group u's tensors with: params itself without
+ * param_access; NULL when the engine's fetch failed (message set). */
+static const char *fetch_unit(const td_model *m, const void *params, gpt_unit u, gpt_unit next) {
+  const td_param_access *pa = m->param_access;
+  if (!pa) return params;
+  const float *base = pa->fetch(pa->ctx, u.offset, u.count, next.offset, next.count);
+  if (!base)
+    td_error(TD_ERR_SYSTEM, "gpt (cuda): fetching the parameters [%zu, %zu) failed (the training engine reports why)",
+             u.offset, u.offset + u.count);
+  return (const char *)base;
+}
+/* The kernels queued on the stream read the group: they finish before the
+ * engine may refill its memory. */
+static td_status release_unit(const td_model *m, gpt_cuda *gc, gpt_unit u) {
+  const td_param_access *pa = m->param_access;
+  if (!pa) return TD_OK;
+  td_status st = td_stream_sync(gc->stream);
+  pa->release(pa->ctx, u.offset, u.count);
+  return st;
+}
+#define FETCH(base, u, next)                                           \
+  do {                                                                 \
+    if (!((base) = fetch_unit(model, params, (u), (next)))) goto fail; \
+  } while (0)
+
+/* The LM head's product: logits = lnf @ head^T, head read through `params`
+ * (the arena base its group was fetched at). */
 static td_status head_forward(td_model *model, const void *params) {
   gpt_cuda *gc = state(model);
   const td_gpt_config *c = nn_gpt_config(model);
@@ -249,12 +302,17 @@ static float gpt_cuda_forward(td_model *model, const float *params, const void *
   }
 
   const td_dtype dt = gc->dtype;
-  RUN(td_cuda_encoder_forward(a->encoded, a->tokens, AT(params, off_named(model, 0)), AT(params, off_named(model, 1)),
-                              B, T, C, dt, s));
+  const int tied = c->tied != 0;
+  const char *pe, *pl, *pf, *pw;
+  FETCH(pe, unit_emb(model), L > 0 ? unit_layer(model, 0) : unit_final(model));
+  RUN(td_cuda_encoder_forward(a->encoded, a->tokens, AT(pe, off_named(model, 0)), AT(pe, off_named(model, 1)), B, T,
+                              C, dt, s));
+  RUN(release_unit(model, gc, unit_emb(model)));
   const char *resid = a->encoded; /* (B, T, C) */
   const size_t sBT = (size_t)BT, att = att_cache_floats(gc, c, B);
   for (int l = 0; l < L; l++) {
-#define W(which) AT(params, off_layer(model, l, (which)))
+    FETCH(pl, unit_layer(model, l), l + 1 < L ? unit_layer(model, l + 1) : unit_final(model));
+#define W(which) AT(pl, off_layer(model, l, (which)))
     char *ln1 = ACT(ln1, C), *qkv = ACT(qkv, 3 * C), *atty = ACT(atty, C), *res2 = ACT(res2, C), *ln2 = ACT(ln2, C);
     char *fch = ACT(fch, 4 * C), *fch_gelu = ACT(fch_gelu, 4 * C), *res3 = ACT(res3, C);
     float *ln1_mean = a->ln1_mean + l * sBT, *ln1_rstd = a->ln1_rstd + l * sBT, *attc = a->attc + l * att;
@@ -274,14 +332,20 @@ static float gpt_cuda_forward(td_model *model, const float *params, const void *
     RUN(td_cuda_matmul_forward_ex(fch_gelu, fch, NULL, ln2, W(P_FCW), W(P_FCB), BT, C, 4 * C, dt, s));
     RUN(td_cuda_matmul_forward_ex(res3, NULL, res2, fch_gelu, W(P_FC2W), W(P_FC2B), BT, 4 * C, C, dt, s));
     resid = res3;
+    RUN(release_unit(model, gc, unit_layer(model, l)));
 #undef W
   }
+  FETCH(pf, unit_final(model), tied ? unit_wte(model) : unit_none);
+  pw = pf;
+  if (tied) FETCH(pw, unit_wte(model), unit_none);
   const size_t lnf_w = off_named(model, 2 + L * P_PER_LAYER), lnf_b = lnf_w + (size_t)C;
-  RUN(td_cuda_layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, resid, AT(params, lnf_w), AT(params, lnf_b), BT, C,
-                                dt, s));
+  RUN(td_cuda_layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, resid, AT(pf, lnf_w), AT(pf, lnf_b), BT, C, dt,
+                                s));
   gc->last_B = B;
-  gc->last_params = params;
-  RUN(head_forward(model, params));
+  gc->last_params = params; /* predict() fetches again under param_access */
+  RUN(head_forward(model, pw));
+  RUN(release_unit(model, gc, unit_final(model)));
+  if (tied) RUN(release_unit(model, gc, unit_wte(model)));
   if (!targets) {
     /* logits stay for predict() */
     RUN(td_stream_sync(gc->stream));
@@ -337,30 +401,38 @@ static void gpt_cuda_backward(td_model *model, const float *params, float *grads
   const td_dtype dt = gc->dtype;
   const size_t es = gc->es;
   pending_ready pend = {.n = 0};
+  const char *pf, *pw, *pl;
+  const gpt_unit after_final = L > 0 ? unit_layer(model, L - 1) : unit_none;
+  FETCH(pf, unit_final(model), tied ? unit_wte(model) : after_final);
+  pw = pf;
+  if (tied) FETCH(pw, unit_wte(model), after_final);
 
   /* loss -> logits (already their gradient at dloss 1) -> lm head -> final
    * layernorm. Another loss scale (fp16's) recomputes the logits and runs the
    * fused loss again at that scale: one more product, and the same single
    * rounding of the gradient as gpt.c's */
   if (loss_scale != 1.0f) {
-    RUN(head_forward(model, params));
+    RUN(head_forward(model, pw));
     RUN(td_cuda_softmax_xent(a->losses, a->logits, a->targets, loss_scale, BT, V, dt, s));
   }
   RUN(td_memset0_async(a->dbuf_c, sBT * C * es, st));
   RUN(td_cuda_matmul_backward(a->dbuf_c, AT(grads, off_named(model, idx_head)), NULL, a->logits, a->lnf,
-                              AT(params, off_named(model, idx_head)), BT, C, V, dt, s));
+                              AT(pw, off_named(model, idx_head)), BT, C, V, dt, s));
   if (!tied) pend.idx[pend.n++] = idx_head;
   const char *last_res = L > 0 ? a->res3 + (size_t)(L - 1) * sBT * C * es : a->encoded;
   RUN(td_memset0_async(a->dres, sBT * C * es, st));
   RUN(td_cuda_layernorm_backward(a->dres, AT(grads, off_named(model, idx_lnfw)), AT(grads, off_named(model, idx_lnfb)),
-                                 a->dbuf_c, last_res, AT(params, off_named(model, idx_lnfw)), a->lnf_mean, a->lnf_rstd,
+                                 a->dbuf_c, last_res, AT(pf, off_named(model, idx_lnfw)), a->lnf_mean, a->lnf_rstd,
                                  BT, C, dt, s));
   pend.idx[pend.n++] = idx_lnfb;
   pend.idx[pend.n++] = idx_lnfw;
   RUN(flush_ready(gc, model, &pend, ready, ctx));
+  RUN(release_unit(model, gc, unit_final(model)));
+  if (tied) RUN(release_unit(model, gc, unit_wte(model)));
 
   for (int l = L - 1; l >= 0; l--) {
-#define W(which) AT(params, off_layer(model, l, (which)))
+    FETCH(pl, unit_layer(model, l), l > 0 ? unit_layer(model, l - 1) : unit_none);
+#define W(which) AT(pl, off_layer(model, l, (which)))
 #define G(which) AT(grads, off_layer(model, l, (which)))
 #define READY(which) (pend.idx[pend.n++] = 2 + l * P_PER_LAYER + (which))
     const char *resid = l > 0 ? a->res3 + (size_t)(l - 1) * sBT * C * es : a->encoded; /* block input */
@@ -405,6 +477,7 @@ static void gpt_cuda_backward(td_model *model, const float *params, float *grads
     READY(P_LN1B);
     READY(P_LN1W);
     RUN(flush_ready(gc, model, &pend, ready, ctx));
+    RUN(release_unit(model, gc, unit_layer(model, l)));
 #undef W
 #undef G
 #undef READY
@@ -442,7 +515,14 @@ static void gpt_cuda_predict(td_model *model, int32_t *out) {
      * them from lnf with the last forward's parameters (so a backward after
      * predict has nothing to differentiate) */
     gc->have_targets = 0;
-    st = head_forward(model, gc->last_params);
+    /* under param_access, the head's group fetched again (every rank predicts alike) */
+    gpt_unit u = c->tied ? unit_wte(model) : unit_final(model);
+    const char *head = fetch_unit(model, gc->last_params, u, unit_none);
+    st = head ? head_forward(model, head) : TD_ERR_SYSTEM;
+    if (head) {
+      td_status rst = release_unit(model, gc, u);
+      if (st == TD_OK) st = rst;
+    }
   }
   if (st == TD_OK)
     st = td_device_copy(host, (td_device){TD_DEVICE_CPU, 0}, gc->acts.logits, gc->dev, n * V * gc->es);
@@ -510,7 +590,7 @@ td_status nn_gpt_cuda_attach(td_model *model, td_device dev) {
   *nn_gpt_device_state(model) = gc;
   model->ops = &gpt_cuda_ops;
   model->device = dev;
-  model->supports_param_access = 0; /* ZeRO stage 3 fetches host memory: not on the device yet */
+  model->supports_param_access = 1; /* ZeRO stage 3: the engine's fetches (see the file comment) */
   return TD_OK;
 }
 

@@ -116,11 +116,19 @@ struct td_trainer {
   /* The model's device (td_model.device) and its ops (core/devops.h): with
    * devops non-NULL, params, grads and states above are device arenas
    * (td_device_alloc), whole on every rank but the states at ZeRO stages
-   * 1-2, which are the shard (zero/device.c), and
-   * dev_scratch is devops->scratch_floats of device memory. */
+   * 1-3, which are the shard (zero/device.c), and at stage 3 params (and
+   * model_params) too, and
+   * dev_scratch is devops->scratch_floats of device memory. A shard-sized
+   * arena is addressed like a whole one: params is then the address its
+   * element 0 would have (dev_params_mem - shard_lo), so that params + i is
+   * element i for i in the shard, as everywhere else; dev_params_mem and
+   * dev_copy_mem hold what td_device_alloc returned (the same addresses as
+   * params and model_params below stage 3), which is what is freed. */
   td_device device;
   const train_devops *devops;
   float *dev_scratch;
+  void *dev_params_mem, *dev_copy_mem;
+  struct zero_devfetch *dev_fetch; /* stage 3 on a device: the parameter fetches (zero/device.c) */
   /* bf16 mixed precision on a device (llm.c's and DeepSpeed's arrangement):
    * the model computes on model_params, a bf16 copy of the f32 masters in
    * params that the optimizer rewrites in its pass, and writes model_grads,

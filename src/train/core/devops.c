@@ -23,12 +23,15 @@ void *td_trainer_model_grads(const td_trainer *t) { return t->model_grads ? t->m
 
 td_status td_trainer_device_params_changed(td_trainer *t) {
   if (!t->model_params) return TD_OK;
-  td_status st = t->devops->cast(t->device, t->model_params, t->model_dtype, t->params, TD_F32, t->n_params);
+  /* the masters a rank holds: the whole arena, or the shard at ZeRO stage 3 */
+  const size_t lo = t->params_lo, n = t->params_hi - t->params_lo;
+  td_status st = t->devops->cast(t->device, (char *)t->model_params + lo * td_dtype_size(t->model_dtype),
+                                 t->model_dtype, t->params + lo, TD_F32, n);
   if (st != TD_OK) {
     char why[512]; /* td_error must not format its own buffer into itself */
     td_error_copy(why, sizeof why);
     return td_error(st, "rank %d: rounding the %zu master parameters into the model's %s copy failed: %s", t->rank,
-                    t->n_params, td_dtype_name(t->model_dtype), why);
+                    n, td_dtype_name(t->model_dtype), why);
   }
   return TD_OK;
 }

@@ -1,5 +1,6 @@
-/* ZeRO stages 1 and 2 on device arenas (issue 18): what zero/reduce.c and
- * zero/shard.c do for host arenas, for a model on a device (t->devops).
+/* ZeRO stages 1-3 on device arenas (issue 18): what zero/reduce.c,
+ * zero/shard.c and zero/fetch.c do for host arenas, for a model on a device
+ * (t->devops).
  *
  * A device model writes every gradient of every tensor during backward, so
  * its gradient array (t->model_grads or t->grads, f32 or bf16) is whole on
@@ -30,12 +31,52 @@
  * fixed order), added in rank order on every rank: the same at stages 1
  * and 2; stage 0 sums the whole array in one pass, so stages 1-2 differ
  * from it by the rounding of the norm only (the clip factor), 1e-7
- * relative. Stage 3 (parameters fetched per layer) needs the device model
- * to honour td_param_access, which it does not yet: trainer.c refuses it.
+ * relative.
+ *
+ *   stage 3  as stage 2, and the parameters are sharded too: a rank holds
+ *            the f32 masters of its shard only (and, in bf16, the model's
+ *            bf16 copy of its shard), addressed like a whole arena
+ *            (core.h: t->params + i is element i for i in the shard). The
+ *            model brackets each group of parameters (the embeddings, a
+ *            block, the head) with td_param_access's fetch and release,
+ *            as the CPU GPT does for fetch.c; here a fetch fills one of
+ *            ZERO_DEV_SLOTS device buffers, each the size of the model's
+ *            largest group, with the group in the model's type: the owner
+ *            of each piece copies it from its shard, then broadcasts it
+ *            (the device collectives: staged through pinned host memory
+ *            when ranks share a GPU, NCCL when each has its own):
+ *
+ *              shards:  [ rank 0          | rank 1          ]
+ *              fetch block 3:        [=====|===]
+ *              slot:                 [ from 0 | from 1 ]
+ *
+ *            and returns the address element 0 of the arena would have
+ *            if the slot were the arena (slot - lo), so the model indexes
+ *            with tensor offsets as usual. A released group stays in its
+ *            slot, valid for the rest of the step (parameters change only
+ *            in the update), and a fetch of it or of a range inside it
+ *            (the tied head's wte inside the embeddings) costs nothing;
+ *            a fetch of another group refills the least recently used
+ *            free slot. Two slots hold what the GPT has in use at once
+ *            (the head and, tied, the embedding matrix); a model that
+ *            holds more fails its step saying so. The gradients stay
+ *            whole, as at stages 1-2 (the device model writes every
+ *            tensor's gradient in backward), reduced to their owners; the
+ *            update writes the shard's masters (and bf16 copy), and
+ *            nothing is allgathered. Not done yet: fetching the next
+ *            group ahead while the current one computes (the fetch hint
+ *            is ignored; each fetch waits for its broadcasts), and
+ *            cudaMalloc'd slots smaller than the largest group. Every
+ *            rank makes the same fetches in the same order, and the slot
+ *            chosen depends only on them, so the broadcasts match; a
+ *            failure is kept in dev_fetch->status (the model sees a NULL
+ *            base and stops) and fails the step.
  * Internal to src/train. */
 #include "train/zero/zero.h"
 
 #include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
 
 static size_t model_es(const td_trainer *t) { return td_dtype_size(t->model_dtype); }
 
@@ -92,7 +133,8 @@ td_status zero_device_update(td_trainer *t, float lr, float grad_scale, long ada
   /* the states are shard-sized: element 0 is element shard_lo */
   TD_CHECK(t->devops->adamw(t->device, t->params + lo, copy, grads, t->model_dtype, t->states[0], t->states[1], n, lr,
                             o->beta1, o->beta2, o->eps, o->weight_decay, adam_t, grad_scale));
-  if (!t->comm || t->world == 1) return TD_OK;
+  /* stage 3: the shard is all a rank holds; the next step fetches the rest */
+  if (!t->comm || t->world == 1 || t->zero_stage >= 3) return TD_OK;
   td_status st = td_allgather(t->params + lo, t->params, t->n_params, TD_F32, t->comm);
   if (st != TD_OK)
     return td_error(st, "rank %d: allgathering the updated device parameters failed: %s", t->rank,
@@ -100,13 +142,184 @@ td_status zero_device_update(td_trainer *t, float lr, float grad_scale, long ada
   return td_trainer_device_params_changed(t); /* the other shards of the bf16 copy */
 }
 
-size_t zero_device_state_bytes_for(size_t n_params, size_t shard, int n_states, td_dtype compute) {
-  size_t bytes = n_params * sizeof(float); /* masters */
-  bytes += compute == TD_BF16 ? 2 * n_params * sizeof(uint16_t) /* gradients and the params' copy */
-                              : n_params * sizeof(float);
-  return bytes + (size_t)n_states * shard * sizeof(float);
+/* ---- stage 3: the fetches ---- */
+
+size_t zero_device_pool_params(const td_model *model, int world, int stage) {
+  if (stage < 3 || world <= 1) return 0;
+  return ZERO_DEV_SLOTS * zero_largest_group(model, 0, NULL);
+}
+
+static void fetch_fail(td_trainer *t, td_status st, const char *what, size_t lo, size_t hi) {
+  zero_devfetch *f = t->dev_fetch;
+  if (f->status != TD_OK) return;
+  char why[768];
+  td_error_copy(why, sizeof why);
+  f->status = td_error(st, "rank %d: ZeRO stage 3 on a device: %s parameters [%zu, %zu) failed: %s", t->rank, what,
+                       lo, hi, why);
+}
+
+/* the address of element 0 of an arena whose element `lo` is at `mem` */
+static const float *based(const void *mem, size_t lo, size_t es) {
+  return (const float *)((uintptr_t)mem - (uintptr_t)(lo * es));
+}
+
+static td_status fill_slot(td_trainer *t, zero_dev_slot *sl, size_t lo, size_t hi) {
+  const size_t es = model_es(t);
+  const char *own = td_trainer_model_params(t); /* this rank's shard, addressed as the whole arena */
+  for (int r = 0; r < t->world; r++) {
+    size_t off, len;
+    td_shard_range(t->n_params, t->world, r, &off, &len);
+    size_t a = TD_MAX(lo, off), b = TD_MIN(hi, off + len);
+    if (b <= a) continue;
+    char *dst = sl->mem + (a - lo) * es;
+    if (r == t->rank) {
+      TD_CHECK(td_device_copy(dst, t->device, own + a * es, t->device, (b - a) * es));
+      /* a device-to-device cudaMemcpy may return before the copy is done;
+       * the collectives want their input final when issued */
+      TD_CHECK(td_device_sync(t->device));
+    }
+    td_status st = td_broadcast(dst, b - a, t->model_dtype, r, t->comm);
+    if (st != TD_OK)
+      return td_error(st, "broadcasting [%zu, %zu) from rank %d: %s", a, b, r, td_comm_last_error(t->comm));
+  }
+  return TD_OK;
+}
+
+static const float *dev_fetch(void *ctx, size_t offset, size_t count, size_t next_offset, size_t next_count) {
+  (void)next_offset, (void)next_count; /* no prefetch yet (the file comment) */
+  td_trainer *t = ctx;
+  zero_devfetch *f = t->dev_fetch;
+  const size_t es = model_es(t), lo = offset, hi = TD_MIN(offset + count, t->n_params);
+  if (f->status != TD_OK) return NULL;
+  /* held already (released or in use): the same step's parameters */
+  for (int i = 0; i < ZERO_DEV_SLOTS; i++) {
+    zero_dev_slot *sl = &f->slot[i];
+    if (sl->valid && sl->lo <= lo && hi <= sl->hi) {
+      sl->users++;
+      sl->last_use = ++f->clock;
+      return based(sl->mem, sl->lo, es);
+    }
+  }
+  if (hi - lo > f->slot_params) {
+    td_error(TD_ERR_INTERNAL, "a group of %zu parameters is larger than the fetch buffers (%zu)", hi - lo,
+             f->slot_params);
+    fetch_fail(t, TD_ERR_INTERNAL, "fetching", lo, hi);
+    return NULL;
+  }
+  zero_dev_slot *sl = NULL;
+  for (int i = 0; i < ZERO_DEV_SLOTS; i++)
+    if (!f->slot[i].users && (!sl || f->slot[i].last_use < sl->last_use)) sl = &f->slot[i];
+  if (!sl) {
+    td_error(TD_ERR_INTERNAL, "the model holds more than %d parameter groups at once", ZERO_DEV_SLOTS);
+    fetch_fail(t, TD_ERR_INTERNAL, "fetching", lo, hi);
+    return NULL;
+  }
+  sl->valid = false;
+  double w0 = td_now();
+  td_status st = fill_slot(t, sl, lo, hi);
+  f->wait_s += td_now() - w0;
+  if (st != TD_OK) {
+    fetch_fail(t, st, "fetching", lo, hi);
+    return NULL;
+  }
+  *sl = (zero_dev_slot){sl->mem, lo, hi, 1, true, ++f->clock};
+  return based(sl->mem, lo, es);
+}
+
+static void dev_release(void *ctx, size_t offset, size_t count) {
+  td_trainer *t = ctx;
+  zero_devfetch *f = t->dev_fetch;
+  size_t lo = offset, hi = TD_MIN(offset + count, t->n_params);
+  /* the smallest slot in use holding the range (a range inside a larger one is counted there) */
+  zero_dev_slot *best = NULL;
+  for (int i = 0; i < ZERO_DEV_SLOTS; i++) {
+    zero_dev_slot *sl = &f->slot[i];
+    if (sl->valid && sl->users && sl->lo <= lo && hi <= sl->hi && (!best || sl->hi - sl->lo < best->hi - best->lo))
+      best = sl;
+  }
+  if (best) best->users--;
+}
+
+/* One rank: the shard is the whole arena, and a fetch returns it. */
+static const float *whole_fetch(void *ctx, size_t offset, size_t count, size_t next_offset, size_t next_count) {
+  (void)offset, (void)count, (void)next_offset, (void)next_count;
+  return td_trainer_model_params(ctx);
+}
+static void whole_release(void *ctx, size_t offset, size_t count) { (void)ctx, (void)offset, (void)count; }
+
+td_status zero_device_fetch_create(td_trainer *t) {
+  zero_devfetch *f = calloc(1, sizeof *f);
+  if (!f) return td_error(TD_ERR_SYSTEM, "rank %d: out of memory for the stage-3 fetch table", t->rank);
+  t->dev_fetch = f;
+  f->slot_params = zero_device_pool_params(t->model, t->world, t->zero_stage) / ZERO_DEV_SLOTS;
+  for (int i = 0; i < ZERO_DEV_SLOTS && f->slot_params; i++) {
+    td_status st = td_device_alloc(t->device, f->slot_params * model_es(t), (void **)&f->slot[i].mem);
+    if (st != TD_OK) {
+      char why[512];
+      td_error_copy(why, sizeof why);
+      return td_error(st, "rank %d: ZeRO stage 3: the parameter fetch buffers (%d x %zu parameters): %s", t->rank,
+                      ZERO_DEV_SLOTS, f->slot_params, why);
+    }
+  }
+  f->access = f->slot_params ? (td_param_access){dev_fetch, dev_release, t}
+                             : (td_param_access){whole_fetch, whole_release, t};
+  t->model->param_access = &f->access;
+  return TD_OK;
+}
+
+void zero_device_fetch_destroy(td_trainer *t) {
+  zero_devfetch *f = t->dev_fetch;
+  if (!f) return;
+  if (t->model && t->model->param_access == &f->access) t->model->param_access = NULL;
+  for (int i = 0; i < ZERO_DEV_SLOTS; i++) td_device_free(t->device, f->slot[i].mem);
+  free(f);
+  t->dev_fetch = NULL;
+}
+
+void zero_device_fetch_reset(td_trainer *t) {
+  zero_devfetch *f = t->dev_fetch;
+  if (!f) return;
+  for (int i = 0; i < ZERO_DEV_SLOTS; i++) f->slot[i].valid = false, f->slot[i].users = 0;
+  f->status = TD_OK;
+  f->wait_s = 0;
+}
+
+/* ---- model-state bytes ---- */
+
+/* masters and (bf16) the model's copy of `held` parameters, gradients of
+ * all n, moments of `shard`, `pool` fetch-buffer elements: into out's
+ * params, grads, optimizer, live and model_states */
+static void state_bytes(size_t n, size_t held, size_t shard, int n_states, td_dtype compute, size_t pool,
+                        td_memory_estimate *out) {
+  size_t es = compute == TD_BF16 ? sizeof(uint16_t) : sizeof(float);
+  out->params = held * sizeof(float) + (compute == TD_BF16 ? held * sizeof(uint16_t) : 0);
+  out->grads = n * es;
+  out->optimizer = (size_t)n_states * shard * sizeof(float);
+  out->live = pool * es;
+  out->model_states = out->params + out->grads + out->optimizer + out->live;
+}
+
+void zero_device_estimate(const td_model *model, int world, int stage, int n_states, td_dtype compute,
+                          td_memory_estimate *out) {
+  size_t n = model->n_params, off, shard;
+  td_shard_range(n, world, 0, &off, &shard); /* rank 0's shard is the largest */
+  out->stage = stage;
+  out->world = world;
+  out->n_params = n;
+  out->shard_params = shard;
+  state_bytes(n, stage >= 3 ? shard : n, stage >= 1 ? shard : n, n_states, compute,
+              zero_device_pool_params(model, world, stage), out);
+}
+
+size_t zero_device_state_bytes_for(const td_model *model, int world, int stage, int n_states, td_dtype compute) {
+  td_memory_estimate e = {0};
+  zero_device_estimate(model, world, stage, n_states, compute, &e);
+  return e.model_states;
 }
 
 size_t zero_device_state_bytes(const td_trainer *t) {
-  return zero_device_state_bytes_for(t->n_params, t->states_hi - t->states_lo, t->n_states, t->model_dtype);
+  td_memory_estimate e = {0};
+  state_bytes(t->n_params, t->params_hi - t->params_lo, t->states_hi - t->states_lo, t->n_states, t->model_dtype,
+              t->dev_fetch ? ZERO_DEV_SLOTS * t->dev_fetch->slot_params : 0, &e);
+  return e.model_states;
 }

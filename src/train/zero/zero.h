@@ -187,17 +187,52 @@ void zero_fetch_reset(td_trainer *t);
 td_status zero_fetch_all(td_trainer *t);
 
 /* ---- device.c ---- */
-/* Stages 1-2 on device arenas (device.c): a bucket's pieces reduced to
- * their owners (stage 2; requests pushed on t->requests), the norm from the owners' shard sums, AdamW on the shard and the
- * allgather of the master params (with the bf16 copy rounded again). */
+/* Stages 1-3 on device arenas (device.c): a bucket's pieces reduced to
+ * their owners (stages 2-3; requests pushed on t->requests), the norm from
+ * the owners' shard sums, AdamW on the shard and (stages 1-2) the allgather
+ * of the master params (with the bf16 copy rounded again). */
 td_status zero_device_bucket_launch(td_trainer *t, size_t lo, size_t hi);
 td_status zero_device_grad_norm(td_trainer *t, double *norm_out);
 td_status zero_device_update(td_trainer *t, float lr, float grad_scale, long adam_t);
-/* Device bytes of the model state a rank holds: f32 master params, the
- * model's gradients (f32, or bf16 with its bf16 copy of the params), and
- * n_states moments of `shard` elements (n_params at stage 0). Pure: the
+/* Stage 3 on a device: the parameter groups the model fetches are
+ * broadcast from their owners into one of ZERO_DEV_SLOTS device buffers of
+ * the largest group's size (device.c's comment). */
+#define ZERO_DEV_SLOTS 2
+typedef struct zero_dev_slot {
+  char *mem;              /* device buffer of slot_params elements of the model's type */
+  size_t lo, hi;          /* the arena range it holds, when valid */
+  int users;              /* fetches not yet released */
+  bool valid;             /* holds [lo, hi) of this step's parameters */
+  unsigned long last_use; /* the least recently used free slot is refilled first */
+} zero_dev_slot;
+typedef struct zero_devfetch {
+  td_param_access access;
+  zero_dev_slot slot[ZERO_DEV_SLOTS];
+  size_t slot_params;
+  unsigned long clock;
+  td_status status; /* first failure inside a fetch this step (the model sees only NULL) */
+  double wait_s;    /* this step: in the fetches' copies and broadcasts */
+} zero_devfetch;
+/* Elements of the fetch buffers a rank holds at `stage` (0 below stage 3
+ * and on one rank, where the shard is the whole arena and a fetch returns
+ * it). Pure: the estimate and the allocation both use it. */
+size_t zero_device_pool_params(const td_model *model, int world, int stage);
+/* Stage 3 on a device: the buffers and the td_param_access, set on the model. */
+td_status zero_device_fetch_create(td_trainer *t);
+void zero_device_fetch_destroy(td_trainer *t); /* NULL-safe; takes the access off the model */
+/* Before a step (and after the parameters changed): nothing fetched is valid. */
+void zero_device_fetch_reset(td_trainer *t);
+/* Device bytes of the model state a rank holds: f32 master params (the
+ * shard's at stage 3), the model's gradients (f32, or bf16 with its bf16
+ * copy of the params, the shard's at stage 3), n_states moments of `shard`
+ * elements (n_params at stage 0) and stage 3's fetch buffers. Pure: the
  * memory fit's estimate and the measured figure are both this. */
-size_t zero_device_state_bytes_for(size_t n_params, size_t shard, int n_states, td_dtype compute);
+size_t zero_device_state_bytes_for(const td_model *model, int world, int stage, int n_states, td_dtype compute);
+/* The same, itemized into a td_memory_estimate (stage, world, n_params,
+ * shard_params, params, grads, optimizer, live: the fetch buffers,
+ * model_states); the rest of *out is left as it is. */
+void zero_device_estimate(const td_model *model, int world, int stage, int n_states, td_dtype compute,
+                          td_memory_estimate *out);
 /* ...for this trainer as allocated */
 size_t zero_device_state_bytes(const td_trainer *t);
 
