@@ -30,7 +30,8 @@ rc=0; n=0
 for f in $files; do
   n=$((n + 1))
   # shellcheck disable=SC2086
-  if ! gcc $flags -Werror=implicit-function-declaration -I"$tmp/poison" -fsyntax-only "$f" 2>"$tmp/err"; then
+  # -MF: the tree's -MMD would otherwise leave an a-NAME.d in the current directory
+  if ! gcc $flags -Werror=implicit-function-declaration -I"$tmp/poison" -fsyntax-only -MF "$tmp/deps.d" "$f" 2>"$tmp/err"; then
     echo "FAIL: $f does not compile without cJSON:"; sed 's/^/    /' "$tmp/err" | head -20; rc=1
   fi
 done
