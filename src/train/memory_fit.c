@@ -293,14 +293,20 @@ static int local_ranks(const td_trainer *t) {
   return slots >= 1 && slots <= (1 << 20) ? (int)slots : 1;
 }
 
-/* The least room of the ranks (0: unknown, on every rank alike): the
- * knobs fitted from it must be the same on every rank (zero/fetch.c). */
+/* The least room of the ranks (0: unknown, on every rank alike) and the
+ * largest baseline: the knobs fitted from them must be the same on every
+ * rank (zero/fetch.c, and the gradient buckets' sizes), and each rank's own
+ * RSS before the arenas differs by a few KiB to MiB. With its own baseline
+ * a rank near a threshold halved bucket_bytes where its peer did not, and
+ * their reductions disagreed in count (memory_refuse_limit, seen in CI). */
 static td_status least_room(td_trainer *t, size_t *room) {
   if (!t->comm || t->world == 1) return TD_OK;
-  int64_t r = *room ? (int64_t)TD_MIN(*room, (size_t)INT64_MAX) : INT64_MAX;
-  td_status st = td_allreduce(&r, &r, 1, TD_I64, TD_MIN, t->comm);
+  int64_t r[2] = {*room ? (int64_t)TD_MIN(*room, (size_t)INT64_MAX) : INT64_MAX,
+                  -(int64_t)TD_MIN(t->mem_baseline, (size_t)INT64_MAX)}; /* min of -x: the max of x */
+  td_status st = td_allreduce(r, r, 2, TD_I64, TD_MIN, t->comm);
   if (st != TD_OK) return td_error(st, "rank %d: agreeing on the memory per rank: %s", t->rank, td_comm_last_error(t->comm));
-  *room = r == INT64_MAX ? 0 : (size_t)r;
+  *room = r[0] == INT64_MAX ? 0 : (size_t)r[0];
+  t->mem_baseline = (size_t)-r[1];
   return TD_OK;
 }
 
