@@ -198,7 +198,7 @@ grow-together)
   # job goes 2 -> 4 in one membership change, losses bit-identical to a
   # fault-free 4-rank run. With TANDEM_ELASTIC_JOIN_WAIT=0 the same start
   # takes two changes (2 -> 3 -> 4): the wait is what joins them.
-  args="--layers 2 --channels 64 --heads 2 --seq 64 --threads 1 --sample 0 --steps 600 --micro-batch 3"
+  args="--layers 2 --channels 64 --heads 2 --seq 64 --threads 1 --sample 0 --steps 400 --micro-batch 3"
   printf '#!/bin/sh\n[ "$TANDEM_ELASTIC_ID" = 3 ] && sleep 1\nexec %s "$@"\n' "$GPT" >"$work/slow3"
   chmod +x "$work/slow3"
   printf '#!/bin/sh\ncat %s\n' "$work/hosts" >"$work/discover"
