@@ -169,14 +169,14 @@ static void *progress_main(void *arg) {
 td_status progress_start(td_comm *comm) {
   comm_request_queue *q = calloc(1, sizeof *q);
   if (!q) return td_error(TD_ERR_SYSTEM, "out of memory creating the progress queue");
-  pthread_mutex_init(&q->mu, NULL);
-  pthread_cond_init(&q->work_cv, NULL);
-  pthread_cond_init(&q->idle_cv, NULL);
   td_status st = p2p_stream_create(&q->stream);
   if (st != TD_OK) {
     free(q);
     return st;
   }
+  pthread_mutex_init(&q->mu, NULL);
+  pthread_cond_init(&q->work_cv, NULL);
+  pthread_cond_init(&q->idle_cv, NULL);
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
   q->spin = cpus >= comm->host_size; /* every process of the host, not only this group's */
   comm->queue = q;
