@@ -57,6 +57,10 @@ jobs_max=${JOBS:-3}
 jobs_idle=${JOBS_IDLE:-$((jobs_max + 2))}
 serial=${SERIAL:-'^(deadhost_|elastic_|slurm_cluster_|py_install$|.*(small_chunks|small_sockets|huge)$|tcp_heartbeat_(stop|busy)|fail_timeout_|core_timeout_|launcher_timeout|comm_two_jobs|launcher_concurrent)'}
 hostlane=${HOSTLANE:-'^(deadhost_|elastic_host_cut|elastic_el2_.*host_kill|elastic_faulthosts_|elastic_remote_|slurm_cluster_)'}
+for re in "TESTS=$filter" "SERIAL=$serial" "HOSTLANE=$hostlane"; do
+  [[ "" =~ ${re#*=} ]]
+  [ $? = 2 ] && { echo "tests/run.sh: ${re%%=*} is not an extended regular expression: '${re#*=}'"; exit 2; }
+done
 resdir=$(mktemp -d /tmp/tandem-tests.XXXXXX)
 trap 'rm -rf "$resdir"' EXIT
 
