@@ -118,7 +118,7 @@ td_status shm_fail_dead(shm_transport *t, int peer, const char *while_doing) {
   snprintf(pid, sizeof pid, "pid %d", (int)t->ranks[peer].pid);
   comm_peer_name(t->base.comm, peer, pid, name, sizeof name);
   /* the output to look at is the world rank's (the launcher's prefix) */
-  int world = td_comm_world_rank(t->base.comm, peer);
+  int world = t->base.comm->world_ranks[peer]; /* peer < n, checked by the callers */
   if (atomic_load_explicit(&t->ranks[peer].detached, memory_order_acquire))
     return comm_fail(t->base.comm, TD_ERR_REMOTE,
                      "%s destroyed its communicator while rank %d %s over shared memory (did it skip "
