@@ -820,6 +820,9 @@ static td_status step_finish(td_trainer *t, td_step_stats *stats, double loss, d
     float grad_scale = (float)(scale / loss_scale);
     /* skipped steps (fp16 overflow) do not count in Adam's bias correction */
     long adam_t = t->step + 1 - t->scaler.skipped;
+    /* the fence: the last commit's copy of the shards (taken while this
+     * step's forward and backward ran) must be complete before they change */
+    if (t->elastic) TD_CHECK(td_elastic_commit_wait(t->elastic));
     if (t->zero)
       TD_CHECK(zero_update(t, lr, grad_scale, adam_t));
     else if (t->devops && t->zero_stage >= 1) /* AdamW only (device_refusals) */
