@@ -833,8 +833,14 @@ td_status el_rep_reset_holdings(el_replicas *r, td_comm *comm, int64_t commit) {
   r->rcomm = NULL;
   if (r->buddy < 0 && !r->n_wards) return TD_OK;
   st = td_comm_split(comm, 0, td_comm_rank(comm), &r->rcomm);
-  if (st != TD_OK)
+  if (st != TD_OK) {
+    /* a peer lost in its rendezvous: the epoch fails on every rank (its
+     * communicator broken), so that the survivors form the next one */
+    char why[768];
+    td_error_copy(why, sizeof why);
+    td_comm_abort(comm, "creating the buddy replicas' communicator failed");
     return td_error(st, "elastic: rank %d: creating the communicator of the buddy replicas' exchange failed: %s",
-                    td_comm_rank(comm), td_comm_last_error(comm));
+                    td_comm_rank(comm), why);
+  }
   return TD_OK;
 }
