@@ -22,6 +22,9 @@
 #   elastic.sh B stale    SIGSTOP a process until the others formed epoch
 #                         2 without it, then SIGCONT: it is refused (stale
 #                         epoch), exits, and the job finishes
+#   elastic.sh B stop-parent  --end-stopped: a SIGSTOPped process is seen
+#                         by tandemrun (waitpid WUNTRACED), ended, reported
+#                         and replaced at once (heartbeats 60 s): bit for bit
 #   elastic.sh B abandon  a member killed between the close of its round and
 #                         the epoch's rendezvous: the others abandon that
 #                         rendezvous at once and form the next epoch
@@ -233,6 +236,40 @@ stale)
   grep -q "process 2 of epoch 1 is stale: the job already formed epoch 2 without it" "$work/out" ||
     fail "the stopped process was not refused as stale"
   grep -q "process 2 (pid $pid, host localhost) exited with code 1" "$work/out" || fail "the stale process did not exit 1"
+  # Without --end-stopped the stop is said (waitpid WUNTRACED) and left to the heartbeats.
+  grep -q "tandemrun: process 2 (pid $pid, host localhost) was stopped by signal 19 (SIGSTOP); its peers fail when its heartbeats are missed" "$work/out" ||
+    fail "tandemrun did not say that process 2 stopped"
+  ;;
+stop-parent)
+  # --end-stopped: tandemrun sees a SIGSTOP of a local process through
+  # waitpid(WUNTRACED), ends it and reports it lost, so the survivors go on
+  # at once. Heartbeats and the settle time are 60 s here: only the parent's
+  # notice can make epoch 2 within 20 s. The replacement joins; losses and
+  # parameters equal a fault-free run's, bit for bit. Without the flag a
+  # stop is only said (the stale case above), and --end-stopped needs
+  # elastic mode.
+  export TANDEM_TRANSPORT=tcp TANDEM_HEARTBEAT_TIMEOUT=60 TANDEM_HEARTBEAT_INTERVAL=1 TANDEM_ELASTIC_SETTLE=60
+  out=$("$RUN" -np 2 --end-stopped "$GPT" $TINY --steps 1 2>&1) && fail "--end-stopped without elastic mode accepted"
+  echo "$out" | grep -q "end-stopped need elastic mode: add --min-np A --max-np B" || fail "no clear refusal: $out"
+  args="--layers 2 --channels 64 --heads 2 --seq 64 --threads 1 --sample 0 --steps 200 --micro-batch 3"
+  "$RUN" --min-np 2 --max-np 4 -np 4 "$GPT" $args >"$work/ref" 2>&1 || { cat "$work/ref"; fail "fault-free run"; }
+  start "$work/out" --min-np 2 --max-np 4 -np 4 --max-restarts 1 --end-stopped "$GPT" $args
+  wait_for "$work/out" "step 20 loss"
+  pid=$(pid_of "$work/out" 2)
+  t0=$(date +%s.%N)
+  kill -STOP "$pid"
+  wait_for "$work/out" "elastic epoch 2:" 20
+  t1=$(date +%s.%N)
+  finish 0 "$work/out"
+  grep -v "step [0-9]* loss" "$work/out"
+  echo "stop -> epoch 2: $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }') s"
+  grep -q "tandemrun: process 2 (pid $pid, host localhost) was stopped by signal 19 (SIGSTOP), so tandemrun ended it; the job goes on with 3 processes" "$work/out" ||
+    fail "tandemrun did not report the stopped process as ended"
+  grep -q "tandemrun: starting process 4 on host localhost" "$work/out" || fail "no replacement was started"
+  [ -z "$(exact "$work/ref")" ] && fail "the fault-free run printed no final hash"
+  [ "$(exact "$work/out")" = "$(exact "$work/ref")" ] ||
+    fail "final loss/parameters differ: $(exact "$work/out") vs fault-free $(exact "$work/ref")"
+  [ "$(losses "$work/out")" = "$(losses "$work/ref")" ] || fail "the per-step losses differ from the fault-free run's"
   ;;
 below)
   # The survivor's own round gives up after the same --elastic-timeout
