@@ -1193,6 +1193,10 @@ static void below_min_np_stop(job *j, bool our_clock) {
 }
 
 static void elastic_reaped(job *j, worker *w, bool failed) {
+  /* A joiner that ended is no longer on its way (if it never took a join
+   * slot, the members would otherwise wait TANDEM_ELASTIC_JOIN_WAIT for it). */
+  if (w->joiner && j->client && el_report_came(j->client, j->job_id, w->rank) != TD_OK)
+    fprintf(stderr, "tandemrun: could not report process %d's end to the store: %s\n", w->rank, td_last_error());
   if (!failed) {
     if (!j->done) {
       j->done = true;
@@ -1248,7 +1252,14 @@ static void elastic_tick(job *j) {
     j->extra_started++;
     fprintf(stderr, "tandemrun: starting process %d on host %s to join the job (%d of --max-restarts %d)\n",
             w->rank, h->name, j->extra_started, j->opt.max_restarts);
-    if (!start_worker(j, w)) break;
+    /* On its way: the members let a joiner that is already waiting wait
+     * for it (el_membership_pending), so that both join in one change. */
+    if (j->client && el_report_started(j->client, j->job_id) != TD_OK)
+      fprintf(stderr, "tandemrun: could not report process %d's start to the store: %s\n", w->rank, td_last_error());
+    if (!start_worker(j, w)) {
+      if (j->client) (void)el_report_came(j->client, j->job_id, w->rank); /* never on its way after all */
+      break;
+    }
     td_prom_add(j->prom, "tandem_job_process_starts_total", "processes tandemrun started, by reason",
                 "reason=\"replacement\"", 1);
   }

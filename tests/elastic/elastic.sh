@@ -25,6 +25,9 @@
 #   elastic.sh B stop-parent  --end-stopped: a SIGSTOPped process is seen
 #                         by tandemrun (waitpid WUNTRACED), ended, reported
 #                         and replaced at once (heartbeats 60 s): bit for bit
+#   elastic.sh B grow-together  two processes started together (one a
+#                         second slower) join in one membership change
+#                         (TANDEM_ELASTIC_JOIN_WAIT), two without the wait
 #   elastic.sh B abandon  a member killed between the close of its round and
 #                         the epoch's rendezvous: the others abandon that
 #                         rendezvous at once and form the next epoch
@@ -186,6 +189,42 @@ resize)
   diff <(losses "$work/ref") <(losses "$work/out") >"$work/diff" || { head "$work/diff"; fail "step losses differ"; }
   [ "$(exact "$work/ref")" = "$(exact "$work/out")" ] || fail "final loss or parameters differ: $(exact "$work/ref") vs $(exact "$work/out")"
   echo "resized 4 -> 3 -> 2 -> 4; 300 step losses and the parameters equal the fault-free run's: $(exact "$work/out")"
+  ;;
+grow-together)
+  # Two processes started together to grow the job 2 -> 4, the second one
+  # a second slower (a wrapper sleeps 1 s first, as an ssh start on a loaded
+  # host may): the members let the first wait for it (tandemrun counts the
+  # joiners on their way, TANDEM_ELASTIC_JOIN_WAIT 2 s by default), so the
+  # job goes 2 -> 4 in one membership change, losses bit-identical to a
+  # fault-free 4-rank run. With TANDEM_ELASTIC_JOIN_WAIT=0 the same start
+  # takes two changes (2 -> 3 -> 4): the wait is what joins them.
+  args="--layers 2 --channels 64 --heads 2 --seq 64 --threads 1 --sample 0 --steps 400 --micro-batch 3"
+  printf '#!/bin/sh\n[ "$TANDEM_ELASTIC_ID" = 3 ] && sleep 1\nexec %s "$@"\n' "$GPT" >"$work/slow3"
+  chmod +x "$work/slow3"
+  printf '#!/bin/sh\ncat %s\n' "$work/hosts" >"$work/discover"
+  chmod +x "$work/discover"
+  export TANDEM_DISCOVERY_INTERVAL=0.05
+  "$RUN" --min-np 2 --max-np 4 -np 4 "$GPT" $args >"$work/ref" 2>&1 || { cat "$work/ref"; fail "fault-free run"; }
+  for wait in default 0; do
+    echo localhost:2 >"$work/hosts"
+    if [ $wait = default ]; then unset TANDEM_ELASTIC_JOIN_WAIT; else export TANDEM_ELASTIC_JOIN_WAIT=$wait; fi
+    start "$work/out" --min-np 2 --max-np 4 -np 2 --host-discovery-script "$work/discover" "$work/slow3" $args \
+      --grad-accum 2
+    wait_for "$work/out" "step 20 loss"
+    echo localhost:4 >"$work/hosts"
+    finish 0 "$work/out"
+    grep "elastic epoch [0-9]*: world=\|starting process" "$work/out"
+    worlds=$(sed -n 's/.*elastic epoch [0-9]*: world=\([0-9]*\) .*/\1/p' "$work/out" | tr '\n' ' ')
+    if [ $wait = default ]; then
+      [ "$worlds" = "2 4 " ] || fail "with the join wait the worlds were '$worlds', expected '2 4 ' (one change)"
+      diff <(losses "$work/ref") <(losses "$work/out") >"$work/diff" || { head "$work/diff"; fail "step losses differ"; }
+      [ "$(exact "$work/ref")" = "$(exact "$work/out")" ] ||
+        fail "final loss or parameters differ: $(exact "$work/ref") vs $(exact "$work/out")"
+    else
+      [ "$worlds" = "2 3 4 " ] || fail "without the join wait the worlds were '$worlds', expected '2 3 4 '"
+    fi
+  done
+  echo "grown 2 -> 4 in one change with the join wait (2 -> 3 -> 4 without); losses equal the fault-free run's"
   ;;
 abandon)
   # Process 1 killed; its replacement (process 3) joins the round of epoch
