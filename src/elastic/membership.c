@@ -58,6 +58,20 @@ static double env_seconds(const char *name, double def, td_status *st) {
   return v;
 }
 
+/* Seconds >= 0 from the environment (def when unset). */
+static double env_seconds_from0(const char *name, double def, td_status *st) {
+  const char *s = td_env_str(name, NULL);
+  if (!s || !*s) return def;
+  char *end;
+  errno = 0;
+  double v = strtod(s, &end);
+  if (errno || end == s || *end || !(v >= 0) || v > 7 * 24 * 3600.0) {
+    *st = td_error(TD_ERR_INVALID_ARGUMENT, "%s='%s' is not a number of seconds >= 0: fix or unset it", name, s);
+    return def;
+  }
+  return v;
+}
+
 td_status el_membership_open(el_membership *m) {
   memset(m, 0, sizeof *m);
   td_status st = TD_OK;
@@ -78,26 +92,8 @@ td_status el_membership_open(el_membership *m) {
   m->max_np = (int)env_long_in("TANDEM_ELASTIC_MAX_NP", 1L << 30, 1, 1L << 30, &st);
   m->timeout_s = env_seconds("TANDEM_ELASTIC_TIMEOUT", 600, &st);
   m->settle_s = env_seconds("TANDEM_ELASTIC_SETTLE", 10, &st);
-  m->replace_wait_s = 0.25;
-  const char *wait = td_env_str("TANDEM_ELASTIC_REPLACE_WAIT", NULL);
-  if (wait && *wait) {
-    char *end;
-    errno = 0;
-    m->replace_wait_s = strtod(wait, &end);
-    if (errno || end == wait || *end || !(m->replace_wait_s >= 0) || m->replace_wait_s > 7 * 24 * 3600.0)
-      st = td_error(TD_ERR_INVALID_ARGUMENT, "TANDEM_ELASTIC_REPLACE_WAIT='%s' is not a number of seconds >= 0: fix or "
-                    "unset it", wait);
-  }
-  m->join_wait_s = 2.0;
-  const char *jwait = td_env_str("TANDEM_ELASTIC_JOIN_WAIT", NULL);
-  if (jwait && *jwait) {
-    char *end;
-    errno = 0;
-    m->join_wait_s = strtod(jwait, &end);
-    if (errno || end == jwait || *end || !(m->join_wait_s >= 0) || m->join_wait_s > 7 * 24 * 3600.0)
-      st = td_error(TD_ERR_INVALID_ARGUMENT, "TANDEM_ELASTIC_JOIN_WAIT='%s' is not a number of seconds >= 0: fix or "
-                    "unset it", jwait);
-  }
+  m->replace_wait_s = env_seconds_from0("TANDEM_ELASTIC_REPLACE_WAIT", 0.25, &st);
+  m->join_wait_s = env_seconds_from0("TANDEM_ELASTIC_JOIN_WAIT", 2.0, &st);
   if (st != TD_OK) return st;
   if (m->min_np > m->max_np)
     return td_error(TD_ERR_INVALID_ARGUMENT, "TANDEM_ELASTIC_MIN_NP %d exceeds TANDEM_ELASTIC_MAX_NP %d", m->min_np,
@@ -567,8 +563,9 @@ td_status el_membership_pending(el_membership *m, int *pending) {
     }
   }
   if (m->join_seen_at > 0)
-    TD_DEBUG("elastic: %lld process%s admitted at once after %.2f s; %lld more on the way", (long long)n,
-             n == 1 ? "" : "es", now - m->join_seen_at, (long long)(starts > came ? starts - came : 0));
+    TD_DEBUG("elastic: %lld waiting process%s admitted after %.2f s of waiting for the joiners on their way (%lld "
+             "still are)", (long long)n, n == 1 ? "" : "es", now - m->join_seen_at,
+             (long long)(starts > came ? starts - came : 0));
   m->join_seen_at = 0;
   return TD_OK;
 }
