@@ -315,11 +315,13 @@ static td_status peer_broken(tcp_transport *t, int peer, int err) {
   st = relay_published(t, TCP_REASON_WAIT_S);
   if (st != TD_OK) return st;
   const tcp_peer *p = &t->peers[peer];
+  char name[160];
+  comm_peer_name(comm, peer, p->addr, name, sizeof name);
   if (err == 0 || err == EPIPE || err == ECONNRESET)
-    return comm_fail(comm, TD_ERR_REMOTE, "rank %d (%s) %s its connection to rank %d: it exited or was killed", peer,
-                     p->addr, err == ECONNRESET ? "reset" : "closed", t->rank);
-  return comm_fail(comm, TD_ERR_REMOTE, "the connection from rank %d to rank %d (%s) failed: %s", t->rank, peer,
-                   p->addr, strerror(err));
+    return comm_fail(comm, TD_ERR_REMOTE, "%s %s its connection to rank %d: it exited or was killed", name,
+                     err == ECONNRESET ? "reset" : "closed", t->rank);
+  return comm_fail(comm, TD_ERR_REMOTE, "the connection from rank %d to %s failed: %s", t->rank, name,
+                   strerror(err));
 }
 
 /* A protected stream's failure as the communicator's: a socket error is a
@@ -675,10 +677,12 @@ static void declare_lost(tcp_transport *t, int lost, double now) {
              t->rank);
   break_late_store_request(t);
   if (!watcher_store_enter(t)) return;
+  char name[160];
+  comm_peer_name(t->base.comm, lost, t->peers[lost].addr, name, sizeof name);
   comm_fail(t->base.comm, TD_ERR_REMOTE,
-            "rank %d (%s) sent no heartbeat to rank %d for %.1f s (%s%s): its host is down or "
+            "%s sent no heartbeat to rank %d for %.1f s (%s%s): its host is down or "
             "cut off from this one, or the process is stopped%s",
-            lost, t->peers[lost].addr, t->rank, heartbeat_silence(t->hb, lost, now), timeout, stall, others);
+            name, t->rank, heartbeat_silence(t->hb, lost, now), timeout, stall, others);
   watcher_store_leave(t);
   break_late_store_request(t);
 }
