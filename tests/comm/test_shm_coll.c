@@ -140,7 +140,11 @@ static void test_allreduce(td_comm *c, size_t count, td_dtype dt, td_op op, bool
   CHECK_OK(td_allreduce(send, recv, count, dt, op, c));
   for (size_t i = 0; i < count; i++) check_elem("allreduce", recv, i, dt, op, expect_reduced(i, dt, op));
   if (op == TD_AVG && (dt == TD_F32 || dt == TD_F64)) check_avg_bits(recv, count, dt);
-  check_same_bits(c, recv, count * es, dt, op, count);
+  /* Floating sums and averages are where the order of additions and where
+   * the division happens could make ranks differ (integers and MIN/MAX are
+   * exact); one extra small allreduce each, not for every op (the lines
+   * with 8 ranks on 2 cores are bound by scheduling, one sync at a time). */
+  if (ct_is_float(dt) && (op == TD_SUM || op == TD_AVG)) check_same_bits(c, recv, count * es, dt, op, count);
   if (!in_place) xfree(recv);
   xfree(send);
 }
