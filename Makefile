@@ -211,8 +211,14 @@ TESTS      := $(patsubst %.c,$(BUILD)/tests/%,$(notdir $(TEST_SRCS)))
 ifeq ($(HAVE_CUDA),1)
 # A CUDA build: the cuda/ folders' sources join the library, tests/cuda's
 # tests the tests.
+# (nvcc's objects first in a tree that compiles them, last in one that copies
+# them from another tree: see NVCC_SHARE_FROM below)
 LIB_SRCS   += $(CUDA_C_SRCS)
+ifeq ($(NVCC_SHARE_FROM),)
+LIB_OBJS   := $(CUDA_CU_SRCS:%.cu=$(BUILD)/obj/%.o) $(LIB_OBJS) $(CUDA_C_SRCS:%.c=$(BUILD)/obj/%.o)
+else
 LIB_OBJS   += $(CUDA_C_SRCS:%.c=$(BUILD)/obj/%.o) $(CUDA_CU_SRCS:%.cu=$(BUILD)/obj/%.o)
+endif
 TEST_SRCS  += $(CUDA_TEST_SRCS)
 TESTS      += $(patsubst %.c,$(BUILD)/tests/%,$(notdir $(CUDA_TEST_SRCS)))
 endif
@@ -252,9 +258,30 @@ ifeq ($(HAVE_CUDA),1)
 # .cu files: device code and their extern "C" launchers, by nvcc. The ASan
 # tree compiles them unsanitized (nvcc's host pass and device code cannot
 # carry -fsanitize); the C files around them are sanitized as usual.
+#
+# So the ASan tree's nvcc objects are the plain tree's, byte for byte: the
+# flags carry neither SAN nor OPT. `make test` builds both trees at once and
+# gives the ASan tree NVCC_SHARE_FROM=build: it copies build/obj's object
+# when that was compiled by the same nvcc command (the .cmd file beside it)
+# from sources no newer than it, and compiles its own otherwise (nvcc took
+# 71 s of CPU per tree, 55 s of it flash_attention.cu, timed with nvcc 13.0).
+# One lock per object (flock) keeps a copy from reading an object while it
+# is written; the plain tree compiles these objects first and the ASan tree
+# reaches them last (LIB_OBJS' order above), so the copy seldom waits.
+NVCC_CMD := $(NVCC) $(NVCCFLAGS)
+ifeq ($(NVCC_SHARE_FROM),)
 $(BUILD)/obj/%.o: %.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+	flock $@.lock sh -c 'rm -f $(@:.o=.cmd) && $(NVCC_CMD) -c $< -o $@ && echo "$(NVCC_CMD)" >$(@:.o=.cmd)'
+else
+$(BUILD)/obj/%.o: %.cu
+	@mkdir -p $(dir $@) $(dir $(NVCC_SHARE_FROM)/obj/$*)
+	@flock $(NVCC_SHARE_FROM)/obj/$*.o.lock sh -c 's=$(NVCC_SHARE_FROM)/obj/$*; \
+	  if [ -f $$s.o ] && [ "$$(cat $$s.cmd 2>/dev/null)" = "$(NVCC_CMD)" ] && [ -z "$$(find $^ -newer $$s.o)" ]; then \
+	    echo "cp $$s.o $@ (the same nvcc command, sources no newer)"; \
+	    cp $$s.o $@ && sed "1s|^[^:]*:|$@:|" $$s.d >$(@:.o=.d); \
+	  else echo "$(NVCC_CMD) -c $< -o $@"; $(NVCC_CMD) -c $< -o $@; fi'
+endif
 -include $(CUDA_CU_SRCS:%.cu=$(BUILD)/obj/%.d)
 endif
 
@@ -307,7 +334,7 @@ test: deps
 test-tree-normal:
 	@t0=$$(date +%s); $(MAKE) --no-print-directory all && echo "make test: build/ built in $$(( $$(date +%s) - t0 )) s"
 test-tree-asan:
-	@t0=$$(date +%s); $(MAKE) --no-print-directory all BUILD=build/asan SAN=1 OPT="-O1" && \
+	@t0=$$(date +%s); $(MAKE) --no-print-directory all BUILD=build/asan SAN=1 OPT="-O1" NVCC_SHARE_FROM=build && \
 	  echo "make test: build/asan built in $$(( $$(date +%s) - t0 )) s"
 test-tree-emu:
 	@t0=$$(date +%s); $(MAKE) --no-print-directory cuda-emu && echo "make test: build/cudaemu built in $$(( $$(date +%s) - t0 )) s"

@@ -1,37 +1,51 @@
 #!/usr/bin/env bash
-# Pipeline parallelism (issue 21): throughput against data parallelism at the
-# same global batch, and each stage's measured idle fraction against the
-# 1F1B bubble (p-1)/(m+p-1). Writes bench/results/pipeline-<date>[-TAG].md.
+# Pipeline and tensor parallelism against data parallelism (issue 21):
+# tokens/s of every layout at one global batch, and each pipeline stage's
+# measured idle fraction against the 1F1B bubble (p-1)/(m+p-1). Writes
+# bench/results/pipeline-<date>[-TAG].md.
 #
-#   bench/pipeline.sh [--rounds N] [--steps N] [--tag TAG]
+#   bench/pipeline.sh [--rounds N] [--steps N] [--idle-steps N] [--tag TAG]
+#                     [--part all|throughput2|throughput4|idle]
 #
-# 1. Throughput: the GPT reference configuration (4 layers, 256 channels,
-#    4 heads, sequence 128; AdamW) at a global batch of 64 sequences:
-#    DP=2 (micro 8 x accum 4 x 2 ranks), PP=2 (micro 8 x 8 micro-batches),
-#    PP=2 interleaved (2 chunks), PP=4 (micro 8 x 8 micro-batches, 4 ranks:
-#    twice the ranks of the others, on the same cores). One thread per rank.
-#    Rounds interleave the layouts; medians of train-gpt's tokens_per_s
-#    (steps after the first two). Target: PP=2 >= 0.8x DP=2.
-# 2. Idle fraction per stage: PP=2 and PP=4, 1F1B and interleaved (2
-#    chunks; PP=4 only 1F1B: the 4 layers do not cut into 4 x 2 chunks), m = 4, 8, 16 micro-batches of 4 sequences; each rank's
-#    `pipeline ... idle_fraction=` (1 - (forward + backward) / step time,
-#    over the steps after the first), against (p-1)/(m+p-1) and, for the
-#    interleaved schedule, (p-1)/(v m+p-1).
+# The GPT reference configuration (4 layers, 256 channels, 4 heads, sequence
+# 128; AdamW), one thread per rank, micro-batches of 4 sequences everywhere.
+# 1. throughput2: 2 ranks at a global batch of 32 sequences: DP=2 (accum 4),
+#    TP=2 (accum 8), PP=2 1F1B and interleaved x2 (m = 8). Targets: TP=2 >=
+#    0.85x DP=2, PP=2 >= 0.8x.
+#    throughput4: 4 ranks (twice the processes of the cores here) at the same
+#    global batch: DP=4, TP=2 x DP=2, PP=2 x DP=2 (m=4), TP=2 x PP=2 (m=8),
+#    TP=4, PP=4 (m=8), pipelines 1F1B.
+#    Rounds interleave the layouts (A B C A B C ...); the table gives each
+#    layout's median of train-gpt's tokens_per_s (steps after the first two)
+#    and the per-round ratios to the round's data-parallel run.
+# 2. idle: PP=2 1F1B, PP=2 interleaved (2 chunks) and PP=4 1F1B (the 4 layers
+#    do not cut into 4 x 2 chunks) at m = 4, 8, 16, rounds interleaved; each
+#    rank's `pipeline ... idle_fraction=` (1 - (forward + backward) / step
+#    time, over the steps after the first), median over the rounds, against
+#    (p-1)/(m+p-1) and, for the interleaved schedule, (p-1)/(v m+p-1).
 #
-# The load of other users on the machine stretches every figure; `uptime`'s
-# load average is recorded beside them. With more ranks than cores (PP=4 on
-# 2 cores) a stage also waits for a core, which counts as idle here.
+# The load of other users on the machine stretches every figure; the load
+# average is recorded per round. With more ranks than cores (4 ranks on 2
+# cores) a stage also waits for a core, which counts as idle here. Each part
+# alone keeps a bench-lane use under about 10 minutes at --steps 4 on a quiet
+# 2-core machine.
 set -u
 cd "$(dirname "$0")/.."
-rounds=3; steps=8; tag=""
+rounds=3; steps=4; idle_steps=3; tag=""; part=all
+usage() { echo "usage: bench/pipeline.sh [--rounds N] [--steps N] [--idle-steps N] [--tag TAG] [--part all|throughput2|throughput4|idle]" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
   --rounds) rounds=$2; shift 2 ;;
   --steps) steps=$2; shift 2 ;;
+  --idle-steps) idle_steps=$2; shift 2 ;;
   --tag) tag="-$2"; shift 2 ;;
-  *) echo "usage: bench/pipeline.sh [--rounds N] [--steps N] [--tag TAG]" >&2; exit 2 ;;
+  --part) part=$2; shift 2 ;;
+  *) usage ;;
   esac
 done
+case "$part" in all|throughput2|throughput4|idle) ;; *) usage ;; esac
+[ "$steps" -ge 3 ] || { echo "bench/pipeline.sh: --steps must be at least 3 (tokens/s leaves out the first 2)" >&2; exit 2; }
+[ "$idle_steps" -ge 2 ] || { echo "bench/pipeline.sh: --idle-steps must be at least 2 (idle leaves out the first)" >&2; exit 2; }
 B=${BUILD:-build}
 RUN="$B/bin/tandemrun"
 GPT="$B/bin/train-gpt"
@@ -44,74 +58,125 @@ trap 'rm -f "$log"' EXIT
 
 value() { grep -o "$1=[^ ]*" | head -1 | cut -d= -f2; }
 median() { sort -g | awk '{ a[NR] = $1 } END { if (NR == 0) { print "nan"; exit } if (NR % 2) print a[(NR + 1) / 2]; else print (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
-ref="--layers 4 --channels 256 --heads 4 --seq 128 --threads 1 --sample 0 --steps $steps"
-
-# name | ranks | flags
-layouts=(
-  "DP=2|2|--micro-batch 8 --grad-accum 4"
-  "PP=2 (1f1b, m=8)|2|--micro-batch 8 --grad-accum 8 --pipeline-parallel 2"
-  "PP=2 (interleaved x2, m=8)|2|--micro-batch 8 --grad-accum 8 --pipeline-parallel 2 --pipeline-schedule interleaved --pipeline-chunks 2"
-  "PP=4 (1f1b, m=8)|4|--micro-batch 8 --grad-accum 8 --pipeline-parallel 4"
-)
-declare -A tps
-load_before=$(cut -d' ' -f1-3 /proc/loadavg)
-for r in $(seq 1 "$rounds"); do
-  for l in "${layouts[@]}"; do
-    IFS='|' read -r name np flags <<<"$l"
-    # shellcheck disable=SC2086
-    if ! timeout 900 "$RUN" -np "$np" "$GPT" $ref $flags >"$log" 2>&1; then
-      echo "bench/pipeline.sh: $name failed:" >&2; tail -5 "$log" >&2; exit 1
-    fi
-    t=$(grep "final_loss=" "$log" | value tokens_per_s)
-    tps[$name]="${tps[$name]:-} $t"
-    echo "round $r: $name: $t tokens/s" >&2
-  done
-done
-load_after=$(cut -d' ' -f1-3 /proc/loadavg)
-dp=$(tr ' ' '\n' <<<"${tps[DP=2]}" | grep . | median)
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
+load() { cut -d' ' -f1 /proc/loadavg; }
+ref="--layers 4 --channels 256 --heads 4 --seq 128 --threads 1 --sample 0 --micro-batch 4"
 
 {
-  echo "# Pipeline parallelism — $(date +%Y-%m-%d)"
+  echo "# Pipeline and tensor parallelism — $(date +%Y-%m-%d) ($part)"
   echo
-  echo "Machine: $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), shared; load average $load_before before, $load_after after the throughput runs."
-  echo "Command: \`bench/pipeline.sh --rounds $rounds --steps $steps\` (build: $B)."
-  echo
-  echo "## Throughput at a global batch of 64 sequences (reference GPT, 1 thread per rank)"
-  echo
-  echo "| layout | ranks | tokens/s (median of $rounds) | runs | x DP=2 |"
-  echo "|---|---|---|---|---|"
-  for l in "${layouts[@]}"; do
-    IFS='|' read -r name np flags <<<"$l"
-    m=$(tr ' ' '\n' <<<"${tps[$name]}" | grep . | median)
-    echo "| $name | $np | $m | ${tps[$name]} | $(awk -v a="$m" -v b="$dp" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }') |"
-  done
-  echo
-  echo "## Idle fraction per stage (micro-batches of 4 sequences)"
-  echo
-  echo "idle = 1 - (forward + backward) / step time, per rank, over the steps after the first."
-  echo
-  echo "| layout | m | stage | layers | idle measured | closed form | measured / closed form |"
-  echo "|---|---|---|---|---|---|---|"
+  echo "Machine: $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), shared; load average $(cut -d' ' -f1-3 /proc/loadavg) at the start ($(date -u +%H:%MZ))."
+  echo "Command: \`bench/pipeline.sh --part $part --rounds $rounds --steps $steps --idle-steps $idle_steps\` (build: $B, git $(git rev-parse --short HEAD 2>/dev/null))."
+  echo "Reference GPT (4 layers, 256 channels, 4 heads, sequence 128, AdamW), 1 thread per rank, micro-batches of 4 sequences."
 } >"$out"
 
-for spec in "2|1f1b|1" "2|interleaved|2" "4|1f1b|1"; do  # 4 stages x 2 chunks needs 8 layers
-  IFS='|' read -r p sched v <<<"$spec"
-  for m in 4 8 16; do
-    # shellcheck disable=SC2086
-    if ! TANDEM_TIMEOUT=${TANDEM_TIMEOUT:-120} timeout 900 "$RUN" -np "$p" "$GPT" $ref --micro-batch 4 \
-        --grad-accum "$m" --pipeline-parallel "$p" --pipeline-schedule "$sched" --pipeline-chunks "$v" >"$log" 2>&1; then
-      echo "bench/pipeline.sh: p=$p $sched m=$m failed:" >&2; tail -3 "$log" >&2
-      echo "| PP=$p $sched | $m | - | - | failed: $(grep -o 'did not finish within [0-9]* s' "$log" | head -1) | | |" >>"$out"
-      continue
-    fi
-    closed=$(awk -v p="$p" -v m="$m" -v v="$v" 'BEGIN { printf "%.4f", (p - 1) / (v * m + p - 1) }')
-    grep "pipeline rank=" "$log" | sort -t= -k3 -n | while read -r line; do
-      s=$(value stage <<<"$line"); idle=$(value idle_fraction <<<"$line"); layers=$(value layers <<<"$line")
-      echo "| PP=$p $sched$([ "$v" -gt 1 ] && echo " x$v") | $m | $s | $layers | $idle | $closed | $(awk -v a="$idle" -v b="$closed" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }') |" >>"$out"
+# throughput SET_NAME LAYOUTS...: LAYOUTS are "name|ranks|flags", the first the baseline
+throughput() {
+  local title=$1; shift
+  local -a layouts=("$@")
+  local -A tps=()
+  local loads="" per_round=""
+  for r in $(seq 1 "$rounds"); do
+    loads+=" $(load)"
+    local base="" line="| $r | $(load) |"
+    for l in "${layouts[@]}"; do
+      IFS='|' read -r name np flags <<<"$l"
+      # shellcheck disable=SC2086
+      if ! timeout 900 "$RUN" -np "$np" "$GPT" $ref --steps "$steps" $flags >"$log" 2>&1; then
+        echo "bench/pipeline.sh: $name failed:" >&2; tail -5 "$log" >&2; exit 1
+      fi
+      local t
+      t=$(grep "final_loss=" "$log" | value tokens_per_s)
+      tps[$name]="${tps[$name]:-} $t"
+      [ -n "$base" ] || base=$t
+      line+=" $t ($(ratio "$t" "$base")) |"
+      echo "round $r: $name: $t tokens/s" >&2
     done
-    echo "idle: p=$p $sched m=$m done" >&2
+    per_round+="$line"$'\n'
   done
-done
+  local base_m=""
+  {
+    echo
+    echo "## $title"
+    echo
+    echo "| layout | ranks | flags | tokens/s (median of $rounds) | runs | median / ${layouts[0]%%|*} median |"
+    echo "|---|---|---|---|---|---|"
+    for l in "${layouts[@]}"; do
+      IFS='|' read -r name np flags <<<"$l"
+      local m
+      m=$(tr ' ' '\n' <<<"${tps[$name]}" | grep . | median)
+      [ -n "$base_m" ] || base_m=$m
+      echo "| $name | $np | \`$flags\` | $m | ${tps[$name]} | $(ratio "$m" "$base_m") |"
+    done
+    echo
+    echo "Per round (tokens/s, and the ratio to the same round's ${layouts[0]%%|*}); load average (1 min) at each round's start:"
+    echo
+    printf '| round | load |'; for l in "${layouts[@]}"; do printf ' %s |' "${l%%|*}"; done; echo
+    printf '|---|---|'; for l in "${layouts[@]}"; do printf -- '---|'; done; echo
+    printf '%s' "$per_round"
+  } >>"$out"
+}
+
+if [ "$part" = all ] || [ "$part" = throughput2 ]; then
+  throughput "Tokens/s on 2 ranks at a global batch of 32 sequences" \
+    "DP=2|2|--grad-accum 4" \
+    "TP=2|2|--grad-accum 8 --tensor-parallel 2" \
+    "PP=2 1f1b m=8|2|--grad-accum 8 --pipeline-parallel 2" \
+    "PP=2 interleaved x2 m=8|2|--grad-accum 8 --pipeline-parallel 2 --pipeline-schedule interleaved --pipeline-chunks 2"
+fi
+if [ "$part" = all ] || [ "$part" = throughput4 ]; then
+  throughput "Tokens/s on 4 ranks at a global batch of 32 sequences (4 processes on the cores)" \
+    "DP=4|4|--grad-accum 2" \
+    "TP=2 x DP=2|4|--grad-accum 4 --tensor-parallel 2" \
+    "PP=2 x DP=2 m=4|4|--grad-accum 4 --pipeline-parallel 2" \
+    "TP=2 x PP=2 m=8|4|--grad-accum 8 --tensor-parallel 2 --pipeline-parallel 2" \
+    "TP=4|4|--grad-accum 8 --tensor-parallel 4" \
+    "PP=4 m=8|4|--grad-accum 8 --pipeline-parallel 4"
+fi
+
+if [ "$part" = all ] || [ "$part" = idle ]; then
+  specs=("2|1f1b|1" "2|interleaved|2" "4|1f1b|1") # 4 stages x 2 chunks needs 8 layers
+  declare -A idle=() layers=()
+  loads=""
+  for r in $(seq 1 "$rounds"); do
+    loads+=" $(load)"
+    for spec in "${specs[@]}"; do
+      IFS='|' read -r p sched v <<<"$spec"
+      for m in 4 8 16; do
+        # shellcheck disable=SC2086
+        if ! TANDEM_TIMEOUT=${TANDEM_TIMEOUT:-120} timeout 900 "$RUN" -np "$p" "$GPT" $ref --steps "$idle_steps" \
+            --grad-accum "$m" --pipeline-parallel "$p" --pipeline-schedule "$sched" --pipeline-chunks "$v" >"$log" 2>&1; then
+          echo "bench/pipeline.sh: p=$p $sched m=$m failed:" >&2; tail -3 "$log" >&2; exit 1
+        fi
+        while read -r line; do
+          s=$(value stage <<<"$line")
+          idle[$spec|$m|$s]="${idle[$spec|$m|$s]:-} $(value idle_fraction <<<"$line")"
+          layers[$spec|$m|$s]=$(value layers <<<"$line")
+        done < <(grep "pipeline rank=" "$log")
+        echo "round $r: idle p=$p $sched m=$m done" >&2
+      done
+    done
+  done
+  {
+    echo
+    echo "## Idle fraction per stage (median of $rounds interleaved rounds, $idle_steps steps each)"
+    echo
+    echo "idle = 1 - (forward + backward) / step time, per rank, over the steps after the first; load average (1 min) at the rounds' starts:$loads."
+    echo
+    echo "| layout | m | stage | layers | idle (median) | runs | closed form | median / closed form |"
+    echo "|---|---|---|---|---|---|---|---|"
+    for spec in "${specs[@]}"; do
+      IFS='|' read -r p sched v <<<"$spec"
+      for m in 4 8 16; do
+        closed=$(awk -v p="$p" -v m="$m" -v v="$v" 'BEGIN { printf "%.4f", (p - 1) / (v * m + p - 1) }')
+        for s in $(seq 0 $((p - 1))); do
+          med=$(tr ' ' '\n' <<<"${idle[$spec|$m|$s]:-}" | grep . | median)
+          echo "| PP=$p $sched$([ "$v" -gt 1 ] && echo " x$v") | $m | $s | ${layers[$spec|$m|$s]:-} | $med | ${idle[$spec|$m|$s]:-} | $closed | $(ratio "$med" "$closed") |"
+        done
+      done
+    done
+  } >>"$out"
+fi
 echo >>"$out"
-echo "Load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)." >>"$out"
+echo "Load average at the end: $(cut -d' ' -f1-3 /proc/loadavg) ($(date -u +%H:%MZ))." >>"$out"
 cat "$out"

@@ -123,6 +123,7 @@ typedef struct {
   int wait_status;
   bool joiner; /* elastic: started after the job began (joins at a commit) */
   int lifeline_fd; /* remote: write end of ssh's stdin, held open while it runs (-1: none) */
+  int stop_sig;    /* --end-stopped: it was stopped by this signal and ended by us (0: not so) */
 } worker;
 
 typedef struct {
@@ -139,6 +140,7 @@ typedef struct {
   const char *discovery; /* --host-discovery-script */
   int max_restarts;
   double cooldown_s, elastic_timeout_s;
+  bool end_stopped; /* --end-stopped: a stopped process is ended and reported lost at once */
   int prom_port;         /* --prometheus-port: the job's endpoint (0: none) */
   const char *prom_bind; /* --prometheus-bind: its address (NULL: 127.0.0.1) */
 } options;
@@ -224,6 +226,8 @@ static void usage(FILE *f) {
         "  --max-restarts K     elastic: start at most K workers after the initial ones (default 3)\n"
         "  --blacklist-cooldown S  elastic: no new worker on a host for S s after one failed there (default 0)\n"
         "  --elastic-timeout S  elastic: stop when fewer than --min-np ranks live for S s (default 600)\n"
+        "  --end-stopped        elastic: a local process stopped by a signal (SIGSTOP, SIGTSTP) is ended and\n"
+        "                       reported lost at once, without waiting for its heartbeats to be missed\n"
         "  --prometheus-port P  serve the whole job's Prometheus metrics on port P (rank r serves on\n"
         "                       P+1+r: TANDEM_PROMETHEUS_PORT=P+1; elastic: process ID on P+1+ID)\n"
         "  --prometheus-bind A  the address of that endpoint (default 127.0.0.1)\n"
@@ -474,6 +478,9 @@ static void parse_options(int argc, char **argv, options *o) {
     } else if (strcmp(name, "--elastic-timeout") == 0) {
       NEED_VALUE();
       o->elastic_timeout_s = parse_seconds("--elastic-timeout", value, false);
+    } else if (strcmp(name, "--end-stopped") == 0) {
+      if (value) die_usage("--end-stopped takes no value");
+      o->end_stopped = true;
     } else if (strcmp(name, "--prometheus-port") == 0) {
       NEED_VALUE();
       char *end = NULL;
@@ -492,7 +499,7 @@ static void parse_options(int argc, char **argv, options *o) {
     } else {
       die_usage("unknown option '%s'; the options are -np, -H, --hostfile, --timeout, --grace, --min-np, --max-np, "
                 "--host-discovery-script, --max-restarts, --blacklist-cooldown, --elastic-timeout, "
-                "--prometheus-port, --prometheus-bind, --help, --version",
+                "--end-stopped, --prometheus-port, --prometheus-bind, --help, --version",
                 a);
     }
 #undef NEED_VALUE
@@ -506,9 +513,9 @@ static void parse_options(int argc, char **argv, options *o) {
       die_usage("-np %d is outside --min-np %d .. --max-np %d", o->n_ranks, o->min_np, o->max_np);
     if (!o->elastic_timeout_s) o->elastic_timeout_s = 600;
     if (o->max_restarts < 0) o->max_restarts = 3;
-  } else if (o->discovery || o->max_restarts >= 0 || o->cooldown_s || o->elastic_timeout_s) {
-    die_usage("--host-discovery-script, --max-restarts, --blacklist-cooldown and --elastic-timeout need elastic "
-              "mode: add --min-np A --max-np B");
+  } else if (o->discovery || o->max_restarts >= 0 || o->cooldown_s || o->elastic_timeout_s || o->end_stopped) {
+    die_usage("--host-discovery-script, --max-restarts, --blacklist-cooldown, --elastic-timeout and --end-stopped "
+              "need elastic mode: add --min-np A --max-np B");
   }
   if (o->n_ranks == 0) die_usage("-np is missing: write tandemrun -np N PROGRAM [ARGS...]");
   if (o->prom_bind && !o->prom_port) die_usage("--prometheus-bind needs --prometheus-port");
@@ -929,7 +936,10 @@ static int worker_end_signal(const worker *w) {
 static void describe_status(const worker *w, char *buf, size_t size) {
   char name[32];
   int status = w->wait_status, code = WIFEXITED(status) ? WEXITSTATUS(status) : 0;
-  if (WIFSIGNALED(status))
+  if (w->stop_sig)
+    snprintf(buf, size, "was stopped by signal %d (%s), so tandemrun ended it", w->stop_sig,
+             signal_name(w->stop_sig, name, sizeof name));
+  else if (WIFSIGNALED(status))
     snprintf(buf, size, "was killed by signal %d (%s)", WTERMSIG(status), signal_name(WTERMSIG(status), name,
                                                                                          sizeof name));
   else if (worker_end_signal(w))
@@ -942,14 +952,41 @@ static void describe_status(const worker *w, char *buf, size_t size) {
 static void elastic_reaped(job *j, worker *w, bool failed);
 static void elastic_tick(job *j);
 
+/* Worker w stopped (SIGSTOP, SIGTSTP, ...): its kernel still acknowledges
+ * TCP, so its peers would learn it only when its heartbeats are missed (a
+ * timeout, and a false alarm's risk if that timeout is short). Its parent
+ * knows at once (WUNTRACED). With --end-stopped (elastic) a stopped member
+ * is a lost one: ended now, so that its reaping reports it to the survivors
+ * (el_report_dead) and starts its replacement without the heartbeat wait.
+ * Otherwise the stop is only said: a debugger's or a user's stop may be
+ * resumed in time, and the heartbeats decide. A worker that tandemrun
+ * itself signalled is left to that signal. Local workers only: a remote
+ * one's parent is ssh, which does not stop with it. */
+static void worker_stopped(job *j, worker *w, int sig) {
+  char name[32];
+  if (w->signalled || j->stopping || j->done) return;
+  if (!j->opt.end_stopped) {
+    fprintf(stderr, "tandemrun: %s %d (pid %d, host %s) was stopped by signal %d (%s); its peers fail when its "
+            "heartbeats are missed unless it is resumed (SIGCONT) in time\n", j->opt.elastic ? "process" : "rank",
+            w->rank, (int)w->pid, w->host->name, sig, signal_name(sig, name, sizeof name));
+    return;
+  }
+  w->stop_sig = sig;
+  if (kill(-w->pid, SIGKILL) != 0) kill(w->pid, SIGKILL);
+}
+
 static void reap(job *j) {
   for (;;) {
     int status;
-    pid_t pid = waitpid(-1, &status, WNOHANG);
+    pid_t pid = waitpid(-1, &status, WNOHANG | WUNTRACED);
     if (pid <= 0) return;
     for (int i = 0; i < j->n_workers; i++) {
       worker *w = &j->workers[i];
       if (w->pid != pid || !w->running) continue;
+      if (WIFSTOPPED(status)) {
+        worker_stopped(j, w, WSTOPSIG(status));
+        break;
+      }
       w->running = false;
       w->wait_status = status;
       if (w->lifeline_fd >= 0) close(w->lifeline_fd);
@@ -1156,6 +1193,10 @@ static void below_min_np_stop(job *j, bool our_clock) {
 }
 
 static void elastic_reaped(job *j, worker *w, bool failed) {
+  /* A joiner that ended is no longer on its way (if it never took a join
+   * slot, the members would otherwise wait TANDEM_ELASTIC_JOIN_WAIT for it). */
+  if (w->joiner && j->client && el_report_came(j->client, j->job_id, w->rank) != TD_OK)
+    fprintf(stderr, "tandemrun: could not report process %d's end to the store: %s\n", w->rank, td_last_error());
   if (!failed) {
     if (!j->done) {
       j->done = true;
@@ -1211,7 +1252,14 @@ static void elastic_tick(job *j) {
     j->extra_started++;
     fprintf(stderr, "tandemrun: starting process %d on host %s to join the job (%d of --max-restarts %d)\n",
             w->rank, h->name, j->extra_started, j->opt.max_restarts);
-    if (!start_worker(j, w)) break;
+    /* On its way: the members let a joiner that is already waiting wait
+     * for it (el_membership_pending), so that both join in one change. */
+    if (j->client && el_report_started(j->client, j->job_id) != TD_OK)
+      fprintf(stderr, "tandemrun: could not report process %d's start to the store: %s\n", w->rank, td_last_error());
+    if (!start_worker(j, w)) {
+      if (j->client) (void)el_report_came(j->client, j->job_id, w->rank); /* never on its way after all */
+      break;
+    }
     td_prom_add(j->prom, "tandem_job_process_starts_total", "processes tandemrun started, by reason",
                 "reason=\"replacement\"", 1);
   }

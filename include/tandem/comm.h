@@ -78,6 +78,11 @@ td_status td_comm_init_config(const td_comm_config *config, td_comm **out);
 
 int td_comm_rank(const td_comm *comm);
 int td_comm_size(const td_comm *comm);
+/* The rank in the communicator of td_comm_init that `rank` of comm was
+ * split from (transitively; itself for such a communicator), -1 for a rank
+ * out of range. Messages about a peer of a split communicator name it too
+ * ("rank 1 (world rank 5)"). Any thread. */
+int td_comm_world_rank(const td_comm *comm, int rank);
 int td_comm_local_rank(const td_comm *comm); /* rank among the ranks on this host */
 int td_comm_local_size(const td_comm *comm); /* number of ranks of comm on this host */
 /* Ranks of the whole job on this host: td_comm_local_size of the

@@ -93,13 +93,24 @@ typedef struct td_model_ops {
    * tensor-parallel GPT of src/parallel, whose arena is a shard). */
   void (*init_params)(const td_model *model, float *params, uint64_t seed);
   /* Optional (NULL: the arena is the whole model). For a model whose arena
-   * is one rank's shard of a model split across ranks (tensor parallelism):
-   * *sum_sq holds the sum of squares of this rank's whole gradient arena
-   * `grads`; replace it with the whole model's (counting replicated tensors
-   * once), so that gradient clipping scales every shard alike. Collective
-   * over the model's own group; the training thread calls it once per step
-   * with the averaged gradient. */
-  td_status (*grad_norm_sq)(td_model *model, const float *grads, double *sum_sq);
+   * is one rank's shard of a model split across ranks (tensor or pipeline
+   * parallelism): *sum_sq holds the sum of squares of grads[lo, hi), the
+   * part of this rank's gradient arena it counts (the whole arena, or its
+   * ZeRO-2 shard of it: the other data-parallel ranks count the rest);
+   * replace it with the sum over the model's group of every rank's
+   * [lo, hi), counting a tensor replicated across the group once (its
+   * elements inside [lo, hi) are left out on all ranks but one), so that
+   * gradient clipping scales every shard alike. Every rank of the group
+   * passes the same lo and hi relative to its own arena's data-parallel
+   * sharding. Collective over the model's own group; the training thread
+   * calls it once per step with the averaged gradient. */
+  td_status (*grad_norm_sq)(td_model *model, const float *grads, size_t lo, size_t hi, double *sum_sq);
+  /* Optional (NULL: the arena is the whole model). For a model split across
+   * ranks: *flag becomes the maximum of every rank's *flag over the model's
+   * own group, so that a decision one shard makes alone (fp16's skip of a
+   * step whose gradients overflowed) is taken by every rank holding a part
+   * of the model. Collective over that group. */
+  td_status (*group_max)(td_model *model, int32_t *flag);
   /* Optional (NULL: forward's own checks only): TD_OK when forward would
    * accept these inputs and targets (tokens, targets, labels in range), or
    * the reason forward would give, without computing anything. The trainer
@@ -314,6 +325,12 @@ void td_nn_set_threads(int n_threads);
  * runs forward and backward. TD_ERR_INVALID_ARGUMENT for other types. */
 td_status td_nn_set_compute_dtype(td_dtype dtype);
 td_dtype td_nn_compute_dtype(void);
+/* Bytes of f32 scratch the calling thread keeps for a half-precision
+ * product of a linear layer of `in` to `out` features on `rows` rows
+ * (forward, and both products of its backward) at compute type `compute`
+ * on this CPU: 0 where the products round in registers or for TD_F32. For
+ * memory estimates of models built above src/nn (the tensor-parallel GPT). */
+size_t td_nn_lowp_scratch_bytes(td_dtype compute, size_t rows, size_t in, size_t out);
 /* "openblas" or "portable": which matmul the library was built with. */
 const char *td_nn_matmul_backend(void);
 

@@ -116,8 +116,10 @@ int td_grid_tensor_hosts(const td_grid *grid);
  * later call. Refuses (td_grid_check_gpt) heads not
  * divisible by the group size. Activation checkpointing
  * (set_activation_checkpointing) recomputes each block, its collectives
- * included, in backward: the same bits. f32 only; no ZeRO-3 parameter
- * access or device yet. */
+ * included, in backward: the same bits. Mixed precision follows the
+ * calling thread's td_nn_set_compute_dtype as the unsplit GPT does (the
+ * products' operands rounded; activations and collectives f32); no ZeRO-3
+ * parameter access or device yet. */
 td_status td_gpt_tp_create(const td_gpt_config *config, const td_grid *grid, td_model **out);
 /* Megatron-LM's sequence parallelism on a td_gpt_tp_create model (on = 1;
  * default 0): the LayerNorm and residual regions hold B*T/p rows per rank,

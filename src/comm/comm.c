@@ -77,10 +77,13 @@ static td_comm *comm_alloc(int rank, int size) {
   comm->addrs = calloc((size_t)size, sizeof *comm->addrs);
   comm->send_seq = calloc((size_t)size, sizeof *comm->send_seq);
   comm->recv_seq = calloc((size_t)size, sizeof *comm->recv_seq);
-  if (!comm->local_ranks || !comm->pids || !comm->hosts || !comm->addrs || !comm->send_seq || !comm->recv_seq) {
+  comm->world_ranks = calloc((size_t)size, sizeof *comm->world_ranks);
+  if (!comm->local_ranks || !comm->pids || !comm->hosts || !comm->addrs || !comm->send_seq || !comm->recv_seq ||
+      !comm->world_ranks) {
     td_comm_destroy(comm);
     return NULL;
   }
+  for (int r = 0; r < size; r++) comm->world_ranks[r] = r; /* td_comm_split sets a child's */
   return comm;
 }
 
@@ -252,11 +255,20 @@ static td_status comm_split(td_comm *comm, int color, int key, td_comm **out) {
   int new_rank = -1;
   for (size_t i = 0; i < n_members; i++)
     if (all[i].rank == comm->rank) new_rank = (int)i;
-  free(all);
-  if (new_rank < 0) return td_error(TD_ERR_INTERNAL, "td_comm_split: rank %d is missing from its own group", comm->rank);
+  if (new_rank < 0) {
+    free(all);
+    return td_error(TD_ERR_INTERNAL, "td_comm_split: rank %d is missing from its own group", comm->rank);
+  }
 
   td_comm *child = comm_alloc(new_rank, (int)n_members);
-  if (!child) return td_error(TD_ERR_SYSTEM, "td_comm_split: out of memory");
+  if (!child) {
+    free(all);
+    return td_error(TD_ERR_SYSTEM, "td_comm_split: out of memory");
+  }
+  /* each member's world rank: its parent's, through the parent's table */
+  for (size_t i = 0; i < n_members; i++) child->world_ranks[i] = comm->world_ranks[all[i].rank];
+  child->split = true;
+  free(all);
   int w = snprintf(child->prefix, sizeof child->prefix, "%s.s%llu.c%d", comm->prefix, (unsigned long long)split_index,
                    color);
   if (w < 0 || (size_t)w >= sizeof child->prefix) {
@@ -322,6 +334,7 @@ void td_comm_destroy(td_comm *comm) {
   free(comm->addrs);
   free(comm->pids);
   free(comm->local_ranks);
+  free(comm->world_ranks);
   free(comm->send_seq);
   free(comm->recv_seq);
   td_free(comm->half_work);
@@ -334,6 +347,9 @@ void td_comm_destroy(td_comm *comm) {
 
 int td_comm_rank(const td_comm *comm) { return comm ? comm->rank : -1; }
 int td_comm_size(const td_comm *comm) { return comm ? comm->size : 0; }
+int td_comm_world_rank(const td_comm *comm, int rank) {
+  return comm && rank >= 0 && rank < comm->size ? comm->world_ranks[rank] : -1;
+}
 int td_comm_local_rank(const td_comm *comm) { return comm ? comm->local_rank : -1; }
 int td_comm_local_size(const td_comm *comm) { return comm ? comm->local_size : 0; }
 int td_comm_host_size(const td_comm *comm) { return comm ? comm->host_size : 0; }

@@ -58,6 +58,20 @@ static double env_seconds(const char *name, double def, td_status *st) {
   return v;
 }
 
+/* Seconds >= 0 from the environment (def when unset). */
+static double env_seconds_from0(const char *name, double def, td_status *st) {
+  const char *s = td_env_str(name, NULL);
+  if (!s || !*s) return def;
+  char *end;
+  errno = 0;
+  double v = strtod(s, &end);
+  if (errno || end == s || *end || !(v >= 0) || v > 7 * 24 * 3600.0) {
+    *st = td_error(TD_ERR_INVALID_ARGUMENT, "%s='%s' is not a number of seconds >= 0: fix or unset it", name, s);
+    return def;
+  }
+  return v;
+}
+
 td_status el_membership_open(el_membership *m) {
   memset(m, 0, sizeof *m);
   td_status st = TD_OK;
@@ -78,16 +92,8 @@ td_status el_membership_open(el_membership *m) {
   m->max_np = (int)env_long_in("TANDEM_ELASTIC_MAX_NP", 1L << 30, 1, 1L << 30, &st);
   m->timeout_s = env_seconds("TANDEM_ELASTIC_TIMEOUT", 600, &st);
   m->settle_s = env_seconds("TANDEM_ELASTIC_SETTLE", 10, &st);
-  m->replace_wait_s = 0.25;
-  const char *wait = td_env_str("TANDEM_ELASTIC_REPLACE_WAIT", NULL);
-  if (wait && *wait) {
-    char *end;
-    errno = 0;
-    m->replace_wait_s = strtod(wait, &end);
-    if (errno || end == wait || *end || !(m->replace_wait_s >= 0) || m->replace_wait_s > 7 * 24 * 3600.0)
-      st = td_error(TD_ERR_INVALID_ARGUMENT, "TANDEM_ELASTIC_REPLACE_WAIT='%s' is not a number of seconds >= 0: fix or "
-                    "unset it", wait);
-  }
+  m->replace_wait_s = env_seconds_from0("TANDEM_ELASTIC_REPLACE_WAIT", 0.25, &st);
+  m->join_wait_s = env_seconds_from0("TANDEM_ELASTIC_JOIN_WAIT", 2.0, &st);
   if (st != TD_OK) return st;
   if (m->min_np > m->max_np)
     return td_error(TD_ERR_INVALID_ARGUMENT, "TANDEM_ELASTIC_MIN_NP %d exceeds TANDEM_ELASTIC_MAX_NP %d", m->min_np,
@@ -108,6 +114,23 @@ td_status el_report_dead(td_store *store, const char *job, long uid, const char 
   snprintf(key, sizeof key, "%s/el/dead/%ld", job, uid);
   snprintf(value, sizeof value, "%s\n%ld", why && *why ? why : "gone", replacement);
   return store_set_str(store, key, value);
+}
+
+td_status el_report_started(td_store *store, const char *job) {
+  char key[200];
+  snprintf(key, sizeof key, "%s/el/starts", job);
+  int64_t n = 0;
+  return store_add(store, key, 1, &n);
+}
+
+td_status el_report_came(td_store *store, const char *job, long uid) {
+  char key[200];
+  snprintf(key, sizeof key, "%s/el/came/%ld", job, uid);
+  int64_t once = 0;
+  TD_CHECK(store_add(store, key, 1, &once));
+  if (once != 1) return TD_OK; /* the joiner and the launcher both report a joiner that ended after it came */
+  snprintf(key, sizeof key, "%s/el/came", job);
+  return store_add(store, key, 1, &once);
 }
 
 td_status el_report_silent(el_membership *m, long uid) {
@@ -439,8 +462,12 @@ td_status el_membership_next(el_membership *m) {
     if (st != TD_OK) break;
     /* Visible proof that a new process is in line (a test freezes the
      * members until it sees this, so the job cannot end first). */
-    if (m->joiner && m->epoch == 0)
+    if (m->joiner && m->epoch == 0) {
       td_log(TD_LOG_INFO, "elastic: process %ld waits to join epoch %d", m->uid, k);
+      /* No longer on its way (el_membership_pending); best effort: a
+       * failure only makes the members wait TANDEM_ELASTIC_JOIN_WAIT once. */
+      if (attempt == 0) (void)el_report_came(m->store, m->job, m->uid);
+    }
     snprintf(key, sizeof key, "%s/el/e%d/m", m->job, k);
     bool in_it = false, decided = false;
     for (bool first = true; !decided; first = false) {
@@ -519,8 +546,26 @@ td_status el_membership_next(el_membership *m) {
 td_status el_membership_pending(el_membership *m, int *pending) {
   char key[200];
   snprintf(key, sizeof key, "%s/el/e%d/n", m->job, m->epoch + 1);
-  int64_t n = 0;
+  int64_t n = 0, starts = 0, came = 0;
   TD_CHECK(store_add(m->store, key, 0, &n));
   *pending = n > 0;
+  if (!*pending) return TD_OK;
+  snprintf(key, sizeof key, "%s/el/starts", m->job);
+  TD_CHECK(store_add(m->store, key, 0, &starts));
+  snprintf(key, sizeof key, "%s/el/came", m->job);
+  TD_CHECK(store_add(m->store, key, 0, &came));
+  double now = td_now();
+  if (starts > came) {
+    if (m->join_seen_at == 0) m->join_seen_at = now;
+    if (now - m->join_seen_at < m->join_wait_s) {
+      *pending = 0; /* train on: the others on their way come in the same change */
+      return TD_OK;
+    }
+  }
+  if (m->join_seen_at > 0)
+    TD_DEBUG("elastic: %lld waiting process%s admitted after %.2f s of waiting for the joiners on their way (%lld "
+             "still are)", (long long)n, n == 1 ? "" : "es", now - m->join_seen_at,
+             (long long)(starts > came ? starts - came : 0));
+  m->join_seen_at = 0;
   return TD_OK;
 }

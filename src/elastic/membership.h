@@ -18,6 +18,15 @@
  *                  TANDEM_ELASTIC_REPLACE_WAIT) for that one to join, so that
  *                  a fast start brings the world size back at once; a slow
  *                  one joins at the next commit.
+ *   starts         joiners the launcher started (ADD): replacements and
+ *                  processes that grow the job
+ *   came           of those, how many took a join slot or ended before
+ *                  (ADD, once per uid: came/<uid> decides who counts it).
+ *                  starts - came joiners are on their way (an ssh start on
+ *                  a loaded host takes seconds); rank 0 lets a waiting
+ *                  joiner wait for them, at most TANDEM_ELASTIC_JOIN_WAIT,
+ *                  so that processes started together join in one
+ *                  membership change, not one each (el_membership_pending)
  *   silent/<uid>   "<epoch>": a member of that epoch found <uid> silent (its
  *                  heartbeats stopped: a stopped process, a cut link, a dead
  *                  host the launcher cannot reap). Like dead/ for closing a
@@ -43,6 +52,8 @@ typedef struct el_membership {
   int min_np, max_np;
   double timeout_s, settle_s;
   double replace_wait_s; /* TANDEM_ELASTIC_REPLACE_WAIT (see try_close) */
+  double join_wait_s;    /* TANDEM_ELASTIC_JOIN_WAIT (see el_membership_pending) */
+  double join_seen_at;   /* when joiners were first seen waiting while others were on their way (0: not) */
   int epoch;       /* 0 before the first round */
   long *members;   /* uids of the current epoch, in rank order */
   int n_members;
@@ -63,8 +74,18 @@ td_status el_membership_next(el_membership *m);
  * instead of waiting TANDEM_CONNECT_TIMEOUT for a process that is gone.
  * why says which. One store request per member. */
 bool el_membership_abandoned(el_membership *m, char *why, size_t why_size);
-/* Do processes wait to join the next epoch? (one store request) */
+/* Should the members admit the processes that wait to join the next epoch
+ * now? (one store request; three when some wait.) Not while other joiners
+ * the launcher started are still on their way (starts - came > 0), for at
+ * most TANDEM_ELASTIC_JOIN_WAIT seconds from the first look that saw them
+ * wait, so that processes started together (a host's slots, grown back)
+ * come in one membership change. Called by rank 0 at each commit. */
 td_status el_membership_pending(el_membership *m, int *pending);
+/* The launcher reports a joiner it starts (before starting it). */
+td_status el_report_started(td_store *store, const char *job);
+/* A joiner is no longer on its way: it took a join slot (the joiner says
+ * so) or it ended (the launcher says so on reaping it); counted once. */
+td_status el_report_came(td_store *store, const char *job, long uid);
 /* A member reports that its communicator of the current epoch failed
  * because process uid fell silent (td_comm_silent_ranks). */
 td_status el_report_silent(el_membership *m, long uid);

@@ -219,28 +219,20 @@ static void acts16_ensure(gpt_acts *a, const td_gpt_config *c) {
   a->use16 = 1;
 }
 
-/* The f32 scratch of the portable half-precision product (nn_gemm_lowp):
- * both operands rounded, M K + K N floats, sized by the largest product of
- * the step and kept by the thread. A linear layer of `in` to `out` features
- * on BT rows multiplies (BT, in) (in, out) forward, (BT, out) (out, in) for
- * the input's gradient and (out, BT) (BT, in) for the weight's. At 512
- * channels and micro-batch 4 x 128 that is fc2's 8 MiB: measured, an fp16
- * run's peak RSS was 9 MiB more than a bf16 run's beyond their estimates
- * before it was counted. */
-static size_t lowp_scratch_floats(size_t BT, size_t in, size_t out) {
-  return TD_MAX(TD_MAX(BT * in + in * out, BT * out + out * in), out * BT + BT * in);
-}
-
+/* The f32 scratch of the portable half-precision product (nn_gemm_lowp,
+ * td_nn_lowp_scratch_bytes), sized by the largest product of the step and
+ * kept by the thread. At 512 channels and micro-batch 4 x 128 that is fc2's
+ * 8 MiB: measured, an fp16 run's peak RSS was 9 MiB more than a bf16 run's
+ * beyond their estimates before it was counted. */
 static size_t gpt_lowp_scratch_bytes(const gpt_model *g, size_t BT, td_dtype compute) {
-  if (!nn_lowp_rounds_in_scratch(compute)) return 0;
   const size_t C = (size_t)g->cfg.channels, V = (size_t)g->cfg.vocab;
   size_t n = 0;
   if (g->n_layers > 0) {
     const size_t shapes[4][2] = {{C, 3 * C}, {C, C}, {C, 4 * C}, {4 * C, C}}; /* qkv, proj, fc, fc2 */
-    for (int i = 0; i < 4; i++) n = TD_MAX(n, lowp_scratch_floats(BT, shapes[i][0], shapes[i][1]));
+    for (int i = 0; i < 4; i++) n = TD_MAX(n, td_nn_lowp_scratch_bytes(compute, BT, shapes[i][0], shapes[i][1]));
   }
-  if (g->has_head) n = TD_MAX(n, lowp_scratch_floats(BT, C, V)); /* the LM head */
-  return n * sizeof(float);
+  if (g->has_head) n = TD_MAX(n, td_nn_lowp_scratch_bytes(compute, BT, C, V)); /* the LM head */
+  return n;
 }
 
 /* What a compute thread keeps for the products (td_model_ops): the largest

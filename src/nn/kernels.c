@@ -64,6 +64,17 @@ int nn_lowp_rounds_in_scratch(td_dtype dtype) {
   return dtype == TD_F16 || (dtype == TD_BF16 && kern() != level_tables[TD_CPU_AVX512BF16]);
 }
 
+/* The portable half-precision product rounds both operands into f32
+ * scratch, M K + K N floats, kept by the thread at its largest: a linear
+ * layer of `in` to `out` features on `rows` rows multiplies (rows, in)
+ * (in, out) forward, (rows, out) (out, in) for the input's gradient and
+ * (out, rows) (rows, in) for the weight's. */
+size_t td_nn_lowp_scratch_bytes(td_dtype compute, size_t rows, size_t in, size_t out) {
+  if (!nn_lowp_rounds_in_scratch(compute)) return 0;
+  size_t floats = TD_MAX(TD_MAX(rows * in + in * out, rows * out + out * in), out * rows + rows * in);
+  return floats * sizeof(float);
+}
+
 int nn_gemm_lowp(td_dtype dtype, int trans_a, int trans_b, int M, int N, int K, const float *A, int lda,
                  const float *B, int ldb, float beta, const float *bias, float *C, int ldc) {
   return kern()->k_nn_gemm_lowp(dtype, trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, bias, C, ldc);

@@ -207,20 +207,6 @@ static td_status trainer_create(const td_train_config *cfg_in, td_model *model, 
                   "(td_param_access); use stage 2 or lower", model->kind ? model->kind : "?");
     goto fail;
   }
-  /* The tensor-parallel GPT computes in f32 only (parallel.h). The config's
-   * tensor_model_parallel_size refuses half precision (config.c), but a
-   * library user who builds the model directly may leave it at 1: without
-   * this the step would run in f32 while the config says bf16/fp16. */
-  td_pipeline_stats pps;
-  bool tensor_split = model->kind && (!strcmp(model->kind, "gpt-tp") ||
-                                      (!strcmp(model->kind, "gpt_pipeline") &&
-                                       td_gpt_pipeline_stats(model, &pps) == TD_OK && pps.tensor > 1));
-  if (tensor_split && t->cfg.precision.compute != TD_F32) {
-    st = td_error(TD_ERR_INVALID_USAGE, "rank %d: model \"%s\" is tensor-parallel and computes in f32 only: %s "
-                  "mixed precision is not built for it yet; train in fp32 (drop bf16/fp16 from the config)",
-                  t->rank, model->kind, t->cfg.precision.compute == TD_BF16 ? "bf16" : "fp16");
-    goto fail;
-  }
   if (t->zero_stage >= 2 && t->cfg.precision.comm_dtype != TD_F32) {
     /* stage 2 reduces straight into the owners' shards of the f32 arena; a
      * half-precision shadow of the buckets is not built for that path */
@@ -231,13 +217,13 @@ static td_status trainer_create(const td_train_config *cfg_in, td_model *model, 
   if (model->ops->run_micro_batches) {
     /* a pipeline stage: what composes with it so far */
     const char *what = NULL;
-    if (t->zero_stage >= 2) what = "ZeRO stages 2-3 (use zero_optimization.stage 0 or 1)";
+    /* ZeRO-3 would fetch each layer's parameters from the data-parallel
+     * owners inside the stage models, which have no td_param_access */
+    if (t->zero_stage >= 3) what = "ZeRO stage 3 (use zero_optimization.stage 0, 1 or 2)";
     else if (t->cfg.deterministic_reduction == 1 || t->cfg.elasticity.enabled)
       what = "deterministic reduction and elastic training (remove deterministic_reduction and elasticity)";
     else if (t->cfg.offload.optimizer_device != TD_OFFLOAD_NONE || t->cfg.offload.param_device != TD_OFFLOAD_NONE)
       what = "offload (remove offload_optimizer / offload_param)";
-    else if (t->cfg.precision.compute == TD_F16)
-      what = "fp16 (its overflow skips are agreed over the data-parallel ranks only; use bf16 or fp32)";
     /* checkpoints: saved and loaded by the whole grid (td_trainer_set_grid; refused without it) */
     else if (model->device.kind != TD_DEVICE_CPU)
       what = "a GPU (train on the CPU)";
@@ -798,11 +784,12 @@ static td_status step_finish(td_trainer *t, td_step_stats *stats, double loss, d
       TD_CHECK(t->devops->sum_squares(t->device, t->dev_scratch, td_trainer_model_grads(t), t->model_dtype,
                                       t->n_params, &norm));
       norm = sqrt(norm);
-    } else
-      TD_CHECK(zero_grad_norm(t, &norm));
-    if (t->model->ops->grad_norm_sq) { /* a shard of a model split across ranks: the whole model's norm */
+    } else {
+      TD_CHECK(zero_grad_norm(t, &norm)); /* a model split across ranks: the whole model's (zero/shard.c) */
+    }
+    if (t->model->ops->grad_norm_sq && t->det) { /* a shard of a model split across ranks: the whole model's norm */
       double sum_sq = norm * norm;
-      TD_CHECK(t->model->ops->grad_norm_sq(t->model, t->grads, &sum_sq));
+      TD_CHECK(t->model->ops->grad_norm_sq(t->model, t->grads, 0, t->n_params, &sum_sq));
       norm = sqrt(sum_sq);
     }
     norm /= loss_scale;

@@ -15,6 +15,17 @@
  *                            arrives 3 s late at a barrier; rank 0 must fail
  *                            with TD_ERR_TIMEOUT after about 1 s, rank 1 with
  *                            the relayed error (at the latest on its next op).
+ *   test_comm_core wait_own  under tandemrun -np 2, with messages larger than
+ *                            the transport's buffers (TANDEM_SHM_FIFO_BYTES,
+ *                            TANDEM_TCP_BUFFER_BYTES): each rank posts a small
+ *                            then a big send, and waits on the peer's small
+ *                            message before it posts the receive of the big
+ *                            one. The wait must return with the rank's own big
+ *                            send still pending (it finishes only once the peer
+ *                            receives it); a wait that stayed for it deadlocks
+ *                            both ranks until TANDEM_TIMEOUT. Many rounds, since
+ *                            the waiting thread or the progress thread may run
+ *                            the transfers.
  * The exhaustive multi-rank sweeps live in test_collectives. */
 #include <stdint.h>
 #include <stdlib.h>
@@ -422,14 +433,50 @@ static void test_timeout(void) {
   td_comm_destroy(comm);
 }
 
+/* Element i of the big message of `rank` in round r: exact in f32. */
+static float big_value(int rank, int round, size_t i) { return (float)((i * 7 + (size_t)rank * 3 + (size_t)round) % 1000); }
+
+static void test_wait_own(void) {
+  enum { ROUNDS = 40 };
+  const size_t big = (size_t)1 << 19; /* 2 MiB of f32: more than a shm FIFO or a tcp socket's buffers hold */
+  td_comm *comm;
+  CHECK_OK(td_comm_init(&comm));
+  int rank = td_comm_rank(comm), peer = 1 - rank;
+  CHECK_EQ_INT(td_comm_size(comm), 2);
+  float *out = malloc(big * sizeof *out), *in = malloc(big * sizeof *in);
+  CHECK(out && in);
+  for (int r = 0; r < ROUNDS; r++) {
+    int32_t small_out = 100 * r + rank, small_in = -1;
+    for (size_t i = 0; i < big; i++) out[i] = big_value(rank, r, i);
+    td_request *s_small, *s_big, *r_small, *r_big;
+    CHECK_OK(td_isend(&small_out, 1, TD_I32, peer, comm, &s_small));
+    CHECK_OK(td_isend(out, big, TD_F32, peer, comm, &s_big));
+    CHECK_OK(td_irecv(&small_in, 1, TD_I32, peer, comm, &r_small));
+    CHECK_OK(td_wait(r_small)); /* the peer's big message is not received yet: s_big cannot be done */
+    CHECK_EQ_INT(small_in, 100 * r + peer);
+    CHECK_OK(td_irecv(in, big, TD_F32, peer, comm, &r_big));
+    CHECK_OK(td_wait(r_big));
+    CHECK_OK(td_wait(s_big));
+    CHECK_OK(td_wait(s_small));
+    for (size_t i = 0; i < big; i++)
+      if (in[i] != big_value(peer, r, i)) td_test_fail(__FILE__, __LINE__, "round %d: element %zu is %g, want %g",
+                                                         r, i, (double)in[i], (double)big_value(peer, r, i));
+  }
+  free(out);
+  free(in);
+  CHECK_OK(td_comm_finalize(comm));
+  td_comm_destroy(comm);
+}
+
 int main(int argc, char **argv) {
   const char *mode = argc > 1 ? argv[1] : "self";
   if (!strcmp(mode, "self")) test_self_lifecycle();
   else if (!strcmp(mode, "multi")) test_multi();
   else if (!strcmp(mode, "mismatch")) test_mismatch();
   else if (!strcmp(mode, "timeout")) test_timeout();
+  else if (!strcmp(mode, "wait_own")) test_wait_own();
   else {
-    fprintf(stderr, "usage: %s self|multi|mismatch|timeout\n", argv[0]);
+    fprintf(stderr, "usage: %s self|multi|mismatch|timeout|wait_own\n", argv[0]);
     return 2;
   }
   printf("test_comm_core %s: ok\n", mode);

@@ -9,7 +9,9 @@
  *     heartbeat_lost declares rank 1 lost past the floor although the fixed
  *     timeout it is given is 15 s; a rank 0 that is not adaptive keeps 15 s;
  *     a later adaptive object watching the same host starts from the
- *     window the closed one ended with.
+ *     window the closed one ended with;
+ *   - the watcher's own stalls are left out of a peer's silence, until the
+ *     peer is heard again.
  * Run with TANDEM_SECRET set (beats are authenticated). */
 #define _GNU_SOURCE 1
 #include <arpa/inet.h>
@@ -160,6 +162,22 @@ static void sockets(void) {
   CHECK_EQ_INT(n, 0);
   CHECK_EQ_INT(heartbeat_lost(fixed, -1, 20.0 + 14.9, 15.0), -1);
   CHECK_EQ_INT(heartbeat_lost(fixed, -1, 20.0 + 15.1, 15.0), 1);
+
+  /* The watcher's own stalls (heartbeat_note_stall) are left out of the
+   * silence: heard at 20, then stalls of 3 s and 1.5 s (and ignored ones of
+   * 0 and -1 s): at 20 + 19 the silence is 14.5 s, not lost; lost past
+   * 20 + 19.5. A beat heard afterwards starts a silence with no stall in it. */
+  heartbeat_note_stall(fixed, 3.0);
+  heartbeat_note_stall(fixed, 0.0);
+  heartbeat_note_stall(fixed, -1.0);
+  heartbeat_note_stall(fixed, 1.5);
+  CHECK_CLOSE(heartbeat_own_stall(fixed, 1), 4.5, 0, 1e-12);
+  CHECK_CLOSE(heartbeat_silence(fixed, 1, 20.0 + 19.0), 14.5, 0, 1e-9);
+  CHECK_EQ_INT(heartbeat_lost(fixed, -1, 20.0 + 19.4, 15.0), -1);
+  CHECK_EQ_INT(heartbeat_lost(fixed, -1, 20.0 + 19.6, 15.0), 1);
+  heartbeat_heard(fixed, 1, 50.0);
+  CHECK_CLOSE(heartbeat_own_stall(fixed, 1), 0.0, 0, 1e-12);
+  CHECK_EQ_INT(heartbeat_lost(fixed, -1, 50.0 + 15.1, 15.0), 1);
 
   heartbeat_close(hb1);
   heartbeat_close(fixed);

@@ -17,6 +17,14 @@
  *        (several heartbeat timeouts) without calling Tandem while rank 0 waits
  *        in an allreduce and the others sleep: the allreduce then completes with
  *        the right sums and the communicator stays healthy.
+ *   test_heartbeat freeze ROUNDS FREEZE_S  every rank stopped at once (a
+ *        helper process of rank 0 sends SIGSTOP to all, then SIGCONT after
+ *        FREEZE_S), ROUNDS times, while every rank runs small allreduces back
+ *        to back, as a machine whose CPUs all the ranks starve together (a
+ *        quota, stolen time) would: no rank may declare another lost, though
+ *        FREEZE_S is above the adaptive timeout (each watcher leaves the
+ *        seconds it did not run itself out of the peers' silences), and
+ *        every sum is right.
  *   test_heartbeat cut                    for tests/comm/deadhost.sh: ranks on
  *        two hosts (network namespaces) whose link the script cuts. Reads
  *        TEST_DIR (ready.<rank> written after the warm-up; "cut" holds the
@@ -212,6 +220,60 @@ static int run_busy(td_comm *comm, double busy_s) {
   return 0;
 }
 
+static int run_freeze(td_comm *comm, int rounds, double freeze_s) {
+  double interval = env_seconds("TANDEM_HEARTBEAT_INTERVAL", 1.0);
+  /* Every rank's pid, for rank 0's helper (all ranks share this host). */
+  int32_t *pids = calloc((size_t)g_size, sizeof *pids);
+  CHECK(pids != NULL);
+  pids[g_rank] = (int32_t)getpid();
+  CHECK_OK(td_allreduce(pids, pids, (size_t)g_size, TD_I32, TD_SUM, comm));
+  /* Rounds of 32 intervals: beats enough for the adaptive timeouts (and
+   * after a freeze for the watchers to settle), the freeze in the middle. */
+  double round_s = 32 * interval + freeze_s, t0 = ct_now();
+  pid_t helper = -1;
+  if (g_rank == 0) {
+    helper = fork();
+    CHECK(helper >= 0);
+    if (helper == 0) {
+      for (int r = 0; r < rounds; r++) {
+        sleep_s(24 * interval);
+        for (int p = 0; p < g_size; p++) kill(pids[p], SIGSTOP);
+        sleep_s(freeze_s);
+        for (int p = 0; p < g_size; p++) kill(pids[p], SIGCONT);
+        sleep_s(8 * interval);
+      }
+      _exit(0);
+    }
+  }
+  long n_ops = 0;
+  for (;;) {
+    /* Rank 0's clock decides when to stop, so that all make equal calls. */
+    float stop = g_rank == 0 && ct_now() - t0 >= rounds * round_s + 2 * interval ? 1.0f : 0.0f;
+    CHECK_OK(td_allreduce(&stop, &stop, 1, TD_F32, TD_SUM, comm));
+    if (stop > 0) break;
+    checked_allreduce(comm, 1000 + (size_t)(n_ops % 7));
+    n_ops++;
+    sleep_s(0.01);
+  }
+  /* The helper is done (its rounds took at most as long): ranks agree that
+   * no freeze is left to come before they check the end. */
+  if (helper > 0) {
+    int status = 0;
+    CHECK(waitpid(helper, &status, 0) == helper && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  }
+  checked_allreduce(comm, 16);
+  if (td_comm_status(comm) != TD_OK)
+    td_test_fail(__FILE__, __LINE__, "rank %d: a freeze of every rank was declared a loss: %s", g_rank,
+                 td_comm_last_error(comm));
+  CHECK_OK(td_comm_finalize(comm));
+  printf("heartbeat-freeze ok: rank %d, %d freezes of %.2f s, %ld allreduces, no peer lost\n", g_rank, rounds,
+         freeze_s, n_ops);
+  fflush(stdout);
+  free(pids);
+  td_comm_destroy(comm);
+  return 0;
+}
+
 /* The CLOCK_BOOTTIME second the script cut the link, once it has. */
 static bool read_cut_time(const char *dir, double *out) {
   char path[512];
@@ -297,7 +359,7 @@ static int run_cut(td_comm *comm) {
 
 int main(int argc, char **argv) {
   if (argc < 2) {
-    fprintf(stderr, "usage: %s stop VICTIM RESUME_S | busy BUSY_S | cut\n", argv[0]);
+    fprintf(stderr, "usage: %s stop VICTIM RESUME_S | busy BUSY_S | freeze ROUNDS FREEZE_S | cut\n", argv[0]);
     return 2;
   }
   td_comm *comm = NULL;
@@ -309,6 +371,7 @@ int main(int argc, char **argv) {
                  td_comm_transport(comm));
   if (!strcmp(argv[1], "stop") && argc > 3) return run_stop(comm, atoi(argv[2]), atof(argv[3]));
   if (!strcmp(argv[1], "busy") && argc > 2) return run_busy(comm, atof(argv[2]));
+  if (!strcmp(argv[1], "freeze") && argc > 3) return run_freeze(comm, atoi(argv[2]), atof(argv[3]));
   if (!strcmp(argv[1], "cut")) return run_cut(comm);
   fprintf(stderr, "unknown mode %s\n", argv[1]);
   return 2;

@@ -22,6 +22,12 @@
 #   elastic.sh B stale    SIGSTOP a process until the others formed epoch
 #                         2 without it, then SIGCONT: it is refused (stale
 #                         epoch), exits, and the job finishes
+#   elastic.sh B stop-parent  --end-stopped: a SIGSTOPped process is seen
+#                         by tandemrun (waitpid WUNTRACED), ended, reported
+#                         and replaced at once (heartbeats 60 s): bit for bit
+#   elastic.sh B grow-together  two processes started together (one a
+#                         second slower) join in one membership change
+#                         (TANDEM_ELASTIC_JOIN_WAIT), two without the wait
 #   elastic.sh B abandon  a member killed between the close of its round and
 #                         the epoch's rendezvous: the others abandon that
 #                         rendezvous at once and form the next epoch
@@ -184,6 +190,42 @@ resize)
   [ "$(exact "$work/ref")" = "$(exact "$work/out")" ] || fail "final loss or parameters differ: $(exact "$work/ref") vs $(exact "$work/out")"
   echo "resized 4 -> 3 -> 2 -> 4; 300 step losses and the parameters equal the fault-free run's: $(exact "$work/out")"
   ;;
+grow-together)
+  # Two processes started together to grow the job 2 -> 4, the second one
+  # a second slower (a wrapper sleeps 1 s first, as an ssh start on a loaded
+  # host may): the members let the first wait for it (tandemrun counts the
+  # joiners on their way, TANDEM_ELASTIC_JOIN_WAIT 2 s by default), so the
+  # job goes 2 -> 4 in one membership change, losses bit-identical to a
+  # fault-free 4-rank run. With TANDEM_ELASTIC_JOIN_WAIT=0 the same start
+  # takes two changes (2 -> 3 -> 4): the wait is what joins them.
+  args="--layers 2 --channels 64 --heads 2 --seq 64 --threads 1 --sample 0 --steps 400 --micro-batch 3"
+  printf '#!/bin/sh\n[ "$TANDEM_ELASTIC_ID" = 3 ] && sleep 1\nexec %s "$@"\n' "$GPT" >"$work/slow3"
+  chmod +x "$work/slow3"
+  printf '#!/bin/sh\ncat %s\n' "$work/hosts" >"$work/discover"
+  chmod +x "$work/discover"
+  export TANDEM_DISCOVERY_INTERVAL=0.05
+  "$RUN" --min-np 2 --max-np 4 -np 4 "$GPT" $args >"$work/ref" 2>&1 || { cat "$work/ref"; fail "fault-free run"; }
+  for wait in default 0; do
+    echo localhost:2 >"$work/hosts"
+    if [ $wait = default ]; then unset TANDEM_ELASTIC_JOIN_WAIT; else export TANDEM_ELASTIC_JOIN_WAIT=$wait; fi
+    start "$work/out" --min-np 2 --max-np 4 -np 2 --host-discovery-script "$work/discover" "$work/slow3" $args \
+      --grad-accum 2
+    wait_for "$work/out" "step 20 loss"
+    echo localhost:4 >"$work/hosts"
+    finish 0 "$work/out"
+    grep "elastic epoch [0-9]*: world=\|starting process" "$work/out"
+    worlds=$(sed -n 's/.*elastic epoch [0-9]*: world=\([0-9]*\) .*/\1/p' "$work/out" | tr '\n' ' ')
+    if [ $wait = default ]; then
+      [ "$worlds" = "2 4 " ] || fail "with the join wait the worlds were '$worlds', expected '2 4 ' (one change)"
+      diff <(losses "$work/ref") <(losses "$work/out") >"$work/diff" || { head "$work/diff"; fail "step losses differ"; }
+      [ "$(exact "$work/ref")" = "$(exact "$work/out")" ] ||
+        fail "final loss or parameters differ: $(exact "$work/ref") vs $(exact "$work/out")"
+    else
+      [ "$worlds" = "2 3 4 " ] || fail "without the join wait the worlds were '$worlds', expected '2 3 4 '"
+    fi
+  done
+  echo "grown 2 -> 4 in one change with the join wait (2 -> 3 -> 4 without); losses equal the fault-free run's"
+  ;;
 abandon)
   # Process 1 killed; its replacement (process 3) joins the round of epoch
   # 2 and is killed right after it closed (it stops itself there:
@@ -233,6 +275,40 @@ stale)
   grep -q "process 2 of epoch 1 is stale: the job already formed epoch 2 without it" "$work/out" ||
     fail "the stopped process was not refused as stale"
   grep -q "process 2 (pid $pid, host localhost) exited with code 1" "$work/out" || fail "the stale process did not exit 1"
+  # Without --end-stopped the stop is said (waitpid WUNTRACED) and left to the heartbeats.
+  grep -q "tandemrun: process 2 (pid $pid, host localhost) was stopped by signal 19 (SIGSTOP); its peers fail when its heartbeats are missed" "$work/out" ||
+    fail "tandemrun did not say that process 2 stopped"
+  ;;
+stop-parent)
+  # --end-stopped: tandemrun sees a SIGSTOP of a local process through
+  # waitpid(WUNTRACED), ends it and reports it lost, so the survivors go on
+  # at once. Heartbeats and the settle time are 60 s here: only the parent's
+  # notice can make epoch 2 within 20 s. The replacement joins; losses and
+  # parameters equal a fault-free run's, bit for bit. Without the flag a
+  # stop is only said (the stale case above), and --end-stopped needs
+  # elastic mode.
+  export TANDEM_TRANSPORT=tcp TANDEM_HEARTBEAT_TIMEOUT=60 TANDEM_HEARTBEAT_INTERVAL=1 TANDEM_ELASTIC_SETTLE=60
+  out=$("$RUN" -np 2 --end-stopped "$GPT" $TINY --steps 1 2>&1) && fail "--end-stopped without elastic mode accepted"
+  echo "$out" | grep -q "end-stopped need elastic mode: add --min-np A --max-np B" || fail "no clear refusal: $out"
+  args="--layers 2 --channels 64 --heads 2 --seq 64 --threads 1 --sample 0 --steps 200 --micro-batch 3"
+  "$RUN" --min-np 2 --max-np 4 -np 4 "$GPT" $args >"$work/ref" 2>&1 || { cat "$work/ref"; fail "fault-free run"; }
+  start "$work/out" --min-np 2 --max-np 4 -np 4 --max-restarts 1 --end-stopped "$GPT" $args
+  wait_for "$work/out" "step 20 loss"
+  pid=$(pid_of "$work/out" 2)
+  t0=$(date +%s.%N)
+  kill -STOP "$pid"
+  wait_for "$work/out" "elastic epoch 2:" 20
+  t1=$(date +%s.%N)
+  finish 0 "$work/out"
+  grep -v "step [0-9]* loss" "$work/out"
+  echo "stop -> epoch 2: $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }') s"
+  grep -q "tandemrun: process 2 (pid $pid, host localhost) was stopped by signal 19 (SIGSTOP), so tandemrun ended it; the job goes on with 3 processes" "$work/out" ||
+    fail "tandemrun did not report the stopped process as ended"
+  grep -q "tandemrun: starting process 4 on host localhost" "$work/out" || fail "no replacement was started"
+  [ -z "$(exact "$work/ref")" ] && fail "the fault-free run printed no final hash"
+  [ "$(exact "$work/out")" = "$(exact "$work/ref")" ] ||
+    fail "final loss/parameters differ: $(exact "$work/out") vs fault-free $(exact "$work/ref")"
+  [ "$(losses "$work/out")" = "$(losses "$work/ref")" ] || fail "the per-step losses differ from the fault-free run's"
   ;;
 below)
   # The survivor's own round gives up after the same --elastic-timeout

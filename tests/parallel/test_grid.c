@@ -82,6 +82,7 @@ static void ranks(int tp, int pp) {
   CHECK_EQ_INT(td_grid_pipeline_prev(grid), p > 0 ? p - 1 : -1);
   CHECK_EQ_INT(td_grid_pipeline_next(grid), p + 1 < pp ? p + 1 : -1);
   CHECK(td_grid_world(grid) == world);
+  for (int k = 0; k < n; k++) CHECK_EQ_INT(td_comm_world_rank(world, k), k);
   CHECK_EQ_INT(td_grid_tensor_hosts(grid), 1); /* one host here */
   /* each axis: sum of the members' world ranks (and the group's rank order) */
   long expect[3] = {0, 0, 0};
@@ -104,7 +105,9 @@ static void ranks(int tp, int pp) {
       int want = a == TD_GRID_TENSOR ? (d * pp + p) * tp + k : a == TD_GRID_PIPELINE ? (d * pp + k) * tp + t
                                                                                        : (k * pp + p) * tp + t;
       CHECK_EQ_INT(members[k], want);
+      CHECK_EQ_INT(td_comm_world_rank(c, k), want); /* what the communicator's messages name */
     }
+    CHECK_EQ_INT(td_comm_world_rank(c, td_comm_size(c)), -1);
     free(members);
   }
   /* pipeline neighbours: each stage sends its world rank to the next */

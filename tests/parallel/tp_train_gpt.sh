@@ -17,6 +17,9 @@
 #            layers, against 1 rank with the same global batch of 8: every
 #            step's loss within 1e-5 relative; sequence parallelism and
 #            activation checkpointing on 4 ranks too.
+#   half:    TP=2 x PP=2 --bf16 on 4 ranks and TP=2 x PP=2 x DP=2 --fp16 with
+#            ZeRO-2 on 8 ranks against 1 rank in the same type, every step's
+#            loss within half the type's unit roundoff (2^-9, 2^-12).
 #   refused: layouts and combinations not built, each exit 2 with a message
 #            saying what would work.
 set -u
@@ -95,6 +98,33 @@ threed)
     echo "$run: 8 losses within 1e-5 of 1 rank (last $(tail -1 "$work/$run.txt") vs $(tail -1 "$work/one.txt"))"
   done
   ;;
+half)
+  # the same global batch of 8 in bf16 / fp16 on 1 rank and on the grids
+  T3="--layers 4 --channels 32 --heads 4 --seq 32 --threads 1 --steps 8 --sample 0 --seed 5"
+  for dt in bf16 fp16; do
+    "$GPT" $T3 --$dt --micro-batch 8 --metrics "$work/one_$dt.jsonl" >"$work/one_$dt.out" 2>&1 ||
+      { cat "$work/one_$dt.out"; fail "1 rank $dt"; }
+    metrics_losses "$work/one_$dt.jsonl" >"$work/one_$dt.txt"
+  done
+  "$RUN" -np 4 "$GPT" $T3 --bf16 --micro-batch 2 --grad-accum 4 --tensor-parallel 2 --pipeline-parallel 2 \
+    --metrics "$work/tp2pp2_bf16.jsonl" >"$work/tp2pp2_bf16.out" 2>&1 || { cat "$work/tp2pp2_bf16.out"; fail "TP=2 x PP=2 bf16"; }
+  "$RUN" -np 8 "$GPT" $T3 --fp16 --micro-batch 1 --grad-accum 4 --tensor-parallel 2 --pipeline-parallel 2 --zero-stage 2 \
+    --metrics "$work/tp2pp2dp2z2_fp16.jsonl" >"$work/tp2pp2dp2z2_fp16.out" 2>&1 ||
+    { cat "$work/tp2pp2dp2z2_fp16.out"; fail "TP=2 x PP=2 x DP=2 ZeRO-2 fp16"; }
+  grep -q "zero_stage=2 .*tensor_parallel=2 sequence_parallel=0 pipeline_parallel=2" "$work/tp2pp2dp2z2_fp16.out" ||
+    fail "TP=2 x PP=2 x DP=2: ZeRO-2 was not on"
+  # bounds: half of each type's unit roundoff (2^-9 bf16, 2^-12 fp16; tests/parallel/test_tp.c says why)
+  for run in tp2pp2_bf16:bf16:0.001953125 tp2pp2dp2z2_fp16:fp16:0.000244140625; do
+    IFS=: read -r name dt bound <<<"$run"
+    metrics_losses "$work/$name.jsonl" >"$work/$name.txt"
+    [ "$(wc -l <"$work/$name.txt")" -eq 8 ] || fail "$name has $(wc -l <"$work/$name.txt") loss lines, not 8"
+    while read -r step want && read -r step2 got <&3; do
+      [ "$step" = "$step2" ] || fail "$name: step $step2 against $step"
+      close_rel "$got" "$want" "$bound" || fail "$name step $step: loss $got, 1 rank $dt $want (more than $bound apart)"
+    done <"$work/one_$dt.txt" 3<"$work/$name.txt"
+    echo "$name: 8 losses within $bound of 1 rank in $dt (last $(tail -1 "$work/$name.txt") vs $(tail -1 "$work/one_$dt.txt"))"
+  done
+  ;;
 refused)
   check() { # check NP NEEDLE ARGS...
     local np=$1 needle=$2
@@ -106,13 +136,11 @@ refused)
   }
   check 2 "use tensor-parallel 1 or 2" --tensor-parallel 3
   check 2 "use tensor-parallel 1, 3 or 9" --tensor-parallel 2 --heads 9 --channels 36
-  check 2 "with ZeRO stage 2 (use stage 0 or 1) is not built yet" --tensor-parallel 2 --zero-stage 2
-  check 2 "with bf16/fp16 mixed precision is not built yet" --tensor-parallel 2 --bf16
+  check 2 "with ZeRO stage 3 (use stage 0, 1 or 2) is not built yet" --tensor-parallel 2 --zero-stage 3
   check 2 "set tensor_model_parallel_size to 2 or more" --sequence-parallel
   check 2 "--seq 33 must be divisible by 2" --tensor-parallel 2 --sequence-parallel --seq 33
   # 3D: what does not compose with tensor-parallel pipeline stages yet
-  check 4 "ZeRO stage 2 (use stage 0 or 1) is not built yet" --tensor-parallel 2 --pipeline-parallel 2 --zero-stage 2
-  check 4 "with bf16/fp16 mixed precision is not built yet" --tensor-parallel 2 --pipeline-parallel 2 --bf16
+  check 4 "ZeRO stage 3 (use stage 0, 1 or 2) is not built yet" --tensor-parallel 2 --pipeline-parallel 2 --zero-stage 3
   check 6 "use pipeline-parallel 1 or 3" --tensor-parallel 2 --pipeline-parallel 2
   echo "refused: ok"
   ;;

@@ -29,5 +29,5 @@ refuse() { # EXPECTED-TEXT NP FLAGS...
 refuse "does not divide the world of 3" 3 --pipeline-parallel 2 --steps 1
 refuse "must be a multiple of 2" 2 --pipeline-parallel 2 --pipeline-schedule interleaved --grad-accum 3 --steps 1
 refuse "--layers 2 or more" 2 --pipeline-parallel 2 --layers 1 --steps 1
-refuse "ZeRO stage 2" 2 --pipeline-parallel 2 --zero-stage 2 --steps 1
+refuse "ZeRO stage 3" 2 --pipeline-parallel 2 --zero-stage 3 --steps 1
 echo "train_gpt.sh: ok ($loss1 on one rank and PP=2)"

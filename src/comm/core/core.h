@@ -220,6 +220,9 @@ struct td_comm {
   int host_size;              /* the job's ranks on this host: local_size of the communicator this one was
                                  split from, transitively (0 until set up) */
   int *local_ranks;           /* the local_size ranks on this host, ascending */
+  int *world_ranks;           /* each rank's rank in the communicator of td_comm_init this one was split
+                                 from (transitively): what a message about a peer names beside its rank here */
+  bool split;                 /* made by td_comm_split (its ranks are not the world's) */
   pid_t *pids;                /* pid of every rank (valid for local ranks) */
   char **hosts;               /* host identity of every rank */
   char **addrs;               /* advertised "host" address of every rank */
@@ -295,6 +298,13 @@ struct td_comm {
  * status), log it at error level, and notify peers via the transport. Returns
  * the communicator's (first) status so callers can `return comm_fail(...)`. */
 td_status comm_fail(td_comm *comm, td_status status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* A peer as messages name it: "rank R (DETAIL)" for a communicator made by
+ * td_comm_init, "rank R (world rank W, DETAIL)" for a split one, where R
+ * alone would leave a reader of the job's output guessing which process it
+ * was (a pipeline or tensor group's rank 1 is another process in every
+ * group; the launcher prefixes output lines with world ranks). detail (a
+ * pid, an address) may be NULL. Writes into buf and returns it. */
+const char *comm_peer_name(const td_comm *comm, int peer, const char *detail, char *buf, size_t size);
 /* Where a failed call's message goes (the rule stated in tandem/base.h):
  * the failing call has already put it in the calling thread's
  * td_last_error(); this also records it on comm for td_comm_last_error(),

@@ -45,6 +45,18 @@ td_status comm_fail(td_comm *comm, td_status status, const char *fmt, ...) {
   return fail_message(comm, status, msg);
 }
 
+const char *comm_peer_name(const td_comm *comm, int peer, const char *detail, char *buf, size_t size) {
+  bool split = comm && comm->split && comm->world_ranks && peer >= 0 && peer < comm->size;
+  const char *sep = detail && *detail ? ", " : "";
+  if (split)
+    snprintf(buf, size, "rank %d (world rank %d%s%s)", peer, comm->world_ranks[peer], sep, detail ? detail : "");
+  else if (*sep)
+    snprintf(buf, size, "rank %d (%s)", peer, detail);
+  else
+    snprintf(buf, size, "rank %d", peer);
+  return buf;
+}
+
 td_status comm_note_failure(td_comm *comm, td_status st) {
   if (st == TD_OK || st == TD_ERR_IN_PROGRESS || !comm) return st;
   pthread_mutex_lock(&comm->err_mu);

@@ -396,9 +396,17 @@ td_status p2p_run(td_comm *comm, const comm_op *op, const p2p_xfer *sends, int n
  * while the set runs join it (pulled between steps, and at least every
  * P2P_STREAM_SLICE_S while it waits), and each completes on its own as soon
  * as its frame is through. Frames to (from) one peer still go in issue
- * order. */
+ * order.
+ *
+ * The set outlives a run: a thread that runs it to finish one operation of
+ * its own (td_wait helping) leaves as soon as that one is done, and the
+ * progress thread carries on with the rest. A waiter that stayed until the
+ * whole set drained would also wait for its earlier sends, which finish
+ * only when their receiver posts the receives; two ranks each waiting so
+ * for the other (a pipeline whose stages are each other's neighbours both
+ * ways) would never post them. */
 
-#define P2P_STREAM_MAX 64
+#define P2P_STREAM_FIRST 64
 #define P2P_STREAM_SLICE_S 0.002
 
 typedef struct stream_entry {
@@ -408,26 +416,70 @@ typedef struct stream_entry {
   xfer_state s;
 } stream_entry;
 
+struct p2p_stream {
+  stream_entry *e; /* in issue order */
+  int n, cap;
+  comm_op *pulled; /* cap each: scratch for pull() */
+  void **tags;
+  int *wait_peers; /* 2 * cap */
+};
+
+td_status p2p_stream_create(p2p_stream **out) {
+  p2p_stream *s = calloc(1, sizeof *s);
+  if (!s) return td_error(TD_ERR_SYSTEM, "out of memory for the point-to-point stream");
+  *out = s;
+  return TD_OK;
+}
+
+void p2p_stream_destroy(p2p_stream *s) {
+  if (!s) return;
+  free(s->e);
+  free(s->pulled);
+  free(s->tags);
+  free(s->wait_peers);
+  free(s);
+}
+
+int p2p_stream_pending(const p2p_stream *s) { return s ? s->n : 0; }
+
+/* Room for cap operations: a set only grows, so that operations queued by a
+ * rank that posts many before it waits never queue behind a full set. */
+static bool stream_grow(p2p_stream *s, int cap) {
+  if (cap <= s->cap) return true;
+  stream_entry *e = realloc(s->e, (size_t)cap * sizeof *e);
+  if (e) s->e = e;
+  comm_op *pulled = realloc(s->pulled, (size_t)cap * sizeof *pulled);
+  if (pulled) s->pulled = pulled;
+  void **tags = realloc(s->tags, (size_t)cap * sizeof *tags);
+  if (tags) s->tags = tags;
+  int *wait_peers = realloc(s->wait_peers, 2 * (size_t)cap * sizeof *wait_peers);
+  if (wait_peers) s->wait_peers = wait_peers;
+  if (!e || !pulled || !tags || !wait_peers) return false;
+  s->cap = cap;
+  return true;
+}
+
+void p2p_stream_fail(p2p_stream *s, p2p_stream_done_fn done, void *ctx, td_status status) {
+  for (int i = 0; s && i < s->n; i++) done(ctx, s->e[i].tag, status);
+  if (s) s->n = 0;
+}
+
 static bool stream_blocked(const stream_entry *e, int i) {
   for (int j = 0; j < i; j++)
     if (e[j].op.kind == e[i].op.kind && e[j].op.peer == e[i].op.peer) return true;
   return false;
 }
 
-td_status p2p_stream(td_comm *comm, p2p_stream_pull_fn pull, p2p_stream_done_fn done, void *ctx) {
-  stream_entry *e = malloc(P2P_STREAM_MAX * sizeof *e);
-  comm_op *pulled = malloc(P2P_STREAM_MAX * sizeof *pulled);
-  void **tags = malloc(P2P_STREAM_MAX * sizeof *tags);
-  int wait_peers[2 * P2P_STREAM_MAX];
-  int n = 0;
+td_status p2p_stream_run(td_comm *comm, p2p_stream *set, p2p_stream_pull_fn pull, p2p_stream_done_fn done,
+                         p2p_stream_stop_fn stop, void *ctx) {
   td_status st = TD_OK;
-  if (!e || !pulled || !tags) {
+  if (!set->cap && !stream_grow(set, P2P_STREAM_FIRST)) {
     st = comm_fail(comm, TD_ERR_SYSTEM, "out of memory for the point-to-point stream");
     /* Still take (and fail) whatever is queued so that nobody waits on it. */
     comm_op one;
     void *tag;
     while (pull(ctx, &one, &tag, 1) == 1) done(ctx, tag, st);
-    goto out;
+    return st;
   }
   if (!comm->xport) {
     st = comm_fail(comm, TD_ERR_INTERNAL, "rank %d: point-to-point transfer without a transport", comm->rank);
@@ -435,32 +487,36 @@ td_status p2p_stream(td_comm *comm, p2p_stream_pull_fn pull, p2p_stream_done_fn 
   }
 
   for (;;) {
-    /* Join newly queued operations. */
+    /* Join newly queued operations, growing the set when it is full. */
     bool joined = false;
-    if (n < P2P_STREAM_MAX) {
-      int k = pull(ctx, pulled, tags, P2P_STREAM_MAX - n);
-      for (int i = 0; i < k; i++) {
-        stream_entry *ne = &e[n++];
-        memset(&ne->s, 0, sizeof ne->s);
-        ne->op = pulled[i];
-        ne->tag = tags[i];
-        ne->x.peer = ne->op.peer;
-        ne->x.bytes = comm_op_bytes(&ne->op);
-        ne->x.buf = ne->op.kind == COMM_SEND ? (void *)ne->op.send : ne->op.recv;
-        if (ne->op.kind == COMM_SEND) {
-          comm_hdr_fill(&ne->s.u.hdr, &ne->op, comm->rank, ne->x.bytes);
-          if (ne->x.bytes <= P2P_PACK_MAX) {
-            if (ne->x.bytes) memcpy(ne->s.u.packed + sizeof(comm_hdr), ne->x.buf, ne->x.bytes);
-            ne->s.frame_bytes = sizeof(comm_hdr) + ne->x.bytes;
-          }
-        }
-        joined = true;
-      }
+    if (set->n == set->cap && !stream_grow(set, 2 * set->cap)) {
+      st = comm_fail(comm, TD_ERR_SYSTEM, "out of memory for %d point-to-point operations", 2 * set->cap);
+      goto fail_all;
     }
-    if (n == 0) break;
+    int k = pull(ctx, set->pulled, set->tags, set->cap - set->n);
+    for (int i = 0; i < k; i++) {
+      stream_entry *ne = &set->e[set->n++];
+      memset(&ne->s, 0, sizeof ne->s);
+      ne->op = set->pulled[i];
+      ne->tag = set->tags[i];
+      ne->x.peer = ne->op.peer;
+      ne->x.bytes = comm_op_bytes(&ne->op);
+      ne->x.buf = ne->op.kind == COMM_SEND ? (void *)ne->op.send : ne->op.recv;
+      if (ne->op.kind == COMM_SEND) {
+        comm_hdr_fill(&ne->s.u.hdr, &ne->op, comm->rank, ne->x.bytes);
+        if (ne->x.bytes <= P2P_PACK_MAX) {
+          if (ne->x.bytes) memcpy(ne->s.u.packed + sizeof(comm_hdr), ne->x.buf, ne->x.bytes);
+          ne->s.frame_bytes = sizeof(comm_hdr) + ne->x.bytes;
+        }
+      }
+      joined = true;
+    }
+    if (set->n == 0) break;
     st = comm_status(comm);
     if (st != TD_OK) goto fail_all;
 
+    stream_entry *e = set->e;
+    int n = set->n;
     bool moved = false;
     for (int i = 0; i < n; i++) {
       if (stream_blocked(e, i)) continue;
@@ -486,7 +542,8 @@ td_status p2p_stream(td_comm *comm, p2p_stream_pull_fn pull, p2p_stream_done_fn 
       else
         e[kept++] = e[i];
     }
-    n = kept;
+    set->n = n = kept;
+    if (any_done && stop && stop(ctx)) return TD_OK; /* the rest stays in the set */
     if (moved || joined || n == 0) continue;
 
     /* Nothing moved: check deadlines, then sleep briefly on the peers. */
@@ -500,7 +557,7 @@ td_status p2p_stream(td_comm *comm, p2p_stream_pull_fn pull, p2p_stream_done_fn 
                      e[i].op.kind == COMM_SEND ? "took the message" : "sent the message");
       goto fail_all;
     }
-    int n_send = 0, n_recv = 0;
+    int *wait_peers = set->wait_peers, n_send = 0, n_recv = 0;
     for (int i = 0; i < n; i++)
       if (e[i].op.kind == COMM_SEND) wait_peers[n_send++] = e[i].op.peer;
     for (int i = 0; i < n; i++)
@@ -509,22 +566,18 @@ td_status p2p_stream(td_comm *comm, p2p_stream_pull_fn pull, p2p_stream_done_fn 
     if (st != TD_OK && st != TD_ERR_TIMEOUT) goto fail_all;
     st = TD_OK;
   }
-  goto out;
+  return TD_OK;
 
 fail_all:
   /* The communicator is broken (sticky): every operation in the set, and
    * every one still queued behind it, fails with its status. */
   if (comm_status(comm) != TD_OK) st = td_error(comm_status(comm), "%s", comm->err_msg);
-  for (int i = 0; i < n; i++) done(ctx, e[i].tag, st);
-  n = 0;
+  p2p_stream_fail(set, done, ctx, st);
   {
+    comm_op one;
     void *tag;
-    while (pull(ctx, pulled, &tag, 1) == 1) done(ctx, tag, st);
+    while (pull(ctx, &one, &tag, 1) == 1) done(ctx, tag, st);
   }
-out:
-  free(e);
-  free(pulled);
-  free(tags);
   return st;
 }
 

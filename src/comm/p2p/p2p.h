@@ -25,15 +25,27 @@ td_status p2p_run(td_comm *comm, const comm_op *op, const p2p_xfer *sends, int n
 td_status p2p_exchange(td_comm *comm, const comm_op *op, int to, const void *sbuf, size_t sbytes, int from,
                        void *rbuf, size_t rbytes);
 
-/* Run queued send/recv operations as one set that progresses concurrently
+/* Queued send/recv operations run as one set that progresses concurrently
  * and grows while it runs (the progress engine's td_isend/td_irecv
- * streams). pull() hands over up to max more operations (deadlines set)
- * with a tag each, returning how many (0: none now); done() reports each
- * operation's completion, in any order. Returns when pull() has nothing
- * more and the set is empty; on a failure every operation in the set and
- * every one pulled afterwards is completed with the error. */
+ * streams). The set (p2p_stream) outlives a run: p2p_stream_run pulls
+ * queued operations in with pull() (up to max more, deadlines set, a tag
+ * each; 0: none now), reports each completion with done(), in any order,
+ * and returns when pull() has nothing more and the set is empty, or, after
+ * a completion, when stop() (may be NULL) says so, leaving the unfinished
+ * operations in the set for the next run, on any thread (never two at
+ * once). On a failure every operation in the set and every one pulled
+ * afterwards is completed with the error. */
+typedef struct p2p_stream p2p_stream;
 typedef int (*p2p_stream_pull_fn)(void *ctx, comm_op *ops_out, void **tags_out, int max);
 typedef void (*p2p_stream_done_fn)(void *ctx, void *tag, td_status status);
-td_status p2p_stream(td_comm *comm, p2p_stream_pull_fn pull, p2p_stream_done_fn done, void *ctx);
+typedef bool (*p2p_stream_stop_fn)(void *ctx);
+td_status p2p_stream_create(p2p_stream **out);
+void p2p_stream_destroy(p2p_stream *set); /* the set must be empty (p2p_stream_fail first) */
+int p2p_stream_pending(const p2p_stream *set); /* operations in the set, not yet done */
+td_status p2p_stream_run(td_comm *comm, p2p_stream *set, p2p_stream_pull_fn pull, p2p_stream_done_fn done,
+                         p2p_stream_stop_fn stop, void *ctx);
+/* Complete every operation left in the set with status (a communicator
+ * destroyed while they were in flight). */
+void p2p_stream_fail(p2p_stream *set, p2p_stream_done_fn done, void *ctx, td_status status);
 
 #endif

@@ -4,7 +4,9 @@
  * is what makes small shared-memory collectives take microseconds).
  *
  * td_wait also runs queued operations on the waiting thread when the
- * progress thread is idle (see help_progress).
+ * progress thread is idle (see help_progress). Send/recv operations run as
+ * one set (p2p_stream) that outlives each run: a waiter leaves it as soon
+ * as its own operation is done and the progress thread finishes the rest.
  *
  * Requests complete through a futex word, so that waiting on a completed one
  * needs nothing from the communicator (a request may even outlive it):
@@ -41,6 +43,8 @@ struct comm_request_queue {
   pthread_cond_t work_cv; /* the thread sleeps here while idle */
   pthread_cond_t idle_cv; /* progress_drain sleeps here */
   td_request *head, *tail;
+  p2p_stream *stream;     /* send/recv operations taken off the queue, not done yet */
+  bool stream_open;       /* the stream holds operations (set by whoever ran it last) */
   bool executing;         /* an operation runs (inline or on the thread) */
   bool stop;
   bool thread_started;
@@ -82,10 +86,16 @@ static void request_complete(td_request *req, td_status status) {
 
 static bool is_p2p(const td_request *req) { return req->op.kind == COMM_SEND || req->op.kind == COMM_RECV; }
 
-/* p2p_stream callbacks: hand over the send/recv operations at the head of
- * the queue (each starts its deadline clock now), and complete them. */
+/* p2p_stream_run's callbacks: hand over the send/recv operations at the
+ * head of the queue (each starts its deadline clock now), complete them, and
+ * let a waiting thread that runs the stream go once its own request is done. */
+typedef struct stream_ctx {
+  td_comm *comm;
+  const td_request *mine; /* the waiter's request; NULL on the progress thread */
+} stream_ctx;
+
 static int stream_pull(void *arg, comm_op *ops_out, void **tags_out, int max) {
-  td_comm *comm = arg;
+  td_comm *comm = ((stream_ctx *)arg)->comm;
   comm_request_queue *q = comm->queue;
   int k = 0;
   pthread_mutex_lock(&q->mu);
@@ -107,22 +117,37 @@ static void stream_done(void *arg, void *tag, td_status status) {
   request_complete(tag, status);
 }
 
-/* Run what is at the head of the queue: one collective, or the stream of
- * send/recv operations starting there. Called with q->mu held and q->head
- * set; returns with q->mu held. */
-static void run_head(td_comm *comm, comm_request_queue *q) {
+static bool stream_stop(void *arg) {
+  const td_request *mine = ((stream_ctx *)arg)->mine;
+  return mine && atomic_load_explicit(&mine->state, memory_order_acquire) == REQ_DONE;
+}
+
+/* Pending work: queued operations, or send/recv operations in the stream. */
+static bool has_work(const comm_request_queue *q) { return q->head || q->stream_open; }
+
+/* Run what is next: the send/recv stream while it holds operations (it
+ * takes the send/recv operations at the head of the queue too), else the
+ * collective at the head. `mine`: the request of a waiting thread that runs
+ * it (help_progress), which leaves the stream once that one is done; NULL
+ * on the progress thread. Called with q->mu held and has_work(q); returns
+ * with q->mu held. */
+static void run_head(td_comm *comm, comm_request_queue *q, const td_request *mine) {
   q->executing = true;
-  if (is_p2p(q->head)) {
+  if (q->stream_open || is_p2p(q->head)) {
+    stream_ctx ctx = {comm, mine};
     pthread_mutex_unlock(&q->mu);
-    p2p_stream(comm, stream_pull, stream_done, comm);
+    (void)p2p_stream_run(comm, q->stream, stream_pull, stream_done, stream_stop, &ctx);
+    bool open = p2p_stream_pending(q->stream) > 0; /* only the executing thread touches the set */
+    pthread_mutex_lock(&q->mu);
+    q->stream_open = open;
   } else {
     td_request *req = q->head;
     q->head = req->next;
     if (!q->head) q->tail = NULL;
     pthread_mutex_unlock(&q->mu);
     request_complete(req, run_op(comm, &req->op));
+    pthread_mutex_lock(&q->mu);
   }
-  pthread_mutex_lock(&q->mu);
   q->executing = false;
 }
 
@@ -132,10 +157,10 @@ static void *progress_main(void *arg) {
   pthread_setname_np(pthread_self(), "td-progress");
   pthread_mutex_lock(&q->mu);
   for (;;) {
-    while (!q->stop && (!q->head || q->executing)) pthread_cond_wait(&q->work_cv, &q->mu);
+    while (!q->stop && (!has_work(q) || q->executing)) pthread_cond_wait(&q->work_cv, &q->mu);
     if (q->stop) break;
-    run_head(comm, q);
-    if (!q->head) pthread_cond_broadcast(&q->idle_cv);
+    run_head(comm, q, NULL);
+    if (!has_work(q)) pthread_cond_broadcast(&q->idle_cv);
   }
   pthread_mutex_unlock(&q->mu);
   return NULL;
@@ -144,6 +169,11 @@ static void *progress_main(void *arg) {
 td_status progress_start(td_comm *comm) {
   comm_request_queue *q = calloc(1, sizeof *q);
   if (!q) return td_error(TD_ERR_SYSTEM, "out of memory creating the progress queue");
+  td_status st = p2p_stream_create(&q->stream);
+  if (st != TD_OK) {
+    free(q);
+    return st;
+  }
   pthread_mutex_init(&q->mu, NULL);
   pthread_cond_init(&q->work_cv, NULL);
   pthread_cond_init(&q->idle_cv, NULL);
@@ -177,6 +207,12 @@ void progress_stop(td_comm *comm) {
     request_complete(req, TD_ERR_INVALID_USAGE);
     req = next;
   }
+  if (p2p_stream_pending(q->stream) > 0) {
+    td_error(TD_ERR_INVALID_USAGE, "rank %d: the communicator was destroyed before this operation finished",
+             comm->rank);
+    p2p_stream_fail(q->stream, stream_done, NULL, TD_ERR_INVALID_USAGE);
+  }
+  p2p_stream_destroy(q->stream);
   pthread_cond_destroy(&q->work_cv);
   pthread_cond_destroy(&q->idle_cv);
   pthread_mutex_destroy(&q->mu);
@@ -188,7 +224,7 @@ bool progress_busy(td_comm *comm) {
   comm_request_queue *q = comm->queue;
   if (!q) return false;
   pthread_mutex_lock(&q->mu);
-  bool busy = q->head || q->executing;
+  bool busy = has_work(q) || q->executing;
   pthread_mutex_unlock(&q->mu);
   return busy;
 }
@@ -234,13 +270,13 @@ td_status progress_submit(td_comm *comm, const comm_op *op, td_request **req_out
 td_status progress_run_blocking(td_comm *comm, const comm_op *op) {
   comm_request_queue *q = comm->queue;
   pthread_mutex_lock(&q->mu);
-  if (!q->head && !q->executing && !q->stop) {
+  if (!has_work(q) && !q->executing && !q->stop) {
     q->executing = true;
     pthread_mutex_unlock(&q->mu);
     td_status st = run_op(comm, op);
     pthread_mutex_lock(&q->mu);
     q->executing = false;
-    if (q->head) pthread_cond_signal(&q->work_cv);
+    if (has_work(q)) pthread_cond_signal(&q->work_cv);
     else pthread_cond_broadcast(&q->idle_cv);
     pthread_mutex_unlock(&q->mu);
     return st;
@@ -257,7 +293,7 @@ td_status progress_drain(td_comm *comm) {
   comm_request_queue *q = comm->queue;
   if (!q) return comm_status(comm);
   pthread_mutex_lock(&q->mu);
-  while (q->head || q->executing) {
+  while (has_work(q) || q->executing) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     ts.tv_sec += 1;
@@ -279,19 +315,20 @@ static td_status request_finish(td_request *req) {
 
 /* The waiting thread runs queued operations itself, in queue order, up to
  * and including its own, when the progress thread is not busy with one:
- * "issue, then wait" then costs no hand-off between threads. The progress
- * thread keeps whatever is left. */
+ * "issue, then wait" then costs no hand-off between threads. It stops as
+ * soon as its own is done, in the middle of the send/recv stream too (see
+ * p2p.c): the progress thread keeps whatever is left. */
 static void help_progress(td_request *req) {
   td_comm *comm = req->comm;
   comm_request_queue *q = comm ? comm->queue : NULL;
   if (!q) return;
   pthread_mutex_lock(&q->mu);
-  while (atomic_load_explicit(&req->state, memory_order_acquire) != REQ_DONE && q->head && !q->executing &&
+  while (atomic_load_explicit(&req->state, memory_order_acquire) != REQ_DONE && has_work(q) && !q->executing &&
          !q->stop) {
-    run_head(comm, q);
+    run_head(comm, q, req);
   }
-  if (q->head && !q->executing) pthread_cond_signal(&q->work_cv);
-  if (!q->head && !q->executing) pthread_cond_broadcast(&q->idle_cv);
+  if (has_work(q) && !q->executing) pthread_cond_signal(&q->work_cv);
+  if (!has_work(q) && !q->executing) pthread_cond_broadcast(&q->idle_cv);
   pthread_mutex_unlock(&q->mu);
 }
 

@@ -341,19 +341,24 @@ static void pp_init_params(const td_model *model, float *params, uint64_t seed) 
   for (int c = 0; c < m->v; c++) td_model_init_params(m->chunks[c].slot[0], params + m->chunks[c].offset, seed);
 }
 
-/* The whole model's squared gradient norm: this rank's, less a tied wte
- * copy on the last stage (the first stage counts the summed gradient) and
- * with tensor-parallel stages the replicated tensors on tensor ranks but 0,
- * summed over the stages (and the tensor group). */
-static td_status pp_grad_norm_sq(td_model *model, const float *grads, double *sum_sq) {
+/* The whole model's squared gradient norm: this rank's part [lo, hi) of
+ * its arena, less what lies there of a tied wte copy on the last stage (the
+ * first stage counts the summed gradient) and, with tensor-parallel stages,
+ * of the replicated tensors on tensor ranks but 0; summed over the stages
+ * (and the tensor group). */
+static td_status pp_grad_norm_sq(td_model *model, const float *grads, size_t lo, size_t hi, double *sum_sq) {
   pp_model *m = (pp_model *)model;
   double local = *sum_sq;
-  for (int c = 0; m->tensor && c < m->v; c++)
-    local -= tp_gpt_replicated_sq(m->chunks[c].slot[0], grads + m->chunks[c].offset);
+  for (int c = 0; m->tensor && c < m->v; c++) {
+    const pp_chunk *ch = &m->chunks[c];
+    size_t a = TD_MAX(lo, ch->offset), b = TD_MIN(hi, ch->offset + ch->n_params);
+    if (b > a) local -= tp_gpt_replicated_sq(ch->slot[0], grads + ch->offset, a - ch->offset, b - ch->offset);
+  }
   if (m->tied_wte >= 0 && m->s == m->p - 1) {
     const td_param_tensor *t = &m->tensors[m->tied_wte];
+    size_t a = TD_MAX(lo, t->offset), b = TD_MIN(hi, t->offset + t->count);
     double copy = 0;
-    for (size_t i = 0; i < t->count; i++) copy += (double)grads[t->offset + i] * grads[t->offset + i];
+    for (size_t i = a; i < b; i++) copy += (double)grads[i] * grads[i];
     local -= copy;
     if (local < 0) local = 0;
   }
@@ -365,6 +370,21 @@ static td_status pp_grad_norm_sq(td_model *model, const float *grads, double *su
     return td_error(st, "pipeline stage %d: summing the gradient norm over the tensor-parallel group failed: %s",
                     m->s, td_comm_last_error(m->tensor));
   if (*sum_sq < 0) *sum_sq = 0; /* rounding of the subtractions */
+  return TD_OK;
+}
+
+/* fp16's overflow decision, taken by every stage and tensor rank: the
+ * maximum over the stages, then over the tensor group (each stage's tensor
+ * rank t holds the stages' maximum for t after the first). */
+static td_status pp_group_max(td_model *model, int32_t *flag) {
+  pp_model *m = (pp_model *)model;
+  td_status st = td_allreduce(flag, flag, 1, TD_I32, TD_MAX, m->comm);
+  if (st != TD_OK)
+    return td_error(st, "pipeline stage %d: agreeing on an fp16 overflow over the stages failed: %s", m->s,
+                    td_comm_last_error(m->comm));
+  if (m->tensor && (st = td_allreduce(flag, flag, 1, TD_I32, TD_MAX, m->tensor)) != TD_OK)
+    return td_error(st, "pipeline stage %d: agreeing on an fp16 overflow over the tensor-parallel group failed: %s",
+                    m->s, td_comm_last_error(m->tensor));
   return TD_OK;
 }
 
@@ -617,6 +637,7 @@ static const td_model_ops pp_ops = {
     .thread_scratch_bytes = pp_thread_scratch_bytes,
     .init_params = pp_init_params,
     .grad_norm_sq = pp_grad_norm_sq,
+    .group_max = pp_group_max,
     .run_micro_batches = pp_run,
 };
 

@@ -39,9 +39,17 @@
  * block's output and recomputes the block, collectives included, in
  * backward: the same bits as without it, for one more forward.
  *
- * Not here yet: bf16/fp16 (the kernels would follow td_nn_set_compute_dtype,
- * but nothing here is tested in them and train-gpt refuses them), ZeRO-3's
- * param_access, devices. */
+ * Mixed precision (bf16/fp16, td_nn_set_compute_dtype on the training
+ * thread): the linear products round their operands as the unsplit GPT's
+ * do (td_linear_*); activations, and so the tensor group's collectives,
+ * stay f32, as the unsplit GPT's activations do on the CPU: the allreduced
+ * partial sums are the f32 accumulators one rank would have summed in
+ * another order, so TP adds no rounding one rank does not have. The
+ * attention's products stay f32 (src/nn's bf16 attention kernel is
+ * internal to nn), where the unsplit GPT at bf16 on an avx512bf16 CPU with
+ * head sizes a multiple of 32 rounds them to bf16.
+ *
+ * Not here yet: ZeRO-3's param_access, devices. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -150,12 +158,20 @@ static size_t acts_plan(tp_acts *a, const tp_gpt *g, int B, int sp, int ckpt, fl
   return total;
 }
 
+/* Activations, the token and target copies, and at a half compute type the
+ * scratch of its largest local product (td_nn_lowp_scratch_bytes; the
+ * products run on whole B*T rows, with sequence parallelism too). */
 static size_t tp_activation_bytes(const td_model *model, int batch, int checkpointing, td_dtype compute) {
-  (void)compute; /* f32 only */
   const tp_gpt *g = (const tp_gpt *)model;
   tp_acts scratch = {0};
-  size_t BT = (size_t)batch * g->cfg.seq;
-  return acts_plan(&scratch, g, batch, g->sp, checkpointing != 0, NULL) * sizeof(float) + 2 * BT * sizeof(int32_t);
+  size_t BT = (size_t)batch * g->cfg.seq, C = (size_t)g->C, lowp = 0;
+  if (g->L > 0) {
+    const size_t shapes[4][2] = {{C, 3 * (size_t)g->Cl}, {(size_t)g->Cl, C}, {C, (size_t)g->Fl}, {(size_t)g->Fl, C}};
+    for (int i = 0; i < 4; i++) lowp = TD_MAX(lowp, td_nn_lowp_scratch_bytes(compute, BT, shapes[i][0], shapes[i][1]));
+  }
+  if (g->has_head) lowp = TD_MAX(lowp, td_nn_lowp_scratch_bytes(compute, BT, C, (size_t)g->Vl));
+  return acts_plan(&scratch, g, batch, g->sp, checkpointing != 0, NULL) * sizeof(float) + 2 * BT * sizeof(int32_t) +
+         lowp;
 }
 
 /* What a compute thread keeps for the products (td_model_ops): the largest
@@ -570,12 +586,20 @@ static void tp_init_params(const td_model *model, float *params, uint64_t seed) 
 
 /* The whole model's squared gradient norm: the split tensors' squares from
  * every rank, the replicated ones (equal everywhere) from rank 0 only. */
-static td_status tp_grad_norm_sq(td_model *model, const float *grads, double *sum_sq) {
+static td_status tp_grad_norm_sq(td_model *model, const float *grads, size_t lo, size_t hi, double *sum_sq) {
   tp_gpt *g = (tp_gpt *)model;
-  double mine = *sum_sq - tp_gpt_replicated_sq(model, grads);
+  double mine = *sum_sq - tp_gpt_replicated_sq(model, grads, lo, hi);
   td_status st = td_allreduce(&mine, sum_sq, 1, TD_F64, TD_SUM, g->comm);
   if (fail(g, st)) return td_error(g->failed, "%s", g->failed_msg);
   if (*sum_sq < 0) *sum_sq = 0; /* rounding of the subtraction */
+  return TD_OK;
+}
+
+/* fp16's overflow decision, taken by the whole tensor group */
+static td_status tp_group_max(td_model *model, int32_t *flag) {
+  tp_gpt *g = (tp_gpt *)model;
+  td_status st = td_allreduce(flag, flag, 1, TD_I32, TD_MAX, g->comm);
+  if (fail(g, st)) return td_error(g->failed, "%s", g->failed_msg);
   return TD_OK;
 }
 
@@ -603,6 +627,7 @@ static const td_model_ops tp_ops = {
     .set_activation_checkpointing = tp_set_ckpt,
     .init_params = tp_init_params,
     .grad_norm_sq = tp_grad_norm_sq,
+    .group_max = tp_group_max,
 };
 
 td_status td_gpt_tp_set_sequence_parallel(td_model *model, int on) {
@@ -761,14 +786,14 @@ const float *tp_gpt_stage_input_grad(const td_model *model) {
   return g && g->acts.memory ? g->acts.dres : NULL;
 }
 
-double tp_gpt_replicated_sq(const td_model *model, const float *grads) {
+double tp_gpt_replicated_sq(const td_model *model, const float *grads, size_t lo, size_t hi) {
   const tp_gpt *g = as_tp(model);
   double sq = 0;
   if (!g || g->r == 0) return 0;
   for (int i = 0; i < g->base.n_tensors; i++)
     if (g->cuts[i].kind == CUT_REPL) {
-      const float *x = grads + g->tensors[i].offset;
-      for (size_t j = 0; j < g->tensors[i].count; j++) sq += (double)x[j] * x[j];
+      size_t a = TD_MAX(lo, g->tensors[i].offset), b = TD_MIN(hi, g->tensors[i].offset + g->tensors[i].count);
+      for (size_t j = a; j < b; j++) sq += (double)grads[j] * grads[j];
     }
   return sq;
 }

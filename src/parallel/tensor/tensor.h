@@ -61,10 +61,11 @@ td_status tp_gpt_stage_create(const td_gpt_config *config, const td_gpt_stage *s
 const float *tp_gpt_stage_output(const td_model *model);
 void tp_gpt_stage_set_output_grad(td_model *model, const float *dout);
 const float *tp_gpt_stage_input_grad(const td_model *model);
-/* The squared gradient of the tensors this rank holds but does not count in
- * the model's norm: the replicated ones on tensor ranks other than 0
- * (their gradients are equal on every rank of the group). */
-double tp_gpt_replicated_sq(const td_model *model, const float *grads);
+/* The squared gradient, inside arena range [lo, hi), of the tensors this
+ * rank holds but does not count in the model's norm: the replicated ones on
+ * tensor ranks other than 0 (their gradients are equal on every rank of the
+ * group). */
+double tp_gpt_replicated_sq(const td_model *model, const float *grads, size_t lo, size_t hi);
 
 /* The cut of each of a td_gpt_tp_create model's tensors (model->n_tensors,
  * in arena order; owned by the model), its config and its place (p ranks,

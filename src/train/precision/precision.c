@@ -24,7 +24,9 @@
  * gradients hold an inf or NaN on any rank is skipped on every rank: each
  * rank tests its own gradients and one MAX-allreduce of a flag makes the
  * decision the same everywhere (with ZeRO's sharded gradients no rank sees
- * them all). The scaler then follows DeepSpeed's DynamicLossScaler:
+ * them all); a model split across ranks (TP, PP) adds a MAX over its own
+ * group (the model's group_max), so the whole grid skips together. The
+ * scaler then follows DeepSpeed's DynamicLossScaler:
  * `hysteresis` overflows are tolerated before the scale halves (never below
  * min_loss_scale), and after `loss_scale_window` clean steps it doubles. */
 #include "train/precision/precision.h"
@@ -166,6 +168,20 @@ td_status td_precision_check_overflow(td_trainer *t, int *overflow_out) {
     if (st != TD_OK)
       return td_error(st, "rank %d: agreeing on fp16 gradient overflow failed: %s", t->rank,
                       td_comm_last_error(t->comm));
+  }
+  /* A model split across ranks (tensor or pipeline parallelism): the
+   * replicas agreed per model rank above; the model's own group now takes
+   * the decision of any of its ranks, so the whole grid skips together (a
+   * stage that stepped while its neighbour skipped would train two
+   * different models from then on). */
+  if (t->model->ops->group_max) {
+    td_status st = t->model->ops->group_max(t->model, &flag);
+    if (st != TD_OK) {
+      char why[768];
+      td_error_copy(why, sizeof why);
+      return td_error(st, "rank %d: agreeing on fp16 gradient overflow within the model's group failed: %s", t->rank,
+                      why);
+    }
   }
   *overflow_out = flag != 0;
   return TD_OK;

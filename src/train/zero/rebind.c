@@ -32,7 +32,8 @@ td_status zero_rebind(td_trainer *t) {
   z->status = TD_OK;
   zero_layout(t);
   /* accumulating into shards needs peers (the arenas' kinds, keep_grads included, stay) */
-  z->accum_sharded = z->stage >= 2 && !z->keep_grads && t->world > 1 && t->cfg.grad_accum > 1;
+  z->accum_sharded = z->stage >= 2 && !z->keep_grads && t->world > 1 && t->cfg.grad_accum > 1 &&
+                     !t->model->ops->run_micro_batches; /* as zero_create */
   size_t shard = t->shard_hi - t->shard_lo;
   float *states[2] = {NULL, NULL};
   int cap_pieces = t->model->n_tensors + 2 + t->world;

@@ -94,7 +94,10 @@ td_status zero_create(td_trainer *t) {
   /* kept whole: plain or host-shared memory (the direct allreduce), never
    * given back; given back: reserved address space */
   z->keep_grads = zero_keeps_grads(t->n_params, t->world, z->stage, t->cfg.bucket_bytes);
-  z->accum_sharded = z->stage >= 2 && !z->keep_grads && t->world > 1 && t->cfg.grad_accum > 1;
+  /* (not for a model that runs a step's micro-batches together, a pipeline
+   * stage: it accumulates them whole and reports each tensor once, final) */
+  z->accum_sharded = z->stage >= 2 && !z->keep_grads && t->world > 1 && t->cfg.grad_accum > 1 &&
+                     !t->model->ops->run_micro_batches;
   if (z->stage >= 2) {
     t->grads = arena_for(t, z->keep_grads ? ZERO_MEM_ALLOC : ZERO_MEM_MAPPED, &z->grads_kind);
   } else {
@@ -162,11 +165,16 @@ void zero_destroy(td_trainer *t) {
 td_status zero_grad_norm(td_trainer *t, double *norm_out) {
   /* The same partition at every stage, so that stage 0 and stage 2 agree
    * bit for bit (clipping multiplies every gradient by max_norm / norm). */
+  td_model *m = t->model;
   double total = 0;
   if (t->zero_stage >= 2 && t->comm && t->world > 1) { /* only the shard is reduced */
     double *part = t->zero->norm_partials;
     memset(part, 0, sizeof(double) * (size_t)t->world);
     part[t->rank] = td_sum_squares(t->grads + t->shard_lo, t->shard_hi - t->shard_lo);
+    /* a model split across ranks: this shard's share of the whole model,
+     * summed over the model's group (its replicated tensors counted once,
+     * by the shard that holds them on one rank of the group) */
+    if (m->ops->grad_norm_sq) TD_CHECK(m->ops->grad_norm_sq(m, t->grads, t->shard_lo, t->shard_hi, &part[t->rank]));
     td_status st = td_allgather(part + t->rank, part, (size_t)t->world, TD_F64, t->comm);
     if (st != TD_OK)
       return td_error(st, "rank %d: gathering the gradient norm's partial sums failed: %s", t->rank,
@@ -178,6 +186,8 @@ td_status zero_grad_norm(td_trainer *t, double *norm_out) {
       td_shard_range(t->n_params, t->world, r, &off, &len);
       total += td_sum_squares(t->grads + off, len);
     }
+    /* every rank holds the whole averaged gradient of its part of the model */
+    if (m->ops->grad_norm_sq) TD_CHECK(m->ops->grad_norm_sq(m, t->grads, 0, t->n_params, &total));
   }
   *norm_out = sqrt(total);
   return TD_OK;

@@ -118,7 +118,9 @@ void zero_destroy(td_trainer *t); /* frees what zero_create allocated; NULL-safe
 /* Global L2 norm of the averaged gradient from per-shard partial sums in a
  * fixed order (rank 0's shard, then rank 1's, ...), identical at every
  * stage for a given world size. Stage >= 2 allgathers the partials
- * (collective then). */
+ * (collective then). A model split across ranks (grad_norm_sq, nn.h): the
+ * whole model's norm, each partial summed over the model's group first at
+ * stage >= 2 (collective over that group at every stage). */
 td_status zero_grad_norm(td_trainer *t, double *norm_out);
 
 /* ---- pages.c ---- */

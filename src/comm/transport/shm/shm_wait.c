@@ -114,13 +114,18 @@ td_status shm_fail_dead(shm_transport *t, int peer, const char *while_doing) {
    * consequence, so relay the recorded cause rather than blame it. */
   td_status recorded = shm_check_abort(t);
   if (recorded != TD_OK) return recorded;
+  char pid[24], name[96];
+  snprintf(pid, sizeof pid, "pid %d", (int)t->ranks[peer].pid);
+  comm_peer_name(t->base.comm, peer, pid, name, sizeof name);
+  /* the output to look at is the world rank's (the launcher's prefix) */
+  int world = t->base.comm->world_ranks[peer]; /* peer < n, checked by the callers */
   if (atomic_load_explicit(&t->ranks[peer].detached, memory_order_acquire))
     return comm_fail(t->base.comm, TD_ERR_REMOTE,
-                     "rank %d (pid %d) destroyed its communicator while rank %d %s over shared memory (did it skip "
+                     "%s destroyed its communicator while rank %d %s over shared memory (did it skip "
                      "td_comm_finalize, or fail earlier? look at rank %d's output)",
-                     peer, (int)t->ranks[peer].pid, t->rank, while_doing, peer);
+                     name, t->rank, while_doing, world);
   return comm_fail(t->base.comm, TD_ERR_REMOTE,
-                   "rank %d (pid %d) died: its process is gone while rank %d %s over shared memory; look at rank "
+                   "%s died: its process is gone while rank %d %s over shared memory; look at rank "
                    "%d's output for the cause",
-                   peer, (int)t->ranks[peer].pid, t->rank, while_doing, peer);
+                   name, t->rank, while_doing, world);
 }

@@ -61,6 +61,7 @@ typedef struct hb_peer {
   struct sockaddr_storage to;
   socklen_t to_len; /* 0: this rank, or not set */
   double heard;     /* td_now() when a beat was last drained from it */
+  double stalled_at_heard; /* the watcher's stalled total (tcp_heartbeat.stalled) then */
   bool forgotten;   /* hung up: its silence is no longer news */
   bool beat_seen;   /* a beat ever came: UDP gets through from it */
   bool failed;      /* its beats say its communicator failed */
@@ -87,6 +88,7 @@ struct tcp_heartbeat {
   hb_peer *peers;
   bool adaptive;    /* heartbeat_set_adaptive was called */
   double interval_s, floor_s;
+  double stalled;   /* seconds the watcher was not running when due (heartbeat_note_stall), in all */
 };
 
 static void memory_seed(tcp_heartbeat *hb, hb_peer *peer);
@@ -352,6 +354,7 @@ void heartbeat_drain(tcp_heartbeat *hb, double now) {
     hb_peer *peer = &hb->peers[beat.rank];
     peer->seq = beat.seq;
     peer->heard = now;
+    peer->stalled_at_heard = hb->stalled;
     peer->beat_seen = true;
     if (beat.flags & HB_FLAG_FAILED) peer->failed = true;
     if (hb->adaptive) {
@@ -362,12 +365,18 @@ void heartbeat_drain(tcp_heartbeat *hb, double now) {
 }
 
 void heartbeat_heard(tcp_heartbeat *hb, int peer, double now) {
-  if (peer >= 0 && peer < hb->size && hb->peers[peer].heard < now) hb->peers[peer].heard = now;
+  if (peer >= 0 && peer < hb->size && hb->peers[peer].heard < now) {
+    hb->peers[peer].heard = now;
+    hb->peers[peer].stalled_at_heard = hb->stalled;
+  }
 }
 
 void heartbeat_reset(tcp_heartbeat *hb, double now) {
-  for (int p = 0; p < hb->size; p++)
-    if (hb->peers[p].heard < now) hb->peers[p].heard = now;
+  for (int p = 0; p < hb->size; p++) heartbeat_heard(hb, p, now);
+}
+
+void heartbeat_note_stall(tcp_heartbeat *hb, double stall_s) {
+  if (stall_s > 0) hb->stalled += stall_s;
 }
 
 void heartbeat_forget(tcp_heartbeat *hb, int peer) {
@@ -384,7 +393,7 @@ int heartbeat_lost(const tcp_heartbeat *hb, int after, double now, double timeou
   for (int p = after < 0 ? 0 : after + 1; p < hb->size; p++) {
     const hb_peer *peer = &hb->peers[p];
     if (p == hb->rank || !peer->to_len || peer->forgotten || !peer->beat_seen) continue;
-    if (now - peer->heard > heartbeat_peer_timeout(hb, p, timeout_s, NULL, NULL, NULL)) return p;
+    if (heartbeat_silence(hb, p, now) > heartbeat_peer_timeout(hb, p, timeout_s, NULL, NULL, NULL)) return p;
   }
   return -1;
 }
@@ -397,4 +406,10 @@ int heartbeat_never_beat(const tcp_heartbeat *hb, int after) {
   return -1;
 }
 
-double heartbeat_silence(const tcp_heartbeat *hb, int peer, double now) { return now - hb->peers[peer].heard; }
+double heartbeat_own_stall(const tcp_heartbeat *hb, int peer) {
+  return hb->stalled - hb->peers[peer].stalled_at_heard;
+}
+
+double heartbeat_silence(const tcp_heartbeat *hb, int peer, double now) {
+  return now - hb->peers[peer].heard - heartbeat_own_stall(hb, peer);
+}

@@ -91,7 +91,18 @@ double heartbeat_peer_timeout(const tcp_heartbeat *hb, int peer, double cap_s, i
 int heartbeat_lost(const tcp_heartbeat *hb, int after, double now, double timeout_s);
 /* The first peer above `after` from which no beat ever came, or -1. */
 int heartbeat_never_beat(const tcp_heartbeat *hb, int after);
-/* Seconds since peer was last heard from. */
+/* Seconds since peer was last heard from, less the watcher's own stalls
+ * since then (heartbeat_note_stall): what heartbeat_lost compares. */
 double heartbeat_silence(const tcp_heartbeat *hb, int peer, double now);
+/* The watcher was not running for stall_s seconds when it was due (its
+ * tick came that much later than the interval; <= 0: ignored). Those
+ * seconds do not count in any peer's silence: on a starved machine (a CPU
+ * quota, a VM's stolen time, a load far above the cores) the peers' beat
+ * threads starve with this one, and a beat that a peer could not send while
+ * this thread could not run either is no evidence that the peer is gone. A
+ * peer that is gone stays silent, and is found that much later. */
+void heartbeat_note_stall(tcp_heartbeat *hb, double stall_s);
+/* The seconds of the watcher's stalls left out of peer's silence so far. */
+double heartbeat_own_stall(const tcp_heartbeat *hb, int peer);
 
 #endif

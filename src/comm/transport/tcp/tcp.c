@@ -315,11 +315,13 @@ static td_status peer_broken(tcp_transport *t, int peer, int err) {
   st = relay_published(t, TCP_REASON_WAIT_S);
   if (st != TD_OK) return st;
   const tcp_peer *p = &t->peers[peer];
+  char name[160];
+  comm_peer_name(comm, peer, p->addr, name, sizeof name);
   if (err == 0 || err == EPIPE || err == ECONNRESET)
-    return comm_fail(comm, TD_ERR_REMOTE, "rank %d (%s) %s its connection to rank %d: it exited or was killed", peer,
-                     p->addr, err == ECONNRESET ? "reset" : "closed", t->rank);
-  return comm_fail(comm, TD_ERR_REMOTE, "the connection from rank %d to rank %d (%s) failed: %s", t->rank, peer,
-                   p->addr, strerror(err));
+    return comm_fail(comm, TD_ERR_REMOTE, "%s %s its connection to rank %d: it exited or was killed", name,
+                     err == ECONNRESET ? "reset" : "closed", t->rank);
+  return comm_fail(comm, TD_ERR_REMOTE, "the connection from rank %d to %s failed: %s", t->rank, name,
+                   strerror(err));
 }
 
 /* A protected stream's failure as the communicator's: a socket error is a
@@ -665,12 +667,22 @@ static void declare_lost(tcp_transport *t, int lost, double now) {
              lost_after, n_gaps, mean_gap, longest_gap, t->hb_floor_s, t->hb_timeout_s);
   else
     snprintf(timeout, sizeof timeout, "TANDEM_HEARTBEAT_TIMEOUT=%g", t->hb_timeout_s);
+  /* The silence does not count the seconds this watcher itself did not
+   * run (heartbeat_note_stall): said, so that a judge of a false alarm
+   * sees how starved this rank was. */
+  char stall[96] = "";
+  double own_stall = heartbeat_own_stall(t->hb, lost);
+  if (own_stall >= 0.05)
+    snprintf(stall, sizeof stall, "; not counting %.1f s in which rank %d's own watcher did not run", own_stall,
+             t->rank);
   break_late_store_request(t);
   if (!watcher_store_enter(t)) return;
+  char name[160];
+  comm_peer_name(t->base.comm, lost, t->peers[lost].addr, name, sizeof name);
   comm_fail(t->base.comm, TD_ERR_REMOTE,
-            "rank %d (%s) sent no heartbeat to rank %d for %.1f s (%s): its host is down or "
+            "%s sent no heartbeat to rank %d for %.1f s (%s%s): its host is down or "
             "cut off from this one, or the process is stopped%s",
-            lost, t->peers[lost].addr, t->rank, heartbeat_silence(t->hb, lost, now), timeout, others);
+            name, t->rank, heartbeat_silence(t->hb, lost, now), timeout, stall, others);
   watcher_store_leave(t);
   break_late_store_request(t);
 }
@@ -697,22 +709,22 @@ static void watcher_tick(tcp_transport *t, double *last_tick, bool *armed_seen) 
   bool failed = comm_status(comm) != TD_OK || atomic_load(&t->aborted);
   heartbeat_send(t->hb, failed);
   double now = td_now();
+  /* How much later than due this tick runs: this thread was not running
+   * (the whole process stopped, or starved with its peers); those seconds
+   * do not count in the peers' silences (heartbeat_note_stall). Before the
+   * drain, so that a beat drained now counts as heard after the stall. */
+  heartbeat_note_stall(t->hb, now - *last_tick - t->hb_interval_s);
+  *last_tick = now;
   heartbeat_drain(t->hb, now);
   for (int p = 0; p < t->size; p++) {
     uint64_t rx = atomic_load_explicit(&t->peers[p].rx_bytes, memory_order_relaxed);
     if (rx != t->peers[p].rx_seen) heartbeat_heard(t->hb, p, now);
     t->peers[p].rx_seen = rx;
   }
-  /* This thread did not run for a while (the whole process was stopped,
-   * suspended or starved): the peers' beats of that time were not drained
-   * as they came, so their silence says nothing; start counting afresh. */
-  bool paused = now - *last_tick > TD_MAX(3.0 * t->hb_interval_s, 0.5 * t->hb_timeout_s);
-  *last_tick = now;
   if (failed) break_late_store_request(t);
   if (failed || !atomic_load(&t->armed)) return;
-  if (!*armed_seen || paused) {
-    if (paused) TD_DEBUG("tcp: rank %d's watcher did not run for a while; heartbeat silences restart", t->rank);
-    if (!*armed_seen) t->armed_at = now;
+  if (!*armed_seen) {
+    t->armed_at = now;
     *armed_seen = true;
     heartbeat_reset(t->hb, now);
     return;
