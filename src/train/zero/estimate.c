@@ -164,8 +164,9 @@ static size_t estimate_gather(size_t n, size_t shard, int stage, bool params_on_
  *     2 threads against 1 (2 MiB);
  *   - the rest, the same for every model: the threads' stacks, the
  *     progress thread, the transport's and the pipeline's point-to-point
- *     buffers, the attention tiles, the allocator's slack: 0.1-2.2 MiB
- *     above the panels over 1-8 ranks, shm or TCP, DP, TP and PP (4 MiB).
+ *     buffers, the attention tiles, the allocator's slack: 1-3 MiB above
+ *     the panels over 1-8 ranks, shm or TCP, DP, TP and PP (5 MiB: at 4
+ *     the 6 x 512 GPT's DP ranks over TCP came within 1.6 MiB of it).
  * cfg->threads is the trainer's thread count (td_trainer_estimate_memory
  * resolves automatic). A fixed 7 MiB + 1 MiB per core of the host before
  * had put the pipeline ranks of a 4 x 256 GPT at 0.88x. */
