@@ -319,9 +319,8 @@ void td_nn_set_threads(int n_threads);
  * thread (mixed precision, src/train/precision/): TD_F32 (the default),
  * TD_BF16 or TD_F16. With a half type, each product rounds its operands
  * (activations, weights, output gradients) to that type and accumulates in
- * f32; everything else (layer norm, softmax, loss, gradients' accumulation)
- * stays f32, and the attention's products are bf16 only where its bf16
- * kernel applies (td_attention_forward). bf16 runs on vdpbf16ps at TANDEM_CPU=avx512bf16,
+ * f32; everything else (layer norm, softmax, attention, loss, gradients'
+ * accumulation) stays f32. bf16 runs on vdpbf16ps at TANDEM_CPU=avx512bf16,
  * on rounded f32 products elsewhere. Thread-local: set it on the thread that
  * runs forward and backward. TD_ERR_INVALID_ARGUMENT for other types. */
 td_status td_nn_set_compute_dtype(td_dtype dtype);
@@ -379,10 +378,7 @@ void td_relu_backward(float *dinp /* (n) */, const float *out /* (n) */, const f
 /* Causal multi-head self-attention core: inp holds q, k, v side by side
  * (B, T, 3C), heads of size C/NH; out (B, T, C) is the concatenation of the
  * heads' softmax(q k^T / sqrt(hs)) v. att caches the softmax weights
- * (zero above the diagonal). Backward needs a scratch of T*T floats. At the
- * calling thread's bf16 compute type the four products round their
- * operands to bf16 (f32 accumulation, softmax f32) at TANDEM_CPU=avx512bf16
- * and head sizes a multiple of 32; f32 elsewhere. */
+ * (zero above the diagonal). Backward needs a scratch of T*T floats. */
 void td_attention_forward(float *out /* (B, T, C) */, float *att /* (B, NH, T, T) */, const float *inp /* (B, T, 3C) */,
                           int B, int T, int C, int NH);
 void td_attention_backward(float *dinp /* (B, T, 3C) */, float *scratch /* (T, T) */, const float *dout /* (B, T, C) */,

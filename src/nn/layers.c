@@ -625,19 +625,13 @@ static int attention_backward_tiled(float *dinp, float beta, float *ds, const fl
   return 1;
 }
 
-/* At the bf16 compute type the attention's products are bf16 where the
- * kernel applies (attention_bf16.c: the avx512bf16 level, head sizes a
- * multiple of 32), else f32: the unsplit GPT's and the tensor-parallel
- * GPT's (src/parallel) attention alike. */
 void td_attention_forward(float *out, float *att, const float *inp, int B, int T, int C, int NH) {
-  if (td_nn_compute_dtype() == TD_BF16 && nn_attention_forward_bf16(out, att, inp, B, T, C, NH)) return;
   if (attention_tiled_ok(T, C, NH) && attention_forward_tiled(out, att, inp, B, T, C, NH)) return;
   nn_attention_forward_blas(out, att, inp, B, T, C, NH);
 }
 
 static void attention_backward(float *dinp, float beta, float *scratch, const float *dout, const float *inp,
                                const float *att, int B, int T, int C, int NH) {
-  if (td_nn_compute_dtype() == TD_BF16 && nn_attention_backward_bf16(dinp, beta, dout, inp, att, B, T, C, NH)) return;
   if (attention_tiled_ok(T, C, NH) && attention_backward_tiled(dinp, beta, scratch, dout, inp, att, B, T, C, NH))
     return;
   nn_attention_backward_blas(dinp, beta, scratch, dout, inp, att, B, T, C, NH);

@@ -31,22 +31,30 @@ void nn_layernorm_forward16(float *out, uint16_t *out16, float *mean, float *rst
   }
 }
 
+/* At the bf16 compute type the attention's products are bf16 too
+ * (attention_bf16.c) where that kernel applies, else f32. */
+static void attention_forward_any(float *out, float *att, const float *inp, int B, int T, int C, int NH) {
+  if (td_nn_compute_dtype() == TD_BF16 && nn_attention_forward_bf16(out, att, inp, B, T, C, NH)) return;
+  td_attention_forward(out, att, inp, B, T, C, NH);
+}
+
 void nn_attention_forward16(float *out, uint16_t *out16, float *att, const float *inp, int B, int T, int C, int NH) {
-  if (!out16) { /* (td_attention_forward: bf16 products at the bf16 compute type, where they apply) */
-    td_attention_forward(out, att, inp, B, T, C, NH);
+  if (!out16) {
+    attention_forward_any(out, att, inp, B, T, C, NH);
     return;
   }
   /* sequence by sequence (T x C floats, in L2 at the GPT's sizes) */
   for (int b = 0; b < B; b++) {
     size_t o = (size_t)b * T * C;
-    td_attention_forward(out + o, att + (size_t)b * NH * T * T, inp + (size_t)b * T * 3 * C, 1, T, C, NH);
+    attention_forward_any(out + o, att + (size_t)b * NH * T * T, inp + (size_t)b * T * 3 * C, 1, T, C, NH);
     nn_to_bf16(out16 + o, out + o, (size_t)T * C);
   }
 }
 
 void nn_attention_backward16(float *dinp, float *scratch, const float *dout, const float *inp, const float *att, int B,
                              int T, int C, int NH) {
-  nn_attention_backward_set(dinp, scratch, dout, inp, att, B, T, C, NH); /* bf16 products where they apply */
+  if (td_nn_compute_dtype() == TD_BF16 && nn_attention_backward_bf16(dinp, 0.0f, dout, inp, att, B, T, C, NH)) return;
+  nn_attention_backward_set(dinp, scratch, dout, inp, att, B, T, C, NH);
 }
 
 void nn_linear_forward16(float *out, uint16_t *out16, float *dgelu, const float *resid, const float *inp,

@@ -45,8 +45,9 @@
  * stay f32, as the unsplit GPT's activations do on the CPU: the allreduced
  * partial sums are the f32 accumulators one rank would have summed in
  * another order, so TP adds no rounding one rank does not have. The
- * attention (td_attention_*) rounds its products to bf16 where the unsplit
- * GPT's does: per head, so this rank's heads get the unsplit model's bits.
+ * attention's products stay f32 (src/nn's bf16 attention kernel is
+ * internal to nn), where the unsplit GPT at bf16 on an avx512bf16 CPU with
+ * head sizes a multiple of 32 rounds them to bf16.
  *
  * Not here yet: ZeRO-3's param_access, devices. */
 #include <math.h>
