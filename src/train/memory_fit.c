@@ -52,7 +52,11 @@ td_status td_trainer_estimate_memory(const td_model *model, const td_train_confi
     return TD_OK;
   }
   size_t det = det_estimate_bytes(cfg, model, world, stage);
-  TD_CHECK(zero_estimate_memory(model, cfg, world, stage, det == 0, out));
+  /* automatic threads_per_rank: as many as a trainer on this host would run
+   * (the launcher's ranks on it sharing its cores), each with its buffers */
+  td_train_config c = *cfg;
+  if (c.threads <= 0) c.threads = td_auto_threads((int)TD_MIN(TD_MAX(td_env_long("TANDEM_LOCAL_SIZE", 1), 1L), 1L << 20));
+  TD_CHECK(zero_estimate_memory(model, &c, world, stage, det == 0, out));
   out->deterministic = det;
   if (cfg->elasticity.enabled) {
     /* two commits of each copy (trainer_elastic.c registers the parameters
@@ -82,10 +86,20 @@ static size_t offload_files_in_memory(const td_trainer *t, const td_memory_estim
   return path && statfs(path, &fs) == 0 && fs.f_type == TMPFS_MAGIC_NUMBER ? e->disk : 0;
 }
 
+/* The estimate of this trainer's rank under cfg: at the compute threads it
+ * runs when cfg leaves them automatic (t->threads, from its
+ * communicator's ranks on this host). */
+static td_status estimate_at(const td_trainer *t, const td_train_config *cfg, int world, int stage,
+                             td_memory_estimate *e) {
+  td_train_config c = *cfg;
+  if (c.threads <= 0 && t->threads > 0) c.threads = t->threads;
+  return td_trainer_estimate_memory(t->model, &c, world, stage, e);
+}
+
 /* Bytes the steps need per rank under cfg at `world` ranks and `stage`. */
 static size_t need_bytes(const td_trainer *t, const td_train_config *cfg, int world, int stage) {
   td_memory_estimate e;
-  if (td_trainer_estimate_memory(t->model, cfg, world, stage, &e) != TD_OK) return SIZE_MAX;
+  if (estimate_at(t, cfg, world, stage, &e) != TD_OK) return SIZE_MAX;
   return e.model_states + e.activations + e.runtime + t->mem_baseline;
 }
 
@@ -323,7 +337,7 @@ td_status trainer_memory_fit(td_trainer *t) {
     long before = t->cfg.offload.sub_group_size;
     td_offload_config_fit(&t->cfg, room);
     t->offload_tile_chosen = t->cfg.offload.sub_group_size != before;
-    st = td_trainer_estimate_memory(t->model, &t->cfg, t->world, t->zero_stage, &e);
+    st = estimate_at(t, &t->cfg, t->world, t->zero_stage, &e);
   }
   /* lowered only as far as needed to fit, with 5% left for what the
    * estimate cannot see (other processes' growth, the allocator) */
@@ -336,7 +350,7 @@ td_status trainer_memory_fit(td_trainer *t) {
   if (st == TD_OK && chosen[0])
     TD_INFO("rank %d: chosen from the model and the %.0f MiB available to each rank (%s), as they were not set:%s",
             t->rank, MIB(room), t->mem_room.source, chosen);
-  if (st == TD_OK) st = td_trainer_estimate_memory(t->model, &t->cfg, t->world, t->zero_stage, &e);
+  if (st == TD_OK) st = estimate_at(t, &t->cfg, t->world, t->zero_stage, &e);
   if (st == TD_OK) {
     size_t files = offload_files_in_memory(t, &e);
     size_t need = e.model_states + e.activations + e.runtime + t->mem_baseline + files;
@@ -363,7 +377,7 @@ td_status trainer_gather_fits(td_trainer *t) {
   size_t room = t->mem_room.rank_bytes;
   if (room > 0 && t->zero_stage >= 3) {
     td_memory_estimate e;
-    st = td_trainer_estimate_memory(t->model, &t->cfg, t->world, t->zero_stage, &e);
+    st = estimate_at(t, &t->cfg, t->world, t->zero_stage, &e);
     /* the estimate, not the RSS now: every rank decides alike. (The cache
      * of fetched groups is emptied first, but the gradient buckets' pages
      * may still be there: measured, the whole estimate stays.) */
@@ -437,6 +451,7 @@ td_status td_trainer_fit_memory(const td_train_config *cfg, td_model *model, td_
   t->agree_flags = flags;
   t->n_params = model->n_params;
   t->n_states = td_optimizer_n_states(cfg->optimizer.kind);
+  t->threads = cfg->threads > 0 ? cfg->threads : td_auto_threads(local_ranks(t)); /* as trainer.c runs them */
   td_status st = td_train_config_resolve(&t->cfg, world); /* the same on every rank: no collective skipped alone */
   if (st == TD_OK) {
     zero_layout(t);

@@ -30,7 +30,6 @@
 #include "train/memory_fit.h"
 
 #include <math.h>
-#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,16 +38,6 @@
 #include <unistd.h>
 
 td_status td_trainer_checkpoint_if_due(td_trainer *t, int *saved);
-
-static int host_cores(void) {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof set, &set) == 0) {
-    int n = CPU_COUNT(&set);
-    if (n > 0) return n;
-  }
-  long n = sysconf(_SC_NPROCESSORS_ONLN);
-  return n > 0 ? (int)n : 1;
-}
 
 /* A zeroed arena on transparent huge pages where the system offers them
  * (THP "madvise": the hint must come before the first touch). The optimizer
@@ -203,9 +192,11 @@ static td_status trainer_create(const td_train_config *cfg_in, td_model *model, 
   t->ckpt_fault_at = td_env_long("TANDEM_CKPT_FAULT_AT", 0);
   t->ckpt_fault_rank = (int)td_env_long("TANDEM_CKPT_FAULT_RANK", 0);
 
-  int local_size = comm ? td_comm_host_size(comm) : 1; /* every process of the host shares its cores */
-  if (local_size < 1) local_size = 1;
-  t->threads = t->cfg.threads > 0 ? t->cfg.threads : TD_MAX(1, host_cores() / local_size);
+  /* every process of the host shares its cores; an unbound (elastic)
+   * trainer's host runs as many as the launcher gave it slots */
+  int local_size = comm ? td_comm_host_size(comm) : (int)td_env_long("TANDEM_LOCAL_SIZE", 1);
+  if (local_size < 1 || local_size > (1 << 20)) local_size = 1;
+  t->threads = t->cfg.threads > 0 ? t->cfg.threads : td_auto_threads(local_size);
   td_nn_set_threads(t->threads);
 
   t->n_params = model->n_params;
