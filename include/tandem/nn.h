@@ -235,9 +235,9 @@ const float *td_gpt_stage_input_grad(const td_model *model);
  * model's own stream; forward and backward return with that work done.
  * Backward calls ready() once a block's gradients are in device memory (the
  * stream is synchronized per block, only when ready is given); f32 arenas
- * unless td_gpt_set_device_dtype says bf16. Not supported there yet: ZeRO stage 3's param_access (the model says
- * supports_param_access = 0), activation checkpointing (that op is NULL),
- * td_gpt_generate (refused). */
+ * unless td_gpt_set_device_dtype says bf16. ZeRO stage 3's param_access
+ * and activation checkpointing work as on the CPU; not supported there
+ * yet: td_gpt_generate (refused). */
 td_status td_gpt_create_on(const td_gpt_config *config, td_device device, td_model **out);
 /* The element type of a device GPT's parameter and gradient arenas and of
  * its activations: TD_F32 (the default) or TD_BF16, llm.c's and DeepSpeed's

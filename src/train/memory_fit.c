@@ -32,7 +32,9 @@ static void device_estimate(const td_model *model, const td_train_config *cfg, i
                             td_dtype compute, td_memory_estimate *out) {
   memset(out, 0, sizeof *out);
   zero_device_estimate(model, world, stage, td_optimizer_n_states(cfg->optimizer.kind), compute, out);
-  out->activations = model->ops->activation_bytes ? model->ops->activation_bytes(model, batch, 0, compute) : 0;
+  out->activations = model->ops->activation_bytes
+                         ? model->ops->activation_bytes(model, batch, cfg->activation_checkpointing, compute)
+                         : 0;
   out->runtime = DEVICE_RUNTIME_BYTES;
 }
 
@@ -249,10 +251,16 @@ typedef struct device_need {
   size_t states, activations, total;
 } device_need;
 
-static device_need device_need_for(const td_trainer *t, int stage, int batch, td_dtype compute) {
+static device_need device_need_ckpt(const td_trainer *t, int stage, int batch, td_dtype compute, int ckpt) {
   td_memory_estimate e;
-  device_estimate(t->model, &t->cfg, t->world, stage, batch, compute, &e);
+  td_train_config cfg = t->cfg;
+  cfg.activation_checkpointing = ckpt;
+  device_estimate(t->model, &cfg, t->world, stage, batch, compute, &e);
   return (device_need){e.model_states, e.activations, e.model_states + e.activations + e.runtime};
+}
+
+static device_need device_need_for(const td_trainer *t, int stage, int batch, td_dtype compute) {
+  return device_need_ckpt(t, stage, batch, compute, t->cfg.activation_checkpointing);
 }
 
 static td_status device_memory_fit(td_trainer *t) {
@@ -281,10 +289,15 @@ static td_status device_memory_fit(td_trainer *t) {
     for (int s = 1; s <= 3; s++)
       if (s != t->zero_stage && device_need_for(t, s, t->cfg.micro_batch, compute).total <= room)
         ADD_FIT("; ZeRO stage %d", s);
+    if (!t->cfg.activation_checkpointing &&
+        device_need_ckpt(t, t->zero_stage, t->cfg.micro_batch, compute, 1).total <= room)
+      ADD_FIT("; activation checkpointing (--activation-checkpointing)");
     int b = t->cfg.micro_batch / 2;
     while (b >= 1 && device_need_for(t, t->zero_stage, b, compute).total > room) b /= 2;
     if (b >= 1) ADD_FIT("; --micro-batch %d with gradient accumulation", b);
-    if (off == 0) ADD_FIT("; none of bf16, ZeRO stages 1-3 or a smaller micro-batch: more GPUs, or a smaller model");
+    if (off == 0)
+      ADD_FIT("; none of bf16, ZeRO stages 1-3, activation checkpointing or a smaller micro-batch: more GPUs, or a "
+              "smaller model");
 #undef ADD_FIT
     st = td_error(TD_ERR_INVALID_USAGE,
                   "rank %d: this job needs about %.0f MiB of device memory on %s (model states %.0f, activations "

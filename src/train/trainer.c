@@ -98,7 +98,6 @@ static td_status device_refusals(const td_trainer *t) {
            "type: remove communication_data_type)";
   else if (t->cfg.precision.compute == TD_BF16 && !t->model->ops->set_device_dtype)
     what = "bf16 for this model (it computes in f32 only on a device: train in fp32)";
-  else if (t->cfg.activation_checkpointing) what = "activation checkpointing (remove activation_checkpointing)";
   if (!what) return TD_OK;
   return td_error(TD_ERR_INVALID_USAGE, "rank %d: training on %s does not support %s yet; or train on the CPU "
                   "(--device cpu)", t->rank, name, what);
@@ -841,7 +840,9 @@ static td_status step_finish(td_trainer *t, td_step_stats *stats, double loss, d
     stats->data_s = data_s;
     stats->optimizer_s = t_end - opt0;
     stats->io_s = saved ? td_now() - t_end : 0.0;
-    stats->fetch_wait_s = t->zero ? t->zero->fetch_wait_s : 0.0;
+    stats->fetch_wait_s = t->zero ? t->zero->fetch_wait_s : t->dev_fetch ? t->dev_fetch->wait_s : 0.0;
+    stats->param_fetches = t->zero ? t->zero->n_fetches : t->dev_fetch ? t->dev_fetch->n_fills : 0;
+    stats->param_prefetches = t->zero ? t->zero->n_prefetches : t->dev_fetch ? t->dev_fetch->n_ahead : 0;
     stats->n_buckets = n_buckets;
     stats->comm_bytes = t->comm_bytes;
     stats->saved = saved;
