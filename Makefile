@@ -170,8 +170,13 @@ ifeq ($(CUDA_EMU),1)
 CXX ?= g++
 EMU_INC      := -Itests/cudaemu/include
 CFLAGS       += -DTD_HAVE_CUDA=1 -DTD_CUDA_EMU=1 $(EMU_INC)
+# -ftls-model=initial-exec: threadIdx and the other per-thread emulator
+# state are read in every kernel statement; the -fPIC default
+# (general-dynamic) made each read a __tls_get_addr call, which ASan
+# intercepts. The emulator tree links programs only, so the static TLS
+# model is safe.
 EMU_CXXFLAGS := -x c++ -std=c++17 -g $(OPT) $(ARCH) -Wall -Wextra -Wno-unused-parameter -Wno-unknown-pragmas -fno-exceptions -fno-rtti \
-                -fno-strict-aliasing -pthread -fPIC -Iinclude -Isrc $(EMU_INC) -DTD_HAVE_CUDA=1 -DTD_CUDA_EMU=1 -MMD -MP \
+                -fno-strict-aliasing -pthread -fPIC -ftls-model=initial-exec -Iinclude -Isrc $(EMU_INC) -DTD_HAVE_CUDA=1 -DTD_CUDA_EMU=1 -MMD -MP \
                 $(if $(filter 1,$(SAN)),-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
 EMU_TEST_CU  := $(sort $(wildcard tests/cudaemu/test_*.cu))
 LIB_SRCS     += $(CUDA_C_SRCS)

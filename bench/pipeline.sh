@@ -22,7 +22,13 @@
 #    do not cut into 4 x 2 chunks) at m = 4, 8, 16, rounds interleaved; each
 #    rank's `pipeline ... idle_fraction=` (1 - (forward + backward) / step
 #    time, over the steps after the first), median over the rounds, against
-#    (p-1)/(m+p-1) and, for the interleaved schedule, (p-1)/(v m+p-1).
+#    (p-1)/(m+p-1) and, for the interleaved schedule, (p-1)/(v m+p-1), and
+#    against the same closed form with the run's measured stage imbalance:
+#    with C_s a stage's forward + backward seconds and C_max the slowest
+#    stage's, the schedule at best takes (m + (p-1)/v) micro-batch slots of
+#    the slowest stage, so stage s idles 1 - m C_s / ((m + (p-1)/v) C_max)
+#    (equal stages: the closed forms). What is above that is transfers, the
+#    engine's own time and waiting for a core.
 #
 # The load of other users on the machine stretches every figure; the load
 # average is recorded per round. With more ranks than cores (4 ranks on 2
@@ -136,7 +142,7 @@ fi
 
 if [ "$part" = all ] || [ "$part" = idle ]; then
   specs=("2|1f1b|1" "2|interleaved|2" "4|1f1b|1") # 4 stages x 2 chunks needs 8 layers
-  declare -A idle=() layers=()
+  declare -A idle=() layers=() adjusted=()
   loads=""
   for r in $(seq 1 "$rounds"); do
     loads+=" $(load)"
@@ -148,10 +154,16 @@ if [ "$part" = all ] || [ "$part" = idle ]; then
             --grad-accum "$m" --pipeline-parallel "$p" --pipeline-schedule "$sched" --pipeline-chunks "$v" >"$log" 2>&1; then
           echo "bench/pipeline.sh: p=$p $sched m=$m failed:" >&2; tail -3 "$log" >&2; exit 1
         fi
+        cmax=$(grep "pipeline rank=" "$log" | while read -r line; do
+          awk -v f="$(value forward_s <<<"$line")" -v b="$(value backward_s <<<"$line")" 'BEGIN { print f + b }'
+        done | sort -g | tail -1)
         while read -r line; do
           s=$(value stage <<<"$line")
           idle[$spec|$m|$s]="${idle[$spec|$m|$s]:-} $(value idle_fraction <<<"$line")"
           layers[$spec|$m|$s]=$(value layers <<<"$line")
+          adj=$(awk -v f="$(value forward_s <<<"$line")" -v b="$(value backward_s <<<"$line")" -v c="$cmax" \
+            -v m="$m" -v p="$p" -v v="$v" 'BEGIN { printf "%.4f", (c > 0 ? 1 - m * (f + b) / ((m + (p - 1) / v) * c) : 0) }')
+          adjusted[$spec|$m|$s]="${adjusted[$spec|$m|$s]:-} $adj"
         done < <(grep "pipeline rank=" "$log")
         echo "round $r: idle p=$p $sched m=$m done" >&2
       done
@@ -163,15 +175,16 @@ if [ "$part" = all ] || [ "$part" = idle ]; then
     echo
     echo "idle = 1 - (forward + backward) / step time, per rank, over the steps after the first; load average (1 min) at the rounds' starts:$loads."
     echo
-    echo "| layout | m | stage | layers | idle (median) | runs | closed form | median / closed form |"
-    echo "|---|---|---|---|---|---|---|---|"
+    echo "| layout | m | stage | layers | idle (median) | runs | closed form | median / closed form | closed form with the measured imbalance (median) | median / that |"
+    echo "|---|---|---|---|---|---|---|---|---|---|"
     for spec in "${specs[@]}"; do
       IFS='|' read -r p sched v <<<"$spec"
       for m in 4 8 16; do
         closed=$(awk -v p="$p" -v m="$m" -v v="$v" 'BEGIN { printf "%.4f", (p - 1) / (v * m + p - 1) }')
         for s in $(seq 0 $((p - 1))); do
           med=$(tr ' ' '\n' <<<"${idle[$spec|$m|$s]:-}" | grep . | median)
-          echo "| PP=$p $sched$([ "$v" -gt 1 ] && echo " x$v") | $m | $s | ${layers[$spec|$m|$s]:-} | $med | ${idle[$spec|$m|$s]:-} | $closed | $(ratio "$med" "$closed") |"
+          adj=$(tr ' ' '\n' <<<"${adjusted[$spec|$m|$s]:-}" | grep . | median)
+          echo "| PP=$p $sched$([ "$v" -gt 1 ] && echo " x$v") | $m | $s | ${layers[$spec|$m|$s]:-} | $med | ${idle[$spec|$m|$s]:-} | $closed | $(ratio "$med" "$closed") | $adj | $(ratio "$med" "$adj") |"
         done
       done
     done

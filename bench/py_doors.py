@@ -25,6 +25,16 @@ process, one thread):
   --door allreduce --backend B       the communication alone: the whole
                                      gradient (one tensor) through
                                      dist.all_reduce, timed
+  --door buckets --backend B         the communication alone as DDP cuts it:
+                                     the model's DDP buckets (their sizes from
+                                     torch's own bucket assignment, 1 MB first
+                                     then 25 MB), allreduced one after the
+                                     other (each waited for) and all issued
+                                     at once then waited for (as DDP issues
+                                     them when backward outruns the wire),
+                                     beside the whole gradient as one tensor;
+                                     per way the best and median ms and the
+                                     process's CPU seconds per pass
 
 Prints one line on rank 0: door, backend, steps/s, ms per step (after 2
 warm-up steps), the shortest step, and the rank-averaged loss of every step, which every
@@ -39,7 +49,7 @@ import torch.distributed as dist
 import tandem.torch as hvd
 
 p = argparse.ArgumentParser()
-p.add_argument("--door", choices=["ddp", "ddpavg", "hvd", "compute", "allreduce"], required=True)
+p.add_argument("--door", choices=["ddp", "ddpavg", "hvd", "compute", "allreduce", "buckets"], required=True)
 p.add_argument("--backend", choices=["tandem", "gloo"], default="tandem")
 p.add_argument("--steps", type=int, default=8)
 p.add_argument("--layers", type=int, default=24)
@@ -84,6 +94,49 @@ if a.door == "allreduce":
 torch.manual_seed(0)
 
 
+def buckets_alone(params):
+    """--door buckets: DDP's buckets of `params`, allreduced three ways."""
+    import resource
+    idx, _ = dist._compute_bucket_assignment_by_size(params, [dist._DEFAULT_FIRST_BUCKET_BYTES, 25 << 20], [False] * len(params))
+    sizes = [sum(params[i].numel() for i in b) for b in reversed(idx)]  # DDP's order: the last layers' first
+    bufs = [torch.full((k,), float(r + 1)) for k in sizes]
+    whole = torch.full((sum(sizes),), float(r + 1))
+
+    def seq():
+        for b in bufs:
+            dist.all_reduce(b)
+
+    def concurrent():
+        for w in [dist.all_reduce(b, async_op=True) for b in bufs]:
+            w.wait()
+
+    out = {}
+    for name, fn in (("seq", seq), ("async", concurrent), ("one", lambda: dist.all_reduce(whole))):
+        times, cpu = [], []
+        for i in range(a.steps + 2):
+            dist.barrier()
+            u0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+            fn()
+            t1, u1 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
+            times.append(t1 - t0)
+            cpu.append(u1.ru_utime - u0.ru_utime + u1.ru_stime - u0.ru_stime)
+        times, cpu = sorted(times[2:]), sorted(cpu[2:])
+        out[name] = (times[0] * 1e3, times[len(times) // 2] * 1e3, cpu[len(cpu) // 2])
+    # Sums of sums: the first pass gives n (n + 1) / 2, each later one multiplies by n (exact in float32 here).
+    passes = a.steps + 2
+    for b, k in [(b, 2 * passes) for b in bufs] + [(whole, passes)]:
+        want = n * (n + 1) / 2 * n ** (k - 1)
+        assert b[0].item() == want and b[-1].item() == want, (b[0].item(), b[-1].item(), want)
+    if r == 0:
+        print(f"model={a.model} door=buckets backend={a.backend} nproc={n} params={sum(sizes)} buckets={len(sizes)} "
+              f"largest_bucket={max(sizes)} "
+              + " ".join(f"{k}_best_ms={v[0]:.1f} {k}_median_ms={v[1]:.1f} {k}_cpu_s={v[2]:.3f}" for k, v in out.items()),
+              flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+    raise SystemExit(0)
+
+
 class Embed(torch.nn.Module):
     """A dense embedding table (its gradient is a dense tensor of the whole
     table, as torch's default sparse=False gives) pooled into a small head:
@@ -106,6 +159,8 @@ if a.model == "mlp":
 else:
     model = Embed()
 nparam = sum(q.numel() for q in model.parameters())
+if a.door == "buckets":
+    buckets_alone(list(model.parameters()))
 opt = torch.optim.SGD(model.parameters(), lr=1e-3)
 pending = []
 if a.door in ("ddp", "ddpavg"):

@@ -12,7 +12,10 @@
 # every one once, in turn); the compute-only floor (no communication) and
 # the gradient's allreduce alone (gloo and tandem) run in each round too. Needs root for the namespaces (the tcp part; skipped
 # with a note otherwise).
-#   [PARTS="shm tcp"] [CONTENDERS="ddp,gloo ..."] bench/py_doors.sh [ROUNDS] [STEPS] [MODELS] > raw.txt
+# CONTENDERS="buckets,gloo buckets,tandem" times the gradient's allreduce as
+# DDP's buckets (not in the default set); DOOR_ARGS="--batch 1" passes
+# options to every py_doors.py run.
+#   [PARTS="shm tcp"] [CONTENDERS="ddp,gloo ..."] [DOOR_ARGS=...] bench/py_doors.sh [ROUNDS] [STEPS] [MODELS] > raw.txt
 #   bench/py_summarize_doors.py raw.txt > bench/results/py-doors-DATE.md
 set -u
 cd "$(dirname "$0")/.."
@@ -29,7 +32,8 @@ one() { # PART MODEL DOOR BACKEND LAUNCH...
   shift 4
   local be=()
   [ "$backend" != - ] && be=(--backend "$backend")
-  "$@" $PY "$PWD/bench/py_doors.py" --model "$model" --door "$door" "${be[@]}" --steps "$steps" 2>&1 |
+  # shellcheck disable=SC2086  # DOOR_ARGS: extra py_doors.py options, word-split on purpose
+  "$@" $PY "$PWD/bench/py_doors.py" --model "$model" --door "$door" "${be[@]}" --steps "$steps" ${DOOR_ARGS:-} 2>&1 |
     grep -E '^\[0\] model=|rror' | head -3 | sed "s/^\[0\] /part=$part load=$(cut -d' ' -f1 /proc/loadavg) /"
 }
 

@@ -14,11 +14,15 @@ from collections import defaultdict
 runs = defaultdict(list)  # (part, model, door, backend) -> [(steps_per_s, step_ms, load)]
 losses = {}
 comm = defaultdict(list)  # (part, model, backend) -> [(best_ms, median_ms, load)]
+buckets = defaultdict(list)  # (part, model, backend) -> [key=value dicts of door=buckets lines]
 headers = []
 for line in open(sys.argv[1]):
     if line.startswith("# machine"):
         headers.append(line[len("# machine:"):].strip())
     kv = dict(re.findall(r"(\w+)=(\S+)", line))
+    if kv.get("door") == "buckets" and "seq_best_ms" in kv:
+        buckets[(kv["part"], kv["model"], kv["backend"])].append(kv)
+        continue
     if kv.get("door") == "allreduce" and "best_ms" in kv:
         comm[(kv["part"], kv["model"], kv["backend"])].append((float(kv["best_ms"]), float(kv["median_ms"]),
                                                                float(kv["load"])))
@@ -79,3 +83,21 @@ if comm:
             ratio = f"**{statistics.median(r[0] for r in comm[(part, model, 'gloo')]) / best:.2f}x**"
         print(f"| {part} | {model} | {be} | {len(rs)} | {best:.0f} | {statistics.median(r[1] for r in rs):.0f} | "
               f"{statistics.median(r[2] for r in rs):.1f} | {ratio} |")
+
+if buckets:
+    print("\nThe gradient's allreduce as DDP's buckets (door buckets: one after the other, all issued at once, "
+          "and the whole gradient as one tensor; medians of runs):\n")
+    print("| part | model | backend | runs | buckets | way | best ms | median ms | CPU-s per pass (rank 0) | "
+          "gloo / tandem (best) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for part, model, be in sorted(buckets):
+        rs = buckets[(part, model, be)]
+        for way in ("seq", "async", "one"):
+            def med(k, rs=rs):
+                return statistics.median(float(r[k]) for r in rs)
+            ratio = ""
+            glo = buckets.get((part, model, "gloo"))
+            if be == "tandem" and glo:
+                ratio = f"**{statistics.median(float(r[way + '_best_ms']) for r in glo) / med(way + '_best_ms'):.2f}x**"
+            print(f"| {part} | {model} | {be} | {len(rs)} | {rs[0]['buckets']} | {way} | {med(way + '_best_ms'):.0f} | "
+                  f"{med(way + '_median_ms'):.0f} | {med(way + '_cpu_s'):.3f} | {ratio} |")

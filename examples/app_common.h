@@ -495,6 +495,9 @@ static void app_step_metrics(const td_step_stats *st, int use_tokens, td_step_me
   m->data_s = st->data_s;
   m->io_s = st->io_s;
   m->fetch_wait_s = st->fetch_wait_s;
+  /* only where something was fetched (ZeRO stage 3 on several ranks) */
+  m->param_fetches = st->param_fetches > 0 ? st->param_fetches : -1;
+  m->param_prefetches = st->param_fetches > 0 ? st->param_prefetches : -1;
   m->grad_norm = st->grad_norm;
   m->memory_mib = st->memory_bytes / 1048576.0;
   if (st->memory_limit_bytes) {

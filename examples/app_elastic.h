@@ -351,6 +351,10 @@ static int app_elastic_main(td_train_config *cfg, td_model *model, td_dataset *d
    * trainer of one rank would first hold the whole model state. */
   td_train_config local = *cfg;
   local.checkpoint_every = 0;
+  /* elastic whether or not the config said so (--elastic, tandemrun
+   * --min-np): the trainer's estimate and its memory check at creation then
+   * count the buddy copies and deterministic reduction's buffers */
+  local.elasticity.enabled = 1;
   a.save_every = cfg->checkpoint_every;
   int world0 = td_elastic_size(a.e), rank0 = td_elastic_rank(a.e);
   if (world0 < 1 || rank0 < 0 || rank0 >= world0) world0 = 1, rank0 = 0;
@@ -378,6 +382,16 @@ static int app_elastic_main(td_train_config *cfg, td_model *model, td_dataset *d
     td_trainer_destroy(a.trainer);
     td_elastic_destroy(a.e);
     return APP_EXIT_FAIL;
+  }
+  /* Every rank: the memory estimate against the peak so far, before the
+   * gather below, as the non-elastic summary prints it (tests/offload,
+   * issue 23) */
+  td_trainer_memory_info mem;
+  if (td_trainer_memory(a.trainer, &mem) == TD_OK) {
+    printf("%s: memory rank=%d estimate_mib=%.1f baseline_mib=%.1f peak_rss_mib=%.1f limit_mib=%.1f limit=\"%s\"\n",
+           app_name, a.rank, mem.estimate_bytes / 1048576.0, mem.baseline_bytes / 1048576.0,
+           mem.peak_rss_bytes / 1048576.0, mem.limit_bytes / 1048576.0, mem.limit_source);
+    fflush(stdout);
   }
   /* stage 3: the whole parameter arena for the hash (collective) */
   s = td_trainer_gather_params(a.trainer);

@@ -262,12 +262,13 @@ static void build_config(const gpt_options *o, int world, td_train_config *cfg) 
 
 /* --estimate-memory: the table of td_trainer_estimate_memory for every
  * stage (rank 0 prints; stdout, one line per stage, key=value pairs).
- * world: the data-parallel ranks; with tensor parallelism, params are this
- * rank's shard. */
+ * world: the data-parallel ranks; with tensor or pipeline parallelism,
+ * params are this rank's shard. */
 static void print_estimates(const td_model *model, const td_train_config *cfg, int world) {
-  if (cfg->tensor_parallel > 1)
-    printf("%s: tensor_parallel=%d: world= below counts data-parallel ranks, params= this rank's shard; ZeRO "
-           "stages 2-3 are not built with tensor parallelism\n", app_name, cfg->tensor_parallel);
+  if (cfg->tensor_parallel > 1 || cfg->pipeline_parallel > 1)
+    printf("%s: tensor_parallel=%d pipeline_parallel=%d: world= below counts data-parallel ranks, params= this "
+           "rank's shard; ZeRO stage 3 is not built with tensor or pipeline parallelism\n", app_name,
+           cfg->tensor_parallel > 1 ? cfg->tensor_parallel : 1, cfg->pipeline_parallel > 1 ? cfg->pipeline_parallel : 1);
   printf("%s: memory per rank at world=%d, params=%zu, micro_batch=%d (MiB; model states = params + grads + "
          "optimizer + live + deterministic + replicas; replica_disk: the elastic buddy replicas' files; DeepSpeed "
          "estimate_zero3_model_states_mem_needs_all_live; "

@@ -122,7 +122,8 @@ td_status td_elastic_register(td_elastic *e, const char *name, void *ptr, size_t
  * at ptr. Every sharded buffer of a state is split alike (same total; lo
  * and hi equal across the buffers of one rank). Each commit also copies
  * this rank's elements and sends the copy to a buddy rank (on another host
- * when there is one) while the next step computes. After a membership
+ * when there is one) while the next step computes, until
+ * td_elastic_commit_wait, which must come before the buffer changes. After a membership
  * change the reset callback re-shards and registers every sharded buffer
  * again (same names) with the new ptr, lo and hi; td_elastic_run then fills
  * them from the survivors' shards and their buddies' copies. Local. */
@@ -151,12 +152,26 @@ td_status td_elastic_start_from_fallback(td_elastic *e);
 
 /* Copy every registered buffer into this process's in-memory commit (a
  * memcpy per buffer; no disk, no network). At stage 0 every rank holds the
- * whole state, so every survivor has the commit. Then, collectively, check
- * whether new workers wait to join (rank 0 asks the store; one 4-byte
- * allreduce tells the others): if so, returns TD_ERR_REMOTE with a message
- * saying so, which td_elastic_run answers with a membership change that
- * admits them (no step is lost: the commit is already taken). */
+ * whole state, so every survivor has the commit. Sharded buffers are
+ * copied by a thread of the commit's own, into the replica files and to
+ * the buddy, while the caller goes on with the next step: see
+ * td_elastic_commit_wait. Then, collectively, check whether new workers
+ * wait to join (rank 0 asks the store; one 4-byte allreduce tells the
+ * others): if so, returns TD_ERR_REMOTE with a message saying so, which
+ * td_elastic_run answers with a membership change that admits them (no
+ * step is lost: the commit is already taken). */
 td_status td_elastic_commit(td_elastic *e);
+
+/* The fence of the sharded buffers' copies: blocks until the last
+ * commit's copy of them is written and exchanged with the buddy, and
+ * returns its status. A sharded buffer must not change between
+ * td_elastic_commit and this call: call it right before the step writes
+ * them (the optimizer's update; td_trainer_step does), so that the copy
+ * overlaps the forward and backward passes. TD_OK at once when no copy is
+ * in flight (no sharded buffers, or already done). When a peer was lost
+ * during the exchange, the epoch's communicator is broken too, so that
+ * td_elastic_run answers with a membership change. Local. */
+td_status td_elastic_commit_wait(td_elastic *e);
 
 typedef td_status (*td_elastic_train_fn)(void *ctx, td_elastic *e);
 typedef td_status (*td_elastic_reset_fn)(void *ctx, td_comm *comm, int world_size);

@@ -140,6 +140,12 @@ typedef struct td_model_ops {
    * device, then keeps the f32 masters itself and hands the model a bf16
    * copy. Takes effect at the next prepare. */
   td_status (*set_device_dtype)(td_model *model, td_dtype dtype);
+  /* Optional (NULL: none). Bytes each compute thread keeps for the model's
+   * matrix products at micro-batch `batch` (td_linear_scratch_bytes of its
+   * largest layer): allocated by the first step and kept, once per thread
+   * whatever the activations held (memory estimates count it per thread,
+   * not per pipeline slot). */
+  size_t (*thread_scratch_bytes)(const td_model *model, int batch);
 } td_model_ops;
 
 struct td_model {
@@ -229,9 +235,9 @@ const float *td_gpt_stage_input_grad(const td_model *model);
  * model's own stream; forward and backward return with that work done.
  * Backward calls ready() once a block's gradients are in device memory (the
  * stream is synchronized per block, only when ready is given); f32 arenas
- * unless td_gpt_set_device_dtype says bf16. Not supported there yet: ZeRO stage 3's param_access (the model says
- * supports_param_access = 0), activation checkpointing (that op is NULL),
- * td_gpt_generate (refused). */
+ * unless td_gpt_set_device_dtype says bf16. ZeRO stage 3's param_access
+ * and activation checkpointing work as on the CPU; not supported there
+ * yet: td_gpt_generate (refused). */
 td_status td_gpt_create_on(const td_gpt_config *config, td_device device, td_model **out);
 /* The element type of a device GPT's parameter and gradient arenas and of
  * its activations: TD_F32 (the default) or TD_BF16, llm.c's and DeepSpeed's
@@ -332,6 +338,12 @@ const char *td_nn_matmul_backend(void);
  * lda/ldb/ldc are row strides. The one matrix product every layer uses. */
 void td_sgemm(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
               int ldb, float beta, float *C, int ldc);
+
+/* Bytes a thread keeps allocated after the products of a linear layer of
+ * `in` to `out` features on `rows` rows (the packed panels of the
+ * single-threaded products): for memory estimates (td_model_ops's
+ * thread_scratch_bytes). */
+size_t td_linear_scratch_bytes(size_t rows, size_t in, size_t out);
 
 /* out = inp @ weight^T + bias. weight (OC, IC) as in PyTorch; bias may be NULL. */
 void td_linear_forward(float *out /* (N, OC) */, const float *inp /* (N, IC) */, const float *weight /* (OC, IC) */,

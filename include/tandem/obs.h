@@ -30,6 +30,8 @@ typedef struct td_step_metrics {
   double data_s;      /* part of compute_s: copying samples into the micro-batch */
   double io_s;        /* writing the checkpoint this step saved (after the step, not part of step_s) */
   double fetch_wait_s; /* part of compute_s: ZeRO stage 3 waiting for parameter fetches */
+  long param_fetches;    /* ZeRO stage 3: parameter ranges broadcast this step (td_step_stats) */
+  long param_prefetches; /* of those, launched ahead of their fetch */
   double grad_norm;   /* global gradient L2 norm before clipping */
   double memory_mib;       /* this rank's share of physical memory after the step (Pss) */
   double memory_limit_mib; /* the memory available to this rank (-1: unknown) */

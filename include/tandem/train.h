@@ -317,6 +317,8 @@ typedef struct td_step_stats {
   double optimizer_s; /* this rank: gradient norm, clipping and the update (part of compute_s) */
   double io_s;        /* this rank: writing the checkpoint this step saved (not part of step_s; 0 if none) */
   double fetch_wait_s; /* this rank, ZeRO stage 3: blocked waiting for parameter fetches (part of compute_s) */
+  long param_fetches;   /* this rank, ZeRO stage 3 with more than one rank: parameter ranges broadcast this step */
+  long param_prefetches; /* of those, launched ahead of the model's fetch (stage3_prefetch_bucket_size) */
   int n_buckets;      /* gradient buckets reduced in this step */
   size_t comm_bytes;  /* bytes of gradient this rank reduced in this step */
   int saved;          /* 1 if td_trainer_step wrote a checkpoint after this step */

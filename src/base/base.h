@@ -156,8 +156,10 @@ td_status td_cpu_parse(const char *text, td_cpu_level supported, td_cpu_level *o
  * and order -0 below +0, so they are commutative bit for bit (reduce.c). */
 void td_reduce_inplace(void *dst, const void *src, size_t count, td_dtype dtype, td_op op);
 /* dst[i] = op over k of srcs[k][i], k < n_srcs (n_srcs >= 1), combined in
- * the order srcs[0], srcs[1], ... dst may be the same memory as any source
- * (no partial overlap). f16/bf16 accumulate all inputs in f32 and round once. */
+ * the order srcs[0], srcs[1], ... dst may be the same memory as srcs[0] or
+ * srcs[1], not a later source (dst holds the first partial result before
+ * sources 2.. are folded in); no partial overlap. f16/bf16 accumulate all
+ * inputs in f32 and round once. */
 void td_reduce_multi(void *dst, const void *const *srcs, int n_srcs, size_t count, td_dtype dtype, td_op op);
 /* The same reduction written to every dsts[j] (j < n_dsts) in one pass, as
  * the direct shm allreduce writes every rank's buffer. A dst may be the same

@@ -9,6 +9,8 @@
 #include "elastic/membership.h"
 #include "tandem/elastic.h"
 
+#include <pthread.h>
+
 /* ---- buddy replicas of sharded state (replica.c) ----
  * A piece is a range [lo, hi) of the global sharded arrays at one commit:
  * buffer 0's elements, then buffer 1's, ..., packed (buffer k starts at
@@ -47,7 +49,22 @@ typedef struct el_replicas {
   int buddy;            /* rank of the current epoch holding this rank's copy; -1: none (one rank) */
   unsigned char *staging; /* TD_ELASTIC_STAGING_BYTES between the files and the network */
   size_t staging_used;    /* the most of it used (what is resident of it) */
-  double replicate_s;   /* time spent in the commit path (writes + exchange), for the log */
+  /* The commit in flight (replica.c's header): a thread of its own writes
+   * the files and runs the exchange on rcomm while the next step computes.
+   * While it runs, the main thread touches none of the fields above it but
+   * bufs (read by both); what the accessors report is published at its end. */
+  td_comm *rcomm;         /* the epoch's communicator for the exchange (a split of the epoch's); NULL: none */
+  pthread_t thread;
+  bool in_flight;         /* a commit thread was started and not yet joined */
+  bool sync_ready;        /* mu and done_cv are initialized */
+  pthread_mutex_t mu;
+  pthread_cond_t done_cv;
+  bool done;              /* under mu: the thread finished */
+  int64_t job_commit;     /* the commit it replicates */
+  td_status job_st;       /* its outcome, and the message of a failure */
+  char job_msg[768];
+  size_t disk_bytes_pub;  /* el_rep_disk_bytes as of the last finished commit */
+  size_t staging_pub;     /* staging_used as of the last finished commit */
 } el_replicas;
 
 /* Per-rank descriptor exchanged after a failure (allgathered int64s): the
@@ -59,8 +76,11 @@ enum { EL_D_WHOLE0, EL_D_WHOLE1, EL_D_TOTAL, EL_D_ROW, EL_D_PIECES };
 td_status el_rep_register(el_replicas *r, const char *name, void *ptr, size_t elem_bytes, size_t total, size_t lo,
                           size_t hi);
 void el_rep_free(el_replicas *r);
-/* Bytes of the pieces' files (what the copies hold on disk). */
+/* Bytes of the pieces' files (what the copies hold on disk), and the most
+ * of the staging buffer used (what is resident of it), as of the last
+ * finished commit: callable while one runs. */
 size_t el_rep_disk_bytes(const el_replicas *r);
+size_t el_rep_staging_bytes(const el_replicas *r);
 /* The buddy of every rank (pure; every rank computes the same map): rank
  * i keeps its copy on buddy[i], on another host than host_of[i] (equal
  * ints: the same host) whenever there is another host, so that losing one
@@ -69,11 +89,26 @@ size_t el_rep_disk_bytes(const el_replicas *r);
  * ranks of the other hosts keep several wards each (the fewest possible,
  * round robin). All ranks on one host: the next rank. world < 2: -1. */
 void el_rep_buddies(const int *host_of, int world, int *buddy);
-/* Commit: write this rank's range into own[0]'s file (the previous one
- * kept as own[1]), send it to the buddy and write each ward's into its
- * rep[1], which becomes rep[0] once whole: in chunks through the staging
- * buffer, done on return. Collective in effect (the buddy waits for it). */
+/* Commit: first waits for the previous one (el_rep_commit_wait), then
+ * starts a thread that writes this rank's range into own[0]'s file (the
+ * previous one kept as own[1]), sends it to the buddy and writes each
+ * ward's into its rep[1], which becomes rep[0] once whole: in chunks
+ * through the staging buffer, on rcomm; returns at once. The registered
+ * buffers must not change until el_rep_commit_wait returned. Collective in
+ * effect (the buddy waits for it). */
 td_status el_rep_commit(el_replicas *r, td_comm *comm, int64_t commit);
+/* Wait for the commit in flight, if any; its status. While waiting, a
+ * broken `comm` (the epoch's communicator: a peer lost) aborts rcomm, so
+ * that the exchange stops instead of waiting for the lost peer; a failure
+ * of rcomm aborts `comm`, so that every rank sees it as the epoch's
+ * failure (a membership change), not as this rank's own. */
+td_status el_rep_commit_wait(el_replicas *r, td_comm *comm);
+/* The end of an epoch: waits for the commit in flight (aborting it when
+ * `comm` is broken) and closes rcomm, finalized first when `together`
+ * (every rank ends the epoch at this point: training done, a resize) and
+ * both communicators are healthy, so that no peer sees this rank's leaving
+ * as a failure. Returns the commit's status. */
+td_status el_rep_end_epoch(el_replicas *r, td_comm *comm, bool together);
 /* The pieces this rank holds (own and wards' slots, empty ones included). */
 int el_rep_n_pieces(const el_replicas *r);
 /* Fill d[EL_D_TOTAL..] (the pieces this rank holds, n_pieces slots: at
@@ -94,7 +129,7 @@ td_status el_rep_restore(el_replicas *r, td_comm *comm, const int64_t *desc, int
  * communicator (el_rep_buddies over its hosts), the registered ranges
  * become this rank's holdings at `commit` and are replicated to the new
  * buddy before training goes on; the old holdings are dropped only once that worked.
- * Collective. */
+ * Then the epoch's rcomm is split from comm. Collective. */
 td_status el_rep_reset_holdings(el_replicas *r, td_comm *comm, int64_t commit);
 
 #endif

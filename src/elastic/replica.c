@@ -42,11 +42,24 @@
  * cache, which the kernel writes back and may reclaim under pressure
  * instead of counting them in the process's RSS. The files live as long as
  * the process, like the in-memory copies did: a process that dies loses
- * them, so the failure model above is unchanged. The cost is in the
- * commit, which now finishes its exchange before returning (the next step
- * changes the live shard it sends from, and a receiver has no room to take
- * a copy later), and in a rebuild, which reads the pieces back (from the
- * page cache while it still holds them, else at disk speed).
+ * them, so the failure model above is unchanged. The cost is in a
+ * rebuild, which reads the pieces back (from the page cache while it still
+ * holds them, else at disk speed), and in the commit's writes.
+ *
+ * The commit overlaps the next step: it starts a thread of its own (one a
+ * commit, joined by the next fence) that writes this rank's piece and runs
+ * the exchange, from the live shard, while the next forward and backward
+ * run. The fence is el_rep_commit_wait, which the trainer calls right
+ * before its optimizer writes the shard (td_elastic_commit_wait): the copy
+ * must not see the next step's values, and there is no room for a copy of
+ * the shard to send from later (that would undo what the files saved).
+ * A communicator serves one thread at a time and runs its operations in
+ * issue order, so the exchange has one of its own, rcomm, split from the
+ * epoch's at every membership change: its transfers never queue behind
+ * the next step's gradient reductions, nor those behind them. A lost peer
+ * breaks both (each has its own failure detection); el_rep_commit_wait
+ * carries a failure seen on one over to the other, so that every failure
+ * ends the epoch the same way.
  *
  * The exchange moves chunks of half of TD_ELASTIC_STAGING_BYTES: the
  * sender hands all of its chunks to the progress thread at once, straight
@@ -64,6 +77,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/vfs.h>
@@ -212,6 +226,16 @@ td_status el_rep_register(el_replicas *r, const char *name, void *ptr, size_t el
     if (!r->staging)
       return td_error(TD_ERR_SYSTEM, "elastic: out of memory for the replica staging chunk (%d bytes)",
                       TD_ELASTIC_STAGING_BYTES);
+    pthread_condattr_t ca;
+    bool ok = pthread_condattr_init(&ca) == 0;
+    ok = ok && pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) == 0 && pthread_cond_init(&r->done_cv, &ca) == 0;
+    if (ok && pthread_mutex_init(&r->mu, NULL) != 0) {
+      pthread_cond_destroy(&r->done_cv);
+      ok = false;
+    }
+    pthread_condattr_destroy(&ca);
+    if (!ok) return td_error(TD_ERR_SYSTEM, "elastic: cannot initialize the replica commit's lock");
+    r->sync_ready = true;
   }
   return TD_OK;
 }
@@ -224,23 +248,44 @@ static void wards_free(el_ward *wards, int n) {
   free(wards);
 }
 
+static void join_commit(el_replicas *r, td_comm *comm, bool abort_now);
+
 void el_rep_free(el_replicas *r) {
+  /* leaving with a commit in flight (an error path): its peers may be
+   * gone, so it is stopped rather than waited for */
+  if (r->in_flight) join_commit(r, NULL, true);
+  td_comm_destroy(r->rcomm);
   if (r->n_bufs) { /* the pieces exist once a buffer was registered */
     piece_free(&r->own[0]);
     piece_free(&r->own[1]);
     wards_free(r->wards, r->n_wards);
+  }
+  if (r->sync_ready) {
+    pthread_mutex_destroy(&r->mu);
+    pthread_cond_destroy(&r->done_cv);
   }
   free(r->staging);
   free(r->bufs);
   memset(r, 0, sizeof *r);
 }
 
-size_t el_rep_disk_bytes(const el_replicas *r) {
+/* The files' bytes; only while no commit runs (it writes the pieces). */
+static size_t disk_bytes_now(const el_replicas *r) {
   if (!r->n_bufs) return 0;
   size_t bytes = r->own[0].cap + r->own[1].cap;
   for (int w = 0; w < r->n_wards; w++) bytes += r->wards[w].rep[0].cap + r->wards[w].rep[1].cap;
   return bytes;
 }
+
+/* What the accessors read while a commit may run: set between commits. */
+static void publish(el_replicas *r) {
+  r->disk_bytes_pub = disk_bytes_now(r);
+  r->staging_pub = r->staging_used;
+}
+
+size_t el_rep_disk_bytes(const el_replicas *r) { return r->disk_bytes_pub; }
+
+size_t el_rep_staging_bytes(const el_replicas *r) { return r->staging_pub; }
 
 /* The registered range, checked to be the same for every buffer. */
 static td_status registered_range(const el_replicas *r, size_t *lo, size_t *hi) {
@@ -457,15 +502,125 @@ static td_status exchange(el_replicas *r, td_comm *comm, int slot, int64_t commi
   return own_st != TD_OK ? own_st : file_st;
 }
 
-td_status el_rep_commit(el_replicas *r, td_comm *comm, int64_t commit) {
-  if (!r->n_bufs) return TD_OK;
-  swap_pieces(&r->own[0], &r->own[1]);
+/* Test hook TANDEM_TEST_ELASTIC_SLOW_COMMITS=A:B: the commit threads of
+ * commits A..B wait 2 s before copying anything, longer than a test
+ * model's step, so that the next step's optimizer would have changed the
+ * shards under the copy were it not for the fence, and a process stopped
+ * right after such a commit has sent nothing of it (tests/elastic2/zero.sh
+ * fence, test_el2_replica). */
+static void test_slow_commit(int64_t commit) {
+  const char *v = getenv("TANDEM_TEST_ELASTIC_SLOW_COMMITS");
+  long long a, b;
+  if (v && sscanf(v, "%lld:%lld", &a, &b) == 2 && commit >= a && commit <= b) {
+    struct timespec ts = {2, 0};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+  }
+}
+
+/* The commit proper: this rank's piece and, with a buddy or wards, the
+ * exchange (the wards' rep[1], the commit before the previous one, are
+ * overwritten and become rep[0] once whole). On the commit thread, or on
+ * the caller's when there is none. */
+static td_status replicate(el_replicas *r, td_comm *comm, int64_t commit) {
   if (r->buddy < 0 && !r->n_wards) return snapshot(r, &r->own[0], commit);
-  /* the wards' rep[1] (the commit before the previous one) are overwritten */
   td_status st = exchange(r, comm, 1, commit, &r->own[0]);
   for (int k = 0; k < r->n_wards; k++)
     if (r->wards[k].rep[1].commit == commit) swap_pieces(&r->wards[k].rep[0], &r->wards[k].rep[1]);
   return st;
+}
+
+static void *commit_thread(void *arg) {
+  el_replicas *r = arg;
+  test_slow_commit(r->job_commit);
+  td_status st = replicate(r, r->rcomm, r->job_commit);
+  pthread_mutex_lock(&r->mu);
+  r->job_st = st;
+  if (st != TD_OK) td_error_copy(r->job_msg, sizeof r->job_msg); /* td_last_error is per thread */
+  r->done = true;
+  pthread_cond_signal(&r->done_cv);
+  pthread_mutex_unlock(&r->mu);
+  return NULL;
+}
+
+/* Join the commit thread. Waits in slices, without spinning: a broken
+ * `comm` (a lost peer seen by the main thread first), or abort_now,
+ * aborts rcomm so that an exchange waiting for a lost peer returns. */
+static void join_commit(el_replicas *r, td_comm *comm, bool abort_now) {
+  bool aborted = false;
+  pthread_mutex_lock(&r->mu);
+  while (!r->done) {
+    if (!aborted && r->rcomm && (abort_now || (comm && td_comm_status(comm) != TD_OK))) {
+      aborted = true;
+      pthread_mutex_unlock(&r->mu);
+      td_comm_abort(r->rcomm, abort_now ? "the elastic state is destroyed" : "the epoch's communicator failed");
+      pthread_mutex_lock(&r->mu);
+      continue;
+    }
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_nsec += 250 * 1000 * 1000;
+    if (until.tv_nsec >= 1000000000L) {
+      until.tv_sec++;
+      until.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(&r->done_cv, &r->mu, &until);
+  }
+  pthread_mutex_unlock(&r->mu);
+  pthread_join(r->thread, NULL);
+  r->in_flight = false;
+  publish(r);
+}
+
+td_status el_rep_commit_wait(el_replicas *r, td_comm *comm) {
+  if (!r->in_flight) return TD_OK;
+  join_commit(r, comm, false);
+  if (r->job_st == TD_OK) return TD_OK;
+  /* A peer lost during the exchange, seen on rcomm first: the epoch's
+   * communicator fails too, so that every rank ends the epoch (a file
+   * that cannot be written is this rank's own error: returned as is). */
+  if (r->rcomm && td_comm_status(r->rcomm) != TD_OK && comm && td_comm_status(comm) == TD_OK)
+    td_comm_abort(comm, r->job_msg);
+  return td_error(r->job_st, "%s", r->job_msg);
+}
+
+td_status el_rep_commit(el_replicas *r, td_comm *comm, int64_t commit) {
+  if (!r->n_bufs) return TD_OK;
+  TD_CHECK(el_rep_commit_wait(r, comm)); /* one commit in flight at a time */
+  swap_pieces(&r->own[0], &r->own[1]);
+  bool alone = r->buddy < 0 && !r->n_wards;
+  /* without rcomm (its split failed: reset_holdings returned that) the exchange runs here, on comm */
+  if (!alone && !r->rcomm) {
+    td_status st = replicate(r, comm, commit);
+    publish(r);
+    return st;
+  }
+  pthread_mutex_lock(&r->mu);
+  r->done = false;
+  r->job_commit = commit;
+  r->job_st = TD_OK;
+  r->job_msg[0] = 0;
+  pthread_mutex_unlock(&r->mu);
+  int rc = pthread_create(&r->thread, NULL, commit_thread, r);
+  if (rc != 0) { /* no thread to be had: the commit runs here, as a blocking one */
+    td_status st = replicate(r, alone ? comm : r->rcomm, commit);
+    publish(r);
+    return st;
+  }
+  r->in_flight = true;
+  return TD_OK;
+}
+
+td_status el_rep_end_epoch(el_replicas *r, td_comm *comm, bool together) {
+  td_status st = el_rep_commit_wait(r, comm);
+  char why[768] = "";
+  if (st != TD_OK) td_error_copy(why, sizeof why);
+  if (together && r->rcomm && st == TD_OK && comm && td_comm_status(comm) == TD_OK &&
+      td_comm_status(r->rcomm) == TD_OK)
+    td_comm_finalize(r->rcomm); /* no peer sees our leaving it as a failure */
+  td_comm_destroy(r->rcomm);
+  r->rcomm = NULL;
+  return st == TD_OK ? TD_OK : td_error(st, "%s", why);
 }
 
 static const el_piece *held_piece(const el_replicas *r, int i) {
@@ -626,6 +781,7 @@ td_status el_rep_restore(el_replicas *r, td_comm *comm, const int64_t *desc, int
 
 td_status el_rep_reset_holdings(el_replicas *r, td_comm *comm, int64_t commit) {
   if (!r->n_bufs) return TD_OK;
+  TD_CHECK(el_rep_commit_wait(r, comm));
   /* The new holdings are built beside the old ones, which stay (for the
    * next round's descriptors) until the new ones are complete. */
   el_replicas next = *r; /* the registration (bufs, sizes); none of r's holdings */
@@ -671,5 +827,20 @@ td_status el_rep_reset_holdings(el_replicas *r, td_comm *comm, int64_t commit) {
   r->wards = next.wards;
   r->n_wards = next.n_wards;
   r->buddy = next.buddy;
+  publish(r);
+  /* the epoch's communicator for the commits' exchanges (file header) */
+  td_comm_destroy(r->rcomm);
+  r->rcomm = NULL;
+  if (r->buddy < 0 && !r->n_wards) return TD_OK;
+  st = td_comm_split(comm, 0, td_comm_rank(comm), &r->rcomm);
+  if (st != TD_OK) {
+    /* a peer lost in its rendezvous: the epoch fails on every rank (its
+     * communicator broken), so that the survivors form the next one */
+    char why[768];
+    td_error_copy(why, sizeof why);
+    td_comm_abort(comm, "creating the buddy replicas' communicator failed");
+    return td_error(st, "elastic: rank %d: creating the communicator of the buddy replicas' exchange failed: %s",
+                    td_comm_rank(comm), why);
+  }
   return TD_OK;
 }

@@ -51,7 +51,8 @@ struct td_elastic {
   int faults; /* epochs ended by a broken communicator (not by admitting joiners) */
   int fallbacks;
   int64_t commits_here; /* commits this process took (td_elastic_commit) */
-  double commit_s;      /* time in their copies and buddy replica waits */
+  double commit_s;      /* time in their copies (and in waits for the previous commit's replicas) */
+  double fence_s;       /* time in td_elastic_commit_wait: the replicas' exchange not done when the shards change */
   double check_s;       /* time in their join check (its allreduce waits for the slowest rank) */
   double commit_cpu_s;  /* CPU time of this thread in the copies and waits (wall time inflates under load) */
 };
@@ -149,12 +150,14 @@ td_status td_elastic_create(const void *reserved, td_elastic **out) {
 void td_elastic_destroy(td_elastic *e) {
   if (!e) return;
   if (e->commits_here)
-    td_log(TD_LOG_INFO, "elastic: process %ld: %lld commits: %.2f ms each in copies and buddy replica waits (%.2f ms "
-           "of CPU), %.2f ms in the join check (waiting there for the slowest rank)", e->m.uid,
+    td_log(TD_LOG_INFO, "elastic: process %ld: %lld commits: %.2f ms each in copies (%.2f ms of CPU), %.2f ms "
+           "waiting before the optimizer for the buddy replicas' exchange to finish, %.2f ms in the join check "
+           "(waiting there for the slowest rank)", e->m.uid,
            (long long)e->commits_here, 1e3 * e->commit_s / (double)e->commits_here,
-           1e3 * e->commit_cpu_s / (double)e->commits_here, 1e3 * e->check_s / (double)e->commits_here);
+           1e3 * e->commit_cpu_s / (double)e->commits_here, 1e3 * e->fence_s / (double)e->commits_here,
+           1e3 * e->check_s / (double)e->commits_here);
+  el_rep_free(&e->rep); /* first: a commit in flight uses the shards */
   td_comm_destroy(e->comm);
-  el_rep_free(&e->rep);
   for (int i = 0; i < e->n_bufs; i++) {
     free(e->bufs[i].shadow[0]);
     free(e->bufs[i].shadow[1]);
@@ -177,7 +180,7 @@ size_t td_elastic_copy_bytes(const td_elastic *e) {
   for (int i = 0; i < e->n_bufs; i++)
     for (int g = 0; g < 2; g++)
       if (e->bufs[i].shadow[g]) bytes += e->bufs[i].bytes;
-  bytes += e->rep.staging_used; /* the shards' copies are in files: what their chunk buffer holds */
+  bytes += el_rep_staging_bytes(&e->rep); /* the shards' copies are in files: what their chunk buffer holds */
   return bytes;
 }
 
@@ -279,6 +282,14 @@ static td_status commit_local(td_elastic *e) {
   return el_rep_commit(&e->rep, e->comm, e->commits);
 }
 
+td_status td_elastic_commit_wait(td_elastic *e) {
+  if (!e) return td_error(TD_ERR_INVALID_ARGUMENT, "td_elastic_commit_wait: state is NULL");
+  double t0 = td_now();
+  td_status st = el_rep_commit_wait(&e->rep, e->comm);
+  e->fence_s += td_now() - t0;
+  return st;
+}
+
 td_status td_elastic_commit(td_elastic *e) {
   if (!e) return td_error(TD_ERR_INVALID_ARGUMENT, "td_elastic_commit: state is NULL");
   double t0 = td_now(), c0 = thread_cpu_s();
@@ -326,6 +337,7 @@ td_status td_elastic_commit(td_elastic *e) {
  * checkpoint. See the file header. */
 static td_status restore_state(td_elastic *e, td_elastic_reset_fn reset_fn, void *ctx, bool *user_failed) {
   *user_failed = false;
+  TD_CHECK(el_rep_commit_wait(&e->rep, e->comm)); /* none in flight (the previous epoch's end waited for it) */
   int world = e->m.n_members, me = e->m.rank;
   size_t total = 0;
   for (int i = 0; i < e->n_bufs; i++) total += e->bufs[i].bytes;
@@ -477,6 +489,7 @@ td_status td_elastic_run(td_elastic *e, td_elastic_train_fn train_fn, td_elastic
   if (e->commits == 0) {
     e->whole_commit[0] = e->whole_commit[1] = -1;
     TD_CHECK(commit_local(e)); /* one rank: nothing is sent yet (no buddy before the first epoch's pairing) */
+    TD_CHECK(el_rep_commit_wait(&e->rep, e->comm));
     /* A process joining a running job holds only its fresh initial state:
      * it must not be taken for a commit of the job's (it would rewind the
      * job to step 0 when the survivors' own commits are incomplete). */
@@ -497,8 +510,18 @@ td_status td_elastic_run(td_elastic *e, td_elastic_train_fn train_fn, td_elastic
     fresh = false;
     bool user_failed = false;
     td_status st = restore_state(e, reset_fn, ctx, &user_failed);
-    if (user_failed) return st; /* the reset callback's own failure */
     if (st == TD_OK) st = train_fn(ctx, e);
+    /* The last commit's replicas complete (or, on a broken communicator,
+     * stopped) before the epoch ends or the caller may free the shards. */
+    if (st == TD_OK) {
+      st = el_rep_end_epoch(&e->rep, e->comm, true);
+    } else {
+      char why[768];
+      td_error_copy(why, sizeof why);
+      el_rep_end_epoch(&e->rep, e->comm, e->resize_requested);
+      td_error(st, "%s", why);
+    }
+    if (user_failed) return st; /* the reset callback's own failure */
     if (st == TD_OK) return TD_OK;
     if (!e->resize_requested && td_comm_status(e->comm) == TD_OK) return st;
     if (!e->resize_requested) {

@@ -235,6 +235,21 @@ static size_t gpt_lowp_scratch_bytes(const gpt_model *g, size_t BT, td_dtype com
   return n;
 }
 
+/* What a compute thread keeps for the products (td_model_ops): the largest
+ * of the layers' panels, the blocks' four linear layers and the head's
+ * (C to V: its weight's gradient packs V rows). */
+static size_t gpt_thread_scratch_bytes(const td_model *model, int batch) {
+  const gpt_model *g = (const gpt_model *)model;
+  const size_t C = (size_t)g->cfg.channels, V = (size_t)g->cfg.vocab, BT = (size_t)batch * g->cfg.seq;
+  size_t n = 0;
+  if (g->n_layers > 0) {
+    const size_t shapes[4][2] = {{C, 3 * C}, {C, C}, {C, 4 * C}, {4 * C, C}}; /* qkv, proj, fc, fc2 */
+    for (int i = 0; i < 4; i++) n = TD_MAX(n, td_linear_scratch_bytes(BT, shapes[i][0], shapes[i][1]));
+  }
+  if (g->has_head) n = TD_MAX(n, td_linear_scratch_bytes(BT, C, V));
+  return n;
+}
+
 static size_t gpt_activation_bytes(const td_model *model, int batch, int checkpointing, td_dtype compute) {
   const gpt_model *g = (const gpt_model *)model;
   gpt_acts scratch = {0};
@@ -542,6 +557,7 @@ static const td_model_ops gpt_ops = {
     .check_inputs = gpt_check_inputs,
     .set_activation_checkpointing = gpt_set_activation_checkpointing,
     .activation_bytes = gpt_activation_bytes,
+    .thread_scratch_bytes = gpt_thread_scratch_bytes,
     .prepare = gpt_prepare,
     .forward = gpt_forward,
     .backward = gpt_backward,

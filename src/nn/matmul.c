@@ -172,12 +172,12 @@ void td_sgemm(int trans_a, int trans_b, int M, int N, int K, float alpha, const 
  * slower than OpenBLAS, packed it runs the GPT backward ~4% faster than
  * cblas_sgemm did. Both are single-threaded (td_nn_set_threads). */
 #ifdef __AVX512F__
-#define G_MR 12  /* rows of C per tile */
+#define G_MR NN_GEMM_MR
 #define G_NR 32  /* columns of C per tile (two vectors) */
-#define G_KC 256 /* depth per packed block */
+#define G_KC NN_GEMM_KC
 #define G_MC 120 /* rows of A per L2 block */
 _Static_assert(G_MC % G_MR == 0, "row blocks are whole tiles (nn_gemm_tn indexes its A panels by row)");
-#define G_NC 256 /* columns per packed block */
+#define G_NC NN_GEMM_NC
 #define G_PACK_ROWS 8 /* rows of an operand per pass of a pack (8 rows of 1024 floats: 32 KiB, in L1) */
 
 /* One tile: C[0:mr, 0:32] = A[0:mr, 0:kc] (rows lda apart) @ bp (kc x 32,

@@ -378,4 +378,11 @@ void nn_gpt_init_params(const td_model *model, float *params, uint64_t seed);
 void nn_gpt_init_params_range(const td_model *model, float *dst, uint64_t seed, size_t lo, size_t hi);
 void nn_cnn_init_params(const td_model *model, float *params, uint64_t seed);
 
+/* The blocking of the single-threaded f32 products (matmul.c), here so
+ * that td_linear_scratch_bytes (settings.c) bounds the panels they keep
+ * from the same numbers. */
+#define NN_GEMM_MR 12  /* rows of C per tile */
+#define NN_GEMM_KC 256 /* depth per packed block */
+#define NN_GEMM_NC 256 /* columns per packed block */
+
 #endif

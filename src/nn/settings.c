@@ -34,6 +34,21 @@ td_status td_nn_set_compute_dtype(td_dtype dtype) {
 
 td_dtype td_nn_compute_dtype(void) { return nn_compute; }
 
+/* What the single-threaded products (matmul.c) keep per thread once they
+ * ran a layer: the packed B block (KC x NC floats, allocated whole) and
+ * nn_gemm_tn's packed op(A) for the weight's gradient, `out` rows rounded
+ * to whole tiles, as deep as the rows multiplied (at most KC). Measured on
+ * train-gpt at one thread (the peak RSS less the rest of the estimate):
+ * it is what grew with the channels, 1.1 MiB at 128 channels to 3.4 at
+ * 2048, and with a vocabulary of 50304 the head's gradient alone packs
+ * 49 MiB. With more threads OpenBLAS's buffers take the place of these
+ * (td_trainer_estimate_memory counts them per thread). */
+size_t td_linear_scratch_bytes(size_t rows, size_t in, size_t out) {
+  (void)in; /* the B block is allocated whole, whatever the layer's width */
+  size_t tiles = (out + NN_GEMM_MR - 1) / NN_GEMM_MR, depth = rows < NN_GEMM_KC ? rows : NN_GEMM_KC;
+  return ((size_t)NN_GEMM_KC * NN_GEMM_NC + tiles * NN_GEMM_MR * depth) * sizeof(float);
+}
+
 int nn_matmul_threads(void) { return __atomic_load_n(&nn_threads, __ATOMIC_RELAXED); }
 
 const char *td_nn_matmul_backend(void) {

@@ -88,6 +88,9 @@ td_status td_metrics_write_step(td_metrics *m, const td_step_metrics *s) {
   if (s->data_s >= 0) off = put_number(buf, off, sizeof buf, "data_s", s->data_s, "%.6f");
   if (s->io_s >= 0) off = put_number(buf, off, sizeof buf, "io_s", s->io_s, "%.6f");
   if (s->fetch_wait_s >= 0) off = put_number(buf, off, sizeof buf, "fetch_wait_s", s->fetch_wait_s, "%.6f");
+  if (s->param_fetches >= 0) off = put_number(buf, off, sizeof buf, "param_fetches", (double)s->param_fetches, "%.0f");
+  if (s->param_prefetches >= 0)
+    off = put_number(buf, off, sizeof buf, "param_prefetches", (double)s->param_prefetches, "%.0f");
   if (s->grad_norm >= 0 || !isfinite(s->grad_norm))
     off = put_number(buf, off, sizeof buf, "grad_norm", s->grad_norm, "%.9g");
   if (s->memory_mib >= 0) off = put_number(buf, off, sizeof buf, "memory_mib", s->memory_mib, "%.1f");

@@ -37,6 +37,7 @@ void td_step_metrics_clear(td_step_metrics *m) {
   m->optimizer_s = m->data_s = m->io_s = m->fetch_wait_s = -1;
   m->memory_mib = m->memory_limit_mib = -1;
   m->memory_warning = -1;
+  m->param_fetches = m->param_prefetches = -1;
 }
 
 void td_format_duration(double seconds, char *buf, size_t size) {

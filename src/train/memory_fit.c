@@ -32,7 +32,9 @@ static void device_estimate(const td_model *model, const td_train_config *cfg, i
                             td_dtype compute, td_memory_estimate *out) {
   memset(out, 0, sizeof *out);
   zero_device_estimate(model, world, stage, td_optimizer_n_states(cfg->optimizer.kind), compute, out);
-  out->activations = model->ops->activation_bytes ? model->ops->activation_bytes(model, batch, 0, compute) : 0;
+  out->activations = model->ops->activation_bytes
+                         ? model->ops->activation_bytes(model, batch, cfg->activation_checkpointing, compute)
+                         : 0;
   out->runtime = DEVICE_RUNTIME_BYTES;
 }
 
@@ -52,7 +54,11 @@ td_status td_trainer_estimate_memory(const td_model *model, const td_train_confi
     return TD_OK;
   }
   size_t det = det_estimate_bytes(cfg, model, world, stage);
-  TD_CHECK(zero_estimate_memory(model, cfg, world, stage, det == 0, out));
+  /* automatic threads_per_rank: as many as a trainer on this host would run
+   * (the launcher's ranks on it sharing its cores), each with its buffers */
+  td_train_config c = *cfg;
+  if (c.threads <= 0) c.threads = td_auto_threads((int)TD_MIN(TD_MAX(td_env_long("TANDEM_LOCAL_SIZE", 1), 1L), 1L << 20));
+  TD_CHECK(zero_estimate_memory(model, &c, world, stage, det == 0, out));
   out->deterministic = det;
   if (cfg->elasticity.enabled) {
     /* two commits of each copy (trainer_elastic.c registers the parameters
@@ -82,10 +88,20 @@ static size_t offload_files_in_memory(const td_trainer *t, const td_memory_estim
   return path && statfs(path, &fs) == 0 && fs.f_type == TMPFS_MAGIC_NUMBER ? e->disk : 0;
 }
 
+/* The estimate of this trainer's rank under cfg: at the compute threads it
+ * runs when cfg leaves them automatic (t->threads, from its
+ * communicator's ranks on this host). */
+static td_status estimate_at(const td_trainer *t, const td_train_config *cfg, int world, int stage,
+                             td_memory_estimate *e) {
+  td_train_config c = *cfg;
+  if (c.threads <= 0 && t->threads > 0) c.threads = t->threads;
+  return td_trainer_estimate_memory(t->model, &c, world, stage, e);
+}
+
 /* Bytes the steps need per rank under cfg at `world` ranks and `stage`. */
 static size_t need_bytes(const td_trainer *t, const td_train_config *cfg, int world, int stage) {
   td_memory_estimate e;
-  if (td_trainer_estimate_memory(t->model, cfg, world, stage, &e) != TD_OK) return SIZE_MAX;
+  if (estimate_at(t, cfg, world, stage, &e) != TD_OK) return SIZE_MAX;
   return e.model_states + e.activations + e.runtime + t->mem_baseline;
 }
 
@@ -235,10 +251,16 @@ typedef struct device_need {
   size_t states, activations, total;
 } device_need;
 
-static device_need device_need_for(const td_trainer *t, int stage, int batch, td_dtype compute) {
+static device_need device_need_ckpt(const td_trainer *t, int stage, int batch, td_dtype compute, int ckpt) {
   td_memory_estimate e;
-  device_estimate(t->model, &t->cfg, t->world, stage, batch, compute, &e);
+  td_train_config cfg = t->cfg;
+  cfg.activation_checkpointing = ckpt;
+  device_estimate(t->model, &cfg, t->world, stage, batch, compute, &e);
   return (device_need){e.model_states, e.activations, e.model_states + e.activations + e.runtime};
+}
+
+static device_need device_need_for(const td_trainer *t, int stage, int batch, td_dtype compute) {
+  return device_need_ckpt(t, stage, batch, compute, t->cfg.activation_checkpointing);
 }
 
 static td_status device_memory_fit(td_trainer *t) {
@@ -267,10 +289,15 @@ static td_status device_memory_fit(td_trainer *t) {
     for (int s = 1; s <= 3; s++)
       if (s != t->zero_stage && device_need_for(t, s, t->cfg.micro_batch, compute).total <= room)
         ADD_FIT("; ZeRO stage %d", s);
+    if (!t->cfg.activation_checkpointing &&
+        device_need_ckpt(t, t->zero_stage, t->cfg.micro_batch, compute, 1).total <= room)
+      ADD_FIT("; activation checkpointing (--activation-checkpointing)");
     int b = t->cfg.micro_batch / 2;
     while (b >= 1 && device_need_for(t, t->zero_stage, b, compute).total > room) b /= 2;
     if (b >= 1) ADD_FIT("; --micro-batch %d with gradient accumulation", b);
-    if (off == 0) ADD_FIT("; none of bf16, ZeRO stages 1-3 or a smaller micro-batch: more GPUs, or a smaller model");
+    if (off == 0)
+      ADD_FIT("; none of bf16, ZeRO stages 1-3, activation checkpointing or a smaller micro-batch: more GPUs, or a "
+              "smaller model");
 #undef ADD_FIT
     st = td_error(TD_ERR_INVALID_USAGE,
                   "rank %d: this job needs about %.0f MiB of device memory on %s (model states %.0f, activations "
@@ -323,7 +350,7 @@ td_status trainer_memory_fit(td_trainer *t) {
     long before = t->cfg.offload.sub_group_size;
     td_offload_config_fit(&t->cfg, room);
     t->offload_tile_chosen = t->cfg.offload.sub_group_size != before;
-    st = td_trainer_estimate_memory(t->model, &t->cfg, t->world, t->zero_stage, &e);
+    st = estimate_at(t, &t->cfg, t->world, t->zero_stage, &e);
   }
   /* lowered only as far as needed to fit, with 5% left for what the
    * estimate cannot see (other processes' growth, the allocator) */
@@ -336,7 +363,7 @@ td_status trainer_memory_fit(td_trainer *t) {
   if (st == TD_OK && chosen[0])
     TD_INFO("rank %d: chosen from the model and the %.0f MiB available to each rank (%s), as they were not set:%s",
             t->rank, MIB(room), t->mem_room.source, chosen);
-  if (st == TD_OK) st = td_trainer_estimate_memory(t->model, &t->cfg, t->world, t->zero_stage, &e);
+  if (st == TD_OK) st = estimate_at(t, &t->cfg, t->world, t->zero_stage, &e);
   if (st == TD_OK) {
     size_t files = offload_files_in_memory(t, &e);
     size_t need = e.model_states + e.activations + e.runtime + t->mem_baseline + files;
@@ -363,7 +390,7 @@ td_status trainer_gather_fits(td_trainer *t) {
   size_t room = t->mem_room.rank_bytes;
   if (room > 0 && t->zero_stage >= 3) {
     td_memory_estimate e;
-    st = td_trainer_estimate_memory(t->model, &t->cfg, t->world, t->zero_stage, &e);
+    st = estimate_at(t, &t->cfg, t->world, t->zero_stage, &e);
     /* the estimate, not the RSS now: every rank decides alike. (The cache
      * of fetched groups is emptied first, but the gradient buckets' pages
      * may still be there: measured, the whole estimate stays.) */
@@ -437,6 +464,7 @@ td_status td_trainer_fit_memory(const td_train_config *cfg, td_model *model, td_
   t->agree_flags = flags;
   t->n_params = model->n_params;
   t->n_states = td_optimizer_n_states(cfg->optimizer.kind);
+  t->threads = cfg->threads > 0 ? cfg->threads : td_auto_threads(local_ranks(t)); /* as trainer.c runs them */
   td_status st = td_train_config_resolve(&t->cfg, world); /* the same on every rank: no collective skipped alone */
   if (st == TD_OK) {
     zero_layout(t);

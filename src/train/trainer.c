@@ -30,7 +30,6 @@
 #include "train/memory_fit.h"
 
 #include <math.h>
-#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,16 +38,6 @@
 #include <unistd.h>
 
 td_status td_trainer_checkpoint_if_due(td_trainer *t, int *saved);
-
-static int host_cores(void) {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof set, &set) == 0) {
-    int n = CPU_COUNT(&set);
-    if (n > 0) return n;
-  }
-  long n = sysconf(_SC_NPROCESSORS_ONLN);
-  return n > 0 ? (int)n : 1;
-}
 
 /* A zeroed arena on transparent huge pages where the system offers them
  * (THP "madvise": the hint must come before the first touch). The optimizer
@@ -109,7 +98,6 @@ static td_status device_refusals(const td_trainer *t) {
            "type: remove communication_data_type)";
   else if (t->cfg.precision.compute == TD_BF16 && !t->model->ops->set_device_dtype)
     what = "bf16 for this model (it computes in f32 only on a device: train in fp32)";
-  else if (t->cfg.activation_checkpointing) what = "activation checkpointing (remove activation_checkpointing)";
   if (!what) return TD_OK;
   return td_error(TD_ERR_INVALID_USAGE, "rank %d: training on %s does not support %s yet; or train on the CPU "
                   "(--device cpu)", t->rank, name, what);
@@ -203,9 +191,11 @@ static td_status trainer_create(const td_train_config *cfg_in, td_model *model, 
   t->ckpt_fault_at = td_env_long("TANDEM_CKPT_FAULT_AT", 0);
   t->ckpt_fault_rank = (int)td_env_long("TANDEM_CKPT_FAULT_RANK", 0);
 
-  int local_size = comm ? td_comm_host_size(comm) : 1; /* every process of the host shares its cores */
-  if (local_size < 1) local_size = 1;
-  t->threads = t->cfg.threads > 0 ? t->cfg.threads : TD_MAX(1, host_cores() / local_size);
+  /* every process of the host shares its cores; an unbound (elastic)
+   * trainer's host runs as many as the launcher gave it slots */
+  int local_size = comm ? td_comm_host_size(comm) : (int)td_env_long("TANDEM_LOCAL_SIZE", 1);
+  if (local_size < 1 || local_size > (1 << 20)) local_size = 1;
+  t->threads = t->cfg.threads > 0 ? t->cfg.threads : td_auto_threads(local_size);
   td_nn_set_threads(t->threads);
 
   t->n_params = model->n_params;
@@ -807,6 +797,9 @@ static td_status step_finish(td_trainer *t, td_step_stats *stats, double loss, d
     float grad_scale = (float)(scale / loss_scale);
     /* skipped steps (fp16 overflow) do not count in Adam's bias correction */
     long adam_t = t->step + 1 - t->scaler.skipped;
+    /* the fence: the last commit's copy of the shards (taken while this
+     * step's forward and backward ran) must be complete before they change */
+    if (t->elastic) TD_CHECK(td_elastic_commit_wait(t->elastic));
     if (t->zero)
       TD_CHECK(zero_update(t, lr, grad_scale, adam_t));
     else if (t->devops && t->zero_stage >= 1) /* AdamW only (device_refusals) */
@@ -847,7 +840,9 @@ static td_status step_finish(td_trainer *t, td_step_stats *stats, double loss, d
     stats->data_s = data_s;
     stats->optimizer_s = t_end - opt0;
     stats->io_s = saved ? td_now() - t_end : 0.0;
-    stats->fetch_wait_s = t->zero ? t->zero->fetch_wait_s : 0.0;
+    stats->fetch_wait_s = t->zero ? t->zero->fetch_wait_s : t->dev_fetch ? t->dev_fetch->wait_s : 0.0;
+    stats->param_fetches = t->zero ? t->zero->n_fetches : t->dev_fetch ? t->dev_fetch->n_fills : 0;
+    stats->param_prefetches = t->zero ? t->zero->n_prefetches : t->dev_fetch ? t->dev_fetch->n_ahead : 0;
     stats->n_buckets = n_buckets;
     stats->comm_bytes = t->comm_bytes;
     stats->saved = saved;

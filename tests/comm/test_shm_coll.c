@@ -3,7 +3,10 @@
  *
  *   test_shm_coll coll COUNT[,COUNT...]  every shm collective, closed-form results: all
  *                                        dtypes and ops for allreduce, reduce and
- *                                        reduce-scatter; in place and out of place
+ *                                        reduce-scatter; in place and out of place;
+ *                                        allreduce results the same bits on every
+ *                                        rank, f32/f64 averages the bits of the sum
+ *                                        divided once
  *   test_shm_coll kill VICTIM            VICTIM SIGKILLs itself; every survivor's
  *                                        allreduce fails with TD_ERR_REMOTE naming it
  *                                        within seconds; prints "shm kill ok ... job=ID"
@@ -86,12 +89,62 @@ static void xfree(void *p) {
     free(p);
 }
 
+/* TD_AVG of f32/f64 to the bit: the sum (exact: small integers) divided as
+ * docs/c-api.md says ("divides once, after the sum"; f32 by multiplying
+ * with the f32 reciprocal of n, f64 by dividing), as if a pass over the
+ * whole result followed the sum. The shm allreduce divides each slice at its
+ * owner instead (allreduce_shm.c): these must be the same bits. */
+static void check_avg_bits(const char *buf, size_t count, td_dtype dt) {
+  for (size_t i = 0; i < count; i++) {
+    double sum = 0;
+    for (int r = 0; r < g_size; r++) sum += in_val(r, i, TD_AVG);
+    bool same;
+    if (dt == TD_F32) {
+      float want = (float)sum * (1.0f / (float)g_size), got;
+      memcpy(&got, buf + i * 4, 4);
+      same = !memcmp(&got, &want, 4);
+    } else {
+      double want = sum / g_size, got;
+      memcpy(&got, buf + i * 8, 8);
+      same = !memcmp(&got, &want, 8);
+    }
+    if (!same)
+      td_test_fail(__FILE__, __LINE__, "rank %d/%d allreduce %s avg element %zu: got %.17g, want the bits of %.17g",
+                   g_rank, g_size, td_dtype_name(dt), i, td_dtype_get(buf, i, dt),
+                   dt == TD_F32 ? (double)((float)sum * (1.0f / (float)g_size)) : sum / g_size);
+  }
+}
+
+/* Every rank holds the same bits: the smallest and largest hash of the
+ * result (FNV-1a over 8-byte words, then the tail bytes) over the ranks
+ * agree, found in one MAX allreduce of (hash, -hash). */
+static void check_same_bits(td_comm *c, const char *buf, size_t bytes, td_dtype dt, td_op op, size_t count) {
+  uint64_t h = 1469598103934665603ull, w;
+  size_t b = 0;
+  for (; b + 8 <= bytes; b += 8) {
+    memcpy(&w, buf + b, 8);
+    h = (h ^ w) * 1099511628211ull;
+  }
+  for (; b < bytes; b++) h = (h ^ (unsigned char)buf[b]) * 1099511628211ull;
+  int64_t hl[2] = {(int64_t)(h >> 1), -(int64_t)(h >> 1)};
+  CHECK_OK(td_allreduce(hl, hl, 2, TD_I64, TD_MAX, c));
+  if (hl[0] != -hl[1])
+    td_test_fail(__FILE__, __LINE__, "rank %d/%d allreduce %s %s count %zu: the ranks hold different bits", g_rank,
+                 g_size, td_dtype_name(dt), td_op_name(op), count);
+}
+
 static void test_allreduce(td_comm *c, size_t count, td_dtype dt, td_op op, bool in_place) {
   size_t es = td_dtype_size(dt);
   char *send = xmalloc(count * es), *recv = in_place ? send : xmalloc(count * es);
   for (size_t i = 0; i < count; i++) td_dtype_set(send, i, dt, in_val(g_rank, i, op));
   CHECK_OK(td_allreduce(send, recv, count, dt, op, c));
   for (size_t i = 0; i < count; i++) check_elem("allreduce", recv, i, dt, op, expect_reduced(i, dt, op));
+  if (op == TD_AVG && (dt == TD_F32 || dt == TD_F64)) check_avg_bits(recv, count, dt);
+  /* Floating sums and averages are where the order of additions and where
+   * the division happens could make ranks differ (integers and MIN/MAX are
+   * exact); one extra small allreduce each, not for every op (the lines
+   * with 8 ranks on 2 cores are bound by scheduling, one sync at a time). */
+  if (ct_is_float(dt) && (op == TD_SUM || op == TD_AVG)) check_same_bits(c, recv, count * es, dt, op, count);
   if (!in_place) xfree(recv);
   xfree(send);
 }

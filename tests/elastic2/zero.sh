@@ -21,6 +21,17 @@
 #                          elastically with DeepSpeed's batch (max 30, micro
 #                          sizes 3 and 6, 2..4 ranks: 24 = 6 x 1 x 4); a
 #                          batch key beside the block is refused
+#   zero.sh B fence STAGE  4 ranks at ZeRO stage STAGE; the copies of
+#                          commits 20 and 21 (after steps 19 and 20) held
+#                          back 2 s each (TANDEM_TEST_ELASTIC_SLOW_COMMITS),
+#                          every process stopped right after commit 21 and
+#                          rank 0's killed: its copy of 21 was never sent,
+#                          so the survivors rebuild commit 20, whose copies
+#                          were taken while step 20 ran; they must hold
+#                          step 19's values although step 20's optimizer
+#                          wrote the shards (the fence before it waited):
+#                          every loss and the final parameters equal the
+#                          fault-free run's, bit for bit
 #   zero.sh B buddy        stage 1, checkpoints every 10 steps (--save):
 #                          ranks 1 and 2 (rank 1's buddy) killed together,
 #                          both replaced: rank 1's shard is in no memory,
@@ -150,6 +161,18 @@ config)
   "$RUN" -np 2 "$GPT" $model --steps 5 --config "$work/bad.json" >"$work/out" 2>&1 && fail "a batch key beside the block was accepted"
   grep -q "ignore_non_elastic_batch_info" "$work/out" || fail "no message naming ignore_non_elastic_batch_info"
   echo "train-gpt trained elastically from the config's elasticity block (batch 24)"
+  ;;
+fence)
+  args="$model --steps 30 --zero-stage $3"
+  "$RUN" --min-np 2 --max-np 4 -np 4 "$GPT" $args >"$work/ref" 2>&1 || { cat "$work/ref"; fail "fault-free run"; }
+  TANDEM_TEST_ELASTIC_SLOW_COMMITS=20:21 TANDEM_TEST_STOP_AT=1:20 TANDEM_LOG=info start "$work/out" --min-np 2 --max-np 4 -np 4 --max-restarts 0 "$GPT" $args
+  stopped_at "$work/out" 20
+  kill_stopped "$work/out" 0
+  finish 0 "$work/out"
+  grep -v "step [0-9]* loss" "$work/out" | grep -E "rebuilt|disk|killed|epoch [0-9]:"
+  grep -q "epoch 2: rank 0: sharded state of commit 20 rebuilt from the replica files" "$work/out" ||
+    fail "the survivors did not rebuild commit 20 (step 19's state) from the replica files"
+  compare 30
   ;;
 buddy)
   args="$model --steps 80 --zero-stage 1"

@@ -13,7 +13,10 @@
  * gradients bit for bit with the arena argument NULL, every fetch released,
  * the groups gpt.c fetches (a kernel reading a group it did not fetch, or
  * after releasing it, reads NaN or outside an allocation, which ASan
- * catches in the emulator).
+ * catches in the emulator). Then with activation checkpointing (each block
+ * recomputed in backward from its kept input): the same loss, gradients
+ * and ready order bit for bit as without it, also under that access, and
+ * the smaller activation memory it reports is what it allocated.
  *
  * Runs in every tree, like test_device: without CUDA in the build it checks
  * that asking for a CUDA GPT says so; in a CUDA build without a GPU, that it
@@ -154,7 +157,7 @@ static void compare(td_gpt_config cfg, int B, float loss_scale, td_dtype dtype, 
     CHECK_EQ_INT(dev->tensors[i].offset, cpu->tensors[i].offset);
     CHECK_EQ_INT(dev->tensors[i].count, cpu->tensors[i].count);
   }
-  CHECK(dev->ops->set_activation_checkpointing == NULL);
+  CHECK(dev->ops->set_activation_checkpointing != NULL);
   CHECK_EQ_INT(dev->supports_param_access, 1);
 
   const size_t n = cpu->n_params, BT = (size_t)B * cfg.seq;
@@ -237,6 +240,57 @@ static void compare(td_gpt_config cfg, int B, float loss_scale, td_dtype dtype, 
     CHECK(memcmp(&loss_pa, &loss_ref, sizeof loss_pa) == 0);
     CHECK(memcmp(got, ref, n * sizeof(float)) == 0);
     for (int i = 0; i < ta.n; i++) td_device_free(gpu, ta.f[i].mem);
+    memcpy(dgrads_host, got, n * sizeof(float)); /* what d_grads holds now, for the check below */
+    free(ref), free(got);
+  }
+
+  /* activation checkpointing: one layer's buffers, each block recomputed in
+   * backward: the bits of the run without it, also under the stage-3 access */
+  {
+    float *ref = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float));
+    CHECK(ref && got);
+    CHECK_OK(td_device_memset0(gpu, d_grads, n * es));
+    float loss_ref = dev->ops->forward(dev, d_params, tokens, targets, B);
+    dev->ops->backward(dev, d_params, d_grads, loss_scale, NULL, NULL);
+    from_device(ref, d_grads, n, dtype, gpu);
+    const size_t plain_bytes = dev->activation_bytes;
+    CHECK_OK(dev->ops->set_activation_checkpointing(dev, 1));
+    CHECK_OK(dev->ops->prepare(dev, B));
+    CHECK_EQ_INT(dev->activation_bytes, dev->ops->activation_bytes(dev, B, 1, dtype));
+    CHECK_EQ_INT(plain_bytes, dev->ops->activation_bytes(dev, B, 0, dtype));
+    /* one block keeps as much as without; with more, the L - 1 blocks'
+     * activations that are not kept (ln1, qkv, atty, res2, ln2, fch and
+     * fch_gelu: 15 C-wide rows a position) are not allocated, less what
+     * the 256-byte rounding of 12 buffers may hide */
+    if (cfg.layers <= 1) CHECK_EQ_INT(dev->activation_bytes, plain_bytes);
+    else CHECK(dev->activation_bytes + (size_t)(cfg.layers - 1) * BT * 15 * cfg.channels * es <= plain_bytes + 12 * 256);
+    for (int pass = 0; pass < 2; pass++) {
+      static test_access ta;
+      memset(&ta, 0, sizeof ta);
+      ta.gpu = gpu;
+      ta.arena = (const char *)d_params;
+      ta.es = es;
+      td_param_access pa = {ta_fetch, ta_release, &ta};
+      dev->param_access = pass == 1 ? &pa : NULL;
+      CHECK_OK(td_device_memset0(gpu, d_grads, n * es));
+      float loss_ck = dev->ops->forward(dev, pass == 1 ? NULL : d_params, tokens, targets, B);
+      log_dev.n = 0;
+      dev->ops->backward(dev, pass == 1 ? NULL : d_params, d_grads, loss_scale, on_ready, &log_dev);
+      dev->param_access = NULL;
+      CHECK_EQ_INT(log_dev.n, log_cpu.n);
+      for (int i = 0; i < log_cpu.n; i++) CHECK_EQ_INT(log_dev.offset[i], log_cpu.offset[i]);
+      if (pass == 1) {
+        CHECK_EQ_INT(ta.live, 0);
+        CHECK_EQ_INT(ta.n, 2 * cfg.layers + 3 + 2 * cfg.tied); /* the groups of the run without checkpointing */
+        for (int i = 0; i < ta.n; i++) td_device_free(gpu, ta.f[i].mem);
+      }
+      from_device(got, d_grads, n, dtype, gpu);
+      CHECK(memcmp(&loss_ck, &loss_ref, sizeof loss_ck) == 0);
+      CHECK(memcmp(got, ref, n * sizeof(float)) == 0);
+    }
+    CHECK_OK(dev->ops->set_activation_checkpointing(dev, 0));
+    CHECK_OK(dev->ops->prepare(dev, B));
+    CHECK_EQ_INT(dev->activation_bytes, plain_bytes);
     memcpy(dgrads_host, got, n * sizeof(float)); /* what d_grads holds now, for the check below */
     free(ref), free(got);
   }

@@ -3,7 +3,8 @@
 #   bound  ARGS...  every rank's peak RSS (VmHWM, the kernel's figure) is at
 #                   most the trainer's estimate and at least 0.9x it (CONFIG:
 #                   a JSON config given with --config as well; NP: ranks, 2
-#                   unless set)
+#                   unless set; GPT_MODEL=small: the 4 x 256 reference
+#                   GPT instead of the 6 x 512 one below)
 #   refuse          a job ~20% too large for TANDEM_MEMORY_LIMIT is refused on
 #                   every rank within 5 s, with the estimate, the memory and
 #                   what would fit; the stage-3-with-offload suggestion, with
@@ -34,8 +35,10 @@ RUN="$B/bin/tandemrun"
 tmp=$(mktemp -d /tmp/td-memedge-XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
-# a GPT of ~19M parameters (arenas of 73 MiB): a few hundred MB per rank
+# a GPT of ~19M parameters (arenas of 73 MiB): a few hundred MB per rank; GPT_MODEL=small: the reference GPT of
+# bench/ (4 x 256, 1.7M parameters), ranks of 40-110 MiB
 MODEL="--layers 6 --channels 512 --heads 8 --seq 128 --micro-batch 4 --steps 2 --sample 0"
+[ "${GPT_MODEL:-}" = small ] && MODEL="--layers 4 --channels 256 --heads 4 --seq 128 --micro-batch 4 --steps 2 --sample 0"
 
 # the estimate of a configuration per rank in MiB (train-gpt --estimate-memory's total for its stage)
 estimate() {

@@ -1,6 +1,9 @@
 """tandem and tandem._tandem: collectives on NumPy arrays and buffer-protocol
 objects, requests, argument errors, the exception family."""
 import gc
+import os
+import shutil
+import tempfile
 import threading
 import time
 
@@ -81,26 +84,47 @@ def test_request_test_polls_to_completion():
 
 def test_wait_releases_the_gil():
     # A Python thread keeps running while the main thread waits on a request
-    # that cannot complete until every rank issued it (rank 0 issues late).
+    # that cannot complete until every rank issued it: rank 0 joins the
+    # barrier only once every other rank's thread has ticked 20 times inside
+    # it. With the GIL held in barrier() those ticks never come and rank 0
+    # gives up after a minute; no fixed wait, so a loaded machine only makes
+    # the test slower, never wrong.
+    n, rank = tandem.size(), tandem.rank()
+    path = bytearray(256)
+    if rank == 0:
+        tmp = tempfile.mkdtemp(prefix="tandem-gil-").encode()
+        path[: len(tmp)] = tmp
+    tandem.world().broadcast(path, len(path), tandem.U8, 0)
+    where = path.rstrip(b"\0").decode()
     ticks = []
+    waiting = threading.Event()
     stop = threading.Event()
 
     def ticker():
         while not stop.is_set():
-            ticks.append(1)
+            if waiting.is_set():
+                ticks.append(1)
+                if len(ticks) == 20:
+                    open(os.path.join(where, f"rank{rank}"), "w").close()
             time.sleep(0.001)
 
     t = threading.Thread(target=ticker)
     t.start()
-    if tandem.rank() == 0:
-        time.sleep(0.3)
-    before = len(ticks)
+    if rank == 0:
+        deadline = time.monotonic() + 60
+        want = {f"rank{r}" for r in range(1, n)}
+        while not want <= set(os.listdir(where)):
+            assert time.monotonic() < deadline, f"ranks' threads did not run while they waited in barrier(): {sorted(want - set(os.listdir(where)))} never ticked 20 times"
+            time.sleep(0.01)
+    waiting.set()
     tandem.world().barrier()
-    during = len(ticks) - before
     stop.set()
     t.join()
-    if tandem.size() > 1 and tandem.rank() != 0:
-        assert during >= 20, f"the ticker ran only {during} times while barrier() waited ~0.3 s"
+    if rank != 0:
+        assert len(ticks) >= 20
+    tandem.world().barrier()
+    if rank == 0:
+        shutil.rmtree(where)
 
 
 def test_buffer_protocol_objects():

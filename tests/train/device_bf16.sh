@@ -17,11 +17,11 @@ B=$1
 DEV=$2
 . "$(dirname "$0")/device_common.sh"
 run cpu "$GPT" $COMMON --micro-batch 4 --device cpu --metrics "$dir/cpu.jsonl"
-# bf16 (fp32 masters): the emulator runs the kernels on the CPU, slowly, so
-# the 2-rank run is 10 steps
+# bf16 (fp32 masters): the emulator runs the kernels on the CPU, slowly
+# (~0.4 s of CPU a step), so the resumed run is 5 steps, the 2-rank run 6
 run cpu16 "$GPT" $COMMON --micro-batch 4 --device cpu --bf16 --metrics "$dir/cpu16.jsonl"
 run dev16 "$GPT" $COMMON --micro-batch 4 --device "$DEV" --bf16 --metrics "$dir/dev16.jsonl" --save "$dir/ck16" \
-  --save-every 10
+  --save-every 15
 grep -q "precision=bf16" "$dir/dev16.out" || fail "the bf16 run on $DEV did not report precision=bf16: $(tail -3 "$dir/dev16.out")"
 losses "$dir/cpu16.jsonl" "$dir/dev16.jsonl" 1 20 "bf16 on $DEV vs the CPU's bf16" 1e-2
 # within 1% of the CPU's fp32, and visibly not fp32: fp32 on DEV matches the
@@ -31,10 +31,10 @@ echo "$vs32"
 echo "$vs32" | awk '{ for (i = 1; i < NF; i++) if ($i == "within") w = $(i + 1) } END { exit !(w > 1e-5) }' ||
   fail "bf16 on $DEV is as close to fp32 as fp32 is: bf16 did not take effect ($vs32)"
 # the checkpoint holds the f32 masters; the resumed run rounds its bf16 copy from them, as the optimizer did
-run resume16 "$GPT" $COMMON --micro-batch 4 --device "$DEV" --bf16 --resume "$dir/ck16/step-10" --metrics "$dir/r16.jsonl"
-losses "$dir/dev16.jsonl" "$dir/r16.jsonl" 11 20 "a bf16 checkpoint on $DEV resumed on $DEV" 1e-6
-run dev16x2 "$RUN" -np 2 "$GPT" $(echo $COMMON | sed 's/--steps 20/--steps 10/') --micro-batch 2 --device "$DEV" --bf16 \
+run resume16 "$GPT" $COMMON --micro-batch 4 --device "$DEV" --bf16 --resume "$dir/ck16/step-15" --metrics "$dir/r16.jsonl"
+losses "$dir/dev16.jsonl" "$dir/r16.jsonl" 16 20 "a bf16 checkpoint on $DEV resumed on $DEV" 1e-6
+run dev16x2 "$RUN" -np 2 "$GPT" $(echo $COMMON | sed 's/--steps 20/--steps 6/') --micro-batch 2 --device "$DEV" --bf16 \
   --metrics "$dir/dev16x2.jsonl"
-losses "$dir/dev16.jsonl" "$dir/dev16x2.jsonl" 1 10 "bf16: 2 ranks sharing $DEV vs 1 rank" 1e-2
+losses "$dir/dev16.jsonl" "$dir/dev16x2.jsonl" 1 6 "bf16: 2 ranks sharing $DEV vs 1 rank" 1e-2
 
 echo ok

@@ -31,6 +31,13 @@ losses() {
     END { if (bad) exit 1; printf "%s: steps %d-%d within %.3g relative\n", what, a, b, worst }' "$dir/a" "$dir/b" ||
     fail "$5"
 }
+# fetches FILE STEPS FETCHES AHEAD WHAT: each of the first STEPS steps of a metrics file broadcast FETCHES
+# parameter groups (ZeRO stage 3), AHEAD of them prefetched
+fetches() {
+  n=$(grep -c "\"param_fetches\":$3,\"param_prefetches\":$4," "$1")
+  [ "$n" -eq "$2" ] || fail "$5: not $3 groups fetched, $4 ahead, at each of $2 steps: $(cut -c1-400 "$1")"
+  echo "$5: $3 groups fetched a step, $4 ahead"
+}
 run() { # name, then train-gpt's arguments
   name=$1
   shift

@@ -21,8 +21,11 @@
  *    it), the survivors' ranges are cut anew for N - 1 ranks and rebuilt
  *    from the files (el_rep_restore): every element equals value(x, 3);
  *    then the same for the older commit 2;
- *  - a replica directory that does not exist: the commit fails with
- *    TD_ERR_IO and a message naming the directory and
+ *  - the fence: commit 3's copy is held back (a test hook), the shards
+ *    take commit 4's values as soon as el_rep_commit_wait returns, and
+ *    the copies rebuilt above must still be commit 3's;
+ *  - a replica directory that does not exist: the commit's wait fails
+ *    with TD_ERR_IO and a message naming the directory and
  *    TANDEM_ELASTIC_REPLICA_DIR. */
 #include "elastic/elastic.h"
 
@@ -72,7 +75,8 @@ static void missing_dir_case(void) {
   float f[4] = {1, 2, 3, 4};
   double d[4] = {1, 2, 3, 4};
   register_range(&r, f, d, 4, 0, 4);
-  CHECK_STATUS(el_rep_commit(&r, NULL, 1), TD_ERR_IO);
+  CHECK_OK(el_rep_commit(&r, NULL, 1)); /* started: its thread meets the error */
+  CHECK_STATUS(el_rep_commit_wait(&r, NULL), TD_ERR_IO);
   CHECK(strstr(td_last_error(), "/nonexistent/tandem-replicas") != NULL);
   CHECK(strstr(td_last_error(), "TANDEM_ELASTIC_REPLICA_DIR") != NULL);
   el_rep_free(&r);
@@ -98,11 +102,22 @@ int main(int argc, char **argv) {
   register_range(&r, f, d, total, lo, hi);
   fill(f, d, lo, hi, 1);
   CHECK_OK(el_rep_reset_holdings(&r, comm, 1)); /* pairs the ranks, replicates commit 1 */
+  /* Commit 3's copy is held back 2 s (the test hook): the fence must
+   * wait for it, and once it returned the next step's values (commit 4's)
+   * go into the live shards at once, as an optimizer's update would: the
+   * copies must still hold commit 3 (checked by the rebuild below). A
+   * fence that did not wait would let the copy see commit 4. */
+  setenv("TANDEM_TEST_ELASTIC_SLOW_COMMITS", "3:3", 1);
   for (int64_t c = 2; c <= 3; c++) {
     fill(f, d, lo, hi, c);
     CHECK_OK(el_rep_commit(&r, comm, c));
+    double t0 = td_now();
+    CHECK_OK(el_rep_commit_wait(&r, comm));
+    if (c == 3) CHECK(td_now() - t0 >= 1.5); /* it did wait for the held-back copy */
     CHECK_EQ_INT(dir_entries(dir), 0);
   }
+  unsetenv("TANDEM_TEST_ELASTIC_SLOW_COMMITS");
+  fill(f, d, lo, hi, 4); /* the next step's update, after the fence */
 
   /* the holdings: one host, so rank i's buddy is i + 1 and its ward i - 1 */
   CHECK_EQ_INT(r.buddy, world > 1 ? (me + 1) % world : -1);

@@ -109,6 +109,13 @@ static void run_equal(td_comm *comm, int accum, td_optimizer_kind opt, int tied,
     for (int s = 0; s < 3; s++) CHECK(st[s].fetch_wait_s == 0);
     CHECK(st[3].fetch_wait_s >= 0 && st[3].fetch_wait_s <= st[3].compute_s);
     if (world > 1) CHECK(st[3].fetch_wait_s > 0);
+    /* and counts the ranges it broadcast: some every step on several ranks
+     * (the cap above gives ranges back), none on one; a prefetch is one of
+     * them (whether one fits under the cap depends on the shard sizes; the
+     * device's closed-form counts: tests/train/device_zero.sh) */
+    for (int s = 0; s < 3; s++) CHECK(st[s].param_fetches == 0 && st[s].param_prefetches == 0);
+    CHECK(world > 1 ? st[3].param_fetches > 0 : st[3].param_fetches == 0);
+    CHECK(st[3].param_prefetches >= 0 && st[3].param_prefetches <= st[3].param_fetches);
     clipped += st[0].clipped;
     for (int s = 1; s < 4; s++) {
       if (rank == 0 && s == 1)

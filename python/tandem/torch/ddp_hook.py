@@ -9,7 +9,8 @@ rank, on the autograd thread) and then allreduces the sum. With
 it hands each bucket to this hook undivided, and the bucket is allreduced
 with ReduceOp.AVG: Tandem's ring divides each segment once, at the rank that
 owns it, while it is in cache (src/comm/algorithms/allreduce_ring.c), and on
-shared memory the division is one pass at the end. The result is the average
+shared memory each slice's owner divides it the same way
+(src/comm/algorithms/allreduce_shm.c). The result is the average
 DDP computes, to one rounding (a power-of-two world size: the same bits).
 Needs a process group of the "tandem" backend (gloo has no AVG)."""
 import torch.distributed as dist

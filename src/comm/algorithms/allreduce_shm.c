@@ -35,7 +35,15 @@
  * take allreduce_shm_direct.c, which needs none of the staging. (A
  * single-copy variant through process_vm_readv measured no faster than this
  * pipeline and was removed: the kernel copies page by page.)
- * TD_AVG is reduced as TD_SUM; select/select.c scales the result. */
+ * TD_AVG: every path divides the sum itself, where it is computed and
+ * before it is shared (select/select.c leaves this algorithm's results
+ * alone): the pipeline and the direct path each divide their own 1/n slice
+ * while it is in L1, the tree its root's result once, the single-sync form
+ * its own small result. Each element is still the sum, computed once,
+ * times td_reduce_scale's factor, so the bits are those a division of the
+ * whole result afterwards gives, without that pass: a read and a write of
+ * the whole buffer on every rank (403 MB for the 100M-parameter gradient of
+ * bench/py_doors.py). */
 #include "comm/algorithms/algorithms.h"
 #include "comm/transport/shm/shm.h"
 
@@ -58,6 +66,7 @@ static td_status allreduce_small(td_comm *comm, const comm_op *op, size_t bytes)
   const void *srcs[n];
   for (int k = 0; k < n; k++) srcs[k] = shm_slot(comm, k, p);
   td_reduce_multi(op->recv, srcs, n, op->count, op->dtype, op->redop);
+  if (op->redop == TD_AVG) td_reduce_scale(op->recv, op->count, op->dtype, n);
   return TD_OK;
 }
 
@@ -65,7 +74,8 @@ static td_status allreduce_small(td_comm *comm, const comm_op *op, size_t bytes)
  * block so that the second write copies from L1: one pass over the inputs
  * instead of a reduce plus a later copy. Streaming outputs are reduced into
  * the slot and streamed to recv; others are reduced into recv (in place:
- * srcs[0] is that same memory, which td_reduce_multi allows). */
+ * srcs[0] is that same memory, which td_reduce_multi allows). TD_AVG
+ * divides each block in L1, before it is copied anywhere. */
 static void reduce_own_slice(char *recv, char *slot, const void *const *srcs, int n, size_t count, const comm_op *op,
                              bool stream) {
   size_t es = td_dtype_size(op->dtype), block = SHM_FUSE_BLOCK_BYTES / es;
@@ -73,13 +83,13 @@ static void reduce_own_slice(char *recv, char *slot, const void *const *srcs, in
   for (size_t at = 0; at < count; at += block) {
     size_t m = TD_MIN(block, count - at);
     for (int k = 0; k < n; k++) part[k] = (const char *)srcs[k] + at * es;
-    if (stream) {
-      td_reduce_multi(slot + at * es, part, n, m, op->dtype, op->redop);
-      shm_copy(recv + at * es, slot + at * es, m * es, true);
-    } else {
-      td_reduce_multi(recv + at * es, part, n, m, op->dtype, op->redop);
-      memcpy(slot + at * es, recv + at * es, m * es);
-    }
+    char *dst = (stream ? slot : recv) + at * es;
+    td_reduce_multi(dst, part, n, m, op->dtype, op->redop);
+    if (op->redop == TD_AVG) td_reduce_scale(dst, m, op->dtype, n);
+    if (stream)
+      shm_copy(recv + at * es, dst, m * es, true);
+    else
+      memcpy(slot + at * es, dst, m * es);
   }
 }
 

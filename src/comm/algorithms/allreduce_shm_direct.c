@@ -16,12 +16,36 @@
  * In place is safe without more syncs: each element is read (from every
  * send) and written (to every recv) by exactly one rank, which reads before
  * it writes. Each element's result is computed once, so every rank gets the
- * same bits. TD_AVG is reduced as TD_SUM; select/select.c scales the result after
- * the final sync, when no peer writes to it any more. */
+ * same bits. TD_AVG: the owner of a slice divides it block by block while
+ * the block is in L1, then copies it to every rank's recv (a block is read
+ * from every send before any recv of it is written, so in place stays
+ * safe); select/select.c leaves allreduce_shm's results alone, so no rank
+ * makes a pass over its whole recv afterwards. */
 #include "comm/algorithms/algorithms.h"
 #include "comm/transport/shm/shm.h"
 
 #include <string.h>
+
+/* Block of the reduce-divide-copy of TD_AVG (fits in L1, on the stack). */
+#define SHM_DIRECT_AVG_BLOCK_BYTES ((size_t)16 << 10)
+
+/* TD_AVG's slice, block by block: every rank's send reduced (in rank
+ * order, as td_reduce_fanout) into an L1 buffer, divided there, copied to
+ * every rank's recv. (Not reduced into this rank's own recv: in place that
+ * is srcs[me], which td_reduce_multi may only write when it is the first or
+ * second source.) */
+static void reduce_avg_slice(void *const *dsts, const void *const *srcs, int n, size_t count, td_dtype dtype) {
+  _Alignas(64) unsigned char tmp[SHM_DIRECT_AVG_BLOCK_BYTES];
+  size_t es = td_dtype_size(dtype), block = SHM_DIRECT_AVG_BLOCK_BYTES / es;
+  const void *part[n];
+  for (size_t at = 0; at < count; at += block) {
+    size_t m = TD_MIN(block, count - at);
+    for (int k = 0; k < n; k++) part[k] = (const char *)srcs[k] + at * es;
+    td_reduce_multi(tmp, part, n, m, dtype, TD_SUM);
+    td_reduce_scale(tmp, m, dtype, n);
+    for (int k = 0; k < n; k++) memcpy((char *)dsts[k] + at * es, tmp, m * es);
+  }
+}
 
 td_status allreduce_shm_direct(td_comm *comm, const comm_op *op) {
   int n = comm->size, me = comm->rank;
@@ -39,6 +63,9 @@ td_status allreduce_shm_direct(td_comm *comm, const comm_op *op) {
     srcs[k] = send[k] + off * es;
     dsts[k] = recv[k] + off * es;
   }
-  td_reduce_fanout(dsts, n, srcs, n, len, op->dtype, op->redop);
+  if (op->redop == TD_AVG)
+    reduce_avg_slice(dsts, srcs, n, len, op->dtype);
+  else
+    td_reduce_fanout(dsts, n, srcs, n, len, op->dtype, op->redop);
   return shm_sync(comm, op);
 }

@@ -27,7 +27,9 @@
  * allreduce_shm.c takes the tree only when many ranks would otherwise touch
  * many pages for little data (see there). f16/bf16 are not taken here: each
  * level would round the partial sums to the half type (select/select.c's rule that
- * halves accumulate in f32). TD_AVG is reduced as TD_SUM; select/select.c scales. */
+ * halves accumulate in f32). TD_AVG: rank 0 divides the root's sum once, in
+ * its slot, before the last sync, so every rank copies the same divided bits
+ * (select/select.c leaves allreduce_shm's results alone). */
 #include "comm/algorithms/algorithms.h"
 #include "comm/transport/shm/shm.h"
 
@@ -49,6 +51,7 @@ td_status allreduce_shm_tree(td_comm *comm, const comm_op *op) {
       int k = 0;
       for (long c = me; c < n && k < SHM_TREE_FANIN; c += span) srcs[k++] = shm_slot(comm, (int)c, p);
       td_reduce_multi(shm_slot(comm, me, p ^ 1), srcs, k, op->count, op->dtype, op->redop);
+      if (op->redop == TD_AVG && group >= n) td_reduce_scale(shm_slot(comm, me, p ^ 1), op->count, op->dtype, n);
     }
     p ^= 1;
     TD_CHECK(shm_sync(comm, op));

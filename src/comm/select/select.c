@@ -1,9 +1,10 @@
 /* Algorithm selection: one table row per kind of operation, picking an
  * algorithm from values every rank shares (transport, byte size, TANDEM_*
  * settings read once per communicator), so that all ranks always run the
- * same algorithm. Also applies the finishing step of TD_AVG: algorithms
+ * same algorithm. Also applies the finishing step of TD_AVG: most algorithms
  * compute the sum, and the result is divided by the world size exactly once
- * here.
+ * here (the ring and shm allreduces divide each slice at its owner
+ * themselves: finish_avg).
  *
  *   kind            shm transport (default)   p2p (tcp, or TANDEM_SHM_COLLECTIVES=0)
  *   allreduce       allreduce_shm             rd if bytes <= TANDEM_RD_MAX_BYTES, else ring
@@ -74,12 +75,15 @@ static comm_algo_fn pick(const td_comm *comm, const comm_op *op) {
 
 /* TD_AVG: divide this rank's part of the result by the world size, unless
  * the algorithm divided it itself (the ring allreduce divides each segment
- * once, at its owner, before the allgather: allreduce_ring.c). */
+ * once, at its owner, before the allgather: allreduce_ring.c; the shm
+ * allreduce each slice at its owner, before sharing it: allreduce_shm.c). */
+static bool divides_avg_itself(comm_algo_fn algo) { return algo == allreduce_ring || algo == allreduce_shm; }
+
 static void finish_avg(const td_comm *comm, const comm_op *op, comm_algo_fn algo) {
   size_t offset, len;
   switch (op->kind) {
   case COMM_ALLREDUCE:
-    if (algo == allreduce_ring) break;
+    if (divides_avg_itself(algo)) break;
     td_reduce_scale(op->recv, op->count, op->dtype, comm->size);
     break;
   case COMM_REDUCE:
@@ -138,6 +142,9 @@ static td_status execute_f32_partials(td_comm *comm, const comm_op *op, comm_alg
   comm_op wide = *op;
   wide.dtype = TD_F32;
   wide.send = work;
+  /* The one rounding below divides an average: the algorithm sums (one that
+   * divides TD_AVG itself would divide twice). */
+  if (wide.redop == TD_AVG) wide.redop = TD_SUM;
   size_t offset = 0, len = op->count;
   int divisor = op->redop == TD_AVG ? comm->size : 1;
   if (op->kind == COMM_ALLREDUCE && algo == allreduce_ring) {

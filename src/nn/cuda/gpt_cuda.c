@@ -38,6 +38,14 @@
  * product's epilogue, and the MLP's first product applies bias and GELU
  * there, writing the pre-GELU input (fch) backward needs beside it.
  *
+ * Activation checkpointing (set_activation_checkpointing, as gpt.c): the
+ * per-layer buffers (ln1 .. fch_gelu and their statistics, the attention
+ * cache) then exist for one layer only, slot 0, and forward keeps each
+ * block's output res3 (the next block's input) for every layer. Backward
+ * recomputes block l from its input into the slot before differentiating
+ * it: the same launches on the same inputs, so the same bits as without
+ * checkpointing, for one more forward of the blocks.
+ *
  * Attention: the fused (flash-style) kernels where td_cuda_attention_fused
  * picks them for the head size (TANDEM_CUDA_ATTENTION), else the unfused
  * pair, whose (B, NH, T, T) weights per layer cost far more memory.
@@ -86,6 +94,7 @@ typedef struct gpt_cuda {
   td_dtype dtype;             /* of params, grads and activations: TD_F32 or TD_BF16 (td_gpt_set_device_dtype) */
   size_t es;                  /* its size in bytes */
   int fused_attention;        /* td_cuda_attention_fused for this head size */
+  int ckpt;                   /* activation checkpointing: the per-layer buffers hold one layer (slot 0) */
   cuda_acts acts;
   int last_B;
   const void *last_params; /* the last forward's (predict recomputes the logits with them) */
@@ -103,8 +112,9 @@ static size_t off_layer(const td_model *m, int l, int which) { return m->tensors
 static size_t off_named(const td_model *m, int i) { return m->tensors[i].offset; }
 /* element `off` of an arena of the model's dtype */
 #define AT(arena, off) ((char *)(arena) + (size_t)(off) * gc->es)
-/* layer l's slice of a per-layer activation of `width` channels */
-#define ACT(buf, width) (a->buf + (size_t)l * sBT * (width) * gc->es)
+/* layer l's slice of a per-layer activation of `width` channels (slot 0
+ * for every layer under checkpointing: `slot` is l or 0) */
+#define ACT(buf, width) (a->buf + (size_t)slot * sBT * (width) * gc->es)
 
 /* The attention cache per layer: (B, NH, T, T) unfused, (B, NH, T) fused. */
 static size_t att_cache_floats(const gpt_cuda *gc, const td_gpt_config *c, int B) {
@@ -115,7 +125,10 @@ static size_t att_cache_floats(const gpt_cuda *gc, const td_gpt_config *c, int B
 /* Lay out (or, with base NULL, size) the device block. Every buffer starts
  * on a 256-byte boundary, as cudaMalloc's own do. */
 static size_t acts_plan(cuda_acts *a, const gpt_cuda *gc, const td_gpt_config *c, int B, char *base) {
-  const size_t L = (size_t)c->layers, C = (size_t)c->channels, V = (size_t)c->vocab, es = gc->es;
+  /* L: layers of the buffers backward reads per layer (one slot, recomputed,
+   * under checkpointing); res3, the block outputs, for every layer */
+  const size_t L = gc->ckpt && c->layers > 0 ? 1 : (size_t)c->layers, L_res = (size_t)c->layers;
+  const size_t C = (size_t)c->channels, V = (size_t)c->vocab, es = gc->es;
   const size_t BT = (size_t)B * c->seq, att = att_cache_floats(gc, c, B);
   size_t off = 0;
 #define TAKE(ptr, type, count)                                         \
@@ -136,7 +149,7 @@ static size_t acts_plan(cuda_acts *a, const gpt_cuda *gc, const td_gpt_config *c
   TAKE(a->ln2_rstd, float, L * BT);
   TAKE(a->fch, char, L * BT * 4 * C * es);
   TAKE(a->fch_gelu, char, L * BT * 4 * C * es);
-  TAKE(a->res3, char, L * BT * C * es);
+  TAKE(a->res3, char, L_res * BT * C * es);
   TAKE(a->lnf, char, BT * C * es);
   TAKE(a->lnf_mean, float, BT);
   TAKE(a->lnf_rstd, float, BT);
@@ -164,12 +177,11 @@ static void acts_free(gpt_cuda *gc) {
 }
 
 /* The device block for `batch` with activations of type `compute` (TD_BF16
- * or f32). Activation checkpointing is not done on the device, so it does
- * not change the answer. */
+ * or f32), with or without activation checkpointing. */
 static size_t gpt_cuda_activation_bytes(const td_model *model, int batch, int checkpointing, td_dtype compute) {
-  (void)checkpointing;
   gpt_cuda as = *(const gpt_cuda *)*nn_gpt_device_state((td_model *)model);
   as.es = compute == TD_BF16 ? 2 : sizeof(float);
+  as.ckpt = checkpointing != 0;
   cuda_acts a;
   return batch > 0 ? acts_plan(&a, &as, nn_gpt_config(model), batch, NULL) : 0;
 }
@@ -264,11 +276,46 @@ static td_status head_forward(td_model *model, const void *params) {
                                 td_stream_native(gc->stream));
 }
 
+/* Block l's forward from its input `resid` (B, T, C) into the per-layer
+ * buffers (slot 0 under checkpointing) and res3[l], the block's parameters
+ * read through `pl` (the base its group was fetched at). Forward runs it
+ * for every block; backward again under checkpointing. */
+static td_status block_forward(td_model *model, const char *pl, int l, const char *resid, int B) {
+  gpt_cuda *gc = state(model);
+  const td_gpt_config *c = nn_gpt_config(model);
+  const int C = c->channels, NH = c->heads, T = c->seq, BT = B * T;
+  const td_dtype dt = gc->dtype;
+  cuda_acts *a = &gc->acts;
+  void *s = td_stream_native(gc->stream);
+  const size_t sBT = (size_t)BT, att = att_cache_floats(gc, c, B), slot = gc->ckpt ? 0 : (size_t)l;
+#define W(which) AT(pl, off_layer(model, l, (which)))
+  char *ln1 = ACT(ln1, C), *qkv = ACT(qkv, 3 * C), *atty = ACT(atty, C), *res2 = ACT(res2, C), *ln2 = ACT(ln2, C);
+  char *fch = ACT(fch, 4 * C), *fch_gelu = ACT(fch_gelu, 4 * C), *res3 = a->res3 + (size_t)l * sBT * C * gc->es;
+  float *ln1_mean = a->ln1_mean + slot * sBT, *ln1_rstd = a->ln1_rstd + slot * sBT, *attc = a->attc + slot * att;
+  float *ln2_mean = a->ln2_mean + slot * sBT, *ln2_rstd = a->ln2_rstd + slot * sBT;
+  TD_CHECK(td_cuda_layernorm_forward(ln1, ln1_mean, ln1_rstd, resid, W(P_LN1W), W(P_LN1B), BT, C, dt, s));
+  TD_CHECK(td_cuda_matmul_forward(qkv, ln1, W(P_QKVW), W(P_QKVB), BT, C, 3 * C, dt, s));
+  if (gc->fused_attention)
+    TD_CHECK(td_cuda_flash_attention_forward(atty, attc, qkv, B, T, C, NH, dt, s));
+  else
+    TD_CHECK(td_cuda_attention_forward(atty, attc, qkv, B, T, C, NH, dt, s));
+  /* the products' epilogues (cuBLASLt's bias + residual, bias + GELU
+   * keeping the pre-GELU input for backward): no separate pass over
+   * (B, T, C) or (B, T, 4C) for the residual adds or the GELU, and one
+   * rounding where the unfused pair rounds twice */
+  TD_CHECK(td_cuda_matmul_forward_ex(res2, NULL, resid, atty, W(P_PROJW), W(P_PROJB), BT, C, C, dt, s));
+  TD_CHECK(td_cuda_layernorm_forward(ln2, ln2_mean, ln2_rstd, res2, W(P_LN2W), W(P_LN2B), BT, C, dt, s));
+  TD_CHECK(td_cuda_matmul_forward_ex(fch_gelu, fch, NULL, ln2, W(P_FCW), W(P_FCB), BT, C, 4 * C, dt, s));
+  TD_CHECK(td_cuda_matmul_forward_ex(res3, NULL, res2, fch_gelu, W(P_FC2W), W(P_FC2B), BT, 4 * C, C, dt, s));
+#undef W
+  return TD_OK;
+}
+
 static float gpt_cuda_forward(td_model *model, const float *params, const void *inputs, const int32_t *targets,
                               int batch) {
   gpt_cuda *gc = state(model);
   const td_gpt_config *c = nn_gpt_config(model);
-  const int L = c->layers, C = c->channels, NH = c->heads, T = c->seq, V = c->vocab;
+  const int L = c->layers, C = c->channels, T = c->seq, V = c->vocab;
   const int B = batch, BT = B * T;
   void *s = td_stream_native(gc->stream);
   if (gc->error != TD_OK) {
@@ -309,31 +356,12 @@ static float gpt_cuda_forward(td_model *model, const float *params, const void *
                               C, dt, s));
   RUN(release_unit(model, gc, unit_emb(model)));
   const char *resid = a->encoded; /* (B, T, C) */
-  const size_t sBT = (size_t)BT, att = att_cache_floats(gc, c, B);
+  const size_t sBT = (size_t)BT;
   for (int l = 0; l < L; l++) {
     FETCH(pl, unit_layer(model, l), l + 1 < L ? unit_layer(model, l + 1) : unit_final(model));
-#define W(which) AT(pl, off_layer(model, l, (which)))
-    char *ln1 = ACT(ln1, C), *qkv = ACT(qkv, 3 * C), *atty = ACT(atty, C), *res2 = ACT(res2, C), *ln2 = ACT(ln2, C);
-    char *fch = ACT(fch, 4 * C), *fch_gelu = ACT(fch_gelu, 4 * C), *res3 = ACT(res3, C);
-    float *ln1_mean = a->ln1_mean + l * sBT, *ln1_rstd = a->ln1_rstd + l * sBT, *attc = a->attc + l * att;
-    float *ln2_mean = a->ln2_mean + l * sBT, *ln2_rstd = a->ln2_rstd + l * sBT;
-    RUN(td_cuda_layernorm_forward(ln1, ln1_mean, ln1_rstd, resid, W(P_LN1W), W(P_LN1B), BT, C, dt, s));
-    RUN(td_cuda_matmul_forward(qkv, ln1, W(P_QKVW), W(P_QKVB), BT, C, 3 * C, dt, s));
-    if (gc->fused_attention)
-      RUN(td_cuda_flash_attention_forward(atty, attc, qkv, B, T, C, NH, dt, s));
-    else
-      RUN(td_cuda_attention_forward(atty, attc, qkv, B, T, C, NH, dt, s));
-    /* the products' epilogues (cuBLASLt's bias + residual, bias + GELU
-     * keeping the pre-GELU input for backward): no separate pass over
-     * (B, T, C) or (B, T, 4C) for the residual adds or the GELU, and one
-     * rounding where the unfused pair rounds twice */
-    RUN(td_cuda_matmul_forward_ex(res2, NULL, resid, atty, W(P_PROJW), W(P_PROJB), BT, C, C, dt, s));
-    RUN(td_cuda_layernorm_forward(ln2, ln2_mean, ln2_rstd, res2, W(P_LN2W), W(P_LN2B), BT, C, dt, s));
-    RUN(td_cuda_matmul_forward_ex(fch_gelu, fch, NULL, ln2, W(P_FCW), W(P_FCB), BT, C, 4 * C, dt, s));
-    RUN(td_cuda_matmul_forward_ex(res3, NULL, res2, fch_gelu, W(P_FC2W), W(P_FC2B), BT, 4 * C, C, dt, s));
-    resid = res3;
+    RUN(block_forward(model, pl, l, resid, B));
+    resid = a->res3 + (size_t)l * sBT * C * gc->es;
     RUN(release_unit(model, gc, unit_layer(model, l)));
-#undef W
   }
   FETCH(pf, unit_final(model), tied ? unit_wte(model) : unit_none);
   pw = pf;
@@ -436,10 +464,14 @@ static void gpt_cuda_backward(td_model *model, const float *params, float *grads
 #define G(which) AT(grads, off_layer(model, l, (which)))
 #define READY(which) (pend.idx[pend.n++] = 2 + l * P_PER_LAYER + (which))
     const char *resid = l > 0 ? a->res3 + (size_t)(l - 1) * sBT * C * es : a->encoded; /* block input */
+    /* checkpointing: the block's activations recomputed into slot 0 */
+    if (gc->ckpt) RUN(block_forward(model, pl, l, resid, B));
+    const size_t slot = gc->ckpt ? 0 : (size_t)l;
     const char *ln1 = ACT(ln1, C), *qkv = ACT(qkv, 3 * C), *atty = ACT(atty, C), *res2 = ACT(res2, C);
     const char *ln2 = ACT(ln2, C), *fch = ACT(fch, 4 * C), *fch_gelu = ACT(fch_gelu, 4 * C);
-    const float *ln1_mean = a->ln1_mean + l * sBT, *ln1_rstd = a->ln1_rstd + l * sBT, *attc = a->attc + l * att;
-    const float *ln2_mean = a->ln2_mean + l * sBT, *ln2_rstd = a->ln2_rstd + l * sBT;
+    const float *ln1_mean = a->ln1_mean + slot * sBT, *ln1_rstd = a->ln1_rstd + slot * sBT;
+    const float *attc = a->attc + slot * att;
+    const float *ln2_mean = a->ln2_mean + slot * sBT, *ln2_rstd = a->ln2_rstd + slot * sBT;
     /* MLP: res3 = res2 + fc2(gelu(fc(ln2(res2)))); dres holds d res3 */
     RUN(td_memset0_async(a->dbuf_4c, sBT * 4 * C * es, st));
     RUN(td_cuda_matmul_backward(a->dbuf_4c, G(P_FC2W), G(P_FC2B), a->dres, fch_gelu, W(P_FC2W), BT, 4 * C, C,
@@ -563,13 +595,27 @@ static void gpt_cuda_destroy(td_model *model) {
   nn_gpt_free_host(model);
 }
 
+static td_status gpt_cuda_set_activation_checkpointing(td_model *model, int on) {
+  gpt_cuda *gc = state(model);
+  if ((on != 0) == gc->ckpt) return TD_OK;
+  /* the activations are laid out for the other setting: the next prepare
+   * (or forward) lays them out again */
+  TD_CHECK(td_stream_sync(gc->stream));
+  acts_free(gc);
+  model->activation_bytes = 0;
+  gc->last_B = 0;
+  gc->have_targets = 0;
+  gc->ckpt = on != 0;
+  return TD_OK;
+}
+
 static const td_model_ops gpt_cuda_ops = {
     .prepare = gpt_cuda_prepare,
     .forward = gpt_cuda_forward,
     .backward = gpt_cuda_backward,
     .predict = gpt_cuda_predict,
     .destroy = gpt_cuda_destroy,
-    .set_activation_checkpointing = NULL, /* not yet on the device */
+    .set_activation_checkpointing = gpt_cuda_set_activation_checkpointing,
     .activation_bytes = gpt_cuda_activation_bytes,
     .set_device_dtype = nn_gpt_cuda_set_dtype,
 };

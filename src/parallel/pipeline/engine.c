@@ -324,6 +324,18 @@ static size_t pp_activation_bytes(const td_model *model, int batch, int checkpoi
   return total;
 }
 
+/* One thread runs every slot's products in turn: the largest chunk's
+ * scratch, once (not per slot, as the activations are). */
+static size_t pp_thread_scratch_bytes(const td_model *model, int batch) {
+  const pp_model *m = (const pp_model *)model;
+  size_t n = 0;
+  for (int c = 0; c < m->v; c++) {
+    const td_model *s = m->chunks[c].slot[0];
+    if (s->ops->thread_scratch_bytes) n = TD_MAX(n, s->ops->thread_scratch_bytes(s, batch));
+  }
+  return n;
+}
+
 static void pp_init_params(const td_model *model, float *params, uint64_t seed) {
   const pp_model *m = (const pp_model *)model;
   for (int c = 0; c < m->v; c++) td_model_init_params(m->chunks[c].slot[0], params + m->chunks[c].offset, seed);
@@ -622,6 +634,7 @@ static const td_model_ops pp_ops = {
     .destroy = pp_destroy,
     .set_activation_checkpointing = pp_set_ckpt,
     .activation_bytes = pp_activation_bytes,
+    .thread_scratch_bytes = pp_thread_scratch_bytes,
     .init_params = pp_init_params,
     .grad_norm_sq = pp_grad_norm_sq,
     .group_max = pp_group_max,

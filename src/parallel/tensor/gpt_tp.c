@@ -174,6 +174,23 @@ static size_t tp_activation_bytes(const td_model *model, int batch, int checkpoi
          lowp;
 }
 
+/* What a compute thread keeps for the products (td_model_ops): the largest
+ * of this rank's layers' panels (column-parallel qkv and fc to their local
+ * features, row-parallel proj and fc2 to C, the head to its vocabulary
+ * rows), on the whole micro-batch's rows (sequence parallelism multiplies
+ * no more). */
+static size_t tp_thread_scratch_bytes(const td_model *model, int batch) {
+  const tp_gpt *g = (const tp_gpt *)model;
+  const size_t BT = (size_t)batch * g->cfg.seq, C = (size_t)g->C, Cl = (size_t)g->Cl, Fl = (size_t)g->Fl;
+  size_t n = 0;
+  if (g->L > 0) {
+    const size_t shapes[4][2] = {{C, 3 * Cl}, {Cl, C}, {C, Fl}, {Fl, C}}; /* qkv, proj, fc, fc2 */
+    for (int i = 0; i < 4; i++) n = TD_MAX(n, td_linear_scratch_bytes(BT, shapes[i][0], shapes[i][1]));
+  }
+  if (g->has_head) n = TD_MAX(n, td_linear_scratch_bytes(BT, C, (size_t)g->Vl));
+  return n;
+}
+
 /* Activation checkpointing: forward keeps each block's output (res3) and
  * one layer's other buffers; backward recomputes block l from its input
  * before differentiating it (with its collectives: every rank of the group
@@ -606,6 +623,7 @@ static const td_model_ops tp_ops = {
     .predict = tp_predict,
     .destroy = tp_destroy,
     .activation_bytes = tp_activation_bytes,
+    .thread_scratch_bytes = tp_thread_scratch_bytes,
     .set_activation_checkpointing = tp_set_ckpt,
     .init_params = tp_init_params,
     .grad_norm_sq = tp_grad_norm_sq,

@@ -78,6 +78,11 @@ typedef struct td_loss_scaler {
   long skipped;           /* steps skipped for overflow, in all */
 } td_loss_scaler;
 
+/* ---- threads.c: compute threads per rank when automatic ---- */
+/* The cores this process may use (its affinity) divided among the host's
+ * `local_ranks` ranks, at least 1. Local. */
+int td_auto_threads(int local_ranks);
+
 /* ---- memory.c: the memory this rank may use, and what it holds ---- */
 typedef struct td_mem_room {
   size_t host_bytes; /* the job's memory on this host (0: unknown, or TANDEM_MEMORY_LIMIT=off) */

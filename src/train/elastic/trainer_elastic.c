@@ -11,7 +11,6 @@
 #include "train/zero/zero.h"
 #include "train/deterministic/deterministic.h"
 
-#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -55,13 +54,6 @@ td_status td_trainer_elastic_register(td_trainer *t, td_elastic *e) {
   return td_elastic_register(e, "train_batch_size", &t->cfg.train_batch_size, sizeof t->cfg.train_batch_size);
 }
 
-static int usable_cores(void) {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
-  long n = sysconf(_SC_NPROCESSORS_ONLN);
-  return n > 0 ? (int)n : 1;
-}
-
 td_status td_trainer_elastic_rebind(td_trainer *t, td_comm *comm, int micro_hint, int max_world) {
   if (!t) return td_error(TD_ERR_INVALID_ARGUMENT, "td_trainer_elastic_rebind: trainer is NULL");
   int world = comm ? td_comm_size(comm) : 1;
@@ -93,7 +85,7 @@ td_status td_trainer_elastic_rebind(td_trainer *t, td_comm *comm, int micro_hint
   t->cfg.grad_accum = accum;
   if (t->cfg.threads <= 0) {
     int local = comm ? td_comm_host_size(comm) : 1;
-    t->threads = TD_MAX(1, usable_cores() / TD_MAX(local, 1));
+    t->threads = td_auto_threads(local);
     td_nn_set_threads(t->threads);
   }
   /* The model is prepared for the new micro-batch by the next step. */

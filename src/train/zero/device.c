@@ -63,14 +63,35 @@
  *            whole, as at stages 1-2 (the device model writes every
  *            tensor's gradient in backward), reduced to their owners; the
  *            update writes the shard's masters (and bf16 copy), and
- *            nothing is allgathered. Not done yet: fetching the next
- *            group ahead while the current one computes (the fetch hint
- *            is ignored; each fetch waits for its broadcasts), and
- *            cudaMalloc'd slots smaller than the largest group. Every
- *            rank makes the same fetches in the same order, and the slot
- *            chosen depends only on them, so the broadcasts match; a
- *            failure is kept in dev_fetch->status (the model sees a NULL
- *            base and stops) and fails the step.
+ *            nothing is allgathered.
+ *
+ *            Prefetch: with each fetch the model names the group it will
+ *            fetch next; once the current group is ready, that group's
+ *            broadcasts are launched (non-blocking) into the other slot,
+ *            if it is free and the group is at most
+ *            stage3_prefetch_bucket_size parameters, so that they travel
+ *            (the device collectives' own streams and thread) while the
+ *            model's stream computes with the current group; the model's
+ *            fetch of it then waits only for what has not arrived:
+ *
+ *              model stream:  [ block l computes ][ block l+1 ...
+ *              slot A:        [ block l, in use  ]  (released: free)
+ *              slot B:        [ bcast block l+1 ]-> waited at its fetch
+ *
+ *            A slot is refilled only when free: the model released it
+ *            after its stream finished reading it (gpt_cuda.c), so a
+ *            prefetch never overwrites parameters still being read.
+ *            The GPT with L blocks and a tied head, per micro-step:
+ *            forward fills L + 3 groups (the embeddings, the blocks, the
+ *            final layernorm, wte again for the head), backward L (the
+ *            final group and wte are still in the slots), each but the
+ *            first of a pass launched ahead: 2L + 3 fills, 2L + 1 ahead
+ *            (td_step_stats.param_fetches and param_prefetches).
+ *            Not done: cudaMalloc'd slots smaller than the largest
+ *            group. Every rank makes the same fetches in the same order,
+ *            and the slot chosen depends only on them, so the broadcasts
+ *            match; a failure is kept in dev_fetch->status (the model
+ *            sees a NULL base and stops) and fails the step.
  * Internal to src/train. */
 #include "train/zero/zero.h"
 
@@ -163,9 +184,17 @@ static const float *based(const void *mem, size_t lo, size_t es) {
   return (const float *)((uintptr_t)mem - (uintptr_t)(lo * es));
 }
 
-static td_status fill_slot(td_trainer *t, zero_dev_slot *sl, size_t lo, size_t hi) {
+/* Launch the broadcasts filling slot sl with [lo, hi): the owner of each
+ * piece copies it from its shard into the slot (on the fetch's own stream,
+ * waited for: a broadcast's input must be final when it is issued), then
+ * every rank issues the piece's broadcast from that owner, non-blocking.
+ * The requests stay on the slot until wait_slot. */
+static td_status launch_fill(td_trainer *t, zero_dev_slot *sl, size_t lo, size_t hi) {
+  zero_devfetch *f = t->dev_fetch;
   const size_t es = model_es(t);
   const char *own = td_trainer_model_params(t); /* this rank's shard, addressed as the whole arena */
+  sl->valid = false;
+  sl->n_reqs = 0;
   for (int r = 0; r < t->world; r++) {
     size_t off, len;
     td_shard_range(t->n_params, t->world, r, &off, &len);
@@ -173,57 +202,123 @@ static td_status fill_slot(td_trainer *t, zero_dev_slot *sl, size_t lo, size_t h
     if (b <= a) continue;
     char *dst = sl->mem + (a - lo) * es;
     if (r == t->rank) {
-      TD_CHECK(td_device_copy(dst, t->device, own + a * es, t->device, (b - a) * es));
-      /* a device-to-device cudaMemcpy may return before the copy is done;
-       * the collectives want their input final when issued */
-      TD_CHECK(td_device_sync(t->device));
+      TD_CHECK(td_copy_async(dst, own + a * es, (b - a) * es, f->copy_stream));
+      TD_CHECK(td_stream_sync(f->copy_stream));
     }
-    td_status st = td_broadcast(dst, b - a, t->model_dtype, r, t->comm);
+    td_request *req = NULL;
+    td_status st = td_ibroadcast(dst, b - a, t->model_dtype, r, t->comm, &req);
     if (st != TD_OK)
       return td_error(st, "broadcasting [%zu, %zu) from rank %d: %s", a, b, r, td_comm_last_error(t->comm));
+    sl->reqs[sl->n_reqs++] = req;
   }
+  sl->lo = lo;
+  sl->hi = hi;
+  sl->valid = true; /* usable once wait_slot returned */
+  f->n_fills++;
   return TD_OK;
 }
 
+/* Wait for the slot's broadcasts still in flight; all of them, also after
+ * one failed (the others are the peers' too, and a request must be waited
+ * for once). */
+static td_status wait_slot(td_trainer *t, zero_dev_slot *sl) {
+  zero_devfetch *f = t->dev_fetch;
+  td_status first = TD_OK;
+  if (!sl->n_reqs) return TD_OK;
+  double w0 = td_now();
+  for (int i = 0; i < sl->n_reqs; i++) {
+    td_status st = td_wait(sl->reqs[i]);
+    if (st != TD_OK && first == TD_OK)
+      first = td_error(st, "waiting for the broadcasts of [%zu, %zu): %s", sl->lo, sl->hi, td_comm_last_error(t->comm));
+  }
+  sl->n_reqs = 0;
+  f->wait_s += td_now() - w0;
+  if (first != TD_OK) sl->valid = false;
+  return first;
+}
+
+/* The free slot to fill (not in use; the least recently used), or NULL. */
+static zero_dev_slot *free_slot(zero_devfetch *f) {
+  zero_dev_slot *sl = NULL;
+  for (int i = 0; i < ZERO_DEV_SLOTS; i++)
+    if (!f->slot[i].users && (!sl || f->slot[i].last_use < sl->last_use)) sl = &f->slot[i];
+  return sl;
+}
+
+static zero_dev_slot *holding(zero_devfetch *f, size_t lo, size_t hi) {
+  for (int i = 0; i < ZERO_DEV_SLOTS; i++) {
+    zero_dev_slot *sl = &f->slot[i];
+    if (sl->valid && sl->lo <= lo && hi <= sl->hi) return sl;
+  }
+  return NULL;
+}
+
+/* The model's hint: launch the next group's broadcasts into the other slot
+ * now, so that they travel while the group just returned computes. Only
+ * into a free slot (never one the model holds), when the group fits the
+ * slot and stage3_prefetch_bucket_size. A slot with a fill still in flight
+ * is waited for before it is filled again (a request is waited for once). */
+static void prefetch(td_trainer *t, size_t lo, size_t hi) {
+  zero_devfetch *f = t->dev_fetch;
+  if (hi <= lo || hi - lo > f->slot_params || hi - lo > (size_t)t->cfg.stage3_prefetch_bucket_size ||
+      holding(f, lo, hi))
+    return;
+  zero_dev_slot *sl = free_slot(f);
+  if (!sl) return;
+  td_status st = wait_slot(t, sl);
+  if (st == TD_OK) st = launch_fill(t, sl, lo, hi);
+  if (st != TD_OK) {
+    fetch_fail(t, st, "prefetching", lo, hi);
+    return;
+  }
+  f->n_ahead++;
+  sl->last_use = ++f->clock;
+}
+
 static const float *dev_fetch(void *ctx, size_t offset, size_t count, size_t next_offset, size_t next_count) {
-  (void)next_offset, (void)next_count; /* no prefetch yet (the file comment) */
   td_trainer *t = ctx;
   zero_devfetch *f = t->dev_fetch;
   const size_t es = model_es(t), lo = offset, hi = TD_MIN(offset + count, t->n_params);
   if (f->status != TD_OK) return NULL;
-  /* held already (released or in use): the same step's parameters */
-  for (int i = 0; i < ZERO_DEV_SLOTS; i++) {
-    zero_dev_slot *sl = &f->slot[i];
-    if (sl->valid && sl->lo <= lo && hi <= sl->hi) {
-      sl->users++;
-      sl->last_use = ++f->clock;
-      return based(sl->mem, sl->lo, es);
+  /* held already (released, in use, or prefetched): the same step's parameters */
+  zero_dev_slot *sl = holding(f, lo, hi);
+  if (!sl) {
+    if (hi - lo > f->slot_params) {
+      td_error(TD_ERR_INTERNAL, "a group of %zu parameters is larger than the fetch buffers (%zu)", hi - lo,
+               f->slot_params);
+      fetch_fail(t, TD_ERR_INTERNAL, "fetching", lo, hi);
+      return NULL;
+    }
+    sl = free_slot(f);
+    if (!sl) {
+      td_error(TD_ERR_INTERNAL, "the model holds more than %d parameter groups at once", ZERO_DEV_SLOTS);
+      fetch_fail(t, TD_ERR_INTERNAL, "fetching", lo, hi);
+      return NULL;
+    }
+    td_status st = wait_slot(t, sl); /* a prefetch the model did not ask for after all */
+    if (st == TD_OK) {
+      double w0 = td_now();
+      st = launch_fill(t, sl, lo, hi);
+      f->wait_s += td_now() - w0; /* the owner's copy and the issue; wait_slot below adds the wait */
+    }
+    if (st != TD_OK) {
+      fetch_fail(t, st, "fetching", lo, hi);
+      return NULL;
     }
   }
-  if (hi - lo > f->slot_params) {
-    td_error(TD_ERR_INTERNAL, "a group of %zu parameters is larger than the fetch buffers (%zu)", hi - lo,
-             f->slot_params);
-    fetch_fail(t, TD_ERR_INTERNAL, "fetching", lo, hi);
-    return NULL;
-  }
-  zero_dev_slot *sl = NULL;
-  for (int i = 0; i < ZERO_DEV_SLOTS; i++)
-    if (!f->slot[i].users && (!sl || f->slot[i].last_use < sl->last_use)) sl = &f->slot[i];
-  if (!sl) {
-    td_error(TD_ERR_INTERNAL, "the model holds more than %d parameter groups at once", ZERO_DEV_SLOTS);
-    fetch_fail(t, TD_ERR_INTERNAL, "fetching", lo, hi);
-    return NULL;
-  }
-  sl->valid = false;
-  double w0 = td_now();
-  td_status st = fill_slot(t, sl, lo, hi);
-  f->wait_s += td_now() - w0;
+  td_status st = wait_slot(t, sl);
   if (st != TD_OK) {
     fetch_fail(t, st, "fetching", lo, hi);
     return NULL;
   }
-  *sl = (zero_dev_slot){sl->mem, lo, hi, 1, true, ++f->clock};
-  return based(sl->mem, lo, es);
+  sl->users++;
+  sl->last_use = ++f->clock;
+  prefetch(t, next_offset, TD_MIN(next_offset + next_count, t->n_params));
+  if (f->status != TD_OK) { /* the prefetch failed: the step fails, this group is released by nobody */
+    sl->users--;
+    return NULL;
+  }
+  return based(sl->mem, sl->lo, es);
 }
 
 static void dev_release(void *ctx, size_t offset, size_t count) {
@@ -252,8 +347,13 @@ td_status zero_device_fetch_create(td_trainer *t) {
   if (!f) return td_error(TD_ERR_SYSTEM, "rank %d: out of memory for the stage-3 fetch table", t->rank);
   t->dev_fetch = f;
   f->slot_params = zero_device_pool_params(t->model, t->world, t->zero_stage) / ZERO_DEV_SLOTS;
-  for (int i = 0; i < ZERO_DEV_SLOTS && f->slot_params; i++) {
-    td_status st = td_device_alloc(t->device, f->slot_params * model_es(t), (void **)&f->slot[i].mem);
+  if (f->slot_params) {
+    td_status st = td_stream_create(t->device, &f->copy_stream);
+    for (int i = 0; i < ZERO_DEV_SLOTS && st == TD_OK; i++) {
+      f->slot[i].reqs = calloc((size_t)t->world, sizeof *f->slot[i].reqs);
+      if (!f->slot[i].reqs) st = td_error(TD_ERR_SYSTEM, "out of memory");
+      if (st == TD_OK) st = td_device_alloc(t->device, f->slot_params * model_es(t), (void **)&f->slot[i].mem);
+    }
     if (st != TD_OK) {
       char why[512];
       td_error_copy(why, sizeof why);
@@ -271,7 +371,12 @@ void zero_device_fetch_destroy(td_trainer *t) {
   zero_devfetch *f = t->dev_fetch;
   if (!f) return;
   if (t->model && t->model->param_access == &f->access) t->model->param_access = NULL;
-  for (int i = 0; i < ZERO_DEV_SLOTS; i++) td_device_free(t->device, f->slot[i].mem);
+  for (int i = 0; i < ZERO_DEV_SLOTS; i++) {
+    (void)wait_slot(t, &f->slot[i]); /* no broadcast may still write the buffer */
+    td_device_free(t->device, f->slot[i].mem);
+    free(f->slot[i].reqs);
+  }
+  td_stream_destroy(f->copy_stream);
   free(f);
   t->dev_fetch = NULL;
 }
@@ -279,8 +384,15 @@ void zero_device_fetch_destroy(td_trainer *t) {
 void zero_device_fetch_reset(td_trainer *t) {
   zero_devfetch *f = t->dev_fetch;
   if (!f) return;
-  for (int i = 0; i < ZERO_DEV_SLOTS; i++) f->slot[i].valid = false, f->slot[i].users = 0;
   f->status = TD_OK;
+  f->wait_s = 0;
+  f->n_fills = f->n_ahead = 0;
+  for (int i = 0; i < ZERO_DEV_SLOTS; i++) {
+    zero_dev_slot *sl = &f->slot[i];
+    td_status st = wait_slot(t, sl); /* a prefetch the last step did not use */
+    if (st != TD_OK) fetch_fail(t, st, "finishing a prefetch of", sl->lo, sl->hi);
+    sl->valid = false, sl->users = 0;
+  }
   f->wait_s = 0;
 }
 

@@ -29,7 +29,6 @@
 #include "train/offload/offload.h"
 
 #include <string.h>
-#include <unistd.h>
 
 /* The length of a numbered block's prefix ("h3" of "h3.attn.qkv.weight"),
  * 0 for a tensor outside the blocks. */
@@ -152,23 +151,32 @@ static size_t estimate_gather(size_t n, size_t shard, int stage, bool params_on_
   return whole - held;
 }
 
-/* What a rank's process adds during the steps beyond the arenas, the
- * activations and the products' scratch (the model's activation_bytes):
- * each compute thread's packed panels and attention tiles, the
- * communicator's and the I/O engine's buffers, the allocator's slack.
- * Measured (peak RSS less the rest of the estimate, tests/offload.suite
- * memory_bound_*): 4.5-6.5 MiB at one compute thread per rank, +0.5 MiB per
- * thread more (stage 1, 1 to 4 threads). 7 MiB plus 1 MiB per thread; the
- * threads are the trainer's (threads_per_rank, or at most the host's cores
- * when automatic). A flat 16 MiB had left small models 10% above their
- * peak. */
-#define ESTIMATE_RUNTIME_BYTES ((size_t)7 << 20)
-#define ESTIMATE_THREAD_BYTES ((size_t)1 << 20)
+/* What a rank's process adds during the steps beyond the arenas and the
+ * activations, in three parts (measured as the peak RSS less the rest of
+ * the estimate, train-gpt at 128-2048 channels, 1-8 ranks, shm and TCP,
+ * DP, TP, PP and TP x PP: bench/results/memedge-2026-11-27.md):
+ *   - the products' panels a compute thread keeps (the model's
+ *     thread_scratch_bytes: td_linear_scratch_bytes of its largest layer),
+ *     which is what grew with the model: 1.1 MiB at 128 channels, 3.4 at
+ *     2048, 5.5 at 1024 channels on 1024 rows, one thread;
+ *   - per compute thread beyond the first, OpenBLAS's packing buffers (the
+ *     products go multithreaded through it): 1.0-2.6 MiB each, measured at
+ *     2 threads against 1 (2 MiB);
+ *   - the rest, the same for every model: the threads' stacks, the
+ *     progress thread, the transport's and the pipeline's point-to-point
+ *     buffers, the attention tiles, the allocator's slack: 1-3 MiB above
+ *     the panels over 1-8 ranks, shm or TCP, DP, TP and PP (5 MiB: at 4
+ *     the 6 x 512 GPT's DP ranks over TCP came within 1.6 MiB of it).
+ * cfg->threads is the trainer's thread count (td_trainer_estimate_memory
+ * resolves automatic). A fixed 7 MiB + 1 MiB per core of the host before
+ * had put the pipeline ranks of a 4 x 256 GPT at 0.88x. */
+#define ESTIMATE_RUNTIME_BYTES ((size_t)5 << 20)
+#define ESTIMATE_THREAD_BYTES ((size_t)2 << 20)
 
-static size_t runtime_bytes(const td_train_config *cfg) {
-  long threads = cfg->threads;
-  if (threads <= 0) threads = sysconf(_SC_NPROCESSORS_ONLN);
-  return ESTIMATE_RUNTIME_BYTES + (size_t)TD_MAX(1L, TD_MIN(threads, 4096L)) * ESTIMATE_THREAD_BYTES;
+static size_t runtime_bytes(const td_model *model, const td_train_config *cfg, int batch) {
+  size_t threads = (size_t)TD_MAX(1, TD_MIN(cfg->threads, 4096));
+  size_t panels = model->ops && model->ops->thread_scratch_bytes ? model->ops->thread_scratch_bytes(model, batch) : 0;
+  return ESTIMATE_RUNTIME_BYTES + panels + (threads - 1) * ESTIMATE_THREAD_BYTES;
 }
 
 td_status zero_estimate_memory(const td_model *model, const td_train_config *cfg, int world, int stage, bool buckets,
@@ -267,6 +275,6 @@ td_status zero_estimate_memory(const td_model *model, const td_train_config *cfg
                                                         cfg->precision.compute)
                          : 0;
   out->gather = estimate_gather(n, shard, stage, params_on_disk);
-  out->runtime = runtime_bytes(cfg);
+  out->runtime = runtime_bytes(model, cfg, batch);
   return TD_OK;
 }

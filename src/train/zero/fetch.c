@@ -77,6 +77,7 @@ static zero_live *launch(td_trainer *t, size_t lo, size_t hi) {
   zero_live *l = &z->live[z->n_live++];
   *l = (zero_live){lo, hi, z->n_fetch_pieces, 0, true, false, 0, ++z->use_clock, false, NULL};
   z->live_floats += hi - lo;
+  if (t->comm && t->world > 1) z->n_fetches++;
   if (offload_params_on_disk(t)) {
     if (z->status == TD_OK && offload_params_read(t, lo, hi, &l->disk_req) != TD_OK) fail_disk(t, "reading", lo, hi);
     l->deferred = true; /* on every rank alike, so the broadcasts keep one order */
@@ -212,8 +213,8 @@ static const float *fetch(void *ctx, size_t offset, size_t count, size_t next_of
     }
     size_t nlo = next_offset, nhi = TD_MIN(next_offset + next_count, t->n_params);
     if (nhi > nlo && !find_live(z, nlo, nhi, false) && nhi - nlo <= (size_t)t->cfg.stage3_prefetch_bucket_size &&
-        make_room(t, nhi - nlo))
-      (void)launch(t, nlo, nhi);
+        make_room(t, nhi - nlo) && launch(t, nlo, nhi) && t->comm && t->world > 1)
+      z->n_prefetches++;
     zero_measure(t);
   }
   return t->params;

@@ -77,6 +77,7 @@ void zero_step_begin(td_trainer *t) {
   z->measuring = z->steps_seen++ < 2;
   if (z->stage >= 3) zero_fetch_reset(t);
   z->fetch_wait_s = 0; /* counted per step */
+  z->n_fetches = z->n_prefetches = 0;
   if (z->stage >= 2 && !z->keep_grads) {
     clear_outside_shard(t);
     memset(t->grads + t->shard_lo, 0, (t->shard_hi - t->shard_lo) * sizeof(float));

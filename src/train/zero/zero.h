@@ -76,6 +76,7 @@ typedef struct zero_state {
   unsigned long use_clock;
   td_status status; /* first failure inside a fetch (the model cannot see it) */
   double fetch_wait_s; /* this step: blocked on parameter broadcasts not yet arrived (td_step_stats) */
+  long n_fetches, n_prefetches; /* this step: ranges launched, and of those ahead of their fetch (td_step_stats) */
   bool params_partial; /* stages 1-2 after zero_rebind: only the shard is valid until the next step's allgather */
   bool status_from_disk; /* NVMe offload: that failure was a parameter read; the communicator is fine */
   bool gathered;    /* td_trainer_gather_params materialized the whole arena */
@@ -204,16 +205,22 @@ typedef struct zero_dev_slot {
   char *mem;              /* device buffer of slot_params elements of the model's type */
   size_t lo, hi;          /* the arena range it holds, when valid */
   int users;              /* fetches not yet released */
-  bool valid;             /* holds [lo, hi) of this step's parameters */
+  bool valid;             /* holds [lo, hi) of this step's parameters (once its broadcasts are waited for) */
   unsigned long last_use; /* the least recently used free slot is refilled first */
+  /* a fill in flight (the prefetch): its broadcasts, one per owner, not yet waited for */
+  td_request **reqs; /* world entries */
+  int n_reqs;
 } zero_dev_slot;
 typedef struct zero_devfetch {
   td_param_access access;
   zero_dev_slot slot[ZERO_DEV_SLOTS];
   size_t slot_params;
+  td_stream *copy_stream; /* the owner's copy of its piece into a slot (not the model's stream) */
   unsigned long clock;
   td_status status; /* first failure inside a fetch this step (the model sees only NULL) */
   double wait_s;    /* this step: in the fetches' copies and broadcasts */
+  long n_fills;     /* this step: groups broadcast into a slot (td_step_stats.param_fetches) */
+  long n_ahead;     /* of those, launched ahead of the model's fetch (param_prefetches) */
 } zero_devfetch;
 /* Elements of the fetch buffers a rank holds at `stage` (0 below stage 3
  * and on one rank, where the shard is the whole arena and a fetch returns
@@ -222,7 +229,9 @@ size_t zero_device_pool_params(const td_model *model, int world, int stage);
 /* Stage 3 on a device: the buffers and the td_param_access, set on the model. */
 td_status zero_device_fetch_create(td_trainer *t);
 void zero_device_fetch_destroy(td_trainer *t); /* NULL-safe; takes the access off the model */
-/* Before a step (and after the parameters changed): nothing fetched is valid. */
+/* Before a step (and after the parameters changed): nothing fetched is
+ * valid. Waits for a fill still in flight (its broadcasts are collective:
+ * every rank issued them); a failure there fails the step (dev_fetch->status). */
 void zero_device_fetch_reset(td_trainer *t);
 /* Device bytes of the model state a rank holds: f32 master params (the
  * shard's at stage 3), the model's gradients (f32, or bf16 with its bf16
