@@ -45,28 +45,17 @@ static long env_long_in(const char *name, long def, long lo, long hi, td_status 
   return v;
 }
 
-static double env_seconds(const char *name, double def, td_status *st) {
+/* Seconds from the environment (def when unset): > 0, or >= 0 for the
+ * waits where 0 means "do not wait". */
+static double env_seconds(const char *name, double def, int zero_ok, td_status *st) {
   const char *s = td_env_str(name, NULL);
   if (!s || !*s) return def;
   char *end;
   errno = 0;
   double v = strtod(s, &end);
-  if (errno || end == s || *end || !(v > 0) || v > 7 * 24 * 3600.0) {
-    *st = td_error(TD_ERR_INVALID_ARGUMENT, "%s='%s' is not a number of seconds > 0: fix or unset it", name, s);
-    return def;
-  }
-  return v;
-}
-
-/* Seconds >= 0 from the environment (def when unset). */
-static double env_seconds_from0(const char *name, double def, td_status *st) {
-  const char *s = td_env_str(name, NULL);
-  if (!s || !*s) return def;
-  char *end;
-  errno = 0;
-  double v = strtod(s, &end);
-  if (errno || end == s || *end || !(v >= 0) || v > 7 * 24 * 3600.0) {
-    *st = td_error(TD_ERR_INVALID_ARGUMENT, "%s='%s' is not a number of seconds >= 0: fix or unset it", name, s);
+  if (errno || end == s || *end || !(zero_ok ? v >= 0 : v > 0) || v > 7 * 24 * 3600.0) {
+    *st = td_error(TD_ERR_INVALID_ARGUMENT, "%s='%s' is not a number of seconds %s: fix or unset it", name, s,
+                   zero_ok ? ">= 0" : "> 0");
     return def;
   }
   return v;
@@ -90,10 +79,10 @@ td_status el_membership_open(el_membership *m) {
   m->joiner = env_long_in("TANDEM_ELASTIC_JOIN", 0, 0, 1, &st) == 1;
   m->min_np = (int)env_long_in("TANDEM_ELASTIC_MIN_NP", 1, 1, 1L << 30, &st);
   m->max_np = (int)env_long_in("TANDEM_ELASTIC_MAX_NP", 1L << 30, 1, 1L << 30, &st);
-  m->timeout_s = env_seconds("TANDEM_ELASTIC_TIMEOUT", 600, &st);
-  m->settle_s = env_seconds("TANDEM_ELASTIC_SETTLE", 10, &st);
-  m->replace_wait_s = env_seconds_from0("TANDEM_ELASTIC_REPLACE_WAIT", 0.25, &st);
-  m->join_wait_s = env_seconds_from0("TANDEM_ELASTIC_JOIN_WAIT", 2.0, &st);
+  m->timeout_s = env_seconds("TANDEM_ELASTIC_TIMEOUT", 600, 0, &st);
+  m->settle_s = env_seconds("TANDEM_ELASTIC_SETTLE", 10, 0, &st);
+  m->replace_wait_s = env_seconds("TANDEM_ELASTIC_REPLACE_WAIT", 0.25, 1, &st);
+  m->join_wait_s = env_seconds("TANDEM_ELASTIC_JOIN_WAIT", 2.0, 1, &st);
   if (st != TD_OK) return st;
   if (m->min_np > m->max_np)
     return td_error(TD_ERR_INVALID_ARGUMENT, "TANDEM_ELASTIC_MIN_NP %d exceeds TANDEM_ELASTIC_MAX_NP %d", m->min_np,
