@@ -181,6 +181,9 @@ typedef struct td_pipeline_config {
   const char *partition; /* "uniform" (NULL: the default) or "parameters" (DeepSpeed's partition_method) */
   int sequence_parallel; /* tensor-parallel stages only (td_gpt_pipeline_create_grid): Megatron's sequence
                             parallelism inside each stage, whose activation messages then carry B*T/tp rows */
+  td_device device;      /* where the stages compute ({0}: the CPU); a CUDA device: td_gpt_stage_create_on's
+                            stages, f32, activations exchanged through pinned host memory; not with tensor-
+                            parallel stages (refused: tensor parallelism trains on the CPU engine only) */
 } td_pipeline_config;
 
 /* Whether a GPT trains on `stages` pipeline stages with `micro_batches`
