@@ -60,6 +60,19 @@
  * kernels reading it are queued, not done. A fetch that returns NULL (the
  * engine's failure) ends the pass as a failed launch does.
  *
+ * Pipeline stages (td_gpt_stage_create_on; gpt.c's stage, nn_gpt_layout
+ * says which tensors it holds): the same launches for its blocks only, the
+ * encoder on the first stage, the final layernorm, head and loss on the
+ * last. A later stage's forward copies its input (B, T, C) f32 from the host
+ * through the pinned h_in into `encoded`; a stage without the head ends its
+ * forward by copying the last block's output to the pinned h_out
+ * (td_gpt_stage_output), and its backward starts from the output's gradient
+ * (td_gpt_stage_set_output_grad, through h_in into dres) where the whole
+ * model has it; a stage without the embeddings ends its backward by copying
+ * dres, its input's gradient, to h_out (td_gpt_stage_input_grad). So a chain
+ * of stages runs the whole model's launches in its order on exact f32
+ * copies: its bits. f32 only (bf16 refused: the exchanges are f32).
+ *
  * Errors: forward returns NaN with the launcher's message in
  * td_last_error(); backward cannot return one, so it stops at the first
  * failure, logs it, and the next forward returns NaN with the same message. */
