@@ -368,6 +368,11 @@ td_status trainer_memory_fit(td_trainer *t) {
     size_t files = offload_files_in_memory(t, &e);
     size_t need = e.model_states + e.activations + e.runtime + t->mem_baseline + files;
     t->mem_estimate = need;
+    /* what the RSS counts on top (the memory line, td_trainer_memory); the
+     * check below is of physical memory, where those pages are the peers' */
+    t->mem_peer_mapped = zero_peer_mapped_bytes(t->model, &t->cfg, t->world, t->zero_stage, t->rank,
+                                                e.deterministic == 0,
+                                                t->comm ? td_comm_direct_min_bytes(t->comm) : 0);
     if (room > 0 && need > room) {
       char fits[1024], tmpfs[80] = "";
       what_fits(t, room, fits, sizeof fits);
@@ -431,14 +436,21 @@ void trainer_memory_watch(td_trainer *t, td_step_stats *stats) {
   stats->memory_warning = level;
 }
 
-td_status td_trainer_memory(const td_trainer *t, td_trainer_memory_info *out) {
-  if (!t || !out) return td_error(TD_ERR_INVALID_ARGUMENT, "td_trainer_memory: null argument");
-  memset(out, 0, sizeof *out);
-  out->estimate_bytes = t->mem_estimate;
+/* The estimate as the RSS counts it (the peers' pages mapped here too) and
+ * the part of it that is physically the peers' (shared_bytes). */
+static void fill_memory_info(const td_trainer *t, td_trainer_memory_info *out) {
+  out->estimate_bytes = t->mem_estimate + t->mem_peer_mapped;
+  out->shared_bytes = t->mem_peer_mapped;
   out->baseline_bytes = t->mem_baseline;
   out->limit_bytes = t->mem_room.rank_bytes;
   td_strlcpy(out->limit_source, t->mem_room.host_bytes ? t->mem_room.source : "none", sizeof out->limit_source);
   out->rss_bytes = td_mem_rss(&out->peak_rss_bytes);
+}
+
+td_status td_trainer_memory(const td_trainer *t, td_trainer_memory_info *out) {
+  if (!t || !out) return td_error(TD_ERR_INVALID_ARGUMENT, "td_trainer_memory: null argument");
+  memset(out, 0, sizeof *out);
+  fill_memory_info(t, out);
   return TD_OK;
 }
 
@@ -470,11 +482,7 @@ td_status td_trainer_fit_memory(const td_train_config *cfg, td_model *model, td_
     zero_layout(t);
     st = trainer_memory_fit(t);
   }
-  out->estimate_bytes = t->mem_estimate;
-  out->baseline_bytes = t->mem_baseline;
-  out->limit_bytes = t->mem_room.rank_bytes;
-  td_strlcpy(out->limit_source, t->mem_room.host_bytes ? t->mem_room.source : "none", sizeof out->limit_source);
-  out->rss_bytes = td_mem_rss(&out->peak_rss_bytes);
+  fill_memory_info(t, out);
   if (fitted) *fitted = t->cfg;
   free(flags);
   free(t);
