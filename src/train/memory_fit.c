@@ -57,7 +57,7 @@ td_status td_trainer_estimate_memory(const td_model *model, const td_train_confi
   /* automatic threads_per_rank: as many as a trainer on this host would run
    * (the launcher's ranks on it sharing its cores), each with its buffers */
   td_train_config c = *cfg;
-  if (c.threads <= 0) c.threads = td_auto_threads((int)TD_MIN(TD_MAX(td_env_long("TANDEM_LOCAL_SIZE", 1), 1L), 1L << 20));
+  if (c.threads <= 0) c.threads = td_auto_threads(td_host_ranks(NULL));
   TD_CHECK(zero_estimate_memory(model, &c, world, stage, det == 0, out));
   out->deterministic = det;
   if (cfg->elasticity.enabled) {
@@ -310,15 +310,6 @@ static td_status device_memory_fit(td_trainer *t) {
   return td_trainer_agree(t, st);
 }
 
-/* The ranks of this host: the communicator's count; a trainer created
- * unbound (elastic: td_trainer_create_unbound) has none yet, and its host
- * may run as many processes as the launcher gave it slots
- * (TANDEM_LOCAL_SIZE; tandemrun --elastic sets the host's slots), not one. */
-static int local_ranks(const td_trainer *t) {
-  if (t->comm) return td_comm_host_size(t->comm); /* a 3D layout's data-parallel group: the whole host */
-  long slots = td_env_long("TANDEM_LOCAL_SIZE", 1);
-  return slots >= 1 && slots <= (1 << 20) ? (int)slots : 1;
-}
 
 /* The least room of the ranks (0: unknown, on every rank alike) and the
  * largest baseline: the knobs fitted from them must be the same on every
@@ -338,7 +329,7 @@ static td_status least_room(td_trainer *t, size_t *room) {
 }
 
 td_status trainer_memory_fit(td_trainer *t) {
-  td_status st = td_mem_room_get(local_ranks(t), &t->mem_room);
+  td_status st = td_mem_room_get(td_host_ranks(t->comm), &t->mem_room);
   t->mem_baseline = td_mem_rss(NULL);
   if (t->model->device.kind != TD_DEVICE_CPU) return st != TD_OK ? td_trainer_agree(t, st) : device_memory_fit(t);
   size_t room = t->mem_room.rank_bytes;
@@ -476,7 +467,7 @@ td_status td_trainer_fit_memory(const td_train_config *cfg, td_model *model, td_
   t->agree_flags = flags;
   t->n_params = model->n_params;
   t->n_states = td_optimizer_n_states(cfg->optimizer.kind);
-  t->threads = cfg->threads > 0 ? cfg->threads : td_auto_threads(local_ranks(t)); /* as trainer.c runs them */
+  t->threads = cfg->threads > 0 ? cfg->threads : td_auto_threads(td_host_ranks(t->comm)); /* as trainer.c runs them */
   td_status st = td_train_config_resolve(&t->cfg, world); /* the same on every rank: no collective skipped alone */
   if (st == TD_OK) {
     zero_layout(t);

@@ -82,6 +82,11 @@ typedef struct td_loss_scaler {
 /* The cores this process may use (its affinity) divided among the host's
  * `local_ranks` ranks, at least 1. Local. */
 int td_auto_threads(int local_ranks);
+/* The ranks sharing this host: td_comm_host_size(comm), or with no
+ * communicator yet (an unbound, elastic trainer) the slots the launcher
+ * gave the host (TANDEM_LOCAL_SIZE; tandemrun --elastic sets it), 1 when
+ * unset or out of range. The one reader of TANDEM_LOCAL_SIZE. Local. */
+int td_host_ranks(const td_comm *comm);
 
 /* ---- memory.c: the memory this rank may use, and what it holds ---- */
 typedef struct td_mem_room {
