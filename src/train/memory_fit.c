@@ -381,6 +381,53 @@ td_status trainer_memory_fit(td_trainer *t) {
   return td_trainer_agree(t, st);
 }
 
+/* At an elastic membership change (trainer_elastic.c), after the new
+ * world's batch split and before its shards are cut: the shards grow as
+ * the world shrinks (16Ψ/N at stage 3), so a world that fitted may not
+ * now. Measured afresh: the memory each rank of the new epoch may use (its
+ * host may have lost or gained ranks; the room counts what the host's
+ * ranks hold back in, so the arenas held now do not make it look full) and
+ * the estimate at the new world; the knobs stay (they were chosen for the
+ * job and must match across ranks), and so does the baseline measured
+ * before the arenas. Refused on every rank when some rank would not fit,
+ * before anything is allocated. Collective over the new communicator. */
+td_status trainer_memory_rebind(td_trainer *t, int old_world) {
+  if (t->model->device.kind != TD_DEVICE_CPU) return TD_OK; /* elastic training runs on the CPU */
+  td_status st = td_mem_room_get(t->comm ? td_host_ranks(t->comm) : 1, &t->mem_room); /* NULL: a world of one */
+  size_t room = t->mem_room.rank_bytes;
+  td_status agreed = least_room(t, &room); /* collective: every rank calls it */
+  if (st == TD_OK) st = agreed;
+  td_memory_estimate e;
+  if (st == TD_OK) st = estimate_at(t, &t->cfg, t->world, t->zero_stage, &e);
+  if (st == TD_OK) {
+    size_t need = e.model_states + e.activations + e.runtime + t->mem_baseline;
+    size_t before = t->mem_estimate;
+    t->mem_estimate = need;
+    t->mem_peer_mapped = zero_peer_mapped_bytes(t->model, &t->cfg, t->world, t->zero_stage, t->rank,
+                                                e.deterministic == 0,
+                                                t->comm ? td_comm_direct_min_bytes(t->comm) : 0);
+    if (room > 0 && need > room) {
+      char fits[1024];
+      what_fits(t, room, fits, sizeof fits);
+      st = td_error(TD_ERR_INVALID_USAGE,
+                    "rank %d: the job went from %d to %d ranks, and at %d ranks (the shards grow as the world "
+                    "shrinks) it needs about %.0f MiB per rank (%.0f before; model states %.0f, activations %.0f at micro-batch %d, "
+                    "compute scratch %.0f, this process before the arenas %.0f) but %.0f MiB are available to it "
+                    "(%s, shared by %d ranks on this host). Not resized: nothing was allocated for %d ranks, and "
+                    "the job stops here rather than run out of memory; the last checkpoint (--save-every, "
+                    "--checkpoint-dir) resumes it. Bring the lost ranks back (--min-np %d keeps it from going "
+                    "below them), or restart it so that it fits with%s",
+                    t->rank, old_world, t->world, t->world, MIB(need), MIB(before), MIB(e.model_states),
+                    MIB(e.activations), t->cfg.micro_batch, MIB(e.runtime), MIB(t->mem_baseline), MIB(room),
+                    t->mem_room.source, t->mem_room.local_ranks, t->world, old_world, fits);
+    } else {
+      TD_INFO("rank %d: memory at %d ranks: about %.0f MiB per rank (%.0f at %d), %.0f MiB available to it (%s)",
+              t->rank, t->world, MIB(need), MIB(before), old_world, MIB(room), t->mem_room.source);
+    }
+  }
+  return td_trainer_agree(t, st);
+}
+
 td_status trainer_gather_fits(td_trainer *t) {
   td_status st = TD_OK;
   size_t room = t->mem_room.rank_bytes;
