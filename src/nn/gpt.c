@@ -699,28 +699,6 @@ td_status td_gpt_stage_create(const td_gpt_config *config, const td_gpt_stage *s
   return gpt_build(config, stage->first_layer, stage->n_layers, stage->embed != 0, stage->head != 0, out);
 }
 
-td_status td_gpt_stage_create_on(const td_gpt_config *config, const td_gpt_stage *stage, td_device device,
-                                 td_model **out) {
-  if (!out) return td_error(TD_ERR_INVALID_ARGUMENT, "td_gpt_stage_create_on: out must not be NULL");
-  *out = NULL;
-  if (device.kind == TD_DEVICE_CPU) return td_gpt_stage_create(config, stage, out);
-  TD_CHECK(td_device_open(device)); /* "built without CUDA", "no CUDA device: ...", "cuda:N asked, M visible" */
-#ifdef TD_HAVE_CUDA
-  td_model *model = NULL;
-  TD_CHECK(td_gpt_stage_create(config, stage, &model));
-  td_status st = nn_gpt_cuda_attach(model, device);
-  if (st != TD_OK) {
-    td_model_destroy(model); /* still the CPU stage: attach changes nothing on failure */
-    return st;
-  }
-  *out = model;
-  return TD_OK;
-#else
-  return td_error(TD_ERR_INTERNAL, "td_gpt_stage_create_on: td_device_open accepted a CUDA device in a build without "
-                                   "CUDA");
-#endif
-}
-
 void nn_gpt_layout_of(const td_model *model, nn_gpt_layout *out) {
   const gpt_model *g = (const gpt_model *)model;
   *out = (nn_gpt_layout){.n_layers = g->n_layers,
@@ -744,12 +722,9 @@ static gpt_model *as_stage(const td_model *model) {
   return model->ops == &gpt_ops || g->device_state ? g : NULL;
 }
 
-const float *td_gpt_stage_output(const td_model *model) {
+const float *nn_gpt_stage_output(const td_model *model) {
   gpt_model *g = as_stage(model);
-#ifdef TD_HAVE_CUDA
-  if (g && g->device_state) return nn_gpt_cuda_stage_output(model);
-#endif
-  if (!g || !g->acts.memory) return NULL;
+  if (!g || g->device_state || !g->acts.memory) return NULL;
   if (g->n_layers == 0) return g->acts.encoded;
   /* res3 holds every block's output, with or without checkpointing */
   return g->acts.res3 + (size_t)(g->n_layers - 1) * g->acts.B * g->acts.T * (size_t)g->cfg.channels;
@@ -760,11 +735,9 @@ void td_gpt_stage_set_output_grad(td_model *model, const float *dout) {
   if (g) g->dout_ext = dout;
 }
 
-const float *td_gpt_stage_input_grad(const td_model *model) {
+const float *nn_gpt_stage_input_grad(const td_model *model) {
   gpt_model *g = as_stage(model);
-#ifdef TD_HAVE_CUDA
-  if (g && g->device_state) return nn_gpt_cuda_stage_input_grad(model);
-#endif
+  if (g && g->device_state) return NULL;
   return g && g->acts.memory ? g->acts.dres : NULL;
 }
 

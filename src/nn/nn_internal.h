@@ -379,6 +379,10 @@ typedef struct nn_gpt_layout {
 void nn_gpt_layout_of(const td_model *model, nn_gpt_layout *out);
 /* td_gpt_stage_set_output_grad's pointer (NULL: none set) */
 const float *nn_gpt_stage_dout(const td_model *model);
+/* td_gpt_stage_output / td_gpt_stage_input_grad of a CPU stage (model.c
+ * dispatches; NULL for a device stage) */
+const float *nn_gpt_stage_output(const td_model *model);
+const float *nn_gpt_stage_input_grad(const td_model *model);
 #ifdef TD_HAVE_CUDA
 /* td_gpt_stage_output / td_gpt_stage_input_grad of a stage on a device: host
  * (pinned) copies made by its forward / backward */
