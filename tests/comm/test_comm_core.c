@@ -29,7 +29,7 @@
  *   test_comm_core unexpected  under tandemrun -np 2 on shm with a FIFO far
  *                            smaller than the messages: rank 0 sends big
  *                            messages (odd sizes, several queued back to back)
- *                            while rank 1 sleeps without a receive posted and
+ *                            while rank 1 sleeps 1 s without a receive posted and
  *                            without waiting; every send must complete before
  *                            rank 1 posts its receives (rank 1's progress
  *                            thread takes them as unexpected frames), and
@@ -514,7 +514,7 @@ static void test_unexpected(void) {
       CHECK_OK(td_send(&t_done, 1, TD_F64, 1, comm));
     } else {
       if (round < 2) {
-        struct timespec ts = {0, 400 * 1000 * 1000};
+        struct timespec ts = {1, 0};
         nanosleep(&ts, NULL);
       }
       double t_post = now_s();
@@ -532,7 +532,7 @@ static void test_unexpected(void) {
                          k, sizes[k], i, (double)buf[k][i], (double)unx_value(round, k, i));
       fprintf(stderr, "round %d: rank 0's sends done %.3f s %s rank 1 posted its receives\n", round,
               t_done > t_post ? t_done - t_post : t_post - t_done, t_done > t_post ? "after" : "before");
-      /* asleep 0.4 s with nothing posted: the sends finished on rank 1's
+      /* asleep 1 s with nothing posted: the sends finished on rank 1's
        * progress thread, well before the receives */
       if (round < 2) CHECK(t_done < t_post);
     }

@@ -443,7 +443,7 @@ typedef struct stream_entry {
   void *tag;
   p2p_xfer x;
   xfer_state s;
-  bool unexpected; /* a frame nobody asked for yet, read into x.buf (malloc) */
+  unexpected_frame *unx; /* non-NULL: a frame nobody asked for yet, read into x.buf = unx->buf */
   bool rang;       /* send: the receiver was rung as this frame stalled */
 } stream_entry;
 
@@ -501,8 +501,9 @@ static bool stream_grow(p2p_stream *s, int cap) {
 
 void p2p_stream_fail(p2p_stream *s, p2p_stream_done_fn done, void *ctx, td_status status) {
   for (int i = 0; s && i < s->n; i++) {
-    if (s->e[i].unexpected) {
-      free(s->e[i].x.buf);
+    if (s->e[i].unx) {
+      free(s->e[i].unx->buf);
+      free(s->e[i].unx);
       s->unx_bytes -= s->e[i].x.bytes;
     } else {
       done(ctx, s->e[i].tag, status);
@@ -532,15 +533,16 @@ static td_status match_unexpected(td_comm *comm, p2p_stream *s, stream_entry *e,
   }
   for (int j = 0; j < s->n; j++) {
     stream_entry *a = &s->e[j];
-    if (!a->unexpected || a->x.peer != e->x.peer) continue;
+    if (!a->unx || a->x.peer != e->x.peer) continue;
     TD_CHECK(check_header(comm, &e->op, e->x.peer, e->x.bytes, &a->s.u.hdr));
     if (a->s.data_done) memcpy(e->x.buf, a->x.buf, a->s.data_done);
-    free(a->x.buf);
+    free(a->unx->buf);
+    free(a->unx);
+    a->unx = NULL;
     s->unx_bytes -= a->x.bytes;
     a->op = e->op;
     a->tag = e->tag;
     a->x.buf = e->x.buf;
-    a->unexpected = false;
     *taken = true;
     return TD_OK;
   }
@@ -549,16 +551,13 @@ static td_status match_unexpected(td_comm *comm, p2p_stream *s, stream_entry *e,
 
 /* An unexpected entry that is fully read moves to the list of finished
  * frames. */
-static td_status keep_unexpected(td_comm *comm, p2p_stream *s, stream_entry *a) {
-  unexpected_frame *u = malloc(sizeof *u);
-  if (!u) return comm_fail(comm, TD_ERR_SYSTEM, "rank %d: out of memory for an unexpected message", comm->rank);
+static void keep_unexpected(p2p_stream *s, stream_entry *a) {
+  unexpected_frame *u = a->unx;
   u->next = NULL;
   u->hdr = a->s.u.hdr;
-  u->buf = a->x.buf;
   if (s->unx_tail) s->unx_tail->next = u;
   else s->unx_head = u;
   s->unx_tail = u;
-  return TD_OK;
 }
 
 td_status p2p_stream_take_unexpected(td_comm *comm, p2p_stream *s) {
@@ -586,11 +585,18 @@ td_status p2p_stream_take_unexpected(td_comm *comm, p2p_stream *s) {
         st = comm_fail(comm, TD_ERR_SYSTEM, "out of memory for the point-to-point stream");
         break;
       }
+      unexpected_frame *u = malloc(sizeof *u);
       void *buf = malloc(h.nbytes);
-      if (!buf) break; /* left in the transport for its receive */
+      if (!u || !buf) { /* left in the transport for its receive */
+        free(u);
+        free(buf);
+        break;
+      }
+      u->buf = buf;
       size_t moved = 0;
       if ((st = t->vtbl->try_recv(t, p, &h, sizeof h, &moved)) != TD_OK || moved != sizeof h) {
         free(buf);
+        free(u);
         if (st == TD_OK) /* try_recv returns what try_peek saw */
           st = comm_fail(comm, TD_ERR_INTERNAL, "rank %d: a peeked frame header from rank %d was not there", comm->rank, p);
         break;
@@ -603,12 +609,12 @@ td_status p2p_stream_take_unexpected(td_comm *comm, p2p_stream *s) {
       a->x = (p2p_xfer){p, buf, (size_t)h.nbytes};
       a->s.u.hdr = h;
       a->s.hdr_done = sizeof h;
-      a->unexpected = true;
+      a->unx = u;
       s->unx_bytes += a->x.bytes;
       bool moved_any = false;
       if ((st = step_recv(comm, &a->op, &a->x, &a->s, &moved_any)) != TD_OK) break;
       if (!a->s.done) break; /* the rest comes on the stream */
-      if ((st = keep_unexpected(comm, s, a)) != TD_OK) break;
+      keep_unexpected(s, a);
       s->n--;
     }
   }
@@ -654,7 +660,8 @@ td_status p2p_stream_run(td_comm *comm, p2p_stream *set, p2p_stream_pull_fn pull
       ne->x.peer = ne->op.peer;
       ne->x.bytes = comm_op_bytes(&ne->op);
       ne->x.buf = ne->op.kind == COMM_SEND ? (void *)ne->op.send : ne->op.recv;
-      ne->unexpected = ne->rang = false;
+      ne->unx = NULL;
+      ne->rang = false;
       joined = true;
       if (ne->op.kind == COMM_SEND) {
         comm_hdr_fill(&ne->s.u.hdr, &ne->op, comm->rank, ne->x.bytes);
@@ -704,18 +711,12 @@ td_status p2p_stream_run(td_comm *comm, p2p_stream *set, p2p_stream_pull_fn pull
     }
     int kept = 0;
     for (int i = 0; i < n; i++) {
-      if (!e[i].s.done) {
+      if (!e[i].s.done)
         e[kept++] = e[i];
-      } else if (e[i].unexpected) {
-        if ((st = keep_unexpected(comm, set, &e[i])) != TD_OK) {
-          e[kept++] = e[i]; /* freed with the set's failure */
-          set->n = kept;
-          for (int j = i + 1; j < n; j++) e[set->n++] = e[j];
-          goto fail_all;
-        }
-      } else {
+      else if (e[i].unx)
+        keep_unexpected(set, &e[i]);
+      else
         done(ctx, e[i].tag, TD_OK);
-      }
     }
     set->n = n = kept;
     if (any_done && stop && stop(ctx)) return TD_OK; /* the rest stays in the set */

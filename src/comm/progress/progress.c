@@ -8,6 +8,12 @@
  * one set (p2p_stream) that outlives each run: a waiter leaves it as soon
  * as its own operation is done and the progress thread finishes the rest.
  *
+ * Where the transport has a doorbell that peers can ring (shm), the idle
+ * thread sleeps on it rather than on its condition variable: a peer whose
+ * send stalls on a full buffer to this rank rings it, and the thread takes
+ * that frame before any receive for it is posted (idle_wait), so that the
+ * peer's send completes while this rank's threads compute.
+ *
  * Requests complete through a futex word, so that waiting on a completed one
  * needs nothing from the communicator (a request may even outlive it):
  *   REQ_PENDING -> REQ_WAITED (a waiter is asleep) -> REQ_DONE.
@@ -127,12 +133,6 @@ static bool stream_stop(void *arg) {
 /* Pending work: queued operations, or send/recv operations in the stream. */
 static bool has_work(const comm_request_queue *q) { return q->head || q->stream_open; }
 
-/* Run what is next: the send/recv stream while it holds operations (it
- * takes the send/recv operations at the head of the queue too), else the
- * collective at the head. `mine`: the request of a waiting thread that runs
- * it (help_progress), which leaves the stream once that one is done; NULL
- * on the progress thread. Called with q->mu held and has_work(q); returns
- * with q->mu held. */
 /* Wake the progress thread for queued work (q->mu held): it sleeps on
  * work_cv, or, where the transport has a doorbell that peers ring
  * (transport_vtbl.bell_*), on that. */
@@ -147,6 +147,12 @@ static void done_executing(comm_request_queue *q) {
   if (q->exec_waiter) pthread_cond_signal(&q->work_cv);
 }
 
+/* Run what is next: the send/recv stream while it holds operations (it
+ * takes the send/recv operations at the head of the queue too), else the
+ * collective at the head. `mine`: the request of a waiting thread that runs
+ * it (help_progress), which leaves the stream once that one is done; NULL
+ * on the progress thread. Called with q->mu held and has_work(q); returns
+ * with q->mu held. */
 static void run_head(td_comm *comm, comm_request_queue *q, const td_request *mine) {
   q->executing = true;
   if (q->stream_open || is_p2p(q->head)) {
