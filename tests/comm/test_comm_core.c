@@ -29,14 +29,16 @@
  *   test_comm_core unexpected  under tandemrun -np 2 on shm with a FIFO far
  *                            smaller than the messages: rank 0 sends big
  *                            messages (odd sizes, several queued back to back)
- *                            while rank 1 sleeps 1 s without a receive posted and
- *                            without waiting; every send must complete before
- *                            rank 1 posts its receives (rank 1's progress
- *                            thread takes them as unexpected frames), and
- *                            the bytes must arrive intact, through td_irecv
- *                            and the blocking td_recv. A last round receives
- *                            right away, so that a receive may take over a
- *                            frame still arriving. Prints a skip elsewhere.
+ *                            and waits for them all before it tells rank 1,
+ *                            on a second communicator, to post its receives:
+ *                            the sends must complete with no receive posted
+ *                            and rank 1 waiting elsewhere (its progress
+ *                            thread takes them as unexpected frames; without
+ *                            that both wait until TANDEM_TIMEOUT), and the
+ *                            bytes must arrive intact, through td_irecv and
+ *                            the blocking td_recv. A last round receives right
+ *                            away, so that a receive may take over a frame
+ *                            still arriving. Prints a skip elsewhere.
  * The exhaustive multi-rank sweeps live in test_collectives. */
 #include <stdint.h>
 #include <stdlib.h>
@@ -498,10 +500,13 @@ static void test_unexpected(void) {
     td_comm_destroy(comm);
     return;
   }
+  td_comm *sig; /* rank 0's "all sent" travels here, not behind the messages */
+  CHECK_OK(td_comm_split(comm, 0, rank, &sig));
   float *buf[N];
   for (int k = 0; k < N; k++) CHECK((buf[k] = malloc(sizes[k] * sizeof(float))) != NULL);
   for (int round = 0; round < 3; round++) {
-    /* rounds 0 and 1: rank 1 sleeps first; round 2: it receives at once */
+    /* rounds 0 and 1: rank 1 receives once rank 0's sends are done; round
+     * 2: at once */
     CHECK_OK(td_barrier(comm));
     if (rank == 0) {
       td_request *req[N];
@@ -511,11 +516,12 @@ static void test_unexpected(void) {
       }
       for (int k = 0; k < N; k++) CHECK_OK(td_wait(req[k]));
       double t_done = now_s();
+      if (round < 2) CHECK_OK(td_send(&t_done, 1, TD_F64, 1, sig));
       CHECK_OK(td_send(&t_done, 1, TD_F64, 1, comm));
     } else {
       if (round < 2) {
-        struct timespec ts = {1, 0};
-        nanosleep(&ts, NULL);
+        double t_sent = 0;
+        CHECK_OK(td_recv(&t_sent, 1, TD_F64, 0, sig));
       }
       double t_post = now_s();
       td_request *req[N];
@@ -532,12 +538,12 @@ static void test_unexpected(void) {
                          k, sizes[k], i, (double)buf[k][i], (double)unx_value(round, k, i));
       fprintf(stderr, "round %d: rank 0's sends done %.3f s %s rank 1 posted its receives\n", round,
               t_done > t_post ? t_done - t_post : t_post - t_done, t_done > t_post ? "after" : "before");
-      /* asleep 1 s with nothing posted: the sends finished on rank 1's
-       * progress thread, well before the receives */
-      if (round < 2) CHECK(t_done < t_post);
+      if (round < 2) CHECK(t_done < t_post); /* (implied by the order: rank 0 said so first) */
     }
   }
   for (int k = 0; k < N; k++) free(buf[k]);
+  CHECK_OK(td_comm_finalize(sig));
+  td_comm_destroy(sig);
   CHECK_OK(td_comm_finalize(comm));
   td_comm_destroy(comm);
 }

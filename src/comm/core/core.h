@@ -205,6 +205,7 @@ typedef struct comm_tunables {
   size_t ring_chunk_bytes;   /* TANDEM_RING_CHUNK_BYTES */
   size_t bcast_chunk_bytes;  /* TANDEM_BCAST_CHUNK_BYTES (broadcast and reduce trees) */
   size_t shm_fifo_bytes;     /* TANDEM_SHM_FIFO_BYTES */
+  size_t p2p_unexpected_bytes; /* TANDEM_P2P_UNEXPECTED_BYTES (p2p/p2p.c; 0: none taken) */
   size_t shm_slot_bytes;     /* TANDEM_SHM_SLOT_BYTES */
   size_t shm_chunk_bytes;    /* TANDEM_SHM_CHUNK_BYTES */
   size_t tcp_buffer_bytes;   /* TANDEM_TCP_BUFFER_BYTES (0: kernel autotuning) */

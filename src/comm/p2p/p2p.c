@@ -427,10 +427,11 @@ td_status p2p_run(td_comm *comm, const comm_op *op, const p2p_xfer *sends, int n
  * is copied out; one still arriving is taken over (its bytes so far copied,
  * the rest read straight into the receive's buffer). Headers are checked
  * against the receive when it joins, as they are for a receive that reads
- * the frame itself. At most P2P_UNEXPECTED_MAX bytes are held per
- * communicator; a frame beyond that waits in the transport for its receive,
- * as before (MPI's eager/rendezvous split). */
-#define P2P_UNEXPECTED_MAX ((size_t)64 << 20)
+ * the frame itself. At most TANDEM_P2P_UNEXPECTED_BYTES
+ * (P2P_UNEXPECTED_DEFAULT) are held per communicator; a frame beyond that
+ * waits in the transport for its receive, as before (MPI's eager/rendezvous
+ * split). */
+#define P2P_UNEXPECTED_DEFAULT ((size_t)64 << 20)
 
 typedef struct unexpected_frame {
   struct unexpected_frame *next; /* arrival order */
@@ -566,6 +567,7 @@ td_status p2p_stream_take_unexpected(td_comm *comm, p2p_stream *s) {
   int *peers = malloc((size_t)comm->size * sizeof *peers);
   if (!peers) return comm_fail(comm, TD_ERR_SYSTEM, "rank %d: out of memory for %d peers", comm->rank, comm->size);
   int k = t->vtbl->take_stalled(t, peers, comm->size);
+  size_t cap = comm->tun.p2p_unexpected_bytes == COMM_TUN_UNSET ? P2P_UNEXPECTED_DEFAULT : comm->tun.p2p_unexpected_bytes;
   td_status st = TD_OK;
   for (int i = 0; i < k && st == TD_OK; i++) {
     int p = peers[i];
@@ -579,7 +581,7 @@ td_status p2p_stream_take_unexpected(td_comm *comm, p2p_stream *s) {
       size_t got = 0;
       if ((st = t->vtbl->try_peek(t, p, &h, sizeof h, &got)) != TD_OK) break;
       if (got < sizeof h || h.magic != COMM_HDR_MAGIC || h.kind != COMM_SEND || h.src_rank != p || h.nbytes == 0 ||
-          h.nbytes > P2P_UNEXPECTED_MAX - s->unx_bytes)
+          s->unx_bytes > cap || h.nbytes > cap - s->unx_bytes)
         break;
       if (s->n == s->cap && !stream_grow(s, s->cap ? 2 * s->cap : P2P_STREAM_FIRST)) {
         st = comm_fail(comm, TD_ERR_SYSTEM, "out of memory for the point-to-point stream");
@@ -646,7 +648,7 @@ td_status p2p_stream_run(td_comm *comm, p2p_stream *set, p2p_stream_pull_fn pull
 
   for (;;) {
     /* Join newly queued operations, growing the set when it is full. */
-    bool joined = false;
+    bool joined = false, completed = false;
     if (set->n == set->cap && !stream_grow(set, 2 * set->cap)) {
       st = comm_fail(comm, TD_ERR_SYSTEM, "out of memory for %d point-to-point operations", 2 * set->cap);
       goto fail_all;
@@ -675,7 +677,7 @@ td_status p2p_stream_run(td_comm *comm, p2p_stream *set, p2p_stream_pull_fn pull
       bool taken, done_now;
       st = match_unexpected(comm, set, ne, &taken, &done_now);
       if (st != TD_OK) goto fail_all;
-      if (done_now) done(ctx, ne->tag, TD_OK);
+      if (done_now) done(ctx, ne->tag, TD_OK), completed = true;
       if (taken) set->n--; /* completed, or its unexpected entry reads the rest */
     }
     if (set->n == 0) break;
@@ -719,7 +721,9 @@ td_status p2p_stream_run(td_comm *comm, p2p_stream *set, p2p_stream_pull_fn pull
         done(ctx, e[i].tag, TD_OK);
     }
     set->n = n = kept;
-    if (any_done && stop && stop(ctx)) return TD_OK; /* the rest stays in the set */
+    /* (a receive completed from an unexpected frame as it joined counts: a
+     * waiter that stayed for the rest of the set could deadlock, see above) */
+    if ((any_done || completed) && stop && stop(ctx)) return TD_OK; /* the rest stays in the set */
     if (moved || joined || n == 0) continue;
 
     /* Nothing moved: check deadlines, then sleep briefly on the peers. */
