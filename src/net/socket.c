@@ -90,7 +90,7 @@ int net_set_nodelay(int fd) {
 #define TCP_RTO_MAX_MS 44
 #endif
 
-/* TANDEM_TCP_RTO_MAX in whole milliseconds: 0 leaves the kernel's cap (120 s),
+/* TANDEM_TCP_RTO_MAX in whole milliseconds: 0 leaves the kernel's defaults,
  * else 1-120 s (the kernel's range); a bad value is warned about once and
  * the default used. */
 static int rto_max_ms(void) {
@@ -117,7 +117,8 @@ void net_set_retransmit_bound(int fd) {
    * store's requests) keep the first retries at the base timeout. Both are
    * best effort: an older kernel keeps its defaults. */
   int ms = rto_max_ms();
-  if (ms > 0) (void)setsockopt(fd, IPPROTO_TCP, TCP_RTO_MAX_MS, &ms, sizeof ms);
+  if (ms == 0) return; /* the kernel's defaults */
+  (void)setsockopt(fd, IPPROTO_TCP, TCP_RTO_MAX_MS, &ms, sizeof ms);
   int one = 1;
   (void)setsockopt(fd, IPPROTO_TCP, TCP_THIN_LINEAR_TIMEOUTS, &one, sizeof one);
 }
