@@ -9,7 +9,6 @@
  * Runs in a network namespace of its own (unshare), the outage an iptables
  * DROP rule on its loopback; without root, iptables or a kernel with
  * TCP_RTO_MAX_MS (Linux 6.15) it says it skipped and why. */
-#define _GNU_SOURCE
 #include "../common/check.h"
 #include "net/net.h"
 
@@ -23,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #define DROP_S 7.0
