@@ -9,8 +9,8 @@
  * Runs in a network namespace of its own (unshare), the outage an iptables
  * DROP rule on its loopback; without root, iptables or a kernel with
  * TCP_RTO_MAX_MS (Linux 6.15) it says it skipped and why. */
+#include "net/net.h" /* first: base.h defines _GNU_SOURCE (unshare) */
 #include "../common/check.h"
-#include "net/net.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
