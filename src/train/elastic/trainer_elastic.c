@@ -8,6 +8,7 @@
  * sampler addresses samples by global stream position, a new world size
  * reads exactly the samples the old one would have (core/core.h). */
 #include "train/core/core.h"
+#include "train/memory_fit.h"
 #include "train/zero/zero.h"
 #include "train/deterministic/deterministic.h"
 
@@ -81,16 +82,19 @@ td_status td_trainer_elastic_rebind(td_trainer *t, td_comm *comm, int micro_hint
   t->agree_flags = flags;
   t->inputs = inputs;
   t->targets = targets;
+  int old_world = t->world;
   t->comm = comm;
   t->rank = comm ? td_comm_rank(comm) : 0;
   t->world = world;
   t->cfg.micro_batch = micro;
   t->cfg.grad_accum = accum;
   if (t->cfg.threads <= 0) {
-    int local = comm ? td_comm_host_size(comm) : 1;
-    t->threads = td_auto_threads(local);
+    t->threads = td_auto_threads(comm ? td_host_ranks(comm) : 1);
     td_nn_set_threads(t->threads);
   }
+  /* the shards grow when the world shrinks: refused here, before they are
+   * cut, when the new world does not fit (memory_fit.c) */
+  TD_CHECK(trainer_memory_rebind(t, old_world));
   /* The model is prepared for the new micro-batch by the next step. */
   t->prepared_batch = -1;
   if (t->zero) { /* ZeRO: shards cut for the new world, filled by the elastic restore */
