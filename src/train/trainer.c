@@ -193,9 +193,7 @@ static td_status trainer_create(const td_train_config *cfg_in, td_model *model, 
 
   /* every process of the host shares its cores; an unbound (elastic)
    * trainer's host runs as many as the launcher gave it slots */
-  int local_size = comm ? td_comm_host_size(comm) : (int)td_env_long("TANDEM_LOCAL_SIZE", 1);
-  if (local_size < 1 || local_size > (1 << 20)) local_size = 1;
-  t->threads = t->cfg.threads > 0 ? t->cfg.threads : td_auto_threads(local_size);
+  t->threads = t->cfg.threads > 0 ? t->cfg.threads : td_auto_threads(td_host_ranks(comm));
   td_nn_set_threads(t->threads);
 
   t->n_params = model->n_params;
