@@ -42,8 +42,8 @@ contender must reproduce (the same seed, data and averaging).
 
 --timeline: one more step after the timed ones (not in the figures), run
 under torch.profiler; rank 0 prints its backward's wall time and, in start
-order, every whole-gradient pass (aten::fill_, add_, div_, mul_) and every
-c10d::allreduce_ issue of 1 ms or more as name@start+duration (ms from the
+order, every pass of aten::fill_, add_, div_ or mul_ that took 1 ms or more
+and every c10d::allreduce_ issue, as name@start+duration (ms from the
 backward's start), and the wait: the backward's end minus the end of the
 last of them. This is how plain DDP and DDP with ddp_avg_hook were told
 apart: the only pass one has and the other lacks is the reducer's div_."""

@@ -14,7 +14,8 @@
 # with a note otherwise).
 # CONTENDERS="buckets,gloo buckets,tandem" times the gradient's allreduce as
 # DDP's buckets (not in the default set); DOOR_ARGS="--batch 1" passes
-# options to every py_doors.py run.
+# options to every py_doors.py run (DOOR_ARGS=--timeline: each run also
+# prints one extra step's backward timeline, see bench/py_doors.py).
 #   [PARTS="shm tcp"] [CONTENDERS="ddp,gloo ..."] [DOOR_ARGS=...] bench/py_doors.sh [ROUNDS] [STEPS] [MODELS] > raw.txt
 #   bench/py_summarize_doors.py raw.txt > bench/results/py-doors-DATE.md
 set -u
@@ -29,7 +30,7 @@ read -r -a CONTENDERS <<<"${CONTENDERS:-compute,- ddp,gloo ddp,tandem ddpavg,tan
 # started over ssh must share: sshd gives each login a session of its own,
 # and so a scheduling group of its own at nice 0, so without this the tcp
 # ranks of a run through bench-lane.sh (nice -10) competed with every other
-# session on the machine as equals while the shm ranks and gloo's did not.
+# session on the machine as equals while the shm part's ranks did not.
 prio=$(sed -n 's/.*nice //p' /proc/self/autogroup 2>/dev/null)
 prio=${prio:-0}
 echo "# machine: $(getconf _NPROCESSORS_ONLN) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2), $(date -u +%FT%TZ), commit $(git rev-parse --short HEAD), autogroup nice $prio"
