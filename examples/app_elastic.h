@@ -98,6 +98,17 @@ static td_status app_elastic_reset(void *ctx, td_comm *comm, int world_size) {
   if (s != TD_OK) return s;
   a->rank = td_comm_rank(comm);
   a->world = world_size;
+  /* the estimate redone for this world (the shards grow as it shrinks)
+   * against the peak so far, every rank, every epoch (issue 23) */
+  td_trainer_memory_info mem;
+  if (td_trainer_memory(a->trainer, &mem) == TD_OK) {
+    printf("%s: memory epoch=%d rank=%d world=%d estimate_mib=%.1f shared_mib=%.1f peak_rss_mib=%.1f "
+           "limit_mib=%.1f limit=\"%s\"\n",
+           app_name, td_elastic_epoch(a->e), a->rank, world_size, mem.estimate_bytes / 1048576.0,
+           mem.shared_bytes / 1048576.0, mem.peak_rss_bytes / 1048576.0, mem.limit_bytes / 1048576.0,
+           mem.limit_source);
+    fflush(stdout);
+  }
   return TD_OK;
 }
 
@@ -388,8 +399,10 @@ static int app_elastic_main(td_train_config *cfg, td_model *model, td_dataset *d
    * issue 23) */
   td_trainer_memory_info mem;
   if (td_trainer_memory(a.trainer, &mem) == TD_OK) {
-    printf("%s: memory rank=%d estimate_mib=%.1f baseline_mib=%.1f peak_rss_mib=%.1f limit_mib=%.1f limit=\"%s\"\n",
-           app_name, a.rank, mem.estimate_bytes / 1048576.0, mem.baseline_bytes / 1048576.0,
+    printf("%s: memory rank=%d estimate_mib=%.1f shared_mib=%.1f baseline_mib=%.1f peak_rss_mib=%.1f "
+           "limit_mib=%.1f limit=\"%s\"\n",
+           app_name, a.rank, mem.estimate_bytes / 1048576.0, mem.shared_bytes / 1048576.0,
+           mem.baseline_bytes / 1048576.0,
            mem.peak_rss_bytes / 1048576.0, mem.limit_bytes / 1048576.0, mem.limit_source);
     fflush(stdout);
   }

@@ -411,6 +411,12 @@ int main(int argc, char **argv) {
   td_grid *grid = NULL;
   td_comm *train_comm = run.comm;
   td_model *model = NULL;
+  if (tp > 1 && dev.kind != TD_DEVICE_CPU) {
+    char name[16];
+    td_device_name(dev, name, sizeof name);
+    app_usage_error("--tensor-parallel %d on %s: tensor parallelism trains on the CPU engine only; use --device cpu "
+                    "(pipeline parallelism, --pipeline-parallel, trains on a GPU)", tp, name);
+  }
   if (pp > 1) {
     /* Pipeline parallelism: the grid's pipeline group holds the stages (of
      * tensor-parallel layers over its tensor group when tp > 1: 3D), the
@@ -418,6 +424,7 @@ int main(int argc, char **argv) {
     s = td_grid_create(run.comm, tp, pp, &grid);
     if (s != TD_OK) app_fail(&run, "laying out the process grid", s);
     td_pipeline_config pc = pipeline_config(&cfg);
+    pc.device = dev; /* the stages compute there */
     s = td_gpt_pipeline_create_grid(&opt.model, &pc, grid, &model);
     if (s != TD_OK) app_fail(&run, "creating the pipeline stage", s);
     train_comm = td_grid_comm(grid, TD_GRID_DATA);
@@ -444,8 +451,8 @@ int main(int argc, char **argv) {
     td_trainer_memory_info mi;
     s = td_trainer_fit_memory(&cfg, model, train_comm, &fitted, &mi);
     if (run.rank == 0 && (s == TD_OK || s == TD_ERR_INVALID_USAGE)) {
-      printf("fit: fits=%d estimate_mib=%.1f limit_mib=%.1f limit=\"%s\" ", s == TD_OK, mi.estimate_bytes / 1048576.0,
-             mi.limit_bytes / 1048576.0, mi.limit_source);
+      printf("fit: fits=%d estimate_mib=%.1f shared_mib=%.1f limit_mib=%.1f limit=\"%s\" ", s == TD_OK,
+             mi.estimate_bytes / 1048576.0, mi.shared_bytes / 1048576.0, mi.limit_bytes / 1048576.0, mi.limit_source);
       print_knobs(&fitted);
       if (s != TD_OK) printf("%s: %s\n", app_name, td_last_error());
     } else if (s != TD_OK && run.rank == 0) {
@@ -522,8 +529,10 @@ int main(int argc, char **argv) {
    * sample's gather), for tests/offload and bench/ (issue 23). */
   td_trainer_memory_info mem;
   if (td_trainer_memory(run.trainer, &mem) == TD_OK)
-    printf("%s: memory rank=%d estimate_mib=%.1f baseline_mib=%.1f peak_rss_mib=%.1f limit_mib=%.1f limit=\"%s\"\n",
-           app_name, run.rank, mem.estimate_bytes / 1048576.0, mem.baseline_bytes / 1048576.0,
+    printf("%s: memory rank=%d estimate_mib=%.1f shared_mib=%.1f baseline_mib=%.1f peak_rss_mib=%.1f "
+           "limit_mib=%.1f limit=\"%s\"\n",
+           app_name, run.rank, mem.estimate_bytes / 1048576.0, mem.shared_bytes / 1048576.0,
+           mem.baseline_bytes / 1048576.0,
            mem.peak_rss_bytes / 1048576.0, mem.limit_bytes / 1048576.0, mem.limit_source);
   fflush(stdout);
   /* At ZeRO stage 3 rank 0 needs the whole parameter arena for the sample

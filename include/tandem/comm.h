@@ -206,6 +206,14 @@ td_status td_test(td_request *req, int *done);
  * td_mem_free: accepts NULL; p must come from td_mem_alloc. */
 td_status td_mem_alloc(size_t bytes, void **out);
 void td_mem_free(void *p);
+/* The smallest collective, in bytes of the whole vector, that comm runs
+ * directly on the ranks' host-shared buffers (each rank then maps the
+ * pages of its peers' buffers that it reads or writes, and its RSS counts
+ * them although they exist once on the host); 0 when comm never does (not
+ * the shm transport, or TANDEM_SHM_XMAP=0). The allreduce also needs each
+ * rank's slice to be at least a page. For memory estimates (issue 23).
+ * Any thread. */
+size_t td_comm_direct_min_bytes(const td_comm *comm);
 
 #ifdef __cplusplus
 }

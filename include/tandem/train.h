@@ -533,12 +533,16 @@ size_t td_trainer_model_state_bytes(const td_trainer *trainer);
  * memory available to this rank (the least of MemAvailable, the cgroup
  * limit and TANDEM_MEMORY_LIMIT, divided among the host's ranks; 0:
  * unknown or TANDEM_MEMORY_LIMIT=off), limit_source says which; rss_bytes
- * and peak_rss_bytes: VmRSS and VmHWM now. Over the shm transport the
- * peers' host-shared arenas that the collectives read count in RSS too
- * (RssShmem), physically once per host: the estimate counts them once.
- * Local. */
+ * and peak_rss_bytes: VmRSS and VmHWM now. Over the shm transport's
+ * direct collectives a rank's RSS also counts the pages of its peers'
+ * host-shared arenas that it reads and writes (RssShmem), physically the
+ * peers' (once per host): estimate_bytes includes them, as the RSS counts
+ * them, and shared_bytes says how much of it they are. The fit against
+ * limit_bytes is of physical memory: estimate_bytes - shared_bytes
+ * (docs/zero.md, "Memory at the edge"). Local. */
 typedef struct td_trainer_memory_info {
   size_t estimate_bytes, baseline_bytes, limit_bytes, rss_bytes, peak_rss_bytes;
+  size_t shared_bytes;
   char limit_source[400];
 } td_trainer_memory_info;
 td_status td_trainer_memory(const td_trainer *trainer, td_trainer_memory_info *out);

@@ -57,7 +57,7 @@ td_status td_trainer_estimate_memory(const td_model *model, const td_train_confi
   /* automatic threads_per_rank: as many as a trainer on this host would run
    * (the launcher's ranks on it sharing its cores), each with its buffers */
   td_train_config c = *cfg;
-  if (c.threads <= 0) c.threads = td_auto_threads((int)TD_MIN(TD_MAX(td_env_long("TANDEM_LOCAL_SIZE", 1), 1L), 1L << 20));
+  if (c.threads <= 0) c.threads = td_auto_threads(td_host_ranks(NULL));
   TD_CHECK(zero_estimate_memory(model, &c, world, stage, det == 0, out));
   out->deterministic = det;
   if (cfg->elasticity.enabled) {
@@ -310,15 +310,6 @@ static td_status device_memory_fit(td_trainer *t) {
   return td_trainer_agree(t, st);
 }
 
-/* The ranks of this host: the communicator's count; a trainer created
- * unbound (elastic: td_trainer_create_unbound) has none yet, and its host
- * may run as many processes as the launcher gave it slots
- * (TANDEM_LOCAL_SIZE; tandemrun --elastic sets the host's slots), not one. */
-static int local_ranks(const td_trainer *t) {
-  if (t->comm) return td_comm_host_size(t->comm); /* a 3D layout's data-parallel group: the whole host */
-  long slots = td_env_long("TANDEM_LOCAL_SIZE", 1);
-  return slots >= 1 && slots <= (1 << 20) ? (int)slots : 1;
-}
 
 /* The least room of the ranks (0: unknown, on every rank alike) and the
  * largest baseline: the knobs fitted from them must be the same on every
@@ -338,7 +329,7 @@ static td_status least_room(td_trainer *t, size_t *room) {
 }
 
 td_status trainer_memory_fit(td_trainer *t) {
-  td_status st = td_mem_room_get(local_ranks(t), &t->mem_room);
+  td_status st = td_mem_room_get(td_host_ranks(t->comm), &t->mem_room);
   t->mem_baseline = td_mem_rss(NULL);
   if (t->model->device.kind != TD_DEVICE_CPU) return st != TD_OK ? td_trainer_agree(t, st) : device_memory_fit(t);
   size_t room = t->mem_room.rank_bytes;
@@ -368,6 +359,11 @@ td_status trainer_memory_fit(td_trainer *t) {
     size_t files = offload_files_in_memory(t, &e);
     size_t need = e.model_states + e.activations + e.runtime + t->mem_baseline + files;
     t->mem_estimate = need;
+    /* what the RSS counts on top (the memory line, td_trainer_memory); the
+     * check below is of physical memory, where those pages are the peers' */
+    t->mem_peer_mapped = zero_peer_mapped_bytes(t->model, &t->cfg, t->world, t->zero_stage, t->rank,
+                                                e.deterministic == 0,
+                                                t->comm ? td_comm_direct_min_bytes(t->comm) : 0);
     if (room > 0 && need > room) {
       char fits[1024], tmpfs[80] = "";
       what_fits(t, room, fits, sizeof fits);
@@ -380,6 +376,53 @@ td_status trainer_memory_fit(td_trainer *t) {
                     t->rank, MIB(need), MIB(e.model_states), MIB(e.offload_buffers), MIB(e.activations),
                     MIB(e.runtime), MIB(t->mem_baseline), tmpfs, MIB(room), t->mem_room.source,
                     t->mem_room.local_ranks, chosen[0] ? "; the knobs not set already lowered to" : "", chosen, fits);
+    }
+  }
+  return td_trainer_agree(t, st);
+}
+
+/* At an elastic membership change (trainer_elastic.c), after the new
+ * world's batch split and before its shards are cut: the shards grow as
+ * the world shrinks (16Ψ/N at stage 3), so a world that fitted may not
+ * now. Measured afresh: the memory each rank of the new epoch may use (its
+ * host may have lost or gained ranks; the room counts what the host's
+ * ranks hold back in, so the arenas held now do not make it look full) and
+ * the estimate at the new world; the knobs stay (they were chosen for the
+ * job and must match across ranks), and so does the baseline measured
+ * before the arenas. Refused on every rank when some rank would not fit,
+ * before anything is allocated. Collective over the new communicator. */
+td_status trainer_memory_rebind(td_trainer *t, int old_world) {
+  if (t->model->device.kind != TD_DEVICE_CPU) return TD_OK; /* elastic training runs on the CPU */
+  td_status st = td_mem_room_get(t->comm ? td_host_ranks(t->comm) : 1, &t->mem_room); /* NULL: a world of one */
+  size_t room = t->mem_room.rank_bytes;
+  td_status agreed = least_room(t, &room); /* collective: every rank calls it */
+  if (st == TD_OK) st = agreed;
+  td_memory_estimate e;
+  if (st == TD_OK) st = estimate_at(t, &t->cfg, t->world, t->zero_stage, &e);
+  if (st == TD_OK) {
+    size_t need = e.model_states + e.activations + e.runtime + t->mem_baseline;
+    size_t before = t->mem_estimate;
+    t->mem_estimate = need;
+    t->mem_peer_mapped = zero_peer_mapped_bytes(t->model, &t->cfg, t->world, t->zero_stage, t->rank,
+                                                e.deterministic == 0,
+                                                t->comm ? td_comm_direct_min_bytes(t->comm) : 0);
+    if (room > 0 && need > room) {
+      char fits[1024];
+      what_fits(t, room, fits, sizeof fits);
+      st = td_error(TD_ERR_INVALID_USAGE,
+                    "rank %d: the job went from %d to %d ranks, and at %d ranks (the shards grow as the world "
+                    "shrinks) it needs about %.0f MiB per rank (%.0f before; model states %.0f, activations %.0f at micro-batch %d, "
+                    "compute scratch %.0f, this process before the arenas %.0f) but %.0f MiB are available to it "
+                    "(%s, shared by %d ranks on this host). Not resized: nothing was allocated for %d ranks, and "
+                    "the job stops here rather than run out of memory; the last checkpoint (--save-every, "
+                    "--checkpoint-dir) resumes it. Bring the lost ranks back (--min-np %d keeps it from going "
+                    "below them), or restart it so that it fits with%s",
+                    t->rank, old_world, t->world, t->world, MIB(need), MIB(before), MIB(e.model_states),
+                    MIB(e.activations), t->cfg.micro_batch, MIB(e.runtime), MIB(t->mem_baseline), MIB(room),
+                    t->mem_room.source, t->mem_room.local_ranks, t->world, old_world, fits);
+    } else {
+      TD_INFO("rank %d: memory at %d ranks: about %.0f MiB per rank (%.0f at %d), %.0f MiB available to it (%s)",
+              t->rank, t->world, MIB(need), MIB(before), old_world, MIB(room), t->mem_room.source);
     }
   }
   return td_trainer_agree(t, st);
@@ -431,14 +474,21 @@ void trainer_memory_watch(td_trainer *t, td_step_stats *stats) {
   stats->memory_warning = level;
 }
 
-td_status td_trainer_memory(const td_trainer *t, td_trainer_memory_info *out) {
-  if (!t || !out) return td_error(TD_ERR_INVALID_ARGUMENT, "td_trainer_memory: null argument");
-  memset(out, 0, sizeof *out);
-  out->estimate_bytes = t->mem_estimate;
+/* The estimate as the RSS counts it (the peers' pages mapped here too) and
+ * the part of it that is physically the peers' (shared_bytes). */
+static void fill_memory_info(const td_trainer *t, td_trainer_memory_info *out) {
+  out->estimate_bytes = t->mem_estimate + t->mem_peer_mapped;
+  out->shared_bytes = t->mem_peer_mapped;
   out->baseline_bytes = t->mem_baseline;
   out->limit_bytes = t->mem_room.rank_bytes;
   td_strlcpy(out->limit_source, t->mem_room.host_bytes ? t->mem_room.source : "none", sizeof out->limit_source);
   out->rss_bytes = td_mem_rss(&out->peak_rss_bytes);
+}
+
+td_status td_trainer_memory(const td_trainer *t, td_trainer_memory_info *out) {
+  if (!t || !out) return td_error(TD_ERR_INVALID_ARGUMENT, "td_trainer_memory: null argument");
+  memset(out, 0, sizeof *out);
+  fill_memory_info(t, out);
   return TD_OK;
 }
 
@@ -464,17 +514,13 @@ td_status td_trainer_fit_memory(const td_train_config *cfg, td_model *model, td_
   t->agree_flags = flags;
   t->n_params = model->n_params;
   t->n_states = td_optimizer_n_states(cfg->optimizer.kind);
-  t->threads = cfg->threads > 0 ? cfg->threads : td_auto_threads(local_ranks(t)); /* as trainer.c runs them */
+  t->threads = cfg->threads > 0 ? cfg->threads : td_auto_threads(td_host_ranks(t->comm)); /* as trainer.c runs them */
   td_status st = td_train_config_resolve(&t->cfg, world); /* the same on every rank: no collective skipped alone */
   if (st == TD_OK) {
     zero_layout(t);
     st = trainer_memory_fit(t);
   }
-  out->estimate_bytes = t->mem_estimate;
-  out->baseline_bytes = t->mem_baseline;
-  out->limit_bytes = t->mem_room.rank_bytes;
-  td_strlcpy(out->limit_source, t->mem_room.host_bytes ? t->mem_room.source : "none", sizeof out->limit_source);
-  out->rss_bytes = td_mem_rss(&out->peak_rss_bytes);
+  fill_memory_info(t, out);
   if (fitted) *fitted = t->cfg;
   free(flags);
   free(t);

@@ -2,7 +2,8 @@
  * available to its ranks is refused before it allocates, the knobs the
  * user left unset are sized from that memory, and a rank nearing its limit
  * says so during the run. Internal to src/train; above zero/ and offload/
- * (it asks their estimate), called by trainer.c only. It also holds the
+ * (it asks their estimate), called by trainer.c and
+ * elastic/trainer_elastic.c only. It also holds the
  * public td_trainer_estimate_memory (train.h). */
 #ifndef TD_TRAIN_MEMORY_FIT_H
 #define TD_TRAIN_MEMORY_FIT_H
@@ -15,6 +16,14 @@
  * every rank (td_trainer_agree) when some rank cannot hold it, with the
  * estimate, the memory available and what would fit. Collective. */
 td_status trainer_memory_fit(td_trainer *t);
+
+/* At an elastic membership change (td_trainer_elastic_rebind), the new
+ * world set in t and before its shards are cut: redo the estimate at the
+ * new world and the fit against the memory measured now, and refuse on
+ * every rank, before allocating, when some rank no longer fits (naming
+ * what would). old_world: the world before, for the message. Collective
+ * over t->comm. */
+td_status trainer_memory_rebind(td_trainer *t, int old_world);
 
 /* Before td_trainer_gather_params at stage 3: refuse on every rank when
  * some rank cannot hold the whole parameter arena on top of what it holds.

@@ -22,6 +22,15 @@
 #                   peak RSS is within [0.9, 1.0] x its estimate and the
 #                   estimate within the limit; the same job with those knobs
 #                   set is refused
+#   shrink          elastic training at stage 3 on 2 ranks, each its own
+#                   "host" (an IPC namespace of its own, TANDEM_LOCAL_SIZE=1:
+#                   a host's memory limit is then one rank's), rank 1 killed:
+#                   at a limit that still holds the survivor's grown shards
+#                   the estimate is redone for the world of 1 (the epoch's
+#                   memory line) and the peak stays within [0.9, 1.0] x it;
+#                   at one that does not, the survivor refuses the new world
+#                   before allocating it, saying what to do, and is not
+#                   killed (skipped where unshare -i is not allowed)
 #   prefetch        a block larger than DeepSpeed's stage3_prefetch_bucket_size
 #                   (2560 channels: 78.7M > 5e7): unset, it becomes one block
 #                   (the fit line); set, or bounded by offload_param buffers the
@@ -210,6 +219,64 @@ defaults)
   echo "$out" | grep "needs about" | grep -q "stage3_max_live_parameters" && fail "a knob the user set was lowered"
   env TANDEM_MEMORY_LIMIT=$limit timeout 60 "$RUN" -np 2 "$GPT" $MODEL $args --config "$tmp/set.json" --estimate-memory 2>&1 |
     grep "fit: " | grep -q "fits=0" || fail "td_trainer_fit_memory says the refused job fits"
+  ;;
+shrink)
+  if ! unshare -i true 2>/dev/null; then
+    echo "SKIPPED: unshare -i (an IPC namespace per rank, to give each its own host) is not allowed here"
+    exit 0
+  fi
+  small="--layers 4 --channels 256 --heads 4 --seq 128 --micro-batch 4 --sample 0 --zero-stage 3"
+  e2=$(timeout 60 "$RUN" -np 2 "$GPT" $small --elastic --estimate-memory 2>&1 | grep "stage=3 " | head -1 |
+    sed 's/.*total=\([0-9.]*\).*/\1/')
+  e1=$(timeout 60 "$RUN" -np 1 "$GPT" $small --elastic --estimate-memory 2>&1 | grep "stage=3 " | head -1 |
+    sed 's/.*total=\([0-9.]*\).*/\1/')
+  [ -n "$e1" ] && [ -n "$e2" ] || fail "no estimate"
+  # each rank a host of its own: its memory limit is then its own
+  printf '#!/bin/sh\nTANDEM_LOCAL_SIZE=1 exec unshare -i %s "$@"\n' "$(cd "$(dirname "$GPT")" && pwd)/train-gpt" >"$tmp/gpt"
+  chmod +x "$tmp/gpt"
+  # run LIMIT_MIB: 2 ranks, rank 1 killed at step 3, the survivor goes on alone (or refuses to)
+  run() {
+    rm -f "$tmp/out"
+    TANDEM_MEMORY_LIMIT=$(($1 << 20)) setsid timeout 150 "$RUN" --min-np 1 --max-np 2 -np 2 --max-restarts 0 "$tmp/gpt" \
+      $small --steps 12 >"$tmp/out" 2>&1 &
+    local job=$! victim="" i
+    for i in $(seq 1 1200); do
+      grep -q "step 3 loss" "$tmp/out" && victim=$(sed -n 's/.*elastic process 1 (pid \([0-9]*\)).*/\1/p' "$tmp/out" | head -1)
+      [ -n "$victim" ] && break
+      sleep 0.05
+    done
+    [ -n "$victim" ] || { kill -9 -- -$job 2>/dev/null; cat "$tmp/out"; fail "the job did not reach step 3"; }
+    kill -9 "$victim"
+    wait $job
+    rc=$?
+  }
+  # well above what 1 rank needs (e1 and ~10 MiB of process; a rank alone on its host runs more threads)
+  above=$(awk -v a="$e1" 'BEGIN { printf "%d", a + 40 }')
+  echo "--estimate-memory per rank at stage 3: $e2 MiB at 2 ranks, $e1 MiB at 1; limit per host $above MiB"
+  run "$above"
+  grep "memory epoch=\|memory rank=" "$tmp/out"
+  [ $rc = 0 ] || { tail -20 "$tmp/out"; fail "the shrink that fits failed (exit $rc)"; }
+  grep -q "memory epoch=2 rank=0 world=1 " "$tmp/out" || fail "no memory line for the epoch of 1 rank"
+  grep "memory epoch=\|memory rank=0" "$tmp/out" | awk '{
+      for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
+      if ($0 ~ /epoch=1 rank=0/) e1 = v["estimate_mib"]
+      if ($0 ~ /epoch=2 rank=0/) e2 = v["estimate_mib"]
+      if ($0 ~ /memory rank=0/) { peak = v["peak_rss_mib"]; est = v["estimate_mib"] }
+    } END {
+      printf "estimate redone: %.1f MiB at 2 ranks, %.1f at 1; peak %.1f / estimate %.1f = %.3f\n", e1, e2, peak, est, peak / est
+      exit !(e2 > e1 && est == e2 && peak <= est && peak >= 0.9 * est)
+    }' || fail "the estimate was not redone for the smaller world, or the peak is outside [0.9, 1.0] x it"
+  # between the trainer's own estimates at 2 ranks and at 1: the start fits, the shrink does not
+  between=$(grep "memory epoch=" "$tmp/out" | grep "rank=0" | sed 's/.*estimate_mib=\([0-9.]*\).*/\1/' |
+    awk '{ v[NR] = $1 } END { printf "%d", (v[1] + v[2]) / 2 }')
+  echo "limit per host $between MiB"
+  run "$between"
+  grep "went from" "$tmp/out" | head -1 | cut -c1-400
+  [ $rc != 0 ] || fail "the shrink that does not fit was not refused"
+  grep "^\[0\]" "$tmp/out" | grep -q "the job went from 2 to 1 ranks.*needs about .* MiB per rank.*Not resized" ||
+    fail "the survivor did not refuse the new world with the estimate"
+  grep "went from" "$tmp/out" | grep -q "Bring the lost ranks back" || fail "the refusal does not say what to do"
+  grep -q "^\[0\].*error: elastic training failed" "$tmp/out" || fail "the survivor did not stop with its error"
   ;;
 prefetch)
   big="--layers 2 --channels 2560 --heads 20 --seq 64 --micro-batch 1 --zero-stage 3"

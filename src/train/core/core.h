@@ -82,6 +82,11 @@ typedef struct td_loss_scaler {
 /* The cores this process may use (its affinity) divided among the host's
  * `local_ranks` ranks, at least 1. Local. */
 int td_auto_threads(int local_ranks);
+/* The ranks sharing this host: td_comm_host_size(comm), or with no
+ * communicator yet (an unbound, elastic trainer) the slots the launcher
+ * gave the host (TANDEM_LOCAL_SIZE; tandemrun --elastic sets it), 1 when
+ * unset or out of range. The one reader of TANDEM_LOCAL_SIZE. Local. */
+int td_host_ranks(const td_comm *comm);
 
 /* ---- memory.c: the memory this rank may use, and what it holds ---- */
 typedef struct td_mem_room {
@@ -218,6 +223,7 @@ struct td_trainer {
   td_mem_room mem_room; /* measured at creation */
   size_t mem_baseline;  /* RSS before the arenas: the largest of the ranks (least_room), so all fit alike */
   size_t mem_estimate;  /* what the estimate says this rank holds at most (baseline included) */
+  size_t mem_peer_mapped; /* the peers' host-shared pages its RSS counts too (zero_peer_mapped_bytes) */
   int mem_warned;       /* the RSS warning level reached: 0 none, 1 past 90%, 2 past 97% */
   size_t mem_pss;       /* the last Pss read, and when (td_now): trainer_memory_watch reads it at most once a */
   double mem_pss_at;    /* second unless the RSS nears the limit */

@@ -8,6 +8,7 @@
  * sampler addresses samples by global stream position, a new world size
  * reads exactly the samples the old one would have (core/core.h). */
 #include "train/core/core.h"
+#include "train/memory_fit.h"
 #include "train/zero/zero.h"
 #include "train/deterministic/deterministic.h"
 
@@ -23,11 +24,14 @@ static td_status register_shards(td_trainer *t, td_elastic *e) {
     const char *name = i == 0 ? "optimizer_state_0" : "optimizer_state_1";
     TD_CHECK(td_elastic_register_shard(e, name, t->states[i], sizeof(float), t->n_params, lo, hi));
   }
-  /* the parameters too: at stages 1-2 every rank holds them all, but the
-   * shards are all a commit needs (a quarter of the bytes to copy at 4
-   * ranks); the first step after a restore allgathers them */
-  TD_CHECK(td_elastic_register_shard(e, "params", t->params + lo, sizeof(float), t->n_params, lo, hi));
-  return TD_OK;
+  /* the parameters too, cut alike (a quarter of the bytes to copy at 4
+   * ranks); the first step after a restore allgathers them. At stages 1-2
+   * every rank holds them all, equal after the update's allgather (zero/):
+   * a commit sends none of them, the buddy writes its ward's range from its
+   * own arena (a third less to move) */
+  if (t->zero_stage <= 2)
+    return td_elastic_register_shard_whole(e, "params", t->params, sizeof(float), t->n_params, lo, hi);
+  return td_elastic_register_shard(e, "params", t->params + lo, sizeof(float), t->n_params, lo, hi);
 }
 
 td_status td_trainer_elastic_register(td_trainer *t, td_elastic *e) {
@@ -78,16 +82,19 @@ td_status td_trainer_elastic_rebind(td_trainer *t, td_comm *comm, int micro_hint
   t->agree_flags = flags;
   t->inputs = inputs;
   t->targets = targets;
+  int old_world = t->world;
   t->comm = comm;
   t->rank = comm ? td_comm_rank(comm) : 0;
   t->world = world;
   t->cfg.micro_batch = micro;
   t->cfg.grad_accum = accum;
   if (t->cfg.threads <= 0) {
-    int local = comm ? td_comm_host_size(comm) : 1;
-    t->threads = td_auto_threads(local);
+    t->threads = td_auto_threads(comm ? td_host_ranks(comm) : 1);
     td_nn_set_threads(t->threads);
   }
+  /* the shards grow when the world shrinks: refused here, before they are
+   * cut, when the new world does not fit (memory_fit.c) */
+  TD_CHECK(trainer_memory_rebind(t, old_world));
   /* The model is prepared for the new micro-batch by the next step. */
   t->prepared_batch = -1;
   if (t->zero) { /* ZeRO: shards cut for the new world, filled by the elastic restore */

@@ -179,6 +179,64 @@ static size_t runtime_bytes(const td_model *model, const td_train_config *cfg, i
   return ESTIMATE_RUNTIME_BYTES + panels + (threads - 1) * ESTIMATE_THREAD_BYTES;
 }
 
+/* Bytes of the peers' arenas that rank `rank`'s RSS counts over the shm
+ * transport's direct collectives (direct_min: td_comm_direct_min_bytes of
+ * the trainer's communicator; 0: none). The arenas that are host-shared
+ * (shard.c zero_arena_shareable, trainer.c's gradients at stages 0-1) are
+ * read and written in place in the peers' memory, and every page of a
+ * peer's arena that a rank touches is in its RSS until the peer gives it
+ * back (MADV_REMOVE punches it out of every mapping). Physically these are
+ * the peers' own pages, in their estimates: a host's sum must not count
+ * them twice. What is touched, with B_k rank k's shard and P the arena:
+ *   - the parameters at stages 1-2: the initial broadcast (trainer.c) reads
+ *     all of rank 0's arena on every other rank, and each step's allgather
+ *     (reduce.c) every peer's shard: P - B_0 on rank 0, P + (P - B_0 - B_r)
+ *     on the others; at stage 3 the fetches read every peer's shard of
+ *     every group (no broadcast: each rank initializes its shard): P - B_r;
+ *   - the gradients kept whole (stages 0-1, stage 2's small models): each
+ *     bucket's direct allreduce reads and writes this rank's 1/n slice of
+ *     it in every peer: (n - 1) ceil(P / n) over the buckets (buckets
+ *     below direct_min are staged and touch nothing: counted anyway, a few
+ *     first-bucket pages at most). At stages 2-3 a peer gives back what it
+ *     does not own once reduced: what stays is this rank's slices of the
+ *     peers' shards, (P - B_r) / n, plus its slices of the two buckets in
+ *     flight in every peer. Deterministic reduction (no buckets) instead
+ *     allgathers stage 0's reduced gradients: every peer's shard, P - B_r.
+ * Rounded up to pages per peer. Pure. */
+size_t zero_peer_mapped_bytes(const td_model *model, const td_train_config *cfg, int world, int stage, int rank,
+                              bool buckets, size_t direct_min) {
+  if (!model || !cfg || world < 2 || rank < 0 || rank >= world || stage < 0 || stage > 3 || direct_min == 0) return 0;
+  const size_t n = model->n_params, f = sizeof(float), whole = n * f, page = zero_page_bytes();
+  if (whole < direct_min) return 0;
+  size_t off, shard0, shard_r;
+  td_shard_range(n, world, 0, &off, &shard0);
+  td_shard_range(n, world, rank, &off, &shard_r);
+  size_t peers_shards = whole - shard_r * f; /* every other rank's shard */
+  size_t granule = page;
+  if (stage >= 2 && zero_granule_bytes(n, world, &granule) != TD_OK) granule = page;
+  bool huge = granule > page;
+  bool keep = zero_keeps_grads(n, world, stage, cfg->bucket_bytes);
+  size_t bytes = 0;
+  if (stage >= 1 && zero_arena_shareable(cfg, huge, stage >= 3)) {
+    if (stage == 3) bytes += peers_shards;
+    else bytes += rank == 0 ? whole - shard0 * f : whole + (whole - shard0 * f - shard_r * f);
+  }
+  if (stage <= 1 || zero_arena_shareable(cfg, huge, !keep)) {
+    size_t slice = (n + (size_t)world - 1) / (size_t)world * f;
+    if (!buckets) {
+      if (stage == 0) bytes += peers_shards;
+    } else if (stage <= 1 || keep) {
+      bytes += (size_t)(world - 1) * slice;
+    } else {
+      fetch_groups g;
+      groups_of(model, cfg->stage3_param_persistence_threshold, &g);
+      size_t in_flight = TD_MIN(2 * (cfg->bucket_bytes / f + g.largest_tensor), n) * f;
+      bytes += peers_shards / (size_t)world + (size_t)(world - 1) * (in_flight / (size_t)world);
+    }
+  }
+  return bytes ? (bytes + (size_t)(world - 1) * page + page - 1) / page * page : 0;
+}
+
 td_status zero_estimate_memory(const td_model *model, const td_train_config *cfg, int world, int stage, bool buckets,
                                td_memory_estimate *out) {
   if (!model || !cfg || !out || world < 1 || stage < 0 || stage > 3)

@@ -47,12 +47,9 @@ static float *alloc_zeroed(size_t bytes) {
  * pages here, and 4 KiB faults cost more than staging (pages.c). */
 static float *arena_for(td_trainer *t, zero_mem_kind fallback, zero_mem_kind *kind) {
   size_t bytes = t->n_params * sizeof(float);
-  /* Not with NVMe offload: host-shared memory is allocated whole up front
-   * (posix_fallocate), and the arenas of a model offloaded because it does
-   * not fit must stay address space whose pages come and go. */
-  bool offload = t->cfg.offload.optimizer_device == TD_OFFLOAD_NVME || t->cfg.offload.param_device == TD_OFFLOAD_NVME;
   bool huge = t->zero->granule_floats > t->zero->page_floats;
-  if (!offload && !(huge && fallback == ZERO_MEM_MAPPED) && t->comm && t->world > 1 && td_comm_local_size(t->comm) > 1 &&
+  if (zero_arena_shareable(&t->cfg, huge, fallback == ZERO_MEM_MAPPED) && t->comm && t->world > 1 &&
+      td_comm_local_size(t->comm) > 1 &&
       !strcmp(td_comm_transport(t->comm), "shm")) {
     void *p = NULL;
     if (td_mem_alloc(bytes, &p) == TD_OK) {
@@ -64,6 +61,14 @@ static float *arena_for(td_trainer *t, zero_mem_kind fallback, zero_mem_kind *ki
   *kind = fallback;
   return fallback == ZERO_MEM_MAPPED ? zero_reserve(bytes, t->zero->granule_floats * sizeof(float))
                                      : alloc_zeroed(bytes);
+}
+
+bool zero_arena_shareable(const td_train_config *cfg, bool huge, bool mapped) {
+  /* Not with NVMe offload: host-shared memory is allocated whole up front
+   * (posix_fallocate), and the arenas of a model offloaded because it does
+   * not fit must stay address space whose pages come and go. */
+  bool offload = cfg->offload.optimizer_device == TD_OFFLOAD_NVME || cfg->offload.param_device == TD_OFFLOAD_NVME;
+  return !offload && !(huge && mapped);
 }
 
 bool zero_keeps_grads(size_t n_params, int world, int stage, size_t bucket_bytes) {

@@ -101,6 +101,15 @@ td_status zero_estimate_memory(const td_model *model, const td_train_config *cfg
  * fetched while it computes; and, unless NULL, *persistent: those of the
  * groups under it, which stay live from their first fetch (fetch.c counts
  * them in the cache). memory_fit.c sizes the cache from both. */
+/* The peers' host-shared arena pages this rank's RSS counts over the shm
+ * transport's direct collectives (estimate.c says which; direct_min:
+ * td_comm_direct_min_bytes, 0: none). Pure. */
+size_t zero_peer_mapped_bytes(const td_model *model, const td_train_config *cfg, int world, int stage, int rank,
+                              bool buckets, size_t direct_min);
+/* Whether an arena may live in host-shared memory (shard.c arena_for):
+ * not with NVMe offload, nor an arena that gives pages back (mapped) in
+ * huge granules. Pure. */
+bool zero_arena_shareable(const td_train_config *cfg, bool huge, bool mapped);
 size_t zero_largest_group(const td_model *model, long persistence_threshold, size_t *persistent);
 
 /* ---- shard.c ---- */
