@@ -457,7 +457,10 @@ static td_status receive_ward(el_replicas *r, el_ward *w, int slot, td_comm *com
   td_status st = TD_OK;
   for (size_t i = 0; i < n_chunks && st == TD_OK; i++) {
     while (posted < n_chunks && posted < i + 2 && st == TD_OK) {
-      while (!shipped(r, b, send_whole) || c >= n * r->bufs[b].elem_bytes) base += n * r->bufs[b++].elem_bytes, c = 0;
+      while (!shipped(r, b, send_whole) || c >= n * r->bufs[b].elem_bytes) { /* on to the next shipped buffer */
+        base += n * r->bufs[b++].elem_bytes;
+        c = 0;
+      }
       int h = (int)(posted % 2);
       len[h] = TD_MIN(half, n * r->bufs[b].elem_bytes - c);
       at[h] = base + c;
@@ -488,9 +491,10 @@ static td_status receive_ward(el_replicas *r, el_ward *w, int slot, td_comm *com
 
 /* The exchange: this rank's live range to the buddy, each ward's range
  * into its rep[slot], in the global order of the senders (see the file
- * header); the whole arrays' ranges only when send_whole. This rank's chunks are all handed to the progress thread at
- * once, from the live buffers (unchanged until the next step's update,
- * and waited for before returning); own, if not NULL, is written meanwhile
+ * header); the whole arrays' ranges only when send_whole. This rank's
+ * chunks are all handed to the progress thread at once, from the live
+ * buffers (unchanged until the next step's update, and waited for
+ * before returning); own, if not NULL, is written meanwhile
  * as this rank's piece of `commit`. A ward's rep[slot] becomes a piece of
  * `commit` once it is whole (after a failure, those received whole still
  * are). */
