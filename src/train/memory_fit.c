@@ -362,7 +362,7 @@ td_status trainer_memory_fit(td_trainer *t) {
     /* what the RSS counts on top (the memory line, td_trainer_memory); the
      * check below is of physical memory, where those pages are the peers' */
     t->mem_peer_mapped = zero_peer_mapped_bytes(t->model, &t->cfg, t->world, t->zero_stage, t->rank,
-                                                e.deterministic == 0,
+                                                e.deterministic == 0, t->comm != NULL,
                                                 t->comm ? td_comm_direct_min_bytes(t->comm) : 0);
     if (room > 0 && need > room) {
       char fits[1024], tmpfs[80] = "";
@@ -404,8 +404,8 @@ td_status trainer_memory_rebind(td_trainer *t, int old_world) {
     size_t before = t->mem_estimate;
     t->mem_estimate = need;
     t->mem_peer_mapped = zero_peer_mapped_bytes(t->model, &t->cfg, t->world, t->zero_stage, t->rank,
-                                                e.deterministic == 0,
-                                                t->comm ? td_comm_direct_min_bytes(t->comm) : 0);
+                                                e.deterministic == 0, false, /* the shards are restored */
+                                                td_comm_direct_min_bytes(t->comm));
     if (room > 0 && need > room) {
       char fits[1024];
       what_fits(t, room, fits, sizeof fits);
