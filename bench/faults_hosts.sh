@@ -40,7 +40,8 @@
 #   hostkill  a whole host at once: taken out of the discovery script, then
 #             every process on it killed (kill -9 of its PID namespace's
 #             init); the job goes on at 2 ranks; hosts a and b in turn, so
-#             rank 0's host too. The host's sshd is started again, empty.
+#             rank 0's host too (cut, loss10, loss50 and hostkill each
+#             alternate b, a, b, ... by their own count). The host's sshd is started again, empty.
 #   grow      that host back into the discovery script: 2 processes start
 #             there and the job scales up to 4 again
 # A fault is injected at step EVERY*k at the earliest, once the job is at 4
@@ -259,7 +260,7 @@ hangs=0
 wait_for "train-gpt: step 20 loss" 120 || hangs=$((hangs + 1))
 read -r -a kinds <<<"$KINDS"
 down_host=
-next_host=b
+declare -A host_turn=() # kind -> faults of that kind so far (the host alternates)
 t_start=$(now)
 for ((f = 0; f < FAULTS && hangs == 0 && ended == 0; f++)); do
   kind=${kinds[$((f % ${#kinds[@]}))]}
@@ -283,8 +284,12 @@ for ((f = 0; f < FAULTS && hangs == 0 && ended == 0; f++)); do
     read -r victim pid vhost <<<"${procs[$((1 + RANDOM % 3))]}" ;;
   kill0) read -r victim pid vhost <<<"${procs[0]}" ;;
   cut | loss10 | loss50 | hostkill)
-    vhost=$next_host
-    next_host=$([ $next_host = a ] && echo b || echo a) ;;
+    # Each kind alternates between the hosts by its own count (one shared
+    # alternation gave every kind the same host whenever the kinds that
+    # use it were even in number: hostkill and grow always on a).
+    n=${host_turn[$kind]:-0}
+    vhost=$([ $((n % 2)) = 0 ] && echo b || echo a)
+    host_turn[$kind]=$((n + 1)) ;;
   grow)
     [ -n "$down_host" ] || { echo "faults_hosts.sh: KINDS: a grow must follow a hostkill (no host is down)" >&2; exit 2; }
     vhost=$down_host ;;

@@ -38,7 +38,15 @@ process, one thread):
 
 Prints one line on rank 0: door, backend, steps/s, ms per step (after 2
 warm-up steps), the shortest step, and the rank-averaged loss of every step, which every
-contender must reproduce (the same seed, data and averaging)."""
+contender must reproduce (the same seed, data and averaging).
+
+--timeline: one more step after the timed ones (not in the figures), run
+under torch.profiler; rank 0 prints its backward's wall time and, in start
+order, every pass of aten::fill_, add_, div_ or mul_ that took 1 ms or more
+and every c10d::allreduce_ issue, as name@start+duration (ms from the
+backward's start), and the wait: the backward's end minus the end of the
+last of them. This is how plain DDP and DDP with ddp_avg_hook were told
+apart: the only pass one has and the other lacks is the reducer's div_."""
 import argparse
 import os
 import time
@@ -57,6 +65,9 @@ p.add_argument("--width", type=int, default=2048)
 p.add_argument("--batch", type=int, default=4)
 p.add_argument("--model", choices=["mlp", "embed"], default="mlp")
 p.add_argument("--rows", type=int, default=786432)  # embed: 786432 x 128 = 100.7M parameters
+p.add_argument("--timeline", action="store_true",
+               help="after the timed steps, one more step under torch.profiler: rank 0 prints when its "
+                    "gradient passes (fill_, add_, div_) and the allreduce issues ran inside backward")
 a = p.parse_args()
 torch.set_num_threads(1)
 
@@ -192,15 +203,39 @@ def batch(step):
     return x[r * a.batch:(r + 1) * a.batch], y[r * a.batch:(r + 1) * a.batch]
 
 
+def backward_timeline(loss):
+    """loss.backward() under torch.profiler; the timeline line of --timeline on rank 0."""
+    with torch.profiler.profile() as prof:
+        tb = time.perf_counter()
+        loss.backward()
+        wall = time.perf_counter() - tb
+    names = ("aten::fill_", "aten::add_", "aten::div_", "aten::mul_", "c10d::allreduce_")
+    events = sorted((e for e in prof.events() if e.name in names), key=lambda e: e.time_range.start)
+    if r != 0 or not events:
+        return
+    start = min(e.time_range.start for e in prof.events())  # the profiler's first event: backward's start
+    shown = [e for e in events if e.name == "c10d::allreduce_" or e.time_range.elapsed_us() >= 1000]
+    last_end = max(e.time_range.end for e in shown) if shown else start
+    print(f"model={a.model} door={a.door} backend={a.backend if a.door != 'compute' else '-'} timeline: backward_ms={wall * 1e3:.1f} "
+          + " ".join(f"{e.name.split('::')[1]}@{(e.time_range.start - start) / 1e3:.0f}"
+                     f"+{e.time_range.elapsed_us() / 1e3:.0f}" for e in shown)
+          + f" wait_ms={max(0.0, wall * 1e3 - (last_end - start) / 1e3):.0f}", flush=True)
+
+
 losses, step_s = [], []
-for i in range(a.steps + 2):
+for i in range(a.steps + 2 + a.timeline):
     if i == 2:
         t0 = time.perf_counter()
+    if i == a.steps + 2:  # --timeline's extra step, after the timed ones
+        dt = time.perf_counter() - t0
     ts = time.perf_counter()
     x, y = batch(i)
     opt.zero_grad(set_to_none=False)  # gradients stay (bucket views for DDP and tandem.torch), zeroed in place
     loss = torch.nn.functional.mse_loss(model(x), y)
-    loss.backward()
+    if i == a.steps + 2:
+        backward_timeline(loss)
+    else:
+        loss.backward()
     for work, grad in pending:
         work.wait()
         grad.div_(n)
@@ -208,7 +243,9 @@ for i in range(a.steps + 2):
     opt.step()
     losses.append(loss.detach())
     step_s.append(time.perf_counter() - ts)
-dt = time.perf_counter() - t0
+if not a.timeline:
+    dt = time.perf_counter() - t0
+losses, step_s = losses[:a.steps + 2], step_s[:a.steps + 2]
 # The shortest step after warm-up: on a shared machine the steps that other
 # processes' load did not stretch (a step ends together on both ranks: its
 # time includes waiting for the slower one).

@@ -14,7 +14,8 @@
 # with a note otherwise).
 # CONTENDERS="buckets,gloo buckets,tandem" times the gradient's allreduce as
 # DDP's buckets (not in the default set); DOOR_ARGS="--batch 1" passes
-# options to every py_doors.py run.
+# options to every py_doors.py run (DOOR_ARGS=--timeline: each run also
+# prints one extra step's backward timeline, see bench/py_doors.py).
 #   [PARTS="shm tcp"] [CONTENDERS="ddp,gloo ..."] [DOOR_ARGS=...] bench/py_doors.sh [ROUNDS] [STEPS] [MODELS] > raw.txt
 #   bench/py_summarize_doors.py raw.txt > bench/results/py-doors-DATE.md
 set -u
@@ -25,7 +26,14 @@ export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 PYTHONPATH=$PWD/build/python
 RUN=$PWD/build/bin/tandemrun PY=/usr/bin/python3
 # DOOR BACKEND pairs; CONTENDERS="ddp,gloo ddp,tandem" runs a subset
 read -r -a CONTENDERS <<<"${CONTENDERS:-compute,- ddp,gloo ddp,tandem ddpavg,tandem hvd,gloo hvd,tandem allreduce,gloo allreduce,tandem}"
-echo "# machine: $(getconf _NPROCESSORS_ONLN) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2), $(date -u +%FT%TZ), commit $(git rev-parse --short HEAD)"
+# The CPU priority of this script's session (autogroup), which the ranks
+# started over ssh must share: sshd gives each login a session of its own,
+# and so a scheduling group of its own at nice 0, so without this the tcp
+# ranks of a run through bench-lane.sh (nice -10) competed with every other
+# session on the machine as equals while the shm part's ranks did not.
+prio=$(sed -n 's/.*nice //p' /proc/self/autogroup 2>/dev/null)
+prio=${prio:-0}
+echo "# machine: $(getconf _NPROCESSORS_ONLN) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2), $(date -u +%FT%TZ), commit $(git rev-parse --short HEAD), autogroup nice $prio"
 
 one() { # PART MODEL DOOR BACKEND LAUNCH...
   local part=$1 model=$2 door=$3 backend=$4
@@ -55,7 +63,9 @@ for part in $PARTS; do
     sshhosts_add b 10.77.16.2
     # From host a itself: rank 0 (on a) hosts torch's store at MASTER_ADDR,
     # and gloo binds the namespace's eth0 (its hostname resolves nowhere).
+    # Each rank first joins this script's priority (its autogroup's nice).
     launch=(netns_run a timeout 600 "$RUN" -np 2 -H 10.77.16.1:1,10.77.16.2:1
+            sh -c 'echo "$0" >/proc/self/autogroup 2>/dev/null; exec "$@"' "$prio"
             env MASTER_ADDR=10.77.16.1 GLOO_SOCKET_IFNAME=eth0)
   fi
   for model in $models; do

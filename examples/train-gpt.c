@@ -411,6 +411,12 @@ int main(int argc, char **argv) {
   td_grid *grid = NULL;
   td_comm *train_comm = run.comm;
   td_model *model = NULL;
+  if (tp > 1 && dev.kind != TD_DEVICE_CPU) {
+    char name[16];
+    td_device_name(dev, name, sizeof name);
+    app_usage_error("--tensor-parallel %d on %s: tensor parallelism trains on the CPU engine only; use --device cpu "
+                    "(pipeline parallelism, --pipeline-parallel, trains on a GPU)", tp, name);
+  }
   if (pp > 1) {
     /* Pipeline parallelism: the grid's pipeline group holds the stages (of
      * tensor-parallel layers over its tensor group when tp > 1: 3D), the
@@ -418,6 +424,7 @@ int main(int argc, char **argv) {
     s = td_grid_create(run.comm, tp, pp, &grid);
     if (s != TD_OK) app_fail(&run, "laying out the process grid", s);
     td_pipeline_config pc = pipeline_config(&cfg);
+    pc.device = dev; /* the stages compute there */
     s = td_gpt_pipeline_create_grid(&opt.model, &pc, grid, &model);
     if (s != TD_OK) app_fail(&run, "creating the pipeline stage", s);
     train_comm = td_grid_comm(grid, TD_GRID_DATA);

@@ -124,6 +124,7 @@ typedef struct {
   bool joiner; /* elastic: started after the job began (joins at a commit) */
   int lifeline_fd; /* remote: write end of ssh's stdin, held open while it runs (-1: none) */
   int stop_sig;    /* --end-stopped: it was stopped by this signal and ended by us (0: not so) */
+  bool shared;     /* remote: its ssh is a session of its host's master connection */
 } worker;
 
 typedef struct {
@@ -647,6 +648,11 @@ typedef struct {
   double below_since;  /* when the live count fell below --min-np (INFINITY: not below) */
   double next_discovery;
   double discovery_interval_s; /* TANDEM_DISCOVERY_INTERVAL, default 1 s */
+  /* ssh connection sharing (below): one master connection per remote host */
+  int share;               /* -1: not decided yet, 0: off, 1: on */
+  char *share_dir;         /* private directory of the control sockets (NULL: not made yet) */
+  struct ssh_master *masters;
+  int n_masters;
 } job;
 
 /* Build "K=V" entries for one worker. */
@@ -675,6 +681,181 @@ static bool env_is_replaced(const job *j, const char *entry) {
   return env_is_ours(entry) || (j->opt.prom_port && strncmp(entry, "TANDEM_PROMETHEUS_PORT=", 23) == 0);
 }
 
+/* ---- ssh connection sharing ----
+ * Every ssh start of a rank used to make a connection of its own: TCP, key
+ * exchange, authentication, sshd forking and re-executing itself, and only
+ * then the user's shell. On the loaded test machine that was 1.0-1.5 s per
+ * start of which about half was the connection, the rest the user's shell
+ * start-up (bench/results/ssh-start-2026-11-27.md); a host that returned
+ * to an elastic job paid it once per process, all at once. tandemrun now
+ * opens one OpenSSH master connection per remote host (ssh -M -N, a child of
+ * tandemrun in its own process group, dying with it) before it starts the
+ * host's first rank, and starts every rank there as a session of that
+ * connection (ControlPath in a private 0700 directory; the sessions need no
+ * key exchange or authentication). A session whose master is gone, or that
+ * finds no socket, makes its own connection (OpenSSH falls back by itself),
+ * so sharing never stops a start that would have worked without it. The
+ * lifeline (file header) works the same: the master forwards EOF on a
+ * session's stdin, and closes a session whose ssh was killed.
+ * TANDEM_SSH_SHARE=0 turns this off; it is also off when TANDEM_SSH is not
+ * OpenSSH's ssh (another program would not know -M or ControlPath). */
+#define SHARE_WAIT_S 5.0       /* at most this long for a new master before starting the ranks without it */
+#define SHARE_MAX_SESSIONS 10  /* sshd's default MaxSessions; more ranks on a host connect on their own */
+
+typedef struct ssh_master {
+  char *host;
+  char *path;     /* its control socket */
+  pid_t pid;      /* 0: none running */
+  double started; /* td_now() at its start */
+} ssh_master;
+
+/* TANDEM_SSH split into words (default "ssh -o BatchMode=yes"). */
+static void ssh_words(str_list *args) {
+  char *ssh = xstrdup(td_env_str("TANDEM_SSH", "ssh -o BatchMode=yes"));
+  char *save = NULL;
+  for (char *t = strtok_r(ssh, " \t", &save); t; t = strtok_r(NULL, " \t", &save)) list_push(args, xstrdup(t));
+  free(ssh);
+  if (args->n == 0) list_push(args, xstrdup("ssh"));
+}
+
+static bool share_on(job *j) {
+  if (j->share < 0) {
+    str_list words = {0};
+    ssh_words(&words);
+    const char *base = strrchr(words.items[0], '/');
+    base = base ? base + 1 : words.items[0];
+    j->share = td_env_long("TANDEM_SSH_SHARE", 1) != 0 && strcmp(base, "ssh") == 0;
+    list_free(&words);
+    if (j->share) {
+      char tmpl[] = "/tmp/tandemrun-ssh-XXXXXX"; /* short: a socket path has at most 107 bytes */
+      if (mkdtemp(tmpl)) { /* 0700: only this user reaches the sockets */
+        j->share_dir = xstrdup(tmpl);
+      } else {
+        fprintf(stderr, "tandemrun: cannot create a directory for shared ssh connections (%s): every rank "
+                        "connects on its own\n", strerror(errno));
+        j->share = 0;
+      }
+    }
+  }
+  return j->share == 1;
+}
+
+static ssh_master *master_of(job *j, const char *host) {
+  for (int i = 0; i < j->n_masters; i++)
+    if (!strcmp(j->masters[i].host, host)) return &j->masters[i];
+  j->masters = realloc(j->masters, sizeof *j->masters * (size_t)(j->n_masters + 1));
+  if (!j->masters) exit(1);
+  ssh_master *m = &j->masters[j->n_masters];
+  m->host = xstrdup(host);
+  m->path = xasprintf("%s/%d", j->share_dir, j->n_masters);
+  m->pid = 0;
+  m->started = 0;
+  j->n_masters++;
+  return m;
+}
+
+static bool master_ready(const ssh_master *m) {
+  struct stat st;
+  return m->pid > 0 && stat(m->path, &st) == 0; /* ssh links the socket in once authenticated */
+}
+
+/* reap(): a master that ended (its host died, or the connection broke). */
+static bool master_reaped(job *j, pid_t pid) {
+  for (int i = 0; i < j->n_masters; i++)
+    if (j->masters[i].pid == pid) {
+      j->masters[i].pid = 0;
+      return true;
+    }
+  return false;
+}
+
+/* Start host's master connection if none runs. */
+static void master_start(job *j, const char *host) {
+  if (!share_on(j)) return;
+  ssh_master *m = master_of(j, host);
+  if (m->pid > 0) return;
+  unlink(m->path); /* a killed master's stale socket would keep the new one from listening */
+  str_list args = {0};
+  ssh_words(&args);
+  list_push(&args, xstrdup("-M"));
+  list_push(&args, xstrdup("-N"));
+  list_push(&args, xstrdup("-o"));
+  list_push(&args, xstrdup("ControlPersist=no"));
+  list_push(&args, xstrdup("-o"));
+  list_push(&args, xasprintf("ControlPath=%s", m->path));
+  list_push(&args, xstrdup(host));
+  int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
+  pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid == 0) { /* async-signal-safe only until exec (start_worker says why) */
+    setpgid(0, 0);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);
+    sigset_t none;
+    sigemptyset(&none);
+    sigaction(SIGPIPE, &original_sigpipe, NULL);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    if (devnull >= 0) dup2(devnull, 0), dup2(devnull, 1), dup2(devnull, 2);
+    execvp(args.items[0], args.items);
+    _exit(127);
+  }
+  if (devnull >= 0) close(devnull);
+  list_free(&args);
+  if (pid > 0) {
+    setpgid(pid, pid);
+    m->pid = pid;
+    m->started = td_now();
+  }
+}
+
+/* The control socket to start a rank on host through, or NULL (connect on
+ * its own). Waits for a master started less than SHARE_WAIT_S ago: a
+ * session then costs no second connection. */
+static const char *master_for_rank(job *j, const char *host) {
+  if (!share_on(j)) return NULL;
+  master_start(j, host);
+  ssh_master *m = master_of(j, host);
+  int sessions = 0;
+  for (int i = 0; i < j->n_workers; i++)
+    sessions += j->workers[i].running && j->workers[i].shared && !strcmp(j->workers[i].host->name, host);
+  if (sessions >= SHARE_MAX_SESSIONS) return NULL;
+  while (m->pid > 0 && !master_ready(m) && td_now() < m->started + SHARE_WAIT_S) {
+    int status;
+    if (waitpid(m->pid, &status, WNOHANG) == m->pid) { /* it failed: the rank connects on its own */
+      m->pid = 0;
+      break;
+    }
+    struct timespec ts = {0, 10 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+  }
+  return master_ready(m) ? m->path : NULL;
+}
+
+/* At the end of the job: the masters closed, their directory removed. */
+static void masters_stop(job *j) {
+  for (int i = 0; i < j->n_masters; i++) {
+    ssh_master *m = &j->masters[i];
+    if (m->pid > 0) {
+      kill(m->pid, SIGTERM);
+      double until = td_now() + KILL_AFTER_TERM_S;
+      while (waitpid(m->pid, NULL, WNOHANG) == 0 && td_now() < until) {
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+      }
+      if (kill(m->pid, SIGKILL) == 0) waitpid(m->pid, NULL, 0);
+    }
+    unlink(m->path);
+    free(m->host);
+    free(m->path);
+  }
+  free(j->masters);
+  j->masters = NULL;
+  j->n_masters = 0;
+  if (j->share_dir) rmdir(j->share_dir);
+  free(j->share_dir);
+  j->share_dir = NULL;
+}
+
 /* Start one worker; on failure to start, print why and return false. The
  * child does only async-signal-safe work between fork and exec: tandemrun has
  * a store thread, so the child must not touch locks such as malloc's. */
@@ -694,11 +875,15 @@ static bool start_worker(job *j, worker *w) {
      * the secret is read from stdin first. ssh itself does not need it. */
     for (char **e = environ; *e; e++)
       if (!env_is_secret(*e)) list_push(&env, xstrdup(*e));
-    char *ssh = xstrdup(td_env_str("TANDEM_SSH", "ssh -o BatchMode=yes"));
-    char *save = NULL;
-    for (char *t = strtok_r(ssh, " \t", &save); t; t = strtok_r(NULL, " \t", &save)) list_push(&args, xstrdup(t));
-    free(ssh);
-    if (args.n == 0) list_push(&args, xstrdup("ssh"));
+    ssh_words(&args);
+    const char *control = master_for_rank(j, w->host->name);
+    w->shared = control != NULL;
+    if (control) {
+      list_push(&args, xstrdup("-o"));
+      list_push(&args, xstrdup("ControlMaster=no"));
+      list_push(&args, xstrdup("-o"));
+      list_push(&args, xasprintf("ControlPath=%s", control));
+    }
     list_push(&args, xstrdup(w->host->name));
     char cwd[PATH_MAX];
     if (!getcwd(cwd, sizeof cwd)) strcpy(cwd, ".");
@@ -980,6 +1165,7 @@ static void reap(job *j) {
     int status;
     pid_t pid = waitpid(-1, &status, WNOHANG | WUNTRACED);
     if (pid <= 0) return;
+    if (!WIFSTOPPED(status) && master_reaped(j, pid)) continue;
     for (int i = 0; i < j->n_workers; i++) {
       worker *w = &j->workers[i];
       if (w->pid != pid || !w->running) continue;
@@ -1504,6 +1690,10 @@ placed:;
    * which appends to j->workers; starting that one again here would fork it
    * twice and leave a count that never reaches 0 (tandemrun then hung). */
   const int n_initial = j->n_workers;
+  /* Every remote host's master connection at once (ssh connection sharing):
+   * the first rank on each waits for its own only. */
+  for (int i = 0; i < n_initial; i++)
+    if (!j->workers[i].host->local) master_start(j, j->workers[i].host->name);
   for (int i = 0; i < n_initial; i++) {
     if (!start_worker(j, &j->workers[i])) break;
     n_started++;
@@ -1640,6 +1830,8 @@ placed:;
   j->prom = NULL;
   close(j->sigfd);
 
+  masters_stop(j);
+
   /* One root-cause line, and the exit code. */
   char how[96], name[32];
   int code = 0;
@@ -1703,6 +1895,7 @@ placed:;
 int main(int argc, char **argv) {
   job j;
   memset(&j, 0, sizeof j);
+  j.share = -1;
   parse_options(argc, argv, &j.opt);
   int code = run_job(&j);
   for (int h = 0; h < j.opt.n_hosts; h++) free(j.opt.hosts[h].name);

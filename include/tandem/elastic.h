@@ -129,6 +129,15 @@ td_status td_elastic_register(td_elastic *e, const char *name, void *ptr, size_t
  * them from the survivors' shards and their buddies' copies. Local. */
 td_status td_elastic_register_shard(td_elastic *e, const char *name, void *ptr, size_t elem_bytes, size_t total,
                                     size_t lo, size_t hi);
+/* The same for an array every rank holds whole, at `whole` (all `total`
+ * elements), with values equal on every rank at each td_elastic_commit
+ * (ZeRO stages 1-2's parameters after their allgather), of which this rank
+ * owns [lo, hi): its copies are kept like a sharded buffer's, but a commit
+ * sends none of it to the buddy, which writes the copy of its wards' ranges
+ * from its own whole array. After a membership change only [lo, hi) is
+ * filled (the caller gathers the rest). Local. */
+td_status td_elastic_register_shard_whole(td_elastic *e, const char *name, void *whole, size_t elem_bytes,
+                                          size_t total, size_t lo, size_t hi);
 
 /* When a rank and its buddy are lost together, some shard survives in no
  * memory: td_elastic_run then calls fn(ctx, comm, world_size) after the

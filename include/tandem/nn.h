@@ -207,7 +207,7 @@ td_status td_gpt_create(const td_gpt_config *config, td_model **out);
  * stage's output activations (B, T, C) floats (input_bytes says which);
  * targets are read only with the head, and forward returns the loss there,
  * 0 elsewhere. A chain of stages computes the whole model's bits: the same
- * kernels in the same order. CPU only; activation checkpointing works as in
+ * kernels in the same order. On the CPU (a device: td_gpt_stage_create_on); activation checkpointing works as in
  * the whole model; ZeRO stage 3's param_access is not supported. Refused
  * (TD_ERR_INVALID_ARGUMENT) when the range is outside [0, layers), empty, or
  * embed/head disagree with where it starts and ends. */
@@ -217,6 +217,16 @@ typedef struct td_gpt_stage {
   int head;  /* 1: first_layer + n_layers == layers */
 } td_gpt_stage;
 td_status td_gpt_stage_create(const td_gpt_config *config, const td_gpt_stage *stage, td_model **out);
+/* The same stage computing on `device`, as td_gpt_create_on is to
+ * td_gpt_create (CPU: exactly td_gpt_stage_create). On a CUDA device its
+ * arenas are device memory (f32 only: a stage refuses bf16), while the
+ * activations it exchanges stay host memory: forward copies a later stage's
+ * input (B, T, C) floats in from the host, and the stage accessors below
+ * return pinned host copies that forward and backward make of the output and
+ * of the input's gradient, so that a pipeline moves them with the host's
+ * point-to-point transfers unchanged. */
+td_status td_gpt_stage_create_on(const td_gpt_config *config, const td_gpt_stage *stage, td_device device,
+                                 td_model **out);
 /* A stage without the head: its last forward's output activations (B, T, C),
  * valid until its next prepare or forward (NULL before the first prepare). */
 const float *td_gpt_stage_output(const td_model *model);

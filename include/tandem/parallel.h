@@ -181,6 +181,9 @@ typedef struct td_pipeline_config {
   const char *partition; /* "uniform" (NULL: the default) or "parameters" (DeepSpeed's partition_method) */
   int sequence_parallel; /* tensor-parallel stages only (td_gpt_pipeline_create_grid): Megatron's sequence
                             parallelism inside each stage, whose activation messages then carry B*T/tp rows */
+  td_device device;      /* where the stages compute ({0}: the CPU); a CUDA device: td_gpt_stage_create_on's
+                            stages, f32, activations exchanged through pinned host memory; not with tensor-
+                            parallel stages (refused: tensor parallelism trains on the CPU engine only) */
 } td_pipeline_config;
 
 /* Whether a GPT trains on `stages` pipeline stages with `micro_batches`
@@ -206,7 +209,9 @@ td_status td_pipeline_check(const td_gpt_config *config, const td_pipeline_confi
  * The loss is the last stage's, broadcast to the group. A failure on one
  * stage (a bad token, a dead peer) aborts the group's communicator, so that
  * the others fail naming it instead of waiting. Local (nothing
- * communicates until the first step). CPU, f32 or bf16 products. */
+ * communicates until the first step). CPU, f32 or bf16 products; or on
+ * pp->device, f32 (td_gpt_stage_create_on: what crosses is staged through
+ * pinned host memory, the transfers are the same). */
 td_status td_gpt_pipeline_create(const td_gpt_config *config, const td_pipeline_config *pp, td_comm *pipeline,
                                  td_model **out);
 

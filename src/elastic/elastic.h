@@ -27,6 +27,7 @@ typedef struct el_piece {
 typedef struct el_shard_buf {
   char name[64];
   unsigned char *ptr; /* this rank's elements [lo, hi) */
+  unsigned char *whole; /* all elements, equal on every rank at a commit (register_shard_whole); NULL: none */
   size_t elem_bytes;
   size_t lo, hi;      /* as last registered */
 } el_shard_buf;
@@ -65,6 +66,8 @@ typedef struct el_replicas {
   char job_msg[768];
   size_t disk_bytes_pub;  /* el_rep_disk_bytes as of the last finished commit */
   size_t staging_pub;     /* staging_used as of the last finished commit */
+  double thread_cpu_s;    /* CPU time of the commit threads (the copies' cost, off the main thread) */
+  int64_t threads_run;    /* commits that ran on a thread of their own */
 } el_replicas;
 
 /* Per-rank descriptor exchanged after a failure (allgathered int64s): the
@@ -73,14 +76,19 @@ typedef struct el_replicas {
 enum { EL_D_WHOLE0, EL_D_WHOLE1, EL_D_TOTAL, EL_D_ROW, EL_D_PIECES };
 #define EL_DESC_LEN(n_pieces) (EL_D_PIECES + 3 * (size_t)(n_pieces))
 
-td_status el_rep_register(el_replicas *r, const char *name, void *ptr, size_t elem_bytes, size_t total, size_t lo,
-                          size_t hi);
+/* whole: the buffer's whole array, held equal by every rank at each commit
+ * (td_elastic_register_shard_whole; ptr is then ignored: the shard is whole
+ * + lo elements); NULL: a plain shard at ptr. */
+td_status el_rep_register(el_replicas *r, const char *name, void *ptr, void *whole, size_t elem_bytes,
+                          size_t total, size_t lo, size_t hi);
 void el_rep_free(el_replicas *r);
 /* Bytes of the pieces' files (what the copies hold on disk), and the most
  * of the staging buffer used (what is resident of it), as of the last
  * finished commit: callable while one runs. */
 size_t el_rep_disk_bytes(const el_replicas *r);
 size_t el_rep_staging_bytes(const el_replicas *r);
+/* The commit threads' CPU seconds so far and how many ran (callable while one runs). */
+double el_rep_thread_cpu_s(el_replicas *r, int64_t *threads_run);
 /* The buddy of every rank (pure; every rank computes the same map): rank
  * i keeps its copy on buddy[i], on another host than host_of[i] (equal
  * ints: the same host) whenever there is another host, so that losing one

@@ -61,6 +61,14 @@
  * carries a failure seen on one over to the other, so that every failure
  * ends the epoch the same way.
  *
+ * A buffer registered whole (td_elastic_register_shard_whole: ZeRO stages
+ * 1-2's parameters, which every rank holds equal after the update's
+ * allgather) is kept like the others, but a commit does not send it: the
+ * buddy writes its ward's range of it from its own whole array, as equal
+ * as the sender's at that commit. Only the copy made right after a rebuild
+ * (el_rep_reset_holdings) sends it, since the rebuild fills the shards
+ * alone and the whole arrays are gathered by the next step.
+ *
  * The exchange moves chunks of half of TD_ELASTIC_STAGING_BYTES: the
  * sender hands all of its chunks to the progress thread at once, straight
  * from the live shard, and writes its own piece meanwhile; the receiver
@@ -179,12 +187,13 @@ static void swap_pieces(el_piece *a, el_piece *b) {
   *b = t;
 }
 
-td_status el_rep_register(el_replicas *r, const char *name, void *ptr, size_t elem_bytes, size_t total, size_t lo,
-                          size_t hi) {
-  if (!elem_bytes || lo > hi || hi > total || (!ptr && hi > lo))
+td_status el_rep_register(el_replicas *r, const char *name, void *ptr, void *whole, size_t elem_bytes,
+                          size_t total, size_t lo, size_t hi) {
+  if (!elem_bytes || lo > hi || hi > total || (!(whole ? whole : ptr) && hi > lo))
     return td_error(TD_ERR_INVALID_ARGUMENT, "td_elastic_register_shard(\"%s\"): elements [%zu, %zu) of %zu of %zu "
                                              "bytes each do not describe a shard",
                     name, lo, hi, total, elem_bytes);
+  if (whole) ptr = (unsigned char *)whole + lo * elem_bytes; /* its shard: what a rebuild fills */
   if (r->n_bufs && total != r->total)
     return td_error(TD_ERR_INVALID_ARGUMENT, "td_elastic_register_shard(\"%s\"): %zu elements in all, but the "
                                              "sharded buffers registered before have %zu: every sharded buffer "
@@ -198,6 +207,7 @@ td_status el_rep_register(el_replicas *r, const char *name, void *ptr, size_t el
                                                "registered before with %zu",
                       name, elem_bytes, b->elem_bytes);
     b->ptr = ptr;
+    b->whole = whole;
     b->lo = lo;
     b->hi = hi;
     return TD_OK;
@@ -213,6 +223,7 @@ td_status el_rep_register(el_replicas *r, const char *name, void *ptr, size_t el
   memset(b, 0, sizeof *b);
   td_strlcpy(b->name, name, sizeof b->name);
   b->ptr = ptr;
+  b->whole = whole;
   b->elem_bytes = elem_bytes;
   b->lo = lo;
   b->hi = hi;
@@ -286,6 +297,16 @@ static void publish(el_replicas *r) {
 size_t el_rep_disk_bytes(const el_replicas *r) { return r->disk_bytes_pub; }
 
 size_t el_rep_staging_bytes(const el_replicas *r) { return r->staging_pub; }
+
+double el_rep_thread_cpu_s(el_replicas *r, int64_t *threads_run) {
+  *threads_run = 0;
+  if (!r->sync_ready) return 0;
+  pthread_mutex_lock(&r->mu);
+  double s = r->thread_cpu_s;
+  *threads_run = r->threads_run;
+  pthread_mutex_unlock(&r->mu);
+  return s;
+}
 
 /* The registered range, checked to be the same for every buffer. */
 static td_status registered_range(const el_replicas *r, size_t *lo, size_t *hi) {
@@ -407,30 +428,42 @@ static td_status pair(const el_replicas *r, td_comm *comm, int *buddy_out, el_wa
   return TD_OK;
 }
 
+/* Whether a commit's exchange sends buffer b: not a whole array's (every
+ * rank holds the ward's range of it already) unless send_whole (the first
+ * copy after a rebuild, when only the shards are filled). */
+static bool shipped(const el_replicas *r, int b, bool send_whole) { return send_whole || !r->bufs[b].whole; }
+
 /* Receive ward w's range into its rep[slot]: chunks of half the staging
  * buffer, two in flight, so that one is written to the file while the next
- * arrives. Returns the communication's status; a file that cannot be
+ * arrives; the buffers not shipped are written from this rank's own whole
+ * array. Returns the communication's status; a file that cannot be
  * written (a full disk) does not stop the receiving, so that the exchange
  * stays in step on every rank: its error goes to *file_st_out. */
-static td_status receive_ward(el_replicas *r, el_ward *w, int slot, td_comm *comm, int64_t commit,
+static td_status receive_ward(el_replicas *r, el_ward *w, int slot, td_comm *comm, int64_t commit, bool send_whole,
                               td_status *file_st_out) {
   const size_t half = TD_ELASTIC_STAGING_BYTES / 2;
   el_piece *p = &w->rep[slot];
   size_t n = (size_t)(w->hi - w->lo);
   td_status file_st = piece_begin(p, w->lo, w->hi, n * r->row_bytes);
-  /* the chunks in order: buffer by buffer, each cut from its start */
+  /* the chunks in order: the shipped buffers one by one, each cut from its
+   * start; the file holds every buffer, one after the other */
   size_t n_chunks = 0;
-  for (int b = 0; b < r->n_bufs; b++) n_chunks += (n * r->bufs[b].elem_bytes + half - 1) / half;
+  for (int b = 0; b < r->n_bufs; b++)
+    if (shipped(r, b, send_whole)) n_chunks += (n * r->bufs[b].elem_bytes + half - 1) / half;
   td_request *req[2] = {NULL, NULL};
-  size_t len[2] = {0, 0}, posted = 0, off = 0;
+  size_t len[2] = {0, 0}, at[2] = {0, 0}, posted = 0, base = 0;
   int b = 0;
-  size_t c = 0; /* the next chunk to post: buffer b from byte c */
+  size_t c = 0; /* the next chunk to post: buffer b (at file offset base) from byte c */
   td_status st = TD_OK;
   for (size_t i = 0; i < n_chunks && st == TD_OK; i++) {
     while (posted < n_chunks && posted < i + 2 && st == TD_OK) {
-      while (c >= n * r->bufs[b].elem_bytes) b++, c = 0;
+      while (!shipped(r, b, send_whole) || c >= n * r->bufs[b].elem_bytes) { /* on to the next shipped buffer */
+        base += n * r->bufs[b++].elem_bytes;
+        c = 0;
+      }
       int h = (int)(posted % 2);
       len[h] = TD_MIN(half, n * r->bufs[b].elem_bytes - c);
+      at[h] = base + c;
       r->staging_used = TD_MAX(r->staging_used, (size_t)h * half + len[h]);
       st = td_irecv(r->staging + (size_t)h * half, len[h], TD_U8, w->rank, comm, &req[h]);
       c += len[h];
@@ -440,10 +473,17 @@ static td_status receive_ward(el_replicas *r, el_ward *w, int slot, td_comm *com
     int h = (int)(i % 2);
     st = td_wait(req[h]);
     req[h] = NULL;
-    if (st == TD_OK && file_st == TD_OK) file_st = piece_write(p, off, r->staging + (size_t)h * half, len[h]);
-    off += len[h];
+    if (st == TD_OK && file_st == TD_OK) file_st = piece_write(p, at[h], r->staging + (size_t)h * half, len[h]);
   }
   for (int h = 0; h < 2; h++) td_wait(req[h]); /* after a failure: none left writing into staging */
+  /* the ward's range of the whole arrays, from this rank's own (equal on every rank at this commit) */
+  base = 0;
+  for (int k = 0; k < r->n_bufs; k++) {
+    size_t bytes = n * r->bufs[k].elem_bytes;
+    if (!shipped(r, k, send_whole) && st == TD_OK && file_st == TD_OK)
+      file_st = piece_write(p, base, r->bufs[k].whole + (size_t)w->lo * r->bufs[k].elem_bytes, bytes);
+    base += bytes;
+  }
   if (st == TD_OK && file_st == TD_OK) p->commit = commit;
   *file_st_out = file_st;
   return st;
@@ -451,19 +491,20 @@ static td_status receive_ward(el_replicas *r, el_ward *w, int slot, td_comm *com
 
 /* The exchange: this rank's live range to the buddy, each ward's range
  * into its rep[slot], in the global order of the senders (see the file
- * header). This rank's chunks are all handed to the progress thread at
- * once, from the live buffers (unchanged until the next step's update,
- * and waited for before returning); own, if not NULL, is written meanwhile
+ * header); the whole arrays' ranges only when send_whole. This rank's
+ * chunks are all handed to the progress thread at once, from the live
+ * buffers (unchanged until the next step's update, and waited for
+ * before returning); own, if not NULL, is written meanwhile
  * as this rank's piece of `commit`. A ward's rep[slot] becomes a piece of
  * `commit` once it is whole (after a failure, those received whole still
  * are). */
-static td_status exchange(el_replicas *r, td_comm *comm, int slot, int64_t commit, el_piece *own) {
+static td_status exchange(el_replicas *r, td_comm *comm, int slot, int64_t commit, el_piece *own, bool send_whole) {
   size_t lo, hi;
   TD_CHECK(registered_range(r, &lo, &hi));
   const size_t chunk = TD_ELASTIC_STAGING_BYTES / 2;
   size_t n_send = 0;
   for (int b = 0; b < r->n_bufs && r->buddy >= 0; b++)
-    n_send += ((hi - lo) * r->bufs[b].elem_bytes + chunk - 1) / chunk;
+    if (shipped(r, b, send_whole)) n_send += ((hi - lo) * r->bufs[b].elem_bytes + chunk - 1) / chunk;
   td_request **sends = n_send ? calloc(n_send, sizeof *sends) : NULL;
   if (n_send && !sends) return td_error(TD_ERR_SYSTEM, "elastic: out of memory for %zu replica sends", n_send);
   int me = td_comm_rank(comm), k = 0, peer = -1;
@@ -473,6 +514,7 @@ static td_status exchange(el_replicas *r, td_comm *comm, int slot, int64_t commi
     if (j == me && r->buddy >= 0) {
       peer = r->buddy;
       for (int b = 0; b < r->n_bufs && st == TD_OK; b++) {
+        if (!shipped(r, b, send_whole)) continue;
         size_t bytes = (hi - lo) * r->bufs[b].elem_bytes;
         for (size_t c = 0; c < bytes && st == TD_OK; c += chunk)
           st = td_isend(r->bufs[b].ptr + c, TD_MIN(chunk, bytes - c), TD_U8, peer, comm, &sends[issued++]);
@@ -482,7 +524,7 @@ static td_status exchange(el_replicas *r, td_comm *comm, int slot, int64_t commi
     } else if (k < r->n_wards && r->wards[k].rank == j) {
       peer = j;
       td_status ward_file_st = TD_OK;
-      st = receive_ward(r, &r->wards[k++], slot, comm, commit, &ward_file_st);
+      st = receive_ward(r, &r->wards[k++], slot, comm, commit, send_whole, &ward_file_st);
       if (file_st == TD_OK) file_st = ward_file_st;
     }
   }
@@ -524,17 +566,27 @@ static void test_slow_commit(int64_t commit) {
  * the caller's when there is none. */
 static td_status replicate(el_replicas *r, td_comm *comm, int64_t commit) {
   if (r->buddy < 0 && !r->n_wards) return snapshot(r, &r->own[0], commit);
-  td_status st = exchange(r, comm, 1, commit, &r->own[0]);
+  td_status st = exchange(r, comm, 1, commit, &r->own[0], false);
   for (int k = 0; k < r->n_wards; k++)
     if (r->wards[k].rep[1].commit == commit) swap_pieces(&r->wards[k].rep[0], &r->wards[k].rep[1]);
   return st;
 }
 
+static double thread_cpu_now(void) {
+  struct timespec ts;
+  if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return 0;
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 static void *commit_thread(void *arg) {
   el_replicas *r = arg;
   test_slow_commit(r->job_commit);
+  double c0 = thread_cpu_now();
   td_status st = replicate(r, r->rcomm, r->job_commit);
+  double cpu = thread_cpu_now() - c0;
   pthread_mutex_lock(&r->mu);
+  r->thread_cpu_s += cpu;
+  r->threads_run++;
   r->job_st = st;
   if (st != TD_OK) td_error_copy(r->job_msg, sizeof r->job_msg); /* td_last_error is per thread */
   r->done = true;
@@ -811,7 +863,7 @@ td_status el_rep_reset_holdings(el_replicas *r, td_comm *comm, int64_t commit) {
       st = td_error(st, "elastic: rank %d: telling buddy rank %d its range failed: %s", me, next.buddy,
                     td_comm_last_error(comm));
     else
-      st = exchange(&next, comm, 0, commit, NULL);
+      st = exchange(&next, comm, 0, commit, NULL, true);
   }
   r->staging_used = next.staging_used;
   if (st != TD_OK) { /* the old holdings stay for the next round */

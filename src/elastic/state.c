@@ -149,13 +149,17 @@ td_status td_elastic_create(const void *reserved, td_elastic **out) {
 
 void td_elastic_destroy(td_elastic *e) {
   if (!e) return;
+  int64_t threads_run = 0;
+  double thread_cpu = el_rep_thread_cpu_s(&e->rep, &threads_run);
   if (e->commits_here)
     td_log(TD_LOG_INFO, "elastic: process %ld: %lld commits: %.2f ms each in copies (%.2f ms of CPU), %.2f ms "
            "waiting before the optimizer for the buddy replicas' exchange to finish, %.2f ms in the join check "
-           "(waiting there for the slowest rank)", e->m.uid,
+           "(waiting there for the slowest rank); %lld commit threads: %.2f ms of CPU each in the replicas' "
+           "copies", e->m.uid,
            (long long)e->commits_here, 1e3 * e->commit_s / (double)e->commits_here,
            1e3 * e->commit_cpu_s / (double)e->commits_here, 1e3 * e->fence_s / (double)e->commits_here,
-           1e3 * e->check_s / (double)e->commits_here);
+           1e3 * e->check_s / (double)e->commits_here, (long long)threads_run,
+           threads_run ? 1e3 * thread_cpu / (double)threads_run : 0.0);
   el_rep_free(&e->rep); /* first: a commit in flight uses the shards */
   td_comm_destroy(e->comm);
   for (int i = 0; i < e->n_bufs; i++) {
@@ -227,7 +231,19 @@ td_status td_elastic_register_shard(td_elastic *e, const char *name, void *ptr, 
     return td_error(TD_ERR_INVALID_ARGUMENT, "td_elastic_register_shard: state and a name are required");
   if (strlen(name) >= sizeof e->rep.bufs[0].name)
     return td_error(TD_ERR_INVALID_ARGUMENT, "td_elastic_register_shard: name \"%.40s...\" is too long", name);
-  return el_rep_register(&e->rep, name, ptr, elem_bytes, total, lo, hi);
+  return el_rep_register(&e->rep, name, ptr, NULL, elem_bytes, total, lo, hi);
+}
+
+td_status td_elastic_register_shard_whole(td_elastic *e, const char *name, void *whole, size_t elem_bytes,
+                                          size_t total, size_t lo, size_t hi) {
+  if (!e || !name || !*name)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "td_elastic_register_shard_whole: state and a name are required");
+  if (strlen(name) >= sizeof e->rep.bufs[0].name)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "td_elastic_register_shard_whole: name \"%.40s...\" is too long", name);
+  if (!whole && total)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "td_elastic_register_shard_whole(\"%s\"): the whole array is NULL",
+                    name);
+  return el_rep_register(&e->rep, name, NULL, whole, elem_bytes, total, lo, hi);
 }
 
 td_status td_elastic_set_fallback(td_elastic *e, td_elastic_fallback_fn fn, void *ctx) {

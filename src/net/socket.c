@@ -84,6 +84,45 @@ int net_set_nodelay(int fd) {
   return setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
+/* Linux's per-socket cap on the retransmission timeout (6.15 and later; the
+ * headers may predate it). */
+#ifndef TCP_RTO_MAX_MS
+#define TCP_RTO_MAX_MS 44
+#endif
+
+/* TANDEM_TCP_RTO_MAX in whole milliseconds: 0 leaves the kernel's defaults,
+ * else 1-120 s (the kernel's range); a bad value is warned about once and
+ * the default used. */
+static int rto_max_ms(void) {
+  static _Atomic int cached = -1;
+  int ms = cached;
+  if (ms >= 0) return ms;
+  double s = td_env_double("TANDEM_TCP_RTO_MAX", NET_DEFAULT_RTO_MAX_S);
+  if (!(s == 0 || (s >= 1 && s <= 120))) {
+    TD_WARN("TANDEM_TCP_RTO_MAX must be 0 (the kernel's cap) or 1-120 seconds; using %g s", NET_DEFAULT_RTO_MAX_S);
+    s = NET_DEFAULT_RTO_MAX_S;
+  }
+  ms = (int)lround(s * 1000);
+  cached = ms;
+  return ms;
+}
+
+void net_set_retransmit_bound(int fd) {
+  /* Exponential back-off on a lossy link doubles the retransmission timeout
+   * up to 120 s: after a few seconds of heavy loss a connection waited many
+   * seconds after the link was good again (a step 23.7 s late after 4 s of
+   * 50% loss, bench/results/faults-hosts-2026-11-27-200.md). Capped, a lost
+   * segment is sent again within the cap; linear timeouts for thin streams
+   * (few segments in flight, as in a collective's small messages and the
+   * store's requests) keep the first retries at the base timeout. Both are
+   * best effort: an older kernel keeps its defaults. */
+  int ms = rto_max_ms();
+  if (ms == 0) return; /* the kernel's defaults */
+  (void)setsockopt(fd, IPPROTO_TCP, TCP_RTO_MAX_MS, &ms, sizeof ms);
+  int one = 1;
+  (void)setsockopt(fd, IPPROTO_TCP, TCP_THIN_LINEAR_TIMEOUTS, &one, sizeof one);
+}
+
 void net_set_bufsizes(int fd, int bytes) {
   if (bytes <= 0) return;
   (void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof bytes);
@@ -244,6 +283,7 @@ static int connect_once(const struct addrinfo *ai, double deadline) {
 connected:
   if (net_set_nonblocking(fd, false) != 0) goto fail;
   (void)net_set_nodelay(fd);
+  net_set_retransmit_bound(fd);
   return fd;
 fail:;
   int saved = errno;
@@ -318,6 +358,7 @@ td_status net_accept(int listen_fd, double deadline, int *fd_out) {
     int fd = accept4(listen_fd, NULL, NULL, SOCK_CLOEXEC);
     if (fd >= 0) {
       (void)net_set_nodelay(fd);
+      net_set_retransmit_bound(fd);
       *fd_out = fd;
       return TD_OK;
     }

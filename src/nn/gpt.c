@@ -699,13 +699,32 @@ td_status td_gpt_stage_create(const td_gpt_config *config, const td_gpt_stage *s
   return gpt_build(config, stage->first_layer, stage->n_layers, stage->embed != 0, stage->head != 0, out);
 }
 
-static gpt_model *as_stage(const td_model *model) {
-  return model && model->ops == &gpt_ops ? (gpt_model *)model : NULL;
+void nn_gpt_layout_of(const td_model *model, nn_gpt_layout *out) {
+  const gpt_model *g = (const gpt_model *)model;
+  *out = (nn_gpt_layout){.n_layers = g->n_layers,
+                         .has_embed = g->has_embed,
+                         .has_head = g->has_head,
+                         .idx_wte = g->has_embed || (g->has_head && g->cfg.tied) ? g->idx_wte : -1,
+                         .idx_wpe = g->has_embed ? g->idx_wpe : -1,
+                         .idx_layer0 = g->idx_layer0,
+                         .idx_lnfw = g->idx_lnfw,
+                         .idx_lnfb = g->idx_lnfb,
+                         .idx_head = g->has_head ? (g->cfg.tied ? g->idx_wte : g->idx_head) : -1};
 }
 
-const float *td_gpt_stage_output(const td_model *model) {
+const float *nn_gpt_stage_dout(const td_model *model) { return ((const gpt_model *)model)->dout_ext; }
+
+/* A GPT, on the CPU (gpt_ops) or on a device (its twin keeps this struct and
+ * replaces the ops: the device state is set). */
+static gpt_model *as_stage(const td_model *model) {
+  if (!model || !model->kind || strcmp(model->kind, "gpt") != 0) return NULL;
+  gpt_model *g = (gpt_model *)model;
+  return model->ops == &gpt_ops || g->device_state ? g : NULL;
+}
+
+const float *nn_gpt_stage_output(const td_model *model) {
   gpt_model *g = as_stage(model);
-  if (!g || !g->acts.memory) return NULL;
+  if (!g || g->device_state || !g->acts.memory) return NULL;
   if (g->n_layers == 0) return g->acts.encoded;
   /* res3 holds every block's output, with or without checkpointing */
   return g->acts.res3 + (size_t)(g->n_layers - 1) * g->acts.B * g->acts.T * (size_t)g->cfg.channels;
@@ -716,8 +735,9 @@ void td_gpt_stage_set_output_grad(td_model *model, const float *dout) {
   if (g) g->dout_ext = dout;
 }
 
-const float *td_gpt_stage_input_grad(const td_model *model) {
+const float *nn_gpt_stage_input_grad(const td_model *model) {
   gpt_model *g = as_stage(model);
+  if (g && g->device_state) return NULL;
   return g && g->acts.memory ? g->acts.dres : NULL;
 }
 

@@ -1,6 +1,7 @@
 /* Model-independent entry points: parameter init dispatch (to gpt.c and
- * cnn.c), the choice of device (td_gpt_create_on: gpt.c, then
- * cuda/gpt_cuda.c on a CUDA device), and destroy. */
+ * cnn.c), the choice of device (td_gpt_create_on, td_gpt_stage_create_on:
+ * gpt.c, then cuda/gpt_cuda.c on a CUDA device; a stage's exchanges with
+ * its neighbours from either), and destroy. */
 #include "nn_internal.h"
 
 #include <string.h>
@@ -34,6 +35,48 @@ td_status td_gpt_create_on(const td_gpt_config *config, td_device device, td_mod
 #else
   return td_error(TD_ERR_INTERNAL, "td_gpt_create_on: td_device_open accepted a CUDA device in a build without CUDA");
 #endif
+}
+
+td_status td_gpt_stage_create_on(const td_gpt_config *config, const td_gpt_stage *stage, td_device device,
+                                 td_model **out) {
+  if (!out) return td_error(TD_ERR_INVALID_ARGUMENT, "td_gpt_stage_create_on: out must not be NULL");
+  *out = NULL;
+  if (device.kind == TD_DEVICE_CPU) return td_gpt_stage_create(config, stage, out);
+  TD_CHECK(td_device_open(device)); /* "built without CUDA", "no CUDA device: ...", "cuda:N asked, M visible" */
+#ifdef TD_HAVE_CUDA
+  td_model *model = NULL;
+  TD_CHECK(td_gpt_stage_create(config, stage, &model));
+  td_status st = nn_gpt_cuda_attach(model, device);
+  if (st != TD_OK) {
+    td_model_destroy(model); /* still the CPU stage: attach changes nothing on failure */
+    return st;
+  }
+  *out = model;
+  return TD_OK;
+#else
+  return td_error(TD_ERR_INTERNAL, "td_gpt_stage_create_on: td_device_open accepted a CUDA device in a build without "
+                                   "CUDA");
+#endif
+}
+
+/* A stage's exchanges with its neighbours: the CPU stage's buffers
+ * (gpt.c), or the pinned host copies of a device stage (gpt_cuda.c). */
+static int on_device_gpt(const td_model *model) {
+  return model && model->kind && !strcmp(model->kind, "gpt") && model->device.kind != TD_DEVICE_CPU;
+}
+
+const float *td_gpt_stage_output(const td_model *model) {
+#ifdef TD_HAVE_CUDA
+  if (on_device_gpt(model)) return nn_gpt_cuda_stage_output(model);
+#endif
+  return on_device_gpt(model) ? NULL : nn_gpt_stage_output(model);
+}
+
+const float *td_gpt_stage_input_grad(const td_model *model) {
+#ifdef TD_HAVE_CUDA
+  if (on_device_gpt(model)) return nn_gpt_cuda_stage_input_grad(model);
+#endif
+  return on_device_gpt(model) ? NULL : nn_gpt_stage_input_grad(model);
 }
 
 td_status td_gpt_set_device_dtype(td_model *model, td_dtype dtype) {

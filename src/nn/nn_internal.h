@@ -367,7 +367,27 @@ void nn_attention_backward_blas(float *dinp /* (B, T, 3C) */, float beta, float 
 const td_gpt_config *nn_gpt_config(const td_model *model);
 void **nn_gpt_device_state(td_model *model);
 void nn_gpt_free_host(td_model *model);
+/* Where a GPT's (or a pipeline stage's, td_gpt_stage_create) tensors are in
+ * its table, for the device twin: blocks idx_layer0 + l * 12 + which for its
+ * n_layers blocks (l local); -1 for what the stage does not hold. idx_head is
+ * the head's weight: wte's index when tied. A stage without the head has
+ * idx_lnfw = idx_lnfb = n_tensors (the table's end sentinel). */
+typedef struct nn_gpt_layout {
+  int n_layers, has_embed, has_head;
+  int idx_wte, idx_wpe, idx_layer0, idx_lnfw, idx_lnfb, idx_head;
+} nn_gpt_layout;
+void nn_gpt_layout_of(const td_model *model, nn_gpt_layout *out);
+/* td_gpt_stage_set_output_grad's pointer (NULL: none set) */
+const float *nn_gpt_stage_dout(const td_model *model);
+/* td_gpt_stage_output / td_gpt_stage_input_grad of a CPU stage (model.c
+ * dispatches; NULL for a device stage) */
+const float *nn_gpt_stage_output(const td_model *model);
+const float *nn_gpt_stage_input_grad(const td_model *model);
 #ifdef TD_HAVE_CUDA
+/* td_gpt_stage_output / td_gpt_stage_input_grad of a stage on a device: host
+ * (pinned) copies made by its forward / backward */
+const float *nn_gpt_cuda_stage_output(const td_model *model);
+const float *nn_gpt_cuda_stage_input_grad(const td_model *model);
 /* src/nn/cuda/gpt_cuda.c: turn a CPU GPT from td_gpt_create into its twin
  * on CUDA device dev (already opened); on failure the model is unchanged. */
 td_status nn_gpt_cuda_attach(td_model *model, td_device dev);

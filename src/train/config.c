@@ -85,11 +85,14 @@ static td_status pipeline_parallel_check(td_train_config *cfg) {
     what = "ZeRO offload";
   else if (cfg->elasticity.enabled || cfg->deterministic_reduction == 1)
     what = "elastic training or deterministic reduction";
-  else if (cfg->device[0] && strcmp(cfg->device, "cpu") != 0) what = "a device other than the CPU";
+  /* on a GPU the stages are f32 (their activations cross as f32 host copies) */
+  else if (cfg->device[0] && strcmp(cfg->device, "cpu") != 0 && cfg->precision.compute != TD_F32)
+    what = "a GPU in bf16 or fp16 (train in fp32 there)";
   if (what)
     return td_error(TD_ERR_INVALID_ARGUMENT,
                     "pipeline_model_parallel_size %d with %s is not built yet: drop one of them "
-                    "(pipelines train on the CPU in fp32, bf16 or fp16 with ZeRO stage 0, 1 or 2)", pp, what);
+                    "(pipelines train on the CPU in fp32, bf16 or fp16, on a GPU in fp32, with ZeRO stage 0, 1 or 2)",
+                    pp, what);
   return TD_OK;
 }
 
@@ -113,7 +116,9 @@ static td_status tensor_parallel_check(td_train_config *cfg) {
   else if (cfg->offload.optimizer_device != TD_OFFLOAD_NONE || cfg->offload.param_device != TD_OFFLOAD_NONE)
     what = "ZeRO offload";
   else if (cfg->elasticity.enabled) what = "elastic training";
-  else if (cfg->device[0] && strcmp(cfg->device, "cpu") != 0) what = "a device other than the CPU";
+  else if (cfg->device[0] && strcmp(cfg->device, "cpu") != 0)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "tensor_model_parallel_size %d on device %s: tensor parallelism trains "
+                    "on the CPU engine only; use --device cpu (pipeline parallelism trains on a GPU)", tp, cfg->device);
   if (what)
     return td_error(TD_ERR_INVALID_ARGUMENT,
                     "tensor_model_parallel_size %d with %s is not built yet: drop one of them "

@@ -221,9 +221,8 @@ static td_status trainer_create(const td_train_config *cfg_in, td_model *model, 
       what = "deterministic reduction and elastic training (remove deterministic_reduction and elasticity)";
     else if (t->cfg.offload.optimizer_device != TD_OFFLOAD_NONE || t->cfg.offload.param_device != TD_OFFLOAD_NONE)
       what = "offload (remove offload_optimizer / offload_param)";
-    /* checkpoints: saved and loaded by the whole grid (td_trainer_set_grid; refused without it) */
-    else if (model->device.kind != TD_DEVICE_CPU)
-      what = "a GPU (train on the CPU)";
+    /* checkpoints: saved and loaded by the whole grid (td_trainer_set_grid; refused without it); on a
+     * device the stages are f32 (device_refusals: bf16 needs set_device_dtype, which a pipeline has not) */
     if (what) {
       st = td_error(TD_ERR_INVALID_USAGE, "rank %d: pipeline parallelism does not support %s yet", t->rank, what);
       goto fail;
@@ -780,6 +779,9 @@ static td_status step_finish(td_trainer *t, td_step_stats *stats, double loss, d
     } else if (t->devops) { /* every rank holds the whole averaged gradient (stage 0) */
       TD_CHECK(t->devops->sum_squares(t->device, t->dev_scratch, td_trainer_model_grads(t), t->model_dtype,
                                       t->n_params, &norm));
+      /* a model split across ranks (a pipeline stage): the whole model's */
+      if (t->model->ops->grad_norm_sq)
+        TD_CHECK(t->model->ops->grad_norm_sq(t->model, td_trainer_model_grads(t), 0, t->n_params, &norm));
       norm = sqrt(norm);
     } else {
       TD_CHECK(zero_grad_norm(t, &norm)); /* a model split across ranks: the whole model's (zero/shard.c) */

@@ -10,6 +10,12 @@
 #                        tandemrun is killed with -9, and after tandemrun
 #                        stops the other ranks of a failed job, no process
 #                        of the job is left on the remote host
+#   remote.sh B share    one ssh connection per host (ssh connection
+#                        sharing): 4 ranks on host a cost sshd one accepted
+#                        connection (4 with TANDEM_SSH_SHARE=0); a rank
+#                        killed on the shared connection is reported as
+#                        before while the others run on; the master goes
+#                        with the job (no ssh left, its directory removed)
 #
 # Needs root (namespaces, sshd); everything is removed on exit, also after a
 # failure.
@@ -91,5 +97,46 @@ orphan)
   wait_children 0 10 || fail "rank 1 still runs on host a 10 s after tandemrun stopped it: $(children_on_a)"
   echo "PASS(remote orphan): remote ranks gone $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }') s after kill -9 of tandemrun, and after tandemrun stopped them"
   ;;
-*) fail "unknown case (status, orphan)" ;;
+share)
+  accepted() { grep -c "Accepted publickey" "$SSHHOSTS_DIR/sshd_a.log"; }
+  masters() { pgrep -f "ssh .*-M -N -o ControlPersist=no -o ControlPath=$1" | wc -l; }
+  dirs_before=$(ls -d /tmp/tandemrun-ssh-* 2>/dev/null | sort)
+  # 1. Shared: 4 ranks, one connection. Rank 3 exits 5 after 1 s: the job
+  # ends with its code, the others stopped through their sessions.
+  n0=$(accepted)
+  netns_run l "$RUN" -np 4 --grace 0.5 -H 10.77.16.1:4 "$CHILD" --fail 3:exit:5:1 --sleep 60 >"$tmp/out" 2>"$tmp/err"
+  rc=$?
+  [ $rc = 5 ] || fail "tandemrun exited $rc, expected rank 3's 5"
+  grep -Eq 'rank 3 \(pid [0-9]+, host 10\.77\.16\.1\) exited with code 5; stopped the other 3 ranks$' "$tmp/err" ||
+    fail "no line naming rank 3's exit 5"
+  shared=$(( $(accepted) - n0 ))
+  [ "$shared" = 1 ] || fail "4 ranks on one host took $shared ssh connections, expected 1 (shared)"
+  wait_children 0 10 || fail "ranks left on host a after the job: $(children_on_a)"
+  # 2. Off: one connection per rank, as before.
+  n0=$(accepted)
+  TANDEM_SSH_SHARE=0 netns_run l "$RUN" -np 4 -H 10.77.16.1:4 "$CHILD" --exit 0 >"$tmp/out" 2>"$tmp/err"
+  rc=$?
+  [ $rc = 0 ] || fail "TANDEM_SSH_SHARE=0: tandemrun exited $rc"
+  own=$(( $(accepted) - n0 ))
+  [ "$own" = 4 ] || fail "TANDEM_SSH_SHARE=0: 4 ranks took $own ssh connections, expected 4"
+  # 3. The master is killed under a running job (its connection lost): the
+  # ranks' sessions end with ssh's 255 and the job names the lost rank.
+  netns_spawn l "$RUN" -np 2 -H 10.77.16.1:2 "$CHILD" --sleep 60 >"$tmp/out" 2>"$tmp/err"
+  launcher=$NETNS_PID
+  wait_children 2 20 || fail "the 2 shared ranks did not start on host a"
+  master=$(pgrep -f "ssh .*-M -N -o ControlPersist=no -o ControlPath=/tmp/tandemrun-ssh-" | head -1)
+  [ -n "$master" ] || fail "no ssh master connection runs while 2 ranks run on host a"
+  kill -9 "$master"
+  for _ in $(seq 1 200); do kill -0 "$launcher" 2>/dev/null || break; sleep 0.05; done
+  kill -0 "$launcher" 2>/dev/null && fail "tandemrun still runs 10 s after its ssh master connection was killed"
+  wait "$launcher"
+  rc=$?
+  [ $rc = 255 ] || fail "tandemrun exited $rc after its master connection was lost, expected ssh's 255"
+  grep -q "ssh could not reach the host or lost the connection to it" "$tmp/err" || fail "the lost connection is not named"
+  wait_children 0 10 || fail "ranks left on host a after the connection was lost: $(children_on_a)"
+  [ "$(masters /tmp/tandemrun-ssh-)" = 0 ] || fail "ssh master connections left after the jobs"
+  [ "$(ls -d /tmp/tandemrun-ssh-* 2>/dev/null | sort)" = "$dirs_before" ] || fail "tandemrun left its ssh control directory"
+  echo "PASS(remote share): 4 ranks on one host: $shared ssh connection shared, $own without sharing; a lost master ends the job with 255, nothing left"
+  ;;
+*) fail "unknown case (status, orphan, share)" ;;
 esac

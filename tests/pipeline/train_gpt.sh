@@ -3,16 +3,25 @@
 # interleaved) equals one rank's with the same global batch to the printed
 # digits (the library tests compare every bit), each rank reports its
 # stage's time, and layouts that cannot work exit 2 saying what would.
-#   train_gpt.sh BUILD_TREE
+# With DEV (cuda, cuda:0): both runs on that device (the 2 ranks share it:
+# their stages' activations cross through pinned host memory), and the
+# CPU-only refusals: tensor parallelism on a device, a device pipeline in bf16.
+#   train_gpt.sh BUILD_TREE [DEV]
 set -u
 B=$1
+DEV=${2:-cpu}
 fail() { echo "train_gpt.sh: FAIL: $*"; exit 1; }
 export TANDEM_PROGRESS=off
 args="--layers 4 --channels 32 --heads 2 --seq 16 --micro-batch 2 --grad-accum 4 --steps 3 --sample 0 --threads 1"
+schedules="1f1b interleaved"
+# the emulator runs a device's kernels on the CPU, ~30x slower: 2 layers, 1F1B (the library test covers interleaved)
+[ "$DEV" = cpu ] ||
+  args="--layers 2 --channels 32 --heads 2 --seq 16 --micro-batch 2 --grad-accum 2 --steps 2 --sample 0 --threads 1
+        --device $DEV" schedules=1f1b
 one=$("$B/bin/tandemrun" -np 1 "$B/bin/train-gpt" $args 2>&1) || fail "one rank: $one"
 loss1=$(grep -o "final_loss=[^ ]*" <<<"$one")
 [ -n "$loss1" ] || fail "no final_loss in: $one"
-for sched in "1f1b" "interleaved"; do
+for sched in $schedules; do
   pp=$("$B/bin/tandemrun" -np 2 "$B/bin/train-gpt" $args --pipeline-parallel 2 --pipeline-schedule $sched 2>&1) ||
     fail "PP=2 $sched: $pp"
   echo "$pp" | grep -E "final_loss|pipeline rank"
@@ -30,4 +39,7 @@ refuse "does not divide the world of 3" 3 --pipeline-parallel 2 --steps 1
 refuse "must be a multiple of 2" 2 --pipeline-parallel 2 --pipeline-schedule interleaved --grad-accum 3 --steps 1
 refuse "--layers 2 or more" 2 --pipeline-parallel 2 --layers 1 --steps 1
 refuse "ZeRO stage 3" 2 --pipeline-parallel 2 --zero-stage 3 --steps 1
-echo "train_gpt.sh: ok ($loss1 on one rank and PP=2)"
+# refused by the config in any build, before a device is opened
+refuse "tensor parallelism trains on the CPU engine only; use --device cpu" 2 --tensor-parallel 2 --device cuda --steps 1
+refuse "on a GPU in fp32" 2 --pipeline-parallel 2 --device cuda --bf16 --steps 1
+echo "train_gpt.sh: ok ($loss1 on one rank and PP=2, on $DEV)"

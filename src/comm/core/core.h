@@ -147,6 +147,23 @@ typedef struct transport_vtbl {
   /* Optional (NULL: none). The peers this transport found silent when it
    * failed the communicator (td_comm_silent_ranks). Any thread. */
   int (*silent_peers)(transport *t, int *ranks, int max);
+  /* Optional, all four or none (NULL: the progress thread sleeps on a
+   * condition variable that only this rank's threads signal). The progress
+   * thread's doorbell, which peers ring too: a sender whose point-to-point
+   * frame stalls on a full buffer to a rank that has posted no receive for
+   * it rings that rank's bell as `stalled`, so that its idle progress thread
+   * takes the frame into memory of its own and the send completes while
+   * the receiver computes (MPI's unexpected messages; p2p/p2p.c).
+   * bell_read: the bell's value, and in *stalled whether a peer rang as a
+   * stalled sender since the last take_stalled. bell_sleep: until the value
+   * differs from seen, or timeout_s; never spins. bell_ring: ring rank's
+   * bell (this rank's own: a thread queued work). take_stalled: the peers
+   * that rang as stalled senders (up to max, clearing them; a superset is
+   * allowed), returns how many. */
+  uint32_t (*bell_read)(transport *t, bool *stalled);
+  void (*bell_sleep)(transport *t, uint32_t seen, double timeout_s);
+  void (*bell_ring)(transport *t, int rank, bool stalled);
+  int (*take_stalled)(transport *t, int *peers, int max);
 } transport_vtbl;
 
 struct transport {
@@ -188,6 +205,7 @@ typedef struct comm_tunables {
   size_t ring_chunk_bytes;   /* TANDEM_RING_CHUNK_BYTES */
   size_t bcast_chunk_bytes;  /* TANDEM_BCAST_CHUNK_BYTES (broadcast and reduce trees) */
   size_t shm_fifo_bytes;     /* TANDEM_SHM_FIFO_BYTES */
+  size_t p2p_unexpected_bytes; /* TANDEM_P2P_UNEXPECTED_BYTES (p2p/p2p.c; 0: none taken) */
   size_t shm_slot_bytes;     /* TANDEM_SHM_SLOT_BYTES */
   size_t shm_chunk_bytes;    /* TANDEM_SHM_CHUNK_BYTES */
   size_t tcp_buffer_bytes;   /* TANDEM_TCP_BUFFER_BYTES (0: kernel autotuning) */

@@ -134,6 +134,7 @@ td_status comm_tunables_read(const td_comm_config *config, comm_tunables *t) {
   TD_CHECK(read_bytes("TANDEM_RING_CHUNK_BYTES", 1, &t->ring_chunk_bytes));
   TD_CHECK(read_bytes("TANDEM_BCAST_CHUNK_BYTES", 1, &t->bcast_chunk_bytes));
   TD_CHECK(read_bytes("TANDEM_SHM_FIFO_BYTES", 1, &t->shm_fifo_bytes));
+  TD_CHECK(read_bytes("TANDEM_P2P_UNEXPECTED_BYTES", 0, &t->p2p_unexpected_bytes));
   TD_CHECK(read_bytes("TANDEM_SHM_SLOT_BYTES", 1, &t->shm_slot_bytes));
   TD_CHECK(read_bytes("TANDEM_SHM_CHUNK_BYTES", 1, &t->shm_chunk_bytes));
   TD_CHECK(read_bytes("TANDEM_TCP_BUFFER_BYTES", 0, &t->tcp_buffer_bytes));

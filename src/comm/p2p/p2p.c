@@ -324,12 +324,18 @@ static td_status run_xfers(td_comm *comm, const comm_op *op, const comm_op *cons
   }
 
   double next_stuck_check = td_now() + P2P_STUCK_CHECK_S;
+  bool rang = false; /* a td_send stalled on a full buffer rang its receiver (see p2p_stream_run) */
   while (n_left > 0) {
     bool moved = false;
     for (int i = 0; i < n_sends; i++) {
       if (ss[i].done || blocked_by_earlier(sends, ss, i)) continue;
       TD_CHECK_GOTO(step_send(comm, &sends[i], &ss[i], &moved), st, out_peers);
       if (ss[i].done) n_left--;
+      else if (op->kind == COMM_SEND && !rang && !ss[i].frame_bytes && ss[i].hdr_done == sizeof(comm_hdr) &&
+               comm->xport->vtbl->bell_ring) {
+        comm->xport->vtbl->bell_ring(comm->xport, sends[i].peer, true);
+        rang = true;
+      }
     }
     for (int i = 0; i < n_recvs; i++) {
       if (rs[i].done || blocked_by_earlier(recvs, rs, i)) continue;
@@ -409,11 +415,37 @@ td_status p2p_run(td_comm *comm, const comm_op *op, const p2p_xfer *sends, int n
 #define P2P_STREAM_FIRST 64
 #define P2P_STREAM_SLICE_S 0.002
 
+/* ---- unexpected frames ----
+ * A send frame larger than the transport's buffer moves only while its
+ * receiver reads it. So that such a send completes while the receiver
+ * computes, whether or not it has posted the receive yet (a pipeline stage
+ * posts it only when it needs the data), the receiver's idle progress
+ * thread takes the frame into a buffer of its own when the sender rings it
+ * as stalled (transport_vtbl.bell_*, shm only): an "unexpected" entry of
+ * the set, which reads the frame like a receive. A receive that joins the
+ * set later takes the oldest unexpected frame from its peer: a finished one
+ * is copied out; one still arriving is taken over (its bytes so far copied,
+ * the rest read straight into the receive's buffer). Headers are checked
+ * against the receive when it joins, as they are for a receive that reads
+ * the frame itself. At most TANDEM_P2P_UNEXPECTED_BYTES
+ * (P2P_UNEXPECTED_DEFAULT) are held per communicator; a frame beyond that
+ * waits in the transport for its receive, as before (MPI's eager/rendezvous
+ * split). */
+#define P2P_UNEXPECTED_DEFAULT ((size_t)64 << 20)
+
+typedef struct unexpected_frame {
+  struct unexpected_frame *next; /* arrival order */
+  comm_hdr hdr;
+  void *buf;
+} unexpected_frame;
+
 typedef struct stream_entry {
   comm_op op;
   void *tag;
   p2p_xfer x;
   xfer_state s;
+  unexpected_frame *unx; /* non-NULL: a frame nobody asked for yet, read into x.buf = unx->buf */
+  bool rang;       /* send: the receiver was rung as this frame stalled */
 } stream_entry;
 
 struct p2p_stream {
@@ -422,6 +454,8 @@ struct p2p_stream {
   comm_op *pulled; /* cap each: scratch for pull() */
   void **tags;
   int *wait_peers; /* 2 * cap */
+  unexpected_frame *unx_head, *unx_tail; /* unexpected frames fully read */
+  size_t unx_bytes;                      /* held by those and by unexpected entries */
 };
 
 td_status p2p_stream_create(p2p_stream **out) {
@@ -433,6 +467,12 @@ td_status p2p_stream_create(p2p_stream **out) {
 
 void p2p_stream_destroy(p2p_stream *s) {
   if (!s) return;
+  while (s->unx_head) {
+    unexpected_frame *u = s->unx_head;
+    s->unx_head = u->next;
+    free(u->buf);
+    free(u);
+  }
   free(s->e);
   free(s->pulled);
   free(s->tags);
@@ -441,6 +481,7 @@ void p2p_stream_destroy(p2p_stream *s) {
 }
 
 int p2p_stream_pending(const p2p_stream *s) { return s ? s->n : 0; }
+bool p2p_stream_holds_unexpected(const p2p_stream *s) { return s && (s->unx_head || s->unx_bytes); }
 
 /* Room for cap operations: a set only grows, so that operations queued by a
  * rank that posts many before it waits never queue behind a full set. */
@@ -460,8 +501,127 @@ static bool stream_grow(p2p_stream *s, int cap) {
 }
 
 void p2p_stream_fail(p2p_stream *s, p2p_stream_done_fn done, void *ctx, td_status status) {
-  for (int i = 0; s && i < s->n; i++) done(ctx, s->e[i].tag, status);
+  for (int i = 0; s && i < s->n; i++) {
+    if (s->e[i].unx) {
+      free(s->e[i].unx->buf);
+      free(s->e[i].unx);
+      s->unx_bytes -= s->e[i].x.bytes;
+    } else {
+      done(ctx, s->e[i].tag, status);
+    }
+  }
   if (s) s->n = 0;
+}
+
+/* A receive (e) joining the set takes the oldest unexpected frame from its
+ * peer, if any: *taken says so; a finished frame completes it here (*done_now),
+ * one still arriving is taken over by its entry (slot j), e is dropped. */
+static td_status match_unexpected(td_comm *comm, p2p_stream *s, stream_entry *e, bool *taken, bool *done_now) {
+  *taken = *done_now = false;
+  unexpected_frame *prev = NULL, *u = s->unx_head;
+  while (u && u->hdr.src_rank != e->x.peer) prev = u, u = u->next;
+  if (u) {
+    TD_CHECK(check_header(comm, &e->op, e->x.peer, e->x.bytes, &u->hdr));
+    if (e->x.bytes) memcpy(e->x.buf, u->buf, e->x.bytes);
+    if (prev) prev->next = u->next;
+    else s->unx_head = u->next;
+    if (s->unx_tail == u) s->unx_tail = prev;
+    s->unx_bytes -= e->x.bytes;
+    free(u->buf);
+    free(u);
+    *taken = *done_now = true;
+    return TD_OK;
+  }
+  for (int j = 0; j < s->n; j++) {
+    stream_entry *a = &s->e[j];
+    if (!a->unx || a->x.peer != e->x.peer) continue;
+    TD_CHECK(check_header(comm, &e->op, e->x.peer, e->x.bytes, &a->s.u.hdr));
+    if (a->s.data_done) memcpy(e->x.buf, a->x.buf, a->s.data_done);
+    free(a->unx->buf);
+    free(a->unx);
+    a->unx = NULL;
+    s->unx_bytes -= a->x.bytes;
+    a->op = e->op;
+    a->tag = e->tag;
+    a->x.buf = e->x.buf;
+    *taken = true;
+    return TD_OK;
+  }
+  return TD_OK;
+}
+
+/* An unexpected entry that is fully read moves to the list of finished
+ * frames. */
+static void keep_unexpected(p2p_stream *s, stream_entry *a) {
+  unexpected_frame *u = a->unx;
+  u->next = NULL;
+  u->hdr = a->s.u.hdr;
+  if (s->unx_tail) s->unx_tail->next = u;
+  else s->unx_head = u;
+  s->unx_tail = u;
+}
+
+td_status p2p_stream_take_unexpected(td_comm *comm, p2p_stream *s) {
+  transport *t = comm->xport;
+  if (!t || !t->vtbl->take_stalled || !t->vtbl->try_peek || comm->size < 2) return TD_OK;
+  int *peers = malloc((size_t)comm->size * sizeof *peers);
+  if (!peers) return comm_fail(comm, TD_ERR_SYSTEM, "rank %d: out of memory for %d peers", comm->rank, comm->size);
+  int k = t->vtbl->take_stalled(t, peers, comm->size);
+  size_t cap = comm->tun.p2p_unexpected_bytes == COMM_TUN_UNSET ? P2P_UNEXPECTED_DEFAULT : comm->tun.p2p_unexpected_bytes;
+  td_status st = TD_OK;
+  for (int i = 0; i < k && st == TD_OK; i++) {
+    int p = peers[i];
+    /* Only at a frame boundary that no entry reads from: a receive or an
+     * unexpected entry from p already in the set has (or will have) it. */
+    bool busy = false;
+    for (int j = 0; j < s->n && !busy; j++) busy = s->e[j].op.kind == COMM_RECV && s->e[j].x.peer == p;
+    if (busy) continue;
+    for (;;) { /* every frame waiting, while they fit */
+      comm_hdr h;
+      size_t got = 0;
+      if ((st = t->vtbl->try_peek(t, p, &h, sizeof h, &got)) != TD_OK) break;
+      if (got < sizeof h || h.magic != COMM_HDR_MAGIC || h.kind != COMM_SEND || h.src_rank != p || h.nbytes == 0 ||
+          s->unx_bytes > cap || h.nbytes > cap - s->unx_bytes)
+        break;
+      if (s->n == s->cap && !stream_grow(s, s->cap ? 2 * s->cap : P2P_STREAM_FIRST)) {
+        st = comm_fail(comm, TD_ERR_SYSTEM, "out of memory for the point-to-point stream");
+        break;
+      }
+      unexpected_frame *u = malloc(sizeof *u);
+      void *buf = malloc(h.nbytes);
+      if (!u || !buf) { /* left in the transport for its receive */
+        free(u);
+        free(buf);
+        break;
+      }
+      u->buf = buf;
+      size_t moved = 0;
+      if ((st = t->vtbl->try_recv(t, p, &h, sizeof h, &moved)) != TD_OK || moved != sizeof h) {
+        free(buf);
+        free(u);
+        if (st == TD_OK) /* try_recv returns what try_peek saw */
+          st = comm_fail(comm, TD_ERR_INTERNAL, "rank %d: a peeked frame header from rank %d was not there", comm->rank, p);
+        break;
+      }
+      stream_entry *a = &s->e[s->n++];
+      memset(a, 0, sizeof *a);
+      a->op.kind = COMM_RECV;
+      a->op.peer = p;
+      a->op.deadline = td_now() + comm->timeout_s; /* the sender is in the middle of it */
+      a->x = (p2p_xfer){p, buf, (size_t)h.nbytes};
+      a->s.u.hdr = h;
+      a->s.hdr_done = sizeof h;
+      a->unx = u;
+      s->unx_bytes += a->x.bytes;
+      bool moved_any = false;
+      if ((st = step_recv(comm, &a->op, &a->x, &a->s, &moved_any)) != TD_OK) break;
+      if (!a->s.done) break; /* the rest comes on the stream */
+      keep_unexpected(s, a);
+      s->n--;
+    }
+  }
+  free(peers);
+  return st;
 }
 
 static bool stream_blocked(const stream_entry *e, int i) {
@@ -488,7 +648,7 @@ td_status p2p_stream_run(td_comm *comm, p2p_stream *set, p2p_stream_pull_fn pull
 
   for (;;) {
     /* Join newly queued operations, growing the set when it is full. */
-    bool joined = false;
+    bool joined = false, completed = false;
     if (set->n == set->cap && !stream_grow(set, 2 * set->cap)) {
       st = comm_fail(comm, TD_ERR_SYSTEM, "out of memory for %d point-to-point operations", 2 * set->cap);
       goto fail_all;
@@ -502,14 +662,23 @@ td_status p2p_stream_run(td_comm *comm, p2p_stream *set, p2p_stream_pull_fn pull
       ne->x.peer = ne->op.peer;
       ne->x.bytes = comm_op_bytes(&ne->op);
       ne->x.buf = ne->op.kind == COMM_SEND ? (void *)ne->op.send : ne->op.recv;
+      ne->unx = NULL;
+      ne->rang = false;
+      joined = true;
       if (ne->op.kind == COMM_SEND) {
         comm_hdr_fill(&ne->s.u.hdr, &ne->op, comm->rank, ne->x.bytes);
         if (ne->x.bytes <= P2P_PACK_MAX) {
           if (ne->x.bytes) memcpy(ne->s.u.packed + sizeof(comm_hdr), ne->x.buf, ne->x.bytes);
           ne->s.frame_bytes = sizeof(comm_hdr) + ne->x.bytes;
         }
+        continue;
       }
-      joined = true;
+      if (!set->unx_head && set->unx_bytes == 0) continue; /* nothing unexpected held */
+      bool taken, done_now;
+      st = match_unexpected(comm, set, ne, &taken, &done_now);
+      if (st != TD_OK) goto fail_all;
+      if (done_now) done(ctx, ne->tag, TD_OK), completed = true;
+      if (taken) set->n--; /* completed, or its unexpected entry reads the rest */
     }
     if (set->n == 0) break;
     st = comm_status(comm);
@@ -525,6 +694,13 @@ td_status p2p_stream_run(td_comm *comm, p2p_stream *set, p2p_stream_pull_fn pull
       else
         st = step_recv(comm, &e[i].op, &e[i].x, &e[i].s, &moved);
       if (st != TD_OK) goto fail_all;
+      /* A frame stalled on a full buffer after its header went in: ring the
+       * receiver, whose idle progress thread may take it (once per frame). */
+      if (e[i].op.kind == COMM_SEND && !e[i].s.done && !e[i].rang && !e[i].s.frame_bytes &&
+          e[i].s.hdr_done == sizeof(comm_hdr) && comm->xport->vtbl->bell_ring) {
+        comm->xport->vtbl->bell_ring(comm->xport, e[i].op.peer, true);
+        e[i].rang = true;
+      }
     }
     /* Complete finished operations, keeping the rest in issue order; first
      * let the transport say whether they only completed from data sent
@@ -537,13 +713,17 @@ td_status p2p_stream_run(td_comm *comm, p2p_stream *set, p2p_stream_pull_fn pull
     }
     int kept = 0;
     for (int i = 0; i < n; i++) {
-      if (e[i].s.done)
-        done(ctx, e[i].tag, TD_OK);
-      else
+      if (!e[i].s.done)
         e[kept++] = e[i];
+      else if (e[i].unx)
+        keep_unexpected(set, &e[i]);
+      else
+        done(ctx, e[i].tag, TD_OK);
     }
     set->n = n = kept;
-    if (any_done && stop && stop(ctx)) return TD_OK; /* the rest stays in the set */
+    /* (a receive completed from an unexpected frame as it joined counts: a
+     * waiter that stayed for the rest of the set could deadlock, see above) */
+    if ((any_done || completed) && stop && stop(ctx)) return TD_OK; /* the rest stays in the set */
     if (moved || joined || n == 0) continue;
 
     /* Nothing moved: check deadlines, then sleep briefly on the peers. */

@@ -44,6 +44,17 @@ void p2p_stream_destroy(p2p_stream *set); /* the set must be empty (p2p_stream_f
 int p2p_stream_pending(const p2p_stream *set); /* operations in the set, not yet done */
 td_status p2p_stream_run(td_comm *comm, p2p_stream *set, p2p_stream_pull_fn pull, p2p_stream_done_fn done,
                          p2p_stream_stop_fn stop, void *ctx);
+/* Take the point-to-point frames that peers could not finish sending
+ * (they rang this rank as stalled senders, transport_vtbl.bell_ring) into
+ * the set as unexpected frames that no receive has asked for yet; a receive
+ * that joins the set later takes them (p2p.c). Call on the thread that
+ * runs the set, while no other thread reads the transport; afterwards
+ * p2p_stream_pending says whether frames are still arriving (run the set
+ * to finish them). */
+td_status p2p_stream_take_unexpected(td_comm *comm, p2p_stream *set);
+/* The set holds unexpected frames: a send/recv must then run through the
+ * set (a receive that read the transport itself would miss them). */
+bool p2p_stream_holds_unexpected(const p2p_stream *set);
 /* Complete every operation left in the set with status (a communicator
  * destroyed while they were in flight). */
 void p2p_stream_fail(p2p_stream *set, p2p_stream_done_fn done, void *ctx, td_status status);

@@ -8,6 +8,12 @@
  * one set (p2p_stream) that outlives each run: a waiter leaves it as soon
  * as its own operation is done and the progress thread finishes the rest.
  *
+ * Where the transport has a doorbell that peers can ring (shm), the idle
+ * thread sleeps on it rather than on its condition variable: a peer whose
+ * send stalls on a full buffer to this rank rings it, and the thread takes
+ * that frame before any receive for it is posted (idle_wait), so that the
+ * peer's send completes while this rank's threads compute.
+ *
  * Requests complete through a futex word, so that waiting on a completed one
  * needs nothing from the communicator (a request may even outlive it):
  *   REQ_PENDING -> REQ_WAITED (a waiter is asleep) -> REQ_DONE.
@@ -46,6 +52,8 @@ struct comm_request_queue {
   p2p_stream *stream;     /* send/recv operations taken off the queue, not done yet */
   bool stream_open;       /* the stream holds operations (set by whoever ran it last) */
   bool executing;         /* an operation runs (inline or on the thread) */
+  bool bell_sleeping;     /* the thread sleeps on the transport's bell (wake_thread) */
+  bool exec_waiter;       /* the thread waits on work_cv for `executing` to clear */
   bool stop;
   bool thread_started;
   bool spin;
@@ -125,6 +133,20 @@ static bool stream_stop(void *arg) {
 /* Pending work: queued operations, or send/recv operations in the stream. */
 static bool has_work(const comm_request_queue *q) { return q->head || q->stream_open; }
 
+/* Wake the progress thread for queued work (q->mu held): it sleeps on
+ * work_cv, or, where the transport has a doorbell that peers ring
+ * (transport_vtbl.bell_*), on that. */
+static void wake_thread(td_comm *comm, comm_request_queue *q) {
+  pthread_cond_signal(&q->work_cv);
+  if (q->bell_sleeping) comm->xport->vtbl->bell_ring(comm->xport, comm->rank, false);
+}
+
+/* After an operation ran (q->mu held): the thread may wait for that. */
+static void done_executing(comm_request_queue *q) {
+  q->executing = false;
+  if (q->exec_waiter) pthread_cond_signal(&q->work_cv);
+}
+
 /* Run what is next: the send/recv stream while it holds operations (it
  * takes the send/recv operations at the head of the queue too), else the
  * collective at the head. `mine`: the request of a waiting thread that runs
@@ -148,7 +170,46 @@ static void run_head(td_comm *comm, comm_request_queue *q, const td_request *min
     request_complete(req, run_op(comm, &req->op));
     pthread_mutex_lock(&q->mu);
   }
-  q->executing = false;
+  done_executing(q);
+}
+
+/* Idle, on a transport with a doorbell: take the frames that peers could
+ * not finish sending to this rank (p2p_stream_take_unexpected), so that
+ * their sends complete while this rank's threads compute; frames still
+ * arriving keep the stream open, which the thread then runs. Called with
+ * q->mu held and nothing executing; returns with it held. */
+static void take_unexpected(td_comm *comm, comm_request_queue *q) {
+  q->executing = true;
+  pthread_mutex_unlock(&q->mu);
+  (void)p2p_stream_take_unexpected(comm, q->stream); /* a failure is the communicator's, sticky */
+  bool open = p2p_stream_pending(q->stream) > 0;
+  pthread_mutex_lock(&q->mu);
+  q->stream_open = q->stream_open || open;
+  done_executing(q);
+}
+
+/* Sleep until there is work (q->mu held): on the transport's doorbell
+ * where it has one, so that a peer's stalled send wakes this thread too. */
+static void idle_wait(td_comm *comm, comm_request_queue *q) {
+  transport *x = comm->xport;
+  if (q->executing || !x || !x->vtbl->bell_read) {
+    q->exec_waiter = q->executing;
+    pthread_cond_wait(&q->work_cv, &q->mu);
+    q->exec_waiter = false;
+    return;
+  }
+  bool stalled = false;
+  uint32_t seen = x->vtbl->bell_read(x, &stalled);
+  if (stalled) {
+    take_unexpected(comm, q);
+    return;
+  }
+  q->bell_sleeping = true;
+  pthread_mutex_unlock(&q->mu);
+  /* the slice bounds a sleep whose wake-up was lost; nothing is polled */
+  x->vtbl->bell_sleep(x, seen, 1.0);
+  pthread_mutex_lock(&q->mu);
+  q->bell_sleeping = false;
 }
 
 static void *progress_main(void *arg) {
@@ -157,7 +218,7 @@ static void *progress_main(void *arg) {
   pthread_setname_np(pthread_self(), "td-progress");
   pthread_mutex_lock(&q->mu);
   for (;;) {
-    while (!q->stop && (!has_work(q) || q->executing)) pthread_cond_wait(&q->work_cv, &q->mu);
+    while (!q->stop && (!has_work(q) || q->executing)) idle_wait(comm, q);
     if (q->stop) break;
     run_head(comm, q, NULL);
     if (!has_work(q)) pthread_cond_broadcast(&q->idle_cv);
@@ -196,6 +257,7 @@ void progress_stop(td_comm *comm) {
   pthread_mutex_lock(&q->mu);
   q->stop = true;
   pthread_cond_broadcast(&q->work_cv);
+  if (q->bell_sleeping) comm->xport->vtbl->bell_ring(comm->xport, comm->rank, false);
   pthread_mutex_unlock(&q->mu);
   if (q->thread_started) pthread_join(q->thread, NULL);
   /* Whatever never ran completes with an error; the owner still waits on it
@@ -261,7 +323,7 @@ td_status progress_submit(td_comm *comm, const comm_op *op, td_request **req_out
   if (q->tail) q->tail->next = req;
   else q->head = req;
   q->tail = req;
-  pthread_cond_signal(&q->work_cv);
+  wake_thread(comm, q);
   pthread_mutex_unlock(&q->mu);
   *req_out = req;
   return TD_OK;
@@ -270,13 +332,16 @@ td_status progress_submit(td_comm *comm, const comm_op *op, td_request **req_out
 td_status progress_run_blocking(td_comm *comm, const comm_op *op) {
   comm_request_queue *q = comm->queue;
   pthread_mutex_lock(&q->mu);
-  if (!has_work(q) && !q->executing && !q->stop) {
+  /* (a send/recv goes through the stream while it holds frames that
+   * arrived before their receive: p2p_stream_take_unexpected) */
+  bool p2p = op->kind == COMM_SEND || op->kind == COMM_RECV;
+  if (!has_work(q) && !q->executing && !q->stop && !(p2p && p2p_stream_holds_unexpected(q->stream))) {
     q->executing = true;
     pthread_mutex_unlock(&q->mu);
     td_status st = run_op(comm, op);
     pthread_mutex_lock(&q->mu);
-    q->executing = false;
-    if (has_work(q)) pthread_cond_signal(&q->work_cv);
+    done_executing(q);
+    if (has_work(q)) wake_thread(comm, q);
     else pthread_cond_broadcast(&q->idle_cv);
     pthread_mutex_unlock(&q->mu);
     return st;
@@ -327,7 +392,7 @@ static void help_progress(td_request *req) {
          !q->stop) {
     run_head(comm, q, req);
   }
-  if (has_work(q) && !q->executing) pthread_cond_signal(&q->work_cv);
+  if (has_work(q) && !q->executing) wake_thread(comm, q);
   if (!has_work(q) && !q->executing) pthread_cond_broadcast(&q->idle_cv);
   pthread_mutex_unlock(&q->mu);
 }

@@ -60,6 +60,19 @@
  * kernels reading it are queued, not done. A fetch that returns NULL (the
  * engine's failure) ends the pass as a failed launch does.
  *
+ * Pipeline stages (td_gpt_stage_create_on; gpt.c's stage, nn_gpt_layout
+ * says which tensors it holds): the same launches for its blocks only, the
+ * encoder on the first stage, the final layernorm, head and loss on the
+ * last. A later stage's forward copies its input (B, T, C) f32 from the host
+ * through the pinned h_in into `encoded`; a stage without the head ends its
+ * forward by copying the last block's output to the pinned h_out
+ * (td_gpt_stage_output), and its backward starts from the output's gradient
+ * (td_gpt_stage_set_output_grad, through h_in into dres) where the whole
+ * model has it; a stage without the embeddings ends its backward by copying
+ * dres, its input's gradient, to h_out (td_gpt_stage_input_grad). So a chain
+ * of stages runs the whole model's launches in its order on exact f32
+ * copies: its bits. f32 only (bf16 refused: the exchanges are f32).
+ *
  * Errors: forward returns NaN with the launcher's message in
  * td_last_error(); backward cannot return one, so it stops at the first
  * failure, logs it, and the next forward returns NaN with the same message. */
@@ -86,11 +99,18 @@ typedef struct cuda_acts {
   /* pinned host staging */
   int32_t *h_tokens, *h_targets;
   float *h_losses;
+  /* a pipeline stage's (B, T, C) exchanges with the host: h_in takes a later
+   * stage's input activations and a stage's output gradient on their way in,
+   * h_out the output activations and the input's gradient on their way out
+   * (read by the pipeline until the stage's next forward or backward) */
+  float *h_in, *h_out;
 } cuda_acts;
 
 typedef struct gpt_cuda {
   td_device dev;
   td_stream *stream;
+  nn_gpt_layout lay;          /* where its tensors are (a pipeline stage holds some of the model's) */
+  int stage;                  /* a pipeline stage (not the whole model): activations cross to the host */
   td_dtype dtype;             /* of params, grads and activations: TD_F32 or TD_BF16 (td_gpt_set_device_dtype) */
   size_t es;                  /* its size in bytes */
   int fused_attention;        /* td_cuda_attention_fused for this head size */
@@ -105,10 +125,14 @@ typedef struct gpt_cuda {
 
 static gpt_cuda *state(td_model *model) { return *nn_gpt_device_state(model); }
 
-/* Offset (floats) of tensor `which` of layer l, and of the named tensors,
- * from the CPU model's table: wte, wpe, L x 12 per layer, ln_f.weight,
- * ln_f.bias, lm_head.weight unless tied (gpt.c's order). */
-static size_t off_layer(const td_model *m, int l, int which) { return m->tensors[2 + l * P_PER_LAYER + which].offset; }
+/* Offset (elements) of tensor `which` of block l (this model's, 0 ..
+ * n_layers - 1), and of table entry i, from the CPU model's table (gpt.c's
+ * order: wte, wpe, 12 per block, ln_f.weight, ln_f.bias, lm_head.weight
+ * unless tied; a stage holds a slice of it, nn_gpt_layout says where). */
+static size_t off_layer(const td_model *m, int l, int which) {
+  const gpt_cuda *g = *nn_gpt_device_state((td_model *)m);
+  return m->tensors[g->lay.idx_layer0 + l * P_PER_LAYER + which].offset;
+}
 static size_t off_named(const td_model *m, int i) { return m->tensors[i].offset; }
 /* element `off` of an arena of the model's dtype */
 #define AT(arena, off) ((char *)(arena) + (size_t)(off) * gc->es)
@@ -127,8 +151,10 @@ static size_t att_cache_floats(const gpt_cuda *gc, const td_gpt_config *c, int B
 static size_t acts_plan(cuda_acts *a, const gpt_cuda *gc, const td_gpt_config *c, int B, char *base) {
   /* L: layers of the buffers backward reads per layer (one slot, recomputed,
    * under checkpointing); res3, the block outputs, for every layer */
-  const size_t L = gc->ckpt && c->layers > 0 ? 1 : (size_t)c->layers, L_res = (size_t)c->layers;
-  const size_t C = (size_t)c->channels, V = (size_t)c->vocab, es = gc->es;
+  const int n_layers = gc->lay.n_layers;
+  const size_t L = gc->ckpt && n_layers > 0 ? 1 : (size_t)n_layers, L_res = (size_t)n_layers;
+  /* a stage without the head has no logits */
+  const size_t C = (size_t)c->channels, V = gc->lay.has_head ? (size_t)c->vocab : 0, es = gc->es;
   const size_t BT = (size_t)B * c->seq, att = att_cache_floats(gc, c, B);
   size_t off = 0;
 #define TAKE(ptr, type, count)                                         \
@@ -173,6 +199,8 @@ static void acts_free(gpt_cuda *gc) {
   td_host_free_pinned(a->h_tokens);
   td_host_free_pinned(a->h_targets);
   td_host_free_pinned(a->h_losses);
+  td_host_free_pinned(a->h_in);
+  td_host_free_pinned(a->h_out);
   memset(a, 0, sizeof *a);
 }
 
@@ -201,6 +229,8 @@ static td_status gpt_cuda_prepare(td_model *model, int batch) {
   if (st == TD_OK) st = td_host_alloc_pinned(BT * sizeof(int32_t), (void **)&a->h_tokens);
   if (st == TD_OK) st = td_host_alloc_pinned(BT * sizeof(int32_t), (void **)&a->h_targets);
   if (st == TD_OK) st = td_host_alloc_pinned(BT * sizeof(float), (void **)&a->h_losses);
+  if (st == TD_OK && gc->stage) st = td_host_alloc_pinned(BT * c->channels * sizeof(float), (void **)&a->h_in);
+  if (st == TD_OK && gc->stage) st = td_host_alloc_pinned(BT * c->channels * sizeof(float), (void **)&a->h_out);
   if (st != TD_OK) {
     char msg[400];
     snprintf(msg, sizeof msg, "%s", td_last_error());
@@ -227,17 +257,28 @@ static td_status gpt_cuda_prepare(td_model *model, int batch) {
 typedef struct gpt_unit {
   size_t offset, count;
 } gpt_unit;
-/* tensors: wte, wpe, 12 per layer, ln_f.weight, ln_f.bias, lm_head.weight unless tied */
-static gpt_unit unit_emb(const td_model *m) { return (gpt_unit){0, off_named(m, 2)}; }
+/* tensors: wte, wpe, 12 per layer, ln_f.weight, ln_f.bias, lm_head.weight
+ * unless tied. Only the whole model fetches (a stage has no param_access);
+ * a stage's units are its slice's all the same. */
+static const nn_gpt_layout *layout(const td_model *m) {
+  return &((const gpt_cuda *)*nn_gpt_device_state((td_model *)m))->lay;
+}
+static gpt_unit unit_emb(const td_model *m) {
+  return layout(m)->has_embed ? (gpt_unit){0, off_named(m, layout(m)->idx_layer0)} : (gpt_unit){0, 0};
+}
 static gpt_unit unit_layer(const td_model *m, int l) {
-  size_t lo = off_named(m, 2 + l * P_PER_LAYER), hi = off_named(m, 2 + (l + 1) * P_PER_LAYER);
+  const int i = layout(m)->idx_layer0 + l * P_PER_LAYER; /* the block after the last: the table's next entry */
+  size_t lo = off_named(m, i), hi = off_named(m, i + P_PER_LAYER);
   return (gpt_unit){lo, hi - lo};
 }
 static gpt_unit unit_final(const td_model *m) {
-  size_t lo = off_named(m, 2 + nn_gpt_config(m)->layers * P_PER_LAYER);
+  size_t lo = off_named(m, layout(m)->idx_lnfw); /* no head: the end sentinel, an empty unit */
   return (gpt_unit){lo, m->n_params - lo};
 }
-static gpt_unit unit_wte(const td_model *m) { return (gpt_unit){0, m->tensors[0].count}; }
+static gpt_unit unit_wte(const td_model *m) {
+  const int i = layout(m)->idx_wte;
+  return i >= 0 ? (gpt_unit){off_named(m, i), m->tensors[i].count} : (gpt_unit){0, 0};
+}
 static const gpt_unit unit_none = {0, 0};
 
 /* The arena base to index group u's tensors with: params itself without
@@ -270,8 +311,8 @@ static td_status release_unit(const td_model *m, gpt_cuda *gc, gpt_unit u) {
 static td_status head_forward(td_model *model, const void *params) {
   gpt_cuda *gc = state(model);
   const td_gpt_config *c = nn_gpt_config(model);
-  const int tied = c->tied != 0, BT = gc->last_B * c->seq;
-  const void *head = AT(params, off_named(model, tied ? 0 : 4 + c->layers * P_PER_LAYER));
+  const int BT = gc->last_B * c->seq;
+  const void *head = AT(params, off_named(model, gc->lay.idx_head));
   return td_cuda_matmul_forward(gc->acts.logits, gc->acts.lnf, head, NULL, BT, c->channels, c->vocab, gc->dtype,
                                 td_stream_native(gc->stream));
 }
@@ -315,9 +356,11 @@ static float gpt_cuda_forward(td_model *model, const float *params, const void *
                               int batch) {
   gpt_cuda *gc = state(model);
   const td_gpt_config *c = nn_gpt_config(model);
-  const int L = c->layers, C = c->channels, T = c->seq, V = c->vocab;
+  const nn_gpt_layout *ly = &gc->lay;
+  const int L = ly->n_layers, C = c->channels, T = c->seq, V = c->vocab;
   const int B = batch, BT = B * T;
   void *s = td_stream_native(gc->stream);
+  if (!ly->has_head) targets = NULL; /* only the last pipeline stage has a loss */
   if (gc->error != TD_OK) {
     td_error(gc->error, "gpt (cuda): an earlier backward failed: %s", gc->error_msg);
     return NAN;
@@ -331,18 +374,24 @@ static float gpt_cuda_forward(td_model *model, const float *params, const void *
   gc->have_targets = 0;
   /* tokens and targets are checked on the host: out of range would index
    * outside wte in the encoder (the kernels do not check) */
-  const int32_t *tokens = inputs;
+  const int32_t *tokens = ly->has_embed ? inputs : NULL; /* a later stage's inputs are activations */
   for (size_t i = 0; i < (size_t)BT; i++)
-    if ((uint32_t)tokens[i] >= (uint32_t)V || (targets && (uint32_t)targets[i] >= (uint32_t)V)) {
-      int bad_token = (uint32_t)tokens[i] >= (uint32_t)V;
+    if ((tokens && (uint32_t)tokens[i] >= (uint32_t)V) || (targets && (uint32_t)targets[i] >= (uint32_t)V)) {
+      int bad_token = tokens && (uint32_t)tokens[i] >= (uint32_t)V;
       td_error(TD_ERR_INVALID_ARGUMENT, "gpt: %s %d at position %zu is outside the vocabulary [0, %d)",
                bad_token ? "token" : "target", bad_token ? tokens[i] : targets[i], i, V);
       return NAN;
     }
   /* the previous step's copies out of the staging buffers must be done */
   RUN(td_stream_sync(gc->stream));
-  memcpy(a->h_tokens, tokens, (size_t)BT * sizeof(int32_t));
-  RUN(td_copy_async(a->tokens, a->h_tokens, (size_t)BT * sizeof(int32_t), gc->stream));
+  const size_t sBT = (size_t)BT;
+  if (tokens) {
+    memcpy(a->h_tokens, tokens, (size_t)BT * sizeof(int32_t));
+    RUN(td_copy_async(a->tokens, a->h_tokens, (size_t)BT * sizeof(int32_t), gc->stream));
+  } else { /* the previous stage's output (B, T, C) f32, through pinned memory into encoded, the first block's input */
+    memcpy(a->h_in, inputs, sBT * C * sizeof(float));
+    RUN(td_copy_async(a->encoded, a->h_in, sBT * C * sizeof(float), gc->stream));
+  }
   if (targets) {
     memcpy(a->h_targets, targets, (size_t)BT * sizeof(int32_t));
     RUN(td_copy_async(a->targets, a->h_targets, (size_t)BT * sizeof(int32_t), gc->stream));
@@ -351,22 +400,30 @@ static float gpt_cuda_forward(td_model *model, const float *params, const void *
   const td_dtype dt = gc->dtype;
   const int tied = c->tied != 0;
   const char *pe, *pl, *pf, *pw;
-  FETCH(pe, unit_emb(model), L > 0 ? unit_layer(model, 0) : unit_final(model));
-  RUN(td_cuda_encoder_forward(a->encoded, a->tokens, AT(pe, off_named(model, 0)), AT(pe, off_named(model, 1)), B, T,
-                              C, dt, s));
-  RUN(release_unit(model, gc, unit_emb(model)));
+  if (ly->has_embed) {
+    FETCH(pe, unit_emb(model), L > 0 ? unit_layer(model, 0) : unit_final(model));
+    RUN(td_cuda_encoder_forward(a->encoded, a->tokens, AT(pe, off_named(model, ly->idx_wte)),
+                                AT(pe, off_named(model, ly->idx_wpe)), B, T, C, dt, s));
+    RUN(release_unit(model, gc, unit_emb(model)));
+  }
   const char *resid = a->encoded; /* (B, T, C) */
-  const size_t sBT = (size_t)BT;
   for (int l = 0; l < L; l++) {
     FETCH(pl, unit_layer(model, l), l + 1 < L ? unit_layer(model, l + 1) : unit_final(model));
     RUN(block_forward(model, pl, l, resid, B));
     resid = a->res3 + (size_t)l * sBT * C * gc->es;
     RUN(release_unit(model, gc, unit_layer(model, l)));
   }
+  if (!ly->has_head) { /* a pipeline stage's output, the last block's, to the host for the next stage */
+    RUN(td_copy_async(a->h_out, resid, sBT * C * sizeof(float), gc->stream));
+    RUN(td_stream_sync(gc->stream));
+    gc->last_B = B;
+    gc->have_targets = 1; /* backward has its activations (and takes the output's gradient) */
+    return 0.0f;
+  }
   FETCH(pf, unit_final(model), tied ? unit_wte(model) : unit_none);
   pw = pf;
   if (tied) FETCH(pw, unit_wte(model), unit_none);
-  const size_t lnf_w = off_named(model, 2 + L * P_PER_LAYER), lnf_b = lnf_w + (size_t)C;
+  const size_t lnf_w = off_named(model, ly->idx_lnfw), lnf_b = off_named(model, ly->idx_lnfb);
   RUN(td_cuda_layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, resid, AT(pf, lnf_w), AT(pf, lnf_b), BT, C, dt,
                                 s));
   gc->last_B = B;
@@ -416,7 +473,8 @@ static void gpt_cuda_backward(td_model *model, const float *params, float *grads
                               td_grad_ready_fn ready, void *ctx) {
   gpt_cuda *gc = state(model);
   const td_gpt_config *c = nn_gpt_config(model);
-  const int L = c->layers, C = c->channels, NH = c->heads, T = c->seq, V = c->vocab;
+  const nn_gpt_layout *ly = &gc->lay;
+  const int L = ly->n_layers, C = c->channels, NH = c->heads, T = c->seq, V = c->vocab;
   const int B = gc->last_B, BT = B * T;
   if (!gc->have_targets || B == 0 || gc->error != TD_OK) return; /* nothing to differentiate */
   gc->have_targets = 0; /* the logits' gradient is consumed below */
@@ -425,12 +483,25 @@ static void gpt_cuda_backward(td_model *model, const float *params, float *grads
   td_stream *st = gc->stream;
   const size_t sBT = (size_t)BT, att = att_cache_floats(gc, c, B);
   const int tied = c->tied != 0;
-  const int idx_lnfw = 2 + L * P_PER_LAYER, idx_lnfb = idx_lnfw + 1, idx_head = tied ? 0 : idx_lnfw + 2;
+  const int idx_lnfw = ly->idx_lnfw, idx_lnfb = ly->idx_lnfb, idx_head = ly->idx_head;
   const td_dtype dt = gc->dtype;
   const size_t es = gc->es;
   pending_ready pend = {.n = 0};
   const char *pf, *pw, *pl;
   const gpt_unit after_final = L > 0 ? unit_layer(model, L - 1) : unit_none;
+  if (!ly->has_head) {
+    /* a pipeline stage before the last: the gradient of its output, from
+     * the next stage through pinned memory, is d res3 of its last block */
+    const float *dout = nn_gpt_stage_dout(model);
+    if (!dout) {
+      td_error(TD_ERR_INVALID_USAGE, "gpt (cuda): a pipeline stage's backward needs the gradient of its output "
+                                     "(td_gpt_stage_set_output_grad)");
+      goto fail;
+    }
+    memcpy(a->h_in, dout, sBT * C * sizeof(float));
+    RUN(td_copy_async(a->dres, a->h_in, sBT * C * sizeof(float), st));
+    goto blocks;
+  }
   FETCH(pf, unit_final(model), tied ? unit_wte(model) : after_final);
   pw = pf;
   if (tied) FETCH(pw, unit_wte(model), after_final);
@@ -458,11 +529,12 @@ static void gpt_cuda_backward(td_model *model, const float *params, float *grads
   RUN(release_unit(model, gc, unit_final(model)));
   if (tied) RUN(release_unit(model, gc, unit_wte(model)));
 
+blocks:
   for (int l = L - 1; l >= 0; l--) {
     FETCH(pl, unit_layer(model, l), l > 0 ? unit_layer(model, l - 1) : unit_none);
 #define W(which) AT(pl, off_layer(model, l, (which)))
 #define G(which) AT(grads, off_layer(model, l, (which)))
-#define READY(which) (pend.idx[pend.n++] = 2 + l * P_PER_LAYER + (which))
+#define READY(which) (pend.idx[pend.n++] = ly->idx_layer0 + l * P_PER_LAYER + (which))
     const char *resid = l > 0 ? a->res3 + (size_t)(l - 1) * sBT * C * es : a->encoded; /* block input */
     /* checkpointing: the block's activations recomputed into slot 0 */
     if (gc->ckpt) RUN(block_forward(model, pl, l, resid, B));
@@ -514,11 +586,15 @@ static void gpt_cuda_backward(td_model *model, const float *params, float *grads
 #undef G
 #undef READY
   }
-  RUN(td_cuda_encoder_backward(AT(grads, off_named(model, 0)), AT(grads, off_named(model, 1)), a->dres, a->tokens, B,
-                               T, C, V, dt, s));
-  pend.idx[pend.n++] = 1; /* wpe */
-  pend.idx[pend.n++] = 0; /* wte */
-  RUN(flush_ready(gc, model, &pend, ready, ctx));
+  if (ly->has_embed) {
+    RUN(td_cuda_encoder_backward(AT(grads, off_named(model, ly->idx_wte)), AT(grads, off_named(model, ly->idx_wpe)),
+                                 a->dres, a->tokens, B, T, C, V, dt, s));
+    pend.idx[pend.n++] = ly->idx_wpe;
+    pend.idx[pend.n++] = ly->idx_wte;
+    RUN(flush_ready(gc, model, &pend, ready, ctx));
+  } else { /* a later pipeline stage: the gradient of its input, dres, to the host for the previous stage */
+    RUN(td_copy_async(a->h_out, a->dres, sBT * C * sizeof(float), st));
+  }
   /* the gradients are complete when backward returns, whatever stream the
    * caller reads them on next */
   RUN(td_stream_sync(gc->stream));
@@ -534,7 +610,7 @@ static void gpt_cuda_predict(td_model *model, int32_t *out) {
   const td_gpt_config *c = nn_gpt_config(model);
   const int V = c->vocab;
   const size_t n = (size_t)gc->last_B * c->seq;
-  if (n == 0) return;
+  if (n == 0 || !gc->lay.has_head) return; /* a pipeline stage before the last has no logits */
   char *host = malloc(n * V * gc->es);
   if (!host) {
     TD_WARN("gpt (cuda): predict: out of host memory for %zu logits", n * V);
@@ -625,6 +701,8 @@ td_status nn_gpt_cuda_attach(td_model *model, td_device dev) {
   gpt_cuda *gc = calloc(1, sizeof *gc);
   if (!gc) return td_error(TD_ERR_SYSTEM, "gpt (cuda): out of memory");
   gc->dev = dev;
+  nn_gpt_layout_of(model, &gc->lay);
+  gc->stage = !(gc->lay.has_embed && gc->lay.has_head && gc->lay.n_layers == c->layers);
   gc->dtype = TD_F32;
   gc->es = sizeof(float);
   td_status st = td_cuda_attention_fused(c->channels / c->heads, &gc->fused_attention);
@@ -636,8 +714,19 @@ td_status nn_gpt_cuda_attach(td_model *model, td_device dev) {
   *nn_gpt_device_state(model) = gc;
   model->ops = &gpt_cuda_ops;
   model->device = dev;
-  model->supports_param_access = 1; /* ZeRO stage 3: the engine's fetches (see the file comment) */
+  /* ZeRO stage 3: the engine's fetches (see the file comment); not for a stage (gpt.c's rule) */
+  model->supports_param_access = !gc->stage;
   return TD_OK;
+}
+
+const float *nn_gpt_cuda_stage_output(const td_model *model) {
+  const gpt_cuda *gc = *nn_gpt_device_state((td_model *)model);
+  return gc->stage && !gc->lay.has_head ? gc->acts.h_out : NULL;
+}
+
+const float *nn_gpt_cuda_stage_input_grad(const td_model *model) {
+  const gpt_cuda *gc = *nn_gpt_device_state((td_model *)model);
+  return gc->stage && !gc->lay.has_embed ? gc->acts.h_out : NULL;
 }
 
 td_status nn_gpt_cuda_set_dtype(td_model *model, td_dtype dtype) {
@@ -646,6 +735,9 @@ td_status nn_gpt_cuda_set_dtype(td_model *model, td_dtype dtype) {
     return td_error(TD_ERR_INVALID_ARGUMENT, "td_gpt_set_device_dtype: %s: a GPT on a GPU computes in f32 or bf16",
                     td_dtype_name(dtype));
   if (dtype == gc->dtype) return TD_OK;
+  if (gc->stage)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "td_gpt_set_device_dtype: a pipeline stage on a GPU computes in f32 "
+                    "only (its activations cross between stages as f32 host copies): train in fp32");
   /* the activations are laid out for the old type: the next prepare (or
    * forward) lays them out again */
   TD_CHECK(td_stream_sync(gc->stream));

@@ -36,6 +36,16 @@
  * this rank's rows of the activation (all of them, or B*T/tp with sequence
  * parallelism). The tensor collectives run inside the stage models.
  *
+ * On a device (pp->device, td_gpt_stage_create_on): the stage models keep
+ * parameters, gradients and activations in device memory and hand the
+ * engine host (pinned) copies of what crosses between stages, so the
+ * transfers here are the CPU's, unchanged: activations and their gradients
+ * go device -> pinned host -> td_isend/td_irecv (shm or TCP) -> pinned host
+ * -> device. NCCL's send/recv is not used (a rank pair sharing one GPU, the
+ * case the tests and the lent machine have, could not use it anyway). The
+ * arenas the trainer gives are device pointers: the tied wte's exchange and
+ * the gradient norm's share of it copy that tensor through the host.
+ *
  * Failures: a NaN forward (a bad token) or a failed transfer aborts the
  * pipeline communicator with the reason, so that every other stage's
  * pending receive fails within seconds naming this rank. */
@@ -86,6 +96,8 @@ typedef struct pp_model {
   int ckpt;
   int tied_wte; /* index in the table of this rank's wte to sum with the other end's (-1: none) */
   float *tied_scratch;
+  float *tied_host; /* on a device: this rank's tied wte gradient, copied to the host */
+  td_device dev;    /* where the stage models compute (the arenas live) */
   char config_text[256];
   void (*trace)(void *ctx, const char *name, double begin_s, double end_s);
   void *trace_ctx;
@@ -185,6 +197,7 @@ static void pp_destroy(td_model *model) {
   free(m->chunks);
   free(m->tensors);
   td_free(m->tied_scratch);
+  td_free(m->tied_host);
   free(m);
 }
 
@@ -197,7 +210,7 @@ static size_t act_floats(const pp_model *m, int batch) {
 
 /* The stage models' pipeline accessors: nn's GPT stage, or the tensor-parallel one. */
 static td_status stage_create(const pp_model *m, const td_gpt_stage *range, td_model **out) {
-  if (!m->tensor) return td_gpt_stage_create(&m->cfg, range, out);
+  if (!m->tensor) return td_gpt_stage_create_on(&m->cfg, range, m->dev, out);
   TD_CHECK(tp_gpt_stage_create(&m->cfg, range, m->tensor, m->world_rank, out));
   return m->sp ? td_gpt_tp_set_sequence_parallel(*out, 1) : TD_OK;
 }
@@ -357,8 +370,15 @@ static td_status pp_grad_norm_sq(td_model *model, const float *grads, size_t lo,
   if (m->tied_wte >= 0 && m->s == m->p - 1) {
     const td_param_tensor *t = &m->tensors[m->tied_wte];
     size_t a = TD_MAX(lo, t->offset), b = TD_MIN(hi, t->offset + t->count);
+    const float *g = grads;
+    if (m->dev.kind != TD_DEVICE_CPU && b > a) { /* the device arena's copy of [a, b), through the host */
+      td_status st = td_device_copy(m->tied_host, (td_device){TD_DEVICE_CPU, 0}, grads + a, m->dev,
+                                    (b - a) * sizeof(float));
+      if (st != TD_OK) return st;
+      g = m->tied_host - a;
+    }
     double copy = 0;
-    for (size_t i = a; i < b; i++) copy += (double)grads[i] * grads[i];
+    for (size_t i = a; i < b; i++) copy += (double)g[i] * g[i];
     local -= copy;
     if (local < 0) local = 0;
   }
@@ -477,7 +497,12 @@ static td_status recv_into(pp_model *m, float *buf, size_t n, int peer, const ch
  * same way on both (first + last), so the two copies stay equal. */
 static td_status tied_sum(pp_model *m, float *grads) {
   const td_param_tensor *t = &m->tensors[m->tied_wte];
+  const td_device host = {TD_DEVICE_CPU, 0};
   float *mine = grads + t->offset;
+  if (m->dev.kind != TD_DEVICE_CPU) /* summed on the host (both ends alike), then copied back */
+    TD_CHECK(td_device_copy(m->tied_host, host, mine, m->dev, t->count * sizeof(float)));
+  float *dev_mine = mine;
+  if (m->dev.kind != TD_DEVICE_CPU) mine = m->tied_host;
   int other = m->s == 0 ? m->p - 1 : 0;
   td_request *sreq = NULL, *rreq = NULL;
   td_status st = td_isend(mine, t->count, TD_F32, other, m->comm, &sreq);
@@ -490,6 +515,7 @@ static td_status tied_sum(pp_model *m, float *grads) {
   }
   const float *first = m->s == 0 ? mine : m->tied_scratch, *last = m->s == 0 ? m->tied_scratch : mine;
   for (size_t i = 0; i < t->count; i++) mine[i] = first[i] + last[i];
+  if (m->dev.kind != TD_DEVICE_CPU) return td_device_copy(dev_mine, m->dev, mine, host, t->count * sizeof(float));
   return TD_OK;
 }
 
@@ -646,6 +672,13 @@ static const td_model_ops pp_ops = {
 /* tensor: the tensor-parallel group of tensor-parallel stages, or NULL. */
 static td_status pipeline_create(const td_gpt_config *config, const td_pipeline_config *pp, td_comm *pipeline,
                                  td_comm *tensor, int world_rank, td_model **out) {
+  const td_device dev = pp ? pp->device : (td_device){TD_DEVICE_CPU, 0};
+  if (tensor && dev.kind != TD_DEVICE_CPU) {
+    char name[16];
+    td_device_name(dev, name, sizeof name);
+    return td_error(TD_ERR_INVALID_USAGE, "tensor parallelism trains on the CPU engine only; use --device cpu (%s "
+                    "asked; pipeline parallelism alone trains on a GPU)", name);
+  }
   td_pp_schedule_kind kind = TD_PP_1F1B;
   int v = 1;
   td_pp_partition_method method = TD_PP_PARTITION_UNIFORM;
@@ -669,6 +702,7 @@ static td_status pipeline_create(const td_gpt_config *config, const td_pipeline_
   m->tp = tensor ? td_comm_size(tensor) : 1;
   m->sp = tensor && pp && pp->sequence_parallel;
   m->world_rank = world_rank;
+  m->dev = dev;
   m->p = p, m->s = s, m->v = v, m->kind = kind;
   m->tied_wte = -1;
   td_status st = cut_layers(config, method, p * v, first);
@@ -714,12 +748,15 @@ static td_status pipeline_create(const td_gpt_config *config, const td_pipeline_
     if (c < 8) m->stats.first_layer[c] = ch->range.first_layer, m->stats.n_layers[c] = ch->range.n_layers;
   }
   m->tensors[n_tensors] = (td_param_tensor){"", off, 0};
-  if (m->tied_wte >= 0 && !(m->tied_scratch = td_alloc(m->tensors[m->tied_wte].count * sizeof(float)))) {
+  if (m->tied_wte >= 0 &&
+      (!(m->tied_scratch = td_alloc(m->tensors[m->tied_wte].count * sizeof(float))) ||
+       (dev.kind != TD_DEVICE_CPU && !(m->tied_host = td_alloc(m->tensors[m->tied_wte].count * sizeof(float)))))) {
     pp_destroy(&m->base);
     return td_error(TD_ERR_SYSTEM, "pipeline: out of memory for the tied embedding's exchange");
   }
   m->stats.stage = s, m->stats.stages = p, m->stats.chunks = v, m->stats.tensor = m->tp;
   m->base.kind = "gpt_pipeline";
+  m->base.device = dev;
   m->base.config = m->config_text;
   m->base.n_params = off;
   m->base.n_tensors = n_tensors;

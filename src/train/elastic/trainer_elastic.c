@@ -24,11 +24,14 @@ static td_status register_shards(td_trainer *t, td_elastic *e) {
     const char *name = i == 0 ? "optimizer_state_0" : "optimizer_state_1";
     TD_CHECK(td_elastic_register_shard(e, name, t->states[i], sizeof(float), t->n_params, lo, hi));
   }
-  /* the parameters too: at stages 1-2 every rank holds them all, but the
-   * shards are all a commit needs (a quarter of the bytes to copy at 4
-   * ranks); the first step after a restore allgathers them */
-  TD_CHECK(td_elastic_register_shard(e, "params", t->params + lo, sizeof(float), t->n_params, lo, hi));
-  return TD_OK;
+  /* the parameters too, cut alike (a quarter of the bytes to copy at 4
+   * ranks); the first step after a restore allgathers them. At stages 1-2
+   * every rank holds them all, equal after the update's allgather (zero/):
+   * a commit sends none of them, the buddy writes its ward's range from its
+   * own arena (a third less to move) */
+  if (t->zero_stage <= 2)
+    return td_elastic_register_shard_whole(e, "params", t->params, sizeof(float), t->n_params, lo, hi);
+  return td_elastic_register_shard(e, "params", t->params + lo, sizeof(float), t->n_params, lo, hi);
 }
 
 td_status td_trainer_elastic_register(td_trainer *t, td_elastic *e) {

@@ -130,6 +130,10 @@ td_status zero_device_grad_norm(td_trainer *t, double *norm_out) {
   /* this rank's shard (whole on every rank at stage 1, reduced only there at stage 2) */
   TD_CHECK(t->devops->sum_squares(t->device, t->dev_scratch, grads + t->shard_lo * es, t->model_dtype,
                                   t->shard_hi - t->shard_lo, &part[0]));
+  /* a model split across ranks (a pipeline stage): this shard's share of the whole model's */
+  if (t->model->ops->grad_norm_sq)
+    TD_CHECK(t->model->ops->grad_norm_sq(t->model, (const float *)(const void *)grads, t->shard_lo, t->shard_hi,
+                                         &part[0]));
   double total = part[0];
   if (t->comm && t->world > 1) {
     double *parts = t->dev_norm_parts;

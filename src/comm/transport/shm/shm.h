@@ -44,6 +44,7 @@ td_status shm_sync(td_comm *comm, const comm_op *op);
 
 #define SHM_LINE 64
 #define SHM_MAGIC 0x54444d5348u /* "TDMSH" */
+#define SHM_STALL_BITS 1024 /* senders per rank told apart by a stall (more: a few extra looks) */
 
 typedef struct shm_seg_header {
   uint64_t magic;
@@ -80,6 +81,14 @@ typedef struct shm_rank_block {
    * when nobody sleeps. */
   _Alignas(SHM_LINE) _Atomic uint32_t bell;
   _Atomic uint32_t waiting;
+  /* the progress thread's doorbell (transport_vtbl.bell_*): bumped by
+   * this rank's own threads when they queue work, and by a peer whose
+   * point-to-point frame stalls on a full FIFO to this rank, which also
+   * sets its bit in `stalled` (rank mod SHM_STALL_BITS) so that the
+   * progress thread knows which FIFOs to look at */
+  _Alignas(SHM_LINE) _Atomic uint32_t p2p_bell;
+  _Atomic uint32_t p2p_waiting;
+  _Atomic uint32_t stalled[SHM_STALL_BITS / 32];
   /* the last epoch this rank arrived at, and its op header per parity */
   _Alignas(SHM_LINE) _Atomic uint64_t arrived;
   comm_hdr hdr[2];
@@ -173,6 +182,11 @@ void shm_copy(void *dst, const void *src, size_t bytes, bool stream);
 /* shm_wait.c: doorbells, spinning, sleeping and failure checks, for the
  * other files of the transport. */
 void shm_ring(shm_transport *t, int peer);
+/* transport_vtbl.bell_read/bell_sleep/bell_ring/take_stalled */
+uint32_t shm_bell_read(transport *xt, bool *stalled);
+void shm_bell_sleep(transport *xt, uint32_t seen, double timeout_s);
+void shm_bell_ring(transport *xt, int rank, bool stalled);
+int shm_take_stalled(transport *xt, int *peers, int max);
 typedef bool (*shm_ready_fn)(shm_transport *t, const void *arg);
 bool shm_spin(shm_transport *t, shm_ready_fn ready, const void *arg);
 bool shm_sleep(shm_transport *t, shm_ready_fn ready, const void *arg, double slice_s);

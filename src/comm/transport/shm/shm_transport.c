@@ -287,6 +287,10 @@ static const transport_vtbl shm_vtbl = {
      * rank reached, and bytes a peer wrote into a ring before it failed were
      * sent, so a failure recorded afterwards must not fail what finished. */
     .try_peek = shm_try_peek,
+    .bell_read = shm_bell_read,
+    .bell_sleep = shm_bell_sleep,
+    .bell_ring = shm_bell_ring,
+    .take_stalled = shm_take_stalled,
 };
 
 /* ---- creation ---- */

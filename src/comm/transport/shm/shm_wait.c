@@ -129,3 +129,61 @@ td_status shm_fail_dead(shm_transport *t, int peer, const char *while_doing) {
                    "%d's output for the cause",
                    name, t->rank, while_doing, world);
 }
+
+/* ---- the progress thread's doorbell (transport_vtbl.bell_*) ----
+ * A separate word from `bell`: the progress thread sleeps on it while idle,
+ * and peers ring it only for point-to-point frames stalled on a full FIFO,
+ * so that the collectives' rings of `bell` never wake it. */
+
+uint32_t shm_bell_read(transport *xt, bool *stalled) {
+  shm_transport *t = (shm_transport *)xt;
+  shm_rank_block *me = &t->ranks[t->rank];
+  uint32_t v = atomic_load_explicit(&me->p2p_bell, memory_order_seq_cst);
+  bool any = false;
+  for (size_t w = 0; w < TD_ARRAY_SIZE(me->stalled) && !any; w++)
+    any = atomic_load_explicit(&me->stalled[w], memory_order_seq_cst) != 0;
+  *stalled = any;
+  return v;
+}
+
+void shm_bell_sleep(transport *xt, uint32_t seen, double timeout_s) {
+  shm_transport *t = (shm_transport *)xt;
+  shm_rank_block *me = &t->ranks[t->rank];
+  atomic_fetch_add_explicit(&me->p2p_waiting, 1, memory_order_seq_cst);
+  atomic_thread_fence(memory_order_seq_cst);
+  if (atomic_load_explicit(&me->p2p_bell, memory_order_seq_cst) == seen &&
+      !atomic_load_explicit(&t->abort_blk->ready, memory_order_acquire))
+    (void)td_futex_wait(&me->p2p_bell, seen, timeout_s, true);
+  atomic_fetch_sub_explicit(&me->p2p_waiting, 1, memory_order_seq_cst);
+}
+
+/* The stalled bit is set before the bell moves: a progress thread that sees
+ * the new value (or is woken by it) then sees the bit. */
+void shm_bell_ring(transport *xt, int rank, bool stalled) {
+  shm_transport *t = (shm_transport *)xt;
+  if (rank < 0 || rank >= t->n) return;
+  shm_rank_block *rb = &t->ranks[rank];
+  if (stalled) {
+    unsigned bit = (unsigned)t->rank % SHM_STALL_BITS;
+    atomic_fetch_or_explicit(&rb->stalled[bit / 32], 1u << (bit % 32), memory_order_seq_cst);
+  }
+  atomic_fetch_add_explicit(&rb->p2p_bell, 1, memory_order_seq_cst);
+  if (atomic_load_explicit(&rb->p2p_waiting, memory_order_seq_cst)) td_futex_wake(&rb->p2p_bell, INT_MAX, true);
+}
+
+int shm_take_stalled(transport *xt, int *peers, int max) {
+  shm_transport *t = (shm_transport *)xt;
+  shm_rank_block *me = &t->ranks[t->rank];
+  int k = 0;
+  for (size_t w = 0; w < TD_ARRAY_SIZE(me->stalled); w++) {
+    if (!atomic_load_explicit(&me->stalled[w], memory_order_relaxed)) continue;
+    uint32_t bits = atomic_exchange_explicit(&me->stalled[w], 0, memory_order_seq_cst);
+    for (unsigned b = 0; b < 32; b++) {
+      if (!(bits & (1u << b))) continue;
+      /* every rank with this bit (one unless n > SHM_STALL_BITS) */
+      for (int p = (int)(w * 32 + b); p < t->n && k < max; p += SHM_STALL_BITS)
+        if (p != t->rank) peers[k++] = p;
+    }
+  }
+  return k;
+}
