@@ -411,12 +411,13 @@ td_status trainer_memory_rebind(td_trainer *t, int old_world) {
       what_fits(t, room, fits, sizeof fits);
       st = td_error(TD_ERR_INVALID_USAGE,
                     "rank %d: the job went from %d to %d ranks, and at %d ranks (the shards grow as the world "
-                    "shrinks) it needs about %.0f MiB per rank (%.0f before; model states %.0f, activations %.0f at micro-batch %d, "
-                    "compute scratch %.0f, this process before the arenas %.0f) but %.0f MiB are available to it "
-                    "(%s, shared by %d ranks on this host). Not resized: nothing was allocated for %d ranks, and "
-                    "the job stops here rather than run out of memory; the last checkpoint (--save-every, "
-                    "--checkpoint-dir) resumes it. Bring the lost ranks back (--min-np %d keeps it from going "
-                    "below them), or restart it so that it fits with%s",
+                    "shrinks) it needs about %.0f MiB per rank (%.0f before; model states %.0f, activations %.0f "
+                    "at micro-batch %d, compute scratch %.0f, this process before the arenas %.0f) but %.0f MiB "
+                    "are available to it (%s, shared by %d ranks on this host). Not resized: nothing was "
+                    "allocated for %d ranks, and the job stops here rather than run out of memory; the last "
+                    "checkpoint (train-gpt --save DIR --save-every N) resumes it (--resume DIR). Bring the lost "
+                    "ranks back (--min-np %d keeps it from going below them), or restart it so that it fits "
+                    "with%s",
                     t->rank, old_world, t->world, t->world, MIB(need), MIB(before), MIB(e.model_states),
                     MIB(e.activations), t->cfg.micro_batch, MIB(e.runtime), MIB(t->mem_baseline), MIB(room),
                     t->mem_room.source, t->mem_room.local_ranks, t->world, old_world, fits);
