@@ -22,8 +22,9 @@
  * (so that its children are signalled too) and with a parent-death signal (so
  * that a killed tandemrun does not leave orphans). Remote hosts are started
  * with $TANDEM_SSH (default "ssh -o BatchMode=yes") HOST 'cd CWD && ... env
- * VARS PROGRAM ARGS ...' (remote_command below). Ranks fill hosts slot by
- * slot, in the order given.
+ * VARS PROGRAM ARGS ...' (remote_command below), as sessions of one master
+ * connection per host ("ssh connection sharing" below). Ranks fill hosts
+ * slot by slot, in the order given.
  *
  * A remote worker's ssh has a "lifeline" on its stdin: a pipe that tandemrun
  * holds open while the worker runs. The remote shell runs the program in the
@@ -241,7 +242,8 @@ static void usage(FILE *f) {
         "\n"
         "Remote hosts (anything but localhost, 127.x, ::1 and this host's name) are started with\n"
         "$TANDEM_SSH (default \"ssh -o BatchMode=yes\"), passing the working directory and the\n"
-        "TANDEM_*, OMP_*, OPENBLAS_*, PATH, LD_LIBRARY_PATH, PYTHONPATH and sanitizer variables.\n"
+        "TANDEM_*, OMP_*, OPENBLAS_*, PATH, LD_LIBRARY_PATH, PYTHONPATH and sanitizer variables;\n"
+        "with OpenSSH, one connection per host carries all its ranks (TANDEM_SSH_SHARE=0: one each).\n"
         "The store then listens on all interfaces; TANDEM_HOST_ADDR sets the address ranks dial.\n",
         f);
 }
@@ -685,9 +687,9 @@ static bool env_is_replaced(const job *j, const char *entry) {
  * Every ssh start of a rank used to make a connection of its own: TCP, key
  * exchange, authentication, sshd forking and re-executing itself, and only
  * then the user's shell. On the loaded test machine that was 1.0-1.5 s per
- * start of which about half was the connection, the rest the user's shell
- * start-up (bench/results/ssh-start-2026-11-27.md); a host that returned
- * to an elastic job paid it once per process, all at once. tandemrun now
+ * start: 0.4-0.6 s the connection, the rest the user's shell start-up
+ * (bench/results/ssh-start-2026-11-27.md); a host that returned to an
+ * elastic job paid the connection once per process, all at once. tandemrun now
  * opens one OpenSSH master connection per remote host (ssh -M -N, a child of
  * tandemrun in its own process group, dying with it) before it starts the
  * host's first rank, and starts every rank there as a session of that

@@ -215,9 +215,9 @@ int net_set_nodelay(int fd);
 /* Bound TCP's retransmission back-off (best effort): the retransmission
  * timeout at most TANDEM_TCP_RTO_MAX seconds (default below; 0: the
  * kernel's defaults, 120 s and no linear timeouts) and linear timeouts
- * while few segments are in flight, so
- * that a connection resumes within about that bound once a lossy link is
- * good again. Every socket of net_connect, net_accept and the store gets it. */
+ * while few segments are in flight, so that a connection resumes within
+ * about that bound once a lossy link is good again. Every socket of
+ * net_connect, net_accept, the store and the TCP transport gets it. */
 #define NET_DEFAULT_RTO_MAX_S 1.0
 void net_set_retransmit_bound(int fd);
 /* Set SO_SNDBUF/SO_RCVBUF (best effort). */

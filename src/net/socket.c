@@ -99,7 +99,7 @@ static int rto_max_ms(void) {
   if (ms >= 0) return ms;
   double s = td_env_double("TANDEM_TCP_RTO_MAX", NET_DEFAULT_RTO_MAX_S);
   if (!(s == 0 || (s >= 1 && s <= 120))) {
-    TD_WARN("TANDEM_TCP_RTO_MAX must be 0 (the kernel's cap) or 1-120 seconds; using %g s", NET_DEFAULT_RTO_MAX_S);
+    TD_WARN("TANDEM_TCP_RTO_MAX must be 0 (the kernel's defaults) or 1-120 seconds; using %g s", NET_DEFAULT_RTO_MAX_S);
     s = NET_DEFAULT_RTO_MAX_S;
   }
   ms = (int)lround(s * 1000);

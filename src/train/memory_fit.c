@@ -362,7 +362,7 @@ td_status trainer_memory_fit(td_trainer *t) {
     /* what the RSS counts on top (the memory line, td_trainer_memory); the
      * check below is of physical memory, where those pages are the peers' */
     t->mem_peer_mapped = zero_peer_mapped_bytes(t->model, &t->cfg, t->world, t->zero_stage, t->rank,
-                                                e.deterministic == 0,
+                                                e.deterministic == 0, t->comm != NULL,
                                                 t->comm ? td_comm_direct_min_bytes(t->comm) : 0);
     if (room > 0 && need > room) {
       char fits[1024], tmpfs[80] = "";
@@ -404,19 +404,20 @@ td_status trainer_memory_rebind(td_trainer *t, int old_world) {
     size_t before = t->mem_estimate;
     t->mem_estimate = need;
     t->mem_peer_mapped = zero_peer_mapped_bytes(t->model, &t->cfg, t->world, t->zero_stage, t->rank,
-                                                e.deterministic == 0,
-                                                t->comm ? td_comm_direct_min_bytes(t->comm) : 0);
+                                                e.deterministic == 0, false, /* the shards are restored */
+                                                td_comm_direct_min_bytes(t->comm));
     if (room > 0 && need > room) {
       char fits[1024];
       what_fits(t, room, fits, sizeof fits);
       st = td_error(TD_ERR_INVALID_USAGE,
                     "rank %d: the job went from %d to %d ranks, and at %d ranks (the shards grow as the world "
-                    "shrinks) it needs about %.0f MiB per rank (%.0f before; model states %.0f, activations %.0f at micro-batch %d, "
-                    "compute scratch %.0f, this process before the arenas %.0f) but %.0f MiB are available to it "
-                    "(%s, shared by %d ranks on this host). Not resized: nothing was allocated for %d ranks, and "
-                    "the job stops here rather than run out of memory; the last checkpoint (--save-every, "
-                    "--checkpoint-dir) resumes it. Bring the lost ranks back (--min-np %d keeps it from going "
-                    "below them), or restart it so that it fits with%s",
+                    "shrinks) it needs about %.0f MiB per rank (%.0f before; model states %.0f, activations %.0f "
+                    "at micro-batch %d, compute scratch %.0f, this process before the arenas %.0f) but %.0f MiB "
+                    "are available to it (%s, shared by %d ranks on this host). Not resized: nothing was "
+                    "allocated for %d ranks, and the job stops here rather than run out of memory; the last "
+                    "checkpoint (train-gpt --save DIR --save-every N) resumes it (--resume DIR). Bring the lost "
+                    "ranks back (--min-np %d keeps it from going below them), or restart it so that it fits "
+                    "with%s",
                     t->rank, old_world, t->world, t->world, MIB(need), MIB(before), MIB(e.model_states),
                     MIB(e.activations), t->cfg.micro_batch, MIB(e.runtime), MIB(t->mem_baseline), MIB(room),
                     t->mem_room.source, t->mem_room.local_ranks, t->world, old_world, fits);

@@ -4,8 +4,9 @@
 # digits (the library tests compare every bit), each rank reports its
 # stage's time, and layouts that cannot work exit 2 saying what would.
 # With DEV (cuda, cuda:0): both runs on that device (the 2 ranks share it:
-# their stages' activations cross through pinned host memory), and the
-# CPU-only refusals: tensor parallelism on a device, a device pipeline in bf16.
+# their stages' activations cross through pinned host memory), a PP=2
+# checkpoint resumed by one rank there, and the refusals: tensor
+# parallelism on a device, a device pipeline in bf16.
 #   train_gpt.sh BUILD_TREE [DEV]
 set -u
 B=$1
@@ -29,6 +30,19 @@ for sched in $schedules; do
   [ "$loss1" = "$loss2" ] || fail "PP=2 $sched: $loss2, one rank: $loss1"
   [ "$(grep -c "pipeline rank=" <<<"$pp")" -eq 2 ] || fail "PP=2 $sched: not every stage reported its time"
 done
+if [ "$DEV" != cpu ]; then
+  # a PP=2 checkpoint of device stages (saved by the grid as the unsplit model) resumed by one rank on DEV: its
+  # last step's loss is the pipeline's
+  ck=$(mktemp -d /tmp/td-ppdev-XXXXXX)
+  trap 'rm -rf "$ck"' EXIT
+  pp=$("$B/bin/tandemrun" -np 2 "$B/bin/train-gpt" $args --pipeline-parallel 2 --save "$ck" --save-every 1 2>&1) ||
+    fail "PP=2 with --save: $pp"
+  [ -d "$ck/step-1" ] || fail "PP=2 on $DEV saved no step-1 checkpoint: $(ls "$ck")"
+  res=$("$B/bin/tandemrun" -np 1 "$B/bin/train-gpt" $args --resume "$ck/step-1" 2>&1) || fail "resume: $res"
+  loss3=$(grep -o "final_loss=[^ ]*" <<<"$res")
+  [ "$loss1" = "$loss3" ] || fail "a PP=2 checkpoint on $DEV resumed by one rank: $loss3, uninterrupted: $loss1"
+  echo "a PP=2 checkpoint on $DEV resumed by one rank: $loss3"
+fi
 refuse() { # EXPECTED-TEXT NP FLAGS...
   local want=$1 np=$2; shift 2
   out=$("$B/bin/tandemrun" -np "$np" "$B/bin/train-gpt" "$@" 2>&1); rc=$?

@@ -726,7 +726,19 @@ td_status p2p_stream_run(td_comm *comm, p2p_stream *set, p2p_stream_pull_fn pull
     if ((any_done || completed) && stop && stop(ctx)) return TD_OK; /* the rest stays in the set */
     if (moved || joined || n == 0) continue;
 
-    /* Nothing moved: check deadlines, then sleep briefly on the peers. */
+    /* Nothing moved. A busy stream (a stage whose own sends wait for its
+     * neighbour) keeps the progress thread from ever going idle, where it
+     * takes stalled frames (progress.c): take them here too. */
+    if (comm->xport->vtbl->bell_read) {
+      bool stalled = false;
+      (void)comm->xport->vtbl->bell_read(comm->xport, &stalled);
+      if (stalled) {
+        st = p2p_stream_take_unexpected(comm, set);
+        if (st != TD_OK) goto fail_all;
+        continue;
+      }
+    }
+    /* Check deadlines, then sleep briefly on the peers. */
     double now = td_now();
     for (int i = 0; i < n; i++) {
       if (now < e[i].op.deadline) continue;

@@ -188,10 +188,11 @@ static size_t runtime_bytes(const td_model *model, const td_train_config *cfg, i
  * back (MADV_REMOVE punches it out of every mapping). Physically these are
  * the peers' own pages, in their estimates: a host's sum must not count
  * them twice. What is touched, with B_k rank k's shard and P the arena:
- *   - the parameters at stages 1-2: the initial broadcast (trainer.c) reads
- *     all of rank 0's arena on every other rank, and each step's allgather
- *     (reduce.c) every peer's shard: P - B_0 on rank 0, P + (P - B_0 - B_r)
- *     on the others; at stage 3 the fetches read every peer's shard of
+ *   - the parameters at stages 1-2: each step's allgather (reduce.c) reads
+ *     every peer's shard, P - B_r; with the initial broadcast (broadcast:
+ *     td_trainer_create on a communicator; an elastic trainer is created
+ *     without one and restores its shards instead) every rank but 0 reads
+ *     all of rank 0's arena too: P + (P - B_0 - B_r); at stage 3 the fetches read every peer's shard of
  *     every group (no broadcast: each rank initializes its shard): P - B_r;
  *   - the gradients kept whole (stages 0-1, stage 2's small models): each
  *     bucket's direct allreduce reads and writes this rank's 1/n slice of
@@ -204,7 +205,7 @@ static size_t runtime_bytes(const td_model *model, const td_train_config *cfg, i
  *     allgathers stage 0's reduced gradients: every peer's shard, P - B_r.
  * Rounded up to pages per peer. Pure. */
 size_t zero_peer_mapped_bytes(const td_model *model, const td_train_config *cfg, int world, int stage, int rank,
-                              bool buckets, size_t direct_min) {
+                              bool buckets, bool broadcast, size_t direct_min) {
   if (!model || !cfg || world < 2 || rank < 0 || rank >= world || stage < 0 || stage > 3 || direct_min == 0) return 0;
   const size_t n = model->n_params, f = sizeof(float), whole = n * f, page = zero_page_bytes();
   if (whole < direct_min) return 0;
@@ -219,7 +220,7 @@ size_t zero_peer_mapped_bytes(const td_model *model, const td_train_config *cfg,
   size_t bytes = 0;
   if (stage >= 1 && zero_arena_shareable(cfg, huge, stage >= 3)) {
     if (stage == 3) bytes += peers_shards;
-    else bytes += rank == 0 ? whole - shard0 * f : whole + (whole - shard0 * f - shard_r * f);
+    else bytes += broadcast && rank != 0 ? whole + (whole - shard0 * f - shard_r * f) : peers_shards;
   }
   if (stage <= 1 || zero_arena_shareable(cfg, huge, !keep)) {
     size_t slice = (n + (size_t)world - 1) / (size_t)world * f;

@@ -102,10 +102,12 @@ td_status zero_estimate_memory(const td_model *model, const td_train_config *cfg
  * groups under it, which stay live from their first fetch (fetch.c counts
  * them in the cache). memory_fit.c sizes the cache from both. */
 /* The peers' host-shared arena pages this rank's RSS counts over the shm
- * transport's direct collectives (estimate.c says which; direct_min:
+ * transport's direct collectives (estimate.c says which; buckets: the
+ * gradients reduced in buckets, not by deterministic reduction; broadcast:
+ * the parameters broadcast from rank 0 at creation; direct_min:
  * td_comm_direct_min_bytes, 0: none). Pure. */
 size_t zero_peer_mapped_bytes(const td_model *model, const td_train_config *cfg, int world, int stage, int rank,
-                              bool buckets, size_t direct_min);
+                              bool buckets, bool broadcast, size_t direct_min);
 /* Whether an arena may live in host-shared memory (shard.c arena_for):
  * not with NVMe offload, nor an arena that gives pages back (mapped) in
  * huge granules. Pure. */
