@@ -559,6 +559,8 @@ static void test_unexpected(void) {
   td_comm_destroy(sig);
   CHECK_OK(td_comm_finalize(comm));
   td_comm_destroy(comm);
+}
+
 static void test_destroy_after_wait(void) {
   enum { ROUNDS = 60, NOPS = 6, COUNT = 1000 };
   td_comm *world;
