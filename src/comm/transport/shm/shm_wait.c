@@ -75,9 +75,11 @@ td_status shm_check_abort(shm_transport *t) {
  * slice back), where a futex sleep is woken at once by the peer's doorbell.
  * Measured on the 2-core VM at load 40: coll_np3_shm_small_chunks (about
  * 50,000 waits, most ended by the one yield) took 40 s and more instead of
- * 0.8 s; with 6 CPU hogs on its one core it did not finish in 60 s. So after
- * a slow yield every wait of this rank sleeps at once for a while, then
- * tries a yield again. */
+ * 0.8 s; pinned to one core beside 2 CPU hogs it did not finish in 60 s
+ * (8-24 s with this rule). So after a slow yield every wait of this rank
+ * sleeps at once for a while, then tries a yield again. Each handoff still
+ * waits for the woken peer to get a core, so such a line stays slower at
+ * load than quiet. */
 #define SHM_YIELD_SLOW_NS 200000ull   /* 0.2 ms: a few context switches */
 #define SHM_YIELD_OFF_NS 500000000ull /* 0.5 s without yields after a slow one */
 
