@@ -39,11 +39,24 @@
  *                            the blocking td_recv. A last round receives right
  *                            away, so that a receive may take over a frame
  *                            still arriving. Prints a skip elsewhere.
+ *   test_comm_core destroy_after_wait  under tandemrun -np N: rounds of a
+ *                            child communicator that issues non-blocking
+ *                            allreduces and a send/recv ring, waits on every
+ *                            one (closed-form results) and is destroyed at
+ *                            once. Nothing is pending then, so td_comm_destroy
+ *                            must not report "operations were still pending"
+ *                            (it did when the progress thread had completed
+ *                            the last request but not yet marked itself idle,
+ *                            and its abort then failed the peers' last
+ *                            collective: c10d's destroy_process_group after
+ *                            async ops). Stderr goes to a file during the
+ *                            rounds, which must not hold the message.
  * The exhaustive multi-rank sweeps live in test_collectives. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "../common/check.h"
 
@@ -548,6 +561,60 @@ static void test_unexpected(void) {
   td_comm_destroy(comm);
 }
 
+static void test_destroy_after_wait(void) {
+  enum { ROUNDS = 60, NOPS = 6, COUNT = 1000 };
+  td_comm *world;
+  CHECK_OK(td_comm_init(&world));
+  int rank = td_comm_rank(world), n = td_comm_size(world);
+  CHECK(n >= 2);
+  /* td_comm_destroy's report is a log line: catch it in a file */
+  int saved = dup(2);
+  FILE *log = tmpfile();
+  CHECK(saved >= 0 && log);
+  float *buf = malloc((size_t)NOPS * COUNT * sizeof *buf);
+  CHECK(buf);
+  for (int r = 0; r < ROUNDS; r++) {
+    td_comm *c;
+    CHECK_OK(td_comm_split(world, 0, rank, &c));
+    td_request *req[NOPS + 2];
+    for (int k = 0; k < NOPS; k++) {
+      for (size_t i = 0; i < COUNT; i++) buf[(size_t)k * COUNT + i] = (float)(rank + k + r);
+      CHECK_OK(td_iallreduce(buf + (size_t)k * COUNT, buf + (size_t)k * COUNT, COUNT, TD_F32, TD_SUM, c, &req[k]));
+    }
+    int32_t out = 1000 * r + rank, in = -1;
+    CHECK_OK(td_isend(&out, 1, TD_I32, (rank + 1) % n, c, &req[NOPS]));
+    CHECK_OK(td_irecv(&in, 1, TD_I32, (rank + n - 1) % n, c, &req[NOPS + 1]));
+    for (int k = 0; k < NOPS + 2; k++) CHECK_OK(td_wait(req[k]));
+    fflush(stderr);
+    CHECK(dup2(fileno(log), 2) == 2);
+    td_comm_destroy(c); /* at once: nothing is pending */
+    fflush(stderr);
+    CHECK(dup2(saved, 2) == 2);
+    CHECK_EQ_INT(in, 1000 * r + (rank + n - 1) % n);
+    for (int k = 0; k < NOPS; k++) {
+      /* sum over q of (q + k + r) */
+      float want = (float)(n * (n - 1) / 2 + n * (k + r));
+      for (size_t i = 0; i < COUNT; i++)
+        if (buf[(size_t)k * COUNT + i] != want)
+          td_test_fail(__FILE__, __LINE__, "round %d op %d: element %zu is %g, want %g", r, k, i,
+                       (double)buf[(size_t)k * COUNT + i], (double)want);
+    }
+  }
+  free(buf);
+  close(saved);
+  char text[4096];
+  size_t len = 0;
+  rewind(log);
+  len = fread(text, 1, sizeof text - 1, log);
+  text[len] = '\0';
+  fclose(log);
+  if (strstr(text, "still pending"))
+    td_test_fail(__FILE__, __LINE__, "rank %d: td_comm_destroy right after the last td_wait reported pending "
+                 "operations:\n%s", rank, text);
+  CHECK_OK(td_comm_finalize(world));
+  td_comm_destroy(world);
+}
+
 int main(int argc, char **argv) {
   const char *mode = argc > 1 ? argv[1] : "self";
   if (!strcmp(mode, "self")) test_self_lifecycle();
@@ -556,8 +623,9 @@ int main(int argc, char **argv) {
   else if (!strcmp(mode, "timeout")) test_timeout();
   else if (!strcmp(mode, "wait_own")) test_wait_own();
   else if (!strcmp(mode, "unexpected")) test_unexpected();
+  else if (!strcmp(mode, "destroy_after_wait")) test_destroy_after_wait();
   else {
-    fprintf(stderr, "usage: %s self|multi|mismatch|timeout|wait_own|unexpected\n", argv[0]);
+    fprintf(stderr, "usage: %s self|multi|mismatch|timeout|wait_own|unexpected|destroy_after_wait\n", argv[0]);
     return 2;
   }
   printf("test_comm_core %s: ok\n", mode);

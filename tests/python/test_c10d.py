@@ -231,7 +231,7 @@ def test_unsupported_call_names_itself():
     assert torch.equal(t, torch.full((2,), float(dist.get_world_size())))
 
 
-def test_destroy_with_pending_work_and_dropped_tensors():
+def test_destroy_with_pending_work_and_dropped_tensors(capfd):
     """A group destroyed while its completion thread still holds the only
     references to tensors that Python dropped (async_op=True, results
     ignored). Such a tensor owns its dead Python object, and releasing it
@@ -253,3 +253,9 @@ def test_destroy_with_pending_work_and_dropped_tensors():
     t = torch.ones(2)
     dist.all_reduce(t)  # the default group is unaffected
     assert torch.equal(t, torch.full((2,), float(dist.get_world_size())))
+    # The destructor waited for the pending work, so the communicator was
+    # destroyed with nothing pending: no report of pending operations (the
+    # progress thread, still marking itself idle after completing the last
+    # request, once made td_comm_destroy fail the communicator under the
+    # peers, which then failed their own last collective).
+    assert "still pending" not in capfd.readouterr().err

@@ -52,6 +52,14 @@ struct comm_request_queue {
   p2p_stream *stream;     /* send/recv operations taken off the queue, not done yet */
   bool stream_open;       /* the stream holds operations (set by whoever ran it last) */
   bool executing;         /* an operation runs (inline or on the thread) */
+  /* Operations not complete yet: submitted requests until request_complete
+   * (decremented before the request reads REQ_DONE), and a blocking call
+   * running inline. What progress_busy reports: `executing` stays set a
+   * moment after the last request completed (the thread still has to take
+   * the lock), and a td_comm_destroy right after td_wait returned took that
+   * for pending work and failed the communicator, under the peers still in
+   * their last collective (c10d's destroy_process_group after async ops). */
+  _Atomic int pending;
   bool bell_sleeping;     /* the thread sleeps on the transport's bell (wake_thread) */
   bool exec_waiter;       /* the thread waits on work_cv for `executing` to clear */
   bool stop;
@@ -86,6 +94,8 @@ static td_status run_op(td_comm *comm, const comm_op *issued) {
 static void request_complete(td_request *req, td_status status) {
   req->status = status;
   if (status != TD_OK) td_error_copy(req->err, sizeof req->err);
+  /* Before the exchange: a waiter that sees REQ_DONE sees this too. */
+  if (req->comm && req->comm->queue) atomic_fetch_sub_explicit(&req->comm->queue->pending, 1, memory_order_release);
   /* After this exchange the waiter may free req: touch nothing but the
    * futex word's address (a wake on freed memory is harmless). */
   uint32_t prev = atomic_exchange_explicit(&req->state, REQ_DONE, memory_order_acq_rel);
@@ -285,10 +295,8 @@ void progress_stop(td_comm *comm) {
 bool progress_busy(td_comm *comm) {
   comm_request_queue *q = comm->queue;
   if (!q) return false;
-  pthread_mutex_lock(&q->mu);
-  bool busy = has_work(q) || q->executing;
-  pthread_mutex_unlock(&q->mu);
-  return busy;
+  /* queued operations and the stream's are submitted requests: counted */
+  return atomic_load_explicit(&q->pending, memory_order_acquire) > 0;
 }
 
 static td_request *request_new(td_comm *comm, const comm_op *op) {
@@ -323,6 +331,7 @@ td_status progress_submit(td_comm *comm, const comm_op *op, td_request **req_out
   if (q->tail) q->tail->next = req;
   else q->head = req;
   q->tail = req;
+  atomic_fetch_add_explicit(&q->pending, 1, memory_order_relaxed);
   wake_thread(comm, q);
   pthread_mutex_unlock(&q->mu);
   *req_out = req;
@@ -337,10 +346,12 @@ td_status progress_run_blocking(td_comm *comm, const comm_op *op) {
   bool p2p = op->kind == COMM_SEND || op->kind == COMM_RECV;
   if (!has_work(q) && !q->executing && !q->stop && !(p2p && p2p_stream_holds_unexpected(q->stream))) {
     q->executing = true;
+    atomic_fetch_add_explicit(&q->pending, 1, memory_order_relaxed);
     pthread_mutex_unlock(&q->mu);
     td_status st = run_op(comm, op);
     pthread_mutex_lock(&q->mu);
     done_executing(q);
+    atomic_fetch_sub_explicit(&q->pending, 1, memory_order_release);
     if (has_work(q)) wake_thread(comm, q);
     else pthread_cond_broadcast(&q->idle_cv);
     pthread_mutex_unlock(&q->mu);

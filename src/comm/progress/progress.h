@@ -18,7 +18,8 @@ td_status progress_drain(td_comm *comm);
 /* A request that is already complete with `status` (world-of-one operations
  * and failures detected at issue time). NULL on allocation failure. */
 td_request *progress_request_done(td_status status);
-/* True while operations are queued or executing. */
+/* True while operations are queued or executing, not counting one whose
+ * request already completed (its thread may still be finishing up). */
 bool progress_busy(td_comm *comm);
 
 #endif

@@ -133,6 +133,7 @@ typedef struct shm_transport {
   shm_peer_map *pmaps;   /* n x SHM_PEER_MAPS */
   unsigned *pmap_next;   /* n: round-robin victim */
   double spin_s;
+  _Atomic uint64_t yield_off_until; /* td_now_ns(): waits sleep at once until then (shm_spin) */
   double next_liveness; /* td_now() of the next dead-peer check */
   int live_cursor;      /* the rank the next dead-peer check of a sync starts at */
 } shm_transport;
