@@ -430,8 +430,14 @@ td_status p2p_run(td_comm *comm, const comm_op *op, const p2p_xfer *sends, int n
  * the frame itself. At most TANDEM_P2P_UNEXPECTED_BYTES
  * (P2P_UNEXPECTED_DEFAULT) are held per communicator; a frame beyond that
  * waits in the transport for its receive, as before (MPI's eager/rendezvous
- * split). */
-#define P2P_UNEXPECTED_DEFAULT ((size_t)64 << 20)
+ * split).
+ *
+ * Off by default: the frames held are memory that the trainer's estimate
+ * does not count (an elastic commit's exchange, taken ahead of its
+ * receives, put a stage-3 rank 4-12% above its estimate:
+ * memory_bound_elastic_stage3), so a user turns it on where it pays, e.g.
+ * for a pipeline whose activations are larger than the FIFO. */
+#define P2P_UNEXPECTED_DEFAULT ((size_t)0)
 
 typedef struct unexpected_frame {
   struct unexpected_frame *next; /* arrival order */
