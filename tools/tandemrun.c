@@ -742,6 +742,22 @@ static bool share_on(job *j) {
   return j->share == 1;
 }
 
+/* The start of every child tandemrun forks (a rank, an ssh master), before
+ * its exec: async-signal-safe calls only. A process group of its own; it
+ * dies with tandemrun, even a SIGKILLed one (and exits at once if tandemrun
+ * is already gone); the signal state tandemrun started with: our own
+ * SIGPIPE ignore undone, nothing blocked; what the user ignored (nohup's
+ * SIGHUP) stays ignored. */
+static void child_begin(pid_t parent) {
+  setpgid(0, 0);
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != parent) _exit(127);
+  sigset_t none;
+  sigemptyset(&none);
+  sigaction(SIGPIPE, &original_sigpipe, NULL);
+  sigprocmask(SIG_SETMASK, &none, NULL);
+}
+
 static ssh_master *master_of(job *j, const char *host) {
   for (int i = 0; i < j->n_masters; i++)
     if (!strcmp(j->masters[i].host, host)) return &j->masters[i];
@@ -790,13 +806,7 @@ static void master_start(job *j, const char *host) {
   pid_t parent = getpid();
   pid_t pid = fork();
   if (pid == 0) { /* async-signal-safe only until exec (start_worker says why) */
-    setpgid(0, 0);
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(127);
-    sigset_t none;
-    sigemptyset(&none);
-    sigaction(SIGPIPE, &original_sigpipe, NULL);
-    sigprocmask(SIG_SETMASK, &none, NULL);
+    child_begin(parent);
     if (devnull >= 0) dup2(devnull, 0), dup2(devnull, 1), dup2(devnull, 2);
     execvp(args.items[0], args.items);
     _exit(127);
@@ -950,17 +960,7 @@ static bool start_worker(job *j, worker *w) {
   pid_t parent = getpid();
   pid_t pid = fork();
   if (pid == 0) {
-    setpgid(0, 0);
-    /* Die with tandemrun, even if it is SIGKILLed. */
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(127);
-    /* Give the program the signal state tandemrun started with: our own
-     * SIGPIPE ignore undone, nothing blocked; what the user ignored (nohup's
-     * SIGHUP) stays ignored. */
-    sigset_t none;
-    sigemptyset(&none);
-    sigaction(SIGPIPE, &original_sigpipe, NULL);
-    sigprocmask(SIG_SETMASK, &none, NULL);
+    child_begin(parent);
     if (secret_pipe[0] >= 0)
       dup2(secret_pipe[0], 0);
     else if (devnull >= 0)

@@ -16,25 +16,34 @@ void td_model_init_params(const td_model *model, float *params, uint64_t seed) {
     nn_cnn_init_params(model, params, seed);
 }
 
+/* Move a model just built on the CPU to the (opened) CUDA device: *out on
+ * success; on failure the model, still the CPU one (attach changes nothing
+ * then), is destroyed. */
+static td_status attach_device(td_model *model, td_device device, td_model **out) {
+#ifdef TD_HAVE_CUDA
+  td_status st = nn_gpt_cuda_attach(model, device);
+  if (st != TD_OK) {
+    td_model_destroy(model);
+    return st;
+  }
+  *out = model;
+  return TD_OK;
+#else
+  (void)device, (void)out;
+  td_model_destroy(model);
+  return td_error(TD_ERR_INTERNAL, "td_device_open accepted a CUDA device in a build without CUDA");
+#endif
+}
+
 td_status td_gpt_create_on(const td_gpt_config *config, td_device device, td_model **out) {
   if (!out) return td_error(TD_ERR_INVALID_ARGUMENT, "td_gpt_create_on: out must not be NULL");
   *out = NULL;
   if (device.kind == TD_DEVICE_CPU) return td_gpt_create(config, out);
   /* says "built without CUDA", "no CUDA device: ..." or "cuda:N asked, M visible" */
   TD_CHECK(td_device_open(device));
-#ifdef TD_HAVE_CUDA
   td_model *model = NULL;
   TD_CHECK(td_gpt_create(config, &model));
-  td_status st = nn_gpt_cuda_attach(model, device);
-  if (st != TD_OK) {
-    td_model_destroy(model); /* still the CPU model: attach changes nothing on failure */
-    return st;
-  }
-  *out = model;
-  return TD_OK;
-#else
-  return td_error(TD_ERR_INTERNAL, "td_gpt_create_on: td_device_open accepted a CUDA device in a build without CUDA");
-#endif
+  return attach_device(model, device, out);
 }
 
 td_status td_gpt_stage_create_on(const td_gpt_config *config, const td_gpt_stage *stage, td_device device,
@@ -43,20 +52,9 @@ td_status td_gpt_stage_create_on(const td_gpt_config *config, const td_gpt_stage
   *out = NULL;
   if (device.kind == TD_DEVICE_CPU) return td_gpt_stage_create(config, stage, out);
   TD_CHECK(td_device_open(device)); /* "built without CUDA", "no CUDA device: ...", "cuda:N asked, M visible" */
-#ifdef TD_HAVE_CUDA
   td_model *model = NULL;
   TD_CHECK(td_gpt_stage_create(config, stage, &model));
-  td_status st = nn_gpt_cuda_attach(model, device);
-  if (st != TD_OK) {
-    td_model_destroy(model); /* still the CPU stage: attach changes nothing on failure */
-    return st;
-  }
-  *out = model;
-  return TD_OK;
-#else
-  return td_error(TD_ERR_INTERNAL, "td_gpt_stage_create_on: td_device_open accepted a CUDA device in a build without "
-                                   "CUDA");
-#endif
+  return attach_device(model, device, out);
 }
 
 /* A stage's exchanges with its neighbours: the CPU stage's buffers
