@@ -73,6 +73,20 @@
  * of stages runs the whole model's launches in its order on exact f32
  * copies: its bits. f32 only (bf16 refused: the exchanges are f32).
  *
+ * Tensor parallelism (td_gpt_set_tensor_split; src/parallel's
+ * td_gpt_tp_create_on): the arenas follow the shard's table (`tab`), and the
+ * blocks compute tensor rank tr of tp: qkv's rows of heads [tr NH/tp, ...)
+ * (column-parallel: the attention runs on C/tp channels, NH/tp heads), the
+ * attention projection over those C/tp input columns and the MLP's 4C/tp
+ * features (fc column-parallel, its projection row-parallel). Each
+ * row-parallel product leaves the epilogue's residual add and writes its
+ * partial sum (tensor rank 0's with the bias), which the split's allreduce
+ * sums in place before the residual is added; each column-parallel
+ * product's input gradient is summed so before its LayerNorm's backward.
+ * The stream is synchronized before each (the collective reads the device
+ * buffer when called). Everything else (embeddings, LayerNorms, head, loss)
+ * runs whole, as at tp 1, and their gradients come out equal on every rank.
+ *
  * Errors: forward returns NaN with the launcher's message in
  * td_last_error(); backward cannot return one, so it stops at the first
  * failure, logs it, and the next forward returns NaN with the same message. */
