@@ -1305,7 +1305,9 @@ static void agent_start(job *j, const char *host) {
     close(to[0]), close(to[1]);
     return;
   }
-  str_list args = {0};
+  str_list args = {0}, env = {0};
+  for (char **e = environ; *e; e++) /* the secret goes on stdin; ssh itself does not need it */
+    if (!env_is_secret(*e)) list_push(&env, xstrdup(*e));
   ssh_words(&args);
   list_push(&args, xstrdup(host));
   char *q = shell_quote(j->agent_path);
@@ -1317,10 +1319,11 @@ static void agent_start(job *j, const char *host) {
     child_begin(parent);
     dup2(to[0], 0);
     dup2(from[1], 1);
-    execvp(args.items[0], args.items);
+    execvpe(args.items[0], args.items, env.items);
     _exit(127);
   }
   list_free(&args);
+  list_free(&env);
   close(to[0]);
   close(from[1]);
   if (pid < 0) {
@@ -1382,6 +1385,17 @@ static void agent_fall_back(job *j, int wi) {
   }
 }
 
+/* An agent's ssh ended with `status`: a remote shell that found no
+ * tandem-agent (127 before any hello) means none is installed there. */
+static void agent_ended(job *j, host_agent *a, int status) {
+  a->pid = 0;
+  if (!a->ready && WIFEXITED(status) && WEXITSTATUS(status) == 127) {
+    a->missing = true;
+    fprintf(stderr, "tandemrun: host %s has no %s (the remote shell exited 127): its ranks start over ssh each; "
+                    "install Tandem at the same path there, or set TANDEM_AGENT\n", a->host, j->agent_path);
+  }
+}
+
 /* Agent ai is gone (EOF, an error, a garbled message, or no hello in
  * time): its queued ranks start over ssh, its started ones are lost. */
 static void agent_lost(job *j, int ai, const char *why) {
@@ -1390,8 +1404,12 @@ static void agent_lost(job *j, int ai, const char *why) {
   if (a->to_fd >= 0) close(a->to_fd);
   if (a->from_fd >= 0) close(a->from_fd);
   a->to_fd = a->from_fd = -1;
+  if (a->pid > 0) { /* reaped now, so that a replacement placed there can start a new agent at once */
+    int status;
+    kill(-a->pid, SIGKILL);
+    if (waitpid(a->pid, &status, 0) == a->pid) agent_ended(j, a, status);
+  }
   a->ready = false;
-  if (a->pid > 0) kill(-a->pid, SIGKILL); /* reaped in reap(): agent_reaped */
   int n_lost = 0;
   for (int i = 0; i < j->n_workers; i++)
     n_lost += j->workers[i].running && j->workers[i].agent == ai + 1 && !j->workers[i].agent_pending;
@@ -1420,12 +1438,7 @@ static bool agent_reaped(job *j, pid_t pid, int status) {
   for (int i = 0; i < j->n_agents; i++) {
     host_agent *a = &j->agent_list[i];
     if (a->pid != pid) continue;
-    a->pid = 0;
-    if (!a->ready && WIFEXITED(status) && WEXITSTATUS(status) == 127) {
-      a->missing = true;
-      fprintf(stderr, "tandemrun: host %s has no %s (the remote shell exited 127): its ranks start over ssh each; "
-                      "install Tandem at the same path there, or set TANDEM_AGENT\n", a->host, j->agent_path);
-    }
+    agent_ended(j, a, status);
     if (a->from_fd >= 0) agent_lost(j, i, "its ssh exited");
     return true;
   }
