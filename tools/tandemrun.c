@@ -20,13 +20,15 @@
  *
  * Local hosts are started with fork/exec, each worker in its own process group
  * (so that its children are signalled too) and with a parent-death signal (so
- * that a killed tandemrun does not leave orphans). Remote hosts are started
- * with $TANDEM_SSH (default "ssh -o BatchMode=yes") HOST 'cd CWD && ... env
- * VARS PROGRAM ARGS ...' (remote_command below), as sessions of one master
- * connection per host ("ssh connection sharing" below). Ranks fill hosts
- * slot by slot, in the order given.
+ * that a killed tandemrun does not leave orphans). On a remote host, one
+ * tandem-agent started over ssh forks and execs the ranks ("per-host
+ * agents" below); without one, each rank starts with $TANDEM_SSH (default
+ * "ssh -o BatchMode=yes") HOST 'cd CWD && ... env VARS PROGRAM ARGS ...'
+ * (start_worker_here_or_ssh), as sessions of one master connection per
+ * host ("ssh connection sharing" below). Ranks fill hosts slot by slot, in
+ * the order given.
  *
- * A remote worker's ssh has a "lifeline" on its stdin: a pipe that tandemrun
+ * A remote worker's ssh (without an agent) has a "lifeline" on its stdin: a pipe that tandemrun
  * holds open while the worker runs. The remote shell runs the program in the
  * background and watches its stdin; EOF there means tandemrun stopped the
  * worker (it killed ssh), or tandemrun or its ssh died, or the connection
@@ -1502,9 +1504,9 @@ static void agent_read(job *j, int ai) {
       emit_lines(w->rank, &w->err_buf, 2, true);
       int status = y;
       if (WIFSIGNALED(status)) status = W_EXITCODE(128 + WTERMSIG(status), 0); /* as the remote shell reported it */
-      /* Its end may start others (elastic): frames are read from a copy of
-       * the offset, the buffer itself stays where it is (agent_list may
-       * move, the buffer does not). */
+      /* Its end may start others (elastic) and grow agent_list: the loop
+       * takes the agent anew for each frame; the frames' bytes do not move
+       * (nothing reads into this buffer meanwhile). */
       worker_ended(j, w, status);
     }
   }
