@@ -28,21 +28,24 @@ for t in "${trees[@]}"; do
   [ -x "$d/bin/tandem-bench" ] && [ -x "$d/bin/tandemrun" ] ||
     { echo "coll_hosts.sh: $d/bin/tandem-bench or tandemrun missing: build it (make -j2 $d/bin/tandemrun $d/bin/tandem-bench)" >&2; exit 2; }
 done
-raw=$(mktemp /tmp/tandem-coll-hosts.XXXXXX)
+# RAW=FILE keeps the rows (part label round size time_us busbw load=)
+raw=${RAW:-$(mktemp /tmp/tandem-coll-hosts.XXXXXX)}
+keep=$([ -n "${RAW:-}" ] && echo 1)
+: >"$raw"
 if [[ " $PARTS " = *" hosts "* ]]; then
   if [ "$(id -u)" != 0 ]; then
     echo "coll_hosts.sh: hosts part skipped: network namespaces need root" >&2
     PARTS=${PARTS//hosts/}
-    trap 'rm -f "$raw"' EXIT
+    trap '[ -n "$keep" ] || rm -f "$raw"' EXIT
   else
     . tests/lib/netns.sh
     netns_init
-    NETNS_ON_EXIT='rm -f "$raw"'
+    NETNS_ON_EXIT='[ -n "$keep" ] || rm -f "$raw"'
     netns_add_host a 10.77.18.1
     netns_add_host b 10.77.18.2
   fi
 else
-  trap 'rm -f "$raw"' EXIT
+  trap '[ -n "$keep" ] || rm -f "$raw"' EXIT
 fi
 secret=$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')
 load_start=$(cut -d' ' -f1-3 /proc/loadavg)
@@ -165,4 +168,16 @@ for part in sorted({p for p, _ in order}):
         name = f"{s >> 20} MiB" if s >= 1 << 20 else f"{s >> 10} KiB"
         print(f"| {name} | " + " | ".join(cells) + " | " + " | ".join(ratios) + " |")
     print()
+    trees = [l for l in labels if l != "gloo"]
+    if len(trees) >= 2:  # the A/B: first tree against each other one, round by round
+        a = trees[0]
+        for b in trees[1:]:
+            cells = []
+            for s in sizes:
+                src = times if s <= 4096 else rows
+                va, vb = src.get((part, a, s), {}), src.get((part, b, s), {})
+                rs = [(vb[r] / va[r]) if s <= 4096 else (va[r] / vb[r]) for r in va if r in vb and va[r] > 0 and vb[r] > 0]
+                name = f"{s >> 20} MiB" if s >= 1 << 20 else f"{s >> 10} KiB"
+                cells.append(f"{name} {st.median(rs):.2f}x [{min(rs):.2f}-{max(rs):.2f}]" if rs else f"{name} -")
+            print(f"{part}, {a} against {b} (median of the per-round ratios, > 1: {a} faster): " + "; ".join(cells) + "\n")
 EOF
