@@ -30,8 +30,8 @@
 #              programs that the lines beside it run).
 #              TREES_READY=DIR: the trees are still being built (make test
 #              builds them beside the suite): a line starts once every tree
-#              it uses has left DIR/<tree> holding 0 (tree: normal, asan,
-#              emu for build/cudaemu, fuzz for build/fuzz); DIR/done marks
+#              it uses has left DIR/<tree> holding 0 (tree: build, asan,
+#              cudaemu, fuzz: build/'s name below it); DIR/done marks
 #              the end of the builds (a tree missing then did not build: its
 #              lines fail), and the lone lines wait for it.
 #              HOSTLANE=REGEX: of those, the lines that build hosts (network
