@@ -363,7 +363,8 @@ td_status trainer_memory_fit(td_trainer *t) {
      * check below is of physical memory, where those pages are the peers' */
     t->mem_peer_mapped = zero_peer_mapped_bytes(t->model, &t->cfg, t->world, t->zero_stage, t->rank,
                                                 e.deterministic == 0, t->comm != NULL,
-                                                t->comm ? td_comm_direct_min_bytes(t->comm) : 0);
+                                                t->comm ? td_comm_direct_min_bytes(t->comm) : 0) +
+                         e.comm_staging_shared; /* the model's own groups' staging pages in the peers' slots */
     if (room > 0 && need > room) {
       char fits[1024], tmpfs[80] = "";
       what_fits(t, room, fits, sizeof fits);
@@ -405,7 +406,8 @@ td_status trainer_memory_rebind(td_trainer *t, int old_world) {
     t->mem_estimate = need;
     t->mem_peer_mapped = zero_peer_mapped_bytes(t->model, &t->cfg, t->world, t->zero_stage, t->rank,
                                                 e.deterministic == 0, false, /* the shards are restored */
-                                                td_comm_direct_min_bytes(t->comm));
+                                                td_comm_direct_min_bytes(t->comm)) +
+                         e.comm_staging_shared;
     if (room > 0 && need > room) {
       char fits[1024];
       what_fits(t, room, fits, sizeof fits);
