@@ -223,7 +223,7 @@ struct td_trainer {
   td_mem_room mem_room; /* measured at creation */
   size_t mem_baseline;  /* RSS before the arenas: the largest of the ranks (least_room), so all fit alike */
   size_t mem_estimate;  /* what the estimate says this rank holds at most (baseline included) */
-  size_t mem_peer_mapped; /* the peers' host-shared pages its RSS counts too (zero_peer_mapped_bytes) */
+  size_t mem_peer_mapped; /* the peers' pages its RSS counts too: host-shared arenas (zero_peer_mapped_bytes), the model's groups' shm staging (comm_staging_shared) */
   int mem_warned;       /* the RSS warning level reached: 0 none, 1 past 90%, 2 past 97% */
   size_t mem_pss;       /* the last Pss read, and when (td_now): trainer_memory_watch reads it at most once a */
   double mem_pss_at;    /* second unless the RSS nears the limit */
