@@ -118,6 +118,11 @@ td_status td_comm_split(td_comm *comm, int color, int key, td_comm **out);
  * overrides both on every communicator. Any thread; accepts NULL. The
  * pipeline engine sets it on its communicator (docs/training.md). */
 void td_comm_hold_unexpected(td_comm *comm, size_t max_bytes, size_t max_frame_bytes);
+/* The most bytes comm would hold under td_comm_hold_unexpected(comm,
+ * max_bytes, ...), for a memory estimate: 0 where its transport takes no
+ * unexpected frames (tcp, a world of one), TANDEM_P2P_UNEXPECTED_BYTES
+ * when set, else max_bytes. */
+size_t td_comm_unexpected_limit(const td_comm *comm, size_t max_bytes);
 
 /* Wait for every pending operation, then synchronize with all ranks so that
  * none leaves while others still need it. Returns the first error seen. */
