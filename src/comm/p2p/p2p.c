@@ -441,8 +441,9 @@ td_status p2p_run(td_comm *comm, const comm_op *op, const p2p_xfer *sends, int n
  *
  * The buffers are kept for reuse (a free list, best fit), never more bytes
  * in all, held or free, than the cap: a fresh malloc per frame (mmap'ed at
- * these sizes) faulted in every page of every message again, 169 page
- * faults per rank per step of a 2-rank run instead of 15. */
+ * these sizes) faulted in every page of every message again (an elastic
+ * 2-rank run with a 64 MiB cap: 169 page faults per rank per step instead
+ * of 15; bench/pipeline_faults.sh measures a pipeline's). */
 typedef struct unexpected_frame {
   struct unexpected_frame *next; /* arrival order; or the free list */
   comm_hdr hdr;
