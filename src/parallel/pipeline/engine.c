@@ -211,7 +211,7 @@ static size_t act_floats(const pp_model *m, int batch) {
 /* The stage models' pipeline accessors: nn's GPT stage, or the tensor-parallel one. */
 static td_status stage_create(const pp_model *m, const td_gpt_stage *range, td_model **out) {
   if (!m->tensor) return td_gpt_stage_create_on(&m->cfg, range, m->dev, out);
-  TD_CHECK(tp_gpt_stage_create(&m->cfg, range, m->tensor, m->world_rank, out));
+  TD_CHECK(tp_gpt_stage_create(&m->cfg, range, m->dev, m->tensor, m->world_rank, out));
   return m->sp ? td_gpt_tp_set_sequence_parallel(*out, 1) : TD_OK;
 }
 static const float *stage_output(const pp_model *m, const td_model *sm) {
@@ -673,12 +673,6 @@ static const td_model_ops pp_ops = {
 static td_status pipeline_create(const td_gpt_config *config, const td_pipeline_config *pp, td_comm *pipeline,
                                  td_comm *tensor, int world_rank, td_model **out) {
   const td_device dev = pp ? pp->device : (td_device){TD_DEVICE_CPU, 0};
-  if (tensor && dev.kind != TD_DEVICE_CPU) {
-    char name[16];
-    td_device_name(dev, name, sizeof name);
-    return td_error(TD_ERR_INVALID_USAGE, "tensor parallelism trains on the CPU engine only; use --device cpu (%s "
-                    "asked; pipeline parallelism alone trains on a GPU)", name);
-  }
   td_pp_schedule_kind kind = TD_PP_1F1B;
   int v = 1;
   td_pp_partition_method method = TD_PP_PARTITION_UNIFORM;
