@@ -52,6 +52,10 @@
  * (td_gpt_tp_create_on; pipeline stages with td_pipeline_config.device) and
  * the one-rank reference compute on that device (the ranks share it), the
  * parameters read back from it; the vocabulary is whole on every rank there.
+ * TD_TEST_DEVICE=cuda: each rank on its own GPU (cuda:(local rank %
+ * GPUs), td_train_device_select), so that the tensor group's allreduces can
+ * take NCCL; TANDEM_TEST_EXPECT_PATH=nccl|staged: fail unless the tensor
+ * group's device collectives took that path.
  * Without a device the test prints "skipped: no GPU: <why>" and passes,
  * unless TD_TEST_EXPECT_CUDA is set (then it fails).
  *
@@ -63,7 +67,9 @@
 #include <unistd.h>
 
 #include "../common/check.h"
+#include "comm/device/device_coll.h"
 #include "parallel/tensor/tensor.h"
+#include "tandem/train.h"
 
 static td_comm *world;
 static int P, R; /* tensor-parallel size and rank (layers, model: the world) */
@@ -571,11 +577,16 @@ static void train(int tp, int pp, int steps, int sp, int tied) {
   td_model_destroy(mt);
   td_model_destroy(mf);
   td_dataset_destroy(ds);
+  const char *expect_path = getenv("TANDEM_TEST_EXPECT_PATH"), *path = device_coll_path(td_grid_comm(grid, TD_GRID_TENSOR));
+  if (expect_path && strcmp(path, expect_path) != 0)
+    td_test_fail(__FILE__, __LINE__, "rank %d: the tensor group's device collectives took the %s path, expected %s",
+                 rank, path, expect_path);
   td_grid_destroy(grid);
   if (rank == 0 && g_dev.kind != TD_DEVICE_CPU) {
     char name[16];
-    printf("tp train: on %s, shared by the %d ranks (the vocabulary whole on each)\n",
-           td_device_name(g_dev, name, sizeof name), n);
+    printf("tp train: on %s%s (the vocabulary whole on each), the tensor group's allreduces on the %s path\n",
+           td_device_name(g_dev, name, sizeof name), getenv("TD_TEST_DEVICE")[4] ? ", shared by the ranks" : ", each rank on its own GPU",
+           path);
   }
   if (rank == 0)
     printf("tp train: %d ranks as data %d x pipeline %d x tensor %d%s%s%s%s: %d steps equal to one rank\n", n, dp,
@@ -688,6 +699,7 @@ int main(int argc, char **argv) {
   }
   CHECK_OK(td_comm_init(&world));
   world_rank = td_comm_rank(world);
+  if (dev && !strcmp(dev, "cuda")) CHECK_OK(td_train_device_select(dev, td_comm_local_rank(world), &g_dev));
   P = td_comm_size(world);
   R = td_comm_rank(world);
   if (!strcmp(argv[1], "layers")) {
