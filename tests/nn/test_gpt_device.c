@@ -136,6 +136,28 @@ static void ta_release(void *ctx, size_t offset, size_t count) {
   td_test_fail(__FILE__, __LINE__, "release of [%zu, %zu), which is not fetched", offset, offset + count);
 }
 
+/* ta starts empty, fetching from the device arena (elements of es bytes) */
+static td_param_access ta_start(test_access *ta, td_device gpu, const void *arena, size_t es) {
+  memset(ta, 0, sizeof *ta);
+  ta->gpu = gpu;
+  ta->arena = arena;
+  ta->es = es;
+  return (td_param_access){ta_fetch, ta_release, ta};
+}
+
+/* One plain step of dev from zeroed gradients (the whole arena, no ready
+ * callback), the reference the other ways of running it must match bit for
+ * bit: its loss, and its gradients as f32 in grads_out (n of them). */
+static float reference_step(td_model *dev, const float *d_params, float *d_grads, const int32_t *tokens,
+                            const int32_t *targets, int B, float loss_scale, float *grads_out, size_t n,
+                            td_dtype dtype, td_device gpu) {
+  CHECK_OK(td_device_memset0(gpu, d_grads, n * td_dtype_size(dtype)));
+  float loss = dev->ops->forward(dev, d_params, tokens, targets, B);
+  dev->ops->backward(dev, d_params, d_grads, loss_scale, NULL, NULL);
+  from_device(grads_out, d_grads, n, dtype, gpu);
+  return loss;
+}
+
 static void compare(td_gpt_config cfg, int B, float loss_scale, td_dtype dtype, td_device gpu) {
   printf("config vocab=%d layers=%d channels=%d heads=%d seq=%d tied=%d B=%d loss_scale=%g %s\n", cfg.vocab,
          cfg.layers, cfg.channels, cfg.heads, cfg.seq, cfg.tied, B, loss_scale, td_dtype_name(dtype));
@@ -213,16 +235,9 @@ static void compare(td_gpt_config cfg, int B, float loss_scale, td_dtype dtype, 
   {
     float *ref = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float));
     CHECK(ref && got);
-    CHECK_OK(td_device_memset0(gpu, d_grads, n * es));
-    float loss_ref = dev->ops->forward(dev, d_params, tokens, targets, B);
-    dev->ops->backward(dev, d_params, d_grads, loss_scale, NULL, NULL);
-    from_device(ref, d_grads, n, dtype, gpu);
+    float loss_ref = reference_step(dev, d_params, d_grads, tokens, targets, B, loss_scale, ref, n, dtype, gpu);
     static test_access ta;
-    memset(&ta, 0, sizeof ta);
-    ta.gpu = gpu;
-    ta.arena = (const char *)d_params;
-    ta.es = es;
-    td_param_access pa = {ta_fetch, ta_release, &ta};
+    td_param_access pa = ta_start(&ta, gpu, d_params, es);
     dev->param_access = &pa;
     CHECK_OK(td_device_memset0(gpu, d_grads, n * es));
     float loss_pa = dev->ops->forward(dev, NULL, tokens, targets, B);
@@ -249,10 +264,7 @@ static void compare(td_gpt_config cfg, int B, float loss_scale, td_dtype dtype, 
   {
     float *ref = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float));
     CHECK(ref && got);
-    CHECK_OK(td_device_memset0(gpu, d_grads, n * es));
-    float loss_ref = dev->ops->forward(dev, d_params, tokens, targets, B);
-    dev->ops->backward(dev, d_params, d_grads, loss_scale, NULL, NULL);
-    from_device(ref, d_grads, n, dtype, gpu);
+    float loss_ref = reference_step(dev, d_params, d_grads, tokens, targets, B, loss_scale, ref, n, dtype, gpu);
     const size_t plain_bytes = dev->activation_bytes;
     CHECK_OK(dev->ops->set_activation_checkpointing(dev, 1));
     CHECK_OK(dev->ops->prepare(dev, B));
@@ -266,11 +278,7 @@ static void compare(td_gpt_config cfg, int B, float loss_scale, td_dtype dtype, 
     else CHECK(dev->activation_bytes + (size_t)(cfg.layers - 1) * BT * 15 * cfg.channels * es <= plain_bytes + 12 * 256);
     for (int pass = 0; pass < 2; pass++) {
       static test_access ta;
-      memset(&ta, 0, sizeof ta);
-      ta.gpu = gpu;
-      ta.arena = (const char *)d_params;
-      ta.es = es;
-      td_param_access pa = {ta_fetch, ta_release, &ta};
+      td_param_access pa = ta_start(&ta, gpu, d_params, es);
       dev->param_access = pass == 1 ? &pa : NULL;
       CHECK_OK(td_device_memset0(gpu, d_grads, n * es));
       float loss_ck = dev->ops->forward(dev, pass == 1 ? NULL : d_params, tokens, targets, B);
