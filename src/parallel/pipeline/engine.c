@@ -203,14 +203,14 @@ static void pp_destroy(td_model *model) {
   free(m);
 }
 
-/* The floats of one activation message: the stage output's rows on this
- * rank, all B*T of them, or B*T/tp with sequence parallelism (each tensor
- * rank of a stage sends its own rows to the same tensor rank of the next). */
 /* Element `off` of an arena of the stage models' type (bf16 on a device in bf16). */
 static float *at(const pp_model *m, const float *arena, size_t off) {
   return (float *)((const char *)arena + off * m->act_es);
 }
 
+/* The elements (of act_dtype) of one activation message: the stage output's rows on this
+ * rank, all B*T of them, or B*T/tp with sequence parallelism (each tensor
+ * rank of a stage sends its own rows to the same tensor rank of the next). */
 static size_t act_floats(const pp_model *m, int batch) {
   return (size_t)batch * (size_t)m->cfg.seq / (size_t)(m->sp ? m->tp : 1) * (size_t)m->cfg.channels;
 }
