@@ -107,6 +107,23 @@ const char *td_comm_host(const td_comm *comm, int rank);
  * (the rank joins no group). */
 td_status td_comm_split(td_comm *comm, int color, int key, td_comm **out);
 
+/* Unexpected point-to-point messages (shm; docs/collectives.md): let comm's
+ * progress thread take up to max_bytes of send frames of at most
+ * max_frame_bytes each, from peers whose send stalled on a full FIFO,
+ * before this rank posts their receives, so that those sends complete while
+ * this rank computes (MPI's unexpected messages). The buffers, at most
+ * max_bytes in all, are kept for reuse: count max_bytes in the memory this
+ * rank needs. 0 (the default of every communicator, and of those
+ * td_comm_split makes) takes none. TANDEM_P2P_UNEXPECTED_BYTES, when set,
+ * overrides both on every communicator. Any thread; accepts NULL. The
+ * pipeline engine sets it on its communicator (docs/training.md). */
+void td_comm_hold_unexpected(td_comm *comm, size_t max_bytes, size_t max_frame_bytes);
+/* The most bytes comm would hold under td_comm_hold_unexpected(comm,
+ * max_bytes, ...), for a memory estimate: 0 where its transport takes no
+ * unexpected frames (tcp, a world of one), TANDEM_P2P_UNEXPECTED_BYTES
+ * when set, else max_bytes. */
+size_t td_comm_unexpected_limit(const td_comm *comm, size_t max_bytes);
+
 /* Wait for every pending operation, then synchronize with all ranks so that
  * none leaves while others still need it. Returns the first error seen. */
 td_status td_comm_finalize(td_comm *comm);

@@ -20,7 +20,12 @@
  * Sends and receives between two ranks are issued in the same order on
  * both (tests/pipeline: the simulator), which point-to-point matching
  * requires, and the communicator's progress thread moves posted sends while
- * this thread computes.
+ * this thread computes. On shm, a message larger than the FIFO is taken by
+ * the receiving rank's progress thread before the receive is posted
+ * (unexpected frames), up to the messages the schedule can have waiting at
+ * this stage (td_pp_max_unexpected), a cap the engine sets on its own
+ * communicator only and the memory estimate counts (unexpected_bytes; 0
+ * over TCP, whose socket buffers hold the data instead).
  *
  * Order of sums: every gradient is accumulated by the stage models exactly
  * as the whole model accumulates it over the micro-steps of a step (the
@@ -332,6 +337,20 @@ static size_t max_slots(const pp_model *m) {
   return slots > 0 ? (size_t)slots : 0;
 }
 
+/* The activation messages (and their gradients) that can reach this rank
+ * before it posts their receives, at m micro-batches a step: what its
+ * communicator's progress thread may take into buffers of its own (shm
+ * unexpected frames, td_comm_hold_unexpected), so that a neighbour's send
+ * larger than the FIFO completes while this rank computes rather than in
+ * its next receive's wait. Counted in the estimate at m past the warm-up
+ * (p(v+2), as max_slots), where the closed form stops growing, as far as
+ * the communicator holds any (td_comm_unexpected_limit: not over TCP;
+ * TANDEM_P2P_UNEXPECTED_BYTES when set). */
+static size_t unexpected_bytes(const pp_model *m, int batch, int n_micro) {
+  int msgs = td_pp_max_unexpected(m->kind, m->p, n_micro, m->v, m->s);
+  return msgs > 0 ? (size_t)msgs * act_floats(m, batch) * sizeof(float) : 0;
+}
+
 static size_t pp_activation_bytes(const td_model *model, int batch, int checkpointing, td_dtype compute) {
   const pp_model *m = (const pp_model *)model;
   size_t total = 0, slots = max_slots(m);
@@ -343,7 +362,7 @@ static size_t pp_activation_bytes(const td_model *model, int batch, int checkpoi
     size_t io = ((ch->range.embed ? 0 : 1) + (ch->range.head ? 0 : 1)) * act_floats(m, batch) * es;
     total += slots * (one + io);
   }
-  return total;
+  return total + td_comm_unexpected_limit(m->comm, unexpected_bytes(m, batch, m->p * (m->v + 2)));
 }
 
 /* One thread runs every slot's products in turn: the largest chunk's
@@ -546,6 +565,7 @@ static td_status pp_run(td_model *model, const float *params, float *grads, cons
     free(acts);
     return st;
   }
+  td_comm_hold_unexpected(m->comm, unexpected_bytes(m, batch, n_micro), act_floats(m, batch) * sizeof(float));
   const size_t BTC = act_floats(m, batch), T = (size_t)m->cfg.seq;
   const size_t in_bytes = (size_t)batch * m->base.input_bytes, tgt_count = (size_t)batch * T;
   const int last_model_stage = m->p * m->v - 1;
