@@ -348,7 +348,7 @@ static size_t max_slots(const pp_model *m) {
  * TANDEM_P2P_UNEXPECTED_BYTES when set). */
 static size_t unexpected_bytes(const pp_model *m, int batch, int n_micro) {
   int msgs = td_pp_max_unexpected(m->kind, m->p, n_micro, m->v, m->s);
-  return msgs > 0 ? (size_t)msgs * act_floats(m, batch) * sizeof(float) : 0;
+  return msgs > 0 ? (size_t)msgs * act_floats(m, batch) * m->act_es : 0;
 }
 
 static size_t pp_activation_bytes(const td_model *model, int batch, int checkpointing, td_dtype compute) {
@@ -565,7 +565,7 @@ static td_status pp_run(td_model *model, const float *params, float *grads, cons
     free(acts);
     return st;
   }
-  td_comm_hold_unexpected(m->comm, unexpected_bytes(m, batch, n_micro), act_floats(m, batch) * sizeof(float));
+  td_comm_hold_unexpected(m->comm, unexpected_bytes(m, batch, n_micro), act_floats(m, batch) * m->act_es);
   const size_t BTC = act_floats(m, batch), T = (size_t)m->cfg.seq;
   const size_t in_bytes = (size_t)batch * m->base.input_bytes, tgt_count = (size_t)batch * T;
   const int last_model_stage = m->p * m->v - 1;
