@@ -368,6 +368,34 @@ static size_t pp_thread_scratch_bytes(const td_model *model, int batch) {
   return n;
 }
 
+/* What a step stages (td_model_ops): on the pipeline communicator, the
+ * activations and their gradients to and from the neighbouring stages
+ * (1F1B: the previous and the next; interleaved: both, around the ring),
+ * the tied wte with the other end, and the loss's broadcast and the norm's
+ * allreduce (a few bytes); with tensor-parallel stages, the tensor group's
+ * collectives, the same for every chunk (one group, one micro-batch). */
+static size_t pp_comm_staging_bytes(const td_model *model, int batch, size_t *peers) {
+  const pp_model *m = (const pp_model *)model;
+  int ranks[3], n = 0;
+  if (m->p > 1) {
+    if (m->v > 1 || m->s > 0) ranks[n++] = (m->s + m->p - 1) % m->p;
+    if ((m->v > 1 || m->s < m->p - 1) && (n == 0 || ranks[0] != (m->s + 1) % m->p)) ranks[n++] = (m->s + 1) % m->p;
+    int other = m->s == 0 ? m->p - 1 : 0;
+    if (m->tied_wte >= 0 && other != m->s && !(n > 0 && ranks[0] == other) && !(n > 1 && ranks[1] == other))
+      ranks[n++] = other;
+  }
+  td_comm_traffic tr = {.allreduce = sizeof(double), .broadcast = sizeof(double), .send_peers = ranks,
+                        .recv_peers = ranks, .n_send_peers = n, .n_recv_peers = n};
+  size_t theirs = 0, all = td_comm_staging_bytes(m->comm, &tr, &theirs), tensor = 0, tensor_theirs = 0;
+  for (int c = 0; c < m->v && m->tensor; c++) {
+    const td_model *s = m->chunks[c].slot[0];
+    size_t t_theirs = 0, t = s->ops->comm_staging_bytes ? s->ops->comm_staging_bytes(s, batch, &t_theirs) : 0;
+    if (t > tensor) tensor = t, tensor_theirs = t_theirs;
+  }
+  if (peers) *peers = theirs + tensor_theirs;
+  return all + tensor;
+}
+
 static void pp_init_params(const td_model *model, float *params, uint64_t seed) {
   const pp_model *m = (const pp_model *)model;
   for (int c = 0; c < m->v; c++) td_model_init_params(m->chunks[c].slot[0], params + m->chunks[c].offset, seed);
@@ -681,6 +709,7 @@ static const td_model_ops pp_ops = {
     .set_activation_checkpointing = pp_set_ckpt,
     .activation_bytes = pp_activation_bytes,
     .thread_scratch_bytes = pp_thread_scratch_bytes,
+    .comm_staging_bytes = pp_comm_staging_bytes,
     .init_params = pp_init_params,
     .grad_norm_sq = pp_grad_norm_sq,
     .group_max = pp_group_max,
