@@ -1334,6 +1334,9 @@ static void agent_start(job *j, const char *host) {
   }
   setpgid(pid, pid);
   fcntl(from[0], F_SETFL, O_NONBLOCK);
+  /* A write to an agent whose ssh takes nothing for AGENT_WRITE_WAIT_MS
+   * fails (the agent is then lost) instead of stopping tandemrun's loop. */
+  fcntl(to[1], F_SETFL, O_NONBLOCK);
   a->pid = pid;
   a->to_fd = to[1];
   a->from_fd = from[0];
