@@ -146,6 +146,14 @@ typedef struct td_model_ops {
    * whatever the activations held (memory estimates count it per thread,
    * not per pipeline slot). */
   size_t (*thread_scratch_bytes)(const td_model *model, int batch);
+  /* Optional (NULL: none). For a model split across ranks that
+   * communicates inside its steps (the tensor group's collectives, a
+   * pipeline's transfers): bytes of its communicators' staging memory that
+   * a rank's RSS counts once it has run a step at micro-batch `batch`
+   * (td_comm_staging_bytes of what its forward and backward run: 0 over
+   * TCP); *peers: of it, the pages that are physically the peers'. For
+   * memory estimates. */
+  size_t (*comm_staging_bytes)(const td_model *model, int batch, size_t *peers);
 } td_model_ops;
 
 struct td_model {

@@ -207,6 +207,25 @@ static size_t tp_thread_scratch_bytes(const td_model *model, int batch) {
   return n;
 }
 
+/* What the tensor group's collectives stage (td_model_ops): every
+ * collective on the residual stream carries the micro-batch's whole B*T*C
+ * floats (the row-parallel sums, the column-parallel input gradients, the
+ * embedding's rows), an allreduce, or with sp a reduce-scatter and an
+ * allgather; the others are smaller (the cross-entropy's 2 B*T row sums,
+ * the LayerNorms' 2C with sp, a norm, a flag). */
+static size_t tp_comm_staging_bytes(const td_model *model, int batch, size_t *peers) {
+  const tp_gpt *g = (const tp_gpt *)model;
+  const size_t BT = (size_t)batch * g->cfg.seq, C = (size_t)g->C, f = sizeof(float);
+  td_comm_traffic tr = {0};
+  if (g->sp) {
+    tr.allreduce = TD_MAX(2 * BT, 2 * C) * f;
+    tr.allgather = tr.reduce_scatter = BT * C * f;
+  } else {
+    tr.allreduce = TD_MAX(BT * C, 2 * BT) * f;
+  }
+  return td_comm_staging_bytes(g->comm, &tr, peers);
+}
+
 /* Activation checkpointing: forward keeps each block's output (res3) and
  * one layer's other buffers; backward recomputes block l from its input
  * before differentiating it (with its collectives: every rank of the group
@@ -640,6 +659,7 @@ static const td_model_ops tp_ops = {
     .destroy = tp_destroy,
     .activation_bytes = tp_activation_bytes,
     .thread_scratch_bytes = tp_thread_scratch_bytes,
+    .comm_staging_bytes = tp_comm_staging_bytes,
     .set_activation_checkpointing = tp_set_ckpt,
     .init_params = tp_init_params,
     .grad_norm_sq = tp_grad_norm_sq,
