@@ -598,6 +598,10 @@ td_status det_forward_backward(td_trainer *t, double *loss_out, double *data_s, 
       if (last) stream_fail(t, local, "finding a vector"); /* the others stream: so does this rank, without it */
       continue;
     }
+    /* the zeros a kept streamed vector was left with last step hold only
+     * until its first use this step (a vector freed by a merge is used again) */
+    bool zeroed = vec == c->zeroed;
+    if (zeroed) c->zeroed = NULL;
     if (!last && t->devops) {
       local = device_backward(t, vec, scale, u);
     } else if (!last) {
@@ -606,9 +610,8 @@ td_status det_forward_backward(td_trainer *t, double *loss_out, double *data_s, 
     } else {
       if (!c->keep_streamed)
         release_vec(t, vec, 0, n); /* zeros without touching a page: backward faults in what it writes */
-      else if (vec != c->zeroed)
-        memset(vec, 0, n * sizeof(float)); /* the first step, or another pool vector than the last step's */
-      c->zeroed = NULL;
+      else if (!zeroed)
+        memset(vec, 0, n * sizeof(float)); /* the first step, or a vector used before */
       c->released_lo = n;
       if (i < len) {
         acc->defer = true; /* its additions into the cover wait for backward, chunk by chunk */
