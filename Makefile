@@ -202,7 +202,7 @@ endif
 
 cuda-emu:
 	@$(MAKE) --no-print-directory CUDA_EMU=1 BUILD=build/cudaemu SAN=1 OPT="-O1" cuda-emu-tree
-cuda-emu-tree: report-config $(LIBA) $(CUDA_TESTS) $(BUILD)/tests/test_device $(BUILD)/tests/test_gpt_device $(BUILD)/tests/test_pipeline_train $(BUILD)/bin/train-gpt $(BUILD)/bin/tandemrun \
+cuda-emu-tree: report-config $(LIBA) $(CUDA_TESTS) $(BUILD)/tests/test_device $(BUILD)/tests/test_gpt_device $(BUILD)/tests/test_pipeline_train $(BUILD)/tests/test_tp $(BUILD)/bin/train-gpt $(BUILD)/bin/tandemrun \
                $(BUILD)/tests/test_device_coll $(BUILD)/tests/test_device_select $(BUILD)/tests/fake_nccl/libnccl.so.2
 # A test double of libnccl.so.2 (tests/comm/fake_nccl.c), so that the NCCL
 # path of the device collectives runs in the emulator tree; plain C, no

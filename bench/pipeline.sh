@@ -5,7 +5,12 @@
 # bench/results/pipeline-<date>[-TAG].md.
 #
 #   bench/pipeline.sh [--rounds N] [--steps N] [--idle-steps N] [--tag TAG]
-#                     [--part all|throughput2|throughput4|idle]
+#                     [--part all|throughput2|throughput4|idle] [--ab VAR=VALUE]
+#
+# --ab VAR=VALUE: every pipeline run is made twice in each round, as the
+# environment is and then with VAR=VALUE (e.g. TANDEM_P2P_UNEXPECTED_BYTES=0,
+# no unexpected frames held), the two alternating under the same load; the
+# tables have a row for each.
 #
 # The GPT reference configuration (4 layers, 256 channels, 4 heads, sequence
 # 128; AdamW), one thread per rank, micro-batches of 4 sequences everywhere.
@@ -37,8 +42,8 @@
 # 2-core machine.
 set -u
 cd "$(dirname "$0")/.."
-rounds=3; steps=4; idle_steps=3; tag=""; part=all
-usage() { echo "usage: bench/pipeline.sh [--rounds N] [--steps N] [--idle-steps N] [--tag TAG] [--part all|throughput2|throughput4|idle]" >&2; exit 2; }
+rounds=3; steps=4; idle_steps=3; tag=""; part=all; ab=""
+usage() { echo "usage: bench/pipeline.sh [--rounds N] [--steps N] [--idle-steps N] [--tag TAG] [--part all|throughput2|throughput4|idle] [--ab VAR=VALUE]" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
   --rounds) rounds=$2; shift 2 ;;
@@ -46,10 +51,12 @@ while [ $# -gt 0 ]; do
   --idle-steps) idle_steps=$2; shift 2 ;;
   --tag) tag="-$2"; shift 2 ;;
   --part) part=$2; shift 2 ;;
+  --ab) ab=$2; shift 2 ;;
   *) usage ;;
   esac
 done
 case "$part" in all|throughput2|throughput4|idle) ;; *) usage ;; esac
+[ -z "$ab" ] || [[ "$ab" == [A-Z_]*=* ]] || { echo "bench/pipeline.sh: --ab takes VAR=VALUE, not $ab" >&2; exit 2; }
 [ "$steps" -ge 3 ] || { echo "bench/pipeline.sh: --steps must be at least 3 (tokens/s leaves out the first 2)" >&2; exit 2; }
 [ "$idle_steps" -ge 2 ] || { echo "bench/pipeline.sh: --idle-steps must be at least 2 (idle leaves out the first)" >&2; exit 2; }
 B=${BUILD:-build}
@@ -72,7 +79,8 @@ ref="--layers 4 --channels 256 --heads 4 --seq 128 --threads 1 --sample 0 --micr
   echo "# Pipeline and tensor parallelism — $(date +%Y-%m-%d) ($part)"
   echo
   echo "Machine: $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), shared; load average $(cut -d' ' -f1-3 /proc/loadavg) at the start ($(date -u +%H:%MZ))."
-  echo "Command: \`bench/pipeline.sh --part $part --rounds $rounds --steps $steps --idle-steps $idle_steps\` (build: $B, git $(git rev-parse --short HEAD 2>/dev/null))."
+  echo "Command: \`bench/pipeline.sh --part $part --rounds $rounds --steps $steps --idle-steps $idle_steps${ab:+ --ab $ab}\` (build: $B, git $(git rev-parse --short HEAD 2>/dev/null))."
+  [ -z "$ab" ] || echo "Each pipeline run twice per round, alternating: as the environment is, then with $ab (rows marked so)."
   echo "Reference GPT (4 layers, 256 channels, 4 heads, sequence 128, AdamW), 1 thread per rank, micro-batches of 4 sequences."
 } >"$out"
 
@@ -86,9 +94,9 @@ throughput() {
     loads+=" $(load)"
     local base="" line="| $r | $(load) |"
     for l in "${layouts[@]}"; do
-      IFS='|' read -r name np flags <<<"$l"
+      IFS='|' read -r name np flags envs <<<"$l"
       # shellcheck disable=SC2086
-      if ! timeout 900 "$RUN" -np "$np" "$GPT" $ref --steps "$steps" $flags >"$log" 2>&1; then
+      if ! env ${envs:+"$envs"} timeout 900 "$RUN" -np "$np" "$GPT" $ref --steps "$steps" $flags >"$log" 2>&1; then
         echo "bench/pipeline.sh: $name failed:" >&2; tail -5 "$log" >&2; exit 1
       fi
       local t
@@ -108,11 +116,11 @@ throughput() {
     echo "| layout | ranks | flags | tokens/s (median of $rounds) | runs | median / ${layouts[0]%%|*} median |"
     echo "|---|---|---|---|---|---|"
     for l in "${layouts[@]}"; do
-      IFS='|' read -r name np flags <<<"$l"
+      IFS='|' read -r name np flags envs <<<"$l"
       local m
       m=$(tr ' ' '\n' <<<"${tps[$name]}" | grep . | median)
       [ -n "$base_m" ] || base_m=$m
-      echo "| $name | $np | \`$flags\` | $m | ${tps[$name]} | $(ratio "$m" "$base_m") |"
+      echo "| $name | $np | \`${envs:+$envs }$flags\` | $m | ${tps[$name]} | $(ratio "$m" "$base_m") |"
     done
     echo
     echo "Per round (tokens/s, and the ratio to the same round's ${layouts[0]%%|*}); load average (1 min) at each round's start:"
@@ -123,36 +131,49 @@ throughput() {
   } >>"$out"
 }
 
+# with_ab LAYOUT...: each pipeline layout, then (--ab) the same with the variable set
+with_ab() {
+  for l in "$@"; do
+    echo "$l"
+    if [ -n "$ab" ] && [[ "$l" == *pipeline-parallel* ]]; then
+      IFS='|' read -r name np flags <<<"$l"
+      echo "$name ${ab}|$np|$flags|$ab"
+    fi
+  done
+}
 if [ "$part" = all ] || [ "$part" = throughput2 ]; then
-  throughput "Tokens/s on 2 ranks at a global batch of 32 sequences" \
-    "DP=2|2|--grad-accum 4" \
+  mapfile -t t2 < <(with_ab "DP=2|2|--grad-accum 4" \
     "TP=2|2|--grad-accum 8 --tensor-parallel 2" \
     "PP=2 1f1b m=8|2|--grad-accum 8 --pipeline-parallel 2" \
-    "PP=2 interleaved x2 m=8|2|--grad-accum 8 --pipeline-parallel 2 --pipeline-schedule interleaved --pipeline-chunks 2"
+    "PP=2 interleaved x2 m=8|2|--grad-accum 8 --pipeline-parallel 2 --pipeline-schedule interleaved --pipeline-chunks 2")
+  throughput "Tokens/s on 2 ranks at a global batch of 32 sequences" "${t2[@]}"
 fi
 if [ "$part" = all ] || [ "$part" = throughput4 ]; then
-  throughput "Tokens/s on 4 ranks at a global batch of 32 sequences (4 processes on the cores)" \
-    "DP=4|4|--grad-accum 2" \
+  mapfile -t t4 < <(with_ab "DP=4|4|--grad-accum 2" \
     "TP=2 x DP=2|4|--grad-accum 4 --tensor-parallel 2" \
     "PP=2 x DP=2 m=4|4|--grad-accum 4 --pipeline-parallel 2" \
     "TP=2 x PP=2 m=8|4|--grad-accum 8 --tensor-parallel 2 --pipeline-parallel 2" \
     "TP=4|4|--grad-accum 8 --tensor-parallel 4" \
-    "PP=4 m=8|4|--grad-accum 8 --pipeline-parallel 4"
+    "PP=4 m=8|4|--grad-accum 8 --pipeline-parallel 4")
+  throughput "Tokens/s on 4 ranks at a global batch of 32 sequences (4 processes on the cores)" "${t4[@]}"
 fi
 
 if [ "$part" = all ] || [ "$part" = idle ]; then
-  specs=("2|1f1b|1" "2|interleaved|2" "4|1f1b|1") # 4 stages x 2 chunks needs 8 layers
+  specs=("2|1f1b|1|" "2|interleaved|2|" "4|1f1b|1|") # 4 stages x 2 chunks needs 8 layers
+  if [ -n "$ab" ]; then
+    specs=("2|1f1b|1|" "2|1f1b|1|$ab" "2|interleaved|2|" "2|interleaved|2|$ab" "4|1f1b|1|" "4|1f1b|1|$ab")
+  fi
   declare -A idle=() layers=() adjusted=()
   loads=""
   for r in $(seq 1 "$rounds"); do
     loads+=" $(load)"
     for spec in "${specs[@]}"; do
-      IFS='|' read -r p sched v <<<"$spec"
+      IFS='|' read -r p sched v envs <<<"$spec"
       for m in 4 8 16; do
         # shellcheck disable=SC2086
-        if ! TANDEM_TIMEOUT=${TANDEM_TIMEOUT:-120} timeout 900 "$RUN" -np "$p" "$GPT" $ref --steps "$idle_steps" \
+        if ! env ${envs:+"$envs"} TANDEM_TIMEOUT=${TANDEM_TIMEOUT:-120} timeout 900 "$RUN" -np "$p" "$GPT" $ref --steps "$idle_steps" \
             --grad-accum "$m" --pipeline-parallel "$p" --pipeline-schedule "$sched" --pipeline-chunks "$v" >"$log" 2>&1; then
-          echo "bench/pipeline.sh: p=$p $sched m=$m failed:" >&2; tail -3 "$log" >&2; exit 1
+          echo "bench/pipeline.sh: p=$p $sched m=$m $envs failed:" >&2; tail -3 "$log" >&2; exit 1
         fi
         cmax=$(grep "pipeline rank=" "$log" | while read -r line; do
           awk -v f="$(value forward_s <<<"$line")" -v b="$(value backward_s <<<"$line")" 'BEGIN { print f + b }'
@@ -165,7 +186,7 @@ if [ "$part" = all ] || [ "$part" = idle ]; then
             -v m="$m" -v p="$p" -v v="$v" 'BEGIN { printf "%.4f", (c > 0 ? 1 - m * (f + b) / ((m + (p - 1) / v) * c) : 0) }')
           adjusted[$spec|$m|$s]="${adjusted[$spec|$m|$s]:-} $adj"
         done < <(grep "pipeline rank=" "$log")
-        echo "round $r: idle p=$p $sched m=$m done" >&2
+        echo "round $r: idle p=$p $sched m=$m $envs done" >&2
       done
     done
   done
@@ -178,13 +199,13 @@ if [ "$part" = all ] || [ "$part" = idle ]; then
     echo "| layout | m | stage | layers | idle (median) | runs | closed form | median / closed form | closed form with the measured imbalance (median) | median / that |"
     echo "|---|---|---|---|---|---|---|---|---|---|"
     for spec in "${specs[@]}"; do
-      IFS='|' read -r p sched v <<<"$spec"
+      IFS='|' read -r p sched v envs <<<"$spec"
       for m in 4 8 16; do
         closed=$(awk -v p="$p" -v m="$m" -v v="$v" 'BEGIN { printf "%.4f", (p - 1) / (v * m + p - 1) }')
         for s in $(seq 0 $((p - 1))); do
           med=$(tr ' ' '\n' <<<"${idle[$spec|$m|$s]:-}" | grep . | median)
           adj=$(tr ' ' '\n' <<<"${adjusted[$spec|$m|$s]:-}" | grep . | median)
-          echo "| PP=$p $sched$([ "$v" -gt 1 ] && echo " x$v") | $m | $s | ${layers[$spec|$m|$s]:-} | $med | ${idle[$spec|$m|$s]:-} | $closed | $(ratio "$med" "$closed") | $adj | $(ratio "$med" "$adj") |"
+          echo "| PP=$p $sched$([ "$v" -gt 1 ] && echo " x$v")${envs:+ $envs} | $m | $s | ${layers[$spec|$m|$s]:-} | $med | ${idle[$spec|$m|$s]:-} | $closed | $(ratio "$med" "$closed") | $adj | $(ratio "$med" "$adj") |"
         done
       done
     done

@@ -46,9 +46,16 @@ order, every pass of aten::fill_, add_, div_ or mul_ that took 1 ms or more
 and every c10d::allreduce_ issue, as name@start+duration (ms from the
 backward's start), and the wait: the backward's end minus the end of the
 last of them. This is how plain DDP and DDP with ddp_avg_hook were told
-apart: the only pass one has and the other lacks is the reducer's div_."""
+apart: the only pass one has and the other lacks is the reducer's div_.
+With --door allreduce, --timeline instead makes every rank print, per timed
+call, wall ms / its process's CPU ms (all threads) / the whole machine's
+busy and total clock ticks (/proc/stat, 100 a second per core) / its
+involuntary context switches: where a slow call's time went (this rank
+computing, waiting for CPU behind other work, or the machine idle while
+both ranks wait on the wire)."""
 import argparse
 import os
+import resource
 import time
 
 import torch
@@ -71,6 +78,15 @@ p.add_argument("--timeline", action="store_true",
 a = p.parse_args()
 torch.set_num_threads(1)
 
+
+def machine_jiffies():
+    """The whole machine's busy and total CPU time so far, in clock ticks
+    (/proc/stat's first line: idle and iowait are not busy)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return sum(v) - v[3] - v[4], sum(v)
+
+
 if a.door == "compute":
     r, n = int(os.environ.get("TANDEM_RANK", "0")), int(os.environ.get("TANDEM_WORLD_SIZE", "1"))
 elif a.door == "hvd" and a.backend == "tandem":
@@ -87,12 +103,21 @@ if a.door == "allreduce":
     # median, and the bus bandwidth of the best (2 (n-1)/n bytes per rank).
     numel = a.layers * (a.width * a.width + a.width) if a.model == "mlp" else a.rows * 128 + 128 * a.width + a.width
     t = torch.full((numel,), float(r + 1))
-    times = []
+    times, calls = [], []
     for i in range(a.steps + 2):
+        if a.timeline:
+            u0, m0 = resource.getrusage(resource.RUSAGE_SELF), machine_jiffies()
         t0 = time.perf_counter()
         dist.all_reduce(t)
         times.append(time.perf_counter() - t0)
+        if a.timeline:
+            u1, m1 = resource.getrusage(resource.RUSAGE_SELF), machine_jiffies()
+            calls.append(f"{times[-1] * 1e3:.0f}/{(u1.ru_utime + u1.ru_stime - u0.ru_utime - u0.ru_stime) * 1e3:.0f}"
+                         f"/{m1[0] - m0[0]}/{m1[1] - m0[1]}/{u1.ru_nivcsw - u0.ru_nivcsw}")
         t.div_(n)
+    if a.timeline:  # every rank: its own process's figures (see the module's docstring)
+        print(f"calls rank={r} backend={a.backend} wall/cpu/machine_busy/machine_total/nivcsw_per_call="
+              f"{','.join(calls[2:])}", flush=True)
     assert abs(t[0].item() - (n + 1) / 2) < 1e-3 and abs(t[-1].item() - (n + 1) / 2) < 1e-3, t[0].item()
     times = sorted(times[2:])
     if r == 0:

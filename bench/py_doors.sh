@@ -42,7 +42,8 @@ one() { # PART MODEL DOOR BACKEND LAUNCH...
   [ "$backend" != - ] && be=(--backend "$backend")
   # shellcheck disable=SC2086  # DOOR_ARGS: extra py_doors.py options, word-split on purpose
   "$@" $PY "$PWD/bench/py_doors.py" --model "$model" --door "$door" "${be[@]}" --steps "$steps" ${DOOR_ARGS:-} 2>&1 |
-    grep -E '^\[0\] model=|rror' | head -3 | sed "s/^\[0\] /part=$part load=$(cut -d' ' -f1 /proc/loadavg) /"
+    grep -E '^\[0\] model=|^\[[0-9]+\] calls |rror' | head -6 |
+    sed "s/^\[[0-9]*\] /part=$part load=$(cut -d' ' -f1 /proc/loadavg) /"
 }
 
 for part in $PARTS; do

@@ -411,12 +411,6 @@ int main(int argc, char **argv) {
   td_grid *grid = NULL;
   td_comm *train_comm = run.comm;
   td_model *model = NULL;
-  if (tp > 1 && dev.kind != TD_DEVICE_CPU) {
-    char name[16];
-    td_device_name(dev, name, sizeof name);
-    app_usage_error("--tensor-parallel %d on %s: tensor parallelism trains on the CPU engine only; use --device cpu "
-                    "(pipeline parallelism, --pipeline-parallel, trains on a GPU)", tp, name);
-  }
   if (pp > 1) {
     /* Pipeline parallelism: the grid's pipeline group holds the stages (of
      * tensor-parallel layers over its tensor group when tp > 1: 3D), the
@@ -432,7 +426,7 @@ int main(int argc, char **argv) {
   } else if (tp > 1) {
     s = td_grid_create(run.comm, tp, 1, &grid);
     if (s != TD_OK) app_fail(&run, "laying out the process grid", s);
-    s = td_gpt_tp_create(&opt.model, grid, &model);
+    s = td_gpt_tp_create_on(&opt.model, grid, dev, &model); /* on a device: the device GPT computes the shard */
     if (s != TD_OK) app_fail(&run, "creating the tensor-parallel GPT model", s);
     if (cfg.sequence_parallel) {
       s = td_gpt_tp_set_sequence_parallel(model, 1);

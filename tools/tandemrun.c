@@ -20,13 +20,15 @@
  *
  * Local hosts are started with fork/exec, each worker in its own process group
  * (so that its children are signalled too) and with a parent-death signal (so
- * that a killed tandemrun does not leave orphans). Remote hosts are started
- * with $TANDEM_SSH (default "ssh -o BatchMode=yes") HOST 'cd CWD && ... env
- * VARS PROGRAM ARGS ...' (remote_command below), as sessions of one master
- * connection per host ("ssh connection sharing" below). Ranks fill hosts
- * slot by slot, in the order given.
+ * that a killed tandemrun does not leave orphans). On a remote host, one
+ * tandem-agent started over ssh forks and execs the ranks ("per-host
+ * agents" below); without one, each rank starts with $TANDEM_SSH (default
+ * "ssh -o BatchMode=yes") HOST 'cd CWD && ... env VARS PROGRAM ARGS ...'
+ * (start_worker_here_or_ssh), as sessions of one master connection per
+ * host ("ssh connection sharing" below). Ranks fill hosts slot by slot, in
+ * the order given.
  *
- * A remote worker's ssh has a "lifeline" on its stdin: a pipe that tandemrun
+ * A remote worker's ssh (without an agent) has a "lifeline" on its stdin: a pipe that tandemrun
  * holds open while the worker runs. The remote shell runs the program in the
  * background and watches its stdin; EOF there means tandemrun stopped the
  * worker (it killed ssh), or tandemrun or its ssh died, or the connection
@@ -54,6 +56,7 @@
  * (by signal or exit). */
 #include "net/net.h"
 #include "elastic/membership.h"
+#include "agent_protocol.h"
 #include "tandem/obs.h"
 
 #include <arpa/inet.h>
@@ -126,6 +129,8 @@ typedef struct {
   int lifeline_fd; /* remote: write end of ssh's stdin, held open while it runs (-1: none) */
   int stop_sig;    /* --end-stopped: it was stopped by this signal and ended by us (0: not so) */
   bool shared;     /* remote: its ssh is a session of its host's master connection */
+  int agent;          /* remote: 1 + the index of the host agent that runs it (0: started over ssh) */
+  bool agent_pending; /* queued until that agent says hello (sent no START yet) */
 } worker;
 
 typedef struct {
@@ -655,6 +660,11 @@ typedef struct {
   char *share_dir;         /* private directory of the control sockets (NULL: not made yet) */
   struct ssh_master *masters;
   int n_masters;
+  /* per-host agents (below) */
+  int agents;       /* -1: not decided yet, 0: off, 1: on */
+  char *agent_path; /* tandem-agent's path on every remote host */
+  struct host_agent *agent_list;
+  int n_agents;
 } job;
 
 /* Build "K=V" entries for one worker. */
@@ -681,6 +691,14 @@ static void worker_vars(const job *j, const worker *w, str_list *vars) {
 /* Entries of our environment that worker_vars replaces. */
 static bool env_is_replaced(const job *j, const char *entry) {
   return env_is_ours(entry) || (j->opt.prom_port && strncmp(entry, "TANDEM_PROMETHEUS_PORT=", 23) == 0);
+}
+
+/* What a remote worker gets set on top of its host's environment: our
+ * forwarded variables and its own (never the secret: see the file header). */
+static void remote_vars(const job *j, const worker *w, str_list *out) {
+  for (char **e = environ; *e; e++)
+    if (env_is_forwarded(*e) && !env_is_replaced(j, *e)) list_push(out, xstrdup(*e));
+  worker_vars(j, w, out);
 }
 
 /* ---- ssh connection sharing ----
@@ -868,10 +886,11 @@ static void masters_stop(job *j) {
   j->share_dir = NULL;
 }
 
-/* Start one worker; on failure to start, print why and return false. The
- * child does only async-signal-safe work between fork and exec: tandemrun has
- * a store thread, so the child must not touch locks such as malloc's. */
-static bool start_worker(job *j, worker *w) {
+/* Start one worker by fork/exec here or its own ssh; on failure to start,
+ * print why and return false. The child does only async-signal-safe work
+ * between fork and exec: tandemrun has a store thread, so the child must
+ * not touch locks such as malloc's. */
+static bool start_worker_here_or_ssh(job *j, worker *w) {
   str_list vars = {0}, env = {0}, args = {0};
   bool send_secret = false;
   worker_vars(j, w, &vars);
@@ -905,18 +924,16 @@ static bool start_worker(job *j, worker *w) {
                                       : "cd %s && { env",
                           q);
     free(q);
-    str_list remote_vars = {0};
-    for (char **e = environ; *e; e++)
-      if (env_is_forwarded(*e) && !env_is_replaced(j, *e)) list_push(&remote_vars, xstrdup(*e));
-    for (size_t i = 0; i < vars.n; i++) list_push(&remote_vars, xstrdup(vars.items[i]));
-    for (size_t i = 0; i < remote_vars.n; i++) {
-      q = shell_quote(remote_vars.items[i]);
+    str_list set = {0};
+    remote_vars(j, w, &set);
+    for (size_t i = 0; i < set.n; i++) {
+      q = shell_quote(set.items[i]);
       char *next = xasprintf("%s %s", cmd, q);
       free(cmd);
       free(q);
       cmd = next;
     }
-    list_free(&remote_vars);
+    list_free(&set);
     for (char **a = j->opt.argv; *a; a++) {
       q = shell_quote(a == j->opt.argv ? j->opt.argv[0] : *a);
       char *next = xasprintf("%s %s", cmd, q);
@@ -1033,12 +1050,14 @@ static bool start_worker(job *j, worker *w) {
   return true;
 }
 
+static void worker_signal(job *j, worker *w, int sig);
+
 static void kill_all(job *j, int sig) {
   for (int i = 0; i < j->n_workers; i++) {
     worker *w = &j->workers[i];
     if (!w->running) continue;
     w->signalled = true;
-    if (kill(-w->pid, sig) != 0) kill(w->pid, sig);
+    worker_signal(j, w, sig);
   }
 }
 
@@ -1162,39 +1181,407 @@ static void worker_stopped(job *j, worker *w, int sig) {
   if (kill(-w->pid, SIGKILL) != 0) kill(w->pid, SIGKILL);
 }
 
+/* Worker w ended with wait status `status` (reaped here, or reported by
+ * its host's agent). */
+static void worker_ended(job *j, worker *w, int status) {
+  w->running = false;
+  w->agent_pending = false;
+  w->wait_status = status;
+  if (w->lifeline_fd >= 0) close(w->lifeline_fd);
+  w->lifeline_fd = -1;
+  j->n_running--;
+  j->metrics_stale = true;
+  bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  if (j->opt.elastic) {
+    elastic_reaped(j, w, failed); /* may move j->workers */
+    return;
+  }
+  /* The first failure that we did not cause ourselves is the root cause. */
+  if (failed && j->root_rank < 0 && !w->signalled && !j->timed_out && !j->interrupt_sig) {
+    j->root_rank = w->rank;
+    j->root_others = j->n_running;
+    if (j->n_running > 0) j->grace_deadline = td_now() + j->opt.grace_s;
+  }
+}
+
+static bool agent_reaped(job *j, pid_t pid, int status);
+
 static void reap(job *j) {
   for (;;) {
     int status;
     pid_t pid = waitpid(-1, &status, WNOHANG | WUNTRACED);
     if (pid <= 0) return;
-    if (!WIFSTOPPED(status) && master_reaped(j, pid)) continue;
+    if (!WIFSTOPPED(status) && (master_reaped(j, pid) || agent_reaped(j, pid, status))) continue;
     for (int i = 0; i < j->n_workers; i++) {
       worker *w = &j->workers[i];
-      if (w->pid != pid || !w->running) continue;
-      if (WIFSTOPPED(status)) {
+      if (w->pid != pid || !w->running || w->agent) continue; /* an agent's rank's pid is its host's */
+      if (WIFSTOPPED(status))
         worker_stopped(j, w, WSTOPSIG(status));
-        break;
-      }
-      w->running = false;
-      w->wait_status = status;
-      if (w->lifeline_fd >= 0) close(w->lifeline_fd);
-      w->lifeline_fd = -1;
-      j->n_running--;
-      j->metrics_stale = true;
-      bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-      if (j->opt.elastic) {
-        elastic_reaped(j, w, failed);
-        break;
-      }
-      /* The first failure that we did not cause ourselves is the root cause. */
-      if (failed && j->root_rank < 0 && !w->signalled && !j->timed_out && !j->interrupt_sig) {
-        j->root_rank = w->rank;
-        j->root_others = j->n_running;
-        if (j->n_running > 0) j->grace_deadline = td_now() + j->opt.grace_s;
-      }
+      else
+        worker_ended(j, w, status);
       break;
     }
   }
+}
+
+/* ---- per-host agents ----
+ * Even on a shared connection, each ssh start of a rank runs the user's
+ * login shell (root's .bashrc runs `pyenv init` on the test machine: about
+ * 1 s at load) before the program's exec. tandemrun therefore starts one
+ * tandem-agent per remote host (tools/tandem-agent.c, like torchrun's
+ * per-host agent or Open MPI's orted) over ssh, once, when it first places
+ * a rank there or the host returns after it was lost, and has it fork and
+ * exec every rank placed there (agent_protocol.h): a start there then costs
+ * a fork and an exec, as on this host. The session is ssh's own (no master
+ * connection); the secret goes on its stdin, and the agent puts it only in
+ * the ranks' environment. The agent reports each rank's output and exit
+ * status; a death by signal N is passed on as code 128 + N, as the shell
+ * did. The agent's end is its host's: every rank it ran is lost (code
+ * 255, as ssh's), and the elastic logic replaces them as for any lost host.
+ * It stops its ranks when its stdin closes (tandemrun ended or was killed:
+ * the ssh child dies with it), and its ranks die with it.
+ *
+ * Ranks queue on an agent until it says hello. If it cannot start (ssh
+ * fails, or no hello within AGENT_WAIT_S), those ranks start over ssh each
+ * as before (connection sharing above), and the next rank placed there
+ * tries an agent again; if the remote shell finds no tandem-agent (127),
+ * the host's ranks always go over ssh. TANDEM_AGENT=0 turns agents off;
+ * TANDEM_AGENT=PATH names the program on the remote hosts (default: the
+ * tandem-agent beside this tandemrun, at the same path there). */
+#define AGENT_WAIT_S 15.0
+
+typedef struct host_agent {
+  char *host;
+  pid_t pid;        /* its ssh (0: none running) */
+  int to_fd;        /* its stdin (-1: closed) */
+  int from_fd;      /* its stdout (-1: closed) */
+  bool ready;       /* it said hello */
+  bool missing;     /* the remote shell found no tandem-agent: ranks there go over ssh */
+  double started;   /* td_now() at its start */
+  agent_inbuf in;
+} host_agent;
+
+static bool start_worker_here_or_ssh(job *j, worker *w);
+
+static bool agents_on(job *j) {
+  if (j->agents < 0) {
+    const char *setting = td_env_str("TANDEM_AGENT", NULL);
+    j->agents = !(setting && !strcmp(setting, "0"));
+    if (j->agents && setting && *setting) {
+      j->agent_path = xstrdup(setting);
+    } else if (j->agents) {
+      char self[PATH_MAX];
+      ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+      char *slash = n > 0 ? (self[n] = '\0', strrchr(self, '/')) : NULL;
+      if (slash) {
+        *slash = '\0';
+        j->agent_path = xasprintf("%s/tandem-agent", self);
+      } else {
+        fprintf(stderr, "tandemrun: cannot find its own path (%s), so not tandem-agent's: each remote rank starts "
+                        "over ssh (set TANDEM_AGENT=PATH)\n", strerror(errno));
+        j->agents = 0;
+      }
+    }
+  }
+  return j->agents == 1;
+}
+
+static int agent_index(job *j, const char *host) {
+  for (int i = 0; i < j->n_agents; i++)
+    if (!strcmp(j->agent_list[i].host, host)) return i;
+  j->agent_list = realloc(j->agent_list, sizeof *j->agent_list * (size_t)(j->n_agents + 1));
+  if (!j->agent_list) exit(1);
+  j->agent_list[j->n_agents] = (host_agent){.host = xstrdup(host), .to_fd = -1, .from_fd = -1};
+  return j->n_agents++;
+}
+
+/* Start host's agent unless one runs (or none can). */
+static void agent_start(job *j, const char *host) {
+  if (!agents_on(j)) return;
+  int ai = agent_index(j, host); /* before taking the list: it may grow */
+  host_agent *a = &j->agent_list[ai];
+  if (a->missing || a->pid > 0 || a->from_fd >= 0) return;
+  int to[2], from[2];
+  if (pipe2(to, O_CLOEXEC) != 0) return;
+  if (pipe2(from, O_CLOEXEC) != 0) {
+    close(to[0]), close(to[1]);
+    return;
+  }
+  str_list args = {0}, env = {0};
+  for (char **e = environ; *e; e++) /* the secret goes on stdin; ssh itself does not need it */
+    if (!env_is_secret(*e)) list_push(&env, xstrdup(*e));
+  ssh_words(&args);
+  list_push(&args, xstrdup(host));
+  char *q = shell_quote(j->agent_path);
+  list_push(&args, xasprintf("exec %s", q));
+  free(q);
+  pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid == 0) { /* async-signal-safe only until exec (start_worker_here_or_ssh says why) */
+    child_begin(parent);
+    dup2(to[0], 0);
+    dup2(from[1], 1);
+    execvpe(args.items[0], args.items, env.items);
+    _exit(127);
+  }
+  list_free(&args);
+  list_free(&env);
+  close(to[0]);
+  close(from[1]);
+  if (pid < 0) {
+    close(to[1]), close(from[0]);
+    return;
+  }
+  setpgid(pid, pid);
+  fcntl(from[0], F_SETFL, O_NONBLOCK);
+  a->pid = pid;
+  a->to_fd = to[1];
+  a->from_fd = from[0];
+  a->ready = false;
+  a->started = td_now();
+  a->in.len = 0;
+  const char *secret = getenv("TANDEM_SECRET");
+  if (secret && !agent_send(a->to_fd, AGENT_SECRET, 0, 0, secret, strlen(secret)))
+    fprintf(stderr, "tandemrun: cannot pass the job secret to the agent on host %s: %s\n", host, strerror(errno));
+}
+
+/* START for a queued worker (index wi); false if the agent is gone. */
+static bool agent_send_start(job *j, int wi) {
+  worker *w = &j->workers[wi];
+  host_agent *a = &j->agent_list[w->agent - 1];
+  str_list set = {0};
+  remote_vars(j, w, &set);
+  char cwd[PATH_MAX];
+  if (!getcwd(cwd, sizeof cwd)) strcpy(cwd, ".");
+  size_t len = strlen(cwd) + 1;
+  for (size_t i = 0; i < set.n; i++) len += strlen(set.items[i]) + 1;
+  for (char **arg = j->opt.argv; *arg; arg++) len += strlen(*arg) + 1;
+  char *body = xmalloc(len), *o = body;
+  o = stpcpy(o, cwd) + 1;
+  for (size_t i = 0; i < set.n; i++) o = stpcpy(o, set.items[i]) + 1;
+  for (char **arg = j->opt.argv; *arg; arg++) o = stpcpy(o, *arg) + 1;
+  bool ok = len <= AGENT_FRAME_MAX - 64 && agent_send(a->to_fd, AGENT_START, w->rank, (int32_t)set.n, body, len);
+  free(body);
+  list_free(&set);
+  w->agent_pending = false;
+  return ok;
+}
+
+/* Queued worker wi cannot go through its agent: start it over ssh. */
+static void agent_fall_back(job *j, int wi) {
+  worker *w = &j->workers[wi];
+  w->running = false;
+  w->agent_pending = false;
+  w->agent = 0;
+  j->n_running--;
+  if (w->signalled) { /* stopped before it ever started */
+    j->n_running++;
+    w->running = true;
+    worker_ended(j, w, W_EXITCODE(128 + SIGTERM, 0));
+    return;
+  }
+  if (!start_worker_here_or_ssh(j, w)) {
+    j->n_running++;
+    w->running = true;
+    worker_ended(j, w, W_EXITCODE(127, 0));
+  }
+}
+
+/* An agent's ssh ended with `status`: a remote shell that found no
+ * tandem-agent (127 before any hello) means none is installed there. */
+static void agent_ended(job *j, host_agent *a, int status) {
+  a->pid = 0;
+  if (!a->ready && WIFEXITED(status) && WEXITSTATUS(status) == 127) {
+    a->missing = true;
+    fprintf(stderr, "tandemrun: host %s has no %s (the remote shell exited 127): its ranks start over ssh each; "
+                    "install Tandem at the same path there, or set TANDEM_AGENT\n", a->host, j->agent_path);
+  }
+}
+
+/* Agent ai is gone (EOF, an error, a garbled message, or no hello in
+ * time): its queued ranks start over ssh, its started ones are lost. */
+static void agent_lost(job *j, int ai, const char *why) {
+  host_agent *a = &j->agent_list[ai];
+  bool was_ready = a->ready;
+  if (a->to_fd >= 0) close(a->to_fd);
+  if (a->from_fd >= 0) close(a->from_fd);
+  a->to_fd = a->from_fd = -1;
+  if (a->pid > 0) { /* reaped now, so that a replacement placed there can start a new agent at once */
+    int status;
+    kill(-a->pid, SIGKILL);
+    if (waitpid(a->pid, &status, 0) == a->pid) agent_ended(j, a, status);
+  }
+  a->ready = false;
+  int n_lost = 0;
+  for (int i = 0; i < j->n_workers; i++)
+    n_lost += j->workers[i].running && j->workers[i].agent == ai + 1 && !j->workers[i].agent_pending;
+  char host[256];
+  snprintf(host, sizeof host, "%s", a->host); /* a may move: the ranks' ends can start a new agent */
+  if (was_ready && !j->stopping && !j->done)
+    fprintf(stderr, "tandemrun: the agent on host %s ended (%s): %d rank%s there %s lost\n", host, why, n_lost,
+            n_lost == 1 ? "" : "s", n_lost == 1 ? "is" : "are");
+  else if (!was_ready && !j->stopping)
+    fprintf(stderr, "tandemrun: no agent started on host %s (%s): its ranks start over ssh each\n", host, why);
+  for (int i = 0; i < j->n_workers; i++) {
+    worker *w = &j->workers[i];
+    if (!w->running || w->agent != ai + 1) continue;
+    if (w->agent_pending) {
+      agent_fall_back(j, i);
+    } else {
+      emit_lines(w->rank, &w->out_buf, 1, true);
+      emit_lines(w->rank, &w->err_buf, 2, true);
+      worker_ended(j, w, W_EXITCODE(255, 0));
+    }
+  }
+}
+
+/* reap(): an agent's ssh ended. */
+static bool agent_reaped(job *j, pid_t pid, int status) {
+  for (int i = 0; i < j->n_agents; i++) {
+    host_agent *a = &j->agent_list[i];
+    if (a->pid != pid) continue;
+    agent_ended(j, a, status);
+    if (a->from_fd >= 0) agent_lost(j, i, "its ssh exited");
+    return true;
+  }
+  return false;
+}
+
+/* What agent ai sent: hello, starts, output, exits. */
+static void agent_read(job *j, int ai) {
+  host_agent *a = &j->agent_list[ai];
+  ssize_t got = agent_fill(a->from_fd, &a->in);
+  if (got < 0 && errno == EAGAIN) return;
+  if (got <= 0) {
+    agent_lost(j, ai, got == 0 ? "its connection closed" : strerror(errno));
+    return;
+  }
+  size_t off = 0;
+  int type, rc;
+  int32_t x, y;
+  const char *body;
+  size_t len;
+  while ((rc = agent_next(&j->agent_list[ai].in, &off, &type, &x, &y, &body, &len)) == 1) {
+    a = &j->agent_list[ai];
+    if (type == AGENT_HELLO) {
+      if (x != AGENT_VERSION) {
+        agent_consumed(&a->in, off);
+        agent_lost(j, ai, "it speaks another version: install the same Tandem on every host");
+        return;
+      }
+      a->ready = true;
+      for (int i = 0; i < j->n_workers; i++) {
+        worker *w = &j->workers[i];
+        if (!w->running || w->agent != ai + 1 || !w->agent_pending) continue;
+        if (w->signalled) {
+          w->agent_pending = false;
+          worker_ended(j, w, W_EXITCODE(128 + SIGTERM, 0));
+        } else if (!agent_send_start(j, i)) {
+          w->agent_pending = true;
+          agent_consumed(&j->agent_list[ai].in, off);
+          agent_lost(j, ai, "it stopped reading");
+          return;
+        }
+      }
+      continue;
+    }
+    if (x < 0 || x >= j->n_workers || j->workers[x].agent != ai + 1 || !j->workers[x].running) continue;
+    worker *w = &j->workers[x];
+    if (type == AGENT_STARTED) {
+      w->pid = y;
+    } else if (type == AGENT_OUT || type == AGENT_ERR) {
+      line_buf *b = type == AGENT_OUT ? &w->out_buf : &w->err_buf;
+      if (b->cap - b->len < len) {
+        b->cap = b->len + len + 131072;
+        b->data = realloc(b->data, b->cap);
+        if (!b->data) exit(1);
+      }
+      memcpy(b->data + b->len, body, len);
+      b->len += len;
+      emit_lines(w->rank, b, type == AGENT_OUT ? 1 : 2, false);
+    } else if (type == AGENT_EXIT) {
+      emit_lines(w->rank, &w->out_buf, 1, true);
+      emit_lines(w->rank, &w->err_buf, 2, true);
+      int status = y;
+      if (WIFSIGNALED(status)) status = W_EXITCODE(128 + WTERMSIG(status), 0); /* as the remote shell reported it */
+      /* Its end may start others (elastic) and grow agent_list: the loop
+       * takes the agent anew for each frame; the frames' bytes do not move
+       * (nothing reads into this buffer meanwhile). */
+      worker_ended(j, w, status);
+    }
+  }
+  a = &j->agent_list[ai];
+  if (rc < 0) {
+    agent_lost(j, ai, "a garbled message");
+    return;
+  }
+  agent_consumed(&a->in, off);
+}
+
+/* Agents with no hello after AGENT_WAIT_S: given up (their ranks go over
+ * ssh). */
+static void agents_tick(job *j) {
+  double now = td_now();
+  for (int i = 0; i < j->n_agents; i++)
+    if (j->agent_list[i].from_fd >= 0 && !j->agent_list[i].ready && now > j->agent_list[i].started + AGENT_WAIT_S)
+      agent_lost(j, i, "no answer in time");
+}
+
+/* At the end of the job: stdin closed (each agent stops what still runs
+ * and exits), then its ssh ended. */
+static void agents_stop(job *j) {
+  for (int i = 0; i < j->n_agents; i++) {
+    host_agent *a = &j->agent_list[i];
+    if (a->to_fd >= 0) close(a->to_fd);
+    if (a->from_fd >= 0) close(a->from_fd);
+    if (a->pid > 0) {
+      double until = td_now() + KILL_AFTER_TERM_S + 1;
+      while (waitpid(a->pid, NULL, WNOHANG) == 0 && td_now() < until) {
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+      }
+      if (kill(-a->pid, SIGKILL) == 0) waitpid(a->pid, NULL, 0);
+    }
+    free(a->host);
+    free(a->in.data);
+  }
+  free(j->agent_list);
+  j->agent_list = NULL;
+  j->n_agents = 0;
+  free(j->agent_path);
+  j->agent_path = NULL;
+}
+
+/* A signal to worker w: its process group here, or its host agent's
+ * message (a queued worker is ended when its agent answers). */
+static void worker_signal(job *j, worker *w, int sig) {
+  if (!w->agent) {
+    if (kill(-w->pid, sig) != 0) kill(w->pid, sig);
+    return;
+  }
+  host_agent *a = &j->agent_list[w->agent - 1];
+  if (!w->agent_pending && a->to_fd >= 0) (void)agent_send(a->to_fd, AGENT_SIGNAL, w->rank, sig, NULL, 0);
+}
+
+/* Start one worker: here, through its host's agent, or over ssh. */
+static bool start_worker(job *j, worker *w) {
+  if (w->host->local || !agents_on(j)) return start_worker_here_or_ssh(j, w);
+  agent_start(j, w->host->name);
+  int ai = agent_index(j, w->host->name);
+  host_agent *a = &j->agent_list[ai];
+  if (a->from_fd < 0) return start_worker_here_or_ssh(j, w); /* none runs, or none can */
+  w->agent = ai + 1;
+  w->agent_pending = true;
+  w->pid = 0;
+  w->started = td_now();
+  w->running = true;
+  j->n_running++;
+  j->metrics_stale = true;
+  if (a->ready && !agent_send_start(j, (int)(w - j->workers))) {
+    w->agent_pending = true;
+    agent_lost(j, ai, "it stopped reading");
+  }
+  return true;
 }
 
 /* ---- elastic mode ----
@@ -1352,7 +1739,7 @@ static void elastic_finish(job *j) {
     }
     if (!member && members) {
       w->signalled = true;
-      if (kill(-w->pid, SIGTERM) != 0) kill(w->pid, SIGTERM);
+      worker_signal(j, w, SIGTERM);
     }
   }
   free(cur);
@@ -1692,10 +2079,15 @@ placed:;
    * which appends to j->workers; starting that one again here would fork it
    * twice and leave a count that never reaches 0 (tandemrun then hung). */
   const int n_initial = j->n_workers;
-  /* Every remote host's master connection at once (ssh connection sharing):
-   * the first rank on each waits for its own only. */
+  /* Every remote host's agent at once (or, without agents, its master
+   * connection): the first rank on each waits for its own only. */
   for (int i = 0; i < n_initial; i++)
-    if (!j->workers[i].host->local) master_start(j, j->workers[i].host->name);
+    if (!j->workers[i].host->local) {
+      if (agents_on(j))
+        agent_start(j, j->workers[i].host->name);
+      else
+        master_start(j, j->workers[i].host->name);
+    }
   for (int i = 0; i < n_initial; i++) {
     if (!start_worker(j, &j->workers[i])) break;
     n_started++;
@@ -1717,12 +2109,13 @@ placed:;
   struct pollfd *pfds = NULL;
   int *owner = NULL;
   for (;;) {
+    agents_tick(j);
     if (j->opt.elastic) {
       elastic_tick(j);
       job_metrics_follow(j);
     }
-    pfds = realloc(pfds, sizeof *pfds * (size_t)(2 * j->n_workers + 1));
-    owner = realloc(owner, sizeof *owner * (size_t)(2 * j->n_workers + 1));
+    pfds = realloc(pfds, sizeof *pfds * (size_t)(2 * j->n_workers + j->n_agents + 1));
+    owner = realloc(owner, sizeof *owner * (size_t)(2 * j->n_workers + j->n_agents + 1));
     if (!pfds || !owner) exit(1);
     double now = td_now();
     int n_open = 0;
@@ -1767,12 +2160,21 @@ placed:;
         owner[n_pfds++] = 2 * i + 1;
       }
     }
+    int n_worker_fds = n_pfds, n_workers_polled = j->n_workers;
+    for (int i = 0; i < j->n_agents; i++)
+      if (j->agent_list[i].from_fd >= 0) {
+        pfds[n_pfds] = (struct pollfd){.fd = j->agent_list[i].from_fd, .events = POLLIN};
+        owner[n_pfds++] = 2 * n_workers_polled + i;
+      }
     int n = poll(pfds, (nfds_t)n_pfds, timeout_ms);
     if (n < 0 && errno != EINTR) {
       fprintf(stderr, "tandemrun: poll failed: %s\n", strerror(errno));
       begin_stop(j, SIGKILL);
     }
-    for (int p = 1; n > 0 && p < n_pfds; p++) {
+    for (int p = n_worker_fds; n > 0 && p < n_pfds; p++) /* may end workers, start others, move j->workers */
+      if (pfds[p].revents && j->agent_list[owner[p] - 2 * n_workers_polled].from_fd == pfds[p].fd)
+        agent_read(j, owner[p] - 2 * n_workers_polled);
+    for (int p = 1; n > 0 && p < n_worker_fds; p++) {
       if (!pfds[p].revents) continue;
       worker *w = &j->workers[owner[p] / 2];
       if (owner[p] % 2 == 0)
@@ -1807,12 +2209,13 @@ placed:;
   /* Any grandchild still holding a pipe is part of a finished job: stop it. */
   for (int i = 0; i < j->n_workers; i++) {
     worker *w = &j->workers[i];
-    if (w->pid > 0 && (w->out_fd >= 0 || w->err_fd >= 0)) kill(-w->pid, SIGKILL);
+    if (w->pid > 0 && !w->agent && (w->out_fd >= 0 || w->err_fd >= 0)) kill(-w->pid, SIGKILL);
     if (w->out_fd >= 0) emit_lines(w->rank, &w->out_buf, 1, true), close(w->out_fd);
     if (w->err_fd >= 0) emit_lines(w->rank, &w->err_buf, 2, true), close(w->err_fd);
     free(w->out_buf.data);
     free(w->err_buf.data);
   }
+  agents_stop(j); /* before the reaping below, which would take their ssh's status */
   /* Reap what we killed (and any orphans handed to us), briefly. */
   for (double until = td_now() + 0.5; td_now() < until;) {
     int status;
@@ -1898,6 +2301,7 @@ int main(int argc, char **argv) {
   job j;
   memset(&j, 0, sizeof j);
   j.share = -1;
+  j.agents = -1;
   parse_options(argc, argv, &j.opt);
   int code = run_job(&j);
   for (int h = 0; h < j.opt.n_hosts; h++) free(j.opt.hosts[h].name);

@@ -107,6 +107,23 @@ const char *td_comm_host(const td_comm *comm, int rank);
  * (the rank joins no group). */
 td_status td_comm_split(td_comm *comm, int color, int key, td_comm **out);
 
+/* Unexpected point-to-point messages (shm; docs/collectives.md): let comm's
+ * progress thread take up to max_bytes of send frames of at most
+ * max_frame_bytes each, from peers whose send stalled on a full FIFO,
+ * before this rank posts their receives, so that those sends complete while
+ * this rank computes (MPI's unexpected messages). The buffers, at most
+ * max_bytes in all, are kept for reuse: count max_bytes in the memory this
+ * rank needs. 0 (the default of every communicator, and of those
+ * td_comm_split makes) takes none. TANDEM_P2P_UNEXPECTED_BYTES, when set,
+ * overrides both on every communicator. Any thread; accepts NULL. The
+ * pipeline engine sets it on its communicator (docs/training.md). */
+void td_comm_hold_unexpected(td_comm *comm, size_t max_bytes, size_t max_frame_bytes);
+/* The most bytes comm would hold under td_comm_hold_unexpected(comm,
+ * max_bytes, ...), for a memory estimate: 0 where its transport takes no
+ * unexpected frames (tcp, a world of one), TANDEM_P2P_UNEXPECTED_BYTES
+ * when set, else max_bytes. */
+size_t td_comm_unexpected_limit(const td_comm *comm, size_t max_bytes);
+
 /* Wait for every pending operation, then synchronize with all ranks so that
  * none leaves while others still need it. Returns the first error seen. */
 td_status td_comm_finalize(td_comm *comm);
@@ -214,6 +231,34 @@ void td_mem_free(void *p);
  * rank's slice to be at least a page. For memory estimates (issue 23).
  * Any thread. */
 size_t td_comm_direct_min_bytes(const td_comm *comm);
+
+/* What a rank runs on a communicator, for td_comm_staging_bytes: the
+ * largest message of each collective, in bytes of the whole vector of
+ * 4-byte elements (f32 or i32, what the trainer's and the models'
+ * collectives carry; 0: none of that kind), and the peers (ranks of the
+ * communicator) it sends to and receives from point to point. */
+typedef struct td_comm_traffic {
+  size_t allreduce, allgather, reduce_scatter, broadcast;
+  const int *send_peers, *recv_peers;
+  int n_send_peers, n_recv_peers;
+} td_comm_traffic;
+
+/* Bytes of comm's staging memory that this rank's RSS counts once it has
+ * run `traffic` (collectives of up to those sizes on buffers that are not
+ * host-shared, and point-to-point messages): over the shm transport, the
+ * pages of the segment's collective slots it writes or reads, its own and
+ * its peers' (a page of the shared segment counts in the RSS of every
+ * process that touched it), as each algorithm stages a message of that
+ * size (its form, chunk and slot sizes, either slot parity), and the
+ * point-to-point FIFOs it uses, each reserved whole at its first use;
+ * collectives that go point to point over shm (TANDEM_ALLREDUCE_ALGO=ring
+ * or rd, TANDEM_SHM_COLLECTIVES=0) count the FIFOs to and from every peer.
+ * *peers (may be NULL): of it, the pages that are physically the peers'
+ * (their slots, the FIFOs they write into), so that a host's sum counts
+ * each page once. 0 over other transports (TCP's scratch is the process's
+ * heap, freed after each call). For memory estimates (issue 23): the
+ * reservation of the whole segment is not what a rank touches. Any thread. */
+size_t td_comm_staging_bytes(const td_comm *comm, const td_comm_traffic *traffic, size_t *peers);
 
 #ifdef __cplusplus
 }

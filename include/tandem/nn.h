@@ -146,6 +146,14 @@ typedef struct td_model_ops {
    * whatever the activations held (memory estimates count it per thread,
    * not per pipeline slot). */
   size_t (*thread_scratch_bytes)(const td_model *model, int batch);
+  /* Optional (NULL: none). For a model split across ranks that
+   * communicates inside its steps (the tensor group's collectives, a
+   * pipeline's transfers): bytes of its communicators' staging memory that
+   * a rank's RSS counts once it has run a step at micro-batch `batch`
+   * (td_comm_staging_bytes of what its forward and backward run: 0 over
+   * TCP); *peers: of it, the pages that are physically the peers'. For
+   * memory estimates. */
+  size_t (*comm_staging_bytes)(const td_model *model, int batch, size_t *peers);
 } td_model_ops;
 
 struct td_model {
@@ -259,6 +267,31 @@ td_status td_gpt_create_on(const td_gpt_config *config, td_device device, td_mod
  * are laid out again). A CPU GPT's arenas are f32 only (its bf16 products:
  * td_nn_set_compute_dtype). */
 td_status td_gpt_set_device_dtype(td_model *model, td_dtype dtype);
+/* Tensor parallelism on a device (Megatron-LM's split; src/parallel's
+ * td_gpt_tp_create_on builds it): a device GPT (or stage) from
+ * td_gpt_create_on computes tensor rank `rank` of `size`: heads
+ * [rank NH/size, (rank+1) NH/size) of the attention (qkv column-parallel,
+ * the projection row-parallel) and the same share of the MLP's 4C features
+ * (fc column-parallel, its projection row-parallel); everything else is
+ * replicated, the embeddings and the head included (the device has no
+ * vocabulary-parallel loss). `tensors` is the shard's table (the model's
+ * entries in its order, shard counts, an end sentinel; borrowed) and
+ * `allreduce` sums `count` elements of device buffer `buf` (of the arenas'
+ * type; its values complete when called) over the tensor group in place,
+ * returning once the sums are in device memory (Tandem's device
+ * collectives do: staged through pinned host memory, or NCCL). One call
+ * in forward after each row-parallel product and one in backward after
+ * each column-parallel input gradient. Set before the first prepare; ZeRO
+ * stage 3's param_access is then off. A CPU GPT: TD_ERR_INVALID_ARGUMENT
+ * (its tensor parallelism is src/parallel's own model, td_gpt_tp_create). */
+typedef struct td_gpt_tensor_split {
+  int size, rank;
+  const td_param_tensor *tensors;
+  size_t n_params;
+  td_status (*allreduce)(void *ctx, void *buf, size_t count, td_dtype dtype);
+  void *ctx;
+} td_gpt_tensor_split;
+td_status td_gpt_set_tensor_split(td_model *model, const td_gpt_tensor_split *split);
 /* Generate `n` tokens after the prompt (greedy if temperature <= 0), writing
  * them to out. Uses a private batch-1 workspace. */
 td_status td_gpt_generate(td_model *model, const float *params, const int32_t *prompt, int n_prompt, int n,

@@ -119,8 +119,18 @@ int td_grid_tensor_hosts(const td_grid *grid);
  * included, in backward: the same bits. Mixed precision follows the
  * calling thread's td_nn_set_compute_dtype as the unsplit GPT does (the
  * products' operands rounded; activations and collectives f32); no ZeRO-3
- * parameter access or device yet. */
+ * parameter access yet (td_gpt_tp_create_on: on a device). */
 td_status td_gpt_tp_create(const td_gpt_config *config, const td_grid *grid, td_model **out);
+/* The same model computing on `device` (CPU: exactly td_gpt_tp_create). On
+ * a CUDA device the device GPT computes this rank's shard
+ * (td_gpt_set_tensor_split): the blocks split as above, their allreduces on
+ * device buffers through Tandem's device collectives (staged through
+ * pinned host memory when ranks share a GPU, NCCL when each has its own);
+ * the embeddings and the head whole on every rank (no vocabulary-parallel
+ * loss on a device), f32 or bf16 arenas (td_gpt_set_device_dtype; the
+ * allreduces then sum bf16 partial products). Sequence parallelism is
+ * refused there. */
+td_status td_gpt_tp_create_on(const td_gpt_config *config, const td_grid *grid, td_device device, td_model **out);
 /* Megatron-LM's sequence parallelism on a td_gpt_tp_create model (on = 1;
  * default 0): the LayerNorm and residual regions hold B*T/p rows per rank,
  * and each allreduce becomes an allgather before a column-parallel product

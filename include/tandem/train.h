@@ -482,10 +482,19 @@ typedef struct td_memory_estimate {
    * needs it on top. */
   size_t gather;
   /* What the process adds during the steps beyond the arenas and
-   * activations (compute scratch, communicator and I/O buffers): a fixed
-   * allowance. A rank's peak RSS is bounded by model_states + activations +
-   * runtime + what the process held before the trainer. */
+   * activations (compute scratch, communicator and I/O buffers): an
+   * allowance for the threads and the model's products, plus comm_staging
+   * below. A rank's peak RSS is bounded by model_states + activations +
+   * runtime + what the process held before the trainer (+ the peers' pages
+   * below, on shm). */
   size_t runtime;
+  /* The model's communicators' staging pages (td_model_ops's
+   * comm_staging_bytes; 0 over TCP and for a model that does not
+   * communicate): comm_staging this rank's own, counted in runtime;
+   * comm_staging_shared the peers' pages its RSS counts too (physically
+   * theirs: not in runtime; the trainer's memory line adds it, as it adds
+   * the peers' arena pages). */
+  size_t comm_staging, comm_staging_shared;
 } td_memory_estimate;
 /* For a model on a device (td_model.device not the CPU) the figures are the
  * device's memory, what the trainer checks against the device at creation:

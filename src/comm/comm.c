@@ -354,6 +354,17 @@ int td_comm_local_rank(const td_comm *comm) { return comm ? comm->local_rank : -
 int td_comm_local_size(const td_comm *comm) { return comm ? comm->local_size : 0; }
 int td_comm_host_size(const td_comm *comm) { return comm ? comm->host_size : 0; }
 const char *td_comm_transport(const td_comm *comm) { return comm ? comm->xport_name : ""; }
+size_t td_comm_unexpected_limit(const td_comm *comm, size_t max_bytes) {
+  /* p2p_stream_take_unexpected's conditions: a transport a stalled sender rings */
+  if (!comm || comm->size < 2 || !comm->xport || !comm->xport->vtbl->take_stalled || !comm->xport->vtbl->try_peek)
+    return 0;
+  return comm->tun.p2p_unexpected_bytes != COMM_TUN_UNSET ? comm->tun.p2p_unexpected_bytes : max_bytes;
+}
+void td_comm_hold_unexpected(td_comm *comm, size_t max_bytes, size_t max_frame_bytes) {
+  if (!comm) return;
+  atomic_store_explicit(&comm->unx_frame_bytes, TD_MIN(max_frame_bytes, max_bytes), memory_order_relaxed);
+  atomic_store_explicit(&comm->unx_cap_bytes, max_bytes, memory_order_relaxed);
+}
 int td_comm_silent_ranks(const td_comm *comm, int *ranks, int max) {
   if (!comm || !comm->xport || !comm->xport->vtbl->silent_peers || (max > 0 && !ranks)) return 0;
   return comm->xport->vtbl->silent_peers(comm->xport, ranks, max);

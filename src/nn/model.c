@@ -92,6 +92,19 @@ td_status td_gpt_set_device_dtype(td_model *model, td_dtype dtype) {
 #endif
 }
 
+td_status td_gpt_set_tensor_split(td_model *model, const td_gpt_tensor_split *split) {
+  if (!model || !model->kind || strcmp(model->kind, "gpt") != 0 || !split)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "td_gpt_set_tensor_split: model must be a GPT and split given");
+  if (model->device.kind == TD_DEVICE_CPU)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "td_gpt_set_tensor_split: a CPU GPT is split by td_gpt_tp_create (the "
+                    "CPU engine's tensor-parallel model), not in place");
+#ifdef TD_HAVE_CUDA
+  return nn_gpt_cuda_set_tensor_split(model, split);
+#else
+  return td_error(TD_ERR_INTERNAL, "td_gpt_set_tensor_split: a device model in a build without CUDA");
+#endif
+}
+
 td_status td_model_init_params_range(const td_model *model, float *dst, uint64_t seed, size_t lo, size_t hi) {
   if (!model || (!dst && hi > lo) || hi < lo || hi > model->n_params)
     return td_error(TD_ERR_INVALID_ARGUMENT, "td_model_init_params_range: bad arguments (range [%zu, %zu) of %zu)", lo,

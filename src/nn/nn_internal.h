@@ -391,6 +391,8 @@ const float *nn_gpt_cuda_stage_input_grad(const td_model *model);
 /* src/nn/cuda/gpt_cuda.c: turn a CPU GPT from td_gpt_create into its twin
  * on CUDA device dev (already opened); on failure the model is unchanged. */
 td_status nn_gpt_cuda_attach(td_model *model, td_device dev);
+/* td_gpt_set_tensor_split on such a model */
+td_status nn_gpt_cuda_set_tensor_split(td_model *model, const td_gpt_tensor_split *split);
 /* td_gpt_set_device_dtype on such a model */
 td_status nn_gpt_cuda_set_dtype(td_model *model, td_dtype dtype);
 #endif

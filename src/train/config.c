@@ -116,13 +116,14 @@ static td_status tensor_parallel_check(td_train_config *cfg) {
   else if (cfg->offload.optimizer_device != TD_OFFLOAD_NONE || cfg->offload.param_device != TD_OFFLOAD_NONE)
     what = "ZeRO offload";
   else if (cfg->elasticity.enabled) what = "elastic training";
-  else if (cfg->device[0] && strcmp(cfg->device, "cpu") != 0)
-    return td_error(TD_ERR_INVALID_ARGUMENT, "tensor_model_parallel_size %d on device %s: tensor parallelism trains "
-                    "on the CPU engine only; use --device cpu (pipeline parallelism trains on a GPU)", tp, cfg->device);
+  else if (cfg->sequence_parallel && cfg->device[0] && strcmp(cfg->device, "cpu") != 0)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "sequence_parallel on device %s: sequence parallelism trains on the CPU "
+                    "engine only (tensor parallelism on a GPU keeps whole rows); drop it or use --device cpu",
+                    cfg->device);
   if (what)
     return td_error(TD_ERR_INVALID_ARGUMENT,
                     "tensor_model_parallel_size %d with %s is not built yet: drop one of them "
-                    "(tensor parallelism trains on the CPU in fp32, bf16 or fp16 with ZeRO stage 0, 1 or 2)", tp,
+                    "(tensor parallelism trains in fp32, bf16 or fp16, on a GPU fp32 or bf16, with ZeRO stage 0, 1 or 2)", tp,
                     what);
   return TD_OK;
 }

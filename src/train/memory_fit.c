@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/vfs.h>
+#include <time.h>
 
 #define MIB(x) ((double)(x) / 1048576.0)
 #define TMPFS_MAGIC_NUMBER 0x01021994 /* linux/magic.h's TMPFS_MAGIC */
@@ -371,7 +372,8 @@ td_status trainer_memory_fit(td_trainer *t) {
      * check below is of physical memory, where those pages are the peers' */
     t->mem_peer_mapped = zero_peer_mapped_bytes(t->model, &t->cfg, t->world, t->zero_stage, t->rank,
                                                 e.deterministic == 0, t->comm != NULL,
-                                                t->comm ? td_comm_direct_min_bytes(t->comm) : 0);
+                                                t->comm ? td_comm_direct_min_bytes(t->comm) : 0) +
+                         e.comm_staging_shared; /* the model's own groups' staging pages in the peers' slots */
     if (room > 0 && need > room) {
       char fits[1024], tmpfs[80] = "";
       what_fits(t, room, fits, sizeof fits);
@@ -413,7 +415,8 @@ td_status trainer_memory_rebind(td_trainer *t, int old_world) {
     t->mem_estimate = need;
     t->mem_peer_mapped = zero_peer_mapped_bytes(t->model, &t->cfg, t->world, t->zero_stage, t->rank,
                                                 e.deterministic == 0, false, /* the shards are restored */
-                                                td_comm_direct_min_bytes(t->comm));
+                                                td_comm_direct_min_bytes(t->comm)) +
+                         e.comm_staging_shared;
     if (room > 0 && need > room) {
       char fits[1024];
       what_fits(t, room, fits, sizeof fits);
@@ -456,19 +459,32 @@ td_status trainer_gather_fits(td_trainer *t) {
   return td_trainer_agree(t, st);
 }
 
+/* This thread's CPU seconds: what a read of /proc costs it, whatever the
+ * load (wall time would count the waits for a core). */
+static double thread_cpu_s(void) {
+  struct timespec ts;
+  return clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) == 0 ? (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec : 0.0;
+}
+
 /* After every step. The Pss (smaps_rollup) makes the kernel walk every page
  * table of the process: measured, it was half the CPU of a small model's
- * step. The RSS (two counters in /proc/self/status) bounds it from above, so
- * the Pss is read afresh only when the RSS is past 90% of the room, where a
- * warning may be due, and otherwise at most once a second for the series. */
+ * step, and read once a second still 0.5-0.8% of a training run's CPU
+ * (smaps_account; the walk grows with the RSS). The RSS (two counters in
+ * /proc/self/status) bounds it from above, so the Pss is read afresh every
+ * step while the RSS is past 90% of the room, where a warning may be due,
+ * and otherwise, for the series, after a gap of 1000 times the CPU the last
+ * read took, 1 to 60 s: at most 0.1% of a core, whatever the size. */
+#define PSS_READ_SHARE 1000.0
 void trainer_memory_watch(td_trainer *t, td_step_stats *stats) {
   size_t room = t->mem_room.rank_bytes, rss = td_mem_rss(NULL);
-  double now = td_now();
-  if (t->mem_pss_at == 0 || now - t->mem_pss_at >= 1.0 || (room && rss > room / 100 * 90)) {
+  double now = td_now(), gap = TD_MIN(60.0, TD_MAX(1.0, t->mem_pss_gap));
+  if (t->mem_pss_at == 0 || now - t->mem_pss_at >= gap || (room && rss > room / 100 * 90)) {
+    double cpu = thread_cpu_s();
     t->mem_pss = td_mem_pss();
+    t->mem_pss_gap = PSS_READ_SHARE * (thread_cpu_s() - cpu);
     t->mem_pss_at = now;
   }
-  rss = t->mem_pss < rss ? t->mem_pss : rss; /* a Pss a second old may exceed what is resident now */
+  rss = t->mem_pss < rss ? t->mem_pss : rss; /* a Pss read earlier may exceed what is resident now */
   stats->memory_bytes = rss;
   stats->memory_limit_bytes = room;
   if (room == 0) return;

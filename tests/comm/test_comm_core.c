@@ -39,6 +39,18 @@
  *                            the blocking td_recv. A last round receives right
  *                            away, so that a receive may take over a frame
  *                            still arriving. Prints a skip elsewhere.
+ *   test_comm_core unexpected_cap  under tandemrun -np 2 on shm with a 4 KiB
+ *                            FIFO and TANDEM_P2P_UNEXPECTED_BYTES unset: rank 0
+ *                            sends messages of ~16 KiB while rank 1 waits on a
+ *                            second communicator; the sends that complete
+ *                            before rank 1 posts a receive are exactly those
+ *                            its cap (td_comm_hold_unexpected) holds: none on a
+ *                            communicator nobody set (the default), nor on one
+ *                            split from a set one, nor after it is set to 0; the
+ *                            first 3 under a cap of 3 messages (twice: kept
+ *                            buffers reused), odd sizes under the byte cap;
+ *                            none behind a frame larger than the largest asked
+ *                            for. Every float arrives intact afterwards.
  *   test_comm_core destroy_after_wait  under tandemrun -np N: rounds of a
  *                            child communicator that issues non-blocking
  *                            allreduces and a send/recv ring, waits on every
@@ -561,6 +573,110 @@ static void test_unexpected(void) {
   td_comm_destroy(comm);
 }
 
+/* Rank 0 sends n messages of sizes[k] floats to rank 1 on c while rank 1
+ * waits on sig; once `want` of them completed (with rank 1 still posting no
+ * receive), and no more after a further 0.3 s, rank 1 receives them all and
+ * checks every float. The first `want` must be the ones done (in order). */
+static void cap_round(td_comm *c, td_comm *sig, int round, const size_t *sizes, int n, int want) {
+  enum { MAXN = 8 };
+  CHECK(n <= MAXN);
+  int rank = td_comm_rank(c);
+  float *buf[MAXN];
+  for (int k = 0; k < n; k++) CHECK((buf[k] = malloc(sizes[k] * sizeof(float))) != NULL);
+  int32_t go = 0;
+  CHECK_OK(td_barrier(sig));
+  if (rank == 0) {
+    td_request *req[MAXN];
+    int done[MAXN] = {0}, n_done = 0;
+    for (int k = 0; k < n; k++) {
+      for (size_t i = 0; i < sizes[k]; i++) buf[k][i] = unx_value(round, k, i);
+      CHECK_OK(td_isend(buf[k], sizes[k], TD_F32, 1, c, &req[k]));
+    }
+    double t0 = now_s();
+    for (int pass = 0; pass < 2; pass++) {
+      /* pass 0: until `want` are done (10 s at most); pass 1: 0.3 s more, for any beyond it */
+      double until = pass == 0 ? t0 + 10 : now_s() + 0.3;
+      while (now_s() < until && (pass == 1 || n_done < want)) {
+        for (int k = 0; k < n; k++)
+          if (!done[k]) {
+            td_status st = td_test(req[k], &done[k]);
+            CHECK(st == TD_OK || st == TD_ERR_IN_PROGRESS);
+            n_done += done[k];
+          }
+        usleep(2000);
+      }
+    }
+    for (int k = 0; k < n; k++)
+      if (done[k] != (k < want))
+        td_test_fail(__FILE__, __LINE__, "round %d: send %d of %d (%zu floats) %s before its receive was posted "
+                     "(%d done, want the first %d)", round, k, n, sizes[k], done[k] ? "completed" : "did not complete",
+                     n_done, want);
+    CHECK_OK(td_send(&go, 1, TD_I32, 1, sig));
+    for (int k = 0; k < n; k++)
+      if (!done[k]) CHECK_OK(td_wait(req[k]));
+  } else {
+    CHECK_OK(td_recv(&go, 1, TD_I32, 0, sig)); /* this rank's threads post nothing on c meanwhile */
+    for (int k = 0; k < n; k++) {
+      memset(buf[k], 0xff, sizes[k] * sizeof(float));
+      CHECK_OK(td_recv(buf[k], sizes[k], TD_F32, 0, c));
+      for (size_t i = 0; i < sizes[k]; i++)
+        if (buf[k][i] != unx_value(round, k, i))
+          td_test_fail(__FILE__, __LINE__, "round %d message %d (%zu floats): element %zu is %g, want %g", round, k,
+                       sizes[k], i, (double)buf[k][i], (double)unx_value(round, k, i));
+    }
+  }
+  for (int k = 0; k < n; k++) free(buf[k]);
+}
+
+static void test_unexpected_cap(void) {
+  td_comm *comm;
+  CHECK_OK(td_comm_init(&comm));
+  CHECK_EQ_INT(td_comm_size(comm), 2);
+  int rank = td_comm_rank(comm);
+  /* what a memory estimate counts: nothing where no frame is taken (tcp), the override when set */
+  const char *over = getenv("TANDEM_P2P_UNEXPECTED_BYTES");
+  if (strcmp(td_comm_transport(comm), "shm") != 0) CHECK(td_comm_unexpected_limit(comm, 12345) == 0);
+  else if (!over) CHECK(td_comm_unexpected_limit(comm, 12345) == 12345);
+  else if (!strcmp(over, "0")) CHECK(td_comm_unexpected_limit(comm, 12345) == 0);
+  if (strcmp(td_comm_transport(comm), "shm") != 0 || over) {
+    printf("test_comm_core unexpected_cap: skipped: needs the shm transport (has %s) and "
+           "TANDEM_P2P_UNEXPECTED_BYTES unset (it overrides the caps)\n", td_comm_transport(comm));
+    td_comm_destroy(comm);
+    return;
+  }
+  td_comm *sig;
+  CHECK_OK(td_comm_split(comm, 0, rank, &sig));
+  const size_t S = 4099; /* floats: 16 KiB and a bit, four times the 4 KiB FIFO */
+  const size_t even[] = {S, S, S, S, S, S};
+  /* a communicator nobody asked (the default) holds nothing: no send completes */
+  cap_round(comm, sig, 0, even, 6, 0);
+  /* 3 messages' worth on the receiver: the first 3 complete, the rest wait for their receives, none is lost; a
+   * second round the same, on the buffers kept from the first */
+  if (rank == 1) td_comm_hold_unexpected(comm, 3 * S * sizeof(float), S * sizeof(float));
+  cap_round(comm, sig, 1, even, 6, 3);
+  cap_round(comm, sig, 2, even, 6, 3);
+  /* odd sizes: the 3 buffers of S kept from round 1 take S, S/2 and 2 floats (the smallest free one that holds
+   * each); the next S finds none free and no room under the cap for a fourth */
+  const size_t odd[] = {S, S / 2, 2, S, S / 2};
+  cap_round(comm, sig, 3, odd, 5, 3);
+  /* a frame larger than the largest asked for stays in the FIFO, and the frames behind it with it */
+  const size_t big_first[] = {2 * S, S, S};
+  cap_round(comm, sig, 4, big_first, 3, 0);
+  /* a communicator split from this one does not inherit it */
+  td_comm *child;
+  CHECK_OK(td_comm_split(comm, 0, rank, &child));
+  cap_round(child, sig, 5, even, 4, 0);
+  /* turned off again: nothing held */
+  if (rank == 1) td_comm_hold_unexpected(comm, 0, 0);
+  cap_round(comm, sig, 6, even, 4, 0);
+  CHECK_OK(td_comm_finalize(child));
+  td_comm_destroy(child);
+  CHECK_OK(td_comm_finalize(sig));
+  td_comm_destroy(sig);
+  CHECK_OK(td_comm_finalize(comm));
+  td_comm_destroy(comm);
+}
+
 static void test_destroy_after_wait(void) {
   enum { ROUNDS = 60, NOPS = 6, COUNT = 1000 };
   td_comm *world;
@@ -623,9 +739,10 @@ int main(int argc, char **argv) {
   else if (!strcmp(mode, "timeout")) test_timeout();
   else if (!strcmp(mode, "wait_own")) test_wait_own();
   else if (!strcmp(mode, "unexpected")) test_unexpected();
+  else if (!strcmp(mode, "unexpected_cap")) test_unexpected_cap();
   else if (!strcmp(mode, "destroy_after_wait")) test_destroy_after_wait();
   else {
-    fprintf(stderr, "usage: %s self|multi|mismatch|timeout|wait_own|unexpected|destroy_after_wait\n", argv[0]);
+    fprintf(stderr, "usage: %s self|multi|mismatch|timeout|wait_own|unexpected|unexpected_cap|destroy_after_wait\n", argv[0]);
     return 2;
   }
   printf("test_comm_core %s: ok\n", mode);

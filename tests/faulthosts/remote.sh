@@ -16,6 +16,15 @@
 #                        killed on the shared connection is reported as
 #                        before while the others run on; the master goes
 #                        with the job (no ssh left, its directory removed)
+#                        (TANDEM_AGENT=0: sharing is the path without agents)
+#   remote.sh B agent    one tandem-agent per host: an elastic job that grows
+#                        from 1 to 3 processes on host a costs sshd one
+#                        connection and one session (the agent's), and the
+#                        new ranks are the agent's children; the agent
+#                        killed with -9 -> its ranks are gone from host a
+#                        and reported lost (exit 255, named), no hang;
+#                        after tandemrun is killed with -9, neither ranks
+#                        nor agent are left on host a
 #
 # Needs root (namespaces, sshd); everything is removed on exit, also after a
 # failure.
@@ -45,6 +54,20 @@ children_on_a() { # pids of test_launch_child on host a
   for pid in $(sshhosts_pids a); do
     [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = test_launch_chi ] && echo "$pid"
   done
+}
+agents_on_a() { # pids of tandem-agent on host a
+  local pid
+  for pid in $(sshhosts_pids a); do
+    [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = tandem-agent ] && echo "$pid"
+  done
+}
+wait_agents() { # N SECONDS: until exactly N agents run on host a
+  local _
+  for _ in $(seq 1 $(( $2 * 20 ))); do
+    [ "$(agents_on_a | wc -l)" = "$1" ] && return 0
+    sleep 0.05
+  done
+  return 1
 }
 wait_children() { # N SECONDS: until exactly N children run on host a
   local _
@@ -93,6 +116,7 @@ orphan)
   wait "$launcher" 2>/dev/null
   wait_children 0 10 || fail "remote ranks still run 10 s after tandemrun was killed: $(children_on_a)"
   t1=$(date +%s.%N)
+  wait_agents 0 10 || fail "a tandem-agent still runs on host a 10 s after tandemrun was killed: $(agents_on_a)"
   [ -n "$control_dir" ] && rm -rf "$control_dir"
   # 2. A rank fails: tandemrun stops the other (SIGTERM to its ssh) and
   # that rank must stop on the remote host too, not sleep on.
@@ -100,9 +124,11 @@ orphan)
   rc=$?
   [ $rc = 3 ] || fail "tandemrun exited $rc, expected rank 0's 3"
   wait_children 0 10 || fail "rank 1 still runs on host a 10 s after tandemrun stopped it: $(children_on_a)"
+  wait_agents 0 10 || fail "a tandem-agent still runs on host a after its job ended: $(agents_on_a)"
   echo "PASS(remote orphan): remote ranks gone $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }') s after kill -9 of tandemrun, and after tandemrun stopped them"
   ;;
 share)
+  export TANDEM_AGENT=0 # with agents, a host's ranks need no ssh sessions at all (case agent)
   accepted() { grep -c "Accepted publickey" "$SSHHOSTS_DIR/sshd_a.log"; }
   masters() { pgrep -f "ssh .*-M -N -o ControlPersist=no -o ControlPath=$1" | wc -l; }
   dirs_before=$(ls -d /tmp/tandemrun-ssh-* 2>/dev/null | sort)
@@ -129,7 +155,9 @@ share)
   netns_spawn l "$RUN" -np 2 -H 10.77.16.1:2 "$CHILD" --sleep 60 >"$tmp/out" 2>"$tmp/err"
   launcher=$NETNS_PID
   wait_children 2 20 || fail "the 2 shared ranks did not start on host a"
-  master=$(pgrep -f "ssh .*-M -N -o ControlPersist=no -o ControlPath=/tmp/tandemrun-ssh-" | head -1)
+  # This job's master only: other jobs on the machine may hold masters too.
+  master=$(pgrep -P "$launcher" -f "ssh .*-M -N -o ControlPersist=no -o ControlPath=/tmp/tandemrun-ssh-" | head -1)
+  control_dir=$(tr '\0' ' ' <"/proc/$master/cmdline" 2>/dev/null | sed -n 's|.*ControlPath=\(/tmp/tandemrun-ssh-[A-Za-z0-9]*\)/.*|\1|p')
   [ -n "$master" ] || fail "no ssh master connection runs while 2 ranks run on host a"
   kill -9 "$master"
   for _ in $(seq 1 200); do kill -0 "$launcher" 2>/dev/null || break; sleep 0.05; done
@@ -139,9 +167,77 @@ share)
   [ $rc = 255 ] || fail "tandemrun exited $rc after its master connection was lost, expected ssh's 255"
   grep -q "ssh could not reach the host or lost the connection to it" "$tmp/err" || fail "the lost connection is not named"
   wait_children 0 10 || fail "ranks left on host a after the connection was lost: $(children_on_a)"
-  [ "$(masters /tmp/tandemrun-ssh-)" = 0 ] || fail "ssh master connections left after the jobs"
+  [ -n "$control_dir" ] && [ "$(masters "$control_dir")" = 0 ] || fail "ssh master connections left after the job ($control_dir)"
   [ "$(ls -d /tmp/tandemrun-ssh-* 2>/dev/null | sort)" = "$dirs_before" ] || fail "tandemrun left its ssh control directory"
   echo "PASS(remote share): 4 ranks on one host: $shared ssh connection shared, $own without sharing; a lost master ends the job with 255, nothing left"
   ;;
-*) fail "unknown case (status, orphan, share)" ;;
+agent)
+  accepted() { grep -c "Accepted publickey" "$SSHHOSTS_DIR/sshd_a.log"; }
+  sessions() { # sshd's session processes for host a's connections ("sshd: root@notty")
+    local pid n=0
+    for pid in $(sshhosts_pids a); do
+      tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q '^sshd.*@notty' && n=$((n + 1))
+    done
+    echo $n
+  }
+  # 1. An elastic job on host a grows from 1 process to 3 (the discovery
+  # script offers more slots): the two new ones are forked by the agent,
+  # over no new ssh connection or session.
+  echo "10.77.16.1:1" >"$tmp/hosts"
+  printf '#!/bin/sh\ncat %s\n' "$tmp/hosts" >"$tmp/discover"
+  chmod +x "$tmp/discover"
+  n0=$(accepted)
+  TANDEM_DISCOVERY_INTERVAL=0.2 netns_spawn l "$RUN" -np 1 --min-np 1 --max-np 3 --max-restarts 5 \
+    --host-discovery-script "$tmp/discover" "$CHILD" --sleep 60 >"$tmp/out" 2>"$tmp/err"
+  launcher=$NETNS_PID
+  wait_children 1 20 || fail "the first process did not start on host a"
+  wait_agents 1 5 || fail "no tandem-agent runs on host a with the first process: $(agents_on_a)"
+  agent=$(agents_on_a)
+  before_grow=$(( $(accepted) - n0 ))
+  sessions_before=$(sessions)
+  echo "10.77.16.1:3" >"$tmp/hosts"
+  wait_children 3 20 || fail "the job did not grow to 3 processes on host a: $(children_on_a)"
+  after_grow=$(( $(accepted) - n0 ))
+  sessions_after=$(sessions)
+  [ "$before_grow" = 1 ] || fail "the first process on host a took $before_grow ssh connections, expected 1 (its agent's)"
+  [ "$after_grow" = 1 ] || fail "growing by 2 processes took $(( after_grow - 1 )) new ssh connections, expected none"
+  [ "$sessions_after" = "$sessions_before" ] || fail "growing opened ssh sessions: $sessions_before before, $sessions_after after"
+  for c in $(children_on_a); do
+    [ "$(awk '{ print $4 }' "/proc/$c/stat")" = "$agent" ] || fail "process $c on host a is not the agent's child"
+  done
+  # 2. The agent is killed: its processes go with it (parent-death signal),
+  # tandemrun names the lost agent and reports each process lost (their
+  # replacements start through a new agent); then the job is stopped.
+  t0=$(date +%s.%N)
+  kill -9 "$agent"
+  lost3() { [ "$(grep -Ec '^tandemrun: process [0-2] \(pid [0-9]+, host 10\.77\.16\.1\) exited with code 255' "$tmp/err")" = 3 ]; }
+  for _ in $(seq 1 200); do lost3 && break; sleep 0.05; done
+  t1=$(date +%s.%N)
+  grep -Eq "^tandemrun: the agent on host 10\.77\.16\.1 ended \(.*\): 3 ranks there are lost$" "$tmp/err" ||
+    fail "tandemrun did not name the lost agent"
+  lost3 || fail "the agent's 3 processes were not each reported lost with code 255 within 10 s"
+  kill -TERM "$launcher"
+  for _ in $(seq 1 300); do kill -0 "$launcher" 2>/dev/null || break; sleep 0.05; done
+  kill -0 "$launcher" 2>/dev/null && fail "tandemrun still runs 15 s after SIGTERM"
+  wait "$launcher"
+  wait_children 0 10 || fail "processes left on host a: $(children_on_a)"
+  wait_agents 0 10 || fail "agents left on host a: $(agents_on_a)"
+  # 3. Not elastic: the agent killed under 2 ranks ends the job with ssh's
+  # 255, naming the agent, and nothing is left.
+  netns_spawn l "$RUN" -np 2 -H 10.77.16.1:2 "$CHILD" --sleep 60 >"$tmp/out" 2>"$tmp/err"
+  launcher=$NETNS_PID
+  wait_children 2 20 || fail "the 2 ranks did not start on host a"
+  kill -9 "$(agents_on_a)"
+  for _ in $(seq 1 200); do kill -0 "$launcher" 2>/dev/null || break; sleep 0.05; done
+  kill -0 "$launcher" 2>/dev/null && fail "tandemrun still runs 10 s after its agent was killed"
+  wait "$launcher"
+  rc=$?
+  [ $rc = 255 ] || fail "tandemrun exited $rc after its agent was killed, expected 255"
+  grep -Eq "^tandemrun: the agent on host 10\.77\.16\.1 ended \(.*\): 2 ranks there are lost$" "$tmp/err" ||
+    fail "the lost agent is not named"
+  wait_children 0 10 || fail "ranks left on host a after their agent was killed: $(children_on_a)"
+  wait_agents 0 10 || fail "agents left on host a: $(agents_on_a)"
+  echo "PASS(remote agent): grow 1 -> 3 on host a over $after_grow ssh connection and no new session; agent killed -> 3 processes reported lost in $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }') s; not elastic: exit 255; nothing left"
+  ;;
+*) fail "unknown case (status, orphan, share, agent)" ;;
 esac

@@ -219,16 +219,41 @@ case_remote() {
   export TANDEM_EXTRA_MARK=carried
   mkdir -p "$TMP/wd"
   cp "$CHILD" "$TMP/wd/child"
-  (cd "$TMP/wd" && "$RUN" -np 5 -H fake-a:2,fake-b:3 ./child --print-env --store-barrier) >"$TMP/out" 2>"$TMP/err" ||
-    { cat "$TMP/err"; fail "remote job exit $?"; }
-  expect_eq "$(grep -c 'barrier passed' "$TMP/out")" 5 "ranks through the store"
-  expect_grep "^\[0\] rank=0 world=5 local_rank=0 local_size=2 store=[0-9.]+:[0-9]+ job=[0-9a-f-]+ cwd=$TMP/wd\$" "$TMP/out"
-  expect_grep "^\[1\] rank=1 world=5 local_rank=1 local_size=2 " "$TMP/out"
-  expect_grep "^\[2\] rank=2 world=5 local_rank=0 local_size=3 " "$TMP/out"
-  expect_grep "^\[4\] rank=4 world=5 local_rank=2 local_size=3 " "$TMP/out"
-  expect_eq "$(grep -c '^fake-a ' "$FAKE_SSH_LOG")" 2 "ssh calls to fake-a"
-  expect_eq "$(grep -c '^fake-b ' "$FAKE_SSH_LOG")" 3 "ssh calls to fake-b"
-  expect_grep "TANDEM_EXTRA_MARK=carried" "$FAKE_SSH_LOG"
+  # Each rank over ssh of its own (TANDEM_AGENT=0), then through one
+  # tandem-agent per host (the default): the same ranks, variables and
+  # working directory either way; ssh once per rank, or once per host.
+  for agent in 0 default; do
+    : >"$FAKE_SSH_LOG"
+    if [ $agent = 0 ]; then export TANDEM_AGENT=0; else unset TANDEM_AGENT; fi
+    (cd "$TMP/wd" && "$RUN" -np 5 -H fake-a:2,fake-b:3 ./child --print-env --store-barrier) >"$TMP/out" 2>"$TMP/err" ||
+      { cat "$TMP/err"; fail "remote job (TANDEM_AGENT=$agent) exit $?"; }
+    expect_eq "$(grep -c 'barrier passed' "$TMP/out")" 5 "ranks through the store"
+    expect_grep "^\[0\] rank=0 world=5 local_rank=0 local_size=2 store=[0-9.]+:[0-9]+ job=[0-9a-f-]+ cwd=$TMP/wd\$" "$TMP/out"
+    expect_grep "^\[1\] rank=1 world=5 local_rank=1 local_size=2 " "$TMP/out"
+    expect_grep "^\[2\] rank=2 world=5 local_rank=0 local_size=3 " "$TMP/out"
+    expect_grep "^\[4\] rank=4 world=5 local_rank=2 local_size=3 " "$TMP/out"
+    if [ $agent = 0 ]; then
+      expect_eq "$(grep -c '^fake-a ' "$FAKE_SSH_LOG")" 2 "ssh calls to fake-a"
+      expect_eq "$(grep -c '^fake-b ' "$FAKE_SSH_LOG")" 3 "ssh calls to fake-b"
+      expect_grep "TANDEM_EXTRA_MARK=carried" "$FAKE_SSH_LOG"
+    else
+      expect_eq "$(grep -c '^fake-a exec .*/tandem-agent' "$FAKE_SSH_LOG")" 1 "agent ssh calls to fake-a"
+      expect_eq "$(grep -c '^fake-b exec .*/tandem-agent' "$FAKE_SSH_LOG")" 1 "agent ssh calls to fake-b"
+      expect_eq "$(wc -l <"$FAKE_SSH_LOG")" 2 "ssh calls with agents"
+      "$RUN" -np 1 -H fake-a:1 sh -c 'echo "mark=$TANDEM_EXTRA_MARK"' >"$TMP/out" 2>"$TMP/err" ||
+        { cat "$TMP/err"; fail "sh through an agent exit $?"; }
+      expect_grep "^\[0\] mark=carried\$" "$TMP/out"
+    fi
+  done
+  # An agent that is not there (the remote shell exits 127): said once,
+  # and the ranks start over ssh each.
+  : >"$FAKE_SSH_LOG"
+  TANDEM_AGENT=/nonexistent/tandem-agent "$RUN" -np 2 -H fake-a:2 "$CHILD" --store-barrier >"$TMP/out" 2>"$TMP/err" ||
+    { cat "$TMP/err"; fail "job with a missing agent exit $?"; }
+  expect_eq "$(grep -c 'barrier passed' "$TMP/out")" 2 "ranks without their agent"
+  expect_grep "^tandemrun: host fake-a has no /nonexistent/tandem-agent \(the remote shell exited 127\)" "$TMP/err"
+  expect_eq "$(grep -c '^fake-a ' "$FAKE_SSH_LOG")" 3 "ssh calls: the agent's, then one per rank"
+  export TANDEM_AGENT=0 # the per-rank ssh path's own checks below
 
   # A mix of this host (fork/exec) and a remote one, from a hostfile; more
   # slots than ranks; the remote rank fails and is named with its host.
@@ -284,12 +309,26 @@ case_secret() {
   # the job only passes if every rank holds the same one (the store checks).
   export FAKE_SSH_LOG="$TMP/ssh.log"
   export TANDEM_SSH="$HERE/fake_ssh.sh"
+  export TANDEM_AGENT=0 # each rank over ssh first; through an agent below
   known="launcher-secret-$$-0123456789abcdef0123456789"
   TANDEM_SECRET="$known" "$RUN" -np 3 -H fake-s:2,localhost:1 "$CHILD" --store-barrier >"$TMP/out" 2>"$TMP/err" ||
     { cat "$TMP/err"; fail "job with TANDEM_SECRET exit $?"; }
   expect_eq "$(grep -c 'barrier passed' "$TMP/out")" 3 "ranks through the store"
   if grep -q "$known" "$FAKE_SSH_LOG"; then fail "the secret is in the ssh command line"; fi
   expect_grep 'read -r TANDEM_SECRET' "$FAKE_SSH_LOG"
+  # Through an agent: not on its command line, not in its environment (nor
+  # its ssh's); every rank has it (the barrier passes).
+  : >"$FAKE_SSH_LOG"
+  TANDEM_AGENT= TANDEM_SECRET="$known" "$RUN" -np 2 -H fake-s:2 "$CHILD" --store-barrier --sleep 3 >"$TMP/out" 2>"$TMP/err" &
+  job=$!
+  agent=
+  for _ in $(seq 1 100); do agent=$(pgrep -f "^$(cd "$(dirname "$RUN")" && pwd)/tandem-agent\$" | head -1); [ -n "$agent" ] && break; sleep 0.05; done
+  [ -n "$agent" ] || fail "no tandem-agent runs while the job does"
+  if tr '\0' '\n' <"/proc/$agent/environ" | grep -q "$known"; then fail "the secret is in the agent's environment"; fi
+  wait $job || { cat "$TMP/err"; fail "job through an agent with TANDEM_SECRET exit $?"; }
+  expect_eq "$(grep -c 'barrier passed' "$TMP/out")" 2 "ranks through the store, agent"
+  expect_grep 'tandem-agent' "$FAKE_SSH_LOG"
+  if grep -q "$known" "$FAKE_SSH_LOG"; then fail "the secret is in the agent's ssh command line"; fi
   # Programs that log their settings (tandem-bench's "# env:") leave the secret out.
   TANDEM_SECRET="$known" "$RUN" -np 2 "$(dirname "$RUN")/tandem-bench" allreduce -b 4K -e 4K -n 1 -w 0 >"$TMP/out" 2>&1 ||
     { cat "$TMP/out"; fail "tandem-bench exit $?"; }

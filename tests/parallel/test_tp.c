@@ -48,6 +48,17 @@
  *                             fails within the timeout with a message naming
  *                             the victim (no hang); prints "kill ok rank R".
  *
+ * TD_TEST_DEVICE=cuda:N (train, kill): the tensor-parallel model
+ * (td_gpt_tp_create_on; pipeline stages with td_pipeline_config.device) and
+ * the one-rank reference compute on that device (the ranks share it), the
+ * parameters read back from it; the vocabulary is whole on every rank there.
+ * TD_TEST_DEVICE=cuda: each rank on its own GPU (cuda:(local rank %
+ * GPUs), td_train_device_select), so that the tensor group's allreduces can
+ * take NCCL; TANDEM_TEST_EXPECT_PATH=nccl|staged: fail unless the tensor
+ * group's device collectives took that path.
+ * Without a device the test prints "skipped: no GPU: <why>" and passes,
+ * unless TD_TEST_EXPECT_CUDA is set (then it fails).
+ *
  * The expected shards are cut here from the unsplit tensors by Megatron's
  * layout written out independently of the library (cut_expected). */
 #include <signal.h>
@@ -56,10 +67,21 @@
 #include <unistd.h>
 
 #include "../common/check.h"
+#include "comm/device/device_coll.h"
 #include "parallel/tensor/tensor.h"
+#include "tandem/train.h"
 
 static td_comm *world;
 static int P, R; /* tensor-parallel size and rank (layers, model: the world) */
+static td_device g_dev; /* TD_TEST_DEVICE, or the CPU */
+
+/* n floats of an arena of the trainer's device, on the host (free with free) */
+static float *host_copy(const float *arena, size_t n) {
+  float *h = malloc((n ? n : 1) * sizeof(float));
+  CHECK(h != NULL);
+  CHECK_OK(td_device_copy(h, (td_device){TD_DEVICE_CPU, 0}, arena, g_dev, n * sizeof(float)));
+  return h;
+}
 
 /* Split n into P parts with boundaries floor(k n / P): uneven for odd n. */
 static void split(int n, int parts, int k, int *lo, int *len) {
@@ -213,8 +235,8 @@ static void layers(void) {
 static size_t cut_expected(const td_gpt_config *c, const char *name, const float *full, size_t count, int p, int r,
                            float *out) {
   const size_t C = c->channels, Cl = C / p, F = 4 * C, Fl = F / p;
-  size_t v0 = 0, vl = 0;
-  td_shard_range((size_t)c->vocab, p, r, &v0, &vl); /* the documented vocabulary split */
+  size_t v0 = 0, vl = (size_t)c->vocab; /* on a device: the vocabulary whole on every rank (documented) */
+  if (g_dev.kind == TD_DEVICE_CPU) td_shard_range((size_t)c->vocab, p, r, &v0, &vl); /* the documented split */
   const char *dot = strchr(name, '.');
   const char *suffix = name[0] == 'h' && dot ? dot + 1 : name;
   size_t n = 0;
@@ -414,15 +436,15 @@ static void train(int tp, int pp, int steps, int sp, int tied) {
   for (int k = 0; k < 1 + train_ckpt; k++) { /* with checkpointing: also the same layout without it */
     td_model **m = k == 0 ? &mt : &mplain;
     if (pp > 1) {
-      td_pipeline_config pc = {.sequence_parallel = sp};
+      td_pipeline_config pc = {.sequence_parallel = sp, .device = g_dev};
       if (train_interleaved) pc.schedule = "interleaved", pc.chunks = 2;
       CHECK_OK(td_gpt_pipeline_create_grid(&cfg, &pc, grid, m));
     } else {
-      CHECK_OK(td_gpt_tp_create(&cfg, grid, m));
+      CHECK_OK(td_gpt_tp_create_on(&cfg, grid, g_dev, m));
       if (sp) CHECK_OK(td_gpt_tp_set_sequence_parallel(*m, 1));
     }
   }
-  CHECK_OK(td_gpt_create(&cfg, &mf));
+  CHECK_OK(td_gpt_create_on(&cfg, g_dev, &mf));
   /* fp16: one world rank alone (the last: last stage, last tensor rank, last
    * replica) finds an inf in its gradients at step OVERFLOW_STEP; the one
    * rank's reference finds one at the same step. Every rank must skip it. */
@@ -504,7 +526,7 @@ static void train(int tp, int pp, int steps, int sp, int tied) {
   }
   if (ref && rank == 0) printf("largest relative loss difference to one rank: %.3g (bound %.3g)\n", worst_loss, loss_rtol);
   if (ref) {
-    const float *pt = td_trainer_params(t), *pf = td_trainer_params(ref);
+    float *pt = host_copy(td_trainer_params(t), mt->n_params), *pf = host_copy(td_trainer_params(ref), mf->n_params);
     float *want = malloc(mf->n_params * 4);
     for (int i = 0; i < mt->n_tensors; i++) {
       /* the unsplit tensor of the same name (a pipeline stage holds some of them) */
@@ -536,9 +558,14 @@ static void train(int tp, int pp, int steps, int sp, int tied) {
       check_near(name, got, want, k, 1e-4, 1e-6);
     }
     free(want);
+    free(pt);
+    free(pf);
   }
   if (plain) { /* every parameter bit for bit, from fewer activations */
-    CHECK(memcmp(td_trainer_params(t), td_trainer_params(plain), mt->n_params * sizeof(float)) == 0);
+    float *pt = host_copy(td_trainer_params(t), mt->n_params), *pq = host_copy(td_trainer_params(plain), mt->n_params);
+    CHECK(memcmp(pt, pq, mt->n_params * sizeof(float)) == 0);
+    free(pt);
+    free(pq);
     if (rank == 0) printf("activations: %zu bytes with checkpointing, %zu without\n", mt->activation_bytes,
                           mplain->activation_bytes);
     CHECK(mt->activation_bytes > 0 && mt->activation_bytes < mplain->activation_bytes);
@@ -550,7 +577,17 @@ static void train(int tp, int pp, int steps, int sp, int tied) {
   td_model_destroy(mt);
   td_model_destroy(mf);
   td_dataset_destroy(ds);
+  const char *expect_path = getenv("TANDEM_TEST_EXPECT_PATH"), *path = device_coll_path(td_grid_comm(grid, TD_GRID_TENSOR));
+  if (expect_path && strcmp(path, expect_path) != 0)
+    td_test_fail(__FILE__, __LINE__, "rank %d: the tensor group's device collectives took the %s path, expected %s",
+                 rank, path, expect_path);
   td_grid_destroy(grid);
+  if (rank == 0 && g_dev.kind != TD_DEVICE_CPU) {
+    char name[16];
+    printf("tp train: on %s%s (the vocabulary whole on each), the tensor group's allreduces on the %s path\n",
+           td_device_name(g_dev, name, sizeof name), getenv("TD_TEST_DEVICE")[4] ? ", shared by the ranks" : ", each rank on its own GPU",
+           path);
+  }
   if (rank == 0)
     printf("tp train: %d ranks as data %d x pipeline %d x tensor %d%s%s%s%s: %d steps equal to one rank\n", n, dp,
            pp, tp, sp ? " (sequence-parallel)" : "", tied ? " (tied)" : "",
@@ -651,8 +688,18 @@ int main(int argc, char **argv) {
     fprintf(stderr, "usage: test_tp layers | model TIED | train TP STEPS [sp] [pp=PP] [tied] [zero1] [ckpt] [interleaved] | kill TP VICTIM [pp=PP] | compose TP PP\n");
     return 2;
   }
+  const char *dev = getenv("TD_TEST_DEVICE");
+  if (dev && *dev) {
+    CHECK_OK(td_device_parse(dev, &g_dev));
+    if (td_device_open(g_dev) != TD_OK) {
+      if (getenv("TD_TEST_EXPECT_CUDA")) td_test_fail(__FILE__, __LINE__, "%s: %s", dev, td_last_error());
+      printf("skipped: no GPU: %s: %s\n", dev, td_last_error());
+      return 0;
+    }
+  }
   CHECK_OK(td_comm_init(&world));
   world_rank = td_comm_rank(world);
+  if (dev && !strcmp(dev, "cuda")) CHECK_OK(td_train_device_select(dev, td_comm_local_rank(world), &g_dev));
   P = td_comm_size(world);
   R = td_comm_rank(world);
   if (!strcmp(argv[1], "layers")) {

@@ -216,6 +216,103 @@ static void test_interleaved(void) {
   printf("interleaved: %d (p, v, m) layouts deadlock-free, matched, idle (p-1)/(vm+p-1) < 1f1b's\n", cases);
 }
 
+/* The messages that can wait at a stage before it receives them
+ * (td_pp_max_unexpected: what its communicator may hold as unexpected
+ * frames) against a random-timing simulation: each run gives every stage a
+ * random speed and, tick by tick, runs the next action of a stage drawn by
+ * speed among those that can go (a receive needs its message sent); two
+ * steps back to back, with nothing between them, as the fastest ranks
+ * would run them. The most messages sent to a stage and not yet received
+ * there, in any run, must stay within the bound. */
+static unsigned rng_state = 12345;
+static unsigned rnd(void) {
+  rng_state = rng_state * 1103515245u + 12345u;
+  return (rng_state >> 8) & 0xffffff;
+}
+
+static void unexpected_runs(td_pp_schedule_kind kind, int p, int m, int v, int runs, int *worst) {
+  static td_pp_action two[MAXP][2 * MAXA];
+  int n_two[MAXP];
+  build(kind, p, m, v, acts, n_acts);
+  for (int s = 0; s < p; s++) {
+    CHECK(2 * n_acts[s] <= 2 * MAXA);
+    memcpy(two[s], acts[s], (size_t)n_acts[s] * sizeof **acts);
+    memcpy(two[s] + n_acts[s], acts[s], (size_t)n_acts[s] * sizeof **acts);
+    n_two[s] = 2 * n_acts[s];
+    worst[s] = 0;
+  }
+  for (int run = 0; run < runs; run++) {
+    int sent[MAXP][MAXP] = {{0}}, got[MAXP][MAXP] = {{0}}, pc[MAXP] = {0};
+    unsigned speed[MAXP];
+    for (int s = 0; s < p; s++) speed[s] = 1 + rnd() % 100; /* 1 to 100: some stages far slower */
+    for (;;) {
+      unsigned total = 0;
+      int can[MAXP];
+      for (int s = 0; s < p; s++) {
+        can[s] = 0;
+        if (pc[s] == n_two[s]) continue;
+        const td_pp_action *a = &two[s][pc[s]];
+        can[s] = !(a->kind == TD_PP_RECV_ACT || a->kind == TD_PP_RECV_GRAD) || got[a->peer][s] < sent[a->peer][s];
+        if (can[s]) total += speed[s];
+      }
+      if (!total) break;
+      unsigned pick = rnd() % total;
+      int s = 0;
+      while (!can[s] || pick >= speed[s]) pick -= can[s] ? speed[s] : 0, s++;
+      const td_pp_action *a = &two[s][pc[s]++];
+      if (a->kind == TD_PP_SEND_ACT || a->kind == TD_PP_SEND_GRAD) {
+        sent[s][a->peer]++;
+        int waiting = 0;
+        for (int f = 0; f < p; f++) waiting += sent[f][a->peer] - got[f][a->peer];
+        if (waiting > worst[a->peer]) worst[a->peer] = waiting;
+      } else if (a->kind == TD_PP_RECV_ACT || a->kind == TD_PP_RECV_GRAD) {
+        got[a->peer][s]++;
+      }
+    }
+    for (int s = 0; s < p; s++)
+      if (pc[s] != n_two[s])
+        td_test_fail(__FILE__, __LINE__, "p=%d m=%d v=%d: stage %d stuck at action %d of %d", p, m, v, s, pc[s],
+                     n_two[s]);
+  }
+  for (int s = 0; s < p; s++) {
+    int bound = td_pp_max_unexpected(kind, p, m, v, s);
+    if (worst[s] > bound)
+      td_test_fail(__FILE__, __LINE__, "%s p=%d m=%d v=%d: %d messages waited at stage %d, bound %d",
+                   kind == TD_PP_1F1B ? "1f1b" : "interleaved", p, m, v, worst[s], s, bound);
+  }
+}
+
+static void test_unexpected_bound(void) {
+  int cases = 0, reached = 0, slots = 0, worst[MAXP];
+  for (int p = 1; p <= MAXP; p++)
+    for (int m = 1; m <= 24; m += (m < 8 ? 1 : 5)) {
+      unexpected_runs(TD_PP_1F1B, p, m, 1, 60, worst);
+      for (int s = 0; s < p; s++) reached += worst[s] == td_pp_max_unexpected(TD_PP_1F1B, p, m, 1, s), slots++;
+      if (p == 4 && m == 8)
+        printf("1f1b p=4 m=8: most messages waiting per stage %d %d %d %d, bound %d %d %d %d\n", worst[0], worst[1],
+               worst[2], worst[3], td_pp_max_unexpected(TD_PP_1F1B, 4, 8, 1, 0),
+               td_pp_max_unexpected(TD_PP_1F1B, 4, 8, 1, 1), td_pp_max_unexpected(TD_PP_1F1B, 4, 8, 1, 2),
+               td_pp_max_unexpected(TD_PP_1F1B, 4, 8, 1, 3));
+      cases++;
+    }
+  for (int p = 2; p <= 6; p++)
+    for (int v = 2; v <= 4; v++)
+      for (int m = p; m <= 4 * p; m += p) {
+        unexpected_runs(TD_PP_INTERLEAVED, p, m, v, 30, worst);
+        for (int s = 0; s < p; s++)
+          reached += worst[s] == td_pp_max_unexpected(TD_PP_INTERLEAVED, p, m, v, s), slots++;
+        if (p == 2 && v == 2 && m == 8)
+          printf("interleaved p=2 v=2 m=8: most messages waiting per stage %d %d, bound %d %d\n", worst[0],
+                 worst[1], td_pp_max_unexpected(TD_PP_INTERLEAVED, 2, 8, 2, 0),
+                 td_pp_max_unexpected(TD_PP_INTERLEAVED, 2, 8, 2, 1));
+        cases++;
+      }
+  CHECK_EQ_INT(td_pp_max_unexpected(TD_PP_1F1B, 1, 4, 1, 0), 0);
+  CHECK_EQ_INT(td_pp_max_unexpected(TD_PP_INTERLEAVED, 2, 3, 2, 0), 0); /* refused layout */
+  printf("unexpected messages: %d layouts within td_pp_max_unexpected; the bound reached at %d of %d stages\n", cases,
+         reached, slots);
+}
+
 static void test_refusals(void) {
   td_pp_action a[64];
   int n = -1;
@@ -318,6 +415,7 @@ int main(void) {
   test_partition();
   test_1f1b();
   test_interleaved();
+  test_unexpected_bound();
   printf("ok\n");
   return 0;
 }

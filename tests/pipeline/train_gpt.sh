@@ -5,8 +5,11 @@
 # stage's time, and layouts that cannot work exit 2 saying what would.
 # With DEV (cuda, cuda:0): both runs on that device (the 2 ranks share it:
 # their stages' activations cross through pinned host memory), a PP=2
-# checkpoint resumed by one rank there, and the refusals: tensor
-# parallelism on a device, a device pipeline in bf16.
+# checkpoint resumed by one rank there; tensor parallelism there: TP=2 and
+# TP=2 x PP=2 (4 ranks) within 1e-5 relative of one rank (the row-parallel
+# sums add the ranks' partial products in another order), a TP=2 device
+# checkpoint resumed by one rank; and the refusals: sequence parallelism
+# and a pipeline in bf16 on a device.
 #   train_gpt.sh BUILD_TREE [DEV]
 set -u
 B=$1
@@ -42,6 +45,20 @@ if [ "$DEV" != cpu ]; then
   loss3=$(grep -o "final_loss=[^ ]*" <<<"$res")
   [ "$loss1" = "$loss3" ] || fail "a PP=2 checkpoint on $DEV resumed by one rank: $loss3, uninterrupted: $loss1"
   echo "a PP=2 checkpoint on $DEV resumed by one rank: $loss3"
+  close() { # WHAT LOSS: within 1e-5 relative of loss1
+    awk -v a="${2#final_loss=}" -v b="${loss1#final_loss=}" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a != "" && d <= 1e-5 * b) }' ||
+      fail "$1 on $DEV: $2, one rank: $loss1 (bound 1e-5 relative)"
+    echo "$1 on $DEV: $2 (one rank: $loss1)"
+  }
+  tp=$("$B/bin/tandemrun" -np 2 "$B/bin/train-gpt" $args --tensor-parallel 2 --save "$ck/tp" --save-every 1 2>&1) ||
+    fail "TP=2: $tp"
+  close "TP=2" "$(grep -o "final_loss=[^ ]*" <<<"$tp")"
+  [ -d "$ck/tp/step-1" ] || fail "TP=2 on $DEV saved no step-1 checkpoint: $(ls "$ck/tp")"
+  res=$("$B/bin/tandemrun" -np 1 "$B/bin/train-gpt" $args --resume "$ck/tp/step-1" 2>&1) || fail "TP=2 resume: $res"
+  close "a TP=2 checkpoint resumed by one rank" "$(grep -o "final_loss=[^ ]*" <<<"$res")"
+  tpp=$("$B/bin/tandemrun" -np 4 "$B/bin/train-gpt" $args --tensor-parallel 2 --pipeline-parallel 2 2>&1) ||
+    fail "TP=2 x PP=2: $tpp"
+  close "TP=2 x PP=2" "$(grep -o "final_loss=[^ ]*" <<<"$tpp")"
 fi
 refuse() { # EXPECTED-TEXT NP FLAGS...
   local want=$1 np=$2; shift 2
@@ -54,6 +71,6 @@ refuse "must be a multiple of 2" 2 --pipeline-parallel 2 --pipeline-schedule int
 refuse "--layers 2 or more" 2 --pipeline-parallel 2 --layers 1 --steps 1
 refuse "ZeRO stage 3" 2 --pipeline-parallel 2 --zero-stage 3 --steps 1
 # refused by the config in any build, before a device is opened
-refuse "tensor parallelism trains on the CPU engine only; use --device cpu" 2 --tensor-parallel 2 --device cuda --steps 1
+refuse "sequence parallelism trains on the CPU engine only" 2 --tensor-parallel 2 --sequence-parallel --device cuda --steps 1
 refuse "on a GPU in fp32" 2 --pipeline-parallel 2 --device cuda --bf16 --steps 1
 echo "train_gpt.sh: ok ($loss1 on one rank and PP=2, on $DEV)"

@@ -87,4 +87,19 @@ td_status broadcast_shm_direct(td_comm *comm, const comm_op *op, const char *src
 #define SHM_TREE_FANIN 16
 td_status allreduce_shm_tree(td_comm *comm, const comm_op *op);
 
+/* ---- what the *_shm algorithms stage (td_comm_staging_bytes, mem.c) ----
+ * For a collective of up to `count` elements of `dtype` on buffers that are
+ * not host-shared: raise reach[k] (k: each rank of comm) to how far into
+ * rank k's slots, in bytes from a slot's start, rank `me` writes or reads
+ * (reach[me]: how far it writes its own). Either parity: which one a
+ * collective starts on depends on what ran before it. Each follows its
+ * algorithm's own forms and piece sizes, at the largest message of each
+ * form up to count (a smaller message of another form may reach further:
+ * a single-slot message against a chunked one). */
+void allreduce_shm_reach(const td_comm *comm, int me, size_t count, td_dtype dtype, size_t *reach);
+void allgather_shm_reach(const td_comm *comm, int me, size_t count, td_dtype dtype, size_t *reach);
+void reduce_scatter_shm_reach(const td_comm *comm, int me, size_t count, td_dtype dtype, size_t *reach);
+/* Any root. */
+void broadcast_shm_reach(const td_comm *comm, int me, size_t count, td_dtype dtype, size_t *reach);
+
 #endif

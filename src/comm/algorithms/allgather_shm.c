@@ -23,6 +23,13 @@
 
 #define SHM_STREAM_MIN ((size_t)4 << 20)
 
+/* Elements of a shard staged per round: the whole largest shard (len0)
+ * when it fits a slot, else a chunk. */
+static size_t piece_of(const td_comm *comm, size_t len0, size_t es) {
+  size_t piece = len0 * es <= shm_slot_bytes(comm) ? len0 : shm_chunk_bytes(comm) / es;
+  return TD_MAX(piece, (size_t)1);
+}
+
 td_status allgather_shm(td_comm *comm, const comm_op *op) {
   int n = comm->size, me = comm->rank;
   size_t es = td_dtype_size(op->dtype), count = op->count;
@@ -37,8 +44,7 @@ td_status allgather_shm(td_comm *comm, const comm_op *op) {
     TD_CHECK(shm_sync_shared(comm, op, send, len[me] * es, recv, count * es));
     if (shm_all_shared(comm, 0)) return allgather_shm_direct(comm, op);
   }
-  size_t piece = len[0] * es <= shm_slot_bytes(comm) ? len[0] : shm_chunk_bytes(comm) / es;
-  piece = TD_MAX(piece, (size_t)1);
+  size_t piece = piece_of(comm, len[0], es);
   size_t rounds = TD_MAX((len[0] + piece - 1) / piece, (size_t)1); /* one sync even for count 0 */
   bool stream = count * es >= SHM_STREAM_MIN;
   for (size_t k = 0; k < rounds; k++) {
@@ -55,4 +61,25 @@ td_status allgather_shm(td_comm *comm, const comm_op *op) {
     }
   }
   return TD_OK;
+}
+
+/* algorithms.h: every rank writes its first piece into its own slot and
+ * reads every other rank's; at count and at the largest count whose shards
+ * still fit a slot whole (past it the piece drops to a chunk). */
+static void reach_at(const td_comm *comm, size_t count, size_t es, size_t *reach) { /* the same from every rank */
+  size_t off, len, len0;
+  td_shard_range(count, comm->size, 0, &off, &len0);
+  size_t piece = piece_of(comm, len0, es);
+  for (int k = 0; k < comm->size; k++) {
+    td_shard_range(count, comm->size, k, &off, &len);
+    reach[k] = TD_MAX(reach[k], TD_MIN(piece, len) * es);
+  }
+}
+
+void allgather_shm_reach(const td_comm *comm, int me, size_t count, td_dtype dtype, size_t *reach) {
+  (void)me;
+  size_t es = td_dtype_size(dtype), whole = shm_slot_bytes(comm) / TD_MAX(es, (size_t)1) * (size_t)comm->size;
+  if (comm->size < 2 || count == 0 || es == 0) return;
+  reach_at(comm, count, es, reach);
+  if (whole < count) reach_at(comm, whole, es, reach);
 }

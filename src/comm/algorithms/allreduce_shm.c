@@ -126,6 +126,22 @@ static td_status allreduce_pipelined(td_comm *comm, const comm_op *op, size_t by
   return TD_OK;
 }
 
+/* Which form a message of `bytes` takes (the same on every rank). */
+typedef enum { FORM_TREE, FORM_SMALL, FORM_LARGE } allreduce_form;
+
+static allreduce_form form_of(const td_comm *comm, size_t bytes, td_dtype dtype) {
+  size_t n = (size_t)comm->size;
+  /* Many ranks, under a page per rank's slice: the flat forms below would
+   * have every rank touch a page of every other rank's slot (n^2 first-touch
+   * page faults in the job); the tree touches O(n). Not for f16/bf16, whose
+   * partial sums must not be rounded per level (allreduce_shm_tree.c). */
+  if (n > SHM_TREE_FANIN && bytes < n * SHM_PAGE_BYTES && bytes <= shm_slot_bytes(comm) && dtype != TD_F16 &&
+      dtype != TD_BF16)
+    return FORM_TREE;
+  if (bytes * n <= SHM_ALLREDUCE_SMALL_TOTAL && bytes <= shm_slot_bytes(comm)) return FORM_SMALL;
+  return FORM_LARGE;
+}
+
 td_status allreduce_shm(td_comm *comm, const comm_op *op) {
   size_t bytes = comm_op_bytes(op);
   if (shm_trivial(comm)) {
@@ -134,15 +150,9 @@ td_status allreduce_shm(td_comm *comm, const comm_op *op) {
   }
   TD_CHECK(shm_require(comm, "allreduce_shm"));
   size_t n = (size_t)comm->size;
-  /* Many ranks, under a page per rank's slice: the flat forms below would
-   * have every rank touch a page of every other rank's slot (n^2 first-touch
-   * page faults in the job); the tree touches O(n). Not for f16/bf16, whose
-   * partial sums must not be rounded per level (allreduce_shm_tree.c). */
-  if (n > SHM_TREE_FANIN && bytes < n * SHM_PAGE_BYTES && bytes <= shm_slot_bytes(comm) && op->dtype != TD_F16 &&
-      op->dtype != TD_BF16)
-    return allreduce_shm_tree(comm, op);
-  if (bytes * n <= SHM_ALLREDUCE_SMALL_TOTAL && bytes <= shm_slot_bytes(comm))
-    return allreduce_small(comm, op, bytes);
+  allreduce_form form = form_of(comm, bytes, op->dtype);
+  if (form == FORM_TREE) return allreduce_shm_tree(comm, op);
+  if (form == FORM_SMALL) return allreduce_small(comm, op, bytes);
   /* Direct access maps every peer's buffer once (cached): worth it for
    * large messages only, as for the other collectives (shm.h). */
   if (shm_xmap(comm) && bytes >= SHM_DIRECT_MIN_BYTES && bytes >= n * SHM_PAGE_BYTES) {
@@ -153,4 +163,41 @@ td_status allreduce_shm(td_comm *comm, const comm_op *op) {
     if (shm_all_shared(comm, 0) && shm_all_shared(comm, 1)) return allreduce_shm_direct(comm, op);
   }
   return allreduce_pipelined(comm, op, bytes);
+}
+
+/* The reach of one form at `count` elements (algorithms.h): what the code
+ * above writes and reads of each rank's slots. */
+static void form_reach(const td_comm *comm, int me, allreduce_form form, size_t count, size_t es, size_t *reach) {
+  int n = comm->size;
+  size_t bytes = count * es;
+  if (form == FORM_SMALL) { /* its own slot written, every slot read: the whole message */
+    for (int k = 0; k < n; k++) reach[k] = TD_MAX(reach[k], bytes);
+  } else if (form == FORM_TREE) { /* allreduce_shm_tree.c: its own slot, its children's at each level it leads, the root's */
+    reach[me] = TD_MAX(reach[me], bytes);
+    reach[0] = TD_MAX(reach[0], bytes);
+    for (long span = 1; span < n && me % (span * SHM_TREE_FANIN) == 0; span *= SHM_TREE_FANIN)
+      for (long c = me, k = 0; c < n && k < SHM_TREE_FANIN; c += span, k++) reach[c] = TD_MAX(reach[c], bytes);
+  } else { /* allreduce_pipelined at its first (largest) chunk of m elements */
+    size_t m = TD_MIN(TD_MAX(shm_chunk_bytes(comm) / es, (size_t)1), count), off, len, my_off, my_len;
+    td_shard_range(m, n, me, &my_off, &my_len);
+    for (int k = 0; k < n; k++) {
+      td_shard_range(m, n, k, &off, &len);
+      /* own slots: every slice (the others' staged, its own reduced); a peer's: its slice of my part (read to
+       * reduce), its own reduced slice (copied out) */
+      size_t end = k == me ? m * es : TD_MAX(my_off + my_len, off + len) * es;
+      reach[k] = TD_MAX(reach[k], end);
+    }
+  }
+}
+
+void allreduce_shm_reach(const td_comm *comm, int me, size_t count, td_dtype dtype, size_t *reach) {
+  size_t es = td_dtype_size(dtype), n = (size_t)comm->size;
+  if (n < 2 || count == 0 || es == 0) return;
+  allreduce_form form = form_of(comm, count * es, dtype);
+  form_reach(comm, me, form, count, es, reach);
+  if (form != FORM_LARGE) return;
+  /* the largest message below it of the single-slot form (the tree, with many ranks) */
+  size_t below = n > SHM_TREE_FANIN ? n * SHM_PAGE_BYTES - 1 : SHM_ALLREDUCE_SMALL_TOTAL / n;
+  below = TD_MIN(below, shm_slot_bytes(comm)) / es;
+  if (below > 0 && below < count) form_reach(comm, me, form_of(comm, below * es, dtype), below, es, reach);
 }

@@ -48,3 +48,15 @@ td_status broadcast_shm(td_comm *comm, const comm_op *op) {
   }
   return TD_OK;
 }
+
+/* algorithms.h: the root writes its slot, a round of up to a slot at a
+ * time, the others read it; any rank may be the root. The largest message
+ * up to count that fits one slot reaches furthest (a longer one goes by
+ * chunks, at most a slot). */
+void broadcast_shm_reach(const td_comm *comm, int me, size_t count, td_dtype dtype, size_t *reach) {
+  (void)me;
+  size_t bytes = count * td_dtype_size(dtype);
+  if (comm->size < 2 || bytes == 0) return;
+  bytes = TD_MIN(bytes, shm_slot_bytes(comm));
+  for (int k = 0; k < comm->size; k++) reach[k] = TD_MAX(reach[k], bytes);
+}

@@ -24,6 +24,14 @@
 
 #include <string.h>
 
+/* Elements of each shard staged per round: the whole largest shard (len0)
+ * when n of them fit a slot, else 1/n of a chunk. */
+static size_t piece_of(const td_comm *comm, size_t len0, size_t es) {
+  size_t n = (size_t)comm->size;
+  size_t piece = n * len0 * es <= shm_slot_bytes(comm) ? len0 : shm_chunk_bytes(comm) / es / n;
+  return TD_MAX(piece, (size_t)1);
+}
+
 td_status reduce_scatter_shm(td_comm *comm, const comm_op *op) {
   int n = comm->size, me = comm->rank;
   size_t es = td_dtype_size(op->dtype), count = op->count;
@@ -38,8 +46,7 @@ td_status reduce_scatter_shm(td_comm *comm, const comm_op *op) {
     TD_CHECK(shm_sync_shared(comm, op, op->send, count * es, op->recv, len[me] * es));
     if (shm_all_shared(comm, 0)) return reduce_scatter_shm_direct(comm, op);
   }
-  size_t piece = (size_t)n * len[0] * es <= shm_slot_bytes(comm) ? len[0] : shm_chunk_bytes(comm) / es / (size_t)n;
-  piece = TD_MAX(piece, (size_t)1);
+  size_t piece = piece_of(comm, len[0], es);
   size_t rounds = TD_MAX((len[0] + piece - 1) / piece, (size_t)1); /* one sync even for count 0 */
   const char *send = op->send;
   char *recv = op->recv;
@@ -59,4 +66,30 @@ td_status reduce_scatter_shm(td_comm *comm, const comm_op *op) {
     td_reduce_multi(recv + start * es, srcs, n, m, op->dtype, op->redop);
   }
   return TD_OK;
+}
+
+/* algorithms.h: every rank writes a piece of each rank's shard into its own
+ * slot (piece r at r pieces in) and reads its own piece of every slot; at
+ * count and at the largest count whose shards still fit a slot whole. */
+static void reach_at(const td_comm *comm, int me, size_t count, size_t es, size_t *reach) {
+  int n = comm->size;
+  size_t off, len, len0, mine = 0;
+  td_shard_range(count, n, 0, &off, &len0);
+  size_t piece = piece_of(comm, len0, es);
+  for (int r = 0; r < n; r++) {
+    td_shard_range(count, n, r, &off, &len);
+    if (len) mine = TD_MAX(mine, ((size_t)r * piece + TD_MIN(piece, len)) * es);
+  }
+  reach[me] = TD_MAX(reach[me], mine);
+  td_shard_range(count, n, me, &off, &len);
+  if (len == 0) return;
+  for (int k = 0; k < n; k++) reach[k] = TD_MAX(reach[k], ((size_t)me * piece + TD_MIN(piece, len)) * es);
+}
+
+void reduce_scatter_shm_reach(const td_comm *comm, int me, size_t count, td_dtype dtype, size_t *reach) {
+  size_t es = td_dtype_size(dtype), n = (size_t)comm->size;
+  if (n < 2 || count == 0 || es == 0) return;
+  size_t whole = shm_slot_bytes(comm) / es / n * n; /* n shards of len0 = slot / es / n */
+  reach_at(comm, me, count, es, reach);
+  if (whole > 0 && whole < count) reach_at(comm, me, whole, es, reach);
 }

@@ -275,6 +275,12 @@ struct td_comm {
   bool finalized;
 
   comm_tunables tun;          /* TANDEM_* settings, read once at creation */
+  /* Unexpected point-to-point frames this communicator's stream may hold
+   * (td_comm_hold_unexpected; p2p/p2p.c): at most unx_cap_bytes in all,
+   * frames of at most unx_frame_bytes each; 0: none (the default). Set by
+   * any thread, read by the executing one. TANDEM_P2P_UNEXPECTED_BYTES,
+   * when set, overrides both. Not inherited by td_comm_split. */
+  _Atomic size_t unx_cap_bytes, unx_frame_bytes;
   /* f32 partial results of half-precision reductions (select/select.c), kept and
    * grown between operations: a fresh buffer per call costs a page fault
    * per 4 KiB, which measured slower than the transfer itself. Touched only

@@ -427,22 +427,28 @@ td_status p2p_run(td_comm *comm, const comm_op *op, const p2p_xfer *sends, int n
  * is copied out; one still arriving is taken over (its bytes so far copied,
  * the rest read straight into the receive's buffer). Headers are checked
  * against the receive when it joins, as they are for a receive that reads
- * the frame itself. At most TANDEM_P2P_UNEXPECTED_BYTES
- * (P2P_UNEXPECTED_DEFAULT) are held per communicator; a frame beyond that
- * waits in the transport for its receive, as before (MPI's eager/rendezvous
- * split).
+ * the frame itself.
  *
- * Off by default: the frames held are memory that the trainer's estimate
- * does not count (an elastic commit's exchange, taken ahead of its
- * receives, put a stage-3 rank 4-12% above its estimate:
- * memory_bound_elastic_stage3), so a user turns it on where it pays, e.g.
- * for a pipeline whose activations are larger than the FIFO. */
-#define P2P_UNEXPECTED_DEFAULT ((size_t)0)
-
+ * A communicator takes none unless its owner asks (td_comm_hold_unexpected:
+ * the pipeline engine does for its own communicator, with a cap of the
+ * activation messages its schedule can have in flight, which its memory
+ * estimate counts), because the frames held are memory: taken on every
+ * communicator (TANDEM_P2P_UNEXPECTED_BYTES=64M), an elastic commit's
+ * exchange, taken ahead of its receives, put a stage-3 rank 4-12% above
+ * its estimate (memory_bound_elastic_stage3). A frame beyond the cap, or
+ * larger than the largest frame asked for, waits in the transport for its
+ * receive, as before (MPI's eager/rendezvous split).
+ *
+ * The buffers are kept for reuse (a free list, best fit), never more bytes
+ * in all, held or free, than the cap: a fresh malloc per frame (mmap'ed at
+ * these sizes) faulted in every page of every message again (an elastic
+ * 2-rank run with a 64 MiB cap: 169 page faults per rank per step instead
+ * of 15; bench/pipeline_faults.sh measures a pipeline's). */
 typedef struct unexpected_frame {
-  struct unexpected_frame *next; /* arrival order */
+  struct unexpected_frame *next; /* arrival order; or the free list */
   comm_hdr hdr;
-  void *buf;
+  size_t size; /* bytes buf holds */
+  void *buf;   /* just after this struct, in the same allocation */
 } unexpected_frame;
 
 typedef struct stream_entry {
@@ -462,7 +468,70 @@ struct p2p_stream {
   int *wait_peers; /* 2 * cap */
   unexpected_frame *unx_head, *unx_tail; /* unexpected frames fully read */
   size_t unx_bytes;                      /* held by those and by unexpected entries */
+  unexpected_frame *unx_free;            /* buffers kept for the next frames */
+  size_t unx_kept;                       /* bytes of every buffer, held or free: at most the cap */
 };
+
+/* The cap and the largest frame taken: the communicator's
+ * (td_comm_hold_unexpected), or TANDEM_P2P_UNEXPECTED_BYTES for both. */
+static size_t unexpected_cap(const td_comm *comm, size_t *frame_max) {
+  if (comm->tun.p2p_unexpected_bytes != COMM_TUN_UNSET) {
+    *frame_max = comm->tun.p2p_unexpected_bytes;
+    return comm->tun.p2p_unexpected_bytes;
+  }
+  td_comm *c = (td_comm *)comm;
+  *frame_max = atomic_load_explicit(&c->unx_frame_bytes, memory_order_relaxed);
+  return atomic_load_explicit(&c->unx_cap_bytes, memory_order_relaxed);
+}
+
+static void frame_free(p2p_stream *s, unexpected_frame *u) {
+  s->unx_kept -= u->size;
+  free(u);
+}
+
+/* Free kept buffers while more than cap bytes are kept (the cap lowered). */
+static void frames_trim(p2p_stream *s, size_t cap) {
+  while (s->unx_free && s->unx_kept > cap) {
+    unexpected_frame *u = s->unx_free;
+    s->unx_free = u->next;
+    frame_free(s, u);
+  }
+}
+
+/* A buffer for an n-byte frame: the smallest free one that holds it, else a
+ * new one if it fits under cap (after freeing kept ones that do not
+ * serve); NULL: the frame stays in the transport. */
+static unexpected_frame *frame_get(p2p_stream *s, size_t n, size_t cap) {
+  unexpected_frame **best = NULL;
+  for (unexpected_frame **pp = &s->unx_free; *pp; pp = &(*pp)->next)
+    if ((*pp)->size >= n && (!best || (*pp)->size < (*best)->size)) best = pp;
+  unexpected_frame *u;
+  if (best) {
+    u = *best;
+    *best = u->next;
+    return u;
+  }
+  while (s->unx_free && s->unx_kept + n > cap) {
+    u = s->unx_free;
+    s->unx_free = u->next;
+    frame_free(s, u);
+  }
+  if (n > cap || s->unx_kept > cap - n || !(u = malloc(sizeof *u + n))) return NULL;
+  u->size = n;
+  u->buf = u + 1;
+  s->unx_kept += n;
+  return u;
+}
+
+/* A frame done with goes back to the free list (freed if the cap was lowered). */
+static void frame_put(p2p_stream *s, unexpected_frame *u, size_t cap) {
+  if (s->unx_kept > cap) {
+    frame_free(s, u);
+    return;
+  }
+  u->next = s->unx_free;
+  s->unx_free = u;
+}
 
 td_status p2p_stream_create(p2p_stream **out) {
   p2p_stream *s = calloc(1, sizeof *s);
@@ -476,7 +545,11 @@ void p2p_stream_destroy(p2p_stream *s) {
   while (s->unx_head) {
     unexpected_frame *u = s->unx_head;
     s->unx_head = u->next;
-    free(u->buf);
+    free(u);
+  }
+  while (s->unx_free) {
+    unexpected_frame *u = s->unx_free;
+    s->unx_free = u->next;
     free(u);
   }
   free(s->e);
@@ -509,8 +582,7 @@ static bool stream_grow(p2p_stream *s, int cap) {
 void p2p_stream_fail(p2p_stream *s, p2p_stream_done_fn done, void *ctx, td_status status) {
   for (int i = 0; s && i < s->n; i++) {
     if (s->e[i].unx) {
-      free(s->e[i].unx->buf);
-      free(s->e[i].unx);
+      frame_free(s, s->e[i].unx);
       s->unx_bytes -= s->e[i].x.bytes;
     } else {
       done(ctx, s->e[i].tag, status);
@@ -533,8 +605,7 @@ static td_status match_unexpected(td_comm *comm, p2p_stream *s, stream_entry *e,
     else s->unx_head = u->next;
     if (s->unx_tail == u) s->unx_tail = prev;
     s->unx_bytes -= e->x.bytes;
-    free(u->buf);
-    free(u);
+    frame_put(s, u, unexpected_cap(comm, &(size_t){0}));
     *taken = *done_now = true;
     return TD_OK;
   }
@@ -543,8 +614,7 @@ static td_status match_unexpected(td_comm *comm, p2p_stream *s, stream_entry *e,
     if (!a->unx || a->x.peer != e->x.peer) continue;
     TD_CHECK(check_header(comm, &e->op, e->x.peer, e->x.bytes, &a->s.u.hdr));
     if (a->s.data_done) memcpy(e->x.buf, a->x.buf, a->s.data_done);
-    free(a->unx->buf);
-    free(a->unx);
+    frame_put(s, a->unx, unexpected_cap(comm, &(size_t){0}));
     a->unx = NULL;
     s->unx_bytes -= a->x.bytes;
     a->op = e->op;
@@ -573,7 +643,8 @@ td_status p2p_stream_take_unexpected(td_comm *comm, p2p_stream *s) {
   int *peers = malloc((size_t)comm->size * sizeof *peers);
   if (!peers) return comm_fail(comm, TD_ERR_SYSTEM, "rank %d: out of memory for %d peers", comm->rank, comm->size);
   int k = t->vtbl->take_stalled(t, peers, comm->size);
-  size_t cap = comm->tun.p2p_unexpected_bytes == COMM_TUN_UNSET ? P2P_UNEXPECTED_DEFAULT : comm->tun.p2p_unexpected_bytes;
+  size_t frame_max = 0, cap = unexpected_cap(comm, &frame_max);
+  frames_trim(s, cap);
   td_status st = TD_OK;
   for (int i = 0; i < k && st == TD_OK; i++) {
     int p = peers[i];
@@ -587,24 +658,18 @@ td_status p2p_stream_take_unexpected(td_comm *comm, p2p_stream *s) {
       size_t got = 0;
       if ((st = t->vtbl->try_peek(t, p, &h, sizeof h, &got)) != TD_OK) break;
       if (got < sizeof h || h.magic != COMM_HDR_MAGIC || h.kind != COMM_SEND || h.src_rank != p || h.nbytes == 0 ||
-          s->unx_bytes > cap || h.nbytes > cap - s->unx_bytes)
+          h.nbytes > frame_max)
         break;
       if (s->n == s->cap && !stream_grow(s, s->cap ? 2 * s->cap : P2P_STREAM_FIRST)) {
         st = comm_fail(comm, TD_ERR_SYSTEM, "out of memory for the point-to-point stream");
         break;
       }
-      unexpected_frame *u = malloc(sizeof *u);
-      void *buf = malloc(h.nbytes);
-      if (!u || !buf) { /* left in the transport for its receive */
-        free(u);
-        free(buf);
-        break;
-      }
-      u->buf = buf;
+      unexpected_frame *u = frame_get(s, (size_t)h.nbytes, cap);
+      if (!u) break; /* beyond the cap (or out of memory): left in the transport for its receive */
+      void *buf = u->buf;
       size_t moved = 0;
       if ((st = t->vtbl->try_recv(t, p, &h, sizeof h, &moved)) != TD_OK || moved != sizeof h) {
-        free(buf);
-        free(u);
+        frame_put(s, u, cap);
         if (st == TD_OK) /* try_recv returns what try_peek saw */
           st = comm_fail(comm, TD_ERR_INTERNAL, "rank %d: a peeked frame header from rank %d was not there", comm->rank, p);
         break;

@@ -73,6 +73,20 @@
  * of stages runs the whole model's launches in its order on exact f32
  * copies: its bits. f32 only (bf16 refused: the exchanges are f32).
  *
+ * Tensor parallelism (td_gpt_set_tensor_split; src/parallel's
+ * td_gpt_tp_create_on): the arenas follow the shard's table (`tab`), and the
+ * blocks compute tensor rank tr of tp: qkv's rows of heads [tr NH/tp, ...)
+ * (column-parallel: the attention runs on C/tp channels, NH/tp heads), the
+ * attention projection over those C/tp input columns and the MLP's 4C/tp
+ * features (fc column-parallel, its projection row-parallel). Each
+ * row-parallel product leaves the epilogue's residual add and writes its
+ * partial sum (tensor rank 0's with the bias), which the split's allreduce
+ * sums in place before the residual is added; each column-parallel
+ * product's input gradient is summed so before its LayerNorm's backward.
+ * The stream is synchronized before each (the collective reads the device
+ * buffer when called). Everything else (embeddings, LayerNorms, head, loss)
+ * runs whole, as at tp 1, and their gradients come out equal on every rank.
+ *
  * Errors: forward returns NaN with the launcher's message in
  * td_last_error(); backward cannot return one, so it stops at the first
  * failure, logs it, and the next forward returns NaN with the same message. */
@@ -121,9 +135,28 @@ typedef struct gpt_cuda {
   int have_targets;   /* the last forward had targets: logits hold dlogits */
   td_status error;    /* sticky failure of a backward (see the file comment) */
   char error_msg[512];
+  /* tensor parallelism (td_gpt_set_tensor_split): rank tr of tp; the
+   * table the arenas follow (the model's own, or the shard's) */
+  int tp, tr;
+  const td_param_tensor *tab;
+  td_status (*allreduce)(void *ctx, void *buf, size_t count, td_dtype dtype);
+  void *allreduce_ctx;
 } gpt_cuda;
 
 static gpt_cuda *state(td_model *model) { return *nn_gpt_device_state(model); }
+
+/* This rank's widths under tensor parallelism (the whole model's at tp 1):
+ * attention channels C/tp (its heads NH/tp), MLP features 4C/tp. */
+static int width_att(const gpt_cuda *gc, const td_gpt_config *c) { return c->channels / gc->tp; }
+static int heads_local(const gpt_cuda *gc, const td_gpt_config *c) { return c->heads / gc->tp; }
+static int width_mlp(const gpt_cuda *gc, const td_gpt_config *c) { return 4 * c->channels / gc->tp; }
+
+/* The sum over the tensor group of a device buffer the stream wrote (in
+ * place): the stream first, since the collective reads it when called. */
+static td_status tensor_allreduce(gpt_cuda *gc, void *buf, size_t count) {
+  TD_CHECK(td_stream_sync(gc->stream));
+  return gc->allreduce(gc->allreduce_ctx, buf, count, gc->dtype);
+}
 
 /* Offset (elements) of tensor `which` of block l (this model's, 0 ..
  * n_layers - 1), and of table entry i, from the CPU model's table (gpt.c's
@@ -131,9 +164,12 @@ static gpt_cuda *state(td_model *model) { return *nn_gpt_device_state(model); }
  * unless tied; a stage holds a slice of it, nn_gpt_layout says where). */
 static size_t off_layer(const td_model *m, int l, int which) {
   const gpt_cuda *g = *nn_gpt_device_state((td_model *)m);
-  return m->tensors[g->lay.idx_layer0 + l * P_PER_LAYER + which].offset;
+  return g->tab[g->lay.idx_layer0 + l * P_PER_LAYER + which].offset;
 }
-static size_t off_named(const td_model *m, int i) { return m->tensors[i].offset; }
+static const td_param_tensor *table(const td_model *m) {
+  return ((const gpt_cuda *)*nn_gpt_device_state((td_model *)m))->tab;
+}
+static size_t off_named(const td_model *m, int i) { return table(m)[i].offset; }
 /* element `off` of an arena of the model's dtype */
 #define AT(arena, off) ((char *)(arena) + (size_t)(off) * gc->es)
 /* layer l's slice of a per-layer activation of `width` channels (slot 0
@@ -142,7 +178,7 @@ static size_t off_named(const td_model *m, int i) { return m->tensors[i].offset;
 
 /* The attention cache per layer: (B, NH, T, T) unfused, (B, NH, T) fused. */
 static size_t att_cache_floats(const gpt_cuda *gc, const td_gpt_config *c, int B) {
-  size_t bnh_t = (size_t)B * c->heads * c->seq;
+  size_t bnh_t = (size_t)B * heads_local(gc, c) * c->seq;
   return gc->fused_attention ? bnh_t : bnh_t * c->seq;
 }
 
@@ -156,6 +192,7 @@ static size_t acts_plan(cuda_acts *a, const gpt_cuda *gc, const td_gpt_config *c
   /* a stage without the head has no logits */
   const size_t C = (size_t)c->channels, V = gc->lay.has_head ? (size_t)c->vocab : 0, es = gc->es;
   const size_t BT = (size_t)B * c->seq, att = att_cache_floats(gc, c, B);
+  const size_t Ca = (size_t)width_att(gc, c), F = (size_t)width_mlp(gc, c); /* C and 4C at tp 1 */
   size_t off = 0;
 #define TAKE(ptr, type, count)                                         \
   do {                                                                 \
@@ -166,15 +203,15 @@ static size_t acts_plan(cuda_acts *a, const gpt_cuda *gc, const td_gpt_config *c
   TAKE(a->ln1, char, L * BT * C * es);
   TAKE(a->ln1_mean, float, L * BT);
   TAKE(a->ln1_rstd, float, L * BT);
-  TAKE(a->qkv, char, L * BT * 3 * C * es);
-  TAKE(a->atty, char, L * BT * C * es);
+  TAKE(a->qkv, char, L * BT * 3 * Ca * es);
+  TAKE(a->atty, char, L * BT * Ca * es);
   TAKE(a->attc, float, L * att);
   TAKE(a->res2, char, L * BT * C * es);
   TAKE(a->ln2, char, L * BT * C * es);
   TAKE(a->ln2_mean, float, L * BT);
   TAKE(a->ln2_rstd, float, L * BT);
-  TAKE(a->fch, char, L * BT * 4 * C * es);
-  TAKE(a->fch_gelu, char, L * BT * 4 * C * es);
+  TAKE(a->fch, char, L * BT * F * es);
+  TAKE(a->fch_gelu, char, L * BT * F * es);
   TAKE(a->res3, char, L_res * BT * C * es);
   TAKE(a->lnf, char, BT * C * es);
   TAKE(a->lnf_mean, float, BT);
@@ -183,9 +220,9 @@ static size_t acts_plan(cuda_acts *a, const gpt_cuda *gc, const td_gpt_config *c
   TAKE(a->losses, float, BT);
   TAKE(a->dres, char, BT * C * es);
   TAKE(a->dbuf_c, char, BT * C * es);
-  TAKE(a->dbuf_3c, char, BT * 3 * C * es);
-  TAKE(a->dbuf_4c, char, BT * 4 * C * es);
-  TAKE(a->dbuf_4c2, char, BT * 4 * C * es);
+  TAKE(a->dbuf_3c, char, BT * 3 * Ca * es);
+  TAKE(a->dbuf_4c, char, BT * F * es);
+  TAKE(a->dbuf_4c2, char, BT * F * es);
   TAKE(a->att_scratch, float, att);
   TAKE(a->tokens, int32_t, BT);
   TAKE(a->targets, int32_t, BT);
@@ -277,7 +314,7 @@ static gpt_unit unit_final(const td_model *m) {
 }
 static gpt_unit unit_wte(const td_model *m) {
   const int i = layout(m)->idx_wte;
-  return i >= 0 ? (gpt_unit){off_named(m, i), m->tensors[i].count} : (gpt_unit){0, 0};
+  return i >= 0 ? (gpt_unit){off_named(m, i), table(m)[i].count} : (gpt_unit){0, 0};
 }
 static const gpt_unit unit_none = {0, 0};
 
@@ -317,6 +354,20 @@ static td_status head_forward(td_model *model, const void *params) {
                                 td_stream_native(gc->stream));
 }
 
+/* A projection back into the residual stream: out = resid + inp @ w^T +
+ * bias, the residual in the product's epilogue. Row-parallel under tensor
+ * parallelism (Megatron's g): each rank's partial product over its input
+ * columns, tensor rank 0's with the bias, summed over the group into out,
+ * then the residual added; out may not alias resid then. */
+static td_status row_forward(gpt_cuda *gc, void *out, const void *resid, const void *inp, const void *w,
+                             const void *bias, int BT, int IC, int C) {
+  void *s = td_stream_native(gc->stream);
+  if (gc->tp == 1) return td_cuda_matmul_forward_ex(out, NULL, resid, inp, w, bias, BT, IC, C, gc->dtype, s);
+  TD_CHECK(td_cuda_matmul_forward(out, inp, w, gc->tr == 0 ? bias : NULL, BT, IC, C, gc->dtype, s));
+  TD_CHECK(tensor_allreduce(gc, out, (size_t)BT * C));
+  return td_cuda_residual_forward(out, out, resid, (size_t)BT * C, gc->dtype, s);
+}
+
 /* Block l's forward from its input `resid` (B, T, C) into the per-layer
  * buffers (slot 0 under checkpointing) and res3[l], the block's parameters
  * read through `pl` (the base its group was fetched at). Forward runs it
@@ -324,30 +375,31 @@ static td_status head_forward(td_model *model, const void *params) {
 static td_status block_forward(td_model *model, const char *pl, int l, const char *resid, int B) {
   gpt_cuda *gc = state(model);
   const td_gpt_config *c = nn_gpt_config(model);
-  const int C = c->channels, NH = c->heads, T = c->seq, BT = B * T;
+  const int C = c->channels, T = c->seq, BT = B * T;
+  const int Ca = width_att(gc, c), NHl = heads_local(gc, c), F = width_mlp(gc, c); /* this rank's (tp) */
   const td_dtype dt = gc->dtype;
   cuda_acts *a = &gc->acts;
   void *s = td_stream_native(gc->stream);
   const size_t sBT = (size_t)BT, att = att_cache_floats(gc, c, B), slot = gc->ckpt ? 0 : (size_t)l;
 #define W(which) AT(pl, off_layer(model, l, (which)))
-  char *ln1 = ACT(ln1, C), *qkv = ACT(qkv, 3 * C), *atty = ACT(atty, C), *res2 = ACT(res2, C), *ln2 = ACT(ln2, C);
-  char *fch = ACT(fch, 4 * C), *fch_gelu = ACT(fch_gelu, 4 * C), *res3 = a->res3 + (size_t)l * sBT * C * gc->es;
+  char *ln1 = ACT(ln1, C), *qkv = ACT(qkv, 3 * Ca), *atty = ACT(atty, Ca), *res2 = ACT(res2, C), *ln2 = ACT(ln2, C);
+  char *fch = ACT(fch, F), *fch_gelu = ACT(fch_gelu, F), *res3 = a->res3 + (size_t)l * sBT * C * gc->es;
   float *ln1_mean = a->ln1_mean + slot * sBT, *ln1_rstd = a->ln1_rstd + slot * sBT, *attc = a->attc + slot * att;
   float *ln2_mean = a->ln2_mean + slot * sBT, *ln2_rstd = a->ln2_rstd + slot * sBT;
   TD_CHECK(td_cuda_layernorm_forward(ln1, ln1_mean, ln1_rstd, resid, W(P_LN1W), W(P_LN1B), BT, C, dt, s));
-  TD_CHECK(td_cuda_matmul_forward(qkv, ln1, W(P_QKVW), W(P_QKVB), BT, C, 3 * C, dt, s));
+  TD_CHECK(td_cuda_matmul_forward(qkv, ln1, W(P_QKVW), W(P_QKVB), BT, C, 3 * Ca, dt, s));
   if (gc->fused_attention)
-    TD_CHECK(td_cuda_flash_attention_forward(atty, attc, qkv, B, T, C, NH, dt, s));
+    TD_CHECK(td_cuda_flash_attention_forward(atty, attc, qkv, B, T, Ca, NHl, dt, s));
   else
-    TD_CHECK(td_cuda_attention_forward(atty, attc, qkv, B, T, C, NH, dt, s));
+    TD_CHECK(td_cuda_attention_forward(atty, attc, qkv, B, T, Ca, NHl, dt, s));
   /* the products' epilogues (cuBLASLt's bias + residual, bias + GELU
    * keeping the pre-GELU input for backward): no separate pass over
    * (B, T, C) or (B, T, 4C) for the residual adds or the GELU, and one
    * rounding where the unfused pair rounds twice */
-  TD_CHECK(td_cuda_matmul_forward_ex(res2, NULL, resid, atty, W(P_PROJW), W(P_PROJB), BT, C, C, dt, s));
+  TD_CHECK(row_forward(gc, res2, resid, atty, W(P_PROJW), W(P_PROJB), BT, Ca, C));
   TD_CHECK(td_cuda_layernorm_forward(ln2, ln2_mean, ln2_rstd, res2, W(P_LN2W), W(P_LN2B), BT, C, dt, s));
-  TD_CHECK(td_cuda_matmul_forward_ex(fch_gelu, fch, NULL, ln2, W(P_FCW), W(P_FCB), BT, C, 4 * C, dt, s));
-  TD_CHECK(td_cuda_matmul_forward_ex(res3, NULL, res2, fch_gelu, W(P_FC2W), W(P_FC2B), BT, 4 * C, C, dt, s));
+  TD_CHECK(td_cuda_matmul_forward_ex(fch_gelu, fch, NULL, ln2, W(P_FCW), W(P_FCB), BT, C, F, dt, s));
+  TD_CHECK(row_forward(gc, res3, res2, fch_gelu, W(P_FC2W), W(P_FC2B), BT, F, C));
 #undef W
   return TD_OK;
 }
@@ -450,7 +502,7 @@ fail:
 
 /* ready for tensor i of the table */
 static void report(td_grad_ready_fn ready, void *ctx, const td_model *m, int i) {
-  if (ready) ready(ctx, m->tensors[i].offset, m->tensors[i].count);
+  if (ready) ready(ctx, table(m)[i].offset, table(m)[i].count);
 }
 
 /* Gradients reported after the stream is synchronized: `pending` holds the
@@ -474,7 +526,8 @@ static void gpt_cuda_backward(td_model *model, const float *params, float *grads
   gpt_cuda *gc = state(model);
   const td_gpt_config *c = nn_gpt_config(model);
   const nn_gpt_layout *ly = &gc->lay;
-  const int L = ly->n_layers, C = c->channels, NH = c->heads, T = c->seq, V = c->vocab;
+  const int L = ly->n_layers, C = c->channels, T = c->seq, V = c->vocab;
+  const int Ca = width_att(gc, c), NHl = heads_local(gc, c), F = width_mlp(gc, c); /* this rank's (tp) */
   const int B = gc->last_B, BT = B * T;
   if (!gc->have_targets || B == 0 || gc->error != TD_OK) return; /* nothing to differentiate */
   gc->have_targets = 0; /* the logits' gradient is consumed below */
@@ -539,23 +592,24 @@ blocks:
     /* checkpointing: the block's activations recomputed into slot 0 */
     if (gc->ckpt) RUN(block_forward(model, pl, l, resid, B));
     const size_t slot = gc->ckpt ? 0 : (size_t)l;
-    const char *ln1 = ACT(ln1, C), *qkv = ACT(qkv, 3 * C), *atty = ACT(atty, C), *res2 = ACT(res2, C);
-    const char *ln2 = ACT(ln2, C), *fch = ACT(fch, 4 * C), *fch_gelu = ACT(fch_gelu, 4 * C);
+    const char *ln1 = ACT(ln1, C), *qkv = ACT(qkv, 3 * Ca), *atty = ACT(atty, Ca), *res2 = ACT(res2, C);
+    const char *ln2 = ACT(ln2, C), *fch = ACT(fch, F), *fch_gelu = ACT(fch_gelu, F);
     const float *ln1_mean = a->ln1_mean + slot * sBT, *ln1_rstd = a->ln1_rstd + slot * sBT;
     const float *attc = a->attc + slot * att;
     const float *ln2_mean = a->ln2_mean + slot * sBT, *ln2_rstd = a->ln2_rstd + slot * sBT;
     /* MLP: res3 = res2 + fc2(gelu(fc(ln2(res2)))); dres holds d res3 */
-    RUN(td_memset0_async(a->dbuf_4c, sBT * 4 * C * es, st));
-    RUN(td_cuda_matmul_backward(a->dbuf_4c, G(P_FC2W), G(P_FC2B), a->dres, fch_gelu, W(P_FC2W), BT, 4 * C, C,
-                                dt, s));
+    RUN(td_memset0_async(a->dbuf_4c, sBT * F * es, st));
+    RUN(td_cuda_matmul_backward(a->dbuf_4c, G(P_FC2W), G(P_FC2B), a->dres, fch_gelu, W(P_FC2W), BT, F, C, dt, s));
     READY(P_FC2B);
     READY(P_FC2W);
-    RUN(td_memset0_async(a->dbuf_4c2, sBT * 4 * C * es, st));
-    RUN(td_cuda_gelu_backward(a->dbuf_4c2, fch, a->dbuf_4c, sBT * 4 * C, dt, s));
+    RUN(td_memset0_async(a->dbuf_4c2, sBT * F * es, st));
+    RUN(td_cuda_gelu_backward(a->dbuf_4c2, fch, a->dbuf_4c, sBT * F, dt, s));
     RUN(td_memset0_async(a->dbuf_c, sBT * C * es, st));
-    RUN(td_cuda_matmul_backward(a->dbuf_c, G(P_FCW), G(P_FCB), a->dbuf_4c2, ln2, W(P_FCW), BT, C, 4 * C, dt, s));
+    RUN(td_cuda_matmul_backward(a->dbuf_c, G(P_FCW), G(P_FCB), a->dbuf_4c2, ln2, W(P_FCW), BT, C, F, dt, s));
     READY(P_FCB);
     READY(P_FCW);
+    /* column-parallel (Megatron's f backward): the input gradient is the sum of the ranks' */
+    if (gc->tp > 1) RUN(tensor_allreduce(gc, a->dbuf_c, sBT * C));
     /* dres becomes d res2: the skip path plus the layernorm's input gradient */
     RUN(td_cuda_layernorm_backward(a->dres, G(P_LN2W), G(P_LN2B), a->dbuf_c, res2, W(P_LN2W), ln2_mean, ln2_rstd, BT,
                                    C, dt, s));
@@ -563,19 +617,20 @@ blocks:
     READY(P_LN2W);
     /* attention: res2 = resid + proj(attn(qkv(ln1(resid)))) */
     RUN(td_memset0_async(a->dbuf_c, sBT * C * es, st));
-    RUN(td_cuda_matmul_backward(a->dbuf_c, G(P_PROJW), G(P_PROJB), a->dres, atty, W(P_PROJW), BT, C, C, dt, s));
+    RUN(td_cuda_matmul_backward(a->dbuf_c, G(P_PROJW), G(P_PROJB), a->dres, atty, W(P_PROJW), BT, Ca, C, dt, s));
     READY(P_PROJB);
     READY(P_PROJW);
-    RUN(td_memset0_async(a->dbuf_3c, sBT * 3 * C * es, st));
+    RUN(td_memset0_async(a->dbuf_3c, sBT * 3 * Ca * es, st));
     if (gc->fused_attention)
-      RUN(td_cuda_flash_attention_backward(a->dbuf_3c, a->att_scratch, a->dbuf_c, qkv, atty, attc, B, T, C, NH,
+      RUN(td_cuda_flash_attention_backward(a->dbuf_3c, a->att_scratch, a->dbuf_c, qkv, atty, attc, B, T, Ca, NHl,
                                            dt, s));
     else
-      RUN(td_cuda_attention_backward(a->dbuf_3c, a->att_scratch, a->dbuf_c, qkv, attc, B, T, C, NH, dt, s));
+      RUN(td_cuda_attention_backward(a->dbuf_3c, a->att_scratch, a->dbuf_c, qkv, attc, B, T, Ca, NHl, dt, s));
     RUN(td_memset0_async(a->dbuf_c, sBT * C * es, st));
-    RUN(td_cuda_matmul_backward(a->dbuf_c, G(P_QKVW), G(P_QKVB), a->dbuf_3c, ln1, W(P_QKVW), BT, C, 3 * C, dt, s));
+    RUN(td_cuda_matmul_backward(a->dbuf_c, G(P_QKVW), G(P_QKVB), a->dbuf_3c, ln1, W(P_QKVW), BT, C, 3 * Ca, dt, s));
     READY(P_QKVB);
     READY(P_QKVW);
+    if (gc->tp > 1) RUN(tensor_allreduce(gc, a->dbuf_c, sBT * C));
     RUN(td_cuda_layernorm_backward(a->dres, G(P_LN1W), G(P_LN1B), a->dbuf_c, resid, W(P_LN1W), ln1_mean, ln1_rstd,
                                    BT, C, dt, s));
     READY(P_LN1B);
@@ -705,6 +760,8 @@ td_status nn_gpt_cuda_attach(td_model *model, td_device dev) {
   gc->stage = !(gc->lay.has_embed && gc->lay.has_head && gc->lay.n_layers == c->layers);
   gc->dtype = TD_F32;
   gc->es = sizeof(float);
+  gc->tp = 1;
+  gc->tab = model->tensors;
   td_status st = td_cuda_attention_fused(c->channels / c->heads, &gc->fused_attention);
   if (st == TD_OK) st = td_stream_create(dev, &gc->stream);
   if (st != TD_OK) {
@@ -747,5 +804,26 @@ td_status nn_gpt_cuda_set_dtype(td_model *model, td_dtype dtype) {
   gc->have_targets = 0;
   gc->dtype = dtype;
   gc->es = td_dtype_size(dtype);
+  return TD_OK;
+}
+
+td_status nn_gpt_cuda_set_tensor_split(td_model *model, const td_gpt_tensor_split *split) {
+  gpt_cuda *gc = state(model);
+  const td_gpt_config *c = nn_gpt_config(model);
+  const int p = split->size;
+  if (p < 1 || split->rank < 0 || split->rank >= p || c->heads % p != 0 || !split->tensors ||
+      (p > 1 && !split->allreduce))
+    return td_error(TD_ERR_INVALID_ARGUMENT, "td_gpt_set_tensor_split: rank %d of %d over %d heads (the heads must "
+                    "split evenly; the table and, with 2 or more ranks, the allreduce given)", split->rank, p,
+                    c->heads);
+  if (gc->acts.memory)
+    return td_error(TD_ERR_INVALID_USAGE, "td_gpt_set_tensor_split: set it before the model's first prepare");
+  /* the fused attention takes the same head size: C/p over NH/p heads */
+  gc->tp = p;
+  gc->tr = split->rank;
+  gc->tab = split->tensors;
+  gc->allreduce = split->allreduce;
+  gc->allreduce_ctx = split->ctx;
+  model->supports_param_access = 0; /* the engine's fetches follow the unsplit table */
   return TD_OK;
 }

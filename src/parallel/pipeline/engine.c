@@ -20,7 +20,12 @@
  * Sends and receives between two ranks are issued in the same order on
  * both (tests/pipeline: the simulator), which point-to-point matching
  * requires, and the communicator's progress thread moves posted sends while
- * this thread computes.
+ * this thread computes. On shm, a message larger than the FIFO is taken by
+ * the receiving rank's progress thread before the receive is posted
+ * (unexpected frames), up to the messages the schedule can have waiting at
+ * this stage (td_pp_max_unexpected), a cap the engine sets on its own
+ * communicator only and the memory estimate counts (unexpected_bytes; 0
+ * over TCP, whose socket buffers hold the data instead).
  *
  * Order of sums: every gradient is accumulated by the stage models exactly
  * as the whole model accumulates it over the micro-steps of a step (the
@@ -211,7 +216,7 @@ static size_t act_floats(const pp_model *m, int batch) {
 /* The stage models' pipeline accessors: nn's GPT stage, or the tensor-parallel one. */
 static td_status stage_create(const pp_model *m, const td_gpt_stage *range, td_model **out) {
   if (!m->tensor) return td_gpt_stage_create_on(&m->cfg, range, m->dev, out);
-  TD_CHECK(tp_gpt_stage_create(&m->cfg, range, m->tensor, m->world_rank, out));
+  TD_CHECK(tp_gpt_stage_create(&m->cfg, range, m->dev, m->tensor, m->world_rank, out));
   return m->sp ? td_gpt_tp_set_sequence_parallel(*out, 1) : TD_OK;
 }
 static const float *stage_output(const pp_model *m, const td_model *sm) {
@@ -324,6 +329,20 @@ static size_t max_slots(const pp_model *m) {
   return slots > 0 ? (size_t)slots : 0;
 }
 
+/* The activation messages (and their gradients) that can reach this rank
+ * before it posts their receives, at m micro-batches a step: what its
+ * communicator's progress thread may take into buffers of its own (shm
+ * unexpected frames, td_comm_hold_unexpected), so that a neighbour's send
+ * larger than the FIFO completes while this rank computes rather than in
+ * its next receive's wait. Counted in the estimate at m past the warm-up
+ * (p(v+2), as max_slots), where the closed form stops growing, as far as
+ * the communicator holds any (td_comm_unexpected_limit: not over TCP;
+ * TANDEM_P2P_UNEXPECTED_BYTES when set). */
+static size_t unexpected_bytes(const pp_model *m, int batch, int n_micro) {
+  int msgs = td_pp_max_unexpected(m->kind, m->p, n_micro, m->v, m->s);
+  return msgs > 0 ? (size_t)msgs * act_floats(m, batch) * sizeof(float) : 0;
+}
+
 static size_t pp_activation_bytes(const td_model *model, int batch, int checkpointing, td_dtype compute) {
   const pp_model *m = (const pp_model *)model;
   size_t total = 0, slots = max_slots(m);
@@ -334,7 +353,7 @@ static size_t pp_activation_bytes(const td_model *model, int batch, int checkpoi
     size_t io = ((ch->range.embed ? 0 : 1) + (ch->range.head ? 0 : 1)) * act_floats(m, batch) * sizeof(float);
     total += slots * (one + io);
   }
-  return total;
+  return total + td_comm_unexpected_limit(m->comm, unexpected_bytes(m, batch, m->p * (m->v + 2)));
 }
 
 /* One thread runs every slot's products in turn: the largest chunk's
@@ -347,6 +366,34 @@ static size_t pp_thread_scratch_bytes(const td_model *model, int batch) {
     if (s->ops->thread_scratch_bytes) n = TD_MAX(n, s->ops->thread_scratch_bytes(s, batch));
   }
   return n;
+}
+
+/* What a step stages (td_model_ops): on the pipeline communicator, the
+ * activations and their gradients to and from the neighbouring stages
+ * (1F1B: the previous and the next; interleaved: both, around the ring),
+ * the tied wte with the other end, and the loss's broadcast and the norm's
+ * allreduce (a few bytes); with tensor-parallel stages, the tensor group's
+ * collectives, the same for every chunk (one group, one micro-batch). */
+static size_t pp_comm_staging_bytes(const td_model *model, int batch, size_t *peers) {
+  const pp_model *m = (const pp_model *)model;
+  int ranks[3], n = 0;
+  if (m->p > 1) {
+    if (m->v > 1 || m->s > 0) ranks[n++] = (m->s + m->p - 1) % m->p;
+    if ((m->v > 1 || m->s < m->p - 1) && (n == 0 || ranks[0] != (m->s + 1) % m->p)) ranks[n++] = (m->s + 1) % m->p;
+    int other = m->s == 0 ? m->p - 1 : 0;
+    if (m->tied_wte >= 0 && other != m->s && !(n > 0 && ranks[0] == other) && !(n > 1 && ranks[1] == other))
+      ranks[n++] = other;
+  }
+  td_comm_traffic tr = {.allreduce = sizeof(double), .broadcast = sizeof(double), .send_peers = ranks,
+                        .recv_peers = ranks, .n_send_peers = n, .n_recv_peers = n};
+  size_t theirs = 0, all = td_comm_staging_bytes(m->comm, &tr, &theirs), tensor = 0, tensor_theirs = 0;
+  for (int c = 0; c < m->v && m->tensor; c++) {
+    const td_model *s = m->chunks[c].slot[0];
+    size_t t_theirs = 0, t = s->ops->comm_staging_bytes ? s->ops->comm_staging_bytes(s, batch, &t_theirs) : 0;
+    if (t > tensor) tensor = t, tensor_theirs = t_theirs;
+  }
+  if (peers) *peers = theirs + tensor_theirs;
+  return all + tensor;
 }
 
 static void pp_init_params(const td_model *model, float *params, uint64_t seed) {
@@ -537,6 +584,7 @@ static td_status pp_run(td_model *model, const float *params, float *grads, cons
     free(acts);
     return st;
   }
+  td_comm_hold_unexpected(m->comm, unexpected_bytes(m, batch, n_micro), act_floats(m, batch) * sizeof(float));
   const size_t BTC = act_floats(m, batch), T = (size_t)m->cfg.seq;
   const size_t in_bytes = (size_t)batch * m->base.input_bytes, tgt_count = (size_t)batch * T;
   const int last_model_stage = m->p * m->v - 1;
@@ -661,6 +709,7 @@ static const td_model_ops pp_ops = {
     .set_activation_checkpointing = pp_set_ckpt,
     .activation_bytes = pp_activation_bytes,
     .thread_scratch_bytes = pp_thread_scratch_bytes,
+    .comm_staging_bytes = pp_comm_staging_bytes,
     .init_params = pp_init_params,
     .grad_norm_sq = pp_grad_norm_sq,
     .group_max = pp_group_max,
@@ -673,12 +722,6 @@ static const td_model_ops pp_ops = {
 static td_status pipeline_create(const td_gpt_config *config, const td_pipeline_config *pp, td_comm *pipeline,
                                  td_comm *tensor, int world_rank, td_model **out) {
   const td_device dev = pp ? pp->device : (td_device){TD_DEVICE_CPU, 0};
-  if (tensor && dev.kind != TD_DEVICE_CPU) {
-    char name[16];
-    td_device_name(dev, name, sizeof name);
-    return td_error(TD_ERR_INVALID_USAGE, "tensor parallelism trains on the CPU engine only; use --device cpu (%s "
-                    "asked; pipeline parallelism alone trains on a GPU)", name);
-  }
   td_pp_schedule_kind kind = TD_PP_1F1B;
   int v = 1;
   td_pp_partition_method method = TD_PP_PARTITION_UNIFORM;

@@ -70,6 +70,14 @@ td_status td_pp_schedule(td_pp_schedule_kind kind, int stages, int micro_batches
  * activation slots the engine needs per chunk. Pure. */
 int td_pp_max_in_flight(const td_pp_action *actions, int n_actions, int chunks);
 
+/* The most point-to-point messages (activations in, gradients in) that can
+ * have reached stage `stage` before it posts their receives, in any timing
+ * of the stages' lists, across steps too: what its communicator may hold
+ * as unexpected frames (td_comm_hold_unexpected), one activation message
+ * each. A closed form in (p, m, v, stage); 0 for p == 1 or a layout
+ * td_pp_schedule_check refuses. Pure. */
+int td_pp_max_unexpected(td_pp_schedule_kind kind, int stages, int micro_batches, int chunks, int stage);
+
 /* "recv_act", "forward", ... */
 const char *td_pp_action_name(td_pp_action_kind kind);
 

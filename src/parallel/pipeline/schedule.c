@@ -165,6 +165,32 @@ int td_pp_max_in_flight(const td_pp_action *actions, int n_actions, int chunks) 
   return most;
 }
 
+/* Micro-batches alive on a rank (all its chunks; forward done, backward
+ * not) at most: its warm-up forwards, then one more before the first
+ * backward, all m*v of them at most. */
+static int alive_on_rank(td_pp_schedule_kind kind, int p, int m, int v, int r) {
+  int alive = warmup_count(kind, p, m, v, r) + 1;
+  return alive < m * v ? alive : m * v;
+}
+
+int td_pp_max_unexpected(td_pp_schedule_kind kind, int stages, int micro_batches, int chunks, int stage) {
+  const int p = stages, m = micro_batches, v = chunks, s = stage;
+  if (td_pp_schedule_check(kind, p, m, v) != TD_OK || s < 0 || s >= p || p < 2) return 0;
+  /* At model stage k, an activation of micro-batch i from k-1 waits until
+   * F(i) at k, and a gradient from k+1 (sent after B(i) there) until B(i)
+   * at k; B(i) at k-1 waits for that gradient. So both are of micro-batches
+   * alive on model stage k-1 (forward done there, backward not): on the
+   * previous rank. A rank's chunk 0 (model stage 0) receives gradients
+   * only, of micro-batches alive on it: under 1F1B rank 0 receives only
+   * those, under the interleaved schedule rank p-1's activations too. A
+   * rank takes its last message of a step in its last backward, before
+   * its neighbours can start the next step's sends to it, so steps add
+   * nothing. */
+  if (s > 0) return alive_on_rank(kind, p, m, v, s - 1);
+  int own = alive_on_rank(kind, p, m, v, 0);
+  return kind == TD_PP_1F1B ? own : own + alive_on_rank(kind, p, m, v, p - 1);
+}
+
 const char *td_pp_action_name(td_pp_action_kind kind) {
   static const char *names[] = {"recv_act", "forward", "send_act", "recv_grad", "backward", "send_grad"};
   return (unsigned)kind < TD_ARRAY_SIZE(names) ? names[kind] : "?";

@@ -49,7 +49,21 @@
  * internal to nn), where the unsplit GPT at bf16 on an avx512bf16 CPU with
  * head sizes a multiple of 32 rounds them to bf16.
  *
- * Not here yet: ZeRO-3's param_access, devices. */
+ * On a CUDA device (td_gpt_tp_create_on): `full` is the device GPT (or
+ * stage) from td_gpt_create_on, told its tensor rank and this table by
+ * td_gpt_set_tensor_split, and it computes the shard: the same Megatron
+ * split of the blocks, with its allreduces (row-parallel forward,
+ * column-parallel input gradients) on device buffers through Tandem's
+ * device collectives (dev_allreduce: staged through pinned host memory
+ * when ranks share a GPU, NCCL when each has its own). The embeddings and
+ * the head stay whole on every rank there (the device has no
+ * vocabulary-parallel loss: tp_cut_of's vocab_parallel 0), so their
+ * gradients, like the other replicated ones, come out equal everywhere.
+ * This file keeps the table, the cuts, the initial values, the norm and
+ * the failure message; the device model computes. Sequence parallelism is
+ * CPU-only.
+ *
+ * Not here yet: ZeRO-3's param_access. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -119,6 +133,8 @@ typedef struct tp_gpt {
   int ckpt; /* activation checkpointing asked for (set_activation_checkpointing; applied at prepare) */
   int last_B, have_targets, forwarded; /* forwarded: a stage without the head ran its forward */
   int32_t *tokens, *targets;
+  td_model *dev;    /* on a device: `full` itself, which computes the shard (NULL on the CPU) */
+  td_dtype dtype;   /* on a device: its arenas' element type (td_gpt_set_device_dtype) */
   td_status failed; /* sticky: a collective failed (a peer died); forward refuses */
   char failed_msg[512];
   char config_text[200];
@@ -189,6 +205,25 @@ static size_t tp_thread_scratch_bytes(const td_model *model, int batch) {
   }
   if (g->has_head) n = TD_MAX(n, td_linear_scratch_bytes(BT, C, (size_t)g->Vl));
   return n;
+}
+
+/* What the tensor group's collectives stage (td_model_ops): every
+ * collective on the residual stream carries the micro-batch's whole B*T*C
+ * floats (the row-parallel sums, the column-parallel input gradients, the
+ * embedding's rows), an allreduce, or with sp a reduce-scatter and an
+ * allgather; the others are smaller (the cross-entropy's 2 B*T row sums,
+ * the LayerNorms' 2C with sp, a norm, a flag). */
+static size_t tp_comm_staging_bytes(const td_model *model, int batch, size_t *peers) {
+  const tp_gpt *g = (const tp_gpt *)model;
+  const size_t BT = (size_t)batch * g->cfg.seq, C = (size_t)g->C, f = sizeof(float);
+  td_comm_traffic tr = {0};
+  if (g->sp) {
+    tr.allreduce = TD_MAX(2 * BT, 2 * C) * f;
+    tr.allgather = tr.reduce_scatter = BT * C * f;
+  } else {
+    tr.allreduce = TD_MAX(BT * C, 2 * BT) * f;
+  }
+  return td_comm_staging_bytes(g->comm, &tr, peers);
 }
 
 /* Activation checkpointing: forward keeps each block's output (res3) and
@@ -624,16 +659,95 @@ static const td_model_ops tp_ops = {
     .destroy = tp_destroy,
     .activation_bytes = tp_activation_bytes,
     .thread_scratch_bytes = tp_thread_scratch_bytes,
+    .comm_staging_bytes = tp_comm_staging_bytes,
     .set_activation_checkpointing = tp_set_ckpt,
     .init_params = tp_init_params,
     .grad_norm_sq = tp_grad_norm_sq,
     .group_max = tp_group_max,
 };
 
+/* ---- on a device: the device GPT computes, this wrapper keeps the rest ---- */
+
+/* td_gpt_tensor_split's allreduce: the device buffer summed over the tensor
+ * group by Tandem's device collectives (blocking: the sums are in device
+ * memory on return). A peer's death becomes this model's sticky failure,
+ * its message naming the world ranks. */
+static td_status dev_allreduce(void *ctx, void *buf, size_t count, td_dtype dtype) {
+  tp_gpt *g = ctx;
+  if (g->failed == TD_OK) (void)fail(g, td_allreduce(buf, buf, count, dtype, TD_SUM, g->comm));
+  return g->failed == TD_OK ? TD_OK : td_error(g->failed, "%s", g->failed_msg);
+}
+
+static td_status dev_prepare(td_model *model, int batch) {
+  tp_gpt *g = (tp_gpt *)model;
+  td_status st = g->dev->ops->prepare(g->dev, batch);
+  model->activation_bytes = g->dev->activation_bytes;
+  return st;
+}
+
+static float dev_forward(td_model *model, const float *params, const void *inputs, const int32_t *targets,
+                         int batch) {
+  tp_gpt *g = (tp_gpt *)model;
+  if (g->failed != TD_OK) {
+    td_error(g->failed, "%s", g->failed_msg);
+    return NAN;
+  }
+  float loss = g->dev->ops->forward(g->dev, params, inputs, targets, batch);
+  model->activation_bytes = g->dev->activation_bytes; /* a forward at a new batch lays them out */
+  return loss;
+}
+
+static void dev_backward(td_model *model, const float *params, float *grads, float loss_scale, td_grad_ready_fn ready,
+                         void *ctx) {
+  tp_gpt *g = (tp_gpt *)model;
+  g->dev->ops->backward(g->dev, params, grads, loss_scale, ready, ctx);
+}
+
+static void dev_predict(td_model *model, int32_t *out) {
+  tp_gpt *g = (tp_gpt *)model;
+  g->dev->ops->predict(g->dev, out); /* the head is whole on every rank: the same argmax everywhere */
+}
+
+static td_status dev_set_ckpt(td_model *model, int on) {
+  tp_gpt *g = (tp_gpt *)model;
+  TD_CHECK(g->dev->ops->set_activation_checkpointing(g->dev, on));
+  model->activation_bytes = g->dev->activation_bytes;
+  return TD_OK;
+}
+
+static size_t dev_activation_bytes(const td_model *model, int batch, int checkpointing, td_dtype compute) {
+  const tp_gpt *g = (const tp_gpt *)model;
+  return g->dev->ops->activation_bytes(g->dev, batch, checkpointing, compute); /* sized for the shard */
+}
+
+static td_status dev_set_dtype(td_model *model, td_dtype dtype) {
+  tp_gpt *g = (tp_gpt *)model;
+  TD_CHECK(g->dev->ops->set_device_dtype(g->dev, dtype));
+  g->dtype = dtype;
+  return TD_OK;
+}
+
+static const td_model_ops tp_dev_ops = {
+    .prepare = dev_prepare,
+    .forward = dev_forward,
+    .backward = dev_backward,
+    .predict = dev_predict,
+    .destroy = tp_destroy,
+    .activation_bytes = dev_activation_bytes,
+    .set_activation_checkpointing = dev_set_ckpt,
+    .init_params = tp_init_params,
+    .grad_norm_sq = tp_grad_norm_sq,
+    .group_max = tp_group_max,
+    .set_device_dtype = dev_set_dtype,
+};
+
 td_status td_gpt_tp_set_sequence_parallel(td_model *model, int on) {
   if (!model || !model->kind || strcmp(model->kind, "gpt-tp") != 0)
     return td_error(TD_ERR_INVALID_ARGUMENT, "td_gpt_tp_set_sequence_parallel: the model must come from td_gpt_tp_create");
   tp_gpt *g = (tp_gpt *)model;
+  if (on && g->dev)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "sequence parallelism trains on the CPU engine only (tensor "
+                    "parallelism on a device keeps whole rows): drop --sequence-parallel or use --device cpu");
   if (on && g->cfg.seq % g->p != 0)
     return td_error(TD_ERR_INVALID_ARGUMENT,
                     "sequence parallelism splits each sequence's %d positions over %d tensor-parallel ranks: use a "
@@ -643,9 +757,9 @@ td_status td_gpt_tp_set_sequence_parallel(td_model *model, int on) {
   return TD_OK;
 }
 
-cut tp_cut_of(const char *name, size_t count, const td_gpt_config *config, int p, int r) {
+cut tp_cut_of(const char *name, size_t count, const td_gpt_config *config, int p, int r, int vocab_parallel) {
   const size_t C = (size_t)config->channels, Cl = C / (size_t)p, Fl = 4 * C / (size_t)p;
-  if (strcmp(name, "wte") == 0 || strcmp(name, "lm_head.weight") == 0) {
+  if (vocab_parallel && (strcmp(name, "wte") == 0 || strcmp(name, "lm_head.weight") == 0)) {
     size_t v0, vl;
     td_shard_range((size_t)config->vocab, p, r, &v0, &vl);
     return (cut){CUT_ROWS, (size_t)config->vocab, C, v0, vl, 1};
@@ -660,7 +774,7 @@ cut tp_cut_of(const char *name, size_t count, const td_gpt_config *config, int p
     if (!strcmp(w, "mlp.fc.bias")) return (cut){CUT_ROWS, 4 * C, 1, (size_t)r * Fl, Fl, 1};
     if (!strcmp(w, "mlp.proj.weight")) return (cut){CUT_COLS, C, 4 * C, (size_t)r * Fl, Fl, 1};
   }
-  return (cut){CUT_REPL, count, 1, 0, 0, 1}; /* LayerNorms, wpe, the row-parallel biases */
+  return (cut){CUT_REPL, count, 1, 0, 0, 1}; /* LayerNorms, wpe, the row-parallel biases (on a device: wte, head) */
 }
 
 size_t tp_cut_count(const cut *k) {
@@ -687,14 +801,16 @@ static td_status tp_build(const td_gpt_config *config, td_model *full, const td_
   g->comm = tensor;
   g->p = p;
   g->r = r;
+  g->dev = full->device.kind != TD_DEVICE_CPU ? full : NULL;
+  g->dtype = TD_F32;
   g->world_rank = world_rank;
   g->world_first = world_rank - r;
   g->C = config->channels;
   g->Cl = config->channels / p;
   g->NHl = config->heads / p;
   g->Fl = 4 * config->channels / p;
-  size_t v0, vl;
-  td_shard_range((size_t)config->vocab, p, r, &v0, &vl);
+  size_t v0 = 0, vl = (size_t)config->vocab; /* on a device the vocabulary is whole on every rank */
+  if (!g->dev) td_shard_range((size_t)config->vocab, p, r, &v0, &vl);
   g->v0 = (int)v0;
   g->Vl = (int)vl;
   const int n = full->n_tensors;
@@ -710,7 +826,7 @@ static td_status tp_build(const td_gpt_config *config, td_model *full, const td_
   size_t off = 0;
   for (int i = 0; i < n; i++) {
     const char *name = full->tensors[i].name;
-    cut k = tp_cut_of(name, full->tensors[i].count, config, p, r);
+    cut k = tp_cut_of(name, full->tensors[i].count, config, p, r, g->dev == NULL);
     if (!strcmp(name, "wte")) g->idx_wte = i;
     else if (!strcmp(name, "lm_head.weight")) g->idx_head = i;
     else if (!strcmp(name, "wpe")) g->idx_wpe = i;
@@ -735,11 +851,24 @@ static td_status tp_build(const td_gpt_config *config, td_model *full, const td_
   g->base.input_bytes = (size_t)config->seq * (g->has_embed ? sizeof(int32_t) : (size_t)g->C * sizeof(float));
   g->base.targets_per_sample = (size_t)config->seq;
   g->base.device = full->device;
+  if (g->dev) {
+    g->base.ops = &tp_dev_ops;
+    const td_gpt_tensor_split split = {p, r, g->tensors, off, dev_allreduce, g};
+    td_status st = td_gpt_set_tensor_split(full, &split);
+    if (st != TD_OK) {
+      tp_destroy(&g->base);
+      return st;
+    }
+  }
   *out = &g->base;
   return TD_OK;
 }
 
 td_status td_gpt_tp_create(const td_gpt_config *config, const td_grid *grid, td_model **out) {
+  return td_gpt_tp_create_on(config, grid, (td_device){TD_DEVICE_CPU, 0}, out);
+}
+
+td_status td_gpt_tp_create_on(const td_gpt_config *config, const td_grid *grid, td_device device, td_model **out) {
   if (!out) return td_error(TD_ERR_INVALID_ARGUMENT, "td_gpt_tp_create: out must not be NULL");
   *out = NULL;
   if (!config || !grid) return td_error(TD_ERR_INVALID_ARGUMENT, "td_gpt_tp_create: config and grid must be given");
@@ -750,26 +879,27 @@ td_status td_gpt_tp_create(const td_gpt_config *config, const td_grid *grid, td_
   td_comm *tensor = td_grid_comm(grid, TD_GRID_TENSOR);
   TD_CHECK(td_grid_check_gpt(config, td_comm_size(tensor), 1));
   td_model *full = NULL;
-  TD_CHECK(td_gpt_create(config, &full)); /* its refusals (channels % heads, ...) */
+  TD_CHECK(td_gpt_create_on(config, device, &full)); /* its refusals (channels % heads, ..., the device's) */
   td_gpt_stage whole = {0, config->layers, 1, 1};
   return tp_build(config, full, &whole, tensor, td_comm_rank(td_grid_world(grid)), out);
 }
 
-td_status tp_gpt_stage_create(const td_gpt_config *config, const td_gpt_stage *stage, td_comm *tensor, int world_rank,
-                              td_model **out) {
+td_status tp_gpt_stage_create(const td_gpt_config *config, const td_gpt_stage *stage, td_device device,
+                              td_comm *tensor, int world_rank, td_model **out) {
   *out = NULL;
   TD_CHECK(td_grid_check_gpt(config, td_comm_size(tensor), 1));
   td_model *full = NULL;
-  TD_CHECK(td_gpt_stage_create(config, stage, &full)); /* its refusals (the range) */
+  TD_CHECK(td_gpt_stage_create_on(config, stage, device, &full)); /* its refusals (the range, the device) */
   return tp_build(config, full, stage, tensor, world_rank, out);
 }
 
 static tp_gpt *as_tp(const td_model *model) {
-  return model && model->ops == &tp_ops ? (tp_gpt *)model : NULL;
+  return model && (model->ops == &tp_ops || model->ops == &tp_dev_ops) ? (tp_gpt *)model : NULL;
 }
 
 const float *tp_gpt_stage_output(const td_model *model) {
   const tp_gpt *g = as_tp(model);
+  if (g && g->dev) return td_gpt_stage_output(g->dev); /* its pinned host copy */
   if (!g || !g->acts.memory) return NULL;
   if (g->L == 0) return g->acts.encoded;
   const size_t sR = (size_t)g->acts.B * g->cfg.seq / (g->acts.sp ? (size_t)g->p : 1);
@@ -778,12 +908,51 @@ const float *tp_gpt_stage_output(const td_model *model) {
 
 void tp_gpt_stage_set_output_grad(td_model *model, const float *dout) {
   tp_gpt *g = as_tp(model);
-  if (g) g->dout_ext = dout;
+  if (g && g->dev) td_gpt_stage_set_output_grad(g->dev, dout);
+  else if (g) g->dout_ext = dout;
 }
 
 const float *tp_gpt_stage_input_grad(const td_model *model) {
   const tp_gpt *g = as_tp(model);
+  if (g && g->dev) return td_gpt_stage_input_grad(g->dev);
   return g && g->acts.memory ? g->acts.dres : NULL;
+}
+
+/* The squares of elements [a, b) of a gradient arena: on the host f32; on
+ * a device of the model's type, read through a host buffer in chunks (the
+ * replicated tensors are a small part of the shard, but on a device they
+ * include the embeddings and the head). NAN when a copy fails. */
+static double sum_sq(const tp_gpt *g, const float *grads, size_t a, size_t b) {
+  double sq = 0;
+  const td_device where = td_pointer_device(grads);
+  if (where.kind == TD_DEVICE_CPU) {
+    for (size_t j = a; j < b; j++) sq += (double)grads[j] * grads[j];
+    return sq;
+  }
+  enum { CHUNK = 1 << 16 };
+  const size_t es = td_dtype_size(g->dtype);
+  char *host = malloc(CHUNK * es);
+  if (!host) return NAN;
+  for (size_t j = a; j < b; j += CHUNK) {
+    const size_t n = TD_MIN((size_t)CHUNK, b - j);
+    if (td_device_copy(host, (td_device){TD_DEVICE_CPU, 0}, (const char *)grads + j * es, where, n * es) != TD_OK) {
+      sq = NAN;
+      break;
+    }
+    for (size_t k = 0; k < n; k++) {
+      float x;
+      if (es == 2) {
+        uint16_t h;
+        memcpy(&h, host + k * 2, 2);
+        x = td_bf16_to_f32(h);
+      } else {
+        memcpy(&x, host + k * 4, 4);
+      }
+      sq += (double)x * x;
+    }
+  }
+  free(host);
+  return sq;
 }
 
 double tp_gpt_replicated_sq(const td_model *model, const float *grads, size_t lo, size_t hi) {
@@ -793,7 +962,7 @@ double tp_gpt_replicated_sq(const td_model *model, const float *grads, size_t lo
   for (int i = 0; i < g->base.n_tensors; i++)
     if (g->cuts[i].kind == CUT_REPL) {
       size_t a = TD_MAX(lo, g->tensors[i].offset), b = TD_MIN(hi, g->tensors[i].offset + g->tensors[i].count);
-      for (size_t j = a; j < b; j++) sq += (double)grads[j] * grads[j];
+      if (b > a) sq += sum_sq(g, grads, a, b);
     }
   return sq;
 }

@@ -44,8 +44,10 @@ typedef struct cut {
 
 /* The cut of the unsplit tensor `name` (td_gpt_create's names; count: its
  * floats) for tensor rank r of p: the one rule gpt_tp.c builds its shards
- * by and ckpt_map.c maps checkpoints by. Pure. */
-cut tp_cut_of(const char *name, size_t count, const td_gpt_config *config, int p, int r);
+ * by (on the CPU and on a device) and ckpt_map.c maps checkpoints by.
+ * vocab_parallel 0 (a device's tensor parallelism): wte and the head
+ * whole. Pure. */
+cut tp_cut_of(const char *name, size_t count, const td_gpt_config *config, int p, int r, int vocab_parallel);
 /* The local floats of a cut. */
 size_t tp_cut_count(const cut *k);
 
@@ -55,9 +57,11 @@ size_t tp_cut_count(const cut *k);
  * rank's, for messages). Inputs of a stage without the embeddings are the
  * previous stage's output rows on this rank: (B*T, C) floats, or with
  * sequence parallelism its (B*T/p, C) rows; the output, the gradient of the
- * output and of the input have that shape too. */
-td_status tp_gpt_stage_create(const td_gpt_config *config, const td_gpt_stage *stage, td_comm *tensor, int world_rank,
-                              td_model **out);
+ * output and of the input have that shape too. On a CUDA device (the
+ * device GPT stage computing, as td_gpt_tp_create_on's model) these are
+ * host (pinned) copies of whole rows (no sequence parallelism there). */
+td_status tp_gpt_stage_create(const td_gpt_config *config, const td_gpt_stage *stage, td_device device,
+                              td_comm *tensor, int world_rank, td_model **out);
 const float *tp_gpt_stage_output(const td_model *model);
 void tp_gpt_stage_set_output_grad(td_model *model, const float *dout);
 const float *tp_gpt_stage_input_grad(const td_model *model);

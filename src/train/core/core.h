@@ -223,10 +223,11 @@ struct td_trainer {
   td_mem_room mem_room; /* measured at creation */
   size_t mem_baseline;  /* RSS before the arenas: the largest of the ranks (least_room), so all fit alike */
   size_t mem_estimate;  /* what the estimate says this rank holds at most (baseline included) */
-  size_t mem_peer_mapped; /* the peers' host-shared pages its RSS counts too (zero_peer_mapped_bytes) */
+  size_t mem_peer_mapped; /* the peers' pages its RSS counts too: host-shared arenas (zero_peer_mapped_bytes), the model's groups' shm staging (comm_staging_shared) */
   int mem_warned;       /* the RSS warning level reached: 0 none, 1 past 90%, 2 past 97% */
-  size_t mem_pss;       /* the last Pss read, and when (td_now): trainer_memory_watch reads it at most once a */
-  double mem_pss_at;    /* second unless the RSS nears the limit */
+  size_t mem_pss;       /* the last Pss read, and when (td_now): trainer_memory_watch reads it every step while */
+  double mem_pss_at;    /* the RSS nears the limit, else after mem_pss_gap seconds */
+  double mem_pss_gap;   /* 1000x the CPU the last read took, kept within 1-60 s (it walks the page tables) */
   bool offload_tile_chosen; /* sub_group_size was unset and chosen from the memory */
 };
 

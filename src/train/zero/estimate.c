@@ -335,5 +335,15 @@ td_status zero_estimate_memory(const td_model *model, const td_train_config *cfg
                          : 0;
   out->gather = estimate_gather(n, shard, stage, params_on_disk);
   out->runtime = runtime_bytes(model, cfg, batch);
+  /* the tensor group's activation collectives and the pipeline's transfers
+   * staged through a shm segment: pages the RSS counts, from the message
+   * sizes (the model's) and the comm's own staging rules (issue 23: TP=2 x
+   * PP=2 at 6 x 512 over shm was 1.008-1.028 of the estimate without them) */
+  if (model->ops && model->ops->comm_staging_bytes) {
+    size_t theirs = 0, all = model->ops->comm_staging_bytes(model, batch, &theirs);
+    out->comm_staging = all - TD_MIN(theirs, all);
+    out->comm_staging_shared = TD_MIN(theirs, all);
+    out->runtime += out->comm_staging;
+  }
   return TD_OK;
 }

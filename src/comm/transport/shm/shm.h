@@ -37,6 +37,21 @@ size_t shm_slot_bytes(const td_comm *comm);
 /* The epoch the next shm_sync will complete; its parity selects the slots. */
 uint64_t shm_next_epoch(const td_comm *comm);
 void *shm_slot(const td_comm *comm, int rank, unsigned parity);
+/* For td_comm_staging_bytes (comm/mem.c): bytes of the whole pages of
+ * both of rank's slots that a process's RSS counts once it has touched
+ * their first `reach` bytes, and the FIFO from src to dst (reserved whole
+ * at its first use). `written` > 0: the slots are another rank's, which
+ * wrote their first `written` bytes, and this process only read them: a
+ * read fault also maps the pages around it that are already there (the
+ * kernel's fault-around, 64 KiB aligned windows by default), so the pages
+ * of [0, written) in the window of the last page read count too (and
+ * within reach those of the windows before: counted, as reach covers them),
+ * and a window reaching past the slot's end all of it (the next slot's
+ * pages: an upper bound), and one reaching before its start the pages of
+ * the slot before that its owner wrote (written_before: how far the rank
+ * before wrote its own). 0 off the shm transport. */
+size_t shm_slot_pages(const td_comm *comm, int rank, size_t reach, size_t written, size_t written_before);
+size_t shm_fifo_pages(const td_comm *comm, int src, int dst);
 /* Arrive at the next epoch and wait (spin briefly, then futex) for every rank
  * to arrive. Compares every rank's op header for this epoch: disagreement is
  * TD_ERR_MISMATCH naming the ranks. Fails on abort, dead peer or deadline. */

@@ -40,6 +40,44 @@ void *shm_slot(const td_comm *comm, int rank, unsigned parity) {
   return t->slot_base + ((size_t)rank * 2 + (parity & 1)) * t->slot_stride;
 }
 
+/* Pages from the page holding `off` (from the segment's start, which is
+ * page-aligned) to the one holding its last byte of `bytes`. */
+static size_t span_pages(size_t off, size_t bytes) {
+  return bytes ? ((off + bytes + 4095) / 4096 - off / 4096) * 4096 : 0;
+}
+
+/* The kernel's fault_around_bytes (mm/memory.c) since Linux 3.15: a read
+ * fault on a file or shmem mapping maps the pages of the aligned window
+ * around it that the page cache already holds up to date. */
+#define SHM_FAULT_AROUND_BYTES ((size_t)64 << 10)
+
+size_t shm_slot_pages(const td_comm *comm, int rank, size_t reach, size_t written, size_t written_before) {
+  shm_transport *t = shm_of(comm);
+  if (!t || rank < 0 || rank >= t->n || reach == 0) return 0;
+  reach = TD_MIN(reach, t->slot_bytes);
+  size_t total = 0;
+  for (unsigned q = 0; q < 2; q++) {
+    const char *slot = shm_slot(comm, rank, q);
+    size_t off = (size_t)(slot - t->map), end = reach;
+    if (written > 0) { /* read only: fault-around */
+      const uintptr_t mask = SHM_FAULT_AROUND_BYTES - 1, first = (uintptr_t)slot, last = first + reach - 1;
+      size_t window = (size_t)(((last | mask) + 1) - first);
+      /* within the slot the pages its owner wrote; past its end (the next
+       * slot's first pages, written by whoever owns it) all of the window */
+      end = window > t->slot_bytes ? window : TD_MAX(reach, TD_MIN(written, window));
+      /* before its start, the previous slot's tail: the pages of it its
+       * owner wrote (q 1's: this rank's own q 0; q 0's: the rank before's
+       * q 1, none before rank 0's) in the window of the first byte read */
+      size_t before = q == 1 ? written : rank > 0 ? written_before : 0;
+      uintptr_t prev = first - t->slot_stride, lo = TD_MAX(first & ~mask, prev);
+      uintptr_t hi = TD_MIN(first & ~(uintptr_t)4095, prev + TD_MIN(before, t->slot_bytes)); /* pages wholly before */
+      if (before > 0 && hi > lo) total += ((hi - (lo & ~(uintptr_t)4095)) + 4095) / 4096 * 4096;
+    }
+    total += span_pages(off, end);
+  }
+  return total;
+}
+
 typedef struct arrival_arg {
   uint64_t epoch;
 } arrival_arg;

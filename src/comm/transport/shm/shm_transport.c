@@ -99,6 +99,13 @@ static shm_fifo *fifo_of(const shm_transport *t, int src, int dst) {
 }
 static char *fifo_data(shm_fifo *f) { return (char *)(f + 1); }
 
+size_t shm_fifo_pages(const td_comm *comm, int src, int dst) {
+  shm_transport *t = shm_of(comm);
+  if (!t || src < 0 || dst < 0 || src >= t->n || dst >= t->n || src == dst) return 0;
+  size_t off = (size_t)((char *)fifo_of(t, src, dst) - t->map);
+  return ((off + t->fifo_stride + 4095) / 4096 - off / 4096) * 4096; /* as net_shm_populate rounds */
+}
+
 /* Before this rank first touches the FIFO between itself and peer (either
  * direction; `out`: the one it writes): reserve its pages, so that a full
  * /dev/shm is an error naming the segment instead of a SIGBUS. Nothing to
