@@ -28,6 +28,12 @@
 #              buffers, or that inject faults into elastic jobs; and
 #              py_install, whose `make install` may relink build/bin
 #              programs that the lines beside it run).
+#              TREES_READY=DIR: the trees are still being built (make test
+#              builds them beside the suite): a line starts once every tree
+#              it uses has left DIR/<tree> holding 0 (tree: build, asan,
+#              cudaemu, fuzz: build/'s name below it); DIR/done marks
+#              the end of the builds (a tree missing then did not build: its
+#              lines fail), and the lone lines wait for it.
 #              HOSTLANE=REGEX: of those, the lines that build hosts (network
 #              namespaces, a Slurm cluster) and mostly wait on heartbeat and
 #              node timeouts; they run one by one in a second lane beside the
@@ -114,9 +120,13 @@ run_one() {
 # other slots stay idle; the lines that run alone follow the pool, one by one.
 # (Run in suite order, each tree after the other, every lone line had first
 # waited for the lines beside it to end, and each tree for its slowest line.)
+ready_dir=${TREES_READY:-}
+[ -z "$ready_dir" ] || [ -d "$ready_dir" ] ||
+  { echo "tests/run.sh: TREES_READY=$ready_dir is not a directory (make test creates it)"; exit 2; }
 pool=() alone=() hosts=()
 for B in $trees; do
-  [ -d "$B/tests" ] || { echo "missing $B/tests: build it first (make all BUILD=$B)"; failed=$((failed+1)); continue; }
+  [ -n "$ready_dir" ] || [ -d "$B/tests" ] ||
+    { echo "missing $B/tests: build it first (make all BUILD=$B)"; failed=$((failed+1)); continue; }
   RUN="$B/bin/tandemrun"
   for suite in $suites; do
     while IFS= read -r line || [ -n "$line" ]; do
@@ -132,7 +142,13 @@ for B in $trees; do
       log="$logdir/${tag//\//_}.log"
       cmd="${cmd//\$RUN/$RUN}"
       cmd="${cmd//\$B/$B}"
-      entry="$tmo"$'\t'"$tag"$'\t'"$log"$'\t'"$cmd"
+      # the trees the line uses (TREES_READY): build/ (its tools serve
+      # every tree), its own, and the emulator's or the fuzzers' it names
+      needs=build
+      [ "$B" != build ] && needs+=" ${B##*/}"
+      [[ $cmd == *build/cudaemu* ]] && needs+=" cudaemu"
+      [[ $cmd == *build/fuzz* || $cmd == *tests/fuzz/* ]] && needs+=" fuzz"
+      entry="$tmo"$'\t'"$tag"$'\t'"$needs"$'\t'"$log"$'\t'"$cmd"
       if [ "$jobs_max" -gt 1 ] && [[ $name =~ $hostlane ]]; then
         hosts+=("$entry")
       elif [ "$jobs_max" -le 1 ] || [[ $name =~ $serial ]]; then
@@ -166,13 +182,45 @@ running_lines() { # sets n (running lines) and ticking (1 while the ticker runs)
     if [ "$p" = "$tick" ]; then ticking=1; else n=$((n + 1)); fi
   done
 }
+# With TREES_READY, a line whose trees are not built yet waits, and the
+# pool takes the next line (in the same order) whose trees are: build/'s
+# lines run while the ASan, emulator and fuzz trees build beside them.
+# tree_state NEEDS: sets state to ready, wait, or the name of a tree that
+# did not build.
+tree_state() {
+  local t v
+  state=ready
+  [ -z "$ready_dir" ] && return
+  for t in $1; do
+    v=
+    if [ -e "$ready_dir/$t" ]; then
+      read -r v <"$ready_dir/$t"
+    elif [ ! -e "$ready_dir/done" ]; then
+      state=wait
+      continue
+    fi
+    [ "$v" = 0 ] || { state=$t; return; }
+  done
+}
+# start_line TMO TAG NEEDS LOG CMD: runs it (in the background with "&" at
+# the call), or fails it at once when one of its trees did not build.
+start_line() {
+  tree_state "$3"
+  if [ "$state" = ready ]; then
+    run_one "$2" "$1" "$5" "$4" </dev/null
+  else
+    printf 'FAIL %-50s (its tree %s did not build: see the make output above)\n' "$2" "$state"
+    echo "fail $2" >"$resdir/${2//\//_}"
+  fi
+}
 if [ ${#pool[@]} -gt 0 ]; then
   tick=""
   if [ "$jobs_idle" -gt "$jobs_max" ] && [ -r /proc/stat ]; then
     cpu_idle; idle0=$idle total0=$total
     sleep 1 & tick=$!
   fi
-  while IFS=$'\t' read -r tmo tag log cmd; do
+  mapfile -t pending < <(printf '%s\n' "${pool[@]}" | sort -t$'\t' -s -k1,1nr)
+  while [ ${#pending[@]} -gt 0 ]; do
     while :; do
       running_lines
       [ "$n" -lt "$jobs_max" ] && break
@@ -185,11 +233,36 @@ if [ ${#pool[@]} -gt 0 ]; then
       fi
       wait -n
     done
-    run_one "$tag" "$tmo" "$cmd" "$log" </dev/null &
-  done < <(printf '%s\n' "${pool[@]}" | sort -t$'\t' -s -k1,1nr)
+    # the first line whose trees are built (or whose tree failed: it fails
+    # at once); each distinct set of trees is looked at once per pass
+    pick=
+    declare -A seen=()
+    for i in "${!pending[@]}"; do
+      needs=${pending[$i]#*$'\t'}
+      needs=${needs#*$'\t'}
+      needs=${needs%%$'\t'*}
+      [ -n "${seen[$needs]:-}" ] && continue
+      tree_state "$needs"
+      [ "$state" = wait ] && { seen[$needs]=1; continue; }
+      pick=$i
+      break
+    done
+    unset seen
+    if [ -z "$pick" ]; then
+      sleep 1 # (no line can start before a tree is built)
+      continue
+    fi
+    IFS=$'\t' read -r tmo tag needs log cmd <<<"${pending[$pick]}"
+    unset "pending[$pick]"
+    start_line "$tmo" "$tag" "$needs" "$log" "$cmd" &
+  done
   [ -n "$tick" ] && kill "$tick" 2>/dev/null
 fi
 wait
+# The lone lines want the machine to themselves: not beside a build either.
+if [ -n "$ready_dir" ]; then
+  while [ ! -e "$ready_dir/done" ]; do sleep 1; done
+fi
 # The lone lines: two lanes at once, each one line at a time. The host lane
 # (HOSTLANE: namespace hosts, the Slurm cluster) used about a tenth of a core
 # over its 176 s in the clean-clone CI at 9bb4e0b (slurm_cluster_requeue
@@ -206,15 +279,15 @@ wait
 claims=$resdir/.claims
 mkdir "$claims"
 run_lane() { # HOST-LINES...: those, then every lone line no other lane claimed
-  local entry tmo tag log cmd i
+  local entry tmo tag needs log cmd i
   for entry in "$@"; do
-    IFS=$'\t' read -r tmo tag log cmd <<<"$entry"
-    run_one "$tag" "$tmo" "$cmd" "$log" </dev/null
+    IFS=$'\t' read -r tmo tag needs log cmd <<<"$entry"
+    start_line "$tmo" "$tag" "$needs" "$log" "$cmd"
   done
   for i in "${!alone[@]}"; do
     mkdir "$claims/$i" 2>/dev/null || continue
-    IFS=$'\t' read -r tmo tag log cmd <<<"${alone[$i]}"
-    run_one "$tag" "$tmo" "$cmd" "$log" </dev/null
+    IFS=$'\t' read -r tmo tag needs log cmd <<<"${alone[$i]}"
+    start_line "$tmo" "$tag" "$needs" "$log" "$cmd"
   done
 }
 if [ "$jobs_max" -gt 1 ]; then

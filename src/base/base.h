@@ -120,6 +120,15 @@ int td_buf_append_file(td_buf *b, FILE *f, size_t max_bytes);
 int td_futex_wait(_Atomic uint32_t *word, uint32_t expected, double timeout_s, bool shared);
 void td_futex_wake(_Atomic uint32_t *word, int n_waiters, bool shared);
 
+/* ---- yielding the CPU in a busy-wait (yield.c) ----
+ * td_yield_timed: sched_yield, timed; false when the yield kept the caller
+ * off its core long enough to show a loaded machine, and then no yields
+ * (td_yield_allowed false) for half a second: a spinning wait should sleep
+ * at once instead. *off_until belongs to the caller (one per transport),
+ * starts at 0, and may be shared by its threads. */
+bool td_yield_allowed(const _Atomic uint64_t *off_until);
+bool td_yield_timed(_Atomic uint64_t *off_until);
+
 /* ---- CPU level of the SIMD kernels (cpu.c) ----
  * The library is compiled for baseline x86-64; the kernels in the Makefile's
  * KERNEL_SRCS are compiled once per level and chosen at run time. The level

@@ -12,7 +12,6 @@
 
 #include <immintrin.h>
 #include <limits.h>
-#include <sched.h>
 
 const char shm_transport_name[] = "shm";
 
@@ -69,31 +68,6 @@ td_status shm_check_abort(shm_transport *t) {
   return comm_fail(comm, (td_status)a->status, "rank %d reported: %s", (int)a->rank, a->msg);
 }
 
-/* A sched_yield that kept this rank off its core this long means other
- * processes wait for the cores (a loaded machine): sched_yield then puts the
- * rank behind every one of them (the scheduler pushes its deadline a whole
- * slice back), where a futex sleep is woken at once by the peer's doorbell.
- * Measured on the 2-core VM at load 40: coll_np3_shm_small_chunks (about
- * 50,000 waits, most ended by the one yield) took 40 s and more instead of
- * 0.8 s; pinned to one core beside 2 CPU hogs it did not finish in 60 s
- * (8-24 s with this rule). So after a slow yield every wait of this rank
- * sleeps at once for a while, then tries a yield again. Each handoff still
- * waits for the woken peer to get a core, so such a line stays slower at
- * load than quiet. */
-#define SHM_YIELD_SLOW_NS 200000ull   /* 0.2 ms: a few context switches */
-#define SHM_YIELD_OFF_NS 500000000ull /* 0.5 s without yields after a slow one */
-
-/* sched_yield, timed: false (and no yields for SHM_YIELD_OFF_NS) when it
- * was slow. */
-static bool timed_yield(shm_transport *t) {
-  uint64_t before = td_now_ns();
-  sched_yield();
-  uint64_t after = td_now_ns();
-  if (after - before < SHM_YIELD_SLOW_NS) return true;
-  atomic_store_explicit(&t->yield_off_until, after + SHM_YIELD_OFF_NS, memory_order_relaxed);
-  return false;
-}
-
 /* Spin briefly for ready(arg), checking the abort block. Only when every
  * local rank has a core; otherwise one sched_yield, since a spinning rank
  * would steal the core of the rank it waits for. Even with a core per rank,
@@ -102,12 +76,12 @@ static bool timed_yield(shm_transport *t) {
  * runs at once instead of after the whole spin and a futex wake (measured
  * with a CPU hog on one of 2 cores: 4 KiB allreduce 42 us without the
  * yields; a yield costs ~0.2 us when nothing else is runnable). On a loaded
- * machine neither: see timed_yield. */
+ * machine neither: see td_yield_timed (base/yield.c). */
 bool shm_spin(shm_transport *t, shm_ready_fn ready, const void *arg) {
   if (ready(t, arg)) return true;
-  if (td_now_ns() < atomic_load_explicit(&t->yield_off_until, memory_order_relaxed)) return false;
+  if (!td_yield_allowed(&t->yield_off_until)) return false;
   if (!t->spin) {
-    timed_yield(t);
+    td_yield_timed(&t->yield_off_until);
     return ready(t, arg);
   }
   uint64_t end = td_now_ns() + (uint64_t)(t->spin_s * 1e9);
@@ -117,7 +91,7 @@ bool shm_spin(shm_transport *t, shm_ready_fn ready, const void *arg) {
     if (atomic_load_explicit(&t->abort_blk->ready, memory_order_relaxed)) return false;
     if ((i & 15) == 0) {
       if (td_now_ns() >= end) return false;
-      if (!timed_yield(t)) return ready(t, arg);
+      if (!td_yield_timed(&t->yield_off_until)) return ready(t, arg);
     }
   }
 }
