@@ -49,7 +49,11 @@
  * -> device. NCCL's send/recv is not used (a rank pair sharing one GPU, the
  * case the tests and the lent machine have, could not use it anyway). The
  * arenas the trainer gives are device pointers: the tied wte's exchange and
- * the gradient norm's share of it copy that tensor through the host.
+ * the gradient norm's share of it copy that tensor through the host (f32:
+ * a tied GPT's device pipeline in bf16 is refused). In bf16
+ * (pp_set_device_dtype) the stages compute in bf16 and the messages are
+ * bf16 (act_dtype), the arenas bf16 (at()). Tensor-parallel stages on a
+ * device are td_gpt_tp_create_on's (their allreduces on device buffers).
  *
  * Failures: a NaN forward (a bad token) or a failed transfer aborts the
  * pipeline communicator with the reason, so that every other stage's
