@@ -245,8 +245,9 @@ static td_status trainer_create(const td_train_config *cfg_in, td_model *model, 
     TD_CHECK_GOTO(device_arenas_alloc(t, arena_bytes), st, fail);
   } else if (t->zero_stage >= 1) {
     TD_CHECK_GOTO(zero_create(t), st, fail);
-    /* stage 1 keeps whole gradients, averaged as at stage 0 */
-    if (t->zero_stage == 1 && !(t->grads = grads_alloc(t, arena_bytes))) {
+    /* stage 1 keeps whole gradients, averaged as at stage 0 (under
+     * deterministic reduction zero_create reserved them) */
+    if (t->zero_stage == 1 && !t->grads && !(t->grads = grads_alloc(t, arena_bytes))) {
       st = td_error(TD_ERR_SYSTEM, "rank %d: out of memory for the gradient arena (%zu parameters)", t->rank,
                     t->n_params);
       goto fail;
