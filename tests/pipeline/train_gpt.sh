@@ -20,7 +20,7 @@ fail() { echo "train_gpt.sh: FAIL: $*"; exit 1; }
 export TANDEM_PROGRESS=off
 refuse() { # EXPECTED-TEXT NP FLAGS...
   local want=$1 np=$2; shift 2
-  out=$("$B/bin/tandemrun" -np "$np" "$B/bin/train-gpt" "$@" 2>&1); rc=$?
+  out=$("$B/bin/tandemrun" -np "$np" "$B/bin/train-gpt" ${TD_TEXT:+--data "$TD_TEXT"} "$@" 2>&1); rc=$?
   [ $rc -ne 0 ] || fail "train-gpt $* exited 0"
   grep -q -- "$want" <<<"$out" || fail "train-gpt $*: no \"$want\" in: $out"
 }
@@ -30,6 +30,8 @@ schedules="1f1b interleaved"
 [ "$DEV" = cpu ] ||
   args="--layers 2 --channels 32 --heads 2 --seq 16 --micro-batch 2 --grad-accum 2 --steps 2 --sample 0 --threads 1
         --device $DEV" schedules=1f1b
+# TD_TEXT: the corpus where the default one is absent (scripts/gpu-check sets it on the GPU machine)
+[ -z "${TD_TEXT:-}" ] || args="$args --data $TD_TEXT"
 one=$("$B/bin/tandemrun" -np 1 "$B/bin/train-gpt" $args 2>&1) || fail "one rank: $one"
 loss1=$(grep -o "final_loss=[^ ]*" <<<"$one")
 [ -n "$loss1" ] || fail "no final_loss in: $one"
