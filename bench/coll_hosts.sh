@@ -13,7 +13,9 @@
 # table gives per size the median busbw of the rounds, its range, and each
 # contender against gloo (median of the per-round ratios).
 #   [TREES="main=build old=/tmp/x/build"] [PARTS="hosts loopback"] [SIZES="4096 65536"] bench/coll_hosts.sh [ROUNDS] > table.md
-# Each TREES entry is LABEL=BUILD_DIR holding bin/tandemrun and bin/tandem-bench.
+# Each TREES entry is LABEL=BUILD_DIR holding bin/tandemrun and bin/tandem-bench;
+# the header names the commit checked out above BUILD_DIR (rebuild after a
+# checkout or merge, or the programs are older than that commit).
 set -u
 cd "$(dirname "$0")/.."
 rounds=${1:-3}

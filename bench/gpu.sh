@@ -105,7 +105,8 @@ tandem_gpt() {
     add_row "| tandem train-gpt --device cuda | did not run: no time left before GPU_BENCH_DEADLINE | | | | |"
     return
   fi
-  if timeout -k 5 "$lim" "$B/bin/train-gpt" --device cuda --bf16 "${shape[@]}" --vocab 50304 --tied --micro-batch 16 \
+  # TD_TEXT: the corpus where the default one is absent (scripts/gpu-check sets it)
+  if timeout -k 5 "$lim" "$B/bin/train-gpt" ${TD_TEXT:+--data "$TD_TEXT"} --device cuda --bf16 "${shape[@]}" --vocab 50304 --tied --micro-batch 16 \
       --steps $((steps + 2)) --sample 0 >"$log" 2>"$tmp/tandem.err"; then
     # train-gpt's summary line: key=value pairs (tokens_per_s leaves out the first 2 steps)
     local line tps ms mem loss

@@ -15,7 +15,8 @@
 # CONTENDERS="buckets,gloo buckets,tandem" times the gradient's allreduce as
 # DDP's buckets (not in the default set); DOOR_ARGS="--batch 1" passes
 # options to every py_doors.py run (DOOR_ARGS=--timeline: each run also
-# prints one extra step's backward timeline, see bench/py_doors.py).
+# prints one extra step's backward timeline, and the allreduce door every
+# rank's per-call wall, CPU and machine load, see bench/py_doors.py).
 #   [PARTS="shm tcp"] [CONTENDERS="ddp,gloo ..."] [DOOR_ARGS=...] bench/py_doors.sh [ROUNDS] [STEPS] [MODELS] > raw.txt
 #   bench/py_summarize_doors.py raw.txt > bench/results/py-doors-DATE.md
 set -u

@@ -12,8 +12,11 @@ import statistics as st
 import sys
 
 door, calls, order = {}, {}, []
-label = None
+label, cores = None, 2
 for line in open(sys.argv[1]):
+    m = re.match(r"# machine: (\d+) cores", line)
+    if m:
+        cores = int(m.group(1))  # /proc/stat's ticks are those of every core
     m = re.match(r"# (.+) pair (\d+)$", line.strip())
     if m:
         label = (m.group(1), int(m.group(2)))
@@ -44,7 +47,7 @@ for key in order:
         n = min(len(c[0]), len(c[1]))
         wall = [c[0][i][0] for i in range(n)]
         job = [(c[0][i][1] + c[1][i][1]) / c[0][i][0] for i in range(n)]
-        busy = [2 * c[0][i][2] / c[0][i][3] for i in range(n) if c[0][i][3]]  # 2 cores: ticks of both
+        busy = [cores * c[0][i][2] / c[0][i][3] for i in range(n) if c[0][i][3]]
         extra = (f"| {st.median(wall):.0f} [{min(wall):.0f}-{max(wall):.0f}] | "
                  f"{st.median(x[1] for x in c[0][:n]):.0f} / {st.median(x[1] for x in c[1][:n]):.0f} | "
                  f"{st.median(job):.2f} | {st.median(busy):.2f} | {st.median(busy) - st.median(job):.2f} | "

@@ -28,6 +28,7 @@
 #define TANDEM_AGENT_PROTOCOL_H
 
 #include <errno.h>
+#include <poll.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -49,12 +50,24 @@ enum {
   AGENT_EXIT = 14,
 };
 
-/* Writes all of p (retrying EINTR and short writes); false on an error. */
+#define AGENT_WRITE_WAIT_MS 5000 /* a non-blocking peer that takes nothing for this long is gone */
+
+/* Writes all of p (retrying EINTR and short writes; on a non-blocking fd,
+ * waiting up to AGENT_WRITE_WAIT_MS at a time for room); false on an error
+ * or that wait running out (errno ETIMEDOUT). */
 static inline bool agent_write_all(int fd, const void *p, size_t n) {
   const char *c = p;
   while (n > 0) {
     ssize_t w = write(fd, c, n);
     if (w < 0 && errno == EINTR) continue;
+    if (w < 0 && errno == EAGAIN) {
+      struct pollfd pfd = {.fd = fd, .events = POLLOUT};
+      int r = poll(&pfd, 1, AGENT_WRITE_WAIT_MS);
+      if (r < 0 && errno == EINTR) continue;
+      if (r == 0) errno = ETIMEDOUT;
+      if (r <= 0) return false;
+      continue;
+    }
     if (w <= 0) return false;
     c += w;
     n -= (size_t)w;

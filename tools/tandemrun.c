@@ -131,6 +131,8 @@ typedef struct {
   bool shared;     /* remote: its ssh is a session of its host's master connection */
   int agent;          /* remote: 1 + the index of the host agent that runs it (0: started over ssh) */
   bool agent_pending; /* queued until that agent says hello (sent no START yet) */
+  double end_by;      /* agent's: signalled; ended here at this time if its agent has not reported it (0: not so) */
+  int end_sig;        /* the signal that set end_by */
 } worker;
 
 typedef struct {
@@ -1334,6 +1336,9 @@ static void agent_start(job *j, const char *host) {
   }
   setpgid(pid, pid);
   fcntl(from[0], F_SETFL, O_NONBLOCK);
+  /* A write to an agent whose ssh takes nothing for AGENT_WRITE_WAIT_MS
+   * fails (the agent is then lost) instead of stopping tandemrun's loop. */
+  fcntl(to[1], F_SETFL, O_NONBLOCK);
   a->pid = pid;
   a->to_fd = to[1];
   a->from_fd = from[0];
@@ -1519,12 +1524,20 @@ static void agent_read(job *j, int ai) {
 }
 
 /* Agents with no hello after AGENT_WAIT_S: given up (their ranks go over
- * ssh). */
+ * ssh). Ranks signalled through an agent that has not reported their end
+ * KILL_AFTER_TERM_S + 1 s later (its host unreachable: a cut link) are
+ * ended here, as killing a rank's own ssh ended it at once: the agent
+ * stops them when its connection finally breaks. */
 static void agents_tick(job *j) {
   double now = td_now();
   for (int i = 0; i < j->n_agents; i++)
     if (j->agent_list[i].from_fd >= 0 && !j->agent_list[i].ready && now > j->agent_list[i].started + AGENT_WAIT_S)
       agent_lost(j, i, "no answer in time");
+  for (int i = 0; i < j->n_workers; i++) { /* worker_ended may move j->workers: indices only */
+    worker *w = &j->workers[i];
+    if (w->running && w->agent && w->end_by > 0 && now > w->end_by)
+      worker_ended(j, w, W_EXITCODE(128 + w->end_sig, 0));
+  }
 }
 
 /* At the end of the job: stdin closed (each agent stops what still runs
@@ -1560,7 +1573,11 @@ static void worker_signal(job *j, worker *w, int sig) {
     return;
   }
   host_agent *a = &j->agent_list[w->agent - 1];
-  if (!w->agent_pending && a->to_fd >= 0) (void)agent_send(a->to_fd, AGENT_SIGNAL, w->rank, sig, NULL, 0);
+  bool sent = w->agent_pending || (a->to_fd >= 0 && agent_send(a->to_fd, AGENT_SIGNAL, w->rank, sig, NULL, 0));
+  if (w->end_by == 0 || !sent) { /* not taken: ended at the next tick */
+    w->end_by = td_now() + (sent ? KILL_AFTER_TERM_S + 1 : 0);
+    w->end_sig = sig;
+  }
 }
 
 /* Start one worker: here, through its host's agent, or over ssh. */

@@ -227,9 +227,9 @@ typedef struct td_gpt_stage {
 td_status td_gpt_stage_create(const td_gpt_config *config, const td_gpt_stage *stage, td_model **out);
 /* The same stage computing on `device`, as td_gpt_create_on is to
  * td_gpt_create (CPU: exactly td_gpt_stage_create). On a CUDA device its
- * arenas are device memory (f32 only: a stage refuses bf16), while the
- * activations it exchanges stay host memory: forward copies a later stage's
- * input (B, T, C) floats in from the host, and the stage accessors below
+ * arenas are device memory (f32, or bf16 after td_gpt_set_device_dtype),
+ * while the activations it exchanges stay host memory, of the arenas' type:
+ * forward copies a later stage's input (B, T, C) in from the host, and the stage accessors below
  * return pinned host copies that forward and backward make of the output and
  * of the input's gradient, so that a pipeline moves them with the host's
  * point-to-point transfers unchanged. */

@@ -192,8 +192,9 @@ typedef struct td_pipeline_config {
   int sequence_parallel; /* tensor-parallel stages only (td_gpt_pipeline_create_grid): Megatron's sequence
                             parallelism inside each stage, whose activation messages then carry B*T/tp rows */
   td_device device;      /* where the stages compute ({0}: the CPU); a CUDA device: td_gpt_stage_create_on's
-                            stages, f32, activations exchanged through pinned host memory; not with tensor-
-                            parallel stages (refused: tensor parallelism trains on the CPU engine only) */
+                            stages (tensor-parallel ones: td_gpt_tp_create_on's), f32 or bf16 (the model's
+                            set_device_dtype; an untied GPT's only in bf16), activations exchanged in that
+                            type through pinned host memory */
 } td_pipeline_config;
 
 /* Whether a GPT trains on `stages` pipeline stages with `micro_batches`

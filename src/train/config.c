@@ -85,13 +85,13 @@ static td_status pipeline_parallel_check(td_train_config *cfg) {
     what = "ZeRO offload";
   else if (cfg->elasticity.enabled || cfg->deterministic_reduction == 1)
     what = "elastic training or deterministic reduction";
-  /* on a GPU the stages are f32 (their activations cross as f32 host copies) */
-  else if (cfg->device[0] && strcmp(cfg->device, "cpu") != 0 && cfg->precision.compute != TD_F32)
-    what = "a GPU in bf16 or fp16 (train in fp32 there)";
+  /* on a GPU the stages compute in f32 or bf16 (what crosses between them is of that type) */
+  else if (cfg->device[0] && strcmp(cfg->device, "cpu") != 0 && cfg->precision.compute == TD_F16)
+    what = "a GPU in fp16 (train in bf16 or fp32 there)";
   if (what)
     return td_error(TD_ERR_INVALID_ARGUMENT,
                     "pipeline_model_parallel_size %d with %s is not built yet: drop one of them "
-                    "(pipelines train on the CPU in fp32, bf16 or fp16, on a GPU in fp32, with ZeRO stage 0, 1 or 2)",
+                    "(pipelines train on the CPU in fp32, bf16 or fp16, on a GPU in fp32 or bf16, with ZeRO stage 0, 1 or 2)",
                     pp, what);
   return TD_OK;
 }

@@ -61,6 +61,14 @@ td_status td_trainer_estimate_memory(const td_model *model, const td_train_confi
   if (c.threads <= 0) c.threads = td_auto_threads(td_host_ranks(NULL));
   TD_CHECK(zero_estimate_memory(model, &c, world, stage, det == 0, out));
   out->deterministic = det;
+  if (det && det_keeps_streamed(world, stage)) {
+    /* stage 1 under deterministic reduction: the gradient arena keeps only
+     * the reduction's range, its streamed vector is kept whole instead (in
+     * det) */
+    size_t g = det_grads_resident_bytes(out->n_params, world, 0);
+    out->model_states = out->model_states - out->grads + g;
+    out->grads = g;
+  }
   if (cfg->elasticity.enabled) {
     /* two commits of each copy (trainer_elastic.c registers the parameters
      * and the optimizer state: whole at stage 0, in memory; as shards at

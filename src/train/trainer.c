@@ -222,7 +222,7 @@ static td_status trainer_create(const td_train_config *cfg_in, td_model *model, 
     else if (t->cfg.offload.optimizer_device != TD_OFFLOAD_NONE || t->cfg.offload.param_device != TD_OFFLOAD_NONE)
       what = "offload (remove offload_optimizer / offload_param)";
     /* checkpoints: saved and loaded by the whole grid (td_trainer_set_grid; refused without it); on a
-     * device the stages are f32 (device_refusals: bf16 needs set_device_dtype, which a pipeline has not) */
+     * device the stages compute in f32 or bf16 (the pipeline's set_device_dtype; a tied GPT's in f32 only) */
     if (what) {
       st = td_error(TD_ERR_INVALID_USAGE, "rank %d: pipeline parallelism does not support %s yet", t->rank, what);
       goto fail;
@@ -245,8 +245,9 @@ static td_status trainer_create(const td_train_config *cfg_in, td_model *model, 
     TD_CHECK_GOTO(device_arenas_alloc(t, arena_bytes), st, fail);
   } else if (t->zero_stage >= 1) {
     TD_CHECK_GOTO(zero_create(t), st, fail);
-    /* stage 1 keeps whole gradients, averaged as at stage 0 */
-    if (t->zero_stage == 1 && !(t->grads = grads_alloc(t, arena_bytes))) {
+    /* stage 1 keeps whole gradients, averaged as at stage 0 (under
+     * deterministic reduction zero_create reserved them) */
+    if (t->zero_stage == 1 && !t->grads && !(t->grads = grads_alloc(t, arena_bytes))) {
       st = td_error(TD_ERR_SYSTEM, "rank %d: out of memory for the gradient arena (%zu parameters)", t->rank,
                     t->n_params);
       goto fail;
@@ -598,7 +599,8 @@ static td_status micro_batches_step(td_trainer *t, td_status local, double t_sta
   if (sync) begin_buckets(t);
   double loss = 0;
   if (local == TD_OK)
-    local = m->ops->run_micro_batches(t->model, t->params, t->grads, t->step_inputs, t->step_targets, b, accum,
+    local = m->ops->run_micro_batches(t->model, td_trainer_model_params(t), td_trainer_model_grads(t), t->step_inputs,
+                                      t->step_targets, b, accum,
                                       backward_scale(t), sync ? on_grad_ready : NULL, sync ? t : NULL, &loss);
   if (local != TD_OK) return local;
   if (sync) {

@@ -131,7 +131,6 @@ share)
   export TANDEM_AGENT=0 # with agents, a host's ranks need no ssh sessions at all (case agent)
   accepted() { grep -c "Accepted publickey" "$SSHHOSTS_DIR/sshd_a.log"; }
   masters() { pgrep -f "ssh .*-M -N -o ControlPersist=no -o ControlPath=$1" | wc -l; }
-  dirs_before=$(ls -d /tmp/tandemrun-ssh-* 2>/dev/null | sort)
   # 1. Shared: 4 ranks, one connection. Rank 3 exits 5 after 1 s: the job
   # ends with its code, the others stopped through their sessions.
   n0=$(accepted)
@@ -168,7 +167,7 @@ share)
   grep -q "ssh could not reach the host or lost the connection to it" "$tmp/err" || fail "the lost connection is not named"
   wait_children 0 10 || fail "ranks left on host a after the connection was lost: $(children_on_a)"
   [ -n "$control_dir" ] && [ "$(masters "$control_dir")" = 0 ] || fail "ssh master connections left after the job ($control_dir)"
-  [ "$(ls -d /tmp/tandemrun-ssh-* 2>/dev/null | sort)" = "$dirs_before" ] || fail "tandemrun left its ssh control directory"
+  [ ! -e "$control_dir" ] || fail "tandemrun left its ssh control directory $control_dir"
   echo "PASS(remote share): 4 ranks on one host: $shared ssh connection shared, $own without sharing; a lost master ends the job with 255, nothing left"
   ;;
 agent)

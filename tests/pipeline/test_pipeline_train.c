@@ -22,7 +22,7 @@
  *
  * TD_TEST_DEVICE=cuda:N (equal, kill): the stages and the reference model
  * compute on that device (td_pipeline_config.device, td_gpt_create_on; the
- * ranks share it), f32 only; the same assertions, the parameters read back
+ * ranks share it), f32, or bf16 with the bf16 option (the stages exchange bf16); the same assertions, the parameters read back
  * from the device. Without a device there the test prints "skipped: no GPU:
  * <why>" and passes, unless TD_TEST_EXPECT_CUDA is set (then it fails). */
 #include "../common/check.h"

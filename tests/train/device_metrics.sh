@@ -3,9 +3,11 @@
 # td_device_mem_info) for a model on a device: train-gpt --device DEV
 # --prometheus-port 0 is scraped (curl, the endpoint's own text format)
 # after step 2 has run:
-#   tandem_device_memory_total_bytes{device=DEV:0} equals the device's size
-#   from an independent source: the emulator's constant (TD_TEST_DEVICE_TOTAL,
-#   its 8 GiB) or, on a real GPU, nvidia-smi's memory.total;
+#   tandem_device_memory_total_bytes{device=DEV:0} is the device's size
+#   from an independent source: equal to the emulator's constant
+#   (TD_TEST_DEVICE_TOTAL, its 8 GiB), or, on a real GPU, at most nvidia-smi's
+#   memory.total and at least 97% of it (the CUDA runtime's total leaves out
+#   what the driver reserves: 615 MiB of 143,771 on the first H200 run);
 #   tandem_device_memory_used_bytes is at least the trainer's fp32 state on
 #   the device (parameters, gradients, Adam's two moments: 16 bytes per
 #   parameter) and at most the total;
@@ -40,12 +42,13 @@ grep -q "^tandem_device_memory_used_bytes{rank=\"0\",device=\"$DEV:0\"} " "$dir/
   fail "no device label $DEV:0: $(grep device_memory "$dir/dev.txt")"
 used=$(value tandem_device_memory_used_bytes "$dir/dev.txt")
 total=$(value tandem_device_memory_total_bytes "$dir/dev.txt")
-want=${TD_TEST_DEVICE_TOTAL:-}
+want=${TD_TEST_DEVICE_TOTAL:-} low=1
 if [ -z "$want" ] && command -v nvidia-smi >/dev/null; then
-  want=$(( $(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0) * 1048576 ))
+  want=$(( $(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0) * 1048576 )) low=0.97
 fi
 [ -n "$want" ] || fail "no reference for the device's size (TD_TEST_DEVICE_TOTAL or nvidia-smi)"
-awk -v t="$total" -v w="$want" 'BEGIN { exit !(t == w) }' || fail "total $total bytes, the device has $want"
+awk -v t="$total" -v w="$want" -v l="$low" 'BEGIN { exit !(t <= w && t >= l * w) }' ||
+  fail "total $total bytes, the device has $want (the metric must be within [$low, 1] of it)"
 awk -v u="$used" -v t="$total" -v p="$params" 'BEGIN { exit !(u >= 16 * p && u <= t) }' ||
   fail "used $used bytes: not within 16 x $params parameters .. $total"
 "$GPT" $COMMON --steps 100000 --micro-batch 4 --device cpu --prometheus-port 0 >"$dir/cpu.log" 2>&1 &

@@ -70,8 +70,9 @@
  * (td_gpt_stage_set_output_grad, through h_in into dres) where the whole
  * model has it; a stage without the embeddings ends its backward by copying
  * dres, its input's gradient, to h_out (td_gpt_stage_input_grad). So a chain
- * of stages runs the whole model's launches in its order on exact f32
- * copies: its bits. f32 only (bf16 refused: the exchanges are f32).
+ * of stages runs the whole model's launches in its order on exact copies:
+ * its bits. The exchanges are of the model's type (f32, or bf16 after
+ * td_gpt_set_device_dtype: the bf16 values the next kernels read).
  *
  * Tensor parallelism (td_gpt_set_tensor_split; src/parallel's
  * td_gpt_tp_create_on): the arenas follow the shard's table (`tab`), and the
@@ -266,8 +267,8 @@ static td_status gpt_cuda_prepare(td_model *model, int batch) {
   if (st == TD_OK) st = td_host_alloc_pinned(BT * sizeof(int32_t), (void **)&a->h_tokens);
   if (st == TD_OK) st = td_host_alloc_pinned(BT * sizeof(int32_t), (void **)&a->h_targets);
   if (st == TD_OK) st = td_host_alloc_pinned(BT * sizeof(float), (void **)&a->h_losses);
-  if (st == TD_OK && gc->stage) st = td_host_alloc_pinned(BT * c->channels * sizeof(float), (void **)&a->h_in);
-  if (st == TD_OK && gc->stage) st = td_host_alloc_pinned(BT * c->channels * sizeof(float), (void **)&a->h_out);
+  if (st == TD_OK && gc->stage) st = td_host_alloc_pinned(BT * c->channels * gc->es, (void **)&a->h_in);
+  if (st == TD_OK && gc->stage) st = td_host_alloc_pinned(BT * c->channels * gc->es, (void **)&a->h_out);
   if (st != TD_OK) {
     char msg[400];
     snprintf(msg, sizeof msg, "%s", td_last_error());
@@ -440,9 +441,9 @@ static float gpt_cuda_forward(td_model *model, const float *params, const void *
   if (tokens) {
     memcpy(a->h_tokens, tokens, (size_t)BT * sizeof(int32_t));
     RUN(td_copy_async(a->tokens, a->h_tokens, (size_t)BT * sizeof(int32_t), gc->stream));
-  } else { /* the previous stage's output (B, T, C) f32, through pinned memory into encoded, the first block's input */
-    memcpy(a->h_in, inputs, sBT * C * sizeof(float));
-    RUN(td_copy_async(a->encoded, a->h_in, sBT * C * sizeof(float), gc->stream));
+  } else { /* the previous stage's output (B, T, C) of the model's type, through pinned memory into encoded */
+    memcpy(a->h_in, inputs, sBT * C * gc->es);
+    RUN(td_copy_async(a->encoded, a->h_in, sBT * C * gc->es, gc->stream));
   }
   if (targets) {
     memcpy(a->h_targets, targets, (size_t)BT * sizeof(int32_t));
@@ -466,7 +467,7 @@ static float gpt_cuda_forward(td_model *model, const float *params, const void *
     RUN(release_unit(model, gc, unit_layer(model, l)));
   }
   if (!ly->has_head) { /* a pipeline stage's output, the last block's, to the host for the next stage */
-    RUN(td_copy_async(a->h_out, resid, sBT * C * sizeof(float), gc->stream));
+    RUN(td_copy_async(a->h_out, resid, sBT * C * gc->es, gc->stream));
     RUN(td_stream_sync(gc->stream));
     gc->last_B = B;
     gc->have_targets = 1; /* backward has its activations (and takes the output's gradient) */
@@ -551,8 +552,8 @@ static void gpt_cuda_backward(td_model *model, const float *params, float *grads
                                      "(td_gpt_stage_set_output_grad)");
       goto fail;
     }
-    memcpy(a->h_in, dout, sBT * C * sizeof(float));
-    RUN(td_copy_async(a->dres, a->h_in, sBT * C * sizeof(float), st));
+    memcpy(a->h_in, dout, sBT * C * es);
+    RUN(td_copy_async(a->dres, a->h_in, sBT * C * es, st));
     goto blocks;
   }
   FETCH(pf, unit_final(model), tied ? unit_wte(model) : after_final);
@@ -648,7 +649,7 @@ blocks:
     pend.idx[pend.n++] = ly->idx_wte;
     RUN(flush_ready(gc, model, &pend, ready, ctx));
   } else { /* a later pipeline stage: the gradient of its input, dres, to the host for the previous stage */
-    RUN(td_copy_async(a->h_out, a->dres, sBT * C * sizeof(float), st));
+    RUN(td_copy_async(a->h_out, a->dres, sBT * C * es, st));
   }
   /* the gradients are complete when backward returns, whatever stream the
    * caller reads them on next */
@@ -792,9 +793,6 @@ td_status nn_gpt_cuda_set_dtype(td_model *model, td_dtype dtype) {
     return td_error(TD_ERR_INVALID_ARGUMENT, "td_gpt_set_device_dtype: %s: a GPT on a GPU computes in f32 or bf16",
                     td_dtype_name(dtype));
   if (dtype == gc->dtype) return TD_OK;
-  if (gc->stage)
-    return td_error(TD_ERR_INVALID_ARGUMENT, "td_gpt_set_device_dtype: a pipeline stage on a GPU computes in f32 "
-                    "only (its activations cross between stages as f32 host copies): train in fp32");
   /* the activations are laid out for the old type: the next prepare (or
    * forward) lays them out again */
   TD_CHECK(td_stream_sync(gc->stream));

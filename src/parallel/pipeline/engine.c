@@ -49,7 +49,11 @@
  * -> device. NCCL's send/recv is not used (a rank pair sharing one GPU, the
  * case the tests and the lent machine have, could not use it anyway). The
  * arenas the trainer gives are device pointers: the tied wte's exchange and
- * the gradient norm's share of it copy that tensor through the host.
+ * the gradient norm's share of it copy that tensor through the host (f32:
+ * a tied GPT's device pipeline in bf16 is refused). In bf16
+ * (pp_set_device_dtype) the stages compute in bf16 and the messages are
+ * bf16 (act_dtype), the arenas bf16 (at()). Tensor-parallel stages on a
+ * device are td_gpt_tp_create_on's (their allreduces on device buffers).
  *
  * Failures: a NaN forward (a bad token) or a failed transfer aborts the
  * pipeline communicator with the reason, so that every other stage's
@@ -102,6 +106,8 @@ typedef struct pp_model {
   int tied_wte; /* index in the table of this rank's wte to sum with the other end's (-1: none) */
   float *tied_scratch;
   float *tied_host; /* on a device: this rank's tied wte gradient, copied to the host */
+  td_dtype act_dtype; /* of the activations and gradients that cross: f32, or a device stage's bf16 */
+  size_t act_es;      /* its size, also the arenas' element size (a device model's type; at): f32 on the CPU */
   td_device dev;    /* where the stage models compute (the arenas live) */
   char config_text[256];
   void (*trace)(void *ctx, const char *name, double begin_s, double end_s);
@@ -206,7 +212,12 @@ static void pp_destroy(td_model *model) {
   free(m);
 }
 
-/* The floats of one activation message: the stage output's rows on this
+/* Element `off` of an arena of the stage models' type (bf16 on a device in bf16). */
+static float *at(const pp_model *m, const float *arena, size_t off) {
+  return (float *)((const char *)arena + off * m->act_es);
+}
+
+/* The elements (of act_dtype) of one activation message: the stage output's rows on this
  * rank, all B*T of them, or B*T/tp with sequence parallelism (each tensor
  * rank of a stage sends its own rows to the same tensor rank of the next). */
 static size_t act_floats(const pp_model *m, int batch) {
@@ -235,7 +246,7 @@ static td_status alloc_slot_buffers(pp_model *m, pp_chunk *c, int i) {
   td_free(c->act_in[i]);
   td_free(c->grad_in[i]);
   c->act_in[i] = c->grad_in[i] = NULL;
-  size_t bytes = act_floats(m, m->batch) * sizeof(float);
+  size_t bytes = act_floats(m, m->batch) * m->act_es;
   if (!c->range.embed && !(c->act_in[i] = td_alloc(bytes)))
     return td_error(TD_ERR_SYSTEM, "pipeline: out of memory for activations (%zu bytes)", bytes);
   if (!c->range.head && !(c->grad_in[i] = td_alloc(bytes)))
@@ -259,6 +270,7 @@ static td_status ensure_slots(pp_model *m, pp_chunk *c, int n) {
     TD_CHECK(stage_create(m, &c->range, &c->slot[i]));
     c->n_slots = i + 1; /* owned from here: pp_free_chunk releases it */
     if (m->ckpt) TD_CHECK(c->slot[i]->ops->set_activation_checkpointing(c->slot[i], 1));
+    if (m->act_dtype != TD_F32) TD_CHECK(c->slot[i]->ops->set_device_dtype(c->slot[i], m->act_dtype));
     if (m->batch > 0) {
       TD_CHECK(c->slot[i]->ops->prepare(c->slot[i], m->batch));
       TD_CHECK(alloc_slot_buffers(m, c, i));
@@ -340,7 +352,7 @@ static size_t max_slots(const pp_model *m) {
  * TANDEM_P2P_UNEXPECTED_BYTES when set). */
 static size_t unexpected_bytes(const pp_model *m, int batch, int n_micro) {
   int msgs = td_pp_max_unexpected(m->kind, m->p, n_micro, m->v, m->s);
-  return msgs > 0 ? (size_t)msgs * act_floats(m, batch) * sizeof(float) : 0;
+  return msgs > 0 ? (size_t)msgs * act_floats(m, batch) * m->act_es : 0;
 }
 
 static size_t pp_activation_bytes(const td_model *model, int batch, int checkpointing, td_dtype compute) {
@@ -350,7 +362,8 @@ static size_t pp_activation_bytes(const td_model *model, int batch, int checkpoi
   for (int c = 0; c < m->v; c++) {
     const pp_chunk *ch = &m->chunks[c];
     size_t one = ch->slot[0]->ops->activation_bytes(ch->slot[0], batch, checkpointing, compute);
-    size_t io = ((ch->range.embed ? 0 : 1) + (ch->range.head ? 0 : 1)) * act_floats(m, batch) * sizeof(float);
+    const size_t es = m->dev.kind != TD_DEVICE_CPU && compute == TD_BF16 ? 2 : sizeof(float); /* what crosses */
+    size_t io = ((ch->range.embed ? 0 : 1) + (ch->range.head ? 0 : 1)) * act_floats(m, batch) * es;
     total += slots * (one + io);
   }
   return total + td_comm_unexpected_limit(m->comm, unexpected_bytes(m, batch, m->p * (m->v + 2)));
@@ -412,7 +425,7 @@ static td_status pp_grad_norm_sq(td_model *model, const float *grads, size_t lo,
   for (int c = 0; m->tensor && c < m->v; c++) {
     const pp_chunk *ch = &m->chunks[c];
     size_t a = TD_MAX(lo, ch->offset), b = TD_MIN(hi, ch->offset + ch->n_params);
-    if (b > a) local -= tp_gpt_replicated_sq(ch->slot[0], grads + ch->offset, a - ch->offset, b - ch->offset);
+    if (b > a) local -= tp_gpt_replicated_sq(ch->slot[0], at(m, grads, ch->offset), a - ch->offset, b - ch->offset);
   }
   if (m->tied_wte >= 0 && m->s == m->p - 1) {
     const td_param_tensor *t = &m->tensors[m->tied_wte];
@@ -515,19 +528,19 @@ static td_status post_send(pp_model *m, const float *src, size_t n, int peer) {
     m->sends = grown;
     free_one = &m->sends[m->n_sends];
     free_one->req = NULL;
-    if (!(free_one->buf = td_alloc(act_floats(m, m->batch) * sizeof(float))))
+    if (!(free_one->buf = td_alloc(act_floats(m, m->batch) * m->act_es)))
       return td_error(TD_ERR_SYSTEM, "pipeline: out of memory for a send buffer");
     m->n_sends++;
   }
-  memcpy(free_one->buf, src, n * sizeof(float));
-  m->stats.bytes_sent += (double)n * sizeof(float);
-  return td_isend(free_one->buf, n, TD_F32, peer, m->comm, &free_one->req);
+  memcpy(free_one->buf, src, n * m->act_es);
+  m->stats.bytes_sent += (double)n * m->act_es;
+  return td_isend(free_one->buf, n, m->act_dtype, peer, m->comm, &free_one->req);
 }
 
 static td_status recv_into(pp_model *m, float *buf, size_t n, int peer, const char *what, int micro) {
   td_request *req = NULL;
   double t0 = td_now();
-  td_status st = td_irecv(buf, n, TD_F32, peer, m->comm, &req);
+  td_status st = td_irecv(buf, n, m->act_dtype, peer, m->comm, &req);
   if (st == TD_OK) st = td_wait(req);
   double t1 = td_now();
   m->stats.recv_wait_s += t1 - t0;
@@ -584,7 +597,7 @@ static td_status pp_run(td_model *model, const float *params, float *grads, cons
     free(acts);
     return st;
   }
-  td_comm_hold_unexpected(m->comm, unexpected_bytes(m, batch, n_micro), act_floats(m, batch) * sizeof(float));
+  td_comm_hold_unexpected(m->comm, unexpected_bytes(m, batch, n_micro), act_floats(m, batch) * m->act_es);
   const size_t BTC = act_floats(m, batch), T = (size_t)m->cfg.seq;
   const size_t in_bytes = (size_t)batch * m->base.input_bytes, tgt_count = (size_t)batch * T;
   const int last_model_stage = m->p * m->v - 1;
@@ -617,7 +630,7 @@ static td_status pp_run(td_model *model, const float *params, float *grads, cons
       const int32_t *tg = targets + (size_t)a->micro * tgt_count;
       double t0 = td_now();
       td_error(TD_OK, "%s", "");
-      float loss = sm->ops->forward(sm, params + ch->offset, in, tg, batch);
+      float loss = sm->ops->forward(sm, at(m, params, ch->offset), in, tg, batch);
       double t1 = td_now();
       m->stats.forward_s += t1 - t0;
       span(m, "forward", t0, t1);
@@ -642,7 +655,7 @@ static td_status pp_run(td_model *model, const float *params, float *grads, cons
       ready_shift rs = {ready, ctx, ch->offset};
       int last = report && a->micro == n_micro - 1;
       double t0 = td_now();
-      sm->ops->backward(sm, params + ch->offset, grads + ch->offset, loss_scale, last ? ready_shifted : NULL,
+      sm->ops->backward(sm, at(m, params, ch->offset), at(m, grads, ch->offset), loss_scale, last ? ready_shifted : NULL,
                         last ? &rs : NULL);
       double t1 = td_now();
       m->stats.backward_s += t1 - t0;
@@ -700,6 +713,32 @@ static td_status pp_run(td_model *model, const float *params, float *grads, cons
   return TD_OK;
 }
 
+/* bf16 on a device (td_gpt_set_device_dtype's, for the trainer's mixed
+ * precision): every stage model computes in it, and the activations and
+ * their gradients cross between stages in it (half the bytes; exactly what
+ * the next stage's bf16 kernels read). A tied wte's exchange is f32 on the
+ * host (tied_sum), so a tied GPT is refused. Before the first prepare. */
+static td_status pp_set_device_dtype(td_model *model, td_dtype dtype) {
+  pp_model *m = (pp_model *)model;
+  if (m->dev.kind == TD_DEVICE_CPU || (dtype != TD_F32 && dtype != TD_BF16))
+    return td_error(TD_ERR_INVALID_ARGUMENT, "pipeline: stages on a device compute in f32 or bf16 (%s asked%s)",
+                    td_dtype_name(dtype), m->dev.kind == TD_DEVICE_CPU ? " of stages on the CPU" : "");
+  if (dtype == TD_BF16 && m->tied_wte >= 0)
+    return td_error(TD_ERR_INVALID_USAGE, "pipeline: a tied GPT's stages on a GPU train in fp32 only (the tied "
+                    "embedding's gradient is summed between the first and last stage in f32): untie it or train in "
+                    "fp32");
+  if (m->batch != 0)
+    return td_error(TD_ERR_INVALID_USAGE, "pipeline: set the device dtype before the first prepare");
+  for (int c = 0; c < m->v; c++)
+    for (int i = 0; i < m->chunks[c].n_slots; i++) {
+      td_model *sm = m->chunks[c].slot[i];
+      TD_CHECK(sm->ops->set_device_dtype(sm, dtype));
+    }
+  m->act_dtype = dtype;
+  m->act_es = td_dtype_size(dtype);
+  return TD_OK;
+}
+
 static const td_model_ops pp_ops = {
     .prepare = pp_prepare,
     .forward = pp_forward,
@@ -714,6 +753,7 @@ static const td_model_ops pp_ops = {
     .grad_norm_sq = pp_grad_norm_sq,
     .group_max = pp_group_max,
     .run_micro_batches = pp_run,
+    .set_device_dtype = pp_set_device_dtype,
 };
 
 /* ---- creation ---- */
@@ -746,6 +786,8 @@ static td_status pipeline_create(const td_gpt_config *config, const td_pipeline_
   m->sp = tensor && pp && pp->sequence_parallel;
   m->world_rank = world_rank;
   m->dev = dev;
+  m->act_dtype = TD_F32;
+  m->act_es = sizeof(float);
   m->p = p, m->s = s, m->v = v, m->kind = kind;
   m->tied_wte = -1;
   td_status st = cut_layers(config, method, p * v, first);

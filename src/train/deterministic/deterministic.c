@@ -22,7 +22,8 @@
  *      soon as the frontier of final gradients (core/frontier.c) passes
  *      below it, the last leaf's additions into the cover (deferred,
  *      det_acc_apply) done chunk by chunk first, and the last backward's
- *      vector gives its pages back behind the exchange. So a rank holds
+ *      vector gives its pages back behind the exchange (at stage 1 it is
+ *      zeroed there instead and kept: below). So a rank holds
  *      whole-model vectors only for the units before its last (none when it
  *      has one unit per step, as elastic training's default unit gives),
  *      plus two chunks in flight (receive buffers of W x M x B floats) and
@@ -56,7 +57,20 @@
  * micro-batch by default), a memset of the gradient vector per unit before
  * the last, M times a reduce-scatter's traffic (M = 1 when every rank holds
  * one unit or an aligned pair), overlapped with the last backward, and the
- * allgather at stage 0. */
+ * allgather at stage 0.
+ *
+ * The streamed vector's zeros. Given back (madvise), its pages come back
+ * zeroed by the kernel at backward's first touch: on huge pages a read
+ * fault maps the zero page and the write fault then allocates and clears
+ * 2 MiB, inside backward, every step (perf: clear_page_erms was 4.9% of an
+ * elastic stage-1 run's cycles). At stage 1 on 2+ ranks the trainer's
+ * gradient arena is whole, but this reduction writes only its range of it
+ * (det_xfer_range) and nothing reads the rest: so that rest is given back
+ * once (det_setup), and the streamed vector keeps its pages instead,
+ * zeroed chunk by chunk right after each chunk is combined and sent (still
+ * in cache) - about the memory of before, without the faults. Stages 0
+ * (the arena is whole: the allgather fills it) and 2-3 (the arena is the
+ * shard already) give the vector back as above. */
 #include "train/deterministic/deterministic.h"
 #include "train/zero/zero.h"
 
@@ -83,6 +97,23 @@ static void leaf_range(size_t n_params, int world, int r, size_t *la, size_t *lb
   *lb = (lo + len + DET_NORM_LEAF - 1) / DET_NORM_LEAF;
 }
 
+/* Give back the whole pages inside [p, p + bytes) (rounded inward: the
+ * buffer may share its first and last pages with other allocations). */
+static void release_inside(void *p, size_t bytes, bool shared) {
+  const uintptr_t page = zero_page_bytes(), a = ((uintptr_t)p + page - 1) / page * page,
+                  b = ((uintptr_t)p + bytes) / page * page;
+  if (b > a) (void)madvise((void *)a, b - a, shared ? MADV_REMOVE : MADV_DONTNEED);
+}
+
+bool det_keeps_streamed(int world, int stage) { return stage == 1 && world > 1; }
+
+size_t det_grads_resident_bytes(size_t n_params, int world, int rank) {
+  size_t lo, hi, page = zero_page_bytes();
+  det_xfer_range(n_params, world, rank, &lo, &hi);
+  /* release_inside rounds inward: the two edge pages stay */
+  return hi > lo ? ((hi - lo) * sizeof(float) + 2 * page - 1) / page * page : 0;
+}
+
 static void free_buffers(det_state *c) {
   zero_unreserve(c->pool, c->pool_bytes, c->granule * sizeof(float));
   for (int k = 0; k < 2; k++) {
@@ -101,7 +132,7 @@ static void free_buffers(det_state *c) {
   td_free(c->targets);
   td_free(c->host_grads);
   c->host_grads = NULL;
-  c->pool = c->scratch = c->streamed = NULL;
+  c->pool = c->scratch = c->streamed = c->zeroed = NULL;
   c->pool_bytes = 0;
   c->losses = c->leaves = c->norm_parts = NULL;
   c->parts = NULL;
@@ -173,6 +204,7 @@ void det_buffer_sizes(size_t n, size_t largest, size_t U, int W, int rank, int s
   (void)zero_vector_granule(n * sizeof(float), &granule); /* a bad TANDEM_ZERO_HUGE_PAGES fails the creation */
   out->granule = granule / sizeof(float);
   out->window = streams_leaf || dropped ? TD_MIN(n, 3 * out->chunk + largest + 2 * out->granule) : 0;
+  if (out->window && det_keeps_streamed(W, stage)) out->window = n; /* kept whole (top comment) */
   /* resident at the peak: the whole vectors, the window, the two receive
    * buffers (of which the other ranks' slots are written: (W - 1) x M x B
    * each) and the scratch levels */
@@ -228,6 +260,15 @@ td_status det_setup(td_trainer *t) {
   c->slot_chunk[0] = c->slot_chunk[1] = SIZE_MAX;
   c->peak_bytes = 0;
   c->steps_seen = 0;
+  c->keep_streamed = det_keeps_streamed(W, t->zero_stage);
+  if (c->keep_streamed && !t->devops && t->grads) {
+    /* the gradient arena outside this rank's range: never written or read
+     * again under this reduction (top comment) */
+    size_t lo, hi;
+    det_xfer_range(n, W, t->rank, &lo, &hi);
+    release_inside(t->grads, lo * sizeof(float), t->grads_shared);
+    release_inside(t->grads + hi, (n - hi) * sizeof(float), t->grads_shared);
+  }
   size_t n_leaves = (n + DET_NORM_LEAF - 1) / DET_NORM_LEAF;
   /* address space only: a vector's pages come with backward's writes and
    * the streamed one gives them back (madvise) */
@@ -379,12 +420,15 @@ static void stream_finish(td_trainer *t, int slot) {
                               W, U);
   }
   /* chunks finish top down: everything of the streamed vector from this
-   * chunk up is dead, given back in whole granules */
+   * chunk up is dead, given back in whole granules, or zeroed when kept */
   size_t cx, cy;
   chunk_range(t, k, &cx, &cy);
-  size_t from = (cx + c->granule - 1) / c->granule * c->granule;
+  size_t from = c->keep_streamed ? cx : (cx + c->granule - 1) / c->granule * c->granule;
   if (c->streamed && from < c->released_lo) {
-    release_vec(t, c->streamed, from, c->released_lo);
+    if (c->keep_streamed)
+      memset(c->streamed + from, 0, (c->released_lo - from) * sizeof(float));
+    else
+      release_vec(t, c->streamed, from, c->released_lo);
     c->released_lo = from;
   }
 }
@@ -460,6 +504,8 @@ static td_status stream_end(td_trainer *t) {
   stream_finish(t, (int)(c->n_launched % 2));
   stream_finish(t, (int)((c->n_launched + 1) % 2));
   measure(t);
+  /* every chunk finished: a kept vector is zeros again for the next step */
+  c->zeroed = c->keep_streamed && c->released_lo == 0 ? c->streamed : NULL;
   c->streamed = NULL;
   if (c->stream_st != TD_OK) return c->stream_st;
   const size_t n = t->n_params;
@@ -552,13 +598,20 @@ td_status det_forward_backward(td_trainer *t, double *loss_out, double *data_s, 
       if (last) stream_fail(t, local, "finding a vector"); /* the others stream: so does this rank, without it */
       continue;
     }
+    /* the zeros a kept streamed vector was left with last step hold only
+     * until its first use this step (a vector freed by a merge is used again) */
+    bool zeroed = vec == c->zeroed;
+    if (zeroed) c->zeroed = NULL;
     if (!last && t->devops) {
       local = device_backward(t, vec, scale, u);
     } else if (!last) {
       memset(vec, 0, n * sizeof(float));
       m->ops->backward(t->model, t->params, vec, scale, NULL, NULL);
     } else {
-      release_vec(t, vec, 0, n); /* zeros without touching a page: backward faults in what it writes */
+      if (!c->keep_streamed)
+        release_vec(t, vec, 0, n); /* zeros without touching a page: backward faults in what it writes */
+      else if (!zeroed)
+        memset(vec, 0, n * sizeof(float)); /* the first step, or a vector used before */
       c->released_lo = n;
       if (i < len) {
         acc->defer = true; /* its additions into the cover wait for backward, chunk by chunk */

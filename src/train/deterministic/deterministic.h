@@ -117,7 +117,7 @@ typedef struct det_state {
   size_t chunk;         /* floats per chunk of the streamed exchange (B) */
   size_t granule;       /* floats per page the pool is given back in (2 MiB huge pages for large models) */
   size_t vec_stride;    /* floats between pool vectors (n rounded up to a granule) */
-  size_t released_lo;   /* the streamed vector is given back from here up (granule-aligned, or n) */
+  size_t released_lo;   /* the streamed vector is given back (kept: zeroed) from here up (granule-aligned, a chunk's start when kept, or n) */
   float *pool;          /* n_pool reserved vectors of n_params floats: unit gradients and cover sums */
   int n_pool;
   size_t pool_bytes;    /* reserved */
@@ -127,7 +127,9 @@ typedef struct det_state {
   int n_reqs[2];
   size_t slot_chunk[2]; /* chunk in each slot, SIZE_MAX: none */
   size_t n_launched;    /* chunks launched this step, top down */
-  float *streamed;      /* the vector the last backward writes (pages given back chunk by chunk) */
+  float *streamed;      /* the vector the last backward writes (pages given back, or zeroed, chunk by chunk) */
+  bool keep_streamed;   /* det_keeps_streamed: zeroed chunk by chunk instead, pages kept */
+  float *zeroed;        /* the pool vector left all zeros by the last step's stream (kept), or NULL */
   td_status stream_st;  /* first failure of the streamed exchange */
   det_acc acc;          /* this rank's cover stack (the streamed leaf's additions deferred) */
   long steps_seen;
@@ -168,6 +170,13 @@ typedef struct det_sizes {
   size_t bytes; /* what of them becomes resident at the peak */
 } det_sizes;
 void det_buffer_sizes(size_t n, size_t largest, size_t U, int W, int rank, int stage, det_sizes *out);
+/* Whether the streamed vector keeps its pages (zeroed behind the
+ * exchange) and the trainer's gradient arena keeps only the reduction's
+ * range: ZeRO stage 1 on 2+ ranks (deterministic.c, top comment). */
+bool det_keeps_streamed(int world, int stage);
+/* What of the trainer's gradient arena stays resident on `rank` when
+ * det_keeps_streamed: its reduction range (det_xfer_range), in pages. */
+size_t det_grads_resident_bytes(size_t n_params, int world, int rank);
 /* The largest tensor of the model in floats (the whole arena without a
  * tensor table): what the streamed vector may hold back at once. */
 size_t det_largest_tensor(const td_model *model);

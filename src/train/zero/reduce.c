@@ -78,10 +78,14 @@ void zero_step_begin(td_trainer *t) {
   if (z->stage >= 3) zero_fetch_reset(t);
   z->fetch_wait_s = 0; /* counted per step */
   z->n_fetches = z->n_prefetches = 0;
+  /* Deterministic reduction (train/deterministic) writes the reduced
+   * gradients over its whole range: backward runs into its own vectors, and
+   * zeroing this arena (whole at stage 1: a 4-byte store per parameter per
+   * step) would be undone. */
   if (z->stage >= 2 && !z->keep_grads) {
     clear_outside_shard(t);
-    memset(t->grads + t->shard_lo, 0, (t->shard_hi - t->shard_lo) * sizeof(float));
-  } else {
+    if (!t->det) memset(t->grads + t->shard_lo, 0, (t->shard_hi - t->shard_lo) * sizeof(float));
+  } else if (!t->det) {
     memset(t->grads, 0, t->n_params * sizeof(float));
   }
   z->n_pieces = z->n_done = z->n_buckets = 0;

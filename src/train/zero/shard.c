@@ -103,8 +103,17 @@ td_status zero_create(td_trainer *t) {
    * stage: it accumulates them whole and reports each tensor once, final) */
   z->accum_sharded = z->stage >= 2 && !z->keep_grads && t->world > 1 && t->cfg.grad_accum > 1 &&
                      !t->model->ops->run_micro_batches;
+  /* Stage 1 under deterministic reduction (train/deterministic/; elastic
+   * training turns it on): it writes only its range of the gradient arena
+   * and nothing reads the rest, so the arena is address space whose pages
+   * come with those writes, never whole, not even at start-up. */
+  bool det = t->cfg.deterministic_reduction == 1 ||
+             (t->cfg.deterministic_reduction < 0 && t->cfg.elasticity.enabled);
   if (z->stage >= 2) {
     t->grads = arena_for(t, z->keep_grads ? ZERO_MEM_ALLOC : ZERO_MEM_MAPPED, &z->grads_kind);
+  } else if (det) {
+    t->grads = zero_reserve(t->n_params * sizeof(float), z->page_floats * sizeof(float));
+    z->grads_kind = ZERO_MEM_MAPPED;
   } else {
     z->grads_kind = ZERO_MEM_NONE; /* stage 1: the trainer's own gradient arena (trainer.c) */
   }
@@ -118,7 +127,7 @@ td_status zero_create(td_trainer *t) {
   z->cap_pieces = t->model->n_tensors + 2 + t->world;
   z->pieces = calloc((size_t)z->cap_pieces, sizeof *z->pieces);
   z->norm_partials = calloc((size_t)t->world, sizeof *z->norm_partials);
-  if (!t->params || (z->stage >= 2 && !t->grads) ||
+  if (!t->params || ((z->stage >= 2 || det) && !t->grads) ||
       (states_in_ram && (!t->states[0] || (t->n_states > 1 && !t->states[1]))) || !z->pieces ||
       !z->norm_partials)
     return td_error(TD_ERR_SYSTEM,

@@ -66,7 +66,7 @@ size_t shm_slot_pages(const td_comm *comm, int rank, size_t reach, size_t writte
        * slot's first pages, written by whoever owns it) all of the window */
       end = window > t->slot_bytes ? window : TD_MAX(reach, TD_MIN(written, window));
       /* before its start, the previous slot's tail: the pages of it its
-       * owner wrote (q 1's: this rank's own q 0; q 0's: the rank before's
+       * owner wrote (q 1's: the same rank's q 0; q 0's: the rank before's
        * q 1, none before rank 0's) in the window of the first byte read */
       size_t before = q == 1 ? written : rank > 0 ? written_before : 0;
       uintptr_t prev = first - t->slot_stride, lo = TD_MAX(first & ~mask, prev);
