@@ -186,13 +186,22 @@ kill)
   ;;
 requeue)
   # The job with --requeue (the example script's), checkpointing every 5
-  # steps; node n1, which runs the batch script and ranks 0 and 1, dies at
-  # once (its PID namespace's init killed) after the step-10 checkpoint.
-  steps=200
+  # steps and keeping 2; node n1, which runs the batch script and ranks 0
+  # and 1, dies at once (its PID namespace's init killed) after the first
+  # checkpoint at step >= 10 is seen. (Waiting for step-10 itself failed on
+  # a quiet machine: 100 steps/s, so --keep-last 2 had removed it before a
+  # 0.1 s poll looked, and the whole job took 2 s.)
+  steps=400
   job=$(slurm_run sbatch --parsable --output="$tmp/job-%j.out" --export=ALL,BUILD_DIR="$root/$B",SAVE_EVERY=5,CKPT="$tmp/ckpt" \
     "$root/examples/slurm/train-gpt.sbatch" $ARGS --steps $steps --metrics "$tmp/requeue.jsonl") || fail "sbatch refused the job"
-  for _ in $(seq 1 300); do [ -d "$tmp/ckpt/step-10" ] && break; sleep 0.1; done
-  [ -d "$tmp/ckpt/step-10" ] || fail "job $job wrote no step-10 checkpoint within 30 s"
+  ck=0
+  for _ in $(seq 1 1500); do
+    ck=$(ls "$tmp/ckpt" 2>/dev/null | sed -n 's/^step-\([0-9]*\)$/\1/p' | sort -n | tail -1)
+    [ "${ck:-0}" -ge 10 ] && break
+    sleep 0.02
+  done
+  [ "${ck:-0}" -ge 10 ] || fail "job $job wrote no checkpoint at step >= 10 within 30 s"
+  [ "$ck" -lt $steps ] || fail "job $job ended (step-$ck) before node n1 could be killed"
   slurm_node_kill n1
   t0=$(date +%s.%N)
   wait_state "$job" COMPLETED 90 || fail "job $job is $(job_state "$job"), not COMPLETED within 90 s of node n1's death"
@@ -215,7 +224,7 @@ requeue)
   # Every file but "visible", the random token of each save (checkpoint/save.c).
   diff -r -x visible "$tmp/ref/step-$steps" "$tmp/ckpt/step-$steps" >/dev/null ||
     fail "the final checkpoints differ: $(diff -rq -x visible "$tmp/ref/step-$steps" "$tmp/ckpt/step-$steps" | head -3)"
-  echo "PASS(slurm requeue): node n1 killed after the step-10 checkpoint; job $job requeued (Restarts=$restarts)," \
+  echo "PASS(slurm requeue): node n1 killed after the step-$ck checkpoint; job $job requeued (Restarts=$restarts)," \
     "completed $dt s later on $(echo "$info" | grep -Eo ' NodeList=[^ ]+' | cut -d= -f2); steps and final checkpoint bit for bit as the uninterrupted run's"
   ;;
 *)
