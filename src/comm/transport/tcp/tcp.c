@@ -94,6 +94,7 @@
 #include "comm/transport/tcp/tcp.h"
 
 #include <poll.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -203,7 +204,6 @@ typedef struct tcp_transport {
   double next_reason_check;
   _Atomic int aborted;
   uint64_t spin_ns; /* busy-poll budget before sleeping in poll (0: never spin) */
-  _Atomic uint64_t yield_off_until; /* td_now_ns(): no spin until then (td_yield_timed) */
 } tcp_transport;
 
 /* The authentication context of rank `acceptor`'s listener: a proof made
@@ -500,15 +500,17 @@ static td_status tcp_wait(transport *base, const int *send_peers, int n_send, co
     int ms = slice > 0 ? (int)(slice * 1000.0 + 0.999) : 0;
     int ready = 0;
     /* The spin yields every few polls (a process holding the core the peer
-     * wants runs at once); a slow yield means a loaded machine, where poll's
-     * sleep is woken by the data and the yields only push this rank back:
-     * no spin then for a while (base/yield.c). */
-    if (t->spin_ns && ms > 0 && td_yield_allowed(&t->yield_off_until)) {
+     * wants runs at once). Not timed as shm's is (base/yield.c): over TCP
+     * the yield often lets the rank's own progress thread or the kernel's
+     * network work run for a while, and stopping the spin then cost py_doors'
+     * 100M-float allreduce between two namespace hosts 1.23x its time, quiet
+     * (bench/results/py-doors-2026-11-28-quiet-ab.md). */
+    if (t->spin_ns && ms > 0) {
       uint64_t spin_end = td_now_ns() + t->spin_ns;
       for (unsigned i = 1; (ready = poll(t->pfds, (nfds_t)n_pfds, 0)) == 0; i++) {
         if ((i & 7) == 0) {
           if (td_now_ns() >= spin_end) break;
-          if (!td_yield_timed(&t->yield_off_until)) break;
+          sched_yield();
         }
       }
     }
