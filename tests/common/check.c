@@ -30,3 +30,10 @@ long td_test_minor_faults(void) {
   getrusage(RUSAGE_SELF, &ru);
   return ru.ru_minflt;
 }
+
+float *td_test_host_copy(const float *src, td_device dev, size_t n) {
+  float *h = malloc((n ? n : 1) * sizeof(float));
+  CHECK(h != NULL);
+  CHECK_OK(td_device_copy(h, (td_device){TD_DEVICE_CPU, 0}, src, dev, n * sizeof(float)));
+  return h;
+}

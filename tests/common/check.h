@@ -38,6 +38,8 @@ struct td_model *td_test_byte_gpt(int layers, int channels, int heads, int seq);
 
 /* Whether the kernel gives transparent huge pages to madvise'd or all
  * mappings, read from /sys independently of the library's pages.c. */
+/* n floats at src on device dev, copied to a new host buffer (free with free) */
+float *td_test_host_copy(const float *src, td_device dev, size_t n);
 int td_test_thp_on(void);
 /* This process's minor page faults so far (getrusage). */
 long td_test_minor_faults(void);

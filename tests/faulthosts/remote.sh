@@ -61,22 +61,16 @@ agents_on_a() { # pids of tandem-agent on host a
     [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = tandem-agent ] && echo "$pid"
   done
 }
-wait_agents() { # N SECONDS: until exactly N agents run on host a
+wait_count() { # LISTER N SECONDS: until LISTER prints exactly N pids
   local _
-  for _ in $(seq 1 $(( $2 * 20 ))); do
-    [ "$(agents_on_a | wc -l)" = "$1" ] && return 0
+  for _ in $(seq 1 $(( $3 * 20 ))); do
+    [ "$($1 | wc -l)" = "$2" ] && return 0
     sleep 0.05
   done
   return 1
 }
-wait_children() { # N SECONDS: until exactly N children run on host a
-  local _
-  for _ in $(seq 1 $(( $2 * 20 ))); do
-    [ "$(children_on_a | wc -l)" = "$1" ] && return 0
-    sleep 0.05
-  done
-  return 1
-}
+wait_agents() { wait_count agents_on_a "$@"; }     # N SECONDS: agents on host a
+wait_children() { wait_count children_on_a "$@"; } # N SECONDS: children on host a
 
 case $case_name in
 status)

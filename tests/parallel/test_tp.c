@@ -76,12 +76,7 @@ static int P, R; /* tensor-parallel size and rank (layers, model: the world) */
 static td_device g_dev; /* TD_TEST_DEVICE, or the CPU */
 
 /* n floats of an arena of the trainer's device, on the host (free with free) */
-static float *host_copy(const float *arena, size_t n) {
-  float *h = malloc((n ? n : 1) * sizeof(float));
-  CHECK(h != NULL);
-  CHECK_OK(td_device_copy(h, (td_device){TD_DEVICE_CPU, 0}, arena, g_dev, n * sizeof(float)));
-  return h;
-}
+static float *host_copy(const float *arena, size_t n) { return td_test_host_copy(arena, g_dev, n); }
 
 /* Split n into P parts with boundaries floor(k n / P): uneven for odd n. */
 static void split(int n, int parts, int k, int *lo, int *len) {

@@ -39,12 +39,7 @@ static const char text[] =
 static td_device g_dev; /* TD_TEST_DEVICE, or the CPU */
 
 /* n floats of an arena of the trainer's device, on the host (free with free) */
-static float *host_copy(const float *arena, size_t n) {
-  float *h = malloc((n ? n : 1) * sizeof(float));
-  CHECK(h != NULL);
-  CHECK_OK(td_device_copy(h, (td_device){TD_DEVICE_CPU, 0}, arena, g_dev, n * sizeof(float)));
-  return h;
-}
+static float *host_copy(const float *arena, size_t n) { return td_test_host_copy(arena, g_dev, n); }
 
 static td_gpt_config gpt_config(int tied) {
   return (td_gpt_config){.vocab = 256, .layers = 4, .channels = 16, .heads = 2, .seq = 8, .tied = tied};
