@@ -31,9 +31,11 @@
 #              TREES_READY=DIR: the trees are still being built (make test
 #              builds them beside the suite): a line starts once every tree
 #              it uses has left DIR/<tree> holding 0 (tree: build, asan,
-#              cudaemu, fuzz: build/'s name below it); DIR/done marks
-#              the end of the builds (a tree missing then did not build: its
-#              lines fail), and the lone lines wait for it.
+#              cudaemu, fuzz: build/'s name below it; c10d: build/python's
+#              c10d extension, for the lines that use build/python); DIR/done
+#              marks the end of the builds (a tree missing then did not
+#              build: its lines fail). build/'s lone lines run first, once
+#              build/ is there, and the other lone lines wait for DIR/done.
 #              HOSTLANE=REGEX: of those, the lines that build hosts (network
 #              namespaces, a Slurm cluster) and mostly wait on heartbeat and
 #              node timeouts; they run one by one in a second lane beside the
@@ -148,6 +150,8 @@ for B in $trees; do
       [ "$B" != build ] && needs+=" ${B##*/}"
       [[ $cmd == *build/cudaemu* ]] && needs+=" cudaemu"
       [[ $cmd == *build/fuzz* || $cmd == *tests/fuzz/* ]] && needs+=" fuzz"
+      # build/python's c10d extension is built beside the suite (make test)
+      [[ $B == build && ( $cmd == *build/python* || $cmd == *tests/python/* ) ]] && needs+=" c10d"
       entry="$tmo"$'\t'"$tag"$'\t'"$needs"$'\t'"$log"$'\t'"$cmd"
       if [ "$jobs_max" -gt 1 ] && [[ $name =~ $hostlane ]]; then
         hosts+=("$entry")
