@@ -54,8 +54,8 @@
  *   TANDEM_ELASTIC_REPLACE_WAIT  seconds survivors wait for the replacement
  *                           of a lost member before going on without it
  *                           (it joins at the next commit; default 0.25)
- *   TANDEM_ELASTIC_REPLICA_DIR  directory of the buddy replica files
- *                           (unnamed, gone with the process; default
+ *   TANDEM_ELASTIC_REPLICA_DIR  directory of the commit files (the copies
+ *                           kept for recovery: unnamed, gone with the process; default
  *                           /var/tmp: a local disk, not a tmpfs)
  *
  * Threading: one td_elastic is used from one thread. Errors follow

@@ -35,12 +35,13 @@
  * copies are four times the parameter and Adam shard (12 bytes a parameter
  * each): in memory they made stage 3 under elastic training 2.4 times the
  * peak RSS of stage 3 without it, and even one in-memory copy is more than
- * a third of it. Each piece is an unnamed file (O_TMPFILE: nothing is left
- * behind however the process ends) in TANDEM_ELASTIC_REPLICA_DIR (default
- * /var/tmp, a disk); commits write them with pwrite straight from the
- * live shard or from a bounded staging chunk, so they sit in the page
- * cache, which the kernel writes back and may reclaim under pressure
- * instead of counting them in the process's RSS. The files live as long as
+ * a third of it. Each piece is an unnamed file (commit_file.c: O_TMPFILE,
+ * nothing is left behind however the process ends) in
+ * TANDEM_ELASTIC_REPLICA_DIR (default /var/tmp, a disk); commits write them
+ * with pwrite straight from the live shard or from a bounded staging
+ * chunk, so they sit in the page cache, which the kernel writes back and
+ * may reclaim under pressure instead of counting them in the process's
+ * RSS. The files live as long as
  * the process, like the in-memory copies did: a process that dies loses
  * them, so the failure model above is unchanged. The cost is in a
  * rebuild, which reads the pieces back (from the page cache while it still
