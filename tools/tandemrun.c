@@ -1258,7 +1258,8 @@ static void reap(job *j) {
  * discovery script lists the host now. A host that comes back so has its
  * agent (ssh's connection, the login shell) ready before the job grows onto
  * it, and the grow pays a fork and the rank's own start instead of an ssh
- * start (about 1-2 s at load; bench/results/faults-hosts-2026-11-28-probe-*.md).
+ * start (1.9-7.0 s at load 20-30, 81% of a grow: grow p95 7.69 -> 2.37 s,
+ * bench/results/grow-breakdown-2026-11-28.md).
  * A probe that fails is quiet (TANDEM_LOG=info says so). TANDEM_AGENT_PROBE
  * sets AGENT_PROBE_MAX_S; 0 turns background starts off. */
 #define AGENT_WAIT_S 15.0

@@ -453,7 +453,7 @@ td_status el_membership_next(el_membership *m) {
      * members until it sees this, so the job cannot end first). */
     if (m->joiner && m->epoch == 0) {
       /* The process's age splits a grow's time into its start (exec,
-       * loader, set-up) and the wait for the members (docs/operations.md). */
+       * loader, set-up) and the wait for the members (docs/launcher.md). */
       TD_INFO("elastic: process %ld waits to join epoch %d (%.3f s after the process started)", m->uid, k,
               td_process_age());
       /* No longer on its way (el_membership_pending); best effort: a
