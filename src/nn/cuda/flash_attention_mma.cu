@@ -37,8 +37,17 @@
  *   price is the recomputation of S and dP in the second pass: 2 of the
  *   backward's 5 products, ~40% more tensor-core work).
  *
- * nvcc -Xptxas -v, sm_90 (CUDA 13.0), per thread / per block:
- *   forward HS=64: see docs/gpu.md's table (recorded there with the build)
+ * nvcc -Xptxas -v for sm_90 (-O3), registers per thread / static shared
+ * memory per block, 0 bytes of stack and spills in every kernel, measured
+ * 2026-11-28 with CUDA 13.0 (/usr/local/cuda) and CI's 11.8
+ * (/opt/tandem-cuda-11.8, clang-14 as host compiler):
+ *            forward      backward dK,dV   backward dQ     smem (fwd, kv, q)
+ *   HS=64    252 / 237    236 / 227        167 / 168       36864, 28160, 27648
+ *   HS=48    228 / 191    186 / 197        162 / 168       28672, 22016, 21504
+ *   HS=32    177 / 154    137 / 159        135 / 128       20480, 15872, 15360
+ *   HS=16    130 / 158    128 / 154        126 / 128       12288,  9728,  9216
+ *   At HS=64 the forward's 252 registers allow 2 blocks (8 warps) per SM,
+ *   as FA2's own forward; the backward 2 blocks (dK/dV) and 3 (dQ).
  * Not done: cp.async double buffering of the K/V tiles (the loads of the
  * next tile do not overlap this tile's products), the causal diagonal tile
  * is masked per element rather than split, head size 128. */
