@@ -42,11 +42,11 @@
  * 2026-11-28 with CUDA 13.0 (/usr/local/cuda) and CI's 11.8
  * (/opt/tandem-cuda-11.8, clang-14 as host compiler):
  *            forward      backward dK,dV   backward dQ     smem (fwd, kv, q)
- *   HS=64    252 / 237    236 / 227        167 / 168       36864, 28160, 27648
- *   HS=48    228 / 191    186 / 197        162 / 168       28672, 22016, 21504
- *   HS=32    177 / 154    137 / 159        135 / 128       20480, 15872, 15360
- *   HS=16    130 / 158    128 / 154        126 / 128       12288,  9728,  9216
- *   At HS=64 the forward's 252 registers allow 2 blocks (8 warps) per SM,
+ *   HS=64    254 / 254    236 / 227        167 / 168       36864, 28160, 27648
+ *   HS=48    254 / 209    186 / 197        162 / 168       28672, 22016, 21504
+ *   HS=32    168 / 178    137 / 159        135 / 128       20480, 15872, 15360
+ *   HS=16    167 / 128    128 / 154        126 / 128       12288,  9728,  9216
+ *   At HS=64 the forward's 254 registers allow 2 blocks (8 warps) per SM,
  *   as FA2's own forward; the backward 2 blocks (dK/dV) and 3 (dQ).
  * Not done: cp.async double buffering of the K/V tiles (the loads of the
  * next tile do not overlap this tile's products), the causal diagonal tile
@@ -87,13 +87,17 @@ template <int HS> __device__ __forceinline__ void fa2_load_a(uint32_t a[HS / 16]
   for (int kc = 0; kc < HS / 16; kc++) td_ldmatrix_x4(a[kc], strip + (lane % 16) * (HS + 8) + kc * 16 + (lane / 16) * 8);
 }
 
-/* acc[16 x 64] = A (16 x HS, fragments) times B^T, B the 64 x HS shared tile
- * `tile` (row stride HS + 8): the score-shaped products (Q K^T and the like) */
-template <int HS>
-__device__ __forceinline__ void fa2_scores(float acc[8][4], const uint32_t a[HS / 16][4], const bf16 *tile) {
+/* acc[m][16 x 64] = A_m (16 x HS, fragments) times B^T for each of the MI
+ * strips m, B the 64 x HS shared tile `tile` (row stride HS + 8): the
+ * score-shaped products (Q K^T and the like). Each B fragment read from
+ * shared memory feeds the MI strips' products. */
+template <int HS, int MI>
+__device__ __forceinline__ void fa2_scores(float acc[MI][8][4], const uint32_t a[MI][HS / 16][4], const bf16 *tile) {
   int lane = threadIdx.x % 32;
 #pragma unroll
-  for (int n = 0; n < 8; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+  for (int m = 0; m < MI; m++)
+#pragma unroll
+    for (int n = 0; n < 8; n++) acc[m][n][0] = acc[m][n][1] = acc[m][n][2] = acc[m][n][3] = 0.0f;
 #pragma unroll
   for (int kc = 0; kc < HS / 16; kc++)
 #pragma unroll
@@ -101,8 +105,11 @@ __device__ __forceinline__ void fa2_scores(float acc[8][4], const uint32_t a[HS 
       /* matrices: rows np*16 + 0..7 (cols kc*16 + 0..7, 8..15), rows + 8..15 (same) */
       uint32_t b[4];
       td_ldmatrix_x4(b, tile + (np * 16 + lane % 8 + (lane / 16) * 8) * (HS + 8) + kc * 16 + ((lane / 8) % 2) * 8);
-      td_mma_bf16_16816(acc[2 * np], a[kc], b, acc[2 * np]);
-      td_mma_bf16_16816(acc[2 * np + 1], a[kc], b + 2, acc[2 * np + 1]);
+#pragma unroll
+      for (int m = 0; m < MI; m++) {
+        td_mma_bf16_16816(acc[m][2 * np], a[m][kc], b, acc[m][2 * np]);
+        td_mma_bf16_16816(acc[m][2 * np + 1], a[m][kc], b + 2, acc[m][2 * np + 1]);
+      }
     }
 }
 
@@ -114,17 +121,22 @@ __device__ __forceinline__ void fa2_acc_to_a(uint32_t a[4], const float acc[8][4
   a[3] = td_pack_bf16x2(acc[2 * kk + 1][2], acc[2 * kk + 1][3]);
 }
 
-/* out[16 x HS] += A (16 x 16, rows 16 kk.. of the tile's k) times the tile's
- * rows 16 kk .. 16 kk + 15 (16 x HS, row stride HS + 8) */
-template <int HS>
-__device__ __forceinline__ void fa2_times_rows(float out[HS / 8][4], const uint32_t a[4], const bf16 *tile, int kk) {
+/* out[m][16 x HS] += A_m (16 x 16: columns 16 kk .. of strip m) times the
+ * tile's rows 16 kk .. 16 kk + 15 (16 x HS, row stride HS + 8), for each of
+ * the MI strips; each B fragment feeds the MI products */
+template <int HS, int MI>
+__device__ __forceinline__ void fa2_times_rows(float out[MI][HS / 8][4], const uint32_t a[MI][4], const bf16 *tile,
+                                               int kk) {
   int lane = threadIdx.x % 32;
 #pragma unroll
   for (int dp = 0; dp < HS / 16; dp++) {
     uint32_t b[4];
     td_ldmatrix_x4_trans(b, tile + (kk * 16 + lane % 16) * (HS + 8) + dp * 16 + (lane / 16) * 8);
-    td_mma_bf16_16816(out[2 * dp], a, b, out[2 * dp]);
-    td_mma_bf16_16816(out[2 * dp + 1], a, b + 2, out[2 * dp + 1]);
+#pragma unroll
+    for (int m = 0; m < MI; m++) {
+      td_mma_bf16_16816(out[m][2 * dp], a[m], b, out[m][2 * dp]);
+      td_mma_bf16_16816(out[m][2 * dp + 1], a[m], b + 2, out[m][2 * dp + 1]);
+    }
   }
 }
 
@@ -174,10 +186,10 @@ __global__ void __launch_bounds__(FA2_THREADS) fa2_forward_kernel(bf16 *out, flo
      * warp's first row starts past its last, every score masked */
     if (j0 > wr0) continue;
     bool diag = j0 + FA2_TILE - 1 > wr0; /* some key of the tile after some row: mask */
+    float s[2][8][4];
+    fa2_scores<HS, 2>(s, qa, Ks);
 #pragma unroll
     for (int mi = 0; mi < 2; mi++) {
-      float s[8][4];
-      fa2_scores<HS>(s, qa[mi], Ks);
 #pragma unroll
       for (int half = 0; half < 2; half++) {
         int i = wr0 + mi * 16 + half * 8 + g; /* the row of s[.][2 half + e] */
@@ -186,9 +198,9 @@ __global__ void __launch_bounds__(FA2_THREADS) fa2_forward_kernel(bf16 *out, flo
         for (int n = 0; n < 8; n++)
 #pragma unroll
           for (int e = 0; e < 2; e++) {
-            float v = s[n][2 * half + e] * scale_log2;
+            float v = s[mi][n][2 * half + e] * scale_log2;
             if (diag && j0 + n * 8 + 2 * t + e > i) v = -INFINITY;
-            s[n][2 * half + e] = v;
+            s[mi][n][2 * half + e] = v;
             mx = fmaxf(mx, v);
           }
         /* key j0 <= wr0 <= i is never masked: m_new is finite */
@@ -200,8 +212,8 @@ __global__ void __launch_bounds__(FA2_THREADS) fa2_forward_kernel(bf16 *out, flo
         for (int n = 0; n < 8; n++)
 #pragma unroll
           for (int e = 0; e < 2; e++) {
-            float p = exp2f(s[n][2 * half + e] - m_new);
-            s[n][2 * half + e] = p;
+            float p = exp2f(s[mi][n][2 * half + e] - m_new);
+            s[mi][n][2 * half + e] = p;
             sum += p;
           }
         l[mi][half] = l[mi][half] * corr + sum; /* this lane's columns only */
@@ -211,12 +223,13 @@ __global__ void __launch_bounds__(FA2_THREADS) fa2_forward_kernel(bf16 *out, flo
           o[mi][d][2 * half + 1] *= corr;
         }
       }
+    }
 #pragma unroll
-      for (int kk = 0; kk < FA2_TILE / 16; kk++) {
-        uint32_t pa[4];
-        fa2_acc_to_a(pa, s, kk);
-        fa2_times_rows<HS>(o[mi], pa, Vs, kk);
-      }
+    for (int kk = 0; kk < FA2_TILE / 16; kk++) {
+      uint32_t pa[2][4];
+      fa2_acc_to_a(pa[0], s[0], kk);
+      fa2_acc_to_a(pa[1], s[1], kk);
+      fa2_times_rows<HS, 2>(o, pa, Vs, kk);
     }
   }
 #pragma unroll
@@ -258,17 +271,17 @@ __global__ void __launch_bounds__(FA2_THREADS)
   const bf16 *qb = inp + (size_t)b * T_ * ld + (size_t)h * HS, *ob = dout + (size_t)b * T_ * C + (size_t)h * HS;
   const float *lse_bh = lse + (size_t)bh * T_, *D_bh = D + (size_t)bh * T_;
   /* own fragments, through the one shared tile */
-  uint32_t a1[KC][4], a2[KC][4];
+  uint32_t a1[1][KC][4], a2[1][KC][4];
   fa2_load_tile<HS, FA2_TILE>(own, KEYS ? qb + C : qb, ld, r0, T_);
   __syncthreads();
-  fa2_load_a<HS>(a1, own + warp * 16 * LD);
+  fa2_load_a<HS>(a1[0], own + warp * 16 * LD);
   __syncthreads();
   if (KEYS)
     fa2_load_tile<HS, FA2_TILE>(own, qb + 2 * C, ld, r0, T_);
   else
     fa2_load_tile<HS, FA2_TILE>(own, ob, C, r0, T_);
   __syncthreads();
-  fa2_load_a<HS>(a2, own + warp * 16 * LD);
+  fa2_load_a<HS>(a2[0], own + warp * 16 * LD);
   /* queries: this lane's two rows' lse (base 2) and D */
   float Lrow[2] = {0.0f, 0.0f}, Drow[2] = {0.0f, 0.0f};
   if (!KEYS)
@@ -280,11 +293,11 @@ __global__ void __launch_bounds__(FA2_THREADS)
         Drow[half] = D_bh[i];
       }
     }
-  float acc1[DN][4], acc2[DN][4]; /* keys: dK, dV; queries: dQ (acc2 unused) */
+  float acc1[1][DN][4], acc2[1][DN][4]; /* keys: dK, dV; queries: dQ (acc2 unused) */
 #pragma unroll
   for (int d = 0; d < DN; d++)
 #pragma unroll
-    for (int e = 0; e < 4; e++) acc1[d][e] = acc2[d][e] = 0.0f;
+    for (int e = 0; e < 4; e++) acc1[0][d][e] = acc2[0][d][e] = 0.0f;
   int first = KEYS ? tile : 0, last = KEYS ? n_tiles - 1 : tile;
   for (int ot = first; ot <= last; ot++) {
     int o0 = ot * FA2_TILE;
@@ -303,9 +316,9 @@ __global__ void __launch_bounds__(FA2_THREADS)
     __syncthreads();
     /* a tile wholly on the masked side of this warp's 16 rows */
     if (KEYS ? o0 + FA2_TILE - 1 < wr0 : o0 > wr0 + 15) continue;
-    float s[8][4], dp[8][4];
-    fa2_scores<HS>(s, a1, oth1); /* S^T = K Q^T  or  S = Q K^T */
-    fa2_scores<HS>(dp, a2, oth2); /* dP^T = V dO^T  or  dP = dO V^T */
+    float s[1][8][4], dp[1][8][4];
+    fa2_scores<HS, 1>(s, a1, oth1); /* S^T = K Q^T  or  S = Q K^T */
+    fa2_scores<HS, 1>(dp, a2, oth2); /* dP^T = V dO^T  or  dP = dO V^T */
 #pragma unroll
     for (int half = 0; half < 2; half++) {
       int r = wr0 + half * 8 + g;
@@ -316,21 +329,21 @@ __global__ void __launch_bounds__(FA2_THREADS)
           int c = n * 8 + 2 * t + e, other = o0 + c;
           int q = KEYS ? other : r, k = KEYS ? r : other;
           float L = KEYS ? Lt[c] : Lrow[half], Dv = KEYS ? Dt[c] : Drow[half];
-          float p = (k <= q && q < T_) ? exp2f(s[n][2 * half + e] * scale_log2 - L) : 0.0f;
-          s[n][2 * half + e] = p;
-          dp[n][2 * half + e] = p * (dp[n][2 * half + e] - Dv);
+          float p = (k <= q && q < T_) ? exp2f(s[0][n][2 * half + e] * scale_log2 - L) : 0.0f;
+          s[0][n][2 * half + e] = p;
+          dp[0][n][2 * half + e] = p * (dp[0][n][2 * half + e] - Dv);
         }
     }
 #pragma unroll
     for (int kk = 0; kk < FA2_TILE / 16; kk++) {
-      uint32_t pa[4], da[4];
-      fa2_acc_to_a(da, dp, kk);
+      uint32_t pa[1][4], da[1][4];
+      fa2_acc_to_a(da[0], dp[0], kk);
       if (KEYS) {
-        fa2_acc_to_a(pa, s, kk);
-        fa2_times_rows<HS>(acc2, pa, oth2, kk); /* dV += P^T dO */
-        fa2_times_rows<HS>(acc1, da, oth1, kk); /* dK += dS^T Q */
+        fa2_acc_to_a(pa[0], s[0], kk);
+        fa2_times_rows<HS, 1>(acc2, pa, oth2, kk); /* dV += P^T dO */
+        fa2_times_rows<HS, 1>(acc1, da, oth1, kk); /* dK += dS^T Q */
       } else {
-        fa2_times_rows<HS>(acc1, da, oth1, kk); /* dQ += dS K */
+        fa2_times_rows<HS, 1>(acc1, da, oth1, kk); /* dQ += dS K */
       }
     }
   }
@@ -343,7 +356,7 @@ __global__ void __launch_bounds__(FA2_THREADS)
 #pragma unroll
     for (int pass = 0; pass < (KEYS ? 2 : 1); pass++) {
       bf16 *gp = grow + (KEYS ? (size_t)(pass + 1) * C : 0);
-      const float(*acc)[4] = pass ? acc2 : acc1;
+      const float(*acc)[4] = pass ? acc2[0] : acc1[0];
       float mul = pass ? 1.0f : scale;
 #pragma unroll
       for (int d = 0; d < DN; d++) {
