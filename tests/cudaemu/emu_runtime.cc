@@ -75,6 +75,7 @@ struct fiber {
   uint3 tid{};
   unsigned linear = 0;
   uint64_t slot = 0; /* shuffle deposit */
+  alignas(16) unsigned char box[64]; /* lane_box: warp-collective instructions' deposit */
   void *fake_stack = nullptr;
 };
 
@@ -369,6 +370,12 @@ unsigned warp_ballot(int pred) {
 }
 
 void *dynamic_smem() { return tls_sched->smem.data(); }
+
+void *lane_box(unsigned src) {
+  sched *s = tls_sched;
+  unsigned idx = (s->current->linear & ~31u) + (src & 31u);
+  return idx < s->fibers.size() ? s->fibers[idx].box : s->current->box;
+}
 
 namespace {
 struct stream_table {
