@@ -69,6 +69,8 @@ void mma_m16n8k16_bf16(float d[4], const uint32_t a[4], const uint32_t b[2], con
 
 void ldmatrix_x4(uint32_t r[4], const void *row, bool trans) {
   unsigned me = lane(), g = me / 4, t = me % 4;
+  if ((uintptr_t)row % 16)
+    fault("ldmatrix: lane %u's row address %p is not 16-byte aligned (misaligned address on a GPU)", me, row);
   memcpy(lane_box(me), &row, sizeof row);
   sync_warp();
   for (int i = 0; i < 4; i++) {

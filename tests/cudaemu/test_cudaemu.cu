@@ -534,6 +534,15 @@ static void test_mma_sm80(void) {
                trans ? ".trans" : "", L, i, lo, hi, want[0], want[1]);
       }
   }
+  /* what a GPU stops a kernel for fails the launch here too: a row address
+   * that is not 16-byte aligned, a warp-collective instruction with half a warp */
+  hcols[5] = 4;
+  CUDA_OK(cudaMemcpy(dcols, hcols, sizeof hcols, cudaMemcpyHostToDevice));
+  fprintf(stderr, "(two fault reports follow: expected)\n");
+  TD_CUDA_LAUNCH(ldmatrix_kernel, 1, 32, 0, 0, dout, drows, dcols, 0);
+  EXPECT(cudaGetLastError() == cudaErrorLaunchFailure, "a misaligned ldmatrix row did not fail the launch");
+  TD_CUDA_LAUNCH(mma_table_kernel, 1, 16, 0, 0, dD, dA, dB, dC, 0);
+  EXPECT(cudaGetLastError() == cudaErrorLaunchFailure, "mma.sync with 16 of 32 lanes did not fail the launch");
   /* the chain: O = (Q K^T) V; Q, K in [-2, 2], V in [-3, 3]: S within +-64, exact in bf16 */
   float hQ[256], hK[256], hV[256], hO[256];
   for (int i = 0; i < 256; i++) hQ[i] = rnd(-2, 2), hK[i] = rnd(-2, 2), hV[i] = rnd(-3, 3);

@@ -79,6 +79,11 @@ void *dynamic_smem();
  * sync_warp(), read the others' boxes, sync_warp() (so that no lane
  * overwrites its box before every lane has read it). */
 void *lane_box(unsigned src);
+/* Record what a GPU would stop the kernel for (a misaligned ldmatrix row,
+ * a warp-collective instruction missing lanes): the launch fails with
+ * cudaErrorLaunchFailure and this message once the block's threads next
+ * yield (the first fault of a block is reported). */
+void fault(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* The sm_80 instructions of src/nn/cuda/mma_sm80.cuh (emu_mma_sm80.cc), with
  * PTX's per-lane fragment layouts: every lane of the warp must call them. */
 void mma_m16n8k16_bf16(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]);
