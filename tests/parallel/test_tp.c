@@ -51,7 +51,8 @@
  * TD_TEST_DEVICE=cuda:N (train, kill): the tensor-parallel model
  * (td_gpt_tp_create_on; pipeline stages with td_pipeline_config.device) and
  * the one-rank reference compute on that device (the ranks share it), the
- * parameters read back from it; the vocabulary is whole on every rank there.
+ * parameters read back from it; the vocabulary split as on the CPU (the
+ * device's vocabulary-parallel embedding, head and cross-entropy).
  * TD_TEST_DEVICE=cuda: each rank on its own GPU (cuda:(local rank %
  * GPUs), td_train_device_select), so that the tensor group's allreduces can
  * take NCCL; TANDEM_TEST_EXPECT_PATH=nccl|staged: fail unless the tensor
@@ -230,8 +231,8 @@ static void layers(void) {
 static size_t cut_expected(const td_gpt_config *c, const char *name, const float *full, size_t count, int p, int r,
                            float *out) {
   const size_t C = c->channels, Cl = C / p, F = 4 * C, Fl = F / p;
-  size_t v0 = 0, vl = (size_t)c->vocab; /* on a device: the vocabulary whole on every rank (documented) */
-  if (g_dev.kind == TD_DEVICE_CPU) td_shard_range((size_t)c->vocab, p, r, &v0, &vl); /* the documented split */
+  size_t v0 = 0, vl = 0;
+  td_shard_range((size_t)c->vocab, p, r, &v0, &vl); /* the documented split (on a device too) */
   const char *dot = strchr(name, '.');
   const char *suffix = name[0] == 'h' && dot ? dot + 1 : name;
   size_t n = 0;
@@ -579,7 +580,7 @@ static void train(int tp, int pp, int steps, int sp, int tied) {
   td_grid_destroy(grid);
   if (rank == 0 && g_dev.kind != TD_DEVICE_CPU) {
     char name[16];
-    printf("tp train: on %s%s (the vocabulary whole on each), the tensor group's allreduces on the %s path\n",
+    printf("tp train: on %s%s (vocabulary-parallel embedding, head and loss), the tensor group's allreduces on the %s path\n",
            td_device_name(g_dev, name, sizeof name), getenv("TD_TEST_DEVICE")[4] ? ", shared by the ranks" : ", each rank on its own GPU",
            path);
   }
