@@ -41,6 +41,10 @@
  *                             loss, norm and the final shards bit for bit
  *                             those of the same layout without it),
  *                             against the same unsplit single-rank training.
+ *   test_tp bytes             parameters per rank at TP=2 (-np 2) or TP=2 x PP=2
+ *                             (-np 4) at GPT-2 124M's shape against the closed
+ *                             form (model_bytes); with TD_TEST_DEVICE also the
+ *                             tensor group's host staging estimate.
  *   test_tp compose TP PP     a directly built TP (x PP) model in td_trainer_create:
  *                             bf16/fp16/f32 at ZeRO 0-2 accepted, ZeRO-3 refused.
  *   test_tp kill TP VICTIM [pp=PP]   as train, but rank VICTIM SIGKILLs itself while
@@ -679,9 +683,66 @@ static void compose(int tp, int pp) {
   if (td_comm_rank(world) == 0) printf("tp compose tp=%d pp=%d: bf16/fp16/f32 at ZeRO 0-2 accepted, ZeRO-3 refused\n", tp, pp);
 }
 
+/* Parameters per rank under TP=2 (2 ranks) or TP=2 x PP=2 (4 ranks) at
+ * GPT-2 124M's shape with an odd vocabulary (50,257: uneven shards), tied
+ * and untied, against the closed form written out here: per block the
+ * LayerNorms (4C) and the row-parallel biases (2C) whole, the rest
+ * (12C^2 + 7C) split; the first stage wpe (TxC) and its vocabulary rows of
+ * wte, the last ln_f (2C) and its rows of the head (or of the tied wte's
+ * copy). Nothing is allocated: the tables only. On a device the embedding
+ * and head are split as on the CPU (they were whole on each tensor rank
+ * before), so the model state per rank at TP x PP = 4 is within 10% of a
+ * quarter of the unsplit model's (untied; a tied pipeline keeps a copy of
+ * wte on its last stage, printed). On a device also the tensor group's
+ * host staging (comm_staging_bytes) against the staged path's buffers. */
+static void model_bytes(void) {
+  const int n = td_comm_size(world), rank = td_comm_rank(world), tp = 2, pp = n / 2;
+  CHECK(n == 2 || n == 4);
+  td_grid *grid = NULL;
+  CHECK_OK(td_grid_create(world, tp, pp, &grid));
+  const int tr = td_grid_rank(grid, TD_GRID_TENSOR), stage = td_grid_rank(grid, TD_GRID_PIPELINE);
+  for (int tied = 0; tied <= 1; tied++) {
+    const td_gpt_config cfg = {.vocab = 50257, .layers = 12, .channels = 768, .heads = 12, .seq = 1024, .tied = tied};
+    td_model *m = NULL;
+    if (pp > 1) {
+      td_pipeline_config pc = {.device = g_dev};
+      CHECK_OK(td_gpt_pipeline_create_grid(&cfg, &pc, grid, &m));
+    } else {
+      CHECK_OK(td_gpt_tp_create_on(&cfg, grid, g_dev, &m));
+    }
+    const size_t V = 50257, C = 768, T = 1024, L = 12;
+    const size_t vl = V / 2 + (tr == 0 ? V % 2 : 0); /* rank 0 takes the odd row */
+    const size_t block = 6 * C + (12 * C * C + 7 * C) / 2;
+    const int first = stage == 0, last = stage == pp - 1;
+    size_t want = L / pp * block;
+    if (first) want += vl * C + T * C;
+    if (last) want += 2 * C + (tied && first ? 0 : vl * C);
+    const size_t unsplit = V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C + (tied ? 0 : V * C);
+    const double ratio = (double)m->n_params / ((double)unsplit / (tp * pp));
+    if (m->n_params != want)
+      td_test_fail(__FILE__, __LINE__, "rank %d (tensor %d, stage %d, tied %d): %zu parameters, closed form %zu", rank,
+                   tr, stage, tied, m->n_params, want);
+    printf("model bytes: rank %d tensor %d stage %d %s: %zu parameters = %.4f x 1/%d of the unsplit %zu\n", rank, tr,
+           stage, tied ? "tied" : "untied", m->n_params, ratio, tp * pp, unsplit);
+    if (!tied || pp == 1) CHECK(ratio < 1.10);
+    if (g_dev.kind != TD_DEVICE_CPU && pp == 1) {
+      /* the staged device collectives' host buffers: 2 sets of an in and
+       * an out buffer, each one 4 MiB chunk or the whole B*T*C f32 message
+       * (3 MiB at micro-batch 1) */
+      const size_t staged = 4 * (T * C * 4 < ((size_t)4 << 20) ? T * C * 4 : (size_t)4 << 20);
+      size_t theirs = 0, bytes = m->ops->comm_staging_bytes ? m->ops->comm_staging_bytes(m, 1, &theirs) : 0;
+      printf("model bytes: rank %d: the tensor group's host staging %zu bytes (%zu the peers'), staged buffers %zu\n",
+             rank, bytes, theirs, staged);
+      CHECK(bytes >= staged && bytes - theirs >= staged);
+    }
+    td_model_destroy(m);
+  }
+  td_grid_destroy(grid);
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
-    fprintf(stderr, "usage: test_tp layers | model TIED | train TP STEPS [sp] [pp=PP] [tied] [zero1] [ckpt] [interleaved] | kill TP VICTIM [pp=PP] | compose TP PP\n");
+    fprintf(stderr, "usage: test_tp layers | model TIED | bytes | train TP STEPS [sp] [pp=PP] [tied] [zero1] [ckpt] [interleaved] | kill TP VICTIM [pp=PP] | compose TP PP\n");
     return 2;
   }
   const char *dev = getenv("TD_TEST_DEVICE");
@@ -720,6 +781,8 @@ int main(int argc, char **argv) {
       }
     }
     train(atoi(argv[2]), pp, atoi(argv[3]), sp, tied);
+  } else if (!strcmp(argv[1], "bytes")) {
+    model_bytes();
   } else if (!strcmp(argv[1], "refuse-sp")) {
     refuse_sp();
   } else if (!strcmp(argv[1], "compose") && argc >= 4) {

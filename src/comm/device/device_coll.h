@@ -78,6 +78,9 @@ void staged_destroy(staged_state *st);
 td_status staged_execute(td_comm *comm, staged_state *st, const comm_op *op);
 /* The staged chunking of op: the number of chunks (>= 1). */
 uint64_t staged_chunks(const comm_op *op, int size, size_t chunk_bytes);
+/* The host buffers staged_execute holds after collectives of up to
+ * message_bytes on comm (td_comm_staging_bytes's device traffic). */
+size_t staged_host_bytes(const td_comm *comm, size_t message_bytes);
 
 typedef struct nccl_state nccl_state;
 /* Load libnccl.so.2 once per process; NULL and a reason in why when it

@@ -85,8 +85,19 @@
  * sums in place before the residual is added; each column-parallel
  * product's input gradient is summed so before its LayerNorm's backward.
  * The stream is synchronized before each (the collective reads the device
- * buffer when called). Everything else (embeddings, LayerNorms, head, loss)
- * runs whole, as at tp 1, and their gradients come out equal on every rank.
+ * buffer when called). The token embedding and the head are
+ * vocabulary-parallel (split.vocab_lo/vocab_count: rows [v0, v0 + Vl) of
+ * wte and of an untied head; vocab_parallel.cu): the lookup writes this
+ * rank's rows and zeros for the other ranks' tokens, summed over the group
+ * before wpe is added (exact: one nonzero term, so one rank's bits); the
+ * head's logits are (B*T, Vl) and the loss Megatron's parallel
+ * cross-entropy (loss_forward: the row max allreduced with MAX, the sums
+ * of exponentials and the target's logit with SUM; the whole logits are
+ * never formed); the head's input gradient is summed over the group like a
+ * column-parallel product's; the embedding's backward adds into its rows
+ * only. predict's argmax combines the ranks' (MAX, then MIN of the index).
+ * The LayerNorms and wpe run whole, and their gradients come out equal on
+ * every rank.
  *
  * Errors: forward returns NaN with the launcher's message in
  * td_last_error(); backward cannot return one, so it stops at the first

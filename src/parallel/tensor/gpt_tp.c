@@ -718,6 +718,19 @@ static size_t dev_activation_bytes(const td_model *model, int batch, int checkpo
   return g->dev->ops->activation_bytes(g->dev, batch, checkpointing, compute); /* sized for the shard */
 }
 
+/* The tensor group's host staging on a device (td_model_ops): its
+ * allreduces carry the micro-batch's B*T*C elements of the model's type
+ * (the row-parallel sums, the column-parallel input gradients, the
+ * embedding) or the loss's 2 B*T f32 row sums, on device buffers: the
+ * staged path's host buffers and the host collective's shm pages they
+ * move through (td_comm_staging_bytes). */
+static size_t dev_comm_staging_bytes(const td_model *model, int batch, size_t *peers) {
+  const tp_gpt *g = (const tp_gpt *)model;
+  const size_t BT = (size_t)batch * g->cfg.seq, largest = TD_MAX(BT * g->C * td_dtype_size(g->dtype), 2 * BT * 4);
+  const td_comm_traffic tr = {.allreduce = largest, .device = largest};
+  return td_comm_staging_bytes(g->comm, &tr, peers);
+}
+
 static td_status dev_set_dtype(td_model *model, td_dtype dtype) {
   tp_gpt *g = (tp_gpt *)model;
   TD_CHECK(g->dev->ops->set_device_dtype(g->dev, dtype));
@@ -732,6 +745,7 @@ static const td_model_ops tp_dev_ops = {
     .predict = dev_predict,
     .destroy = tp_destroy,
     .activation_bytes = dev_activation_bytes,
+    .comm_staging_bytes = dev_comm_staging_bytes,
     .set_activation_checkpointing = dev_set_ckpt,
     .init_params = tp_init_params,
     .grad_norm_sq = tp_grad_norm_sq,
