@@ -560,6 +560,21 @@ static void train(int tp, int pp, int steps, int sp, int tied) {
     free(want);
     free(pt);
     free(pf);
+    if (pp == 1 && train_dtype == TD_F32) {
+      /* one more forward of the trained models on a sequence (every tensor
+       * rank alike) and their predictions: the argmax over the vocabulary
+       * shards (MAX of the values, MIN of the index) is the unsplit one's */
+      int32_t tok[TRAIN_T], tgt[TRAIN_T], pred_t[TRAIN_T], pred_f[TRAIN_T];
+      for (int i = 0; i < TRAIN_T; i++) tok[i] = (i * 13 + 5) % TRAIN_V, tgt[i] = (i * 29 + 1) % TRAIN_V;
+      tok[0] = TRAIN_V - 1, tgt[1] = 0; /* the ends of the vocabulary: the last and the first shard */
+      float lt = mt->ops->forward(mt, td_trainer_params(t), tok, tgt, 1);
+      float lf = mf->ops->forward(mf, td_trainer_params(ref), tok, tgt, 1);
+      CHECK_CLOSE(lt, lf, loss_rtol, 0);
+      mt->ops->predict(mt, pred_t);
+      mf->ops->predict(mf, pred_f);
+      for (int i = 0; i < TRAIN_T; i++) CHECK_EQ_INT(pred_t[i], pred_f[i]);
+      if (rank == 0) printf("tp train: the predictions of a sequence equal one rank's\n");
+    }
   }
   if (plain) { /* every parameter bit for bit, from fewer activations */
     float *pt = host_copy(td_trainer_params(t), mt->n_params), *pq = host_copy(td_trainer_params(plain), mt->n_params);
