@@ -45,7 +45,7 @@
 
 #include <string.h>
 
-#define N_SETS 2
+#define N_SETS STAGED_SETS
 
 struct staged_state {
   td_device dev;
@@ -164,13 +164,6 @@ uint64_t staged_chunks(const comm_op *op, int size, size_t chunk_bytes) {
   return plan_make(op, size, 0, chunk_bytes).n_chunks;
 }
 
-/* ensure_host's buffers: an in and an out buffer per set, each of one
- * chunk (the whole message when smaller) */
-size_t staged_host_bytes(const td_comm *comm, size_t message_bytes) {
-  if (!comm || comm->size < 2) return 0;
-  const size_t chunk = comm_tun_bytes(comm->tun.device_chunk_bytes, DEVICE_CHUNK_BYTES_DEFAULT);
-  return 2 * N_SETS * TD_MIN(message_bytes, chunk);
-}
 
 /* Vector kinds: chunk k is [*off, *off + *len). */
 static void vector_piece(const plan *p, uint64_t k, size_t *off, size_t *len) {

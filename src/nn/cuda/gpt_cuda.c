@@ -13,8 +13,9 @@
  *   forward:  encoded; per layer ln1 (+mean, rstd), qkv, atty, the attention
  *             cache (att (B,NH,T,T) for the unfused kernels, lse (B,NH,T) for
  *             the fused ones), res2, ln2 (+mean, rstd), fch (pre-GELU), fch_gelu,
- *             res3; lnf (+mean, rstd); logits (B,T,V); losses (B,T); tokens
- *             and targets (int32)
+ *             res3; lnf (+mean, rstd); logits (B,T,V) (this rank's V/tp
+ *             columns under tensor parallelism, with the parallel loss's
+ *             row statistics (B,T,3)); losses (B,T); tokens and targets (int32)
  *   backward: dres (the residual stream's gradient), dbuf_c, dbuf_3c, two
  *             4C-wide buffers (GELU's input and output gradients: the
  *             launchers accumulate, so they cannot work in place), and the
