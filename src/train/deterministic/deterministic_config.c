@@ -73,7 +73,7 @@ size_t det_estimate_bytes(const td_train_config *cfg, const td_model *model, int
   long unit = cfg->deterministic_unit > 0 ? cfg->deterministic_unit : det_default_unit(batch, cfg->micro_batch, world);
   if (unit < 1 || batch % unit) return 0; /* refused at creation */
   det_sizes z;
-  det_buffer_sizes(model->n_params, det_largest_tensor(model), (size_t)(batch / unit), world, 0, stage, &z);
+  det_buffer_sizes(model->n_params, model, (size_t)(batch / unit), world, 0, stage, &z);
   return z.bytes;
 }
 
