@@ -203,6 +203,14 @@ td_status det_grad_norm(td_trainer *t, double *norm_out);
  * -1 with "elasticity" enabled), else 0: td_trainer_estimate_memory's
  * `deterministic` term. Pure. */
 size_t det_estimate_bytes(const td_train_config *cfg, const td_model *model, int world, int stage);
+/* What the reduction runs on comm (td_comm_traffic, for
+ * td_comm_staging_bytes: over shm the point-to-point FIFOs of the exchange,
+ * to and from each peer it trades chunks with, and the few doubles of the
+ * losses and the norm) added to *tr, its peer lists in `peers` (2 x the
+ * communicator's size ints); nothing when cfg leaves deterministic
+ * reduction off. */
+void det_comm_traffic(const td_train_config *cfg, size_t n_params, const td_comm *comm, int *peers,
+                      td_comm_traffic *tr);
 /* "deterministic_reduction" (a boolean) or "deterministic_unit" (an
  * integer >= 1), a cJSON * item, into cfg. */
 td_status td_deterministic_parse_json(const void *item, const char *source, td_train_config *cfg);
