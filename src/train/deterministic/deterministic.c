@@ -262,13 +262,15 @@ void det_buffer_sizes(size_t n, const td_model *model, size_t U, int W, int rank
   out->granule = granule / sizeof(float);
   out->window = streams_leaf || dropped ? streamed_window(n, model, out->chunk, out->granule) : 0;
   if (out->window && det_keeps_streamed(W, stage)) out->window = n; /* kept whole (top comment) */
-  /* resident at the peak: the whole vectors, the window, the two receive
+  /* resident at the peak: the whole vectors (each in whole granules: the
+   * pool's stride, det_setup), the window, the two receive
    * buffers (of which the other ranks' slots are written: (W - 1) x M x B
    * each) and the scratch levels the combination writes (with one unit
    * per rank on 2 ranks, none: both parts are the root's children) */
   size_t recv_written = W > 1 ? 2 * (size_t)(W - 1) * (size_t)out->max_cover * out->chunk : 0;
   size_t scratch_written = (size_t)scratch_levels_written(U, W, out->levels) * out->chunk;
-  out->bytes = ((size_t)whole * n + out->window + recv_written + scratch_written) * sizeof(float);
+  size_t stride = (TD_MAX(n, (size_t)1) + out->granule - 1) / out->granule * out->granule;
+  out->bytes = ((size_t)whole * stride + out->window + recv_written + scratch_written) * sizeof(float);
 }
 
 static size_t resident_now(const td_trainer *t) {
