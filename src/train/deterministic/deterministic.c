@@ -188,7 +188,7 @@ static bool first_tensor_held(const td_model *m) {
  * granule up to the lowest given back, and the held tensor's. */
 static size_t streamed_window(size_t n, const td_model *m, size_t B, size_t g) {
   const size_t top = (n + g - 1) / g * g;
-  if (!m || m->n_tensors == 0 || n == 0) return n; /* no reports: the frontier never moves, all of it is written */
+  if (!m || m->n_tensors == 0 || n == 0) return top; /* no reports: the frontier never moves, all of it is written */
   const size_t K = (n + B - 1) / B;
   const td_param_tensor *first = &m->tensors[0];
   const bool held = first_tensor_held(m);
@@ -260,16 +260,17 @@ void det_buffer_sizes(size_t n, const td_model *model, size_t U, int W, int rank
   size_t granule = zero_page_bytes();
   (void)zero_vector_granule(n * sizeof(float), &granule); /* a bad TANDEM_ZERO_HUGE_PAGES fails the creation */
   out->granule = granule / sizeof(float);
+  /* a vector's granules: the pool's stride (det_setup) */
+  size_t stride = (TD_MAX(n, (size_t)1) + out->granule - 1) / out->granule * out->granule;
   out->window = streams_leaf || dropped ? streamed_window(n, model, out->chunk, out->granule) : 0;
-  if (out->window && det_keeps_streamed(W, stage)) out->window = n; /* kept whole (top comment) */
-  /* resident at the peak: the whole vectors (each in whole granules: the
-   * pool's stride, det_setup), the window, the two receive
-   * buffers (of which the other ranks' slots are written: (W - 1) x M x B
-   * each) and the scratch levels the combination writes (with one unit
-   * per rank on 2 ranks, none: both parts are the root's children) */
+  if (out->window && det_keeps_streamed(W, stage)) out->window = stride; /* kept whole (top comment) */
+  /* resident at the peak: the whole vectors (each its stride), the window,
+   * the two receive buffers (of which the other ranks' slots are written:
+   * (W - 1) x M x B each) and the scratch levels the combination writes
+   * (with one unit per rank on 2 ranks, none: both parts are the root's
+   * children) */
   size_t recv_written = W > 1 ? 2 * (size_t)(W - 1) * (size_t)out->max_cover * out->chunk : 0;
   size_t scratch_written = (size_t)scratch_levels_written(U, W, out->levels) * out->chunk;
-  size_t stride = (TD_MAX(n, (size_t)1) + out->granule - 1) / out->granule * out->granule;
   out->bytes = ((size_t)whole * stride + out->window + recv_written + scratch_written) * sizeof(float);
 }
 
