@@ -825,10 +825,15 @@ static void test_kernel_edges(td_dtype dt) {
   test_layernorm(4 * 4 * 1024 + 5, 2, dt); /* more rows than the grid's warps take once */
   const int xent_V[] = {1, 5, 8, 97, 4103, 8200};
   for (size_t i = 0; i < sizeof xent_V / sizeof *xent_V; i++) test_softmax_xent(3, xent_V[i], dt);
+  /* the products' dbias column sum: 16-byte groups over more rows than its
+   * 256 (128) row lanes with a partial 32-column block, and an odd OC (the
+   * element kernel) */
+  test_matmul(300, 24, 40, 1, dt);
+  test_matmul(5, 24, 37, 1, dt);
   test_encoder(1, 1, 13, 5, dt);
   test_encoder(2, 7, 77, 40, dt);
   test_encoder(3, 5, 264, 97, dt);
-  printf("%s: layernorm, softmax-xent and encoder edges match the CPU\n", td_dtype_name(dt));
+  printf("%s: layernorm, softmax-xent, encoder and dbias edges match the CPU\n", td_dtype_name(dt));
 }
 
 int main(int argc, char **argv) {
