@@ -7,7 +7,11 @@
 # bench/results/cuda-kernels-<date>.md (or $OUT/cuda-kernels.md when OUT is
 # set) with the device, driver and toolkit, and prints a few `bench: ` lines
 # (the products, attention, the fused classifier, AdamW) for gpu-check's
-# summary table.
+# summary table. Then, when python3 has torch with CUDA, PyTorch's kernels
+# for the same work at the same shape (bench/torch_kernels.py: its SDPA
+# backends, layer norm, cross entropy, embedding backward, fused AdamW) as a
+# second table and `bench: torch kernel ...` lines: the library a user would
+# pick, measured in the same run (TORCH_KERNELS_S, default 60 s).
 #
 #   bench/cuda_kernels.sh [BUILD [small]]   (default build; TANDEM_CUDA_MATMUL
 #                                   and TANDEM_CUDA_ATTENTION apply as usual;
@@ -44,6 +48,22 @@ if [ $rc != 0 ] || grep -q '^SKIP' "$log"; then
   exit 1
 fi
 cat "$log" >> "$out"
+# PyTorch's kernels for the same work at the same shape (bench/torch_kernels.py),
+# when the python3 here has torch with CUDA: the library a user would pick,
+# in the same run
+if timeout 30 python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+  if timeout -k 5 "${TORCH_KERNELS_S:-60}" python3 bench/torch_kernels.py --dtype bf16 >> "$log.torch" 2>&1; then
+    cat "$log.torch" >> "$out"
+    awk -F'|' '/^\| (sdpa|layernorm backward|cross entropy|embedding backward|adamw)/ {
+      gsub(/^ +| +$/, "", $2); gsub(/ /, "", $3); gsub(/ /, "", $4); gsub(/ /, "", $5); gsub(/ /, "", $7);
+      printf "bench: torch kernel %s %s: %s us, %s GB/s, %s TFLOP/s\n", $2, $3, $4, $5, $7 }' "$log.torch"
+  else
+    echo "bench: torch kernels: did not run: $(tail -1 "$log.torch" | cut -c1-150)"
+  fi
+  rm -f "$log.torch"
+else
+  echo "PyTorch's kernels: not measured (no python3 with torch and a CUDA device here)" >> "$out"
+fi
 echo "cuda kernels: table in $out" >&2
 # one summary line per key row: "bench: kernel NAME TYPE us X tflops Y gbs Z"
 awk -F'|' '/^\| (matmul fwd qkv|matmul bwd fc|flash attention|attention (forward|backward) \(unfused\)|softmax xent|adamw|layernorm forward|gelu forward)/ {

@@ -270,7 +270,7 @@ static void print_estimates(const td_model *model, const td_train_config *cfg, i
            "rank's shard; ZeRO stage 3 is not built with tensor or pipeline parallelism\n", app_name,
            cfg->tensor_parallel > 1 ? cfg->tensor_parallel : 1, cfg->pipeline_parallel > 1 ? cfg->pipeline_parallel : 1);
   printf("%s: memory per rank at world=%d, params=%zu, micro_batch=%d (MiB; model states = params + grads + "
-         "optimizer + live + deterministic + replicas; replica_disk: the elastic buddy replicas' files; DeepSpeed "
+         "optimizer + live + deterministic + replicas; replica_disk: the elastic commit files; DeepSpeed "
          "estimate_zero3_model_states_mem_needs_all_live; "
          "total = model states + activations + runtime, plus what the process holds before the trainer; gather: "
          "more at the end for the sample at stage 3)\n",

@@ -10,9 +10,10 @@
  * longest-lived process becomes rank 0), restore the state of the last
  * commit and carry on. No checkpoint is read: at ZeRO stage 0 every rank
  * holds the whole state; at stages 1-3 each rank's shard is also held by a
- * buddy rank on another host (td_elastic_register_shard; the last two
- * commits of it, in files of the buddy's process under
- * TANDEM_ELASTIC_REPLICA_DIR, so that they cost no resident memory), and
+ * buddy rank on another host (td_elastic_register_shard). Every copy (the
+ * last two commits of the whole buffers, of a rank's shard and of its
+ * buddy's copy) is in a file of its process under
+ * TANDEM_ELASTIC_REPLICA_DIR, so that it costs no resident memory, and
  * only when a rank and its buddy are lost together is the disk checkpoint
  * read (td_elastic_set_fallback). A joining process receives everything
  * from its peers.
@@ -53,8 +54,8 @@
  *   TANDEM_ELASTIC_REPLACE_WAIT  seconds survivors wait for the replacement
  *                           of a lost member before going on without it
  *                           (it joins at the next commit; default 0.25)
- *   TANDEM_ELASTIC_REPLICA_DIR  directory of the buddy replica files
- *                           (unnamed, gone with the process; default
+ *   TANDEM_ELASTIC_REPLICA_DIR  directory of the commit files (the copies
+ *                           kept for recovery: unnamed, gone with the process; default
  *                           /var/tmp: a local disk, not a tmpfs)
  *
  * Threading: one td_elastic is used from one thread. Errors follow
@@ -96,15 +97,16 @@ int td_elastic_resets(const td_elastic *e);
 /* Of those, the ones forced by a failure (a peer lost or silent: the
  * communicator broke), not by admitting joiners. */
 int td_elastic_faults(const td_elastic *e);
-/* Bytes of memory the copies this process keeps for recovery take: the
- * last two commits of every whole buffer, and with sharded buffers the
- * staging chunk (TD_ELASTIC_STAGING_BYTES) through which the buddy
- * replicas move. Every copy is written whole at a commit, so this is what
- * they hold resident once two commits were taken. Local. */
+/* Bytes of memory the copies this process keeps for recovery take: every
+ * copy is in a file (td_elastic_copy_disk_bytes), so this is the staging
+ * chunk (TD_ELASTIC_STAGING_BYTES) through which the buddy replicas of
+ * sharded buffers move, as much of it as was used; 0 without sharded
+ * buffers. Local. */
 size_t td_elastic_copy_bytes(const td_elastic *e);
-/* Bytes of the buddy replica files: the last two commits of this rank's
- * shard and of each ward's, on disk in TANDEM_ELASTIC_REPLICA_DIR (default
- * /var/tmp) rather than in memory. Local. */
+/* Bytes of the commit files, on disk in TANDEM_ELASTIC_REPLICA_DIR
+ * (default /var/tmp) rather than in memory: the last two commits of every
+ * whole buffer (td_elastic_register), and of this rank's shard and each
+ * ward's (td_elastic_register_shard). Local. */
 size_t td_elastic_copy_disk_bytes(const td_elastic *e);
 /* The buffer through which the buddy replicas move between their files
  * and the network: the only memory they hold (the exchange keeps two
@@ -112,8 +114,10 @@ size_t td_elastic_copy_disk_bytes(const td_elastic *e);
 #define TD_ELASTIC_STAGING_BYTES (4 << 20)
 
 /* Register `bytes` bytes at `ptr` as part of the state (parameters,
- * optimizer state, a step counter, a sampler position...). Registering a
- * name again replaces its pointer (same size required). Every rank must
+ * optimizer state, a step counter, a sampler position...). Each commit
+ * writes it into a commit file (the last two are kept). Registering a
+ * name again replaces its pointer (same size required); a new name is
+ * refused once td_elastic_run took its first commit. Every rank must
  * register the same names and sizes, in the same order. Local. */
 td_status td_elastic_register(td_elastic *e, const char *name, void *ptr, size_t bytes);
 

@@ -453,14 +453,14 @@ void td_trainer_set_trace(td_trainer *trainer, td_train_trace_fn fn, void *ctx);
  *     and exchange buffers (deterministic_reduction 1, or -1 with
  *     "elasticity" enabled; 0 otherwise);
  *   replicas: under elastic training ("elasticity" enabled) the memory of
- *     the copies kept for recovery (td_elastic_copy_bytes): the last two
- *     commits of the whole parameters and optimizer state at stage 0; at
- *     stages 1-3 the staging chunk the buddy replicas move through (their
- *     copies are files: replica_disk); 0 otherwise;
- *   replica_disk: at stages 1-3 under elastic training the bytes of the
- *     buddy replica files (td_elastic_copy_disk_bytes): the last two
- *     commits of this rank's shards of the parameters and optimizer state
- *     and of one ward's (uneven hosts can give a rank several wards: more);
+ *     the copies kept for recovery (td_elastic_copy_bytes): their files
+ *     are written in place at stage 0 (0 here); at stages 1-3 the staging
+ *     chunk the buddy replicas move through; 0 otherwise;
+ *   replica_disk: under elastic training the bytes of the commit files
+ *     (td_elastic_copy_disk_bytes): at stage 0 the last two commits of the
+ *     whole parameters and optimizer state; at stages 1-3 the last two
+ *     commits of this rank's shards of them and of one ward's (uneven
+ *     hosts can give a rank several wards: more);
  *   model_states: params + grads + optimizer + live + deterministic +
  *     replicas (what the trainer's td_trainer_model_state_bytes measures);
  *   activations: the model's activation and scratch memory for micro_batch

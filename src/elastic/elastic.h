@@ -1,7 +1,7 @@
 /* Internals of src/elastic, the elastic layer: membership epochs
- * (membership.h, membership.c), the in-memory state and the run helper
- * behind tandem/elastic.h (state.c), buddy replicas of sharded state
- * (replica.c). Above src/comm (a communicator per epoch), below src/train
+ * (membership.h, membership.c), the state and the run helper behind
+ * tandem/elastic.h (state.c), buddy replicas of sharded state
+ * (replica.c), the files both keep their commits in (commit_file.c). Above src/comm (a communicator per epoch), below src/train
  * (whose trainer registers its state: src/train/elastic/). */
 #ifndef TD_ELASTIC_H
 #define TD_ELASTIC_H
@@ -11,18 +11,35 @@
 
 #include <pthread.h>
 
-/* ---- buddy replicas of sharded state (replica.c) ----
- * A piece is a range [lo, hi) of the global sharded arrays at one commit:
- * buffer 0's elements, then buffer 1's, ..., packed (buffer k starts at
- * (hi - lo) * (sum of the element sizes of buffers 0..k-1)). Its bytes are
- * in an unnamed file of its own (O_TMPFILE) in the replica directory, not
- * in this process's memory (see replica.c's header). */
+/* ---- the commit files (commit_file.c) ----
+ * A piece is a copy kept for recovery, at one commit, in an unnamed file of
+ * its own (O_TMPFILE) in the replica directory, not in this process's
+ * memory (see commit_file.c's header). For the sharded state (replica.c)
+ * it is a range [lo, hi) of the global sharded arrays: buffer 0's
+ * elements, then buffer 1's, ..., packed (buffer k starts at (hi - lo) *
+ * (sum of the element sizes of buffers 0..k-1)); for the whole buffers
+ * (state.c) every buffer whole, packed in registration order (lo = hi = 0). */
 typedef struct el_piece {
   int64_t lo, hi;
   int64_t commit; /* -1: holds nothing valid */
   int fd;         /* its file; -1: none yet */
   size_t cap;     /* bytes written to it so far (its size) */
 } el_piece;
+
+void el_piece_init(el_piece *p); /* empty, no file */
+void el_piece_free(el_piece *p); /* closes its file: empty again */
+/* TANDEM_ELASTIC_REPLICA_DIR, default /var/tmp: where the files are. */
+const char *el_replica_dir(void);
+/* Make p the piece [lo, hi) of `bytes` bytes about to be written: its
+ * commit becomes -1 (nothing valid) until the caller sets it once the
+ * writes are done; its file is created on first use and cut to `bytes`. */
+td_status el_piece_begin(el_piece *p, int64_t lo, int64_t hi, size_t bytes);
+/* n bytes at byte `off` of p's file: written from src, read into dst (all
+ * of them, or an error naming the directory). */
+td_status el_piece_write(const el_piece *p, size_t off, const void *src, size_t n);
+td_status el_piece_read(const el_piece *p, size_t off, void *dst, size_t n);
+
+/* ---- buddy replicas of sharded state (replica.c) ---- */
 
 typedef struct el_shard_buf {
   char name[64];

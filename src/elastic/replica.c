@@ -35,12 +35,13 @@
  * copies are four times the parameter and Adam shard (12 bytes a parameter
  * each): in memory they made stage 3 under elastic training 2.4 times the
  * peak RSS of stage 3 without it, and even one in-memory copy is more than
- * a third of it. Each piece is an unnamed file (O_TMPFILE: nothing is left
- * behind however the process ends) in TANDEM_ELASTIC_REPLICA_DIR (default
- * /var/tmp, a disk); commits write them with pwrite straight from the
- * live shard or from a bounded staging chunk, so they sit in the page
- * cache, which the kernel writes back and may reclaim under pressure
- * instead of counting them in the process's RSS. The files live as long as
+ * a third of it. Each piece is an unnamed file (commit_file.c: O_TMPFILE,
+ * nothing is left behind however the process ends) in
+ * TANDEM_ELASTIC_REPLICA_DIR (default /var/tmp, a disk); commits write them
+ * with pwrite straight from the live shard or from a bounded staging
+ * chunk, so they sit in the page cache, which the kernel writes back and
+ * may reclaim under pressure instead of counting them in the process's
+ * RSS. The files live as long as
  * the process, like the in-memory copies did: a process that dies loses
  * them, so the failure model above is unchanged. The cost is in a
  * rebuild, which reads the pieces back (from the page cache while it still
@@ -83,103 +84,11 @@
 #include "elastic/elastic.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <time.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/vfs.h>
 #include <unistd.h>
-
-#define TMPFS_MAGIC_NUMBER 0x01021994 /* linux/magic.h's TMPFS_MAGIC */
-
-static void piece_init(el_piece *p) {
-  memset(p, 0, sizeof *p);
-  p->fd = -1;
-  p->commit = -1;
-}
-
-static void piece_free(el_piece *p) {
-  if (p->fd >= 0) close(p->fd);
-  piece_init(p);
-}
-
-static const char *replica_dir(void) { return td_env_str("TANDEM_ELASTIC_REPLICA_DIR", "/var/tmp"); }
-
-/* An unnamed file in the replica directory (a named one unlinked at once
- * where the file system has no O_TMPFILE). */
-static td_status piece_open(el_piece *p) {
-  const char *dir = replica_dir();
-  int fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
-  if (fd < 0 && (errno == EOPNOTSUPP || errno == EINVAL || errno == EISDIR)) {
-    char path[4096];
-    if (snprintf(path, sizeof path, "%s/tandem-replica-XXXXXX", dir) < (int)sizeof path) {
-      fd = mkostemp(path, O_CLOEXEC);
-      if (fd >= 0) unlink(path);
-    } else {
-      errno = ENAMETOOLONG;
-    }
-  }
-  if (fd < 0)
-    return td_error(TD_ERR_IO, "elastic: cannot create a buddy replica file in %s: %s (set "
-                               "TANDEM_ELASTIC_REPLICA_DIR to a writable directory on a local disk)",
-                    dir, strerror(errno));
-  static int warned; /* once a process */
-  struct statfs fs;
-  if (!warned && fstatfs(fd, &fs) == 0 && fs.f_type == TMPFS_MAGIC_NUMBER) {
-    warned = 1;
-    td_log(TD_LOG_WARN, "elastic: the buddy replica files are in %s, a tmpfs: they stay in memory (shmem); set "
-                        "TANDEM_ELASTIC_REPLICA_DIR to a directory on a disk",
-           dir);
-  }
-  p->fd = fd;
-  return TD_OK;
-}
-
-/* Make p the (empty) piece [lo, hi) of `bytes` bytes, about to be written:
- * it holds no valid commit until the caller says so. */
-static td_status piece_begin(el_piece *p, int64_t lo, int64_t hi, size_t bytes) {
-  p->commit = -1;
-  if (p->fd < 0) TD_CHECK(piece_open(p));
-  /* a smaller range after a re-shard: the file shrinks with it */
-  if (p->cap > bytes && ftruncate(p->fd, (off_t)bytes) != 0)
-    return td_error(TD_ERR_IO, "elastic: truncating a buddy replica file in %s: %s", replica_dir(), strerror(errno));
-  p->lo = lo;
-  p->hi = hi;
-  p->cap = bytes;
-  return TD_OK;
-}
-
-static td_status piece_write(const el_piece *p, size_t off, const void *src, size_t n) {
-  const unsigned char *s = src;
-  while (n) {
-    ssize_t w = pwrite(p->fd, s, n, (off_t)off);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0)
-      return td_error(TD_ERR_IO, "elastic: writing %zu bytes of a buddy replica file in %s: %s (free space there or "
-                                 "set TANDEM_ELASTIC_REPLICA_DIR to another disk)",
-                      n, replica_dir(), w < 0 ? strerror(errno) : "nothing written");
-    s += w;
-    off += (size_t)w;
-    n -= (size_t)w;
-  }
-  return TD_OK;
-}
-
-static td_status piece_read(const el_piece *p, size_t off, void *dst, size_t n) {
-  unsigned char *d = dst;
-  while (n) {
-    ssize_t got = pread(p->fd, d, n, (off_t)off);
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0)
-      return td_error(TD_ERR_IO, "elastic: reading %zu bytes of a buddy replica file in %s: %s", n, replica_dir(),
-                      got < 0 ? strerror(errno) : "the file is shorter");
-    d += got;
-    off += (size_t)got;
-    n -= (size_t)got;
-  }
-  return TD_OK;
-}
 
 static void swap_pieces(el_piece *a, el_piece *b) {
   el_piece t = *a;
@@ -230,8 +139,8 @@ td_status el_rep_register(el_replicas *r, const char *name, void *ptr, void *who
   r->total = total;
   r->row_bytes += elem_bytes;
   if (r->n_bufs == 1) {
-    piece_init(&r->own[0]);
-    piece_init(&r->own[1]);
+    el_piece_init(&r->own[0]);
+    el_piece_init(&r->own[1]);
     r->buddy = -1;
     r->staging = malloc(TD_ELASTIC_STAGING_BYTES);
     if (!r->staging)
@@ -253,8 +162,8 @@ td_status el_rep_register(el_replicas *r, const char *name, void *ptr, void *who
 
 static void wards_free(el_ward *wards, int n) {
   for (int k = 0; k < n; k++) {
-    piece_free(&wards[k].rep[0]);
-    piece_free(&wards[k].rep[1]);
+    el_piece_free(&wards[k].rep[0]);
+    el_piece_free(&wards[k].rep[1]);
   }
   free(wards);
 }
@@ -267,8 +176,8 @@ void el_rep_free(el_replicas *r) {
   if (r->in_flight) join_commit(r, NULL, true);
   td_comm_destroy(r->rcomm);
   if (r->n_bufs) { /* the pieces exist once a buffer was registered */
-    piece_free(&r->own[0]);
-    piece_free(&r->own[1]);
+    el_piece_free(&r->own[0]);
+    el_piece_free(&r->own[1]);
     wards_free(r->wards, r->n_wards);
   }
   if (r->sync_ready) {
@@ -325,10 +234,10 @@ static td_status snapshot(const el_replicas *r, el_piece *p, int64_t commit) {
   size_t lo, hi;
   TD_CHECK(registered_range(r, &lo, &hi));
   size_t n = hi - lo;
-  TD_CHECK(piece_begin(p, (int64_t)lo, (int64_t)hi, n * r->row_bytes));
+  TD_CHECK(el_piece_begin(p, (int64_t)lo, (int64_t)hi, n * r->row_bytes));
   size_t off = 0;
   for (int i = 0; i < r->n_bufs; i++) {
-    TD_CHECK(piece_write(p, off, r->bufs[i].ptr, n * r->bufs[i].elem_bytes));
+    TD_CHECK(el_piece_write(p, off, r->bufs[i].ptr, n * r->bufs[i].elem_bytes));
     off += n * r->bufs[i].elem_bytes;
   }
   p->commit = commit;
@@ -417,8 +326,8 @@ static td_status pair(const el_replicas *r, td_comm *comm, int *buddy_out, el_wa
   for (int j = 0; j < world; j++)
     if (buddy[j] == me) {
       wards[n].rank = j;
-      piece_init(&wards[n].rep[0]);
-      piece_init(&wards[n].rep[1]);
+      el_piece_init(&wards[n].rep[0]);
+      el_piece_init(&wards[n].rep[1]);
       n++;
     }
   *buddy_out = buddy[me];
@@ -444,7 +353,7 @@ static td_status receive_ward(el_replicas *r, el_ward *w, int slot, td_comm *com
   const size_t half = TD_ELASTIC_STAGING_BYTES / 2;
   el_piece *p = &w->rep[slot];
   size_t n = (size_t)(w->hi - w->lo);
-  td_status file_st = piece_begin(p, w->lo, w->hi, n * r->row_bytes);
+  td_status file_st = el_piece_begin(p, w->lo, w->hi, n * r->row_bytes);
   /* the chunks in order: the shipped buffers one by one, each cut from its
    * start; the file holds every buffer, one after the other */
   size_t n_chunks = 0;
@@ -473,7 +382,7 @@ static td_status receive_ward(el_replicas *r, el_ward *w, int slot, td_comm *com
     int h = (int)(i % 2);
     st = td_wait(req[h]);
     req[h] = NULL;
-    if (st == TD_OK && file_st == TD_OK) file_st = piece_write(p, at[h], r->staging + (size_t)h * half, len[h]);
+    if (st == TD_OK && file_st == TD_OK) file_st = el_piece_write(p, at[h], r->staging + (size_t)h * half, len[h]);
   }
   for (int h = 0; h < 2; h++) td_wait(req[h]); /* after a failure: none left writing into staging */
   /* the ward's range of the whole arrays, from this rank's own (equal on every rank at this commit) */
@@ -481,7 +390,7 @@ static td_status receive_ward(el_replicas *r, el_ward *w, int slot, td_comm *com
   for (int k = 0; k < r->n_bufs; k++) {
     size_t bytes = n * r->bufs[k].elem_bytes;
     if (!shipped(r, k, send_whole) && st == TD_OK && file_st == TD_OK)
-      file_st = piece_write(p, base, r->bufs[k].whole + (size_t)w->lo * r->bufs[k].elem_bytes, bytes);
+      file_st = el_piece_write(p, base, r->bufs[k].whole + (size_t)w->lo * r->bufs[k].elem_bytes, bytes);
     base += bytes;
   }
   if (st == TD_OK && file_st == TD_OK) p->commit = commit;
@@ -802,7 +711,7 @@ td_status el_rep_restore(el_replicas *r, td_comm *comm, const int64_t *desc, int
           unsigned char *to = j == me ? r->bufs[k].ptr + ((size_t)x - my_lo) * eb : NULL;
           td_status st = TD_OK;
           if (from >= 0 && to) {
-            st = piece_read(hp, (size_t)from, to, bytes);
+            st = el_piece_read(hp, (size_t)from, to, bytes);
             if (st != TD_OK) return st;
           }
           /* across ranks in chunks, both ends cutting them alike */
@@ -810,7 +719,7 @@ td_status el_rep_restore(el_replicas *r, td_comm *comm, const int64_t *desc, int
             size_t len = TD_MIN((size_t)TD_ELASTIC_STAGING_BYTES, bytes - c);
             if (from >= 0) {
               r->staging_used = TD_MAX(r->staging_used, len);
-              st = piece_read(hp, (size_t)from + c, r->staging, len);
+              st = el_piece_read(hp, (size_t)from + c, r->staging, len);
               if (st != TD_OK) return st;
               st = td_send(r->staging, len, TD_U8, j, comm);
             } else {
@@ -837,8 +746,8 @@ td_status el_rep_reset_holdings(el_replicas *r, td_comm *comm, int64_t commit) {
   /* The new holdings are built beside the old ones, which stay (for the
    * next round's descriptors) until the new ones are complete. */
   el_replicas next = *r; /* the registration (bufs, sizes); none of r's holdings */
-  piece_init(&next.own[0]);
-  piece_init(&next.own[1]);
+  el_piece_init(&next.own[0]);
+  el_piece_init(&next.own[1]);
   next.wards = NULL;
   next.n_wards = 0;
   next.buddy = -1;
@@ -867,12 +776,12 @@ td_status el_rep_reset_holdings(el_replicas *r, td_comm *comm, int64_t commit) {
   }
   r->staging_used = next.staging_used;
   if (st != TD_OK) { /* the old holdings stay for the next round */
-    piece_free(&next.own[0]);
+    el_piece_free(&next.own[0]);
     wards_free(next.wards, next.n_wards);
     return st;
   }
-  piece_free(&r->own[0]);
-  piece_free(&r->own[1]);
+  el_piece_free(&r->own[0]);
+  el_piece_free(&r->own[1]);
   wards_free(r->wards, r->n_wards);
   r->own[0] = next.own[0];
   r->own[1] = next.own[1];

@@ -70,13 +70,14 @@ td_status td_trainer_estimate_memory(const td_model *model, const td_train_confi
     out->grads = g;
   }
   if (cfg->elasticity.enabled) {
-    /* two commits of each copy (trainer_elastic.c registers the parameters
-     * and the optimizer state: whole at stage 0, in memory; as shards at
-     * stages 1-3, in files, through one staging chunk of at most one
-     * buffer's shard) */
+    /* two commits of each copy, in files (trainer_elastic.c registers the
+     * parameters and the optimizer state: whole at stage 0, written in
+     * place, nothing resident; as shards at stages 1-3, through one
+     * staging chunk of at most one buffer's shard) */
     size_t row = (1 + (size_t)td_optimizer_n_states(cfg->optimizer.kind)) * sizeof(float);
     if (stage == 0) {
-      out->replicas = 2 * row * out->n_params;
+      out->replicas = 0;
+      out->replica_disk = 2 * row * out->n_params;
     } else {
       out->replicas = TD_MIN((size_t)TD_ELASTIC_STAGING_BYTES, out->shard_params * sizeof(float));
       out->replica_disk = 2 * 2 * row * out->shard_params; /* own + one ward */

@@ -7,11 +7,14 @@
 # estimate plus activations plus what the process holds beyond any
 # estimate (code, libraries, communicator: the peak RSS of the same run
 # without --elastic less that run's estimate) must lie within 10% of the
-# peak RSS. At stages
-# 1-3 the buddy replicas are files (replica_disk_bytes= of the summary, the
-# estimate's replica_disk=, within 1%), and the peak RSS must stay within
-# 1.3x that of the same run without --elastic (issue 19's target; it was
-# 2.4x with the copies in memory).
+# peak RSS. At every stage
+# the copies are files (replica_disk_bytes= of the summary, the estimate's
+# replica_disk=, within 1%: at stage 0 the whole state's two commits, at
+# stages 1-3 the buddy replicas), and the peak RSS must stay within 1.3x
+# that of the same run without --elastic (issue 19's target; it was 2.4x
+# at stage 3 with the copies in memory, 2.1x at stage 0). What the
+# estimate counts resident of them (replicas=) is the staging chunk at
+# stages 1-3, nothing at stage 0 (its files are written in place).
 #   tests/zero/zmem_elastic.sh BUILD [STAGE]
 set -u
 B=${1:?usage: zmem_elastic.sh BUILD [STAGE]}
@@ -47,12 +50,13 @@ awk -v s_="$S" -v m="$measured" -v s="$states" -v r="$replicas" -v a="$act" -v k
   -v kb0="${kb0:-0}" -v s0="$states0" -v a0="$act0" 'BEGIN {
   rss = kb * 1024; base = kb0 * 1024 - (s0 + a0 * 1048576); total = s + a * 1048576 + base; bad = 0
   printf "beyond the estimate (from the run without --elastic): %.1f MiB\n", base / 1048576
-  if (r <= 0) { print "FAILED: the estimate counts no replicas under --elastic"; bad = 1 }
+  if (s_ > 0 && r <= 0) { print "FAILED: the estimate counts no staging chunk for the buddy replicas under --elastic"; bad = 1 }
+  if (s_ == 0 && r != 0) { printf "FAILED: the estimate counts %.1f MiB of copies resident at stage 0, whose copies are files\n", r; bad = 1 }
   if (m < 0.9 * s || m > 1.1 * s) { printf "FAILED: measured %d not within 10%% of the estimate %d\n", m, s; bad = 1 }
   if (m > rss) { printf "FAILED: measured %d above the peak RSS %d\n", m, rss; bad = 1 }
   if (total < 0.9 * rss || total > 1.1 * rss) { printf "FAILED: estimate %.0f not within 10%% of the peak RSS %d\n", total, rss; bad = 1 }
-  if (s_ > 0 && (d < 0.99 * rd * 1048576 || d > 1.01 * rd * 1048576 || d == 0)) {
+  if (d < 0.99 * rd * 1048576 || d > 1.01 * rd * 1048576 || d == 0) {
     printf "FAILED: replica files of %d bytes, estimated %.1f MiB\n", d, rd; bad = 1 }
-  if (s_ > 0 && kb > 1.3 * kb0) { printf "FAILED: peak RSS %d KiB is %.2fx that without --elastic (%d KiB; target <= 1.3x)\n", kb, kb / kb0, kb0; bad = 1 }
-  if (!bad) print "OK: stage " s_ " under elastic training: the copies counted, measured and estimated within 10% of RSS" (s_ > 0 ? ", replicas on disk, RSS " sprintf("%.2f", kb / kb0) "x that without --elastic" : "")
+  if (kb > 1.3 * kb0) { printf "FAILED: peak RSS %d KiB is %.2fx that without --elastic (%d KiB; target <= 1.3x)\n", kb, kb / kb0, kb0; bad = 1 }
+  if (!bad) print "OK: stage " s_ " under elastic training: the copies counted, measured and estimated within 10% of RSS, copies on disk, RSS " sprintf("%.2f", kb / kb0) "x that without --elastic"
   exit bad }'
