@@ -17,8 +17,10 @@
  *             and targets (int32)
  *   backward: dres (the residual stream's gradient), dbuf_c, dbuf_3c, two
  *             4C-wide buffers (GELU's input and output gradients: the
- *             launchers accumulate, so they cannot work in place), and the
- *             attention's scratch
+ *             launchers accumulate, so they cannot work in place), the
+ *             attention's scratch, the layer norms' partial sums
+ *             (ln_scratch), and the encoder's token buckets (tok_order,
+ *             tok_starts: td_encoder_buckets on the host, copied up)
  * and in pinned host memory the tokens, targets and per-position losses, so
  * that their copies are asynchronous.
  *
@@ -558,12 +560,15 @@ static void gpt_cuda_backward(td_model *model, const float *params, float *grads
   const char *pf, *pw, *pl;
   int n_buckets = 0;
   const gpt_unit after_final = L > 0 ? unit_layer(model, L - 1) : unit_none;
+  if (ly->has_embed) {
+    /* the encoder's buckets (positions grouped by token), from the tokens
+     * forward left in pinned memory: the host sorts them while the device
+     * runs what is queued before it, and they go up behind it */
+    n_buckets = td_encoder_buckets(a->h_tokens, BT, V, a->h_order, a->h_starts, a->h_counts);
+    RUN(td_copy_async(a->tok_order, a->h_order, sBT * sizeof(int32_t), st));
+    RUN(td_copy_async(a->tok_starts, a->h_starts, ((size_t)n_buckets + 1) * sizeof(int32_t), st));
+  }
   if (!ly->has_head) {
-    if (ly->has_embed) { /* (the first of several stages: the buckets as above) */
-      n_buckets = td_encoder_buckets(a->h_tokens, BT, V, a->h_order, a->h_starts, a->h_counts);
-      RUN(td_copy_async(a->tok_order, a->h_order, sBT * sizeof(int32_t), st));
-      RUN(td_copy_async(a->tok_starts, a->h_starts, ((size_t)n_buckets + 1) * sizeof(int32_t), st));
-    }
     /* a pipeline stage before the last: the gradient of its output, from
      * the next stage through pinned memory, is d res3 of its last block */
     const float *dout = nn_gpt_stage_dout(model);
@@ -575,13 +580,6 @@ static void gpt_cuda_backward(td_model *model, const float *params, float *grads
     memcpy(a->h_in, dout, sBT * C * es);
     RUN(td_copy_async(a->dres, a->h_in, sBT * C * es, st));
     goto blocks;
-  }
-  if (ly->has_embed) {
-    /* the encoder's buckets, from the tokens still in pinned memory: the host
-     * sorts while the device runs the layers queued below */
-    n_buckets = td_encoder_buckets(a->h_tokens, BT, V, a->h_order, a->h_starts, a->h_counts);
-    RUN(td_copy_async(a->tok_order, a->h_order, sBT * sizeof(int32_t), st));
-    RUN(td_copy_async(a->tok_starts, a->h_starts, ((size_t)n_buckets + 1) * sizeof(int32_t), st));
   }
   FETCH(pf, unit_final(model), tied ? unit_wte(model) : after_final);
   pw = pf;
@@ -602,8 +600,8 @@ static void gpt_cuda_backward(td_model *model, const float *params, float *grads
   const char *last_res = L > 0 ? a->res3 + (size_t)(L - 1) * sBT * C * es : a->encoded;
   RUN(td_memset0_async(a->dres, sBT * C * es, st));
   RUN(td_cuda_layernorm_backward(a->dres, AT(grads, off_named(model, idx_lnfw)), AT(grads, off_named(model, idx_lnfb)),
-                                 a->ln_scratch, a->dbuf_c, last_res, AT(pf, off_named(model, idx_lnfw)), a->lnf_mean, a->lnf_rstd,
-                                 BT, C, dt, s));
+                                 a->ln_scratch, a->dbuf_c, last_res, AT(pf, off_named(model, idx_lnfw)), a->lnf_mean,
+                                 a->lnf_rstd, BT, C, dt, s));
   pend.idx[pend.n++] = idx_lnfb;
   pend.idx[pend.n++] = idx_lnfw;
   RUN(flush_ready(gc, model, &pend, ready, ctx));
@@ -639,8 +637,8 @@ blocks:
     /* column-parallel (Megatron's f backward): the input gradient is the sum of the ranks' */
     if (gc->tp > 1) RUN(tensor_allreduce(gc, a->dbuf_c, sBT * C));
     /* dres becomes d res2: the skip path plus the layernorm's input gradient */
-    RUN(td_cuda_layernorm_backward(a->dres, G(P_LN2W), G(P_LN2B), a->ln_scratch, a->dbuf_c, res2, W(P_LN2W), ln2_mean, ln2_rstd, BT,
-                                   C, dt, s));
+    RUN(td_cuda_layernorm_backward(a->dres, G(P_LN2W), G(P_LN2B), a->ln_scratch, a->dbuf_c, res2, W(P_LN2W), ln2_mean,
+                                   ln2_rstd, BT, C, dt, s));
     READY(P_LN2B);
     READY(P_LN2W);
     /* attention: res2 = resid + proj(attn(qkv(ln1(resid)))) */
@@ -659,8 +657,8 @@ blocks:
     READY(P_QKVB);
     READY(P_QKVW);
     if (gc->tp > 1) RUN(tensor_allreduce(gc, a->dbuf_c, sBT * C));
-    RUN(td_cuda_layernorm_backward(a->dres, G(P_LN1W), G(P_LN1B), a->ln_scratch, a->dbuf_c, resid, W(P_LN1W), ln1_mean, ln1_rstd,
-                                   BT, C, dt, s));
+    RUN(td_cuda_layernorm_backward(a->dres, G(P_LN1W), G(P_LN1B), a->ln_scratch, a->dbuf_c, resid, W(P_LN1W), ln1_mean,
+                                   ln1_rstd, BT, C, dt, s));
     READY(P_LN1B);
     READY(P_LN1W);
     RUN(flush_ready(gc, model, &pend, ready, ctx));
