@@ -328,8 +328,9 @@ static void test_layernorm(int N, int C, td_dtype dt) {
   expect_close("layernorm backward dbias", dgb, gb, C, dt);
   /* deterministic, and each gradient alone (the others NULL) as with all
    * three: from the same start, e* gets two whole calls, f* one call per
-   * gradient and one whole call; the same bits */
-  {
+   * gradient and one whole call; the same bits (not at the edge sweep's
+   * 16k rows: six more launches of 1024 blocks cost the emulator too much) */
+  if (N <= 1024) {
     float *gx0 = rand_host(n, 1, dt), *gw0 = rand_host(C, 1, dt), *gb0 = rand_host(C, 1, dt);
     void *ex = upload(gx0, n, dt), *ew = upload(gw0, C, dt), *eb = upload(gb0, C, dt);
     void *fx = upload(gx0, n, dt), *fw = upload(gw0, C, dt), *fb = upload(gb0, C, dt);
