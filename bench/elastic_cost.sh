@@ -8,7 +8,9 @@
 # tokens_per_s=, the first 2 steps left out) and of user+sys CPU seconds per
 # rank (/usr/bin/time over the whole job, divided by 4: steadier than wall
 # time on a loaded machine), the ratios on/off (target >= 0.95), and the
-# load average. Writes bench/results/elastic-cost-<date>.md.
+# load average. Writes bench/results/elastic-cost-<date>.md (-<HHMM>.md if
+# that exists). BUILD=DIR: the build tree (default build; copy bin/ aside to
+# rebuild while it runs).
 #
 #   bench/elastic_cost.sh [ROUNDS] [STEPS]       (default 3 rounds of 30 steps)
 #   DETONLY=1 bench/elastic_cost.sh ...         "on" is deterministic reduction
@@ -24,6 +26,8 @@ B=${BUILD:-build}
 RUN="$B/bin/tandemrun"
 GPT="$B/bin/train-gpt"
 out=bench/results/elastic-cost-$(date -u +%Y-%m-%d)$([ "${DETONLY:-0}" = 1 ] && echo -detonly).md
+# a second run the same day does not overwrite the first one's results
+[ -e "$out" ] && out=${out%.md}-$(date -u +%H%M).md
 tmp=$(mktemp -d /tmp/tandem-el2-cost-XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 export TANDEM_PROGRESS=off

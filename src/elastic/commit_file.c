@@ -35,7 +35,8 @@ void el_piece_free(el_piece *p) {
   el_piece_init(p);
 }
 
-const char *el_replica_dir(void) { return td_env_str("TANDEM_ELASTIC_REPLICA_DIR", "/var/tmp"); }
+/* TANDEM_ELASTIC_REPLICA_DIR, default /var/tmp: where the files are. */
+static const char *el_replica_dir(void) { return td_env_str("TANDEM_ELASTIC_REPLICA_DIR", "/var/tmp"); }
 
 /* An unnamed file in the replica directory (a named one unlinked at once
  * where the file system has no O_TMPFILE). */

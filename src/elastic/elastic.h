@@ -28,8 +28,6 @@ typedef struct el_piece {
 
 void el_piece_init(el_piece *p); /* empty, no file */
 void el_piece_free(el_piece *p); /* closes its file: empty again */
-/* TANDEM_ELASTIC_REPLICA_DIR, default /var/tmp: where the files are. */
-const char *el_replica_dir(void);
 /* Make p the piece [lo, hi) of `bytes` bytes about to be written: its
  * commit becomes -1 (nothing valid) until the caller sets it once the
  * writes are done; its file is created on first use and cut to `bytes`. */

@@ -88,7 +88,6 @@
 #include <time.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 static void swap_pieces(el_piece *a, el_piece *b) {
   el_piece t = *a;

@@ -18,8 +18,10 @@
  *    (k of them): (k + 1) 2^-8 max|ref|. The fused bf16 attention rounds P
  *    and dS before its tensor-core products: per-element bounds derived
  *    from the CPU's P, dS and inputs (fused_bf16_bounds).
- * The fused kernels run at head sizes 24 (CUDA cores), 32 and 16 (tensor
- * cores in bf16), and at T = 130 (several 64-row tiles).
+ * The fused kernels run at head sizes 24 (CUDA cores), 64, 32 and 16 (tensor
+ * cores in bf16: the FlashAttention-2 kernels, or the wmma ones with
+ * TANDEM_CUDA_ATTENTION=wmma), and at T = 130 (several 64-row tiles);
+ * --attention: head size 64 at T = 17, 64, 127, 257 and 1024.
  * Runs under the emulator in CI (tests/cudaemu.suite) and on a GPU
  * (tests/gpu.suite via scripts/gpu-check), the same binary source. Without
  * a device it prints SKIP and exits 0 (FAIL and 1 with TD_TEST_EXPECT_CUDA=1).
@@ -652,6 +654,10 @@ static void test_bad_arguments(void) {
   setenv("TANDEM_CUDA_ATTENTION", "fused", 1);
   CHECK_STATUS(td_cuda_attention_fused(12, &fused), TD_ERR_INVALID_ARGUMENT);
   CHECK(strstr(td_last_error(), "not 12") != NULL);
+  setenv("TANDEM_CUDA_ATTENTION", "wmma", 1); /* the fused path on the earlier tensor-core kernels */
+  CHECK_OK(td_cuda_attention_fused(64, &fused));
+  CHECK_EQ_INT(fused, 1);
+  CHECK_STATUS(td_cuda_attention_fused(12, &fused), TD_ERR_INVALID_ARGUMENT);
   setenv("TANDEM_CUDA_ATTENTION", "flash", 1);
   CHECK_STATUS(td_cuda_attention_fused(64, &fused), TD_ERR_INVALID_ARGUMENT);
   unsetenv("TANDEM_CUDA_ATTENTION");
@@ -784,6 +790,22 @@ static void run_bench(const bench_shape *sh, td_dtype dt) {
         td_cuda_flash_attention_forward(y, lse, qkv, B, T, C, NH, dt, NULL));
   BENCH("flash attention backward", (N * 3 * C * 3 + nc * 2) * es, 2.5 * att_flops,
         td_cuda_flash_attention_backward(dqkv, Dscr, g, qkv, y, lse, B, T, C, NH, dt, NULL));
+  if (dt == TD_BF16) {
+    /* A/B: the same calls on the earlier wmma kernels (the rows above are
+     * the FlashAttention-2 kernels where the head size allows) */
+    const char *prev = getenv("TANDEM_CUDA_ATTENTION");
+    char *saved = prev ? strdup(prev) : NULL;
+    setenv("TANDEM_CUDA_ATTENTION", "wmma", 1);
+    BENCH("flash attention forward (wmma)", (N * 3 * C + nc) * es, att_flops,
+          td_cuda_flash_attention_forward(y, lse, qkv, B, T, C, NH, dt, NULL));
+    BENCH("flash attention backward (wmma)", (N * 3 * C * 3 + nc * 2) * es, 2.5 * att_flops,
+          td_cuda_flash_attention_backward(dqkv, Dscr, g, qkv, y, lse, B, T, C, NH, dt, NULL));
+    if (saved)
+      setenv("TANDEM_CUDA_ATTENTION", saved, 1);
+    else
+      unsetenv("TANDEM_CUDA_ATTENTION");
+    free(saved);
+  }
   size_t natt = (size_t)B * NH * T * T;
   float *att = NULL, *scr = NULL;
   if (cudaMalloc((void **)&att, natt * 4) == cudaSuccess && cudaMalloc((void **)&scr, natt * 4) == cudaSuccess) {
@@ -840,6 +862,7 @@ static void test_kernel_edges(td_dtype dt) {
 int main(int argc, char **argv) {
   int big = argc > 1 && strcmp(argv[1], "--big") == 0;
   int bench = argc > 1 && strcmp(argv[1], "--bench") == 0;
+  int attention_only = argc > 1 && strcmp(argv[1], "--attention") == 0;
   int n_dev = 0;
   if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
     const char *e = getenv("TD_TEST_EXPECT_CUDA"); /* tests/gpu.suite: no device is a failure there */
@@ -854,6 +877,21 @@ int main(int argc, char **argv) {
     const bench_shape *sh = argc > 2 && strcmp(argv[2], "small") == 0 ? &small : &gpt2;
     run_bench(sh, TD_BF16);
     run_bench(sh, TD_F32);
+    return 0;
+  }
+  if (attention_only) {
+    /* --attention: the fused kernels at head size 64 (GPT-2's; bf16 takes
+     * the FlashAttention-2 kernels there) across their tiles: T = 17 (one
+     * partial tile), 64 (one whole backward tile), 127 (one forward tile of
+     * 128 less a row), 257 (three forward tiles, the last a single row),
+     * and 1024 (16 key tiles, GPT-2's length) on one batch row; then the
+     * same in f32 at the small sizes (CUDA cores: the reference path) */
+    const int Ts_att[] = {17, 64, 127, 257};
+    for (int i = 0; i < 4; i++) test_attention(2, Ts_att[i], 128, 2, TD_BF16);
+    test_attention(1, 1024, 128, 2, TD_BF16);
+    printf("bf16 head size 64: fused attention at T = 17, 64, 127, 257, 1024 matches the CPU\n");
+    for (int i = 0; i < 2; i++) test_attention(2, Ts_att[i], 128, 2, TD_F32);
+    printf("f32 head size 64: fused attention at T = 17, 64 matches the CPU\n");
     return 0;
   }
   const int B = 2, C = 72, NH = 3, V = 97;
@@ -874,6 +912,7 @@ int main(int argc, char **argv) {
       /* head sizes 32 and 16: bf16 takes the fused tensor-core kernels there */
       test_attention(B, T, 96, 3, dt);
       test_attention(B, T, 80, 5, dt);
+      test_attention(B, T, 128, 2, dt); /* head size 64, GPT-2's */
       test_softmax_xent(N, V, dt);
       printf("%s T=%d: encoder, layernorm, residual, gelu, matmul, attention, softmax-xent match the CPU\n",
              td_dtype_name(dt), T);

@@ -132,7 +132,9 @@ td_status td_cuda_attention_backward(void *dinp /* (B, T, 3C) */, float *scratch
  * each query row's scaled scores (f32, (B, NH, T)); backward reads the
  * forward's out and lse and needs a scratch of (B, NH, T) floats. Head sizes
  * (C / NH) 8, 16, 24, 32, 48, 64; others TD_ERR_INVALID_ARGUMENT.
- * Deterministic (no atomics). */
+ * Deterministic (no atomics). bf16 at head sizes 16-64 with 16-byte aligned
+ * rows runs FlashAttention-2's kernels (flash_attention_mma.cu) unless
+ * TANDEM_CUDA_ATTENTION=wmma, read at each call, asks for the wmma ones. */
 td_status td_cuda_flash_attention_forward(void *out /* (B, T, C) */, float *lse /* (B, NH, T) */,
                                           const void *inp /* (B, T, 3C) */, int B, int T, int C, int NH,
                                           td_dtype dtype, void *stream);
@@ -143,7 +145,8 @@ td_status td_cuda_flash_attention_backward(void *dinp /* (B, T, 3C) */, float *s
 /* Which attention path a model with this head size should take:
  * *fused_out = 1 for the fused kernels, 0 for the unfused pair. The fused
  * path unless TANDEM_CUDA_ATTENTION=unfused or the head size is not one the
- * fused kernels take; TANDEM_CUDA_ATTENTION=fused with such a head size, or
+ * fused kernels take; TANDEM_CUDA_ATTENTION=fused (or wmma: the fused path
+ * on the earlier wmma kernels, for A/B runs) with such a head size, or
  * any other value, is TD_ERR_INVALID_ARGUMENT with the reason. Reads the
  * environment on every call (call it when the model is created). */
 td_status td_cuda_attention_fused(int head_size, int *fused_out);
