@@ -932,8 +932,8 @@ const float *tp_gpt_stage_input_grad(const td_model *model) {
 
 /* The squares of elements [a, b) of a gradient arena: on the host f32; on
  * a device of the model's type, read through a host buffer in chunks (the
- * replicated tensors are a small part of the shard, but on a device they
- * include the embeddings and the head). NAN when a copy fails. */
+ * replicated tensors: wpe, the LayerNorms, the row-parallel biases). NAN
+ * when a copy fails. */
 static double sum_sq(const tp_gpt *g, const float *grads, size_t a, size_t b) {
   double sq = 0;
   const td_device where = td_pointer_device(grads);
