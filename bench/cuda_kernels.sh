@@ -7,7 +7,11 @@
 # bench/results/cuda-kernels-<date>.md (or $OUT/cuda-kernels.md when OUT is
 # set) with the device, driver and toolkit, and prints a few `bench: ` lines
 # (the products, attention, the fused classifier, AdamW) for gpu-check's
-# summary table. Then, when python3 has torch with CUDA, PyTorch's kernels
+# summary table. The bf16 table has the fused attention twice: on the
+# FlashAttention-2 kernels (the default, src/nn/cuda/flash_attention_mma.cu)
+# and, in the rows marked (wmma), on the earlier wmma kernels
+# (TANDEM_CUDA_ATTENTION=wmma, set by test_cuda_layers around those rows):
+# the A/B in one run. Then, when python3 has torch with CUDA, PyTorch's kernels
 # for the same work at the same shape (bench/torch_kernels.py: its SDPA
 # backends, layer norm, cross entropy, embedding backward, fused AdamW) as a
 # second table and `bench: torch kernel ...` lines: the library a user would
@@ -66,6 +70,6 @@ else
 fi
 echo "cuda kernels: table in $out" >&2
 # one summary line per key row: "bench: kernel NAME TYPE us X tflops Y gbs Z"
-awk -F'|' '/^\| (matmul fwd qkv|matmul bwd fc|flash attention|attention (forward|backward) \(unfused\)|softmax xent|adamw|layernorm forward|gelu forward)/ {
+awk -F'|' '/^\| (matmul fwd qkv|matmul bwd fc|flash attention|attention (forward|backward) \(unfused\)|softmax xent|adamw|layernorm forward|layernorm backward|encoder backward|global norm|gelu forward)/ {
   gsub(/^ +| +$/, "", $2); gsub(/ /, "", $3); gsub(/ /, "", $4); gsub(/ /, "", $5); gsub(/ /, "", $7);
   printf "bench: kernel %s %s: %s us, %s GB/s, %s TFLOP/s\n", $2, $3, $4, $5, $7 }' "$log"

@@ -359,15 +359,18 @@ for ((f = 0; f < FAULTS && hangs == 0 && ended == 0; f++)); do
     hangs=$((hangs + 1))
     break
   fi
-  stall=-
+  stall=- after_clear=-
   case $kind in
   loss*)
+    # From the loss's end to the first step after it (the target proposed
+    # for lossy links: steps again within 2 s of the link being good).
+    after_clear=$(awk -v t="$t_clear" '/train-gpt: step [0-9]* loss/ && $1 >= t { printf "%.2f", $1 - t; exit }' "$out")
     sleep 1
     stall=$(awk -v a="$t_fault" -v b="$(now)" '/train-gpt: step [0-9]* loss/ && $1 >= a && $1 <= b { if ($1 - p > g) g = $1 - p; p = $1 }
       BEGIN { p = a } END { if (b - p > g) g = b - p; printf "%.2f", g }' "$out") ;;
   esac
-  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$kind" "$victim" "$vhost" "$t_fault" "$t_next" "$lost" "$new_epoch" "$before" "$stall" >>"$work/records"
-  echo "fault $((f + 1))/$FAULTS: $kind ($([ "$victim" != - ] && echo "process $victim on ")host $vhost) at step $before: next step after $(secs "$t_fault" "$t_next") s, steps lost $lost$([ $new_epoch = 0 ] && echo ", no new epoch")$([ "$stall" != - ] && echo ", longest gap between steps $stall s")"
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$kind" "$victim" "$vhost" "$t_fault" "$t_next" "$lost" "$new_epoch" "$before" "$stall" "${after_clear:--}" >>"$work/records"
+  echo "fault $((f + 1))/$FAULTS: $kind ($([ "$victim" != - ] && echo "process $victim on ")host $vhost) at step $before: next step after $(secs "$t_fault" "$t_next") s, steps lost $lost$([ $new_epoch = 0 ] && echo ", no new epoch")$([ "$stall" != - ] && echo ", longest gap between steps $stall s, next step $after_clear s after the loss ended")"
 done
 t_end=$(now)
 # The hosts back and the job at 4 ranks before it ends, whatever stopped the loop.
@@ -402,20 +405,22 @@ cp "$work/records" "${res%.md}.tsv"
   echo "Command: \`REF_PARALLEL=${REF_PARALLEL:-} STEPS=$STEPS ZERO=$ZERO EVERY=$EVERY LOSS_S=$LOSS_S HB=$HB MINHB=$MINHB SETTLE=$SETTLE KINDS='$KINDS' bench/faults_hosts.sh $FAULTS $B\`; machine: $(nproc) cores, load before: $load_before, after: $(cut -d' ' -f1-3 /proc/loadavg); commit $commit."
   echo "Job: train-gpt $ARGS --steps $STEPS, 4 ranks on 2 namespace hosts (2 each, own net/UTS/IPC/PID namespaces and sshd),"
   echo "tandemrun --min-np 2 --max-np 4 --host-discovery-script on a third; heartbeat timeout $HB s$([ -n "$MINHB" ] && echo " (adaptive, floor $MINHB s)"), settle $SETTLE s. Faults ran"
-  echo "for $(secs "$t_start" "$t_end") s. Per-fault rows: \`$(basename "${res%.md}.tsv")\` (kind, process, host, fault time, next step time, steps lost, new epoch, step before, longest gap between steps for loss)."
+  echo "for $(secs "$t_start" "$t_end") s. Per-fault rows: \`$(basename "${res%.md}.tsv")\` (kind, process, host, fault time, next step time, steps lost, new epoch, step before, longest gap between steps for loss, seconds from the loss's end to the next step)."
   echo
-  echo "| kind | faults | fault -> next step median (s) | p95 (s) | max (s) | steps lost (total) | no new epoch | longest gap between steps, median / max (s) | hangs |"
-  echo "|---|---|---|---|---|---|---|---|---|"
+  echo "| kind | faults | fault -> next step median (s) | p95 (s) | max (s) | steps lost (total) | no new epoch | longest gap between steps, median / max (s) | loss's end -> next step, median / max (s) | hangs |"
+  echo "|---|---|---|---|---|---|---|---|---|---|"
   for k in $(printf '%s\n' "${kinds[@]}" | awk '!seen[$0]++') all; do
-    awk -F'\t' -v k="$k" '($1 == k || k == "all") && $5 != "" { n++; d[n] = $5 - $4; lost += $6; calm += ($7 == 0); if ($9 != "-") { m++; g[m] = $9 } }
+    awk -F'\t' -v k="$k" '($1 == k || k == "all") && $5 != "" { n++; d[n] = $5 - $4; lost += $6; calm += ($7 == 0); if ($9 != "-") { m++; g[m] = $9 }; if ($10 != "" && $10 != "-") { c++; e[c] = $10 } }
       END {
-        if (!n) { printf "| %s | 0 | | | | | | |", k; exit }
+        if (!n) { printf "| %s | 0 | | | | | | | |", k; exit }
+        for (i = 1; i <= c; i++) for (j = i + 1; j <= c; j++) if (e[j] < e[i]) { t = e[i]; e[i] = e[j]; e[j] = t }
+        clr = c ? sprintf("%.2f / %.2f", c % 2 ? e[(c + 1) / 2] : (e[c / 2] + e[c / 2 + 1]) / 2, e[c]) : "-"
         for (i = 1; i <= m; i++) for (j = i + 1; j <= m; j++) if (g[j] < g[i]) { t = g[i]; g[i] = g[j]; g[j] = t }
         gap = m ? sprintf("%.2f / %.2f", m % 2 ? g[(m + 1) / 2] : (g[m / 2] + g[m / 2 + 1]) / 2, g[m]) : "-"
         for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (d[j] < d[i]) { t = d[i]; d[i] = d[j]; d[j] = t }
         r = 0.95 * (n - 1); lo = int(r) + 1; hi = lo + (r > int(r)); p95 = d[lo] + (d[hi] - d[lo]) * (r - int(r))
         med = n % 2 ? d[(n + 1) / 2] : (d[n / 2] + d[n / 2 + 1]) / 2
-        printf "| %s | %d | %.2f | %.2f | %.2f | %d | %d | %s |", k, n, med, p95, d[n], lost, calm, gap }' "$work/records"
+        printf "| %s | %d | %.2f | %.2f | %.2f | %d | %d | %s | %s |", k, n, med, p95, d[n], lost, calm, gap, clr }' "$work/records"
     [ "$k" = all ] && echo " $hangs |" || echo " |"
   done
   echo

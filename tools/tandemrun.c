@@ -665,6 +665,7 @@ typedef struct {
   /* per-host agents (below) */
   int agents;       /* -1: not decided yet, 0: off, 1: on */
   char *agent_path; /* tandem-agent's path on every remote host */
+  double probe_max_s; /* TANDEM_AGENT_PROBE: most seconds between background starts (0: none) */
   struct host_agent *agent_list;
   int n_agents;
 } job;
@@ -1249,8 +1250,21 @@ static void reap(job *j) {
  * tries an agent again; if the remote shell finds no tandem-agent (127),
  * the host's ranks always go over ssh. TANDEM_AGENT=0 turns agents off;
  * TANDEM_AGENT=PATH names the program on the remote hosts (default: the
- * tandem-agent beside this tandemrun, at the same path there). */
+ * tandem-agent beside this tandemrun, at the same path there).
+ *
+ * Elastic jobs start an agent again, in the background, on a host where
+ * one ended (the host was lost): after AGENT_PROBE_S, then doubling up to
+ * AGENT_PROBE_MAX_S while the host does not answer, whether or not the
+ * discovery script lists the host now. A host that comes back so has its
+ * agent (ssh's connection, the login shell) ready before the job grows onto
+ * it, and the grow pays a fork and the rank's own start instead of an ssh
+ * start (1.9-7.0 s at load 20-30, 81% of a grow: grow p95 7.69 -> 2.37 s,
+ * bench/results/grow-breakdown-2026-11-28.md).
+ * A probe that fails is quiet (TANDEM_LOG=info says so). TANDEM_AGENT_PROBE
+ * sets AGENT_PROBE_MAX_S; 0 turns background starts off. */
 #define AGENT_WAIT_S 15.0
+#define AGENT_PROBE_S 0.25
+#define AGENT_PROBE_MAX_S 8.0
 
 typedef struct host_agent {
   char *host;
@@ -1260,6 +1274,8 @@ typedef struct host_agent {
   bool ready;       /* it said hello */
   bool missing;     /* the remote shell found no tandem-agent: ranks there go over ssh */
   double started;   /* td_now() at its start */
+  double probe_at;  /* elastic: start it again in the background at this time (0: not planned) */
+  int probe_fails;  /* background starts in a row that got no hello */
   agent_inbuf in;
 } host_agent;
 
@@ -1269,6 +1285,12 @@ static bool agents_on(job *j) {
   if (j->agents < 0) {
     const char *setting = td_env_str("TANDEM_AGENT", NULL);
     j->agents = !(setting && !strcmp(setting, "0"));
+    j->probe_max_s = td_env_double("TANDEM_AGENT_PROBE", AGENT_PROBE_MAX_S);
+    if (!(j->probe_max_s >= 0)) {
+      fprintf(stderr, "tandemrun: TANDEM_AGENT_PROBE must be 0 (no background agent starts) or the most seconds "
+                      "between them; using %g\n", AGENT_PROBE_MAX_S);
+      j->probe_max_s = AGENT_PROBE_MAX_S;
+    }
     if (j->agents && setting && *setting) {
       j->agent_path = xstrdup(setting);
     } else if (j->agents) {
@@ -1417,16 +1439,25 @@ static void agent_lost(job *j, int ai, const char *why) {
     if (waitpid(a->pid, &status, 0) == a->pid) agent_ended(j, a, status);
   }
   a->ready = false;
-  int n_lost = 0;
-  for (int i = 0; i < j->n_workers; i++)
+  if (j->opt.elastic && !j->stopping && !j->done && !a->missing && j->probe_max_s > 0) { /* the next background start */
+    a->probe_fails = was_ready ? 0 : a->probe_fails + 1;
+    a->probe_at = td_now() + TD_MIN(AGENT_PROBE_S * ldexp(1.0, TD_MIN(a->probe_fails, 10)), j->probe_max_s);
+  }
+  int n_lost = 0, n_queued = 0;
+  for (int i = 0; i < j->n_workers; i++) {
     n_lost += j->workers[i].running && j->workers[i].agent == ai + 1 && !j->workers[i].agent_pending;
+    n_queued += j->workers[i].running && j->workers[i].agent == ai + 1 && j->workers[i].agent_pending;
+  }
   char host[256];
   snprintf(host, sizeof host, "%s", a->host); /* a may move: the ranks' ends can start a new agent */
   if (was_ready && !j->stopping && !j->done)
     fprintf(stderr, "tandemrun: the agent on host %s ended (%s): %d rank%s there %s lost\n", host, why, n_lost,
             n_lost == 1 ? "" : "s", n_lost == 1 ? "is" : "are");
-  else if (!was_ready && !j->stopping)
+  else if (!was_ready && !j->stopping && n_queued > 0)
     fprintf(stderr, "tandemrun: no agent started on host %s (%s): its ranks start over ssh each\n", host, why);
+  else if (!was_ready)
+    TD_INFO("no agent started on host %s (%s); trying again in %.2f s", host, why,
+            j->agent_list[ai].probe_at > 0 ? j->agent_list[ai].probe_at - td_now() : 0.0);
   for (int i = 0; i < j->n_workers; i++) {
     worker *w = &j->workers[i];
     if (!w->running || w->agent != ai + 1) continue;
@@ -1475,6 +1506,8 @@ static void agent_read(job *j, int ai) {
         return;
       }
       a->ready = true;
+      a->probe_fails = 0;
+      TD_INFO("the agent on host %s answered %.3f s after its ssh started", a->host, td_now() - a->started);
       for (int i = 0; i < j->n_workers; i++) {
         worker *w = &j->workers[i];
         if (!w->running || w->agent != ai + 1 || !w->agent_pending) continue;
@@ -1494,6 +1527,8 @@ static void agent_read(job *j, int ai) {
     worker *w = &j->workers[x];
     if (type == AGENT_STARTED) {
       w->pid = y;
+      TD_INFO("process %d runs on host %s (pid %d), %.3f s after it was placed", w->rank, a->host, (int)y,
+              td_now() - w->started);
     } else if (type == AGENT_OUT || type == AGENT_ERR) {
       line_buf *b = type == AGENT_OUT ? &w->out_buf : &w->err_buf;
       if (b->cap - b->len < len) {
@@ -1533,6 +1568,14 @@ static void agents_tick(job *j) {
   for (int i = 0; i < j->n_agents; i++)
     if (j->agent_list[i].from_fd >= 0 && !j->agent_list[i].ready && now > j->agent_list[i].started + AGENT_WAIT_S)
       agent_lost(j, i, "no answer in time");
+  for (int i = 0; i < j->n_agents; i++) { /* background starts (above); agent_start does not move the list */
+    host_agent *a = &j->agent_list[i];
+    if (a->probe_at <= 0 || now < a->probe_at) continue;
+    a->probe_at = 0;
+    if (j->stopping || j->done || a->missing || a->from_fd >= 0 || a->pid > 0) continue;
+    TD_INFO("starting the agent on host %s again in the background", a->host);
+    agent_start(j, a->host);
+  }
   for (int i = 0; i < j->n_workers; i++) { /* worker_ended may move j->workers: indices only */
     worker *w = &j->workers[i];
     if (w->running && w->agent && w->end_by > 0 && now > w->end_by)
@@ -2159,6 +2202,8 @@ placed:;
     double next = TD_MIN(TD_MIN(j->job_deadline, j->grace_deadline), TD_MIN(drain_deadline, j->kill_deadline));
     /* Wake when --elastic-timeout runs out, not up to a poll slice later. */
     if (j->opt.elastic && !j->stopping && !j->done) next = TD_MIN(next, j->below_since + j->opt.elastic_timeout_s);
+    for (int i = 0; i < j->n_agents; i++) /* an agent's background start */
+      if (j->agent_list[i].probe_at > 0) next = TD_MIN(next, j->agent_list[i].probe_at);
     int timeout_ms = isinf(next) ? -1 : (int)TD_MAX(0, ceil((next - now) * 1000.0));
     if (timeout_ms > 1000 || timeout_ms < 0) {
       /* SIGCHLD is coalesced by signalfd; reap at least once a second anyway. */
@@ -2319,6 +2364,7 @@ int main(int argc, char **argv) {
   memset(&j, 0, sizeof j);
   j.share = -1;
   j.agents = -1;
+  td_log_set_prefix("tandemrun"); /* its TANDEM_LOG=info lines: tandem[tandemrun] info: ... */
   parse_options(argc, argv, &j.opt);
   int code = run_job(&j);
   for (int h = 0; h < j.opt.n_hosts; h++) free(j.opt.hosts[h].name);

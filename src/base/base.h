@@ -83,6 +83,10 @@ int td_parse_size(const char *text, size_t *out);
 double td_now(void);       /* monotonic seconds */
 uint64_t td_now_ns(void);  /* monotonic nanoseconds */
 double td_wall_time(void); /* seconds since the epoch */
+/* Seconds since this process started (the kernel's start time in
+ * /proc/self/stat, so it counts the exec and the dynamic loader too);
+ * -1 if that cannot be read. For log lines that break a start down. */
+double td_process_age(void);
 
 /* ---- memory ---- */
 #define TD_ALIGN 64

@@ -452,7 +452,10 @@ td_status el_membership_next(el_membership *m) {
     /* Visible proof that a new process is in line (a test freezes the
      * members until it sees this, so the job cannot end first). */
     if (m->joiner && m->epoch == 0) {
-      td_log(TD_LOG_INFO, "elastic: process %ld waits to join epoch %d", m->uid, k);
+      /* The process's age splits a grow's time into its start (exec,
+       * loader, set-up) and the wait for the members (docs/launcher.md). */
+      TD_INFO("elastic: process %ld waits to join epoch %d (%.3f s after the process started)", m->uid, k,
+              td_process_age());
       /* No longer on its way (el_membership_pending); best effort: a
        * failure only makes the members wait TANDEM_ELASTIC_JOIN_WAIT once. */
       if (attempt == 0) (void)el_report_came(m->store, m->job, m->uid);

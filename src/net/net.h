@@ -212,14 +212,19 @@ td_status net_recv_all(int fd, void *buf, size_t len, double deadline);
 
 int net_set_nonblocking(int fd, bool on);
 int net_set_nodelay(int fd);
-/* Bound TCP's retransmission back-off (best effort): the retransmission
+/* How a connection recovers from loss (best effort): the retransmission
  * timeout at most TANDEM_TCP_RTO_MAX seconds (default below; 0: the
  * kernel's defaults, 120 s and no linear timeouts) and linear timeouts
  * while few segments are in flight, so that a connection resumes within
- * about that bound once a lossy link is good again. Every socket of
- * net_connect, net_accept, the store and the TCP transport gets it. */
+ * about that bound once a lossy link is good again; and the congestion
+ * control TANDEM_TCP_CONGESTION (default below, else reno; 0: the
+ * system's), since BBR's bandwidth estimate collapsed after seconds of
+ * heavy loss and held a collective to kilobytes a second for 50 s. Every
+ * socket of net_connect, net_accept, the store and the TCP transport gets
+ * it. */
 #define NET_DEFAULT_RTO_MAX_S 1.0
-void net_set_retransmit_bound(int fd);
+#define NET_DEFAULT_CONGESTION "cubic"
+void net_set_loss_recovery(int fd);
 /* Set SO_SNDBUF/SO_RCVBUF (best effort). */
 void net_set_bufsizes(int fd, int bytes);
 

@@ -6,6 +6,7 @@
 #include "net/net.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <math.h>
 #include <netdb.h>
@@ -107,7 +108,7 @@ static int rto_max_ms(void) {
   return ms;
 }
 
-void net_set_retransmit_bound(int fd) {
+void net_set_loss_recovery(int fd) {
   /* Exponential back-off on a lossy link doubles the retransmission timeout
    * up to 120 s: after a few seconds of heavy loss a connection waited many
    * seconds after the link was good again (a step 23.7 s late after 4 s of
@@ -117,10 +118,30 @@ void net_set_retransmit_bound(int fd) {
    * store's requests) keep the first retries at the base timeout. Both are
    * best effort: an older kernel keeps its defaults. */
   int ms = rto_max_ms();
-  if (ms == 0) return; /* the kernel's defaults */
-  (void)setsockopt(fd, IPPROTO_TCP, TCP_RTO_MAX_MS, &ms, sizeof ms);
-  int one = 1;
-  (void)setsockopt(fd, IPPROTO_TCP, TCP_THIN_LINEAR_TIMEOUTS, &one, sizeof one);
+  if (ms != 0) { /* else the kernel's defaults */
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_RTO_MAX_MS, &ms, sizeof ms);
+    int one = 1;
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_THIN_LINEAR_TIMEOUTS, &one, sizeof one);
+  }
+  /* The congestion control. Where BBR is the system's default (the test
+   * machine's), 4 s of 50% loss left a transfer's bandwidth estimate at
+   * 11 kbit/s with a 5-segment window: a 200 KB collective message took
+   * 50 s to get through after the link was good again, no packet lost
+   * meanwhile (bench/results/faults-hosts-2026-11-28-probe-after.md). Loss-
+   * based control (cubic; reno, which every kernel allows unprivileged
+   * processes, when cubic is refused) halves its window and grows it back
+   * in a few round trips. */
+  const char *cc = td_env_str("TANDEM_TCP_CONGESTION", NET_DEFAULT_CONGESTION);
+  if (!*cc || !strcmp(cc, "0")) return; /* the system's */
+  if (setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, cc, (socklen_t)strlen(cc)) == 0) return;
+  if (!strcmp(cc, NET_DEFAULT_CONGESTION)) {
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, "reno", 4);
+    return;
+  }
+  static _Atomic int warned = 0;
+  if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
+    TD_WARN("TANDEM_TCP_CONGESTION=%s was refused (%s): Tandem's connections keep the system's congestion control; "
+            "name one in /proc/sys/net/ipv4/tcp_allowed_congestion_control, or 0", cc, strerror(errno));
 }
 
 void net_set_bufsizes(int fd, int bytes) {
@@ -283,7 +304,7 @@ static int connect_once(const struct addrinfo *ai, double deadline) {
 connected:
   if (net_set_nonblocking(fd, false) != 0) goto fail;
   (void)net_set_nodelay(fd);
-  net_set_retransmit_bound(fd);
+  net_set_loss_recovery(fd);
   return fd;
 fail:;
   int saved = errno;
@@ -358,7 +379,7 @@ td_status net_accept(int listen_fd, double deadline, int *fd_out) {
     int fd = accept4(listen_fd, NULL, NULL, SOCK_CLOEXEC);
     if (fd >= 0) {
       (void)net_set_nodelay(fd);
-      net_set_retransmit_bound(fd);
+      net_set_loss_recovery(fd);
       *fd_out = fd;
       return TD_OK;
     }

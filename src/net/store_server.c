@@ -656,7 +656,7 @@ static void accept_clients(td_store_server *s) {
       continue;
     }
     (void)net_set_nodelay(fd);
-    net_set_retransmit_bound(fd);
+    net_set_loss_recovery(fd);
     if (s->n_clients == s->cap_clients) {
       size_t cap = s->cap_clients ? s->cap_clients * 2 : 64;
       client **p = realloc(s->clients, cap * sizeof *p);

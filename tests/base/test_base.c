@@ -1,9 +1,11 @@
 /* Unit tests for src/base: half-precision conversions (exhaustive over all
  * 65536 f16/bf16 bit patterns), reduction kernels for every dtype and op
  * against scalar reference loops, the shard function, size parsing, futex
- * wait timeouts, the growing text buffer (td_buf). */
+ * wait timeouts, the growing text buffer (td_buf), the process's age. */
 #include <pthread.h>
 #include <stdint.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "../common/check.h"
@@ -584,7 +586,38 @@ static void test_text_buf(void) {
   printf("text buffer: 300 pieces over many growths equal snprintf's; failure sticky; a file read whole and cut\n");
 }
 
+/* td_process_age: it grows as the monotonic clock does while the process
+ * sleeps, and a child forked later is younger than its parent by at least
+ * the parent's life before the fork (the kernel's start times, not ours). */
+static void test_process_age(void) {
+  double a = td_process_age(), t0 = td_now();
+  CHECK(a >= 0);
+  struct timespec ts = {0, 300 * 1000 * 1000};
+  while (nanosleep(&ts, &ts) != 0) {
+  }
+  double b = td_process_age(), slept = td_now() - t0;
+  CHECK(b - a >= slept - 0.001); /* the same start time: the difference is BOOTTIME's, at least MONOTONIC's */
+  int fds[2];
+  CHECK(pipe(fds) == 0);
+  pid_t pid = fork();
+  CHECK(pid >= 0);
+  if (pid == 0) {
+    double child = td_process_age();
+    ssize_t w = write(fds[1], &child, sizeof child);
+    _exit(w == (ssize_t)sizeof child ? 0 : 1);
+  }
+  double child = -1;
+  CHECK(read(fds[0], &child, sizeof child) == (ssize_t)sizeof child);
+  int status = 0;
+  CHECK(waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  close(fds[0]), close(fds[1]);
+  double parent = td_process_age();
+  CHECK(child >= 0);
+  CHECK(parent - child >= 0.29); /* the parent had lived 0.3 s before the fork; ticks are 10 ms */
+}
+
 int main(void) {
+  test_process_age();
   test_half_roundtrip();
   test_reduce_kernels();
   test_half_kernels_match_reference();

@@ -20,6 +20,7 @@
 #include <cuda_emu.h>
 
 #include <errno.h>
+#include <stdarg.h>
 #include <map>
 #include <pthread.h>
 #include <mutex>
@@ -75,6 +76,8 @@ struct fiber {
   uint3 tid{};
   unsigned linear = 0;
   uint64_t slot = 0; /* shuffle deposit */
+  alignas(16) unsigned char box[64]; /* lane_box: warp-collective instructions' deposit */
+  cp_async_queue cp{};                /* this thread's cp.async copies not yet done */
   void *fake_stack = nullptr;
 };
 
@@ -89,6 +92,7 @@ struct sched {
   void *ctx = nullptr;
   std::vector<char> smem;
   bool in_launch = false;
+  char fault[200] = ""; /* fault(): what a GPU would stop the kernel for */
 };
 __thread sched *tls_sched;
 
@@ -199,6 +203,7 @@ void fiber_prepare(fiber *f) {
   *--sp = (void *)&td_emu_fiber_entry;          /* popped by td_emu_switch's ret */
   for (int i = 0; i < 6; i++) *--sp = nullptr;  /* rbp rbx r12 r13 r14 r15 */
   f->sp = sp;
+  f->cp.n_ops = f->cp.n_committed = f->cp.n_groups = 0; /* a block's copies end with it */
   f->state = RUNNABLE;
   f->fake_stack = nullptr;
 }
@@ -222,6 +227,12 @@ bool run_block(sched *s, unsigned n_threads, const launch_cfg &cfg) {
     for (unsigned k = 0; k < n_threads; k++) {
       fiber *f = &s->fibers[(phase & 1) ? n_threads - 1 - k : k];
       if (f->state == RUNNABLE) switch_into(s, f);
+    }
+    if (s->fault[0]) {
+      fprintf(stderr, "cudaemu: %s:%d: kernel %s, block (%u,%u,%u): %s\n", cfg.file, cfg.line, cfg.name, block_idx.x,
+              block_idx.y, block_idx.z, s->fault);
+      s->fault[0] = 0;
+      return false;
     }
     unsigned live = 0, at_block = 0;
     bool released = false;
@@ -369,6 +380,28 @@ unsigned warp_ballot(int pred) {
 }
 
 void *dynamic_smem() { return tls_sched->smem.data(); }
+
+void *lane_box(unsigned src) {
+  sched *s = tls_sched;
+  unsigned idx = (s->current->linear & ~31u) + (src & 31u), n = block_dim.x * block_dim.y * block_dim.z;
+  if (idx >= n || s->fibers[idx].state == DONE) {
+    fault("a warp-collective instruction (mma.sync, ldmatrix) without lane %u of the warp: every lane must take part",
+          src & 31u);
+    return s->current->box;
+  }
+  return s->fibers[idx].box;
+}
+
+cp_async_queue *cp_async_mine() { return &tls_sched->current->cp; }
+
+void fault(const char *fmt, ...) {
+  sched *s = tls_sched;
+  if (s->fault[0]) return; /* the first one is the cause */
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(s->fault, sizeof s->fault, fmt, ap);
+  va_end(ap);
+}
 
 namespace {
 struct stream_table {

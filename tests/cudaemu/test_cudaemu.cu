@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "nn/cuda/mma_sm80.cuh"
+
 static int failures = 0;
 #define EXPECT(cond, ...)                                                    \
   do {                                                                       \
@@ -389,7 +391,224 @@ static void test_other_thread(void) {
   CUDA_OK(cudaFree(d));
 }
 
+
+/* ---- sm_80 warp matrix instructions (src/nn/cuda/mma_sm80.cuh) against the
+ * PTX ISA's fragment tables, written out here element by element (the
+ * emulator gathers them by lane instead), and against a plain matrix
+ * product. Values are small integers: every product and sum is exact, so
+ * any wrong lane mapping shows as a mismatch, not as a rounding. ---- */
+/* PTX ISA, mma.m16n8k16 .bf16, element i (0..7) of A held by a lane with
+ * groupID g, threadID_in_group t: row g (+8 for i = 2, 3, 6, 7), column
+ * 2t + (i & 1) (+8 for i >= 4); B element i (0..3): row 2t + (i & 1)
+ * (+8 for i >= 2), column g; C element i (0..3): row g (+8 for i >= 2),
+ * column 2t + (i & 1). Registers hold elements 2r (low half), 2r + 1. */
+static __device__ int ptx_a_row(int g, int i) { return g + ((i == 2 || i == 3 || i == 6 || i == 7) ? 8 : 0); }
+static __device__ int ptx_a_col(int t, int i) { return 2 * t + (i & 1) + (i >= 4 ? 8 : 0); }
+static __device__ int ptx_b_row(int t, int i) { return 2 * t + (i & 1) + (i >= 2 ? 8 : 0); }
+static __device__ int ptx_c_row(int g, int i) { return g + (i >= 2 ? 8 : 0); }
+
+static __device__ uint32_t bf16_pair(float lo, float hi) { return td_pack_bf16x2(lo, hi); }
+
+__global__ void mma_table_kernel(float *D, const float *A /* 16x16 */, const float *B /* 16x8 (k, n) */,
+                                 const float *Cm /* 16x8 */, int in_place) {
+  int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  uint32_t a[4], b[2];
+  float c[4], d[4];
+  for (int r = 0; r < 4; r++)
+    a[r] = bf16_pair(A[ptx_a_row(g, 2 * r) * 16 + ptx_a_col(t, 2 * r)],
+                     A[ptx_a_row(g, 2 * r + 1) * 16 + ptx_a_col(t, 2 * r + 1)]);
+  for (int r = 0; r < 2; r++) b[r] = bf16_pair(B[ptx_b_row(t, 2 * r) * 8 + g], B[ptx_b_row(t, 2 * r + 1) * 8 + g]);
+  for (int i = 0; i < 4; i++) c[i] = Cm[ptx_c_row(g, i) * 8 + 2 * t + (i & 1)];
+  if (in_place) {
+    td_mma_bf16_16816(c, a, b, c);
+    for (int i = 0; i < 4; i++) d[i] = c[i];
+  } else {
+    td_mma_bf16_16816(d, a, b, c);
+  }
+  for (int i = 0; i < 4; i++) D[ptx_c_row(g, i) * 8 + 2 * t + (i & 1)] = d[i];
+}
+
+/* ldmatrix: lane L gives the address of row rows[L] of a 40 x 24 shared
+ * matrix (any 16-byte aligned rows, here a scrambled order and column
+ * offsets 0, 8, 16); out[L][i] = the register i of lane L */
+__global__ void ldmatrix_kernel(uint32_t *out, const int *rows, const int *cols, int trans) {
+  __shared__ __align__(16) __nv_bfloat16 M[40 * 24];
+  for (int e = threadIdx.x; e < 40 * 24; e += 32) M[e] = __float2bfloat16((float)(e % 251));
+  __syncwarp();
+  int lane = threadIdx.x % 32;
+  uint32_t r[4];
+  const __nv_bfloat16 *row = M + rows[lane] * 24 + cols[lane];
+  if (trans)
+    td_ldmatrix_x4_trans(r, row);
+  else
+    td_ldmatrix_x4(r, row);
+  for (int i = 0; i < 4; i++) out[lane * 4 + i] = r[i];
+}
+
+/* the chain the attention kernels use: O = (Q K^T) V for a 16 x 16 Q, 16
+ * keys and an 8-column V, with Q as A by ldmatrix, K^T as B by ldmatrix,
+ * the two 16 x 8 score tiles turned into one A fragment in registers, V as
+ * B by ldmatrix .trans */
+__global__ void mma_chain_kernel(float *O, const float *Q, const float *K, const float *V) {
+  __shared__ __align__(16) __nv_bfloat16 Qs[16 * 24], Ks[16 * 24], Vs[16 * 24];
+  for (int e = threadIdx.x; e < 16 * 16; e += 32) {
+    Qs[(e / 16) * 24 + e % 16] = __float2bfloat16(Q[e]);
+    Ks[(e / 16) * 24 + e % 16] = __float2bfloat16(K[e]);
+    Vs[(e / 16) * 24 + e % 16] = __float2bfloat16(V[e]);
+  }
+  __syncwarp();
+  int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  uint32_t qa[4], kb[4], vb[4];
+  td_ldmatrix_x4(qa, Qs + (lane % 16) * 24 + (lane / 16) * 8);
+  td_ldmatrix_x4(kb, Ks + (lane % 8 + (lane / 16) * 8) * 24 + ((lane / 8) % 2) * 8);
+  float s[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+  td_mma_bf16_16816(s[0], qa, kb, s[0]);
+  td_mma_bf16_16816(s[1], qa, kb + 2, s[1]);
+  uint32_t pa[4] = {bf16_pair(s[0][0], s[0][1]), bf16_pair(s[0][2], s[0][3]), bf16_pair(s[1][0], s[1][1]),
+                    bf16_pair(s[1][2], s[1][3])};
+  td_ldmatrix_x4_trans(vb, Vs + (lane % 16) * 24 + (lane / 16) * 8);
+  float o[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+  td_mma_bf16_16816(o[0], pa, vb, o[0]);
+  td_mma_bf16_16816(o[1], pa, vb + 2, o[1]);
+  for (int n = 0; n < 2; n++)
+    for (int i = 0; i < 4; i++) O[ptx_c_row(g, i) * 16 + n * 8 + 2 * t + (i & 1)] = o[n][i];
+}
+
+static void test_mma_sm80(void) {
+  float hA[256], hB[128], hC[128], hD[128];
+  unsigned seed = 12345;
+  auto rnd = [&](int lo, int hi) {
+    seed = seed * 1103515245u + 12345u;
+    return (float)(lo + (int)((seed >> 16) % (unsigned)(hi - lo + 1)));
+  };
+  for (int i = 0; i < 256; i++) hA[i] = rnd(-8, 8);
+  for (int i = 0; i < 128; i++) hB[i] = rnd(-8, 8), hC[i] = rnd(-100, 100);
+  float *dA, *dB, *dC, *dD;
+  CUDA_OK(cudaMalloc((void **)&dA, sizeof hA));
+  CUDA_OK(cudaMalloc((void **)&dB, sizeof hB));
+  CUDA_OK(cudaMalloc((void **)&dC, sizeof hC));
+  CUDA_OK(cudaMalloc((void **)&dD, sizeof hD));
+  CUDA_OK(cudaMemcpy(dA, hA, sizeof hA, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(dB, hB, sizeof hB, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(dC, hC, sizeof hC, cudaMemcpyHostToDevice));
+  for (int in_place = 0; in_place < 2; in_place++) {
+    TD_CUDA_LAUNCH(mma_table_kernel, 1, 32, 0, 0, dD, dA, dB, dC, in_place);
+    CUDA_OK(cudaGetLastError());
+    CUDA_OK(cudaMemcpy(hD, dD, sizeof hD, cudaMemcpyDeviceToHost));
+    for (int i = 0; i < 16; i++)
+      for (int j = 0; j < 8; j++) {
+        float want = hC[i * 8 + j];
+        for (int k = 0; k < 16; k++) want += hA[i * 16 + k] * hB[k * 8 + j];
+        EXPECT(hD[i * 8 + j] == want, "mma (in place %d) D[%d][%d] = %g, want %g", in_place, i, j, hD[i * 8 + j],
+               want);
+      }
+  }
+  /* ldmatrix: scrambled rows (each lane its own), column offsets 0/8/16 */
+  int hrows[32], hcols[32];
+  for (int l = 0; l < 32; l++) hrows[l] = (l * 13 + 5) % 40, hcols[l] = 8 * (l % 3);
+  int *drows, *dcols;
+  uint32_t *dout, hout[128];
+  CUDA_OK(cudaMalloc((void **)&drows, sizeof hrows));
+  CUDA_OK(cudaMalloc((void **)&dcols, sizeof hcols));
+  CUDA_OK(cudaMalloc((void **)&dout, sizeof hout));
+  CUDA_OK(cudaMemcpy(drows, hrows, sizeof hrows, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(dcols, hcols, sizeof hcols, cudaMemcpyHostToDevice));
+  for (int trans = 0; trans < 2; trans++) {
+    TD_CUDA_LAUNCH(ldmatrix_kernel, 1, 32, 0, 0, dout, drows, dcols, trans);
+    CUDA_OK(cudaGetLastError());
+    CUDA_OK(cudaMemcpy(hout, dout, sizeof hout, cudaMemcpyDeviceToHost));
+    /* PTX: matrix i's row r is at the address of lane 8i + r; lane L gets
+     * row L/4, columns 2(L%4) and 2(L%4)+1 of matrix i (of its transpose
+     * with .trans: column L/4, rows 2(L%4) and 2(L%4)+1) */
+    for (int L = 0; L < 32; L++)
+      for (int i = 0; i < 4; i++) {
+        int want[2];
+        for (int e = 0; e < 2; e++) {
+          int r = trans ? 2 * (L % 4) + e : L / 4, c = trans ? L / 4 : 2 * (L % 4) + e;
+          int src = 8 * i + r;
+          want[e] = (hrows[src] * 24 + hcols[src] + c) % 251;
+        }
+        uint32_t got = hout[L * 4 + i];
+        float lo = td_emu_bf16_bits_to_f32((unsigned short)(got & 0xffff)), hi = td_emu_bf16_bits_to_f32((unsigned short)(got >> 16));
+        EXPECT(lo == (float)want[0] && hi == (float)want[1], "ldmatrix%s lane %d reg %d: (%g, %g), want (%d, %d)",
+               trans ? ".trans" : "", L, i, lo, hi, want[0], want[1]);
+      }
+  }
+  /* what a GPU stops a kernel for fails the launch here too: a row address
+   * that is not 16-byte aligned, a warp-collective instruction with half a warp */
+  hcols[5] = 4;
+  CUDA_OK(cudaMemcpy(dcols, hcols, sizeof hcols, cudaMemcpyHostToDevice));
+  fprintf(stderr, "(two fault reports follow: expected)\n");
+  TD_CUDA_LAUNCH(ldmatrix_kernel, 1, 32, 0, 0, dout, drows, dcols, 0);
+  EXPECT(cudaGetLastError() == cudaErrorLaunchFailure, "a misaligned ldmatrix row did not fail the launch");
+  TD_CUDA_LAUNCH(mma_table_kernel, 1, 16, 0, 0, dD, dA, dB, dC, 0);
+  EXPECT(cudaGetLastError() == cudaErrorLaunchFailure, "mma.sync with 16 of 32 lanes did not fail the launch");
+  /* the chain: O = (Q K^T) V; Q, K in [-2, 2], V in [-3, 3]: S within +-64, exact in bf16 */
+  float hQ[256], hK[256], hV[256], hO[256];
+  for (int i = 0; i < 256; i++) hQ[i] = rnd(-2, 2), hK[i] = rnd(-2, 2), hV[i] = rnd(-3, 3);
+  float *dQ, *dK, *dV, *dO;
+  CUDA_OK(cudaMalloc((void **)&dQ, sizeof hQ));
+  CUDA_OK(cudaMalloc((void **)&dK, sizeof hK));
+  CUDA_OK(cudaMalloc((void **)&dV, sizeof hV));
+  CUDA_OK(cudaMalloc((void **)&dO, sizeof hO));
+  CUDA_OK(cudaMemcpy(dQ, hQ, sizeof hQ, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(dK, hK, sizeof hK, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(dV, hV, sizeof hV, cudaMemcpyHostToDevice));
+  TD_CUDA_LAUNCH(mma_chain_kernel, 1, 32, 0, 0, dO, dQ, dK, dV);
+  CUDA_OK(cudaGetLastError());
+  CUDA_OK(cudaMemcpy(hO, dO, sizeof hO, cudaMemcpyDeviceToHost));
+  for (int i = 0; i < 16; i++)
+    for (int d = 0; d < 16; d++) {
+      float want = 0;
+      for (int j = 0; j < 16; j++) {
+        float sc = 0;
+        for (int k = 0; k < 16; k++) sc += hQ[i * 16 + k] * hK[j * 16 + k];
+        want += sc * hV[j * 16 + d];
+      }
+      EXPECT(hO[i * 16 + d] == want, "chain O[%d][%d] = %g, want %g", i, d, hO[i * 16 + d], want);
+    }
+  cudaFree(dA), cudaFree(dB), cudaFree(dC), cudaFree(dD), cudaFree(drows), cudaFree(dcols), cudaFree(dout);
+  cudaFree(dQ), cudaFree(dK), cudaFree(dV), cudaFree(dO);
+}
+
+/* cp.async: a copy is done when a wait_group lets its group complete; read
+ * before that, shared memory holds the old bytes (as it may on a GPU) */
+__global__ void cp_async_kernel(int *out, const int *src) {
+  __shared__ __align__(16) int buf[3][4];
+  int t = threadIdx.x;
+  for (int i = 0; i < 12; i++) (&buf[0][0])[i] = -1;
+  __syncthreads();
+  if (t == 0) {
+    td_cp_async16(buf[0], src, true);
+    td_cp_async_commit();
+    td_cp_async16(buf[1], src + 4, true);
+    td_cp_async16(buf[2], src, false); /* zero-fill */
+    td_cp_async_commit();
+    out[0] = buf[0][0]; /* before any wait: -1 */
+    td_emu::cp_async_wait(1); /* the first group */
+    out[1] = buf[0][1], out[2] = buf[1][0];
+    td_cp_async_wait_all();
+    out[3] = buf[1][3], out[4] = buf[2][2];
+  }
+}
+
+static void test_cp_async(void) {
+  int h[8] = {10, 11, 12, 13, 14, 15, 16, 17}, got[5];
+  int *dsrc, *dout;
+  CUDA_OK(cudaMalloc((void **)&dsrc, sizeof h));
+  CUDA_OK(cudaMalloc((void **)&dout, sizeof got));
+  CUDA_OK(cudaMemcpy(dsrc, h, sizeof h, cudaMemcpyHostToDevice));
+  TD_CUDA_LAUNCH(cp_async_kernel, 1, 32, 0, 0, dout, dsrc);
+  CUDA_OK(cudaGetLastError());
+  CUDA_OK(cudaMemcpy(got, dout, sizeof got, cudaMemcpyDeviceToHost));
+  const int want[5] = {-1, 11, -1, 17, 0};
+  for (int i = 0; i < 5; i++) EXPECT(got[i] == want[i], "cp.async read %d: %d, want %d", i, got[i], want[i]);
+  cudaFree(dsrc), cudaFree(dout);
+}
+
 int main(void) {
+  test_mma_sm80();
+  test_cp_async();
   test_block_sum();
   test_missing_sync_shows();
   test_shuffles();

@@ -198,9 +198,16 @@ agent)
   for c in $(children_on_a); do
     [ "$(awk '{ print $4 }' "/proc/$c/stat")" = "$agent" ] || fail "process $c on host a is not the agent's child"
   done
-  # 2. The agent is killed: its processes go with it (parent-death signal),
-  # tandemrun names the lost agent and reports each process lost (their
-  # replacements start through a new agent); then the job is stopped.
+  # 2. Host a is taken out of the discovery script (one slot here instead)
+  # and its agent killed: its processes go with it (parent-death signal),
+  # tandemrun names the lost agent and reports each process lost; one
+  # replacement starts here. tandemrun then starts a new agent on host a in
+  # the background, although no process is placed there; when the host is
+  # listed again, its 2 processes are that agent's children, over no new ssh
+  # connection (TANDEM_AGENT_PROBE).
+  printf '127.0.0.1:1\n' >"$tmp/hosts"
+  for _ in $(seq 1 200); do grep -q "discovered hosts now: 127.0.0.1:1$" "$tmp/err" && break; sleep 0.05; done
+  grep -q "discovered hosts now: 127.0.0.1:1$" "$tmp/err" || fail "tandemrun did not read the discovery script's new hosts"
   t0=$(date +%s.%N)
   kill -9 "$agent"
   lost3() { [ "$(grep -Ec '^tandemrun: process [0-2] \(pid [0-9]+, host 10\.77\.16\.1\) exited with code 255' "$tmp/err")" = 3 ]; }
@@ -209,6 +216,18 @@ agent)
   grep -Eq "^tandemrun: the agent on host 10\.77\.16\.1 ended \(.*\): 3 ranks there are lost$" "$tmp/err" ||
     fail "tandemrun did not name the lost agent"
   lost3 || fail "the agent's 3 processes were not each reported lost with code 255 within 10 s"
+  wait_children 0 10 || fail "processes left on host a after its agent was killed: $(children_on_a)"
+  wait_agents 1 20 || fail "no new agent started on host a in the background within 20 s of the old one's end"
+  probe=$(agents_on_a)
+  [ "$probe" != "$agent" ] || fail "the killed agent $agent still runs"
+  n1=$(accepted)
+  printf '127.0.0.1:1\n10.77.16.1:2\n' >"$tmp/hosts"
+  wait_children 2 20 || fail "the job did not grow onto host a again: $(children_on_a)"
+  [ "$(accepted)" = "$n1" ] || fail "growing onto host a again took $(( $(accepted) - n1 )) ssh connections, expected none (its agent was up)"
+  for c in $(children_on_a); do
+    [ "$(awk '{ print $4 }' "/proc/$c/stat")" = "$probe" ] || fail "process $c on host a is not the new agent's child"
+  done
+  grep -Eq "^tandemrun: no agent started|cannot" "$tmp/err" && fail "tandemrun reported a failed background start: $(grep -E "^tandemrun: no agent started|cannot" "$tmp/err" | head -1)"
   kill -TERM "$launcher"
   for _ in $(seq 1 300); do kill -0 "$launcher" 2>/dev/null || break; sleep 0.05; done
   kill -0 "$launcher" 2>/dev/null && fail "tandemrun still runs 15 s after SIGTERM"
@@ -230,7 +249,7 @@ agent)
     fail "the lost agent is not named"
   wait_children 0 10 || fail "ranks left on host a after their agent was killed: $(children_on_a)"
   wait_agents 0 10 || fail "agents left on host a: $(agents_on_a)"
-  echo "PASS(remote agent): grow 1 -> 3 on host a over $after_grow ssh connection and no new session; agent killed -> 3 processes reported lost in $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }') s; not elastic: exit 255; nothing left"
+  echo "PASS(remote agent): grow 1 -> 3 on host a over $after_grow ssh connection and no new session; agent killed -> 3 processes reported lost in $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }') s, a new agent started in the background and the regrow used it; not elastic: exit 255; nothing left"
   ;;
 *) fail "unknown case (status, orphan, share, agent)" ;;
 esac

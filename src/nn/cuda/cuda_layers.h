@@ -33,12 +33,23 @@ extern "C" {
 td_status td_cuda_encoder_forward(void *out /* (B, T, C) */, const int32_t *tokens /* (B, T) */,
                                   const void *wte /* (V, C) */, const void *wpe /* (maxT, C) */, int B, int T, int C,
                                   td_dtype dtype, void *stream);
-/* dwte[tokens[b,t],:] += dout[b,t,:], dwpe[t,:] += sum_b dout[b,t,:]. Each
- * (row, channel) of dwte is summed by one thread in position order: no
- * atomics, the same bits every run. V is needed to bound the rows. */
+/* The positions of a batch's tokens grouped by token, for
+ * td_cuda_encoder_backward (host memory, a stable counting sort): returns
+ * the number of buckets n (distinct tokens in [0, V); tokens outside are
+ * left out); bucket b is positions order[starts[b] .. starts[b+1]), one
+ * token's, in position order. order: BT ints, starts: BT + 1 ints, counts:
+ * V ints that are zero on entry and are zero again on return. */
+int td_encoder_buckets(const int32_t *tokens /* (BT) */, int BT, int V, int32_t *order, int32_t *starts,
+                       int32_t *counts);
+/* dwte[tokens[b,t],:] += dout[b,t,:], dwpe[t,:] += sum_b dout[b,t,:].
+ * order, starts (device copies of td_encoder_buckets' arrays) and
+ * n_buckets say which positions add into which dwte row (needed when dwte
+ * is not NULL). Each (row, channel) of dwte is summed by one thread in
+ * position order: no atomics, the same bits every run. */
 td_status td_cuda_encoder_backward(void *dwte /* (V, C) or NULL */, void *dwpe /* (maxT, C) or NULL */,
-                                   const void *dout /* (B, T, C) */, const int32_t *tokens /* (B, T) */, int B, int T,
-                                   int C, int V, td_dtype dtype, void *stream);
+                                   const void *dout /* (B, T, C) */, const int32_t *tokens /* (B, T) */,
+                                   const int32_t *order /* (B T) */, const int32_t *starts /* (n_buckets + 1) */,
+                                   int n_buckets, int B, int T, int C, td_dtype dtype, void *stream);
 
 /* Layer normalisation over the last dimension, eps 1e-5 (td_layernorm_forward). */
 td_status td_cuda_layernorm_forward(void *out /* (N, C) */, float *mean /* (N) */, float *rstd /* (N) */,
@@ -51,10 +62,16 @@ td_status td_cuda_residual_layernorm_forward(void *residual /* (N, C) */, void *
                                              const void *inp1 /* (N, C) */, const void *inp2 /* (N, C) */,
                                              const void *weight /* (C) */, const void *bias /* (C) */, int N, int C,
                                              td_dtype dtype, void *stream);
+/* td_layernorm_backward: dinp += ..., dweight += ..., dbias += ... (each
+ * may be NULL). scratch: td_cuda_layernorm_backward_scratch_floats(N, C)
+ * floats of device memory (the blocks' partial dweight/dbias rows, summed in
+ * a fixed order: no atomics); not read after the call's kernels finish, so
+ * launches on one stream may share it. */
 td_status td_cuda_layernorm_backward(void *dinp /* (N, C) */, void *dweight /* (C) */, void *dbias /* (C) */,
-                                     const void *dout /* (N, C) */, const void *inp /* (N, C) */,
+                                     float *scratch, const void *dout /* (N, C) */, const void *inp /* (N, C) */,
                                      const void *weight /* (C) */, const float *mean /* (N) */,
                                      const float *rstd /* (N) */, int N, int C, td_dtype dtype, void *stream);
+size_t td_cuda_layernorm_backward_scratch_floats(int N, int C);
 
 /* out = a + b elementwise (the residual stream); out may alias a or b. */
 td_status td_cuda_residual_forward(void *out /* (n) */, const void *a /* (n) */, const void *b /* (n) */, size_t n,
@@ -115,7 +132,9 @@ td_status td_cuda_attention_backward(void *dinp /* (B, T, 3C) */, float *scratch
  * each query row's scaled scores (f32, (B, NH, T)); backward reads the
  * forward's out and lse and needs a scratch of (B, NH, T) floats. Head sizes
  * (C / NH) 8, 16, 24, 32, 48, 64; others TD_ERR_INVALID_ARGUMENT.
- * Deterministic (no atomics). */
+ * Deterministic (no atomics). bf16 at head sizes 16-64 with 16-byte aligned
+ * rows runs FlashAttention-2's kernels (flash_attention_mma.cu) unless
+ * TANDEM_CUDA_ATTENTION=wmma, read at each call, asks for the wmma ones. */
 td_status td_cuda_flash_attention_forward(void *out /* (B, T, C) */, float *lse /* (B, NH, T) */,
                                           const void *inp /* (B, T, 3C) */, int B, int T, int C, int NH,
                                           td_dtype dtype, void *stream);
@@ -126,7 +145,8 @@ td_status td_cuda_flash_attention_backward(void *dinp /* (B, T, 3C) */, float *s
 /* Which attention path a model with this head size should take:
  * *fused_out = 1 for the fused kernels, 0 for the unfused pair. The fused
  * path unless TANDEM_CUDA_ATTENTION=unfused or the head size is not one the
- * fused kernels take; TANDEM_CUDA_ATTENTION=fused with such a head size, or
+ * fused kernels take; TANDEM_CUDA_ATTENTION=fused (or wmma: the fused path
+ * on the earlier wmma kernels, for A/B runs) with such a head size, or
  * any other value, is TD_ERR_INVALID_ARGUMENT with the reason. Reads the
  * environment on every call (call it when the model is created). */
 td_status td_cuda_attention_fused(int head_size, int *fused_out);
@@ -140,6 +160,44 @@ td_status td_cuda_attention_fused(int head_size, int *fused_out);
 td_status td_cuda_softmax_xent(float *losses /* (N) */, void *logits /* (N, V): in logits, out dlogits */,
                                const int32_t *targets /* (N) */, float dloss, int N, int V, td_dtype dtype,
                                void *stream);
+
+/* Vocabulary-parallel embedding and cross-entropy (vocab_parallel.cu): a
+ * tensor rank holds vocabulary rows [v0, v0 + Vl) of wte (Vl >= 1); the
+ * caller runs the tensor group's collectives between the steps.
+ * Embedding: lookup (out = the token's local row, zeros for a token outside
+ * [v0, v0 + Vl)), allreduce SUM of out, then td_cuda_position_add
+ * (out[b,t,:] += wpe[t,:]). Backward: td_cuda_vocab_embedding_backward adds
+ * dout's rows into the local rows of the tokens in range (deterministic,
+ * as td_cuda_encoder_backward; dwpe through td_cuda_encoder_backward with
+ * dwte NULL). */
+td_status td_cuda_vocab_embedding_lookup(void *out /* (BT, C) */, const int32_t *tokens /* (BT) */,
+                                         const void *wte_local /* (Vl, C) */, int BT, int C, int v0, int Vl,
+                                         td_dtype dtype, void *stream);
+td_status td_cuda_position_add(void *out /* (B, T, C) */, const void *wpe /* (maxT, C) */, int B, int T, int C,
+                               td_dtype dtype, void *stream);
+td_status td_cuda_vocab_embedding_backward(void *dwte_local /* (Vl, C) */, const void *dout /* (BT, C) */,
+                                           const int32_t *tokens /* (BT) */, int BT, int C, int v0, int Vl,
+                                           td_dtype dtype, void *stream);
+/* The parallel cross-entropy over logits (N, Vl) of columns [v0, v0 + Vl):
+ *   td_cuda_vocab_xent_max: row_max[n] = this rank's row maximum; then the
+ *     caller's allreduce MAX of row_max (N f32);
+ *   td_cuda_vocab_xent_sums: sums[2n] = sum of exp(x - row_max[n]) over the
+ *     local columns, sums[2n+1] = x[target] - row_max[n] where this rank
+ *     holds the target, else 0; then the caller's allreduce SUM of sums
+ *     (2N f32);
+ *   td_cuda_vocab_xent_finish: losses[n] = log(sums[2n]) - sums[2n+1], and
+ *     the logits OVERWRITTEN with dloss * (softmax - onehot) / N on the
+ *     local columns (as td_cuda_softmax_xent). Targets must lie in [0, V)
+ *     (the model checks them on the host). */
+td_status td_cuda_vocab_xent_max(float *row_max /* (N) */, const void *logits /* (N, Vl) */, int N, int Vl,
+                                 td_dtype dtype, void *stream);
+td_status td_cuda_vocab_xent_sums(float *sums /* (N, 2) */, const void *logits /* (N, Vl) */,
+                                  const float *row_max /* (N) */, const int32_t *targets /* (N) */, int N, int v0,
+                                  int Vl, td_dtype dtype, void *stream);
+td_status td_cuda_vocab_xent_finish(float *losses /* (N) */, void *logits /* (N, Vl): in logits, out dlogits */,
+                                    const float *row_max /* (N) */, const float *sums /* (N, 2) */,
+                                    const int32_t *targets /* (N) */, float dloss, int N, int v0, int Vl,
+                                    td_dtype dtype, void *stream);
 
 #ifdef __cplusplus
 }

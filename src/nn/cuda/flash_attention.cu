@@ -12,8 +12,13 @@
  *     over key tiles up to the diagonal: dq += ds k / sqrt(hs)), recomputing
  *     p and ds in both instead of adding dq with atomics: the same bits
  *     every run.
- * Two implementations of that plan:
- *  - bf16 with a head size that is a multiple of 16: tensor cores through
+ * Three implementations of that plan:
+ *  - bf16 with head size 16, 32, 48 or 64 (and 16-byte aligned rows), the
+ *    default: FlashAttention-2's kernels on mma.sync with the scores in
+ *    registers (flash_attention_mma.cu);
+ *  - bf16 with a head size that is a multiple of 16 where that does not
+ *    apply, or everywhere with TANDEM_CUDA_ATTENTION=wmma (the A/B switch
+ *    of scripts/gpu-check and bench/cuda_kernels.sh): tensor cores through
  *    the warp matrix API (wmma, 16x16x16 bf16 products accumulating in f32).
  *    Tiles of 64 rows, 4 warps of 16 rows each. The products go through
  *    fragments; what needs a row (masking, the online softmax, its rescale
@@ -34,6 +39,7 @@
 
 #include "cuda_common.cuh"
 #include "cuda_layers.h"
+#include "flash_attention_mma.cuh"
 
 #define FA_TILE 32
 
@@ -519,27 +525,40 @@ static bool head_size_supported(int hs) {
   return hs == 8 || hs == 16 || hs == 24 || hs == 32 || hs == 48 || hs == 64;
 }
 
-extern "C" td_status td_cuda_attention_fused(int head_size, int *fused_out) {
+/* TANDEM_CUDA_ATTENTION: 0 unset/empty, 1 unfused, 2 fused, 3 wmma (fused,
+ * with the wmma kernels where the mma ones would run); -1 anything else */
+static int attention_env(const char **value) {
   const char *e = getenv("TANDEM_CUDA_ATTENTION");
-  int want_fused = 1, forced = 0;
-  if (e && *e) {
-    if (strcmp(e, "unfused") == 0)
-      want_fused = 0;
-    else if (strcmp(e, "fused") == 0)
-      forced = 1;
-    else
-      return td_error(TD_ERR_INVALID_ARGUMENT, "TANDEM_CUDA_ATTENTION=%s: use fused or unfused", e);
-  }
+  *value = e;
+  if (!e || !*e) return 0;
+  if (strcmp(e, "unfused") == 0) return 1;
+  if (strcmp(e, "fused") == 0) return 2;
+  if (strcmp(e, "wmma") == 0) return 3;
+  return -1;
+}
+
+extern "C" td_status td_cuda_attention_fused(int head_size, int *fused_out) {
+  const char *e;
+  int mode = attention_env(&e);
+  if (mode < 0) return td_error(TD_ERR_INVALID_ARGUMENT, "TANDEM_CUDA_ATTENTION=%s: use fused, wmma or unfused", e);
+  int want_fused = mode != 1, forced = mode >= 2;
   if (want_fused && !head_size_supported(head_size)) {
     if (forced)
       return td_error(TD_ERR_INVALID_ARGUMENT,
-                      "TANDEM_CUDA_ATTENTION=fused: the fused kernel takes head sizes 8, 16, 24, 32, 48, 64, not %d "
+                      "TANDEM_CUDA_ATTENTION=%s: the fused kernel takes head sizes 8, 16, 24, 32, 48, 64, not %d "
                       "(unset it to use the unfused path)",
-                      head_size);
+                      e, head_size);
     want_fused = 0;
   }
   *fused_out = want_fused;
   return TD_OK;
+}
+
+/* The FlashAttention-2 kernels serve this call (bf16, their head sizes,
+ * aligned rows) unless TANDEM_CUDA_ATTENTION=wmma asks for the wmma ones. */
+static bool use_fa2(td_dtype dtype, int hs, int C, const void *p1, const void *p2, const void *p3) {
+  const char *e;
+  return dtype == TD_BF16 && attention_env(&e) != 3 && td_fa2_supported(hs, C, p1, p2, p3);
 }
 
 static td_status check_shape(const char *fname, int B, int T, int C, int NH) {
@@ -571,6 +590,7 @@ extern "C" td_status td_cuda_flash_attention_forward(void *out, float *lse, cons
   if ((size_t)B * T == 0) return TD_OK;
   int hs = C / NH;
   float scale = 1.0f / sqrtf((float)hs);
+  if (use_fa2(dtype, hs, C, out, inp, NULL)) return td_fa2_forward(out, lse, inp, B, T, C, NH, stream);
   if (use_wmma(dtype, hs)) {
     if (hs == 16) return wm_forward<16>(out, lse, inp, B, T, C, NH, scale, stream);
     if (hs == 32) return wm_forward<32>(out, lse, inp, B, T, C, NH, scale, stream);
@@ -601,6 +621,7 @@ extern "C" td_status td_cuda_flash_attention_backward(void *dinp, float *scratch
     TD_CUDA_LAUNCH(flash_backward_dot_kernel<td_elem>, td_cuda_blocks(rows, 256), 256, 0, stream, scratch,
                    (const td_elem *)dout, (const td_elem *)out, B, T, C, NH);
     TD_CUDA_LAUNCH_CHECK("flash_backward_dot_kernel");
+    if (use_fa2(dtype, hs, C, dinp, dout, inp)) return td_fa2_backward(dinp, scratch, dout, inp, lse, B, T, C, NH, stream);
     if (use_wmma(dtype, hs)) {
       if (hs == 16) return wm_backward<16>(dinp, scratch, dout, inp, lse, B, T, C, NH, scale, stream);
       if (hs == 32) return wm_backward<32>(dinp, scratch, dout, inp, lse, B, T, C, NH, scale, stream);

@@ -20,7 +20,11 @@
  *  - atomics are plain read-modify-writes (fibers never interleave inside
  *    one), __ldg a plain load, math intrinsics their libm functions.
  * mma.h (wmma) and cublasLt.h beside it are reference versions with the
- * real semantics. It cannot show timing, the memory model's races between
+ * real semantics; the sm_80 warp-level instructions that
+ * src/nn/cuda/mma_sm80.cuh wraps (mma.sync m16n8k16 bf16, ldmatrix .x4 and
+ * .x4.trans) are emulated with PTX's documented per-lane fragment layout
+ * (emu_mma_sm80.cc), so that a kernel that relies on that layout runs here
+ * as on a GPU. It cannot show timing, the memory model's races between
  * blocks or warps (everything here is sequentially consistent), or real
  * tensor cores and cuBLASLt's kernels: those run on a GPU only
  * (scripts/gpu-check). */
@@ -70,6 +74,36 @@ uint64_t warp_exchange(uint64_t mine, unsigned src);
 /* Deposit pred, wait for the warp, return the bit mask of lanes with pred != 0. */
 unsigned warp_ballot(int pred);
 void *dynamic_smem();
+/* Lane `src`'s 64-byte box in the caller's warp (src = lane(): its own).
+ * Warp-collective instructions (emu_mma_sm80.cc) are: write the own box,
+ * sync_warp(), read the others' boxes, sync_warp() (so that no lane
+ * overwrites its box before every lane has read it). */
+void *lane_box(unsigned src);
+/* Record what a GPU would stop the kernel for (a misaligned ldmatrix row,
+ * a warp-collective instruction missing lanes): the launch fails with
+ * cudaErrorLaunchFailure and this message once the block's threads next
+ * yield (the first fault of a block is reported). */
+void fault(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* The sm_80 instructions of src/nn/cuda/mma_sm80.cuh (emu_mma_sm80.cc), with
+ * PTX's per-lane fragment layouts: every lane of the warp must call them. */
+void mma_m16n8k16_bf16(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]);
+void ldmatrix_x4(uint32_t r[4], const void *row, bool trans);
+/* cp.async (16 bytes, global to shared; src NULL: zeros), commit_group,
+ * wait_group: the copies of a thread are queued and done when a wait_group
+ * lets their group complete, so that shared memory read before the wait
+ * still holds the old bytes, as it may on a GPU (a missing wait shows). */
+struct cp_async_queue {
+  struct op {
+    void *dst;
+    const void *src;
+  } ops[64];
+  int n_ops, n_committed; /* ops [0, n_committed) belong to committed groups */
+  int group_end[16], n_groups;
+};
+cp_async_queue *cp_async_mine();
+void cp_async16(void *dst, const void *src);
+void cp_async_commit();
+void cp_async_wait(int newest_pending);
 template <class F> void run_body(void *f) { (*(F *)f)(); }
 } // namespace td_emu
 

@@ -1257,7 +1257,7 @@ td_status tcp_transport_create(td_comm *comm, transport **out) {
       goto fail;
     }
     set_keepalive(fd);
-    net_set_retransmit_bound(fd); /* the accepted ones did not pass net_accept */
+    net_set_loss_recovery(fd); /* the accepted ones did not pass net_accept */
     if (buffer_bytes > 0) net_set_bufsizes(fd, (int)TD_MIN(buffer_bytes, (size_t)1 << 30));
   }
 

@@ -1,0 +1,441 @@
+/* Fused causal attention on the tensor cores, FlashAttention-2's design
+ * (Dao, 2023) for bf16 inputs with head sizes 16, 32, 48 and 64: the
+ * default fused path for those (flash_attention.cu chooses it;
+ * TANDEM_CUDA_ATTENTION=wmma takes the earlier wmma kernels instead, for
+ * A/B runs). Same contract as flash_attention.cu's kernels: qkv (B, T, 3C),
+ * out (B, T, C), lse (B, NH, T) in natural-log units, dqkv += the gradient.
+ *
+ * Products are mma.sync m16n8k16 (bf16 in, f32 accumulation) through
+ * mma_sm80.cuh, whose fragment layouts are documented, so that the scores S
+ * never leave registers: row max and row sum by shuffles within the 4 lanes
+ * of a quad (a quad holds one row's 8-column pieces), and P, rounded to
+ * bf16, is the A operand of P V as it lies in the registers (two adjacent
+ * 16 x 8 accumulator tiles are one 16 x 16 A fragment). Operand tiles are
+ * staged in shared memory with 16-byte vector loads into rows padded by 8
+ * bf16 (16 bytes), so that ldmatrix's 8 row addresses fall in 8 different
+ * bank quads; B operands come from ldmatrix .x4 (K, Q, dO as stored: B = K^T
+ * is "col" layout) and ldmatrix .x4.trans (V, dO, Q, K as the B of P V,
+ * P^T dO, dS^T Q, dS K).
+ *
+ * forward: a block takes 128 query rows (4 warps x 32 rows: two m16 tiles
+ *   a warp, so each K/V fragment loaded from shared memory feeds two
+ *   products), Q's fragments stay in registers, key tiles of 64 up to the
+ *   diagonal, copied by cp.async with FA2's overlap in one K and one V
+ *   buffer (V of this tile lands during Q K^T and the softmax, K of the
+ *   next during P V); online softmax in base 2 (scores pre-scaled by
+ *   log2(e)/sqrt(hs): exp2 is one instruction); the running row sum stays
+ *   per lane and is summed over the quad once at the end (the rescaling
+ *   factor is the same for the whole row). Blocks are issued heaviest first
+ *   (the last query tiles have the most keys) against a causal tail.
+ * backward, FA2's loop order: D = rowsum(dO * O) (flash_attention.cu's
+ *   kernel), then one pass per key tile of 64 (4 warps x 16 keys) over the
+ *   query tiles from the diagonal on, in the transposed form: S^T = K Q^T,
+ *   dP^T = V dO^T, P^T = exp(S^T - lse), dS^T = P^T (dP^T - D), dV += P^T dO,
+ *   dK += dS^T Q, with P^T and dS^T the A operands straight from registers;
+ *   and one pass per query tile of 64 over the key tiles up to the diagonal
+ *   for dQ += dS K (S and dP recomputed). dQ is not accumulated with atomics
+ *   across key tiles, as FA2 does: a fixed order of additions gives the same
+ *   bits on every run, which Tandem's deterministic training promises (the
+ *   price is the recomputation of S and dP in the second pass: 2 of the
+ *   backward's 5 products, ~40% more tensor-core work).
+ *
+ * nvcc -Xptxas -v for sm_90 (-O3), registers per thread / static shared
+ * memory per block, 0 bytes of stack and spills in every kernel, measured
+ * 2026-11-28 with CUDA 13.0 (/usr/local/cuda) and CI's 11.8
+ * (/opt/tandem-cuda-11.8, clang-14 as host compiler):
+ *            forward      backward dK,dV   backward dQ     smem (fwd, kv, q)
+ *   HS=64    243 / 238    236 / 227        167 / 168       36864, 28160, 27648
+ *   HS=48    218 / 216    186 / 197        162 / 168       28672, 22016, 21504
+ *   HS=32    176 / 166    137 / 159        135 / 128       20480, 15872, 15360
+ *   HS=16    168 / 163    128 / 154        126 / 128       12288,  9728,  9216
+ *   At HS=64 the forward's 243 registers allow 2 blocks (8 warps) per SM,
+ *   as FA2's own forward; the backward 2 blocks (dK/dV) and 3 (dQ).
+ * Not done: the backward's tiles are loaded synchronously (no cp.async
+ * overlap), the output is written 4 bytes a lane instead of through shared
+ * memory in 16-byte rows, the causal diagonal tile is masked per element
+ * rather than split, head size 128. */
+#include "cuda_common.cuh"
+#include "flash_attention_mma.cuh"
+#include "mma_sm80.cuh"
+
+#define FA2_THREADS 128
+#define FA2_FWD_ROWS 128 /* query rows of a forward block: 4 warps x 32 */
+#define FA2_TILE 64      /* key rows of a forward tile; rows of a backward block and tile */
+
+/* scores scaled into base 2: exp(x) = exp2(x log2(e)) */
+#define FA2_LOG2E 1.4426950408889634f
+#define FA2_LN2 0.6931471805599453f
+
+typedef __nv_bfloat16 bf16;
+
+/* rows [r0, r0 + ROWS) of a (T, ld) bf16 matrix whose first column is at
+ * src into a shared tile of row stride HS + 8, 16 bytes a load; rows at or
+ * past T are zeros */
+template <int HS, int ROWS>
+__device__ __forceinline__ void fa2_load_tile(bf16 *tile, const bf16 *src, size_t ld, int r0, int T_) {
+  constexpr int VPR = HS / 8; /* 16-byte vectors per row */
+  for (int e = threadIdx.x; e < ROWS * VPR; e += FA2_THREADS) {
+    int r = e / VPR, c = (e % VPR) * 8;
+    int4 v = make_int4(0, 0, 0, 0);
+    if (r0 + r < T_) v = *(const int4 *)(src + (size_t)(r0 + r) * ld + c);
+    *(int4 *)(tile + r * (HS + 8) + c) = v;
+  }
+}
+
+/* fa2_load_tile through cp.async (one group): the copies land while the
+ * threads compute; td_cp_async_wait_all and a __syncthreads before reading */
+template <int HS, int ROWS>
+__device__ __forceinline__ void fa2_load_tile_async(bf16 *tile, const bf16 *src, size_t ld, int r0, int T_) {
+  constexpr int VPR = HS / 8;
+  for (int e = threadIdx.x; e < ROWS * VPR; e += FA2_THREADS) {
+    int r = e / VPR, c = (e % VPR) * 8;
+    bool valid = r0 + r < T_;
+    td_cp_async16(tile + r * (HS + 8) + c, src + (size_t)(valid ? r0 + r : 0) * ld + c, valid);
+  }
+  td_cp_async_commit();
+}
+
+/* A fragments of a 16-row strip of a shared tile (row stride HS + 8), all
+ * HS / 16 k-chunks */
+template <int HS> __device__ __forceinline__ void fa2_load_a(uint32_t a[HS / 16][4], const bf16 *strip) {
+  int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int kc = 0; kc < HS / 16; kc++) td_ldmatrix_x4(a[kc], strip + (lane % 16) * (HS + 8) + kc * 16 + (lane / 16) * 8);
+}
+
+/* acc[m][16 x 64] = A_m (16 x HS, fragments) times B^T for each of the MI
+ * strips m, B the 64 x HS shared tile `tile` (row stride HS + 8): the
+ * score-shaped products (Q K^T and the like). Each B fragment read from
+ * shared memory feeds the MI strips' products. */
+template <int HS, int MI>
+__device__ __forceinline__ void fa2_scores(float acc[MI][8][4], const uint32_t a[MI][HS / 16][4], const bf16 *tile) {
+  int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int m = 0; m < MI; m++)
+#pragma unroll
+    for (int n = 0; n < 8; n++) acc[m][n][0] = acc[m][n][1] = acc[m][n][2] = acc[m][n][3] = 0.0f;
+#pragma unroll
+  for (int kc = 0; kc < HS / 16; kc++)
+#pragma unroll
+    for (int np = 0; np < 4; np++) {
+      /* matrices: rows np*16 + 0..7 (cols kc*16 + 0..7, 8..15), rows + 8..15 (same) */
+      uint32_t b[4];
+      td_ldmatrix_x4(b, tile + (np * 16 + lane % 8 + (lane / 16) * 8) * (HS + 8) + kc * 16 + ((lane / 8) % 2) * 8);
+#pragma unroll
+      for (int m = 0; m < MI; m++) {
+        td_mma_bf16_16816(acc[m][2 * np], a[m][kc], b, acc[m][2 * np]);
+        td_mma_bf16_16816(acc[m][2 * np + 1], a[m][kc], b + 2, acc[m][2 * np + 1]);
+      }
+    }
+}
+
+/* A fragment of columns 16 kk .. 16 kk + 15 of a 16 x 64 accumulator, bf16 */
+__device__ __forceinline__ void fa2_acc_to_a(uint32_t a[4], const float acc[8][4], int kk) {
+  a[0] = td_pack_bf16x2(acc[2 * kk][0], acc[2 * kk][1]);
+  a[1] = td_pack_bf16x2(acc[2 * kk][2], acc[2 * kk][3]);
+  a[2] = td_pack_bf16x2(acc[2 * kk + 1][0], acc[2 * kk + 1][1]);
+  a[3] = td_pack_bf16x2(acc[2 * kk + 1][2], acc[2 * kk + 1][3]);
+}
+
+/* out[m][16 x HS] += A_m (16 x 16: columns 16 kk .. of strip m) times the
+ * tile's rows 16 kk .. 16 kk + 15 (16 x HS, row stride HS + 8), for each of
+ * the MI strips; each B fragment feeds the MI products */
+template <int HS, int MI>
+__device__ __forceinline__ void fa2_times_rows(float out[MI][HS / 8][4], const uint32_t a[MI][4], const bf16 *tile,
+                                               int kk) {
+  int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int dp = 0; dp < HS / 16; dp++) {
+    uint32_t b[4];
+    td_ldmatrix_x4_trans(b, tile + (kk * 16 + lane % 16) * (HS + 8) + dp * 16 + (lane / 16) * 8);
+#pragma unroll
+    for (int m = 0; m < MI; m++) {
+      td_mma_bf16_16816(out[m][2 * dp], a[m], b, out[m][2 * dp]);
+      td_mma_bf16_16816(out[m][2 * dp + 1], a[m], b + 2, out[m][2 * dp + 1]);
+    }
+  }
+}
+
+__device__ __forceinline__ float fa2_quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float fa2_quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+template <int HS>
+__global__ void __launch_bounds__(FA2_THREADS) fa2_forward_kernel(bf16 *out, float *lse, const bf16 *inp, int T_,
+                                                                  int C, int NH, float scale_log2) {
+  constexpr int LD = HS + 8, KC = HS / 16, DN = HS / 8;
+  __shared__ __align__(16) bf16 Qs[FA2_FWD_ROWS * LD];
+  __shared__ __align__(16) bf16 Ks[FA2_TILE * LD];
+  __shared__ __align__(16) bf16 Vs[FA2_TILE * LD];
+  int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+  int q0 = (gridDim.x - 1 - blockIdx.x) * FA2_FWD_ROWS; /* heaviest first */
+  size_t ld = (size_t)3 * C;
+  const bf16 *qb = inp + (size_t)b * T_ * ld + (size_t)h * HS;
+  fa2_load_tile_async<HS, FA2_FWD_ROWS>(Qs, qb, ld, q0, T_);
+  fa2_load_tile_async<HS, FA2_TILE>(Ks, qb + C, ld, 0, T_);
+  td_cp_async_wait_all();
+  __syncthreads();
+  int wr0 = q0 + warp * 32; /* this warp's first query row */
+  uint32_t qa[2][KC][4];
+#pragma unroll
+  for (int mi = 0; mi < 2; mi++) fa2_load_a<HS>(qa[mi], Qs + (warp * 32 + mi * 16) * LD);
+  float o[2][DN][4], m[2][2], l[2][2];
+#pragma unroll
+  for (int mi = 0; mi < 2; mi++) {
+#pragma unroll
+    for (int d = 0; d < DN; d++) o[mi][d][0] = o[mi][d][1] = o[mi][d][2] = o[mi][d][3] = 0.0f;
+    m[mi][0] = m[mi][1] = -INFINITY;
+    l[mi][0] = l[mi][1] = 0.0f;
+  }
+  int n_kt = (min(q0 + FA2_FWD_ROWS, T_) - 1) / FA2_TILE + 1;
+  /* K and V tiles in one buffer each, FA2's overlap: V(kt) is copied while
+   * S = Q K(kt)^T and its softmax are computed, K(kt + 1) while P V(kt) is */
+  for (int kt = 0; kt < n_kt; kt++) {
+    int j0 = kt * FA2_TILE;
+    if (kt > 0) {
+      td_cp_async_wait_all(); /* K(kt) */
+      __syncthreads();        /* ... visible; every warp is done with V(kt - 1) */
+    }
+    fa2_load_tile_async<HS, FA2_TILE>(Vs, qb + 2 * C, ld, j0, T_);
+    /* j0 and wr0 are multiples of 64 and 32: a tile that starts past this
+     * warp's first row starts past its last, every score masked */
+    bool active = j0 <= wr0;
+    bool diag = j0 + FA2_TILE - 1 > wr0; /* some key of the tile after some row: mask */
+    float s[2][8][4];
+    if (active) {
+      fa2_scores<HS, 2>(s, qa, Ks);
+#pragma unroll
+      for (int mi = 0; mi < 2; mi++) {
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+          int i = wr0 + mi * 16 + half * 8 + g; /* the row of s[.][2 half + e] */
+          float mx = -INFINITY;
+#pragma unroll
+          for (int n = 0; n < 8; n++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+              float v = s[mi][n][2 * half + e] * scale_log2;
+              if (diag && j0 + n * 8 + 2 * t + e > i) v = -INFINITY;
+              s[mi][n][2 * half + e] = v;
+              mx = fmaxf(mx, v);
+            }
+          /* key j0 <= wr0 <= i is never masked: m_new is finite */
+          float m_new = fmaxf(m[mi][half], fa2_quad_max(mx));
+          float corr = exp2f(m[mi][half] - m_new); /* 0 on the first tile */
+          m[mi][half] = m_new;
+          float sum = 0.0f;
+#pragma unroll
+          for (int n = 0; n < 8; n++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+              float p = exp2f(s[mi][n][2 * half + e] - m_new);
+              s[mi][n][2 * half + e] = p;
+              sum += p;
+            }
+          l[mi][half] = l[mi][half] * corr + sum; /* this lane's columns only */
+#pragma unroll
+          for (int d = 0; d < DN; d++) {
+            o[mi][d][2 * half] *= corr;
+            o[mi][d][2 * half + 1] *= corr;
+          }
+        }
+      }
+    }
+    td_cp_async_wait_all(); /* V(kt) */
+    __syncthreads();        /* ... visible; every warp is done with K(kt) */
+    if (kt + 1 < n_kt) fa2_load_tile_async<HS, FA2_TILE>(Ks, qb + C, ld, j0 + FA2_TILE, T_);
+    if (!active) continue;
+#pragma unroll
+    for (int kk = 0; kk < FA2_TILE / 16; kk++) {
+      uint32_t pa[2][4];
+      fa2_acc_to_a(pa[0], s[0], kk);
+      fa2_acc_to_a(pa[1], s[1], kk);
+      fa2_times_rows<HS, 2>(o, pa, Vs, kk);
+    }
+  }
+#pragma unroll
+  for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+      float lsum = fa2_quad_sum(l[mi][half]);
+      int i = wr0 + mi * 16 + half * 8 + g;
+      if (i >= T_) continue;
+      float inv = 1.0f / lsum;
+      bf16 *orow = out + ((size_t)b * T_ + i) * C + (size_t)h * HS + 2 * t;
+#pragma unroll
+      for (int d = 0; d < DN; d++)
+        *(uint32_t *)(orow + d * 8) = td_pack_bf16x2(o[mi][d][2 * half] * inv, o[mi][d][2 * half + 1] * inv);
+      if (t == 0) lse[(size_t)bh * T_ + i] = (m[mi][half] + log2f(lsum)) * FA2_LN2;
+    }
+}
+
+/* KEYS: a block owns 64 keys and accumulates dK, dV over the query tiles
+ * from the diagonal on; otherwise it owns 64 queries and accumulates dQ
+ * over the key tiles up to the diagonal. The warp's 16 own rows are the
+ * products' M: own1/own2 = K/V (keys) or Q/dO (queries), the other tile's
+ * oth1/oth2 = Q/dO or K/V. */
+template <int HS, bool KEYS>
+__global__ void __launch_bounds__(FA2_THREADS)
+    fa2_backward_kernel(bf16 *dinp, const bf16 *dout, const bf16 *inp, const float *lse, const float *D, int T_, int C,
+                        int NH, float scale, float scale_log2) {
+  constexpr int LD = HS + 8, KC = HS / 16, DN = HS / 8;
+  __shared__ __align__(16) bf16 own[FA2_TILE * LD];
+  __shared__ __align__(16) bf16 oth1[FA2_TILE * LD];
+  __shared__ __align__(16) bf16 oth2[FA2_TILE * LD];
+  __shared__ float Lt[FA2_TILE], Dt[FA2_TILE]; /* keys: the other tile's lse (base 2) and D */
+  int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+  int n_tiles = (T_ + FA2_TILE - 1) / FA2_TILE;
+  int tile = KEYS ? blockIdx.x : gridDim.x - 1 - blockIdx.x; /* heaviest first */
+  int r0 = tile * FA2_TILE, wr0 = r0 + warp * FA2_TILE / 4;
+  size_t ld = (size_t)3 * C;
+  const bf16 *qb = inp + (size_t)b * T_ * ld + (size_t)h * HS, *ob = dout + (size_t)b * T_ * C + (size_t)h * HS;
+  const float *lse_bh = lse + (size_t)bh * T_, *D_bh = D + (size_t)bh * T_;
+  /* own fragments, through the one shared tile */
+  uint32_t a1[1][KC][4], a2[1][KC][4];
+  fa2_load_tile<HS, FA2_TILE>(own, KEYS ? qb + C : qb, ld, r0, T_);
+  __syncthreads();
+  fa2_load_a<HS>(a1[0], own + warp * 16 * LD);
+  __syncthreads();
+  if (KEYS)
+    fa2_load_tile<HS, FA2_TILE>(own, qb + 2 * C, ld, r0, T_);
+  else
+    fa2_load_tile<HS, FA2_TILE>(own, ob, C, r0, T_);
+  __syncthreads();
+  fa2_load_a<HS>(a2[0], own + warp * 16 * LD);
+  /* queries: this lane's two rows' lse (base 2) and D */
+  float Lrow[2] = {0.0f, 0.0f}, Drow[2] = {0.0f, 0.0f};
+  if (!KEYS)
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+      int i = wr0 + half * 8 + g;
+      if (i < T_) {
+        Lrow[half] = lse_bh[i] * FA2_LOG2E;
+        Drow[half] = D_bh[i];
+      }
+    }
+  float acc1[1][DN][4], acc2[1][DN][4]; /* keys: dK, dV; queries: dQ (acc2 unused) */
+#pragma unroll
+  for (int d = 0; d < DN; d++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) acc1[0][d][e] = acc2[0][d][e] = 0.0f;
+  int first = KEYS ? tile : 0, last = KEYS ? n_tiles - 1 : tile;
+  for (int ot = first; ot <= last; ot++) {
+    int o0 = ot * FA2_TILE;
+    __syncthreads(); /* every warp is done with the previous tiles */
+    if (KEYS) {
+      fa2_load_tile<HS, FA2_TILE>(oth1, qb, ld, o0, T_);
+      fa2_load_tile<HS, FA2_TILE>(oth2, ob, C, o0, T_);
+      for (int e = threadIdx.x; e < FA2_TILE; e += FA2_THREADS) {
+        Lt[e] = o0 + e < T_ ? lse_bh[o0 + e] * FA2_LOG2E : 0.0f;
+        Dt[e] = o0 + e < T_ ? D_bh[o0 + e] : 0.0f;
+      }
+    } else {
+      fa2_load_tile<HS, FA2_TILE>(oth1, qb + C, ld, o0, T_);
+      fa2_load_tile<HS, FA2_TILE>(oth2, qb + 2 * C, ld, o0, T_);
+    }
+    __syncthreads();
+    /* a tile wholly on the masked side of this warp's 16 rows */
+    if (KEYS ? o0 + FA2_TILE - 1 < wr0 : o0 > wr0 + 15) continue;
+    float s[1][8][4], dp[1][8][4];
+    fa2_scores<HS, 1>(s, a1, oth1); /* S^T = K Q^T  or  S = Q K^T */
+    fa2_scores<HS, 1>(dp, a2, oth2); /* dP^T = V dO^T  or  dP = dO V^T */
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+      int r = wr0 + half * 8 + g;
+#pragma unroll
+      for (int n = 0; n < 8; n++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+          int c = n * 8 + 2 * t + e, other = o0 + c;
+          int q = KEYS ? other : r, k = KEYS ? r : other;
+          float L = KEYS ? Lt[c] : Lrow[half], Dv = KEYS ? Dt[c] : Drow[half];
+          float p = (k <= q && q < T_) ? exp2f(s[0][n][2 * half + e] * scale_log2 - L) : 0.0f;
+          s[0][n][2 * half + e] = p;
+          dp[0][n][2 * half + e] = p * (dp[0][n][2 * half + e] - Dv);
+        }
+    }
+#pragma unroll
+    for (int kk = 0; kk < FA2_TILE / 16; kk++) {
+      uint32_t pa[1][4], da[1][4];
+      fa2_acc_to_a(da[0], dp[0], kk);
+      if (KEYS) {
+        fa2_acc_to_a(pa[0], s[0], kk);
+        fa2_times_rows<HS, 1>(acc2, pa, oth2, kk); /* dV += P^T dO */
+        fa2_times_rows<HS, 1>(acc1, da, oth1, kk); /* dK += dS^T Q */
+      } else {
+        fa2_times_rows<HS, 1>(acc1, da, oth1, kk); /* dQ += dS K */
+      }
+    }
+  }
+  /* dinp += the gradient: dK and dQ carry the score scale, dV not */
+#pragma unroll
+  for (int half = 0; half < 2; half++) {
+    int r = wr0 + half * 8 + g;
+    if (r >= T_) continue;
+    bf16 *grow = dinp + ((size_t)b * T_ + r) * ld + (size_t)h * HS + 2 * t;
+#pragma unroll
+    for (int pass = 0; pass < (KEYS ? 2 : 1); pass++) {
+      bf16 *gp = grow + (KEYS ? (size_t)(pass + 1) * C : 0);
+      const float(*acc)[4] = pass ? acc2[0] : acc1[0];
+      float mul = pass ? 1.0f : scale;
+#pragma unroll
+      for (int d = 0; d < DN; d++) {
+        bf16 *x = gp + d * 8;
+        *(uint32_t *)x = td_pack_bf16x2(__bfloat162float(x[0]) + acc[d][2 * half] * mul,
+                                        __bfloat162float(x[1]) + acc[d][2 * half + 1] * mul);
+      }
+    }
+  }
+}
+
+extern "C" bool td_fa2_supported(int head_size, int C, const void *p1, const void *p2, const void *p3) {
+  return (head_size == 16 || head_size == 32 || head_size == 48 || head_size == 64) && C % 8 == 0 &&
+         td_aligned16(p1, p2, p3);
+}
+
+/* Run the statements with the constant HS the runtime head size (16, 32, 48, 64). */
+#define FA2_DISPATCH_HS(hs, ...)                           \
+  switch (hs) {                                            \
+  case 16: { constexpr int HS = 16; __VA_ARGS__; } break;  \
+  case 32: { constexpr int HS = 32; __VA_ARGS__; } break;  \
+  case 48: { constexpr int HS = 48; __VA_ARGS__; } break;  \
+  default: { constexpr int HS = 64; __VA_ARGS__; } break;  \
+  }
+
+extern "C" td_status td_fa2_forward(void *out, float *lse, const void *inp, int B, int T, int C, int NH,
+                                    void *stream) {
+  int hs = C / NH;
+  float scale_log2 = FA2_LOG2E / sqrtf((float)hs);
+  dim3 grid(td_cuda_blocks((size_t)T, FA2_FWD_ROWS), B * NH);
+  FA2_DISPATCH_HS(hs, {
+    auto *kernel = &fa2_forward_kernel<HS>;
+    TD_CUDA_LAUNCH(kernel, grid, FA2_THREADS, 0, stream, (bf16 *)out, lse, (const bf16 *)inp, T, C, NH, scale_log2);
+  });
+  TD_CUDA_LAUNCH_CHECK("fa2_forward_kernel");
+  return TD_OK;
+}
+
+extern "C" td_status td_fa2_backward(void *dinp, const float *D, const void *dout, const void *inp, const float *lse,
+                                     int B, int T, int C, int NH, void *stream) {
+  int hs = C / NH;
+  float scale = 1.0f / sqrtf((float)hs), scale_log2 = scale * FA2_LOG2E;
+  dim3 grid(td_cuda_blocks((size_t)T, FA2_TILE), B * NH);
+  FA2_DISPATCH_HS(hs, {
+    auto *kv = &fa2_backward_kernel<HS, true>;
+    TD_CUDA_LAUNCH(kv, grid, FA2_THREADS, 0, stream, (bf16 *)dinp, (const bf16 *)dout, (const bf16 *)inp, lse, D, T,
+                   C, NH, scale, scale_log2);
+    TD_CUDA_LAUNCH_CHECK("fa2_backward_kernel (dK, dV)");
+    auto *qk = &fa2_backward_kernel<HS, false>;
+    TD_CUDA_LAUNCH(qk, grid, FA2_THREADS, 0, stream, (bf16 *)dinp, (const bf16 *)dout, (const bf16 *)inp, lse, D, T,
+                   C, NH, scale, scale_log2);
+    TD_CUDA_LAUNCH_CHECK("fa2_backward_kernel (dQ)");
+  });
+  return TD_OK;
+}
