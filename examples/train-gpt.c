@@ -273,7 +273,8 @@ static void print_estimates(const td_model *model, const td_train_config *cfg, i
          "optimizer + live + deterministic + replicas; replica_disk: the elastic commit files; DeepSpeed "
          "estimate_zero3_model_states_mem_needs_all_live; "
          "total = model states + activations + runtime, plus what the process holds before the trainer; gather: "
-         "more at the end for the sample at stage 3)\n",
+         "more at the end for the sample at stage 3; comm_staging: the model's communicators' staging pages, in "
+         "runtime on a CPU, host memory beside a device's; comm_staging_shared: the peers' pages this rank maps)\n",
          app_name, world, model->n_params, cfg->micro_batch);
   for (int stage = 0; stage <= 3; stage++) {
     td_memory_estimate e;
@@ -285,10 +286,11 @@ static void print_estimates(const td_model *model, const td_train_config *cfg, i
     const double mib = 1024.0 * 1024.0;
     printf("stage=%d params=%.1f grads=%.1f optimizer=%.1f live=%.1f deterministic=%.1f replicas=%.1f "
            "replica_disk=%.1f model_states=%.1f activations=%.1f runtime=%.1f total=%.1f model_state_bytes=%zu "
-           "disk=%.1f disk_bytes=%zu gather=%.1f\n",
+           "disk=%.1f disk_bytes=%zu gather=%.1f comm_staging=%.1f comm_staging_shared=%.1f\n",
            stage, e.params / mib, e.grads / mib, e.optimizer / mib, e.live / mib, e.deterministic / mib,
            e.replicas / mib, e.replica_disk / mib, e.model_states / mib, e.activations / mib, e.runtime / mib,
-           (e.model_states + e.activations + e.runtime) / mib, e.model_states, e.disk / mib, e.disk, e.gather / mib);
+           (e.model_states + e.activations + e.runtime) / mib, e.model_states, e.disk / mib, e.disk, e.gather / mib,
+           e.comm_staging / mib, e.comm_staging_shared / mib);
   }
   fflush(stdout);
 }

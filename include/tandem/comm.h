@@ -236,11 +236,14 @@ size_t td_comm_direct_min_bytes(const td_comm *comm);
  * largest message of each collective, in bytes of the whole vector of
  * 4-byte elements (f32 or i32, what the trainer's and the models'
  * collectives carry; 0: none of that kind), and the peers (ranks of the
- * communicator) it sends to and receives from point to point. */
+ * communicator) it sends to and receives from point to point. device: the
+ * largest collective on device buffers, in bytes (a device model's tensor
+ * group); its host side is in the collectives above too. */
 typedef struct td_comm_traffic {
   size_t allreduce, allgather, reduce_scatter, broadcast;
   const int *send_peers, *recv_peers;
   int n_send_peers, n_recv_peers;
+  size_t device;
 } td_comm_traffic;
 
 /* Bytes of comm's staging memory that this rank's RSS counts once it has
@@ -256,8 +259,13 @@ typedef struct td_comm_traffic {
  * *peers (may be NULL): of it, the pages that are physically the peers'
  * (their slots, the FIFOs they write into), so that a host's sum counts
  * each page once. 0 over other transports (TCP's scratch is the process's
- * heap, freed after each call). For memory estimates (issue 23): the
- * reservation of the whole segment is not what a rank touches. Any thread. */
+ * heap, freed after each call). With traffic->device, plus the host
+ * buffers the staged device collectives copy through (2 sets of an in and
+ * an out buffer of up to one chunk, TANDEM_DEVICE_CHUNK_BYTES), this
+ * rank's own, over any transport; counted as if staged (under NCCL an
+ * upper bound: its buffers are its own). For memory estimates (issue 23):
+ * the reservation of the whole segment is not what a rank touches. Any
+ * thread. */
 size_t td_comm_staging_bytes(const td_comm *comm, const td_comm_traffic *traffic, size_t *peers);
 
 #ifdef __cplusplus

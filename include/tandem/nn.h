@@ -271,25 +271,34 @@ td_status td_gpt_set_device_dtype(td_model *model, td_dtype dtype);
  * td_gpt_tp_create_on builds it): a device GPT (or stage) from
  * td_gpt_create_on computes tensor rank `rank` of `size`: heads
  * [rank NH/size, (rank+1) NH/size) of the attention (qkv column-parallel,
- * the projection row-parallel) and the same share of the MLP's 4C features
- * (fc column-parallel, its projection row-parallel); everything else is
- * replicated, the embeddings and the head included (the device has no
- * vocabulary-parallel loss). `tensors` is the shard's table (the model's
- * entries in its order, shard counts, an end sentinel; borrowed) and
- * `allreduce` sums `count` elements of device buffer `buf` (of the arenas'
- * type; its values complete when called) over the tensor group in place,
- * returning once the sums are in device memory (Tandem's device
- * collectives do: staged through pinned host memory, or NCCL). One call
- * in forward after each row-parallel product and one in backward after
- * each column-parallel input gradient. Set before the first prepare; ZeRO
- * stage 3's param_access is then off. A CPU GPT: TD_ERR_INVALID_ARGUMENT
- * (its tensor parallelism is src/parallel's own model, td_gpt_tp_create). */
+ * the projection row-parallel), the same share of the MLP's 4C features
+ * (fc column-parallel, its projection row-parallel), and vocabulary rows
+ * [vocab_lo, vocab_lo + vocab_count) of the token embedding and the head
+ * (vocabulary-parallel: the lookup of its rows, zeros elsewhere, summed
+ * over the group; the head's logits of its rows only and Megatron's
+ * parallel cross-entropy, which never forms the (B, T, V) logits). The
+ * position embedding, LayerNorms and the row-parallel biases are
+ * replicated. vocab_count 0: the vocabulary whole on every rank. `tensors`
+ * is the shard's table (the model's entries in its order, shard counts, an
+ * end sentinel; borrowed) and `allreduce` reduces `count` elements of `buf`
+ * by `op` (TD_SUM; TD_MAX and, on host buffers, TD_MIN for the loss and
+ * predictions) over the tensor group in place, returning once the result is
+ * in `buf`: device memory of the arenas' type or f32 (the loss's row
+ * statistics), or host memory (predict's argmax). Tandem's device
+ * collectives do (staged through pinned host memory, or NCCL). Per
+ * micro-batch: one call after each row-parallel product in forward and
+ * each column-parallel input gradient in backward, one for the embedding,
+ * one for the head's input gradient and two for the loss. Set before the
+ * first prepare; ZeRO stage 3's param_access is then off. A CPU GPT:
+ * TD_ERR_INVALID_ARGUMENT (its tensor parallelism is src/parallel's own
+ * model, td_gpt_tp_create). */
 typedef struct td_gpt_tensor_split {
   int size, rank;
   const td_param_tensor *tensors;
   size_t n_params;
-  td_status (*allreduce)(void *ctx, void *buf, size_t count, td_dtype dtype);
+  td_status (*allreduce)(void *ctx, void *buf, size_t count, td_dtype dtype, td_op op);
   void *ctx;
+  int vocab_lo, vocab_count;
 } td_gpt_tensor_split;
 td_status td_gpt_set_tensor_split(td_model *model, const td_gpt_tensor_split *split);
 /* Generate `n` tokens after the prompt (greedy if temperature <= 0), writing

@@ -126,8 +126,9 @@ td_status td_gpt_tp_create(const td_gpt_config *config, const td_grid *grid, td_
  * (td_gpt_set_tensor_split): the blocks split as above, their allreduces on
  * device buffers through Tandem's device collectives (staged through
  * pinned host memory when ranks share a GPU, NCCL when each has its own);
- * the embeddings and the head whole on every rank (no vocabulary-parallel
- * loss on a device), f32 or bf16 arenas (td_gpt_set_device_dtype; the
+ * the token embedding and the head vocabulary-parallel as on the CPU
+ * (the same shards; the device's parallel cross-entropy never forms the
+ * whole logits), f32 or bf16 arenas (td_gpt_set_device_dtype; the
  * allreduces then sum bf16 partial products). Sequence parallelism is
  * refused there. */
 td_status td_gpt_tp_create_on(const td_gpt_config *config, const td_grid *grid, td_device device, td_model **out);

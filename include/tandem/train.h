@@ -503,7 +503,9 @@ typedef struct td_memory_estimate {
  * AdamW moments, the shard's at stages 1-3), live (stage 3's two fetch
  * buffers of the largest parameter group), activations at cfg's
  * micro-batch, runtime (the CUDA libraries' workspace); the host-side
- * fields (deterministic, replicas, disk, gather) are 0. */
+ * fields (deterministic, replicas, disk, gather) are 0 but comm_staging and
+ * comm_staging_shared: host memory there (the tensor group's staged device
+ * collectives: their host buffers and shm pages), not in runtime. */
 td_status td_trainer_estimate_memory(const td_model *model, const td_train_config *cfg, int world, int stage,
                                      td_memory_estimate *out);
 

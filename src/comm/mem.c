@@ -5,6 +5,7 @@
  * FIFOs make a rank touch of its communicator's segment). */
 #include "comm/core/core.h"
 #include "comm/algorithms/algorithms.h"
+#include "comm/device/device_coll.h"
 #include "comm/transport/shm/shm.h"
 
 #include <stdlib.h>
@@ -55,7 +56,9 @@ static bool reach_of(const td_comm *comm, int me, const td_comm_traffic *tr, siz
  * of the pages a peer wrote next to those read) and those of each FIFO. */
 size_t td_comm_staging_bytes(const td_comm *comm, const td_comm_traffic *tr, size_t *peers) {
   if (peers) *peers = 0;
-  if (!comm || !tr || comm->size < 2 || !shm_available(comm)) return 0;
+  if (!comm || !tr || comm->size < 2) return 0;
+  const size_t device = tr->device ? staged_host_bytes(comm, tr->device) : 0; /* this rank's own */
+  if (!shm_available(comm)) return device;
   int n = comm->size, me = comm->rank;
   /* reach: this rank's into every rank's slots; written[k]: how far rank k writes its own */
   size_t *reach = calloc(3 * (size_t)n, sizeof *reach), *written = reach + n, *scratch = reach + 2 * (size_t)n;
@@ -64,7 +67,7 @@ size_t td_comm_staging_bytes(const td_comm *comm, const td_comm_traffic *tr, siz
     free(reach);
     free(fifo);
     td_log(TD_LOG_WARN, "td_comm_staging_bytes: out of memory for %d ranks' tables; staging not counted", n);
-    return 0;
+    return device;
   }
   if (!reach_of(comm, me, tr, reach)) /* the p2p algorithms' peers are a subset: every peer, both ways */
     for (int k = 0; k < n; k++) fifo[k] |= 3;
@@ -87,5 +90,5 @@ size_t td_comm_staging_bytes(const td_comm *comm, const td_comm_traffic *tr, siz
   free(reach);
   free(fifo);
   if (peers) *peers = theirs;
-  return own + theirs;
+  return own + theirs + device;
 }

@@ -37,6 +37,13 @@ static void device_estimate(const td_model *model, const td_train_config *cfg, i
                          ? model->ops->activation_bytes(model, batch, cfg->activation_checkpointing, compute)
                          : 0;
   out->runtime = DEVICE_RUNTIME_BYTES;
+  /* host memory beside the device's: the model's communicators' staging
+   * (a device tensor group's staged collectives: train.h), not in runtime */
+  if (model->ops->comm_staging_bytes) {
+    size_t theirs = 0, all = model->ops->comm_staging_bytes(model, batch, &theirs);
+    out->comm_staging = all - TD_MIN(theirs, all);
+    out->comm_staging_shared = TD_MIN(theirs, all);
+  }
 }
 
 /* The whole estimate of one rank (public: train.h). It lives here, with

@@ -13,7 +13,9 @@
  *  - ldmatrix .x4: lanes 8i .. 8i+7 give the addresses of the 8 rows (16
  *    bytes each) of matrix i; r[i] = M_i[g][2t, 2t+1], with .trans
  *    r[i] = M_i[2t][g], M_i[2t+1][g].
- * Each instruction deposits the lane's operands in its lane_box, waits for
+ * cp.async (16 bytes, zero-fill), commit_group and wait_group queue each
+ * thread's copies and do them at the wait that completes their group.
+ * Each warp-level instruction deposits the lane's operands in its lane_box, waits for
  * the warp, reads what it needs from the other lanes' boxes and waits again
  * (the deposit stays until every lane has read it). Products: exact products
  * of bf16 values, summed in f32 in k order (the tensor cores' internal order
@@ -88,6 +90,50 @@ void ldmatrix_x4(uint32_t r[4], const void *row, bool trans) {
     r[i] = (uint32_t)lo | (uint32_t)hi << 16;
   }
   sync_warp();
+}
+
+void cp_async16(void *dst, const void *src) {
+  cp_async_queue *q = cp_async_mine();
+  if ((uintptr_t)dst % 16 || (uintptr_t)src % 16) {
+    fault("cp.async: 16 bytes from %p to %p, not both 16-byte aligned", src, dst);
+    return;
+  }
+  if (q->n_ops == (int)(sizeof q->ops / sizeof q->ops[0])) {
+    fault("cp.async: more than %d copies of one thread pending (the emulator's queue)", q->n_ops);
+    return;
+  }
+  q->ops[q->n_ops].dst = dst;
+  q->ops[q->n_ops].src = src;
+  q->n_ops++;
+}
+
+void cp_async_commit() {
+  cp_async_queue *q = cp_async_mine();
+  if (q->n_groups == (int)(sizeof q->group_end / sizeof q->group_end[0])) {
+    fault("cp.async.commit_group: more than %d groups of one thread pending (the emulator's queue)", q->n_groups);
+    return;
+  }
+  q->group_end[q->n_groups++] = q->n_ops;
+  q->n_committed = q->n_ops;
+}
+
+/* cp.async.wait_group N: every committed group but the newest N is done */
+void cp_async_wait(int newest_pending) {
+  cp_async_queue *q = cp_async_mine();
+  int done_groups = q->n_groups - newest_pending;
+  if (done_groups <= 0) return;
+  int done_ops = q->group_end[done_groups - 1];
+  for (int i = 0; i < done_ops; i++) {
+    if (q->ops[i].src)
+      memcpy(q->ops[i].dst, q->ops[i].src, 16);
+    else
+      memset(q->ops[i].dst, 0, 16);
+  }
+  memmove(q->ops, q->ops + done_ops, sizeof q->ops[0] * (size_t)(q->n_ops - done_ops));
+  q->n_ops -= done_ops;
+  q->n_committed -= done_ops;
+  for (int g = done_groups; g < q->n_groups; g++) q->group_end[g - done_groups] = q->group_end[g] - done_ops;
+  q->n_groups -= done_groups;
 }
 
 } // namespace td_emu

@@ -77,6 +77,7 @@ struct fiber {
   unsigned linear = 0;
   uint64_t slot = 0; /* shuffle deposit */
   alignas(16) unsigned char box[64]; /* lane_box: warp-collective instructions' deposit */
+  cp_async_queue cp{};                /* this thread's cp.async copies not yet done */
   void *fake_stack = nullptr;
 };
 
@@ -202,6 +203,7 @@ void fiber_prepare(fiber *f) {
   *--sp = (void *)&td_emu_fiber_entry;          /* popped by td_emu_switch's ret */
   for (int i = 0; i < 6; i++) *--sp = nullptr;  /* rbp rbx r12 r13 r14 r15 */
   f->sp = sp;
+  f->cp.n_ops = f->cp.n_committed = f->cp.n_groups = 0; /* a block's copies end with it */
   f->state = RUNNABLE;
   f->fake_stack = nullptr;
 }
@@ -389,6 +391,8 @@ void *lane_box(unsigned src) {
   }
   return s->fibers[idx].box;
 }
+
+cp_async_queue *cp_async_mine() { return &tls_sched->current->cp; }
 
 void fault(const char *fmt, ...) {
   sched *s = tls_sched;

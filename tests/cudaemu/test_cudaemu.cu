@@ -571,8 +571,44 @@ static void test_mma_sm80(void) {
   cudaFree(dQ), cudaFree(dK), cudaFree(dV), cudaFree(dO);
 }
 
+/* cp.async: a copy is done when a wait_group lets its group complete; read
+ * before that, shared memory holds the old bytes (as it may on a GPU) */
+__global__ void cp_async_kernel(int *out, const int *src) {
+  __shared__ __align__(16) int buf[3][4];
+  int t = threadIdx.x;
+  for (int i = 0; i < 12; i++) (&buf[0][0])[i] = -1;
+  __syncthreads();
+  if (t == 0) {
+    td_cp_async16(buf[0], src, true);
+    td_cp_async_commit();
+    td_cp_async16(buf[1], src + 4, true);
+    td_cp_async16(buf[2], src, false); /* zero-fill */
+    td_cp_async_commit();
+    out[0] = buf[0][0]; /* before any wait: -1 */
+    td_emu::cp_async_wait(1); /* the first group */
+    out[1] = buf[0][1], out[2] = buf[1][0];
+    td_cp_async_wait_all();
+    out[3] = buf[1][3], out[4] = buf[2][2];
+  }
+}
+
+static void test_cp_async(void) {
+  int h[8] = {10, 11, 12, 13, 14, 15, 16, 17}, got[5];
+  int *dsrc, *dout;
+  CUDA_OK(cudaMalloc((void **)&dsrc, sizeof h));
+  CUDA_OK(cudaMalloc((void **)&dout, sizeof got));
+  CUDA_OK(cudaMemcpy(dsrc, h, sizeof h, cudaMemcpyHostToDevice));
+  TD_CUDA_LAUNCH(cp_async_kernel, 1, 32, 0, 0, dout, dsrc);
+  CUDA_OK(cudaGetLastError());
+  CUDA_OK(cudaMemcpy(got, dout, sizeof got, cudaMemcpyDeviceToHost));
+  const int want[5] = {-1, 11, -1, 17, 0};
+  for (int i = 0; i < 5; i++) EXPECT(got[i] == want[i], "cp.async read %d: %d, want %d", i, got[i], want[i]);
+  cudaFree(dsrc), cudaFree(dout);
+}
+
 int main(void) {
   test_mma_sm80();
+  test_cp_async();
   test_block_sum();
   test_missing_sync_shows();
   test_shuffles();

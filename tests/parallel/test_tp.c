@@ -41,6 +41,10 @@
  *                             loss, norm and the final shards bit for bit
  *                             those of the same layout without it),
  *                             against the same unsplit single-rank training.
+ *   test_tp bytes             parameters per rank at TP=2 (-np 2) or TP=2 x PP=2
+ *                             (-np 4) at GPT-2 124M's shape against the closed
+ *                             form (model_bytes); with TD_TEST_DEVICE also the
+ *                             tensor group's host staging estimate.
  *   test_tp compose TP PP     a directly built TP (x PP) model in td_trainer_create:
  *                             bf16/fp16/f32 at ZeRO 0-2 accepted, ZeRO-3 refused.
  *   test_tp kill TP VICTIM [pp=PP]   as train, but rank VICTIM SIGKILLs itself while
@@ -51,7 +55,8 @@
  * TD_TEST_DEVICE=cuda:N (train, kill): the tensor-parallel model
  * (td_gpt_tp_create_on; pipeline stages with td_pipeline_config.device) and
  * the one-rank reference compute on that device (the ranks share it), the
- * parameters read back from it; the vocabulary is whole on every rank there.
+ * parameters read back from it; the vocabulary split as on the CPU (the
+ * device's vocabulary-parallel embedding, head and cross-entropy).
  * TD_TEST_DEVICE=cuda: each rank on its own GPU (cuda:(local rank %
  * GPUs), td_train_device_select), so that the tensor group's allreduces can
  * take NCCL; TANDEM_TEST_EXPECT_PATH=nccl|staged: fail unless the tensor
@@ -230,8 +235,8 @@ static void layers(void) {
 static size_t cut_expected(const td_gpt_config *c, const char *name, const float *full, size_t count, int p, int r,
                            float *out) {
   const size_t C = c->channels, Cl = C / p, F = 4 * C, Fl = F / p;
-  size_t v0 = 0, vl = (size_t)c->vocab; /* on a device: the vocabulary whole on every rank (documented) */
-  if (g_dev.kind == TD_DEVICE_CPU) td_shard_range((size_t)c->vocab, p, r, &v0, &vl); /* the documented split */
+  size_t v0 = 0, vl = 0;
+  td_shard_range((size_t)c->vocab, p, r, &v0, &vl); /* the documented split (on a device too) */
   const char *dot = strchr(name, '.');
   const char *suffix = name[0] == 'h' && dot ? dot + 1 : name;
   size_t n = 0;
@@ -555,6 +560,21 @@ static void train(int tp, int pp, int steps, int sp, int tied) {
     free(want);
     free(pt);
     free(pf);
+    if (pp == 1 && train_dtype == TD_F32) {
+      /* one more forward of the trained models on a sequence (every tensor
+       * rank alike) and their predictions: the argmax over the vocabulary
+       * shards (MAX of the values, MIN of the index) is the unsplit one's */
+      int32_t tok[TRAIN_T], tgt[TRAIN_T], pred_t[TRAIN_T], pred_f[TRAIN_T];
+      for (int i = 0; i < TRAIN_T; i++) tok[i] = (i * 13 + 5) % TRAIN_V, tgt[i] = (i * 29 + 1) % TRAIN_V;
+      tok[0] = TRAIN_V - 1, tgt[1] = 0; /* the ends of the vocabulary: the last and the first shard */
+      float lt = mt->ops->forward(mt, td_trainer_params(t), tok, tgt, 1);
+      float lf = mf->ops->forward(mf, td_trainer_params(ref), tok, tgt, 1);
+      CHECK_CLOSE(lt, lf, loss_rtol, 0);
+      mt->ops->predict(mt, pred_t);
+      mf->ops->predict(mf, pred_f);
+      for (int i = 0; i < TRAIN_T; i++) CHECK_EQ_INT(pred_t[i], pred_f[i]);
+      if (rank == 0) printf("tp train: the predictions of a sequence equal one rank's\n");
+    }
   }
   if (plain) { /* every parameter bit for bit, from fewer activations */
     float *pt = host_copy(td_trainer_params(t), mt->n_params), *pq = host_copy(td_trainer_params(plain), mt->n_params);
@@ -579,7 +599,7 @@ static void train(int tp, int pp, int steps, int sp, int tied) {
   td_grid_destroy(grid);
   if (rank == 0 && g_dev.kind != TD_DEVICE_CPU) {
     char name[16];
-    printf("tp train: on %s%s (the vocabulary whole on each), the tensor group's allreduces on the %s path\n",
+    printf("tp train: on %s%s (vocabulary-parallel embedding, head and loss), the tensor group's allreduces on the %s path\n",
            td_device_name(g_dev, name, sizeof name), getenv("TD_TEST_DEVICE")[4] ? ", shared by the ranks" : ", each rank on its own GPU",
            path);
   }
@@ -678,9 +698,66 @@ static void compose(int tp, int pp) {
   if (td_comm_rank(world) == 0) printf("tp compose tp=%d pp=%d: bf16/fp16/f32 at ZeRO 0-2 accepted, ZeRO-3 refused\n", tp, pp);
 }
 
+/* Parameters per rank under TP=2 (2 ranks) or TP=2 x PP=2 (4 ranks) at
+ * GPT-2 124M's shape with an odd vocabulary (50,257: uneven shards), tied
+ * and untied, against the closed form written out here: per block the
+ * LayerNorms (4C) and the row-parallel biases (2C) whole, the rest
+ * (12C^2 + 7C) split; the first stage wpe (TxC) and its vocabulary rows of
+ * wte, the last ln_f (2C) and its rows of the head (or of the tied wte's
+ * copy). Nothing is allocated: the tables only. On a device the embedding
+ * and head are split as on the CPU (they were whole on each tensor rank
+ * before), so the model state per rank at TP x PP = 4 is within 10% of a
+ * quarter of the unsplit model's (untied; a tied pipeline keeps a copy of
+ * wte on its last stage, printed). On a device also the tensor group's
+ * host staging (comm_staging_bytes) against the staged path's buffers. */
+static void model_bytes(void) {
+  const int n = td_comm_size(world), rank = td_comm_rank(world), tp = 2, pp = n / 2;
+  CHECK(n == 2 || n == 4);
+  td_grid *grid = NULL;
+  CHECK_OK(td_grid_create(world, tp, pp, &grid));
+  const int tr = td_grid_rank(grid, TD_GRID_TENSOR), stage = td_grid_rank(grid, TD_GRID_PIPELINE);
+  for (int tied = 0; tied <= 1; tied++) {
+    const td_gpt_config cfg = {.vocab = 50257, .layers = 12, .channels = 768, .heads = 12, .seq = 1024, .tied = tied};
+    td_model *m = NULL;
+    if (pp > 1) {
+      td_pipeline_config pc = {.device = g_dev};
+      CHECK_OK(td_gpt_pipeline_create_grid(&cfg, &pc, grid, &m));
+    } else {
+      CHECK_OK(td_gpt_tp_create_on(&cfg, grid, g_dev, &m));
+    }
+    const size_t V = 50257, C = 768, T = 1024, L = 12;
+    const size_t vl = V / 2 + (tr == 0 ? V % 2 : 0); /* rank 0 takes the odd row */
+    const size_t block = 6 * C + (12 * C * C + 7 * C) / 2;
+    const int first = stage == 0, last = stage == pp - 1;
+    size_t want = L / pp * block;
+    if (first) want += vl * C + T * C;
+    if (last) want += 2 * C + (tied && first ? 0 : vl * C);
+    const size_t unsplit = V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C + (tied ? 0 : V * C);
+    const double ratio = (double)m->n_params / ((double)unsplit / (tp * pp));
+    if (m->n_params != want)
+      td_test_fail(__FILE__, __LINE__, "rank %d (tensor %d, stage %d, tied %d): %zu parameters, closed form %zu", rank,
+                   tr, stage, tied, m->n_params, want);
+    printf("model bytes: rank %d tensor %d stage %d %s: %zu parameters = %.4f x 1/%d of the unsplit %zu\n", rank, tr,
+           stage, tied ? "tied" : "untied", m->n_params, ratio, tp * pp, unsplit);
+    if (!tied || pp == 1) CHECK(ratio < 1.10);
+    if (g_dev.kind != TD_DEVICE_CPU && pp == 1) {
+      /* the staged device collectives' host buffers: 2 sets of an in and
+       * an out buffer, each one 4 MiB chunk or the whole B*T*C f32 message
+       * (3 MiB at micro-batch 1) */
+      const size_t staged = 4 * (T * C * 4 < ((size_t)4 << 20) ? T * C * 4 : (size_t)4 << 20);
+      size_t theirs = 0, bytes = m->ops->comm_staging_bytes ? m->ops->comm_staging_bytes(m, 1, &theirs) : 0;
+      printf("model bytes: rank %d: the tensor group's host staging %zu bytes (%zu the peers'), staged buffers %zu\n",
+             rank, bytes, theirs, staged);
+      CHECK(bytes >= staged && bytes - theirs >= staged);
+    }
+    td_model_destroy(m);
+  }
+  td_grid_destroy(grid);
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
-    fprintf(stderr, "usage: test_tp layers | model TIED | train TP STEPS [sp] [pp=PP] [tied] [zero1] [ckpt] [interleaved] | kill TP VICTIM [pp=PP] | compose TP PP\n");
+    fprintf(stderr, "usage: test_tp layers | model TIED | bytes | train TP STEPS [sp] [pp=PP] [tied] [zero1] [ckpt] [interleaved] | kill TP VICTIM [pp=PP] | compose TP PP\n");
     return 2;
   }
   const char *dev = getenv("TD_TEST_DEVICE");
@@ -719,6 +796,8 @@ int main(int argc, char **argv) {
       }
     }
     train(atoi(argv[2]), pp, atoi(argv[3]), sp, tied);
+  } else if (!strcmp(argv[1], "bytes")) {
+    model_bytes();
   } else if (!strcmp(argv[1], "refuse-sp")) {
     refuse_sp();
   } else if (!strcmp(argv[1], "compose") && argc >= 4) {

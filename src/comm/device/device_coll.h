@@ -78,6 +78,17 @@ void staged_destroy(staged_state *st);
 td_status staged_execute(td_comm *comm, staged_state *st, const comm_op *op);
 /* The staged chunking of op: the number of chunks (>= 1). */
 uint64_t staged_chunks(const comm_op *op, int size, size_t chunk_bytes);
+/* The staged path's sets of host buffers (an in and an out buffer each,
+ * one chunk long: while one set's chunk is reduced, the next one's copies run) */
+#define STAGED_SETS 2
+/* The host buffers staged_execute holds after collectives of up to
+ * message_bytes on comm (td_comm_staging_bytes's device traffic). Inline:
+ * comm/mem.c counts them, and staged.c allocates through mem.c. */
+static inline size_t staged_host_bytes(const td_comm *comm, size_t message_bytes) {
+  if (!comm || comm->size < 2) return 0;
+  const size_t chunk = comm_tun_bytes(comm->tun.device_chunk_bytes, DEVICE_CHUNK_BYTES_DEFAULT);
+  return 2 * STAGED_SETS * (message_bytes < chunk ? message_bytes : chunk);
+}
 
 typedef struct nccl_state nccl_state;
 /* Load libnccl.so.2 once per process; NULL and a reason in why when it

@@ -45,7 +45,7 @@
 
 #include <string.h>
 
-#define N_SETS 2
+#define N_SETS STAGED_SETS
 
 struct staged_state {
   td_device dev;
@@ -163,6 +163,7 @@ static plan plan_make(const comm_op *op, int n, int rank, size_t chunk_bytes) {
 uint64_t staged_chunks(const comm_op *op, int size, size_t chunk_bytes) {
   return plan_make(op, size, 0, chunk_bytes).n_chunks;
 }
+
 
 /* Vector kinds: chunk k is [*off, *off + *len). */
 static void vector_piece(const plan *p, uint64_t k, size_t *off, size_t *len) {

@@ -144,6 +144,44 @@ td_status td_cuda_softmax_xent(float *losses /* (N) */, void *logits /* (N, V): 
                                const int32_t *targets /* (N) */, float dloss, int N, int V, td_dtype dtype,
                                void *stream);
 
+/* Vocabulary-parallel embedding and cross-entropy (vocab_parallel.cu): a
+ * tensor rank holds vocabulary rows [v0, v0 + Vl) of wte (Vl >= 1); the
+ * caller runs the tensor group's collectives between the steps.
+ * Embedding: lookup (out = the token's local row, zeros for a token outside
+ * [v0, v0 + Vl)), allreduce SUM of out, then td_cuda_position_add
+ * (out[b,t,:] += wpe[t,:]). Backward: td_cuda_vocab_embedding_backward adds
+ * dout's rows into the local rows of the tokens in range (deterministic,
+ * as td_cuda_encoder_backward; dwpe through td_cuda_encoder_backward with
+ * dwte NULL). */
+td_status td_cuda_vocab_embedding_lookup(void *out /* (BT, C) */, const int32_t *tokens /* (BT) */,
+                                         const void *wte_local /* (Vl, C) */, int BT, int C, int v0, int Vl,
+                                         td_dtype dtype, void *stream);
+td_status td_cuda_position_add(void *out /* (B, T, C) */, const void *wpe /* (maxT, C) */, int B, int T, int C,
+                               td_dtype dtype, void *stream);
+td_status td_cuda_vocab_embedding_backward(void *dwte_local /* (Vl, C) */, const void *dout /* (BT, C) */,
+                                           const int32_t *tokens /* (BT) */, int BT, int C, int v0, int Vl,
+                                           td_dtype dtype, void *stream);
+/* The parallel cross-entropy over logits (N, Vl) of columns [v0, v0 + Vl):
+ *   td_cuda_vocab_xent_max: row_max[n] = this rank's row maximum; then the
+ *     caller's allreduce MAX of row_max (N f32);
+ *   td_cuda_vocab_xent_sums: sums[2n] = sum of exp(x - row_max[n]) over the
+ *     local columns, sums[2n+1] = x[target] - row_max[n] where this rank
+ *     holds the target, else 0; then the caller's allreduce SUM of sums
+ *     (2N f32);
+ *   td_cuda_vocab_xent_finish: losses[n] = log(sums[2n]) - sums[2n+1], and
+ *     the logits OVERWRITTEN with dloss * (softmax - onehot) / N on the
+ *     local columns (as td_cuda_softmax_xent). Targets must lie in [0, V)
+ *     (the model checks them on the host). */
+td_status td_cuda_vocab_xent_max(float *row_max /* (N) */, const void *logits /* (N, Vl) */, int N, int Vl,
+                                 td_dtype dtype, void *stream);
+td_status td_cuda_vocab_xent_sums(float *sums /* (N, 2) */, const void *logits /* (N, Vl) */,
+                                  const float *row_max /* (N) */, const int32_t *targets /* (N) */, int N, int v0,
+                                  int Vl, td_dtype dtype, void *stream);
+td_status td_cuda_vocab_xent_finish(float *losses /* (N) */, void *logits /* (N, Vl): in logits, out dlogits */,
+                                    const float *row_max /* (N) */, const float *sums /* (N, 2) */,
+                                    const int32_t *targets /* (N) */, float dloss, int N, int v0, int Vl,
+                                    td_dtype dtype, void *stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -20,7 +20,9 @@
  * forward: a block takes 128 query rows (4 warps x 32 rows: two m16 tiles
  *   a warp, so each K/V fragment loaded from shared memory feeds two
  *   products), Q's fragments stay in registers, key tiles of 64 up to the
- *   diagonal; online softmax in base 2 (scores pre-scaled by
+ *   diagonal, copied by cp.async with FA2's overlap in one K and one V
+ *   buffer (V of this tile lands during Q K^T and the softmax, K of the
+ *   next during P V); online softmax in base 2 (scores pre-scaled by
  *   log2(e)/sqrt(hs): exp2 is one instruction); the running row sum stays
  *   per lane and is summed over the quad once at the end (the rescaling
  *   factor is the same for the whole row). Blocks are issued heaviest first
@@ -42,15 +44,16 @@
  * 2026-11-28 with CUDA 13.0 (/usr/local/cuda) and CI's 11.8
  * (/opt/tandem-cuda-11.8, clang-14 as host compiler):
  *            forward      backward dK,dV   backward dQ     smem (fwd, kv, q)
- *   HS=64    254 / 254    236 / 227        167 / 168       36864, 28160, 27648
- *   HS=48    254 / 209    186 / 197        162 / 168       28672, 22016, 21504
- *   HS=32    168 / 178    137 / 159        135 / 128       20480, 15872, 15360
- *   HS=16    167 / 128    128 / 154        126 / 128       12288,  9728,  9216
- *   At HS=64 the forward's 254 registers allow 2 blocks (8 warps) per SM,
+ *   HS=64    243 / 238    236 / 227        167 / 168       36864, 28160, 27648
+ *   HS=48    218 / 216    186 / 197        162 / 168       28672, 22016, 21504
+ *   HS=32    176 / 166    137 / 159        135 / 128       20480, 15872, 15360
+ *   HS=16    168 / 163    128 / 154        126 / 128       12288,  9728,  9216
+ *   At HS=64 the forward's 243 registers allow 2 blocks (8 warps) per SM,
  *   as FA2's own forward; the backward 2 blocks (dK/dV) and 3 (dQ).
- * Not done: cp.async double buffering of the K/V tiles (the loads of the
- * next tile do not overlap this tile's products), the causal diagonal tile
- * is masked per element rather than split, head size 128. */
+ * Not done: the backward's tiles are loaded synchronously (no cp.async
+ * overlap), the output is written 4 bytes a lane instead of through shared
+ * memory in 16-byte rows, the causal diagonal tile is masked per element
+ * rather than split, head size 128. */
 #include "cuda_common.cuh"
 #include "flash_attention_mma.cuh"
 #include "mma_sm80.cuh"
@@ -77,6 +80,19 @@ __device__ __forceinline__ void fa2_load_tile(bf16 *tile, const bf16 *src, size_
     if (r0 + r < T_) v = *(const int4 *)(src + (size_t)(r0 + r) * ld + c);
     *(int4 *)(tile + r * (HS + 8) + c) = v;
   }
+}
+
+/* fa2_load_tile through cp.async (one group): the copies land while the
+ * threads compute; td_cp_async_wait_all and a __syncthreads before reading */
+template <int HS, int ROWS>
+__device__ __forceinline__ void fa2_load_tile_async(bf16 *tile, const bf16 *src, size_t ld, int r0, int T_) {
+  constexpr int VPR = HS / 8;
+  for (int e = threadIdx.x; e < ROWS * VPR; e += FA2_THREADS) {
+    int r = e / VPR, c = (e % VPR) * 8;
+    bool valid = r0 + r < T_;
+    td_cp_async16(tile + r * (HS + 8) + c, src + (size_t)(valid ? r0 + r : 0) * ld + c, valid);
+  }
+  td_cp_async_commit();
 }
 
 /* A fragments of a 16-row strip of a shared tile (row stride HS + 8), all
@@ -161,7 +177,9 @@ __global__ void __launch_bounds__(FA2_THREADS) fa2_forward_kernel(bf16 *out, flo
   int q0 = (gridDim.x - 1 - blockIdx.x) * FA2_FWD_ROWS; /* heaviest first */
   size_t ld = (size_t)3 * C;
   const bf16 *qb = inp + (size_t)b * T_ * ld + (size_t)h * HS;
-  fa2_load_tile<HS, FA2_FWD_ROWS>(Qs, qb, ld, q0, T_);
+  fa2_load_tile_async<HS, FA2_FWD_ROWS>(Qs, qb, ld, q0, T_);
+  fa2_load_tile_async<HS, FA2_TILE>(Ks, qb + C, ld, 0, T_);
+  td_cp_async_wait_all();
   __syncthreads();
   int wr0 = q0 + warp * 32; /* this warp's first query row */
   uint32_t qa[2][KC][4];
@@ -176,54 +194,63 @@ __global__ void __launch_bounds__(FA2_THREADS) fa2_forward_kernel(bf16 *out, flo
     l[mi][0] = l[mi][1] = 0.0f;
   }
   int n_kt = (min(q0 + FA2_FWD_ROWS, T_) - 1) / FA2_TILE + 1;
+  /* K and V tiles in one buffer each, FA2's overlap: V(kt) is copied while
+   * S = Q K(kt)^T and its softmax are computed, K(kt + 1) while P V(kt) is */
   for (int kt = 0; kt < n_kt; kt++) {
     int j0 = kt * FA2_TILE;
-    __syncthreads(); /* every warp is done with the previous K, V */
-    fa2_load_tile<HS, FA2_TILE>(Ks, qb + C, ld, j0, T_);
-    fa2_load_tile<HS, FA2_TILE>(Vs, qb + 2 * C, ld, j0, T_);
-    __syncthreads();
+    if (kt > 0) {
+      td_cp_async_wait_all(); /* K(kt) */
+      __syncthreads();        /* ... visible; every warp is done with V(kt - 1) */
+    }
+    fa2_load_tile_async<HS, FA2_TILE>(Vs, qb + 2 * C, ld, j0, T_);
     /* j0 and wr0 are multiples of 64 and 32: a tile that starts past this
      * warp's first row starts past its last, every score masked */
-    if (j0 > wr0) continue;
+    bool active = j0 <= wr0;
     bool diag = j0 + FA2_TILE - 1 > wr0; /* some key of the tile after some row: mask */
     float s[2][8][4];
-    fa2_scores<HS, 2>(s, qa, Ks);
+    if (active) {
+      fa2_scores<HS, 2>(s, qa, Ks);
 #pragma unroll
-    for (int mi = 0; mi < 2; mi++) {
+      for (int mi = 0; mi < 2; mi++) {
 #pragma unroll
-      for (int half = 0; half < 2; half++) {
-        int i = wr0 + mi * 16 + half * 8 + g; /* the row of s[.][2 half + e] */
-        float mx = -INFINITY;
+        for (int half = 0; half < 2; half++) {
+          int i = wr0 + mi * 16 + half * 8 + g; /* the row of s[.][2 half + e] */
+          float mx = -INFINITY;
 #pragma unroll
-        for (int n = 0; n < 8; n++)
+          for (int n = 0; n < 8; n++)
 #pragma unroll
-          for (int e = 0; e < 2; e++) {
-            float v = s[mi][n][2 * half + e] * scale_log2;
-            if (diag && j0 + n * 8 + 2 * t + e > i) v = -INFINITY;
-            s[mi][n][2 * half + e] = v;
-            mx = fmaxf(mx, v);
+            for (int e = 0; e < 2; e++) {
+              float v = s[mi][n][2 * half + e] * scale_log2;
+              if (diag && j0 + n * 8 + 2 * t + e > i) v = -INFINITY;
+              s[mi][n][2 * half + e] = v;
+              mx = fmaxf(mx, v);
+            }
+          /* key j0 <= wr0 <= i is never masked: m_new is finite */
+          float m_new = fmaxf(m[mi][half], fa2_quad_max(mx));
+          float corr = exp2f(m[mi][half] - m_new); /* 0 on the first tile */
+          m[mi][half] = m_new;
+          float sum = 0.0f;
+#pragma unroll
+          for (int n = 0; n < 8; n++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+              float p = exp2f(s[mi][n][2 * half + e] - m_new);
+              s[mi][n][2 * half + e] = p;
+              sum += p;
+            }
+          l[mi][half] = l[mi][half] * corr + sum; /* this lane's columns only */
+#pragma unroll
+          for (int d = 0; d < DN; d++) {
+            o[mi][d][2 * half] *= corr;
+            o[mi][d][2 * half + 1] *= corr;
           }
-        /* key j0 <= wr0 <= i is never masked: m_new is finite */
-        float m_new = fmaxf(m[mi][half], fa2_quad_max(mx));
-        float corr = exp2f(m[mi][half] - m_new); /* 0 on the first tile */
-        m[mi][half] = m_new;
-        float sum = 0.0f;
-#pragma unroll
-        for (int n = 0; n < 8; n++)
-#pragma unroll
-          for (int e = 0; e < 2; e++) {
-            float p = exp2f(s[mi][n][2 * half + e] - m_new);
-            s[mi][n][2 * half + e] = p;
-            sum += p;
-          }
-        l[mi][half] = l[mi][half] * corr + sum; /* this lane's columns only */
-#pragma unroll
-        for (int d = 0; d < DN; d++) {
-          o[mi][d][2 * half] *= corr;
-          o[mi][d][2 * half + 1] *= corr;
         }
       }
     }
+    td_cp_async_wait_all(); /* V(kt) */
+    __syncthreads();        /* ... visible; every warp is done with K(kt) */
+    if (kt + 1 < n_kt) fa2_load_tile_async<HS, FA2_TILE>(Ks, qb + C, ld, j0 + FA2_TILE, T_);
+    if (!active) continue;
 #pragma unroll
     for (int kk = 0; kk < FA2_TILE / 16; kk++) {
       uint32_t pa[2][4];

@@ -13,8 +13,9 @@
  *   forward:  encoded; per layer ln1 (+mean, rstd), qkv, atty, the attention
  *             cache (att (B,NH,T,T) for the unfused kernels, lse (B,NH,T) for
  *             the fused ones), res2, ln2 (+mean, rstd), fch (pre-GELU), fch_gelu,
- *             res3; lnf (+mean, rstd); logits (B,T,V); losses (B,T); tokens
- *             and targets (int32)
+ *             res3; lnf (+mean, rstd); logits (B,T,V) (this rank's V/tp
+ *             columns under tensor parallelism, with the parallel loss's
+ *             row statistics (B,T,3)); losses (B,T); tokens and targets (int32)
  *   backward: dres (the residual stream's gradient), dbuf_c, dbuf_3c, two
  *             4C-wide buffers (GELU's input and output gradients: the
  *             launchers accumulate, so they cannot work in place), and the
@@ -85,8 +86,19 @@
  * sums in place before the residual is added; each column-parallel
  * product's input gradient is summed so before its LayerNorm's backward.
  * The stream is synchronized before each (the collective reads the device
- * buffer when called). Everything else (embeddings, LayerNorms, head, loss)
- * runs whole, as at tp 1, and their gradients come out equal on every rank.
+ * buffer when called). The token embedding and the head are
+ * vocabulary-parallel (split.vocab_lo/vocab_count: rows [v0, v0 + Vl) of
+ * wte and of an untied head; vocab_parallel.cu): the lookup writes this
+ * rank's rows and zeros for the other ranks' tokens, summed over the group
+ * before wpe is added (exact: one nonzero term, so one rank's bits); the
+ * head's logits are (B*T, Vl) and the loss Megatron's parallel
+ * cross-entropy (loss_forward: the row max allreduced with MAX, the sums
+ * of exponentials and the target's logit with SUM; the whole logits are
+ * never formed); the head's input gradient is summed over the group like a
+ * column-parallel product's; the embedding's backward adds into its rows
+ * only. predict's argmax combines the ranks' (MAX, then MIN of the index).
+ * The LayerNorms and wpe run whole, and their gradients come out equal on
+ * every rank.
  *
  * Errors: forward returns NaN with the launcher's message in
  * td_last_error(); backward cannot return one, so it stops at the first
@@ -108,6 +120,7 @@ typedef struct cuda_acts {
   char *dres, *dbuf_c, *dbuf_3c, *dbuf_4c, *dbuf_4c2;
   /* always f32 */
   float *ln1_mean, *ln1_rstd, *attc, *ln2_mean, *ln2_rstd, *lnf_mean, *lnf_rstd, *losses, *att_scratch;
+  float *xent_stats; /* the parallel cross-entropy's row max (BT), then (sum exp, target) pairs (2 BT) */
   int32_t *tokens, *targets;
   void *memory; /* the device block all of the above point into */
   size_t bytes;
@@ -137,10 +150,13 @@ typedef struct gpt_cuda {
   td_status error;    /* sticky failure of a backward (see the file comment) */
   char error_msg[512];
   /* tensor parallelism (td_gpt_set_tensor_split): rank tr of tp; the
-   * table the arenas follow (the model's own, or the shard's) */
+   * table the arenas follow (the model's own, or the shard's); the
+   * vocabulary rows [v0, v0 + Vl) of wte and the head (vsplit: fewer than
+   * the whole vocabulary, so the embedding and the loss are vocabulary-parallel) */
   int tp, tr;
+  int v0, Vl, vsplit;
   const td_param_tensor *tab;
-  td_status (*allreduce)(void *ctx, void *buf, size_t count, td_dtype dtype);
+  td_status (*allreduce)(void *ctx, void *buf, size_t count, td_dtype dtype, td_op op);
   void *allreduce_ctx;
 } gpt_cuda;
 
@@ -154,9 +170,12 @@ static int width_mlp(const gpt_cuda *gc, const td_gpt_config *c) { return 4 * c-
 
 /* The sum over the tensor group of a device buffer the stream wrote (in
  * place): the stream first, since the collective reads it when called. */
-static td_status tensor_allreduce(gpt_cuda *gc, void *buf, size_t count) {
+static td_status group_reduce(gpt_cuda *gc, void *buf, size_t count, td_dtype dtype, td_op op) {
   TD_CHECK(td_stream_sync(gc->stream));
-  return gc->allreduce(gc->allreduce_ctx, buf, count, gc->dtype);
+  return gc->allreduce(gc->allreduce_ctx, buf, count, dtype, op);
+}
+static td_status tensor_allreduce(gpt_cuda *gc, void *buf, size_t count) {
+  return group_reduce(gc, buf, count, gc->dtype, TD_SUM);
 }
 
 /* Offset (elements) of tensor `which` of block l (this model's, 0 ..
@@ -190,8 +209,10 @@ static size_t acts_plan(cuda_acts *a, const gpt_cuda *gc, const td_gpt_config *c
    * under checkpointing); res3, the block outputs, for every layer */
   const int n_layers = gc->lay.n_layers;
   const size_t L = gc->ckpt && n_layers > 0 ? 1 : (size_t)n_layers, L_res = (size_t)n_layers;
-  /* a stage without the head has no logits */
-  const size_t C = (size_t)c->channels, V = gc->lay.has_head ? (size_t)c->vocab : 0, es = gc->es;
+  /* a stage without the head has no logits; under vocabulary parallelism
+   * this rank's Vl columns of them, and the loss's row statistics */
+  const size_t C = (size_t)c->channels, V = gc->lay.has_head ? (size_t)gc->Vl : 0, es = gc->es;
+  const size_t stats = gc->lay.has_head && gc->vsplit ? 3 : 0;
   const size_t BT = (size_t)B * c->seq, att = att_cache_floats(gc, c, B);
   const size_t Ca = (size_t)width_att(gc, c), F = (size_t)width_mlp(gc, c); /* C and 4C at tp 1 */
   size_t off = 0;
@@ -219,6 +240,7 @@ static size_t acts_plan(cuda_acts *a, const gpt_cuda *gc, const td_gpt_config *c
   TAKE(a->lnf_rstd, float, BT);
   TAKE(a->logits, char, BT * V * es);
   TAKE(a->losses, float, BT);
+  TAKE(a->xent_stats, float, stats * BT);
   TAKE(a->dres, char, BT * C * es);
   TAKE(a->dbuf_c, char, BT * C * es);
   TAKE(a->dbuf_3c, char, BT * 3 * Ca * es);
@@ -351,8 +373,28 @@ static td_status head_forward(td_model *model, const void *params) {
   const td_gpt_config *c = nn_gpt_config(model);
   const int BT = gc->last_B * c->seq;
   const void *head = AT(params, off_named(model, gc->lay.idx_head));
-  return td_cuda_matmul_forward(gc->acts.logits, gc->acts.lnf, head, NULL, BT, c->channels, c->vocab, gc->dtype,
+  return td_cuda_matmul_forward(gc->acts.logits, gc->acts.lnf, head, NULL, BT, c->channels, gc->Vl, gc->dtype,
                                 td_stream_native(gc->stream));
+}
+
+/* The loss of the logits (BT, Vl) at `dloss`, in place: each position's
+ * loss into losses, the logits turned into their gradient. Whole: the
+ * fused kernel. Vocabulary-parallel (Megatron's vocab_parallel_cross_entropy):
+ * the row max over the group (allreduce MAX), the sums of exponentials and
+ * the target's logit from the rank that holds it (one allreduce SUM of the
+ * pairs), then the loss and the gradient of this rank's columns; 3 BT f32
+ * cross the group, never the logits. */
+static td_status loss_forward(gpt_cuda *gc, int BT, float dloss) {
+  cuda_acts *a = &gc->acts;
+  void *s = td_stream_native(gc->stream);
+  if (!gc->vsplit) return td_cuda_softmax_xent(a->losses, a->logits, a->targets, dloss, BT, gc->Vl, gc->dtype, s);
+  float *row_max = a->xent_stats, *sums = a->xent_stats + BT;
+  TD_CHECK(td_cuda_vocab_xent_max(row_max, a->logits, BT, gc->Vl, gc->dtype, s));
+  TD_CHECK(group_reduce(gc, row_max, (size_t)BT, TD_F32, TD_MAX));
+  TD_CHECK(td_cuda_vocab_xent_sums(sums, a->logits, row_max, a->targets, BT, gc->v0, gc->Vl, gc->dtype, s));
+  TD_CHECK(group_reduce(gc, sums, 2 * (size_t)BT, TD_F32, TD_SUM));
+  return td_cuda_vocab_xent_finish(a->losses, a->logits, row_max, sums, a->targets, dloss, BT, gc->v0, gc->Vl,
+                                   gc->dtype, s);
 }
 
 /* A projection back into the residual stream: out = resid + inp @ w^T +
@@ -455,8 +497,14 @@ static float gpt_cuda_forward(td_model *model, const float *params, const void *
   const char *pe, *pl, *pf, *pw;
   if (ly->has_embed) {
     FETCH(pe, unit_emb(model), L > 0 ? unit_layer(model, 0) : unit_final(model));
-    RUN(td_cuda_encoder_forward(a->encoded, a->tokens, AT(pe, off_named(model, ly->idx_wte)),
-                                AT(pe, off_named(model, ly->idx_wpe)), B, T, C, dt, s));
+    const char *wte = AT(pe, off_named(model, ly->idx_wte)), *wpe = AT(pe, off_named(model, ly->idx_wpe));
+    if (gc->vsplit) { /* this rank's rows, zeros for the others' tokens, summed over the group; then wpe */
+      RUN(td_cuda_vocab_embedding_lookup(a->encoded, a->tokens, wte, BT, C, gc->v0, gc->Vl, dt, s));
+      RUN(tensor_allreduce(gc, a->encoded, sBT * C));
+      RUN(td_cuda_position_add(a->encoded, wpe, B, T, C, dt, s));
+    } else {
+      RUN(td_cuda_encoder_forward(a->encoded, a->tokens, wte, wpe, B, T, C, dt, s));
+    }
     RUN(release_unit(model, gc, unit_emb(model)));
   }
   const char *resid = a->encoded; /* (B, T, C) */
@@ -489,7 +537,7 @@ static float gpt_cuda_forward(td_model *model, const float *params, const void *
     RUN(td_stream_sync(gc->stream));
     return 0.0f;
   }
-  RUN(td_cuda_softmax_xent(a->losses, a->logits, a->targets, 1.0f, BT, V, dt, s));
+  RUN(loss_forward(gc, BT, 1.0f));
   RUN(td_copy_async(a->h_losses, a->losses, (size_t)BT * sizeof(float), gc->stream));
   RUN(td_stream_sync(gc->stream));
   double sum = 0.0;
@@ -566,12 +614,14 @@ static void gpt_cuda_backward(td_model *model, const float *params, float *grads
    * rounding of the gradient as gpt.c's */
   if (loss_scale != 1.0f) {
     RUN(head_forward(model, pw));
-    RUN(td_cuda_softmax_xent(a->losses, a->logits, a->targets, loss_scale, BT, V, dt, s));
+    RUN(loss_forward(gc, BT, loss_scale));
   }
   RUN(td_memset0_async(a->dbuf_c, sBT * C * es, st));
   RUN(td_cuda_matmul_backward(a->dbuf_c, AT(grads, off_named(model, idx_head)), NULL, a->logits, a->lnf,
-                              AT(pw, off_named(model, idx_head)), BT, C, V, dt, s));
+                              AT(pw, off_named(model, idx_head)), BT, C, gc->Vl, dt, s));
   if (!tied) pend.idx[pend.n++] = idx_head;
+  /* the vocabulary-parallel head is column-parallel: its input gradient is the sum of the ranks' */
+  if (gc->vsplit) RUN(tensor_allreduce(gc, a->dbuf_c, sBT * C));
   const char *last_res = L > 0 ? a->res3 + (size_t)(L - 1) * sBT * C * es : a->encoded;
   RUN(td_memset0_async(a->dres, sBT * C * es, st));
   RUN(td_cuda_layernorm_backward(a->dres, AT(grads, off_named(model, idx_lnfw)), AT(grads, off_named(model, idx_lnfb)),
@@ -643,8 +693,13 @@ blocks:
 #undef READY
   }
   if (ly->has_embed) {
-    RUN(td_cuda_encoder_backward(AT(grads, off_named(model, ly->idx_wte)), AT(grads, off_named(model, ly->idx_wpe)),
-                                 a->dres, a->tokens, B, T, C, V, dt, s));
+    char *dwte = AT(grads, off_named(model, ly->idx_wte)), *dwpe = AT(grads, off_named(model, ly->idx_wpe));
+    if (gc->vsplit) { /* into this rank's rows only; wpe's whole, as every rank's dres is */
+      RUN(td_cuda_vocab_embedding_backward(dwte, a->dres, a->tokens, BT, C, gc->v0, gc->Vl, dt, s));
+      RUN(td_cuda_encoder_backward(NULL, dwpe, a->dres, a->tokens, B, T, C, V, dt, s));
+    } else {
+      RUN(td_cuda_encoder_backward(dwte, dwpe, a->dres, a->tokens, B, T, C, V, dt, s));
+    }
     pend.idx[pend.n++] = ly->idx_wpe;
     pend.idx[pend.n++] = ly->idx_wte;
     RUN(flush_ready(gc, model, &pend, ready, ctx));
@@ -661,17 +716,26 @@ fail:
   TD_WARN("gpt (cuda): backward failed: %s", gc->error_msg);
 }
 
+/* The argmax over the whole vocabulary of each position's logits: this
+ * rank's columns' first maximum; under vocabulary parallelism then the
+ * largest value over the group (allreduce MAX) and the smallest index
+ * holding it (allreduce MIN), the unsplit model's first maximum. A rank
+ * whose copy failed still joins both collectives (its peers wait in them). */
 static void gpt_cuda_predict(td_model *model, int32_t *out) {
   gpt_cuda *gc = state(model);
   const td_gpt_config *c = nn_gpt_config(model);
-  const int V = c->vocab;
+  const int Vl = gc->Vl;
   const size_t n = (size_t)gc->last_B * c->seq;
   if (n == 0 || !gc->lay.has_head) return; /* a pipeline stage before the last has no logits */
-  char *host = malloc(n * V * gc->es);
+  const size_t logit_bytes = (n * Vl * gc->es + 7) & ~(size_t)7; /* the statistics after them, aligned */
+  char *host = malloc(logit_bytes + n * (2 * sizeof(float) + sizeof(int32_t)));
   if (!host) {
-    TD_WARN("gpt (cuda): predict: out of host memory for %zu logits", n * V);
+    TD_WARN("gpt (cuda): predict: out of host memory for %zu logits", n * Vl);
+    for (size_t i = 0; i < n; i++) out[i] = -1;
     return;
   }
+  float *best = (float *)(host + logit_bytes), *mine = best + n;
+  int32_t *index = (int32_t *)(mine + n);
   /* predict cannot fail either: on an error the predictions are -1 */
   td_status st = TD_OK;
   if (gc->have_targets) {
@@ -689,28 +753,33 @@ static void gpt_cuda_predict(td_model *model, int32_t *out) {
     }
   }
   if (st == TD_OK)
-    st = td_device_copy(host, (td_device){TD_DEVICE_CPU, 0}, gc->acts.logits, gc->dev, n * V * gc->es);
+    st = td_device_copy(host, (td_device){TD_DEVICE_CPU, 0}, gc->acts.logits, gc->dev, n * Vl * gc->es);
   for (size_t i = 0; i < n; i++) {
-    if (st != TD_OK) {
-      out[i] = -1;
-      continue;
-    }
-    int best = 0;
-    float best_value = -INFINITY;
-    for (int v = 0; v < V; v++) {
+    best[i] = -INFINITY;
+    index[i] = INT32_MAX;
+    for (int v = 0; st == TD_OK && v < Vl; v++) {
       float x;
       if (gc->dtype == TD_BF16) {
         uint16_t h;
-        memcpy(&h, host + (i * V + v) * 2, 2);
+        memcpy(&h, host + (i * Vl + v) * 2, 2);
         x = td_bf16_to_f32(h);
       } else {
-        memcpy(&x, host + (i * V + v) * 4, 4);
+        memcpy(&x, host + (i * Vl + v) * 4, 4);
       }
-      if (v == 0 || x > best_value) best = v, best_value = x;
+      if (v == 0 || x > best[i]) best[i] = x, index[i] = gc->v0 + v;
     }
-    out[i] = best;
+    mine[i] = best[i];
   }
   if (st != TD_OK) TD_WARN("gpt (cuda): predict: %s", td_last_error());
+  td_status group = TD_OK;
+  if (gc->vsplit) {
+    group = gc->allreduce(gc->allreduce_ctx, best, n, TD_F32, TD_MAX);
+    for (size_t i = 0; group == TD_OK && i < n; i++)
+      if (mine[i] != best[i]) index[i] = INT32_MAX;
+    if (group == TD_OK) group = gc->allreduce(gc->allreduce_ctx, index, n, TD_I32, TD_MIN);
+    if (group != TD_OK) TD_WARN("gpt (cuda): predict: %s", td_last_error());
+  }
+  for (size_t i = 0; i < n; i++) out[i] = st == TD_OK && group == TD_OK && index[i] != INT32_MAX ? index[i] : -1;
   free(host);
 }
 
@@ -762,6 +831,7 @@ td_status nn_gpt_cuda_attach(td_model *model, td_device dev) {
   gc->dtype = TD_F32;
   gc->es = sizeof(float);
   gc->tp = 1;
+  gc->Vl = c->vocab;
   gc->tab = model->tensors;
   td_status st = td_cuda_attention_fused(c->channels / c->heads, &gc->fused_attention);
   if (st == TD_OK) st = td_stream_create(dev, &gc->stream);
@@ -814,6 +884,12 @@ td_status nn_gpt_cuda_set_tensor_split(td_model *model, const td_gpt_tensor_spli
     return td_error(TD_ERR_INVALID_ARGUMENT, "td_gpt_set_tensor_split: rank %d of %d over %d heads (the heads must "
                     "split evenly; the table and, with 2 or more ranks, the allreduce given)", split->rank, p,
                     c->heads);
+  const int whole = split->vocab_count == 0;
+  if (!whole && (split->vocab_lo < 0 || split->vocab_count < 0 || split->vocab_lo + split->vocab_count > c->vocab ||
+                 !split->allreduce))
+    return td_error(TD_ERR_INVALID_ARGUMENT, "td_gpt_set_tensor_split: vocabulary rows [%d, %d + %d) outside the "
+                    "%d tokens (or no allreduce given); give a shard of [0, %d), or vocab_count 0 for the whole",
+                    split->vocab_lo, split->vocab_lo, split->vocab_count, c->vocab, c->vocab);
   if (gc->acts.memory)
     return td_error(TD_ERR_INVALID_USAGE, "td_gpt_set_tensor_split: set it before the model's first prepare");
   /* the fused attention takes the same head size: C/p over NH/p heads */
@@ -822,6 +898,9 @@ td_status nn_gpt_cuda_set_tensor_split(td_model *model, const td_gpt_tensor_spli
   gc->tab = split->tensors;
   gc->allreduce = split->allreduce;
   gc->allreduce_ctx = split->ctx;
+  gc->v0 = whole ? 0 : split->vocab_lo;
+  gc->Vl = whole ? c->vocab : split->vocab_count;
+  gc->vsplit = gc->Vl < c->vocab;
   model->supports_param_access = 0; /* the engine's fetches follow the unsplit table */
   return TD_OK;
 }

@@ -64,6 +64,36 @@ __device__ __forceinline__ void td_ldmatrix_x4_trans(uint32_t r[4], const void *
 #endif
 }
 
+/* Asynchronous 16-byte copy from global to shared memory (cp.async.cg:
+ * through L2 only), zeros instead when !valid (src is not read then); both
+ * addresses 16-byte aligned. Per thread, copies issued before a
+ * td_cp_async_commit form a group; td_cp_async_wait_all waits for every
+ * group of this thread (a __syncthreads after it makes all threads' copies
+ * visible to the block). */
+__device__ __forceinline__ void td_cp_async16(void *dst, const void *src, bool valid) {
+#ifdef TD_CUDA_EMU
+  td_emu::cp_async16(dst, valid ? src : NULL);
+#else
+  unsigned addr = (unsigned)__cvta_generic_to_shared(dst);
+  int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(src), "r"(src_bytes));
+#endif
+}
+__device__ __forceinline__ void td_cp_async_commit() {
+#ifdef TD_CUDA_EMU
+  td_emu::cp_async_commit();
+#else
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+__device__ __forceinline__ void td_cp_async_wait_all() {
+#ifdef TD_CUDA_EMU
+  td_emu::cp_async_wait(0);
+#else
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+#endif
+}
+
 /* two floats rounded to bf16 (nearest even) in one register, lo in the low half */
 __device__ __forceinline__ uint32_t td_pack_bf16x2(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);

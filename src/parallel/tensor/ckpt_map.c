@@ -121,9 +121,7 @@ td_status td_shard_map_create(const td_model *model, td_shard_map **out) {
       int k = 0;
       while (k < u->n_tensors && strcmp(u->tensors[(j + k) % u->n_tensors].name, mine->name) != 0) k++;
       const td_param_tensor *whole = k < u->n_tensors ? &u->tensors[(j + k) % u->n_tensors] : NULL;
-      cut c = tp_cut_of(mine->name, whole ? whole->count : 0, &config, p, r, 1);
-      /* a device's tensor-parallel stages hold wte and the head whole (tp_cut_of's vocab_parallel 0): the count says which */
-      if (whole && tp_cut_count(&c) != mine->count) c = tp_cut_of(mine->name, whole->count, &config, p, r, 0);
+      cut c = tp_cut_of(mine->name, whole ? whole->count : 0, &config, p, r);
       if (!whole || tp_cut_count(&c) != mine->count) {
         st = td_error(TD_ERR_INTERNAL, "td_shard_map_create: the pipeline stage's tensor %s (%zu floats) is not "
                       "one of the unsplit GPT's (tensor rank %d of %d)", mine->name, mine->count, r, p);

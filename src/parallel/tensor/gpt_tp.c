@@ -55,13 +55,11 @@
  * split of the blocks, with its allreduces (row-parallel forward,
  * column-parallel input gradients) on device buffers through Tandem's
  * device collectives (dev_allreduce: staged through pinned host memory
- * when ranks share a GPU, NCCL when each has its own). The embeddings and
- * the head stay whole on every rank there (the device has no
- * vocabulary-parallel loss: tp_cut_of's vocab_parallel 0), so their
- * gradients, like the other replicated ones, come out equal everywhere.
- * This file keeps the table, the cuts, the initial values, the norm and
- * the failure message; the device model computes. Sequence parallelism is
- * CPU-only.
+ * when ranks share a GPU, NCCL when each has its own), and the same
+ * vocabulary shard of wte and the head as here, with the device's parallel
+ * cross-entropy (its row max and sums allreduced, MAX then SUM). This file
+ * keeps the table, the cuts, the initial values, the norm and the failure
+ * message; the device model computes. Sequence parallelism is CPU-only.
  *
  * Not here yet: ZeRO-3's param_access. */
 #include <math.h>
@@ -672,9 +670,9 @@ static const td_model_ops tp_ops = {
  * group by Tandem's device collectives (blocking: the sums are in device
  * memory on return). A peer's death becomes this model's sticky failure,
  * its message naming the world ranks. */
-static td_status dev_allreduce(void *ctx, void *buf, size_t count, td_dtype dtype) {
+static td_status dev_allreduce(void *ctx, void *buf, size_t count, td_dtype dtype, td_op op) {
   tp_gpt *g = ctx;
-  if (g->failed == TD_OK) (void)fail(g, td_allreduce(buf, buf, count, dtype, TD_SUM, g->comm));
+  if (g->failed == TD_OK) (void)fail(g, td_allreduce(buf, buf, count, dtype, op, g->comm));
   return g->failed == TD_OK ? TD_OK : td_error(g->failed, "%s", g->failed_msg);
 }
 
@@ -705,7 +703,7 @@ static void dev_backward(td_model *model, const float *params, float *grads, flo
 
 static void dev_predict(td_model *model, int32_t *out) {
   tp_gpt *g = (tp_gpt *)model;
-  g->dev->ops->predict(g->dev, out); /* the head is whole on every rank: the same argmax everywhere */
+  g->dev->ops->predict(g->dev, out); /* its argmax over the group's vocabulary shards: the same everywhere */
 }
 
 static td_status dev_set_ckpt(td_model *model, int on) {
@@ -718,6 +716,19 @@ static td_status dev_set_ckpt(td_model *model, int on) {
 static size_t dev_activation_bytes(const td_model *model, int batch, int checkpointing, td_dtype compute) {
   const tp_gpt *g = (const tp_gpt *)model;
   return g->dev->ops->activation_bytes(g->dev, batch, checkpointing, compute); /* sized for the shard */
+}
+
+/* The tensor group's host staging on a device (td_model_ops): its
+ * allreduces carry the micro-batch's B*T*C elements of the model's type
+ * (the row-parallel sums, the column-parallel input gradients, the
+ * embedding) or the loss's 2 B*T f32 row sums, on device buffers: the
+ * staged path's host buffers and the host collective's shm pages they
+ * move through (td_comm_staging_bytes). */
+static size_t dev_comm_staging_bytes(const td_model *model, int batch, size_t *peers) {
+  const tp_gpt *g = (const tp_gpt *)model;
+  const size_t BT = (size_t)batch * g->cfg.seq, largest = TD_MAX(BT * g->C * td_dtype_size(g->dtype), 2 * BT * 4);
+  const td_comm_traffic tr = {.allreduce = largest, .device = largest};
+  return td_comm_staging_bytes(g->comm, &tr, peers);
 }
 
 static td_status dev_set_dtype(td_model *model, td_dtype dtype) {
@@ -734,6 +745,7 @@ static const td_model_ops tp_dev_ops = {
     .predict = dev_predict,
     .destroy = tp_destroy,
     .activation_bytes = dev_activation_bytes,
+    .comm_staging_bytes = dev_comm_staging_bytes,
     .set_activation_checkpointing = dev_set_ckpt,
     .init_params = tp_init_params,
     .grad_norm_sq = tp_grad_norm_sq,
@@ -757,9 +769,9 @@ td_status td_gpt_tp_set_sequence_parallel(td_model *model, int on) {
   return TD_OK;
 }
 
-cut tp_cut_of(const char *name, size_t count, const td_gpt_config *config, int p, int r, int vocab_parallel) {
+cut tp_cut_of(const char *name, size_t count, const td_gpt_config *config, int p, int r) {
   const size_t C = (size_t)config->channels, Cl = C / (size_t)p, Fl = 4 * C / (size_t)p;
-  if (vocab_parallel && (strcmp(name, "wte") == 0 || strcmp(name, "lm_head.weight") == 0)) {
+  if (strcmp(name, "wte") == 0 || strcmp(name, "lm_head.weight") == 0) {
     size_t v0, vl;
     td_shard_range((size_t)config->vocab, p, r, &v0, &vl);
     return (cut){CUT_ROWS, (size_t)config->vocab, C, v0, vl, 1};
@@ -774,7 +786,7 @@ cut tp_cut_of(const char *name, size_t count, const td_gpt_config *config, int p
     if (!strcmp(w, "mlp.fc.bias")) return (cut){CUT_ROWS, 4 * C, 1, (size_t)r * Fl, Fl, 1};
     if (!strcmp(w, "mlp.proj.weight")) return (cut){CUT_COLS, C, 4 * C, (size_t)r * Fl, Fl, 1};
   }
-  return (cut){CUT_REPL, count, 1, 0, 0, 1}; /* LayerNorms, wpe, the row-parallel biases (on a device: wte, head) */
+  return (cut){CUT_REPL, count, 1, 0, 0, 1}; /* LayerNorms, wpe, the row-parallel biases */
 }
 
 size_t tp_cut_count(const cut *k) {
@@ -809,8 +821,8 @@ static td_status tp_build(const td_gpt_config *config, td_model *full, const td_
   g->Cl = config->channels / p;
   g->NHl = config->heads / p;
   g->Fl = 4 * config->channels / p;
-  size_t v0 = 0, vl = (size_t)config->vocab; /* on a device the vocabulary is whole on every rank */
-  if (!g->dev) td_shard_range((size_t)config->vocab, p, r, &v0, &vl);
+  size_t v0 = 0, vl = 0;
+  td_shard_range((size_t)config->vocab, p, r, &v0, &vl);
   g->v0 = (int)v0;
   g->Vl = (int)vl;
   const int n = full->n_tensors;
@@ -826,7 +838,7 @@ static td_status tp_build(const td_gpt_config *config, td_model *full, const td_
   size_t off = 0;
   for (int i = 0; i < n; i++) {
     const char *name = full->tensors[i].name;
-    cut k = tp_cut_of(name, full->tensors[i].count, config, p, r, g->dev == NULL);
+    cut k = tp_cut_of(name, full->tensors[i].count, config, p, r);
     if (!strcmp(name, "wte")) g->idx_wte = i;
     else if (!strcmp(name, "lm_head.weight")) g->idx_head = i;
     else if (!strcmp(name, "wpe")) g->idx_wpe = i;
@@ -853,7 +865,7 @@ static td_status tp_build(const td_gpt_config *config, td_model *full, const td_
   g->base.device = full->device;
   if (g->dev) {
     g->base.ops = &tp_dev_ops;
-    const td_gpt_tensor_split split = {p, r, g->tensors, off, dev_allreduce, g};
+    const td_gpt_tensor_split split = {p, r, g->tensors, off, dev_allreduce, g, g->v0, g->Vl};
     td_status st = td_gpt_set_tensor_split(full, &split);
     if (st != TD_OK) {
       tp_destroy(&g->base);
@@ -920,8 +932,8 @@ const float *tp_gpt_stage_input_grad(const td_model *model) {
 
 /* The squares of elements [a, b) of a gradient arena: on the host f32; on
  * a device of the model's type, read through a host buffer in chunks (the
- * replicated tensors are a small part of the shard, but on a device they
- * include the embeddings and the head). NAN when a copy fails. */
+ * replicated tensors: wpe, the LayerNorms, the row-parallel biases). NAN
+ * when a copy fails. */
 static double sum_sq(const tp_gpt *g, const float *grads, size_t a, size_t b) {
   double sq = 0;
   const td_device where = td_pointer_device(grads);

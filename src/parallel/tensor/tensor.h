@@ -45,9 +45,8 @@ typedef struct cut {
 /* The cut of the unsplit tensor `name` (td_gpt_create's names; count: its
  * floats) for tensor rank r of p: the one rule gpt_tp.c builds its shards
  * by (on the CPU and on a device) and ckpt_map.c maps checkpoints by.
- * vocab_parallel 0 (a device's tensor parallelism): wte and the head
- * whole. Pure. */
-cut tp_cut_of(const char *name, size_t count, const td_gpt_config *config, int p, int r, int vocab_parallel);
+ * Pure. */
+cut tp_cut_of(const char *name, size_t count, const td_gpt_config *config, int p, int r);
 /* The local floats of a cut. */
 size_t tp_cut_count(const cut *k);
 

@@ -88,6 +88,22 @@ void fault(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
  * PTX's per-lane fragment layouts: every lane of the warp must call them. */
 void mma_m16n8k16_bf16(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]);
 void ldmatrix_x4(uint32_t r[4], const void *row, bool trans);
+/* cp.async (16 bytes, global to shared; src NULL: zeros), commit_group,
+ * wait_group: the copies of a thread are queued and done when a wait_group
+ * lets their group complete, so that shared memory read before the wait
+ * still holds the old bytes, as it may on a GPU (a missing wait shows). */
+struct cp_async_queue {
+  struct op {
+    void *dst;
+    const void *src;
+  } ops[64];
+  int n_ops, n_committed; /* ops [0, n_committed) belong to committed groups */
+  int group_end[16], n_groups;
+};
+cp_async_queue *cp_async_mine();
+void cp_async16(void *dst, const void *src);
+void cp_async_commit();
+void cp_async_wait(int newest_pending);
 template <class F> void run_body(void *f) { (*(F *)f)(); }
 } // namespace td_emu
 
