@@ -330,15 +330,17 @@ PAR    = $(if $(filter -j%,$(MAKEFLAGS)),,-j$(NPROC))
 # emulator) and every suite line, the lines starting while the trees build
 # (in the clean-clone CI at 0602bba the suite waited 226 s for all four).
 # build/ builds first with every core: all lines use it (its tools, and
-# most lines are its own). The other three follow at once, under one job
-# limit (one tree's serial stretches leave no core idle) and at nice 10
-# beside build/'s lines: they take the CPU those lines leave (waiting on
+# most lines are its own); its Python package's c10d extension (about a
+# minute of torch headers, used by the lines of build/python only) is left
+# to the next step. The other trees and that extension follow at once, under
+# one job limit (one tree's serial stretches leave no core idle) and at nice
+# 10 beside build/'s lines: they take the CPU those lines leave (waiting on
 # timeouts, heartbeats, start-up), and the lines' time bounds see little
 # of them. Each tree leaves its exit status in build/.ready/<tree> and
 # build/.ready/done marks the end: tests/run.sh (TREES_READY) starts a line
-# once its trees are there, and the lone lines after the last build. Each
-# tree says how long it took.
-TEST_TREES := test-tree-asan test-tree-emu test-tree-fuzz
+# once its trees are there, build/'s lone lines first, the ASan tree's lone
+# lines after the last build. Each tree says how long it took.
+TEST_TREES := test-tree-c10d test-tree-asan test-tree-emu test-tree-fuzz
 .PHONY: test-tree-normal $(TEST_TREES)
 test: deps
 	@rm -rf build/.ready && mkdir -p build/.ready
@@ -351,7 +353,9 @@ test: deps
 tree_done = rc=$$?; echo $$rc >build/.ready/.$(1) && mv build/.ready/.$(1) build/.ready/$(1); \
   [ $$rc = 0 ] && echo "make test: $(2) built in $$(( $$(date +%s) - t0 )) s"; exit $$rc
 test-tree-normal:
-	@t0=$$(date +%s); $(MAKE) --no-print-directory all; $(call tree_done,build,build/)
+	@t0=$$(date +%s); $(MAKE) --no-print-directory native python-base report-python; $(call tree_done,build,build/)
+test-tree-c10d:
+	@t0=$$(date +%s); $(MAKE) --no-print-directory python-c10d; $(call tree_done,c10d,build/python's c10d extension)
 test-tree-asan:
 	@t0=$$(date +%s); $(MAKE) --no-print-directory all BUILD=build/asan SAN=1 OPT="-O1" NVCC_SHARE_FROM=build; \
 	  $(call tree_done,asan,build/asan)

@@ -31,9 +31,11 @@
 #              TREES_READY=DIR: the trees are still being built (make test
 #              builds them beside the suite): a line starts once every tree
 #              it uses has left DIR/<tree> holding 0 (tree: build, asan,
-#              cudaemu, fuzz: build/'s name below it); DIR/done marks
-#              the end of the builds (a tree missing then did not build: its
-#              lines fail), and the lone lines wait for it.
+#              cudaemu, fuzz: build/'s name below it; c10d: build/python's
+#              c10d extension, for the lines that use build/python); DIR/done
+#              marks the end of the builds (a tree missing then did not
+#              build: its lines fail). build/'s lone lines run first, once
+#              build/ is there, and the other lone lines wait for DIR/done.
 #              HOSTLANE=REGEX: of those, the lines that build hosts (network
 #              namespaces, a Slurm cluster) and mostly wait on heartbeat and
 #              node timeouts; they run one by one in a second lane beside the
@@ -148,6 +150,8 @@ for B in $trees; do
       [ "$B" != build ] && needs+=" ${B##*/}"
       [[ $cmd == *build/cudaemu* ]] && needs+=" cudaemu"
       [[ $cmd == *build/fuzz* || $cmd == *tests/fuzz/* ]] && needs+=" fuzz"
+      # build/python's c10d extension is built beside the suite (make test)
+      [[ $B == build && ( $cmd == *build/python* || $cmd == *tests/python/* ) ]] && needs+=" c10d"
       entry="$tmo"$'\t'"$tag"$'\t'"$needs"$'\t'"$log"$'\t'"$cmd"
       if [ "$jobs_max" -gt 1 ] && [[ $name =~ $hostlane ]]; then
         hosts+=("$entry")
@@ -213,6 +217,66 @@ start_line() {
     echo "fail $2" >"$resdir/${2//\//_}"
   fi
 }
+# The lone lines: two lanes at once, each one line at a time. The host lane
+# (HOSTLANE: namespace hosts, the Slurm cluster) used about a tenth of a core
+# over its 176 s in the clean-clone CI at 9bb4e0b (slurm_cluster_requeue
+# 3.2 s of CPU in 41 s, elastic_faulthosts_short 6.3 in 40, deadhost_* 1.4 in
+# 8), so a lone line of the other lane still has the machine nearly to
+# itself, and no lone line has more than one line beside it, never the pool.
+# Each host-lane line builds its own namespaces, switch and Slurm cluster,
+# named after its pid (tests/lib/netns.sh); they run one by one so that their
+# time bounds see only one neighbour. The other lone lines are claimed one at
+# a time by whichever lane is free (mkdir is atomic), so the host lane takes
+# its share of them once its own are done and neither lane idles while the
+# other has a queue. Run one after the other, the lone lines took 362 s of
+# that CI's 842 s suite.
+claims=$resdir/.claims
+mkdir "$claims"
+run_lane() { # PHASE: lane_hosts, then every line of lane_alone no other lane claimed
+  local entry tmo tag needs log cmd i
+  for entry in ${lane_hosts[@]+"${lane_hosts[@]}"}; do
+    IFS=$'\t' read -r tmo tag needs log cmd <<<"$entry"
+    start_line "$tmo" "$tag" "$needs" "$log" "$cmd"
+  done
+  for i in "${!lane_alone[@]}"; do
+    mkdir "$claims/$1-$i" 2>/dev/null || continue
+    IFS=$'\t' read -r tmo tag needs log cmd <<<"${lane_alone[$i]}"
+    start_line "$tmo" "$tag" "$needs" "$log" "$cmd"
+  done
+}
+run_lanes() { # PHASE: lane_hosts in one lane (one line at a time), lane_alone shared by both
+  if [ "$jobs_max" -gt 1 ]; then
+    run_lane "$1" &
+    lane_hosts=()
+  fi
+  run_lane "$1"
+  wait
+}
+# With TREES_READY, the lone lines of build/ run first, once build/ is
+# built, beside the other trees' builds (nice 10) and before the pool: in the
+# clean-clone CI at dd32cde they ran after the last build (721 s) and the
+# pool, 259 s in which their two lanes kept about one of the two cores busy
+# and the other idle; beside them, the builds take that core. A nice-10
+# compiler yields the CPU to a line at once (CFS weights 110 to 1024), so a
+# lone line still has no test line but its lane's neighbour beside it. The
+# ASan tree's lone lines run last, after the pool and the last build.
+lane_hosts=() lane_alone=()
+if [ -n "$ready_dir" ]; then
+  rest_hosts=() rest_alone=()
+  for entry in ${hosts[@]+"${hosts[@]}"}; do
+    needs=${entry#*$'\t'}; needs=${needs#*$'\t'}; needs=${needs%%$'\t'*}
+    if [ "$needs" = build ]; then lane_hosts+=("$entry"); else rest_hosts+=("$entry"); fi
+  done
+  for entry in ${alone[@]+"${alone[@]}"}; do
+    needs=${entry#*$'\t'}; needs=${needs#*$'\t'}; needs=${needs%%$'\t'*}
+    if [ "$needs" = build ]; then lane_alone+=("$entry"); else rest_alone+=("$entry"); fi
+  done
+  hosts=(${rest_hosts[@]+"${rest_hosts[@]}"}) alone=(${rest_alone[@]+"${rest_alone[@]}"})
+  if [ ${#lane_hosts[@]} -gt 0 ] || [ ${#lane_alone[@]} -gt 0 ]; then
+    while tree_state build; [ "$state" = wait ]; do sleep 1; done
+    run_lanes first
+  fi
+fi
 if [ ${#pool[@]} -gt 0 ]; then
   tick=""
   if [ "$jobs_idle" -gt "$jobs_max" ] && [ -r /proc/stat ]; then
@@ -259,42 +323,14 @@ if [ ${#pool[@]} -gt 0 ]; then
   [ -n "$tick" ] && kill "$tick" 2>/dev/null
 fi
 wait
-# The lone lines want the machine to themselves: not beside a build either.
+# The ASan tree's lone lines (slower, and some spawn much under ASan) wait
+# for the last build too, then have the machine to themselves.
 if [ -n "$ready_dir" ]; then
   while [ ! -e "$ready_dir/done" ]; do sleep 1; done
 fi
-# The lone lines: two lanes at once, each one line at a time. The host lane
-# (HOSTLANE: namespace hosts, the Slurm cluster) used about a tenth of a core
-# over its 176 s in the clean-clone CI at 9bb4e0b (slurm_cluster_requeue
-# 3.2 s of CPU in 41 s, elastic_faulthosts_short 6.3 in 40, deadhost_* 1.4 in
-# 8), so a lone line of the other lane still has the machine nearly to
-# itself, and no lone line has more than one line beside it, never the pool.
-# Each host-lane line builds its own namespaces, switch and Slurm cluster,
-# named after its pid (tests/lib/netns.sh); they run one by one so that their
-# time bounds see only one neighbour. The other lone lines are claimed one at
-# a time by whichever lane is free (mkdir is atomic), so the host lane takes
-# its share of them once its own are done and neither lane idles while the
-# other has a queue. Run one after the other, the lone lines took 362 s of
-# that CI's 842 s suite.
-claims=$resdir/.claims
-mkdir "$claims"
-run_lane() { # HOST-LINES...: those, then every lone line no other lane claimed
-  local entry tmo tag needs log cmd i
-  for entry in "$@"; do
-    IFS=$'\t' read -r tmo tag needs log cmd <<<"$entry"
-    start_line "$tmo" "$tag" "$needs" "$log" "$cmd"
-  done
-  for i in "${!alone[@]}"; do
-    mkdir "$claims/$i" 2>/dev/null || continue
-    IFS=$'\t' read -r tmo tag needs log cmd <<<"${alone[$i]}"
-    start_line "$tmo" "$tag" "$needs" "$log" "$cmd"
-  done
-}
-if [ "$jobs_max" -gt 1 ]; then
-  run_lane ${hosts[@]+"${hosts[@]}"} &
-fi
-run_lane
-wait
+# The remaining lone lines (all of them without TREES_READY), as above.
+lane_hosts=(${hosts[@]+"${hosts[@]}"}) lane_alone=(${alone[@]+"${alone[@]}"})
+run_lanes last
 for f in "$resdir"/*; do
   [ -e "$f" ] || continue
   read -r verdict tag <"$f"
