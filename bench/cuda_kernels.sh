@@ -70,6 +70,6 @@ else
 fi
 echo "cuda kernels: table in $out" >&2
 # one summary line per key row: "bench: kernel NAME TYPE us X tflops Y gbs Z"
-awk -F'|' '/^\| (matmul fwd qkv|matmul bwd fc|flash attention|attention (forward|backward) \(unfused\)|softmax xent|adamw|layernorm forward|gelu forward)/ {
+awk -F'|' '/^\| (matmul fwd qkv|matmul bwd fc|flash attention|attention (forward|backward) \(unfused\)|softmax xent|adamw|layernorm forward|layernorm backward|encoder backward|global norm|gelu forward)/ {
   gsub(/^ +| +$/, "", $2); gsub(/ /, "", $3); gsub(/ /, "", $4); gsub(/ /, "", $5); gsub(/ /, "", $7);
   printf "bench: kernel %s %s: %s us, %s GB/s, %s TFLOP/s\n", $2, $3, $4, $5, $7 }' "$log"

@@ -1259,7 +1259,13 @@ static void reap(job *j) {
  * agent (ssh's connection, the login shell) ready before the job grows onto
  * it, and the grow pays a fork and the rank's own start instead of an ssh
  * start (1.9-7.0 s at load 20-30, 81% of a grow: grow p95 7.69 -> 2.37 s,
- * bench/results/grow-breakdown-2026-11-28.md).
+ * bench/results/grow-breakdown-2026-11-28.md). A host the last discovery
+ * does not list gets background starts only until one fails at the longest
+ * interval (tries at 0.25, 0.75, 1.75, 3.75 and 7.75 s by default): a host
+ * being restarted answers within that, while one dropped for good would
+ * otherwise get an ssh start every AGENT_PROBE_MAX_S for the rest of the
+ * job. When the discovery lists it again, the background starts begin
+ * again (and a rank placed there starts its agent anyway).
  * A probe that fails is quiet (TANDEM_LOG=info says so). TANDEM_AGENT_PROBE
  * sets AGENT_PROBE_MAX_S; 0 turns background starts off. */
 #define AGENT_WAIT_S 15.0
@@ -1276,6 +1282,7 @@ typedef struct host_agent {
   double started;   /* td_now() at its start */
   double probe_at;  /* elastic: start it again in the background at this time (0: not planned) */
   int probe_fails;  /* background starts in a row that got no hello */
+  bool probe_dropped; /* background starts given up: the discovery script does not list the host */
   agent_inbuf in;
 } host_agent;
 
@@ -1425,6 +1432,13 @@ static void agent_ended(job *j, host_agent *a, int status) {
   }
 }
 
+/* Elastic: whether the last discovery (or -H) gives host any slots. */
+static bool host_listed(const job *j, const char *host) {
+  for (int h = 0; h < j->n_ehosts; h++)
+    if (!strcmp(j->ehosts[h]->name, host)) return j->ehosts[h]->slots > 0;
+  return false;
+}
+
 /* Agent ai is gone (EOF, an error, a garbled message, or no hello in
  * time): its queued ranks start over ssh, its started ones are lost. */
 static void agent_lost(job *j, int ai, const char *why) {
@@ -1441,7 +1455,12 @@ static void agent_lost(job *j, int ai, const char *why) {
   a->ready = false;
   if (j->opt.elastic && !j->stopping && !j->done && !a->missing && j->probe_max_s > 0) { /* the next background start */
     a->probe_fails = was_ready ? 0 : a->probe_fails + 1;
-    a->probe_at = td_now() + TD_MIN(AGENT_PROBE_S * ldexp(1.0, TD_MIN(a->probe_fails, 10)), j->probe_max_s);
+    double wait = TD_MIN(AGENT_PROBE_S * ldexp(1.0, TD_MIN(a->probe_fails, 10)), j->probe_max_s);
+    a->probe_dropped = !was_ready && wait >= j->probe_max_s && !host_listed(j, a->host);
+    a->probe_at = a->probe_dropped ? 0 : td_now() + wait;
+    if (a->probe_dropped)
+      TD_INFO("no more background agent starts on host %s: it did not answer %d tries and the discovery script does "
+              "not list it", a->host, a->probe_fails);
   }
   int n_lost = 0, n_queued = 0;
   for (int i = 0; i < j->n_workers; i++) {
@@ -1746,6 +1765,14 @@ static void elastic_discover(job *j) {
     len += (size_t)snprintf(before + len, sizeof before - len, " %s:%d", j->ehosts[h]->name, j->ehosts[h]->slots);
   for (int h = 0; h < j->n_ehosts; h++) j->ehosts[h]->slots = 0;
   for (int i = 0; i < n; i++) elastic_add_host(j, names[i], slots[i]);
+  for (int i = 0; i < j->n_agents; i++) { /* listed again: background starts again (agents_tick) */
+    host_agent *a = &j->agent_list[i];
+    if (a->probe_dropped && host_listed(j, a->host)) {
+      a->probe_dropped = false;
+      a->probe_fails = 0;
+      a->probe_at = td_now();
+    }
+  }
   len = 0;
   for (int h = 0; h < j->n_ehosts && len < sizeof after; h++)
     if (j->ehosts[h]->slots) len += (size_t)snprintf(after + len, sizeof after - len, " %s:%d", j->ehosts[h]->name,

@@ -105,6 +105,33 @@ static size_t offload_files_in_memory(const td_trainer *t, const td_memory_estim
   return path && statfs(path, &fs) == 0 && fs.f_type == TMPFS_MAGIC_NUMBER ? e->disk : 0;
 }
 
+/* Pages of the shm transport's staging that the trainer's own traffic
+ * makes this rank's RSS count (td_comm_staging_bytes: 0 over TCP), *theirs
+ * the peers' part of them: deterministic reduction's point-to-point
+ * exchange (det_comm_traffic), and at stage 3 the fetches' broadcasts of
+ * up to a group from its owner when the parameter arena is not
+ * host-shared (zero_arena_shareable: on huge pages), staged through the
+ * segment's slots. The estimate proper (td_trainer_estimate_memory) has no
+ * communicator; the fit and the memory line add these. */
+static size_t trainer_staging(const td_trainer *t, size_t *theirs) {
+  *theirs = 0;
+  if (!t->comm || t->world < 2) return 0;
+  int *peers = calloc(2 * (size_t)t->world, sizeof *peers);
+  if (!peers) return 0; /* an estimate, not an allocation */
+  td_comm_traffic tr = {0};
+  det_comm_traffic(&t->cfg, t->n_params, t->comm, peers, &tr);
+  if (t->zero_stage >= 3) {
+    size_t granule = 0, persistent = 0;
+    bool huge = zero_granule_bytes(t->n_params, t->world, &granule) == TD_OK && granule > zero_page_bytes();
+    if (!zero_arena_shareable(&t->cfg, huge, true))
+      tr.broadcast = zero_largest_group(t->model, t->cfg.stage3_param_persistence_threshold, &persistent) *
+                     sizeof(float);
+  }
+  size_t bytes = td_comm_staging_bytes(t->comm, &tr, theirs);
+  free(peers);
+  return bytes;
+}
+
 /* The estimate of this trainer's rank under cfg: at the compute threads it
  * runs when cfg leaves them automatic (t->threads, from its
  * communicator's ranks on this host). */
@@ -374,14 +401,16 @@ td_status trainer_memory_fit(td_trainer *t) {
   if (st == TD_OK) st = estimate_at(t, &t->cfg, t->world, t->zero_stage, &e);
   if (st == TD_OK) {
     size_t files = offload_files_in_memory(t, &e);
-    size_t need = e.model_states + e.activations + e.runtime + t->mem_baseline + files;
+    size_t staged_theirs = 0, staged = trainer_staging(t, &staged_theirs);
+    size_t need = e.model_states + e.activations + e.runtime + t->mem_baseline + files + (staged - staged_theirs);
     t->mem_estimate = need;
     /* what the RSS counts on top (the memory line, td_trainer_memory); the
      * check below is of physical memory, where those pages are the peers' */
     t->mem_peer_mapped = zero_peer_mapped_bytes(t->model, &t->cfg, t->world, t->zero_stage, t->rank,
                                                 e.deterministic == 0, t->comm != NULL,
                                                 t->comm ? td_comm_direct_min_bytes(t->comm) : 0) +
-                         e.comm_staging_shared; /* the model's own groups' staging pages in the peers' slots */
+                         e.comm_staging_shared + /* the model's own groups' staging pages in the peers' slots */
+                         staged_theirs;
     if (room > 0 && need > room) {
       char fits[1024], tmpfs[80] = "";
       what_fits(t, room, fits, sizeof fits);
@@ -418,13 +447,14 @@ td_status trainer_memory_rebind(td_trainer *t, int old_world) {
   td_memory_estimate e;
   if (st == TD_OK) st = estimate_at(t, &t->cfg, t->world, t->zero_stage, &e);
   if (st == TD_OK) {
-    size_t need = e.model_states + e.activations + e.runtime + t->mem_baseline;
+    size_t staged_theirs = 0, staged = trainer_staging(t, &staged_theirs);
+    size_t need = e.model_states + e.activations + e.runtime + t->mem_baseline + (staged - staged_theirs);
     size_t before = t->mem_estimate;
     t->mem_estimate = need;
     t->mem_peer_mapped = zero_peer_mapped_bytes(t->model, &t->cfg, t->world, t->zero_stage, t->rank,
                                                 e.deterministic == 0, false, /* the shards are restored */
                                                 td_comm_direct_min_bytes(t->comm)) +
-                         e.comm_staging_shared;
+                         e.comm_staging_shared + staged_theirs;
     if (room > 0 && need > room) {
       char fits[1024];
       what_fits(t, room, fits, sizeof fits);

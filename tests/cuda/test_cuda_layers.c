@@ -225,13 +225,49 @@ static void *dev_f32(size_t n) {
   return d;
 }
 
-static void test_encoder(int B, int T, int C, int V, td_dtype dt) {
+/* td_encoder_buckets on the host and the buckets' device copies: *d_order
+ * and *d_starts (cudaFree them); returns the bucket count. Checks the
+ * buckets against their definition: every valid position once, one token
+ * per bucket, positions increasing within it, the counters left zero. */
+static int upload_buckets(const int32_t *tok, int BT, int V, int32_t **d_order, int32_t **d_starts) {
+  int32_t *order = malloc(sizeof(int32_t) * (BT + 1)), *starts = malloc(sizeof(int32_t) * (BT + 2));
+  int32_t *counts = calloc((size_t)V, sizeof(int32_t));
+  CHECK(order && starts && counts);
+  int nb = td_encoder_buckets(tok, BT, V, order, starts, counts);
+  int valid = 0;
+  for (int i = 0; i < BT; i++) valid += tok[i] >= 0 && tok[i] < V;
+  CHECK(nb >= 0 && starts[0] == 0 && starts[nb] == valid);
+  char *seen = calloc((size_t)BT + 1, 1);
+  for (int b = 0; b < nb; b++) {
+    CHECK(starts[b + 1] > starts[b]);
+    for (int j = starts[b]; j < starts[b + 1]; j++) {
+      CHECK(order[j] >= 0 && order[j] < BT && !seen[order[j]]);
+      seen[order[j]] = 1;
+      CHECK(tok[order[j]] == tok[order[starts[b]]]);
+      if (j > starts[b]) CHECK(order[j] > order[j - 1]);
+    }
+    if (b > 0) CHECK(tok[order[starts[b]]] != tok[order[starts[b - 1]]]);
+  }
+  for (int v = 0; v < V; v++) CHECK(counts[v] == 0);
+  CHECK(cudaMalloc((void **)d_order, sizeof(int32_t) * (BT + 1)) == cudaSuccess);
+  CHECK(cudaMalloc((void **)d_starts, sizeof(int32_t) * (nb + 1)) == cudaSuccess);
+  if (valid) CHECK(cudaMemcpy(*d_order, order, sizeof(int32_t) * valid, cudaMemcpyHostToDevice) == cudaSuccess);
+  CHECK(cudaMemcpy(*d_starts, starts, sizeof(int32_t) * (nb + 1), cudaMemcpyHostToDevice) == cudaSuccess);
+  free(order), free(starts), free(counts), free(seen);
+  return nb;
+}
+
+/* tokens: a stride pattern with a repeated token (several positions add
+ * into one row), and with `all_same` every position the same token (one
+ * bucket of B T rows) */
+static void test_encoder_tokens(int B, int T, int C, int V, td_dtype dt, int all_same) {
   size_t n = (size_t)B * T * C;
   int32_t *tok = malloc(sizeof(int32_t) * (size_t)B * T);
   int counts[1024] = {0}, max_count = 0;
   for (int i = 0; i < B * T; i++) {
     tok[i] = (int32_t)((i * 7 + 3) % V);
-    if (i % 5 == 0) tok[i] = 11; /* repeated: several positions add into one row */
+    if (i % 5 == 0) tok[i] = 11 % V; /* repeated: several positions add into one row */
+    if (all_same) tok[i] = V - 1;
     if (++counts[tok[i]] > max_count) max_count = counts[tok[i]];
   }
   float *wte = rand_host((size_t)V * C, 1, dt), *wpe = rand_host((size_t)T * C, 1, dt);
@@ -248,21 +284,28 @@ static void test_encoder(int B, int T, int C, int V, td_dtype dt) {
   float *gwte0_copy = malloc((size_t)V * C * sizeof(float));
   memcpy(gwte0_copy, gwte, (size_t)V * C * sizeof(float));
   td_embedding_backward(gwte, gwpe, g, tok, B, T, C);
-  CHECK_OK(td_cuda_encoder_backward(dgwte, dgwpe, dg, dtok, B, T, C, V, dt, NULL));
+  int32_t *dorder, *dstarts;
+  int nb = upload_buckets(tok, B * T, V, &dorder, &dstarts);
+  CHECK_OK(td_cuda_encoder_backward(dgwte, dgwpe, dg, dtok, dorder, dstarts, nb, B, T, C, dt, NULL));
   expect_close_k("encoder backward dwte", dgwte, gwte, (size_t)V * C, dt, dt == TD_BF16 ? max_count + 1 : 1);
   expect_close("encoder backward dwpe", dgwpe, gwpe, (size_t)T * C, dt);
   /* deterministic: a second run from the same start gives the same bits */
   float *first = download(dgwte, (size_t)V * C, dt);
   CHECK(cudaFree(dgwte) == cudaSuccess);
   dgwte = upload(gwte0_copy, (size_t)V * C, dt);
-  CHECK_OK(td_cuda_encoder_backward(dgwte, NULL, dg, dtok, B, T, C, V, dt, NULL));
+  CHECK_OK(td_cuda_encoder_backward(dgwte, NULL, dg, dtok, dorder, dstarts, nb, B, T, C, dt, NULL));
   float *second = download(dgwte, (size_t)V * C, dt);
   CHECK(memcmp(first, second, (size_t)V * C * sizeof(float)) == 0);
   free(first), free(second), free(gwte0_copy);
   cudaFree(dgwte);
   CHECK(cudaFree(dtok) == cudaSuccess);
+  cudaFree(dorder), cudaFree(dstarts);
   cudaFree(dwte_p), cudaFree(dwpe_p), cudaFree(dout), cudaFree(dg), cudaFree(dgwpe);
   free(tok), free(wte), free(wpe), free(out), free(g), free(gwte), free(gwpe);
+}
+static void test_encoder(int B, int T, int C, int V, td_dtype dt) {
+  test_encoder_tokens(B, T, C, V, dt, 0);
+  test_encoder_tokens(B, T, C, V, dt, 1);
 }
 
 static void test_layernorm(int N, int C, td_dtype dt) {
@@ -280,10 +323,37 @@ static void test_layernorm(int N, int C, td_dtype dt) {
   float *dy = rand_host(n, 1, dt), *gx = rand_host(n, 1, dt), *gw = rand_host(C, 1, dt), *gb = rand_host(C, 1, dt);
   void *ddy = upload(dy, n, dt), *dgx = upload(gx, n, dt), *dgw = upload(gw, C, dt), *dgb = upload(gb, C, dt);
   td_layernorm_backward(gx, gw, gb, dy, x, w, mean, rstd, N, C);
-  CHECK_OK(td_cuda_layernorm_backward(dgx, dgw, dgb, ddy, dx, dw, dmean, drstd, N, C, dt, NULL));
+  float *dscr = dev_f32(td_cuda_layernorm_backward_scratch_floats(N, C));
+  CHECK_OK(td_cuda_layernorm_backward(dgx, dgw, dgb, dscr, ddy, dx, dw, dmean, drstd, N, C, dt, NULL));
   expect_close("layernorm backward dinp", dgx, gx, n, dt);
   expect_close("layernorm backward dweight", dgw, gw, C, dt);
   expect_close("layernorm backward dbias", dgb, gb, C, dt);
+  /* deterministic, and each gradient alone (the others NULL) as with all
+   * three: from the same start, e* gets two whole calls, f* one call per
+   * gradient and one whole call; the same bits (not at the edge sweep's
+   * 16k rows: six more launches of 1024 blocks cost the emulator too much) */
+  if (N <= 1024) {
+    float *gx0 = rand_host(n, 1, dt), *gw0 = rand_host(C, 1, dt), *gb0 = rand_host(C, 1, dt);
+    void *ex = upload(gx0, n, dt), *ew = upload(gw0, C, dt), *eb = upload(gb0, C, dt);
+    void *fx = upload(gx0, n, dt), *fw = upload(gw0, C, dt), *fb = upload(gb0, C, dt);
+    CHECK_OK(td_cuda_layernorm_backward(ex, ew, eb, dscr, ddy, dx, dw, dmean, drstd, N, C, dt, NULL));
+    CHECK_OK(td_cuda_layernorm_backward(ex, ew, eb, dscr, ddy, dx, dw, dmean, drstd, N, C, dt, NULL));
+    CHECK_OK(td_cuda_layernorm_backward(fx, NULL, NULL, dscr, ddy, dx, dw, dmean, drstd, N, C, dt, NULL));
+    CHECK_OK(td_cuda_layernorm_backward(NULL, fw, NULL, dscr, ddy, dx, dw, dmean, drstd, N, C, dt, NULL));
+    CHECK_OK(td_cuda_layernorm_backward(NULL, NULL, fb, dscr, ddy, dx, dw, dmean, drstd, N, C, dt, NULL));
+    CHECK_OK(td_cuda_layernorm_backward(fx, fw, fb, dscr, ddy, dx, dw, dmean, drstd, N, C, dt, NULL));
+    float *ax = download(ex, n, dt), *aw = download(ew, C, dt), *ab = download(eb, C, dt);
+    float *bx = download(fx, n, dt), *bw = download(fw, C, dt), *bb = download(fb, C, dt);
+    CHECK(memcmp(ax, bx, n * 4) == 0 && memcmp(aw, bw, C * 4) == 0 && memcmp(ab, bb, C * 4) == 0);
+    free(gx0), free(gw0), free(gb0);
+    free(ax), free(aw), free(ab), free(bx), free(bw), free(bb);
+    cudaFree(ex), cudaFree(ew), cudaFree(eb), cudaFree(fx), cudaFree(fw), cudaFree(fb);
+  }
+  /* scratch is required where the kernels use it */
+  if (td_cuda_layernorm_backward_scratch_floats(N, C) > 0)
+    CHECK_STATUS(td_cuda_layernorm_backward(dgx, dgw, dgb, NULL, ddy, dx, dw, dmean, drstd, N, C, dt, NULL),
+                 TD_ERR_INVALID_ARGUMENT);
+  cudaFree(dscr);
   /* fused residual + layer norm: residual rounded to dtype, then normalized */
   float *res = malloc(n * 4);
   for (size_t i = 0; i < n; i++) res[i] = dt == TD_BF16 ? ref_bf16_value(x[i] + x2[i]) : x[i] + x2[i];
@@ -538,6 +608,13 @@ static void test_norm_scale_cast(size_t n, td_dtype dt) {
   CHECK_OK(td_cuda_global_norm_squared(dout, dpart, dx, n, dt, NULL));
   float *again = download(dout, 1, TD_F32);
   CHECK(memcmp(got, again, 4) == 0); /* the same bits */
+  /* from the second element: a start off the 16-byte grid (the head) */
+  if (n > 1) {
+    CHECK_OK(td_cuda_global_norm_squared(dout, dpart, (char *)dx + esize(dt), n - 1, dt, NULL));
+    float *off = download(dout, 1, TD_F32);
+    CHECK_CLOSE(off[0], ref - (double)x[0] * x[0], 1e-5, 1e-30);
+    free(off);
+  }
   /* scale, then cast to the other type and back */
   float *scaled = malloc(n * 4 + 4);
   for (size_t i = 0; i < n; i++) scaled[i] = dt == TD_BF16 ? ref_bf16_value(x[i] * 0.37f) : x[i] * 0.37f;
@@ -659,6 +736,8 @@ static void run_bench(const bench_shape *sh, td_dtype dt) {
   for (size_t i = 0; i < N; i++) tok[i] = (int32_t)((i * 7919) % (size_t)V);
   CHECK(cudaMalloc((void **)&dtok, N * sizeof(int32_t)) == cudaSuccess);
   CHECK(cudaMemcpy(dtok, tok, N * sizeof(int32_t), cudaMemcpyHostToDevice) == cudaSuccess);
+  int32_t *dorder, *dstarts; /* the encoder's buckets (made on the host in a step: not timed here) */
+  int nb = upload_buckets(tok, (int)N, V, &dorder, &dstarts);
   void *wte = dev_fill((size_t)V * C, dt, 0.1f), *wpe = dev_fill((size_t)T * C, dt, 0.1f);
   void *x = dev_fill(N * C, dt, 1), *y = dev_fill(N * C, dt, 1), *g = dev_fill(N * C, dt, 1);
   void *x4 = dev_fill(N * 4 * C, dt, 1), *y4 = dev_fill(N * 4 * C, dt, 1), *g4 = dev_fill(N * 4 * C, dt, 1);
@@ -677,12 +756,14 @@ static void run_bench(const bench_shape *sh, td_dtype dt) {
   printf("|---|---|---|---|---|---|---|\n");
   BENCH("encoder forward", nc * es * 3, 0, td_cuda_encoder_forward(x, dtok, wte, wpe, B, T, C, dt, NULL));
   BENCH("encoder backward", nc * es * 3 + (double)T * C * es, 0,
-        td_cuda_encoder_backward(gw, wpe, g, dtok, B, T, C, V, dt, NULL));
+        td_cuda_encoder_backward(gw, wpe, g, dtok, dorder, dstarts, nb, B, T, C, dt, NULL));
   BENCH("layernorm forward", nc * es * 2, 0, td_cuda_layernorm_forward(y, mean, rstd, x, w, bias, (int)N, C, dt, NULL));
   BENCH("residual+layernorm forward", nc * es * 4, 0,
         td_cuda_residual_layernorm_forward(g, y, mean, rstd, x, x, w, bias, (int)N, C, dt, NULL));
+  float *ln_scr = dev_f32(td_cuda_layernorm_backward_scratch_floats((int)N, C));
   BENCH("layernorm backward", nc * es * 4, 0,
-        td_cuda_layernorm_backward(g, dw, dbias, y, x, w, mean, rstd, (int)N, C, dt, NULL));
+        td_cuda_layernorm_backward(g, dw, dbias, ln_scr, y, x, w, mean, rstd, (int)N, C, dt, NULL));
+  cudaFree(ln_scr);
   BENCH("residual forward", nc * es * 3, 0, td_cuda_residual_forward(y, x, g, N * C, dt, NULL));
   BENCH("gelu forward", nc * 4 * es * 2, 0, td_cuda_gelu_forward(y4, x4, N * 4 * C, dt, NULL));
   BENCH("gelu backward", nc * 4 * es * 4, 0, td_cuda_gelu_backward(g4, x4, y4, N * 4 * C, dt, NULL));
@@ -749,11 +830,33 @@ static void run_bench(const bench_shape *sh, td_dtype dt) {
   BENCH("global norm squared", (double)np * es, np * 2.0, td_cuda_global_norm_squared(norm, parts, grads, np, dt, NULL));
   printf("(%zu parameters in the optimizer rows)\n", np);
   cudaFree(master), cudaFree(m), cudaFree(v), cudaFree(grads), cudaFree(copy), cudaFree(norm), cudaFree(parts);
-  cudaFree(dtok), cudaFree(wte), cudaFree(wpe), cudaFree(x), cudaFree(y), cudaFree(g), cudaFree(x4), cudaFree(y4);
+  cudaFree(dtok), cudaFree(dorder), cudaFree(dstarts), cudaFree(wte), cudaFree(wpe), cudaFree(x), cudaFree(y), cudaFree(g), cudaFree(x4), cudaFree(y4);
   cudaFree(g4), cudaFree(qkv), cudaFree(dqkv), cudaFree(w), cudaFree(dw), cudaFree(bias), cudaFree(dbias);
   cudaFree(gw), cudaFree(mean), cudaFree(rstd), cudaFree(lse), cudaFree(Dscr), cudaFree(logits), cudaFree(losses);
   cudaEventDestroy(e0), cudaEventDestroy(e1);
   free(tok);
+}
+
+/* The bandwidth kernels at the edges of their vector split (16-byte groups
+ * of 8 bf16 / 4 f32, rows that start off the grid when the row length is
+ * not a multiple of 8, lanes with more than one group, the layer norm's
+ * grid clamped at 1024 blocks) */
+static void test_kernel_edges(td_dtype dt) {
+  const int ln_C[] = {1, 3, 8, 13, 77, 264, 1000}, ln_N[] = {1, 5, 131};
+  for (size_t i = 0; i < sizeof ln_C / sizeof *ln_C; i++)
+    for (size_t j = 0; j < sizeof ln_N / sizeof *ln_N; j++) test_layernorm(ln_N[j], ln_C[i], dt);
+  test_layernorm(4 * 4 * 1024 + 5, 2, dt); /* more rows than the grid's warps take once */
+  const int xent_V[] = {1, 5, 8, 97, 4103, 8200};
+  for (size_t i = 0; i < sizeof xent_V / sizeof *xent_V; i++) test_softmax_xent(3, xent_V[i], dt);
+  /* the products' dbias column sum: 16-byte groups over more rows than its
+   * 256 (128) row lanes with a partial 32-column block, and an odd OC (the
+   * element kernel) */
+  test_matmul(300, 24, 40, 1, dt);
+  test_matmul(5, 24, 37, 1, dt);
+  test_encoder(1, 1, 13, 5, dt);
+  test_encoder(2, 7, 77, 40, dt);
+  test_encoder(3, 5, 264, 97, dt);
+  printf("%s: layernorm, softmax-xent, encoder and dbias edges match the CPU\n", td_dtype_name(dt));
 }
 
 int main(int argc, char **argv) {
@@ -818,6 +921,7 @@ int main(int argc, char **argv) {
      * tiles, their last partial tile); the small T above fit in one */
     if (!big) test_attention(1, 130, 80, 5, dt);
     test_elementwise_edges(dt);
+    if (!big) test_kernel_edges(dt);
     test_adamw(1000 + 37, dt);
     test_norm_scale_cast(big ? (size_t)1 << 22 : 5003, dt);
     test_norm_scale_cast(1, dt);

@@ -7,7 +7,9 @@
  * td_shard_range splits; each range's last leaf pushed with its additions
  * deferred and applied in two chunks gives the same cover bits. The leaves
  * have mixed magnitudes, so that another
- * order of the same additions gives other bits (checked). */
+ * order of the same additions gives other bits (checked). The scratch
+ * levels the combination writes are those det_scratch_levels_written
+ * names (sentinel-filled scratch, compared after). */
 #include "train/deterministic/deterministic.h"
 
 #include "../common/check.h"
@@ -30,7 +32,7 @@ static double ref64(size_t n, size_t lo, size_t span) {
 }
 static int same(float a, float b) { return memcmp(&a, &b, sizeof a) == 0; }
 
-static long n_splits;
+static long n_splits, n_written_levels; /* splits whose combination used scratch */
 
 /* The streamed last leaf (deterministic.c): pushed with its additions
  * deferred while its vector is still zero, written afterwards, then added
@@ -107,9 +109,20 @@ static void check_split(size_t n, int w, const size_t *bounds) {
   }
   float s0[DET_MAX_LEVELS][LEN], *scratch[DET_MAX_LEVELS];
   for (int k = 0; k < DET_MAX_LEVELS; k++) scratch[k] = s0[k];
+  /* the scratch levels the combination writes (the memory estimate counts
+   * only those): a sentinel in every level, then which ones changed */
+  for (int k = 0; k < DET_MAX_LEVELS; k++)
+    for (int e = 0; e < LEN; e++) s0[k][e] = -7.25e30f;
   float root[LEN];
   CHECK_EQ_INT(det_combine_f32(n, parts, n_parts, root, LEN, scratch), 0);
   for (int e = 0; e < LEN; e++) CHECK(same(root[e], ref(n, 0, span, e)));
+  uint64_t written = 0;
+  for (int k = 0; k < DET_MAX_LEVELS; k++)
+    for (int e = 0; e < LEN; e++)
+      if (!same(s0[k][e], -7.25e30f)) written |= (uint64_t)1 << k;
+  CHECK(det_scratch_levels_written(n, parts, n_parts) == written);
+  if (w == 1 || n_parts == 1) CHECK(written == 0); /* the root is a part: nothing to sum */
+  n_written_levels += written != 0;
   int ok = 0;
   CHECK(det_combine_f64(n, parts64, n_parts, &ok) == ref64(n, 0, span) && ok);
   /* the parts in reverse order */
@@ -188,6 +201,8 @@ int main(void) {
     differs |= !same(seq, ref(12, 0, 16, e));
   }
   CHECK(differs);
-  printf("canonical tree: %ld splits checked (%ld exhaustive, n <= 12 over 1..5 ranges)\n", n_splits, exhaustive);
+  CHECK(n_written_levels > 0 && n_written_levels < n_splits); /* both kinds of split were seen */
+  printf("canonical tree: %ld splits checked (%ld exhaustive, n <= 12 over 1..5 ranges; %ld summed in scratch)\n",
+         n_splits, exhaustive, n_written_levels);
   return 0;
 }

@@ -25,6 +25,11 @@
 #                        and reported lost (exit 255, named), no hang;
 #                        after tandemrun is killed with -9, neither ranks
 #                        nor agent are left on host a
+#   remote.sh B unlisted a host taken out of the discovery script and then
+#                        down (its sshd killed) gets a few background agent
+#                        starts (TANDEM_AGENT_PROBE=1: 2), then none while
+#                        it stays out; listed again (sshd up), a process
+#                        starts there
 #
 # Needs root (namespaces, sshd); everything is removed on exit, also after a
 # failure.
@@ -251,5 +256,44 @@ agent)
   wait_agents 0 10 || fail "agents left on host a: $(agents_on_a)"
   echo "PASS(remote agent): grow 1 -> 3 on host a over $after_grow ssh connection and no new session; agent killed -> 3 processes reported lost in $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }') s, a new agent started in the background and the regrow used it; not elastic: exit 255; nothing left"
   ;;
-*) fail "unknown case (status, orphan, share, agent)" ;;
+unlisted)
+  # One process here, one on host a (room for 3); TANDEM_AGENT_PROBE=1 so that the
+  # background starts reach their longest interval (1 s) within 2 tries.
+  printf '127.0.0.1:1\n10.77.16.1:1\n' >"$tmp/hosts"
+  printf '#!/bin/sh\ncat %s\n' "$tmp/hosts" >"$tmp/discover"
+  chmod +x "$tmp/discover"
+  TANDEM_LOG=info TANDEM_AGENT_PROBE=1 TANDEM_DISCOVERY_INTERVAL=0.2 netns_spawn l "$RUN" -np 2 --min-np 1 \
+    --max-np 3 --max-restarts 5 --host-discovery-script "$tmp/discover" "$CHILD" --sleep 60 >"$tmp/out" 2>"$tmp/err"
+  launcher=$NETNS_PID
+  wait_children 1 20 || fail "the process did not start on host a"
+  wait_agents 1 5 || fail "no tandem-agent runs on host a: $(agents_on_a)"
+  # Host a leaves the discovery script, then goes down for good (every
+  # process on it killed, its sshd too: an ssh start fails at once).
+  printf '127.0.0.1:2\n' >"$tmp/hosts"
+  for _ in $(seq 1 200); do grep -q "discovered hosts now: 127.0.0.1:2$" "$tmp/err" && break; sleep 0.05; done
+  grep -q "discovered hosts now: 127.0.0.1:2$" "$tmp/err" || fail "tandemrun did not read the discovery script's new hosts"
+  sshhosts_kill a
+  starts() { grep -c "starting the agent on host 10\.77\.16\.1 again in the background" "$tmp/err"; }
+  # Without the limit: a start every second, 8 or more in 8 s. With it: 2
+  # (at 0.25 and 0.75 s), then none.
+  sleep 8
+  n8=$(starts)
+  [ "$n8" -ge 1 ] || fail "no background agent start on host a after its agent ended (the quick tries must stay)"
+  [ "$n8" -le 3 ] || fail "host a, out of the discovery script and down, got $n8 background agent starts in 8 s, expected at most 3"
+  grep -q "no more background agent starts on host 10\.77\.16\.1" "$tmp/err" || fail "tandemrun did not say that it gave up host a"
+  sleep 3
+  [ "$(starts)" = "$n8" ] || fail "background agent starts on host a went on after they were given up: $n8 -> $(starts)"
+  # Host a up again and listed: the job grows onto it (through an agent).
+  sshhosts_start a
+  printf '127.0.0.1:2\n10.77.16.1:1\n' >"$tmp/hosts"
+  wait_children 1 30 || fail "no process started on host a after it was listed again: $(children_on_a)"
+  kill -TERM "$launcher"
+  for _ in $(seq 1 300); do kill -0 "$launcher" 2>/dev/null || break; sleep 0.05; done
+  kill -0 "$launcher" 2>/dev/null && fail "tandemrun still runs 15 s after SIGTERM"
+  wait "$launcher"
+  wait_children 0 10 || fail "processes left on host a: $(children_on_a)"
+  wait_agents 0 10 || fail "agents left on host a: $(agents_on_a)"
+  echo "PASS(remote unlisted): host a out of the discovery script and down: $n8 background agent starts, then none for 3 s more; listed again: a process started there"
+  ;;
+*) fail "unknown case (status, orphan, share, agent, unlisted)" ;;
 esac

@@ -33,12 +33,23 @@ extern "C" {
 td_status td_cuda_encoder_forward(void *out /* (B, T, C) */, const int32_t *tokens /* (B, T) */,
                                   const void *wte /* (V, C) */, const void *wpe /* (maxT, C) */, int B, int T, int C,
                                   td_dtype dtype, void *stream);
-/* dwte[tokens[b,t],:] += dout[b,t,:], dwpe[t,:] += sum_b dout[b,t,:]. Each
- * (row, channel) of dwte is summed by one thread in position order: no
- * atomics, the same bits every run. V is needed to bound the rows. */
+/* The positions of a batch's tokens grouped by token, for
+ * td_cuda_encoder_backward (host memory, a stable counting sort): returns
+ * the number of buckets n (distinct tokens in [0, V); tokens outside are
+ * left out); bucket b is positions order[starts[b] .. starts[b+1]), one
+ * token's, in position order. order: BT ints, starts: BT + 1 ints, counts:
+ * V ints that are zero on entry and are zero again on return. */
+int td_encoder_buckets(const int32_t *tokens /* (BT) */, int BT, int V, int32_t *order, int32_t *starts,
+                       int32_t *counts);
+/* dwte[tokens[b,t],:] += dout[b,t,:], dwpe[t,:] += sum_b dout[b,t,:].
+ * order, starts (device copies of td_encoder_buckets' arrays) and
+ * n_buckets say which positions add into which dwte row (needed when dwte
+ * is not NULL). Each (row, channel) of dwte is summed by one thread in
+ * position order: no atomics, the same bits every run. */
 td_status td_cuda_encoder_backward(void *dwte /* (V, C) or NULL */, void *dwpe /* (maxT, C) or NULL */,
-                                   const void *dout /* (B, T, C) */, const int32_t *tokens /* (B, T) */, int B, int T,
-                                   int C, int V, td_dtype dtype, void *stream);
+                                   const void *dout /* (B, T, C) */, const int32_t *tokens /* (B, T) */,
+                                   const int32_t *order /* (B T) */, const int32_t *starts /* (n_buckets + 1) */,
+                                   int n_buckets, int B, int T, int C, td_dtype dtype, void *stream);
 
 /* Layer normalisation over the last dimension, eps 1e-5 (td_layernorm_forward). */
 td_status td_cuda_layernorm_forward(void *out /* (N, C) */, float *mean /* (N) */, float *rstd /* (N) */,
@@ -51,10 +62,16 @@ td_status td_cuda_residual_layernorm_forward(void *residual /* (N, C) */, void *
                                              const void *inp1 /* (N, C) */, const void *inp2 /* (N, C) */,
                                              const void *weight /* (C) */, const void *bias /* (C) */, int N, int C,
                                              td_dtype dtype, void *stream);
+/* td_layernorm_backward: dinp += ..., dweight += ..., dbias += ... (each
+ * may be NULL). scratch: td_cuda_layernorm_backward_scratch_floats(N, C)
+ * floats of device memory (the blocks' partial dweight/dbias rows, summed in
+ * a fixed order: no atomics); not read after the call's kernels finish, so
+ * launches on one stream may share it. */
 td_status td_cuda_layernorm_backward(void *dinp /* (N, C) */, void *dweight /* (C) */, void *dbias /* (C) */,
-                                     const void *dout /* (N, C) */, const void *inp /* (N, C) */,
+                                     float *scratch, const void *dout /* (N, C) */, const void *inp /* (N, C) */,
                                      const void *weight /* (C) */, const float *mean /* (N) */,
                                      const float *rstd /* (N) */, int N, int C, td_dtype dtype, void *stream);
+size_t td_cuda_layernorm_backward_scratch_floats(int N, int C);
 
 /* out = a + b elementwise (the residual stream); out may alias a or b. */
 td_status td_cuda_residual_forward(void *out /* (n) */, const void *a /* (n) */, const void *b /* (n) */, size_t n,

@@ -1,15 +1,26 @@
 /* Token + position embedding on the device (llm.c's llmc/encoder.cuh), the
  * twin of td_embedding_forward/backward.
- * Backward without atomics: dwte's rows are split into S = 32 classes by
- * token mod S; thread (class s, channel c) walks every position in order and
- * adds the positions whose token is in its class. So each dwte element is
- * summed by one thread in position order: the same bits every run, and no
- * sort of the tokens. Each thread reads all B*T tokens (4 bytes each,
- * broadcast within a warp), which is small beside the B*T*C gradient. */
+ *
+ * Backward without atomics, bucketed by token (llm.c's arrangement): the
+ * host groups the positions by token with a stable counting sort
+ * (td_encoder_buckets: the tokens are on the host before they are copied
+ * up), so bucket b lists the positions of one token in position order.
+ * Warp (bucket b, channel group) sums dout's rows of those positions for
+ * its 32 x 8 bf16 (x 4 f32) channels, 16 bytes per lane per row, in f32 in
+ * position order, and adds the sum to the token's dwte row once. Each dwte
+ * element is summed by one thread in one order fixed by the tokens: the
+ * same bits every run, and one bf16 rounding per element instead of one
+ * per position. Memory: dout read once (B T C) plus one read and write of
+ * each distinct token's row, ~75 MB in bf16 at GPT-2 124M's shape (B T =
+ * 16384, C = 768), ~16 us at an H200's 4.8 TB/s. The old kernel split dwte
+ * into 32 classes (token mod 32) and had each of C x 32 threads walk all B T
+ * tokens in order: 1.76 ms on an H200 (1.3% of BW). A token that fills a
+ * large share of the batch (padding) is still one warp's serial sum over
+ * its rows: its time grows with that count, not with the batch.
+ * dwpe[t] += sum over b of dout[b, t], one thread per (t, channel) adding
+ * the B rows in b order. */
 #include "cuda_common.cuh"
 #include "cuda_layers.h"
-
-static const int kClasses = 32;
 
 template <class T>
 __global__ void encoder_forward_kernel(T *out, const int32_t *tokens, const T *wte, const T *wpe, int BT, int T_,
@@ -20,17 +31,25 @@ __global__ void encoder_forward_kernel(T *out, const int32_t *tokens, const T *w
   out[i] = td_from_f32<T>(td_to_f32(wte[(size_t)tokens[bt] * C + c]) + td_to_f32(wpe[(size_t)t * C + c]));
 }
 
+#define ENC_WARPS 4 /* warps (buckets) per block */
+
 template <class T>
-__global__ void encoder_backward_wte_kernel(T *dwte, const T *dout, const int32_t *tokens, int BT, int C, int V) {
-  int c = blockIdx.x * blockDim.x + threadIdx.x;
-  int cls = blockIdx.y * blockDim.y + threadIdx.y;
-  if (c >= C || cls >= kClasses) return;
-  for (int i = 0; i < BT; i++) {
-    int tok = tokens[i];
-    if (tok < 0 || tok >= V || tok % kClasses != cls) continue;
-    T *d = dwte + (size_t)tok * C + c;
-    *d = td_from_f32<T>(td_to_f32(*d) + td_to_f32(dout[(size_t)i * C + c]));
+__global__ void encoder_backward_wte_kernel(T *dwte, const T *dout, const int32_t *tokens, const int32_t *order,
+                                            const int32_t *starts, int n_buckets, int C, bool vec) {
+  const int VW = td_vec_width<T>::value;
+  const int bucket = blockIdx.x * ENC_WARPS + threadIdx.x / 32, c0 = (blockIdx.y * 32 + threadIdx.x % 32) * VW;
+  if (bucket >= n_buckets || c0 >= C) return; /* (no shuffles or barriers below) */
+  const int k = C - c0 < VW ? C - c0 : VW, lo = starts[bucket], hi = starts[bucket + 1];
+  float acc[16 / sizeof(T)] = {0}, v[16 / sizeof(T)];
+#pragma unroll 4
+  for (int j = lo; j < hi; j++) {
+    td_load_group(v, dout + (size_t)order[j] * C + c0, k, vec);
+    for (int e = 0; e < k; e++) acc[e] += v[e];
   }
+  T *d = dwte + (size_t)tokens[order[lo]] * C + c0;
+  td_load_group(v, d, k, vec);
+  for (int e = 0; e < k; e++) v[e] += acc[e];
+  td_store_group(d, v, k, vec);
 }
 
 /* dwpe[t, c] += sum over b of dout[b, t, c], b in order */
@@ -55,21 +74,56 @@ extern "C" td_status td_cuda_encoder_forward(void *out, const int32_t *tokens, c
   return TD_OK;
 }
 
-extern "C" td_status td_cuda_encoder_backward(void *dwte, void *dwpe, const void *dout, const int32_t *tokens, int B,
-                                              int T, int C, int V, td_dtype dtype, void *stream) {
-  if (B < 0 || T < 0 || C < 0 || V < 0)
+extern "C" int td_encoder_buckets(const int32_t *tokens, int BT, int V, int32_t *order, int32_t *starts,
+                                  int32_t *counts) {
+  /* pass 1: counts, and the tokens in order of first appearance (in starts) */
+  int nb = 0;
+  for (int i = 0; i < BT; i++) {
+    int tok = tokens[i];
+    if (tok < 0 || tok >= V) continue;
+    if (counts[tok]++ == 0) starts[nb++] = tok;
+  }
+  /* bucket starts; counts become each token's write cursor */
+  int run = 0;
+  for (int b = 0; b < nb; b++) {
+    int tok = starts[b], n = counts[tok];
+    starts[b] = counts[tok] = run;
+    run += n;
+  }
+  starts[nb] = run;
+  /* pass 2: positions in order (stable), then counts back to zero */
+  for (int i = 0; i < BT; i++) {
+    int tok = tokens[i];
+    if (tok >= 0 && tok < V) order[counts[tok]++] = i;
+  }
+  for (int i = 0; i < BT; i++) {
+    int tok = tokens[i];
+    if (tok >= 0 && tok < V) counts[tok] = 0;
+  }
+  return nb;
+}
+
+extern "C" td_status td_cuda_encoder_backward(void *dwte, void *dwpe, const void *dout, const int32_t *tokens,
+                                              const int32_t *order, const int32_t *starts, int n_buckets, int B,
+                                              int T, int C, td_dtype dtype, void *stream) {
+  if (B < 0 || T < 0 || C < 0 || n_buckets < 0)
     return td_error(TD_ERR_INVALID_ARGUMENT, "td_cuda_encoder_backward: negative shape");
   if ((size_t)B * T * C == 0) return TD_OK;
+  if (dwte && n_buckets > 0 && (!order || !starts))
+    return td_error(TD_ERR_INVALID_ARGUMENT,
+                    "td_cuda_encoder_backward: dwte needs the token buckets (order, starts from td_encoder_buckets)");
   TD_CUDA_DISPATCH(dtype, "td_cuda_encoder_backward", {
-    if (dwte) {
-      dim3 block(32, 8), grid(td_cuda_blocks((size_t)C, 32), kClasses / 8);
-      TD_CUDA_LAUNCH(encoder_backward_wte_kernel<td_elem>, grid, block, 0, stream, (td_elem *)dwte, (const td_elem *)dout, tokens,
-                     B * T, C, V);
+    if (dwte && n_buckets > 0) {
+      const int VW = td_vec_width<td_elem>::value;
+      const bool vec = td_aligned16(dwte, dout, dout) && ((size_t)C * sizeof(td_elem)) % 16 == 0;
+      dim3 grid(td_cuda_blocks((size_t)n_buckets, ENC_WARPS), td_cuda_blocks((size_t)C, 32 * VW));
+      TD_CUDA_LAUNCH(encoder_backward_wte_kernel<td_elem>, grid, 32 * ENC_WARPS, 0, stream, (td_elem *)dwte,
+                     (const td_elem *)dout, tokens, order, starts, n_buckets, C, vec);
       TD_CUDA_LAUNCH_CHECK("encoder_backward_wte_kernel");
     }
     if (dwpe) {
-      TD_CUDA_LAUNCH(encoder_backward_wpe_kernel<td_elem>, td_cuda_blocks((size_t)T * C, 256), 256, 0, stream, (td_elem *)dwpe,
-                     (const td_elem *)dout, B, T, C);
+      TD_CUDA_LAUNCH(encoder_backward_wpe_kernel<td_elem>, td_cuda_blocks((size_t)T * C, 256), 256, 0, stream,
+                     (td_elem *)dwpe, (const td_elem *)dout, B, T, C);
       TD_CUDA_LAUNCH_CHECK("encoder_backward_wpe_kernel");
     }
   });

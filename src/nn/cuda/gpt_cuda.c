@@ -18,8 +18,10 @@
  *             row statistics (B,T,3)); losses (B,T); tokens and targets (int32)
  *   backward: dres (the residual stream's gradient), dbuf_c, dbuf_3c, two
  *             4C-wide buffers (GELU's input and output gradients: the
- *             launchers accumulate, so they cannot work in place), and the
- *             attention's scratch
+ *             launchers accumulate, so they cannot work in place), the
+ *             attention's scratch, the layer norms' partial sums
+ *             (ln_scratch), and the encoder's token buckets (tok_order,
+ *             tok_starts: td_encoder_buckets on the host, copied up)
  * and in pinned host memory the tokens, targets and per-position losses, so
  * that their copies are asynchronous.
  *
@@ -120,12 +122,16 @@ typedef struct cuda_acts {
   char *dres, *dbuf_c, *dbuf_3c, *dbuf_4c, *dbuf_4c2;
   /* always f32 */
   float *ln1_mean, *ln1_rstd, *attc, *ln2_mean, *ln2_rstd, *lnf_mean, *lnf_rstd, *losses, *att_scratch;
+  float *ln_scratch; /* the layer norms' backward partials (td_cuda_layernorm_backward) */
   float *xent_stats; /* the parallel cross-entropy's row max (BT), then (sum exp, target) pairs (2 BT) */
   int32_t *tokens, *targets;
+  int32_t *tok_order, *tok_starts; /* the tokens' buckets for the encoder's backward (td_encoder_buckets) */
   void *memory; /* the device block all of the above point into */
   size_t bytes;
   /* pinned host staging */
   int32_t *h_tokens, *h_targets;
+  int32_t *h_order, *h_starts; /* td_encoder_buckets' output, on its way up */
+  int32_t *h_counts;           /* its V counters (plain host memory, zero between calls) */
   float *h_losses;
   /* a pipeline stage's (B, T, C) exchanges with the host: h_in takes a later
    * stage's input activations and a stage's output gradient on their way in,
@@ -247,8 +253,11 @@ static size_t acts_plan(cuda_acts *a, const gpt_cuda *gc, const td_gpt_config *c
   TAKE(a->dbuf_4c, char, BT * F * es);
   TAKE(a->dbuf_4c2, char, BT * F * es);
   TAKE(a->att_scratch, float, att);
+  TAKE(a->ln_scratch, float, td_cuda_layernorm_backward_scratch_floats((int)BT, (int)C));
   TAKE(a->tokens, int32_t, BT);
   TAKE(a->targets, int32_t, BT);
+  TAKE(a->tok_order, int32_t, gc->lay.has_embed ? BT : 0);
+  TAKE(a->tok_starts, int32_t, gc->lay.has_embed ? BT + 1 : 0);
 #undef TAKE
   return off;
 }
@@ -259,6 +268,9 @@ static void acts_free(gpt_cuda *gc) {
   td_host_free_pinned(a->h_tokens);
   td_host_free_pinned(a->h_targets);
   td_host_free_pinned(a->h_losses);
+  td_host_free_pinned(a->h_order);
+  td_host_free_pinned(a->h_starts);
+  free(a->h_counts);
   td_host_free_pinned(a->h_in);
   td_host_free_pinned(a->h_out);
   memset(a, 0, sizeof *a);
@@ -289,6 +301,10 @@ static td_status gpt_cuda_prepare(td_model *model, int batch) {
   if (st == TD_OK) st = td_host_alloc_pinned(BT * sizeof(int32_t), (void **)&a->h_tokens);
   if (st == TD_OK) st = td_host_alloc_pinned(BT * sizeof(int32_t), (void **)&a->h_targets);
   if (st == TD_OK) st = td_host_alloc_pinned(BT * sizeof(float), (void **)&a->h_losses);
+  if (st == TD_OK && gc->lay.has_embed) st = td_host_alloc_pinned(BT * sizeof(int32_t), (void **)&a->h_order);
+  if (st == TD_OK && gc->lay.has_embed) st = td_host_alloc_pinned((BT + 1) * sizeof(int32_t), (void **)&a->h_starts);
+  if (st == TD_OK && gc->lay.has_embed && !(a->h_counts = calloc((size_t)c->vocab, sizeof(int32_t))))
+    st = td_error(TD_ERR_SYSTEM, "out of host memory for the encoder's %d token counters", c->vocab);
   if (st == TD_OK && gc->stage) st = td_host_alloc_pinned(BT * c->channels * gc->es, (void **)&a->h_in);
   if (st == TD_OK && gc->stage) st = td_host_alloc_pinned(BT * c->channels * gc->es, (void **)&a->h_out);
   if (st != TD_OK) {
@@ -590,7 +606,16 @@ static void gpt_cuda_backward(td_model *model, const float *params, float *grads
   const size_t es = gc->es;
   pending_ready pend = {.n = 0};
   const char *pf, *pw, *pl;
+  int n_buckets = 0;
   const gpt_unit after_final = L > 0 ? unit_layer(model, L - 1) : unit_none;
+  if (ly->has_embed && !gc->vsplit) {
+    /* the encoder's buckets (positions grouped by token), from the tokens
+     * forward left in pinned memory: the host sorts them while the device
+     * runs what is queued before it, and they go up behind it */
+    n_buckets = td_encoder_buckets(a->h_tokens, BT, V, a->h_order, a->h_starts, a->h_counts);
+    RUN(td_copy_async(a->tok_order, a->h_order, sBT * sizeof(int32_t), st));
+    RUN(td_copy_async(a->tok_starts, a->h_starts, ((size_t)n_buckets + 1) * sizeof(int32_t), st));
+  }
   if (!ly->has_head) {
     /* a pipeline stage before the last: the gradient of its output, from
      * the next stage through pinned memory, is d res3 of its last block */
@@ -625,8 +650,8 @@ static void gpt_cuda_backward(td_model *model, const float *params, float *grads
   const char *last_res = L > 0 ? a->res3 + (size_t)(L - 1) * sBT * C * es : a->encoded;
   RUN(td_memset0_async(a->dres, sBT * C * es, st));
   RUN(td_cuda_layernorm_backward(a->dres, AT(grads, off_named(model, idx_lnfw)), AT(grads, off_named(model, idx_lnfb)),
-                                 a->dbuf_c, last_res, AT(pf, off_named(model, idx_lnfw)), a->lnf_mean, a->lnf_rstd,
-                                 BT, C, dt, s));
+                                 a->ln_scratch, a->dbuf_c, last_res, AT(pf, off_named(model, idx_lnfw)), a->lnf_mean,
+                                 a->lnf_rstd, BT, C, dt, s));
   pend.idx[pend.n++] = idx_lnfb;
   pend.idx[pend.n++] = idx_lnfw;
   RUN(flush_ready(gc, model, &pend, ready, ctx));
@@ -662,8 +687,8 @@ blocks:
     /* column-parallel (Megatron's f backward): the input gradient is the sum of the ranks' */
     if (gc->tp > 1) RUN(tensor_allreduce(gc, a->dbuf_c, sBT * C));
     /* dres becomes d res2: the skip path plus the layernorm's input gradient */
-    RUN(td_cuda_layernorm_backward(a->dres, G(P_LN2W), G(P_LN2B), a->dbuf_c, res2, W(P_LN2W), ln2_mean, ln2_rstd, BT,
-                                   C, dt, s));
+    RUN(td_cuda_layernorm_backward(a->dres, G(P_LN2W), G(P_LN2B), a->ln_scratch, a->dbuf_c, res2, W(P_LN2W), ln2_mean,
+                                   ln2_rstd, BT, C, dt, s));
     READY(P_LN2B);
     READY(P_LN2W);
     /* attention: res2 = resid + proj(attn(qkv(ln1(resid)))) */
@@ -682,8 +707,8 @@ blocks:
     READY(P_QKVB);
     READY(P_QKVW);
     if (gc->tp > 1) RUN(tensor_allreduce(gc, a->dbuf_c, sBT * C));
-    RUN(td_cuda_layernorm_backward(a->dres, G(P_LN1W), G(P_LN1B), a->dbuf_c, resid, W(P_LN1W), ln1_mean, ln1_rstd,
-                                   BT, C, dt, s));
+    RUN(td_cuda_layernorm_backward(a->dres, G(P_LN1W), G(P_LN1B), a->ln_scratch, a->dbuf_c, resid, W(P_LN1W), ln1_mean,
+                                   ln1_rstd, BT, C, dt, s));
     READY(P_LN1B);
     READY(P_LN1W);
     RUN(flush_ready(gc, model, &pend, ready, ctx));
@@ -696,9 +721,10 @@ blocks:
     char *dwte = AT(grads, off_named(model, ly->idx_wte)), *dwpe = AT(grads, off_named(model, ly->idx_wpe));
     if (gc->vsplit) { /* into this rank's rows only; wpe's whole, as every rank's dres is */
       RUN(td_cuda_vocab_embedding_backward(dwte, a->dres, a->tokens, BT, C, gc->v0, gc->Vl, dt, s));
-      RUN(td_cuda_encoder_backward(NULL, dwpe, a->dres, a->tokens, B, T, C, V, dt, s));
+      RUN(td_cuda_encoder_backward(NULL, dwpe, a->dres, a->tokens, NULL, NULL, 0, B, T, C, dt, s));
     } else {
-      RUN(td_cuda_encoder_backward(dwte, dwpe, a->dres, a->tokens, B, T, C, V, dt, s));
+      RUN(td_cuda_encoder_backward(dwte, dwpe, a->dres, a->tokens, a->tok_order, a->tok_starts, n_buckets, B, T, C,
+                                   dt, s));
     }
     pend.idx[pend.n++] = ly->idx_wpe;
     pend.idx[pend.n++] = ly->idx_wte;

@@ -165,7 +165,68 @@ static size_t chunk_floats(size_t n, int W, int M) {
   return (b + page - 1) / page * page;
 }
 
-void det_buffer_sizes(size_t n, size_t largest, size_t U, int W, int rank, int stage, det_sizes *out) {
+/* Whether backward writes the first tensor's gradient at its start and
+ * reports it only at its end: a tied embedding ("tied=1" in the model's
+ * shape, nn.h), which the head writes first and the embedding finishes. */
+static bool first_tensor_held(const td_model *m) {
+  const char *p = m->config;
+  while (p && (p = strstr(p, "tied=1")) != NULL) {
+    if ((p == m->config || p[-1] == ' ') && (p[6] == '\0' || p[6] == ' ')) return true;
+    p += 6;
+  }
+  return false;
+}
+
+/* The streamed vector's peak in floats (whole granules, as backward's
+ * first touches and the give-backs come): backward writes the tensors in
+ * reverse arena order and reports each once written (nn.h), a held first
+ * tensor (first_tensor_held) keeping its granules throughout. After tensor
+ * i the frontier is its offset; every chunk from there up is launched, and
+ * each launch finishes the chunk launched before it, whose granules from
+ * its start up are given back (stream_launch, stream_finish). The peak is
+ * when a tensor has just been written: resident then are those from its
+ * granule up to the lowest given back, and the held tensor's. */
+static size_t streamed_window(size_t n, const td_model *m, size_t B, size_t g) {
+  const size_t top = (n + g - 1) / g * g;
+  if (!m || m->n_tensors == 0 || n == 0) return top; /* no reports: the frontier never moves, all of it is written */
+  const size_t K = (n + B - 1) / B;
+  const td_param_tensor *first = &m->tensors[0];
+  const bool held = first_tensor_held(m);
+  const size_t h0 = held ? first->offset / g * g : 0;
+  const size_t h1 = held ? TD_MIN((first->offset + first->count + g - 1) / g * g, top) : 0;
+  size_t rel = top, launched = 0, peak = 0;
+  for (int i = m->n_tensors - 1; i >= 0; i--) {
+    const size_t low = TD_MIN(m->tensors[i].offset / g * g, rel);
+    const size_t overlap = TD_MIN(rel, h1) > TD_MAX(low, h0) ? TD_MIN(rel, h1) - TD_MAX(low, h0) : 0;
+    peak = TD_MAX(peak, (rel - low) + (h1 - h0) - overlap);
+    while (launched < K && (K - 1 - launched) * B >= m->tensors[i].offset) {
+      size_t k = K - 1 - launched++;
+      if (k + 1 < K) rel = TD_MIN(rel, ((k + 1) * B + g - 1) / g * g);
+    }
+  }
+  return TD_MIN(peak, top);
+}
+
+/* Scratch levels written by the combination of every rank's cover (tree.c). */
+static int scratch_levels_written(size_t U, int W, int levels) {
+  det_part *parts = calloc((size_t)W * DET_MAX_COVER, sizeof *parts);
+  if (!parts) return levels; /* all of them: the bound */
+  int n_parts = 0;
+  for (int r = 0; r < W; r++) {
+    size_t a, len;
+    det_block cover[DET_MAX_COVER];
+    td_shard_range(U, W, r, &a, &len);
+    int nc = det_cover(U, a, a + len, cover);
+    for (int i = 0; i < nc; i++) parts[n_parts++] = (det_part){cover[i].start, cover[i].end, NULL};
+  }
+  uint64_t mask = det_scratch_levels_written(U, parts, n_parts);
+  free(parts);
+  int count = 0;
+  for (; mask; mask &= mask - 1) count++;
+  return count;
+}
+
+void det_buffer_sizes(size_t n, const td_model *model, size_t U, int W, int rank, int stage, det_sizes *out) {
   int max_cover = 0;
   for (int r = 0; r < W; r++) {
     size_t a, len;
@@ -196,26 +257,21 @@ void det_buffer_sizes(size_t n, size_t largest, size_t U, int W, int rank, int s
   out->chunk = chunk_floats(n, W, out->max_cover);
   out->levels = det_levels(U);
   out->exchange = W > 1 ? (size_t)W * (size_t)out->max_cover * out->chunk : 0;
-  /* the streamed vector behind the frontier: the chunk being combined and
-   * the one in flight, the chunk partly written, the tensor holding the
-   * frontier back longest (a tied embedding, written first, final last),
-   * and the granules it is given back in, rounded inward */
   size_t granule = zero_page_bytes();
   (void)zero_vector_granule(n * sizeof(float), &granule); /* a bad TANDEM_ZERO_HUGE_PAGES fails the creation */
   out->granule = granule / sizeof(float);
-  out->window = streams_leaf || dropped ? TD_MIN(n, 3 * out->chunk + largest + 2 * out->granule) : 0;
-  if (out->window && det_keeps_streamed(W, stage)) out->window = n; /* kept whole (top comment) */
-  /* resident at the peak: the whole vectors, the window, the two receive
-   * buffers (of which the other ranks' slots are written: (W - 1) x M x B
-   * each) and the scratch levels */
+  /* a vector's granules: the pool's stride (det_setup) */
+  size_t stride = (TD_MAX(n, (size_t)1) + out->granule - 1) / out->granule * out->granule;
+  out->window = streams_leaf || dropped ? streamed_window(n, model, out->chunk, out->granule) : 0;
+  if (out->window && det_keeps_streamed(W, stage)) out->window = stride; /* kept whole (top comment) */
+  /* resident at the peak: the whole vectors (each its stride), the window,
+   * the two receive buffers (of which the other ranks' slots are written:
+   * (W - 1) x M x B each) and the scratch levels the combination writes
+   * (with one unit per rank on 2 ranks, none: both parts are the root's
+   * children) */
   size_t recv_written = W > 1 ? 2 * (size_t)(W - 1) * (size_t)out->max_cover * out->chunk : 0;
-  out->bytes = ((size_t)whole * n + out->window + recv_written + (size_t)out->levels * out->chunk) * sizeof(float);
-}
-
-size_t det_largest_tensor(const td_model *m) {
-  size_t most = 0;
-  for (int i = 0; i < m->n_tensors; i++) most = TD_MAX(most, m->tensors[i].count);
-  return m->n_tensors ? most : m->n_params;
+  size_t scratch_written = (size_t)scratch_levels_written(U, W, out->levels) * out->chunk;
+  out->bytes = ((size_t)whole * stride + out->window + recv_written + scratch_written) * sizeof(float);
 }
 
 static size_t resident_now(const td_trainer *t) {
@@ -247,7 +303,7 @@ td_status det_setup(td_trainer *t) {
   const size_t n = t->n_params, U = c->n_units;
   const int W = t->world;
   det_sizes z;
-  det_buffer_sizes(n, det_largest_tensor(t->model), U, W, t->rank, t->zero_stage, &z);
+  det_buffer_sizes(n, t->model, U, W, t->rank, t->zero_stage, &z);
   size_t granule_bytes = zero_page_bytes();
   TD_CHECK(zero_vector_granule(n * sizeof(float), &granule_bytes));
   c->granule = granule_bytes / sizeof(float);
@@ -493,6 +549,7 @@ static void stream_up_to(td_trainer *t, size_t front) {
 static void on_grad_ready(void *ctx, size_t offset, size_t count) {
   td_trainer *t = ctx;
   if (count == 0 || t->model->n_tensors == 0) return;
+  measure(t); /* the streamed vector's high-water mark: a tensor just written, nothing of it given back yet */
   stream_up_to(t, td_frontier_credit(t, offset, count));
 }
 

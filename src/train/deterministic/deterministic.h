@@ -96,6 +96,10 @@ typedef struct det_part {
  * cover, in any order). scratch: det_levels(n) vectors of len floats.
  * Returns 0, or -1 when the parts do not tile the leaves. */
 int det_combine_f32(size_t n, const det_part *parts, int n_parts, float *dst, size_t len, float **scratch);
+/* The scratch levels det_combine_f32 writes for these parts (bit l:
+ * scratch[l]; the others are never touched, so never resident): a level
+ * is written where a right child must itself be summed. Pure. */
+uint64_t det_scratch_levels_written(size_t n, const det_part *parts, int n_parts);
 
 /* The same tree over doubles. node value from leaf values v[leaf - first]
  * (leaves [start, end) of the node must be there). */
@@ -156,20 +160,22 @@ typedef struct det_state {
  * owner holds whole leaves (neighbours compute the overlap alike). */
 void det_xfer_range(size_t n_params, int world, int r, size_t *lo, size_t *hi);
 /* The buffers of the reduction for rank `rank` of W over U units at ZeRO
- * stage `stage` for a model of n floats whose largest tensor has
- * `largest` floats (what det_setup allocates): n_pool gradient vectors
- * reserved (address space), of which `whole` become resident whole (the
- * unit gradients and cover sums of the units before the last) and one is
- * streamed (the last backward's: resident only behind its frontier, up to
- * `window` floats); two receive buffers of `exchange` floats each, `levels`
- * scratch vectors of `chunk` floats. Pure; the estimate
- * (det_estimate_bytes) and det_setup share it. */
+ * stage `stage` for `model`'s n floats (what det_setup allocates): n_pool
+ * gradient vectors reserved (address space), of which `whole` become
+ * resident whole (the unit gradients and cover sums of the units before
+ * the last) and one is streamed (the last backward's: resident only in the
+ * granules backward has written and the exchange not yet given back, up to
+ * `window` floats, from the model's tensor table: deterministic.c,
+ * streamed_window); two receive buffers of `exchange` floats each,
+ * `levels` scratch vectors of `chunk` floats (only those the combination
+ * writes become resident). Pure; the estimate (det_estimate_bytes) and
+ * det_setup share it. */
 typedef struct det_sizes {
   int n_pool, whole, max_cover, levels;
   size_t chunk, exchange, window, granule; /* granule: floats per page the vectors are given back in */
   size_t bytes; /* what of them becomes resident at the peak */
 } det_sizes;
-void det_buffer_sizes(size_t n, size_t largest, size_t U, int W, int rank, int stage, det_sizes *out);
+void det_buffer_sizes(size_t n, const td_model *model, size_t U, int W, int rank, int stage, det_sizes *out);
 /* Whether the streamed vector keeps its pages (zeroed behind the
  * exchange) and the trainer's gradient arena keeps only the reduction's
  * range: ZeRO stage 1 on 2+ ranks (deterministic.c, top comment). */
@@ -177,9 +183,6 @@ bool det_keeps_streamed(int world, int stage);
 /* What of the trainer's gradient arena stays resident on `rank` when
  * det_keeps_streamed: its reduction range (det_xfer_range), in pages. */
 size_t det_grads_resident_bytes(size_t n_params, int world, int rank);
-/* The largest tensor of the model in floats (the whole arena without a
- * tensor table): what the streamed vector may hold back at once. */
-size_t det_largest_tensor(const td_model *model);
 /* Resident bytes of those buffers (mincore; the peak of the first two
  * steps, or now if more; 0 when off). */
 size_t det_resident_bytes(const td_trainer *t);
@@ -200,6 +203,14 @@ td_status det_grad_norm(td_trainer *t, double *norm_out);
  * -1 with "elasticity" enabled), else 0: td_trainer_estimate_memory's
  * `deterministic` term. Pure. */
 size_t det_estimate_bytes(const td_train_config *cfg, const td_model *model, int world, int stage);
+/* What the reduction runs on comm (td_comm_traffic, for
+ * td_comm_staging_bytes: over shm the point-to-point FIFOs of the exchange,
+ * to and from each peer it trades chunks with, and the few doubles of the
+ * losses and the norm) added to *tr, its peer lists in `peers` (2 x the
+ * communicator's size ints); nothing when cfg leaves deterministic
+ * reduction off. */
+void det_comm_traffic(const td_train_config *cfg, size_t n_params, const td_comm *comm, int *peers,
+                      td_comm_traffic *tr);
 /* "deterministic_reduction" (a boolean) or "deterministic_unit" (an
  * integer >= 1), a cJSON * item, into cfg. */
 td_status td_deterministic_parse_json(const void *item, const char *source, td_train_config *cfg);

@@ -66,15 +66,49 @@ long det_default_unit(long batch, int micro, int max_world) {
   return unit;
 }
 
-size_t det_estimate_bytes(const td_train_config *cfg, const td_model *model, int world, int stage) {
+/* Units per step when cfg turns deterministic reduction on at `world`
+ * ranks, else 0. */
+static size_t units_of(const td_train_config *cfg, int world) {
   bool on = cfg->deterministic_reduction == 1 || (cfg->deterministic_reduction < 0 && cfg->elasticity.enabled);
   long batch = cfg->train_batch_size;
   if (!on || batch < 1 || world < 1) return 0;
   long unit = cfg->deterministic_unit > 0 ? cfg->deterministic_unit : det_default_unit(batch, cfg->micro_batch, world);
   if (unit < 1 || batch % unit) return 0; /* refused at creation */
+  return (size_t)(batch / unit);
+}
+
+size_t det_estimate_bytes(const td_train_config *cfg, const td_model *model, int world, int stage) {
+  size_t U = units_of(cfg, world);
+  if (!U) return 0;
   det_sizes z;
-  det_buffer_sizes(model->n_params, det_largest_tensor(model), (size_t)(batch / unit), world, 0, stage, &z);
+  det_buffer_sizes(model->n_params, model, U, world, 0, stage, &z);
   return z.bytes;
+}
+
+void det_comm_traffic(const td_train_config *cfg, size_t n_params, const td_comm *comm, int *peers,
+                      td_comm_traffic *tr) {
+  const int W = comm ? td_comm_size(comm) : 1, me = comm ? td_comm_rank(comm) : 0;
+  size_t U = units_of(cfg, W);
+  if (!U || W < 2) return;
+  int *to = peers, *from = peers + W, n_to = 0, n_from = 0;
+  size_t a, mine, lo, hi;
+  td_shard_range(U, W, me, &a, &mine);
+  det_xfer_range(n_params, W, me, &lo, &hi);
+  for (int r = 0; r < W; r++) {
+    if (r == me) continue;
+    size_t units, rlo, rhi;
+    td_shard_range(U, W, r, &a, &units);
+    det_xfer_range(n_params, W, r, &rlo, &rhi);
+    if (mine && rhi > rlo) to[n_to++] = r;    /* this rank's cover chunks of r's range */
+    if (units && hi > lo) from[n_from++] = r; /* r's cover chunks of this rank's range */
+  }
+  tr->send_peers = to;
+  tr->recv_peers = from;
+  tr->n_send_peers = n_to;
+  tr->n_recv_peers = n_from;
+  /* the unit losses' allreduce and the norm's allgather: a few doubles */
+  tr->allreduce = TD_MAX(tr->allreduce, (U + 1) * sizeof(double));
+  tr->allgather = TD_MAX(tr->allgather, (size_t)W * DET_MAX_COVER * sizeof(double));
 }
 
 static td_status check_combination(const td_trainer *t, const char *why) {

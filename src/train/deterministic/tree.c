@@ -149,6 +149,27 @@ int det_combine_f32(size_t n, const det_part *parts, int n_parts, float *dst, si
   return 0;
 }
 
+/* combine()'s walk without values: which scratch levels it writes (bit l:
+ * scratch[l]; buf -1 is dst). false: a leaf is missing. */
+static bool scratch_walk(size_t n, size_t start, int level, const det_part *parts, int n_parts, int buf,
+                         uint64_t *mask) {
+  if (find_part(parts, n_parts, start, node_end(n, start, level))) return true;
+  if (level == 0) return false;
+  size_t mid = start + ((size_t)1 << (level - 1));
+  if (mid >= n) return scratch_walk(n, start, level - 1, parts, n_parts, buf, mask);
+  if (!scratch_walk(n, start, level - 1, parts, n_parts, buf, mask) ||
+      !scratch_walk(n, mid, level - 1, parts, n_parts, level - 1, mask))
+    return false;
+  if (buf >= 0) *mask |= (uint64_t)1 << buf;
+  return true;
+}
+
+uint64_t det_scratch_levels_written(size_t n, const det_part *parts, int n_parts) {
+  uint64_t mask = 0;
+  if (n > 0) (void)scratch_walk(n, 0, det_levels(n), parts, n_parts, -1, &mask);
+  return mask;
+}
+
 double det_node_f64(size_t n, size_t start, int level, const double *v, size_t first) {
   if (level == 0) return v[start - first];
   size_t mid = start + ((size_t)1 << (level - 1));
