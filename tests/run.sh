@@ -96,7 +96,9 @@ run_one() {
   t0=$(date +%s%N)
   children_ticks
   c0=$ticks
-  timeout -k 5 "$tmo" bash -c "$cmd" >"$log" 2>&1
+  # TD_LINE_TIMEOUT: a line's script can end its own run a little earlier,
+  # so that what it captured reaches the log instead of being cut with it
+  TD_LINE_TIMEOUT=$tmo timeout -k 5 "$tmo" bash -c "$cmd" >"$log" 2>&1
   rc=$?
   dt_ds=$(( ($(date +%s%N) - t0) / 100000000 ))
   dt="$((dt_ds / 10)).$((dt_ds % 10))"

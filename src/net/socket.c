@@ -138,7 +138,7 @@ void net_set_loss_recovery(int fd) {
     (void)setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, "reno", 4);
     return;
   }
-  static _Atomic int warned = 0;
+  static int warned = 0; /* once per process; the builtin makes it safe across threads */
   if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
     TD_WARN("TANDEM_TCP_CONGESTION=%s was refused (%s): Tandem's connections keep the system's congestion control; "
             "name one in /proc/sys/net/ipv4/tcp_allowed_congestion_control, or 0", cc, strerror(errno));

@@ -65,7 +65,11 @@ bound)
     set -- "$@" --config "$tmp/c.json"
   fi
   np=${NP:-2}
-  out=$(timeout 240 "$RUN" -np "$np" "$GPT" $MODEL "$@" 2>&1) || { echo "$out" | tail -20; fail "the run failed"; }
+  # the run ends 15 s before the line's own timeout (tests/run.sh's TD_LINE_TIMEOUT), so a slow or stuck run
+  # leaves its output in the log instead of an empty one
+  run_s=$((${TD_LINE_TIMEOUT:-255} - 15))
+  out=$(timeout "$run_s" "$RUN" -np "$np" "$GPT" $MODEL "$@" 2>&1) ||
+    { echo "$out" | tail -20; fail "the run failed or took over $run_s s"; }
   lines=$(echo "$out" | grep "memory rank=")
   [ "$(echo "$lines" | grep -c .)" = "$np" ] || { echo "$out" | tail; fail "expected a memory line per rank"; }
   echo "$lines"

@@ -197,7 +197,9 @@ def _group_members(store, rank, size, wait_s):
     try:
         store.wait(keys, datetime.timedelta(seconds=wait_s))
     except RuntimeError as e:  # torch's store timeout: name who never came
-        missing = [r for r, k in enumerate(keys) if not _store_has(store, k)]
+        # this rank's own key is set (above); a probe of it could only be
+        # wrong (a loaded store answering late would name this rank)
+        missing = [r for r, k in enumerate(keys) if r != rank and not _store_has(store, k)]
         raise TandemTimeoutError(
             f"tandem: creating a process group of {size} ranks: group rank(s) {missing} did not join within "
             f"{wait_s:g} s (this is group rank {rank}, global rank {dist.get_rank()}); every member must call "
@@ -206,10 +208,14 @@ def _group_members(store, rank, size, wait_s):
 
 
 def _store_has(store, key):
-    """Whether torch's store holds `key` (torch 1.13's Python Store has no check())."""
+    """Whether torch's store holds `key` (torch 1.13's Python Store has no check()).
+
+    A wait with a short timeout: 250 ms, not less, because under load the
+    store's answer for a key that is there can take tens of milliseconds,
+    and a late answer would name a member who did join."""
     import datetime
     try:
-        store.wait([key], datetime.timedelta(milliseconds=10))
+        store.wait([key], datetime.timedelta(milliseconds=250))
         return True
     except RuntimeError:
         return False
