@@ -134,7 +134,7 @@ void net_set_loss_recovery(int fd) {
   const char *cc = td_env_str("TANDEM_TCP_CONGESTION", NET_DEFAULT_CONGESTION);
   if (!*cc || !strcmp(cc, "0")) return; /* the system's */
   if (setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, cc, (socklen_t)strlen(cc)) == 0) return;
-  if (!strcmp(cc, NET_DEFAULT_CONGESTION)) {
+  if (!strcmp(cc, "cubic")) {
     (void)setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, "reno", 4);
     return;
   }

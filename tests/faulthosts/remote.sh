@@ -76,6 +76,16 @@ wait_count() { # LISTER N SECONDS: until LISTER prints exactly N pids
 }
 wait_agents() { wait_count agents_on_a "$@"; }     # N SECONDS: agents on host a
 wait_children() { wait_count children_on_a "$@"; } # N SECONDS: children on host a
+# SIGTERM to the elastic tandemrun in $launcher: it ends within 15 s and
+# leaves no process and no agent on host a
+stop_launcher() {
+  kill -TERM "$launcher"
+  for _ in $(seq 1 300); do kill -0 "$launcher" 2>/dev/null || break; sleep 0.05; done
+  kill -0 "$launcher" 2>/dev/null && fail "tandemrun still runs 15 s after SIGTERM"
+  wait "$launcher"
+  wait_children 0 10 || fail "processes left on host a: $(children_on_a)"
+  wait_agents 0 10 || fail "agents left on host a: $(agents_on_a)"
+}
 
 case $case_name in
 status)
@@ -233,12 +243,7 @@ agent)
     [ "$(awk '{ print $4 }' "/proc/$c/stat")" = "$probe" ] || fail "process $c on host a is not the new agent's child"
   done
   grep -Eq "^tandemrun: no agent started|cannot" "$tmp/err" && fail "tandemrun reported a failed background start: $(grep -E "^tandemrun: no agent started|cannot" "$tmp/err" | head -1)"
-  kill -TERM "$launcher"
-  for _ in $(seq 1 300); do kill -0 "$launcher" 2>/dev/null || break; sleep 0.05; done
-  kill -0 "$launcher" 2>/dev/null && fail "tandemrun still runs 15 s after SIGTERM"
-  wait "$launcher"
-  wait_children 0 10 || fail "processes left on host a: $(children_on_a)"
-  wait_agents 0 10 || fail "agents left on host a: $(agents_on_a)"
+  stop_launcher
   # 3. Not elastic: the agent killed under 2 ranks ends the job with ssh's
   # 255, naming the agent, and nothing is left.
   netns_spawn l "$RUN" -np 2 -H 10.77.16.1:2 "$CHILD" --sleep 60 >"$tmp/out" 2>"$tmp/err"
@@ -287,12 +292,7 @@ unlisted)
   sshhosts_start a
   printf '127.0.0.1:2\n10.77.16.1:1\n' >"$tmp/hosts"
   wait_children 1 30 || fail "no process started on host a after it was listed again: $(children_on_a)"
-  kill -TERM "$launcher"
-  for _ in $(seq 1 300); do kill -0 "$launcher" 2>/dev/null || break; sleep 0.05; done
-  kill -0 "$launcher" 2>/dev/null && fail "tandemrun still runs 15 s after SIGTERM"
-  wait "$launcher"
-  wait_children 0 10 || fail "processes left on host a: $(children_on_a)"
-  wait_agents 0 10 || fail "agents left on host a: $(agents_on_a)"
+  stop_launcher
   echo "PASS(remote unlisted): host a out of the discovery script and down: $n8 background agent starts, then none for 3 s more; listed again: a process started there"
   ;;
 *) fail "unknown case (status, orphan, share, agent, unlisted)" ;;
