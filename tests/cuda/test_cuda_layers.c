@@ -146,8 +146,10 @@ static void expect_within(const char *what, const void *dgot, const float *ref, 
  * accumulated), compared with the f32 result `ref`; `prod` is the product
  * alone. f32: as expect_close. bf16: the emulator rounds once (the result),
  * but cuBLASLt's epilogue on an H200 also rounds the product to bf16 before
- * it adds (1.1-1.6 units of the result on the first GPU run, 2026-11-28): one
- * unit of the product plus one of the result. */
+ * it adds (1.1-1.6 units of the result on the first GPU run, 2026-11-28), and
+ * its final rounding is not always to nearest (a whole ulp seen on the third,
+ * 06:27 UTC: -0.625 for -0.62862, where -0.62891 is nearest): one unit of the
+ * product plus two of the result (2u|x| is at least one ulp of x). */
 static void expect_accumulated(const char *what, const void *dgot, const float *ref, const float *prod, size_t n,
                                td_dtype dtype) {
   if (dtype == TD_F32) {
@@ -156,7 +158,7 @@ static void expect_accumulated(const char *what, const void *dgot, const float *
   }
   double *bound = malloc(sizeof(double) * (n ? n : 1));
   CHECK(bound != NULL);
-  for (size_t i = 0; i < n; i++) bound[i] = kBf16Unit * (fabs(prod[i]) + fabs(ref[i]));
+  for (size_t i = 0; i < n; i++) bound[i] = kBf16Unit * (fabs(prod[i]) + 2 * fabs(ref[i]));
   expect_within(what, dgot, ref, bound, n, dtype);
   free(bound);
 }
