@@ -27,18 +27,19 @@
  *   per lane and is summed over the quad once at the end (the rescaling
  *   factor is the same for the whole row). Blocks are issued heaviest first
  *   (the last query tiles have the most keys) against a causal tail.
- * backward, FA2's loop order: D = rowsum(dO * O) (flash_attention.cu's
- *   kernel), then one pass per key tile of 64 (4 warps x 16 keys) over the
- *   query tiles from the diagonal on, in the transposed form: S^T = K Q^T,
- *   dP^T = V dO^T, P^T = exp(S^T - lse), dS^T = P^T (dP^T - D), dV += P^T dO,
- *   dK += dS^T Q, with P^T and dS^T the A operands straight from registers;
- *   and one pass per query tile of 64 over the key tiles up to the diagonal
- *   for dQ += dS K (S and dP recomputed). dQ is not accumulated with atomics
- *   across key tiles, as FA2 does: a fixed order of additions gives the same
- *   bits on every run, which Tandem's deterministic training promises (the
- *   price is the recomputation of S and dP in the second pass: 2 of the
- *   backward's 5 products, ~40% more tensor-core work).
- *
+ * backward, FA2's loop order in one pass: D = rowsum(dO * O)
+ *   (flash_attention.cu's kernel), then a block per key tile of 64 (4 warps
+ *   x 16 keys) walks the query tiles from the last down to its diagonal, in
+ *   the transposed form: S^T = K Q^T, dP^T = V dO^T, P^T = exp(S^T - lse),
+ *   dS^T = P^T (dP^T - D), dV += P^T dO, dK += dS^T Q (P^T and dS^T the A
+ *   operands straight from registers), and dQ's rows of the tile, dS K, go
+ *   through shared memory and are added in f32 in a fixed order of key
+ *   blocks (fa2_wait_turn below), where FA2 adds them with atomics: the same
+ *   bits on every run, which Tandem's deterministic training promises. Q and
+ *   dO tiles are double-buffered by cp.async. TANDEM_CUDA_ATTENTION=twopass
+ *   runs the earlier form for A/B: the same dK/dV pass, then one pass per
+ *   query tile for dQ with S and dP recomputed (2 of the backward's 5
+ *   products again, ~40% more tensor-core work; tiles loaded synchronously).
  * nvcc -Xptxas -v for sm_90 (-O3), registers per thread / static shared
  * memory per block, 0 bytes of stack and spills in every kernel, measured
  * 2026-11-28 with CUDA 13.0 (/usr/local/cuda) and CI's 11.8
@@ -49,9 +50,11 @@
  *   HS=32    176 / 166    137 / 159        135 / 128       20480, 15872, 15360
  *   HS=16    168 / 163    128 / 154        126 / 128       12288,  9728,  9216
  *   At HS=64 the forward's 243 registers allow 2 blocks (8 warps) per SM,
- *   as FA2's own forward; the backward 2 blocks (dK/dV) and 3 (dQ).
- * Not done: the backward's tiles are loaded synchronously (no cp.async
- * overlap), the output is written 4 bytes a lane instead of through shared
+ *   as FA2's own forward; the two-pass backward 2 blocks (dK/dV) and 3 (dQ).
+ *   The one-pass backward (13.0, 2026-11-28): 241 / 214 / 129 / 128
+ *   registers at HS 64 / 48 / 32 / 16, no spills, 56,320 bytes of dynamic
+ *   shared memory at HS=64: 2 blocks per SM.
+ * Not done: the output is written 4 bytes a lane instead of through shared
  * memory in 16-byte rows, the causal diagonal tile is masked per element
  * rather than split, head size 128. */
 #include "cuda_common.cuh"
