@@ -405,51 +405,22 @@ __global__ void __launch_bounds__(FA2_THREADS)
   }
 }
 
-/* The one-pass backward's ordered dQ sums. Tile `ot` of a head's dQ takes
- * one 64 x HS contribution from each key block kt <= ot, added in the order
- * kt = 0, 1, ..., ot (fixed: the same bits on every run) into an f32 tile of
- * the scratch; turns[ot] counts the contributions added. A block waits for
- * its turn (turns[ot] == kt), adds, and passes the turn on. Blocks are
- * dispatched in the order of their index, so block kt - 1 of a head is
- * resident or done when block kt waits on it: no wait can be on a block
- * that is not running. A wait that outlives ~10 s of clock cycles would be a
- * broken protocol: it traps (a launch error) rather than hang. Under the
- * emulator blocks run one after another, so a block never waits: a turn
- * that is not its own is reported as a failed launch. */
-__device__ __forceinline__ void fa2_wait_turn(const int *turn, int mine) {
-#ifdef TD_CUDA_EMU
-  if (*turn != mine) td_emu::fault("fa2 backward: dQ turn %d found, %d expected (blocks out of order)", *turn, mine);
-#else
-  long long t0 = clock64();
-  for (;;) {
-    int v;
-    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(turn) : "memory");
-    if (v == mine) break;
-    __nanosleep(64);
-    if (clock64() - t0 > (1ll << 34)) __trap();
-  }
-#endif
-}
-__device__ __forceinline__ void fa2_pass_turn(int *turn, int next) {
-#ifdef TD_CUDA_EMU
-  *turn = next;
-#else
-  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(turn), "r"(next) : "memory");
-#endif
-}
-
-/* The backward in one pass (FA2's loop order, with dQ's sums ordered
- * rather than atomic): a block owns 64 keys (4 warps x 16) and walks the
- * query tiles from the last down to its diagonal. Per tile: S^T = K Q^T and
- * dP^T = V dO^T (K, V fragments in registers), P^T and dS^T in registers,
- * dV += P^T dO and dK += dS^T Q; dS^T (bf16, as the products use it) goes
- * to shared memory, each warp takes dQ's 16 rows of the tile, dS K over the
- * block's 64 keys, and adds them in its turn (fa2_wait_turn). Q and dO
+/* The backward in one pass (FA2's loop order, with dQ's sums in a fixed
+ * order rather than atomic): a block owns 64 keys (4 warps x 16) and walks
+ * the query tiles from the last down to its diagonal. Per tile: S^T = K Q^T and dP^T =
+ * V dO^T (K, V fragments in registers), P^T and dS^T in registers, dV +=
+ * P^T dO and dK += dS^T Q; dS^T (bf16, as the products use it) goes to
+ * shared memory, each warp takes dQ's 16 rows of the tile, dS K over the
+ * block's 64 keys, and stores them (f32) as this key block's part of the
+ * tile; fa2_dq_reduce_kernel then sums each tile's parts in key-block order
+ * and adds the sum, scaled, into dinp's q part, rounding once. Q and dO
  * tiles are double-buffered: the next tile's cp.async copies land during
- * this tile's products. Walking the query tiles downwards puts every block
- * of a head on the same tile at the same step, so a turn rarely waits.
- * The last contributor to a tile (its diagonal block) adds the f32 sum,
- * scaled, into dinp's q part, rounding once. */
+ * this tile's products.
+ * First tried (2026-11-28): the parts added in place, key block by key
+ * block, each waiting its turn on a flag: the add's latency then sat on
+ * every block's critical path, 1.46 ms a layer on an H200 against the two
+ * passes' 0.79. The parts cost 2 x n(n+1)/2 tiles of traffic instead
+ * (~430 MB written and read a layer at GPT-2 124M's shape) and never wait. */
 template <int HS> struct fa2_bwd_layout {
   static constexpr int LD = HS + 8, LDS = FA2_TILE + 8, TILE = FA2_TILE * LD;
   /* K (kept for dS K); Q and dO, two buffers each (buffer 1 of Q holds V
@@ -461,7 +432,7 @@ template <int HS> struct fa2_bwd_layout {
 
 template <int HS>
 __global__ void __launch_bounds__(FA2_THREADS)
-    fa2_backward_kernel(bf16 *dinp, float *dq_acc, int *turns, const bf16 *dout, const bf16 *inp, const float *lse,
+    fa2_backward_kernel(bf16 *dinp, float *dq_parts, const bf16 *dout, const bf16 *inp, const float *lse,
                         const float *D, int T_, int C, int NH, float scale, float scale_log2) {
   typedef fa2_bwd_layout<HS> lay;
   constexpr int LD = lay::LD, LDS = lay::LDS, KC = HS / 16, DN = HS / 8;
@@ -476,7 +447,9 @@ __global__ void __launch_bounds__(FA2_THREADS)
   size_t ld = (size_t)3 * C;
   const bf16 *qb = inp + (size_t)b * T_ * ld + (size_t)h * HS, *ob = dout + (size_t)b * T_ * C + (size_t)h * HS;
   const float *lse_bh = lse + (size_t)bh * T_, *D_bh = D + (size_t)bh * T_;
-  int *turn_bh = turns + (size_t)bh * n_tiles;
+  /* this head's dQ parts: tile (kt, ot), ot >= kt, at kt n - kt (kt - 1) / 2 + ot - kt */
+  float *parts = dq_parts + ((size_t)bh * n_tiles * (n_tiles + 1) / 2 + (size_t)kt * n_tiles -
+                             (size_t)kt * (kt - 1) / 2) * FA2_TILE * HS;
   /* K, V (into Q's buffer 1) and the first query tile in one group */
   int ot = n_tiles - 1;
   fa2_copy_tile_async<HS, FA2_TILE>(Ks, qb + C, ld, k0, T_);
@@ -565,36 +538,15 @@ __global__ void __launch_bounds__(FA2_THREADS)
       td_ldmatrix_x4_trans(a[0], dSs + (kk * 16 + (lane / 16) * 8 + lane % 8) * LDS + warp * 16 + ((lane / 8) % 2) * 8);
       fa2_times_rows<HS, 1>(dq, a, Ks, kk);
     }
-    /* this block's turn on the tile: kt 0 writes the f32 sum, later blocks
-     * add to it, the diagonal block (the last) adds it into dinp */
-    if (threadIdx.x == 0) fa2_wait_turn(turn_bh + ot, kt);
-    __syncthreads();
+    /* this key block's part of the tile's dQ */
+    float *prow = parts + (size_t)(ot - kt) * FA2_TILE * HS + 2 * t;
 #pragma unroll
     for (int half = 0; half < 2; half++) {
-      int q = o0 + warp * 16 + half * 8 + g;
-      if (q >= T_) continue;
-      float *arow = dq_acc + ((size_t)bh * T_ + q) * HS + 2 * t;
-      bf16 *grow = dinp + ((size_t)b * T_ + q) * ld + (size_t)h * HS + 2 * t;
+      float *pr = prow + (size_t)(warp * 16 + half * 8 + g) * HS;
 #pragma unroll
-      for (int d = 0; d < DN; d++) {
-        float2 v = make_float2(dq[0][d][2 * half], dq[0][d][2 * half + 1]);
-        if (kt > 0) {
-          float2 sum = *(const float2 *)(arow + d * 8);
-          v = make_float2(sum.x + v.x, sum.y + v.y);
-        }
-        if (kt < ot) {
-          *(float2 *)(arow + d * 8) = v;
-        } else {
-          bf16 *x = grow + d * 8;
-          *(uint32_t *)x = td_pack_bf16x2(__bfloat162float(x[0]) + v.x * scale, __bfloat162float(x[1]) + v.y * scale);
-        }
-      }
+      for (int d = 0; d < DN; d++) *(float2 *)(pr + d * 8) = make_float2(dq[0][d][2 * half], dq[0][d][2 * half + 1]);
     }
-    if (kt < ot) {
-      __threadfence();
-      __syncthreads(); /* every warp's sums are out; also: dS^T and this step's buffers are free */
-      if (threadIdx.x == 0) fa2_pass_turn(turn_bh + ot, kt + 1);
-    }
+    if (ot > kt) __syncthreads(); /* dS^T and this step's buffers are free for the next */
   }
   /* dinp += dK (with the score scale), dV */
 #pragma unroll
@@ -615,6 +567,36 @@ __global__ void __launch_bounds__(FA2_THREADS)
       }
     }
   }
+}
+
+/* dinp's q part += scale * (the sum of a dQ tile's parts over key blocks
+ * kt = 0 .. ot, in that order): one block per (tile, head), 4 columns a
+ * thread (float4 reads of the parts). */
+template <int HS>
+__global__ void __launch_bounds__(256) fa2_dq_reduce_kernel(bf16 *dinp, const float *dq_parts, int T_, int C,
+                                                            int NH, float scale) {
+  int ot = blockIdx.x, bh = blockIdx.y, b = bh / NH, h = bh % NH, n_tiles = gridDim.x;
+  const float *head = dq_parts + (size_t)bh * n_tiles * (n_tiles + 1) / 2 * FA2_TILE * HS;
+  for (int e = threadIdx.x * 4; e < FA2_TILE * HS; e += 256 * 4) {
+    int r = e / HS, c = e % HS, q = ot * FA2_TILE + r;
+    if (q >= T_) continue;
+    float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int kt = 0; kt <= ot; kt++) {
+      size_t tile = (size_t)kt * n_tiles - (size_t)kt * (kt - 1) / 2 + (ot - kt);
+      float4 v = *(const float4 *)(head + tile * FA2_TILE * HS + e);
+      sum = make_float4(sum.x + v.x, sum.y + v.y, sum.z + v.z, sum.w + v.w);
+    }
+    bf16 *x = dinp + ((size_t)b * T_ + q) * 3 * C + (size_t)h * HS + c;
+    uint32_t lo = td_pack_bf16x2(__bfloat162float(x[0]) + sum.x * scale, __bfloat162float(x[1]) + sum.y * scale);
+    uint32_t hi = td_pack_bf16x2(__bfloat162float(x[2]) + sum.z * scale, __bfloat162float(x[3]) + sum.w * scale);
+    *(uint32_t *)x = lo;
+    *(uint32_t *)(x + 2) = hi;
+  }
+}
+
+extern "C" size_t td_fa2_dq_parts_floats(int B, int T, int C, int NH) {
+  size_t n = ((size_t)T + FA2_TILE - 1) / FA2_TILE;
+  return (size_t)B * NH * n * (n + 1) / 2 * FA2_TILE * (size_t)(C / NH);
 }
 
 extern "C" bool td_fa2_supported(int head_size, int C, const void *p1, const void *p2, const void *p3) {
@@ -644,13 +626,12 @@ extern "C" td_status td_fa2_forward(void *out, float *lse, const void *inp, int 
   return TD_OK;
 }
 
-extern "C" td_status td_fa2_backward(void *dinp, const float *D, float *dq_acc, int *turns, const void *dout,
-                                     const void *inp, const float *lse, int B, int T, int C, int NH, bool twopass,
-                                     void *stream) {
+extern "C" td_status td_fa2_backward(void *dinp, const float *D, float *dq_parts, const void *dout, const void *inp,
+                                     const float *lse, int B, int T, int C, int NH, bool onepass, void *stream) {
   int hs = C / NH;
   float scale = 1.0f / sqrtf((float)hs), scale_log2 = scale * FA2_LOG2E;
   dim3 grid(td_cuda_blocks((size_t)T, FA2_TILE), B * NH);
-  if (twopass) {
+  if (!onepass) {
     FA2_DISPATCH_HS(hs, {
       auto *kv = &fa2_backward_twopass_kernel<HS, true>;
       TD_CUDA_LAUNCH(kv, grid, FA2_THREADS, 0, stream, (bf16 *)dinp, (const bf16 *)dout, (const bf16 *)inp, lse, D,
@@ -663,8 +644,6 @@ extern "C" td_status td_fa2_backward(void *dinp, const float *D, float *dq_acc, 
     });
     return TD_OK;
   }
-  /* every tile's turn starts at 0 (a launch that failed part-way leaves them set) */
-  TD_CUDA_CHECK(cudaMemsetAsync(turns, 0, (size_t)B * NH * grid.x * sizeof(int), (cudaStream_t)stream));
   FA2_DISPATCH_HS(hs, {
     auto *kernel = &fa2_backward_kernel<HS>;
     static bool smem_set = false; /* the limit is per kernel: raised once */
@@ -673,9 +652,12 @@ extern "C" td_status td_fa2_backward(void *dinp, const float *D, float *dq_acc, 
                                          (int)fa2_bwd_layout<HS>::bytes));
       smem_set = true;
     }
-    TD_CUDA_LAUNCH(kernel, grid, FA2_THREADS, fa2_bwd_layout<HS>::bytes, stream, (bf16 *)dinp, dq_acc, turns,
+    TD_CUDA_LAUNCH(kernel, grid, FA2_THREADS, fa2_bwd_layout<HS>::bytes, stream, (bf16 *)dinp, dq_parts,
                    (const bf16 *)dout, (const bf16 *)inp, lse, D, T, C, NH, scale, scale_log2);
+    TD_CUDA_LAUNCH_CHECK("fa2_backward_kernel");
+    auto *reduce = &fa2_dq_reduce_kernel<HS>;
+    TD_CUDA_LAUNCH(reduce, grid, 256, 0, stream, (bf16 *)dinp, (const float *)dq_parts, T, C, NH, scale);
+    TD_CUDA_LAUNCH_CHECK("fa2_dq_reduce_kernel");
   });
-  TD_CUDA_LAUNCH_CHECK("fa2_backward_kernel");
   return TD_OK;
 }

@@ -12,13 +12,13 @@
  * a time). */
 extern "C" bool td_fa2_supported(int head_size, int C, const void *p1, const void *p2, const void *p3);
 extern "C" td_status td_fa2_forward(void *out, float *lse, const void *inp, int B, int T, int C, int NH, void *stream);
-/* D: (B, NH, T) rowsum(dO * O), already computed. One pass with ordered
- * dQ sums in dq_acc ((B, NH, T, C / NH) f32, nothing to initialize) and
- * turns ((B, NH, ceil(T / 64)) ints, zeroed here), or with twopass the
- * earlier kernels (dK, dV, then dQ with S and dP recomputed; dq_acc and
- * turns unused). */
-extern "C" td_status td_fa2_backward(void *dinp, const float *D, float *dq_acc, int *turns, const void *dout,
-                                     const void *inp, const float *lse, int B, int T, int C, int NH, bool twopass,
-                                     void *stream);
+/* D: (B, NH, T) rowsum(dO * O), already computed. Two passes (dK and dV,
+ * then dQ with S and dP recomputed), or with onepass one pass that stores
+ * each key block's part of each dQ tile in dq_parts
+ * (td_fa2_dq_parts_floats(B, T, C, NH) f32, nothing to initialize) and
+ * sums them in a fixed order after it. */
+extern "C" size_t td_fa2_dq_parts_floats(int B, int T, int C, int NH);
+extern "C" td_status td_fa2_backward(void *dinp, const float *D, float *dq_parts, const void *dout, const void *inp,
+                                     const float *lse, int B, int T, int C, int NH, bool onepass, void *stream);
 
 #endif
