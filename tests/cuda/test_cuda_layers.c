@@ -756,6 +756,17 @@ static void run_bench(const bench_shape *sh, td_dtype dt) {
   CHECK(cudaMemcpy(dtok, tok, N * sizeof(int32_t), cudaMemcpyHostToDevice) == cudaSuccess);
   int32_t *dorder, *dstarts; /* the encoder's buckets (made on the host in a step: not timed here) */
   int nb = upload_buckets(tok, (int)N, V, &dorder, &dstarts);
+  /* text-like tokens: 96 of them, skewed (u^3 of a uniform u), as byte-level
+   * text gives: a few buckets thousands of rows long */
+  int32_t *tok2 = malloc(N * sizeof(int32_t)), *dorder2, *dstarts2;
+  for (size_t i = 0; i < N; i++) {
+    double u = (double)((i * 2654435761u) % 65536) / 65536.0;
+    tok2[i] = (int32_t)(96 * u * u * u) % V;
+  }
+  int nb2 = upload_buckets(tok2, (int)N, V, &dorder2, &dstarts2);
+  int32_t *dtok2;
+  CHECK(cudaMalloc((void **)&dtok2, N * sizeof(int32_t)) == cudaSuccess);
+  CHECK(cudaMemcpy(dtok2, tok2, N * sizeof(int32_t), cudaMemcpyHostToDevice) == cudaSuccess);
   void *wte = dev_fill((size_t)V * C, dt, 0.1f), *wpe = dev_fill((size_t)T * C, dt, 0.1f);
   void *x = dev_fill(N * C, dt, 1), *y = dev_fill(N * C, dt, 1), *g = dev_fill(N * C, dt, 1);
   void *x4 = dev_fill(N * 4 * C, dt, 1), *y4 = dev_fill(N * 4 * C, dt, 1), *g4 = dev_fill(N * 4 * C, dt, 1);
@@ -785,6 +796,8 @@ static void run_bench(const bench_shape *sh, td_dtype dt) {
   BENCH("encoder forward", nc * es * 3, 0, td_cuda_encoder_forward(x, dtok, wte, wpe, B, T, C, dt, NULL));
   BENCH("encoder backward", nc * es * 3 + (double)T * C * es, 0,
         td_cuda_encoder_backward(gw, wpe, g, dtok, dorder, dstarts, nb, B, T, C, dt, NULL));
+  BENCH("encoder backward (96 skewed tokens)", nc * es * 3 + (double)T * C * es, 0,
+        td_cuda_encoder_backward(gw, wpe, g, dtok2, dorder2, dstarts2, nb2, B, T, C, dt, NULL));
   BENCH("layernorm forward", nc * es * 2, 0, td_cuda_layernorm_forward(y, mean, rstd, x, w, bias, (int)N, C, dt, NULL));
   BENCH("residual+layernorm forward", nc * es * 4, 0,
         td_cuda_residual_layernorm_forward(g, y, mean, rstd, x, x, w, bias, (int)N, C, dt, NULL));
@@ -863,6 +876,7 @@ static void run_bench(const bench_shape *sh, td_dtype dt) {
   BENCH("global norm squared", (double)np * es, np * 2.0, td_cuda_global_norm_squared(norm, parts, grads, np, dt, NULL));
   printf("(%zu parameters in the optimizer rows)\n", np);
   cudaFree(master), cudaFree(m), cudaFree(v), cudaFree(grads), cudaFree(copy), cudaFree(norm), cudaFree(parts);
+  cudaFree(dtok2), cudaFree(dorder2), cudaFree(dstarts2), free(tok2);
   cudaFree(dtok), cudaFree(dorder), cudaFree(dstarts), cudaFree(wte), cudaFree(wpe), cudaFree(x), cudaFree(y), cudaFree(g), cudaFree(x4), cudaFree(y4);
   cudaFree(g4), cudaFree(qkv), cudaFree(dqkv), cudaFree(w), cudaFree(dw), cudaFree(bias), cudaFree(dbias);
   cudaFree(gw), cudaFree(mean), cudaFree(rstd), cudaFree(lse), cudaFree(Dscr), cudaFree(logits), cudaFree(losses);
