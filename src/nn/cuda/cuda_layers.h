@@ -106,6 +106,23 @@ td_status td_cuda_matmul_backward(void *dinp /* (N, IC) or NULL */, void *dweigh
                                   void *dbias /* (OC) or NULL */, const void *dout /* (N, OC) */,
                                   const void *inp /* (N, IC) */, const void *weight /* (OC, IC) */, int N, int IC,
                                   int OC, td_dtype dtype, void *stream);
+/* The backward with the GPT's options:
+ *  - flags TD_CUDA_DINP_OVERWRITE: dinp = dout @ weight, written without
+ *    being read (cuBLASLt's beta 0), so a scratch input gradient needs no
+ *    zeroing first (dweight and dbias still accumulate);
+ *  - pre_gelu != NULL (needs dinp and TD_CUDA_DINP_OVERWRITE): the product
+ *    is GELU's output gradient and pre_gelu GELU's input (the forward's
+ *    td_cuda_matmul_forward_ex pre_gelu): dinp = gelu'(pre_gelu) * (dout @
+ *    weight), td_cuda_gelu_backward folded into the product (cuBLASLt's
+ *    DGELU epilogue; the tiled kernel's epilogue does the same), one
+ *    rounding of the f32 value where the two launches rounded twice.
+ * Other flags or pre_gelu without them: TD_ERR_INVALID_ARGUMENT. */
+enum { TD_CUDA_DINP_OVERWRITE = 1 };
+td_status td_cuda_matmul_backward_ex(void *dinp /* (N, IC) or NULL */, void *dweight /* (OC, IC) or NULL */,
+                                     void *dbias /* (OC) or NULL */, const void *dout /* (N, OC) */,
+                                     const void *inp /* (N, IC) */, const void *weight /* (OC, IC) */,
+                                     const void *pre_gelu /* (N, IC) or NULL */, int flags, int N, int IC, int OC,
+                                     td_dtype dtype, void *stream);
 /* "cublaslt" or "kernel": which path td_cuda_matmul_* take in this process. */
 const char *td_cuda_matmul_backend(void);
 /* Products that took the tiled kernel although cuBLASLt was chosen, because
@@ -130,18 +147,24 @@ td_status td_cuda_attention_backward(void *dinp /* (B, T, 3C) */, float *scratch
 /* Fused (flash-style) attention, the same contract as the pair above
  * without the (B, NH, T, T) caches: forward keeps lse, the log-sum-exp of
  * each query row's scaled scores (f32, (B, NH, T)); backward reads the
- * forward's out and lse and needs a scratch of (B, NH, T) floats. Head sizes
- * (C / NH) 8, 16, 24, 32, 48, 64; others TD_ERR_INVALID_ARGUMENT.
- * Deterministic (no atomics). bf16 at head sizes 16-64 with 16-byte aligned
- * rows runs FlashAttention-2's kernels (flash_attention_mma.cu) unless
- * TANDEM_CUDA_ATTENTION=wmma, read at each call, asks for the wmma ones. */
+ * forward's out and lse and needs a scratch of
+ * td_cuda_flash_attention_backward_scratch_floats(B, T, C, NH) floats. Head
+ * sizes (C / NH) 8, 16, 24, 32, 48, 64; others TD_ERR_INVALID_ARGUMENT.
+ * Deterministic (no float atomics: fixed orders of addition). bf16 at head
+ * sizes 16-64 with 16-byte aligned rows runs FlashAttention-2's kernels
+ * (flash_attention_mma.cu) unless TANDEM_CUDA_ATTENTION, read at each call,
+ * asks for the wmma ones (wmma) or FlashAttention-2's backward in two passes
+ * (twopass): A/B switches. */
 td_status td_cuda_flash_attention_forward(void *out /* (B, T, C) */, float *lse /* (B, NH, T) */,
                                           const void *inp /* (B, T, 3C) */, int B, int T, int C, int NH,
                                           td_dtype dtype, void *stream);
-td_status td_cuda_flash_attention_backward(void *dinp /* (B, T, 3C) */, float *scratch /* (B, NH, T) */,
+td_status td_cuda_flash_attention_backward(void *dinp /* (B, T, 3C) */, float *scratch /* see above */,
                                            const void *dout /* (B, T, C) */, const void *inp /* (B, T, 3C) */,
                                            const void *out /* (B, T, C) */, const float *lse /* (B, NH, T) */, int B,
                                            int T, int C, int NH, td_dtype dtype, void *stream);
+/* Floats of td_cuda_flash_attention_backward's scratch: D (B, NH, T) and
+ * the one-pass backward's dQ sums (B, T, C) and turns; 0 for an empty shape. */
+size_t td_cuda_flash_attention_backward_scratch_floats(int B, int T, int C, int NH);
 /* Which attention path a model with this head size should take:
  * *fused_out = 1 for the fused kernels, 0 for the unfused pair. The fused
  * path unless TANDEM_CUDA_ATTENTION=unfused or the head size is not one the
