@@ -111,8 +111,9 @@ static td_status tensor_parallel_check(td_train_config *cfg) {
   }
   const char *what = NULL;
   /* ZeRO-3 fetches each layer's parameters inside the model, which the
-   * tensor-parallel GPT does not do (no td_param_access) */
-  if (cfg->zero_stage >= 3) what = "ZeRO stage 3 (use stage 0, 1 or 2)";
+   * tensor-parallel GPT does on a device only (td_param_access) */
+  const int on_cpu = !cfg->device[0] || strcmp(cfg->device, "cpu") == 0;
+  if (cfg->zero_stage >= 3 && on_cpu) what = "ZeRO stage 3 on the CPU (use stage 0, 1 or 2, or a GPU)";
   else if (cfg->offload.optimizer_device != TD_OFFLOAD_NONE || cfg->offload.param_device != TD_OFFLOAD_NONE)
     what = "ZeRO offload";
   else if (cfg->elasticity.enabled) what = "elastic training";
@@ -123,7 +124,8 @@ static td_status tensor_parallel_check(td_train_config *cfg) {
   if (what)
     return td_error(TD_ERR_INVALID_ARGUMENT,
                     "tensor_model_parallel_size %d with %s is not built yet: drop one of them "
-                    "(tensor parallelism trains in fp32, bf16 or fp16, on a GPU fp32 or bf16, with ZeRO stage 0, 1 or 2)", tp,
+                    "(tensor parallelism trains in fp32, bf16 or fp16, on a GPU fp32 or bf16, with ZeRO stage 0, 1 or 2; "
+                    "stage 3 on a GPU)", tp,
                     what);
   return TD_OK;
 }

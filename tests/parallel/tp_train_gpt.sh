@@ -22,6 +22,11 @@
 #            loss within half the type's unit roundoff (2^-9, 2^-12).
 #   refused: layouts and combinations not built, each exit 2 with a message
 #            saying what would work.
+#   device:  (a CUDA tree: build/cudaemu, or a GPU's) on cuda:0 shared by 4
+#            ranks, TP=2 x DP=2: ZeRO-3 (the device GPT's parameter fetches
+#            follow the tensor shard's table) 4 steps saving at step 4, its
+#            losses within 1e-6 of ZeRO-0's 8 uninterrupted steps, and the save
+#            resumed under ZeRO-0 for steps 5-8 within 1e-6 of them too.
 set -u
 case_name=$1
 B=$2
@@ -98,6 +103,33 @@ threed)
     echo "$run: 8 losses within 1e-5 of 1 rank (last $(tail -1 "$work/$run.txt") vs $(tail -1 "$work/one.txt"))"
   done
   ;;
+device)
+  TD="--layers 2 --channels 32 --heads 4 --seq 32 --threads 1 --sample 0 --seed 5 --device cuda:0 --micro-batch 4 --tensor-parallel 2"
+  if ! "$RUN" -np 4 "$GPT" $TD --steps 8 --zero-stage 0 --metrics "$work/z0.jsonl" >"$work/z0.out" 2>&1; then
+    if grep -q "there is no CUDA device\|built without CUDA" "$work/z0.out"; then
+      [ -z "${TD_TEST_EXPECT_CUDA:-}" ] || { cat "$work/z0.out"; fail "TD_TEST_EXPECT_CUDA is set, but there is no device"; }
+      echo "skipped: no CUDA device for $B: $(grep -m1 "CUDA" "$work/z0.out")"; exit 0
+    fi
+    cat "$work/z0.out"; fail "TP=2 x DP=2 ZeRO-0 on the device"
+  fi
+  "$RUN" -np 4 "$GPT" $TD --steps 4 --zero-stage 3 --save "$work/ck" --metrics "$work/z3.jsonl" >"$work/z3.out" 2>&1 ||
+    { cat "$work/z3.out"; fail "TP=2 x DP=2 ZeRO-3 on the device"; }
+  grep -q "zero_stage=3 .*tensor_parallel=2" "$work/z3.out" || fail "ZeRO-3 with TP=2 was not on"
+  "$RUN" -np 4 "$GPT" $TD --steps 8 --zero-stage 0 --resume "$work/ck" --metrics "$work/res.jsonl" >"$work/res.out" 2>&1 ||
+    { cat "$work/res.out"; fail "TP=2 x DP=2 ZeRO-0 resuming the ZeRO-3 save"; }
+  metrics_losses "$work/z0.jsonl" >"$work/z0.txt"
+  metrics_losses "$work/z3.jsonl" >"$work/z3.txt"
+  metrics_losses "$work/res.jsonl" >"$work/res.txt"
+  [ "$(wc -l <"$work/z0.txt")" -eq 8 ] && [ "$(wc -l <"$work/z3.txt")" -eq 4 ] && [ "$(wc -l <"$work/res.txt")" -eq 4 ] ||
+    fail "loss lines: $(wc -l <"$work/z0.txt") / $(wc -l <"$work/z3.txt") / $(wc -l <"$work/res.txt"), want 8 / 4 / 4"
+  cat "$work/z3.txt" "$work/res.txt" >"$work/both.txt"
+  while read -r step want && read -r step2 got <&3; do
+    [ "$step" = "$step2" ] || fail "step $step2 against $step"
+    close_rel "$got" "$want" 1e-6 || fail "step $step: loss $got (ZeRO-3, then resumed), ZeRO-0 $want (more than 1e-6 apart)"
+  done <"$work/z0.txt" 3<"$work/both.txt"
+  echo "device: TP=2 x DP=2 ZeRO-3 4 steps and its save resumed under ZeRO-0: 8 losses within 1e-6 of ZeRO-0's" \
+    "(last $(tail -1 "$work/res.txt") vs $(tail -1 "$work/z0.txt"))"
+  ;;
 half)
   # the same global batch of 8 in bf16 / fp16 on 1 rank and on the grids
   T3="--layers 4 --channels 32 --heads 4 --seq 32 --threads 1 --steps 8 --sample 0 --seed 5"
@@ -136,11 +168,11 @@ refused)
   }
   check 2 "use tensor-parallel 1 or 2" --tensor-parallel 3
   check 2 "use tensor-parallel 1, 3 or 9" --tensor-parallel 2 --heads 9 --channels 36
-  check 2 "with ZeRO stage 3 (use stage 0, 1 or 2) is not built yet" --tensor-parallel 2 --zero-stage 3
+  check 2 "with ZeRO stage 3 on the CPU (use stage 0, 1 or 2, or a GPU) is not built yet" --tensor-parallel 2 --zero-stage 3
   check 2 "set tensor_model_parallel_size to 2 or more" --sequence-parallel
   check 2 "--seq 33 must be divisible by 2" --tensor-parallel 2 --sequence-parallel --seq 33
   # 3D: what does not compose with tensor-parallel pipeline stages yet
-  check 4 "ZeRO stage 3 (use stage 0, 1 or 2) is not built yet" --tensor-parallel 2 --pipeline-parallel 2 --zero-stage 3
+  check 4 "ZeRO stage 3 on the CPU (use stage 0, 1 or 2, or a GPU) is not built yet" --tensor-parallel 2 --pipeline-parallel 2 --zero-stage 3
   check 6 "use pipeline-parallel 1 or 3" --tensor-parallel 2 --pipeline-parallel 2
   echo "refused: ok"
   ;;

@@ -61,7 +61,10 @@
  * fetch returned. A release first waits for the model's stream: the
  * engine may refill the group's memory as soon as it is released, and the
  * kernels reading it are queued, not done. A fetch that returns NULL (the
- * engine's failure) ends the pass as a failed launch does.
+ * engine's failure) ends the pass as a failed launch does. Under tensor
+ * parallelism the groups are cut from the shard's table (offsets and end):
+ * each tensor rank fetches its own shard's groups from its data-parallel
+ * owners, which hold shards of that arena.
  *
  * Pipeline stages (td_gpt_stage_create_on; gpt.c's stage, nn_gpt_layout
  * says which tensors it holds): the same launches for its blocks only, the
@@ -162,6 +165,7 @@ typedef struct gpt_cuda {
   int tp, tr;
   int v0, Vl, vsplit;
   const td_param_tensor *tab;
+  size_t n_params; /* the elements `tab` lays out (the shard's under tensor parallelism) */
   td_status (*allreduce)(void *ctx, void *buf, size_t count, td_dtype dtype, td_op op);
   void *allreduce_ctx;
 } gpt_cuda;
@@ -349,7 +353,7 @@ static gpt_unit unit_layer(const td_model *m, int l) {
 }
 static gpt_unit unit_final(const td_model *m) {
   size_t lo = off_named(m, layout(m)->idx_lnfw); /* no head: the end sentinel, an empty unit */
-  return (gpt_unit){lo, m->n_params - lo};
+  return (gpt_unit){lo, ((const gpt_cuda *)*nn_gpt_device_state((td_model *)m))->n_params - lo};
 }
 static gpt_unit unit_wte(const td_model *m) {
   const int i = layout(m)->idx_wte;
@@ -859,6 +863,7 @@ td_status nn_gpt_cuda_attach(td_model *model, td_device dev) {
   gc->tp = 1;
   gc->Vl = c->vocab;
   gc->tab = model->tensors;
+  gc->n_params = model->n_params;
   td_status st = td_cuda_attention_fused(c->channels / c->heads, &gc->fused_attention);
   if (st == TD_OK) st = td_stream_create(dev, &gc->stream);
   if (st != TD_OK) {
@@ -922,11 +927,13 @@ td_status nn_gpt_cuda_set_tensor_split(td_model *model, const td_gpt_tensor_spli
   gc->tp = p;
   gc->tr = split->rank;
   gc->tab = split->tensors;
+  gc->n_params = split->n_params;
   gc->allreduce = split->allreduce;
   gc->allreduce_ctx = split->ctx;
   gc->v0 = whole ? 0 : split->vocab_lo;
   gc->Vl = whole ? c->vocab : split->vocab_count;
   gc->vsplit = gc->Vl < c->vocab;
-  model->supports_param_access = 0; /* the engine's fetches follow the unsplit table */
+  /* ZeRO stage 3 (supports_param_access as attach set it): the groups are
+   * cut from the shard's table, whose offsets the engine's fetches use */
   return TD_OK;
 }

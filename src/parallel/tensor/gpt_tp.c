@@ -59,9 +59,11 @@
  * vocabulary shard of wte and the head as here, with the device's parallel
  * cross-entropy (its row max and sums allreduced, MAX then SUM). This file
  * keeps the table, the cuts, the initial values, the norm and the failure
- * message; the device model computes. Sequence parallelism is CPU-only.
+ * message; the device model computes. ZeRO stage 3 on a device: the
+ * engine's td_param_access, set on this wrapper, is handed to the device
+ * model before each of its passes, and its fetches follow this table.
  *
- * Not here yet: ZeRO-3's param_access. */
+ * Not here yet: ZeRO-3's param_access on the CPU. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -676,6 +678,14 @@ static td_status dev_allreduce(void *ctx, void *buf, size_t count, td_dtype dtyp
   return g->failed == TD_OK ? TD_OK : td_error(g->failed, "%s", g->failed_msg);
 }
 
+/* The device model, with the engine's parameter access (ZeRO stage 3) the
+ * trainer set on this wrapper: its fetches then follow this table. */
+static td_model *dev_of(td_model *model) {
+  tp_gpt *g = (tp_gpt *)model;
+  g->dev->param_access = model->param_access;
+  return g->dev;
+}
+
 static td_status dev_prepare(td_model *model, int batch) {
   tp_gpt *g = (tp_gpt *)model;
   td_status st = g->dev->ops->prepare(g->dev, batch);
@@ -690,7 +700,7 @@ static float dev_forward(td_model *model, const float *params, const void *input
     td_error(g->failed, "%s", g->failed_msg);
     return NAN;
   }
-  float loss = g->dev->ops->forward(g->dev, params, inputs, targets, batch);
+  float loss = g->dev->ops->forward(dev_of(model), params, inputs, targets, batch);
   model->activation_bytes = g->dev->activation_bytes; /* a forward at a new batch lays them out */
   return loss;
 }
@@ -698,12 +708,12 @@ static float dev_forward(td_model *model, const float *params, const void *input
 static void dev_backward(td_model *model, const float *params, float *grads, float loss_scale, td_grad_ready_fn ready,
                          void *ctx) {
   tp_gpt *g = (tp_gpt *)model;
-  g->dev->ops->backward(g->dev, params, grads, loss_scale, ready, ctx);
+  g->dev->ops->backward(dev_of(model), params, grads, loss_scale, ready, ctx);
 }
 
 static void dev_predict(td_model *model, int32_t *out) {
   tp_gpt *g = (tp_gpt *)model;
-  g->dev->ops->predict(g->dev, out); /* its argmax over the group's vocabulary shards: the same everywhere */
+  g->dev->ops->predict(dev_of(model), out); /* its argmax over the group's vocabulary shards: the same everywhere */
 }
 
 static td_status dev_set_ckpt(td_model *model, int on) {
@@ -865,6 +875,7 @@ static td_status tp_build(const td_gpt_config *config, td_model *full, const td_
   g->base.device = full->device;
   if (g->dev) {
     g->base.ops = &tp_dev_ops;
+    g->base.supports_param_access = full->supports_param_access; /* ZeRO-3 (dev_of): the whole model, not a stage */
     const td_gpt_tensor_split split = {p, r, g->tensors, off, dev_allreduce, g, g->v0, g->Vl};
     td_status st = td_gpt_set_tensor_split(full, &split);
     if (st != TD_OK) {
