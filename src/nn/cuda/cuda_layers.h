@@ -82,6 +82,11 @@ td_status td_cuda_gelu_forward(void *out /* (n) */, const void *inp /* (n) */, s
                                void *stream);
 td_status td_cuda_gelu_backward(void *dinp /* (n) */, const void *inp /* (n) */, const void *dout /* (n) */,
                                 size_t n, td_dtype dtype, void *stream);
+/* d = gelu'(inp) * d in place: GELU's backward over an output gradient
+ * already in d (td_cuda_matmul_backward_ex's pre_gelu where cuBLASLt has
+ * no DGELU algorithm). */
+td_status td_cuda_gelu_grad_scale(void *d /* (n) */, const void *inp /* (n) */, size_t n, td_dtype dtype,
+                                  void *stream);
 
 /* out = inp @ weight^T + bias (td_linear_forward); bias may be NULL. Through
  * cuBLASLt on a GPU build; Tandem's tiled kernel under the emulator or with
@@ -106,6 +111,26 @@ td_status td_cuda_matmul_backward(void *dinp /* (N, IC) or NULL */, void *dweigh
                                   void *dbias /* (OC) or NULL */, const void *dout /* (N, OC) */,
                                   const void *inp /* (N, IC) */, const void *weight /* (OC, IC) */, int N, int IC,
                                   int OC, td_dtype dtype, void *stream);
+/* The backward with the GPT's options:
+ *  - flags TD_CUDA_DINP_OVERWRITE: dinp = dout @ weight, written without
+ *    being read (cuBLASLt's beta 0), so a scratch input gradient needs no
+ *    zeroing first (dweight and dbias still accumulate);
+ *  - pre_gelu != NULL (needs dinp and TD_CUDA_DINP_OVERWRITE): the product
+ *    is GELU's output gradient and pre_gelu GELU's input (the forward's
+ *    td_cuda_matmul_forward_ex pre_gelu): dinp = gelu'(pre_gelu) * (dout @
+ *    weight), td_cuda_gelu_backward folded into the product (cuBLASLt's
+ *    DGELU epilogue; the tiled kernel's epilogue does the same), one
+ *    rounding of the f32 value where the two launches rounded twice. Where
+ *    cuBLASLt offers no DGELU algorithm for the shape: its plain product,
+ *    then td_cuda_gelu_grad_scale (two roundings; not counted in
+ *    td_cuda_matmul_fallbacks, which counts products taking the tiled kernel).
+ * Other flags or pre_gelu without them: TD_ERR_INVALID_ARGUMENT. */
+enum { TD_CUDA_DINP_OVERWRITE = 1 };
+td_status td_cuda_matmul_backward_ex(void *dinp /* (N, IC) or NULL */, void *dweight /* (OC, IC) or NULL */,
+                                     void *dbias /* (OC) or NULL */, const void *dout /* (N, OC) */,
+                                     const void *inp /* (N, IC) */, const void *weight /* (OC, IC) */,
+                                     const void *pre_gelu /* (N, IC) or NULL */, int flags, int N, int IC, int OC,
+                                     td_dtype dtype, void *stream);
 /* "cublaslt" or "kernel": which path td_cuda_matmul_* take in this process. */
 const char *td_cuda_matmul_backend(void);
 /* Products that took the tiled kernel although cuBLASLt was chosen, because
