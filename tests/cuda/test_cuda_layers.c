@@ -528,8 +528,10 @@ static void test_matmul_overwrite(int N, int IC, int OC, td_dtype dt) {
 
   CHECK_OK(td_cuda_matmul_backward_ex(dgx, dgw, dgb, ddy, dx, dw, NULL, TD_CUDA_DINP_OVERWRITE, N, IC, OC, dt, NULL));
   expect_close("matmul backward dinp overwritten", dgx, p, ni, dt);
-  expect_accumulated("matmul backward dweight (dinp overwritten)", dgw, gw, pw, nw, dt);
-  expect_accumulated("matmul backward dbias (dinp overwritten)", dgb, gb, pb, OC, dt);
+  double *tw = term_sums(gw, pw, nw, 1), *tb = term_sums(gb, pb, OC, 1); /* products and initial values */
+  expect_accumulated("matmul backward dweight (dinp overwritten)", dgw, gw, tw, nw, dt);
+  expect_accumulated("matmul backward dbias (dinp overwritten)", dgb, gb, tb, OC, dt);
+  free(tw), free(tb);
 
   cudaFree(dgx);
   dgx = upload(nan_fill, ni, dt);
@@ -614,6 +616,25 @@ static void test_attention(int B, int T, int C, int NH, td_dtype dt) {
   CHECK_OK(td_cuda_flash_attention_backward(dgx2, dD, ddy, dx, dout2, dlse, B, T, C, NH, dt, NULL));
   float *second = download(dgx2, nin, dt);
   CHECK(memcmp(first, second, nin * sizeof(float)) == 0);
+  /* TD_CUDA_DINP_OVERWRITE: the gradient alone, dinp never read (NaN there first) */
+  float *grad = malloc(nin * sizeof(float));
+  CHECK(grad != NULL);
+  for (size_t i = 0; i < nin; i++) grad[i] = gx[i] - gx0[i];
+  CHECK(cudaMemset(dgx2, 0xff, nin * esize(dt)) == cudaSuccess);
+  CHECK_OK(td_cuda_flash_attention_backward_ex(dgx2, dD, ddy, dx, dout2, dlse, B, T, C, NH, dt,
+                                               TD_CUDA_DINP_OVERWRITE, NULL));
+  if (dt == TD_BF16) {
+    double *bo = malloc(sizeof(double) * nout), *bi = malloc(sizeof(double) * nin);
+    CHECK(bo != NULL && bi != NULL);
+    fused_bf16_bounds(bo, bi, x, att, out, dy, out, grad, B, T, C, NH);
+    expect_within("fused attention backward (overwrite)", dgx2, grad, bi, nin, dt);
+    free(bo), free(bi);
+  } else {
+    expect_close("fused attention backward (overwrite)", dgx2, grad, nin, dt);
+  }
+  CHECK_STATUS(td_cuda_flash_attention_backward_ex(dgx2, dD, ddy, dx, dout2, dlse, B, T, C, NH, dt, 2, NULL),
+               TD_ERR_INVALID_ARGUMENT);
+  free(grad);
   cudaFree(dlse), cudaFree(dD), cudaFree(dout2), cudaFree(dgx2);
   free(lse), free(first), free(second), free(gx0);
   cudaFree(dx), cudaFree(dout), cudaFree(datt), cudaFree(dscratch), cudaFree(ddy), cudaFree(dgx);

@@ -171,6 +171,12 @@ td_status td_cuda_flash_attention_backward(void *dinp /* (B, T, 3C) */, float *s
                                            const void *dout /* (B, T, C) */, const void *inp /* (B, T, 3C) */,
                                            const void *out /* (B, T, C) */, const float *lse /* (B, NH, T) */, int B,
                                            int T, int C, int NH, td_dtype dtype, void *stream);
+/* The backward with flags TD_CUDA_DINP_OVERWRITE (above): dinp = the
+ * gradient, not read first (the FlashAttention-2 kernels write it; the
+ * others zero it, then add); other flags TD_ERR_INVALID_ARGUMENT. */
+td_status td_cuda_flash_attention_backward_ex(void *dinp /* (B, T, 3C) */, float *scratch, const void *dout,
+                                              const void *inp, const void *out, const float *lse, int B, int T, int C,
+                                              int NH, td_dtype dtype, int flags, void *stream);
 /* Floats of td_cuda_flash_attention_backward's scratch: D (B, NH, T), and
  * under TANDEM_CUDA_ATTENTION=onepass the one-pass backward's dQ parts; 0
  * for an empty shape. */

@@ -662,8 +662,17 @@ extern "C" td_status td_cuda_flash_attention_forward(void *out, float *lse, cons
 extern "C" td_status td_cuda_flash_attention_backward(void *dinp, float *scratch, const void *dout, const void *inp,
                                                       const void *out, const float *lse, int B, int T, int C, int NH,
                                                       td_dtype dtype, void *stream) {
+  return td_cuda_flash_attention_backward_ex(dinp, scratch, dout, inp, out, lse, B, T, C, NH, dtype, 0, stream);
+}
+
+extern "C" td_status td_cuda_flash_attention_backward_ex(void *dinp, float *scratch, const void *dout, const void *inp,
+                                                         const void *out, const float *lse, int B, int T, int C, int NH,
+                                                         td_dtype dtype, int flags, void *stream) {
   TD_CHECK(check_shape("td_cuda_flash_attention_backward", B, T, C, NH));
+  if (flags & ~TD_CUDA_DINP_OVERWRITE)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "td_cuda_flash_attention_backward_ex: unknown flags %#x", flags);
   if ((size_t)B * T == 0) return TD_OK;
+  const bool overwrite = (flags & TD_CUDA_DINP_OVERWRITE) != 0;
   int hs = C / NH;
   float scale = 1.0f / sqrtf((float)hs);
   size_t rows = (size_t)B * NH * T;
@@ -676,8 +685,11 @@ extern "C" td_status td_cuda_flash_attention_backward(void *dinp, float *scratch
     if (use_fa2(dtype, hs, C, dinp, dout, inp)) {
       const char *e;
       return td_fa2_backward(dinp, scratch, scratch + fa_scratch_d_floats(B, T, NH), dout, inp, lse, B, T, C, NH,
-                             attention_env(&e) == 4, stream);
+                             attention_env(&e) == 4, !overwrite, stream);
     }
+    /* the other kernels add: overwriting is zeroing first */
+    if (overwrite)
+      TD_CUDA_CHECK(cudaMemsetAsync(dinp, 0, (size_t)B * T * 3 * C * sizeof(td_elem), (cudaStream_t)stream));
     if (use_wmma(dtype, hs)) {
       if (hs == 16) return wm_backward<16>(dinp, scratch, dout, inp, lse, B, T, C, NH, scale, stream);
       if (hs == 32) return wm_backward<32>(dinp, scratch, dout, inp, lse, B, T, C, NH, scale, stream);

@@ -285,6 +285,10 @@ __global__ void __launch_bounds__(FA2_THREADS) fa2_forward_kernel(bf16 *out, flo
     }
 }
 
+/* dinp's old value to add to: itself, or 0 when the call overwrites
+ * (TD_CUDA_DINP_OVERWRITE: a scratch gradient that was never zeroed) */
+__device__ __forceinline__ float fa2_old(const bf16 *x, bool add) { return add ? __bfloat162float(*x) : 0.0f; }
+
 /* KEYS: a block owns 64 keys and accumulates dK, dV over the query tiles
  * from the diagonal on; otherwise it owns 64 queries and accumulates dQ
  * over the key tiles up to the diagonal. The warp's 16 own rows are the
@@ -293,7 +297,7 @@ __global__ void __launch_bounds__(FA2_THREADS) fa2_forward_kernel(bf16 *out, flo
 template <int HS, bool KEYS>
 __global__ void __launch_bounds__(FA2_THREADS)
     fa2_backward_twopass_kernel(bf16 *dinp, const bf16 *dout, const bf16 *inp, const float *lse, const float *D, int T_, int C,
-                        int NH, float scale, float scale_log2) {
+                        int NH, float scale, float scale_log2, bool add) {
   constexpr int LD = HS + 8, KC = HS / 16, DN = HS / 8;
   __shared__ __align__(16) bf16 own[FA2_TILE * LD];
   __shared__ __align__(16) bf16 oth1[FA2_TILE * LD];
@@ -398,8 +402,8 @@ __global__ void __launch_bounds__(FA2_THREADS)
 #pragma unroll
       for (int d = 0; d < DN; d++) {
         bf16 *x = gp + d * 8;
-        *(uint32_t *)x = td_pack_bf16x2(__bfloat162float(x[0]) + acc[d][2 * half] * mul,
-                                        __bfloat162float(x[1]) + acc[d][2 * half + 1] * mul);
+        *(uint32_t *)x = td_pack_bf16x2(fa2_old(x, add) + acc[d][2 * half] * mul,
+                                        fa2_old(x + 1, add) + acc[d][2 * half + 1] * mul);
       }
     }
   }
@@ -433,7 +437,7 @@ template <int HS> struct fa2_bwd_layout {
 template <int HS>
 __global__ void __launch_bounds__(FA2_THREADS)
     fa2_backward_kernel(bf16 *dinp, float *dq_parts, const bf16 *dout, const bf16 *inp, const float *lse,
-                        const float *D, int T_, int C, int NH, float scale, float scale_log2) {
+                        const float *D, int T_, int C, int NH, float scale, float scale_log2, bool add) {
   typedef fa2_bwd_layout<HS> lay;
   constexpr int LD = lay::LD, LDS = lay::LDS, KC = HS / 16, DN = HS / 8;
   TD_DYNAMIC_SMEM(char, smem);
@@ -562,8 +566,8 @@ __global__ void __launch_bounds__(FA2_THREADS)
 #pragma unroll
       for (int d = 0; d < DN; d++) {
         bf16 *x = gp + d * 8;
-        *(uint32_t *)x = td_pack_bf16x2(__bfloat162float(x[0]) + acc[d][2 * half] * mul,
-                                        __bfloat162float(x[1]) + acc[d][2 * half + 1] * mul);
+        *(uint32_t *)x = td_pack_bf16x2(fa2_old(x, add) + acc[d][2 * half] * mul,
+                                        fa2_old(x + 1, add) + acc[d][2 * half + 1] * mul);
       }
     }
   }
@@ -574,7 +578,7 @@ __global__ void __launch_bounds__(FA2_THREADS)
  * thread (float4 reads of the parts). */
 template <int HS>
 __global__ void __launch_bounds__(256) fa2_dq_reduce_kernel(bf16 *dinp, const float *dq_parts, int T_, int C,
-                                                            int NH, float scale) {
+                                                            int NH, float scale, bool add) {
   int ot = blockIdx.x, bh = blockIdx.y, b = bh / NH, h = bh % NH, n_tiles = gridDim.x;
   const float *head = dq_parts + (size_t)bh * n_tiles * (n_tiles + 1) / 2 * FA2_TILE * HS;
   for (int e = threadIdx.x * 4; e < FA2_TILE * HS; e += 256 * 4) {
@@ -587,8 +591,8 @@ __global__ void __launch_bounds__(256) fa2_dq_reduce_kernel(bf16 *dinp, const fl
       sum = make_float4(sum.x + v.x, sum.y + v.y, sum.z + v.z, sum.w + v.w);
     }
     bf16 *x = dinp + ((size_t)b * T_ + q) * 3 * C + (size_t)h * HS + c;
-    uint32_t lo = td_pack_bf16x2(__bfloat162float(x[0]) + sum.x * scale, __bfloat162float(x[1]) + sum.y * scale);
-    uint32_t hi = td_pack_bf16x2(__bfloat162float(x[2]) + sum.z * scale, __bfloat162float(x[3]) + sum.w * scale);
+    uint32_t lo = td_pack_bf16x2(fa2_old(x, add) + sum.x * scale, fa2_old(x + 1, add) + sum.y * scale);
+    uint32_t hi = td_pack_bf16x2(fa2_old(x + 2, add) + sum.z * scale, fa2_old(x + 3, add) + sum.w * scale);
     *(uint32_t *)x = lo;
     *(uint32_t *)(x + 2) = hi;
   }
@@ -627,7 +631,8 @@ extern "C" td_status td_fa2_forward(void *out, float *lse, const void *inp, int 
 }
 
 extern "C" td_status td_fa2_backward(void *dinp, const float *D, float *dq_parts, const void *dout, const void *inp,
-                                     const float *lse, int B, int T, int C, int NH, bool onepass, void *stream) {
+                                     const float *lse, int B, int T, int C, int NH, bool onepass, bool add,
+                                     void *stream) {
   int hs = C / NH;
   float scale = 1.0f / sqrtf((float)hs), scale_log2 = scale * FA2_LOG2E;
   dim3 grid(td_cuda_blocks((size_t)T, FA2_TILE), B * NH);
@@ -635,11 +640,11 @@ extern "C" td_status td_fa2_backward(void *dinp, const float *D, float *dq_parts
     FA2_DISPATCH_HS(hs, {
       auto *kv = &fa2_backward_twopass_kernel<HS, true>;
       TD_CUDA_LAUNCH(kv, grid, FA2_THREADS, 0, stream, (bf16 *)dinp, (const bf16 *)dout, (const bf16 *)inp, lse, D,
-                     T, C, NH, scale, scale_log2);
+                     T, C, NH, scale, scale_log2, add);
       TD_CUDA_LAUNCH_CHECK("fa2_backward_twopass_kernel (dK, dV)");
       auto *qk = &fa2_backward_twopass_kernel<HS, false>;
       TD_CUDA_LAUNCH(qk, grid, FA2_THREADS, 0, stream, (bf16 *)dinp, (const bf16 *)dout, (const bf16 *)inp, lse, D,
-                     T, C, NH, scale, scale_log2);
+                     T, C, NH, scale, scale_log2, add);
       TD_CUDA_LAUNCH_CHECK("fa2_backward_twopass_kernel (dQ)");
     });
     return TD_OK;
@@ -653,10 +658,10 @@ extern "C" td_status td_fa2_backward(void *dinp, const float *D, float *dq_parts
       smem_set = true;
     }
     TD_CUDA_LAUNCH(kernel, grid, FA2_THREADS, fa2_bwd_layout<HS>::bytes, stream, (bf16 *)dinp, dq_parts,
-                   (const bf16 *)dout, (const bf16 *)inp, lse, D, T, C, NH, scale, scale_log2);
+                   (const bf16 *)dout, (const bf16 *)inp, lse, D, T, C, NH, scale, scale_log2, add);
     TD_CUDA_LAUNCH_CHECK("fa2_backward_kernel");
     auto *reduce = &fa2_dq_reduce_kernel<HS>;
-    TD_CUDA_LAUNCH(reduce, grid, 256, 0, stream, (bf16 *)dinp, (const float *)dq_parts, T, C, NH, scale);
+    TD_CUDA_LAUNCH(reduce, grid, 256, 0, stream, (bf16 *)dinp, (const float *)dq_parts, T, C, NH, scale, add);
     TD_CUDA_LAUNCH_CHECK("fa2_dq_reduce_kernel");
   });
   return TD_OK;

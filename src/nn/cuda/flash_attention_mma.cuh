@@ -16,9 +16,11 @@ extern "C" td_status td_fa2_forward(void *out, float *lse, const void *inp, int 
  * then dQ with S and dP recomputed), or with onepass one pass that stores
  * each key block's part of each dQ tile in dq_parts
  * (td_fa2_dq_parts_floats(B, T, C, NH) f32, nothing to initialize) and
- * sums them in a fixed order after it. */
+ * sums them in a fixed order after it. add: dinp += the gradient, else
+ * dinp = it (dinp is not read). */
 extern "C" size_t td_fa2_dq_parts_floats(int B, int T, int C, int NH);
 extern "C" td_status td_fa2_backward(void *dinp, const float *D, float *dq_parts, const void *dout, const void *inp,
-                                     const float *lse, int B, int T, int C, int NH, bool onepass, void *stream);
+                                     const float *lse, int B, int T, int C, int NH, bool onepass, bool add,
+                                     void *stream);
 
 #endif

@@ -731,13 +731,14 @@ blocks:
                                    TD_CUDA_DINP_OVERWRITE, BT, Ca, C, dt, s));
     READY(P_PROJB);
     READY(P_PROJW);
-    /* the attention's backward accumulates into dinp: zeroed first */
-    RUN(td_memset0_async(a->dbuf_3c, sBT * 3 * Ca * es, st));
-    if (gc->fused_attention)
-      RUN(td_cuda_flash_attention_backward(a->dbuf_3c, a->att_scratch, a->dbuf_c, qkv, atty, attc, B, T, Ca, NHl,
-                                           dt, s));
-    else
+    /* the attention's input gradient: written (fused), or accumulated into zeros (unfused) */
+    if (gc->fused_attention) {
+      RUN(td_cuda_flash_attention_backward_ex(a->dbuf_3c, a->att_scratch, a->dbuf_c, qkv, atty, attc, B, T, Ca, NHl,
+                                              dt, TD_CUDA_DINP_OVERWRITE, s));
+    } else {
+      RUN(td_memset0_async(a->dbuf_3c, sBT * 3 * Ca * es, st));
       RUN(td_cuda_attention_backward(a->dbuf_3c, a->att_scratch, a->dbuf_c, qkv, attc, B, T, Ca, NHl, dt, s));
+    }
     RUN(td_cuda_matmul_backward_ex(a->dbuf_c, G(P_QKVW), G(P_QKVB), a->dbuf_3c, ln1, W(P_QKVW), NULL,
                                    TD_CUDA_DINP_OVERWRITE, BT, C, 3 * Ca, dt, s));
     READY(P_QKVB);
