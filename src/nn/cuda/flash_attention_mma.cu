@@ -27,19 +27,21 @@
  *   per lane and is summed over the quad once at the end (the rescaling
  *   factor is the same for the whole row). Blocks are issued heaviest first
  *   (the last query tiles have the most keys) against a causal tail.
- * backward, FA2's loop order in one pass: D = rowsum(dO * O)
- *   (flash_attention.cu's kernel), then a block per key tile of 64 (4 warps
- *   x 16 keys) walks the query tiles from the last down to its diagonal, in
- *   the transposed form: S^T = K Q^T, dP^T = V dO^T, P^T = exp(S^T - lse),
- *   dS^T = P^T (dP^T - D), dV += P^T dO, dK += dS^T Q (P^T and dS^T the A
- *   operands straight from registers), and dQ's rows of the tile, dS K, go
- *   through shared memory and are added in f32 in a fixed order of key
- *   blocks (fa2_wait_turn below), where FA2 adds them with atomics: the same
- *   bits on every run, which Tandem's deterministic training promises. Q and
- *   dO tiles are double-buffered by cp.async. TANDEM_CUDA_ATTENTION=twopass
- *   runs the earlier form for A/B: the same dK/dV pass, then one pass per
- *   query tile for dQ with S and dP recomputed (2 of the backward's 5
- *   products again, ~40% more tensor-core work; tiles loaded synchronously).
+ * backward, FA2's loop order: D = rowsum(dO * O) (flash_attention.cu's
+ *   kernel), then one pass per key tile of 64 (4 warps x 16 keys) over the
+ *   query tiles from the diagonal on, in the transposed form: S^T = K Q^T,
+ *   dP^T = V dO^T, P^T = exp(S^T - lse), dS^T = P^T (dP^T - D), dV += P^T
+ *   dO, dK += dS^T Q, with P^T and dS^T the A operands straight from
+ *   registers; and one pass per query tile of 64 over the key tiles up to
+ *   the diagonal for dQ += dS K (S and dP recomputed). dQ is not
+ *   accumulated with atomics across key tiles, as FA2 does: a fixed order
+ *   of additions gives the same bits on every run, which Tandem's
+ *   deterministic training promises (the price is the recomputation of S
+ *   and dP in the second pass: 2 of the backward's 5 products, ~40% more
+ *   tensor-core work). Both passes double-buffer the other tiles: the next
+ *   one's cp.async copies land during this one's products.
+ *   TANDEM_CUDA_ATTENTION=onepass runs fa2_backward_kernel below instead
+ *   (one pass, dQ's parts stored and summed in order after it), for A/B.
  * nvcc -Xptxas -v for sm_90 (-O3), registers per thread / static shared
  * memory per block, 0 bytes of stack and spills in every kernel, measured
  * 2026-11-28 with CUDA 13.0 (/usr/local/cuda) and CI's 11.8
@@ -50,10 +52,12 @@
  *   HS=32    176 / 166    137 / 159        135 / 128       20480, 15872, 15360
  *   HS=16    168 / 163    128 / 154        126 / 128       12288,  9728,  9216
  *   At HS=64 the forward's 243 registers allow 2 blocks (8 warps) per SM,
- *   as FA2's own forward; the two-pass backward 2 blocks (dK/dV) and 3 (dQ).
- *   The one-pass backward (13.0, 2026-11-28): 241 / 214 / 129 / 128
- *   registers at HS 64 / 48 / 32 / 16, no spills, 56,320 bytes of dynamic
- *   shared memory at HS=64: 2 blocks per SM.
+ *   as FA2's own forward. Those backward figures are before the double
+ *   buffering; with it (13.0, 2026-11-28): dK/dV 242 registers, 47,104
+ *   bytes, dQ 184 registers, 46,080 bytes at HS=64, no spills: 2 blocks per
+ *   SM each (dQ had 3; capping it at 168 registers for 3 spills 40 bytes).
+ *   The one-pass backward: 240 / 218 registers at HS 64 / 48, no spills,
+ *   56,320 bytes of dynamic shared memory at HS=64: 2 blocks per SM.
  * Not done: the output is written 4 bytes a lane instead of through shared
  * memory in 16-byte rows, the causal diagonal tile is masked per element
  * rather than split, head size 128. */
@@ -300,9 +304,12 @@ __global__ void __launch_bounds__(FA2_THREADS)
                         int NH, float scale, float scale_log2, bool add) {
   constexpr int LD = HS + 8, KC = HS / 16, DN = HS / 8;
   __shared__ __align__(16) bf16 own[FA2_TILE * LD];
-  __shared__ __align__(16) bf16 oth1[FA2_TILE * LD];
-  __shared__ __align__(16) bf16 oth2[FA2_TILE * LD];
-  __shared__ float Lt[FA2_TILE], Dt[FA2_TILE]; /* keys: the other tile's lse (base 2) and D */
+  /* the other tiles, two buffers each: the next arrives by cp.async during
+   * this one's products (47,104 bytes in all at HS=64, under the 48 KB of
+   * static shared memory) */
+  __shared__ __align__(16) bf16 oth1[2][FA2_TILE * LD];
+  __shared__ __align__(16) bf16 oth2[2][FA2_TILE * LD];
+  __shared__ float Lt[2][FA2_TILE], Dt[2][FA2_TILE]; /* keys: the other tile's lse (base 2) and D */
   int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   int bh = blockIdx.y, b = bh / NH, h = bh % NH;
   int n_tiles = (T_ + FA2_TILE - 1) / FA2_TILE;
@@ -340,53 +347,83 @@ __global__ void __launch_bounds__(FA2_THREADS)
 #pragma unroll
     for (int e = 0; e < 4; e++) acc1[0][d][e] = acc2[0][d][e] = 0.0f;
   int first = KEYS ? tile : 0, last = KEYS ? n_tiles - 1 : tile;
-  for (int ot = first; ot <= last; ot++) {
-    int o0 = ot * FA2_TILE;
-    __syncthreads(); /* every warp is done with the previous tiles */
-    if (KEYS) {
-      fa2_load_tile<HS, FA2_TILE>(oth1, qb, ld, o0, T_);
-      fa2_load_tile<HS, FA2_TILE>(oth2, ob, C, o0, T_);
+  /* the first other tile (and, for keys, its lse and D) */
+  {
+    int o0 = first * FA2_TILE;
+    fa2_copy_tile_async<HS, FA2_TILE>(oth1[0], KEYS ? qb : qb + C, ld, o0, T_);
+    if (KEYS)
+      fa2_copy_tile_async<HS, FA2_TILE>(oth2[0], ob, C, o0, T_);
+    else
+      fa2_copy_tile_async<HS, FA2_TILE>(oth2[0], qb + 2 * C, ld, o0, T_);
+    td_cp_async_commit();
+    if (KEYS)
       for (int e = threadIdx.x; e < FA2_TILE; e += FA2_THREADS) {
-        Lt[e] = o0 + e < T_ ? lse_bh[o0 + e] * FA2_LOG2E : 0.0f;
-        Dt[e] = o0 + e < T_ ? D_bh[o0 + e] : 0.0f;
+        Lt[0][e] = o0 + e < T_ ? lse_bh[o0 + e] * FA2_LOG2E : 0.0f;
+        Dt[0][e] = o0 + e < T_ ? D_bh[o0 + e] : 0.0f;
       }
+  }
+  for (int ot = first; ot <= last; ot++) {
+    const int o0 = ot * FA2_TILE, buf = (ot - first) & 1;
+    /* the next tile's copies (its buffer was freed by the last iteration's
+     * closing barrier), and for keys its lse and D into registers */
+    float nl = 0.0f, nd = 0.0f;
+    if (ot < last) {
+      int n0 = o0 + FA2_TILE;
+      fa2_copy_tile_async<HS, FA2_TILE>(oth1[buf ^ 1], KEYS ? qb : qb + C, ld, n0, T_);
+      if (KEYS)
+        fa2_copy_tile_async<HS, FA2_TILE>(oth2[buf ^ 1], ob, C, n0, T_);
+      else
+        fa2_copy_tile_async<HS, FA2_TILE>(oth2[buf ^ 1], qb + 2 * C, ld, n0, T_);
+      td_cp_async_commit();
+      if (KEYS && threadIdx.x < FA2_TILE && n0 + (int)threadIdx.x < T_) {
+        nl = lse_bh[n0 + threadIdx.x] * FA2_LOG2E;
+        nd = D_bh[n0 + threadIdx.x];
+      }
+      td_cp_async_wait_but_newest(); /* this tile's copies */
     } else {
-      fa2_load_tile<HS, FA2_TILE>(oth1, qb + C, ld, o0, T_);
-      fa2_load_tile<HS, FA2_TILE>(oth2, qb + 2 * C, ld, o0, T_);
+      td_cp_async_wait_all();
     }
-    __syncthreads();
-    /* a tile wholly on the masked side of this warp's 16 rows */
-    if (KEYS ? o0 + FA2_TILE - 1 < wr0 : o0 > wr0 + 15) continue;
-    float s[1][8][4], dp[1][8][4];
-    fa2_scores<HS, 1>(s, a1, oth1); /* S^T = K Q^T  or  S = Q K^T */
-    fa2_scores<HS, 1>(dp, a2, oth2); /* dP^T = V dO^T  or  dP = dO V^T */
+    __syncthreads(); /* this tile is visible to every warp */
+    const bf16 *t1 = oth1[buf], *t2 = oth2[buf];
+    const float *Lc = Lt[buf], *Dc = Dt[buf];
+    /* a tile wholly on the masked side of this warp's 16 rows: nothing to add */
+    if (!(KEYS ? o0 + FA2_TILE - 1 < wr0 : o0 > wr0 + 15)) {
+      float s[1][8][4], dp[1][8][4];
+      fa2_scores<HS, 1>(s, a1, t1);  /* S^T = K Q^T  or  S = Q K^T */
+      fa2_scores<HS, 1>(dp, a2, t2); /* dP^T = V dO^T  or  dP = dO V^T */
 #pragma unroll
-    for (int half = 0; half < 2; half++) {
-      int r = wr0 + half * 8 + g;
+      for (int half = 0; half < 2; half++) {
+        int r = wr0 + half * 8 + g;
 #pragma unroll
-      for (int n = 0; n < 8; n++)
+        for (int n = 0; n < 8; n++)
 #pragma unroll
-        for (int e = 0; e < 2; e++) {
-          int c = n * 8 + 2 * t + e, other = o0 + c;
-          int q = KEYS ? other : r, k = KEYS ? r : other;
-          float L = KEYS ? Lt[c] : Lrow[half], Dv = KEYS ? Dt[c] : Drow[half];
-          float p = (k <= q && q < T_) ? exp2f(s[0][n][2 * half + e] * scale_log2 - L) : 0.0f;
-          s[0][n][2 * half + e] = p;
-          dp[0][n][2 * half + e] = p * (dp[0][n][2 * half + e] - Dv);
+          for (int e = 0; e < 2; e++) {
+            int c = n * 8 + 2 * t + e, other = o0 + c;
+            int q = KEYS ? other : r, k = KEYS ? r : other;
+            float L = KEYS ? Lc[c] : Lrow[half], Dv = KEYS ? Dc[c] : Drow[half];
+            float p = (k <= q && q < T_) ? exp2f(s[0][n][2 * half + e] * scale_log2 - L) : 0.0f;
+            s[0][n][2 * half + e] = p;
+            dp[0][n][2 * half + e] = p * (dp[0][n][2 * half + e] - Dv);
+          }
+      }
+#pragma unroll
+      for (int kk = 0; kk < FA2_TILE / 16; kk++) {
+        uint32_t pa[1][4], da[1][4];
+        fa2_acc_to_a(da[0], dp[0], kk);
+        if (KEYS) {
+          fa2_acc_to_a(pa[0], s[0], kk);
+          fa2_times_rows<HS, 1>(acc2, pa, t2, kk); /* dV += P^T dO */
+          fa2_times_rows<HS, 1>(acc1, da, t1, kk); /* dK += dS^T Q */
+        } else {
+          fa2_times_rows<HS, 1>(acc1, da, t1, kk); /* dQ += dS K */
         }
-    }
-#pragma unroll
-    for (int kk = 0; kk < FA2_TILE / 16; kk++) {
-      uint32_t pa[1][4], da[1][4];
-      fa2_acc_to_a(da[0], dp[0], kk);
-      if (KEYS) {
-        fa2_acc_to_a(pa[0], s[0], kk);
-        fa2_times_rows<HS, 1>(acc2, pa, oth2, kk); /* dV += P^T dO */
-        fa2_times_rows<HS, 1>(acc1, da, oth1, kk); /* dK += dS^T Q */
-      } else {
-        fa2_times_rows<HS, 1>(acc1, da, oth1, kk); /* dQ += dS K */
       }
     }
+    if (KEYS && ot < last && threadIdx.x < FA2_TILE) {
+      Lt[buf ^ 1][threadIdx.x] = nl;
+      Dt[buf ^ 1][threadIdx.x] = nd;
+    }
+    __syncthreads(); /* every warp is done with this tile's buffers */
   }
   /* dinp += the gradient: dK and dQ carry the score scale, dV not */
 #pragma unroll
