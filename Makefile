@@ -338,8 +338,8 @@ PAR    = $(if $(filter -j%,$(MAKEFLAGS)),,-j$(NPROC))
 # timeouts, heartbeats, start-up), and the lines' time bounds see little
 # of them. Each tree leaves its exit status in build/.ready/<tree> and
 # build/.ready/done marks the end: tests/run.sh (TREES_READY) starts a line
-# once its trees are there, build/'s lone lines first, the ASan tree's lone
-# lines after the last build. Each tree says how long it took.
+# once its trees are there, the lone lines first (build/'s, then the ASan
+# tree's once it is built), beside the builds. Each tree says how long it took.
 TEST_TREES := test-tree-c10d test-tree-asan test-tree-emu test-tree-fuzz
 .PHONY: test-tree-normal $(TEST_TREES)
 test: deps

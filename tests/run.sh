@@ -16,7 +16,7 @@
 #              TREES="build" skips the sanitizer pass;
 #              JOBS=N runs up to N lines at once (default 3; 1: one by one,
 #              in suite order); JOBS_IDLE=M: up to M (default N+2) while
-#              more than half of the CPUs stay idle (see "the pool" below).
+#              more than a third of the CPUs stay idle (see "the pool" below).
 #              TESTS_DEADLINE=EPOCH_S: no line runs past this time (date
 #              +%s): each line's timeout is cut to what is left, and a line
 #              with nothing left prints "SKIP NAME" and counts as skipped
@@ -34,8 +34,9 @@
 #              cudaemu, fuzz: build/'s name below it; c10d: build/python's
 #              c10d extension, for the lines that use build/python); DIR/done
 #              marks the end of the builds (a tree missing then did not
-#              build: its lines fail). build/'s lone lines run first, once
-#              build/ is there, and the other lone lines wait for DIR/done.
+#              build: its lines fail). The lone lines run first, beside
+#              the builds: build/'s once build/ is there, then the other
+#              trees' lines, each once its tree is; the pool follows.
 #              HOSTLANE=REGEX: of those, the lines that build hosts (network
 #              namespaces, a Slurm cluster) and mostly wait on heartbeat and
 #              node timeouts; they run one by one in a second lane beside the
@@ -166,10 +167,12 @@ for B in $trees; do
   done
 done
 # The pool runs JOBS lines at once, and one more (up to JOBS_IDLE) after each
-# second in which more than half of the CPUs were idle: when the lines that
+# second in which more than a third of the CPUs were idle: when the lines that
 # hold the slots all wait (in the clean-clone CI at 9bb4e0b three of them
 # waited on I/O and sub-processes from 270 s to 305 s, 0.5 of 2 cores busy),
-# the next lines start instead of waiting for them. A ticker (sleep 1) wakes
+# the next lines start instead of waiting for them. (More than half until
+# ci33, whose pool ended with 366 short lines in 78 s, three at a time, with
+# about one of the two cores busy: just short of the rule.) A ticker (sleep 1) wakes
 # the loop each second; /proc/stat's idle and iowait ticks say how idle the
 # machine was over it (other work on the machine counts as busy, so a loaded
 # machine gets no extra lines).
@@ -238,13 +241,20 @@ run_lane() { # PHASE: lane_hosts, then every line of lane_alone no other lane cl
   local entry tmo tag needs log cmd i
   for entry in ${lane_hosts[@]+"${lane_hosts[@]}"}; do
     IFS=$'\t' read -r tmo tag needs log cmd <<<"$entry"
-    start_line "$tmo" "$tag" "$needs" "$log" "$cmd"
+    lane_line "$tmo" "$tag" "$needs" "$log" "$cmd"
   done
   for i in "${!lane_alone[@]}"; do
     mkdir "$claims/$1-$i" 2>/dev/null || continue
     IFS=$'\t' read -r tmo tag needs log cmd <<<"${lane_alone[$i]}"
-    start_line "$tmo" "$tag" "$needs" "$log" "$cmd"
+    lane_line "$tmo" "$tag" "$needs" "$log" "$cmd"
   done
+}
+# lane_line TMO TAG NEEDS LOG CMD: start_line once the line's trees are built
+# (TREES_READY: the lanes run beside the builds; a lane that reaches a line
+# of a tree still building waits for it, in suite order)
+lane_line() {
+  while tree_state "$3"; [ "$state" = wait ]; do sleep 1; done
+  start_line "$@"
 }
 run_lanes() { # PHASE: lane_hosts in one lane (one line at a time), lane_alone shared by both
   if [ "$jobs_max" -gt 1 ]; then
@@ -254,26 +264,21 @@ run_lanes() { # PHASE: lane_hosts in one lane (one line at a time), lane_alone s
   run_lane "$1"
   wait
 }
-# With TREES_READY, the lone lines of build/ run first, once build/ is
-# built, beside the other trees' builds (nice 10) and before the pool: in the
-# clean-clone CI at dd32cde they ran after the last build (721 s) and the
-# pool, 259 s in which their two lanes kept about one of the two cores busy
-# and the other idle; beside them, the builds take that core. A nice-10
-# compiler yields the CPU to a line at once (CFS weights 110 to 1024), so a
-# lone line still has no test line but its lane's neighbour beside it. The
-# ASan tree's lone lines run last, after the pool and the last build.
+# With TREES_READY, every lone line runs first, beside the other trees'
+# builds (nice 10) and before the pool: build/'s lines once build/ is built,
+# then the other trees' lines (the ASan tree's), each once its tree is. In the
+# clean-clone CI at dd32cde the lone lines ran after the last build (721 s)
+# and the pool, 259 s in which their two lanes kept about one of the two
+# cores busy and the other idle; beside them, the builds take that core. A
+# nice-10 compiler yields the CPU to a line at once (CFS weights 110 to
+# 1024), so a lone line still has no test line but its lane's neighbour
+# beside it. (Until ci33 the ASan tree's lone lines ran last, after the pool
+# and the last build: their 77 s kept 0.4 to 0.9 of the two cores busy,
+# while the builds they now run beside needed the other.)
 lane_hosts=() lane_alone=()
 if [ -n "$ready_dir" ]; then
-  rest_hosts=() rest_alone=()
-  for entry in ${hosts[@]+"${hosts[@]}"}; do
-    needs=${entry#*$'\t'}; needs=${needs#*$'\t'}; needs=${needs%%$'\t'*}
-    if [ "$needs" = build ]; then lane_hosts+=("$entry"); else rest_hosts+=("$entry"); fi
-  done
-  for entry in ${alone[@]+"${alone[@]}"}; do
-    needs=${entry#*$'\t'}; needs=${needs#*$'\t'}; needs=${needs%%$'\t'*}
-    if [ "$needs" = build ]; then lane_alone+=("$entry"); else rest_alone+=("$entry"); fi
-  done
-  hosts=(${rest_hosts[@]+"${rest_hosts[@]}"}) alone=(${rest_alone[@]+"${rest_alone[@]}"})
+  lane_hosts=(${hosts[@]+"${hosts[@]}"}) lane_alone=(${alone[@]+"${alone[@]}"})
+  hosts=() alone=()
   if [ ${#lane_hosts[@]} -gt 0 ] || [ ${#lane_alone[@]} -gt 0 ]; then
     while tree_state build; [ "$state" = wait ]; do sleep 1; done
     run_lanes first
@@ -292,7 +297,7 @@ if [ ${#pool[@]} -gt 0 ]; then
       [ "$n" -lt "$jobs_max" ] && break
       if [ -n "$tick" ] && [ "$n" -lt "$jobs_idle" ] && [ "$ticking" = 0 ]; then
         cpu_idle
-        more=$(( (idle - idle0) * 2 > total - total0 ))
+        more=$(( (idle - idle0) * 3 > total - total0 ))
         idle0=$idle total0=$total
         sleep 1 & tick=$!
         [ "$more" = 1 ] && break
@@ -325,12 +330,7 @@ if [ ${#pool[@]} -gt 0 ]; then
   [ -n "$tick" ] && kill "$tick" 2>/dev/null
 fi
 wait
-# The ASan tree's lone lines (slower, and some spawn much under ASan) wait
-# for the last build too, then have the machine to themselves.
-if [ -n "$ready_dir" ]; then
-  while [ ! -e "$ready_dir/done" ]; do sleep 1; done
-fi
-# The remaining lone lines (all of them without TREES_READY), as above.
+# Without TREES_READY, the lone lines follow the pool, as above.
 lane_hosts=(${hosts[@]+"${hosts[@]}"}) lane_alone=(${alone[@]+"${alone[@]}"})
 run_lanes last
 for f in "$resdir"/*; do

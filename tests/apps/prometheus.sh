@@ -85,8 +85,13 @@ EOF
 }
 # query EXPR -> the JSON answer of /api/v1/query
 query() { curl -sf --max-time 5 "$api/api/v1/query" --data-urlencode "query=$1"; }
-# count of the result vector of EXPR (0 on any error)
-count() { query "$1" | python3 -c 'import json,sys; print(len(json.load(sys.stdin)["data"]["result"]))' 2>/dev/null || echo 0; }
+# count of the result vector of EXPR (0 on any error): one "value" pair per
+# sample in Prometheus' compact JSON. (grep, not a python3 per call: each
+# case makes 40 to 70 of these beside a training job that holds the cores,
+# and under load each python3 start took 0.5 to 1.4 s, most of the case.)
+count() { query "$1" | grep -o '"value":\[' | wc -l; }
+# has_data ANSWER: a successful query whose result is not empty
+has_data() { [[ $1 == *'"status":"success"'* && $1 != *'"result":[]'* ]]; }
 
 case "$case_name" in
 job)
@@ -221,7 +226,7 @@ for p in json.load(open(sys.argv[1]))["panels"]:
   while read -r expr; do # (a scrape that timed out on a loaded machine leaves a gap: a few tries)
     got=0
     for _ in $(seq 20); do
-      query "$expr" | python3 -c 'import json,sys; sys.exit(not json.load(sys.stdin)["data"]["result"])' && { got=1; break; }
+      has_data "$(query "$expr")" && { got=1; break; }
       sleep 0.5
     done
     [ $got = 1 ] || fail "dashboard expression returned nothing: $expr"
@@ -283,7 +288,11 @@ scrape)
     { query tandem_collective_bytes_total; fail "the start broadcast is not 4 x $params bytes"; }
   startup='sum by (rank) (tandem_collective_bytes_total{operation="allreduce"}) - sum by (rank) (tandem_comm_bytes_total) - 16 * sum by (rank) (tandem_step)'
   query "$startup" >"$work/startup1.json" || fail "query $startup"
-  sleep 2.5
+  # the second query once every rank was scraped again (not a fixed 2.5 s)
+  t1=$(query 'max(timestamp(tandem_step))' | sed -n 's/.*"value":\[[0-9.]*,"\([0-9.]*\)"\].*/\1/p')
+  [ -n "$t1" ] || fail "no scrape time of tandem_step"
+  for _ in $(seq 40); do [ "$(count "min(timestamp(tandem_step)) > $t1")" = 1 ] && break; sleep 0.25; done
+  [ "$(count "min(timestamp(tandem_step)) > $t1")" = 1 ] || fail "no later scrape of all 4 ranks within 10 s"
   query "$startup" >"$work/startup2.json" || fail "query $startup"
   python3 - "$work/startup1.json" "$work/startup2.json" <<'EOF' || fail "allreduce bytes are not gradient bytes + 16 per step"
 import json, sys
@@ -303,13 +312,20 @@ for p in json.load(open(sys.argv[1]))["panels"]:
     for t in p["targets"]: print(t["expr"].replace("$job", "tandem"))' "$(dirname "$0")/../../examples/grafana/tandem.json" \
     >"$work/exprs" || fail "cannot read the dashboard"
   [ "$(wc -l <"$work/exprs")" -ge 10 ] || fail "too few dashboard expressions"
-  sleep 2 # rate() over the dashboard's windows needs two samples
+  # rate() over the dashboard's windows needs two samples: every rank has
+  # been scraped twice by now (the wait above); a scrape that timed out on a
+  # loaded machine leaves a gap, hence a few tries (instead of a fixed 2 s)
   while read -r expr; do
     answer=$(query "$expr") || fail "dashboard expression rejected: $expr"
     # (elastic and device series: the elastic case and the device tests)
     case "$expr" in *offload*|*checkpoints*|*skipped*|*memory_limit*|*memory_share*|*elastic*|*job_process*|*device_memory*) continue ;; esac
-    echo "$answer" | python3 -c 'import json,sys; sys.exit(not json.load(sys.stdin)["data"]["result"])' ||
-      fail "dashboard expression returned nothing: $expr"
+    got=0
+    for _ in $(seq 20); do
+      has_data "$answer" && { got=1; break; }
+      sleep 0.25
+      answer=$(query "$expr") || fail "dashboard expression rejected: $expr"
+    done
+    [ $got = 1 ] || fail "dashboard expression returned nothing: $expr"
   done <"$work/exprs"
   # rank 0's step and loss from one scrape (same timestamp) against the file
   query '{__name__=~"tandem_step|tandem_loss",rank="0"}' >"$work/pair.json" || fail "query of step and loss"

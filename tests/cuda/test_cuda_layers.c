@@ -488,7 +488,7 @@ static void test_attention(int B, int T, int C, int NH, td_dtype dt) {
   CHECK_OK(td_cuda_attention_backward(dgx, dscratch, ddy, dx, datt, B, T, C, NH, dt, NULL));
   expect_close("attention backward", dgx, gx, nin, dt);
   /* the fused kernels against the same references */
-  float *dlse = dev_f32((size_t)B * NH * T), *dD = dev_f32((size_t)B * NH * T);
+  float *dlse = dev_f32((size_t)B * NH * T), *dD = dev_f32(td_cuda_flash_attention_backward_scratch_floats(B, T, C, NH));
   void *dout2 = dev_f32(nout), *dgx2 = upload(gx0, nin, dt);
   CHECK_OK(td_cuda_flash_attention_forward(dout2, dlse, dx, B, T, C, NH, dt, NULL));
   double *bout = NULL, *bin = NULL;
@@ -748,7 +748,7 @@ static void run_bench(const bench_shape *sh, td_dtype dt) {
   void *bias = dev_fill((size_t)4 * C, dt, 0.1f), *dbias = dev_fill((size_t)4 * C, dt, 0.1f);
   void *gw = dev_fill((size_t)V * C, dt, 0.1f);
   float *mean = dev_f32(N), *rstd = dev_f32(N), *lse = dev_f32((size_t)B * NH * T);
-  float *Dscr = dev_f32((size_t)B * NH * T);
+  float *Dscr = dev_f32(td_cuda_flash_attention_backward_scratch_floats(B, T, C, NH));
   void *logits = dev_fill(N * (size_t)V, dt, 1);
   float *losses = dev_f32(N);
   printf("\n%s shape: B=%d T=%d C=%d NH=%d V=%d, %s, mean of %d runs after 2 warm-up runs (matmul: %s)\n",
@@ -794,13 +794,18 @@ static void run_bench(const bench_shape *sh, td_dtype dt) {
         td_cuda_flash_attention_backward(dqkv, Dscr, g, qkv, y, lse, B, T, C, NH, dt, NULL));
   if (dt == TD_BF16) {
     /* A/B: the same calls on the earlier wmma kernels (the rows above are
-     * the FlashAttention-2 kernels where the head size allows) */
+     * the FlashAttention-2 kernels where the head size allows), then the
+     * two-pass backward */
     const char *prev = getenv("TANDEM_CUDA_ATTENTION");
     char *saved = prev ? strdup(prev) : NULL;
     setenv("TANDEM_CUDA_ATTENTION", "wmma", 1);
     BENCH("flash attention forward (wmma)", (N * 3 * C + nc) * es, att_flops,
           td_cuda_flash_attention_forward(y, lse, qkv, B, T, C, NH, dt, NULL));
     BENCH("flash attention backward (wmma)", (N * 3 * C * 3 + nc * 2) * es, 2.5 * att_flops,
+          td_cuda_flash_attention_backward(dqkv, Dscr, g, qkv, y, lse, B, T, C, NH, dt, NULL));
+    /* and FlashAttention-2's backward in two passes (dQ's pass recomputes S, dP) */
+    setenv("TANDEM_CUDA_ATTENTION", "twopass", 1);
+    BENCH("flash attention backward (two-pass)", (N * 3 * C * 3 + nc * 2) * es, 2.5 * att_flops,
           td_cuda_flash_attention_backward(dqkv, Dscr, g, qkv, y, lse, B, T, C, NH, dt, NULL));
     if (saved)
       setenv("TANDEM_CUDA_ATTENTION", saved, 1);
@@ -889,6 +894,12 @@ int main(int argc, char **argv) {
      * and 1024 (16 key tiles, GPT-2's length) on one batch row; then the
      * same in f32 at the small sizes (CUDA cores: the reference path) */
     const int Ts_att[] = {17, 64, 127, 257};
+    if (argc > 2 && strcmp(argv[2], "small") == 0) { /* --attention small: bf16 at 1-3 tiles only */
+      const int Ts_small[] = {17, 64, 130};
+      for (int i = 0; i < 3; i++) test_attention(2, Ts_small[i], 128, 2, TD_BF16);
+      printf("bf16 head size 64: fused attention at T = 17, 64, 130 matches the CPU\n");
+      return 0;
+    }
     for (int i = 0; i < 4; i++) test_attention(2, Ts_att[i], 128, 2, TD_BF16);
     test_attention(1, 1024, 128, 2, TD_BF16);
     printf("bf16 head size 64: fused attention at T = 17, 64, 127, 257, 1024 matches the CPU\n");

@@ -44,7 +44,7 @@ for src in $(grep -rl --include='*.c' --include='*.py' --include='*.sh' TD_TEST_
   prog=${prog%.c}
   grep -v '^[[:space:]]*#' tests/gpu.suite | grep -q "$prog" || fail "$src reads TD_TEST_EXPECT_CUDA, but tests/gpu.suite never runs $prog"
 done
-for b in bench/gpu.sh bench/cuda_kernels.sh; do
+for b in bench/gpu.sh bench/cuda_kernels.sh bench/gpu_profile.sh; do
   grep -v '^[[:space:]]*#' scripts/gpu-check | grep -q "$b" || fail "scripts/gpu-check does not run $b"
 done
 echo "tests/gpu.suite: ${#names[@]} lines, all gpu_*/gpupy_*, timeouts 10-120 s, every device test program in it"

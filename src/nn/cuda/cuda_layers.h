@@ -130,18 +130,24 @@ td_status td_cuda_attention_backward(void *dinp /* (B, T, 3C) */, float *scratch
 /* Fused (flash-style) attention, the same contract as the pair above
  * without the (B, NH, T, T) caches: forward keeps lse, the log-sum-exp of
  * each query row's scaled scores (f32, (B, NH, T)); backward reads the
- * forward's out and lse and needs a scratch of (B, NH, T) floats. Head sizes
- * (C / NH) 8, 16, 24, 32, 48, 64; others TD_ERR_INVALID_ARGUMENT.
- * Deterministic (no atomics). bf16 at head sizes 16-64 with 16-byte aligned
- * rows runs FlashAttention-2's kernels (flash_attention_mma.cu) unless
- * TANDEM_CUDA_ATTENTION=wmma, read at each call, asks for the wmma ones. */
+ * forward's out and lse and needs a scratch of
+ * td_cuda_flash_attention_backward_scratch_floats(B, T, C, NH) floats. Head
+ * sizes (C / NH) 8, 16, 24, 32, 48, 64; others TD_ERR_INVALID_ARGUMENT.
+ * Deterministic (no float atomics: fixed orders of addition). bf16 at head
+ * sizes 16-64 with 16-byte aligned rows runs FlashAttention-2's kernels
+ * (flash_attention_mma.cu) unless TANDEM_CUDA_ATTENTION, read at each call,
+ * asks for the wmma ones (wmma) or FlashAttention-2's backward in two passes
+ * (twopass): A/B switches. */
 td_status td_cuda_flash_attention_forward(void *out /* (B, T, C) */, float *lse /* (B, NH, T) */,
                                           const void *inp /* (B, T, 3C) */, int B, int T, int C, int NH,
                                           td_dtype dtype, void *stream);
-td_status td_cuda_flash_attention_backward(void *dinp /* (B, T, 3C) */, float *scratch /* (B, NH, T) */,
+td_status td_cuda_flash_attention_backward(void *dinp /* (B, T, 3C) */, float *scratch /* see above */,
                                            const void *dout /* (B, T, C) */, const void *inp /* (B, T, 3C) */,
                                            const void *out /* (B, T, C) */, const float *lse /* (B, NH, T) */, int B,
                                            int T, int C, int NH, td_dtype dtype, void *stream);
+/* Floats of td_cuda_flash_attention_backward's scratch: D (B, NH, T) and
+ * the one-pass backward's dQ sums (B, T, C) and turns; 0 for an empty shape. */
+size_t td_cuda_flash_attention_backward_scratch_floats(int B, int T, int C, int NH);
 /* Which attention path a model with this head size should take:
  * *fused_out = 1 for the fused kernels, 0 for the unfused pair. The fused
  * path unless TANDEM_CUDA_ATTENTION=unfused or the head size is not one the

@@ -534,13 +534,15 @@ static int attention_env(const char **value) {
   if (strcmp(e, "unfused") == 0) return 1;
   if (strcmp(e, "fused") == 0) return 2;
   if (strcmp(e, "wmma") == 0) return 3;
+  if (strcmp(e, "twopass") == 0) return 4;
   return -1;
 }
 
 extern "C" td_status td_cuda_attention_fused(int head_size, int *fused_out) {
   const char *e;
   int mode = attention_env(&e);
-  if (mode < 0) return td_error(TD_ERR_INVALID_ARGUMENT, "TANDEM_CUDA_ATTENTION=%s: use fused, wmma or unfused", e);
+  if (mode < 0)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "TANDEM_CUDA_ATTENTION=%s: use fused, wmma, twopass or unfused", e);
   int want_fused = mode != 1, forced = mode >= 2;
   if (want_fused && !head_size_supported(head_size)) {
     if (forced)
@@ -559,6 +561,15 @@ extern "C" td_status td_cuda_attention_fused(int head_size, int *fused_out) {
 static bool use_fa2(td_dtype dtype, int hs, int C, const void *p1, const void *p2, const void *p3) {
   const char *e;
   return dtype == TD_BF16 && attention_env(&e) != 3 && td_fa2_supported(hs, C, p1, p2, p3);
+}
+
+/* The backward's scratch: D ((B, NH, T), rounded up to 64 floats), then
+ * the FlashAttention-2 backward's ordered dQ sums ((B, NH, T, hs) f32) and
+ * its turns ((B, NH, ceil(T / 64)) ints). */
+static size_t fa_scratch_d_floats(int B, int T, int NH) { return ((size_t)B * NH * T + 63) & ~(size_t)63; }
+extern "C" size_t td_cuda_flash_attention_backward_scratch_floats(int B, int T, int C, int NH) {
+  if (B <= 0 || T <= 0 || NH <= 0) return 0;
+  return fa_scratch_d_floats(B, T, NH) + (size_t)B * T * C + (size_t)B * NH * ((T + 63) / 64);
 }
 
 static td_status check_shape(const char *fname, int B, int T, int C, int NH) {
@@ -621,7 +632,13 @@ extern "C" td_status td_cuda_flash_attention_backward(void *dinp, float *scratch
     TD_CUDA_LAUNCH(flash_backward_dot_kernel<td_elem>, td_cuda_blocks(rows, 256), 256, 0, stream, scratch,
                    (const td_elem *)dout, (const td_elem *)out, B, T, C, NH);
     TD_CUDA_LAUNCH_CHECK("flash_backward_dot_kernel");
-    if (use_fa2(dtype, hs, C, dinp, dout, inp)) return td_fa2_backward(dinp, scratch, dout, inp, lse, B, T, C, NH, stream);
+    if (use_fa2(dtype, hs, C, dinp, dout, inp)) {
+      const char *e;
+      float *dq_acc = scratch + fa_scratch_d_floats(B, T, NH);
+      int *turns = (int *)(dq_acc + (size_t)B * T * C);
+      return td_fa2_backward(dinp, scratch, dq_acc, turns, dout, inp, lse, B, T, C, NH, attention_env(&e) == 4,
+                             stream);
+    }
     if (use_wmma(dtype, hs)) {
       if (hs == 16) return wm_backward<16>(dinp, scratch, dout, inp, lse, B, T, C, NH, scale, stream);
       if (hs == 32) return wm_backward<32>(dinp, scratch, dout, inp, lse, B, T, C, NH, scale, stream);

@@ -27,18 +27,19 @@
  *   per lane and is summed over the quad once at the end (the rescaling
  *   factor is the same for the whole row). Blocks are issued heaviest first
  *   (the last query tiles have the most keys) against a causal tail.
- * backward, FA2's loop order: D = rowsum(dO * O) (flash_attention.cu's
- *   kernel), then one pass per key tile of 64 (4 warps x 16 keys) over the
- *   query tiles from the diagonal on, in the transposed form: S^T = K Q^T,
- *   dP^T = V dO^T, P^T = exp(S^T - lse), dS^T = P^T (dP^T - D), dV += P^T dO,
- *   dK += dS^T Q, with P^T and dS^T the A operands straight from registers;
- *   and one pass per query tile of 64 over the key tiles up to the diagonal
- *   for dQ += dS K (S and dP recomputed). dQ is not accumulated with atomics
- *   across key tiles, as FA2 does: a fixed order of additions gives the same
- *   bits on every run, which Tandem's deterministic training promises (the
- *   price is the recomputation of S and dP in the second pass: 2 of the
- *   backward's 5 products, ~40% more tensor-core work).
- *
+ * backward, FA2's loop order in one pass: D = rowsum(dO * O)
+ *   (flash_attention.cu's kernel), then a block per key tile of 64 (4 warps
+ *   x 16 keys) walks the query tiles from the last down to its diagonal, in
+ *   the transposed form: S^T = K Q^T, dP^T = V dO^T, P^T = exp(S^T - lse),
+ *   dS^T = P^T (dP^T - D), dV += P^T dO, dK += dS^T Q (P^T and dS^T the A
+ *   operands straight from registers), and dQ's rows of the tile, dS K, go
+ *   through shared memory and are added in f32 in a fixed order of key
+ *   blocks (fa2_wait_turn below), where FA2 adds them with atomics: the same
+ *   bits on every run, which Tandem's deterministic training promises. Q and
+ *   dO tiles are double-buffered by cp.async. TANDEM_CUDA_ATTENTION=twopass
+ *   runs the earlier form for A/B: the same dK/dV pass, then one pass per
+ *   query tile for dQ with S and dP recomputed (2 of the backward's 5
+ *   products again, ~40% more tensor-core work; tiles loaded synchronously).
  * nvcc -Xptxas -v for sm_90 (-O3), registers per thread / static shared
  * memory per block, 0 bytes of stack and spills in every kernel, measured
  * 2026-11-28 with CUDA 13.0 (/usr/local/cuda) and CI's 11.8
@@ -49,9 +50,11 @@
  *   HS=32    176 / 166    137 / 159        135 / 128       20480, 15872, 15360
  *   HS=16    168 / 163    128 / 154        126 / 128       12288,  9728,  9216
  *   At HS=64 the forward's 243 registers allow 2 blocks (8 warps) per SM,
- *   as FA2's own forward; the backward 2 blocks (dK/dV) and 3 (dQ).
- * Not done: the backward's tiles are loaded synchronously (no cp.async
- * overlap), the output is written 4 bytes a lane instead of through shared
+ *   as FA2's own forward; the two-pass backward 2 blocks (dK/dV) and 3 (dQ).
+ *   The one-pass backward (13.0, 2026-11-28): 241 / 214 / 129 / 128
+ *   registers at HS 64 / 48 / 32 / 16, no spills, 56,320 bytes of dynamic
+ *   shared memory at HS=64: 2 blocks per SM.
+ * Not done: the output is written 4 bytes a lane instead of through shared
  * memory in 16-byte rows, the causal diagonal tile is masked per element
  * rather than split, head size 128. */
 #include "cuda_common.cuh"
@@ -82,16 +85,23 @@ __device__ __forceinline__ void fa2_load_tile(bf16 *tile, const bf16 *src, size_
   }
 }
 
-/* fa2_load_tile through cp.async (one group): the copies land while the
- * threads compute; td_cp_async_wait_all and a __syncthreads before reading */
+/* fa2_load_tile through cp.async, the copies only: they land while the
+ * threads compute, as part of the thread's next td_cp_async_commit group */
 template <int HS, int ROWS>
-__device__ __forceinline__ void fa2_load_tile_async(bf16 *tile, const bf16 *src, size_t ld, int r0, int T_) {
+__device__ __forceinline__ void fa2_copy_tile_async(bf16 *tile, const bf16 *src, size_t ld, int r0, int T_) {
   constexpr int VPR = HS / 8;
   for (int e = threadIdx.x; e < ROWS * VPR; e += FA2_THREADS) {
     int r = e / VPR, c = (e % VPR) * 8;
     bool valid = r0 + r < T_;
     td_cp_async16(tile + r * (HS + 8) + c, src + (size_t)(valid ? r0 + r : 0) * ld + c, valid);
   }
+}
+
+/* fa2_copy_tile_async as one group: td_cp_async_wait_all and a
+ * __syncthreads before reading */
+template <int HS, int ROWS>
+__device__ __forceinline__ void fa2_load_tile_async(bf16 *tile, const bf16 *src, size_t ld, int r0, int T_) {
+  fa2_copy_tile_async<HS, ROWS>(tile, src, ld, r0, T_);
   td_cp_async_commit();
 }
 
@@ -282,7 +292,7 @@ __global__ void __launch_bounds__(FA2_THREADS) fa2_forward_kernel(bf16 *out, flo
  * oth1/oth2 = Q/dO or K/V. */
 template <int HS, bool KEYS>
 __global__ void __launch_bounds__(FA2_THREADS)
-    fa2_backward_kernel(bf16 *dinp, const bf16 *dout, const bf16 *inp, const float *lse, const float *D, int T_, int C,
+    fa2_backward_twopass_kernel(bf16 *dinp, const bf16 *dout, const bf16 *inp, const float *lse, const float *D, int T_, int C,
                         int NH, float scale, float scale_log2) {
   constexpr int LD = HS + 8, KC = HS / 16, DN = HS / 8;
   __shared__ __align__(16) bf16 own[FA2_TILE * LD];
@@ -395,6 +405,218 @@ __global__ void __launch_bounds__(FA2_THREADS)
   }
 }
 
+/* The one-pass backward's ordered dQ sums. Tile `ot` of a head's dQ takes
+ * one 64 x HS contribution from each key block kt <= ot, added in the order
+ * kt = 0, 1, ..., ot (fixed: the same bits on every run) into an f32 tile of
+ * the scratch; turns[ot] counts the contributions added. A block waits for
+ * its turn (turns[ot] == kt), adds, and passes the turn on. Blocks are
+ * dispatched in the order of their index, so block kt - 1 of a head is
+ * resident or done when block kt waits on it: no wait can be on a block
+ * that is not running. A wait that outlives ~10 s of clock cycles would be a
+ * broken protocol: it traps (a launch error) rather than hang. Under the
+ * emulator blocks run one after another, so a block never waits: a turn
+ * that is not its own is reported as a failed launch. */
+__device__ __forceinline__ void fa2_wait_turn(const int *turn, int mine) {
+#ifdef TD_CUDA_EMU
+  if (*turn != mine) td_emu::fault("fa2 backward: dQ turn %d found, %d expected (blocks out of order)", *turn, mine);
+#else
+  long long t0 = clock64();
+  for (;;) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(turn) : "memory");
+    if (v == mine) break;
+    __nanosleep(64);
+    if (clock64() - t0 > (1ll << 34)) __trap();
+  }
+#endif
+}
+__device__ __forceinline__ void fa2_pass_turn(int *turn, int next) {
+#ifdef TD_CUDA_EMU
+  *turn = next;
+#else
+  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(turn), "r"(next) : "memory");
+#endif
+}
+
+/* The backward in one pass (FA2's loop order, with dQ's sums ordered
+ * rather than atomic): a block owns 64 keys (4 warps x 16) and walks the
+ * query tiles from the last down to its diagonal. Per tile: S^T = K Q^T and
+ * dP^T = V dO^T (K, V fragments in registers), P^T and dS^T in registers,
+ * dV += P^T dO and dK += dS^T Q; dS^T (bf16, as the products use it) goes
+ * to shared memory, each warp takes dQ's 16 rows of the tile, dS K over the
+ * block's 64 keys, and adds them in its turn (fa2_wait_turn). Q and dO
+ * tiles are double-buffered: the next tile's cp.async copies land during
+ * this tile's products. Walking the query tiles downwards puts every block
+ * of a head on the same tile at the same step, so a turn rarely waits.
+ * The last contributor to a tile (its diagonal block) adds the f32 sum,
+ * scaled, into dinp's q part, rounding once. */
+template <int HS> struct fa2_bwd_layout {
+  static constexpr int LD = HS + 8, LDS = FA2_TILE + 8, TILE = FA2_TILE * LD;
+  /* K (kept for dS K); Q and dO, two buffers each (buffer 1 of Q holds V
+   * at the start); dS^T (64 keys x 64 queries); lse (base 2) and D, two
+   * buffers each */
+  static constexpr size_t k_off = 0, q_off = TILE, o_off = 3 * TILE, ds_off = 5 * TILE;
+  static constexpr size_t bytes = (5 * (size_t)TILE + (size_t)FA2_TILE * LDS) * sizeof(bf16) + 4 * FA2_TILE * sizeof(float);
+};
+
+template <int HS>
+__global__ void __launch_bounds__(FA2_THREADS)
+    fa2_backward_kernel(bf16 *dinp, float *dq_acc, int *turns, const bf16 *dout, const bf16 *inp, const float *lse,
+                        const float *D, int T_, int C, int NH, float scale, float scale_log2) {
+  typedef fa2_bwd_layout<HS> lay;
+  constexpr int LD = lay::LD, LDS = lay::LDS, KC = HS / 16, DN = HS / 8;
+  TD_DYNAMIC_SMEM(char, smem);
+  bf16 *Ks = (bf16 *)smem + lay::k_off, *Qs = (bf16 *)smem + lay::q_off, *Os = (bf16 *)smem + lay::o_off;
+  bf16 *dSs = (bf16 *)smem + lay::ds_off;
+  float *Lt = (float *)(dSs + FA2_TILE * LDS), *Dt = Lt + 2 * FA2_TILE;
+  int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+  int n_tiles = (T_ + FA2_TILE - 1) / FA2_TILE;
+  int kt = blockIdx.x, k0 = kt * FA2_TILE, wk0 = k0 + warp * 16; /* heaviest first: kt 0 has every query tile */
+  size_t ld = (size_t)3 * C;
+  const bf16 *qb = inp + (size_t)b * T_ * ld + (size_t)h * HS, *ob = dout + (size_t)b * T_ * C + (size_t)h * HS;
+  const float *lse_bh = lse + (size_t)bh * T_, *D_bh = D + (size_t)bh * T_;
+  int *turn_bh = turns + (size_t)bh * n_tiles;
+  /* K, V (into Q's buffer 1) and the first query tile in one group */
+  int ot = n_tiles - 1;
+  fa2_copy_tile_async<HS, FA2_TILE>(Ks, qb + C, ld, k0, T_);
+  fa2_copy_tile_async<HS, FA2_TILE>(Qs + lay::TILE, qb + 2 * C, ld, k0, T_);
+  fa2_copy_tile_async<HS, FA2_TILE>(Qs, qb, ld, ot * FA2_TILE, T_);
+  fa2_copy_tile_async<HS, FA2_TILE>(Os, ob, C, ot * FA2_TILE, T_);
+  td_cp_async_commit();
+  {
+    int e = threadIdx.x % FA2_TILE, q = ot * FA2_TILE + e;
+    if (threadIdx.x < FA2_TILE)
+      Lt[e] = q < T_ ? lse_bh[q] * FA2_LOG2E : 0.0f;
+    else
+      Dt[e] = q < T_ ? D_bh[q] : 0.0f;
+  }
+  td_cp_async_wait_all();
+  __syncthreads();
+  uint32_t a1[1][KC][4], a2[1][KC][4]; /* this warp's 16 keys: K and V fragments */
+  fa2_load_a<HS>(a1[0], Ks + warp * 16 * LD);
+  fa2_load_a<HS>(a2[0], Qs + lay::TILE + warp * 16 * LD);
+  __syncthreads(); /* V's buffer is free for the next query tile */
+  float acc1[1][DN][4], acc2[1][DN][4]; /* dK, dV */
+#pragma unroll
+  for (int d = 0; d < DN; d++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) acc1[0][d][e] = acc2[0][d][e] = 0.0f;
+  for (int it = 0; ot >= kt; it++, ot--) {
+    int buf = it & 1, o0 = ot * FA2_TILE;
+    const bf16 *Qc = Qs + buf * lay::TILE, *Oc = Os + buf * lay::TILE;
+    const float *Lc = Lt + buf * FA2_TILE, *Dc = Dt + buf * FA2_TILE;
+    /* the next tile's copies, and its lse or D into a register */
+    float next_ld = 0.0f;
+    if (ot > kt) {
+      int n0 = o0 - FA2_TILE;
+      fa2_copy_tile_async<HS, FA2_TILE>(Qs + (buf ^ 1) * lay::TILE, qb, ld, n0, T_);
+      fa2_copy_tile_async<HS, FA2_TILE>(Os + (buf ^ 1) * lay::TILE, ob, C, n0, T_);
+      td_cp_async_commit();
+      int q = n0 + threadIdx.x % FA2_TILE; /* q < o0 <= T_ - 1: a row of the sequence */
+      next_ld = threadIdx.x < FA2_TILE ? lse_bh[q] * FA2_LOG2E : D_bh[q];
+      td_cp_async_wait_but_newest(); /* this tile's copies (issued one step ago) */
+    } else {
+      td_cp_async_wait_all();
+    }
+    __syncthreads();
+    float s[1][8][4], dp[1][8][4];
+    fa2_scores<HS, 1>(s, a1, Qc);  /* S^T = K Q^T */
+    fa2_scores<HS, 1>(dp, a2, Oc); /* dP^T = V dO^T */
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+      int k = wk0 + half * 8 + g;
+#pragma unroll
+      for (int n = 0; n < 8; n++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+          int c = n * 8 + 2 * t + e, q = o0 + c;
+          /* k > q: above the diagonal; q >= T_ (hence k >= T_ too): padding */
+          float p = (k <= q && q < T_) ? exp2f(s[0][n][2 * half + e] * scale_log2 - Lc[c]) : 0.0f;
+          s[0][n][2 * half + e] = p;
+          dp[0][n][2 * half + e] = p * (dp[0][n][2 * half + e] - Dc[c]);
+        }
+    }
+#pragma unroll
+    for (int kk = 0; kk < FA2_TILE / 16; kk++) {
+      uint32_t pa[1][4], da[1][4];
+      fa2_acc_to_a(pa[0], s[0], kk);
+      fa2_times_rows<HS, 1>(acc2, pa, Oc, kk); /* dV += P^T dO */
+      fa2_acc_to_a(da[0], dp[0], kk);
+      fa2_times_rows<HS, 1>(acc1, da, Qc, kk); /* dK += dS^T Q */
+    }
+    /* dS^T to shared memory, rounded as the products above took it */
+#pragma unroll
+    for (int half = 0; half < 2; half++)
+#pragma unroll
+      for (int n = 0; n < 8; n++)
+        *(uint32_t *)(dSs + (warp * 16 + half * 8 + g) * LDS + n * 8 + 2 * t) =
+            td_pack_bf16x2(dp[0][n][2 * half], dp[0][n][2 * half + 1]);
+    if (ot > kt) (threadIdx.x < FA2_TILE ? Lt : Dt)[(buf ^ 1) * FA2_TILE + threadIdx.x % FA2_TILE] = next_ld;
+    __syncthreads(); /* dS^T complete */
+    /* dQ rows warp*16 .. +15 of the tile: dS (16 queries x 64 keys, from
+     * dS^T by ldmatrix .trans) times K (64 x HS) */
+    float dq[1][DN][4];
+#pragma unroll
+    for (int d = 0; d < DN; d++) dq[0][d][0] = dq[0][d][1] = dq[0][d][2] = dq[0][d][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < FA2_TILE / 16; kk++) {
+      uint32_t a[1][4];
+      td_ldmatrix_x4_trans(a[0], dSs + (kk * 16 + (lane / 16) * 8 + lane % 8) * LDS + warp * 16 + ((lane / 8) % 2) * 8);
+      fa2_times_rows<HS, 1>(dq, a, Ks, kk);
+    }
+    /* this block's turn on the tile: kt 0 writes the f32 sum, later blocks
+     * add to it, the diagonal block (the last) adds it into dinp */
+    if (threadIdx.x == 0) fa2_wait_turn(turn_bh + ot, kt);
+    __syncthreads();
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+      int q = o0 + warp * 16 + half * 8 + g;
+      if (q >= T_) continue;
+      float *arow = dq_acc + ((size_t)bh * T_ + q) * HS + 2 * t;
+      bf16 *grow = dinp + ((size_t)b * T_ + q) * ld + (size_t)h * HS + 2 * t;
+#pragma unroll
+      for (int d = 0; d < DN; d++) {
+        float2 v = make_float2(dq[0][d][2 * half], dq[0][d][2 * half + 1]);
+        if (kt > 0) {
+          float2 sum = *(const float2 *)(arow + d * 8);
+          v = make_float2(sum.x + v.x, sum.y + v.y);
+        }
+        if (kt < ot) {
+          *(float2 *)(arow + d * 8) = v;
+        } else {
+          bf16 *x = grow + d * 8;
+          *(uint32_t *)x = td_pack_bf16x2(__bfloat162float(x[0]) + v.x * scale, __bfloat162float(x[1]) + v.y * scale);
+        }
+      }
+    }
+    if (kt < ot) {
+      __threadfence();
+      __syncthreads(); /* every warp's sums are out; also: dS^T and this step's buffers are free */
+      if (threadIdx.x == 0) fa2_pass_turn(turn_bh + ot, kt + 1);
+    }
+  }
+  /* dinp += dK (with the score scale), dV */
+#pragma unroll
+  for (int half = 0; half < 2; half++) {
+    int r = wk0 + half * 8 + g;
+    if (r >= T_) continue;
+    bf16 *grow = dinp + ((size_t)b * T_ + r) * ld + (size_t)h * HS + 2 * t;
+#pragma unroll
+    for (int pass = 0; pass < 2; pass++) {
+      bf16 *gp = grow + (size_t)(pass + 1) * C;
+      const float(*acc)[4] = pass ? acc2[0] : acc1[0];
+      float mul = pass ? 1.0f : scale;
+#pragma unroll
+      for (int d = 0; d < DN; d++) {
+        bf16 *x = gp + d * 8;
+        *(uint32_t *)x = td_pack_bf16x2(__bfloat162float(x[0]) + acc[d][2 * half] * mul,
+                                        __bfloat162float(x[1]) + acc[d][2 * half + 1] * mul);
+      }
+    }
+  }
+}
+
 extern "C" bool td_fa2_supported(int head_size, int C, const void *p1, const void *p2, const void *p3) {
   return (head_size == 16 || head_size == 32 || head_size == 48 || head_size == 64) && C % 8 == 0 &&
          td_aligned16(p1, p2, p3);
@@ -422,20 +644,38 @@ extern "C" td_status td_fa2_forward(void *out, float *lse, const void *inp, int 
   return TD_OK;
 }
 
-extern "C" td_status td_fa2_backward(void *dinp, const float *D, const void *dout, const void *inp, const float *lse,
-                                     int B, int T, int C, int NH, void *stream) {
+extern "C" td_status td_fa2_backward(void *dinp, const float *D, float *dq_acc, int *turns, const void *dout,
+                                     const void *inp, const float *lse, int B, int T, int C, int NH, bool twopass,
+                                     void *stream) {
   int hs = C / NH;
   float scale = 1.0f / sqrtf((float)hs), scale_log2 = scale * FA2_LOG2E;
   dim3 grid(td_cuda_blocks((size_t)T, FA2_TILE), B * NH);
+  if (twopass) {
+    FA2_DISPATCH_HS(hs, {
+      auto *kv = &fa2_backward_twopass_kernel<HS, true>;
+      TD_CUDA_LAUNCH(kv, grid, FA2_THREADS, 0, stream, (bf16 *)dinp, (const bf16 *)dout, (const bf16 *)inp, lse, D,
+                     T, C, NH, scale, scale_log2);
+      TD_CUDA_LAUNCH_CHECK("fa2_backward_twopass_kernel (dK, dV)");
+      auto *qk = &fa2_backward_twopass_kernel<HS, false>;
+      TD_CUDA_LAUNCH(qk, grid, FA2_THREADS, 0, stream, (bf16 *)dinp, (const bf16 *)dout, (const bf16 *)inp, lse, D,
+                     T, C, NH, scale, scale_log2);
+      TD_CUDA_LAUNCH_CHECK("fa2_backward_twopass_kernel (dQ)");
+    });
+    return TD_OK;
+  }
+  /* every tile's turn starts at 0 (a launch that failed part-way leaves them set) */
+  TD_CUDA_CHECK(cudaMemsetAsync(turns, 0, (size_t)B * NH * grid.x * sizeof(int), (cudaStream_t)stream));
   FA2_DISPATCH_HS(hs, {
-    auto *kv = &fa2_backward_kernel<HS, true>;
-    TD_CUDA_LAUNCH(kv, grid, FA2_THREADS, 0, stream, (bf16 *)dinp, (const bf16 *)dout, (const bf16 *)inp, lse, D, T,
-                   C, NH, scale, scale_log2);
-    TD_CUDA_LAUNCH_CHECK("fa2_backward_kernel (dK, dV)");
-    auto *qk = &fa2_backward_kernel<HS, false>;
-    TD_CUDA_LAUNCH(qk, grid, FA2_THREADS, 0, stream, (bf16 *)dinp, (const bf16 *)dout, (const bf16 *)inp, lse, D, T,
-                   C, NH, scale, scale_log2);
-    TD_CUDA_LAUNCH_CHECK("fa2_backward_kernel (dQ)");
+    auto *kernel = &fa2_backward_kernel<HS>;
+    static bool smem_set = false; /* the limit is per kernel: raised once */
+    if (!smem_set) {
+      TD_CUDA_CHECK(cudaFuncSetAttribute((const void *)kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)fa2_bwd_layout<HS>::bytes));
+      smem_set = true;
+    }
+    TD_CUDA_LAUNCH(kernel, grid, FA2_THREADS, fa2_bwd_layout<HS>::bytes, stream, (bf16 *)dinp, dq_acc, turns,
+                   (const bf16 *)dout, (const bf16 *)inp, lse, D, T, C, NH, scale, scale_log2);
   });
+  TD_CUDA_LAUNCH_CHECK("fa2_backward_kernel");
   return TD_OK;
 }

@@ -12,8 +12,13 @@
  * a time). */
 extern "C" bool td_fa2_supported(int head_size, int C, const void *p1, const void *p2, const void *p3);
 extern "C" td_status td_fa2_forward(void *out, float *lse, const void *inp, int B, int T, int C, int NH, void *stream);
-/* D: (B, NH, T) rowsum(dO * O), already computed */
-extern "C" td_status td_fa2_backward(void *dinp, const float *D, const void *dout, const void *inp, const float *lse,
-                                     int B, int T, int C, int NH, void *stream);
+/* D: (B, NH, T) rowsum(dO * O), already computed. One pass with ordered
+ * dQ sums in dq_acc ((B, NH, T, C / NH) f32, nothing to initialize) and
+ * turns ((B, NH, ceil(T / 64)) ints, zeroed here), or with twopass the
+ * earlier kernels (dK, dV, then dQ with S and dP recomputed; dq_acc and
+ * turns unused). */
+extern "C" td_status td_fa2_backward(void *dinp, const float *D, float *dq_acc, int *turns, const void *dout,
+                                     const void *inp, const float *lse, int B, int T, int C, int NH, bool twopass,
+                                     void *stream);
 
 #endif

@@ -315,7 +315,11 @@ static size_t acts_plan(cuda_acts *a, const gpt_cuda *gc, const td_gpt_config *c
   TAKE(a->dbuf_3c, char, BT * 3 * Ca * es);
   TAKE(a->dbuf_4c, char, BT * F * es);
   TAKE(a->dbuf_4c2, char, BT * F * es);
-  TAKE(a->att_scratch, float, att);
+  /* the fused backward's scratch (D, dQ's ordered sums); the unfused one's
+   * is the size of its cache */
+  TAKE(a->att_scratch, float,
+       gc->fused_attention ? td_cuda_flash_attention_backward_scratch_floats(B, c->seq, (int)Ca, heads_local(gc, c))
+                           : att);
   TAKE(a->ln_scratch, float, td_cuda_layernorm_backward_scratch_floats((int)BT, (int)C));
   TAKE(a->tokens, int32_t, BT);
   TAKE(a->targets, int32_t, BT);

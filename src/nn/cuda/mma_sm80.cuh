@@ -40,29 +40,26 @@ __device__ __forceinline__ void td_mma_bf16_16816(float d[4], const uint32_t a[4
 #endif
 }
 
-/* four 8 x 8 bf16 matrices from shared memory; `row`: this lane's row address */
-__device__ __forceinline__ void td_ldmatrix_x4(uint32_t r[4], const void *row) {
+/* four 8 x 8 bf16 matrices from shared memory, each transposed when TRANS;
+ * `row`: this lane's row address. The instruction string is spelled out per
+ * form: asm takes no run-time text. */
+template <bool TRANS> __device__ __forceinline__ void td_ldmatrix_x4_t(uint32_t r[4], const void *row) {
 #ifdef TD_CUDA_EMU
-  td_emu::ldmatrix_x4(r, row, false);
+  td_emu::ldmatrix_x4(r, row, TRANS);
 #else
   unsigned addr = (unsigned)__cvta_generic_to_shared(row);
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
+  if (TRANS)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
 #endif
 }
-
-/* the same, each matrix transposed */
-__device__ __forceinline__ void td_ldmatrix_x4_trans(uint32_t r[4], const void *row) {
-#ifdef TD_CUDA_EMU
-  td_emu::ldmatrix_x4(r, row, true);
-#else
-  unsigned addr = (unsigned)__cvta_generic_to_shared(row);
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-#endif
-}
+__device__ __forceinline__ void td_ldmatrix_x4(uint32_t r[4], const void *row) { td_ldmatrix_x4_t<false>(r, row); }
+__device__ __forceinline__ void td_ldmatrix_x4_trans(uint32_t r[4], const void *row) { td_ldmatrix_x4_t<true>(r, row); }
 
 /* Asynchronous 16-byte copy from global to shared memory (cp.async.cg:
  * through L2 only), zeros instead when !valid (src is not read then); both
@@ -91,6 +88,14 @@ __device__ __forceinline__ void td_cp_async_wait_all() {
   td_emu::cp_async_wait(0);
 #else
   asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+#endif
+}
+/* every group of this thread but the newest one (a prefetch still landing) */
+__device__ __forceinline__ void td_cp_async_wait_but_newest() {
+#ifdef TD_CUDA_EMU
+  td_emu::cp_async_wait(1);
+#else
+  asm volatile("cp.async.wait_group 1;\n" ::: "memory");
 #endif
 }
 

@@ -163,6 +163,9 @@ static inline int __all_sync(unsigned mask, int pred) {
   return td_emu::warp_ballot(!pred) == 0;
 }
 
+/* memory fences order nothing here: everything is sequentially consistent */
+static inline void __threadfence() {}
+
 /* ---- atomics: fibers never interleave inside one, so plain updates are atomic ---- */
 template <class T> static inline T atomicAdd(T *p, T v) { T old = *p; *p = old + v; return old; }
 template <class T> static inline T atomicMax(T *p, T v) { T old = *p; *p = old > v ? old : v; return old; }
