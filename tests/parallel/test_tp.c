@@ -13,14 +13,16 @@
  *                             predictions and the gradient norm agree; the
  *                             ready callback reports every tensor once.
  *   test_tp refuse-sp         sequence parallelism's refusals, and those of 3D stages
- *                             (sp without a tensor group, heads the group does not divide).
+ *                             (sp without a tensor group, heads the group does not divide);
+ *                             with TD_TEST_DEVICE an odd sequence on the device too, and at
+ *                             -np 4 a device's TP=2 x PP=2 stages with sp (not built).
  *   test_tp train TP STEPS [sp]  N ranks as data N/TP x tensor TP train STEPS
  *                             AdamW steps (clipping on) of a GPT with a
  *                             57-token vocabulary (uneven shards); every rank
  *                             also trains the unsplit GPT alone on the whole
  *                             global batch: losses within 1e-5 relative each
  *                             step, final shards within 1e-4 (but the key bias: see there).
- *   test_tp train TP STEPS [sp] [pp=PP] [tied] [zero1|zero2] [ckpt] [interleaved] [bf16|fp16]
+ *   test_tp train TP STEPS [sp] [pp=PP] [tied] [zero1|zero2|zero3] [ckpt] [interleaved] [bf16|fp16]
  *                             the same with PP pipeline
  *                             stages of tensor-parallel layers (3D: N ranks
  *                             as data x pipeline PP x tensor TP; 4 blocks, 4
@@ -30,6 +32,15 @@
  *                             zero1: ZeRO-1 over the data-parallel ranks;
  *                             zero2: ZeRO-2 (gradients reduced to their
  *                             owners' shards, the norm from the shards);
+ *                             zero3 (a device, pp=1): ZeRO-3, also against
+ *                             the same layout at ZeRO-0 trained beside it
+ *                             (losses, norms and the shard's parameters
+ *                             within 1e-6) and its model-state bytes per
+ *                             rank against the closed form;
+ *                             sp on a device: also against the same layout
+ *                             without sp trained beside it (1e-5; the first
+ *                             loss bit for bit at TP=2) and its activations
+ *                             (allocated = estimated, fewer);
  *                             bf16/fp16: both trainers in that mixed
  *                             precision, losses within a fraction of a half
  *                             ulp (test's bounds), fp16 with an inf in one
@@ -740,7 +751,16 @@ static void refuse_sp(void) {
     CHECK(m3 == NULL);
     td_grid_destroy(grid);
   }
-  if (R == 0) printf("tp refuse-sp: ok\n");
+  if (P == 4 && g_dev.kind != TD_DEVICE_CPU) {
+    /* a device splits the sequence of the whole model only: TP=2 x PP=2 stages with it are refused */
+    CHECK_OK(td_grid_create(world, 2, 2, &grid));
+    td_gpt_config c4 = {.vocab = 50, .layers = 2, .channels = 16, .heads = 4, .seq = 8};
+    td_pipeline_config pd = {.sequence_parallel = 1, .device = g_dev};
+    expect_message(td_gpt_pipeline_create_grid(&c4, &pd, grid, &m3), "not on pipeline stages yet");
+    CHECK(m3 == NULL);
+    td_grid_destroy(grid);
+  }
+  if (R == 0) printf("tp refuse-sp: ok%s\n", P == 4 && g_dev.kind != TD_DEVICE_CPU ? " (and a device's pipeline stages)" : "");
 }
 
 /* What a tensor-parallel model (td_gpt_tp_create, or pipeline stages of
@@ -801,7 +821,9 @@ static void compose(int tp, int pp) {
  * before), so the model state per rank at TP x PP = 4 is within 10% of a
  * quarter of the unsplit model's (untied; a tied pipeline keeps a copy of
  * wte on its last stage, printed). On a device also the tensor group's
- * host staging (comm_staging_bytes) against the staged path's buffers. */
+ * host staging (comm_staging_bytes) against the staged path's buffers, and
+ * (TP=2, untied) the activations with and without sequence parallelism at
+ * micro-batch 1 and 4, their difference against its closed form. */
 static void model_bytes(void) {
   const int n = td_comm_size(world), rank = td_comm_rank(world), tp = 2, pp = n / 2;
   CHECK(n == 2 || n == 4);

@@ -759,7 +759,7 @@ static size_t dev_activation_bytes(const td_model *model, int batch, int checkpo
  * staged path's host buffers and the host collective's shm pages they
  * move through (td_comm_staging_bytes). With sequence parallelism the
  * B*T*C ones are allgathers and reduce-scatters, the allreduces the loss's
- * and the LayerNorms' weight gradients (under 2 x 640 elements). */
+ * and the LayerNorms' weight gradients (2C elements and their padding). */
 static size_t dev_comm_staging_bytes(const td_model *model, int batch, size_t *peers) {
   const tp_gpt *g = (const tp_gpt *)model;
   const size_t BT = (size_t)batch * g->cfg.seq, es = td_dtype_size(g->dtype), rows = BT * g->C * es;
