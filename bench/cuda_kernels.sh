@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Per-kernel timings of Tandem's CUDA kernels (src/nn/cuda, src/train/cuda) at
 # GPT-2 124M's shape (B=16, T=1024, C=768, 12 heads, V=50304), bf16 and f32:
-# time per call, GB/s and TFLOP/s beside the H100 SXM's bounds (3.35 TB/s,
-# 989 dense bf16 TFLOP/s, 67 f32). Runs `test_cuda_layers --bench` of a CUDA
+# time per call, GB/s and TFLOP/s beside the GPU's memory bandwidth (from its
+# name: H200 4.8 TB/s, H100 SXM 3.35, ...; each table says which it used) and
+# the H100/H200's compute (989 dense bf16 TFLOP/s, 67 f32). Runs `test_cuda_layers --bench` of a CUDA
 # build; meant for scripts/gpu-check on the GPU machine. Writes
 # bench/results/cuda-kernels-<date>.md (or $OUT/cuda-kernels.md when OUT is
 # set) with the device, driver and toolkit, and prints a few `bench: ` lines

@@ -26,6 +26,21 @@ import torch
 import torch.nn.functional as F
 
 
+# The memory bandwidth bound (GB/s) of the "of BW" column, from the GPU's name
+# (NVIDIA's datasheets); the same table as tests/cuda/test_cuda_layers.c's
+# bench_hbm_gbs, so both tables of a run divide by the same bound.
+HBM_GBS = [("H200", None, 4800.0, "H200: 4.8 TB/s"), ("H100", "PCIe", 2000.0, "H100 PCIe: 2.0 TB/s"),
+           ("H100", "NVL", 3900.0, "H100 NVL: 3.9 TB/s"), ("H100", None, 3350.0, "H100 SXM: 3.35 TB/s"),
+           ("A100", "80GB", 2039.0, "A100 80GB: 2.039 TB/s"), ("A100", None, 1555.0, "A100 40GB: 1.555 TB/s")]
+
+
+def hbm_gbs(name):
+    for part, also, gbs, label in HBM_GBS:
+        if part in name and (also is None or also in name):
+            return gbs, label
+    return 3350.0, "not a GPU this table knows: the H100 SXM's 3.35 TB/s"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda")
@@ -41,6 +56,8 @@ def main():
     es, N, HS = (2 if dt == torch.bfloat16 else 4), B * T, C // NH
     peak_tf = 989.0 if dt == torch.bfloat16 else 67.0
     cuda = dev.type == "cuda"
+    gpu_name = torch.cuda.get_device_name(dev) if cuda else "CPU (" + dev.type + ")"
+    bw_gbs, bw_label = hbm_gbs(gpu_name)
 
     def timed(fn):
         for _ in range(2):
@@ -63,10 +80,11 @@ def main():
     def row(label, us, nbytes, flops):
         gbs, tf = nbytes / us / 1e3, flops / us / 1e6
         print("| %-30s | %-4s | %10.1f | %8.1f | %5.1f%% | %8.2f | %5.1f%% |"
-              % (label, a.dtype, us, gbs, 100 * gbs / 3350.0, tf, 100 * tf / peak_tf))
+              % (label, a.dtype, us, gbs, 100 * gbs / bw_gbs, tf, 100 * tf / peak_tf))
 
     print("\nPyTorch %s kernels, %s shape: B=%d T=%d C=%d NH=%d V=%d, %s, mean of %d runs after 2 warm-up runs"
           % (torch.__version__, "small" if a.small else "GPT-2 124M", B, T, C, NH, V, a.dtype, a.iters))
+    print("GPU %s; \"of BW\" against %s" % (gpu_name, bw_label))
     print("| %-30s | %-4s | %10s | %8s | %6s | %8s | %6s |" % ("kernel", "type", "time (us)", "GB/s", "of BW",
                                                                "TFLOP/s", "of peak"))
     print("|---|---|---|---|---|---|---|")

@@ -13,6 +13,15 @@
  * alone; the others never notice. Reads stop while a response is still being
  * written, which bounds each client's memory to one request and one response.
  *
+ * Dropping a client is a lingering close (Apache's and nginx's lingering_close
+ * are the models): shut down our sending side, then read and discard what
+ * the client still sends until it closes or STORE_LINGER_S pass, then close.
+ * Closing a socket that holds unread input makes the kernel send a reset and
+ * throw away the part of the send queue not yet on the wire, so the answers
+ * to the requests before a bad one were lost whenever the client's window or
+ * the congestion window still held them back (issue 22: fuzz_store saw it on
+ * loopback under cubic and reno; tests/net/test_store_close.c pins it).
+ *
  * Security (net.h, DESIGN.md §7): a new connection must first complete the
  * authentication handshake, driven from this loop without blocking; until
  * it has, no request byte is read, and a connection that fails it, or stays
@@ -56,10 +65,20 @@ typedef struct entry {
 #define STORE_DEFAULT_MAX_CLIENTS 8192
 /* A WAIT longer than this (a week) waits forever: keeps deadlines finite. */
 #define STORE_MAX_WAIT_MS ((int64_t)7 * 24 * 3600 * 1000)
+/* How long a dropped client's connection lingers (see the top): long enough
+ * for the answers already queued to reach a live client; bounded, so that a
+ * client that never closes cannot hold the descriptor. */
+#define STORE_LINGER_S 2.0
+/* Bytes discarded from a lingering client per poll round, so that one that
+ * floods cannot keep the loop from the others. */
+#define STORE_LINGER_DRAIN_BYTES ((size_t)256 << 10)
 
 typedef struct client {
   int fd;
-  bool dead;
+  bool dead; /* to be dropped: lingers first unless gone (see the top) */
+  bool gone; /* its stream ended or broke: nothing to wait for, close at once */
+  bool lingering;
+  double linger_deadline;
   /* authentication, before any request (net.h) */
   bool authed;
   net_auth_acceptor auth;
@@ -236,7 +255,7 @@ static void flush_client(client *c) {
     }
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return; /* poll for POLLOUT */
-    c->dead = true;
+    c->dead = c->gone = true;
     return;
   }
   /* All sent: keep the buffer if small, so that steady traffic does not
@@ -507,13 +526,13 @@ static bool read_auth(td_store_server *s, client *c) {
     unsigned char in[NET_AUTH_HELLO_BYTES], msg[NET_AUTH_MSG_BYTES];
     ssize_t n = recv(c->fd, in, net_auth_acceptor_want(&c->auth), MSG_DONTWAIT);
     if (n == 0) {
-      c->dead = true;
+      c->dead = c->gone = true;
       TD_DEBUG("store server: %s closed the connection during authentication", c->peer);
       return false;
     }
     if (n < 0) {
       if (errno == EINTR) continue;
-      if (errno != EAGAIN && errno != EWOULDBLOCK) c->dead = true;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) c->dead = c->gone = true;
       return false;
     }
     int r = net_auth_acceptor_feed(&c->auth, NET_AUTH_ROLE_STORE, "store", in, (size_t)n, msg);
@@ -555,12 +574,12 @@ static void read_client(td_store_server *s, client *c) {
     if (want > 0) {
       ssize_t n = recv(c->fd, dst, want, MSG_DONTWAIT);
       if (n == 0) {
-        c->dead = true; /* closed, possibly mid-message */
+        c->dead = c->gone = true; /* closed, possibly mid-message */
         return;
       }
       if (n < 0) {
         if (errno == EINTR) continue;
-        if (errno != EAGAIN && errno != EWOULDBLOCK) c->dead = true;
+        if (errno != EAGAIN && errno != EWOULDBLOCK) c->dead = c->gone = true;
         return;
       }
       if (!c->have_header)
@@ -612,6 +631,37 @@ static void read_client(td_store_server *s, client *c) {
   }
 }
 
+/* Start a dropped client's lingering close (see the top). Returns false
+ * when there is nothing to linger for: its stream already ended or broke,
+ * or it has lingered already. */
+static bool linger_start(td_store_server *s, client *c) {
+  if (c->gone || c->lingering || shutdown(c->fd, SHUT_WR) != 0) return false;
+  reset_request(s, c); /* its request, parked or half read, is void */
+  free(c->out); /* unsent answers of a client given up on: no use now */
+  c->out = NULL;
+  c->out_len = c->out_sent = c->out_cap = 0;
+  c->lingering = true;
+  c->dead = false;
+  c->linger_deadline = td_now() + STORE_LINGER_S;
+  return true;
+}
+
+/* Discard what a lingering client sent; its end of stream (or an error)
+ * ends the linger. */
+static void linger_drain(client *c) {
+  unsigned char scrap[4096];
+  for (size_t total = 0; total < STORE_LINGER_DRAIN_BYTES;) {
+    ssize_t n = recv(c->fd, scrap, sizeof scrap, MSG_DONTWAIT);
+    if (n > 0) {
+      total += (size_t)n;
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) c->dead = c->gone = true;
+    return;
+  }
+}
+
 static void free_client(td_store_server *s, client *c) {
   close(c->fd);
   if (c->body) s->pending_bytes -= c->body_len + 1;
@@ -648,7 +698,8 @@ static void accept_clients(td_store_server *s) {
         snprintf(peer, sizeof peer, "[%s]:%d", host, ntohs(((struct sockaddr_in6 *)&ss)->sin6_port));
     }
     size_t n_live = 0;
-    for (size_t i = 0; i < s->n_clients && s->n_clients >= s->max_clients; i++) n_live += !s->clients[i]->dead;
+    for (size_t i = 0; i < s->n_clients && s->n_clients >= s->max_clients; i++)
+      n_live += !s->clients[i]->dead && !s->clients[i]->lingering;
     if (s->n_clients >= s->max_clients && n_live >= s->max_clients) {
       server_warn(s, "refused a connection from %s: %zu clients are connected (TANDEM_STORE_MAX_CLIENTS)", peer,
                   s->n_clients);
@@ -683,9 +734,9 @@ static void accept_clients(td_store_server *s) {
 static void *server_main(void *arg) {
   td_store_server *s = arg;
   for (;;) {
-    /* Drop dead clients (swap-remove). */
+    /* Drop dead clients (swap-remove) once they have lingered. */
     for (size_t i = 0; i < s->n_clients;) {
-      if (s->clients[i]->dead) {
+      if (s->clients[i]->dead && !linger_start(s, s->clients[i])) {
         free_client(s, s->clients[i]);
         s->clients[i] = s->clients[--s->n_clients];
       } else {
@@ -711,11 +762,21 @@ static void *server_main(void *arg) {
     if (accept_paused) next_deadline = s->accept_paused_until;
     for (size_t i = 0; i < s->n_clients; i++) {
       client *c = s->clients[i];
-      short ev = POLLRDHUP;
+      if (c->lingering) {
+        s->pfds[i + 2] = (struct pollfd){.fd = c->fd, .events = POLLIN};
+        if (c->linger_deadline < next_deadline) next_deadline = c->linger_deadline;
+        continue;
+      }
+      /* POLLRDHUP only while parked (a hang-up is all we wait for then):
+       * a client that half-closed with answers still to write would
+       * otherwise keep poll returning at once until they are out. */
+      short ev = 0;
       if (c->out_sent < c->out_len)
         ev |= POLLOUT;
       else if (!c->parked)
         ev |= POLLIN;
+      else
+        ev |= POLLRDHUP;
       if (c->parked && c->wait_deadline < next_deadline) next_deadline = c->wait_deadline;
       if (!c->authed && c->auth_deadline < next_deadline) next_deadline = c->auth_deadline;
       s->pfds[i + 2] = (struct pollfd){.fd = c->fd, .events = ev};
@@ -737,6 +798,10 @@ static void *server_main(void *arg) {
         client *c = s->clients[i];
         short re = s->pfds[i + 2].revents;
         if (!re) continue;
+        if (c->lingering) {
+          linger_drain(c);
+          continue;
+        }
         if (re & POLLOUT) flush_client(c);
         if (re & (POLLIN | POLLERR | POLLHUP)) read_client(s, c);
         /* A parked client that hung up will never read its answer. */
@@ -749,6 +814,10 @@ static void *server_main(void *arg) {
     double now = td_now();
     for (size_t i = 0; i < s->n_clients; i++) {
       client *c = s->clients[i];
+      if (c->lingering) {
+        if (c->linger_deadline <= now) c->dead = c->gone = true;
+        continue;
+      }
       if (!c->authed && !c->dead && c->auth_deadline <= now) {
         server_warn(s, "closed the connection from %s: no authentication within %g s (TANDEM_AUTH_TIMEOUT)",
                     c->peer, net_auth_timeout_s());

@@ -63,7 +63,13 @@
  *                            collective: c10d's destroy_process_group after
  *                            async ops). Stderr goes to a file during the
  *                            rounds, which must not hold the message.
+ *   test_comm_core stream_quiet  under tandemrun -np 2 (shm): a progress
+ *                            thread waiting 1 s for a message wakes at most
+ *                            40 times; sends queued behind its waiting
+ *                            receive still run (test_stream_quiet).
  * The exhaustive multi-rank sweeps live in test_collectives. */
+#include <dirent.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -731,6 +737,82 @@ static void test_destroy_after_wait(void) {
   td_comm_destroy(world);
 }
 
+/* Voluntary context switches of this process's progress thread so far
+ * (-1: none found). */
+static long progress_switches(void) {
+  DIR *d = opendir("/proc/self/task");
+  if (!d) return -1;
+  long found = -1;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL && found < 0) {
+    if (e->d_name[0] == '.') continue;
+    char path[300], name[64] = "", line[256];
+    snprintf(path, sizeof path, "/proc/self/task/%s/comm", e->d_name);
+    FILE *f = fopen(path, "r");
+    if (!f) continue;
+    if (!fgets(name, sizeof name, f)) name[0] = '\0';
+    fclose(f);
+    if (strncmp(name, "td-progress", 11) != 0) continue;
+    snprintf(path, sizeof path, "/proc/self/task/%s/status", e->d_name);
+    if (!(f = fopen(path, "r"))) continue;
+    while (fgets(line, sizeof line, f))
+      if (sscanf(line, "voluntary_ctxt_switches: %ld", &found) == 1) break;
+    fclose(f);
+  }
+  closedir(d);
+  return found;
+}
+
+/* The progress thread's send/recv stream waiting on a peer that computes
+ * (here: sleeps) for a second sleeps until the peer's message comes, not in
+ * 2 ms slices (it woke ~500 times a second before); and operations queued
+ * behind the waiting stream still run at once: each round rank 0 queues a
+ * send while its stream waits for rank 1's reply to it. 2 ranks, shm. */
+static void test_stream_quiet(void) {
+  td_comm *comm;
+  CHECK_OK(td_comm_init(&comm));
+  int rank = td_comm_rank(comm), peer = 1 - rank;
+  CHECK_EQ_INT(td_comm_size(comm), 2);
+  int32_t v = -1;
+  if (rank == 0) {
+    td_request *req;
+    CHECK_OK(td_irecv(&v, 1, TD_I32, peer, comm, &req));
+    usleep(100 * 1000); /* the stream runs and waits */
+    long s0 = progress_switches();
+    usleep(1000 * 1000);
+    long s1 = progress_switches();
+    CHECK(s0 >= 0 && s1 >= s0);
+    if (s1 - s0 > 40)
+      td_test_fail(__FILE__, __LINE__, "the progress thread woke %ld times in 1 s waiting for one message", s1 - s0);
+    CHECK_OK(td_wait(req));
+    printf("progress thread: %ld voluntary switches in 1 s of waiting\n", s1 - s0);
+  } else {
+    usleep(1300 * 1000);
+    int32_t x = 7;
+    CHECK_OK(td_send(&x, 1, TD_I32, peer, comm));
+  }
+  if (rank == 0) CHECK_EQ_INT(v, 7);
+  for (int r = 0; r < 50; r++) {
+    int32_t out = 1000 + r, in = -1;
+    td_request *rq, *sq;
+    if (rank == 0) {
+      CHECK_OK(td_irecv(&in, 1, TD_I32, peer, comm, &rq)); /* the stream waits on it ... */
+      usleep(2000);
+      CHECK_OK(td_isend(&out, 1, TD_I32, peer, comm, &sq)); /* ... and takes this one behind it */
+      CHECK_OK(td_wait(sq));
+      CHECK_OK(td_wait(rq));
+      CHECK_EQ_INT(in, 2000 + r);
+    } else {
+      CHECK_OK(td_recv(&in, 1, TD_I32, peer, comm));
+      CHECK_EQ_INT(in, 1000 + r);
+      out = 2000 + r;
+      CHECK_OK(td_send(&out, 1, TD_I32, peer, comm));
+    }
+  }
+  CHECK_OK(td_comm_finalize(comm));
+  td_comm_destroy(comm);
+}
+
 int main(int argc, char **argv) {
   const char *mode = argc > 1 ? argv[1] : "self";
   if (!strcmp(mode, "self")) test_self_lifecycle();
@@ -741,8 +823,9 @@ int main(int argc, char **argv) {
   else if (!strcmp(mode, "unexpected")) test_unexpected();
   else if (!strcmp(mode, "unexpected_cap")) test_unexpected_cap();
   else if (!strcmp(mode, "destroy_after_wait")) test_destroy_after_wait();
+  else if (!strcmp(mode, "stream_quiet")) test_stream_quiet();
   else {
-    fprintf(stderr, "usage: %s self|multi|mismatch|timeout|wait_own|unexpected|unexpected_cap|destroy_after_wait\n", argv[0]);
+    fprintf(stderr, "usage: %s self|multi|mismatch|timeout|wait_own|unexpected|unexpected_cap|destroy_after_wait|stream_quiet\n", argv[0]);
     return 2;
   }
   printf("test_comm_core %s: ok\n", mode);

@@ -471,6 +471,69 @@ static void test_matmul(int N, int IC, int OC, int with_bias, td_dtype dt) {
   free(x), free(w), free(b), free(out), free(dy), free(gx), free(gw), free(gb);
 }
 
+/* td_cuda_matmul_backward_ex: the input gradient overwritten (dinp filled
+ * with NaN first: a read of it shows), alone and with GELU's backward folded
+ * in (dinp = gelu'(pre) P, P = dout @ weight), against the CPU's linear and
+ * GELU backward; dweight and dbias still accumulate. pre in [-3, 3) covers
+ * GELU's negative slope (x < -0.75). OC = 0 must give zeros.
+ * bf16 bound of the fold: the f32 P times gelu'(pre) (f32 with tanhf),
+ * rounded once: u |ref| at nearest. cuBLASLt's epilogue on the GPU may
+ * round P to bf16 before it multiplies (u |gelu'| |P|), its final rounding
+ * was seen a whole ulp off (2 u |ref|; expect_accumulated's comment), and
+ * it may evaluate tanh with the hardware's tanh.approx.f32 (relative error
+ * up to 2^-11, PTX ISA): an error d in th = tanh(c (x + a x^3)) moves
+ * gelu'(x) = (1 + th)/2 + x c (1 - th^2)(1 + 3a x^2)/2 by at most
+ * |d| (1/2 + |x| c (1 + 3a x^2)) (|th| <= 1), times |P|. So
+ *   u (|gelu'(pre)| |P| + 2 |ref|) + 2^-11 (1/2 + |pre| c (1 + 3a pre^2)) |P|
+ * (at |pre| = 3 the last term is 0.7 u |P|; leaving gelu' out misses by
+ * |1 - gelu'| |P|, far outside it). */
+static void test_matmul_overwrite(int N, int IC, int OC, td_dtype dt) {
+  size_t ni = (size_t)N * IC, no = (size_t)N * OC, nw = (size_t)OC * IC;
+  float *x = rand_host(ni + 1, 1, dt), *w = rand_host(nw + 1, 1, dt), *dy = rand_host(no + 1, 1, dt);
+  float *pre = rand_host(ni + 1, 3, dt), *gw = rand_host(nw + 1, 1, dt), *gb = rand_host(OC + 1, 1, dt);
+  float *nan_fill = malloc((ni + 1) * 4), *ones = malloc((ni + 1) * 4), *p = calloc(ni + 1, 4);
+  float *pw = calloc(nw + 1, 4), *pb = calloc(OC + 1, 4), *ref = calloc(ni + 1, 4), *slope = calloc(ni + 1, 4);
+  double *bound = malloc((ni + 1) * sizeof(double));
+  CHECK(nan_fill && ones && p && pw && pb && ref && slope && bound);
+  for (size_t i = 0; i <= ni; i++) nan_fill[i] = NAN, ones[i] = 1.0f;
+  void *dx = upload(x, ni, dt), *dw = upload(w, nw, dt), *ddy = upload(dy, no, dt), *dpre = upload(pre, ni, dt);
+  void *dgx = upload(nan_fill, ni, dt), *dgw = upload(gw, nw, dt), *dgb = upload(gb, OC, dt);
+  td_linear_backward(p, pw, pb, dy, x, w, N, IC, OC); /* the products alone */
+  td_linear_backward(NULL, gw, gb, dy, x, w, N, IC, OC); /* accumulated onto the initial values */
+  td_gelu_backward(ref, pre, p, ni);                   /* gelu'(pre) P */
+  td_gelu_backward(slope, pre, ones, ni);              /* gelu'(pre) */
+
+  CHECK_OK(td_cuda_matmul_backward_ex(dgx, dgw, dgb, ddy, dx, dw, NULL, TD_CUDA_DINP_OVERWRITE, N, IC, OC, dt, NULL));
+  expect_close("matmul backward dinp overwritten", dgx, p, ni, dt);
+  expect_accumulated("matmul backward dweight (dinp overwritten)", dgw, gw, pw, nw, dt);
+  expect_accumulated("matmul backward dbias (dinp overwritten)", dgb, gb, pb, OC, dt);
+
+  cudaFree(dgx);
+  dgx = upload(nan_fill, ni, dt);
+  CHECK_OK(td_cuda_matmul_backward_ex(dgx, NULL, NULL, ddy, dx, dw, dpre, TD_CUDA_DINP_OVERWRITE, N, IC, OC, dt, NULL));
+  if (dt == TD_F32) {
+    expect_close("matmul backward dinp with GELU's backward", dgx, ref, ni, dt);
+  } else {
+    const double c = 0.7978845608028654, a = 0.044715, tanh_err = 1.0 / 2048; /* sqrt(2/pi); 2^-11 */
+    for (size_t i = 0; i < ni; i++) {
+      double ax = fabs(pre[i]), dslope = tanh_err * (0.5 + ax * c * (1 + 3 * a * ax * ax));
+      bound[i] = kBf16Unit * (fabs(slope[i]) * fabs(p[i]) + 2 * fabs(ref[i])) + dslope * fabs(p[i]);
+    }
+    expect_within("matmul backward dinp with GELU's backward", dgx, ref, bound, ni, dt);
+  }
+  /* the fold needs dinp and the overwrite; unknown flags are refused */
+  CHECK_STATUS(td_cuda_matmul_backward_ex(dgx, NULL, NULL, ddy, dx, dw, dpre, 0, N, IC, OC, dt, NULL),
+               TD_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(td_cuda_matmul_backward_ex(NULL, dgw, NULL, ddy, dx, dw, dpre, TD_CUDA_DINP_OVERWRITE, N, IC, OC, dt,
+                                          NULL),
+               TD_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(td_cuda_matmul_backward_ex(dgx, NULL, NULL, ddy, dx, dw, NULL, 2, N, IC, OC, dt, NULL),
+               TD_ERR_INVALID_ARGUMENT);
+  cudaFree(dx), cudaFree(dw), cudaFree(ddy), cudaFree(dpre), cudaFree(dgx), cudaFree(dgw), cudaFree(dgb);
+  free(x), free(w), free(dy), free(pre), free(gw), free(gb), free(nan_fill), free(ones);
+  free(p), free(pw), free(pb), free(ref), free(slope), free(bound);
+}
+
 static void test_attention(int B, int T, int C, int NH, td_dtype dt) {
   size_t nin = (size_t)B * T * 3 * C, nout = (size_t)B * T * C, natt = (size_t)B * NH * T * T;
   float *x = rand_host(nin, 1.5f, dt), *out = malloc(nout * 4), *att = malloc(natt * 4);
@@ -674,15 +737,35 @@ static void test_bad_arguments(void) {
  * Each launcher runs WARMUP times, then ITERS times between two events; the
  * table gives the mean time, the bytes it must move at least (each operand
  * read once, each output written once; gradients that accumulate read and
- * written) as GB/s, and its products as TFLOP/s, next to the H100 SXM's
- * bounds (3.35 TB/s HBM3; 989 TFLOP/s dense bf16 tensor cores, 67 f32 CUDA
- * cores). Not a test: it checks only that the launchers succeed. */
+ * written) as GB/s, and its products as TFLOP/s, next to the GPU's memory
+ * bandwidth (bench_hbm_gbs: from its name) and the H100/H200's compute
+ * bounds (989 TFLOP/s dense bf16 tensor cores, 67 f32 CUDA cores). Not a
+ * test: it checks only that the launchers succeed. */
 typedef struct bench_shape {
   const char *name;
   int B, T, C, NH, V;
   int layers; /* for the optimizer rows' parameter count */
   int iters;
 } bench_shape;
+
+/* The memory bandwidth bound (GB/s) of the "of BW" column, from the GPU's
+ * name (NVIDIA's datasheets): H200 4.8 TB/s, H100 SXM 3.35, H100 PCIe / NVL
+ * 2.0 / 3.9, A100 80GB 2.039 (40GB 1.555); any other GPU: the H100 SXM's, said
+ * so in *label. bench/torch_kernels.py's hbm_gbs is the same table. */
+static double bench_hbm_gbs(const char *name, const char **label) {
+  static const struct { const char *part, *also; double gbs; const char *label; } known[] = {
+      {"H200", NULL, 4800.0, "H200: 4.8 TB/s"},         {"H100", "PCIe", 2000.0, "H100 PCIe: 2.0 TB/s"},
+      {"H100", "NVL", 3900.0, "H100 NVL: 3.9 TB/s"},    {"H100", NULL, 3350.0, "H100 SXM: 3.35 TB/s"},
+      {"A100", "80GB", 2039.0, "A100 80GB: 2.039 TB/s"}, {"A100", NULL, 1555.0, "A100 40GB: 1.555 TB/s"},
+  };
+  for (size_t i = 0; i < sizeof known / sizeof *known; i++)
+    if (strstr(name, known[i].part) && (!known[i].also || strstr(name, known[i].also))) {
+      *label = known[i].label;
+      return known[i].gbs;
+    }
+  *label = "not a GPU this table knows: the H100 SXM's 3.35 TB/s";
+  return 3350.0;
+}
 
 static double bench_time_us(cudaEvent_t e0, cudaEvent_t e1, int iters) {
   float ms = 0;
@@ -699,7 +782,7 @@ static double bench_time_us(cudaEvent_t e0, cudaEvent_t e1, int iters) {
     CHECK(cudaEventRecord(e1, NULL) == cudaSuccess);                                                        \
     double us_ = bench_time_us(e0, e1, sh->iters), gbs_ = (double)(bytes) / us_ / 1e3,                      \
            tf_ = (double)(flops) / us_ / 1e6;                                                               \
-    double bw_pct_ = 100.0 * gbs_ / 3350.0, fl_pct_ = 100.0 * tf_ / (dt == TD_BF16 ? 989.0 : 67.0);          \
+    double bw_pct_ = 100.0 * gbs_ / hbm_gbs, fl_pct_ = 100.0 * tf_ / (dt == TD_BF16 ? 989.0 : 67.0);          \
     printf("| %-30s | %-4s | %10.1f | %8.1f | %5.1f%% | %8.2f | %5.1f%% |\n", label, td_dtype_name(dt), us_,    \
            gbs_, bw_pct_, tf_, fl_pct_);                                                                    \
   } while (0)
@@ -751,8 +834,13 @@ static void run_bench(const bench_shape *sh, td_dtype dt) {
   float *Dscr = dev_f32(td_cuda_flash_attention_backward_scratch_floats(B, T, C, NH));
   void *logits = dev_fill(N * (size_t)V, dt, 1);
   float *losses = dev_f32(N);
+  struct cudaDeviceProp prop;
+  CHECK(cudaGetDeviceProperties(&prop, 0) == cudaSuccess);
+  const char *bw_label;
+  const double hbm_gbs = bench_hbm_gbs(prop.name, &bw_label);
   printf("\n%s shape: B=%d T=%d C=%d NH=%d V=%d, %s, mean of %d runs after 2 warm-up runs (matmul: %s)\n",
          sh->name, B, T, C, NH, V, td_dtype_name(dt), sh->iters, td_cuda_matmul_backend());
+  printf("GPU %s; \"of BW\" against %s\n", prop.name, bw_label);
   printf("| %-30s | %-4s | %10s | %8s | %6s | %8s | %6s |\n", "kernel", "type", "time (us)", "GB/s", "of BW",
          "TFLOP/s", "of peak");
   printf("|---|---|---|---|---|---|---|\n");
@@ -781,6 +869,10 @@ static void run_bench(const bench_shape *sh, td_dtype dt) {
         td_cuda_matmul_forward_ex(y, NULL, g, x4, w, bias, (int)N, 4 * C, C, dt, NULL));
   BENCH("matmul bwd fc (C->4C)", (nc * 4 * 2 + nc * 2 + 8.0 * C * C) * es, 4.0 * nc * 4 * C,
         td_cuda_matmul_backward(g, dw, dbias, g4, x, w, (int)N, C, 4 * C, dt, NULL));
+  /* the GPT's fc2 input gradient with GELU's backward folded in (written, not
+   * accumulated): it replaces fc2's dinp product plus the gelu backward row */
+  BENCH("matmul dinp fc2 + dGELU", (nc * 9 + 4.0 * C * C) * es, 2.0 * nc * 4 * C,
+        td_cuda_matmul_backward_ex(y4, NULL, NULL, g, NULL, w, x4, TD_CUDA_DINP_OVERWRITE, (int)N, 4 * C, C, dt, NULL));
   BENCH("matmul fwd lm head (C->V)", (nc + (double)N * V + (double)V * C) * es, 2.0 * nc * V,
         td_cuda_matmul_forward(logits, x, wte, NULL, (int)N, C, V, dt, NULL));
   BENCH("matmul bwd lm head (C->V)", (nc * 2 + (double)N * V + 2.0 * V * C) * es, 4.0 * nc * V,
@@ -860,10 +952,17 @@ static void test_kernel_edges(td_dtype dt) {
    * element kernel) */
   test_matmul(300, 24, 40, 1, dt);
   test_matmul(5, 24, 37, 1, dt);
+  /* the overwritten input gradient and GELU's folded backward: 1 x 1, odd
+   * sizes, the GPT's fc2 shape (N, 4C) <- (N, C) at C = 72, no OC (zeros) */
+  test_matmul_overwrite(1, 1, 1, dt);
+  test_matmul_overwrite(7, 13, 5, dt);
+  test_matmul_overwrite(66, 288, 72, dt);
+  test_matmul_overwrite(5, 24, 0, dt);
   test_encoder(1, 1, 13, 5, dt);
   test_encoder(2, 7, 77, 40, dt);
   test_encoder(3, 5, 264, 97, dt);
-  printf("%s: layernorm, softmax-xent, encoder and dbias edges match the CPU\n", td_dtype_name(dt));
+  printf("%s: layernorm, softmax-xent, encoder, dbias and overwrite/GELU-folded matmul edges match the CPU\n",
+         td_dtype_name(dt));
 }
 
 int main(int argc, char **argv) {

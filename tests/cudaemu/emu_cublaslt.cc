@@ -78,7 +78,7 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc, cublasL
     cublasLtEpilogue_t e;
     memcpy(&e, buf, sizeof e);
     if (e != CUBLASLT_EPILOGUE_DEFAULT && e != CUBLASLT_EPILOGUE_BIAS && e != CUBLASLT_EPILOGUE_GELU_AUX &&
-        e != CUBLASLT_EPILOGUE_GELU_AUX_BIAS)
+        e != CUBLASLT_EPILOGUE_GELU_AUX_BIAS && e != CUBLASLT_EPILOGUE_DGELU)
       return CUBLAS_STATUS_NOT_SUPPORTED;
     desc->epilogue = e;
     return CUBLAS_STATUS_SUCCESS;
@@ -162,7 +162,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
   }
   bool gelu = desc->epilogue == CUBLASLT_EPILOGUE_GELU_AUX || desc->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
   bool with_bias = desc->epilogue == CUBLASLT_EPILOGUE_BIAS || desc->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
-  if ((with_bias && !desc->bias) || (gelu && (!desc->aux || desc->aux_ld < (int64_t)d->rows)))
+  bool dgelu = desc->epilogue == CUBLASLT_EPILOGUE_DGELU;
+  if ((with_bias && !desc->bias) || ((gelu || dgelu) && (!desc->aux || desc->aux_ld < (int64_t)d->rows)))
     return CUBLAS_STATUS_INVALID_VALUE;
   float al, be;
   memcpy(&al, alpha, 4);
@@ -190,6 +191,10 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
       if (gelu) {
         put(desc->aux, t, i + j * desc->aux_ld, v);
         v = 0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
+      } else if (dgelu) { /* GELU's derivative at its input, the tanh form */
+        float x = get(desc->aux, t, i + j * desc->aux_ld), c = 0.7978845608028654f;
+        float th = tanhf(c * (x + 0.044715f * x * x * x));
+        v *= 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * c * (1.0f + 3.0f * 0.044715f * x * x);
       }
       put(D, t, i + j * d->ld, v);
     }

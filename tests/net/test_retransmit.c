@@ -2,7 +2,7 @@
  * (net_set_loss_recovery): after a link drops every packet for
  * DROP_S seconds, a byte sent during the outage arrives within about
  * TANDEM_TCP_RTO_MAX (1 s) of the link coming back, and their congestion
- * control is TANDEM_TCP_CONGESTION's (cubic, which the suite line sets), not the system's. The reference is a
+ * control is TANDEM_TCP_CONGESTION's (cubic by default), not the system's. The reference is a
  * plain socket with the kernel's settings beside it in the same outage: its
  * timeout doubles (0.2, 0.4, ... 3.2, 6.4 s), so its byte comes seconds
  * later; the test fails if ours is no faster than that.

@@ -164,6 +164,13 @@ typedef struct transport_vtbl {
   void (*bell_sleep)(transport *t, uint32_t seen, double timeout_s);
   void (*bell_ring)(transport *t, int rank, bool stalled);
   int (*take_stalled)(transport *t, int *peers, int max);
+  /* Optional (NULL: the send/recv stream wakes every 2 ms to pull new
+   * operations, p2p/p2p.c). Make this rank's wait() in progress, or the
+   * next one, return: another thread of this rank queued operations for
+   * the thread that waits. With it the stream sleeps until a peer, a
+   * queued operation, a stalled sender or a failure wakes it (the slices
+   * only bound the deadline checks). Any thread; must not block. */
+  void (*wake)(transport *t);
 } transport_vtbl;
 
 struct transport {
@@ -200,6 +207,7 @@ typedef struct comm_tunables {
   int allreduce_algo;        /* TANDEM_ALLREDUCE_ALGO: COMM_ALGO_* */
   bool shm_collectives;      /* TANDEM_SHM_COLLECTIVES (default 1) */
   bool shm_xmap;             /* TANDEM_SHM_XMAP (default 1) */
+  bool shm_cma;              /* TANDEM_SHM_CMA (default 1): single-copy shm payloads */
   bool half_partials;        /* TANDEM_HALF_PARTIALS=half: f16/bf16 partials travel in the half type */
   size_t rd_max_bytes;       /* TANDEM_RD_MAX_BYTES */
   size_t ring_chunk_bytes;   /* TANDEM_RING_CHUNK_BYTES */

@@ -122,6 +122,7 @@ td_status comm_tunables_read(const td_comm_config *config, comm_tunables *t) {
                     algo);
   TD_CHECK(read_switch("TANDEM_SHM_COLLECTIVES", true, &t->shm_collectives));
   TD_CHECK(read_switch("TANDEM_SHM_XMAP", true, &t->shm_xmap));
+  TD_CHECK(read_switch("TANDEM_SHM_CMA", true, &t->shm_cma));
   const char *partials = env_value("TANDEM_HALF_PARTIALS");
   if (partials && strcmp(partials, "f32") && strcmp(partials, "half"))
     return td_error(TD_ERR_INVALID_ARGUMENT, "TANDEM_HALF_PARTIALS=%s: use f32 (the default: f16/bf16 reductions "

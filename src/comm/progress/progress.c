@@ -149,6 +149,8 @@ static bool has_work(const comm_request_queue *q) { return q->head || q->stream_
 static void wake_thread(td_comm *comm, comm_request_queue *q) {
   pthread_cond_signal(&q->work_cv);
   if (q->bell_sleeping) comm->xport->vtbl->bell_ring(comm->xport, comm->rank, false);
+  /* the send/recv stream running (on the thread or a waiter) pulls it */
+  if (q->executing && comm->xport && comm->xport->vtbl->wake) comm->xport->vtbl->wake(comm->xport);
 }
 
 /* After an operation ran (q->mu held): the thread may wait for that. */

@@ -138,6 +138,22 @@ __device__ __forceinline__ void td_store_group(T *dst, const float *src, int cou
     for (int k = 0; k < count; k++) dst[k] = td_from_f32<T>(src[k]);
   }
 }
+/* GPT-2's GELU (tanh form), 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))),
+ * and its derivative: one definition for the elementwise kernels
+ * (residual.cu) and the products that fold GELU into their epilogue
+ * (matmul.cu's tiled kernel; cuBLASLt's GELU_AUX and DGELU use the same form). */
+#define TD_GELU_SCALE 0.7978845608028654f /* sqrt(2/pi) */
+__device__ __forceinline__ float td_gelu(float x) {
+  float cube = 0.044715f * x * x * x;
+  return 0.5f * x * (1.0f + tanhf(TD_GELU_SCALE * (x + cube)));
+}
+__device__ __forceinline__ float td_gelu_grad(float x) {
+  float cube = 0.044715f * x * x * x;
+  float th = tanhf(TD_GELU_SCALE * (x + cube));
+  float sech2 = 1.0f - th * th;
+  return 0.5f * (1.0f + th) + x * 0.5f * sech2 * TD_GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
+}
+
 static inline bool td_aligned16(const void *a, const void *b, const void *c) {
   return (((uintptr_t)a | (uintptr_t)b | (uintptr_t)c) & 15) == 0;
 }

@@ -106,6 +106,23 @@ td_status td_cuda_matmul_backward(void *dinp /* (N, IC) or NULL */, void *dweigh
                                   void *dbias /* (OC) or NULL */, const void *dout /* (N, OC) */,
                                   const void *inp /* (N, IC) */, const void *weight /* (OC, IC) */, int N, int IC,
                                   int OC, td_dtype dtype, void *stream);
+/* The backward with the GPT's options:
+ *  - flags TD_CUDA_DINP_OVERWRITE: dinp = dout @ weight, written without
+ *    being read (cuBLASLt's beta 0), so a scratch input gradient needs no
+ *    zeroing first (dweight and dbias still accumulate);
+ *  - pre_gelu != NULL (needs dinp and TD_CUDA_DINP_OVERWRITE): the product
+ *    is GELU's output gradient and pre_gelu GELU's input (the forward's
+ *    td_cuda_matmul_forward_ex pre_gelu): dinp = gelu'(pre_gelu) * (dout @
+ *    weight), td_cuda_gelu_backward folded into the product (cuBLASLt's
+ *    DGELU epilogue; the tiled kernel's epilogue does the same), one
+ *    rounding of the f32 value where the two launches rounded twice.
+ * Other flags or pre_gelu without them: TD_ERR_INVALID_ARGUMENT. */
+enum { TD_CUDA_DINP_OVERWRITE = 1 };
+td_status td_cuda_matmul_backward_ex(void *dinp /* (N, IC) or NULL */, void *dweight /* (OC, IC) or NULL */,
+                                     void *dbias /* (OC) or NULL */, const void *dout /* (N, OC) */,
+                                     const void *inp /* (N, IC) */, const void *weight /* (OC, IC) */,
+                                     const void *pre_gelu /* (N, IC) or NULL */, int flags, int N, int IC, int OC,
+                                     td_dtype dtype, void *stream);
 /* "cublaslt" or "kernel": which path td_cuda_matmul_* take in this process. */
 const char *td_cuda_matmul_backend(void);
 /* Products that took the tiled kernel although cuBLASLt was chosen, because

@@ -16,9 +16,9 @@
  *             res3; lnf (+mean, rstd); logits (B,T,V) (this rank's V/tp
  *             columns under tensor parallelism, with the parallel loss's
  *             row statistics (B,T,3)); losses (B,T); tokens and targets (int32)
- *   backward: dres (the residual stream's gradient), dbuf_c, dbuf_3c, two
- *             4C-wide buffers (GELU's input and output gradients: the
- *             launchers accumulate, so they cannot work in place), the
+ *   backward: dres (the residual stream's gradient), dbuf_c, dbuf_3c,
+ *             dbuf_4c (GELU's input gradient: fc2's input gradient with
+ *             GELU's backward folded into the product), the
  *             attention's scratch, the layer norms' partial sums
  *             (ln_scratch), and the encoder's token buckets (tok_order,
  *             tok_starts: td_encoder_buckets on the host, copied up)
@@ -138,7 +138,7 @@ typedef struct cuda_acts {
   int B; /* sized for; T is the config's seq */
   /* of the model's dtype (bytes: element i of x is x + i * es) */
   char *encoded, *ln1, *qkv, *atty, *res2, *ln2, *fch, *fch_gelu, *res3, *lnf, *logits;
-  char *dres, *dbuf_c, *dbuf_3c, *dbuf_4c, *dbuf_4c2;
+  char *dres, *dbuf_c, *dbuf_3c, *dbuf_4c;
   /* sequence parallelism only: a LayerNorm output's whole rows (gathered),
    * dres's whole rows (dfull), a column-parallel input gradient's local rows
    * (dloc), one LayerNorm's partial weight and bias gradients (dln) */
@@ -166,6 +166,7 @@ typedef struct cuda_acts {
 typedef struct gpt_cuda {
   td_device dev;
   td_stream *stream;
+  td_event *ready_event; /* recorded after a group of gradients (flush_ready) */
   nn_gpt_layout lay;          /* where its tensors are (a pipeline stage holds some of the model's) */
   int stage;                  /* a pipeline stage (not the whole model): activations cross to the host */
   td_dtype dtype;             /* of params, grads and activations: TD_F32 or TD_BF16 (td_gpt_set_device_dtype) */
@@ -314,7 +315,6 @@ static size_t acts_plan(cuda_acts *a, const gpt_cuda *gc, const td_gpt_config *c
   TAKE(a->dbuf_c, char, BT * C * es);
   TAKE(a->dbuf_3c, char, BT * 3 * Ca * es);
   TAKE(a->dbuf_4c, char, BT * F * es);
-  TAKE(a->dbuf_4c2, char, BT * F * es);
   /* the fused backward's scratch (D, dQ's ordered sums); the unfused one's
    * is the size of its cache */
   TAKE(a->att_scratch, float,
@@ -653,20 +653,46 @@ static void report(td_grad_ready_fn ready, void *ctx, const td_model *m, int i) 
   if (ready) ready(ctx, table(m)[i].offset, table(m)[i].count);
 }
 
-/* Gradients reported after the stream is synchronized: `pending` holds the
- * tensor indexes whose kernels are queued, in the order gpt.c reports them. */
+/* Gradients are reported once their kernels have finished, one group (a
+ * block, the head, the embeddings) behind the launches: `idx` holds the
+ * tensor indexes of the group being queued, in the order gpt.c reports
+ * them; flush_ready records gc->ready_event after them and moves them to
+ * `prev`, but first waits for the event recorded after the previous group
+ * and reports that one. So the host waits for block l while block l - 1's
+ * launches are already queued, and the device does not drain between the
+ * blocks (a stream sync per block did: the launch queue emptied each time,
+ * and the next block's launches started from an idle GPU). Same order, same
+ * kernels: the same bits and the same report sequence as before. One event
+ * suffices: it is re-recorded only after its last record was waited for. */
 typedef struct pending_ready {
-  int idx[P_PER_LAYER + 2];
-  int n;
+  int idx[P_PER_LAYER + 2], n;
+  int prev[P_PER_LAYER + 2], n_prev; /* queued before gc->ready_event's last record */
 } pending_ready;
 
 static td_status flush_ready(gpt_cuda *gc, const td_model *m, pending_ready *p, td_grad_ready_fn ready, void *ctx) {
-  if (ready && p->n) {
-    TD_CHECK(td_stream_sync(gc->stream));
-    for (int i = 0; i < p->n; i++) report(ready, ctx, m, p->idx[i]);
+  if (!ready) {
+    p->n = p->n_prev = 0;
+    return TD_OK;
   }
-  p->n = 0;
+  if (p->n_prev) {
+    TD_CHECK(td_event_sync(gc->ready_event));
+    for (int i = 0; i < p->n_prev; i++) report(ready, ctx, m, p->prev[i]);
+    p->n_prev = 0;
+  }
+  if (p->n) {
+    TD_CHECK(td_event_record(gc->ready_event, gc->stream));
+    memcpy(p->prev, p->idx, sizeof(int) * (size_t)p->n);
+    p->n_prev = p->n;
+    p->n = 0;
+  }
   return TD_OK;
+}
+
+/* The last groups, after the stream has been synchronized. */
+static void flush_ready_done(const td_model *m, pending_ready *p, td_grad_ready_fn ready, void *ctx) {
+  for (int i = 0; ready && i < p->n_prev; i++) report(ready, ctx, m, p->prev[i]);
+  for (int i = 0; ready && i < p->n; i++) report(ready, ctx, m, p->idx[i]);
+  p->n = p->n_prev = 0;
 }
 
 /* A column-parallel product's input gradient, whose partial sums over this
@@ -722,7 +748,7 @@ static void gpt_cuda_backward(td_model *model, const float *params, float *grads
   const void *whole, *dwhole; /* a LayerNorm output's and dres's whole rows (gathered with sp) */
   const td_dtype dt = gc->dtype;
   const size_t es = gc->es;
-  pending_ready pend = {.n = 0};
+  pending_ready pend = {.n = 0, .n_prev = 0};
   const char *pf, *pw, *pl;
   int n_buckets = 0;
   const gpt_unit after_final = L > 0 ? unit_layer(model, L - 1) : unit_none;
@@ -759,10 +785,10 @@ static void gpt_cuda_backward(td_model *model, const float *params, float *grads
     RUN(head_forward(model, pw));
     RUN(loss_forward(gc, BT, loss_scale));
   }
-  RUN(td_memset0_async(a->dbuf_c, sBT * C * es, st));
   /* lnf's whole rows: with sp, acts.gathered holds them since the last head_forward (forward's, or the one above) */
-  RUN(td_cuda_matmul_backward(a->dbuf_c, AT(grads, off_named(model, idx_head)), NULL, a->logits,
-                              gc->sp ? a->gathered : a->lnf, AT(pw, off_named(model, idx_head)), BT, C, gc->Vl, dt, s));
+  RUN(td_cuda_matmul_backward_ex(a->dbuf_c, AT(grads, off_named(model, idx_head)), NULL, a->logits,
+                                 gc->sp ? a->gathered : a->lnf, AT(pw, off_named(model, idx_head)), NULL,
+                                 TD_CUDA_DINP_OVERWRITE, BT, C, gc->Vl, dt, s));
   if (!tied) pend.idx[pend.n++] = idx_head;
   /* the vocabulary-parallel head is column-parallel: its input gradient is the sum of the ranks' */
   dln_in = a->dbuf_c;
@@ -792,21 +818,23 @@ blocks:
     const float *ln1_mean = a->ln1_mean + slot * sR, *ln1_rstd = a->ln1_rstd + slot * sR;
     const float *attc = a->attc + slot * att;
     const float *ln2_mean = a->ln2_mean + slot * sR, *ln2_rstd = a->ln2_rstd + slot * sR;
-    /* MLP: res3 = res2 + fc2(gelu(fc(ln2(res2)))); dres holds d res3 (its whole rows for the row-parallel fc2) */
+    /* MLP: res3 = res2 + fc2(gelu(fc(ln2(res2)))); dres holds d res3 (with
+     * sp gathered whole for the row-parallel fc2). The input gradients
+     * overwrite their scratch buffers (no zeroing pass); fc2's is GELU's
+     * output gradient, and the product's epilogue applies gelu'(fch) to it:
+     * dbuf_4c is d fch, the fc product's output gradient */
     dwhole = a->dres;
     if (gc->sp) {
       RUN(gather_rows(gc, a->dres, a->dfull, BT, C));
       dwhole = a->dfull;
     }
-    RUN(td_memset0_async(a->dbuf_4c, sBT * F * es, st));
-    RUN(td_cuda_matmul_backward(a->dbuf_4c, G(P_FC2W), G(P_FC2B), dwhole, fch_gelu, W(P_FC2W), BT, F, C, dt, s));
+    RUN(td_cuda_matmul_backward_ex(a->dbuf_4c, G(P_FC2W), G(P_FC2B), dwhole, fch_gelu, W(P_FC2W), fch,
+                                   TD_CUDA_DINP_OVERWRITE, BT, F, C, dt, s));
     READY(P_FC2B);
     READY(P_FC2W);
-    RUN(td_memset0_async(a->dbuf_4c2, sBT * F * es, st));
-    RUN(td_cuda_gelu_backward(a->dbuf_4c2, fch, a->dbuf_4c, sBT * F, dt, s));
-    RUN(td_memset0_async(a->dbuf_c, sBT * C * es, st));
     RUN(whole_rows(gc, ln2, BT, C, &whole));
-    RUN(td_cuda_matmul_backward(a->dbuf_c, G(P_FCW), G(P_FCB), a->dbuf_4c2, whole, W(P_FCW), BT, C, F, dt, s));
+    RUN(td_cuda_matmul_backward_ex(a->dbuf_c, G(P_FCW), G(P_FCB), a->dbuf_4c, whole, W(P_FCW), NULL,
+                                   TD_CUDA_DINP_OVERWRITE, BT, C, F, dt, s));
     READY(P_FCB);
     READY(P_FCW);
     /* column-parallel (Megatron's f backward): the input gradient is the sum of the ranks' */
@@ -820,19 +848,20 @@ blocks:
       RUN(gather_rows(gc, a->dres, a->dfull, BT, C));
       dwhole = a->dfull;
     }
-    RUN(td_memset0_async(a->dbuf_c, sBT * C * es, st));
-    RUN(td_cuda_matmul_backward(a->dbuf_c, G(P_PROJW), G(P_PROJB), dwhole, atty, W(P_PROJW), BT, Ca, C, dt, s));
+    RUN(td_cuda_matmul_backward_ex(a->dbuf_c, G(P_PROJW), G(P_PROJB), dwhole, atty, W(P_PROJW), NULL,
+                                   TD_CUDA_DINP_OVERWRITE, BT, Ca, C, dt, s));
     READY(P_PROJB);
     READY(P_PROJW);
+    /* the attention's backward accumulates into dinp: zeroed first */
     RUN(td_memset0_async(a->dbuf_3c, sBT * 3 * Ca * es, st));
     if (gc->fused_attention)
       RUN(td_cuda_flash_attention_backward(a->dbuf_3c, a->att_scratch, a->dbuf_c, qkv, atty, attc, B, T, Ca, NHl,
                                            dt, s));
     else
       RUN(td_cuda_attention_backward(a->dbuf_3c, a->att_scratch, a->dbuf_c, qkv, attc, B, T, Ca, NHl, dt, s));
-    RUN(td_memset0_async(a->dbuf_c, sBT * C * es, st));
     RUN(whole_rows(gc, ln1, BT, C, &whole));
-    RUN(td_cuda_matmul_backward(a->dbuf_c, G(P_QKVW), G(P_QKVB), a->dbuf_3c, whole, W(P_QKVW), BT, C, 3 * Ca, dt, s));
+    RUN(td_cuda_matmul_backward_ex(a->dbuf_c, G(P_QKVW), G(P_QKVB), a->dbuf_3c, whole, W(P_QKVW), NULL,
+                                   TD_CUDA_DINP_OVERWRITE, BT, C, 3 * Ca, dt, s));
     READY(P_QKVB);
     READY(P_QKVW);
     RUN(column_input_grad(gc, BT, C, &dln_in));
@@ -868,6 +897,7 @@ blocks:
   /* the gradients are complete when backward returns, whatever stream the
    * caller reads them on next */
   RUN(td_stream_sync(gc->stream));
+  flush_ready_done(model, &pend, ready, ctx);
   return;
 fail:
   gc->error = TD_ERR_SYSTEM;
@@ -948,6 +978,7 @@ static void gpt_cuda_destroy(td_model *model) {
   if (gc) {
     if (gc->stream) (void)td_stream_sync(gc->stream);
     acts_free(gc);
+    td_event_destroy(gc->ready_event);
     td_stream_destroy(gc->stream);
     free(gc);
     *nn_gpt_device_state(model) = NULL;
@@ -995,7 +1026,9 @@ td_status nn_gpt_cuda_attach(td_model *model, td_device dev) {
   gc->n_params = model->n_params;
   td_status st = td_cuda_attention_fused(c->channels / c->heads, &gc->fused_attention);
   if (st == TD_OK) st = td_stream_create(dev, &gc->stream);
+  if (st == TD_OK) st = td_event_create(dev, &gc->ready_event);
   if (st != TD_OK) {
+    td_stream_destroy(gc->stream);
     free(gc);
     return st;
   }

@@ -42,9 +42,12 @@
 
 #define TILE 16
 
+/* pre_gelu (same layout as C, or NULL): C = gelu'(pre_gelu) (product + bias),
+ * the product being GELU's output gradient (the GPT's fc2 input gradient);
+ * never with accumulate (the launcher refuses it). */
 template <class T>
-__global__ void gemm_tiled_kernel(T *C, const T *A, const T *B, const T *bias, int M, int N, int K, int lda, int ldb,
-                                  int ldc, int trans_a, int trans_b, int accumulate) {
+__global__ void gemm_tiled_kernel(T *C, const T *A, const T *B, const T *bias, const T *pre_gelu, int M, int N, int K,
+                                  int lda, int ldb, int ldc, int trans_a, int trans_b, int accumulate) {
   __shared__ float As[TILE][TILE + 1], Bs[TILE][TILE + 1];
   int tx = threadIdx.x, ty = threadIdx.y;
   int m = blockIdx.y * TILE + ty, n = blockIdx.x * TILE + tx;
@@ -64,6 +67,7 @@ __global__ void gemm_tiled_kernel(T *C, const T *A, const T *B, const T *bias, i
   }
   if (m < M && n < N) {
     if (bias) acc += td_to_f32(bias[n]);
+    if (pre_gelu) acc *= td_gelu_grad(td_to_f32(pre_gelu[(size_t)m * ldc + n]));
     T *c = C + (size_t)m * ldc + n;
     if (accumulate) acc += td_to_f32(*c);
     *c = td_from_f32<T>(acc);
@@ -116,15 +120,15 @@ template <class T> __global__ void column_sum_kernel(T *out, const T *x, int row
 }
 
 template <class T>
-static td_status gemm(T *C, const T *A, const T *B, const T *bias, int M, int N, int K, int lda, int ldb, int ldc,
-                      int trans_a, int trans_b, int accumulate, void *stream) {
+static td_status gemm(T *C, const T *A, const T *B, const T *bias, const T *pre_gelu, int M, int N, int K, int lda,
+                      int ldb, int ldc, int trans_a, int trans_b, int accumulate, void *stream) {
   if (M == 0 || N == 0) return TD_OK;
   dim3 block(TILE, TILE), grid(td_cuda_blocks((size_t)N, TILE), td_cuda_blocks((size_t)M, TILE));
   if (grid.y > 65535)
     return td_error(TD_ERR_INVALID_ARGUMENT, "td_cuda_matmul: %d rows exceed the tiled kernel's grid (%d)", M,
                     65535 * TILE);
-  TD_CUDA_LAUNCH(gemm_tiled_kernel<T>, grid, block, 0, stream, C, A, B, bias, M, N, K, lda, ldb, ldc, trans_a,
-                 trans_b, accumulate);
+  TD_CUDA_LAUNCH(gemm_tiled_kernel<T>, grid, block, 0, stream, C, A, B, bias, pre_gelu, M, N, K, lda, ldb, ldc,
+                 trans_a, trans_b, accumulate);
   TD_CUDA_LAUNCH_CHECK("gemm_tiled_kernel");
   return TD_OK;
 }
@@ -245,13 +249,17 @@ static uint32_t pointer_alignment(const void *p) {
 }
 
 /* Column-major D (m, n) = op(A) op(B) (+ bias[m]) (+ Cin, same layout as D;
- * Cin may be D: accumulate), and with aux (same layout): aux = that sum
- * and D = gelu(aux) (cuBLASLt's GELU epilogue, the tanh form). *done = 0
- * (and TD_OK) when cuBLASLt has no algorithm: the caller falls back to the
- * tiled kernel. */
-static td_status lt_matmul(void *d, const void *A, const void *B, const void *bias, const void *c_in, void *aux, int m,
-                           int n, int k, int lda, int ldb, int ldd, int trans_a, int trans_b, td_dtype dtype,
-                           void *stream, int *done) {
+ * Cin may be D: accumulate; NULL: beta 0, D is written without being read),
+ * and with aux (same layout as D):
+ *  - dgelu 0: aux = that sum and D = gelu(aux) (cuBLASLt's GELU_AUX
+ *    epilogue, the tanh form; aux is written);
+ *  - dgelu 1: D = gelu'(aux) op(A) op(B) (the DGELU epilogue, as llm.c's
+ *    backward; aux, GELU's forward input, is read; no bias, no Cin).
+ * *done = 0 (and TD_OK) when cuBLASLt has no algorithm: the caller falls
+ * back to the tiled kernel. */
+static td_status lt_matmul(void *d, const void *A, const void *B, const void *bias, const void *c_in, const void *aux,
+                           int dgelu, int m, int n, int k, int lda, int ldb, int ldd, int trans_a, int trans_b,
+                           td_dtype dtype, void *stream, int *done) {
   *done = 0;
   TD_CHECK(lt_init());
   cudaDataType_t t = dtype == TD_BF16 ? CUDA_R_16BF : CUDA_R_32F;
@@ -261,8 +269,9 @@ static td_status lt_matmul(void *d, const void *A, const void *B, const void *bi
   LT_CHECK(LT(MatmulDescSetAttribute)(call.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
   LT_CHECK(LT(MatmulDescSetAttribute)(call.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
   if (bias || aux) {
-    cublasLtEpilogue_t epi = aux ? (bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
-                                 : CUBLASLT_EPILOGUE_BIAS;
+    cublasLtEpilogue_t epi = dgelu ? CUBLASLT_EPILOGUE_DGELU
+                             : aux ? (bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
+                                   : CUBLASLT_EPILOGUE_BIAS;
     LT_CHECK(LT(MatmulDescSetAttribute)(call.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
     if (bias)
       LT_CHECK(LT(MatmulDescSetAttribute)(call.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
@@ -324,7 +333,8 @@ extern "C" td_status td_cuda_matmul_forward_ex(void *out, void *pre_gelu, const 
   if (N == 0 || OC == 0) return TD_OK;
   if (use_cublaslt() && IC > 0) {
     int done = 0;
-    TD_CHECK(lt_matmul(out, weight, inp, bias, residual, pre_gelu, OC, N, IC, IC, IC, OC, 1, 0, dtype, stream, &done));
+    TD_CHECK(lt_matmul(out, weight, inp, bias, residual, pre_gelu, 0, OC, N, IC, IC, IC, OC, 1, 0, dtype, stream,
+                       &done));
     if (done) return TD_OK;
   }
   /* the tiled kernel: the product (+ bias) into pre_gelu, or into out on
@@ -339,8 +349,8 @@ extern "C" td_status td_cuda_matmul_forward_ex(void *out, void *pre_gelu, const 
   }
   TD_CUDA_DISPATCH(dtype, "td_cuda_matmul_forward", {
     /* out (N, OC) = inp (N, IC) @ weight^T: B(k, n) = weight[n, k] */
-    TD_CHECK(gemm<td_elem>((td_elem *)dst, (const td_elem *)inp, (const td_elem *)weight, (const td_elem *)bias, N, OC,
-                           IC, IC, IC, OC, 0, 1, accumulate, stream));
+    TD_CHECK(gemm<td_elem>((td_elem *)dst, (const td_elem *)inp, (const td_elem *)weight, (const td_elem *)bias,
+                           (const td_elem *)NULL, N, OC, IC, IC, IC, OC, 0, 1, accumulate, stream));
   });
   if (pre_gelu) TD_CHECK(td_cuda_gelu_forward(out, pre_gelu, (size_t)N * OC, dtype, stream));
   return TD_OK;
@@ -351,30 +361,39 @@ extern "C" td_status td_cuda_matmul_forward(void *out, const void *inp, const vo
   return td_cuda_matmul_forward_ex(out, NULL, NULL, inp, weight, bias, N, IC, OC, dtype, stream);
 }
 
-extern "C" td_status td_cuda_matmul_backward(void *dinp, void *dweight, void *dbias, const void *dout,
-                                             const void *inp, const void *weight, int N, int IC, int OC,
-                                             td_dtype dtype, void *stream) {
+extern "C" td_status td_cuda_matmul_backward_ex(void *dinp, void *dweight, void *dbias, const void *dout,
+                                                const void *inp, const void *weight, const void *pre_gelu,
+                                                int flags, int N, int IC, int OC, td_dtype dtype, void *stream) {
   TD_CHECK(check_shape("td_cuda_matmul_backward", N, IC, OC));
+  const int overwrite = (flags & TD_CUDA_DINP_OVERWRITE) != 0;
+  if (flags & ~TD_CUDA_DINP_OVERWRITE)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "td_cuda_matmul_backward_ex: unknown flags 0x%x (TD_CUDA_DINP_OVERWRITE "
+                    "is the only one)", (unsigned)flags);
+  if (pre_gelu && (!dinp || !overwrite))
+    return td_error(TD_ERR_INVALID_ARGUMENT, "td_cuda_matmul_backward_ex: pre_gelu (GELU's backward folded into the "
+                    "input gradient) needs dinp and TD_CUDA_DINP_OVERWRITE");
   if (use_cublaslt() && N > 0 && IC > 0 && OC > 0 && (dtype == TD_F32 || dtype == TD_BF16)) {
     int done = 0;
-    if (dinp) { /* dinp^T (IC, N) += W^T (IC, OC) dout^T (OC, N) */
-      TD_CHECK(lt_matmul(dinp, weight, dout, NULL, dinp, NULL, IC, N, OC, IC, OC, IC, 0, 0, dtype, stream, &done));
+    if (dinp) { /* dinp^T (IC, N) (+)= W^T (IC, OC) dout^T (OC, N), times gelu'(pre_gelu^T) */
+      TD_CHECK(lt_matmul(dinp, weight, dout, NULL, overwrite ? NULL : dinp, pre_gelu, pre_gelu != NULL, IC, N, OC, IC,
+                         OC, IC, 0, 0, dtype, stream, &done));
       if (done) dinp = NULL;
     }
     if (dweight) { /* dW^T (IC, OC) += inp^T (IC, N) dout (N, OC) */
-      TD_CHECK(lt_matmul(dweight, inp, dout, NULL, dweight, NULL, IC, OC, N, IC, OC, IC, 0, 1, dtype, stream, &done));
+      TD_CHECK(lt_matmul(dweight, inp, dout, NULL, dweight, NULL, 0, IC, OC, N, IC, OC, IC, 0, 1, dtype, stream,
+                         &done));
       if (done) dweight = NULL;
     }
   }
   TD_CUDA_DISPATCH(dtype, "td_cuda_matmul_backward", {
-    /* dinp (N, IC) += dout (N, OC) @ weight (OC, IC) */
+    /* dinp (N, IC) (+)= dout (N, OC) @ weight (OC, IC) (times gelu'(pre_gelu)); with OC = 0, zeros when overwriting */
     if (dinp)
-      TD_CHECK(gemm<td_elem>((td_elem *)dinp, (const td_elem *)dout, (const td_elem *)weight, (const td_elem *)NULL, N, IC, OC, OC, IC, IC, 0, 0,
-                       1, stream));
+      TD_CHECK(gemm<td_elem>((td_elem *)dinp, (const td_elem *)dout, (const td_elem *)weight, (const td_elem *)NULL,
+                             (const td_elem *)pre_gelu, N, IC, OC, OC, IC, IC, 0, 0, !overwrite, stream));
     /* dweight (OC, IC) += dout^T (OC, N) @ inp (N, IC) */
     if (dweight)
-      TD_CHECK(gemm<td_elem>((td_elem *)dweight, (const td_elem *)dout, (const td_elem *)inp, (const td_elem *)NULL, OC, IC, N, OC, IC, IC, 1, 0,
-                       1, stream));
+      TD_CHECK(gemm<td_elem>((td_elem *)dweight, (const td_elem *)dout, (const td_elem *)inp, (const td_elem *)NULL,
+                             (const td_elem *)NULL, OC, IC, N, OC, IC, IC, 1, 0, 1, stream));
     if (dbias && OC > 0 && td_aligned16(dout, dout, dout) && ((size_t)OC * sizeof(td_elem)) % 16 == 0) {
       TD_CUDA_LAUNCH(column_sum_vec_kernel<td_elem>, td_cuda_blocks((size_t)OC, 32), 1024, 0, stream,
                      (td_elem *)dbias, (const td_elem *)dout, N, OC);
@@ -386,4 +405,10 @@ extern "C" td_status td_cuda_matmul_backward(void *dinp, void *dweight, void *db
     }
   });
   return TD_OK;
+}
+
+extern "C" td_status td_cuda_matmul_backward(void *dinp, void *dweight, void *dbias, const void *dout,
+                                             const void *inp, const void *weight, int N, int IC, int OC,
+                                             td_dtype dtype, void *stream) {
+  return td_cuda_matmul_backward_ex(dinp, dweight, dbias, dout, inp, weight, NULL, 0, N, IC, OC, dtype, stream);
 }

@@ -21,16 +21,12 @@ template <class T> __global__ void residual_kernel(T *out, const T *a, const T *
   td_store_group(out + i0, x, cnt, vec);
 }
 
-/* GPT-2's GELU: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
-#define GELU_SCALE 0.7978845608028654f /* sqrt(2/pi) */
+/* GELU: td_gelu / td_gelu_grad (cuda_common.cuh) */
 template <class T> __global__ void gelu_forward_kernel(T *out, const T *inp, size_t n, bool vec) {
   GROUP_SETUP(T)
   float x[16 / sizeof(T)];
   td_load_group(x, inp + i0, cnt, vec);
-  for (int k = 0; k < cnt; k++) {
-    float cube = 0.044715f * x[k] * x[k] * x[k];
-    x[k] = 0.5f * x[k] * (1.0f + tanhf(GELU_SCALE * (x[k] + cube)));
-  }
+  for (int k = 0; k < cnt; k++) x[k] = td_gelu(x[k]);
   td_store_group(out + i0, x, cnt, vec);
 }
 template <class T> __global__ void gelu_backward_kernel(T *dinp, const T *inp, const T *dout, size_t n, bool vec) {
@@ -39,13 +35,7 @@ template <class T> __global__ void gelu_backward_kernel(T *dinp, const T *inp, c
   td_load_group(x, inp + i0, cnt, vec);
   td_load_group(dy, dout + i0, cnt, vec);
   td_load_group(dx, dinp + i0, cnt, vec);
-  for (int k = 0; k < cnt; k++) {
-    float cube = 0.044715f * x[k] * x[k] * x[k];
-    float th = tanhf(GELU_SCALE * (x[k] + cube));
-    float sech2 = 1.0f - th * th;
-    float grad = 0.5f * (1.0f + th) + x[k] * 0.5f * sech2 * GELU_SCALE * (1.0f + 3.0f * 0.044715f * x[k] * x[k]);
-    dx[k] += grad * dy[k];
-  }
+  for (int k = 0; k < cnt; k++) dx[k] += td_gelu_grad(x[k]) * dy[k];
   td_store_group(dinp + i0, dx, cnt, vec);
 }
 

@@ -2,10 +2,11 @@
  * src/nn/cuda/matmul.cu uses, computed by a plain loop (emu_cublaslt.cc), so
  * that the emulator tree runs the same cuBLASLt calls a GPU build makes: the
  * row-major to column-major mapping, transposes, leading dimensions, the
- * C != D input, and the BIAS and GELU_AUX(_BIAS) epilogues, against the CPU
+ * C != D input, and the BIAS, GELU_AUX(_BIAS) and DGELU epilogues, against the CPU
  * layers. The semantics are cuBLASLt's documented ones: column-major
  * matrices, D = alpha op(A) op(B) + beta C (+ bias[row]), aux = that value
- * and D = gelu(aux) (the tanh form) for the GELU_AUX epilogues; f32
+ * and D = gelu(aux) (the tanh form) for the GELU_AUX epilogues, D = gelu'(aux)
+ * (alpha op(A) op(B) + beta C) for DGELU (aux read); f32
  * accumulation; f32 or bf16 storage. Names and values follow the real
  * header so the same source compiles against both. Not shown here: speed,
  * the heuristic's choices, alignment rules (the real heuristic is told the
@@ -37,6 +38,7 @@ typedef enum {
   CUBLASLT_EPILOGUE_BIAS = 4,
   CUBLASLT_EPILOGUE_GELU_AUX = 160,
   CUBLASLT_EPILOGUE_GELU_AUX_BIAS = 164,
+  CUBLASLT_EPILOGUE_DGELU = 192,
 } cublasLtEpilogue_t;
 typedef enum {
   CUBLASLT_MATMUL_DESC_TRANSA = 3,

@@ -2,7 +2,8 @@
  * (the constructor) and the *_shm algorithms (the primitives and the
  * segment layout). Its files, bottom to top: shm_wait.c (shm_of, waiting,
  * failure checks), shm_sync.c (the collective primitives), shm_xmap.c
- * (mapping peers' host-shared buffers), shm_transport.c (the vtable and
+ * (mapping peers' host-shared buffers), shm_cma.c (single-copy
+ * point-to-point payloads), shm_transport.c (the vtable and
  * the segment's creation).
  *
  * One segment per communicator, created by rank 0 and unlinked as soon as
@@ -90,12 +91,18 @@ typedef struct shm_rank_block {
   _Alignas(SHM_LINE) int32_t pid;
   _Atomic uint32_t detached;
   uint32_t xmap_ok; /* this rank could map rank 0's host-shared probe region */
+  uint64_t cma_probe; /* where peers read this process's probe constant (shm_cma.c) */
   /* doorbell: bumped by peers that made progress possible for this rank
    * (data or space in a FIFO, an arrival, an abort); `waiting` counts this
    * rank's threads asleep on it, so that peers skip the futex_wake syscall
    * when nobody sleeps. */
   _Alignas(SHM_LINE) _Atomic uint32_t bell;
   _Atomic uint32_t waiting;
+  /* set by this rank's threads when they queue point-to-point work
+   * (transport_vtbl.wake) and by a peer ringing as a stalled sender: the
+   * next shm_wait returns at once, so that its caller pulls or takes them;
+   * cleared as a wait returns */
+  _Atomic uint32_t kick;
   /* the progress thread's doorbell (transport_vtbl.bell_*): bumped by
    * this rank's own threads when they queue work, and by a peer whose
    * point-to-point frame stalls on a full FIFO to this rank, which also
@@ -112,11 +119,25 @@ typedef struct shm_rank_block {
 } shm_rank_block;
 
 /* Single-producer/single-consumer byte ring: head and tail are running byte
- * totals, each on its own line; data follows the control block. */
+ * totals, each on its own line; data follows the control block. The post
+ * lines are the pair's single-copy mailbox (shm_cma.c): running totals of
+ * bytes posted by the producer and taken by the consumer, the current
+ * post's address in the producer and the total it starts at. */
+enum { SHM_CMA_UNKNOWN = 0, SHM_CMA_YES = 1, SHM_CMA_NO = 2 };
 typedef struct shm_fifo {
   _Alignas(SHM_LINE) _Atomic uint64_t head; /* bytes written by the producer */
   _Alignas(SHM_LINE) _Atomic uint64_t tail; /* bytes consumed by the consumer */
+  _Alignas(SHM_LINE) _Atomic uint64_t post_total; /* producer: bytes ever posted */
+  uint64_t post_addr, post_base;                  /* producer: the current post */
+  _Alignas(SHM_LINE) _Atomic uint64_t post_taken; /* consumer: bytes of posts read */
+  _Atomic uint32_t cma_state;                     /* consumer: SHM_CMA_*, whether it can read the producer */
 } shm_fifo;
+
+/* A rank's own view of its single-copy post to one peer. */
+typedef struct shm_cma_sender {
+  bool active;       /* posted, not all of it reported taken yet */
+  uint64_t reported; /* post_taken already reported to the caller as moved */
+} shm_cma_sender;
 
 /* A peer's host-shared region mapped here (cached across collectives). */
 typedef struct shm_peer_map {
@@ -147,11 +168,16 @@ typedef struct shm_transport {
   void *xprobe;          /* rank 0: the probe region, freed once setup completes */
   shm_peer_map *pmaps;   /* n x SHM_PEER_MAPS */
   unsigned *pmap_next;   /* n: round-robin victim */
+  bool cma;             /* single-copy payloads allowed here (TANDEM_SHM_CMA) */
+  shm_cma_sender *cma_send; /* n: this rank's posts, per peer */
   double spin_s;
   _Atomic uint64_t yield_off_until; /* td_now_ns(): waits sleep at once until then (shm_spin) */
   double next_liveness; /* td_now() of the next dead-peer check */
   int live_cursor;      /* the rank the next dead-peer check of a sync starts at */
 } shm_transport;
+
+/* The ring from src to dst (src != dst, both < n; shm_transport.c). */
+shm_fifo *shm_fifo_of(const shm_transport *t, int src, int dst);
 
 /* shm_wait.c: the shm transport of comm (NULL if comm does not use it),
  * recognized by its vtable's name pointing at shm_transport_name. */
@@ -190,6 +216,30 @@ void shm_xmap_publish(shm_transport *t);
 uint32_t shm_xmap_probe(shm_transport *t);
 void shm_xmap_setup_done(shm_transport *t);
 
+/* shm_cma.c: single-copy payloads (protocol in its top comment). A
+ * payload goes by post when it is at least this large and does not fit in
+ * the ring's free space. */
+#define SHM_CMA_MIN_BYTES ((size_t)64 << 10)
+/* At attach: where peers read this process's probe constant. */
+void shm_cma_publish(shm_transport *t);
+/* Before this rank first reads the ring from peer: whether it can read
+ * peer's memory, published in from_peer->cma_state for the peer. */
+void shm_cma_probe(shm_transport *t, int peer, shm_fifo *from_peer);
+/* Whether a payload of len bytes, with `space` free in the ring, goes by
+ * post to the consumer of to_peer. */
+bool shm_cma_postable(const shm_transport *t, const shm_fifo *to_peer, size_t len, size_t space);
+/* Post buf[0, len) to peer (nothing posted to it before is left) and ring. */
+void shm_cma_post(shm_transport *t, int peer, shm_fifo *to_peer, const void *buf, size_t len);
+/* With a post to peer active: the bytes peer took since the last call
+ * (*moved); buf must be where the caller's payload goes on. */
+td_status shm_cma_sent(shm_transport *t, int peer, shm_fifo *to_peer, const void *buf, size_t *moved);
+/* Consumer: a post from the producer of from_peer holds bytes not taken. */
+bool shm_cma_pending(const shm_fifo *from_peer);
+/* Producer: peer took bytes of this rank's active post not reported yet. */
+bool shm_cma_taken(const shm_transport *t, int peer, const shm_fifo *to_peer);
+/* Consumer: read up to len bytes of peer's post into buf (*moved), ring. */
+td_status shm_cma_take(shm_transport *t, int peer, shm_fifo *from_peer, void *buf, size_t len, size_t *moved);
+
 /* Copy bytes; with `stream`, destination lines are written with
  * non-temporal stores (for large outputs that will not be read again soon,
  * which saves the read-for-ownership of every destination line). */
@@ -203,6 +253,8 @@ uint32_t shm_bell_read(transport *xt, bool *stalled);
 void shm_bell_sleep(transport *xt, uint32_t seen, double timeout_s);
 void shm_bell_ring(transport *xt, int rank, bool stalled);
 int shm_take_stalled(transport *xt, int *peers, int max);
+/* transport_vtbl.wake (shm_wait in shm_transport.c returns on it). */
+void shm_wake(transport *xt);
 typedef bool (*shm_ready_fn)(shm_transport *t, const void *arg);
 bool shm_spin(shm_transport *t, shm_ready_fn ready, const void *arg);
 bool shm_sleep(shm_transport *t, shm_ready_fn ready, const void *arg, double slice_s);

@@ -93,7 +93,7 @@ static td_status check_header(shm_transport *t, const td_comm *comm, size_t mapp
   return TD_OK;
 }
 
-static shm_fifo *fifo_of(const shm_transport *t, int src, int dst) {
+shm_fifo *shm_fifo_of(const shm_transport *t, int src, int dst) {
   size_t idx = (size_t)src * (size_t)(t->n - 1) + (size_t)(dst < src ? dst : dst - 1);
   return (shm_fifo *)(t->fifo_base + idx * t->fifo_stride);
 }
@@ -102,7 +102,7 @@ static char *fifo_data(shm_fifo *f) { return (char *)(f + 1); }
 size_t shm_fifo_pages(const td_comm *comm, int src, int dst) {
   shm_transport *t = shm_of(comm);
   if (!t || src < 0 || dst < 0 || src >= t->n || dst >= t->n || src == dst) return 0;
-  size_t off = (size_t)((char *)fifo_of(t, src, dst) - t->map);
+  size_t off = (size_t)((char *)shm_fifo_of(t, src, dst) - t->map);
   return ((off + t->fifo_stride + 4095) / 4096 - off / 4096) * 4096; /* as net_shm_populate rounds */
 }
 
@@ -112,11 +112,13 @@ size_t shm_fifo_pages(const td_comm *comm, int src, int dst) {
  * do when the segment was reserved whole at creation (older kernels). */
 static td_status fifo_reserve(shm_transport *t, int peer, bool out) {
   uint8_t bit = out ? 1 : 2;
-  if (!t->lazy_fifos || (t->fifo_ready[peer] & bit)) return TD_OK;
-  shm_fifo *f = out ? fifo_of(t, t->rank, peer) : fifo_of(t, peer, t->rank);
-  if (net_shm_populate(f, t->fifo_stride) != TD_OK)
+  if (t->fifo_ready[peer] & bit) return TD_OK;
+  shm_fifo *f = out ? shm_fifo_of(t, t->rank, peer) : shm_fifo_of(t, peer, t->rank);
+  if (t->lazy_fifos && net_shm_populate(f, t->fifo_stride) != TD_OK)
     return comm_fail(t->base.comm, TD_ERR_SYSTEM, "rank %d: cannot reserve the shared-memory FIFO %s rank %d: %s",
                      t->rank, out ? "to" : "from", peer, td_last_error());
+  /* before the first read of it: may the peer post its payloads? */
+  if (!out) shm_cma_probe(t, peer, f);
   t->fifo_ready[peer] |= bit;
   return TD_OK;
 }
@@ -132,10 +134,16 @@ static td_status shm_try_send(transport *xt, int peer, const void *buf, size_t l
   td_status st = shm_check_abort(t);
   if (st != TD_OK) return st;
   TD_CHECK(fifo_reserve(t, peer, true));
-  shm_fifo *f = fifo_of(t, t->rank, peer);
+  shm_fifo *f = shm_fifo_of(t, t->rank, peer);
+  /* a posted payload: nothing goes into the ring until the peer took it */
+  if (t->cma_send[peer].active) return shm_cma_sent(t, peer, f, buf, moved);
   uint64_t head = atomic_load_explicit(&f->head, memory_order_relaxed);
   uint64_t tail = atomic_load_explicit(&f->tail, memory_order_acquire);
   size_t space = t->fifo_bytes - (size_t)(head - tail);
+  if (shm_cma_postable(t, f, len, space)) {
+    shm_cma_post(t, peer, f, buf, len);
+    return TD_OK;
+  }
   size_t nb = TD_MIN(len, space);
   if (nb == 0) return TD_OK;
   size_t pos = (size_t)(head % t->fifo_bytes);
@@ -155,12 +163,14 @@ static td_status shm_try_recv(transport *xt, int peer, void *buf, size_t len, si
     return comm_fail(xt->comm, TD_ERR_INTERNAL, "shm transport: receive from invalid peer %d on rank %d", peer,
                      t->rank);
   TD_CHECK(fifo_reserve(t, peer, false));
-  shm_fifo *f = fifo_of(t, peer, t->rank);
+  shm_fifo *f = shm_fifo_of(t, peer, t->rank);
   uint64_t tail = atomic_load_explicit(&f->tail, memory_order_relaxed);
   uint64_t head = atomic_load_explicit(&f->head, memory_order_acquire);
   size_t avail = (size_t)(head - tail);
   size_t nb = TD_MIN(len, avail);
   if (nb == 0) {
+    /* the ring's bytes are all before the peer's post (shm_cma.c) */
+    if (len && shm_cma_pending(f)) return shm_cma_take(t, peer, f, buf, len, moved);
     /* Data a peer sent before failing is still delivered; only an empty
      * ring reports the failure. */
     return shm_check_abort(t);
@@ -180,7 +190,7 @@ static td_status shm_try_peek(transport *xt, int peer, void *buf, size_t len, si
   shm_transport *t = (shm_transport *)xt;
   *got = 0;
   if (peer < 0 || peer >= t->n || peer == t->rank || fifo_reserve(t, peer, false) != TD_OK) return TD_OK;
-  shm_fifo *f = fifo_of(t, peer, t->rank);
+  shm_fifo *f = shm_fifo_of(t, peer, t->rank);
   uint64_t tail = atomic_load_explicit(&f->tail, memory_order_relaxed);
   uint64_t head = atomic_load_explicit(&f->head, memory_order_acquire);
   size_t nb = TD_MIN(len, (size_t)(head - tail));
@@ -199,10 +209,17 @@ typedef struct wait_set {
 
 static bool pairs_ready(shm_transport *t, const void *arg) {
   const wait_set *w = arg;
+  /* another thread of this rank queued operations, or a peer's frame
+   * stalled to it: the caller pulls or takes them (transport_vtbl.wake) */
+  if (atomic_load_explicit(&t->ranks[t->rank].kick, memory_order_seq_cst)) return true;
   for (int i = 0; i < w->n_send; i++) {
     int p = w->send_peers[i];
     if (p < 0 || p >= t->n || p == t->rank) continue;
-    shm_fifo *f = fifo_of(t, t->rank, p);
+    shm_fifo *f = shm_fifo_of(t, t->rank, p);
+    if (t->cma_send[p].active) {
+      if (shm_cma_taken(t, p, f)) return true;
+      continue;
+    }
     uint64_t used = atomic_load_explicit(&f->head, memory_order_relaxed) -
                     atomic_load_explicit(&f->tail, memory_order_acquire);
     if (used < t->fifo_bytes) return true;
@@ -210,16 +227,16 @@ static bool pairs_ready(shm_transport *t, const void *arg) {
   for (int i = 0; i < w->n_recv; i++) {
     int p = w->recv_peers[i];
     if (p < 0 || p >= t->n || p == t->rank) continue;
-    shm_fifo *f = fifo_of(t, p, t->rank);
-    if (atomic_load_explicit(&f->head, memory_order_acquire) != atomic_load_explicit(&f->tail, memory_order_relaxed))
+    shm_fifo *f = shm_fifo_of(t, p, t->rank);
+    if (atomic_load_explicit(&f->head, memory_order_acquire) != atomic_load_explicit(&f->tail, memory_order_relaxed) ||
+        shm_cma_pending(f))
       return true;
   }
   return false;
 }
 
-static td_status shm_wait(transport *xt, const int *send_peers, int n_send, const int *recv_peers, int n_recv,
-                          double timeout_s) {
-  shm_transport *t = (shm_transport *)xt;
+static td_status wait_pairs(shm_transport *t, const int *send_peers, int n_send, const int *recv_peers, int n_recv,
+                            double timeout_s) {
   wait_set w = {send_peers, recv_peers, n_send, n_recv};
   td_status st = shm_check_abort(t);
   if (st != TD_OK) return st;
@@ -250,6 +267,16 @@ static td_status shm_wait(transport *xt, const int *send_peers, int n_send, cons
   }
 }
 
+static td_status shm_wait(transport *xt, const int *send_peers, int n_send, const int *recv_peers, int n_recv,
+                          double timeout_s) {
+  shm_transport *t = (shm_transport *)xt;
+  td_status st = wait_pairs(t, send_peers, n_send, recv_peers, n_recv, timeout_s);
+  /* the caller pulls what was queued before this (shm_wake sets the flag
+   * after queuing); a later wake holds for the next wait */
+  atomic_store_explicit(&t->ranks[t->rank].kick, 0, memory_order_seq_cst);
+  return st;
+}
+
 static void shm_abort(transport *xt, td_status status, const char *reason) {
   shm_transport *t = (shm_transport *)xt;
   shm_abort_block *a = t->abort_blk;
@@ -278,6 +305,7 @@ static void shm_destroy(transport *xt) {
   }
   shm_unmap_peers(t);
   free(t->fifo_ready);
+  free(t->cma_send);
   if (t->xprobe) net_hostmem_free(t->xprobe);
   net_shm_unmap(t->map, t->map_bytes);
   free(t);
@@ -298,6 +326,7 @@ static const transport_vtbl shm_vtbl = {
     .bell_sleep = shm_bell_sleep,
     .bell_ring = shm_bell_ring,
     .take_stalled = shm_take_stalled,
+    .wake = shm_wake,
 };
 
 /* ---- creation ---- */
@@ -364,7 +393,11 @@ td_status shm_transport_create(td_comm *comm, transport **out) {
   t->spin = spin_allowed(comm->size);
   t->live_cursor = (t->rank + 1) % t->n;
   t->fifo_ready = calloc((size_t)t->n, 1);
-  if (!t->fifo_ready) {
+  t->cma_send = calloc((size_t)t->n, sizeof *t->cma_send);
+  t->cma = comm->tun.shm_cma;
+  if (!t->fifo_ready || !t->cma_send) {
+    free(t->fifo_ready);
+    free(t->cma_send);
     free(t);
     return td_error(TD_ERR_SYSTEM, "out of memory for the shm transport");
   }
@@ -460,6 +493,7 @@ td_status shm_transport_create(td_comm *comm, transport **out) {
   }
   t->ranks[t->rank].pid = (int32_t)getpid();
   t->ranks[t->rank].xmap_ok = shm_xmap_probe(t);
+  shm_cma_publish(t);
 
   /* The last rank to map removes the name: from here on a killed job leaves
    * nothing behind in /dev/shm. */
@@ -476,8 +510,9 @@ td_status shm_transport_create(td_comm *comm, transport **out) {
   t->name[0] = '\0';
   shm_xmap_setup_done(t);
   TD_DEBUG("shm transport: %d ranks, fifo %zu, slot %zu, chunk %zu bytes, spin %s, direct access to host-shared "
-           "buffers %s",
-           t->n, t->fifo_bytes, t->slot_bytes, t->chunk_bytes, t->spin ? "on" : "off", t->xmap ? "on" : "off");
+           "buffers %s, single-copy payloads %s",
+           t->n, t->fifo_bytes, t->slot_bytes, t->chunk_bytes, t->spin ? "on" : "off", t->xmap ? "on" : "off",
+           t->cma ? "on where probed" : "off");
   *out = &t->base;
   return TD_OK;
 

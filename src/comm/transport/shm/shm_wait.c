@@ -170,6 +170,21 @@ void shm_bell_ring(transport *xt, int rank, bool stalled) {
   }
   atomic_fetch_add_explicit(&rb->p2p_bell, 1, memory_order_seq_cst);
   if (atomic_load_explicit(&rb->p2p_waiting, memory_order_seq_cst)) td_futex_wake(&rb->p2p_bell, INT_MAX, true);
+  /* a busy stream of that rank sleeps on its other bell (shm_wait): it
+   * takes the frame too (p2p/p2p.c) */
+  if (stalled) {
+    atomic_store_explicit(&rb->kick, 1, memory_order_seq_cst);
+    shm_ring(t, rank);
+  }
+}
+
+/* transport_vtbl.wake: the kick first, then the bell (shm_sleep's fence
+ * pairs with shm_ring's: either the waiter's ready() sees the kick, or the
+ * ring sees the waiter and wakes it). */
+void shm_wake(transport *xt) {
+  shm_transport *t = (shm_transport *)xt;
+  atomic_store_explicit(&t->ranks[t->rank].kick, 1, memory_order_seq_cst);
+  shm_ring(t, t->rank);
 }
 
 int shm_take_stalled(transport *xt, int *peers, int max) {
