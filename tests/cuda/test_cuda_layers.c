@@ -382,6 +382,13 @@ static void test_gelu(size_t n, td_dtype dt) {
   td_gelu_backward(gx, x, dy, n);
   CHECK_OK(td_cuda_gelu_backward(dgx, dx, ddy, n, dt, NULL));
   expect_close("gelu backward", dgx, gx, n, dt);
+  /* in place over the output gradient: gelu'(x) dy, the CPU's backward into zeros */
+  float *scaled = calloc(n + 1, 4);
+  CHECK(scaled != NULL);
+  td_gelu_backward(scaled, x, dy, n);
+  CHECK_OK(td_cuda_gelu_grad_scale(ddy, dx, n, dt, NULL));
+  expect_close("gelu grad scale (in place)", ddy, scaled, n, dt);
+  free(scaled);
   cudaFree(dx), cudaFree(dout), cudaFree(ddy), cudaFree(dgx);
   free(x), free(out), free(dy), free(gx);
 }

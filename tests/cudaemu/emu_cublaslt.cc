@@ -143,6 +143,11 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtM
     return CUBLAS_STATUS_INVALID_VALUE;
   *n_results = 0;
   if (!shapes_agree(desc, a, b, c, d)) return CUBLAS_STATUS_NOT_SUPPORTED;
+  /* TANDEM_CUDAEMU_LT_NO_DGELU=1: no algorithm for the DGELU epilogue, as a
+   * cuBLASLt without one for the shape would answer (the caller's other path) */
+  const char *no_dgelu = getenv("TANDEM_CUDAEMU_LT_NO_DGELU");
+  if (desc->epilogue == CUBLASLT_EPILOGUE_DGELU && no_dgelu && strcmp(no_dgelu, "1") == 0)
+    return CUBLAS_STATUS_NOT_SUPPORTED;
   memset(&results[0], 0, sizeof results[0]);
   results[0].state = CUBLAS_STATUS_SUCCESS;
   *n_results = 1;

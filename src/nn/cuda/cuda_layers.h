@@ -82,6 +82,11 @@ td_status td_cuda_gelu_forward(void *out /* (n) */, const void *inp /* (n) */, s
                                void *stream);
 td_status td_cuda_gelu_backward(void *dinp /* (n) */, const void *inp /* (n) */, const void *dout /* (n) */,
                                 size_t n, td_dtype dtype, void *stream);
+/* d = gelu'(inp) * d in place: GELU's backward over an output gradient
+ * already in d (td_cuda_matmul_backward_ex's pre_gelu where cuBLASLt has
+ * no DGELU algorithm). */
+td_status td_cuda_gelu_grad_scale(void *d /* (n) */, const void *inp /* (n) */, size_t n, td_dtype dtype,
+                                  void *stream);
 
 /* out = inp @ weight^T + bias (td_linear_forward); bias may be NULL. Through
  * cuBLASLt on a GPU build; Tandem's tiled kernel under the emulator or with
@@ -115,7 +120,10 @@ td_status td_cuda_matmul_backward(void *dinp /* (N, IC) or NULL */, void *dweigh
  *    td_cuda_matmul_forward_ex pre_gelu): dinp = gelu'(pre_gelu) * (dout @
  *    weight), td_cuda_gelu_backward folded into the product (cuBLASLt's
  *    DGELU epilogue; the tiled kernel's epilogue does the same), one
- *    rounding of the f32 value where the two launches rounded twice.
+ *    rounding of the f32 value where the two launches rounded twice. Where
+ *    cuBLASLt offers no DGELU algorithm for the shape: its plain product,
+ *    then td_cuda_gelu_grad_scale (two roundings; not counted in
+ *    td_cuda_matmul_fallbacks, which counts products taking the tiled kernel).
  * Other flags or pre_gelu without them: TD_ERR_INVALID_ARGUMENT. */
 enum { TD_CUDA_DINP_OVERWRITE = 1 };
 td_status td_cuda_matmul_backward_ex(void *dinp /* (N, IC) or NULL */, void *dweight /* (OC, IC) or NULL */,

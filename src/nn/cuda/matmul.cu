@@ -255,8 +255,9 @@ static uint32_t pointer_alignment(const void *p) {
  *    epilogue, the tanh form; aux is written);
  *  - dgelu 1: D = gelu'(aux) op(A) op(B) (the DGELU epilogue, as llm.c's
  *    backward; aux, GELU's forward input, is read; no bias, no Cin).
- * *done = 0 (and TD_OK) when cuBLASLt has no algorithm: the caller falls
- * back to the tiled kernel. */
+ * *done = 0 (and TD_OK) when cuBLASLt has no algorithm: the caller takes
+ * another path (the tiled kernel, counted in lt_fallbacks; for DGELU first
+ * the plain product and td_cuda_gelu_grad_scale). */
 static td_status lt_matmul(void *d, const void *A, const void *B, const void *bias, const void *c_in, const void *aux,
                            int dgelu, int m, int n, int k, int lda, int ldb, int ldd, int trans_a, int trans_b,
                            td_dtype dtype, void *stream, int *done) {
@@ -304,10 +305,7 @@ static td_status lt_matmul(void *d, const void *A, const void *B, const void *bi
   int n_results = 0;
   cublasStatus_t hs =
       LT(MatmulAlgoGetHeuristic)(lt_handle, call.op, call.a, call.b, call.c, call.c, call.pref, 1, &heur, &n_results);
-  if (hs != CUBLAS_STATUS_SUCCESS || n_results == 0) { /* no algorithm: the tiled kernel */
-    lt_fallbacks++;
-    return TD_OK;
-  }
+  if (hs != CUBLAS_STATUS_SUCCESS || n_results == 0) return TD_OK; /* no algorithm: the caller's other path */
   float alpha = 1.0f, beta = c_in ? 1.0f : 0.0f;
   LT_CHECK(LT(Matmul)(lt_handle, call.op, &alpha, A, call.a, B, call.b, &beta, c_in ? c_in : d, call.c, d, call.c,
                           &heur.algo, lt_workspace, kWorkspaceBytes, (cudaStream_t)stream));
@@ -336,6 +334,7 @@ extern "C" td_status td_cuda_matmul_forward_ex(void *out, void *pre_gelu, const 
     TD_CHECK(lt_matmul(out, weight, inp, bias, residual, pre_gelu, 0, OC, N, IC, IC, IC, OC, 1, 0, dtype, stream,
                        &done));
     if (done) return TD_OK;
+    lt_fallbacks++;
   }
   /* the tiled kernel: the product (+ bias) into pre_gelu, or into out on
    * top of a copy of the residual; then GELU */
@@ -377,12 +376,19 @@ extern "C" td_status td_cuda_matmul_backward_ex(void *dinp, void *dweight, void 
     if (dinp) { /* dinp^T (IC, N) (+)= W^T (IC, OC) dout^T (OC, N), times gelu'(pre_gelu^T) */
       TD_CHECK(lt_matmul(dinp, weight, dout, NULL, overwrite ? NULL : dinp, pre_gelu, pre_gelu != NULL, IC, N, OC, IC,
                          OC, IC, 0, 0, dtype, stream, &done));
+      if (!done && pre_gelu) { /* no DGELU algorithm: the plain product, then gelu' in place (the tiled
+                                * kernel would cost ~10x the product at GPT-2's shapes) */
+        TD_CHECK(lt_matmul(dinp, weight, dout, NULL, NULL, NULL, 0, IC, N, OC, IC, OC, IC, 0, 0, dtype, stream, &done));
+        if (done) TD_CHECK(td_cuda_gelu_grad_scale(dinp, pre_gelu, (size_t)N * IC, dtype, stream));
+      }
       if (done) dinp = NULL;
+      else lt_fallbacks++;
     }
     if (dweight) { /* dW^T (IC, OC) += inp^T (IC, N) dout (N, OC) */
       TD_CHECK(lt_matmul(dweight, inp, dout, NULL, dweight, NULL, 0, IC, OC, N, IC, OC, IC, 0, 1, dtype, stream,
                          &done));
       if (done) dweight = NULL;
+      else lt_fallbacks++;
     }
   }
   TD_CUDA_DISPATCH(dtype, "td_cuda_matmul_backward", {

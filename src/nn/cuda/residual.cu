@@ -39,6 +39,17 @@ template <class T> __global__ void gelu_backward_kernel(T *dinp, const T *inp, c
   td_store_group(dinp + i0, dx, cnt, vec);
 }
 
+/* d = gelu'(inp) d in place: GELU's backward when its output gradient is
+ * already in d (matmul.cu, where cuBLASLt offers no DGELU epilogue) */
+template <class T> __global__ void gelu_grad_scale_kernel(T *d, const T *inp, size_t n, bool vec) {
+  GROUP_SETUP(T)
+  float x[16 / sizeof(T)], dy[16 / sizeof(T)];
+  td_load_group(x, inp + i0, cnt, vec);
+  td_load_group(dy, d + i0, cnt, vec);
+  for (int k = 0; k < cnt; k++) dy[k] *= td_gelu_grad(x[k]);
+  td_store_group(d + i0, dy, cnt, vec);
+}
+
 static unsigned group_blocks(size_t n, td_dtype dtype) {
   size_t per_block = (size_t)256 * (16 / (dtype == TD_BF16 ? 2 : 4));
   return (unsigned)((n + per_block - 1) / per_block);
@@ -73,5 +84,15 @@ extern "C" td_status td_cuda_gelu_backward(void *dinp, const void *inp, const vo
                    (const td_elem *)inp, (const td_elem *)dout, n, td_aligned16(dinp, inp, dout));
   });
   TD_CUDA_LAUNCH_CHECK("gelu_backward_kernel");
+  return TD_OK;
+}
+
+extern "C" td_status td_cuda_gelu_grad_scale(void *d, const void *inp, size_t n, td_dtype dtype, void *stream) {
+  if (n == 0) return TD_OK;
+  TD_CUDA_DISPATCH(dtype, "td_cuda_gelu_grad_scale", {
+    TD_CUDA_LAUNCH(gelu_grad_scale_kernel<td_elem>, group_blocks(n, dtype), 256, 0, stream, (td_elem *)d,
+                   (const td_elem *)inp, n, td_aligned16(d, inp, inp));
+  });
+  TD_CUDA_LAUNCH_CHECK("gelu_grad_scale_kernel");
   return TD_OK;
 }
