@@ -289,9 +289,20 @@ td_status td_gpt_set_device_dtype(td_model *model, td_dtype dtype);
  * micro-batch: one call after each row-parallel product in forward and
  * each column-parallel input gradient in backward, one for the embedding,
  * one for the head's input gradient and two for the loss. Set before the
- * first prepare; ZeRO stage 3's param_access is then off. A CPU GPT:
- * TD_ERR_INVALID_ARGUMENT (its tensor parallelism is src/parallel's own
- * model, td_gpt_tp_create). */
+ * first prepare; ZeRO stage 3's param_access then fetches the groups of
+ * `tensors` (n_params elements). A CPU GPT: TD_ERR_INVALID_ARGUMENT (its
+ * tensor parallelism is src/parallel's own model, td_gpt_tp_create).
+ *
+ * sequence_parallel (Megatron-LM's sequence parallelism; the whole model,
+ * not a pipeline stage; B*T divisible by size): the residual stream, the
+ * LayerNorms and the embedding's output hold rows [rank R, (rank+1) R) of
+ * the B*T, R = B*T/size; `allgather` collects the ranks' R-row pieces
+ * (`local`, this rank's) into `whole` (count: the whole's elements) before
+ * each column-parallel product, and `reduce_scatter` sums `whole` over the
+ * group into this rank's piece `local` after each row-parallel product
+ * (and for each column-parallel input gradient), both on device buffers of
+ * the arenas' type, returning once the result is there; the LayerNorms'
+ * weight gradients, then partial, go through `allreduce` (2C each). */
 typedef struct td_gpt_tensor_split {
   int size, rank;
   const td_param_tensor *tensors;
@@ -299,6 +310,9 @@ typedef struct td_gpt_tensor_split {
   td_status (*allreduce)(void *ctx, void *buf, size_t count, td_dtype dtype, td_op op);
   void *ctx;
   int vocab_lo, vocab_count;
+  int sequence_parallel;
+  td_status (*allgather)(void *ctx, const void *local, void *whole, size_t count, td_dtype dtype);
+  td_status (*reduce_scatter)(void *ctx, const void *whole, void *local, size_t count, td_dtype dtype);
 } td_gpt_tensor_split;
 td_status td_gpt_set_tensor_split(td_model *model, const td_gpt_tensor_split *split);
 /* Generate `n` tokens after the prompt (greedy if temperature <= 0), writing

@@ -117,10 +117,10 @@ static td_status tensor_parallel_check(td_train_config *cfg) {
   else if (cfg->offload.optimizer_device != TD_OFFLOAD_NONE || cfg->offload.param_device != TD_OFFLOAD_NONE)
     what = "ZeRO offload";
   else if (cfg->elasticity.enabled) what = "elastic training";
-  else if (cfg->sequence_parallel && cfg->device[0] && strcmp(cfg->device, "cpu") != 0)
-    return td_error(TD_ERR_INVALID_ARGUMENT, "sequence_parallel on device %s: sequence parallelism trains on the CPU "
-                    "engine only (tensor parallelism on a GPU keeps whole rows); drop it or use --device cpu",
-                    cfg->device);
+  else if (cfg->sequence_parallel && !on_cpu && cfg->pipeline_parallel > 1)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "sequence_parallel with pipeline stages on device %s is not built yet "
+                    "(a device splits the sequence of the whole model only): drop sequence_parallel or "
+                    "pipeline_model_parallel_size, or use --device cpu", cfg->device);
   if (what)
     return td_error(TD_ERR_INVALID_ARGUMENT,
                     "tensor_model_parallel_size %d with %s is not built yet: drop one of them "

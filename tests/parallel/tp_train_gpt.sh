@@ -26,7 +26,8 @@
 #            ranks, TP=2 x DP=2: ZeRO-3 (the device GPT's parameter fetches
 #            follow the tensor shard's table) 4 steps saving at step 4, its
 #            losses within 1e-6 of ZeRO-0's 8 uninterrupted steps, and the save
-#            resumed under ZeRO-0 for steps 5-8 within 1e-6 of them too.
+#            resumed under ZeRO-0 for steps 5-8 within 1e-6 of them too;
+#            --sequence-parallel (TP=2 x DP=2) within 1e-5 of ZeRO-0 without it.
 set -u
 case_name=$1
 B=$2
@@ -117,7 +118,17 @@ device)
   grep -q "zero_stage=3 .*tensor_parallel=2" "$work/z3.out" || fail "ZeRO-3 with TP=2 was not on"
   "$RUN" -np 4 "$GPT" $TD --steps 8 --zero-stage 0 --resume "$work/ck" --metrics "$work/res.jsonl" >"$work/res.out" 2>&1 ||
     { cat "$work/res.out"; fail "TP=2 x DP=2 ZeRO-0 resuming the ZeRO-3 save"; }
+  "$RUN" -np 4 "$GPT" $TD --steps 8 --sequence-parallel --metrics "$work/sp.jsonl" >"$work/sp.out" 2>&1 ||
+    { cat "$work/sp.out"; fail "TP=2 x DP=2 with sequence parallelism on the device"; }
+  grep -q "tensor_parallel=2 sequence_parallel=1" "$work/sp.out" || fail "sequence parallelism was not on"
   metrics_losses "$work/z0.jsonl" >"$work/z0.txt"
+  metrics_losses "$work/sp.jsonl" >"$work/sp.txt"
+  [ "$(wc -l <"$work/sp.txt")" -eq 8 ] || fail "the sequence-parallel run has $(wc -l <"$work/sp.txt") loss lines, not 8"
+  while read -r step want && read -r step2 got <&3; do
+    [ "$step" = "$step2" ] || fail "sp: step $step2 against $step"
+    close_rel "$got" "$want" 1e-5 || fail "sp step $step: loss $got, without sequence parallelism $want (more than 1e-5 apart)"
+  done <"$work/z0.txt" 3<"$work/sp.txt"
+  echo "device: TP=2 x DP=2 with sequence parallelism: 8 losses within 1e-5 of it without (last $(tail -1 "$work/sp.txt"))"
   metrics_losses "$work/z3.jsonl" >"$work/z3.txt"
   metrics_losses "$work/res.jsonl" >"$work/res.txt"
   [ "$(wc -l <"$work/z0.txt")" -eq 8 ] && [ "$(wc -l <"$work/z3.txt")" -eq 4 ] && [ "$(wc -l <"$work/res.txt")" -eq 4 ] ||

@@ -81,5 +81,5 @@ refuse "must be a multiple of 2" 2 --pipeline-parallel 2 --pipeline-schedule int
 refuse "--layers 2 or more" 2 --pipeline-parallel 2 --layers 1 --steps 1
 refuse "ZeRO stage 3" 2 --pipeline-parallel 2 --zero-stage 3 --steps 1
 # refused by the config in any build, before a device is opened
-refuse "sequence parallelism trains on the CPU engine only" 2 --tensor-parallel 2 --sequence-parallel --device cuda --steps 1
+refuse "sequence_parallel with pipeline stages on device cuda" 4 --tensor-parallel 2 --pipeline-parallel 2 --sequence-parallel --device cuda --steps 1
 echo "train_gpt.sh: ok ($loss1 on one rank and PP=2, on $DEV)"

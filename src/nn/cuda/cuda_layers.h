@@ -206,6 +206,10 @@ td_status td_cuda_vocab_embedding_lookup(void *out /* (BT, C) */, const int32_t 
                                          td_dtype dtype, void *stream);
 td_status td_cuda_position_add(void *out /* (B, T, C) */, const void *wpe /* (maxT, C) */, int B, int T, int C,
                                td_dtype dtype, void *stream);
+/* The same for rows [row0, row0 + rows) of the (B, T) positions, in out's
+ * rows 0 .. rows - 1 (a sequence-parallel rank's piece: position (row0 + i) mod T). */
+td_status td_cuda_position_add_rows(void *out /* (rows, C) */, const void *wpe /* (maxT, C) */, int row0, int rows,
+                                    int T, int C, td_dtype dtype, void *stream);
 td_status td_cuda_vocab_embedding_backward(void *dwte_local /* (Vl, C) */, const void *dout /* (BT, C) */,
                                            const int32_t *tokens /* (BT) */, int BT, int C, int v0, int Vl,
                                            td_dtype dtype, void *stream);

@@ -105,6 +105,22 @@
  * The LayerNorms and wpe run whole, and their gradients come out equal on
  * every rank.
  *
+ * Sequence parallelism (split.sequence_parallel; Megatron-LM's, as
+ * src/parallel/tensor/gpt_tp.c does it on the CPU): the residual stream,
+ * the LayerNorms and the embedding's output keep rows [tr R, (tr+1) R) of
+ * the B*T, R = B*T/tp (encoded, ln1, res2, ln2, res3, lnf, dres and their
+ * statistics: the activations that shrink). Each LayerNorm output is
+ * allgathered into `gathered` before its column-parallel product (again in
+ * backward for the weight gradient: one whole-row buffer, not L); each
+ * row-parallel product's partial sums (all B*T rows, in dbuf_c) are
+ * reduce-scattered into this rank's rows before the residual add; the
+ * embedding's lookup likewise, then wpe of those rows' positions. In
+ * backward dres is allgathered (dfull) before each row-parallel product
+ * and the embedding, and each column-parallel input gradient
+ * reduce-scattered (dloc); the LayerNorms' weight gradients, then partial,
+ * are allreduced (dln) before they are added. The products, the attention
+ * and the loss run on all B*T rows as without it.
+ *
  * Errors: forward returns NaN with the launcher's message in
  * td_last_error(); backward cannot return one, so it stops at the first
  * failure, logs it, and the next forward returns NaN with the same message. */
@@ -123,6 +139,10 @@ typedef struct cuda_acts {
   /* of the model's dtype (bytes: element i of x is x + i * es) */
   char *encoded, *ln1, *qkv, *atty, *res2, *ln2, *fch, *fch_gelu, *res3, *lnf, *logits;
   char *dres, *dbuf_c, *dbuf_3c, *dbuf_4c;
+  /* sequence parallelism only: a LayerNorm output's whole rows (gathered),
+   * dres's whole rows (dfull), a column-parallel input gradient's local rows
+   * (dloc), one LayerNorm's partial weight and bias gradients (dln) */
+  char *gathered, *dfull, *dloc, *dln;
   /* always f32 */
   float *ln1_mean, *ln1_rstd, *attc, *ln2_mean, *ln2_rstd, *lnf_mean, *lnf_rstd, *losses, *att_scratch;
   float *ln_scratch; /* the layer norms' backward partials (td_cuda_layernorm_backward) */
@@ -169,6 +189,11 @@ typedef struct gpt_cuda {
   size_t n_params; /* the elements `tab` lays out (the shard's under tensor parallelism) */
   td_status (*allreduce)(void *ctx, void *buf, size_t count, td_dtype dtype, td_op op);
   void *allreduce_ctx;
+  /* sequence parallelism (split.sequence_parallel): the residual stream's
+   * rows [tr R, (tr+1) R), R = B*T/tp, on this rank; the split's collectives */
+  int sp;
+  td_status (*allgather)(void *ctx, const void *local, void *whole, size_t count, td_dtype dtype);
+  td_status (*reduce_scatter)(void *ctx, const void *whole, void *local, size_t count, td_dtype dtype);
 } gpt_cuda;
 
 static gpt_cuda *state(td_model *model) { return *nn_gpt_device_state(model); }
@@ -189,6 +214,28 @@ static td_status tensor_allreduce(gpt_cuda *gc, void *buf, size_t count) {
   return group_reduce(gc, buf, count, gc->dtype, TD_SUM);
 }
 
+/* Sequence parallelism: the residual stream's rows on this rank (B*T/tp;
+ * all B*T without it), and its collectives on the model's type: the
+ * ranks' pieces of a (B*T, C) buffer gathered whole, and a whole buffer's
+ * sum over the group scattered into the pieces. */
+static int rows_local(const gpt_cuda *gc, int BT) { return gc->sp ? BT / gc->tp : BT; }
+static td_status gather_rows(gpt_cuda *gc, const void *local, void *whole, int BT, int C) {
+  TD_CHECK(td_stream_sync(gc->stream));
+  return gc->allgather(gc->allreduce_ctx, local, whole, (size_t)BT * C, gc->dtype);
+}
+static td_status scatter_rows(gpt_cuda *gc, const void *whole, void *local, int BT, int C) {
+  TD_CHECK(td_stream_sync(gc->stream));
+  return gc->reduce_scatter(gc->allreduce_ctx, whole, local, (size_t)BT * C, gc->dtype);
+}
+/* The whole rows of a LayerNorm output for a column-parallel product: the
+ * buffer itself, or with sp its pieces gathered into acts.gathered. */
+static td_status whole_rows(gpt_cuda *gc, const void *local, int BT, int C, const void **whole) {
+  *whole = local;
+  if (!gc->sp) return TD_OK;
+  *whole = gc->acts.gathered;
+  return gather_rows(gc, local, gc->acts.gathered, BT, C);
+}
+
 /* Offset (elements) of tensor `which` of block l (this model's, 0 ..
  * n_layers - 1), and of table entry i, from the CPU model's table (gpt.c's
  * order: wte, wpe, 12 per block, ln_f.weight, ln_f.bias, lm_head.weight
@@ -206,12 +253,17 @@ static size_t off_named(const td_model *m, int i) { return table(m)[i].offset; }
 /* layer l's slice of a per-layer activation of `width` channels (slot 0
  * for every layer under checkpointing: `slot` is l or 0) */
 #define ACT(buf, width) (a->buf + (size_t)slot * sBT * (width) * gc->es)
+/* the same for the residual stream's (R, C) buffers (R = B*T/tp with sequence parallelism) */
+#define ACTR(buf) (a->buf + (size_t)slot * sR * C * gc->es)
 
 /* The attention cache per layer: (B, NH, T, T) unfused, (B, NH, T) fused. */
 static size_t att_cache_floats(const gpt_cuda *gc, const td_gpt_config *c, int B) {
   size_t bnh_t = (size_t)B * heads_local(gc, c) * c->seq;
   return gc->fused_attention ? bnh_t : bnh_t * c->seq;
 }
+
+/* dln's bias half starts ln_pad(C) elements in, on a 512-byte boundary as the arena's buffers do */
+static size_t ln_pad(size_t C) { return (C + 127) & ~(size_t)127; }
 
 /* Lay out (or, with base NULL, size) the device block. Every buffer starts
  * on a 256-byte boundary, as cudaMalloc's own do. */
@@ -226,33 +278,40 @@ static size_t acts_plan(cuda_acts *a, const gpt_cuda *gc, const td_gpt_config *c
   const size_t stats = gc->lay.has_head && gc->vsplit ? 3 : 0;
   const size_t BT = (size_t)B * c->seq, att = att_cache_floats(gc, c, B);
   const size_t Ca = (size_t)width_att(gc, c), F = (size_t)width_mlp(gc, c); /* C and 4C at tp 1 */
+  /* R: the residual stream's rows (B*T/tp with sequence parallelism); SP:
+   * its whole-row copies and partial gradients exist only then */
+  const size_t R = (size_t)rows_local(gc, (int)BT), SP = gc->sp ? 1 : 0;
   size_t off = 0;
 #define TAKE(ptr, type, count)                                         \
   do {                                                                 \
     (ptr) = base ? (type *)(base + off) : NULL;                        \
     off += (((size_t)(count) * sizeof(type)) + 255) & ~(size_t)255;    \
   } while (0)
-  TAKE(a->encoded, char, BT * C * es);
-  TAKE(a->ln1, char, L * BT * C * es);
-  TAKE(a->ln1_mean, float, L * BT);
-  TAKE(a->ln1_rstd, float, L * BT);
+  TAKE(a->encoded, char, R * C * es);
+  TAKE(a->ln1, char, L * R * C * es);
+  TAKE(a->ln1_mean, float, L * R);
+  TAKE(a->ln1_rstd, float, L * R);
   TAKE(a->qkv, char, L * BT * 3 * Ca * es);
   TAKE(a->atty, char, L * BT * Ca * es);
   TAKE(a->attc, float, L * att);
-  TAKE(a->res2, char, L * BT * C * es);
-  TAKE(a->ln2, char, L * BT * C * es);
-  TAKE(a->ln2_mean, float, L * BT);
-  TAKE(a->ln2_rstd, float, L * BT);
+  TAKE(a->res2, char, L * R * C * es);
+  TAKE(a->ln2, char, L * R * C * es);
+  TAKE(a->ln2_mean, float, L * R);
+  TAKE(a->ln2_rstd, float, L * R);
   TAKE(a->fch, char, L * BT * F * es);
   TAKE(a->fch_gelu, char, L * BT * F * es);
-  TAKE(a->res3, char, L_res * BT * C * es);
-  TAKE(a->lnf, char, BT * C * es);
-  TAKE(a->lnf_mean, float, BT);
-  TAKE(a->lnf_rstd, float, BT);
+  TAKE(a->res3, char, L_res * R * C * es);
+  TAKE(a->lnf, char, R * C * es);
+  TAKE(a->lnf_mean, float, R);
+  TAKE(a->lnf_rstd, float, R);
   TAKE(a->logits, char, BT * V * es);
   TAKE(a->losses, float, BT);
   TAKE(a->xent_stats, float, stats * BT);
-  TAKE(a->dres, char, BT * C * es);
+  TAKE(a->dres, char, R * C * es);
+  TAKE(a->gathered, char, SP * BT * C * es);
+  TAKE(a->dfull, char, SP * BT * C * es);
+  TAKE(a->dloc, char, SP * R * C * es);
+  TAKE(a->dln, char, SP * (ln_pad(C) + C) * es);
   TAKE(a->dbuf_c, char, BT * C * es);
   TAKE(a->dbuf_3c, char, BT * 3 * Ca * es);
   TAKE(a->dbuf_4c, char, BT * F * es);
@@ -396,8 +455,10 @@ static td_status head_forward(td_model *model, const void *params) {
   gpt_cuda *gc = state(model);
   const td_gpt_config *c = nn_gpt_config(model);
   const int BT = gc->last_B * c->seq;
-  const void *head = AT(params, off_named(model, gc->lay.idx_head));
-  return td_cuda_matmul_forward(gc->acts.logits, gc->acts.lnf, head, NULL, BT, c->channels, gc->Vl, gc->dtype,
+  const void *head = AT(params, off_named(model, gc->lay.idx_head)), *lnf;
+  /* with sp lnf's pieces gathered: acts.gathered then holds the whole lnf until the next gather (backward's head) */
+  TD_CHECK(whole_rows(gc, gc->acts.lnf, BT, c->channels, &lnf));
+  return td_cuda_matmul_forward(gc->acts.logits, lnf, head, NULL, BT, c->channels, gc->Vl, gc->dtype,
                                 td_stream_native(gc->stream));
 }
 
@@ -430,6 +491,11 @@ static td_status row_forward(gpt_cuda *gc, void *out, const void *resid, const v
                              const void *bias, int BT, int IC, int C) {
   void *s = td_stream_native(gc->stream);
   if (gc->tp == 1) return td_cuda_matmul_forward_ex(out, NULL, resid, inp, w, bias, BT, IC, C, gc->dtype, s);
+  if (gc->sp) { /* the partial sums of all B*T rows in dbuf_c, reduce-scattered into this rank's rows of out */
+    TD_CHECK(td_cuda_matmul_forward(gc->acts.dbuf_c, inp, w, gc->tr == 0 ? bias : NULL, BT, IC, C, gc->dtype, s));
+    TD_CHECK(scatter_rows(gc, gc->acts.dbuf_c, out, BT, C));
+    return td_cuda_residual_forward(out, out, resid, (size_t)rows_local(gc, BT) * C, gc->dtype, s);
+  }
   TD_CHECK(td_cuda_matmul_forward(out, inp, w, gc->tr == 0 ? bias : NULL, BT, IC, C, gc->dtype, s));
   TD_CHECK(tensor_allreduce(gc, out, (size_t)BT * C));
   return td_cuda_residual_forward(out, out, resid, (size_t)BT * C, gc->dtype, s);
@@ -447,14 +513,17 @@ static td_status block_forward(td_model *model, const char *pl, int l, const cha
   const td_dtype dt = gc->dtype;
   cuda_acts *a = &gc->acts;
   void *s = td_stream_native(gc->stream);
-  const size_t sBT = (size_t)BT, att = att_cache_floats(gc, c, B), slot = gc->ckpt ? 0 : (size_t)l;
+  const int R = rows_local(gc, BT); /* the residual stream's and LayerNorms' rows here */
+  const size_t sBT = (size_t)BT, sR = (size_t)R, att = att_cache_floats(gc, c, B), slot = gc->ckpt ? 0 : (size_t)l;
 #define W(which) AT(pl, off_layer(model, l, (which)))
-  char *ln1 = ACT(ln1, C), *qkv = ACT(qkv, 3 * Ca), *atty = ACT(atty, Ca), *res2 = ACT(res2, C), *ln2 = ACT(ln2, C);
-  char *fch = ACT(fch, F), *fch_gelu = ACT(fch_gelu, F), *res3 = a->res3 + (size_t)l * sBT * C * gc->es;
-  float *ln1_mean = a->ln1_mean + slot * sBT, *ln1_rstd = a->ln1_rstd + slot * sBT, *attc = a->attc + slot * att;
-  float *ln2_mean = a->ln2_mean + slot * sBT, *ln2_rstd = a->ln2_rstd + slot * sBT;
-  TD_CHECK(td_cuda_layernorm_forward(ln1, ln1_mean, ln1_rstd, resid, W(P_LN1W), W(P_LN1B), BT, C, dt, s));
-  TD_CHECK(td_cuda_matmul_forward(qkv, ln1, W(P_QKVW), W(P_QKVB), BT, C, 3 * Ca, dt, s));
+  char *ln1 = ACTR(ln1), *qkv = ACT(qkv, 3 * Ca), *atty = ACT(atty, Ca), *res2 = ACTR(res2), *ln2 = ACTR(ln2);
+  char *fch = ACT(fch, F), *fch_gelu = ACT(fch_gelu, F), *res3 = a->res3 + (size_t)l * sR * C * gc->es;
+  float *ln1_mean = a->ln1_mean + slot * sR, *ln1_rstd = a->ln1_rstd + slot * sR, *attc = a->attc + slot * att;
+  float *ln2_mean = a->ln2_mean + slot * sR, *ln2_rstd = a->ln2_rstd + slot * sR;
+  const void *whole; /* a LayerNorm output's whole rows (gathered with sp) */
+  TD_CHECK(td_cuda_layernorm_forward(ln1, ln1_mean, ln1_rstd, resid, W(P_LN1W), W(P_LN1B), R, C, dt, s));
+  TD_CHECK(whole_rows(gc, ln1, BT, C, &whole));
+  TD_CHECK(td_cuda_matmul_forward(qkv, whole, W(P_QKVW), W(P_QKVB), BT, C, 3 * Ca, dt, s));
   if (gc->fused_attention)
     TD_CHECK(td_cuda_flash_attention_forward(atty, attc, qkv, B, T, Ca, NHl, dt, s));
   else
@@ -464,8 +533,9 @@ static td_status block_forward(td_model *model, const char *pl, int l, const cha
    * (B, T, C) or (B, T, 4C) for the residual adds or the GELU, and one
    * rounding where the unfused pair rounds twice */
   TD_CHECK(row_forward(gc, res2, resid, atty, W(P_PROJW), W(P_PROJB), BT, Ca, C));
-  TD_CHECK(td_cuda_layernorm_forward(ln2, ln2_mean, ln2_rstd, res2, W(P_LN2W), W(P_LN2B), BT, C, dt, s));
-  TD_CHECK(td_cuda_matmul_forward_ex(fch_gelu, fch, NULL, ln2, W(P_FCW), W(P_FCB), BT, C, F, dt, s));
+  TD_CHECK(td_cuda_layernorm_forward(ln2, ln2_mean, ln2_rstd, res2, W(P_LN2W), W(P_LN2B), R, C, dt, s));
+  TD_CHECK(whole_rows(gc, ln2, BT, C, &whole));
+  TD_CHECK(td_cuda_matmul_forward_ex(fch_gelu, fch, NULL, whole, W(P_FCW), W(P_FCB), BT, C, F, dt, s));
   TD_CHECK(row_forward(gc, res3, res2, fch_gelu, W(P_FC2W), W(P_FC2B), BT, F, C));
 #undef W
   return TD_OK;
@@ -504,6 +574,7 @@ static float gpt_cuda_forward(td_model *model, const float *params, const void *
   /* the previous step's copies out of the staging buffers must be done */
   RUN(td_stream_sync(gc->stream));
   const size_t sBT = (size_t)BT;
+  const int R = rows_local(gc, BT); /* the residual stream's rows here (a stage has sp off: all of them) */
   if (tokens) {
     memcpy(a->h_tokens, tokens, (size_t)BT * sizeof(int32_t));
     RUN(td_copy_async(a->tokens, a->h_tokens, (size_t)BT * sizeof(int32_t), gc->stream));
@@ -522,7 +593,11 @@ static float gpt_cuda_forward(td_model *model, const float *params, const void *
   if (ly->has_embed) {
     FETCH(pe, unit_emb(model), L > 0 ? unit_layer(model, 0) : unit_final(model));
     const char *wte = AT(pe, off_named(model, ly->idx_wte)), *wpe = AT(pe, off_named(model, ly->idx_wpe));
-    if (gc->vsplit) { /* this rank's rows, zeros for the others' tokens, summed over the group; then wpe */
+    if (gc->sp) { /* as below, the sum reduce-scattered: this rank's rows of the positions, then their wpe */
+      RUN(td_cuda_vocab_embedding_lookup(a->dbuf_c, a->tokens, wte, BT, C, gc->v0, gc->Vl, dt, s));
+      RUN(scatter_rows(gc, a->dbuf_c, a->encoded, BT, C));
+      RUN(td_cuda_position_add_rows(a->encoded, wpe, gc->tr * R, R, T, C, dt, s));
+    } else if (gc->vsplit) { /* this rank's rows, zeros for the others' tokens, summed over the group; then wpe */
       RUN(td_cuda_vocab_embedding_lookup(a->encoded, a->tokens, wte, BT, C, gc->v0, gc->Vl, dt, s));
       RUN(tensor_allreduce(gc, a->encoded, sBT * C));
       RUN(td_cuda_position_add(a->encoded, wpe, B, T, C, dt, s));
@@ -531,11 +606,11 @@ static float gpt_cuda_forward(td_model *model, const float *params, const void *
     }
     RUN(release_unit(model, gc, unit_emb(model)));
   }
-  const char *resid = a->encoded; /* (B, T, C) */
+  const char *resid = a->encoded; /* (R, C): all B*T rows, or this rank's with sp */
   for (int l = 0; l < L; l++) {
     FETCH(pl, unit_layer(model, l), l + 1 < L ? unit_layer(model, l + 1) : unit_final(model));
     RUN(block_forward(model, pl, l, resid, B));
-    resid = a->res3 + (size_t)l * sBT * C * gc->es;
+    resid = a->res3 + (size_t)l * R * C * gc->es;
     RUN(release_unit(model, gc, unit_layer(model, l)));
   }
   if (!ly->has_head) { /* a pipeline stage's output, the last block's, to the host for the next stage */
@@ -549,7 +624,7 @@ static float gpt_cuda_forward(td_model *model, const float *params, const void *
   pw = pf;
   if (tied) FETCH(pw, unit_wte(model), unit_none);
   const size_t lnf_w = off_named(model, ly->idx_lnfw), lnf_b = off_named(model, ly->idx_lnfb);
-  RUN(td_cuda_layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, resid, AT(pf, lnf_w), AT(pf, lnf_b), BT, C, dt,
+  RUN(td_cuda_layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, resid, AT(pf, lnf_w), AT(pf, lnf_b), R, C, dt,
                                 s));
   gc->last_B = B;
   gc->last_params = params; /* predict() fetches again under param_access */
@@ -620,6 +695,38 @@ static void flush_ready_done(const td_model *m, pending_ready *p, td_grad_ready_
   p->n = p->n_prev = 0;
 }
 
+/* A column-parallel product's input gradient, whose partial sums over this
+ * rank's columns are in dbuf_c (all B*T rows), summed over the tensor
+ * group (Megatron's f backward): allreduced in place, or with sp
+ * reduce-scattered into this rank's rows (dloc). *dout: the result. */
+static td_status column_input_grad(gpt_cuda *gc, int BT, int C, const char **dout) {
+  cuda_acts *a = &gc->acts;
+  *dout = gc->sp ? a->dloc : a->dbuf_c;
+  if (gc->tp == 1) return TD_OK;
+  return gc->sp ? scatter_rows(gc, a->dbuf_c, a->dloc, BT, C) : tensor_allreduce(gc, a->dbuf_c, (size_t)BT * C);
+}
+
+/* LayerNorm backward on this rank's R rows into dres (+= its input
+ * gradient) and the weight and bias gradients (+=). With sp those are
+ * partial (this rank's rows): computed into dln, summed over the group
+ * (only this pass's share: the arena accumulates micro-batches), then
+ * added. */
+static td_status ln_backward(gpt_cuda *gc, void *dw, void *db, const void *dout, const void *inp, const void *w,
+                             const float *mean, const float *rstd, int R, int C) {
+  cuda_acts *a = &gc->acts;
+  void *s = td_stream_native(gc->stream);
+  const td_dtype dt = gc->dtype;
+  if (!gc->sp)
+    return td_cuda_layernorm_backward(a->dres, dw, db, a->ln_scratch, dout, inp, w, mean, rstd, R, C, dt, s);
+  const size_t n = ln_pad((size_t)C) + (size_t)C; /* the weight's C, padding, the bias's C */
+  char *dlw = a->dln, *dlb = a->dln + ln_pad((size_t)C) * gc->es;
+  TD_CHECK(td_memset0_async(a->dln, n * gc->es, gc->stream));
+  TD_CHECK(td_cuda_layernorm_backward(a->dres, dlw, dlb, a->ln_scratch, dout, inp, w, mean, rstd, R, C, dt, s));
+  TD_CHECK(tensor_allreduce(gc, a->dln, n));
+  TD_CHECK(td_cuda_residual_forward(dw, dw, dlw, (size_t)C, dt, s));
+  return td_cuda_residual_forward(db, db, dlb, (size_t)C, dt, s);
+}
+
 static void gpt_cuda_backward(td_model *model, const float *params, float *grads, float loss_scale,
                               td_grad_ready_fn ready, void *ctx) {
   gpt_cuda *gc = state(model);
@@ -633,9 +740,12 @@ static void gpt_cuda_backward(td_model *model, const float *params, float *grads
   cuda_acts *a = &gc->acts;
   void *s = td_stream_native(gc->stream);
   td_stream *st = gc->stream;
-  const size_t sBT = (size_t)BT, att = att_cache_floats(gc, c, B);
+  const int R = rows_local(gc, BT); /* the residual stream's rows here */
+  const size_t sBT = (size_t)BT, sR = (size_t)R, att = att_cache_floats(gc, c, B);
   const int tied = c->tied != 0;
   const int idx_lnfw = ly->idx_lnfw, idx_lnfb = ly->idx_lnfb, idx_head = ly->idx_head;
+  const char *dln_in;         /* a LayerNorm output's gradient, summed over the group (this rank's rows) */
+  const void *whole, *dwhole; /* a LayerNorm output's and dres's whole rows (gathered with sp) */
   const td_dtype dt = gc->dtype;
   const size_t es = gc->es;
   pending_ready pend = {.n = 0, .n_prev = 0};
@@ -675,17 +785,18 @@ static void gpt_cuda_backward(td_model *model, const float *params, float *grads
     RUN(head_forward(model, pw));
     RUN(loss_forward(gc, BT, loss_scale));
   }
-  RUN(td_cuda_matmul_backward_ex(a->dbuf_c, AT(grads, off_named(model, idx_head)), NULL, a->logits, a->lnf,
-                                 AT(pw, off_named(model, idx_head)), NULL, TD_CUDA_DINP_OVERWRITE, BT, C, gc->Vl, dt,
-                                 s));
+  /* lnf's whole rows: with sp, acts.gathered holds them since the last head_forward (forward's, or the one above) */
+  RUN(td_cuda_matmul_backward_ex(a->dbuf_c, AT(grads, off_named(model, idx_head)), NULL, a->logits,
+                                 gc->sp ? a->gathered : a->lnf, AT(pw, off_named(model, idx_head)), NULL,
+                                 TD_CUDA_DINP_OVERWRITE, BT, C, gc->Vl, dt, s));
   if (!tied) pend.idx[pend.n++] = idx_head;
   /* the vocabulary-parallel head is column-parallel: its input gradient is the sum of the ranks' */
-  if (gc->vsplit) RUN(tensor_allreduce(gc, a->dbuf_c, sBT * C));
-  const char *last_res = L > 0 ? a->res3 + (size_t)(L - 1) * sBT * C * es : a->encoded;
-  RUN(td_memset0_async(a->dres, sBT * C * es, st));
-  RUN(td_cuda_layernorm_backward(a->dres, AT(grads, off_named(model, idx_lnfw)), AT(grads, off_named(model, idx_lnfb)),
-                                 a->ln_scratch, a->dbuf_c, last_res, AT(pf, off_named(model, idx_lnfw)), a->lnf_mean,
-                                 a->lnf_rstd, BT, C, dt, s));
+  dln_in = a->dbuf_c;
+  if (gc->vsplit) RUN(column_input_grad(gc, BT, C, &dln_in));
+  const char *last_res = L > 0 ? a->res3 + (size_t)(L - 1) * sR * C * es : a->encoded;
+  RUN(td_memset0_async(a->dres, sR * C * es, st));
+  RUN(ln_backward(gc, AT(grads, off_named(model, idx_lnfw)), AT(grads, off_named(model, idx_lnfb)), dln_in, last_res,
+                  AT(pf, off_named(model, idx_lnfw)), a->lnf_mean, a->lnf_rstd, R, C));
   pend.idx[pend.n++] = idx_lnfb;
   pend.idx[pend.n++] = idx_lnfw;
   RUN(flush_ready(gc, model, &pend, ready, ctx));
@@ -698,36 +809,46 @@ blocks:
 #define W(which) AT(pl, off_layer(model, l, (which)))
 #define G(which) AT(grads, off_layer(model, l, (which)))
 #define READY(which) (pend.idx[pend.n++] = ly->idx_layer0 + l * P_PER_LAYER + (which))
-    const char *resid = l > 0 ? a->res3 + (size_t)(l - 1) * sBT * C * es : a->encoded; /* block input */
+    const char *resid = l > 0 ? a->res3 + (size_t)(l - 1) * sR * C * es : a->encoded; /* block input */
     /* checkpointing: the block's activations recomputed into slot 0 */
     if (gc->ckpt) RUN(block_forward(model, pl, l, resid, B));
     const size_t slot = gc->ckpt ? 0 : (size_t)l;
-    const char *ln1 = ACT(ln1, C), *qkv = ACT(qkv, 3 * Ca), *atty = ACT(atty, Ca), *res2 = ACT(res2, C);
-    const char *ln2 = ACT(ln2, C), *fch = ACT(fch, F), *fch_gelu = ACT(fch_gelu, F);
-    const float *ln1_mean = a->ln1_mean + slot * sBT, *ln1_rstd = a->ln1_rstd + slot * sBT;
+    const char *ln1 = ACTR(ln1), *qkv = ACT(qkv, 3 * Ca), *atty = ACT(atty, Ca), *res2 = ACTR(res2);
+    const char *ln2 = ACTR(ln2), *fch = ACT(fch, F), *fch_gelu = ACT(fch_gelu, F);
+    const float *ln1_mean = a->ln1_mean + slot * sR, *ln1_rstd = a->ln1_rstd + slot * sR;
     const float *attc = a->attc + slot * att;
-    const float *ln2_mean = a->ln2_mean + slot * sBT, *ln2_rstd = a->ln2_rstd + slot * sBT;
-    /* MLP: res3 = res2 + fc2(gelu(fc(ln2(res2)))); dres holds d res3. The
-     * input gradients overwrite their scratch buffers (no zeroing pass);
-     * fc2's is GELU's output gradient, and the product's epilogue applies
-     * gelu'(fch) to it: dbuf_4c is d fch, the fc product's output gradient */
-    RUN(td_cuda_matmul_backward_ex(a->dbuf_4c, G(P_FC2W), G(P_FC2B), a->dres, fch_gelu, W(P_FC2W), fch,
+    const float *ln2_mean = a->ln2_mean + slot * sR, *ln2_rstd = a->ln2_rstd + slot * sR;
+    /* MLP: res3 = res2 + fc2(gelu(fc(ln2(res2)))); dres holds d res3 (with
+     * sp gathered whole for the row-parallel fc2). The input gradients
+     * overwrite their scratch buffers (no zeroing pass); fc2's is GELU's
+     * output gradient, and the product's epilogue applies gelu'(fch) to it:
+     * dbuf_4c is d fch, the fc product's output gradient */
+    dwhole = a->dres;
+    if (gc->sp) {
+      RUN(gather_rows(gc, a->dres, a->dfull, BT, C));
+      dwhole = a->dfull;
+    }
+    RUN(td_cuda_matmul_backward_ex(a->dbuf_4c, G(P_FC2W), G(P_FC2B), dwhole, fch_gelu, W(P_FC2W), fch,
                                    TD_CUDA_DINP_OVERWRITE, BT, F, C, dt, s));
     READY(P_FC2B);
     READY(P_FC2W);
-    RUN(td_cuda_matmul_backward_ex(a->dbuf_c, G(P_FCW), G(P_FCB), a->dbuf_4c, ln2, W(P_FCW), NULL,
+    RUN(whole_rows(gc, ln2, BT, C, &whole));
+    RUN(td_cuda_matmul_backward_ex(a->dbuf_c, G(P_FCW), G(P_FCB), a->dbuf_4c, whole, W(P_FCW), NULL,
                                    TD_CUDA_DINP_OVERWRITE, BT, C, F, dt, s));
     READY(P_FCB);
     READY(P_FCW);
     /* column-parallel (Megatron's f backward): the input gradient is the sum of the ranks' */
-    if (gc->tp > 1) RUN(tensor_allreduce(gc, a->dbuf_c, sBT * C));
+    RUN(column_input_grad(gc, BT, C, &dln_in));
     /* dres becomes d res2: the skip path plus the layernorm's input gradient */
-    RUN(td_cuda_layernorm_backward(a->dres, G(P_LN2W), G(P_LN2B), a->ln_scratch, a->dbuf_c, res2, W(P_LN2W), ln2_mean,
-                                   ln2_rstd, BT, C, dt, s));
+    RUN(ln_backward(gc, G(P_LN2W), G(P_LN2B), dln_in, res2, W(P_LN2W), ln2_mean, ln2_rstd, R, C));
     READY(P_LN2B);
     READY(P_LN2W);
     /* attention: res2 = resid + proj(attn(qkv(ln1(resid)))) */
-    RUN(td_cuda_matmul_backward_ex(a->dbuf_c, G(P_PROJW), G(P_PROJB), a->dres, atty, W(P_PROJW), NULL,
+    if (gc->sp) {
+      RUN(gather_rows(gc, a->dres, a->dfull, BT, C));
+      dwhole = a->dfull;
+    }
+    RUN(td_cuda_matmul_backward_ex(a->dbuf_c, G(P_PROJW), G(P_PROJB), dwhole, atty, W(P_PROJW), NULL,
                                    TD_CUDA_DINP_OVERWRITE, BT, Ca, C, dt, s));
     READY(P_PROJB);
     READY(P_PROJW);
@@ -738,13 +859,13 @@ blocks:
                                            dt, s));
     else
       RUN(td_cuda_attention_backward(a->dbuf_3c, a->att_scratch, a->dbuf_c, qkv, attc, B, T, Ca, NHl, dt, s));
-    RUN(td_cuda_matmul_backward_ex(a->dbuf_c, G(P_QKVW), G(P_QKVB), a->dbuf_3c, ln1, W(P_QKVW), NULL,
+    RUN(whole_rows(gc, ln1, BT, C, &whole));
+    RUN(td_cuda_matmul_backward_ex(a->dbuf_c, G(P_QKVW), G(P_QKVB), a->dbuf_3c, whole, W(P_QKVW), NULL,
                                    TD_CUDA_DINP_OVERWRITE, BT, C, 3 * Ca, dt, s));
     READY(P_QKVB);
     READY(P_QKVW);
-    if (gc->tp > 1) RUN(tensor_allreduce(gc, a->dbuf_c, sBT * C));
-    RUN(td_cuda_layernorm_backward(a->dres, G(P_LN1W), G(P_LN1B), a->ln_scratch, a->dbuf_c, resid, W(P_LN1W), ln1_mean,
-                                   ln1_rstd, BT, C, dt, s));
+    RUN(column_input_grad(gc, BT, C, &dln_in));
+    RUN(ln_backward(gc, G(P_LN1W), G(P_LN1B), dln_in, resid, W(P_LN1W), ln1_mean, ln1_rstd, R, C));
     READY(P_LN1B);
     READY(P_LN1W);
     RUN(flush_ready(gc, model, &pend, ready, ctx));
@@ -755,9 +876,14 @@ blocks:
   }
   if (ly->has_embed) {
     char *dwte = AT(grads, off_named(model, ly->idx_wte)), *dwpe = AT(grads, off_named(model, ly->idx_wpe));
+    dwhole = a->dres; /* with sp its whole rows: every rank then adds the same wpe gradient */
+    if (gc->sp) {
+      RUN(gather_rows(gc, a->dres, a->dfull, BT, C));
+      dwhole = a->dfull;
+    }
     if (gc->vsplit) { /* into this rank's rows only; wpe's whole, as every rank's dres is */
-      RUN(td_cuda_vocab_embedding_backward(dwte, a->dres, a->tokens, BT, C, gc->v0, gc->Vl, dt, s));
-      RUN(td_cuda_encoder_backward(NULL, dwpe, a->dres, a->tokens, NULL, NULL, 0, B, T, C, dt, s));
+      RUN(td_cuda_vocab_embedding_backward(dwte, dwhole, a->tokens, BT, C, gc->v0, gc->Vl, dt, s));
+      RUN(td_cuda_encoder_backward(NULL, dwpe, dwhole, a->tokens, NULL, NULL, 0, B, T, C, dt, s));
     } else {
       RUN(td_cuda_encoder_backward(dwte, dwpe, a->dres, a->tokens, a->tok_order, a->tok_starts, n_buckets, B, T, C,
                                    dt, s));
@@ -959,6 +1085,13 @@ td_status nn_gpt_cuda_set_tensor_split(td_model *model, const td_gpt_tensor_spli
                     split->vocab_lo, split->vocab_lo, split->vocab_count, c->vocab, c->vocab);
   if (gc->acts.memory)
     return td_error(TD_ERR_INVALID_USAGE, "td_gpt_set_tensor_split: set it before the model's first prepare");
+  if (split->sequence_parallel && (p < 2 || whole || !split->allgather || !split->reduce_scatter || c->seq % p != 0))
+    return td_error(TD_ERR_INVALID_ARGUMENT, "td_gpt_set_tensor_split: sequence parallelism needs 2 or more tensor "
+                    "ranks, a vocabulary shard, the allgather and reduce-scatter, and a sequence length divisible "
+                    "by them (%d ranks, sequence %d)", p, c->seq);
+  if (split->sequence_parallel && gc->stage)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "sequence parallelism on a device runs on the whole model, not on "
+                    "pipeline stages yet: drop --sequence-parallel or --pipeline-parallel there, or use the CPU");
   /* the fused attention takes the same head size: C/p over NH/p heads */
   gc->tp = p;
   gc->tr = split->rank;
@@ -969,6 +1102,9 @@ td_status nn_gpt_cuda_set_tensor_split(td_model *model, const td_gpt_tensor_spli
   gc->v0 = whole ? 0 : split->vocab_lo;
   gc->Vl = whole ? c->vocab : split->vocab_count;
   gc->vsplit = gc->Vl < c->vocab;
+  gc->sp = split->sequence_parallel != 0;
+  gc->allgather = split->allgather;
+  gc->reduce_scatter = split->reduce_scatter;
   /* ZeRO stage 3 (supports_param_access as attach set it): the groups are
    * cut from the shard's table, whose offsets the engine's fetches use */
   return TD_OK;

@@ -32,10 +32,11 @@ __global__ void vp_lookup_kernel(T *out, const int32_t *tokens, const T *wte_loc
   out[i] = local >= 0 && local < Vl ? wte_local[(size_t)local * C + c] : td_from_f32<T>(0.0f);
 }
 
-template <class T> __global__ void vp_position_add_kernel(T *out, const T *wpe, int BT, int T_, int C) {
+/* row i of out is row row0 + i of the (B, T) positions */
+template <class T> __global__ void vp_position_add_kernel(T *out, const T *wpe, int rows, int row0, int T_, int C) {
   size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= (size_t)BT * C) return;
-  int c = (int)(i % C), t = (int)(i / C) % T_;
+  if (i >= (size_t)rows * C) return;
+  int c = (int)(i % C), t = (int)(((size_t)row0 + i / C) % (size_t)T_);
   out[i] = td_from_f32<T>(td_to_f32(out[i]) + td_to_f32(wpe[(size_t)t * C + c]));
 }
 
@@ -111,17 +112,26 @@ extern "C" td_status td_cuda_vocab_embedding_lookup(void *out, const int32_t *to
   return TD_OK;
 }
 
-extern "C" td_status td_cuda_position_add(void *out, const void *wpe, int B, int T, int C, td_dtype dtype,
-                                          void *stream) {
-  if (B < 0 || T < 0 || C < 0) return td_error(TD_ERR_INVALID_ARGUMENT, "td_cuda_position_add: negative shape");
-  const size_t n = (size_t)B * T * C;
+extern "C" td_status td_cuda_position_add_rows(void *out, const void *wpe, int row0, int rows, int T, int C,
+                                               td_dtype dtype, void *stream) {
+  if (row0 < 0 || rows < 0 || T <= 0 || C < 0)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "td_cuda_position_add: rows [%d, %d + %d) of sequences of %d, %d channels",
+                    row0, row0, rows, T, C);
+  const size_t n = (size_t)rows * C;
   if (n == 0) return TD_OK;
   TD_CUDA_DISPATCH(dtype, "td_cuda_position_add", {
     TD_CUDA_LAUNCH(vp_position_add_kernel<td_elem>, td_cuda_blocks(n, 256), 256, 0, stream, (td_elem *)out,
-                   (const td_elem *)wpe, B * T, T, C);
+                   (const td_elem *)wpe, rows, row0, T, C);
   });
   TD_CUDA_LAUNCH_CHECK("vp_position_add_kernel");
   return TD_OK;
+}
+
+extern "C" td_status td_cuda_position_add(void *out, const void *wpe, int B, int T, int C, td_dtype dtype,
+                                          void *stream) {
+  if (B < 0 || T < 0 || C < 0) return td_error(TD_ERR_INVALID_ARGUMENT, "td_cuda_position_add: negative shape");
+  if ((size_t)B * T * C == 0) return TD_OK;
+  return td_cuda_position_add_rows(out, wpe, 0, B * T, T, C, dtype, stream);
 }
 
 extern "C" td_status td_cuda_vocab_embedding_backward(void *dwte_local, const void *dout, const int32_t *tokens,

@@ -228,7 +228,12 @@ static size_t act_floats(const pp_model *m, int batch) {
 static td_status stage_create(const pp_model *m, const td_gpt_stage *range, td_model **out) {
   if (!m->tensor) return td_gpt_stage_create_on(&m->cfg, range, m->dev, out);
   TD_CHECK(tp_gpt_stage_create(&m->cfg, range, m->dev, m->tensor, m->world_rank, out));
-  return m->sp ? td_gpt_tp_set_sequence_parallel(*out, 1) : TD_OK;
+  td_status st = m->sp ? td_gpt_tp_set_sequence_parallel(*out, 1) : TD_OK; /* refused for a device's stage */
+  if (st != TD_OK) {
+    td_model_destroy(*out);
+    *out = NULL;
+  }
+  return st;
 }
 static const float *stage_output(const pp_model *m, const td_model *sm) {
   return m->tensor ? tp_gpt_stage_output(sm) : td_gpt_stage_output(sm);

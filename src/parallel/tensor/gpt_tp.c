@@ -59,7 +59,10 @@
  * vocabulary shard of wte and the head as here, with the device's parallel
  * cross-entropy (its row max and sums allreduced, MAX then SUM). This file
  * keeps the table, the cuts, the initial values, the norm and the failure
- * message; the device model computes. ZeRO stage 3 on a device: the
+ * message; the device model computes. Sequence parallelism there is the
+ * same split of the residual stream's rows as here, its allgathers and
+ * reduce-scatters on device buffers (dev_allgather, dev_reduce_scatter;
+ * the whole model only, not pipeline stages yet). ZeRO stage 3 on a device: the
  * engine's td_param_access, set on this wrapper, is handed to the device
  * model before each of its passes, and its fetches follow this table.
  *
@@ -677,6 +680,27 @@ static td_status dev_allreduce(void *ctx, void *buf, size_t count, td_dtype dtyp
   if (g->failed == TD_OK) (void)fail(g, td_allreduce(buf, buf, count, dtype, op, g->comm));
   return g->failed == TD_OK ? TD_OK : td_error(g->failed, "%s", g->failed_msg);
 }
+/* Sequence parallelism's (td_gpt_tensor_split): the ranks' R-row pieces of
+ * `count` elements gathered, and the sum of `count` scattered into them
+ * (td_shard_range's shards: rows [r R, (r+1) R) since p divides B*T). */
+static td_status dev_allgather(void *ctx, const void *local, void *whole, size_t count, td_dtype dtype) {
+  tp_gpt *g = ctx;
+  if (g->failed == TD_OK) (void)fail(g, td_allgather(local, whole, count, dtype, g->comm));
+  return g->failed == TD_OK ? TD_OK : td_error(g->failed, "%s", g->failed_msg);
+}
+static td_status dev_reduce_scatter(void *ctx, const void *whole, void *local, size_t count, td_dtype dtype) {
+  tp_gpt *g = ctx;
+  if (g->failed == TD_OK) (void)fail(g, td_reduce_scatter(whole, local, count, dtype, TD_SUM, g->comm));
+  return g->failed == TD_OK ? TD_OK : td_error(g->failed, "%s", g->failed_msg);
+}
+/* The split the device model computes (sp: with sequence parallelism). */
+static td_status dev_split(tp_gpt *g, int sp) {
+  const td_gpt_tensor_split split = {.size = g->p, .rank = g->r, .tensors = g->tensors, .n_params = g->base.n_params,
+                                     .allreduce = dev_allreduce, .ctx = g, .vocab_lo = g->v0, .vocab_count = g->Vl,
+                                     .sequence_parallel = sp, .allgather = dev_allgather,
+                                     .reduce_scatter = dev_reduce_scatter};
+  return td_gpt_set_tensor_split(g->dev, &split);
+}
 
 /* The device model, with the engine's parameter access (ZeRO stage 3) the
  * trainer set on this wrapper: its fetches then follow this table. */
@@ -733,11 +757,15 @@ static size_t dev_activation_bytes(const td_model *model, int batch, int checkpo
  * (the row-parallel sums, the column-parallel input gradients, the
  * embedding) or the loss's 2 B*T f32 row sums, on device buffers: the
  * staged path's host buffers and the host collective's shm pages they
- * move through (td_comm_staging_bytes). */
+ * move through (td_comm_staging_bytes). With sequence parallelism the
+ * B*T*C ones are allgathers and reduce-scatters, the allreduces the loss's
+ * and the LayerNorms' weight gradients (2C elements and their padding). */
 static size_t dev_comm_staging_bytes(const td_model *model, int batch, size_t *peers) {
   const tp_gpt *g = (const tp_gpt *)model;
-  const size_t BT = (size_t)batch * g->cfg.seq, largest = TD_MAX(BT * g->C * td_dtype_size(g->dtype), 2 * BT * 4);
-  const td_comm_traffic tr = {.allreduce = largest, .device = largest};
+  const size_t BT = (size_t)batch * g->cfg.seq, es = td_dtype_size(g->dtype), rows = BT * g->C * es;
+  const size_t sums = TD_MAX(2 * BT * 4, (2 * (size_t)g->C + 128) * es);
+  td_comm_traffic tr = {.allreduce = TD_MAX(rows, sums), .device = rows};
+  if (g->sp) tr.allreduce = sums, tr.allgather = tr.reduce_scatter = rows;
   return td_comm_staging_bytes(g->comm, &tr, peers);
 }
 
@@ -767,14 +795,12 @@ td_status td_gpt_tp_set_sequence_parallel(td_model *model, int on) {
   if (!model || !model->kind || strcmp(model->kind, "gpt-tp") != 0)
     return td_error(TD_ERR_INVALID_ARGUMENT, "td_gpt_tp_set_sequence_parallel: the model must come from td_gpt_tp_create");
   tp_gpt *g = (tp_gpt *)model;
-  if (on && g->dev)
-    return td_error(TD_ERR_INVALID_ARGUMENT, "sequence parallelism trains on the CPU engine only (tensor "
-                    "parallelism on a device keeps whole rows): drop --sequence-parallel or use --device cpu");
   if (on && g->cfg.seq % g->p != 0)
     return td_error(TD_ERR_INVALID_ARGUMENT,
                     "sequence parallelism splits each sequence's %d positions over %d tensor-parallel ranks: use a "
                     "sequence length divisible by %d (e.g. %d)", g->cfg.seq, g->p, g->p,
                     (g->cfg.seq / g->p + 1) * g->p);
+  if (g->dev) TD_CHECK(dev_split(g, on != 0)); /* the device model computes it (refused for a stage, or after prepare) */
   g->sp = on != 0;
   return TD_OK;
 }
@@ -867,7 +893,7 @@ static td_status tp_build(const td_gpt_config *config, td_model *full, const td_
   g->base.kind = "gpt-tp";
   snprintf(g->config_text, sizeof g->config_text, "%s tensor_parallel=%d tensor_rank=%d", full->config, p, r);
   g->base.config = g->config_text;
-  g->base.n_params = off;
+  g->base.n_params = off; /* before dev_split below */
   g->base.n_tensors = n;
   g->base.tensors = g->tensors;
   g->base.input_bytes = (size_t)config->seq * (g->has_embed ? sizeof(int32_t) : (size_t)g->C * sizeof(float));
@@ -876,8 +902,7 @@ static td_status tp_build(const td_gpt_config *config, td_model *full, const td_
   if (g->dev) {
     g->base.ops = &tp_dev_ops;
     g->base.supports_param_access = full->supports_param_access; /* ZeRO-3 (dev_of): the whole model, not a stage */
-    const td_gpt_tensor_split split = {p, r, g->tensors, off, dev_allreduce, g, g->v0, g->Vl};
-    td_status st = td_gpt_set_tensor_split(full, &split);
+    td_status st = dev_split(g, 0);
     if (st != TD_OK) {
       tp_destroy(&g->base);
       return st;
