@@ -63,7 +63,7 @@
  *                            collective: c10d's destroy_process_group after
  *                            async ops). Stderr goes to a file during the
  *                            rounds, which must not hold the message.
- *   test_comm_core stream_quiet  under tandemrun -np 2 (shm): a progress
+ *   test_comm_core stream_quiet  under tandemrun -np 2 (shm, tcp): a progress
  *                            thread waiting 1 s for a message wakes at most
  *                            40 times; sends queued behind its waiting
  *                            receive still run (test_stream_quiet).
@@ -767,7 +767,7 @@ static long progress_switches(void) {
  * (here: sleeps) for a second sleeps until the peer's message comes, not in
  * 2 ms slices (it woke ~500 times a second before); and operations queued
  * behind the waiting stream still run at once: each round rank 0 queues a
- * send while its stream waits for rank 1's reply to it. 2 ranks, shm. */
+ * send while its stream waits for rank 1's reply to it. 2 ranks, shm or tcp. */
 static void test_stream_quiet(void) {
   td_comm *comm;
   CHECK_OK(td_comm_init(&comm));

@@ -178,6 +178,10 @@ typedef struct tcp_transport {
    * hang-ups, and waking once per heartbeat interval to send and check
    * beats. */
   int hup_fd, stop_fd;           /* -1 until created */
+  /* transport_vtbl.wake: another thread of this rank queued operations;
+   * wait() polls it beside the peers and returns once it is readable
+   * (reading it), so that the send/recv stream pulls them (eventfd) */
+  int wake_fd;
   pthread_t watcher;
   bool watcher_started;
   _Atomic unsigned hangups;      /* peers the watcher saw hang up so far */
@@ -488,6 +492,10 @@ static td_status tcp_wait(transport *base, const int *send_peers, int n_send, co
       t->pfds[n_pfds] = (struct pollfd){.fd = t->peers[p].fd, .events = events | POLLRDHUP};
       t->pfd_peer[n_pfds++] = p;
     }
+    /* the slot this rank's own peer entry leaves free (pfds holds size) */
+    int wake_k = n_pfds;
+    t->pfds[n_pfds] = (struct pollfd){.fd = t->wake_fd, .events = POLLIN};
+    t->pfd_peer[n_pfds++] = -1;
 
     double now = td_now();
     if (any_hung_up && now >= t->next_reason_check) {
@@ -524,6 +532,14 @@ static td_status tcp_wait(transport *base, const int *send_peers, int n_send, co
     for (int k = 0; ready > 0 && k < n_pfds; k++) {
       short rev = t->pfds[k].revents;
       if (!rev) continue;
+      if (k == wake_k) {
+        uint64_t woken;
+        ssize_t got;
+        TD_SYSCALL_RETRY(got, read(t->wake_fd, &woken, sizeof woken));
+        (void)got; /* EAGAIN: another reader took it; either way the caller pulls */
+        progress = true;
+        continue;
+      }
       int p = t->pfd_peer[k];
       bool receiving = contains(recv_peers, n_recv, p), sending = contains(send_peers, n_send, p);
       bool hang_up = rev & (POLLRDHUP | POLLHUP | POLLERR);
@@ -833,6 +849,7 @@ static void tcp_destroy(transport *base) {
   }
   if (t->hup_fd >= 0) close(t->hup_fd);
   if (t->stop_fd >= 0) close(t->stop_fd);
+  if (t->wake_fd >= 0) close(t->wake_fd);
   heartbeat_close(t->hb);
   free(atomic_load(&t->silent));
   store_close(atomic_load(&t->watch_store));
@@ -856,6 +873,14 @@ static int tcp_silent_peers(transport *base, int *ranks, int max) {
   return n;
 }
 
+static void tcp_wake(transport *base) {
+  tcp_transport *t = (tcp_transport *)base;
+  uint64_t one = 1;
+  ssize_t w;
+  TD_SYSCALL_RETRY(w, write(t->wake_fd, &one, sizeof one));
+  (void)w; /* EAGAIN only at a counter near 2^64: it is readable then anyway */
+}
+
 static const transport_vtbl tcp_vtbl = {
     .name = "tcp",
     .try_send = tcp_try_send,
@@ -867,6 +892,7 @@ static const transport_vtbl tcp_vtbl = {
     .op_done = tcp_op_done,
     .try_peek = tcp_try_peek,
     .silent_peers = tcp_silent_peers,
+    .wake = tcp_wake,
 };
 
 /* A host that crashes or drops off the network sends no FIN. Heartbeats
@@ -1136,6 +1162,11 @@ td_status tcp_transport_create(td_comm *comm, transport **out) {
   t->rank = comm->rank;
   t->size = comm->size;
   t->hup_fd = t->stop_fd = -1;
+  t->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (t->wake_fd < 0) {
+    st = td_error_errno("rank %d: tcp: cannot create the eventfd that wakes its waits", t->rank);
+    goto fail;
+  }
   t->peers = calloc((size_t)t->size, sizeof *t->peers);
   t->pfds = calloc((size_t)t->size, sizeof *t->pfds);
   t->pfd_peer = calloc((size_t)t->size, sizeof *t->pfd_peer);
