@@ -53,9 +53,9 @@
  *   HS=16    168 / 163    128 / 154        126 / 128       12288,  9728,  9216
  *   At HS=64 the forward's 243 registers allow 2 blocks (8 warps) per SM,
  *   as FA2's own forward. Those backward figures are before the double
- *   buffering; with it (13.0, 2026-11-28): dK/dV 242 registers, 47,104
- *   bytes, dQ 184 registers, 46,080 bytes at HS=64, no spills: 2 blocks per
- *   SM each (dQ had 3; capping it at 168 registers for 3 spills 40 bytes).
+ *   buffering; with it (13.0, 2026-11-28): dK/dV 239 registers, 47,104
+ *   bytes (2 blocks per SM), dQ 168 registers, 46,080 bytes (3 blocks) at
+ *   HS=64, no spills.
  *   The one-pass backward: 240 / 218 registers at HS 64 / 48, no spills,
  *   56,320 bytes of dynamic shared memory at HS=64: 2 blocks per SM.
  * Not done: the output is written 4 bytes a lane instead of through shared
@@ -101,7 +101,7 @@ __device__ __forceinline__ void fa2_copy_tile_async(bf16 *tile, const bf16 *src,
   }
 }
 
-/* fa2_copy_tile_async as one group: td_cp_async_wait_all and a
+/* fa2_copy_tile_async as one group: td_cp_async_wait<0> and a
  * __syncthreads before reading */
 template <int HS, int ROWS>
 __device__ __forceinline__ void fa2_load_tile_async(bf16 *tile, const bf16 *src, size_t ld, int r0, int T_) {
@@ -193,7 +193,7 @@ __global__ void __launch_bounds__(FA2_THREADS) fa2_forward_kernel(bf16 *out, flo
   const bf16 *qb = inp + (size_t)b * T_ * ld + (size_t)h * HS;
   fa2_load_tile_async<HS, FA2_FWD_ROWS>(Qs, qb, ld, q0, T_);
   fa2_load_tile_async<HS, FA2_TILE>(Ks, qb + C, ld, 0, T_);
-  td_cp_async_wait_all();
+  td_cp_async_wait<0>();
   __syncthreads();
   int wr0 = q0 + warp * 32; /* this warp's first query row */
   uint32_t qa[2][KC][4];
@@ -213,7 +213,7 @@ __global__ void __launch_bounds__(FA2_THREADS) fa2_forward_kernel(bf16 *out, flo
   for (int kt = 0; kt < n_kt; kt++) {
     int j0 = kt * FA2_TILE;
     if (kt > 0) {
-      td_cp_async_wait_all(); /* K(kt) */
+      td_cp_async_wait<0>(); /* K(kt) */
       __syncthreads();        /* ... visible; every warp is done with V(kt - 1) */
     }
     fa2_load_tile_async<HS, FA2_TILE>(Vs, qb + 2 * C, ld, j0, T_);
@@ -261,7 +261,7 @@ __global__ void __launch_bounds__(FA2_THREADS) fa2_forward_kernel(bf16 *out, flo
         }
       }
     }
-    td_cp_async_wait_all(); /* V(kt) */
+    td_cp_async_wait<0>(); /* V(kt) */
     __syncthreads();        /* ... visible; every warp is done with K(kt) */
     if (kt + 1 < n_kt) fa2_load_tile_async<HS, FA2_TILE>(Ks, qb + C, ld, j0 + FA2_TILE, T_);
     if (!active) continue;
@@ -292,6 +292,63 @@ __global__ void __launch_bounds__(FA2_THREADS) fa2_forward_kernel(bf16 *out, flo
 /* dinp's old value to add to: itself, or 0 when the call overwrites
  * (TD_CUDA_DINP_OVERWRITE: a scratch gradient that was never zeroed) */
 __device__ __forceinline__ float fa2_old(const bf16 *x, bool add) { return add ? __bfloat162float(*x) : 0.0f; }
+
+/* dinp rows r0 .. r0 + 15 of one part (q, k or v: base points at the
+ * part's first column of batch row 0) += mul * a warp's 16 x HS
+ * accumulator (C-fragment layout), or = it when !add */
+template <int HS>
+__device__ __forceinline__ void fa2_store_acc(bf16 *base, size_t ld, const float acc[HS / 8][4], int r0, int T_,
+                                              float mul, bool add) {
+  int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int half = 0; half < 2; half++) {
+    int r = r0 + half * 8 + g;
+    if (r >= T_) continue;
+#pragma unroll
+    for (int d = 0; d < HS / 8; d++) {
+      bf16 *x = base + (size_t)r * ld + 2 * t + d * 8;
+      *(uint32_t *)x = td_pack_bf16x2(fa2_old(x, add) + acc[d][2 * half] * mul,
+                                      fa2_old(x + 1, add) + acc[d][2 * half + 1] * mul);
+    }
+  }
+}
+
+/* One tile pair on the keys' side, for the warp's 16 keys from wk0 (K, V
+ * fragments a1, a2) and the query tile from o0 (Q in t1, dO in t2, their
+ * lse in base 2 and D in Lc, Dc): S^T = K Q^T, dP^T = V dO^T, P^T and dS^T =
+ * P^T (dP^T - D) left in s and dp (registers), dV += P^T dO, dK += dS^T Q. */
+template <int HS>
+__device__ __forceinline__ void fa2_keys_step(float dk[1][HS / 8][4], float dv[1][HS / 8][4], float s[1][8][4],
+                                              float dp[1][8][4], const uint32_t a1[1][HS / 16][4],
+                                              const uint32_t a2[1][HS / 16][4], const bf16 *t1, const bf16 *t2,
+                                              const float *Lc, const float *Dc, int o0, int wk0, int T_,
+                                              float scale_log2) {
+  int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  fa2_scores<HS, 1>(s, a1, t1);  /* S^T = K Q^T */
+  fa2_scores<HS, 1>(dp, a2, t2); /* dP^T = V dO^T */
+#pragma unroll
+  for (int half = 0; half < 2; half++) {
+    int k = wk0 + half * 8 + g;
+#pragma unroll
+    for (int n = 0; n < 8; n++)
+#pragma unroll
+      for (int e = 0; e < 2; e++) {
+        int c = n * 8 + 2 * t + e, q = o0 + c;
+        /* k > q: above the diagonal; q >= T_ (hence k >= T_ too): padding */
+        float p = (k <= q && q < T_) ? exp2f(s[0][n][2 * half + e] * scale_log2 - Lc[c]) : 0.0f;
+        s[0][n][2 * half + e] = p;
+        dp[0][n][2 * half + e] = p * (dp[0][n][2 * half + e] - Dc[c]);
+      }
+  }
+#pragma unroll
+  for (int kk = 0; kk < FA2_TILE / 16; kk++) {
+    uint32_t pa[1][4], da[1][4];
+    fa2_acc_to_a(pa[0], s[0], kk);
+    fa2_times_rows<HS, 1>(dv, pa, t2, kk); /* dV += P^T dO */
+    fa2_acc_to_a(da[0], dp[0], kk);
+    fa2_times_rows<HS, 1>(dk, da, t1, kk); /* dK += dS^T Q */
+  }
+}
 
 /* KEYS: a block owns 64 keys and accumulates dK, dV over the query tiles
  * from the diagonal on; otherwise it owns 64 queries and accumulates dQ
@@ -379,44 +436,39 @@ __global__ void __launch_bounds__(FA2_THREADS)
         nl = lse_bh[n0 + threadIdx.x] * FA2_LOG2E;
         nd = D_bh[n0 + threadIdx.x];
       }
-      td_cp_async_wait_but_newest(); /* this tile's copies */
+      td_cp_async_wait<1>(); /* this tile's copies */
     } else {
-      td_cp_async_wait_all();
+      td_cp_async_wait<0>();
     }
     __syncthreads(); /* this tile is visible to every warp */
     const bf16 *t1 = oth1[buf], *t2 = oth2[buf];
     const float *Lc = Lt[buf], *Dc = Dt[buf];
     /* a tile wholly on the masked side of this warp's 16 rows: nothing to add */
-    if (!(KEYS ? o0 + FA2_TILE - 1 < wr0 : o0 > wr0 + 15)) {
+    if (KEYS) {
+      /* every query tile from the block's diagonal on reaches this warp's keys */
       float s[1][8][4], dp[1][8][4];
-      fa2_scores<HS, 1>(s, a1, t1);  /* S^T = K Q^T  or  S = Q K^T */
-      fa2_scores<HS, 1>(dp, a2, t2); /* dP^T = V dO^T  or  dP = dO V^T */
+      fa2_keys_step<HS>(acc1, acc2, s, dp, a1, a2, t1, t2, Lc, Dc, o0, wr0, T_, scale_log2);
+    } else if (o0 <= wr0 + 15) { /* key tiles wholly after this warp's 16 queries add nothing */
+      float s[1][8][4], dp[1][8][4];
+      fa2_scores<HS, 1>(s, a1, t1);  /* S = Q K^T */
+      fa2_scores<HS, 1>(dp, a2, t2); /* dP = dO V^T */
 #pragma unroll
       for (int half = 0; half < 2; half++) {
-        int r = wr0 + half * 8 + g;
+        int q = wr0 + half * 8 + g;
 #pragma unroll
         for (int n = 0; n < 8; n++)
 #pragma unroll
           for (int e = 0; e < 2; e++) {
-            int c = n * 8 + 2 * t + e, other = o0 + c;
-            int q = KEYS ? other : r, k = KEYS ? r : other;
-            float L = KEYS ? Lc[c] : Lrow[half], Dv = KEYS ? Dc[c] : Drow[half];
-            float p = (k <= q && q < T_) ? exp2f(s[0][n][2 * half + e] * scale_log2 - L) : 0.0f;
-            s[0][n][2 * half + e] = p;
-            dp[0][n][2 * half + e] = p * (dp[0][n][2 * half + e] - Dv);
+            int k = o0 + n * 8 + 2 * t + e;
+            float p = (k <= q && q < T_) ? exp2f(s[0][n][2 * half + e] * scale_log2 - Lrow[half]) : 0.0f;
+            dp[0][n][2 * half + e] = p * (dp[0][n][2 * half + e] - Drow[half]);
           }
       }
 #pragma unroll
       for (int kk = 0; kk < FA2_TILE / 16; kk++) {
-        uint32_t pa[1][4], da[1][4];
+        uint32_t da[1][4];
         fa2_acc_to_a(da[0], dp[0], kk);
-        if (KEYS) {
-          fa2_acc_to_a(pa[0], s[0], kk);
-          fa2_times_rows<HS, 1>(acc2, pa, t2, kk); /* dV += P^T dO */
-          fa2_times_rows<HS, 1>(acc1, da, t1, kk); /* dK += dS^T Q */
-        } else {
-          fa2_times_rows<HS, 1>(acc1, da, t1, kk); /* dQ += dS K */
-        }
+        fa2_times_rows<HS, 1>(acc1, da, t1, kk); /* dQ += dS K */
       }
     }
     if (KEYS && ot < last && threadIdx.x < FA2_TILE) {
@@ -426,23 +478,12 @@ __global__ void __launch_bounds__(FA2_THREADS)
     __syncthreads(); /* every warp is done with this tile's buffers */
   }
   /* dinp += the gradient: dK and dQ carry the score scale, dV not */
-#pragma unroll
-  for (int half = 0; half < 2; half++) {
-    int r = wr0 + half * 8 + g;
-    if (r >= T_) continue;
-    bf16 *grow = dinp + ((size_t)b * T_ + r) * ld + (size_t)h * HS + 2 * t;
-#pragma unroll
-    for (int pass = 0; pass < (KEYS ? 2 : 1); pass++) {
-      bf16 *gp = grow + (KEYS ? (size_t)(pass + 1) * C : 0);
-      const float(*acc)[4] = pass ? acc2[0] : acc1[0];
-      float mul = pass ? 1.0f : scale;
-#pragma unroll
-      for (int d = 0; d < DN; d++) {
-        bf16 *x = gp + d * 8;
-        *(uint32_t *)x = td_pack_bf16x2(fa2_old(x, add) + acc[d][2 * half] * mul,
-                                        fa2_old(x + 1, add) + acc[d][2 * half + 1] * mul);
-      }
-    }
+  bf16 *head = dinp + (size_t)b * T_ * ld + (size_t)h * HS;
+  if (KEYS) {
+    fa2_store_acc<HS>(head + C, ld, acc1[0], wr0, T_, scale, add);
+    fa2_store_acc<HS>(head + 2 * C, ld, acc2[0], wr0, T_, 1.0f, add);
+  } else {
+    fa2_store_acc<HS>(head, ld, acc1[0], wr0, T_, scale, add);
   }
 }
 
@@ -505,7 +546,7 @@ __global__ void __launch_bounds__(FA2_THREADS)
     else
       Dt[e] = q < T_ ? D_bh[q] : 0.0f;
   }
-  td_cp_async_wait_all();
+  td_cp_async_wait<0>();
   __syncthreads();
   uint32_t a1[1][KC][4], a2[1][KC][4]; /* this warp's 16 keys: K and V fragments */
   fa2_load_a<HS>(a1[0], Ks + warp * 16 * LD);
@@ -529,36 +570,13 @@ __global__ void __launch_bounds__(FA2_THREADS)
       td_cp_async_commit();
       int q = n0 + threadIdx.x % FA2_TILE; /* q < o0 <= T_ - 1: a row of the sequence */
       next_ld = threadIdx.x < FA2_TILE ? lse_bh[q] * FA2_LOG2E : D_bh[q];
-      td_cp_async_wait_but_newest(); /* this tile's copies (issued one step ago) */
+      td_cp_async_wait<1>(); /* this tile's copies (issued one step ago) */
     } else {
-      td_cp_async_wait_all();
+      td_cp_async_wait<0>();
     }
     __syncthreads();
     float s[1][8][4], dp[1][8][4];
-    fa2_scores<HS, 1>(s, a1, Qc);  /* S^T = K Q^T */
-    fa2_scores<HS, 1>(dp, a2, Oc); /* dP^T = V dO^T */
-#pragma unroll
-    for (int half = 0; half < 2; half++) {
-      int k = wk0 + half * 8 + g;
-#pragma unroll
-      for (int n = 0; n < 8; n++)
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-          int c = n * 8 + 2 * t + e, q = o0 + c;
-          /* k > q: above the diagonal; q >= T_ (hence k >= T_ too): padding */
-          float p = (k <= q && q < T_) ? exp2f(s[0][n][2 * half + e] * scale_log2 - Lc[c]) : 0.0f;
-          s[0][n][2 * half + e] = p;
-          dp[0][n][2 * half + e] = p * (dp[0][n][2 * half + e] - Dc[c]);
-        }
-    }
-#pragma unroll
-    for (int kk = 0; kk < FA2_TILE / 16; kk++) {
-      uint32_t pa[1][4], da[1][4];
-      fa2_acc_to_a(pa[0], s[0], kk);
-      fa2_times_rows<HS, 1>(acc2, pa, Oc, kk); /* dV += P^T dO */
-      fa2_acc_to_a(da[0], dp[0], kk);
-      fa2_times_rows<HS, 1>(acc1, da, Qc, kk); /* dK += dS^T Q */
-    }
+    fa2_keys_step<HS>(acc1, acc2, s, dp, a1, a2, Qc, Oc, Lc, Dc, o0, wk0, T_, scale_log2);
     /* dS^T to shared memory, rounded as the products above took it */
 #pragma unroll
     for (int half = 0; half < 2; half++)
@@ -590,24 +608,9 @@ __global__ void __launch_bounds__(FA2_THREADS)
     if (ot > kt) __syncthreads(); /* dS^T and this step's buffers are free for the next */
   }
   /* dinp += dK (with the score scale), dV */
-#pragma unroll
-  for (int half = 0; half < 2; half++) {
-    int r = wk0 + half * 8 + g;
-    if (r >= T_) continue;
-    bf16 *grow = dinp + ((size_t)b * T_ + r) * ld + (size_t)h * HS + 2 * t;
-#pragma unroll
-    for (int pass = 0; pass < 2; pass++) {
-      bf16 *gp = grow + (size_t)(pass + 1) * C;
-      const float(*acc)[4] = pass ? acc2[0] : acc1[0];
-      float mul = pass ? 1.0f : scale;
-#pragma unroll
-      for (int d = 0; d < DN; d++) {
-        bf16 *x = gp + d * 8;
-        *(uint32_t *)x = td_pack_bf16x2(fa2_old(x, add) + acc[d][2 * half] * mul,
-                                        fa2_old(x + 1, add) + acc[d][2 * half + 1] * mul);
-      }
-    }
-  }
+  bf16 *head = dinp + (size_t)b * T_ * ld + (size_t)h * HS;
+  fa2_store_acc<HS>(head + C, ld, acc1[0], wk0, T_, scale, add);
+  fa2_store_acc<HS>(head + 2 * C, ld, acc2[0], wk0, T_, 1.0f, add);
 }
 
 /* dinp's q part += scale * (the sum of a dQ tile's parts over key blocks

@@ -64,7 +64,7 @@ __device__ __forceinline__ void td_ldmatrix_x4_trans(uint32_t r[4], const void *
 /* Asynchronous 16-byte copy from global to shared memory (cp.async.cg:
  * through L2 only), zeros instead when !valid (src is not read then); both
  * addresses 16-byte aligned. Per thread, copies issued before a
- * td_cp_async_commit form a group; td_cp_async_wait_all waits for every
+ * td_cp_async_commit form a group; td_cp_async_wait<0> waits for every
  * group of this thread (a __syncthreads after it makes all threads' copies
  * visible to the block). */
 __device__ __forceinline__ void td_cp_async16(void *dst, const void *src, bool valid) {
@@ -83,19 +83,13 @@ __device__ __forceinline__ void td_cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::);
 #endif
 }
-__device__ __forceinline__ void td_cp_async_wait_all() {
+/* cp.async.wait_group N: every group of this thread but the newest N is
+ * done (N = 0: all of them; N = 1: all but a prefetch still landing) */
+template <int N> __device__ __forceinline__ void td_cp_async_wait() {
 #ifdef TD_CUDA_EMU
-  td_emu::cp_async_wait(0);
+  td_emu::cp_async_wait(N);
 #else
-  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-#endif
-}
-/* every group of this thread but the newest one (a prefetch still landing) */
-__device__ __forceinline__ void td_cp_async_wait_but_newest() {
-#ifdef TD_CUDA_EMU
-  td_emu::cp_async_wait(1);
-#else
-  asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 #endif
 }
 
