@@ -587,7 +587,7 @@ __global__ void cp_async_kernel(int *out, const int *src) {
     out[0] = buf[0][0]; /* before any wait: -1 */
     td_emu::cp_async_wait(1); /* the first group */
     out[1] = buf[0][1], out[2] = buf[1][0];
-    td_cp_async_wait_all();
+    td_cp_async_wait<0>();
     out[3] = buf[1][3], out[4] = buf[2][2];
   }
 }
