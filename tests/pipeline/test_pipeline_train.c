@@ -89,10 +89,16 @@ static int mode_equal(int argc, char **argv) {
   if (big) cfg.micro_batch = 8;
   if (argc >= 11 && !strcmp(argv[10], "bf16")) cfg.precision.compute = TD_BF16; /* bf16 products, f32 master */
   /* a device trains with AdamW only: tied there, the losses within 1e-5 and
-   * the parameters within 1e-4 (AdamW can turn the wte sum's rounding into
-   * up to lr per step on an element whose gradient is ~0; measured in the
-   * emulator: 3.7e-6 at most) */
+   * the parameters within 1e-6. The tied wte's gradient is summed in
+   * another order (each stage's micro-batches, then the two stages) than
+   * the whole model's, and AdamW divides by sqrt(v) + eps: on an element
+   * whose gradient is ~0 that turns rounding noise g into a step of about
+   * lr g / eps. With eps 1e-8 one element moved 1.4e-4 apart (2026-11-28,
+   * after the encoder backward's sum order changed; 3.7e-6 before). eps
+   * 1e-3 bounds such a step by lr g / 1e-3: 1e-9 for noise of 1e-10,
+   * while the model still trains (the losses are checked to fall). */
   const int adam_tied = tied && g_dev.kind != TD_DEVICE_CPU;
+  if (adam_tied) cfg.optimizer.eps = 1e-3f;
   if (tied && !adam_tied) {
     /* SGD: AdamW's normalization turns the rounding differences of the
      * tied wte's sum into lr-sized steps on elements whose gradient is ~0 */
@@ -142,7 +148,7 @@ static int mode_equal(int argc, char **argv) {
     for (size_t k = 0; k < t->count; k++) {
       float x = p[t->offset + k], y = r[whole->tensors[w].offset + k];
       if (fabs((double)x - y) > max_diff) max_diff = fabs((double)x - y);
-      if (adam_tied) CHECK_CLOSE(x, y, 1e-4, 1e-4);
+      if (adam_tied) CHECK_CLOSE(x, y, 1e-5, 1e-6);
       else if (tied) CHECK_CLOSE(x, y, 1e-4, 1e-7);
       else if (memcmp(&x, &y, sizeof x) != 0)
         td_test_fail(__FILE__, __LINE__, "rank %d stage %d: %s[%zu] = %.9g, reference %.9g", rank, stage, t->name, k,
