@@ -381,6 +381,15 @@ static void app_prom_step(app_run *run, const td_step_stats *st, const td_step_m
   td_coll_stats coll[32]; /* the communicator's rows, copied before the lock that scrapes wait on */
   int n_coll = td_comm_collective_stats(run->comm, coll, 32);
   if (n_coll > 32) n_coll = 32;
+  /* the heartbeats' measures of each peer (TCP only), also copied first */
+  int n_hb = td_comm_heartbeat_stats(run->comm, NULL, 0);
+  td_heartbeat_stats *hb = n_hb > 0 ? malloc(sizeof *hb * (size_t)n_hb) : NULL;
+  if (hb) {
+    int again = td_comm_heartbeat_stats(run->comm, hb, n_hb); /* the peers are fixed: the same count */
+    if (again < n_hb) n_hb = again;
+  } else {
+    n_hb = 0;
+  }
   double rss = app_rss_bytes(); /* file I/O outside the lock that scrapes wait on */
   /* a model on a device: that device's memory (cudaMemGetInfo: the whole
    * device, every process on it), also outside the lock */
@@ -427,6 +436,20 @@ static void app_prom_step(app_run *run, const td_step_stats *st, const td_step_m
                  "since start (bus bytes / seconds)", op_labels,
                  coll[i].seconds > 0 ? coll[i].bus_bytes / coll[i].seconds : 0);
   }
+  for (int i = 0; i < n_hb; i++) { /* per peer; the communicator's counts since it was formed */
+    char peer_labels[32];
+    snprintf(peer_labels, sizeof peer_labels, "peer=\"%d\"", hb[i].peer);
+    if (hb[i].rtt_samples)
+      app_prom_set(run, "tandem_heartbeat_rtt_seconds", "gauge", "smoothed round trip of the heartbeats to the peer "
+                   "and back (RFC 6298's estimate; the network and both sides' send delays)", peer_labels,
+                   hb[i].rtt_smoothed_s);
+    app_prom_set(run, "tandem_heartbeats_received_total", "counter", "heartbeats taken from the peer", peer_labels,
+                 (double)hb[i].beats);
+    app_prom_set(run, "tandem_heartbeats_missed_total", "counter", "heartbeats the peer sent that never arrived "
+                 "(gaps in its sequence): the loss of the peer-to-rank direction", peer_labels,
+                 (double)hb[i].missed);
+  }
+  free(hb);
   app_prom_gauge(run, "tandem_comm_bytes_per_step", "gradient bytes this rank reduced in the last step", NULL,
                  (double)st->comm_bytes);
   app_prom_counter(run, "tandem_checkpoints_total", "checkpoints saved by td_trainer_step", NULL, st->saved);

@@ -165,6 +165,30 @@ typedef struct td_coll_stats {
 } td_coll_stats;
 int td_comm_collective_stats(const td_comm *comm, td_coll_stats *rows, int max_rows);
 
+/* What this rank's heartbeats measured of each peer, for metrics
+ * (Prometheus) and for judging a link: one row per peer the transport sends
+ * beats to (the TCP transport with heartbeats on; none over shm, in a world
+ * of one, or with TANDEM_HEARTBEAT_TIMEOUT=0). Each beat echoes the send
+ * time of the last beat its sender took from its destination and how long
+ * it held it (RTCP's LSR/DLSR), so a round trip is measured from every
+ * beat that comes back, with no extra packet, and neither host's clock
+ * needs to agree with the other's. rtt_s is the last round trip,
+ * rtt_smoothed_s TCP's smoothed estimate of them (RFC 6298, gain 1/8), both
+ * 0 until rtt_samples > 0. A round trip counts the network both ways and
+ * how late each side's watcher thread sent its beat (on a loaded host, its
+ * scheduling delay), not the time a beat waited for the next tick. beats:
+ * beats taken from the peer; missed: beats the peer sent that never
+ * arrived or came late (gaps in its sequence), so missed / (beats + missed)
+ * is the loss rate of the peer-to-this-rank direction. Counts since the
+ * communicator was created. Copies up to max_rows rows, returns how many
+ * there are. Any thread. */
+typedef struct td_heartbeat_stats {
+  int peer; /* rank in comm */
+  uint64_t beats, missed, rtt_samples;
+  double rtt_s, rtt_smoothed_s, rtt_min_s;
+} td_heartbeat_stats;
+int td_comm_heartbeat_stats(const td_comm *comm, td_heartbeat_stats *rows, int max_rows);
+
 /* ---- Blocking collectives ----
  * allreduce:      recv[i] = op over ranks of send[i], i < count. In place: send == recv.
  * reduce:         as allreduce, result only at root (recv ignored elsewhere; may be NULL).

@@ -369,6 +369,10 @@ int td_comm_silent_ranks(const td_comm *comm, int *ranks, int max) {
   if (!comm || !comm->xport || !comm->xport->vtbl->silent_peers || (max > 0 && !ranks)) return 0;
   return comm->xport->vtbl->silent_peers(comm->xport, ranks, max);
 }
+int td_comm_heartbeat_stats(const td_comm *comm, td_heartbeat_stats *rows, int max_rows) {
+  if (!comm || !comm->xport || !comm->xport->vtbl->heartbeat_stats || (max_rows > 0 && !rows)) return 0;
+  return comm->xport->vtbl->heartbeat_stats(comm->xport, rows, max_rows);
+}
 const char *td_comm_host(const td_comm *comm, int rank) {
   return comm && comm->hosts && rank >= 0 && rank < comm->size && comm->hosts[rank] ? comm->hosts[rank] : "";
 }

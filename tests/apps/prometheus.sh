@@ -21,6 +21,9 @@
 #              appear), every process reports epoch 2 at world 3 with its new
 #              rank, the survivors one fault, the launcher one SIGKILL
 #              failure, 3 initial starts and 1 replacement, 3 running.
+# heartbeat:   2 ranks over TCP: each serves its heartbeats' round trip to
+#              the other and the beats taken (growing) and missed (0 on
+#              loopback), one row per (rank, peer).
 # port-in-use: the metrics port already taken: a warning naming the port, and
 #              training finishes with exit 0.
 # Everything started here is stopped on exit, also on failure; each wait is
@@ -380,6 +383,38 @@ for _ in range(200):
   "$GPT" $TINY --steps 1 --prometheus-port 0 --prometheus-bind localhost >"$work/bad3.log" 2>&1
   [ $? = 2 ] && grep -q "bind address 'localhost' is not an IPv4 address" "$work/bad3.log" || fail "bad address accepted"
   echo "port in use reported, training finished"
+  ;;
+heartbeat)
+  # 2 ranks over TCP: each rank's heartbeat series for its one peer
+  command -v prometheus >/dev/null || { echo "SKIP: Debian's prometheus is not installed (scripts/install-deps)"; exit 0; }
+  base=$(free_base)
+  [ "$base" != 0 ] || fail "no free ports"
+  start_prometheus $((base + 4)) "'127.0.0.1:$base', '127.0.0.1:$((base + 1))'"
+  TANDEM_TRANSPORT=tcp TANDEM_HEARTBEAT_INTERVAL=0.1 "$RUN" -np 2 "$GPT" $TINY --steps 1000000 --micro-batch 2 \
+    --sample 0 --prometheus-port "$base" >"$work/train.log" 2>&1 &
+  train=$!
+  pids+=($train)
+  ok=0
+  for _ in $(seq 90); do
+    kill -0 $train 2>/dev/null || fail "the training job ended early"
+    [ "$(count 'tandem_heartbeats_received_total > 20')" = 2 ] && { ok=1; break; }
+    sleep 1
+  done
+  [ $ok = 1 ] || { query '{__name__=~"tandem_heartbeat.*"}'; fail "no 2 ranks with 20 heartbeats within 90 s"; }
+  # each rank watches the other, the round trip measured (loopback: under a
+  # second even on a loaded machine), nothing missed on loopback
+  [ "$(count 'tandem_heartbeats_received_total{rank="0",peer="1"}')" = 1 ] &&
+    [ "$(count 'tandem_heartbeats_received_total{rank="1",peer="0"}')" = 1 ] ||
+    { query tandem_heartbeats_received_total; fail "not one peer row per rank"; }
+  [ "$(count '(tandem_heartbeat_rtt_seconds > 0) < 1')" = 2 ] || { query tandem_heartbeat_rtt_seconds; fail "round trips"; }
+  [ "$(count 'tandem_heartbeats_missed_total == 0')" = 2 ] || { query tandem_heartbeats_missed_total; fail "missed beats on loopback"; }
+  for _ in $(seq 20); do # two scrapes of each rank at least
+    [ "$(count 'rate(tandem_heartbeats_received_total[5s]) > 0')" = 2 ] && break
+    sleep 0.5
+  done
+  [ "$(count 'rate(tandem_heartbeats_received_total[5s]) > 0')" = 2 ] || fail "heartbeat counts do not grow"
+  kill -TERM $train
+  echo "prometheus scraped both ranks' heartbeat round trips and counts"
   ;;
 *)
   echo "unknown case $case_name"

@@ -4,7 +4,7 @@
  * communicator) on loopback, driven through heartbeat.h:
  *   - a genuine beat from rank 1 is taken: rank 0 hears rank 1;
  *   - forged beats claiming to be rank 1 (the old unauthenticated 32-byte
- *     format; the 64-byte format with a wrong MAC; a genuine beat with its
+ *     format; the 80-byte format with a wrong MAC; a genuine beat with its
  *     flags changed to "failed") are dropped: rank 0's silence of rank 1
  *     keeps growing and no failure is reported;
  *   - a genuine beat captured on the wire and replayed is taken once only;
@@ -83,15 +83,15 @@ int main(void) {
   heartbeat_send(hb1, false);
   unsigned char beat[128];
   ssize_t got = recv(cap, beat, sizeof beat, 0);
-  CHECK_EQ_INT(got, 64);
+  CHECK_EQ_INT(got, 80);
 
   /* Genuine: heard at t = 10. */
-  send_to(p0, beat, 64);
+  send_to(p0, beat, 80);
   drain_at(hb0, 10.0);
   CHECK_CLOSE(heartbeat_silence(hb0, 1, 10.0), 0.0, 0, 1e-9);
 
   /* Replayed at t = 20: refused, silence counts from 10. */
-  send_to(p0, beat, 64);
+  send_to(p0, beat, 80);
   drain_at(hb0, 20.0);
   CHECK_CLOSE(heartbeat_silence(hb0, 1, 20.0), 10.0, 0, 1e-9);
 
@@ -108,12 +108,12 @@ int main(void) {
   send_to(p0, old, sizeof old);
   /* The new format with a made-up MAC, and a genuine beat with a later
    * sequence and the failed flag set but its old MAC. */
-  unsigned char forged[64] = {0};
+  unsigned char forged[80] = {0};
   memcpy(forged, old, 32);
-  memset(forged + 32, 0xa5, 32);
+  memset(forged + 48, 0xa5, 32);
   send_to(p0, forged, sizeof forged);
-  unsigned char flipped[64];
-  memcpy(flipped, beat, 64);
+  unsigned char flipped[80];
+  memcpy(flipped, beat, 80);
   memcpy(flipped + 4, &flags, 4);
   memcpy(flipped + 24, &seq, 8);
   send_to(p0, flipped, sizeof flipped);
@@ -125,25 +125,25 @@ int main(void) {
   /* A later genuine beat is taken again. */
   heartbeat_send(hb1, false);
   got = recv(cap, beat, sizeof beat, 0);
-  CHECK_EQ_INT(got, 64);
-  send_to(p0, beat, 64);
+  CHECK_EQ_INT(got, 80);
+  send_to(p0, beat, 80);
   drain_at(hb0, 40.0);
   CHECK_CLOSE(heartbeat_silence(hb0, 1, 40.0), 0.0, 0, 1e-9);
   CHECK_EQ_INT(heartbeat_lost(hb0, -1, 40.0, 15.0), -1);
 
   /* Another job's key: the same construction under a different key
    * (HMAC-SHA-256 of the label and the body), far-ahead sequence. */
-  unsigned char alien[64], other_key[32];
+  unsigned char alien[80] = {0}, other_key[32];
   memcpy(alien, old, 32);
   uint64_t far = 1u << 30;
   memcpy(alien + 24, &far, 8);
   crypto_generichash(other_key, sizeof other_key, (const unsigned char *)"another job's secret", 20, NULL, 0);
   crypto_auth_hmacsha256_state hs;
   crypto_auth_hmacsha256_init(&hs, other_key, sizeof other_key);
-  crypto_auth_hmacsha256_update(&hs, (const unsigned char *)"tandem heartbeat v1", 20);
-  crypto_auth_hmacsha256_update(&hs, alien, 32);
-  crypto_auth_hmacsha256_final(&hs, alien + 32);
-  send_to(p0, alien, 64);
+  crypto_auth_hmacsha256_update(&hs, (const unsigned char *)"tandem heartbeat v2", 20);
+  crypto_auth_hmacsha256_update(&hs, alien, 48);
+  crypto_auth_hmacsha256_final(&hs, alien + 48);
+  send_to(p0, alien, 80);
   drain_at(hb0, 50.0);
   CHECK_CLOSE(heartbeat_silence(hb0, 1, 50.0), 10.0, 0, 1e-9);
   CHECK_EQ_INT(heartbeat_failed_peer(hb0), -1);

@@ -32,6 +32,15 @@
  *        16 MiB allreduces back to back; idle: no call until failure, polling
  *        td_comm_status), TEST_LOST ("R@ADDR,..." the ranks on the other side)
  *        and TEST_BOUND (seconds from the cut to the failure, at most).
+ *   test_heartbeat measure SECONDS LOSS    every rank idles SECONDS, then reads
+ *        td_comm_heartbeat_stats: a row per peer; beats taken + missed
+ *        between half and all of the ticks the peer had (SECONDS and the
+ *        time since this process started, over TANDEM_HEARTBEAT_INTERVAL);
+ *        a round trip from (nearly) every beat, the least under 50 ms on
+ *        loopback; and the missed fraction equal to LOSS (0: none missed;
+ *        else within 5 standard deviations of a binomial law: the suite
+ *        line drops that fraction of UDP with iptables in a network
+ *        namespace of its own).
  *
  * Every failure must be TD_ERR_REMOTE, name a lost rank with its address,
  * stay sticky, and td_comm_destroy must return promptly afterwards. */
@@ -357,9 +366,44 @@ static int run_cut(td_comm *comm) {
   return 0;
 }
 
+static double g_started;
+
+static int run_measure(td_comm *comm, double secs, double loss) {
+  double interval = env_seconds("TANDEM_HEARTBEAT_INTERVAL", 1.0);
+  CHECK_OK(td_barrier(comm));
+  usleep((useconds_t)(secs * 1e6));
+  td_heartbeat_stats rows[16];
+  int n = td_comm_heartbeat_stats(comm, rows, 16);
+  double alive = ct_now() - g_started;
+  CHECK_EQ_INT(n, g_size - 1);
+  CHECK_OK(td_comm_status(comm));
+  for (int i = 0; i < n; i++) {
+    const td_heartbeat_stats *r = &rows[i];
+    double heard = (double)(r->beats + r->missed), frac = heard > 0 ? (double)r->missed / heard : 1;
+    printf("rank %d from peer %d: %llu beats, %llu missed (%.3f), %llu round trips: last %.6f s, smoothed %.6f, "
+           "least %.6f\n", g_rank, r->peer, (unsigned long long)r->beats, (unsigned long long)r->missed, frac,
+           (unsigned long long)r->rtt_samples, r->rtt_s, r->rtt_smoothed_s, r->rtt_min_s);
+    CHECK(r->peer >= 0 && r->peer < g_size && r->peer != g_rank);
+    for (int j = 0; j < i; j++) CHECK(rows[j].peer != r->peer);
+    CHECK(heard >= 0.5 * secs / interval);
+    CHECK(heard <= alive / interval + 3);
+    CHECK(r->rtt_samples + 3 >= r->beats);
+    CHECK(r->rtt_min_s > 0 && r->rtt_min_s < 0.05 && r->rtt_min_s <= r->rtt_smoothed_s && r->rtt_min_s <= r->rtt_s);
+    if (loss == 0)
+      CHECK(r->missed == 0);
+    else
+      CHECK(fabs(frac - loss) <= 5 * sqrt(loss * (1 - loss) / heard));
+  }
+  CHECK_OK(td_comm_finalize(comm));
+  td_comm_destroy(comm);
+  return 0;
+}
+
 int main(int argc, char **argv) {
+  g_started = ct_now();
   if (argc < 2) {
-    fprintf(stderr, "usage: %s stop VICTIM RESUME_S | busy BUSY_S | freeze ROUNDS FREEZE_S | cut\n", argv[0]);
+    fprintf(stderr, "usage: %s stop VICTIM RESUME_S | busy BUSY_S | freeze ROUNDS FREEZE_S | cut | measure SECONDS LOSS\n",
+            argv[0]);
     return 2;
   }
   td_comm *comm = NULL;
@@ -373,6 +417,7 @@ int main(int argc, char **argv) {
   if (!strcmp(argv[1], "busy") && argc > 2) return run_busy(comm, atof(argv[2]));
   if (!strcmp(argv[1], "freeze") && argc > 3) return run_freeze(comm, atoi(argv[2]), atof(argv[3]));
   if (!strcmp(argv[1], "cut")) return run_cut(comm);
+  if (!strcmp(argv[1], "measure") && argc > 3) return run_measure(comm, atof(argv[2]), atof(argv[3]));
   fprintf(stderr, "unknown mode %s\n", argv[1]);
   return 2;
 }

@@ -147,6 +147,9 @@ typedef struct transport_vtbl {
   /* Optional (NULL: none). The peers this transport found silent when it
    * failed the communicator (td_comm_silent_ranks). Any thread. */
   int (*silent_peers)(transport *t, int *ranks, int max);
+  /* Optional (NULL: no rows). What the heartbeats measured of each peer
+   * (td_comm_heartbeat_stats). Any thread. */
+  int (*heartbeat_stats)(transport *t, td_heartbeat_stats *rows, int max);
   /* Optional, all four or none (NULL: the progress thread sleeps on a
    * condition variable that only this rank's threads signal). The progress
    * thread's doorbell, which peers ring too: a sender whose point-to-point

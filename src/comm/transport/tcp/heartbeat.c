@@ -11,11 +11,18 @@
  * thread of the process sends proves that the process still runs; a lost
  * host is also found while data is in flight, where keepalive never probes.
  *
- * The beat, 64 bytes, native byte order (all ranks of a job run the same
+ * The beat, 80 bytes, native byte order (all ranks of a job run the same
  * build on the same architecture, as the op headers already assume):
  *   magic "TDHB" | flags (bit 0: my communicator failed) | communicator hash
- *   | sender rank | reserved | sequence | MAC
- * MAC = HMAC-SHA-256 under the job's key (net_auth_datagram_mac) of the 32
+ *   | sender rank | echo hold | sequence | sent | echo sent | MAC
+ * sent is the sender's clock when it sent the beat; echo sent is the `sent`
+ * of the last beat the sender took from this beat's destination, and echo
+ * hold how long before this send that beat arrived (both 0: none yet). The
+ * destination then has a round trip from its own clock alone: now - echo
+ * sent - echo hold (RTCP's LSR/DLSR, RFC 3550 6.4.1), with no extra packet
+ * and no clock agreement between the hosts; a lost beat only makes the next
+ * echo older and its hold longer. So each destination gets its own beat.
+ * MAC = HMAC-SHA-256 under the job's key (net_auth_datagram_mac) of the 48
  * bytes before it, so only a process holding the job's secret can make a
  * beat; the sequence grows with every tick of the sender, and a receiver
  * takes a beat only if its sequence is above the last it took from that
@@ -49,13 +56,15 @@ typedef struct hb_beat {
   uint32_t flags;
   uint64_t comm_hash;
   int32_t rank;
-  uint32_t reserved;
+  uint32_t echo_hold_us; /* from the echoed beat's arrival to this send (capped at ~71 minutes) */
   uint64_t seq;
+  int64_t sent_ns;       /* CLOCK_REALTIME of the sender (differences only) */
+  int64_t echo_sent_ns;  /* sent_ns of the last beat taken from the destination; 0: none */
   unsigned char mac[32]; /* of the fields above */
 } hb_beat;
-#define HB_MAC_LABEL "tandem heartbeat v1"
+#define HB_MAC_LABEL "tandem heartbeat v2"
 #define HB_BODY_BYTES offsetof(hb_beat, mac)
-_Static_assert(sizeof(hb_beat) == 64 && offsetof(hb_beat, mac) == 32, "the heartbeat wire format is 64 bytes");
+_Static_assert(sizeof(hb_beat) == 80 && offsetof(hb_beat, mac) == 48, "the heartbeat wire format is 80 bytes");
 
 typedef struct hb_peer {
   struct sockaddr_storage to;
@@ -75,6 +84,12 @@ typedef struct hb_peer {
   double stall;     /* the longest gap, decaying (HB_STALL_HALF_LIFE_S) */
   double timeout;
   char host[256];   /* its address without the port: the key of link_memory */
+  /* The echo this rank owes the peer: the sent_ns of the last beat taken
+   * from it and that beat's arrival (realtime ns). */
+  int64_t echo_sent_ns, echo_arrived_ns;
+  /* What the beats measured (heartbeat_stats; under tcp_heartbeat.stats_lock). */
+  uint64_t beats, missed, rtt_samples;
+  double rtt, srtt, rtt_min;
 } hb_peer;
 
 struct tcp_heartbeat {
@@ -89,6 +104,7 @@ struct tcp_heartbeat {
   bool adaptive;    /* heartbeat_set_adaptive was called */
   double interval_s, floor_s;
   double stalled;   /* seconds the watcher was not running when due (heartbeat_note_stall), in all */
+  pthread_mutex_t stats_lock; /* the peers' measured fields, read by heartbeat_stats on any thread */
 };
 
 static void memory_seed(tcp_heartbeat *hb, hb_peer *peer);
@@ -110,6 +126,7 @@ td_status heartbeat_open(int listen_fd, int rank, int size, uint64_t comm_hash, 
   hb->rank = rank;
   hb->size = size;
   hb->comm_hash = comm_hash;
+  pthread_mutex_init(&hb->stats_lock, NULL);
   hb->family = addr.ss_family;
   hb->fd = socket(addr.ss_family, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (hb->fd < 0) {
@@ -126,6 +143,15 @@ td_status heartbeat_open(int listen_fd, int rank, int size, uint64_t comm_hash, 
   /* Beats are drained once per tick, so the queue must hold a tick's worth
    * from every peer (each small datagram costs the buffer about 1 KiB);
    * the kernel caps the request at net.core.rmem_max. Best effort. */
+  /* The kernel's arrival time of each beat (recvmsg's SCM_TIMESTAMPNS), not
+   * the drain once per tick: the adaptive timeouts' gaps then measure the
+   * sender and the network, not how this tick's phase falls against the
+   * sender's, and an echo's hold is the time the beat really waited here.
+   * Without them (never on Linux) the drain time is used. */
+  int one = 1;
+  if (setsockopt(hb->fd, SOL_SOCKET, SO_TIMESTAMPNS, &one, sizeof one) != 0)
+    TD_DEBUG("tcp: rank %d's heartbeat socket gives no arrival times (%s): the drain times are used", rank,
+             strerror(errno));
   int want = (int)TD_MIN((size_t)size * 2048u, (size_t)64 << 20);
   int have = 0;
   socklen_t have_len = sizeof have;
@@ -159,14 +185,6 @@ td_status heartbeat_set_peer(tcp_heartbeat *hb, int peer, const char *addr) {
 }
 
 void heartbeat_set_adaptive(tcp_heartbeat *hb, double interval_s, double floor_s) {
-  /* The arrival times come from the kernel (the moment the datagram came
-   * in), not from the drain once per tick, so that the gaps measure the
-   * sender and the network, not how this tick's phase falls against the
-   * sender's. Without them (never on Linux) the drain time is used. */
-  int one = 1;
-  if (setsockopt(hb->fd, SOL_SOCKET, SO_TIMESTAMPNS, &one, sizeof one) != 0)
-    TD_DEBUG("tcp: rank %d's heartbeat socket gives no arrival times (%s): the drain times are used", hb->rank,
-             strerror(errno));
   for (int p = 0; p < hb->size; p++) {
     hb_peer *peer = &hb->peers[p];
     if (p == hb->rank) continue;
@@ -292,16 +310,30 @@ void heartbeat_close(tcp_heartbeat *hb) {
     free(hb->peers[p].gaps);
   }
   free(hb->peers);
+  pthread_mutex_destroy(&hb->stats_lock);
   free(hb);
+}
+
+static int64_t realtime_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
 void heartbeat_send(tcp_heartbeat *hb, bool failed) {
   hb_beat beat = {.magic = HB_MAGIC, .flags = failed ? HB_FLAG_FAILED : 0, .comm_hash = hb->comm_hash,
                   .rank = hb->rank, .seq = ++hb->seq};
-  net_auth_datagram_mac(HB_MAC_LABEL, &beat, HB_BODY_BYTES, beat.mac);
   for (int p = 0; p < hb->size; p++) {
     hb_peer *peer = &hb->peers[p];
     if (p == hb->rank || !peer->to_len || peer->forgotten) continue;
+    /* One MAC per destination (a microsecond each), since each carries its
+     * own echo. The clock is read last, so that the hold and the send time
+     * leave out the MAC's time. */
+    beat.sent_ns = realtime_ns();
+    beat.echo_sent_ns = peer->echo_sent_ns;
+    int64_t hold_us = (beat.sent_ns - peer->echo_arrived_ns) / 1000;
+    beat.echo_hold_us = peer->echo_sent_ns ? (uint32_t)TD_MIN(TD_MAX(hold_us, (int64_t)0), (int64_t)UINT32_MAX) : 0;
+    net_auth_datagram_mac(HB_MAC_LABEL, &beat, HB_BODY_BYTES, beat.mac);
     ssize_t n;
     TD_SYSCALL_RETRY(n, sendto(hb->fd, &beat, sizeof beat, MSG_DONTWAIT | MSG_NOSIGNAL,
                                (struct sockaddr *)&peer->to, peer->to_len));
@@ -314,22 +346,59 @@ void heartbeat_send(tcp_heartbeat *hb, bool failed) {
   }
 }
 
-/* The kernel's arrival time of the datagram recvmsg just read, or -1. */
-static double arrival_time(struct msghdr *msg) {
+/* The kernel's arrival time (CLOCK_REALTIME ns) of the datagram recvmsg
+ * just read, or -1. */
+static int64_t arrival_ns(struct msghdr *msg) {
   for (struct cmsghdr *c = CMSG_FIRSTHDR(msg); c; c = CMSG_NXTHDR(msg, c))
     if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_TIMESTAMPNS) {
       struct timespec ts;
       memcpy(&ts, CMSG_DATA(c), sizeof ts);
-      return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+      return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
     }
   return -1;
 }
 
+/* Peer's beat, taken, arrived at `arrived` (realtime ns): its sequence gap
+ * and the round trip its echo closes. */
+static void note_measures(tcp_heartbeat *hb, hb_peer *peer, const hb_beat *beat, int64_t arrived) {
+  /* A round trip only from an echo of a beat this rank sent (a clock set
+   * back, or an echo from before this process, gives none), of an hour
+   * at most. */
+  double rtt = -1;
+  if (beat->echo_sent_ns > 0)
+    rtt = (double)(arrived - beat->echo_sent_ns) * 1e-9 - (double)beat->echo_hold_us * 1e-6;
+  pthread_mutex_lock(&hb->stats_lock);
+  if (peer->seq > 0 && beat->seq > peer->seq + 1) peer->missed += beat->seq - peer->seq - 1;
+  peer->beats++;
+  if (rtt >= 0 && rtt < 3600) {
+    peer->rtt = rtt;
+    /* RFC 6298 2.2-2.3: the first sample is the estimate, then gain 1/8. */
+    peer->srtt = peer->rtt_samples ? peer->srtt + (rtt - peer->srtt) / 8 : rtt;
+    peer->rtt_min = peer->rtt_samples ? TD_MIN(peer->rtt_min, rtt) : rtt;
+    peer->rtt_samples++;
+  }
+  pthread_mutex_unlock(&hb->stats_lock);
+}
+
+int heartbeat_stats(tcp_heartbeat *hb, td_heartbeat_stats *rows, int max) {
+  int n = 0;
+  pthread_mutex_lock(&hb->stats_lock);
+  for (int p = 0; p < hb->size; p++) {
+    const hb_peer *peer = &hb->peers[p];
+    if (p == hb->rank || !peer->to_len) continue;
+    if (n < max)
+      rows[n] = (td_heartbeat_stats){.peer = p, .beats = peer->beats, .missed = peer->missed,
+                                     .rtt_samples = peer->rtt_samples, .rtt_s = peer->rtt,
+                                     .rtt_smoothed_s = peer->srtt, .rtt_min_s = peer->rtt_min};
+    n++;
+  }
+  pthread_mutex_unlock(&hb->stats_lock);
+  return n;
+}
+
 void heartbeat_drain(tcp_heartbeat *hb, double now) {
   /* Drain time in the realtime clock, for a datagram without a stamp. */
-  struct timespec real_now;
-  clock_gettime(CLOCK_REALTIME, &real_now);
-  double real = (double)real_now.tv_sec + (double)real_now.tv_nsec * 1e-9;
+  int64_t real = realtime_ns();
   for (;;) {
     hb_beat beat;
     ssize_t n;
@@ -352,15 +421,17 @@ void heartbeat_drain(tcp_heartbeat *hb, double now) {
       continue;
     }
     hb_peer *peer = &hb->peers[beat.rank];
+    int64_t at = arrival_ns(&msg);
+    if (at <= 0) at = real;
+    note_measures(hb, peer, &beat, at);
     peer->seq = beat.seq;
     peer->heard = now;
     peer->stalled_at_heard = hb->stalled;
     peer->beat_seen = true;
+    peer->echo_sent_ns = beat.sent_ns;
+    peer->echo_arrived_ns = at;
     if (beat.flags & HB_FLAG_FAILED) peer->failed = true;
-    if (hb->adaptive) {
-      double at = arrival_time(&msg);
-      note_arrival(hb, peer, at > 0 ? at : real);
-    }
+    if (hb->adaptive) note_arrival(hb, peer, (double)at * 1e-9);
   }
 }
 

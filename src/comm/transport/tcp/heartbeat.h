@@ -5,11 +5,11 @@
  * Each rank owns one UDP socket bound beside its TCP listener (same address,
  * same port number), so a peer's heartbeat address is the TCP address it
  * already published: no extra store keys. Every tick the watcher sends one
- * 64-byte authenticated beat (heartbeat.c) to every peer and drains the beats that arrived since the
+ * 80-byte authenticated beat (heartbeat.c) to every peer and drains the beats that arrived since the
  * last tick without waking in between, so a rank wakes once per interval
  * whatever the world size. None of these functions blocks; all are called
  * by the watcher thread only, except heartbeat_open/set_peer/close, which
- * run while no watcher uses the object. */
+ * run while no watcher uses the object, and heartbeat_stats (any thread). */
 #ifndef TD_TCP_HEARTBEAT_H
 #define TD_TCP_HEARTBEAT_H
 
@@ -17,6 +17,7 @@
 #include <stdint.h>
 
 #include "base/base.h"
+#include "tandem/comm.h"
 
 typedef struct tcp_heartbeat tcp_heartbeat;
 
@@ -104,5 +105,10 @@ double heartbeat_silence(const tcp_heartbeat *hb, int peer, double now);
 void heartbeat_note_stall(tcp_heartbeat *hb, double stall_s);
 /* The seconds of the watcher's stalls left out of peer's silence so far. */
 double heartbeat_own_stall(const tcp_heartbeat *hb, int peer);
+/* What the beats measured of each peer set with heartbeat_set_peer (round
+ * trips from the echoes, beats taken and missed; td_comm_heartbeat_stats
+ * says what each field means): up to max rows, returns how many there are.
+ * Any thread (the one function here that is not the watcher's alone). */
+int heartbeat_stats(tcp_heartbeat *hb, td_heartbeat_stats *rows, int max);
 
 #endif

@@ -873,6 +873,11 @@ static int tcp_silent_peers(transport *base, int *ranks, int max) {
   return n;
 }
 
+static int tcp_heartbeat_stats(transport *base, td_heartbeat_stats *rows, int max) {
+  tcp_transport *t = (tcp_transport *)base;
+  return t->hb ? heartbeat_stats(t->hb, rows, max) : 0;
+}
+
 static void tcp_wake(transport *base) {
   tcp_transport *t = (tcp_transport *)base;
   uint64_t one = 1;
@@ -892,6 +897,7 @@ static const transport_vtbl tcp_vtbl = {
     .op_done = tcp_op_done,
     .try_peek = tcp_try_peek,
     .silent_peers = tcp_silent_peers,
+    .heartbeat_stats = tcp_heartbeat_stats,
     .wake = tcp_wake,
 };
 
