@@ -413,6 +413,22 @@ heartbeat)
     sleep 0.5
   done
   [ "$(count 'rate(tandem_heartbeats_received_total[5s]) > 0')" = 2 ] || fail "heartbeat counts do not grow"
+  # the shipped dashboard's heartbeat panel returns data here (its [1m]
+  # rates need two scrapes: a few tries)
+  python3 -c 'import json,sys
+for p in json.load(open(sys.argv[1]))["panels"]:
+    for t in p["targets"]:
+        e = t["expr"].replace("$job", "tandem")
+        if "heartbeat" in e: print(e)' "$(dirname "$0")/../../examples/grafana/tandem.json" >"$work/exprs"
+  [ "$(wc -l <"$work/exprs")" -ge 2 ] || fail "too few heartbeat dashboard expressions"
+  while read -r expr; do
+    got=0
+    for _ in $(seq 20); do
+      has_data "$(query "$expr")" && { got=1; break; }
+      sleep 0.5
+    done
+    [ $got = 1 ] || fail "dashboard expression returned nothing: $expr"
+  done <"$work/exprs"
   kill -TERM $train
   echo "prometheus scraped both ranks' heartbeat round trips and counts"
   ;;
