@@ -15,11 +15,16 @@
  *     START   id, n_env, n_argv, then cwd, n_env "K=V" and n_argv strings:
  *             fork a rank in cwd with the agent's environment plus these
  *     SIGNAL  id, signal: to that rank's process group
+ *     PING    a sequence number: answered with a PONG at once (tandemrun
+ *             pings every agent every TANDEM_EVICT_PING seconds so that
+ *             each host's link carries traffic whose retransmissions it
+ *             can count: a lossy host is evicted, docs/elastic.md)
  *   agent -> tandemrun
  *     HELLO   version, the agent's pid
  *     STARTED id, pid (0: fork failed; an EXIT follows)
  *     OUT/ERR id, bytes the rank wrote to its stdout/stderr
  *     EXIT    id, the rank's wait status (after its last OUT/ERR)
+ *     PONG    the PING's sequence number
  *
  * EOF on the agent's stdin (tandemrun ended, killed, or its connection was
  * lost) makes the agent stop every rank (SIGTERM, SIGKILL 3 s later) and
@@ -43,11 +48,13 @@ enum {
   AGENT_SECRET = 1,
   AGENT_START = 2,
   AGENT_SIGNAL = 3,
+  AGENT_PING = 4,
   AGENT_HELLO = 10,
   AGENT_STARTED = 11,
   AGENT_OUT = 12,
   AGENT_ERR = 13,
   AGENT_EXIT = 14,
+  AGENT_PONG = 15,
 };
 
 #define AGENT_WRITE_WAIT_MS 5000 /* a non-blocking peer that takes nothing for this long is gone */

@@ -307,6 +307,8 @@ int main(int argc, char **argv) {
           start_rank(a, b, body, body_len);
         } else if (type == AGENT_SIGNAL) {
           signal_rank(a, b);
+        } else if (type == AGENT_PING) {
+          send_frame(AGENT_PONG, a, 0, NULL, 0);
         }
       }
       if (rc < 0) {

@@ -56,6 +56,7 @@
  * (by signal or exit). */
 #include "net/net.h"
 #include "elastic/membership.h"
+#include "elastic/lossy.h"
 #include "agent_protocol.h"
 #include "tandem/obs.h"
 
@@ -93,6 +94,8 @@ typedef struct {
   double blacklisted_until; /* elastic: no new workers here before this time */
   int young_failures;       /* elastic: processes here that failed young, in a row */
   double last_failure;      /* elastic: when a process here last failed (0: never) */
+  bool evicted;             /* elastic: its link was judged lossy; no new process here until it is clean */
+  double evicted_at;
 } host_spec;
 
 /* Elastic back-off on a host whose replacements fail young (within
@@ -668,6 +671,15 @@ typedef struct {
   double probe_max_s; /* TANDEM_AGENT_PROBE: most seconds between background starts (0: none) */
   struct host_agent *agent_list;
   int n_agents;
+  /* lossy hosts (elastic, with agents: lossy_tick) */
+  el_lossy_cfg lossy_cfg;
+  el_lossy *lossy;        /* NULL: not watching */
+  double lossy_next_sample, lossy_next_ping;
+  int32_t ping_seq;
+  int64_t last_commits;   /* <job>/el/commits at the last sample (el_report_commit) */
+  double last_progress;   /* when it last grew: the job made progress */
+  double min_np_said;     /* when "not evicting: --min-np" was last said */
+  int n_evictions;
 } job;
 
 /* Build "K=V" entries for one worker. */
@@ -1542,6 +1554,7 @@ static void agent_read(job *j, int ai) {
       }
       continue;
     }
+    if (type == AGENT_PONG) continue; /* lossy_tick's pings: the traffic is what counts */
     if (x < 0 || x >= j->n_workers || j->workers[x].agent != ai + 1 || !j->workers[x].running) continue;
     worker *w = &j->workers[x];
     if (type == AGENT_STARTED) {
@@ -1687,7 +1700,7 @@ static host_spec *free_slot(const job *j, double now) {
   host_spec *best = NULL;
   for (int h = 0; h < j->n_ehosts; h++) {
     host_spec *hs = j->ehosts[h];
-    if (now >= hs->blacklisted_until && host_used(j, hs) < hs->slots &&
+    if (now >= hs->blacklisted_until && !hs->evicted && host_used(j, hs) < hs->slots &&
         (!best || hs->last_failure < best->last_failure))
       best = hs;
   }
@@ -1895,6 +1908,148 @@ static void elastic_reaped(job *j, worker *w, bool failed) {
   if (j->client && el_report_dead(j->client, j->job_id, uid, how, replacement) != TD_OK)
     fprintf(stderr, "tandemrun: could not report process %d lost to the store: %s\n", uid, td_last_error());
   if (gave_up && j->n_running == 0 && !j->below_failed && !j->done) below_min_np_stop(j, false);
+}
+
+/* ---- lossy hosts ----
+ * A host whose link loses packets stalls the whole job, and neither side
+ * of the bad link can tell whose link it is (each sees the other stall).
+ * tandemrun is a third vantage point: it pings every agent every
+ * LOSSY_PING_S, counts the segments its kernel retransmits on its
+ * connections to each host (src/elastic/lossy.c) and, when one host's
+ * connections retransmit while the others' are clean and the job is
+ * stalled (el_lossy_pick), evicts that host as if it had been lost: its
+ * processes are reported dead and killed, the survivors are told to break
+ * off their step (<job>/el/evict/<n>, watched by every process), and no
+ * process starts there until its link has been clean for
+ * TANDEM_EVICT_CLEAN seconds; then the usual scale-up brings it back. */
+#define LOSSY_PING_S 0.1
+#define LOSSY_SAMPLE_S 0.1
+
+static void lossy_start(job *j) {
+  if (!j->opt.elastic || !agents_on(j)) return;
+  if (el_lossy_config(&j->lossy_cfg) != TD_OK) {
+    fprintf(stderr, "tandemrun: %s\n", td_last_error());
+    exit(2);
+  }
+  if (!j->lossy_cfg.on) return;
+  j->lossy = calloc(1, sizeof *j->lossy);
+  if (!j->lossy) exit(1);
+  el_lossy_init(j->lossy);
+  j->last_progress = td_now();
+}
+
+static void lossy_stop(job *j) {
+  if (!j->lossy) return;
+  el_lossy_free(j->lossy);
+  free(j->lossy);
+  j->lossy = NULL;
+}
+
+static void evict_host(job *j, int hi, const char *why) {
+  host_spec *h = j->ehosts[hi];
+  double now = td_now();
+  h->evicted = true;
+  h->evicted_at = now;
+  int n = 0;
+  char uids[512] = "";
+  size_t len = 0;
+  for (int i = 0; i < j->n_workers; i++) {
+    worker *w = &j->workers[i];
+    if (!w->running || w->host != h || w->signalled) continue;
+    n++;
+    if (len < sizeof uids) len += (size_t)snprintf(uids + len, sizeof uids - len, "%s%d", len ? " " : "", w->rank);
+  }
+  j->n_evictions++;
+  fprintf(stderr, "tandemrun: evicting host %s: its link is lossy (%s); its %d process%s (%s) %s stopped and the "
+          "job goes on with %d; the host is used again once its link has been clean for %g s\n", h->name, why, n,
+          n == 1 ? "" : "es", uids, n == 1 ? "is" : "are", j->n_running - n, j->lossy_cfg.clean_s);
+  td_prom_add(j->prom, "tandem_job_evictions_total", "hosts evicted because their link was lossy", NULL, 1);
+  /* Dead first, so that the round the survivors form does not wait for
+   * them; then the survivors are told to break off their step. */
+  for (int i = 0; i < j->n_workers; i++) {
+    worker *w = &j->workers[i];
+    if (!w->running || w->host != h || w->signalled) continue;
+    if (j->client && el_report_dead(j->client, j->job_id, w->rank, "evicted: its host's link is lossy", -1) != TD_OK)
+      fprintf(stderr, "tandemrun: could not report process %d evicted to the store: %s\n", w->rank, td_last_error());
+  }
+  char key[200];
+  snprintf(key, sizeof key, "%s/el/evict/%d", j->job_id, j->n_evictions);
+  if (j->client && store_set_str(j->client, key, uids) != TD_OK)
+    fprintf(stderr, "tandemrun: could not tell the processes of the eviction: %s\n", td_last_error());
+  for (int i = 0; i < j->n_workers; i++) { /* worker_signal does not move j->workers */
+    worker *w = &j->workers[i];
+    if (!w->running || w->host != h || w->signalled) continue;
+    w->signalled = true;
+    worker_signal(j, w, SIGKILL);
+  }
+}
+
+static void lossy_tick(job *j) {
+  if (!j->lossy || j->done || j->stopping) return;
+  double now = td_now();
+  if (now >= j->lossy_next_ping) {
+    j->lossy_next_ping = now + LOSSY_PING_S;
+    j->ping_seq++;
+    for (int i = 0; i < j->n_agents; i++) {
+      host_agent *a = &j->agent_list[i];
+      /* One small frame: a full pipe (ssh not reading) is a lost ping, not a wait. */
+      if (a->ready && a->to_fd >= 0) {
+        struct {
+          uint32_t len;
+          uint8_t type;
+          int32_t x, y;
+        } __attribute__((packed)) f = {9, AGENT_PING, j->ping_seq, 0};
+        ssize_t w = write(a->to_fd, &f, sizeof f);
+        (void)w;
+      }
+    }
+  }
+  if (now < j->lossy_next_sample) return;
+  j->lossy_next_sample = now + LOSSY_SAMPLE_S;
+  char key[200];
+  int64_t commits = 0;
+  snprintf(key, sizeof key, "%s/el/commits", j->job_id);
+  if (j->client && store_add(j->client, key, 0, &commits) == TD_OK && commits != j->last_commits) {
+    j->last_commits = commits;
+    j->last_progress = now;
+  }
+  el_lossy *l = j->lossy;
+  while (l->n_hosts < j->n_ehosts && l->n_hosts < EL_LOSSY_MAX_HOSTS)
+    el_lossy_set_host(l, l->n_hosts, j->ehosts[l->n_hosts]->name);
+  if (!el_lossy_sample(l, now)) {
+    fprintf(stderr, "tandemrun: cannot read the TCP statistics of its connections (sock_diag: %s): hosts whose link "
+            "is lossy are not evicted in this job\n", strerror(errno));
+    lossy_stop(j);
+    return;
+  }
+  el_lossy_view v[EL_LOSSY_MAX_HOSTS];
+  int n = TD_MIN(j->n_ehosts, EL_LOSSY_MAX_HOSTS), ranks_left = 0;
+  for (int i = 0; i < n; i++) {
+    host_spec *h = j->ehosts[i];
+    v[i] = (el_lossy_view){.retrans = el_lossy_window(l, i, now, j->lossy_cfg.window_s), .conns = l->hosts[i].conns,
+                           .remote = !h->local};
+    for (int k = 0; k < j->n_workers; k++)
+      v[i].ranks += j->workers[k].running && !j->workers[k].signalled && j->workers[k].host == h;
+    if (h->evicted && now - h->evicted_at >= j->lossy_cfg.clean_s && v[i].conns > 0 &&
+        el_lossy_window(l, i, now, j->lossy_cfg.clean_s) == 0) {
+      h->evicted = false;
+      fprintf(stderr, "tandemrun: host %s's link has been clean for %g s: it takes processes again\n", h->name,
+              j->lossy_cfg.clean_s);
+    }
+  }
+  char why[300];
+  int pick = el_lossy_pick(&j->lossy_cfg, v, n, now - j->last_progress, why, sizeof why);
+  if (pick < 0 || j->ehosts[pick]->evicted) return;
+  for (int i = 0; i < n; i++) ranks_left += i == pick ? 0 : v[i].ranks;
+  if (ranks_left < j->opt.min_np) {
+    if (now - j->min_np_said > 10)
+      fprintf(stderr, "tandemrun: host %s's link is lossy (%s), but evicting it would leave %d process%s, below "
+              "--min-np %d: it stays\n", j->ehosts[pick]->name, why, ranks_left, ranks_left == 1 ? "" : "es",
+              j->opt.min_np);
+    j->min_np_said = now;
+    return;
+  }
+  evict_host(j, pick, why);
 }
 
 /* Once per poll round: discovery, replacements and scale-up, the --min-np
@@ -2154,6 +2309,7 @@ placed:;
   }
 
   if (j->opt.prom_port) start_job_metrics(j);
+  lossy_start(j);
 
   j->root_rank = -1;
   double start = td_now();
@@ -2198,6 +2354,7 @@ placed:;
   for (;;) {
     agents_tick(j);
     if (j->opt.elastic) {
+      lossy_tick(j);
       elastic_tick(j);
       job_metrics_follow(j);
     }
@@ -2231,6 +2388,7 @@ placed:;
     if (j->opt.elastic && !j->stopping && !j->done) next = TD_MIN(next, j->below_since + j->opt.elastic_timeout_s);
     for (int i = 0; i < j->n_agents; i++) /* an agent's background start */
       if (j->agent_list[i].probe_at > 0) next = TD_MIN(next, j->agent_list[i].probe_at);
+    if (j->lossy) next = TD_MIN(next, TD_MIN(j->lossy_next_ping, j->lossy_next_sample));
     int timeout_ms = isinf(next) ? -1 : (int)TD_MAX(0, ceil((next - now) * 1000.0));
     if (timeout_ms > 1000 || timeout_ms < 0) {
       /* SIGCHLD is coalesced by signalfd; reap at least once a second anyway. */
@@ -2305,6 +2463,7 @@ placed:;
     free(w->err_buf.data);
   }
   agents_stop(j); /* before the reaping below, which would take their ssh's status */
+  lossy_stop(j);
   /* Reap what we killed (and any orphans handed to us), briefly. */
   for (double until = td_now() + 0.5; td_now() < until;) {
     int status;

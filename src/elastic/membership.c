@@ -105,6 +105,13 @@ td_status el_report_dead(td_store *store, const char *job, long uid, const char 
   return store_set_str(store, key, value);
 }
 
+td_status el_report_commit(el_membership *m) {
+  char key[200];
+  snprintf(key, sizeof key, "%s/el/commits", m->job);
+  int64_t n = 0;
+  return store_add(m->store, key, 1, &n);
+}
+
 td_status el_report_started(td_store *store, const char *job) {
   char key[200];
   snprintf(key, sizeof key, "%s/el/starts", job);

@@ -89,6 +89,9 @@ td_status el_report_came(td_store *store, const char *job, long uid);
 /* A member reports that its communicator of the current epoch failed
  * because process uid fell silent (td_comm_silent_ranks). */
 td_status el_report_silent(el_membership *m, long uid);
+/* Rank 0 counts each commit under <job>/el/commits: tandemrun's sign that
+ * the job makes progress (a lossy host is evicted only from a stalled job). */
+td_status el_report_commit(el_membership *m);
 /* The launcher reports a reaped worker and its replacement (-1: none). */
 td_status el_report_dead(td_store *store, const char *job, long uid, const char *why, long replacement);
 

@@ -60,6 +60,14 @@ struct td_elastic {
   double fence_s;       /* time in td_elastic_commit_wait: the replicas' exchange not done when the shards change */
   double check_s;       /* time in their join check (its allreduce waits for the slowest rank) */
   double commit_cpu_s;  /* CPU time of this thread in the copies and waits (wall time inflates under load) */
+  /* The eviction watch (evict_watch): a thread parked in a store WAIT. */
+  pthread_mutex_t watch_lock; /* e->comm's swap against the watch's abort; watch_members */
+  pthread_t watch_thread;
+  bool watch_started;
+  int watch_stop;             /* __atomic */
+  td_store *watch_store;
+  long *watch_members;        /* uids of the epoch whose communicator e->comm is */
+  int watch_n;
 };
 
 static bool abandoned(void *ctx, char *why, size_t why_size) {
@@ -68,8 +76,11 @@ static bool abandoned(void *ctx, char *why, size_t why_size) {
 }
 
 static td_status build_comm(td_elastic *e) {
+  pthread_mutex_lock(&e->watch_lock);
   td_comm_destroy(e->comm);
   e->comm = NULL;
+  e->watch_n = 0;
+  pthread_mutex_unlock(&e->watch_lock);
   char job[160];
   /* A job id per epoch: its communicator's store keys start afresh. */
   snprintf(job, sizeof job, "%s.e%d", e->m.job, e->m.epoch);
@@ -80,7 +91,17 @@ static td_status build_comm(td_elastic *e) {
   cfg.job_id = job;
   cfg.abandon = abandoned;
   cfg.abandon_ctx = e;
-  td_status st = td_comm_init_config(&cfg, &e->comm);
+  td_comm *comm = NULL;
+  td_status st = td_comm_init_config(&cfg, &comm);
+  pthread_mutex_lock(&e->watch_lock);
+  e->comm = comm;
+  long *mm = realloc(e->watch_members, sizeof *mm * (size_t)TD_MAX(e->m.n_members, 1));
+  if (mm) {
+    e->watch_members = mm;
+    memcpy(mm, e->m.members, sizeof *mm * (size_t)e->m.n_members);
+    e->watch_n = e->m.n_members;
+  }
+  pthread_mutex_unlock(&e->watch_lock);
   if (st != TD_OK) {
     char why[768];
     td_error_copy(why, sizeof why);
@@ -88,6 +109,77 @@ static td_status build_comm(td_elastic *e) {
                     e->m.n_members, why);
   }
   return TD_OK;
+}
+
+/* tandemrun evicts a host whose link is lossy (docs/elastic.md, "Lossy
+ * links"): it reports the host's processes dead and sets
+ * <job>/el/evict/<n> to their uids. The survivors are then stuck in a step
+ * with those processes, which neither heartbeats nor TCP end while half the
+ * packets still get through; this thread, parked in a store WAIT for the
+ * next eviction (no traffic meanwhile), breaks the epoch's communicator
+ * when an evicted process is a member, and the job forms the next epoch
+ * without them at once. */
+static void *evict_watch(void *arg) {
+  td_elastic *e = arg;
+  for (int n = 1; !__atomic_load_n(&e->watch_stop, __ATOMIC_ACQUIRE);) {
+    char key[200], *v = NULL;
+    snprintf(key, sizeof key, "%s/el/evict/%d", e->m.job, n);
+    td_status st = store_wait_str(e->watch_store, key, 3600, &v);
+    if (__atomic_load_n(&e->watch_stop, __ATOMIC_ACQUIRE)) {
+      free(v);
+      break;
+    }
+    if (st == TD_ERR_TIMEOUT) continue;
+    if (st != TD_OK) break; /* the store is gone: the job is ending */
+    n++;
+    pthread_mutex_lock(&e->watch_lock);
+    bool member = false;
+    for (const char *p = v; p && *p && !member;) {
+      char *end;
+      long uid = strtol(p, &end, 10);
+      if (end == p) break;
+      for (int i = 0; i < e->watch_n; i++) member |= e->watch_members[i] == uid;
+      p = end;
+    }
+    if (member && e->comm) {
+      char why[300];
+      snprintf(why, sizeof why, "tandemrun evicted process%s %s: %s host's link is lossy",
+               strchr(v, ' ') ? "es" : "", v, strchr(v, ' ') ? "their" : "its");
+      td_log(TD_LOG_INFO, "elastic: %s: breaking off epoch %d", why, e->m.epoch);
+      td_comm_abort(e->comm, why);
+    }
+    pthread_mutex_unlock(&e->watch_lock);
+    free(v);
+  }
+  return NULL;
+}
+
+static void evict_watch_start(td_elastic *e) {
+  if (store_connect(e->m.store_addr, 10, &e->watch_store) != TD_OK) {
+    td_log(TD_LOG_WARN, "elastic: no eviction watch (%s): a host tandemrun evicts is waited for as a silent one",
+           td_last_error());
+    return;
+  }
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  e->watch_started = pthread_create(&e->watch_thread, NULL, evict_watch, e) == 0;
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  if (!e->watch_started) {
+    store_close(e->watch_store);
+    e->watch_store = NULL;
+  }
+}
+
+static void evict_watch_stop(td_elastic *e) {
+  if (e->watch_started) {
+    __atomic_store_n(&e->watch_stop, 1, __ATOMIC_RELEASE);
+    store_interrupt(e->watch_store);
+    pthread_join(e->watch_thread, NULL);
+    e->watch_started = false;
+  }
+  store_close(e->watch_store);
+  e->watch_store = NULL;
 }
 
 /* Test hook TANDEM_TEST_ELASTIC_STOP_AFTER_ROUND=UID: process UID stops
@@ -142,8 +234,10 @@ td_status td_elastic_create(const void *reserved, td_elastic **out) {
   if (!e) return td_error(TD_ERR_SYSTEM, "out of memory for the elastic state");
   el_piece_init(&e->whole[0]);
   el_piece_init(&e->whole[1]);
+  pthread_mutex_init(&e->watch_lock, NULL);
   td_status st = el_membership_open(&e->m);
   if (st == TD_OK) st = next_epoch(e);
+  if (st == TD_OK) evict_watch_start(e);
   if (st != TD_OK) {
     char why[1024];
     td_error_copy(why, sizeof why);
@@ -167,8 +261,11 @@ void td_elastic_destroy(td_elastic *e) {
            1e3 * e->commit_cpu_s / (double)e->commits_here, 1e3 * e->fence_s / (double)e->commits_here,
            1e3 * e->check_s / (double)e->commits_here, (long long)threads_run,
            threads_run ? 1e3 * thread_cpu / (double)threads_run : 0.0);
+  evict_watch_stop(e);
   el_rep_free(&e->rep); /* first: a commit in flight uses the shards */
   td_comm_destroy(e->comm);
+  free(e->watch_members);
+  pthread_mutex_destroy(&e->watch_lock);
   el_piece_free(&e->whole[0]);
   el_piece_free(&e->whole[1]);
   free(e->bufs);
@@ -361,6 +458,7 @@ td_status td_elastic_commit(td_elastic *e) {
   if (e->m.rank == 0) {
     int p = 0;
     td_status st = el_membership_pending(&e->m, &p);
+    if (st == TD_OK) st = el_report_commit(&e->m);
     if (st != TD_OK) {
       char why[768];
       td_error_copy(why, sizeof why);

@@ -300,6 +300,20 @@ bool net_hostmem_find(const void *p, size_t len, net_hostmem_ref *ref);
  * error says why (another user, /proc hidden, out of memory). */
 td_status net_hostmem_map_peer(pid_t pid, const net_hostmem_ref *ref, void **base_out);
 
+/* ---- TCP connection statistics (tcp_diag.c) ----
+ * Every TCP connection of this network namespace (any process's, as `ss -ti`
+ * shows them), with how many segments it retransmitted so far. */
+typedef struct {
+  uint64_t cookie;        /* the kernel's id of the socket: stable while it lives */
+  int family;             /* AF_INET (an IPv4-mapped IPv6 peer included) or AF_INET6 */
+  unsigned char peer[16]; /* the peer's address (4 bytes for AF_INET) */
+  uint32_t total_retrans; /* tcpi_total_retrans */
+  bool have_info;
+} net_tcp_conn;
+/* Fills at most max entries; returns how many, or -1 (errno set) when the
+ * kernel's sock_diag interface cannot be used. */
+int net_tcp_conns(net_tcp_conn *out, int max);
+
 /* ---- rendezvous store: client ----
  * Thread-safe (one mutex per client). Keys are strings (< 512 bytes), values
  * are bytes (<= 64 MiB). One request is in flight per client: a store_wait
