@@ -241,7 +241,10 @@ wait_for() { # wait_for PATTERN SECONDS [AFTER_LINE]: 0 found, 1 not in time (a 
   return 1
 }
 last_step() { tail -n 400 "$out" | sed -n 's/.*train-gpt: step \([0-9]*\) loss.*/\1/p' | tail -1; }
-epochs() { grep -c "elastic epoch [0-9]*:" "$out"; }
+# The newest epoch rank 0 announced (a number, not a count of lines: an
+# epoch whose communicator failed, e.g. a member reported lost as it
+# formed, is skipped without a line).
+epochs() { grep -o "elastic epoch [0-9]*:" "$out" | tail -1 | tr -dc 0-9; }
 steady() { # at 4 ranks: 4 processes, the last step line at world 4
   [ "$(tail -n 400 "$out" | grep "train-gpt: step " | tail -1 | grep -c "world 4 epoch")" = 1 ] && [ "$(live | wc -l)" = 4 ]
 }
@@ -329,10 +332,10 @@ for ((f = 0; f < FAULTS && hangs == 0 && ended == 0; f++)); do
     [ $ok = 1 ] || { [ $ended = 1 ] || hangs=$((hangs + 1)); break; }
     [ "$(epochs)" -gt "$e0" ] || new_epoch=0 ;;
   cut)
-    wait_for "elastic epoch $((e0 + 1)):" "$HANG_S" "$n_lines" || { [ $? = 1 ] && hangs=$((hangs + 1)); netns_restore "$vhost"; break; }
+    wait_for "elastic epoch [0-9]*:" "$HANG_S" "$n_lines" || { [ $? = 1 ] && hangs=$((hangs + 1)); netns_restore "$vhost"; break; }
     netns_restore "$vhost" ;;
   *)
-    wait_for "elastic epoch $((e0 + 1)):" "$HANG_S" "$n_lines" || { [ $? = 1 ] && hangs=$((hangs + 1)); break; }
+    wait_for "elastic epoch [0-9]*:" "$HANG_S" "$n_lines" || { [ $? = 1 ] && hangs=$((hangs + 1)); break; }
     [ $kind = stop ] && kill -9 "$pid"
     [ $kind = hostkill ] && sshhosts_start "$vhost" ;;
   esac
@@ -341,7 +344,7 @@ for ((f = 0; f < FAULTS && hangs == 0 && ended == 0; f++)); do
     # The next step is searched after the new epoch's line: a step line
     # of the lost rank 0, printed before it died, may reach the output
     # after the fault (that step is redone by the new epoch).
-    ep_n=$(( n_lines + $(tail -n +$((n_lines + 1)) "$out" | grep -n "elastic epoch $((e0 + 1)):" | head -1 | cut -d: -f1) ))
+    ep_n=$(( n_lines + $(tail -n +$((n_lines + 1)) "$out" | grep -n "elastic epoch [0-9]*:" | head -1 | cut -d: -f1) ))
     line=$(sed -n "${ep_n}p" "$out")
     from=$(echo "$line" | sed -n 's/.* from step \([0-9]*\).*/\1/p')
     want=$([ $kind = grow ] && echo "world 4" || echo "loss")
@@ -427,6 +430,7 @@ cp "$work/records" "${res%.md}.tsv"
   echo "Faults injected: $f of $FAULTS$([ $ended = 1 ] && echo " (the job finished first)")."
   echo "Hangs (no new epoch, or no step, within $HANG_S s of a fault): $hangs. The job: $([ -n "$got" ] && echo "finished" || echo "did NOT finish"), tandemrun exit code ${rc:-none} ($(grep "tandemrun:" "$out" | tail -1 | cut -d' ' -f2- | cut -c1-160))."
   echo "'no new epoch': packet loss that TCP rode out (the job slowed, no process was lost)."
+  echo "Hosts evicted by tandemrun for a lossy link (\`tandemrun: evicting host\`): $(grep -c "tandemrun: evicting host" "$work/faulty.out") ($(grep "tandemrun: evicting host" "$work/faulty.out" | sed -n 's/.*evicting host \([^:]*\):.*/\1/p' | sort | uniq -c | awk '{ printf "%s%s x%s", (NR > 1 ? ", " : ""), $2, $1 }')); in the fault-free run: $(grep -c "tandemrun: evicting host" "$work/ref")."
   echo "Final loss and parameter hash, fault-free: \`$ref\`; with faults: \`$got\`; loss bit-identical: $same_loss; parameters bit-identical: $same."
 } >"$res"
 cat "$res"

@@ -2006,6 +2006,9 @@ static void lossy_tick(job *j) {
   }
   if (now < j->lossy_next_sample) return;
   j->lossy_next_sample = now + LOSSY_SAMPLE_S;
+  bool any_remote = false; /* a job on the launcher's host alone has no link to judge */
+  for (int i = 0; i < j->n_ehosts; i++) any_remote |= !j->ehosts[i]->local;
+  if (!any_remote) return;
   char key[200];
   int64_t commits = 0;
   snprintf(key, sizeof key, "%s/el/commits", j->job_id);
