@@ -27,7 +27,9 @@ RUN=$(cd "$repo/$B/bin" 2>/dev/null && pwd)/tandemrun
 GPT=$(dirname "$RUN")/train-gpt
 LOSS_S=${LOSS_S:-5}
 EVICT_BY=${EVICT_BY:-4}
-STEPS=${STEPS:-1500}
+# The ASan tree steps ~15x slower on a loaded machine: a shorter job (the
+# faults need about 80 of its steps after step 40).
+case $B in *asan*) STEPS=${STEPS:-300} ;; *) STEPS=${STEPS:-1500} ;; esac
 work=$(mktemp -d /tmp/td-faulthosts-lossy-XXXXXX)
 job=
 NETNS_TAG_PREFIX=fl
@@ -77,7 +79,7 @@ at_four() { [ "$(tail -n 200 "$work/out" | grep "train-gpt: step " | tail -1 | g
 
 start_job "$work/out" "$RUN" --min-np 2 --max-np 4 -np 4 --max-restarts 8 --host-discovery-script "$work/discover" \
   "$GPT" $ARGS
-wait_line "train-gpt: step 100 loss" 120 || fail "the job did not reach step 100 within 120 s"
+wait_line "train-gpt: step 40 loss" 120 || fail "the job did not reach step 40 within 120 s"
 
 # 1. b lossy.
 t0=$(date +%s.%N)
