@@ -267,7 +267,7 @@ static void build_config(const gpt_options *o, int world, td_train_config *cfg) 
 static void print_estimates(const td_model *model, const td_train_config *cfg, int world) {
   if (cfg->tensor_parallel > 1 || cfg->pipeline_parallel > 1)
     printf("%s: tensor_parallel=%d pipeline_parallel=%d: world= below counts data-parallel ranks, params= this "
-           "rank's shard; ZeRO stage 3 is not built with tensor or pipeline parallelism\n", app_name,
+           "rank's shard (ZeRO stage 3: on the CPU; on a GPU with tensor parallelism alone)\n", app_name,
            cfg->tensor_parallel > 1 ? cfg->tensor_parallel : 1, cfg->pipeline_parallel > 1 ? cfg->pipeline_parallel : 1);
   printf("%s: memory per rank at world=%d, params=%zu, micro_batch=%d (MiB; model states = params + grads + "
          "optimizer + live + deterministic + replicas; replica_disk: the elastic commit files; DeepSpeed "

@@ -118,8 +118,11 @@ int td_grid_tensor_hosts(const td_grid *grid);
  * (set_activation_checkpointing) recomputes each block, its collectives
  * included, in backward: the same bits. Mixed precision follows the
  * calling thread's td_nn_set_compute_dtype as the unsplit GPT does (the
- * products' operands rounded; activations and collectives f32); no ZeRO-3
- * parameter access yet (td_gpt_tp_create_on: on a device). */
+ * products' operands rounded; activations and collectives f32). ZeRO
+ * stage 3's td_param_access (set by the trainer) is honoured: each group
+ * (the embeddings, a block, ln_f with the head) is fetched from this
+ * shard's arena just before use, on the training thread, in the same order
+ * on every rank of the data-parallel group. */
 td_status td_gpt_tp_create(const td_gpt_config *config, const td_grid *grid, td_model **out);
 /* The same model computing on `device` (CPU: exactly td_gpt_tp_create). On
  * a CUDA device the device GPT computes this rank's shard

@@ -661,7 +661,10 @@ static td_status gpt_build(const td_gpt_config *c, int first_layer, int n_layers
     snprintf(g->config_text + len, sizeof g->config_text - (size_t)len, " stage_layers=%d-%d embed=%d head=%d",
              first_layer, first_layer + n_layers, embed, head);
   g->base.config = g->config_text;
-  g->base.supports_param_access = whole; /* a stage's parameters are not sharded (ZeRO-3 is refused with pipelines) */
+  /* ZeRO-3: the whole model, or a pipeline stage whose engine hands it an
+   * access shifted to its range of the rank's arena (the groups above are
+   * ranges of this table either way; a stage lacks the ones it does not hold) */
+  g->base.supports_param_access = 1;
   g->base.n_params = off;
   g->base.n_tensors = n;
   g->base.tensors = g->tensors;

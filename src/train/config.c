@@ -78,11 +78,11 @@ static td_status pipeline_parallel_check(td_train_config *cfg) {
     return td_error(TD_ERR_INVALID_ARGUMENT, "pipeline chunks %d: must be 1 .. 64", cfg->pipeline_chunks);
   if (pp == 1) return TD_OK;
   const char *what = NULL;
-  /* ZeRO-3 fetches each layer's parameters inside the model, which the
-   * pipeline's stage models do not do (no td_param_access) */
-  if (cfg->zero_stage >= 3) what = "ZeRO stage 3 (use stage 0, 1 or 2)";
-  else if (cfg->offload.optimizer_device != TD_OFFLOAD_NONE || cfg->offload.param_device != TD_OFFLOAD_NONE)
-    what = "ZeRO offload";
+  /* ZeRO-3 fetches each layer's parameters inside the model: the CPU's
+   * stage models do (td_param_access, through the pipeline engine), a
+   * device's do not */
+  const int on_cpu = !cfg->device[0] || strcmp(cfg->device, "cpu") == 0;
+  if (cfg->zero_stage >= 3 && !on_cpu) what = "ZeRO stage 3 on a GPU (use stage 0, 1 or 2 there, or the CPU)";
   else if (cfg->elasticity.enabled || cfg->deterministic_reduction == 1)
     what = "elastic training or deterministic reduction";
   /* on a GPU the stages compute in f32 or bf16 (what crosses between them is of that type) */
@@ -91,7 +91,9 @@ static td_status pipeline_parallel_check(td_train_config *cfg) {
   if (what)
     return td_error(TD_ERR_INVALID_ARGUMENT,
                     "pipeline_model_parallel_size %d with %s is not built yet: drop one of them "
-                    "(pipelines train on the CPU in fp32, bf16 or fp16, on a GPU in fp32 or bf16, with ZeRO stage 0, 1 or 2)",
+                    "(pipelines train on the CPU in fp32, bf16 or fp16 with ZeRO stage 0-3 and stage 3's NVMe "
+                    "offload, on a GPU in fp32 or bf16 with ZeRO stage 0, 1 or 2; not elastically, not with "
+                    "deterministic reduction)",
                     pp, what);
   return TD_OK;
 }
@@ -110,13 +112,12 @@ static td_status tensor_parallel_check(td_train_config *cfg) {
     return TD_OK;
   }
   const char *what = NULL;
-  /* ZeRO-3 fetches each layer's parameters inside the model, which the
-   * tensor-parallel GPT does on a device only (td_param_access) */
+  /* ZeRO-3 fetches each layer's parameters inside the model (td_param_access):
+   * the tensor-parallel GPT does, on the CPU and on a device; stage 3's NVMe
+   * offload then works on the shard's arena as on any other (a device
+   * refuses offload by itself) */
   const int on_cpu = !cfg->device[0] || strcmp(cfg->device, "cpu") == 0;
-  if (cfg->zero_stage >= 3 && on_cpu) what = "ZeRO stage 3 on the CPU (use stage 0, 1 or 2, or a GPU)";
-  else if (cfg->offload.optimizer_device != TD_OFFLOAD_NONE || cfg->offload.param_device != TD_OFFLOAD_NONE)
-    what = "ZeRO offload";
-  else if (cfg->elasticity.enabled) what = "elastic training";
+  if (cfg->elasticity.enabled) what = "elastic training";
   else if (cfg->sequence_parallel && !on_cpu && cfg->pipeline_parallel > 1)
     return td_error(TD_ERR_INVALID_ARGUMENT, "sequence_parallel with pipeline stages on device %s is not built yet "
                     "(a device splits the sequence of the whole model only): drop sequence_parallel or "
@@ -124,8 +125,8 @@ static td_status tensor_parallel_check(td_train_config *cfg) {
   if (what)
     return td_error(TD_ERR_INVALID_ARGUMENT,
                     "tensor_model_parallel_size %d with %s is not built yet: drop one of them "
-                    "(tensor parallelism trains in fp32, bf16 or fp16, on a GPU fp32 or bf16, with ZeRO stage 0, 1 or 2; "
-                    "stage 3 on a GPU)", tp,
+                    "(tensor parallelism trains in fp32, bf16 or fp16, on a GPU in fp32 or bf16, with ZeRO stage 0-3 "
+                    "and stage 3's NVMe offload; not elastically)", tp,
                     what);
   return TD_OK;
 }

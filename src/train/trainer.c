@@ -214,13 +214,10 @@ static td_status trainer_create(const td_train_config *cfg_in, td_model *model, 
   if (model->ops->run_micro_batches) {
     /* a pipeline stage: what composes with it so far */
     const char *what = NULL;
-    /* ZeRO-3 would fetch each layer's parameters from the data-parallel
-     * owners inside the stage models, which have no td_param_access */
-    if (t->zero_stage >= 3) what = "ZeRO stage 3 (use zero_optimization.stage 0, 1 or 2)";
-    else if (t->cfg.deterministic_reduction == 1 || t->cfg.elasticity.enabled)
+    /* (ZeRO-3: the stage models fetch each group through the pipeline's
+     * td_param_access, checked above with supports_param_access) */
+    if (t->cfg.deterministic_reduction == 1 || t->cfg.elasticity.enabled)
       what = "deterministic reduction and elastic training (remove deterministic_reduction and elasticity)";
-    else if (t->cfg.offload.optimizer_device != TD_OFFLOAD_NONE || t->cfg.offload.param_device != TD_OFFLOAD_NONE)
-      what = "offload (remove offload_optimizer / offload_param)";
     /* checkpoints: saved and loaded by the whole grid (td_trainer_set_grid; refused without it); on a
      * device the stages compute in f32 or bf16 (the pipeline's set_device_dtype; a tied GPT's in f32 only) */
     if (what) {
@@ -595,6 +592,11 @@ static td_status micro_batches_step(td_trainer *t, td_status local, double t_sta
     data_s += td_now() - d0;
     trace(t, "data", d0);
   }
+  /* Stage 3: the step's forwards fetch parameters from the data-parallel
+   * peers, so a rank whose data failed must not leave them waiting there:
+   * agree first (a failed prepare agreed already, in trainer_step, on every
+   * rank alike, and agrees here again on every rank alike) */
+  if (t->zero_stage >= 3 && distributed) local = td_trainer_agree(t, local);
   int sync = distributed, n_buckets = 0;
   if (sync) begin_buckets(t);
   double loss = 0;
@@ -602,6 +604,7 @@ static td_status micro_batches_step(td_trainer *t, td_status local, double t_sta
     local = m->ops->run_micro_batches(t->model, td_trainer_model_params(t), td_trainer_model_grads(t), t->step_inputs,
                                       t->step_targets, b, accum,
                                       backward_scale(t), sync ? on_grad_ready : NULL, sync ? t : NULL, &loss);
+  if (local == TD_OK && t->zero && t->zero->status != TD_OK) local = t->zero->status; /* a failed fetch */
   if (local != TD_OK) return local;
   if (sync) {
     bucket_launch(t, 0, t->launched_lo);

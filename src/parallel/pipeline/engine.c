@@ -55,6 +55,11 @@
  * bf16 (act_dtype), the arenas bf16 (at()). Tensor-parallel stages on a
  * device are td_gpt_tp_create_on's (their allreduces on device buffers).
  *
+ * ZeRO stage 3 (the trainer's td_param_access on this model): each chunk
+ * hands its stage models that access shifted to the chunk's range of the
+ * arena (shift_fetch), so they fetch each group from the data-parallel
+ * owners just before use, in forward and backward, as a whole model does.
+ *
  * Failures: a NaN forward (a bad token) or a failed transfer aborts the
  * pipeline communicator with the reason, so that every other stage's
  * pending receive fails within seconds naming this rank. */
@@ -71,6 +76,8 @@
 #include <string.h>
 
 typedef struct pp_chunk {
+  struct pp_model *owner;         /* the engine (shift_fetch) */
+  td_param_access access;         /* ZeRO stage 3: the engine's, shifted to this chunk's range (set on its slots) */
   int model_stage;                /* chunk * p + stage */
   td_gpt_stage range;             /* its blocks, embeddings, head */
   size_t offset, n_params;        /* in this rank's arena */
@@ -172,6 +179,31 @@ td_status td_pipeline_check(const td_gpt_config *config, const td_pipeline_confi
                     config->layers, stages, chunks, config->layers / chunks > 0 ? config->layers / chunks : 1,
                     chunks > 1 ? " or fewer --pipeline-chunks" : "", stages * chunks);
   return TD_OK;
+}
+
+/* ---- ZeRO stage 3: the trainer's parameter access, per chunk ----
+ * The trainer sets td_param_access on this model, whose arena is the
+ * rank's chunks back to back; a chunk's stage models index their own
+ * table from 0, so each chunk hands them the same access shifted by its
+ * offset (CPU stages, f32 arenas). Every data-parallel replica of this
+ * stage runs the same schedule, so the fetches come in one order on the
+ * ranks that broadcast them; the stage models' hint of the next group is
+ * their own next one, which the schedule may not take next (a miss is a
+ * fetch like any other). */
+static const float *shift_fetch(void *ctx, size_t offset, size_t count, size_t next_offset, size_t next_count) {
+  const pp_chunk *ch = ctx;
+  const td_param_access *pa = ch->owner->base.param_access;
+  return pa->fetch(pa->ctx, ch->offset + offset, count, ch->offset + next_offset, next_count) + ch->offset;
+}
+static void shift_release(void *ctx, size_t offset, size_t count) {
+  const pp_chunk *ch = ctx;
+  const td_param_access *pa = ch->owner->base.param_access;
+  pa->release(pa->ctx, ch->offset + offset, count);
+}
+/* The slot model about to run: given the shifted access when the trainer set one on this model. */
+static td_model *with_access(const pp_model *m, pp_chunk *ch, td_model *sm) {
+  sm->param_access = m->base.param_access ? &ch->access : NULL;
+  return sm;
 }
 
 /* ---- the model ops ---- */
@@ -635,7 +667,7 @@ static td_status pp_run(td_model *model, const float *params, float *grads, cons
       const int32_t *tg = targets + (size_t)a->micro * tgt_count;
       double t0 = td_now();
       td_error(TD_OK, "%s", "");
-      float loss = sm->ops->forward(sm, at(m, params, ch->offset), in, tg, batch);
+      float loss = sm->ops->forward(with_access(m, ch, sm), at(m, params, ch->offset), in, tg, batch);
       double t1 = td_now();
       m->stats.forward_s += t1 - t0;
       span(m, "forward", t0, t1);
@@ -660,7 +692,8 @@ static td_status pp_run(td_model *model, const float *params, float *grads, cons
       ready_shift rs = {ready, ctx, ch->offset};
       int last = report && a->micro == n_micro - 1;
       double t0 = td_now();
-      sm->ops->backward(sm, at(m, params, ch->offset), at(m, grads, ch->offset), loss_scale, last ? ready_shifted : NULL,
+      sm->ops->backward(with_access(m, ch, sm), at(m, params, ch->offset), at(m, grads, ch->offset), loss_scale,
+                        last ? ready_shifted : NULL,
                         last ? &rs : NULL);
       double t1 = td_now();
       m->stats.backward_s += t1 - t0;
@@ -801,6 +834,8 @@ static td_status pipeline_create(const td_gpt_config *config, const td_pipeline_
   for (int c = 0; c < v && st == TD_OK; c++) {
     pp_chunk *ch = &m->chunks[c];
     int k = c * p + s;
+    ch->owner = m;
+    ch->access = (td_param_access){shift_fetch, shift_release, ch};
     ch->model_stage = k;
     ch->range = (td_gpt_stage){first[k], first[k + 1] - first[k], k == 0, k == p * v - 1};
     st = ensure_slots(m, ch, 1);
@@ -853,7 +888,9 @@ static td_status pipeline_create(const td_gpt_config *config, const td_pipeline_
   m->base.tensors = m->tensors;
   m->base.input_bytes = (size_t)config->seq * sizeof(int32_t); /* every stage is given the step's tokens */
   m->base.targets_per_sample = (size_t)config->seq;
-  m->base.supports_param_access = 0;
+  /* ZeRO-3: when every stage model fetches its groups (CPU stages; a device's do not) */
+  m->base.supports_param_access = 1;
+  for (int c = 0; c < v; c++) m->base.supports_param_access &= m->chunks[c].slot[0]->supports_param_access != 0;
   *out = &m->base;
   return TD_OK;
 }

@@ -66,7 +66,15 @@
  * engine's td_param_access, set on this wrapper, is handed to the device
  * model before each of its passes, and its fetches follow this table.
  *
- * Not here yet: ZeRO-3's param_access on the CPU. */
+ * ZeRO stage 3 on the CPU (td_model.param_access, set by the trainer on
+ * this model, or by the pipeline engine on a stage): the arena the trainer
+ * shards over the data-parallel ranks is this tensor shard's, so each
+ * group fetched is a range of this table, the same groups as src/nn's GPT
+ * (the embeddings, one block, ln_f with the head, and wte again for a tied
+ * head), each fetched just before it is used in forward and backward (and
+ * again for a checkpointed block's recomputation) and released after. The
+ * fetches go over the data-parallel communicator, the collectives inside a
+ * block over the tensor group's: every rank makes both in one order. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -268,6 +276,38 @@ static td_status tp_prepare(td_model *model, int batch) {
   return TD_OK;
 }
 
+/* ---- parameter groups fetched under td_param_access (ZeRO stage 3) ----
+ * Contiguous ranges of this rank's table: the embeddings (the tensors
+ * before the first block: wte, wpe), block l, ln_f with the untied head,
+ * and a tied head's wte. A stage lacks what it does not hold (count 0).
+ * Without param_access every fetch returns `params` itself. */
+typedef struct tp_unit {
+  size_t offset, count;
+} tp_unit;
+
+static const tp_unit unit_none = {0, 0};
+static tp_unit unit_span(const tp_gpt *g, int first, int end) {
+  return (tp_unit){off_of(g, first), off_of(g, end) - off_of(g, first)};
+}
+static tp_unit unit_emb(const tp_gpt *g) {
+  return g->has_embed ? unit_span(g, 0, g->L > 0 ? g->idx_layer0 : g->idx_lnfw) : unit_none;
+}
+static tp_unit unit_layer(const tp_gpt *g, int l) { return unit_span(g, lidx(g, l, 0), lidx(g, l + 1, 0)); }
+static tp_unit unit_final(const tp_gpt *g) {
+  return g->has_head ? unit_span(g, g->idx_lnfw, g->base.n_tensors) : unit_none;
+}
+static tp_unit unit_wte(const tp_gpt *g) {
+  return g->has_head && g->idx_head < 0 ? (tp_unit){off_of(g, g->idx_wte), g->tensors[g->idx_wte].count} : unit_none;
+}
+static const float *unit_fetch(const tp_gpt *g, const float *params, tp_unit u, tp_unit next) {
+  const td_param_access *pa = g->base.param_access;
+  return pa && u.count ? pa->fetch(pa->ctx, u.offset, u.count, next.offset, next.count) : params;
+}
+static void unit_release(const tp_gpt *g, tp_unit u) {
+  const td_param_access *pa = g->base.param_access;
+  if (pa && u.count) pa->release(pa->ctx, u.offset, u.count);
+}
+
 /* ---- failures: a collective's error becomes sticky ---- */
 
 static int fail(tp_gpt *g, td_status st) {
@@ -365,11 +405,14 @@ static float tp_forward(td_model *model, const float *params, const void *inputs
     }
   if (targets) memcpy(g->targets, targets, n * sizeof(int32_t));
   tp_acts *a = &g->acts;
+  const float *p = params; /* under param_access: the arena with the group in use fetched */
   if (g->has_embed) {
-    const float *wte = params + off_of(g, g->idx_wte), *wpe = params + off_of(g, g->idx_wpe);
+    p = unit_fetch(g, params, unit_emb(g), L > 0 ? unit_layer(g, 0) : unit_final(g));
+    const float *wte = p + off_of(g, g->idx_wte), *wpe = p + off_of(g, g->idx_wpe);
     td_status st = a->sp ? tp_embedding_forward_sp(a->encoded, a->dbuf_c, g->tokens, wte, wpe, batch, T, C, g->v0,
                                                    g->Vl, g->comm)
                          : tp_embedding_forward(a->encoded, g->tokens, wte, wpe, batch, T, C, g->v0, g->Vl, g->comm);
+    unit_release(g, unit_emb(g));
     if (fail(g, st)) goto failed;
   } else {
     /* a later pipeline stage: the previous stage's output, this rank's rows of it (all of them without sp) */
@@ -377,7 +420,10 @@ static float tp_forward(td_model *model, const float *params, const void *inputs
   }
   const float *resid = a->encoded;
   for (int l = 0; l < L; l++) {
-    if (block_forward(g, params, l, resid, batch)) goto failed;
+    p = unit_fetch(g, params, unit_layer(g, l), l + 1 < L ? unit_layer(g, l + 1) : unit_final(g));
+    const int bad = block_forward(g, p, l, resid, batch);
+    unit_release(g, unit_layer(g, l));
+    if (bad) goto failed;
     resid = a->res3 + l * sR * C;
   }
   if (!g->has_head) { /* the output is resid (tp_gpt_stage_output) */
@@ -385,12 +431,16 @@ static float tp_forward(td_model *model, const float *params, const void *inputs
     g->forwarded = 1;
     return 0.0f;
   }
-  td_layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, resid, params + off_of(g, g->idx_lnfw),
-                       params + off_of(g, g->idx_lnfb), R, C);
+  p = unit_fetch(g, params, unit_final(g), unit_wte(g));
+  if (unit_wte(g).count) p = unit_fetch(g, params, unit_wte(g), unit_none);
+  td_layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, resid, p + off_of(g, g->idx_lnfw), p + off_of(g, g->idx_lnfb),
+                       R, C);
   const float *whole = whole_rows(g, a->lnf, BT);
+  if (whole) tp_column_linear_forward(a->probs, whole, p + off_of(g, g->idx_head >= 0 ? g->idx_head : g->idx_wte), NULL,
+                                      BT, C, g->Vl);
+  unit_release(g, unit_final(g));
+  unit_release(g, unit_wte(g));
   if (!whole) goto failed;
-  const float *head = params + off_of(g, g->idx_head >= 0 ? g->idx_head : g->idx_wte);
-  tp_column_linear_forward(a->probs, whole, head, NULL, BT, C, g->Vl);
   g->last_B = batch;
   if (!targets) return 0.0f; /* the logits stay in probs for predict */
   float loss = 0.0f;
@@ -469,18 +519,82 @@ static int head_backward(tp_gpt *g, const float *params, float *grads, float los
   return 0;
 }
 
+/* Block l's backward: dres holds the gradient of its output (this rank's
+ * rows) and leaves that of its input; params hold the block's parameters
+ * (fetched under param_access). Returns 1 after a failed collective. */
+static int block_backward(tp_gpt *g, const float *params, float *grads, int l, td_grad_ready_fn ready, void *ctx) {
+  tp_acts *a = &g->acts;
+  const int T = g->cfg.seq, C = g->C, Cl = g->Cl, Fl = g->Fl, B = g->last_B, BT = B * T;
+  const int R = a->sp ? BT / g->p : BT;
+  const size_t sBT = (size_t)a->B * T, sR = a->sp ? sBT / g->p : sBT;
+  const float *whole = NULL, *dln = NULL;
+#define W(which) (params + off_of(g, lidx(g, l, (which))))
+#define G(which) (grads + off_of(g, lidx(g, l, (which))))
+#define READY(which) report(ready, ctx, g, lidx(g, l, (which)))
+  const float *resid = l > 0 ? a->res3 + (l - 1) * sR * C : a->encoded;
+  /* checkpointing: block l's buffers again, recomputed from its input
+   * (the same kernels and collectives on the same values: the same bits) */
+  if (a->ckpt && block_forward(g, params, l, resid, B)) return 1;
+  const size_t k = a->ckpt ? 0 : (size_t)l;
+  const float *ln1_mean = a->ln1_mean + k * sR, *ln1_rstd = a->ln1_rstd + k * sR;
+  const float *ln1 = a->ln1 + k * sR * C, *ln2 = a->ln2 + k * sR * C;
+  const float *qkv = a->qkv + k * sBT * 3 * Cl, *atty = a->atty + k * sBT * Cl;
+  const float *att = a->att + k * a->B * g->NHl * T * T;
+  const float *res2 = a->res2 + k * sR * C;
+  const float *ln2_mean = a->ln2_mean + k * sR, *ln2_rstd = a->ln2_rstd + k * sR;
+  const float *fch = a->fch + k * sBT * Fl, *fchg = a->fchg + k * sBT * Fl;
+  /* MLP; dres holds d res3 (this rank's rows); the row-parallel product needs the whole rows */
+  if (fail(g, gather_rows(g, a->dfull, a->dres, BT))) return 1;
+  memset(a->dbuf_f, 0, (size_t)BT * Fl * sizeof(float));
+  tp_row_linear_backward(a->dbuf_f, G(P_FC2W), G(P_FC2B), a->dfull, fchg, W(P_FC2W), BT, Fl, C);
+  READY(P_FC2B);
+  READY(P_FC2W);
+  memset(a->dbuf_f2, 0, (size_t)BT * Fl * sizeof(float));
+  td_gelu_backward(a->dbuf_f2, fch, a->dbuf_f, (size_t)BT * Fl);
+  if (!(whole = whole_rows(g, ln2, BT))) return 1;
+  if (!(dln = column_backward(g, G(P_FCW), G(P_FCB), a->dbuf_f2, whole, W(P_FCW), BT, Fl))) return 1;
+  READY(P_FCB);
+  READY(P_FCW);
+  if (layernorm_backward(g, G(P_LN2W), G(P_LN2B), dln, res2, W(P_LN2W), ln2_mean, ln2_rstd, R)) return 1;
+  READY(P_LN2B);
+  READY(P_LN2W);
+  /* attention; dres now holds d res2 */
+  if (fail(g, gather_rows(g, a->dfull, a->dres, BT))) return 1;
+  memset(a->dbuf_cl, 0, (size_t)BT * Cl * sizeof(float));
+  tp_row_linear_backward(a->dbuf_cl, G(P_PROJW), G(P_PROJB), a->dfull, atty, W(P_PROJW), BT, Cl, C);
+  READY(P_PROJB);
+  READY(P_PROJW);
+  memset(a->dbuf_3c, 0, (size_t)BT * 3 * Cl * sizeof(float));
+  td_attention_backward(a->dbuf_3c, a->datt, a->dbuf_cl, qkv, att, B, T, Cl, g->NHl);
+  if (!(whole = whole_rows(g, ln1, BT))) return 1;
+  if (!(dln = column_backward(g, G(P_QKVW), G(P_QKVB), a->dbuf_3c, whole, W(P_QKVW), BT, 3 * Cl))) return 1;
+  READY(P_QKVB);
+  READY(P_QKVW);
+  if (layernorm_backward(g, G(P_LN1W), G(P_LN1B), dln, resid, W(P_LN1W), ln1_mean, ln1_rstd, R)) return 1;
+  READY(P_LN1B);
+  READY(P_LN1W);
+#undef W
+#undef G
+#undef READY
+  return 0;
+}
+
 static void tp_backward(td_model *model, const float *params, float *grads, float loss_scale, td_grad_ready_fn ready,
                         void *ctx) {
   tp_gpt *g = (tp_gpt *)model;
   if (g->failed != TD_OK) return;
   tp_acts *a = &g->acts;
-  const int L = g->L, T = g->cfg.seq, C = g->C, Cl = g->Cl, Fl = g->Fl, B = g->last_B, BT = B * T;
+  const int L = g->L, T = g->cfg.seq, C = g->C, B = g->last_B, BT = B * T;
   const int R = a->sp ? BT / g->p : BT;
-  const size_t sBT = (size_t)a->B * T, sR = a->sp ? sBT / g->p : sBT;
-  const float *whole = NULL, *dln = NULL;
   if (g->has_head) {
     if (!g->have_targets) return; /* nothing to differentiate */
-    if (head_backward(g, params, grads, loss_scale, ready, ctx)) return;
+    const tp_unit after = L > 0 ? unit_layer(g, L - 1) : unit_none;
+    const float *p = unit_fetch(g, params, unit_final(g), unit_wte(g).count ? unit_wte(g) : after);
+    if (unit_wte(g).count) p = unit_fetch(g, params, unit_wte(g), after);
+    const int bad = head_backward(g, p, grads, loss_scale, ready, ctx);
+    unit_release(g, unit_final(g));
+    unit_release(g, unit_wte(g));
+    if (bad) return;
   } else {
     /* a pipeline stage before the last: its output's gradient (this rank's rows) came from the next stage */
     if (!g->forwarded || !g->dout_ext) return;
@@ -488,58 +602,14 @@ static void tp_backward(td_model *model, const float *params, float *grads, floa
     g->dout_ext = NULL;
   }
   for (int l = L - 1; l >= 0; l--) {
-#define W(which) (params + off_of(g, lidx(g, l, (which))))
-#define G(which) (grads + off_of(g, lidx(g, l, (which))))
-#define READY(which) report(ready, ctx, g, lidx(g, l, (which)))
-    const float *resid = l > 0 ? a->res3 + (l - 1) * sR * C : a->encoded;
-    /* checkpointing: block l's buffers again, recomputed from its input
-     * (the same kernels and collectives on the same values: the same bits) */
-    if (a->ckpt && block_forward(g, params, l, resid, B)) return;
-    const size_t k = a->ckpt ? 0 : (size_t)l;
-    const float *ln1_mean = a->ln1_mean + k * sR, *ln1_rstd = a->ln1_rstd + k * sR;
-    const float *ln1 = a->ln1 + k * sR * C, *ln2 = a->ln2 + k * sR * C;
-    const float *qkv = a->qkv + k * sBT * 3 * Cl, *atty = a->atty + k * sBT * Cl;
-    const float *att = a->att + k * a->B * g->NHl * T * T;
-    const float *res2 = a->res2 + k * sR * C;
-    const float *ln2_mean = a->ln2_mean + k * sR, *ln2_rstd = a->ln2_rstd + k * sR;
-    const float *fch = a->fch + k * sBT * Fl, *fchg = a->fchg + k * sBT * Fl;
-    /* MLP; dres holds d res3 (this rank's rows); the row-parallel product needs the whole rows */
-    if (fail(g, gather_rows(g, a->dfull, a->dres, BT))) return;
-    memset(a->dbuf_f, 0, (size_t)BT * Fl * sizeof(float));
-    tp_row_linear_backward(a->dbuf_f, G(P_FC2W), G(P_FC2B), a->dfull, fchg, W(P_FC2W), BT, Fl, C);
-    READY(P_FC2B);
-    READY(P_FC2W);
-    memset(a->dbuf_f2, 0, (size_t)BT * Fl * sizeof(float));
-    td_gelu_backward(a->dbuf_f2, fch, a->dbuf_f, (size_t)BT * Fl);
-    if (!(whole = whole_rows(g, ln2, BT))) return;
-    if (!(dln = column_backward(g, G(P_FCW), G(P_FCB), a->dbuf_f2, whole, W(P_FCW), BT, Fl))) return;
-    READY(P_FCB);
-    READY(P_FCW);
-    if (layernorm_backward(g, G(P_LN2W), G(P_LN2B), dln, res2, W(P_LN2W), ln2_mean, ln2_rstd, R)) return;
-    READY(P_LN2B);
-    READY(P_LN2W);
-    /* attention; dres now holds d res2 */
-    if (fail(g, gather_rows(g, a->dfull, a->dres, BT))) return;
-    memset(a->dbuf_cl, 0, (size_t)BT * Cl * sizeof(float));
-    tp_row_linear_backward(a->dbuf_cl, G(P_PROJW), G(P_PROJB), a->dfull, atty, W(P_PROJW), BT, Cl, C);
-    READY(P_PROJB);
-    READY(P_PROJW);
-    memset(a->dbuf_3c, 0, (size_t)BT * 3 * Cl * sizeof(float));
-    td_attention_backward(a->dbuf_3c, a->datt, a->dbuf_cl, qkv, att, B, T, Cl, g->NHl);
-    if (!(whole = whole_rows(g, ln1, BT))) return;
-    if (!(dln = column_backward(g, G(P_QKVW), G(P_QKVB), a->dbuf_3c, whole, W(P_QKVW), BT, 3 * Cl))) return;
-    READY(P_QKVB);
-    READY(P_QKVW);
-    if (layernorm_backward(g, G(P_LN1W), G(P_LN1B), dln, resid, W(P_LN1W), ln1_mean, ln1_rstd, R)) return;
-    READY(P_LN1B);
-    READY(P_LN1W);
-#undef W
-#undef G
-#undef READY
+    const float *p = unit_fetch(g, params, unit_layer(g, l), l > 0 ? unit_layer(g, l - 1) : unit_none);
+    const int bad = block_backward(g, p, grads, l, ready, ctx);
+    unit_release(g, unit_layer(g, l));
+    if (bad) return;
   }
   g->forwarded = 0;
   if (!g->has_embed) return; /* dres: the gradient of the input, this rank's rows (tp_gpt_stage_input_grad) */
-  /* the whole rows again (sp): every rank then adds the same wpe gradient */
+  /* the whole rows again (sp): every rank then adds the same wpe gradient (no parameters read: nothing fetched) */
   if (fail(g, gather_rows(g, a->dfull, a->dres, BT))) return;
   tp_embedding_backward(grads + off_of(g, g->idx_wte), grads + off_of(g, g->idx_wpe), a->dfull, g->tokens, B, T, C,
                         g->v0, g->Vl);
@@ -899,6 +969,7 @@ static td_status tp_build(const td_gpt_config *config, td_model *full, const td_
   g->base.input_bytes = (size_t)config->seq * (g->has_embed ? sizeof(int32_t) : (size_t)g->C * sizeof(float));
   g->base.targets_per_sample = (size_t)config->seq;
   g->base.device = full->device;
+  g->base.supports_param_access = 1; /* ZeRO-3 on the CPU: the whole model or a stage (unit_fetch) */
   if (g->dev) {
     g->base.ops = &tp_dev_ops;
     g->base.supports_param_access = full->supports_param_access; /* ZeRO-3 (dev_of): the whole model, not a stage */

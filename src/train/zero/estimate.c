@@ -306,11 +306,11 @@ td_status zero_estimate_memory(const td_model *model, const td_train_config *cfg
   size_t live = 0;
   if (zero_keeps_grads(n, world, stage, cfg->bucket_bytes)) {
     live += (n - shard) * f; /* the whole gradient arena stays (shard.c), in plain or shared memory */
-  } else if (stage == 2 && world > 1 && model->ops && model->ops->run_micro_batches) {
+  } else if (stage >= 2 && world > 1 && model->ops && model->ops->run_micro_batches) {
     /* a pipeline stage accumulates its micro-batches in the whole arena
      * (the first backward writes all of it, the last makes it final):
-     * stage 2 gives the pages back after the reduction, but its peak is
-     * stage 1's (shard.c: no accumulation into shards for it) */
+     * stages 2 and 3 give the pages back after the reduction, but their
+     * peak is stage 1's (shard.c: no accumulation into shards for it) */
     live += (n - shard) * f;
   } else if (stage >= 2 && world > 1 && buckets) {
     size_t bucket = cfg->bucket_bytes / f;
