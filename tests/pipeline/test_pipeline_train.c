@@ -2,7 +2,8 @@
  * (run under tandemrun; the world is laid out by the process grid as
  * data x pipeline):
  *
- *   equal PP SCHEDULE CHUNKS MICRO TIED ZERO CKPT PARTITION [bf16|big]
+ *   equal PP SCHEDULE CHUNKS MICRO TIED ZERO CKPT PARTITION [bf16] [big] [steps=N]
+ *     (N steps, default 4)
  *     trains a small GPT for a few steps with PP stages and MICRO
  *     micro-batches per step (the gradient accumulation), and, on the same
  *     data-parallel communicator, the whole model with a plain trainer (one
@@ -75,7 +76,14 @@ static int mode_equal(int argc, char **argv) {
   int pp = atoi(argv[2]), chunks = atoi(argv[4]), micro = atoi(argv[5]), tied = atoi(argv[6]);
   int zero = atoi(argv[7]), ckpt = atoi(argv[8]);
   td_pipeline_config pc = {.schedule = argv[3], .chunks = chunks, .partition = argv[9], .device = g_dev};
-  const long steps = 4;
+  long steps = 4;
+  int big = 0, bf16 = 0;
+  for (int i = 10; i < argc; i++) {
+    if (!strcmp(argv[i], "big")) big = 1;
+    else if (!strcmp(argv[i], "bf16")) bf16 = 1;
+    else if (!strncmp(argv[i], "steps=", 6) && atol(argv[i] + 6) > 1) steps = atol(argv[i] + 6);
+    else td_test_fail(__FILE__, __LINE__, "test_pipeline_train equal: unknown option %s (big, bf16, steps=N)", argv[i]);
+  }
   td_comm *world;
   CHECK_OK(td_comm_init(&world));
   int rank = td_comm_rank(world);
@@ -84,13 +92,12 @@ static int mode_equal(int argc, char **argv) {
   td_comm *dp = td_grid_comm(grid, TD_GRID_DATA), *pipe = td_grid_comm(grid, TD_GRID_PIPELINE);
   int stage = td_grid_rank(grid, TD_GRID_PIPELINE);
   td_gpt_config gc = gpt_config(tied);
-  int big = argc >= 11 && !strcmp(argv[10], "big");
   if (big) gc.channels = 64, gc.seq = 32; /* 64 KiB messages at micro-batch 8: more than a shm slot holds */
   td_dataset *ds = td_test_text_dataset(text, 7, (size_t)gc.seq, 200, NULL);
   td_train_config cfg;
   train_config(&cfg, micro, zero, ckpt, steps);
   if (big) cfg.micro_batch = 8;
-  if (argc >= 11 && !strcmp(argv[10], "bf16")) cfg.precision.compute = TD_BF16; /* bf16 products, f32 master */
+  if (bf16) cfg.precision.compute = TD_BF16; /* bf16 products, f32 master */
   /* a device trains with AdamW only: tied there, the losses within 1e-5 and
    * the parameters within 1e-6. The tied wte's gradient is summed in
    * another order (each stage's micro-batches, then the two stages) than
