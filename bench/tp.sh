@@ -13,8 +13,14 @@
 # (DP=4, TP=2 x DP=2, PP=2 x DP=2, TP=2 x PP=2, TP=4, PP=4; the pipelines
 # with 4 or 8 micro-batches, 1F1B).
 #
+# The ZeRO-3 table: TP=2 x DP=2 and PP=2 x DP=2 (m=4) at ZeRO-0 and at
+# ZeRO-3 (the tensor-parallel model and the stage models fetching each group
+# from the data-parallel owners), in ROUNDS rounds that alternate which
+# stage runs first (A B, then B A: on a loaded machine the order matters).
+#
 #   bench/tp.sh [BUILD] [STEPS] [ROUNDS] [TABLES]   (default build, 20 steps, 3 rounds,
 #                                           TABLES "all"; "3d": the 3D table only;
+#                                           "zero3": the ZeRO-3 table only;
 #                                           tokens/s leaves out the first 2 steps)
 #
 # Peak RSS: each rank's /usr/bin/time maximum resident set (shm transport: the
@@ -69,6 +75,22 @@ if [ "$TABLES" = 3d ]; then
   row "TP=2 x PP=2 + SP (m=4)" 4 --micro-batch 4 --grad-accum 4 --tensor-parallel 2 --pipeline-parallel 2 --sequence-parallel
   row "TP=4" 4 --micro-batch 16 --tensor-parallel 4
   row "PP=4 (m=8)" 4 --micro-batch 2 --grad-accum 8 --pipeline-parallel 4
+  exit 0
+fi
+if [ "$TABLES" = zero3 ]; then
+  echo
+  echo "ZeRO-3 with TP and PP, 4 ranks, global batch 16, $ROUNDS rounds alternating the order (model state and parameters: rank 0's)"
+  header
+  for r in $(seq 1 "$ROUNDS"); do
+    for layout in tp pp; do
+      if [ "$layout" = tp ]; then args=(--micro-batch 8 --tensor-parallel 2); name="TP=2 x DP=2"
+      else args=(--micro-batch 2 --grad-accum 4 --pipeline-parallel 2); name="PP=2 x DP=2 (m=4)"; fi
+      order="0 3"; [ $((r % 2)) -eq 0 ] && order="3 0"
+      for z in $order; do
+        row "$name ZeRO-$z (round $r, load $(cut -d' ' -f1 /proc/loadavg))" 4 "${args[@]}" --zero-stage "$z"
+      done
+    done
+  done
   exit 0
 fi
 header
