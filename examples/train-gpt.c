@@ -454,6 +454,14 @@ int main(int argc, char **argv) {
     } else if (s != TD_OK && run.rank == 0) {
       fprintf(stderr, "%s: fitting the memory: %s\n", app_name, td_last_error());
     }
+    /* every rank its own figure: over shm the ranks differ (the peers'
+     * pages each maps: rank 0 sends the initial broadcast, the others
+     * read it), and the fit line above is rank 0's */
+    if (s == TD_OK || s == TD_ERR_INVALID_USAGE) {
+      printf("%s: estimate rank=%d estimate_mib=%.1f shared_mib=%.1f baseline_mib=%.1f\n", app_name, run.rank,
+             mi.estimate_bytes / 1048576.0, mi.shared_bytes / 1048576.0, mi.baseline_bytes / 1048576.0);
+      fflush(stdout);
+    }
     td_model_destroy(model);
     td_grid_destroy(grid);
     app_end(&run);

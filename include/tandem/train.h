@@ -561,7 +561,12 @@ td_status td_trainer_memory(const td_trainer *trainer, td_trainer_memory_info *o
  * without allocating the arenas: *fitted gets cfg resolved with the knobs
  * left unset chosen for the memory available (docs/zero.md, "Defaults that
  * fit"; fitted may be NULL), out the estimate per rank (with what this
- * process holds now) and that memory. Returns TD_ERR_INVALID_USAGE with
+ * process holds now) and that memory. Under cfg->elasticity.enabled it
+ * plans the elastic trainer instead (td_trainer_create_unbound, then bound
+ * at each epoch with its shards restored: no initial broadcast of the
+ * parameters, and no knob lowered when the world is above one rank, as
+ * that trainer has no communicator to agree on them at creation). Returns
+ * TD_ERR_INVALID_USAGE with
  * td_trainer_create's refusal when the job would not fit. For planning
  * (train-gpt --estimate-memory's fit= line, bench/zperf-search.sh
  * --offload). Collective over comm (NULL: one rank). */

@@ -111,19 +111,31 @@ static size_t offload_files_in_memory(const td_trainer *t, const td_memory_estim
  * exchange (det_comm_traffic), and at stage 3 the fetches' broadcasts of
  * up to a group from its owner when the parameter arena is not
  * host-shared (zero_arena_shareable: on huge pages), staged through the
- * segment's slots. The estimate proper (td_trainer_estimate_memory) has no
- * communicator; the fit and the memory line add these. */
-static size_t trainer_staging(const td_trainer *t, size_t *theirs) {
+ * segment's slots. With private arenas (shared false: an elastic trainer,
+ * created unbound) every collective on them is staged: the parameters'
+ * allgather at stages 1-2 and the reduced gradients' at stage 0 under
+ * deterministic reduction (buckets false), the buckets' allreduce or
+ * reduce-scatter otherwise, stage 3's fetches. The estimate proper
+ * (td_trainer_estimate_memory) has no communicator; the fit and the memory
+ * line add these. */
+static size_t trainer_staging(const td_trainer *t, bool shared, bool buckets, size_t *theirs) {
   *theirs = 0;
   if (!t->comm || t->world < 2) return 0;
   int *peers = calloc(2 * (size_t)t->world, sizeof *peers);
   if (!peers) return 0; /* an estimate, not an allocation */
   td_comm_traffic tr = {0};
   det_comm_traffic(&t->cfg, t->n_params, t->comm, peers, &tr);
+  if (!shared) {
+    size_t whole = t->n_params * sizeof(float), bucket = TD_MIN(t->cfg.bucket_bytes, whole);
+    if (t->zero_stage == 1 || t->zero_stage == 2 || (t->zero_stage == 0 && !buckets))
+      tr.allgather = TD_MAX(tr.allgather, whole);
+    if (buckets && t->zero_stage <= 1) tr.allreduce = TD_MAX(tr.allreduce, bucket);
+    if (buckets && t->zero_stage >= 2) tr.reduce_scatter = TD_MAX(tr.reduce_scatter, bucket);
+  }
   if (t->zero_stage >= 3) {
     size_t granule = 0, persistent = 0;
     bool huge = zero_granule_bytes(t->n_params, t->world, &granule) == TD_OK && granule > zero_page_bytes();
-    if (!zero_arena_shareable(&t->cfg, huge, true))
+    if (!shared || !zero_arena_shareable(&t->cfg, huge, true))
       tr.broadcast = zero_largest_group(t->model, t->cfg.stage3_param_persistence_threshold, &persistent) *
                      sizeof(float);
   }
@@ -372,7 +384,12 @@ static td_status least_room(td_trainer *t, size_t *room) {
   return TD_OK;
 }
 
-td_status trainer_memory_fit(td_trainer *t) {
+/* trainer_memory_fit, or (elastic_plan) the plan of an elastic trainer
+ * that td_trainer_fit_memory makes with a communicator in hand: that
+ * trainer is created unbound (td_trainer_create_unbound: no communicator
+ * to agree on lowered knobs with, no initial broadcast) and bound at each
+ * epoch with its shards restored, which trainer_memory_rebind estimates */
+static td_status memory_fit(td_trainer *t, bool elastic_plan) {
   td_status st = td_mem_room_get(td_host_ranks(t->comm), &t->mem_room);
   t->mem_baseline = td_mem_rss(NULL);
   if (t->model->device.kind != TD_DEVICE_CPU) return st != TD_OK ? td_trainer_agree(t, st) : device_memory_fit(t);
@@ -391,7 +408,7 @@ td_status trainer_memory_fit(td_trainer *t) {
    * estimate cannot see (other processes' growth, the allocator) */
   /* An unbound (elastic) trainer has no communicator to agree on the room
    * with, and the knobs must match across ranks: it keeps the defaults. */
-  bool agreeable = t->comm || t->world == 1;
+  bool agreeable = elastic_plan ? t->world == 1 : t->comm || t->world == 1;
   if (st == TD_OK && room > 0 && agreeable)
     fit_unset_knobs(t, &t->cfg, t->zero_stage, t->offload_tile_chosen, room - room / 20,
                     offload_files_in_memory(t, &e), chosen, sizeof chosen);
@@ -401,13 +418,16 @@ td_status trainer_memory_fit(td_trainer *t) {
   if (st == TD_OK) st = estimate_at(t, &t->cfg, t->world, t->zero_stage, &e);
   if (st == TD_OK) {
     size_t files = offload_files_in_memory(t, &e);
-    size_t staged_theirs = 0, staged = trainer_staging(t, &staged_theirs);
+    /* td_trainer_create on a communicator shares the arenas where it can
+     * and broadcasts the parameters; an elastic trainer does neither */
+    bool bound = t->comm != NULL && !elastic_plan;
+    size_t staged_theirs = 0, staged = trainer_staging(t, bound, e.deterministic == 0, &staged_theirs);
     size_t need = e.model_states + e.activations + e.runtime + t->mem_baseline + files + (staged - staged_theirs);
     t->mem_estimate = need;
     /* what the RSS counts on top (the memory line, td_trainer_memory); the
      * check below is of physical memory, where those pages are the peers' */
-    t->mem_peer_mapped = zero_peer_mapped_bytes(t->model, &t->cfg, t->world, t->zero_stage, t->rank,
-                                                e.deterministic == 0, t->comm != NULL,
+    t->mem_peer_mapped = zero_peer_mapped_bytes(t->model, &t->cfg, t->world, t->zero_stage, t->rank, bound,
+                                                e.deterministic == 0, bound,
                                                 t->comm ? td_comm_direct_min_bytes(t->comm) : 0) +
                          e.comm_staging_shared + /* the model's own groups' staging pages in the peers' slots */
                          staged_theirs;
@@ -428,6 +448,8 @@ td_status trainer_memory_fit(td_trainer *t) {
   return td_trainer_agree(t, st);
 }
 
+td_status trainer_memory_fit(td_trainer *t) { return memory_fit(t, false); }
+
 /* At an elastic membership change (trainer_elastic.c), after the new
  * world's batch split and before its shards are cut: the shards grow as
  * the world shrinks (16Ψ/N at stage 3), so a world that fitted may not
@@ -447,11 +469,13 @@ td_status trainer_memory_rebind(td_trainer *t, int old_world) {
   td_memory_estimate e;
   if (st == TD_OK) st = estimate_at(t, &t->cfg, t->world, t->zero_stage, &e);
   if (st == TD_OK) {
-    size_t staged_theirs = 0, staged = trainer_staging(t, &staged_theirs);
+    bool shared = zero_arenas_shared(t); /* private when created unbound */
+    size_t staged_theirs = 0, staged = trainer_staging(t, shared, e.deterministic == 0, &staged_theirs);
     size_t need = e.model_states + e.activations + e.runtime + t->mem_baseline + (staged - staged_theirs);
     size_t before = t->mem_estimate;
     t->mem_estimate = need;
     t->mem_peer_mapped = zero_peer_mapped_bytes(t->model, &t->cfg, t->world, t->zero_stage, t->rank,
+                                                shared,
                                                 e.deterministic == 0, false, /* the shards are restored */
                                                 td_comm_direct_min_bytes(t->comm)) +
                          e.comm_staging_shared + staged_theirs;
@@ -581,7 +605,7 @@ td_status td_trainer_fit_memory(const td_train_config *cfg, td_model *model, td_
   td_status st = td_train_config_resolve(&t->cfg, world); /* the same on every rank: no collective skipped alone */
   if (st == TD_OK) {
     zero_layout(t);
-    st = trainer_memory_fit(t);
+    st = memory_fit(t, t->cfg.elasticity.enabled); /* elastic: as trainer_memory_rebind will estimate it */
   }
   fill_memory_info(t, out);
   if (fitted) *fitted = t->cfg;

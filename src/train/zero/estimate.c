@@ -203,10 +203,14 @@ static size_t runtime_bytes(const td_model *model, const td_train_config *cfg, i
  *     peers' shards, (P - B_r) / n, plus its slices of the two buckets in
  *     flight in every peer. Deterministic reduction (no buckets) instead
  *     allgathers stage 0's reduced gradients: every peer's shard, P - B_r.
- * Rounded up to pages per peer. Pure. */
+ * Rounded up to pages per peer. None when the arenas are private (shared
+ * false): an elastic trainer is created unbound (td_trainer_create_unbound,
+ * no communicator to share memory with) and its arenas stay private at
+ * every epoch: its collectives go through the segment's staging instead.
+ * Pure. */
 size_t zero_peer_mapped_bytes(const td_model *model, const td_train_config *cfg, int world, int stage, int rank,
-                              bool buckets, bool broadcast, size_t direct_min) {
-  if (!model || !cfg || world < 2 || rank < 0 || rank >= world || stage < 0 || stage > 3 || direct_min == 0) return 0;
+                              bool shared, bool buckets, bool broadcast, size_t direct_min) {
+  if (!shared || !model || !cfg || world < 2 || rank < 0 || rank >= world || stage < 0 || stage > 3 || direct_min == 0) return 0;
   const size_t n = model->n_params, f = sizeof(float), whole = n * f, page = zero_page_bytes();
   if (whole < direct_min) return 0;
   size_t off, shard0, shard_r;

@@ -71,6 +71,11 @@ bool zero_arena_shareable(const td_train_config *cfg, bool huge, bool mapped) {
   return !offload && !(huge && mapped);
 }
 
+bool zero_arenas_shared(const td_trainer *t) {
+  const zero_state *z = t->zero;
+  return t->grads_shared || (z && (z->params_kind == ZERO_MEM_SHARED || z->grads_kind == ZERO_MEM_SHARED));
+}
+
 bool zero_keeps_grads(size_t n_params, int world, int stage, size_t bucket_bytes) {
   return stage == 2 && world > 1 && n_params <= TD_MAX(2 * (bucket_bytes / sizeof(float)), (size_t)1);
 }

@@ -102,12 +102,18 @@ td_status zero_estimate_memory(const td_model *model, const td_train_config *cfg
  * groups under it, which stay live from their first fetch (fetch.c counts
  * them in the cache). memory_fit.c sizes the cache from both. */
 /* The peers' host-shared arena pages this rank's RSS counts over the shm
- * transport's direct collectives (estimate.c says which; buckets: the
+ * transport's direct collectives (estimate.c says which; shared: the
+ * arenas are host-shared where zero_arena_shareable allows, as
+ * td_trainer_create on a communicator allocates them, false for a trainer
+ * created unbound, whose arenas are private: nothing then; buckets: the
  * gradients reduced in buckets, not by deterministic reduction; broadcast:
  * the parameters broadcast from rank 0 at creation; direct_min:
  * td_comm_direct_min_bytes, 0: none). Pure. */
 size_t zero_peer_mapped_bytes(const td_model *model, const td_train_config *cfg, int world, int stage, int rank,
-                              bool buckets, bool broadcast, size_t direct_min);
+                              bool shared, bool buckets, bool broadcast, size_t direct_min);
+/* Whether any of trainer t's arenas is host-shared (trainer.c's gradients,
+ * shard.c's parameter and gradient arenas) */
+bool zero_arenas_shared(const td_trainer *t);
 /* Whether an arena may live in host-shared memory (shard.c arena_for):
  * not with NVMe offload, nor an arena that gives pages back (mapped) in
  * huge granules. Pure. */
