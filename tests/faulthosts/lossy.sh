@@ -86,7 +86,7 @@ t0=$(date +%s.%N)
 sshhosts_loss b 0.5
 wait_line "tandemrun: evicting host $Bh: its link is lossy" "$EVICT_BY"
 found=$?
-sleep "$(awk -v t="$t0" -v l="$LOSS_S" -v n="$(date +%s.%N)" 'BEGIN { s = l - (n - t); print (s > 0 ? s : 0) }')"
+sleep "$(awk -v t="$t0" -v l="$LOSS_S" -v n="$(date +%s.%N)" 'BEGIN { s = l - (n - t); if (s < 0) s = 0; print s }')"
 sshhosts_loss b 0
 [ $found = 0 ] || fail "host b (50% loss) was not evicted within $EVICT_BY s of the loss's start"
 t_ev=$(awk '/tandemrun: evicting host '"$Bh"'/ { print $1; exit }' "$work/out")
