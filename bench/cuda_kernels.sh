@@ -71,6 +71,9 @@ else
 fi
 echo "cuda kernels: table in $out" >&2
 # one summary line per key row: "bench: kernel NAME TYPE us X tflops Y gbs Z"
-awk -F'|' '/^\| (matmul fwd qkv|matmul bwd fc|flash attention|attention (forward|backward) \(unfused\)|softmax xent|adamw|layernorm forward|layernorm backward|encoder backward|global norm|gelu forward)/ {
+awk -F'|' '/^\| (matmul fwd qkv|matmul bwd fc|matmul dW\+dbias|matmul dinp fc2|flash attention|attention (forward|backward) \(unfused\)|softmax xent|adamw|layernorm forward|layernorm backward|encoder backward|global norm|gelu forward)/ {
   gsub(/^ +| +$/, "", $2); gsub(/ /, "", $3); gsub(/ /, "", $4); gsub(/ /, "", $5); gsub(/ /, "", $7);
   printf "bench: kernel %s %s: %s us, %s GB/s, %s TFLOP/s\n", $2, $3, $4, $5, $7 }' "$log"
+# whether cuBLASLt gave the bias gradients' epilogues (0: its heuristic had no
+# algorithm with them, and the "epilogue" rows ran the column sums)
+sed -n 's/^cuBLASLt bias-gradient epilogues (\(.*\)): \([0-9]*\) so far$/bench: kernel cuBLASLt bias-gradient epilogues \1: \2/p' "$log"

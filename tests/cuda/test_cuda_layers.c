@@ -526,7 +526,8 @@ static void test_matmul_overwrite(int N, int IC, int OC, td_dtype dt) {
   td_gelu_backward(ref, pre, p, ni);                   /* gelu'(pre) P */
   td_gelu_backward(slope, pre, ones, ni);              /* gelu'(pre) */
 
-  CHECK_OK(td_cuda_matmul_backward_ex(dgx, dgw, dgb, ddy, dx, dw, NULL, TD_CUDA_DINP_OVERWRITE, N, IC, OC, dt, NULL));
+  CHECK_OK(td_cuda_matmul_backward_ex(dgx, dgw, dgb, ddy, dx, dw, NULL, NULL, TD_CUDA_DINP_OVERWRITE, N, IC, OC, dt,
+                                      NULL));
   expect_close("matmul backward dinp overwritten", dgx, p, ni, dt);
   double *tw = term_sums(gw, pw, nw, 1), *tb = term_sums(gb, pb, OC, 1); /* products and initial values */
   expect_accumulated("matmul backward dweight (dinp overwritten)", dgw, gw, tw, nw, dt);
@@ -535,7 +536,8 @@ static void test_matmul_overwrite(int N, int IC, int OC, td_dtype dt) {
 
   cudaFree(dgx);
   dgx = upload(nan_fill, ni, dt);
-  CHECK_OK(td_cuda_matmul_backward_ex(dgx, NULL, NULL, ddy, dx, dw, dpre, TD_CUDA_DINP_OVERWRITE, N, IC, OC, dt, NULL));
+  CHECK_OK(td_cuda_matmul_backward_ex(dgx, NULL, NULL, ddy, dx, dw, dpre, NULL, TD_CUDA_DINP_OVERWRITE, N, IC, OC, dt,
+                                      NULL));
   if (dt == TD_F32) {
     expect_close("matmul backward dinp with GELU's backward", dgx, ref, ni, dt);
   } else {
@@ -546,17 +548,107 @@ static void test_matmul_overwrite(int N, int IC, int OC, td_dtype dt) {
     }
     expect_within("matmul backward dinp with GELU's backward", dgx, ref, bound, ni, dt);
   }
-  /* the fold needs dinp and the overwrite; unknown flags are refused */
-  CHECK_STATUS(td_cuda_matmul_backward_ex(dgx, NULL, NULL, ddy, dx, dw, dpre, 0, N, IC, OC, dt, NULL),
+  /* the fold needs dinp and the overwrite, its bias gradient the fold;
+   * unknown flags are refused */
+  CHECK_STATUS(td_cuda_matmul_backward_ex(dgx, NULL, NULL, ddy, dx, dw, dpre, NULL, 0, N, IC, OC, dt, NULL),
                TD_ERR_INVALID_ARGUMENT);
-  CHECK_STATUS(td_cuda_matmul_backward_ex(NULL, dgw, NULL, ddy, dx, dw, dpre, TD_CUDA_DINP_OVERWRITE, N, IC, OC, dt,
-                                          NULL),
+  CHECK_STATUS(td_cuda_matmul_backward_ex(NULL, dgw, NULL, ddy, dx, dw, dpre, NULL, TD_CUDA_DINP_OVERWRITE, N, IC, OC,
+                                          dt, NULL),
                TD_ERR_INVALID_ARGUMENT);
-  CHECK_STATUS(td_cuda_matmul_backward_ex(dgx, NULL, NULL, ddy, dx, dw, NULL, 2, N, IC, OC, dt, NULL),
+  CHECK_STATUS(td_cuda_matmul_backward_ex(dgx, NULL, NULL, ddy, dx, dw, NULL, dgb, TD_CUDA_DINP_OVERWRITE, N, IC, OC,
+                                          dt, NULL),
+               TD_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(td_cuda_matmul_backward_ex(dgx, NULL, NULL, ddy, dx, dw, NULL, NULL, 4, N, IC, OC, dt, NULL),
                TD_ERR_INVALID_ARGUMENT);
   cudaFree(dx), cudaFree(dw), cudaFree(ddy), cudaFree(dpre), cudaFree(dgx), cudaFree(dgw), cudaFree(dgb);
   free(x), free(w), free(dy), free(pre), free(gw), free(gb), free(nan_fill), free(ones);
   free(p), free(pw), free(pb), free(ref), free(slope), free(bound);
+}
+
+/* The bias gradients over 2 micro-batches (accumulated, as the trainer's
+ * gradient accumulation needs): the GPT's fc2 backward shape, dinp =
+ * gelu'(pre) (dout_m @ weight) overwritten each time, dweight and dbias +=
+ * the weight-gradient product's and dout's column sums, dbias_gelu += dinp's
+ * column sums (the bias gradient of the product that made pre), onto random
+ * initial values, against the CPU's linear and GELU backward (the column
+ * sums of the GELU-scaled product in double). Through cuBLASLt these come
+ * from the BGRADB and DGELU_BGRAD epilogues, which write (not add) their
+ * vector: a path that let them write into dbias keeps only the last
+ * micro-batch and fails here. extra_flags TD_CUDA_DBIAS_COLUMN_SUM: the
+ * column-sum kernel for both. Under the emulator, counts the bias gradients
+ * the epilogues gave: 2 per call on the cuBLASLt path where they fit the
+ * 256 KiB scratch, none with the flag, the tiled kernel or
+ * TANDEM_CUDAEMU_LT_NO_BGRAD=1 (the fallback line), and no DGELU_BGRAD with
+ * TANDEM_CUDAEMU_LT_NO_DGELU=1.
+ * bf16 bound: each dinp element as test_matmul_overwrite's (the column sum
+ * kernel reads the rounded dinp, the epilogue the f32 one), summed over the
+ * rows, plus expect_accumulated's roundings of the sum. */
+static void test_matmul_bias_grads(int N, int IC, int OC, td_dtype dt, int extra_flags) {
+  const int micro = 2;
+  size_t ni = (size_t)N * IC, no = (size_t)N * OC, nw = (size_t)OC * IC;
+  float *x = rand_host(ni + 1, 1, dt), *w = rand_host(nw + 1, 1, dt), *pre = rand_host(ni + 1, 3, dt);
+  float *gw = rand_host(nw + 1, 1, dt), *gb = rand_host(OC + 1, 1, dt), *gbg = rand_host(IC + 1, 1, dt);
+  float *p = malloc((ni + 1) * 4), *r = malloc((ni + 1) * 4), *slope = calloc(ni + 1, 4), *ones = malloc((ni + 1) * 4);
+  float *nan_fill = malloc((ni + 1) * 4);
+  double *tw = calloc(nw + 1, sizeof(double)), *tb = calloc(OC + 1, sizeof(double)),
+         *tbg = calloc(IC + 1, sizeof(double)), *sbg = calloc(IC + 1, sizeof(double));
+  CHECK(p && r && slope && ones && nan_fill && tw && tb && tbg && sbg);
+  for (size_t i = 0; i <= ni; i++) ones[i] = 1.0f, nan_fill[i] = NAN;
+  td_gelu_backward(slope, pre, ones, ni); /* gelu'(pre) */
+  for (size_t i = 0; i < nw; i++) tw[i] = fabs(gw[i]);
+  for (int i = 0; i < OC; i++) tb[i] = fabs(gb[i]);
+  for (int i = 0; i < IC; i++) tbg[i] = fabs(gbg[i]);
+  void *dx = upload(x, ni, dt), *dw = upload(w, nw, dt), *dpre = upload(pre, ni, dt);
+  void *dgw = upload(gw, nw, dt), *dgb = upload(gb, OC, dt), *dgbg = upload(gbg, IC, dt), *dgx = dev_f32(ni + 1);
+  void *dnan = upload(nan_fill, ni, dt);
+  const double c = 0.7978845608028654, a = 0.044715, tanh_err = 1.0 / 2048;
+  long epilogues0 = td_cuda_matmul_bgrad_epilogues();
+  for (int m = 0; m < micro; m++) {
+    float *dy = rand_host(no + 1, 1, dt), *pw = calloc(nw + 1, 4), *pb = calloc(OC + 1, 4);
+    CHECK(pw && pb);
+    memset(p, 0, (ni + 1) * 4);
+    memset(r, 0, (ni + 1) * 4);
+    td_linear_backward(p, pw, pb, dy, x, w, N, IC, OC); /* this micro-batch's products */
+    td_linear_backward(NULL, gw, gb, dy, x, w, N, IC, OC); /* the running sums */
+    td_gelu_backward(r, pre, p, ni);                      /* dinp = gelu'(pre) P */
+    for (size_t i = 0; i < nw; i++) tw[i] += fabs(pw[i]);
+    for (int i = 0; i < OC; i++) tb[i] += fabs(pb[i]);
+    for (int n = 0; n < N; n++)
+      for (int i = 0; i < IC; i++) {
+        size_t k = (size_t)n * IC + i;
+        double ax = fabs(pre[k]), dslope = tanh_err * (0.5 + ax * c * (1 + 3 * a * ax * ax));
+        sbg[i] += r[k];
+        tbg[i] += fabs(slope[k]) * fabs(p[k]) + 2 * fabs(r[k]) + dslope * fabs(p[k]) / kBf16Unit;
+      }
+    void *ddy = upload(dy, no, dt);
+    CHECK(cudaMemcpy(dgx, dnan, ni * esize(dt), cudaMemcpyDeviceToDevice) == cudaSuccess); /* a read shows */
+    CHECK_OK(td_cuda_matmul_backward_ex(dgx, dgw, dgb, ddy, dx, dw, dpre, dgbg, TD_CUDA_DINP_OVERWRITE | extra_flags, N,
+                                        IC, OC, dt, NULL));
+    cudaFree(ddy);
+    free(dy), free(pw), free(pb);
+  }
+  for (int i = 0; i < IC; i++) gbg[i] = (float)(gbg[i] + sbg[i]);
+  expect_accumulated("matmul backward dweight (2 micro-batches)", dgw, gw, tw, nw, dt);
+  expect_accumulated("matmul backward dbias (2 micro-batches)", dgb, gb, tb, OC, dt);
+  expect_accumulated("matmul backward dbias of the GELU's input (2 micro-batches)", dgbg, gbg, tbg, IC, dt);
+  long got = td_cuda_matmul_bgrad_epilogues() - epilogues0;
+#ifdef TD_CUDA_EMU
+  const char *no_bgrad = getenv("TANDEM_CUDAEMU_LT_NO_BGRAD");
+  int lt = strcmp(td_cuda_matmul_backend(), "cublaslt") == 0 && !(no_bgrad && strcmp(no_bgrad, "1") == 0) &&
+           !(extra_flags & TD_CUDA_DBIAS_COLUMN_SUM) && N > 0 && IC > 0 && OC > 0;
+  const char *no_dgelu = getenv("TANDEM_CUDAEMU_LT_NO_DGELU"); /* no DGELU_BGRAD either */
+  int dgelu = !(no_dgelu && strcmp(no_dgelu, "1") == 0);
+  const size_t scratch = (size_t)256 << 10; /* matmul.cu's kBgradBytes */
+  long want = lt ? micro * (((size_t)OC * esize(dt) <= scratch) + (dgelu && (size_t)IC * esize(dt) <= scratch)) : 0;
+  if (got != want)
+    td_test_fail(__FILE__, __LINE__, "matmul bias gradients N=%d IC=%d OC=%d %s flags %d: %ld from cuBLASLt's "
+                 "epilogues, expected %ld", N, IC, OC, td_dtype_name(dt), extra_flags, got, want);
+#else
+  (void)got;
+#endif
+  cudaFree(dx), cudaFree(dw), cudaFree(dpre), cudaFree(dgw), cudaFree(dgb), cudaFree(dgbg), cudaFree(dgx), cudaFree(dnan);
+  free(x), free(w), free(pre), free(gw), free(gb), free(gbg), free(p), free(r), free(slope), free(ones), free(nan_fill);
+  free(tw), free(tb), free(tbg), free(sbg);
 }
 
 static void test_attention(int B, int T, int C, int NH, td_dtype dt) {
@@ -936,10 +1028,33 @@ static void run_bench(const bench_shape *sh, td_dtype dt) {
         td_cuda_matmul_forward_ex(y, NULL, g, x4, w, bias, (int)N, 4 * C, C, dt, NULL));
   BENCH("matmul bwd fc (C->4C)", (nc * 4 * 2 + nc * 2 + 8.0 * C * C) * es, 4.0 * nc * 4 * C,
         td_cuda_matmul_backward(g, dw, dbias, g4, x, w, (int)N, C, 4 * C, dt, NULL));
+  /* A/B: the same call with dbias from the column-sum kernel (the row above
+   * takes it from the weight-gradient product's BGRADB epilogue where
+   * cuBLASLt has one), then the weight-gradient product and dbias alone */
+  BENCH("matmul bwd fc (col-sum dbias)", (nc * 4 * 2 + nc * 2 + 8.0 * C * C) * es, 4.0 * nc * 4 * C,
+        td_cuda_matmul_backward_ex(g, dw, dbias, g4, x, w, NULL, NULL, TD_CUDA_DBIAS_COLUMN_SUM, (int)N, C, 4 * C, dt,
+                                   NULL));
+  BENCH("matmul dW+dbias fc, epilogue", (nc * 4 + nc + 8.0 * C * C) * es, 2.0 * nc * 4 * C,
+        td_cuda_matmul_backward(NULL, dw, dbias, g4, x, w, (int)N, C, 4 * C, dt, NULL));
+  BENCH("matmul dW+dbias fc, column sum", (nc * 4 * 2 + nc + 8.0 * C * C) * es, 2.0 * nc * 4 * C,
+        td_cuda_matmul_backward_ex(NULL, dw, dbias, g4, x, w, NULL, NULL, TD_CUDA_DBIAS_COLUMN_SUM, (int)N, C, 4 * C,
+                                   dt, NULL));
   /* the GPT's fc2 input gradient with GELU's backward folded in (written, not
    * accumulated): it replaces fc2's dinp product plus the gelu backward row */
   BENCH("matmul dinp fc2 + dGELU", (nc * 9 + 4.0 * C * C) * es, 2.0 * nc * 4 * C,
-        td_cuda_matmul_backward_ex(y4, NULL, NULL, g, NULL, w, x4, TD_CUDA_DINP_OVERWRITE, (int)N, 4 * C, C, dt, NULL));
+        td_cuda_matmul_backward_ex(y4, NULL, NULL, g, NULL, w, x4, NULL, TD_CUDA_DINP_OVERWRITE, (int)N, 4 * C, C, dt,
+                                   NULL));
+  /* and with fc's bias gradient (dinp's column sums) from the DGELU_BGRAD
+   * epilogue, against the column-sum kernel after it (the A/B) */
+  BENCH("matmul dinp fc2+dGELU+dbias", (nc * 9 + 4.0 * C * C) * es, 2.0 * nc * 4 * C,
+        td_cuda_matmul_backward_ex(y4, NULL, NULL, g, NULL, w, x4, dbias, TD_CUDA_DINP_OVERWRITE, (int)N, 4 * C, C, dt,
+                                   NULL));
+  BENCH("matmul dinp fc2+dGELU, col-sum", (nc * 13 + 4.0 * C * C) * es, 2.0 * nc * 4 * C,
+        td_cuda_matmul_backward_ex(y4, NULL, NULL, g, NULL, w, x4, dbias,
+                                   TD_CUDA_DINP_OVERWRITE | TD_CUDA_DBIAS_COLUMN_SUM, (int)N, 4 * C, C, dt, NULL));
+  /* whether the epilogue rows above had their epilogues (a heuristic without
+   * an algorithm for them takes the column sums: the A/B is then void) */
+  printf("cuBLASLt bias-gradient epilogues (%s): %ld so far\n", td_dtype_name(dt), td_cuda_matmul_bgrad_epilogues());
   BENCH("matmul fwd lm head (C->V)", (nc + (double)N * V + (double)V * C) * es, 2.0 * nc * V,
         td_cuda_matmul_forward(logits, x, wte, NULL, (int)N, C, V, dt, NULL));
   BENCH("matmul bwd lm head (C->V)", (nc * 2 + (double)N * V + 2.0 * V * C) * es, 4.0 * nc * V,
@@ -1026,10 +1141,21 @@ static void test_kernel_edges(td_dtype dt) {
   test_matmul_overwrite(7, 13, 5, dt);
   test_matmul_overwrite(66, 288, 72, dt);
   test_matmul_overwrite(5, 24, 0, dt);
+  /* the bias gradients over 2 micro-batches, from the epilogues and from the
+   * column sums: 1 x 1, odd sizes, the fc2 shape at C = 72, a dbias wider
+   * than the epilogues' scratch (f32: 65,536 entries) */
+  for (int cs = 0; cs < 2; cs++) {
+    int fl = cs ? TD_CUDA_DBIAS_COLUMN_SUM : 0;
+    test_matmul_bias_grads(1, 1, 1, dt, fl);
+    test_matmul_bias_grads(7, 13, 5, dt, fl);
+    test_matmul_bias_grads(66, 288, 72, dt, fl);
+  }
+  test_matmul_bias_grads(2, 3, 65537, dt, 0);
   test_encoder(1, 1, 13, 5, dt);
   test_encoder(2, 7, 77, 40, dt);
   test_encoder(3, 5, 264, 97, dt);
-  printf("%s: layernorm, softmax-xent, encoder, dbias and overwrite/GELU-folded matmul edges match the CPU\n",
+  printf("%s: layernorm, softmax-xent, encoder, dbias (2 micro-batches) and overwrite/GELU-folded matmul edges match "
+         "the CPU\n",
          td_dtype_name(dt));
 }
 
@@ -1113,7 +1239,8 @@ int main(int argc, char **argv) {
    * leading dimension in matmul.cu, hidden by the tiled kernel */
   CHECK_EQ_INT(td_cuda_matmul_fallbacks(), 0);
 #endif
-  printf("cuda layers: all checks passed (matmul backend %s, %ld products fell back to the tiled kernel)\n",
-         td_cuda_matmul_backend(), td_cuda_matmul_fallbacks());
+  printf("cuda layers: all checks passed (matmul backend %s, %ld products fell back to the tiled kernel, %ld bias "
+         "gradients from cuBLASLt's epilogues)\n",
+         td_cuda_matmul_backend(), td_cuda_matmul_fallbacks(), td_cuda_matmul_bgrad_epilogues());
   return 0;
 }

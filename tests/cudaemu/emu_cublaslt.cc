@@ -78,7 +78,8 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc, cublasL
     cublasLtEpilogue_t e;
     memcpy(&e, buf, sizeof e);
     if (e != CUBLASLT_EPILOGUE_DEFAULT && e != CUBLASLT_EPILOGUE_BIAS && e != CUBLASLT_EPILOGUE_GELU_AUX &&
-        e != CUBLASLT_EPILOGUE_GELU_AUX_BIAS && e != CUBLASLT_EPILOGUE_DGELU)
+        e != CUBLASLT_EPILOGUE_GELU_AUX_BIAS && e != CUBLASLT_EPILOGUE_DGELU && e != CUBLASLT_EPILOGUE_DGELU_BGRAD &&
+        e != CUBLASLT_EPILOGUE_BGRADA && e != CUBLASLT_EPILOGUE_BGRADB)
       return CUBLAS_STATUS_NOT_SUPPORTED;
     desc->epilogue = e;
     return CUBLAS_STATUS_SUCCESS;
@@ -146,8 +147,14 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtM
   /* TANDEM_CUDAEMU_LT_NO_DGELU=1: no algorithm for the DGELU epilogue, as a
    * cuBLASLt without one for the shape would answer (the caller's other path) */
   const char *no_dgelu = getenv("TANDEM_CUDAEMU_LT_NO_DGELU");
-  if (desc->epilogue == CUBLASLT_EPILOGUE_DGELU && no_dgelu && strcmp(no_dgelu, "1") == 0)
-    return CUBLAS_STATUS_NOT_SUPPORTED;
+  const bool is_dgelu = desc->epilogue == CUBLASLT_EPILOGUE_DGELU || desc->epilogue == CUBLASLT_EPILOGUE_DGELU_BGRAD;
+  if (is_dgelu && no_dgelu && strcmp(no_dgelu, "1") == 0) return CUBLAS_STATUS_NOT_SUPPORTED;
+  /* TANDEM_CUDAEMU_LT_NO_BGRAD=1: none for the bias gradient epilogues
+   * (BGRADA, BGRADB, DGELU_BGRAD): the column-sum kernel's path */
+  const char *no_bgrad = getenv("TANDEM_CUDAEMU_LT_NO_BGRAD");
+  const bool is_bgrad = desc->epilogue == CUBLASLT_EPILOGUE_BGRADA || desc->epilogue == CUBLASLT_EPILOGUE_BGRADB ||
+                        desc->epilogue == CUBLASLT_EPILOGUE_DGELU_BGRAD;
+  if (is_bgrad && no_bgrad && strcmp(no_bgrad, "1") == 0) return CUBLAS_STATUS_NOT_SUPPORTED;
   memset(&results[0], 0, sizeof results[0]);
   results[0].state = CUBLAS_STATUS_SUCCESS;
   *n_results = 1;
@@ -167,17 +174,42 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
   }
   bool gelu = desc->epilogue == CUBLASLT_EPILOGUE_GELU_AUX || desc->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
   bool with_bias = desc->epilogue == CUBLASLT_EPILOGUE_BIAS || desc->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
-  bool dgelu = desc->epilogue == CUBLASLT_EPILOGUE_DGELU;
-  if ((with_bias && !desc->bias) || ((gelu || dgelu) && (!desc->aux || desc->aux_ld < (int64_t)d->rows)))
+  bool dgelu = desc->epilogue == CUBLASLT_EPILOGUE_DGELU || desc->epilogue == CUBLASLT_EPILOGUE_DGELU_BGRAD;
+  bool bgrad_a = desc->epilogue == CUBLASLT_EPILOGUE_BGRADA, bgrad_b = desc->epilogue == CUBLASLT_EPILOGUE_BGRADB;
+  bool bgrad_d = desc->epilogue == CUBLASLT_EPILOGUE_DGELU_BGRAD;
+  if (((with_bias || bgrad_a || bgrad_b || bgrad_d) && !desc->bias) ||
+      ((gelu || dgelu) && (!desc->aux || desc->aux_ld < (int64_t)d->rows)))
     return CUBLAS_STATUS_INVALID_VALUE;
   float al, be;
   memcpy(&al, alpha, 4);
   memcpy(&be, beta, 4);
   uint64_t m = d->rows, n = d->cols, K = desc->ta == CUBLAS_OP_T ? a->rows : a->cols;
   cudaDataType_t t = d->type;
+  /* BGRADA/BGRADB: op(A)'s row sums or op(B)'s column sums over k, from the
+   * operands alone, as plain sums in double written in D's type (the
+   * library's Ctype rule for a bias gradient): an independent reference for
+   * matmul.cu's epilogue path and its column-sum kernel */
+  void *bgrad = (void *)desc->bias;
+  if (bgrad_a)
+    for (uint64_t i = 0; i < m; i++) {
+      double s = 0.0;
+      for (uint64_t k = 0; k < K; k++) s += get(A, a->type, desc->ta == CUBLAS_OP_T ? k + i * a->ld : i + k * a->ld);
+      put(bgrad, t, i, (float)s);
+    }
+  if (bgrad_b)
+    for (uint64_t j = 0; j < n; j++) {
+      double s = 0.0;
+      for (uint64_t k = 0; k < K; k++) s += get(B, b->type, desc->tb == CUBLAS_OP_T ? j + k * b->ld : k + j * b->ld);
+      put(bgrad, t, j, (float)s);
+    }
+  double *row_sums = NULL; /* DGELU_BGRAD: D's row sums, before D's rounding */
+  if (bgrad_d && !(row_sums = (double *)calloc(m ? m : 1, sizeof(double)))) return CUBLAS_STATUS_ALLOC_FAILED;
   /* D may be C: compute each column into a buffer before writing it */
   float *col = (float *)malloc(sizeof(float) * (m ? m : 1));
-  if (!col) return CUBLAS_STATUS_ALLOC_FAILED;
+  if (!col) {
+    free(row_sums);
+    return CUBLAS_STATUS_ALLOC_FAILED;
+  }
   for (uint64_t j = 0; j < n; j++) {
     for (uint64_t i = 0; i < m; i++) {
       float s = 0.0f;
@@ -201,9 +233,13 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
         float th = tanhf(c * (x + 0.044715f * x * x * x));
         v *= 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * c * (1.0f + 3.0f * 0.044715f * x * x);
       }
+      if (row_sums) row_sums[i] += v;
       put(D, t, i + j * d->ld, v);
     }
   }
+  if (row_sums)
+    for (uint64_t i = 0; i < m; i++) put(bgrad, t, i, (float)row_sums[i]);
+  free(row_sums);
   free(col);
   return CUBLAS_STATUS_SUCCESS;
 }

@@ -123,19 +123,34 @@ td_status td_cuda_matmul_backward(void *dinp /* (N, IC) or NULL */, void *dweigh
  *    rounding of the f32 value where the two launches rounded twice. Where
  *    cuBLASLt offers no DGELU algorithm for the shape: its plain product,
  *    then td_cuda_gelu_grad_scale (two roundings; not counted in
- *    td_cuda_matmul_fallbacks, which counts products taking the tiled kernel).
- * Other flags or pre_gelu without them: TD_ERR_INVALID_ARGUMENT. */
-enum { TD_CUDA_DINP_OVERWRITE = 1 };
+ *    td_cuda_matmul_fallbacks, which counts products taking the tiled kernel);
+ *  - dbias_gelu != NULL (needs pre_gelu): dbias_gelu += the column sums of
+ *    that dinp, the bias gradient of the product whose output pre_gelu
+ *    was (the GPT's fc; its own backward then takes dbias NULL). Through
+ *    cuBLASLt's DGELU_BGRAD epilogue; without an algorithm for it, DGELU and
+ *    the column-sum kernel;
+ *  - dbias (through cuBLASLt: the weight-gradient product's BGRADB epilogue
+ *    when dweight is asked too; else the column-sum kernel) and dbias_gelu
+ *    accumulate, as every gradient here: the epilogue writes a scratch
+ *    vector that a small kernel adds in (bf16: two roundings);
+ *  - flags TD_CUDA_DBIAS_COLUMN_SUM: no bias gradient epilogue, the
+ *    column-sum kernel for both (the A/B of bench/cuda_kernels.sh).
+ * Other flags, or pre_gelu / dbias_gelu without what they need:
+ * TD_ERR_INVALID_ARGUMENT. */
+enum { TD_CUDA_DINP_OVERWRITE = 1, TD_CUDA_DBIAS_COLUMN_SUM = 2 };
 td_status td_cuda_matmul_backward_ex(void *dinp /* (N, IC) or NULL */, void *dweight /* (OC, IC) or NULL */,
                                      void *dbias /* (OC) or NULL */, const void *dout /* (N, OC) */,
                                      const void *inp /* (N, IC) */, const void *weight /* (OC, IC) */,
-                                     const void *pre_gelu /* (N, IC) or NULL */, int flags, int N, int IC, int OC,
-                                     td_dtype dtype, void *stream);
+                                     const void *pre_gelu /* (N, IC) or NULL */, void *dbias_gelu /* (IC) or NULL */,
+                                     int flags, int N, int IC, int OC, td_dtype dtype, void *stream);
 /* "cublaslt" or "kernel": which path td_cuda_matmul_* take in this process. */
 const char *td_cuda_matmul_backend(void);
 /* Products that took the tiled kernel although cuBLASLt was chosen, because
  * its heuristic offered no algorithm (this process, all threads). */
 long td_cuda_matmul_fallbacks(void);
+/* Bias gradients that came out of cuBLASLt's epilogues (BGRADB, DGELU_BGRAD)
+ * rather than the column-sum kernel (this process, all threads). */
+long td_cuda_matmul_bgrad_epilogues(void);
 
 /* Causal multi-head self-attention core (td_attention_forward): inp holds
  * q, k, v side by side (B, T, 3C); att caches the softmax weights (zero

@@ -787,7 +787,7 @@ static void gpt_cuda_backward(td_model *model, const float *params, float *grads
   }
   /* lnf's whole rows: with sp, acts.gathered holds them since the last head_forward (forward's, or the one above) */
   RUN(td_cuda_matmul_backward_ex(a->dbuf_c, AT(grads, off_named(model, idx_head)), NULL, a->logits,
-                                 gc->sp ? a->gathered : a->lnf, AT(pw, off_named(model, idx_head)), NULL,
+                                 gc->sp ? a->gathered : a->lnf, AT(pw, off_named(model, idx_head)), NULL, NULL,
                                  TD_CUDA_DINP_OVERWRITE, BT, C, gc->Vl, dt, s));
   if (!tied) pend.idx[pend.n++] = idx_head;
   /* the vocabulary-parallel head is column-parallel: its input gradient is the sum of the ranks' */
@@ -822,18 +822,20 @@ blocks:
      * sp gathered whole for the row-parallel fc2). The input gradients
      * overwrite their scratch buffers (no zeroing pass); fc2's is GELU's
      * output gradient, and the product's epilogue applies gelu'(fch) to it:
-     * dbuf_4c is d fch, the fc product's output gradient */
+     * dbuf_4c is d fch, the fc product's output gradient, and its column
+     * sums, fc's bias gradient, come out of that epilogue too (DGELU_BGRAD),
+     * so fc's own backward takes no dbias */
     dwhole = a->dres;
     if (gc->sp) {
       RUN(gather_rows(gc, a->dres, a->dfull, BT, C));
       dwhole = a->dfull;
     }
-    RUN(td_cuda_matmul_backward_ex(a->dbuf_4c, G(P_FC2W), G(P_FC2B), dwhole, fch_gelu, W(P_FC2W), fch,
+    RUN(td_cuda_matmul_backward_ex(a->dbuf_4c, G(P_FC2W), G(P_FC2B), dwhole, fch_gelu, W(P_FC2W), fch, G(P_FCB),
                                    TD_CUDA_DINP_OVERWRITE, BT, F, C, dt, s));
     READY(P_FC2B);
     READY(P_FC2W);
     RUN(whole_rows(gc, ln2, BT, C, &whole));
-    RUN(td_cuda_matmul_backward_ex(a->dbuf_c, G(P_FCW), G(P_FCB), a->dbuf_4c, whole, W(P_FCW), NULL,
+    RUN(td_cuda_matmul_backward_ex(a->dbuf_c, G(P_FCW), NULL, a->dbuf_4c, whole, W(P_FCW), NULL, NULL,
                                    TD_CUDA_DINP_OVERWRITE, BT, C, F, dt, s));
     READY(P_FCB);
     READY(P_FCW);
@@ -848,7 +850,7 @@ blocks:
       RUN(gather_rows(gc, a->dres, a->dfull, BT, C));
       dwhole = a->dfull;
     }
-    RUN(td_cuda_matmul_backward_ex(a->dbuf_c, G(P_PROJW), G(P_PROJB), dwhole, atty, W(P_PROJW), NULL,
+    RUN(td_cuda_matmul_backward_ex(a->dbuf_c, G(P_PROJW), G(P_PROJB), dwhole, atty, W(P_PROJW), NULL, NULL,
                                    TD_CUDA_DINP_OVERWRITE, BT, Ca, C, dt, s));
     READY(P_PROJB);
     READY(P_PROJW);
@@ -861,7 +863,7 @@ blocks:
       RUN(td_cuda_attention_backward(a->dbuf_3c, a->att_scratch, a->dbuf_c, qkv, attc, B, T, Ca, NHl, dt, s));
     }
     RUN(whole_rows(gc, ln1, BT, C, &whole));
-    RUN(td_cuda_matmul_backward_ex(a->dbuf_c, G(P_QKVW), G(P_QKVB), a->dbuf_3c, whole, W(P_QKVW), NULL,
+    RUN(td_cuda_matmul_backward_ex(a->dbuf_c, G(P_QKVW), G(P_QKVB), a->dbuf_3c, whole, W(P_QKVW), NULL, NULL,
                                    TD_CUDA_DINP_OVERWRITE, BT, C, 3 * Ca, dt, s));
     READY(P_QKVB);
     READY(P_QKVW);

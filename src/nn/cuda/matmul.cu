@@ -18,7 +18,23 @@
  * in 16x16 output tiles, one output per thread, the K dimension walked in
  * 16-wide slices staged in shared memory (as f32, whatever the element
  * type); accumulation in f32 in k order, one rounding per output.
- * dbias is a column sum, one block per 32 columns (OC / 32 blocks: 24 for
+ * Bias gradients. Through cuBLASLt they come out of the products'
+ * epilogues: a layer's dbias from its weight-gradient product (BGRADB: dW^T
+ * = inp^T dout has B = dout op T, so the sums of op(B)'s columns over k = N
+ * are dout's column sums, OC of them), and, when the caller passes
+ * dbias_gelu, the bias gradient of the product that made pre_gelu (the
+ * GPT's fc) from the input-gradient product with DGELU (DGELU_BGRAD: the
+ * row sums of D = dinp^T, i.e. dinp's column sums, IC of them). cuBLASLt
+ * writes a bias gradient, in D's type, and never adds to it; our bias
+ * gradients accumulate across micro-batches, so the epilogue writes into a
+ * scratch vector (the 256 KiB after the cuBLASLt workspace, one allocation)
+ * and a small kernel adds it into dbias (OC elements: ~2 us against the
+ * column sum's ~0.2 ms at GPT-2 124M). bf16 rounds twice there (the
+ * epilogue's sum, then the accumulation), within the layer's bound. Where
+ * the heuristic offers no algorithm with the epilogue, the same product
+ * without it and the column-sum kernel below; TD_CUDA_DBIAS_COLUMN_SUM
+ * forces that (the A/B row of bench/cuda_kernels.sh).
+ * The column sum: one block per 32 columns (OC / 32 blocks: 24 for
  * GPT-2's C = 768). The first kernel had 32 x 32 threads load one element
  * each per row step: 2 KB in flight per SM, about 0.2 ms per C-wide
  * dbias at GPT-2 124M's B T = 16384 (the same shape as layer norm's old
@@ -146,8 +162,9 @@ static int use_cublaslt(void) {
 
 extern "C" const char *td_cuda_matmul_backend(void) { return use_cublaslt() ? "cublaslt" : "kernel"; }
 
-static std::atomic<long> lt_fallbacks(0);
+static std::atomic<long> lt_fallbacks(0), lt_bgrad_epilogues(0);
 extern "C" long td_cuda_matmul_fallbacks(void) { return lt_fallbacks.load(); }
+extern "C" long td_cuda_matmul_bgrad_epilogues(void) { return lt_bgrad_epilogues.load(); }
 
 #define LT_CHECK(call)                                                                                        \
   do {                                                                                                        \
@@ -207,6 +224,9 @@ static td_status lt_load(void) {
 #endif
 
 static const size_t kWorkspaceBytes = (size_t)32 << 20;
+/* the bias gradient epilogues' output, after the workspace: 64 Ki f32 (a
+ * 16K-channel model's 4C), wider layers take the column-sum kernel */
+static const size_t kBgradBytes = (size_t)256 << 10;
 static cublasLtHandle_t lt_handle;
 static void *lt_workspace;
 static std::mutex lt_mutex;
@@ -216,12 +236,12 @@ static td_status lt_init(void) {
   if (lt_handle) return TD_OK;
   TD_CHECK(lt_load());
   LT_CHECK(LT(Create)(&lt_handle));
-  cudaError_t e = cudaMalloc(&lt_workspace, kWorkspaceBytes);
+  cudaError_t e = cudaMalloc(&lt_workspace, kWorkspaceBytes + kBgradBytes);
   if (e != cudaSuccess) {
     LT(Destroy)(lt_handle);
     lt_handle = NULL;
     return td_error(TD_ERR_SYSTEM, "%s:%d: cudaMalloc of the cuBLASLt workspace (%zu bytes): %s", __FILE__, __LINE__,
-                    kWorkspaceBytes, cudaGetErrorString(e));
+                    kWorkspaceBytes + kBgradBytes, cudaGetErrorString(e));
   }
   return TD_OK;
 }
@@ -255,12 +275,16 @@ static uint32_t pointer_alignment(const void *p) {
  *    epilogue, the tanh form; aux is written);
  *  - dgelu 1: D = gelu'(aux) op(A) op(B) (the DGELU epilogue, as llm.c's
  *    backward; aux, GELU's forward input, is read; no bias, no Cin).
+ * bgrad (not with bias or GELU_AUX): a bias gradient written there, in D's
+ * type: with dgelu D's row sums (m; DGELU_BGRAD), without it op(B)'s
+ * column sums (n; BGRADB).
  * *done = 0 (and TD_OK) when cuBLASLt has no algorithm: the caller takes
  * another path (the tiled kernel, counted in lt_fallbacks; for DGELU first
- * the plain product and td_cuda_gelu_grad_scale). */
+ * the plain product and td_cuda_gelu_grad_scale; without the bias gradient
+ * epilogue the column-sum kernel). */
 static td_status lt_matmul(void *d, const void *A, const void *B, const void *bias, const void *c_in, const void *aux,
-                           int dgelu, int m, int n, int k, int lda, int ldb, int ldd, int trans_a, int trans_b,
-                           td_dtype dtype, void *stream, int *done) {
+                           int dgelu, void *bgrad, int m, int n, int k, int lda, int ldb, int ldd, int trans_a,
+                           int trans_b, td_dtype dtype, void *stream, int *done) {
   *done = 0;
   TD_CHECK(lt_init());
   cudaDataType_t t = dtype == TD_BF16 ? CUDA_R_16BF : CUDA_R_32F;
@@ -269,13 +293,16 @@ static td_status lt_matmul(void *d, const void *A, const void *B, const void *bi
   cublasOperation_t ta = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   LT_CHECK(LT(MatmulDescSetAttribute)(call.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
   LT_CHECK(LT(MatmulDescSetAttribute)(call.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-  if (bias || aux) {
-    cublasLtEpilogue_t epi = dgelu ? CUBLASLT_EPILOGUE_DGELU
+  if (bgrad && (bias || (aux && !dgelu)))
+    return td_error(TD_ERR_INTERNAL, "lt_matmul: a bias gradient with a bias or GELU_AUX epilogue");
+  if (bias || aux || bgrad) {
+    cublasLtEpilogue_t epi = dgelu ? (bgrad ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU)
                              : aux ? (bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
-                                   : CUBLASLT_EPILOGUE_BIAS;
+                             : bgrad ? CUBLASLT_EPILOGUE_BGRADB
+                                     : CUBLASLT_EPILOGUE_BIAS;
     LT_CHECK(LT(MatmulDescSetAttribute)(call.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
-    if (bias)
-      LT_CHECK(LT(MatmulDescSetAttribute)(call.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+    const void *vec = bgrad ? (const void *)bgrad : bias; /* the bias pointer holds either */
+    if (vec) LT_CHECK(LT(MatmulDescSetAttribute)(call.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &vec, sizeof vec));
     if (aux) {
       int64_t aux_ld = ldd;
       LT_CHECK(LT(MatmulDescSetAttribute)(call.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
@@ -331,7 +358,7 @@ extern "C" td_status td_cuda_matmul_forward_ex(void *out, void *pre_gelu, const 
   if (N == 0 || OC == 0) return TD_OK;
   if (use_cublaslt() && IC > 0) {
     int done = 0;
-    TD_CHECK(lt_matmul(out, weight, inp, bias, residual, pre_gelu, 0, OC, N, IC, IC, IC, OC, 1, 0, dtype, stream,
+    TD_CHECK(lt_matmul(out, weight, inp, bias, residual, pre_gelu, 0, NULL, OC, N, IC, IC, IC, OC, 1, 0, dtype, stream,
                        &done));
     if (done) return TD_OK;
     lt_fallbacks++;
@@ -360,33 +387,104 @@ extern "C" td_status td_cuda_matmul_forward(void *out, const void *inp, const vo
   return td_cuda_matmul_forward_ex(out, NULL, NULL, inp, weight, bias, N, IC, OC, dtype, stream);
 }
 
+/* out (cols) += column sums of x (rows, cols): the 16-byte kernel where
+ * rows allow, else the element one */
+static td_status column_sum(void *out, const void *x, int rows, int cols, td_dtype dtype, void *stream) {
+  if (cols <= 0) return TD_OK;
+  TD_CUDA_DISPATCH(dtype, "td_cuda_matmul_backward", {
+    if (td_aligned16(x, x, x) && ((size_t)cols * sizeof(td_elem)) % 16 == 0) {
+      TD_CUDA_LAUNCH(column_sum_vec_kernel<td_elem>, td_cuda_blocks((size_t)cols, 32), 1024, 0, stream,
+                     (td_elem *)out, (const td_elem *)x, rows, cols);
+      TD_CUDA_LAUNCH_CHECK("column_sum_vec_kernel");
+    } else {
+      TD_CUDA_LAUNCH(column_sum_kernel<td_elem>, td_cuda_blocks((size_t)cols, 32), dim3(32, 32), 0, stream,
+                     (td_elem *)out, (const td_elem *)x, rows, cols);
+      TD_CUDA_LAUNCH_CHECK("column_sum_kernel");
+    }
+  });
+  return TD_OK;
+}
+
+/* dbias[i] += part[i]: an epilogue's bias gradient into the accumulated one
+ * (f32 addition, one rounding) */
+template <class T> __global__ void bgrad_add_kernel(T *dbias, const T *part, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) dbias[i] = td_from_f32<T>(td_to_f32(dbias[i]) + td_to_f32(part[i]));
+}
+
+static td_status bgrad_add(void *dbias, const void *part, int n, td_dtype dtype, void *stream) {
+  TD_CUDA_DISPATCH(dtype, "td_cuda_matmul_backward", {
+    TD_CUDA_LAUNCH(bgrad_add_kernel<td_elem>, td_cuda_blocks((size_t)n, 256), 256, 0, stream, (td_elem *)dbias,
+                   (const td_elem *)part, n);
+  });
+  TD_CUDA_LAUNCH_CHECK("bgrad_add_kernel");
+  return TD_OK;
+}
+
+/* The scratch for an epilogue's bias gradient of n entries, or NULL where
+ * the epilogue is not wanted (no gradient asked, the column sums forced, a
+ * vector wider than the scratch): the caller then sums columns itself. */
+static void *bgrad_scratch(const void *dbias, int n, td_dtype dtype, int column_sums) {
+  if (!dbias || column_sums || (size_t)n * (dtype == TD_BF16 ? 2 : 4) > kBgradBytes) return NULL;
+  return (char *)lt_workspace + kWorkspaceBytes;
+}
+
 extern "C" td_status td_cuda_matmul_backward_ex(void *dinp, void *dweight, void *dbias, const void *dout,
                                                 const void *inp, const void *weight, const void *pre_gelu,
-                                                int flags, int N, int IC, int OC, td_dtype dtype, void *stream) {
+                                                void *dbias_gelu, int flags, int N, int IC, int OC, td_dtype dtype,
+                                                void *stream) {
   TD_CHECK(check_shape("td_cuda_matmul_backward", N, IC, OC));
-  const int overwrite = (flags & TD_CUDA_DINP_OVERWRITE) != 0;
-  if (flags & ~TD_CUDA_DINP_OVERWRITE)
+  void *const dinp_out = dinp; /* (dinp becomes NULL once a path has written it) */
+  const int overwrite = (flags & TD_CUDA_DINP_OVERWRITE) != 0, column_sums = (flags & TD_CUDA_DBIAS_COLUMN_SUM) != 0;
+  if (flags & ~(TD_CUDA_DINP_OVERWRITE | TD_CUDA_DBIAS_COLUMN_SUM))
     return td_error(TD_ERR_INVALID_ARGUMENT, "td_cuda_matmul_backward_ex: unknown flags 0x%x (TD_CUDA_DINP_OVERWRITE "
-                    "is the only one)", (unsigned)flags);
+                    "and TD_CUDA_DBIAS_COLUMN_SUM are the ones)", (unsigned)flags);
   if (pre_gelu && (!dinp || !overwrite))
     return td_error(TD_ERR_INVALID_ARGUMENT, "td_cuda_matmul_backward_ex: pre_gelu (GELU's backward folded into the "
                     "input gradient) needs dinp and TD_CUDA_DINP_OVERWRITE");
+  if (dbias_gelu && !pre_gelu)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "td_cuda_matmul_backward_ex: dbias_gelu (the bias gradient of the "
+                    "product that made pre_gelu) needs pre_gelu, dinp and TD_CUDA_DINP_OVERWRITE");
   if (use_cublaslt() && N > 0 && IC > 0 && OC > 0 && (dtype == TD_F32 || dtype == TD_BF16)) {
     int done = 0;
+    TD_CHECK(lt_init()); /* the bias gradient scratch */
     if (dinp) { /* dinp^T (IC, N) (+)= W^T (IC, OC) dout^T (OC, N), times gelu'(pre_gelu^T) */
-      TD_CHECK(lt_matmul(dinp, weight, dout, NULL, overwrite ? NULL : dinp, pre_gelu, pre_gelu != NULL, IC, N, OC, IC,
-                         OC, IC, 0, 0, dtype, stream, &done));
+      void *bg = bgrad_scratch(dbias_gelu, IC, dtype, column_sums);
+      TD_CHECK(lt_matmul(dinp, weight, dout, NULL, overwrite ? NULL : dinp, pre_gelu, pre_gelu != NULL, bg, IC, N,
+                         OC, IC, OC, IC, 0, 0, dtype, stream, &done));
+      if (done && bg) { /* dinp's column sums came with it: dbias_gelu is done */
+        TD_CHECK(bgrad_add(dbias_gelu, bg, IC, dtype, stream));
+        lt_bgrad_epilogues++;
+        dbias_gelu = NULL;
+      }
+      if (!done && bg) /* no DGELU_BGRAD algorithm: DGELU alone, the column sum below */
+        TD_CHECK(lt_matmul(dinp, weight, dout, NULL, NULL, pre_gelu, 1, NULL, IC, N, OC, IC, OC, IC, 0, 0, dtype,
+                           stream, &done));
       if (!done && pre_gelu) { /* no DGELU algorithm: the plain product, then gelu' in place (the tiled
                                 * kernel would cost ~10x the product at GPT-2's shapes) */
-        TD_CHECK(lt_matmul(dinp, weight, dout, NULL, NULL, NULL, 0, IC, N, OC, IC, OC, IC, 0, 0, dtype, stream, &done));
+        TD_CHECK(lt_matmul(dinp, weight, dout, NULL, NULL, NULL, 0, NULL, IC, N, OC, IC, OC, IC, 0, 0, dtype, stream,
+                           &done));
         if (done) TD_CHECK(td_cuda_gelu_grad_scale(dinp, pre_gelu, (size_t)N * IC, dtype, stream));
+      }
+      if (done && dbias_gelu) {
+        TD_CHECK(column_sum(dbias_gelu, dinp, N, IC, dtype, stream));
+        dbias_gelu = NULL;
       }
       if (done) dinp = NULL;
       else lt_fallbacks++;
     }
-    if (dweight) { /* dW^T (IC, OC) += inp^T (IC, N) dout (N, OC) */
-      TD_CHECK(lt_matmul(dweight, inp, dout, NULL, dweight, NULL, 0, IC, OC, N, IC, OC, IC, 0, 1, dtype, stream,
+    if (dweight) { /* dW^T (IC, OC) += inp^T (IC, N) dout (N, OC); dbias = op(B)'s column sums */
+      void *bg = bgrad_scratch(dbias, OC, dtype, column_sums);
+      TD_CHECK(lt_matmul(dweight, inp, dout, NULL, dweight, NULL, 0, bg, IC, OC, N, IC, OC, IC, 0, 1, dtype, stream,
                          &done));
+      if (done && bg) {
+        TD_CHECK(bgrad_add(dbias, bg, OC, dtype, stream));
+        lt_bgrad_epilogues++;
+        dbias = NULL;
+      }
+      if (!done && bg) /* no BGRADB algorithm: the product alone, the column sum below */
+        TD_CHECK(lt_matmul(dweight, inp, dout, NULL, dweight, NULL, 0, NULL, IC, OC, N, IC, OC, IC, 0, 1, dtype,
+                           stream, &done));
       if (done) dweight = NULL;
       else lt_fallbacks++;
     }
@@ -400,21 +498,15 @@ extern "C" td_status td_cuda_matmul_backward_ex(void *dinp, void *dweight, void 
     if (dweight)
       TD_CHECK(gemm<td_elem>((td_elem *)dweight, (const td_elem *)dout, (const td_elem *)inp, (const td_elem *)NULL,
                              (const td_elem *)NULL, OC, IC, N, OC, IC, IC, 1, 0, 1, stream));
-    if (dbias && OC > 0 && td_aligned16(dout, dout, dout) && ((size_t)OC * sizeof(td_elem)) % 16 == 0) {
-      TD_CUDA_LAUNCH(column_sum_vec_kernel<td_elem>, td_cuda_blocks((size_t)OC, 32), 1024, 0, stream,
-                     (td_elem *)dbias, (const td_elem *)dout, N, OC);
-      TD_CUDA_LAUNCH_CHECK("column_sum_vec_kernel");
-    } else if (dbias && OC > 0) {
-      TD_CUDA_LAUNCH(column_sum_kernel<td_elem>, td_cuda_blocks((size_t)OC, 32), dim3(32, 32), 0, stream, (td_elem *)dbias,
-                     (const td_elem *)dout, N, OC);
-      TD_CUDA_LAUNCH_CHECK("column_sum_kernel");
-    }
   });
+  /* the bias gradients no epilogue gave: dinp's and dout's column sums */
+  if (dbias_gelu) TD_CHECK(column_sum(dbias_gelu, dinp_out, N, IC, dtype, stream));
+  if (dbias) TD_CHECK(column_sum(dbias, dout, N, OC, dtype, stream));
   return TD_OK;
 }
 
 extern "C" td_status td_cuda_matmul_backward(void *dinp, void *dweight, void *dbias, const void *dout,
                                              const void *inp, const void *weight, int N, int IC, int OC,
                                              td_dtype dtype, void *stream) {
-  return td_cuda_matmul_backward_ex(dinp, dweight, dbias, dout, inp, weight, NULL, 0, N, IC, OC, dtype, stream);
+  return td_cuda_matmul_backward_ex(dinp, dweight, dbias, dout, inp, weight, NULL, NULL, 0, N, IC, OC, dtype, stream);
 }

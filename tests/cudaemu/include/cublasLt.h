@@ -2,12 +2,17 @@
  * src/nn/cuda/matmul.cu uses, computed by a plain loop (emu_cublaslt.cc), so
  * that the emulator tree runs the same cuBLASLt calls a GPU build makes: the
  * row-major to column-major mapping, transposes, leading dimensions, the
- * C != D input, and the BIAS, GELU_AUX(_BIAS) and DGELU epilogues, against the CPU
- * layers. The semantics are cuBLASLt's documented ones: column-major
- * matrices, D = alpha op(A) op(B) + beta C (+ bias[row]), aux = that value
- * and D = gelu(aux) (the tanh form) for the GELU_AUX epilogues, D = gelu'(aux)
- * (alpha op(A) op(B) + beta C) for DGELU (aux read); f32
- * accumulation; f32 or bf16 storage. Names and values follow the real
+ * C != D input, and the BIAS, GELU_AUX(_BIAS), DGELU(_BGRAD) and BGRADA/B
+ * epilogues, against the CPU layers. The semantics are cuBLASLt's
+ * documented ones: column-major matrices, D = alpha op(A) op(B) + beta C
+ * (+ bias[row]), aux = that value and D = gelu(aux) (the tanh form) for the
+ * GELU_AUX epilogues, D = gelu'(aux) (alpha op(A) op(B) + beta C) for DGELU
+ * (aux read); the bias gradient epilogues write (never add to) the vector
+ * at the bias pointer, in D's type: BGRADA bias[i] = sum_k op(A)[i, k] (m
+ * entries), BGRADB bias[j] = sum_k op(B)[k, j] (n entries), DGELU_BGRAD
+ * bias[i] = sum_j D[i, j] (m entries, D before its rounding); f32
+ * accumulation of the products, double for the bias gradients' sums (a
+ * reference written apart from the kernels it checks); f32 or bf16 storage. Names and values follow the real
  * header so the same source compiles against both. Not shown here: speed,
  * the heuristic's choices, alignment rules (the real heuristic is told the
  * operands' alignment; this one accepts any). */
@@ -39,14 +44,17 @@ typedef enum {
   CUBLASLT_EPILOGUE_GELU_AUX = 160,
   CUBLASLT_EPILOGUE_GELU_AUX_BIAS = 164,
   CUBLASLT_EPILOGUE_DGELU = 192,
+  CUBLASLT_EPILOGUE_DGELU_BGRAD = 208,
+  CUBLASLT_EPILOGUE_BGRADA = 256,
+  CUBLASLT_EPILOGUE_BGRADB = 512,
 } cublasLtEpilogue_t;
 typedef enum {
   CUBLASLT_MATMUL_DESC_TRANSA = 3,
   CUBLASLT_MATMUL_DESC_TRANSB = 4,
   CUBLASLT_MATMUL_DESC_EPILOGUE = 7,
   CUBLASLT_MATMUL_DESC_BIAS_POINTER = 8,
-  CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER = 10,
-  CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD = 11,
+  CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER = 11,
+  CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD = 12,
 } cublasLtMatmulDescAttributes_t;
 typedef enum {
   CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1,
