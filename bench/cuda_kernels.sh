@@ -8,18 +8,19 @@
 # bench/results/cuda-kernels-<date>.md (or $OUT/cuda-kernels.md when OUT is
 # set) with the device, driver and toolkit, and prints a few `bench: ` lines
 # (the products, attention, the fused classifier, AdamW) for gpu-check's
-# summary table. The bf16 table has the fused attention twice: on the
-# FlashAttention-2 kernels (the default, src/nn/cuda/flash_attention_mma.cu)
-# and, in the rows marked (wmma), on the earlier wmma kernels
-# (TANDEM_CUDA_ATTENTION=wmma, set by test_cuda_layers around those rows):
-# the A/B in one run. Then, when python3 has torch with CUDA, PyTorch's kernels
+# summary table. The bf16 table has the attention backward twice, on the
+# FlashAttention-2 kernels (src/nn/cuda/flash_attention_mma.cu) in two
+# passes (the default) and in one (the one-pass row), and the bias
+# gradients from cuBLASLt's epilogues beside the column-sum kernel: the A/Bs
+# in one run. Then, when python3 has torch with CUDA, PyTorch's kernels
 # for the same work at the same shape (bench/torch_kernels.py: its SDPA
 # backends, layer norm, cross entropy, embedding backward, fused AdamW) as a
 # second table and `bench: torch kernel ...` lines: the library a user would
 # pick, measured in the same run (TORCH_KERNELS_S, default 60 s).
 #
 #   bench/cuda_kernels.sh [BUILD [small]]   (default build; TANDEM_CUDA_MATMUL
-#                                   and TANDEM_CUDA_ATTENTION apply as usual;
+#                                   applies as usual; TANDEM_CUDA_ATTENTION
+#                                   does not: the rows choose their kernels;
 #                                   small: a tiny shape, to try the script on
 #                                   the emulator tree build/cudaemu)
 set -u

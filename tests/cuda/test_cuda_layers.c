@@ -19,8 +19,9 @@
  *    and dS before its tensor-core products: per-element bounds derived
  *    from the CPU's P, dS and inputs (fused_bf16_bounds).
  * The fused kernels run at head sizes 24 (CUDA cores), 64, 32 and 16 (tensor
- * cores in bf16: the FlashAttention-2 kernels, or the wmma ones with
- * TANDEM_CUDA_ATTENTION=wmma), and at T = 130 (several 64-row tiles);
+ * cores in bf16: the FlashAttention-2 kernels; their backward in one pass
+ * with TANDEM_CUDA_ATTENTION=onepass, which td_cuda_attention_backward_flags
+ * turns into the flag the test passes), and at T = 130 (several 64-row tiles);
  * --attention: head size 64 at T = 17, 64, 127, 257 and 1024.
  * Runs under the emulator in CI (tests/cudaemu.suite) and on a GPU
  * (tests/gpu.suite via scripts/gpu-check), the same binary source. Without
@@ -667,8 +668,13 @@ static void test_attention(int B, int T, int C, int NH, td_dtype dt) {
   td_attention_backward(gx, scratch, dy, x, att, B, T, C, NH);
   CHECK_OK(td_cuda_attention_backward(dgx, dscratch, ddy, dx, datt, B, T, C, NH, dt, NULL));
   expect_close("attention backward", dgx, gx, nin, dt);
-  /* the fused kernels against the same references */
-  float *dlse = dev_f32((size_t)B * NH * T), *dD = dev_f32(td_cuda_flash_attention_backward_scratch_floats(B, T, C, NH));
+  /* the fused kernels against the same references, the backward with the
+   * flags TANDEM_CUDA_ATTENTION asks for (the one-pass line), its scratch
+   * sized with the same */
+  int att_flags = -1;
+  CHECK_OK(td_cuda_attention_backward_flags(&att_flags));
+  float *dlse = dev_f32((size_t)B * NH * T);
+  float *dD = dev_f32(td_cuda_flash_attention_backward_scratch_floats(B, T, C, NH, att_flags));
   void *dout2 = dev_f32(nout), *dgx2 = upload(gx0, nin, dt);
   CHECK_OK(td_cuda_flash_attention_forward(dout2, dlse, dx, B, T, C, NH, dt, NULL));
   double *bout = NULL, *bin = NULL;
@@ -695,7 +701,7 @@ static void test_attention(int B, int T, int C, int NH, td_dtype dt) {
     for (int t2 = 0; t2 <= t; t2++) sum += exp(sc[t2] - mx);
     CHECK_CLOSE(lse[r], mx + log(sum), 1e-5, 1e-5);
   }
-  CHECK_OK(td_cuda_flash_attention_backward(dgx2, dD, ddy, dx, dout2, dlse, B, T, C, NH, dt, NULL));
+  CHECK_OK(td_cuda_flash_attention_backward_ex(dgx2, dD, ddy, dx, dout2, dlse, B, T, C, NH, dt, att_flags, NULL));
   if (dt == TD_BF16)
     expect_within("fused attention backward", dgx2, gx, bin, nin, dt);
   else
@@ -705,7 +711,7 @@ static void test_attention(int B, int T, int C, int NH, td_dtype dt) {
   float *first = download(dgx2, nin, dt);
   cudaFree(dgx2);
   dgx2 = upload(gx0, nin, dt);
-  CHECK_OK(td_cuda_flash_attention_backward(dgx2, dD, ddy, dx, dout2, dlse, B, T, C, NH, dt, NULL));
+  CHECK_OK(td_cuda_flash_attention_backward_ex(dgx2, dD, ddy, dx, dout2, dlse, B, T, C, NH, dt, att_flags, NULL));
   float *second = download(dgx2, nin, dt);
   CHECK(memcmp(first, second, nin * sizeof(float)) == 0);
   /* TD_CUDA_DINP_OVERWRITE: the gradient alone, dinp never read (NaN there first) */
@@ -714,7 +720,7 @@ static void test_attention(int B, int T, int C, int NH, td_dtype dt) {
   for (size_t i = 0; i < nin; i++) grad[i] = gx[i] - gx0[i];
   CHECK(cudaMemset(dgx2, 0xff, nin * esize(dt)) == cudaSuccess);
   CHECK_OK(td_cuda_flash_attention_backward_ex(dgx2, dD, ddy, dx, dout2, dlse, B, T, C, NH, dt,
-                                               TD_CUDA_DINP_OVERWRITE, NULL));
+                                               TD_CUDA_DINP_OVERWRITE | att_flags, NULL));
   if (dt == TD_BF16) {
     double *bo = malloc(sizeof(double) * nout), *bi = malloc(sizeof(double) * nin);
     CHECK(bo != NULL && bi != NULL);
@@ -724,8 +730,9 @@ static void test_attention(int B, int T, int C, int NH, td_dtype dt) {
   } else {
     expect_close("fused attention backward (overwrite)", dgx2, grad, nin, dt);
   }
-  CHECK_STATUS(td_cuda_flash_attention_backward_ex(dgx2, dD, ddy, dx, dout2, dlse, B, T, C, NH, dt, 2, NULL),
-               TD_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(td_cuda_flash_attention_backward_ex(dgx2, dD, ddy, dx, dout2, dlse, B, T, C, NH, dt,
+                                                   TD_CUDA_DBIAS_COLUMN_SUM, NULL),
+               TD_ERR_INVALID_ARGUMENT); /* a matmul flag */
   free(grad);
   cudaFree(dlse), cudaFree(dD), cudaFree(dout2), cudaFree(dgx2);
   free(lse), free(first), free(second), free(gx0);
@@ -855,12 +862,29 @@ static void test_bad_arguments(void) {
   setenv("TANDEM_CUDA_ATTENTION", "fused", 1);
   CHECK_STATUS(td_cuda_attention_fused(12, &fused), TD_ERR_INVALID_ARGUMENT);
   CHECK(strstr(td_last_error(), "not 12") != NULL);
-  setenv("TANDEM_CUDA_ATTENTION", "wmma", 1); /* the fused path on the earlier tensor-core kernels */
+  /* the backward's flags: the one-pass backward on request, read here only
+   * (the launchers and the scratch size take the flag) */
+  int flags = -1;
+  unsetenv("TANDEM_CUDA_ATTENTION");
+  CHECK_OK(td_cuda_attention_backward_flags(&flags));
+  CHECK_EQ_INT(flags, 0);
+  CHECK(td_cuda_flash_attention_backward_scratch_floats(2, 64, 128, 2, 0) == 2 * 2 * 64);
+  CHECK(td_cuda_flash_attention_backward_scratch_floats(2, 64, 128, 2, TD_CUDA_ATTENTION_ONEPASS) > 2 * 2 * 64);
+  setenv("TANDEM_CUDA_ATTENTION", "onepass", 1);
+  CHECK_OK(td_cuda_attention_backward_flags(&flags));
+  CHECK_EQ_INT(flags, TD_CUDA_ATTENTION_ONEPASS);
   CHECK_OK(td_cuda_attention_fused(64, &fused));
   CHECK_EQ_INT(fused, 1);
-  CHECK_STATUS(td_cuda_attention_fused(12, &fused), TD_ERR_INVALID_ARGUMENT);
+  /* the scratch size does not follow the environment: it takes the flags */
+  CHECK(td_cuda_flash_attention_backward_scratch_floats(2, 64, 128, 2, 0) == 2 * 2 * 64);
+  /* the wmma kernels are gone: refused, saying so */
+  setenv("TANDEM_CUDA_ATTENTION", "wmma", 1);
+  CHECK_STATUS(td_cuda_attention_fused(64, &fused), TD_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(td_last_error(), "removed") != NULL);
+  CHECK_STATUS(td_cuda_attention_backward_flags(&flags), TD_ERR_INVALID_ARGUMENT);
   setenv("TANDEM_CUDA_ATTENTION", "flash", 1);
   CHECK_STATUS(td_cuda_attention_fused(64, &fused), TD_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(td_cuda_attention_backward_flags(&flags), TD_ERR_INVALID_ARGUMENT);
   unsetenv("TANDEM_CUDA_ATTENTION");
   CHECK_STATUS(td_cuda_flash_attention_forward(NULL, NULL, NULL, 1, 4, 36, 3, TD_F32, NULL), TD_ERR_INVALID_ARGUMENT);
   /* empty shapes launch nothing and succeed */
@@ -979,16 +1003,8 @@ static void run_bench(const bench_shape *sh, td_dtype dt) {
   void *gw = dev_fill((size_t)V * C, dt, 0.1f);
   float *mean = dev_f32(N), *rstd = dev_f32(N), *lse = dev_f32((size_t)B * NH * T);
   /* the scratch for every backward below, the one-pass A/B row's included
-   * (sized under TANDEM_CUDA_ATTENTION=onepass: its dQ parts) */
-  const char *prev_att = getenv("TANDEM_CUDA_ATTENTION");
-  char *saved_att = prev_att ? strdup(prev_att) : NULL;
-  setenv("TANDEM_CUDA_ATTENTION", "onepass", 1);
-  float *Dscr = dev_f32(td_cuda_flash_attention_backward_scratch_floats(B, T, C, NH));
-  if (saved_att)
-    setenv("TANDEM_CUDA_ATTENTION", saved_att, 1);
-  else
-    unsetenv("TANDEM_CUDA_ATTENTION");
-  free(saved_att);
+   * (sized for TD_CUDA_ATTENTION_ONEPASS: its dQ parts) */
+  float *Dscr = dev_f32(td_cuda_flash_attention_backward_scratch_floats(B, T, C, NH, TD_CUDA_ATTENTION_ONEPASS));
   void *logits = dev_fill(N * (size_t)V, dt, 1);
   float *losses = dev_f32(N);
   struct cudaDeviceProp prop;
@@ -1066,27 +1082,10 @@ static void run_bench(const bench_shape *sh, td_dtype dt) {
         td_cuda_flash_attention_forward(y, lse, qkv, B, T, C, NH, dt, NULL));
   BENCH("flash attention backward", (N * 3 * C * 3 + nc * 2) * es, 2.5 * att_flops,
         td_cuda_flash_attention_backward(dqkv, Dscr, g, qkv, y, lse, B, T, C, NH, dt, NULL));
-  if (dt == TD_BF16) {
-    /* A/B: the same calls on the earlier wmma kernels (the rows above are
-     * the FlashAttention-2 kernels where the head size allows), then the
-     * one-pass backward */
-    const char *prev = getenv("TANDEM_CUDA_ATTENTION");
-    char *saved = prev ? strdup(prev) : NULL;
-    setenv("TANDEM_CUDA_ATTENTION", "wmma", 1);
-    BENCH("flash attention forward (wmma)", (N * 3 * C + nc) * es, att_flops,
-          td_cuda_flash_attention_forward(y, lse, qkv, B, T, C, NH, dt, NULL));
-    BENCH("flash attention backward (wmma)", (N * 3 * C * 3 + nc * 2) * es, 2.5 * att_flops,
-          td_cuda_flash_attention_backward(dqkv, Dscr, g, qkv, y, lse, B, T, C, NH, dt, NULL));
-    /* and FlashAttention-2's backward in one pass (dQ's parts stored, then summed) */
-    setenv("TANDEM_CUDA_ATTENTION", "onepass", 1);
+  if (dt == TD_BF16) /* A/B: FlashAttention-2's backward in one pass (dQ's parts stored, then summed) */
     BENCH("flash attention backward (one-pass)", (N * 3 * C * 3 + nc * 2) * es, 2.5 * att_flops,
-          td_cuda_flash_attention_backward(dqkv, Dscr, g, qkv, y, lse, B, T, C, NH, dt, NULL));
-    if (saved)
-      setenv("TANDEM_CUDA_ATTENTION", saved, 1);
-    else
-      unsetenv("TANDEM_CUDA_ATTENTION");
-    free(saved);
-  }
+          td_cuda_flash_attention_backward_ex(dqkv, Dscr, g, qkv, y, lse, B, T, C, NH, dt, TD_CUDA_ATTENTION_ONEPASS,
+                                              NULL));
   size_t natt = (size_t)B * NH * T * T;
   float *att = NULL, *scr = NULL;
   if (cudaMalloc((void **)&att, natt * 4) == cudaSuccess && cudaMalloc((void **)&scr, natt * 4) == cudaSuccess) {

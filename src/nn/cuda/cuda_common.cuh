@@ -25,7 +25,7 @@ extern "C" td_status td_error(td_status status, const char *fmt, ...) __attribut
 /* under the emulator, tests/cudaemu/include/cuda_emu.h defines these */
 #define TD_CUDA_LAUNCH(kernel, grid, block, smem, stream, ...) \
   kernel<<<(grid), (block), (smem), (cudaStream_t)(stream)>>>(__VA_ARGS__)
-#define TD_DYNAMIC_SMEM(T, name) extern __shared__ __align__(128) T name[] /* wmma needs 32 B */
+#define TD_DYNAMIC_SMEM(T, name) extern __shared__ __align__(128) T name[] /* cp.async/ldmatrix: 16 B */
 #endif
 
 /* A CUDA runtime call that must succeed; on failure return TD_ERR_SYSTEM

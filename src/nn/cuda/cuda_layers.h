@@ -137,7 +137,7 @@ td_status td_cuda_matmul_backward(void *dinp /* (N, IC) or NULL */, void *dweigh
  *    column-sum kernel for both (the A/B of bench/cuda_kernels.sh).
  * Other flags, or pre_gelu / dbias_gelu without what they need:
  * TD_ERR_INVALID_ARGUMENT. */
-enum { TD_CUDA_DINP_OVERWRITE = 1, TD_CUDA_DBIAS_COLUMN_SUM = 2 };
+enum { TD_CUDA_DINP_OVERWRITE = 1, TD_CUDA_DBIAS_COLUMN_SUM = 2, TD_CUDA_ATTENTION_ONEPASS = 4 };
 td_status td_cuda_matmul_backward_ex(void *dinp /* (N, IC) or NULL */, void *dweight /* (OC, IC) or NULL */,
                                      void *dbias /* (OC) or NULL */, const void *dout /* (N, OC) */,
                                      const void *inp /* (N, IC) */, const void *weight /* (OC, IC) */,
@@ -171,14 +171,12 @@ td_status td_cuda_attention_backward(void *dinp /* (B, T, 3C) */, float *scratch
  * without the (B, NH, T, T) caches: forward keeps lse, the log-sum-exp of
  * each query row's scaled scores (f32, (B, NH, T)); backward reads the
  * forward's out and lse and needs a scratch of
- * td_cuda_flash_attention_backward_scratch_floats(B, T, C, NH) floats. Head
- * sizes (C / NH) 8, 16, 24, 32, 48, 64; others TD_ERR_INVALID_ARGUMENT.
- * Deterministic (no float atomics: fixed orders of addition). bf16 at head
- * sizes 16-64 with 16-byte aligned rows runs FlashAttention-2's kernels
- * (flash_attention_mma.cu) unless TANDEM_CUDA_ATTENTION, read at each call,
- * asks for the wmma ones (wmma) or FlashAttention-2's backward in one pass
- * (onepass; its scratch is larger, so set it before sizing the scratch): A/B
- * switches. */
+ * td_cuda_flash_attention_backward_scratch_floats(B, T, C, NH, flags)
+ * floats. Head sizes (C / NH) 8, 16, 24, 32, 48, 64; others
+ * TD_ERR_INVALID_ARGUMENT. Deterministic (no float atomics: fixed orders of
+ * addition). bf16 at head sizes 16, 32, 48, 64 with 16-byte aligned rows
+ * runs FlashAttention-2's kernels (flash_attention_mma.cu), everything else
+ * the CUDA-core ones. The launchers read no environment. */
 td_status td_cuda_flash_attention_forward(void *out /* (B, T, C) */, float *lse /* (B, NH, T) */,
                                           const void *inp /* (B, T, 3C) */, int B, int T, int C, int NH,
                                           td_dtype dtype, void *stream);
@@ -186,24 +184,34 @@ td_status td_cuda_flash_attention_backward(void *dinp /* (B, T, 3C) */, float *s
                                            const void *dout /* (B, T, C) */, const void *inp /* (B, T, 3C) */,
                                            const void *out /* (B, T, C) */, const float *lse /* (B, NH, T) */, int B,
                                            int T, int C, int NH, td_dtype dtype, void *stream);
-/* The backward with flags TD_CUDA_DINP_OVERWRITE (above): dinp = the
- * gradient, not read first (the FlashAttention-2 kernels write it; the
- * others zero it, then add); other flags TD_ERR_INVALID_ARGUMENT. */
+/* The backward with flags:
+ *  - TD_CUDA_DINP_OVERWRITE (above): dinp = the gradient, not read first
+ *    (the FlashAttention-2 kernels write it; the others zero it, then add);
+ *  - TD_CUDA_ATTENTION_ONEPASS: FlashAttention-2's backward in one pass
+ *    (each key block's part of each dQ tile stored, then summed in order;
+ *    the A/B beside the default two passes) where those kernels run; the
+ *    scratch must have been sized with this flag too.
+ * Other flags TD_ERR_INVALID_ARGUMENT. */
 td_status td_cuda_flash_attention_backward_ex(void *dinp /* (B, T, 3C) */, float *scratch, const void *dout,
                                               const void *inp, const void *out, const float *lse, int B, int T, int C,
                                               int NH, td_dtype dtype, int flags, void *stream);
-/* Floats of td_cuda_flash_attention_backward's scratch: D (B, NH, T), and
- * under TANDEM_CUDA_ATTENTION=onepass the one-pass backward's dQ parts; 0
- * for an empty shape. */
-size_t td_cuda_flash_attention_backward_scratch_floats(int B, int T, int C, int NH);
+/* Floats of td_cuda_flash_attention_backward's scratch for a backward run
+ * with these flags: D (B, NH, T), and with TD_CUDA_ATTENTION_ONEPASS the
+ * one-pass backward's dQ parts (~430 MB at GPT-2 124M's shape); 0 for an
+ * empty shape. Other flags do not change it. */
+size_t td_cuda_flash_attention_backward_scratch_floats(int B, int T, int C, int NH, int flags);
 /* Which attention path a model with this head size should take:
  * *fused_out = 1 for the fused kernels, 0 for the unfused pair. The fused
  * path unless TANDEM_CUDA_ATTENTION=unfused or the head size is not one the
- * fused kernels take; TANDEM_CUDA_ATTENTION=fused (or wmma: the fused path
- * on the earlier wmma kernels, for A/B runs) with such a head size, or
- * any other value, is TD_ERR_INVALID_ARGUMENT with the reason. Reads the
- * environment on every call (call it when the model is created). */
+ * fused kernels take; TANDEM_CUDA_ATTENTION=fused (or onepass) with such a
+ * head size, or any other value, is TD_ERR_INVALID_ARGUMENT with the reason.
+ * Reads the environment on every call (call it when the model is created). */
 td_status td_cuda_attention_fused(int head_size, int *fused_out);
+/* The flags a model passes to td_cuda_flash_attention_backward_ex and its
+ * scratch size: TD_CUDA_ATTENTION_ONEPASS when TANDEM_CUDA_ATTENTION=onepass,
+ * else 0; a value td_cuda_attention_fused refuses is refused here too.
+ * Reads the environment on every call (call it when the model is created). */
+td_status td_cuda_attention_backward_flags(int *flags_out);
 
 /* Softmax cross-entropy fused with its backward, in place (llm.c's
  * fused_classifier): losses[n] = -log softmax(logits[n])[targets[n]] (f32),

@@ -1,8 +1,6 @@
 /* Fused causal attention on the tensor cores, FlashAttention-2's design
  * (Dao, 2023) for bf16 inputs with head sizes 16, 32, 48 and 64: the
- * default fused path for those (flash_attention.cu chooses it;
- * TANDEM_CUDA_ATTENTION=wmma takes the earlier wmma kernels instead, for
- * A/B runs). Same contract as flash_attention.cu's kernels: qkv (B, T, 3C),
+ * default fused path for those (flash_attention.cu chooses it). Same contract as flash_attention.cu's kernels: qkv (B, T, 3C),
  * out (B, T, C), lse (B, NH, T) in natural-log units, dqkv += the gradient.
  *
  * Products are mma.sync m16n8k16 (bf16 in, f32 accumulation) through

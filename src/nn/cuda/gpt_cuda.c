@@ -172,6 +172,7 @@ typedef struct gpt_cuda {
   td_dtype dtype;             /* of params, grads and activations: TD_F32 or TD_BF16 (td_gpt_set_device_dtype) */
   size_t es;                  /* its size in bytes */
   int fused_attention;        /* td_cuda_attention_fused for this head size */
+  int attention_flags;        /* td_cuda_attention_backward_flags: its scratch and its backward */
   int ckpt;                   /* activation checkpointing: the per-layer buffers hold one layer (slot 0) */
   cuda_acts acts;
   int last_B;
@@ -318,7 +319,8 @@ static size_t acts_plan(cuda_acts *a, const gpt_cuda *gc, const td_gpt_config *c
   /* the fused backward's scratch (D; the one-pass backward's dQ parts);
    * the unfused one's is the size of its cache */
   TAKE(a->att_scratch, float,
-       gc->fused_attention ? td_cuda_flash_attention_backward_scratch_floats(B, c->seq, (int)Ca, heads_local(gc, c))
+       gc->fused_attention ? td_cuda_flash_attention_backward_scratch_floats(B, c->seq, (int)Ca, heads_local(gc, c),
+                                                                             gc->attention_flags)
                            : att);
   TAKE(a->ln_scratch, float, td_cuda_layernorm_backward_scratch_floats((int)BT, (int)C));
   TAKE(a->tokens, int32_t, BT);
@@ -857,7 +859,7 @@ blocks:
     /* the attention's input gradient: written (fused), or accumulated into zeros (unfused) */
     if (gc->fused_attention) {
       RUN(td_cuda_flash_attention_backward_ex(a->dbuf_3c, a->att_scratch, a->dbuf_c, qkv, atty, attc, B, T, Ca, NHl,
-                                              dt, TD_CUDA_DINP_OVERWRITE, s));
+                                              dt, TD_CUDA_DINP_OVERWRITE | gc->attention_flags, s));
     } else {
       RUN(td_memset0_async(a->dbuf_3c, sBT * 3 * Ca * es, st));
       RUN(td_cuda_attention_backward(a->dbuf_3c, a->att_scratch, a->dbuf_c, qkv, attc, B, T, Ca, NHl, dt, s));
@@ -1028,6 +1030,7 @@ td_status nn_gpt_cuda_attach(td_model *model, td_device dev) {
   gc->tab = model->tensors;
   gc->n_params = model->n_params;
   td_status st = td_cuda_attention_fused(c->channels / c->heads, &gc->fused_attention);
+  if (st == TD_OK) st = td_cuda_attention_backward_flags(&gc->attention_flags);
   if (st == TD_OK) st = td_stream_create(dev, &gc->stream);
   if (st == TD_OK) st = td_event_create(dev, &gc->ready_event);
   if (st != TD_OK) {

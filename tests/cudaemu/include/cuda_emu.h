@@ -19,7 +19,7 @@
  *    memory would on a GPU); dynamic shared memory through TD_DYNAMIC_SMEM;
  *  - atomics are plain read-modify-writes (fibers never interleave inside
  *    one), __ldg a plain load, math intrinsics their libm functions.
- * mma.h (wmma) and cublasLt.h beside it are reference versions with the
+ * cublasLt.h beside it is a reference version with the
  * real semantics; the sm_80 warp-level instructions that
  * src/nn/cuda/mma_sm80.cuh wraps (mma.sync m16n8k16 bf16, ldmatrix .x4 and
  * .x4.trans) are emulated with PTX's documented per-lane fragment layout
