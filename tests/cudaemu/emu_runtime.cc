@@ -4,9 +4,11 @@
  * Launch: blocks run one after another on the calling thread. A block's
  * threads are fibers (own 256 KiB stack with a guard page, switched by a
  * few instructions of assembly: no system call per switch, unlike
- * swapcontext). The scheduler runs every runnable fiber until it yields at
- * a barrier or returns, then releases a warp whose live threads all wait at
- * a warp barrier, else the block if all its live threads wait at
+ * swapcontext). Each phase runs every runnable fiber until it yields at
+ * a barrier or returns (a yielding fiber switches straight to the next
+ * runnable one of the phase, the last back to the scheduler: one switch per
+ * yield, not two), then the scheduler releases a warp whose live threads all
+ * wait at a warp barrier, else the block if all its live threads wait at
  * __syncthreads, else reports a deadlock (threads at different barriers).
  * Threads that returned do not hold barriers up (as on Volta and later).
  * ASan is told about each switch (__sanitizer_*_switch_fiber), so the
@@ -75,7 +77,12 @@ struct fiber {
   fiber_state state = DONE;
   uint3 tid{};
   unsigned linear = 0;
-  uint64_t slot = 0; /* shuffle deposit */
+  /* shuffle and ballot deposits: exchange number n (n_exchanges counts
+   * them) writes slot[n % 2], so that a lane that has read exchange n and
+   * runs on to n + 1 leaves n's deposit to the lanes that still read it
+   * (a lane reaches n + 2 only after every lane has passed n + 1's barrier) */
+  uint64_t slot[2] = {0, 0};
+  unsigned n_exchanges = 0;
   alignas(16) unsigned char box[64]; /* lane_box: warp-collective instructions' deposit */
   cp_async_queue cp{};                /* this thread's cp.async copies not yet done */
   void *fake_stack = nullptr;
@@ -88,8 +95,12 @@ struct sched {
   void *sched_fake = nullptr;
   const void *sched_stack_bottom = nullptr;
   size_t sched_stack_size = 0;
+  const void *from_bottom = nullptr; /* td_emu_fiber_entry: the stack it was entered from */
+  size_t from_size = 0;
   void (*body)(void *) = nullptr;
   void *ctx = nullptr;
+  unsigned n_threads = 0, phase = 0; /* the block being run and its phase (runnable_from) */
+  bool from_sched = false;           /* the fiber being entered is entered from the scheduler */
   std::vector<char> smem;
   bool in_launch = false;
   char fault[200] = ""; /* fault(): what a GPU would stop the kernel for */
@@ -138,8 +149,22 @@ size_t page_size() {
   return p;
 }
 
+/* The first runnable fiber at position k or later of this phase's order:
+ * by thread index on even phases, backwards on odd ones (a thread that runs
+ * ahead of the others in one order lags in the next). nullptr: none left. */
+fiber *runnable_from(sched *s, unsigned k) {
+  for (; k < s->n_threads; k++) {
+    fiber *f = &s->fibers[(s->phase & 1) ? s->n_threads - 1 - k : k];
+    if (f->state == RUNNABLE) return f;
+  }
+  return nullptr;
+}
+
+/* From the scheduler into the phase's first runnable fiber; returns when
+ * the phase's last one yields. */
 void switch_into(sched *s, fiber *f) {
   s->current = f;
+  s->from_sched = true;
   thread_idx = f->tid;
 #if EMU_ASAN
   __sanitizer_start_switch_fiber(&s->sched_fake, f->stack + page_size(), kStackBytes);
@@ -151,16 +176,28 @@ void switch_into(sched *s, fiber *f) {
   s->current = nullptr;
 }
 
-/* From a fiber back to the scheduler; returns when the fiber is resumed. */
+/* From a fiber to the next runnable fiber of the phase, or back to the
+ * scheduler after the last; returns when the fiber is resumed. */
 void yield(fiber_state why) {
   sched *s = tls_sched;
   fiber *f = s->current;
   f->state = why;
+  fiber *next = runnable_from(s, ((s->phase & 1) ? s->n_threads - 1 - f->linear : f->linear) + 1);
+  if (next) {
+    s->current = next;
+    s->from_sched = false;
+    thread_idx = next->tid;
 #if EMU_ASAN
-  __sanitizer_start_switch_fiber(why == DONE ? nullptr : &f->fake_stack, s->sched_stack_bottom,
-                                 s->sched_stack_size);
+    __sanitizer_start_switch_fiber(why == DONE ? nullptr : &f->fake_stack, next->stack + page_size(), kStackBytes);
 #endif
-  td_emu_switch(&f->sp, s->sched_sp);
+    td_emu_switch(&f->sp, next->sp);
+  } else {
+#if EMU_ASAN
+    __sanitizer_start_switch_fiber(why == DONE ? nullptr : &f->fake_stack, s->sched_stack_bottom,
+                                   s->sched_stack_size);
+#endif
+    td_emu_switch(&f->sp, s->sched_sp);
+  }
 #if EMU_ASAN
   __sanitizer_finish_switch_fiber(f->fake_stack, nullptr, nullptr);
 #endif
@@ -169,7 +206,15 @@ void yield(fiber_state why) {
 extern "C" void td_emu_fiber_entry() {
   sched *s = tls_sched;
 #if EMU_ASAN
-  __sanitizer_finish_switch_fiber(nullptr, &s->sched_stack_bottom, &s->sched_stack_size);
+  /* the stack switched from: the scheduler's (kept: the last fiber of a
+   * phase switches back to it), or another fiber's. (Into the scheduler's
+   * fields, not locals: this frame never returns, and a local whose
+   * address ASan saw would leave its redzones poisoned on the stack.) */
+  __sanitizer_finish_switch_fiber(nullptr, &s->from_bottom, &s->from_size);
+  if (s->from_sched) {
+    s->sched_stack_bottom = s->from_bottom;
+    s->sched_stack_size = s->from_size;
+  }
 #endif
   s->body(s->ctx);
   yield(DONE);
@@ -204,6 +249,7 @@ void fiber_prepare(fiber *f) {
   for (int i = 0; i < 6; i++) *--sp = nullptr;  /* rbp rbx r12 r13 r14 r15 */
   f->sp = sp;
   f->cp.n_ops = f->cp.n_committed = f->cp.n_groups = 0; /* a block's copies end with it */
+  f->n_exchanges = 0;
   f->state = RUNNABLE;
   f->fake_stack = nullptr;
 }
@@ -223,11 +269,10 @@ bool run_block(sched *s, unsigned n_threads, const launch_cfg &cfg) {
     f->tid.y = (i / cfg.block.x) % cfg.block.y;
     f->tid.z = i / (cfg.block.x * cfg.block.y);
   }
+  s->n_threads = n_threads;
   for (unsigned phase = 0;; phase++) {
-    for (unsigned k = 0; k < n_threads; k++) {
-      fiber *f = &s->fibers[(phase & 1) ? n_threads - 1 - k : k];
-      if (f->state == RUNNABLE) switch_into(s, f);
-    }
+    s->phase = phase;
+    if (fiber *first = runnable_from(s, 0)) switch_into(s, first);
     if (s->fault[0]) {
       fprintf(stderr, "cudaemu: %s:%d: kernel %s, block (%u,%u,%u): %s\n", cfg.file, cfg.line, cfg.name, block_idx.x,
               block_idx.y, block_idx.z, s->fault);
@@ -354,28 +399,35 @@ void sync_block() { yield(AT_BLOCK_BARRIER); }
 void sync_warp() { yield(AT_WARP_BARRIER); }
 unsigned lane() { return tls_sched->current->linear % 32; }
 
+/* Lane idx's deposit for exchange n, when that lane took part in it (it
+ * made n + 1 exchanges or more: a lane that returned before, or waits at
+ * another warp barrier, did not). */
+const uint64_t *deposit(sched *s, unsigned idx, unsigned n) {
+  if (idx >= s->n_threads) return nullptr;
+  const fiber &g = s->fibers[idx];
+  return g.n_exchanges > n ? &g.slot[n % 2] : nullptr;
+}
+
 uint64_t warp_exchange(uint64_t mine, unsigned src) {
   sched *s = tls_sched;
   fiber *f = s->current;
-  f->slot = mine;
+  unsigned n = f->n_exchanges++;
+  f->slot[n % 2] = mine;
   yield(AT_WARP_BARRIER);
-  unsigned base = f->linear & ~31u, n = (unsigned)(block_dim.x * block_dim.y * block_dim.z);
-  unsigned idx = base + (src & 31u);
-  uint64_t v = mine;
-  if (idx < n && s->fibers[idx].state != DONE) v = s->fibers[idx].slot;
-  yield(AT_WARP_BARRIER);
-  return v;
+  const uint64_t *v = deposit(s, (f->linear & ~31u) + (src & 31u), n);
+  return v ? *v : mine;
 }
 
 unsigned warp_ballot(int pred) {
   sched *s = tls_sched;
   fiber *f = s->current;
-  f->slot = pred != 0;
+  unsigned n = f->n_exchanges++, base = f->linear & ~31u, bits = 0;
+  f->slot[n % 2] = pred != 0;
   yield(AT_WARP_BARRIER);
-  unsigned base = f->linear & ~31u, n = (unsigned)(block_dim.x * block_dim.y * block_dim.z), bits = 0;
-  for (unsigned i = 0; i < 32 && base + i < n; i++)
-    if (s->fibers[base + i].state != DONE && s->fibers[base + i].slot) bits |= 1u << i;
-  yield(AT_WARP_BARRIER);
+  for (unsigned i = 0; i < 32; i++) {
+    const uint64_t *v = deposit(s, base + i, n);
+    if (v && *v) bits |= 1u << i;
+  }
   return bits;
 }
 

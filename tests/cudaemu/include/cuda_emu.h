@@ -69,7 +69,9 @@ void sync_block();
 void sync_warp();
 unsigned lane();
 /* Deposit `mine`, wait for the warp, return lane `src`'s deposit (own value
- * when src is not a live lane), wait again (so that deposits stay until read). */
+ * when src is not a lane that took part: one that returned, or is past the
+ * block's end). One wait: deposits alternate between two slots, so that a
+ * lane running on to its next exchange keeps this one's for the others. */
 uint64_t warp_exchange(uint64_t mine, unsigned src);
 /* Deposit pred, wait for the warp, return the bit mask of lanes with pred != 0. */
 unsigned warp_ballot(int pred);
