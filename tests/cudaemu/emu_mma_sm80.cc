@@ -15,9 +15,10 @@
  *    r[i] = M_i[2t][g], M_i[2t+1][g].
  * cp.async (16 bytes, zero-fill), commit_group and wait_group queue each
  * thread's copies and do them at the wait that completes their group.
- * Each warp-level instruction deposits the lane's operands in its lane_box, waits for
- * the warp, reads what it needs from the other lanes' boxes and waits again
- * (the deposit stays until every lane has read it). Products: exact products
+ * Each warp-level instruction deposits the lane's operands in its lane box
+ * (lane_box_mine), waits for the warp and reads what it needs from the other
+ * lanes' boxes (two boxes a lane, used in turn: the deposit stays until every
+ * lane has read it). Products: exact products
  * of bf16 values, summed in f32 in k order (the tensor cores' internal order
  * and rounding differ in the last bits; the kernels' tests bound them). */
 #include <cuda_emu.h>
@@ -33,7 +34,7 @@ struct mma_box {
 
 void mma_m16n8k16_bf16(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]) {
   unsigned me = lane(), g = me / 4, t = me % 4;
-  mma_box *mine = (mma_box *)lane_box(me);
+  mma_box *mine = (mma_box *)lane_box_mine();
   memcpy(mine->a, a, sizeof mine->a);
   memcpy(mine->b, b, sizeof mine->b);
   float cin[4] = {c[0], c[1], c[2], c[3]}; /* d may alias c */
@@ -66,14 +67,13 @@ void mma_m16n8k16_bf16(float d[4], const uint32_t a[4], const uint32_t b[2], con
       for (int k = 0; k < 16; k++) s += arow[half][k] * bcol[j][k];
       d[2 * half + j] = s;
     }
-  sync_warp();
 }
 
 void ldmatrix_x4(uint32_t r[4], const void *row, bool trans) {
   unsigned me = lane(), g = me / 4, t = me % 4;
   if ((uintptr_t)row % 16)
     fault("ldmatrix: lane %u's row address %p is not 16-byte aligned (misaligned address on a GPU)", me, row);
-  memcpy(lane_box(me), &row, sizeof row);
+  memcpy(lane_box_mine(), &row, sizeof row);
   sync_warp();
   for (int i = 0; i < 4; i++) {
     unsigned short lo, hi;
@@ -89,7 +89,6 @@ void ldmatrix_x4(uint32_t r[4], const void *row, bool trans) {
     }
     r[i] = (uint32_t)lo | (uint32_t)hi << 16;
   }
-  sync_warp();
 }
 
 void cp_async16(void *dst, const void *src) {

@@ -83,7 +83,10 @@ struct fiber {
    * (a lane reaches n + 2 only after every lane has passed n + 1's barrier) */
   uint64_t slot[2] = {0, 0};
   unsigned n_exchanges = 0;
-  alignas(16) unsigned char box[64]; /* lane_box: warp-collective instructions' deposit */
+  /* lane_box: warp-collective instructions' deposits, alternating as the
+   * slots above do (collective n uses box[n % 2]) */
+  alignas(16) unsigned char box[2][64];
+  unsigned n_collectives = 0;
   cp_async_queue cp{};                /* this thread's cp.async copies not yet done */
   void *fake_stack = nullptr;
 };
@@ -249,7 +252,7 @@ void fiber_prepare(fiber *f) {
   for (int i = 0; i < 6; i++) *--sp = nullptr;  /* rbp rbx r12 r13 r14 r15 */
   f->sp = sp;
   f->cp.n_ops = f->cp.n_committed = f->cp.n_groups = 0; /* a block's copies end with it */
-  f->n_exchanges = 0;
+  f->n_exchanges = f->n_collectives = 0;
   f->state = RUNNABLE;
   f->fake_stack = nullptr;
 }
@@ -433,15 +436,21 @@ unsigned warp_ballot(int pred) {
 
 void *dynamic_smem() { return tls_sched->smem.data(); }
 
+void *lane_box_mine() {
+  fiber *f = tls_sched->current;
+  return f->box[f->n_collectives++ % 2];
+}
+
 void *lane_box(unsigned src) {
   sched *s = tls_sched;
-  unsigned idx = (s->current->linear & ~31u) + (src & 31u), n = block_dim.x * block_dim.y * block_dim.z;
-  if (idx >= n || s->fibers[idx].state == DONE) {
+  fiber *f = s->current;
+  unsigned idx = (f->linear & ~31u) + (src & 31u), n = f->n_collectives - 1;
+  if (idx >= s->n_threads || s->fibers[idx].n_collectives <= n) {
     fault("a warp-collective instruction (mma.sync, ldmatrix) without lane %u of the warp: every lane must take part",
           src & 31u);
-    return s->current->box;
+    return f->box[n % 2];
   }
-  return s->fibers[idx].box;
+  return s->fibers[idx].box[n % 2];
 }
 
 cp_async_queue *cp_async_mine() { return &tls_sched->current->cp; }

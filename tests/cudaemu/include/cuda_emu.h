@@ -76,10 +76,13 @@ uint64_t warp_exchange(uint64_t mine, unsigned src);
 /* Deposit pred, wait for the warp, return the bit mask of lanes with pred != 0. */
 unsigned warp_ballot(int pred);
 void *dynamic_smem();
-/* Lane `src`'s 64-byte box in the caller's warp (src = lane(): its own).
- * Warp-collective instructions (emu_mma_sm80.cc) are: write the own box,
- * sync_warp(), read the others' boxes, sync_warp() (so that no lane
- * overwrites its box before every lane has read it). */
+/* Warp-collective instructions (emu_mma_sm80.cc) are: lane_box_mine() (the
+ * caller's 64-byte box for its next collective) written, sync_warp(), then
+ * lane_box(src) read: lane src's box of that collective (a fault when lane
+ * src did not take part). One wait: each lane's boxes alternate between two,
+ * so that a lane running on to its next collective keeps this one's for the
+ * others (a lane reaches collective n + 2 only after every lane passed n + 1's wait). */
+void *lane_box_mine();
 void *lane_box(unsigned src);
 /* Record what a GPU would stop the kernel for (a misaligned ldmatrix row,
  * a warp-collective instruction missing lanes): the launch fails with
