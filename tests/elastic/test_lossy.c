@@ -88,7 +88,10 @@ static void config_cases(void) {
   unsetenv("TANDEM_EVICT_STALL");
   unsetenv("TANDEM_EVICT_CLEAN");
   CHECK_OK(el_lossy_config(&c));
-  CHECK(c.on && c.window_s == 1.0 && c.min_retrans == 3 && c.stall_s == 1.0 && c.clean_s == 3.0);
+  CHECK(!c.on && c.window_s == 1.0 && c.min_retrans == 3 && c.stall_s == 1.0 && c.clean_s == 3.0);
+  setenv("TANDEM_EVICT", "1", 1);
+  CHECK_OK(el_lossy_config(&c));
+  CHECK(c.on);
   setenv("TANDEM_EVICT", "0", 1);
   CHECK_OK(el_lossy_config(&c));
   CHECK(!c.on);

@@ -47,7 +47,8 @@ sshhosts_add b $Bh
 netns_add_host l 10.77.17.9
 export TANDEM_PROGRESS=plain TANDEM_HEARTBEAT_TIMEOUT=2 TANDEM_HEARTBEAT_INTERVAL=0.25 TANDEM_HEARTBEAT_MIN_TIMEOUT=0.5
 export TANDEM_ELASTIC_SETTLE=3 TANDEM_DISCOVERY_INTERVAL=0.1
-unset TANDEM_EVICT TANDEM_EVICT_WINDOW TANDEM_EVICT_RETRANS TANDEM_EVICT_STALL TANDEM_EVICT_CLEAN
+unset TANDEM_EVICT_WINDOW TANDEM_EVICT_RETRANS TANDEM_EVICT_STALL TANDEM_EVICT_CLEAN
+export TANDEM_EVICT=1 # opt-in (docs/elastic.md)
 ARGS="--layers 2 --channels 64 --heads 2 --seq 64 --threads 1 --sample 0 --micro-batch 3 --steps $STEPS"
 printf '%s:2\n%s:2\n' $A $Bh >"$work/hosts"
 printf '#!/bin/sh\ncat %s\n' "$work/hosts" >"$work/discover"
