@@ -96,6 +96,28 @@ count() { query "$1" | grep -o '"value":\[' | wc -l; }
 # has_data ANSWER: a successful query whose result is not empty
 has_data() { [[ $1 == *'"status":"success"'* && $1 != *'"result":[]'* ]]; }
 
+# dashboard_has_data REGEX N: the shipped Grafana dashboard has at least N
+# expressions matching REGEX, and each returns data (a few tries: a scrape
+# that timed out on a loaded machine leaves a gap, and a [1m] rate needs
+# two scrapes).
+dashboard_has_data() {
+  python3 -c 'import json,re,sys
+for p in json.load(open(sys.argv[1]))["panels"]:
+    for t in p["targets"]:
+        e = t["expr"].replace("$job", "tandem")
+        if re.search(sys.argv[2], e): print(e)' "$(dirname "$0")/../../examples/grafana/tandem.json" "$1" >"$work/exprs"
+  [ "$(wc -l <"$work/exprs")" -ge "$2" ] || fail "fewer than $2 dashboard expressions match $1"
+  local expr got
+  while read -r expr; do
+    got=0
+    for _ in $(seq 20); do
+      has_data "$(query "$expr")" && { got=1; break; }
+      sleep 0.5
+    done
+    [ $got = 1 ] || fail "dashboard expression returned nothing: $expr"
+  done <"$work/exprs"
+}
+
 case "$case_name" in
 job)
   # tandemrun --prometheus-port: one target for the whole job; 3 ranks (odd)
@@ -220,20 +242,7 @@ elastic)
     [ "$(count "count by (process) ($s)")" = 3 ] || { query "$s"; fail "series $s: not 3 processes"; }
   done
   # the shipped dashboard's elastic panels return data here
-  python3 -c 'import json,sys
-for p in json.load(open(sys.argv[1]))["panels"]:
-    for t in p["targets"]:
-        e = t["expr"].replace("$job", "tandem")
-        if "elastic" in e or "job_process" in e: print(e)' "$(dirname "$0")/../../examples/grafana/tandem.json" >"$work/exprs"
-  [ "$(wc -l <"$work/exprs")" -ge 4 ] || fail "too few elastic dashboard expressions"
-  while read -r expr; do # (a scrape that timed out on a loaded machine leaves a gap: a few tries)
-    got=0
-    for _ in $(seq 20); do
-      has_data "$(query "$expr")" && { got=1; break; }
-      sleep 0.5
-    done
-    [ $got = 1 ] || fail "dashboard expression returned nothing: $expr"
-  done <"$work/exprs"
+  dashboard_has_data 'elastic|job_process' 4
   kill -TERM $train
   for _ in $(seq 20); do kill -0 $train 2>/dev/null || break; sleep 0.5; done
   echo "prometheus followed the elastic job through a fault and a replacement"
@@ -413,22 +422,8 @@ heartbeat)
     sleep 0.5
   done
   [ "$(count 'rate(tandem_heartbeats_received_total[5s]) > 0')" = 2 ] || fail "heartbeat counts do not grow"
-  # the shipped dashboard's heartbeat panel returns data here (its [1m]
-  # rates need two scrapes: a few tries)
-  python3 -c 'import json,sys
-for p in json.load(open(sys.argv[1]))["panels"]:
-    for t in p["targets"]:
-        e = t["expr"].replace("$job", "tandem")
-        if "heartbeat" in e: print(e)' "$(dirname "$0")/../../examples/grafana/tandem.json" >"$work/exprs"
-  [ "$(wc -l <"$work/exprs")" -ge 2 ] || fail "too few heartbeat dashboard expressions"
-  while read -r expr; do
-    got=0
-    for _ in $(seq 20); do
-      has_data "$(query "$expr")" && { got=1; break; }
-      sleep 0.5
-    done
-    [ $got = 1 ] || fail "dashboard expression returned nothing: $expr"
-  done <"$work/exprs"
+  # the shipped dashboard's heartbeat panel returns data here
+  dashboard_has_data 'heartbeat' 2
   kill -TERM $train
   echo "prometheus scraped both ranks' heartbeat round trips and counts"
   ;;

@@ -23,20 +23,9 @@
 
 #include "../common/check.h"
 #include "comm/transport/tcp/heartbeat.h"
+#include "hb_test_util.h"
 
 #define HASH 0xfeedfacecafebeefull
-
-static int listener(int *port) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  CHECK(fd >= 0);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  CHECK(bind(fd, (struct sockaddr *)&a, sizeof a) == 0);
-  CHECK(listen(fd, 1) == 0);
-  socklen_t len = sizeof a;
-  CHECK(getsockname(fd, (struct sockaddr *)&a, &len) == 0);
-  *port = ntohs(a.sin_port);
-  return fd;
-}
 
 static void fill(float *g, int n, float v) {
   for (int i = 0; i < n; i++) g[i] = v;
@@ -98,7 +87,7 @@ static void beats(tcp_heartbeat *from, tcp_heartbeat *to, int n, double now) {
 
 static void sockets(void) {
   int p0 = 0, p1 = 0, p2 = 0;
-  int l0 = listener(&p0), l1 = listener(&p1), l2 = listener(&p2);
+  int l0 = hbt_listener(&p0), l1 = hbt_listener(&p1), l2 = hbt_listener(&p2);
   tcp_heartbeat *hb0 = NULL, *hb1 = NULL, *fixed = NULL;
   bool taken = false;
   /* hb0 (adaptive) and fixed are both rank 0 of the communicator; hb1 is rank 1 and beats to both. */
@@ -142,7 +131,7 @@ static void sockets(void) {
    * from the window hb0 closed with: the same timeout before any beat. */
   heartbeat_close(hb0);
   close(l0);
-  int p3 = 0, l3 = listener(&p3);
+  int p3 = 0, l3 = hbt_listener(&p3);
   tcp_heartbeat *next = NULL;
   CHECK_OK(heartbeat_open(l3, 0, 2, HASH, &next, &taken));
   heartbeat_set_adaptive(next, 0.01, 0.5);

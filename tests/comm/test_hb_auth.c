@@ -21,33 +21,12 @@
 
 #include "../common/check.h"
 #include "comm/transport/tcp/heartbeat.h"
+#include "hb_test_util.h"
 #include "net/net.h"
 
 #include <sodium.h>
 
 #define HASH 0x1234567890abcdefull
-
-/* A TCP listener on 127.0.0.1 (the heartbeat binds beside it); its port. */
-static int listener(int *port) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  CHECK(fd >= 0);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  CHECK(bind(fd, (struct sockaddr *)&a, sizeof a) == 0);
-  CHECK(listen(fd, 1) == 0);
-  socklen_t len = sizeof a;
-  CHECK(getsockname(fd, (struct sockaddr *)&a, &len) == 0);
-  *port = ntohs(a.sin_port);
-  return fd;
-}
-
-static void send_to(int port, const void *buf, size_t len) {
-  int fd = socket(AF_INET, SOCK_DGRAM, 0);
-  CHECK(fd >= 0);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
-                          .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  CHECK(sendto(fd, buf, len, 0, (struct sockaddr *)&a, sizeof a) == (ssize_t)len);
-  close(fd);
-}
 
 /* Drain rank 0's socket at time now (loopback delivers at once; a short
  * pause makes sure the datagram is queued). */
@@ -57,27 +36,12 @@ static void drain_at(tcp_heartbeat *hb, double now) {
 }
 
 int main(void) {
-  CHECK(getenv("TANDEM_SECRET") != NULL);
-  CHECK_OK(net_auth_init());
-  int p0, p1;
-  int l0 = listener(&p0), l1 = listener(&p1);
-  tcp_heartbeat *hb0 = NULL, *hb1 = NULL;
-  bool taken;
-  CHECK_OK(heartbeat_open(l0, 0, 2, HASH, &hb0, &taken));
-  CHECK_OK(heartbeat_open(l1, 1, 2, HASH, &hb1, &taken));
-  char addr[64];
-  snprintf(addr, sizeof addr, "127.0.0.1:%d", p1);
-  CHECK_OK(heartbeat_set_peer(hb0, 1, addr));
-
-  /* A capture socket plays rank 0's address for rank 1, so that the test
-   * holds one genuine beat's bytes. */
-  int cap = socket(AF_INET, SOCK_DGRAM, 0);
-  struct sockaddr_in ca = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  CHECK(cap >= 0 && bind(cap, (struct sockaddr *)&ca, sizeof ca) == 0);
-  socklen_t clen = sizeof ca;
-  CHECK(getsockname(cap, (struct sockaddr *)&ca, &clen) == 0);
-  snprintf(addr, sizeof addr, "127.0.0.1:%d", ntohs(ca.sin_port));
-  CHECK_OK(heartbeat_set_peer(hb1, 0, addr));
+  /* Rank 1's beats go to a capture socket, so that the test holds one
+   * genuine beat's bytes. */
+  hbt_pair t;
+  hbt_pair_open(&t, HASH, false);
+  tcp_heartbeat *hb0 = t.hb0, *hb1 = t.hb1;
+  int p0 = t.p0, cap = t.cap;
 
   heartbeat_reset(hb0, 0.0);
   heartbeat_send(hb1, false);
@@ -86,12 +50,12 @@ int main(void) {
   CHECK_EQ_INT(got, 80);
 
   /* Genuine: heard at t = 10. */
-  send_to(p0, beat, 80);
+  hbt_send_to(p0, beat, 80);
   drain_at(hb0, 10.0);
   CHECK_CLOSE(heartbeat_silence(hb0, 1, 10.0), 0.0, 0, 1e-9);
 
   /* Replayed at t = 20: refused, silence counts from 10. */
-  send_to(p0, beat, 80);
+  hbt_send_to(p0, beat, 80);
   drain_at(hb0, 20.0);
   CHECK_CLOSE(heartbeat_silence(hb0, 1, 20.0), 10.0, 0, 1e-9);
 
@@ -105,18 +69,18 @@ int main(void) {
   memcpy(old + 8, &hash, 8);
   memcpy(old + 16, &rank, 4);
   memcpy(old + 24, &seq, 8);
-  send_to(p0, old, sizeof old);
+  hbt_send_to(p0, old, sizeof old);
   /* The new format with a made-up MAC, and a genuine beat with a later
    * sequence and the failed flag set but its old MAC. */
   unsigned char forged[80] = {0};
   memcpy(forged, old, 32);
   memset(forged + 48, 0xa5, 32);
-  send_to(p0, forged, sizeof forged);
+  hbt_send_to(p0, forged, sizeof forged);
   unsigned char flipped[80];
   memcpy(flipped, beat, 80);
   memcpy(flipped + 4, &flags, 4);
   memcpy(flipped + 24, &seq, 8);
-  send_to(p0, flipped, sizeof flipped);
+  hbt_send_to(p0, flipped, sizeof flipped);
   drain_at(hb0, 30.0);
   CHECK_CLOSE(heartbeat_silence(hb0, 1, 30.0), 20.0, 0, 1e-9);
   CHECK_EQ_INT(heartbeat_failed_peer(hb0), -1);
@@ -126,7 +90,7 @@ int main(void) {
   heartbeat_send(hb1, false);
   got = recv(cap, beat, sizeof beat, 0);
   CHECK_EQ_INT(got, 80);
-  send_to(p0, beat, 80);
+  hbt_send_to(p0, beat, 80);
   drain_at(hb0, 40.0);
   CHECK_CLOSE(heartbeat_silence(hb0, 1, 40.0), 0.0, 0, 1e-9);
   CHECK_EQ_INT(heartbeat_lost(hb0, -1, 40.0, 15.0), -1);
@@ -143,16 +107,12 @@ int main(void) {
   crypto_auth_hmacsha256_update(&hs, (const unsigned char *)"tandem heartbeat v2", 20);
   crypto_auth_hmacsha256_update(&hs, alien, 48);
   crypto_auth_hmacsha256_final(&hs, alien + 48);
-  send_to(p0, alien, 80);
+  hbt_send_to(p0, alien, 80);
   drain_at(hb0, 50.0);
   CHECK_CLOSE(heartbeat_silence(hb0, 1, 50.0), 10.0, 0, 1e-9);
   CHECK_EQ_INT(heartbeat_failed_peer(hb0), -1);
 
-  heartbeat_close(hb0);
-  heartbeat_close(hb1);
-  close(l0);
-  close(l1);
-  close(cap);
+  hbt_pair_close(&t);
   printf("heartbeat auth ok: genuine beats taken, forged, replayed and foreign ones dropped\n");
   return 0;
 }

@@ -27,7 +27,7 @@
 
 #include "../common/check.h"
 #include "comm/transport/tcp/heartbeat.h"
-#include "net/net.h"
+#include "hb_test_util.h"
 
 #define HASH 0x0ddba11cafef00dull
 #define BEAT_BYTES 80
@@ -35,18 +35,6 @@
  * transits and the moments between each side's clock read and its send,
  * microseconds when the machine is idle, more under load. */
 #define SLACK_S 0.05
-
-static int listener(int *port) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  CHECK(fd >= 0);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  CHECK(bind(fd, (struct sockaddr *)&a, sizeof a) == 0);
-  CHECK(listen(fd, 1) == 0);
-  socklen_t len = sizeof a;
-  CHECK(getsockname(fd, (struct sockaddr *)&a, &len) == 0);
-  *port = ntohs(a.sin_port);
-  return fd;
-}
 
 static double real_s(void) {
   struct timespec ts;
@@ -76,13 +64,8 @@ static double capture(int cap, unsigned char beat[BEAT_BYTES]) {
 
 /* Forward a beat to port; returns the test's clock just before the send. */
 static double forward(int port, const unsigned char beat[BEAT_BYTES]) {
-  int fd = socket(AF_INET, SOCK_DGRAM, 0);
-  CHECK(fd >= 0);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
-                          .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  double at = real_s();
-  CHECK(sendto(fd, beat, BEAT_BYTES, 0, (struct sockaddr *)&a, sizeof a) == BEAT_BYTES);
-  close(fd);
+  double at = real_s(); /* a socket's creation after it only adds to the slack */
+  hbt_send_to(port, beat, BEAT_BYTES);
   return at;
 }
 
@@ -101,26 +84,10 @@ static void drain(tcp_heartbeat *hb, double now) {
 }
 
 int main(void) {
-  CHECK(getenv("TANDEM_SECRET") != NULL);
-  CHECK_OK(net_auth_init());
-  int p0, p1;
-  int l0 = listener(&p0), l1 = listener(&p1);
-  tcp_heartbeat *hb0 = NULL, *hb1 = NULL;
-  bool taken;
-  CHECK_OK(heartbeat_open(l0, 0, 2, HASH, &hb0, &taken));
-  CHECK_OK(heartbeat_open(l1, 1, 2, HASH, &hb1, &taken));
-  char addr[64];
-  snprintf(addr, sizeof addr, "127.0.0.1:%d", p1);
-  CHECK_OK(heartbeat_set_peer(hb0, 1, addr));
-  int cap = socket(AF_INET, SOCK_DGRAM, 0);
-  struct sockaddr_in ca = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  CHECK(cap >= 0 && bind(cap, (struct sockaddr *)&ca, sizeof ca) == 0);
-  int one = 1;
-  CHECK(setsockopt(cap, SOL_SOCKET, SO_TIMESTAMPNS, &one, sizeof one) == 0);
-  socklen_t clen = sizeof ca;
-  CHECK(getsockname(cap, (struct sockaddr *)&ca, &clen) == 0);
-  snprintf(addr, sizeof addr, "127.0.0.1:%d", ntohs(ca.sin_port));
-  CHECK_OK(heartbeat_set_peer(hb1, 0, addr));
+  hbt_pair t;
+  hbt_pair_open(&t, HASH, true);
+  tcp_heartbeat *hb0 = t.hb0, *hb1 = t.hb1;
+  int p0 = t.p0, cap = t.cap;
   unsigned char beat[BEAT_BYTES];
 
   /* Nothing measured before any beat. */
@@ -182,11 +149,7 @@ int main(void) {
   td_heartbeat_stats again = row_of(hb0);
   CHECK(again.beats == 7 && again.missed == 5 && again.rtt_samples == 6 && again.rtt_s == r.rtt_s);
 
-  heartbeat_close(hb0);
-  heartbeat_close(hb1);
-  close(l0);
-  close(l1);
-  close(cap);
+  hbt_pair_close(&t);
   printf("heartbeat round trips ok: the link's delay measured, the hold subtracted, gaps counted as missed\n");
   return 0;
 }
