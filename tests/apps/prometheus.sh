@@ -329,8 +329,9 @@ for p in json.load(open(sys.argv[1]))["panels"]:
   # loaded machine leaves a gap, hence a few tries (instead of a fixed 2 s)
   while read -r expr; do
     answer=$(query "$expr") || fail "dashboard expression rejected: $expr"
-    # (elastic and device series: the elastic case and the device tests)
-    case "$expr" in *offload*|*checkpoints*|*skipped*|*memory_limit*|*memory_share*|*elastic*|*job_process*|*device_memory*) continue ;; esac
+    # (elastic, device and TCP heartbeat series: the elastic case, the
+    # device tests and the heartbeat case; these 4 ranks share memory)
+    case "$expr" in *offload*|*checkpoints*|*skipped*|*memory_limit*|*memory_share*|*elastic*|*job_process*|*device_memory*|*heartbeat*) continue ;; esac
     got=0
     for _ in $(seq 20); do
       has_data "$answer" && { got=1; break; }
