@@ -41,6 +41,13 @@ static inline void hbt_send_to(int port, const void *buf, size_t len) {
   close(fd);
 }
 
+/* Drain hb's socket at time now: loopback delivers at once, and a short
+ * pause makes sure the datagram is queued. */
+static inline void hbt_drain(tcp_heartbeat *hb, double now) {
+  usleep(20000);
+  heartbeat_drain(hb, now);
+}
+
 /* Ranks 0 and 1 of a communicator (hash) on loopback: rank 0 beats to
  * rank 1's port (p1), rank 1 to the capture socket `cap` (kernel arrival
  * times on it when timestamps); rank 0's port is p0. Needs TANDEM_SECRET. */

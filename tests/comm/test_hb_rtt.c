@@ -78,11 +78,6 @@ static td_heartbeat_stats row_of(tcp_heartbeat *hb) {
   return row[0];
 }
 
-static void drain(tcp_heartbeat *hb, double now) {
-  usleep(20000); /* loopback delivers at once; the pause makes sure it is queued */
-  heartbeat_drain(hb, now);
-}
-
 int main(void) {
   hbt_pair t;
   hbt_pair_open(&t, HASH, true);
@@ -98,20 +93,20 @@ int main(void) {
   heartbeat_send(hb1, false);
   capture(cap, beat);
   forward(p0, beat);
-  drain(hb0, 1.0);
+  hbt_drain(hb0, 1.0);
   r = row_of(hb0);
   CHECK(r.beats == 1 && r.missed == 0 && r.rtt_samples == 0);
 
   /* A slow link: rank 1 holds rank 0's beat ~0.1 s, the link delays the
    * echoing beat ~0.2 s. */
   heartbeat_send(hb0, false);
-  drain(hb1, 1.0);
+  hbt_drain(hb1, 1.0);
   usleep(100000);
   heartbeat_send(hb1, false);
   double captured = capture(cap, beat);
   usleep(200000);
   double sent = forward(p0, beat);
-  drain(hb0, 2.0);
+  hbt_drain(hb0, 2.0);
   r = row_of(hb0);
   double delay = sent - captured;
   printf("imposed delay %.6f s, measured round trip %.6f s (hold subtracted: ~0.12 s)\n", delay, r.rtt_s);
@@ -130,7 +125,7 @@ int main(void) {
   for (int i = 0; i < 10; i++) cap_at[i] = capture(cap, beats[i]);
   double fwd_at = 0;
   for (int i = 1; i < 10; i += 2) fwd_at = forward(p0, beats[i]);
-  drain(hb0, 3.0);
+  hbt_drain(hb0, 3.0);
   r = row_of(hb0);
   printf("lossy link: %llu beats, %llu missed; last round trip %.6f s (link %.6f s), smoothed %.6f, min %.6f\n",
          (unsigned long long)r.beats, (unsigned long long)r.missed, r.rtt_s, fwd_at - cap_at[9], r.rtt_smoothed_s,
@@ -145,7 +140,7 @@ int main(void) {
   /* A replay of the last beat and the late delivery of sequence 11: no count moves. */
   forward(p0, beats[9]);
   forward(p0, beats[8]);
-  drain(hb0, 4.0);
+  hbt_drain(hb0, 4.0);
   td_heartbeat_stats again = row_of(hb0);
   CHECK(again.beats == 7 && again.missed == 5 && again.rtt_samples == 6 && again.rtt_s == r.rtt_s);
 
