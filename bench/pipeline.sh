@@ -5,7 +5,7 @@
 # bench/results/pipeline-<date>[-TAG].md.
 #
 #   bench/pipeline.sh [--rounds N] [--steps N] [--idle-steps N] [--tag TAG]
-#                     [--part all|throughput2|throughput4|idle] [--ab VAR=VALUE]
+#                     [--part all|throughput2|throughput4|idle|partition] [--ab VAR=VALUE]
 #
 # --ab VAR=VALUE: every pipeline run is made twice in each round, as the
 # environment is and then with VAR=VALUE (e.g. TANDEM_P2P_UNEXPECTED_BYTES=0,
@@ -34,6 +34,15 @@
 #    the slowest stage, so stage s idles 1 - m C_s / ((m + (p-1)/v) C_max)
 #    (equal stages: the closed forms). What is above that is transfers, the
 #    engine's own time and waiting for a core.
+# 3. partition (not in `all`): a GPT whose head outweighs a block (8 layers,
+#    vocab 8192, otherwise the reference: the head's V x C product is 2.56
+#    blocks in partition.c's model), PP=2 and PP=4 1F1B at m = 8, cut by
+#    partition_method uniform, parameters and compute; rounds alternate the
+#    order (A B C, C B A, ...). Per stage: its layers, forward + backward
+#    seconds per step (C_s) against the model's share (its blocks' and
+#    head's flops), idle; per layout: the step's seconds (the slowest
+#    rank's step_s per step, the pipeline's wall time), tokens/s and rank
+#    0's CPU ms per step. --rounds 3 at --idle-steps 3 is ~4 minutes quiet.
 #
 # The load of other users on the machine stretches every figure; the load
 # average is recorded per round. With more ranks than cores (4 ranks on 2
@@ -43,7 +52,7 @@
 set -u
 cd "$(dirname "$0")/.."
 rounds=3; steps=4; idle_steps=3; tag=""; part=all; ab=""
-usage() { echo "usage: bench/pipeline.sh [--rounds N] [--steps N] [--idle-steps N] [--tag TAG] [--part all|throughput2|throughput4|idle] [--ab VAR=VALUE]" >&2; exit 2; }
+usage() { echo "usage: bench/pipeline.sh [--rounds N] [--steps N] [--idle-steps N] [--tag TAG] [--part all|throughput2|throughput4|idle|partition] [--ab VAR=VALUE]" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
   --rounds) rounds=$2; shift 2 ;;
@@ -55,7 +64,7 @@ while [ $# -gt 0 ]; do
   *) usage ;;
   esac
 done
-case "$part" in all|throughput2|throughput4|idle) ;; *) usage ;; esac
+case "$part" in all|throughput2|throughput4|idle|partition) ;; *) usage ;; esac
 [ -z "$ab" ] || [[ "$ab" == [A-Z_]*=* ]] || { echo "bench/pipeline.sh: --ab takes VAR=VALUE, not $ab" >&2; exit 2; }
 [ "$steps" -ge 3 ] || { echo "bench/pipeline.sh: --steps must be at least 3 (tokens/s leaves out the first 2)" >&2; exit 2; }
 [ "$idle_steps" -ge 2 ] || { echo "bench/pipeline.sh: --idle-steps must be at least 2 (idle leaves out the first)" >&2; exit 2; }
@@ -207,6 +216,77 @@ if [ "$part" = all ] || [ "$part" = idle ]; then
           adj=$(tr ' ' '\n' <<<"${adjusted[$spec|$m|$s]:-}" | grep . | median)
           echo "| PP=$p $sched$([ "$v" -gt 1 ] && echo " x$v")${envs:+ $envs} | $m | $s | ${layers[$spec|$m|$s]:-} | $med | ${idle[$spec|$m|$s]:-} | $closed | $(ratio "$med" "$closed") | $adj | $(ratio "$med" "$adj") |"
         done
+      done
+    done
+  } >>"$out"
+fi
+if [ "$part" = partition ]; then
+  heavy="--layers 8 --vocab 8192 --channels 256 --heads 4 --seq 128 --threads 1 --sample 0 --micro-batch 4"
+  methods=(uniform parameters compute)
+  declare -A st=() tp=() cpu=() stg=() lay=() cs=() idl=()
+  loads=""
+  for r in $(seq 1 "$rounds"); do
+    loads+=" $(load)"
+    order=("${methods[@]}")
+    [ $((r % 2)) -eq 0 ] && order=(compute parameters uniform)
+    for p in 2 4; do
+      for meth in "${order[@]}"; do
+        # shellcheck disable=SC2086
+        if ! TANDEM_TIMEOUT=${TANDEM_TIMEOUT:-120} timeout 900 "$RUN" -np "$p" "$GPT" $heavy --steps "$idle_steps" \
+            --grad-accum 8 --pipeline-parallel "$p" --pipeline-partition "$meth" >"$log" 2>&1; then
+          echo "bench/pipeline.sh: partition p=$p $meth failed:" >&2; tail -3 "$log" >&2; exit 1
+        fi
+        k="$p|$meth"
+        worst=0
+        while read -r line; do
+          s=$(value stage <<<"$line"); n=$(value steps <<<"$line")
+          lay[$k|$s]=$(value layers <<<"$line")
+          cs[$k|$s]="${cs[$k|$s]:-} $(awk -v f="$(value forward_s <<<"$line")" -v b="$(value backward_s <<<"$line")" -v n="$n" 'BEGIN { printf "%.4f", (f + b) / n }')"
+          idl[$k|$s]="${idl[$k|$s]:-} $(value idle_fraction <<<"$line")"
+          worst=$(awk -v a="$worst" -v b="$(value step_s <<<"$line")" -v n="$n" 'BEGIN { x = b / n; printf "%.4f", (x > a ? x : a) }')
+        done < <(grep "pipeline rank=" "$log")
+        st[$k]="${st[$k]:-} $worst"
+        tp[$k]="${tp[$k]:-} $(grep "final_loss=" "$log" | value tokens_per_s)"
+        cpu[$k]="${cpu[$k]:-} $(grep "cpu_ms_per_step=" "$log" | value cpu_ms_per_step)"
+        echo "round $r: partition p=$p $meth: step ${worst}s" >&2
+      done
+    done
+  done
+  {
+    echo
+    echo "## Partition methods on a GPT whose head outweighs a block (median of $rounds rounds, $idle_steps steps each, the first left out)"
+    echo
+    echo "\\`$heavy --grad-accum 8 --pipeline-parallel P --pipeline-partition METHOD\\`; load average (1 min) at the rounds' starts:$loads."
+    echo "The model's share: each stage's flops (partition.c: a block 3(24C^2 + 2C(T+1)), the head 3 x 2CV per token) over the heaviest stage's; measured: C_s (forward + backward seconds per step) over the largest C_s."
+    echo
+    echo "| P | method | step s (median) | runs | step / uniform's | tokens/s (median) | rank 0 CPU ms/step (median) | per stage: layers, C_s s (median), measured share, model's share, idle (median) |"
+    echo "|---|---|---|---|---|---|---|---|"
+    for p in 2 4; do
+      base=$(tr ' ' '\n' <<<"${st[$p|uniform]}" | grep . | median)
+      for meth in "${methods[@]}"; do
+        k="$p|$meth"
+        med=$(tr ' ' '\n' <<<"${st[$k]}" | grep . | median)
+        cmax=0
+        for s in $(seq 0 $((p - 1))); do
+          c=$(tr ' ' '\n' <<<"${cs[$k|$s]}" | grep . | median)
+          cmax=$(awk -v a="$cmax" -v b="$c" 'BEGIN { print (b > a ? b : a) }')
+        done
+        # the model: blocks of the stage, and the head on the last
+        wmax=0
+        for s in $(seq 0 $((p - 1))); do
+          w=$(awk -v r="${lay[$k|$s]}" -v last=$((s == p - 1)) 'BEGIN { split(r, a, "-"); C = 256; T = 128; V = 8192;
+            printf "%.0f", (a[2] - a[1]) * 3 * (24 * C * C + 2 * C * (T + 1)) + (last ? 6 * C * V : 0) }')
+          wmax=$(awk -v a="$wmax" -v b="$w" 'BEGIN { print (b > a ? b : a) }')
+        done
+        stages=""
+        for s in $(seq 0 $((p - 1))); do
+          c=$(tr ' ' '\n' <<<"${cs[$k|$s]}" | grep . | median)
+          w=$(awk -v r="${lay[$k|$s]}" -v last=$((s == p - 1)) 'BEGIN { split(r, a, "-"); C = 256; T = 128; V = 8192;
+            printf "%.0f", (a[2] - a[1]) * 3 * (24 * C * C + 2 * C * (T + 1)) + (last ? 6 * C * V : 0) }')
+          i=$(tr ' ' '\n' <<<"${idl[$k|$s]}" | grep . | median)
+          stages+="$s: ${lay[$k|$s]}, $c, $(ratio "$c" "$cmax"), $(ratio "$w" "$wmax"), $i; "
+        done
+        echo "| $p | $meth | $med | ${st[$k]} | $(ratio "$med" "$base") | $(tr ' ' '\n' <<<"${tp[$k]}" | grep . | median) | $(tr ' ' '\n' <<<"${cpu[$k]}" | grep . | median) | ${stages%; } |"
       done
     done
   } >>"$out"

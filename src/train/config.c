@@ -70,9 +70,9 @@ static td_status pipeline_parallel_check(td_train_config *cfg) {
     return td_error(TD_ERR_INVALID_ARGUMENT, "pipeline schedule \"%s\": use \"1f1b\" or \"interleaved\"",
                     cfg->pipeline_schedule);
   if (cfg->pipeline_partition[0] && strcmp(cfg->pipeline_partition, "uniform") &&
-      strcmp(cfg->pipeline_partition, "parameters"))
+      strcmp(cfg->pipeline_partition, "parameters") && strcmp(cfg->pipeline_partition, "compute"))
     return td_error(TD_ERR_INVALID_ARGUMENT,
-                    "pipeline partition_method \"%s\" is not built: use \"uniform\" or \"parameters\"",
+                    "pipeline partition_method \"%s\" is not built: use \"uniform\", \"parameters\" or \"compute\"",
                     cfg->pipeline_partition);
   if (cfg->pipeline_chunks < 0 || cfg->pipeline_chunks > 64)
     return td_error(TD_ERR_INVALID_ARGUMENT, "pipeline chunks %d: must be 1 .. 64", cfg->pipeline_chunks);

@@ -15,9 +15,12 @@
  *  - for the interleaved schedule, the simulated idle fraction must equal
  *    (p-1)/(vm+p-1) (Megatron-LM's bubble) and so be below 1F1B's;
  *  - partitions against DeepSpeed's partition_uniform rule and, for the
- *    balanced one, an exhaustive search over every cut. */
+ *    balanced one, an exhaustive search over every cut; a GPT's layer
+ *    weights (parameters, compute) and cuts against numbers worked out by
+ *    hand below. */
 #include "../common/check.h"
 #include "parallel/pipeline/pipeline.h"
+#include "tandem/nn.h"
 
 enum { MAXP = 8, MAXA = 4096 };
 
@@ -410,9 +413,61 @@ static void test_partition(void) {
   printf("partition: uniform edges, %d balanced cuts equal to the exhaustive optimum\n", cases);
 }
 
+/* A GPT's layer weights and cuts, worked out by hand.
+ * V = 8192, 8 layers, C = 256, T = 128:
+ *   compute, per token, forward + backward = 3 x forward:
+ *     block  3 (24 C^2 + 2 C (T + 1)) = 3 (1572864 + 66048) = 4916736
+ *     head   3 x 2 C V = 12582912 (2.56 blocks), on the last block
+ *   PP=2: the last stage with k blocks and the head, the first with 8 - k:
+ *     k=4: 4 b + h = 32249856 (uniform's cut)
+ *     k=3: max(5 b, 3 b + h) = max(24583680, 27333120) = 27333120  <- least
+ *     k=2: max(6 b, 2 b + h) = max(29500416, 22416384) = 29500416
+ *   so first = {0, 5, 8}.
+ *   PP=4: the head alone with one block, 17499648, beats any other last
+ *   part (2 b + h = 22416384), and 7 blocks in 3 parts of at most 3
+ *   (3 b = 14750208 < 17499648 < 4 b); the earliest cuts: {0, 2, 4, 7, 8}.
+ *   parameters: block 12 C^2 + 13 C = 789760; first + V C + T C = 2919680;
+ *   last + 2 C + V C = 2887424; PP=2: 4|4 gives max(2919680 + 3 b,
+ *   3 b + 2887424) = 5288960, 3|5 6046464, 5|3 6078720: {0, 4, 8}.
+ * The reference GPT (V = 256, 4 layers, C = 256, T = 128): block 4916736,
+ * head 393216 (8% of a block); PP=2: 2|2 (2 b + h = 10226688) against 3|1
+ * (3 b = 14750208): the uniform cut, the head's stage 4% heavier. */
+static void test_gpt_partition(void) {
+  td_gpt_config c = {.vocab = 8192, .layers = 8, .channels = 256, .heads = 4, .seq = 128};
+  size_t w[8];
+  int first[9];
+  td_pp_gpt_layer_weights(&c, TD_PP_PARTITION_COMPUTE, w);
+  for (int l = 0; l < 7; l++) CHECK_EQ_INT((long long)w[l], 4916736);
+  CHECK_EQ_INT((long long)w[7], 4916736 + 12582912);
+  CHECK_OK(td_pp_partition(TD_PP_PARTITION_COMPUTE, w, 8, 2, first));
+  CHECK(first[0] == 0 && first[1] == 5 && first[2] == 8);
+  CHECK_OK(td_pp_partition(TD_PP_PARTITION_COMPUTE, w, 8, 4, first));
+  CHECK(first[0] == 0 && first[1] == 2 && first[2] == 4 && first[3] == 7 && first[4] == 8);
+  CHECK_EQ_INT((long long)heaviest(w, first, 4), 17499648);
+  td_pp_gpt_layer_weights(&c, TD_PP_PARTITION_PARAMETERS, w);
+  CHECK_EQ_INT((long long)w[0], 2919680);
+  for (int l = 1; l < 7; l++) CHECK_EQ_INT((long long)w[l], 789760);
+  CHECK_EQ_INT((long long)w[7], 2887424);
+  CHECK_OK(td_pp_partition(TD_PP_PARTITION_PARAMETERS, w, 8, 2, first));
+  CHECK(first[0] == 0 && first[1] == 4 && first[2] == 8);
+  c = (td_gpt_config){.vocab = 256, .layers = 4, .channels = 256, .heads = 4, .seq = 128};
+  td_pp_gpt_layer_weights(&c, TD_PP_PARTITION_COMPUTE, w);
+  CHECK_EQ_INT((long long)w[0], 4916736);
+  CHECK_EQ_INT((long long)w[3], 4916736 + 393216);
+  CHECK_OK(td_pp_partition(TD_PP_PARTITION_COMPUTE, w, 4, 2, first));
+  CHECK(first[0] == 0 && first[1] == 2 && first[2] == 4);
+  td_pp_partition_method meth;
+  CHECK_OK(td_pp_partition_method_parse("compute", &meth));
+  CHECK_EQ_INT(meth, TD_PP_PARTITION_COMPUTE);
+  CHECK_STATUS(td_pp_partition_method_parse("flops", &meth), TD_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(td_last_error(), "\"compute\""));
+  printf("partition: a GPT's compute and parameter weights and cuts as worked out by hand\n");
+}
+
 int main(void) {
   test_refusals();
   test_partition();
+  test_gpt_partition();
   test_1f1b();
   test_interleaved();
   test_unexpected_bound();

@@ -78,11 +78,15 @@ static int mode_equal(int argc, char **argv) {
   td_pipeline_config pc = {.schedule = argv[3], .chunks = chunks, .partition = argv[9], .device = g_dev};
   long steps = 4;
   int big = 0, bf16 = 0;
+  const char *firsts = NULL; /* first=A,B,..: stage s must start at layer A, B, ... (1F1B) */
   for (int i = 10; i < argc; i++) {
     if (!strcmp(argv[i], "big")) big = 1;
     else if (!strcmp(argv[i], "bf16")) bf16 = 1;
     else if (!strncmp(argv[i], "steps=", 6) && atol(argv[i] + 6) > 1) steps = atol(argv[i] + 6);
-    else td_test_fail(__FILE__, __LINE__, "test_pipeline_train equal: unknown option %s (big, bf16, steps=N)", argv[i]);
+    else if (!strncmp(argv[i], "first=", 6)) firsts = argv[i] + 6;
+    else
+      td_test_fail(__FILE__, __LINE__, "test_pipeline_train equal: unknown option %s (big, bf16, steps=N, first=A,B,..)",
+                   argv[i]);
   }
   td_comm *world;
   CHECK_OK(td_comm_init(&world));
@@ -174,6 +178,13 @@ static int mode_equal(int argc, char **argv) {
   CHECK_EQ_INT(ps.steps, steps - 1); /* the first step is warm-up */
   CHECK_EQ_INT(ps.stage, stage);
   CHECK(ps.forward_s > 0 && ps.backward_s > 0 && ps.step_s >= ps.forward_s + ps.backward_s);
+  if (firsts) { /* the cut the line names: this stage's first layer, the next stage's or the end its last */
+    int want[16], n_want = 0;
+    for (const char *q = firsts; *q && n_want < 16; q = *q == ',' ? q + 1 : q) want[n_want++] = (int)strtol(q, (char **)&q, 10);
+    CHECK(stage < n_want);
+    CHECK_EQ_INT(ps.first_layer[0], want[stage]);
+    CHECK_EQ_INT(ps.first_layer[0] + ps.n_layers[0], stage + 1 < n_want ? want[stage + 1] : gc.layers);
+  }
   char devname[16];
   td_device_name(g_dev, devname, sizeof devname);
   printf("rank %d stage %d/%d on %s: %zu parameters (%s) equal%s (largest difference %.3g) over %ld steps, loss %.6f -> "

@@ -145,20 +145,10 @@ static td_status parse_config(const td_pipeline_config *pp, td_pp_schedule_kind 
   return td_pp_partition_method_parse(pp && pp->partition ? pp->partition : "uniform", method);
 }
 
-/* The layers' weights for a balanced cut: each block's parameters, with
- * the embeddings added to the first block and the head to the last (the
- * stages that hold them), as DeepSpeed counts a PipelineModule's layers. */
-static void layer_weights(const td_gpt_config *c, size_t *w) {
-  size_t C = (size_t)c->channels, V = (size_t)c->vocab;
-  for (int l = 0; l < c->layers; l++) w[l] = 12 * C * C + 13 * C;
-  w[0] += V * C + (size_t)c->seq * C;
-  w[c->layers - 1] += 2 * C + V * C; /* ln_f, and the head (a tied one keeps a copy of wte) */
-}
-
 static td_status cut_layers(const td_gpt_config *c, td_pp_partition_method method, int parts, int *first) {
   size_t *w = malloc((size_t)(c->layers > 0 ? c->layers : 1) * sizeof *w);
   if (!w) return td_error(TD_ERR_SYSTEM, "pipeline: out of memory");
-  if (c->layers > 0) layer_weights(c, w);
+  if (c->layers > 0) td_pp_gpt_layer_weights(c, method, w);
   td_status st = td_pp_partition(method, w, c->layers, parts, first);
   free(w);
   return st;

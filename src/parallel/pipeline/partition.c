@@ -2,7 +2,10 @@
  * partition_method): "uniform" gives every part the same number of layers,
  * the first n_layers mod n_parts parts one more (DeepSpeed's
  * partition_uniform); "parameters" balances the parts' parameter counts,
- * minimizing the heaviest part exactly.
+ * minimizing the heaviest part exactly; "compute" does the same with each
+ * layer's arithmetic (the caller's model of it: engine.c counts a GPT's
+ * multiply-adds per token), so that the stage holding the output head,
+ * the largest single product, gets fewer blocks.
  *
  * Balanced cut: dynamic programming over prefix sums, best[k][i] = the
  * smallest possible heaviest part when the first i layers form k parts,
@@ -11,6 +14,8 @@
  * bottleneck is approximate. Ties keep the earliest cut, so the result
  * depends only on the weights. */
 #include "parallel/pipeline/pipeline.h"
+
+#include "tandem/nn.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -25,10 +30,45 @@ td_status td_pp_partition_method_parse(const char *name, td_pp_partition_method 
     *out = TD_PP_PARTITION_PARAMETERS;
     return TD_OK;
   }
+  if (name && strcmp(name, "compute") == 0) {
+    *out = TD_PP_PARTITION_COMPUTE;
+    return TD_OK;
+  }
   return td_error(TD_ERR_INVALID_ARGUMENT,
                   "pipeline: partition_method \"%s\" is not built: use \"uniform\" (the same number of layers per "
-                  "stage) or \"parameters\" (balanced by parameter count)",
+                  "stage), \"parameters\" (balanced by parameter count) or \"compute\" (balanced by arithmetic)",
                   name ? name : "(null)");
+}
+
+/* What each block of a GPT weighs for a balanced cut.
+ *
+ * parameters: a block's 12C^2 + 13C, the embeddings (VC + TC) added to the
+ * first block and ln_f and the head (2C + VC; a tied head keeps a copy of
+ * wte) to the last, as DeepSpeed counts a PipelineModule's layers.
+ *
+ * compute: multiply-adds x 2 per token, forward and backward (backward =
+ * twice the forward: each product's input and weight gradients), of what
+ * dominates on every stage, the products:
+ *   block  QKV 6C^2 + projection 2C^2 + MLP 16C^2 = 24C^2, and causal
+ *          attention: query i meets i+1 keys in Q K^T and in P V, 4C(T+1)/2
+ *          on average over the T positions -> forward 24C^2 + 2C(T+1)
+ *   head   the (V, C) product, forward 2CV, on the last block
+ *   embeddings  a lookup and an add, no product: 0
+ * times 3 (forward + backward). LayerNorms, GELU, softmax, residuals and
+ * the cross-entropy's softmax over V are O(C) and O(V) per token, a few
+ * per cent of a block at C = 256, and left out. Tensor parallelism divides
+ * every product by the same tp, so the cut does not depend on it. */
+void td_pp_gpt_layer_weights(const td_gpt_config *c, td_pp_partition_method method, size_t *w) {
+  const size_t C = (size_t)c->channels, V = (size_t)c->vocab, T = (size_t)c->seq;
+  for (int l = 0; l < c->layers; l++)
+    w[l] = method == TD_PP_PARTITION_COMPUTE ? 3 * (24 * C * C + 2 * C * (T + 1)) : 12 * C * C + 13 * C;
+  if (c->layers <= 0) return;
+  if (method == TD_PP_PARTITION_COMPUTE) {
+    w[c->layers - 1] += 3 * 2 * C * V;
+    return;
+  }
+  w[0] += V * C + T * C;
+  w[c->layers - 1] += 2 * C + V * C;
 }
 
 static void partition_uniform(int n_layers, int n_parts, int *first) {
@@ -85,7 +125,7 @@ td_status td_pp_partition(td_pp_partition_method method, const size_t *weights, 
     partition_uniform(n_layers, n_parts, first);
     return TD_OK;
   }
-  if (method != TD_PP_PARTITION_PARAMETERS || !weights)
-    return td_error(TD_ERR_INVALID_ARGUMENT, "pipeline: partition by parameters needs the layers' weights");
+  if ((method != TD_PP_PARTITION_PARAMETERS && method != TD_PP_PARTITION_COMPUTE) || !weights)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "pipeline: a balanced partition needs the layers' weights");
   return partition_balanced(weights, n_layers, n_parts, first);
 }

@@ -5,8 +5,9 @@
  *
  *   schedule.c   which forward/backward/send/recv each stage runs, in order
  *                (pure functions; the engine and the tests read the lists)
- *   partition.c  which layers each stage holds (uniform or balanced by
- *                parameter count, DeepSpeed's partition_method)
+ *   partition.c  which layers each stage holds (uniform, or balanced by
+ *                parameter count as DeepSpeed's partition_method, or by
+ *                arithmetic)
  *   engine.c     runs one stage's action list on a GPT stage model with
  *                nonblocking point-to-point transfers
  *
@@ -86,19 +87,29 @@ const char *td_pp_action_name(td_pp_action_kind kind);
 typedef enum td_pp_partition_method {
   TD_PP_PARTITION_UNIFORM = 0,    /* the same number of layers per part (the first parts one more) */
   TD_PP_PARTITION_PARAMETERS = 1, /* the largest part's parameter count as small as possible */
+  TD_PP_PARTITION_COMPUTE = 2,    /* the largest part's arithmetic as small as possible */
 } td_pp_partition_method;
 
-/* Cut n_layers layers, layer i weighing weights[i] (its parameters), into
+/* Cut n_layers layers, layer i weighing weights[i] (its parameters, or its
+ * arithmetic for COMPUTE: the cut is the same, the weights differ), into
  * n_parts contiguous parts of at least one layer each: part k holds layers
  * [first[k], first[k+1]) (first has n_parts + 1 entries; first[0] = 0,
  * first[n_parts] = n_layers). UNIFORM is DeepSpeed's partition_uniform
- * (weights may be NULL); PARAMETERS minimizes the heaviest part exactly
+ * (weights may be NULL); PARAMETERS and COMPUTE minimize the heaviest part exactly
  * (ties: the earliest cut). TD_ERR_INVALID_ARGUMENT when n_layers <
  * n_parts, naming both. Pure. */
 td_status td_pp_partition(td_pp_partition_method method, const size_t *weights, int n_layers, int n_parts,
                           int *first);
 
-/* "uniform" / "parameters" (DeepSpeed's names; "type:..." is not built).
+/* A GPT's blocks' weights for td_pp_partition (n = config->layers): the
+ * parameters of each block, with the embeddings on the first and ln_f and
+ * the head on the last (PARAMETERS); or each block's forward + backward
+ * products in flops per token, the head's on the last (COMPUTE; the model
+ * is in partition.c). UNIFORM is given the parameters. Pure. */
+struct td_gpt_config;
+void td_pp_gpt_layer_weights(const struct td_gpt_config *config, td_pp_partition_method method, size_t *w);
+
+/* "uniform" / "parameters" (DeepSpeed's names; "type:..." is not built) / "compute".
  * TD_ERR_INVALID_ARGUMENT naming the accepted names otherwise. */
 td_status td_pp_partition_method_parse(const char *name, td_pp_partition_method *out);
 
