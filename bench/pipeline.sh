@@ -6,6 +6,7 @@
 #
 #   bench/pipeline.sh [--rounds N] [--steps N] [--idle-steps N] [--tag TAG]
 #                     [--part all|throughput2|throughput4|idle|partition] [--ab VAR=VALUE]
+#                     [--stages "2 4"]   (partition: the pipeline sizes to run)
 #
 # --ab VAR=VALUE: every pipeline run is made twice in each round, as the
 # environment is and then with VAR=VALUE (e.g. TANDEM_P2P_UNEXPECTED_BYTES=0,
@@ -51,13 +52,14 @@
 # 2-core machine.
 set -u
 cd "$(dirname "$0")/.."
-rounds=3; steps=4; idle_steps=3; tag=""; part=all; ab=""
-usage() { echo "usage: bench/pipeline.sh [--rounds N] [--steps N] [--idle-steps N] [--tag TAG] [--part all|throughput2|throughput4|idle|partition] [--ab VAR=VALUE]" >&2; exit 2; }
+rounds=3; steps=4; idle_steps=3; tag=""; part=all; ab=""; stages="2 4"
+usage() { echo "usage: bench/pipeline.sh [--rounds N] [--steps N] [--idle-steps N] [--tag TAG] [--part all|throughput2|throughput4|idle|partition] [--ab VAR=VALUE] [--stages \"2 4\"]" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
   --rounds) rounds=$2; shift 2 ;;
   --steps) steps=$2; shift 2 ;;
   --idle-steps) idle_steps=$2; shift 2 ;;
+  --stages) stages=$2; shift 2 ;;
   --tag) tag="-$2"; shift 2 ;;
   --part) part=$2; shift 2 ;;
   --ab) ab=$2; shift 2 ;;
@@ -76,7 +78,7 @@ export TANDEM_PROGRESS=off
 out=bench/results/pipeline-$(date +%Y-%m-%d)$tag.md
 mkdir -p bench/results
 log=$(mktemp /tmp/tandem-bench-pipeline-XXXXXX)
-trap 'rm -f "$log"' EXIT
+trap 'rm -f "$log" "$log.cpu"' EXIT
 
 value() { grep -o "$1=[^ ]*" | head -1 | cut -d= -f2; }
 median() { sort -g | awk '{ a[NR] = $1 } END { if (NR == 0) { print "nan"; exit } if (NR % 2) print a[(NR + 1) / 2]; else print (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
@@ -88,9 +90,13 @@ ref="--layers 4 --channels 256 --heads 4 --seq 128 --threads 1 --sample 0 --micr
   echo "# Pipeline and tensor parallelism — $(date +%Y-%m-%d) ($part)"
   echo
   echo "Machine: $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), shared; load average $(cut -d' ' -f1-3 /proc/loadavg) at the start ($(date -u +%H:%MZ))."
-  echo "Command: \`bench/pipeline.sh --part $part --rounds $rounds --steps $steps --idle-steps $idle_steps${ab:+ --ab $ab}\` (build: $B, git $(git rev-parse --short HEAD 2>/dev/null))."
+  echo "Command: \`bench/pipeline.sh --part $part --rounds $rounds --steps $steps --idle-steps $idle_steps${ab:+ --ab $ab}$([ "$part" = partition ] && echo " --stages \"$stages\"")\` (build: $B, git $(git rev-parse --short HEAD 2>/dev/null))."
   [ -z "$ab" ] || echo "Each pipeline run twice per round, alternating: as the environment is, then with $ab (rows marked so)."
-  echo "Reference GPT (4 layers, 256 channels, 4 heads, sequence 128, AdamW), 1 thread per rank, micro-batches of 4 sequences."
+  if [ "$part" = partition ]; then
+    echo "The reference GPT with 8 layers and a vocabulary of 8192 (256 channels, 4 heads, sequence 128, AdamW), 1 thread per rank, micro-batches of 4 sequences."
+  else
+    echo "Reference GPT (4 layers, 256 channels, 4 heads, sequence 128, AdamW), 1 thread per rank, micro-batches of 4 sequences."
+  fi
 } >"$out"
 
 # throughput SET_NAME LAYOUTS...: LAYOUTS are "name|ranks|flags", the first the baseline
@@ -229,11 +235,11 @@ if [ "$part" = partition ]; then
     loads+=" $(load)"
     order=("${methods[@]}")
     [ $((r % 2)) -eq 0 ] && order=(compute parameters uniform)
-    for p in 2 4; do
+    for p in $stages; do
       for meth in "${order[@]}"; do
         # shellcheck disable=SC2086
-        if ! TANDEM_TIMEOUT=${TANDEM_TIMEOUT:-120} timeout 900 "$RUN" -np "$p" "$GPT" $heavy --steps "$idle_steps" \
-            --grad-accum 8 --pipeline-parallel "$p" --pipeline-partition "$meth" >"$log" 2>&1; then
+        if ! TANDEM_TIMEOUT=${TANDEM_TIMEOUT:-120} /usr/bin/time -f "job_cpu_s=%U+%S" -o "$log.cpu" timeout 900 "$RUN" -np "$p" \
+            "$GPT" $heavy --steps "$idle_steps" --grad-accum 8 --pipeline-parallel "$p" --pipeline-partition "$meth" >"$log" 2>&1; then
           echo "bench/pipeline.sh: partition p=$p $meth failed:" >&2; tail -3 "$log" >&2; exit 1
         fi
         k="$p|$meth"
@@ -247,7 +253,7 @@ if [ "$part" = partition ]; then
         done < <(grep "pipeline rank=" "$log")
         st[$k]="${st[$k]:-} $worst"
         tp[$k]="${tp[$k]:-} $(grep "final_loss=" "$log" | value tokens_per_s)"
-        cpu[$k]="${cpu[$k]:-} $(grep "cpu_ms_per_step=" "$log" | value cpu_ms_per_step)"
+        cpu[$k]="${cpu[$k]:-} $(value job_cpu_s <"$log.cpu" | awk -F+ '{ printf "%.2f", $1 + $2 }')"
         echo "round $r: partition p=$p $meth: step ${worst}s" >&2
       done
     done
@@ -256,12 +262,12 @@ if [ "$part" = partition ]; then
     echo
     echo "## Partition methods on a GPT whose head outweighs a block (median of $rounds rounds, $idle_steps steps each, the first left out)"
     echo
-    echo "\\`$heavy --grad-accum 8 --pipeline-parallel P --pipeline-partition METHOD\\`; load average (1 min) at the rounds' starts:$loads."
+    echo "Flags: \`$heavy --grad-accum 8 --pipeline-parallel P --pipeline-partition METHOD\`; load average (1 min) at the rounds' starts:$loads."
     echo "The model's share: each stage's flops (partition.c: a block 3(24C^2 + 2C(T+1)), the head 3 x 2CV per token) over the heaviest stage's; measured: C_s (forward + backward seconds per step) over the largest C_s."
     echo
-    echo "| P | method | step s (median) | runs | step / uniform's | tokens/s (median) | rank 0 CPU ms/step (median) | per stage: layers, C_s s (median), measured share, model's share, idle (median) |"
+    echo "| P | method | step s (median) | runs | step / uniform's | tokens/s (median) | the job's CPU s, all steps and start-up (median) | per stage: layers, C_s s (median), measured share, model's share, idle (median) |"
     echo "|---|---|---|---|---|---|---|---|"
-    for p in 2 4; do
+    for p in $stages; do
       base=$(tr ' ' '\n' <<<"${st[$p|uniform]}" | grep . | median)
       for meth in "${methods[@]}"; do
         k="$p|$meth"
@@ -278,15 +284,15 @@ if [ "$part" = partition ]; then
             printf "%.0f", (a[2] - a[1]) * 3 * (24 * C * C + 2 * C * (T + 1)) + (last ? 6 * C * V : 0) }')
           wmax=$(awk -v a="$wmax" -v b="$w" 'BEGIN { print (b > a ? b : a) }')
         done
-        stages=""
+        per_stage=""
         for s in $(seq 0 $((p - 1))); do
           c=$(tr ' ' '\n' <<<"${cs[$k|$s]}" | grep . | median)
           w=$(awk -v r="${lay[$k|$s]}" -v last=$((s == p - 1)) 'BEGIN { split(r, a, "-"); C = 256; T = 128; V = 8192;
             printf "%.0f", (a[2] - a[1]) * 3 * (24 * C * C + 2 * C * (T + 1)) + (last ? 6 * C * V : 0) }')
           i=$(tr ' ' '\n' <<<"${idl[$k|$s]}" | grep . | median)
-          stages+="$s: ${lay[$k|$s]}, $c, $(ratio "$c" "$cmax"), $(ratio "$w" "$wmax"), $i; "
+          per_stage+="$s: ${lay[$k|$s]}, $c, $(ratio "$c" "$cmax"), $(ratio "$w" "$wmax"), $i; "
         done
-        echo "| $p | $meth | $med | ${st[$k]} | $(ratio "$med" "$base") | $(tr ' ' '\n' <<<"${tp[$k]}" | grep . | median) | $(tr ' ' '\n' <<<"${cpu[$k]}" | grep . | median) | ${stages%; } |"
+        echo "| $p | $meth | $med | ${st[$k]} | $(ratio "$med" "$base") | $(tr ' ' '\n' <<<"${tp[$k]}" | grep . | median) | $(tr ' ' '\n' <<<"${cpu[$k]}" | grep . | median) | ${per_stage%; } |"
       done
     done
   } >>"$out"

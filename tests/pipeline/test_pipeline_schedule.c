@@ -424,8 +424,12 @@ static void test_partition(void) {
  *     k=2: max(6 b, 2 b + h) = max(29500416, 22416384) = 29500416
  *   so first = {0, 5, 8}.
  *   PP=4: the head alone with one block, 17499648, beats any other last
- *   part (2 b + h = 22416384), and 7 blocks in 3 parts of at most 3
- *   (3 b = 14750208 < 17499648 < 4 b); the earliest cuts: {0, 2, 4, 7, 8}.
+ *   part (2 b + h = 22416384); the 7 blocks before it go in 3 parts of at
+ *   most 3 (3 b = 14750208 < 17499648 < 4 b), cut as the dynamic program
+ *   does: at each prefix the least heaviest part, ties to the earliest cut
+ *   (7 blocks: [4, 7) after 4 blocks in 2 parts, whose best is 2|2):
+ *   {0, 2, 4, 7, 8} (brute force over cuts finds {0, 1, 4, 7, 8} too, with
+ *   the same heaviest part).
  *   parameters: block 12 C^2 + 13 C = 789760; first + V C + T C = 2919680;
  *   last + 2 C + V C = 2887424; PP=2: 4|4 gives max(2919680 + 3 b,
  *   3 b + 2887424) = 5288960, 3|5 6046464, 5|3 6078720: {0, 4, 8}.
