@@ -520,7 +520,33 @@ static void test_unequal_stages(void) {
          cases, worst_gap_near, worst_gap);
 }
 
-int main(void) {
+/* `test_pipeline_schedule sim P V M TF TB SLOW_0 .. SLOW_{P-1}`: one step of
+ * the schedule (1F1B for V = 1, else interleaved with V chunks) on the
+ * simulator, a chunk's forward taking TF x SLOW_s and its backward TB x
+ * SLOW_s on stage s, transfers free; prints each stage's idle fraction.
+ * What the schedule gives at best with measured stage times (used by
+ * bench/results/pipeline-2026-11-28-s26-balance.md). */
+static int sim_main(int argc, char **argv) {
+  int p = argc > 5 ? atoi(argv[2]) : 0, v = argc > 5 ? atoi(argv[3]) : 0, m = argc > 5 ? atoi(argv[4]) : 0;
+  if (p < 1 || p > MAXP || v < 1 || v > 8 || m < 1 || m > 64 || argc != 7 + p) {
+    fprintf(stderr, "usage: test_pipeline_schedule sim P(1-%d) V(1-8) M(1-64) TF TB SLOW_0 .. SLOW_{P-1}\n", MAXP);
+    return 2;
+  }
+  long tf = atol(argv[5]), tb = atol(argv[6]), slow[MAXP];
+  for (int s = 0; s < p; s++) slow[s] = atol(argv[7 + s]);
+  td_pp_schedule_kind kind = v == 1 ? TD_PP_1F1B : TD_PP_INTERLEAVED;
+  CHECK_OK(td_pp_schedule_check(kind, p, m, v));
+  build(kind, p, m, v, acts, n_acts);
+  sim_result r;
+  simulate_slow(kind, p, m, v, tf, tb, slow, &r, acts, n_acts);
+  for (int s = 0; s < p; s++)
+    printf("stage %d idle %.4f (busy %ld of %ld)\n", s, 1.0 - (double)r.busy[s] / (double)r.makespan, r.busy[s],
+           r.makespan);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc > 1 && !strcmp(argv[1], "sim")) return sim_main(argc, argv);
   test_refusals();
   test_partition();
   test_gpt_partition();
