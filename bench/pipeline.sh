@@ -33,8 +33,12 @@
 #    with C_s a stage's forward + backward seconds and C_max the slowest
 #    stage's, the schedule at best takes (m + (p-1)/v) micro-batch slots of
 #    the slowest stage, so stage s idles 1 - m C_s / ((m + (p-1)/v) C_max)
-#    (equal stages: the closed forms). What is above that is transfers, the
-#    engine's own time and waiting for a core.
+#    (equal stages: the closed forms; an upper bound, pipeline_schedule
+#    checks it), and against the engine's own schedule replayed on the
+#    test's simulator with the run's measured forward and backward times
+#    per stage and free transfers (test_pipeline_schedule's `sim` mode):
+#    what these stage times allow at best. What is above that is transfers,
+#    the engine's own time and waiting for a core.
 # 3. partition (not in `all`): a GPT whose head outweighs a block (8 layers,
 #    vocab 8192, otherwise the reference: the head's V x C product is 2.56
 #    blocks in partition.c's model), PP=2 and PP=4 1F1B at m = 8, cut by
@@ -73,7 +77,8 @@ case "$part" in all|throughput2|throughput4|idle|partition) ;; *) usage ;; esac
 B=${BUILD:-build}
 RUN="$B/bin/tandemrun"
 GPT="$B/bin/train-gpt"
-make -j2 --no-print-directory BUILD="$B" "$RUN" "$GPT" >/dev/null || { echo "bench/pipeline.sh: build of $B failed" >&2; exit 1; }
+SIM="$B/tests/test_pipeline_schedule" # its `sim` mode: the schedule with measured stage times (idle)
+make -j2 --no-print-directory BUILD="$B" "$RUN" "$GPT" "$SIM" >/dev/null || { echo "bench/pipeline.sh: build of $B failed" >&2; exit 1; }
 export TANDEM_PROGRESS=off
 out=bench/results/pipeline-$(date +%Y-%m-%d)$tag.md
 mkdir -p bench/results
@@ -178,7 +183,7 @@ if [ "$part" = all ] || [ "$part" = idle ]; then
   if [ -n "$ab" ]; then
     specs=("2|1f1b|1|" "2|1f1b|1|$ab" "2|interleaved|2|" "2|interleaved|2|$ab" "4|1f1b|1|" "4|1f1b|1|$ab")
   fi
-  declare -A idle=() layers=() adjusted=()
+  declare -A idle=() layers=() adjusted=() simulated=()
   loads=""
   for r in $(seq 1 "$rounds"); do
     loads+=" $(load)"
@@ -193,8 +198,16 @@ if [ "$part" = all ] || [ "$part" = idle ]; then
         cmax=$(grep "pipeline rank=" "$log" | while read -r line; do
           awk -v f="$(value forward_s <<<"$line")" -v b="$(value backward_s <<<"$line")" 'BEGIN { print f + b }'
         done | sort -g | tail -1)
+        # the engine's schedule on the simulator with this run's stage times (a chunk's forward and
+        # backward in microseconds), transfers free: what the stages allow at best
+        simargs=$(grep "pipeline rank=" "$log" | while read -r line; do
+          echo "$(value stage <<<"$line") $(value forward_s <<<"$line") $(value backward_s <<<"$line") $(value steps <<<"$line")"
+        done | sort -n | awk -v m="$m" -v v="$v" '{ d = $4 * m * v; printf " %d %d", $2 / d * 1e6, $3 / d * 1e6 }')
+        # shellcheck disable=SC2086
+        sim=$("$SIM" sim "$p" "$v" "$m" $simargs) || { echo "bench/pipeline.sh: $SIM sim $p $v $m$simargs failed" >&2; exit 1; }
         while read -r line; do
           s=$(value stage <<<"$line")
+          simulated[$spec|$m|$s]="${simulated[$spec|$m|$s]:-} $(grep "^stage $s idle" <<<"$sim" | cut -d' ' -f4)"
           idle[$spec|$m|$s]="${idle[$spec|$m|$s]:-} $(value idle_fraction <<<"$line")"
           layers[$spec|$m|$s]=$(value layers <<<"$line")
           adj=$(awk -v f="$(value forward_s <<<"$line")" -v b="$(value backward_s <<<"$line")" -v c="$cmax" \
@@ -211,8 +224,10 @@ if [ "$part" = all ] || [ "$part" = idle ]; then
     echo
     echo "idle = 1 - (forward + backward) / step time, per rank, over the steps after the first; load average (1 min) at the rounds' starts:$loads."
     echo
-    echo "| layout | m | stage | layers | idle (median) | runs | closed form | median / closed form | closed form with the measured imbalance (median) | median / that |"
-    echo "|---|---|---|---|---|---|---|---|---|---|"
+    echo "The schedule with the measured stage times: \`$SIM sim P V M\` with each run's forward and backward per chunk and micro-batch on every stage, transfers free (the engine's action lists on the test's simulator), median over the runs."
+    echo
+    echo "| layout | m | stage | layers | idle (median) | runs | closed form | median / closed form | closed form with the measured imbalance (median) | median / that | the schedule with the measured stage times (median) | median / that |"
+    echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
     for spec in "${specs[@]}"; do
       IFS='|' read -r p sched v envs <<<"$spec"
       for m in 4 8 16; do
@@ -220,7 +235,8 @@ if [ "$part" = all ] || [ "$part" = idle ]; then
         for s in $(seq 0 $((p - 1))); do
           med=$(tr ' ' '\n' <<<"${idle[$spec|$m|$s]:-}" | grep . | median)
           adj=$(tr ' ' '\n' <<<"${adjusted[$spec|$m|$s]:-}" | grep . | median)
-          echo "| PP=$p $sched$([ "$v" -gt 1 ] && echo " x$v")${envs:+ $envs} | $m | $s | ${layers[$spec|$m|$s]:-} | $med | ${idle[$spec|$m|$s]:-} | $closed | $(ratio "$med" "$closed") | $adj | $(ratio "$med" "$adj") |"
+          simm=$(tr ' ' '\n' <<<"${simulated[$spec|$m|$s]:-}" | grep . | median)
+          echo "| PP=$p $sched$([ "$v" -gt 1 ] && echo " x$v")${envs:+ $envs} | $m | $s | ${layers[$spec|$m|$s]:-} | $med | ${idle[$spec|$m|$s]:-} | $closed | $(ratio "$med" "$closed") | $adj | $(ratio "$med" "$adj") | $simm | $(ratio "$med" "$simm") |"
         done
       done
     done

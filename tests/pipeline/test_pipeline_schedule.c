@@ -35,11 +35,10 @@ typedef struct sim_result {
   long end[MAXP];
 } sim_result;
 
-/* Runs p stages' lists, stage s's forward taking tf x slow[s] and its
- * backward tb x slow[s] (slow NULL: 1); fails the test on a deadlock or a
- * mismatched message. */
-static void simulate_slow(td_pp_schedule_kind kind, int p, int m, int v, long tf, long tb, const long *slow,
-                          sim_result *res, td_pp_action (*acts)[MAXA], int *n_acts) {
+/* Runs p stages' lists, a forward on stage s taking tf[s] and a backward
+ * tb[s]; fails the test on a deadlock or a mismatched message. */
+static void simulate_stages(td_pp_schedule_kind kind, int p, int m, int v, const long *tf, const long *tb,
+                            sim_result *res, td_pp_action (*acts)[MAXA], int *n_acts) {
   static msg chan[MAXP][MAXP][MAXA];
   int n_sent[MAXP][MAXP] = {{0}}, n_recv[MAXP][MAXP] = {{0}};
   int pc[MAXP] = {0};
@@ -77,13 +76,13 @@ static void simulate_slow(td_pp_schedule_kind kind, int p, int m, int v, long tf
         } else if (a.kind == TD_PP_FORWARD) {
           CHECK(!fwd_done[s][a.chunk][a.micro]);
           fwd_done[s][a.chunk][a.micro] = 1;
-          clock[s] += tf * (slow ? slow[s] : 1);
-          res->busy[s] += tf * (slow ? slow[s] : 1);
+          clock[s] += tf[s];
+          res->busy[s] += tf[s];
         } else {
           CHECK(fwd_done[s][a.chunk][a.micro] && !bwd_done[s][a.chunk][a.micro]);
           bwd_done[s][a.chunk][a.micro] = 1;
-          clock[s] += tb * (slow ? slow[s] : 1);
-          res->busy[s] += tb * (slow ? slow[s] : 1);
+          clock[s] += tb[s];
+          res->busy[s] += tb[s];
         }
         pc[s]++;
         progressed = 1;
@@ -104,7 +103,9 @@ static void simulate_slow(td_pp_schedule_kind kind, int p, int m, int v, long tf
 
 static void simulate(td_pp_schedule_kind kind, int p, int m, int v, long tf, long tb, sim_result *res,
                      td_pp_action (*acts)[MAXA], int *n_acts) {
-  simulate_slow(kind, p, m, v, tf, tb, NULL, res, acts, n_acts);
+  long tfs[MAXP], tbs[MAXP];
+  for (int s = 0; s < p; s++) tfs[s] = tf, tbs[s] = tb;
+  simulate_stages(kind, p, m, v, tfs, tbs, res, acts, n_acts);
 }
 
 static void build(td_pp_schedule_kind kind, int p, int m, int v, td_pp_action (*acts)[MAXA], int *n_acts) {
@@ -499,7 +500,9 @@ static void test_unequal_stages(void) {
           }
           build(kind, p, m, v, acts, n_acts);
           sim_result r;
-          simulate_slow(kind, p, m, v, 1, 2, slow, &r, acts, n_acts); /* per chunk: forward 1, backward 2 */
+          long tf[MAXP], tb[MAXP]; /* per chunk: forward 1, backward 2, times the stage's slowness */
+          for (int s = 0; s < p; s++) tf[s] = slow[s], tb[s] = 2 * slow[s];
+          simulate_stages(kind, p, m, v, tf, tb, &r, acts, n_acts);
           /* per micro-batch: C_s = v x 3 x slow[s] */
           double bound_span = ((double)m + (double)(p - 1) / v) * (double)(3 * v * most);
           if (!((double)r.makespan <= bound_span + 1e-9))
@@ -520,28 +523,37 @@ static void test_unequal_stages(void) {
          cases, worst_gap_near, worst_gap);
 }
 
-/* `test_pipeline_schedule sim P V M TF TB SLOW_0 .. SLOW_{P-1}`: one step of
- * the schedule (1F1B for V = 1, else interleaved with V chunks) on the
- * simulator, a chunk's forward taking TF x SLOW_s and its backward TB x
- * SLOW_s on stage s, transfers free; prints each stage's idle fraction.
- * What the schedule gives at best with measured stage times (used by
- * bench/results/pipeline-2026-11-28-s26-balance.md). */
+/* `test_pipeline_schedule sim P V M TF_0 TB_0 .. TF_{P-1} TB_{P-1}`: one
+ * step of the schedule (1F1B for V = 1, else interleaved with V chunks) on
+ * the simulator, a forward of one chunk on stage s taking TF_s and a
+ * backward TB_s (any integer unit), transfers free; prints each stage's
+ * idle fraction: what the schedule gives at best with those stage times
+ * (bench/pipeline.sh --part idle feeds it each run's measured ones). */
 static int sim_main(int argc, char **argv) {
-  int p = argc > 5 ? atoi(argv[2]) : 0, v = argc > 5 ? atoi(argv[3]) : 0, m = argc > 5 ? atoi(argv[4]) : 0;
-  if (p < 1 || p > MAXP || v < 1 || v > 8 || m < 1 || m > 64 || argc != 7 + p) {
-    fprintf(stderr, "usage: test_pipeline_schedule sim P(1-%d) V(1-8) M(1-64) TF TB SLOW_0 .. SLOW_{P-1}\n", MAXP);
+  int p = argc > 4 ? atoi(argv[2]) : 0, v = argc > 4 ? atoi(argv[3]) : 0, m = argc > 4 ? atoi(argv[4]) : 0;
+  if (p < 1 || p > MAXP || v < 1 || v > 8 || m < 1 || m > 64 || argc != 5 + 2 * p) {
+    fprintf(stderr, "usage: test_pipeline_schedule sim P(1-%d) V(1-8) M(1-64) TF_0 TB_0 .. TF_{P-1} TB_{P-1}\n", MAXP);
     return 2;
   }
-  long tf = atol(argv[5]), tb = atol(argv[6]), slow[MAXP];
-  for (int s = 0; s < p; s++) slow[s] = atol(argv[7 + s]);
+  long tf[MAXP], tb[MAXP];
+  for (int s = 0; s < p; s++) {
+    tf[s] = atol(argv[5 + 2 * s]), tb[s] = atol(argv[6 + 2 * s]);
+    if (tf[s] < 0 || tb[s] < 0) {
+      fprintf(stderr, "test_pipeline_schedule sim: stage %d's times must be >= 0\n", s);
+      return 2;
+    }
+  }
   td_pp_schedule_kind kind = v == 1 ? TD_PP_1F1B : TD_PP_INTERLEAVED;
-  CHECK_OK(td_pp_schedule_check(kind, p, m, v));
+  if (td_pp_schedule_check(kind, p, m, v) != TD_OK) {
+    fprintf(stderr, "test_pipeline_schedule sim: %s\n", td_last_error());
+    return 2;
+  }
   build(kind, p, m, v, acts, n_acts);
   sim_result r;
-  simulate_slow(kind, p, m, v, tf, tb, slow, &r, acts, n_acts);
+  simulate_stages(kind, p, m, v, tf, tb, &r, acts, n_acts);
   for (int s = 0; s < p; s++)
-    printf("stage %d idle %.4f (busy %ld of %ld)\n", s, 1.0 - (double)r.busy[s] / (double)r.makespan, r.busy[s],
-           r.makespan);
+    printf("stage %d idle %.4f (busy %ld of %ld)\n", s, r.makespan ? 1.0 - (double)r.busy[s] / (double)r.makespan : 0.0,
+           r.busy[s], r.makespan);
   return 0;
 }
 
