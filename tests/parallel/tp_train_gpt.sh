@@ -50,6 +50,16 @@ export TANDEM_PROGRESS=off
 fail() { echo "FAIL($case_name): $*"; exit 1; }
 metrics_losses() { sed -n 's/^{"step":\([0-9]*\),"loss":\([^,]*\),.*/\1 \2/p' "$1"; }
 close_rel() { awk -v a="$1" -v b="$2" -v r="$3" 'BEGIN { d = a - b; if (d < 0) d = -d; m = b < 0 ? -b : b; exit !(d <= r * m) }'; }
+# same_losses NAME GOT REF REF_NAME BOUND: GOT's "step loss" lines are REF's
+# 8 steps, each loss within BOUND (relative) of REF's.
+same_losses() {
+  local name=$1 got=$2 ref=$3 ref_name=$4 bound=$5 step want step2 loss
+  [ "$(wc -l <"$got")" -eq 8 ] || fail "$name has $(wc -l <"$got") loss lines, not 8"
+  while read -r step want && read -r step2 loss <&3; do
+    [ "$step" = "$step2" ] || fail "$name: step $step2 against $step"
+    close_rel "$loss" "$want" "$bound" || fail "$name step $step: loss $loss, $ref_name $want (more than $bound apart)"
+  done <"$ref" 3<"$got"
+}
 
 case "$case_name" in
 equal)
@@ -74,11 +84,7 @@ equal)
   [ "$(wc -l <"$work/one.txt")" -eq 8 ] || fail "the 1-rank run has $(wc -l <"$work/one.txt") loss lines, not 8"
   for run in tp2 tp2dp2 sp2 sp2dp2 z1accum; do
     metrics_losses "$work/$run.jsonl" >"$work/$run.txt"
-    [ "$(wc -l <"$work/$run.txt")" -eq 8 ] || fail "$run has $(wc -l <"$work/$run.txt") loss lines, not 8"
-    while read -r step want && read -r step2 got <&3; do
-      [ "$step" = "$step2" ] || fail "$run: step $step2 against $step"
-      close_rel "$got" "$want" 1e-5 || fail "$run step $step: loss $got, 1 rank $want (more than 1e-5 apart)"
-    done <"$work/one.txt" 3<"$work/$run.txt"
+    same_losses "$run" "$work/$run.txt" "$work/one.txt" "1 rank" 1e-5
     echo "$run: 8 losses within 1e-5 of 1 rank (last $(tail -1 "$work/$run.txt") vs $(tail -1 "$work/one.txt"))"
   done
   ;;
@@ -105,11 +111,7 @@ threed)
   [ "$(wc -l <"$work/one.txt")" -eq 8 ] || fail "the 1-rank run has $(wc -l <"$work/one.txt") loss lines, not 8"
   for run in tp2pp2 tp2pp2sp tp2pp2dp2 tp2pp2ckpt; do
     metrics_losses "$work/$run.jsonl" >"$work/$run.txt"
-    [ "$(wc -l <"$work/$run.txt")" -eq 8 ] || fail "$run has $(wc -l <"$work/$run.txt") loss lines, not 8"
-    while read -r step want && read -r step2 got <&3; do
-      [ "$step" = "$step2" ] || fail "$run: step $step2 against $step"
-      close_rel "$got" "$want" 1e-5 || fail "$run step $step: loss $got, 1 rank $want (more than 1e-5 apart)"
-    done <"$work/one.txt" 3<"$work/$run.txt"
+    same_losses "$run" "$work/$run.txt" "$work/one.txt" "1 rank" 1e-5
     echo "$run: 8 losses within 1e-5 of 1 rank (last $(tail -1 "$work/$run.txt") vs $(tail -1 "$work/one.txt"))"
   done
   ;;
@@ -132,21 +134,14 @@ device)
   grep -q "tensor_parallel=2 sequence_parallel=1" "$work/sp.out" || fail "sequence parallelism was not on"
   metrics_losses "$work/z0.jsonl" >"$work/z0.txt"
   metrics_losses "$work/sp.jsonl" >"$work/sp.txt"
-  [ "$(wc -l <"$work/sp.txt")" -eq 8 ] || fail "the sequence-parallel run has $(wc -l <"$work/sp.txt") loss lines, not 8"
-  while read -r step want && read -r step2 got <&3; do
-    [ "$step" = "$step2" ] || fail "sp: step $step2 against $step"
-    close_rel "$got" "$want" 1e-5 || fail "sp step $step: loss $got, without sequence parallelism $want (more than 1e-5 apart)"
-  done <"$work/z0.txt" 3<"$work/sp.txt"
+  same_losses sp "$work/sp.txt" "$work/z0.txt" "without sequence parallelism" 1e-5
   echo "device: TP=2 x DP=2 with sequence parallelism: 8 losses within 1e-5 of it without (last $(tail -1 "$work/sp.txt"))"
   metrics_losses "$work/z3.jsonl" >"$work/z3.txt"
   metrics_losses "$work/res.jsonl" >"$work/res.txt"
   [ "$(wc -l <"$work/z0.txt")" -eq 8 ] && [ "$(wc -l <"$work/z3.txt")" -eq 4 ] && [ "$(wc -l <"$work/res.txt")" -eq 4 ] ||
     fail "loss lines: $(wc -l <"$work/z0.txt") / $(wc -l <"$work/z3.txt") / $(wc -l <"$work/res.txt"), want 8 / 4 / 4"
   cat "$work/z3.txt" "$work/res.txt" >"$work/both.txt"
-  while read -r step want && read -r step2 got <&3; do
-    [ "$step" = "$step2" ] || fail "step $step2 against $step"
-    close_rel "$got" "$want" 1e-6 || fail "step $step: loss $got (ZeRO-3, then resumed), ZeRO-0 $want (more than 1e-6 apart)"
-  done <"$work/z0.txt" 3<"$work/both.txt"
+  same_losses "ZeRO-3, then resumed," "$work/both.txt" "$work/z0.txt" "ZeRO-0" 1e-6
   echo "device: TP=2 x DP=2 ZeRO-3 4 steps and its save resumed under ZeRO-0: 8 losses within 1e-6 of ZeRO-0's" \
     "(last $(tail -1 "$work/res.txt") vs $(tail -1 "$work/z0.txt"))"
   ;;
@@ -169,11 +164,7 @@ half)
   for run in tp2pp2_bf16:bf16:0.001953125 tp2pp2dp2z2_fp16:fp16:0.000244140625; do
     IFS=: read -r name dt bound <<<"$run"
     metrics_losses "$work/$name.jsonl" >"$work/$name.txt"
-    [ "$(wc -l <"$work/$name.txt")" -eq 8 ] || fail "$name has $(wc -l <"$work/$name.txt") loss lines, not 8"
-    while read -r step want && read -r step2 got <&3; do
-      [ "$step" = "$step2" ] || fail "$name: step $step2 against $step"
-      close_rel "$got" "$want" "$bound" || fail "$name step $step: loss $got, 1 rank $dt $want (more than $bound apart)"
-    done <"$work/one_$dt.txt" 3<"$work/$name.txt"
+    same_losses "$name" "$work/$name.txt" "$work/one_$dt.txt" "1 rank $dt" "$bound"
     echo "$name: 8 losses within $bound of 1 rank in $dt (last $(tail -1 "$work/$name.txt") vs $(tail -1 "$work/one_$dt.txt"))"
   done
   ;;
@@ -206,11 +197,7 @@ zero3)
   for run in tp2dp2+tp2dp2_res pp2dp2 tp2pp2dp2+tp2pp2dp2_res tp2pp2dp2_nvme; do
     : >"$work/$run.txt"
     for part in ${run//+/ }; do metrics_losses "$work/$part.jsonl" >>"$work/$run.txt"; done
-    [ "$(wc -l <"$work/$run.txt")" -eq 8 ] || fail "$run has $(wc -l <"$work/$run.txt") loss lines, not 8"
-    while read -r step want && read -r step2 got <&3; do
-      [ "$step" = "$step2" ] || fail "$run: step $step2 against $step"
-      close_rel "$got" "$want" 1e-5 || fail "$run step $step: loss $got, 1 rank $want (more than 1e-5 apart)"
-    done <"$work/one.txt" 3<"$work/$run.txt"
+    same_losses "$run" "$work/$run.txt" "$work/one.txt" "1 rank" 1e-5
     echo "zero3 $run: 8 losses within 1e-5 of 1 rank (last $(tail -1 "$work/$run.txt") vs $(tail -1 "$work/one.txt"))"
   done
   ;;

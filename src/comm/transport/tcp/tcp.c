@@ -356,6 +356,17 @@ static td_status stream_failed(tcp_transport *t, int peer, tcp_stream_result r, 
   }
 }
 
+/* What a non-blocking send to peer that returned n means: bytes moved, a
+ * full socket buffer (nothing moved, try again), or a broken link. */
+static td_status sent(tcp_transport *t, int peer, ssize_t n, size_t *moved) {
+  if (n >= 0) {
+    *moved = (size_t)n;
+    return TD_OK;
+  }
+  if (errno == EAGAIN || errno == EWOULDBLOCK) return TD_OK;
+  return peer_broken(t, peer, errno);
+}
+
 static td_status tcp_try_send(transport *base, int peer, const void *buf, size_t len, size_t *moved) {
   tcp_transport *t = (tcp_transport *)base;
   *moved = 0;
@@ -371,12 +382,7 @@ static td_status tcp_try_send(transport *base, int peer, const void *buf, size_t
   }
   ssize_t n;
   TD_SYSCALL_RETRY(n, send(t->peers[peer].fd, buf, len, MSG_DONTWAIT | MSG_NOSIGNAL));
-  if (n >= 0) {
-    *moved = (size_t)n;
-    return TD_OK;
-  }
-  if (errno == EAGAIN || errno == EWOULDBLOCK) return TD_OK;
-  return peer_broken(t, peer, errno);
+  return sent(t, peer, n, moved);
 }
 
 /* A frame's header and payload in one sendmsg. Measured with a 256 MiB f32
@@ -397,12 +403,7 @@ static td_status tcp_try_send2(transport *base, int peer, const void *a, size_t 
   struct msghdr msg = {.msg_iov = iov, .msg_iovlen = 2};
   ssize_t n;
   TD_SYSCALL_RETRY(n, sendmsg(t->peers[peer].fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL));
-  if (n >= 0) {
-    *moved = (size_t)n;
-    return TD_OK;
-  }
-  if (errno == EAGAIN || errno == EWOULDBLOCK) return TD_OK;
-  return peer_broken(t, peer, errno);
+  return sent(t, peer, n, moved);
 }
 
 static td_status tcp_try_recv(transport *base, int peer, void *buf, size_t len, size_t *moved) {
