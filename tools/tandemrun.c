@@ -96,6 +96,7 @@ typedef struct {
   double last_failure;      /* elastic: when a process here last failed (0: never) */
   bool evicted;             /* elastic: its link was judged lossy; no new process here until it is clean */
   double evicted_at;
+  double pongs_since;       /* elastic: since when its agent has answered every ping within LOSSY_PONG_LAG_S (0: not) */
 } host_spec;
 
 /* Elastic back-off on a host whose replacements fail young (within
@@ -676,6 +677,7 @@ typedef struct {
   el_lossy *lossy;        /* NULL: not watching */
   double lossy_next_sample, lossy_next_ping;
   int32_t ping_seq;
+  double ping_sent[64];   /* when ping seq was sent, at [seq % 64] */
   int64_t last_commits;   /* <job>/el/commits at the last sample (el_report_commit) */
   double last_progress;   /* when it last grew: the job made progress */
   double min_np_said;     /* when "not evicting: --min-np" was last said */
@@ -1295,6 +1297,7 @@ typedef struct host_agent {
   double probe_at;  /* elastic: start it again in the background at this time (0: not planned) */
   int probe_fails;  /* background starts in a row that got no hello */
   bool probe_dropped; /* background starts given up: the discovery script does not list the host */
+  double echoed_sent; /* when the newest ping it answered was sent (0: none yet) */
   agent_inbuf in;
 } host_agent;
 
@@ -1554,7 +1557,11 @@ static void agent_read(job *j, int ai) {
       }
       continue;
     }
-    if (type == AGENT_PONG) continue; /* lossy_tick's pings: the traffic is what counts */
+    if (type == AGENT_PONG) { /* lossy_tick's pings: the traffic, and how far behind the answers are */
+      if (x <= j->ping_seq && j->ping_seq - x < 64 && j->ping_sent[x % 64] > a->echoed_sent)
+        a->echoed_sent = j->ping_sent[x % 64];
+      continue;
+    }
     if (x < 0 || x >= j->n_workers || j->workers[x].agent != ai + 1 || !j->workers[x].running) continue;
     worker *w = &j->workers[x];
     if (type == AGENT_STARTED) {
@@ -1924,6 +1931,10 @@ static void elastic_reaped(job *j, worker *w, bool failed) {
  * TANDEM_EVICT_CLEAN seconds; then the usual scale-up brings it back. */
 #define LOSSY_PING_S 0.1
 #define LOSSY_SAMPLE_S 0.1
+/* An agent link is live when the newest ping it answered was sent at most
+ * this long ago (pings go every LOSSY_PING_S; a loaded launcher reads the
+ * answers late by a poll round or two). */
+#define LOSSY_PONG_LAG_S 1.0
 
 static void lossy_start(job *j) {
   if (!j->opt.elastic || !agents_on(j)) return;
@@ -1990,6 +2001,7 @@ static void lossy_tick(job *j) {
   if (now >= j->lossy_next_ping) {
     j->lossy_next_ping = now + LOSSY_PING_S;
     j->ping_seq++;
+    j->ping_sent[j->ping_seq % 64] = now;
     for (int i = 0; i < j->n_agents; i++) {
       host_agent *a = &j->agent_list[i];
       /* One small frame: a full pipe (ssh not reading) is a lost ping, not a wait. */
@@ -2033,11 +2045,36 @@ static void lossy_tick(job *j) {
                            .remote = !h->local};
     for (int k = 0; k < j->n_workers; k++)
       v[i].ranks += j->workers[k].running && !j->workers[k].signalled && j->workers[k].host == h;
-    if (h->evicted && now - h->evicted_at >= j->lossy_cfg.clean_s && v[i].conns > 0 &&
-        el_lossy_window(l, i, now, j->lossy_cfg.clean_s) == 0) {
+    /* The rule for letting an evicted host back: its link is clean when,
+     * for TANDEM_EVICT_CLEAN seconds, its agent answered every ping within
+     * LOSSY_PONG_LAG_S and tandemrun's connections to it retransmitted
+     * nothing. Quiet connections alone do not prove it: during a cut a
+     * connection's retransmission timer backs off (ssh's to seconds), so
+     * it sends nothing for seconds, and the segments the fault left
+     * unacknowledged are sent again only after the link is back: those
+     * leftovers evicted a just-restored host again (the s25 200-fault
+     * run). An answer to a ping sent after the fault means the agent's
+     * stream has caught up: TCP delivers in order, so everything sent
+     * before that ping arrived. */
+    int ai = -1;
+    for (int k = 0; k < j->n_agents && ai < 0; k++)
+      if (!strcmp(j->agent_list[k].host, h->name)) ai = k;
+    bool live = ai >= 0 && j->agent_list[ai].ready && j->agent_list[ai].echoed_sent > 0 &&
+                now - j->agent_list[ai].echoed_sent <= LOSSY_PONG_LAG_S;
+    if (!live)
+      h->pongs_since = 0;
+    else if (h->pongs_since == 0)
+      h->pongs_since = now;
+    if (h->evicted && now - h->evicted_at >= j->lossy_cfg.clean_s && v[i].conns > 0 && h->pongs_since > 0 &&
+        now - h->pongs_since >= j->lossy_cfg.clean_s && el_lossy_window(l, i, now, j->lossy_cfg.clean_s) == 0) {
       h->evicted = false;
-      fprintf(stderr, "tandemrun: host %s's link has been clean for %g s: it takes processes again\n", h->name,
-              j->lossy_cfg.clean_s);
+      int old = el_lossy_forget_backlog(l, i);
+      fprintf(stderr, "tandemrun: host %s's link has been clean for %g s (its agent answered every ping within %g "
+              "s, no segment retransmitted): it takes processes again\n", h->name, j->lossy_cfg.clean_s,
+              LOSSY_PONG_LAG_S);
+      if (old)
+        TD_INFO("%d connection%s to host %s still hold%s segments from the fault: %s retransmissions do not count",
+                old, old == 1 ? "" : "s", h->name, old == 1 ? "s" : "", old == 1 ? "its" : "their");
     }
   }
   char why[300];

@@ -93,7 +93,23 @@ void el_lossy_init(el_lossy *l) { memset(l, 0, sizeof *l); }
 void el_lossy_free(el_lossy *l) {
   free(l->prev);
   free(l->cur);
+  free(l->prev_host);
+  free(l->cur_host);
+  free(l->prev_old);
+  free(l->cur_old);
   l->prev = l->cur = NULL;
+  l->prev_host = l->cur_host = NULL;
+  l->prev_old = l->cur_old = NULL;
+}
+
+int el_lossy_forget_backlog(el_lossy *l, int i) {
+  int n = 0;
+  for (int p = 0; p < l->n_prev; p++)
+    if (l->prev_host[p] == i && l->prev[p].timed_out && !l->prev_old[p]) {
+      l->prev_old[p] = true;
+      n++;
+    }
+  return n;
 }
 
 void el_lossy_set_host(el_lossy *l, int i, const char *name) {
@@ -138,7 +154,11 @@ bool el_lossy_sample(el_lossy *l, double now) {
   if (l->broken) return false;
   if (!l->cur) l->cur = malloc(sizeof *l->cur * EL_LOSSY_MAX_CONNS);
   if (!l->prev) l->prev = malloc(sizeof *l->prev * EL_LOSSY_MAX_CONNS);
-  if (!l->cur || !l->prev) return false;
+  if (!l->cur_host) l->cur_host = malloc(sizeof *l->cur_host * EL_LOSSY_MAX_CONNS);
+  if (!l->prev_host) l->prev_host = malloc(sizeof *l->prev_host * EL_LOSSY_MAX_CONNS);
+  if (!l->cur_old) l->cur_old = malloc(sizeof *l->cur_old * EL_LOSSY_MAX_CONNS);
+  if (!l->prev_old) l->prev_old = malloc(sizeof *l->prev_old * EL_LOSSY_MAX_CONNS);
+  if (!l->cur || !l->prev || !l->cur_host || !l->prev_host || !l->cur_old || !l->prev_old) return false;
   int n = net_tcp_conns(l->cur, EL_LOSSY_MAX_CONNS);
   if (n < 0) {
     l->broken = true;
@@ -155,9 +175,12 @@ bool el_lossy_sample(el_lossy *l, double now) {
           !memcmp(l->hosts[i].addr, cc->peer, cc->family == AF_INET ? 4 : 16))
         h = i;
     while (p < l->n_prev && l->prev[p].cookie < cc->cookie) p++;
-    if (h < 0) continue;
+    bool seen = p < l->n_prev && l->prev[p].cookie == cc->cookie;
+    l->cur_host[c] = h;
+    l->cur_old[c] = seen && l->prev_old[p];
+    if (h < 0 || l->cur_old[c]) continue;
     conns[h]++;
-    if (p < l->n_prev && l->prev[p].cookie == cc->cookie)
+    if (seen)
       delta[h] += (long)(cc->total_retrans - l->prev[p].total_retrans);
     else if (l->sampled)
       delta[h] += (long)cc->total_retrans; /* a connection opened since the last sample */
@@ -165,6 +188,12 @@ bool el_lossy_sample(el_lossy *l, double now) {
   net_tcp_conn *t = l->prev;
   l->prev = l->cur;
   l->cur = t;
+  int *th = l->prev_host;
+  l->prev_host = l->cur_host;
+  l->cur_host = th;
+  bool *to = l->prev_old;
+  l->prev_old = l->cur_old;
+  l->cur_old = to;
   l->n_prev = n;
   l->sampled = true;
   for (int i = 0; i < l->n_hosts; i++) {

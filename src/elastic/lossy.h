@@ -56,6 +56,8 @@ typedef struct {
   int n_hosts;
   net_tcp_conn *prev, *cur; /* the previous sample's connections (sorted by cookie) */
   int n_prev;
+  int *prev_host, *cur_host;   /* each connection's host index (-1: none) */
+  bool *prev_old, *cur_old;    /* a fault's leftover (el_lossy_forget_backlog): its retransmissions do not count */
   bool sampled;
   bool broken; /* sock_diag cannot be used here: no eviction (said once) */
 } el_lossy;
@@ -66,6 +68,12 @@ void el_lossy_free(el_lossy *l);
 void el_lossy_set_host(el_lossy *l, int i, const char *name);
 /* One sample at time now: false if the kernel's interface failed. */
 bool el_lossy_sample(el_lossy *l, double now);
+/* Host i's link was judged clean (an evicted host let back): its
+ * connections that still hold segments from the fault (timed out, not yet
+ * acknowledged: e.g. a killed process's store connection in back-off) are
+ * leftovers; their retransmissions, which come only once the link is back,
+ * never count for host i again. Returns how many were set aside. */
+int el_lossy_forget_backlog(el_lossy *l, int i);
 /* Host i's retransmissions in (now - window_s, now]. */
 long el_lossy_window(const el_lossy *l, int i, double now, double window_s);
 

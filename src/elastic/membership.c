@@ -206,7 +206,14 @@ static bool contains(const long *v, int n, long u) {
   return false;
 }
 
-/* The uids that took slots in round k so far (sorted, unique). */
+/* The uids that took slots in round k so far and wrote them (sorted,
+ * unique). A slot is written right after it is taken, so a short wait
+ * covers the usual gap; a slot still empty after it is skipped: its taker
+ * is slow (an old member not seen yet is not accounted for, so the round
+ * waits for it anyway; a joiner not seen tries the next round) or died
+ * between taking and writing it (a SIGKILL there left every later reader
+ * of the round waiting for that key: the s25 eviction hang). */
+#define EL_SLOT_WAIT_S 0.25
 static td_status read_joins(el_membership *m, int k, long **out, int *n_out) {
   char key[200];
   snprintf(key, sizeof key, "%s/el/e%d/n", m->job, k);
@@ -215,21 +222,41 @@ static td_status read_joins(el_membership *m, int k, long **out, int *n_out) {
   *out = NULL;
   *n_out = 0;
   if (n <= 0) return TD_OK;
+  long *v = malloc(sizeof *v * (size_t)n);
+  if (!v) return td_error(TD_ERR_SYSTEM, "out of memory reading joins");
   snprintf(key, sizeof key, "%s/el/e%d/j", m->job, k);
   char **values = NULL;
-  /* A slot is written right after it is taken: a short wait covers that. */
-  TD_CHECK(store_gather(m->store, key, (int)n, 10.0, &values, NULL, NULL));
-  long *v = malloc(sizeof *v * (size_t)n);
-  if (!v) {
+  int missing = -1, c = 0;
+  td_status st = store_gather(m->store, key, (int)n, EL_SLOT_WAIT_S, &values, NULL, &missing);
+  if (st == TD_OK) {
+    for (int64_t i = 0; i < n; i++) {
+      long u = strtol(values[i], NULL, 10);
+      if (!contains(v, c, u)) v[c++] = u;
+    }
     free(values);
-    return td_error(TD_ERR_SYSTEM, "out of memory reading joins");
+  } else if (st == TD_ERR_TIMEOUT) {
+    /* Some slot is empty: read them one by one, skipping the empty ones. */
+    for (int64_t i = 0; i < n; i++) {
+      char slot[220];
+      snprintf(slot, sizeof slot, "%s%lld", key, (long long)i);
+      void *val = NULL;
+      int found = 0;
+      st = store_get(m->store, slot, &val, NULL, &found);
+      if (st != TD_OK) break;
+      if (found) {
+        long u = strtol(val, NULL, 10);
+        if (!contains(v, c, u)) v[c++] = u;
+      } else {
+        TD_DEBUG("elastic: round %d: join slot %lld was taken but is still empty after %g s: skipped", k,
+                 (long long)i, EL_SLOT_WAIT_S);
+      }
+      free(val);
+    }
   }
-  int c = 0;
-  for (int64_t i = 0; i < n; i++) {
-    long u = strtol(values[i], NULL, 10);
-    if (!contains(v, c, u)) v[c++] = u;
+  if (st != TD_OK) {
+    free(v);
+    return st;
   }
-  free(values);
   qsort(v, (size_t)c, sizeof *v, cmp_long);
   *out = v;
   *n_out = c;
@@ -308,13 +335,20 @@ static td_status try_close(el_membership *m, int k, const long *prev, int n_prev
   int n_in = 0;
   bool all_accounted = true;
   for (int i = 0; i < n_prev; i++) {
-    if (contains(joins, n_joins, prev[i])) {
-      if (n_in < m->max_np) in[n_in++] = prev[i];
-      continue;
-    }
     bool dead = false, silent = false;
     long replacement = -1;
     td_status st = is_dead(m, prev[i], &dead, &replacement);
+    if (st != TD_OK) {
+      free(in);
+      return st;
+    }
+    /* A process the launcher reported gone is never let in, even when it
+     * still runs and took a slot: an evicted one whose kill is still on its
+     * way (the round must not wait for it, nor its epoch contain it). */
+    if (contains(joins, n_joins, prev[i]) && !dead) {
+      if (n_in < m->max_np) in[n_in++] = prev[i];
+      continue;
+    }
     if (st == TD_OK && !dead) st = is_silent(m, prev[i], k - 1, &silent);
     if (st != TD_OK) {
       free(in);
@@ -329,8 +363,17 @@ static td_status try_close(el_membership *m, int k, const long *prev, int n_prev
     if (!dead || (replacement >= 0 && !replace_waited && !contains(joins, n_joins, replacement)))
       all_accounted = false;
   }
-  for (int i = 0; i < n_joins && n_in < m->max_np; i++)
-    if (!contains(prev, n_prev, joins[i])) in[n_in++] = joins[i];
+  for (int i = 0; i < n_joins && n_in < m->max_np; i++) {
+    if (contains(prev, n_prev, joins[i])) continue;
+    bool dead = false;
+    long replacement = -1;
+    td_status st = is_dead(m, joins[i], &dead, &replacement);
+    if (st != TD_OK) {
+      free(in);
+      return st;
+    }
+    if (!dead) in[n_in++] = joins[i];
+  }
   if ((!all_accounted && !settled) || n_in < m->min_np || n_in == 0) {
     free(in);
     return TD_OK;
@@ -425,6 +468,27 @@ td_status el_membership_next(el_membership *m) {
                                      "this process is refused and should exit: the launcher starts fresh workers",
                       m->uid, m->epoch, cur, m->settle_s);
   }
+  /* A process the launcher reported gone (evicted with its host, whose kill
+   * has not arrived yet) takes no slot: it is never let in again. */
+  {
+    bool dead = false;
+    long replacement = -1;
+    TD_CHECK(is_dead(m, m->uid, &dead, &replacement));
+    if (dead) {
+      char key[200];
+      snprintf(key, sizeof key, "%s/el/dead/%ld", m->job, m->uid);
+      char *why = NULL;
+      void *v = NULL;
+      int found = 0;
+      if (store_get(m->store, key, &v, NULL, &found) == TD_OK && found) why = v;
+      if (why && strchr(why, '\n')) *strchr(why, '\n') = '\0';
+      td_status st = td_error(TD_ERR_REMOTE, "elastic: process %ld was reported gone by the launcher (%s): it is "
+                              "not let into epoch %d or any later one and should exit; the launcher starts fresh "
+                              "workers", m->uid, why && *why ? why : "lost", k);
+      free(v);
+      return st;
+    }
+  }
   /* The members of the epoch being replaced: for epoch 1, the processes the
    * launcher started together (uids 0 .. TANDEM_WORLD_SIZE-1). */
   long *prev = NULL;
@@ -504,6 +568,11 @@ td_status el_membership_next(el_membership *m) {
         st = try_close(m, k, prev, n_prev, joins, n_joins, waited >= settle, waited >= m->replace_wait_s, &closed,
                        &text);
         int n_alive = n_joins;
+        /* Who the round still waits for (named in the timeout's error). */
+        char absent[200] = "";
+        for (int i = 0, len = 0; i < n_prev && len < (int)sizeof absent - 24; i++)
+          if (!contains(joins, n_joins, prev[i]))
+            len += snprintf(absent + len, sizeof absent - (size_t)len, "%s%ld", len ? " " : "", prev[i]);
         free(joins);
         if (st != TD_OK) break;
         if (closed) {
@@ -514,9 +583,11 @@ td_status el_membership_next(el_membership *m) {
         }
         if (waited >= m->timeout_s) {
           st = td_error(TD_ERR_TIMEOUT, "elastic: only %d process%s joined epoch %d within %g s "
-                                         "(TANDEM_ELASTIC_TIMEOUT), fewer than the %d that --min-np requires: "
-                                         "the job cannot go on; add hosts or slots, or lower --min-np",
-                        n_alive, n_alive == 1 ? "" : "es", k, m->timeout_s, m->min_np);
+                                         "(TANDEM_ELASTIC_TIMEOUT), fewer than the %d that --min-np requires "
+                                         "(of epoch %d's members, not joined: %s): the job cannot go on; add hosts "
+                                         "or slots, or lower --min-np",
+                        n_alive, n_alive == 1 ? "" : "es", k, m->timeout_s, m->min_np, k - 1,
+                        *absent ? absent : "none");
           break;
         }
       } else if (waited >= m->timeout_s) {

@@ -308,6 +308,8 @@ typedef struct {
   int family;             /* AF_INET (an IPv4-mapped IPv6 peer included) or AF_INET6 */
   unsigned char peer[16]; /* the peer's address (4 bytes for AF_INET) */
   uint32_t total_retrans; /* tcpi_total_retrans */
+  bool timed_out;         /* a segment's retransmission timer fired and it is not acknowledged yet
+                             (tcpi_retransmits or tcpi_backoff > 0, or congestion state Loss) */
   bool have_info;
 } net_tcp_conn;
 /* Fills at most max entries; returns how many, or -1 (errno set) when the

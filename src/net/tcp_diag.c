@@ -81,6 +81,7 @@ static int dump_family(int fd, int family, net_tcp_conn *out, int max, int n) {
         size_t have = RTA_PAYLOAD(a);
         memcpy(&ti, RTA_DATA(a), have < sizeof ti ? have : sizeof ti);
         c.total_retrans = ti.tcpi_total_retrans;
+        c.timed_out = ti.tcpi_retransmits > 0 || ti.tcpi_backoff > 0 || ti.tcpi_ca_state == 4 /* TCP_CA_Loss */;
         c.have_info = true;
       }
       if (c.have_info && n < max) out[n++] = c;
