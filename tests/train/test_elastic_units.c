@@ -209,6 +209,46 @@ static void membership_cases(void) {
   check_members(&m[6], 6, e6, 4);
   check_members(&m[1], 6, e6, 4);
 
+  /* tandemrun evicts uids 5 and 6 (their host's link is lossy) while both
+   * still run (the kill goes through the lossy link): 6 had already taken
+   * and written its slot of round 7, 5 was killed between taking its slot
+   * and writing it (the hole that hung the s25 200-fault run: every reader
+   * of round 7 waited 10 s for that key, and failed). The survivors close
+   * epoch 7 without either, with no wait for the hole beyond a moment; 6
+   * itself, still running, is refused, as is 5 had it lived. */
+  {
+    char key[64];
+    int64_t slot = 0;
+    snprintf(key, sizeof key, "%s/el/e7/n", job);
+    CHECK_OK(store_add(launcher, key, 1, &slot)); /* 5's slot, never written */
+    CHECK_OK(store_add(launcher, key, 1, &slot)); /* 6's */
+    snprintf(key, sizeof key, "%s/el/e7/j%lld", job, (long long)(slot - 1));
+    CHECK_OK(store_set_str(launcher, key, "6"));
+  }
+  CHECK_OK(el_report_dead(launcher, job, 5, "evicted: its host's link is lossy", -1));
+  CHECK_OK(el_report_dead(launcher, job, 6, "evicted: its host's link is lossy", -1));
+  /* 5, still running, tries round 7 again: refused, no slot taken. */
+  CHECK_MSG(el_membership_next(&m[5]), TD_ERR_REMOTE, "process 5 was reported gone by the launcher (evicted: its "
+            "host's link is lossy)");
+  t0 = td_now();
+  el_membership *e7m[2] = {&m[1], &m[2]};
+  run_round(e7m, 2, args);
+  took = td_now() - t0;
+  for (int i = 0; i < 2; i++) {
+    if (args[i].st != TD_OK) td_test_fail(__FILE__, __LINE__, "round 7 after the eviction: %s", args[i].err);
+  }
+  if (!(took < 3))
+    td_test_fail(__FILE__, __LINE__, "epoch 7 closed after %.2f s: the survivors waited for evicted processes", took);
+  const long e7[] = {1, 2};
+  for (int i = 0; i < 2; i++) check_members(e7m[i], 7, e7, 2);
+  {
+    char key[64];
+    int64_t n = 0;
+    snprintf(key, sizeof key, "%s/el/e7/n", job);
+    CHECK_OK(store_add(launcher, key, 0, &n));
+    CHECK_EQ_INT(n, 4); /* 5's hole, 6, the two survivors: 5's second try took none */
+  }
+
   /* Below min-np: two survivors of four, min-np 3, a short timeout. */
   m[1].min_np = m[2].min_np = 3;
   m[1].timeout_s = m[2].timeout_s = 1;
