@@ -11,9 +11,13 @@
  *                  (written once, by compare-and-set: whoever closes the
  *                  round first wins, and everybody reads that list)
  *   dead/<uid>     "<why>\n<replacement uid or -1>": the process <uid> is
- *                  gone (the launcher writes it when it reaps a worker; it
- *                  lets survivors close a round without waiting
- *                  TANDEM_ELASTIC_SETTLE for it). When the launcher started
+ *                  gone (the launcher writes it when it reaps a worker, or
+ *                  when it evicts it with its host before the kill arrives;
+ *                  it lets survivors close a round without waiting
+ *                  TANDEM_ELASTIC_SETTLE for it). Such a process is never
+ *                  admitted again: one that still runs refuses itself
+ *                  before taking a slot, and a round leaves it out even if
+ *                  it took one. When the launcher started
  *                  a replacement first, the round waits (at most
  *                  TANDEM_ELASTIC_REPLACE_WAIT) for that one to join, so that
  *                  a fast start brings the world size back at once; a slow
