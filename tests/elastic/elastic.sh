@@ -31,6 +31,10 @@
 #   elastic.sh B abandon  a member killed between the close of its round and
 #                         the epoch's rendezvous: the others abandon that
 #                         rendezvous at once and form the next epoch
+#   elastic.sh B abandon-connect  the same, killed after the epoch's
+#                         rendezvous exchanged addresses, before it connected
+#                         (TCP): the others stop waiting for its connection
+#                         at once (on the code before, TANDEM_CONNECT_TIMEOUT)
 #   elastic.sh B below    2 ranks, --min-np 2, one killed, no restarts:
 #                         tandemrun stops the job after --elastic-timeout
 #                         with a message naming --min-np, exit 1; again
@@ -260,6 +264,39 @@ abandon)
   took=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')
   awk -v t="$took" 'BEGIN { exit !(t < 20) }' || fail "epoch 3 formed $took s after process 3 was lost (TANDEM_CONNECT_TIMEOUT is 40 s)"
   echo "epoch 2's rendezvous abandoned; epoch 3 formed $took s after its member was lost"
+  ;;
+abandon-connect)
+  # As abandon, but process 3 stops itself once epoch 2's addresses are
+  # exchanged (TANDEM_TEST_ELASTIC_STOP_BEFORE_CONNECT): the others are
+  # waiting for its TCP connection, not for a store key. They must give up
+  # as soon as tandemrun reports it lost (the s26 200-fault run waited
+  # TANDEM_CONNECT_TIMEOUT there for an evicted process).
+  export TANDEM_TRANSPORT=tcp TANDEM_CONNECT_TIMEOUT=40 TANDEM_TEST_ELASTIC_STOP_BEFORE_CONNECT=3 TANDEM_ELASTIC_REPLACE_WAIT=60
+  start "$work/out" --min-np 2 --max-np 3 -np 3 --max-restarts 2 "$GPT" \
+    --layers 2 --channels 64 --heads 2 --seq 64 --threads 1 --sample 0 --steps 80 --micro-batch 4
+  wait_for "$work/out" "step 20 loss"
+  kill_frozen "$work/out" 1
+  wait_for "$work/out" "starting process 3 on host"
+  p3=
+  for _ in $(seq 1 1200); do
+    for pid in $(pgrep -P "$bg"); do
+      tr '\0' '\n' 2>/dev/null <"/proc/$pid/environ" | grep -qx "TANDEM_ELASTIC_ID=3" && p3=$pid
+    done
+    [ -n "$p3" ] && [ "$(awk '{ print $3 }' "/proc/$p3/stat" 2>/dev/null)" = T ] && break
+    sleep 0.05
+  done
+  [ "$(awk '{ print $3 }' "/proc/$p3/stat" 2>/dev/null)" = T ] || fail "process 3 did not stop before connecting"
+  t0=$(date +%s.%N)
+  kill -9 "$p3"
+  wait_for "$work/out" "elastic epoch 3:" 60
+  t1=$(date +%s.%N)
+  finish 0 "$work/out"
+  grep -v "step [0-9]* loss" "$work/out"
+  grep -q "tcp: rank [0-9] gave up .*: process 3, rank [0-9] of epoch 2, was reported lost" "$work/out" ||
+    fail "the survivors did not give up waiting for process 3's connection"
+  took=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')
+  awk -v t="$took" 'BEGIN { exit !(t < 20) }' || fail "epoch 3 formed $took s after process 3 was lost (TANDEM_CONNECT_TIMEOUT is 40 s)"
+  echo "epoch 2's connections given up; epoch 3 formed $took s after its member was lost"
   ;;
 stale)
   export TANDEM_TRANSPORT=tcp TANDEM_HEARTBEAT_TIMEOUT=2 TANDEM_HEARTBEAT_INTERVAL=0.25 TANDEM_ELASTIC_SETTLE=3

@@ -33,6 +33,7 @@
 #define TD_COMM_CORE_H
 
 #include <pthread.h>
+#include <signal.h>
 #include <sys/types.h>
 
 #include "base/base.h"
@@ -187,6 +188,12 @@ struct transport {
  * peers or maps rank 0's segment. Unset, it costs one getenv per transport. */
 #include <unistd.h>
 static inline void transport_test_gate(void) {
+  /* TANDEM_TEST_ELASTIC_STOP_BEFORE_CONNECT=UID: the elastic process with
+   * that launch number stops itself after the peers' addresses were
+   * exchanged, before any connection (tests/elastic/elastic.sh
+   * abandon-connect kills it there). */
+  long stop = td_env_long("TANDEM_TEST_ELASTIC_STOP_BEFORE_CONNECT", -1);
+  if (stop >= 0 && td_env_long("TANDEM_ELASTIC_ID", -2) == stop) raise(SIGSTOP);
   long fd = td_env_long("TANDEM_TEST_TRANSPORT_GATE_FD", -1);
   if (fd < 0) return;
   char byte;

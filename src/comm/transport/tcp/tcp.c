@@ -955,6 +955,21 @@ static td_status setup_stream(tcp_transport *t, int p, const char *ctx, const ne
   return TD_OK;
 }
 
+/* During construction the caller may learn that a peer will never come
+ * (td_comm_config.abandon: the elastic launcher reported it gone, e.g.
+ * evicted while it still ran, after the peers' addresses were exchanged):
+ * the waits for peers ask every TCP_ABANDON_SLICE_S instead of holding out
+ * for TANDEM_CONNECT_TIMEOUT (the s26 200-fault run waited 60 s here for an
+ * evicted process). */
+#define TCP_ABANDON_SLICE_S 0.25
+static bool tcp_abandoned(td_comm *comm, double *next_ask, char *why, size_t why_size) {
+  if (!comm->abandon_fn) return false;
+  double now = td_now();
+  if (now < *next_ask) return false;
+  *next_ask = now + TCP_ABANDON_SLICE_S;
+  return comm->abandon_fn(comm->abandon_ctx, why, why_size);
+}
+
 typedef struct pending_conn {
   int fd;
   double deadline;
@@ -977,8 +992,17 @@ static td_status accept_peers(tcp_transport *t, int listen_fd, double deadline, 
   td_status st = TD_OK;
   if (expected > 0 && net_set_nonblocking(listen_fd, true) != 0)
     return td_error_errno("tcp: rank %d cannot make its listening socket non-blocking", t->rank);
+  double next_ask = td_now() + TCP_ABANDON_SLICE_S;
   while (expected > 0) {
     double now = td_now();
+    char gone[400] = "";
+    if (tcp_abandoned(comm, &next_ask, gone, sizeof gone)) {
+      char missing[512];
+      describe_missing(t, missing, sizeof missing);
+      st = td_error(TD_ERR_REMOTE, "tcp: rank %d gave up waiting for %s to connect to it (communicator %s): %s",
+                    t->rank, missing, comm->prefix, gone);
+      break;
+    }
     if (now >= deadline) {
       char missing[512];
       describe_missing(t, missing, sizeof missing);
@@ -997,7 +1021,7 @@ static td_status accept_peers(tcp_transport *t, int listen_fd, double deadline, 
       pfds[n_pfds++] = (struct pollfd){.fd = pend[i].fd, .events = POLLIN};
       wake = TD_MIN(wake, pend[i].deadline);
     }
-    int ms = (int)TD_MIN(TD_MAX((wake - now) * 1000.0 + 1, 0), 1000.0);
+    int ms = (int)TD_MIN(TD_MAX((wake - now) * 1000.0 + 1, 0), comm->abandon_fn ? TCP_ABANDON_SLICE_S * 1000.0 : 1000.0);
     int ready = poll(pfds, (nfds_t)n_pfds, ms);
     if (ready < 0 && errno != EINTR) {
       st = td_error_errno("tcp: rank %d: poll on its listening socket failed", t->rank);
@@ -1250,7 +1274,21 @@ td_status tcp_transport_create(td_comm *comm, transport **out) {
     char peer_host[64];
     int peer_port = 0;
     TD_CHECK_GOTO(net_parse_addr(t->peers[p].addr, peer_host, sizeof peer_host, &peer_port), st, fail);
-    st = net_connect(peer_host, peer_port, TD_MAX(deadline - td_now(), 0.001), &t->peers[p].fd);
+    /* In slices when the wait can be abandoned (a peer that is gone
+     * refuses or never answers until the deadline). */
+    double next_ask = td_now() + TCP_ABANDON_SLICE_S;
+    char gone[400] = "";
+    for (;;) {
+      double left = TD_MAX(deadline - td_now(), 0.001);
+      st = net_connect(peer_host, peer_port, comm->abandon_fn ? TD_MIN(left, 1.0) : left, &t->peers[p].fd);
+      if (st == TD_OK || (st != TD_ERR_REMOTE && st != TD_ERR_TIMEOUT) || !comm->abandon_fn || td_now() >= deadline)
+        break;
+      if (tcp_abandoned(comm, &next_ask, gone, sizeof gone)) {
+        st = td_error(TD_ERR_REMOTE, "tcp: rank %d gave up connecting to rank %d at %s (communicator %s): %s",
+                      t->rank, p, t->peers[p].addr, comm->prefix, gone);
+        goto fail;
+      }
+    }
     if (st != TD_OK) {
       st = td_error(st, "tcp: rank %d cannot connect to rank %d at %s: %s", t->rank, p, t->peers[p].addr,
                     td_last_error());
