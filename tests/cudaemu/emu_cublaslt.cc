@@ -31,6 +31,43 @@ struct td_emu_lt_pref {
   int unused;
 };
 
+/* emu_runtime.cc: whether [p, p + bytes) lies inside one device or pinned allocation */
+namespace td_emu {
+bool inside_allocation(const void *p, size_t bytes);
+}
+
+/* Operand (rows, cols, ld) of element type t at p: false, with a message,
+ * when the elements it addresses leave its allocation (on a GPU: a fault or
+ * garbage). The product below reads A and B unsanitized, so this check is
+ * what ASan's was for them. */
+static bool operand_inside(const char *what, const void *p, cudaDataType_t t, uint64_t rows, uint64_t cols, int64_t ld) {
+  if (rows == 0 || cols == 0) return true;
+  size_t bytes = ((size_t)(cols - 1) * (size_t)ld + rows) * (t == CUDA_R_16BF ? 2 : 4);
+  if (td_emu::inside_allocation(p, bytes)) return true;
+  fprintf(stderr, "cudaemu: cublasLtMatmul: %s (%llu x %llu, ld %lld: %zu bytes from %p) is not inside one device allocation\n",
+          what, (unsigned long long)rows, (unsigned long long)cols, (long long)ld, bytes, p);
+  return false;
+}
+
+/* col[i] = sum over k of op(A)(i, k) op(B)(k, j), i < m: each sum from 0 in
+ * k order, as the instrumented loop before it did (no FMA at the baseline
+ * -march, no reassociation without -ffast-math: the same f32 results).
+ * The operands were checked against their allocations (operand_inside), so
+ * this innermost loop (m n K multiply-adds a product; at -O1 with ASan, ~7%
+ * of a training line's CPU on the emulator) is compiled without the
+ * sanitizers and optimized. */
+template <class T>
+__attribute__((noinline, no_sanitize("address", "undefined"), optimize("O2"))) static void
+column_product(float *__restrict col, const T *A, size_t a_row_step, size_t a_k_step, const T *b_col, size_t b_k_step,
+               uint64_t m, uint64_t K) {
+  for (uint64_t i = 0; i < m; i++) {
+    const T *a_row = A + i * a_row_step;
+    float s = 0.0f;
+    for (uint64_t k = 0; k < K; k++) s += (float)a_row[k * a_k_step] * (float)b_col[k * b_k_step];
+    col[i] = s;
+  }
+}
+
 static float get(const void *p, cudaDataType_t t, size_t i) {
   return t == CUDA_R_16BF ? (float)((const __nv_bfloat16 *)p)[i] : ((const float *)p)[i];
 }
@@ -185,6 +222,16 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
   memcpy(&be, beta, 4);
   uint64_t m = d->rows, n = d->cols, K = desc->ta == CUBLAS_OP_T ? a->rows : a->cols;
   cudaDataType_t t = d->type;
+  if (!operand_inside("A", A, a->type, a->rows, a->cols, a->ld) || !operand_inside("B", B, b->type, b->rows, b->cols, b->ld) ||
+      !operand_inside("D", D, d->type, d->rows, d->cols, d->ld) ||
+      (be != 0.0f && !operand_inside("C", C, c->type, c->rows, c->cols, c->ld)) ||
+      (with_bias && !operand_inside("the bias", desc->bias, t, m, 1, (int64_t)(m ? m : 1))) ||
+      ((gelu || dgelu) && !operand_inside("the GELU aux", desc->aux, t, m, n, desc->aux_ld)))
+    return CUBLAS_STATUS_INVALID_VALUE;
+  /* element (i, k) of op(A) at i a_row_step + k a_k_step; (k, j) of op(B) at
+   * j b_col_step + k b_k_step */
+  size_t a_row_step = desc->ta == CUBLAS_OP_T ? (size_t)a->ld : 1, a_k_step = desc->ta == CUBLAS_OP_T ? 1 : (size_t)a->ld;
+  size_t b_col_step = desc->tb == CUBLAS_OP_T ? 1 : (size_t)b->ld, b_k_step = desc->tb == CUBLAS_OP_T ? (size_t)b->ld : 1;
   /* BGRADA/BGRADB: op(A)'s row sums or op(B)'s column sums over k, from the
    * operands alone, as plain sums in double written in D's type (the
    * library's Ctype rule for a bias gradient): an independent reference for
@@ -211,14 +258,13 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
     return CUBLAS_STATUS_ALLOC_FAILED;
   }
   for (uint64_t j = 0; j < n; j++) {
+    if (a->type == CUDA_R_16BF)
+      column_product(col, (const __nv_bfloat16 *)A, a_row_step, a_k_step, (const __nv_bfloat16 *)B + j * b_col_step,
+                     b_k_step, m, K);
+    else
+      column_product(col, (const float *)A, a_row_step, a_k_step, (const float *)B + j * b_col_step, b_k_step, m, K);
     for (uint64_t i = 0; i < m; i++) {
-      float s = 0.0f;
-      for (uint64_t k = 0; k < K; k++) {
-        size_t ia = desc->ta == CUBLAS_OP_T ? k + i * a->ld : i + k * a->ld;
-        size_t ib = desc->tb == CUBLAS_OP_T ? j + k * b->ld : k + j * b->ld;
-        s += get(A, a->type, ia) * get(B, b->type, ib);
-      }
-      float v = al * s;
+      float v = al * col[i];
       if (be != 0.0f) v += be * get(C, c->type, i + j * c->ld);
       if (with_bias) v += get(desc->bias, t, i);
       col[i] = v;

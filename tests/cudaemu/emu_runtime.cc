@@ -398,6 +398,11 @@ void launch(const launch_cfg &cfg, void (*body)(void *), void *ctx) {
   s->in_launch = false;
 }
 
+bool inside_allocation(const void *p, size_t bytes) {
+  bool device;
+  return range_in_alloc(p, bytes, &device);
+}
+
 void sync_block() { yield(AT_BLOCK_BARRIER); }
 void sync_warp() { yield(AT_WARP_BARRIER); }
 unsigned lane() { return tls_sched->current->linear % 32; }
