@@ -56,8 +56,13 @@ static bool operand_inside(const char *what, const void *p, cudaDataType_t t, ui
  * this innermost loop (m n K multiply-adds a product; at -O1 with ASan, ~7%
  * of a training line's CPU on the emulator) is compiled without the
  * sanitizers and optimized. */
+#if defined(__clang__) /* no per-function optimize attribute: the tree's level */
+#define TD_EMU_HOT_LOOP __attribute__((noinline, no_sanitize("address", "undefined")))
+#else
+#define TD_EMU_HOT_LOOP __attribute__((noinline, no_sanitize("address", "undefined"), optimize("O2")))
+#endif
 template <class T>
-__attribute__((noinline, no_sanitize("address", "undefined"), optimize("O2"))) static void
+TD_EMU_HOT_LOOP static void
 column_product(float *__restrict col, const T *A, size_t a_row_step, size_t a_k_step, const T *b_col, size_t b_k_step,
                uint64_t m, uint64_t K) {
   for (uint64_t i = 0; i < m; i++) {
