@@ -10,7 +10,10 @@
 # (the products, attention, the fused classifier, AdamW) for gpu-check's
 # summary table. The bf16 table has the attention backward twice, on the
 # FlashAttention-2 kernels (src/nn/cuda/flash_attention_mma.cu) in two
-# passes (the default) and in one (the one-pass row), and the bias
+# passes (the default) and in one (the one-pass row), the attention forward
+# with its output staged through shared memory (the default) and stored
+# from the registers (the direct-store rows), the attention at head size 128
+# (C / 128 heads: the same flops; the hs128 rows), and the bias
 # gradients from cuBLASLt's epilogues beside the column-sum kernel: the A/Bs
 # in one run. Then, when python3 has torch with CUDA, PyTorch's kernels
 # for the same work at the same shape (bench/torch_kernels.py: its SDPA

@@ -22,7 +22,12 @@
  * cores in bf16: the FlashAttention-2 kernels; their backward in one pass
  * with TANDEM_CUDA_ATTENTION=onepass, which td_cuda_attention_backward_flags
  * turns into the flag the test passes), and at T = 130 (several 64-row tiles);
- * --attention: head size 64 at T = 17, 64, 127, 257 and 1024.
+ * --attention: head size 64 at T = 17, 64, 127, 257 and 1024; --attention
+ * hs128: head size 128 at T = 1, 7, 33, 64, 130, 257 (bf16) and 1, 7, 33
+ * (f32); --attention small: head size 64 at T = 17, 64, 130 and 128 at 7,
+ * 130. The fused forward runs with the flags TANDEM_CUDA_ATTENTION_STORE
+ * asks for (td_cuda_attention_forward_flags), into an output filled with
+ * NaN first.
  * Runs under the emulator in CI (tests/cudaemu.suite) and on a GPU
  * (tests/gpu.suite via scripts/gpu-check), the same binary source. Without
  * a device it prints SKIP and exits 0 (FAIL and 1 with TD_TEST_EXPECT_CUDA=1).
@@ -670,13 +675,18 @@ static void test_attention(int B, int T, int C, int NH, td_dtype dt) {
   expect_close("attention backward", dgx, gx, nin, dt);
   /* the fused kernels against the same references, the backward with the
    * flags TANDEM_CUDA_ATTENTION asks for (the one-pass line), its scratch
-   * sized with the same */
-  int att_flags = -1;
+   * sized with the same; the forward with TANDEM_CUDA_ATTENTION_STORE's
+   * (the direct-store line) */
+  int att_flags = -1, fwd_flags = -1;
   CHECK_OK(td_cuda_attention_backward_flags(&att_flags));
+  CHECK_OK(td_cuda_attention_forward_flags(&fwd_flags));
   float *dlse = dev_f32((size_t)B * NH * T);
   float *dD = dev_f32(td_cuda_flash_attention_backward_scratch_floats(B, T, C, NH, att_flags));
   void *dout2 = dev_f32(nout), *dgx2 = upload(gx0, nin, dt);
-  CHECK_OK(td_cuda_flash_attention_forward(dout2, dlse, dx, B, T, C, NH, dt, NULL));
+  /* out's rows past the last stored (out is (B, T, C)) stay NaN: a store
+   * past a row's end or past row T - 1 shows */
+  CHECK(cudaMemset(dout2, 0xff, nout * esize(dt)) == cudaSuccess);
+  CHECK_OK(td_cuda_flash_attention_forward_ex(dout2, dlse, dx, B, T, C, NH, dt, fwd_flags, NULL));
   double *bout = NULL, *bin = NULL;
   if (dt == TD_BF16) {
     bout = malloc(sizeof(double) * nout);
@@ -856,12 +866,18 @@ static void test_bad_arguments(void) {
   CHECK_EQ_INT(fused, 1);
   CHECK_OK(td_cuda_attention_fused(12, &fused));
   CHECK_EQ_INT(fused, 0);
+  CHECK_OK(td_cuda_attention_fused(128, &fused)); /* LLaMA-style heads take the fused kernels */
+  CHECK_EQ_INT(fused, 1);
   setenv("TANDEM_CUDA_ATTENTION", "unfused", 1);
   CHECK_OK(td_cuda_attention_fused(64, &fused));
   CHECK_EQ_INT(fused, 0);
   setenv("TANDEM_CUDA_ATTENTION", "fused", 1);
   CHECK_STATUS(td_cuda_attention_fused(12, &fused), TD_ERR_INVALID_ARGUMENT);
   CHECK(strstr(td_last_error(), "not 12") != NULL);
+  CHECK_OK(td_cuda_attention_fused(128, &fused));
+  CHECK_EQ_INT(fused, 1);
+  CHECK_STATUS(td_cuda_attention_fused(96, &fused), TD_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(td_last_error(), "64, 128, not 96") != NULL);
   /* the backward's flags: the one-pass backward on request, read here only
    * (the launchers and the scratch size take the flag) */
   int flags = -1;
@@ -887,6 +903,34 @@ static void test_bad_arguments(void) {
   CHECK_STATUS(td_cuda_attention_backward_flags(&flags), TD_ERR_INVALID_ARGUMENT);
   unsetenv("TANDEM_CUDA_ATTENTION");
   CHECK_STATUS(td_cuda_flash_attention_forward(NULL, NULL, NULL, 1, 4, 36, 3, TD_F32, NULL), TD_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(td_cuda_flash_attention_forward(NULL, NULL, NULL, 1, 4, 192, 1, TD_BF16, NULL),
+               TD_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(td_last_error(), "head size 192") != NULL);
+  /* the one-pass backward's dQ parts only where it runs (not at 128) */
+  CHECK(td_cuda_flash_attention_backward_scratch_floats(2, 64, 256, 2, TD_CUDA_ATTENTION_ONEPASS) == 2 * 2 * 64);
+  /* the forward's store: TANDEM_CUDA_ATTENTION_STORE, read here only */
+  const char *store_env = getenv("TANDEM_CUDA_ATTENTION_STORE");
+  char *store_saved = store_env ? strdup(store_env) : NULL;
+  unsetenv("TANDEM_CUDA_ATTENTION_STORE");
+  CHECK_OK(td_cuda_attention_forward_flags(&flags));
+  CHECK_EQ_INT(flags, 0);
+  setenv("TANDEM_CUDA_ATTENTION_STORE", "staged", 1);
+  CHECK_OK(td_cuda_attention_forward_flags(&flags));
+  CHECK_EQ_INT(flags, 0);
+  setenv("TANDEM_CUDA_ATTENTION_STORE", "direct", 1);
+  CHECK_OK(td_cuda_attention_forward_flags(&flags));
+  CHECK_EQ_INT(flags, TD_CUDA_ATTENTION_DIRECT_STORE);
+  setenv("TANDEM_CUDA_ATTENTION_STORE", "vector", 1);
+  CHECK_STATUS(td_cuda_attention_forward_flags(&flags), TD_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(td_last_error(), "staged") != NULL && strstr(td_last_error(), "direct") != NULL);
+  if (store_saved)
+    setenv("TANDEM_CUDA_ATTENTION_STORE", store_saved, 1);
+  else
+    unsetenv("TANDEM_CUDA_ATTENTION_STORE");
+  free(store_saved);
+  CHECK_STATUS(td_cuda_flash_attention_forward_ex(NULL, NULL, NULL, 1, 4, 256, 2, TD_BF16, TD_CUDA_ATTENTION_ONEPASS,
+                                                  NULL),
+               TD_ERR_INVALID_ARGUMENT);
   /* empty shapes launch nothing and succeed */
   CHECK_OK(td_cuda_matmul_forward(NULL, NULL, NULL, NULL, 0, 8, 8, TD_F32, NULL));
   CHECK_OK(td_cuda_encoder_forward(NULL, NULL, NULL, NULL, 0, 5, 8, TD_BF16, NULL));
@@ -1082,10 +1126,26 @@ static void run_bench(const bench_shape *sh, td_dtype dt) {
         td_cuda_flash_attention_forward(y, lse, qkv, B, T, C, NH, dt, NULL));
   BENCH("flash attention backward", (N * 3 * C * 3 + nc * 2) * es, 2.5 * att_flops,
         td_cuda_flash_attention_backward(dqkv, Dscr, g, qkv, y, lse, B, T, C, NH, dt, NULL));
-  if (dt == TD_BF16) /* A/B: FlashAttention-2's backward in one pass (dQ's parts stored, then summed) */
+  if (dt == TD_BF16) { /* A/B: FlashAttention-2's backward in one pass (dQ's parts stored, then summed) */
     BENCH("flash attention backward (one-pass)", (N * 3 * C * 3 + nc * 2) * es, 2.5 * att_flops,
           td_cuda_flash_attention_backward_ex(dqkv, Dscr, g, qkv, y, lse, B, T, C, NH, dt, TD_CUDA_ATTENTION_ONEPASS,
                                               NULL));
+    /* A/B: the forward's output stored from the registers, 4 bytes a lane
+     * (the kernel before the staged 16-byte rows, TANDEM_CUDA_ATTENTION_STORE=direct) */
+    BENCH("flash attention forward (direct store)", (N * 3 * C + nc) * es, att_flops,
+          td_cuda_flash_attention_forward_ex(y, lse, qkv, B, T, C, NH, dt, TD_CUDA_ATTENTION_DIRECT_STORE, NULL));
+    /* LLaMA-style heads of 128 at the same C (NH / 2 of them: the same
+     * products' flops); 64 divides C for every bench shape with C % 128 == 0 */
+    if (C % 128 == 0) {
+      const int NH128 = C / 128;
+      BENCH("flash attention forward hs128", (N * 3 * C + nc) * es, att_flops,
+            td_cuda_flash_attention_forward(y, lse, qkv, B, T, C, NH128, dt, NULL));
+      BENCH("flash attention forward hs128 (direct store)", (N * 3 * C + nc) * es, att_flops,
+            td_cuda_flash_attention_forward_ex(y, lse, qkv, B, T, C, NH128, dt, TD_CUDA_ATTENTION_DIRECT_STORE, NULL));
+      BENCH("flash attention backward hs128", (N * 3 * C * 3 + nc * 2) * es, 2.5 * att_flops,
+            td_cuda_flash_attention_backward(dqkv, Dscr, g, qkv, y, lse, B, T, C, NH128, dt, NULL));
+    }
+  }
   size_t natt = (size_t)B * NH * T * T;
   float *att = NULL, *scr = NULL;
   if (cudaMalloc((void **)&att, natt * 4) == cudaSuccess && cudaMalloc((void **)&scr, natt * 4) == cudaSuccess) {
@@ -1172,7 +1232,7 @@ int main(int argc, char **argv) {
   if (bench) {
     /* --bench: GPT-2 124M's shape; --bench small: a tiny one (the emulator's smoke run) */
     bench_shape gpt2 = {"GPT-2 124M", 16, 1024, 768, 12, 50304, 12, 10};
-    bench_shape small = {"small", 1, 33, 48, 2, 97, 1, 1};
+    bench_shape small = {"small", 1, 33, 128, 2, 97, 1, 1}; /* head size 64 (and 128): the FlashAttention-2 rows */
     const bench_shape *sh = argc > 2 && strcmp(argv[2], "small") == 0 ? &small : &gpt2;
     run_bench(sh, TD_BF16);
     run_bench(sh, TD_F32);
@@ -1190,6 +1250,25 @@ int main(int argc, char **argv) {
       const int Ts_small[] = {17, 64, 130};
       for (int i = 0; i < 3; i++) test_attention(2, Ts_small[i], 128, 2, TD_BF16);
       printf("bf16 head size 64: fused attention at T = 17, 64, 130 matches the CPU\n");
+      /* head size 128 (the forward's one-strip blocks, the backward's K and
+       * V read from shared memory; the two passes under onepass too) */
+      test_attention(1, 7, 256, 2, TD_BF16);
+      test_attention(1, 130, 256, 2, TD_BF16);
+      printf("bf16 head size 128: fused attention at T = 7, 130 matches the CPU\n");
+      return 0;
+    }
+    if (argc > 2 && strcmp(argv[2], "hs128") == 0) {
+      /* --attention hs128: LLaMA-style heads of 128 (2 of them, C = 256):
+       * T = 1 (one row), 7, 33 (odd, inside a tile), 64 (one whole
+       * forward block and backward tile), 130 (three tiles, the last 2
+       * rows), 257 (five, the last a single row) in bf16 (the
+       * FlashAttention-2 kernels); f32 at 1, 7, 33 (the CUDA cores' 16-row
+       * tiles) */
+      const int Ts_128[] = {1, 7, 33, 64, 130, 257};
+      for (int i = 0; i < 6; i++) test_attention(i < 3 ? 2 : 1, Ts_128[i], 256, 2, TD_BF16);
+      printf("bf16 head size 128: fused attention at T = 1, 7, 33, 64, 130, 257 matches the CPU\n");
+      for (int i = 0; i < 3; i++) test_attention(2, Ts_128[i], 256, 2, TD_F32);
+      printf("f32 head size 128: fused attention at T = 1, 7, 33 matches the CPU\n");
       return 0;
     }
     for (int i = 0; i < 4; i++) test_attention(2, Ts_att[i], 128, 2, TD_BF16);

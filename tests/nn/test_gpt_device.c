@@ -7,7 +7,7 @@
  * (td_gpt_set_device_dtype) within bf16's bound (loss 2%, each gradient
  * tensor 6% of its largest entry; the CPU reference stays fp32). Configs sweep the edges: no layers, T = 1, odd vocabularies and
  * sequence lengths, tied and untied heads, head sizes of both attention
- * paths' kernels. Then, as ZeRO stage 3 runs it, with a td_param_access
+ * paths' kernels (128 among them). Then, as ZeRO stage 3 runs it, with a td_param_access
  * (written here, not the engine's) that gives each fetched group a buffer
  * of its own and fills it with NaNs at its release: the same loss and
  * gradients bit for bit with the arena argument NULL, every fetch released,
@@ -392,6 +392,10 @@ int main(void) {
             dtype, gpu);
     /* head size 20: only the unfused attention takes it */
     compare((td_gpt_config){.vocab = 13, .layers = 1, .channels = 40, .heads = 2, .seq = 9, .tied = 0}, 2, 0.5f,
+            dtype, gpu);
+    /* head size 128 (LLaMA-style heads): the fused kernels' 128 (bf16 on
+     * the tensor cores, f32 on the CUDA cores' 16-row tiles) */
+    compare((td_gpt_config){.vocab = 17, .layers = 1, .channels = 128, .heads = 1, .seq = 7, .tied = 0}, 2, 1.0f,
             dtype, gpu);
   }
   CHECK_OK(td_gpt_create_on(&cfg, gpu, &m));

@@ -137,7 +137,12 @@ td_status td_cuda_matmul_backward(void *dinp /* (N, IC) or NULL */, void *dweigh
  *    column-sum kernel for both (the A/B of bench/cuda_kernels.sh).
  * Other flags, or pre_gelu / dbias_gelu without what they need:
  * TD_ERR_INVALID_ARGUMENT. */
-enum { TD_CUDA_DINP_OVERWRITE = 1, TD_CUDA_DBIAS_COLUMN_SUM = 2, TD_CUDA_ATTENTION_ONEPASS = 4 };
+enum {
+  TD_CUDA_DINP_OVERWRITE = 1,
+  TD_CUDA_DBIAS_COLUMN_SUM = 2,
+  TD_CUDA_ATTENTION_ONEPASS = 4,
+  TD_CUDA_ATTENTION_DIRECT_STORE = 8
+};
 td_status td_cuda_matmul_backward_ex(void *dinp /* (N, IC) or NULL */, void *dweight /* (OC, IC) or NULL */,
                                      void *dbias /* (OC) or NULL */, const void *dout /* (N, OC) */,
                                      const void *inp /* (N, IC) */, const void *weight /* (OC, IC) */,
@@ -172,14 +177,22 @@ td_status td_cuda_attention_backward(void *dinp /* (B, T, 3C) */, float *scratch
  * each query row's scaled scores (f32, (B, NH, T)); backward reads the
  * forward's out and lse and needs a scratch of
  * td_cuda_flash_attention_backward_scratch_floats(B, T, C, NH, flags)
- * floats. Head sizes (C / NH) 8, 16, 24, 32, 48, 64; others
+ * floats. Head sizes (C / NH) 8, 16, 24, 32, 48, 64, 128; others
  * TD_ERR_INVALID_ARGUMENT. Deterministic (no float atomics: fixed orders of
- * addition). bf16 at head sizes 16, 32, 48, 64 with 16-byte aligned rows
- * runs FlashAttention-2's kernels (flash_attention_mma.cu), everything else
- * the CUDA-core ones. The launchers read no environment. */
+ * addition). bf16 at head sizes 16, 32, 48, 64, 128 with 16-byte aligned
+ * rows runs FlashAttention-2's kernels (flash_attention_mma.cu), everything
+ * else the CUDA-core ones. The launchers read no environment. */
 td_status td_cuda_flash_attention_forward(void *out /* (B, T, C) */, float *lse /* (B, NH, T) */,
                                           const void *inp /* (B, T, 3C) */, int B, int T, int C, int NH,
                                           td_dtype dtype, void *stream);
+/* The forward with flags: TD_CUDA_ATTENTION_DIRECT_STORE stores the
+ * FlashAttention-2 kernel's output from its registers, 4 bytes a lane (the
+ * kernel before its output went through shared memory in 16-byte rows:
+ * the A/B of scripts/gpu-check); other kernels ignore it. Other flags
+ * TD_ERR_INVALID_ARGUMENT. */
+td_status td_cuda_flash_attention_forward_ex(void *out /* (B, T, C) */, float *lse /* (B, NH, T) */,
+                                             const void *inp /* (B, T, 3C) */, int B, int T, int C, int NH,
+                                             td_dtype dtype, int flags, void *stream);
 td_status td_cuda_flash_attention_backward(void *dinp /* (B, T, 3C) */, float *scratch /* see above */,
                                            const void *dout /* (B, T, C) */, const void *inp /* (B, T, 3C) */,
                                            const void *out /* (B, T, C) */, const float *lse /* (B, NH, T) */, int B,
@@ -189,8 +202,9 @@ td_status td_cuda_flash_attention_backward(void *dinp /* (B, T, 3C) */, float *s
  *    (the FlashAttention-2 kernels write it; the others zero it, then add);
  *  - TD_CUDA_ATTENTION_ONEPASS: FlashAttention-2's backward in one pass
  *    (each key block's part of each dQ tile stored, then summed in order;
- *    the A/B beside the default two passes) where those kernels run; the
- *    scratch must have been sized with this flag too.
+ *    the A/B beside the default two passes) where those kernels run (head
+ *    sizes 16 to 64: at 128 the two passes run); the scratch must have been
+ *    sized with this flag too.
  * Other flags TD_ERR_INVALID_ARGUMENT. */
 td_status td_cuda_flash_attention_backward_ex(void *dinp /* (B, T, 3C) */, float *scratch, const void *dout,
                                               const void *inp, const void *out, const float *lse, int B, int T, int C,
@@ -212,6 +226,12 @@ td_status td_cuda_attention_fused(int head_size, int *fused_out);
  * else 0; a value td_cuda_attention_fused refuses is refused here too.
  * Reads the environment on every call (call it when the model is created). */
 td_status td_cuda_attention_backward_flags(int *flags_out);
+/* The flags a model passes to td_cuda_flash_attention_forward_ex:
+ * TD_CUDA_ATTENTION_DIRECT_STORE when TANDEM_CUDA_ATTENTION_STORE=direct,
+ * 0 when it is unset, empty or staged; any other value
+ * TD_ERR_INVALID_ARGUMENT with the reason. Reads the environment on every
+ * call (call it when the model is created). */
+td_status td_cuda_attention_forward_flags(int *flags_out);
 
 /* Softmax cross-entropy fused with its backward, in place (llm.c's
  * fused_classifier): losses[n] = -log softmax(logits[n])[targets[n]] (f32),

@@ -13,8 +13,8 @@
  *     p and ds in both instead of adding dq with atomics: the same bits
  *     every run.
  * Two implementations of that plan:
- *  - bf16 with head size 16, 32, 48 or 64 (and 16-byte aligned rows), the
- *    default: FlashAttention-2's kernels on mma.sync with the scores in
+ *  - bf16 with head size 16, 32, 48, 64 or 128 (and 16-byte aligned rows),
+ *    the default: FlashAttention-2's kernels on mma.sync with the scores in
  *    registers (flash_attention_mma.cu); the backward in two passes, or in
  *    one with TD_CUDA_ATTENTION_ONEPASS (the A/B of scripts/gpu-check);
  *  - everything else (f32, bf16 with head size 8, 24 or unaligned rows):
@@ -23,8 +23,10 @@
  *    as f32 and read by all threads at the same address (broadcast);
  *    accumulators in registers (HS, the head size, is a template parameter
  *    so that they stay there).
- * Limits: head sizes 8, 16, 24, 32, 48, 64 (td_cuda_attention_fused says so;
- * others take the unfused path).
+ * Limits: head sizes 8, 16, 24, 32, 48, 64, 128 (td_cuda_attention_fused
+ * says so; others take the unfused path). At 128 the CUDA cores' tiles are
+ * 16 rows (fa_tile) and their per-thread rows of 128 floats spill to local
+ * memory: a reference path (f32), as it is at every head size.
  * (Until 2026-11-28 a third, bf16 on the warp matrix API (wmma), served
  * TANDEM_CUDA_ATTENTION=wmma and bf16 rows not 16-byte aligned: on an H200
  * it took 3,395 us forward against FlashAttention-2's 174 us. Nothing
@@ -37,13 +39,17 @@
 #include "cuda_layers.h"
 #include "flash_attention_mma.cuh"
 
-#define FA_TILE 32
+/* rows of a tile, and threads of a block: 32; 16 at head size 128, where
+ * 32 would put the backward's K, V, Q and dO tiles past the 48 KB of static
+ * shared memory */
+static __host__ __device__ constexpr int fa_tile(int hs) { return hs > 64 ? 16 : 32; }
 
 template <class T, int HS>
 __global__ void flash_forward_kernel(T *out, float *lse, const T *inp, int T_, int C, int NH, float scale) {
-  __shared__ float Ks[FA_TILE][HS], Vs[FA_TILE][HS];
+  constexpr int TILE = fa_tile(HS);
+  __shared__ float Ks[TILE][HS], Vs[TILE][HS];
   int bh = blockIdx.y, b = bh / NH, h = bh % NH;
-  int tid = threadIdx.x, t = blockIdx.x * FA_TILE + tid;
+  int tid = threadIdx.x, t = blockIdx.x * TILE + tid;
   size_t row3 = (size_t)3 * C;
   const T *base = inp + (size_t)b * T_ * row3 + (size_t)h * HS;
   float q[HS], acc[HS];
@@ -54,8 +60,8 @@ __global__ void flash_forward_kernel(T *out, float *lse, const T *inp, int T_, i
     acc[d] = 0.0f;
   }
   for (int kt = 0; kt <= (int)blockIdx.x; kt++) {
-    int j0 = kt * FA_TILE;
-    for (int e = tid; e < FA_TILE * HS; e += FA_TILE) { /* coalesced: consecutive threads, consecutive d */
+    int j0 = kt * TILE;
+    for (int e = tid; e < TILE * HS; e += TILE) { /* coalesced: consecutive threads, consecutive d */
       int r = e / HS, d = e % HS;
       bool in = j0 + r < T_;
       Ks[r][d] = in ? td_to_f32(base[(size_t)(j0 + r) * row3 + C + d]) : 0.0f;
@@ -63,11 +69,11 @@ __global__ void flash_forward_kernel(T *out, float *lse, const T *inp, int T_, i
     }
     __syncthreads();
     if (t < T_) {
-      int n_keys = min(FA_TILE, t - j0 + 1); /* causal: keys j0 .. t; t < T_ bounds them too */
-      float s[FA_TILE];
+      int n_keys = min(TILE, t - j0 + 1); /* causal: keys j0 .. t; t < T_ bounds them too */
+      float s[TILE];
       float tile_max = -INFINITY;
 #pragma unroll
-      for (int j = 0; j < FA_TILE; j++) {
+      for (int j = 0; j < TILE; j++) {
         float dot = 0.0f;
         if (j < n_keys) {
 #pragma unroll
@@ -82,7 +88,7 @@ __global__ void flash_forward_kernel(T *out, float *lse, const T *inp, int T_, i
 #pragma unroll
       for (int d = 0; d < HS; d++) acc[d] *= corr;
 #pragma unroll
-      for (int j = 0; j < FA_TILE; j++) {
+      for (int j = 0; j < TILE; j++) {
         if (j < n_keys) {
           float p = expf(s[j] - m_new);
           l += p;
@@ -157,13 +163,14 @@ template <class T> static int dot_lanes(int hs, const void *dout, const void *ou
 template <class T, int HS>
 __global__ void flash_backward_kv_kernel(T *dinp, const T *dout, const T *inp, const float *lse, const float *D,
                                          int T_, int C, int NH, float scale) {
-  __shared__ float Qs[FA_TILE][HS], dOs[FA_TILE][HS], Ls[FA_TILE], Ds[FA_TILE];
+  constexpr int TILE = fa_tile(HS);
+  __shared__ float Qs[TILE][HS], dOs[TILE][HS], Ls[TILE], Ds[TILE];
   /* this tile's own k and v rows: read by their thread only, padded so that
    * the 32 threads' rows fall in different banks (registers would hold
    * dk, dv, k and v: 4 HS floats, which spills at HS = 64) */
-  __shared__ float Kown[FA_TILE][HS + 1], Vown[FA_TILE][HS + 1];
+  __shared__ float Kown[TILE][HS + 1], Vown[TILE][HS + 1];
   int bh = blockIdx.y, b = bh / NH, h = bh % NH;
-  int tid = threadIdx.x, j = blockIdx.x * FA_TILE + tid; /* this thread's key row */
+  int tid = threadIdx.x, j = blockIdx.x * TILE + tid; /* this thread's key row */
   size_t row3 = (size_t)3 * C;
   const T *base = inp + (size_t)b * T_ * row3 + (size_t)h * HS;
   const T *dbase = dout + (size_t)b * T_ * C + (size_t)h * HS;
@@ -175,10 +182,10 @@ __global__ void flash_backward_kv_kernel(T *dinp, const T *dout, const T *inp, c
     v[d] = j < T_ ? td_to_f32(base[(size_t)j * row3 + 2 * C + d]) : 0.0f;
     dk[d] = dv[d] = 0.0f;
   }
-  int n_tiles = (T_ + FA_TILE - 1) / FA_TILE;
+  int n_tiles = (T_ + TILE - 1) / TILE;
   for (int qt = blockIdx.x; qt < n_tiles; qt++) {
-    int i0 = qt * FA_TILE;
-    for (int e = tid; e < FA_TILE * HS; e += FA_TILE) {
+    int i0 = qt * TILE;
+    for (int e = tid; e < TILE * HS; e += TILE) {
       int r = e / HS, d = e % HS;
       bool in = i0 + r < T_;
       Qs[r][d] = in ? td_to_f32(base[(size_t)(i0 + r) * row3 + d]) : 0.0f;
@@ -189,7 +196,7 @@ __global__ void flash_backward_kv_kernel(T *dinp, const T *dout, const T *inp, c
     __syncthreads();
     if (j < T_) {
 #pragma unroll 1
-      for (int i = 0; i < FA_TILE; i++) {
+      for (int i = 0; i < TILE; i++) {
         int qi = i0 + i;
         if (qi < j || qi >= T_) continue; /* causal: queries at or after this key */
         float s = 0.0f, dp = 0.0f;
@@ -222,9 +229,10 @@ __global__ void flash_backward_kv_kernel(T *dinp, const T *dout, const T *inp, c
 template <class T, int HS>
 __global__ void flash_backward_q_kernel(T *dinp, const T *dout, const T *inp, const float *lse, const float *D, int T_,
                                         int C, int NH, float scale) {
-  __shared__ float Ks[FA_TILE][HS], Vs[FA_TILE][HS];
+  constexpr int TILE = fa_tile(HS);
+  __shared__ float Ks[TILE][HS], Vs[TILE][HS];
   int bh = blockIdx.y, b = bh / NH, h = bh % NH;
-  int tid = threadIdx.x, i = blockIdx.x * FA_TILE + tid; /* this thread's query row */
+  int tid = threadIdx.x, i = blockIdx.x * TILE + tid; /* this thread's query row */
   size_t row3 = (size_t)3 * C;
   const T *base = inp + (size_t)b * T_ * row3 + (size_t)h * HS;
   float q[HS], dO[HS], dq[HS];
@@ -237,8 +245,8 @@ __global__ void flash_backward_q_kernel(T *dinp, const T *dout, const T *inp, co
   }
   float L = i < T_ ? lse[(size_t)bh * T_ + i] : 0.0f, Di = i < T_ ? D[(size_t)bh * T_ + i] : 0.0f;
   for (int kt = 0; kt <= (int)blockIdx.x; kt++) {
-    int j0 = kt * FA_TILE;
-    for (int e = tid; e < FA_TILE * HS; e += FA_TILE) {
+    int j0 = kt * TILE;
+    for (int e = tid; e < TILE * HS; e += TILE) {
       int r = e / HS, d = e % HS;
       bool in = j0 + r < T_;
       Ks[r][d] = in ? td_to_f32(base[(size_t)(j0 + r) * row3 + C + d]) : 0.0f;
@@ -246,9 +254,9 @@ __global__ void flash_backward_q_kernel(T *dinp, const T *dout, const T *inp, co
     }
     __syncthreads();
     if (i < T_) {
-      int n_keys = min(FA_TILE, i - j0 + 1);
+      int n_keys = min(TILE, i - j0 + 1);
 #pragma unroll 1
-      for (int j = 0; j < FA_TILE; j++) {
+      for (int j = 0; j < TILE; j++) {
         if (j >= n_keys) continue;
         float s = 0.0f, dp = 0.0f;
 #pragma unroll
@@ -273,7 +281,7 @@ __global__ void flash_backward_q_kernel(T *dinp, const T *dout, const T *inp, co
 
 
 static bool head_size_supported(int hs) {
-  return hs == 8 || hs == 16 || hs == 24 || hs == 32 || hs == 48 || hs == 64;
+  return hs == 8 || hs == 16 || hs == 24 || hs == 32 || hs == 48 || hs == 64 || hs == 128;
 }
 
 /* TANDEM_CUDA_ATTENTION, read when a model is created (never by the
@@ -297,6 +305,22 @@ static td_status attention_env_error(const char *e) {
   return td_error(TD_ERR_INVALID_ARGUMENT, "TANDEM_CUDA_ATTENTION=%s: use fused, onepass or unfused", e);
 }
 
+/* TANDEM_CUDA_ATTENTION_STORE, read when a model is created: how the
+ * FlashAttention-2 forward stores its output (the A/B of scripts/gpu-check) */
+extern "C" td_status td_cuda_attention_forward_flags(int *flags_out) {
+  const char *e = getenv("TANDEM_CUDA_ATTENTION_STORE");
+  if (!e || !*e || strcmp(e, "staged") == 0) {
+    *flags_out = 0;
+    return TD_OK;
+  }
+  if (strcmp(e, "direct") == 0) {
+    *flags_out = TD_CUDA_ATTENTION_DIRECT_STORE;
+    return TD_OK;
+  }
+  return td_error(TD_ERR_INVALID_ARGUMENT, "TANDEM_CUDA_ATTENTION_STORE=%s: use staged (the default: the output "
+                  "through shared memory in 16-byte rows) or direct (from the registers, 4 bytes a lane)", e);
+}
+
 extern "C" td_status td_cuda_attention_backward_flags(int *flags_out) {
   const char *e;
   int mode = attention_env(&e);
@@ -313,7 +337,7 @@ extern "C" td_status td_cuda_attention_fused(int head_size, int *fused_out) {
   if (want_fused && !head_size_supported(head_size)) {
     if (forced)
       return td_error(TD_ERR_INVALID_ARGUMENT,
-                      "TANDEM_CUDA_ATTENTION=%s: the fused kernel takes head sizes 8, 16, 24, 32, 48, 64, not %d "
+                      "TANDEM_CUDA_ATTENTION=%s: the fused kernel takes head sizes 8, 16, 24, 32, 48, 64, 128, not %d "
                       "(unset it to use the unfused path)",
                       e, head_size);
     want_fused = 0;
@@ -343,7 +367,7 @@ static td_status check_shape(const char *fname, int B, int T, int C, int NH) {
     return td_error(TD_ERR_INVALID_ARGUMENT, "%s: shape B=%d T=%d C=%d NH=%d (C must be a multiple of NH)", fname, B,
                     T, C, NH);
   if (!head_size_supported(C / NH))
-    return td_error(TD_ERR_INVALID_ARGUMENT, "%s: head size %d: the fused kernel takes 8, 16, 24, 32, 48 or 64",
+    return td_error(TD_ERR_INVALID_ARGUMENT, "%s: head size %d: the fused kernel takes 8, 16, 24, 32, 48, 64 or 128",
                     fname, C / NH);
   if ((size_t)B * NH > 65535)
     return td_error(TD_ERR_INVALID_ARGUMENT, "%s: B*NH = %zu exceeds the grid's 65535", fname, (size_t)B * NH);
@@ -358,21 +382,31 @@ static td_status check_shape(const char *fname, int B, int T, int C, int NH) {
   case 24: { constexpr int HS = 24; __VA_ARGS__; } break; \
   case 32: { constexpr int HS = 32; __VA_ARGS__; } break; \
   case 48: { constexpr int HS = 48; __VA_ARGS__; } break; \
+  case 128: { constexpr int HS = 128; __VA_ARGS__; } break; \
   default: { constexpr int HS = 64; __VA_ARGS__; } break; \
   }
 
 extern "C" td_status td_cuda_flash_attention_forward(void *out, float *lse, const void *inp, int B, int T, int C,
                                                      int NH, td_dtype dtype, void *stream) {
+  return td_cuda_flash_attention_forward_ex(out, lse, inp, B, T, C, NH, dtype, 0, stream);
+}
+
+extern "C" td_status td_cuda_flash_attention_forward_ex(void *out, float *lse, const void *inp, int B, int T, int C,
+                                                        int NH, td_dtype dtype, int flags, void *stream) {
   TD_CHECK(check_shape("td_cuda_flash_attention_forward", B, T, C, NH));
+  if (flags & ~TD_CUDA_ATTENTION_DIRECT_STORE)
+    return td_error(TD_ERR_INVALID_ARGUMENT, "td_cuda_flash_attention_forward_ex: unknown flags %#x "
+                    "(TD_CUDA_ATTENTION_DIRECT_STORE is the one)", flags);
   if ((size_t)B * T == 0) return TD_OK;
   int hs = C / NH;
   float scale = 1.0f / sqrtf((float)hs);
-  if (use_fa2(dtype, hs, C, out, inp, NULL)) return td_fa2_forward(out, lse, inp, B, T, C, NH, stream);
-  dim3 grid(td_cuda_blocks((size_t)T, FA_TILE), B * NH);
+  if (use_fa2(dtype, hs, C, out, inp, NULL))
+    return td_fa2_forward(out, lse, inp, B, T, C, NH, (flags & TD_CUDA_ATTENTION_DIRECT_STORE) != 0, stream);
   TD_CUDA_DISPATCH(dtype, "td_cuda_flash_attention_forward", {
     FA_DISPATCH_HS(hs, {
+      dim3 grid(td_cuda_blocks((size_t)T, fa_tile(HS)), B * NH);
       auto *kernel = &flash_forward_kernel<td_elem, HS>;
-      TD_CUDA_LAUNCH(kernel, grid, FA_TILE, 0, stream, (td_elem *)out, lse, (const td_elem *)inp, T, C, NH, scale);
+      TD_CUDA_LAUNCH(kernel, grid, fa_tile(HS), 0, stream, (td_elem *)out, lse, (const td_elem *)inp, T, C, NH, scale);
     });
   });
   TD_CUDA_LAUNCH_CHECK("flash_forward_kernel");
@@ -397,7 +431,6 @@ extern "C" td_status td_cuda_flash_attention_backward_ex(void *dinp, float *scra
   int hs = C / NH;
   float scale = 1.0f / sqrtf((float)hs);
   size_t rows = (size_t)B * NH * T;
-  dim3 grid(td_cuda_blocks((size_t)T, FA_TILE), B * NH);
   TD_CUDA_DISPATCH(dtype, "td_cuda_flash_attention_backward", {
     const int lpr = dot_lanes<td_elem>(hs, dout, out);
     TD_CUDA_LAUNCH(flash_backward_dot_kernel<td_elem>, td_cuda_blocks(rows * (lpr ? lpr : 1), 256), 256, 0, stream,
@@ -410,12 +443,13 @@ extern "C" td_status td_cuda_flash_attention_backward_ex(void *dinp, float *scra
     if (overwrite)
       TD_CUDA_CHECK(cudaMemsetAsync(dinp, 0, (size_t)B * T * 3 * C * sizeof(td_elem), (cudaStream_t)stream));
     FA_DISPATCH_HS(hs, {
+      dim3 grid(td_cuda_blocks((size_t)T, fa_tile(HS)), B * NH);
       auto *kv = &flash_backward_kv_kernel<td_elem, HS>;
-      TD_CUDA_LAUNCH(kv, grid, FA_TILE, 0, stream, (td_elem *)dinp, (const td_elem *)dout, (const td_elem *)inp, lse,
+      TD_CUDA_LAUNCH(kv, grid, fa_tile(HS), 0, stream, (td_elem *)dinp, (const td_elem *)dout, (const td_elem *)inp, lse,
                      (const float *)scratch, T, C, NH, scale);
       TD_CUDA_LAUNCH_CHECK("flash_backward_kv_kernel");
       auto *qk = &flash_backward_q_kernel<td_elem, HS>;
-      TD_CUDA_LAUNCH(qk, grid, FA_TILE, 0, stream, (td_elem *)dinp, (const td_elem *)dout, (const td_elem *)inp, lse,
+      TD_CUDA_LAUNCH(qk, grid, fa_tile(HS), 0, stream, (td_elem *)dinp, (const td_elem *)dout, (const td_elem *)inp, lse,
                      (const float *)scratch, T, C, NH, scale);
       TD_CUDA_LAUNCH_CHECK("flash_backward_q_kernel");
     });

@@ -1,5 +1,5 @@
 /* Fused causal attention on the tensor cores, FlashAttention-2's design
- * (Dao, 2023) for bf16 inputs with head sizes 16, 32, 48 and 64: the
+ * (Dao, 2023) for bf16 inputs with head sizes 16, 32, 48, 64 and 128: the
  * default fused path for those (flash_attention.cu chooses it). Same contract as flash_attention.cu's kernels: qkv (B, T, 3C),
  * out (B, T, C), lse (B, NH, T) in natural-log units, dqkv += the gradient.
  *
@@ -17,14 +17,18 @@
  *
  * forward: a block takes 128 query rows (4 warps x 32 rows: two m16 tiles
  *   a warp, so each K/V fragment loaded from shared memory feeds two
- *   products), Q's fragments stay in registers, key tiles of 64 up to the
+ *   products; at head size 128, 64 rows, one m16 tile a warp, with Q
+ *   staged in V's buffer: fa2_fwd_shape), Q's fragments stay in registers, key tiles of 64 up to the
  *   diagonal, copied by cp.async with FA2's overlap in one K and one V
  *   buffer (V of this tile lands during Q K^T and the softmax, K of the
  *   next during P V); online softmax in base 2 (scores pre-scaled by
  *   log2(e)/sqrt(hs): exp2 is one instruction); the running row sum stays
  *   per lane and is summed over the quad once at the end (the rescaling
  *   factor is the same for the whole row). Blocks are issued heaviest first
- *   (the last query tiles have the most keys) against a causal tail.
+ *   (the last query tiles have the most keys) against a causal tail. The
+ *   output leaves through shared memory (each warp's rows of the Q tile)
+ *   in 16-byte row vectors; TD_CUDA_ATTENTION_DIRECT_STORE keeps the 4-byte
+ *   stores from the registers for the A/B.
  * backward, FA2's loop order: D = rowsum(dO * O) (flash_attention.cu's
  *   kernel), then one pass per key tile of 64 (4 warps x 16 keys) over the
  *   query tiles from the diagonal on, in the transposed form: S^T = K Q^T,
@@ -39,7 +43,10 @@
  *   tensor-core work). Both passes double-buffer the other tiles: the next
  *   one's cp.async copies land during this one's products.
  *   TANDEM_CUDA_ATTENTION=onepass runs fa2_backward_kernel below instead
- *   (one pass, dQ's parts stored and summed in order after it), for A/B.
+ *   (one pass, dQ's parts stored and summed in order after it), for A/B,
+ *   at head sizes up to 64. At 128 the keys' pass reads K's and V's
+ *   fragments from shared memory as each product needs them
+ *   (fa2_twopass_layout), and the one-pass kernel is not offered.
  * nvcc -Xptxas -v for sm_90 (-O3), registers per thread / static shared
  * memory per block, 0 bytes of stack and spills in every kernel, measured
  * 2026-11-28 with CUDA 13.0 (/usr/local/cuda) and CI's 11.8
@@ -56,15 +63,18 @@
  *   HS=64, no spills.
  *   The one-pass backward: 240 / 218 registers at HS 64 / 48, no spills,
  *   56,320 bytes of dynamic shared memory at HS=64: 2 blocks per SM.
- * Not done: the output is written 4 bytes a lane instead of through shared
- * memory in 16-byte rows, the causal diagonal tile is masked per element
- * rather than split, head size 128. */
+ *   Head size 128 and the staged output stores (13.0, 2026-11-28, s26):
+ *   forward 174 registers, 34,816 bytes (both stores); HS=64 forward 241
+ *   staged, 243 direct; backward dK/dV 255 registers, 105,472 bytes of
+ *   dynamic shared memory (2 blocks per SM on an H100/H200's 227 KB); dQ
+ *   255, 88,064 bytes; no spills in any kernel. Unmeasured on a GPU.
+ * Not done: the causal diagonal tile is masked per element rather than
+ * split; the backward's stores still go 4 bytes a lane. */
 #include "cuda_common.cuh"
 #include "flash_attention_mma.cuh"
 #include "mma_sm80.cuh"
 
 #define FA2_THREADS 128
-#define FA2_FWD_ROWS 128 /* query rows of a forward block: 4 warps x 32 */
 #define FA2_TILE 64      /* key rows of a forward tile; rows of a backward block and tile */
 
 /* scores scaled into base 2: exp(x) = exp2(x log2(e)) */
@@ -141,6 +151,27 @@ __device__ __forceinline__ void fa2_scores(float acc[MI][8][4], const uint32_t a
     }
 }
 
+/* fa2_scores<HS, 1> with A's fragments read from a 16-row strip of a
+ * shared tile (row stride HS + 8) as each k-chunk needs them: at head size
+ * 128 they would hold 32 registers a lane for the whole loop */
+template <int HS> __device__ __forceinline__ void fa2_scores_strip(float acc[1][8][4], const bf16 *strip, const bf16 *tile) {
+  int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int n = 0; n < 8; n++) acc[0][n][0] = acc[0][n][1] = acc[0][n][2] = acc[0][n][3] = 0.0f;
+#pragma unroll
+  for (int kc = 0; kc < HS / 16; kc++) {
+    uint32_t a[4];
+    td_ldmatrix_x4(a, strip + (lane % 16) * (HS + 8) + kc * 16 + (lane / 16) * 8);
+#pragma unroll
+    for (int np = 0; np < 4; np++) {
+      uint32_t b[4];
+      td_ldmatrix_x4(b, tile + (np * 16 + lane % 8 + (lane / 16) * 8) * (HS + 8) + kc * 16 + ((lane / 8) % 2) * 8);
+      td_mma_bf16_16816(acc[0][2 * np], a, b, acc[0][2 * np]);
+      td_mma_bf16_16816(acc[0][2 * np + 1], a, b + 2, acc[0][2 * np + 1]);
+    }
+  }
+}
+
 /* A fragment of columns 16 kk .. 16 kk + 15 of a 16 x 64 accumulator, bf16 */
 __device__ __forceinline__ void fa2_acc_to_a(uint32_t a[4], const float acc[8][4], int kk) {
   a[0] = td_pack_bf16x2(acc[2 * kk][0], acc[2 * kk][1]);
@@ -177,35 +208,57 @@ __device__ __forceinline__ float fa2_quad_sum(float v) {
   return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
-template <int HS>
+/* The forward's block shape at head size HS: MI m16 strips of query rows
+ * a warp. Two up to head size 64 (each K/V fragment read from shared
+ * memory then feeds two products); one at 128, where two would hold O, Q's
+ * fragments and S in 128 + 64 + 64 registers a lane (spills). At 128 the
+ * Q tile (64 rows) is staged in V's buffer, whose first tile is copied once
+ * every warp holds its Q fragments: two tiles of 17,408 bytes, under the
+ * 48 KB of static shared memory. */
+template <int HS> struct fa2_fwd_shape {
+  static constexpr int MI = HS <= 64 ? 2 : 1;
+  static constexpr int ROWS = 4 * 16 * MI; /* query rows of a block */
+  static constexpr bool Q_IN_V = HS > 64;
+};
+
+/* STAGED: each warp's output rows go through shared memory (its own rows
+ * of the Q tile, or V's buffer at head size 128) and leave in 16-byte
+ * stores, a row's HS / 8 vectors by consecutive lanes (whole 32-byte
+ * sectors); otherwise each lane stores its accumulator pairs, 4 bytes at a
+ * time, 8 rows of 16 bytes per instruction (the kernel as profiled on an
+ * H200: 174 us against cuDNN's 111 us at GPT-2 124M's shape;
+ * TD_CUDA_ATTENTION_DIRECT_STORE keeps it for the A/B). */
+template <int HS, bool STAGED>
 __global__ void __launch_bounds__(FA2_THREADS) fa2_forward_kernel(bf16 *out, float *lse, const bf16 *inp, int T_,
                                                                   int C, int NH, float scale_log2) {
-  constexpr int LD = HS + 8, KC = HS / 16, DN = HS / 8;
-  __shared__ __align__(16) bf16 Qs[FA2_FWD_ROWS * LD];
-  __shared__ __align__(16) bf16 Ks[FA2_TILE * LD];
-  __shared__ __align__(16) bf16 Vs[FA2_TILE * LD];
+  typedef fa2_fwd_shape<HS> shape;
+  constexpr int LD = HS + 8, KC = HS / 16, DN = HS / 8, MI = shape::MI, ROWS = shape::ROWS;
+  constexpr int Q_OWN = shape::Q_IN_V ? 0 : ROWS; /* rows of a separate Q buffer */
+  __shared__ __align__(16) bf16 sm[(Q_OWN + 2 * FA2_TILE) * LD];
+  bf16 *Ks = sm + Q_OWN * LD, *Vs = Ks + FA2_TILE * LD, *Qs = shape::Q_IN_V ? Vs : sm;
   int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   int bh = blockIdx.y, b = bh / NH, h = bh % NH;
-  int q0 = (gridDim.x - 1 - blockIdx.x) * FA2_FWD_ROWS; /* heaviest first */
+  int q0 = (gridDim.x - 1 - blockIdx.x) * ROWS; /* heaviest first */
   size_t ld = (size_t)3 * C;
   const bf16 *qb = inp + (size_t)b * T_ * ld + (size_t)h * HS;
-  fa2_load_tile_async<HS, FA2_FWD_ROWS>(Qs, qb, ld, q0, T_);
+  fa2_load_tile_async<HS, ROWS>(Qs, qb, ld, q0, T_);
   fa2_load_tile_async<HS, FA2_TILE>(Ks, qb + C, ld, 0, T_);
   td_cp_async_wait<0>();
   __syncthreads();
-  int wr0 = q0 + warp * 32; /* this warp's first query row */
-  uint32_t qa[2][KC][4];
+  int wr0 = q0 + warp * 16 * MI; /* this warp's first query row */
+  uint32_t qa[MI][KC][4];
 #pragma unroll
-  for (int mi = 0; mi < 2; mi++) fa2_load_a<HS>(qa[mi], Qs + (warp * 32 + mi * 16) * LD);
-  float o[2][DN][4], m[2][2], l[2][2];
+  for (int mi = 0; mi < MI; mi++) fa2_load_a<HS>(qa[mi], Qs + (warp * 16 * MI + mi * 16) * LD);
+  if (shape::Q_IN_V) __syncthreads(); /* every warp holds its Q fragments: V(0) may land on them */
+  float o[MI][DN][4], m[MI][2], l[MI][2];
 #pragma unroll
-  for (int mi = 0; mi < 2; mi++) {
+  for (int mi = 0; mi < MI; mi++) {
 #pragma unroll
     for (int d = 0; d < DN; d++) o[mi][d][0] = o[mi][d][1] = o[mi][d][2] = o[mi][d][3] = 0.0f;
     m[mi][0] = m[mi][1] = -INFINITY;
     l[mi][0] = l[mi][1] = 0.0f;
   }
-  int n_kt = (min(q0 + FA2_FWD_ROWS, T_) - 1) / FA2_TILE + 1;
+  int n_kt = (min(q0 + ROWS, T_) - 1) / FA2_TILE + 1;
   /* K and V tiles in one buffer each, FA2's overlap: V(kt) is copied while
    * S = Q K(kt)^T and its softmax are computed, K(kt + 1) while P V(kt) is */
   for (int kt = 0; kt < n_kt; kt++) {
@@ -215,15 +268,15 @@ __global__ void __launch_bounds__(FA2_THREADS) fa2_forward_kernel(bf16 *out, flo
       __syncthreads();        /* ... visible; every warp is done with V(kt - 1) */
     }
     fa2_load_tile_async<HS, FA2_TILE>(Vs, qb + 2 * C, ld, j0, T_);
-    /* j0 and wr0 are multiples of 64 and 32: a tile that starts past this
+    /* j0 is a multiple of 64 and wr0 of 16 MI: a tile that starts past this
      * warp's first row starts past its last, every score masked */
     bool active = j0 <= wr0;
     bool diag = j0 + FA2_TILE - 1 > wr0; /* some key of the tile after some row: mask */
-    float s[2][8][4];
+    float s[MI][8][4];
     if (active) {
-      fa2_scores<HS, 2>(s, qa, Ks);
+      fa2_scores<HS, MI>(s, qa, Ks);
 #pragma unroll
-      for (int mi = 0; mi < 2; mi++) {
+      for (int mi = 0; mi < MI; mi++) {
 #pragma unroll
         for (int half = 0; half < 2; half++) {
           int i = wr0 + mi * 16 + half * 8 + g; /* the row of s[.][2 half + e] */
@@ -265,26 +318,48 @@ __global__ void __launch_bounds__(FA2_THREADS) fa2_forward_kernel(bf16 *out, flo
     if (!active) continue;
 #pragma unroll
     for (int kk = 0; kk < FA2_TILE / 16; kk++) {
-      uint32_t pa[2][4];
-      fa2_acc_to_a(pa[0], s[0], kk);
-      fa2_acc_to_a(pa[1], s[1], kk);
-      fa2_times_rows<HS, 2>(o, pa, Vs, kk);
+      uint32_t pa[MI][4];
+#pragma unroll
+      for (int mi = 0; mi < MI; mi++) fa2_acc_to_a(pa[mi], s[mi], kk);
+      fa2_times_rows<HS, MI>(o, pa, Vs, kk);
     }
   }
+  /* this warp's rows of the Q tile (read by this warp only, at the start)
+   * hold its output on the way out; in V's buffer, once every warp is done
+   * with the last V tile (no copy is in flight then) */
+  bf16 *stage = Qs + warp * 16 * MI * LD;
+  if (STAGED && shape::Q_IN_V) __syncthreads();
 #pragma unroll
-  for (int mi = 0; mi < 2; mi++)
+  for (int mi = 0; mi < MI; mi++)
 #pragma unroll
     for (int half = 0; half < 2; half++) {
       float lsum = fa2_quad_sum(l[mi][half]);
-      int i = wr0 + mi * 16 + half * 8 + g;
-      if (i >= T_) continue;
+      int r = mi * 16 + half * 8 + g, i = wr0 + r;
       float inv = 1.0f / lsum;
-      bf16 *orow = out + ((size_t)b * T_ + i) * C + (size_t)h * HS + 2 * t;
+      if (STAGED) {
 #pragma unroll
-      for (int d = 0; d < DN; d++)
-        *(uint32_t *)(orow + d * 8) = td_pack_bf16x2(o[mi][d][2 * half] * inv, o[mi][d][2 * half + 1] * inv);
+        for (int d = 0; d < DN; d++)
+          *(uint32_t *)(stage + r * LD + d * 8 + 2 * t) =
+              td_pack_bf16x2(o[mi][d][2 * half] * inv, o[mi][d][2 * half + 1] * inv);
+      }
+      if (i >= T_) continue;
+      if (!STAGED) {
+        bf16 *orow = out + ((size_t)b * T_ + i) * C + (size_t)h * HS + 2 * t;
+#pragma unroll
+        for (int d = 0; d < DN; d++)
+          *(uint32_t *)(orow + d * 8) = td_pack_bf16x2(o[mi][d][2 * half] * inv, o[mi][d][2 * half + 1] * inv);
+      }
       if (t == 0) lse[(size_t)bh * T_ + i] = (m[mi][half] + log2f(lsum)) * FA2_LN2;
     }
+  if (STAGED) {
+    __syncwarp();
+    constexpr int VPR = HS / 8; /* 16-byte vectors a row */
+#pragma unroll
+    for (int e = lane; e < 16 * MI * VPR; e += 32) {
+      int r = e / VPR, c = (e % VPR) * 8, i = wr0 + r;
+      if (i < T_) *(int4 *)(out + ((size_t)b * T_ + i) * C + (size_t)h * HS + c) = *(const int4 *)(stage + r * LD + c);
+    }
+  }
 }
 
 /* dinp's old value to add to: itself, or 0 when the call overwrites
@@ -312,18 +387,24 @@ __device__ __forceinline__ void fa2_store_acc(bf16 *base, size_t ld, const float
 }
 
 /* One tile pair on the keys' side, for the warp's 16 keys from wk0 (K, V
- * fragments a1, a2) and the query tile from o0 (Q in t1, dO in t2, their
- * lse in base 2 and D in Lc, Dc): S^T = K Q^T, dP^T = V dO^T, P^T and dS^T =
- * P^T (dP^T - D) left in s and dp (registers), dV += P^T dO, dK += dS^T Q. */
-template <int HS>
+ * fragments a1, a2, or with OWN_SMEM their 16-row strips s1, s2 of shared
+ * tiles) and the query tile from o0 (Q in t1, dO in t2, their lse in base 2
+ * and D in Lc, Dc): S^T = K Q^T, dP^T = V dO^T, P^T and dS^T = P^T (dP^T -
+ * D) left in s and dp (registers), dV += P^T dO, dK += dS^T Q. */
+template <int HS, bool OWN_SMEM>
 __device__ __forceinline__ void fa2_keys_step(float dk[1][HS / 8][4], float dv[1][HS / 8][4], float s[1][8][4],
                                               float dp[1][8][4], const uint32_t a1[1][HS / 16][4],
-                                              const uint32_t a2[1][HS / 16][4], const bf16 *t1, const bf16 *t2,
-                                              const float *Lc, const float *Dc, int o0, int wk0, int T_,
-                                              float scale_log2) {
+                                              const uint32_t a2[1][HS / 16][4], const bf16 *s1, const bf16 *s2,
+                                              const bf16 *t1, const bf16 *t2, const float *Lc, const float *Dc, int o0,
+                                              int wk0, int T_, float scale_log2) {
   int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  fa2_scores<HS, 1>(s, a1, t1);  /* S^T = K Q^T */
-  fa2_scores<HS, 1>(dp, a2, t2); /* dP^T = V dO^T */
+  if constexpr (OWN_SMEM) {
+    fa2_scores_strip<HS>(s, s1, t1);
+    fa2_scores_strip<HS>(dp, s2, t2);
+  } else {
+    fa2_scores<HS, 1>(s, a1, t1);  /* S^T = K Q^T */
+    fa2_scores<HS, 1>(dp, a2, t2); /* dP^T = V dO^T */
+  }
 #pragma unroll
   for (int half = 0; half < 2; half++) {
     int k = wk0 + half * 8 + g;
@@ -352,19 +433,32 @@ __device__ __forceinline__ void fa2_keys_step(float dk[1][HS / 8][4], float dv[1
  * from the diagonal on; otherwise it owns 64 queries and accumulates dQ
  * over the key tiles up to the diagonal. The warp's 16 own rows are the
  * products' M: own1/own2 = K/V (keys) or Q/dO (queries), the other tile's
- * oth1/oth2 = Q/dO or K/V. */
+ * oth1/oth2 = Q/dO or K/V.
+ * Shared memory (dynamic; fa2_twopass_layout): the own tile, then the
+ * other tiles, two buffers each (the next arrives by cp.async during this
+ * one's products), then lse (base 2) and D of the keys' other tile, two
+ * buffers. 47,104 bytes at head size 64. At 128 the keys' pass keeps K and
+ * V in two own tiles and reads their fragments from there (OWN_SMEM: in
+ * registers they, dK, dV, S and dP would need 256 a lane): 105,472 bytes;
+ * the queries' pass 88,064. */
+template <int HS, bool KEYS> struct fa2_twopass_layout {
+  static constexpr bool OWN_SMEM = KEYS && HS > 64;
+  static constexpr int TILE = FA2_TILE * (HS + 8), N_OWN = OWN_SMEM ? 2 : 1;
+  static constexpr size_t oth1_off = (size_t)N_OWN * TILE, oth2_off = oth1_off + 2 * (size_t)TILE;
+  static constexpr size_t bf16_elems = oth2_off + 2 * (size_t)TILE;
+  static constexpr size_t bytes = bf16_elems * sizeof(bf16) + 4 * FA2_TILE * sizeof(float);
+};
+
 template <int HS, bool KEYS>
 __global__ void __launch_bounds__(FA2_THREADS)
     fa2_backward_twopass_kernel(bf16 *dinp, const bf16 *dout, const bf16 *inp, const float *lse, const float *D, int T_, int C,
                         int NH, float scale, float scale_log2, bool add) {
-  constexpr int LD = HS + 8, KC = HS / 16, DN = HS / 8;
-  __shared__ __align__(16) bf16 own[FA2_TILE * LD];
-  /* the other tiles, two buffers each: the next arrives by cp.async during
-   * this one's products (47,104 bytes in all at HS=64, under the 48 KB of
-   * static shared memory) */
-  __shared__ __align__(16) bf16 oth1[2][FA2_TILE * LD];
-  __shared__ __align__(16) bf16 oth2[2][FA2_TILE * LD];
-  __shared__ float Lt[2][FA2_TILE], Dt[2][FA2_TILE]; /* keys: the other tile's lse (base 2) and D */
+  typedef fa2_twopass_layout<HS, KEYS> lay;
+  constexpr int LD = HS + 8, KC = HS / 16, DN = HS / 8, TILE = lay::TILE;
+  constexpr bool OWN_SMEM = lay::OWN_SMEM;
+  TD_DYNAMIC_SMEM(char, smem);
+  bf16 *own = (bf16 *)smem, *oth1 = own + lay::oth1_off, *oth2 = own + lay::oth2_off;
+  float *Lt = (float *)(own + lay::bf16_elems), *Dt = Lt + 2 * FA2_TILE;
   int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   int bh = blockIdx.y, b = bh / NH, h = bh % NH;
   int n_tiles = (T_ + FA2_TILE - 1) / FA2_TILE;
@@ -373,18 +467,25 @@ __global__ void __launch_bounds__(FA2_THREADS)
   size_t ld = (size_t)3 * C;
   const bf16 *qb = inp + (size_t)b * T_ * ld + (size_t)h * HS, *ob = dout + (size_t)b * T_ * C + (size_t)h * HS;
   const float *lse_bh = lse + (size_t)bh * T_, *D_bh = D + (size_t)bh * T_;
-  /* own fragments, through the one shared tile */
+  /* own fragments, through the one shared tile; or K and V kept in two */
   uint32_t a1[1][KC][4], a2[1][KC][4];
-  fa2_load_tile<HS, FA2_TILE>(own, KEYS ? qb + C : qb, ld, r0, T_);
-  __syncthreads();
-  fa2_load_a<HS>(a1[0], own + warp * 16 * LD);
-  __syncthreads();
-  if (KEYS)
-    fa2_load_tile<HS, FA2_TILE>(own, qb + 2 * C, ld, r0, T_);
-  else
-    fa2_load_tile<HS, FA2_TILE>(own, ob, C, r0, T_);
-  __syncthreads();
-  fa2_load_a<HS>(a2[0], own + warp * 16 * LD);
+  const bf16 *s1 = own + warp * 16 * LD, *s2 = s1 + TILE; /* OWN_SMEM: this warp's strips of K and V */
+  if constexpr (OWN_SMEM) {
+    fa2_load_tile<HS, FA2_TILE>(own, qb + C, ld, r0, T_);
+    fa2_load_tile<HS, FA2_TILE>(own + TILE, qb + 2 * C, ld, r0, T_);
+    __syncthreads();
+  } else {
+    fa2_load_tile<HS, FA2_TILE>(own, KEYS ? qb + C : qb, ld, r0, T_);
+    __syncthreads();
+    fa2_load_a<HS>(a1[0], own + warp * 16 * LD);
+    __syncthreads();
+    if (KEYS)
+      fa2_load_tile<HS, FA2_TILE>(own, qb + 2 * C, ld, r0, T_);
+    else
+      fa2_load_tile<HS, FA2_TILE>(own, ob, C, r0, T_);
+    __syncthreads();
+    fa2_load_a<HS>(a2[0], own + warp * 16 * LD);
+  }
   /* queries: this lane's two rows' lse (base 2) and D */
   float Lrow[2] = {0.0f, 0.0f}, Drow[2] = {0.0f, 0.0f};
   if (!KEYS)
@@ -405,16 +506,16 @@ __global__ void __launch_bounds__(FA2_THREADS)
   /* the first other tile (and, for keys, its lse and D) */
   {
     int o0 = first * FA2_TILE;
-    fa2_copy_tile_async<HS, FA2_TILE>(oth1[0], KEYS ? qb : qb + C, ld, o0, T_);
+    fa2_copy_tile_async<HS, FA2_TILE>(oth1, KEYS ? qb : qb + C, ld, o0, T_);
     if (KEYS)
-      fa2_copy_tile_async<HS, FA2_TILE>(oth2[0], ob, C, o0, T_);
+      fa2_copy_tile_async<HS, FA2_TILE>(oth2, ob, C, o0, T_);
     else
-      fa2_copy_tile_async<HS, FA2_TILE>(oth2[0], qb + 2 * C, ld, o0, T_);
+      fa2_copy_tile_async<HS, FA2_TILE>(oth2, qb + 2 * C, ld, o0, T_);
     td_cp_async_commit();
     if (KEYS)
       for (int e = threadIdx.x; e < FA2_TILE; e += FA2_THREADS) {
-        Lt[0][e] = o0 + e < T_ ? lse_bh[o0 + e] * FA2_LOG2E : 0.0f;
-        Dt[0][e] = o0 + e < T_ ? D_bh[o0 + e] : 0.0f;
+        Lt[e] = o0 + e < T_ ? lse_bh[o0 + e] * FA2_LOG2E : 0.0f;
+        Dt[e] = o0 + e < T_ ? D_bh[o0 + e] : 0.0f;
       }
   }
   for (int ot = first; ot <= last; ot++) {
@@ -424,11 +525,11 @@ __global__ void __launch_bounds__(FA2_THREADS)
     float nl = 0.0f, nd = 0.0f;
     if (ot < last) {
       int n0 = o0 + FA2_TILE;
-      fa2_copy_tile_async<HS, FA2_TILE>(oth1[buf ^ 1], KEYS ? qb : qb + C, ld, n0, T_);
+      fa2_copy_tile_async<HS, FA2_TILE>(oth1 + (buf ^ 1) * TILE, KEYS ? qb : qb + C, ld, n0, T_);
       if (KEYS)
-        fa2_copy_tile_async<HS, FA2_TILE>(oth2[buf ^ 1], ob, C, n0, T_);
+        fa2_copy_tile_async<HS, FA2_TILE>(oth2 + (buf ^ 1) * TILE, ob, C, n0, T_);
       else
-        fa2_copy_tile_async<HS, FA2_TILE>(oth2[buf ^ 1], qb + 2 * C, ld, n0, T_);
+        fa2_copy_tile_async<HS, FA2_TILE>(oth2 + (buf ^ 1) * TILE, qb + 2 * C, ld, n0, T_);
       td_cp_async_commit();
       if (KEYS && threadIdx.x < FA2_TILE && n0 + (int)threadIdx.x < T_) {
         nl = lse_bh[n0 + threadIdx.x] * FA2_LOG2E;
@@ -439,13 +540,13 @@ __global__ void __launch_bounds__(FA2_THREADS)
       td_cp_async_wait<0>();
     }
     __syncthreads(); /* this tile is visible to every warp */
-    const bf16 *t1 = oth1[buf], *t2 = oth2[buf];
-    const float *Lc = Lt[buf], *Dc = Dt[buf];
+    const bf16 *t1 = oth1 + buf * TILE, *t2 = oth2 + buf * TILE;
+    const float *Lc = Lt + buf * FA2_TILE, *Dc = Dt + buf * FA2_TILE;
     /* a tile wholly on the masked side of this warp's 16 rows: nothing to add */
     if (KEYS) {
       /* every query tile from the block's diagonal on reaches this warp's keys */
       float s[1][8][4], dp[1][8][4];
-      fa2_keys_step<HS>(acc1, acc2, s, dp, a1, a2, t1, t2, Lc, Dc, o0, wr0, T_, scale_log2);
+      fa2_keys_step<HS, OWN_SMEM>(acc1, acc2, s, dp, a1, a2, s1, s2, t1, t2, Lc, Dc, o0, wr0, T_, scale_log2);
     } else if (o0 <= wr0 + 15) { /* key tiles wholly after this warp's 16 queries add nothing */
       float s[1][8][4], dp[1][8][4];
       fa2_scores<HS, 1>(s, a1, t1);  /* S = Q K^T */
@@ -470,8 +571,8 @@ __global__ void __launch_bounds__(FA2_THREADS)
       }
     }
     if (KEYS && ot < last && threadIdx.x < FA2_TILE) {
-      Lt[buf ^ 1][threadIdx.x] = nl;
-      Dt[buf ^ 1][threadIdx.x] = nd;
+      Lt[(buf ^ 1) * FA2_TILE + threadIdx.x] = nl;
+      Dt[(buf ^ 1) * FA2_TILE + threadIdx.x] = nd;
     }
     __syncthreads(); /* every warp is done with this tile's buffers */
   }
@@ -574,7 +675,7 @@ __global__ void __launch_bounds__(FA2_THREADS)
     }
     __syncthreads();
     float s[1][8][4], dp[1][8][4];
-    fa2_keys_step<HS>(acc1, acc2, s, dp, a1, a2, Qc, Oc, Lc, Dc, o0, wk0, T_, scale_log2);
+    fa2_keys_step<HS, false>(acc1, acc2, s, dp, a1, a2, NULL, NULL, Qc, Oc, Lc, Dc, o0, wk0, T_, scale_log2);
     /* dS^T to shared memory, rounded as the products above took it */
 #pragma unroll
     for (int half = 0; half < 2; half++)
@@ -637,31 +738,43 @@ __global__ void __launch_bounds__(256) fa2_dq_reduce_kernel(bf16 *dinp, const fl
 }
 
 extern "C" size_t td_fa2_dq_parts_floats(int B, int T, int C, int NH) {
+  if (C / NH == 128) return 0; /* the two passes run there (td_fa2_backward) */
   size_t n = ((size_t)T + FA2_TILE - 1) / FA2_TILE;
   return (size_t)B * NH * n * (n + 1) / 2 * FA2_TILE * (size_t)(C / NH);
 }
 
 extern "C" bool td_fa2_supported(int head_size, int C, const void *p1, const void *p2, const void *p3) {
-  return (head_size == 16 || head_size == 32 || head_size == 48 || head_size == 64) && C % 8 == 0 &&
-         td_aligned16(p1, p2, p3);
+  return (head_size == 16 || head_size == 32 || head_size == 48 || head_size == 64 || head_size == 128) &&
+         C % 8 == 0 && td_aligned16(p1, p2, p3);
 }
 
-/* Run the statements with the constant HS the runtime head size (16, 32, 48, 64). */
+/* Run the statements with the constant HS the runtime head size (16, 32, 48, 64, 128). */
 #define FA2_DISPATCH_HS(hs, ...)                           \
   switch (hs) {                                            \
   case 16: { constexpr int HS = 16; __VA_ARGS__; } break;  \
   case 32: { constexpr int HS = 32; __VA_ARGS__; } break;  \
   case 48: { constexpr int HS = 48; __VA_ARGS__; } break;  \
+  case 128: { constexpr int HS = 128; __VA_ARGS__; } break; \
   default: { constexpr int HS = 64; __VA_ARGS__; } break;  \
   }
 
+/* A kernel's dynamic shared memory limit raised to `bytes` where they pass
+ * the default 48 KB: once per kernel (the flag is the caller's, one per
+ * instantiation), as a process drives one device. */
+static td_status fa2_smem_limit(const void *kernel, size_t bytes, bool *set) {
+  if (bytes <= 48 * 1024 || *set) return TD_OK;
+  TD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+  *set = true;
+  return TD_OK;
+}
+
 extern "C" td_status td_fa2_forward(void *out, float *lse, const void *inp, int B, int T, int C, int NH,
-                                    void *stream) {
+                                    bool direct_store, void *stream) {
   int hs = C / NH;
   float scale_log2 = FA2_LOG2E / sqrtf((float)hs);
-  dim3 grid(td_cuda_blocks((size_t)T, FA2_FWD_ROWS), B * NH);
   FA2_DISPATCH_HS(hs, {
-    auto *kernel = &fa2_forward_kernel<HS>;
+    dim3 grid(td_cuda_blocks((size_t)T, fa2_fwd_shape<HS>::ROWS), B * NH);
+    auto *kernel = direct_store ? &fa2_forward_kernel<HS, false> : &fa2_forward_kernel<HS, true>;
     TD_CUDA_LAUNCH(kernel, grid, FA2_THREADS, 0, stream, (bf16 *)out, lse, (const bf16 *)inp, T, C, NH, scale_log2);
   });
   TD_CUDA_LAUNCH_CHECK("fa2_forward_kernel");
@@ -674,33 +787,46 @@ extern "C" td_status td_fa2_backward(void *dinp, const float *D, float *dq_parts
   int hs = C / NH;
   float scale = 1.0f / sqrtf((float)hs), scale_log2 = scale * FA2_LOG2E;
   dim3 grid(td_cuda_blocks((size_t)T, FA2_TILE), B * NH);
-  if (!onepass) {
+  /* at head size 128 the one-pass kernel's fragments and dK, dV, dQ, S, dP
+   * would spill: the two passes run */
+  if (!onepass || hs == 128) {
     FA2_DISPATCH_HS(hs, {
+      static bool kv_set = false, q_set = false;
       auto *kv = &fa2_backward_twopass_kernel<HS, true>;
-      TD_CUDA_LAUNCH(kv, grid, FA2_THREADS, 0, stream, (bf16 *)dinp, (const bf16 *)dout, (const bf16 *)inp, lse, D,
-                     T, C, NH, scale, scale_log2, add);
+      const size_t kv_bytes = fa2_twopass_layout<HS, true>::bytes, q_bytes = fa2_twopass_layout<HS, false>::bytes;
+      TD_CHECK(fa2_smem_limit((const void *)kv, kv_bytes, &kv_set));
+      TD_CUDA_LAUNCH(kv, grid, FA2_THREADS, kv_bytes, stream, (bf16 *)dinp, (const bf16 *)dout, (const bf16 *)inp,
+                     lse, D, T, C, NH, scale, scale_log2, add);
       TD_CUDA_LAUNCH_CHECK("fa2_backward_twopass_kernel (dK, dV)");
       auto *qk = &fa2_backward_twopass_kernel<HS, false>;
-      TD_CUDA_LAUNCH(qk, grid, FA2_THREADS, 0, stream, (bf16 *)dinp, (const bf16 *)dout, (const bf16 *)inp, lse, D,
-                     T, C, NH, scale, scale_log2, add);
+      TD_CHECK(fa2_smem_limit((const void *)qk, q_bytes, &q_set));
+      TD_CUDA_LAUNCH(qk, grid, FA2_THREADS, q_bytes, stream, (bf16 *)dinp, (const bf16 *)dout, (const bf16 *)inp,
+                     lse, D, T, C, NH, scale, scale_log2, add);
       TD_CUDA_LAUNCH_CHECK("fa2_backward_twopass_kernel (dQ)");
     });
     return TD_OK;
   }
-  FA2_DISPATCH_HS(hs, {
-    auto *kernel = &fa2_backward_kernel<HS>;
-    static bool smem_set = false; /* the limit is per kernel: raised once */
-    if (!smem_set) {
-      TD_CUDA_CHECK(cudaFuncSetAttribute((const void *)kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         (int)fa2_bwd_layout<HS>::bytes));
-      smem_set = true;
-    }
-    TD_CUDA_LAUNCH(kernel, grid, FA2_THREADS, fa2_bwd_layout<HS>::bytes, stream, (bf16 *)dinp, dq_parts,
-                   (const bf16 *)dout, (const bf16 *)inp, lse, D, T, C, NH, scale, scale_log2, add);
-    TD_CUDA_LAUNCH_CHECK("fa2_backward_kernel");
-    auto *reduce = &fa2_dq_reduce_kernel<HS>;
-    TD_CUDA_LAUNCH(reduce, grid, 256, 0, stream, (bf16 *)dinp, (const float *)dq_parts, T, C, NH, scale, add);
-    TD_CUDA_LAUNCH_CHECK("fa2_dq_reduce_kernel");
-  });
+  switch (hs) { /* the one-pass kernel: head sizes 16 to 64 */
+#define FA2_ONEPASS(HS_)                                                                                              \
+  case HS_: {                                                                                                        \
+    constexpr int HS = HS_;                                                                                          \
+    auto *kernel = &fa2_backward_kernel<HS>;                                                                         \
+    static bool set = false;                                                                                         \
+    TD_CHECK(fa2_smem_limit((const void *)kernel, fa2_bwd_layout<HS>::bytes, &set));                                 \
+    TD_CUDA_LAUNCH(kernel, grid, FA2_THREADS, fa2_bwd_layout<HS>::bytes, stream, (bf16 *)dinp, dq_parts,              \
+                   (const bf16 *)dout, (const bf16 *)inp, lse, D, T, C, NH, scale, scale_log2, add);                 \
+    TD_CUDA_LAUNCH_CHECK("fa2_backward_kernel");                                                                     \
+    auto *reduce = &fa2_dq_reduce_kernel<HS>;                                                                        \
+    TD_CUDA_LAUNCH(reduce, grid, 256, 0, stream, (bf16 *)dinp, (const float *)dq_parts, T, C, NH, scale, add);      \
+    TD_CUDA_LAUNCH_CHECK("fa2_dq_reduce_kernel");                                                                    \
+  } break;
+    FA2_ONEPASS(16)
+    FA2_ONEPASS(32)
+    FA2_ONEPASS(48)
+    FA2_ONEPASS(64)
+#undef FA2_ONEPASS
+  default:
+    return td_error(TD_ERR_INTERNAL, "td_fa2_backward: head size %d reached the one-pass kernel", hs);
+  }
   return TD_OK;
 }

@@ -173,6 +173,7 @@ typedef struct gpt_cuda {
   size_t es;                  /* its size in bytes */
   int fused_attention;        /* td_cuda_attention_fused for this head size */
   int attention_flags;        /* td_cuda_attention_backward_flags: its scratch and its backward */
+  int attention_fwd_flags;    /* td_cuda_attention_forward_flags: its forward */
   int ckpt;                   /* activation checkpointing: the per-layer buffers hold one layer (slot 0) */
   cuda_acts acts;
   int last_B;
@@ -527,7 +528,7 @@ static td_status block_forward(td_model *model, const char *pl, int l, const cha
   TD_CHECK(whole_rows(gc, ln1, BT, C, &whole));
   TD_CHECK(td_cuda_matmul_forward(qkv, whole, W(P_QKVW), W(P_QKVB), BT, C, 3 * Ca, dt, s));
   if (gc->fused_attention)
-    TD_CHECK(td_cuda_flash_attention_forward(atty, attc, qkv, B, T, Ca, NHl, dt, s));
+    TD_CHECK(td_cuda_flash_attention_forward_ex(atty, attc, qkv, B, T, Ca, NHl, dt, gc->attention_fwd_flags, s));
   else
     TD_CHECK(td_cuda_attention_forward(atty, attc, qkv, B, T, Ca, NHl, dt, s));
   /* the products' epilogues (cuBLASLt's bias + residual, bias + GELU
@@ -1031,6 +1032,7 @@ td_status nn_gpt_cuda_attach(td_model *model, td_device dev) {
   gc->n_params = model->n_params;
   td_status st = td_cuda_attention_fused(c->channels / c->heads, &gc->fused_attention);
   if (st == TD_OK) st = td_cuda_attention_backward_flags(&gc->attention_flags);
+  if (st == TD_OK) st = td_cuda_attention_forward_flags(&gc->attention_fwd_flags);
   if (st == TD_OK) st = td_stream_create(dev, &gc->stream);
   if (st == TD_OK) st = td_event_create(dev, &gc->ready_event);
   if (st != TD_OK) {
