@@ -89,6 +89,16 @@ value() { grep -o "$1=[^ ]*" | head -1 | cut -d= -f2; }
 median() { sort -g | awk '{ a[NR] = $1 } END { if (NR == 0) { print "nan"; exit } if (NR % 2) print a[(NR + 1) / 2]; else print (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
 load() { cut -d' ' -f1 /proc/loadavg; }
+# sim_of P V M FORWARD_FIELD BACKWARD_FIELD: the engine's schedule on the simulator with the stage
+# times of $log's pipeline lines (per chunk and micro-batch, microseconds), transfers free
+sim_of() {
+  local args
+  args=$(grep "pipeline rank=" "$log" | while read -r line; do
+    echo "$(value stage <<<"$line") $(value "$4" <<<"$line") $(value "$5" <<<"$line") $(value steps <<<"$line")"
+  done | sort -n | awk -v m="$3" -v v="$2" '{ d = $4 * m * v; printf " %d %d", $2 / d * 1e6, $3 / d * 1e6 }')
+  # shellcheck disable=SC2086
+  "$SIM" sim "$1" "$2" "$3" $args || { echo "bench/pipeline.sh: $SIM sim $1 $2 $3$args failed" >&2; return 1; }
+}
 ref="--layers 4 --channels 256 --heads 4 --seq 128 --threads 1 --sample 0 --micro-batch 4"
 
 {
@@ -183,7 +193,7 @@ if [ "$part" = all ] || [ "$part" = idle ]; then
   if [ -n "$ab" ]; then
     specs=("2|1f1b|1|" "2|1f1b|1|$ab" "2|interleaved|2|" "2|interleaved|2|$ab" "4|1f1b|1|" "4|1f1b|1|$ab")
   fi
-  declare -A idle=() layers=() adjusted=() simulated=()
+  declare -A idle=() layers=() adjusted=() simulated=() simcpu=()
   loads=""
   for r in $(seq 1 "$rounds"); do
     loads+=" $(load)"
@@ -198,16 +208,14 @@ if [ "$part" = all ] || [ "$part" = idle ]; then
         cmax=$(grep "pipeline rank=" "$log" | while read -r line; do
           awk -v f="$(value forward_s <<<"$line")" -v b="$(value backward_s <<<"$line")" 'BEGIN { print f + b }'
         done | sort -g | tail -1)
-        # the engine's schedule on the simulator with this run's stage times (a chunk's forward and
-        # backward in microseconds), transfers free: what the stages allow at best
-        simargs=$(grep "pipeline rank=" "$log" | while read -r line; do
-          echo "$(value stage <<<"$line") $(value forward_s <<<"$line") $(value backward_s <<<"$line") $(value steps <<<"$line")"
-        done | sort -n | awk -v m="$m" -v v="$v" '{ d = $4 * m * v; printf " %d %d", $2 / d * 1e6, $3 / d * 1e6 }')
-        # shellcheck disable=SC2086
-        sim=$("$SIM" sim "$p" "$v" "$m" $simargs) || { echo "bench/pipeline.sh: $SIM sim $p $v $m$simargs failed" >&2; exit 1; }
+        # the engine's schedule on the simulator with this run's stage times, transfers free: what the
+        # stages allow at best, from their wall seconds and from their CPU seconds (which load stretches less)
+        sim=$(sim_of "$p" "$v" "$m" forward_s backward_s) || exit 1
+        simc=$(sim_of "$p" "$v" "$m" forward_cpu_s backward_cpu_s) || exit 1
         while read -r line; do
           s=$(value stage <<<"$line")
           simulated[$spec|$m|$s]="${simulated[$spec|$m|$s]:-} $(grep "^stage $s idle" <<<"$sim" | cut -d' ' -f4)"
+          simcpu[$spec|$m|$s]="${simcpu[$spec|$m|$s]:-} $(grep "^stage $s idle" <<<"$simc" | cut -d' ' -f4)"
           idle[$spec|$m|$s]="${idle[$spec|$m|$s]:-} $(value idle_fraction <<<"$line")"
           layers[$spec|$m|$s]=$(value layers <<<"$line")
           adj=$(awk -v f="$(value forward_s <<<"$line")" -v b="$(value backward_s <<<"$line")" -v c="$cmax" \
@@ -224,10 +232,10 @@ if [ "$part" = all ] || [ "$part" = idle ]; then
     echo
     echo "idle = 1 - (forward + backward) / step time, per rank, over the steps after the first; load average (1 min) at the rounds' starts:$loads."
     echo
-    echo "The schedule with the measured stage times: \`$SIM sim P V M\` with each run's forward and backward per chunk and micro-batch on every stage, transfers free (the engine's action lists on the test's simulator), median over the runs."
+    echo "The schedule with the measured stage times: \`$SIM sim P V M\` with each run's forward and backward per chunk and micro-batch on every stage, transfers free (the engine's action lists on the test's simulator), median over the runs; \"CPU\": the same with the stages' CPU seconds (forward_cpu_s, backward_cpu_s), which the load stretches less."
     echo
-    echo "| layout | m | stage | layers | idle (median) | runs | closed form | median / closed form | closed form with the measured imbalance (median) | median / that | the schedule with the measured stage times (median) | median / that |"
-    echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
+    echo "| layout | m | stage | layers | idle (median) | runs | closed form | median / closed form | closed form with the measured imbalance (median) | median / that | the schedule with the measured stage times (median) | median / that | the same with CPU stage times (median) |"
+    echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     for spec in "${specs[@]}"; do
       IFS='|' read -r p sched v envs <<<"$spec"
       for m in 4 8 16; do
@@ -236,7 +244,8 @@ if [ "$part" = all ] || [ "$part" = idle ]; then
           med=$(tr ' ' '\n' <<<"${idle[$spec|$m|$s]:-}" | grep . | median)
           adj=$(tr ' ' '\n' <<<"${adjusted[$spec|$m|$s]:-}" | grep . | median)
           simm=$(tr ' ' '\n' <<<"${simulated[$spec|$m|$s]:-}" | grep . | median)
-          echo "| PP=$p $sched$([ "$v" -gt 1 ] && echo " x$v")${envs:+ $envs} | $m | $s | ${layers[$spec|$m|$s]:-} | $med | ${idle[$spec|$m|$s]:-} | $closed | $(ratio "$med" "$closed") | $adj | $(ratio "$med" "$adj") | $simm | $(ratio "$med" "$simm") |"
+          simcm=$(tr ' ' '\n' <<<"${simcpu[$spec|$m|$s]:-}" | grep . | median)
+          echo "| PP=$p $sched$([ "$v" -gt 1 ] && echo " x$v")${envs:+ $envs} | $m | $s | ${layers[$spec|$m|$s]:-} | $med | ${idle[$spec|$m|$s]:-} | $closed | $(ratio "$med" "$closed") | $adj | $(ratio "$med" "$adj") | $simm | $(ratio "$med" "$simm") | $simcm |"
         done
       done
     done
@@ -245,7 +254,7 @@ fi
 if [ "$part" = partition ]; then
   heavy="--layers 8 --vocab 8192 --channels 256 --heads 4 --seq 128 --threads 1 --sample 0 --micro-batch 4"
   methods=(uniform parameters compute)
-  declare -A st=() tp=() cpu=() stg=() lay=() cs=() idl=()
+  declare -A st=() tp=() cpu=() lay=() cs=() ccs=() idl=() cst=()
   loads=""
   for r in $(seq 1 "$rounds"); do
     loads+=" $(load)"
@@ -264,10 +273,14 @@ if [ "$part" = partition ]; then
           s=$(value stage <<<"$line"); n=$(value steps <<<"$line")
           lay[$k|$s]=$(value layers <<<"$line")
           cs[$k|$s]="${cs[$k|$s]:-} $(awk -v f="$(value forward_s <<<"$line")" -v b="$(value backward_s <<<"$line")" -v n="$n" 'BEGIN { printf "%.4f", (f + b) / n }')"
+          ccs[$k|$s]="${ccs[$k|$s]:-} $(awk -v f="$(value forward_cpu_s <<<"$line")" -v b="$(value backward_cpu_s <<<"$line")" -v n="$n" 'BEGIN { printf "%.4f", (f + b) / n }')"
           idl[$k|$s]="${idl[$k|$s]:-} $(value idle_fraction <<<"$line")"
           worst=$(awk -v a="$worst" -v b="$(value step_s <<<"$line")" -v n="$n" 'BEGIN { x = b / n; printf "%.4f", (x > a ? x : a) }')
         done < <(grep "pipeline rank=" "$log")
         st[$k]="${st[$k]:-} $worst"
+        # the step the stages' CPU seconds give on the schedule, transfers free (load stretches it less)
+        simc=$(sim_of "$p" 1 8 forward_cpu_s backward_cpu_s) || exit 1
+        cst[$k]="${cst[$k]:-} $(awk '/^stage 0 idle/ { gsub(/\)/, "", $NF); printf "%.4f", $NF / 1e6 }' <<<"$simc")"
         tp[$k]="${tp[$k]:-} $(grep "final_loss=" "$log" | value tokens_per_s)"
         cpu[$k]="${cpu[$k]:-} $(value job_cpu_s <"$log.cpu" | awk -F+ '{ printf "%.2f", $1 + $2 }')"
         echo "round $r: partition p=$p $meth: step ${worst}s" >&2
@@ -281,16 +294,20 @@ if [ "$part" = partition ]; then
     echo "Flags: \`$heavy --grad-accum 8 --pipeline-parallel P --pipeline-partition METHOD\`; load average (1 min) at the rounds' starts:$loads."
     echo "The model's share: each stage's flops (partition.c: a block 3(24C^2 + 2C(T+1)), the head 3 x 2CV per token) over the heaviest stage's; measured: C_s (forward + backward seconds per step) over the largest C_s."
     echo
-    echo "| P | method | step s (median) | runs | step / uniform's | tokens/s (median) | the job's CPU s, all steps and start-up (median) | per stage: layers, C_s s (median), measured share, model's share, idle (median) |"
-    echo "|---|---|---|---|---|---|---|---|"
+    echo "CPU step: the engine's schedule on the simulator (\`$SIM sim\`) with each stage's CPU seconds in forward and backward (forward_cpu_s, backward_cpu_s: the stages' own work, which the load stretches far less than their wall time), transfers free: the step those stages give on an idle machine. Measured share: C_s from CPU seconds over the largest."
+    echo
+    echo "| P | method | step s (median) | runs | step / uniform's | CPU step s (median) | runs | CPU step / uniform's | tokens/s (median) | the job's CPU s, all steps and start-up (median) | per stage: layers, C_s s wall (median), measured share, model's share, idle (median) |"
+    echo "|---|---|---|---|---|---|---|---|---|---|---|"
     for p in $stages; do
       base=$(tr ' ' '\n' <<<"${st[$p|uniform]}" | grep . | median)
+      cbase=$(tr ' ' '\n' <<<"${cst[$p|uniform]}" | grep . | median)
       for meth in "${methods[@]}"; do
         k="$p|$meth"
         med=$(tr ' ' '\n' <<<"${st[$k]}" | grep . | median)
+        cmed=$(tr ' ' '\n' <<<"${cst[$k]}" | grep . | median)
         cmax=0
         for s in $(seq 0 $((p - 1))); do
-          c=$(tr ' ' '\n' <<<"${cs[$k|$s]}" | grep . | median)
+          c=$(tr ' ' '\n' <<<"${ccs[$k|$s]}" | grep . | median)
           cmax=$(awk -v a="$cmax" -v b="$c" 'BEGIN { print (b > a ? b : a) }')
         done
         # the model: blocks of the stage, and the head on the last
@@ -303,12 +320,13 @@ if [ "$part" = partition ]; then
         per_stage=""
         for s in $(seq 0 $((p - 1))); do
           c=$(tr ' ' '\n' <<<"${cs[$k|$s]}" | grep . | median)
+          cc=$(tr ' ' '\n' <<<"${ccs[$k|$s]}" | grep . | median)
           w=$(awk -v r="${lay[$k|$s]}" -v last=$((s == p - 1)) 'BEGIN { split(r, a, "-"); C = 256; T = 128; V = 8192;
             printf "%.0f", (a[2] - a[1]) * 3 * (24 * C * C + 2 * C * (T + 1)) + (last ? 6 * C * V : 0) }')
           i=$(tr ' ' '\n' <<<"${idl[$k|$s]}" | grep . | median)
-          per_stage+="$s: ${lay[$k|$s]}, $c, $(ratio "$c" "$cmax"), $(ratio "$w" "$wmax"), $i; "
+          per_stage+="$s: ${lay[$k|$s]}, $c, $(ratio "$cc" "$cmax"), $(ratio "$w" "$wmax"), $i; "
         done
-        echo "| $p | $meth | $med | ${st[$k]} | $(ratio "$med" "$base") | $(tr ' ' '\n' <<<"${tp[$k]}" | grep . | median) | $(tr ' ' '\n' <<<"${cpu[$k]}" | grep . | median) | ${per_stage%; } |"
+        echo "| $p | $meth | $med | ${st[$k]} | $(ratio "$med" "$base") | $cmed | ${cst[$k]} | $(ratio "$cmed" "$cbase") | $(tr ' ' '\n' <<<"${tp[$k]}" | grep . | median) | $(tr ' ' '\n' <<<"${cpu[$k]}" | grep . | median) | ${per_stage%; } |"
       done
     done
   } >>"$out"

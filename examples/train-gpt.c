@@ -557,11 +557,12 @@ int main(int argc, char **argv) {
         len += snprintf(layers + len, sizeof layers - (size_t)len, "%s%d-%d", c ? "," : "", ps.first_layer[c],
                         ps.first_layer[c] + ps.n_layers[c]);
       printf("%s: pipeline rank=%d stage=%d stages=%d chunks=%d layers=%s steps=%ld forward_s=%.3f backward_s=%.3f "
-             "recv_wait_s=%.3f send_wait_s=%.3f step_s=%.3f idle_fraction=%.4f bubble_1f1b=%.4f\n",
+             "recv_wait_s=%.3f send_wait_s=%.3f step_s=%.3f idle_fraction=%.4f bubble_1f1b=%.4f forward_cpu_s=%.3f "
+             "backward_cpu_s=%.3f\n",
              app_name, run.rank, ps.stage, ps.stages, ps.chunks, layers, ps.steps, ps.forward_s, ps.backward_s,
              ps.recv_wait_s, ps.send_wait_s, ps.step_s,
              ps.step_s > 0 ? 1.0 - (ps.forward_s + ps.backward_s) / ps.step_s : 0.0,
-             (double)(ps.stages - 1) / (rc->grad_accum + ps.stages - 1));
+             (double)(ps.stages - 1) / (rc->grad_accum + ps.stages - 1), ps.forward_cpu_s, ps.backward_cpu_s);
       fflush(stdout);
     }
   }

@@ -260,6 +260,10 @@ typedef struct td_pipeline_stats {
   int stage, stages, chunks;
   int first_layer[8], n_layers[8]; /* per chunk (the first 8) */
   int tensor;                      /* the stages' tensor-parallel size (1: whole-width stages) */
+  /* the training thread's CPU seconds in forward and backward (CLOCK_THREAD_CPUTIME_ID): beside
+   * forward_s/backward_s, what a loaded machine does not stretch; the stages' own work only with
+   * one compute thread (--threads 1) on the CPU (a device's kernels, or other threads', not counted) */
+  double forward_cpu_s, backward_cpu_s;
 } td_pipeline_stats;
 td_status td_gpt_pipeline_stats(const td_model *model, td_pipeline_stats *out);
 

@@ -74,6 +74,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 typedef struct pp_chunk {
   struct pp_model *owner;         /* the engine (shift_fetch) */
@@ -508,6 +509,12 @@ static void ready_shifted(void *ctx, size_t offset, size_t count) {
   r->ready(r->ctx, r->offset + offset, count);
 }
 
+/* This thread's CPU seconds (the stats' forward_cpu_s, backward_cpu_s). */
+static double thread_cpu_s(void) {
+  struct timespec ts;
+  return clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) == 0 ? (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec : 0.0;
+}
+
 static void span(pp_model *m, const char *name, double t0, double t1) {
   if (m->trace) m->trace(m->trace_ctx, name, t0, t1);
 }
@@ -655,10 +662,11 @@ static td_status pp_run(td_model *model, const float *params, float *grads, cons
       const void *in = ch->range.embed ? (const void *)((const char *)inputs + (size_t)a->micro * in_bytes)
                                        : (const void *)ch->act_in[sl];
       const int32_t *tg = targets + (size_t)a->micro * tgt_count;
-      double t0 = td_now();
+      double t0 = td_now(), c0 = thread_cpu_s();
       td_error(TD_OK, "%s", "");
       float loss = sm->ops->forward(with_access(m, ch, sm), at(m, params, ch->offset), in, tg, batch);
       double t1 = td_now();
+      m->stats.forward_cpu_s += thread_cpu_s() - c0;
       m->stats.forward_s += t1 - t0;
       span(m, "forward", t0, t1);
       if (isnan(loss)) {
@@ -681,11 +689,12 @@ static td_status pp_run(td_model *model, const float *params, float *grads, cons
       if (!ch->range.head) stage_set_output_grad(m, sm, ch->grad_in[sl]);
       ready_shift rs = {ready, ctx, ch->offset};
       int last = report && a->micro == n_micro - 1;
-      double t0 = td_now();
+      double t0 = td_now(), c0 = thread_cpu_s();
       sm->ops->backward(with_access(m, ch, sm), at(m, params, ch->offset), at(m, grads, ch->offset), loss_scale,
                         last ? ready_shifted : NULL,
                         last ? &rs : NULL);
       double t1 = td_now();
+      m->stats.backward_cpu_s += thread_cpu_s() - c0;
       m->stats.backward_s += t1 - t0;
       span(m, "backward", t0, t1);
       break;
