@@ -24,72 +24,15 @@
 # 3. Every step's loss equals the fault-free run's, bit for bit (as lossy.sh).
 set -u
 B=$1
-here=$(cd "$(dirname "$0")" && pwd)
-repo=$(cd "$here/../.." && pwd)
-. "$here/../lib/sshhosts.sh"
-RUN=$(cd "$repo/$B/bin" 2>/dev/null && pwd)/tandemrun
-GPT=$(dirname "$RUN")/train-gpt
 BLOCK_S=${BLOCK_S:-12}
 EVICT_BY=${EVICT_BY:-5}
-STEPS=1000000 # never reached: both runs are stopped (3.)
-work=$(mktemp -d /tmp/td-faulthosts-evrest-XXXXXX)
-job=
-NETNS_TAG_PREFIX=fe
-NETNS_ON_EXIT='[ -n "$job" ] && kill -9 -- "-$job" 2>/dev/null; rm -rf "$work"'
-fail() {
-  echo "FAIL(faulthosts evict_restore): $*"
-  [ -f "$work/out" ] && grep -v " step [0-9]* loss" "$work/out" | tail -30
-  exit 1
-}
-sshhosts_init "$work/ssh"
-A=10.77.23.1
-Bh=10.77.23.2
-sshhosts_add a $A
-sshhosts_add b $Bh
-netns_add_host l 10.77.23.9
-export TANDEM_PROGRESS=plain TANDEM_HEARTBEAT_TIMEOUT=2 TANDEM_HEARTBEAT_INTERVAL=0.25 TANDEM_HEARTBEAT_MIN_TIMEOUT=0.5
-export TANDEM_ELASTIC_SETTLE=3 TANDEM_DISCOVERY_INTERVAL=0.1
+NAME=evict_restore NET=10.77.23 TAG=fe
+. "$(dirname "$0")/elastic_job.sh"
 unset TANDEM_EVICT_RETRANS TANDEM_EVICT_CLEAN
 # Retransmissions alone decide (the blocked ssh link does not stall the
 # job); a 2 s window holds the first 3 retransmissions of one timed-out
 # connection (after 0.2, 0.6 and 1.4 s).
 export TANDEM_EVICT=1 TANDEM_EVICT_STALL=0 TANDEM_EVICT_WINDOW=2
-ARGS="--layers 2 --channels 64 --heads 2 --seq 64 --threads 1 --sample 0 --micro-batch 3 --steps $STEPS"
-printf '%s:2\n%s:2\n' $A $Bh >"$work/hosts"
-printf '#!/bin/sh\ncat %s\n' "$work/hosts" >"$work/discover"
-chmod +x "$work/discover"
-cat >"$work/stamp.py" <<'PY'
-import sys, time
-for line in sys.stdin:
-    sys.stdout.write("%.3f %s" % (time.time(), line))
-    sys.stdout.flush()
-PY
-start_job() { # OUTFILE TANDEMRUN-ARGS...
-  local file=$1
-  shift
-  : >"$file"
-  netns_spawn l setsid bash -c '"$@" 2>&1 | /usr/bin/python3 -u "'"$work/stamp.py"'" >"'"$file"'"; echo "${PIPESTATUS[0]}" >"'"$file.rc"'"' _ "$@"
-  job=$NETNS_PID
-}
-wait_line() { # PATTERN SECONDS: 0 found
-  local _
-  for _ in $(seq 1 $(($2 * 20))); do
-    grep -q -- "$1" "$work/out" && return 0
-    kill -0 "$job" 2>/dev/null || { grep -q -- "$1" "$work/out"; return; }
-    sleep 0.05
-  done
-  return 1
-}
-last_step() { tail -n 300 "$work/out" | sed -n 's/.*train-gpt: step \([0-9]*\) loss.*/\1/p' | tail -1; }
-last_at_four() { [ "$(tail -n 200 "$work/out" | grep "train-gpt: step " | tail -1 | grep -c "world 4 epoch")" = 1 ]; }
-# Grown back (as lossy.sh): a step at 4 ranks computed after a 4-rank epoch
-# formed after b was let back (rank 0 reprints the step an epoch starts
-# from as the epoch forms: that line alone is no proof).
-at_four() {
-  local from
-  from=$(sed -n "/tandemrun: host $Bh's link has been clean for/,\$ s/.*train-gpt: elastic epoch [0-9]*: world=4 .* from step \\([0-9]*\\).*/\\1/p" "$work/out" | tail -1)
-  [ -n "$from" ] && [ "$(last_step)" -gt "$from" ] && last_at_four
-}
 ssh_block() { # on|off: host b's ssh traffic (port 22) dropped both ways
   local ns op
   ns=$(netns_name b)
@@ -99,8 +42,7 @@ ssh_block() { # on|off: host b's ssh traffic (port 22) dropped both ways
 }
 b_train_pids() { sshhosts_pids b | while read -r p; do grep -qa train-gpt "/proc/$p/cmdline" 2>/dev/null && echo "$p"; done; }
 
-start_job "$work/out" "$RUN" --min-np 2 --max-np 4 -np 4 --max-restarts 8 --host-discovery-script "$work/discover" \
-  "$GPT" $ARGS
+start_elastic_job
 wait_line "train-gpt: step 40 loss" 120 || fail "the job did not reach step 40 within 120 s"
 last_at_four || fail "the job is not at 4 ranks at step 40"
 
@@ -143,9 +85,7 @@ grep -q "tandemrun: host $Bh's link has been clean" "$work/out" &&
 t_open=$(date +%s.%N)
 ssh_block off
 wait_line "tandemrun: host $Bh's link has been clean for" 40 || fail "b was not let back within 40 s of the block's end"
-grown=0
-for _ in $(seq 1 600); do at_four && grown=1 && break; sleep 0.05; done
-[ $grown = 1 ] || fail "the job did not grow back to 4 ranks within 30 s of b being let back"
+wait_grown 30 || fail "the job did not grow back to 4 ranks within 30 s of b being let back"
 t_back=$(awk '/tandemrun: host '"$Bh"'.s link has been clean/ { print $1; exit }' "$work/out")
 back_s=$(awk -v a="$t_open" -v b="$t_back" 'BEGIN { printf "%.2f", b - a }')
 s2=$(last_step)
@@ -158,21 +98,5 @@ sleep 6
 # 3. Stop the job at its last step S; the fault-free run up to step S.
 S=$(last_step)
 [ -n "$S" ] && [ "$S" -gt "$s2" ] || fail "no step after b came back (last step ${S:-none}, before it $s2)"
-kill -TERM -- "-$job" 2>/dev/null
-wait "$job"
-job=
-losses() { sed -n 's/.*\] train-gpt: step \([0-9]*\) loss \([^ ]*\) .*/\1 \2/p' "$1"; }
-losses "$work/out" >"$work/faulty.losses"
-cp "$work/out" "$work/faulty.out"
-start_job "$work/out" "$RUN" --min-np 2 --max-np 4 -np 4 -H $A:2,$Bh:2 "$GPT" $ARGS
-wait_line "train-gpt: step $S loss" 300 || fail "the fault-free run did not reach step $S"
-kill -TERM -- "-$job" 2>/dev/null
-wait "$job"
-job=
-losses "$work/out" >"$work/ref.losses"
-awk -v S="$S" 'NR == FNR { if ($1 <= S) ref[$1] = $2; next }
-  $1 <= S { seen[$1] = 1; if (!($1 in ref) || ref[$1] != $2) { print "step " $1 ": " $2 " vs fault-free " ref[$1]; bad++ } }
-  END { for (i = 1; i <= S; i++) if (!(i in ref) || !(i in seen)) { print "step " i " missing"; bad++; break }
-        exit bad > 0 }' "$work/ref.losses" "$work/faulty.losses" >"$work/diff" ||
-  fail "losses differ from the fault-free run's: $(head -3 "$work/diff")"
+fault_free_compare
 echo "PASS(faulthosts evict_restore): b evicted $(awk -v a="$t0" -v b="$t_ev" 'BEGIN { printf "%.2f", b - a }') s after its ssh link was blocked, 10 steps at 2 ranks $go_s s later, its evicted processes (no kill could reach them) gone by themselves within $gone_s s; not let back while blocked, let back $back_s s after the block ended, no second eviction, grown to 4; the losses of steps 1-$S bit for bit the fault-free run's"
