@@ -230,15 +230,30 @@ grow-together)
   done
   echo "grown 2 -> 4 in one change with the join wait (2 -> 3 -> 4 without); losses equal the fault-free run's"
   ;;
-abandon)
+abandon | abandon-connect)
   # Process 1 killed; its replacement (process 3) joins the round of epoch
-  # 2 and is killed right after it closed (it stops itself there:
-  # TANDEM_TEST_ELASTIC_STOP_AFTER_ROUND), before the epoch's rendezvous.
-  # The others must abandon that rendezvous as soon as tandemrun reports
-  # process 3 lost, not after TANDEM_CONNECT_TIMEOUT (40 s here), and go on
-  # in epoch 3 with process 4.
-  # (the survivors wait for the replacement, so that it is in epoch 2's round)
-  export TANDEM_CONNECT_TIMEOUT=40 TANDEM_TEST_ELASTIC_STOP_AFTER_ROUND=3 TANDEM_ELASTIC_REPLACE_WAIT=60
+  # 2 and stops itself before it is in the epoch, then is killed:
+  #   abandon: right after the round closed, before the epoch's rendezvous
+  #     (TANDEM_TEST_ELASTIC_STOP_AFTER_ROUND): the others wait for its
+  #     store keys;
+  #   abandon-connect: once epoch 2's addresses are exchanged
+  #     (TANDEM_TEST_ELASTIC_STOP_BEFORE_CONNECT, TCP): the others wait for
+  #     its connection (the s26 200-fault run waited TANDEM_CONNECT_TIMEOUT
+  #     there for an evicted process).
+  # The others must give up as soon as tandemrun reports process 3 lost, not
+  # after TANDEM_CONNECT_TIMEOUT (40 s here), and go on in epoch 3 with
+  # process 4. (The survivors wait for the replacement, so that it is in
+  # epoch 2's round.)
+  if [ "$case_name" = abandon ]; then
+    export TANDEM_TEST_ELASTIC_STOP_AFTER_ROUND=3
+    where="after its round closed"
+    gave_up="rendezvous of communicator .* was abandoned: process 3, rank [0-9] of epoch 2, was reported lost"
+  else
+    export TANDEM_TRANSPORT=tcp TANDEM_TEST_ELASTIC_STOP_BEFORE_CONNECT=3
+    where="before connecting"
+    gave_up="tcp: rank [0-9] gave up .*: process 3, rank [0-9] of epoch 2, was reported lost"
+  fi
+  export TANDEM_CONNECT_TIMEOUT=40 TANDEM_ELASTIC_REPLACE_WAIT=60
   start "$work/out" --min-np 2 --max-np 3 -np 3 --max-restarts 2 "$GPT" \
     --layers 2 --channels 64 --heads 2 --seq 64 --threads 1 --sample 0 --steps 80 --micro-batch 4
   wait_for "$work/out" "step 20 loss"
@@ -252,51 +267,17 @@ abandon)
     [ -n "$p3" ] && [ "$(awk '{ print $3 }' "/proc/$p3/stat" 2>/dev/null)" = T ] && break
     sleep 0.05
   done
-  [ "$(awk '{ print $3 }' "/proc/$p3/stat" 2>/dev/null)" = T ] || fail "process 3 did not stop after its round closed"
+  [ "$(awk '{ print $3 }' "/proc/$p3/stat" 2>/dev/null)" = T ] || fail "process 3 did not stop $where"
   t0=$(date +%s.%N)
   kill -9 "$p3"
   wait_for "$work/out" "elastic epoch 3:" 60
   t1=$(date +%s.%N)
   finish 0 "$work/out"
   grep -v "step [0-9]* loss" "$work/out"
-  grep -q "rendezvous of communicator .* was abandoned: process 3, rank [0-9] of epoch 2, was reported lost" "$work/out" ||
-    fail "the rendezvous of epoch 2 was not abandoned for process 3"
+  grep -q "$gave_up" "$work/out" || fail "the survivors did not give up waiting for process 3 ($where)"
   took=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')
   awk -v t="$took" 'BEGIN { exit !(t < 20) }' || fail "epoch 3 formed $took s after process 3 was lost (TANDEM_CONNECT_TIMEOUT is 40 s)"
-  echo "epoch 2's rendezvous abandoned; epoch 3 formed $took s after its member was lost"
-  ;;
-abandon-connect)
-  # As abandon, but process 3 stops itself once epoch 2's addresses are
-  # exchanged (TANDEM_TEST_ELASTIC_STOP_BEFORE_CONNECT): the others are
-  # waiting for its TCP connection, not for a store key. They must give up
-  # as soon as tandemrun reports it lost (the s26 200-fault run waited
-  # TANDEM_CONNECT_TIMEOUT there for an evicted process).
-  export TANDEM_TRANSPORT=tcp TANDEM_CONNECT_TIMEOUT=40 TANDEM_TEST_ELASTIC_STOP_BEFORE_CONNECT=3 TANDEM_ELASTIC_REPLACE_WAIT=60
-  start "$work/out" --min-np 2 --max-np 3 -np 3 --max-restarts 2 "$GPT" \
-    --layers 2 --channels 64 --heads 2 --seq 64 --threads 1 --sample 0 --steps 80 --micro-batch 4
-  wait_for "$work/out" "step 20 loss"
-  kill_frozen "$work/out" 1
-  wait_for "$work/out" "starting process 3 on host"
-  p3=
-  for _ in $(seq 1 1200); do
-    for pid in $(pgrep -P "$bg"); do
-      tr '\0' '\n' 2>/dev/null <"/proc/$pid/environ" | grep -qx "TANDEM_ELASTIC_ID=3" && p3=$pid
-    done
-    [ -n "$p3" ] && [ "$(awk '{ print $3 }' "/proc/$p3/stat" 2>/dev/null)" = T ] && break
-    sleep 0.05
-  done
-  [ "$(awk '{ print $3 }' "/proc/$p3/stat" 2>/dev/null)" = T ] || fail "process 3 did not stop before connecting"
-  t0=$(date +%s.%N)
-  kill -9 "$p3"
-  wait_for "$work/out" "elastic epoch 3:" 60
-  t1=$(date +%s.%N)
-  finish 0 "$work/out"
-  grep -v "step [0-9]* loss" "$work/out"
-  grep -q "tcp: rank [0-9] gave up .*: process 3, rank [0-9] of epoch 2, was reported lost" "$work/out" ||
-    fail "the survivors did not give up waiting for process 3's connection"
-  took=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')
-  awk -v t="$took" 'BEGIN { exit !(t < 20) }' || fail "epoch 3 formed $took s after process 3 was lost (TANDEM_CONNECT_TIMEOUT is 40 s)"
-  echo "epoch 2's connections given up; epoch 3 formed $took s after its member was lost"
+  echo "process 3 stopped $where: given up; epoch 3 formed $took s after its member was lost"
   ;;
 stale)
   export TANDEM_TRANSPORT=tcp TANDEM_HEARTBEAT_TIMEOUT=2 TANDEM_HEARTBEAT_INTERVAL=0.25 TANDEM_ELASTIC_SETTLE=3
